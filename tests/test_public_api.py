@@ -1,0 +1,13 @@
+import workbench
+
+
+def test_all_matches_exports():
+    public = {n for n in dir(workbench) if not n.startswith("_")} - {"models", "params", "registry"}
+    assert set(workbench.__all__) - {"__version__"} == public
+    for name in workbench.__all__:
+        assert hasattr(workbench, name)
+
+
+def test_builtin_families_are_registered_on_import():
+    assert set(workbench.list_models(family="activation")) == {"gelu", "prelu", "relu", "sigmoid", "tanh", "threshold"}
+    assert "activation_mlp" in workbench.experiments.list_experiments()

@@ -1,0 +1,44 @@
+"""workbench: an interactive experiment workbench for PyTorch modules.
+
+Pick a module from the registry, build it, run it on a small built-in task and
+look inside it::
+
+    import workbench
+    workbench.list_models(family="activation")
+    model = workbench.create_model("prelu", num_parameters=4)
+    exp = workbench.experiments.create("activation_mlp", activation="gelu")
+    exp.step()
+"""
+
+from workbench.registry import (
+    ModelSpec,
+    ProbeResult,
+    create_model,
+    get_spec,
+    list_families,
+    list_models,
+    probe,
+    register_model,
+    unregister_model,
+)
+from workbench.params import ParamInfo, Range
+from workbench import models  # noqa: F401  (registers the built-in families)
+from workbench import experiments
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModelSpec",
+    "ParamInfo",
+    "ProbeResult",
+    "Range",
+    "__version__",
+    "create_model",
+    "experiments",
+    "get_spec",
+    "list_families",
+    "list_models",
+    "probe",
+    "register_model",
+    "unregister_model",
+]

@@ -1,0 +1,27 @@
+"""Small built-in tasks that train a registered model one step at a time.
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="gelu")
+    for _ in range(100):
+        metrics = exp.step()          # {"step": 1, "loss": ..., "accuracy": ...}
+
+Importing this package registers the built-in experiments.
+"""
+
+from workbench.experiments.base import (
+    Experiment,
+    ExperimentSpec,
+    create,
+    get_experiment_spec,
+    list_experiments,
+    register_experiment,
+)
+from workbench.experiments import activation_mlp  # noqa: F401  (registers it)
+
+__all__ = [
+    "Experiment",
+    "ExperimentSpec",
+    "create",
+    "get_experiment_spec",
+    "list_experiments",
+    "register_experiment",
+]

@@ -1,0 +1,155 @@
+"""The Experiment base class and the experiment registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from workbench.params import ParamInfo, params_of, validate_overrides
+
+__all__ = ["Experiment", "ExperimentSpec", "register_experiment", "list_experiments",
+           "get_experiment_spec", "create"]
+
+
+class Experiment:
+    """A registered model, a synthetic task, a loss and an optimizer.
+
+    Subclasses set ``Config`` (a dataclass whose fields are the experiment's
+    parameters), build everything in :meth:`setup` and do one optimizer step
+    in :meth:`train_step`. Construction and every step draw random numbers
+    only from the experiment's own generator and a forked global RNG, so a
+    seed fixes every result and the caller's RNG state is left alone.
+
+    Attributes:
+        config: the validated config dataclass instance.
+        seed: the seed everything random derives from.
+        model: the module being trained.
+        step_count: how many steps have been taken.
+        generator: the experiment's random number generator.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    model: nn.Module
+
+    def __init__(self, config: Any, seed: int = 0) -> None:
+        self.config = config
+        self.seed = seed
+        self.step_count = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # parameter initialisation uses the global RNG
+            self.setup()
+
+    def setup(self) -> None:
+        """Build ``self.model``, the data and the optimizer."""
+        raise NotImplementedError
+
+    def train_step(self) -> dict[str, float]:
+        """One training step; returns the metrics (``loss`` at least)."""
+        raise NotImplementedError
+
+    def step(self) -> dict[str, float]:
+        """Take one training step.
+
+        Returns:
+            The step's metrics, with ``step`` (1-based) and ``loss`` at least.
+        """
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
+            metrics = self.train_step()
+        self.step_count += 1
+        return {"step": self.step_count, **metrics}
+
+    def run(self, steps: int) -> list[dict[str, float]]:
+        """Take ``steps`` steps; returns the metrics of each."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be a non-negative int, got {steps!r}.")
+        return [self.step() for _ in range(steps)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(seed={self.seed}, step={self.step_count}, config={self.config})"
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A registered experiment: its class and its parameter metadata."""
+
+    name: str
+    summary: str
+    cls: type[Experiment]
+    params: tuple[ParamInfo, ...]
+
+    def create(self, seed: int = 0, **config: Any) -> Experiment:
+        checked = validate_overrides(self.params, config, f"Experiment {self.name!r}")
+        return self.cls(self.cls.Config(**checked), seed=seed)
+
+
+_EXPERIMENTS: dict[str, ExperimentSpec] = {}
+
+
+def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experiment]]:
+    """Class decorator registering an :class:`Experiment` subclass under ``name``.
+
+    Raises:
+        ValueError: the name is taken.
+    """
+
+    def decorate(cls: type[Experiment]) -> type[Experiment]:
+        if name in _EXPERIMENTS:
+            raise ValueError(f"An experiment named {name!r} is already registered.")
+        if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
+            raise TypeError(f"Experiment {name!r}: {cls.__name__}.Config must be a dataclass.")
+        cls.name = name
+        doc = (cls.__doc__ or name).strip().splitlines()[0]
+        _EXPERIMENTS[name] = ExperimentSpec(name, doc, cls, params_of(cls.Config))
+        return cls
+
+    return decorate
+
+
+def list_experiments() -> list[str]:
+    """Sorted names of the registered experiments."""
+    return sorted(_EXPERIMENTS)
+
+
+def get_experiment_spec(name: str) -> ExperimentSpec:
+    """The spec of a registered experiment.
+
+    Raises:
+        ValueError: unknown name, with close matches suggested.
+    """
+    try:
+        return _EXPERIMENTS[name]
+    except (KeyError, TypeError):
+        close = difflib.get_close_matches(str(name), list(_EXPERIMENTS), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise ValueError(
+            f"Unknown experiment {name!r}.{hint} See workbench.experiments.list_experiments()."
+        ) from None
+
+
+def create(name: str, seed: int = 0, **config: Any) -> Experiment:
+    """Create a registered experiment.
+
+    Args:
+        name: a name from :func:`list_experiments`.
+        seed: fixes data, initialisation and every random draw.
+        **config: fields of the experiment's ``Config``.
+
+    Returns:
+        The experiment, ready to :meth:`~Experiment.step`.
+
+    Raises:
+        ValueError: unknown name or a value outside its choices or range.
+        TypeError: an unknown config field or a value of the wrong type.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}.")
+    return get_experiment_spec(name).create(seed=seed, **config)

@@ -1,0 +1,268 @@
+"""The model registry: ``register_model``, ``list_models``, ``create_model``, ``get_spec``.
+
+Like timm's and torchvision's: small builder functions (or module classes)
+are decorated with ``@register_model``. Besides building, each spec knows how
+to make example inputs for a batch size and a scalar objective to
+back-propagate, so any registered model can be probed with one call
+(:func:`probe`). Parameter metadata comes from the builder's signature
+(:mod:`workbench.params`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.params import ParamInfo, params_of, validate_overrides
+
+__all__ = [
+    "ModelSpec",
+    "ProbeResult",
+    "register_model",
+    "unregister_model",
+    "list_models",
+    "list_families",
+    "create_model",
+    "get_spec",
+    "probe",
+]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+ExampleInputs = Callable[[nn.Module, int, "torch.Generator | None"], Inputs]
+Objective = Callable[[nn.Module, Inputs, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the workbench knows about one registered model.
+
+    Attributes:
+        name: registry name, e.g. ``"gelu"``.
+        family: group name, e.g. ``"activation"``.
+        summary: one line shown in listings.
+        builder: the decorated function or class; ``builder(**kwargs)`` builds.
+        params: parameter metadata derived from the builder's signature.
+        example_inputs: ``example_inputs(model, batch_size, generator=None)``
+            returns ``(args, kwargs)`` for one forward call.
+        objective: ``objective(model, inputs, outputs)`` returns a scalar to
+            back-propagate, or ``None`` when the outputs are not differentiable.
+        extras: family-specific attributes (an activation's ``formula`` and
+            ``derivative``); also reachable as attributes of the spec.
+    """
+
+    name: str
+    family: str
+    summary: str
+    builder: Callable[..., nn.Module]
+    params: tuple[ParamInfo, ...]
+    example_inputs: ExampleInputs
+    objective: Objective | None = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, item: str) -> Any:
+        # Only reached for names that are not fields: family extras.
+        extras = object.__getattribute__(self, "extras")
+        if item in extras:
+            return extras[item]
+        raise AttributeError(f"ModelSpec {self.name!r} has no attribute {item!r}")
+
+    @property
+    def differentiable(self) -> bool:
+        """Whether the spec has an objective to back-propagate."""
+        return self.objective is not None
+
+    def defaults(self) -> dict[str, Any]:
+        """The keyword arguments ``build()`` uses when given no overrides."""
+        return {p.name: p.default for p in self.params if not p.required}
+
+    def build(self, **overrides: Any) -> nn.Module:
+        """Build the model; same as ``create_model(self.name, **overrides)``."""
+        checked = validate_overrides(self.params, overrides, f"Model {self.name!r}")
+        missing = [p.name for p in self.params if p.required and p.name not in checked]
+        if missing:
+            raise TypeError(f"Model {self.name!r} needs a value for {', '.join(map(repr, missing))}.")
+        return self.builder(**{**self.defaults(), **checked})
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(
+    name: str | None = None,
+    *,
+    family: str,
+    example_inputs: ExampleInputs,
+    objective: Objective | None = None,
+    summary: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    **extras: Any,
+) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Register a builder function or ``nn.Module`` class.
+
+    Args:
+        name: registry name; the builder's ``__name__`` lower-cased if omitted.
+        family: group used for filtering (``"activation"``, ``"rl"`` ...).
+        example_inputs: makes ``(args, kwargs)`` for a forward call.
+        objective: scalar to back-propagate, ``None`` for modules whose
+            outputs are not differentiable.
+        summary: one line; the first line of the builder's docstring if omitted.
+        defaults: values for signature parameters that have no default, so
+            that the model can always be built with defaults.
+        **extras: family-specific attributes stored on the spec.
+
+    Returns:
+        The decorator, which returns the builder unchanged.
+
+    Raises:
+        ValueError: the name is already registered.
+    """
+
+    def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        key = name or builder.__name__.lower()
+        if key in _REGISTRY:
+            raise ValueError(
+                f"A model named {key!r} is already registered (family {_REGISTRY[key].family!r}). "
+                "Choose another name or call workbench.unregister_model first."
+            )
+        doc = (builder.__doc__ or "").strip().splitlines()
+        _REGISTRY[key] = ModelSpec(
+            name=key,
+            family=family,
+            summary=summary or (doc[0].strip() if doc else key),
+            builder=builder,
+            params=params_of(builder, defaults=defaults),
+            example_inputs=example_inputs,
+            objective=objective,
+            extras=dict(extras),
+        )
+        return builder
+
+    return decorate
+
+
+def unregister_model(name: str) -> None:
+    """Remove a registered model (for tests and interactive re-registration)."""
+    get_spec(name)
+    del _REGISTRY[name]
+
+
+def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -> list[str]:
+    """Sorted names of registered models.
+
+    Args:
+        pattern: an fnmatch pattern (``"*lu"``) or a list of them.
+        family: keep only this family.
+
+    Returns:
+        The matching names, sorted.
+    """
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    return sorted(
+        n for n, s in _REGISTRY.items()
+        if (family is None or s.family == family) and any(fnmatch.fnmatchcase(n, p) for p in patterns)
+    )
+
+
+def list_families() -> list[str]:
+    """Sorted family names of the registered models."""
+    return sorted({s.family for s in _REGISTRY.values()})
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The spec of a registered model.
+
+    Raises:
+        ValueError: the name is unknown; the message suggests close names.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"A model name must be a string, got {name!r} ({type(name).__name__}).")
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"Unknown model {name!r}.{hint} See workbench.list_models().") from None
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build a registered model.
+
+    Args:
+        name: a name from :func:`list_models`.
+        **overrides: builder parameters; see ``get_spec(name).params``.
+
+    Returns:
+        The built module.
+
+    Raises:
+        ValueError: unknown name, or a value outside its choices/range.
+        TypeError: an unknown parameter or a value of the wrong type.
+    """
+    return get_spec(name).build(**overrides)
+
+
+@dataclass
+class ProbeResult:
+    """One forward (and backward) pass on a model's example inputs.
+
+    Attributes:
+        inputs: the ``(args, kwargs)`` used.
+        outputs: what the model returned.
+        loss: the objective, or ``None`` when the spec has none.
+        input_grads: gradients w.r.t. floating-point positional tensor inputs
+            (``None`` for the other arguments), when there was a backward pass.
+    """
+
+    inputs: Inputs
+    outputs: Any
+    loss: torch.Tensor | None
+    input_grads: list[torch.Tensor | None]
+
+
+def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_size: int = 4,
+          seed: int = 0, backward: bool = True) -> ProbeResult:
+    """Run a model once on its example inputs and back-propagate its objective.
+
+    Floating-point positional inputs are made to require gradients (through a
+    copy, so in-place modules still work), so models without parameters -
+    activations - can be probed too.
+
+    Args:
+        name_or_spec: a registered name or spec.
+        model: the model to probe; built with defaults if omitted.
+        batch_size: batch size of the example inputs.
+        seed: seed of the generator for the example inputs.
+        backward: whether to back-propagate the objective.
+
+    Returns:
+        A :class:`ProbeResult`.
+    """
+    spec = get_spec(name_or_spec) if isinstance(name_or_spec, str) else name_or_spec
+    model = spec.build() if model is None else model
+    generator = torch.Generator().manual_seed(seed)
+    args, kwargs = spec.example_inputs(model, batch_size, generator)
+    grad = backward and spec.objective is not None and torch.is_grad_enabled()
+    leaves: list[torch.Tensor | None] = []
+    call_args = []
+    for a in args:
+        if grad and isinstance(a, torch.Tensor) and a.is_floating_point():
+            leaf = a.detach().requires_grad_(True)
+            leaves.append(leaf)
+            call_args.append(leaf.clone())  # a non-leaf, so in-place modules may write into it
+        else:
+            leaves.append(None)
+            call_args.append(a)
+    outputs = model(*call_args, **kwargs)
+    loss = None
+    if spec.objective is not None:
+        loss = spec.objective(model, (tuple(call_args), kwargs), outputs)
+        if grad:
+            loss.backward()
+    return ProbeResult((tuple(args), kwargs), outputs, loss,
+                       [leaf.grad if leaf is not None else None for leaf in leaves])
