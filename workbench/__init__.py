@@ -22,6 +22,7 @@ from workbench.registry import (
     unregister_model,
 )
 from workbench.params import ParamInfo, Range
+from workbench.summary import summarize
 from workbench import models  # noqa: F401  (registers the built-in families)
 from workbench import experiments
 
@@ -40,5 +41,6 @@ __all__ = [
     "list_models",
     "probe",
     "register_model",
+    "summarize",
     "unregister_model",
 ]

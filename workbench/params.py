@@ -122,6 +122,12 @@ class ParamInfo:
         return "other"
 
     @property
+    def item_type(self) -> Any:
+        """The element type of a list parameter (``float`` when unannotated)."""
+        args = [a for a in typing.get_args(_strip_optional(self.annotation)) if a is not Ellipsis]
+        return args[0] if args else float
+
+    @property
     def nullable(self) -> bool:
         return _is_optional(self.annotation)
 

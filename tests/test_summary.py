@@ -1,0 +1,56 @@
+import torch
+from torch import nn
+
+from workbench.summary import describe_shape, summarize
+
+
+class Shared(nn.Module):
+    """One activation object used at two call sites and reachable at two paths."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(3, 4)
+        self.fc2 = nn.Linear(4, 5)
+        self.act = nn.ReLU()
+        self.block = nn.Sequential(self.fc2, self.act)
+        self.unused = nn.Linear(1, 1)
+
+    def forward(self, x):
+        return self.block(self.act(self.fc1(x)))
+
+
+def test_rows_params_and_shapes():
+    model = Shared()
+    df = summarize(model, ((torch.randn(6, 3),), {}))
+    rows = df.set_index("module")
+    assert list(df["module"]) == ["", "fc1", "fc2", "act", "block", "block.0", "block.1", "unused"]
+    # each parameter counted once at the root, although fc2 sits at two paths
+    assert rows.loc["", "params"] == (3 * 4 + 4) + (4 * 5 + 5) + 2
+    assert rows.loc["block", "params"] == 4 * 5 + 5
+    assert rows.loc["fc1", "output"] == "(6, 4)"
+    # the shared ReLU ran twice with two shapes; both of its paths say so
+    assert rows.loc["act", "output"] == "(6, 4); (6, 5)"
+    assert rows.loc["act", "calls"] == 2 and rows.loc["block.1", "calls"] == 2
+    assert rows.loc["unused", "output"] == "not called"
+    assert rows.loc["block.0", "depth"] == 2
+
+
+def test_hooks_are_removed_even_when_forward_raises():
+    model = Shared()
+    try:
+        summarize(model, ((torch.randn(2, 7),), {}))
+    except RuntimeError:
+        pass
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_without_inputs_output_column_is_empty():
+    df = summarize(nn.Linear(2, 3))
+    assert list(df["output"]) == [""] and df["params"].iloc[0] == 9
+
+
+def test_describe_shape_of_structures():
+    t = torch.zeros
+    assert describe_shape(t(2, 3)) == "(2, 3)"
+    assert describe_shape((t(2), (t(1, 2, 8), t(1, 2, 8)))) == "((2), ((1, 2, 8), (1, 2, 8)))"
+    assert describe_shape({"v": t(2, 1), "n": 3}) == "{v: (2, 1), n: int}"

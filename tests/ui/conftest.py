@@ -1,0 +1,57 @@
+"""Fixtures for driving the real app in headless Chromium."""
+
+import shutil
+import socket
+
+import pytest
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served_app():
+    """The workbench app served on a free loopback port; yields its URL."""
+    from workbench.ui.app import build_app
+
+    app = build_app()
+    app.queue()
+    port = _free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright (no browser download)."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("chromium is not installed: run `apt-get install -y chromium` (scripts/test.sh does).")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser, served_app):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(served_app)
+    page.wait_for_selector("#model-list")
+    yield page
+    page.close()

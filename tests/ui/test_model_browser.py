@@ -1,0 +1,123 @@
+"""The Models tab's handlers, without a browser."""
+
+import pandas as pd
+import pytest
+import torch
+
+import workbench
+from workbench.ui import model_browser as mb
+from workbench.ui.forms import form_fields, parse_form
+
+
+def test_filter_by_family_and_substring_or_glob():
+    assert mb.filter_models("activation", "lu") == ["gelu", "prelu", "relu"]
+    assert mb.filter_models("all", "*lu") == ["gelu", "prelu", "relu"]
+    assert mb.filter_models("all", "") == workbench.list_models()
+    assert mb.filter_models("mlp", "") == ["mlp"]
+    assert mb.filter_models("activation", "zzz") == []
+
+
+def test_overview_shows_formula_and_summary():
+    text = mb.model_overview("sigmoid")
+    assert "### sigmoid" in text and "family **activation**" in text
+    assert r"\frac{1}{1 + \exp(-x)}" in text
+    assert mb.model_overview(None) == "No model matches the filter."
+
+
+def test_param_table_lists_every_parameter():
+    table = mb.param_table("threshold")
+    assert list(table["parameter"]) == ["threshold", "value", "inplace"]
+    assert list(table["default"]) == ["0.0", "0.5", "False"]
+    assert mb.param_table(None).empty
+
+
+def test_form_leaves_out_unformable_types_but_table_keeps_them():
+    labels = [f.label for f in mb.model_form("prelu")]
+    assert labels == ["num_parameters", "init"]
+    assert {"device", "dtype"} <= set(mb.param_table("prelu")["parameter"])
+
+
+def test_build_with_form_values_gives_tree_with_output_shapes():
+    result = mb.build_model("mlp", {"width": 16.0, "depth": 3.0, "activation": "tanh"}, batch_size=5.0)
+    assert result.ok and isinstance(result.model, torch.nn.Module)
+    tree = result.tree
+    assert list(tree.columns) == mb.TREE_COLUMNS
+    assert tree["path"].iloc[0] == "" and tree["module"].iloc[0] == "(root)"
+    assert tree["output"].iloc[0] == "(5, 2)"
+    row = tree[tree["path"] == "layers.1"].iloc[0]
+    assert row["type"] == "Tanh" and row["output"] == "(5, 16)"
+    # params of the root: three hidden layers 2->16->16->16 and a read-out 16->2
+    assert tree["params"].iloc[0] == (2 * 16 + 16) + 2 * (16 * 16 + 16) + (16 * 2 + 2)
+    assert "width=16" in result.message and "depth=3" in result.message and "batch size 5" in result.message
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"depth": 0.0}, "'depth' must lie in [1, 32], got 0"),
+    ({"depth": 2.5}, "depth expects int, could not read 2.5"),
+    ({"width": None}, "width expects int, could not read None"),
+    ({"activation": "swish"}, "'activation' must be one of"),
+])
+def test_invalid_form_values_become_messages(values, expected):
+    result = mb.build_model("mlp", values)
+    assert not result.ok
+    assert result.message.startswith("**Could not build the model.**")
+    assert expected in result.message
+    assert result.tree.empty
+
+
+def test_bad_batch_size_and_missing_model_are_messages():
+    assert "batch size must be a positive whole number" in mb.build_model("relu", {}, batch_size=0).message
+    assert "Pick a model first" in mb.build_model(None, {}).message
+
+
+def test_builder_crash_is_reported_not_raised(scratch_model):
+    def boom():
+        raise RuntimeError("kaboom")
+
+    scratch_model("boom", family="user", example_inputs=lambda m, b, g=None: ((), {}))(boom)
+    result = mb.build_model("boom", {})
+    assert not result.ok and "RuntimeError: kaboom" in result.message
+
+
+def test_failing_forward_keeps_model_and_reports(scratch_model):
+    scratch_model("bad_inputs", family="user",
+                  example_inputs=lambda m, b, g=None: ((torch.zeros(b, 7),), {}))(lambda: torch.nn.Linear(3, 2))
+    result = mb.build_model("bad_inputs", {})
+    assert result.ok and "forward pass on the example inputs failed" in result.message
+    assert list(result.tree["type"]) == ["Linear"]
+
+
+def test_parse_form_reads_text_lists_and_nullable_fields():
+    from typing import Annotated
+
+    from workbench.params import Range, params_of
+
+    def builder(layers: list[int] = [32], scale: float | None = None,
+                rate: Annotated[float, Range(0, 1)] = 0.5):
+        """B.
+
+        Args:
+            layers: sizes.
+            scale: optional scale.
+            rate: a rate.
+        """
+
+    params = params_of(builder)
+    fields = {f.label: f for f in form_fields(params)}
+    assert fields["layers"].widget == "text" and fields["layers"].value == "32"
+    assert fields["scale"].widget == "text" and fields["scale"].value == ""
+    assert fields["rate"].widget == "float"
+    assert parse_form(params, {"layers": "16, 8", "scale": "", "rate": 0.25}, "B") == \
+        {"layers": [16, 8], "scale": None, "rate": 0.25}
+    assert parse_form(params, {"scale": "2.5"}, "B") == {"scale": 2.5}
+    with pytest.raises(ValueError, match="layers expects list\\[int\\], could not read '16, x'"):
+        parse_form(params, {"layers": "16, x"}, "B")
+    with pytest.raises(ValueError, match="must be a finite number"):
+        parse_form(params, {"scale": "nan"}, "B")
+
+
+def test_app_builds_without_serving():
+    from workbench.ui.app import build_app
+
+    app = build_app()
+    assert app.title == "workbench"

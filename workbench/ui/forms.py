@@ -1,0 +1,157 @@
+"""Turning parameter metadata into form fields and form values back into overrides.
+
+Plain functions, no Gradio here: the Gradio app and the Jupyter dashboard
+both build their forms from :func:`form_fields` and parse what the user typed
+with :func:`parse_form`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.params import ParamInfo, validate_overrides
+
+__all__ = ["FormField", "form_fields", "parse_form", "param_rows"]
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One editable field.
+
+    Attributes:
+        param: the parameter it edits.
+        widget: 'checkbox', 'int', 'float', 'dropdown' or 'text'.
+        value: the initial value shown (lists and None as text).
+    """
+
+    param: ParamInfo
+    widget: str
+    value: Any
+
+    @property
+    def label(self) -> str:
+        return self.param.name
+
+    @property
+    def info(self) -> str:
+        parts = [self.param.help.rstrip(".")] if self.param.help else []
+        if self.param.range is not None:
+            parts.append(f"range {self.param.range}")
+        if self.widget == "text" and self.param.kind == "list":
+            parts.append("comma-separated numbers")
+        if self.param.nullable:
+            parts.append("empty for None")
+        return "; ".join(parts)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def form_fields(params: Sequence[ParamInfo]) -> list[FormField]:
+    """The editable fields for a parameter list.
+
+    Parameters whose type cannot be typed into a form (a module object, a
+    dtype) are left out here; the parameter table still lists them.
+    """
+    fields = []
+    for p in params:
+        default = None if p.required else p.default
+        kind = p.kind
+        if kind == "choice":
+            fields.append(FormField(p, "dropdown", default))
+        elif kind == "bool":
+            fields.append(FormField(p, "checkbox", bool(default)))
+        elif kind in ("int", "float") and not p.nullable:
+            fields.append(FormField(p, kind, default))
+        elif kind in ("int", "float", "str", "list"):
+            fields.append(FormField(p, "text", _text(default)))
+    return fields
+
+
+def _parse_number(text: str, integer: bool) -> int | float:
+    value = float(text)
+    if integer:
+        if not value.is_integer():
+            raise ValueError
+        return int(value)
+    return value
+
+
+def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """Convert raw form values into checked overrides.
+
+    Numbers arrive as floats from number widgets and as text from text
+    fields; lists arrive as comma-separated text; an empty nullable field is
+    ``None``. Only values that differ in meaning from nothing are passed on:
+    every field given is returned, validated.
+
+    Args:
+        params: the parameter metadata.
+        values: field name -> raw widget value.
+        owner: how to name the model or experiment in messages.
+
+    Returns:
+        Validated overrides.
+
+    Raises:
+        ValueError: a value that cannot be read or is out of range.
+        TypeError: a value of the wrong type.
+    """
+    by_name = {p.name: p for p in params}
+    overrides: dict[str, Any] = {}
+    for name, raw in values.items():
+        p = by_name.get(name)
+        if p is None:
+            raise ValueError(f"{owner} has no parameter {name!r}.")
+        kind = p.kind
+        try:
+            if isinstance(raw, str) and kind != "str" and kind != "choice":
+                text = raw.strip()
+                if text in ("", "None") and p.nullable:
+                    value: Any = None
+                elif kind == "list":
+                    value = [_parse_number(t, p.item_type is int) for t in text.split(",") if t.strip()]
+                else:
+                    value = _parse_number(text, kind == "int")
+            elif kind == "int" and isinstance(raw, float):
+                if not raw.is_integer():
+                    raise ValueError
+                value = int(raw)
+            elif raw is None and kind in ("int", "float") and not p.nullable:
+                raise ValueError
+            else:
+                value = raw
+        except (ValueError, OverflowError):
+            raise ValueError(f"{owner}: {name} expects {p.type_name}, could not read {raw!r}.") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}: {name} must be a finite number, got {raw!r}.")
+        overrides[name] = value
+    return validate_overrides(params, overrides, owner)
+
+
+def param_rows(params: Sequence[ParamInfo]) -> list[dict[str, str]]:
+    """Rows of a parameter table: name, type, default, allowed values, help."""
+    rows = []
+    for p in params:
+        if p.choices is not None:
+            allowed = ", ".join(repr(c) for c in p.choices)
+        elif p.range is not None:
+            allowed = str(p.range)
+        else:
+            allowed = ""
+        rows.append({
+            "parameter": p.name,
+            "type": p.type_name,
+            "default": "required" if p.required else repr(p.default),
+            "allowed": allowed,
+            "help": p.help,
+        })
+    return rows

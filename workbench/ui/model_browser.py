@@ -1,0 +1,224 @@
+"""The Models tab: browse the registry, read a model's parameters, build it, see its tree.
+
+The handlers at the top are plain functions over the core API, tested
+without a browser; :func:`layout` places the components and :func:`wire`
+connects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from workbench.registry import get_spec, list_families, list_models
+from workbench.summary import summarize
+from workbench.ui.forms import FormField, form_fields, param_rows, parse_form
+
+ALL_FAMILIES = "all"
+TREE_COLUMNS = ["module", "path", "type", "params", "output"]
+
+
+# --- handlers ----------------------------------------------------------------
+
+def filter_models(family: str | None, pattern: str | None) -> list[str]:
+    """Registered names in a family whose name matches ``pattern``.
+
+    A pattern without glob characters matches as a substring, so typing
+    ``lu`` finds gelu, prelu and relu; ``*lu`` is an fnmatch pattern.
+    """
+    pattern = (pattern or "").strip()
+    if pattern and not any(c in pattern for c in "*?["):
+        pattern = f"*{pattern}*"
+    return list_models(pattern or "*", family=None if family in (None, "", ALL_FAMILIES) else family)
+
+
+def model_overview(name: str | None) -> str:
+    """Markdown: name, family, summary, and the formula where the family has one."""
+    if not name:
+        return "No model matches the filter."
+    spec = get_spec(name)
+    lines = [f"### {spec.name}", f"family **{spec.family}** · {spec.summary}"]
+    if "formula" in spec.extras:
+        lines.append(f"$$ {spec.formula} $$")
+    if not spec.differentiable:
+        lines.append("_No objective: this module is probed forward-only (no gradients)._")
+    return "\n\n".join(lines)
+
+
+def param_table(name: str | None) -> pd.DataFrame:
+    """The parameter table of a model: name, type, default, allowed values, help."""
+    rows = param_rows(get_spec(name).params) if name else []
+    return pd.DataFrame(rows, columns=["parameter", "type", "default", "allowed", "help"])
+
+
+def model_form(name: str | None) -> list[FormField]:
+    """The editable fields of a model's build form."""
+    return form_fields(get_spec(name).params) if name else []
+
+
+@dataclass
+class BuildResult:
+    """What building a model from the form produced.
+
+    Attributes:
+        model: the built module, or ``None`` when the form was invalid.
+        message: Markdown shown next to the form (an error or a summary).
+        tree: the module tree (see :func:`tree_table`), empty on error.
+    """
+
+    model: nn.Module | None
+    message: str
+    tree: pd.DataFrame
+
+    @property
+    def ok(self) -> bool:
+        return self.model is not None
+
+
+def tree_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Display form of :func:`workbench.summarize`: indented names, full paths."""
+    indent = "\u2003"  # an em space survives HTML whitespace collapsing
+    module = [
+        "(root)" if path == "" else indent * (depth - 1) + path.rsplit(".", 1)[-1]
+        for path, depth in zip(summary["module"], summary["depth"])
+    ]
+    return pd.DataFrame({
+        "module": module,
+        "path": summary["module"],
+        "type": summary["type"],
+        "params": summary["params"],
+        "output": summary["output"],
+    }, columns=TREE_COLUMNS)
+
+
+def _error(message: str) -> BuildResult:
+    return BuildResult(None, f"**Could not build the model.** {message}", pd.DataFrame(columns=TREE_COLUMNS))
+
+
+def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2, seed: int = 0) -> BuildResult:
+    """Build a model from raw form values and run one forward pass on its example inputs.
+
+    Never raises for bad input: invalid values, a failing build or a failing
+    forward pass come back as a readable message.
+
+    Args:
+        name: registry name.
+        values: field name -> raw widget value.
+        batch_size: batch size of the example inputs.
+        seed: seed of the example inputs.
+
+    Returns:
+        A :class:`BuildResult`.
+    """
+    if not name:
+        return _error("Pick a model first.")
+    try:
+        spec = get_spec(name)
+        overrides = parse_form(spec.params, values, f"Model {name!r}")
+        if isinstance(batch_size, float) and batch_size.is_integer():
+            batch_size = int(batch_size)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch size must be a positive whole number, got {batch_size!r}.")
+        model = spec.build(**overrides)
+    except (ValueError, TypeError) as exc:
+        return _error(str(exc))
+    except Exception as exc:  # a builder bug must not reach the page as a traceback
+        return _error(f"{type(exc).__name__}: {exc}")
+    try:
+        inputs = spec.example_inputs(model, batch_size, torch.Generator().manual_seed(seed))
+        summary = summarize(model, inputs)
+    except Exception as exc:
+        return BuildResult(model, f"Built **{name}**, but the forward pass on the example inputs failed: "
+                                  f"{type(exc).__name__}: {exc}", tree_table(summarize(model)))
+    total = int(summary["params"].iloc[0])
+    root_output = summary["output"].iloc[0]
+    shown = {k: v for k, v in overrides.items() if spec.defaults().get(k, object()) != v}
+    config = ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "defaults"
+    message = (f"Built **{name}** ({config}): {len(summary) - 1} submodules, {total:,} parameters; "
+               f"output {root_output} for batch size {batch_size}.")
+    return BuildResult(model, message, tree_table(summary))
+
+
+# --- layout and wiring ---------------------------------------------------------
+
+def layout():
+    """Place the tab's components; returns them by name. Call inside ``gr.Blocks``."""
+    import gradio as gr
+
+    names = filter_models(ALL_FAMILIES, "")
+    first = names[0] if names else None
+    c = {}
+    with gr.Row():
+        with gr.Column(scale=1, min_width=220):
+            c["family"] = gr.Dropdown([ALL_FAMILIES, *list_families()], value=ALL_FAMILIES, label="Family",
+                                      elem_id="family-filter")
+            c["pattern"] = gr.Textbox(label="Filter by name", placeholder="e.g. lu or *lu", elem_id="name-filter")
+            c["models"] = gr.Radio(names, value=first, label="Models", elem_id="model-list")
+        with gr.Column(scale=4):
+            c["overview"] = gr.Markdown(model_overview(first), elem_id="model-overview")
+            c["params"] = gr.Dataframe(param_table(first), label="Parameters", interactive=False,
+                                       wrap=True, elem_id="param-table")
+            with gr.Row():
+                with gr.Column(scale=2):
+                    c["batch_size"] = gr.Number(2, label="example batch size", precision=0, elem_id="batch-size")
+                    c["form"] = gr.Column()  # filled by the render function in wire()
+                c["message"] = gr.Markdown(elem_id="build-message")
+            c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree", interactive=False,
+                                     elem_id="module-tree", max_height=600)
+    c["model_state"] = gr.State(None)  # the built module, per browser session
+    c["form_values"] = gr.State({})
+    return c
+
+
+def _widget(field: FormField, key: str):
+    import gradio as gr
+
+    common = dict(label=field.label, info=field.info or None, key=key, interactive=True)
+    if field.widget == "dropdown":
+        return gr.Dropdown(list(field.param.choices), value=field.value, **common)
+    if field.widget == "checkbox":
+        return gr.Checkbox(value=field.value, **common)
+    if field.widget in ("int", "float"):
+        # No minimum/maximum here: Gradio would reject out-of-range values with a bare
+        # toast; build_model reports them next to the form, naming the range.
+        return gr.Number(field.value, precision=0 if field.widget == "int" else None, **common)
+    return gr.Textbox(value=field.value, **common)
+
+
+def wire(c) -> None:
+    """Connect the components placed by :func:`layout`."""
+    import gradio as gr
+
+    def on_filter(family, pattern):
+        names = filter_models(family, pattern)
+        return gr.Radio(choices=names, value=names[0] if names else None)
+
+    def on_select(name):
+        return model_overview(name), param_table(name), None, "", pd.DataFrame(columns=TREE_COLUMNS)
+
+    for trigger in (c["family"].change, c["pattern"].change):
+        trigger(on_filter, [c["family"], c["pattern"]], c["models"])
+    c["models"].change(on_select, c["models"],
+                       [c["overview"], c["params"], c["model_state"], c["message"], c["tree"]])
+
+    with c["form"]:
+        @gr.render(inputs=c["models"])
+        def render_form(name):
+            fields = model_form(name)
+            if name and not fields:
+                gr.Markdown("_No parameters to set: builds with its defaults._")
+            widgets = [_widget(f, key=f"{name}:{f.label}") for f in fields]
+            labels = [f.label for f in fields]
+            button = gr.Button("Build", variant="primary", elem_id="build-button", interactive=bool(name))
+
+            def on_build(model_name, batch_size, *values):
+                result = build_model(model_name, dict(zip(labels, values)), batch_size)
+                return result.model, result.message, result.tree
+
+            button.click(on_build, [c["models"], c["batch_size"], *widgets],
+                         [c["model_state"], c["message"], c["tree"]])
