@@ -197,8 +197,9 @@ def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None
     Args:
         obj: a builder function, an ``nn.Module`` class (its ``__init__``) or a
             config dataclass.
-        defaults: defaults to use for parameters that have none in the
-            signature (so that "build with defaults" is always possible).
+        defaults: defaults that replace the signature's (or supply one where
+            it has none), so that one class can be registered under several
+            configurations and "build with defaults" is always possible.
         skip: parameter names to leave out.
 
     Returns:
@@ -231,7 +232,7 @@ def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None
         base = _strip_optional(annotation)
         if typing.get_origin(base) is Literal:
             choices = tuple(typing.get_args(base))
-        if default is _EMPTY and name in defaults:
+        if name in defaults:
             default = defaults[name]
         infos.append(ParamInfo(name, annotation, default, choices, rng, helps.get(name, "")))
     return tuple(infos)

@@ -112,8 +112,9 @@ def register_model(
         objective: scalar to back-propagate, ``None`` for modules whose
             outputs are not differentiable.
         summary: one line; the first line of the builder's docstring if omitted.
-        defaults: values for signature parameters that have no default, so
-            that the model can always be built with defaults.
+        defaults: values that replace the signature's defaults (or supply
+            them where it has none): one class can be registered under
+            several configurations, and every model builds with defaults.
         **extras: family-specific attributes stored on the spec.
 
     Returns:
