@@ -121,3 +121,18 @@ def test_app_builds_without_serving():
 
     app = build_app()
     assert app.title == "workbench"
+
+
+def test_dynamics_network_builds_from_its_form():
+    labels = {f.label: f for f in mb.model_form("efficientzero_dynamics")}
+    assert labels["norm_type"].widget == "dropdown" and labels["fc_reward_layers"].widget == "text"
+    assert labels["observation_shape"].value == "16, 6, 6"
+    result = mb.build_model("efficientzero_dynamics", {"norm_type": "LN", "fc_reward_layers": "16, 16"}, 3)
+    assert result.ok, result.message
+    rows = result.tree.set_index("path")
+    assert rows.loc["", "output"] == "((3, 16, 6, 6), ((1, 3, 64), (1, 3, 64)), (3, 21))"
+    assert rows.loc["norm_common", "type"] == "LayerNorm"
+    # the shared activation object runs at many call sites in one pass
+    assert "×" in rows.loc["activation", "output"]
+    bad = mb.build_model("efficientzero_dynamics", {"observation_shape": "16, six, 6"})
+    assert not bad.ok and "observation_shape expects" in bad.message
