@@ -75,8 +75,6 @@ def test_atari_preset_layout():
 def _norm(sd, prefix, x, norm_type, training):
     if norm_type == "LN" and f"{prefix}.running_mean" not in sd:
         return F.layer_norm(x, sd[f"{prefix}.weight"].shape, sd[f"{prefix}.weight"], sd[f"{prefix}.bias"])
-    if f"{prefix}.running_mean" not in sd:
-        return F.layer_norm(x, sd[f"{prefix}.weight"].shape, sd[f"{prefix}.weight"], sd[f"{prefix}.bias"])
     return F.batch_norm(x, sd[f"{prefix}.running_mean"].clone(), sd[f"{prefix}.running_var"].clone(),
                         sd[f"{prefix}.weight"], sd[f"{prefix}.bias"], training=training, eps=1e-5)
 

@@ -90,8 +90,7 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
 
     Numbers arrive as floats from number widgets and as text from text
     fields; lists arrive as comma-separated text; an empty nullable field is
-    ``None``. Only values that differ in meaning from nothing are passed on:
-    every field given is returned, validated.
+    ``None``. Every field given is returned, converted and validated.
 
     Args:
         params: the parameter metadata.

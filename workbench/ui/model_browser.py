@@ -171,7 +171,6 @@ def layout():
             c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree", interactive=False,
                                      elem_id="module-tree", max_height=600)
     c["model_state"] = gr.State(None)  # the built module, per browser session
-    c["form_values"] = gr.State({})
     return c
 
 
