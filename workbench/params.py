@@ -190,8 +190,7 @@ def _docstring_args(obj: Any) -> dict[str, str]:
     return out
 
 
-def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None = None,
-              skip: Sequence[str] = ()) -> tuple[ParamInfo, ...]:
+def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None = None) -> tuple[ParamInfo, ...]:
     """Derive parameter metadata from a function, a class or a dataclass.
 
     Args:
@@ -200,7 +199,6 @@ def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None
         defaults: defaults that replace the signature's (or supply one where
             it has none), so that one class can be registered under several
             configurations and "build with defaults" is always possible.
-        skip: parameter names to leave out.
 
     Returns:
         One ``ParamInfo`` per keyword parameter, in signature order.
@@ -222,8 +220,6 @@ def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None
         helps = {**_docstring_args(target), **_docstring_args(obj)} if isinstance(obj, type) else _docstring_args(obj)
     infos = []
     for name, hint, default in fields:
-        if name in skip:
-            continue
         annotation, meta = hint, []
         if typing.get_origin(hint) is typing.Annotated:
             annotation, *meta = typing.get_args(hint)

@@ -71,7 +71,7 @@ def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] |
         return hook
 
     try:
-        for module in {id(m): m for m in model.modules()}.values():
+        for module in model.modules():  # each object once, however many paths reach it
             handles.append(module.register_forward_hook(make_hook(id(module))))
         if inputs is not None:
             args, kwargs = inputs

@@ -137,7 +137,8 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
                                   f"{type(exc).__name__}: {exc}", tree_table(summarize(model)))
     total = int(summary["params"].iloc[0])
     root_output = summary["output"].iloc[0]
-    shown = {k: v for k, v in overrides.items() if spec.defaults().get(k, object()) != v}
+    defaults = spec.defaults()
+    shown = {k: v for k, v in overrides.items() if defaults.get(k, object()) != v}
     config = ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "defaults"
     message = (f"Built **{name}** ({config}): {len(summary) - 1} submodules, {total:,} parameters; "
                f"output {root_output} for batch size {batch_size}.")

@@ -17,6 +17,12 @@ from workbench.ui.forms import FormField
 __all__ = ["ModelBrowser"]
 
 
+def _html(markdown: str) -> str:
+    import markdown_it  # ships with gradio, a dependency
+
+    return markdown_it.MarkdownIt().render(markdown)
+
+
 def _widget(field: FormField):
     import ipywidgets as w
 
@@ -80,10 +86,8 @@ class ModelBrowser:
         self.models.value = names[0] if names else None
 
     def _show_model(self) -> None:
-        import markdown_it
-
         name = self.models.value
-        self.overview.value = markdown_it.MarkdownIt().render(handlers.model_overview(name))
+        self.overview.value = _html(handlers.model_overview(name))
         self._fields = [(f.label, _widget(f)) for f in handlers.model_form(name)]
         self.form.children = [widget for _, widget in self._fields]
         self.message.value = ""
@@ -98,9 +102,7 @@ class ModelBrowser:
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
-        import markdown_it
-
-        self.message.value = markdown_it.MarkdownIt().render(self.result.message)
+        self.message.value = _html(self.result.message)
         self.output.clear_output()
         with self.output:
             from IPython.display import display
