@@ -8,6 +8,8 @@ look inside it::
     model = workbench.create_model("prelu", num_parameters=4)
     exp = workbench.experiments.create("activation_mlp", activation="gelu")
     exp.step()
+    with workbench.watch(model) as w:  # activations and gradients per call site
+        ...
 """
 
 from workbench.registry import (
@@ -23,6 +25,7 @@ from workbench.registry import (
 )
 from workbench.params import ParamInfo, Range
 from workbench.summary import summarize
+from workbench.instrument import Recorder, Watch, watch
 from workbench import models  # noqa: F401  (registers the built-in families)
 from workbench import experiments
 
@@ -33,6 +36,8 @@ __all__ = [
     "ParamInfo",
     "ProbeResult",
     "Range",
+    "Recorder",
+    "Watch",
     "__version__",
     "create_model",
     "experiments",
@@ -43,4 +48,5 @@ __all__ = [
     "register_model",
     "summarize",
     "unregister_model",
+    "watch",
 ]

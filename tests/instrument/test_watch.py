@@ -1,0 +1,403 @@
+"""workbench.watch: call sites, structured outputs, gradients, non-invasiveness, robustness, interventions."""
+
+import collections
+import dataclasses
+import gc
+import threading
+import weakref
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import workbench
+from workbench.instrument import ROW_COLUMNS
+
+
+def probe_step(name, model, w=None, seed=0):
+    result = workbench.probe(name, model=model, batch_size=3, seed=seed)
+    if w is not None:
+        w.step()
+    return result
+
+
+def hook_dicts(model):
+    keys = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+            "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+    modules = [(k, dict(getattr(m, k))) for m in model.modules() for k in keys]
+    params = [dict(p._post_accumulate_grad_hooks or {}) if p._post_accumulate_grad_hooks is not None else None
+              for p in model.parameters()]
+    return modules, params
+
+
+def rows(w, **where):
+    frame = w.to_pandas()
+    for key, value in where.items():
+        frame = frame[frame[key] == value]
+    return frame
+
+
+# ---------------------------------------------------------------- every model
+@pytest.mark.parametrize("name", workbench.list_models())
+def test_outputs_and_gradients_are_bitwise_identical_with_and_without_watch(name):
+    spec = workbench.get_spec(name)
+    torch.manual_seed(1)
+    bare_model = spec.build()
+    watched_model = spec.build()
+    watched_model.load_state_dict(bare_model.state_dict())
+    before = hook_dicts(watched_model)
+    bare = probe_step(name, bare_model)
+    with workbench.watch(watched_model, histograms=True) as w:
+        watched = probe_step(name, watched_model, w)
+    assert not w.errors
+    assert len(w.to_pandas()) > 0
+    for a, b in zip(workbench.instrument.tree.tensor_leaves(bare.outputs),
+                    workbench.instrument.tree.tensor_leaves(watched.outputs)):
+        assert torch.equal(a[1], b[1]), a[0]
+    for a, b in zip(bare.input_grads, watched.input_grads):
+        assert (a is None and b is None) or torch.equal(a, b)
+    for (pname, p), (_, q) in zip(bare_model.named_parameters(), watched_model.named_parameters()):
+        assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad), pname
+    assert hook_dicts(watched_model) == before
+
+
+def test_hooks_are_removed_when_the_with_body_raises():
+    model = workbench.create_model("efficientzero_dynamics")
+    before = hook_dicts(model)
+    with pytest.raises(ZeroDivisionError):
+        with workbench.watch(model):
+            probe_step("efficientzero_dynamics", model)
+            1 / 0
+    assert hook_dicts(model) == before
+
+
+def test_nothing_of_the_step_is_kept_alive():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    refs = []
+
+    def keep_ref(module, args, output):
+        refs.append(weakref.ref(output))
+
+    handle = model[1].register_forward_hook(keep_ref)
+    with workbench.watch(model, histograms=True) as w:
+        for _ in range(3):
+            model(torch.randn(5, 4)).square().sum().backward()
+            w.step()
+    handle.remove()
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+
+
+# ----------------------------------------------------------------- call sites
+def test_shared_activation_is_attributed_to_each_alias_path_with_call_indices():
+    model = workbench.create_model("efficientzero_dynamics")
+    with workbench.watch(model, gradients=False, parameters=False, parameter_grads=False) as w:
+        probe_step("efficientzero_dynamics", model, w)
+    acts = rows(w, kind="activation")
+    relu_sites = set(zip(acts.module, acts.call))
+    # the one ReLU object, reached through four names (see LightZero's layout)
+    assert {("activation", 0), ("activation", 1), ("activation", 2), ("resblocks.0.act", 0),
+            ("resblocks.0.conv1.2", 0), ("fc_reward_head.2", 0)} <= relu_sites
+    paths = {p for p, _ in relu_sites}
+    relu = model.activation
+    aliases = {p for p, m in model.named_modules(remove_duplicate=False) if m is relu}
+    assert aliases <= paths
+
+
+def test_an_unrolled_network_gets_one_record_per_call():
+    exp = workbench.experiments.create("efficientzero_dynamics", seed=0, unroll_steps=3, batch_size=4)
+    with workbench.watch(exp.model) as w:
+        exp.step()
+        w.step()
+    conv = rows(w, module="conv", kind="activation")
+    assert sorted(conv.call) == [0, 1, 2]
+    assert sorted(rows(w, module="conv", kind="grad_output").call) == [0, 1, 2]
+    # parameters: once per recorded step, however many calls
+    assert len(rows(w, module="conv", kind="param")) == 1
+    assert len(rows(w, module="conv", kind="param_grad")) == 1
+    assert not w.errors
+
+
+def test_rows_have_the_schema_and_values_match_autograd():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+    x = torch.randn(6, 3)
+    with workbench.watch(model) as w:
+        (model(x) ** 2).sum().backward()
+        model(x)  # a second call of every module, not back-propagated
+        w.step()
+    frame = w.to_pandas()
+    assert tuple(frame.columns) == ROW_COLUMNS
+    act = rows(w, module="0", kind="activation")
+    assert list(act.call) == [0, 1]
+    act = act.iloc[0]
+    ref = model[0](x).detach()
+    assert act["numel"] == 24 and act["shape"] == "(6, 4)" and act["tensor"] == "out"
+    assert act["mean"] == pytest.approx(ref.mean().item(), abs=1e-6)
+    assert act["std"] == pytest.approx(ref.std().item(), rel=1e-5)
+    assert act["max"] == pytest.approx(ref.max().item())
+    # d/dh of sum(tanh(h)^2) = 2 tanh(h) (1 - tanh(h)^2), by hand
+    t = torch.tanh(ref)
+    want = 2 * t * (1 - t ** 2)
+    grad = rows(w, module="0", kind="grad_output")
+    assert list(grad.call) == [0]  # only call 0 was back-propagated
+    assert grad.iloc[0]["norm"] == pytest.approx(want.norm().item(), rel=1e-5)
+    assert grad.iloc[0]["abs_mean"] == pytest.approx(want.abs().mean().item(), rel=1e-5)
+    pgrad = rows(w, module="0", kind="param_grad")
+    assert set(pgrad.tensor) == {"weight", "bias"}
+    bias_grad = pgrad[pgrad.tensor == "bias"].iloc[0]
+    assert bias_grad["norm"] == pytest.approx(want.sum(0).norm().item(), rel=1e-5)
+    weight = rows(w, module="0", kind="param")
+    weight = weight[weight.tensor == "weight"].iloc[0]
+    assert weight["mean"] == pytest.approx(model[0].weight.mean().item(), abs=1e-7)
+
+
+# ------------------------------------------------------------ structured outputs
+Pair = collections.namedtuple("Pair", "left right")
+
+
+@dataclasses.dataclass
+class Out:
+    value: torch.Tensor
+    count: int
+
+
+class Structured(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5, batch_first=True)
+        self.lin = nn.Linear(5, 2)
+
+    def forward(self, x):
+        seq, (h, c) = self.lstm(x)
+        y = self.lin(seq[:, -1])
+        return {"pair": Pair(y, h), "data": Out(c, 3), "ids": torch.arange(4), "list": [y * 2]}
+
+
+def test_structured_outputs_are_walked_and_each_leaf_named():
+    model = Structured()
+    with workbench.watch(model) as w:
+        out = model(torch.randn(4, 6, 3))
+        (out["pair"].left.sum() + out["data"].value.sum()).backward()
+        w.step()
+    assert not w.errors
+    lstm = rows(w, module="lstm", kind="activation")
+    assert list(lstm.tensor) == ["out.0", "out.1.0", "out.1.1"]
+    root = rows(w, module="", kind="activation")
+    assert list(root.tensor) == ["out.pair.left", "out.pair.right", "out.data.value", "out.ids", "out.list.0"]
+    # the integer leaf has activation statistics only
+    grads = rows(w, module="", kind="grad_output")
+    assert "out.ids" not in set(grads.tensor)
+    ids = root[root.tensor == "out.ids"].iloc[0]
+    assert (ids["mean"], ids["max"]) == (1.5, 3.0)
+
+
+def test_tensordict_outputs_are_walked():
+    tensordict = pytest.importorskip("tensordict")
+
+    class TD(nn.Module):
+        def forward(self, x):
+            return tensordict.TensorDict({"a": x * 2, "nested": {"b": x + 1}}, batch_size=[x.shape[0]])
+
+    with workbench.watch(TD(), gradients=False) as w:
+        TD.__call__  # noqa: B018
+        w.model(torch.ones(3, 2))
+        w.step()
+    assert set(rows(w, kind="activation").tensor) == {"out.a", "out.nested.b"}
+
+
+# ---------------------------------------------------------------- in-place ops
+def test_in_place_relu_and_residual_add_record_gradients_without_error():
+    model = workbench.create_model("efficientzero_dynamics")  # ReLU(inplace=True), x += ...
+    with workbench.watch(model) as w:
+        probe_step("efficientzero_dynamics", model, w)
+    assert not w.errors
+    grads = rows(w, kind="grad_output")
+    assert {"activation", "resblocks.0.act", "resblocks.0", "conv"} <= set(grads.module)
+
+
+# ------------------------------------------------------------------- every=N
+def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between(monkeypatch):
+    from workbench.instrument import hooks
+
+    reductions = []
+    real = hooks.tensor_sums
+    monkeypatch.setattr(hooks, "tensor_sums", lambda t: reductions.append(1) or real(t))
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    per_step = []
+    with workbench.watch(model, every=3) as w:
+        for _ in range(7):
+            before = len(reductions)
+            model(torch.randn(4, 2)).sum().backward()
+            w.step()
+            per_step.append(len(reductions) - before)
+    assert sorted(set(w.to_pandas().step)) == [1, 4, 7]
+    assert [n > 0 for n in per_step] == [True, False, False, True, False, False, True]
+
+
+def test_no_gradient_hooks_under_no_grad_or_eval():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    with workbench.watch(model) as w:
+        with torch.no_grad():
+            model(torch.randn(4, 2))
+        w.step()
+        model.eval()
+        model(torch.randn(4, 2))
+        w.step()
+    frame = w.to_pandas()
+    assert set(frame.kind) == {"activation", "param"}
+
+
+def test_hooks_never_transfer_to_the_host(monkeypatch):
+    model = workbench.create_model("efficientzero_dynamics")
+    w = workbench.watch(model, histograms=True)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a hook synchronised with the host")
+
+    for name in ("item", "cpu", "tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    probe_step("efficientzero_dynamics", model)
+    monkeypatch.undo()
+    w.step()
+    w.close()
+    assert not w.errors
+    assert {"activation", "grad_output", "param", "param_grad"} == set(w.to_pandas().kind)
+
+
+# --------------------------------------------------------------- selection
+def test_modules_and_exclude_select_call_sites():
+    model = workbench.create_model("efficientzero_dynamics")
+    with workbench.watch(model, modules="resblocks.*", exclude=["*.conv2*"]) as w:
+        probe_step("efficientzero_dynamics", model, w)
+    modules = set(w.to_pandas().module)
+    assert modules and all(m.startswith("resblocks.") for m in modules)
+    assert not any(".conv2" in m for m in modules)
+    with workbench.watch(model, modules=lambda p: p == "lstm") as w:
+        probe_step("efficientzero_dynamics", model, w)
+    assert set(w.to_pandas().module) == {"lstm"}
+
+
+def test_bad_options_get_clear_errors():
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="selects no module.*''"):
+        workbench.watch(model, modules="encoder.*")
+    with pytest.raises(ValueError, match="every"):
+        workbench.watch(model, every=0)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        workbench.watch(lambda x: x)
+    with pytest.raises(TypeError, match="gradients must be True or False"):
+        workbench.watch(model, gradients="yes")
+    named = nn.Sequential(collections.OrderedDict(encoder=nn.Linear(2, 2), act=nn.ReLU()))
+    with workbench.watch(named) as w:
+        with pytest.raises(ValueError, match="No module at path 'encodr'. Did you mean 'encoder'"):
+            w.patch("encodr", lambda out: out)
+        with pytest.raises(ValueError, match="call must be None"):
+            w.ablate("act", 0, call=-1)
+        with pytest.raises(TypeError, match="units must be"):
+            w.ablate("act", "first")
+    with pytest.raises(RuntimeError, match="closed"):
+        w.step()
+
+
+# ---------------------------------------------------------------- robustness
+def test_a_failing_hook_is_recorded_and_its_site_disabled(monkeypatch):
+    from workbench.instrument import hooks as watch_module
+
+    real = watch_module.tensor_sums
+
+    def flaky(tensor):
+        if tensor.shape == (4, 3):  # only the Linear(2, 3) output and its gradient
+            raise RuntimeError("boom")
+        return real(tensor)
+
+    monkeypatch.setattr(watch_module, "tensor_sums", flaky)
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 2)
+    with workbench.watch(model, modules=["0", "2"]) as w:
+        for _ in range(3):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            w.step()
+    assert {(e["module"], e["kind"]) for e in w.errors} == {("0", "activation"), ("0", "grad_output")}
+    assert all(e["step"] == 1 and "boom" in e["error"] for e in w.errors)
+    assert len(rows(w, module="2", kind="activation")) == 3  # the rest keeps recording
+
+
+def test_anomalies_name_the_first_step_module_call_and_kind():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    with workbench.watch(model) as w:
+        for step in range(1, 5):
+            if step == 3:
+                handle = w.patch("0", lambda out: out.index_fill(1, torch.tensor([1]), float("nan")), call=0)
+            model(torch.randn(4, 2)).sum().backward()
+            w.step()
+            if step == 3:
+                handle.remove()
+    first = w.anomalies().iloc[0]
+    assert (first.step, first.module, first.call, first.kind) == (3, "0", 0, "activation")
+    assert first.nan_count == 4
+
+
+# -------------------------------------------------------------- interventions
+def test_patch_and_ablate_change_outputs_recordings_and_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    bare = model(x)
+    with workbench.watch(model) as w:
+        handle = w.ablate("0", [1, 3])
+        out = model(x)
+        out.sum().backward()
+        w.step()
+        hidden = model[0](x).detach()
+        hidden[:, [1, 3]] = 0
+        torch.testing.assert_close(out, model[2](torch.relu(hidden)))
+        act = rows(w, module="0", kind="activation").iloc[0]
+        assert act.zero_frac == pytest.approx(0.5)
+        # no gradient reaches the ablated units' weights
+        assert torch.equal(model[0].weight.grad[[1, 3]], torch.zeros(2, 3))
+        handle.remove()
+        w.step()
+        assert torch.equal(model(x), bare)  # call 0 of "2" in this step
+        doubled = w.patch("2", lambda out: out * 2, call=1)
+        first, second = model(x), model(x)  # calls 1 and 2
+        assert torch.equal(first, bare * 2) and torch.equal(second, bare)
+        assert w.interventions == [doubled]
+
+
+def test_a_failing_patch_is_recorded_and_removed():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    x = torch.randn(2, 3)
+    with workbench.watch(model) as w:
+        w.ablate("0", [7])  # only 4 units
+        out = model(x)
+        w.step()
+    assert torch.equal(out, model(x))
+    assert w.errors and "units [7] are out of range" in w.errors[0]["error"]
+    assert w.interventions == []
+
+
+# ---------------------------------------------------------------------- live
+def test_subscribers_receive_each_recorded_step_in_order():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    got, threads = [], set()
+
+    def callback(update):
+        threads.add(threading.get_ident())
+        got.extend((r.step, len(r)) for r in update.records)
+
+    with workbench.watch(model, every=2) as w:
+        sub = w.subscribe(callback)
+        for _ in range(6):
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=1.0)
+        w.recorder.flush()
+    assert [s for s, _ in got] == [1, 2, 3, 4, 5, 6]
+    assert [n > 0 for _, n in got] == [True, False, True, False, True, False]  # metrics-only steps
+    assert threading.get_ident() not in threads
+    sub.unsubscribe()
+    assert list(w.metrics().step) == [1, 2, 3, 4, 5, 6]
+    assert isinstance(w.to_pandas(), pd.DataFrame)

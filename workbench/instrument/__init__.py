@@ -1,0 +1,11 @@
+"""Instrumentation: hooks -> on-device statistics -> the Recorder's stream (-> the run store).
+
+``watch(model)`` attaches to any ``nn.Module``; see :mod:`workbench.instrument.hooks`.
+"""
+
+from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update
+from workbench.instrument.stats import STAT_COLUMNS
+from workbench.instrument.hooks import Intervention, Watch, watch
+
+__all__ = ["ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "StepRecord", "Subscription", "Update",
+           "Watch", "watch"]

@@ -1,0 +1,541 @@
+"""``watch``: activations and gradients of any ``nn.Module``, per call site, recorded step by step.
+
+How it hooks in (see DESIGN.md, decisions 3 to 6):
+
+- Every module object gets a forward pre-hook and a forward hook. Together
+  they keep a stack of the call sites being executed, so a module object that
+  is reachable under several names is attributed to the alias path through
+  which its parent called it, and each call within a step gets an index.
+- Output gradients come from tensor hooks registered on the outputs inside
+  the forward hook (full backward hooks raise on in-place ops and skip dict
+  outputs); parameter gradients from post-accumulate-grad hooks, once per
+  backward; parameter values once per recorded step, in ``step()``.
+- Hooks only reduce tensors to sums on their device; ``step()`` moves a
+  step's sums to the host in one transfer and publishes them to the Recorder.
+- Steps that are not recorded (``every``) return from the hooks at once.
+- A failure inside a hook is kept in ``errors`` and that site disabled; the
+  forward and backward of the model go on untouched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import threading
+import traceback
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
+from workbench.instrument.stats import histogram, tensor_sums
+from workbench.instrument.tree import map_tensors, tensor_leaves
+
+__all__ = ["Watch", "watch", "Intervention"]
+
+ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
+
+
+def _selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
+    if spec is None:
+        return lambda path: False
+    if callable(spec):
+        return spec
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "
+                        f"got {spec!r}.")
+    return lambda path: any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+class Intervention:
+    """A patch on a call site's output; ``remove()`` takes it away."""
+
+    def __init__(self, watch: Watch, path: str, fn: Callable[[Any], Any], call: int | None, label: str) -> None:
+        self.path, self.fn, self.call, self.label = path, fn, call, label
+        self._watch = watch
+
+    def applies(self, call: int) -> bool:
+        return self.call is None or self.call == call
+
+    def remove(self) -> None:
+        self._watch._remove_intervention(self)
+
+    def __repr__(self) -> str:
+        at = "every call" if self.call is None else f"call {self.call}"
+        return f"Intervention({self.label} at {self.path!r}, {at})"
+
+
+class Watch:
+    """Records a module's activations, output gradients, parameters and parameter gradients.
+
+    Use :func:`watch` to create one. See the module docstring for how.
+
+    Attributes:
+        step_index: the step being recorded now (1-based); ``step()`` ends it.
+        errors: instrumentation failures (each disabled its site).
+        recorder: the :class:`~workbench.instrument.recorder.Recorder` the
+            recorded steps are published to.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        modules: ModuleSelector = "*",
+        exclude: ModuleSelector = None,
+        every: int = 1,
+        activations: bool = True,
+        gradients: bool = True,
+        parameters: bool = True,
+        parameter_grads: bool = True,
+        histograms: bool = False,
+        bins: int = 32,
+        recorder: Recorder | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int (record every Nth step), got {every!r}.")
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+            raise ValueError(f"bins must be a positive int, got {bins!r}.")
+        for name, flag in [("activations", activations), ("gradients", gradients), ("parameters", parameters),
+                           ("parameter_grads", parameter_grads), ("histograms", histograms)]:
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        self.model = model
+        self.every = every
+        self.options = dict(activations=activations, gradients=gradients, parameters=parameters,
+                            parameter_grads=parameter_grads, histograms=histograms, bins=bins)
+        self.recorder = recorder if recorder is not None else Recorder()
+        self.errors: list[dict[str, Any]] = []
+        self.step_index = 1
+        self.closed = False
+
+        # alias paths of every module object, in named_modules order
+        self._aliases: dict[int, list[str]] = defaultdict(list)
+        self._modules: dict[int, nn.Module] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self._aliases[id(module)].append(path)
+            self._modules[id(module)] = module
+        self.paths = [p for paths in self._aliases.values() for p in paths]
+
+        include, skip = _selector(modules, "modules"), _selector(exclude, "exclude")
+        self._selected = {p for p in self.paths if include(p) and not skip(p)}
+        if not self._selected:
+            raise ValueError(f"modules={modules!r} (exclude={exclude!r}) selects no module of "
+                             f"{type(model).__name__}; its module paths are: {self._path_list()}.")
+
+        self._resolved: dict[tuple[str | None, int], str] = {}
+        self._stack: list[tuple[int, str]] = []
+        self._calls: dict[str, int] = defaultdict(int)
+        self._disabled: set[tuple[str, str]] = set()
+        self._interventions: dict[str, list[Intervention]] = defaultdict(list)
+        self._lock = threading.Lock()  # guards the pending rows (backward may run on other threads)
+        self._start_step()
+
+        self._handles: list[Any] = []
+        for module in self._modules.values():
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            self._handles.append(module.register_forward_hook(self._post_hook))
+        # parameters: unique tensors, named by the first module path that owns them
+        self._params: list[tuple[str, str, nn.Parameter]] = []
+        self._fresh_hook_dicts: list[nn.Parameter] = []
+        seen: set[int] = set()
+        for module_path, module in model.named_modules():
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) in seen or module_path not in self._selected:
+                    continue
+                seen.add(id(param))
+                self._params.append((module_path, name, param))
+                if parameter_grads and param.requires_grad:
+                    if param._post_accumulate_grad_hooks is None:  # torch creates the dict lazily
+                        self._fresh_hook_dicts.append(param)
+                    self._handles.append(param.register_post_accumulate_grad_hook(
+                        self._param_grad_hook(module_path, name)))
+
+    # ------------------------------------------------------------------ hooks
+    def _start_step(self) -> None:
+        self._recording = (self.step_index - 1) % self.every == 0
+        self._active = not self.closed and (self._recording or bool(self._interventions))
+        self._stack.clear()
+        self._calls.clear()
+        self._keys: list[tuple[str, int, str, str, tuple[int, ...]]] = []
+        self._numel: list[int] = []
+        self._sums: list[torch.Tensor] = []
+        self._hists: list[torch.Tensor] = []
+        self._param_grads: dict[tuple[str, str], tuple[tuple, int, torch.Tensor, torch.Tensor | None]] = {}
+        self._metrics: dict[str, float] = {}
+        self._seen: dict[int, tuple] = {}
+
+    def _resolve(self, parent: str | None, module: nn.Module) -> str:
+        """The alias path through which ``parent`` (a call-site path) called ``module``."""
+        key = (parent, id(module))
+        path = self._resolved.get(key)
+        if path is None:
+            aliases = self._aliases.get(id(module)) or [f"<{type(module).__name__}>"]
+            if parent is None:
+                path = "" if "" in aliases else aliases[0]
+            else:
+                prefix = parent + "." if parent else ""
+                direct = [a for a in aliases if a.startswith(prefix) and "." not in a[len(prefix):]]
+                if direct:
+                    path = direct[0]
+                else:  # called from elsewhere: the alias closest to the caller
+                    path = max(aliases, key=lambda a: len(_common_prefix(a, parent)))
+            self._resolved[key] = path
+        return path
+
+    def _pre_hook(self, module: nn.Module, args: Any) -> None:
+        if not self._active:
+            return
+        if module is self.model:
+            self._stack.clear()  # a forward that raised earlier may have left entries
+        parent = self._stack[-1][1] if self._stack else None
+        self._stack.append((id(module), self._resolve(parent, module)))
+
+    def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if not self._active or not self._stack:
+            return None
+        mid, path = self._stack.pop()
+        while mid != id(module) and self._stack:  # entries of children whose forward raised
+            mid, path = self._stack.pop()
+        call = self._calls[path]
+        self._calls[path] = call + 1
+        replaced = False
+        for intervention in self._interventions.get(path, ()):
+            if intervention.applies(call):
+                try:
+                    output = intervention.fn(output)
+                    replaced = True
+                except Exception as exc:
+                    self._fail(path, call, f"patch:{intervention.label}", exc)
+                    self._remove_intervention(intervention)
+        if self._recording and path in self._selected:
+            opts = self.options
+            if opts["activations"] and (path, "activation") not in self._disabled:
+                try:
+                    for name, tensor in tensor_leaves(output):
+                        self._add(path, call, "activation", name, tensor)
+                except Exception as exc:
+                    self._fail(path, call, "activation", exc)
+            if (opts["gradients"] and module.training and torch.is_grad_enabled()
+                    and (path, "grad_output") not in self._disabled):
+                try:
+                    for name, tensor in tensor_leaves(output):
+                        if tensor.requires_grad:
+                            tensor.register_hook(self._grad_hook(path, call, name, self.step_index))
+                except Exception as exc:
+                    self._fail(path, call, "grad_output", exc)
+        return output if replaced else None
+
+    def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
+        # A container's output is often its last child's output, the same tensor object (a
+        # Sequential, a residual block, the model). Reuse its sums while it is unchanged: the
+        # weakref proves identity without keeping the tensor alive, the version counter proves
+        # it was not modified in place since.
+        version = _version(tensor)
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == version and version is not None:
+            sums, hist = seen[2], seen[3]
+        else:
+            sums = tensor_sums(tensor)
+            hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
+            self._seen[id(tensor)] = (weakref.ref(tensor), version, sums, hist)
+        with self._lock:
+            self._keys.append((path, call, kind, name, tuple(tensor.shape)))
+            self._numel.append(tensor.numel())
+            self._sums.append(sums)
+            if hist is not None:
+                self._hists.append(hist)
+
+    def _grad_hook(self, path: str, call: int, name: str, step: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            if self.closed or (path, "grad_output") in self._disabled:
+                return
+            if step != self.step_index:
+                self._fail(path, call, "grad_output", RuntimeError(
+                    f"the gradient of step {step} arrived after watch.step() ended that step; "
+                    "call w.step() after loss.backward()"))
+                return
+            try:
+                self._add(path, call, "grad_output", name, grad)
+            except Exception as exc:
+                self._fail(path, call, "grad_output", exc)
+
+        return hook
+
+    def _param_grad_hook(self, module_path: str, name: str) -> Callable[[nn.Parameter], None]:
+        def hook(param: nn.Parameter) -> None:
+            if not self._recording or self.closed or (module_path, "param_grad") in self._disabled:
+                return
+            try:
+                grad = param.grad
+                sums = tensor_sums(grad)
+                hist = histogram(grad, sums, self.options["bins"]) if self.options["histograms"] else None
+                with self._lock:  # the last backward of the step wins: .grad holds the accumulated total
+                    self._param_grads[(module_path, name)] = (tuple(grad.shape), grad.numel(), sums, hist)
+            except Exception as exc:
+                self._fail(module_path, 0, "param_grad", exc)
+
+        return hook
+
+    def _fail(self, path: str, call: int, kind: str, exc: BaseException) -> None:
+        self._disabled.add((path, kind))
+        self.errors.append({"step": self.step_index, "module": path, "call": call, "kind": kind,
+                            "error": f"{type(exc).__name__}: {exc}",
+                            "traceback": "".join(traceback.format_exception(exc))})
+
+    # ------------------------------------------------------------- the API
+    def step(self, **metrics: float) -> StepRecord | None:
+        """End the current step: record it (when it is a recorded step) and start the next.
+
+        Args:
+            **metrics: scalar metrics of this step (loss, accuracy ...),
+                published with its statistics.
+
+        Returns:
+            The step's record, or None when the step was neither recorded nor
+            given metrics.
+        """
+        self._check_open()
+        for key, value in metrics.items():
+            self.log(**{key: value})
+        record = None
+        if self._recording:
+            if self.options["parameters"]:
+                for module_path, name, param in self._params:
+                    if (module_path, "param") in self._disabled:
+                        continue
+                    try:
+                        self._add(module_path, 0, "param", name, param)
+                    except Exception as exc:
+                        self._fail(module_path, 0, "param", exc)
+            for (module_path, name), (shape, numel, sums, hist) in self._param_grads.items():
+                self._keys.append((module_path, 0, "param_grad", name, shape))
+                self._numel.append(numel)
+                self._sums.append(sums)
+                if hist is not None:
+                    self._hists.append(hist)
+            record = self._flush()
+        elif self._metrics:
+            record = StepRecord(self.step_index, metrics=dict(self._metrics))
+        if record is not None:
+            self.recorder.publish(record)
+        self.step_index += 1
+        self._start_step()
+        return record
+
+    def _flush(self) -> StepRecord:
+        with self._lock:
+            keys, numel, sums, hists = self._keys, self._numel, self._sums, self._hists
+        if sums:
+            # the one host transfer of the step
+            host = torch.stack([s.to(sums[0].device) for s in sums]).cpu().numpy()
+            hist_host = torch.stack([h.to(sums[0].device) for h in hists]).cpu().numpy() if hists else None
+        else:
+            host, hist_host = np.zeros((0, 8)), None
+        return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), host, hist_host,
+                          dict(self._metrics))
+
+    def log(self, **metrics: float) -> None:
+        """Attach scalar metrics to the current step (published by ``step()``)."""
+        for key, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().item() if value.numel() == 1 else value
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
+            self._metrics[key] = float(value)
+
+    def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None) -> Intervention:
+        """Replace the output of the call site ``path`` with ``fn(output)``.
+
+        Args:
+            path: a module path of the model (any of its alias paths).
+            fn: takes the module's output, returns its replacement (same structure).
+            call: only this call index within a step (None: every call).
+
+        Returns:
+            An :class:`Intervention`; ``remove()`` ends it. The patched output
+            is what the rest of the model sees, what is recorded and what
+            gradients flow through.
+        """
+        self._check_open()
+        if not callable(fn):
+            raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
+        return self._add_intervention(path, fn, call, getattr(fn, "__name__", "patch"))
+
+    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None) -> Intervention:
+        """Zero ``units`` along ``dim`` of the call site's output (every tensor in it).
+
+        Args:
+            path: a module path of the model.
+            units: an index or indices along ``dim`` (channels, features ...).
+            dim: the dimension that indexes units (1: channels of (B, C, ...)).
+            call: only this call index within a step (None: every call).
+        """
+        index = [units] if isinstance(units, int) else list(units)
+        if not index or not all(isinstance(u, int) and not isinstance(u, bool) for u in index):
+            raise TypeError(f"units must be an int or a non-empty list of ints, got {units!r}.")
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"dim must be an int, got {dim!r}.")
+
+        def zero_units(tensor: torch.Tensor) -> torch.Tensor:
+            if not tensor.is_floating_point():
+                return tensor
+            if not -tensor.dim() <= dim < tensor.dim():
+                raise ValueError(f"ablate({path!r}): dim={dim} is out of range for an output of shape "
+                                 f"{tuple(tensor.shape)}.")
+            size = tensor.shape[dim]
+            bad = [u for u in index if not -size <= u < size]
+            if bad:
+                raise ValueError(f"ablate({path!r}): units {bad} are out of range for dim {dim} of size {size}.")
+            return tensor.index_fill(dim, torch.tensor(index, device=tensor.device), 0)
+
+        return self._add_intervention(path, lambda output: map_tensors(output, zero_units), call,
+                                      f"ablate{index}@dim{dim}")
+
+    def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
+        if path not in self.paths:
+            close = difflib.get_close_matches(str(path), self.paths, n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"No module at path {path!r}.{hint} Module paths: {self._path_list()}.")
+        if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
+            raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
+        intervention = Intervention(self, path, fn, call, label)
+        self._interventions[path].append(intervention)
+        self._active = not self.closed
+        return intervention
+
+    def _remove_intervention(self, intervention: Intervention) -> None:
+        active = self._interventions.get(intervention.path, [])
+        if intervention in active:
+            active.remove(intervention)
+        if not active:
+            self._interventions.pop(intervention.path, None)
+        self._active = not self.closed and (self._recording or bool(self._interventions))
+
+    @property
+    def interventions(self) -> list[Intervention]:
+        return [i for items in self._interventions.values() for i in items]
+
+    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000) -> Subscription:
+        """Receive each recorded step (an :class:`Update`) on a thread of its own; see ``Recorder.subscribe``."""
+        return self.recorder.subscribe(callback, max_pending)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""
+        return self.recorder.to_pandas()
+
+    def metrics(self) -> pd.DataFrame:
+        """The metrics given to ``step()`` / ``log()``: one row per step."""
+        return self.recorder.metrics()
+
+    def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        """Histograms (``histograms=True``): one row per tensor with ``edges`` and ``counts``."""
+        return self.recorder.histograms(module, kind)
+
+    def anomalies(self) -> pd.DataFrame:
+        """Rows with NaN or Inf values, in the order they were recorded: the first row is where
+        a non-finite value first appeared (step, module path, call, kind)."""
+        frame = self.to_pandas()
+        return frame[(frame.nan_count > 0) | (frame.inf_count > 0)].reset_index(drop=True)
+
+    def close(self) -> None:
+        """Remove every hook; the model is as before ``watch``. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for param in self._fresh_hook_dicts:  # leave the parameters exactly as we found them
+            if not param._post_accumulate_grad_hooks:
+                param._post_accumulate_grad_hooks = None
+        self._fresh_hook_dicts.clear()
+        self._interventions.clear()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("This watch is closed; start a new one with workbench.watch(model).")
+
+    def _path_list(self) -> str:
+        shown = [p if p else "'' (the model itself)" for p in self.paths[:40]]
+        more = f" ... and {len(self.paths) - 40} more" if len(self.paths) > 40 else ""
+        return ", ".join(shown) + more
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"step {self.step_index}"
+        return (f"Watch({type(self.model).__name__}, {len(self._selected)} call-site paths, every={self.every}, "
+                f"{state}, {len(self.errors)} errors)")
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference-mode tensors have no version counter
+        return None
+
+
+def _common_prefix(a: str, b: str) -> list[str]:
+    out = []
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        out.append(x)
+    return out
+
+
+def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
+          activations: bool = True, gradients: bool = True, parameters: bool = True,
+          parameter_grads: bool = True, histograms: bool = False, bins: int = 32,
+          recorder: Recorder | None = None) -> Watch:
+    """Watch a module: record activations and gradients per call site, step by step.
+
+    ::
+
+        with workbench.watch(model) as w:
+            for batch in data:
+                loss = objective(model(batch)); loss.backward(); opt.step(); opt.zero_grad()
+                w.step(loss=loss.item())
+        w.to_pandas()
+
+    Args:
+        model: any ``torch.nn.Module``.
+        modules: which call sites to record: a glob on the module path
+            (``"*"``, ``"resblocks.*"``), a list of globs, or a predicate
+            ``path -> bool``. The model itself has the path ``""``.
+        exclude: call sites to leave out, in the same forms.
+        every: record every Nth step (the 1st, N+1th ...); in between the
+            hooks return at once.
+        activations: record module outputs (every tensor leaf of a structured output).
+        gradients: record gradients w.r.t. module outputs (in training mode
+            with grad enabled).
+        parameters: record parameter values, once per recorded step.
+        parameter_grads: record parameter gradients, once per backward.
+        histograms: also record a histogram of every tensor.
+        bins: histogram bins.
+        recorder: publish into this Recorder (default: a new one).
+
+    Returns:
+        A :class:`Watch`; a context manager. ``close()`` removes every hook.
+
+    Raises:
+        TypeError: ``model`` is not a module, or an option has the wrong type.
+        ValueError: ``every``/``bins`` not positive, or ``modules`` selects nothing.
+    """
+    return Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
+                 gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
+                 histograms=histograms, bins=bins, recorder=recorder)

@@ -1,0 +1,300 @@
+"""The Recorder: recorded steps in a bounded buffer, streamed to subscribers.
+
+Training publishes one :class:`StepRecord` per step; subscribers (the app, a
+notebook dashboard, the run store) receive them on their own threads, so a
+slow or failing subscriber never holds training up. A subscriber that falls
+behind gets the pending records coalesced into one update; past its
+``max_pending`` the oldest are dropped and the drop is counted in the update.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from workbench.instrument.stats import STAT_COLUMNS, finish
+
+__all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
+           "histograms_frame", "metrics_frame"]
+
+#: Columns of ``to_pandas()``: one row per tensor per call site per recorded step.
+ROW_COLUMNS = ("step", "module", "call", "kind", "tensor", "shape") + STAT_COLUMNS
+KINDS = ("activation", "grad_output", "param", "param_grad")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step recorded: statistics rows (as raw sums), histograms and metrics.
+
+    ``keys[i]`` is ``(module, call, kind, tensor, shape)`` of row ``i``; rows are
+    in the order they were recorded, so the first row with a non-finite value
+    is where one first appeared.
+    """
+
+    step: int
+    keys: tuple[tuple[str, int, str, str, tuple[int, ...]], ...] = ()
+    numel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sums: np.ndarray = field(default_factory=lambda: np.zeros((0, 8)))
+    histograms: np.ndarray | None = None  # (rows, bins) counts, or None when off
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def rows_frame(records: Iterable[StepRecord]) -> pd.DataFrame:
+    """One DataFrame of :data:`ROW_COLUMNS` for the rows of ``records``."""
+    records = [r for r in records if len(r)]
+    if not records:
+        return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in ROW_COLUMNS})
+    keys = [k for r in records for k in r.keys]
+    module, call, kind, tensor, shape = zip(*keys)
+    numel = np.concatenate([r.numel for r in records])
+    stats = finish(numel, np.concatenate([r.sums for r in records]))
+    frame = pd.DataFrame({
+        "step": np.repeat([r.step for r in records], [len(r) for r in records]).astype(np.int64),
+        "module": module, "call": np.asarray(call, np.int64), "kind": kind, "tensor": tensor,
+        "shape": [format_shape(s) for s in shape],
+        **stats,
+    })
+    return frame
+
+
+def format_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
+                     kind: str | None = None) -> pd.DataFrame:
+    """Histograms beside the rows: ``step, module, call, kind, tensor, edges, counts`` (numpy arrays).
+
+    ``edges`` has ``bins + 1`` values spanning the tensor's [min, max].
+    """
+    out = []
+    for r in records:
+        if r.histograms is None:
+            continue
+        for i, (mod, call, knd, tensor, _shape) in enumerate(r.keys):
+            if (module is None or mod == module) and (kind is None or knd == kind):
+                lo, hi = r.sums[i, 3], r.sums[i, 4]
+                bins = r.histograms.shape[1]
+                out.append((r.step, mod, call, knd, tensor, np.linspace(lo, hi, bins + 1), r.histograms[i]))
+    return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts"])
+
+
+def metrics_frame(records: Iterable[StepRecord]) -> pd.DataFrame:
+    """One row per step that published metrics: ``step`` and a column per metric."""
+    rows = [{"step": r.step, **r.metrics} for r in records if r.metrics]
+    return pd.DataFrame(rows) if rows else pd.DataFrame({"step": pd.Series(dtype=np.int64)})
+
+
+def _dtype(column: str) -> str:
+    if column in ("step", "call", "numel", "nan_count", "inf_count"):
+        return "int64"
+    return "object" if column in ("module", "kind", "tensor", "shape") else "float64"
+
+
+@dataclass(frozen=True)
+class Update:
+    """What a subscriber receives: the records since its last update, in step order.
+
+    Attributes:
+        records: the recorded steps, oldest first.
+        dropped: records this subscriber missed because it fell more than
+            ``max_pending`` records behind (0 when it keeps up).
+    """
+
+    records: tuple[StepRecord, ...]
+    dropped: int = 0
+
+    @property
+    def steps(self) -> list[int]:
+        return [r.step for r in self.records]
+
+    def to_pandas(self) -> pd.DataFrame:
+        return rows_frame(self.records)
+
+    def metrics(self) -> pd.DataFrame:
+        return metrics_frame(self.records)
+
+
+class Subscription:
+    """A subscriber's queue and delivery thread. ``unsubscribe()`` (or ``remove()``) detaches it."""
+
+    def __init__(self, recorder: Recorder, callback: Callable[[Update], object], max_pending: int) -> None:
+        self.callback = callback
+        self.max_pending = max_pending
+        self.delivered = 0  # records handed to the callback
+        self.dropped = 0  # records this subscriber missed, in total
+        self.error: str | None = None
+        self._recorder = recorder
+        self._pending: deque[StepRecord] = deque()
+        self._dropped_since = 0
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name=f"workbench-subscriber-{id(self):x}", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return not self._closed
+
+    def offer(self, record: StepRecord) -> None:
+        """Queue a record; never blocks beyond a short lock."""
+        with self._cond:
+            if self._closed:
+                return
+            self._pending.append(record)
+            while len(self._pending) > self.max_pending:
+                self._pending.popleft()
+                self._dropped_since += 1
+                self.dropped += 1
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._pending:
+                    return
+                update = Update(tuple(self._pending), self._dropped_since)
+                self._pending.clear()
+                self._dropped_since = 0
+                self._busy = True
+            try:
+                self.callback(update)
+                self.delivered += len(update.records)
+            except Exception:
+                self.error = traceback.format_exc()
+                self._recorder._subscriber_failed(self, self.error)
+                with self._cond:
+                    self._closed = True
+                    self._pending.clear()
+                    self._busy = False
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until every queued record was delivered; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed or (not self._pending and not self._busy), timeout)
+
+    def unsubscribe(self) -> None:
+        """Stop receiving updates; records already queued are delivered first."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._recorder._detach(self)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10.0)
+
+    remove = unsubscribe
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "detached"
+        return f"Subscription({state}, delivered={self.delivered}, dropped={self.dropped})"
+
+
+class Recorder:
+    """A bounded in-memory buffer of recorded steps, and its subscribers.
+
+    Thread-safe: training publishes from one thread while dashboards read
+    (``records()``, ``to_pandas()``) or subscribe from others.
+
+    Args:
+        max_rows: statistics rows kept in memory; the oldest steps are evicted
+            beyond it (``evicted`` counts them). A run store, when attached,
+            keeps every step on disk.
+    """
+
+    def __init__(self, max_rows: int = 500_000) -> None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
+        self.max_rows = max_rows
+        self.evicted = 0  # steps evicted from the buffer
+        self.errors: list[dict] = []  # subscriber failures
+        self._records: deque[StepRecord] = deque()
+        self._rows = 0
+        self._subscriptions: list[Subscription] = []
+        self._lock = threading.Lock()
+
+    def publish(self, record: StepRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+            self._rows += len(record)
+            while self._rows > self.max_rows and len(self._records) > 1:
+                self._rows -= len(self._records.popleft())
+                self.evicted += 1
+            subscriptions = list(self._subscriptions)
+        for subscription in subscriptions:
+            subscription.offer(record)
+
+    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000) -> Subscription:
+        """Call ``callback(update)`` on a thread of its own for every published step.
+
+        Args:
+            callback: receives an :class:`Update` with one or more records,
+                in step order. If it raises, the error is kept in
+                ``recorder.errors`` and the subscriber detached.
+            max_pending: records kept for a subscriber that falls behind;
+                older ones are dropped and counted in ``Update.dropped``.
+
+        Returns:
+            A :class:`Subscription`; call ``unsubscribe()`` to detach.
+        """
+        if not callable(callback):
+            raise TypeError(f"subscribe() needs a callable, got {callback!r}.")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}.")
+        subscription = Subscription(self, callback, max_pending)
+        with self._lock:
+            self._subscriptions.append(subscription)
+        return subscription
+
+    def _detach(self, subscription: Subscription) -> None:
+        with self._lock:
+            if subscription in self._subscriptions:
+                self._subscriptions.remove(subscription)
+
+    def _subscriber_failed(self, subscription: Subscription, error: str) -> None:
+        with self._lock:
+            self.errors.append({"subscriber": repr(subscription.callback), "error": error})
+        self._detach(subscription)
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        with self._lock:
+            return list(self._subscriptions)
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until every subscriber has received everything published so far."""
+        return all(s.flush(timeout) for s in self.subscriptions)
+
+    def close(self) -> None:
+        """Deliver what is queued, then detach every subscriber."""
+        for subscription in self.subscriptions:
+            subscription.unsubscribe()
+
+    def records(self) -> list[StepRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return rows_frame(self.records())
+
+    def metrics(self) -> pd.DataFrame:
+        return metrics_frame(self.records())
+
+    def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        return histograms_frame(self.records(), module, kind)
