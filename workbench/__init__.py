@@ -25,7 +25,7 @@ from workbench.registry import (
 )
 from workbench.params import ParamInfo, Range
 from workbench.summary import summarize
-from workbench.instrument import Recorder, Watch, watch
+from workbench.instrument import Recorder, Run, RunError, Watch, compare_runs, list_runs, load_run, watch
 from workbench import models  # noqa: F401  (registers the built-in families)
 from workbench import experiments
 
@@ -37,13 +37,18 @@ __all__ = [
     "ProbeResult",
     "Range",
     "Recorder",
+    "Run",
+    "RunError",
     "Watch",
     "__version__",
+    "compare_runs",
     "create_model",
     "experiments",
     "get_spec",
     "list_families",
     "list_models",
+    "list_runs",
+    "load_run",
     "probe",
     "register_model",
     "summarize",

@@ -6,11 +6,13 @@ import dataclasses
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, params_of, validate_overrides
 
 __all__ = ["Experiment", "ExperimentSpec", "register_experiment", "list_experiments",
@@ -32,6 +34,7 @@ class Experiment:
         model: the module being trained.
         step_count: how many steps have been taken.
         generator: the experiment's random number generator.
+        watcher: the :class:`~workbench.Watch` attached by :meth:`watch`, if any.
     """
 
     name: ClassVar[str]
@@ -42,6 +45,7 @@ class Experiment:
         self.config = config
         self.seed = seed
         self.step_count = 0
+        self.watcher: Watch | None = None
         self.generator = torch.Generator().manual_seed(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # parameter initialisation uses the global RNG
@@ -65,13 +69,49 @@ class Experiment:
             torch.manual_seed(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
             metrics = self.train_step()
         self.step_count += 1
+        if self.watcher is not None and not self.watcher.closed:
+            self.watcher.step(**metrics)  # the metrics go into the same stream as the statistics
         return {"step": self.step_count, **metrics}
 
-    def run(self, steps: int) -> list[dict[str, float]]:
-        """Take ``steps`` steps; returns the metrics of each."""
+    def watch(self, store: str | Path | None = None, **options: Any) -> Watch:
+        """Instrument the model; from now on every :meth:`step` ends the watch's step and
+        publishes the step's metrics with it.
+
+        Args:
+            store: a run directory to record into (see ``workbench.load_run``);
+                the run's metadata names the experiment, its config and seed.
+            **options: options of :func:`workbench.watch` (modules, every, histograms ...).
+
+        Returns:
+            The :class:`~workbench.Watch`; ``close()`` it to detach.
+        """
+        if self.watcher is not None and not self.watcher.closed:
+            raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
+                               "(experiment.watcher.close()).")
+        metadata = {"experiment": self.name, "model": type(self.model).__name__,
+                    "config": dataclasses.asdict(self.config), "seed": self.seed}
+        self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
+        return self.watcher
+
+    def run(self, steps: int, store: str | Path | None = None, **watch_options: Any) -> list[dict[str, float]]:
+        """Take ``steps`` steps; returns the metrics of each.
+
+        Args:
+            steps: how many steps.
+            store: record the steps into this run directory (a watch is
+                attached for the run and closed after it).
+            **watch_options: options of :func:`workbench.watch`; given
+                without ``store``, the run is watched in memory.
+        """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be a non-negative int, got {steps!r}.")
-        return [self.step() for _ in range(steps)]
+        if store is None and not watch_options:
+            return [self.step() for _ in range(steps)]
+        w = self.watch(store=store, **watch_options)
+        try:
+            return [self.step() for _ in range(steps)]
+        finally:
+            w.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(seed={self.seed}, step={self.step_count}, config={self.config})"

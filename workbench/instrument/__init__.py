@@ -5,7 +5,8 @@
 
 from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update
 from workbench.instrument.stats import STAT_COLUMNS
+from workbench.instrument.store import Run, RunError, RunStore, compare_runs, list_runs, load_run
 from workbench.instrument.hooks import Intervention, Watch, watch
 
-__all__ = ["ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "StepRecord", "Subscription", "Update",
-           "Watch", "watch"]
+__all__ = ["ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "Run", "RunError", "RunStore", "StepRecord",
+           "Subscription", "Update", "Watch", "compare_runs", "list_runs", "load_run", "watch"]

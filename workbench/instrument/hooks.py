@@ -26,6 +26,7 @@ import traceback
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
+from workbench.instrument.store import RunStore
 from workbench.instrument.stats import histogram, tensor_sums
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
@@ -97,6 +99,9 @@ class Watch:
         histograms: bool = False,
         bins: int = 32,
         recorder: Recorder | None = None,
+        store: str | Path | None = None,
+        metadata: dict[str, Any] | None = None,
+        start_step: int = 1,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
@@ -114,7 +119,9 @@ class Watch:
                             parameter_grads=parameter_grads, histograms=histograms, bins=bins)
         self.recorder = recorder if recorder is not None else Recorder()
         self.errors: list[dict[str, Any]] = []
-        self.step_index = 1
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"start_step must be a non-negative int, got {start_step!r}.")
+        self.step_index = start_step
         self.closed = False
 
         # alias paths of every module object, in named_modules order
@@ -159,6 +166,17 @@ class Watch:
                     self._handles.append(param.register_post_accumulate_grad_hook(
                         self._param_grad_hook(module_path, name)))
 
+        self.store: RunStore | None = None
+        if store is not None:
+            facts = {"model": type(model).__name__, "every": every, "modules": repr(modules),
+                     "exclude": repr(exclude), **self.options, **(metadata or {})}
+            try:
+                self.store = RunStore(store, facts)
+            except BaseException:
+                self.close()
+                raise
+            self.store.attach(self.recorder)
+
     # ------------------------------------------------------------------ hooks
     def _start_step(self) -> None:
         self._recording = (self.step_index - 1) % self.every == 0
@@ -172,6 +190,7 @@ class Watch:
         self._param_grads: dict[tuple[str, str], tuple[tuple, int, torch.Tensor, torch.Tensor | None]] = {}
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, tuple] = {}
+        self._step_errors: list[dict[str, Any]] = []
 
     def _resolve(self, parent: str | None, module: nn.Module) -> str:
         """The alias path through which ``parent`` (a call-site path) called ``module``."""
@@ -287,9 +306,10 @@ class Watch:
 
     def _fail(self, path: str, call: int, kind: str, exc: BaseException) -> None:
         self._disabled.add((path, kind))
-        self.errors.append({"step": self.step_index, "module": path, "call": call, "kind": kind,
-                            "error": f"{type(exc).__name__}: {exc}",
-                            "traceback": "".join(traceback.format_exception(exc))})
+        error = {"step": self.step_index, "module": path, "call": call, "kind": kind,
+                 "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
+        self.errors.append(error)
+        self._step_errors.append(error)
 
     # ------------------------------------------------------------- the API
     def step(self, **metrics: float) -> StepRecord | None:
@@ -323,8 +343,8 @@ class Watch:
                 if hist is not None:
                     self._hists.append(hist)
             record = self._flush()
-        elif self._metrics:
-            record = StepRecord(self.step_index, metrics=dict(self._metrics))
+        elif self._metrics or self._step_errors:
+            record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(self._step_errors))
         if record is not None:
             self.recorder.publish(record)
         self.step_index += 1
@@ -341,7 +361,7 @@ class Watch:
         else:
             host, hist_host = np.zeros((0, 8)), None
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), host, hist_host,
-                          dict(self._metrics))
+                          dict(self._metrics), tuple(self._step_errors))
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``)."""
@@ -459,6 +479,8 @@ class Watch:
             if not param._post_accumulate_grad_hooks:
                 param._post_accumulate_grad_hooks = None
         self._fresh_hook_dicts.clear()
+        if getattr(self, "store", None) is not None:
+            self.store.close()  # writes what is still queued first
         self._interventions.clear()
 
     def _check_open(self) -> None:
@@ -501,7 +523,8 @@ def _common_prefix(a: str, b: str) -> list[str]:
 def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
           activations: bool = True, gradients: bool = True, parameters: bool = True,
           parameter_grads: bool = True, histograms: bool = False, bins: int = 32,
-          recorder: Recorder | None = None) -> Watch:
+          recorder: Recorder | None = None, store: str | Path | None = None,
+          metadata: dict[str, Any] | None = None, start_step: int = 1) -> Watch:
     """Watch a module: record activations and gradients per call site, step by step.
 
     ::
@@ -528,6 +551,10 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         histograms: also record a histogram of every tensor.
         bins: histogram bins.
         recorder: publish into this Recorder (default: a new one).
+        store: a run directory to write the run into (SQLite, crash-safe);
+            read it back with ``workbench.load_run(store)``.
+        metadata: facts stored with the run (model name, config ...).
+        start_step: the number of the first step.
 
     Returns:
         A :class:`Watch`; a context manager. ``close()`` removes every hook.
@@ -538,4 +565,5 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     """
     return Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
                  gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
-                 histograms=histograms, bins=bins, recorder=recorder)
+                 histograms=histograms, bins=bins, recorder=recorder, store=store, metadata=metadata,
+                 start_step=start_step)

@@ -43,6 +43,7 @@ class StepRecord:
     sums: np.ndarray = field(default_factory=lambda: np.zeros((0, 8)))
     histograms: np.ndarray | None = None  # (rows, bins) counts, or None when off
     metrics: dict[str, float] = field(default_factory=dict)
+    errors: tuple[dict, ...] = ()  # instrumentation failures of this step
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -1,0 +1,90 @@
+"""The Recorder: bounded buffer, subscribers that never hold training up."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from workbench.instrument import Recorder, StepRecord
+
+
+def record(step, rows=2):
+    keys = tuple((f"m{i}", 0, "activation", "out", (3,)) for i in range(rows))
+    sums = np.tile([3.0, 3.0, 3.0, 1.0, 1.0, 3.0, 0.0, 0.0], (rows, 1))  # three ones
+    return StepRecord(step, keys, np.full(rows, 3), sums, metrics={"loss": float(step)})
+
+
+def test_the_buffer_is_bounded_by_rows_and_counts_evictions():
+    recorder = Recorder(max_rows=10)
+    for step in range(1, 21):
+        recorder.publish(record(step, rows=2))
+    assert [r.step for r in recorder.records()] == list(range(16, 21))
+    assert recorder.evicted == 15
+    frame = recorder.to_pandas()
+    assert len(frame) == 10 and frame["mean"].eq(1.0).all() and frame["std"].eq(0.0).all()
+    with pytest.raises(ValueError, match="max_rows"):
+        Recorder(max_rows=0)
+
+
+def test_a_slow_subscriber_gets_coalesced_updates_and_never_blocks_publishing():
+    recorder = Recorder()
+    release = threading.Event()
+    updates = []
+
+    def slow(update):
+        release.wait(10)
+        updates.append(update)
+
+    sub = recorder.subscribe(slow, max_pending=5)
+    start = time.perf_counter()
+    for step in range(1, 51):
+        recorder.publish(record(step))
+    publishing = time.perf_counter() - start
+    release.set()
+    assert sub.flush(10)
+    delivered = [s for u in updates for s in u.steps]
+    assert delivered == sorted(delivered) and delivered[-1] == 50  # in order, up to the newest
+    assert sum(u.dropped for u in updates) == 50 - len(delivered) == sub.dropped > 0
+    assert len(updates) < 50  # coalesced
+    assert publishing < 5  # a blocked subscriber did not block the 50 publishes (10 s wait)
+    sub.unsubscribe()
+
+
+def test_a_failing_subscriber_is_detached_and_its_error_kept():
+    recorder = Recorder()
+    good = []
+    bad = recorder.subscribe(lambda update: 1 / 0)
+    recorder.subscribe(lambda update: good.extend(update.steps))
+    for step in range(1, 4):
+        recorder.publish(record(step))
+    recorder.flush()
+    assert good == [1, 2, 3]
+    assert not bad.active and bad not in recorder.subscriptions
+    assert "ZeroDivisionError" in recorder.errors[0]["error"]
+    recorder.close()
+    assert recorder.subscriptions == []
+
+
+def test_readers_in_other_threads_while_training_publishes():
+    recorder = Recorder(max_rows=1000)
+    errors, stop = [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                frame = recorder.to_pandas()
+                assert frame.step.is_monotonic_increasing
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for step in range(1, 2001):
+        recorder.publish(record(step))
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not errors
+    assert recorder.records()[-1].step == 2000

@@ -1,0 +1,190 @@
+"""The run store: round trips, metadata, crash safety with a real SIGKILL, live reads, errors, export."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import workbench
+from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError
+
+
+def small_run(path, steps=4, **options):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with workbench.watch(model, store=path, metadata={"model": "tiny"}, **options) as w:
+        for i in range(steps):
+            loss = model(torch.randn(8, 3)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss=loss.item(), lr=0.1)
+    return w
+
+
+def test_a_stored_run_reads_back_as_it_was_recorded(tmp_path):
+    w = small_run(tmp_path / "run", histograms=True, bins=8)
+    run = workbench.load_run(tmp_path / "run")
+    pd.testing.assert_frame_equal(run.to_pandas(), w.to_pandas(), check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(run.metrics(), w.metrics())
+    stored, live = run.histograms("0", "activation"), w.histograms("0", "activation")
+    assert len(stored) == 4
+    for a, b in zip(stored.itertuples(), live.itertuples()):
+        np.testing.assert_array_equal(a.counts, b.counts)
+        np.testing.assert_allclose(a.edges, b.edges)
+    assert run.steps == [1, 2, 3, 4]
+
+
+def test_metadata_names_the_run(tmp_path):
+    exp = workbench.experiments.create("activation_mlp", seed=3, width=8)
+    exp.run(2)
+    exp.run(3, store=tmp_path / "exp")
+    meta = workbench.load_run(tmp_path / "exp").metadata
+    assert meta["experiment"] == "activation_mlp" and meta["seed"] == 3 and meta["model"] == "MLP"
+    assert meta["config"]["width"] == 8
+    assert meta["schema_version"] == SCHEMA_VERSION and meta["status"] == "finished"
+    assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["workbench"] == workbench.__version__
+    assert meta["start_time"] <= meta["end_time"] <= time.time()
+    # the experiment's metrics belong to the experiment's own step numbers
+    assert workbench.load_run(tmp_path / "exp").metrics().step.tolist() == [3, 4, 5]
+    assert exp.watcher.closed
+
+
+def test_list_and_compare_runs(tmp_path):
+    small_run(tmp_path / "a", steps=2)
+    small_run(tmp_path / "nested" / "b", steps=3)
+    (tmp_path / "not-a-run").mkdir()
+    runs = workbench.list_runs(tmp_path)
+    assert sorted(runs.run) == ["a", "b"]
+    assert dict(zip(runs.run, runs.steps)) == {"a": 2, "b": 3}
+    both = workbench.compare_runs(list(runs.path))
+    assert both.columns[0] == "run" and set(both.run) == {"a", "b"}
+    assert len(both) == len(workbench.load_run(tmp_path / "a").to_pandas()) + len(
+        workbench.load_run(tmp_path / "nested" / "b").to_pandas())
+    metrics = workbench.compare_runs([tmp_path / "a"], what="metrics")
+    assert list(metrics.columns) == ["run", "step", "loss", "lr"]
+
+
+def test_bad_paths_get_clear_errors(tmp_path):
+    with pytest.raises(RunError, match="is not a workbench run: it has no run.sqlite"):
+        workbench.load_run(tmp_path)
+    small_run(tmp_path / "run", steps=1)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        small_run(tmp_path / "run", steps=1)
+    # a newer schema
+    db = sqlite3.connect(tmp_path / "run" / DB_NAME)
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (json.dumps(SCHEMA_VERSION + 1),))
+    db.close()
+    with pytest.raises(RunError, match="schema 2; this workbench reads up to 1. Upgrade"):
+        workbench.load_run(tmp_path / "run")
+    # a damaged file
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / DB_NAME).write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(RunError, match="damaged"):
+        workbench.load_run(damaged)
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch, workbench
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=16)
+    exp.run(100000, store=sys.argv[1], histograms=True)
+""")
+
+
+def test_a_killed_process_leaves_every_committed_step_readable(tmp_path):
+    path = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
+    try:
+        deadline = time.time() + 120
+        seen = []
+        while time.time() < deadline:
+            if (path / DB_NAME).exists():
+                try:
+                    run = workbench.load_run(path)
+                    seen.append(len(run.steps))  # read live, from another process
+                    if seen[-1] >= 40:
+                        break
+                except RunError:
+                    pass  # the writer is still creating the schema
+            time.sleep(0.05)
+        assert seen and seen[-1] >= 40, "the writer did not get going"
+        live = run.to_pandas()
+        assert len(live) > 0
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    run = workbench.load_run(path)
+    assert run.metadata["status"] == "running"  # it never finished
+    steps = run.steps
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen[-1]
+    rows = run.to_pandas()
+    per_step = rows.groupby("step").size()
+    assert list(per_step.index) == steps  # no half-written step: every row count is the full one
+    assert per_step.nunique() == 1
+    assert run.metrics().step.tolist() == steps
+    assert len(run.histograms()) == len(rows)
+    db = sqlite3.connect(path / DB_NAME)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    db.close()
+
+
+def test_anomalies_and_errors_are_stored(tmp_path):
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    with workbench.watch(model, store=tmp_path / "r") as w:
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+        w.patch("0", lambda out: out * float("inf"), call=0)
+        w.patch("1", lambda out: out.missing_attribute)  # fails: recorded, removed
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+    run = workbench.load_run(tmp_path / "r")
+    first = run.anomalies().iloc[0]
+    assert (first.step, first.module, first.kind) == (2, "0", "activation")
+    errors = run.errors()
+    assert list(errors.module) == ["1"] and "missing_attribute" in errors.error[0]
+
+
+def test_export_csv_parquet_and_tensorboard(tmp_path):
+    small_run(tmp_path / "run", histograms=True, bins=4)
+    run = workbench.load_run(tmp_path / "run")
+    rows = run.to_pandas()
+    csv = pd.read_csv(run.export(tmp_path / "rows.csv"), dtype={"module": str}, keep_default_na=False,
+                      na_values={c: [""] for c in rows.columns if c != "module"})  # "" is the model itself
+    pd.testing.assert_frame_equal(csv, rows, check_exact=False, rtol=1e-12)
+    parquet = pd.read_parquet(run.export(tmp_path / "metrics.parquet", what="metrics"))
+    pd.testing.assert_frame_equal(parquet, run.metrics())
+    with pytest.raises(ValueError, match="use a .csv or .parquet file"):
+        run.export(tmp_path / "rows.xlsx")
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run.export(tmp_path / "tb")), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("metrics/loss")]
+    assert loss == [(s, pytest.approx(v, rel=1e-6)) for s, v in zip(run.metrics().step, run.metrics().loss)]
+    first = rows[(rows.module == "0") & (rows.kind == "activation")].iloc[0]
+    mean = events.Scalars("activation/0#0/out/mean")[0]
+    assert mean.value == pytest.approx(first["mean"], rel=1e-6)
+    hist = events.Histograms("activation/0#0/out")[0].histogram_value
+    assert hist.num == first["numel"] and hist.min == pytest.approx(first["min"])
+
+
+def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
+    small_run(tmp_path / "run", steps=1)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    with pytest.raises(ImportError, match="pip install pyarrow"):
+        workbench.load_run(tmp_path / "run").export(tmp_path / "x.parquet")
