@@ -52,3 +52,31 @@ def test_family_filter_narrows_the_list(page):
     listed = page.locator("#model-list").inner_text()
     for name in ("gelu", "prelu", "relu", "sigmoid", "tanh", "threshold"):
         assert name in listed
+
+
+def test_run_an_experiment_and_watch_it_live_then_replay_it(page, tmp_path):
+    page.get_by_role("tab", name="Experiments").click()
+    page.get_by_label("activation_mlp", exact=True).check()
+    page.locator("#run-steps input").fill("40")
+    page.locator("#run-histograms input").check()
+    store = tmp_path / "runs" / "browser-run"
+    page.locator("#run-store textarea, #run-store input").first.fill(str(store))
+    page.get_by_label("width").fill("16")
+    page.locator("#run-start").click()
+    status = page.locator("#run-status")
+    status.get_by_text("finished: step 40 of 40").wait_for(timeout=60_000)
+    # the plots and the table were refreshed by the timer while it ran
+    expect(page.locator("#live-metrics")).to_contain_text("loss")
+    expect(page.locator("#live-latest")).to_contain_text("layers.0")
+    expect(page.locator("#live-note")).to_contain_text("call sites")
+    page.locator("#live-pattern textarea, #live-pattern input").first.fill("nothing.*")
+    expect(page.locator("#live-note")).to_contain_text("No activation rows")
+    _screenshot(page, "experiments_live.png")
+
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-root textarea, #runs-root input").first.fill(str(tmp_path / "runs"))
+    page.locator("#runs-refresh").click()
+    expect(page.locator("#runs-table")).to_contain_text("browser-run")
+    expect(page.locator("#run-message")).to_contain_text("40 steps stored")
+    expect(page.locator("#replay-latest")).to_contain_text("layers.0")
+    _screenshot(page, "runs_replay.png")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from workbench.ui import model_browser
+from workbench.ui import live, model_browser
 
 __all__ = ["build_app", "launch"]
 
@@ -17,10 +17,12 @@ def build_app():
     import gradio as gr
 
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
-        gr.Markdown("# workbench\nPick a module, configure it, build it and look inside it.")
+        gr.Markdown("# workbench\nPick a module, configure it, run it on a built-in task and watch "
+                    "its activations and gradients.")
         with gr.Tabs():
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
+            live.wire(live.layout())
     return app
 
 

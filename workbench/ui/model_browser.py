@@ -175,7 +175,7 @@ def layout():
     return c
 
 
-def _widget(field: FormField, key: str):
+def widget(field: FormField, key: str):
     import gradio as gr
 
     common = dict(label=field.label, info=field.info or None, key=key, interactive=True)
@@ -212,7 +212,7 @@ def wire(c) -> None:
             fields = model_form(name)
             if name and not fields:
                 gr.Markdown("_No parameters to set: builds with its defaults._")
-            widgets = [_widget(f, key=f"{name}:{f.label}") for f in fields]
+            widgets = [widget(f, key=f"{name}:{f.label}") for f in fields]
             labels = [f.label for f in fields]
             button = gr.Button("Build", variant="primary", elem_id="build-button", interactive=bool(name))
 
