@@ -27,3 +27,29 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     bad = browser.build(depth=0)
     assert not bad.ok and "must lie in [1, 32], got 0" in browser.message.value
     assert browser.model is good.model
+
+
+def test_dashboard_redraws_from_a_watch_and_from_a_stored_run(tmp_path):
+    import workbench
+    from workbench.ui.notebook import Dashboard
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(store=tmp_path / "run")
+    dash = Dashboard(exp, auto=True, interval=0.0)
+    exp.run(5)
+    w.recorder.flush()
+    dash.pattern.value = "layers.0"  # a control change redraws
+    assert "1 call sites" in dash.note.value
+    assert dash.plots.outputs and dash.table.outputs
+    dash.close()
+    w.close()
+    stored = Dashboard(workbench.load_run(tmp_path / "run"))
+    stored.kind.value = "param_grad"
+    stored.pattern.value = "*"
+    assert "call sites" in stored.note.value
+    try:
+        Dashboard(workbench.experiments.create("activation_mlp"))
+    except ValueError as exc:
+        assert "experiment.watch()" in str(exc)
+    else:
+        raise AssertionError("an unwatched experiment should be refused")

@@ -14,7 +14,7 @@ from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
 from workbench.ui.forms import FormField
 
-__all__ = ["ModelBrowser"]
+__all__ = ["Dashboard", "ModelBrowser"]
 
 
 def _html(markdown: str) -> str:
@@ -109,3 +109,111 @@ class ModelBrowser:
 
             display(self.result.tree)
         return self.result
+
+
+class Dashboard:
+    """A live dashboard of a watch, an experiment or a stored run, in ipywidgets + matplotlib.
+
+    ::
+
+        exp = workbench.experiments.create("activation_mlp")
+        w = exp.watch()
+        dash = Dashboard(w)            # or Dashboard(workbench.load_run("runs/a"))
+        dash                           # shows it
+        exp.run(200)                   # with auto=True it redraws as steps arrive (at most every `interval` s)
+        dash.refresh()                 # or redraw now
+
+    Args:
+        source: a ``Watch``, an ``Experiment`` (its watcher) or a ``Run``.
+        auto: subscribe to the watch's stream and redraw from the subscriber
+            thread, at most once per ``interval`` seconds (never from training).
+        interval: seconds between automatic redraws.
+    """
+
+    def __init__(self, source: Any, auto: bool = True, interval: float = 1.0) -> None:
+        import ipywidgets as w
+
+        from workbench.instrument import Run, Watch
+        from workbench.ui import live
+
+        if hasattr(source, "watcher") and not isinstance(source, Watch):
+            if source.watcher is None:
+                raise ValueError("This experiment is not watched: call experiment.watch() first.")
+            source = source.watcher
+        if not isinstance(source, (Watch, Run)):
+            raise TypeError(f"Dashboard needs a Watch, a watched Experiment or a Run, got {type(source).__name__}.")
+        self.source, self.interval = source, interval
+        self._live = live
+        self.kind = w.Dropdown(options=list(live.KINDS), value="activation", description="kind")
+        self.statistic = w.Dropdown(options=live.STATISTICS, value="std", description="statistic")
+        self.pattern = w.Text(value="*", description="modules")
+        self.note = w.HTML()
+        self.plots = w.Output()
+        self.table = w.Output()
+        for control in (self.kind, self.statistic, self.pattern):
+            control.observe(lambda change: self.refresh(), names="value")
+        self.widget = w.VBox([w.HBox([self.kind, self.statistic, self.pattern]), self.plots, self.note, self.table])
+        self._last_draw = 0.0
+        self._subscription = None
+        if auto and isinstance(source, Watch):
+            self._subscription = source.subscribe(self._on_update)
+        self.refresh()
+
+    def frames(self):
+        """The statistics rows and the metrics to draw."""
+        return self.source.to_pandas(), self.source.metrics()
+
+    def _on_update(self, update) -> None:
+        import time
+
+        if time.monotonic() - self._last_draw >= self.interval:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw the plots and the table from what is recorded now."""
+        import time
+
+        import io
+
+        from IPython.display import Image
+        from matplotlib.figure import Figure
+
+        self._last_draw = time.monotonic()
+        rows, metrics = self.frames()
+        series, note = self._live.stat_series(rows, self.kind.value, self.statistic.value, self.pattern.value)
+        long = self._live.metrics_long(metrics)
+        # a bare Figure, no pyplot: redraws may come from the subscriber thread
+        fig = Figure(figsize=(12, 3.5))
+        left, right = fig.subplots(1, 2)
+        for name, group in long.groupby("metric", sort=False):
+            left.plot(group.step, group.value, label=name)
+        left.set_title("metrics")
+        left.set_xlabel("step")
+        for site, group in series.groupby("site", sort=False):
+            right.plot(group.step, group.value, label=site)
+        right.set_title(f"{self.kind.value} {self.statistic.value} per call site")
+        right.set_xlabel("step")
+        for ax in (left, right):
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        # set the outputs directly (not `with output:`), so redraws from the subscriber thread
+        # land in this widget and not in whichever cell runs at that moment
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80)
+        self.plots.outputs = ()
+        self.plots.append_display_data(Image(data=png.getvalue(), format="png"))
+        self.note.value = _html(note)
+        self.table.outputs = ()
+        self.table.append_display_data(self._live.latest_table(rows))
+
+    def close(self) -> None:
+        """Stop the automatic redraws."""
+        if self._subscription is not None:
+            self._subscription.unsubscribe()
+            self._subscription = None
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)

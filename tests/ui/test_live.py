@@ -1,0 +1,71 @@
+"""The Experiments / Runs handlers, without a browser."""
+
+import pandas as pd
+import pytest
+
+from workbench.ui import live
+
+
+def finished_run(tmp_path=None, **kwargs):
+    options = dict(name="activation_mlp", values={"width": "8"}, seed=0, steps=6, every=2, histograms=False,
+                   modules="layers.*", store=str(tmp_path / "r") if tmp_path else "")
+    options.update(kwargs)
+    run, message = live.start_run(**options)
+    assert run is not None, message
+    run.join(60)
+    return run
+
+
+def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
+    run = finished_run(tmp_path)
+    assert "finished: step 6 of 6" in run.status() and "recording to" in run.status()
+    rows, metrics = run.frames()
+    assert sorted(set(rows.step)) == [1, 3, 5]
+    assert list(metrics.step) == [1, 2, 3, 4, 5, 6]
+    assert set(rows.module) == {"layers.0", "layers.1", "layers.2", "layers.3", "layers.4"}
+    long = live.metrics_long(metrics)
+    assert set(long.metric) == {"loss", "accuracy"} and len(long) == 12
+    series, note = live.stat_series(rows, "grad_output", "norm", "layers.[01]")
+    assert set(series.site) == {"layers.0#0:out", "layers.1#0:out"} and note == "2 call sites"
+    assert list(series.step.unique()) == [1, 3, 5]
+    latest = live.latest_table(rows)
+    assert set(latest.columns) == set(live.LATEST_COLUMNS) and len(latest) == len(rows[rows.step == 5])
+    # the stored run replays the same rows
+    stored, message = live.replay(str(tmp_path / "r"))
+    assert "6 steps stored" in message
+    pd.testing.assert_frame_equal(stored.to_pandas(), rows, check_exact=False, rtol=1e-12)
+    table, paths, _ = live.run_table(str(tmp_path))
+    assert list(table.run) == ["r"] and paths == [str(tmp_path / "r")]
+
+
+def test_a_running_experiment_stops_and_closes_its_watch():
+    run, _ = live.start_run("activation_mlp", {}, 0, 100000, 1, False, "*", "")
+    run.stop()
+    assert not run.running and "stopped" in run.status() and run.watch.closed
+    assert run.experiment.step_count < 100000
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(name=None), "Pick an experiment"),
+    (dict(values={"width": "0"}), "'width' must lie in [1, 1024], got 0"),
+    (dict(steps=0), "steps must be a positive int"),
+    (dict(every="x"), "every must be a whole number"),
+    (dict(modules="encoder.*"), "selects no module"),
+])
+def test_bad_input_is_a_message(kwargs, expected):
+    options = dict(name="activation_mlp", values={}, seed=0, steps=5, every=1, histograms=False, modules="*",
+                   store="")
+    options.update(kwargs)
+    run, message = live.start_run(**options)
+    assert run is None and expected in message
+
+
+def test_stat_series_limits_lines_and_rejects_unknown_names():
+    rows = pd.DataFrame({"step": [1] * 30, "module": [f"m{i}" for i in range(30)], "call": 0,
+                         "kind": "activation", "tensor": "out", "std": 1.0})
+    series, note = live.stat_series(rows, "activation", "std")
+    assert series.site.nunique() == live.SERIES_LIMIT and "first 24 of 30" in note
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        live.stat_series(rows, "activation", "median")
+    assert live.replay(None)[0] is None
+    assert "not a workbench run" in live.replay("/nonexistent")[1]
