@@ -200,7 +200,6 @@ def test_tensordict_outputs_are_walked():
             return tensordict.TensorDict({"a": x * 2, "nested": {"b": x + 1}}, batch_size=[x.shape[0]])
 
     with workbench.watch(TD(), gradients=False) as w:
-        TD.__call__  # noqa: B018
         w.model(torch.ones(3, 2))
         w.step()
     assert set(rows(w, kind="activation").tensor) == {"out.a", "out.nested.b"}

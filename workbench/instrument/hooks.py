@@ -187,7 +187,7 @@ class Watch:
         self._numel: list[int] = []
         self._sums: list[torch.Tensor] = []
         self._hists: list[torch.Tensor] = []
-        self._param_grads: dict[tuple[str, str], tuple[tuple, int, torch.Tensor, torch.Tensor | None]] = {}
+        self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, sums, hist) per parameter
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, tuple] = {}
         self._step_errors: list[dict[str, Any]] = []
@@ -237,41 +237,53 @@ class Watch:
                     self._remove_intervention(intervention)
         if self._recording and path in self._selected:
             opts = self.options
-            if opts["activations"] and (path, "activation") not in self._disabled:
+            want_activations = opts["activations"] and (path, "activation") not in self._disabled
+            want_grads = (opts["gradients"] and module.training and torch.is_grad_enabled()
+                          and (path, "grad_output") not in self._disabled)
+            leaves = list(tensor_leaves(output)) if want_activations or want_grads else []
+            if want_activations:
                 try:
-                    for name, tensor in tensor_leaves(output):
+                    for name, tensor in leaves:
                         self._add(path, call, "activation", name, tensor)
                 except Exception as exc:
                     self._fail(path, call, "activation", exc)
-            if (opts["gradients"] and module.training and torch.is_grad_enabled()
-                    and (path, "grad_output") not in self._disabled):
+            if want_grads:
                 try:
-                    for name, tensor in tensor_leaves(output):
+                    for name, tensor in leaves:
                         if tensor.requires_grad:
                             tensor.register_hook(self._grad_hook(path, call, name, self.step_index))
                 except Exception as exc:
                     self._fail(path, call, "grad_output", exc)
         return output if replaced else None
 
-    def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
-        # A container's output is often its last child's output, the same tensor object (a
-        # Sequential, a residual block, the model). Reuse its sums while it is unchanged: the
-        # weakref proves identity without keeping the tensor alive, the version counter proves
-        # it was not modified in place since.
+    def _summarize(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The on-device sums (and histogram) of ``tensor``.
+
+        A container's output is often its last child's output, the same tensor object (a
+        Sequential, a residual block, the model): its sums are reused while it is unchanged.
+        The weakref proves identity without keeping the tensor alive, the version counter
+        proves it was not modified in place since.
+        """
         version = _version(tensor)
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == version and version is not None:
-            sums, hist = seen[2], seen[3]
-        else:
-            sums = tensor_sums(tensor)
-            hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
-            self._seen[id(tensor)] = (weakref.ref(tensor), version, sums, hist)
+            return seen[2], seen[3]
+        sums = tensor_sums(tensor)
+        hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
+        self._seen[id(tensor)] = (weakref.ref(tensor), version, sums, hist)
+        return sums, hist
+
+    def _append(self, key: tuple[str, int, str, str, tuple[int, ...]], numel: int, sums: torch.Tensor,
+                hist: torch.Tensor | None) -> None:
         with self._lock:
-            self._keys.append((path, call, kind, name, tuple(tensor.shape)))
-            self._numel.append(tensor.numel())
+            self._keys.append(key)
+            self._numel.append(numel)
             self._sums.append(sums)
             if hist is not None:
                 self._hists.append(hist)
+
+    def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
+        self._append((path, call, kind, name, tuple(tensor.shape)), tensor.numel(), *self._summarize(tensor))
 
     def _grad_hook(self, path: str, call: int, name: str, step: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -295,10 +307,9 @@ class Watch:
                 return
             try:
                 grad = param.grad
-                sums = tensor_sums(grad)
-                hist = histogram(grad, sums, self.options["bins"]) if self.options["histograms"] else None
-                with self._lock:  # the last backward of the step wins: .grad holds the accumulated total
-                    self._param_grads[(module_path, name)] = (tuple(grad.shape), grad.numel(), sums, hist)
+                # the last backward of the step wins: .grad holds the accumulated total
+                self._param_grads[(module_path, name)] = (
+                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(), *self._summarize(grad))
             except Exception as exc:
                 self._fail(module_path, 0, "param_grad", exc)
 
@@ -324,8 +335,7 @@ class Watch:
             given metrics.
         """
         self._check_open()
-        for key, value in metrics.items():
-            self.log(**{key: value})
+        self.log(**metrics)
         record = None
         if self._recording:
             if self.options["parameters"]:
@@ -336,12 +346,8 @@ class Watch:
                         self._add(module_path, 0, "param", name, param)
                     except Exception as exc:
                         self._fail(module_path, 0, "param", exc)
-            for (module_path, name), (shape, numel, sums, hist) in self._param_grads.items():
-                self._keys.append((module_path, 0, "param_grad", name, shape))
-                self._numel.append(numel)
-                self._sums.append(sums)
-                if hist is not None:
-                    self._hists.append(hist)
+            for entry in self._param_grads.values():
+                self._append(*entry)
             record = self._flush()
         elif self._metrics or self._step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(self._step_errors))
