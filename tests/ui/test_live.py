@@ -69,3 +69,16 @@ def test_stat_series_limits_lines_and_rejects_unknown_names():
         live.stat_series(rows, "activation", "median")
     assert live.replay(None)[0] is None
     assert "not a workbench run" in live.replay("/nonexistent")[1]
+
+
+def test_query_stream_runs_live_without_gradients():
+    run = finished_run(name="query_stream", values={"key_space": "2000", "batch_size": "500"}, steps=4, every=1,
+                       modules="*")
+    assert "finished: step 4 of 4" in run.status() and "instrumentation error" not in run.status()
+    rows, metrics = run.frames()
+    assert set(rows.kind) == {"activation"}
+    long = live.metrics_long(metrics)
+    assert {"map_size", "hit_rate", "new_keys", "rows_per_s", "index_errors"} <= set(long.metric)
+    series, _ = live.stat_series(rows, "activation", "max", "hash_to_int")
+    # the largest index handed out so far is the map size minus one, step by step
+    assert list(series.value) == list(metrics.map_size - 1)

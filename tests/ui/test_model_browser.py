@@ -136,3 +136,13 @@ def test_dynamics_network_builds_from_its_form():
     assert "×" in rows.loc["activation", "output"]
     bad = mb.build_model("efficientzero_dynamics", {"observation_shape": "16, six, 6"})
     assert not bad.ok and "observation_shape expects" in bad.message
+
+
+def test_query_module_builds_and_shows_its_map_without_parameters():
+    assert mb.filter_models("storage", "") == ["query_module"]
+    result = mb.build_model("query_module", {"index_key": "idx"}, 5)
+    assert result.ok, result.message
+    assert "0 parameters" in result.message and "idx: (5)" in result.message
+    rows = result.tree.set_index("path")
+    assert rows.loc["aggregator", "output"] == "(5)"  # the joint row hash ran
+    assert rows.loc["hash_to_int", "output"] == "(5)"

@@ -1,5 +1,5 @@
 """Built-in model families. Importing this package registers them."""
 
-from workbench.models import activations, efficientzero, mlp
+from workbench.models import activations, efficientzero, mlp, query
 
-__all__ = ["activations", "efficientzero", "mlp"]
+__all__ = ["activations", "efficientzero", "mlp", "query"]

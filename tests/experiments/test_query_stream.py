@@ -1,0 +1,34 @@
+import torch
+
+import workbench
+from workbench.experiments.query_stream import KeyStream
+
+
+def test_query_stream_indexes_every_key_consistently():
+    exp = workbench.experiments.create("query_stream", seed=0, key_space=5_000, batch_size=2_000)
+    metrics = [exp.step() for _ in range(6)]
+    assert all(m["index_errors"] == 0 for m in metrics)
+    # map size = distinct keys seen, counted from the experiment's own key ids, not from the module
+    assert metrics[-1]["map_size"] == (exp.index_of_key >= 0).sum().item()
+    assert sum(m["new_keys"] for m in metrics) == metrics[-1]["map_size"]
+    assert metrics[0]["hit_rate"] < metrics[-1]["hit_rate"]  # popular keys come back
+    assert all(m["rows"] == 2_000 and m["rows_per_s"] > 0 for m in metrics)
+
+
+def test_zipf_stream_draws_follow_the_power_law():
+    stream = KeyStream(1_000, 1.0, 2, 4, torch.Generator().manual_seed(0))
+    _, keys = stream.sample(200_000)
+    counts = torch.bincount(keys, minlength=1_000)[stream.key_of_rank]  # by popularity rank
+    harmonic = sum(1 / r for r in range(1, 1_001))
+    expected = 200_000 / harmonic * torch.tensor([1.0, 1 / 2, 1 / 10])
+    assert torch.allclose(counts[[0, 1, 9]].double(), expected.double(), rtol=0.05)
+
+
+def test_watching_the_query_stream_records_index_statistics():
+    exp = workbench.experiments.create("query_stream", seed=1, key_space=1_000, batch_size=500)
+    rows = exp.run(3, modules="*")
+    assert len(rows) == 3
+    frame = exp.watcher.to_pandas()
+    assert set(frame.kind) == {"activation"}  # no parameters, no gradients
+    assert {"out._index", "out._hash"} <= set(frame.tensor)
+    assert list(exp.watcher.metrics()["map_size"]) == [r["map_size"] for r in rows]

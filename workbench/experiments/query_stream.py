@@ -1,0 +1,99 @@
+"""``query_stream``: a QueryModule indexes a stream of Zipf-distributed (observation, action) keys."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+
+from workbench.experiments.base import Experiment, register_experiment
+from workbench.params import Range
+from workbench.registry import create_model
+
+__all__ = ["KeyStream", "QueryStream"]
+
+
+class KeyStream:
+    """Rows of (observation, action) keys with Zipf-distributed popularity, as MCTS node lookups see.
+
+    Key ``k`` in ``[0, key_space)`` is the pair (observation ``k // actions``,
+    action ``k % actions``); observations are distinct random float vectors.
+    The key of popularity rank ``r`` (0 = most popular) is drawn with
+    probability proportional to ``(r + 1) ** -zipf_exponent``; ranks are
+    assigned to keys by a random permutation.
+
+    Args:
+        key_space: number of distinct keys.
+        zipf_exponent: 0 draws uniformly; larger values concentrate on few keys.
+        observation_dim: features per observation.
+        actions: number of actions.
+        generator: the random source of the table and of every draw.
+    """
+
+    def __init__(self, key_space: int, zipf_exponent: float, observation_dim: int, actions: int,
+                 generator: torch.Generator) -> None:
+        self.key_space, self.actions, self.generator = key_space, actions, generator
+        observations = -(-key_space // actions)
+        self.observations = torch.randn(observations, observation_dim, generator=generator)
+        weights = torch.arange(1, key_space + 1, dtype=torch.float64) ** -zipf_exponent
+        self.cdf = torch.cumsum(weights / weights.sum(), 0)  # inverse-CDF sampling works for any key_space
+        self.key_of_rank = torch.randperm(key_space, generator=generator)
+
+    def sample(self, rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``rows`` draws: the input dict (observation (rows, D) float32, action (rows,) int64) and the key ids."""
+        u = torch.rand(rows, generator=self.generator, dtype=torch.float64)
+        rank = torch.searchsorted(self.cdf, u).clamp_(max=self.key_space - 1)
+        keys = self.key_of_rank[rank]
+        return {"observation": self.observations[keys // self.actions], "action": keys % self.actions}, keys
+
+
+@register_experiment("query_stream")
+class QueryStream(Experiment):
+    """A QueryModule indexes a stream of Zipf-distributed (observation, action) keys."""
+
+    @dataclass
+    class Config:
+        """Configuration of ``query_stream``.
+
+        Args:
+            key_space: number of distinct (observation, action) keys.
+            zipf_exponent: skew of key popularity (0 = uniform).
+            batch_size: rows per step.
+            observation_dim: features per observation.
+            actions: number of actions.
+        """
+
+        key_space: Annotated[int, Range(1, 50_000_000)] = 100_000
+        zipf_exponent: Annotated[float, Range(0.0, 5.0)] = 1.1
+        batch_size: Annotated[int, Range(1, 10_000_000)] = 4096
+        observation_dim: Annotated[int, Range(1, 1024)] = 4
+        actions: Annotated[int, Range(1, 4096)] = 8
+
+    def setup(self) -> None:
+        c = self.config
+        self.model = create_model("query_module", in_keys=["observation", "action"])
+        self.stream = KeyStream(c.key_space, c.zipf_exponent, c.observation_dim, c.actions, self.generator)
+        # the index each true key id received, -1 while unseen: an independent check of the module's answers
+        self.index_of_key = torch.full((c.key_space,), -1, dtype=torch.int64)
+
+    def train_step(self) -> dict[str, float]:
+        batch, keys = self.stream.sample(self.config.batch_size)
+        size_before = len(self.model.hash_to_int)
+        start = time.perf_counter()
+        index = self.model(batch)["_index"]
+        elapsed = time.perf_counter() - start
+        known = self.index_of_key[keys]
+        seen = known >= 0
+        self.index_of_key[keys] = index
+        # a row is wrong if a known key got another index or one key got two indices in this batch
+        wrong = (seen & (index != known)) | (self.index_of_key[keys] != index)
+        return {
+            "rows": float(len(keys)),
+            "new_keys": float(len(self.model.hash_to_int) - size_before),
+            "map_size": float(len(self.model.hash_to_int)),
+            "hit_rate": seen.double().mean().item(),
+            "rows_per_s": len(keys) / max(elapsed, 1e-9),
+            "index_errors": float(wrong.sum()),
+        }

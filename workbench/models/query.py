@@ -1,0 +1,603 @@
+"""QueryModule, SipHash and HashToInt: torchrl-compatible, vectorized and reproducible.
+
+A :class:`QueryModule` turns rows of one or more keys of a tensordict (for
+example an MCTS node's observation and action) into contiguous int64 indices
+of a storage: equal rows get equal indices, new rows the next free index in
+first-seen order. It follows ``torchrl.data.QueryModule`` (same constructor,
+same ``forward``, same indices on the same row streams) and differs where
+torchrl's version bites:
+
+* :class:`SipHash` computes SipHash-1-3 (the algorithm behind Python's
+  ``hash()``, which torchrl calls row by row under a key drawn anew in every
+  process) for all rows at once with numpy uint64 arithmetic under a fixed
+  key, so a hash is the same in every process;
+* :class:`HashToInt` looks up and inserts with sorted tensors
+  (``searchsorted``), not a Python dict walked row by row;
+* the key-to-index map is part of ``state_dict()`` (torchrl's raises
+  ``TypeError``), so a map can be saved and loaded into a fresh process.
+
+Rows are compared by their bytes in their own dtype, as torchrl compares
+them, with ``-0.0`` written as ``0.0`` and every NaN as one NaN, so equal
+numbers hash equal. Rows of different dtypes are different rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+import zlib
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.registry import register_model
+
+__all__ = ["QueryModule", "SipHash", "HashToInt", "check_rows", "row_bytes", "siphash"]
+
+NestedKey = str | tuple[str, ...]
+
+_DEFAULT_KEY = bytes(16)  # all zeros: the key Python's hash() uses under PYTHONHASHSEED=0
+_EXACT_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+# --- rows -> bytes -> SipHash ------------------------------------------------------------
+
+def check_rows(x: Any, what: str = "input") -> None:
+    """Raise a clear error unless ``x`` is a (B, ...) tensor of a dtype :class:`SipHash` hashes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor with rows along dim 0, got {type(x).__name__}.")
+    if x.dim() == 0:
+        raise ValueError(f"{what} is 0-dimensional; keys need a batch dimension: shape (B, ...), e.g. x.reshape(1).")
+    if not (x.is_floating_point() or x.dtype in _EXACT_DTYPES):
+        raise TypeError(f"{what} has dtype {x.dtype}; keys must be bool, int8..int64, uint8 or a real floating dtype. "
+                        "Convert it first, e.g. x.to(torch.int64).")
+
+
+def row_bytes(x: torch.Tensor, what: str = "input") -> np.ndarray:
+    """The bytes of each row that :class:`SipHash` hashes.
+
+    Rows are the row's elements in its own dtype, C order, as torchrl hashes
+    them, except that ``-0.0`` is written as ``0.0`` and every NaN as one NaN,
+    so that equal numbers give equal bytes.
+
+    Args:
+        x: (B, ...) tensor of a bool, integer or floating dtype, any device.
+        what: how error messages name ``x``.
+
+    Returns:
+        (B, L) uint8 array, L the row's size in bytes.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or has a complex or unsigned 16-64 bit dtype.
+        ValueError: ``x`` is 0-dimensional (it has no rows).
+    """
+    check_rows(x, what)
+    rows = x.detach().to("cpu").reshape(x.shape[0], -1)
+    if rows.is_floating_point():
+        rows = rows + 0.0  # -0.0 + 0.0 is +0.0 under round-to-nearest
+        nan = torch.isnan(rows)
+        if nan.any():
+            rows = rows.masked_fill(nan, float("nan"))
+    return rows.contiguous().view(torch.uint8).numpy()
+
+
+def _rotl(x: np.ndarray, left: np.ndarray, right: np.ndarray, tmp: np.ndarray) -> None:
+    """Rotate uint64 ``x`` left in place (``left + right == 64``; shift arrays broadcast per row)."""
+    np.right_shift(x, right, out=tmp)
+    np.left_shift(x, left, out=x)
+    np.bitwise_or(x, tmp, out=x)
+
+
+_U = np.uint64
+_ROT_A = (np.array([[13], [16]], dtype=_U), np.array([[51], [48]], dtype=_U))  # v1 by 13, v3 by 16
+_ROT_B = (np.array([[17], [21]], dtype=_U), np.array([[47], [43]], dtype=_U))  # v1 by 17, v3 by 21
+_ROT_32 = (_U(32), _U(32))
+
+
+def _sip_rounds(even: np.ndarray, odd: np.ndarray, rounds: int, tmp: np.ndarray) -> None:
+    """SipRounds on the state held as ``even`` = [v0, v2] and ``odd`` = [v1, v3], each (2, B) uint64.
+
+    The two halves of a SipRound do the same steps on (v0, v1) and (v2, v3)
+    with other rotation counts, so each step is one numpy op over both;
+    uint64 sums wrap around mod 2**64 as SipHash's do.
+    """
+    tmp2 = tmp.reshape(2, -1)
+    for _ in range(rounds):
+        even += odd                       # v0 += v1; v2 += v3
+        _rotl(odd, *_ROT_A, tmp2)         # v1 <<<= 13; v3 <<<= 16
+        odd ^= even                       # v1 ^= v0; v3 ^= v2
+        _rotl(even[0], *_ROT_32, tmp2[0])  # v0 <<<= 32
+        even += odd[::-1]                 # v0 += v3; v2 += v1
+        _rotl(odd, *_ROT_B, tmp2)         # v1 <<<= 17; v3 <<<= 21
+        odd ^= even[::-1]                 # v1 ^= v2; v3 ^= v0
+        _rotl(even[1], *_ROT_32, tmp2[1])  # v2 <<<= 32
+
+
+def _words(messages: np.ndarray) -> np.ndarray:
+    """(B, L) uint8 -> (B, ceil(L/8)) little-endian uint64 words, the last zero-padded."""
+    count, length = messages.shape
+    if length % 8:
+        padded = np.zeros((count, 8 * -(-length // 8)), dtype=np.uint8)
+        padded[:, :length] = messages
+        messages = padded
+    return np.ascontiguousarray(messages).view("<u8").astype(np.uint64, copy=False)
+
+
+def siphash(messages: np.ndarray, key: bytes = _DEFAULT_KEY, rounds: tuple[int, int] = (1, 3)) -> np.ndarray:
+    """SipHash-c-d of every row of a byte matrix, all rows at once.
+
+    Args:
+        messages: (B, L) uint8, one L-byte message per row.
+        key: the 16-byte key.
+        rounds: (c, d) compression and finalization rounds; (1, 3) is the
+            variant Python's ``hash()`` uses since 3.11, (2, 4) the paper's.
+
+    Returns:
+        (B,) uint64 digests.
+    """
+    count, length = messages.shape
+    words = _words(messages)
+    full = length // 8
+    tail = words[:, full] if length % 8 else None
+    return _siphash_blocks([words[:, j] for j in range(full)], tail, count, length, key, rounds)
+
+
+def _siphash_blocks(blocks: Sequence[np.ndarray | np.uint64], tail: np.ndarray | None, count: int, length: int,
+                    key: bytes, rounds: tuple[int, int]) -> np.ndarray:
+    """SipHash of messages given as their full 8-byte blocks ((B,) columns or scalars shared by every row),
+    the zero-padded leftover bytes (or None) and the message length in bytes."""
+    k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
+    init = (0x736F6D6570736575 ^ k0, 0x646F72616E646F6D ^ k1, 0x6C7967656E657261 ^ k0, 0x7465646279746573 ^ k1)
+    even = np.empty((2, count), dtype=np.uint64)  # v0, v2
+    odd = np.empty((2, count), dtype=np.uint64)  # v1, v3
+    even[0], odd[0], even[1], odd[1] = (np.uint64(c) for c in init)
+    tmp = np.empty(2 * count, dtype=np.uint64)
+    compress, finalize = rounds
+    # the last block: the leftover bytes and the length in the top byte
+    last = np.uint64((length & 0xFF) << 56)
+    for m in [*blocks, last if tail is None else tail | last]:
+        odd[1] ^= m
+        _sip_rounds(even, odd, compress, tmp)
+        even[0] ^= m
+    even[1] ^= np.uint64(0xFF)
+    _sip_rounds(even, odd, finalize, tmp)
+    return even[0] ^ even[1] ^ odd[0] ^ odd[1]
+
+
+class SipHash(nn.Module):
+    """Keyed SipHash of each row of a tensor, the same in every process.
+
+    Same interface as ``torchrl.data.SipHash``: input (B, ...) of any bool,
+    integer or floating dtype; output (B,) int64. torchrl's hashes each row's
+    bytes with Python's ``hash()``, which is SipHash-1-3 under a key drawn
+    anew in every process unless ``PYTHONHASHSEED`` is set. This one computes
+    SipHash-1-3 itself, for all rows at once with numpy uint64 arithmetic,
+    under a fixed key (a buffer, so it travels in ``state_dict()``). With the
+    default all-zero key the hashes equal torchrl's under ``PYTHONHASHSEED=0``
+    (rows holding ``-0.0`` or non-canonical NaNs aside, see :func:`row_bytes`).
+
+    Args:
+        as_tensor: return the hashes as an int64 tensor; ``False`` returns, as
+            torchrl's does, the bytes of each row that would be hashed.
+        key: the 16-byte key; the same key gives the same hashes everywhere.
+        rounds: (c, d) SipHash rounds; (2, 4) for the paper's SipHash-2-4.
+    """
+
+    def __init__(self, as_tensor: bool = True, *, key: bytes = _DEFAULT_KEY, rounds: tuple[int, int] = (1, 3)) -> None:
+        super().__init__()
+        if not isinstance(key, (bytes, bytearray)) or len(key) != 16:
+            raise ValueError(f"SipHash key must be 16 bytes, got {key!r}. Example: SipHash(key=bytes(range(16))).")
+        if len(rounds) != 2 or not all(isinstance(r, int) and r >= 1 for r in rounds):
+            raise ValueError(f"SipHash rounds must be two positive ints (c, d), e.g. (1, 3) or (2, 4); got {rounds!r}.")
+        self.as_tensor = as_tensor
+        self.rounds = tuple(rounds)
+        self.register_buffer("key", torch.tensor(list(key), dtype=torch.uint8))
+
+    def forward(self, x: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor | list[bytes]:
+        """Hash each row of ``x`` (B, ...), or of several tensors together (see :meth:`hash_rows`)."""
+        if isinstance(x, (list, tuple)):
+            return self.hash_rows(x)
+        return self._digest(row_bytes(x), x.device)
+
+    def hash_rows(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | list[bytes]:
+        """One hash per row of several (B, ...) tensors taken together.
+
+        The message of row i is row i's bytes of every tensor in turn, each
+        zero-padded to whole 8-byte words; a checksum of the tensors' dtypes
+        and row shapes is folded into the key, so rows of differently shaped
+        or typed tensors never hash alike by construction. One pass over the
+        joint bytes takes far fewer rounds than hashing each tensor and then
+        the stacked hashes.
+        """
+        parts = [_words(row_bytes(t, f"tensor {i}")) for i, t in enumerate(tensors)]
+        if len({len(p) for p in parts}) > 1:
+            raise ValueError(f"hash_rows needs tensors with the same number of rows, got {[len(p) for p in parts]}.")
+        if not self.as_tensor:
+            return [row.tobytes() for row in np.concatenate(parts, axis=1).view(np.uint8)]
+        signature = zlib.crc32(repr([(str(t.dtype), tuple(t.shape[1:])) for t in tensors]).encode())
+        key = (int.from_bytes(self._key[:8], "little") ^ signature).to_bytes(8, "little") + self._key[8:]
+        blocks = [p[:, j] for p in parts for j in range(p.shape[1])]
+        return self._finish(_siphash_blocks(blocks, None, len(parts[0]), 8 * len(blocks), key, self.rounds),
+                            tensors[0].device)
+
+    @property
+    def _key(self) -> bytes:
+        return bytes(self.key.tolist())
+
+    def _digest(self, messages: np.ndarray, device: torch.device) -> torch.Tensor | list[bytes]:
+        if not self.as_tensor:
+            return [row.tobytes() for row in messages]
+        return self._finish(siphash(messages, self._key, self.rounds), device)
+
+    @staticmethod
+    def _finish(digests: np.ndarray, device: torch.device) -> torch.Tensor:
+        digests = digests.view(np.int64)
+        # Python's hash() never returns -1 (it means "error" in C); torchrl's hashes inherit that
+        digests[digests == -1] = -2
+        return torch.from_numpy(digests).to(device)
+
+    def extra_repr(self) -> str:
+        return f"as_tensor={self.as_tensor}, rounds={self.rounds}"
+
+
+# --- hash -> contiguous index -------------------------------------------------------
+
+class HashToInt(nn.Module):
+    """Maps int64 hash values to contiguous indices 0, 1, 2 ... in first-seen order.
+
+    Same call as ``torchrl.data.HashToInt``: ``hash_to_int(hashes, extend=False)``
+    returns, for hashes of shape (*), indices of the same shape and dtype;
+    with ``extend=True`` unseen hashes are added (duplicates in one call share
+    an index), otherwise they get the current size of the map.
+
+    The map is an open-addressing hash table (linear probing, load <= 1/2)
+    probed for all hashes of a call at once with numpy: each probe round is a
+    handful of array ops over the hashes still unresolved, and a call touches
+    only its own rows, never the whole map.
+
+    ``state_dict()`` holds ``keys`` (the hashes in index order) and ``values``
+    (their indices), the layout torchrl's ``state_dict`` means to write, and
+    works nested inside a parent module's ``state_dict()``.
+    """
+
+    _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of h * 2**64/phi pick the slot
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._set_map(np.empty(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(N,) int64: the known hashes in index order (a copy)."""
+        return torch.from_numpy(self._by_index[: self._size].copy())
+
+    def _slots(self, hashes: np.ndarray) -> np.ndarray:
+        return ((hashes.view(np.uint64) * self._MIX) >> np.uint64(64 - self._bits)).view(np.int64)
+
+    def lookup(self, hashes: np.ndarray) -> np.ndarray:
+        """The index of each (N,) int64 hash, -1 where it is unknown."""
+        pos = self._slots(hashes)
+        slot = np.take(self._table, pos, axis=0)  # (N, 2): hash and index side by side, one cache line per probe
+        out = np.where(slot[:, 0] == hashes, slot[:, 1], -1)  # an empty slot's index is -1 already
+        pending = np.flatnonzero((out < 0) & (slot[:, 1] >= 0))  # another hash sits there: probe on
+        pos = pos[pending]
+        while len(pending):
+            pos = (pos + 1) & self._mask
+            slot = np.take(self._table, pos, axis=0)
+            hit = slot[:, 0] == hashes[pending]
+            out[pending[hit]] = slot[hit, 1]
+            go_on = ~hit & (slot[:, 1] >= 0)
+            pending, pos = pending[go_on], pos[go_on]
+        return out
+
+    def _insert(self, hashes: np.ndarray, indices: np.ndarray) -> None:
+        """Put hashes that are not in the table yet (and distinct) into free slots."""
+        pos = self._slots(hashes)
+        while len(hashes):
+            free = self._table[pos, 1] < 0
+            self._table[pos[free], 1] = indices[free]  # several may aim at one slot: one of them lands
+            landed = np.zeros(len(hashes), dtype=bool)
+            landed[free] = self._table[pos[free], 1] == indices[free]
+            self._table[pos[landed], 0] = hashes[landed]
+            hashes, indices, pos = hashes[~landed], indices[~landed], (pos[~landed] + 1) & self._mask
+
+    def forward(self, key: torch.Tensor, extend: bool = False) -> torch.Tensor:
+        if not isinstance(key, torch.Tensor) or key.is_floating_point() or key.is_complex() or key.dtype == torch.bool:
+            got = key.dtype if isinstance(key, torch.Tensor) else type(key).__name__
+            raise TypeError(f"HashToInt expects an integer tensor of hashes, got {got}. "
+                            "Hash the rows first, e.g. with SipHash().")
+        flat = key.detach().reshape(-1).to("cpu", torch.int64).numpy()
+        index = self.lookup(flat)
+        missing = index < 0
+        if extend and missing.any():
+            new = flat[missing]
+            unique, first, inverse = np.unique(new, return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")  # first-seen order, as torchrl's dict.setdefault loop gives
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            new_index = self._size + rank
+            index[missing] = new_index[inverse.reshape(-1)]
+            self._grow(len(unique))
+            self._by_index[self._size:self._size + len(unique)] = unique[order]
+            self._insert(unique, new_index)
+            self._size += len(unique)
+        else:
+            index[missing] = self._size
+        return torch.from_numpy(index).reshape(key.shape).to(device=key.device, dtype=key.dtype)
+
+    def _grow(self, extra: int) -> None:
+        """Room for ``extra`` more hashes: the by-index array doubles, the table keeps load <= 1/2."""
+        need = self._size + extra
+        if need > len(self._by_index):
+            grown = np.empty(max(2 * len(self._by_index), need, 1024), dtype=np.int64)
+            grown[: self._size] = self._by_index[: self._size]
+            self._by_index = grown
+        if 2 * need > len(self._table):
+            self._build_table(need)
+
+    def _build_table(self, capacity: int) -> None:
+        self._bits = max(10, int(2 * capacity - 1).bit_length())
+        self._mask = (1 << self._bits) - 1
+        self._table = np.zeros((1 << self._bits, 2), dtype=np.int64)  # rows (hash, index); index -1: empty
+        self._table[:, 1] = -1
+        self._insert(self._by_index[: self._size].copy(), np.arange(self._size, dtype=np.int64))
+
+    def _set_map(self, keys: np.ndarray) -> None:
+        self._by_index = keys.astype(np.int64, copy=True)
+        self._size = len(keys)
+        self._build_table(self._size)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:  # noqa: ANN001 (torch's signature)
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "keys"] = self.keys
+        destination[prefix + "values"] = torch.arange(self._size, dtype=torch.int64)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:  # noqa: ANN001 (torch's signature)
+        names = [prefix + "keys", prefix + "values"]
+        absent = [n for n in names if n not in state_dict]
+        if absent:
+            missing_keys.extend(absent)
+            return
+        keys, values = state_dict[names[0]], state_dict[names[1]]
+        problem = None
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)) or keys.dim() != 1 \
+                or keys.shape != values.shape or keys.dtype != torch.int64 or values.dtype != torch.int64:
+            problem = "'keys' and 'values' must be 1-D int64 tensors of equal length"
+        elif not torch.equal(torch.sort(values).values, torch.arange(len(values))):
+            problem = f"'values' must be the indices 0..{len(values) - 1}, each once"
+        elif len(torch.unique(keys)) != len(keys):
+            problem = "'keys' holds a hash twice"
+        if problem:
+            error_msgs.append(f"HashToInt map at {prefix or '<root>'!r}: {problem}. "
+                              "Load a state_dict saved by HashToInt.state_dict().")
+            return
+        ordered = torch.empty_like(keys)
+        ordered[values] = keys
+        self._set_map(ordered.numpy())
+
+    def extra_repr(self) -> str:
+        return f"size={self._size}"
+
+
+# --- QueryModule -------------------------------------------------------------------
+
+def _key_name(key: NestedKey) -> str:
+    return key if isinstance(key, str) else ".".join(key)
+
+
+def _check_key(key: Any, what: str) -> NestedKey:
+    if isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)):
+        return key
+    raise TypeError(f"{what} must be a string or a tuple of strings (a nested key), got {key!r}.")
+
+
+def _get(data: Any, key: NestedKey) -> Any:
+    """``data[key]`` for a TensorDict or a (nested) dict, with an error naming what exists."""
+    parts = (key,) if isinstance(key, str) else key
+    node = data
+    for i, part in enumerate(parts):
+        try:
+            node = node[part] if isinstance(node, Mapping) else node.get(part)
+        except (KeyError, AttributeError, TypeError):
+            node = None
+        if node is None:
+            where = data if i == 0 else _get(data, parts[:i])
+            have = sorted(map(str, where.keys())) if hasattr(where, "keys") else []
+            raise KeyError(f"QueryModule: key {_key_name(key)!r} is missing from the input "
+                           f"(it has {have}). Set in_keys to keys the input holds.")
+    return node
+
+
+def _is_tensordict(data: Any) -> bool:
+    # duck-typed so that tensordict stays optional; checked first, as TensorDict also registers as a Mapping
+    return hasattr(data, "batch_size") and hasattr(data, "set")
+
+
+def _set(data: Any, key: NestedKey, value: torch.Tensor) -> None:
+    if _is_tensordict(data):  # a TensorDict sets nested keys itself
+        data.set(key, value)
+        return
+    parts = (key,) if isinstance(key, str) else key
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _copy(data: Any, out_keys: Sequence[NestedKey]) -> Any:
+    """A shallow copy; for dicts, the nested dicts on the written paths are copied too."""
+    if _is_tensordict(data):
+        return data.copy()
+    out = dict(data)
+    for key in out_keys:
+        if isinstance(key, tuple):
+            node = out
+            for part in key[:-1]:
+                if isinstance(node.get(part), Mapping):
+                    node[part] = dict(node[part])
+                    node = node[part]
+                else:
+                    break
+    return out
+
+
+class QueryModule(nn.Module):
+    """Turns rows of ``in_keys`` into storage indices: equal rows, equal index.
+
+    Interface of ``torchrl.data.QueryModule``; see the module docstring for
+    what differs. With hash modules given, each in_key is hashed per row by
+    its hash module and, with several in_keys, the per-key hashes stacked to
+    (B, K) are hashed again by the aggregator, as torchrl does. Without them,
+    several in_keys are hashed together in one SipHash pass over each row's
+    joint bytes (:meth:`SipHash.hash_rows`; for an observation and an action
+    that is 8 SipHash rounds instead of 17); ``hash_module`` is then empty.
+    ``hash_to_int`` maps the hash to an index.
+
+    Args:
+        in_keys: a key or a list of keys of the input (nested keys as tuples).
+        index_key: where the int64 index is written. Defaults to ``"_index"``.
+        hash_key: where the int64 hash is written. Defaults to ``"_hash"``.
+        hash_module: a callable (B, ...) -> (B,) int64, or a list of them, one
+            per in_key. A single one serves every key (deep-copied per key).
+            Defaults to :class:`SipHash` (of all in_keys together, see above).
+        hash_to_int: the stateful hash -> index map. Defaults to :class:`HashToInt`.
+        aggregator: combines the per-key hashes (B, K) -> (B,) when there are
+            several in_keys. Defaults to the single ``hash_module`` when one was
+            given, else :class:`SipHash`. Ignored (with a warning) for one in_key.
+        clone: return a shallow copy of the input instead of writing into it;
+            ``forward(..., clone=)`` overrides it per call.
+
+    Raises:
+        ValueError: no in_keys, or a hash_module list of the wrong length.
+        TypeError: a key that is not a string/tuple, or a hash module that is not callable.
+    """
+
+    def __init__(
+        self,
+        in_keys: NestedKey | list[NestedKey],
+        index_key: NestedKey = "_index",
+        *,
+        hash_key: NestedKey = "_hash",
+        hash_module: Callable[[torch.Tensor], torch.Tensor] | list[Callable[[torch.Tensor], torch.Tensor]] | None = None,
+        hash_to_int: Callable[..., torch.Tensor] | None = None,
+        aggregator: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        clone: bool = False,
+    ) -> None:
+        super().__init__()
+        keys = list(in_keys) if isinstance(in_keys, list) else [in_keys]
+        if not keys:
+            raise ValueError("QueryModule: in_keys cannot be empty; pass the keys whose rows identify an entry, "
+                             "e.g. in_keys=['observation', 'action'].")
+        self.in_keys = [_check_key(k, "each in_key") for k in keys]
+        self.index_key = _check_key(index_key, "index_key")
+        self.hash_key = _check_key(hash_key, "hash_key")
+        self.out_keys = [self.index_key, self.hash_key]
+
+        self_aggregated = aggregator is not None
+        if aggregator is not None and len(self.in_keys) == 1:
+            warnings.warn("QueryModule: an aggregator was given but there is only one in_key; it is not used.",
+                          stacklevel=2)
+        elif aggregator is None:
+            aggregator = hash_module if hash_module is not None and not isinstance(hash_module, list) else SipHash()
+        if hash_module is None:
+            # one key: its own SipHash, as torchrl; several and no aggregator given: the aggregator hashes them jointly
+            modules = [SipHash() for _ in self.in_keys] if len(self.in_keys) == 1 or self_aggregated else []
+        elif isinstance(hash_module, list):
+            if len(hash_module) != len(self.in_keys):
+                raise ValueError(f"QueryModule: got {len(hash_module)} hash modules for {len(self.in_keys)} in_keys "
+                                 f"{[_key_name(k) for k in self.in_keys]}; pass one per in_key or a single one.")
+            modules = list(hash_module)
+        else:
+            modules = [copy.deepcopy(hash_module) if len(self.in_keys) > 1 else hash_module for _ in self.in_keys]
+        for m in [*modules, aggregator]:
+            if not callable(m):
+                raise TypeError(f"QueryModule: hash modules and the aggregator must be callable, got {m!r}.")
+
+        self.hash_module = dict(zip(self.in_keys, modules))  # torchrl's attribute: in_key -> hash module
+        # registered as submodules (when they are modules) so their keys travel in state_dict()
+        self.hash_modules = nn.ModuleList(m for m in modules if isinstance(m, nn.Module))
+        self.aggregator = aggregator
+        self.hash_to_int = HashToInt() if hash_to_int is None else hash_to_int
+        self.clone = clone
+
+    def _rows(self, tensordict: Any) -> list[torch.Tensor]:
+        if not (isinstance(tensordict, Mapping) or _is_tensordict(tensordict)):
+            raise TypeError(f"QueryModule expects a TensorDict or a dict of tensors, got {type(tensordict).__name__}.")
+        values = [_get(tensordict, k) for k in self.in_keys]
+        batch = []
+        for key, value in zip(self.in_keys, values):
+            check_rows(value, f"QueryModule in_key {_key_name(key)!r}")
+            batch.append(value.shape[0])
+        if len(set(batch)) > 1:
+            sizes = ", ".join(f"{_key_name(k)!r}: {b}" for k, b in zip(self.in_keys, batch))
+            raise ValueError(f"QueryModule: in_keys have different numbers of rows ({sizes}); every key needs "
+                             "the same leading (batch) dimension.")
+        return values
+
+    def forward(self, tensordict: Any, *, extend: bool = True, write_hash: bool = True,
+                clone: bool | None = None) -> Any:
+        """Write the index (and hash) of every row.
+
+        Args:
+            tensordict: a ``tensordict.TensorDict`` or a dict of (B, ...) tensors.
+            extend: add unseen rows to the map; ``False`` gives them the map's
+                current size as index and leaves the map unchanged.
+            write_hash: also write the hash at ``hash_key``.
+            clone: write into a shallow copy (defaults to the constructor's ``clone``).
+
+        Returns:
+            The input (or its copy) with ``index_key`` (B,) int64 and ``hash_key`` (B,) int64.
+
+        Raises:
+            KeyError: an in_key is missing.
+            ValueError: in_keys with different batch sizes, or 0-dimensional keys.
+            TypeError: an unsupported dtype or input type.
+        """
+        values = self._rows(tensordict)  # every check happens before the map changes
+        if not self.hash_module:
+            hashed = self.aggregator(values)  # SipHash of the rows of all in_keys together
+        else:
+            hashes = [self.hash_module[k](v) for k, v in zip(self.in_keys, values)]
+            hashed = self.aggregator(torch.stack(hashes, dim=-1)) if len(hashes) > 1 else hashes[0]
+        index = self.hash_to_int(hashed, extend=extend)
+        output = _copy(tensordict, self.out_keys) if (self.clone if clone is None else clone) else tensordict
+        _set(output, self.index_key, index)
+        if write_hash:
+            _set(output, self.hash_key, hashed)
+        return output
+
+    def extra_repr(self) -> str:
+        return f"in_keys={self.in_keys}, index_key={self.index_key!r}, hash_key={self.hash_key!r}"
+
+
+# --- registry ------------------------------------------------------------------
+
+def _example_inputs(model: QueryModule, batch_size: int, generator: torch.Generator | None = None):
+    """Rows drawn from a few distinct values per key, so that some rows repeat."""
+    data = {}
+    for i, key in enumerate(model.in_keys):
+        value = torch.randint(0, 3, (batch_size, 2), generator=generator)
+        _set(data, key, value.float() if i == 0 else value)
+    return (data,), {}
+
+
+@register_model("query_module", family="storage", example_inputs=_example_inputs, objective=None,
+                defaults=dict(in_keys=["observation", "action"]))
+def query_module(in_keys: list[str], index_key: str = "_index", hash_key: str = "_hash",
+                 clone: bool = False) -> QueryModule:
+    """torchrl-compatible QueryModule: rows of keys -> contiguous storage indices.
+
+    Args:
+        in_keys: keys whose rows identify an entry.
+        index_key: where the int64 index is written.
+        hash_key: where the int64 hash is written.
+        clone: return a copy of the input instead of writing into it.
+    """
+    return QueryModule(list(in_keys), index_key, hash_key=hash_key, clone=clone)
