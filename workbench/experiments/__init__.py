@@ -15,7 +15,7 @@ from workbench.experiments.base import (
     list_experiments,
     register_experiment,
 )
-from workbench.experiments import activation_mlp, efficientzero_dynamics, query_stream  # noqa: F401  (registers them)
+from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
 __all__ = [
     "Experiment",

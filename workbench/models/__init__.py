@@ -1,5 +1,5 @@
 """Built-in model families. Importing this package registers them."""
 
-from workbench.models import activations, efficientzero, mlp, query
+from workbench.models import activations, efficientzero, ilql, mlp, query, toy_language
 
-__all__ = ["activations", "efficientzero", "mlp", "query"]
+__all__ = ["activations", "efficientzero", "ilql", "mlp", "query", "toy_language"]
