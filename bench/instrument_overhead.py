@@ -16,9 +16,10 @@ as a ratio to the bare step:
 
 Workloads: the EfficientZero dynamics network at LightZero's Atari sizes
 (64 latent channels + 6 action planes at 6x6, LSTM 512, 601-atom support,
-batch 256, 5-step unroll) and the activation MLP.
+batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
+2-layer GPT trunks, n_embd 64, and its heads; batch 64 of the toy task).
 
-    python bench/instrument_overhead.py [--rounds 5] [--steps 3] [--quick]
+    python bench/instrument_overhead.py [--rounds 5] [--steps 3] [--quick] [--only ilql]
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def dynamics(batch: int):
 def mlp(batch: int):
     return workbench.experiments.create("activation_mlp", seed=0, activation="gelu", depth=3, width=256,
                                         batch_size=batch)
+
+
+def ilql(batch: int):
+    return workbench.experiments.create("ilql", seed=0, batch_size=batch, eval_every=0)
 
 
 def naive_hooks(model):
@@ -109,15 +114,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant per round (dynamics)")
     parser.add_argument("--quick", action="store_true", help="small batches, for a smoke run")
+    parser.add_argument("--only", choices=["dynamics", "mlp", "ilql"], nargs="+", help="run just these workloads")
     args = parser.parse_args()
     # every=10 needs 10 steps per round to include its recorded step proportionally
     workloads = [
-        ("dynamics network, Atari sizes, batch 256, K=5", dynamics(32 if args.quick else 256), max(args.steps, 10)),
-        ("activation MLP 3x256 gelu, batch 1024", mlp(64 if args.quick else 1024), 20),
+        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256),
+         max(args.steps, 10)),
+        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 20),
+        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 10),
     ]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for title, exp, steps in workloads:
-        result = measure(exp, args.rounds, steps)
+    for key, title, make, steps in workloads:
+        if args.only and key not in args.only:
+            continue
+        result = measure(make(), args.rounds, steps)
         bare = result["bare"]
         print(f"\n{title}: bare step {bare * 1e3:.1f} ms")
         for name, seconds in result.items():

@@ -6,6 +6,7 @@ import gc
 import threading
 import weakref
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -220,8 +221,9 @@ def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between(monkeypat
     from workbench.instrument import hooks
 
     reductions = []
-    real = hooks.tensor_sums
+    real, real_add = hooks.tensor_sums, hooks.SmallTensorBatch.add
     monkeypatch.setattr(hooks, "tensor_sums", lambda t: reductions.append(1) or real(t))
+    monkeypatch.setattr(hooks.SmallTensorBatch, "add", lambda self, t: reductions.append(1) or real_add(self, t))
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     per_step = []
     with workbench.watch(model, every=3) as w:
@@ -303,14 +305,14 @@ def test_bad_options_get_clear_errors():
 def test_a_failing_hook_is_recorded_and_its_site_disabled(monkeypatch):
     from workbench.instrument import hooks as watch_module
 
-    real = watch_module.tensor_sums
+    real, real_add = watch_module.tensor_sums, watch_module.SmallTensorBatch.add
 
     def flaky(tensor):
         if tensor.shape == (4, 3):  # only the Linear(2, 3) output and its gradient
             raise RuntimeError("boom")
-        return real(tensor)
 
-    monkeypatch.setattr(watch_module, "tensor_sums", flaky)
+    monkeypatch.setattr(watch_module, "tensor_sums", lambda t: flaky(t) or real(t))
+    monkeypatch.setattr(watch_module.SmallTensorBatch, "add", lambda self, t: flaky(t) or real_add(self, t))
     model = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 2)
@@ -400,3 +402,23 @@ def test_subscribers_receive_each_recorded_step_in_order():
     sub.unsubscribe()
     assert list(w.metrics().step) == [1, 2, 3, 4, 5, 6]
     assert isinstance(w.to_pandas(), pd.DataFrame)
+
+
+@pytest.mark.parametrize("small", [0, 10**9])
+def test_large_and_small_tensor_paths_record_the_same_statistics(monkeypatch, small):
+    from workbench.instrument import hooks
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x = torch.randn(16, 4)
+    with workbench.watch(model, histograms=True, bins=6) as reference:
+        model(x).sum().backward()
+        reference.step()
+    model.zero_grad()
+    monkeypatch.setattr(hooks, "SMALL", small)  # every tensor through one path only
+    with workbench.watch(model, histograms=True, bins=6) as w:
+        model(x).sum().backward()
+        w.step()
+    a, b = reference.to_pandas(), w.to_pandas()
+    pd.testing.assert_frame_equal(a, b, rtol=1e-5)
+    for (_, ha), (_, hb) in zip(reference.histograms().iterrows(), w.histograms().iterrows()):
+        assert np.array_equal(ha["counts"], hb["counts"])

@@ -82,3 +82,15 @@ def test_query_stream_runs_live_without_gradients():
     series, _ = live.stat_series(rows, "activation", "max", "hash_to_int")
     # the largest index handed out so far is the map size minus one, step by step
     assert list(series.value) == list(metrics.map_size - 1)
+
+
+def test_ilql_runs_live_and_reports_rewards_every_n_steps():
+    run = finished_run(name="ilql", values={"eval_every": "3", "eval_prompts": "8", "dataset_size": "64",
+                                            "batch_size": "8"}, steps=3, every=1, modules="v.*")
+    assert "finished: step 3 of 3" in run.status(), run.status()
+    rows, metrics = run.frames()
+    long = live.metrics_long(metrics)
+    assert {"q_loss", "v_loss", "mean_advantage"} <= set(long.metric)
+    rewards = long[long.metric.isin(["policy_reward", "bc_reward", "behaviour_reward"])]
+    assert list(rewards.step) == [3, 3, 3]  # evaluated once, at step 3; NaN steps are not plotted
+    assert {"v.0", "v.6"} <= set(rows.module)
