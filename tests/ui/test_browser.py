@@ -80,3 +80,19 @@ def test_run_an_experiment_and_watch_it_live_then_replay_it(page, tmp_path):
     expect(page.locator("#run-message")).to_contain_text("40 steps stored")
     expect(page.locator("#replay-latest")).to_contain_text("layers.0")
     _screenshot(page, "runs_replay.png")
+
+
+def test_train_ilql_live_and_see_rewards_next_to_the_behaviour_policy(page):
+    page.get_by_role("tab", name="Experiments").click()
+    page.locator("#experiment-list").get_by_label("ilql", exact=True).check()
+    page.wait_for_selector("#experiment-overview:has-text('ILQL')")
+    for label, value in {"eval_every": "5", "eval_prompts": "16", "dataset_size": "64", "batch_size": "8"}.items():
+        page.get_by_label(label, exact=True).fill(value)
+    page.locator("#run-steps input").fill("10")
+    page.locator("#run-modules textarea, #run-modules input").first.fill("v.*, q.*")
+    page.locator("#run-start").click()
+    page.locator("#run-status").get_by_text("finished: step 10 of 10").wait_for(timeout=120_000)
+    expect(page.locator("#live-metrics")).to_contain_text("policy_reward")
+    expect(page.locator("#live-metrics")).to_contain_text("behaviour_reward")
+    expect(page.locator("#live-latest")).to_contain_text("v.0")
+    _screenshot(page, "experiments_ilql.png")
