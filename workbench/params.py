@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import torch
-from torch import nn
 
 __all__ = ["Range", "Choices", "ParamInfo", "params_of", "validate_overrides", "type_name", "check_value"]
 

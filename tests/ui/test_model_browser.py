@@ -1,6 +1,5 @@
 """The Models tab's handlers, without a browser."""
 
-import pandas as pd
 import pytest
 import torch
 

@@ -11,14 +11,18 @@ torchrl's version bites:
   ``hash()``, which torchrl calls row by row under a key drawn anew in every
   process) for all rows at once with numpy uint64 arithmetic under a fixed
   key, so a hash is the same in every process;
-* :class:`HashToInt` looks up and inserts with sorted tensors
-  (``searchsorted``), not a Python dict walked row by row;
+* :class:`HashToInt` is an open-addressing table probed for the whole batch
+  with numpy array ops, not a Python dict walked row by row;
+* with several in_keys and no hash modules given, the rows of all keys are
+  hashed in one pass (see :class:`QueryModule`);
 * the key-to-index map is part of ``state_dict()`` (torchrl's raises
   ``TypeError``), so a map can be saved and loaded into a fresh process.
 
 Rows are compared by their bytes in their own dtype, as torchrl compares
 them, with ``-0.0`` written as ``0.0`` and every NaN as one NaN, so equal
-numbers hash equal. Rows of different dtypes are different rows.
+numbers hash equal. Rows of different dtypes are different rows. Hashing
+and the map run on the CPU (as torchrl's do); indices come back on the
+input's device.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import copy
 import warnings
 import zlib
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -457,7 +461,7 @@ class QueryModule(nn.Module):
     (B, K) are hashed again by the aggregator, as torchrl does. Without them,
     several in_keys are hashed together in one SipHash pass over each row's
     joint bytes (:meth:`SipHash.hash_rows`; for an observation and an action
-    that is 8 SipHash rounds instead of 17); ``hash_module`` is then empty.
+    that is 7 SipHash rounds instead of 17); ``hash_module`` is then empty.
     ``hash_to_int`` maps the hash to an index.
 
     Args:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import threading
 import traceback
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
