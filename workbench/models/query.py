@@ -9,10 +9,10 @@ torchrl's version bites:
 
 * :class:`SipHash` computes SipHash-1-3 (the algorithm behind Python's
   ``hash()``, which torchrl calls row by row under a key drawn anew in every
-  process) for all rows at once with numpy uint64 arithmetic under a fixed
-  key, so a hash is the same in every process;
-* :class:`HashToInt` is an open-addressing table probed for the whole batch
-  with numpy array ops, not a Python dict walked row by row;
+  process) for all rows in one compiled loop (numba) under a fixed key, so
+  a hash is the same in every process;
+* :class:`HashToInt` is an open-addressing table probed in the same kind of
+  compiled loop, not a Python dict walked row by row;
 * with several in_keys and no hash modules given, the rows of all keys are
   hashed in one pass (see :class:`QueryModule`);
 * the key-to-index map is part of ``state_dict()`` (torchrl's raises
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.models._query_kernels import lookup_insert, siphash_blocks
 from workbench.registry import register_model
 
 __all__ = ["QueryModule", "SipHash", "HashToInt", "check_rows", "row_bytes", "siphash"]
@@ -80,44 +81,16 @@ def row_bytes(x: torch.Tensor, what: str = "input") -> np.ndarray:
     """
     check_rows(x, what)
     rows = x.detach().to("cpu").reshape(x.shape[0], -1)
-    if rows.is_floating_point():
-        rows = rows + 0.0  # -0.0 + 0.0 is +0.0 under round-to-nearest
-        nan = torch.isnan(rows)
+    if rows.dtype == torch.bfloat16:  # numpy has no bfloat16: canonicalize in torch, hash its 2-byte pattern
+        rows = rows + 0.0
+        rows = rows.masked_fill(torch.isnan(rows), float("nan")).view(torch.int16)
+    values = rows.numpy()
+    if values.dtype.kind == "f":
+        values = values + values.dtype.type(0)  # -0.0 + 0.0 is +0.0 under round-to-nearest
+        nan = np.isnan(values)
         if nan.any():
-            rows = rows.masked_fill(nan, float("nan"))
-    return rows.contiguous().view(torch.uint8).numpy()
-
-
-def _rotl(x: np.ndarray, left: np.ndarray, right: np.ndarray, tmp: np.ndarray) -> None:
-    """Rotate uint64 ``x`` left in place (``left + right == 64``; shift arrays broadcast per row)."""
-    np.right_shift(x, right, out=tmp)
-    np.left_shift(x, left, out=x)
-    np.bitwise_or(x, tmp, out=x)
-
-
-_U = np.uint64
-_ROT_A = (np.array([[13], [16]], dtype=_U), np.array([[51], [48]], dtype=_U))  # v1 by 13, v3 by 16
-_ROT_B = (np.array([[17], [21]], dtype=_U), np.array([[47], [43]], dtype=_U))  # v1 by 17, v3 by 21
-_ROT_32 = (_U(32), _U(32))
-
-
-def _sip_rounds(even: np.ndarray, odd: np.ndarray, rounds: int, tmp: np.ndarray) -> None:
-    """SipRounds on the state held as ``even`` = [v0, v2] and ``odd`` = [v1, v3], each (2, B) uint64.
-
-    The two halves of a SipRound do the same steps on (v0, v1) and (v2, v3)
-    with other rotation counts, so each step is one numpy op over both;
-    uint64 sums wrap around mod 2**64 as SipHash's do.
-    """
-    tmp2 = tmp.reshape(2, -1)
-    for _ in range(rounds):
-        even += odd                       # v0 += v1; v2 += v3
-        _rotl(odd, *_ROT_A, tmp2)         # v1 <<<= 13; v3 <<<= 16
-        odd ^= even                       # v1 ^= v0; v3 ^= v2
-        _rotl(even[0], *_ROT_32, tmp2[0])  # v0 <<<= 32
-        even += odd[::-1]                 # v0 += v3; v2 += v1
-        _rotl(odd, *_ROT_B, tmp2)         # v1 <<<= 17; v3 <<<= 21
-        odd ^= even[::-1]                 # v1 ^= v2; v3 ^= v0
-        _rotl(even[1], *_ROT_32, tmp2[1])  # v2 <<<= 32
+            values[nan] = np.nan
+    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), -1)
 
 
 def _words(messages: np.ndarray) -> np.ndarray:
@@ -131,7 +104,7 @@ def _words(messages: np.ndarray) -> np.ndarray:
 
 
 def siphash(messages: np.ndarray, key: bytes = _DEFAULT_KEY, rounds: tuple[int, int] = (1, 3)) -> np.ndarray:
-    """SipHash-c-d of every row of a byte matrix, all rows at once.
+    """SipHash-c-d of every row of a byte matrix, in one compiled loop over the rows.
 
     Args:
         messages: (B, L) uint8, one L-byte message per row.
@@ -145,30 +118,15 @@ def siphash(messages: np.ndarray, key: bytes = _DEFAULT_KEY, rounds: tuple[int, 
     count, length = messages.shape
     words = _words(messages)
     full = length // 8
-    tail = words[:, full] if length % 8 else None
-    return _siphash_blocks([words[:, j] for j in range(full)], tail, count, length, key, rounds)
+    tail = words[:, full] if length % 8 else np.zeros(count, dtype=np.uint64)
+    return _siphash(words[:, :full], tail, length, key, rounds)
 
 
-def _siphash_blocks(blocks: Sequence[np.ndarray | np.uint64], tail: np.ndarray | None, count: int, length: int,
-                    key: bytes, rounds: tuple[int, int]) -> np.ndarray:
-    """SipHash of messages given as their full 8-byte blocks ((B,) columns or scalars shared by every row),
-    the zero-padded leftover bytes (or None) and the message length in bytes."""
-    k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
-    init = (0x736F6D6570736575 ^ k0, 0x646F72616E646F6D ^ k1, 0x6C7967656E657261 ^ k0, 0x7465646279746573 ^ k1)
-    even = np.empty((2, count), dtype=np.uint64)  # v0, v2
-    odd = np.empty((2, count), dtype=np.uint64)  # v1, v3
-    even[0], odd[0], even[1], odd[1] = (np.uint64(c) for c in init)
-    tmp = np.empty(2 * count, dtype=np.uint64)
-    compress, finalize = rounds
-    # the last block: the leftover bytes and the length in the top byte
-    last = np.uint64((length & 0xFF) << 56)
-    for m in [*blocks, last if tail is None else tail | last]:
-        odd[1] ^= m
-        _sip_rounds(even, odd, compress, tmp)
-        even[0] ^= m
-    even[1] ^= np.uint64(0xFF)
-    _sip_rounds(even, odd, finalize, tmp)
-    return even[0] ^ even[1] ^ odd[0] ^ odd[1]
+def _siphash(blocks: np.ndarray, tail: np.ndarray, length: int, key: bytes, rounds: tuple[int, int]) -> np.ndarray:
+    """SipHash of messages given as (B, W) full 8-byte blocks, (B,) zero-padded leftover bytes and their length."""
+    k0, k1 = (np.uint64(int.from_bytes(half, "little")) for half in (key[:8], key[8:]))
+    last = tail | np.uint64((length & 0xFF) << 56)  # the last block carries the length in its top byte
+    return siphash_blocks(np.ascontiguousarray(blocks), np.ascontiguousarray(last), k0, k1, *rounds)
 
 
 class SipHash(nn.Module):
@@ -178,7 +136,7 @@ class SipHash(nn.Module):
     integer or floating dtype; output (B,) int64. torchrl's hashes each row's
     bytes with Python's ``hash()``, which is SipHash-1-3 under a key drawn
     anew in every process unless ``PYTHONHASHSEED`` is set. This one computes
-    SipHash-1-3 itself, for all rows at once with numpy uint64 arithmetic,
+    SipHash-1-3 itself, for all rows in one compiled loop (numba),
     under a fixed key (a buffer, so it travels in ``state_dict()``). With the
     default all-zero key the hashes equal torchrl's under ``PYTHONHASHSEED=0``
     (rows holding ``-0.0`` or non-canonical NaNs aside, see :func:`row_bytes`).
@@ -223,9 +181,9 @@ class SipHash(nn.Module):
             return [row.tobytes() for row in np.concatenate(parts, axis=1).view(np.uint8)]
         signature = zlib.crc32(repr([(str(t.dtype), tuple(t.shape[1:])) for t in tensors]).encode())
         key = (int.from_bytes(self._key[:8], "little") ^ signature).to_bytes(8, "little") + self._key[8:]
-        blocks = [p[:, j] for p in parts for j in range(p.shape[1])]
-        return self._finish(_siphash_blocks(blocks, None, len(parts[0]), 8 * len(blocks), key, self.rounds),
-                            tensors[0].device)
+        blocks = np.concatenate(parts, axis=1)
+        tail = np.zeros(len(blocks), dtype=np.uint64)
+        return self._finish(_siphash(blocks, tail, 8 * blocks.shape[1], key, self.rounds), tensors[0].device)
 
     @property
     def _key(self) -> bytes:
@@ -258,9 +216,8 @@ class HashToInt(nn.Module):
     an index), otherwise they get the current size of the map.
 
     The map is an open-addressing hash table (linear probing, load <= 1/2)
-    probed for all hashes of a call at once with numpy: each probe round is a
-    handful of array ops over the hashes still unresolved, and a call touches
-    only its own rows, never the whole map.
+    looked up and extended row by row in order in a compiled loop, so indices
+    follow first-seen order exactly as torchrl's dict does.
 
     ``state_dict()`` holds ``keys`` (the hashes in index order) and ``values``
     (their indices), the layout torchrl's ``state_dict`` means to write, and
@@ -281,79 +238,37 @@ class HashToInt(nn.Module):
         """(N,) int64: the known hashes in index order (a copy)."""
         return torch.from_numpy(self._by_index[: self._size].copy())
 
-    def _slots(self, hashes: np.ndarray) -> np.ndarray:
-        return ((hashes.view(np.uint64) * self._MIX) >> np.uint64(64 - self._bits)).view(np.int64)
-
-    def lookup(self, hashes: np.ndarray) -> np.ndarray:
-        """The index of each (N,) int64 hash, -1 where it is unknown."""
-        pos = self._slots(hashes)
-        slot = np.take(self._table, pos, axis=0)  # (N, 2): hash and index side by side, one cache line per probe
-        out = np.where(slot[:, 0] == hashes, slot[:, 1], -1)  # an empty slot's index is -1 already
-        pending = np.flatnonzero((out < 0) & (slot[:, 1] >= 0))  # another hash sits there: probe on
-        pos = pos[pending]
-        while len(pending):
-            pos = (pos + 1) & self._mask
-            slot = np.take(self._table, pos, axis=0)
-            hit = slot[:, 0] == hashes[pending]
-            out[pending[hit]] = slot[hit, 1]
-            go_on = ~hit & (slot[:, 1] >= 0)
-            pending, pos = pending[go_on], pos[go_on]
-        return out
-
-    def _insert(self, hashes: np.ndarray, indices: np.ndarray) -> None:
-        """Put hashes that are not in the table yet (and distinct) into free slots."""
-        pos = self._slots(hashes)
-        while len(hashes):
-            free = self._table[pos, 1] < 0
-            self._table[pos[free], 1] = indices[free]  # several may aim at one slot: one of them lands
-            landed = np.zeros(len(hashes), dtype=bool)
-            landed[free] = self._table[pos[free], 1] == indices[free]
-            self._table[pos[landed], 0] = hashes[landed]
-            hashes, indices, pos = hashes[~landed], indices[~landed], (pos[~landed] + 1) & self._mask
-
     def forward(self, key: torch.Tensor, extend: bool = False) -> torch.Tensor:
         if not isinstance(key, torch.Tensor) or key.is_floating_point() or key.is_complex() or key.dtype == torch.bool:
             got = key.dtype if isinstance(key, torch.Tensor) else type(key).__name__
             raise TypeError(f"HashToInt expects an integer tensor of hashes, got {got}. "
                             "Hash the rows first, e.g. with SipHash().")
-        flat = key.detach().reshape(-1).to("cpu", torch.int64).numpy()
-        index = self.lookup(flat)
-        missing = index < 0
-        if extend and missing.any():
-            new = flat[missing]
-            unique, first, inverse = np.unique(new, return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")  # first-seen order, as torchrl's dict.setdefault loop gives
-            rank = np.empty_like(order)
-            rank[order] = np.arange(len(order))
-            new_index = self._size + rank
-            index[missing] = new_index[inverse.reshape(-1)]
-            self._grow(len(unique))
-            self._by_index[self._size:self._size + len(unique)] = unique[order]
-            self._insert(unique, new_index)
-            self._size += len(unique)
-        else:
-            index[missing] = self._size
+        flat = np.ascontiguousarray(key.detach().reshape(-1).to("cpu", torch.int64).numpy())
+        if extend:
+            self._reserve(len(flat))
+        index, self._size = lookup_insert(self._table, self._bits, self._by_index, self._size, flat, extend, self._MIX)
         return torch.from_numpy(index).reshape(key.shape).to(device=key.device, dtype=key.dtype)
 
-    def _grow(self, extra: int) -> None:
-        """Room for ``extra`` more hashes: the by-index array doubles, the table keeps load <= 1/2."""
+    def _reserve(self, extra: int) -> None:
+        """Room for ``extra`` more hashes: the by-index array and the table (load <= 1/2) at least double."""
         need = self._size + extra
         if need > len(self._by_index):
             grown = np.empty(max(2 * len(self._by_index), need, 1024), dtype=np.int64)
             grown[: self._size] = self._by_index[: self._size]
             self._by_index = grown
         if 2 * need > len(self._table):
-            self._build_table(need)
+            self._build_table(max(need, len(self._table)))
 
     def _build_table(self, capacity: int) -> None:
         self._bits = max(10, int(2 * capacity - 1).bit_length())
-        self._mask = (1 << self._bits) - 1
         self._table = np.zeros((1 << self._bits, 2), dtype=np.int64)  # rows (hash, index); index -1: empty
         self._table[:, 1] = -1
-        self._insert(self._by_index[: self._size].copy(), np.arange(self._size, dtype=np.int64))
+        known = self._by_index[: self._size].copy()
+        _, size = lookup_insert(self._table, self._bits, self._by_index, 0, known, True, self._MIX)
+        assert size == self._size, "a hash twice in the map"  # the map's keys are distinct by construction
 
     def _set_map(self, keys: np.ndarray) -> None:
-        self._by_index = keys.astype(np.int64, copy=True)
+        self._by_index = np.array(keys, dtype=np.int64)
         self._size = len(keys)
         self._build_table(self._size)
 
