@@ -322,3 +322,12 @@ def test_rows_stop_at_eos_and_are_padded(dataset):
         model.target_q2[-1].bias.zero_()[3] = 50.0
     out = model.generate(dataset.prompts(2), 4, beta=10.0)
     assert out.shape == (2, 4) and (out[:, 3] == 3).all()  # everyone stopped: no more steps
+
+
+@pytest.mark.parametrize("activation", workbench.list_models(family="activation"))
+def test_the_registry_entry_builds_with_every_registered_activation(activation):
+    model = workbench.create_model("ilql", activation=activation, n_embd=16, n_head=2, dataset_size=16)
+    b = model.dataset.sample(2)
+    loss, _ = model.get_loss(b)
+    assert torch.isfinite(loss)
+    assert type(model.actor.h[0].mlp[1]) is type(workbench.create_model(activation))

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.toy_language import ToyLanguageDataset
-from workbench.params import Range
+from workbench.params import Choices, Range
 from workbench.registry import create_model, list_models, register_model
 
 __all__ = ["ILQL", "GPT", "GPT2_CONFIG", "TINY_CONFIG", "CheckpointError"]
@@ -701,6 +701,7 @@ def ilql(n_layer: Annotated[int, Range(1, 48)] = 2, n_embd: Annotated[int, Range
          dropout: Annotated[float, Range(0.0, 0.9)] = 0.0, lr: Annotated[float, Range(1e-7, 1.0)] = 1e-3,
          alpha: Annotated[float, Range(0.0, 1.0)] = 0.005, tau: Annotated[float, Range(0.01, 0.99)] = 0.7,
          gamma: Annotated[float, Range(0.0, 1.0)] = 0.99, double_q: bool = True,
+         activation: Annotated[str, Choices(lambda: list_models(family="activation"))] = "gelu",
          dataset_size: Annotated[int, Range(1, 1_000_000)] = 2048, seed: int = 0) -> ILQL:
     """ILQL agent (AgileRL-compatible), tiny GPT on the built-in colour-naming task.
 
@@ -715,11 +716,13 @@ def ilql(n_layer: Annotated[int, Range(1, 48)] = 2, n_embd: Annotated[int, Range
         tau: expectile of the value loss.
         gamma: discount.
         double_q: twin Q heads.
+        activation: the GPT blocks' activation, any registered activation.
         dataset_size: sequences in the offline toy dataset.
         seed: seed of the toy dataset.
     """
     dataset = ToyLanguageDataset(size=dataset_size, seed=seed)
     config = {**TINY_CONFIG, "vocab_size": dataset.tokenizer.vocab_size, "n_layer": n_layer, "n_embd": n_embd,
               "n_head": n_head, "block_size": block_size, "dim_feedfwd": 4 * n_embd, "dropout": dropout,
+              "activation": activation,
               "max_layers": max(TINY_CONFIG["max_layers"], n_layer)}
     return ILQL(dataset, config, lr=lr, alpha=alpha, tau=tau, gamma=gamma, double_q=double_q)
