@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.instrument.stats import SmallTensorBatch, finish, histogram, tensor_sums
+from workbench.instrument import stats
+from workbench.instrument.stats import finish, histogram, tensor_sums
+
+
+@pytest.fixture(autouse=True, params=["compiled", "torch"])
+def path(request, monkeypatch):
+    """Every test runs on both reduction paths: the compiled single pass and torch's kernels."""
+    monkeypatch.setattr(stats, "COMPILED_MAX", 10**12 if request.param == "compiled" else -1)
+    return request.param
 
 
 def stats_of(x):
@@ -23,7 +31,7 @@ def reference(x):
     }
 
 
-MAKERS = [
+@pytest.mark.parametrize("make", [
     lambda: torch.randn(3, 5, 7),
     lambda: torch.relu(torch.randn(64, 33)),  # half zeros
     lambda: torch.randn(1000, dtype=torch.float64) * 1e-3 + 5.0,  # mean large against the spread
@@ -33,10 +41,7 @@ MAKERS = [
     lambda: torch.rand(50) > 0.3,
     lambda: torch.full((10,), 2.5),
     lambda: torch.randn(8, 6).t(),  # not contiguous
-]
-
-
-@pytest.mark.parametrize("make", MAKERS)
+])
 def test_statistics_match_float64_reference(make):
     x = make()
     got, want = stats_of(x), reference(x)
@@ -82,55 +87,16 @@ def test_histogram_leaves_out_non_finite_values_and_handles_constant_tensors():
     assert counts.tolist() == [7, 0, 0, 0, 0]
 
 
-def batch_stats(tensors, bins=None, max_elements=1 << 22):
-    batch = SmallTensorBatch(bins, max_elements)
-    slots = [batch.add(t) for t in tensors]
-    sums, hists = batch.reduce()
-    numel = np.array([t.numel() for t in tensors])
-    rows = finish(numel, sums.numpy())
-    return slots, [{k: v[i] for k, v in rows.items()} for i in range(len(tensors))], hists
-
-
-@pytest.mark.parametrize("max_elements", [1 << 22, 40])  # all at once, or reduced early in several chunks
-def test_small_tensor_batch_matches_the_float64_reference_slot_by_slot(max_elements):
-    torch.manual_seed(0)
-    tensors = [make() for make in MAKERS] + [torch.empty(0, 3), torch.tensor([3.0])]
-    odd = torch.randn(300)
-    odd[[3, 70, 71]] = float("nan")
-    odd[[5, 9]] = float("inf")
-    odd[11] = -float("inf")
-    odd[20:40] = 0.0
-    odd[41] = 1e-42
-    tensors.append(odd)
-    slots, got, _ = batch_stats(tensors, max_elements=max_elements)
-    assert slots == list(range(len(tensors)))
-    for x, row in zip(tensors[:len(MAKERS)], got):
-        for key, value in reference(x).items():
-            assert row[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    empty, one, nonfinite = got[-3:]
-    assert empty["numel"] == 0 and np.isnan(empty["mean"]) and np.isnan(empty["min"]) and empty["nan_count"] == 0
-    assert one["mean"] == 3.0 and one["min"] == one["max"] == 3.0 and np.isnan(one["std"])
-    assert (nonfinite["nan_count"], nonfinite["inf_count"]) == (3, 3)
-    assert nonfinite["zero_frac"] == pytest.approx(20 / 300) and np.isnan(nonfinite["min"])
-
-
-def test_small_tensor_batch_histograms_equal_the_per_tensor_ones():
-    tensors = [torch.randn(500, dtype=torch.float64), torch.full((7,), 2.0), torch.tensor([1.0, 2.0, float("inf")]),
-               torch.rand(64) * 10]
-    _, _, hists = batch_stats(tensors, bins=8)
-    for x, counts in zip(tensors, hists):
-        assert torch.equal(counts, histogram(x, tensor_sums(x), 8)), x[:3]
-
-
-def test_small_tensor_batch_keeps_a_snapshot():
-    x = torch.ones(5)
-    batch = SmallTensorBatch(None)
-    batch.add(x)
-    x.mul_(3)  # modified in place after the hook saw it
-    assert batch.reduce()[0][0, 0].item() == 5.0
-
-
-def test_an_empty_small_tensor_batch_reduces_to_no_rows():
-    sums, hists = SmallTensorBatch(bins=4).reduce()
-    assert sums.shape == (0, 8) and hists.shape == (0, 4)
-    assert SmallTensorBatch(bins=None).reduce()[1] is None
+def test_both_paths_agree_on_float32_model_tensors(monkeypatch):
+    torch.manual_seed(3)
+    for shape in [(7,), (64, 33), (16, 8, 8), (2048,)]:
+        x = torch.randn(shape) * 3
+        x[x.abs() < 0.1] = 0.0
+        results = {}
+        for name, limit in (("compiled", 10**12), ("torch", -1)):
+            monkeypatch.setattr(stats, "COMPILED_MAX", limit)
+            sums = tensor_sums(x)
+            results[name] = (sums, histogram(x, sums, 16))
+        (a, ha), (b, hb) = results["compiled"], results["torch"]
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), shape
+        assert torch.equal(ha, hb), shape  # the same float32 arithmetic puts every value in the same bin

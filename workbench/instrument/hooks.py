@@ -36,7 +36,7 @@ from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.store import RunStore
-from workbench.instrument.stats import SMALL, SmallTensorBatch, histogram, tensor_sums
+from workbench.instrument.stats import histogram, tensor_sums
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
 __all__ = ["Watch", "watch", "Intervention"]
@@ -185,9 +185,8 @@ class Watch:
         self._calls.clear()
         self._keys: list[tuple[str, int, str, str, tuple[int, ...]]] = []
         self._numel: list[int] = []
-        self._sums: list[torch.Tensor | int] = []  # on-device sums, or a slot of the small-tensor batch
-        self._hists: list[torch.Tensor | int | None] = []
-        self._small = SmallTensorBatch(self.options["bins"] if self.options["histograms"] else None)
+        self._sums: list[torch.Tensor] = []
+        self._hists: list[torch.Tensor] = []
         self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, sums, hist) per parameter
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, tuple] = {}
@@ -257,9 +256,8 @@ class Watch:
                     self._fail(path, call, "grad_output", exc)
         return output if replaced else None
 
-    def _summarize(self, tensor: torch.Tensor) -> tuple[torch.Tensor | int, torch.Tensor | int | None]:
-        """The on-device sums (and histogram) of ``tensor``, or for a small tensor its slot in the
-        step's :class:`SmallTensorBatch` (twice), reduced with the others when the step is recorded.
+    def _summarize(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The on-device sums (and histogram) of ``tensor``.
 
         A container's output is often its last child's output, the same tensor object (a
         Sequential, a residual block, the model): its sums are reused while it is unchanged.
@@ -270,22 +268,19 @@ class Watch:
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == version and version is not None:
             return seen[2], seen[3]
-        if tensor.numel() <= SMALL:
-            with self._lock:
-                sums = hist = self._small.add(tensor)
-        else:
-            sums = tensor_sums(tensor)
-            hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
+        sums = tensor_sums(tensor)
+        hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
         self._seen[id(tensor)] = (weakref.ref(tensor), version, sums, hist)
         return sums, hist
 
-    def _append(self, key: tuple[str, int, str, str, tuple[int, ...]], numel: int, sums: torch.Tensor | int,
-                hist: torch.Tensor | int | None) -> None:
+    def _append(self, key: tuple[str, int, str, str, tuple[int, ...]], numel: int, sums: torch.Tensor,
+                hist: torch.Tensor | None) -> None:
         with self._lock:
             self._keys.append(key)
             self._numel.append(numel)
             self._sums.append(sums)
-            self._hists.append(hist)
+            if hist is not None:
+                self._hists.append(hist)
 
     def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
         self._append((path, call, kind, name, tuple(tensor.shape)), tensor.numel(), *self._summarize(tensor))
@@ -365,20 +360,12 @@ class Watch:
     def _flush(self) -> StepRecord:
         with self._lock:
             keys, numel, sums, hists = self._keys, self._numel, self._sums, self._hists
-            small_sums, small_hists = self._small.reduce()
-        # rows are either slots of the small-tensor batch or their own sums: two host transfers, then merged
-        slots = np.array([s if isinstance(s, int) else -1 for s in sums], dtype=np.int64)
-        own = [i for i, s in enumerate(slots) if s < 0]
-        host = np.zeros((len(sums), 8))
-        host[slots >= 0] = small_sums.cpu().numpy()[slots[slots >= 0]]
-        if own:
-            host[own] = torch.stack([sums[i].to(sums[own[0]].device) for i in own]).cpu().numpy()
-        hist_host = None
-        if self.options["histograms"] and sums:
-            hist_host = np.zeros((len(sums), self.options["bins"]), dtype=np.float32)
-            hist_host[slots >= 0] = small_hists.cpu().numpy()[slots[slots >= 0]]
-            if own:
-                hist_host[own] = torch.stack([hists[i].to(hists[own[0]].device) for i in own]).cpu().numpy()
+        if sums:
+            # the one host transfer of the step
+            host = torch.stack([s.to(sums[0].device) for s in sums]).cpu().numpy()
+            hist_host = torch.stack([h.to(sums[0].device) for h in hists]).cpu().numpy() if hists else None
+        else:
+            host, hist_host = np.zeros((0, 8)), None
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), host, hist_host,
                           dict(self._metrics), tuple(self._step_errors))
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["STAT_COLUMNS", "SUMS", "SMALL", "tensor_sums", "histogram", "SmallTensorBatch", "finish"]
+from workbench.instrument._stats_kernels import histogram_kernel, sums_kernel
 
-#: Tensors of at most this many elements are summarized together at the end of a step
-#: (:class:`SmallTensorBatch`): for them the ~15 kernel launches of :func:`tensor_sums`
-#: cost far more than the arithmetic.
-SMALL = 2_048
+__all__ = ["STAT_COLUMNS", "SUMS", "COMPILED_MAX", "tensor_sums", "histogram", "finish"]
+
+#: CPU tensors of at most this many elements are reduced in one compiled pass
+#: (:mod:`workbench.instrument._stats_kernels`); above it torch's vectorized kernels win.
+COMPILED_MAX = 65_536
 
 #: The raw per-tensor sums kept on the device, in this order.
 SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf")
@@ -47,6 +48,8 @@ def tensor_sums(x: torch.Tensor) -> torch.Tensor:
     infinities, and ``nansum`` skips the NaNs.
     """
     flat = as_float(x).reshape(-1)
+    if flat.device.type == "cpu" and flat.numel() <= COMPILED_MAX:
+        return torch.from_numpy(sums_kernel(flat.numpy()))
     if flat.numel() == 0:
         nan = float("nan")
         return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0], dtype=torch.float64, device=flat.device)
@@ -73,6 +76,14 @@ def histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
     values are all equal puts everything in the first bin.
     """
     x = as_float(x).reshape(-1)
+    if x.device.type == "cpu" and x.numel() <= COMPILED_MAX:
+        values = x.numpy()
+        real = values.dtype.type
+        with np.errstate(all="ignore"):  # the same float arithmetic as below, in numpy scalars of x's dtype
+            lo, hi = real(sums.numpy()[3]), real(sums.numpy()[4])
+            width = hi - lo if hi > lo else real(1)
+            scale = real(bins) / width if np.isfinite(width) else real(np.nan)
+        return torch.from_numpy(histogram_kernel(values, np.asarray(lo), np.asarray(scale), bins))
     counts = torch.zeros(bins, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return counts
@@ -84,82 +95,6 @@ def histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
     finite = (scaled >= 0).to(torch.float32)  # non-finite inputs (and a non-finite range) land at -1
     index = scaled.clamp_(0, bins - 1).long()
     return counts.scatter_add_(0, index, finite)
-
-
-class SmallTensorBatch:
-    """Statistics of many small tensors, computed together in a few kernels.
-
-    :meth:`add` keeps a flat copy of a tensor (one copy kernel) and returns
-    its slot; :meth:`reduce` concatenates the copies and computes the sums of
-    :data:`SUMS` (and histograms) of every slot with segment reductions, in
-    float64. The copies are reduced early once they hold ``max_elements``, so
-    a step without ``watch.step()`` cannot grow them without bound.
-
-    Args:
-        bins: histogram bins per slot, or None for no histograms.
-        max_elements: elements held before an early reduction.
-    """
-
-    def __init__(self, bins: int | None, max_elements: int = 1 << 22) -> None:
-        self.bins, self.max_elements = bins, max_elements
-        self._flats: list[torch.Tensor] = []
-        self._held = 0
-        self._done: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        self.size = 0
-
-    def add(self, x: torch.Tensor) -> int:
-        """Keep a copy of ``x``; returns its slot (rows of :meth:`reduce` are in slot order)."""
-        flat = as_float(x.reshape(-1))
-        self._flats.append(flat.clone() if flat.data_ptr() == x.data_ptr() else flat)  # as_float may have copied
-        self._held += flat.numel()
-        self.size += 1
-        if self._held >= self.max_elements:
-            self._done.append(self._reduce(self._flats))
-            self._flats, self._held = [], 0
-        return self.size - 1
-
-    def reduce(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(size, 8) float64 sums and (size, bins) float32 histograms (or None), in slot order."""
-        parts = self._done + ([self._reduce(self._flats)] if self._flats else [])
-        if not parts:
-            return torch.zeros(0, 8, dtype=torch.float64), torch.zeros(0, self.bins) if self.bins else None
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if self.bins else None
-
-    def _reduce(self, flats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        device = flats[0].device
-        k = len(flats)
-        lengths = torch.tensor([f.numel() for f in flats], device=device)
-        data = torch.cat([f.double() for f in flats])
-        seg = torch.repeat_interleave(torch.arange(k, device=device), lengths)
-
-        def per_slot(values: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(k, dtype=torch.float64, device=device).index_add_(0, seg, values)
-
-        magnitude = data.abs()
-        total, sum_sq, abs_sum = per_slot(data), per_slot(data * data), per_slot(magnitude)
-        # the same IEEE arithmetic as tensor_sums, NaNs zeroed before summing per slot
-        finite = per_slot(torch.nan_to_num(data * 0 + 1, nan=0.0))
-        nonzero = per_slot(torch.nan_to_num(torch.clamp(magnitude, max=1).ceil(), nan=0.0))
-        # an infinity of the tensor's own dtype: float64 data from float32 tensors still reaches inf only at inf
-        inf = per_slot(torch.nan_to_num((magnitude - torch.finfo(torch.float64).max).clamp(0, 1), nan=0.0))
-        nan = lengths.double() - finite - inf
-        lo = torch.full((k,), float("inf"), dtype=torch.float64, device=device).scatter_reduce_(
-            0, seg, data, "amin", include_self=True)
-        hi = torch.full((k,), -float("inf"), dtype=torch.float64, device=device).scatter_reduce_(
-            0, seg, data, "amax", include_self=True)
-        missing = (nan > 0) | (lengths == 0)  # aminmax gives NaN for a tensor holding a NaN, and for an empty one
-        lo, hi = lo.masked_fill(missing, float("nan")), hi.masked_fill(missing, float("nan"))
-        sums = torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf], 1)
-        if not self.bins:
-            return sums, None
-        bins = self.bins
-        width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-        scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
-        scaled = torch.nan_to_num((data - lo[seg]) * scale[seg], nan=-1.0, posinf=-1.0, neginf=-1.0)
-        counted = (scaled >= 0).to(torch.float32)
-        index = scaled.clamp_(0, bins - 1).long() + seg * bins
-        hist = torch.zeros(k * bins, dtype=torch.float32, device=device).index_add_(0, index, counted)
-        return sums, hist.view(k, bins)
 
 
 def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:
