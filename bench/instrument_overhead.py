@@ -8,6 +8,8 @@ as a ratio to the bare step:
 - watch: everything on (activations, output gradients, parameters and their
   gradients) at every step;
 - watch+hist: the same with 32-bin histograms of every tensor;
+- watch (torch reductions): "watch" with the compiled single-pass
+  statistics of small CPU tensors switched off, to measure what it saves;
 - watch every=10;
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
@@ -31,6 +33,7 @@ import time
 import torch
 
 import workbench
+from workbench.instrument import stats
 
 
 def dynamics(batch: int):
@@ -74,6 +77,19 @@ def variants(exp):
 
         return attach, detach
 
+    def torch_path():
+        attach, detach = with_watch()
+
+        def attach_torch():
+            state["limit"], stats.COMPILED_MAX = stats.COMPILED_MAX, -1
+            return attach()
+
+        def detach_torch():
+            detach()
+            stats.COMPILED_MAX = state.pop("limit")
+
+        return attach_torch, detach_torch
+
     def naive_attach():
         state["handles"] = naive_hooks(exp.model)
         return lambda: None
@@ -85,6 +101,7 @@ def variants(exp):
     return {
         "bare": (lambda: (lambda: None), lambda: None),
         "watch": with_watch(),
+        "watch (torch reductions)": torch_path(),
         "watch+hist": with_watch(histograms=True),
         "watch every=10": with_watch(every=10),
         "naive .item() hooks": (naive_attach, naive_detach),
@@ -131,7 +148,7 @@ def main() -> None:
         bare = result["bare"]
         print(f"\n{title}: bare step {bare * 1e3:.1f} ms")
         for name, seconds in result.items():
-            print(f"  {name:22s} {seconds * 1e3:8.1f} ms   {seconds / bare:5.2f}x")
+            print(f"  {name:26s} {seconds * 1e3:8.1f} ms   {seconds / bare:5.2f}x")
 
 
 if __name__ == "__main__":
