@@ -331,3 +331,15 @@ def test_the_registry_entry_builds_with_every_registered_activation(activation):
     loss, _ = model.get_loss(b)
     assert torch.isfinite(loss)
     assert type(model.actor.h[0].mlp[1]) is type(workbench.create_model(activation))
+
+
+def test_clone_and_checkpoint_carry_hyperparameters_changed_after_construction(dataset, tmp_path):
+    model = agent(dataset)
+    model.gamma, model.beta = 0.5, 1.5  # as a mutation would
+    twin = model.clone()
+    assert (twin.gamma, twin.beta) == (0.5, 1.5)
+    model.save_checkpoint(tmp_path / "a.pt")
+    fresh = agent(dataset)
+    fresh.load_checkpoint(tmp_path / "a.pt")
+    assert (fresh.gamma, fresh.beta) == (0.5, 1.5)
+    assert set(model.hyperparameters) == set(inspect.signature(ILQL).parameters) - {"dataset", "net_config"}

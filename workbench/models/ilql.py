@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import math
 import os
 import tempfile
@@ -258,23 +259,25 @@ class ILQL(nn.Module):
                  device: str = "cpu") -> None:
         super().__init__()
         self.dataset = dataset
-        self.hyperparameters = dict(
-            index=index, batch_size=batch_size, lr=lr, alpha=alpha, beta=beta, gamma=gamma, tau=tau,
-            mutation=mutation, transition_weight=transition_weight, clip_weight=clip_weight, value_max=value_max,
-            value_min=value_min, detach_v=detach_v, detach_q=detach_q, detach_pi=detach_pi, double_q=double_q,
-            per_token=per_token, exp_weights=exp_weights, dm_margin=dm_margin, cql_temp=cql_temp,
-            weight_decay=weight_decay, device=str(device))
+        # AgileRL keeps the hyperparameters as plain attributes (mutations change them there)
+        arguments = locals()
+        self.__dict__.update({k: arguments[k] for k in _HYPERPARAMETERS})
+        self.device = str(device)
         self._check_hyperparameters()
         self.net_config = check_net_config(copy.deepcopy(GPT2_CONFIG if net_config is None else net_config))
         tokenizer = getattr(dataset, "tokenizer", None)
         if tokenizer is not None and tokenizer.vocab_size > self.net_config["vocab_size"]:
             raise ValueError(f"net_config['vocab_size'] ({self.net_config['vocab_size']}) is smaller than the "
                              f"dataset's vocabulary ({tokenizer.vocab_size}); set it to at least that.")
-        self.__dict__.update(self.hyperparameters)  # AgileRL exposes them as attributes
         self.fitness: list[float] = []
         self.scores: list[float] = []
         self.steps: list[int] = [0]
         self._build()
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The constructor's arguments besides dataset and net_config, as the attributes hold them now."""
+        return {k: getattr(self, k) for k in _HYPERPARAMETERS}
 
     def _check_hyperparameters(self) -> None:
         h = self.hyperparameters
@@ -499,8 +502,8 @@ class ILQL(nn.Module):
         return self._loss_terms(b, out, awac_weight, v_loss_weight, q_loss_weight, cql_loss_weight,
                                 dm_loss_weight, mc_returns)
 
-    def _loss_terms(self, b, out, awac_weight=1.0, v_loss_weight=1.0, q_loss_weight=1.0, cql_loss_weight=0.01,
-                    dm_loss_weight=0.0, mc_returns=False):
+    def _loss_terms(self, b, out, awac_weight, v_loss_weight, q_loss_weight, cql_loss_weight, dm_loss_weight,
+                    mc_returns):
         tokens, terminals, rs = b["tokens"], b["terminals"], b["rewards"]
         action_tokens = torch.gather(tokens, 1, b["action_idxs"] + 1)  # the token each action chose, (B, A)
         pick = lambda q: torch.gather(q, 2, action_tokens.unsqueeze(2)).squeeze(2)  # noqa: E731
@@ -614,8 +617,8 @@ class ILQL(nn.Module):
     # --- population utilities and checkpoints ------------------------------------------
     def clone(self, index: int | None = None) -> ILQL:
         """An independent agent with identical weights, optimizer state and hyperparameters."""
-        twin = ILQL(self.dataset, self.net_config, **{**self.hyperparameters,
-                                                      "index": self.index if index is None else index})
+        twin = ILQL(self.dataset, self.net_config,
+                    **{**self.hyperparameters, "index": self.index if index is None else index})
         twin.load_state_dict(self.state_dict())
         twin.optimizer.load_state_dict(self.optimizer.state_dict())
         twin.fitness, twin.scores, twin.steps = list(self.fitness), list(self.scores), list(self.steps)
@@ -631,7 +634,7 @@ class ILQL(nn.Module):
         state = {
             "format": _CHECKPOINT_FORMAT, "version": _CHECKPOINT_VERSION,
             "net_config": self.net_config,
-            "hyperparameters": {k: getattr(self, k) for k in self.hyperparameters},
+            "hyperparameters": self.hyperparameters,
             "network": self.state_dict(), "optimizer": self.optimizer.state_dict(),
             "fitness": list(self.fitness), "scores": list(self.scores), "steps": list(self.steps),
         }
@@ -672,12 +675,14 @@ class ILQL(nn.Module):
             raise CheckpointError(f"{str(path)!r} is checkpoint version {state['version']}; this workbench reads up "
                                   f"to {_CHECKPOINT_VERSION}. Upgrade workbench.")
         self.net_config = check_net_config(state["net_config"])
-        self.hyperparameters = {**self.hyperparameters, **state["hyperparameters"]}
-        self.__dict__.update(self.hyperparameters)
+        self.__dict__.update({k: v for k, v in state["hyperparameters"].items() if k in _HYPERPARAMETERS})
         self._build()
         self.load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.fitness, self.scores, self.steps = list(state["fitness"]), list(state["scores"]), list(state["steps"])
+
+
+_HYPERPARAMETERS = tuple(inspect.signature(ILQL).parameters)[2:]  # index ... device: all but dataset, net_config
 
 
 # --- registry ---------------------------------------------------------------------------
@@ -691,7 +696,8 @@ def _objective(model: ILQL, inputs, outputs: dict[str, Any]) -> torch.Tensor:
     """The ILQL loss, with the toy task's rewards recomputed from the tokens."""
     (tokens, _, _), _ = inputs
     batch = model.dataset.collate(tokens)
-    loss, _ = model._loss_terms(batch, outputs)
+    defaults = {k: p.default for k, p in inspect.signature(ILQL.get_loss).parameters.items() if k not in ("self", "batch")}
+    loss, _ = model._loss_terms(batch, outputs, **defaults)  # the weights get_loss uses by default
     return loss
 
 

@@ -419,7 +419,7 @@ class QueryModule(nn.Module):
         self.hash_key = _check_key(hash_key, "hash_key")
         self.out_keys = [self.index_key, self.hash_key]
 
-        self_aggregated = aggregator is not None
+        aggregator_given = aggregator is not None
         if aggregator is not None and len(self.in_keys) == 1:
             warnings.warn("QueryModule: an aggregator was given but there is only one in_key; it is not used.",
                           stacklevel=2)
@@ -427,7 +427,7 @@ class QueryModule(nn.Module):
             aggregator = hash_module if hash_module is not None and not isinstance(hash_module, list) else SipHash()
         if hash_module is None:
             # one key: its own SipHash, as torchrl; several and no aggregator given: the aggregator hashes them jointly
-            modules = [SipHash() for _ in self.in_keys] if len(self.in_keys) == 1 or self_aggregated else []
+            modules = [SipHash() for _ in self.in_keys] if len(self.in_keys) == 1 or aggregator_given else []
         elif isinstance(hash_module, list):
             if len(hash_module) != len(self.in_keys):
                 raise ValueError(f"QueryModule: got {len(hash_module)} hash modules for {len(self.in_keys)} in_keys "
