@@ -8,8 +8,9 @@ as a ratio to the bare step:
 - watch: everything on (activations, output gradients, parameters and their
   gradients) at every step;
 - watch+hist: the same with 32-bin histograms of every tensor;
-- watch (torch reductions): "watch" with the compiled single-pass
-  statistics of small CPU tensors switched off, to measure what it saves;
+- watch (torch reductions): "watch" with the compiled one-pass statistics
+  switched off (torch's kernels, as for tensors on an accelerator), to
+  measure what they save;
 - watch every=10;
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
@@ -81,12 +82,12 @@ def variants(exp):
         attach, detach = with_watch()
 
         def attach_torch():
-            state["limit"], stats.COMPILED_MAX = stats.COMPILED_MAX, -1
+            stats.COMPILED = False
             return attach()
 
         def detach_torch():
             detach()
-            stats.COMPILED_MAX = state.pop("limit")
+            stats.COMPILED = True
 
         return attach_torch, detach_torch
 

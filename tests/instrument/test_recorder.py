@@ -11,7 +11,7 @@ from workbench.instrument import Recorder, StepRecord
 
 def record(step, rows=2):
     keys = tuple((f"m{i}", 0, "activation", "out", (3,)) for i in range(rows))
-    sums = np.tile([3.0, 3.0, 3.0, 1.0, 1.0, 3.0, 0.0, 0.0], (rows, 1))  # three ones
+    sums = np.tile([0.0, 0.0, 3.0, 1.0, 1.0, 3.0, 0.0, 0.0, 1.0], (rows, 1))  # three ones (sums of x - 1)
     return StepRecord(step, keys, np.full(rows, 3), sums, metrics={"loss": float(step)})
 
 

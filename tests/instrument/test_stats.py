@@ -5,18 +5,26 @@ import pytest
 import torch
 
 from workbench.instrument import stats
-from workbench.instrument.stats import finish, histogram, tensor_sums
+from workbench.instrument.stats import StepSums, finish
 
 
 @pytest.fixture(autouse=True, params=["compiled", "torch"])
 def path(request, monkeypatch):
-    """Every test runs on both reduction paths: the compiled single pass and torch's kernels."""
-    monkeypatch.setattr(stats, "COMPILED_MAX", 10**12 if request.param == "compiled" else -1)
+    """Every test runs on both reduction paths: the compiled single pass and torch's kernels
+    (the path of tensors on an accelerator)."""
+    monkeypatch.setattr(stats, "COMPILED", request.param == "compiled")
     return request.param
 
 
+def reduce(*tensors, bins=None):
+    """Sums (and histogram counts) of ``tensors``, one row each, as a hook step gathers them."""
+    step = StepSums(bins, capacity=1)  # capacity 1: adding grows the buffer
+    assert [step.add(x) for x in tensors] == list(range(len(tensors)))
+    return step.rows()
+
+
 def stats_of(x):
-    row = finish(np.array([x.numel()]), tensor_sums(x).cpu().numpy()[None])
+    row = finish(np.array([x.numel()]), reduce(x)[0])
     return {k: v[0] for k, v in row.items()}
 
 
@@ -35,6 +43,8 @@ def reference(x):
     lambda: torch.randn(3, 5, 7),
     lambda: torch.relu(torch.randn(64, 33)),  # half zeros
     lambda: torch.randn(1000, dtype=torch.float64) * 1e-3 + 5.0,  # mean large against the spread
+    lambda: torch.randn(20_000) * 1e-2 + 300.0,  # the same in float32, over several blocks
+    lambda: torch.randn(3, 70_001),  # several blocks and a partial one
     lambda: torch.randn(17).half(),
     lambda: torch.randn(17).bfloat16(),
     lambda: torch.randint(-5, 6, (4, 9)),
@@ -69,34 +79,62 @@ def test_empty_and_single_element_tensors():
     assert one["mean"] == 3.0 and np.isnan(one["std"]) and one["norm"] == 3.0  # torch.std of one value is NaN
 
 
-def test_histogram_matches_numpy_with_the_same_edges():
-    x = torch.randn(4000, dtype=torch.float64)
-    sums = tensor_sums(x)
-    counts = histogram(x, sums, 16).numpy()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histogram_matches_numpy_with_the_same_edges(dtype):
+    x = torch.randn(4000, dtype=torch.float64).to(dtype)
+    counts = reduce(x, bins=16)[1][0]
     edges = np.linspace(x.min().item(), x.max().item(), 17)
     want, _ = np.histogram(x.numpy(), edges)
     np.testing.assert_array_equal(counts, want)
 
 
 def test_histogram_leaves_out_non_finite_values_and_handles_constant_tensors():
-    x = torch.tensor([1.0, 2.0, float("inf"), 3.0])
-    sums = tensor_sums(x)  # the range is infinite: nothing can be binned sensibly
-    assert histogram(x, sums, 4).sum() == 0
+    x = torch.tensor([1.0, 2.0, float("inf"), 3.0])  # the range is infinite: nothing can be binned sensibly
+    nan = torch.tensor([1.0, float("nan"), 3.0])
     constant = torch.full((7,), 2.0)
-    counts = histogram(constant, tensor_sums(constant), 5)
-    assert counts.tolist() == [7, 0, 0, 0, 0]
+    counts = reduce(x, nan, constant, torch.empty(0), bins=5)[1]
+    assert counts.tolist() == [[0] * 5, [0] * 5, [7, 0, 0, 0, 0], [0] * 5]
 
 
 def test_both_paths_agree_on_float32_model_tensors(monkeypatch):
     torch.manual_seed(3)
-    for shape in [(7,), (64, 33), (16, 8, 8), (2048,)]:
+    tensors = []
+    for shape in [(7,), (64, 33), (16, 8, 8), (2048,), (5000,)]:
         x = torch.randn(shape) * 3
         x[x.abs() < 0.1] = 0.0
-        results = {}
-        for name, limit in (("compiled", 10**12), ("torch", -1)):
-            monkeypatch.setattr(stats, "COMPILED_MAX", limit)
-            sums = tensor_sums(x)
-            results[name] = (sums, histogram(x, sums, 16))
-        (a, ha), (b, hb) = results["compiled"], results["torch"]
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), shape
-        assert torch.equal(ha, hb), shape  # the same float32 arithmetic puts every value in the same bin
+        tensors.append(x)
+    results = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(stats, "COMPILED", compiled)
+        sums, counts = reduce(*tensors, bins=16)
+        results[compiled] = finish(np.array([x.numel() for x in tensors]), sums), counts
+    (a, ha), (b, hb) = results[True], results[False]
+    for column in a:
+        np.testing.assert_allclose(a[column], b[column], rtol=1e-5, atol=1e-6, err_msg=column)
+    np.testing.assert_array_equal(ha, hb)  # the same float32 arithmetic puts every value in the same bin
+
+
+def test_a_row_reduced_on_another_device_keeps_its_place(monkeypatch):
+    """Rows of device tensors are filled in at rows(); here a CPU tensor stands in for one."""
+    xs = [torch.randn(5), torch.randn(6) + 1, torch.randn(7) - 1]
+    monkeypatch.setattr(stats, "COMPILED", True)
+    step = StepSums(bins=4)
+    step.add(xs[0])
+    monkeypatch.setattr(stats, "COMPILED", False)
+    step.add(xs[1])
+    monkeypatch.setattr(stats, "COMPILED", True)
+    step.add(xs[2])
+    sums, counts = step.rows()
+    means = finish(np.array([5, 6, 7]), sums)["mean"]
+    np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-6)
+    assert counts.sum(axis=1).tolist() == [5, 6, 7]
+
+
+def test_float32_sums_that_overflow_are_redone_exactly(monkeypatch):
+    """The compiled fast pass sums in float32 blocks; when they overflow the exact pass redoes it."""
+    monkeypatch.setattr(stats, "COMPILED", True)
+    x = torch.full((10,), 3e38)  # x**2 and the float32 sums overflow; the values are finite
+    x[0] = -3e38
+    got = stats_of(x)
+    assert got["inf_count"] == 0 and got["nan_count"] == 0
+    assert got["mean"] == pytest.approx(0.8 * 3e38) and got["norm"] == pytest.approx(3e38 * 10**0.5)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import threading
 import traceback
 import weakref
 from collections import defaultdict
@@ -36,7 +35,7 @@ from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.store import RunStore
-from workbench.instrument.stats import histogram, tensor_sums
+from workbench.instrument.stats import StepSums
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
 __all__ = ["Watch", "watch", "Intervention"]
@@ -143,7 +142,6 @@ class Watch:
         self._calls: dict[str, int] = defaultdict(int)
         self._disabled: set[tuple[str, str]] = set()
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
-        self._lock = threading.Lock()  # guards the pending rows (backward may run on other threads)
         self._start_step()
 
         self._handles: list[Any] = []
@@ -183,11 +181,12 @@ class Watch:
         self._active = not self.closed and (self._recording or bool(self._interventions))
         self._stack.clear()
         self._calls.clear()
-        self._keys: list[tuple[str, int, str, str, tuple[int, ...]]] = []
-        self._numel: list[int] = []
-        self._sums: list[torch.Tensor] = []
-        self._hists: list[torch.Tensor] = []
-        self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, sums, hist) per parameter
+        previous = len(getattr(self, "_sums", ()))
+        self._sums = StepSums(self.options["bins"] if self.options["histograms"] else None, capacity=previous)
+        # (key, numel, row of _sums) per recorded tensor, in order; one append each, so threads
+        # running hooks at once keep them aligned
+        self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []
+        self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, row) per parameter
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, tuple] = {}
         self._step_errors: list[dict[str, Any]] = []
@@ -256,8 +255,8 @@ class Watch:
                     self._fail(path, call, "grad_output", exc)
         return output if replaced else None
 
-    def _summarize(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The on-device sums (and histogram) of ``tensor``.
+    def _summarize(self, tensor: torch.Tensor) -> int:
+        """The row of ``tensor``'s sums (and histogram) in this step's :class:`StepSums`.
 
         A container's output is often its last child's output, the same tensor object (a
         Sequential, a residual block, the model): its sums are reused while it is unchanged.
@@ -267,23 +266,13 @@ class Watch:
         version = _version(tensor)
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == version and version is not None:
-            return seen[2], seen[3]
-        sums = tensor_sums(tensor)
-        hist = histogram(tensor, sums, self.options["bins"]) if self.options["histograms"] else None
-        self._seen[id(tensor)] = (weakref.ref(tensor), version, sums, hist)
-        return sums, hist
-
-    def _append(self, key: tuple[str, int, str, str, tuple[int, ...]], numel: int, sums: torch.Tensor,
-                hist: torch.Tensor | None) -> None:
-        with self._lock:
-            self._keys.append(key)
-            self._numel.append(numel)
-            self._sums.append(sums)
-            if hist is not None:
-                self._hists.append(hist)
+            return seen[2]
+        row = self._sums.add(tensor)
+        self._seen[id(tensor)] = (weakref.ref(tensor), version, row)
+        return row
 
     def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
-        self._append((path, call, kind, name, tuple(tensor.shape)), tensor.numel(), *self._summarize(tensor))
+        self._entries.append(((path, call, kind, name, tuple(tensor.shape)), tensor.numel(), self._summarize(tensor)))
 
     def _grad_hook(self, path: str, call: int, name: str, step: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -309,7 +298,7 @@ class Watch:
                 grad = param.grad
                 # the last backward of the step wins: .grad holds the accumulated total
                 self._param_grads[(module_path, name)] = (
-                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(), *self._summarize(grad))
+                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(), self._summarize(grad))
             except Exception as exc:
                 self._fail(module_path, 0, "param_grad", exc)
 
@@ -346,8 +335,7 @@ class Watch:
                         self._add(module_path, 0, "param", name, param)
                     except Exception as exc:
                         self._fail(module_path, 0, "param", exc)
-            for entry in self._param_grads.values():
-                self._append(*entry)
+            self._entries.extend(self._param_grads.values())
             record = self._flush()
         elif self._metrics or self._step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(self._step_errors))
@@ -358,16 +346,12 @@ class Watch:
         return record
 
     def _flush(self) -> StepRecord:
-        with self._lock:
-            keys, numel, sums, hists = self._keys, self._numel, self._sums, self._hists
-        if sums:
-            # the one host transfer of the step
-            host = torch.stack([s.to(sums[0].device) for s in sums]).cpu().numpy()
-            hist_host = torch.stack([h.to(sums[0].device) for h in hists]).cpu().numpy() if hists else None
-        else:
-            host, hist_host = np.zeros((0, 8)), None
-        return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), host, hist_host,
-                          dict(self._metrics), tuple(self._step_errors))
+        sums, counts = self._sums.rows()  # the one host transfer of the step
+        keys, numel, rows = zip(*self._entries) if self._entries else ((), (), ())
+        index = np.asarray(rows, np.intp)
+        return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],
+                          counts[index] if counts is not None else None, dict(self._metrics),
+                          tuple(self._step_errors))
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``)."""

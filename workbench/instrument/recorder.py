@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.stats import STAT_COLUMNS, finish
+from workbench.instrument.stats import MAX, MIN, STAT_COLUMNS, SUMS, finish
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
            "histograms_frame", "metrics_frame"]
@@ -40,7 +40,7 @@ class StepRecord:
     step: int
     keys: tuple[tuple[str, int, str, str, tuple[int, ...]], ...] = ()
     numel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    sums: np.ndarray = field(default_factory=lambda: np.zeros((0, 8)))
+    sums: np.ndarray = field(default_factory=lambda: np.zeros((0, len(SUMS))))
     histograms: np.ndarray | None = None  # (rows, bins) counts, or None when off
     metrics: dict[str, float] = field(default_factory=dict)
     errors: tuple[dict, ...] = ()  # instrumentation failures of this step
@@ -83,7 +83,7 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
             continue
         for i, (mod, call, knd, tensor, _shape) in enumerate(r.keys):
             if (module is None or mod == module) and (kind is None or knd == kind):
-                lo, hi = r.sums[i, 3], r.sums[i, 4]
+                lo, hi = r.sums[i, MIN], r.sums[i, MAX]
                 bins = r.histograms.shape[1]
                 out.append((r.step, mod, call, knd, tensor, np.linspace(lo, hi, bins + 1), r.histograms[i]))
     return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts"])

@@ -1,29 +1,42 @@
-"""Statistics of a tensor, reduced on its device and kept as a tensor.
+"""Statistics of a step's tensors, reduced where the tensors live and gathered per step.
 
-A hook calls :func:`tensor_sums` and keeps the result: a handful of device
-kernels, no host transfer. When a step is recorded, all sums of the step go to
-the host in one transfer and :func:`finish` turns them into the columns of a
-record row. Keeping raw sums on the device (not means and stds) keeps the hook
+A hook hands each tensor to the step's :class:`StepSums`. A CPU tensor is
+reduced by compiled one-pass kernels straight into a row of a host array
+(:mod:`workbench.instrument._stats_kernels`); a tensor on another device into
+a small tensor of sums on that device, with torch's kernels and no host
+transfer. ``rows()`` moves the device rows to the host in one transfer per
+device when the step is recorded, and :func:`finish` turns raw sums into the
+columns of a record row. Keeping raw sums (not means and stds) keeps the hook
 to plain reductions; the divisions happen once, on the host, in numpy.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+
 import numpy as np
 import torch
 
-from workbench.instrument._stats_kernels import histogram_kernel, sums_kernel
+from workbench.instrument import _stats_kernels as kernels
 
-__all__ = ["STAT_COLUMNS", "SUMS", "COMPILED_MAX", "tensor_sums", "histogram", "finish"]
+__all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "device_sums", "device_histogram", "finish"]
 
-#: CPU tensors of at most this many elements are reduced in one compiled pass
-#: (:mod:`workbench.instrument._stats_kernels`); above it torch's vectorized kernels win.
-COMPILED_MAX = 65_536
+#: Reduce CPU tensors with the compiled kernels; False sends them through torch's kernels,
+#: the path tensors on other devices take (the tests run both).
+COMPILED = True
 
-#: The raw per-tensor sums kept on the device, in this order.
-SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf")
+#: The raw per-tensor sums, in this order. ``sum`` and ``sum_sq`` are of ``x - shift``, where
+#: ``shift`` is the tensor's first value (0 when that is not finite): with sums around a value of
+#: the tensor, the variance keeps its precision when the mean is large against the spread.
+SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift")
+MIN, MAX = SUMS.index("min"), SUMS.index("max")
 #: The statistics of a record row, derived from the sums and the numel.
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
+
+_EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
+_ROW_BYTES = len(SUMS) * 8
+_KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +50,84 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32 if x.is_floating_point() or x.dtype == torch.bool else torch.float64)
 
 
-def tensor_sums(x: torch.Tensor) -> torch.Tensor:
-    """The sums of :data:`SUMS` for ``x``: a float64 tensor of 8 values on ``x``'s device.
+class StepSums:
+    """The sums (and histograms) of one step's tensors, a row per :meth:`add`.
+
+    Thread-safe: a backward may run hooks on other threads.
+
+    Args:
+        bins: histogram bins per tensor, or None for no histograms.
+        capacity: rows to allocate up front (grows as needed).
+    """
+
+    def __init__(self, bins: int | None = None, capacity: int = 64) -> None:
+        self.bins = bins
+        self._n = 0
+        self._host = np.empty((max(capacity, 1), len(SUMS)))
+        self._counts = np.zeros((len(self._host), bins), np.float32) if bins else None
+        self._device_rows: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, x: torch.Tensor) -> int:
+        """Reduce ``x`` (any dtype, device and layout of a strided tensor); returns its row."""
+        with self._lock:
+            row = self._n
+            if row == len(self._host):
+                self._grow()
+            if COMPILED and x.is_cpu:
+                self._reduce_on_host(x, row)
+            else:
+                sums = device_sums(x)
+                counts = device_histogram(x, sums, self.bins) if self.bins else None
+                self._device_rows.append((row, sums, counts))
+            self._n = row + 1  # only once the row is filled: a failed reduction leaves no row
+            return row
+
+    def _reduce_on_host(self, x: torch.Tensor, row: int) -> None:
+        if x.dtype not in _KERNEL_DTYPES or not x.is_contiguous():
+            x = as_float(x).contiguous()
+        n = x.numel()
+        if n == 0:
+            self._host[row] = _EMPTY
+            return
+        dtype = _KERNEL_DTYPES[x.dtype]
+        fast, exact = kernels.sums_functions(dtype)
+        out = self._host.ctypes.data + row * _ROW_BYTES
+        fast(x.data_ptr(), n, out)
+        sums = self._host[row]
+        if not (math.isfinite(sums[1]) and math.isfinite(sums[2])):  # a NaN, an infinity or an overflow
+            exact(x.data_ptr(), n, out)
+        if self.bins:
+            counts = self._counts.ctypes.data + row * self.bins * 4
+            kernels.histogram_function(dtype)(x.data_ptr(), n, out, self.bins, counts)
+
+    def _grow(self) -> None:
+        self._host = np.concatenate([self._host, np.empty_like(self._host)])
+        if self._counts is not None:
+            self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Host copies of the sums ``(rows, 9)`` and histogram counts ``(rows, bins)`` (or None):
+        the rows of tensors on other devices come over in one transfer per device."""
+        with self._lock:
+            sums = self._host[:self._n].copy()
+            counts = self._counts[:self._n].copy() if self._counts is not None else None
+            by_device: dict[torch.device, list[tuple[int, torch.Tensor, torch.Tensor | None]]] = {}
+            for entry in self._device_rows:
+                by_device.setdefault(entry[1].device, []).append(entry)
+        for entries in by_device.values():
+            index = [row for row, _, _ in entries]
+            sums[index] = torch.stack([s for _, s, _ in entries]).cpu().numpy()
+            if counts is not None:
+                counts[index] = torch.stack([c for _, _, c in entries]).cpu().numpy()
+        return sums, counts
+
+
+def device_sums(x: torch.Tensor) -> torch.Tensor:
+    """The sums of :data:`SUMS` for ``x`` with torch's kernels: a float64 tensor on ``x``'s device.
 
     Only branch-free elementwise ops and plain sums: comparisons, ``isnan`` and
     ``count_nonzero`` are several times slower on CPU (bool temporaries,
@@ -48,25 +137,24 @@ def tensor_sums(x: torch.Tensor) -> torch.Tensor:
     infinities, and ``nansum`` skips the NaNs.
     """
     flat = as_float(x).reshape(-1)
-    if flat.device.type == "cpu" and flat.numel() <= COMPILED_MAX:
-        return torch.from_numpy(sums_kernel(flat.numpy()))
-    if flat.numel() == 0:
-        nan = float("nan")
-        return torch.tensor([0.0, 0.0, 0.0, nan, nan, 0.0, 0.0, 0.0], dtype=torch.float64, device=flat.device)
     n = flat.numel()
+    if n == 0:
+        return torch.tensor(_EMPTY, dtype=torch.float64, device=flat.device)
+    shift = torch.where(torch.isfinite(flat[0]), flat[0], torch.zeros_like(flat[0]))
+    centred = flat - shift
     lo, hi = torch.aminmax(flat)
-    total = flat.sum()
-    sum_sq = torch.dot(flat, flat)
+    total = centred.sum()
+    sum_sq = torch.dot(centred, centred)
     magnitude = flat.abs()
     abs_sum = magnitude.sum()
     finite = torch.mul(flat, 0).add_(1).nansum()
     nonzero = torch.clamp(magnitude, max=1).ceil_().nansum()  # non-zero and not NaN (inf included)
     inf = magnitude.sub_(torch.finfo(flat.dtype).max).clamp_(0, 1).nansum()
     nan = n - finite - inf
-    return torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf]).double()
+    return torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf, shift]).double()
 
 
-def histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
+def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
     """Counts of ``x`` in ``bins`` equal bins spanning [min, max] (from ``sums``), on ``x``'s device.
 
     ``torch.histc`` needs its range as Python numbers (a device sync), so the
@@ -76,18 +164,10 @@ def histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
     values are all equal puts everything in the first bin.
     """
     x = as_float(x).reshape(-1)
-    if x.device.type == "cpu" and x.numel() <= COMPILED_MAX:
-        values = x.numpy()
-        real = values.dtype.type
-        with np.errstate(all="ignore"):  # the same float arithmetic as below, in numpy scalars of x's dtype
-            lo, hi = real(sums.numpy()[3]), real(sums.numpy()[4])
-            width = hi - lo if hi > lo else real(1)
-            scale = real(bins) / width if np.isfinite(width) else real(np.nan)
-        return torch.from_numpy(histogram_kernel(values, np.asarray(lo), np.asarray(scale), bins))
     counts = torch.zeros(bins, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return counts
-    lo, hi = sums[3].to(x.dtype), sums[4].to(x.dtype)
+    lo, hi = sums[MIN].to(x.dtype), sums[MAX].to(x.dtype)
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     # an infinite range (the tensor holds an infinity) bins nothing: its edges would be meaningless
     scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
@@ -102,14 +182,14 @@ def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:
 
     Args:
         numel: (n,) element counts.
-        sums: (n, 8) rows of :func:`tensor_sums`.
+        sums: (n, 9) rows of :data:`SUMS`.
     """
     n = numel.astype(np.float64)
-    s, sq, a, lo, hi, nonzero, nan, inf = sums.T
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = s / n
-        # unbiased, as torch.std; the float64 sums make the difference accurate
-        var = np.maximum(sq - s * mean, 0.0) / (n - 1)
+    s, sq, a, lo, hi, nonzero, nan, inf, shift = sums.T
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mean = shift + s / n
+        # unbiased, as torch.std; sums around the shift keep the difference accurate
+        var = np.maximum(sq - s * (s / n), 0.0) / (n - 1)
         std = np.where(n > 1, np.sqrt(var), np.nan)
         std = np.where(np.isfinite(mean), std, np.nan)
         return {
@@ -119,7 +199,7 @@ def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:
             "min": lo,
             "max": hi,
             "abs_mean": a / n,
-            "norm": np.sqrt(sq),
+            "norm": np.sqrt(np.maximum(sq + shift * (2 * s + n * shift), 0.0)),  # sum of x**2
             "zero_frac": np.where(n > 0, (n - nonzero) / n, np.nan),
             "nan_count": nan.astype(np.int64),
             "inf_count": inf.astype(np.int64),

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update, format_shape
-from workbench.instrument.stats import finish
+from workbench.instrument.stats import MAX, MIN, finish
 
 __all__ = ["SCHEMA_VERSION", "DB_NAME", "RunStore", "Run", "load_run", "list_runs", "compare_runs", "RunError"]
 
@@ -134,7 +134,7 @@ class RunStore:
             self._db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))})", rows)
             if record.histograms is not None:
                 self._db.executemany("INSERT INTO histograms VALUES (?, ?, ?, ?, ?)", [
-                    (record.step, seq, _sql_value(record.sums[seq, 3]), _sql_value(record.sums[seq, 4]),
+                    (record.step, seq, _sql_value(record.sums[seq, MIN]), _sql_value(record.sums[seq, MAX]),
                      record.histograms[seq].astype(np.float32).tobytes())
                     for seq in range(len(record))])
             self._db.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
