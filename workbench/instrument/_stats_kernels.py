@@ -133,16 +133,43 @@ def exact_pass(x, out):  # pragma: no cover (compiled)
 def histogram_pass(x, sums, out):  # pragma: no cover (compiled)
     """Add the counts of ``x`` in ``bins`` equal bins spanning [min, max] (from ``sums``) to ``out``
     (bins float32), with the arithmetic of the torch path, in x's dtype: bin = trunc(min((v - min)
-    * scale, bins - 1)) where that is finite and >= 0; no bin when the range is not finite."""
+    * scale, bins - 1)) where that is finite and >= 0; no bin when the range is not finite.
+
+    Per block: the bin indices in one vectorizable loop (a left-out value gets the spare index
+    ``bins``), then the counting into four interleaved histograms, so that consecutive values
+    in one bin do not wait on each other's increment.
+    """
     bins = out.shape[0]
     last = bins - 1
     low, high = _like(x[0], sums[3]), _like(x[0], sums[4])
     width = high - low if high > low else _like(low, 1.0)
-    factor = _like(low, bins) / width if np.isfinite(width) else _like(low, np.nan)
-    for i in range(x.shape[0]):
-        scaled = (x[i] - low) * factor
-        if scaled >= 0 and scaled != np.inf:  # False for NaN
-            out[min(int(scaled), last)] += 1.0
+    if not np.isfinite(width):
+        return
+    factor = _like(low, bins) / width
+    top = _like(low, last)
+    spare = np.uint32(bins)
+    # unsigned indices into flat arrays: numba checks signed ones for negative wrap-around
+    index = np.empty(BLOCK, np.uint32)
+    stride = np.uint32(bins + 1)
+    counts = np.zeros(4 * (bins + 1), np.int64)
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        chunk = x[start:start + BLOCK]
+        size = chunk.shape[0]
+        for i in range(size):
+            scaled = (chunk[i] - low) * factor
+            capped = scaled if scaled < top else top
+            index[i] = np.uint32(capped) if (scaled >= 0) & (scaled != np.inf) else spare  # NaN: spare
+        body = size - size % 4
+        for i in range(0, body, 4):
+            counts[index[i]] += 1
+            counts[stride + index[i + 1]] += 1
+            counts[2 * stride + index[i + 2]] += 1
+            counts[3 * stride + index[i + 3]] += 1
+        for i in range(body, size):
+            counts[index[i]] += 1
+    for b in range(bins):
+        out[b] += counts[b] + counts[stride + b] + counts[2 * stride + b] + counts[3 * stride + b]
 
 
 # ------------------------------------------------------------------ C callbacks
@@ -167,7 +194,7 @@ def sums_functions(dtype: str):
     """``(fast, exact)`` for arrays of ``dtype`` ("float32"/"float64"): ctypes callables
     ``(data_address, n, out_address)`` writing the 9 SUMS as float64 at ``out_address``."""
     signature = types.void(_POINTER[dtype], types.intp, _OUT)
-    prototype = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p)
+    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p)
     return tuple(prototype(cfunc(signature, nogil=True, cache=True)(_sums_body(p)).address)
                  for p in (fast_pass, exact_pass))
 
@@ -177,6 +204,6 @@ def histogram_function(dtype: str):
     """A ctypes callable ``(data_address, n, sums_address, bins, counts_address)`` adding the
     histogram counts (float32) of a non-empty array of ``dtype`` at ``counts_address``."""
     signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS)
-    prototype = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t,
+    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t,
                                  ctypes.c_void_p)
     return prototype(cfunc(signature, nogil=True, cache=True)(_histogram_body).address)

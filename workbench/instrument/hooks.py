@@ -140,7 +140,6 @@ class Watch:
         self._resolved: dict[tuple[str | None, int], str] = {}
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
-        self._disabled: set[tuple[str, str]] = set()
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
         self._start_step()
 
@@ -150,6 +149,7 @@ class Watch:
             self._handles.append(module.register_forward_hook(self._post_hook))
         # parameters: unique tensors, named by the first module path that owns them
         self._params: list[tuple[str, str, nn.Parameter]] = []
+        param_paths: set[str] = set()
         self._fresh_hook_dicts: list[nn.Parameter] = []
         seen: set[int] = set()
         for module_path, module in model.named_modules():
@@ -158,11 +158,20 @@ class Watch:
                     continue
                 seen.add(id(param))
                 self._params.append((module_path, name, param))
+                param_paths.add(module_path)
                 if parameter_grads and param.requires_grad:
                     if param._post_accumulate_grad_hooks is None:  # torch creates the dict lazily
                         self._fresh_hook_dicts.append(param)
                     self._handles.append(param.register_post_accumulate_grad_hook(
                         self._param_grad_hook(module_path, name)))
+
+        # kind -> the paths whose tensors of that kind are recorded; a failure takes its path out
+        self._sites: dict[str, set[str]] = {
+            "activation": set(self._selected) if activations else set(),
+            "grad_output": set(self._selected) if gradients else set(),
+            "param": set(param_paths) if parameters else set(),
+            "param_grad": set(param_paths) if parameter_grads else set(),
+        }
 
         self.store: RunStore | None = None
         if store is not None:
@@ -234,25 +243,25 @@ class Watch:
                 except Exception as exc:
                     self._fail(path, call, f"patch:{intervention.label}", exc)
                     self._remove_intervention(intervention)
-        if self._recording and path in self._selected:
-            opts = self.options
-            want_activations = opts["activations"] and (path, "activation") not in self._disabled
-            want_grads = (opts["gradients"] and module.training and torch.is_grad_enabled()
-                          and (path, "grad_output") not in self._disabled)
-            leaves = list(tensor_leaves(output)) if want_activations or want_grads else []
-            if want_activations:
-                try:
-                    for name, tensor in leaves:
-                        self._add(path, call, "activation", name, tensor)
-                except Exception as exc:
-                    self._fail(path, call, "activation", exc)
-            if want_grads:
-                try:
-                    for name, tensor in leaves:
-                        if tensor.requires_grad:
-                            tensor.register_hook(self._grad_hook(path, call, name, self.step_index))
-                except Exception as exc:
-                    self._fail(path, call, "grad_output", exc)
+        if self._recording:
+            record_activations = path in self._sites["activation"]
+            record_grads = (path in self._sites["grad_output"] and module.training and torch.is_grad_enabled())
+            if record_activations or record_grads:
+                # most outputs are one tensor: skip the walk
+                leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
+                if record_activations:
+                    try:
+                        for name, tensor in leaves:
+                            self._add(path, call, "activation", name, tensor)
+                    except Exception as exc:
+                        self._fail(path, call, "activation", exc)
+                if record_grads:
+                    try:
+                        for name, tensor in leaves:
+                            if tensor.requires_grad:
+                                tensor.register_hook(self._grad_hook(path, call, name, self.step_index))
+                    except Exception as exc:
+                        self._fail(path, call, "grad_output", exc)
         return output if replaced else None
 
     def _summarize(self, tensor: torch.Tensor) -> int:
@@ -263,20 +272,24 @@ class Watch:
         The weakref proves identity without keeping the tensor alive, the version counter
         proves it was not modified in place since.
         """
-        version = _version(tensor)
+        try:
+            version = tensor._version
+        except RuntimeError:  # inference-mode tensors have no version counter: never reused
+            return self._sums.add(tensor)
         seen = self._seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1] == version and version is not None:
+        if seen is not None and seen[0]() is tensor and seen[1] == version:
             return seen[2]
         row = self._sums.add(tensor)
         self._seen[id(tensor)] = (weakref.ref(tensor), version, row)
         return row
 
     def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
-        self._entries.append(((path, call, kind, name, tuple(tensor.shape)), tensor.numel(), self._summarize(tensor)))
+        # one append (a list append is atomic): hooks on other threads cannot interleave a row
+        self._entries.append(((path, call, kind, name, tensor.shape), tensor.numel(), self._summarize(tensor)))
 
     def _grad_hook(self, path: str, call: int, name: str, step: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            if self.closed or (path, "grad_output") in self._disabled:
+            if self.closed or path not in self._sites["grad_output"]:
                 return
             if step != self.step_index:
                 self._fail(path, call, "grad_output", RuntimeError(
@@ -292,20 +305,21 @@ class Watch:
 
     def _param_grad_hook(self, module_path: str, name: str) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
-            if not self._recording or self.closed or (module_path, "param_grad") in self._disabled:
+            if not self._recording or self.closed or module_path not in self._sites["param_grad"]:
                 return
             try:
                 grad = param.grad
                 # the last backward of the step wins: .grad holds the accumulated total
                 self._param_grads[(module_path, name)] = (
-                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(), self._summarize(grad))
+                    (module_path, 0, "param_grad", name, grad.shape), grad.numel(), self._summarize(grad))
             except Exception as exc:
                 self._fail(module_path, 0, "param_grad", exc)
 
         return hook
 
     def _fail(self, path: str, call: int, kind: str, exc: BaseException) -> None:
-        self._disabled.add((path, kind))
+        if kind in self._sites:  # (a failing patch is removed instead)
+            self._sites[kind].discard(path)
         error = {"step": self.step_index, "module": path, "call": call, "kind": kind,
                  "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         self.errors.append(error)
@@ -328,8 +342,9 @@ class Watch:
         record = None
         if self._recording:
             if self.options["parameters"]:
+                sites = self._sites["param"]
                 for module_path, name, param in self._params:
-                    if (module_path, "param") in self._disabled:
+                    if module_path not in sites:
                         continue
                     try:
                         self._add(module_path, 0, "param", name, param)
@@ -492,13 +507,6 @@ class Watch:
         state = "closed" if self.closed else f"step {self.step_index}"
         return (f"Watch({type(self.model).__name__}, {len(self._selected)} call-site paths, every={self.every}, "
                 f"{state}, {len(self.errors)} errors)")
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:  # inference-mode tensors have no version counter
-        return None
 
 
 def _common_prefix(a: str, b: str) -> list[str]:

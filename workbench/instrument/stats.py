@@ -36,7 +36,13 @@ STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_
 
 _EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
 _ROW_BYTES = len(SUMS) * 8
-_KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_compiled_kernels: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram), loaded on first use
+
+
+def _load_kernels(dtype: torch.dtype) -> tuple:
+    name = str(dtype).removeprefix("torch.")
+    _compiled_kernels[dtype] = (*kernels.sums_functions(name), kernels.histogram_function(name))
+    return _compiled_kernels[dtype]
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +71,7 @@ class StepSums:
         self._n = 0
         self._host = np.empty((max(capacity, 1), len(SUMS)))
         self._counts = np.zeros((len(self._host), bins), np.float32) if bins else None
+        self._addresses()
         self._device_rows: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
         self._lock = threading.Lock()
 
@@ -87,27 +94,34 @@ class StepSums:
             return row
 
     def _reduce_on_host(self, x: torch.Tensor, row: int) -> None:
-        if x.dtype not in _KERNEL_DTYPES or not x.is_contiguous():
+        # the hot path of instrumentation: a few attribute reads and one call into compiled code
+        kernels_of_dtype = _compiled_kernels.get(x.dtype)
+        if kernels_of_dtype is None or not x.is_contiguous():
             x = as_float(x).contiguous()
+            kernels_of_dtype = _compiled_kernels.get(x.dtype) or _load_kernels(x.dtype)
         n = x.numel()
         if n == 0:
             self._host[row] = _EMPTY
             return
-        dtype = _KERNEL_DTYPES[x.dtype]
-        fast, exact = kernels.sums_functions(dtype)
-        out = self._host.ctypes.data + row * _ROW_BYTES
-        fast(x.data_ptr(), n, out)
-        sums = self._host[row]
-        if not (math.isfinite(sums[1]) and math.isfinite(sums[2])):  # a NaN, an infinity or an overflow
-            exact(x.data_ptr(), n, out)
+        fast, exact, histogram = kernels_of_dtype
+        data, out = x.data_ptr(), self._sums_address + row * _ROW_BYTES
+        fast(data, n, out)
+        host = self._host
+        if not (math.isfinite(host[row, 1]) and math.isfinite(host[row, 2])):  # a NaN, an infinity, an overflow
+            exact(data, n, out)
         if self.bins:
-            counts = self._counts.ctypes.data + row * self.bins * 4
-            kernels.histogram_function(dtype)(x.data_ptr(), n, out, self.bins, counts)
+            histogram(data, n, out, self.bins, self._counts_address + row * self.bins * 4)
 
     def _grow(self) -> None:
         self._host = np.concatenate([self._host, np.empty_like(self._host)])
         if self._counts is not None:
             self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+        self._addresses()
+
+    def _addresses(self) -> None:
+        # cached: reading ``ndarray.ctypes`` builds an object (~1 us)
+        self._sums_address = self._host.ctypes.data
+        self._counts_address = self._counts.ctypes.data if self._counts is not None else 0
 
     def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Host copies of the sums ``(rows, 9)`` and histogram counts ``(rows, bins)`` (or None):
