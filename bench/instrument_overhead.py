@@ -1,8 +1,10 @@
 """Training-step overhead of ``workbench.watch``, measured side by side in one process.
 
-Variants per workload, interleaved round by round so that drifts of the
-machine hit all of them alike; the figure is the median step time over rounds,
-as a ratio to the bare step:
+Each variant trains its own copy of the workload (same seed, same batches),
+set up once; the copies then take turns, a block of steps each per round, so
+that drifts of the machine hit all of them alike and every variant is timed
+in its steady state. The figure is the median over rounds of a variant's mean
+step time in its block, as a ratio to the bare copy's:
 
 - bare: no hooks;
 - watch: everything on (activations, output gradients, parameters and their
@@ -11,7 +13,7 @@ as a ratio to the bare step:
 - watch (torch reductions): "watch" with the compiled one-pass statistics
   switched off (torch's kernels, as for tensors on an accelerator), to
   measure what they save;
-- watch every=10;
+- watch every=10 (blocks of 10 steps hold one recorded step);
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
   does the same for the gradient (register_full_backward_hook crashes on the
@@ -22,7 +24,7 @@ Workloads: the EfficientZero dynamics network at LightZero's Atari sizes
 batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
 2-layer GPT trunks, n_embd 64, and its heads; batch 64 of the toy task).
 
-    python bench/instrument_overhead.py [--rounds 5] [--steps 3] [--quick] [--only ilql]
+    python bench/instrument_overhead.py [--rounds 6] [--quick] [--only ilql]
 """
 
 from __future__ import annotations
@@ -64,88 +66,69 @@ def naive_hooks(model):
     return [m.register_forward_hook(forward_hook) for m in model.modules()]
 
 
-def variants(exp):
-    """name -> (attach, detach); attach returns the per-step callback."""
-    state = {}
+class Variant:
+    """One copy of the workload and how it is instrumented; ``step()`` is a timed training step."""
 
-    def with_watch(**kw):
-        def attach():
-            state["w"] = workbench.watch(exp.model, **kw)
-            return state["w"].step
+    def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False):
+        self.exp, self.torch_reductions = exp, torch_reductions
+        self.watch = workbench.watch(exp.model, **watch_options) if watch_options is not None else None
+        self.handles = naive_hooks(exp.model) if naive else []
 
-        def detach():
-            state.pop("w").close()
+    def step(self) -> None:
+        self.exp.step()
+        if self.watch is not None:
+            self.watch.step()
 
-        return attach, detach
-
-    def torch_path():
-        attach, detach = with_watch()
-
-        def attach_torch():
-            stats.COMPILED = False
-            return attach()
-
-        def detach_torch():
-            detach()
-            stats.COMPILED = True
-
-        return attach_torch, detach_torch
-
-    def naive_attach():
-        state["handles"] = naive_hooks(exp.model)
-        return lambda: None
-
-    def naive_detach():
-        for h in state.pop("handles"):
-            h.remove()
-
-    return {
-        "bare": (lambda: (lambda: None), lambda: None),
-        "watch": with_watch(),
-        "watch (torch reductions)": torch_path(),
-        "watch+hist": with_watch(histograms=True),
-        "watch every=10": with_watch(every=10),
-        "naive .item() hooks": (naive_attach, naive_detach),
-    }
-
-
-def measure(exp, rounds: int, steps: int) -> dict[str, float]:
-    options = variants(exp)
-    times: dict[str, list[float]] = {k: [] for k in options}
-    exp.run(2)  # warm up
-    for _ in range(rounds):
-        for name, (attach, detach) in options.items():
-            end_step = attach()
-            exp.step()
-            end_step()  # the first step of a variant pays allocator warm-up; not timed
+    def timed_block(self, steps: int) -> float:
+        stats.COMPILED = not self.torch_reductions
+        try:
             start = time.perf_counter()
             for _ in range(steps):
-                exp.step()
-                end_step()
-            times[name].append((time.perf_counter() - start) / steps)
-            detach()
-    return {k: statistics.median(v) for k, v in times.items()}
+                self.step()
+            return (time.perf_counter() - start) / steps
+        finally:
+            stats.COMPILED = True
+
+
+VARIANTS = {
+    "bare": {},
+    "watch": {"watch_options": {}},
+    "watch (torch reductions)": {"watch_options": {}, "torch_reductions": True},
+    "watch+hist": {"watch_options": {"histograms": True}},
+    "watch every=10": {"watch_options": {"every": 10}},
+    "naive .item() hooks": {"naive": True},
+}
+
+
+def measure(make, rounds: int, block: int) -> dict[str, float]:
+    copies = {}
+    for name, options in VARIANTS.items():
+        copies[name] = Variant(make(), **options)
+        copies[name].timed_block(block)  # warm-up: allocator, compiled kernels, hook caches
+    times: dict[str, list[float]] = {name: [] for name in copies}
+    for _ in range(rounds):
+        for name, variant in copies.items():
+            times[name].append(variant.timed_block(block))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant per round (dynamics)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per workload (default: 6, 15, 15)")
     parser.add_argument("--quick", action="store_true", help="small batches, for a smoke run")
     parser.add_argument("--only", choices=["dynamics", "mlp", "ilql"], nargs="+", help="run just these workloads")
     args = parser.parse_args()
-    # every=10 needs 10 steps per round to include its recorded step proportionally
+    # blocks of 10 steps: every=10 records one step in each
     workloads = [
-        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256),
-         max(args.steps, 10)),
-        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 20),
-        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 10),
+        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256), 6),
+        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 15),
+        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 15),
     ]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for key, title, make, steps in workloads:
+    for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
-        result = measure(make(), args.rounds, steps)
+        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10)
         bare = result["bare"]
         print(f"\n{title}: bare step {bare * 1e3:.1f} ms")
         for name, seconds in result.items():
