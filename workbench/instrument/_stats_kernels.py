@@ -29,7 +29,6 @@ Histograms take a second pass (they need the range): ~0.5 ns per value.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
 from llvmlite import ir
@@ -195,21 +194,23 @@ def _histogram_body(data, n, sums, bins, out):  # pragma: no cover (compiled)
     histogram_pass(carray(data, (n,)), carray(sums, (9,)), carray(out, (bins,)))
 
 
-@functools.cache
-def sums_functions(dtype: str):
-    """``(fast, exact)`` for arrays of ``dtype`` ("float32"/"float64"): ctypes callables
-    ``(data_address, n, out_address)`` writing the 9 SUMS as float64 at ``out_address``."""
-    signature = types.void(_POINTER[dtype], types.intp, _OUT)
-    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p)
-    return tuple(prototype(cfunc(signature, nogil=True, cache=True)(body).address)
-                 for body in (_fast_body, _exact_body))
+def compile_kernels(dtype: str) -> tuple:
+    """``(fast, exact, histogram)`` for arrays of ``dtype`` ("float32"/"float64"), as ctypes callables
+    that keep the GIL (cheaper than releasing it around such short calls):
 
+    - ``fast(data_address, n, out_address)`` / ``exact(...)``: the 9 SUMS as float64 at ``out_address``;
+    - ``histogram(data_address, n, sums_address, bins, counts_address)``: adds the counts (float32)
+      of a non-empty array at ``counts_address``.
 
-@functools.cache
-def histogram_function(dtype: str):
-    """A ctypes callable ``(data_address, n, sums_address, bins, counts_address)`` adding the
-    histogram counts (float32) of a non-empty array of ``dtype`` at ``counts_address``."""
-    signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS)
-    prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t,
-                                 ctypes.c_void_p)
-    return prototype(cfunc(signature, nogil=True, cache=True)(_histogram_body).address)
+    Loaded from numba's disk cache after the first build; the caller keeps the result.
+    """
+    sums_signature = types.void(_POINTER[dtype], types.intp, _OUT)
+    sums_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p)
+    histogram_signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS)
+    histogram_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
+                                            ctypes.c_ssize_t, ctypes.c_void_p)
+    return (
+        sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_fast_body).address),
+        sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_exact_body).address),
+        histogram_prototype(cfunc(histogram_signature, nogil=True, cache=True)(_histogram_body).address),
+    )

@@ -40,8 +40,7 @@ _compiled_kernels: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histo
 
 
 def _load_kernels(dtype: torch.dtype) -> tuple:
-    name = str(dtype).removeprefix("torch.")
-    _compiled_kernels[dtype] = (*kernels.sums_functions(name), kernels.histogram_function(name))
+    _compiled_kernels[dtype] = kernels.compile_kernels(str(dtype).removeprefix("torch."))
     return _compiled_kernels[dtype]
 
 
