@@ -1,5 +1,7 @@
 """On-device sums -> row statistics, against torch / numpy references."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -8,18 +10,22 @@ from workbench.instrument import stats
 from workbench.instrument.stats import StepSums, finish
 
 
-@pytest.fixture(autouse=True, params=["compiled", "torch"])
+DEFER = False
+
+
+@pytest.fixture(autouse=True, params=["compiled", "deferred", "torch"])
 def path(request, monkeypatch):
-    """Every test runs on both reduction paths: the compiled single pass and torch's kernels
-    (the path of tensors on an accelerator)."""
-    monkeypatch.setattr(stats, "COMPILED", request.param == "compiled")
+    """Every test runs on every reduction path: the compiled single pass, the same deferred and
+    reduced in one batched call, and torch's kernels (the path of tensors on an accelerator)."""
+    monkeypatch.setattr(stats, "COMPILED", request.param != "torch")
+    monkeypatch.setattr(sys.modules[__name__], "DEFER", request.param == "deferred")
     return request.param
 
 
 def reduce(*tensors, bins=None):
     """Sums (and histogram counts) of ``tensors``, one row each, as a hook step gathers them."""
     step = StepSums(bins, capacity=1)  # capacity 1: adding grows the buffer
-    assert [step.add(x) for x in tensors] == list(range(len(tensors)))
+    assert [step.add(x, defer=DEFER) for x in tensors] == list(range(len(tensors)))
     return step.rows()
 
 
@@ -132,9 +138,49 @@ def test_a_row_reduced_on_another_device_keeps_its_place(monkeypatch):
 
 def test_float32_sums_that_overflow_are_redone_exactly(monkeypatch):
     """The compiled fast pass sums in float32 blocks; when they overflow the exact pass redoes it."""
-    monkeypatch.setattr(stats, "COMPILED", True)
+    monkeypatch.setattr(stats, "COMPILED", True)  # deferred or not
     x = torch.full((10,), 3e38)  # x**2 and the float32 sums overflow; the values are finite
     x[0] = -3e38
     got = stats_of(x)
     assert got["inf_count"] == 0 and got["nan_count"] == 0
     assert got["mean"] == pytest.approx(0.8 * 3e38) and got["norm"] == pytest.approx(3e38 * 10**0.5)
+
+
+def test_deferred_tensors_are_reduced_at_flush_or_when_the_queue_is_full(monkeypatch):
+    monkeypatch.setattr(stats, "COMPILED", True)
+    monkeypatch.setattr(stats, "DEFER_BYTES", 5000)
+    monkeypatch.setattr(stats, "DEFER_MAX_BYTES", 2400)
+    step = StepSums(bins=8)
+    big = torch.randn(601)  # 2404 bytes: not deferred
+    big_row = step.add(big, defer=True)
+    assert not step._queued and step._host[big_row, stats.MIN] == big.min().item()  # reduced at once
+    first, second = torch.randn(600), torch.randn(300).double()  # two dtypes: a batch each
+    step.add(first, defer=True)
+    step.add(second, defer=True)
+    assert step._queued_bytes == 600 * 4 + 300 * 8  # 4800 bytes: still queued
+    step.add(torch.randn(100), defer=True)  # 5200 bytes queued: flushed at once
+    assert step._queued_bytes == 0 and not step._queued
+    kept = torch.randn(50) + 7
+    step.add(kept, defer=True)
+    kept.add_(100)  # modified after queueing, before the flush: the flush sees the new values
+    sums, counts = step.rows()
+    means = finish(np.array([601, 600, 300, 100, 50]), sums)["mean"]
+    assert means[1] == pytest.approx(first.double().mean().item(), rel=1e-6)
+    assert means[2] == pytest.approx(second.mean().item(), rel=1e-9)
+    assert means[4] == pytest.approx(kept.double().mean().item(), rel=1e-6)
+    assert counts.sum(axis=1).tolist() == [601, 600, 300, 100, 50]
+
+
+def test_a_deferred_batch_with_non_finite_values_redoes_just_those_rows_exactly(monkeypatch):
+    monkeypatch.setattr(stats, "COMPILED", True)
+    clean, dirty = torch.randn(5000), torch.randn(5000)
+    dirty[[7, 4100]] = float("nan")
+    dirty[9] = float("inf")
+    step = StepSums(bins=4)
+    for x in (clean, dirty, clean * 2):
+        step.add(x, defer=True)
+    sums, counts = step.rows()
+    got = finish(np.array([5000] * 3), sums)
+    assert got["nan_count"].tolist() == [0, 2, 0] and got["inf_count"].tolist() == [0, 1, 0]
+    assert np.isnan(got["mean"][1]) and np.isfinite(got["mean"][[0, 2]]).all()
+    assert counts.sum(axis=1).tolist() == [5000, 0, 5000]  # a non-finite range bins nothing

@@ -222,7 +222,7 @@ def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between(monkeypat
 
     reductions = []
     real = StepSums.add
-    monkeypatch.setattr(StepSums, "add", lambda self, t: reductions.append(1) or real(self, t))
+    monkeypatch.setattr(StepSums, "add", lambda self, t, defer=False: reductions.append(1) or real(self, t, defer))
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     per_step = []
     with workbench.watch(model, every=3) as w:
@@ -233,6 +233,104 @@ def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between(monkeypat
             per_step.append(len(reductions) - before)
     assert sorted(set(w.to_pandas().step)) == [1, 4, 7]
     assert [n > 0 for n in per_step] == [True, False, False, True, False, False, True]
+
+
+def test_idle_steps_run_without_our_hooks_which_return_to_their_place():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    seen = []
+    before = model[0].register_forward_hook(lambda m, a, out: seen.append("before") or out + 1)
+    w = workbench.watch(model, every=2)
+    after = model[0].register_forward_hook(lambda m, a, out: seen.append("after"))
+    ours = [k for k in model[0]._forward_hooks if k not in (before.id, after.id)]
+    assert list(model[0]._forward_hooks) == [before.id, *ours, after.id]
+    model(torch.randn(4, 2)).sum().backward()
+    w.step()  # step 2 is not recorded: nothing of ours is left in the model
+    assert list(model[0]._forward_hooks) == [before.id, after.id]
+    assert not model[1]._forward_hooks and not model[1]._forward_pre_hooks
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    late = model[0].register_forward_hook(lambda m, a, out: seen.append("late"))
+    model(torch.randn(4, 2)).sum().backward()
+    w.step()  # step 3 is recorded: ours are back where they were, the late hook behind them
+    assert list(model[0]._forward_hooks) == [before.id, *ours, after.id, late.id]
+    x = torch.randn(4, 2)
+    model(x).sum().backward()
+    w.step()
+    # our hook still sees the output after the user's earlier hook changed it
+    recorded = rows(w, step=3, module="0", kind="activation").iloc[0]
+    want = torch.nn.functional.linear(x, model[0].weight, model[0].bias) + 1
+    assert recorded["mean"] == pytest.approx(want.mean().item(), abs=1e-6)
+    assert sorted(set(w.to_pandas().step)) == [1, 3]
+    w.close()
+    for handle in (before, after, late):
+        handle.remove()
+    assert hook_dicts(model) == hook_dicts(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
+
+
+def test_an_intervention_keeps_hooks_in_on_idle_steps():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    x = torch.randn(4, 2)
+    with workbench.watch(model, every=10) as w:
+        w.step()  # now idle
+        assert not model[0]._forward_hooks
+        clean = torch.relu(torch.nn.functional.linear(x, model[0].weight, model[0].bias))
+        patch = w.ablate("0", [0, 2])
+        assert torch.equal(model(x), clean * torch.tensor([0.0, 1.0, 0.0]))
+        patch.remove()
+        w.step()
+        assert not model[0]._forward_hooks
+        assert torch.equal(model(x), clean)
+
+
+@pytest.mark.parametrize("shape", [(12, 3), (2, 6, 3)], ids=["plain", "view"])  # 3-D: Linear returns a view
+def test_gradients_match_autograd_after_in_place_ops_and_for_multi_output_nodes(shape):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 5)
+            self.act = nn.ReLU(inplace=True)  # modifies lin's output in place
+            self.lstm = nn.LSTM(5, 4, batch_first=True)  # one node, three outputs
+
+        def forward(self, x):
+            h = self.lin(x)
+            h = self.act(h)
+            seq, (hn, cn) = self.lstm(h.reshape(2, 6, 5))
+            return seq.square().sum() + 3 * hn.sum() + cn.pow(3).sum()
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(shape)
+    # references by hand: retain_grad on an out-of-place copy of the same computation
+    h = model.lin(x)
+    h.retain_grad()
+    seq, (hn, cn) = model.lstm(torch.relu(h).reshape(2, 6, 5))
+    for t in (seq, hn, cn):
+        t.retain_grad()
+    (seq.square().sum() + 3 * hn.sum() + cn.pow(3).sum()).backward()
+    want = {("lin", "out"): h.grad, ("lstm", "out.0"): seq.grad, ("lstm", "out.1.0"): hn.grad,
+            ("lstm", "out.1.1"): cn.grad}
+    model.zero_grad()
+    with workbench.watch(model) as w:
+        model(x).backward()
+        w.step()
+    assert not w.errors
+    grads = rows(w, kind="grad_output").set_index(["module", "tensor"])
+    for key, grad in want.items():
+        assert grads.loc[key, "norm"] == pytest.approx(grad.norm().item(), rel=1e-5), key
+        assert grads.loc[key, "mean"] == pytest.approx(grad.mean().item(), rel=1e-4, abs=1e-7), key
+
+
+def test_parameter_gradients_accumulated_over_backwards_are_recorded_as_totals():
+    model = nn.Linear(3, 2)
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    with workbench.watch(model) as w:
+        for x in xs:  # gradient accumulation: three backwards, one step
+            model(x).square().sum().backward()
+        total = model.weight.grad.clone()
+        model.zero_grad(set_to_none=False)  # zeroes .grad in place before the step ends
+        w.step()
+    got = rows(w, kind="param_grad", tensor="weight").iloc[0]
+    assert got["norm"] == pytest.approx(total.norm().item(), rel=1e-6)
+    assert len(rows(w, kind="grad_output")) == 3  # one per call
 
 
 def test_no_gradient_hooks_under_no_grad_or_eval():
@@ -310,10 +408,10 @@ def test_a_failing_hook_is_recorded_and_its_site_disabled(monkeypatch):
 
     real = StepSums.add
 
-    def flaky(self, tensor):
+    def flaky(self, tensor, defer=False):
         if tensor.shape == (4, 3):  # only the Linear(2, 3) output and its gradient
             raise RuntimeError("boom")
-        return real(self, tensor)
+        return real(self, tensor, defer)
 
     monkeypatch.setattr(StepSums, "add", flaky)
     model = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))

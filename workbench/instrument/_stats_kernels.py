@@ -72,6 +72,18 @@ def _like(typingctx, sample, value):
 _minnum, _maxnum = _binary_intrinsic("llvm.minnum"), _binary_intrinsic("llvm.maxnum")
 
 
+@intrinsic
+def _as_pointer(typingctx, address, like):
+    """The integer ``address`` as a pointer: of ``like``'s type when that is a pointer, else to
+    values of ``like``'s type."""
+    pointer = like if isinstance(like, types.CPointer) else types.CPointer(like)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+    return pointer(address, like), codegen
+
+
 @njit(fastmath=_FAST, nogil=True, cache=True)
 def fast_pass(x, out):  # pragma: no cover (compiled)
     """SUMS of a non-empty 1-D float array into ``out`` (9 float64), assuming no NaN; the caller
@@ -194,13 +206,27 @@ def _histogram_body(data, n, sums, bins, out):  # pragma: no cover (compiled)
     histogram_pass(carray(data, (n,)), carray(sums, (9,)), carray(out, (bins,)))
 
 
+def _batch_body(table, count, bins, sample):  # pragma: no cover (compiled)
+    entries = carray(table, (count, 4))
+    for i in range(count):
+        x = carray(_as_pointer(entries[i, 0], sample), (entries[i, 1],))
+        out = carray(_as_pointer(entries[i, 2], 0.0), (9,))
+        fast_pass(x, out)
+        if bins > 0:
+            histogram_pass(x, out, carray(_as_pointer(entries[i, 3], np.float32(0.0)), (bins,)))
+
+
 def compile_kernels(dtype: str) -> tuple:
-    """``(fast, exact, histogram)`` for arrays of ``dtype`` ("float32"/"float64"), as ctypes callables
-    that keep the GIL (cheaper than releasing it around such short calls):
+    """``(fast, exact, histogram, batch)`` for arrays of ``dtype`` ("float32"/"float64"), as ctypes
+    callables that keep the GIL (cheaper than releasing it around such short calls):
 
     - ``fast(data_address, n, out_address)`` / ``exact(...)``: the 9 SUMS as float64 at ``out_address``;
     - ``histogram(data_address, n, sums_address, bins, counts_address)``: adds the counts (float32)
-      of a non-empty array at ``counts_address``.
+      of a non-empty array at ``counts_address``;
+    - ``batch(table_address, count, bins, None)``: ``fast`` (and ``histogram`` when ``bins`` > 0)
+      for each row ``(data_address, n, out_address, counts_address)`` of an int64 table ``(count,
+      4)``, in one call. The caller checks each row's sums and redoes the non-finite ones with
+      ``exact`` (and their histogram), as after ``fast``. The last argument only types the data.
 
     Loaded from numba's disk cache after the first build; the caller keeps the result.
     """
@@ -209,8 +235,11 @@ def compile_kernels(dtype: str) -> tuple:
     histogram_signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS)
     histogram_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
                                             ctypes.c_ssize_t, ctypes.c_void_p)
+    batch_signature = types.void(types.CPointer(types.int64), types.intp, types.intp, _POINTER[dtype])
+    batch_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p)
     return (
         sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_fast_body).address),
         sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_exact_body).address),
         histogram_prototype(cfunc(histogram_signature, nogil=True, cache=True)(_histogram_body).address),
+        batch_prototype(cfunc(batch_signature, nogil=True, cache=True)(_batch_body).address),
     )

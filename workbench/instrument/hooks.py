@@ -40,6 +40,8 @@ from workbench.instrument.tree import map_tensors, tensor_leaves
 
 __all__ = ["Watch", "watch", "Intervention"]
 
+_ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks at the end of a backward
+
 ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
 
 
@@ -141,7 +143,6 @@ class Watch:
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
-        self._start_step()
 
         self._handles: list[Any] = []
         for module in self._modules.values():
@@ -165,6 +166,12 @@ class Watch:
                     self._handles.append(param.register_post_accumulate_grad_hook(
                         self._param_grad_hook(module_path, name)))
 
+        # (hooks dict, key, hook, order of the dict's keys when the hook was taken out) per handle:
+        # steps that are not recorded run without our hooks (see _attach_hooks)
+        self._slots = [[handle.hooks_dict_ref(), handle.id, handle.hooks_dict_ref()[handle.id], None]
+                       for handle in self._handles]
+        self._attached = True
+
         # kind -> the paths whose tensors of that kind are recorded; a failure takes its path out
         self._sites: dict[str, set[str]] = {
             "activation": set(self._selected) if activations else set(),
@@ -183,11 +190,13 @@ class Watch:
                 self.close()
                 raise
             self.store.attach(self.recorder)
+        self._start_step()
 
     # ------------------------------------------------------------------ hooks
     def _start_step(self) -> None:
         self._recording = (self.step_index - 1) % self.every == 0
         self._active = not self.closed and (self._recording or bool(self._interventions))
+        self._attach_hooks(self._active)
         self._stack.clear()
         self._calls.clear()
         previous = len(getattr(self, "_sums", ()))
@@ -197,8 +206,34 @@ class Watch:
         self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []
         self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, row) per parameter
         self._metrics: dict[str, float] = {}
-        self._seen: dict[int, tuple] = {}
+        self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
+        self._flush_queued = False  # an end-of-backward flush is queued
         self._step_errors: list[dict[str, Any]] = []
+
+    def _attach_hooks(self, attach: bool) -> None:
+        """Put our hooks in (``attach``) or take them out of the modules' and parameters' hook dicts.
+
+        Between recorded steps (``every``) the model runs with no hook of ours at all: a module
+        without hooks takes torch's fast call path, so idle steps cost nothing. A hook goes back
+        to its old place among the user's hooks (after those registered before it); hooks the
+        user registered meanwhile stay behind it, as if registered later.
+        """
+        if attach == self._attached:
+            return
+        for slot in self._slots:
+            hooks, key, hook, order = slot
+            if not attach:
+                slot[3] = list(hooks) if len(hooks) > 1 else None
+                hooks.pop(key, None)
+            elif order is None or not hooks:
+                hooks[key] = hook
+            else:
+                hooks[key] = hook
+                rank = {k: i for i, k in enumerate(order)}
+                items = sorted(hooks.items(), key=lambda item: rank.get(item[0], len(rank)))  # stable
+                hooks.clear()
+                hooks.update(items)
+        self._attached = attach
 
     def _resolve(self, parent: str | None, module: nn.Module) -> str:
         """The alias path through which ``parent`` (a call-site path) called ``module``."""
@@ -249,59 +284,85 @@ class Watch:
             if record_activations or record_grads:
                 # most outputs are one tensor: skip the walk
                 leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
-                if record_activations:
-                    try:
-                        for name, tensor in leaves:
-                            self._add(path, call, "activation", name, tensor)
-                    except Exception as exc:
-                        self._fail(path, call, "activation", exc)
-                if record_grads:
-                    try:
-                        for name, tensor in leaves:
-                            if tensor.requires_grad:
-                                tensor.register_hook(self._grad_hook(path, call, name, self.step_index))
-                    except Exception as exc:
-                        self._fail(path, call, "grad_output", exc)
+                self._record_output(path, call, leaves, record_activations, record_grads)
         return output if replaced else None
 
-    def _summarize(self, tensor: torch.Tensor) -> int:
-        """The row of ``tensor``'s sums (and histogram) in this step's :class:`StepSums`.
+    def _record_output(self, path: str, call: int, leaves: Sequence[tuple[str, torch.Tensor]],
+                       activations: bool, grads: bool) -> None:
+        for name, tensor in leaves:
+            seen = self._seen_entry(tensor)
+            key = (path, call, name, tuple(tensor.shape))
+            if activations:
+                try:
+                    if seen[2] is None:
+                        seen[2] = self._sums.add(tensor)
+                    # one append (a list append is atomic): hooks on other threads cannot interleave a row
+                    self._entries.append(((path, call, "activation", name, key[3]), tensor.numel(), seen[2]))
+                except Exception as exc:
+                    self._fail(path, call, "activation", exc)
+                    activations = False
+            if grads and tensor.requires_grad:
+                try:
+                    if seen[3] is None:
+                        seen[3] = self._hook_grad(tensor)
+                    seen[3].keys.append(key)
+                except Exception as exc:
+                    self._fail(path, call, "grad_output", exc)
+                    grads = False
+
+    def _seen_entry(self, tensor: torch.Tensor) -> list:
+        """``[weakref, version, row, grad site]`` of ``tensor`` in this step.
 
         A container's output is often its last child's output, the same tensor object (a
-        Sequential, a residual block, the model): its sums are reused while it is unchanged.
-        The weakref proves identity without keeping the tensor alive, the version counter
-        proves it was not modified in place since.
+        Sequential, a residual block, the model): it is reduced and hooked once, and every
+        call site that returned it gets a row. The weakref proves identity without keeping the
+        tensor alive, the version counter proves it was not modified in place since.
         """
         try:
             version = tensor._version
         except RuntimeError:  # inference-mode tensors have no version counter: never reused
-            return self._sums.add(tensor)
+            return [None, None, None, None]
         seen = self._seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1] == version:
-            return seen[2]
-        row = self._sums.add(tensor)
-        self._seen[id(tensor)] = (weakref.ref(tensor), version, row)
-        return row
+        if seen is None or seen[0]() is not tensor or seen[1] != version:
+            seen = self._seen[id(tensor)] = [weakref.ref(tensor), version, None, None]
+        return seen
 
-    def _add(self, path: str, call: int, kind: str, name: str, tensor: torch.Tensor) -> None:
-        # one append (a list append is atomic): hooks on other threads cannot interleave a row
-        self._entries.append(((path, call, kind, name, tensor.shape), tensor.numel(), self._summarize(tensor)))
+    def _hook_grad(self, tensor: torch.Tensor) -> _GradSite:
+        """A :class:`_GradSite` that records the gradient w.r.t. ``tensor`` when the backward computes it."""
+        site = _GradSite(self)
+        node = tensor.grad_fn
+        if node is None:  # a leaf: no node makes it, a tensor hook gets its gradient
+            tensor.register_hook(site.tensor_hook)
+            return site
+        site.output = tensor.output_nr
+        node.register_prehook(site.node_hook)
+        if tensor._is_view():
+            base = tensor._base
+            if base.grad_fn is not None and base.numel() == tensor.numel():
+                site.base_output = base.output_nr
+                base.grad_fn.register_prehook(site.base_hook)
+        return site
 
-    def _grad_hook(self, path: str, call: int, name: str, step: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if self.closed or path not in self._sites["grad_output"]:
-                return
-            if step != self.step_index:
+    def _record_grad(self, site: _GradSite, grad: torch.Tensor | None) -> None:
+        if grad is None or self.closed:
+            return
+        keys = [key for key in site.keys if key[0] in self._sites["grad_output"]]
+        if site.step != self.step_index:
+            for path, call, _, _ in keys:
                 self._fail(path, call, "grad_output", RuntimeError(
-                    f"the gradient of step {step} arrived after watch.step() ended that step; "
+                    f"the gradient of step {site.step} arrived after watch.step() ended that step; "
                     "call w.step() after loss.backward()"))
-                return
-            try:
-                self._add(path, call, "grad_output", name, grad)
-            except Exception as exc:
+            return
+        try:
+            if keys:
+                # nothing changes a gradient once computed: it is reduced with the others
+                row = self._sums.add(grad, defer=True)
+                self._entries.extend(((path, call, "grad_output", name, shape), grad.numel(), row)
+                                     for path, call, name, shape in keys)
+                self._flush_when_backward_ends()
+        except Exception as exc:
+            for path, call, _, _ in keys:
                 self._fail(path, call, "grad_output", exc)
-
-        return hook
 
     def _param_grad_hook(self, module_path: str, name: str) -> Callable[[nn.Parameter], None]:
         def hook(param: nn.Parameter) -> None:
@@ -311,11 +372,34 @@ class Watch:
                 grad = param.grad
                 # the last backward of the step wins: .grad holds the accumulated total
                 self._param_grads[(module_path, name)] = (
-                    (module_path, 0, "param_grad", name, grad.shape), grad.numel(), self._summarize(grad))
+                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(),
+                    self._sums.add(grad, defer=True))
+                self._flush_when_backward_ends()
             except Exception as exc:
                 self._fail(module_path, 0, "param_grad", exc)
 
         return hook
+
+    def _flush_when_backward_ends(self) -> None:
+        """Reduce the gradients deferred during this backward in one call when it ends (while
+        they are still there: ``zero_grad`` may zero them in place)."""
+        if self._flush_queued:
+            return
+        try:
+            _ENGINE.queue_callback(self._end_of_backward)
+            self._flush_queued = True
+        except RuntimeError:  # not inside a backward (a hook run by hand): step() flushes
+            pass
+
+    def _end_of_backward(self) -> None:
+        self._flush_queued = False
+        self._flush_deferred()
+
+    def _flush_deferred(self) -> None:
+        try:
+            self._sums.flush()
+        except Exception as exc:
+            self._fail("", 0, "statistics", exc)
 
     def _fail(self, path: str, call: int, kind: str, exc: BaseException) -> None:
         if kind in self._sites:  # (a failing patch is removed instead)
@@ -346,11 +430,13 @@ class Watch:
                 for module_path, name, param in self._params:
                     if module_path not in sites:
                         continue
-                    try:
-                        self._add(module_path, 0, "param", name, param)
+                    try:  # reduced together below
+                        self._entries.append(((module_path, 0, "param", name, tuple(param.shape)), param.numel(),
+                                              self._sums.add(param, defer=True)))
                     except Exception as exc:
                         self._fail(module_path, 0, "param", exc)
             self._entries.extend(self._param_grads.values())
+            self._flush_deferred()
             record = self._flush()
         elif self._metrics or self._step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(self._step_errors))
@@ -435,6 +521,7 @@ class Watch:
         intervention = Intervention(self, path, fn, call, label)
         self._interventions[path].append(intervention)
         self._active = not self.closed
+        self._attach_hooks(self._active)
         return intervention
 
     def _remove_intervention(self, intervention: Intervention) -> None:
@@ -480,6 +567,7 @@ class Watch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._slots.clear()
         for param in self._fresh_hook_dicts:  # leave the parameters exactly as we found them
             if not param._post_accumulate_grad_hooks:
                 param._post_accumulate_grad_hooks = None
@@ -507,6 +595,41 @@ class Watch:
         state = "closed" if self.closed else f"step {self.step_index}"
         return (f"Watch({type(self.model).__name__}, {len(self._selected)} call-site paths, every={self.every}, "
                 f"{state}, {len(self.errors)} errors)")
+
+
+class _GradSite:
+    """The gradient w.r.t. one output tensor, recorded when the backward computes it, for every
+    call site that returned the tensor (``keys``).
+
+    The hook is a pre-hook on the node that made the tensor, and picks the tensor's gradient
+    from the node's incoming gradients: what a tensor hook receives (the gradient w.r.t. the
+    value the module returned, also after an in-place op changed it), for half the cost of
+    ``register_hook``. An output that is a view of another tensor (a Linear on 3-D input
+    returns one) loses its node when it is modified in place - a tensor hook on it would never
+    fire either. For a view with all its base's elements, the base's node receives the same
+    values, so its pre-hook records them when the view's own did not fire.
+    """
+
+    __slots__ = ("watch", "keys", "step", "output", "base_output", "fired")
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.keys: list[tuple[str, int, str, tuple[int, ...]]] = []  # (path, call, leaf name, shape) per call site
+        self.step = watch.step_index
+        self.output = self.base_output = 0
+        self.fired = False
+
+    def tensor_hook(self, grad: torch.Tensor) -> None:
+        self.watch._record_grad(self, grad)
+
+    def node_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        self.fired = True
+        self.watch._record_grad(self, grads[self.output])
+
+    def base_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        if not self.fired:  # the view was modified in place: its node is no longer in the graph
+            self.fired = True
+            self.watch._record_grad(self, grads[self.base_output])
 
 
 def _common_prefix(a: str, b: str) -> list[str]:
