@@ -1,10 +1,11 @@
 """Training-step overhead of ``workbench.watch``, measured side by side in one process.
 
 Each variant trains its own copy of the workload (same seed, same batches),
-set up once; the copies then take turns, a block of steps each per round, so
-that drifts of the machine hit all of them alike and every variant is timed
-in its steady state. The figure is the median over rounds of a variant's mean
-step time in its block, as a ratio to the bare copy's:
+set up once; the copies then take turns, a block of 10 steps each per round
+in a shuffled order, so that every variant is timed in its steady state. The
+figure is the median over rounds of a variant's block time as a ratio to the
+bare block of the same round: the machine's drifts (large on a shared VM)
+hit both sides of each ratio alike. The quartiles show the spread.
 
 - bare: no hooks;
 - watch: everything on (activations, output gradients, parameters and their
@@ -24,12 +25,13 @@ Workloads: the EfficientZero dynamics network at LightZero's Atari sizes
 batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
 2-layer GPT trunks, n_embd 64, and its heads; batch 64 of the toy task).
 
-    python bench/instrument_overhead.py [--rounds 6] [--quick] [--only ilql]
+    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -100,39 +102,51 @@ VARIANTS = {
 }
 
 
-def measure(make, rounds: int, block: int) -> dict[str, float]:
+def measure(make, rounds: int, block: int) -> dict[str, tuple[float, float, float, float]]:
+    """Per variant: the median step time and the median, lower and upper quartile over rounds of
+    its block's time as a ratio to the bare block of the same round."""
     copies = {}
     for name, options in VARIANTS.items():
         copies[name] = Variant(make(), **options)
         copies[name].timed_block(block)  # warm-up: allocator, compiled kernels, hook caches
+    order = list(copies)
+    shuffle = random.Random(0).shuffle
     times: dict[str, list[float]] = {name: [] for name in copies}
+    ratios: dict[str, list[float]] = {name: [] for name in copies}
     for _ in range(rounds):
-        for name, variant in copies.items():
-            times[name].append(variant.timed_block(block))
-    return {name: statistics.median(values) for name, values in times.items()}
+        shuffle(order)  # no variant always runs right after another
+        this_round = {name: copies[name].timed_block(block) for name in order}
+        for name, seconds in this_round.items():
+            times[name].append(seconds)
+            ratios[name].append(seconds / this_round["bare"])
+    result = {}
+    for name in copies:
+        low, median, high = statistics.quantiles(ratios[name], n=4) if rounds > 1 else [ratios[name][0]] * 3
+        result[name] = (statistics.median(times[name]), median, low, high)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=0, help="rounds per workload (default: 6, 15, 15)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per workload (default: 10, 40, 40)")
     parser.add_argument("--quick", action="store_true", help="small batches, for a smoke run")
     parser.add_argument("--only", choices=["dynamics", "mlp", "ilql"], nargs="+", help="run just these workloads")
     args = parser.parse_args()
     # blocks of 10 steps: every=10 records one step in each
     workloads = [
-        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256), 6),
-        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 15),
-        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 15),
+        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256), 10),
+        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 40),
+        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 40),
     ]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
         result = measure(make, args.rounds or (2 if args.quick else rounds), block=10)
-        bare = result["bare"]
-        print(f"\n{title}: bare step {bare * 1e3:.1f} ms")
-        for name, seconds in result.items():
-            print(f"  {name:26s} {seconds * 1e3:8.1f} ms   {seconds / bare:5.2f}x")
+        print(f"\n{title}: bare step {result['bare'][0] * 1e3:.1f} ms")
+        print(f"  {'':26s} {'step':>8s}      ratio to bare (quartiles)")
+        for name, (seconds, ratio, low, high) in result.items():
+            print(f"  {name:26s} {seconds * 1e3:8.1f} ms   {ratio:5.2f}x  ({low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":
