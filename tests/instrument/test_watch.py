@@ -521,3 +521,17 @@ def test_the_compiled_and_the_torch_reduction_paths_record_the_same_rows(monkeyp
     (rows_a, hist_a), (rows_b, hist_b) = frames
     pd.testing.assert_frame_equal(rows_a, rows_b, rtol=1e-5)
     assert all(np.array_equal(a, b) for a, b in zip(hist_a["counts"], hist_b["counts"]))
+
+
+def test_recorded_keys_leave_nothing_for_the_garbage_collector_to_track():
+    """Kept keys that stay tracked pile up in the collector's oldest generation and bring full
+    collections of the whole process (~0.25 s with torch loaded) every few dozen steps."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    with workbench.watch(model) as w:
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+    for _ in range(2):  # the collector stops tracking a tuple of untracked values when it sees one
+        gc.collect()
+    keys = w.recorder.records()[0].keys
+    assert {kind for _, _, kind, _, _ in keys} == {"activation", "grad_output", "param", "param_grad"}
+    assert not any(gc.is_tracked(key) or gc.is_tracked(key[4]) for key in keys)

@@ -6,13 +6,20 @@ How it hooks in (see DESIGN.md, decisions 3 to 6):
   they keep a stack of the call sites being executed, so a module object that
   is reachable under several names is attributed to the alias path through
   which its parent called it, and each call within a step gets an index.
-- Output gradients come from tensor hooks registered on the outputs inside
-  the forward hook (full backward hooks raise on in-place ops and skip dict
-  outputs); parameter gradients from post-accumulate-grad hooks, once per
-  backward; parameter values once per recorded step, in ``step()``.
+- Output gradients come from hooks registered inside the forward hook on the
+  autograd node that made each output (what a tensor hook is, at half its
+  cost; see :class:`_GradSite`). Full backward hooks raise on in-place ops
+  and skip dict outputs. Parameter gradients come from post-accumulate-grad
+  hooks, once per backward; parameter values once per recorded step, in
+  ``step()``.
 - Hooks only reduce tensors to sums on their device; ``step()`` moves a
   step's sums to the host in one transfer and publishes them to the Recorder.
-- Steps that are not recorded (``every``) return from the hooks at once.
+  Activations are reduced in the hook (a later in-place op may change them);
+  small gradients and parameters, which nothing changes meanwhile, are
+  queued and reduced in one call at the end of the backward / in ``step()``.
+- Steps that are not recorded (``every``) run without our hooks: they are
+  taken out of the hook dicts and put back in their place before the next
+  recorded step.
 - A failure inside a hook is kept in ``errors`` and that site disabled; the
   forward and backward of the model go on untouched.
 """
@@ -199,8 +206,9 @@ class Watch:
         self._attach_hooks(self._active)
         self._stack.clear()
         self._calls.clear()
-        previous = len(getattr(self, "_sums", ()))
-        self._sums = StepSums(self.options["bins"] if self.options["histograms"] else None, capacity=previous)
+        # rows for as many tensors as the largest step so far (idle steps record none)
+        self._capacity = max(getattr(self, "_capacity", 64), len(getattr(self, "_sums", ())))
+        self._sums = StepSums(self.options["bins"] if self.options["histograms"] else None, capacity=self._capacity)
         # (key, numel, row of _sums) per recorded tensor, in order; one append each, so threads
         # running hooks at once keep them aligned
         self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []
@@ -291,13 +299,15 @@ class Watch:
                        activations: bool, grads: bool) -> None:
         for name, tensor in leaves:
             seen = self._seen_entry(tensor)
-            key = (path, call, name, tuple(tensor.shape))
+            shape = tuple(tensor.shape)  # a plain tuple: the garbage collector stops tracking the keys (not
+            # so with torch.Size), or kept keys would pile up in its oldest generation and bring full
+            # collections of the process (~0.25 s with torch loaded) every few dozen steps
             if activations:
                 try:
                     if seen[2] is None:
                         seen[2] = self._sums.add(tensor)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
-                    self._entries.append(((path, call, "activation", name, key[3]), tensor.numel(), seen[2]))
+                    self._entries.append(((path, call, "activation", name, shape), tensor.numel(), seen[2]))
                 except Exception as exc:
                     self._fail(path, call, "activation", exc)
                     activations = False
@@ -305,7 +315,7 @@ class Watch:
                 try:
                     if seen[3] is None:
                         seen[3] = self._hook_grad(tensor)
-                    seen[3].keys.append(key)
+                    seen[3].keys.append((path, call, name, shape))
                 except Exception as exc:
                     self._fail(path, call, "grad_output", exc)
                     grads = False
