@@ -2,10 +2,11 @@
 
 How it hooks in (see DESIGN.md, decisions 3 to 6):
 
-- Every module object gets a forward pre-hook and a forward hook. Together
-  they keep a stack of the call sites being executed, so a module object that
-  is reachable under several names is attributed to the alias path through
-  which its parent called it, and each call within a step gets an index.
+- Every module object gets a forward hook, and those with children a forward
+  pre-hook. Together they keep a stack of the call sites being executed, so a
+  module object that is reachable under several names is attributed to the
+  alias path through which its parent called it, and each call within a step
+  gets an index.
 - Output gradients come from hooks registered inside the forward hook on the
   autograd node that made each output (what a tensor hook is, at half its
   cost; see :class:`_GradSite`). Full backward hooks raise on in-place ops
@@ -152,8 +153,14 @@ class Watch:
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
 
         self._handles: list[Any] = []
+        self._leaves: set[int] = set()  # ids of modules without children
         for module in self._modules.values():
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            # the call stack only needs the modules that call others: a leaf finds its call site
+            # from the stack's top in its forward hook, and saves a pre-hook call
+            if next(module.children(), None) is not None:
+                self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            else:
+                self._leaves.add(id(module))
             self._handles.append(module.register_forward_hook(self._post_hook))
         # parameters: unique tensors, named by the first module path that owns them
         self._params: list[tuple[str, str, nn.Parameter]] = []
@@ -270,11 +277,16 @@ class Watch:
         self._stack.append((id(module), self._resolve(parent, module)))
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if not self._active or not self._stack:
+        if not self._active:
             return None
-        mid, path = self._stack.pop()
-        while mid != id(module) and self._stack:  # entries of children whose forward raised
+        if id(module) in self._leaves:
+            path = self._resolve(self._stack[-1][1] if self._stack else None, module)
+        else:
+            if not self._stack:  # hooks put in while this module ran
+                return None
             mid, path = self._stack.pop()
+            while mid != id(module) and self._stack:  # entries of children whose forward raised
+                mid, path = self._stack.pop()
         call = self._calls[path]
         self._calls[path] = call + 1
         replaced = False
