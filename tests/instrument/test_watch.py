@@ -535,3 +535,32 @@ def test_recorded_keys_leave_nothing_for_the_garbage_collector_to_track():
     keys = w.recorder.records()[0].keys
     assert {kind for _, _, kind, _, _ in keys} == {"activation", "grad_output", "param", "param_grad"}
     assert not any(gc.is_tracked(key) or gc.is_tracked(key[4]) for key in keys)
+
+
+def test_a_gradient_that_arrives_after_its_step_ended_is_reported_not_misfiled():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh())
+    x = torch.randn(4, 2)
+    with workbench.watch(model) as w:
+        loss = model(x).sum()
+        w.step()  # too early: the backward of step 1 runs during step 2
+        loss.backward()  # training goes on
+        w.step()
+    assert model[0].weight.grad is not None
+    late = [e for e in w.errors if e["kind"] == "grad_output"]
+    assert {e["module"] for e in late} == {"", "0", "1"} and all("after watch.step()" in e["error"] for e in late)
+    assert len(rows(w, kind="grad_output")) == 0
+
+
+def test_gradients_taken_with_autograd_grad_are_recorded():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    with workbench.watch(model) as w:
+        out = model(x).square().sum()
+        (gw,) = torch.autograd.grad(out, [model[0].weight])  # no .backward(): no parameter gradients
+        w.step()
+    assert set(rows(w, kind="grad_output").module) == {"", "0", "1", "2"}
+    assert len(rows(w, kind="param_grad")) == 0
+    # the gradient w.r.t. the last Linear's output, by hand: d/dy sum(y^2) = 2y
+    y = model(x).detach()
+    got = rows(w, module="2", kind="grad_output").iloc[0]
+    assert got["norm"] == pytest.approx((2 * y).norm().item(), rel=1e-5)
