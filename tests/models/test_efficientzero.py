@@ -1,6 +1,5 @@
 """DynamicsNetwork against LightZero's layout and a functional re-statement of its forward."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F

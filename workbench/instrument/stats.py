@@ -116,10 +116,9 @@ class StepSums:
             x = as_float(x).contiguous()
             kernels_of_dtype = _compiled_kernels.get(x.dtype) or _load_kernels(x.dtype)
         n = x.numel()
-        size = n * x.element_size()
         if n == 0:
             self._host[row] = _EMPTY
-        elif defer and size <= DEFER_MAX_BYTES:
+        elif defer and (size := n * x.element_size()) <= DEFER_MAX_BYTES:
             self._queued.setdefault(x.dtype, []).append((x, row))
             self._queued_bytes += size
             if self._queued_bytes >= DEFER_BYTES:
