@@ -184,3 +184,77 @@ def test_a_deferred_batch_with_non_finite_values_redoes_just_those_rows_exactly(
     assert got["nan_count"].tolist() == [0, 2, 0] and got["inf_count"].tolist() == [0, 1, 0]
     assert np.isnan(got["mean"][1]) and np.isfinite(got["mean"][[0, 2]]).all()
     assert counts.sum(axis=1).tolist() == [5000, 0, 5000]  # a non-finite range bins nothing
+
+
+def _with_zeros(x, density=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.where(torch.rand(x.shape, generator=g) < density, x, torch.zeros(()))
+
+
+def _uncoalesced():
+    # entries (0, 1) twice (they sum to 3) and (2, 3); the dense tensor has 13 zeros
+    coo = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2], [1, 1, 3]]), torch.tensor([1.0, 2.0, -4.0]), (3, 5))
+    dense = torch.zeros(3, 5)
+    dense[0, 1], dense[2, 3] = 3.0, -4.0
+    return coo, dense
+
+
+def _nested(layout):
+    parts = [torch.randn(2, 3), torch.randn(5, 3) + 2]
+    return torch.nested.nested_tensor(parts, layout=layout), torch.cat(parts)
+
+
+LAYOUTS = {  # name: () -> (tensor of that layout, the dense tensor it stands for, independently made)
+    "coo": lambda: (lambda d: (d.to_sparse(), d))(_with_zeros(torch.randn(6, 40))),
+    "coo, far from zero": lambda: (lambda d: (d.to_sparse(), d))(_with_zeros(torch.randn(50, 40) * 1e-2 + 300)),
+    "coo, uncoalesced": _uncoalesced,
+    "coo, dense dimensions": lambda: (lambda d: (d.to_sparse(sparse_dim=1), d))(
+        torch.randn(8, 4) * (torch.arange(8) % 3 == 0).float()[:, None]),
+    "coo, nothing stored": lambda: (torch.sparse_coo_tensor(torch.empty(2, 0, dtype=torch.long), torch.empty(0),
+                                                           (3, 4)), torch.zeros(3, 4)),
+    "csr": lambda: (lambda d: (d.to_sparse_csr(), d))(_with_zeros(torch.randn(7, 9))),
+    "csc": lambda: (lambda d: (d.to_sparse_csc(), d))(_with_zeros(torch.randn(7, 9))),
+    "bsr": lambda: (lambda d: (d.to_sparse_bsr((2, 3)), d))(
+        torch.randn(6, 9) * torch.tensor([1.0, 0.0, 1.0]).repeat_interleave(2)[:, None]),
+    "nested": lambda: _nested(torch.strided),
+    "jagged": lambda: _nested(torch.jagged),
+    "quantized": lambda: (lambda q: (q, q.dequantize()))(torch.quantize_per_tensor(torch.randn(30), 0.05, 10,
+                                                                                  torch.quint8)),
+    "mkldnn": lambda: (lambda d: (d.to_mkldnn(), d))(torch.randn(4, 5)),
+    "negative bit": lambda: (lambda d: (d._neg_view(), -d))(torch.randn(11)),  # memory holds -values
+    "negative bit, public": lambda: (torch.tensor([1.5 + 2.0j]).conj().imag, torch.tensor([-2.0])),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested and sparse CSR/BSR are "in beta"
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_gets_the_statistics_of_its_dense_tensor(layout):
+    x, dense = LAYOUTS[layout]()
+    assert x.numel() == dense.numel()
+    got, want = stats_of(x), reference(dense)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
+
+
+def test_a_sparse_tensor_bins_its_implicit_zeros_with_its_values():
+    dense = _with_zeros(torch.randn(40, 50), density=0.2)
+    dense[0, 0] = -1.5  # the range surely holds zero inside a bin
+    counts = reduce(dense.to_sparse(), bins=16)[1][0]
+    want, _ = np.histogram(dense.numpy(), np.linspace(dense.min().item(), dense.max().item(), 17))
+    np.testing.assert_array_equal(counts, want)
+    only_zeros = reduce(torch.zeros(5, 5).to_sparse(), bins=4)[1][0]
+    assert only_zeros.tolist() == [25, 0, 0, 0]  # a constant tensor fills the first bin
+
+
+def test_a_sparse_tensor_with_a_nan_value_counts_it():
+    dense = torch.zeros(4, 4)
+    dense[1, 2], dense[3, 0] = float("nan"), 2.0
+    got = stats_of(dense.to_sparse())
+    assert (got["nan_count"], got["zero_frac"]) == (1, 14 / 16) and np.isnan(got["mean"]) and np.isnan(got["min"])
+
+
+def test_a_meta_tensor_is_refused_with_a_clear_error_and_leaves_no_row():
+    step = StepSums()
+    with pytest.raises(ValueError, match="meta device.*real device"):
+        step.add(torch.empty(3, 4, device="meta"))
+    assert len(step) == 0 and step.add(torch.ones(2)) == 0

@@ -428,6 +428,92 @@ def test_a_failing_hook_is_recorded_and_its_site_disabled(monkeypatch):
     assert len(rows(w, module="2", kind="activation")) == 3  # the rest keeps recording
 
 
+class Layouts(nn.Module):
+    """Outputs in every layout a module can return, gradients flowing through the sparse and nested ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        sparse = y.to_sparse()
+        jagged = torch.nested.as_nested_tensor([y[:1], y[1:]], layout=torch.jagged)
+        loss = torch.sparse.sum(sparse) + jagged.values().pow(2).sum()
+        quantized = torch.quantize_per_tensor(y.detach(), 0.01, 0, torch.quint8)
+        return {"sparse": sparse, "jagged": jagged, "quantized": quantized, "loss": loss}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nested tensors are "in beta"
+def test_outputs_of_every_layout_are_recorded_as_their_dense_values():
+    model = Layouts()
+    x = torch.randn(4, 3)
+    with workbench.watch(model) as w:
+        model(x)["loss"].backward()
+        w.step()
+    assert not w.errors
+    y = torch.relu(model.lin(x)).detach()
+    got = rows(w, module="", kind="activation").set_index("tensor")
+    assert list(got["shape"]) == ["(4, 3)", "(2, *, 3)", "(4, 3)", "()"]  # a ragged dimension is *
+    for leaf in ("out.sparse", "out.jagged"):
+        assert got.loc[leaf, "mean"] == pytest.approx(y.mean().item(), rel=1e-6)
+        assert got.loc[leaf, "zero_frac"] == pytest.approx((y == 0).float().mean().item())
+    assert got.loc["out.quantized", "max"] == pytest.approx(y.max().item(), abs=0.005)
+    grads = rows(w, module="", kind="grad_output").set_index("tensor")
+    # d(loss)/d(sparse) is 1 at the stored entries (the non-zeros of y); d/d(jagged) is 2 y
+    assert grads.loc["out.sparse", "mean"] == pytest.approx((y != 0).float().mean().item())
+    assert grads.loc["out.jagged", "mean"] == pytest.approx(2 * y.mean().item(), rel=1e-6)
+
+
+def test_an_output_that_cannot_be_summarized_stops_its_site_not_the_model(monkeypatch):
+    class Meta(nn.Module):
+        def forward(self, x):
+            return x.new_empty(x.shape, device="meta")  # a shape without values
+
+    model = nn.Sequential(nn.Linear(2, 2), Meta())
+    with workbench.watch(model) as w:
+        for _ in range(2):
+            out = model(torch.randn(3, 2))
+            w.step()
+    assert out.is_meta
+    # the Sequential ("") returns its last child's output: both sites stop, at the first step
+    assert [(e["step"], e["module"], e["kind"]) for e in w.errors] == [(1, "1", "activation"), (1, "", "activation")]
+    assert all("meta device" in e["error"] for e in w.errors)
+    assert len(rows(w, module="0", kind="activation")) == 2  # the other sites go on
+
+    import workbench.instrument.hooks as hooks
+
+    def broken_walk(output):
+        raise RuntimeError("an output type the walk chokes on")
+
+    monkeypatch.setattr(hooks, "tensor_leaves", broken_walk)
+    pair = nn.Sequential(nn.Linear(2, 2))
+    pair.register_forward_hook(lambda module, args, out: (out, out))  # a tuple: the walk runs
+    with workbench.watch(pair, modules="") as w:
+        out = pair(torch.randn(3, 2))
+        out[0].sum().backward()
+        w.step()
+    assert isinstance(out, tuple)
+    assert {(e["module"], e["kind"]) for e in w.errors} == {("", "activation"), ("", "grad_output")}
+
+
+def test_a_failed_host_transfer_loses_the_step_statistics_not_the_run(monkeypatch):
+    from workbench.instrument.stats import StepSums
+
+    model = nn.Linear(2, 2)
+    real_rows = StepSums.rows
+    with workbench.watch(model) as w:
+        monkeypatch.setattr(StepSums, "rows", lambda self: (_ for _ in ()).throw(RuntimeError("transfer failed")))
+        model(torch.randn(3, 2)).sum().backward()
+        record = w.step(loss=1.0)
+        monkeypatch.setattr(StepSums, "rows", real_rows)
+        model(torch.randn(3, 2)).sum().backward()
+        w.step(loss=0.5)
+    assert record.metrics == {"loss": 1.0} and len(record.keys) == 0
+    assert [(e["step"], e["kind"]) for e in w.errors] == [(1, "statistics")]
+    assert set(rows(w).step) == {2}
+
+
 def test_anomalies_name_the_first_step_module_call_and_kind():
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
     with workbench.watch(model) as w:

@@ -43,8 +43,8 @@ from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.store import RunStore
-from workbench.instrument.stats import StepSums
-from workbench.instrument.tree import map_tensors, tensor_leaves
+from workbench.instrument.stats import SUMS, StepSums
+from workbench.instrument.tree import map_tensors, shape_of, tensor_leaves
 
 __all__ = ["Watch", "watch", "Intervention"]
 
@@ -302,16 +302,21 @@ class Watch:
             record_activations = path in self._sites["activation"]
             record_grads = (path in self._sites["grad_output"] and module.training and torch.is_grad_enabled())
             if record_activations or record_grads:
-                # most outputs are one tensor: skip the walk
-                leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
-                self._record_output(path, call, leaves, record_activations, record_grads)
+                try:
+                    # most outputs are one tensor: skip the walk
+                    leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
+                    self._record_output(path, call, leaves, record_activations, record_grads)
+                except Exception as exc:  # an output the walk or the row keys cannot take: the site stops, the model goes on
+                    for kind in ("activation", "grad_output"):
+                        if path in self._sites[kind]:
+                            self._fail(path, call, kind, exc)
         return output if replaced else None
 
     def _record_output(self, path: str, call: int, leaves: Sequence[tuple[str, torch.Tensor]],
                        activations: bool, grads: bool) -> None:
         for name, tensor in leaves:
             seen = self._seen_entry(tensor)
-            shape = tuple(tensor.shape)  # a plain tuple: the garbage collector stops tracking the keys (not
+            shape = shape_of(tensor)  # a plain tuple: the garbage collector stops tracking the keys (not
             # so with torch.Size), or kept keys would pile up in its oldest generation and bring full
             # collections of the process (~0.25 s with torch loaded) every few dozen steps
             if activations:
@@ -394,7 +399,7 @@ class Watch:
                 grad = param.grad
                 # the last backward of the step wins: .grad holds the accumulated total
                 self._param_grads[(module_path, name)] = (
-                    (module_path, 0, "param_grad", name, tuple(grad.shape)), grad.numel(),
+                    (module_path, 0, "param_grad", name, shape_of(grad)), grad.numel(),
                     self._sums.add(grad, defer=True))
                 self._flush_when_backward_ends()
             except Exception as exc:
@@ -469,7 +474,11 @@ class Watch:
         return record
 
     def _flush(self) -> StepRecord:
-        sums, counts = self._sums.rows()  # the one host transfer of the step
+        try:
+            sums, counts = self._sums.rows()  # the one host transfer of the step
+        except Exception as exc:  # (a failed device transfer) the step's statistics are lost, not the run
+            self._fail("", 0, "statistics", exc)
+            self._entries, sums, counts = [], np.empty((0, len(SUMS))), None
         keys, numel, rows = zip(*self._entries) if self._entries else ((), (), ())
         index = np.asarray(rows, np.intp)
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],

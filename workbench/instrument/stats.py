@@ -20,7 +20,7 @@ import torch
 
 from workbench.instrument import _stats_kernels as kernels
 
-__all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "device_sums", "device_histogram", "finish"]
+__all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "plain_values", "device_sums", "device_histogram", "finish"]
 
 #: Reduce CPU tensors with the compiled kernels; False sends them through torch's kernels,
 #: the path tensors on other devices take (the tests run both).
@@ -30,7 +30,7 @@ COMPILED = True
 #: ``shift`` is the tensor's first value (0 when that is not finite): with sums around a value of
 #: the tensor, the variance keeps its precision when the mean is large against the spread.
 SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift")
-MIN, MAX = SUMS.index("min"), SUMS.index("max")
+SUM, SUM_SQ, MIN, MAX, SHIFT = (SUMS.index(name) for name in ("sum", "sum_sq", "min", "max", "shift"))
 #: The statistics of a record row, derived from the sums and the numel.
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
 
@@ -49,6 +49,58 @@ _compiled_kernels: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histo
 def _load_kernels(dtype: torch.dtype) -> tuple:
     _compiled_kernels[dtype] = kernels.compile_kernels(str(dtype).removeprefix("torch."))
     return _compiled_kernels[dtype]
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def plain_values(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The values of ``x`` as a plain (strided) tensor, and how many zeros ``x`` holds besides them.
+
+    Module outputs and gradients come in every layout. A sparse tensor gives its
+    stored values (coalesced: duplicate entries summed) and the count of its
+    implicit zeros, which the sums take in arithmetically (a sparse output can
+    be far too large to densify); a nested tensor the elements of its
+    components; a quantized one its dequantized values; an MKL-DNN one a dense
+    copy; a view with the negative bit (``z.conj().imag``) its values with the
+    sign applied (its memory holds them unnegated).
+
+    Raises:
+        ValueError: ``x`` is on the meta device: it has a shape but no values.
+    """
+    x = x.detach()
+    if x.is_meta:
+        raise ValueError(f"a tensor on the meta device ({x.dtype}, {x.numel()} elements) holds no values to "
+                         "summarize; statistics need the model to run on a real device (cpu, cuda ...)")
+    layout = x.layout
+    if layout is torch.sparse_coo:
+        values = x.coalesce().values()
+    elif layout in _COMPRESSED:
+        values = x.values()
+    elif x.is_nested:
+        parts = [part.reshape(-1) for part in x.unbind()]
+        values = torch.cat(parts) if parts else torch.empty(0, dtype=x.dtype, device=x.device)
+    elif layout is not torch.strided:
+        values = x.to_dense()
+    else:
+        values = x
+    if values.is_quantized:
+        values = values.dequantize()
+    return values.resolve_neg(), x.numel() - values.numel()
+
+
+def add_implicit_zeros(sums: torch.Tensor, zeros: int, stored: int) -> None:
+    """Make ``sums`` (the SUMS of ``stored`` values, a float64 tensor) those of the same values and
+    ``zeros`` zeros besides, in place: with shift s, each zero adds -s to ``sum`` and s**2 to
+    ``sum_sq``, and 0 joins the range; NaN stays NaN."""
+    if stored == 0:
+        sums.zero_()  # zeros only (shift 0)
+        return
+    shift = sums[SHIFT].clone()
+    sums[SUM] -= zeros * shift
+    sums[SUM_SQ] += zeros * shift * shift
+    sums[MIN].clamp_(max=0.0)
+    sums[MAX].clamp_(min=0.0)
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
@@ -103,8 +155,9 @@ class StepSums:
             if COMPILED and x.is_cpu:
                 self._reduce_on_host(x, row, defer)
             else:
-                sums = device_sums(x)
-                counts = device_histogram(x, sums, self.bins) if self.bins else None
+                values, zeros = plain_values(x)
+                sums = device_sums(values, zeros)
+                counts = device_histogram(values, sums, self.bins, zeros) if self.bins else None
                 self._device_rows.append((row, sums, counts))
             self._n = row + 1  # only once the row is filled or queued: a failed reduction leaves no row
             return row
@@ -112,17 +165,21 @@ class StepSums:
     def _reduce_on_host(self, x: torch.Tensor, row: int, defer: bool) -> None:
         # the hot path of instrumentation: a few attribute reads and one call into compiled code
         kernels_of_dtype = _compiled_kernels.get(x.dtype)
-        if kernels_of_dtype is None or not x.is_contiguous():
+        zeros = 0
+        if (kernels_of_dtype is None or x.layout is not torch.strided or x.is_nested or x.is_neg()
+                or not x.is_contiguous()):
+            x, zeros = plain_values(x)
             x = as_float(x).contiguous()
             kernels_of_dtype = _compiled_kernels.get(x.dtype) or _load_kernels(x.dtype)
         n = x.numel()
         if n == 0:
             self._host[row] = _EMPTY
-        elif defer and (size := n * x.element_size()) <= DEFER_MAX_BYTES:
+        elif defer and not zeros and (size := n * x.element_size()) <= DEFER_MAX_BYTES:
             self._queued.setdefault(x.dtype, []).append((x, row))
             self._queued_bytes += size
             if self._queued_bytes >= DEFER_BYTES:
                 self._flush_queue()
+            return
         else:
             fast, exact, histogram, _ = kernels_of_dtype
             data, out = x.data_ptr(), self._sums_address + row * _ROW_BYTES
@@ -130,8 +187,14 @@ class StepSums:
             host = self._host
             if not (math.isfinite(host[row, 1]) and math.isfinite(host[row, 2])):  # a NaN, an infinity, an overflow
                 exact(data, n, out)
-            if self.bins:
+        if zeros:  # a sparse tensor's: in the sums first, so that the histogram spans them
+            add_implicit_zeros(torch.from_numpy(self._host[row]), zeros, n)
+        if self.bins:
+            if n:
                 histogram(data, n, out, self.bins, self._counts_address + row * self.bins * 4)
+            if zeros:
+                self._counts[row] += _zeros_histogram(torch.from_numpy(self._host[row]), zeros, x.dtype,
+                                                      self.bins).numpy()
 
     def flush(self) -> None:
         """Reduce the queued tensors (``add(x, defer=True)``) and let them go."""
@@ -194,8 +257,9 @@ class StepSums:
         return sums, counts
 
 
-def device_sums(x: torch.Tensor) -> torch.Tensor:
-    """The sums of :data:`SUMS` for ``x`` with torch's kernels: a float64 tensor on ``x``'s device.
+def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
+    """The sums of :data:`SUMS` for ``x`` (and ``zeros`` zeros besides, see :func:`plain_values`)
+    with torch's kernels: a float64 tensor on ``x``'s device.
 
     Only branch-free elementwise ops and plain sums: comparisons, ``isnan`` and
     ``count_nonzero`` are several times slower on CPU (bool temporaries,
@@ -207,7 +271,10 @@ def device_sums(x: torch.Tensor) -> torch.Tensor:
     flat = as_float(x).reshape(-1)
     n = flat.numel()
     if n == 0:
-        return torch.tensor(_EMPTY, dtype=torch.float64, device=flat.device)
+        sums = torch.tensor(_EMPTY, dtype=torch.float64, device=flat.device)
+        if zeros:
+            add_implicit_zeros(sums, zeros, 0)
+        return sums
     shift = torch.where(torch.isfinite(flat[0]), flat[0], torch.zeros_like(flat[0]))
     centred = flat - shift
     lo, hi = torch.aminmax(flat)
@@ -219,11 +286,15 @@ def device_sums(x: torch.Tensor) -> torch.Tensor:
     nonzero = torch.clamp(magnitude, max=1).ceil_().nansum()  # non-zero and not NaN (inf included)
     inf = magnitude.sub_(torch.finfo(flat.dtype).max).clamp_(0, 1).nansum()
     nan = n - finite - inf
-    return torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf, shift]).double()
+    sums = torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf, shift]).double()
+    if zeros:
+        add_implicit_zeros(sums, zeros, n)
+    return sums
 
 
-def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Tensor:
-    """Counts of ``x`` in ``bins`` equal bins spanning [min, max] (from ``sums``), on ``x``'s device.
+def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int = 0) -> torch.Tensor:
+    """Counts of ``x`` (and ``zeros`` zeros besides) in ``bins`` equal bins spanning [min, max] (from
+    ``sums``), on ``x``'s device.
 
     ``torch.histc`` needs its range as Python numbers (a device sync), so the
     bin index is computed arithmetically and counted with ``scatter_add_``.
@@ -233,6 +304,8 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Te
     """
     x = as_float(x).reshape(-1)
     counts = torch.zeros(bins, dtype=torch.float32, device=x.device)
+    if zeros:
+        counts += _zeros_histogram(sums, zeros, x.dtype, bins)
     if x.numel() == 0:
         return counts
     lo, hi = sums[MIN].to(x.dtype), sums[MAX].to(x.dtype)
@@ -243,6 +316,12 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int) -> torch.Te
     finite = (scaled >= 0).to(torch.float32)  # non-finite inputs (and a non-finite range) land at -1
     index = scaled.clamp_(0, bins - 1).long()
     return counts.scatter_add_(0, index, finite)
+
+
+def _zeros_histogram(sums: torch.Tensor, zeros: int, dtype: torch.dtype, bins: int) -> torch.Tensor:
+    """The counts of ``zeros`` zeros of ``dtype``: one zero binned with the arithmetic of the other
+    values (the compiled kernel's and :func:`device_histogram`'s agree bin for bin), times ``zeros``."""
+    return device_histogram(torch.zeros(1, dtype=dtype, device=sums.device), sums, bins) * zeros
 
 
 def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["tensor_leaves", "map_tensors"]
+__all__ = ["tensor_leaves", "map_tensors", "shape_of"]
 
 
 def _is_tensordict(obj: Any) -> bool:
@@ -44,6 +44,21 @@ def tensor_leaves(obj: Any, prefix: str = "out", _depth: int = 0) -> Iterator[tu
     if children is not None:
         for key, value in children:
             yield from tensor_leaves(value, f"{prefix}.{key}", _depth + 1)
+
+
+def shape_of(tensor: torch.Tensor) -> tuple[int | str, ...]:
+    """The shape as a plain tuple (not ``torch.Size``, which the garbage collector tracks); a
+    nested tensor's ragged dimensions, which have no single size, are ``"*"``."""
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    shape: list[int | str] = []
+    for dim in range(tensor.dim()):
+        try:
+            size = tensor.size(dim)
+        except RuntimeError:  # a strided nested tensor's ragged dimension
+            size = "*"
+        shape.append(size if type(size) is int else "*")  # a jagged one's is a symbolic int
+    return tuple(shape)
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
