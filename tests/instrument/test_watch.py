@@ -319,6 +319,99 @@ def test_gradients_match_autograd_after_in_place_ops_and_for_multi_output_nodes(
         assert grads.loc[key, "mean"] == pytest.approx(grad.mean().item(), rel=1e-4, abs=1e-7), key
 
 
+class Checkpointed(nn.Module):
+    """A segment run under activation checkpointing (or not): its forward runs again in the backward."""
+
+    def __init__(self, reentrant=None, shared_in_segment=False):
+        super().__init__()
+        self.reentrant, self.shared_in_segment = reentrant, shared_in_segment
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+        self.act = nn.Tanh()  # called after the segment, and also in it with shared_in_segment
+        self.head = nn.Linear(4, 1)
+
+    def segment(self, x):
+        return self.block(self.act(x) if self.shared_in_segment else x)
+
+    def forward(self, x):
+        if self.reentrant is None:
+            h = self.segment(x)
+        else:
+            h = torch.utils.checkpoint.checkpoint(self.segment, x, use_reentrant=self.reentrant)
+        return self.head(self.act(h))
+
+
+def _checkpoint_run(reentrant, patch=None, shared_in_segment=False):
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant, shared_in_segment)
+    x = torch.randn(5, 4, requires_grad=True)  # reentrant checkpointing needs an input that requires grad
+    with workbench.watch(model) as w:
+        if patch:
+            w.patch(*patch)
+        model(x).sum().backward()
+        w.step()
+    frame = w.to_pandas().sort_values(["module", "call", "kind", "tensor"]).reset_index(drop=True)
+    return frame, [p.grad.clone() for p in model.parameters()], w.errors
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_activation_checkpointing_records_what_the_plain_forward_records(reentrant):
+    plain, plain_grads, _ = _checkpoint_run(None)
+    got, grads, errors = _checkpoint_run(reentrant)
+    assert not errors
+    # no rows for the recomputation; the gradients inside the segment still recorded (from the
+    # recomputed graph when the forward ran under no_grad, as reentrant checkpointing does)
+    cols = ["module", "call", "kind", "tensor"]
+    assert got[cols].values.tolist() == plain[cols].values.tolist()
+    np.testing.assert_allclose(got["mean"], plain["mean"], rtol=1e-6, atol=1e-7)
+    # a patch of a site called once applies to its recomputation too: the gradients match
+    patched, patched_grads, errors = _checkpoint_run(reentrant, patch=("block.1", lambda out: out * 3, 0))
+    want, want_grads, _ = _checkpoint_run(None, patch=("block.1", lambda out: out * 3, 0))
+    assert not errors
+    for g, h in zip(patched_grads, want_grads):
+        torch.testing.assert_close(g, h)
+    assert not all(torch.equal(g, h) for g, h in zip(want_grads, plain_grads))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_a_call_indexed_patch_that_checkpointing_cannot_place_is_reported_and_removed(reentrant):
+    # "act" runs twice in the forward, once in the segment: its recomputation is of an unknown call
+    _, _, errors = _checkpoint_run(reentrant, patch=("act", lambda out: out * 3, 1), shared_in_segment=True)
+    assert [(e["module"], e["kind"]) for e in errors] == [("act", "patch:<lambda>")]
+    assert "call=None" in errors[0]["error"]
+
+
+def _compiled_run(order):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.randn(5, 4)
+    if order == "eager":
+        w = workbench.watch(model)
+        run = model
+    elif order == "watch the compiled module":
+        run = torch.compile(model, backend="aot_eager")  # dynamo and AOTAutograd, no C++ build
+        w = workbench.watch(run)
+    else:  # "compile after watch"
+        w = workbench.watch(model)
+        run = torch.compile(model, backend="aot_eager")
+    with w:
+        for _ in range(2):
+            run(x).pow(2).sum().backward()
+            w.step()
+    return w.to_pandas().sort_values(["step", "module", "call", "kind", "tensor"]).reset_index(drop=True), w
+
+
+# dynamo reads .grad of the tensors that cross a graph break (the hooks' breaks), which warns
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.parametrize("order", ["watch the compiled module", "compile after watch"])
+def test_a_compiled_model_is_recorded_as_the_eager_one(order):
+    want, _ = _compiled_run("eager")
+    got, w = _compiled_run(order)
+    assert not w.errors and w.model is not None
+    cols = ["step", "module", "call", "kind", "tensor"]
+    assert got[cols].values.tolist() == want[cols].values.tolist()  # the paths of the uncompiled model
+    np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
+
+
 def test_parameter_gradients_accumulated_over_backwards_are_recorded_as_totals():
     model = nn.Linear(3, 2)
     xs = [torch.randn(4, 3) for _ in range(3)]

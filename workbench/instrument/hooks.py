@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import sys
 import traceback
 import weakref
 from collections import defaultdict
@@ -49,6 +50,7 @@ from workbench.instrument.tree import map_tensors, shape_of, tensor_leaves
 __all__ = ["Watch", "watch", "Intervention"]
 
 _ENGINE = torch.autograd.Variable._execution_engine  # runs callbacks at the end of a backward
+_graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward
 
 ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -72,7 +74,8 @@ class Intervention:
         self.path, self.fn, self.call, self.label = path, fn, call, label
         self._watch = watch
 
-    def applies(self, call: int) -> bool:
+    def applies(self, call: int | None) -> bool:
+        """Whether it applies to ``call`` (None: a call of unknown index, see ``Watch._post_hook``)."""
         return self.call is None or self.call == call
 
     def remove(self) -> None:
@@ -122,7 +125,11 @@ class Watch:
                            ("parameter_grads", parameter_grads), ("histograms", histograms)]:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
-        self.model = model
+        dynamo = sys.modules.get("torch._dynamo")  # loaded by torch.compile
+        # a torch.compile'd module: its module paths are those of the module it wraps
+        self._compiled = dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule)
+        self.model = model._orig_mod if self._compiled else model
+        model = self.model
         self.every = every
         self.options = dict(activations=activations, gradients=gradients, parameters=parameters,
                             parameter_grads=parameter_grads, histograms=histograms, bins=bins)
@@ -154,14 +161,18 @@ class Watch:
 
         self._handles: list[Any] = []
         self._leaves: set[int] = set()  # ids of modules without children
+        # torch.compile runs these hooks eagerly, in a graph break: they read memory and keep Python
+        # state that a traced graph cannot hold (~0.6 us more a call; the first watch() of a process
+        # loads torch._dynamo, ~1.6 s)
+        pre_hook, post_hook = torch.compiler.disable(self._pre_hook), torch.compiler.disable(self._post_hook)
         for module in self._modules.values():
             # the call stack only needs the modules that call others: a leaf finds its call site
             # from the stack's top in its forward hook, and saves a pre-hook call
             if next(module.children(), None) is not None:
-                self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+                self._handles.append(module.register_forward_pre_hook(pre_hook))
             else:
                 self._leaves.add(id(module))
-            self._handles.append(module.register_forward_hook(self._post_hook))
+            self._handles.append(module.register_forward_hook(post_hook))
         # parameters: unique tensors, named by the first module path that owns them
         self._params: list[tuple[str, str, nn.Parameter]] = []
         param_paths: set[str] = set()
@@ -210,7 +221,10 @@ class Watch:
     def _start_step(self) -> None:
         self._recording = (self.step_index - 1) % self.every == 0
         self._active = not self.closed and (self._recording or bool(self._interventions))
-        self._attach_hooks(self._active)
+        # a compiled model keeps our hooks in: taking them out and back changes what its compiled
+        # code was guarded on, and would recompile it every few steps
+        compiled = self._compiled or getattr(self.model, "_compiled_call_impl", None) is not None
+        self._attach_hooks(self._active or compiled)
         self._stack.clear()
         self._calls.clear()
         # rows for as many tensors as the largest step so far (idle steps record none)
@@ -222,6 +236,7 @@ class Watch:
         self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, row) per parameter
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
+        self._grads_hooked: set[str] = set()  # paths whose output gradients this step's forward hooked
         self._flush_queued = False  # an end-of-backward flush is queued
         self._step_errors: list[dict[str, Any]] = []
 
@@ -287,29 +302,48 @@ class Watch:
             mid, path = self._stack.pop()
             while mid != id(module) and self._stack:  # entries of children whose forward raised
                 mid, path = self._stack.pop()
-        call = self._calls[path]
-        self._calls[path] = call + 1
+        recomputing = _graph_task_id() != -1
+        if recomputing:
+            # a forward inside the backward: activation checkpointing recomputes outputs that the
+            # forward recorded. No activation rows, no call counted; patches apply again, so that
+            # the recomputed values are those the forward used. The gradients come from the
+            # recomputed graph where the forward made none (reentrant checkpointing runs it under
+            # no_grad). Which call is recomputed is known only when the forward called the site once.
+            call = 0 if self._calls.get(path) == 1 else None
+            record_activations = False
+            record_grads = (self._recording and call is not None and path not in self._grads_hooked
+                            and path in self._sites["grad_output"] and module.training and torch.is_grad_enabled())
+        else:
+            call = self._calls[path]
+            self._calls[path] = call + 1
+            record_activations = self._recording and path in self._sites["activation"]
+            record_grads = (self._recording and path in self._sites["grad_output"] and module.training
+                            and torch.is_grad_enabled())
         replaced = False
-        for intervention in self._interventions.get(path, ()):
-            if intervention.applies(call):
+        for intervention in tuple(self._interventions.get(path, ())):  # (a failing one is removed)
+            if recomputing and call is None and intervention.call is not None:
+                self._fail(path, call, f"patch:{intervention.label}", RuntimeError(
+                    f"activation checkpointing recomputes {path!r}, which the forward called "
+                    f"{self._calls.get(path, 0)} times: a patch of call {intervention.call} cannot tell "
+                    "which call is recomputed, and the gradients would not match the forward. Patch "
+                    "every call (call=None), or a site outside the checkpointed segment."))
+                self._remove_intervention(intervention)
+            elif intervention.applies(call):
                 try:
                     output = intervention.fn(output)
                     replaced = True
                 except Exception as exc:
                     self._fail(path, call, f"patch:{intervention.label}", exc)
                     self._remove_intervention(intervention)
-        if self._recording:
-            record_activations = path in self._sites["activation"]
-            record_grads = (path in self._sites["grad_output"] and module.training and torch.is_grad_enabled())
-            if record_activations or record_grads:
-                try:
-                    # most outputs are one tensor: skip the walk
-                    leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
-                    self._record_output(path, call, leaves, record_activations, record_grads)
-                except Exception as exc:  # an output the walk or the row keys cannot take: the site stops, the model goes on
-                    for kind in ("activation", "grad_output"):
-                        if path in self._sites[kind]:
-                            self._fail(path, call, kind, exc)
+        if record_activations or record_grads:
+            try:
+                # most outputs are one tensor: skip the walk
+                leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
+                self._record_output(path, call, leaves, record_activations, record_grads)
+            except Exception as exc:  # an output the walk or the row keys cannot take: the site stops, the model goes on
+                for kind in ("activation", "grad_output"):
+                    if path in self._sites[kind]:
+                        self._fail(path, call, kind, exc)
         return output if replaced else None
 
     def _record_output(self, path: str, call: int, leaves: Sequence[tuple[str, torch.Tensor]],
@@ -333,6 +367,7 @@ class Watch:
                     if seen[3] is None:
                         seen[3] = self._hook_grad(tensor)
                     seen[3].keys.append((path, call, name, shape))
+                    self._grads_hooked.add(path)
                 except Exception as exc:
                     self._fail(path, call, "grad_output", exc)
                     grads = False
