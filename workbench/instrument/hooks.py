@@ -20,7 +20,12 @@ How it hooks in (see DESIGN.md, decisions 3 to 6):
   queued and reduced in one call at the end of the backward / in ``step()``.
 - Steps that are not recorded (``every``) run without our hooks: they are
   taken out of the hook dicts and put back in their place before the next
-  recorded step.
+  recorded step (not for a compiled model, whose compiled code is guarded on
+  them).
+- A forward run inside a backward is activation checkpointing recomputing
+  what the forward recorded: it records no rows, only the output gradients
+  the forward could not hook (reentrant checkpointing runs it under no_grad).
+- torch.compile runs the forward hooks eagerly, in graph breaks.
 - A failure inside a hook is kept in ``errors`` and that site disabled; the
   forward and backward of the model go on untouched.
 """
