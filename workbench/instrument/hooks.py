@@ -308,6 +308,8 @@ class Watch:
             while mid != id(module) and self._stack:  # entries of children whose forward raised
                 mid, path = self._stack.pop()
         recomputing = _graph_task_id() != -1
+        want_grads = (self._recording and path in self._sites["grad_output"] and module.training
+                      and torch.is_grad_enabled())
         if recomputing:
             # a forward inside the backward: activation checkpointing recomputes outputs that the
             # forward recorded. No activation rows, no call counted; patches apply again, so that
@@ -316,14 +318,12 @@ class Watch:
             # no_grad). Which call is recomputed is known only when the forward called the site once.
             call = 0 if self._calls.get(path) == 1 else None
             record_activations = False
-            record_grads = (self._recording and call is not None and path not in self._grads_hooked
-                            and path in self._sites["grad_output"] and module.training and torch.is_grad_enabled())
+            record_grads = want_grads and call is not None and path not in self._grads_hooked
         else:
             call = self._calls[path]
             self._calls[path] = call + 1
             record_activations = self._recording and path in self._sites["activation"]
-            record_grads = (self._recording and path in self._sites["grad_output"] and module.training
-                            and torch.is_grad_enabled())
+            record_grads = want_grads
         replaced = False
         for intervention in tuple(self._interventions.get(path, ())):  # (a failing one is removed)
             if recomputing and call is None and intervention.call is not None:
@@ -498,7 +498,7 @@ class Watch:
                     if module_path not in sites:
                         continue
                     try:  # reduced together below
-                        self._entries.append(((module_path, 0, "param", name, tuple(param.shape)), param.numel(),
+                        self._entries.append(((module_path, 0, "param", name, shape_of(param)), param.numel(),
                                               self._sums.add(param, defer=True)))
                     except Exception as exc:
                         self._fail(module_path, 0, "param", exc)

@@ -89,7 +89,7 @@ def plain_values(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return values.resolve_neg(), x.numel() - values.numel()
 
 
-def add_implicit_zeros(sums: torch.Tensor, zeros: int, stored: int) -> None:
+def _add_implicit_zeros(sums: torch.Tensor, zeros: int, stored: int) -> None:
     """Make ``sums`` (the SUMS of ``stored`` values, a float64 tensor) those of the same values and
     ``zeros`` zeros besides, in place: with shift s, each zero adds -s to ``sum`` and s**2 to
     ``sum_sq``, and 0 joins the range; NaN stays NaN."""
@@ -188,13 +188,13 @@ class StepSums:
             if not (math.isfinite(host[row, 1]) and math.isfinite(host[row, 2])):  # a NaN, an infinity, an overflow
                 exact(data, n, out)
         if zeros:  # a sparse tensor's: in the sums first, so that the histogram spans them
-            add_implicit_zeros(torch.from_numpy(self._host[row]), zeros, n)
+            sums = torch.from_numpy(self._host[row])  # (a view: changed in place)
+            _add_implicit_zeros(sums, zeros, n)
         if self.bins:
             if n:
                 histogram(data, n, out, self.bins, self._counts_address + row * self.bins * 4)
             if zeros:
-                self._counts[row] += _zeros_histogram(torch.from_numpy(self._host[row]), zeros, x.dtype,
-                                                      self.bins).numpy()
+                self._counts[row] += _zeros_histogram(sums, zeros, x.dtype, self.bins).numpy()
 
     def flush(self) -> None:
         """Reduce the queued tensors (``add(x, defer=True)``) and let them go."""
@@ -273,7 +273,7 @@ def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
     if n == 0:
         sums = torch.tensor(_EMPTY, dtype=torch.float64, device=flat.device)
         if zeros:
-            add_implicit_zeros(sums, zeros, 0)
+            _add_implicit_zeros(sums, zeros, 0)
         return sums
     shift = torch.where(torch.isfinite(flat[0]), flat[0], torch.zeros_like(flat[0]))
     centred = flat - shift
@@ -288,7 +288,7 @@ def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
     nan = n - finite - inf
     sums = torch.stack([total, sum_sq, abs_sum, lo, hi, nonzero + nan, nan, inf, shift]).double()
     if zeros:
-        add_implicit_zeros(sums, zeros, n)
+        _add_implicit_zeros(sums, zeros, n)
     return sums
 
 
