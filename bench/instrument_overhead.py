@@ -31,6 +31,7 @@ batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
@@ -102,20 +103,30 @@ VARIANTS = {
 }
 
 
+def run_block(copies: dict[str, Variant], name: str, block: int) -> float:
+    """``copies[name]``'s block, the other copies' watches paused: watch's hooks are process-wide,
+    and would otherwise run (and pass over) every module call of the other copies."""
+    with contextlib.ExitStack() as others:
+        for other, variant in copies.items():
+            if other != name and variant.watch is not None:
+                others.enter_context(variant.watch.paused())
+        return copies[name].timed_block(block)
+
+
 def measure(make, rounds: int, block: int) -> dict[str, tuple[float, float, float, float]]:
     """Per variant: the median step time and the median, lower and upper quartile over rounds of
     its block's time as a ratio to the bare block of the same round."""
     copies = {}
     for name, options in VARIANTS.items():
         copies[name] = Variant(make(), **options)
-        copies[name].timed_block(block)  # warm-up: allocator, compiled kernels, hook caches
+        run_block(copies, name, block)  # warm-up: allocator, compiled kernels, hook caches
     order = list(copies)
     shuffle = random.Random(0).shuffle
     times: dict[str, list[float]] = {name: [] for name in copies}
     ratios: dict[str, list[float]] = {name: [] for name in copies}
     for _ in range(rounds):
         shuffle(order)  # no variant always runs right after another
-        this_round = {name: copies[name].timed_block(block) for name in order}
+        this_round = {name: run_block(copies, name, block) for name in order}
         for name, seconds in this_round.items():
             times[name].append(seconds)
             ratios[name].append(seconds / this_round["bare"])

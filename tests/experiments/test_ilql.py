@@ -21,3 +21,18 @@ def test_evaluation_every_n_steps_reports_rewards_side_by_side():
     metrics = exp.watcher.metrics()
     assert metrics["policy_reward"].isna().tolist() == [True, False, True, False]
     assert set(exp.watcher.to_pandas().kind) >= {"activation", "grad_output", "param_grad"}
+    # the evaluation decodes with the model inside steps 2 and 4: the watch stays out of it, so those
+    # steps record the training step's call sites and nothing more
+    recorded = exp.watcher.to_pandas()
+    keys = {step: set(zip(part.module, part.call, part.kind, part.tensor)) for step, part in recorded.groupby("step")}
+    assert keys[1] == keys[2] == keys[3] == keys[4]
+
+
+def test_an_evaluation_between_steps_is_not_recorded_into_the_next_step():
+    exp = workbench.experiments.create("ilql", seed=1, eval_every=0, eval_prompts=8, dataset_size=64, batch_size=8)
+    with exp.watch(modules="model.h.0.*") as w:
+        exp.step()
+        exp.evaluate()
+        exp.step()
+    recorded = w.to_pandas()
+    assert len(recorded[recorded.step == 1]) == len(recorded[recorded.step == 2]) > 0

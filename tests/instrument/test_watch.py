@@ -1,8 +1,10 @@
 """workbench.watch: call sites, structured outputs, gradients, non-invasiveness, robustness, interventions."""
 
 import collections
+import copy
 import dataclasses
 import gc
+import io
 import threading
 import weakref
 
@@ -29,7 +31,14 @@ def hook_dicts(model):
     modules = [(k, dict(getattr(m, k))) for m in model.modules() for k in keys]
     params = [dict(p._post_accumulate_grad_hooks or {}) if p._post_accumulate_grad_hooks is not None else None
               for p in model.parameters()]
-    return modules, params
+    return modules, params, process_hooks()
+
+
+def process_hooks():
+    """torch's process-wide module hook dicts (register_module_forward_hook ...)."""
+    keys = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
+    return [(k, dict(getattr(torch.nn.modules.module, k))) for k in keys]
 
 
 def rows(w, **where):
@@ -236,34 +245,126 @@ def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between(monkeypat
 
 
 def test_idle_steps_run_without_our_hooks_which_return_to_their_place():
+    from torch.nn.modules.module import _global_forward_hooks, register_module_forward_hook
+
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
-    seen = []
-    before = model[0].register_forward_hook(lambda m, a, out: seen.append("before") or out + 1)
+    own = model[0].register_forward_hook(lambda m, a, out: out + 1)  # the user's, on the module
+    module_hooks = hook_dicts(model)[0]
+    before = register_module_forward_hook(lambda m, a, out: None)  # the user's, process-wide
     w = workbench.watch(model, every=2)
-    after = model[0].register_forward_hook(lambda m, a, out: seen.append("after"))
-    ours = [k for k in model[0]._forward_hooks if k not in (before.id, after.id)]
-    assert list(model[0]._forward_hooks) == [before.id, *ours, after.id]
-    model(torch.randn(4, 2)).sum().backward()
-    w.step()  # step 2 is not recorded: nothing of ours is left in the model
-    assert list(model[0]._forward_hooks) == [before.id, after.id]
-    assert not model[1]._forward_hooks and not model[1]._forward_pre_hooks
-    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
-    late = model[0].register_forward_hook(lambda m, a, out: seen.append("late"))
-    model(torch.randn(4, 2)).sum().backward()
-    w.step()  # step 3 is recorded: ours are back where they were, the late hook behind them
-    assert list(model[0]._forward_hooks) == [before.id, *ours, after.id, late.id]
-    x = torch.randn(4, 2)
-    model(x).sum().backward()
-    w.step()
-    # our hook still sees the output after the user's earlier hook changed it
-    recorded = rows(w, step=3, module="0", kind="activation").iloc[0]
-    want = torch.nn.functional.linear(x, model[0].weight, model[0].bias) + 1
-    assert recorded["mean"] == pytest.approx(want.mean().item(), abs=1e-6)
-    assert sorted(set(w.to_pandas().step)) == [1, 3]
-    w.close()
-    for handle in (before, after, late):
-        handle.remove()
+    after = late = register_module_forward_hook(lambda m, a, out: None)
+    try:
+        ours = [k for k in _global_forward_hooks if k not in (before.id, after.id)]
+        assert len(ours) == 1 and list(_global_forward_hooks)[-3:] == [before.id, *ours, after.id]
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()  # step 2 is not recorded: nothing of ours is left in torch's hook dicts
+        assert list(_global_forward_hooks)[-2:] == [before.id, after.id]
+        assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+        late = register_module_forward_hook(lambda m, a, out: None)
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()  # step 3 is recorded: ours are back where they were, the late hook behind them
+        assert list(_global_forward_hooks)[-4:] == [before.id, *ours, after.id, late.id]
+        assert hook_dicts(model)[0] == module_hooks  # nothing of ours is ever put into the modules
+        x = torch.randn(4, 2)
+        model(x).sum().backward()
+        w.step()
+        # torch runs process-wide hooks before the module's own: the activation is what the
+        # module's forward returned, and the next module's shows the user's hook's change
+        linear = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
+        recorded = rows(w, step=3, module="0", kind="activation").iloc[0]
+        assert recorded["mean"] == pytest.approx(linear.mean().item(), abs=1e-6)
+        recorded = rows(w, step=3, module="1", kind="activation").iloc[0]
+        assert recorded["mean"] == pytest.approx(torch.relu(linear + 1).mean().item(), abs=1e-6)
+        assert sorted(set(w.to_pandas().step)) == [1, 3]
+        w.close()
+    finally:
+        for handle in (before, after, late):
+            handle.remove()
+    own.remove()
     assert hook_dicts(model) == hook_dicts(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
+
+
+def test_a_watched_model_deep_copies_and_saves_as_before_and_a_copy_is_not_watched():
+    # wandb.watch's hooks make torch.save(model) fail (wandb issues 961, 2588, 5573); a deep copy
+    # (a target network, an EMA, a best-so-far snapshot) would carry per-module hooks along
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    before = hook_dicts(model)
+    x = torch.randn(2, 3)
+    with workbench.watch(model) as w:
+        model(x).sum().backward()
+        duplicate = copy.deepcopy(model)
+        saved = io.BytesIO()
+        torch.save(model, saved)
+        with torch.no_grad():
+            for p in duplicate.parameters():
+                p.mul_(10)
+        duplicate(torch.randn(5, 3)).sum().backward()  # another model: recorded nowhere
+        w.step()
+    assert not w.errors
+    recorded = w.to_pandas()
+    assert set(recorded[recorded.kind == "activation"]["shape"]) == {"(2, 4)", "(2, 1)"}
+    weight_grad = rows(w, module="0", kind="param_grad", tensor="weight").iloc[0]
+    assert weight_grad["norm"] == pytest.approx(model[0].weight.grad.norm().item(), rel=1e-6)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    for other in (duplicate, loaded):
+        assert hook_dicts(other) == before
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_a_watch_let_go_of_without_close_takes_its_hooks_out():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    before = hook_dicts(model)
+    w = workbench.watch(model)
+    model(torch.randn(2, 3)).sum().backward()
+    w.step()
+    collected = weakref.ref(w)
+    del w
+    gc.collect()
+    assert collected() is None
+    assert hook_dicts(model) == before
+    model(torch.randn(2, 3)).sum().backward()  # runs without a trace of the watch
+
+
+def test_modules_of_other_models_are_passed_over():
+    inner = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+    outer = nn.Sequential(inner, nn.Linear(4, 2))  # the watched model called inside an unwatched one
+    other = nn.Sequential(nn.Linear(3, 3))
+    with workbench.watch(inner) as w:
+        other(torch.randn(2, 3))
+        outer(torch.randn(2, 3)).sum().backward()
+        other(torch.randn(2, 3))
+        w.step()
+    recorded = w.to_pandas()
+    assert set(recorded.module) == {"", "0", "1"}
+    assert set(recorded[recorded.kind == "activation"]["shape"]) == {"(2, 4)"}
+    assert list(rows(w, kind="activation", module="").call) == [0]
+
+
+def test_a_paused_block_is_neither_recorded_nor_patched_and_runs_without_our_hooks():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    x = torch.randn(4, 2)
+    clean = torch.relu(torch.nn.functional.linear(x, model[0].weight, model[0].bias))
+    outside = process_hooks()
+    with workbench.watch(model) as w:
+        w.ablate("1", [0])
+        model(x).sum().backward()
+        grad = model[0].weight.grad.clone()
+        with w.paused():
+            assert process_hooks() == outside
+            assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+            evaluation = model(x)
+            evaluation.sum().backward()  # (accumulates into .grad: not recorded)
+        assert torch.equal(evaluation, clean)  # the patch was not applied
+        assert torch.equal(model(x), clean * torch.tensor([0.0, 1.0, 1.0]))  # and is again
+        w.step()
+    assert not w.errors
+    assert list(rows(w, module="1", kind="activation").call) == [0, 1]  # the paused call is not counted
+    recorded = rows(w, module="0", kind="param_grad", tensor="weight").iloc[0]
+    assert recorded["norm"] == pytest.approx(grad.norm().item(), rel=1e-6)
+    with pytest.raises(RuntimeError, match="closed"):
+        with w.paused():
+            pass
 
 
 def test_an_intervention_keeps_hooks_in_on_idle_steps():
@@ -580,8 +681,16 @@ def test_an_output_that_cannot_be_summarized_stops_its_site_not_the_model(monkey
         raise RuntimeError("an output type the walk chokes on")
 
     monkeypatch.setattr(hooks, "tensor_leaves", broken_walk)
-    pair = nn.Sequential(nn.Linear(2, 2))
-    pair.register_forward_hook(lambda module, args, out: (out, out))  # a tuple: the walk runs
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.linear(x)
+            return y, y  # a tuple: the walk runs
+
+    pair = Pair()
     with workbench.watch(pair, modules="") as w:
         out = pair(torch.randn(3, 2))
         out[0].sum().backward()

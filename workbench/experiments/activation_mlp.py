@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import torch
 import torch.nn.functional as F
 
-from workbench.experiments.base import Experiment, register_experiment
+from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.models.mlp import ActivationName
 from workbench.params import Range
 from workbench.registry import create_model
@@ -99,7 +99,7 @@ class ActivationMLP(Experiment):
         accuracy = (logits.argmax(1) == y).float().mean()
         return {"loss": loss.item(), "accuracy": accuracy.item()}
 
-    @torch.no_grad()
+    @evaluation
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy on the whole training set (no parameter update)."""
         logits = self.model(self.x)

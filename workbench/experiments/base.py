@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,21 @@ from torch import nn
 from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, params_of, validate_overrides
 
-__all__ = ["Experiment", "ExperimentSpec", "register_experiment", "list_experiments",
+__all__ = ["Experiment", "ExperimentSpec", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create"]
+
+
+def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks an experiment's evaluation: it runs without gradients and outside the experiment's
+    watch (its module calls leave no rows and count no call), also inside a training step."""
+
+    @functools.wraps(method)
+    def evaluate(self: Experiment, *args: Any, **kwargs: Any) -> Any:
+        watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
+        with torch.no_grad(), (watcher.paused() if watcher is not None else contextlib.nullcontext()):
+            return method(self, *args, **kwargs)
+
+    return evaluate
 
 
 class Experiment:

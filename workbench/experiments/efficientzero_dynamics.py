@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.experiments.base import Experiment, register_experiment
+from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.models.efficientzero import scalar_to_support, support_to_scalar
 from workbench.params import Range
 from workbench.registry import create_model
@@ -149,7 +149,7 @@ class DynamicsUnroll(Experiment):
         metrics["reward_mean"] = self.model.get_reward_mean()[1]
         return metrics
 
-    @torch.no_grad()
+    @evaluation
     def evaluate(self, batch_size: int = 256) -> dict[str, float]:
         """Loss terms on fresh trajectories, in eval mode (BatchNorm running statistics)."""
         generator_state = self.generator.get_state()

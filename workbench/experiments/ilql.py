@@ -7,7 +7,7 @@ from typing import Annotated
 
 import torch
 
-from workbench.experiments.base import Experiment, register_experiment
+from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.params import Range
 from workbench.registry import create_model
 
@@ -69,7 +69,7 @@ class OfflineILQL(Experiment):
             metrics.update(self.evaluate())
         return metrics
 
-    @torch.no_grad()
+    @evaluation
     def evaluate(self, prompts: int | None = None, seed: int = 12345) -> dict[str, float]:
         """Mean reward on the same fresh prompts of: the perturbed policy (``policy_reward``), the
         policy alone (``bc_reward``, beta 0) and the behaviour policy that made the data

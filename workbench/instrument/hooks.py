@@ -2,11 +2,17 @@
 
 How it hooks in (see DESIGN.md, decisions 3 to 6):
 
-- Every module object gets a forward hook, and those with children a forward
-  pre-hook. Together they keep a stack of the call sites being executed, so a
-  module object that is reachable under several names is attributed to the
-  alias path through which its parent called it, and each call within a step
-  gets an index.
+- A forward pre-hook and a forward hook, both process-wide (torch's
+  ``register_module_forward_*hook``), see every module call and pass over
+  modules of other models. Nothing is written into the model: it deep-copies
+  and pickles as before (``torch.save(model)`` mid-run), a copy is not
+  watched, and the user's own hooks are untouched (torch runs the
+  process-wide hooks first: an activation is what the module's forward
+  returned). The hooks hold the watch weakly, so a watch let go of without
+  ``close()`` takes them out when it is collected. The modules with children
+  keep a stack of the call sites being executed, so a module object that is
+  reachable under several names is attributed to the alias path through which
+  its parent called it, and each call within a step gets an index.
 - Output gradients come from hooks registered inside the forward hook on the
   autograd node that made each output (what a tensor hook is, at half its
   cost; see :class:`_GradSite`). Full backward hooks raise on in-place ops
@@ -18,10 +24,9 @@ How it hooks in (see DESIGN.md, decisions 3 to 6):
   Activations are reduced in the hook (a later in-place op may change them);
   small gradients and parameters, which nothing changes meanwhile, are
   queued and reduced in one call at the end of the backward / in ``step()``.
-- Steps that are not recorded (``every``) run without our hooks: they are
-  taken out of the hook dicts and put back in their place before the next
-  recorded step (not for a compiled model, whose compiled code is guarded on
-  them).
+- Steps that are not recorded (``every``) and ``paused()`` blocks run without
+  our hooks: they are taken out of torch's hook dicts and put back in their
+  place (not for a compiled model, whose compiled code is guarded on them).
 - A forward run inside a backward is activation checkpointing recomputing
   what the forward recorded: it records no rows, only the output gradients
   the forward could not hook (reentrant checkpointing runs it under no_grad).
@@ -32,13 +37,15 @@ How it hooks in (see DESIGN.md, decisions 3 to 6):
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import sys
 import traceback
+import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,21 +170,25 @@ class Watch:
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
+        self._paused = 0  # paused() blocks entered
 
-        self._handles: list[Any] = []
-        self._leaves: set[int] = set()  # ids of modules without children
-        # torch.compile runs these hooks eagerly, in a graph break: they read memory and keep Python
-        # state that a traced graph cannot hold (~0.6 us more a call; the first watch() of a process
-        # loads torch._dynamo, ~1.6 s)
-        pre_hook, post_hook = torch.compiler.disable(self._pre_hook), torch.compiler.disable(self._post_hook)
-        for module in self._modules.values():
-            # the call stack only needs the modules that call others: a leaf finds its call site
-            # from the stack's top in its forward hook, and saves a pre-hook call
-            if next(module.children(), None) is not None:
-                self._handles.append(module.register_forward_pre_hook(pre_hook))
-            else:
-                self._leaves.add(id(module))
-            self._handles.append(module.register_forward_hook(post_hook))
+        # ids of the modules that call others: the call stack only needs them (a module without
+        # children finds its call site from the stack's top in its forward hook)
+        self._containers = {id(m) for m in self._modules.values() if next(m.children(), None) is not None}
+        # Two process-wide module hooks (torch runs them for every module, before the module's own
+        # hooks), which pass over modules of other models. Nothing is written into the model: it
+        # deep-copies and pickles as before (torch.save(model) mid-run), and a copy is not watched.
+        # torch.compile runs them eagerly, in a graph break: they read memory and keep Python state
+        # that a traced graph cannot hold (~0.6 us more a call; the first watch() of a process loads
+        # torch._dynamo, ~1.6 s)
+        self._handles: list[Any] = [
+            torch.nn.modules.module.register_module_forward_pre_hook(torch.compiler.disable(_weakly(self._pre_hook))),
+            torch.nn.modules.module.register_module_forward_hook(torch.compiler.disable(_weakly(self._post_hook))),
+        ]
+        # a torch.compile'd module warns on every call that process-wide hooks fire for it too
+        # (it is a module): ours pass it over, as a module of no model they watch
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
         # parameters: unique tensors, named by the first module path that owns them
         self._params: list[tuple[str, str, nn.Parameter]] = []
         param_paths: set[str] = set()
@@ -194,7 +205,10 @@ class Watch:
                     if param._post_accumulate_grad_hooks is None:  # torch creates the dict lazily
                         self._fresh_hook_dicts.append(param)
                     self._handles.append(param.register_post_accumulate_grad_hook(
-                        self._param_grad_hook(module_path, name)))
+                        _weakly(self._record_param_grad, module_path, name)))
+        # the hooks hold the watch weakly: a watch the user lets go of without close() takes its
+        # hooks out when it is collected, instead of recording on for ever
+        self._release = weakref.finalize(self, _remove_hooks, self._handles, self._fresh_hook_dicts)
 
         # (hooks dict, key, hook, order of the dict's keys when the hook was taken out) per handle:
         # steps that are not recorded run without our hooks (see _attach_hooks)
@@ -225,11 +239,7 @@ class Watch:
     # ------------------------------------------------------------------ hooks
     def _start_step(self) -> None:
         self._recording = (self.step_index - 1) % self.every == 0
-        self._active = not self.closed and (self._recording or bool(self._interventions))
-        # a compiled model keeps our hooks in: taking them out and back changes what its compiled
-        # code was guarded on, and would recompile it every few steps
-        compiled = self._compiled or getattr(self.model, "_compiled_call_impl", None) is not None
-        self._attach_hooks(self._active or compiled)
+        self._update_hooks()
         self._stack.clear()
         self._calls.clear()
         # rows for as many tensors as the largest step so far (idle steps record none)
@@ -245,8 +255,17 @@ class Watch:
         self._flush_queued = False  # an end-of-backward flush is queued
         self._step_errors: list[dict[str, Any]] = []
 
+    def _update_hooks(self) -> None:
+        """Whether the hooks act (a recorded step or patches to apply, and not paused) and are in."""
+        self._active = not self.closed and not self._paused and (self._recording or bool(self._interventions))
+        # a compiled model keeps our hooks in: taking them out and back changes what its compiled
+        # code was guarded on, and would recompile it every few steps
+        compiled = self._compiled or getattr(self.model, "_compiled_call_impl", None) is not None
+        self._attach_hooks(self._active or compiled)
+
     def _attach_hooks(self, attach: bool) -> None:
-        """Put our hooks in (``attach``) or take them out of the modules' and parameters' hook dicts.
+        """Put our hooks in (``attach``) or take them out of torch's process-wide and the
+        parameters' hook dicts.
 
         Between recorded steps (``every``) the model runs with no hook of ours at all: a module
         without hooks takes torch's fast call path, so idle steps cost nothing. A hook goes back
@@ -289,7 +308,7 @@ class Watch:
         return path
 
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
-        if not self._active:
+        if not self._active or id(module) not in self._containers:
             return
         if module is self.model:
             self._stack.clear()  # a forward that raised earlier may have left entries
@@ -297,9 +316,9 @@ class Watch:
         self._stack.append((id(module), self._resolve(parent, module)))
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if not self._active:
+        if not self._active or id(module) not in self._modules:  # (or a module of another model)
             return None
-        if id(module) in self._leaves:
+        if id(module) not in self._containers:
             path = self._resolve(self._stack[-1][1] if self._stack else None, module)
         else:
             if not self._stack:  # hooks put in while this module ran
@@ -411,7 +430,7 @@ class Watch:
         return site
 
     def _record_grad(self, site: _GradSite, grad: torch.Tensor | None) -> None:
-        if grad is None or self.closed:
+        if grad is None or self.closed or self._paused:
             return
         keys = [key for key in site.keys if key[0] in self._sites["grad_output"]]
         if site.step != self.step_index:
@@ -431,21 +450,18 @@ class Watch:
             for path, call, _, _ in keys:
                 self._fail(path, call, "grad_output", exc)
 
-    def _param_grad_hook(self, module_path: str, name: str) -> Callable[[nn.Parameter], None]:
-        def hook(param: nn.Parameter) -> None:
-            if not self._recording or self.closed or module_path not in self._sites["param_grad"]:
-                return
-            try:
-                grad = param.grad
-                # the last backward of the step wins: .grad holds the accumulated total
-                self._param_grads[(module_path, name)] = (
-                    (module_path, 0, "param_grad", name, shape_of(grad)), grad.numel(),
-                    self._sums.add(grad, defer=True))
-                self._flush_when_backward_ends()
-            except Exception as exc:
-                self._fail(module_path, 0, "param_grad", exc)
-
-        return hook
+    def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
+        if not (self._recording and self._active) or module_path not in self._sites["param_grad"]:
+            return
+        try:
+            grad = param.grad
+            # the last backward of the step wins: .grad holds the accumulated total
+            self._param_grads[(module_path, name)] = (
+                (module_path, 0, "param_grad", name, shape_of(grad)), grad.numel(),
+                self._sums.add(grad, defer=True))
+            self._flush_when_backward_ends()
+        except Exception as exc:
+            self._fail(module_path, 0, "param_grad", exc)
 
     def _flush_when_backward_ends(self) -> None:
         """Reduce the gradients deferred during this backward in one call when it ends (while
@@ -591,8 +607,7 @@ class Watch:
             raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
         intervention = Intervention(self, path, fn, call, label)
         self._interventions[path].append(intervention)
-        self._active = not self.closed
-        self._attach_hooks(self._active)
+        self._update_hooks()
         return intervention
 
     def _remove_intervention(self, intervention: Intervention) -> None:
@@ -601,7 +616,22 @@ class Watch:
             active.remove(intervention)
         if not active:
             self._interventions.pop(intervention.path, None)
-        self._active = not self.closed and (self._recording or bool(self._interventions))
+        # (the hooks stay in until the step ends: this may run inside one of them)
+        self._active = not self.closed and not self._paused and (self._recording or bool(self._interventions))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[Watch]:
+        """A block the watch stays out of, such as an evaluation pass between training steps: its
+        module calls leave no rows, count no call and are not patched, and run without our hooks."""
+        self._check_open()
+        self._paused += 1
+        self._update_hooks()
+        try:
+            yield self
+        finally:
+            self._paused -= 1
+            if not self.closed:
+                self._update_hooks()
 
     @property
     def interventions(self) -> list[Intervention]:
@@ -635,14 +665,8 @@ class Watch:
             return
         self.closed = True
         self._active = False
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._release()
         self._slots.clear()
-        for param in self._fresh_hook_dicts:  # leave the parameters exactly as we found them
-            if not param._post_accumulate_grad_hooks:
-                param._post_accumulate_grad_hooks = None
-        self._fresh_hook_dicts.clear()
         if getattr(self, "store", None) is not None:
             self.store.close()  # writes what is still queued first
         self._interventions.clear()
@@ -701,6 +725,29 @@ class _GradSite:
         if not self.fired:  # the view was modified in place: its node is no longer in the graph
             self.fired = True
             self.watch._record_grad(self, grads[self.base_output])
+
+
+def _weakly(method: Callable, *bound: Any) -> Callable:
+    """A hook that calls ``method(*bound, *args)`` while ``method``'s watch lives, and does nothing
+    after: torch's hook dicts hold it, and must not keep the watch alive."""
+    watch_ref, function = weakref.ref(method.__self__), method.__func__
+
+    def hook(*args: Any) -> Any:
+        watch = watch_ref()
+        return None if watch is None else function(watch, *bound, *args)
+
+    return hook
+
+
+def _remove_hooks(handles: list, fresh_hook_dicts: list[nn.Parameter]) -> None:
+    """Take a watch's hooks out of torch's hook dicts (on close(), or when the watch is collected)."""
+    for handle in handles:
+        handle.remove()
+    handles.clear()
+    for param in fresh_hook_dicts:  # leave the parameters exactly as we found them
+        if not param._post_accumulate_grad_hooks:
+            param._post_accumulate_grad_hooks = None
+    fresh_hook_dicts.clear()
 
 
 def _common_prefix(a: str, b: str) -> list[str]:
