@@ -341,6 +341,33 @@ def test_modules_of_other_models_are_passed_over():
     assert list(rows(w, kind="activation", module="").call) == [0]
 
 
+def test_watches_of_models_trained_at_once_on_two_threads_record_only_their_own():
+    # the hooks are process-wide: each watch sees the other model's calls, and takes its hooks
+    # out and puts them back (every=2) while the other thread runs modules
+    def train(width, results):
+        model = nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Sequential(nn.Linear(width, 2), nn.Tanh()))
+        with workbench.watch(model, every=2) as w:
+            for _ in range(30):
+                model(torch.randn(5, 3)).sum().backward()
+                w.step()
+        results[width] = w
+
+    results = {}
+    threads = [threading.Thread(target=train, args=(width, results)) for width in (4, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for width, w in results.items():
+        assert not w.errors
+        recorded = w.to_pandas()
+        assert sorted(set(recorded.step)) == list(range(1, 31, 2))
+        assert set(recorded.call) == {0}
+        assert len(recorded) == 15 * len(recorded[recorded.step == 1])
+        shapes = set(recorded[recorded.kind == "activation"]["shape"])
+        assert shapes == {f"(5, {width})", "(5, 2)"}
+
+
 def test_a_paused_block_is_neither_recorded_nor_patched_and_runs_without_our_hooks():
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     x = torch.randn(4, 2)

@@ -279,14 +279,16 @@ class Watch:
             if not attach:
                 slot[3] = list(hooks) if len(hooks) > 1 else None
                 hooks.pop(key, None)
-            elif order is None or not hooks:
-                hooks[key] = hook
-            else:
-                hooks[key] = hook
+                continue
+            hooks[key] = hook  # (at the end)
+            if order is not None:
+                # the hooks that were behind ours, and those registered meanwhile, go behind it
+                # again; one move at a time: other threads running modules (the dict is
+                # process-wide) never find a hook missing
                 rank = {k: i for i, k in enumerate(order)}
-                items = sorted(hooks.items(), key=lambda item: rank.get(item[0], len(rank)))  # stable
-                hooks.clear()
-                hooks.update(items)
+                ours = rank[key]
+                for later in [k for k in hooks if k != key and rank.get(k, len(rank)) > ours]:
+                    hooks.move_to_end(later)
         self._attached = attach
 
     def _resolve(self, parent: str | None, module: nn.Module) -> str:
