@@ -618,8 +618,8 @@ class Watch:
             active.remove(intervention)
         if not active:
             self._interventions.pop(intervention.path, None)
-        # (the hooks stay in until the step ends: this may run inside one of them)
-        self._active = not self.closed and not self._paused and (self._recording or bool(self._interventions))
+        # (also from inside a forward hook: torch iterates over a copy of the hook dicts)
+        self._update_hooks()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Watch]:
