@@ -318,15 +318,16 @@ class Watch:
         self._stack.append((id(module), self._resolve(parent, module)))
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if not self._active or id(module) not in self._modules:  # (or a module of another model)
+        key = id(module)
+        if not self._active or key not in self._modules:  # (or a module of another model)
             return None
-        if id(module) not in self._containers:
+        if key not in self._containers:
             path = self._resolve(self._stack[-1][1] if self._stack else None, module)
         else:
             if not self._stack:  # hooks put in while this module ran
                 return None
             mid, path = self._stack.pop()
-            while mid != id(module) and self._stack:  # entries of children whose forward raised
+            while mid != key and self._stack:  # entries of children whose forward raised
                 mid, path = self._stack.pop()
         recomputing = _graph_task_id() != -1
         want_grads = (self._recording and path in self._sites["grad_output"] and module.training
