@@ -1,6 +1,6 @@
 """Small built-in tasks that train a registered model one step at a time.
 
-    exp = workbench.experiments.create("activation_mlp", seed=0, activation="gelu")
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="gelu")  # device="cuda" on a GPU
     for _ in range(100):
         metrics = exp.step()          # {"step": 1, "loss": ..., "accuracy": ...}
 
@@ -14,6 +14,7 @@ from workbench.experiments.base import (
     get_experiment_spec,
     list_experiments,
     register_experiment,
+    resolve_device,
 )
 from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
@@ -24,4 +25,5 @@ __all__ = [
     "get_experiment_spec",
     "list_experiments",
     "register_experiment",
+    "resolve_device",
 ]

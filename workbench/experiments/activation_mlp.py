@@ -84,12 +84,12 @@ class ActivationMLP(Experiment):
     def setup(self) -> None:
         c = self.config
         self.model = create_model("mlp", in_features=2, num_classes=2, width=c.width, depth=c.depth,
-                                  activation=c.activation)
-        self.x, self.y = make_dataset(c.dataset, c.n_samples, c.noise, self.generator)
+                                  activation=c.activation).to(self.device)
+        self.x, self.y = self.to_device(make_dataset(c.dataset, c.n_samples, c.noise, self.generator))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
 
     def train_step(self) -> dict[str, float]:
-        idx = torch.randint(len(self.x), (self.config.batch_size,), generator=self.generator)
+        idx = torch.randint(len(self.x), (self.config.batch_size,), generator=self.generator).to(self.device)
         x, y = self.x[idx], self.y[idx]
         logits = self.model(x)  # (B, 2)
         loss = F.cross_entropy(logits, y)

@@ -18,7 +18,26 @@ from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, params_of, validate_overrides
 
 __all__ = ["Experiment", "ExperimentSpec", "evaluation", "register_experiment", "list_experiments",
-           "get_experiment_spec", "create"]
+           "get_experiment_spec", "create", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, checked to be usable in this process.
+
+    Raises:
+        ValueError: not a device name, or a device this process cannot use (no CUDA build,
+            no such GPU ...).
+    """
+    try:
+        resolved = torch.device(device)
+        torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
+    except Exception as err:  # RuntimeError, AssertionError (torch built without CUDA), TypeError
+        raise ValueError(f"device {device!r} cannot be used here ({err}); pass 'cpu' or an accelerator "
+                         "this process has, such as 'cuda' or 'cuda:0'.") from None
+    if resolved.type == "meta":
+        raise ValueError("device 'meta' holds shapes but no values: an experiment cannot train there; "
+                         "pass 'cpu' or an accelerator such as 'cuda'.")
+    return resolved
 
 
 def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,13 +69,19 @@ class Experiment:
         step_count: how many steps have been taken.
         generator: the experiment's random number generator.
         watcher: the :class:`~workbench.Watch` attached by :meth:`watch`, if any.
+        device: where the model and its batches live.
     """
 
     name: ClassVar[str]
     Config: ClassVar[type]
+    accelerated: ClassVar[bool] = True
     model: nn.Module
 
-    def __init__(self, config: Any, seed: int = 0) -> None:
+    def __init__(self, config: Any, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        self.device = resolve_device(device)
+        if self.device.type != "cpu" and not self.accelerated:
+            raise ValueError(f"Experiment {self.name!r} runs on the CPU only, got device {str(device)!r}; "
+                             "pass device='cpu'.")
         self.config = config
         self.seed = seed
         self.step_count = 0
@@ -67,8 +92,18 @@ class Experiment:
             self.setup()
 
     def setup(self) -> None:
-        """Build ``self.model``, the data and the optimizer."""
+        """Build ``self.model`` (on ``self.device``), the data and the optimizer."""
         raise NotImplementedError
+
+    def to_device(self, data: Any) -> Any:
+        """``data`` (a tensor, or lists, tuples and dicts of them) with every tensor moved to ``self.device``."""
+        if isinstance(data, torch.Tensor):
+            return data.to(self.device)
+        if isinstance(data, (list, tuple)):
+            return type(data)(self.to_device(item) for item in data)
+        if isinstance(data, dict):
+            return {key: self.to_device(value) for key, value in data.items()}
+        return data
 
     def train_step(self) -> dict[str, float]:
         """One training step; returns the metrics (``loss`` at least)."""
@@ -129,7 +164,8 @@ class Experiment:
             w.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(seed={self.seed}, step={self.step_count}, config={self.config})"
+        on = f", device='{self.device}'" if self.device.type != "cpu" else ""
+        return f"{type(self).__name__}(seed={self.seed}{on}, step={self.step_count}, config={self.config})"
 
 
 @dataclass(frozen=True)
@@ -141,9 +177,9 @@ class ExperimentSpec:
     cls: type[Experiment]
     params: tuple[ParamInfo, ...]
 
-    def create(self, seed: int = 0, **config: Any) -> Experiment:
+    def create(self, seed: int = 0, device: str | torch.device = "cpu", **config: Any) -> Experiment:
         checked = validate_overrides(self.params, config, f"Experiment {self.name!r}")
-        return self.cls(self.cls.Config(**checked), seed=seed)
+        return self.cls(self.cls.Config(**checked), seed=seed, device=device)
 
 
 _EXPERIMENTS: dict[str, ExperimentSpec] = {}
@@ -190,21 +226,24 @@ def get_experiment_spec(name: str) -> ExperimentSpec:
         ) from None
 
 
-def create(name: str, seed: int = 0, **config: Any) -> Experiment:
+def create(name: str, seed: int = 0, device: str | torch.device = "cpu", **config: Any) -> Experiment:
     """Create a registered experiment.
 
     Args:
         name: a name from :func:`list_experiments`.
         seed: fixes data, initialisation and every random draw.
+        device: where the model trains ('cpu', 'cuda', 'cuda:1' ...); the data
+            is drawn on the CPU, so a seed gives the same batches everywhere.
         **config: fields of the experiment's ``Config``.
 
     Returns:
         The experiment, ready to :meth:`~Experiment.step`.
 
     Raises:
-        ValueError: unknown name or a value outside its choices or range.
+        ValueError: unknown name, a value outside its choices or range, or a device
+            this process cannot use.
         TypeError: an unknown config field or a value of the wrong type.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}.")
-    return get_experiment_spec(name).create(seed=seed, **config)
+    return get_experiment_spec(name).create(seed=seed, device=device, **config)

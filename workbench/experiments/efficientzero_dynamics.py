@@ -93,12 +93,12 @@ class DynamicsUnroll(Experiment):
             num_res_blocks=c.num_res_blocks, reward_head_channels=head, fc_reward_layers=list(c.fc_reward_layers),
             output_support_size=c.support_size, flatten_output_size_for_reward_head=head * c.spatial * c.spatial,
             lstm_hidden_size=c.lstm_hidden_size,
-        )
+        ).to(self.device)
         self.teacher = Teacher(c.latent_channels, c.actions, c.reward_scale, self.generator)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """A batch of teacher trajectories.
+        """A batch of teacher trajectories, on the CPU.
 
         Returns:
             ``z0`` (B, C, S, S), ``actions`` (B, K), the teacher's latents
@@ -119,7 +119,7 @@ class DynamicsUnroll(Experiment):
         """Unroll the model K steps from z0 (the LSTM state carried across steps) and score it."""
         model, c = self.model, self.config
         latent = z0
-        hidden = model.initial_hidden_state(len(z0))
+        hidden = model.initial_hidden_state(len(z0), device=z0.device)
         vp_loss = consistency = 0.0
         errors = []
         for k in range(c.unroll_steps):
@@ -138,7 +138,7 @@ class DynamicsUnroll(Experiment):
         }
 
     def train_step(self) -> dict[str, float]:
-        batch = self.sample(self.config.batch_size)
+        batch = self.to_device(self.sample(self.config.batch_size))
         self.model.train()
         terms = self.losses(*batch)
         self.optimizer.zero_grad(set_to_none=True)
@@ -155,7 +155,7 @@ class DynamicsUnroll(Experiment):
         generator_state = self.generator.get_state()
         try:
             self.model.eval()
-            terms = self.losses(*self.sample(batch_size))
+            terms = self.losses(*self.to_device(self.sample(batch_size)))
         finally:
             self.model.train()
             self.generator.set_state(generator_state)  # evaluating does not shift the training stream

@@ -58,7 +58,7 @@ class OfflineILQL(Experiment):
         c = self.config
         self.model = create_model("ilql", n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, lr=c.lr,
                                   alpha=c.alpha, tau=c.tau, gamma=c.gamma, dataset_size=c.dataset_size,
-                                  seed=self.seed)
+                                  seed=self.seed).to(self.device)
         self.dataset = self.model.dataset
 
     def train_step(self) -> dict[str, float]:

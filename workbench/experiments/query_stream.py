@@ -53,6 +53,8 @@ class KeyStream:
 class QueryStream(Experiment):
     """A QueryModule indexes a stream of Zipf-distributed (observation, action) keys."""
 
+    accelerated = False  # the module's index is a Python dict of hashed keys: host work
+
     @dataclass
     class Config:
         """Configuration of ``query_stream``.

@@ -311,6 +311,12 @@ class ILQL(nn.Module):
         self.optimizer = torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=self.lr,
                                            weight_decay=self.weight_decay)
 
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() / .cpu() move the networks; batches follow them to the same device
+        super()._apply(fn, recurse)
+        self.device = str(next(self.parameters()).device)
+        return self
+
     def _pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         pairs = [(self.model, self.target_model), (self.q, self.target_q)]
         return pairs + ([(self.q2, self.target_q2)] if self.double_q else [])

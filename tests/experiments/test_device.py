@@ -1,0 +1,40 @@
+"""The ``device`` an experiment trains on: checked up front, data drawn on the CPU and moved."""
+
+import pytest
+import torch
+
+import workbench
+from workbench.experiments import base, resolve_device
+
+
+@pytest.mark.parametrize("device, message", [
+    ("gpu", "device 'gpu' cannot be used here"),
+    ("cuda:99" if torch.cuda.is_available() else "cuda", "device 'cuda(:99)?' cannot be used here"),
+    ("meta", "holds shapes but no values"),
+])
+def test_a_device_this_process_cannot_use_is_refused_up_front(device, message):
+    with pytest.raises(ValueError, match=message):
+        workbench.experiments.create("activation_mlp", device=device)
+
+
+def test_an_experiment_that_runs_on_the_cpu_only_says_so(monkeypatch):
+    monkeypatch.setattr(base, "resolve_device", torch.device)  # as if this process had a GPU
+    with pytest.raises(ValueError, match="'query_stream' runs on the CPU only, got device 'cuda'.*device='cpu'"):
+        workbench.experiments.create("query_stream", device="cuda")
+
+
+def test_batches_are_moved_to_the_device_whatever_their_nesting():
+    exp = workbench.experiments.create("efficientzero_dynamics", device="cpu")
+    assert exp.device == torch.device("cpu") == resolve_device("cpu")
+    target = torch.device("meta")  # a device every torch has; to_device does not care what it is
+    exp.device = target
+    moved = exp.to_device((torch.ones(2), [torch.zeros(1), {"a": torch.ones(3)}], 7))
+    assert moved[0].device == moved[1][0].device == moved[1][1]["a"].device == target
+    assert isinstance(moved[1], list) and moved[2] == 7
+
+
+def test_an_ilql_agent_moved_with_to_sends_its_batches_after_it():
+    agent = workbench.create_model("ilql")
+    assert agent.device == "cpu"
+    agent.to("meta")
+    assert agent.device == "meta" and next(agent.parameters()).is_meta
