@@ -258,3 +258,58 @@ def test_a_meta_tensor_is_refused_with_a_clear_error_and_leaves_no_row():
     with pytest.raises(ValueError, match="meta device.*real device"):
         step.add(torch.empty(3, 4, device="meta"))
     assert len(step) == 0 and step.add(torch.ones(2)) == 0
+
+
+def test_a_batch_of_tensors_across_row_boundaries_gets_each_tensors_statistics():
+    """Tensors reduced together in one grid (the path of tensors on an accelerator): sizes around the
+    grid's row length, first values that are zero, NaN or infinite (the filler copies them)."""
+    c = stats.CHUNK
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(n, generator=g) * 2 + 1 for n in (2, 7, c - 1, c, c + 1, 3 * c + 5)]
+    tensors[1][0] = 0.0
+    tensors[2][0] = float("nan")
+    tensors[3][0] = float("inf")
+    tensors[4][0] = -float("inf")
+    tensors.append(torch.randn(c + 3, generator=g, dtype=torch.float64) * 1e-3 + 50)  # another dtype, far from 0
+    sums, counts = reduce(*tensors, bins=8)
+    got = finish(np.array([x.numel() for x in tensors]), sums)
+    for i, x in enumerate(tensors):
+        want = reference(x)
+        for key, value in want.items():
+            assert got[key][i] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), (i, key)
+        finite = x[torch.isfinite(x)].numpy()
+        if len(finite) == len(x):
+            edges = np.linspace(x.min().item(), x.max().item(), 9)
+            np.testing.assert_array_equal(counts[i], np.histogram(x.numpy(), edges)[0])
+        else:  # a range that is not finite bins nothing
+            assert counts[i].sum() == 0
+
+
+def test_a_staged_tensor_is_reduced_as_it_was_when_added_unless_deferred(monkeypatch):
+    monkeypatch.setattr(stats, "COMPILED", False)  # CPU tensors take the accelerator's path
+    step = StepSums()
+    copied, kept = torch.randn(300) + 3, torch.randn(300) + 3
+    copied_mean, kept_mean = copied.double().mean().item(), kept.double().mean().item()
+    step.add(copied)  # an activation: a later in-place op (ReLU(inplace=True), x += ...) must not show
+    step.add(kept, defer=True)  # a gradient: nothing changes it, it is kept as it is
+    copied.add_(100)
+    kept.add_(100)
+    step.flush()  # (the end of a backward) what is kept by reference is copied: zero_grad may come next
+    kept.zero_()
+    means = finish(np.array([300, 300]), step.rows()[0])["mean"]
+    assert means[0] == pytest.approx(copied_mean, rel=1e-6)
+    assert means[1] == pytest.approx(kept_mean + 100, rel=1e-6)
+
+
+def test_staged_tensors_are_reduced_once_the_stage_is_full(monkeypatch):
+    monkeypatch.setattr(stats, "COMPILED", False)
+    monkeypatch.setattr(stats, "STAGE_BYTES", 5000)
+    step = StepSums()
+    xs = [torch.randn(600), torch.randn(300).double(), torch.randn(200)]
+    step.add(xs[0])
+    step.add(xs[1])
+    assert step._staged_bytes == 600 * 4 + 300 * 8 and not step._device_rows  # 4800 bytes: still staged
+    step.add(xs[2])  # 5600 bytes staged: reduced at once, a batch per dtype
+    assert step._staged_bytes == 0 and len(step._device_rows) == 2
+    means = finish(np.array([600, 300, 200]), step.rows()[0])["mean"]
+    np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5, atol=1e-7)

@@ -2,12 +2,15 @@
 
 A hook hands each tensor to the step's :class:`StepSums`. A CPU tensor is
 reduced by compiled one-pass kernels straight into a row of a host array
-(:mod:`workbench.instrument._stats_kernels`); a tensor on another device into
-a small tensor of sums on that device, with torch's kernels and no host
-transfer. ``rows()`` moves the device rows to the host in one transfer per
-device when the step is recorded, and :func:`finish` turns raw sums into the
-columns of a record row. Keeping raw sums (not means and stds) keeps the hook
-to plain reductions; the divisions happen once, on the host, in numpy.
+(:mod:`workbench.instrument._stats_kernels`). A tensor on another device is
+staged and reduced with the other staged tensors of its device in one batch
+of torch kernels (:func:`chunk_sums`): each torch op is a kernel launch, a
+few microseconds of host time however small the tensor, so a few dozen
+launches per batch replace a dozen per tensor. Nothing waits for the device.
+``rows()`` moves the device sums to the host in one transfer per device when
+the step is recorded, and :func:`finish` turns raw sums into the columns of
+a record row. Keeping raw sums (not means and stds) keeps the hook to plain
+reductions; the divisions happen once, on the host, in numpy.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 
 from workbench.instrument import _stats_kernels as kernels
 
-__all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "plain_values", "device_sums", "device_histogram", "finish"]
+__all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "plain_values", "chunk_sums", "combine_chunks",
+           "device_sums", "device_histogram", "finish"]
 
 #: Reduce CPU tensors with the compiled kernels; False sends them through torch's kernels,
 #: the path tensors on other devices take (the tests run both).
@@ -30,7 +34,7 @@ COMPILED = True
 #: ``shift`` is the tensor's first value (0 when that is not finite): with sums around a value of
 #: the tensor, the variance keeps its precision when the mean is large against the spread.
 SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift")
-SUM, SUM_SQ, MIN, MAX, SHIFT = (SUMS.index(name) for name in ("sum", "sum_sq", "min", "max", "shift"))
+SUM, SUM_SQ, ABS_SUM, MIN, MAX, NONZERO, NAN, INF, SHIFT = range(len(SUMS))
 #: The statistics of a record row, derived from the sums and the numel.
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
 
@@ -41,7 +45,15 @@ DEFER_MAX_BYTES = 256 << 10
 #: bounds the memory the queued tensors keep alive.
 DEFER_BYTES = 1 << 20
 
+#: Staged device tensors are reduced once they hold this many bytes: it bounds the device memory
+#: the staged copies take, and the reduction's temporaries (about six times this, for a moment).
+STAGE_BYTES = 64 << 20
+#: A batch lays its tensors out in rows of this many values (:func:`chunk_sums`): long enough
+#: for efficient row reductions, short enough that filling each tensor's last row costs little.
+CHUNK = 1024
+
 _EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
+_STAGED_DTYPES = (torch.float32, torch.float64)  # staged as they are; others go through as_float
 _ROW_BYTES = len(SUMS) * 8
 _compiled_kernels: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram, batch), loaded on first use
 
@@ -124,6 +136,13 @@ class StepSums:
     the flush - gradients, parameters - and saves the per-tensor call
     overhead; the queue keeps them alive until then.
 
+    A tensor on another device (or any tensor, with :data:`COMPILED` off) is
+    staged: kept as it is with ``defer``, else copied (a later in-place op
+    must not change what is reduced), and reduced with its device's other
+    staged tensors in one batch when the rows are read (:meth:`rows`), or
+    once the stage holds :data:`STAGE_BYTES`. :meth:`flush` copies what is
+    kept by reference, in one copy per device.
+
     Thread-safe: a backward may run hooks on other threads.
 
     Args:
@@ -137,9 +156,15 @@ class StepSums:
         self._host = np.empty((max(capacity, 1), len(SUMS)))
         self._counts = np.zeros((len(self._host), bins), np.float32) if bins else None
         self._addresses()
-        self._device_rows: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+        # staged: per (device, dtype), (1-D values, their rows, the length of each row's tensor)
+        # batches reduced on a device: their record rows, then chunk_sums' four results (or, for
+        # a tensor reduced on its own, None, None, its sums (1, 9) and counts)
+        self._device_rows: list[tuple[list[int], np.ndarray | None, np.ndarray | None, torch.Tensor,
+                                      torch.Tensor | None]] = []
         self._queued: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
         self._queued_bytes = 0
+        self._staged: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, list[int], list[int]]]] = {}
+        self._staged_bytes = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -155,10 +180,7 @@ class StepSums:
             if COMPILED and x.is_cpu:
                 self._reduce_on_host(x, row, defer)
             else:
-                values, zeros = plain_values(x)
-                sums = device_sums(values, zeros)
-                counts = device_histogram(values, sums, self.bins, zeros) if self.bins else None
-                self._device_rows.append((row, sums, counts))
+                self._stage(x, row, defer)
             self._n = row + 1  # only once the row is filled or queued: a failed reduction leaves no row
             return row
 
@@ -196,10 +218,53 @@ class StepSums:
             if zeros:
                 self._counts[row] += _zeros_histogram(sums, zeros, x.dtype, self.bins).numpy()
 
+    def _stage(self, x: torch.Tensor, row: int, defer: bool) -> None:
+        if (x.dtype in _STAGED_DTYPES and x.layout is torch.strided and not x.is_nested and not x.is_neg()
+                and not x.is_meta):  # the usual tensor, in the fewest calls: this runs for every one
+            flat = x.detach().reshape(-1)
+            if not defer and x.is_contiguous():
+                flat = flat.clone()  # a view of x: what later in-place ops do to x must not reach the sums
+        else:
+            values, zeros = plain_values(x)
+            flat = as_float(values).reshape(-1)
+            if zeros or not flat.numel():  # (rare layouts: a sparse tensor's implicit zeros) on its own
+                sums = device_sums(flat, zeros)
+                counts = device_histogram(flat, sums, self.bins, zeros) if self.bins else None
+                self._device_rows.append(([row], None, None, sums[None], counts[None] if counts is not None else None))
+                return
+            if not defer and flat.untyped_storage().data_ptr() == values.untyped_storage().data_ptr():
+                flat = flat.clone()
+        if not flat.numel():
+            self._host[row] = _EMPTY
+            return
+        self._staged.setdefault((flat.device, flat.dtype), []).append((flat, [row], [flat.numel()]))
+        self._staged_bytes += flat.numel() * flat.element_size()
+        if self._staged_bytes >= STAGE_BYTES:
+            self._reduce_staged()
+
+    def _reduce_staged(self) -> None:
+        staged, self._staged, self._staged_bytes = self._staged, {}, 0
+        for entries in staged.values():
+            data = torch.cat([flat for flat, _, _ in entries]) if len(entries) > 1 else entries[0][0]
+            rows = [row for _, rows, _ in entries for row in rows]
+            lengths = np.array([n for _, _, lengths in entries for n in lengths], np.int64)
+            self._device_rows.append((rows, *chunk_sums(data, lengths, self.bins)))
+
+    def _snapshot_staged(self) -> None:
+        # the staged tensors of each device in one copy: the reduction waits for the step's end,
+        # what was kept by reference (gradients, parameters) is safe from zero_grad and the optimizer
+        for key, entries in self._staged.items():
+            if entries:
+                self._staged[key] = [(torch.cat([flat for flat, _, _ in entries]),
+                                      [row for _, rows, _ in entries for row in rows],
+                                      [n for _, _, lengths in entries for n in lengths])]
+
     def flush(self) -> None:
-        """Reduce the queued tensors (``add(x, defer=True)``) and let them go."""
+        """Reduce the queued CPU tensors (``add(x, defer=True)``) and let them go; copy the staged
+        ones that are kept by reference (one copy per device), to be reduced at :meth:`rows`."""
         with self._lock:
             self._flush_queue()
+            self._snapshot_staged()
 
     def _flush_queue(self) -> None:
         queued, self._queued, self._queued_bytes = self._queued, {}, 0
@@ -240,21 +305,128 @@ class StepSums:
 
     def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Host copies of the sums ``(rows, 9)`` and histogram counts ``(rows, bins)`` (or None),
-        after a :meth:`flush`: the rows of tensors on other devices come over in one transfer per
+        after a :meth:`flush`: the sums of tensors on other devices come over in one transfer per
         device."""
         with self._lock:
             self._flush_queue()
+            self._reduce_staged()
             sums = self._host[:self._n].copy()
             counts = self._counts[:self._n].copy() if self._counts is not None else None
-            by_device: dict[torch.device, list[tuple[int, torch.Tensor, torch.Tensor | None]]] = {}
+            by_device: dict[torch.device, list] = {}
             for entry in self._device_rows:
-                by_device.setdefault(entry[1].device, []).append(entry)
+                by_device.setdefault(entry[3].device, []).append(entry)
         for entries in by_device.values():
-            index = [row for row, _, _ in entries]
-            sums[index] = torch.stack([s for _, s, _ in entries]).cpu().numpy()
-            if counts is not None:
-                counts[index] = torch.stack([c for _, _, c in entries]).cpu().numpy()
+            # one transfer per device: every batch's chunk sums and counts, flattened into one tensor
+            parts = [part.reshape(-1).double() for *_, grid, hist in entries for part in (grid, hist)
+                     if part is not None]
+            host, offset = torch.cat(parts).cpu().numpy(), 0
+            for batch_rows, grid_rows, filler, grid, hist in entries:
+                grid_sums = host[offset:offset + grid.numel()].reshape(grid.shape)
+                sums[batch_rows] = grid_sums if grid_rows is None else combine_chunks(grid_sums, grid_rows, filler)
+                offset += grid.numel()
+                if hist is not None:
+                    counts[batch_rows] = host[offset:offset + hist.numel()].reshape(hist.shape)
+                    offset += hist.numel()
         return sums, counts
+
+
+def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor | None]:
+    """The sums of many tensors of one device and dtype, with a few dozen kernel launches in all.
+
+    The tensors are laid out in a grid of rows of :data:`CHUNK` values, each
+    tensor starting a new row and the rest of its last row filled with its
+    first value, by one gather from their concatenation. Plain reductions
+    along the rows then give every row's sums at once, as accurately as
+    torch's reductions (pairwise sums) and with ops every backend has. A
+    row's sums (of ``x - shift`` and of ``|x| - |shift|``) are taken around
+    its tensor's first value (the shift of :data:`SUMS`, 0 when that is not
+    finite): the filler adds exactly zero to them and changes no minimum or
+    maximum, :func:`combine_chunks` takes it out of the counts, and the host
+    adds up the rows of a tensor. The grid's layout is worked out on the host
+    and goes over in one copy that does not wait for the device.
+
+    Args:
+        data: the tensors' values, one after another (1-D, float32 or float64).
+        lengths: how many values each tensor has (int64, none 0).
+        bins: histogram bins per tensor, or None.
+
+    Returns:
+        ``(grid_rows, filler, sums, counts)``: the grid rows of each tensor
+        and the filler values in its last row (host int64 arrays, (n,));
+        each row's sums and its tensor's first value, (rows, 10) in the
+        tensors' dtype on their device; and the histogram counts of each
+        tensor, (n, bins) float32 on the device, or None.
+    """
+    rows = -(-lengths // CHUNK)
+    n, grid_rows, device = len(lengths), int(rows.sum()), data.device
+    tensor_of_row = np.repeat(np.arange(n), rows)
+    first_row = np.cumsum(rows) - rows  # each tensor's first grid row
+    start = (np.cumsum(lengths) - lengths)[tensor_of_row]  # where the row's tensor starts in the concatenation
+    row_start = start + (np.arange(grid_rows) - first_row[tensor_of_row]) * CHUNK
+    filled = np.minimum(lengths[tensor_of_row] - (row_start - start), CHUNK)  # values of its tensor in the row
+    table = torch.from_numpy(np.concatenate([tensor_of_row, start, row_start, filled]))
+    if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
+        table = table.pin_memory()
+    tensor_of_row, start, row_start, filled = table.to(device, non_blocking=True).view(4, grid_rows)
+    column = torch.arange(CHUNK, device=device)
+    in_tensor = column < filled[:, None]
+    # (repeat_interleave would lay this out too, but its CUDA kernel fills each repeat with one thread)
+    grid = data[torch.where(in_tensor, row_start[:, None] + column, start[:, None])]  # (grid_rows, CHUNK)
+    first = data[start]  # each row's tensor's first value
+    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    centred = grid - shift[:, None]
+    dtype = grid.dtype
+    sums = torch.stack([
+        centred.sum(1), centred.square_().sum(1), (grid.abs() - shift.abs()[:, None]).sum(1), grid.amin(1),
+        grid.amax(1), (grid != 0).sum(1, dtype=dtype), torch.isnan(grid).sum(1, dtype=dtype),
+        torch.isinf(grid).sum(1, dtype=dtype), shift, first], 1)
+    del centred
+    counts = None
+    if bins:
+        # each tensor's range from its rows'; NaN set explicitly (scatter_reduce's own NaN rule is not documented)
+        lo = torch.empty(n, dtype=dtype, device=device).scatter_reduce_(0, tensor_of_row, sums[:, MIN], "amin",
+                                                                        include_self=False)
+        hi = torch.empty(n, dtype=dtype, device=device).scatter_reduce_(0, tensor_of_row, sums[:, MAX], "amax",
+                                                                        include_self=False)
+        nan = torch.zeros(n, dtype=dtype, device=device).index_add_(0, tensor_of_row, sums[:, NAN])
+        lo, hi = (torch.where(nan > 0, torch.full_like(bound, math.nan), bound)[tensor_of_row] for bound in (lo, hi))
+        counts = _binned(grid, lo, hi, tensor_of_row, in_tensor, n, bins)
+    return rows, rows * CHUNK - lengths, sums, counts
+
+
+def _binned(grid: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tensor_of_row: torch.Tensor,
+            in_tensor: torch.Tensor, n: int, bins: int) -> torch.Tensor:
+    """Counts (n, bins) of the values of each grid row (where ``in_tensor``) in ``bins`` equal bins
+    spanning its tensor's [lo, hi] (given per row): the arithmetic of :func:`device_histogram`."""
+    width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
+    scaled = torch.nan_to_num((grid - lo[:, None]) * scale[:, None], nan=-1.0, posinf=-1.0, neginf=-1.0)
+    weight = ((scaled >= 0) & in_tensor).to(torch.float32)  # non-finite values (and ranges) land at -1
+    index = scaled.clamp_(0, bins - 1).long().add_(tensor_of_row[:, None] * bins)
+    counts = torch.zeros(n * bins, dtype=torch.float32, device=grid.device)
+    return counts.scatter_add_(0, index.view(-1), weight.view(-1)).view(n, bins)
+
+
+def combine_chunks(grid_sums: np.ndarray, grid_rows: np.ndarray, filler: np.ndarray) -> np.ndarray:
+    """The :data:`SUMS` rows of tensors from the sums of their grid rows (:func:`chunk_sums`:
+    ``grid_rows`` rows per tensor, in order, ``filler`` copies of its first value in the last):
+    sums and counts add up, less what the filler added; the range is the widest (NaN wins, as in
+    torch.aminmax); the shift is the tensor's. (A non-finite first value makes the sums non-finite,
+    as it would anyway; its counts are right.)"""
+    grid_sums = grid_sums.astype(np.float64, copy=False)
+    starts = np.cumsum(grid_rows) - grid_rows
+    sums = np.add.reduceat(grid_sums[:, :len(SUMS)], starts, axis=0)
+    sums[:, MIN] = np.minimum.reduceat(grid_sums[:, MIN], starts)
+    sums[:, MAX] = np.maximum.reduceat(grid_sums[:, MAX], starts)
+    sums[:, SHIFT] = grid_sums[starts, SHIFT]
+    first, shift = grid_sums[starts, len(SUMS)], sums[:, SHIFT]
+    with np.errstate(invalid="ignore"):
+        sums[:, ABS_SUM] += (grid_rows * CHUNK - filler) * np.abs(shift)
+        sums[:, NONZERO] -= filler * (first != 0)
+        sums[:, NAN] -= filler * np.isnan(first)
+        sums[:, INF] -= filler * np.isinf(first)
+    return sums
 
 
 def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
@@ -346,7 +518,9 @@ def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:
             "min": lo,
             "max": hi,
             "abs_mean": a / n,
-            "norm": np.sqrt(np.maximum(sq + shift * (2 * s + n * shift), 0.0)),  # sum of x**2
+            # sqrt of the sum of x**2; torch.linalg.norm's answer where a value is not finite
+            "norm": np.where(nan > 0, np.nan, np.where(inf > 0, np.inf,
+                                                       np.sqrt(np.maximum(sq + shift * (2 * s + n * shift), 0.0)))),
             "zero_frac": np.where(n > 0, (n - nonzero) / n, np.nan),
             "nan_count": nan.astype(np.int64),
             "inf_count": inf.astype(np.int64),

@@ -1,0 +1,116 @@
+"""watch() on a CUDA device: the statistics, the one host transfer per step, the experiments.
+
+These need a GPU and are skipped without one (CI has none); the same code
+paths run on the CPU in test_stats.py and test_watch.py with the compiled
+kernels switched off.
+"""
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import workbench
+from workbench.instrument.stats import StepSums, finish
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+COLUMNS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
+
+
+def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path():
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (1, 5, 1023, 1024, 1025, 70_001, 2_000_000)]
+    tensors[2][0] = float("nan")
+    tensors[3][[0, 9]] = float("inf")
+    tensors[4][4:600] = 0.0
+    tensors += [torch.randn(33, 7, generator=g).bfloat16(), torch.randint(-4, 5, (100,)),
+                torch.randn(4000, generator=g, dtype=torch.float64) * 1e-3 + 300]
+    results = []
+    for device in ("cpu", "cuda"):
+        step = StepSums(bins=16)
+        for x in tensors:
+            step.add(x.to(device))
+        sums, counts = step.rows()
+        results.append((finish(np.array([x.numel() for x in tensors]), sums), counts))
+    (cpu, cpu_counts), (cuda, cuda_counts) = results
+    for column in COLUMNS:
+        np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
+    np.testing.assert_array_equal(cuda_counts, cpu_counts)  # the same float32 arithmetic bins alike
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)  # shared, in place
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)) for _ in range(2))
+        self.head = nn.Linear(8 * 6 * 6, 5)
+
+    def forward(self, x):
+        x = self.act(self.conv(x))
+        for block in self.blocks:
+            x = x + self.act(block(x))
+        return self.head(x.flatten(1))
+
+
+def _watched_steps(model, inputs, steps, sync_check=False):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with workbench.watch(model, histograms=True, bins=8) as w:
+        for x in inputs[:steps]:
+            # hooks, staging and the end-of-backward reduction must never wait for the device
+            if sync_check:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            w.step()  # the one transfer of the step
+    return w
+
+
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype")
+def test_a_watched_cuda_model_waits_for_the_device_once_per_step_and_matches_the_cpu():
+    torch.manual_seed(0)
+    model = Net()
+    inputs = [torch.randn(16, 3, 6, 6) for _ in range(3)]
+    gpu = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3, sync_check=True)
+    assert gpu.errors == []  # a synchronizing call in a hook would have raised there, and been recorded
+    with torch.backends.cudnn.flags(allow_tf32=False), warnings.catch_warnings():
+        gpu_exact = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3)
+    cpu = _watched_steps(copy.deepcopy(model), inputs, 3)
+    a, b = gpu_exact.to_pandas(), cpu.to_pandas()
+    keys = ["step", "module", "call", "kind", "tensor"]
+    assert a[keys].equals(b[keys]) and len(a) == len(gpu.to_pandas())
+    # (a gradient that is zero in exact arithmetic - a bias before BatchNorm - comes out as exact
+    # zeros on one device and as rounding noise on the other: its zero_frac is left out)
+    exact = b["abs_mean"] > 1e-6
+    for column in COLUMNS:
+        keep = exact if column == "zero_frac" else slice(None)
+        np.testing.assert_allclose(a[column][keep], b[column][keep], rtol=1e-3, atol=1e-5, err_msg=column)
+    assert (a["kind"] == "grad_output").any() and (a["module"] == "act").sum() > 0
+
+
+@pytest.mark.parametrize("name, config", [
+    ("activation_mlp", {"depth": 2, "width": 32}),
+    ("efficientzero_dynamics", {"batch_size": 8}),
+    ("ilql", {"batch_size": 8, "eval_every": 2, "eval_prompts": 8}),
+])
+def test_experiments_train_on_cuda_and_are_watched_there(name, config):
+    cpu = workbench.experiments.create(name, seed=3, **config)
+    gpu = workbench.experiments.create(name, seed=3, device="cuda", **config)
+    assert {p.device.type for p in gpu.model.parameters()} == {"cuda"}
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        first_gpu = gpu.step()
+    assert first_gpu["loss"] == pytest.approx(cpu.step()["loss"], rel=1e-3)  # the same batches
+    metrics = gpu.run(2, every=1)
+    assert all(np.isfinite(m["loss"]) for m in metrics)
+    rows = gpu.watcher.to_pandas()
+    assert gpu.watcher.errors == [] and set(rows["step"]) == {2, 3}
+    assert {"activation", "grad_output", "param", "param_grad"} <= set(rows["kind"])
