@@ -25,7 +25,12 @@ Workloads: the EfficientZero dynamics network at LightZero's Atari sizes
 batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
 2-layer GPT trunks, n_embd 64, and its heads; batch 64 of the toy task).
 
-    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql]
+With ``--device cuda`` the workloads train on the GPU (the data is drawn on
+the CPU and moved, as the experiments do), every block is timed between two
+``torch.cuda.synchronize()``, and the "torch reductions" variant is left out:
+on a GPU every tensor takes that path.
+
+    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda]
 """
 
 from __future__ import annotations
@@ -42,19 +47,24 @@ import workbench
 from workbench.instrument import stats
 
 
-def dynamics(batch: int):
+def dynamics(batch: int, device: str):
     return workbench.experiments.create(
-        "efficientzero_dynamics", seed=0, batch_size=batch, latent_channels=64, actions=6, spatial=6,
-        lstm_hidden_size=512, support_size=601, fc_reward_layers=[32], unroll_steps=5)
+        "efficientzero_dynamics", seed=0, device=device, batch_size=batch, latent_channels=64, actions=6,
+        spatial=6, lstm_hidden_size=512, support_size=601, fc_reward_layers=[32], unroll_steps=5)
 
 
-def mlp(batch: int):
-    return workbench.experiments.create("activation_mlp", seed=0, activation="gelu", depth=3, width=256,
-                                        batch_size=batch)
+def mlp(batch: int, device: str):
+    return workbench.experiments.create("activation_mlp", seed=0, device=device, activation="gelu", depth=3,
+                                        width=256, batch_size=batch)
 
 
-def ilql(batch: int):
-    return workbench.experiments.create("ilql", seed=0, batch_size=batch, eval_every=0)
+def ilql(batch: int, device: str):
+    return workbench.experiments.create("ilql", seed=0, device=device, batch_size=batch, eval_every=0)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def naive_hooks(model):
@@ -85,9 +95,11 @@ class Variant:
     def timed_block(self, steps: int) -> float:
         stats.COMPILED = not self.torch_reductions
         try:
+            synchronize()
             start = time.perf_counter()
             for _ in range(steps):
                 self.step()
+            synchronize()
             return (time.perf_counter() - start) / steps
         finally:
             stats.COMPILED = True
@@ -113,11 +125,12 @@ def run_block(copies: dict[str, Variant], name: str, block: int) -> float:
         return copies[name].timed_block(block)
 
 
-def measure(make, rounds: int, block: int) -> dict[str, tuple[float, float, float, float]]:
+def measure(make, rounds: int, block: int, variants: dict[str, dict] = VARIANTS
+            ) -> dict[str, tuple[float, float, float, float]]:
     """Per variant: the median step time and the median, lower and upper quartile over rounds of
     its block's time as a ratio to the bare block of the same round."""
     copies = {}
-    for name, options in VARIANTS.items():
+    for name, options in variants.items():
         copies[name] = Variant(make(), **options)
         run_block(copies, name, block)  # warm-up: allocator, compiled kernels, hook caches
     order = list(copies)
@@ -142,18 +155,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="rounds per workload (default: 10, 40, 40)")
     parser.add_argument("--quick", action="store_true", help="small batches, for a smoke run")
     parser.add_argument("--only", choices=["dynamics", "mlp", "ilql"], nargs="+", help="run just these workloads")
+    parser.add_argument("--device", default="cpu", help="where the workloads train (cpu, cuda ...)")
     args = parser.parse_args()
+    device = args.device
     # blocks of 10 steps: every=10 records one step in each
     workloads = [
-        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5", lambda: dynamics(32 if args.quick else 256), 10),
-        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024), 40),
-        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64), 40),
+        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5",
+         lambda: dynamics(32 if args.quick else 256, device), 10),
+        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024, device), 40),
+        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64, device), 40),
     ]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    variants = {name: options for name, options in VARIANTS.items()
+                if device == "cpu" or not options.get("torch_reductions")}
+    where = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {device}: {where}")
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
-        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10)
+        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10, variants=variants)
         print(f"\n{title}: bare step {result['bare'][0] * 1e3:.1f} ms")
         print(f"  {'':26s} {'step':>8s}      ratio to bare (quartiles)")
         for name, (seconds, ratio, low, high) in result.items():
