@@ -11,21 +11,28 @@ from workbench.instrument.stats import StepSums, finish
 
 
 DEFER = False
+MANY = False
 
 
-@pytest.fixture(autouse=True, params=["compiled", "deferred", "torch"])
+@pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch"])
 def path(request, monkeypatch):
     """Every test runs on every reduction path: the compiled single pass, the same deferred and
-    reduced in one batched call, and torch's kernels (the path of tensors on an accelerator)."""
+    reduced in one batched call, all the tensors at once (``add_many``, as parameters are), and
+    torch's kernels (the path of tensors on an accelerator)."""
     monkeypatch.setattr(stats, "COMPILED", request.param != "torch")
     monkeypatch.setattr(sys.modules[__name__], "DEFER", request.param == "deferred")
+    monkeypatch.setattr(sys.modules[__name__], "MANY", request.param == "many")
+    if request.param == "many":  # add_many batches the dtypes whose kernels are loaded
+        for dtype in (torch.float32, torch.float64):
+            stats._compiled_kernels.get(dtype) or stats._load_kernels(dtype)
     return request.param
 
 
 def reduce(*tensors, bins=None):
     """Sums (and histogram counts) of ``tensors``, one row each, as a hook step gathers them."""
     step = StepSums(bins, capacity=1)  # capacity 1: adding grows the buffer
-    assert [step.add(x, defer=DEFER) for x in tensors] == list(range(len(tensors)))
+    rows = step.add_many(tensors) if MANY else [step.add(x, defer=DEFER) for x in tensors]
+    assert rows == list(range(len(tensors)))
     return step.rows()
 
 
@@ -258,6 +265,16 @@ def test_a_meta_tensor_is_refused_with_a_clear_error_and_leaves_no_row():
     with pytest.raises(ValueError, match="meta device.*real device"):
         step.add(torch.empty(3, 4, device="meta"))
     assert len(step) == 0 and step.add(torch.ones(2)) == 0
+
+
+def test_add_many_refuses_a_meta_tensor_and_leaves_no_garbage_in_the_rows_it_took():
+    step = StepSums()
+    with pytest.raises(ValueError, match="meta device"):
+        step.add_many([torch.ones(3), torch.empty(2, device="meta")])
+    sums, _ = step.rows()
+    for row in sums:  # a row taken for the first tensor holds NaN or its sums, not np.empty's bytes
+        assert np.isnan(row).all() or (row[stats.MIN], row[stats.MAX], row[stats.NONZERO]) == (1.0, 1.0, 3.0)
+    assert step.add_many([torch.full((2,), 4.0)]) == [len(sums)]
 
 
 def test_a_batch_of_tensors_across_row_boundaries_gets_each_tensors_statistics():

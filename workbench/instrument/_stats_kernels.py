@@ -216,8 +216,18 @@ def _batch_body(table, count, bins, sample):  # pragma: no cover (compiled)
             histogram_pass(x, out, carray(_as_pointer(entries[i, 3], np.float32(0.0)), (bins,)))
 
 
+def _check_body(table, count):  # pragma: no cover (compiled)
+    entries = carray(table, (count, 4))
+    redo = 0
+    for i in range(count):
+        out = carray(_as_pointer(entries[i, 2], 0.0), (9,))
+        if not (np.isfinite(out[1]) and np.isfinite(out[2])):
+            redo += 1
+    return redo
+
+
 def compile_kernels(dtype: str) -> tuple:
-    """``(fast, exact, histogram, batch)`` for arrays of ``dtype`` ("float32"/"float64"), as ctypes
+    """``(fast, exact, histogram, batch, check)`` for arrays of ``dtype`` ("float32"/"float64"), as ctypes
     callables that keep the GIL (cheaper than releasing it around such short calls):
 
     - ``fast(data_address, n, out_address)`` / ``exact(...)``: the 9 SUMS as float64 at ``out_address``;
@@ -227,6 +237,12 @@ def compile_kernels(dtype: str) -> tuple:
       for each row ``(data_address, n, out_address, counts_address)`` of an int64 table ``(count,
       4)``, in one call. The caller checks each row's sums and redoes the non-finite ones with
       ``exact`` (and their histogram), as after ``fast``. The last argument only types the data.
+    - ``check(table_address, count)``: how many rows of such a table have sums that ``fast`` could
+      not get right (a sum of squares or an absolute sum that is not finite: a NaN, an infinity,
+      an overflow), to be redone with ``exact``. Compiled on its own, without fast-math flags, and
+      called from Python: the optimizer cannot carry the fast pass's no-NaN assumption into it.
+      One call in place of a few numpy calls, which cost tens of microseconds each in the middle
+      of a backward, their code gone cold.
 
     Loaded from numba's disk cache after the first build; the caller keeps the result.
     """
@@ -237,9 +253,12 @@ def compile_kernels(dtype: str) -> tuple:
                                             ctypes.c_ssize_t, ctypes.c_void_p)
     batch_signature = types.void(types.CPointer(types.int64), types.intp, types.intp, _POINTER[dtype])
     batch_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p)
+    check_signature = types.intp(types.CPointer(types.int64), types.intp)
+    check_prototype = ctypes.PYFUNCTYPE(ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_ssize_t)
     return (
         sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_fast_body).address),
         sums_prototype(cfunc(sums_signature, nogil=True, cache=True)(_exact_body).address),
         histogram_prototype(cfunc(histogram_signature, nogil=True, cache=True)(_histogram_body).address),
         batch_prototype(cfunc(batch_signature, nogil=True, cache=True)(_batch_body).address),
+        check_prototype(cfunc(check_signature, nogil=True, cache=True)(_check_body).address),
     )
