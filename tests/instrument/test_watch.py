@@ -557,6 +557,49 @@ def test_parameter_gradients_accumulated_over_backwards_are_recorded_as_totals()
     assert len(rows(w, kind="grad_output")) == 3  # one per call
 
 
+def _optimizer_in_backward(model, lr=0.1):
+    """The optimizer-in-backward pattern: each parameter steps in its post-accumulate-grad hook, and
+    its gradient is set to None there."""
+    def step_now(param):
+        with torch.no_grad():
+            param -= lr * param.grad
+        param.grad = None
+
+    return [p.register_post_accumulate_grad_hook(step_now) for p in model.parameters()]
+
+
+def test_parameter_gradients_stepped_inside_the_backward_are_recorded_when_watch_came_first():
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    reference = copy.deepcopy(model)
+    want = torch.autograd.grad(reference(x).square().sum(), [reference.weight, reference.bias])
+    with workbench.watch(model) as w:
+        handles = _optimizer_in_backward(model)
+        model(x).square().sum().backward()
+        w.step()
+    for h in handles:
+        h.remove()
+    assert w.errors == [] and model.weight.grad is None
+    for name, grad in zip(["weight", "bias"], want):
+        assert rows(w, kind="param_grad", tensor=name).iloc[0]["norm"] == pytest.approx(grad.norm().item(), rel=1e-6)
+    torch.testing.assert_close(model.weight, reference.weight - 0.1 * want[0])  # the step happened as without watch
+
+
+def test_parameter_gradients_taken_before_watchs_hook_are_reported_and_training_goes_on():
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    handles = _optimizer_in_backward(model)
+    before = model.weight.detach().clone()
+    with workbench.watch(model) as w:
+        model(x).square().sum().backward()
+        w.step()
+    for h in handles:
+        h.remove()
+    [error] = w.errors  # the first one disables the site (the model's own parameters)
+    assert (error["module"], error["kind"]) == ("", "param_grad")
+    assert "already None" in error["error"] and "Start watch() before" in error["error"]
+    assert len(rows(w, kind="param_grad")) == 0 and len(rows(w, kind="param")) == 2
+    assert not torch.equal(model.weight, before)  # the optimizer stepped
+
+
 def test_no_gradient_hooks_under_no_grad_or_eval():
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     with workbench.watch(model) as w:
@@ -853,6 +896,39 @@ def test_recorded_keys_leave_nothing_for_the_garbage_collector_to_track():
     keys = w.recorder.records()[0].keys
     assert {kind for _, _, kind, _, _ in keys} == {"activation", "grad_output", "param", "param_grad"}
     assert not any(gc.is_tracked(key) or gc.is_tracked(key[4]) for key in keys)
+
+
+def test_recorded_steps_share_their_keys_and_leave_the_collector_nothing_new_to_count():
+    """Each step's keys, made anew and kept, would add hundreds of objects a step to the collector's
+    count on a real model: a collection every step or two, a full one every few hundred."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 2)
+
+    def train_step(w=None):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if w is not None:
+            w.step()
+
+    def count_growth(w=None):  # tracked objects allocated and still alive, over 5 steps
+        train_step(w)
+        gc.disable()
+        try:
+            before = gc.get_count()[0]
+            for _ in range(5):
+                train_step(w)
+            return gc.get_count()[0] - before
+        finally:
+            gc.enable()
+
+    bare = count_growth()
+    with workbench.watch(model) as w:
+        watched = count_growth(w)
+    first, *later = [record.keys for record in w.recorder.records()]
+    assert len(first) == 16 and all(a is b for keys in later for a, b in zip(first, keys))
+    assert watched - bare < 5 * 16  # a step's record, its tuple of keys ... not also its 16 keys and their shapes
 
 
 def test_a_gradient_that_arrives_after_its_step_ended_is_reported_not_misfiled():

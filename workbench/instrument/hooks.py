@@ -167,6 +167,12 @@ class Watch:
                              f"{type(model).__name__}; its module paths are: {self._path_list()}.")
 
         self._resolved: dict[tuple[str | None, int], str] = {}
+        # Row keys, one object per distinct key: a site's keys are the same every step, and each
+        # recorded step keeps its keys. Made anew, every kept key would be an object for the garbage
+        # collector to count: ~700 a step on the ILQL agent, a collection of the youngest generation
+        # every step or two, and a full collection of the process (~0.2 s with torch loaded) every
+        # few hundred steps. A new key is dropped for the kept one at once, and counts nothing.
+        self._keys: dict[tuple, tuple] = {}
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
@@ -249,6 +255,7 @@ class Watch:
         # running hooks at once keep them aligned
         self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []
         self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, row) per parameter
+        self._pending_param_grads: list[tuple[str, str, torch.Tensor | None]] = []  # until the backward ends
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
         self._grads_hooked: set[str] = set()  # paths whose output gradients this step's forward hooked
@@ -378,14 +385,14 @@ class Watch:
         for name, tensor in leaves:
             seen = self._seen_entry(tensor)
             shape = shape_of(tensor)  # a plain tuple: the garbage collector stops tracking the keys (not
-            # so with torch.Size), or kept keys would pile up in its oldest generation and bring full
-            # collections of the process (~0.25 s with torch loaded) every few dozen steps
+            # so with torch.Size)
             if activations:
                 try:
                     if seen[2] is None:
                         seen[2] = self._sums.add(tensor)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
-                    self._entries.append(((path, call, "activation", name, shape), tensor.numel(), seen[2]))
+                    self._entries.append((self._intern((path, call, "activation", name, shape)),
+                                          tensor.numel(), seen[2]))
                 except Exception as exc:
                     self._fail(path, call, "activation", exc)
                     activations = False
@@ -398,6 +405,10 @@ class Watch:
                 except Exception as exc:
                     self._fail(path, call, "grad_output", exc)
                     grads = False
+
+    def _intern(self, key: tuple) -> tuple:
+        """The one kept object equal to ``key`` (see ``_keys``)."""
+        return self._keys.setdefault(key, key)
 
     def _seen_entry(self, tensor: torch.Tensor) -> list:
         """``[weakref, version, row, grad site]`` of ``tensor`` in this step.
@@ -446,7 +457,7 @@ class Watch:
             if keys:
                 # nothing changes a gradient once computed: it is reduced with the others
                 row = self._sums.add(grad, defer=True)
-                self._entries.extend(((path, call, "grad_output", name, shape), grad.numel(), row)
+                self._entries.extend((self._intern((path, call, "grad_output", name, shape)), grad.numel(), row)
                                      for path, call, name, shape in keys)
                 self._flush_when_backward_ends()
         except Exception as exc:
@@ -456,15 +467,39 @@ class Watch:
     def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
         if not (self._recording and self._active) or module_path not in self._sites["param_grad"]:
             return
+        grad = param.grad
+        if grad is None:  # a hook that ran before ours took it: an optimizer step inside the backward
+            self._fail(module_path, 0, "param_grad", RuntimeError(
+                f"the gradient of {'.'.join(filter(None, (module_path, name)))} was already None when watch's hook ran: a "
+                "post-accumulate-grad hook registered before watch() took it (an optimizer step in the "
+                "backward?). Start watch() before registering such hooks to record it."))
+            return
+        # the gradient as accumulated now (a hook behind ours may take it), reduced with the others
+        # when the backward ends
+        self._pending_param_grads.append((module_path, name, grad))
+        self._flush_when_backward_ends()
+
+    def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor | None]]) -> None:
+        """Rows of ``kind`` ("param" or "param_grad") for ``(module path, name, tensor)`` items, reduced
+        together (``StepSums.add_many``); a tensor that cannot be reduced fails its site alone."""
         try:
-            grad = param.grad
-            # the last backward of the step wins: .grad holds the accumulated total
-            self._param_grads[(module_path, name)] = (
-                (module_path, 0, "param_grad", name, shape_of(grad)), grad.numel(),
-                self._sums.add(grad, defer=True))
-            self._flush_when_backward_ends()
-        except Exception as exc:
-            self._fail(module_path, 0, "param_grad", exc)
+            rows = self._sums.add_many([tensor for _, _, tensor in items])
+        except Exception:  # (None, a meta tensor ...) one by one, to tell which
+            rows = []
+            for module_path, _, tensor in items:
+                try:
+                    rows.append(self._sums.add(tensor, defer=True))
+                except Exception as exc:
+                    self._fail(module_path, 0, kind, exc)
+                    rows.append(None)
+        for (module_path, name, tensor), row in zip(items, rows):
+            if row is None:
+                continue
+            entry = (self._intern((module_path, 0, kind, name, shape_of(tensor))), tensor.numel(), row)
+            if kind == "param":
+                self._entries.append(entry)
+            else:  # the last backward of the step wins: .grad holds the accumulated total
+                self._param_grads[(module_path, name)] = entry
 
     def _flush_when_backward_ends(self) -> None:
         """Reduce the gradients deferred during this backward in one call when it ends (while
@@ -481,7 +516,13 @@ class Watch:
         self._flush_queued = False
         self._flush_deferred()
 
+    def _take_param_grads(self) -> None:
+        if self._pending_param_grads:
+            pending, self._pending_param_grads = self._pending_param_grads, []
+            self._record_parameters("param_grad", pending)
+
     def _flush_deferred(self) -> None:
+        self._take_param_grads()
         try:
             self._sums.flush()
         except Exception as exc:
@@ -511,16 +552,10 @@ class Watch:
         self.log(**metrics)
         record = None
         if self._recording:
+            self._take_param_grads()  # (from hooks that ran outside a backward)
             if self.options["parameters"]:
                 sites = self._sites["param"]
-                for module_path, name, param in self._params:
-                    if module_path not in sites:
-                        continue
-                    try:  # reduced together below
-                        self._entries.append(((module_path, 0, "param", name, shape_of(param)), param.numel(),
-                                              self._sums.add(param, defer=True)))
-                    except Exception as exc:
-                        self._fail(module_path, 0, "param", exc)
+                self._record_parameters("param", [item for item in self._params if item[0] in sites])
             self._entries.extend(self._param_grads.values())
             self._flush_deferred()
             record = self._flush()
