@@ -695,6 +695,36 @@ def test_a_failing_hook_is_recorded_and_its_site_disabled(monkeypatch):
     assert len(rows(w, module="2", kind="activation")) == 3  # the rest keeps recording
 
 
+def test_a_parameter_that_cannot_be_summarized_stops_its_site_alone(monkeypatch):
+    from workbench.instrument.stats import StepSums
+
+    real_add = StepSums.add
+
+    def many_fails(self, tensors):  # the batch fails as a whole: each tensor is tried on its own
+        if any(t.shape == (3,) for t in tensors):
+            raise RuntimeError("boom")
+        return [real_add(self, t, defer=True) for t in tensors]
+
+    def add(self, tensor, defer=False):
+        if tensor.shape == (3,):  # the bias of Linear(2, 3) and its gradient
+            raise RuntimeError("boom")
+        return real_add(self, tensor, defer)
+
+    monkeypatch.setattr(StepSums, "add_many", many_fails)
+    monkeypatch.setattr(StepSums, "add", add)
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
+    with workbench.watch(model, activations=False, gradients=False) as w:
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+    assert {(e["module"], e["kind"]) for e in w.errors} == {("0", "param"), ("0", "param_grad")}
+    recorded = rows(w)
+    assert sorted(zip(recorded.module, recorded.kind, recorded.tensor)) == sorted(
+        [(module, kind, name) for module in ("0", "2") for kind in ("param", "param_grad")
+         for name in ("weight", "bias") if (module, name) != ("0", "bias")])
+    want = model[2].weight.grad.norm().item()
+    assert rows(w, module="2", kind="param_grad", tensor="weight").iloc[0]["norm"] == pytest.approx(want, rel=1e-6)
+
+
 class Layouts(nn.Module):
     """Outputs in every layout a module can return, gradients flowing through the sparse and nested ones."""
 

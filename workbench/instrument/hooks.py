@@ -22,8 +22,9 @@ How it hooks in (see DESIGN.md, decisions 3 to 6):
 - Hooks only reduce tensors to sums on their device; ``step()`` moves a
   step's sums to the host in one transfer and publishes them to the Recorder.
   Activations are reduced in the hook (a later in-place op may change them);
-  small gradients and parameters, which nothing changes meanwhile, are
-  queued and reduced in one call at the end of the backward / in ``step()``.
+  small output gradients, which nothing changes meanwhile, are queued and
+  reduced in one call at the end of the backward; parameter gradients are
+  reduced together there, parameters together in ``step()``.
 - Steps that are not recorded (``every``) and ``paused()`` blocks run without
   our hooks: they are taken out of torch's hook dicts and put back in their
   place (not for a compiled model, whose compiled code is guarded on them).
@@ -255,7 +256,7 @@ class Watch:
         # running hooks at once keep them aligned
         self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []
         self._param_grads: dict[tuple[str, str], tuple] = {}  # (key, numel, row) per parameter
-        self._pending_param_grads: list[tuple[str, str, torch.Tensor | None]] = []  # until the backward ends
+        self._pending_param_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._metrics: dict[str, float] = {}
         self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
         self._grads_hooked: set[str] = set()  # paths whose output gradients this step's forward hooked
@@ -469,22 +470,23 @@ class Watch:
             return
         grad = param.grad
         if grad is None:  # a hook that ran before ours took it: an optimizer step inside the backward
+            where = ".".join(filter(None, (module_path, name)))
             self._fail(module_path, 0, "param_grad", RuntimeError(
-                f"the gradient of {'.'.join(filter(None, (module_path, name)))} was already None when watch's hook ran: a "
-                "post-accumulate-grad hook registered before watch() took it (an optimizer step in the "
-                "backward?). Start watch() before registering such hooks to record it."))
+                f"the gradient of {where} was already None when watch's hook ran: a post-accumulate-grad "
+                "hook registered before watch() took it (an optimizer step in the backward?). Start "
+                "watch() before registering such hooks to record it."))
             return
         # the gradient as accumulated now (a hook behind ours may take it), reduced with the others
         # when the backward ends
         self._pending_param_grads.append((module_path, name, grad))
         self._flush_when_backward_ends()
 
-    def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor | None]]) -> None:
+    def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor]]) -> None:
         """Rows of ``kind`` ("param" or "param_grad") for ``(module path, name, tensor)`` items, reduced
         together (``StepSums.add_many``); a tensor that cannot be reduced fails its site alone."""
         try:
             rows = self._sums.add_many([tensor for _, _, tensor in items])
-        except Exception:  # (None, a meta tensor ...) one by one, to tell which
+        except Exception:  # (a meta tensor ...) one by one, to tell which
             rows = []
             for module_path, _, tensor in items:
                 try:
