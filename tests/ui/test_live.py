@@ -2,6 +2,7 @@
 
 import pandas as pd
 import pytest
+import torch
 
 from workbench.ui import live
 
@@ -14,6 +15,18 @@ def finished_run(tmp_path=None, **kwargs):
     assert run is not None, message
     run.join(60)
     return run
+
+
+def test_the_device_choices_are_usable_and_a_device_this_process_lacks_is_refused_by_name():
+    choices = live.devices()
+    assert choices[0] == "cpu"
+    for device in choices:
+        assert torch.empty(1, device=device).device.type == device.split(":")[0]
+    run = finished_run(device=choices[-1], steps=2)
+    assert str(run.experiment.device) == choices[-1] and "finished: step 2 of 2" in run.status()
+    missing = f"cuda:{torch.cuda.device_count()}"
+    run, message = live.start_run("activation_mlp", {}, 0, 2, 1, False, "*", "", device=missing)
+    assert run is None and "Could not start" in message and repr(missing) in message
 
 
 def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):

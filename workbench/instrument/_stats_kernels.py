@@ -20,8 +20,9 @@ Two passes, so that the common case runs at memory speed:
 - ``exact``: a scalar float64 loop with IEEE semantics that also counts NaNs
   and infinities. It runs only when the fast pass says the tensor holds a
   non-finite value or its float32 sums overflowed (sum of squares or absolute
-  sum not finite). That check is done by the Python caller, outside the
-  fast-math code, where the optimizer could assume NaN away.
+  sum not finite). That check is made outside the fast-math code, where the
+  optimizer could assume NaN away: by the Python caller, or by ``check``, a
+  kernel compiled on its own without fast-math flags.
 
 Histograms take a second pass (they need the range): ~0.5 ns per value.
 """

@@ -65,6 +65,13 @@ def _load_kernels(dtype: torch.dtype) -> tuple:
     return _compiled_kernels[dtype]
 
 
+def _compiled_kernels_take(x: torch.Tensor) -> bool:
+    """Whether the loaded compiled kernels read ``x`` (a CPU tensor) as it is: contiguous, strided,
+    not nested or negated, of a dtype whose kernels are loaded."""
+    return (x.dtype in _compiled_kernels and x.layout is torch.strided and not x.is_nested and not x.is_neg()
+            and x.is_contiguous())
+
+
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
@@ -202,8 +209,7 @@ class StepSums:
             rows = []
             try:
                 for x in tensors:
-                    if (COMPILED and x.dtype in _compiled_kernels and x.is_cpu and x.layout is torch.strided
-                            and not x.is_nested and not x.is_neg() and x.is_contiguous() and x.numel()):
+                    if COMPILED and x.is_cpu and _compiled_kernels_take(x) and x.numel():
                         row = self._n
                         if row == len(self._host):
                             self._grow()
@@ -221,13 +227,11 @@ class StepSums:
 
     def _reduce_on_host(self, x: torch.Tensor, row: int, defer: bool) -> None:
         # the hot path of instrumentation: a few attribute reads and one call into compiled code
-        kernels_of_dtype = _compiled_kernels.get(x.dtype)
         zeros = 0
-        if (kernels_of_dtype is None or x.layout is not torch.strided or x.is_nested or x.is_neg()
-                or not x.is_contiguous()):
+        if not _compiled_kernels_take(x):
             x, zeros = plain_values(x)
             x = as_float(x).contiguous()
-            kernels_of_dtype = _compiled_kernels.get(x.dtype) or _load_kernels(x.dtype)
+        kernels_of_dtype = _compiled_kernels.get(x.dtype) or _load_kernels(x.dtype)
         n = x.numel()
         if n == 0:
             self._host[row] = _EMPTY
@@ -238,7 +242,7 @@ class StepSums:
                 self._flush_queue()
             return
         else:
-            fast, exact, histogram = kernels_of_dtype[:3]
+            fast, exact, histogram, _, _ = kernels_of_dtype
             data, out = x.data_ptr(), self._sums_address + row * _ROW_BYTES
             fast(data, n, out)
             # a NaN, an infinity, an overflow (read through a memoryview: numpy's indexing costs
@@ -324,7 +328,7 @@ class StepSums:
         if not check(packed.ctypes.data, len(table)):
             return
         rows = [row for _, row in entries]
-        for i in np.flatnonzero(~np.isfinite(self._host[rows, 1:3]).all(axis=1)):
+        for i in np.flatnonzero(~np.isfinite(self._host[np.ix_(rows, [SUM_SQ, ABS_SUM])]).all(axis=1)):
             data, n, out, counts = table[i]
             exact(data, n, out)
             if bins:

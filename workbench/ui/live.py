@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 import pandas as pd
+import torch
 
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import STAT_COLUMNS, Run, RunError, load_run
@@ -48,15 +49,16 @@ class LiveRun:
         seed: the experiment's seed.
         steps: how many steps to run.
         store: a run directory to record into, or None (memory only).
+        device: where the experiment trains ('cpu', 'cuda:0' ...).
         **watch_options: options of ``workbench.watch``.
     """
 
     def __init__(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
-                 **watch_options: Any) -> None:
+                 device: str = "cpu", **watch_options: Any) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}.")
         self.name, self.steps = name, steps
-        self.experiment = create(name, seed=seed, **config)
+        self.experiment = create(name, seed=seed, device=device, **config)
         self.watch = self.experiment.watch(store=store, **watch_options)
         self.error: str | None = None
         self._stop = threading.Event()
@@ -107,8 +109,13 @@ class LiveRun:
         return self.watch.to_pandas(), self.watch.metrics()
 
 
+def devices() -> list[str]:
+    """The devices an experiment can train on in this process: the CPU, then each CUDA GPU."""
+    return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
 def start_run(name: str | None, values: dict[str, Any], seed: Any, steps: Any, every: Any, histograms: bool,
-              modules: str, store: str) -> tuple[LiveRun | None, str]:
+              modules: str, store: str, device: str = "cpu") -> tuple[LiveRun | None, str]:
     """Validate the form and start a :class:`LiveRun`; returns it (or None) and a message."""
     if not name:
         return None, "Pick an experiment first."
@@ -116,7 +123,8 @@ def start_run(name: str | None, values: dict[str, Any], seed: Any, steps: Any, e
         config = parse_form(get_experiment_spec(name).params, values, f"Experiment {name!r}")
         patterns = [p.strip() for p in (modules or "*").split(",") if p.strip()] or ["*"]
         live = LiveRun(name, config, _int(seed, "seed"), _int(steps, "steps"), store=(store or "").strip() or None,
-                       every=_int(every, "every"), histograms=bool(histograms), modules=patterns)
+                       device=device or "cpu", every=_int(every, "every"), histograms=bool(histograms),
+                       modules=patterns)
     except (ValueError, TypeError, FileExistsError) as exc:
         return None, f"**Could not start:** {exc}"
     return live, live.status()
@@ -251,6 +259,8 @@ def layout():
             with gr.Column(scale=1, min_width=260):
                 c["experiment"] = gr.Radio(names, value=names[0], label="Experiment", elem_id="experiment-list")
                 c["seed"] = gr.Number(0, label="seed", precision=0, elem_id="run-seed", interactive=True)
+                c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
+                                          interactive=True)
                 c["steps"] = gr.Number(200, label="steps", precision=0, elem_id="run-steps", interactive=True)
                 c["every"] = gr.Number(1, label="record every Nth step", precision=0, elem_id="run-every", interactive=True)
                 c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)", elem_id="run-modules", interactive=True)
@@ -294,14 +304,14 @@ def wire(c: dict) -> None:
                 start = gr.Button("Start", variant="primary", elem_id="run-start")
                 stop = gr.Button("Stop", elem_id="run-stop")
 
-            def on_start(live, exp_name, seed, steps, every, histograms, modules, store, *values):
+            def on_start(live, exp_name, seed, device, steps, every, histograms, modules, store, *values):
                 if live is not None and live.running:
                     return live, live.status() + "\n\n_Stop the running experiment first._", gr.Timer(active=True)
                 new, message = start_run(exp_name, dict(zip(labels, values)), seed, steps, every, histograms,
-                                         modules, store)
+                                         modules, store, device)
                 return (new or live), message, gr.Timer(active=new is not None)
 
-            start.click(on_start, [c["live_state"], c["experiment"], c["seed"], c["steps"], c["every"],
+            start.click(on_start, [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                                    c["histograms"], c["modules"], c["store"], *widgets],
                         [c["live_state"], c["status"], c["timer"]])
 
