@@ -12,8 +12,8 @@ hit both sides of each ratio alike. The quartiles show the spread.
   gradients) at every step;
 - watch+hist: the same with 32-bin histograms of every tensor;
 - watch (torch reductions): "watch" with the compiled one-pass statistics
-  switched off (torch's kernels, as for tensors on an accelerator), to
-  measure what they save;
+  (on a GPU: the Triton kernels) switched off, torch's kernels reducing
+  every tensor instead, to measure what they save;
 - watch every=10 (blocks of 10 steps hold one recorded step);
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
@@ -26,9 +26,8 @@ batch 256, 5-step unroll), the activation MLP and the ILQL agent (three
 2-layer GPT trunks, n_embd 64, and its heads; batch 64 of the toy task).
 
 With ``--device cuda`` the workloads train on the GPU (the data is drawn on
-the CPU and moved, as the experiments do), every block is timed between two
-``torch.cuda.synchronize()``, and the "torch reductions" variant is left out:
-on a GPU every tensor takes that path.
+the CPU and moved, as the experiments do) and every block is timed between
+two ``torch.cuda.synchronize()``.
 
     python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda]
 """
@@ -93,7 +92,9 @@ class Variant:
             self.watch.step()
 
     def timed_block(self, steps: int) -> float:
-        stats.COMPILED = not self.torch_reductions
+        compiled, triton = stats.COMPILED, stats.TRITON_DEVICES
+        if self.torch_reductions:
+            stats.COMPILED, stats.TRITON_DEVICES = False, frozenset()
         try:
             synchronize()
             start = time.perf_counter()
@@ -102,7 +103,7 @@ class Variant:
             synchronize()
             return (time.perf_counter() - start) / steps
         finally:
-            stats.COMPILED = True
+            stats.COMPILED, stats.TRITON_DEVICES = compiled, triton
 
 
 VARIANTS = {
@@ -165,14 +166,12 @@ def main() -> None:
         ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024, device), 40),
         ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64, device), 40),
     ]
-    variants = {name: options for name, options in VARIANTS.items()
-                if device == "cpu" or not options.get("torch_reductions")}
     where = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {device}: {where}")
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
-        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10, variants=variants)
+        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10)
         print(f"\n{title}: bare step {result['bare'][0] * 1e3:.1f} ms")
         print(f"  {'':26s} {'step':>8s}      ratio to bare (quartiles)")
         for name, (seconds, ratio, low, high) in result.items():

@@ -7,6 +7,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Triton's interpreter runs the GPU statistics kernels on the CPU (tests/instrument/test_stats.py);
+    # Triton reads this as it is first imported. With a GPU, the kernels are tested on it (test_cuda.py).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import workbench
 
 

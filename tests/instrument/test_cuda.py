@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import workbench
+from workbench.instrument import stats
 from workbench.instrument.stats import StepSums, finish
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -20,25 +21,32 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 COLUMNS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
 
 
-def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path():
+@pytest.mark.parametrize("bins", [None, 16], ids=["triton", "histograms"])  # (histograms: torch's kernels)
+def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (1, 5, 1023, 1024, 1025, 70_001, 2_000_000)]
     tensors[2][0] = float("nan")
     tensors[3][[0, 9]] = float("inf")
     tensors[4][4:600] = 0.0
     tensors += [torch.randn(33, 7, generator=g).bfloat16(), torch.randint(-4, 5, (100,)),
-                torch.randn(4000, generator=g, dtype=torch.float64) * 1e-3 + 300]
+                torch.randn(4000, generator=g, dtype=torch.float64) * 1e-3 + 300,
+                torch.randn(300, 50, generator=g).half().t(), torch.empty(0)]
+    tensors[-3][5] = float("nan")
     results = []
     for device in ("cpu", "cuda"):
-        step = StepSums(bins=16)
-        for x in tensors:
-            step.add(x.to(device))
+        step = StepSums(bins=bins)
+        for i, x in enumerate(tensors):
+            step.add(x.to(device), defer=i % 2 == 1)
+        step.flush()
         sums, counts = step.rows()
         results.append((finish(np.array([x.numel() for x in tensors]), sums), counts))
     (cpu, cpu_counts), (cuda, cuda_counts) = results
     for column in COLUMNS:
         np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
-    np.testing.assert_array_equal(cuda_counts, cpu_counts)  # the same float32 arithmetic bins alike
+    if bins:
+        np.testing.assert_array_equal(cuda_counts, cpu_counts)  # the same float32 arithmetic bins alike
+    else:
+        assert stats._triton  # the Triton kernels took the CUDA tensors (no fallback)
 
 
 class Net(nn.Module):
@@ -56,9 +64,9 @@ class Net(nn.Module):
         return self.head(x.flatten(1))
 
 
-def _watched_steps(model, inputs, steps, sync_check=False):
+def _watched_steps(model, inputs, steps, histograms, sync_check=False):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with workbench.watch(model, histograms=True, bins=8) as w:
+    with workbench.watch(model, histograms=histograms, bins=8) as w:
         for x in inputs[:steps]:
             # hooks, staging and the end-of-backward reduction must never wait for the device
             if sync_check:
@@ -75,15 +83,16 @@ def _watched_steps(model, inputs, steps, sync_check=False):
 
 
 @pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype")
-def test_a_watched_cuda_model_waits_for_the_device_once_per_step_and_matches_the_cpu():
+@pytest.mark.parametrize("histograms", [False, True], ids=["triton", "histograms"])
+def test_a_watched_cuda_model_waits_for_the_device_once_per_step_and_matches_the_cpu(histograms):
     torch.manual_seed(0)
     model = Net()
     inputs = [torch.randn(16, 3, 6, 6) for _ in range(3)]
-    gpu = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3, sync_check=True)
+    gpu = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3, histograms, sync_check=True)
     assert gpu.errors == []  # a synchronizing call in a hook would have raised there, and been recorded
     with torch.backends.cudnn.flags(allow_tf32=False):  # float32 convolutions, as on the CPU
-        gpu_exact = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3)
-    cpu = _watched_steps(copy.deepcopy(model), inputs, 3)
+        gpu_exact = _watched_steps(copy.deepcopy(model).cuda(), [x.cuda() for x in inputs], 3, histograms)
+    cpu = _watched_steps(copy.deepcopy(model), inputs, 3, histograms)
     a, b = gpu_exact.to_pandas(), cpu.to_pandas()
     keys = ["step", "module", "call", "kind", "tensor"]
     assert a[keys].equals(b[keys]) and len(a) == len(gpu.to_pandas())

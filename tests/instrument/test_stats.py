@@ -14,12 +14,16 @@ DEFER = False
 MANY = False
 
 
-@pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch"])
+@pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch", "triton"])
 def path(request, monkeypatch):
     """Every test runs on every reduction path: the compiled single pass, the same deferred and
-    reduced in one batched call, all the tensors at once (``add_many``, as parameters are), and
-    torch's kernels (the path of tensors on an accelerator)."""
-    monkeypatch.setattr(stats, "COMPILED", request.param != "torch")
+    reduced in one batched call, all the tensors at once (``add_many``, as parameters are),
+    torch's kernels (the path of tensors on other devices, and with histograms) and the Triton
+    kernels (of CUDA tensors without histograms; here interpreted on the CPU)."""
+    monkeypatch.setattr(stats, "COMPILED", request.param not in ("torch", "triton"))
+    monkeypatch.setattr(stats, "TRITON_DEVICES", frozenset())
+    if request.param == "triton":
+        request.getfixturevalue("interpreted_triton")
     monkeypatch.setattr(sys.modules[__name__], "DEFER", request.param == "deferred")
     monkeypatch.setattr(sys.modules[__name__], "MANY", request.param == "many")
     if request.param == "many":  # add_many batches the dtypes whose kernels are loaded
@@ -325,8 +329,10 @@ def test_staged_tensors_are_reduced_once_the_stage_is_full(monkeypatch):
     xs = [torch.randn(600), torch.randn(300).double(), torch.randn(200)]
     step.add(xs[0])
     step.add(xs[1])
-    assert step._staged_bytes == 600 * 4 + 300 * 8 and not step._device_rows  # 4800 bytes: still staged
+    staged = step._staged_bytes + step._batched_bytes  # (for torch's kernels, for Triton's)
+    assert staged == 600 * 4 + 300 * 8 and not step._device_rows  # 4800 bytes: still staged
     step.add(xs[2])  # 5600 bytes staged: reduced at once, a batch per dtype
-    assert step._staged_bytes == 0 and len(step._device_rows) == 2
+    assert step._staged_bytes + step._batched_bytes == 0 and len(step._device_rows) == 2
     means = finish(np.array([600, 300, 200]), step.rows()[0])["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5, atol=1e-7)
+

@@ -613,13 +613,15 @@ def test_no_gradient_hooks_under_no_grad_or_eval():
     assert set(frame.kind) == {"activation", "param"}
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
-def test_hooks_never_transfer_to_the_host(monkeypatch, compiled):
+@pytest.mark.parametrize("path", ["compiled", "torch", "triton"])
+def test_hooks_never_transfer_to_the_host(monkeypatch, request, path):
     from workbench.instrument import stats
 
-    monkeypatch.setattr(stats, "COMPILED", compiled)  # False: the path of tensors on an accelerator
+    monkeypatch.setattr(stats, "COMPILED", path == "compiled")  # else: the paths of tensors on a GPU
+    if path == "triton":
+        request.getfixturevalue("interpreted_triton")
     model = workbench.create_model("efficientzero_dynamics")
-    w = workbench.watch(model, histograms=True)
+    w = workbench.watch(model, histograms=path != "triton")  # (histograms take torch's kernels)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a hook synchronised with the host")
@@ -912,6 +914,26 @@ def test_the_compiled_and_the_torch_reduction_paths_record_the_same_rows(monkeyp
     (rows_a, hist_a), (rows_b, hist_b) = frames
     pd.testing.assert_frame_equal(rows_a, rows_b, rtol=1e-5)
     assert all(np.array_equal(a, b) for a, b in zip(hist_a["counts"], hist_b["counts"]))
+
+
+def test_the_triton_path_records_what_the_compiled_one_does_through_in_place_ops(monkeypatch, request):
+    """The dynamics network modifies module outputs in place (ReLU(inplace=True), ``x += ...``):
+    the GPU path must reduce each output as it was when its module returned."""
+    from workbench.instrument import stats
+
+    model = workbench.create_model("efficientzero_dynamics")
+    frames = []
+    for path in ("compiled", "triton"):
+        if path == "triton":
+            request.getfixturevalue("interpreted_triton")
+        model.zero_grad()
+        with workbench.watch(model) as w:
+            probe_step("efficientzero_dynamics", model, w)
+        assert not w.errors
+        frames.append(w.to_pandas())
+    assert stats._triton  # (the kernels ran: no fallback to torch's)
+    compiled, triton = frames
+    pd.testing.assert_frame_equal(compiled, triton, rtol=1e-4, atol=1e-6)
 
 
 def test_recorded_keys_leave_nothing_for_the_garbage_collector_to_track():

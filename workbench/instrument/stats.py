@@ -3,10 +3,13 @@
 A hook hands each tensor to the step's :class:`StepSums`. A CPU tensor is
 reduced by compiled one-pass kernels straight into a row of a host array
 (:mod:`workbench.instrument._stats_kernels`). A tensor on another device is
-staged and reduced with the other staged tensors of its device in one batch
-of torch kernels (:func:`chunk_sums`): each torch op is a kernel launch, a
-few microseconds of host time however small the tensor, so a few dozen
-launches per batch replace a dozen per tensor. Nothing waits for the device.
+staged and reduced with the other staged tensors of its device in one batch:
+on a CUDA device by two Triton kernels that read the tensors where they are
+(:mod:`workbench.instrument._triton_kernels`), elsewhere (or with histograms,
+or without Triton) by torch's kernels (:func:`chunk_sums`). Each torch op is
+a kernel launch, a few microseconds of host time however small the tensor,
+so a few launches per batch replace a dozen per tensor. Nothing waits for
+the device.
 ``rows()`` moves the device sums to the host in one transfer per device when
 the step is recorded, and :func:`finish` turns raw sums into the columns of
 a record row. Keeping raw sums (not means and stds) keeps the hook to plain
@@ -15,8 +18,10 @@ reductions; the divisions happen once, on the host, in numpy.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,6 +35,9 @@ __all__ = ["STAT_COLUMNS", "SUMS", "MIN", "MAX", "StepSums", "plain_values", "ch
 #: Reduce CPU tensors with the compiled kernels; False sends them through torch's kernels,
 #: the path tensors on other devices take (the tests run both).
 COMPILED = True
+#: The device types whose tensors the Triton kernels reduce (the tests add "cpu", with Triton's
+#: interpreter); an empty set sends them all through torch's kernels.
+TRITON_DEVICES = frozenset({"cuda"})
 
 #: The raw per-tensor sums, in this order. ``sum`` and ``sum_sq`` are of ``x - shift``, where
 #: ``shift`` is the tensor's first value (0 when that is not finite): with sums around a value of
@@ -55,14 +63,37 @@ CHUNK = 1024
 
 _EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
 _STAGED_DTYPES = (torch.float32, torch.float64)  # staged as they are; others go through as_float
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # read as they are
 _ROW = len(SUMS)
 _ROW_BYTES = _ROW * 8
 _compiled_kernels: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram, batch, check), loaded on first use
+_triton = None  # the Triton kernels' module, imported on first use; False where that failed
 
 
 def _load_kernels(dtype: torch.dtype) -> tuple:
     _compiled_kernels[dtype] = kernels.compile_kernels(str(dtype).removeprefix("torch."))
     return _compiled_kernels[dtype]
+
+
+def _load_triton():
+    """The module of Triton kernels, or False where Triton cannot be imported (it comes with
+    PyTorch's CUDA builds) or a batch failed to compile or launch (torch's kernels take over)."""
+    global _triton
+    if _triton is None:
+        try:
+            from workbench.instrument import _triton_kernels as module
+        except ImportError:
+            module = False
+        _triton = module
+    return _triton
+
+
+def _give_up_triton(exc: Exception) -> None:
+    """Send every later tensor through torch's kernels, after a failed batch."""
+    global _triton
+    _triton = False
+    warnings.warn(f"workbench.watch: the Triton kernels failed ({type(exc).__name__}: {exc}); statistics on "
+                  "the GPU fall back to torch's kernels (slower, same results).", RuntimeWarning, stacklevel=3)
 
 
 def _compiled_kernels_take(x: torch.Tensor) -> bool:
@@ -149,8 +180,9 @@ class StepSums:
     staged: kept as it is with ``defer``, else copied (a later in-place op
     must not change what is reduced), and reduced with its device's other
     staged tensors in one batch when the rows are read (:meth:`rows`), or
-    once the stage holds :data:`STAGE_BYTES`. :meth:`flush` copies what is
-    kept by reference, in one copy per device.
+    once the stage holds :data:`STAGE_BYTES`. :meth:`flush` lets go of what
+    is kept by reference: the Triton kernels reduce it then, from where it
+    is; for torch's kernels it is copied, in one copy per device.
 
     Thread-safe: a backward may run hooks on other threads.
 
@@ -173,6 +205,9 @@ class StepSums:
         self._queued: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
         self._queued_bytes = 0
         self._staged: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, list[int], list[int]]]] = {}
+        # staged for the Triton kernels: per (device, dtype), contiguous tensors and their rows
+        self._batched: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, int]]] = {}
+        self._batched_bytes = 0
         self._staged_bytes = 0
         self._lock = threading.Lock()
 
@@ -260,8 +295,16 @@ class StepSums:
                 self._counts[row] += _zeros_histogram(sums, zeros, x.dtype, self.bins).numpy()
 
     def _stage(self, x: torch.Tensor, row: int, defer: bool) -> None:
-        if (x.dtype in _STAGED_DTYPES and x.layout is torch.strided and not x.is_nested and not x.is_neg()
-                and not x.is_meta):  # the usual tensor, in the fewest calls: this runs for every one
+        plain = x.layout is torch.strided and not x.is_nested and not x.is_neg() and not x.is_meta
+        if (plain and not self.bins and x.dtype in _TRITON_DTYPES and x.device.type in TRITON_DEVICES
+                and _load_triton()):  # the usual tensor on a GPU, in the fewest calls: this runs for every one
+            if not x.is_contiguous():
+                x = x.detach().contiguous()  # (a copy)
+            elif not defer:
+                x = x.detach().clone()  # what later in-place ops do to x must not reach the sums
+            self._batch(x, row)
+            return
+        if plain and x.dtype in _STAGED_DTYPES:
             flat = x.detach().reshape(-1)
             if not defer and x.is_contiguous():
                 flat = flat.clone()  # a view of x: what later in-place ops do to x must not reach the sums
@@ -283,7 +326,31 @@ class StepSums:
         if self._staged_bytes >= STAGE_BYTES:
             self._reduce_staged()
 
+    def _batch(self, x: torch.Tensor, row: int) -> None:
+        if not x.numel():
+            self._host[row] = _EMPTY
+            return
+        self._batched.setdefault((x.device, x.dtype), []).append((x, row))
+        self._batched_bytes += x.numel() * x.element_size()
+        if self._batched_bytes >= STAGE_BYTES:
+            self._reduce_batched()
+
+    def _reduce_batched(self) -> None:
+        batched, self._batched, self._batched_bytes = self._batched, {}, 0
+        for (device, _), entries in batched.items():
+            if _triton:
+                try:
+                    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                        sums = _triton.batch_sums([x for x, _ in entries])
+                    self._device_rows.append(([row for _, row in entries], None, None, sums, None))
+                    continue
+                except Exception as exc:  # (a GPU or Triton build the kernels do not compile for)
+                    _give_up_triton(exc)
+            for x, row in entries:  # to torch's kernels (x is a copy, or kept by reference, as before)
+                self._stage(x, row, defer=True)
+
     def _reduce_staged(self) -> None:
+        self._reduce_batched()
         staged, self._staged, self._staged_bytes = self._staged, {}, 0
         for entries in staged.values():
             data = torch.cat([flat for flat, _, _ in entries]) if len(entries) > 1 else entries[0][0]
@@ -301,10 +368,12 @@ class StepSums:
                                       [n for _, _, lengths in entries for n in lengths])]
 
     def flush(self) -> None:
-        """Reduce the queued CPU tensors (``add(x, defer=True)``) and let them go; copy the staged
-        ones that are kept by reference (one copy per device), to be reduced at :meth:`rows`."""
+        """Reduce the queued CPU tensors (``add(x, defer=True)``) and let them go; reduce the
+        tensors staged for the Triton kernels; copy the other staged ones that are kept by
+        reference (one copy per device), to be reduced at :meth:`rows`."""
         with self._lock:
             self._flush_queue()
+            self._reduce_batched()
             self._snapshot_staged()
 
     def _flush_queue(self) -> None:
