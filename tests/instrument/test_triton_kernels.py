@@ -12,10 +12,13 @@ from workbench.instrument import stats
 from workbench.instrument.stats import StepSums, finish
 
 
+@pytest.mark.parametrize("programs", [128, 2], ids=["a-program-a-row", "programs-take-rows-in-turn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype, interpreted_triton):
+def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype, programs, interpreted_triton,
+                                                                           monkeypatch):
     from workbench.instrument._triton_kernels import ROW
     kernels = interpreted_triton_kernels()
+    monkeypatch.setattr(kernels, "PROGRAMS", programs)  # (2: the first piece's 3 rows take 2 programs)
     g = torch.Generator().manual_seed(1)
     storage = (torch.randn(3 * ROW + 5000, generator=g, dtype=torch.float64) * 2 + 7).to(dtype)
     # views of one storage, given out of address order (offsets from the first are negative too),

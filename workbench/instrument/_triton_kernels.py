@@ -9,14 +9,18 @@ These kernels read the tensors where they are (the batch is described by
 offsets from the first tensor's address, so nothing is copied) and leave
 the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
 
-- ``row_partials``: one program per row of up to ``ROW`` values of one
-  tensor; it reads them once, in blocks of ``BLOCK``, and writes the row's
-  partial sums (of ``x - shift``, the shift being the tensor's first value or
-  0 when that is not finite), absolute sum, range and counts. Each lane
-  accumulates in float32 (float64 for float64 tensors) across the row's
-  blocks, the lanes are summed as a tree.
-- ``tensor_sums``: one program per tensor adds up its rows' partials in
-  float64 and writes its SUMS row (float64).
+- ``tensor_partials``: a grid of (tensor, program); a tensor is cut in rows
+  of ``ROW`` values, its programs take its rows in turn (a tensor of one row
+  gets one; the others of its grid row return at once), read them once, in
+  blocks of ``BLOCK``, and write partial sums (of ``x - shift``, the shift
+  being the tensor's first value or 0 when that is not finite), absolute
+  sum, range and counts. Each lane sums a row in float32 (float64 for
+  float64 tensors), rows add up in float64, the lanes as a tree.
+- ``tensor_sums``: one program per tensor adds up its programs' partials and
+  writes its SUMS row (float64).
+
+The host sends only each tensor's offset and length: the layout is worked
+out on the device.
 
 float16 and bfloat16 values are read as they are and widened in registers.
 NaN and infinities follow torch: NaN wins the range, counts are exact.
@@ -35,9 +39,9 @@ import triton.language as tl
 #: Values a lane block reads at once, and per row (one program) at most.
 BLOCK = 1024
 ROW = 16 * BLOCK
-#: Rows a tensor's program combines at once.
-ROWS_AT_ONCE = 64
-#: Partial sums per row: sum, sum_sq, abs_sum, min, max, nonzero, nan, inf.
+#: Programs per tensor at most: a tensor of more rows has each program take several.
+PROGRAMS = 128
+#: Partial sums per program: sum, sum_sq, abs_sum, min, max, nonzero, nan, inf.
 PARTIALS = 8
 #: The dtypes the kernels read as they are.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -50,70 +54,83 @@ def _shift_of(first):
 
 
 @triton.jit
-def row_partials(base, row_offset, row_filled, row_first, partials, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    r = tl.program_id(0)
-    offset = tl.load(row_offset + r)  # of the row's first value from ``base``, in values
-    filled = tl.load(row_filled + r)
-    shift = _shift_of(tl.load(base + tl.load(row_first + r)).to(ACC))
-    lane = tl.arange(0, BLOCK)
-    total = tl.zeros([BLOCK], ACC)
-    sum_sq = tl.zeros([BLOCK], ACC)
-    abs_sum = tl.zeros([BLOCK], ACC)
-    lo = tl.full([BLOCK], float("inf"), ACC)
-    hi = tl.full([BLOCK], float("-inf"), ACC)
-    nonzero = tl.zeros([BLOCK], tl.int32)
-    nan = tl.zeros([BLOCK], tl.int32)
-    inf = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, filled, BLOCK):
-        inside = start + lane < filled
-        x = tl.load(base + offset + start + lane, mask=inside, other=0.0).to(ACC)
-        is_nan = x != x
-        centred = tl.where(inside, x - shift, 0.0)
-        total += centred
-        sum_sq += centred * centred
-        abs_sum += tl.abs(x)  # (0 where outside)
-        lo = tl.minimum(lo, tl.where(inside & ~is_nan, x, float("inf")))
-        hi = tl.maximum(hi, tl.where(inside & ~is_nan, x, float("-inf")))
-        nonzero += (x != 0).to(tl.int32)  # (NaN counts: it is not zero)
-        nan += is_nan.to(tl.int32)
-        inf += ((x - x != x - x) & ~is_nan).to(tl.int32)  # inf - inf is NaN
-    out = partials + r * 8
-    tl.store(out + 0, tl.sum(total, 0))
-    tl.store(out + 1, tl.sum(sum_sq, 0))
-    tl.store(out + 2, tl.sum(abs_sum, 0))
-    tl.store(out + 3, tl.min(lo, 0))
-    tl.store(out + 4, tl.max(hi, 0))
-    tl.store(out + 5, tl.sum(nonzero, 0).to(ACC))
-    tl.store(out + 6, tl.sum(nan, 0).to(ACC))
-    tl.store(out + 7, tl.sum(inf, 0).to(ACC))
+def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                    ACC: tl.constexpr):
+    t = tl.program_id(0)
+    p = tl.program_id(1)
+    offset = tl.load(table + t)  # of the tensor's first value from ``base``, in values
+    length = tl.load(table + n + t)
+    rows = tl.cdiv(length, ROW)
+    if p < rows:
+        shift = _shift_of(tl.load(base + offset).to(ACC))
+        lane = tl.arange(0, BLOCK)
+        # sums: lanes in ACC within a row, in float64 across rows
+        total = tl.zeros([BLOCK], tl.float64)
+        sum_sq = tl.zeros([BLOCK], tl.float64)
+        abs_sum = tl.zeros([BLOCK], tl.float64)
+        lo = tl.full([BLOCK], float("inf"), ACC)
+        hi = tl.full([BLOCK], float("-inf"), ACC)
+        nonzero = tl.zeros([BLOCK], tl.int64)
+        nan = tl.zeros([BLOCK], tl.int64)
+        inf = tl.zeros([BLOCK], tl.int64)
+        for row in range(p, rows, programs):
+            start = offset + row * ROW
+            filled = tl.minimum(length - row * ROW, ROW)
+            row_total = tl.zeros([BLOCK], ACC)
+            row_sum_sq = tl.zeros([BLOCK], ACC)
+            row_abs_sum = tl.zeros([BLOCK], ACC)
+            for at in range(0, filled, BLOCK):
+                inside = at + lane < filled
+                x = tl.load(base + start + at + lane, mask=inside, other=0.0).to(ACC)
+                is_nan = x != x
+                centred = tl.where(inside, x - shift, 0.0)
+                row_total += centred
+                row_sum_sq += centred * centred
+                row_abs_sum += tl.abs(x)  # (0 where outside)
+                lo = tl.minimum(lo, tl.where(inside & ~is_nan, x, float("inf")))
+                hi = tl.maximum(hi, tl.where(inside & ~is_nan, x, float("-inf")))
+                nonzero += (x != 0).to(tl.int64)  # (NaN counts: it is not zero)
+                nan += is_nan.to(tl.int64)
+                inf += ((x - x != x - x) & ~is_nan).to(tl.int64)  # inf - inf is NaN
+            total += row_total.to(tl.float64)
+            sum_sq += row_sum_sq.to(tl.float64)
+            abs_sum += row_abs_sum.to(tl.float64)
+        out = partials + (t * programs + p) * 8
+        tl.store(out + 0, tl.sum(total, 0))
+        tl.store(out + 1, tl.sum(sum_sq, 0))
+        tl.store(out + 2, tl.sum(abs_sum, 0))
+        tl.store(out + 3, tl.min(lo, 0).to(tl.float64))
+        tl.store(out + 4, tl.max(hi, 0).to(tl.float64))
+        tl.store(out + 5, tl.sum(nonzero, 0).to(tl.float64))
+        tl.store(out + 6, tl.sum(nan, 0).to(tl.float64))
+        tl.store(out + 7, tl.sum(inf, 0).to(tl.float64))
 
 
 @triton.jit
-def tensor_sums(base, tensor_first, tensor_row, tensor_rows, partials, sums, ROWS: tl.constexpr,
+def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LANES: tl.constexpr,
                 ACC: tl.constexpr):
     t = tl.program_id(0)
-    first_row = tl.load(tensor_row + t)
-    rows = tl.load(tensor_rows + t)
-    lane = tl.arange(0, ROWS)
-    total = tl.zeros([ROWS], tl.float64)
-    sum_sq = tl.zeros([ROWS], tl.float64)
-    abs_sum = tl.zeros([ROWS], tl.float64)
-    lo = tl.full([ROWS], float("inf"), tl.float64)
-    hi = tl.full([ROWS], float("-inf"), tl.float64)
-    nonzero = tl.zeros([ROWS], tl.float64)
-    nan = tl.zeros([ROWS], tl.float64)
-    inf = tl.zeros([ROWS], tl.float64)
-    for start in range(0, rows, ROWS):
-        inside = start + lane < rows
-        row = partials + (first_row + start + lane) * 8
-        total += tl.load(row + 0, mask=inside, other=0.0).to(tl.float64)
-        sum_sq += tl.load(row + 1, mask=inside, other=0.0).to(tl.float64)
-        abs_sum += tl.load(row + 2, mask=inside, other=0.0).to(tl.float64)
-        lo = tl.minimum(lo, tl.load(row + 3, mask=inside, other=float("inf")).to(tl.float64))
-        hi = tl.maximum(hi, tl.load(row + 4, mask=inside, other=float("-inf")).to(tl.float64))
-        nonzero += tl.load(row + 5, mask=inside, other=0.0).to(tl.float64)
-        nan += tl.load(row + 6, mask=inside, other=0.0).to(tl.float64)
-        inf += tl.load(row + 7, mask=inside, other=0.0).to(tl.float64)
+    used = tl.minimum(tl.cdiv(tl.load(table + n + t), ROW), programs)  # the programs that ran for it
+    lane = tl.arange(0, LANES)
+    total = tl.zeros([LANES], tl.float64)
+    sum_sq = tl.zeros([LANES], tl.float64)
+    abs_sum = tl.zeros([LANES], tl.float64)
+    lo = tl.full([LANES], float("inf"), tl.float64)
+    hi = tl.full([LANES], float("-inf"), tl.float64)
+    nonzero = tl.zeros([LANES], tl.float64)
+    nan = tl.zeros([LANES], tl.float64)
+    inf = tl.zeros([LANES], tl.float64)
+    for start in range(0, used, LANES):
+        inside = start + lane < used
+        part = partials + (t * programs + start + lane) * 8
+        total += tl.load(part + 0, mask=inside, other=0.0)
+        sum_sq += tl.load(part + 1, mask=inside, other=0.0)
+        abs_sum += tl.load(part + 2, mask=inside, other=0.0)
+        lo = tl.minimum(lo, tl.load(part + 3, mask=inside, other=float("inf")))
+        hi = tl.maximum(hi, tl.load(part + 4, mask=inside, other=float("-inf")))
+        nonzero += tl.load(part + 5, mask=inside, other=0.0)
+        nan += tl.load(part + 6, mask=inside, other=0.0)
+        inf += tl.load(part + 7, mask=inside, other=0.0)
     nans = tl.sum(nan, 0)
     out = sums + t * 9
     tl.store(out + 0, tl.sum(total, 0))
@@ -124,7 +141,7 @@ def tensor_sums(base, tensor_first, tensor_row, tensor_rows, partials, sums, ROW
     tl.store(out + 5, tl.sum(nonzero, 0))
     tl.store(out + 6, nans)
     tl.store(out + 7, tl.sum(inf, 0))
-    tl.store(out + 8, _shift_of(tl.load(base + tl.load(tensor_first + t)).to(ACC)).to(tl.float64))
+    tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
 
 
 def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -135,29 +152,19 @@ def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     returns); their memory is read in stream order, as a torch op would read it.
     """
     base = tensors[0]
-    size = base.element_size()
-    lengths = np.fromiter((x.numel() for x in tensors), np.int64, len(tensors))
+    n = len(tensors)
+    lengths = np.fromiter((x.numel() for x in tensors), np.int64, n)
     # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
-    offsets = (np.fromiter((x.data_ptr() for x in tensors), np.int64, len(tensors)) - base.data_ptr()) // size
-    rows = -(-lengths // ROW)
-    tensor_row = np.cumsum(rows) - rows  # each tensor's first row
-    tensor_of_row = np.repeat(np.arange(len(tensors)), rows)
-    within = np.arange(int(rows.sum())) - tensor_row[tensor_of_row]  # the row's index in its tensor
-    row_offset = offsets[tensor_of_row] + within * ROW
-    row_filled = np.minimum(lengths[tensor_of_row] - within * ROW, ROW)
-    n, n_rows = len(tensors), len(row_offset)
-    table = torch.from_numpy(np.concatenate([row_offset, row_filled, offsets[tensor_of_row], offsets, tensor_row,
-                                             rows]))
+    offsets = (np.fromiter((x.data_ptr() for x in tensors), np.int64, n) - base.data_ptr()) // base.element_size()
+    programs = min(-(-int(lengths.max()) // ROW), PROGRAMS)
+    table = torch.from_numpy(np.concatenate([offsets, lengths]))
     device = base.device
     if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
         table = table.pin_memory()
     table = table.to(device, non_blocking=True)
-    row_offset, row_filled, row_first = table[:3 * n_rows].view(3, n_rows)
-    tensor_first, tensor_row, tensor_rows = table[3 * n_rows:].view(3, n)
+    out = torch.empty(n * 9 + n * programs * PARTIALS, dtype=torch.float64, device=device)
+    sums, partials = out[:n * 9], out[n * 9:]
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32
-    partials = torch.empty((n_rows, PARTIALS), dtype=torch.float64 if acc == tl.float64 else torch.float32,
-                           device=device)
-    sums = torch.empty((n, 9), dtype=torch.float64, device=device)
-    row_partials[(n_rows,)](base, row_offset, row_filled, row_first, partials, BLOCK=BLOCK, ACC=acc)
-    tensor_sums[(n,)](base, tensor_first, tensor_row, tensor_rows, partials, sums, ROWS=ROWS_AT_ONCE, ACC=acc)
-    return sums
+    tensor_partials[(n, programs)](base, table, n, programs, partials, ROW=ROW, BLOCK=BLOCK, ACC=acc)
+    tensor_sums[(n,)](base, table, n, programs, partials, sums, ROW=ROW, LANES=64, ACC=acc)
+    return sums.view(n, 9)
