@@ -199,7 +199,7 @@ class StepSums:
         self._addresses()
         # staged: per (device, dtype), (1-D values, their rows, the length of each row's tensor)
         # batches reduced on a device: their record rows, then chunk_sums' four results (or, for
-        # a tensor reduced on its own, None, None, its sums (1, 9) and counts)
+        # a Triton batch or a tensor reduced on its own, None, None, their sums (n, 9) and counts)
         self._device_rows: list[tuple[list[int], np.ndarray | None, np.ndarray | None, torch.Tensor,
                                       torch.Tensor | None]] = []
         self._queued: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
