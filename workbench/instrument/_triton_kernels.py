@@ -36,15 +36,15 @@ import torch
 import triton
 import triton.language as tl
 
-#: Values a lane block reads at once, and per row (one program) at most.
+#: Values a program reads at once (a lane each), and per row: a tensor is cut in rows of ROW values.
 BLOCK = 1024
 ROW = 16 * BLOCK
 #: Programs per tensor at most: a tensor of more rows has each program take several.
 PROGRAMS = 128
 #: Partial sums per program: sum, sum_sq, abs_sum, min, max, nonzero, nan, inf.
 PARTIALS = 8
-#: The dtypes the kernels read as they are.
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: Values of a SUMS row (workbench.instrument.stats.SUMS).
+SUMS = 9
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _shift_of(first):
 
 @triton.jit
 def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                    ACC: tl.constexpr):
+                    PARTIALS: tl.constexpr, ACC: tl.constexpr):
     t = tl.program_id(0)
     p = tl.program_id(1)
     offset = tl.load(table + t)  # of the tensor's first value from ``base``, in values
@@ -95,7 +95,7 @@ def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK
             total += row_total.to(tl.float64)
             sum_sq += row_sum_sq.to(tl.float64)
             abs_sum += row_abs_sum.to(tl.float64)
-        out = partials + (t * programs + p) * 8
+        out = partials + (t * programs + p) * PARTIALS
         tl.store(out + 0, tl.sum(total, 0))
         tl.store(out + 1, tl.sum(sum_sq, 0))
         tl.store(out + 2, tl.sum(abs_sum, 0))
@@ -108,7 +108,7 @@ def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK
 
 @triton.jit
 def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LANES: tl.constexpr,
-                ACC: tl.constexpr):
+                PARTIALS: tl.constexpr, SUMS: tl.constexpr, ACC: tl.constexpr):
     t = tl.program_id(0)
     used = tl.minimum(tl.cdiv(tl.load(table + n + t), ROW), programs)  # the programs that ran for it
     lane = tl.arange(0, LANES)
@@ -122,7 +122,7 @@ def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LAN
     inf = tl.zeros([LANES], tl.float64)
     for start in range(0, used, LANES):
         inside = start + lane < used
-        part = partials + (t * programs + start + lane) * 8
+        part = partials + (t * programs + start + lane) * PARTIALS
         total += tl.load(part + 0, mask=inside, other=0.0)
         sum_sq += tl.load(part + 1, mask=inside, other=0.0)
         abs_sum += tl.load(part + 2, mask=inside, other=0.0)
@@ -132,7 +132,7 @@ def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LAN
         nan += tl.load(part + 6, mask=inside, other=0.0)
         inf += tl.load(part + 7, mask=inside, other=0.0)
     nans = tl.sum(nan, 0)
-    out = sums + t * 9
+    out = sums + t * SUMS
     tl.store(out + 0, tl.sum(total, 0))
     tl.store(out + 1, tl.sum(sum_sq, 0))
     tl.store(out + 2, tl.sum(abs_sum, 0))
@@ -146,7 +146,8 @@ def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LAN
 
 def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
-    device (the current one) and one of :data:`DTYPES`, computed on it without waiting for it.
+    device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
+    it without waiting for it.
 
     The tensors must stay alive until the kernels have been queued (they are, by the time this
     returns); their memory is read in stream order, as a torch op would read it.
@@ -162,9 +163,11 @@ def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
         table = table.pin_memory()
     table = table.to(device, non_blocking=True)
-    out = torch.empty(n * 9 + n * programs * PARTIALS, dtype=torch.float64, device=device)
-    sums, partials = out[:n * 9], out[n * 9:]
+    out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
+    sums, partials = out[:n * SUMS], out[n * SUMS:]
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32
-    tensor_partials[(n, programs)](base, table, n, programs, partials, ROW=ROW, BLOCK=BLOCK, ACC=acc)
-    tensor_sums[(n,)](base, table, n, programs, partials, sums, ROW=ROW, LANES=64, ACC=acc)
-    return sums.view(n, 9)
+    tensor_partials[(n, programs)](base, table, n, programs, partials, ROW=ROW, BLOCK=BLOCK, PARTIALS=PARTIALS,
+                                   ACC=acc)
+    tensor_sums[(n,)](base, table, n, programs, partials, sums, ROW=ROW, LANES=64, PARTIALS=PARTIALS,
+                      SUMS=SUMS, ACC=acc)
+    return sums.view(n, SUMS)
