@@ -412,6 +412,42 @@ def test_an_intervention_keeps_hooks_in_on_idle_steps():
         assert process_hooks() == outside
 
 
+def test_a_gradient_the_backward_hands_to_several_sites_is_reduced_once(monkeypatch):
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.branch = nn.Linear(3, 300), nn.Linear(300, 300)
+
+        def forward(self, x):
+            h = self.inp(x)
+            return h + self.branch(h)  # AddBackward passes its incoming gradient on to both inputs as it is
+
+    torch.manual_seed(0)
+    model, x = Residual(), torch.randn(4, 3)
+    # by hand: the gradient of sum(out^2) w.r.t. the model's output (and so w.r.t. the branch's) is
+    # 2 out; w.r.t. h, 2 out + (2 out) W_branch
+    h = model.inp(x).detach()
+    out = h + model.branch(h).detach()
+    want = {"": 2 * out, "branch": 2 * out, "inp": 2 * out + 2 * out @ model.branch.weight.detach()}
+    reduced = []
+    add = workbench.instrument.stats.StepSums.add
+
+    def counting_add(self, x, defer=False):
+        reduced.append(x)
+        return add(self, x, defer)
+
+    monkeypatch.setattr(workbench.instrument.stats.StepSums, "add", counting_add)
+    with workbench.watch(model, activations=False, parameters=False, parameter_grads=False) as w:
+        model(x).square().sum().backward()
+        w.step()
+    grads = rows(w, kind="grad_output").set_index("module")
+    assert sorted(grads.index) == ["", "branch", "inp"]
+    for module, grad in want.items():
+        assert grads.loc[module, "norm"] == pytest.approx(grad.norm().item(), rel=1e-5), module
+        assert grads.loc[module, "mean"] == pytest.approx(grad.mean().item(), rel=1e-5), module
+    assert len(reduced) == 2  # the model's and the branch's gradient is one tensor, reduced once
+
+
 @pytest.mark.parametrize("shape", [(12, 3), (2, 6, 3)], ids=["plain", "view"])  # 3-D: Linear returns a view
 def test_gradients_match_autograd_after_in_place_ops_and_for_multi_output_nodes(shape):
     class Net(nn.Module):

@@ -416,8 +416,9 @@ class Watch:
 
         A container's output is often its last child's output, the same tensor object (a
         Sequential, a residual block, the model): it is reduced and hooked once, and every
-        call site that returned it gets a row. The weakref proves identity without keeping the
-        tensor alive, the version counter proves it was not modified in place since.
+        call site that returned it gets a row. Likewise a gradient that the backward hands to
+        several sites. The weakref proves identity without keeping the tensor alive, the
+        version counter proves it was not modified in place since.
         """
         try:
             version = tensor._version
@@ -456,8 +457,18 @@ class Watch:
             return
         try:
             if keys:
-                # nothing changes a gradient once computed: it is reduced with the others
-                row = self._sums.add(grad, defer=True)
+                # The backward often hands one gradient tensor to several sites: an add node
+                # passes its incoming gradient on to both inputs as it is (the two branches of a
+                # residual connection). While its Python object lives (a small gradient queued
+                # below, a GPU batch's), it is found and reduced once. A large CPU gradient's
+                # object dies with the hook: the backward keeps only the C++ tensor, whose address
+                # a later gradient may reuse, so nothing proves it the same and it is reduced
+                # again. Nothing changes a gradient once computed: small ones are queued and
+                # reduced together at the end of the backward.
+                seen = self._seen_entry(grad)
+                if seen[2] is None:
+                    seen[2] = self._sums.add(grad, defer=True)
+                row = seen[2]
                 self._entries.extend((self._intern((path, call, "grad_output", name, shape)), grad.numel(), row)
                                      for path, call, name, shape in keys)
                 self._flush_when_backward_ends()
