@@ -604,6 +604,26 @@ def _optimizer_in_backward(model, lr=0.1):
     return [p.register_post_accumulate_grad_hook(step_now) for p in model.parameters()]
 
 
+def test_a_parameter_given_new_data_of_another_shape_is_recorded_as_it_is_now():
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, activations=False, gradients=False) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        w.step()
+        with torch.no_grad():  # pruned to one output: new data, another shape, same Parameter object
+            model.weight.data = torch.arange(3.0)[None] + 10
+            model.bias.data = torch.tensor([-1.0])
+        model.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        w.step()
+    frame = w.to_pandas().set_index(["step", "kind", "tensor"])
+    assert frame.loc[(1, "param", "weight"), "shape"] == "(2, 3)"
+    assert frame.loc[(2, "param", "weight"), "shape"] == "(1, 3)"
+    assert frame.loc[(2, "param", "weight"), "mean"] == pytest.approx(11.0)
+    assert frame.loc[(2, "param_grad", "weight"), "shape"] == "(1, 3)"
+    assert frame.loc[(2, "param_grad", "weight"), "mean"] == pytest.approx(4.0)  # d/dW of sum(W x + b), x = 1
+    assert frame.loc[(2, "param_grad", "bias"), "numel"] == 1
+
+
 def test_parameter_gradients_stepped_inside_the_backward_are_recorded_when_watch_came_first():
     model, x = nn.Linear(3, 2), torch.randn(4, 3)
     reference = copy.deepcopy(model)

@@ -174,6 +174,7 @@ class Watch:
         # every step or two, and a full collection of the process (~0.2 s with torch loaded) every
         # few hundred steps. A new key is dropped for the kept one at once, and counts nothing.
         self._keys: dict[tuple, tuple] = {}
+        self._param_keys: dict[tuple[str, str, str], tuple[torch.Size, tuple]] = {}  # see _record_parameters
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
@@ -505,10 +506,17 @@ class Watch:
                 except Exception as exc:
                     self._fail(module_path, 0, kind, exc)
                     rows.append(None)
+        keys = self._param_keys
         for (module_path, name, tensor), row in zip(items, rows):
             if row is None:
                 continue
-            entry = (self._intern((module_path, 0, kind, name, shape_of(tensor))), tensor.numel(), row)
+            # the row key of a parameter stays the same while its shape does: looked up, not built
+            shape = tensor.shape
+            known = keys.get((kind, module_path, name))
+            if known is None or known[0] != shape:
+                known = keys[(kind, module_path, name)] = (
+                    shape, self._intern((module_path, 0, kind, name, shape_of(tensor))))
+            entry = (known[1], tensor.numel(), row)
             if kind == "param":
                 self._entries.append(entry)
             else:  # the last backward of the step wins: .grad holds the accumulated total

@@ -240,19 +240,18 @@ class StepSums:
         If it raises, some of the tensors may have rows (filled with NaN) that it did not return.
         """
         with self._lock:
+            # rows in order, one per tensor (as add's): grown once, here
+            rows = list(range(self._n, self._n + len(tensors)))
+            while rows and rows[-1] >= len(self._host):
+                self._grow()
             batches: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
-            rows = []
             try:
-                for x in tensors:
+                for x, row in zip(tensors, rows):
                     if COMPILED and x.is_cpu and _compiled_kernels_take(x) and x.numel():
-                        row = self._n
-                        if row == len(self._host):
-                            self._grow()
-                        self._n = row + 1
                         batches.setdefault(x.dtype, []).append((x, row))
+                        self._n = row + 1
                     else:
-                        row = self._add(x, defer=True)
-                    rows.append(row)
+                        self._add(x, defer=True)  # (takes the row self._n, which is ``row``)
                 for dtype, entries in batches.items():
                     self._reduce_batch(_compiled_kernels[dtype], entries)
             except BaseException:
@@ -388,17 +387,23 @@ class StepSums:
     def _reduce_batch(self, kernels_of_dtype: tuple, entries: list[tuple[torch.Tensor, int]]) -> None:
         _, exact, histogram, batch, check = kernels_of_dtype
         bins = self.bins or 0
-        table = [(x.data_ptr(), x.numel(), self._sums_address + row * _ROW_BYTES,
-                  self._counts_address + row * bins * 4) for x, row in entries]
-        packed = np.array(table, np.int64)  # kept in a name: it must outlive the call
-        batch(packed.ctypes.data, len(table), bins, None)
+        # (data address, n, sums address, counts address) per tensor; the addresses of the rows
+        # in numpy: per-tensor Python is what this path costs, and it runs with its code gone cold
+        tensors, rows = zip(*entries)
+        table = np.empty((len(entries), 4), np.int64)  # kept in a name: it must outlive the call
+        table[:, 0] = [x.data_ptr() for x in tensors]
+        table[:, 1] = [x.numel() for x in tensors]
+        table[:, 2] = rows
+        table[:, 3] = table[:, 2] * (bins * 4) + self._counts_address
+        table[:, 2] *= _ROW_BYTES
+        table[:, 2] += self._sums_address
+        batch(table.ctypes.data, len(table), bins, None)
         # a NaN, an infinity, an overflow: the exact pass, as in _reduce_on_host (checked outside
         # the fast-math code)
-        if not check(packed.ctypes.data, len(table)):
+        if not check(table.ctypes.data, len(table)):
             return
-        rows = [row for _, row in entries]
         for i in np.flatnonzero(~np.isfinite(self._host[np.ix_(rows, [SUM_SQ, ABS_SUM])]).all(axis=1)):
-            data, n, out, counts = table[i]
+            data, n, out, counts = (int(v) for v in table[i])
             exact(data, n, out)
             if bins:
                 self._counts[rows[i]] = 0
