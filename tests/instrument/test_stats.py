@@ -335,4 +335,3 @@ def test_staged_tensors_are_reduced_once_the_stage_is_full(monkeypatch):
     assert step._staged_bytes + step._batched_bytes == 0 and len(step._device_rows) == 2
     means = finish(np.array([600, 300, 200]), step.rows()[0])["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5, atol=1e-7)
-

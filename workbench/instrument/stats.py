@@ -390,13 +390,12 @@ class StepSums:
         # (data address, n, sums address, counts address) per tensor; the addresses of the rows
         # in numpy: per-tensor Python is what this path costs, and it runs with its code gone cold
         tensors, rows = zip(*entries)
+        row_index = np.array(rows, np.int64)
         table = np.empty((len(entries), 4), np.int64)  # kept in a name: it must outlive the call
         table[:, 0] = [x.data_ptr() for x in tensors]
         table[:, 1] = [x.numel() for x in tensors]
-        table[:, 2] = rows
-        table[:, 3] = table[:, 2] * (bins * 4) + self._counts_address
-        table[:, 2] *= _ROW_BYTES
-        table[:, 2] += self._sums_address
+        table[:, 2] = self._sums_address + row_index * _ROW_BYTES
+        table[:, 3] = self._counts_address + row_index * (bins * 4)
         batch(table.ctypes.data, len(table), bins, None)
         # a NaN, an infinity, an overflow: the exact pass, as in _reduce_on_host (checked outside
         # the fast-math code)
