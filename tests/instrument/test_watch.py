@@ -115,6 +115,34 @@ def test_shared_activation_is_attributed_to_each_alias_path_with_call_indices():
     assert aliases <= paths
 
 
+def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_module():
+    pre_hooks = torch.nn.modules.module._global_forward_pre_hooks
+
+    class Skip(nn.Module):  # calls a module registered under another parent
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+            self.b = nn.Sequential(nn.Linear(3, 3))
+
+        def forward(self, x):
+            return self.b(self.a[1](self.a(x)))
+
+    plain, before = Skip(), len(pre_hooks)
+    with workbench.watch(plain) as w:
+        assert len(pre_hooks) == before  # every module has one path: no stack to keep
+        plain(torch.randn(2, 3)).sum().backward()
+        w.step()
+    # each module under its one path, each call counted
+    assert sorted(zip(*rows(w, kind="activation")[["module", "call"]].values.T)) == [
+        ("", 0), ("a", 0), ("a.0", 0), ("a.1", 0), ("a.1", 1), ("b", 0), ("b.0", 0)]
+
+    shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    shared.append(shared[1])  # one ReLU under two paths: which one ran is told by the caller
+    with workbench.watch(shared, gradients=False):
+        assert len(pre_hooks) == before + 1
+    assert len(pre_hooks) == before
+
+
 def test_an_unrolled_network_gets_one_record_per_call():
     exp = workbench.experiments.create("efficientzero_dynamics", seed=0, unroll_steps=3, batch_size=4)
     with workbench.watch(exp.model) as w:

@@ -2,17 +2,18 @@
 
 How it hooks in (see DESIGN.md, decisions 3 to 6):
 
-- A forward pre-hook and a forward hook, both process-wide (torch's
-  ``register_module_forward_*hook``), see every module call and pass over
-  modules of other models. Nothing is written into the model: it deep-copies
-  and pickles as before (``torch.save(model)`` mid-run), a copy is not
-  watched, and the user's own hooks are untouched (torch runs the
-  process-wide hooks first: an activation is what the module's forward
-  returned). The hooks hold the watch weakly, so a watch let go of without
-  ``close()`` takes them out when it is collected. The modules with children
-  keep a stack of the call sites being executed, so a module object that is
-  reachable under several names is attributed to the alias path through which
-  its parent called it, and each call within a step gets an index.
+- A forward hook, process-wide (torch's ``register_module_forward_hook``),
+  sees every module call and passes over modules of other models. Nothing is
+  written into the model: it deep-copies and pickles as before
+  (``torch.save(model)`` mid-run), a copy is not watched, and the user's own
+  hooks are untouched (torch runs the process-wide hooks first: an
+  activation is what the module's forward returned). The hooks hold the
+  watch weakly, so a watch let go of without ``close()`` takes them out when
+  it is collected. Each call within a step gets an index. Where a module
+  object is reachable under several names (a shared activation), a
+  process-wide pre-hook also keeps a stack of the call sites being executed
+  by the modules with children, so that the module is attributed to the
+  alias path through which its parent called it.
 - Output gradients come from hooks registered inside the forward hook on the
   autograd node that made each output (what a tensor hook is, at half its
   cost; see :class:`_GradSite`). Full backward hooks raise on in-place ops
@@ -180,19 +181,29 @@ class Watch:
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
         self._paused = 0  # paused() blocks entered
 
+        # The call stack names a call through the alias path its caller used; only a module object
+        # reachable under several paths (a shared activation) needs that. Without one, every module
+        # has its one path, and no pre-hook is registered: torch's hooked call path costs ~1 us a
+        # call more for it, and ours as much again.
+        shared = any(len(paths) > 1 for paths in self._aliases.values())
         # ids of the modules that call others: the call stack only needs them (a module without
         # children finds its call site from the stack's top in its forward hook)
-        self._containers = {id(m) for m in self._modules.values() if next(m.children(), None) is not None}
-        # Two process-wide module hooks (torch runs them for every module, before the module's own
+        self._containers = {id(m) for m in self._modules.values() if shared and next(m.children(), None) is not None}
+        # the path of each module with one path, that does not keep the stack: looked up in one step
+        self._single_path = {key: paths[0] for key, paths in self._aliases.items()
+                             if len(paths) == 1 and key not in self._containers}
+        # Process-wide module hooks (torch runs them for every module, before the module's own
         # hooks), which pass over modules of other models. Nothing is written into the model: it
         # deep-copies and pickles as before (torch.save(model) mid-run), and a copy is not watched.
         # torch.compile runs them eagerly, in a graph break: they read memory and keep Python state
         # that a traced graph cannot hold (~0.6 us more a call; the first watch() of a process loads
         # torch._dynamo, ~1.6 s)
         self._handles: list[Any] = [
-            torch.nn.modules.module.register_module_forward_pre_hook(torch.compiler.disable(_weakly(self._pre_hook))),
             torch.nn.modules.module.register_module_forward_hook(torch.compiler.disable(_weakly(self._post_hook))),
         ]
+        if self._containers:
+            self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(
+                torch.compiler.disable(_weakly(self._pre_hook))))
         # a torch.compile'd module warns on every call that process-wide hooks fire for it too
         # (it is a module): ours pass it over, as a module of no model they watch
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
@@ -327,17 +338,21 @@ class Watch:
         self._stack.append((id(module), self._resolve(parent, module)))
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
-        key = id(module)
-        if not self._active or key not in self._modules:  # (or a module of another model)
+        if not self._active:
             return None
-        if key not in self._containers:
-            path = self._resolve(self._stack[-1][1] if self._stack else None, module)
-        else:
-            if not self._stack:  # hooks put in while this module ran
+        key = id(module)
+        path = self._single_path.get(key)
+        if path is None:
+            if key not in self._modules:  # a module of another model
                 return None
-            mid, path = self._stack.pop()
-            while mid != key and self._stack:  # entries of children whose forward raised
+            if key not in self._containers:
+                path = self._resolve(self._stack[-1][1] if self._stack else None, module)
+            else:
+                if not self._stack:  # hooks put in while this module ran
+                    return None
                 mid, path = self._stack.pop()
+                while mid != key and self._stack:  # entries of children whose forward raised
+                    mid, path = self._stack.pop()
         recomputing = _graph_task_id() != -1
         want_grads = (self._recording and path in self._sites["grad_output"] and module.training
                       and torch.is_grad_enabled())
