@@ -4,6 +4,7 @@ import collections
 import copy
 import dataclasses
 import gc
+import inspect
 import io
 import threading
 import weakref
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 import workbench
-from workbench.instrument import ROW_COLUMNS
+from workbench.instrument import ROW_COLUMNS, hooks, stats
 
 
 def probe_step(name, model, w=None, seed=0):
@@ -605,6 +606,10 @@ def test_a_compiled_model_is_recorded_as_the_eager_one(order):
     cols = ["step", "module", "call", "kind", "tensor"]
     assert got[cols].values.tolist() == want[cols].values.tolist()  # the paths of the uncompiled model
     np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
+    # the hooks ran as they are: dynamo compiled none of the code they call
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    ours = [f for cls in (hooks.Watch, stats.StepSums) for f in vars(cls).values() if inspect.isfunction(f)]
+    assert len(ours) > 20 and not [f for f in ours if _debug_get_cache_entry_list(f.__code__)]
 
 
 def test_parameter_gradients_accumulated_over_backwards_are_recorded_as_totals():
