@@ -815,7 +815,7 @@ def _weakly(method: Callable, *bound: Any) -> Callable:
 def _run_eagerly(hook: Callable) -> Callable:
     """``hook``, marked for torch.compile to call as it is (in a graph break) and to trace nothing
     that it calls: what ``torch.compiler.disable`` does, without its wrapper, which costs ~0.7 us a
-    call (~2 us with its code cold in the middle of a forward) on every module call of every model.
+    call (measured warm) on every module call of every model.
 
     The mark is dynamo's own: the attribute by which it recognizes a disabled function while
     tracing, and a skip of the frames of ``hook``'s code and of all they call (what the wrapper
