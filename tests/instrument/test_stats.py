@@ -335,3 +335,22 @@ def test_staged_tensors_are_reduced_once_the_stage_is_full(monkeypatch):
     assert step._staged_bytes + step._batched_bytes == 0 and len(step._device_rows) == 2
     means = finish(np.array([600, 300, 200]), step.rows()[0])["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5, atol=1e-7)
+
+
+def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would():
+    first = [torch.randn(5000), torch.randn(40, 30).double(), torch.randn(9)]
+    second = [torch.randn(7) * 5, torch.randn(3000) + 2]
+    step = StepSums(bins=8, capacity=1)
+    step.add_many(first) if MANY else [step.add(x, defer=DEFER) for x in first]
+    step.rows()
+    step.reset()  # a new step: rows start at 0 again, the histogram counts at zero
+    assert len(step) == 0
+    rows = step.add_many(second) if MANY else [step.add(x, defer=DEFER) for x in second]
+    assert rows == [0, 1]
+    sums, counts = step.rows()
+    want_sums, want_counts = reduce(*second, bins=8)
+    np.testing.assert_allclose(sums, want_sums, rtol=1e-6)
+    np.testing.assert_array_equal(counts, want_counts)
+    for x, row in zip(second, counts):
+        edges = np.linspace(x.min().item(), x.max().item(), 9)
+        np.testing.assert_array_equal(row, np.histogram(x.double().numpy(), edges)[0])

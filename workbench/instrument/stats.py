@@ -214,6 +214,23 @@ class StepSums:
     def __len__(self) -> int:
         return self._n
 
+    def reset(self) -> None:
+        """Empty, for another step's tensors: the rows start again at 0, the arrays are kept.
+
+        Call it once :meth:`rows` has read the step (what is still staged or queued is dropped).
+        """
+        if not (self._n or self._device_rows or self._queued or self._staged or self._batched):
+            return  # nothing was added (an idle step)
+        with self._lock:
+            if self._counts is not None:
+                self._counts[:self._n] = 0  # (the histogram kernels add to their row)
+            self._n = 0
+            self._device_rows.clear()
+            self._queued.clear()
+            self._staged.clear()
+            self._batched.clear()
+            self._queued_bytes = self._staged_bytes = self._batched_bytes = 0
+
     def add(self, x: torch.Tensor, defer: bool = False) -> int:
         """Reduce ``x`` (any dtype, device and layout of a strided tensor), now or, with ``defer``,
         at the next :meth:`flush`; returns its row."""
