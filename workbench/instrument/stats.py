@@ -219,11 +219,13 @@ class StepSums:
 
         Call it once :meth:`rows` has read the step (what is still staged or queued is dropped).
         """
-        if not (self._n or self._device_rows or self._queued or self._staged or self._batched):
+        if self._counts is None and not (self._n or self._device_rows or self._queued or self._staged
+                                         or self._batched):
             return  # nothing was added (an idle step)
         with self._lock:
             if self._counts is not None:
-                self._counts[:self._n] = 0  # (the histogram kernels add to their row)
+                # the histogram kernels add to their row (a failed add's row too, not counted in _n)
+                self._counts.fill(0)
             self._n = 0
             self._device_rows.clear()
             self._queued.clear()
