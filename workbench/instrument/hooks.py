@@ -840,7 +840,9 @@ def _remove_hooks(handles: list, fresh_hook_dicts: list[nn.Parameter]) -> None:
     for handle in handles:
         handle.remove()
     handles.clear()
-    for param in fresh_hook_dicts:  # leave the parameters exactly as we found them
+    # the parameters' hook dicts as we found them (torch keeps the C++ hook it made to call the
+    # dict, now empty: it has no way to remove one, as after any register_... and remove())
+    for param in fresh_hook_dicts:
         if not param._post_accumulate_grad_hooks:
             param._post_accumulate_grad_hooks = None
     fresh_hook_dicts.clear()
