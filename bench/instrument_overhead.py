@@ -1,11 +1,13 @@
 """Training-step overhead of ``workbench.watch``, measured side by side in one process.
 
-Each variant trains its own copy of the workload (same seed, same batches),
-set up once; the copies then take turns, a block of 10 steps each per round
-in a shuffled order, so that every variant is timed in its steady state. The
-figure is the median over rounds of a variant's block time as a ratio to the
-bare block of the same round: the machine's drifts (large on a shared VM)
-hit both sides of each ratio alike. The quartiles show the spread.
+The variants take turns training one copy of the workload, a block of 10
+steps each per round in a shuffled order, each with its instrumentation in
+and the others' out, so that every variant is timed in its steady state on
+the same model, data and memory (separate copies of the model differ by up to
+~1% in step time on this machine, from where their tensors lie). The figure
+is the median over rounds of a variant's block time as a ratio to the bare
+block of the same round: the machine's drifts (large on a shared VM) hit both
+sides of each ratio alike. The quartiles show the spread.
 
 - bare: no hooks;
 - watch: everything on (activations, output gradients, parameters and their
@@ -79,12 +81,11 @@ def naive_hooks(model):
 
 
 class Variant:
-    """One copy of the workload and how it is instrumented; ``step()`` is a timed training step."""
+    """How the workload is instrumented; ``step()`` is a timed training step."""
 
     def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False):
-        self.exp, self.torch_reductions = exp, torch_reductions
+        self.exp, self.naive, self.torch_reductions = exp, naive, torch_reductions
         self.watch = workbench.watch(exp.model, **watch_options) if watch_options is not None else None
-        self.handles = naive_hooks(exp.model) if naive else []
 
     def step(self) -> None:
         self.exp.step()
@@ -95,6 +96,7 @@ class Variant:
         compiled, triton = stats.COMPILED, stats.TRITON_DEVICES
         if self.torch_reductions:
             stats.COMPILED, stats.TRITON_DEVICES = False, frozenset()
+        handles = naive_hooks(self.exp.model) if self.naive else []  # (in for this block only)
         try:
             synchronize()
             start = time.perf_counter()
@@ -104,6 +106,8 @@ class Variant:
             return (time.perf_counter() - start) / steps
         finally:
             stats.COMPILED, stats.TRITON_DEVICES = compiled, triton
+            for handle in handles:
+                handle.remove()
 
 
 VARIANTS = {
@@ -116,36 +120,36 @@ VARIANTS = {
 }
 
 
-def run_block(copies: dict[str, Variant], name: str, block: int) -> float:
-    """``copies[name]``'s block, the other copies' watches paused: watch's hooks are process-wide,
-    and would otherwise run (and pass over) every module call of the other copies."""
+def run_block(variants: dict[str, Variant], name: str, block: int) -> float:
+    """``variants[name]``'s block, the other variants' watches paused (and out of torch's hooks)."""
     with contextlib.ExitStack() as others:
-        for other, variant in copies.items():
+        for other, variant in variants.items():
             if other != name and variant.watch is not None:
                 others.enter_context(variant.watch.paused())
-        return copies[name].timed_block(block)
+        return variants[name].timed_block(block)
 
 
 def measure(make, rounds: int, block: int, variants: dict[str, dict] = VARIANTS
             ) -> dict[str, tuple[float, float, float, float]]:
     """Per variant: the median step time and the median, lower and upper quartile over rounds of
     its block's time as a ratio to the bare block of the same round."""
-    copies = {}
+    exp = make()
+    instrumented = {}
     for name, options in variants.items():
-        copies[name] = Variant(make(), **options)
-        run_block(copies, name, block)  # warm-up: allocator, compiled kernels, hook caches
-    order = list(copies)
+        instrumented[name] = Variant(exp, **options)
+        run_block(instrumented, name, block)  # warm-up: allocator, compiled kernels, hook caches
+    order = list(instrumented)
     shuffle = random.Random(0).shuffle
-    times: dict[str, list[float]] = {name: [] for name in copies}
-    ratios: dict[str, list[float]] = {name: [] for name in copies}
+    times: dict[str, list[float]] = {name: [] for name in instrumented}
+    ratios: dict[str, list[float]] = {name: [] for name in instrumented}
     for _ in range(rounds):
         shuffle(order)  # no variant always runs right after another
-        this_round = {name: run_block(copies, name, block) for name in order}
+        this_round = {name: run_block(instrumented, name, block) for name in order}
         for name, seconds in this_round.items():
             times[name].append(seconds)
             ratios[name].append(seconds / this_round["bare"])
     result = {}
-    for name in copies:
+    for name in instrumented:
         low, median, high = statistics.quantiles(ratios[name], n=4) if rounds > 1 else [ratios[name][0]] * 3
         result[name] = (statistics.median(times[name]), median, low, high)
     return result
