@@ -164,11 +164,13 @@ def main() -> None:
     args = parser.parse_args()
     device = args.device
     # blocks of 10 steps: every=10 records one step in each
+    batches = {"dynamics": 32, "mlp": 64, "ilql": 16} if args.quick else {"dynamics": 256, "mlp": 1024, "ilql": 64}
     workloads = [
-        ("dynamics", "dynamics network, Atari sizes, batch 256, K=5",
-         lambda: dynamics(32 if args.quick else 256, device), 10),
-        ("mlp", "activation MLP 3x256 gelu, batch 1024", lambda: mlp(64 if args.quick else 1024, device), 40),
-        ("ilql", "ILQL agent, tiny GPTs, batch 64 of the toy task", lambda: ilql(16 if args.quick else 64, device), 40),
+        ("dynamics", f"dynamics network, Atari sizes, batch {batches['dynamics']}, K=5",
+         lambda: dynamics(batches["dynamics"], device), 10),
+        ("mlp", f"activation MLP 3x256 gelu, batch {batches['mlp']}", lambda: mlp(batches["mlp"], device), 40),
+        ("ilql", f"ILQL agent, tiny GPTs, batch {batches['ilql']} of the toy task",
+         lambda: ilql(batches["ilql"], device), 40),
     ]
     where = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {device}: {where}")
