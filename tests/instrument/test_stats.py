@@ -354,3 +354,15 @@ def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would():
     for x, row in zip(second, counts):
         edges = np.linspace(x.min().item(), x.max().item(), 9)
         np.testing.assert_array_equal(row, np.histogram(x.double().numpy(), edges)[0])
+
+
+def test_more_tensors_than_the_kept_batch_table_holds_are_each_reduced():
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(5 + i, generator=g) + i / 10 for i in range(150)]  # the table starts at 64 rows
+    tensors[100][3] = float("nan")  # one row redone exactly
+    step = StepSums(capacity=1)
+    step.add_many(tensors) if MANY else [step.add(x, defer=True) for x in tensors]
+    got = finish(np.array([x.numel() for x in tensors]), step.rows()[0])
+    for key in ("mean", "max", "nan_count"):
+        want = [reference(x)[key] for x in tensors]
+        np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-6)

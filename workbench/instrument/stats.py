@@ -197,6 +197,9 @@ class StepSums:
         self._host = np.empty((max(capacity, 1), len(SUMS)))
         self._counts = np.zeros((len(self._host), bins), np.float32) if bins else None
         self._addresses()
+        # the (data address, n, sums address, counts address) rows of a batch (_reduce_batch)
+        self._table = np.empty((64, 4), np.int64)
+        self._table_address = self._table.ctypes.data
         # staged: per (device, dtype), (1-D values, their rows, the length of each row's tensor)
         # batches reduced on a device: their record rows, then chunk_sums' four results (or, for
         # a Triton batch or a tensor reduced on its own, None, None, their sums (n, 9) and counts)
@@ -406,20 +409,22 @@ class StepSums:
     def _reduce_batch(self, kernels_of_dtype: tuple, entries: list[tuple[torch.Tensor, int]]) -> None:
         _, exact, histogram, batch, check = kernels_of_dtype
         bins = self.bins or 0
-        # (data address, n, sums address, counts address) per tensor; the addresses of the rows
-        # in numpy: per-tensor Python is what this path costs, and it runs with its code gone cold
-        tensors, rows = zip(*entries)
-        row_index = np.array(rows, np.int64)
-        table = np.empty((len(entries), 4), np.int64)  # kept in a name: it must outlive the call
-        table[:, 0] = [x.data_ptr() for x in tensors]
-        table[:, 1] = [x.numel() for x in tensors]
-        table[:, 2] = self._sums_address + row_index * _ROW_BYTES
-        table[:, 3] = self._counts_address + row_index * (bins * 4)
-        batch(table.ctypes.data, len(table), bins, None)
+        # (data address, n, sums address, counts address) per tensor, into the table in one numpy
+        # call: this runs at the end of a backward or a step, where numpy's code has gone cold and
+        # each call costs ~10 us (the table is kept, its address known: see _addresses)
+        if len(entries) > len(self._table):
+            self._table = np.empty((max(len(entries), 2 * len(self._table)), 4), np.int64)
+            self._table_address = self._table.ctypes.data
+        table = self._table[:len(entries)]
+        sums, counts, count_bytes = self._sums_address, self._counts_address, bins * 4
+        table[:] = [(x.data_ptr(), x.numel(), sums + row * _ROW_BYTES, counts + row * count_bytes)
+                    for x, row in entries]
+        batch(self._table_address, len(table), bins, None)
         # a NaN, an infinity, an overflow: the exact pass, as in _reduce_on_host (checked outside
         # the fast-math code)
-        if not check(table.ctypes.data, len(table)):
+        if not check(self._table_address, len(table)):
             return
+        rows = [row for _, row in entries]
         for i in np.flatnonzero(~np.isfinite(self._host[np.ix_(rows, [SUM_SQ, ABS_SUM])]).all(axis=1)):
             data, n, out, counts = (int(v) for v in table[i])
             exact(data, n, out)
@@ -434,7 +439,8 @@ class StepSums:
         self._addresses()
 
     def _addresses(self) -> None:
-        # cached: reading ``ndarray.ctypes`` builds an object (~1 us)
+        # cached: reading ``ndarray.ctypes`` builds an object (~1 us warm; ~25 us at the end of a
+        # backward or a step, its Python code gone cold)
         self._sums_address = self._host.ctypes.data
         self._sums_view = memoryview(self._host.reshape(-1))
         self._counts_address = self._counts.ctypes.data if self._counts is not None else 0
