@@ -411,13 +411,13 @@ class StepSums:
         bins = self.bins or 0
         # (data address, n, sums address, counts address) per tensor, into the table in one numpy
         # call: this runs at the end of a backward or a step, where numpy's code has gone cold and
-        # each call costs ~10 us (the table is kept, its address known: see _addresses)
+        # each call costs ~10 us (the table is kept and its address cached: see _addresses)
         if len(entries) > len(self._table):
             self._table = np.empty((max(len(entries), 2 * len(self._table)), 4), np.int64)
             self._table_address = self._table.ctypes.data
         table = self._table[:len(entries)]
-        sums, counts, count_bytes = self._sums_address, self._counts_address, bins * 4
-        table[:] = [(x.data_ptr(), x.numel(), sums + row * _ROW_BYTES, counts + row * count_bytes)
+        sums_at, counts_at, count_bytes = self._sums_address, self._counts_address, bins * 4
+        table[:] = [(x.data_ptr(), x.numel(), sums_at + row * _ROW_BYTES, counts_at + row * count_bytes)
                     for x, row in entries]
         batch(self._table_address, len(table), bins, None)
         # a NaN, an infinity, an overflow: the exact pass, as in _reduce_on_host (checked outside
