@@ -188,7 +188,8 @@ class Watch:
         shared = any(len(paths) > 1 for paths in self._aliases.values())
         # ids of the modules that call others: the call stack only needs them (a module without
         # children finds its call site from the stack's top in its forward hook)
-        self._containers = {id(m) for m in self._modules.values() if shared and next(m.children(), None) is not None}
+        self._containers = {id(m) for m in self._modules.values()
+                            if next(m.children(), None) is not None} if shared else set()
         # the path of each module with one path, that does not keep the stack: looked up in one step
         self._single_path = {key: paths[0] for key, paths in self._aliases.items()
                              if len(paths) == 1 and key not in self._containers}
@@ -242,6 +243,8 @@ class Watch:
             "param_grad": set(param_paths) if parameter_grads else set(),
         }
 
+        # the sums of a step's tensors, emptied for the next step (see _start_step)
+        self._sums = StepSums(bins if histograms else None)
         self.store: RunStore | None = None
         if store is not None:
             facts = {"model": type(model).__name__, "every": every, "modules": repr(modules),
@@ -263,10 +266,7 @@ class Watch:
         # (numpy's allocation paths) took ~80 us, ~1% of the MLP's step (warm, ~3 us)
         self._stack.clear()
         self._calls.clear()
-        if getattr(self, "_sums", None) is None:
-            self._sums = StepSums(self.options["bins"] if self.options["histograms"] else None)
-        else:
-            self._sums.reset()  # (keeps its arrays, grown to the largest step so far)
+        self._sums.reset()  # (keeps its arrays, grown to the largest step so far)
         # (key, numel, row of _sums) per recorded tensor, in order; one append each, so threads
         # running hooks at once keep them aligned
         self._entries: list[tuple[tuple[str, int, str, str, tuple[int, ...]], int, int]] = []

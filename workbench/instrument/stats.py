@@ -411,7 +411,7 @@ class StepSums:
         bins = self.bins or 0
         # (data address, n, sums address, counts address) per tensor, into the table in one numpy
         # call: this runs at the end of a backward or a step, where numpy's code has gone cold and
-        # each call costs ~10 us (the table is kept and its address cached: see _addresses)
+        # each call costs ~10 us (the table is kept, its address cached as in _addresses)
         if len(entries) > len(self._table):
             self._table = np.empty((max(len(entries), 2 * len(self._table)), 4), np.int64)
             self._table_address = self._table.ctypes.data
