@@ -23,6 +23,7 @@ import numpy as np
 
 import workbench
 from workbench.instrument import StepRecord
+from workbench.instrument.stats import SUMS
 from workbench.instrument.store import RunStore
 
 
@@ -36,7 +37,7 @@ def rss_mb() -> float:
 
 def rows_per_second(root: Path, histograms: bool, steps: int = 200, rows: int = 250) -> float:
     keys = tuple((f"block.{i}", 0, "activation", "out", (256, 64, 6, 6)) for i in range(rows))
-    sums = np.random.default_rng(0).random((rows, 8))
+    sums = np.random.default_rng(0).random((rows, len(SUMS)))
     hist = np.ones((rows, 32), np.float32) if histograms else None
     store = RunStore(root / f"rate-{histograms}")
     start = time.perf_counter()
