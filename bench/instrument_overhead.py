@@ -17,6 +17,13 @@ sides of each ratio alike. The quartiles show the spread.
   (on a GPU: the Triton kernels) switched off, torch's kernels reducing
   every tensor instead, to measure what they save;
 - watch every=10 (blocks of 10 steps hold one recorded step);
+- floor: less than any hooks that record everything can do, as a reference
+  for what is left to save - torch's hook calls (a global forward hook, a
+  gradient pre-hook on each output's node, a post-accumulate hook on each
+  parameter) around, on the CPU, one read of each tensor output, output
+  gradient, parameter and parameter gradient by the compiled one-pass kernel,
+  its sums thrown away (on a GPU no read at all: a read there takes at least
+  a kernel launch); no names, no rows, no structured outputs;
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
   does the same for the gradient (register_full_backward_hook crashes on the
@@ -80,23 +87,59 @@ def naive_hooks(model):
     return [m.register_forward_hook(forward_hook) for m in model.modules()]
 
 
+def floor_hooks(model):
+    """The floor variant's hooks (module doc); returns their handles and a function that reads
+    the parameters once, at the end of a step."""
+    fast = (stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32))[0]
+    scratch = torch.empty(9, dtype=torch.float64)  # the sums land here and are never read
+
+    def read(x, out=scratch.data_ptr(), keep=scratch):  # (keep: scratch lives as long as the hooks)
+        if x.is_cpu and x.dtype is torch.float32 and x.is_contiguous() and x.numel():
+            fast(x.data_ptr(), x.numel(), out)
+
+    def node_hook(grads):
+        for grad in grads:
+            if grad is not None:
+                read(grad)
+
+    def forward_hook(module, args, output):
+        if isinstance(output, torch.Tensor):
+            read(output.detach())
+            if output.grad_fn is not None:
+                output.grad_fn.register_prehook(node_hook)
+
+    def read_parameters():
+        for param in params:
+            read(param.detach())
+
+    params = list(model.parameters())
+    handles = [torch.nn.modules.module.register_module_forward_hook(forward_hook)]
+    handles += [p.register_post_accumulate_grad_hook(lambda p: read(p.grad)) for p in params if p.requires_grad]
+    return handles, read_parameters
+
+
 class Variant:
     """How the workload is instrumented; ``step()`` is a timed training step."""
 
-    def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False):
-        self.exp, self.naive, self.torch_reductions = exp, naive, torch_reductions
+    def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False, floor=False):
+        self.exp, self.naive, self.torch_reductions, self.floor = exp, naive, torch_reductions, floor
         self.watch = workbench.watch(exp.model, **watch_options) if watch_options is not None else None
+        self.end_of_step = None
 
     def step(self) -> None:
         self.exp.step()
         if self.watch is not None:
             self.watch.step()
+        if self.end_of_step is not None:
+            self.end_of_step()
 
     def timed_block(self, steps: int) -> float:
         compiled, triton = stats.COMPILED, stats.TRITON_DEVICES
         if self.torch_reductions:
             stats.COMPILED, stats.TRITON_DEVICES = False, frozenset()
         handles = naive_hooks(self.exp.model) if self.naive else []  # (in for this block only)
+        if self.floor:
+            handles, self.end_of_step = floor_hooks(self.exp.model)
         try:
             synchronize()
             start = time.perf_counter()
@@ -108,6 +151,7 @@ class Variant:
             stats.COMPILED, stats.TRITON_DEVICES = compiled, triton
             for handle in handles:
                 handle.remove()
+            self.end_of_step = None
 
 
 VARIANTS = {
@@ -117,6 +161,7 @@ VARIANTS = {
     "watch+hist": {"watch_options": {"histograms": True}},
     "watch every=10": {"watch_options": {"every": 10}},
     "naive .item() hooks": {"naive": True},
+    "floor (hooks, one read)": {"floor": True},
 }
 
 

@@ -1,0 +1,80 @@
+"""The benchmarks in bench/ still run: each script's smallest run, and the floor variant's hooks.
+
+They are not timed here (speed is measured by running them, not asserted); these tests only keep
+them from rotting as the code they measure changes.
+"""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from workbench.instrument import stats
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_instrument_overhead_reports_every_variant():
+    out = run_script("instrument_overhead.py", "--quick", "--only", "mlp", "--rounds", "1")
+    for variant in load("instrument_overhead").VARIANTS:
+        line = next((line for line in out.splitlines() if line.strip().startswith(variant)), None)
+        assert line is not None, f"no line for {variant!r} in\n{out}"
+        ratio = float(re.search(r"([\d.]+)x", line).group(1))
+        assert ratio > 0
+    assert re.search(r"^  bare .* 1\.00x", out, re.M)
+
+
+def test_floor_hooks_read_every_tensor_once_and_leave_no_hook_behind(monkeypatch):
+    bench = load("instrument_overhead")
+    exp = bench.mlp(8, "cpu")
+    model = exp.model
+    kernels = stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32)
+    read = []  # numel of each tensor the floor's kernel is given
+
+    def fast(pointer, numel, out):
+        read.append(numel)
+        kernels[0](pointer, numel, out)
+
+    monkeypatch.setitem(stats._compiled_kernels, torch.float32, (fast, *kernels[1:]))
+    outputs = []  # numel of each module call's output, seen by a hook of the test's own
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: outputs.append(out.numel()))
+    variant = bench.Variant(exp, floor=True)
+    try:
+        variant.timed_block(1)
+    finally:
+        handle.remove()
+    assert len(outputs) == sum(1 for _ in model.modules())  # one step calls every module once
+    # each output and its gradient, each parameter and its gradient
+    assert sorted(read) == sorted(outputs * 2 + [p.numel() for p in model.parameters()] * 2)
+    assert not torch.nn.modules.module._global_forward_hooks
+    for param in model.parameters():
+        assert not param._post_accumulate_grad_hooks
+    assert variant.end_of_step is None
+
+
+def test_store_overhead_runs():
+    out = run_script("store_overhead.py", "--quick", "--rounds", "1")
+    assert re.search(r"store rows/s: [\d,]+ \(no histograms\), [\d,]+ \(32-bin histograms\)", out), out
+    assert re.search(r"ratio [\d.]+x", out), out
+    assert re.search(r"\d+ steps in the store", out), out
+
+
+def test_query_throughput_runs():
+    out = run_script("query_throughput.py", "--rows", "16", "--batches", "2", "--repeats", "1")
+    assert re.search(r"^\s+16\s+[\d,]+\s+[\d,]+\s+[\d.]+x", out, re.M), out
