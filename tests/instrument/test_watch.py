@@ -441,6 +441,62 @@ def test_an_intervention_keeps_hooks_in_on_idle_steps():
         assert process_hooks() == outside
 
 
+def test_a_watch_of_parameters_alone_runs_the_forward_and_backward_without_module_hooks():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1))
+    x = torch.randn(4, 2)
+    outside = process_hooks()
+    # parameter values only: no hook at all, the values are read in step()
+    with workbench.watch(model, activations=False, gradients=False, parameter_grads=False) as w:
+        assert process_hooks() == outside
+        assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+        model(x).sum().backward()
+        w.step()
+        patch = w.ablate("1", [0])  # a patch needs the module hooks: in while it is there
+        assert process_hooks() != outside
+        hidden = torch.tanh(torch.nn.functional.linear(x, model[0].weight, model[0].bias))
+        ablated = torch.nn.functional.linear(hidden * torch.tensor([0.0, 1.0, 1.0]), model[2].weight, model[2].bias)
+        assert torch.allclose(model(x), ablated)
+        patch.remove()
+        assert process_hooks() == outside
+    assert set(w.to_pandas().kind) == {"param"}
+    weight = rows(w, kind="param", module="0", tensor="weight")
+    assert list(weight.step) == [1] and weight["mean"].iloc[0] == pytest.approx(model[0].weight.mean().item())
+    # parameter gradients only: their hooks, no module hook
+    model.zero_grad()
+    with workbench.watch(model, activations=False, gradients=False, parameters=False) as w:
+        model(x).sum().backward()
+        assert process_hooks() == outside
+        w.step()
+    assert set(w.to_pandas().kind) == {"param_grad"}
+    grad = rows(w, kind="param_grad", module="2", tensor="weight")
+    assert grad["norm"].iloc[0] == pytest.approx(model[2].weight.grad.norm().item(), rel=1e-6)
+
+
+def test_sites_whose_every_kind_failed_leave_the_forward_without_module_hooks(monkeypatch):
+    from workbench.instrument.stats import StepSums
+
+    real = StepSums.add
+
+    def failing(self, tensor, defer=False):
+        if tensor.shape == (4, 3):  # the Linear(2, 3) output and its gradient
+            raise RuntimeError("boom")
+        return real(self, tensor, defer)
+
+    monkeypatch.setattr(StepSums, "add", failing)
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh())
+    x = torch.randn(4, 2)
+    outside = process_hooks()
+    with workbench.watch(model, modules="0", parameters=False, parameter_grads=False) as w:
+        assert process_hooks() != outside
+        model(x).sum().backward()
+        w.step()  # both of site "0"'s kinds failed: nothing is left for the module hooks to take
+        assert {(e["module"], e["kind"]) for e in w.errors} == {("0", "activation"), ("0", "grad_output")}
+        assert process_hooks() == outside
+        model(x).sum().backward()
+        w.step()
+    assert len(w.errors) == 2
+
+
 def test_a_gradient_the_backward_hands_to_several_sites_is_reduced_once(monkeypatch):
     class Residual(nn.Module):
         def __init__(self):

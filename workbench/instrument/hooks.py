@@ -208,6 +208,7 @@ class Watch:
         # (it is a module): ours pass it over, as a module of no model they watch
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
                                 category=UserWarning)
+        module_handles = len(self._handles)
         # parameters: unique tensors, named by the first module path that owns them
         self._params: list[tuple[str, str, nn.Parameter]] = []
         param_paths: set[str] = set()
@@ -229,11 +230,13 @@ class Watch:
         # hooks out when it is collected, instead of recording on for ever
         self._release = weakref.finalize(self, _remove_hooks, self._handles, self._fresh_hook_dicts)
 
-        # (hooks dict, key, hook, order of the dict's keys when the hook was taken out) per handle:
-        # steps that are not recorded run without our hooks (see _attach_hooks)
-        self._slots = [[handle.hooks_dict_ref(), handle.id, handle.hooks_dict_ref()[handle.id], None]
-                       for handle in self._handles]
-        self._attached = True
+        # (hooks dict, key, hook, order of the dict's keys when the hook was taken out) per handle,
+        # the module hooks apart from the parameters' ones: each group is in only on the steps it
+        # has something to do (see _update_hooks, _attach_hooks)
+        slots = [[handle.hooks_dict_ref(), handle.id, handle.hooks_dict_ref()[handle.id], None]
+                 for handle in self._handles]
+        self._slots = {"module": slots[:module_handles], "param": slots[module_handles:]}
+        self._attached = {"module": True, "param": True}
 
         # kind -> the paths whose tensors of that kind are recorded; a failure takes its path out
         self._sites: dict[str, set[str]] = {
@@ -279,25 +282,32 @@ class Watch:
         self._step_errors: list[dict[str, Any]] = []
 
     def _update_hooks(self) -> None:
-        """Whether the hooks act (a recorded step or patches to apply, and not paused) and are in."""
+        """Whether the hooks act (a recorded step or patches to apply, and not paused), and which
+        are in: the module hooks where activations, output gradients or patches are to be taken,
+        the parameters' hooks where parameter gradients are (parameter values are read in step(),
+        with no hook). A watch of parameters alone (what wandb.watch records) runs the forward and
+        backward without a hook of ours; so do sites whose every kind has failed."""
         self._active = not self.closed and not self._paused and (self._recording or bool(self._interventions))
         # a compiled model keeps our hooks in: taking them out and back changes what its compiled
         # code was guarded on, and would recompile it every few steps
         compiled = self._compiled or getattr(self.model, "_compiled_call_impl", None) is not None
-        self._attach_hooks(self._active or compiled)
+        sites, recording = self._sites, self._active and self._recording
+        self._attach_hooks("module", compiled or (self._active and bool(self._interventions))
+                           or (recording and bool(sites["activation"] or sites["grad_output"])))
+        self._attach_hooks("param", compiled or (recording and bool(sites["param_grad"])))
 
-    def _attach_hooks(self, attach: bool) -> None:
-        """Put our hooks in (``attach``) or take them out of torch's process-wide and the
-        parameters' hook dicts.
+    def _attach_hooks(self, group: str, attach: bool) -> None:
+        """Put our hooks of ``group`` ("module": torch's process-wide module hooks, "param": the
+        parameters' post-accumulate hooks) in (``attach``) or take them out of their dicts.
 
         Between recorded steps (``every``) the model runs with no hook of ours at all: a module
         without hooks takes torch's fast call path, so idle steps cost nothing. A hook goes back
         to its old place among the user's hooks (after those registered before it); hooks the
         user registered meanwhile stay behind it, as if registered later.
         """
-        if attach == self._attached:
+        if attach == self._attached[group]:
             return
-        for slot in self._slots:
+        for slot in self._slots[group]:
             hooks, key, hook, order = slot
             if not attach:
                 slot[3] = list(hooks) if len(hooks) > 1 else None
@@ -312,7 +322,7 @@ class Watch:
                 ours = rank[key]
                 for later in [k for k in hooks if k != key and rank.get(k, len(rank)) > ours]:
                     hooks.move_to_end(later)
-        self._attached = attach
+        self._attached[group] = attach
 
     def _resolve(self, parent: str | None, module: nn.Module) -> str:
         """The alias path through which ``parent`` (a call-site path) called ``module``."""
