@@ -59,6 +59,7 @@ def test_run_an_experiment_and_watch_it_live_then_replay_it(page, tmp_path):
     page.get_by_label("activation_mlp", exact=True).check()
     page.locator("#run-steps input").fill("40")
     page.locator("#run-histograms input").check()
+    page.locator("#run-record").get_by_label("parameter gradients").uncheck()
     store = tmp_path / "runs" / "browser-run"
     page.locator("#run-store textarea, #run-store input").first.fill(str(store))
     page.get_by_label("width").fill("16")
@@ -68,6 +69,8 @@ def test_run_an_experiment_and_watch_it_live_then_replay_it(page, tmp_path):
     # the plots and the table were refreshed by the timer while it ran
     expect(page.locator("#live-metrics")).to_contain_text("loss")
     expect(page.locator("#live-latest")).to_contain_text("layers.0")
+    expect(page.locator("#live-latest")).to_contain_text("grad_output")
+    expect(page.locator("#live-latest")).not_to_contain_text("param_grad")  # unticked in "record"
     expect(page.locator("#live-note")).to_contain_text("call sites")
     page.locator("#live-pattern textarea, #live-pattern input").first.fill("nothing.*")
     expect(page.locator("#live-note")).to_contain_text("No activation rows")

@@ -51,6 +51,17 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
     assert list(table.run) == ["r"] and paths == [str(tmp_path / "r")]
 
 
+@pytest.mark.parametrize("record, kinds", [
+    (["parameters"], {"param"}),
+    (["activations", "parameter gradients"], {"activation", "param_grad"}),
+    (None, {"activation", "grad_output", "param", "param_grad"}),
+])
+def test_a_live_run_records_the_kinds_picked(record, kinds):
+    run = finished_run(steps=2, every=1, record=record)
+    rows, _ = run.frames()
+    assert set(rows.kind) == kinds
+
+
 def test_a_running_experiment_stops_and_closes_its_watch():
     run, _ = live.start_run("activation_mlp", {}, 0, 100000, 1, False, "*", "")
     run.stop()
@@ -64,6 +75,8 @@ def test_a_running_experiment_stops_and_closes_its_watch():
     (dict(steps=0), "steps must be a positive int"),
     (dict(every="x"), "every must be a whole number"),
     (dict(modules="encoder.*"), "selects no module"),
+    (dict(record=[]), "record: pick at least one of activations, output gradients"),
+    (dict(record=["weights"]), "record: unknown kind 'weights'; choose from activations"),
 ])
 def test_bad_input_is_a_message(kwargs, expected):
     options = dict(name="activation_mlp", values={}, seed=0, steps=5, every=1, histograms=False, modules="*",

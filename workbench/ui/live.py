@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -27,6 +28,9 @@ STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
 LATEST_COLUMNS = ["module", "call", "kind", "tensor", "shape", "mean", "std", "abs_mean", "zero_frac", "nan_count",
                   "inf_count"]
 SERIES_LIMIT = 24  # lines in one plot; more call sites than this are cut, with a note
+#: The run form's "record" choices and the watch() switch each one sets.
+RECORD_CHOICES = {"activations": "activations", "output gradients": "gradients", "parameters": "parameters",
+                  "parameter gradients": "parameter_grads"}
 
 
 def experiment_overview(name: str | None) -> str:
@@ -115,8 +119,12 @@ def devices() -> list[str]:
 
 
 def start_run(name: str | None, values: dict[str, Any], seed: Any, steps: Any, every: Any, histograms: bool,
-              modules: str, store: str, device: str = "cpu") -> tuple[LiveRun | None, str]:
-    """Validate the form and start a :class:`LiveRun`; returns it (or None) and a message."""
+              modules: str, store: str, device: str = "cpu",
+              record: Sequence[str] | None = None) -> tuple[LiveRun | None, str]:
+    """Validate the form and start a :class:`LiveRun`; returns it (or None) and a message.
+
+    ``record`` names the kinds of tensor to record (keys of :data:`RECORD_CHOICES`); None: all.
+    """
     if not name:
         return None, "Pick an experiment first."
     try:
@@ -124,10 +132,21 @@ def start_run(name: str | None, values: dict[str, Any], seed: Any, steps: Any, e
         patterns = [p.strip() for p in (modules or "*").split(",") if p.strip()] or ["*"]
         live = LiveRun(name, config, _int(seed, "seed"), _int(steps, "steps"), store=(store or "").strip() or None,
                        device=device or "cpu", every=_int(every, "every"), histograms=bool(histograms),
-                       modules=patterns)
+                       modules=patterns, **_record_switches(record))
     except (ValueError, TypeError, FileExistsError) as exc:
         return None, f"**Could not start:** {exc}"
     return live, live.status()
+
+
+def _record_switches(record: Sequence[str] | None) -> dict[str, bool]:
+    """watch()'s four switches from the names of the kinds to record."""
+    chosen = list(RECORD_CHOICES) if record is None else list(record)
+    unknown = [kind for kind in chosen if kind not in RECORD_CHOICES]
+    if unknown:
+        raise ValueError(f"record: unknown kind {unknown[0]!r}; choose from {', '.join(RECORD_CHOICES)}.")
+    if not chosen:
+        raise ValueError(f"record: pick at least one of {', '.join(RECORD_CHOICES)}.")
+    return {switch: label in chosen for label, switch in RECORD_CHOICES.items()}
 
 
 def _int(value: Any, name: str) -> int:
@@ -264,6 +283,8 @@ def layout():
                 c["steps"] = gr.Number(200, label="steps", precision=0, elem_id="run-steps", interactive=True)
                 c["every"] = gr.Number(1, label="record every Nth step", precision=0, elem_id="run-every", interactive=True)
                 c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)", elem_id="run-modules", interactive=True)
+                c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
+                                               elem_id="run-record", interactive=True)
                 c["histograms"] = gr.Checkbox(False, label="histograms", elem_id="run-histograms", interactive=True)
                 c["store"] = gr.Textbox("", label="record to run directory (optional)", placeholder="runs/my-run",
                                         elem_id="run-store", interactive=True)
@@ -304,15 +325,15 @@ def wire(c: dict) -> None:
                 start = gr.Button("Start", variant="primary", elem_id="run-start")
                 stop = gr.Button("Stop", elem_id="run-stop")
 
-            def on_start(live, exp_name, seed, device, steps, every, histograms, modules, store, *values):
+            def on_start(live, exp_name, seed, device, steps, every, histograms, modules, record, store, *values):
                 if live is not None and live.running:
                     return live, live.status() + "\n\n_Stop the running experiment first._", gr.Timer(active=True)
                 new, message = start_run(exp_name, dict(zip(labels, values)), seed, steps, every, histograms,
-                                         modules, store, device)
+                                         modules, store, device, record)
                 return (new or live), message, gr.Timer(active=new is not None)
 
             start.click(on_start, [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
-                                   c["histograms"], c["modules"], c["store"], *widgets],
+                                   c["histograms"], c["modules"], c["record"], c["store"], *widgets],
                         [c["live_state"], c["status"], c["timer"]])
 
             def on_stop(live):
