@@ -74,6 +74,11 @@ def test_run_an_experiment_and_watch_it_live_then_replay_it(page, tmp_path):
     expect(page.locator("#live-note")).to_contain_text("call sites")
     page.locator("#live-pattern textarea, #live-pattern input").first.fill("nothing.*")
     expect(page.locator("#live-note")).to_contain_text("No activation rows")
+    expect(page.locator("#live-series")).not_to_contain_text("layers.0")  # no lines, no legend left over
+    page.locator("#live-pattern textarea, #live-pattern input").first.fill("layers.1")
+    expect(page.locator("#live-series")).to_contain_text("layers.1#0:out")  # drawn again
+    expect(page.locator("#live-note")).to_have_text("1 call site")
+    expect(page.locator("#live-series")).not_to_contain_text("layers.0")
     _screenshot(page, "experiments_live.png")
 
     page.get_by_role("tab", name="Runs").click()

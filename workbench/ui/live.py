@@ -191,7 +191,7 @@ def stat_series(rows: pd.DataFrame, kind: str, statistic: str, pattern: str = "*
         return empty, f"No {kind} rows for modules matching `{pattern}`."
     series = pd.DataFrame({"step": chosen.step, "site": _sites(chosen), "value": chosen[statistic]})
     order = list(dict.fromkeys(series.site))
-    note = f"{len(order)} call sites"
+    note = f"{len(order)} call site" if len(order) == 1 else f"{len(order)} call sites"
     if len(order) > SERIES_LIMIT:
         note = f"showing the first {SERIES_LIMIT} of {len(order)} call sites; narrow the module filter"
         series = series[series.site.isin(order[:SERIES_LIMIT])]
@@ -264,7 +264,8 @@ def _plots(c: dict, prefix: str):
 
 def _views(rows: pd.DataFrame, metrics: pd.DataFrame, kind: str, stat: str, pattern: str):
     series, note = stat_series(rows, kind, stat, pattern)
-    return metrics_long(metrics), series, note, latest_table(rows), anomaly_table(rows)
+    # no rows: no plot (None), not an empty frame, which the page draws with the last legend it had
+    return metrics_long(metrics), None if series.empty else series, note, latest_table(rows), anomaly_table(rows)
 
 
 def layout():
