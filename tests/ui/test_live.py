@@ -1,5 +1,7 @@
 """The Experiments / Runs handlers, without a browser."""
 
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -37,7 +39,7 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
     assert list(metrics.step) == [1, 2, 3, 4, 5, 6]
     assert set(rows.module) == {"layers.0", "layers.1", "layers.2", "layers.3", "layers.4"}
     long = live.metrics_long(metrics)
-    assert set(long.metric) == {"loss", "accuracy"} and len(long) == 12
+    assert list(long.metric.unique()) == ["accuracy", "loss"] and len(long) == 12  # in name order, as replayed
     series, note = live.stat_series(rows, "grad_output", "norm", "layers.[01]")
     assert set(series.site) == {"layers.0#0:out", "layers.1#0:out"} and note == "2 call sites"
     assert list(series.step.unique()) == [1, 3, 5]
@@ -47,8 +49,10 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
     stored, message = live.replay(str(tmp_path / "r"))
     assert "6 steps stored" in message
     pd.testing.assert_frame_equal(stored.to_pandas(), rows, check_exact=False, rtol=1e-12)
+    assert list(live.metrics_long(stored.metrics()).metric.unique()) == ["accuracy", "loss"]
     table, paths, _ = live.run_table(str(tmp_path))
     assert list(table.run) == ["r"] and paths == [str(tmp_path / "r")]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
 
 
 @pytest.mark.parametrize("record, kinds", [

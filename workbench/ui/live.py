@@ -164,7 +164,10 @@ def metrics_long(metrics: pd.DataFrame) -> pd.DataFrame:
     if metrics.empty or len(metrics.columns) <= 1:
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "metric": pd.Series(dtype=str),
                              "value": pd.Series(dtype="float64")})
-    return metrics.melt(id_vars="step", var_name="metric", value_name="value").dropna()
+    # metrics in name order: a live run holds them in the order they were logged, a stored one in
+    # name order, and the plot's colours follow the order; sorted, a run replays in its live colours
+    names = sorted(c for c in metrics.columns if c != "step")
+    return metrics[["step", *names]].melt(id_vars="step", var_name="metric", value_name="value").dropna()
 
 
 def _sites(rows: pd.DataFrame) -> pd.Series:
@@ -225,7 +228,8 @@ def run_table(root: str) -> tuple[pd.DataFrame, list[str], str]:
         runs = list_runs(root or "runs")
     except FileNotFoundError as exc:
         return pd.DataFrame(), [], str(exc)
-    shown = runs.drop(columns=["path"]).astype({"start_time": str})
+    shown = runs.drop(columns=["path"])
+    shown["start_time"] = runs.start_time.dt.strftime("%Y-%m-%d %H:%M:%S UTC")  # (not to the nanosecond)
     return shown, list(runs.path), f"{len(runs)} run(s) under `{root}`."
 
 
