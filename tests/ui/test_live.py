@@ -57,6 +57,7 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
 
 @pytest.mark.parametrize("record, kinds", [
     (["parameters"], {"param"}),
+    ("parameters", {"param"}),  # one kind by its name
     (["activations", "parameter gradients"], {"activation", "param_grad"}),
     (None, {"activation", "grad_output", "param", "param_grad"}),
 ])

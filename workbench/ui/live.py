@@ -140,7 +140,7 @@ def start_run(name: str | None, values: dict[str, Any], seed: Any, steps: Any, e
 
 def _record_switches(record: Sequence[str] | None) -> dict[str, bool]:
     """watch()'s four switches from the names of the kinds to record."""
-    chosen = list(RECORD_CHOICES) if record is None else list(record)
+    chosen = list(RECORD_CHOICES) if record is None else [record] if isinstance(record, str) else list(record)
     unknown = [kind for kind in chosen if kind not in RECORD_CHOICES]
     if unknown:
         raise ValueError(f"record: unknown kind {unknown[0]!r}; choose from {', '.join(RECORD_CHOICES)}.")
