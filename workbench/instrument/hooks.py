@@ -285,8 +285,8 @@ class Watch:
         """Whether the hooks act (a recorded step or patches to apply, and not paused), and which
         are in: the module hooks where activations, output gradients or patches are to be taken,
         the parameters' hooks where parameter gradients are (parameter values are read in step(),
-        with no hook). A watch of parameters alone (what wandb.watch records) runs the forward and
-        backward without a hook of ours; so do sites whose every kind has failed."""
+        with no hook). A watch of parameters and their gradients (what wandb.watch records) runs
+        every module call on torch's unhooked path; so do sites whose every kind has failed."""
         self._active = not self.closed and not self._paused and (self._recording or bool(self._interventions))
         # a compiled model keeps our hooks in: taking them out and back changes what its compiled
         # code was guarded on, and would recompile it every few steps
