@@ -41,6 +41,22 @@ def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype
     assert sums[0, stats.SHIFT] == pieces[0][0].item()  # sums are taken around the tensor's first value
 
 
+def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(interpreted_triton):
+    """The layout table is kept between batches by addresses, lengths and value size (a training
+    loop's steps reuse memory): a batch at the same addresses with other lengths or another dtype
+    gets a table of its own."""
+    kernels = interpreted_triton_kernels()
+    storage = torch.arange(1.0, 41.0, dtype=torch.float64)
+    wide = [storage[:5], storage[5:10]]  # at a and a + 40 bytes
+    as_float32 = storage.view(torch.float32)
+    narrow = [as_float32[:5], as_float32[10:15]]  # also at a and a + 40 bytes, 5 values each
+    shorter = [storage[:5], storage[5:8]]
+    for batch in (wide, narrow, shorter, wide, narrow):
+        sums = kernels.batch_sums(batch).numpy()
+        means = finish(np.array([x.numel() for x in batch]), sums)["mean"]
+        np.testing.assert_allclose(means, [x.double().mean().item() for x in batch], rtol=1e-6)
+
+
 def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton, monkeypatch):
     class Broken:
         @staticmethod

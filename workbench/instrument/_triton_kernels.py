@@ -144,6 +144,13 @@ def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LAN
     tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
 
 
+#: The device tables of the last batches (see batch_sums), by their tensors' addresses, lengths
+#: and value size: a training loop's steps mostly get the same memory from torch's caching
+#: allocator, and its parameters keep theirs, so most batches find theirs here.
+_tables: dict[tuple, torch.Tensor] = {}
+_TABLES = 64
+
+
 def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
     device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
@@ -154,15 +161,21 @@ def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     """
     base = tensors[0]
     n = len(tensors)
-    lengths = np.fromiter((x.numel() for x in tensors), np.int64, n)
-    # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
-    offsets = (np.fromiter((x.data_ptr() for x in tensors), np.int64, n) - base.data_ptr()) // base.element_size()
-    programs = min(-(-int(lengths.max()) // ROW), PROGRAMS)
-    table = torch.from_numpy(np.concatenate([offsets, lengths]))
     device = base.device
-    if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
-        table = table.pin_memory()
-    table = table.to(device, non_blocking=True)
+    addresses = tuple([x.data_ptr() for x in tensors])
+    lengths = tuple([x.numel() for x in tensors])
+    key = (device, base.element_size(), addresses, lengths)
+    table = _tables.get(key)
+    if table is None:
+        # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
+        offsets = (np.array(addresses, np.int64) - addresses[0]) // base.element_size()
+        table = torch.from_numpy(np.concatenate([offsets, np.array(lengths, np.int64)]))
+        if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
+            table = table.pin_memory()
+        if len(_tables) >= _TABLES:
+            _tables.clear()
+        table = _tables[key] = table.to(device, non_blocking=True)
+    programs = min(-(-max(lengths) // ROW), PROGRAMS)
     out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
     sums, partials = out[:n * SUMS], out[n * SUMS:]
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32

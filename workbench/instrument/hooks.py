@@ -175,7 +175,8 @@ class Watch:
         # every step or two, and a full collection of the process (~0.2 s with torch loaded) every
         # few hundred steps. A new key is dropped for the kept one at once, and counts nothing.
         self._keys: dict[tuple, tuple] = {}
-        self._param_keys: dict[tuple[str, str, str], tuple[torch.Size, tuple]] = {}  # see _record_parameters
+        # kind -> (names, shapes, (row key, numel) per tensor) of its last batch (see _record_parameters)
+        self._param_batches: dict[str, tuple[list, list, list]] = {}
         self._stack: list[tuple[int, str]] = []
         self._calls: dict[str, int] = defaultdict(int)
         self._interventions: dict[str, list[Intervention]] = defaultdict(list)
@@ -524,8 +525,9 @@ class Watch:
     def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor]]) -> None:
         """Rows of ``kind`` ("param" or "param_grad") for ``(module path, name, tensor)`` items, reduced
         together (``StepSums.add_many``); a tensor that cannot be reduced fails its site alone."""
+        tensors = [tensor for _, _, tensor in items]
         try:
-            rows = self._sums.add_many([tensor for _, _, tensor in items])
+            rows = self._sums.add_many(tensors)
         except Exception:  # (a meta tensor ...) one by one, to tell which
             rows = []
             for module_path, _, tensor in items:
@@ -534,21 +536,20 @@ class Watch:
                 except Exception as exc:
                     self._fail(module_path, 0, kind, exc)
                     rows.append(None)
-        keys = self._param_keys
-        for (module_path, name, tensor), row in zip(items, rows):
-            if row is None:
-                continue
-            # the row key of a parameter stays the same while its shape does: looked up, not built
-            shape = tensor.shape
-            known = keys.get((kind, module_path, name))
-            if known is None or known[0] != shape:
-                known = keys[(kind, module_path, name)] = (
-                    shape, self._intern((module_path, 0, kind, name, shape_of(tensor))))
-            entry = (known[1], tensor.numel(), row)
-            if kind == "param":
-                self._entries.append(entry)
-            else:  # the last backward of the step wins: .grad holds the accumulated total
-                self._param_grads[(module_path, name)] = entry
+        # The row keys and sizes of a batch stay the same while its names and shapes do (a step's
+        # parameters, its gradients in the order the backward made them): built once, then
+        # compared, ~0.3 us a tensor where building each key took ~3 us (~1 ms a step on ILQL)
+        names = [(module_path, name) for module_path, name, _ in items]
+        shapes = [tensor.shape for tensor in tensors]
+        batch = self._param_batches.get(kind)
+        if batch is None or batch[0] != names or batch[1] != shapes:
+            keys = [self._intern((module_path, 0, kind, name, shape_of(tensor))) for module_path, name, tensor in items]
+            batch = self._param_batches[kind] = (names, shapes, list(zip(keys, [t.numel() for t in tensors])))
+        entries = [(key, numel, row) for (key, numel), row in zip(batch[2], rows) if row is not None]
+        if kind == "param":
+            self._entries.extend(entries)
+        else:  # the last backward of the step wins: .grad holds the accumulated total
+            self._param_grads.update(zip([name for name, row in zip(names, rows) if row is not None], entries))
 
     def _flush_when_backward_ends(self) -> None:
         """Reduce the gradients deferred during this backward in one call when it ends (while

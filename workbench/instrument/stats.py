@@ -269,11 +269,16 @@ class StepSums:
             batches: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
             try:
                 for x, row in zip(tensors, rows):
-                    if COMPILED and x.is_cpu and _compiled_kernels_take(x) and x.numel():
-                        batches.setdefault(x.dtype, []).append((x, row))
+                    if x.is_cpu:
+                        if COMPILED and _compiled_kernels_take(x) and x.numel():
+                            batches.setdefault(x.dtype, []).append((x, row))
+                            self._n = row + 1
+                            continue
+                    elif self._triton_takes(x) and x.is_contiguous():
+                        self._batch(x, row)  # by reference, as add(x, defer=True) keeps it
                         self._n = row + 1
-                    else:
-                        self._add(x, defer=True)  # (takes the row self._n, which is ``row``)
+                        continue
+                    self._add(x, defer=True)  # (takes the row self._n, which is ``row``)
                 for dtype, entries in batches.items():
                     self._reduce_batch(_compiled_kernels[dtype], entries)
             except BaseException:
@@ -315,16 +320,23 @@ class StepSums:
             if zeros:
                 self._counts[row] += _zeros_histogram(sums, zeros, x.dtype, self.bins).numpy()
 
+    def _triton_takes(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` (not on the CPU) goes to the Triton kernels as it is, or once contiguous: a
+        plain tensor of a dtype they read, on a device they run on, with no histograms. The usual
+        tensor on a GPU: this runs for every one, in the fewest calls."""
+        return (not self.bins and x.dtype in _TRITON_DTYPES and x.layout is torch.strided and not x.is_nested
+                and not x.is_neg() and x.device.type in TRITON_DEVICES and bool(_triton if _triton is not None
+                                                                              else _load_triton()))
+
     def _stage(self, x: torch.Tensor, row: int, defer: bool) -> None:
-        plain = x.layout is torch.strided and not x.is_nested and not x.is_neg() and not x.is_meta
-        if (plain and not self.bins and x.dtype in _TRITON_DTYPES and x.device.type in TRITON_DEVICES
-                and _load_triton()):  # the usual tensor on a GPU, in the fewest calls: this runs for every one
+        if self._triton_takes(x):
             if not x.is_contiguous():
                 x = x.detach().contiguous()  # (a copy)
             elif not defer:
                 x = x.detach().clone()  # what later in-place ops do to x must not reach the sums
             self._batch(x, row)
             return
+        plain = x.layout is torch.strided and not x.is_nested and not x.is_neg() and not x.is_meta
         if plain and x.dtype in _STAGED_DTYPES:
             flat = x.detach().reshape(-1)
             if not defer and x.is_contiguous():
