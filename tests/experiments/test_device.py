@@ -38,3 +38,27 @@ def test_an_ilql_agent_moved_with_to_sends_its_batches_after_it():
     assert agent.device == "cpu"
     agent.to("meta")
     assert agent.device == "meta" and next(agent.parameters()).is_meta
+
+
+class _Draws(base.Experiment):
+    """Its steps draw from the global RNG, as dropout does."""
+
+    name = "draws"
+
+    def setup(self):
+        self.model = torch.nn.Linear(1, 1)
+
+    def train_step(self):
+        return {"loss": torch.rand(()).item()}
+
+
+def test_a_step_draws_from_the_global_rng_seeded_by_the_experiment_and_leaves_the_callers_alone():
+    torch.manual_seed(123)
+    first = _Draws(None, seed=5).run(3)
+    caller = torch.rand(())
+    torch.manual_seed(456)
+    assert _Draws(None, seed=5).run(3) == first  # whatever the caller's RNG state
+    assert len({m["loss"] for m in first}) == 3  # each step its own draw
+    assert _Draws(None, seed=6).run(3) != first
+    torch.manual_seed(123)
+    assert torch.rand(()) == caller  # two experiments of 3 steps drew nothing from the caller's RNG
