@@ -385,21 +385,22 @@ class Watch:
             record_activations = self._recording and path in self._sites["activation"]
             record_grads = want_grads
         replaced = False
-        for intervention in tuple(self._interventions.get(path, ())):  # (a failing one is removed)
-            if recomputing and call is None and intervention.call is not None:
-                self._fail(path, call, f"patch:{intervention.label}", RuntimeError(
-                    f"activation checkpointing recomputes {path!r}, which the forward called "
-                    f"{self._calls.get(path, 0)} times: a patch of call {intervention.call} cannot tell "
-                    "which call is recomputed, and the gradients would not match the forward. Patch "
-                    "every call (call=None), or a site outside the checkpointed segment."))
-                self._remove_intervention(intervention)
-            elif intervention.applies(call):
-                try:
-                    output = intervention.fn(output)
-                    replaced = True
-                except Exception as exc:
-                    self._fail(path, call, f"patch:{intervention.label}", exc)
+        if self._interventions:  # (most watches patch nothing)
+            for intervention in tuple(self._interventions.get(path, ())):  # (a failing one is removed)
+                if recomputing and call is None and intervention.call is not None:
+                    self._fail(path, call, f"patch:{intervention.label}", RuntimeError(
+                        f"activation checkpointing recomputes {path!r}, which the forward called "
+                        f"{self._calls.get(path, 0)} times: a patch of call {intervention.call} cannot tell "
+                        "which call is recomputed, and the gradients would not match the forward. Patch "
+                        "every call (call=None), or a site outside the checkpointed segment."))
                     self._remove_intervention(intervention)
+                elif intervention.applies(call):
+                    try:
+                        output = intervention.fn(output)
+                        replaced = True
+                    except Exception as exc:
+                        self._fail(path, call, f"patch:{intervention.label}", exc)
+                        self._remove_intervention(intervention)
         if record_activations or record_grads:
             try:
                 # most outputs are one tensor: skip the walk
