@@ -38,7 +38,11 @@ With ``--device cuda`` the workloads train on the GPU (the data is drawn on
 the CPU and moved, as the experiments do) and every block is timed between
 two ``torch.cuda.synchronize()``.
 
-    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda]
+With ``--breakdown``, also "watch" recording one kind alone (activations,
+output gradients, parameters, parameter gradients), and each variant's added
+time per step: where the cost of recording everything lies.
+
+    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown]
 """
 
 from __future__ import annotations
@@ -164,6 +168,14 @@ VARIANTS = {
     "floor (hooks, one read)": {"floor": True},
 }
 
+#: With --breakdown: watch recording one kind at a time, to see where the cost of "watch" lies
+BREAKDOWN = {
+    f"watch, {label} only": {"watch_options": {switch: switch == on for switch in
+                                               ("activations", "gradients", "parameters", "parameter_grads")}}
+    for label, on in [("activations", "activations"), ("output grads", "gradients"), ("params", "parameters"),
+                      ("param grads", "parameter_grads")]
+}
+
 
 def run_block(variants: dict[str, Variant], name: str, block: int) -> float:
     """``variants[name]``'s block, the other variants' watches paused (and out of torch's hooks)."""
@@ -206,6 +218,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small batches, for a smoke run")
     parser.add_argument("--only", choices=["dynamics", "mlp", "ilql"], nargs="+", help="run just these workloads")
     parser.add_argument("--device", default="cpu", help="where the workloads train (cpu, cuda ...)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time watch recording each kind alone (activations, output gradients ...)")
     args = parser.parse_args()
     device = args.device
     # blocks of 10 steps: every=10 records one step in each
@@ -222,11 +236,14 @@ def main() -> None:
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
-        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10)
-        print(f"\n{title}: bare step {result['bare'][0] * 1e3:.1f} ms")
-        print(f"  {'':26s} {'step':>8s}      ratio to bare (quartiles)")
+        variants = {**VARIANTS, **BREAKDOWN} if args.breakdown else VARIANTS
+        result = measure(make, args.rounds or (2 if args.quick else rounds), block=10, variants=variants)
+        bare = result["bare"][0]
+        print(f"\n{title}: bare step {bare * 1e3:.1f} ms")
+        print(f"  {'':31s} {'step':>8s}      ratio to bare (quartiles)  added")
         for name, (seconds, ratio, low, high) in result.items():
-            print(f"  {name:26s} {seconds * 1e3:8.1f} ms   {ratio:5.2f}x  ({low:.2f}-{high:.2f})")
+            print(f"  {name:31s} {seconds * 1e3:8.1f} ms   {ratio:5.2f}x  ({low:.2f}-{high:.2f})"
+                  f"  {(seconds - bare) * 1e3:+7.2f} ms")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,12 @@ def load(name: str):
 
 
 def test_instrument_overhead_reports_every_variant():
-    out = run_script("instrument_overhead.py", "--quick", "--only", "mlp", "--rounds", "1")
-    for variant in load("instrument_overhead").VARIANTS:
+    out = run_script("instrument_overhead.py", "--quick", "--only", "mlp", "--rounds", "1", "--breakdown")
+    bench = load("instrument_overhead")
+    assert len(bench.BREAKDOWN) == 4
+    for options in bench.BREAKDOWN.values():  # each records one kind
+        assert sum(options["watch_options"].values()) == 1
+    for variant in [*bench.VARIANTS, *bench.BREAKDOWN]:
         line = next((line for line in out.splitlines() if line.strip().startswith(variant)), None)
         assert line is not None, f"no line for {variant!r} in\n{out}"
         ratio = float(re.search(r"([\d.]+)x", line).group(1))
