@@ -14,18 +14,19 @@ DEFER = False
 MANY = False
 
 
-@pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch", "triton"])
+@pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch", "triton", "triton-many"])
 def path(request, monkeypatch):
     """Every test runs on every reduction path: the compiled single pass, the same deferred and
     reduced in one batched call, all the tensors at once (``add_many``, as parameters are),
     torch's kernels (the path of tensors on other devices, and with histograms) and the Triton
-    kernels (of CUDA tensors without histograms; here interpreted on the CPU)."""
-    monkeypatch.setattr(stats, "COMPILED", request.param not in ("torch", "triton"))
+    kernels (of CUDA tensors without histograms; here interpreted on the CPU), tensor by tensor
+    and all at once (``add_many`` hands them to the batch as they are)."""
+    monkeypatch.setattr(stats, "COMPILED", request.param not in ("torch", "triton", "triton-many"))
     monkeypatch.setattr(stats, "TRITON_DEVICES", frozenset())
-    if request.param == "triton":
+    if request.param.startswith("triton"):
         request.getfixturevalue("interpreted_triton")
     monkeypatch.setattr(sys.modules[__name__], "DEFER", request.param == "deferred")
-    monkeypatch.setattr(sys.modules[__name__], "MANY", request.param == "many")
+    monkeypatch.setattr(sys.modules[__name__], "MANY", request.param in ("many", "triton-many"))
     if request.param == "many":  # add_many batches the dtypes whose kernels are loaded
         for dtype in (torch.float32, torch.float64):
             stats._compiled_kernels.get(dtype) or stats._load_kernels(dtype)

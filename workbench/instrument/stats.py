@@ -274,9 +274,9 @@ class StepSums:
                 self._grow()
             batches: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
             try:
-                for x, row in zip(tensors, rows):
-                    if x.is_cpu:
-                        if COMPILED and _compiled_kernels_take(x) and x.numel():
+                for x, row in zip(tensors, rows):  # (the order of _add's tests)
+                    if COMPILED and x.is_cpu:
+                        if _compiled_kernels_take(x) and x.numel():
                             batches.setdefault(x.dtype, []).append((x, row))
                             self._n = row + 1
                             continue
