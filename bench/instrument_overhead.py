@@ -19,9 +19,10 @@ sides of each ratio alike. The quartiles show the spread.
 - watch every=10 (blocks of 10 steps hold one recorded step);
 - floor: less than any hooks that record everything can do, as a reference
   for what is left to save - torch's hook calls (a global forward hook, a
-  gradient pre-hook on each output's node, a post-accumulate hook on each
-  parameter) around, on the CPU, one read of each tensor output, output
-  gradient, parameter and parameter gradient by the compiled one-pass kernel,
+  gradient pre-hook on the node of each output, a post-accumulate hook on each
+  parameter) around, on the CPU, one read of each tensor output (a tensor that
+  several calls return, once), output gradient, parameter and parameter
+  gradient by the compiled one-pass kernel,
   its sums thrown away (on a GPU no read at all: a read there takes at least
   a kernel launch); no names, no rows, no structured outputs;
 - naive: what a user writes by hand - a forward hook on every module that
@@ -52,6 +53,7 @@ import contextlib
 import random
 import statistics
 import time
+import weakref
 
 import torch
 
@@ -92,8 +94,8 @@ def naive_hooks(model):
 
 
 def floor_hooks(model):
-    """The floor variant's hooks (module doc); returns their handles and a function that reads
-    the parameters once, at the end of a step."""
+    """The floor variant's hooks (module doc); returns their handles and a function for the end of
+    a step, that reads the parameters once."""
     fast = (stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32))[0]
     scratch = torch.empty(9, dtype=torch.float64)  # the sums land here and are never read
 
@@ -106,20 +108,30 @@ def floor_hooks(model):
             if grad is not None:
                 read(grad)
 
+    # a container's output is often its last child's, the same tensor: read (and its gradient
+    # hooked) once, as watch does, so that the floor stays below what a recorder must do.
+    # id -> (weakref, version) of the outputs read in this step: the tensor itself, unchanged
+    seen: dict[int, tuple[weakref.ref, int]] = {}
+
     def forward_hook(module, args, output):
         if isinstance(output, torch.Tensor):
+            ref, version = seen.get(id(output), (None, None))
+            if ref is not None and ref() is output and version == output._version:
+                return
+            seen[id(output)] = (weakref.ref(output), output._version)
             read(output.detach())
             if output.grad_fn is not None:
                 output.grad_fn.register_prehook(node_hook)
 
-    def read_parameters():
+    def end_of_step():
         for param in params:
             read(param.detach())
+        seen.clear()
 
     params = list(model.parameters())
     handles = [torch.nn.modules.module.register_module_forward_hook(forward_hook)]
     handles += [p.register_post_accumulate_grad_hook(lambda p: read(p.grad)) for p in params if p.requires_grad]
-    return handles, read_parameters
+    return handles, end_of_step
 
 
 class Variant:

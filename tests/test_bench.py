@@ -56,16 +56,20 @@ def test_floor_hooks_read_every_tensor_once_and_leave_no_hook_behind(monkeypatch
         kernels[0](pointer, numel, out)
 
     monkeypatch.setitem(stats._compiled_kernels, torch.float32, (fast, *kernels[1:]))
-    outputs = []  # numel of each module call's output, seen by a hook of the test's own
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: outputs.append(out.numel()))
+    outputs = []  # each module call's output, seen by a hook of the test's own
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: outputs.append(out))
     variant = bench.Variant(exp, floor=True)
     try:
-        variant.timed_block(1)
+        variant.timed_block(2)  # (the second step reads as much as the first)
     finally:
         handle.remove()
-    assert len(outputs) == sum(1 for _ in model.modules())  # one step calls every module once
-    # each output and its gradient, each parameter and its gradient
-    assert sorted(read) == sorted(outputs * 2 + [p.numel() for p in model.parameters()] * 2)
+    assert len(outputs) == 2 * sum(1 for _ in model.modules())  # a step calls every module once
+    # the Sequential returns its last layer's output: the same tensor, read once
+    distinct = list({id(out): out for out in outputs}.values())
+    assert len(distinct) < len(outputs)
+    # each distinct output and its gradient, each parameter and its gradient, in each step
+    sizes = [out.numel() for out in distinct] * 2 + [p.numel() for p in model.parameters()] * 4
+    assert sorted(read) == sorted(sizes)
     assert not torch.nn.modules.module._global_forward_hooks
     for param in model.parameters():
         assert not param._post_accumulate_grad_hooks
