@@ -23,8 +23,11 @@ sides of each ratio alike. The quartiles show the spread.
   parameter) around, on the CPU, one read of each tensor output (a tensor that
   several calls return, once), output gradient, parameter and parameter
   gradient by the compiled one-pass kernel,
-  its sums thrown away (on a GPU no read at all: a read there takes at least
-  a kernel launch); no names, no rows, no structured outputs;
+  its sums thrown away; no names, no rows, no structured outputs (on the CPU
+  only: on a GPU a read takes at least a kernel launch, and the floor is the
+  next variant);
+- torch's hooks alone: the floor's hooks reading nothing - what any
+  recorder built on torch's hooks pays before it looks at a single value;
 - naive: what a user writes by hand - a forward hook on every module that
   calls ``.item()`` for mean and std, and a tensor hook on its output that
   does the same for the gradient (register_full_backward_hook crashes on the
@@ -93,14 +96,15 @@ def naive_hooks(model):
     return [m.register_forward_hook(forward_hook) for m in model.modules()]
 
 
-def floor_hooks(model):
-    """The floor variant's hooks (module doc); returns their handles and a function for the end of
-    a step, that reads the parameters once."""
+def floor_hooks(model, reads: bool = True):
+    """The floor variant's hooks (module doc), or with ``reads=False`` those of "torch's hooks
+    alone"; returns their handles and a function for the end of a step, that reads the
+    parameters once."""
     fast = (stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32))[0]
     scratch = torch.empty(9, dtype=torch.float64)  # the sums land here and are never read
 
     def read(x, out=scratch.data_ptr(), keep=scratch):  # (keep: scratch lives as long as the hooks)
-        if x.is_cpu and x.dtype is torch.float32 and x.is_contiguous() and x.numel():
+        if reads and x.is_cpu and x.dtype is torch.float32 and x.is_contiguous() and x.numel():
             fast(x.data_ptr(), x.numel(), out)
 
     def node_hook(grads):
@@ -137,8 +141,10 @@ def floor_hooks(model):
 class Variant:
     """How the workload is instrumented; ``step()`` is a timed training step."""
 
-    def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False, floor=False):
-        self.exp, self.naive, self.torch_reductions, self.floor = exp, naive, torch_reductions, floor
+    def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False, floor=False,
+                 floor_reads=True):
+        self.exp, self.naive, self.torch_reductions = exp, naive, torch_reductions
+        self.floor, self.floor_reads = floor, floor_reads
         self.watch = workbench.watch(exp.model, **watch_options) if watch_options is not None else None
         self.end_of_step = None
 
@@ -155,7 +161,7 @@ class Variant:
             stats.COMPILED, stats.TRITON_DEVICES = False, frozenset()
         handles = naive_hooks(self.exp.model) if self.naive else []  # (in for this block only)
         if self.floor:
-            handles, self.end_of_step = floor_hooks(self.exp.model)
+            handles, self.end_of_step = floor_hooks(self.exp.model, self.floor_reads)
         try:
             synchronize()
             start = time.perf_counter()
@@ -178,6 +184,7 @@ VARIANTS = {
     "watch every=10": {"watch_options": {"every": 10}},
     "naive .item() hooks": {"naive": True},
     "floor (hooks, one read)": {"floor": True},
+    "torch's hooks alone": {"floor": True, "floor_reads": False},
 }
 
 #: With --breakdown: watch recording one kind at a time, to see where the cost of "watch" lies
@@ -248,7 +255,9 @@ def main() -> None:
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
             continue
-        variants = {**VARIANTS, **BREAKDOWN} if args.breakdown else VARIANTS
+        variants = {**VARIANTS, **BREAKDOWN} if args.breakdown else dict(VARIANTS)
+        if device != "cpu":  # the floor reads on the CPU only: elsewhere it is torch's hooks alone
+            del variants["floor (hooks, one read)"]
         result = measure(make, args.rounds or (2 if args.quick else rounds), block=10, variants=variants)
         bare = result["bare"][0]
         print(f"\n{title}: bare step {bare * 1e3:.1f} ms")

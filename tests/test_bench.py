@@ -86,3 +86,29 @@ def test_store_overhead_runs():
 def test_query_throughput_runs():
     out = run_script("query_throughput.py", "--rows", "16", "--batches", "2", "--repeats", "1")
     assert re.search(r"^\s+16\s+[\d,]+\s+[\d,]+\s+[\d.]+x", out, re.M), out
+
+
+def test_hooks_alone_put_the_floors_hooks_in_and_read_nothing(monkeypatch):
+    bench = load("instrument_overhead")
+    assert bench.VARIANTS["torch's hooks alone"] == {"floor": True, "floor_reads": False}
+    exp = bench.mlp(8, "cpu")
+    kernels = stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32)
+    read = []
+    monkeypatch.setitem(stats._compiled_kernels, torch.float32,
+                        (lambda pointer, numel, out: read.append(numel), *kernels[1:]))
+    hooked = []  # during each step: torch's process-wide forward hooks, and each parameter's hooks
+    train_step = exp.step
+
+    def step():
+        hooked.append((len(torch.nn.modules.module._global_forward_hooks),
+                       {len(p._post_accumulate_grad_hooks or {}) for p in exp.model.parameters()}))
+        train_step()
+
+    monkeypatch.setattr(exp, "step", step)
+    variant = bench.Variant(exp, **bench.VARIANTS["torch's hooks alone"])
+    variant.timed_block(2)
+    assert hooked == [(1, {1})] * 2
+    assert read == []
+    assert not torch.nn.modules.module._global_forward_hooks
+    for param in exp.model.parameters():
+        assert not param._post_accumulate_grad_hooks
