@@ -20,12 +20,11 @@ sides of each ratio alike. The quartiles show the spread.
 - floor: less than any hooks that record everything can do, as a reference
   for what is left to save - torch's hook calls (a global forward hook, a
   gradient pre-hook on the node of each output, a post-accumulate hook on each
-  parameter) around, on the CPU, one read of each tensor output (a tensor that
-  several calls return, once), output gradient, parameter and parameter
-  gradient by the compiled one-pass kernel,
-  its sums thrown away; no names, no rows, no structured outputs (on the CPU
-  only: on a GPU a read takes at least a kernel launch, and the floor is the
-  next variant);
+  parameter) around one read of each tensor output (a tensor that several
+  calls return, once), output gradient, parameter and parameter gradient by
+  the compiled one-pass kernel, its sums thrown away; no names, no rows, no
+  structured outputs. On the CPU only: on a GPU a read takes at least a
+  kernel launch, and the floor is the next variant;
 - torch's hooks alone: the floor's hooks reading nothing - what any
   recorder built on torch's hooks pays before it looks at a single value;
 - naive: what a user writes by hand - a forward hook on every module that
