@@ -17,12 +17,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def manager(tmp_path):
+    """A run manager over a fresh runs root (``tmp_path / "runs"``, not created yet); its runs are
+    stopped at the end of the test."""
+    from workbench.ui.runs import RunManager
+
+    manager = RunManager(tmp_path / "runs")
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
 @pytest.fixture(scope="module")
-def served_app():
-    """The workbench app served on a free loopback port; yields its URL."""
+def runs_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("served") / "runs"
+
+
+@pytest.fixture(scope="module")
+def served_app(runs_root):
+    """The workbench app served on a free loopback port over ``runs_root``; yields its URL."""
     from workbench.ui.app import build_app
 
-    app = build_app()
+    app = build_app(runs_root=runs_root)
     app.queue()
     port = _free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -30,6 +48,7 @@ def served_app():
         yield f"http://127.0.0.1:{port}/"
     finally:
         app.close()
+        app.run_manager.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,30 +9,31 @@ import torch
 from workbench.ui import live
 
 
-def finished_run(tmp_path=None, **kwargs):
+def finished_run(manager, store="", **kwargs):
     options = dict(name="activation_mlp", values={"width": "8"}, seed=0, steps=6, every=2, histograms=False,
-                   modules="layers.*", store=str(tmp_path / "r") if tmp_path else "")
+                   modules="layers.*", store=store)
     options.update(kwargs)
-    run, message = live.start_run(**options)
+    run, message = live.start_run(manager, **options)
     assert run is not None, message
     run.join(60)
+    assert not run.running
     return run
 
 
-def test_the_device_choices_are_usable_and_a_device_this_process_lacks_is_refused_by_name():
+def test_the_device_choices_are_usable_and_a_device_this_process_lacks_is_refused_by_name(manager):
     choices = live.devices()
     assert choices[0] == "cpu"
     for device in choices:
         assert torch.empty(1, device=device).device.type == device.split(":")[0]
-    run = finished_run(device=choices[-1], steps=2)
+    run = finished_run(manager, device=choices[-1], steps=2)
     assert str(run.experiment.device) == choices[-1] and "finished: step 2 of 2" in run.status()
     missing = f"cuda:{torch.cuda.device_count()}"
-    run, message = live.start_run("activation_mlp", {}, 0, 2, 1, False, "*", "", device=missing)
-    assert run is None and "Could not start" in message and repr(missing) in message
+    run, message = live.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", device=missing)
+    assert run is None and "Could not start" in message and repr(missing) in message and "cpu" in message
 
 
-def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
-    run = finished_run(tmp_path)
+def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
+    run = finished_run(manager, "r")
     assert "finished: step 6 of 6" in run.status() and "recording to" in run.status()
     rows, metrics = run.frames()
     assert sorted(set(rows.step)) == [1, 3, 5]
@@ -45,13 +46,14 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
     assert list(series.step.unique()) == [1, 3, 5]
     latest = live.latest_table(rows)
     assert set(latest.columns) == set(live.LATEST_COLUMNS) and len(latest) == len(rows[rows.step == 5])
-    # the stored run replays the same rows
-    stored, message = live.replay(str(tmp_path / "r"))
-    assert "6 steps stored" in message
+    # the stored run (under the manager's root) replays the same rows
+    assert (manager.root.path / "r" / "run.sqlite").is_file()
+    stored, message = live.replay(manager.root, "r")
+    assert "6 steps stored" in message and "status: `finished`" in message
     pd.testing.assert_frame_equal(stored.to_pandas(), rows, check_exact=False, rtol=1e-12)
     assert list(live.metrics_long(stored.metrics()).metric.unique()) == ["accuracy", "loss"]
-    table, paths, _ = live.run_table(str(tmp_path))
-    assert list(table.run) == ["r"] and paths == [str(tmp_path / "r")]
+    table, names, _ = live.run_table(manager.root)
+    assert list(table.run) == ["r"] and names == ["r"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
 
 
@@ -61,49 +63,49 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(tmp_path):
     (["activations", "parameter gradients"], {"activation", "param_grad"}),
     (None, {"activation", "grad_output", "param", "param_grad"}),
 ])
-def test_a_live_run_records_the_kinds_picked(record, kinds):
-    run = finished_run(steps=2, every=1, record=record)
+def test_a_live_run_records_the_kinds_picked(manager, record, kinds):
+    run = finished_run(manager, steps=2, every=1, record=record)
     rows, _ = run.frames()
     assert set(rows.kind) == kinds
 
 
-def test_a_running_experiment_stops_and_closes_its_watch():
-    run, _ = live.start_run("activation_mlp", {}, 0, 100000, 1, False, "*", "")
+def test_a_running_experiment_stops_and_closes_its_watch(manager):
+    run, _ = live.start_run(manager, "activation_mlp", {}, 0, 100000, 1, False, "*", "")
     run.stop()
-    assert not run.running and "stopped" in run.status() and run.watch.closed
+    assert not run.running and "stopped: step" in run.status() and run.watch.closed
     assert run.experiment.step_count < 100000
 
 
 @pytest.mark.parametrize("kwargs, expected", [
     (dict(name=None), "Pick an experiment"),
     (dict(values={"width": "0"}), "'width' must lie in [1, 1024], got 0"),
-    (dict(steps=0), "steps must be a positive int"),
-    (dict(every="x"), "every must be a whole number"),
+    (dict(steps=0), "steps must lie in [1, 10000000], got 0"),
+    (dict(every="x"), "every must be a whole number in [1, 10000000], got 'x'"),
     (dict(modules="encoder.*"), "selects no module"),
     (dict(record=[]), "record: pick at least one of activations, output gradients"),
     (dict(record=["weights"]), "record: unknown kind 'weights'; choose from activations"),
 ])
-def test_bad_input_is_a_message(kwargs, expected):
+def test_bad_input_is_a_message(manager, kwargs, expected):
     options = dict(name="activation_mlp", values={}, seed=0, steps=5, every=1, histograms=False, modules="*",
                    store="")
     options.update(kwargs)
-    run, message = live.start_run(**options)
-    assert run is None and expected in message
+    run, message = live.start_run(manager, **options)
+    assert run is None and expected in message and manager.runs() == []
 
 
-def test_stat_series_limits_lines_and_rejects_unknown_names():
+def test_stat_series_limits_lines_and_rejects_unknown_names(manager):
     rows = pd.DataFrame({"step": [1] * 30, "module": [f"m{i}" for i in range(30)], "call": 0,
                          "kind": "activation", "tensor": "out", "std": 1.0})
     series, note = live.stat_series(rows, "activation", "std")
     assert series.site.nunique() == live.SERIES_LIMIT and "first 24 of 30" in note
     with pytest.raises(ValueError, match="statistic must be one of"):
         live.stat_series(rows, "activation", "median")
-    assert live.replay(None)[0] is None
-    assert "not a workbench run" in live.replay("/nonexistent")[1]
+    assert live.replay(manager.root, None)[0] is None
+    assert "not a workbench run" in live.replay(manager.root, "nonexistent")[1]
 
 
-def test_query_stream_runs_live_without_gradients():
-    run = finished_run(name="query_stream", values={"key_space": "2000", "batch_size": "500"}, steps=4, every=1,
+def test_query_stream_runs_live_without_gradients(manager):
+    run = finished_run(manager, name="query_stream", values={"key_space": "2000", "batch_size": "500"}, steps=4, every=1,
                        modules="*")
     assert "finished: step 4 of 4" in run.status() and "instrumentation error" not in run.status()
     rows, metrics = run.frames()
@@ -115,8 +117,8 @@ def test_query_stream_runs_live_without_gradients():
     assert list(series.value) == list(metrics.map_size - 1)
 
 
-def test_ilql_runs_live_and_reports_rewards_every_n_steps():
-    run = finished_run(name="ilql", values={"eval_every": "3", "eval_prompts": "8", "dataset_size": "64",
+def test_ilql_runs_live_and_reports_rewards_every_n_steps(manager):
+    run = finished_run(manager, name="ilql", values={"eval_every": "3", "eval_prompts": "8", "dataset_size": "64",
                                             "batch_size": "8"}, steps=3, every=1, modules="v.*")
     assert "finished: step 3 of 3" in run.status(), run.status()
     rows, metrics = run.frames()

@@ -3,32 +3,47 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from workbench.ui import live, model_browser
+from workbench.ui.runs import DEFAULT_ROOT, RunManager
 
 __all__ = ["build_app", "launch"]
 
 TITLE = "workbench"
 
 
-def build_app():
-    """Assemble the Blocks app (not launched)."""
+def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None = None):
+    """Assemble the Blocks app (not launched).
+
+    Args:
+        runs_root: the one directory runs are listed, opened and recorded under
+            (default ``runs`` in the working directory; created when the first run is recorded).
+        manager: the run manager owning the app's live runs; by default a new one over ``runs_root``.
+            It is the app's ``run_manager`` attribute: ``app.run_manager.close()`` stops its runs.
+    """
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
+    manager = manager if manager is not None else RunManager(runs_root)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
         gr.Markdown("# workbench\nPick a module, configure it, run it on a built-in task and watch "
                     "its activations and gradients.")
         with gr.Tabs():
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
-            live.wire(live.layout())
+            live.wire(live.layout(manager.root), manager, app)
+    app.run_manager = manager
     return app
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
-    """Build and serve the app; blocks until interrupted unless ``prevent_thread_lock``."""
-    app = build_app()
+def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, runs_root: str | Path = DEFAULT_ROOT,
+           **kwargs):
+    """Build and serve the app; blocks until interrupted unless ``prevent_thread_lock``
+    (then the runs still in progress are stopped, their stores marked stopped)."""
+    app = build_app(runs_root)
     app.queue()
     app.launch(server_name=host, server_port=port, share=share, **kwargs)
+    if not kwargs.get("prevent_thread_lock"):
+        app.run_manager.close()
     return app

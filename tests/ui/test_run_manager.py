@@ -1,0 +1,182 @@
+"""Live runs belong to the server: the run manager and the page handlers over it, without a browser.
+
+A "page" here is what a browser tab holds: the id of the run it is attached to,
+passed to the handlers the tab's buttons call.
+"""
+
+import time
+
+import pytest
+
+from workbench.experiments.activation_mlp import ActivationMLP
+from workbench.instrument import load_run
+from workbench.ui import live
+from workbench.ui.runs import RunManager
+
+TINY = {"width": "4", "depth": "1", "batch_size": "8", "n_samples": "64"}
+
+
+def start(manager, steps, store="", seed=0, **kwargs):
+    run, message = live.start_run(manager, "activation_mlp", dict(TINY), seed, steps, 1, False, "*", store,
+                                  **kwargs)
+    assert run is not None, message
+    return run
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishes(manager):
+    long = start(manager, 100_000, store="long", seed=1)
+    short = start(manager, 60, store="short", seed=2)
+    assert long.id != short.id and long.running
+    # the list: both in progress, newest first, with id, experiment, seed and start time
+    table = live.runs_frame(manager)
+    assert list(table.id) == [short.id, long.id] and set(table.status) <= {"running"}
+    assert list(table["recording to"]) == ["short", "long"] and list(table.of) == [60, 100_000]
+    choices = live.run_choices(manager)
+    assert [value for _, value in choices] == [short.id, long.id]
+    assert choices[1][0].startswith(f"{long.id} activation_mlp, seed 1, ")
+
+    # the first page started `long` and is closed (or reloaded): it held only the id; a second page
+    # lists the runs, attaches to `long` and sees it live
+    page, message = live.attach(manager, long.id)
+    assert page == long.id and f"**{long.label}** - running: step" in message and "of 100000" in message
+    wait_for(lambda: long.experiment.step_count >= 3)
+    status, metrics, series, note, latest, anomalies, going = live.run_views(manager, page, "activation", "std", "*")
+    assert going and "running: step" in status and "loss" in set(metrics.metric)
+    assert not latest.empty and "call site" in note
+
+    message = live.stop_run(manager, page)
+    assert "stopped: step" in message and not long.running and long.outcome == "stopped"
+    short.join(60)
+    assert short.outcome == "finished" and "finished: step 60 of 60" in short.status()
+    # the stores say the same
+    assert load_run(manager.root.path / "long").status == "stopped"
+    stored = load_run(manager.root.path / "short")
+    assert stored.status == "finished" and stored.steps == list(range(1, 61))
+    # both stay listed, finished, with the steps they ran
+    table = live.runs_frame(manager)
+    assert dict(zip(table.id, table.status)) == {long.id: "stopped", short.id: "finished"}
+    assert dict(zip(table.id, table.step))[short.id] == 60
+    # a last refresh of the stopped run, then the page stops asking
+    *_, going = live.run_views(manager, page, "activation", "std", "*")
+    assert not going
+    assert "had ended already" in live.stop_run(manager, page)
+
+
+def test_detaching_or_leaving_a_page_never_stops_the_run(manager):
+    run = start(manager, 100_000)
+    page, _ = live.attach(manager, run.id)
+    page, message = live.detach(manager, page)
+    assert page is None and "runs on" in message
+    time.sleep(0.3)
+    assert run.running and run.state == "running"
+    # reattached from another page, it is the same run, further along
+    before = run.experiment.step_count
+    wait_for(lambda: run.experiment.step_count > before)
+    assert live.attach(manager, run.id)[0] == run.id
+    assert live.detach(manager, None) == (None, "Not attached to a run.")
+    manager.stop(run.id)
+    assert run.outcome == "stopped"
+
+
+def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatch):
+    train_step = ActivationMLP.train_step
+
+    def exploding(self):
+        if self.step_count == 2:
+            raise FloatingPointError("the loss exploded at step 3")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", exploding)
+    run = start(manager, 10, store="boom")
+    run.join(60)
+    assert run.outcome == "failed" and "FloatingPointError" in run.error
+    status = run.status()
+    assert "failed: step 2 of 10" in status and "FloatingPointError: the loss exploded at step 3" in status
+    assert live.runs_frame(manager).status.tolist() == ["failed"]
+    stored = load_run(manager.root.path / "boom")
+    assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]
+    assert stored.steps == [1, 2]
+
+
+def test_finished_runs_stay_listed_without_a_run_directory_and_the_oldest_are_dropped_past_the_bound(tmp_path):
+    manager = RunManager(tmp_path / "runs", keep_finished=2)
+    runs = []
+    for seed in range(4):
+        runs.append(start(manager, 3, seed=seed))
+        runs[-1].join(60)
+    listed = manager.runs()
+    assert [r.id for r in listed] == [runs[3].id, runs[2].id] and manager.dropped == 2
+    assert "2 older finished run(s) were dropped from memory" in live.runs_note(manager)
+    # a page still attached to a dropped run is told so, by name
+    status, *_, going = live.run_views(manager, runs[0].id, "activation", "std", "*")
+    assert "'r1' is no longer in memory" in status and "keeps the last 2" in status and not going
+    assert live.attach(manager, runs[0].id)[0] is None
+    # an id the app never had
+    assert "No run 'r99' in this app" in live.attach(manager, "r99")[1]
+    assert "Pick a run from the list" in live.attach(manager, None)[1]
+    assert not (tmp_path / "runs").exists()  # no run was recorded: nothing written
+
+
+def test_a_run_in_progress_keeps_its_place_however_many_finish(tmp_path):
+    manager = RunManager(tmp_path / "runs", keep_finished=1)
+    try:
+        going = start(manager, 100_000)
+        for seed in range(3):
+            start(manager, 2, seed=seed).join(60)
+        assert [r.id for r in manager.runs()] == [going.id, "r4"] and going.running
+    finally:
+        manager.close()
+    assert going.outcome == "stopped"
+
+
+def test_too_many_runs_at_once_is_a_message_naming_the_limit(tmp_path):
+    manager = RunManager(tmp_path / "runs", max_running=2)
+    try:
+        start(manager, 100_000)
+        start(manager, 100_000, seed=1)
+        run, message = live.start_run(manager, "activation_mlp", dict(TINY), 2, 5, 1, False, "*", "")
+        assert run is None and "2 runs are in progress, the most this app runs at once (2)" in message
+        assert len(manager.runs()) == 2
+    finally:
+        manager.close()
+    assert all(r.outcome == "stopped" for r in manager.runs())
+
+
+def test_a_taken_run_name_is_refused_before_anything_starts(manager):
+    start(manager, 2, store="taken").join(60)
+    run, message = live.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "*", "taken")
+    assert run is None and "run name 'taken' is taken" in message and "pick a new name" in message
+    assert len(manager.runs()) == 1 and load_run(manager.root.path / "taken").steps == [1, 2]
+
+
+def test_each_app_has_its_own_manager_over_its_root(tmp_path):
+    from workbench.ui.app import build_app
+
+    first, second = build_app(runs_root=tmp_path / "a"), build_app(runs_root=tmp_path / "b")
+    assert first.run_manager is not second.run_manager
+    assert first.run_manager.root.path == (tmp_path / "a").resolve()
+    assert second.run_manager.root.path == (tmp_path / "b").resolve()
+    assert not (tmp_path / "a").exists()  # made when a run is first recorded
+
+
+def test_the_command_line_takes_the_runs_root_and_refuses_a_file(tmp_path, monkeypatch, capsys):
+    import app as app_script
+    import workbench.ui.app
+
+    seen = {}
+    monkeypatch.setattr(workbench.ui.app, "launch", lambda **kwargs: seen.update(kwargs))
+    app_script.main(["--runs-root", str(tmp_path / "mine"), "--port", "7999"])
+    assert seen == {"host": "127.0.0.1", "port": 7999, "share": False, "runs_root": str(tmp_path / "mine")}
+    app_script.main([])
+    assert seen["runs_root"] == "runs"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        app_script.main(["--runs-root", str(tmp_path / "file")])
+    assert f"runs root {str(tmp_path / 'file')!r} is a file, not a directory" in capsys.readouterr().err
