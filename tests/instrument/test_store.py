@@ -1,4 +1,5 @@
-"""The run store: round trips, metadata, crash safety with a real SIGKILL, live reads, errors, export."""
+"""The run store: round trips, metadata, crash safety with a real SIGKILL, live reads, status, the writer's
+lock, write failures, read-only runs, errors, export."""
 
 import json
 import os
@@ -6,7 +7,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -16,7 +19,8 @@ import torch
 from torch import nn
 
 import workbench
-from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError
+from workbench.instrument import StepRecord
+from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, RunStore
 
 
 def small_run(path, steps=4, **options):
@@ -114,6 +118,7 @@ def test_a_killed_process_leaves_every_committed_step_readable(tmp_path):
                 try:
                     run = workbench.load_run(path)
                     seen.append(len(run.steps))  # read live, from another process
+                    assert run.status == "running"  # its writer holds the lock
                     if seen[-1] >= 40:
                         break
                 except RunError:
@@ -128,7 +133,9 @@ def test_a_killed_process_leaves_every_committed_step_readable(tmp_path):
     assert proc.returncode == -signal.SIGKILL
 
     run = workbench.load_run(path)
-    assert run.metadata["status"] == "running"  # it never finished
+    # it never closed the run, and its lock went with it: not 'running' for ever
+    assert run.metadata["status"] == run.status == "interrupted"
+    assert workbench.list_runs(tmp_path).status.tolist() == ["interrupted"]
     steps = run.steps
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen[-1]
     rows = run.to_pandas()
@@ -188,3 +195,166 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
     with pytest.raises(ImportError, match="pip install pyarrow"):
         workbench.load_run(tmp_path / "run").export(tmp_path / "x.parquet")
+
+
+# ------------------------------------------------------------------ status
+def train(w, model, steps):
+    for _ in range(steps):
+        model(torch.randn(8, 3)).square().mean().backward()
+        w.step()
+
+
+def test_a_run_reads_how_it_ended(tmp_path):
+    small_run(tmp_path / "done", steps=2)
+    assert workbench.load_run(tmp_path / "done").status == "finished"
+
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "live")
+    train(w, model, 2)
+    assert workbench.load_run(tmp_path / "live").status == "running"
+    w.close("stopped")
+    assert workbench.load_run(tmp_path / "live").status == "stopped"
+
+    with pytest.raises(ZeroDivisionError):
+        with workbench.watch(model, store=tmp_path / "crashed") as w:
+            train(w, model, 1)
+            1 / 0
+    crashed = workbench.load_run(tmp_path / "crashed")
+    assert crashed.status == "failed" and "ZeroDivisionError" in crashed.metadata["error"]
+    assert crashed.steps == [1]
+
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    exp.train_step = lambda: 1 / 0  # a step that raises
+    with pytest.raises(ZeroDivisionError):
+        exp.run(3, store=tmp_path / "experiment")
+    assert workbench.load_run(tmp_path / "experiment").status == "failed"
+    statuses = workbench.list_runs(tmp_path).set_index("run").status.to_dict()
+    assert statuses == {"done": "finished", "live": "stopped", "crashed": "failed", "experiment": "failed"}
+    with pytest.raises(ValueError, match="status must be one of .*'finished', 'stopped', 'failed'.*got 'ok'"):
+        workbench.watch(model).close("ok")
+
+
+def test_two_writers_cannot_both_start_on_one_path(tmp_path):
+    path = tmp_path / "contested"
+    results = []
+    barrier = threading.Barrier(4)
+
+    def start():
+        barrier.wait()
+        try:
+            results.append(RunStore(path))
+        except FileExistsError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stores = [r for r in results if isinstance(r, RunStore)]
+    assert len(stores) == 1, results  # exactly one writer won the lock; the others were told why
+    assert all("already holds a run" in str(r) or "another writer" in str(r) for r in results if r not in stores)
+    stores[0].close()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        RunStore(path)
+    assert workbench.load_run(path).status == "finished"
+
+
+def test_a_second_process_cannot_write_a_run_being_written(tmp_path):
+    path = tmp_path / "held"
+    store = RunStore(path)
+    try:
+        code = ("import sys; from workbench.instrument.store import RunStore\n"
+                "try:\n    RunStore(sys.argv[1])\nexcept FileExistsError as e:\n    print(e); sys.exit(3)")
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 3 and "being written by another writer" in proc.stdout, proc.stderr
+    finally:
+        store.close()
+
+
+def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    train(w, model, 2)
+    assert w.recorder.flush()
+    other = sqlite3.connect(tmp_path / "r" / DB_NAME)
+    other.execute("DROP TABLE steps")  # a damaged database: the next writes fail
+    other.close()
+    with pytest.warns(RuntimeWarning, match="step 3 could not be written"):
+        train(w, model, 1)
+        assert w.recorder.flush()
+    train(w, model, 1)  # training goes on
+    w.close()  # asks for 'finished': the store knows better
+    store_errors = [e for e in w.errors if e["kind"] == "store"]
+    assert [e["error"].split(" could")[0] for e in store_errors] == ["step 3", "step 4"]
+    run = workbench.load_run(tmp_path / "r")
+    assert sorted(set(run.to_pandas().step)) == [1, 2]  # each failed step was rolled back whole
+    assert run.status == "failed" and "2 step(s) could not be stored" in run.metadata["error"]
+
+
+def test_a_write_lock_held_elsewhere_fails_the_step_not_the_training(tmp_path):
+    store = RunStore(tmp_path / "r", timeout=0.05)
+    reported = []
+    store.on_error = reported.append
+    holder = sqlite3.connect(tmp_path / "r" / DB_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another tool holds the write lock
+    store.write(StepRecord(1, metrics={"loss": 1.0}))
+    holder.execute("ROLLBACK")
+    holder.close()
+    store.write(StepRecord(2, metrics={"loss": 0.5}))
+    store.close()
+    assert len(reported) == 1 and "step 1 could not be written" in reported[0] and "locked" in reported[0]
+    run = workbench.load_run(tmp_path / "r")
+    assert run.steps == [2] and run.status == "failed"
+
+
+def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="store='' names no directory"):
+        workbench.watch(model, store="")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=f"Cannot create the run directory {tmp_path}/file/a/b"):
+        workbench.watch(model, store=tmp_path / "file" / "a" / "b")
+    with pytest.raises(FileExistsError, match="is a file, not a directory"):
+        workbench.watch(model, store=tmp_path / "file")
+    with pytest.raises(TypeError, match="store must be a directory path"):
+        workbench.watch(model, store=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert not torch.nn.modules.module._global_forward_hooks  # the refused watches took their hooks out
+
+
+READER = textwrap.dedent("""
+    import os, sys, workbench
+    os.setgid(65534); os.setuid(65534)  # nobody: the run's directory is not writable
+    run = workbench.load_run(sys.argv[1])
+    print(run.status, len(run.steps), len(run.to_pandas()))
+""")
+
+
+def test_a_finished_run_in_a_read_only_directory_opens():
+    root = tempfile.mkdtemp()
+    try:
+        os.chmod(root, 0o755)
+        path = os.path.join(root, "run")
+        small_run(path, steps=3)
+        expected = len(workbench.load_run(path).to_pandas())
+        for name in os.listdir(path):
+            os.chmod(os.path.join(path, name), 0o444)
+        os.chmod(path, 0o555)
+        if os.geteuid() == 0:  # root writes anywhere: read it as nobody
+            proc = subprocess.run([sys.executable, "-c", READER, path], capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stdout.split() == ["finished", "3", str(expected)]
+        else:
+            run = workbench.load_run(path)
+            assert (run.status, len(run.steps), len(run.to_pandas())) == ("finished", 3, expected)
+    finally:
+        os.chmod(root + "/run", 0o755)
+        import shutil
+        shutil.rmtree(root)
+
+
+def test_compare_runs_wants_a_list(tmp_path):
+    small_run(tmp_path / "good", steps=1)
+    with pytest.raises(TypeError, match="takes a list of runs, got the single run '.*good'"):
+        workbench.compare_runs(str(tmp_path / "good"))

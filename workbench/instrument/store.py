@@ -9,21 +9,33 @@ processes open it read-only and see every committed step while it is written.
 Tables (``pandas.read_sql`` works on them directly):
 
 - ``meta(key, value)``: JSON values - schema_version, model, config,
-  experiment, seed, versions, start_time, status.
+  experiment, seed, versions, start_time, status (and end_time, error).
 - ``steps(step, rows, time)``: one row per stored step (the commit marker).
 - ``rows``: the statistics rows (``ROW_COLUMNS`` plus ``seq``, the row's
   position within its step).
 - ``histograms(step, seq, lo, hi, counts)``: counts as float32 bytes.
 - ``metrics(step, name, value)``; ``errors(step, module, call, kind, error)``.
 - view ``anomalies``: the rows with a NaN or an Inf, in recording order.
+
+Status and the writer's lock: a run's ``status`` is ``running`` until its
+writer closes it ``finished``, ``stopped`` (by the user) or ``failed`` (with
+``error``). The writer holds an exclusive ``flock`` on ``run.lock`` in the run
+directory for as long as it writes: a second writer on the same path cannot
+start (the lock decides, not a check that two writers could both pass), and
+the kernel lets go of the lock when the writing process dies, however it
+dies. A reader that finds ``running`` and a free lock reads ``interrupted``:
+the writer is gone without closing the run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import platform
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +45,14 @@ import pandas as pd
 from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update, format_shape
 from workbench.instrument.stats import MAX, MIN, finish
 
-__all__ = ["SCHEMA_VERSION", "DB_NAME", "RunStore", "Run", "load_run", "list_runs", "compare_runs", "RunError"]
+__all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "Run", "load_run", "list_runs",
+           "compare_runs", "RunError"]
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
+LOCK_NAME = "run.lock"  # held (flock, exclusive) by the writer while it writes
+#: What a writer closes a run with; ``running`` while it writes, ``interrupted`` when read without one.
+STATUSES = ("finished", "stopped", "failed")
 STAT_SQL = ", ".join(f"{c} {'INTEGER' if c in ('numel', 'nan_count', 'inf_count') else 'REAL'}"
                      for c in ROW_COLUMNS[6:])
 
@@ -77,25 +93,108 @@ class RunStore:
     Args:
         path: the run directory (created; must not hold a run already).
         metadata: JSON-serialisable facts of the run (model, config ...).
+        on_error: called with a message when a step cannot be written (the
+            store keeps going with the next steps, and closes as ``failed``).
+        timeout: seconds a write waits for a lock that another connection holds
+            on the database before that step fails.
+
+    Raises:
+        ValueError: an empty path.
+        FileExistsError: the directory holds a run, or another writer is writing one there.
+        PermissionError: the directory cannot be created or written (nothing is left behind).
     """
 
-    def __init__(self, path: str | Path, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str | Path, metadata: dict[str, Any] | None = None,
+                 on_error: Callable[[str], object] | None = None, timeout: float = 30.0) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
+        if not str(path).strip():
+            raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
+                             "(or store=None to record in memory only).")
         self.path = Path(path)
-        if (self.path / DB_NAME).exists():
-            raise FileExistsError(f"{self.path} already holds a run; pick a new directory or "
-                                  "load it with workbench.load_run().")
-        self.path.mkdir(parents=True, exist_ok=True)
         self.errors: list[str] = []
+        self.on_error = on_error
+        self.lost = 0  # steps that could not be written
         self._subscription: Subscription | None = None
-        self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process; fsync per checkpoint
-        self._db.executescript(SCHEMA)
-        meta = {"schema_version": SCHEMA_VERSION, "start_time": time.time(), "status": "running",
-                "versions": versions(), **(metadata or {})}
-        with self._transaction():
-            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                                 [(k, json.dumps(v, default=str)) for k, v in meta.items()])
+        self._db: sqlite3.Connection | None = None
+        self._lock: int | None = None
+        created = self._make_directory()
+        try:
+            self._lock = self._take_lock()
+            if (self.path / DB_NAME).exists():
+                raise FileExistsError(f"{self.path} already holds a run; pick a new directory or "
+                                      "load it with workbench.load_run().")
+            # (a tool holding the database briefly makes a write wait, not fail)
+            self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None,
+                                       timeout=timeout)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process; fsync per checkpoint
+            self._db.executescript(SCHEMA)
+            meta = {"schema_version": SCHEMA_VERSION, "start_time": time.time(), "status": "running",
+                    "versions": versions(), **(metadata or {})}
+            with self._transaction():
+                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                     [(k, json.dumps(v, default=str)) for k, v in meta.items()])
+        except BaseException as exc:
+            self._abandon(created)
+            if isinstance(exc, sqlite3.Error):
+                raise PermissionError(f"Cannot write a run into {self.path}: {exc}. Pick a directory you "
+                                      "can write to.") from None
+            raise
+
+    def _make_directory(self) -> list[Path]:
+        """Create the run directory; returns the directories made (removed again if the store fails)."""
+        missing = []
+        for folder in (self.path, *self.path.parents):
+            if folder.exists():
+                break
+            missing.append(folder)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise FileExistsError(f"store={str(self.path)!r} is a file, not a directory; pass a directory "
+                                  "for the run.") from None
+        except OSError as exc:
+            self._abandon(missing)
+            raise type(exc)(f"Cannot create the run directory {self.path}: {exc.strerror or exc}. "
+                            "Pick a directory you can write to.") from None
+        if not self.path.is_dir():
+            raise FileExistsError(f"store={str(self.path)!r} is a file, not a directory; pass a directory "
+                                  "for the run.")
+        return missing
+
+    def _take_lock(self) -> int:
+        self._lock_created = not (self.path / LOCK_NAME).exists()
+        try:
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise PermissionError(f"Cannot write a run into {self.path}: {exc.strerror or exc}. Pick a "
+                                  "directory you can write to.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FileExistsError(f"{self.path} is being written by another writer (it holds {LOCK_NAME}); "
+                                  "pick a new directory.") from None
+        return fd
+
+    def _abandon(self, created: list[Path]) -> None:
+        """Undo a store that failed to start: close what it opened, remove what it created."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+                (self.path / name).unlink(missing_ok=True)
+        if self._lock is not None:
+            if self._lock_created:
+                (self.path / LOCK_NAME).unlink(missing_ok=True)
+            os.close(self._lock)
+            self._lock = None
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def _transaction(self):
         db = self._db
@@ -115,12 +214,28 @@ class RunStore:
         return self._subscription
 
     def write(self, update: Update | StepRecord) -> None:
-        """Write records, each step in one transaction with its commit marker."""
+        """Write records, each step in one transaction with its commit marker.
+
+        A step that cannot be written (a full disk, a database locked past the timeout) is
+        reported through ``on_error`` and counted in ``lost``; the next steps are still tried.
+        """
         records = update.records if isinstance(update, Update) else (update,)
         if isinstance(update, Update) and update.dropped:
-            self.errors.append(f"{update.dropped} steps were dropped before they could be written")
+            self.lost += update.dropped
+            self._report(f"{update.dropped} steps were dropped before they could be written "
+                         "(the store fell too far behind)")
         for record in records:
-            self._write_step(record)
+            try:
+                self._write_step(record)
+            except Exception as exc:
+                self.lost += 1
+                self._report(f"step {record.step} could not be written to {self.path / DB_NAME}: "
+                             f"{type(exc).__name__}: {exc}")
+
+    def _report(self, message: str) -> None:
+        self.errors.append(message)
+        if self.on_error is not None:
+            self.on_error(message)
 
     def _write_step(self, record: StepRecord) -> None:
         rows = []
@@ -148,15 +263,40 @@ class RunStore:
             self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                  [(k, json.dumps(v, default=str)) for k, v in values.items()])
 
-    def close(self, status: str = "finished") -> None:
-        """Write what is queued, mark the run finished and close the database."""
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        """Write what is queued, set the run's status and close the database. Idempotent.
+
+        Args:
+            status: ``finished``, ``stopped`` or ``failed``. A store that lost steps closes
+                as ``failed`` whatever is asked, its ``error`` saying how many.
+            error: what went wrong (``failed``).
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
         if self._subscription is not None:
             self._subscription.unsubscribe()
             self._subscription = None
-        if self._db is not None:
-            self.set_meta(status=status, end_time=time.time())
+        if self._db is None:
+            return
+        if self.lost:
+            lost = f"{self.lost} step(s) could not be stored; the first: {self.errors[0]}"
+            status, error = "failed", (f"{error}\n{lost}" if error else lost)
+        values: dict[str, Any] = {"status": status, "end_time": time.time()}
+        if error:
+            values["error"] = error
+        try:
+            self.set_meta(**values)
+        except Exception as exc:  # the status cannot be written: readers will see 'interrupted'
+            self._report(f"the run's status ({status}) could not be written: {type(exc).__name__}: {exc}")
+        finally:
             self._db.close()
             self._db = None
+            os.close(self._lock)  # readers now see the status written, or 'interrupted'
+            self._lock = None
 
 
 def _sql_value(value: Any) -> Any:
@@ -190,14 +330,30 @@ class Run:
         if version > SCHEMA_VERSION:
             raise RunError(f"{db_path} was written with run-store schema {version}; this workbench "
                            f"reads up to {SCHEMA_VERSION}. Upgrade workbench to read it.")
+        self.metadata["status"] = self.status
+
+    @property
+    def status(self) -> str:
+        """``running``, ``finished``, ``stopped``, ``failed`` (see ``metadata["error"]``), or
+        ``interrupted``: stored as running, but its writer is gone (killed, or crashed)."""
+        stored = self._query("SELECT value FROM meta WHERE key = 'status'")
+        status = json.loads(stored.value[0]) if len(stored) else "running"
+        if status == "running" and not _writer_alive(self.path):
+            return "interrupted"
+        return status
 
     @property
     def name(self) -> str:
         return self.path.name
 
     def _connect(self) -> sqlite3.Connection:
-        # read-only: a reader never takes a write lock, so it cannot stall the writer
-        return sqlite3.connect(f"file:{self.db_path.resolve()}?mode=ro", uri=True)
+        # read-only: a reader never takes a write lock, so it cannot stall the writer. A run in a
+        # directory this process cannot write (a finished run on read-only media, another user's)
+        # cannot take WAL's shared-memory index either: it is opened immutable, as the file it is
+        uri = f"file:{self.db_path.resolve()}?mode=ro"
+        if not os.access(self.db_path.parent, os.W_OK):
+            uri += "&immutable=1"
+        return sqlite3.connect(uri, uri=True)
 
     def _query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
         db = self._connect()
@@ -288,6 +444,23 @@ class Run:
                 f"status={m.get('status')!r})")
 
 
+def _writer_alive(path: Path) -> bool:
+    """Whether a process holds the run directory's writer lock (see the module docstring)."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:  # written before the lock existed, or by hand: nothing tells
+        return True
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (also lets go of the shared lock, if taken)
+    return False
+
+
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     for column in ROW_COLUMNS[6:]:
         if column not in ("numel", "nan_count", "inf_count"):
@@ -325,11 +498,15 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
                         "steps": steps, "start_time": pd.to_datetime(m.get("start_time"), unit="s")})
     columns = ["path", "run", "model", "experiment", "seed", "status", "steps", "start_time"]
     frame = pd.DataFrame(entries, columns=columns)
+    frame["start_time"] = pd.to_datetime(frame.start_time)  # (typed also when there are no runs)
     return frame.sort_values("start_time", ascending=False, ignore_index=True)
 
 
 def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:
     """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first."""
+    if isinstance(runs, (str, os.PathLike, Run)):
+        raise TypeError(f"compare_runs() takes a list of runs, got the single run {str(runs)!r}; "
+                        f"pass a list such as [{str(runs)!r}, 'runs/other'].")
     if what not in ("rows", "metrics"):
         raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
     frames = []
