@@ -1012,12 +1012,27 @@ def test_a_failing_patch_is_recorded_and_removed():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
     x = torch.randn(2, 3)
     with workbench.watch(model) as w:
-        w.ablate("0", [7])  # only 4 units
-        out = model(x)
+        w.ablate("0", [7])  # only 4 units: the watch has not seen the output yet
+        with pytest.warns(RuntimeWarning, match=r"ablate\[7\]@dim1 at '0' failed and was removed"):
+            out = model(x)  # not silent: the model runs unablated, and the user is told
         w.step()
     assert torch.equal(out, model(x))
     assert w.errors and "units [7] are out of range" in w.errors[0]["error"]
     assert w.interventions == []
+
+
+def test_an_ablation_out_of_range_of_a_recorded_output_is_refused_at_once():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    with workbench.watch(model) as w:
+        model(torch.randn(2, 3))
+        w.step()  # the site's output (2, 4) is known now
+        with pytest.raises(ValueError, match=r"units \[7\] are out of range for dim 1 .* shape \(2, 4\)"):
+            w.ablate("0", [7])
+        with pytest.raises(ValueError, match=r"dim=2 is out of range .* shape \(2, 4\)"):
+            w.ablate("0", 1, dim=2)
+        assert w.interventions == []
+        w.ablate("0", [3])  # in range: taken
+        assert torch.all(model(torch.randn(2, 3))[:, 3] == 0)
 
 
 # ---------------------------------------------------------------------- live
@@ -1136,10 +1151,15 @@ def test_a_gradient_that_arrives_after_its_step_ended_is_reported_not_misfiled()
         w.step()  # too early: the backward of step 1 runs during step 2
         loss.backward()  # training goes on
         w.step()
+        for _ in range(2):  # in the right order again: the output gradients are recorded again
+            model(x).sum().backward()
+            w.step()
     assert model[0].weight.grad is not None
     late = [e for e in w.errors if e["kind"] == "grad_output"]
     assert {e["module"] for e in late} == {"", "0", "1"} and all("after watch.step()" in e["error"] for e in late)
-    assert len(rows(w, kind="grad_output")) == 0
+    assert all(e["step"] == 2 for e in late)
+    recorded = rows(w, kind="grad_output")
+    assert sorted(set(recorded.step)) == [3, 4] and set(recorded.module) == {"", "0", "1"}
 
 
 def test_gradients_taken_with_autograd_grad_are_recorded():
@@ -1155,3 +1175,64 @@ def test_gradients_taken_with_autograd_grad_are_recorded():
     y = model(x).detach()
     got = rows(w, module="2", kind="grad_output").iloc[0]
     assert got["norm"] == pytest.approx((2 * y).norm().item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------- threads
+def test_watches_on_several_threads_are_independent():
+    """The app's sessions are threads: watches started, stepped and closed on several threads at
+    once each record their own model exactly as alone (torch's process-wide hooks fire for every
+    thread's modules, also while another watch is being set up)."""
+
+    def make(seed):  # on the main thread: the global RNG is shared by every thread
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    models = {seed: make(seed) for seed in range(4)}
+
+    def session(seed, barrier=None):
+        model = copy.deepcopy(models[seed])
+        x = torch.randn(32, 6, generator=torch.Generator().manual_seed(seed))
+        if barrier is not None:
+            barrier.wait()
+        frames = []
+        for _ in range(3):  # a new watch every few steps: set-ups overlap other threads' steps
+            with workbench.watch(model) as w:
+                for _ in range(4):
+                    model(x).square().mean().backward()
+                    w.step()
+            assert not w.errors, w.errors
+            frames.append(w.to_pandas())
+        return pd.concat(frames, ignore_index=True)
+
+    alone = {seed: session(seed) for seed in range(4)}
+    # a watch of a large model takes a while to set up: other threads' models run meanwhile
+    large = nn.Sequential(*[nn.Linear(2, 2) for _ in range(1000)])
+    for _ in range(3):
+        barrier = threading.Barrier(2)
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault(0, session(0, barrier)))
+        thread.start()
+        barrier.wait()
+        while thread.is_alive():
+            workbench.watch(large).close()
+        thread.join()
+        pd.testing.assert_frame_equal(result[0], alone[0])
+    for _ in range(5):
+        barrier = threading.Barrier(4)
+        results, failures = {}, []
+
+        def run(seed):
+            try:
+                results[seed] = session(seed, barrier)
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                failures.append(exc)
+
+        threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        for seed, frame in results.items():
+            pd.testing.assert_frame_equal(frame, alone[seed])
+    assert not torch.nn.modules.module._global_forward_hooks

@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
-from workbench.instrument.store import RunStore
+from workbench.instrument.store import STATUSES, RunStore
 from workbench.instrument.stats import SUMS, StepSums
 from workbench.instrument.tree import map_tensors, shape_of, tensor_leaves
 
@@ -74,8 +74,8 @@ def _selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
         return lambda path: False
     if callable(spec):
         return spec
-    patterns = [spec] if isinstance(spec, str) else list(spec)
-    if not all(isinstance(p, str) for p in patterns):
+    patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple, set)) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "
                         f"got {spec!r}.")
     return lambda path: any(fnmatch.fnmatchcase(path, p) for p in patterns)
@@ -153,6 +153,10 @@ class Watch:
             raise ValueError(f"start_step must be a non-negative int, got {start_step!r}.")
         self.step_index = start_step
         self.closed = False
+        # Read by the process-wide hooks, which fire for every model's modules on every thread
+        # from the moment they are registered (another thread may be running its model while
+        # this watch is still being set up): inactive until the first step starts
+        self._active = self._recording = False
 
         # alias paths of every module object, in named_modules order
         self._aliases: dict[int, list[str]] = defaultdict(list)
@@ -254,7 +258,7 @@ class Watch:
             facts = {"model": type(model).__name__, "every": every, "modules": repr(modules),
                      "exclude": repr(exclude), **self.options, **(metadata or {})}
             try:
-                self.store = RunStore(store, facts)
+                self.store = RunStore(store, facts, on_error=self._store_failed)
             except BaseException:
                 self.close()
                 raise
@@ -481,10 +485,11 @@ class Watch:
             return
         keys = [key for key in site.keys if key[0] in self._sites["grad_output"]]
         if site.step != self.step_index:
+            # the user's order, not the site, is at fault: the site records again from the next step
             for path, call, _, _ in keys:
                 self._fail(path, call, "grad_output", RuntimeError(
                     f"the gradient of step {site.step} arrived after watch.step() ended that step; "
-                    "call w.step() after loss.backward()"))
+                    "call w.step() after loss.backward()"), disable=False)
             return
         try:
             if keys:
@@ -579,13 +584,19 @@ class Watch:
         except Exception as exc:
             self._fail("", 0, "statistics", exc)
 
-    def _fail(self, path: str, call: int, kind: str, exc: BaseException) -> None:
-        if kind in self._sites:  # (a failing patch is removed instead)
+    def _fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> None:
+        """Keep an instrumentation failure in ``errors`` and (``disable``) stop recording ``kind``
+        at ``path``; a failing patch is removed instead, with a warning: the model no longer runs
+        as the user asked."""
+        if disable and kind in self._sites:
             self._sites[kind].discard(path)
         error = {"step": self.step_index, "module": path, "call": call, "kind": kind,
                  "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         self.errors.append(error)
         self._step_errors.append(error)
+        if kind.startswith("patch:"):
+            _warn(f"workbench: the intervention {kind[6:]} at {path!r} failed and was removed; the model "
+                  f"runs unpatched from here ({error['error']}).")
 
     # ------------------------------------------------------------- the API
     def step(self, **metrics: float) -> StepRecord | None:
@@ -672,6 +683,15 @@ class Watch:
             raise TypeError(f"units must be an int or a non-empty list of ints, got {units!r}.")
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise TypeError(f"dim must be an int, got {dim!r}.")
+        for shape in self._output_shapes(path):  # known when a recorded step has seen the site
+            if not -len(shape) <= dim < len(shape):
+                raise ValueError(f"ablate({path!r}): dim={dim} is out of range for its output of shape "
+                                 f"{shape}; pass a dim in [{-len(shape)}, {len(shape) - 1}].")
+            size = shape[dim]
+            bad = [u for u in index if isinstance(size, int) and not -size <= u < size]
+            if bad:
+                raise ValueError(f"ablate({path!r}): units {bad} are out of range for dim {dim} of its output "
+                                 f"of shape {shape}; pass units in [0, {size - 1}].")
 
         def zero_units(tensor: torch.Tensor) -> torch.Tensor:
             if not tensor.is_floating_point():
@@ -687,6 +707,10 @@ class Watch:
 
         return self._add_intervention(path, lambda output: map_tensors(output, zero_units), call,
                                       f"ablate{index}@dim{dim}")
+
+    def _output_shapes(self, path: str) -> set[tuple]:
+        """The shapes of the activations recorded at ``path`` so far (none before a recorded step)."""
+        return {key[4] for key in list(self._keys) if key[0] == path and key[2] == "activation"}
 
     def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
         if path not in self.paths:
@@ -749,8 +773,17 @@ class Watch:
         frame = self.to_pandas()
         return frame[(frame.nan_count > 0) | (frame.inf_count > 0)].reset_index(drop=True)
 
-    def close(self) -> None:
-        """Remove every hook; the model is as before ``watch``. Idempotent."""
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        """Remove every hook; the model is as before ``watch``. Idempotent.
+
+        Args:
+            status: how the run ended, written into its store: ``finished``, ``stopped`` (by
+                the user) or ``failed`` (with ``error``, what went wrong). A store that could
+                not write every step closes ``failed`` whatever is passed.
+            error: the error of a ``failed`` run (a message or a formatted traceback).
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
         if self.closed:
             return
         self.closed = True
@@ -758,8 +791,14 @@ class Watch:
         self._release()
         self._slots.clear()
         if getattr(self, "store", None) is not None:
-            self.store.close()  # writes what is still queued first
+            self.store.close(status, error)  # writes what is still queued first
         self._interventions.clear()
+
+    def _store_failed(self, message: str) -> None:
+        """The run store could not write (on its writer thread): never silent, never fatal."""
+        self.errors.append({"step": None, "module": "", "call": 0, "kind": "store", "error": message,
+                            "traceback": ""})
+        _warn(f"workbench: {message}; the run will be marked failed. Training goes on.")
 
     def _check_open(self) -> None:
         if self.closed:
@@ -773,8 +812,13 @@ class Watch:
     def __enter__(self) -> Watch:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.close()
+        elif isinstance(exc, KeyboardInterrupt):
+            self.close("stopped", "interrupted by the user (KeyboardInterrupt)")
+        else:
+            self.close("failed", "".join(traceback.format_exception(exc)))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"step {self.step_index}"
@@ -815,6 +859,15 @@ class _GradSite:
         if not self.fired:  # the view was modified in place: its node is no longer in the graph
             self.fired = True
             self.watch._record_grad(self, grads[self.base_output])
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning that never raises into training or the store's writer (where warnings
+    are turned into errors, the failure is still in ``Watch.errors``)."""
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:
+        pass
 
 
 def _weakly(method: Callable, *bound: Any) -> Callable:
