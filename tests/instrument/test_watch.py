@@ -1236,3 +1236,28 @@ def test_watches_on_several_threads_are_independent():
         for seed, frame in results.items():
             pd.testing.assert_frame_equal(frame, alone[seed])
     assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_an_output_nested_too_deep_is_an_error_not_silence():
+    class Deep(nn.Module):
+        def forward(self, x):
+            out = x * 2
+            for _ in range(40):
+                out = [out]
+            return out
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.deep = nn.Linear(2, 2), Deep()
+
+        def forward(self, x):
+            return self.deep(self.lin(x))
+
+    model = Model()
+    with workbench.watch(model) as w:
+        model(torch.randn(3, 2))
+        w.step()
+    assert {(e["module"], e["kind"]) for e in w.errors} >= {("deep", "activation")}
+    assert all("nested deeper than 32 levels" in e["error"] for e in w.errors)
+    assert set(rows(w, kind="activation").module) == {"lin"}  # the rest is recorded

@@ -147,6 +147,8 @@ class Watch:
         self.every = every
         self.options = dict(activations=activations, gradients=gradients, parameters=parameters,
                             parameter_grads=parameter_grads, histograms=histograms, bins=bins)
+        if recorder is not None and not isinstance(recorder, Recorder):
+            raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
         self.recorder = recorder if recorder is not None else Recorder()
         self.errors: list[dict[str, Any]] = []
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
@@ -678,7 +680,7 @@ class Watch:
             dim: the dimension that indexes units (1: channels of (B, C, ...)).
             call: only this call index within a step (None: every call).
         """
-        index = [units] if isinstance(units, int) else list(units)
+        index = [units] if isinstance(units, int) else list(units) if isinstance(units, (list, tuple, range)) else None
         if not index or not all(isinstance(u, int) and not isinstance(u, bool) for u in index):
             raise TypeError(f"units must be an int or a non-empty list of ints, got {units!r}.")
         if isinstance(dim, bool) or not isinstance(dim, int):

@@ -308,6 +308,8 @@ class Run:
     """A stored run, read-only. Get one with :func:`load_run`."""
 
     def __init__(self, path: str | Path) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
         self.path = Path(path)
         db_path = self.path / DB_NAME if self.path.is_dir() else self.path
         if not db_path.is_file():
@@ -482,6 +484,8 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
 
     Columns: ``path, run, model, experiment, seed, status, steps, start_time``.
     """
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory of runs.")

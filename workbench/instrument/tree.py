@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["tensor_leaves", "map_tensors", "shape_of"]
+__all__ = ["tensor_leaves", "map_tensors", "shape_of", "MAX_DEPTH"]
+
+MAX_DEPTH = 32  # levels of nesting walked into an output
 
 
 def _is_tensordict(obj: Any) -> bool:
@@ -34,12 +36,19 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]] | None:
 
 
 def tensor_leaves(obj: Any, prefix: str = "out", _depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor inside ``obj``, depth first, in order."""
+    """Yield ``(name, tensor)`` for every tensor inside ``obj``, depth first, in order.
+
+    Raises:
+        ValueError: ``obj`` is nested deeper than :data:`MAX_DEPTH` (the watch keeps it in
+            ``errors``: never silently not recorded).
+    """
     if isinstance(obj, torch.Tensor):
         yield prefix, obj
         return
-    if _depth > 32:  # self-referencing structures
-        return
+    if _depth > MAX_DEPTH:  # (a self-referencing structure never ends)
+        raise ValueError(f"the output is nested deeper than {MAX_DEPTH} levels at {prefix!r} (a structure that "
+                         "contains itself?); its tensors are not recorded. Exclude this module with "
+                         "watch(..., exclude=...) or return a flatter structure.")
     children = _children(obj)
     if children is not None:
         for key, value in children:
