@@ -33,8 +33,19 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
             live.wire(live.layout(manager.root), manager, app)
+    _one_render_at_a_time(app)
     app.run_manager = manager
     return app
+
+
+def _one_render_at_a_time(app) -> None:
+    """Run the tabs' ``gr.render`` functions one at a time. A page load fires every render (the
+    Models and the Experiments forms); run at once, they share the session's blocks and one of them
+    fails ("dictionary changed size during iteration", gradio-app/gradio#9991), leaving that tab
+    without its form. Gradio's own workaround: one concurrency group of limit 1 for the renders."""
+    for fn in app.fns.values():
+        if getattr(fn, "renderable", None) is not None:
+            fn.concurrency_id, fn.concurrency_limit = "workbench-render", 1
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, runs_root: str | Path = DEFAULT_ROOT,

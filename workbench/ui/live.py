@@ -444,7 +444,9 @@ def _views(rows: pd.DataFrame, metrics: pd.DataFrame, kind: str, stat: str, patt
     except ValueError as exc:  # a kind or statistic the dropdowns do not offer
         series, note = pd.DataFrame(), str(exc)
     # no rows: no plot (None), not an empty frame, which the page draws with the last legend it had
-    return metrics_long(metrics), None if series.empty else series, note, latest_table(rows), anomaly_table(rows)
+    long = metrics_long(metrics)
+    return (None if long.empty else long, None if series.empty else series, note, latest_table(rows),
+            anomaly_table(rows))
 
 
 def layout(root: RunsRoot):
@@ -472,15 +474,19 @@ def layout(root: RunsRoot):
             with gr.Column(scale=3):
                 c["overview"] = gr.Markdown(experiment_overview(names[0]), elem_id="experiment-overview")
                 c["form"] = gr.Column()
-                with gr.Group():
-                    with gr.Row(equal_height=True):
-                        c["pick"] = gr.Dropdown([], value=None, label="runs in this app (in progress first)",
-                                                elem_id="live-pick", scale=4, interactive=True)
-                        c["attach"] = gr.Button("Attach", elem_id="live-attach", scale=1, min_width=80)
-                        c["detach"] = gr.Button("Detach", elem_id="live-detach", scale=1, min_width=80)
-                        c["list"] = gr.Button("Refresh", elem_id="live-refresh", scale=1, min_width=80)
-                    c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=200,
-                                             show_label=False, elem_id="live-runs")
+                c["start_message"] = gr.Markdown(elem_id="start-message")
+                gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
+                            "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
+                            "running.", elem_id="live-runs-help")
+                with gr.Row(equal_height=False):
+                    c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
+                                            scale=4, interactive=True)
+                    c["attach"] = gr.Button("Attach", elem_id="live-attach", scale=1, min_width=90, size="lg")
+                    c["stop"] = gr.Button("Stop", variant="stop", elem_id="run-stop", scale=1, min_width=90, size="lg")
+                    c["detach"] = gr.Button("Detach", elem_id="live-detach", scale=1, min_width=90, size="lg")
+                    c["list"] = gr.Button("Refresh", elem_id="live-refresh", scale=1, min_width=90, size="lg")
+                c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=220,
+                                         show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
                 c["status"] = gr.Markdown(elem_id="run-status")
                 _plots(c, "live")
@@ -488,7 +494,7 @@ def layout(root: RunsRoot):
     with gr.Tab("Runs", id="runs"):
         gr.Markdown(f"Stored runs under `{root.path}` (the app's runs root: `python app.py --runs-root DIR`).",
                     elem_id="runs-root-note")
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False):
             c["root"] = gr.Textbox("", label="sub-directory (optional)", placeholder="empty: the whole root",
                                    elem_id="runs-sub", scale=3)
             c["refresh"] = gr.Button("List runs", elem_id="runs-refresh", scale=1)
@@ -531,10 +537,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     live_views = [c["live_metrics"], c["live_series"], c["live_note"], c["live_latest"], c["live_anomalies"]]
     listing = [c["pick"], c["runs"], c["runs_note"]]
 
-    def listed(value=None):
-        """The dropdown (keeping ``value`` picked when it is still listed), the table and the note."""
+    def listed(value=None, first_running=False):
+        """The dropdown (keeping ``value`` picked when it is still listed; else, with ``first_running``,
+        the newest run in progress), the table and the note."""
         choices = run_choices(manager)
         keep = value if any(v == value for _, v in choices) else None
+        if keep is None and first_running:
+            keep = next((r.id for r in manager.runs() if r.running), None)
         return gr.Dropdown(choices=choices, value=keep), runs_frame(manager), runs_note(manager)
 
     with c["form"]:
@@ -543,31 +552,24 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             fields = experiment_fields(name)
             widgets = [widget(f, key=f"exp:{name}:{f.label}") for f in fields]
             labels = [f.label for f in fields]
-            with gr.Row():
-                start = gr.Button("Start", variant="primary", elem_id="run-start")
-                stop = gr.Button("Stop", elem_id="run-stop")
+            start = gr.Button("Start", variant="primary", elem_id="run-start")
 
             def on_start(attached, exp_name, seed, device, steps, every, histograms, modules, record, store,
                          *values):
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
                                          histograms, modules, store, device, record)
-                if new is None:
-                    return attached, message, gr.Timer(active=attached is not None), *listed(attached)
+                if new is None:  # the page stays with the run it watches, if any
+                    return gr.skip(), message, gr.skip(), gr.skip(), *listed(attached)
+                started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
-                    message += f"\n\n_{previous.label} runs on: pick it in the list to attach to it again._"
-                return new.id, message, gr.Timer(active=True), *listed(new.id)
+                    started += f" {previous.label} runs on: pick it in the list to attach to it again."
+                return new.id, started, new.status(), gr.Timer(active=True), *listed(new.id)
 
-            start.click(_guarded(on_start, lambda text: (gr.skip(), text, gr.skip(), *[gr.skip()] * 3)),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), text, *[gr.skip()] * 5)),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], *widgets],
-                        [c["live_state"], c["status"], c["timer"], *listing])
-
-            def on_stop(attached):
-                return stop_run(manager, attached), *listed(attached)
-
-            stop.click(_guarded(on_stop, lambda text: (text, *[gr.skip()] * 3)), c["live_state"],
-                       [c["status"], *listing])
+                        [c["live_state"], c["start_message"], c["status"], c["timer"], *listing])
 
     live_inputs = [c["live_state"], c["live_kind"], c["live_stat"], c["live_pattern"]]
 
@@ -592,6 +594,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                       [c["pick"], c["live_kind"], c["live_stat"], c["live_pattern"]],
                       [c["live_state"], c["status"], *live_views, c["timer"], *listing])
 
+    def on_stop(attached):
+        return stop_run(manager, attached), *listed(attached)
+
+    c["stop"].click(_guarded(on_stop, lambda text: (text, *[gr.skip()] * 3)), c["live_state"],
+                    [c["status"], *listing])
+
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
         return None, message, gr.Timer(active=False), *listed(picked)
@@ -599,19 +607,6 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *[gr.skip()] * 4)),
                       [c["live_state"], c["pick"]], [c["live_state"], c["status"], c["timer"], *listing])
     c["list"].click(_guarded(listed, lambda text: (gr.skip(), gr.skip(), text)), c["pick"], listing)
-
-    def on_list(sub):
-        table, names, message = run_table(root, sub)
-        return table, gr.Dropdown(choices=names, value=names[0] if names else None), message
-
-    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text)), c["root"],
-                       [c["runs_table"], c["run_path"], c["runs_message"]])
-    if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
-        def on_load():
-            return *listed(), *on_list("")
-
-        app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text)), None,
-                 [*listing, c["runs_table"], c["run_path"], c["runs_message"]])
 
     replay_inputs = [c["run_state"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]]
     replay_outputs = [c["replay_metrics"], c["replay_series"], c["replay_note"], c["replay_latest"],
@@ -630,9 +625,25 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         run, message = replay(root, pick)
         return run, message, *draw(run, kind, stat, pattern)
 
-    c["run_path"].change(_guarded(on_pick, lambda text: (None, text, *[gr.skip()] * 5)),
-                         [c["run_path"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]],
-                         [c["run_state"], c["run_message"], *replay_outputs])
+    picked = [c["run_state"], c["run_message"], *replay_outputs]
+    c["run_path"].input(_guarded(on_pick, lambda text: (None, text, *[gr.skip()] * 5)),
+                        [c["run_path"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], picked)
+
+    def on_list(sub, kind="activation", stat="std", pattern="*", open_first=True):
+        """List the stored runs and open the newest (again: it may have grown since)."""
+        table, names, message = run_table(root, sub)
+        first = names[0] if names and open_first else None
+        return table, gr.Dropdown(choices=names, value=first), message, *on_pick(first, kind, stat, pattern)
+
+    listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], *picked]
+    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *[gr.skip()] * 7)),
+                       [c["root"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], listed_runs)
+    if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
+        def on_load():
+            return *listed(first_running=True), *on_list("", open_first=False)  # (opened when picked)
+
+        app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
+                                                 *[gr.skip()] * 7)), None, [*listing, *listed_runs])
     for control in ("replay_kind", "replay_stat", "replay_pattern"):
         c[control].change(_guarded(draw, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip())),
                           replay_inputs, replay_outputs)
