@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -247,7 +248,8 @@ class Recorder:
         Args:
             callback: receives an :class:`Update` with one or more records,
                 in step order. If it raises, the error is kept in
-                ``recorder.errors`` and the subscriber detached.
+                ``recorder.errors``, a RuntimeWarning says so, and the
+                subscriber is detached.
             max_pending: records kept for a subscriber that falls behind;
                 older ones are dropped and counted in ``Update.dropped``.
 
@@ -272,6 +274,11 @@ class Recorder:
         with self._lock:
             self.errors.append({"subscriber": repr(subscription.callback), "error": error})
         self._detach(subscription)
+        try:  # never silent; never raised into the publisher (where warnings are errors, it is in errors)
+            warnings.warn(f"workbench: the subscriber {subscription.callback!r} raised and was detached: "
+                          f"{error.strip().splitlines()[-1]}", RuntimeWarning, stacklevel=2)
+        except Exception:
+            pass
 
     @property
     def subscriptions(self) -> list[Subscription]:
