@@ -137,8 +137,8 @@ class RunsRoot:
             except PathRefused as exc:
                 return empty, [], f"**Cannot list:** {exc}"
         if where.exists() and not where.is_dir():
-            return empty, [], (f"**Cannot list:** `{self.name_of(where)}` is a file under the runs root, not a "
-                               "directory; give a sub-directory, or leave it empty for the whole root.")
+            return empty, [], (f"**Cannot list:** sub-directory {self.name_of(where)!r} is a file under the runs "
+                               "root, not a directory; give a sub-directory, or leave it empty for the whole root.")
         if not where.is_dir():
             return empty, [], f"No runs yet under `{where}`."
         try:
@@ -209,6 +209,11 @@ class RunManager:
         path = None
         if store is not None:
             path = self.root.resolve(store, "run name")
+            blocking = next((p for p in (path, *path.parents) if p.is_relative_to(self.root.path)
+                             and p.exists() and not p.is_dir()), None)
+            if blocking is not None:
+                raise ValueError(f"run name {shown(store)}: {self.root.name_of(blocking)!r} is a file under the "
+                                 "runs root, not a directory; pick another name.")
             if (path / DB_NAME).exists():
                 raise ValueError(f"run name {shown(store)} is taken: {path} already holds a run; pick a new "
                                  "name (the Runs tab lists the runs stored under the root).")
