@@ -3,10 +3,10 @@
 ``watch(model)`` attaches to any ``nn.Module``; see :mod:`workbench.instrument.hooks`.
 """
 
-from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update
-from workbench.instrument.stats import STAT_COLUMNS
+from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
+from workbench.instrument.schema import KINDS, ROW_COLUMNS, STAT_COLUMNS
 from workbench.instrument.store import Run, RunError, RunStore, compare_runs, list_runs, load_run
 from workbench.instrument.hooks import Intervention, Watch, watch
 
-__all__ = ["ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "Run", "RunError", "RunStore", "StepRecord",
+__all__ = ["KINDS", "ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "Run", "RunError", "RunStore", "StepRecord",
            "Subscription", "Update", "Watch", "compare_runs", "list_runs", "load_run", "watch"]

@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
+from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, anomalous
 from workbench.instrument.store import STATUSES, RunStore
 from workbench.instrument.stats import SUMS, StepSums
 from workbench.instrument.tree import map_tensors, shape_of, tensor_leaves
@@ -247,10 +248,10 @@ class Watch:
 
         # kind -> the paths whose tensors of that kind are recorded; a failure takes its path out
         self._sites: dict[str, set[str]] = {
-            "activation": set(self._selected) if activations else set(),
-            "grad_output": set(self._selected) if gradients else set(),
-            "param": set(param_paths) if parameters else set(),
-            "param_grad": set(param_paths) if parameter_grads else set(),
+            ACTIVATION: set(self._selected) if activations else set(),
+            GRAD_OUTPUT: set(self._selected) if gradients else set(),
+            PARAM: set(param_paths) if parameters else set(),
+            PARAM_GRAD: set(param_paths) if parameter_grads else set(),
         }
 
         # the sums of a step's tensors, emptied for the next step (see _start_step)
@@ -300,8 +301,8 @@ class Watch:
         compiled = self._compiled or getattr(self.model, "_compiled_call_impl", None) is not None
         sites, recording = self._sites, self._active and self._recording
         self._attach_hooks("module", compiled or (self._active and bool(self._interventions))
-                           or (recording and bool(sites["activation"] or sites["grad_output"])))
-        self._attach_hooks("param", compiled or (recording and bool(sites["param_grad"])))
+                           or (recording and bool(sites[ACTIVATION] or sites[GRAD_OUTPUT])))
+        self._attach_hooks("param", compiled or (recording and bool(sites[PARAM_GRAD])))
 
     def _attach_hooks(self, group: str, attach: bool) -> None:
         """Put our hooks of ``group`` ("module": torch's process-wide module hooks, "param": the
@@ -374,7 +375,7 @@ class Watch:
                 while mid != key and self._stack:  # entries of children whose forward raised
                     mid, path = self._stack.pop()
         recomputing = _graph_task_id() != -1
-        want_grads = (self._recording and path in self._sites["grad_output"] and module.training
+        want_grads = (self._recording and path in self._sites[GRAD_OUTPUT] and module.training
                       and torch.is_grad_enabled())
         if recomputing:
             # a forward inside the backward: activation checkpointing recomputes outputs that the
@@ -388,7 +389,7 @@ class Watch:
         else:
             call = self._calls[path]
             self._calls[path] = call + 1
-            record_activations = self._recording and path in self._sites["activation"]
+            record_activations = self._recording and path in self._sites[ACTIVATION]
             record_grads = want_grads
         replaced = False
         if self._interventions:  # (most watches patch nothing)
@@ -413,7 +414,7 @@ class Watch:
                 leaves = (("out", output),) if isinstance(output, torch.Tensor) else tuple(tensor_leaves(output))
                 self._record_output(path, call, leaves, record_activations, record_grads)
             except Exception as exc:  # an output the walk or the row keys cannot take: the site stops, the model goes on
-                for kind in ("activation", "grad_output"):
+                for kind in (ACTIVATION, GRAD_OUTPUT):
                     if path in self._sites[kind]:
                         self._fail(path, call, kind, exc)
         return output if replaced else None
@@ -429,10 +430,10 @@ class Watch:
                     if seen[2] is None:
                         seen[2] = self._sums.add(tensor)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
-                    self._entries.append((self._intern((path, call, "activation", name, shape)),
+                    self._entries.append((self._intern((path, call, ACTIVATION, name, shape)),
                                           tensor.numel(), seen[2]))
                 except Exception as exc:
-                    self._fail(path, call, "activation", exc)
+                    self._fail(path, call, ACTIVATION, exc)
                     activations = False
             if grads and tensor.requires_grad:
                 try:
@@ -441,7 +442,7 @@ class Watch:
                     seen[3].keys.append((path, call, name, shape))
                     self._grads_hooked.add(path)
                 except Exception as exc:
-                    self._fail(path, call, "grad_output", exc)
+                    self._fail(path, call, GRAD_OUTPUT, exc)
                     grads = False
 
     def _intern(self, key: tuple) -> tuple:
@@ -485,11 +486,11 @@ class Watch:
     def _record_grad(self, site: _GradSite, grad: torch.Tensor | None) -> None:
         if grad is None or self.closed or self._paused:
             return
-        keys = [key for key in site.keys if key[0] in self._sites["grad_output"]]
+        keys = [key for key in site.keys if key[0] in self._sites[GRAD_OUTPUT]]
         if site.step != self.step_index:
             # the user's order, not the site, is at fault: the site records again from the next step
             for path, call, _, _ in keys:
-                self._fail(path, call, "grad_output", RuntimeError(
+                self._fail(path, call, GRAD_OUTPUT, RuntimeError(
                     f"the gradient of step {site.step} arrived after watch.step() ended that step; "
                     "call w.step() after loss.backward()"), disable=False)
             return
@@ -507,20 +508,20 @@ class Watch:
                 if seen[2] is None:
                     seen[2] = self._sums.add(grad, defer=True)
                 row = seen[2]
-                self._entries.extend((self._intern((path, call, "grad_output", name, shape)), grad.numel(), row)
+                self._entries.extend((self._intern((path, call, GRAD_OUTPUT, name, shape)), grad.numel(), row)
                                      for path, call, name, shape in keys)
                 self._flush_when_backward_ends()
         except Exception as exc:
             for path, call, _, _ in keys:
-                self._fail(path, call, "grad_output", exc)
+                self._fail(path, call, GRAD_OUTPUT, exc)
 
     def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
-        if not (self._recording and self._active) or module_path not in self._sites["param_grad"]:
+        if not (self._recording and self._active) or module_path not in self._sites[PARAM_GRAD]:
             return
         grad = param.grad
         if grad is None:  # a hook that ran before ours took it: an optimizer step inside the backward
             where = ".".join(filter(None, (module_path, name)))
-            self._fail(module_path, 0, "param_grad", RuntimeError(
+            self._fail(module_path, 0, PARAM_GRAD, RuntimeError(
                 f"the gradient of {where} was already None when watch's hook ran: a post-accumulate-grad "
                 "hook registered before watch() took it (an optimizer step in the backward?). Start "
                 "watch() before registering such hooks to record it."))
@@ -554,7 +555,7 @@ class Watch:
             keys = [self._intern((module_path, 0, kind, name, shape_of(tensor))) for module_path, name, tensor in items]
             batch = self._param_batches[kind] = (names, shapes, list(zip(keys, [t.numel() for t in tensors])))
         entries = [(key, numel, row) for (key, numel), row in zip(batch[2], rows) if row is not None]
-        if kind == "param":
+        if kind == PARAM:
             self._entries.extend(entries)
         else:  # the last backward of the step wins: .grad holds the accumulated total
             self._param_grads.update(zip([where for where, row in zip(names, rows) if row is not None], entries))
@@ -577,7 +578,7 @@ class Watch:
     def _take_param_grads(self) -> None:
         if self._pending_param_grads:
             pending, self._pending_param_grads = self._pending_param_grads, []
-            self._record_parameters("param_grad", pending)
+            self._record_parameters(PARAM_GRAD, pending)
 
     def _flush_deferred(self) -> None:
         self._take_param_grads()
@@ -619,8 +620,8 @@ class Watch:
         if self._recording:
             self._take_param_grads()  # (from hooks that ran outside a backward)
             if self.options["parameters"]:
-                sites = self._sites["param"]
-                self._record_parameters("param", [item for item in self._params if item[0] in sites])
+                sites = self._sites[PARAM]
+                self._record_parameters(PARAM, [item for item in self._params if item[0] in sites])
             self._entries.extend(self._param_grads.values())
             self._flush_deferred()
             record = self._flush()
@@ -712,7 +713,7 @@ class Watch:
 
     def _output_shapes(self, path: str) -> set[tuple]:
         """The shapes of the activations recorded at ``path`` so far (none before a recorded step)."""
-        return {key[4] for key in list(self._keys) if key[0] == path and key[2] == "activation"}
+        return {key[4] for key in list(self._keys) if key[0] == path and key[2] == ACTIVATION}
 
     def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
         if path not in self.paths:
@@ -773,7 +774,7 @@ class Watch:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where
         a non-finite value first appeared (step, module path, call, kind)."""
         frame = self.to_pandas()
-        return frame[(frame.nan_count > 0) | (frame.inf_count > 0)].reset_index(drop=True)
+        return frame[anomalous(frame)].reset_index(drop=True)
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         """Remove every hook; the model is as before ``watch``. Idempotent.

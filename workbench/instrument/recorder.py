@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.stats import MAX, MIN, STAT_COLUMNS, SUMS, finish
+from workbench.instrument.schema import INT_COLUMNS, KINDS, ROW_COLUMNS, TEXT_COLUMNS  # noqa: F401 (KINDS: read here by older code)
+from workbench.instrument.stats import MAX, MIN, SUMS, finish
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
            "histograms_frame", "metrics_frame"]
 
-#: Columns of ``to_pandas()``: one row per tensor per call site per recorded step.
-ROW_COLUMNS = ("step", "module", "call", "kind", "tensor", "shape") + STAT_COLUMNS
-KINDS = ("activation", "grad_output", "param", "param_grad")
 
 
 @dataclass(frozen=True)
@@ -97,9 +95,9 @@ def metrics_frame(records: Iterable[StepRecord]) -> pd.DataFrame:
 
 
 def _dtype(column: str) -> str:
-    if column in ("step", "call", "numel", "nan_count", "inf_count"):
+    if column in INT_COLUMNS:
         return "int64"
-    return "object" if column in ("module", "kind", "tensor", "shape") else "float64"
+    return "object" if column in TEXT_COLUMNS else "float64"
 
 
 @dataclass(frozen=True)

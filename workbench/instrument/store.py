@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.recorder import ROW_COLUMNS, Recorder, StepRecord, Subscription, Update, format_shape
+from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update, format_shape
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS
 from workbench.instrument.stats import MAX, MIN, finish
 
 __all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "Run", "load_run", "list_runs",
@@ -53,8 +54,7 @@ DB_NAME = "run.sqlite"
 LOCK_NAME = "run.lock"  # held (flock, exclusive) by the writer while it writes
 #: What a writer closes a run with; ``running`` while it writes, ``interrupted`` when read without one.
 STATUSES = ("finished", "stopped", "failed")
-STAT_SQL = ", ".join(f"{c} {'INTEGER' if c in ('numel', 'nan_count', 'inf_count') else 'REAL'}"
-                     for c in ROW_COLUMNS[6:])
+STAT_SQL = ", ".join(f"{c} {'INTEGER' if c in INT_COLUMNS else 'REAL'}" for c in STAT_COLUMNS)
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -241,7 +241,7 @@ class RunStore:
         rows = []
         if len(record):
             stats = finish(record.numel, record.sums)
-            columns = [stats[c] for c in ROW_COLUMNS[6:]]
+            columns = [stats[c] for c in STAT_COLUMNS]
             for seq, (module, call, kind, tensor, shape) in enumerate(record.keys):
                 rows.append((record.step, seq, module, int(call), kind, tensor, format_shape(shape),
                              *(_sql_value(col[seq]) for col in columns)))
@@ -464,8 +464,8 @@ def _writer_alive(path: Path) -> bool:
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
-    for column in ROW_COLUMNS[6:]:
-        if column not in ("numel", "nan_count", "inf_count"):
+    for column in STAT_COLUMNS:
+        if column not in INT_COLUMNS:
             frame[column] = frame[column].astype("float64")  # NULL (NaN statistics) reads as None
     return frame
 
