@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import os
 import re
 import types
 import typing
@@ -24,7 +26,9 @@ from typing import Any, Literal, Union
 
 import torch
 
-__all__ = ["Range", "Choices", "ParamInfo", "params_of", "validate_overrides", "type_name", "check_value"]
+__all__ = ["Range", "Choices", "ParamInfo", "params_of", "validate_overrides", "type_name", "check_value",
+           "check_seed", "SEED_MAX", "MemoryLimitError", "MEMORY_LIMIT_ENV", "MEMORY_FRACTION", "available_memory",
+           "memory_limit", "check_memory", "format_bytes"]
 
 _EMPTY = inspect.Parameter.empty
 
@@ -32,6 +36,10 @@ _EMPTY = inspect.Parameter.empty
 @dataclass(frozen=True)
 class Range:
     """Inclusive numeric bounds for a parameter, used inside ``Annotated``.
+
+    A float parameter never accepts NaN, and accepts an infinity only where its
+    range names it as a bound: ``Range(0, math.inf)`` takes ``inf``,
+    ``Range(0, None)`` (unbounded) takes every finite value >= 0.
 
     Args:
         low: smallest allowed value, or ``None`` for unbounded.
@@ -257,10 +265,37 @@ def check_value(info: ParamInfo, value: Any, owner: str) -> Any:
         raise ValueError(f"{owner}: parameter {info.name!r} must be one of {list(info.choices)}, got {value!r}.")
     if info.range is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         if value not in info.range:
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"{owner}: parameter {info.name!r} must be a finite number in {info.range}, "
+                                 f"got nan. Pass a finite value{_default_hint(info)}.")
             raise ValueError(f"{owner}: parameter {info.name!r} must lie in {info.range}, got {value!r}.")
+    for item in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(item, float) and not math.isfinite(item) and not _allows(info.range, item):
+            where = "every item of " if item is not value else ""
+            raise ValueError(
+                f"{owner}: parameter {info.name!r} must be a finite number, got {value!r}"
+                + (f" ({where}{info.name} must be finite)" if where else "")
+                + f". Pass a finite value{_default_hint(info)}."
+            )
     if isinstance(value, tuple) and typing.get_origin(_strip_optional(info.annotation)) is list:
         value = list(value)
     return value
+
+
+def _allows(rng: Range | None, value: float) -> bool:
+    """Whether ``rng`` names this infinity as a bound (NaN is never allowed)."""
+    if rng is None or math.isnan(value):
+        return False
+    return value == rng.low if value < 0 else value == rng.high
+
+
+def _default_hint(info: ParamInfo) -> str:
+    parts = []
+    if info.range is not None:
+        parts.append(f"in {info.range}")
+    if not info.required and info.default is not None:
+        parts.append(f"e.g. the default {info.default!r}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _matches(value: Any, annotation: Any) -> bool:
@@ -320,3 +355,166 @@ def validate_overrides(params: Sequence[ParamInfo], overrides: Mapping[str, Any]
         checked[key] = check_value(by_name[key], value, owner)
     return checked
 
+
+
+# --- seeds -----------------------------------------------------------------------
+
+#: The largest seed workbench takes. ``torch.Generator.manual_seed`` takes [-2**63, 2**64 - 1] and
+#: folds negatives onto the top half (``-1`` seeds like ``2**64 - 1``); [0, 2**63 - 1] has one
+#: spelling per seed and leaves room for the seeds an experiment derives per step (seed + k * step).
+SEED_MAX = 2**63 - 1
+
+
+def check_seed(seed: Any, owner: str = "seed") -> int:
+    """``seed``, checked to be an int in [0, 2**63 - 1].
+
+    Raises:
+        TypeError: not an int (a float such as ``1e20``, a bool, a string).
+        ValueError: an int outside [0, 2**63 - 1].
+    """
+    expected = f"an int in [0, 2**63 - 1] = [0, {SEED_MAX}]"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        fix = f" Pass int({seed!r}) % 2**63." if isinstance(seed, float) and math.isfinite(seed) else ""
+        raise TypeError(f"{owner}: seed must be {expected}, got {seed!r} ({type(seed).__name__}).{fix}")
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{owner}: seed must be {expected}, got {seed}. Pass a seed in that range, "
+                         f"e.g. seed % 2**63 = {seed % 2**63}.")
+    return seed
+
+
+# --- memory --------------------------------------------------------------------------
+
+#: The environment variable that sets the memory limit (bytes, or a size such as ``16GB``; ``off``: no check).
+MEMORY_LIMIT_ENV = "WORKBENCH_MEMORY_LIMIT"
+#: Without a limit given, a build may take this fraction of the memory available when it starts.
+MEMORY_FRACTION = 0.8
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+class MemoryLimitError(ValueError, MemoryError):
+    """A configuration whose estimated memory exceeds the memory limit, refused before anything is allocated.
+
+    Both a ``ValueError`` (the configuration is what is wrong) and a ``MemoryError``.
+    """
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in a readable unit, e.g. ``'1.5 GB'``."""
+    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _parse_size(value: Any, what: str) -> int | None:
+    """Bytes from an int, a finite float or a string such as ``'16GB'``, ``'512 MiB'``; ``'off'``/``inf``: None."""
+    fix = ("Give bytes (an int) or a size such as '16GB' or '512MiB' ('off' or math.inf turns the check off).")
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "").replace("_", "")
+        if text in ("off", "none", "inf", "unlimited"):
+            return None
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([a-z]*)", text)
+        if not match or match.group(2) not in _UNITS:
+            raise ValueError(f"{what} {value!r} is not a size. {fix}")
+        value = float(match.group(1)) * _UNITS[match.group(2)]
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of bytes or a size string, got {value!r} "
+                        f"({type(value).__name__}). {fix}")
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        return None
+    if not (isinstance(value, int) or math.isfinite(value)) or value <= 0:
+        raise ValueError(f"{what} must be a positive number of bytes, got {value!r}. {fix}")
+    return int(value)
+
+
+def available_memory(device: Any = "cpu") -> int | None:
+    """Bytes available for new allocations on ``device`` now, or None where that cannot be read.
+
+    The CPU's is ``MemAvailable`` of ``/proc/meminfo`` (psutil's reading elsewhere, when installed);
+    a CUDA device's is its free memory (``torch.cuda.mem_get_info``).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except Exception:  # no CUDA here: nothing to read
+            return None
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil  # optional: not a dependency
+        return int(psutil.virtual_memory().available)
+    except Exception:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_limit(limit: Any = None, device: Any = "cpu") -> tuple[int | None, str]:
+    """The memory limit in bytes (None: no check) and where it comes from, in words.
+
+    Args:
+        limit: bytes or a size string (``'16GB'``, ``'off'``); when None, the environment variable
+            ``WORKBENCH_MEMORY_LIMIT`` (same forms), else ``MEMORY_FRACTION`` of the memory
+            available on ``device`` now.
+        device: the device whose memory is meant.
+
+    Raises:
+        ValueError, TypeError: a limit that is not a size.
+    """
+    if limit is not None:
+        return _parse_size(limit, "memory_limit"), f"memory_limit={limit!r}"
+    env = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    if env:
+        return _parse_size(env, f"The environment variable {MEMORY_LIMIT_ENV}"), f"{MEMORY_LIMIT_ENV}={env!r}"
+    available = available_memory(device)
+    if available is None:
+        return None, "unknown available memory"
+    return int(MEMORY_FRACTION * available), (f"{MEMORY_FRACTION:.0%} of the {format_bytes(available)} available "
+                                              f"on {torch.device(device)}")
+
+
+def check_memory(estimate: int | Mapping[str, int] | None, owner: str, limit: Any = None,
+                 device: Any = "cpu") -> None:
+    """Refuse, before anything is allocated, what would not fit.
+
+    Args:
+        estimate: the bytes needed, or a dict of them by part (parameters, optimizer, data ...);
+            None when unknown (nothing is checked).
+        owner: the configuration, as the message names it.
+        limit: see :func:`memory_limit`.
+        device: where the memory is needed.
+
+    Raises:
+        MemoryLimitError: the estimate exceeds the limit; the message names the configuration,
+            the estimate, the limit and how to raise it.
+    """
+    bound, source = memory_limit(limit, device)  # a bad limit is an error even when nothing is estimated
+    if estimate is None or bound is None:
+        return
+    parts = dict(estimate) if isinstance(estimate, Mapping) else {}
+    total = sum(parts.values()) if parts else int(estimate)
+    if total <= bound:
+        return
+    detail = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items() if v) if len(parts) > 1 else ""
+    raise MemoryLimitError(
+        f"{owner} would need about {format_bytes(total)}" + (f" ({detail})" if detail else "")
+        + f", more than the memory limit of {format_bytes(bound)} ({source}). Choose a smaller configuration, "
+        f"or raise the limit: pass memory_limit='{_suggest(total)}' or set the environment variable "
+        f"{MEMORY_LIMIT_ENV}={_suggest(total)} ('off' turns the check off)."
+    )
+
+
+def _suggest(total: int) -> str:
+    return f"{math.ceil(total * 1.25 / 1000**3)}GB"

@@ -10,8 +10,10 @@ back-propagate, so any registered model can be probed with one call
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.params import ParamInfo, params_of, validate_overrides
+from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
+from workbench.params import memory_limit as resolve_memory_limit
 
 __all__ = [
     "ModelSpec",
@@ -36,6 +39,35 @@ __all__ = [
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 ExampleInputs = Callable[[nn.Module, int, "torch.Generator | None"], Inputs]
 Objective = Callable[[nn.Module, Inputs, Any], torch.Tensor]
+MemoryEstimate = Callable[..., "int | None"]
+
+# While a model is being built (or estimated), the models its builder creates are part of it:
+# their memory is in the outer estimate, so they are not estimated again.
+_building = threading.local()
+
+
+@contextlib.contextmanager
+def memory_accounted():
+    """Within this block (in this thread), :func:`create_model` checks no memory estimate: the caller
+    has estimated what is built here and checked it against its limit (an experiment, an outer model)."""
+    _building.depth = getattr(_building, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _building.depth -= 1
+
+
+def memory_is_accounted() -> bool:
+    """Whether a :func:`memory_accounted` block (or a model's build) encloses this call in this thread."""
+    return getattr(_building, "depth", 0) > 0
+
+
+
+
+def parameter_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (on any device, ``meta`` included)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -54,6 +86,10 @@ class ModelSpec:
             back-propagate, or ``None`` when the outputs are not differentiable.
         extras: family-specific attributes (an activation's ``formula`` and
             ``derivative``); also reachable as attributes of the spec.
+        memory: ``memory(**kwargs)`` estimates the bytes of the parameters and
+            buffers a build with these arguments allocates (None: unknown);
+            ``None`` here: the model is built on the ``meta`` device to count
+            them (no memory allocated); ``False``: no estimate, no check.
     """
 
     name: str
@@ -64,6 +100,7 @@ class ModelSpec:
     example_inputs: ExampleInputs
     objective: Objective | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    memory: MemoryEstimate | bool | None = None
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for names that are not fields: family extras.
@@ -81,13 +118,50 @@ class ModelSpec:
         """The keyword arguments ``build()`` uses when given no overrides."""
         return {p.name: p.default for p in self.params if not p.required}
 
-    def build(self, **overrides: Any) -> nn.Module:
-        """Build the model; same as ``create_model(self.name, **overrides)``."""
+    def _arguments(self, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The checked overrides and the builder's full keyword arguments."""
         checked = validate_overrides(self.params, overrides, f"Model {self.name!r}")
         missing = [p.name for p in self.params if p.required and p.name not in checked]
         if missing:
             raise TypeError(f"Model {self.name!r} needs a value for {', '.join(map(repr, missing))}.")
-        return self.builder(**{**self.defaults(), **checked})
+        return checked, {**self.defaults(), **checked}
+
+    def estimate_memory(self, **overrides: Any) -> int | None:
+        """Bytes of the parameters and buffers that ``build(**overrides)`` would allocate, or None if unknown.
+
+        From the spec's own ``memory`` estimate, or else by building the model on
+        the ``meta`` device (shapes only, nothing allocated) and counting.
+        """
+        _, arguments = self._arguments(overrides)
+        return self._estimate(arguments)
+
+    def _estimate(self, arguments: Mapping[str, Any]) -> int | None:
+        if self.memory is False:
+            return None
+        with memory_accounted():
+            if callable(self.memory):
+                return self.memory(**arguments)
+            try:
+                with torch.device("meta"):
+                    return parameter_bytes(self.builder(**arguments))
+            except Exception:  # a builder that cannot run on meta (it reads values): no estimate
+                return None
+
+    def build(self, *, memory_limit: Any = None, **overrides: Any) -> nn.Module:
+        """Build the model; same as ``create_model(self.name, **overrides)``.
+
+        Args:
+            memory_limit: see :func:`create_model`.
+            **overrides: builder parameters.
+        """
+        checked, arguments = self._arguments(overrides)
+        if not memory_is_accounted():  # a model built inside another's builder is in its estimate
+            if resolve_memory_limit(memory_limit)[0] is not None:  # a bad limit is refused here too
+                config = ", ".join(f"{k}={v!r}" for k, v in checked.items())
+                check_memory(self._estimate(arguments), f"Model {self.name!r} ({config or 'defaults'})",
+                             memory_limit)
+        with memory_accounted():
+            return self.builder(**arguments)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -101,6 +175,7 @@ def register_model(
     objective: Objective | None = None,
     summary: str | None = None,
     defaults: Mapping[str, Any] | None = None,
+    memory: MemoryEstimate | bool | None = None,
     **extras: Any,
 ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Register a builder function or ``nn.Module`` class.
@@ -115,6 +190,11 @@ def register_model(
         defaults: values that replace the signature's defaults (or supply
             them where it has none): one class can be registered under
             several configurations, and every model builds with defaults.
+        memory: ``memory(**kwargs)`` returns the bytes of parameters and buffers
+            a build with the builder's keyword arguments allocates (None:
+            unknown). Omitted: :func:`create_model` builds the model on the
+            ``meta`` device first to count them, which needs a builder that
+            does not read tensor values; ``False``: no estimate.
         **extras: family-specific attributes stored on the spec.
 
     Returns:
@@ -141,6 +221,7 @@ def register_model(
             example_inputs=example_inputs,
             objective=objective,
             extras=dict(extras),
+            memory=memory,
         )
         return builder
 
@@ -191,11 +272,19 @@ def get_spec(name: str) -> ModelSpec:
         raise ValueError(f"Unknown model {name!r}.{hint} See workbench.list_models().") from None
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
+def create_model(name: str, *, memory_limit: Any = None, **overrides: Any) -> nn.Module:
     """Build a registered model.
+
+    Before building, the bytes of the model's parameters and buffers are
+    estimated from the configuration (``get_spec(name).estimate_memory(...)``)
+    and a configuration that would not fit is refused, nothing allocated.
 
     Args:
         name: a name from :func:`list_models`.
+        memory_limit: the most bytes the model may take: an int, or a size such
+            as ``'16GB'``; ``'off'`` skips the check. By default the environment
+            variable ``WORKBENCH_MEMORY_LIMIT`` (same forms), else 80 % of the
+            memory available now (``MemAvailable`` of ``/proc/meminfo``).
         **overrides: builder parameters; see ``get_spec(name).params``.
 
     Returns:
@@ -204,8 +293,9 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     Raises:
         ValueError: unknown name, or a value outside its choices/range.
         TypeError: an unknown parameter or a value of the wrong type.
+        workbench.params.MemoryLimitError: (a ValueError) the estimate exceeds the limit.
     """
-    return get_spec(name).build(**overrides)
+    return get_spec(name).build(memory_limit=memory_limit, **overrides)
 
 
 @dataclass
@@ -237,14 +327,23 @@ def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_s
     Args:
         name_or_spec: a registered name or spec.
         model: the model to probe; built with defaults if omitted.
-        batch_size: batch size of the example inputs.
-        seed: seed of the generator for the example inputs.
+        batch_size: batch size of the example inputs, >= 1.
+        seed: seed of the generator for the example inputs, in [0, 2**63 - 1].
         backward: whether to back-propagate the objective.
 
     Returns:
         A :class:`ProbeResult`.
     """
     spec = get_spec(name_or_spec) if isinstance(name_or_spec, str) else name_or_spec
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"probe expects a registered model's name or its ModelSpec, got {spec!r} "
+                        f"({type(spec).__name__}). See workbench.list_models().")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"probe: batch_size must be an int >= 1, got {batch_size!r}. Pass e.g. batch_size=4.")
+    check_seed(seed, "probe")
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"probe: model must be a torch.nn.Module built from {spec.name!r} (or None to build one "
+                        f"with defaults), got {type(model).__name__}.")
     model = spec.build() if model is None else model
     generator = torch.Generator().manual_seed(seed)
     args, kwargs = spec.example_inputs(model, batch_size, generator)

@@ -23,12 +23,17 @@ from workbench.registry import register_model
 __all__ = ["GELU", "PReLU", "ReLU", "Sigmoid", "Tanh", "Threshold"]
 
 
-def _check_tensor(module: nn.Module, x: object, floating: bool) -> torch.Tensor:
+def _check_tensor(module: nn.Module, x: object, floating: bool, real: bool = False) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{type(module).__name__} expects a torch.Tensor, got {type(x).__name__}.")
     if floating and not x.is_floating_point():
         raise TypeError(
             f"{type(module).__name__} expects a floating-point tensor, got dtype {x.dtype}. "
+            "Convert the input first, e.g. x.float()."
+        )
+    if real and (x.dtype == torch.bool or x.is_complex()):  # comparisons with 0: real numbers only
+        raise TypeError(
+            f"{type(module).__name__} expects a real-valued (integer or floating-point) tensor, got dtype {x.dtype}. "
             "Convert the input first, e.g. x.float()."
         )
     return x
@@ -43,6 +48,8 @@ def _check_inplace(inplace: object, owner: str) -> bool:
 def _check_number(value: object, name: str, owner: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__}).")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}: {name} must be a finite number, got {value!r}. Pass a finite value.")
     return value
 
 
@@ -61,11 +68,21 @@ def _objective(model: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
     return output.pow(2).mean()
 
 
+def _no_parameters(**kwargs) -> int:
+    return 0
+
+
 def _register(name: str, formula: str, derivative, **kwargs):
+    kwargs.setdefault("memory", _no_parameters)
     return register_model(
         name, family="activation", example_inputs=_example_inputs, objective=_objective,
         formula=formula, derivative=derivative, **kwargs,
     )
+
+
+def _prelu_memory(num_parameters: int, dtype: torch.dtype | None = None, **kwargs) -> int:
+    """Bytes of PReLU's weight: num_parameters values of its dtype."""
+    return num_parameters * (dtype or torch.get_default_dtype()).itemsize
 
 
 # --- the derivatives, written out from the formulas -------------------------
@@ -143,6 +160,7 @@ class GELU(nn.Module):
     "prelu",
     formula=r"\text{PReLU}(x) = \max(0, x) + a \cdot \min(0, x)",
     derivative=_prelu_derivative,
+    memory=_prelu_memory,
 )
 class PReLU(nn.Module):
     """Parametric ReLU: max(0, x) + a·min(0, x) with a learnable slope a.
@@ -184,6 +202,11 @@ class PReLU(nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x = _check_tensor(self, input, floating=True)
+        if x.dtype != self.weight.dtype:
+            raise TypeError(
+                f"PReLU's weight is {self.weight.dtype}, the input {x.dtype}: they must match. Convert the input "
+                f"(x.to({self.weight.dtype})) or the module (.to({x.dtype}), or build it with dtype={x.dtype})."
+            )
         channels = x.shape[1] if x.dim() >= 2 else 1
         if self.num_parameters != 1 and channels != self.num_parameters:
             raise ValueError(
@@ -213,7 +236,7 @@ class ReLU(nn.Module):
         self.inplace = _check_inplace(inplace, "ReLU")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.relu(_check_tensor(self, input, floating=False), inplace=self.inplace)
+        return F.relu(_check_tensor(self, input, floating=False, real=True), inplace=self.inplace)
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
@@ -277,7 +300,8 @@ class Threshold(nn.Module):
         self.inplace = _check_inplace(inplace, "Threshold")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.threshold(_check_tensor(self, input, floating=False), self.threshold, self.value, self.inplace)
+        return F.threshold(_check_tensor(self, input, floating=False, real=True), self.threshold, self.value,
+                           self.inplace)
 
     def extra_repr(self) -> str:
         inplace = ", inplace=True" if self.inplace else ""

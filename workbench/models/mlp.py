@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from workbench.params import Choices, Range
-from workbench.registry import create_model, list_models, register_model
+from workbench.registry import create_model, get_spec, list_models, register_model
 
 __all__ = ["MLP"]
 
@@ -44,10 +44,19 @@ class MLP(nn.Module):
         self.in_features = in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MLP expects a torch.Tensor of shape (B, {self.in_features}), got {type(x).__name__}.")
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(
                 f"MLP expects input of shape (B, {self.in_features}), got {tuple(x.shape)}."
             )
+        weight = self.layers._modules["0"].weight
+        if x.dtype != weight.dtype:
+            raise TypeError(f"MLP's weights are {weight.dtype}, the input {x.dtype}: they must match. Convert the "
+                            f"input (x.to({weight.dtype})) or the model (model.to({x.dtype})).")
+        if x.device != weight.device:
+            raise ValueError(f"MLP's weights are on {weight.device}, the input on {x.device}. Move the input "
+                             f"(x.to('{weight.device}')) or the model (model.to('{x.device}')).")
         return self.layers(x)  # (B, num_classes)
 
 
@@ -60,7 +69,16 @@ def _objective(model: MLP, inputs, logits: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))
 
 
-@register_model("mlp", family="mlp", example_inputs=_example_inputs, objective=_objective)
+def _memory(in_features: int, num_classes: int, width: int, depth: int, activation: str) -> int | None:
+    """Bytes of the parameters: the linear layers' weights and biases and each layer's activation."""
+    linear = (in_features + 1) * width + (depth - 1) * (width + 1) * width + (width + 1) * num_classes
+    per_activation = get_spec(activation).estimate_memory()
+    if per_activation is None:
+        return None
+    return linear * torch.get_default_dtype().itemsize + depth * per_activation
+
+
+@register_model("mlp", family="mlp", example_inputs=_example_inputs, objective=_objective, memory=_memory)
 def mlp(
     in_features: Annotated[int, Range(1, 4096)] = 2,
     num_classes: Annotated[int, Range(1, 4096)] = 2,

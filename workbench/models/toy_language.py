@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.params import check_seed
+
 __all__ = ["ToyTokenizer", "ToyLanguageDataset"]
 
 
@@ -72,8 +74,18 @@ class ToyLanguageDataset(torch.utils.data.Dataset):
         seed: seed of the generated data.
     """
 
+    #: The toy vocabulary's size (ToyTokenizer().vocab_size).
+    VOCAB_SIZE = len(ToyTokenizer.special) + len(ToyTokenizer.colours) + len(ToyTokenizer.words)
+
+    @staticmethod
+    def estimate_bytes(size: int, utterance_length: int = 4) -> int:
+        """Bytes a dataset of ``size`` sequences takes at its peak while it is made: its six tensors of
+        (size, 4 + L) or so values (tokens, indices in int64) and the temporaries (an upper bound)."""
+        return size * (4 + utterance_length) * 64
+
     def __init__(self, size: int = 2048, utterance_length: int = 4, p_good: float = 0.3, p_stop: float = 0.1,
                  seed: int = 0) -> None:
+        check_seed(seed, "ToyLanguageDataset")
         if size < 1 or utterance_length < 1 or not 0 <= p_good <= 1 or not 0 <= p_stop < 1:
             raise ValueError(f"ToyLanguageDataset: need size >= 1, utterance_length >= 1, 0 <= p_good <= 1 and "
                              f"0 <= p_stop < 1; got size={size}, utterance_length={utterance_length}, "
