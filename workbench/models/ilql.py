@@ -35,10 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.toy_language import ToyLanguageDataset
-from workbench.params import Choices, Range
-from workbench.registry import create_model, list_models, register_model
+from workbench.params import SEED_MAX, Choices, Range, check_memory
+from workbench.registry import create_model, get_spec, list_models, memory_is_accounted, register_model
 
-__all__ = ["ILQL", "GPT", "GPT2_CONFIG", "TINY_CONFIG", "CheckpointError"]
+__all__ = ["ILQL", "GPT", "GPT2_CONFIG", "TINY_CONFIG", "CheckpointError", "check_net_config",
+           "check_hyperparameters", "estimate_memory"]
 
 GPT2_CONFIG = {  # the seed's default: GPT-2 small
     "arch": "gpt", "vocab_size": 50257, "n_layer": 12, "n_embd": 768, "n_head": 12, "dim_feedfwd": 3072,
@@ -92,6 +93,124 @@ def check_net_config(net_config: Any) -> dict[str, Any]:
         raise ValueError(f"net_config['activation'] {c['activation']!r} is not a registered activation; "
                          f"choose one of {list_models(family='activation')} (any case).")
     return c
+
+
+def _check_vocab(net_config: dict[str, Any], dataset: Any) -> None:
+    tokenizer = getattr(dataset, "tokenizer", None)
+    if tokenizer is not None and tokenizer.vocab_size > net_config["vocab_size"]:
+        raise ValueError(f"net_config['vocab_size'] ({net_config['vocab_size']}) is smaller than the "
+                         f"dataset's vocabulary ({tokenizer.vocab_size}); set it to at least that.")
+
+
+_FLOATS = ("lr", "alpha", "beta", "gamma", "tau", "transition_weight", "dm_margin", "cql_temp", "weight_decay")
+_OPTIONAL_FLOATS = ("clip_weight", "value_max", "value_min")
+_BOOLS = ("detach_v", "detach_q", "detach_pi", "double_q", "per_token", "exp_weights")
+_RULES = ("batch_size >= 1, lr > 0, 0 <= alpha <= 1, 0 <= gamma <= 1, 0 < tau < 1, cql_temp > 0, "
+          "weight_decay >= 0")
+
+
+def check_hyperparameters(hyperparameters: dict[str, Any], owner: str = "ILQL") -> dict[str, Any]:
+    """Check ILQL's hyperparameters (every constructor argument but dataset and net_config) by the
+    constructor's rules; returns them with ``device`` as a string.
+
+    The constructor and :meth:`ILQL.load_checkpoint` both check with this function.
+
+    Raises:
+        TypeError: a value of the wrong type.
+        ValueError: a missing or unknown name, a value out of range, not finite, or a device this
+            process cannot use (``meta`` holds no values).
+    """
+    h = dict(hyperparameters)
+    missing = [k for k in _HYPERPARAMETERS if k not in h]
+    unknown = [k for k in h if k not in _HYPERPARAMETERS]
+    if missing or unknown:
+        raise ValueError(f"{owner}: hyperparameters " + (f"missing {missing}" if missing else "")
+                         + (" and " if missing and unknown else "") + (f"unknown {unknown}" if unknown else "")
+                         + f"; ILQL's are {list(_HYPERPARAMETERS)}.")
+    for name in ("index", "batch_size"):
+        if isinstance(h[name], bool) or not isinstance(h[name], int):
+            raise TypeError(f"{owner}: {name} must be an int, got {h[name]!r} ({type(h[name]).__name__}).")
+    for name in _FLOATS + _OPTIONAL_FLOATS:
+        value = h[name]
+        if value is None and name in _OPTIONAL_FLOATS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            none = " or None" if name in _OPTIONAL_FLOATS else ""
+            raise TypeError(f"{owner}: {name} must be a number{none}, got {value!r} ({type(value).__name__}).")
+        if not math.isfinite(value):
+            none = " (None: no limit)" if name in _OPTIONAL_FLOATS else ""
+            raise ValueError(f"{owner}: {name} must be a finite number{none}, got {value!r}.")
+    for name in _BOOLS:
+        if not isinstance(h[name], bool):
+            raise TypeError(f"{owner}: {name} must be True or False, got {h[name]!r}.")
+    if h["mutation"] is not None and not isinstance(h["mutation"], str):
+        raise TypeError(f"{owner}: mutation must be a string or None, got {h['mutation']!r}.")
+    checks = {
+        "batch_size": h["batch_size"] >= 1, "lr": h["lr"] > 0, "alpha": 0 <= h["alpha"] <= 1,
+        "gamma": 0 <= h["gamma"] <= 1, "tau": 0 < h["tau"] < 1, "cql_temp": h["cql_temp"] > 0,
+        "weight_decay": h["weight_decay"] >= 0,
+    }
+    for name, ok in checks.items():
+        if not ok:
+            raise ValueError(f"{owner}: {name}={h[name]!r} is out of range ({_RULES}).")
+    if not h["per_token"]:
+        raise ValueError(f"{owner}: per_token=False (utterance-level ILQL) is not implemented; use per_token=True.")
+    if h["value_min"] is not None and h["value_max"] is not None and h["value_min"] > h["value_max"]:
+        raise ValueError(f"{owner}: value_min ({h['value_min']}) is above value_max ({h['value_max']}).")
+    h["device"] = _check_device(h["device"], owner)
+    return h
+
+
+def _check_device(device: Any, owner: str) -> str:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{owner}: device must be a string such as 'cpu' or 'cuda', got {device!r}.")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{owner}: device {device!r} is not a device name; pass 'cpu' or e.g. 'cuda:0'.") from None
+    if resolved.type == "meta":
+        raise ValueError(f"{owner}: device 'meta' holds shapes but no values: an agent cannot train or act there; "
+                         "pass 'cpu' or an accelerator such as 'cuda'.")
+    try:
+        torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
+    except Exception as err:  # RuntimeError, AssertionError (no CUDA build) ...
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{owner}: device {str(device)!r} cannot be used here ({first}); pass 'cpu' or an "
+                         "accelerator this process has.") from None
+    return str(device)
+
+
+def _gpt_parameters(c: dict[str, Any], lm_head: bool) -> int | None:
+    """The number of parameters of ``GPT(c, lm_head)``, counted from the config (see :class:`GPT`)."""
+    e, f, b = c["n_embd"], c["dim_feedfwd"], int(bool(c["bias"]))
+    activation = get_spec(str(c["activation"]).lower()).estimate_memory()
+    if activation is None:
+        return None
+    itemsize = torch.get_default_dtype().itemsize
+    norm = e * (1 + b)
+    block = (2 * norm + 3 * e * e + 3 * e * b + e * e + e * b + e * f + f * b + f * e + e * b
+             + -(-activation // itemsize))
+    return (c["vocab_size"] + c["block_size"]) * e + c["n_layer"] * block + norm + (c["vocab_size"] * e if lm_head else 0)
+
+
+def _head_parameters(n_embd: int, out: int) -> int:
+    return (n_embd + 1) * 2 * n_embd + (2 * n_embd + 1) * 2 * n_embd + (2 * n_embd + 1) * out
+
+
+def estimate_memory(net_config: dict[str, Any], double_q: bool = True) -> dict[str, int] | None:
+    """Bytes an ILQL agent of this (validated) net_config holds, by part, counted without building it.
+
+    ``networks``: the parameters of every network (trunk, policy, heads and the targets);
+    ``optimizer``: AdamW's two moments of each trainable parameter, allocated at the first step.
+    """
+    c, itemsize = net_config, torch.get_default_dtype().itemsize
+    trunk, actor = _gpt_parameters(c, False), _gpt_parameters(c, True)
+    if trunk is None or actor is None:
+        return None
+    heads = _head_parameters(c["n_embd"], 1) + _head_parameters(c["n_embd"], c["vocab_size"]) * (2 if double_q else 1)
+    targets = trunk + _head_parameters(c["n_embd"], c["vocab_size"]) * (2 if double_q else 1)
+    trainable = trunk + actor + heads
+    return {"networks": (trainable + targets) * itemsize, "optimizer": 2 * trainable * itemsize}
 
 
 # --- the GPT (nanoGPT's layout) -------------------------------------------------------
@@ -219,6 +338,36 @@ def _gather(x: torch.Tensor, idxs: torch.Tensor) -> torch.Tensor:
 
 # --- the agent ----------------------------------------------------------------------------
 
+#: The agent's networks in the order they are registered (the optimizer's parameter order).
+_NETWORKS = ("model", "actor", "v", "q", "q2", "target_model", "target_q", "target_q2")
+
+
+def _make_networks(c: dict[str, Any], double_q: bool) -> dict[str, nn.Module | None]:
+    """Every network of an agent with net_config ``c``, on the current default device (``meta`` for a layout)."""
+    vocab, n_embd = c["vocab_size"], c["n_embd"]
+    nets: dict[str, nn.Module | None] = {
+        "model": GPT(c), "actor": GPT(c, lm_head=True), "v": _mlp_head(n_embd, 1, c["dropout"]),
+        "q": _mlp_head(n_embd, vocab, c["dropout"]),
+        "q2": _mlp_head(n_embd, vocab, c["dropout"]) if double_q else None,
+    }
+    nets["target_model"] = copy.deepcopy(nets["model"])
+    nets["target_q"] = copy.deepcopy(nets["q"])
+    nets["target_q2"] = copy.deepcopy(nets["q2"]) if double_q else None
+    for name in ("target_model", "target_q", "target_q2"):
+        if nets[name] is not None:
+            nets[name].requires_grad_(False)
+    return nets
+
+
+def _trainable(networks: dict[str, nn.Module | None]) -> list[nn.Parameter]:
+    return [p for name in _NETWORKS if networks[name] is not None
+            for p in networks[name].parameters() if p.requires_grad]
+
+
+def _make_optimizer(networks: dict[str, nn.Module | None], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(_trainable(networks), lr=lr, weight_decay=weight_decay)
+
+
 class ILQL(nn.Module):
     """Implicit Language Q-Learning agent with AgileRL's constructor and methods.
 
@@ -261,14 +410,16 @@ class ILQL(nn.Module):
         self.dataset = dataset
         # AgileRL keeps the hyperparameters as plain attributes (mutations change them there)
         arguments = locals()
-        self.__dict__.update({k: arguments[k] for k in _HYPERPARAMETERS})
-        self.device = str(device)
-        self._check_hyperparameters()
-        self.net_config = check_net_config(copy.deepcopy(GPT2_CONFIG if net_config is None else net_config))
-        tokenizer = getattr(dataset, "tokenizer", None)
-        if tokenizer is not None and tokenizer.vocab_size > self.net_config["vocab_size"]:
-            raise ValueError(f"net_config['vocab_size'] ({self.net_config['vocab_size']}) is smaller than the "
-                             f"dataset's vocabulary ({tokenizer.vocab_size}); set it to at least that.")
+        hyperparameters = check_hyperparameters({k: arguments[k] for k in _HYPERPARAMETERS})
+        net_config = check_net_config(copy.deepcopy(GPT2_CONFIG if net_config is None else net_config))
+        _check_vocab(net_config, dataset)
+        if not memory_is_accounted():  # create_model("ilql", ...) has checked its estimate with its limit
+            check_memory(estimate_memory(net_config, hyperparameters["double_q"]),
+                         f"ILQL(net_config with n_layer={net_config['n_layer']}, n_embd={net_config['n_embd']}, "
+                         f"block_size={net_config['block_size']}, vocab_size={net_config['vocab_size']})",
+                         device=hyperparameters["device"])
+        self.__dict__.update(hyperparameters)
+        self.net_config = net_config
         self.fitness: list[float] = []
         self.scores: list[float] = []
         self.steps: list[int] = [0]
@@ -280,36 +431,25 @@ class ILQL(nn.Module):
         return {k: getattr(self, k) for k in _HYPERPARAMETERS}
 
     def _check_hyperparameters(self) -> None:
-        h = self.hyperparameters
-        checks = {
-            "batch_size": isinstance(h["batch_size"], int) and h["batch_size"] >= 1,
-            "lr": h["lr"] > 0, "alpha": 0 <= h["alpha"] <= 1, "gamma": 0 <= h["gamma"] <= 1,
-            "tau": 0 < h["tau"] < 1, "cql_temp": h["cql_temp"] > 0, "weight_decay": h["weight_decay"] >= 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"ILQL: {name}={h[name]!r} is out of range (batch_size >= 1, lr > 0, "
-                                 "0 <= alpha <= 1, 0 <= gamma <= 1, 0 < tau < 1, cql_temp > 0, weight_decay >= 0).")
-        if not h["per_token"]:
-            raise ValueError("ILQL: per_token=False (utterance-level ILQL) is not implemented; use per_token=True.")
-        if h["value_min"] is not None and h["value_max"] is not None and h["value_min"] > h["value_max"]:
-            raise ValueError(f"ILQL: value_min ({h['value_min']}) is above value_max ({h['value_max']}).")
+        check_hyperparameters(self.hyperparameters)
 
     def _build(self) -> None:
-        c, vocab, n_embd = self.net_config, self.net_config["vocab_size"], self.net_config["n_embd"]
-        self.model = GPT(c)
-        self.actor = GPT(c, lm_head=True)
-        self.v = _mlp_head(n_embd, 1, c["dropout"])
-        self.q = _mlp_head(n_embd, vocab, c["dropout"])
-        self.q2 = _mlp_head(n_embd, vocab, c["dropout"]) if self.double_q else None
-        self.target_model = copy.deepcopy(self.model)
-        self.target_q = copy.deepcopy(self.q)
-        self.target_q2 = copy.deepcopy(self.q2) if self.double_q else None
-        for target in self._targets():
-            target.requires_grad_(False)
-        self.to(self.device)
-        self.optimizer = torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=self.lr,
-                                           weight_decay=self.weight_decay)
+        networks = _make_networks(self.net_config, self.double_q)
+        for module in networks.values():
+            if module is not None:
+                module.to(self.device)
+        self._install(networks, _make_optimizer(networks, self.lr, self.weight_decay))
+
+    def _install(self, networks: dict[str, nn.Module | None], optimizer: torch.optim.Optimizer) -> None:
+        """Put networks in place, registered in the canonical order (the optimizer's parameter order)."""
+        for name in _NETWORKS:
+            self._modules.pop(name, None)
+            self.__dict__.pop(name, None)
+        for name in _NETWORKS:
+            setattr(self, name, networks[name])
+        self.optimizer = optimizer
+        if next(self.parameters(), None) is not None:
+            self.device = str(next(self.parameters()).device)
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .cpu() move the networks; batches follow them to the same device
@@ -394,8 +534,10 @@ class ILQL(nn.Module):
         if state_idxs.shape[0] != B or action_idxs.shape[0] != B:
             raise ValueError(f"ILQL: batch sizes differ: tokens {B}, state_idxs {state_idxs.shape[0]}, "
                              f"action_idxs {action_idxs.shape[0]}.")
-        if attn_mask is not None and tuple(attn_mask.shape) != (B, T):
-            raise ValueError(f"ILQL: attn_mask must have the shape of tokens {(B, T)}, got {tuple(attn_mask.shape)}.")
+        if attn_mask is not None and (not isinstance(attn_mask, torch.Tensor) or tuple(attn_mask.shape) != (B, T)):
+            got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+            raise ValueError(f"ILQL: attn_mask must be a tensor of the shape of tokens {(B, T)} (1 for real tokens, "
+                             f"0 for padding), got {got}.")
         vocab = self.net_config["vocab_size"]
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
             raise ValueError(f"ILQL: token ids must lie in [0, {vocab}) (net_config['vocab_size']), got "
@@ -482,10 +624,25 @@ class ILQL(nn.Module):
     # --- training ----------------------------------------------------------------------------
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         needed = ("tokens", "attn_mask", "state_idxs", "action_idxs", "rewards", "terminals")
+        if not isinstance(batch, dict):
+            raise TypeError(f"ILQL batch must be a dict of tensors with keys {list(needed)}, got "
+                            f"{type(batch).__name__} (see workbench.models.toy_language.ToyLanguageDataset.collate).")
         missing = [k for k in needed if k not in batch]
         if missing:
             raise KeyError(f"ILQL batch is missing {missing}; a batch has {list(needed)} "
                            "(see workbench.models.toy_language.ToyLanguageDataset.collate).")
+        not_tensors = [k for k in needed if not isinstance(batch[k], torch.Tensor)]
+        if not_tensors:
+            raise TypeError(f"ILQL batch: {not_tensors} must be tensors, got "
+                            f"{[type(batch[k]).__name__ for k in not_tensors]}.")
+        b, a = batch["tokens"].shape[:1], batch["action_idxs"].shape
+        if len(a) == 2 and batch["tokens"].dim() == 2:  # the other layouts follow the actions': (B, A) and (B, A + 1); tokens are checked later
+            shapes = {"state_idxs": (*b, a[1] + 1), "rewards": (*b, a[1]), "terminals": (*b, a[1] + 1)}
+            wrong = {k: tuple(batch[k].shape) for k, want in shapes.items() if tuple(batch[k].shape) != want}
+            if wrong:
+                raise ValueError(f"ILQL batch: with tokens of {tuple(batch['tokens'].shape)} and action_idxs of "
+                                 f"{tuple(a)} (B, A), {', '.join(f'{k} must be {shapes[k]}, got {v}' for k, v in wrong.items())} "
+                                 "(state_idxs and terminals (B, A + 1), rewards (B, A)).")
         return {k: batch[k].to(self.device) for k in needed}
 
     def get_loss(self, batch: dict[str, torch.Tensor], awac_weight: float = 1.0, v_loss_weight: float = 1.0,
@@ -588,8 +745,24 @@ class ILQL(nn.Module):
         Returns:
             (B, P + n) tokens, n <= max_length.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0 \
+                or not math.isfinite(temperature):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}.")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+            raise ValueError(f"beta must be a finite number (the weight of Q - V; 0 samples the policy alone), "
+                             f"got {beta!r}.")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+            raise ValueError(f"max_length must be an int >= 0 (tokens to add at most), got {max_length!r}.")
+        vocab = self.net_config["vocab_size"]
+        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype not in (torch.int64, torch.int32):
+            got = f"{tuple(prompts.shape)} {prompts.dtype}" if isinstance(prompts, torch.Tensor) else type(prompts).__name__
+            raise ValueError(f"ILQL.generate: prompts must be a (B, P) int64 tensor of token ids, got {got}.")
+        if prompts.shape[1] == 0:
+            raise ValueError(f"ILQL.generate: prompts of shape {tuple(prompts.shape)} have no tokens; give each row "
+                             "at least one (e.g. <bos>).")
+        if prompts.numel() and (prompts.min() < 0 or prompts.max() >= vocab):
+            raise ValueError(f"ILQL.generate: token ids must lie in [0, {vocab}), got "
+                             f"[{prompts.min().item()}, {prompts.max().item()}].")
         tokenizer = getattr(self.dataset, "tokenizer", None)
         eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
         pad = getattr(tokenizer, "pad_token_id", 0)
@@ -656,36 +829,159 @@ class ILQL(nn.Module):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
+    def load_checkpoint(self, path: str | os.PathLike, device: str | torch.device | None = None,
+                        memory_limit: Any = None) -> None:
         """Restore an agent saved by :meth:`save_checkpoint` (networks are rebuilt to its net_config).
 
         Loading reads tensors and plain data only (``torch.load(weights_only=True)``):
-        a file cannot run code.
+        a file cannot run code. Everything is checked before anything changes: the
+        net_config, the hyperparameters (by the constructor's rules), the device, the
+        memory the networks would take, and the keys, shapes and dtypes of every
+        network's and the optimizer's state. A failed load leaves the agent as it was.
+
+        Args:
+            path: the checkpoint file.
+            device: where to put the networks; by default the device the checkpoint
+                names (its ``device`` hyperparameter), e.g. ``device="cpu"`` loads a
+                GPU checkpoint on a machine without one.
+            memory_limit: the most bytes the networks and optimizer state may take
+                (an int or a size such as ``'16GB'``; ``'off'`` skips the check); by
+                default the environment variable ``WORKBENCH_MEMORY_LIMIT``, else 80 %
+                of the memory available on the device.
 
         Raises:
             FileNotFoundError: no such file.
-            CheckpointError: damaged, not an ILQL checkpoint, or a newer version.
+            CheckpointError: damaged, not an ILQL checkpoint, a newer version, or a value,
+                key, shape or dtype that does not fit (the message names it).
+            workbench.params.MemoryLimitError: the net_config it asks for would not fit.
         """
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
+        where = repr(str(path))
         try:
-            state = torch.load(path, map_location=self.device, weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise CheckpointError(f"{str(path)!r} is not a readable checkpoint ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0][:200]}). It may be damaged or not a torch file.") from None
+            raise CheckpointError(f"{where} is not a readable checkpoint ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). It may be damaged or not "
+                                  "a torch file.") from None
         if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{str(path)!r} is not an ILQL checkpoint (no '{_CHECKPOINT_FORMAT}' marker); "
+            raise CheckpointError(f"{where} is not an ILQL checkpoint (no '{_CHECKPOINT_FORMAT}' marker); "
                                   "save one with ILQL.save_checkpoint().")
-        if state.get("version", 0) > _CHECKPOINT_VERSION:
-            raise CheckpointError(f"{str(path)!r} is checkpoint version {state['version']}; this workbench reads up "
+        version = state.get("version", 0)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise CheckpointError(f"{where} has a version {version!r} that is not an int; it is damaged.")
+        if version > _CHECKPOINT_VERSION:
+            raise CheckpointError(f"{where} is checkpoint version {version}; this workbench reads up "
                                   f"to {_CHECKPOINT_VERSION}. Upgrade workbench.")
-        self.net_config = check_net_config(state["net_config"])
-        self.__dict__.update({k: v for k, v in state["hyperparameters"].items() if k in _HYPERPARAMETERS})
-        self._build()
-        self.load_state_dict(state["network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.fitness, self.scores, self.steps = list(state["fitness"]), list(state["scores"]), list(state["steps"])
+        needed = ("net_config", "hyperparameters", "network", "optimizer", "fitness", "scores", "steps")
+        missing = [k for k in needed if k not in state]
+        if missing:
+            raise CheckpointError(f"{where} lacks {missing}; a checkpoint written by ILQL.save_checkpoint() has "
+                                  f"{list(needed)}. It is damaged or incomplete.")
+        problem = f"{where} does not fit: "
+        try:
+            net_config = check_net_config(state["net_config"])
+            if not isinstance(state["hyperparameters"], dict):
+                raise TypeError(f"hyperparameters must be a dict, got {type(state['hyperparameters']).__name__}")
+            given = dict(state["hyperparameters"])
+            if device is not None:
+                given["device"] = device
+            hyperparameters = check_hyperparameters(given, owner="hyperparameters")
+            _check_vocab(net_config, self.dataset)
+            fitness, scores, steps = (_number_list(state[k], k, integer=k == "steps")
+                                      for k in ("fitness", "scores", "steps"))
+        except (TypeError, ValueError) as err:
+            hint = (" Or load it onto another device: load_checkpoint(path, device='cpu')."
+                    if str(err).startswith("hyperparameters: device") else "")
+            raise CheckpointError(f"{problem}{err}{hint}") from None
+        double_q, target = hyperparameters["double_q"], hyperparameters["device"]
+        check_memory(estimate_memory(net_config, double_q),
+                     f"The checkpoint {where} (net_config n_layer={net_config['n_layer']}, n_embd="
+                     f"{net_config['n_embd']}, block_size={net_config['block_size']}, vocab_size="
+                     f"{net_config['vocab_size']})", memory_limit, target)
+        with torch.device("meta"):  # the layout the net_config asks for: shapes only, nothing allocated
+            layout = _make_networks(net_config, double_q)
+        _check_state(_holder(layout).state_dict(), state["network"], f"{problem}network")
+        _check_optimizer(state["optimizer"], _trainable(layout), f"{problem}optimizer")
+        # every check passed: build and fill new networks beside the old ones, then swap them in
+        try:
+            networks = _make_networks(net_config, double_q)
+            holder = _holder(networks).to(target)
+            holder.load_state_dict(state["network"])
+            optimizer = _make_optimizer(networks, hyperparameters["lr"], hyperparameters["weight_decay"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            first = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise CheckpointError(f"{problem}{first}") from None
+        self.net_config = net_config
+        self.__dict__.update(hyperparameters)
+        self._install(networks, optimizer)
+        self.fitness, self.scores, self.steps = fitness, scores, steps
+
+
+def _holder(networks: dict[str, nn.Module | None]) -> nn.Module:
+    """A module holding ``networks`` under the agent's names: its state_dict has the agent's keys."""
+    holder = nn.Module()
+    for name in _NETWORKS:
+        if networks[name] is not None:
+            holder.add_module(name, networks[name])
+    return holder
+
+
+def _number_list(value: Any, name: str, integer: bool) -> list:
+    kind = "int" if integer else "number"
+    if not isinstance(value, list) or not all(
+            not isinstance(v, bool) and isinstance(v, int if integer else (int, float)) for v in value):
+        raise TypeError(f"{name} must be a list of {kind}s, got {str(value)[:100]}")
+    return list(value)
+
+
+def _check_state(expected: dict[str, torch.Tensor], given: Any, what: str) -> None:
+    """The keys, shapes and dtypes of ``given`` are those of ``expected`` (the meta layout)."""
+    if not isinstance(given, dict):
+        raise CheckpointError(f"{what} state must be a dict of tensors, got {type(given).__name__}.")
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{what} state does not match its net_config: "
+            + (f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}" if unexpected else "")
+            + ". It is damaged or was edited; save it again with ILQL.save_checkpoint().")
+    for key, want in expected.items():
+        got = given[key]
+        if not isinstance(got, torch.Tensor):
+            raise CheckpointError(f"{what} state: {key!r} must be a tensor, got {type(got).__name__}.")
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise CheckpointError(f"{what} state: {key!r} has shape {tuple(got.shape)} and dtype {got.dtype}; the "
+                                  f"net_config asks for shape {tuple(want.shape)} and dtype {want.dtype}.")
+
+
+def _check_optimizer(given: Any, params: list[nn.Parameter], what: str) -> None:
+    """AdamW's state: one group over every trainable parameter, moments shaped like them."""
+    if not isinstance(given, dict) or not isinstance(given.get("state"), dict) \
+            or not isinstance(given.get("param_groups"), list):
+        raise CheckpointError(f"{what} state must be a dict with 'state' and 'param_groups' (AdamW's "
+                              "state_dict()); it is damaged.")
+    groups = given["param_groups"]
+    ids = [i for g in groups if isinstance(g, dict) for i in g.get("params", [])]
+    if len(groups) != 1 or ids != list(range(len(params))):
+        raise CheckpointError(f"{what} state has {len(groups)} parameter group(s) over {len(ids)} parameters; "
+                              f"the net_config's networks have 1 group of {len(params)} trainable parameters.")
+    for index, entry in given["state"].items():
+        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(entry, dict):
+            raise CheckpointError(f"{what} state: entry {index!r} does not name one of the "
+                                  f"{len(params)} trainable parameters.")
+        for name, value in entry.items():
+            if name == "step":
+                continue
+            if not isinstance(value, torch.Tensor) or value.shape != params[index].shape \
+                    or not value.is_floating_point():
+                got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise CheckpointError(f"{what} state: {name!r} of parameter {index} is {got}; its parameter has "
+                                      f"shape {tuple(params[index].shape)}.")
 
 
 _HYPERPARAMETERS = tuple(inspect.signature(ILQL).parameters)[2:]  # index ... device: all but dataset, net_config
@@ -707,14 +1003,30 @@ def _objective(model: ILQL, inputs, outputs: dict[str, Any]) -> torch.Tensor:
     return loss
 
 
-@register_model("ilql", family="rl", example_inputs=_example_inputs, objective=_objective)
+def _registry_config(n_layer: int, n_embd: int, n_head: int, block_size: int, dropout: float, activation: str,
+                     vocab_size: int) -> dict[str, Any]:
+    return {**TINY_CONFIG, "vocab_size": vocab_size, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
+            "block_size": block_size, "dim_feedfwd": 4 * n_embd, "dropout": dropout, "activation": activation,
+            "max_layers": max(TINY_CONFIG["max_layers"], n_layer)}
+
+
+def _memory(n_layer: int, n_embd: int, n_head: int, block_size: int, dropout: float, activation: str,
+            double_q: bool, dataset_size: int, **kwargs: Any) -> int | None:
+    """Bytes of every network's parameters (the optimizer's moments come at the first step) and the data."""
+    config = _registry_config(n_layer, n_embd, n_head, block_size, dropout, activation, ToyLanguageDataset.VOCAB_SIZE)
+    networks = estimate_memory(config, double_q)
+    return None if networks is None else networks["networks"] + ToyLanguageDataset.estimate_bytes(dataset_size)
+
+
+@register_model("ilql", family="rl", example_inputs=_example_inputs, objective=_objective, memory=_memory)
 def ilql(n_layer: Annotated[int, Range(1, 48)] = 2, n_embd: Annotated[int, Range(8, 4096)] = 64,
          n_head: Annotated[int, Range(1, 64)] = 4, block_size: Annotated[int, Range(8, 4096)] = 64,
          dropout: Annotated[float, Range(0.0, 0.9)] = 0.0, lr: Annotated[float, Range(1e-7, 1.0)] = 1e-3,
          alpha: Annotated[float, Range(0.0, 1.0)] = 0.005, tau: Annotated[float, Range(0.01, 0.99)] = 0.7,
          gamma: Annotated[float, Range(0.0, 1.0)] = 0.99, double_q: bool = True,
          activation: Annotated[str, Choices(lambda: list_models(family="activation"))] = "gelu",
-         dataset_size: Annotated[int, Range(1, 1_000_000)] = 2048, seed: int = 0) -> ILQL:
+         dataset_size: Annotated[int, Range(1, 1_000_000)] = 2048,
+         seed: Annotated[int, Range(0, SEED_MAX)] = 0) -> ILQL:
     """ILQL agent (AgileRL-compatible), tiny GPT on the built-in colour-naming task.
 
     Args:
@@ -730,11 +1042,11 @@ def ilql(n_layer: Annotated[int, Range(1, 48)] = 2, n_embd: Annotated[int, Range
         double_q: twin Q heads.
         activation: the GPT blocks' activation, any registered activation.
         dataset_size: sequences in the offline toy dataset.
-        seed: seed of the toy dataset.
+        seed: seed of the toy dataset, in [0, 2**63 - 1].
     """
+    if n_embd % n_head:
+        raise ValueError(f"Model 'ilql': n_embd ({n_embd}) must be divisible by n_head ({n_head}); e.g. "
+                         f"n_head={math.gcd(n_embd, n_head)} or n_embd={n_embd + n_head - n_embd % n_head}.")
     dataset = ToyLanguageDataset(size=dataset_size, seed=seed)
-    config = {**TINY_CONFIG, "vocab_size": dataset.tokenizer.vocab_size, "n_layer": n_layer, "n_embd": n_embd,
-              "n_head": n_head, "block_size": block_size, "dim_feedfwd": 4 * n_embd, "dropout": dropout,
-              "activation": activation,
-              "max_layers": max(TINY_CONFIG["max_layers"], n_layer)}
+    config = _registry_config(n_layer, n_embd, n_head, block_size, dropout, activation, dataset.tokenizer.vocab_size)
     return ILQL(dataset, config, lr=lr, alpha=alpha, tau=tau, gamma=gamma, double_q=double_q)
