@@ -229,10 +229,11 @@ class DynamicsNetwork(nn.Module):
         if norm_type not in ("BN", "LN"):
             raise ValueError(f"DynamicsNetwork: norm_type must be 'BN' or 'LN', got {norm_type!r}.")
         shape = list(observation_shape) if isinstance(observation_shape, (list, tuple)) else None
-        if not shape or len(shape) < 2 or not all(isinstance(s, int) and s > 0 for s in shape):
+        if not shape or len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                                   for s in shape):
             raise ValueError(
-                f"DynamicsNetwork: observation_shape must be a sequence like (C, H, W) of positive ints, "
-                f"got {observation_shape!r}."
+                f"DynamicsNetwork: observation_shape must be a sequence of three positive ints (C, H, W), "
+                f"got {observation_shape!r}" + (f" ({len(shape)} dims)" if shape else "") + "; e.g. [12, 96, 96]."
             )
         _int(action_encoding_dim, "action_encoding_dim", 1)
         _int(num_res_blocks, "num_res_blocks", 0)
@@ -285,6 +286,11 @@ class DynamicsNetwork(nn.Module):
                              f"got {got}.")
         if not x.is_floating_point():
             raise TypeError(f"DynamicsNetwork expects a floating-point state_action_encoding, got {x.dtype}.")
+        weight = self.conv.weight
+        if x.dtype != weight.dtype or x.device != weight.device:
+            raise TypeError(f"DynamicsNetwork's weights are {weight.dtype} on {weight.device}, the "
+                            f"state_action_encoding {x.dtype} on {x.device}: they must match. Convert the input "
+                            f"(x.to('{weight.device}', {weight.dtype})) or the model (model.to(...)).")
         b, ch, h, w = x.shape
         if ch != self.num_channels:
             raise ValueError(
@@ -298,6 +304,9 @@ class DynamicsNetwork(nn.Module):
                 f"{self.reward_head_channels * h * w} for this input. Build with "
                 f"flatten_output_size_for_reward_head={self.reward_head_channels * h * w}."
             )
+        if self.training and b == 1:
+            raise ValueError("DynamicsNetwork got a batch of 1 in training mode: its BatchNorm layers need more "
+                             "than one value per channel. Use a batch of 2 or more, or call model.eval() first.")
         expected = (1, b, self.lstm_hidden_size)
         if (not isinstance(hidden, (tuple, list)) or len(hidden) != 2
                 or any(not isinstance(t, torch.Tensor) or tuple(t.shape) != expected for t in hidden)):
@@ -306,6 +315,12 @@ class DynamicsNetwork(nn.Module):
             raise ValueError(
                 f"DynamicsNetwork expects reward_hidden_state = (h, c), each of shape {expected}, got {got}. "
                 f"Start an unroll with zeros: (torch.zeros{expected}, torch.zeros{expected})."
+            )
+        if any(t.dtype != x.dtype or t.device != x.device for t in hidden):
+            raise TypeError(
+                f"DynamicsNetwork expects reward_hidden_state (h, c) of the input's dtype and device ({x.dtype} on "
+                f"{x.device}), got {[f'{t.dtype} on {t.device}' for t in hidden]}. Start an unroll with "
+                "model.initial_hidden_state(batch_size, device=x.device, dtype=x.dtype)."
             )
 
     def forward(self, state_action_encoding: torch.Tensor,
@@ -369,6 +384,12 @@ class DynamicsNetwork(nn.Module):
         Returns:
             (B, num_channels, H, W).
         """
+        if not isinstance(latent, torch.Tensor) or latent.dim() != 4 or latent.shape[1] != self.latent_channels:
+            got = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
+            raise ValueError(f"encode_actions expects latent of shape (B, {self.latent_channels}, H, W), got {got}.")
+        if not isinstance(actions, torch.Tensor):
+            raise TypeError(f"actions must be an int64 tensor of shape ({latent.shape[0]},), got "
+                            f"{type(actions).__name__}.")
         if actions.dtype != torch.long or actions.shape != latent.shape[:1]:
             raise ValueError(f"actions must be int64 of shape ({latent.shape[0]},), got {actions.dtype} "
                              f"{tuple(actions.shape)}.")

@@ -28,6 +28,7 @@ input's device.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -80,7 +81,7 @@ def row_bytes(x: torch.Tensor, what: str = "input") -> np.ndarray:
         ValueError: ``x`` is 0-dimensional (it has no rows).
     """
     check_rows(x, what)
-    rows = x.detach().to("cpu").reshape(x.shape[0], -1)
+    rows = x.detach().to("cpu").reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: a (0, ...) batch has rows
     if rows.dtype == torch.bfloat16:  # numpy has no bfloat16: canonicalize in torch, hash its 2-byte pattern
         rows = rows + 0.0
         rows = rows.masked_fill(torch.isnan(rows), float("nan")).view(torch.int16)
@@ -90,7 +91,7 @@ def row_bytes(x: torch.Tensor, what: str = "input") -> np.ndarray:
         nan = np.isnan(values)
         if nan.any():
             values[nan] = np.nan
-    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), -1)
+    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), values.shape[1] * values.itemsize)
 
 
 def _words(messages: np.ndarray) -> np.ndarray:
@@ -479,6 +480,9 @@ class QueryModule(nn.Module):
             ValueError: in_keys with different batch sizes, or 0-dimensional keys.
             TypeError: an unsupported dtype or input type.
         """
+        for name, flag in (("extend", extend), ("write_hash", write_hash), ("clone", clone)):
+            if not isinstance(flag, bool) and not (name == "clone" and flag is None):
+                raise TypeError(f"QueryModule: {name} must be True or False, got {flag!r}.")
         values = self._rows(tensordict)  # every check happens before the map changes
         if not self.hash_module:
             hashed = self.aggregator(values)  # SipHash of the rows of all in_keys together
