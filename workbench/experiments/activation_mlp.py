@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.models.mlp import ActivationName
 from workbench.params import Range
-from workbench.registry import create_model
+from workbench.registry import create_model, get_spec
 
 __all__ = ["ActivationMLP", "make_dataset"]
 
@@ -81,10 +81,28 @@ class ActivationMLP(Experiment):
         n_samples: Annotated[int, Range(2, 1_000_000)] = 1024
         noise: Annotated[float, Range(0.0, 10.0)] = 0.05
 
+    @classmethod
+    def estimate_memory(cls, c: Config) -> dict[str, int] | None:
+        """Parameters with their gradients and Adam's two moments; the dataset and its temporaries;
+        the activations of a training step (each hidden layer's linear and activation outputs,
+        kept for the backward pass, and gradients) or of :meth:`evaluate` (the whole dataset, no
+        gradients), whichever is larger."""
+        params = get_spec("mlp").estimate_memory(**cls._model_kwargs(c))
+        if params is None:
+            return None
+        value = torch.get_default_dtype().itemsize
+        train = c.batch_size * (2 * c.depth + 4) * c.width * value
+        evaluate = c.n_samples * 3 * c.width * value
+        return {"parameters": params, "gradients": params, "optimizer": 2 * params, "data": 64 * c.n_samples,
+                "activations": max(train, evaluate)}
+
+    @staticmethod
+    def _model_kwargs(c: Config) -> dict:
+        return dict(in_features=2, num_classes=2, width=c.width, depth=c.depth, activation=c.activation)
+
     def setup(self) -> None:
         c = self.config
-        self.model = create_model("mlp", in_features=2, num_classes=2, width=c.width, depth=c.depth,
-                                  activation=c.activation).to(self.device)
+        self.model = create_model("mlp", **self._model_kwargs(c)).to(self.device)
         self.x, self.y = self.to_device(make_dataset(c.dataset, c.n_samples, c.noise, self.generator))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
 

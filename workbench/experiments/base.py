@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from workbench.instrument import Watch, watch
-from workbench.params import ParamInfo, params_of, validate_overrides
+from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
+from workbench.registry import memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resolve_device"]
@@ -78,6 +79,7 @@ class Experiment:
     model: nn.Module
 
     def __init__(self, config: Any, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        check_seed(seed, f"Experiment {self.name!r}")
         self.device = resolve_device(device)
         if self.device.type != "cpu" and not self.accelerated:
             raise ValueError(f"Experiment {self.name!r} runs on the CPU only, got device {str(device)!r}; "
@@ -103,6 +105,15 @@ class Experiment:
     def setup(self) -> None:
         """Build ``self.model`` (on ``self.device``), the data and the optimizer."""
         raise NotImplementedError
+
+    @classmethod
+    def estimate_memory(cls, config: Any) -> dict[str, int] | None:
+        """Bytes the experiment needs at its peak, by part (``parameters``, ``gradients``,
+        ``optimizer``, ``data``, ``activations`` ...), estimated from ``config`` alone: nothing
+        is built. :func:`create` refuses a configuration whose total exceeds the memory limit.
+        None: no estimate (nothing is checked); a subclass without one gets this.
+        """
+        return None
 
     def to_device(self, data: Any) -> Any:
         """``data`` (a tensor, or lists, tuples and dicts of them) with every tensor moved to ``self.device``."""
@@ -186,9 +197,21 @@ class ExperimentSpec:
     cls: type[Experiment]
     params: tuple[ParamInfo, ...]
 
-    def create(self, seed: int = 0, device: str | torch.device = "cpu", **config: Any) -> Experiment:
-        checked = validate_overrides(self.params, config, f"Experiment {self.name!r}")
-        return self.cls(self.cls.Config(**checked), seed=seed, device=device)
+    def create(self, seed: int = 0, device: str | torch.device = "cpu", memory_limit: Any = None,
+               **config: Any) -> Experiment:
+        """Create the experiment; see :func:`workbench.experiments.create`."""
+        owner = f"Experiment {self.name!r}"
+        checked = validate_overrides(self.params, config, owner)
+        check_seed(seed, owner)
+        resolved = resolve_device(device)
+        configuration = self.cls.Config(**checked)
+        shown = ", ".join(f"{k}={v!r}" for k, v in checked.items()) or "defaults"
+        estimate = self.cls.estimate_memory(configuration)
+        check_memory(estimate, f"{owner} ({shown})", memory_limit, resolved)
+        if estimate is None:  # no estimate of its own: the models it builds check theirs
+            return self.cls(configuration, seed=seed, device=device)
+        with memory_accounted():  # the models it builds are in its estimate, checked against its limit
+            return self.cls(configuration, seed=seed, device=device)
 
 
 _EXPERIMENTS: dict[str, ExperimentSpec] = {}
@@ -235,24 +258,35 @@ def get_experiment_spec(name: str) -> ExperimentSpec:
         ) from None
 
 
-def create(name: str, seed: int = 0, device: str | torch.device = "cpu", **config: Any) -> Experiment:
+def create(name: str, seed: int = 0, device: str | torch.device = "cpu", memory_limit: Any = None,
+           **config: Any) -> Experiment:
     """Create a registered experiment.
+
+    Before anything is built, the memory the experiment needs at its peak
+    (parameters, gradients, optimizer state, data, activations) is estimated
+    from the config, and a configuration that would not fit is refused.
 
     Args:
         name: a name from :func:`list_experiments`.
-        seed: fixes data, initialisation and every random draw.
+        seed: fixes data, initialisation and every random draw; an int in
+            [0, 2**63 - 1].
         device: where the model trains ('cpu', 'cuda', 'cuda:1' ...); the data
             is drawn on the CPU, so a seed gives the same batches everywhere.
+        memory_limit: the most bytes the experiment may need: an int, or a size
+            such as ``'16GB'``; ``'off'`` skips the check. By default the
+            environment variable ``WORKBENCH_MEMORY_LIMIT`` (same forms), else
+            80 % of the memory available on the device now.
         **config: fields of the experiment's ``Config``.
 
     Returns:
         The experiment, ready to :meth:`~Experiment.step`.
 
     Raises:
-        ValueError: unknown name, a value outside its choices or range, or a device
-            this process cannot use.
+        ValueError: unknown name, a value outside its choices or range, a seed outside
+            [0, 2**63 - 1], or a device this process cannot use.
         TypeError: an unknown config field or a value of the wrong type.
+        workbench.params.MemoryLimitError: (a ValueError) the estimate exceeds the limit.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}.")
-    return get_experiment_spec(name).create(seed=seed, device=device, **config)
+    spec = get_experiment_spec(name)
+    check_seed(seed, f"Experiment {spec.name!r}")
+    return spec.create(seed=seed, device=device, memory_limit=memory_limit, **config)

@@ -12,7 +12,7 @@ from torch import nn
 from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.models.efficientzero import scalar_to_support, support_to_scalar
 from workbench.params import Range
-from workbench.registry import create_model
+from workbench.registry import create_model, get_spec
 
 __all__ = ["DynamicsUnroll", "Teacher"]
 
@@ -82,18 +82,44 @@ class DynamicsUnroll(Experiment):
         consistency_weight: Annotated[float, Range(0.0, 100.0)] = 2.0
         fc_reward_layers: list[int] = field(default_factory=lambda: [32])
 
+    HEAD = 8  # channels of the reward head's 1x1 conv
+
+    @classmethod
+    def _model_kwargs(cls, c: Config) -> dict:
+        if c.support_size % 2 == 0:
+            raise ValueError(f"Experiment 'efficientzero_dynamics': support_size must be odd, got {c.support_size}; "
+                             f"e.g. {c.support_size + 1}.")
+        layers = c.fc_reward_layers
+        if not layers or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
+            raise ValueError(f"Experiment 'efficientzero_dynamics': fc_reward_layers must be a non-empty list of "
+                             f"positive ints, got {layers!r}; e.g. [32].")
+        return dict(observation_shape=[c.latent_channels, c.spatial, c.spatial], action_encoding_dim=c.actions,
+                    num_channels=c.latent_channels + c.actions, num_res_blocks=c.num_res_blocks,
+                    reward_head_channels=cls.HEAD, fc_reward_layers=list(layers), output_support_size=c.support_size,
+                    flatten_output_size_for_reward_head=cls.HEAD * c.spatial * c.spatial,
+                    lstm_hidden_size=c.lstm_hidden_size)
+
+    @classmethod
+    def estimate_memory(cls, c: Config) -> dict[str, int] | None:
+        """Parameters with gradients and Adam's moments; the teacher's trajectories; the activations
+        of a K-step unroll kept for the backward pass (and as many gradients), per sequence and
+        step: the input, the trunk's and each residual block's feature maps, the reward head, the
+        LSTM and the reward MLP (training batch, or evaluate's 256 sequences if more)."""
+        params = get_spec("efficientzero_dynamics").estimate_memory(**cls._model_kwargs(c))
+        if params is None:
+            return None
+        value, area = torch.get_default_dtype().itemsize, c.spatial * c.spatial
+        per_step = ((c.latent_channels + c.actions) * area + (2 + 5 * c.num_res_blocks) * c.latent_channels * area
+                    + 2 * cls.HEAD * area + 8 * c.lstm_hidden_size
+                    + 3 * c.fc_reward_layers[0] * len(c.fc_reward_layers) + 4 * c.support_size)
+        batch = max(c.batch_size, 256)
+        return {"parameters": params, "gradients": params, "optimizer": 2 * params,
+                "data": (c.unroll_steps + 1) * batch * (c.latent_channels * area + 4) * value,
+                "activations": 2 * c.unroll_steps * batch * per_step * value}
+
     def setup(self) -> None:
         c = self.config
-        if c.support_size % 2 == 0:
-            raise ValueError(f"Experiment 'efficientzero_dynamics': support_size must be odd, got {c.support_size}.")
-        head = 8
-        self.model = create_model(
-            "efficientzero_dynamics", observation_shape=[c.latent_channels, c.spatial, c.spatial],
-            action_encoding_dim=c.actions, num_channels=c.latent_channels + c.actions,
-            num_res_blocks=c.num_res_blocks, reward_head_channels=head, fc_reward_layers=list(c.fc_reward_layers),
-            output_support_size=c.support_size, flatten_output_size_for_reward_head=head * c.spatial * c.spatial,
-            lstm_hidden_size=c.lstm_hidden_size,
-        ).to(self.device)
+        self.model = create_model("efficientzero_dynamics", **self._model_kwargs(c)).to(self.device)
         self.teacher = Teacher(c.latent_channels, c.actions, c.reward_scale, self.generator)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
 

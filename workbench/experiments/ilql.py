@@ -9,6 +9,8 @@ import torch
 
 from workbench.experiments.base import Experiment, evaluation, register_experiment
 from workbench.params import Range
+from workbench.models.ilql import TINY_CONFIG, estimate_memory
+from workbench.models.toy_language import ToyLanguageDataset
 from workbench.registry import create_model
 
 __all__ = ["OfflineILQL"]
@@ -53,6 +55,28 @@ class OfflineILQL(Experiment):
         eval_prompts: Annotated[int, Range(1, 100_000)] = 256
         decode_beta: Annotated[float, Range(0.0, 100.0)] = 8.0
         temperature: Annotated[float, Range(0.01, 10.0)] = 1.0
+
+    @classmethod
+    def estimate_memory(cls, c: Config) -> dict[str, int] | None:
+        """Every network's parameters, the trainable ones' gradients and AdamW's moments; the
+        offline dataset; the activations of a training step (the value and policy trunks keep each
+        block's outputs and attention weights for the backward pass, and as many gradients) or of
+        an evaluation (eval_prompts sequences decoded without gradients), whichever is larger."""
+        if c.n_embd % c.n_head:
+            raise ValueError(f"Experiment 'ilql': n_embd ({c.n_embd}) must be divisible by n_head ({c.n_head}).")
+        vocab = ToyLanguageDataset.VOCAB_SIZE
+        config = {**TINY_CONFIG, "vocab_size": vocab, "n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head,
+                  "dim_feedfwd": 4 * c.n_embd, "max_layers": max(TINY_CONFIG["max_layers"], c.n_layer)}
+        networks = estimate_memory(config, double_q=True)
+        if networks is None:
+            return None
+        value, length = torch.get_default_dtype().itemsize, 4 + 4  # the toy task's longest sequence
+        per_token = c.n_layer * (18 * c.n_embd + c.n_head * length)
+        train = 2 * c.batch_size * length * (2 * per_token + 3 * vocab + 12 * c.n_embd) * value
+        decode = c.eval_prompts * length * (8 * c.n_embd + 2 * c.n_head * length + 3 * vocab) * value
+        return {"parameters": networks["networks"], "gradients": networks["optimizer"] // 2,
+                "optimizer": networks["optimizer"], "data": ToyLanguageDataset.estimate_bytes(c.dataset_size),
+                "activations": max(train, decode)}
 
     def setup(self) -> None:
         c = self.config

@@ -73,6 +73,16 @@ class QueryStream(Experiment):
         observation_dim: Annotated[int, Range(1, 1024)] = 4
         actions: Annotated[int, Range(1, 4096)] = 8
 
+    @classmethod
+    def estimate_memory(cls, c: Config) -> dict[str, int]:
+        """The key stream (observations, the popularity CDF and its float64 temporaries, the rank
+        permutation), the true-index table, the module's hash table at its largest (every key
+        seen: open addressing at load <= 1/2, doubled as it grows) and one step's rows."""
+        per_key = 4 * 8 + 8 + 8 + 8 + 64 + 16
+        observations = -(-c.key_space // c.actions) * c.observation_dim * 4
+        return {"data": c.key_space * per_key + observations,
+                "activations": c.batch_size * (12 * c.observation_dim + 128)}
+
     def setup(self) -> None:
         c = self.config
         self.model = create_model("query_module", in_keys=["observation", "action"])
