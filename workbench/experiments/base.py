@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,12 @@ from workbench.registry import memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resolve_device"]
+
+
+#: Held while an experiment draws from torch's global generators (parameter initialisation in
+#: setup(), dropout in a step): they are process-wide, so experiments stepped on several threads
+#: (the app's runs) take turns there, and each run's numbers are those it has alone.
+GLOBAL_RNG = threading.RLock()
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -89,7 +97,7 @@ class Experiment:
         self.step_count = 0
         self.watcher: Watch | None = None
         self.generator = torch.Generator().manual_seed(seed)
-        with torch.random.fork_rng(devices=[]):
+        with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             self._seed_global_rng(seed)  # parameter initialisation uses the global RNG
             self.setup()
 
@@ -135,7 +143,7 @@ class Experiment:
         Returns:
             The step's metrics, with ``step`` (1-based) and ``loss`` at least.
         """
-        with torch.random.fork_rng(devices=[]):
+        with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
             metrics = self.train_step()
         self.step_count += 1
@@ -179,9 +187,15 @@ class Experiment:
             return [self.step() for _ in range(steps)]
         w = self.watch(store=store, **watch_options)
         try:
-            return [self.step() for _ in range(steps)]
-        finally:
-            w.close()
+            results = [self.step() for _ in range(steps)]
+        except KeyboardInterrupt:
+            w.close("stopped", f"interrupted by the user after step {self.step_count}")
+            raise
+        except BaseException as exc:
+            w.close("failed", "".join(traceback.format_exception(exc)))
+            raise
+        w.close()
+        return results
 
     def __repr__(self) -> str:
         on = f", device='{self.device}'" if self.device.type != "cpu" else ""
