@@ -145,3 +145,35 @@ def test_query_module_builds_and_shows_its_map_without_parameters():
     rows = result.tree.set_index("path")
     assert rows.loc["aggregator", "output"] == "(5)"  # the joint row hash ran
     assert rows.loc["hash_to_int", "output"] == "(5)"
+
+
+def test_whole_number_fields_reach_the_handler_unrounded():
+    """Gradio's precision=0 would round 2.5 to 2 (and report 'defaults'); the widget passes 2.5 on and
+    build_model refuses it, naming the field and the value."""
+    field = {f.label: f for f in mb.model_form("mlp")}["depth"]
+    number = mb.widget(field, key="mlp:depth")
+    assert number.preprocess(2.5) == 2.5 and number.preprocess(3) == 3
+    result = mb.build_model("mlp", {"depth": number.preprocess(2.5)})
+    assert not result.ok and "depth" in result.message and "2.5" in result.message
+    assert "whole number" in result.message and "defaults" not in result.message
+
+
+def test_a_number_beyond_float_range_is_explained():
+    # the browser sends 1e400 as null
+    result = mb.build_model("prelu", {"init": None})
+    assert not result.ok and "init" in result.message and "1e400" in result.message
+
+
+def test_build_refuses_a_model_over_the_memory_limit_before_allocating(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_MEMORY_LIMIT", "1MB")
+    result = mb.build_model("mlp", {"width": 1024.0, "depth": 4.0})
+    assert not result.ok and result.tree.empty
+    for fragment in ("width=1024", "would need about 12.6 MB", "memory limit of 1 MB", "WORKBENCH_MEMORY_LIMIT"):
+        assert fragment in result.message, fragment
+    monkeypatch.setenv("WORKBENCH_MEMORY_LIMIT", "off")
+    assert mb.build_model("mlp", {"width": 1024.0, "depth": 4.0}).ok
+
+
+def test_example_batch_size_is_bounded():
+    result = mb.build_model("relu", {}, batch_size=10**9)
+    assert not result.ok and f"at most {mb.MAX_EXAMPLE_BATCH}" in result.message

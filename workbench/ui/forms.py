@@ -76,11 +76,24 @@ def form_fields(params: Sequence[ParamInfo]) -> list[FormField]:
     return fields
 
 
+class _Unreadable(ValueError):
+    """A raw form value that is not a value of the field's type; ``reason`` says why."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_WHOLE = "not a whole number; enter an integer such as 2"
+_EMPTY = ("the field is empty, or holds a number beyond the floating-point range (such as 1e400); "
+          "enter a finite number")
+
+
 def _parse_number(text: str, integer: bool) -> int | float:
     value = float(text)
     if integer:
         if not value.is_integer():
-            raise ValueError
+            raise _Unreadable(_WHOLE)
         return int(value)
     return value
 
@@ -90,7 +103,8 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
 
     Numbers arrive as floats from number widgets and as text from text
     fields; lists arrive as comma-separated text; an empty nullable field is
-    ``None``. Every field given is returned, converted and validated.
+    ``None``. Every field given is returned, converted and validated: a
+    whole-number field given 2.5 is an error naming it, never rounded.
 
     Args:
         params: the parameter metadata.
@@ -122,16 +136,17 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                     value = _parse_number(text, kind == "int")
             elif kind == "int" and isinstance(raw, float):
                 if not raw.is_integer():
-                    raise ValueError
+                    raise _Unreadable(_WHOLE)
                 value = int(raw)
             elif raw is None and kind in ("int", "float") and not p.nullable:
-                raise ValueError
+                raise _Unreadable(_EMPTY)
             else:
                 value = raw
-        except (ValueError, OverflowError):
-            raise ValueError(f"{owner}: {name} expects {p.type_name}, could not read {raw!r}.") from None
+        except (ValueError, OverflowError) as err:
+            reason = f": {err.reason}" if isinstance(err, _Unreadable) and err.reason else ""
+            raise ValueError(f"{owner}: {name} expects {p.type_name}, could not read {raw!r}{reason}.") from None
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{owner}: {name} must be a finite number, got {raw!r}.")
+            raise ValueError(f"{owner}: {name} must be a finite number, got {raw!r}. Enter a finite number.")
         overrides[name] = value
     return validate_overrides(params, overrides, owner)
 

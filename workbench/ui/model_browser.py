@@ -20,6 +20,7 @@ from workbench.summary import summarize
 from workbench.ui.forms import FormField, form_fields, param_rows, parse_form
 
 ALL_FAMILIES = "all"
+MAX_EXAMPLE_BATCH = 4096
 TREE_COLUMNS = ["module", "path", "type", "params", "output"]
 
 
@@ -103,13 +104,15 @@ def _error(message: str) -> BuildResult:
 def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2, seed: int = 0) -> BuildResult:
     """Build a model from raw form values and run one forward pass on its example inputs.
 
-    Never raises for bad input: invalid values, a failing build or a failing
-    forward pass come back as a readable message.
+    Never raises for bad input: invalid values, a model whose estimated memory
+    exceeds the limit (see :func:`workbench.create_model`; nothing is
+    allocated), a failing build or a failing forward pass come back as a
+    readable message.
 
     Args:
         name: registry name.
         values: field name -> raw widget value.
-        batch_size: batch size of the example inputs.
+        batch_size: batch size of the example inputs, 1 to ``MAX_EXAMPLE_BATCH``.
         seed: seed of the example inputs.
 
     Returns:
@@ -124,7 +127,10 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
             batch_size = int(batch_size)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch size must be a positive whole number, got {batch_size!r}.")
-        model = spec.build(**overrides)
+        if batch_size > MAX_EXAMPLE_BATCH:
+            raise ValueError(f"batch size must be at most {MAX_EXAMPLE_BATCH} (the example inputs of one forward "
+                             f"pass), got {batch_size}.")
+        model = spec.build(**overrides)  # refuses, before allocating, a model that would not fit in memory
     except (ValueError, TypeError) as exc:
         return _error(str(exc))
     except Exception as exc:  # a builder bug must not reach the page as a traceback
@@ -166,7 +172,7 @@ def layout():
                                        wrap=True, elem_id="param-table")
             with gr.Row():
                 with gr.Column(scale=2):
-                    c["batch_size"] = gr.Number(2, label="example batch size", precision=0, elem_id="batch-size")
+                    c["batch_size"] = gr.Number(2, label="example batch size", elem_id="batch-size")
                     c["form"] = gr.Column()  # filled by the render function in wire()
                 c["message"] = gr.Markdown(elem_id="build-message")
             c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree", interactive=False,
@@ -185,8 +191,10 @@ def widget(field: FormField, key: str):
         return gr.Checkbox(value=field.value, **common)
     if field.widget in ("int", "float"):
         # No minimum/maximum here: Gradio would reject out-of-range values with a bare
-        # toast; build_model reports them next to the form, naming the range.
-        return gr.Number(field.value, precision=0 if field.widget == "int" else None, **common)
+        # toast; build_model reports them next to the form, naming the range. No precision
+        # either, for whole numbers too: Gradio would round 2.5 to 2 before the handler
+        # sees it; parse_form refuses it, naming the field.
+        return gr.Number(field.value, **common)
     return gr.Textbox(value=field.value, **common)
 
 
