@@ -643,7 +643,7 @@ class Watch:
         index = np.asarray(rows, np.intp)
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],
                           counts[index] if counts is not None else None, dict(self._metrics),
-                          tuple(self._step_errors))
+                          tuple(self._step_errors), index)
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``)."""

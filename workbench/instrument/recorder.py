@@ -43,6 +43,9 @@ class StepRecord:
     histograms: np.ndarray | None = None  # (rows, bins) counts, or None when off
     metrics: dict[str, float] = field(default_factory=dict)
     errors: tuple[dict, ...] = ()  # instrumentation failures of this step
+    #: which tensor each row is: rows with the same number are of one tensor, which several call
+    #: sites returned (a container's output that is its last child's); None when not known
+    tensors: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)

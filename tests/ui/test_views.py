@@ -1,0 +1,211 @@
+"""The view layer: bounded histories, readable call sites, and views that hold what was recorded."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import workbench
+from workbench.instrument import StepRecord
+from workbench.instrument.stats import SUMS
+from workbench.ui import figures
+from workbench.ui.views import PERCENTILES, STATISTICS, History, RunView
+
+
+def test_a_history_stays_bounded_and_keeps_an_even_sample_with_its_envelope():
+    values = np.random.default_rng(0).normal(size=10_000)
+    history = History(capacity=256, recent=64)
+    for step, value in enumerate(values, 1):
+        history.append(step, [value])
+        assert len(history) <= 256
+    steps, mean, lo, hi = history.arrays()
+    assert steps[-64:].tolist() == list(range(10_000 - 63, 10_001))  # the recent points whole
+    assert np.all(np.diff(steps) > 0)
+    old = steps[steps <= 10_000 - 64]
+    # spread evenly from the start: no gap wider than the stride (points since the last thinning are finer)
+    assert old[0] <= history.stride and np.diff(old).max() <= history.stride < 10_000 / 32
+    start = 0
+    for i, end in enumerate(steps):  # each point: the mean, min and max of the steps it covers
+        covered = values[start:end]
+        assert mean[i, 0] == pytest.approx(covered.mean(), abs=1e-5)
+        assert lo[i, 0] == pytest.approx(covered.min()) and hi[i, 0] == pytest.approx(covered.max())
+        start = end
+
+
+def test_a_history_of_other_values_keeps_the_last_of_each_bucket():
+    history = History(capacity=16, recent=4, merge="last")
+    for step in range(1, 101):
+        history.append(step, f"h{step}")
+    assert len(history) <= 16 and history.values()[-4:] == ["h97", "h98", "h99", "h100"]
+    assert all(value == f"h{step}" for step, value in zip(history.steps, history.values()))
+
+
+class Twice(nn.Module):
+    """A shared activation called twice, and a container whose output is its last child's."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+        self.head = nn.Linear(8, 8)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.head(self.act(self.inner(x))))
+
+
+def watched(model, steps, **options):
+    view = RunView(label="test", total=steps)
+    torch.manual_seed(0)
+    with workbench.watch(model, **options) as w:
+        w.subscribe(view.feed)
+        for step in range(steps):
+            out = model(torch.randn(16, 4))
+            out.square().mean().backward()
+            w.step(loss=out.square().mean().item(), lr=0.1)
+        w.recorder.flush()
+    return view, w
+
+
+def test_sites_are_named_readably_and_aliases_are_merged():
+    view, w = watched(Twice(), 3)
+    table = view.site_table("activation").set_index("name")
+    # 'inner' returns its last child's tensor: one site, named by the child, the container an alias
+    assert table.loc["inner.1", "aliases"] == "inner"
+    # the shared activation is called twice: '#k'; a module called once has no index
+    assert {"act#0", "act#1", "inner.0", "head"} <= set(table.index)
+    # the model returns act's second output: an alias of act#1
+    assert "(model)" in table.loc["act#1", "aliases"]
+    # every row of the recorder is in a view, under its site or as an alias of one
+    rows = w.to_pandas()
+    assert len(view.site_table("activation")) + sum(len(a.split(", ")) for a in table.aliases if a) == \
+        rows[(rows.kind == "activation") & (rows.step == 1)].shape[0]
+
+
+def test_site_series_hold_the_recorded_statistics():
+    view, w = watched(Twice(), 5)
+    rows = w.to_pandas()
+    series = view.site_series("grad_output", "norm", sites=["head", "inner.0"])
+    for site in ("head", "inner.0"):
+        want = rows[(rows.kind == "grad_output") & (rows.module == site)].sort_values("step")
+        got = series[series.site == site]
+        assert got.step.tolist() == want.step.tolist()
+        np.testing.assert_allclose(got.value, want.norm, rtol=1e-6)
+    with pytest.raises(ValueError, match="no grad_output call site named 'nope'"):
+        view.site_series("grad_output", "norm", sites=["nope"])
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        view.site_series("grad_output", "median")
+
+
+def test_the_default_sites_are_those_that_changed_most():
+    view = RunView()
+    keys = tuple(("layer", i, "activation", "out", (4,)) for i in range(30))
+    for step in range(1, 11):
+        sums = np.zeros((30, len(SUMS)))
+        sums[:, 0] = 4.0 + np.arange(30) * 1e-3  # a mean of about 1 everywhere ...
+        sums[7, 0] = 4.0 * (step + 1)  # ... but two sites that grow
+        sums[21, 0] = -8.0 * (step + 1)
+        sums[:, 3], sums[:, 4], sums[:, 5] = -1, 1, 4
+        view.feed(StepRecord(step, keys, np.full(30, 4), sums))
+    assert view.default_sites("activation", "mean", k=2) == ["layer#21", "layer#7"]
+    assert len(view.site_table("activation")) == 30  # (distinct statistics: no aliases)
+
+
+def test_the_heatmap_lists_every_site_in_forward_order():
+    view, w = watched(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), 4)
+    names, steps, values = view.heatmap("grad_output", "norm")
+    assert names == ["0", "1", "2"] and steps.tolist() == [1, 2, 3, 4]  # ((model) is an alias of '2')
+    rows = w.to_pandas()
+    want = rows[(rows.kind == "grad_output") & (rows.module == "0")].norm.to_numpy()
+    np.testing.assert_allclose(values[0], want, rtol=1e-6)
+
+
+def test_distributions_come_from_the_histograms():
+    model = nn.Sequential(nn.Linear(64, 256))
+    view = RunView()
+    x = torch.randn(512, 64)
+    with workbench.watch(model, histograms=True, bins=64, parameters=False, gradients=False,
+                         parameter_grads=False) as w:
+        w.subscribe(view.feed)
+        for _ in range(3):
+            out = model(x)
+            w.step()
+        w.recorder.flush()
+    bands, steps, grid, density = view.distribution("activation", "0")
+    assert steps.tolist() == [1, 2, 3] and density.shape == (3, 64)
+    reference = np.percentile(out.detach().numpy(), [7, 16, 50, 84, 93])
+    got = bands.iloc[-1][[f"p{p}" for p in (7, 16, 50, 84, 93)]].to_numpy(dtype=float)
+    width = (grid[-1] - grid[0]) / 64
+    np.testing.assert_allclose(got, reference, atol=width)  # within a bin of the exact percentiles
+    assert bands.iloc[-1].p0 == pytest.approx(out.min().item()) and bands.iloc[-1].p100 == pytest.approx(out.max().item())
+    assert density[-1].sum() == pytest.approx(out.numel())
+    assert list(bands.columns) == ["step"] + [f"p{p}" for p in PERCENTILES]
+
+
+def test_the_first_nan_is_found_and_metrics_are_smoothed_as_tensorboard_does():
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.log = nn.Linear(4, 4), nn.Identity()
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.log(torch.log(h - h.detach().max()))  # log of values <= 0: NaN and -inf
+
+    view, _ = watched(Breaks(), 3)
+    assert view.first_anomaly["step"] == 1 and view.first_anomaly["site"] in ("log", "(model)")
+    assert set(view.anomaly_frame().step) == {1, 2, 3}
+    frame = view.metrics_frame(["lr"], smoothing=0.5)
+    assert frame.smoothed.tolist() == pytest.approx([0.1, 0.1, 0.1])
+    values = np.array([1.0, 3.0, 2.0])
+    view = RunView()
+    for step, v in enumerate(values, 1):
+        view.feed(StepRecord(step, metrics={"loss": v}))
+    smoothed = view.metrics_frame(smoothing=0.6).smoothed.to_numpy()
+    # debiased EMA, by hand
+    ema = [1.0, (0.6 * 0.4 * 1 + 0.4 * 3) / (1 - 0.6 ** 2), None]
+    ema[2] = (0.6 ** 2 * 0.4 * 1 + 0.6 * 0.4 * 3 + 0.4 * 2) / (1 - 0.6 ** 3)
+    np.testing.assert_allclose(smoothed, ema)
+    with pytest.raises(ValueError, match=r"smoothing must lie in \[0, 1\)"):
+        view.metrics_frame(smoothing=1.0)
+
+
+def test_a_long_run_draws_like_a_short_one():
+    """What a page receives per refresh is bounded: the figures of 10,000 steps are about the size of
+    those of 1,000."""
+
+    def fed(steps):
+        view = RunView(total=steps)
+        keys = tuple((f"layers.{i}", 0, kind, "out", (32, 64)) for kind in ("activation", "grad_output")
+                     for i in range(12))
+        rng = np.random.default_rng(0)
+        for step in range(1, steps + 1):
+            sums = rng.normal(size=(24, len(SUMS)))
+            sums[:, 3], sums[:, 4] = -3, 3
+            view.feed(StepRecord(step, keys, np.full(24, 2048), sums, metrics={"loss": 1 / step}))
+        return view
+
+    def size(view):
+        return sum(len(f.to_json()) for f in (figures.metrics_figure(view), figures.sites_figure(
+            view, "activation", "std"), figures.heatmap_figure(view, "grad_output", "norm")))
+
+    short, long = fed(1_000), fed(10_000)
+    assert size(long) < 1.5 * size(short)
+    assert len(long.stats["activation"]) <= long.capacity
+
+
+def test_figures_carry_the_data_of_the_views():
+    view, w = watched(Twice(), 4, histograms=True)
+    fig = figures.sites_figure(view, "activation", "std", sites=["head"])
+    line = [t for t in fig.data if t.name == "head"][0]
+    rows = w.to_pandas()
+    want = rows[(rows.kind == "activation") & (rows.module == "head")]["std"].to_numpy()
+    np.testing.assert_allclose(np.asarray(line.y, float), want, rtol=1e-6)
+    metrics = figures.metrics_figure(view, smoothing=0.0)
+    assert [a.text for a in metrics.layout.annotations] == ["loss", "lr"]
+    heat = figures.heatmap_figure(view, "grad_output", "norm")
+    assert list(heat.data[0].y) == view.heatmap("grad_output", "norm")[0]
+    dist = figures.distribution_figure(view, "activation", "head")
+    median = [t for t in dist.data if t.name == "median"][0]
+    assert list(median.x) == [1, 2, 3, 4]
+    assert "step 4 of 4" in figures.header_markdown(view)

@@ -1,0 +1,505 @@
+"""The view layer: what a run page and a notebook dashboard show, kept up to date incrementally.
+
+A :class:`RunView` is fed the recorder's stream (:class:`~workbench.instrument.Update`\\ s,
+or the records of a stored run) and keeps, per view, only what the views draw:
+
+- the metrics, one :class:`History` each;
+- every statistic of every call site, per kind, one :class:`History` per kind whose rows hold
+  all sites' statistics of a step (one append per kind and step);
+- the histograms of each site (when recorded), thinned the same way;
+- the first NaN/Inf, where and when, and the most recent anomalous rows;
+- the run's progress (step of total, steps/s, time left).
+
+Feeding costs in proportion to the steps that arrived, and every history is bounded: past
+``capacity`` points, the older ones are merged in pairs (their mean, with the min and max kept
+as an envelope, as TensorBoard keeps a bounded sample of a long run), while the most recent
+``recent`` points stay whole. What a refresh draws, and so what is sent to a page per tick, is
+bounded however long the run. The Gradio app and the Jupyter dashboard render the same data
+(:mod:`workbench.ui.figures`).
+
+Call sites get readable names: the module path (``(model)`` for the model itself), ``#k``
+only for a module called more than once in a step, the tensor's leaf where an output is
+structured (``lstm out.1.0``). A tensor that several call sites return (a container's output
+that is its last child's) is one site, named by the first module that returned it (the
+innermost), its other names listed as aliases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.instrument import KINDS, StepRecord, Update
+from workbench.instrument.stats import MAX, MIN, finish
+
+__all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES"]
+
+#: The statistics a view can plot, in the order of a history's row.
+STATISTICS = ("mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
+#: The percentiles of TensorBoard's distributions view, drawn as bands from the histograms.
+PERCENTILES = (0, 7, 16, 31, 50, 69, 84, 93, 100)
+_STAT_INDEX = {name: i for i, name in enumerate(STATISTICS)}
+
+
+class History:
+    """A bounded history of points over steps, thinned uniformly as it grows.
+
+    Points are appended in step order. Past ``capacity`` points, all but the ``recent`` last
+    are regrouped into buckets of ``stride`` steps (the stride doubling until they fit in half
+    of what is left), each bucket one point at its last step: for rows of numbers, their mean,
+    with their min and max kept (``lo``, ``hi``: the envelope of what was merged); for other
+    values (``merge="last"``), the bucket's last one. So a long run keeps an even sample of
+    its whole length and every recent point. Appending costs O(1) amortized; the history never
+    holds more than ``capacity`` points.
+
+    Rows may grow wider over time (new call sites): narrower rows read as NaN past their end.
+    """
+
+    def __init__(self, capacity: int = 512, recent: int = 128, merge: str = "mean") -> None:
+        if not 2 <= recent < capacity // 2:
+            raise ValueError(f"History needs 2 <= recent < capacity / 2, got recent={recent}, capacity={capacity}.")
+        if merge not in ("mean", "last"):
+            raise ValueError(f"merge must be 'mean' or 'last', got {merge!r}.")
+        self.capacity, self.recent, self.merge = capacity, recent, merge
+        self.stride = 1  # steps per bucket in the thinned part
+        self.steps: list[int] = []
+        self._points: list[Any] = []  # (mean, lo, hi, count) for "mean"; the value for "last"
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def append(self, step: int, value: Any) -> None:
+        if self.merge == "mean":
+            value = np.asarray(value, dtype=np.float32)
+            value = (value, value, value, 1)
+        self.steps.append(int(step))
+        self._points.append(value)
+        if len(self.steps) > self.capacity:
+            self._thin()
+
+    def _thin(self) -> None:
+        cut = len(self.steps) - self.recent
+        old = self._bucketed(list(zip(self.steps[:cut], self._points[:cut])))  # (what came since, at the stride)
+        while len(old) > (self.capacity - self.recent) // 2:
+            self.stride *= 2
+            old = self._bucketed(old)
+        self.steps = [step for step, _ in old] + self.steps[cut:]
+        self._points = [point for _, point in old] + self._points[cut:]
+
+    def _bucketed(self, points: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """``(step, point)``s merged into one per bucket of :attr:`stride` steps."""
+        buckets: list[tuple[int, Any]] = []
+        for step, point in points:
+            if buckets and (buckets[-1][0] - 1) // self.stride == (step - 1) // self.stride:
+                point = _merge(buckets[-1][1], point) if self.merge == "mean" else point
+                buckets[-1] = (step, point)
+            else:
+                buckets.append((step, point))
+        return buckets
+
+    def values(self) -> list[Any]:
+        """The points' values, oldest first (``merge="last"``)."""
+        return list(self._points)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``steps (n,), mean (n, width), lo, hi``, rows padded with NaN to the widest."""
+        if not self.steps:
+            empty = np.zeros((0, 0), np.float32)
+            return np.zeros(0, np.int64), empty, empty, empty
+        width = max(len(p[0]) for p in self._points)
+        out = [np.full((len(self._points), width), np.nan, np.float32) for _ in range(3)]
+        for i, point in enumerate(self._points):
+            for part, array in zip(out, point[:3]):
+                part[i, :len(array)] = array
+        return np.asarray(self.steps, np.int64), out[0], out[1], out[2]
+
+    def column(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``steps, mean, lo, hi`` of one column (NaN where a row is shorter)."""
+        steps = np.asarray(self.steps, np.int64)
+        pick = [[(p[k][index] if index < len(p[k]) else np.nan) for p in self._points] for k in range(3)]
+        return steps, *(np.asarray(v, np.float32) for v in pick)
+
+
+def _merge(a: tuple, b: tuple) -> tuple:
+    (ma, la, ha, ca), (mb, lb, hb, cb) = a, b
+    if len(ma) != len(mb):  # the later point has more sites: pad the earlier one
+        width = max(len(ma), len(mb))
+        ma, la, ha, mb, lb, hb = (np.pad(x, (0, width - len(x)), constant_values=np.nan)
+                                  for x in (ma, la, ha, mb, lb, hb))
+    with np.errstate(invalid="ignore"):
+        mean = np.where(np.isnan(ma), mb, np.where(np.isnan(mb), ma, (ma * ca + mb * cb) / (ca + cb)))
+        return mean.astype(np.float32), np.fmin(la, lb), np.fmax(ha, hb), ca + cb
+
+
+@dataclass
+class Site:
+    """A call site as the views show it."""
+
+    name: str  # the readable name
+    module: str
+    call: int
+    tensor: str
+    aliases: list[str] = field(default_factory=list)  # other names of the same tensor
+
+
+def _site_name(module: str, call: int, tensor: str, called_again: bool) -> str:
+    name = module or "(model)"
+    if called_again:
+        name += f"#{call}"
+    if tensor != "out":
+        name += " " + tensor
+    return name
+
+
+class RunView:
+    """The views of one run, fed incrementally.
+
+    Args:
+        capacity: points kept per history (metrics, statistics).
+        recent: of those, the most recent points kept whole.
+        histogram_capacity: histograms kept per site (older ones thinned to every other).
+        label: what the run is (shown in the header).
+        total: the steps the run will take, if known (progress, time left).
+
+    Thread-safe: one thread feeds (a recorder subscription) while others draw.
+    """
+
+    def __init__(self, capacity: int = 512, recent: int = 128, histogram_capacity: int = 96, label: str = "",
+                 total: int | None = None) -> None:
+        self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
+        self.label, self.total = label, total
+        self.status, self.error = "running", None
+        self.last_step = 0
+        self.steps_fed = 0
+        self.dropped = 0  # steps the feeding subscription missed (it fell behind)
+        self.metrics: dict[str, History] = {}
+        self.sites: dict[str, list[Site]] = {kind: [] for kind in KINDS}
+        self.stats: dict[str, History] = {kind: History(capacity, recent) for kind in KINDS}
+        self.first_anomaly: dict[str, Any] | None = None
+        self.anomalies: deque[dict[str, Any]] = deque(maxlen=200)
+        self._target: dict[tuple, tuple[int, int]] = {}  # row key -> (kind index, site index or -1: an alias)
+        self._names: dict[tuple, Site] = {}
+        self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
+        self._histograms: dict[tuple[str, int], History] = {}
+        self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (arrival time, step) for steps/s
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ feeding
+    def feed(self, update: Update | StepRecord | Iterable[StepRecord]) -> None:
+        """Take the records that arrived (an ``Update``, one record or several, in step order)."""
+        if isinstance(update, Update):
+            records, dropped = update.records, update.dropped
+        elif isinstance(update, StepRecord):
+            records, dropped = (update,), 0
+        else:
+            records, dropped = tuple(update), 0
+        with self._lock:
+            self.dropped += dropped
+            for record in records:
+                self._feed_record(record)
+            if records:
+                self._times.append((time.monotonic(), self.last_step))
+
+    def _feed_record(self, record: StepRecord) -> None:
+        self.last_step = max(self.last_step, record.step)
+        self.steps_fed += 1
+        for name, value in record.metrics.items():
+            history = self.metrics.get(name)
+            if history is None:
+                history = self.metrics[name] = History(self.capacity, self.recent)
+            history.append(record.step, np.array([value]))
+        if not len(record):
+            return
+        stats = finish(record.numel, record.sums)
+        table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32)
+        if any(key not in self._target for key in record.keys):
+            self._learn_sites(record, table)
+        targets = np.array([self._target[key] for key in record.keys], np.int64)
+        for k, kind in enumerate(KINDS):
+            sites = self.sites[kind]
+            if not sites:
+                continue
+            mine = (targets[:, 0] == k) & (targets[:, 1] >= 0)
+            if not mine.any():
+                continue
+            row = np.full((len(sites), len(STATISTICS)), np.nan, np.float32)
+            row[targets[mine, 1]] = table[mine]
+            self.stats[kind].append(record.step, row.ravel())
+        bad = np.flatnonzero((table[:, _STAT_INDEX["nan_count"]] > 0) | (table[:, _STAT_INDEX["inf_count"]] > 0))
+        for i in bad:
+            self._note_anomaly(record, i, table[i])
+        if record.histograms is not None:
+            for i, (kind_index, site) in enumerate(targets):
+                if site < 0:
+                    continue
+                kept = self._histograms.get((KINDS[kind_index], int(site)))
+                if kept is None:
+                    kept = self._histograms[(KINDS[kind_index], int(site))] = History(
+                        self.histogram_capacity, self.histogram_capacity // 4, merge="last")
+                kept.append(record.step, (record.step, float(record.sums[i, MIN]), float(record.sums[i, MAX]),
+                                          record.histograms[i].astype(np.float32)))
+
+    def _learn_sites(self, record: StepRecord, table: np.ndarray) -> None:
+        """Name the call sites first seen in this record; a row whose tensor another site of this
+        step returned is an alias of that site: known from the watch (``record.tensors``), or, for
+        records without it (a stored run), told by the same kind, shape and statistics."""
+        calls: dict[tuple[str, str], int] = {}
+        for module, call, kind, _tensor, _shape in record.keys:
+            calls[(kind, module)] = max(calls.get((kind, module), 0), call + 1)
+        for key, count in calls.items():
+            self._calls[key] = max(self._calls.get(key, 0), count)
+        seen: dict[tuple, tuple[int, int]] = {}
+        for i, key in enumerate(record.keys):
+            module, call, kind, tensor, shape = key
+            if record.tensors is not None:
+                fingerprint = (kind, int(record.tensors[i]))
+            else:
+                fingerprint = (kind, shape, table[i].tobytes())
+            target = self._target.get(key)
+            if target is None:
+                k = KINDS.index(kind)
+                original = seen.get(fingerprint)
+                # (by statistics, a tensor of one value or all zeros tells no identity: such twins stay apart)
+                distinct = record.tensors is not None or (table[i, _STAT_INDEX["zero_frac"]] < 1
+                                                          and int(record.numel[i]) > 1)
+                name = _site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
+                if original is not None and distinct and original[1] >= 0:
+                    self.sites[kind][original[1]].aliases.append(name)
+                    target = (k, -1)
+                else:
+                    self.sites[kind].append(Site(name, module, call, tensor))
+                    target = (k, len(self.sites[kind]) - 1)
+                self._target[key] = target
+            if target[1] >= 0:
+                seen.setdefault(fingerprint, target)
+
+    def _note_anomaly(self, record: StepRecord, i: int, stats: np.ndarray) -> None:
+        module, call, kind, tensor, _shape = record.keys[i]
+        kind_index, site = self._target[record.keys[i]]
+        name = self.sites[kind][site].name if site >= 0 else _site_name(module, call, tensor, False)
+        row = {"step": record.step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
+               "inf_count": int(stats[_STAT_INDEX["inf_count"]])}
+        if self.first_anomaly is None:
+            self.first_anomaly = row
+        self.anomalies.append(row)
+
+    def set_status(self, status: str, error: str | None = None) -> None:
+        with self._lock:
+            self.status, self.error = status, error
+
+    # ------------------------------------------------------------------ views
+    def header(self) -> dict[str, Any]:
+        """Run header: label, status (and error), step of total, steps/s, seconds left."""
+        with self._lock:
+            rate = None
+            if len(self._times) >= 2:
+                (t0, s0), (t1, s1) = self._times[0], self._times[-1]
+                rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+            left = None
+            if rate and self.total is not None and self.status == "running":
+                left = max(self.total - self.last_step, 0) / rate
+            return {"label": self.label, "status": self.status, "error": self.error, "step": self.last_step,
+                    "total": self.total, "steps_per_s": rate, "seconds_left": left, "dropped": self.dropped}
+
+    def metric_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self.metrics)
+
+    def metrics_frame(self, names: Sequence[str] | None = None, smoothing: float = 0.0) -> pd.DataFrame:
+        """``metric, step, value, smoothed, lo, hi`` of each metric (all, or ``names``).
+
+        ``smoothing`` in [0, 1) is TensorBoard's: an exponential moving average with that weight
+        on the past, debiased at the start.
+        """
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}.")
+        with self._lock:
+            chosen = self.metric_names() if names is None else [n for n in names if n in self.metrics]
+            frames = []
+            for name in chosen:
+                steps, mean, lo, hi = self.metrics[name].column(0)
+                frames.append(pd.DataFrame({"metric": name, "step": steps, "value": mean,
+                                            "smoothed": _ema(mean, smoothing), "lo": lo, "hi": hi}))
+        if not frames:
+            return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
+                                 [("metric", object), ("step", "int64"), ("value", "float32"),
+                                  ("smoothed", "float64"), ("lo", "float32"), ("hi", "float32")]})
+        return pd.concat(frames, ignore_index=True)
+
+    def site_table(self, kind: str) -> pd.DataFrame:
+        """The call sites of ``kind`` in the order they were first recorded: name, module, call,
+        tensor, aliases."""
+        _check_kind(kind)
+        with self._lock:
+            return pd.DataFrame([{"name": s.name, "module": s.module, "call": s.call, "tensor": s.tensor,
+                                  "aliases": ", ".join(s.aliases)} for s in self.sites[kind]],
+                                columns=["name", "module", "call", "tensor", "aliases"])
+
+    def site_order(self, kind: str) -> list[str]:
+        """Site names of ``kind`` in forward order: activations as the forward returned them
+        (innermost first); gradients and parameters in the order of the activation of the same
+        module (the backward runs the other way)."""
+        _check_kind(kind)
+        with self._lock:
+            names = [s.name for s in self.sites[kind]]
+            if kind == "activation":
+                return names
+            activations = list(enumerate(self.sites["activation"]))
+            by_call = {(s.module, s.call): i for i, s in reversed(activations)}
+            by_module = {s.module: i for i, s in reversed(activations)}
+            rank = {s.name: (by_call.get((s.module, s.call), by_module.get(s.module, len(activations) + j)), j)
+                    for j, s in enumerate(self.sites[kind])}
+            return sorted(names, key=lambda n: rank[n])
+
+    def default_sites(self, kind: str, statistic: str, k: int = 6) -> list[str]:
+        """The ``k`` sites whose ``statistic`` changed most over the run (relative to its scale),
+        then the largest: a sensible default when there are too many sites to draw."""
+        steps, mean, _, _ = self._stat_matrix(kind, statistic)
+        names = [s.name for s in self.sites[kind]]
+        if not len(steps) or not names:
+            return names[:k]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            first = _first_finite(mean)
+            last = _first_finite(mean[::-1])
+            scale = np.nanmax(np.abs(mean), axis=0)
+            change = np.nan_to_num(np.abs(last - first) / np.where(scale > 0, scale, 1.0), nan=-1.0)
+            size = np.nan_to_num(scale, nan=-1.0)
+        order = np.lexsort((-size, -change))  # most change first, then largest
+        return [names[i] for i in order[:k]]
+
+    def site_series(self, kind: str, statistic: str, sites: Sequence[str] | None = None,
+                    k: int = 6) -> pd.DataFrame:
+        """``site, step, value, lo, hi`` of one statistic for ``sites`` (default:
+        :meth:`default_sites`)."""
+        steps, mean, lo, hi = self._stat_matrix(kind, statistic)
+        names = [s.name for s in self.sites[kind]]
+        chosen = list(sites) if sites is not None else self.default_sites(kind, statistic, k)
+        unknown = [s for s in chosen if s not in names]
+        if unknown:
+            raise ValueError(f"no {kind} call site named {unknown[0]!r}; the sites are {names[:20]}"
+                             + (" ..." if len(names) > 20 else "") + ".")
+        frames = []
+        for name in chosen:
+            j = names.index(name)
+            if j < mean.shape[1]:
+                frames.append(pd.DataFrame({"site": name, "step": steps, "value": mean[:, j], "lo": lo[:, j],
+                                            "hi": hi[:, j]}))
+        if not frames:
+            return pd.DataFrame({"site": pd.Series(dtype=object), "step": pd.Series(dtype="int64"),
+                                 "value": pd.Series(dtype="float32"), "lo": pd.Series(dtype="float32"),
+                                 "hi": pd.Series(dtype="float32")})
+        return pd.concat(frames, ignore_index=True)
+
+    def heatmap(self, kind: str, statistic: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(sites in forward order, steps, values (sites, steps))``: one statistic of every site."""
+        steps, mean, _, _ = self._stat_matrix(kind, statistic)
+        names = [s.name for s in self.sites[kind]]
+        order = self.site_order(kind)
+        index = [names.index(n) for n in order if names.index(n) < mean.shape[1]]
+        return [names[i] for i in index], steps, mean[:, index].T
+
+    def histogram_sites(self, kind: str) -> list[str]:
+        """The sites of ``kind`` that have histograms."""
+        _check_kind(kind)
+        with self._lock:
+            return [self.sites[kind][i].name for (knd, i) in self._histograms if knd == kind]
+
+    def distribution(self, kind: str, site: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+        """A site's distribution over time, from its histograms.
+
+        Returns:
+            ``bands``: ``step`` and one column per :data:`PERCENTILES` (``p0`` ... ``p100``);
+            and a step x value heatmap on one grid: ``steps``, ``edges`` (the shared value
+            bins) and ``density`` (steps, bins), each step's counts re-binned onto it.
+        """
+        _check_kind(kind)
+        with self._lock:
+            names = [s.name for s in self.sites[kind]]
+            if site not in names:
+                raise ValueError(f"no {kind} call site named {site!r}; the sites are {names[:20]}.")
+            history = self._histograms.get((kind, names.index(site)))
+            kept = history.values() if history is not None else []
+        columns = ["step"] + [f"p{p}" for p in PERCENTILES]
+        if not kept:
+            return pd.DataFrame(columns=columns), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 0))
+        bands = []
+        for step, lo, hi, counts in kept:
+            edges = np.linspace(lo, hi, len(counts) + 1) if np.isfinite(lo) and np.isfinite(hi) else None
+            bands.append([step] + ([_percentile(edges, counts, p) for p in PERCENTILES] if edges is not None
+                                   else [np.nan] * len(PERCENTILES)))
+        finite = [(lo, hi) for _, lo, hi, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
+        bins = len(kept[0][3])
+        if finite:
+            low, high = min(lo for lo, _ in finite), max(hi for _, hi in finite)
+            if high <= low:
+                high = low + 1.0
+        else:
+            low, high = 0.0, 1.0
+        grid = np.linspace(low, high, bins + 1)
+        density = np.zeros((len(kept), bins), np.float32)
+        for row, (_, lo, hi, counts) in enumerate(kept):
+            if np.isfinite(lo) and np.isfinite(hi):
+                density[row] = _rebin(np.linspace(lo, hi, len(counts) + 1), counts, grid)
+        return (pd.DataFrame(bands, columns=columns), np.array([k[0] for k in kept], np.int64), grid, density)
+
+    def anomaly_frame(self) -> pd.DataFrame:
+        """The most recent rows with a NaN or an Inf (first appearance in :attr:`first_anomaly`)."""
+        with self._lock:
+            return pd.DataFrame(list(self.anomalies), columns=["step", "site", "kind", "nan_count", "inf_count"])
+
+    def _stat_matrix(self, kind: str, statistic: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        _check_kind(kind)
+        if statistic not in _STAT_INDEX:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
+        with self._lock:
+            steps, mean, lo, hi = self.stats[kind].arrays()
+        s = _STAT_INDEX[statistic]
+        width = len(STATISTICS)
+        return steps, mean[:, s::width], lo[:, s::width], hi[:, s::width]
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+
+
+def _ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: an exponential moving average, debiased, skipping NaNs."""
+    out = values.astype(np.float64)
+    last = debias = 0.0
+    for i, v in enumerate(out):
+        if np.isfinite(v):
+            last = last * weight + (1 - weight) * v
+            debias = debias * weight + (1 - weight)
+            out[i] = last / debias
+    return out
+
+
+def _first_finite(matrix: np.ndarray) -> np.ndarray:
+    """Per column, the first finite value (NaN where none)."""
+    finite = np.isfinite(matrix)
+    index = np.argmax(finite, axis=0)
+    values = matrix[index, np.arange(matrix.shape[1])]
+    return np.where(finite.any(axis=0), values, np.nan)
+
+
+def _percentile(edges: np.ndarray, counts: np.ndarray, p: float) -> float:
+    total = counts.sum()
+    if total <= 0:
+        return float("nan")
+    cdf = np.concatenate([[0.0], np.cumsum(counts, dtype=np.float64)]) / total
+    return float(np.interp(p / 100.0, cdf, edges)) if cdf[-1] > 0 else float("nan")
+
+
+def _rebin(edges: np.ndarray, counts: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """``counts`` over ``edges`` redistributed onto ``grid`` (values spread evenly within a bin)."""
+    cdf = np.concatenate([[0.0], np.cumsum(counts, dtype=np.float64)])
+    at = np.interp(grid, edges, cdf, left=0.0, right=cdf[-1])
+    return np.diff(at).astype(np.float32)
