@@ -82,6 +82,11 @@ def test_run_an_experiment_and_watch_it_live_then_replay_it(page, runs_root):
     expect(page.locator("#live-series")).to_contain_text("layers.1#0:out")  # drawn again
     expect(page.locator("#live-note")).to_have_text("1 call site")
     expect(page.locator("#live-series")).not_to_contain_text("layers.0")
+    # a line more: drawn too (Gradio's plot keeps the lines it first drew unless it is cleared)
+    page.locator("#live-pattern textarea, #live-pattern input").first.fill("layers.[01]")
+    expect(page.locator("#live-note")).to_have_text("2 call sites")
+    expect(page.locator("#live-series")).to_contain_text("layers.0#0:out")
+    expect(page.locator("#live-series")).to_contain_text("layers.1#0:out")
     expect(page.locator("#live-runs")).to_contain_text("browser/run")
     _screenshot(page, "experiments_live.png")
 

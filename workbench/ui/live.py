@@ -449,6 +449,31 @@ def _views(rows: pd.DataFrame, metrics: pd.DataFrame, kind: str, stat: str, patt
             anomaly_table(rows))
 
 
+def plot_updates(shown: dict | None, long: pd.DataFrame | None,
+                 series: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict, bool]:
+    """What a page's two live plots are sent this refresh, given what they show (``shown``: the
+    lines of each, as this function last returned it).
+
+    Gradio's line plot keeps the colours (lines and legend) of the first data it drew: a metric
+    or call site that appears later is not drawn, and one that went stays in the legend. A plot
+    whose lines change is therefore sent None (cleared) and drawn afresh on the next refresh.
+
+    Returns:
+        The metrics plot's value, the per-call-site plot's value, the new ``shown``, and whether
+        a plot waits to be drawn (the page must refresh once more).
+    """
+    shown = dict(shown or {})
+    values, again = [], False
+    for key, frame, column in (("metrics", long, "metric"), ("series", series, "site")):
+        lines = None if frame is None else tuple(sorted(set(frame[column])))
+        if lines is not None and shown.get(key) not in (None, lines):
+            shown[key], frame, again = None, None, True
+        else:
+            shown[key] = lines
+        values.append(frame)
+    return values[0], values[1], shown, again
+
+
 def layout(root: RunsRoot):
     """Place the Experiments and Runs tabs' components; call inside ``gr.Tabs``."""
     import gradio as gr
@@ -505,6 +530,7 @@ def layout(root: RunsRoot):
         _plots(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
+    c["live_shown"] = gr.State(None)  # the lines the page's live plots show (see plot_updates)
     c["run_state"] = gr.State(None)
     return c
 
@@ -573,26 +599,30 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     live_inputs = [c["live_state"], c["live_kind"], c["live_stat"], c["live_pattern"]]
 
-    def on_tick(attached, kind, stat, pattern):
-        status, *views, going = run_views(manager, attached, kind, stat, pattern)
-        return status, *views, gr.Timer(active=going), runs_frame(manager), runs_note(manager)
+    def on_tick(attached, kind, stat, pattern, shown):
+        status, long, series, *views, going = run_views(manager, attached, kind, stat, pattern)
+        long, series, shown, again = plot_updates(shown, long, series)
+        return (status, long, series, *views, gr.Timer(active=going or again), runs_frame(manager),
+                runs_note(manager), shown)
 
-    tick_outputs = [c["status"], *live_views, c["timer"], c["runs"], c["runs_note"]]
-    tick = _guarded(on_tick, lambda text: (text, *[gr.skip()] * 5, gr.Timer(active=False), gr.skip(), gr.skip()))
+    live_inputs.append(c["live_shown"])
+    tick_outputs = [c["status"], *live_views, c["timer"], c["runs"], c["runs_note"], c["live_shown"]]
+    tick = _guarded(on_tick, lambda text: (text, *[gr.skip()] * 5, gr.Timer(active=False), *[gr.skip()] * 3))
     c["timer"].tick(tick, live_inputs, tick_outputs)
     for control in ("live_kind", "live_stat", "live_pattern"):
         c[control].change(tick, live_inputs, tick_outputs)
 
-    def on_attach(picked, kind, stat, pattern):
+    def on_attach(picked, kind, stat, pattern, shown):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, *[gr.skip()] * 5, gr.skip(), *listed(picked)
-        status, *views, going = run_views(manager, attached, kind, stat, pattern)
-        return attached, status, *views, gr.Timer(active=going), *listed(attached)
+            return gr.skip(), message, *[gr.skip()] * 5, gr.skip(), *listed(picked), gr.skip()
+        status, long, series, *views, going = run_views(manager, attached, kind, stat, pattern)
+        long, series, shown, again = plot_updates(shown, long, series)
+        return attached, status, long, series, *views, gr.Timer(active=going or again), *listed(attached), shown
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *[gr.skip()] * 9)),
-                      [c["pick"], c["live_kind"], c["live_stat"], c["live_pattern"]],
-                      [c["live_state"], c["status"], *live_views, c["timer"], *listing])
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *[gr.skip()] * 10)),
+                      [c["pick"], c["live_kind"], c["live_stat"], c["live_pattern"], c["live_shown"]],
+                      [c["live_state"], c["status"], *live_views, c["timer"], *listing, c["live_shown"]])
 
     def on_stop(attached):
         return stop_run(manager, attached), *listed(attached)
@@ -625,9 +655,17 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         run, message = replay(root, pick)
         return run, message, *draw(run, kind, stat, pattern)
 
+    # the replay's plots are cleared before each drawing: Gradio's line plot keeps the lines of the
+    # first data it drew (see plot_updates), and another run or filter has other lines
+    replay_plots = [c["replay_metrics"], c["replay_series"]]
+
+    def clear():
+        return None, None
+
     picked = [c["run_state"], c["run_message"], *replay_outputs]
-    c["run_path"].input(_guarded(on_pick, lambda text: (None, text, *[gr.skip()] * 5)),
-                        [c["run_path"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], picked)
+    c["run_path"].input(clear, None, replay_plots).then(
+        _guarded(on_pick, lambda text: (None, text, *[gr.skip()] * 5)),
+        [c["run_path"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], picked)
 
     def on_list(sub, kind="activation", stat="std", pattern="*", open_first=True):
         """List the stored runs and open the newest (again: it may have grown since)."""
@@ -636,8 +674,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return table, gr.Dropdown(choices=names, value=first), message, *on_pick(first, kind, stat, pattern)
 
     listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], *picked]
-    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *[gr.skip()] * 7)),
-                       [c["root"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], listed_runs)
+    c["refresh"].click(clear, None, replay_plots).then(
+        _guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *[gr.skip()] * 7)),
+        [c["root"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], listed_runs)
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
             return *listed(first_running=True), *on_list("", open_first=False)  # (opened when picked)
@@ -645,5 +684,6 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
                                                  *[gr.skip()] * 7)), None, [*listing, *listed_runs])
     for control in ("replay_kind", "replay_stat", "replay_pattern"):
-        c[control].change(_guarded(draw, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip())),
-                          replay_inputs, replay_outputs)
+        c[control].change(clear, None, replay_plots).then(
+            _guarded(draw, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip())),
+            replay_inputs, replay_outputs)
