@@ -180,3 +180,13 @@ def test_the_command_line_takes_the_runs_root_and_refuses_a_file(tmp_path, monke
     with pytest.raises(SystemExit):
         app_script.main(["--runs-root", str(tmp_path / "file")])
     assert f"runs root {str(tmp_path / 'file')!r} is a file, not a directory" in capsys.readouterr().err
+
+
+def test_a_handler_that_fails_unexpectedly_answers_with_a_message_not_a_bare_error(caplog):
+    def broken(value):
+        raise KeyError(value)
+
+    guarded = live._guarded(broken, lambda text: ("kept", text))
+    kept, message = guarded("lost")
+    assert kept == "kept" and "Something went wrong" in message and "KeyError: 'lost'" in message
+    assert "handler broken failed" in caplog.text  # the traceback goes to the server's log
