@@ -28,13 +28,18 @@ from workbench.ui.runs import PathRefused, RunManager, RunsRoot
 @functools.cache
 def sandbox() -> tuple[Path, RunManager]:
     """A directory holding the runs root and what lies beside it; the root holds one run ('taken'),
-    a file ('a-file') and a symbolic link out of the root ('link-out')."""
+    a file ('a-file') and symbolic links out of the root: to an empty directory ('link-out'), to
+    a run ('linked-run') and, in a directory of its own, to a run's database ('sneaky/run.sqlite')."""
     base = Path(tempfile.mkdtemp(prefix="workbench-bad-app-"))
     (base / "outside").mkdir()
+    RunStore(base / "elsewhere", {"experiment": "activation_mlp"}).close()
     root = base / "root"
     RunStore(root / "taken", {"experiment": "activation_mlp"}).close()
     (root / "a-file").write_text("not a run")
     os.symlink(base / "outside", root / "link-out")
+    os.symlink(base / "elsewhere", root / "linked-run")
+    (root / "sneaky").mkdir()
+    os.symlink(base / "elsewhere" / "run.sqlite", root / "sneaky" / "run.sqlite")
     # no run is started by a bad input, so the manager has nothing to stop
     return base, RunManager(root)
 
@@ -170,6 +175,9 @@ MESSAGES = [
     Said("pick-absolute", lambda: pick("/etc/passwd"), ["run '/etc/passwd'", "absolute path"]),
     Said("pick-parent", lambda: pick("../outside"), ["'../outside'", "contains '..'"]),
     Said("pick-symlink-out", lambda: pick("link-out"), ["'link-out'", "leads out of the runs root"]),
+    Said("pick-linked-run", lambda: pick("linked-run"), ["'linked-run'", "leads out of the runs root"]),
+    Said("pick-linked-database", lambda: pick("sneaky"), ["'sneaky'", "leads out of the runs root",
+                                                          "its database is"]),
     Said("pick-not-a-run", lambda: pick("nothing"), ["not a workbench run"]),
     Said("pick-a-file", lambda: pick("a-file"), ["a-file", "not a workbench run"]),
     Said("pick-not-text", lambda: pick(["taken"]), ["run must be text", "['taken']"]),
@@ -221,3 +229,11 @@ def test_bad_input(case):
     before = tree()
     check(case)
     assert tree() == before
+
+
+def test_the_runs_tab_lists_only_the_runs_inside_the_root():
+    base, manager = sandbox()
+    table, names, message = live.run_table(manager.root)
+    # not 'linked-run' nor 'sneaky', whose databases lie outside the root
+    assert names == ["taken"] and list(table.run) == ["taken"], (names, message)
+    assert live.replay(manager.root, "taken")[0] is not None

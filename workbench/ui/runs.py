@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from workbench.instrument.store import DB_NAME
+
 if TYPE_CHECKING:
     from workbench.instrument import Run
     from workbench.ui.live import LiveRun
@@ -145,8 +147,8 @@ class RunsRoot:
             runs = list_runs(where)
         except (OSError, ValueError) as exc:
             return empty, [], f"**Cannot list** `{where}`: {exc}"
-        # a run.sqlite reached through a symbolic link out of the root is not listed
-        inside = [Path(p).resolve().is_relative_to(self.path) for p in runs.path]
+        # a run (or its run.sqlite) reached through a symbolic link out of the root is not listed
+        inside = [(Path(p) / DB_NAME).resolve().is_relative_to(self.path) for p in runs.path]
         runs = runs[inside].reset_index(drop=True)
         if runs.empty:
             return empty, [], f"No runs yet under `{where}`."
@@ -165,7 +167,12 @@ class RunsRoot:
         """
         from workbench.instrument import load_run
 
-        return load_run(self.resolve(pick, "run"))
+        path = self.resolve(pick, "run")
+        database = (path / DB_NAME if path.is_dir() else path).resolve()
+        if not database.is_relative_to(self.path):
+            raise PathRefused(f"run {shown(pick)} leads out of the runs root {self.path} (its database is "
+                              f"{database}, through a symbolic link); open runs that lie inside the root.")
+        return load_run(path)
 
 
 class RunManager:
@@ -203,7 +210,6 @@ class RunManager:
         Raises:
             ValueError: too many runs in progress, a bad run name, a name already taken, a bad config.
         """
-        from workbench.instrument.store import DB_NAME
         from workbench.ui.live import LiveRun
 
         path = None
