@@ -112,3 +112,10 @@ def test_hooks_alone_put_the_floors_hooks_in_and_read_nothing(monkeypatch):
     assert not torch.nn.modules.module._global_forward_hooks
     for param in exp.model.parameters():
         assert not param._post_accumulate_grad_hooks
+
+
+def test_dashboard_reports_refreshes_and_the_live_ratio():
+    out = run_script("dashboard.py", "--quick")
+    for name in ("activation_mlp", "efficientzero_dynamics"):
+        assert re.search(rf"{name}\s+1000 steps: .* ms \(.*x\), .* KiB \(.*x\)", out), out
+    assert re.search(r"watch \+ live page / watch alone: \d+\.\d+x", out), out

@@ -186,7 +186,7 @@ def test_a_long_run_draws_like_a_short_one():
         return view
 
     def size(view):
-        return sum(len(f.to_json()) for f in (figures.metrics_figure(view), figures.sites_figure(
+        return sum(len(figures.to_json(f)) for f in (figures.metrics_figure(view), figures.sites_figure(
             view, "activation", "std"), figures.heatmap_figure(view, "grad_output", "norm")))
 
     short, long = fed(1_000), fed(10_000)
@@ -196,16 +196,29 @@ def test_a_long_run_draws_like_a_short_one():
 
 def test_figures_carry_the_data_of_the_views():
     view, w = watched(Twice(), 4, histograms=True)
-    fig = figures.sites_figure(view, "activation", "std", sites=["head"])
-    line = [t for t in fig.data if t.name == "head"][0]
     rows = w.to_pandas()
-    want = rows[(rows.kind == "activation") & (rows.module == "head")]["std"].to_numpy()
-    np.testing.assert_allclose(np.asarray(line.y, float), want, rtol=1e-6)
+    fig = figures.sites_figure(view, "activation", "std", sites=["head"])
+    [line] = [t for t in fig["data"] if t.get("name") == "head"]
+    want = rows[(rows.kind == "activation") & (rows.module == "head")]
+    np.testing.assert_allclose(figures.values(line["y"]), want["std"], rtol=1e-6)
+    assert figures.values(line["x"]).tolist() == want.step.tolist()
     metrics = figures.metrics_figure(view, smoothing=0.0)
-    assert [a.text for a in metrics.layout.annotations] == ["loss", "lr"]
+    assert [a["text"] for a in metrics["layout"]["annotations"]] == ["loss", "lr"]
+    loss = figures.values(metrics["data"][0]["y"])
+    np.testing.assert_allclose(loss, w.metrics().loss, rtol=1e-6)
     heat = figures.heatmap_figure(view, "grad_output", "norm")
-    assert list(heat.data[0].y) == view.heatmap("grad_output", "norm")[0]
+    names, _, matrix = view.heatmap("grad_output", "norm")
+    assert heat["data"][0]["y"] == names
+    np.testing.assert_allclose(figures.values(heat["data"][0]["z"]), np.log10(np.abs(matrix)), rtol=1e-5)
     dist = figures.distribution_figure(view, "activation", "head")
-    median = [t for t in dist.data if t.name == "median"][0]
-    assert list(median.x) == [1, 2, 3, 4]
+    [median] = [t for t in dist["data"] if t.get("name") == "median"]
+    assert figures.values(median["x"]).tolist() == [1, 2, 3, 4]
+    assert figures.values(median["customdata"]).shape == (4, len(PERCENTILES))
     assert "step 4 of 4" in figures.header_markdown(view)
+    plain, _ = watched(Twice(), 1)
+    assert "record with histograms on" in figures.distribution_figure(plain, "activation", "head")["layout"][
+        "annotations"][0]["text"]
+    # a spec Plotly itself accepts as it is
+    import plotly.graph_objects as go
+    for spec in (fig, metrics, heat, dist):
+        go.Figure(spec)

@@ -1,38 +1,79 @@
-"""Figures of the view layer (:mod:`workbench.ui.views`), drawn with Plotly.
+"""Figures of the view layer (:mod:`workbench.ui.views`), as Plotly figure specs.
 
 Plotly because one figure renders natively and interactively in both front-ends: Gradio's
 ``gr.Plot`` and JupyterLab's own Plotly renderer show the same JSON with hover values, zoom,
 pan and legend toggling, where Gradio's built-in plots exist only in Gradio and matplotlib
-draws still images. A figure's data are the view's bounded histories, so its size does not
-grow with the run.
+draws still images.
+
+A figure is the plain spec Plotly's JavaScript draws (``{"data": [...], "layout": {...}}``),
+built here directly: building ``plotly.graph_objects`` figures validates every property, which
+made one refresh of a run page cost 10x more, on the thread that serves the page beside the
+training (``go.Figure(spec)`` gives the validated object when one is wanted). Arrays go as
+Plotly's typed arrays (base64 of float32 or int64): a figure's size is that of the view's
+bounded histories, which does not grow with the run.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from workbench.ui.views import PERCENTILES, RunView
 
 __all__ = ["header_markdown", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "empty_figure"]
+           "empty_figure", "to_json", "values"]
 
+Figure = dict[str, Any]
 _HEIGHT = 320
-_LAYOUT = dict(margin=dict(l=50, r=20, t=40, b=40), hovermode="x unified", template="plotly_white")
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+            "#bcbd22", "#17becf")
+_FONT = dict(family="sans-serif", size=12)
 
 
-def empty_figure(message: str) -> go.Figure:
+def _layout(height: int, title: str | None = None, **more: Any) -> dict[str, Any]:
+    layout = {"height": height, "margin": dict(l=55, r=20, t=45 if title else 25, b=40), "hovermode": "x unified",
+              "font": _FONT, "plot_bgcolor": "white", "paper_bgcolor": "white", **more}
+    if title:
+        layout["title"] = dict(text=title, font=dict(size=14), x=0.01)
+    return layout
+
+
+def _axis(**more: Any) -> dict[str, Any]:
+    return dict(gridcolor="#e5e5e5", zeroline=False, linecolor="#999", **more)
+
+
+def _array(values: Any) -> dict[str, str]:
+    """Plotly's typed array: float32 (NaN draws a gap) or int64 steps, base64-encoded."""
+    array = np.asarray(values)
+    array = np.ascontiguousarray(array, dtype=np.int32 if array.dtype.kind in "iu" else np.float32)
+    return {"dtype": "i4" if array.dtype == np.int32 else "f4", "bdata": base64.b64encode(array).decode(),
+            **({"shape": ", ".join(map(str, array.shape))} if array.ndim > 1 else {})}
+
+
+def values(data: Any) -> np.ndarray:
+    """A figure's array (a typed array or a list) as numpy: what the page draws."""
+    if isinstance(data, dict) and "bdata" in data:
+        array = np.frombuffer(base64.b64decode(data["bdata"]), dtype={"f4": np.float32, "i4": np.int32}[data["dtype"]])
+        return array.reshape([int(n) for n in data["shape"].split(",")]) if "shape" in data else array
+    return np.asarray(data)
+
+
+def to_json(figure: Figure) -> str:
+    """The figure as the JSON a page receives."""
+    return json.dumps(figure, separators=(",", ":"), allow_nan=False)
+
+
+def empty_figure(message: str) -> Figure:
     """A blank figure that says why it is blank."""
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=14, color="#666"))
-    fig.update_layout(height=_HEIGHT, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      margin=dict(l=20, r=20, t=20, b=20), template="plotly_white")
-    return fig
+    return {"data": [], "layout": _layout(_HEIGHT // 2, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                                          annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5,
+                                                            xref="paper", yref="paper",
+                                                            font=dict(size=14, color="#666"))])}
 
 
 def header_markdown(view: RunView) -> str:
@@ -66,112 +107,108 @@ def _duration(seconds: float) -> str:
 
 
 def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing: float = 0.0,
-                   log_y: bool = False, columns: int = 3) -> go.Figure:
-    """One small panel per metric: the values (faint where smoothed) and their smoothed line."""
+                   log_y: bool = False, columns: int = 3) -> Figure:
+    """One small panel per metric: its values (faint when smoothed) and their smoothed line."""
     frame = view.metrics_frame(names, smoothing)
     chosen = list(dict.fromkeys(frame.metric))
     if not chosen:
         return empty_figure("No metrics yet.")
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=chosen, vertical_spacing=0.5 / rows,
-                        horizontal_spacing=0.08)
+    gap_x, gap_y = 0.07, 0.5 / rows
+    width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (rows - 1)) / rows
+    data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=False, annotations=[])
     for i, name in enumerate(chosen):
-        data = frame[frame.metric == name]
-        row, col = i // columns + 1, i % columns + 1
-        raw = dict(width=1, color="#1f77b4")
-        fig.add_trace(go.Scatter(x=data.step, y=data.value, name=name, mode="lines", line=raw,
-                                 opacity=0.35 if smoothing else 1.0, showlegend=False,
-                                 hovertemplate=f"{name}: %{{y:.4g}}<extra>step %{{x}}</extra>"), row=row, col=col)
+        part = frame[frame.metric == name]
+        row, col = divmod(i, columns)
+        n = "" if i == 0 else str(i + 1)
+        x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
+        layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d")
+        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear")
+        layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
+                                          xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
+        common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step))
+        data.append(dict(common, name=name, y=_array(part.value), opacity=0.35 if smoothing else 1.0,
+                         line=dict(width=1, color=_PALETTE[0]),
+                         hovertemplate=f"{name}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
         if smoothing:
-            fig.add_trace(go.Scatter(x=data.step, y=data.smoothed, name=f"{name} (smoothed)", mode="lines",
-                                     line=dict(width=2, color="#1f77b4"), showlegend=False,
-                                     hovertemplate=f"{name}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"),
-                          row=row, col=col)
-    fig.update_xaxes(tickformat="d", rangemode="tozero")
-    if log_y:
-        fig.update_yaxes(type="log")
-    fig.update_layout(height=max(_HEIGHT, 230 * rows), **_LAYOUT)
-    return fig
+            data.append(dict(common, name=f"{name} (smoothed)", y=_array(part.smoothed),
+                             line=dict(width=2, color=_PALETTE[0]),
+                             hovertemplate=f"{name}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
+    return {"data": data, "layout": layout}
 
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
-                 log_y: bool = False) -> go.Figure:
-    """One statistic per call site over steps; a thinned stretch shows its min-max as a band."""
+                 log_y: bool = False) -> Figure:
+    """One statistic per call site over steps (default: the sites that changed most); where
+    steps were merged, a band shows their min and max. Click a legend entry to hide a site."""
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
         return empty_figure(f"No {kind} rows yet.")
-    fig = go.Figure()
-    for i, (site, data) in enumerate(frame.groupby("site", sort=False)):
-        color = _color(i)
-        if (data.hi > data.lo).any():  # merged points: their envelope
-            fig.add_trace(go.Scatter(x=np.concatenate([data.step, data.step[::-1]]),
-                                     y=np.concatenate([data.hi, data.lo[::-1]]), fill="toself", mode="none",
-                                     fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False,
-                                     legendgroup=site))
-        fig.add_trace(go.Scatter(x=data.step, y=data.value, name=site, mode="lines", line=dict(color=color),
-                                 legendgroup=site, hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
-    fig.update_xaxes(title="step", tickformat="d")
-    fig.update_yaxes(title=statistic, type="log" if log_y else "linear")
-    fig.update_layout(height=_HEIGHT + 60, title=f"{kind}: {statistic} per call site", legend=dict(font=dict(size=10)),
-                      **_LAYOUT)
-    return fig
+    data = []
+    for i, (site, part) in enumerate(frame.groupby("site", sort=False)):
+        color = _PALETTE[i % len(_PALETTE)]
+        merged = part[part.hi > part.lo]  # points that stand for several steps: their min-max envelope
+        if len(merged):
+            data.append(dict(type="scatter", x=_array(np.concatenate([merged.step, merged.step[::-1]])),
+                             y=_array(np.concatenate([merged.hi, merged.lo[::-1]])), fill="toself", mode="none",
+                             fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False, legendgroup=site))
+        data.append(dict(type="scatter", mode="lines", name=site, x=_array(part.step), y=_array(part.value),
+                         line=dict(color=color, width=1.5), legendgroup=site,
+                         hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
+    return {"data": data, "layout": _layout(
+        _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}
 
 
-def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> go.Figure:
+def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> Figure:
     """A statistic of every call site (rows, in forward order) over steps (columns): vanishing or
     exploding gradients and dead units at a glance. ``log``: log10 of the magnitude."""
-    names, steps, values = view.heatmap(kind, statistic)
+    names, steps, matrix = view.heatmap(kind, statistic)
     if not names or not len(steps):
         return empty_figure(f"No {kind} rows yet.")
-    shown = values.astype(np.float64)
-    label = statistic
+    shown, label = matrix.astype(np.float64), statistic
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             shown = np.log10(np.abs(shown))
         shown[~np.isfinite(shown)] = np.nan
         label = f"log10 |{statistic}|"
-    fig = go.Figure(go.Heatmap(z=shown, x=steps, y=names, colorscale="Viridis", colorbar=dict(title=label),
-                               customdata=values, hoverongaps=False,
-                               hovertemplate="%{y}<br>step %{x}<br>" + statistic + " %{customdata:.4g}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9))  # the first site on top
-    fig.update_xaxes(title="step", tickformat="d")
-    fig.update_layout(height=max(_HEIGHT, min(14 * len(names) + 120, 1400)),
-                      title=f"{kind}: {label}, every call site in forward order", **_LAYOUT)
-    return fig
+    trace = dict(type="heatmap", z=_array(shown), x=_array(steps), y=names, colorscale="Viridis",
+                 colorbar=dict(title=dict(text=label)), hoverongaps=False,
+                 hovertemplate="%{y}<br>step %{x}<br>" + label + " %{z:.3g}<extra></extra>")
+    return {"data": [trace], "layout": _layout(
+        max(_HEIGHT, min(14 * len(names) + 120, 1400)), f"{kind}: {label}, every call site in forward order",
+        hovermode="closest", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category"))}
 
 
-def distribution_figure(view: RunView, kind: str, site: str) -> go.Figure:
+def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     """A site's distribution over time from its histograms: TensorBoard's percentile bands
     (left) and the step x value density (right)."""
     bands, steps, grid, density = view.distribution(kind, site)
     if bands.empty:
         return empty_figure(f"No histograms of {kind} at {site}: record with histograms on.")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("percentiles", "density"), horizontal_spacing=0.1)
-    pairs = [(0, 100), (7, 93), (16, 84), (31, 69)]
-    for lo, hi in pairs:
-        fig.add_trace(go.Scatter(x=bands.step, y=bands[f"p{hi}"], mode="lines", line=dict(width=0),
-                                 showlegend=False, hoverinfo="skip"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=bands.step, y=bands[f"p{lo}"], mode="lines", line=dict(width=0),
-                                 fill="tonexty", fillcolor="rgba(31,119,180,0.18)", name=f"p{lo}-p{hi}",
-                                 hoverinfo="skip", showlegend=False), row=1, col=1)
-    fig.add_trace(go.Scatter(x=bands.step, y=bands.p50, mode="lines", name="median", line=dict(color="#1f77b4"),
-                             customdata=bands[[f"p{p}" for p in PERCENTILES]].to_numpy(),
-                             hovertemplate="median %{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[8]:.4g}"
-                                           "<extra>step %{x}</extra>"), row=1, col=1)
-    centers = (grid[:-1] + grid[1:]) / 2
+    x = _array(bands.step)
+    data = []
+    for lo, hi in [(0, 100), (7, 93), (16, 84), (31, 69)]:
+        data.append(dict(type="scatter", mode="lines", x=x, y=_array(bands[f"p{hi}"]), line=dict(width=0),
+                         showlegend=False, hoverinfo="skip"))
+        data.append(dict(type="scatter", mode="lines", x=x, y=_array(bands[f"p{lo}"]), line=dict(width=0),
+                         fill="tonexty", fillcolor="rgba(31,119,180,0.18)", showlegend=False, hoverinfo="skip"))
+    data.append(dict(type="scatter", mode="lines", x=x, y=_array(bands.p50), name="median",
+                     line=dict(color=_PALETTE[0]), customdata=_array(bands[[f"p{p}" for p in PERCENTILES]]),
+                     hovertemplate="median %{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[8]:.4g}"
+                                   "<extra>step %{x}</extra>"))
     total = density.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(total > 0, density / total, np.nan)
-    fig.add_trace(go.Heatmap(x=steps, y=centers, z=share.T, colorscale="Blues", showscale=False,
-                             hovertemplate="step %{x}<br>value %{y:.4g}<br>share %{z:.3f}<extra></extra>"),
-                  row=1, col=2)
-    fig.update_xaxes(title="step", tickformat="d")
-    fig.update_layout(height=_HEIGHT + 40, title=f"{kind} at {site}: distribution over steps", **_LAYOUT)
-    return fig
-
-
-def _color(i: int) -> str:
-    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf")
-    return palette[i % len(palette)]
+    data.append(dict(type="heatmap", x=_array(steps), y=_array((grid[:-1] + grid[1:]) / 2), z=_array(share.T),
+                     colorscale="Blues", showscale=False, xaxis="x2", yaxis="y2",
+                     hovertemplate="step %{x}<br>value %{y:.4g}<br>share %{z:.3f}<extra></extra>"))
+    layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
+                     hovermode="closest", showlegend=False,
+                     xaxis=_axis(domain=[0, 0.46], title=dict(text="step"), tickformat="d"),
+                     yaxis=_axis(title=dict(text="value")),
+                     xaxis2=_axis(domain=[0.54, 1], anchor="y2", title=dict(text="step"), tickformat="d"),
+                     yaxis2=_axis(anchor="x2"))
+    return {"data": data, "layout": layout}

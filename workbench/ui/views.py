@@ -26,10 +26,11 @@ innermost), its other names listed as aliases.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,15 +165,17 @@ class RunView:
     Args:
         capacity: points kept per history (metrics, statistics).
         recent: of those, the most recent points kept whole.
-        histogram_capacity: histograms kept per site (older ones thinned to every other).
+        histogram_capacity: histograms kept per site (thinned the same way).
         label: what the run is (shown in the header).
         total: the steps the run will take, if known (progress, time left).
+        max_pending: records queued at most before they are taken in without a draw.
 
-    Thread-safe: one thread feeds (a recorder subscription) while others draw.
+    Thread-safe: one thread feeds (a recorder subscription) while others draw. Feeding only
+    queues the records; the first view drawn after takes them in, all at once.
     """
 
-    def __init__(self, capacity: int = 512, recent: int = 128, histogram_capacity: int = 96, label: str = "",
-                 total: int | None = None) -> None:
+    def __init__(self, capacity: int = 120, recent: int = 32, histogram_capacity: int = 96, label: str = "",
+                 total: int | None = None, max_pending: int = 1024) -> None:
         self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
         self.label, self.total = label, total
         self.status, self.error = "running", None
@@ -182,8 +185,10 @@ class RunView:
         self.metrics: dict[str, History] = {}
         self.sites: dict[str, list[Site]] = {kind: [] for kind in KINDS}
         self.stats: dict[str, History] = {kind: History(capacity, recent) for kind in KINDS}
-        self.first_anomaly: dict[str, Any] | None = None
+        self._first_anomaly: dict[str, Any] | None = None
         self.anomalies: deque[dict[str, Any]] = deque(maxlen=200)
+        self.max_pending = max_pending
+        self._pending: list[StepRecord] = []
         self._target: dict[tuple, tuple[int, int]] = {}  # row key -> (kind index, site index or -1: an alias)
         self._names: dict[tuple, Site] = {}
         self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
@@ -193,49 +198,74 @@ class RunView:
 
     # ------------------------------------------------------------------ feeding
     def feed(self, update: Update | StepRecord | Iterable[StepRecord]) -> None:
-        """Take the records that arrived (an ``Update``, one record or several, in step order)."""
+        """Take the records that arrived (an ``Update``, one record or several, in step order).
+
+        Cheap, as it runs beside the training (a recorder subscription): the records are queued,
+        and taken into the views by the next view that is drawn, many steps at once.
+        """
         if isinstance(update, Update):
             records, dropped = update.records, update.dropped
         elif isinstance(update, StepRecord):
             records, dropped = (update,), 0
         else:
             records, dropped = tuple(update), 0
+        if not records and not dropped:
+            return
         with self._lock:
             self.dropped += dropped
-            for record in records:
-                self._feed_record(record)
+            self._pending.extend(records)
+            self.steps_fed += len(records)
             if records:
+                self.last_step = max(self.last_step, max(r.step for r in records))
                 self._times.append((time.monotonic(), self.last_step))
+            if len(self._pending) >= self.max_pending:  # nobody draws: keep the queue bounded
+                self._absorb()
 
-    def _feed_record(self, record: StepRecord) -> None:
-        self.last_step = max(self.last_step, record.step)
-        self.steps_fed += 1
-        for name, value in record.metrics.items():
-            history = self.metrics.get(name)
-            if history is None:
-                history = self.metrics[name] = History(self.capacity, self.recent)
-            history.append(record.step, np.array([value]))
-        if not len(record):
+    def _absorb(self) -> None:
+        """Take the queued records into the views; records of the same layout (the same row
+        keys, as consecutive steps of one model have) together."""
+        pending, self._pending = self._pending, []
+        start = 0
+        while start < len(pending):
+            end, keys = start + 1, pending[start].keys
+            while end < len(pending) and pending[end].keys == keys:
+                end += 1
+            self._absorb_layout(pending[start:end])
+            start = end
+
+    def _absorb_layout(self, records: list[StepRecord]) -> None:
+        for record in records:
+            for name, value in record.metrics.items():
+                history = self.metrics.get(name)
+                if history is None:
+                    history = self.metrics[name] = History(self.capacity, self.recent)
+                history.append(record.step, np.array([value]))
+        first = records[0]
+        if not len(first):
             return
-        stats = finish(record.numel, record.sums)
-        table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32)
-        if any(key not in self._target for key in record.keys):
-            self._learn_sites(record, table)
-        targets = np.array([self._target[key] for key in record.keys], np.int64)
+        n, rows = len(records), len(first)
+        sums = np.stack([r.sums for r in records]).reshape(n * rows, -1)
+        stats = finish(np.tile(first.numel, n), sums)
+        table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32).reshape(n, rows, -1)
+        if any(key not in self._target for key in first.keys):
+            self._learn_sites(first, table[0])
+        targets = np.array([self._target[key] for key in first.keys], np.int64)
         for k, kind in enumerate(KINDS):
-            sites = self.sites[kind]
-            if not sites:
-                continue
             mine = (targets[:, 0] == k) & (targets[:, 1] >= 0)
             if not mine.any():
                 continue
-            row = np.full((len(sites), len(STATISTICS)), np.nan, np.float32)
-            row[targets[mine, 1]] = table[mine]
-            self.stats[kind].append(record.step, row.ravel())
-        bad = np.flatnonzero((table[:, _STAT_INDEX["nan_count"]] > 0) | (table[:, _STAT_INDEX["inf_count"]] > 0))
-        for i in bad:
-            self._note_anomaly(record, i, table[i])
-        if record.histograms is not None:
+            block = np.full((n, len(self.sites[kind]), len(STATISTICS)), np.nan, np.float32)
+            block[:, targets[mine, 1]] = table[:, mine]
+            for record, row in zip(records, block.reshape(n, -1)):
+                self.stats[kind].append(record.step, row)
+        bad = np.argwhere((table[:, :, _STAT_INDEX["nan_count"]] > 0) | (table[:, :, _STAT_INDEX["inf_count"]] > 0))
+        if len(bad):
+            # the first ever, and the most recent the list keeps
+            for r, i in ([bad[0]] if self._first_anomaly is None else []) + list(bad[-self.anomalies.maxlen:]):
+                self._note_anomaly(records[r], i, table[r, i])
+        for record in records:
+            if record.histograms is None:
+                continue
             for i, (kind_index, site) in enumerate(targets):
                 if site < 0:
                     continue
@@ -286,9 +316,25 @@ class RunView:
         name = self.sites[kind][site].name if site >= 0 else _site_name(module, call, tensor, False)
         row = {"step": record.step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
                "inf_count": int(stats[_STAT_INDEX["inf_count"]])}
-        if self.first_anomaly is None:
-            self.first_anomaly = row
+        if self._first_anomaly is None:
+            self._first_anomaly = row
+        elif self.anomalies and self.anomalies[-1] == row:
+            return
         self.anomalies.append(row)
+
+    @property
+    def first_anomaly(self) -> dict[str, Any] | None:
+        """Where and when a NaN or an Inf first appeared: step, site, kind, counts; None so far."""
+        with self._lock:
+            self._absorb()
+            return self._first_anomaly
+
+    @contextlib.contextmanager
+    def _synced(self) -> Iterator[None]:
+        """Hold the lock, with every queued record taken in."""
+        with self._lock:
+            self._absorb()
+            yield
 
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._lock:
@@ -309,7 +355,7 @@ class RunView:
                     "total": self.total, "steps_per_s": rate, "seconds_left": left, "dropped": self.dropped}
 
     def metric_names(self) -> list[str]:
-        with self._lock:
+        with self._synced():
             return sorted(self.metrics)
 
     def metrics_frame(self, names: Sequence[str] | None = None, smoothing: float = 0.0) -> pd.DataFrame:
@@ -320,7 +366,7 @@ class RunView:
         """
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}.")
-        with self._lock:
+        with self._synced():
             chosen = self.metric_names() if names is None else [n for n in names if n in self.metrics]
             frames = []
             for name in chosen:
@@ -337,7 +383,7 @@ class RunView:
         """The call sites of ``kind`` in the order they were first recorded: name, module, call,
         tensor, aliases."""
         _check_kind(kind)
-        with self._lock:
+        with self._synced():
             return pd.DataFrame([{"name": s.name, "module": s.module, "call": s.call, "tensor": s.tensor,
                                   "aliases": ", ".join(s.aliases)} for s in self.sites[kind]],
                                 columns=["name", "module", "call", "tensor", "aliases"])
@@ -347,7 +393,7 @@ class RunView:
         (innermost first); gradients and parameters in the order of the activation of the same
         module (the backward runs the other way)."""
         _check_kind(kind)
-        with self._lock:
+        with self._synced():
             names = [s.name for s in self.sites[kind]]
             if kind == "activation":
                 return names
@@ -408,7 +454,7 @@ class RunView:
     def histogram_sites(self, kind: str) -> list[str]:
         """The sites of ``kind`` that have histograms."""
         _check_kind(kind)
-        with self._lock:
+        with self._synced():
             return [self.sites[kind][i].name for (knd, i) in self._histograms if knd == kind]
 
     def distribution(self, kind: str, site: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
@@ -420,7 +466,7 @@ class RunView:
             bins) and ``density`` (steps, bins), each step's counts re-binned onto it.
         """
         _check_kind(kind)
-        with self._lock:
+        with self._synced():
             names = [s.name for s in self.sites[kind]]
             if site not in names:
                 raise ValueError(f"no {kind} call site named {site!r}; the sites are {names[:20]}.")
@@ -451,14 +497,14 @@ class RunView:
 
     def anomaly_frame(self) -> pd.DataFrame:
         """The most recent rows with a NaN or an Inf (first appearance in :attr:`first_anomaly`)."""
-        with self._lock:
+        with self._synced():
             return pd.DataFrame(list(self.anomalies), columns=["step", "site", "kind", "nan_count", "inf_count"])
 
     def _stat_matrix(self, kind: str, statistic: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         _check_kind(kind)
         if statistic not in _STAT_INDEX:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-        with self._lock:
+        with self._synced():
             steps, mean, lo, hi = self.stats[kind].arrays()
         s = _STAT_INDEX[statistic]
         width = len(STATISTICS)

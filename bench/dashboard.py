@@ -1,0 +1,128 @@
+"""What a live run page costs, measured in one process.
+
+1. One refresh of a run page (the header and every figure of the view layer: metrics, a
+   statistic per call site, the layer x step heatmap, a distribution, the anomalies) and the
+   bytes it sends (the figures' JSON), at 100, 1,000 and 10,000 recorded steps of the
+   activation MLP and of the dynamics network. The records are those of a real recorded step
+   of each model, replayed with their step numbers (and jittered values): the views' cost
+   depends on the rows, not on their values. Goal: 10,000 steps within 1.5x of 100.
+2. The training step of the activation MLP with a live page (a RunView fed by the watch's
+   stream and a page thread refreshing every second) against the watch alone, the two
+   variants taking turns round by round. Goal: <= 1.03x.
+
+    python bench/dashboard.py [--quick] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import workbench
+from workbench.ui import figures
+from workbench.ui.views import RunView
+
+STEPS = (100, 1_000, 10_000)
+WORKLOADS = {
+    "activation_mlp": dict(activation="relu", depth=3, width=64),
+    "efficientzero_dynamics": dict(),
+}
+
+
+def recorded_step(name: str) -> workbench.instrument.StepRecord:
+    """One real recorded step of the experiment (with histograms)."""
+    exp = workbench.experiments.create(name, seed=0, **WORKLOADS[name])
+    with exp.watch(histograms=True) as w:
+        exp.step()
+        return w.recorder.records()[-1]
+
+
+def refresh(view: RunView) -> int:
+    """Draw a page's views once; returns the bytes a page would receive."""
+    site = (view.histogram_sites("activation") or [None])[0]
+    drawn = [figures.metrics_figure(view, smoothing=0.6), figures.sites_figure(view, "activation", "std"),
+             figures.heatmap_figure(view, "grad_output", "norm")]
+    if site is not None:
+        drawn.append(figures.distribution_figure(view, "activation", site))
+    header = figures.header_markdown(view)
+    table = view.anomaly_frame().to_json()
+    return sum(len(figures.to_json(f)) for f in drawn) + len(header) + len(table)
+
+
+def page_cost(name: str, quick: bool) -> list[tuple[int, float, int]]:
+    record = recorded_step(name)
+    rng = np.random.default_rng(0)
+    out = []
+    for steps in (STEPS[:2] if quick else STEPS):
+        view = RunView(label=name, total=steps)
+        for step in range(1, steps + 1):
+            jitter = 1 + 0.01 * rng.standard_normal(record.sums.shape)
+            view.feed(dataclasses.replace(record, step=step, sums=record.sums * jitter,
+                                          metrics={k: v * (1 + 0.01 * rng.standard_normal())
+                                                   for k, v in record.metrics.items()}))
+        refresh(view)  # warm
+        times, size = [], 0
+        for _ in range(3):
+            start = time.perf_counter()
+            size = refresh(view)
+            times.append(time.perf_counter() - start)
+        out.append((steps, min(times), size))
+    return out
+
+
+def live_ratio(rounds: int, steps: int) -> float:
+    exp = workbench.experiments.create("activation_mlp", seed=0, **WORKLOADS["activation_mlp"])
+    exp.run(20)
+    times: dict[str, list[float]] = {"watch": [], "watch + live page": []}
+    for _ in range(rounds):
+        for variant in times:
+            w = exp.watch()
+            stop = threading.Event()
+            page = None
+            if variant != "watch":
+                view = RunView(total=steps)
+                w.subscribe(view.feed)
+
+                def tick():
+                    while not stop.wait(1.0):
+                        refresh(view)
+
+                page = threading.Thread(target=tick, daemon=True)
+                page.start()
+            exp.step()  # warm-up step of the variant
+            start = time.perf_counter()
+            for _ in range(steps):
+                exp.step()
+            times[variant].append((time.perf_counter() - start) / steps)
+            stop.set()
+            if page is not None:
+                page.join()
+            w.close()
+    base = statistics.median(times["watch"])
+    return statistics.median(times["watch + live page"]) / base
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 and 1,000 steps; one short round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print("one refresh of a run page (every view), by recorded steps")
+    for name in WORKLOADS:
+        rows = page_cost(name, args.quick)
+        base_time, base_size = rows[0][1], rows[0][2]
+        for steps, seconds, size in rows:
+            print(f"  {name:24s} {steps:>6d} steps: {seconds * 1e3:7.1f} ms ({seconds / base_time:4.2f}x), "
+                  f"{size / 1024:7.1f} KiB ({size / base_size:4.2f}x)")
+    rounds, steps = (1, 50) if args.quick else (args.rounds, 300)
+    print(f"activation_mlp training step, watch + live page / watch alone: {live_ratio(rounds, steps):.3f}x "
+          f"({rounds} rounds of {steps} steps)")
+
+
+if __name__ == "__main__":
+    main()
