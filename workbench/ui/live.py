@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from workbench.experiments import create, get_experiment_spec, list_experiments
-from workbench.instrument import STAT_COLUMNS, Run, RunError, load_run
+from workbench.instrument import STAT_COLUMNS, Run, RunError
 from workbench.instrument.recorder import KINDS
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
@@ -484,11 +484,12 @@ def layout(root: RunsRoot):
         with gr.Row():
             with gr.Column(scale=1, min_width=260):
                 c["experiment"] = gr.Radio(names, value=names[0], label="Experiment", elem_id="experiment-list")
-                c["seed"] = gr.Number(0, label="seed", precision=0, elem_id="run-seed", interactive=True)
+                # no precision=0: Gradio would round 2.5 to 2 unseen; _int refuses it by name
+                c["seed"] = gr.Number(0, label="seed", elem_id="run-seed", interactive=True)
                 c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
                                           interactive=True)
-                c["steps"] = gr.Number(200, label="steps", precision=0, elem_id="run-steps", interactive=True)
-                c["every"] = gr.Number(1, label="record every Nth step", precision=0, elem_id="run-every", interactive=True)
+                c["steps"] = gr.Number(200, label="steps", elem_id="run-steps", interactive=True)
+                c["every"] = gr.Number(1, label="record every Nth step", elem_id="run-every", interactive=True)
                 c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)", elem_id="run-modules", interactive=True)
                 c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
                                                elem_id="run-record", interactive=True)

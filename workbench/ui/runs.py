@@ -196,9 +196,6 @@ class RunManager:
         self._count = 0
         self._starting = 0
         self._lock = threading.Lock()
-        # experiments are built one at a time: building one seeds the process's global RNG
-        # (inside fork_rng), and two built at once would draw from each other's seeds
-        self._build_lock = threading.Lock()
         # at the latest when the process exits, the runs in progress stop and close their stores
         # as stopped (a run thread killed at exit would leave its store to read as interrupted)
         weakref.finalize(self, _stop_all, self._runs, self._lock)
@@ -232,9 +229,8 @@ class RunManager:
             self._count += 1
             run_id = f"r{self._count}"
         try:
-            with self._build_lock:
-                run = LiveRun(name, config, seed, steps, store=None if path is None else str(path), device=device,
-                              run_id=run_id, **watch_options)
+            run = LiveRun(name, config, seed, steps, store=None if path is None else str(path), device=device,
+                          run_id=run_id, **watch_options)
             with self._lock:
                 self._runs[run_id] = run
         finally:
