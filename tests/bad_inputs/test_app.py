@@ -100,6 +100,8 @@ MESSAGES = [
     # ---------------------------------------------------------------- the run form
     Said("form-no-experiment", lambda: start(name=None), ["Pick an experiment"]),
     Said("form-unknown-experiment", lambda: start(name="nope"), ["Unknown experiment 'nope'", "list_experiments"]),
+    Said("overview-unknown-experiment", lambda: live.experiment_overview("nope"), ["Unknown experiment 'nope'"]),
+    Said("form-fields-unknown-experiment", lambda: str(live.experiment_fields("nope")), ["[]"]),
     Said("form-width-zero", lambda: start(values={"width": "0"}), ["'width' must lie in [1, 1024], got 0"]),
     Said("form-width-text", lambda: start(values={"width": "abc"}), ["width", "'abc'"]),
     Said("form-activation-unknown", lambda: start(values={"activation": "swish"}), ["'swish'", "gelu"]),

@@ -43,12 +43,19 @@ RECORD_CHOICES = {"activations": "activations", "output gradients": "gradients",
 def experiment_overview(name: str | None) -> str:
     if not name:
         return "_Pick an experiment._"
-    spec = get_experiment_spec(name)
+    try:
+        spec = get_experiment_spec(name)
+    except ValueError as exc:
+        return f"**{exc}**"
     return f"### {name}\n{spec.summary}"
 
 
 def experiment_fields(name: str | None) -> list[FormField]:
-    return form_fields(get_experiment_spec(name).params) if name else []
+    """The config form of an experiment (none for an unknown name: the overview says why)."""
+    try:
+        return form_fields(get_experiment_spec(name).params) if name else []
+    except ValueError:
+        return []
 
 
 class LiveRun:
