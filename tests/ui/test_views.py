@@ -222,3 +222,29 @@ def test_figures_carry_the_data_of_the_views():
     import plotly.graph_objects as go
     for spec in (fig, metrics, heat, dist):
         go.Figure(spec)
+
+
+def test_a_stored_run_replays_into_the_same_views(tmp_path):
+    model = Twice()
+    view = RunView(label="live")
+    torch.manual_seed(0)
+    with workbench.watch(model, store=tmp_path / "run", histograms=True, every=2) as w:
+        w.subscribe(view.feed)
+        for step in range(7):
+            out = model(torch.randn(16, 4))
+            out.square().mean().backward()
+            w.step(loss=out.square().mean().item())
+        w.recorder.flush()
+    replayed = RunView.from_run(workbench.load_run(tmp_path / "run"))
+    assert replayed.header()["status"] == "finished" and replayed.header()["step"] == 7
+    assert replayed.label == "run"
+    for kind in ("activation", "grad_output", "param", "param_grad"):
+        pd.testing.assert_frame_equal(replayed.site_table(kind), view.site_table(kind))
+        for statistic in ("mean", "norm", "zero_frac"):
+            live, stored = view.heatmap(kind, statistic), replayed.heatmap(kind, statistic)
+            assert live[0] == stored[0] and live[1].tolist() == stored[1].tolist() == [1, 3, 5, 7]
+            np.testing.assert_allclose(stored[2], live[2], rtol=1e-6)
+    pd.testing.assert_frame_equal(replayed.metrics_frame(), view.metrics_frame())  # every step's loss
+    assert replayed.metrics_frame().step.tolist() == list(range(1, 8))
+    live_bands, stored_bands = view.distribution("activation", "head")[0], replayed.distribution("activation", "head")[0]
+    pd.testing.assert_frame_equal(stored_bands, live_bands, rtol=1e-5)

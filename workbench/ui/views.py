@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument import KINDS, StepRecord, Update
+from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.stats import MAX, MIN, finish
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES"]
@@ -140,6 +140,19 @@ def _merge(a: tuple, b: tuple) -> tuple:
 
 
 @dataclass
+class _Block:
+    """Consecutive steps that recorded the same rows, as the views take them in."""
+
+    steps: list[int]
+    keys: tuple  # (module, call, kind, tensor, shape) per row
+    numel: np.ndarray  # per row
+    table: np.ndarray | None  # (steps, rows, STATISTICS); None: no rows
+    tensors: np.ndarray | None  # which rows are one tensor, when known
+    metrics: list[dict[str, float]]  # per step
+    histograms: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]  # per step: (lo, hi, counts) per row
+
+
+@dataclass
 class Site:
     """A call site as the views show it."""
 
@@ -196,6 +209,57 @@ class RunView:
         self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (arrival time, step) for steps/s
         self._lock = threading.RLock()
 
+    @classmethod
+    def from_run(cls, run: Run, **options: Any) -> RunView:
+        """The views of a stored run (``workbench.load_run``), as they were when it was recorded."""
+        view = cls(label=run.name, **options)
+        rows, metrics = run.to_pandas(), run.metrics()
+        histograms = run.histograms() if len(rows) else None
+        if histograms is not None and len(histograms) != len(rows):
+            histograms = None  # (a run that recorded histograms on some steps only shows none)
+        by_step: dict[int, dict[str, float]] = {}
+        for record in metrics.to_dict("records"):
+            step = int(record.pop("step"))
+            by_step[step] = {k: float(v) for k, v in record.items() if v == v}  # (NaN: not logged that step)
+        codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
+        starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])
+        ends = np.r_[starts[1:], len(rows)]
+        table = rows[list(STATISTICS)].to_numpy(np.float32)
+        numel = rows.numel.to_numpy()
+        row_steps = {int(rows.step.iat[a]): (a, b) for a, b in zip(starts, ends)}
+        block: list[int] = []
+
+        def flush() -> None:
+            if not block:
+                return
+            a, b = row_steps.get(block[0], (0, 0))
+            keys = tuple((m, int(c), k, t, sh) for m, c, k, t, sh in
+                         rows.iloc[a:b][["module", "call", "kind", "tensor", "shape"]].itertuples(index=False))
+            spans = [row_steps[step] for step in block] if b > a else []
+            hist = [None] * len(block)
+            if histograms is not None and spans:
+                hist = [(np.array([e[0] for e in histograms.edges.iloc[x:y]]),
+                         np.array([e[-1] for e in histograms.edges.iloc[x:y]]),
+                         np.stack(histograms.counts.iloc[x:y].to_list())) for x, y in spans]
+            view._take(_Block(list(block), keys, numel[a:b],
+                              np.stack([table[x:y] for x, y in spans]) if spans else None, None,
+                              [by_step.get(step, {}) for step in block], hist))
+            block.clear()
+
+        layout = None
+        for step in sorted(set(row_steps) | set(by_step)):
+            a, b = row_steps.get(step, (0, 0))
+            this = tuple(codes[a:b])
+            if block and this != layout:
+                flush()
+            layout = this
+            block.append(step)
+        flush()
+        view.last_step = max(row_steps.keys() | by_step.keys(), default=0)
+        view.steps_fed = len(row_steps.keys() | by_step.keys())
+        view.set_status(run.status, run.metadata.get("error"))
+        return view
+
     # ------------------------------------------------------------------ feeding
     def feed(self, update: Update | StepRecord | Iterable[StepRecord]) -> None:
         """Take the records that arrived (an ``Update``, one record or several, in step order).
@@ -234,38 +298,47 @@ class RunView:
             start = end
 
     def _absorb_layout(self, records: list[StepRecord]) -> None:
-        for record in records:
-            for name, value in record.metrics.items():
+        first, n = records[0], len(records)
+        table = None
+        if len(first):
+            stats = finish(np.tile(first.numel, n), np.concatenate([r.sums for r in records]))
+            table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32).reshape(n, len(first), -1)
+        histograms = [None if r.histograms is None else (r.sums[:, MIN], r.sums[:, MAX], r.histograms)
+                      for r in records]
+        self._take(_Block([r.step for r in records], first.keys, first.numel, table, first.tensors,
+                          [r.metrics for r in records], histograms))
+
+    def _take(self, block: _Block) -> None:
+        """Take in consecutive steps that recorded the same rows."""
+        for step, metrics in zip(block.steps, block.metrics):
+            for name, value in metrics.items():
                 history = self.metrics.get(name)
                 if history is None:
                     history = self.metrics[name] = History(self.capacity, self.recent)
-                history.append(record.step, np.array([value]))
-        first = records[0]
-        if not len(first):
+                history.append(step, np.array([value]))
+        if block.table is None:
             return
-        n, rows = len(records), len(first)
-        sums = np.stack([r.sums for r in records]).reshape(n * rows, -1)
-        stats = finish(np.tile(first.numel, n), sums)
-        table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32).reshape(n, rows, -1)
-        if any(key not in self._target for key in first.keys):
-            self._learn_sites(first, table[0])
-        targets = np.array([self._target[key] for key in first.keys], np.int64)
+        n, table = len(block.steps), block.table
+        if any(key not in self._target for key in block.keys):
+            self._learn_sites(block.keys, block.numel, table[0], block.tensors)
+        targets = np.array([self._target[key] for key in block.keys], np.int64)
         for k, kind in enumerate(KINDS):
             mine = (targets[:, 0] == k) & (targets[:, 1] >= 0)
             if not mine.any():
                 continue
-            block = np.full((n, len(self.sites[kind]), len(STATISTICS)), np.nan, np.float32)
-            block[:, targets[mine, 1]] = table[:, mine]
-            for record, row in zip(records, block.reshape(n, -1)):
-                self.stats[kind].append(record.step, row)
+            rows = np.full((n, len(self.sites[kind]), len(STATISTICS)), np.nan, np.float32)
+            rows[:, targets[mine, 1]] = table[:, mine]
+            for step, row in zip(block.steps, rows.reshape(n, -1)):
+                self.stats[kind].append(step, row)
         bad = np.argwhere((table[:, :, _STAT_INDEX["nan_count"]] > 0) | (table[:, :, _STAT_INDEX["inf_count"]] > 0))
         if len(bad):
             # the first ever, and the most recent the list keeps
             for r, i in ([bad[0]] if self._first_anomaly is None else []) + list(bad[-self.anomalies.maxlen:]):
-                self._note_anomaly(records[r], i, table[r, i])
-        for record in records:
-            if record.histograms is None:
+                self._note_anomaly(block.steps[r], block.keys[i], table[r, i])
+        for step, histograms in zip(block.steps, block.histograms):
+            if histograms is None:
                 continue
+            lows, highs, counts = histograms
             for i, (kind_index, site) in enumerate(targets):
                 if site < 0:
                     continue
@@ -273,23 +346,22 @@ class RunView:
                 if kept is None:
                     kept = self._histograms[(KINDS[kind_index], int(site))] = History(
                         self.histogram_capacity, self.histogram_capacity // 4, merge="last")
-                kept.append(record.step, (record.step, float(record.sums[i, MIN]), float(record.sums[i, MAX]),
-                                          record.histograms[i].astype(np.float32)))
+                kept.append(step, (step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32)))
 
-    def _learn_sites(self, record: StepRecord, table: np.ndarray) -> None:
-        """Name the call sites first seen in this record; a row whose tensor another site of this
-        step returned is an alias of that site: known from the watch (``record.tensors``), or, for
-        records without it (a stored run), told by the same kind, shape and statistics."""
+    def _learn_sites(self, keys: tuple, numel: np.ndarray, table: np.ndarray, tensors: np.ndarray | None) -> None:
+        """Name the call sites first seen in these rows (one step's); a row whose tensor another
+        site of the step returned is an alias of that site: known from the watch (``tensors``), or,
+        for rows without it (a stored run), told by the same kind, shape and statistics."""
         calls: dict[tuple[str, str], int] = {}
-        for module, call, kind, _tensor, _shape in record.keys:
+        for module, call, kind, _tensor, _shape in keys:
             calls[(kind, module)] = max(calls.get((kind, module), 0), call + 1)
         for key, count in calls.items():
             self._calls[key] = max(self._calls.get(key, 0), count)
         seen: dict[tuple, tuple[int, int]] = {}
-        for i, key in enumerate(record.keys):
+        for i, key in enumerate(keys):
             module, call, kind, tensor, shape = key
-            if record.tensors is not None:
-                fingerprint = (kind, int(record.tensors[i]))
+            if tensors is not None:
+                fingerprint = (kind, int(tensors[i]))
             else:
                 fingerprint = (kind, shape, table[i].tobytes())
             target = self._target.get(key)
@@ -297,8 +369,8 @@ class RunView:
                 k = KINDS.index(kind)
                 original = seen.get(fingerprint)
                 # (by statistics, a tensor of one value or all zeros tells no identity: such twins stay apart)
-                distinct = record.tensors is not None or (table[i, _STAT_INDEX["zero_frac"]] < 1
-                                                          and int(record.numel[i]) > 1)
+                distinct = tensors is not None or (table[i, _STAT_INDEX["zero_frac"]] < 1
+                                                          and int(numel[i]) > 1)
                 name = _site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
                 if original is not None and distinct and original[1] >= 0:
                     self.sites[kind][original[1]].aliases.append(name)
@@ -310,11 +382,11 @@ class RunView:
             if target[1] >= 0:
                 seen.setdefault(fingerprint, target)
 
-    def _note_anomaly(self, record: StepRecord, i: int, stats: np.ndarray) -> None:
-        module, call, kind, tensor, _shape = record.keys[i]
-        kind_index, site = self._target[record.keys[i]]
+    def _note_anomaly(self, step: int, key: tuple, stats: np.ndarray) -> None:
+        module, call, kind, tensor, _shape = key
+        site = self._target[key][1]
         name = self.sites[kind][site].name if site >= 0 else _site_name(module, call, tensor, False)
-        row = {"step": record.step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
+        row = {"step": step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
                "inf_count": int(stats[_STAT_INDEX["inf_count"]])}
         if self._first_anomaly is None:
             self._first_anomaly = row
