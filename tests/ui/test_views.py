@@ -248,3 +248,17 @@ def test_a_stored_run_replays_into_the_same_views(tmp_path):
     assert replayed.metrics_frame().step.tolist() == list(range(1, 8))
     live_bands, stored_bands = view.distribution("activation", "head")[0], replayed.distribution("activation", "head")[0]
     pd.testing.assert_frame_equal(stored_bands, live_bands, rtol=1e-5)
+
+
+def test_runs_are_compared_metric_by_metric_and_site_by_site():
+    a, wa = watched(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), 3)
+    b, wb = watched(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), 5)
+    fig = figures.compare_metrics_figure({"tanh": a, "relu": b})
+    loss = [t for t in fig["data"] if t["xaxis"] == "x"]  # the first panel: loss
+    assert [t["name"] for t in loss] == ["tanh", "relu"]
+    np.testing.assert_allclose(figures.values(loss[1]["y"]), wb.metrics().loss, rtol=1e-6)
+    site = figures.compare_site_figure({"tanh": a, "relu": b}, "grad_output", "norm", "0")
+    assert [t["name"] for t in site["data"]] == ["tanh", "relu"]
+    assert figures.values(site["data"][1]["x"]).tolist() == [1, 2, 3, 4, 5]
+    missing = figures.compare_site_figure({"tanh": a}, "grad_output", "norm", "nowhere")
+    assert "No run has grad_output rows at nowhere" in missing["layout"]["annotations"][0]["text"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from workbench.ui.views import PERCENTILES, RunView
 
 __all__ = ["header_markdown", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "empty_figure", "to_json", "values"]
+           "compare_metrics_figure", "compare_site_figure", "empty_figure", "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -109,17 +109,25 @@ def _duration(seconds: float) -> str:
 def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing: float = 0.0,
                    log_y: bool = False, columns: int = 3) -> Figure:
     """One small panel per metric: its values (faint when smoothed) and their smoothed line."""
-    frame = view.metrics_frame(names, smoothing)
-    chosen = list(dict.fromkeys(frame.metric))
+    return compare_metrics_figure({"": view}, names, smoothing, log_y, columns)
+
+
+def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
+                           smoothing: float = 0.0, log_y: bool = False, columns: int = 3) -> Figure:
+    """One small panel per metric, a line per run (``views``: run name -> its views); one run's
+    panels are :func:`metrics_figure`'s."""
+    frames = {run: view.metrics_frame(names, smoothing) for run, view in views.items()}
+    chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
+        names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
         return empty_figure("No metrics yet.")
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
     gap_x, gap_y = 0.07, 0.5 / rows
     width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (rows - 1)) / rows
-    data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=False, annotations=[])
+    several = len(views) > 1
+    data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[])
     for i, name in enumerate(chosen):
-        part = frame[frame.metric == name]
         row, col = divmod(i, columns)
         n = "" if i == 0 else str(i + 1)
         x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
@@ -127,15 +135,38 @@ def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing:
         layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear")
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
-        common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step))
-        data.append(dict(common, name=name, y=_array(part.value), opacity=0.35 if smoothing else 1.0,
-                         line=dict(width=1, color=_PALETTE[0]),
-                         hovertemplate=f"{name}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
-        if smoothing:
-            data.append(dict(common, name=f"{name} (smoothed)", y=_array(part.smoothed),
-                             line=dict(width=2, color=_PALETTE[0]),
-                             hovertemplate=f"{name}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
+        for r, (run, frame) in enumerate(frames.items()):
+            part = frame[frame.metric == name]
+            label = f"{run}: {name}" if several else name
+            common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step),
+                          legendgroup=run, line=dict(width=1, color=_PALETTE[r % len(_PALETTE)]))
+            data.append(dict(common, name=run if several else name, y=_array(part.value),
+                             opacity=0.35 if smoothing else 1.0, showlegend=several and i == 0 and not smoothing,
+                             hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
+            if smoothing:
+                data.append(dict(common, name=run if several else f"{name} (smoothed)", y=_array(part.smoothed),
+                                 line=dict(width=2, color=_PALETTE[r % len(_PALETTE)]),
+                                 showlegend=several and i == 0,
+                                 hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
     return {"data": data, "layout": layout}
+
+
+def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
+                        log_y: bool = False) -> Figure:
+    """One call site's statistic in several runs, a line per run (a run without the site is left out)."""
+    data = []
+    for r, (run, view) in enumerate(views.items()):
+        if site not in [s.name for s in view.sites[kind]] if kind in view.sites else True:
+            continue
+        part = view.site_series(kind, statistic, [site])
+        data.append(dict(type="scatter", mode="lines", name=run, x=_array(part.step), y=_array(part.value),
+                         line=dict(color=_PALETTE[r % len(_PALETTE)], width=1.5),
+                         hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
+    if not data:
+        return empty_figure(f"No run has {kind} rows at {site}.")
+    return {"data": data, "layout": _layout(
+        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
