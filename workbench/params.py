@@ -53,9 +53,13 @@ class Range:
         return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
 
     def __str__(self) -> str:
-        low = "-inf" if self.low is None else f"{self.low:g}"
-        high = "inf" if self.high is None else f"{self.high:g}"
+        low = "-inf" if self.low is None else _bound(self.low)
+        high = "inf" if self.high is None else _bound(self.high)
         return f"[{low}, {high}]"
+
+
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # an int bound exactly, e.g. a seed's 2**63 - 1
 
 
 class Choices(Sequence):
@@ -517,4 +521,6 @@ def check_memory(estimate: int | Mapping[str, int] | None, owner: str, limit: An
 
 
 def _suggest(total: int) -> str:
-    return f"{math.ceil(total * 1.25 / 1000**3)}GB"
+    """A round limit a quarter above ``total``."""
+    wanted = total * 1.25
+    return f"{math.ceil(wanted / 1000**3)}GB" if wanted >= 1000**3 else f"{math.ceil(wanted / 1000**2)}MB"

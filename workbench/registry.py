@@ -244,6 +244,13 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
     Returns:
         The matching names, sorted.
     """
+    if not isinstance(pattern, str) and not (isinstance(pattern, (list, tuple))
+                                             and all(isinstance(p, str) for p in pattern)):
+        raise TypeError(f"list_models: pattern must be an fnmatch pattern such as '*lu' or a list of them, "
+                        f"got {pattern!r} ({type(pattern).__name__}).")
+    if family is not None and not isinstance(family, str):
+        raise TypeError(f"list_models: family must be a family name such as 'activation' (see list_families()) "
+                        f"or None, got {family!r}.")
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     return sorted(
         n for n, s in _REGISTRY.items()

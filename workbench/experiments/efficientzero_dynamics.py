@@ -178,6 +178,8 @@ class DynamicsUnroll(Experiment):
     @evaluation
     def evaluate(self, batch_size: int = 256) -> dict[str, float]:
         """Loss terms on fresh trajectories, in eval mode (BatchNorm running statistics)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"evaluate: batch_size must be an int >= 1 (trajectories to score), got {batch_size!r}.")
         generator_state = self.generator.get_state()
         try:
             self.model.eval()

@@ -8,7 +8,7 @@ from typing import Annotated
 import torch
 
 from workbench.experiments.base import Experiment, evaluation, register_experiment
-from workbench.params import Range
+from workbench.params import Range, check_seed
 from workbench.models.ilql import TINY_CONFIG, estimate_memory
 from workbench.models.toy_language import ToyLanguageDataset
 from workbench.registry import create_model
@@ -99,8 +99,12 @@ class OfflineILQL(Experiment):
         policy alone (``bc_reward``, beta 0) and the behaviour policy that made the data
         (``behaviour_reward``). Uses its own generator: the training stream is not shifted."""
         c = self.config
+        if prompts is not None and (isinstance(prompts, bool) or not isinstance(prompts, int) or prompts < 1):
+            raise ValueError(f"evaluate: prompts must be an int >= 1 (prompts to decode), or None for the config's "
+                             f"eval_prompts ({c.eval_prompts}), got {prompts!r}.")
+        check_seed(seed, "evaluate")
         generator = torch.Generator().manual_seed(seed)
-        asks = self.dataset.prompts(prompts or c.eval_prompts, generator)
+        asks = self.dataset.prompts(c.eval_prompts if prompts is None else prompts, generator)
         most = self.dataset.utterance_length + 1
         perturbed = self.model.generate(asks, most, beta=c.decode_beta, temperature=c.temperature, generator=generator)
         plain = self.model.generate(asks, most, beta=0.0, temperature=c.temperature, generator=generator)
