@@ -152,3 +152,94 @@ def test_every_model_builds_with_its_declared_defaults(name):
     implicit = workbench.create_model(name)
     assert type(explicit) is type(implicit)
     assert [p.shape for p in explicit.parameters()] == [p.shape for p in implicit.parameters()]
+
+
+# --- the memory estimate -------------------------------------------------------------
+
+_SMALL_CONFIGS = {"mlp": dict(width=7, depth=3, activation="prelu", in_features=5),
+                  "prelu": dict(num_parameters=9, dtype=torch.float64),
+                  "efficientzero_dynamics": dict(norm_type="LN", num_res_blocks=2, fc_reward_layers=[8, 8]),
+                  "ilql": dict(n_layer=1, n_embd=16, n_head=2, double_q=False, activation="prelu", dataset_size=8)}
+
+
+@pytest.mark.parametrize("name", workbench.list_models())
+def test_every_model_estimates_its_parameters_exactly(name):
+    """The estimate create_model checks against the limit is the bytes of the model's parameters and
+    buffers (plus the data a model holds: ILQL's offline dataset)."""
+    from workbench.models.toy_language import ToyLanguageDataset
+    from workbench.registry import parameter_bytes
+
+    spec = workbench.get_spec(name)
+    for overrides in ({}, _SMALL_CONFIGS.get(name)):
+        if overrides is None:
+            continue
+        model = workbench.create_model(name, **overrides)
+        data = ToyLanguageDataset.estimate_bytes(len(model.dataset)) if name == "ilql" else 0
+        assert spec.estimate_memory(**overrides) == parameter_bytes(model) + data, overrides
+
+
+def test_memory_limit_from_argument_environment_or_available_memory(monkeypatch, scratch_model):
+    from workbench.params import MEMORY_FRACTION, MemoryLimitError, available_memory, memory_limit
+
+    big = dict(width=512, depth=4)  # 3.2 MB of parameters
+    assert workbench.get_spec("mlp").estimate_memory(**big) == 4 * (3 * 512 + 3 * 513 * 512 + 513 * 2)
+    monkeypatch.delenv("WORKBENCH_MEMORY_LIMIT", raising=False)
+    limit, source = memory_limit()
+    assert limit == pytest.approx(MEMORY_FRACTION * available_memory(), rel=0.2) and "available on cpu" in source
+    with pytest.raises(MemoryLimitError, match=r"would need about 3.16 MB.*memory_limit='1MB'.*memory_limit='4MB'"):
+        workbench.create_model("mlp", memory_limit="1MB", **big)
+    assert isinstance(MemoryLimitError("x"), MemoryError) and isinstance(MemoryLimitError("x"), ValueError)
+    assert workbench.create_model("mlp", memory_limit=4 * 10**6, **big) is not None
+    monkeypatch.setenv("WORKBENCH_MEMORY_LIMIT", "1 MiB")
+    with pytest.raises(MemoryLimitError, match=r"WORKBENCH_MEMORY_LIMIT='1 MiB'"):
+        workbench.create_model("mlp", **big)
+    assert workbench.create_model("mlp", memory_limit="off", **big) is not None  # the argument wins
+    monkeypatch.setenv("WORKBENCH_MEMORY_LIMIT", "off")
+    assert workbench.create_model("mlp", **big) is not None
+
+    # a model registered without an estimate is built on the meta device to count its parameters;
+    # one whose builder cannot run there is not checked; memory=False opts out
+    calls = []
+
+    @scratch_model("user_wide", family="user", example_inputs=_inputs)
+    def user_wide(width: int = 1000):
+        calls.append(torch.empty(0).device.type)
+        return nn.Linear(3, width)
+
+    assert workbench.get_spec("user_wide").estimate_memory(width=10**9) == 4 * (4 * 10**9)
+    monkeypatch.setenv("WORKBENCH_MEMORY_LIMIT", "1GB")
+    with pytest.raises(MemoryLimitError, match="Model 'user_wide' \\(width=1000000000\\) would need about 16 GB"):
+        workbench.create_model("user_wide", width=10**9)
+    assert calls == ["meta", "meta"]  # estimated twice, never built for real
+    workbench.create_model("user_wide")
+    assert calls[-2:] == ["meta", "cpu"]
+
+
+def test_nested_builds_are_estimated_once():
+    """An MLP's builder creates its activations through create_model: they are part of the MLP's
+    estimate and not checked again (an experiment's models likewise, under its own limit)."""
+    from workbench.registry import memory_accounted, memory_is_accounted
+
+    assert not memory_is_accounted()
+    with memory_accounted():
+        assert memory_is_accounted()
+        # inside, even a model over a tiny limit builds: its memory is accounted for by the caller
+        assert workbench.create_model("mlp", width=64, memory_limit=1) is not None
+    assert not memory_is_accounted()
+
+
+def test_a_range_can_admit_an_infinity_but_never_nan():
+    import math
+
+    from workbench.params import check_value, params_of
+
+    def builder(gain: Annotated[float, Range(0, math.inf)] = 1.0, scale: Annotated[float, Range(0, None)] = 1.0,
+                free: float = 0.0):
+        """B."""
+
+    gain, scale, free = params_of(builder)
+    assert check_value(gain, math.inf, "B") == math.inf
+    for info, value in ((scale, math.inf), (free, -math.inf), (gain, math.nan), (free, math.nan)):
+        with pytest.raises(ValueError, match=f"'{info.name}' must be a finite number"):
+            check_value(info, value, "B")
+    assert str(Range(0, 2**63 - 1)) == "[0, 9223372036854775807]" and str(Range(1e-7, 1.0)) == "[1e-07, 1]"

@@ -343,3 +343,41 @@ def test_clone_and_checkpoint_carry_hyperparameters_changed_after_construction(d
     fresh.load_checkpoint(tmp_path / "a.pt")
     assert (fresh.gamma, fresh.beta) == (0.5, 1.5)
     assert set(model.hyperparameters) == set(inspect.signature(ILQL).parameters) - {"dataset", "net_config"}
+
+
+def test_load_checkpoint_onto_another_device_and_the_memory_estimate(dataset, tmp_path):
+    from workbench.models.ilql import _make_networks, estimate_memory
+    from workbench.registry import parameter_bytes
+
+    model = agent(dataset, device="cpu")
+    model.learn(batch_of(dataset))
+    model.save_checkpoint(tmp_path / "a.pt")
+    state = torch.load(tmp_path / "a.pt", weights_only=True)
+    state["hyperparameters"]["device"] = "cuda:7"  # saved on a GPU this machine lacks
+    torch.save(state, tmp_path / "gpu.pt")
+    fresh = agent(dataset)
+    with pytest.raises(CheckpointError, match="device='cpu'"):
+        fresh.load_checkpoint(tmp_path / "gpu.pt")
+    fresh.load_checkpoint(tmp_path / "gpu.pt", device="cpu")
+    assert fresh.device == "cpu" and all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
+    # the estimate counts every network's parameters exactly, for both head layouts and both biases
+    for config in (fresh.net_config, {**fresh.net_config, "bias": False, "activation": "PReLU"}):
+        for double_q in (True, False):
+            with torch.device("meta"):
+                nets = _make_networks(config, double_q)
+            total = sum(parameter_bytes(m) for m in nets.values() if m is not None)
+            trainable = sum(p.numel() * p.element_size() for name in ("model", "actor", "v", "q", "q2")
+                            if nets[name] is not None for p in nets[name].parameters())
+            assert estimate_memory(config, double_q) == {"networks": total, "optimizer": 2 * trainable}
+
+
+def test_a_failed_load_leaves_everything_and_the_optimizer_order_survives_a_load(dataset, tmp_path):
+    single = agent(dataset, double_q=False)
+    single.learn(batch_of(dataset))
+    single.save_checkpoint(tmp_path / "single.pt")
+    double = agent(dataset)  # q2 registered: the load must register the networks in the saved order
+    double.load_checkpoint(tmp_path / "single.pt")
+    assert double.double_q is False and double.q2 is None
+    assert [n for n, _ in double.named_children()] == ["model", "actor", "v", "q", "target_model", "target_q"]
+    a, b = single.learn(batch_of(dataset, seed=1)), double.learn(batch_of(dataset, seed=1))
+    assert a == pytest.approx(b)

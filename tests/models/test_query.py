@@ -301,3 +301,16 @@ def test_registered_as_storage_without_parameters():
     assert not w.errors
     index_rows = frame[(frame.module == "") & (frame.tensor == "out._index")]
     assert len(index_rows) == 1 and index_rows["max"].iloc[0] == len(model.hash_to_int) - 1
+
+
+@pytest.mark.parametrize("in_keys", [["obs"], ["obs", "action"]])
+def test_a_batch_of_no_rows_gives_no_indices_as_torchrls_does(in_keys):
+    ours, theirs = QueryModule(in_keys), torchrl_data.QueryModule(in_keys)
+    empty = {"obs": torch.zeros(0, 3), "action": torch.zeros(0, dtype=torch.long)}
+    for module in (ours, theirs):
+        module(TensorDict({"obs": torch.tensor([[1.0, 2, 3]]), "action": torch.tensor([4])}, batch_size=[1]))
+    a = ours(TensorDict(dict(empty), batch_size=[0]))
+    b = theirs(TensorDict(dict(empty), batch_size=[0]))
+    assert a["_index"].shape == b["_index"].shape == (0,) and a["_index"].dtype == b["_index"].dtype == torch.int64
+    assert a["_hash"].shape == (0,) and len(ours.hash_to_int) == 1  # the map is unchanged
+    assert SipHash()(torch.zeros(0, 2, dtype=torch.bfloat16)).shape == (0,)
