@@ -1261,3 +1261,46 @@ def test_an_output_nested_too_deep_is_an_error_not_silence():
     assert {(e["module"], e["kind"]) for e in w.errors} >= {("deep", "activation")}
     assert all("nested deeper than 32 levels" in e["error"] for e in w.errors)
     assert set(rows(w, kind="activation").module) == {"lin"}  # the rest is recorded
+
+
+def test_a_step_interrupted_in_the_middle_of_its_forward_leaves_no_partial_step():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+
+    def interrupt(module, args, output):
+        raise KeyboardInterrupt
+
+    with workbench.watch(model) as w:
+        model(x).sum().backward()
+        w.step()
+        handle = model[1].register_forward_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            model(x)  # rows of '0' and '1' were taken before the interrupt
+        handle.remove()
+        w.discard_step()
+        model(x).sum().backward()
+        w.step()
+    first, second = (rows(w, step=s) for s in (1, 2))
+    assert len(first) == len(second)  # not the interrupted forward's rows too
+    assert second.call.max() == 0  # no call counted twice
+
+
+def test_an_experiment_step_that_raises_records_nothing_of_it():
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    w = exp.watch()
+    exp.step()
+    train_step = exp.train_step
+
+    def broken():
+        exp.model(torch.randn(8, 2))  # a forward ...
+        raise KeyboardInterrupt  # ... then the user interrupts
+
+    exp.train_step = broken
+    with pytest.raises(KeyboardInterrupt):
+        exp.step()
+    exp.train_step = train_step
+    exp.step()
+    w.close()
+    frame = w.to_pandas()
+    assert sorted(set(frame.step)) == [1, 2] and exp.step_count == 2
+    assert (frame.groupby("step").size().to_numpy() == len(frame[frame.step == 1])).all()

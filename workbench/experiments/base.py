@@ -143,9 +143,15 @@ class Experiment:
         Returns:
             The step's metrics, with ``step`` (1-based) and ``loss`` at least.
         """
-        with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
-            metrics = self.train_step()
+        watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
+        try:
+            with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+                self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
+                metrics = self.train_step()
+        except BaseException:  # (a KeyboardInterrupt in the middle of a forward): no partial step recorded
+            if watcher is not None:
+                watcher.discard_step()
+            raise
         self.step_count += 1
         if self.watcher is not None and not self.watcher.closed:
             self.watcher.step(**metrics)  # the metrics go into the same stream as the statistics

@@ -160,6 +160,7 @@ class Watch:
         # from the moment they are registered (another thread may be running its model while
         # this watch is still being set up): inactive until the first step starts
         self._active = self._recording = False
+        self._generation = 0  # steps started, discarded ones included
 
         # alias paths of every module object, in named_modules order
         self._aliases: dict[int, list[str]] = defaultdict(list)
@@ -270,6 +271,7 @@ class Watch:
 
     # ------------------------------------------------------------------ hooks
     def _start_step(self) -> None:
+        self._generation += 1  # (a gradient hooked before this tells its step is over)
         self._recording = (self.step_index - 1) % self.every == 0
         self._update_hooks()
         # The step's state is emptied, not made anew: this runs at the end of every training step,
@@ -487,7 +489,9 @@ class Watch:
         if grad is None or self.closed or self._paused:
             return
         keys = [key for key in site.keys if key[0] in self._sites[GRAD_OUTPUT]]
-        if site.step != self.step_index:
+        if site.generation != self._generation:
+            if site.step == self.step_index:  # of a forward whose step was discarded
+                return
             # the user's order, not the site, is at fault: the site records again from the next step
             for path, call, _, _ in keys:
                 self._fail(path, call, GRAD_OUTPUT, RuntimeError(
@@ -644,6 +648,13 @@ class Watch:
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],
                           counts[index] if counts is not None else None, dict(self._metrics),
                           tuple(self._step_errors), index)
+
+    def discard_step(self) -> None:
+        """Forget what the current step has recorded so far, and start it again (same number):
+        a training step that raised (a KeyboardInterrupt in the middle of a forward) leaves no
+        partial step in the rows. A backward still to come of the discarded forward records nothing."""
+        self._check_open()
+        self._start_step()
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``)."""
@@ -842,12 +853,12 @@ class _GradSite:
     values, so its pre-hook records them when the view's own did not fire.
     """
 
-    __slots__ = ("watch", "keys", "step", "output", "base_output", "fired")
+    __slots__ = ("watch", "keys", "step", "generation", "output", "base_output", "fired")
 
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
         self.keys: list[tuple[str, int, str, tuple[int, ...]]] = []  # (path, call, leaf name, shape) per call site
-        self.step = watch.step_index
+        self.step, self.generation = watch.step_index, watch._generation
         self.output = self.base_output = 0
         self.fired = False
 
