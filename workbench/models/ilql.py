@@ -25,6 +25,7 @@ import copy
 import difflib
 import inspect
 import math
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -128,13 +129,13 @@ def check_hyperparameters(hyperparameters: dict[str, Any], owner: str = "ILQL") 
                          + (" and " if missing and unknown else "") + (f"unknown {unknown}" if unknown else "")
                          + f"; ILQL's are {list(_HYPERPARAMETERS)}.")
     for name in ("index", "batch_size"):
-        if isinstance(h[name], bool) or not isinstance(h[name], int):
+        if isinstance(h[name], bool) or not isinstance(h[name], numbers.Integral):
             raise TypeError(f"{owner}: {name} must be an int, got {h[name]!r} ({type(h[name]).__name__}).")
     for name in _FLOATS + _OPTIONAL_FLOATS:
         value = h[name]
         if value is None and name in _OPTIONAL_FLOATS:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too
             none = " or None" if name in _OPTIONAL_FLOATS else ""
             raise TypeError(f"{owner}: {name} must be a number{none}, got {value!r} ({type(value).__name__}).")
         if not math.isfinite(value):
