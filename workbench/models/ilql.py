@@ -191,7 +191,8 @@ def _gpt_parameters(c: dict[str, Any], lm_head: bool) -> int | None:
     norm = e * (1 + b)
     block = (2 * norm + 3 * e * e + 3 * e * b + e * e + e * b + e * f + f * b + f * e + e * b
              + -(-activation // itemsize))
-    return (c["vocab_size"] + c["block_size"]) * e + c["n_layer"] * block + norm + (c["vocab_size"] * e if lm_head else 0)
+    head = c["vocab_size"] * e if lm_head else 0
+    return (c["vocab_size"] + c["block_size"]) * e + c["n_layer"] * block + norm + head
 
 
 def _head_parameters(n_embd: int, out: int) -> int:
@@ -637,13 +638,14 @@ class ILQL(nn.Module):
             raise TypeError(f"ILQL batch: {not_tensors} must be tensors, got "
                             f"{[type(batch[k]).__name__ for k in not_tensors]}.")
         b, a = batch["tokens"].shape[:1], batch["action_idxs"].shape
-        if len(a) == 2 and batch["tokens"].dim() == 2:  # the other layouts follow the actions': (B, A) and (B, A + 1); tokens are checked later
+        # the other layouts follow the actions': (B, A) and (B, A + 1); tokens themselves are checked in forward
+        if len(a) == 2 and batch["tokens"].dim() == 2:
             shapes = {"state_idxs": (*b, a[1] + 1), "rewards": (*b, a[1]), "terminals": (*b, a[1] + 1)}
             wrong = {k: tuple(batch[k].shape) for k, want in shapes.items() if tuple(batch[k].shape) != want}
             if wrong:
+                listed = ", ".join(f"{k} must be {shapes[k]}, got {v}" for k, v in wrong.items())
                 raise ValueError(f"ILQL batch: with tokens of {tuple(batch['tokens'].shape)} and action_idxs of "
-                                 f"{tuple(a)} (B, A), {', '.join(f'{k} must be {shapes[k]}, got {v}' for k, v in wrong.items())} "
-                                 "(state_idxs and terminals (B, A + 1), rewards (B, A)).")
+                                 f"{tuple(a)} (B, A), {listed} (state_idxs and terminals (B, A + 1), rewards (B, A)).")
         return {k: batch[k].to(self.device) for k in needed}
 
     def get_loss(self, batch: dict[str, torch.Tensor], awac_weight: float = 1.0, v_loss_weight: float = 1.0,
@@ -755,8 +757,10 @@ class ILQL(nn.Module):
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
             raise ValueError(f"max_length must be an int >= 0 (tokens to add at most), got {max_length!r}.")
         vocab = self.net_config["vocab_size"]
-        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.dtype not in (torch.int64, torch.int32):
-            got = f"{tuple(prompts.shape)} {prompts.dtype}" if isinstance(prompts, torch.Tensor) else type(prompts).__name__
+        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 \
+                or prompts.dtype not in (torch.int64, torch.int32):
+            got = (f"{tuple(prompts.shape)} {prompts.dtype}" if isinstance(prompts, torch.Tensor)
+                   else type(prompts).__name__)
             raise ValueError(f"ILQL.generate: prompts must be a (B, P) int64 tensor of token ids, got {got}.")
         if prompts.shape[1] == 0:
             raise ValueError(f"ILQL.generate: prompts of shape {tuple(prompts.shape)} have no tokens; give each row "
