@@ -230,12 +230,16 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
                      line=dict(color=_PALETTE[0]), customdata=_array(bands[[f"p{p}" for p in PERCENTILES]]),
                      hovertemplate="median %{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[8]:.4g}"
                                    "<extra>step %{x}</extra>"))
-    total = density.sum(axis=1, keepdims=True)
+    # each step's density relative to its own peak, white (none) to blue: a narrow early
+    # distribution would otherwise hold the whole colour scale and the later steps look empty
+    peak = density.max(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(total > 0, density / total, np.nan)
-    data.append(dict(type="heatmap", x=_array(steps), y=_array((grid[:-1] + grid[1:]) / 2), z=_array(share.T),
-                     colorscale="Blues", showscale=False, xaxis="x2", yaxis="y2",
-                     hovertemplate="step %{x}<br>value %{y:.4g}<br>share %{z:.3f}<extra></extra>"))
+        relative = np.where(peak > 0, density / peak, np.nan)
+    data.append(dict(type="heatmap", x=_array(steps), y=_array((grid[:-1] + grid[1:]) / 2), z=_array(relative.T),
+                     colorscale=[[0, "#ffffff"], [0.15, "#c6dbef"], [0.5, "#4292c6"], [1, "#08306b"]],
+                     zmin=0, zmax=1, showscale=False, xaxis="x2", yaxis="y2",
+                     hovertemplate="step %{x}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak"
+                                   "<extra></extra>"))
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
                      xaxis=_axis(domain=[0, 0.46], title=dict(text="step"), tickformat="d"),

@@ -222,7 +222,8 @@ class RunView:
             step = int(record.pop("step"))
             by_step[step] = {k: float(v) for k, v in record.items() if v == v}  # (NaN: not logged that step)
         codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
-        starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])
+        starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
+        # (a run that stored no step yet: no rows, no steps)
         ends = np.r_[starts[1:], len(rows)]
         table = rows[list(STATISTICS)].to_numpy(np.float32)
         numel = rows.numel.to_numpy()
@@ -522,6 +523,23 @@ class RunView:
         order = self.site_order(kind)
         index = [names.index(n) for n in order if names.index(n) < mean.shape[1]]
         return [names[i] for i in index], steps, mean[:, index].T
+
+    def latest(self, kind: str) -> pd.DataFrame:
+        """``site, step`` and every statistic at the last step that recorded ``kind``, one row per
+        site in forward order (a site not recorded that step is left out)."""
+        _check_kind(kind)
+        with self._synced():
+            history = self.stats[kind]
+            names = [s.name for s in self.sites[kind]]
+            if not len(history) or not names:
+                return pd.DataFrame(columns=["site", "step", *STATISTICS])
+            step, row = history.steps[-1], history._points[-1][0]
+            order = self.site_order(kind)
+        table = row.reshape(-1, len(STATISTICS))
+        rows = [{"site": name, "step": step, **dict(zip(STATISTICS, table[names.index(name)].tolist()))}
+                for name in order if names.index(name) < len(table)]
+        frame = pd.DataFrame(rows, columns=["site", "step", *STATISTICS])
+        return frame[frame[list(STATISTICS)].notna().any(axis=1)].reset_index(drop=True)
 
     def histogram_sites(self, kind: str) -> list[str]:
         """The sites of ``kind`` that have histograms."""
