@@ -23,7 +23,7 @@ from workbench.registry import (
     register_model,
     unregister_model,
 )
-from workbench.params import ParamInfo, Range
+from workbench.params import MemoryLimitError, ParamInfo, Range
 from workbench.summary import summarize
 from workbench.instrument import Recorder, Run, RunError, Watch, compare_runs, list_runs, load_run, watch
 from workbench import models  # noqa: F401  (registers the built-in families)
@@ -32,6 +32,7 @@ from workbench import experiments
 __version__ = "0.1.0"
 
 __all__ = [
+    "MemoryLimitError",
     "ModelSpec",
     "ParamInfo",
     "ProbeResult",
