@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import difflib
 import functools
 import threading
 import traceback
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +23,7 @@ from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.registry import memory_accounted
 
-__all__ = ["Experiment", "ExperimentSpec", "evaluation", "register_experiment", "list_experiments",
+__all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resolve_device"]
 
 
@@ -177,23 +180,31 @@ class Experiment:
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 
-    def run(self, steps: int, store: str | Path | None = None, **watch_options: Any) -> list[dict[str, float]]:
+    def run(self, steps: int, store: str | Path | None = None, progress: bool | None = None,
+            **watch_options: Any) -> list[dict[str, float]]:
         """Take ``steps`` steps; returns the metrics of each.
 
         Args:
             steps: how many steps.
             store: record the steps into this run directory (a watch is
                 attached for the run and closed after it).
+            progress: a ``tqdm.auto`` progress bar (a widget in a notebook, text in a
+                terminal): ``None`` (default) shows it in a notebook or a terminal and not
+                when stderr goes to a file or a pipe; ``True`` always; ``False`` never.
             **watch_options: options of :func:`workbench.watch`; given
                 without ``store``, the run is watched in memory.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be a non-negative int, got {steps!r}.")
+        _check_steps(steps)
+        _check_progress(progress)
+        self._check_not_in_background("run()")
+        bar = _progress_bar(progress, steps, self.name)
         if store is None and not watch_options:
-            return [self.step() for _ in range(steps)]
+            with bar:
+                return [_stepped(self, bar) for _ in range(steps)]
         w = self.watch(store=store, **watch_options)
         try:
-            results = [self.step() for _ in range(steps)]
+            with bar:
+                results = [_stepped(self, bar) for _ in range(steps)]
         except KeyboardInterrupt:
             w.close("stopped", f"interrupted by the user after step {self.step_count}")
             raise
@@ -203,9 +214,265 @@ class Experiment:
         w.close()
         return results
 
+    #: the last run started by :meth:`start` (running or ended), None before the first
+    background: BackgroundRun | None = None
+
+    def start(self, steps: int, store: str | Path | None = None, progress: bool = False,
+              **watch_options: Any) -> BackgroundRun:
+        """Train ``steps`` steps on a thread of its own and return at once: in a notebook,
+        the cell is free while the run goes on (``Dashboard(run)`` shows it live, with
+        Pause / Resume / Stop buttons).
+
+        The run is watched: by the experiment's open watch if it has one (and neither
+        ``store`` nor watch options are given; that watch stays open after the run), or else
+        by a watch attached for the run, recording into ``store`` if given, and closed when
+        the run ends: ``finished``, ``stopped`` (by :meth:`BackgroundRun.stop`) or ``failed``
+        (with the error), which a stored run records.
+
+        Args:
+            steps: how many steps.
+            store: record the steps into this run directory.
+            progress: also show a ``tqdm.auto`` progress bar where ``start`` is called.
+            **watch_options: options of :func:`workbench.watch` (``every``, ``histograms`` ...).
+
+        Returns:
+            The :class:`BackgroundRun`: ``pause()``, ``resume()``, ``stop()``, ``join()``,
+            ``status``, ``history``.
+
+        While it runs, leave the experiment to it: ``step()``, ``run()`` and ``start()``
+        from another thread would interleave with its steps (``run()`` and ``start()``
+        refuse; stop or join the run first).
+        """
+        _check_steps(steps)
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be True or False, got {progress!r}.")
+        self._check_not_in_background("start()")
+        own = not (self.watcher is not None and not self.watcher.closed and store is None and not watch_options)
+        w = self.watch(store=store, **watch_options) if own else self.watcher
+        self.background = BackgroundRun(self, steps, w, own, progress)
+        return self.background
+
+    def _check_not_in_background(self, what: str) -> None:
+        running = self.background
+        if running is not None and not running.done:
+            raise RuntimeError(f"Experiment {self.name!r} is training in the background (step "
+                               f"{self.step_count}, {running.status}); {what} would interleave with its steps. "
+                               "Stop it (experiment.background.stop()) or wait for it (.join()) first.")
+
     def __repr__(self) -> str:
         on = f", device='{self.device}'" if self.device.type != "cpu" else ""
         return f"{type(self).__name__}(seed={self.seed}{on}, step={self.step_count}, config={self.config})"
+
+
+def _check_steps(steps: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}.")
+
+
+def _check_progress(progress: Any) -> None:
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be True, False or None (shown where it can be seen), got {progress!r}.")
+
+
+class _NoBar:
+    """What a run without a progress bar updates."""
+
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _progress_bar(progress: bool | None, steps: int, name: str) -> Any:
+    """A ``tqdm.auto`` bar of ``steps`` (a widget in a notebook; text on stderr elsewhere)."""
+    if progress is False:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    # disable=None: tqdm's own rule, off where stderr is not a terminal (in a notebook, shown)
+    return tqdm(total=steps, desc=name, unit="step", disable=None if progress is None else False,
+                dynamic_ncols=True)
+
+
+def _stepped(experiment: Experiment, bar: Any) -> dict[str, float]:
+    metrics = experiment.step()
+    if "loss" in metrics:
+        bar.set_postfix_str(f"loss {metrics['loss']:.4g}", refresh=False)
+    bar.update(1)
+    return metrics
+
+
+#: background runs in progress: the process stops them (their stores say ``stopped``) as it exits,
+#: rather than killing their threads in the middle of a step
+_RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_background_runs() -> None:
+    for run in list(_RUNNING):
+        run.stop(wait=True, timeout=30.0)
+
+
+class BackgroundRun:
+    """A run of an experiment on a thread of its own (see :meth:`Experiment.start`).
+
+    Attributes:
+        experiment: what trains.
+        watch: the watch recording the run (``Dashboard(run)`` draws from it).
+        steps: the steps this run takes; ``first_step`` the experiment's step before it, so
+            it ends at step ``total = first_step + steps``.
+        history: the metrics of each step taken so far.
+        error: the formatted traceback of a failed run, else None.
+
+    ``status`` is ``running``, ``paused``, ``stopping`` (asked to stop, ending its step),
+    then ``finished``, ``stopped`` or ``failed``. Pause and stop act between steps: a step
+    is always taken whole or not at all.
+    """
+
+    def __init__(self, experiment: Experiment, steps: int, watch: Watch, own_watch: bool, progress: bool) -> None:
+        self.experiment, self.watch, self.steps = experiment, watch, steps
+        self.first_step = experiment.step_count
+        self.total = self.first_step + steps
+        self.history: list[dict[str, float]] = []
+        self.error: str | None = None
+        self._own_watch = own_watch
+        self._state = "running"
+        self._held = False  # the thread waits, paused between two steps
+        self._callbacks: list[Callable[[BackgroundRun], Any]] = []
+        self._cond = threading.Condition()
+        self._done = threading.Event()
+        self._bar = _progress_bar(True if progress else False, steps, experiment.name)
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"workbench-{experiment.name}-background")
+        _RUNNING.add(self)
+        self._thread.start()
+
+    @property
+    def status(self) -> str:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """The run has ended (finished, stopped or failed) and its watch is closed."""
+        return self._done.is_set()
+
+    @property
+    def step(self) -> int:
+        """The experiment's step now (``total`` at the end of a finished run)."""
+        return self.experiment.step_count
+
+    def pause(self, wait: bool = True) -> str:
+        """Pause after the current step (the thread waits; :meth:`resume` goes on); with
+        ``wait``, return once that step has ended. Returns the status."""
+        with self._cond:
+            if self._state == "running":
+                self._state = "paused"
+                self._cond.notify_all()
+            if wait and threading.current_thread() is not self._thread:
+                self._cond.wait_for(lambda: self._held or self._state != "paused")
+            return self._state
+
+    def resume(self) -> None:
+        """Go on after :meth:`pause`."""
+        with self._cond:
+            if self._state == "paused":
+                self._state = "running"
+                self._cond.notify_all()
+
+    def stop(self, wait: bool = True, timeout: float | None = None) -> str:
+        """Stop after the current step (also a paused run) and close the run's watch as
+        ``stopped``; with ``wait``, return when that is done. Returns the status."""
+        with self._cond:
+            if self._state in ("running", "paused"):
+                self._state = "stopping"
+                self._cond.notify_all()
+        return self.join(timeout) if wait else self._state
+
+    def join(self, timeout: float | None = None) -> str:
+        """Wait until the run ends (at most ``timeout`` seconds); returns the status."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or timeout < 0):
+            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}.")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return self._state
+
+    def on_done(self, callback: Callable[[BackgroundRun], Any]) -> None:
+        """Call ``callback(run)`` once the run has ended and its watch is closed, on the run's
+        thread, before :meth:`join` returns (at once if it has ended already). A callback that
+        raises is reported with a ``RuntimeWarning``."""
+        if not callable(callback):
+            raise TypeError(f"on_done() needs a callable, got {callback!r}.")
+        with self._cond:
+            if not self._done.is_set() and self._state not in ("finished", "stopped", "failed"):
+                self._callbacks.append(callback)
+                return
+        self._call(callback)
+
+    def _call(self, callback: Callable[[BackgroundRun], Any]) -> None:
+        try:
+            callback(self)
+        except Exception as exc:
+            try:
+                warnings.warn(f"workbench: a callback of {self!r} raised: {exc!r}", RuntimeWarning, stacklevel=2)
+            except Exception:
+                pass
+
+    def _next(self) -> bool:
+        """Wait while paused; False when asked to stop."""
+        with self._cond:
+            self._held = self._state == "paused"
+            self._cond.notify_all()
+            while self._state == "paused":
+                self._cond.wait()
+            self._held = False
+            return self._state != "stopping"
+
+    def _loop(self) -> None:
+        status, error = "finished", None
+        try:
+            for _ in range(self.steps):
+                if not self._next():
+                    status = "stopped"
+                    break
+                self.history.append(_stepped(self.experiment, self._bar))
+        except BaseException as exc:  # the run fails; the process goes on
+            status, error = "failed", "".join(traceback.format_exception(exc))
+        finally:
+            self._bar.close()
+            if status == "stopped":
+                error = f"stopped by the user after step {self.experiment.step_count}"
+            try:
+                if self._own_watch:
+                    self.watch.close(status, error if status != "finished" else None)
+                    lost = getattr(getattr(self.watch, "store", None), "lost", 0)
+                    if lost and status != "failed":  # (the store closed itself failed: say so here too)
+                        status, error = "failed", f"{lost} step(s) could not be stored"
+            finally:
+                with self._cond:
+                    self.error = error if status == "failed" else None
+                    self._state = status
+                    self._cond.notify_all()
+                    callbacks, self._callbacks = self._callbacks, []
+                for callback in callbacks:
+                    self._call(callback)
+                self._done.set()
+                _RUNNING.discard(self)
+
+    def __repr__(self) -> str:
+        return (f"BackgroundRun({self.experiment.name!r}, {self.status}, step {self.step} of {self.total})")
 
 
 @dataclass(frozen=True)
