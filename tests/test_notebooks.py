@@ -1,5 +1,7 @@
-"""Every notebook runs top to bottom."""
+"""Every notebook runs top to bottom and shows its figures; each is written for a learner."""
 
+import re
+import time
 from pathlib import Path
 
 import nbformat
@@ -7,17 +9,41 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from workbench.ui.notebook import PLOTLY_MIMETYPE
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+FIGURES = ("image/png", PLOTLY_MIMETYPE)
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
-def test_there_are_notebooks():
-    assert NOTEBOOKS
+def test_there_is_a_notebook_per_family_and_one_on_watching():
+    names = " ".join(p.name for p in NOTEBOOKS)
+    for topic in ("activations", "efficientzero", "ilql", "query_module", "watch"):
+        assert topic in names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_a_notebook_reads_as_a_lesson_and_uses_the_public_api(path):
+    nb = nbformat.read(path, as_version=4)
+    text = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert not re.search(r"\btest", text, re.I), "a notebook is for a learner, not about the test suite"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert not re.search(r'matplotlib\.use\(\s*"Agg"', code), "figures must show inline"
+    private = re.findall(r"\._[a-z]\w*", code)
+    assert not private, f"private internals: {private}"
+    assert ".refresh()" not in code and ".flush()" not in code, "the dashboard redraws by itself"
+    assert "Dashboard(" in code, "each notebook shows the live dashboard on its model"
+
+
+def _figures(outputs) -> list[dict]:
+    return [o["data"] for o in outputs if o.get("output_type") in ("display_data", "execute_result")
+            and any(m in o.get("data", {}) for m in FIGURES)]
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     # IPC sockets in tmp_path instead of TCP ports: nothing else on the machine can take or
     # answer on them. A per-cell timeout below pytest's names the cell that hangs.
@@ -25,10 +51,25 @@ def test_notebook_runs(path, tmp_path):
     client = NotebookClient(
         nb,
         km=km,
-        timeout=240,
+        timeout=300,
         extra_arguments=["--HistoryManager.enabled=False"],
         resources={"metadata": {"path": str(tmp_path)}},
+        store_widget_state=True,
     )
+    started = time.perf_counter()
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors
+    print(f"{path.name}: {time.perf_counter() - started:.1f} s")
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    errors = [o for c in cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, errors[0]
+    # every cell that draws with matplotlib shows its figure inline
+    for cell in cells:
+        if "plt.subplots" in cell.source or ".plot(" in cell.source:
+            assert _figures(cell.outputs), f"no figure shown by:\n{cell.source}"
+    # the dashboards drew their Plotly figures, with data, into their widgets
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    drawn = [data[PLOTLY_MIMETYPE] for model in state.values() if model.get("model_name") == "OutputModel"
+             for data in _figures(model["state"].get("outputs", []))]
+    dashboards = sum(c.source.count("Dashboard(") for c in cells)
+    assert len(drawn) >= 4 * dashboards  # metrics, sites, heatmap, distribution of each
+    assert sum(bool(figure["data"]) for figure in drawn) >= 2 * dashboards

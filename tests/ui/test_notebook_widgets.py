@@ -1,8 +1,24 @@
-"""The ipywidgets model browser, driven as a user would (set values, click)."""
+"""The notebook widgets, driven as a user would (set values, click), and background runs."""
 
-from workbench.ui.notebook import ModelBrowser
+import time
+
+import pytest
+
+import workbench
+from workbench.ui import figures
+from workbench.ui.notebook import PLOTLY_MIMETYPE, Dashboard, ModelBrowser
 
 
+def wait_for(condition, timeout=120.0, what="the condition"):
+    """Poll until ``condition()`` holds (a generous bound; no test depends on a duration)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------ model browser
 def test_filter_select_fill_and_build():
     browser = ModelBrowser()
     browser.family.value = "activation"
@@ -29,27 +45,213 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     assert browser.model is good.model
 
 
-def test_dashboard_redraws_from_a_watch_and_from_a_stored_run(tmp_path):
-    import workbench
-    from workbench.ui.notebook import Dashboard
+@pytest.mark.parametrize("name", ["gelu", "threshold", "prelu", "sigmoid"])
+def test_formulas_reach_mathjax_as_written(name):
+    browser = ModelBrowser(pattern=name)
+    browser.models.value = name
+    formula = workbench.get_spec(name).formula
+    shown = browser.overview.value
+    # the TeX as the specification wrote it (HTML-escaped, which the browser undoes): \, and \\ kept
+    escaped = formula.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert f"$$ {escaped} $$" in shown
+    if name == "gelu":
+        assert r"0.5\,x\," in shown
+    if name == "threshold":
+        assert r"\begin{cases}" in shown and r" \\ " in shown
 
+
+# ------------------------------------------------------------------ background runs
+def test_a_background_run_returns_at_once_pauses_resumes_and_stops_between_steps(tmp_path):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(100_000, store=tmp_path / "run")
+    assert run.status == "running" and not run.done
+    wait_for(lambda: run.step >= 3, what="three steps")
+    assert run.pause() == "paused"  # returns when the step in progress has ended
+    paused_at = run.step
+    assert run.join(timeout=0.2) == "paused" and run.step == paused_at  # no step while paused
+    run.resume()
+    wait_for(lambda: run.step > paused_at, what="steps after resume")
+    assert run.stop() == "stopped" and run.done
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.status == "stopped" and "stopped by the user" in stored.metadata["error"]
+    rows = stored.to_pandas()
+    per_step = rows.groupby("step").size()
+    assert per_step.nunique() == 1 and per_step.index.max() == run.step  # every step whole, the last included
+    assert len(run.history) == run.step and exp.watcher.closed
+
+
+def test_a_failing_step_fails_the_run_and_its_store(tmp_path):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    step = exp.train_step
+    exp.train_step = lambda: step() if exp.step_count < 3 else 1 / 0
+    run = exp.start(10, store=tmp_path / "run")
+    assert run.join() == "failed" and "ZeroDivisionError" in run.error and run.step == 3
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.status == "failed" and "ZeroDivisionError" in stored.metadata["error"]
+
+
+def test_an_experiment_training_in_the_background_refuses_another_run():
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(100_000)
+    try:
+        for call in (lambda: exp.run(1), lambda: exp.start(1)):
+            with pytest.raises(RuntimeError, match=r"training in the background.*\.stop\(\)"):
+                call()
+    finally:
+        run.stop()
+    assert len(exp.run(2, progress=False)) == 2  # once it stopped, the experiment is free again
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(steps=-1), ValueError, "steps must be a non-negative int, got -1"),
+    (dict(steps=2.5), ValueError, "got 2.5"),
+    (dict(steps=5, progress="yes"), TypeError, "progress must be True or False, got 'yes'"),
+    (dict(steps=5, evry=2), TypeError, "evry"),
+])
+def test_start_refuses_bad_input_by_name(bad, error, match):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    with pytest.raises(error, match=match):
+        exp.start(**bad)
+    assert exp.background is None and exp.step_count == 0
+
+
+def test_join_refuses_a_negative_timeout():
+    run = workbench.experiments.create("activation_mlp", seed=0, width=8).start(1)
+    with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0, got -1"):
+        run.join(-1)
+    assert run.join() == "finished"
+
+
+# ------------------------------------------------------------------ progress bars
+def test_run_shows_a_progress_bar_unless_asked_not_to(capsys):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    exp.run(3, progress=True)
+    err = capsys.readouterr().err
+    assert "activation_mlp" in err and "3/3" in err and "loss" in err
+    exp.run(3, progress=False)
+    exp.run(3)  # default: only where it can be seen (stderr here is not a terminal)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TypeError, match="progress must be True, False or None .*got 'no'"):
+        exp.run(3, progress="no")
+
+
+# ------------------------------------------------------------------ dashboard
+def plotted(dash, name):
+    """What the page was sent for a figure (the widget's output), with its arrays decoded."""
+    out = {"metrics": dash.metrics_plot, "sites": dash.sites_plot, "heatmap": dash.heatmap_plot,
+           "distribution": dash.distribution_plot}[name]
+    return out.outputs[0]["data"][PLOTLY_MIMETYPE]
+
+
+def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_path):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(100_000, store=tmp_path / "run", every=2, histograms=True)
+    dash = Dashboard(run, interval=0.05)
+    assert [b.description for b in dash.widget.children[0].children[1:]] == ["Pause", "Resume", "Stop"]
+
+    def drawn_up_to():
+        traces = plotted(dash, "metrics")["data"]  # ("No metrics yet": none)
+        return int(figures.values(traces[0]["x"]).max(initial=0)) if traces else 0
+
+    wait_for(lambda: drawn_up_to() >= 6, what="a redraw with six steps")
+    first = drawn_up_to()
+    wait_for(lambda: drawn_up_to() > first, what="a later redraw while training runs")
+    metrics = plotted(dash, "metrics")
+    assert {t["name"] for t in metrics["data"]} == {"loss", "accuracy"}
+    assert plotted(dash, "sites")["data"] and plotted(dash, "heatmap")["data"]
+    assert plotted(dash, "distribution")["data"]  # histograms recorded: the distribution over time
+    assert dash.sites.value and set(dash.sites.value) <= set(dash.sites.options)
+
+    dash.pause_button.click()
+    wait_for(lambda: run.status == "paused" and "paused" in dash.header.value)
+    assert dash.pause_button.disabled and not dash.resume_button.disabled
+    wait_for(lambda: dash.view.steps_fed == run.step, what="the last step before the pause")
+    ticks = dash.ticks
+    wait_for(lambda: dash.ticks >= ticks + 2, what="two ticks, to draw what arrived")
+    drawn, ticks = dash.draws, dash.ticks
+    wait_for(lambda: dash.ticks >= ticks + 3, what="three more ticks")
+    assert dash.draws == drawn  # nothing new arrived: no redraw
+    dash.resume_button.click()
+    wait_for(lambda: run.status == "running" and dash.draws > drawn)
+    dash.stop_button.click()
+    assert run.join() == "stopped"
+    wait_for(lambda: "stopped" in dash.header.value and dash.view.header()["step"] == run.step)
+    assert dash.stop_button.disabled and dash.pause_button.disabled
+    assert workbench.load_run(tmp_path / "run").status == "stopped"
+
+
+def test_the_controls_choose_what_is_drawn(tmp_path):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(12, histograms=True)
+    dash = Dashboard(run, interval=0.05)
+    run.join()
+    wait_for(lambda: dash.view.header()["status"] == "finished" and dash.view.steps_fed == 12)
+    dash.refresh()
+    assert all(plotted(dash, name) == dash.figure(name) for name in ("metrics", "sites", "heatmap", "distribution"))
+    assert dash.sites.value == tuple(dash.view.default_sites("activation", "std"))
+    dash.sites.value = ("layers.1",)
+    assert [t["name"] for t in plotted(dash, "sites")["data"] if t.get("name")] == ["layers.1"]
+    dash.refresh()  # a user's choice stays through redraws
+    assert dash.sites.value == ("layers.1",)
+    dash.kind.value = "param_grad"  # another kind: its own default sites
+    assert all(" " in site for site in dash.sites.value)  # ('layers.0 weight', ...)
+    assert plotted(dash, "heatmap")["layout"]["title"]["text"].startswith("param_grad")
+    dash.log_y.value = True
+    assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "log"
+    dash.smoothing.value = 0.5
+    assert any("smoothed" in t["name"] for t in plotted(dash, "metrics")["data"])
+    dash.distribution_site.value = dash.distribution_site.options[0]
+    assert plotted(dash, "distribution")["data"]
+
+
+def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_replays(tmp_path):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
     w = exp.watch(store=tmp_path / "run")
-    dash = Dashboard(exp, auto=True, interval=0.0)
-    exp.run(5)
-    w.recorder.flush()
-    dash.pattern.value = "layers.0"  # a control change redraws
-    assert "1 call site<" in dash.note.value
-    assert dash.plots.outputs and dash.table.outputs
-    dash.close()
+    exp.run(3, progress=False)  # steps before the dashboard are shown too
+    dash = Dashboard(exp, interval=0.05)
+    exp.run(4, progress=False)
+    wait_for(lambda: dash.view.steps_fed == 7 and dash.view.header()["step"] == 7)
+    wait_for(lambda: figures.values(dash.figure("metrics")["data"][0]["x"]).tolist() == list(range(1, 8)))
+    assert dash.widget.children[0].children[1:] == ()  # no buttons: nothing runs in the background
     w.close()
+    wait_for(lambda: "closed" in dash.header.value)
+
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
-    stored.kind.value = "param_grad"
-    stored.pattern.value = "*"
-    assert "call sites" in stored.note.value
-    try:
+    assert "finished" in stored.header.value and "step 7" in stored.header.value
+    assert figures.values(stored.figure("metrics")["data"][0]["x"]).tolist() == list(range(1, 8))
+    assert stored.figure("distribution")["data"] == []  # (no histograms recorded: says so)
+    assert "histograms=True" in str(stored.figure("distribution")["layout"])
+
+
+def test_the_dashboard_shows_where_a_nan_first_appeared():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with workbench.watch(model) as w:
+        for step in range(3):
+            if step == 1:
+                w.patch("0", lambda out: out / 0.0)
+            model(torch.randn(4, 2)).sum().backward()
+            w.step()
+    dash = Dashboard(w)
+    assert "first at step 2" in dash.anomalies.value and "<code>0</code>" in dash.anomalies.value
+
+
+@pytest.mark.parametrize("source, options, error, match", [
+    ("runs/a", {}, TypeError, "Dashboard needs a run started with experiment.start.*got str"),
+    (None, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
+    (None, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
+    (None, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),
+    (None, {"smoothing": 1.0}, ValueError, r"smoothing must be a number in \[0, 1\), got 1.0"),
+])
+def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    if source is None:
+        source = exp.watch()
+    with pytest.raises(error, match=match):
+        Dashboard(source, **options)
+
+
+def test_an_experiment_with_nothing_to_show_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"experiment.start\(steps\).*experiment.watch\(\)"):
         Dashboard(workbench.experiments.create("activation_mlp"))
-    except ValueError as exc:
-        assert "experiment.watch()" in str(exc)
-    else:
-        raise AssertionError("an unwatched experiment should be refused")

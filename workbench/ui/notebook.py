@@ -1,26 +1,48 @@
-"""Jupyter widgets: the same handlers as the Gradio app, drawn with ipywidgets.
+"""Jupyter widgets: the same handlers and views as the Gradio app, drawn with ipywidgets.
 
-    from workbench.ui.notebook import ModelBrowser
-    browser = ModelBrowser()
-    browser            # shows the widget in a notebook
-    browser.model      # the last module built
+    from workbench.ui.notebook import ModelBrowser, Dashboard
+    ModelBrowser()                     # the Models tab; .model is the last module built
+    run = exp.start(500)               # train in the background; the cell is free
+    Dashboard(run)                     # live views, with Pause / Resume / Stop
 """
 
 from __future__ import annotations
 
+import html
+import re
+import threading
+import time
 from typing import Any
 
 from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
 from workbench.ui.forms import FormField
 
-__all__ = ["Dashboard", "ModelBrowser"]
+__all__ = ["Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
+
+#: The mimetype JupyterLab's Plotly renderer (shipped in the plotly package) draws.
+PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
+
+# $$...$$ first, then $...$ (not an escaped \$): the TeX a Markdown renderer must not touch
+_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
 
 
 def _html(markdown: str) -> str:
+    """Markdown as HTML, its TeX (``$...$``, ``$$...$$``) left as written for MathJax
+    (``ipywidgets.HTMLMath``): Markdown would read ``\\,`` and ``\\\\`` as escapes
+    and drop the backslashes, and join a ``cases`` environment's lines."""
     import markdown_it  # ships with gradio, a dependency
 
-    return markdown_it.MarkdownIt().render(markdown)
+    math: list[str] = []
+
+    def keep(match: re.Match) -> str:
+        display = match.group(1) is not None
+        body = match.group(1) if display else match.group(2)
+        math.append(f"$${body}$$" if display else f"${body}$")
+        return f"WBMATH{len(math) - 1}X"
+
+    rendered = markdown_it.MarkdownIt().render(_MATH.sub(keep, markdown))
+    return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
 
 
 def _widget(field: FormField):
@@ -111,104 +133,329 @@ class ModelBrowser:
         return self.result
 
 
+def _figure_output(spec: dict) -> dict:
+    """An output (nbformat's display_data) that JupyterLab draws with Plotly."""
+    return {"output_type": "display_data", "metadata": {},
+            "data": {PLOTLY_MIMETYPE: spec, "text/plain": "<a Plotly figure: run this notebook in JupyterLab>"}}
+
+
+_STOPPABLE = ("running", "paused")
+
+
 class Dashboard:
-    """A live dashboard of a watch, an experiment or a stored run, in ipywidgets + matplotlib.
+    """Every view of a run, live: header with progress, metrics, a statistic per call site,
+    the layer x step heatmap, distributions over time and where NaN/Inf first appeared.
 
     ::
 
         exp = workbench.experiments.create("activation_mlp")
-        w = exp.watch()
-        dash = Dashboard(w)            # or Dashboard(workbench.load_run("runs/a"))
-        dash                           # shows it
-        exp.run(200)                   # with auto=True it redraws as steps arrive (at most every `interval` s)
-        dash.refresh()                 # or redraw now
+        run = exp.start(500, histograms=True)   # trains in the background; the cell is free
+        Dashboard(run)                          # updates live; Pause / Resume / Stop
+        Dashboard(exp.watch())                  # or a watch (exp.run(...) in a later cell)
+        Dashboard(workbench.load_run("runs/a")) # or a stored run, replayed
+
+    The dashboard draws the view layer (:class:`~workbench.ui.views.RunView`), fed by the
+    watch's stream: training only queues each step for it. A timer thread redraws every
+    ``interval`` seconds, and only when steps arrived, taking in the new ones (a redraw costs
+    in proportion to them; the figures are bounded however long the run). The figures are
+    Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks.
 
     Args:
-        source: a ``Watch``, an ``Experiment`` (its watcher) or a ``Run``.
-        auto: subscribe to the watch's stream and redraw from the subscriber
-            thread, at most once per ``interval`` seconds (never from training).
-        interval: seconds between automatic redraws.
+        source: a :class:`~workbench.experiments.base.BackgroundRun` (``exp.start(...)``), an
+            ``Experiment`` (its run in the background, else its open watch), a ``Watch`` or a
+            stored ``Run``.
+        interval: seconds between checks for new steps (> 0).
+        kind, statistic: what the per-site figure and the heatmap show first.
+        smoothing: the metrics' smoothing, in [0, 1).
+        log_y: metrics on a log scale.
     """
 
-    def __init__(self, source: Any, auto: bool = True, interval: float = 1.0) -> None:
+    def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
+                 smoothing: float = 0.0, log_y: bool = False) -> None:
         import ipywidgets as w
 
-        from workbench.instrument import Run, Watch
-        from workbench.ui import live
+        from workbench.experiments.base import BackgroundRun, Experiment
+        from workbench.instrument import KINDS, Run, Watch
+        from workbench.ui.views import STATISTICS, RunView
 
-        if hasattr(source, "watcher") and not isinstance(source, Watch):
-            if source.watcher is None:
-                raise ValueError("This experiment is not watched: call experiment.watch() first.")
-            source = source.watcher
-        if not isinstance(source, (Watch, Run)):
-            raise TypeError(f"Dashboard needs a Watch, a watched Experiment or a Run, got {type(source).__name__}.")
-        self.source, self.interval = source, interval
-        self._live = live
-        self.kind = w.Dropdown(options=list(live.KINDS), value="activation", description="kind")
-        self.statistic = w.Dropdown(options=live.STATISTICS, value="std", description="statistic")
-        self.pattern = w.Text(value="*", description="modules")
-        self.note = w.HTML()
-        self.plots = w.Output()
-        self.table = w.Output()
-        for control in (self.kind, self.statistic, self.pattern):
-            control.observe(lambda change: self.refresh(), names="value")
-        self.widget = w.VBox([w.HBox([self.kind, self.statistic, self.pattern]), self.plots, self.note, self.table])
-        self._last_draw = 0.0
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+        self.run: BackgroundRun | None = None  # the background run the buttons act on
+        self.watch: Watch | None = None
+        label = ""
+        if isinstance(source, Experiment):
+            label = f"{source.name} (seed {source.seed})"
+            background = source.background
+            if background is not None and not background.done:
+                source = background
+            elif source.watcher is not None and not source.watcher.closed:
+                source = source.watcher
+            elif background is not None:
+                source = background
+            else:
+                raise ValueError(f"Experiment {source.name!r} has nothing to show: start a run in the background "
+                                 "(run = experiment.start(steps); Dashboard(run)) or watch it first "
+                                 "(experiment.watch(), then experiment.run(steps)).")
+        if isinstance(source, BackgroundRun):
+            self.run, self.watch = source, source.watch
+            label = label or f"{source.experiment.name} (seed {source.experiment.seed})"
+            self.view = RunView(label=label, total=source.total)
+        elif isinstance(source, Watch):
+            self.watch = source
+            self.view = RunView(label=label)
+        elif isinstance(source, Run):
+            self.view = RunView.from_run(source)
+        else:
+            raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
+                            f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
+        self.source, self.interval = source, float(interval)
+        self.draws = 0  # how many times the figures were drawn
+        self.ticks = 0  # how many times the timer looked for new steps
+        self._figures: dict[str, dict] = {}
+        self._drawn: tuple | None = None
+        self._draw_lock = threading.RLock()
+        self._closed = threading.Event()
         self._subscription = None
-        if auto and isinstance(source, Watch):
-            self._subscription = source.subscribe(self._on_update)
+        self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
+        self._quiet = False  # (setting the controls from code)
+
+        style = {"description_width": "initial"}
+        self.header = w.HTML()
+        self.pause_button = w.Button(description="Pause", icon="pause", layout=w.Layout(width="7em"))
+        self.resume_button = w.Button(description="Resume", icon="play", layout=w.Layout(width="7em"))
+        self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
+                                    layout=w.Layout(width="7em"))
+        self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
+                                       style=style, continuous_update=False)
+        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
+        self.kind = w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style)
+        self.statistic = w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style)
+        self.sites = w.SelectMultiple(options=[], description="call sites", rows=6, style=style,
+                                      layout=w.Layout(width="28em"))
+        self.distribution_site = w.Dropdown(options=[], description="distribution of", style=style,
+                                            layout=w.Layout(width="28em"))
+        self.metrics_plot, self.sites_plot, self.heatmap_plot, self.distribution_plot = (w.Output() for _ in range(4))
+        self.anomalies = w.HTML()
+
+        self.pause_button.on_click(lambda _: self._act("pause"))
+        self.resume_button.on_click(lambda _: self._act("resume"))
+        self.stop_button.on_click(lambda _: self._act("stop"))
+        for control in (self.smoothing, self.log_y):
+            control.observe(lambda _: self._redraw("metrics"), names="value")
+        for control in (self.kind, self.statistic):
+            control.observe(self._on_kind, names="value")
+        self.sites.observe(self._on_sites, names="value")
+        self.distribution_site.observe(lambda _: self._quiet or self._redraw("distribution"), names="value")
+
+        buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
+        self.widget = w.VBox([
+            w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
+            w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
+            w.HBox([self.kind, self.statistic, self.sites]), self.sites_plot, self.heatmap_plot,
+            self.distribution_site, self.distribution_plot,
+            self.anomalies,
+        ])
+        if self.watch is not None:
+            self._follow(self.watch)
         self.refresh()
+        if self.watch is not None and not self._ended():
+            self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
+            self._timer.start()
+        if self.run is not None:  # the end drawn at once (before run.join() returns), not at the next tick
+            self.run.on_done(lambda _run: self._last_draw())
 
-    def frames(self):
-        """The statistics rows and the metrics to draw."""
-        return self.source.to_pandas(), self.source.metrics()
+    # ------------------------------------------------------------------ feeding
+    def _follow(self, watch: Any) -> None:
+        """Take in what the watch recorded so far and subscribe to what comes: every step once."""
+        seen = {"last": None}
+        lock = threading.Lock()
 
-    def _on_update(self, update) -> None:
-        import time
+        def feed(update: Any) -> None:
+            with lock:
+                cut = seen["last"]
+            records = [r for r in update.records if cut is None or r.step > cut] if cut is not None else update.records
+            if records or update.dropped:
+                self.view.feed(type(update)(tuple(records), update.dropped))
 
-        if time.monotonic() - self._last_draw >= self.interval:
+        with lock:
+            if not watch.closed:
+                self._subscription = watch.subscribe(feed)
+            earlier = watch.recorder.records()  # (what the stream delivered before we subscribed)
+            if earlier:
+                self.view.feed(earlier)
+                seen["last"] = earlier[-1].step
+            else:
+                seen["last"] = 0
+
+    def _ended(self) -> bool:
+        if self.run is not None:
+            return self.run.done
+        return self.watch is None or self.watch.closed
+
+    def _status(self) -> None:
+        if self.run is not None:
+            self.view.set_status(self.run.status, self.run.error)
+        elif self.watch is not None:
+            self.view.set_status("closed" if self.watch.closed else "running")
+
+    def _tick(self) -> None:
+        """The timer: redraw when steps arrived or the status changed, until the run ended and
+        its last steps are drawn."""
+        while not self._closed.wait(self.interval):
+            if self._ended():
+                self._last_draw()
+                return
+            try:
+                self._refresh_if_new()
+            except Exception as exc:  # a dashboard never takes the training down; it says why it stopped
+                self.header.value += f"<br><b>The dashboard stopped updating:</b> {html.escape(repr(exc))}"
+                return
+            self.ticks += 1
+
+    def _last_draw(self) -> None:
+        """The run ended: its last steps, its status, and no more ticks."""
+        with self._draw_lock:
+            if self._closed.is_set():
+                return
+            if self._subscription is not None:
+                self._subscription.flush(timeout=5.0)
+            self._refresh_if_new()
+            self.close()
+
+    def _state(self) -> tuple:
+        header = self.view.header()
+        return self.view.steps_fed, self.view.dropped, header["status"]
+
+    def _refresh_if_new(self) -> None:
+        self._status()
+        if self._state() != self._drawn:
             self.refresh()
+        else:
+            self._draw_header()  # (steps/s and the time left change by the clock)
 
+    # ------------------------------------------------------------------ drawing
     def refresh(self) -> None:
-        """Redraw the plots and the table from what is recorded now."""
-        import time
+        """Draw everything from what has arrived (the timer does this by itself)."""
+        with self._draw_lock:
+            self._status()
+            self._drawn = self._state()
+            self._sync_controls()
+            self._draw_header()
+            for name in ("metrics", "sites", "heatmap", "distribution"):
+                self._redraw(name)
+            self._draw_anomalies()
+            self.draws += 1
 
-        import io
+    def figure(self, name: str) -> dict:
+        """The Plotly figure last drawn: ``metrics``, ``sites``, ``heatmap`` or ``distribution``."""
+        if name not in ("metrics", "sites", "heatmap", "distribution"):
+            raise ValueError(f"figure must be 'metrics', 'sites', 'heatmap' or 'distribution', got {name!r}.")
+        with self._draw_lock:
+            return self._figures[name]
 
-        from IPython.display import Image
-        from matplotlib.figure import Figure
+    def _draw_header(self) -> None:
+        from workbench.ui import figures
 
-        self._last_draw = time.monotonic()
-        rows, metrics = self.frames()
-        series, note = self._live.stat_series(rows, self.kind.value, self.statistic.value, self.pattern.value)
-        long = self._live.metrics_long(metrics)
-        # a bare Figure, no pyplot: redraws may come from the subscriber thread
-        fig = Figure(figsize=(12, 3.5))
-        left, right = fig.subplots(1, 2)
-        for name, group in long.groupby("metric", sort=False):
-            left.plot(group.step, group.value, label=name)
-        left.set_title("metrics")
-        left.set_xlabel("step")
-        for site, group in series.groupby("site", sort=False):
-            right.plot(group.step, group.value, label=site)
-        right.set_title(f"{self.kind.value} {self.statistic.value} per call site")
-        right.set_xlabel("step")
-        for ax in (left, right):
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7, loc="best")
-        fig.tight_layout()
-        # set the outputs directly (not `with output:`), so redraws from the subscriber thread
-        # land in this widget and not in whichever cell runs at that moment
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=80)
-        self.plots.outputs = ()
-        self.plots.append_display_data(Image(data=png.getvalue(), format="png"))
-        self.note.value = _html(note)
-        self.table.outputs = ()
-        self.table.append_display_data(self._live.latest_table(rows))
+        self.header.value = _html(figures.header_markdown(self.view))
+        if self.run is not None:
+            status = self.run.status
+            self.pause_button.disabled = status != "running"
+            self.resume_button.disabled = status != "paused"
+            self.stop_button.disabled = status not in _STOPPABLE
+
+    def _sync_controls(self) -> None:
+        """Site choices as the run shows them; the default sites until the user picks."""
+        kind, statistic = self.kind.value, self.statistic.value
+        order = self.view.site_order(kind)
+        chosen = (list(self.sites.value) if self._picked_sites
+                  else self.view.default_sites(kind, statistic))
+        with_histograms = self.view.histogram_sites(kind)
+        self._quiet = True
+        try:
+            if tuple(order) != tuple(self.sites.options):
+                self.sites.options = order
+            chosen = tuple(s for s in chosen if s in order)
+            if chosen != tuple(self.sites.value):
+                self.sites.value = chosen
+            if tuple(with_histograms) != tuple(self.distribution_site.options):
+                keep = self.distribution_site.value
+                self.distribution_site.options = with_histograms
+                self.distribution_site.value = (keep if keep in with_histograms
+                                                else (with_histograms[-1] if with_histograms else None))
+        finally:
+            self._quiet = False
+
+    def _redraw(self, name: str) -> None:
+        from workbench.ui import figures
+
+        with self._draw_lock:
+            kind, statistic = self.kind.value, self.statistic.value
+            if name == "metrics":
+                spec, out = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
+                                                   log_y=self.log_y.value), self.metrics_plot
+            elif name == "sites":
+                sites = list(self.sites.value) or None
+                spec, out = figures.sites_figure(self.view, kind, statistic, sites), self.sites_plot
+            elif name == "heatmap":
+                spec, out = figures.heatmap_figure(self.view, kind, statistic), self.heatmap_plot
+            else:
+                site = self.distribution_site.value
+                spec = (figures.distribution_figure(self.view, kind, site) if site else figures.empty_figure(
+                    f"No histograms of {kind} rows: record with histograms=True to see distributions over time."))
+                out = self.distribution_plot
+            self._figures[name] = spec
+            # set the outputs (not `with out:`): a redraw from the timer thread lands in this
+            # widget, not in whichever cell runs at that moment
+            out.outputs = (_figure_output(spec),)
+
+    def _draw_anomalies(self) -> None:
+        first = self.view.first_anomaly
+        if first is None:
+            self.anomalies.value = "<b>NaN / Inf:</b> none so far."
+            return
+        frame = self.view.anomaly_frame().tail(8)
+        self.anomalies.value = (
+            f"<b>NaN / Inf first at step {first['step']}</b>, {html.escape(first['kind'])} of "
+            f"<code>{html.escape(first['site'])}</code> ({first['nan_count']} NaN, {first['inf_count']} Inf). "
+            f"Most recent:" + frame.to_html(index=False, border=0))
+
+    # ------------------------------------------------------------------ controls
+    def _on_kind(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_sites = False  # another kind or statistic: its own default sites
+        with self._draw_lock:
+            self._sync_controls()
+            for name in ("sites", "heatmap", "distribution"):
+                self._redraw(name)
+
+    def _on_sites(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_sites = bool(self.sites.value)
+        self._redraw("sites")
+
+    def _act(self, action: str) -> None:
+        if self.run is None:
+            return
+        if action == "pause":
+            self.run.pause(wait=False)
+        elif action == "resume":
+            self.run.resume()
+        else:
+            self.run.stop(wait=False)
+        self._status()
+        self._draw_header()
 
     def close(self) -> None:
-        """Stop the automatic redraws."""
+        """Stop following the run (the figures stay as they are)."""
+        self._closed.set()
         if self._subscription is not None:
             self._subscription.unsubscribe()
             self._subscription = None
