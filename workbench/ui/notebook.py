@@ -227,10 +227,11 @@ class Dashboard:
 
         style = {"description_width": "initial"}
         self.header = w.HTML()
-        self.pause_button = w.Button(description="Pause", icon="pause", layout=w.Layout(width="7em"))
-        self.resume_button = w.Button(description="Resume", icon="play", layout=w.Layout(width="7em"))
-        self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
-                                    layout=w.Layout(width="7em"))
+        self.header.layout = w.Layout(flex="1 1 auto")
+        button = dict(layout=w.Layout(width="auto", min_width="6.5em", flex="0 0 auto"))
+        self.pause_button = w.Button(description="Pause", icon="pause", **button)
+        self.resume_button = w.Button(description="Resume", icon="play", **button)
+        self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger", **button)
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
@@ -380,6 +381,7 @@ class Dashboard:
         try:
             if tuple(order) != tuple(self.sites.options):
                 self.sites.options = order
+                self.sites.rows = min(max(len(order), 2), 8)  # (up to 8 without scrolling)
             chosen = tuple(s for s in chosen if s in order)
             if chosen != tuple(self.sites.value):
                 self.sites.value = chosen

@@ -1,0 +1,159 @@
+"""The live dashboard in a real JupyterLab, driven in headless Chromium as a user would: run a
+cell that starts training in the background and shows its Dashboard, see it update while the
+run trains, press Stop, and see the run stop."""
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from tests.ui.conftest import _free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+LIVE_CELL = """\
+import workbench
+from workbench.ui.notebook import Dashboard
+
+exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", depth=3, width=32)
+run = exp.start(1_000_000, every=2, histograms=True)
+Dashboard(run)"""
+STATUS_CELL = 'print("status:", run.status, "step:", run.step)'
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory):
+    """JupyterLab on a free loopback port, with a token, over a temporary root holding one
+    notebook; no browser of its own, no settings or workspaces outside the temporary folder."""
+    base = tmp_path_factory.mktemp("jupyterlab")
+    root, home = base / "root", base / "home"
+    root.mkdir()
+    (home / "config" / "labconfig").mkdir(parents=True)
+    # no "official Jupyter news?" prompt over the page (it would fetch the news from the network)
+    (home / "config" / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    nbformat.write(new_notebook(cells=[new_code_cell(LIVE_CELL), new_code_cell(STATUS_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "live.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+           "IPYTHONDIR": str(home / "ipython")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None",
+         "--LabApp.extension_manager=readonly", "--allow-root"],
+        env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=(base / "server.log").open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as answer:
+                    json.load(answer)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + (base / "server.log").read_text()[-3000:])
+                time.sleep(0.3)
+        yield url, token
+    finally:
+        server.terminate()  # shuts its kernels down
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _shot(page, name):
+    folder = os.environ.get("WORKBENCH_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"jupyterlab_{name}.png"), full_page=True)
+
+
+def _run_cell(page, index: int) -> None:
+    """Select a cell and press Shift+Enter, as a user does; again if the kernel did not take it
+    (a keypress while the page still connects to the kernel can be lost)."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    for _ in range(5):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_function("(el) => /\\[(\\*|\\d+)\\]/.test(el.textContent)", arg=prompt.element_handle(),
+                                   timeout=10_000)
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"cell {index} was not run")
+
+
+def _header_step(page) -> int:
+    text = page.locator(".jp-OutputArea-output .widget-html-content").first.inner_text()
+    match = re.search(r"step (\d+) of", text)
+    return int(match.group(1)) if match else -1
+
+
+def _plotted_steps(page) -> int:
+    """The last step the metrics figure of the page draws (Plotly's own data of the plot)."""
+    return page.evaluate("""() => {
+        const plot = document.querySelector('.js-plotly-plot');
+        if (!plot || !plot._fullData || !plot._fullData.length) return -1;
+        const x = plot._fullData[0].x;
+        return x && x.length ? Number(x[x.length - 1]) : -1;
+    }""")
+
+
+def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser, jupyterlab):
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        page.goto(f"{url}/lab/tree/live.ipynb?token={token}")
+        first_cell = page.locator(".jp-Notebook .jp-Cell").first
+        first_cell.wait_for(timeout=60_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _run_cell(page, 0)  # training starts in the background, the dashboard shows
+
+        plots = page.locator(".jp-OutputArea-output .js-plotly-plot")
+        plots.nth(3).wait_for(timeout=60_000)  # metrics, sites, heatmap, distribution
+        page.wait_for_function("() => document.querySelector('.js-plotly-plot')?._fullData?.[0]?.x?.length > 0",
+                               timeout=60_000)
+        # the cell returned at once and the kernel is free while the run trains
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        before_header, before_plot = _header_step(page), _plotted_steps(page)
+        page.wait_for_function(
+            f"() => {{ const p = document.querySelector('.js-plotly-plot')._fullData[0].x;"
+            f" return Number(p[p.length - 1]) > {before_plot}; }}", timeout=60_000)
+        assert _header_step(page) > before_header >= 0  # the header counts the steps as they come
+        assert page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").count() >= 1
+        _shot(page, "live")
+        if os.environ.get("WORKBENCH_SCREENSHOTS"):  # the figures further down, as a user scrolls to them
+            for i, name in [(2, "heatmap"), (3, "distribution")]:
+                plots.nth(i).scroll_into_view_if_needed()
+                _shot(page, f"live_{name}")
+
+        page.get_by_role("button", name="Stop").click()
+        page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)
+        stopped_at = _header_step(page)
+        _run_cell(page, 1)
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+        output.wait_for(timeout=60_000)
+        assert output.inner_text().strip() == f"status: stopped step: {stopped_at}"
+        assert page.get_by_role("button", name="Stop").is_disabled()
+        _shot(page, "stopped")
+    except Exception:
+        _shot(page, "failed")  # (with WORKBENCH_SCREENSHOTS: what the page showed)
+        raise
+    finally:
+        page.close()
