@@ -16,8 +16,11 @@ The cases live beside this file, one test module per area; ``CASES`` counts them
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,57 @@ class Case:
     after: Callable[[], Any] | None = None
     cleanup: Callable[[], Any] | None = None
     marks: Sequence[Any] = field(default_factory=tuple)
+
+
+def kept(id: str, call: Callable[[], Any], error: type[BaseException] | tuple, says: Sequence[str],
+         keep: Callable[[], Any]) -> Case:
+    """A Case whose ``after`` checks that ``keep()`` - a snapshot of what must not change - is the
+    same after the failed call as it was just before it."""
+    before = {}
+
+    def snapshot_then_call():
+        before["value"] = keep()
+        return call()
+
+    def unchanged():
+        assert same(keep(), before["value"]), f"{id}: the failed call changed something"
+
+    return Case(id, snapshot_then_call, error, says, after=unchanged)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality over tensors (bitwise, NaN equal to NaN), dicts, lists and plain values."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and a.device == b.device \
+            and torch.equal(torch.nan_to_num(a.detach()), torch.nan_to_num(b.detach()))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+@contextlib.contextmanager
+def env(**values: str) -> Iterator[None]:
+    """These environment variables set, and restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def with_env(call: Callable[[], Any], **values: str) -> Callable[[], Any]:
+    """``call``, run with these environment variables set."""
+    def run():
+        with env(**values):
+            return call()
+    return run
 
 
 def params(cases: Sequence[Case]) -> list:

@@ -5,62 +5,22 @@ create() leaves torch's global generator as it was, a refused run() or evaluate(
 from __future__ import annotations
 
 import functools
-import math
-import os
 
 import pytest
 import torch
 
 import workbench
-from tests.bad_inputs.harness import Case, check, params
+from tests.bad_inputs.harness import check, kept, params, with_env
 from workbench.params import MemoryLimitError
 
 create = workbench.experiments.create
 NAN, INF = float("nan"), float("inf")
 
 
-def same(a, b) -> bool:
-    """Deep equality over tensors (bitwise), dicts, lists and plain values."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
-            and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
-
-
-def with_env(call, **values):
-    """``call`` run with these environment variables set (and restored after)."""
-    def run():
-        old = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        try:
-            return call()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return run
-
-
 def case(id, call, error, *says, keep=None):
-    """A Case whose ``after`` checks that ``keep()`` is the same after the failed call as before it;
-    by default the global RNG's state (a create() that fails must not have drawn from it)."""
-    keep = keep or torch.get_rng_state
-    before = {}
-
-    def snapshot_then_call():
-        before["value"] = keep()
-        return call()
-
-    def unchanged():
-        assert same(keep(), before["value"]), f"{id}: the failed call changed something"
-
-    return Case(id, snapshot_then_call, error, says, after=unchanged)
+    """A Case that checks ``keep()`` is unchanged by the failed call; by default the global RNG's
+    state (a create() that fails must not have drawn from it)."""
+    return kept(id, call, error, says, keep or torch.get_rng_state)
 
 
 @functools.cache

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -17,6 +19,7 @@ from workbench.instrument.store import DB_NAME
 from tests.bad_inputs.harness import Case, check, params
 
 ROOT = Path(tempfile.mkdtemp(prefix="workbench-bad-inputs-"))
+atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
 
 
 def model() -> nn.Module:
@@ -155,6 +158,7 @@ def watch_action_case(id, action, error, says, unchanged=True):
 
 
 EXPERIMENT = []
+STORES = []
 
 
 def watched_twice():
@@ -272,8 +276,8 @@ CASES = [
     Case("export-unknown-what", lambda: workbench.load_run(stored_run("a")).export(ROOT / "x.csv", what="all"),
          ValueError, ["what must be 'rows' or 'metrics'", "'all'"],
          lambda: (ROOT / "x.csv").exists() and pytest.fail("written")),
-    Case("store-close-unknown-status", lambda: RunStore(ROOT / "closing").close("done"), ValueError,
-         ["status must be one of", "'done'"]),
+    Case("store-close-unknown-status", lambda: STORES.append(RunStore(ROOT / "closing")) or STORES[-1].close("done"),
+         ValueError, ["status must be one of", "'done'"], cleanup=lambda: STORES.pop().close()),
     Case("experiment-watched-twice", lambda: watched_twice(), RuntimeError,
          ["already watched", "close that watch first"], cleanup=lambda: EXPERIMENT.pop().watcher.close()),
 ]

@@ -1,10 +1,9 @@
 """Experiments on several threads at once (the app runs each session's run on a thread of its own)."""
 
-import threading
-
 import torch
 
 import workbench
+from tests.threads import at_once
 
 
 def train(seed, barrier=None):
@@ -19,21 +18,7 @@ def test_experiments_on_several_threads_give_what_they_give_alone():
     """Initialisation and dropout draw from torch's global generator, which every thread shares:
     each experiment's numbers must still be those of its seed alone."""
     alone = {seed: train(seed) for seed in range(4)}
-    barrier = threading.Barrier(4)
-    together, failures = {}, []
-
-    def run(seed):
-        try:
-            together[seed] = train(seed, barrier)
-        except BaseException as exc:  # noqa: BLE001 (reported below)
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures, failures
+    together = at_once(train, range(4))
     for seed, (initial, metrics) in together.items():
         assert all(torch.equal(a, b) for a, b in zip(initial, alone[seed][0]))
         assert metrics == alone[seed][1]

@@ -3,6 +3,7 @@ lock, write failures, read-only runs, errors, export."""
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -230,8 +231,11 @@ def test_a_run_reads_how_it_ended(tmp_path):
     assert workbench.load_run(tmp_path / "experiment").status == "failed"
     statuses = workbench.list_runs(tmp_path).set_index("run").status.to_dict()
     assert statuses == {"done": "finished", "live": "stopped", "crashed": "failed", "experiment": "failed"}
+    w = workbench.watch(model)
     with pytest.raises(ValueError, match="status must be one of .*'finished', 'stopped', 'failed'.*got 'ok'"):
-        workbench.watch(model).close("ok")
+        w.close("ok")
+    assert not w.closed  # refused before anything changed
+    w.close()
 
 
 def test_two_writers_cannot_both_start_on_one_path(tmp_path):
@@ -349,8 +353,8 @@ def test_a_finished_run_in_a_read_only_directory_opens():
             run = workbench.load_run(path)
             assert (run.status, len(run.steps), len(run.to_pandas())) == ("finished", 3, expected)
     finally:
-        os.chmod(root + "/run", 0o755)
-        import shutil
+        if os.path.isdir(os.path.join(root, "run")):
+            os.chmod(os.path.join(root, "run"), 0o755)
         shutil.rmtree(root)
 
 
@@ -358,3 +362,39 @@ def test_compare_runs_wants_a_list(tmp_path):
     small_run(tmp_path / "good", steps=1)
     with pytest.raises(TypeError, match="takes a list of runs, got the single run '.*good'"):
         workbench.compare_runs(str(tmp_path / "good"))
+
+
+def test_close_waits_for_the_writer_and_reads_failed_when_a_step_was_lost(tmp_path):
+    recorder = workbench.Recorder()
+    store = RunStore(tmp_path / "r", timeout=0.3)
+    store.attach(recorder)
+    holder = sqlite3.connect(tmp_path / "r" / DB_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another tool holds the write lock past the store's timeout
+    recorder.publish(StepRecord(1, metrics={"loss": 1.0}))
+    time.sleep(0.6)
+    holder.execute("ROLLBACK")
+    holder.close()
+    recorder.publish(StepRecord(2, metrics={"loss": 0.5}))
+    store.close()  # waits for step 2 to be written, then writes the status
+    run = workbench.load_run(tmp_path / "r")
+    assert run.steps == [2]
+    assert run.status == "failed" and "1 step(s) could not be stored" in run.metadata["error"]
+
+
+def test_a_killed_run_on_read_only_media_says_to_copy_it():
+    root = tempfile.mkdtemp()
+    try:
+        os.chmod(root, 0o755)
+        path = os.path.join(root, "run")
+        small_run(path, steps=2)
+        with open(os.path.join(path, DB_NAME + "-wal"), "wb") as wal:
+            wal.write(b"\0" * 64)  # steps a killed writer left in its WAL
+        os.chmod(path, 0o555)
+        code = ("import os, sys, workbench\n"
+                "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
+                "try:\n    workbench.load_run(sys.argv[1]).steps\nexcept workbench.RunError as e:\n    print(e)")
+        proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
+        assert "Copy the run directory somewhere writable" in proc.stdout, proc.stderr
+    finally:
+        os.chmod(os.path.join(root, "run"), 0o755)
+        shutil.rmtree(root)

@@ -17,6 +17,7 @@ from torch import nn
 
 import workbench
 from workbench.instrument import ROW_COLUMNS, hooks, stats
+from tests.threads import at_once
 
 
 def probe_step(name, model, w=None, seed=0):
@@ -1162,6 +1163,16 @@ def test_a_gradient_that_arrives_after_its_step_ended_is_reported_not_misfiled()
     assert sorted(set(recorded.step)) == [3, 4] and set(recorded.module) == {"", "0", "1"}
 
 
+def test_a_loop_that_always_steps_too_early_is_reported_once_per_site():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Tanh())
+    with workbench.watch(model) as w:
+        for _ in range(20):
+            loss = model(torch.randn(4, 2)).sum()
+            w.step()
+            loss.backward()
+    assert sorted(e["module"] for e in w.errors) == ["", "0", "1"]
+
+
 def test_gradients_taken_with_autograd_grad_are_recorded():
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     x = torch.randn(5, 3)
@@ -1218,22 +1229,7 @@ def test_watches_on_several_threads_are_independent():
         thread.join()
         pd.testing.assert_frame_equal(result[0], alone[0])
     for _ in range(5):
-        barrier = threading.Barrier(4)
-        results, failures = {}, []
-
-        def run(seed):
-            try:
-                results[seed] = session(seed, barrier)
-            except BaseException as exc:  # noqa: BLE001 (reported below)
-                failures.append(exc)
-
-        threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not failures, failures
-        for seed, frame in results.items():
+        for seed, frame in at_once(session, range(4)).items():
             pd.testing.assert_frame_equal(frame, alone[seed])
     assert not torch.nn.modules.module._global_forward_hooks
 

@@ -1,5 +1,9 @@
 """The view layer: bounded histories, readable call sites, and views that hold what was recorded."""
 
+import copy
+import threading
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -262,3 +266,87 @@ def test_runs_are_compared_metric_by_metric_and_site_by_site():
     assert figures.values(site["data"][1]["x"]).tolist() == [1, 2, 3, 4, 5]
     missing = figures.compare_site_figure({"tanh": a}, "grad_output", "norm", "nowhere")
     assert "No run has grad_output rows at nowhere" in missing["layout"]["annotations"][0]["text"]
+
+
+def test_a_smaller_last_batch_is_the_same_site():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    view = RunView()
+    with workbench.watch(model) as w:
+        w.subscribe(view.feed)
+        for batch in (16, 16, 7, 16, 5):
+            model(torch.randn(batch, 4)).sum().backward()
+            w.step()
+        w.recorder.flush()
+    assert view.site_table("activation").name.tolist() == ["0", "1", "2"]
+    series = view.site_series("activation", "norm", ["0"])
+    assert series.step.tolist() == [1, 2, 3, 4, 5] and series.value.notna().all()
+    assert view.latest("activation").site.tolist() == ["0", "1", "2"]
+
+
+def test_a_copy_of_a_network_replays_as_sites_of_its_own(tmp_path):
+    """A stored run tells aliases by statistics; a copy of a network (a target network) equals the
+    original at first, but is not the original's container: it stays a site of its own."""
+
+    class WithTarget(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.online = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+            self.target = copy.deepcopy(self.online)
+
+        def forward(self, x):
+            return self.online(x) + self.target(x).detach()
+
+    model = WithTarget()
+    view = RunView()
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        w.subscribe(view.feed)
+        for _ in range(2):
+            model(torch.randn(8, 4)).sum().backward()
+            w.step()
+        w.recorder.flush()
+    replayed = RunView.from_run(workbench.load_run(tmp_path / "run"))
+    live = view.site_table("activation")
+    assert {"target.0", "target.1", "online.0", "online.1"} <= set(live.name)
+    pd.testing.assert_frame_equal(replayed.site_table("activation"), live)
+
+
+def test_views_drawn_while_steps_arrive_on_another_thread():
+    view = RunView()
+    stop, failures = threading.Event(), []
+
+    def feed():
+        step = 0
+        while not stop.is_set():
+            step += 1
+            n = 1 + step % 40  # ever more sites
+            keys = tuple((f"l{i}", 0, "activation", "out", (4,)) for i in range(n))
+            sums = np.tile(np.arange(len(SUMS), dtype=float), (n, 1)) + np.arange(n)[:, None] * 0.01 + step
+            view.feed(StepRecord(step, keys, np.full(n, 4), sums, metrics={"loss": 1.0 / step}))
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    try:
+        for _ in range(50):
+            try:
+                figures.heatmap_figure(view, "activation", "mean")
+                figures.sites_figure(view, "activation", "std")
+                view.latest("activation")
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                failures.append(exc)
+    finally:
+        stop.set()
+        thread.join()
+    assert not failures, failures[:3]
+
+
+def test_view_arguments_are_checked():
+    view, _ = watched(Twice(), 1)
+    with pytest.raises(TypeError, match=r"names takes a list of metric names, got the string 'loss'; pass \['loss'\]"):
+        view.metrics_frame("loss")
+    with pytest.raises(TypeError, match=r"sites takes a list of site names, got the string 'head'"):
+        view.site_series("activation", "std", "head")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        figures.compare_site_figure({"a": view}, "activations", "std", "head")
+    with pytest.raises(ValueError, match="histogram_capacity"):
+        RunView(histogram_capacity=4)

@@ -29,7 +29,9 @@ __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "regis
 
 #: Held while an experiment draws from torch's global generators (parameter initialisation in
 #: setup(), dropout in a step): they are process-wide, so experiments stepped on several threads
-#: (the app's runs) take turns there, and each run's numbers are those it has alone.
+#: (the app's runs) take turns there, and each run's numbers are those it has alone. The draws
+#: happen inside the model's forward, so a whole training step holds it: the steps of concurrent
+#: experiments take turns (each one's still use torch's intra-op threads).
 GLOBAL_RNG = threading.RLock()
 
 

@@ -161,6 +161,7 @@ class Watch:
         # this watch is still being set up): inactive until the first step starts
         self._active = self._recording = False
         self._generation = 0  # steps started, discarded ones included
+        self._late_reported: set[str] = set()  # sites whose gradient arrived after its step ended
 
         # alias paths of every module object, in named_modules order
         self._aliases: dict[int, list[str]] = defaultdict(list)
@@ -492,8 +493,12 @@ class Watch:
         if site.generation != self._generation:
             if site.step == self.step_index:  # of a forward whose step was discarded
                 return
-            # the user's order, not the site, is at fault: the site records again from the next step
+            # the user's order, not the site, is at fault: the site records again from the next step.
+            # Reported once per site: a loop that always steps too early would report every step
             for path, call, _, _ in keys:
+                if path in self._late_reported:
+                    continue
+                self._late_reported.add(path)
                 self._fail(path, call, GRAD_OUTPUT, RuntimeError(
                     f"the gradient of step {site.step} arrived after watch.step() ended that step; "
                     "call w.step() after loss.backward()"), disable=False)

@@ -193,14 +193,15 @@ class Subscription:
         with self._cond:
             return self._cond.wait_for(lambda: self._closed or (not self._pending and not self._busy), timeout)
 
-    def unsubscribe(self) -> None:
-        """Stop receiving updates; records already queued are delivered first."""
+    def unsubscribe(self, timeout: float | None = 10.0) -> None:
+        """Stop receiving updates; records already queued are delivered first (waiting up to
+        ``timeout`` seconds for them; None: until they are)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._recorder._detach(self)
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10.0)
+            self._thread.join(timeout=timeout)
 
     remove = unsubscribe
 

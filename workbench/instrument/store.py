@@ -138,8 +138,10 @@ class RunStore:
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
-                raise PermissionError(f"Cannot write a run into {self.path}: {exc}. Pick a directory you "
-                                      "can write to.") from None
+                error = OSError if os.access(self.path if self.path.exists() else self.path.parent, os.W_OK) \
+                    else PermissionError
+                raise error(f"Cannot write a run into {self.path}: {type(exc).__name__}: {exc}. Pick a directory "
+                            "you can write to, with room on its disk.") from None
             raise
 
     def _make_directory(self) -> list[Path]:
@@ -164,7 +166,6 @@ class RunStore:
         return missing
 
     def _take_lock(self) -> int:
-        self._lock_created = not (self.path / LOCK_NAME).exists()
         try:
             fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -186,8 +187,7 @@ class RunStore:
             for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
                 (self.path / name).unlink(missing_ok=True)
         if self._lock is not None:
-            if self._lock_created:
-                (self.path / LOCK_NAME).unlink(missing_ok=True)
+            # (the lock file stays: another writer may hold it open; unlinked, a third would lock a new one)
             os.close(self._lock)
             self._lock = None
         for folder in created:  # deepest first
@@ -231,6 +231,8 @@ class RunStore:
                 self.lost += 1
                 self._report(f"step {record.step} could not be written to {self.path / DB_NAME}: "
                              f"{type(exc).__name__}: {exc}")
+                if self.lost == 1:  # the run is failed already: later steps wait a second for a lock, not the timeout
+                    self._db.execute("PRAGMA busy_timeout = 1000")
 
     def _report(self, message: str) -> None:
         self.errors.append(message)
@@ -278,7 +280,11 @@ class RunStore:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
         if self._subscription is not None:
-            self._subscription.unsubscribe()
+            # every queued step is written (or counted lost) before the status: the writer thread ends first
+            self._subscription.unsubscribe(timeout=None)
+            if self._subscription.error is not None:
+                self._report(f"the store's writer stopped: {self._subscription.error.strip().splitlines()[-1]}")
+                self.lost += 1
             self._subscription = None
         if self._db is None:
             return
@@ -354,6 +360,11 @@ class Run:
         # cannot take WAL's shared-memory index either: it is opened immutable, as the file it is
         uri = f"file:{self.db_path.resolve()}?mode=ro"
         if not os.access(self.db_path.parent, os.W_OK):
+            wal = self.db_path.with_name(self.db_path.name + "-wal")
+            if wal.exists() and wal.stat().st_size > 0:  # an immutable read would not see the steps still in it
+                raise RunError(f"{self.db_path.parent} cannot be read here: its last steps are still in "
+                               f"{wal.name} (its writer did not close it), and the directory is not writable. "
+                               "Copy the run directory somewhere writable and load the copy.")
             uri += "&immutable=1"
         return sqlite3.connect(uri, uri=True)
 

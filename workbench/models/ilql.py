@@ -432,9 +432,6 @@ class ILQL(nn.Module):
         """The constructor's arguments besides dataset and net_config, as the attributes hold them now."""
         return {k: getattr(self, k) for k in _HYPERPARAMETERS}
 
-    def _check_hyperparameters(self) -> None:
-        check_hyperparameters(self.hyperparameters)
-
     def _build(self) -> None:
         networks = _make_networks(self.net_config, self.double_q)
         for module in networks.values():
@@ -860,6 +857,8 @@ class ILQL(nn.Module):
                 key, shape or dtype that does not fit (the message names it).
             workbench.params.MemoryLimitError: the net_config it asks for would not fit.
         """
+        if device is not None:  # the argument first: a bad one is the caller's, not the file's
+            check_hyperparameters({**self.hyperparameters, "device": device}, owner="load_checkpoint")
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")

@@ -6,10 +6,10 @@ pan and legend toggling, where Gradio's built-in plots exist only in Gradio and 
 draws still images.
 
 A figure is the plain spec Plotly's JavaScript draws (``{"data": [...], "layout": {...}}``),
-built here directly: building ``plotly.graph_objects`` figures validates every property, which
-made one refresh of a run page cost 10x more, on the thread that serves the page beside the
-training (``go.Figure(spec)`` gives the validated object when one is wanted). Arrays go as
-Plotly's typed arrays (base64 of float32 or int64): a figure's size is that of the view's
+built here directly, not as ``plotly.graph_objects``, which validate every property on every
+refresh, on the thread that serves the page beside the training (bench/dashboard.py measures a
+refresh; ``go.Figure(spec)`` gives the validated object when one is wanted). Arrays go as
+Plotly's typed arrays (base64 of float32, steps as int32): a figure's size is that of the view's
 bounded histories, which does not grow with the run.
 """
 
@@ -45,6 +45,15 @@ def _layout(height: int, title: str | None = None, **more: Any) -> dict[str, Any
 
 def _axis(**more: Any) -> dict[str, Any]:
     return dict(gridcolor="#e5e5e5", zeroline=False, linecolor="#999", **more)
+
+
+def _steps_axis(steps: Any, **more: Any) -> dict[str, Any]:
+    """An axis of steps: whole numbers; over a few steps one tick each (Plotly would put ticks
+    between them, each labelled with the step it rounds to: 1 2 2 3 3)."""
+    steps = np.asarray(steps)
+    if len(steps) and steps.max() - steps.min() <= 10:
+        more.update(tick0=int(steps.min()), dtick=1)
+    return _axis(tickformat="d", **more)
 
 
 def _array(values: Any) -> dict[str, str]:
@@ -131,7 +140,8 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         row, col = divmod(i, columns)
         n = "" if i == 0 else str(i + 1)
         x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
-        layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d")
+        layout[f"xaxis{n}"] = _steps_axis(np.concatenate([f.step[f.metric == name] for f in frames.values()]),
+                                          domain=[x0, x0 + width], anchor=f"y{n}")
         layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear")
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
@@ -156,7 +166,7 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     """One call site's statistic in several runs, a line per run (a run without the site is left out)."""
     data = []
     for r, (run, view) in enumerate(views.items()):
-        if site not in [s.name for s in view.sites[kind]] if kind in view.sites else True:
+        if site not in view.site_order(kind):  # (checks the kind)
             continue
         part = view.site_series(kind, statistic, [site])
         data.append(dict(type="scatter", mode="lines", name=run, x=_array(part.step), y=_array(part.value),
@@ -165,7 +175,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")
     return {"data": data, "layout": _layout(
-        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
+        xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
 
@@ -188,7 +199,7 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
                          line=dict(color=color, width=1.5), legendgroup=site,
                          hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
     return {"data": data, "layout": _layout(
-        _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_steps_axis(frame.step, title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}
 
 
@@ -209,7 +220,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
                  hovertemplate="%{y}<br>step %{x}<br>" + label + " %{z:.3g}<extra></extra>")
     return {"data": [trace], "layout": _layout(
         max(_HEIGHT, min(14 * len(names) + 120, 1400)), f"{kind}: {label}, every call site in forward order",
-        hovermode="closest", xaxis=_axis(title=dict(text="step"), tickformat="d"),
+        hovermode="closest", xaxis=_steps_axis(steps, title=dict(text="step")),
         yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category"))}
 
 
@@ -242,8 +253,8 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
                                    "<extra></extra>"))
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
-                     xaxis=_axis(domain=[0, 0.46], title=dict(text="step"), tickformat="d"),
+                     xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),
                      yaxis=_axis(title=dict(text="value")),
-                     xaxis2=_axis(domain=[0.54, 1], anchor="y2", title=dict(text="step"), tickformat="d"),
+                     xaxis2=_steps_axis(steps, domain=[0.54, 1], anchor="y2", title=dict(text="step")),
                      yaxis2=_axis(anchor="x2"))
     return {"data": data, "layout": layout}

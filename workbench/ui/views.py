@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -64,14 +65,21 @@ class History:
     """
 
     def __init__(self, capacity: int = 512, recent: int = 128, merge: str = "mean") -> None:
-        if not 2 <= recent < capacity // 2:
-            raise ValueError(f"History needs 2 <= recent < capacity / 2, got recent={recent}, capacity={capacity}.")
+        self.check(capacity, recent)
         if merge not in ("mean", "last"):
             raise ValueError(f"merge must be 'mean' or 'last', got {merge!r}.")
         self.capacity, self.recent, self.merge = capacity, recent, merge
         self.stride = 1  # steps per bucket in the thinned part
         self.steps: list[int] = []
         self._points: list[Any] = []  # (mean, lo, hi, count) for "mean"; the value for "last"
+
+    @staticmethod
+    def check(capacity: int, recent: int) -> None:
+        """Raises ValueError unless ``2 <= recent < capacity / 2`` (whole numbers)."""
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (capacity, recent)) \
+                or not 2 <= recent < capacity / 2:
+            raise ValueError(f"a view's history needs whole numbers with 2 <= recent < capacity / 2, got "
+                             f"capacity={capacity!r}, recent={recent!r} (histories: histogram_capacity >= 12).")
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -104,6 +112,11 @@ class History:
             else:
                 buckets.append((step, point))
         return buckets
+
+    def last(self) -> Any:
+        """The last point's value (its mean, for rows of numbers)."""
+        point = self._points[-1]
+        return point[0] if self.merge == "mean" else point
 
     def values(self) -> list[Any]:
         """The points' values, oldest first (``merge="last"``)."""
@@ -163,6 +176,11 @@ class Site:
     aliases: list[str] = field(default_factory=list)  # other names of the same tensor
 
 
+def _contains(container: str, module: str) -> bool:
+    """Whether the module path ``container`` holds ``module`` (the model, ``""``, holds every one)."""
+    return container == "" or module.startswith(container + ".")
+
+
 def _site_name(module: str, call: int, tensor: str, called_again: bool) -> str:
     name = module or "(model)"
     if called_again:
@@ -189,6 +207,8 @@ class RunView:
 
     def __init__(self, capacity: int = 120, recent: int = 32, histogram_capacity: int = 96, label: str = "",
                  total: int | None = None, max_pending: int = 1024) -> None:
+        History.check(capacity, recent)
+        History.check(histogram_capacity, histogram_capacity // 4)
         self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
         self.label, self.total = label, total
         self.status, self.error = "running", None
@@ -203,6 +223,7 @@ class RunView:
         self.max_pending = max_pending
         self._pending: list[StepRecord] = []
         self._target: dict[tuple, tuple[int, int]] = {}  # row key -> (kind index, site index or -1: an alias)
+        self._site_targets: dict[tuple, tuple[int, int]] = {}  # the same by (kind, module, call, tensor): any shape
         self._names: dict[tuple, Site] = {}
         self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
         self._histograms: dict[tuple[str, int], History] = {}
@@ -350,15 +371,18 @@ class RunView:
                 kept.append(step, (step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32)))
 
     def _learn_sites(self, keys: tuple, numel: np.ndarray, table: np.ndarray, tensors: np.ndarray | None) -> None:
-        """Name the call sites first seen in these rows (one step's); a row whose tensor another
-        site of the step returned is an alias of that site: known from the watch (``tensors``), or,
-        for rows without it (a stored run), told by the same kind, shape and statistics."""
+        """Name the call sites first seen in these rows (one step's). A site is its module, call,
+        kind and tensor leaf: a new shape (a smaller last batch) is the same site. A row whose
+        tensor another site of the step returned is an alias of that site: known from the watch
+        (``tensors``), or, for rows without it (a stored run), told by the same kind, shape and
+        statistics in a container of that site (a container whose output is its last child's;
+        a copy of a network elsewhere in the model, equal at first, stays a site of its own)."""
         calls: dict[tuple[str, str], int] = {}
         for module, call, kind, _tensor, _shape in keys:
             calls[(kind, module)] = max(calls.get((kind, module), 0), call + 1)
         for key, count in calls.items():
             self._calls[key] = max(self._calls.get(key, 0), count)
-        seen: dict[tuple, tuple[int, int]] = {}
+        seen: dict[tuple, list[tuple[int, int]]] = {}  # fingerprint -> the sites of this step with it
         for i, key in enumerate(keys):
             module, call, kind, tensor, shape = key
             if tensors is not None:
@@ -367,21 +391,26 @@ class RunView:
                 fingerprint = (kind, shape, table[i].tobytes())
             target = self._target.get(key)
             if target is None:
+                target = self._site_targets.get((kind, module, call, tensor))
+            if target is None:
                 k = KINDS.index(kind)
-                original = seen.get(fingerprint)
-                # (by statistics, a tensor of one value or all zeros tells no identity: such twins stay apart)
-                distinct = tensors is not None or (table[i, _STAT_INDEX["zero_frac"]] < 1
-                                                          and int(numel[i]) > 1)
+                candidates = seen.get(fingerprint, [])
+                if tensors is None:
+                    # (by statistics, a tensor of one value or all zeros tells no identity: such twins stay apart)
+                    telling = table[i, _STAT_INDEX["zero_frac"]] < 1 and numel[i] > 1
+                    candidates = [c for c in candidates if telling and _contains(module, self.sites[kind][c[1]].module)]
+                original = candidates[0] if candidates else None
                 name = _site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
-                if original is not None and distinct and original[1] >= 0:
+                if original is not None:
                     self.sites[kind][original[1]].aliases.append(name)
                     target = (k, -1)
                 else:
                     self.sites[kind].append(Site(name, module, call, tensor))
                     target = (k, len(self.sites[kind]) - 1)
-                self._target[key] = target
+                self._site_targets[(kind, module, call, tensor)] = target
+            self._target[key] = target
             if target[1] >= 0:
-                seen.setdefault(fingerprint, target)
+                seen.setdefault(fingerprint, []).append(target)
 
     def _note_anomaly(self, step: int, key: tuple, stats: np.ndarray) -> None:
         module, call, kind, tensor, _shape = key
@@ -437,8 +466,10 @@ class RunView:
         ``smoothing`` in [0, 1) is TensorBoard's: an exponential moving average with that weight
         on the past, debiased at the start.
         """
-        if not 0.0 <= smoothing < 1.0:
+        if not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}.")
+        if isinstance(names, str):
+            raise TypeError(f"names takes a list of metric names, got the string {names!r}; pass [{names!r}].")
         with self._synced():
             chosen = self.metric_names() if names is None else [n for n in names if n in self.metrics]
             frames = []
@@ -467,24 +498,40 @@ class RunView:
         module (the backward runs the other way)."""
         _check_kind(kind)
         with self._synced():
-            names = [s.name for s in self.sites[kind]]
-            if kind == "activation":
-                return names
-            activations = list(enumerate(self.sites["activation"]))
-            by_call = {(s.module, s.call): i for i, s in reversed(activations)}
-            by_module = {s.module: i for i, s in reversed(activations)}
-            rank = {s.name: (by_call.get((s.module, s.call), by_module.get(s.module, len(activations) + j)), j)
-                    for j, s in enumerate(self.sites[kind])}
-            return sorted(names, key=lambda n: rank[n])
+            return [self.sites[kind][i].name for i in self._forward_order(kind)]
+
+    def _forward_order(self, kind: str) -> list[int]:
+        sites = self.sites[kind]
+        if kind == "activation":
+            return list(range(len(sites)))
+        activations = list(enumerate(self.sites["activation"]))
+        by_call = {(s.module, s.call): i for i, s in reversed(activations)}
+        by_module = {s.module: i for i, s in reversed(activations)}
+        rank = [(by_call.get((s.module, s.call), by_module.get(s.module, len(activations) + j)), j)
+                for j, s in enumerate(sites)]
+        return sorted(range(len(sites)), key=rank.__getitem__)
+
+    def _columns(self, kind: str, statistic: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``names, steps, mean, lo, hi`` of one statistic, a column per site (under the lock)."""
+        _check_kind(kind)
+        if statistic not in _STAT_INDEX:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
+        steps, mean, lo, hi = self.stats[kind].arrays()
+        names = [site.name for site in self.sites[kind]]
+        s, width = _STAT_INDEX[statistic], len(STATISTICS)
+        mean, lo, hi = (np.pad(a[:, s::width], ((0, 0), (0, len(names) - a[:, s::width].shape[1])),
+                               constant_values=np.nan) for a in (mean, lo, hi))
+        return names, steps, mean, lo, hi
 
     def default_sites(self, kind: str, statistic: str, k: int = 6) -> list[str]:
         """The ``k`` sites whose ``statistic`` changed most over the run (relative to its scale),
         then the largest: a sensible default when there are too many sites to draw."""
-        steps, mean, _, _ = self._stat_matrix(kind, statistic)
-        names = [s.name for s in self.sites[kind]]
+        with self._synced():
+            names, steps, mean, _, _ = self._columns(kind, statistic)
         if not len(steps) or not names:
             return names[:k]
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # (a site with no finite value: all-NaN column)
             first = _first_finite(mean)
             last = _first_finite(mean[::-1])
             scale = np.nanmax(np.abs(mean), axis=0)
@@ -497,19 +544,18 @@ class RunView:
                     k: int = 6) -> pd.DataFrame:
         """``site, step, value, lo, hi`` of one statistic for ``sites`` (default:
         :meth:`default_sites`)."""
-        steps, mean, lo, hi = self._stat_matrix(kind, statistic)
-        names = [s.name for s in self.sites[kind]]
+        if isinstance(sites, str):
+            raise TypeError(f"sites takes a list of site names, got the string {sites!r}; pass [{sites!r}].")
         chosen = list(sites) if sites is not None else self.default_sites(kind, statistic, k)
-        unknown = [s for s in chosen if s not in names]
+        with self._synced():
+            names, steps, mean, lo, hi = self._columns(kind, statistic)
+        column = {name: j for j, name in enumerate(names)}
+        unknown = [s for s in chosen if s not in column]
         if unknown:
             raise ValueError(f"no {kind} call site named {unknown[0]!r}; the sites are {names[:20]}"
                              + (" ..." if len(names) > 20 else "") + ".")
-        frames = []
-        for name in chosen:
-            j = names.index(name)
-            if j < mean.shape[1]:
-                frames.append(pd.DataFrame({"site": name, "step": steps, "value": mean[:, j], "lo": lo[:, j],
-                                            "hi": hi[:, j]}))
+        frames = [pd.DataFrame({"site": name, "step": steps, "value": mean[:, column[name]],
+                                "lo": lo[:, column[name]], "hi": hi[:, column[name]]}) for name in chosen]
         if not frames:
             return pd.DataFrame({"site": pd.Series(dtype=object), "step": pd.Series(dtype="int64"),
                                  "value": pd.Series(dtype="float32"), "lo": pd.Series(dtype="float32"),
@@ -518,11 +564,10 @@ class RunView:
 
     def heatmap(self, kind: str, statistic: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         """``(sites in forward order, steps, values (sites, steps))``: one statistic of every site."""
-        steps, mean, _, _ = self._stat_matrix(kind, statistic)
-        names = [s.name for s in self.sites[kind]]
-        order = self.site_order(kind)
-        index = [names.index(n) for n in order if names.index(n) < mean.shape[1]]
-        return [names[i] for i in index], steps, mean[:, index].T
+        with self._synced():
+            names, steps, mean, _, _ = self._columns(kind, statistic)
+            order = self._forward_order(kind)
+        return [names[i] for i in order], steps, mean[:, order].T
 
     def latest(self, kind: str) -> pd.DataFrame:
         """``site, step`` and every statistic at the last step that recorded ``kind``, one row per
@@ -533,11 +578,11 @@ class RunView:
             names = [s.name for s in self.sites[kind]]
             if not len(history) or not names:
                 return pd.DataFrame(columns=["site", "step", *STATISTICS])
-            step, row = history.steps[-1], history._points[-1][0]
-            order = self.site_order(kind)
+            step, row = history.steps[-1], history.last()
+            order = self._forward_order(kind)
         table = row.reshape(-1, len(STATISTICS))
-        rows = [{"site": name, "step": step, **dict(zip(STATISTICS, table[names.index(name)].tolist()))}
-                for name in order if names.index(name) < len(table)]
+        rows = [{"site": names[i], "step": step, **dict(zip(STATISTICS, table[i].tolist()))}
+                for i in order if i < len(table)]
         frame = pd.DataFrame(rows, columns=["site", "step", *STATISTICS])
         return frame[frame[list(STATISTICS)].notna().any(axis=1)].reset_index(drop=True)
 
@@ -560,7 +605,7 @@ class RunView:
             names = [s.name for s in self.sites[kind]]
             if site not in names:
                 raise ValueError(f"no {kind} call site named {site!r}; the sites are {names[:20]}.")
-            history = self._histograms.get((kind, names.index(site)))
+            history = self._histograms.get((kind, names.index(site)))  # (known to be there)
             kept = history.values() if history is not None else []
         columns = ["step"] + [f"p{p}" for p in PERCENTILES]
         if not kept:
@@ -589,16 +634,6 @@ class RunView:
         """The most recent rows with a NaN or an Inf (first appearance in :attr:`first_anomaly`)."""
         with self._synced():
             return pd.DataFrame(list(self.anomalies), columns=["step", "site", "kind", "nan_count", "inf_count"])
-
-    def _stat_matrix(self, kind: str, statistic: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        _check_kind(kind)
-        if statistic not in _STAT_INDEX:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-        with self._synced():
-            steps, mean, lo, hi = self.stats[kind].arrays()
-        s = _STAT_INDEX[statistic]
-        width = len(STATISTICS)
-        return steps, mean[:, s::width], lo[:, s::width], hi[:, s::width]
 
 
 def _check_kind(kind: str) -> None:
