@@ -274,15 +274,15 @@ class Dashboard:
     # ------------------------------------------------------------------ feeding
     def _follow(self, watch: Any) -> None:
         """Take in what the watch recorded so far and subscribe to what comes: every step once."""
-        seen = {"last": None}
+        seen = {"last": 0}
         lock = threading.Lock()
 
         def feed(update: Any) -> None:
-            with lock:
+            with lock:  # (waits until the steps recorded before are taken in)
                 cut = seen["last"]
-            records = [r for r in update.records if cut is None or r.step > cut] if cut is not None else update.records
+            records = tuple(r for r in update.records if r.step > cut)
             if records or update.dropped:
-                self.view.feed(type(update)(tuple(records), update.dropped))
+                self.view.feed(type(update)(records, update.dropped))
 
         with lock:
             if not watch.closed:
@@ -291,8 +291,6 @@ class Dashboard:
             if earlier:
                 self.view.feed(earlier)
                 seen["last"] = earlier[-1].step
-            else:
-                seen["last"] = 0
 
     def _ended(self) -> bool:
         if self.run is not None:
