@@ -221,7 +221,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
     return {"data": [trace], "layout": _layout(
         max(_HEIGHT, min(14 * len(names) + 120, 1400)), f"{kind}: {label}, every call site in forward order",
         hovermode="closest", xaxis=_steps_axis(steps, title=dict(text="step")),
-        yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category"))}
+        yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category", automargin=True))}
 
 
 def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
