@@ -241,9 +241,10 @@ class Experiment:
             The :class:`BackgroundRun`: ``pause()``, ``resume()``, ``stop()``, ``join()``,
             ``status``, ``history``.
 
-        While it runs, leave the experiment to it: ``step()``, ``run()`` and ``start()``
-        from another thread would interleave with its steps (``run()`` and ``start()``
-        refuse; stop or join the run first).
+        While it trains, leave the experiment to it: ``step()``, ``run()``, ``start()`` and
+        ``evaluate()`` from another thread would interleave with its steps (``run()`` and
+        ``start()`` refuse). Pause it (``run.pause()`` returns once the step in progress has
+        ended) or join it first.
         """
         _check_steps(steps)
         if not isinstance(progress, bool):
