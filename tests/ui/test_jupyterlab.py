@@ -132,9 +132,9 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         # the cell returned at once and the kernel is free while the run trains
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         before_header, before_plot = _header_step(page), _plotted_steps(page)
-        page.wait_for_function(
-            f"() => {{ const p = document.querySelector('.js-plotly-plot')._fullData[0].x;"
-            f" return Number(p[p.length - 1]) > {before_plot}; }}", timeout=60_000)
+        page.wait_for_function(  # (each redraw replaces the plot: it may be between two)
+            f"() => {{ const x = document.querySelector('.js-plotly-plot')?._fullData?.[0]?.x;"
+            f" return !!x && x.length > 0 && Number(x[x.length - 1]) > {before_plot}; }}", timeout=60_000)
         assert _header_step(page) > before_header >= 0  # the header counts the steps as they come
         assert page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").count() >= 1
         _shot(page, "live")
@@ -144,7 +144,7 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
                 _shot(page, f"live_{name}")
 
         page.get_by_role("button", name="Stop").click()
-        page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)
+        page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)  # (its last draw)
         stopped_at = _header_step(page)
         _run_cell(page, 1)
         output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")

@@ -140,6 +140,7 @@ def _figure_output(spec: dict) -> dict:
 
 
 _STOPPABLE = ("running", "paused")
+_ENDED = ("finished", "stopped", "failed")
 
 
 class Dashboard:
@@ -310,6 +311,8 @@ class Dashboard:
             if self._ended():
                 self._last_draw()
                 return
+            if self.run is not None and self.run.status in _ENDED:
+                continue  # (its last steps are on their way: the run's end draws them, then the status)
             try:
                 self._refresh_if_new()
             except Exception as exc:  # a dashboard never takes the training down; it says why it stopped
