@@ -235,6 +235,7 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
             w.step()
     dash = Dashboard(w)
     assert "first at step 2" in dash.anomalies.value and "<code>0</code>" in dash.anomalies.value
+    assert "<strong>Sequential</strong>" in dash.header.value and "closed" in dash.header.value
 
 
 @pytest.mark.parametrize("source, options, error, match", [

@@ -209,7 +209,7 @@ class Dashboard:
             self.view = RunView(label=label, total=source.total)
         elif isinstance(source, Watch):
             self.watch = source
-            self.view = RunView(label=label)
+            self.view = RunView(label=label or type(source.model).__name__)
         elif isinstance(source, Run):
             self.view = RunView.from_run(source)
         else:
