@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.bad_inputs.harness import Case, check, params, still_usable
-from workbench.instrument import RunStore
+from workbench.instrument import RunStore, load_run
 from workbench.ui import live
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot
 
@@ -40,6 +40,8 @@ def sandbox() -> tuple[Path, RunManager]:
     os.symlink(base / "elsewhere", root / "linked-run")
     (root / "sneaky").mkdir()
     os.symlink(base / "elsewhere" / "run.sqlite", root / "sneaky" / "run.sqlite")
+    # a reader of a WAL database makes its -wal and -shm files: read once here, they are no write
+    load_run(root / "taken").to_pandas()
     # no run is started by a bad input, so the manager has nothing to stop
     return base, RunManager(root)
 
@@ -193,7 +195,64 @@ MESSAGES = [
          ["kind must be one of", "'weights'"]),
     Said("views-unknown-statistic", lambda: live.run_views(sandbox()[1], None, "activation", "median", "*")[3],
          ["statistic must be one of", "'median'"]),
+    # ---------------------------------------------------------------- a run page's controls
+    Said("page-unknown-kind", lambda: drawn(kind="weights", at="sites_figure"), ["kind must be one of",
+                                                                               "'weights'", "Pick one"]),
+    Said("page-kind-not-text", lambda: drawn(kind=3, at="sites_figure"), ["kind must be one of", "got 3"]),
+    Said("page-unknown-statistic", lambda: drawn(statistic="median", at="sites_figure"),
+         ["statistic must be one of", "'median'"]),
+    Said("page-smoothing-one", lambda: drawn(smoothing=1.0, at="metrics_figure"),
+         ["smoothing must be a number in [0, 0.99]", "got 1.0"]),
+    Said("page-smoothing-negative", lambda: drawn(smoothing=-0.1, at="metrics_figure"), ["got -0.1"]),
+    Said("page-smoothing-nan", lambda: drawn(smoothing=float("nan"), at="metrics_figure"), ["got nan"]),
+    Said("page-smoothing-text", lambda: drawn(smoothing="0.5", at="metrics_figure"), ["got '0.5'"]),
+    Said("page-sites-not-a-list", lambda: drawn(sites=7, at="sites_figure"), ["sites must be a list of names",
+                                                                            "got 7"]),
+    Said("page-metrics-not-names", lambda: drawn(metrics=[1], at="metrics_figure"), ["metrics must be a list",
+                                                                                   "[1]"]),
+    Said("page-heatmap-kind", lambda: drawn(heat_kind="weights", at="heatmap_figure"),
+         ["heatmap kind must be one of", "'weights'"]),
+    Said("page-heatmap-statistic", lambda: drawn(heat_statistic="p99", at="heatmap_figure"),
+         ["heatmap statistic must be one of", "'p99'"]),
+    # ---------------------------------------------------------------- comparing and exporting stored runs
+    Said("compare-one-run", lambda: compared(["taken"]), ["Pick two or more runs"]),
+    Said("compare-not-a-list", lambda: compared(5), ["runs to compare must be a list of names", "5"]),
+    Said("compare-out-of-root", lambda: compared(["taken", "../outside"]), ["'../outside'", "contains '..'",
+                                                                            "two or more runs that open"]),
+    Said("compare-linked-run", lambda: compared(["taken", "linked-run"]), ["leads out of the runs root"]),
+    Said("compare-unknown-kind", lambda: compared(["taken", "taken"], kind="weights"),
+         ["kind must be one of", "'weights'"]),
+    Said("compare-unknown-statistic", lambda: compared(["taken", "taken"], statistic="median"),
+         ["statistic must be one of", "'median'"]),
+    Said("export-unknown-format", lambda: exported("taken", "XLSX"),
+         ["format must be one of CSV, Parquet, TensorBoard", "'XLSX'"]),
+    Said("export-out-of-root", lambda: exported("../outside", "CSV"), ["Cannot export", "'../outside'",
+                                                                       "contains '..'"]),
+    Said("export-absolute", lambda: exported("/etc/passwd", "CSV"), ["'/etc/passwd'", "absolute path"]),
+    Said("export-linked-database", lambda: exported("sneaky", "CSV"), ["leads out of the runs root"]),
+    Said("export-not-a-run", lambda: exported("nothing", "CSV"), ["not a workbench run"]),
+    Said("export-nothing-picked", lambda: exported(None, "CSV"), ["Pick a run"]),
 ]
+
+
+def drawn(at: str, **controls: Any) -> str:
+    """The message a run page shows in a view's place for a control value it cannot draw."""
+    from workbench.ui.views import RunView
+
+    page = live.draw_page(RunView(), live.Controls(**controls))
+    return getattr(page, at)["layout"]["annotations"][0]["text"]
+
+
+def compared(picks: Any, kind: str = "activation", statistic: str = "std") -> str:
+    *_, message = live.compare_runs(live.ViewCache(sandbox()[1].root), picks, kind, statistic, None)
+    return message
+
+
+def exported(pick: Any, fmt: Any) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="workbench-bad-export-"))
+    paths, message = live.export_run(sandbox()[1].root, pick, fmt, folder / "out")
+    assert paths == [] and not (folder / "out").exists(), message
+    return message
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in MESSAGES])

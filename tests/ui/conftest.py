@@ -43,7 +43,8 @@ def served_app(runs_root):
     app = build_app(runs_root=runs_root)
     app.queue()
     port = _free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+               css=app.workbench_css)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -1,21 +1,31 @@
-"""End to end: the real page in headless Chromium."""
+"""End to end: the real page in headless Chromium.
+
+The run page's figures are read from the page itself: Plotly's traces (``el.data`` of each
+``.js-plotly-plot``), their typed arrays decoded in the browser, and compared with what the
+run stored.
+"""
 
 import os
 import re
+import time
 
+import numpy as np
+import pandas as pd
 import pytest
+import torch
 from playwright.sync_api import expect
 
+from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
 
 pytestmark = pytest.mark.browser
 
 
-def _screenshot(page, name):
+def _screenshot(page, name, full_page=True):
     # WORKBENCH_SCREENSHOTS=dir keeps pictures of the page for a person to look at.
     folder = os.environ.get("WORKBENCH_SCREENSHOTS")
     if folder:
-        page.screenshot(path=os.path.join(folder, name), full_page=True)
+        page.screenshot(path=os.path.join(folder, name), full_page=full_page)
 
 
 def test_build_a_model_and_see_its_tree(page):
@@ -57,80 +67,299 @@ def test_family_filter_narrows_the_list(page):
         assert name in listed
 
 
-def test_run_an_experiment_and_watch_it_live_then_replay_it(page, runs_root):
+LAYERS = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
+# Plotly's traces as the page holds them; typed arrays ({dtype, bdata}) decoded as Plotly does
+TRACES = """el => el.data.map(t => {
+    const dec = a => {
+        if (a && typeof a === 'object' && a.bdata !== undefined) {
+            const bin = atob(a.bdata), bytes = new Uint8Array(bin.length);
+            for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+            const array = a.dtype === 'i4' ? new Int32Array(bytes.buffer) : new Float32Array(bytes.buffer);
+            return Array.from(array, v => Number.isNaN(v) ? null : v);
+        }
+        return ArrayBuffer.isView(a) ? Array.from(a) : a;
+    };
+    return {name: t.name, type: t.type, mode: t.mode, x: dec(t.x), y: dec(t.y), z: dec(t.z),
+            title: el.layout.title ? el.layout.title.text : ''};
+})"""
+
+
+def traces(page, elem_id, until=lambda t: bool(t), timeout=30.0):
+    """The traces of the figure in ``#elem_id``, once ``until(traces)`` holds (the page redraws
+    every second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plot = page.locator(f"#{elem_id} .js-plotly-plot")
+        found = plot.evaluate(TRACES) if plot.count() else []
+        if until(found):
+            return found
+        assert time.monotonic() < deadline, f"#{elem_id} never drew what was expected: {found!r:.600}"
+        time.sleep(0.25)
+
+
+def lines(found):
+    return {t["name"]: t for t in found if t.get("mode") == "lines" and t.get("name")}
+
+
+def tokens(page, elem_id):
+    return page.locator(f"#{elem_id} .token span").all_inner_texts()
+
+
+def _listbox(page, elem_id):
+    """The list of options a dropdown opens (its own: another may still be open)."""
+    box = page.locator(f"#{elem_id} input")
+    box.click()
+    listbox = page.locator(f"#{box.get_attribute('aria-controls')}")
+    if not listbox.is_visible():  # (a click on a focused dropdown may not open it: leave it first)
+        box.blur()
+        box.click()
+    expect(listbox).to_be_visible()
+    return listbox
+
+
+def options(page, elem_id):
+    """The choices a dropdown lists (opened, read, closed)."""
+    listed = [text.replace("✓", "").strip() for text in _listbox(page, elem_id).get_by_role("option")
+              .all_inner_texts()]
+    page.keyboard.press("Escape")
+    return listed
+
+
+def choose(page, elem_id, *picks):
+    """Pick options as a person does with the keyboard: type each into the dropdown, Enter."""
+    listbox = _listbox(page, elem_id)
+    for option in picks:
+        page.keyboard.press("Control+A")
+        page.keyboard.type(option)
+        expect(listbox.get_by_role("option", name=option, exact=True)).to_be_visible()
+        page.keyboard.press("Enter")
+    page.keyboard.press("Escape")
+
+
+def start(page, experiment, steps, store="", histograms=False, seed=0, modules="*", **fields):
     page.get_by_role("tab", name="Experiments").click()
-    page.get_by_label("activation_mlp", exact=True).check()
-    page.locator("#run-steps input").fill("40")
-    page.locator("#run-histograms input").check()
-    page.locator("#run-record").get_by_label("parameter gradients").uncheck()
-    page.locator("#run-store textarea, #run-store input").first.fill("browser/run")
-    page.get_by_label("width").fill("16")
+    if not page.locator("#experiment-list").is_visible():  # the form folds away once a run starts
+        page.locator("#run-config").get_by_text("New run").click()
+    page.locator("#experiment-list").get_by_label(experiment, exact=True).check()
+    page.wait_for_selector(f"#experiment-overview:has-text('{experiment}')")
+    page.locator("#run-seed input").fill(str(seed))
+    page.locator("#run-steps input").fill(str(steps))
+    box = page.locator("#run-histograms input")
+    box.check() if histograms else box.uncheck()
+    page.locator("#run-store textarea, #run-store input").first.fill(store)
+    page.locator("#run-modules textarea, #run-modules input").first.fill(modules)
+    for label, value in fields.items():
+        page.locator("#run-config").get_by_label(label, exact=True).fill(value)
     page.locator("#run-start").click()
-    status = page.locator("#run-status")
-    status.get_by_text("finished: step 40 of 40").wait_for(timeout=60_000)
+
+
+def stored_series(rows, kind, site, statistic):
+    part = rows[(rows.kind == kind) & (rows.module == site) & (rows.tensor == "out")]
+    return part.step.tolist(), part[statistic].to_numpy()
+
+
+def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_root):
+    start(page, "activation_mlp", 30, store="browser/mlp", histograms=True, width="16")
+    header = page.locator("#run-status")
+    expect(header).to_contain_text("finished", timeout=60_000)
+    expect(header).to_contain_text("step 30 of 30")
+    expect(header.locator("progress")).to_have_attribute("value", "1.000")
     expect(page.locator("#start-message")).to_contain_text("this page is attached to it")
-    # the plots and the table were refreshed by the timer while it ran
-    expect(page.locator("#live-metrics")).to_contain_text("loss")
-    expect(page.locator("#live-latest")).to_contain_text("layers.0")
-    expect(page.locator("#live-latest")).to_contain_text("grad_output")
-    expect(page.locator("#live-latest")).not_to_contain_text("param_grad")  # unticked in "record"
-    expect(page.locator("#live-note")).to_contain_text("call sites")
-    page.locator("#live-pattern textarea, #live-pattern input").first.fill("nothing.*")
-    expect(page.locator("#live-note")).to_contain_text("No activation rows")
-    expect(page.locator("#live-series")).not_to_contain_text("layers.0")  # no lines, no legend left over
-    page.locator("#live-pattern textarea, #live-pattern input").first.fill("layers.1")
-    expect(page.locator("#live-series")).to_contain_text("layers.1#0:out")  # drawn again
-    expect(page.locator("#live-note")).to_have_text("1 call site")
-    expect(page.locator("#live-series")).not_to_contain_text("layers.0")
-    # a line more: drawn too (Gradio's plot keeps the lines it first drew unless it is cleared)
-    page.locator("#live-pattern textarea, #live-pattern input").first.fill("layers.[01]")
-    expect(page.locator("#live-note")).to_have_text("2 call sites")
-    expect(page.locator("#live-series")).to_contain_text("layers.0#0:out")
-    expect(page.locator("#live-series")).to_contain_text("layers.1#0:out")
-    expect(page.locator("#live-runs")).to_contain_text("browser/run")
-    _screenshot(page, "experiments_live.png")
+    # the form folded away: the header and the first plots are in view without scrolling past it
+    expect(page.locator("#experiment-list")).to_be_hidden()
+    page.evaluate("window.scrollTo(0, 0)")
+    for elem in ("run-status", "live-metrics"):
+        box = page.locator(f"#{elem}").bounding_box()
+        assert 0 <= box["y"] < 1000 - 200, (elem, box)
+    run = load_run(runs_root / "browser" / "mlp")
+    rows, metrics = run.to_pandas(), run.metrics()
+
+    # (2) metrics: a panel each, every step, the recorded values
+    drawn = lines(traces(page, "live-metrics", lambda t: any(x["x"] and x["x"][-1] == 30 for x in t)))
+    assert set(drawn) == {"loss", "accuracy"}
+    assert drawn["loss"]["x"] == list(range(1, 31))
+    np.testing.assert_allclose(drawn["loss"]["y"], metrics.loss, rtol=1e-5)
+    # log y and smoothing
+    page.locator("#live-log-metrics input").check()
+    expect(page.locator("#live-metrics .js-plotly-plot .ytick").first).to_be_visible()
+    page.wait_for_function("() => document.querySelector('#live-metrics .js-plotly-plot').layout.yaxis.type"
+                           " === 'log'")
+
+    # (3) a statistic per call site: the run's sites in forward order, the default the view's
+    assert options(page, "live-sites") == LAYERS
+    shown = tokens(page, "live-sites")
+    assert shown and set(shown) <= set(LAYERS)
+    drawn = lines(traces(page, "live-series"))
+    assert set(drawn) == set(shown)
+    for site in shown:
+        steps, values = stored_series(rows, "activation", site, "std")
+        assert drawn[site]["x"] == steps
+        np.testing.assert_allclose(drawn[site]["y"], values, rtol=1e-5)
+    # another kind: the plot and the last-step table follow it; one site picked alone
+    choose(page, "live-kind", "grad_output")
+    drawn = lines(traces(page, "live-series", lambda t: t and "grad_output" in t[0]["title"]))
+    steps, values = stored_series(rows, "grad_output", "layers.1", "std")
+    np.testing.assert_allclose(drawn["layers.1"]["y"], values, rtol=1e-5)
+    last = rows[(rows.step == 30) & (rows.kind == "grad_output") & (rows.module == "layers.0")]
+    expect(page.locator("#live-latest")).to_contain_text(f"{float(last['std'].iloc[0]):.4f}"[:6])
+    page.locator("#live-sites .remove-all").click()
+    choose(page, "live-sites", "layers.3")
+    drawn = lines(traces(page, "live-series", lambda t: len(lines(t)) == 1))
+    assert list(drawn) == ["layers.3"]
+    choose(page, "live-sites", "layers.1")
+    traces(page, "live-series", lambda t: set(lines(t)) == {"layers.1", "layers.3"})
+    page.locator("#live-sites .token", has_text="layers.3").locator(".token-remove").click()
+    traces(page, "live-series", lambda t: set(lines(t)) == {"layers.1"})
+    page.keyboard.press("Escape")
+
+    # (4) distributions over time for the chosen kind and site, from the histograms
+    choose(page, "live-dist-site", "layers.2")
+    drawn = traces(page, "live-distribution", lambda t: t and "layers.2" in t[0]["title"])
+    [median] = [t for t in drawn if t["name"] == "median"]
+    assert median["x"] == list(range(1, 31))
+    hist = run.histograms("layers.2", "grad_output")
+    middle = [np.interp(0.5, np.r_[0, np.cumsum(c)] / np.sum(c), e) for e, c in zip(hist.edges, hist.counts)]
+    np.testing.assert_allclose(median["y"], middle, rtol=1e-4, atol=1e-7)
+    assert any(t["type"] == "heatmap" for t in drawn)
+
+    # (5) the layer x step heatmap: grad_output norm of every site, forward order, log10
+    [heat] = traces(page, "live-heatmap")
+    assert heat["y"] == LAYERS and heat["x"] == list(range(1, 31))
+    z = np.array(heat["z"], dtype=float).reshape(len(LAYERS), 30)
+    for i, site in enumerate(LAYERS):
+        np.testing.assert_allclose(z[i], np.log10(stored_series(rows, "grad_output", site, "norm")[1]), rtol=1e-4)
+    # (6) no NaN/Inf in this run: no banner, no jump
+    expect(page.locator("#live-jump")).to_be_hidden()
+    _screenshot(page, "live_run.png", full_page=False)
+    page.locator("#live-distribution").scroll_into_view_if_needed()
+    _screenshot(page, "live_distribution.png", full_page=False)
+    page.locator("#live-heatmap").scroll_into_view_if_needed()
+    _screenshot(page, "live_heatmap.png", full_page=False)
 
     # a run name leading out of the runs root is refused, naming the value; the page keeps its run
-    page.locator("#run-store textarea, #run-store input").first.fill("../outside")
-    page.locator("#run-start").click()
+    start(page, "activation_mlp", 5, store="../outside")
     expect(page.locator("#start-message")).to_contain_text("run name '../outside' contains '..'")
-    expect(status).to_contain_text("finished: step 40 of 40")
+    expect(header).to_contain_text("step 30 of 30")
     assert not (runs_root.parent / "outside").exists()
     # a fraction of a step is refused by name, not rounded by the page
-    page.locator("#run-store textarea, #run-store input").first.fill("")
-    page.locator("#run-steps input").fill("2.5")
-    page.locator("#run-start").click()
+    start(page, "activation_mlp", 2.5)
     expect(page.locator("#start-message")).to_contain_text("steps must be a whole number in [1, 10000000], got 2.5")
 
+
+def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
+    start(page, "efficientzero_dynamics", 4, histograms=True, batch_size="8", lstm_hidden_size="16",
+          unroll_steps="2", support_size="5")
+    expect(page.locator("#run-status")).to_contain_text("step 4 of 4", timeout=120_000)
+    expect(page.locator("#run-status")).to_contain_text("finished")
+    # many call sites: the default is the few whose statistic changed most, never "the first 24"
+    shown = tokens(page, "live-sites")
+    assert len(shown) == 6
+    sites = options(page, "live-sites")
+    assert len(sites) > 24 and set(shown) < set(sites)
+    assert sites[0].startswith("conv")  # forward order: the first layer first
+    assert set(lines(traces(page, "live-series"))) == set(shown)
+    # the heatmap: every site of the kind, in forward order
+    [heat] = traces(page, "live-heatmap", lambda t: t and t[0]["x"] == [1, 2, 3, 4])
+    assert len(heat["y"]) > 24 and len(heat["z"]) == len(heat["y"]) * 4
+    # distributions: the sites with histograms (all of them here), one drawn
+    choose(page, "live-dist-site", sites[0])
+    drawn = traces(page, "live-distribution", lambda t: t and sites[0] in t[0]["title"])
+    [median] = [t for t in drawn if t["name"] == "median"]
+    assert median["x"] == [1, 2, 3, 4] and all(v is not None for v in median["y"])
+    # the site names are readable: the module path, #k for a module called more than once
+    assert any(re.fullmatch(r"dynamics_lstm#\d.*|.*#1", s) for s in sites)
+    _screenshot(page, "dynamics_live.png", full_page=False)
+
+
+def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, monkeypatch):
+    train_step = ActivationMLP.train_step
+
+    def poisoned(self):
+        if self.step_count == 2:
+            with torch.no_grad():
+                self.model.layers[2].weight[0, 0] = float("nan")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)  # (the app runs in this process)
+    start(page, "activation_mlp", 6, histograms=True, width="8")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    banner = page.locator("#live-anomaly")
+    expect(banner).to_contain_text("First NaN/Inf at step 3: layers.2 (activation")
+    expect(page.locator("#live-anomalies")).to_contain_text("layers.2")
+    choose(page, "live-kind", "grad_output")
+    choose(page, "live-heat-kind", "param")
+    page.locator("#live-jump").click()
+    expect(page.locator("#live-kind input")).to_have_value("activation")
+    expect(page.locator("#live-heat-kind input")).to_have_value("activation")
+    expect(page.locator("#live-dist-site input")).to_have_value("layers.2")
+    page.wait_for_function("() => document.querySelectorAll('#live-sites .token').length === 1")
+    assert tokens(page, "live-sites") == ["layers.2"]
+    assert list(lines(traces(page, "live-series", lambda t: list(lines(t)) == ["layers.2"]))) == ["layers.2"]
+    _screenshot(page, "live_nan.png", full_page=False)
+
+
+def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
+    start(page, "activation_mlp", 12, store="browser/first", width="8")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    start(page, "activation_mlp", 20, store="browser/second", seed=1, width="8")
+    expect(page.locator("#run-status")).to_contain_text("step 20 of 20", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished")
     page.get_by_role("tab", name="Runs").click()
     expect(page.locator("#runs-root-note")).to_contain_text(str(runs_root.resolve()))
     page.locator("#runs-refresh").click()
-    expect(page.locator("#runs-table")).to_contain_text("browser/run")
-    page.locator("#run-path input").click()
-    page.get_by_role("option", name="browser/run", exact=True).click()
-    expect(page.locator("#run-message")).to_contain_text("40 steps stored")
-    expect(page.locator("#run-message")).to_contain_text("status: finished")
-    expect(page.locator("#replay-latest")).to_contain_text("layers.0")
+    table = page.locator("#runs-table")
+    expect(table).to_contain_text("browser/first")
+    # click a row: that run opens, replayed into the same views
+    table.get_by_text("browser/first", exact=True).click()
+    expect(page.locator("#run-message")).to_contain_text("12 steps stored")
+    expect(page.locator("#replay-header")).to_contain_text("browser/first")
+    expect(page.locator("#replay-header")).to_contain_text("step 12 of 12")
+    metrics = load_run(runs_root / "browser" / "first").metrics()
+    drawn = lines(traces(page, "replay-metrics", lambda t: any(x["x"] and len(x["x"]) == 12 for x in t)))
+    np.testing.assert_allclose(drawn["loss"]["y"], metrics.loss, rtol=1e-5)
+    [heat] = traces(page, "replay-heatmap")
+    assert heat["y"] == LAYERS and heat["x"] == list(range(1, 13))
+    expect(page.locator("#replay-dist-note")).to_contain_text("Tick histograms")
     _screenshot(page, "runs_replay.png")
+
+    # compare two runs: a line per run in each metric's panel, and at one call site
+    choose(page, "compare-runs", "browser/first", "browser/second")
+    expect(page.locator("#compare-message")).to_contain_text("Comparing `browser/first`, `browser/second`"
+                                                             .replace("`", ""))
+    drawn = traces(page, "compare-metrics", lambda t: len(t) >= 4)
+    runs = {t["name"] for t in drawn}
+    assert runs == {"browser/first", "browser/second"}
+    assert sorted(len(t["x"]) for t in drawn) == [12, 12, 20, 20]  # two metrics, two runs
+    choose(page, "compare-site", "layers.1")
+    drawn = lines(traces(page, "compare-site-plot", lambda t: t and "layers.1" in t[0]["title"]))
+    second = load_run(runs_root / "browser" / "second").to_pandas()
+    np.testing.assert_allclose(drawn["browser/second"]["y"],
+                               stored_series(second, "grad_output", "layers.1", "norm")[1], rtol=1e-5)
+    page.locator("#compare").scroll_into_view_if_needed()
+    _screenshot(page, "runs_compare.png", full_page=False)
+
+    # export the open run to CSV and download it
+    page.locator("#export-format").get_by_label("CSV").check()
+    page.locator("#export-button").click()
+    expect(page.locator("#export-message")).to_contain_text("Exported `browser/first` to CSV".replace("`", ""))
+    link = page.locator("#export-files a[download='browser__first-rows.csv']")
+    with page.expect_download() as download:
+        link.click()
+    saved = tmp_path / "rows.csv"
+    download.value.save_as(saved)
+    assert len(pd.read_csv(saved)) == len(load_run(runs_root / "browser" / "first").to_pandas())
     # only sub-directories of the root are listed, and a bad one is a message, not "Error"
     page.locator("#runs-sub textarea, #runs-sub input").first.fill("/etc")
     page.locator("#runs-refresh").click()
     expect(page.locator("#runs-message")).to_contain_text("sub-directory '/etc' is an absolute path")
-    page.locator("#runs-sub textarea, #runs-sub input").first.fill("nothing-here")
-    page.locator("#runs-refresh").click()
-    expect(page.locator("#runs-message")).to_contain_text("No runs yet under")
     assert "Error" not in page.locator(".toast-body").all_inner_texts()
 
 
 def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_it(page, runs_root):
-    page.get_by_role("tab", name="Experiments").click()
-    page.get_by_label("activation_mlp", exact=True).check()
-    page.locator("#run-steps input").fill("100000")
-    page.locator("#run-store textarea, #run-store input").first.fill("reloaded")
-    page.locator("#run-start").click()
+    start(page, "activation_mlp", 100000, store="reloaded")
     status = page.locator("#run-status")
-    status.get_by_text("running: step").wait_for(timeout=60_000)
-    run_id = re.match(r"(r\d+) activation_mlp", status.inner_text())[1]
+    status.get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
+    run_id = re.search(r"(r\d+) activation_mlp", status.inner_text())[1]
 
     page.reload()
     page.wait_for_selector("#model-list")
@@ -143,26 +372,18 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#live-pick input").click()
     page.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, seed 0, .* \(running\)$")).click()
     page.locator("#live-attach").click()
-    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .* - running: step \d+ of 100000"))
-    expect(page.locator("#live-latest")).to_contain_text("layers.0")  # its live views, refreshed
-    _screenshot(page, "experiments_reattached.png")
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"))
+    traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
     page.locator("#run-stop").click()
-    expect(status).to_contain_text(re.compile(r"stopped: step \d+ of 100000"), timeout=30_000)
+    expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)
     expect(runs).to_contain_text("stopped")
     assert load_run(runs_root / "reloaded").status == "stopped"
 
 
 def test_train_ilql_live_and_see_rewards_next_to_the_behaviour_policy(page):
-    page.get_by_role("tab", name="Experiments").click()
-    page.locator("#experiment-list").get_by_label("ilql", exact=True).check()
-    page.wait_for_selector("#experiment-overview:has-text('ILQL')")
-    for label, value in {"eval_every": "5", "eval_prompts": "16", "dataset_size": "64", "batch_size": "8"}.items():
-        page.get_by_label(label, exact=True).fill(value)
-    page.locator("#run-steps input").fill("10")
-    page.locator("#run-modules textarea, #run-modules input").first.fill("v.*, q.*")
-    page.locator("#run-start").click()
-    page.locator("#run-status").get_by_text("finished: step 10 of 10").wait_for(timeout=120_000)
-    expect(page.locator("#live-metrics")).to_contain_text("policy_reward")
-    expect(page.locator("#live-metrics")).to_contain_text("behaviour_reward")
-    expect(page.locator("#live-latest")).to_contain_text("v.0")
+    start(page, "ilql", 10, modules="v.*, q.*", eval_every="5", eval_prompts="16", dataset_size="64", batch_size="8")
+    page.locator("#run-status").get_by_text("finished").wait_for(timeout=120_000)
+    drawn = lines(traces(page, "live-metrics", lambda t: "policy_reward" in lines(t)))
+    assert {"policy_reward", "behaviour_reward", "q_loss"} <= set(drawn)
+    assert drawn["policy_reward"]["x"] == [5, 10]
     _screenshot(page, "experiments_ilql.png")

@@ -127,27 +127,3 @@ def test_ilql_runs_live_and_reports_rewards_every_n_steps(manager):
     rewards = long[long.metric.isin(["policy_reward", "bc_reward", "behaviour_reward"])]
     assert list(rewards.step) == [3, 3, 3]  # evaluated once, at step 3; NaN steps are not plotted
     assert {"v.0", "v.6"} <= set(rows.module)
-
-
-def test_a_live_plot_whose_lines_change_is_cleared_then_drawn_afresh():
-    def frame(*names):
-        return pd.DataFrame({"step": 1, "metric": list(names), "value": 0.0})
-
-    first = frame("loss", "accuracy")
-    long, series, shown, again = live.plot_updates(None, first, None)
-    assert long is first and series is None and not again and shown == {"metrics": ("accuracy", "loss"),
-                                                                          "series": None}
-    long, _, shown, again = live.plot_updates(shown, frame("accuracy", "loss"), None)  # the same lines
-    assert long is not None and not again
-    # a metric appears (an evaluation's reward): cleared now, drawn on the next refresh
-    more = frame("accuracy", "loss", "reward")
-    long, _, shown, again = live.plot_updates(shown, more, None)
-    assert long is None and again and shown["metrics"] is None
-    long, _, shown, again = live.plot_updates(shown, more, None)
-    assert long is more and not again and shown["metrics"] == ("accuracy", "loss", "reward")
-    # the per-call-site plot likewise, on its own
-    sites = pd.DataFrame({"step": 1, "site": ["a#0:out", "b#0:out"], "value": 0.0})
-    long, series, shown, again = live.plot_updates(shown, more, sites)
-    assert long is more and series is sites and not again
-    long, series, shown, again = live.plot_updates(shown, more, sites.iloc[:1])
-    assert long is more and series is None and again

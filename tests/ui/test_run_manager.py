@@ -47,12 +47,17 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     page, message = live.attach(manager, long.id)
     assert page == long.id and f"**{long.label}** - running: step" in message and "of 100000" in message
     wait_for(lambda: long.experiment.step_count >= 3)
+    wait_for(lambda: long.view.steps_fed >= 3)
     status, metrics, series, note, latest, anomalies, going = live.run_views(manager, page, "activation", "std", "*")
-    assert going and "running: step" in status and "loss" in set(metrics.metric)
-    assert not latest.empty and "call site" in note
+    assert going and "`running` · step" in status and "of 100000" in status and "loss" in set(metrics.metric)
+    assert not latest.empty and "call site" in note and len(series)
+    assert long.view.status == "running"
 
     message = live.stop_run(manager, page)
     assert "stopped: step" in message and not long.running and long.outcome == "stopped"
+    # the run's views hold every step it ran, and its end (what the page's header shows)
+    assert long.view.status == "stopped" and long.view.steps_fed == long.experiment.step_count
+    assert "`stopped`" in live.run_views(manager, page, "activation", "std", "*")[0]
     short.join(60)
     assert short.outcome == "finished" and "finished: step 60 of 60" in short.status()
     # the stores say the same
@@ -99,6 +104,8 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     assert run.outcome == "failed" and "FloatingPointError" in run.error
     status = run.status()
     assert "failed: step 2 of 10" in status and "FloatingPointError: the loss exploded at step 3" in status
+    header = live.draw_page(run.view).header  # the page's header: failed, with its error
+    assert "`failed`" in header and "FloatingPointError: the loss exploded at step 3" in header
     assert live.runs_frame(manager).status.tolist() == ["failed"]
     stored = load_run(manager.root.path / "boom")
     assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]

@@ -35,6 +35,7 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             live.wire(live.layout(manager.root), manager, app)
     _one_render_at_a_time(app)
     app.run_manager = manager
+    app.workbench_css = live.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
     return app
 
 
@@ -54,6 +55,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, runs_
     (then the runs still in progress are stopped, their stores marked stopped)."""
     app = build_app(runs_root)
     app.queue()
+    kwargs.setdefault("css", app.workbench_css)
     app.launch(server_name=host, server_port=port, share=share, **kwargs)
     if not kwargs.get("prevent_thread_lock"):
         app.run_manager.close()

@@ -1,19 +1,31 @@
 """Experiments and runs: run a built-in experiment under ``watch`` and see it live; replay stored runs.
 
+Each live run owns a :class:`~workbench.ui.views.RunView`, fed by its watch's stream from the
+first step; a stored run is replayed into one (:class:`ViewCache`). A run page draws from the view
+only (:func:`draw_page`: the header, metrics, a statistic per call site, distributions, the
+layer x step heatmap, NaN/Inf), as :mod:`workbench.ui.figures`' Plotly specs, so a refresh costs
+in proportion to the new steps and sends figures of bounded size however long the run.
+
 Handlers are plain functions over the core API (tested without a browser);
-:func:`layout` / :func:`wire` put them into the Gradio app. The Jupyter
-dashboard (``workbench.ui.notebook.Dashboard``) draws from the same frames.
+:func:`layout` / :func:`wire` put them into the Gradio app. The frame functions
+(:func:`stat_series`, :func:`metrics_long`, :func:`latest_table`) are the Jupyter
+dashboard's (``workbench.ui.notebook.Dashboard``) until it moves to the view layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import logging
+import shutil
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,13 +35,16 @@ from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import STAT_COLUMNS, Run, RunError
 from workbench.instrument.recorder import KINDS
 from workbench.ui.forms import FormField, form_fields, parse_form
+from workbench.ui import figures
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
+from workbench.ui.views import RunView
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "metrics_long", "stat_series",
            "latest_table", "anomaly_table", "runs_frame", "run_choices", "attach", "detach", "stop_run",
-           "run_views", "run_table", "replay", "STATISTICS", "layout", "wire"]
+           "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache", "compare_runs",
+           "export_run", "STATISTICS", "CSS", "layout", "wire"]
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
 LATEST_COLUMNS = ["module", "call", "kind", "tensor", "shape", "mean", "std", "abs_mean", "zero_frac", "nan_count",
@@ -87,9 +102,15 @@ class LiveRun:
         self.started = time.time()
         self.experiment = create(name, seed=seed, device=device, **config)
         self.watch = self.experiment.watch(store=store, **watch_options)
+        # what pages draw: the view layer, fed by the recorder's stream from the first step
+        self.view = RunView(label=self.label, total=steps)
+        if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
+            self.watch.store.set_meta(total_steps=steps)
+        self._subscription = self.watch.subscribe(self.view.feed)
         self.error: str | None = None
         self.outcome: str | None = None
         self._stop = threading.Event()
+        self._status_lock = threading.Lock()
         self._on_done: Callable[[LiveRun], Any] | None = None
         self._thread = threading.Thread(target=self._loop, name=f"workbench-run-{run_id or name}", daemon=True)
 
@@ -97,6 +118,7 @@ class LiveRun:
         """Start the run's thread; ``on_done(run)`` is called on it once the watch is closed."""
         self._on_done = on_done
         self.started = time.time()
+        self.view.label = self.label
         self._thread.start()
         return self
 
@@ -123,7 +145,10 @@ class LiveRun:
         lost = getattr(self.watch.store, "lost", 0)
         if lost and status != "failed":  # the store closed itself as failed: say so here too
             status, error = "failed", f"{lost} step(s) could not be stored in {self.watch.store.path}"
-        self.error, self.outcome = error, status
+        self._subscription.unsubscribe()  # (what was queued is delivered first: the view has every step)
+        with self._status_lock:
+            self.view.set_status(status, error)
+            self.error, self.outcome = error, status
         if self._on_done is not None:
             self._on_done(self)
 
@@ -142,10 +167,13 @@ class LiveRun:
     def request_stop(self) -> None:
         """Ask the run to stop after its current step; returns at once."""
         self._stop.set()
+        with self._status_lock:
+            if self.outcome is None:
+                self.view.set_status("stopping")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop after the current step and close the watch (and its store) as stopped."""
-        self._stop.set()
+        self.request_stop()
         self.join(timeout)
 
     def join(self, timeout: float | None = None) -> None:
@@ -391,14 +419,33 @@ def stop_run(manager: RunManager, run_id: Any, timeout: float = 30.0) -> str:
     return run.status()
 
 
-def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str) -> tuple:
-    """What a page shows of its run: status, the five views, and whether to keep refreshing."""
+def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str = "*") -> tuple:
+    """A page's run as frames, from its view layer (what scripts and tests read; the page draws
+    :func:`draw_page`): header, metrics, one statistic of the sites matching ``pattern`` (a glob
+    over site names; at most the :data:`DEFAULT_SITES` the view picks when all match), a note, the
+    last step of ``kind``, the recent NaN/Inf rows, and whether the run goes on."""
     run, message = _find(manager, run_id) if run_id else (None, "")
     if run is None:
-        return (message, *_views(pd.DataFrame(), pd.DataFrame(), kind, stat, pattern), False)
-    rows, metrics = run.frames()
-    # one last refresh after the run ends, then the page stops asking
-    return (run.status(), *_views(rows, metrics, kind, stat, pattern), run.running)
+        view = RunView()
+        header = message
+    else:
+        view, header = run.view, _live_header(run)
+    try:
+        _check_choice("kind", kind, KINDS)
+        _check_choice("statistic", stat, STATISTICS)
+        names = view.site_order(kind)
+        pattern = pattern.strip() if isinstance(pattern, str) and pattern.strip() else "*"
+        if pattern == "*":
+            sites = None
+        else:
+            sites = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        series = view.site_series(kind, stat, sites, k=DEFAULT_SITES)
+        note = f"{series.site.nunique()} of {len(names)} call sites"
+        latest = view.latest(kind)
+    except ValueError as exc:
+        series, note, latest = pd.DataFrame(), str(exc), pd.DataFrame()
+    return header, view.metrics_frame(), series, note, latest, view.anomaly_frame(), \
+        run is not None and run.running
 
 
 def run_table(root: RunsRoot, sub: Any = "") -> tuple[pd.DataFrame, list[str], str]:
@@ -425,60 +472,431 @@ def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
     return run, f"**{root.name_of(run.path)}** - {facts} - {steps} steps stored"
 
 
+# ---------------------------------------------------------------- the run page's views
+#: Lines the per-site plot draws by default: the sites whose statistic changed most.
+DEFAULT_SITES = 6
+NO_HISTOGRAMS = ("No histograms in this run. Tick **histograms** in the run form (or record with "
+                 "`watch(model, histograms=True)`) to see distributions over time.")
+EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
+
+
+@dataclass
+class Controls:
+    """What a run page's controls ask of its views (the page builds one from its widgets)."""
+
+    metrics: Sequence[str] | None = None  # None: every metric
+    smoothing: float = 0.0  # TensorBoard's, in [0, 0.99]
+    log_metrics: bool = False
+    kind: str = "activation"  # of the per-site plot, the distributions and the last-step table
+    statistic: str = "std"
+    sites: Sequence[str] | None = None  # None: the view's default (the sites that changed most)
+    log_sites: bool = False
+    dist_site: str | None = None  # None: the first chosen site with histograms
+    heat_kind: str = "grad_output"
+    heat_statistic: str = "norm"
+    heat_log: bool = True
+
+
+@dataclass
+class Page:
+    """Everything a run page shows, drawn from a :class:`~workbench.ui.views.RunView`."""
+
+    header: str
+    anomaly: str  # the first NaN/Inf, for a banner ('' while there is none)
+    first_anomaly: dict[str, Any] | None
+    metric_choices: list[str]
+    metrics: list[str]
+    metrics_figure: dict[str, Any]
+    site_choices: list[str]  # forward order
+    sites: list[str]
+    sites_figure: dict[str, Any]
+    site_note: str
+    dist_choices: list[str]
+    dist_site: str | None
+    distribution_figure: dict[str, Any]
+    dist_note: str
+    heatmap_figure: dict[str, Any]
+    anomalies: pd.DataFrame
+    latest: pd.DataFrame
+
+
+def _check_choice(label: str, value: Any, choices: Sequence[str]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{label} must be one of {', '.join(choices)}; got {shown(value)}. Pick one from the list.")
+
+
+def _smoothing(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.99:
+        raise ValueError(f"smoothing must be a number in [0, 0.99] (0: none), got {shown(value)}; "
+                         "move the slider back into range.")
+    return float(value)
+
+
+def _names(value: Any, label: str) -> list[str] | None:
+    """A multiselect's value: None (the page's default), else the names picked (maybe none)."""
+    if value is None:
+        return None
+    if value == "":
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{label} must be a list of names, got {shown(value)}.")
+    return list(value)
+
+
+def _anomaly_text(first: dict[str, Any] | None) -> str:
+    if first is None:
+        return ""
+    counts = " and ".join(f"{first[k]} {label}" for k, label in (("nan_count", "NaN"), ("inf_count", "Inf"))
+                          if first[k])
+    return (f"### ⚠ First NaN/Inf at step {first['step']}: `{first['site']}` ({first['kind']}, {counts})\n"
+            "Show this site jumps the views below to it; the table under them lists the most recent ones.")
+
+
+def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None) -> Page:
+    """Draw every view of a run page from ``view`` as ``controls`` ask. Never raises: a control
+    value the page cannot draw is a message in that view's place."""
+    c = controls or Controls()
+    first = view.first_anomaly
+    # metrics
+    metric_choices = view.metric_names()
+    try:
+        picked = _names(c.metrics, "metrics")
+        chosen = metric_choices if picked is None else [m for m in picked if m in metric_choices]
+        smoothing = _smoothing(c.smoothing)
+        metrics_fig = (figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics)) if chosen
+                       else figures.empty_figure("Pick metrics above." if metric_choices else "No metrics yet."))
+    except ValueError as exc:
+        chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
+    # a statistic per call site; the distributions and the last-step table follow the same kind
+    site_choices, sites, dist_choices, dist_site = [], [], [], None
+    latest = pd.DataFrame(columns=["site", "step", *STATISTICS])
+    try:
+        _check_choice("kind", c.kind, KINDS)
+        site_choices = view.site_order(c.kind)
+        try:
+            _check_choice("statistic", c.statistic, STATISTICS)
+            picked = _names(c.sites, "sites")
+            unknown = [s for s in picked or [] if s not in site_choices]
+            sites = (view.default_sites(c.kind, c.statistic, DEFAULT_SITES) if picked is None
+                     else [s for s in picked if s in site_choices])
+            sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
+            sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites)) if sites
+                         else figures.empty_figure("Pick call sites above." if site_choices
+                                                   else f"No {c.kind} rows yet."))
+            site_note = _site_note(view, c.kind, site_choices, sites, unknown)
+        except ValueError as exc:
+            sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
+        dist_choices = [s for s in site_choices if s in set(view.histogram_sites(c.kind))]
+        if isinstance(c.dist_site, str) and c.dist_site in dist_choices:
+            dist_site = c.dist_site
+        else:
+            dist_site = next((s for s in sites if s in dist_choices), dist_choices[0] if dist_choices else None)
+        if dist_site is not None:
+            dist_fig = figures.distribution_figure(view, c.kind, dist_site)
+            dist_note = f"{len(dist_choices)} {c.kind} site(s) with histograms."
+        elif site_choices:
+            dist_fig, dist_note = figures.empty_figure("No histograms recorded."), NO_HISTOGRAMS
+        else:
+            dist_fig, dist_note = figures.empty_figure(f"No {c.kind} rows yet."), ""
+        latest = view.latest(c.kind)
+    except ValueError as exc:
+        sites_fig = dist_fig = figures.empty_figure(str(exc))
+        site_note = dist_note = str(exc)
+    try:
+        _check_choice("heatmap kind", c.heat_kind, KINDS)
+        _check_choice("heatmap statistic", c.heat_statistic, STATISTICS)
+        heat_fig = figures.heatmap_figure(view, c.heat_kind, c.heat_statistic, bool(c.heat_log))
+    except ValueError as exc:
+        heat_fig = figures.empty_figure(str(exc))
+    return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
+                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
+                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest.round(6))
+
+
+def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unknown: list[str]) -> str:
+    if not names:
+        return f"No {kind} rows yet."
+    text = f"{len(sites)} of {len(names)} {kind} call sites"
+    if len(names) > len(sites) and sites:
+        text += " (by default the ones whose statistic changed most; pick others above)"
+    table = view.site_table(kind)
+    aliases = [f"`{n}` is also {a}" for n, a in zip(table.name, table.aliases) if a and n in sites]
+    if aliases:
+        text += ". " + "; ".join(aliases)
+    if unknown:
+        text += f". Not {kind} sites, left out: {', '.join(map(repr, unknown[:5]))}"
+    return text + "."
+
+
+def _live_header(run: LiveRun) -> str:
+    text = figures.header_markdown(run.view)
+    store = run.watch.store
+    if store is not None:
+        text += f"\n\nrecording to `{store.path}`"
+    if run.watch.errors:
+        text += (f"\n\n{len(run.watch.errors)} instrumentation error(s); the first: "
+                 f"`{run.watch.errors[0]['error']}`")
+    return text
+
+
+class ViewCache:
+    """The views of stored runs a page opened, by run name (bounded; a run that grew since is read
+    again). Owned by the app (:func:`wire`), shared by its pages: a stored run is read once."""
+
+    def __init__(self, root: RunsRoot, size: int = 8) -> None:
+        self.root, self.size = root, size
+        self._views: dict[str, tuple[tuple, RunView]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, pick: Any) -> tuple[RunView | None, Run | None, str]:
+        """The view of the stored run ``pick`` names, the run and a message (None and a message when
+        it cannot be opened)."""
+        run, message = replay(self.root, pick)
+        if run is None:
+            return None, None, message
+        try:
+            key = (len(run.steps), run.status)
+            with self._lock:
+                cached = self._views.get(pick)
+            if cached is not None and cached[0] == key:
+                return cached[1], run, message
+            view = RunView.from_run(run)
+        except RunError as exc:
+            return None, None, f"**Cannot read:** {exc}"
+        view.label = self.root.name_of(run.path)
+        # the steps it was to take (a run started in the app says so), else, ended well, the steps it took
+        total = run.metadata.get("total_steps")
+        view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
+        with self._lock:
+            self._views.pop(pick, None)
+            self._views[pick] = (key, view)
+            while len(self._views) > self.size:
+                self._views.pop(next(iter(self._views)))
+        return view, run, message
+
+
+def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
+                 smoothing: Any = 0.0, log_y: bool = False) -> tuple[dict, dict, list[str], str | None, str]:
+    """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
+    call site's statistic. Returns the two figures, the sites to choose from (those of every
+    run's ``kind``, in the first run's forward order), the site drawn and a message."""
+    empty = figures.empty_figure("Pick two or more runs to compare.")
+    try:
+        chosen = _names(picks, "runs to compare") or []
+        _check_choice("kind", kind, KINDS)
+        _check_choice("statistic", statistic, STATISTICS)
+        smoothing = _smoothing(smoothing)
+    except ValueError as exc:
+        return empty, empty, [], None, f"**Cannot compare:** {exc}"
+    if len(chosen) < 2:
+        return empty, empty, [], None, "Pick two or more runs to compare."
+    views, problems = {}, []
+    for pick in dict.fromkeys(chosen):
+        view, _, message = cache.get(pick)
+        if view is None:
+            problems.append(message)
+        else:
+            views[pick] = view
+    note = " ".join(problems)
+    if len(views) < 2:
+        return empty, empty, [], None, (note + " Pick two or more runs that open.").strip()
+    order = [v.site_order(kind) for v in views.values()]
+    common = set(order[0]).intersection(*order[1:])
+    choices = [s for s in order[0] if s in common] or order[0]
+    if not (isinstance(site, str) and site in choices):
+        first = next(iter(views.values()))
+        site = next((s for s in first.default_sites(kind, statistic, DEFAULT_SITES) if s in choices),
+                    choices[0] if choices else None)
+    metrics = figures.compare_metrics_figure(views, None, smoothing, bool(log_y))
+    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y)) if site is not None
+                else figures.empty_figure(f"None of these runs recorded {kind} rows."))
+    text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
+    if not common and all(order):
+        text += f" They share no {kind} call site (different models?): the sites of `{next(iter(views))}` are listed."
+    return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
+
+
+def export_run(root: RunsRoot, pick: Any, fmt: Any, folder: str | Path | None = None) -> tuple[list[str], str]:
+    """Export a stored run: CSV or Parquet (its rows and its metrics, a file each) or TensorBoard
+    (event files, zipped). Files go to ``folder`` (default: a new temporary directory) and are
+    offered for download. Returns their paths and a message; never raises."""
+    if fmt not in EXPORT_FORMATS:
+        return [], f"**Cannot export:** format must be one of {', '.join(EXPORT_FORMATS)}, got {shown(fmt)}."
+    run, message = replay(root, pick)
+    if run is None:
+        return [], message.replace("Cannot open", "Cannot export")
+    base = root.name_of(run.path).replace("/", "__")
+    out = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="workbench-export-"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if fmt == "TensorBoard":
+            logdir = out / f"{base}-tensorboard"
+            run.export(logdir)
+            archive = shutil.make_archive(str(logdir), "zip", root_dir=logdir)
+            shutil.rmtree(logdir, ignore_errors=True)
+            paths = [archive]
+        else:
+            suffix = ".csv" if fmt == "CSV" else ".parquet"
+            paths = [str(run.export(out / f"{base}-{what}{suffix}", what)) for what in ("rows", "metrics")]
+    except (ImportError, OSError, ValueError, RunError) as exc:
+        return [], f"**Cannot export** `{root.name_of(run.path)}` to {fmt}: {exc}"
+    names = ", ".join(f"`{Path(p).name}`" for p in paths)
+    return paths, f"Exported `{root.name_of(run.path)}` to {fmt}: {names} (download below)."
+
+
 # ---------------------------------------------------------------- Gradio
-def _plots(c: dict, prefix: str):
+#: The components a drawing of a run page updates, in the order the handlers return them.
+VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
+                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest")
+#: The controls a drawing reads, in order.
+CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites", "log_sites", "dist_site",
+            "heat_kind", "heat_stat", "heat_log")
+
+
+def new_page_state() -> dict[str, Any]:
+    """What a page remembers of its views: whether the metric and site pickers follow the view's
+    defaults (until the user picks), the run and steps it last drew, and what its pickers were sent."""
+    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}}
+
+
+def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
+    """The :class:`Controls` of a page's widget values (in :data:`CONTROLS` order)."""
+    state = state or new_page_state()
+    v = dict(zip(CONTROLS, values))
+    return Controls(metrics=None if state.get("auto_metrics", True) else v["metric_names"],
+                    smoothing=v["smoothing"], log_metrics=v["log_metrics"], kind=v["kind"], statistic=v["stat"],
+                    sites=None if state.get("auto_sites", True) else v["sites"], log_sites=v["log_sites"],
+                    dist_site=v["dist_site"], heat_kind=v["heat_kind"], heat_statistic=v["heat_stat"],
+                    heat_log=v["heat_log"])
+
+
+def plot_data(figure: dict[str, Any]):
+    """A figure spec as ``gr.Plot``'s value (its JSON as is: no plotly object is built)."""
+    from gradio.components.plot import PlotData
+
+    return PlotData(type="plotly", plot=figures.to_json(figure))
+
+
+def page_outputs(page: Page, state: dict, jumped: Controls | None = None) -> tuple:
+    """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
+    changed (so one the user has open is left alone), the kinds only when a jump sets them."""
     import gradio as gr
 
-    with gr.Row():
-        c[f"{prefix}_kind"] = gr.Dropdown(list(KINDS), value="activation", label="kind", elem_id=f"{prefix}-kind")
-        c[f"{prefix}_stat"] = gr.Dropdown(STATISTICS, value="std", label="statistic", elem_id=f"{prefix}-stat")
-        c[f"{prefix}_pattern"] = gr.Textbox("*", label="modules (glob)", elem_id=f"{prefix}-pattern")
-    with gr.Row():
-        c[f"{prefix}_metrics"] = gr.LinePlot(x="step", y="value", color="metric", title="Metrics", height=300,
-                                             elem_id=f"{prefix}-metrics")
-        c[f"{prefix}_series"] = gr.LinePlot(x="step", y="value", color="site", title="Per call site", height=300,
-                                            elem_id=f"{prefix}-series")
-    c[f"{prefix}_note"] = gr.Markdown(elem_id=f"{prefix}-note")
-    c[f"{prefix}_latest"] = gr.Dataframe(pd.DataFrame(columns=LATEST_COLUMNS), label="Last recorded step",
-                                         interactive=False, max_height=400, elem_id=f"{prefix}-latest")
-    c[f"{prefix}_anomalies"] = gr.Dataframe(anomaly_table(pd.DataFrame()), label="NaN / Inf (first appearance first)",
-                                            interactive=False, max_height=200, elem_id=f"{prefix}-anomalies")
+    sent = state.setdefault("sent", {})
+
+    def picker(key: str, choices: list[str], value: Any):
+        if sent.get(key) == (choices, value):
+            return gr.skip()
+        sent[key] = (list(choices), value)
+        return gr.Dropdown(choices=choices, value=value, allow_custom_value=True)
+
+    return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
+            picker("metric_names", page.metric_choices, page.metrics), plot_data(page.metrics_figure),
+            jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
+            plot_data(page.sites_figure), page.site_note,
+            picker("dist_site", page.dist_choices, page.dist_site), plot_data(page.distribution_figure),
+            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot_data(page.heatmap_figure),
+            page.anomalies, page.latest)
 
 
-def _views(rows: pd.DataFrame, metrics: pd.DataFrame, kind: str, stat: str, pattern: str):
-    try:
-        series, note = stat_series(rows, kind, stat, pattern if isinstance(pattern, str) else "*")
-    except ValueError as exc:  # a kind or statistic the dropdowns do not offer
-        series, note = pd.DataFrame(), str(exc)
-    # no rows: no plot (None), not an empty frame, which the page draws with the last legend it had
-    long = metrics_long(metrics)
-    return (None if long.empty else long, None if series.empty else series, note, latest_table(rows),
-            anomaly_table(rows))
+def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
+    """``controls`` moved to the first NaN/Inf's site: its kind, that site alone, its distribution,
+    the heatmap of its kind; None while the run has none."""
+    first = view.first_anomaly if view is not None else None
+    if first is None:
+        return None
+    return dataclasses.replace(controls, kind=first["kind"], sites=[first["site"]], dist_site=first["site"],
+                               heat_kind=first["kind"])
 
 
-def plot_updates(shown: dict | None, long: pd.DataFrame | None,
-                 series: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict, bool]:
-    """What a page's two live plots are sent this refresh, given what they show (``shown``: the
-    lines of each, as this function last returned it).
+def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
+           force: bool = True, jump: bool = False, change: dict | None = None) -> tuple:
+    """One drawing of a run page: ``(new page state, *updates of VIEW_OUTPUTS)``.
 
-    Gradio's line plot keeps the colours (lines and legend) of the first data it drew: a metric
-    or call site that appears later is not drawn, and one that went stays in the legend. A plot
-    whose lines change is therefore sent None (cleared) and drawn afresh on the next refresh.
-
-    Returns:
-        The metrics plot's value, the per-call-site plot's value, the new ``shown``, and whether
-        a plot waits to be drawn (the page must refresh once more).
+    ``view`` is the page's run's views (None: no run; ``header`` says why), ``run`` what names it,
+    ``values`` the controls' values (:data:`CONTROLS`). Unless ``force``d (a control changed), a
+    page that drew this run at these steps already is sent nothing. ``jump`` moves the views to the
+    first NaN/Inf; ``change`` updates the page state first (a picker the user took over).
     """
-    shown = dict(shown or {})
-    values, again = [], False
-    for key, frame, column in (("metrics", long, "metric"), ("series", series, "site")):
-        lines = None if frame is None else tuple(sorted(set(frame[column])))
-        if lines is not None and shown.get(key) not in (None, lines):
-            shown[key], frame, again = None, None, True
-        else:
-            shown[key] = lines
-        values.append(frame)
-    return values[0], values[1], shown, again
+    state = dict(state or new_page_state())
+    state.update(change or {})
+    if view is None:
+        state["version"] = None
+        page = draw_page(RunView(), page_controls(state, values), header=header)
+        return state, *page_outputs(page, state)
+    version = (run, view.steps_fed, view.status, view.dropped)
+    if not force and version == state.get("version"):
+        return state, *_skips(len(VIEW_OUTPUTS))  # nothing new: nothing sent
+    state["version"] = version
+    controls = page_controls(state, values)
+    jumped = jump_controls(view, controls) if jump else None
+    if jumped is not None:
+        state["auto_sites"] = False
+        controls = jumped
+    return state, *page_outputs(draw_page(view, controls, header=header), state, jumped)
+
+
+def _view_components(c: dict, p: str) -> None:
+    """The views of a run page (live or replayed), under keys ``{p}_<name>``."""
+    import gradio as gr
+
+    def plot(name: str):
+        c[f"{p}_{name}"] = gr.Plot(show_label=False, elem_id=f"{p}-{name}", container=False)
+
+    with gr.Row(equal_height=True):
+        c[f"{p}_anomaly"] = gr.Markdown(elem_id=f"{p}-anomaly", elem_classes=["wb-anomaly"])
+        c[f"{p}_jump"] = gr.Button("Show this site", variant="stop", visible=False, elem_id=f"{p}-jump", scale=0,
+                                   min_width=160)
+    with gr.Row(equal_height=True):
+        c[f"{p}_metric_names"] = gr.Dropdown([], value=[], multiselect=True, label="metrics", scale=4,
+                                             allow_custom_value=True, elem_id=f"{p}-metric-names")
+        c[f"{p}_smoothing"] = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="smoothing", scale=2,
+                                        elem_id=f"{p}-smoothing")
+        c[f"{p}_log_metrics"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id=f"{p}-log-metrics")
+    plot("metrics")
+    gr.Markdown("#### Statistic per call site", elem_classes=["wb-section"])
+    with gr.Row(equal_height=True):
+        c[f"{p}_kind"] = gr.Dropdown(list(KINDS), value="activation", label="kind", scale=1, elem_id=f"{p}-kind")
+        c[f"{p}_stat"] = gr.Dropdown(STATISTICS, value="std", label="statistic", scale=1, elem_id=f"{p}-stat")
+        c[f"{p}_sites"] = gr.Dropdown([], value=[], multiselect=True, label="call sites (forward order)", scale=5,
+                                      allow_custom_value=True, elem_id=f"{p}-sites")
+        c[f"{p}_log_sites"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id=f"{p}-log-sites")
+    plot("series")
+    c[f"{p}_site_note"] = gr.Markdown(elem_id=f"{p}-site-note")
+    gr.Markdown("#### Distribution over time (the kind above)", elem_classes=["wb-section"])
+    with gr.Row(equal_height=True):
+        c[f"{p}_dist_site"] = gr.Dropdown([], value=None, label="call site with histograms", scale=2,
+                                          allow_custom_value=True, elem_id=f"{p}-dist-site")
+        c[f"{p}_dist_note"] = gr.Markdown(elem_id=f"{p}-dist-note")
+    plot("distribution")
+    gr.Markdown("#### Every call site over steps", elem_classes=["wb-section"])
+    with gr.Row(equal_height=True):
+        c[f"{p}_heat_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
+                                          elem_id=f"{p}-heat-kind")
+        c[f"{p}_heat_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
+                                          elem_id=f"{p}-heat-stat")
+        c[f"{p}_heat_log"] = gr.Checkbox(True, label="log10 |value|", scale=1, elem_id=f"{p}-heat-log")
+    plot("heatmap")
+    c[f"{p}_anomalies"] = gr.Dataframe(pd.DataFrame(columns=["step", "site", "kind", "nan_count", "inf_count"]),
+                                       label="NaN / Inf, most recent", interactive=False, max_height=220,
+                                       elem_id=f"{p}-anomalies")
+    c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=["site", "step", *STATISTICS]),
+                                    label="Last recorded step (the kind above)", interactive=False,
+                                    max_height=320, elem_id=f"{p}-latest")
+    c[f"{p}_page"] = gr.State(new_page_state())
+
+
+#: Scrolls the page to its run's header (run in the browser once a run starts).
+SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
+CSS = """
+.wb-anomaly h3 { color: #b91c1c; margin: 0; }
+.wb-section h4 { margin: 6px 0 0 0; }
+#run-status, #replay-header { min-height: 2em; }
+"""
 
 
 def layout(root: RunsRoot):
@@ -488,58 +906,90 @@ def layout(root: RunsRoot):
     names = list_experiments()
     c: dict[str, Any] = {}
     with gr.Tab("Experiments", id="experiments"):
-        with gr.Row():
-            with gr.Column(scale=1, min_width=260):
-                c["experiment"] = gr.Radio(names, value=names[0], label="Experiment", elem_id="experiment-list")
-                # no precision=0: Gradio would round 2.5 to 2 unseen; _int refuses it by name
-                c["seed"] = gr.Number(0, label="seed", elem_id="run-seed", interactive=True)
-                c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
-                                          interactive=True)
-                c["steps"] = gr.Number(200, label="steps", elem_id="run-steps", interactive=True)
-                c["every"] = gr.Number(1, label="record every Nth step", elem_id="run-every", interactive=True)
-                c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)", elem_id="run-modules", interactive=True)
-                c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
-                                               elem_id="run-record", interactive=True)
-                c["histograms"] = gr.Checkbox(False, label="histograms", elem_id="run-histograms", interactive=True)
-                c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
-                                        info=f"a run name under {root.path}", elem_id="run-store",
-                                        interactive=True)
-            with gr.Column(scale=3):
-                c["overview"] = gr.Markdown(experiment_overview(names[0]), elem_id="experiment-overview")
-                c["form"] = gr.Column()
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=300):
+                with gr.Accordion("New run", open=True, elem_id="run-config") as c["config"]:
+                    c["experiment"] = gr.Radio(names, value=names[0], label="Experiment", elem_id="experiment-list")
+                    c["overview"] = gr.Markdown(experiment_overview(names[0]), elem_id="experiment-overview")
+                    # no precision=0: Gradio would round 2.5 to 2 unseen; _int refuses it by name
+                    with gr.Row():
+                        c["seed"] = gr.Number(0, label="seed", elem_id="run-seed", interactive=True, min_width=80)
+                        c["steps"] = gr.Number(200, label="steps", elem_id="run-steps", interactive=True,
+                                               min_width=80)
+                    with gr.Row():
+                        c["every"] = gr.Number(1, label="record every Nth step", elem_id="run-every",
+                                               interactive=True, min_width=80)
+                        c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
+                                                  interactive=True, min_width=80)
+                    c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)",
+                                              elem_id="run-modules", interactive=True)
+                    c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
+                                                   elem_id="run-record", interactive=True)
+                    c["histograms"] = gr.Checkbox(False, label="histograms (distributions over time)",
+                                                  elem_id="run-histograms", interactive=True)
+                    c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
+                                            info=f"a run name under {root.path}", elem_id="run-store",
+                                            interactive=True)
+                    c["form"] = gr.Column()
                 c["start_message"] = gr.Markdown(elem_id="start-message")
-                gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
-                            "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
-                            "running.", elem_id="live-runs-help")
+            with gr.Column(scale=4):
+                c["status"] = gr.Markdown("_No run on this page: start one (New run), or attach to one below._",
+                                          elem_id="run-status")
+                c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
                                             scale=4, interactive=True)
-                    c["attach"] = gr.Button("Attach", elem_id="live-attach", scale=1, min_width=90, size="lg")
-                    c["stop"] = gr.Button("Stop", variant="stop", elem_id="run-stop", scale=1, min_width=90, size="lg")
-                    c["detach"] = gr.Button("Detach", elem_id="live-detach", scale=1, min_width=90, size="lg")
-                    c["list"] = gr.Button("Refresh", elem_id="live-refresh", scale=1, min_width=90, size="lg")
+                    c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
+                    c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80)
+                    c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
+                    c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
+                c["live_message"] = gr.Markdown(elem_id="live-message")
+                _view_components(c, "live")
+                gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
+                            "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
+                            "running.", elem_id="live-runs-help")
                 c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=220,
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
-                c["status"] = gr.Markdown(elem_id="run-status")
-                _plots(c, "live")
         c["timer"] = gr.Timer(1.0, active=False)
     with gr.Tab("Runs", id="runs"):
-        gr.Markdown(f"Stored runs under `{root.path}` (the app's runs root: `python app.py --runs-root DIR`).",
-                    elem_id="runs-root-note")
-        with gr.Row(equal_height=False):
+        gr.Markdown(f"Stored runs under `{root.path}` (the app's runs root: `python app.py --runs-root DIR`). "
+                    "Click a row to open a run.", elem_id="runs-root-note")
+        with gr.Row(equal_height=True):
             c["root"] = gr.Textbox("", label="sub-directory (optional)", placeholder="empty: the whole root",
                                    elem_id="runs-sub", scale=3)
             c["refresh"] = gr.Button("List runs", elem_id="runs-refresh", scale=1)
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
-        c["runs_table"] = gr.Dataframe(interactive=False, label="Runs", elem_id="runs-table")
-        c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path")
+        c["runs_table"] = gr.Dataframe(interactive=False, label="Runs", max_height=260, elem_id="runs-table")
+        with gr.Row(equal_height=True):
+            c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3)
+            c["export_format"] = gr.Radio(list(EXPORT_FORMATS), value="CSV", label="export to", scale=2,
+                                          elem_id="export-format")
+            c["export"] = gr.Button("Export", elem_id="export-button", scale=1, min_width=100)
+        c["export_message"] = gr.Markdown(elem_id="export-message")
+        c["export_files"] = gr.File(label="exported", file_count="multiple", interactive=False, visible=False,
+                                    elem_id="export-files")
+        with gr.Accordion("Compare runs", open=True, elem_id="compare"):
+            with gr.Row(equal_height=True):
+                c["compare_runs"] = gr.Dropdown([], value=[], multiselect=True, label="runs (two or more)",
+                                                scale=4, elem_id="compare-runs")
+                c["compare_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
+                                                elem_id="compare-kind")
+                c["compare_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
+                                                elem_id="compare-stat")
+                c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
+                                                allow_custom_value=True, elem_id="compare-site")
+                c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
+            c["compare_message"] = gr.Markdown(elem_id="compare-message")
+            c["compare_metrics"] = gr.Plot(show_label=False, container=False, elem_id="compare-metrics")
+            c["compare_site_plot"] = gr.Plot(show_label=False, container=False, elem_id="compare-site-plot")
+        gr.Markdown("### The run", elem_classes=["wb-section"])
         c["run_message"] = gr.Markdown(elem_id="run-message")
-        _plots(c, "replay")
+        c["replay_header"] = gr.Markdown(elem_id="replay-header")
+        _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
-    c["live_shown"] = gr.State(None)  # the lines the page's live plots show (see plot_updates)
-    c["run_state"] = gr.State(None)
+    c["run_state"] = gr.State(None)  # the stored run the Runs tab shows (its name)
     return c
 
 
@@ -559,6 +1009,53 @@ def _guarded(handler: Callable, fallback: Callable[[str], tuple]) -> Callable:
     return call
 
 
+def _nothing() -> None:
+    """A step on the server between an event and its .then (which then reads the values after it)."""
+
+
+def _skips(n: int) -> tuple:
+    import gradio as gr
+
+    return tuple(gr.skip() for _ in range(n))
+
+
+def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunView | None, str]]) -> tuple:
+    """Connect a run page's controls to a redraw. ``target`` is the State naming the page's run,
+    ``find(value)`` gives its view (or None) and header. Returns the redraw's inputs and outputs
+    and the function drawing it: ``draw(target, page_state, *controls, force=...)``."""
+    inputs = [target, c[f"{p}_page"], *[c[f"{p}_{k}"] for k in CONTROLS]]
+    outputs = [c[f"{p}_page"], *[c[f"{p}_{k}"] for k in VIEW_OUTPUTS]]
+
+    def draw(value, state, *values, force=True, jump=False, change=None):
+        view, header = find(value)
+        return redraw(view, header, value, state, values, force=force, jump=jump, change=change)
+
+    def handler(**options):
+        def on_event(*args):
+            return draw(*args, **options)
+        on_event.__name__ = f"draw_{p}"
+        return _guarded(on_event, lambda text: (*_skips(1), text, *_skips(len(VIEW_OUTPUTS) - 1)))
+
+    # the user's own changes (not the page's updates of its pickers, which would redraw again)
+    # a multiselect the user picks in or removes from is theirs from then on. Gradio's multiselect
+    # tells a pick by keyboard by .select only (not .input), and "clear all" by .change only, which
+    # the page's own updates fire too, at times with an empty value on the way (new choices): so a
+    # clear is drawn at the next pick, and .change is not listened to
+    # (.select reaches the server before the picker's new value is set: the drawing follows it)
+    for key, auto in (("metric_names", "auto_metrics"), ("sites", "auto_sites")):
+        def theirs(state, auto=auto):
+            return {**(state or new_page_state()), auto: False}
+
+        c[f"{p}_{key}"].select(theirs, c[f"{p}_page"], c[f"{p}_page"], show_progress="hidden").then(
+            handler(), inputs, outputs, show_progress="hidden")
+    c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
+    c[f"{p}_smoothing"].release(handler(), inputs, outputs, show_progress="hidden")
+    for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_stat", "heat_log"):
+        c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
+    c[f"{p}_jump"].click(handler(jump=True), inputs, outputs, show_progress="hidden")
+    return inputs, outputs, draw
+
+
 def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     """Connect the components; ``manager`` owns the live runs, ``app`` (the Blocks) lists them on load."""
     import gradio as gr
@@ -566,9 +1063,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     from workbench.ui.model_browser import widget
 
     root = manager.root
+    cache = ViewCache(root)
     c["experiment"].change(experiment_overview, c["experiment"], c["overview"])
-
-    live_views = [c["live_metrics"], c["live_series"], c["live_note"], c["live_latest"], c["live_anomalies"]]
     listing = [c["pick"], c["runs"], c["runs_note"]]
 
     def listed(value=None, first_running=False):
@@ -579,6 +1075,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         if keep is None and first_running:
             keep = next((r.id for r in manager.runs() if r.running), None)
         return gr.Dropdown(choices=choices, value=keep), runs_frame(manager), runs_note(manager)
+
+    def find_live(attached):
+        if not attached:
+            return None, "_No run on this page: start one (New run), or attach to one below._"
+        run, message = _find(manager, attached)
+        return (None, message) if run is None else (run.view, _live_header(run))
+
+    live_inputs, live_outputs, draw_live = _wire_views(c, "live", c["live_state"], find_live)
+    n_views = len(VIEW_OUTPUTS)
 
     with c["form"]:
         @gr.render(inputs=c["experiment"])
@@ -593,105 +1098,129 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
                                          histograms, modules, store, device, record)
                 if new is None:  # the page stays with the run it watches, if any
-                    return gr.skip(), message, gr.skip(), gr.skip(), *listed(attached)
+                    return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), *listed(attached)
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
                     started += f" {previous.label} runs on: pick it in the list to attach to it again."
-                return new.id, started, new.status(), gr.Timer(active=True), *listed(new.id)
+                # the form folds away: the page is for the run now (open it again for the next one)
+                return (_live_header(new), new.id, started, new_page_state(), gr.Timer(active=True),
+                        gr.Accordion(open=False), *listed(new.id))
 
-            start.click(_guarded(on_start, lambda text: (gr.skip(), text, *[gr.skip()] * 5)),
+            # (the page scrolls to the run's header: Start lies at the foot of a long form)
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(6))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], *widgets],
-                        [c["live_state"], c["start_message"], c["status"], c["timer"], *listing])
+                        [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
+                         *listing]).then(None, js=SHOW_HEADER).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
+                                         live_inputs, live_outputs, show_progress="hidden")
 
-    live_inputs = [c["live_state"], c["live_kind"], c["live_stat"], c["live_pattern"]]
+    def on_tick(attached, state, *values):
+        run = manager.get(attached) if attached else None
+        going = run is not None and run.running  # (before drawing: a run ending now is drawn next tick)
+        drawn = draw_live(attached, state, *values, force=False)
+        return *drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager)
 
-    def on_tick(attached, kind, stat, pattern, shown):
-        status, long, series, *views, going = run_views(manager, attached, kind, stat, pattern)
-        long, series, shown, again = plot_updates(shown, long, series)
-        return (status, long, series, *views, gr.Timer(active=going or again), runs_frame(manager),
-                runs_note(manager), shown)
+    c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
+                                                    gr.Timer(active=False), gr.skip(), gr.skip())),
+                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"]],
+                    show_progress="hidden")  # (a tick every second: no flicker of its outputs)
 
-    live_inputs.append(c["live_shown"])
-    tick_outputs = [c["status"], *live_views, c["timer"], c["runs"], c["runs_note"], c["live_shown"]]
-    tick = _guarded(on_tick, lambda text: (text, *[gr.skip()] * 5, gr.Timer(active=False), *[gr.skip()] * 3))
-    c["timer"].tick(tick, live_inputs, tick_outputs)
-    for control in ("live_kind", "live_stat", "live_pattern"):
-        c[control].change(tick, live_inputs, tick_outputs)
-
-    def on_attach(picked, kind, stat, pattern, shown):
+    def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, *[gr.skip()] * 5, gr.skip(), *listed(picked), gr.skip()
-        status, long, series, *views, going = run_views(manager, attached, kind, stat, pattern)
-        long, series, shown, again = plot_updates(shown, long, series)
-        return attached, status, long, series, *views, gr.Timer(active=going or again), *listed(attached), shown
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked)
+        run = manager.get(attached)
+        return attached, "", new_page_state(), gr.Timer(active=run.running), *listed(attached)
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *[gr.skip()] * 10)),
-                      [c["pick"], c["live_kind"], c["live_stat"], c["live_pattern"], c["live_shown"]],
-                      [c["live_state"], c["status"], *live_views, c["timer"], *listing, c["live_shown"]])
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5))), [c["pick"]],
+                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing]).then(
+        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden")
 
     def on_stop(attached):
-        return stop_run(manager, attached), *listed(attached)
+        message = stop_run(manager, attached)
+        run = manager.get(attached) if attached else None
+        header = _live_header(run) if run is not None else gr.skip()
+        return header, "" if run is not None and "had ended" not in message else message, *listed(attached)
 
-    c["stop"].click(_guarded(on_stop, lambda text: (text, *[gr.skip()] * 3)), c["live_state"],
-                    [c["status"], *listing])
+    c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(3))), c["live_state"],
+                    [c["status"], c["live_message"], *listing])
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
         return None, message, gr.Timer(active=False), *listed(picked)
 
-    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *[gr.skip()] * 4)),
-                      [c["live_state"], c["pick"]], [c["live_state"], c["status"], c["timer"], *listing])
+    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(4))),
+                      [c["live_state"], c["pick"]], [c["live_state"], c["live_message"], c["timer"], *listing]
+                      ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
+                             live_inputs, live_outputs, show_progress="hidden")
     c["list"].click(_guarded(listed, lambda text: (gr.skip(), gr.skip(), text)), c["pick"], listing)
 
-    replay_inputs = [c["run_state"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]]
-    replay_outputs = [c["replay_metrics"], c["replay_series"], c["replay_note"], c["replay_latest"],
-                      c["replay_anomalies"]]
+    # ------------------------------------------------------------ the Runs tab
+    def find_stored(name):
+        if not name:
+            return None, "_Pick a run above (or click its row)._"
+        view, _, message = cache.get(name)
+        return (None, message) if view is None else (view, figures.header_markdown(view))
 
-    def draw(run, kind, stat, pattern):
-        if run is None:
-            return _views(pd.DataFrame(), pd.DataFrame(), kind, stat, pattern)
-        try:
-            return _views(run.to_pandas(), run.metrics(), kind, stat, pattern)
-        except RunError as exc:  # deleted or damaged since it was opened
-            metrics, series, _, latest, anomalies = _views(pd.DataFrame(), pd.DataFrame(), kind, stat, pattern)
-            return metrics, series, f"**Cannot read:** {exc}", latest, anomalies
+    replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
+    redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *_skips(n_views - 1)))
 
-    def on_pick(pick, kind, stat, pattern):
+    def on_pick(pick):
         run, message = replay(root, pick)
-        return run, message, *draw(run, kind, stat, pattern)
+        return (pick if run is not None else None), message, new_page_state(), gr.skip()
 
-    # the replay's plots are cleared before each drawing: Gradio's line plot keeps the lines of the
-    # first data it drew (see plot_updates), and another run or filter has other lines
-    replay_plots = [c["replay_metrics"], c["replay_series"]]
+    def on_row(table, evt: gr.SelectData):
+        row = evt.row_value or None
+        if row is None and isinstance(table, pd.DataFrame) and evt.index is not None:
+            row = table.iloc[evt.index[0]].tolist()
+        pick = row[0] if row else None
+        return (*on_pick(pick)[:3], gr.Dropdown(value=pick))
 
-    def clear():
-        return None, None
+    on_row.__annotations__["evt"] = gr.SelectData  # (a real class: Gradio passes the event by it)
+    picked = [c["run_state"], c["run_message"], c["replay_page"], c["run_path"]]
+    pick_fallback = lambda text: (None, text, gr.skip(), gr.skip())  # noqa: E731
+    c["run_path"].input(_guarded(on_pick, pick_fallback), c["run_path"], picked).then(
+        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+    c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
+        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
 
-    picked = [c["run_state"], c["run_message"], *replay_outputs]
-    c["run_path"].input(clear, None, replay_plots).then(
-        _guarded(on_pick, lambda text: (None, text, *[gr.skip()] * 5)),
-        [c["run_path"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], picked)
-
-    def on_list(sub, kind="activation", stat="std", pattern="*", open_first=True):
+    def on_list(sub, open_first=True):
         """List the stored runs and open the newest (again: it may have grown since)."""
         table, names, message = run_table(root, sub)
         first = names[0] if names and open_first else None
-        return table, gr.Dropdown(choices=names, value=first), message, *on_pick(first, kind, stat, pattern)
+        opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
+                                               gr.skip())
+        return (table, gr.Dropdown(choices=names, value=first), message, gr.Dropdown(choices=names),
+                *opened[:3])
 
-    listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], *picked]
-    c["refresh"].click(clear, None, replay_plots).then(
-        _guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *[gr.skip()] * 7)),
-        [c["root"], c["replay_kind"], c["replay_stat"], c["replay_pattern"]], listed_runs)
+    listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], c["compare_runs"], c["run_state"],
+                   c["run_message"], c["replay_page"]]
+    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(4))), c["root"],
+                       listed_runs).then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
             return *listed(first_running=True), *on_list("", open_first=False)  # (opened when picked)
 
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
-                                                 *[gr.skip()] * 7)), None, [*listing, *listed_runs])
-    for control in ("replay_kind", "replay_stat", "replay_pattern"):
-        c[control].change(clear, None, replay_plots).then(
-            _guarded(draw, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip())),
-            replay_inputs, replay_outputs)
+                                                 *_skips(5))), None, [*listing, *listed_runs])
+
+    def on_export(name, pick, fmt):
+        paths, message = export_run(root, name or pick, fmt)
+        return message, gr.File(value=paths or None, visible=bool(paths))
+
+    c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
+                      [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
+
+    def on_compare(picks, kind, stat, site, log_y):
+        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y)
+        return plot_data(metrics), plot_data(site_fig), gr.Dropdown(choices=choices, value=site), message
+
+    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"]]
+    compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
+    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text))
+    # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
+    c["compare_runs"].select(_nothing, None, None, show_progress="hidden").then(compare, compare_inputs,
+                                                                              compare_outputs)
+    for key in ("compare_kind", "compare_stat", "compare_site", "compare_log"):
+        c[key].input(compare, compare_inputs, compare_outputs)

@@ -1,0 +1,260 @@
+"""The run page's views, without a browser: each view's data, drawn from the run's RunView."""
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from workbench.experiments.activation_mlp import ActivationMLP
+from workbench.instrument import load_run
+from workbench.ui import figures, live
+from workbench.ui.views import RunView
+
+TINY = {"width": "8", "depth": "2", "batch_size": "16", "n_samples": "64"}
+LAYERS = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
+
+
+def finished(manager, steps=6, store="", histograms=False, seed=0, name="activation_mlp", values=None, **kwargs):
+    run, message = live.start_run(manager, name, dict(TINY if values is None else values), seed, steps, 1,
+                                  histograms, "*", store, **kwargs)
+    assert run is not None, message
+    run.join(120)
+    assert run.outcome == "finished", run.error
+    return run
+
+
+def traces(figure, name=None):
+    return [t for t in figure["data"] if name is None or t.get("name") == name]
+
+
+def xy(trace):
+    return figures.values(trace["x"]).tolist(), figures.values(trace["y"]).tolist()
+
+
+def stored(rows, kind, site, statistic):
+    part = rows[(rows.kind == kind) & (rows.module == site) & (rows.tensor == "out")]
+    return part.step.tolist(), part[statistic].tolist()
+
+
+def test_a_live_run_feeds_its_view_from_the_first_step_and_the_page_draws_from_the_view_alone(manager,
+                                                                                               monkeypatch):
+    run = finished(manager, steps=6, store="r")
+    view = run.view
+    assert view.steps_fed == 6 and view.status == "finished" and view.total == 6 and view.label == run.label
+    rows = load_run(manager.root.path / "r").to_pandas()
+
+    def no_frames(*args):
+        raise AssertionError("a page read the whole history")
+
+    monkeypatch.setattr(type(run.watch), "to_pandas", no_frames)
+    monkeypatch.setattr(type(run.watch), "metrics", no_frames)
+    page = live.draw_page(view)
+    # (1) the header: status, step of total with a progress bar
+    assert "`finished`" in page.header and "step 6 of 6" in page.header and "<progress" in page.header
+    # (2) metrics: a panel each, every step
+    assert page.metric_choices == ["accuracy", "loss"] == page.metrics
+    steps, values = xy(traces(page.metrics_figure, "loss")[0])
+    assert steps == [1, 2, 3, 4, 5, 6] and len(values) == 6
+    # (3) a statistic per call site: the sites in forward order, the default selection the view's
+    assert page.site_choices == LAYERS
+    assert set(page.sites) == set(view.default_sites("activation", "std", live.DEFAULT_SITES))
+    for site in page.sites:
+        x, y = xy(traces(page.sites_figure, site)[0])
+        want_x, want_y = stored(rows, "activation", site, "std")
+        assert x == want_x and y == pytest.approx(want_y, rel=1e-5)
+    assert "is also" in page.site_note  # layers.4 is the model's output too
+    # (4) no histograms: the page says how to get them
+    assert page.dist_choices == [] and "Tick **histograms**" in page.dist_note
+    # (5) the heatmap: grad_output norm of every site, forward order, log10
+    [heat] = page.heatmap_figure["data"]
+    assert heat["y"] == LAYERS
+    z = figures.values(heat["z"])
+    for i, site in enumerate(LAYERS):
+        assert z[i].tolist() == pytest.approx(np.log10(stored(rows, "grad_output", site, "norm")[1]), rel=1e-4)
+    # (6) no NaN/Inf
+    assert page.first_anomaly is None and page.anomaly == "" and page.anomalies.empty
+    # the last-step table follows the kind
+    for kind in ("activation", "grad_output"):
+        latest = live.draw_page(view, live.Controls(kind=kind)).latest
+        assert list(latest.site) == LAYERS and set(latest.step) == {6}
+        want = [stored(rows, kind, site, "norm")[1][-1] for site in LAYERS]
+        assert latest.norm.tolist() == pytest.approx(want, rel=1e-5)
+    # what the legacy frames say comes from the view too
+    header, metrics, series, note, latest, anomalies, going = live.run_views(manager, run.id, "grad_output",
+                                                                             "norm", "layers.[01]")
+    assert "step 6 of 6" in header and set(series.site) == {"layers.0", "layers.1"} and not going
+    assert note == "2 of 5 call sites" and set(metrics.metric) == {"accuracy", "loss"}
+
+
+def test_the_controls_pick_what_each_view_draws(manager):
+    run = finished(manager, steps=5, histograms=True)
+    controls = live.Controls(metrics=["loss"], smoothing=0.6, log_metrics=True, kind="grad_output",
+                             statistic="norm", sites=["layers.3", "layers.1", "nowhere"], log_sites=True,
+                             dist_site="layers.2", heat_kind="activation", heat_statistic="zero_frac",
+                             heat_log=False)
+    page = live.draw_page(run.view, controls)
+    assert page.metrics == ["loss"] and {t["name"] for t in page.metrics_figure["data"]} == {"loss",
+                                                                                            "loss (smoothed)"}
+    assert page.metrics_figure["layout"]["yaxis"]["type"] == "log"
+    smoothed = figures.values(traces(page.metrics_figure, "loss (smoothed)")[0]["y"])
+    raw = run.view.metrics_frame(["loss"]).value.to_numpy()
+    assert smoothed[1] == pytest.approx((0.6 * 0.4 * raw[0] + 0.4 * raw[1]) / (0.4 + 0.6 * 0.4), rel=1e-5)
+    # the picked sites in forward order; a name the kind lacks is left out, and said so
+    assert page.sites == ["layers.1", "layers.3"] and [t["name"] for t in traces(page.sites_figure)
+                                                      if t.get("mode") == "lines"] == ["layers.1", "layers.3"]
+    assert "'nowhere'" in page.site_note and page.sites_figure["layout"]["yaxis"]["type"] == "log"
+    # distributions: the sites with histograms, the one picked
+    assert page.dist_choices == LAYERS and page.dist_site == "layers.2"
+    median = traces(page.distribution_figure, "median")[0]
+    assert figures.values(median["x"]).tolist() == [1, 2, 3, 4, 5]
+    bands, _, _, _ = run.view.distribution("grad_output", "layers.2")
+    assert figures.values(median["y"]).tolist() == pytest.approx(bands.p50.tolist())
+    # the heatmap of another kind and statistic, unlogged
+    [heat] = page.heatmap_figure["data"]
+    assert heat["y"] == LAYERS and "zero_frac" in page.heatmap_figure["layout"]["title"]["text"]
+    _, _, matrix = run.view.heatmap("activation", "zero_frac")
+    np.testing.assert_allclose(figures.values(heat["z"]), matrix)
+    # a site picked for the distribution that has none: the first chosen site with histograms
+    page = live.draw_page(run.view, live.Controls(sites=["layers.4"], dist_site="elsewhere"))
+    assert page.dist_site == "layers.4"
+
+
+@pytest.mark.parametrize("controls, where, says", [
+    (dict(kind="weights"), "sites_figure", "kind must be one of activation"),
+    (dict(statistic="median"), "sites_figure", "statistic must be one of mean"),
+    (dict(smoothing=1.5), "metrics_figure", "smoothing must be a number in [0, 0.99]"),
+    (dict(smoothing="x"), "metrics_figure", "got 'x'"),
+    (dict(heat_kind="grads"), "heatmap_figure", "heatmap kind must be one of"),
+    (dict(heat_statistic=None), "heatmap_figure", "heatmap statistic must be one of"),
+    (dict(sites=5), "sites_figure", "sites must be a list of names, got 5"),
+])
+def test_a_control_value_the_page_cannot_draw_is_a_message_in_that_view(manager, controls, where, says):
+    run = finished(manager, steps=2)
+    page = live.draw_page(run.view, live.Controls(**controls))
+    assert says in page.__getattribute__(where)["layout"]["annotations"][0]["text"]
+    assert page.metric_choices == ["accuracy", "loss"]  # the other views are drawn
+
+
+def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, monkeypatch):
+    train_step = ActivationMLP.train_step
+
+    def poisoned(self):
+        if self.step_count == 2:
+            with torch.no_grad():
+                self.model.layers[2].weight[0, 0] = float("nan")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)
+    run, _ = live.start_run(manager, "activation_mlp", dict(TINY), 0, 5, 1, True, "*", "",
+                            record=["activations", "output gradients"])
+    run.join(60)
+    page = live.draw_page(run.view, live.Controls(kind="grad_output"))
+    first = page.first_anomaly
+    assert first == {**first, "step": 3, "site": "layers.2", "kind": "activation"}, first
+    assert "First NaN/Inf at step 3: `layers.2`" in page.anomaly and not page.anomalies.empty
+    jumped = live.jump_controls(run.view, live.Controls(kind="grad_output", sites=["layers.0"]))
+    assert (jumped.kind, list(jumped.sites), jumped.dist_site, jumped.heat_kind) == (
+        "activation", ["layers.2"], "layers.2", "activation")
+    page = live.draw_page(run.view, jumped)
+    assert page.sites == ["layers.2"] and page.dist_site == "layers.2"
+    assert [t["name"] for t in traces(page.sites_figure) if t.get("mode") == "lines"] == ["layers.2"]
+    assert live.jump_controls(RunView(), live.Controls()) is None
+
+
+def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_they_change(manager):
+    import gradio as gr
+
+    run = finished(manager, steps=3)
+    values = ([], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True)
+    out = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, None, values, force=False)))
+    state = out["state"]
+    assert out["header"] == "h" and out["sites"].choices == [(s, s) for s in LAYERS]
+    assert state["version"] == (run.id, 3, "finished", 0)
+    # the next tick: no step came, nothing is sent
+    again = live.redraw(run.view, "h", run.id, state, values, force=False)
+    assert all(v == gr.skip() for v in again[1:])
+    # a control changed (force): drawn again, the unchanged pickers not sent
+    forced = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, state, values)))
+    assert forced["sites"] == gr.skip() and forced["metric_names"] == gr.skip()
+    assert json.loads(forced["metrics"].plot)["data"]
+
+
+def test_what_a_refresh_sends_does_not_grow_with_the_run():
+    """The page's figures at 100 and at 3,000 recorded steps: of the same bounded size."""
+    import dataclasses
+
+    import workbench
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    with exp.watch(histograms=True) as w:
+        exp.step()
+        record = w.recorder.records()[-1]
+    sizes = {}
+    for steps in (100, 3000):
+        view = RunView(label="x", total=steps)
+        for step in range(1, steps + 1):
+            view.feed(dataclasses.replace(record, step=step, metrics={"loss": 1.0 / step}))
+        page = live.draw_page(view, live.Controls(kind="activation"))
+        sizes[steps] = sum(len(figures.to_json(getattr(page, f))) for f in
+                           ("metrics_figure", "sites_figure", "distribution_figure", "heatmap_figure"))
+    assert sizes[3000] < 1.5 * sizes[100], sizes
+
+
+def test_a_stored_run_replays_into_the_same_views_once(manager):
+    run = finished(manager, steps=4, store="stored", histograms=True)
+    cache = live.ViewCache(manager.root)
+    view, stored_run, message = cache.get("stored")
+    assert "4 steps stored" in message and view.label == "stored" and view.status == "finished"
+    assert cache.get("stored")[0] is view  # read once
+    live_page, replayed = live.draw_page(run.view), live.draw_page(view)
+    assert replayed.site_choices == live_page.site_choices and replayed.dist_choices == live_page.dist_choices
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(figures.values(traces(replayed.metrics_figure, name)[0]["y"]),
+                                   figures.values(traces(live_page.metrics_figure, name)[0]["y"]), rtol=1e-6)
+    np.testing.assert_allclose(figures.values(replayed.heatmap_figure["data"][0]["z"]),
+                               figures.values(live_page.heatmap_figure["data"][0]["z"]), rtol=1e-5)
+    assert cache.get("../x")[0] is None and "contains '..'" in cache.get("../x")[2]
+
+
+def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):
+    finished(manager, steps=4, store="cmp/a", seed=1)
+    finished(manager, steps=6, store="cmp/b", seed=2)
+    cache = live.ViewCache(manager.root)
+    metrics, site, choices, chosen, message = live.compare_runs(cache, ["cmp/a", "cmp/b"], "grad_output", "norm",
+                                                                "layers.1")
+    assert "Comparing `cmp/a`, `cmp/b`" in message and choices == LAYERS and chosen == "layers.1"
+    loss = [t for t in metrics["data"] if t["name"] in ("cmp/a", "cmp/b") and t["yaxis"] == "y2"]
+    assert [figures.values(t["x"]).tolist() for t in loss] == [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]
+    rows = load_run(manager.root.path / "cmp" / "b").to_pandas()
+    [b] = [t for t in site["data"] if t["name"] == "cmp/b"]
+    assert figures.values(b["y"]).tolist() == pytest.approx(stored(rows, "grad_output", "layers.1", "norm")[1],
+                                                            rel=1e-5)
+    # no site named: the first run's default; fewer than two runs, or bad values: messages
+    assert live.compare_runs(cache, ["cmp/a", "cmp/b"], "activation", "std", None)[3] in LAYERS
+    assert "two or more" in live.compare_runs(cache, ["cmp/a"], "activation", "std", None)[4]
+    assert "kind must be one of" in live.compare_runs(cache, ["cmp/a", "cmp/b"], "w", "std", None)[4]
+    said = live.compare_runs(cache, ["cmp/a", "/etc"], "activation", "std", None)[4]
+    assert "absolute path" in said and "two or more runs that open" in said
+
+
+@pytest.mark.parametrize("fmt", ["CSV", "Parquet", "TensorBoard"])
+def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
+    finished(manager, steps=3, store="exp/run", histograms=fmt == "TensorBoard")
+    paths, message = live.export_run(manager.root, "exp/run", fmt, tmp_path / "out")
+    assert f"Exported `exp/run` to {fmt}" in message and all(Path(p).parent == tmp_path / "out" for p in paths)
+    rows = load_run(manager.root.path / "exp" / "run").to_pandas()
+    if fmt == "TensorBoard":
+        [archive] = paths
+        assert archive.endswith("exp__run-tensorboard.zip")
+        assert any("tfevents" in n for n in zipfile.ZipFile(archive).namelist())
+    else:
+        read = pd.read_csv if fmt == "CSV" else pd.read_parquet
+        assert [Path(p).name for p in paths] == [f"exp__run-{w}.{fmt.lower()}" for w in ("rows", "metrics")]
+        assert len(read(paths[0])) == len(rows) and list(read(paths[1]).step) == [1, 2, 3]
+    paths, message = live.export_run(manager.root, "exp/run", "XLS", tmp_path / "no")
+    assert paths == [] and "format must be one of CSV, Parquet, TensorBoard, got 'XLS'" in message
+    assert not (tmp_path / "no").exists()
