@@ -28,6 +28,11 @@ exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", 
 run = exp.start(1_000_000, every=2, histograms=True)
 Dashboard(run)"""
 STATUS_CELL = 'print("status:", run.status, "step:", run.step)'
+# the steps of the loss line in the first figure (the metrics), as Plotly drew them; null while
+# a redraw replaces the plot
+LOSS_X = ("const plot = document.querySelector('.js-plotly-plot');"
+          " const loss = (plot?._fullData || []).find(t => t.name === 'loss');"
+          " const x = loss && loss.x && loss.x.length ? loss.x : null;")
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +112,7 @@ def _header_step(page) -> int:
 
 def _plotted_steps(page) -> int:
     """The last step the metrics figure of the page draws (Plotly's own data of the plot)."""
-    return page.evaluate("""() => {
-        const plot = document.querySelector('.js-plotly-plot');
-        if (!plot || !plot._fullData || !plot._fullData.length) return -1;
-        const x = plot._fullData[0].x;
-        return x && x.length ? Number(x[x.length - 1]) : -1;
-    }""")
+    return page.evaluate(f"() => {{ {LOSS_X} return x ? Number(x[x.length - 1]) : -1; }}")
 
 
 def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser, jupyterlab):
@@ -127,14 +127,12 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
 
         plots = page.locator(".jp-OutputArea-output .js-plotly-plot")
         plots.nth(3).wait_for(timeout=60_000)  # metrics, sites, heatmap, distribution
-        page.wait_for_function("() => document.querySelector('.js-plotly-plot')?._fullData?.[0]?.x?.length > 0",
-                               timeout=60_000)
+        page.wait_for_function(f"() => {{ {LOSS_X} return !!x; }}", timeout=60_000)
         # the cell returned at once and the kernel is free while the run trains
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         before_header, before_plot = _header_step(page), _plotted_steps(page)
-        page.wait_for_function(  # (each redraw replaces the plot: it may be between two)
-            f"() => {{ const x = document.querySelector('.js-plotly-plot')?._fullData?.[0]?.x;"
-            f" return !!x && x.length > 0 && Number(x[x.length - 1]) > {before_plot}; }}", timeout=60_000)
+        page.wait_for_function(f"() => {{ {LOSS_X} return !!x && Number(x[x.length - 1]) > {before_plot}; }}",
+                               timeout=60_000)
         assert _header_step(page) > before_header >= 0  # the header counts the steps as they come
         assert page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").count() >= 1
         _shot(page, "live")
