@@ -1,5 +1,8 @@
 """Experiments on several threads at once (the app runs each session's run on a thread of its own)."""
 
+import threading
+
+import pytest
 import torch
 
 import workbench
@@ -23,3 +26,31 @@ def test_experiments_on_several_threads_give_what_they_give_alone():
         assert all(torch.equal(a, b) for a, b in zip(initial, alone[seed][0]))
         assert metrics == alone[seed][1]
     assert alone[0][1] != alone[1][1]  # (the seeds do differ)
+
+
+def test_a_background_run_refuses_a_bad_timeout_before_it_stops(monkeypatch):
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(10_000)
+    try:
+        with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0, got 'x'"):
+            run.stop(timeout="x")
+        assert run.status == "running"  # refused before anything changed
+    finally:
+        assert run.stop() == "stopped"
+
+
+def test_a_background_run_that_cannot_start_closes_the_watch_it_made(monkeypatch, tmp_path):
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        exp.start(5, store=tmp_path / "run")  # (the store's writer thread is refused first)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        exp.start(5, every=2)  # (the run's thread is)
+    monkeypatch.undo()
+    assert workbench.load_run(tmp_path / "run").status == "failed"
+    assert exp.watcher.closed and not torch.nn.modules.module._global_forward_hooks
+    assert exp.run(2, every=1)  # the experiment is not left watched

@@ -203,18 +203,9 @@ class Experiment:
         if store is None and not watch_options:
             with bar:
                 return [_stepped(self, bar) for _ in range(steps)]
-        w = self.watch(store=store, **watch_options)
-        try:
-            with bar:
-                results = [_stepped(self, bar) for _ in range(steps)]
-        except KeyboardInterrupt:
-            w.close("stopped", f"interrupted by the user after step {self.step_count}")
-            raise
-        except BaseException as exc:
-            w.close("failed", "".join(traceback.format_exception(exc)))
-            raise
-        w.close()
-        return results
+        # (the watch closes stopped on an interrupt, failed with the error on an exception)
+        with self.watch(store=store, **watch_options), bar:
+            return [_stepped(self, bar) for _ in range(steps)]
 
     #: the last run started by :meth:`start` (running or ended), None before the first
     background: BackgroundRun | None = None
@@ -252,7 +243,12 @@ class Experiment:
         self._check_not_in_background("start()")
         own = not (self.watcher is not None and not self.watcher.closed and store is None and not watch_options)
         w = self.watch(store=store, **watch_options) if own else self.watcher
-        self.background = BackgroundRun(self, steps, w, own, progress)
+        try:
+            self.background = BackgroundRun(self, steps, w, own, progress)
+        except BaseException as exc:  # (the thread could not start ...): the watch made for it closes
+            if own:
+                w.close("failed", "".join(traceback.format_exception(exc)))
+            raise
         return self.background
 
     def _check_not_in_background(self, what: str) -> None:
@@ -265,6 +261,11 @@ class Experiment:
     def __repr__(self) -> str:
         on = f", device='{self.device}'" if self.device.type != "cpu" else ""
         return f"{type(self).__name__}(seed={self.seed}{on}, step={self.step_count}, config={self.config})"
+
+
+def _check_timeout(timeout: Any) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}.")
 
 
 def _check_steps(steps: Any) -> None:
@@ -397,6 +398,7 @@ class BackgroundRun:
     def stop(self, wait: bool = True, timeout: float | None = None) -> str:
         """Stop after the current step (also a paused run) and close the run's watch as
         ``stopped``; with ``wait``, return when that is done. Returns the status."""
+        _check_timeout(timeout)
         with self._cond:
             if self._state in ("running", "paused"):
                 self._state = "stopping"
@@ -405,9 +407,7 @@ class BackgroundRun:
 
     def join(self, timeout: float | None = None) -> str:
         """Wait until the run ends (at most ``timeout`` seconds); returns the status."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout < 0):
-            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}.")
+        _check_timeout(timeout)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         return self._state

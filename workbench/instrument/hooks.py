@@ -264,10 +264,10 @@ class Watch:
                      "exclude": repr(exclude), **self.options, **(metadata or {})}
             try:
                 self.store = RunStore(store, facts, on_error=self._store_failed)
-            except BaseException:
-                self.close()
+                self.store.attach(self.recorder)
+            except BaseException as exc:  # no hook left in, and a store that started reads failed
+                self.close("failed", "".join(traceback.format_exception(exc)))
                 raise
-            self.store.attach(self.recorder)
         self._start_step()
 
     # ------------------------------------------------------------------ hooks
