@@ -148,6 +148,13 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         for r, (run, frame) in enumerate(frames.items()):
             part = frame[frame.metric == name]
             label = f"{run}: {name}" if several else name
+            merged = part[part.hi > part.lo]  # points standing for several steps: their min-max envelope
+            if len(merged):  # (else a long run's merged means read smoother than its recent steps)
+                data.append(dict(type="scatter", mode="none", fill="toself", xaxis=f"x{n}", yaxis=f"y{n}",
+                                 x=_array(np.concatenate([merged.step, merged.step[::-1]])),
+                                 y=_array(np.concatenate([merged.hi, merged.lo[::-1]])),
+                                 fillcolor=_PALETTE[r % len(_PALETTE)], opacity=0.15, hoverinfo="skip",
+                                 showlegend=False, legendgroup=run))
             common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step),
                           legendgroup=run, line=dict(width=1, color=_PALETTE[r % len(_PALETTE)]))
             data.append(dict(common, name=run if several else name, y=_array(part.value),
