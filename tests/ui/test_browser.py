@@ -230,6 +230,7 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
         np.testing.assert_allclose(z[i], np.log10(stored_series(rows, "grad_output", site, "norm")[1]), rtol=1e-4)
     # (6) no NaN/Inf in this run: no banner, no jump
     expect(page.locator("#live-jump")).to_be_hidden()
+    page.evaluate("window.scrollTo(0, 0)")
     _screenshot(page, "live_run.png", full_page=False)
     page.locator("#live-distribution").scroll_into_view_if_needed()
     _screenshot(page, "live_distribution.png", full_page=False)

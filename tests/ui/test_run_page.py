@@ -181,6 +181,13 @@ def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_th
     forced = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, state, values)))
     assert forced["sites"] == gr.skip() and forced["metric_names"] == gr.skip()
     assert json.loads(forced["metrics"].plot)["data"]
+    # a figure keeps the user's zoom across refreshes while it shows the same thing, not after
+    revision = json.loads(forced["series"].plot)["layout"]["uirevision"]
+    assert revision == json.loads(out["series"].plot)["layout"]["uirevision"]
+    other = list(values)
+    other[live.CONTROLS.index("stat")] = "norm"
+    moved = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, state, other)))
+    assert json.loads(moved["series"].plot)["layout"]["uirevision"] != revision
 
 
 def test_what_a_refresh_sends_does_not_grow_with_the_run():

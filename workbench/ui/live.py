@@ -774,14 +774,22 @@ def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
                     heat_log=v["heat_log"])
 
 
-def plot_data(figure: dict[str, Any]):
-    """A figure spec as ``gr.Plot``'s value (its JSON as is: no plotly object is built)."""
+def plot_data(figure: dict[str, Any], revision: Any = None):
+    """A figure spec as ``gr.Plot``'s value (its JSON as is: no plotly object is built).
+
+    ``revision`` names what the figure shows (the run; with the figure's title, its kind,
+    statistic or site): while it stays the same, Plotly keeps what the user did to the figure
+    (zoom, pan, legend entries hidden) across the page's refreshes (``layout.uirevision``)."""
     from gradio.components.plot import PlotData
 
+    if revision is not None:
+        layout = figure["layout"]
+        shows = (layout.get("title", {}).get("text", ""), layout.get("yaxis", {}).get("type", ""))
+        figure = {**figure, "layout": {**layout, "uirevision": f"{revision} {shows}"}}
     return PlotData(type="plotly", plot=figures.to_json(figure))
 
 
-def page_outputs(page: Page, state: dict, jumped: Controls | None = None) -> tuple:
+def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revision: Any = None) -> tuple:
     """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
     changed (so one the user has open is left alone), the kinds only when a jump sets them."""
     import gradio as gr
@@ -794,12 +802,15 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None) -> tup
         sent[key] = (list(choices), value)
         return gr.Dropdown(choices=choices, value=value, allow_custom_value=True)
 
+    def plot(figure: dict[str, Any], name: str):
+        return plot_data(figure, None if revision is None else f"{revision} {name}")
+
     return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
-            picker("metric_names", page.metric_choices, page.metrics), plot_data(page.metrics_figure),
+            picker("metric_names", page.metric_choices, page.metrics), plot(page.metrics_figure, "metrics"),
             jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
-            plot_data(page.sites_figure), page.site_note,
-            picker("dist_site", page.dist_choices, page.dist_site), plot_data(page.distribution_figure),
-            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot_data(page.heatmap_figure),
+            plot(page.sites_figure, "sites"), page.site_note,
+            picker("dist_site", page.dist_choices, page.dist_site), plot(page.distribution_figure, "distribution"),
+            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap"),
             page.anomalies, page.latest)
 
 
@@ -837,7 +848,7 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
-    return state, *page_outputs(draw_page(view, controls, header=header), state, jumped)
+    return state, *page_outputs(draw_page(view, controls, header=header), state, jumped, revision=run)
 
 
 def _view_components(c: dict, p: str) -> None:
@@ -1119,11 +1130,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         run = manager.get(attached) if attached else None
         going = run is not None and run.running  # (before drawing: a run ending now is drawn next tick)
         drawn = draw_live(attached, state, *values, force=False)
-        return *drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager)
+        # the run list's labels say each run's state: sent when they change (the pick is kept)
+        choices = run_choices(manager)
+        pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
+        drawn[0]["runs"] = choices
+        return *drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
-                                                    gr.Timer(active=False), gr.skip(), gr.skip())),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"]],
+                                                    gr.Timer(active=False), *_skips(3))),
+                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"]],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
 
     def on_attach(picked):
