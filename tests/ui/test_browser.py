@@ -178,6 +178,9 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     drawn = lines(traces(page, "live-metrics", lambda t: any(x["x"] and x["x"][-1] == 30 for x in t)))
     assert set(drawn) == {"loss", "accuracy"}
     assert drawn["loss"]["x"] == list(range(1, 31))
+    # the page's Plotly took the typed arrays in (its own parsed data holds every point)
+    assert page.locator("#live-metrics .js-plotly-plot").evaluate(
+        "el => el._fullData.filter(t => t.name === 'loss').map(t => t.x.length)") == [30]
     np.testing.assert_allclose(drawn["loss"]["y"], metrics.loss, rtol=1e-5)
     # log y and smoothing
     page.locator("#live-log-metrics input").check()
