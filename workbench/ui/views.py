@@ -53,13 +53,14 @@ _STAT_INDEX = {name: i for i, name in enumerate(STATISTICS)}
 class History:
     """A bounded history of points over steps, thinned uniformly as it grows.
 
-    Points are appended in step order. Past ``capacity`` points, all but the ``recent`` last
-    are regrouped into buckets of ``stride`` steps (the stride doubling until they fit in half
-    of what is left), each bucket one point at its last step: for rows of numbers, their mean,
-    with their min and max kept (``lo``, ``hi``: the envelope of what was merged); for other
-    values (``merge="last"``), the bucket's last one. So a long run keeps an even sample of
-    its whole length and every recent point. Appending costs O(1) amortized; the history never
-    holds more than ``capacity`` points.
+    Points come in step order. Past ``capacity`` points, all but the ``recent`` last are
+    regrouped into buckets of ``stride`` steps (the stride doubling until they fit in half of
+    what is left), each bucket one point at its last step: for rows of numbers, the mean of
+    each column over the bucket (NaNs left out), with its min and max kept (``lo``, ``hi``:
+    the envelope of what was merged); for other values (``merge="last"``), the bucket's last
+    one. So a long run keeps an even sample of its whole length and every recent point, in at
+    most ``capacity`` points. Rows are kept in arrays and merged by whole buckets at once, so
+    taking in a block of steps costs a few array operations, not some per step.
 
     Rows may grow wider over time (new call sites): narrower rows read as NaN past their end.
     """
@@ -70,8 +71,10 @@ class History:
             raise ValueError(f"merge must be 'mean' or 'last', got {merge!r}.")
         self.capacity, self.recent, self.merge = capacity, recent, merge
         self.stride = 1  # steps per bucket in the thinned part
-        self.steps: list[int] = []
-        self._points: list[Any] = []  # (mean, lo, hi, count) for "mean"; the value for "last"
+        self._steps = np.zeros(0, np.int64)
+        # "mean": per cell, the sum and count of the finite values merged, their min and max
+        self._sum = self._count = self._lo = self._hi = np.zeros((0, 0), np.float32)
+        self._values: list[Any] = []  # "last"
 
     @staticmethod
     def check(capacity: int, recent: int) -> None:
@@ -82,74 +85,85 @@ class History:
                              f"capacity={capacity!r}, recent={recent!r} (histories: histogram_capacity >= 12).")
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self._steps)
+
+    @property
+    def steps(self) -> list[int]:
+        return self._steps.tolist()
 
     def append(self, step: int, value: Any) -> None:
+        """One point (a row of numbers, or any value with ``merge="last"``)."""
         if self.merge == "mean":
-            value = np.asarray(value, dtype=np.float32)
-            value = (value, value, value, 1)
-        self.steps.append(int(step))
-        self._points.append(value)
-        if len(self.steps) > self.capacity:
+            self.extend([step], np.asarray(value, np.float32).reshape(1, -1))
+        else:
+            self.extend([step], [value])
+
+    def extend(self, steps: Sequence[int], values: Any) -> None:
+        """Points in step order: ``values`` a (points, width) array, or a list with ``merge="last"``."""
+        self._steps = np.concatenate([self._steps, np.asarray(steps, np.int64)])
+        if self.merge == "last":
+            self._values.extend(values)
+        else:
+            rows = np.asarray(values, np.float32)
+            width = max(self._sum.shape[1], rows.shape[1])
+            finite = np.isfinite(rows)
+            parts = (np.where(finite, rows, 0), finite.astype(np.float32), rows, rows)
+            self._sum, self._count, self._lo, self._hi = (
+                np.concatenate([_widen(old, width), _widen(new, width, fill)])
+                for old, new, fill in zip((self._sum, self._count, self._lo, self._hi), parts, (0, 0, np.nan, np.nan)))
+        if len(self._steps) > self.capacity:
             self._thin()
 
     def _thin(self) -> None:
-        cut = len(self.steps) - self.recent
-        old = self._bucketed(list(zip(self.steps[:cut], self._points[:cut])))  # (what came since, at the stride)
-        while len(old) > (self.capacity - self.recent) // 2:
+        cut = len(self._steps) - self.recent
+        old = self._steps[:cut]
+        while True:  # the stride whose buckets fit
+            bucket = (old - 1) // self.stride
+            starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+            if len(starts) <= (self.capacity - self.recent) // 2:
+                break
             self.stride *= 2
-            old = self._bucketed(old)
-        self.steps = [step for step, _ in old] + self.steps[cut:]
-        self._points = [point for _, point in old] + self._points[cut:]
-
-    def _bucketed(self, points: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-        """``(step, point)``s merged into one per bucket of :attr:`stride` steps."""
-        buckets: list[tuple[int, Any]] = []
-        for step, point in points:
-            if buckets and (buckets[-1][0] - 1) // self.stride == (step - 1) // self.stride:
-                point = _merge(buckets[-1][1], point) if self.merge == "mean" else point
-                buckets[-1] = (step, point)
-            else:
-                buckets.append((step, point))
-        return buckets
+        ends = np.r_[starts[1:], cut] - 1
+        self._steps = np.concatenate([old[ends], self._steps[cut:]])
+        if self.merge == "last":
+            self._values = [self._values[i] for i in ends] + self._values[cut:]
+            return
+        for name, reduce in (("_sum", np.add), ("_count", np.add), ("_lo", np.fmin), ("_hi", np.fmax)):
+            array = getattr(self, name)
+            setattr(self, name, np.concatenate([reduce.reduceat(array[:cut], starts, axis=0), array[cut:]]))
 
     def last(self) -> Any:
         """The last point's value (its mean, for rows of numbers)."""
-        point = self._points[-1]
-        return point[0] if self.merge == "mean" else point
+        if self.merge == "last":
+            return self._values[-1]
+        return self.arrays()[1][-1]
 
     def values(self) -> list[Any]:
         """The points' values, oldest first (``merge="last"``)."""
-        return list(self._points)
+        return list(self._values)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``steps (n,), mean (n, width), lo, hi``, rows padded with NaN to the widest."""
-        if not self.steps:
-            empty = np.zeros((0, 0), np.float32)
-            return np.zeros(0, np.int64), empty, empty, empty
-        width = max(len(p[0]) for p in self._points)
-        out = [np.full((len(self._points), width), np.nan, np.float32) for _ in range(3)]
-        for i, point in enumerate(self._points):
-            for part, array in zip(out, point[:3]):
-                part[i, :len(array)] = array
-        return np.asarray(self.steps, np.int64), out[0], out[1], out[2]
+        """``steps (n,), mean (n, width), lo, hi``; NaN where a point has no finite value."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(self._count > 0, self._sum / self._count, np.nan).astype(np.float32)
+        lo = np.where(self._count > 0, self._lo, np.nan)
+        hi = np.where(self._count > 0, self._hi, np.nan)
+        return self._steps.copy(), mean, lo, hi
 
     def column(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``steps, mean, lo, hi`` of one column (NaN where a row is shorter)."""
-        steps = np.asarray(self.steps, np.int64)
-        pick = [[(p[k][index] if index < len(p[k]) else np.nan) for p in self._points] for k in range(3)]
-        return steps, *(np.asarray(v, np.float32) for v in pick)
+        steps, mean, lo, hi = self.arrays()
+        if index >= mean.shape[1]:
+            empty = np.full(len(steps), np.nan, np.float32)
+            return steps, empty, empty, empty
+        return steps, mean[:, index], lo[:, index], hi[:, index]
 
 
-def _merge(a: tuple, b: tuple) -> tuple:
-    (ma, la, ha, ca), (mb, lb, hb, cb) = a, b
-    if len(ma) != len(mb):  # the later point has more sites: pad the earlier one
-        width = max(len(ma), len(mb))
-        ma, la, ha, mb, lb, hb = (np.pad(x, (0, width - len(x)), constant_values=np.nan)
-                                  for x in (ma, la, ha, mb, lb, hb))
-    with np.errstate(invalid="ignore"):
-        mean = np.where(np.isnan(ma), mb, np.where(np.isnan(mb), ma, (ma * ca + mb * cb) / (ca + cb)))
-        return mean.astype(np.float32), np.fmin(la, lb), np.fmax(ha, hb), ca + cb
+def _widen(array: np.ndarray, width: int, fill: float = 0.0) -> np.ndarray:
+    """``array`` (points, w) padded with ``fill`` to ``width`` columns."""
+    if array.shape[1] == width:
+        return array
+    return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=fill)
 
 
 @dataclass
@@ -332,12 +346,12 @@ class RunView:
 
     def _take(self, block: _Block) -> None:
         """Take in consecutive steps that recorded the same rows."""
-        for step, metrics in zip(block.steps, block.metrics):
-            for name, value in metrics.items():
-                history = self.metrics.get(name)
-                if history is None:
-                    history = self.metrics[name] = History(self.capacity, self.recent)
-                history.append(step, np.array([value]))
+        for name in dict.fromkeys(name for metrics in block.metrics for name in metrics):
+            logged = [(step, metrics[name]) for step, metrics in zip(block.steps, block.metrics) if name in metrics]
+            history = self.metrics.get(name)
+            if history is None:
+                history = self.metrics[name] = History(self.capacity, self.recent)
+            history.extend([step for step, _ in logged], np.array([[value] for _, value in logged], np.float32))
         if block.table is None:
             return
         n, table = len(block.steps), block.table
@@ -350,25 +364,25 @@ class RunView:
                 continue
             rows = np.full((n, len(self.sites[kind]), len(STATISTICS)), np.nan, np.float32)
             rows[:, targets[mine, 1]] = table[:, mine]
-            for step, row in zip(block.steps, rows.reshape(n, -1)):
-                self.stats[kind].append(step, row)
+            self.stats[kind].extend(block.steps, rows.reshape(n, -1))
         bad = np.argwhere((table[:, :, _STAT_INDEX["nan_count"]] > 0) | (table[:, :, _STAT_INDEX["inf_count"]] > 0))
         if len(bad):
             # the first ever, and the most recent the list keeps
             for r, i in ([bad[0]] if self._first_anomaly is None else []) + list(bad[-self.anomalies.maxlen:]):
                 self._note_anomaly(block.steps[r], block.keys[i], table[r, i])
-        for step, histograms in zip(block.steps, block.histograms):
-            if histograms is None:
+        recorded = [(step, h) for step, h in zip(block.steps, block.histograms) if h is not None]
+        if not recorded:
+            return
+        steps = [step for step, _ in recorded]
+        for i, (kind_index, site) in enumerate(targets):
+            if site < 0:
                 continue
-            lows, highs, counts = histograms
-            for i, (kind_index, site) in enumerate(targets):
-                if site < 0:
-                    continue
-                kept = self._histograms.get((KINDS[kind_index], int(site)))
-                if kept is None:
-                    kept = self._histograms[(KINDS[kind_index], int(site))] = History(
-                        self.histogram_capacity, self.histogram_capacity // 4, merge="last")
-                kept.append(step, (step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32)))
+            kept = self._histograms.get((KINDS[kind_index], int(site)))
+            if kept is None:
+                kept = self._histograms[(KINDS[kind_index], int(site))] = History(
+                    self.histogram_capacity, self.histogram_capacity // 4, merge="last")
+            kept.extend(steps, [(step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32))
+                                for step, (lows, highs, counts) in recorded])
 
     def _learn_sites(self, keys: tuple, numel: np.ndarray, table: np.ndarray, tensors: np.ndarray | None) -> None:
         """Name the call sites first seen in these rows (one step's). A site is its module, call,
