@@ -39,19 +39,20 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     assert sorted(set(rows.step)) == [1, 3, 5]
     assert list(metrics.step) == [1, 2, 3, 4, 5, 6]
     assert set(rows.module) == {"layers.0", "layers.1", "layers.2", "layers.3", "layers.4"}
-    long = live.metrics_long(metrics)
+    long = run.view.metrics_frame()
     assert list(long.metric.unique()) == ["accuracy", "loss"] and len(long) == 12  # in name order, as replayed
-    series, note = live.stat_series(rows, "grad_output", "norm", "layers.[01]")
-    assert set(series.site) == {"layers.0#0:out", "layers.1#0:out"} and note == "2 call sites"
+    series = run.view.site_series("grad_output", "norm", ["layers.0", "layers.1"])
     assert list(series.step.unique()) == [1, 3, 5]
-    latest = live.latest_table(rows)
-    assert set(latest.columns) == set(live.LATEST_COLUMNS) and len(latest) == len(rows[rows.step == 5])
+    want = rows[(rows.kind == "grad_output") & (rows.module == "layers.1")].norm
+    assert series[series.site == "layers.1"].value.tolist() == pytest.approx(want.tolist(), rel=1e-6)
+    latest = run.view.latest("activation")
+    assert latest.step.unique().tolist() == [5] and len(latest) == len(rows[(rows.step == 5) & (rows.kind == "activation")])
     # the stored run (under the manager's root) replays the same rows
     assert (manager.root.path / "r" / "run.sqlite").is_file()
     stored, message = live.replay(manager.root, "r")
     assert "6 steps stored" in message and "status: `finished`" in message
     pd.testing.assert_frame_equal(stored.to_pandas(), rows, check_exact=False, rtol=1e-12)
-    assert list(live.metrics_long(stored.metrics()).metric.unique()) == ["accuracy", "loss"]
+    assert list(live.RunView.from_run(stored).metrics_frame().metric.unique()) == ["accuracy", "loss"]
     table, names, _ = live.run_table(manager.root)
     assert list(table.run) == ["r"] and names == ["r"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
@@ -93,13 +94,7 @@ def test_bad_input_is_a_message(manager, kwargs, expected):
     assert run is None and expected in message and manager.runs() == []
 
 
-def test_stat_series_limits_lines_and_rejects_unknown_names(manager):
-    rows = pd.DataFrame({"step": [1] * 30, "module": [f"m{i}" for i in range(30)], "call": 0,
-                         "kind": "activation", "tensor": "out", "std": 1.0})
-    series, note = live.stat_series(rows, "activation", "std")
-    assert series.site.nunique() == live.SERIES_LIMIT and "first 24 of 30" in note
-    with pytest.raises(ValueError, match="statistic must be one of"):
-        live.stat_series(rows, "activation", "median")
+def test_replay_needs_a_run_under_the_root(manager):
     assert live.replay(manager.root, None)[0] is None
     assert "not a workbench run" in live.replay(manager.root, "nonexistent")[1]
 
@@ -110,9 +105,9 @@ def test_query_stream_runs_live_without_gradients(manager):
     assert "finished: step 4 of 4" in run.status() and "instrumentation error" not in run.status()
     rows, metrics = run.frames()
     assert set(rows.kind) == {"activation"}
-    long = live.metrics_long(metrics)
+    long = run.view.metrics_frame()
     assert {"map_size", "hit_rate", "new_keys", "rows_per_s", "index_errors"} <= set(long.metric)
-    series, _ = live.stat_series(rows, "activation", "max", "hash_to_int")
+    series = run.view.site_series("activation", "max", ["hash_to_int"])
     # the largest index handed out so far is the map size minus one, step by step
     assert list(series.value) == list(metrics.map_size - 1)
 
@@ -122,7 +117,7 @@ def test_ilql_runs_live_and_reports_rewards_every_n_steps(manager):
                                             "batch_size": "8"}, steps=3, every=1, modules="v.*")
     assert "finished: step 3 of 3" in run.status(), run.status()
     rows, metrics = run.frames()
-    long = live.metrics_long(metrics)
+    long = run.view.metrics_frame()
     assert {"q_loss", "v_loss", "mean_advantage"} <= set(long.metric)
     rewards = long[long.metric.isin(["policy_reward", "bc_reward", "behaviour_reward"])]
     assert list(rewards.step) == [3, 3, 3]  # evaluated once, at step 3; NaN steps are not plotted

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, KINDS, ROW_COLUMNS, TEXT_COLUMNS  # noqa: F401 (KINDS: read here by older code)
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, TEXT_COLUMNS
 from workbench.instrument.stats import MAX, MIN, SUMS, finish
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",

@@ -7,9 +7,8 @@ layer x step heatmap, NaN/Inf), as :mod:`workbench.ui.figures`' Plotly specs, so
 in proportion to the new steps and sends figures of bounded size however long the run.
 
 Handlers are plain functions over the core API (tested without a browser);
-:func:`layout` / :func:`wire` put them into the Gradio app. The frame functions
-(:func:`stat_series`, :func:`metrics_long`, :func:`latest_table`) are the Jupyter
-dashboard's (``workbench.ui.notebook.Dashboard``) until it moves to the view layer.
+:func:`layout` / :func:`wire` put them into the Gradio app. The Jupyter dashboard
+(``workbench.ui.notebook.Dashboard``) draws the same views.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ import pandas as pd
 import torch
 
 from workbench.experiments import create, get_experiment_spec, list_experiments
-from workbench.instrument import STAT_COLUMNS, Run, RunError
-from workbench.instrument.recorder import KINDS
+from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
@@ -41,15 +39,11 @@ from workbench.ui.views import RunView
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "metrics_long", "stat_series",
-           "latest_table", "anomaly_table", "runs_frame", "run_choices", "attach", "detach", "stop_run",
+__all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "runs_frame", "run_choices", "attach", "detach", "stop_run",
            "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache", "compare_runs",
            "export_run", "STATISTICS", "CSS", "layout", "wire"]
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
-LATEST_COLUMNS = ["module", "call", "kind", "tensor", "shape", "mean", "std", "abs_mean", "zero_frac", "nan_count",
-                  "inf_count"]
-SERIES_LIMIT = 24  # lines in one plot; more call sites than this are cut, with a note
 #: The run form's "record" choices and the watch() switch each one sets.
 RECORD_CHOICES = {"activations": "activations", "output gradients": "gradients", "parameters": "parameters",
                   "parameter gradients": "parameter_grads"}
@@ -281,67 +275,6 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must lie in [{low}, {high}], got {value}.")
     return value
-
-
-def metrics_long(metrics: pd.DataFrame) -> pd.DataFrame:
-    """``step, metric, value``: one line per metric, for a line plot."""
-    if metrics.empty or len(metrics.columns) <= 1:
-        return pd.DataFrame({"step": pd.Series(dtype="int64"), "metric": pd.Series(dtype=str),
-                             "value": pd.Series(dtype="float64")})
-    # metrics in name order: a live run holds them in the order they were logged, a stored one in
-    # name order, and the plot's colours follow the order; sorted, a run replays in its live colours
-    names = sorted(c for c in metrics.columns if c != "step")
-    return metrics[["step", *names]].melt(id_vars="step", var_name="metric", value_name="value").dropna()
-
-
-def _sites(rows: pd.DataFrame) -> pd.Series:
-    return rows.module.replace("", "(model)") + "#" + rows.call.astype(str) + ":" + rows.tensor
-
-
-def stat_series(rows: pd.DataFrame, kind: str, statistic: str, pattern: str = "*") -> tuple[pd.DataFrame, str]:
-    """``step, site, value`` of one statistic for the call sites matching ``pattern``, and a note.
-
-    A site is ``module#call:tensor``; at most :data:`SERIES_LIMIT` sites are kept
-    (in the order the model runs them) and the note says how many were left out.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-    empty = pd.DataFrame({"step": pd.Series(dtype="int64"), "site": pd.Series(dtype=str),
-                          "value": pd.Series(dtype="float64")})
-    if rows.empty:
-        return empty, "Nothing recorded yet."
-    pattern = (pattern or "*").strip() or "*"
-    chosen = rows[(rows.kind == kind) & rows.module.map(lambda m: fnmatch.fnmatchcase(m, pattern))]
-    if chosen.empty:
-        return empty, f"No {kind} rows for modules matching `{pattern}`."
-    series = pd.DataFrame({"step": chosen.step, "site": _sites(chosen), "value": chosen[statistic]})
-    order = list(dict.fromkeys(series.site))
-    note = f"{len(order)} call site" if len(order) == 1 else f"{len(order)} call sites"
-    if len(order) > SERIES_LIMIT:
-        note = f"showing the first {SERIES_LIMIT} of {len(order)} call sites; narrow the module filter"
-        series = series[series.site.isin(order[:SERIES_LIMIT])]
-    return series.reset_index(drop=True), note
-
-
-def latest_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the last recorded step, rounded for reading."""
-    if rows.empty:
-        return pd.DataFrame(columns=LATEST_COLUMNS)
-    last = rows[rows.step == rows.step.max()][LATEST_COLUMNS].round(5).reset_index(drop=True)
-    last["module"] = last.module.replace("", "(model)")
-    return last
-
-
-def anomaly_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows with NaN or Inf, first appearance first."""
-    columns = ["step", "module", "call", "kind", "tensor", "nan_count", "inf_count"]
-    if rows.empty:
-        return pd.DataFrame(columns=columns)
-    found = rows[(rows.nan_count > 0) | (rows.inf_count > 0)][columns].reset_index(drop=True)
-    found["module"] = found.module.replace("", "(model)")
-    return found
 
 
 # ---------------------------------------------------------------- pages and runs
