@@ -118,4 +118,5 @@ def test_dashboard_reports_refreshes_and_the_live_ratio():
     out = run_script("dashboard.py", "--quick")
     for name in ("activation_mlp", "efficientzero_dynamics"):
         assert re.search(rf"{name}\s+1000 steps: .* ms \(.*x\), .* KiB \(.*x\)", out), out
-    assert re.search(r"watch \+ live page / watch alone: \d+\.\d+x", out), out
+    assert re.search(r"watch \+ live page: \d+\.\d+x", out), out
+    assert re.search(r"watch \+ live page, delivered every step: \d+\.\d+x", out), out

@@ -89,3 +89,18 @@ def test_readers_in_other_threads_while_training_publishes():
         t.join()
     assert not errors
     assert recorder.records()[-1].step == 2000
+
+
+def test_a_subscriber_with_an_interval_gets_the_steps_gathered_and_flush_does_not_wait():
+    recorder = Recorder()
+    updates = []
+    sub = recorder.subscribe(lambda update: updates.append(update.steps), interval=30.0)
+    for step in range(1, 51):
+        recorder.publish(record(step))
+    assert sub.flush(timeout=10)  # delivers now: waiting out the 30 s interval, it would time out
+    assert [s for steps in updates for s in steps] == list(range(1, 51)) and len(updates) <= 2
+    recorder.publish(record(51))
+    sub.unsubscribe()  # what is queued is delivered first
+    assert updates[-1] == [51]
+    with pytest.raises(ValueError, match="interval must be a number of seconds >= 0, got -1"):
+        recorder.subscribe(print, interval=-1)

@@ -770,9 +770,10 @@ class Watch:
     def interventions(self) -> list[Intervention]:
         return [i for items in self._interventions.values() for i in items]
 
-    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000) -> Subscription:
+    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000,
+                  interval: float = 0.0) -> Subscription:
         """Receive each recorded step (an :class:`Update`) on a thread of its own; see ``Recorder.subscribe``."""
-        return self.recorder.subscribe(callback, max_pending)
+        return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""

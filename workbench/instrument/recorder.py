@@ -9,7 +9,9 @@ behind gets the pending records coalesced into one update; past its
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import traceback
 import warnings
 from collections import deque
@@ -128,11 +130,18 @@ class Update:
 
 
 class Subscription:
-    """A subscriber's queue and delivery thread. ``unsubscribe()`` (or ``remove()``) detaches it."""
+    """A subscriber's queue and delivery thread. ``unsubscribe()`` (or ``remove()``) detaches it.
 
-    def __init__(self, recorder: Recorder, callback: Callable[[Update], object], max_pending: int) -> None:
+    With an ``interval``, the thread gathers what arrives for that long before it delivers: a
+    training loop then wakes it once per interval, not once per step (each wake-up takes the
+    interpreter from the training thread for a moment, a cost that weighs on small, fast steps).
+    """
+
+    def __init__(self, recorder: Recorder, callback: Callable[[Update], object], max_pending: int,
+                 interval: float = 0.0) -> None:
         self.callback = callback
         self.max_pending = max_pending
+        self.interval = interval
         self.delivered = 0  # records handed to the callback
         self.dropped = 0  # records this subscriber missed, in total
         self.error: str | None = None
@@ -141,7 +150,11 @@ class Subscription:
         self._dropped_since = 0
         self._busy = False
         self._closed = False
-        self._cond = threading.Condition()
+        self._idle = False  # the thread waits for a first record
+        self._flushing = 0  # callers of flush() waiting: deliver without waiting out the interval
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)  # what the delivery thread waits on
+        self._done = threading.Condition(lock)  # what flush() waits on
         self._thread = threading.Thread(target=self._loop, name=f"workbench-subscriber-{id(self):x}", daemon=True)
         self._thread.start()
 
@@ -151,7 +164,7 @@ class Subscription:
 
     def offer(self, record: StepRecord) -> None:
         """Queue a record; never blocks beyond a short lock."""
-        with self._cond:
+        with self._work:
             if self._closed:
                 return
             self._pending.append(record)
@@ -159,14 +172,22 @@ class Subscription:
                 self._pending.popleft()
                 self._dropped_since += 1
                 self.dropped += 1
-            self._cond.notify()
+            if self._idle:
+                self._work.notify()
 
     def _loop(self) -> None:
         while True:
-            with self._cond:
+            with self._work:
                 while not self._pending and not self._closed:
-                    self._cond.wait()
+                    self._idle = True
+                    self._work.wait()
+                self._idle = False
+                if self.interval:
+                    deadline = time.monotonic() + self.interval
+                    while not (self._closed or self._flushing) and (left := deadline - time.monotonic()) > 0:
+                        self._work.wait(left)
                 if self._closed and not self._pending:
+                    self._done.notify_all()
                     return
                 update = Update(tuple(self._pending), self._dropped_since)
                 self._pending.clear()
@@ -178,27 +199,32 @@ class Subscription:
             except Exception:
                 self.error = traceback.format_exc()
                 self._recorder._subscriber_failed(self, self.error)
-                with self._cond:
+                with self._work:
                     self._closed = True
                     self._pending.clear()
                     self._busy = False
-                    self._cond.notify_all()
+                    self._done.notify_all()
                 return
-            with self._cond:
+            with self._work:
                 self._busy = False
-                self._cond.notify_all()
+                self._done.notify_all()
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until every queued record was delivered; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._closed or (not self._pending and not self._busy), timeout)
+        with self._work:
+            self._flushing += 1
+            self._work.notify()
+            try:
+                return self._done.wait_for(lambda: self._closed or (not self._pending and not self._busy), timeout)
+            finally:
+                self._flushing -= 1
 
     def unsubscribe(self, timeout: float | None = 10.0) -> None:
         """Stop receiving updates; records already queued are delivered first (waiting up to
         ``timeout`` seconds for them; None: until they are)."""
-        with self._cond:
+        with self._work:
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
         self._recorder._detach(self)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=timeout)
@@ -244,7 +270,8 @@ class Recorder:
         for subscription in subscriptions:
             subscription.offer(record)
 
-    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000) -> Subscription:
+    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000,
+                  interval: float = 0.0) -> Subscription:
         """Call ``callback(update)`` on a thread of its own for every published step.
 
         Args:
@@ -254,6 +281,10 @@ class Recorder:
                 subscriber is detached.
             max_pending: records kept for a subscriber that falls behind;
                 older ones are dropped and counted in ``Update.dropped``.
+            interval: seconds to gather records before each delivery (0: deliver
+                as they come). A display that redraws every second needs no
+                more than a few deliveries a second, and training then pays for
+                a few wake-ups of the subscriber's thread, not one per step.
 
         Returns:
             A :class:`Subscription`; call ``unsubscribe()`` to detach.
@@ -262,7 +293,10 @@ class Recorder:
             raise TypeError(f"subscribe() needs a callable, got {callback!r}.")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}.")
-        subscription = Subscription(self, callback, max_pending)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+                math.isfinite(interval) and interval >= 0):
+            raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}.")
+        subscription = Subscription(self, callback, max_pending, float(interval))
         with self._lock:
             self._subscriptions.append(subscription)
         return subscription

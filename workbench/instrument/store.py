@@ -208,9 +208,10 @@ class RunStore:
 
         return Transaction()
 
-    def attach(self, recorder: Recorder, max_pending: int = 10_000) -> Subscription:
-        """Write every record the recorder publishes from now on (on the subscriber's thread)."""
-        self._subscription = recorder.subscribe(self.write, max_pending=max_pending)
+    def attach(self, recorder: Recorder, max_pending: int = 10_000, interval: float = 0.1) -> Subscription:
+        """Write every record the recorder publishes from now on (on the subscriber's thread, which
+        gathers ``interval`` seconds of steps at a time; each step is still its own transaction)."""
+        self._subscription = recorder.subscribe(self.write, max_pending=max_pending, interval=interval)
         return self._subscription
 
     def write(self, update: Update | StepRecord) -> None:

@@ -35,7 +35,7 @@ from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
-from workbench.ui.views import RunView
+from workbench.ui.views import FEED_INTERVAL, RunView
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class LiveRun:
         self.view = RunView(label=self.label, total=steps)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
             self.watch.store.set_meta(total_steps=steps)
-        self._subscription = self.watch.subscribe(self.view.feed)
+        self._subscription = self.watch.subscribe(self.view.feed, interval=FEED_INTERVAL)
         self.error: str | None = None
         self.outcome: str | None = None
         self._stop = threading.Event()

@@ -275,6 +275,8 @@ class Dashboard:
     # ------------------------------------------------------------------ feeding
     def _follow(self, watch: Any) -> None:
         """Take in what the watch recorded so far and subscribe to what comes: every step once."""
+        from workbench.ui.views import FEED_INTERVAL
+
         seen = {"last": 0}
         lock = threading.Lock()
 
@@ -287,7 +289,7 @@ class Dashboard:
 
         with lock:
             if not watch.closed:
-                self._subscription = watch.subscribe(feed)
+                self._subscription = watch.subscribe(feed, interval=FEED_INTERVAL)
             earlier = watch.recorder.records()  # (what the stream delivered before we subscribed)
             if earlier:
                 self.view.feed(earlier)

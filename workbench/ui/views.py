@@ -41,7 +41,12 @@ import pandas as pd
 from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.stats import MAX, MIN, finish
 
-__all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES"]
+__all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
+
+#: Seconds a view's subscription gathers steps before it delivers them (``watch.subscribe(view.feed,
+#: interval=FEED_INTERVAL)``): pages redraw every second, and the training thread is then
+#: interrupted a few times a second, not once per step.
+FEED_INTERVAL = 0.1
 
 #: The statistics a view can plot, in the order of a history's row.
 STATISTICS = ("mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
