@@ -1,6 +1,7 @@
 """The run store: round trips, metadata, crash safety with a real SIGKILL, live reads, status, the writer's
 lock, write failures, read-only runs, errors, export."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -329,33 +330,45 @@ def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):
 
 READER = textwrap.dedent("""
     import os, sys, workbench
-    os.setgid(65534); os.setuid(65534)  # nobody: the run's directory is not writable
-    run = workbench.load_run(sys.argv[1])
-    print(run.status, len(run.steps), len(run.to_pandas()))
+    if os.geteuid() == 0:  # root writes anywhere: read as nobody, who cannot write the run's directory
+        os.setgid(65534); os.setuid(65534)
+    try:
+        run = workbench.load_run(sys.argv[1])
+        print(run.status, len(run.steps), len(run.to_pandas()))
+    except workbench.RunError as e:
+        print(e)
 """)
 
 
-def test_a_finished_run_in_a_read_only_directory_opens():
+@contextlib.contextmanager
+def read_only_run(steps, leftover_wal=False):
+    """A stored run in a directory its readers cannot write (mode 555, files 444); yields
+    ``(path, what a reader in another process prints)``."""
     root = tempfile.mkdtemp()
+    path = os.path.join(root, "run")
     try:
         os.chmod(root, 0o755)
-        path = os.path.join(root, "run")
-        small_run(path, steps=3)
-        expected = len(workbench.load_run(path).to_pandas())
+        small_run(path, steps=steps)
+        if leftover_wal:
+            with open(os.path.join(path, DB_NAME + "-wal"), "wb") as wal:
+                wal.write(b"\0" * 64)  # steps a killed writer left in its WAL
         for name in os.listdir(path):
             os.chmod(os.path.join(path, name), 0o444)
         os.chmod(path, 0o555)
-        if os.geteuid() == 0:  # root writes anywhere: read it as nobody
-            proc = subprocess.run([sys.executable, "-c", READER, path], capture_output=True, text=True, timeout=120)
-            assert proc.returncode == 0, proc.stderr
-            assert proc.stdout.split() == ["finished", "3", str(expected)]
-        else:
-            run = workbench.load_run(path)
-            assert (run.status, len(run.steps), len(run.to_pandas())) == ("finished", 3, expected)
+        proc = subprocess.run([sys.executable, "-c", READER, path], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        yield path, proc.stdout
     finally:
-        if os.path.isdir(os.path.join(root, "run")):
-            os.chmod(os.path.join(root, "run"), 0o755)
+        if os.path.isdir(path):
+            os.chmod(path, 0o755)
         shutil.rmtree(root)
+
+
+def test_a_finished_run_in_a_read_only_directory_opens():
+    with read_only_run(3) as (path, printed):
+        os.chmod(path, 0o755)
+        expected = len(workbench.load_run(path).to_pandas())
+        assert printed.split() == ["finished", "3", str(expected)]
 
 
 def test_compare_runs_wants_a_list(tmp_path):
@@ -382,19 +395,5 @@ def test_close_waits_for_the_writer_and_reads_failed_when_a_step_was_lost(tmp_pa
 
 
 def test_a_killed_run_on_read_only_media_says_to_copy_it():
-    root = tempfile.mkdtemp()
-    try:
-        os.chmod(root, 0o755)
-        path = os.path.join(root, "run")
-        small_run(path, steps=2)
-        with open(os.path.join(path, DB_NAME + "-wal"), "wb") as wal:
-            wal.write(b"\0" * 64)  # steps a killed writer left in its WAL
-        os.chmod(path, 0o555)
-        code = ("import os, sys, workbench\n"
-                "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
-                "try:\n    workbench.load_run(sys.argv[1]).steps\nexcept workbench.RunError as e:\n    print(e)")
-        proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
-        assert "Copy the run directory somewhere writable" in proc.stdout, proc.stderr
-    finally:
-        os.chmod(os.path.join(root, "run"), 0o755)
-        shutil.rmtree(root)
+    with read_only_run(2, leftover_wal=True) as (_, printed):
+        assert "Copy the run directory somewhere writable" in printed

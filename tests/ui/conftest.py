@@ -75,3 +75,22 @@ def page(browser, served_app):
     page.wait_for_selector("#model-list")
     yield page
     page.close()
+
+
+@pytest.fixture
+def nan_at_step_3(monkeypatch):
+    """activation_mlp's training puts a NaN into layers.2's weight before step 3 (its activation
+    there is where a NaN first appears); the app runs its experiments in this process."""
+    import torch
+
+    from workbench.experiments.activation_mlp import ActivationMLP
+
+    train_step = ActivationMLP.train_step
+
+    def poisoned(self):
+        if self.step_count == 2:
+            with torch.no_grad():
+                self.model.layers[2].weight[0, 0] = float("nan")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)

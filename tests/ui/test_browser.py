@@ -12,10 +12,8 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from playwright.sync_api import expect
 
-from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
 
 pytestmark = pytest.mark.browser
@@ -275,16 +273,7 @@ def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
     _screenshot(page, "dynamics_live.png", full_page=False)
 
 
-def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, monkeypatch):
-    train_step = ActivationMLP.train_step
-
-    def poisoned(self):
-        if self.step_count == 2:
-            with torch.no_grad():
-                self.model.layers[2].weight[0, 0] = float("nan")
-        return train_step(self)
-
-    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)  # (the app runs in this process)
+def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, nan_at_step_3):
     start(page, "activation_mlp", 6, histograms=True, width="8")
     expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
     banner = page.locator("#live-anomaly")

@@ -7,9 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
-from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
 from workbench.ui import figures, live
 from workbench.ui.views import RunView
@@ -139,16 +137,7 @@ def test_a_control_value_the_page_cannot_draw_is_a_message_in_that_view(manager,
     assert page.metric_choices == ["accuracy", "loss"]  # the other views are drawn
 
 
-def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, monkeypatch):
-    train_step = ActivationMLP.train_step
-
-    def poisoned(self):
-        if self.step_count == 2:
-            with torch.no_grad():
-                self.model.layers[2].weight[0, 0] = float("nan")
-        return train_step(self)
-
-    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)
+def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, nan_at_step_3):
     run, _ = live.start_run(manager, "activation_mlp", dict(TINY), 0, 5, 1, True, "*", "",
                             record=["activations", "output gradients"])
     run.join(60)
