@@ -197,3 +197,16 @@ def test_a_handler_that_fails_unexpectedly_answers_with_a_message_not_a_bare_err
     kept, message = guarded("lost")
     assert kept == "kept" and "Something went wrong" in message and "KeyError: 'lost'" in message
     assert "handler broken failed" in caplog.text  # the traceback goes to the server's log
+
+
+def test_a_run_whose_thread_cannot_start_is_a_message_and_leaves_nothing_open(manager, monkeypatch):
+    def refuse(self, on_done=None):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(live.LiveRun, "start", refuse)
+    run, message = live.start_run(manager, "activation_mlp", {}, 0, 5, 1, False, "*", "refused")
+    assert run is None and "can't start new thread" in message
+    monkeypatch.undo()
+    assert manager.runs() == []
+    stored = load_run(manager.root.path / "refused")
+    assert stored.status == "failed" and "could not start" in stored.metadata["error"]

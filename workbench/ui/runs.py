@@ -236,7 +236,13 @@ class RunManager:
         finally:
             with self._lock:
                 self._starting -= 1
-        run.start(on_done=self._finished)
+        try:
+            run.start(on_done=self._finished)
+        except BaseException as exc:  # (its thread could not start): its watch and store close, failed
+            with self._lock:
+                self._runs.pop(run_id, None)
+            run.watch.close("failed", f"the run's thread could not start: {exc!r}")
+            raise
         return run
 
     def _finished(self, run: LiveRun) -> None:
