@@ -3,11 +3,13 @@
     exp = workbench.experiments.create("activation_mlp", seed=0, activation="gelu")  # device="cuda" on a GPU
     for _ in range(100):
         metrics = exp.step()          # {"step": 1, "loss": ..., "accuracy": ...}
+    run = exp.start(500)              # a BackgroundRun: trains on a thread; pause(), resume(), stop()
 
 Importing this package registers the built-in experiments.
 """
 
 from workbench.experiments.base import (
+    BackgroundRun,
     Experiment,
     ExperimentSpec,
     create,
@@ -19,6 +21,7 @@ from workbench.experiments.base import (
 from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
 __all__ = [
+    "BackgroundRun",
     "Experiment",
     "ExperimentSpec",
     "create",
