@@ -29,6 +29,7 @@ the writer is gone without closing the run.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -233,7 +234,8 @@ class RunStore:
                 self._report(f"step {record.step} could not be written to {self.path / DB_NAME}: "
                              f"{type(exc).__name__}: {exc}")
                 if self.lost == 1:  # the run is failed already: later steps wait a second for a lock, not the timeout
-                    self._db.execute("PRAGMA busy_timeout = 1000")
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("PRAGMA busy_timeout = 1000")
 
     def _report(self, message: str) -> None:
         self.errors.append(message)

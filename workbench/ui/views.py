@@ -87,7 +87,7 @@ class History:
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (capacity, recent)) \
                 or not 2 <= recent < capacity / 2:
             raise ValueError(f"a view's history needs whole numbers with 2 <= recent < capacity / 2, got "
-                             f"capacity={capacity!r}, recent={recent!r} (histories: histogram_capacity >= 12).")
+                             f"capacity={capacity!r}, recent={recent!r} (a RunView: histogram_capacity >= 8).")
 
     def __len__(self) -> int:
         return len(self._steps)
