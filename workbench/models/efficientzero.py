@@ -333,8 +333,9 @@ class DynamicsNetwork(nn.Module):
             reward_hidden_state: (h, c), each (1, B, lstm_hidden_size).
 
         Returns:
-            ``(next_latent_state, next_reward_hidden_state, value_prefix)``:
-            (B, latent channels, H, W), ((1, B, L), (1, B, L)), (B, output_support_size).
+            (tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]): ``(next_latent_state,
+                next_reward_hidden_state, value_prefix)``:
+                (B, latent channels, H, W), ((1, B, L), (1, B, L)), (B, output_support_size).
         """
         self._check_inputs(state_action_encoding, reward_hidden_state)
         state_encoding = state_action_encoding[:, : -self.action_encoding_dim]  # (B, C_latent, H, W)

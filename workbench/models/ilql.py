@@ -481,10 +481,12 @@ class ILQL(nn.Module):
             state_idxs: (B, S) positions whose hidden state is a state (V is read there).
             action_idxs: (B, A) positions whose hidden state chooses the next token (Q is read there).
             attn_mask: (B, T), 1 for real tokens.
-            prefix_embs, prefix_attn_mask, remove_prefix_position_embs: see :meth:`GPT.forward`.
-            qv_kwargs, policy_kwargs, target_kwargs: keyword arguments of
-                :meth:`GPT.forward` that replace the shared ones for the value
-                trunk, the policy and the target trunk.
+            prefix_embs: (B, P, n_embd) embeddings put before the tokens; see `GPT.forward`.
+            prefix_attn_mask: (B, P), 1 for real prefix positions.
+            remove_prefix_position_embs: leave position embeddings off the prefix.
+            qv_kwargs: keyword arguments of `GPT.forward` that replace the shared ones for the value trunk.
+            policy_kwargs: the same for the policy.
+            target_kwargs: the same for the target trunk.
             skip_policy_on_train: in training mode, skip the policy (``logits`` None).
             detach_full_policy: run the policy without gradients.
 
@@ -652,7 +654,11 @@ class ILQL(nn.Module):
 
         Args:
             batch: ``tokens``, ``attn_mask``, ``state_idxs``, ``action_idxs``, ``rewards``, ``terminals``.
-            awac_weight, v_loss_weight, q_loss_weight, cql_loss_weight, dm_loss_weight: term weights.
+            awac_weight: weight of the AWAC (advantage-weighted token) loss.
+            v_loss_weight: weight of the expectile V loss.
+            q_loss_weight: weight of the Q regression loss.
+            cql_loss_weight: weight of the conservative (CQL) loss.
+            dm_loss_weight: weight of the distribution-matching margin loss.
             mc_returns: regress V on the discounted return-to-go instead of the target Q.
 
         Returns:

@@ -166,7 +166,9 @@ class Dashboard:
             ``Experiment`` (its run in the background, else its open watch), a ``Watch`` or a
             stored ``Run``.
         interval: seconds between checks for new steps (> 0).
-        kind, statistic: what the per-site figure and the heatmap show first.
+        kind: the kind (``activation``, ``grad_output``, ``param``, ``param_grad``) the per-site
+            figure and the heatmap show first.
+        statistic: the statistic they show first (a column of ``workbench.ui.views.STATISTICS``).
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: metrics on a log scale.
     """
