@@ -1,0 +1,417 @@
+"""Checkpoints from elsewhere: LightZero's EfficientZero dynamics network and AgileRL-layout ILQL agents.
+
+Read safely, check strictly, then build::
+
+    from workbench import checkpoints
+    ckpt = checkpoints.load_checkpoint("efficientzero.pth.tar")   # size-checked, weights_only=True
+    model = checkpoints.build_model(ckpt)                        # a DynamicsNetwork with those weights
+    checkpoints.load_weights(experiment.model, ckpt)             # or into a model you built: strict
+
+What is accepted:
+
+- **LightZero, dynamics network**: its ``state_dict`` (keys ``conv.weight``, ``resblocks.0.conv1.0.weight``,
+  ``lstm.weight_ih_l0``, ``fc_reward_head.0.weight`` ...); LightZero's saved dict with the model's
+  state under ``"model"`` (DI-engine's ``{"model": ..., "target_model": ..., "optimizer": ...}``); or the
+  state of a whole EfficientZero model, whose dynamics network's keys start ``dynamics_network.``
+  (taken out, the rest left). A ``module.`` (DataParallel) or ``_orig_mod.`` (torch.compile) prefix is
+  taken off.
+- **AgileRL-layout ILQL**: the dict :meth:`workbench.models.ilql.ILQL.save_checkpoint` writes
+  (``net_config``, ``hyperparameters``, ``network``, ``optimizer`` ...).
+- **Any other** ``state_dict`` (a dict of tensors): loadable into a model of the same layout
+  with :func:`load_weights`.
+
+Safety: the file's size is checked against ``max_bytes`` before a byte is read, and it is read
+with ``torch.load(weights_only=True)``: tensors and plain containers only, so a pickle carrying code
+is refused without running it. Every mismatch of keys and shapes is reported as a readable diff
+(:class:`StateDictDiff`) before any weight is copied.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["DEFAULT_MAX_BYTES", "CheckpointError", "Checkpoint", "StateDictDiff", "read_checkpoint",
+           "load_checkpoint", "state_dict_diff", "dynamics_config", "build_model", "load_weights",
+           "example_outputs"]
+
+#: The largest checkpoint file read by default (256 MiB; LightZero's Atari dynamics network is ~3 MB).
+DEFAULT_MAX_BYTES = 256 * 2**20
+
+LIGHTZERO = "lightzero_dynamics"
+AGILERL_ILQL = "agilerl_ilql"
+STATE_DICT = "state_dict"
+_ILQL_FORMAT = "workbench.ILQL"  # (workbench.models.ilql's checkpoint marker)
+_PREFIXES = ("module.", "_orig_mod.")
+_DYNAMICS = "dynamics_network."
+# keys every LightZero DynamicsNetwork state has, whatever its config
+_DYNAMICS_KEYS = ("conv.weight", "conv1x1_reward.weight", "lstm.weight_ih_l0", "lstm.weight_hh_l0")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: too large, not a torch file, damaged, unsafe, or of another layout."""
+
+
+@dataclass
+class StateDictDiff:
+    """How a checkpoint's state differs from a model's: keys only one side has, and shapes that differ."""
+
+    missing: list[str] = field(default_factory=list)  # the model has them, the checkpoint not
+    unexpected: list[str] = field(default_factory=list)  # the checkpoint has them, the model not
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # (key, checkpoint's, model's)
+    not_tensors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched or self.not_tensors)
+
+    def text(self, limit: int = 8) -> str:
+        """The diff, one kind of difference per paragraph, each listing up to ``limit`` keys."""
+        def listed(keys: list[str]) -> str:
+            more = f", ... ({len(keys) - limit} more)" if len(keys) > limit else ""
+            return ", ".join(keys[:limit]) + more
+
+        parts = []
+        if self.missing:
+            parts.append(f"missing ({len(self.missing)} key(s) the model has and the checkpoint lacks): "
+                         f"{listed(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected ({len(self.unexpected)} key(s) the checkpoint has and the model lacks): "
+                         f"{listed(self.unexpected)}")
+        if self.mismatched:
+            shown = [f"{k} checkpoint {tuple(g)} vs model {tuple(w)}" for k, g, w in self.mismatched]
+            parts.append(f"mis-shaped ({len(self.mismatched)}): {listed(shown)}")
+        if self.not_tensors:
+            parts.append(f"not tensors ({len(self.not_tensors)}): {listed(self.not_tensors)}")
+        return "\n".join(parts) if parts else "keys and shapes match"
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read by :func:`load_checkpoint`.
+
+    Attributes:
+        kind: ``"lightzero_dynamics"``, ``"agilerl_ilql"`` or ``"state_dict"``.
+        layout: how the file held it, in words.
+        state_dict: the weights (for ILQL, the agent's ``network`` state).
+        path: the file.
+        extra: for ILQL, its ``net_config`` and ``hyperparameters``; for a whole EfficientZero
+            model, ``other_keys``: how many keys of its other networks were left.
+    """
+
+    kind: str
+    layout: str
+    state_dict: dict[str, torch.Tensor]
+    path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parameters(self) -> int:
+        return sum(t.numel() for t in self.state_dict.values() if isinstance(t, torch.Tensor))
+
+    def describe(self) -> str:
+        """One paragraph: what was found, how many tensors and numbers."""
+        what = {LIGHTZERO: "LightZero EfficientZero dynamics network", AGILERL_ILQL: "AgileRL-layout ILQL agent",
+                STATE_DICT: "state_dict"}[self.kind]
+        return (f"{what} ({self.layout}): {len(self.state_dict)} tensors, {self.parameters:,} numbers, "
+                f"read from {self.path.name}")
+
+
+def _size_text(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """What a checkpoint file holds, read with ``torch.load(weights_only=True)`` on the CPU.
+
+    Raises:
+        CheckpointError: no such file, larger than ``max_bytes`` (checked before reading), or not
+            a torch file / damaged / truncated, or holding Python objects other than tensors and plain
+            containers (such a file is refused unread: nothing in it runs).
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive int (the largest file to read), got {max_bytes!r}.")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a checkpoint is read from a file path (str or Path), got {type(path).__name__}.")
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointError(f"No checkpoint file at {str(path)!r}.") from None
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read {str(path)!r}: {exc}.") from None
+    if not path.is_file():
+        raise CheckpointError(f"{str(path)!r} is not a file; pass a checkpoint file (.pt, .pth, .tar).")
+    name = repr(path.name)
+    if size > max_bytes:
+        raise CheckpointError(f"{name} is {_size_text(size)}, over the limit of {_size_text(max_bytes)} for a "
+                              f"checkpoint; nothing was read. Pass max_bytes={size} (or more) to read it anyway.")
+    if size == 0:
+        raise CheckpointError(f"{name} is empty (0 bytes); it is not a checkpoint.")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read {name}: {exc}.") from None
+    # torch.save writes a zip archive; torch's legacy format and a bare pickle start with PROTO (0x80, 2..5)
+    if head[:4] != b"PK\x03\x04" and not (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+        raise CheckpointError(f"{name} is not a torch checkpoint: it is neither torch.save's zip format nor a pickle "
+                              f"(it starts with bytes {head.hex(' ')}). Save one with torch.save(model.state_dict(), "
+                              "path).")
+    try:
+        with warnings.catch_warnings():  # (torch warns of pickle protocols it was not written with)
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        message = str(exc)
+        if "Weights only load failed" in message or "weights_only" in message.lower():
+            lines = [line.strip() for line in message.splitlines()]
+            found = next((line for line in lines if "GLOBAL" in line or "global" in line), "")
+            opcode = next((line for line in lines if "Unsupported operand" in line), "")
+            what = (f"Python objects other than tensors and plain containers ({found[:160]})" if found else
+                    f"pickle instructions a weights-only load does not accept ({opcode[:80]})" if opcode else
+                    "something other than tensors and plain containers")
+            raise CheckpointError(
+                f"{name} holds {what}; it was refused unread (torch.load(weights_only=True)) and nothing in it "
+                "ran. Save the weights alone with torch.save(model.state_dict(), path).") from None
+        detail = message.strip().split(". ")[0][:200] if message.strip() else type(exc).__name__
+        raise CheckpointError(f"{name} is not a readable torch checkpoint: it is damaged or truncated "
+                              f"({type(exc).__name__}: {detail}). Save it again with torch.save(...).") from None
+
+
+def _strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    for prefix in _PREFIXES:
+        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def _is_state_dict(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(k, str) for k in value) \
+        and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
+def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Checkpoint:
+    """Read a checkpoint (see :func:`read_checkpoint`) and find its layout (see the module's docstring).
+
+    Raises:
+        CheckpointError: as :func:`read_checkpoint`; or the file holds no state_dict in a layout this
+            reads (the message says what it found and what is accepted).
+    """
+    obj = read_checkpoint(path, max_bytes)
+    path = Path(path)
+    name = repr(path.name)
+    if isinstance(obj, dict) and obj.get("format") == _ILQL_FORMAT:
+        network = obj.get("network")
+        if not _is_state_dict(network) or not isinstance(obj.get("net_config"), dict):
+            raise CheckpointError(f"{name} is marked an ILQL checkpoint but its 'network' is not a dict of tensors "
+                                  "or it has no 'net_config': it is damaged or incomplete.")
+        return Checkpoint(AGILERL_ILQL, "ILQL.save_checkpoint's dict", dict(network), path,
+                          {"net_config": obj["net_config"], "hyperparameters": obj.get("hyperparameters", {})})
+    layout, state = "a state_dict", obj
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        layout, state = "LightZero's saved dict, the model under 'model'", obj["model"]
+    elif isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        layout, state = "a dict with the model under 'state_dict'", obj["state_dict"]
+    if not _is_state_dict(state):
+        found = (f"a dict with keys {list(obj)[:8]}" if isinstance(obj, dict) else type(obj).__name__)
+        raise CheckpointError(
+            f"{name} holds {found}, not model weights. Accepted: a state_dict (a dict of tensors), LightZero's "
+            "saved dict with the model under 'model', or an ILQL checkpoint from ILQL.save_checkpoint().")
+    state = _strip_prefixes(dict(state))
+    dynamics = {k[len(_DYNAMICS):]: v for k, v in state.items() if k.startswith(_DYNAMICS)}
+    if dynamics:
+        extra = {"other_keys": len(state) - len(dynamics)}
+        return Checkpoint(LIGHTZERO, f"{layout} of a whole EfficientZero model; its {len(dynamics)} "
+                          f"dynamics_network.* keys taken out ({extra['other_keys']} others left)", dynamics, path,
+                          extra)
+    if all(k in state for k in _DYNAMICS_KEYS):
+        return Checkpoint(LIGHTZERO, layout, state, path)
+    return Checkpoint(STATE_DICT, layout, state, path)
+
+
+def state_dict_diff(expected: Mapping[str, Any], given: Mapping[str, Any]) -> StateDictDiff:
+    """Compare ``given`` (a checkpoint's state) with ``expected`` (a model's ``state_dict()``, or key ->
+    shape): keys missing, keys unexpected, shapes that differ, values that are not tensors."""
+    def shape(value: Any) -> tuple:
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(value)
+
+    diff = StateDictDiff()
+    diff.missing = [k for k in expected if k not in given]
+    diff.unexpected = [k for k in given if k not in expected]
+    for key, want in expected.items():
+        if key not in given:
+            continue
+        got = given[key]
+        if not isinstance(got, torch.Tensor):
+            diff.not_tensors.append(key)
+        elif tuple(got.shape) != shape(want):
+            diff.mismatched.append((key, tuple(got.shape), shape(want)))
+    return diff
+
+
+def dynamics_config(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The ``DynamicsNetwork`` arguments a LightZero dynamics state was made with, read off its shapes.
+
+    The latent's height and width are not in the weights but in the LSTM's input size
+    (``reward_head_channels x H x W``); with BatchNorm they are taken square (with LayerNorm the norms'
+    shapes give them).
+
+    Raises:
+        CheckpointError: a key it needs is missing, or the shapes contradict each other.
+    """
+    def need(key: str, dims: int) -> tuple[int, ...]:
+        value = state.get(key)
+        if not isinstance(value, torch.Tensor) or value.dim() != dims:
+            got = "missing" if value is None else f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) \
+                else type(value).__name__
+            raise CheckpointError(f"not a LightZero DynamicsNetwork state: {key!r} should be a {dims}-d tensor, "
+                                  f"is {got}.")
+        return tuple(value.shape)
+
+    latent, channels = need("conv.weight", 4)[:2]
+    head = need("conv1x1_reward.weight", 4)[0]
+    lstm_in = need("lstm.weight_ih_l0", 2)[1]
+    lstm_hidden = need("lstm.weight_hh_l0", 2)[1]
+    blocks = len({m[1] for k in state if (m := re.match(r"resblocks\.(\d+)\.", k))})
+    heads = sorted({int(m[1]) for k, v in state.items()  # the Linear layers (2-d weights; norms' are 1-d)
+                    if (m := re.match(r"fc_reward_head\.(\d+)\.weight$", k)) and getattr(v, "ndim", 0) == 2})
+    if not heads:
+        raise CheckpointError("not a LightZero DynamicsNetwork state: it has no fc_reward_head.*.weight keys.")
+    support = need(f"fc_reward_head.{heads[-1]}.weight", 2)[0]
+    hidden = need("fc_reward_head.0.weight", 2)[0] if len(heads) > 1 else None
+    norm_type = "BN" if "norm_common.running_mean" in state else "LN"
+    if norm_type == "LN":
+        hw = need("norm_common.weight", 3)[1:]
+    else:
+        side = math.isqrt(lstm_in // head) if lstm_in % head == 0 else 0
+        if side * side * head != lstm_in:
+            raise CheckpointError(f"not a LightZero DynamicsNetwork state: the LSTM's input size {lstm_in} is not "
+                                  f"reward_head_channels ({head}) x H x W with a square latent.")
+        hw = (side, side)
+    return dict(observation_shape=[latent, *hw], action_encoding_dim=channels - latent, num_res_blocks=blocks,
+                num_channels=channels, reward_head_channels=head,
+                fc_reward_layers=[hidden if hidden is not None else 32] * max(1, len(heads) - 1),
+                output_support_size=support, flatten_output_size_for_reward_head=lstm_in,
+                lstm_hidden_size=lstm_hidden, norm_type=norm_type)
+
+
+def _dynamics_hint(state: Mapping[str, torch.Tensor]) -> str:
+    """The efficientzero_dynamics experiment's settings that fit a LightZero state (for a message)."""
+    try:
+        c = dynamics_config(state)
+    except CheckpointError:
+        return ""
+    settings = {"latent_channels": c["observation_shape"][0], "actions": c["action_encoding_dim"],
+                "spatial": c["observation_shape"][1], "num_res_blocks": c["num_res_blocks"],
+                "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
+                "fc_reward_layers": c["fc_reward_layers"]}
+    text = ", ".join(f"{k}={v}" for k, v in settings.items())
+    note = "" if c["reward_head_channels"] == 8 and c["norm_type"] == "BN" else (
+        f" (its reward head has {c['reward_head_channels']} channels and {c['norm_type']} norms; the experiment's has "
+        "8 and BN, so it can be inspected but not trained there)")
+    return f"The checkpoint's network has {text}{note}."
+
+
+def _ilql_hint(extra: dict[str, Any]) -> str:
+    c = extra.get("net_config") or {}
+    keys = [k for k in ("n_layer", "n_embd", "n_head", "block_size") if k in c]
+    return f"The checkpoint's net_config has {', '.join(f'{k}={c[k]}' for k in keys)}." if keys else ""
+
+
+def hint(checkpoint: Checkpoint) -> str:
+    """What settings a model needs to take ``checkpoint`` ('' when it cannot tell)."""
+    if checkpoint.kind == LIGHTZERO:
+        return _dynamics_hint(checkpoint.state_dict)
+    if checkpoint.kind == AGILERL_ILQL:
+        return _ilql_hint(checkpoint.extra)
+    return ""
+
+
+def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
+    """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
+    the model's shape (dtypes are cast as ``load_state_dict`` does). Nothing is copied unless all match.
+
+    Returns:
+        The (empty) diff.
+
+    Raises:
+        CheckpointError: the diff, readable, with the settings the checkpoint's network has where
+            they can be read off it.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"load_weights needs a torch.nn.Module, got {type(model).__name__}.")
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = load_checkpoint(checkpoint, max_bytes)
+    expected = model.state_dict()
+    diff = state_dict_diff(expected, checkpoint.state_dict)
+    if not diff.ok:
+        raise CheckpointError(f"{checkpoint.path.name!r} ({checkpoint.describe()}) does not fit "
+                              f"{type(model).__name__}:\n{diff.text()}\n{hint(checkpoint)}".rstrip())
+    try:
+        model.load_state_dict(checkpoint.state_dict, strict=True)
+    except RuntimeError as exc:  # (a dtype that cannot be cast)
+        raise CheckpointError(f"{checkpoint.path.name!r} does not load into {type(model).__name__}: "
+                              f"{str(exc).splitlines()[0][:300]}") from None
+    return diff
+
+
+def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:
+    """The model a LightZero dynamics or ILQL checkpoint describes, built with its weights; returns it and
+    the registered model name whose example inputs and objective fit it.
+
+    Raises:
+        CheckpointError: a plain state_dict of another architecture (it names no model to build:
+            load it into one with :func:`load_weights`), or shapes that contradict each other.
+    """
+    from workbench.models.efficientzero import DynamicsNetwork
+    from workbench.registry import create_model
+
+    if checkpoint.kind == LIGHTZERO:
+        config = dynamics_config(checkpoint.state_dict)
+        try:
+            with torch.device("meta"):
+                DynamicsNetwork(**config)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{checkpoint.path.name!r}: its shapes make no DynamicsNetwork ({exc}).") from None
+        model = DynamicsNetwork(**config, last_linear_layer_init_zero=False)
+        load_weights(model, checkpoint)
+        return model.eval(), "efficientzero_dynamics"
+    if checkpoint.kind == AGILERL_ILQL:
+        c = checkpoint.extra["net_config"]
+        hyper = checkpoint.extra.get("hyperparameters") or {}
+        try:
+            model = create_model("ilql", n_layer=c["n_layer"], n_embd=c["n_embd"], n_head=c["n_head"],
+                                 block_size=c["block_size"], dropout=float(c["dropout"]),
+                                 activation=str(c["activation"]).lower(),
+                                 double_q=bool(hyper.get("double_q", True)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{checkpoint.path.name!r}: its net_config builds no ILQL agent here "
+                                  f"({type(exc).__name__}: {exc}).") from None
+        load_weights(model, checkpoint)
+        return model.eval(), "ilql"
+    raise CheckpointError(f"{checkpoint.path.name!r} is a plain state_dict ({len(checkpoint.state_dict)} tensors, "
+                          f"first keys {list(checkpoint.state_dict)[:4]}): not a LightZero dynamics network nor an "
+                          "ILQL checkpoint, so it names no model to build. Load it into a model of its "
+                          "layout with checkpoints.load_weights(model, path).")
+
+
+def example_outputs(model: nn.Module, spec_name: str, batch_size: int = 2, seed: int = 0) -> tuple[Any, Any]:
+    """``(inputs, outputs)`` of ``model`` on its registered example inputs (no gradients)."""
+    from workbench.registry import get_spec
+
+    spec = get_spec(spec_name)
+    generator = torch.Generator().manual_seed(seed)
+    args, kwargs = spec.example_inputs(model, batch_size, generator)
+    with torch.no_grad():
+        return (args, kwargs), model(*args, **kwargs)
