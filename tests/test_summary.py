@@ -28,9 +28,10 @@ def test_rows_params_and_shapes():
     assert rows.loc["", "params"] == (3 * 4 + 4) + (4 * 5 + 5) + 2
     assert rows.loc["block", "params"] == 4 * 5 + 5
     assert rows.loc["fc1", "output"] == "(6, 4)"
-    # the shared ReLU ran twice with two shapes; both of its paths say so
-    assert rows.loc["act", "output"] == "(6, 4); (6, 5)"
-    assert rows.loc["act", "calls"] == 2 and rows.loc["block.1", "calls"] == 2
+    # the shared ReLU ran twice: once as `act` (from forward), once as `block.1` (from the Sequential);
+    # each path lists only the call made through it
+    assert rows.loc["act", "output"] == "(6, 4)" and rows.loc["block.1", "output"] == "(6, 5)"
+    assert rows.loc["act", "calls"] == 1 and rows.loc["block.1", "calls"] == 1
     assert rows.loc["unused", "output"] == "not called"
     assert rows.loc["block.0", "depth"] == 2
 
@@ -54,3 +55,34 @@ def test_describe_shape_of_structures():
     assert describe_shape(t(2, 3)) == "(2, 3)"
     assert describe_shape((t(2), (t(1, 2, 8), t(1, 2, 8)))) == "((2), ((1, 2, 8), (1, 2, 8)))"
     assert describe_shape({"v": t(2, 1), "n": 3}) == "{v: (2, 1), n: int}"
+
+
+class CalledTwice(nn.Module):
+    """One activation object called twice through the same path, and once through another."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.act = nn.ReLU()
+        self.head = nn.Sequential(nn.Linear(4, 2), self.act)
+
+    def forward(self, x):
+        return self.head(self.act(self.act(self.fc(x))[:, :4]))
+
+
+def test_per_call_rows_give_each_call_its_own_shape():
+    df = summarize(CalledTwice(), ((torch.randn(5, 3),), {}), per_call=True)
+    assert list(df.columns) == ["module", "call", "depth", "type", "params", "trainable", "calls", "output"]
+    act = df[df.module == "act"]
+    assert list(act.call) == [0, 1] and list(act.output) == ["(5, 4)", "(5, 4)"] and set(act.calls) == {2}
+    assert df[df.module == "head.1"].output.tolist() == ["(5, 2)"]
+    # the default form: one row per path, the calls through it counted
+    rows = summarize(CalledTwice(), ((torch.randn(5, 3),), {})).set_index("module")
+    assert rows.loc["act", "output"] == "(5, 4) ×2" and rows.loc["head.1", "output"] == "(5, 2)"
+
+
+def test_per_call_must_be_a_bool():
+    import pytest
+
+    with pytest.raises(TypeError, match="per_call must be True or False, got 'yes'"):
+        summarize(nn.Linear(2, 3), per_call="yes")

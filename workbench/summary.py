@@ -3,8 +3,10 @@
 ``summarize(model, inputs)`` runs one forward pass with temporary forward
 hooks (removed in ``finally``, also when the forward raises) and returns one
 row per submodule: its path, type, parameter counts and the shape of what it
-returned. A module called several times in the pass (a shared activation)
-lists each distinct shape with its call count.
+returned. Each call is credited to the path it was made through (the module
+that was running when it was called owns it): a shared activation object that
+sits at several paths lists, at each path, only the calls made there.
+``summarize(model, inputs, per_call=True)`` gives one row per call.
 """
 
 from __future__ import annotations
@@ -40,39 +42,67 @@ def _count(params) -> int:
     return sum(p.numel() for p in params)
 
 
-def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> pd.DataFrame:
+def _resolve(candidates: list[str], parent: str | None, used: set[str]) -> str:
+    """The path through which a module reachable at ``candidates`` was called from the module
+    running at ``parent`` (None: no module is running).
+
+    Its child there if it is one: the first such child not yet called in this call of the
+    parent (a Sequential holding one object at two indices calls it once at each), else the
+    first; failing that, the shortest path under ``parent``; else the first path.
+    """
+    if parent is None:
+        return "" if "" in candidates else candidates[0]
+    prefix = parent + "." if parent else ""
+    children = [c for c in candidates if c.startswith(prefix) and "." not in c[len(prefix):]]
+    if children:
+        return next((c for c in children if c not in used), children[0])
+    below = [c for c in candidates if c.startswith(prefix)]
+    return min(below, key=len) if below else candidates[0]
+
+
+def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+              per_call: bool = False) -> pd.DataFrame:
     """One row per submodule (the root first), in registration order.
 
     Args:
         model: any module.
         inputs: ``(args, kwargs)`` for one forward pass; without them the
             ``output`` column is empty.
+        per_call: one row per call instead: a path called ``k > 1`` times in
+            the pass gets ``k`` rows (``call`` 0 to k-1), each with its own
+            output shape.
 
     Returns:
         A DataFrame with columns ``module`` (dotted path, ``""`` for the
         root), ``depth``, ``type``, ``params`` (all parameters below, each
-        counted once), ``trainable``, ``calls`` (in the forward pass) and
-        ``output`` (shape, or shapes with call counts).
+        counted once), ``trainable``, ``calls`` (through this path, in the
+        forward pass) and ``output`` (shape, or shapes with call counts); with
+        ``per_call``, a ``call`` column after ``module`` and one shape each.
     """
-    shapes: dict[str, dict[str, int]] = defaultdict(dict)
-    calls: dict[str, int] = defaultdict(int)
+    if not isinstance(per_call, bool):
+        raise TypeError(f"summarize: per_call must be True or False, got {per_call!r}.")
+    outputs: dict[str, list[str]] = defaultdict(list)  # path -> the shape of each call made through it
     handles = []
-    names = {}
+    names: dict[int, list[str]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         names.setdefault(id(module), []).append(name)
+    # the calls in progress, innermost last: (path, the paths of the children it has called)
+    running: list[tuple[str, set[str]]] = []
 
-    def make_hook(module_id: int):
-        def hook(module, args, output):
-            # One object may sit at several paths; the pass cannot tell which was used.
-            for name in names[module_id]:
-                calls[name] += 1
-                desc = describe_shape(output)
-                shapes[name][desc] = shapes[name].get(desc, 0) + 1
-        return hook
+    def pre_hook(module, args):
+        parent, used = running[-1] if running else (None, set())
+        path = _resolve(names[id(module)], parent, used)
+        used.add(path)
+        running.append((path, set()))
+
+    def hook(module, args, output):
+        path = running.pop()[0] if running else _resolve(names[id(module)], None, set())
+        outputs[path].append(describe_shape(output))
 
     try:
         for module in model.modules():  # each object once, however many paths reach it
-            handles.append(module.register_forward_hook(make_hook(id(module))))
+            handles.append(module.register_forward_pre_hook(pre_hook))
+            handles.append(module.register_forward_hook(hook, always_call=True))
         if inputs is not None:
             args, kwargs = inputs
             with torch.no_grad():
@@ -83,20 +113,30 @@ def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] |
 
     rows = []
     for name, module in model.named_modules(remove_duplicate=False):
-        seen = shapes.get(name, {})
-        if inputs is None:
-            output = ""
-        elif not seen:
-            output = "not called"
-        else:
-            output = "; ".join(s if n == 1 else f"{s} ×{n}" for s, n in seen.items())
-        rows.append({
+        seen = outputs.get(name, [])
+        row = {
             "module": name,
             "depth": 0 if name == "" else name.count(".") + 1,
             "type": type(module).__name__,
             "params": _count(module.parameters()),
             "trainable": _count(p for p in module.parameters() if p.requires_grad),
-            "calls": calls.get(name, 0),
-            "output": output,
-        })
-    return pd.DataFrame(rows, columns=["module", "depth", "type", "params", "trainable", "calls", "output"])
+            "calls": len(seen),
+        }
+        if per_call and len(seen) > 1:
+            rows.extend({**row, "call": i, "output": shape} for i, shape in enumerate(seen))
+            continue
+        if inputs is None:
+            output = ""
+        elif not seen:
+            output = "not called"
+        else:
+            counted: dict[str, int] = {}
+            for shape in seen:
+                counted[shape] = counted.get(shape, 0) + 1
+            output = "; ".join(s if n == 1 else f"{s} ×{n}" for s, n in counted.items())
+        rows.append({**row, "call": 0 if seen else None, "output": output})
+    columns = ["module", "depth", "type", "params", "trainable", "calls", "output"]
+    if per_call:
+        columns.insert(1, "call")
+        return pd.DataFrame(rows, columns=columns).astype({"call": "Int64"})
+    return pd.DataFrame(rows, columns=columns)

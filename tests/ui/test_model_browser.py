@@ -131,8 +131,14 @@ def test_dynamics_network_builds_from_its_form():
     rows = result.tree.set_index("path")
     assert rows.loc["", "output"] == "((3, 16, 6, 6), ((1, 3, 64), (1, 3, 64)), (3, 21))"
     assert rows.loc["norm_common", "type"] == "LayerNorm"
-    # the shared activation object runs at many call sites in one pass
-    assert "×" in rows.loc["activation", "output"]
+    # the shared activation object runs at many call sites in one pass: a row per call, each with
+    # the shape of what that call returned (not every shape the object returned, at every path)
+    assert [rows.loc[f"activation#{k}", "output"] for k in range(3)] == ["(3, 16, 6, 6)", "(3, 8, 6, 6)", "(3, 64)"]
+    assert rows.loc["resblocks.0.act", "output"] == "(3, 16, 6, 6)"
+    # the reward head (Linear, LN, act, Linear, LN, act, Linear) holds the one object at .2 and .5
+    assert rows.loc["fc_reward_head.2", "output"] == rows.loc["fc_reward_head.5", "output"] == "(3, 16)"
+    assert "activation" not in rows.index and not rows["output"].str.contains("×").any()
+    assert result.tree["path"].is_unique
     bad = mb.build_model("efficientzero_dynamics", {"observation_shape": "16, six, 6"})
     assert not bad.ok and "observation_shape expects" in bad.message
 

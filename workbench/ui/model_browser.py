@@ -22,6 +22,7 @@ from workbench.ui.forms import FormField, form_fields, param_rows, parse_form
 ALL_FAMILIES = "all"
 MAX_EXAMPLE_BATCH = 4096
 TREE_COLUMNS = ["module", "path", "type", "params", "output"]
+FIELDS_PER_ROW = 3
 
 
 # --- handlers ----------------------------------------------------------------
@@ -82,15 +83,20 @@ class BuildResult:
 
 
 def tree_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Display form of :func:`workbench.summarize`: indented names, full paths."""
+    """Display form of :func:`workbench.summarize` (``per_call=True`` or not): indented names,
+    full paths. A path called several times in the pass has a row per call, named as the run
+    page names call sites: ``activation#0``, ``activation#1`` ..."""
     indent = "\u2003"  # an em space survives HTML whitespace collapsing
+    calls = summary["calls"] if "call" in summary else pd.Series(0, index=summary.index)
+    call = summary["call"] if "call" in summary else pd.Series(0, index=summary.index)
+    suffix = [f"#{int(k)}" if n > 1 else "" for k, n in zip(call.fillna(0), calls)]
     module = [
-        "(root)" if path == "" else indent * (depth - 1) + path.rsplit(".", 1)[-1]
-        for path, depth in zip(summary["module"], summary["depth"])
+        ("(root)" if path == "" else indent * (depth - 1) + path.rsplit(".", 1)[-1]) + tail
+        for path, depth, tail in zip(summary["module"], summary["depth"], suffix)
     ]
     return pd.DataFrame({
         "module": module,
-        "path": summary["module"],
+        "path": [path + tail for path, tail in zip(summary["module"], suffix)],
         "type": summary["type"],
         "params": summary["params"],
         "output": summary["output"],
@@ -137,7 +143,7 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
         return _error(f"{type(exc).__name__}: {exc}")
     try:
         inputs = spec.example_inputs(model, batch_size, torch.Generator().manual_seed(seed))
-        summary = summarize(model, inputs)
+        summary = summarize(model, inputs, per_call=True)
     except Exception as exc:
         return BuildResult(model, f"Built **{name}**, but the forward pass on the example inputs failed: "
                                   f"{type(exc).__name__}: {exc}", tree_table(summarize(model)))
@@ -146,7 +152,7 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
     defaults = spec.defaults()
     shown = {k: v for k, v in overrides.items() if defaults.get(k, object()) != v}
     config = ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "defaults"
-    message = (f"Built **{name}** ({config}): {len(summary) - 1} submodules, {total:,} parameters; "
+    message = (f"Built **{name}** ({config}): {summary['module'].nunique() - 1} submodules, {total:,} parameters; "
                f"output {root_output} for batch size {batch_size}.")
     return BuildResult(model, message, tree_table(summary))
 
@@ -168,15 +174,18 @@ def layout():
             c["models"] = gr.Radio(names, value=first, label="Models", elem_id="model-list")
         with gr.Column(scale=4):
             c["overview"] = gr.Markdown(model_overview(first), elem_id="model-overview")
-            c["params"] = gr.Dataframe(param_table(first), label="Parameters", interactive=False,
-                                       wrap=True, elem_id="param-table")
-            with gr.Row():
-                with gr.Column(scale=2):
-                    c["batch_size"] = gr.Number(2, label="example batch size", elem_id="batch-size")
-                    c["form"] = gr.Column()  # filled by the render function in wire()
-                c["message"] = gr.Markdown(elem_id="build-message")
-            c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree", interactive=False,
-                                     elem_id="module-tree", max_height=600)
+            with gr.Accordion("Parameters (types, defaults, ranges)", open=False, elem_id="param-accordion"):
+                c["params"] = gr.Dataframe(param_table(first), show_label=False, interactive=False,
+                                           wrap=True, elem_id="param-table")
+            # One wrapping row: the batch size, then (from the render in wire()) the Build button
+            # and the model's fields side by side, so the button sits above a long form, not under it.
+            with gr.Row(equal_height=False, elem_id="build-form") as c["form"]:
+                # interactive: Gradio would render it read-only, its only listener being made in a render
+                c["batch_size"] = gr.Number(2, label="example batch size", elem_id="batch-size", interactive=True,
+                                            min_width=150, scale=0)
+            c["message"] = gr.Markdown(elem_id="build-message")
+            c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree (a row per call site)",
+                                     interactive=False, elem_id="module-tree", max_height=600)
     c["model_state"] = gr.State(None)  # the built module, per browser session
     return c
 
@@ -184,7 +193,7 @@ def layout():
 def widget(field: FormField, key: str):
     import gradio as gr
 
-    common = dict(label=field.label, info=field.info or None, key=key, interactive=True)
+    common = dict(label=field.label, info=field.info or None, key=key, interactive=True, min_width=160, scale=1)
     if field.widget == "dropdown":
         return gr.Dropdown(list(field.param.choices), value=field.value, **common)
     if field.widget == "checkbox":
@@ -218,11 +227,18 @@ def wire(c) -> None:
         @gr.render(inputs=c["models"])
         def render_form(name):
             fields = model_form(name)
+            button = gr.Button("Build", variant="primary", elem_id="build-button", interactive=bool(name),
+                               scale=0, min_width=110)
             if name and not fields:
                 gr.Markdown("_No parameters to set: builds with its defaults._")
-            widgets = [widget(f, key=f"{name}:{f.label}") for f in fields]
+            widgets = []
+            if fields:
+                with gr.Column(scale=1, min_width=420, elem_id="model-fields"):
+                    for start in range(0, len(fields), FIELDS_PER_ROW):  # the form in rows of three
+                        with gr.Row(equal_height=False):
+                            widgets += [widget(f, key=f"{name}:{f.label}")
+                                        for f in fields[start:start + FIELDS_PER_ROW]]
             labels = [f.label for f in fields]
-            button = gr.Button("Build", variant="primary", elem_id="build-button", interactive=bool(name))
 
             def on_build(model_name, batch_size, *values):
                 result = build_model(model_name, dict(zip(labels, values)), batch_size)
