@@ -1,0 +1,212 @@
+"""workbench.checkpoints: LightZero and AgileRL-layout checkpoints, read safely and checked strictly."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+import workbench
+from workbench import checkpoints as ck
+from workbench.models.efficientzero import DynamicsNetwork
+from tests.models.test_efficientzero import lightzero_keys, reference_forward
+
+# the shapes of lightzero_keys' defaults: 4 latent channels + 2 action planes at 5x5, 2 blocks, LSTM 8
+SMALL = dict(observation_shape=(4, 5, 5), action_encoding_dim=2, num_res_blocks=2, num_channels=6,
+             reward_head_channels=3, fc_reward_layers=[7, 7], output_support_size=11,
+             flatten_output_size_for_reward_head=75, lstm_hidden_size=8)
+
+
+def lightzero_state(seed=0, norm_type="BN"):
+    """A dynamics state made from LightZero's key layout alone (no workbench model, no lightzero)."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, shape in lightzero_keys(norm_type).items():
+        if key.endswith("num_batches_tracked"):
+            state[key] = torch.tensor(7)
+        elif key.endswith("running_var"):
+            state[key] = torch.rand(shape, generator=g) + 0.5
+        else:
+            state[key] = torch.randn(shape, generator=g) * 0.3
+    return state
+
+
+def whole_efficientzero(dynamics):
+    """LightZero's saved dict of a whole EfficientZero model: the dynamics network's keys among the others."""
+    model = {"representation_network.conv.weight": torch.randn(4, 3, 3, 3),
+             "prediction_network.fc_value.0.weight": torch.randn(8, 4),
+             **{f"dynamics_network.{k}": v for k, v in dynamics.items()},
+             "projection.0.weight": torch.randn(8, 8)}
+    return {"model": model, "target_model": model, "optimizer": {"state": {}, "param_groups": []}, "last_iter": 10}
+
+
+def inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(3, 6, 5, 5, generator=g), (torch.randn(1, 3, 8, generator=g), torch.randn(1, 3, 8, generator=g))
+
+
+@pytest.mark.parametrize("layout", ["state_dict", "lightzero_saved", "whole_model", "data_parallel"])
+def test_a_lightzero_layout_builds_the_network_that_computes_lightzeros_forward(tmp_path, layout):
+    state = lightzero_state()
+    payload = {"state_dict": state, "lightzero_saved": {"model": state, "optimizer": {}},
+               "whole_model": whole_efficientzero(state),
+               "data_parallel": {f"module.{k}": v for k, v in state.items()}}[layout]
+    path = tmp_path / "ckpt.pth.tar"
+    torch.save(payload, path)
+    checkpoint = ck.load_checkpoint(path)
+    assert checkpoint.kind == "lightzero_dynamics"
+    assert set(checkpoint.state_dict) == set(lightzero_keys("BN"))
+    config = ck.dynamics_config(checkpoint.state_dict)
+    assert config["observation_shape"] == [4, 5, 5] and config["fc_reward_layers"] == [7, 7]
+    model, name = ck.build_model(checkpoint)
+    assert name == "efficientzero_dynamics" and not model.training
+    x, hidden = inputs()
+    latent, (h, c), value_prefix = model(x.clone(), hidden)
+    want = reference_forward(state, x, hidden, "BN", training=False)  # LightZero's forward, restated
+    for got, ref in [(latent, want[0]), (h, want[1][0]), (c, want[1][1]), (value_prefix, want[2])]:
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_same_outputs_as_the_module_it_was_saved_from(tmp_path):
+    source = workbench.create_model("efficientzero_dynamics_atari", last_linear_layer_init_zero=False).eval()
+    torch.save({"model": {f"dynamics_network.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "a.pt")
+    model, name = ck.build_model(ck.load_checkpoint(tmp_path / "a.pt"))
+    (args, kwargs), outputs = ck.example_outputs(model, name, batch_size=2)
+    with torch.no_grad():
+        expected = source(*args, **kwargs)
+    assert torch.equal(outputs[0], expected[0]) and torch.equal(outputs[2], expected[2])
+    assert torch.equal(outputs[1][0], expected[1][0])
+
+
+def test_layer_norm_checkpoint_reads_its_latent_size_from_the_norms(tmp_path):
+    torch.save(lightzero_state(norm_type="LN"), tmp_path / "ln.pt")
+    model, _ = ck.build_model(ck.load_checkpoint(tmp_path / "ln.pt"))
+    assert model.norm_type == "LN" and model.latent_hw == (5, 5)
+
+
+def test_weights_go_into_an_experiments_model_and_train_from_there(tmp_path):
+    exp = workbench.experiments.create("efficientzero_dynamics", latent_channels=4, actions=2, spatial=5,
+                                       num_res_blocks=2, lstm_hidden_size=8, support_size=11, fc_reward_layers=[7, 7])
+    state = lightzero_state()
+    # the experiment's reward head has 8 channels: give the checkpoint that shape
+    exp_shapes = {k: tuple(v.shape) for k, v in exp.model.state_dict().items()}
+    g = torch.Generator().manual_seed(5)
+    state = {k: torch.randn(exp_shapes[k], generator=g) if v.is_floating_point() and tuple(v.shape) != exp_shapes[k]
+             else v for k, v in state.items()}
+    torch.save({"model": state}, tmp_path / "w.pt")
+    ck.load_weights(exp.model, tmp_path / "w.pt")
+    assert torch.equal(exp.model.conv.weight, state["conv.weight"])
+    metrics = exp.step()
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_another_architecture_is_refused_with_a_readable_diff(tmp_path):
+    mlp = workbench.experiments.create("activation_mlp").model
+    torch.save(mlp.state_dict(), tmp_path / "mlp.pt")
+    target = workbench.create_model("efficientzero_dynamics")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.load_weights(target, tmp_path / "mlp.pt")
+    text = str(err.value)
+    assert "missing (" in text and "conv.weight" in text
+    assert "unexpected (" in text and "layers.0.weight" in text
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())  # nothing copied
+    with pytest.raises(ck.CheckpointError, match="names no model to build"):
+        ck.build_model(ck.load_checkpoint(tmp_path / "mlp.pt"))
+
+
+def test_mis_shaped_keys_are_listed_with_both_shapes_and_the_settings_that_fit(tmp_path):
+    torch.save(lightzero_state(), tmp_path / "small.pt")
+    exp = workbench.experiments.create("efficientzero_dynamics")
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.load_weights(exp.model, tmp_path / "small.pt")
+    text = str(err.value)
+    assert "conv.weight checkpoint (4, 6, 3, 3) vs model (8, 12, 3, 3)" in text
+    assert "latent_channels=4, actions=2, spatial=5, num_res_blocks=2" in text
+
+
+def test_ilql_checkpoint_in_agilerls_layout(tmp_path):
+    agent = workbench.create_model("ilql", n_layer=1, n_embd=32, n_head=4)
+    agent.save_checkpoint(tmp_path / "agent.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "agent.pt")
+    assert checkpoint.kind == "agilerl_ilql" and checkpoint.extra["net_config"]["n_embd"] == 32
+    model, name = ck.build_model(checkpoint)
+    for key, value in agent.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    exp = workbench.experiments.create("ilql", n_layer=1, n_embd=32, n_head=4, eval_every=0, dataset_size=64)
+    ck.load_weights(exp.model, checkpoint)
+    for key, value in agent.state_dict().items():
+        assert torch.equal(exp.model.state_dict()[key], value), key
+    wrong = workbench.experiments.create("ilql", n_layer=2, n_embd=64, eval_every=0, dataset_size=64)
+    with pytest.raises(ck.CheckpointError, match="n_layer=1, n_embd=32"):
+        ck.load_weights(wrong.model, checkpoint)
+
+
+def test_random_bytes_are_not_a_checkpoint(tmp_path):
+    (tmp_path / "random.bin").write_bytes(os.urandom(10 * 2**20))
+    with pytest.raises(ck.CheckpointError, match="not a torch checkpoint"):
+        ck.load_checkpoint(tmp_path / "random.bin")
+
+
+def test_size_is_checked_before_reading(tmp_path, monkeypatch):
+    (tmp_path / "big.pt").write_bytes(b"PK\x03\x04" + bytes(5000))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("read a file over the limit"))
+    with pytest.raises(ck.CheckpointError, match=r"over the limit of 1,000 bytes.*max_bytes=5004"):
+        ck.load_checkpoint(tmp_path / "big.pt", max_bytes=1000)
+
+
+class _Payload:
+    """Unpickling this runs code: it would create the file named."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
+def test_a_pickle_with_code_is_refused_and_does_not_run(tmp_path, writer):
+    marker = tmp_path / "ran"
+    payload = {"conv.weight": torch.zeros(2), "evil": _Payload(marker)}
+    if writer == "torch.save":
+        torch.save(payload, tmp_path / "evil.pt")
+    else:
+        (tmp_path / "evil.pt").write_bytes(pickle.dumps(payload, protocol=2))
+    with pytest.raises(ck.CheckpointError, match="refused unread.*nothing in it ran"):
+        ck.load_checkpoint(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_truncated_and_empty_files(tmp_path):
+    torch.save(lightzero_state(), tmp_path / "full.pt")
+    data = (tmp_path / "full.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ck.CheckpointError, match="damaged or truncated"):
+        ck.load_checkpoint(tmp_path / "cut.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ck.CheckpointError, match="empty"):
+        ck.load_checkpoint(tmp_path / "empty.pt")
+    with pytest.raises(ck.CheckpointError, match="No checkpoint file"):
+        ck.load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_tensors_that_are_not_a_state_dict(tmp_path):
+    torch.save([torch.zeros(2)], tmp_path / "list.pt")
+    with pytest.raises(ck.CheckpointError, match="not model weights"):
+        ck.load_checkpoint(tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="max_bytes must be a positive int"):
+        ck.load_checkpoint(tmp_path / "list.pt", max_bytes=0)
+
+
+def test_contradicting_shapes_make_no_network(tmp_path):
+    state = lightzero_state()
+    state["lstm.weight_ih_l0"] = torch.zeros(32, 74)  # 74 is not 3 x H x W
+    torch.save(state, tmp_path / "odd.pt")
+    with pytest.raises(ck.CheckpointError, match="LSTM's input size 74"):
+        ck.build_model(ck.load_checkpoint(tmp_path / "odd.pt"))
+
+
+def test_the_workbench_model_has_lightzeros_layout():
+    # (what makes the checkpoints above LightZero's: the keys the test writes out by hand)
+    assert {k: tuple(v.shape) for k, v in DynamicsNetwork(**SMALL).state_dict().items()} == lightzero_keys("BN")
