@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # constraints.txt pins torch to the 2.13.0 CPU wheel this project's machines keep on disk.
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,docs]"
 
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
