@@ -1,0 +1,138 @@
+"""Run a built-in experiment from the command line, in one process or data-parallel under torchrun.
+
+::
+
+    python -m workbench.experiments list
+    python -m workbench.experiments run activation_mlp --steps 200 --store runs/mlp
+    torchrun --nproc-per-node 2 -m workbench.experiments run activation_mlp --steps 200 --store runs/ddp
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) every rank builds the experiment with
+the same seed (the same initial model, which DDP also broadcasts from rank 0), wraps its model in
+``DistributedDataParallel`` and draws its own batches (``batch_size`` is per rank: the global batch
+is ``world_size`` times it). One :func:`~workbench.instrument.distributed.watch_distributed`
+records the global batch; rank 0 writes the store, which ``python app.py`` (the Runs tab) and
+``workbench.load_run`` open while it is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import sys
+from typing import Any
+
+__all__ = ["main", "parse_config"]
+
+
+def parse_config(items: list[str]) -> dict[str, Any]:
+    """``["width=64", "activation=relu"]`` as ``{"width": 64, "activation": "relu"}`` (Python literals
+    where they parse, else strings).
+
+    Raises:
+        ValueError: an item without ``=``.
+    """
+    config = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--config takes NAME=VALUE (such as width=64), got {item!r}.")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        config[key.strip()] = value
+    return config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workbench.experiments",
+                                     description="Run a built-in workbench experiment (data-parallel under torchrun).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list the registered experiments")
+    run = commands.add_parser("run", help="train an experiment for some steps, watched")
+    run.add_argument("name", help="a registered experiment (see `list`)")
+    run.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    run.add_argument("--store", default=None, help="run directory to record into (rank 0 writes it)")
+    run.add_argument("--seed", type=int, default=0, help="the experiment's seed (default 0)")
+    run.add_argument("--device", default=None,
+                     help="cpu, cuda ... (default: cpu; under torchrun with CUDA, cuda:LOCAL_RANK)")
+    run.add_argument("--every", type=int, default=1, help="record every Nth step (default 1)")
+    run.add_argument("--histograms", action="store_true", help="record histograms too")
+    run.add_argument("--per-rank", action="store_true",
+                     help="under torchrun, rank 0 also keeps each rank's own rows in memory")
+    run.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                     help="a config field of the experiment (repeat for several), e.g. --config width=64")
+    run.add_argument("--backend", default=None, help="torch.distributed backend (default gloo on CPU, nccl on CUDA)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import workbench.experiments as experiments
+
+    if args.command == "list":
+        for name in experiments.list_experiments():
+            print(f"{name:24s} {experiments.get_experiment_spec(name).summary}")
+        return 0
+    try:
+        config = parse_config(args.config)
+        if args.steps < 0:
+            raise ValueError(f"--steps must be >= 0, got {args.steps}.")
+        experiments.get_experiment_spec(args.name)  # an unknown name fails here, with close matches
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        return _run_distributed(args, config, experiments)
+    exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu", **config)
+    history = exp.run(args.steps, store=args.store, every=args.every, histograms=args.histograms)
+    last = history[-1] if history else {}
+    print(f"{args.name}: {len(history)} steps" + (f", loss {last['loss']:.4g}" if "loss" in last else "")
+          + (f"; stored in {args.store}" if args.store else ""))
+    return 0
+
+
+def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experiments: Any) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workbench.instrument.distributed import watch_distributed
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if str(device).startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    backend = args.backend or ("nccl" if str(device).startswith("cuda") else "gloo")
+    dist.init_process_group(backend)
+    try:
+        rank = dist.get_rank()
+        exp = experiments.create(args.name, seed=args.seed, device=device, **config)
+        # each rank draws its own batches: rank 0 the stream one process would, the others their own
+        if rank:
+            exp.generator.manual_seed(args.seed + 1_000_033 * rank)
+        model = exp.model
+        exp.model = DistributedDataParallel(model, device_ids=[exp.device.index] if exp.device.type == "cuda" else None)
+        metadata = {"experiment": exp.name, "model": type(model).__name__,
+                    "config": dataclasses.asdict(exp.config), "seed": args.seed,
+                    "launch": f"torchrun --nproc-per-node {dist.get_world_size()}"}
+        w = watch_distributed(exp.model, store=args.store, per_rank=args.per_rank, every=args.every,
+                              histograms=args.histograms, metadata=metadata, start_step=exp.step_count + 1)
+        exp.watcher = w  # exp.step() ends the watch's step with the step's metrics
+        with w:
+            history = exp.run(args.steps, progress=None if rank == 0 else False)
+        if rank == 0:
+            last = history[-1] if history else {}
+            print(f"{args.name}: {len(history)} steps on {dist.get_world_size()} ranks"
+                  + (f", loss {last['loss']:.4g} (rank 0's batch)" if "loss" in last else "")
+                  + (f"; stored in {args.store}" if args.store else ""))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
