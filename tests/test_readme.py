@@ -1,42 +1,56 @@
-"""The README's self-contained examples run as written (with fewer training steps).
+"""The README's tour runs as written (with fewer training steps), and what it shows is there.
 
-The other blocks show calls on names the reader brings (``data``, ``objective``, ``obs``);
-they are exercised by the tests of what they call.
+Its runnable blocks are marked as the docs' pages are (``<!-- run -->`` on the line before the
+fence; see tests/test_docs.py) and run in order in one namespace, as a reader's session would.
+The unmarked block needs a notebook (the live Dashboard); tests/ui/test_notebook_widgets.py and
+tests/ui/test_jupyterlab.py exercise it.
 """
 
 import re
 from pathlib import Path
 
-import pytest
-
 import workbench
+from tests.test_docs import RUNNABLE, shortened
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-
-
-def runnable(marker: str) -> str:
-    """The one README block containing ``marker``, its training runs shortened."""
-    found = [block for block in BLOCKS if marker in block]
-    assert len(found) == 1, f"{len(found)} README blocks contain {marker!r}"
-    return re.sub(r"\.run\((\d+)", lambda m: f".run({min(int(m.group(1)), 20)}", found[0])
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
 
 
-@pytest.mark.parametrize("marker", [
-    'workbench.list_models("*lu"',                     # the registry
-    '@register_model("my_net"',                       # registering a model of your own
-    'experiments.create("activation_mlp", seed=0',     # experiments
-    'workbench.load_run("runs/tanh")',                 # recording runs
-])
-def test_readme_example_runs(marker, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the examples write runs/ and exports into the working directory
-    # each block goes on from the README's first, which imports torch and workbench
-    code = "import torch\nimport workbench\n" + runnable(marker)
-    if "register_model" in code:  # the block defines a model; building it proves the registration
-        code += "\nworkbench.create_model('my_net', width=8)\n"
+def test_the_two_commands_come_first():
+    lines = README.splitlines()
+    assert lines[2:6] == [
+        "```bash",
+        "bash scripts/app.sh     # installs into .venv and serves the app on http://127.0.0.1:7860",
+        "bash scripts/test.sh    # installs into .venv (and Debian's chromium if missing) and runs the whole test suite",
+        "```",
+    ]
+    assert all((ROOT / "scripts" / name).is_file() for name in ("app.sh", "test.sh"))
+
+
+def test_the_readme_stays_short_and_its_links_and_pictures_exist():
+    assert len(README.splitlines()) <= 150
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
+    local = [t for t in targets if not t.startswith(("http://", "https://"))]
+    assert "docs/screenshots/live_run.png" in local
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_tables_name_every_built_in_model_and_experiment():
+    tables = "\n".join(line for line in README.splitlines() if line.startswith("|"))
+    named = set(re.findall(r"`([a-z_0-9]+)`", tables))
+    assert set(workbench.list_models()) <= named
+    assert set(workbench.experiments.list_experiments()) <= named
+
+
+def test_the_tour_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the tour writes runs/ into the working directory
+    blocks = RUNNABLE.findall(README)
+    assert len(blocks) == 3  # the registry, an experiment, a watch
     namespace: dict = {}
-    try:
-        exec(compile(code, f"README block with {marker}", "exec"), namespace)
-    finally:
-        if "my_net" in workbench.list_models():  # the registry is process-wide: leave it as found
-            workbench.unregister_model("my_net")
+    for number, block in enumerate(blocks, 1):
+        exec(compile(shortened(block), f"README runnable block {number}", "exec"), namespace)
+    # what the tour says it leaves behind
+    assert workbench.load_run("runs/gelu").status == "finished"
+    mine = workbench.load_run("runs/my_net")
+    assert mine.status == "finished" and mine.metrics().step.tolist() == list(range(1, 51))
