@@ -42,7 +42,7 @@ from torch import nn
 
 __all__ = ["DEFAULT_MAX_BYTES", "CheckpointError", "Checkpoint", "StateDictDiff", "read_checkpoint",
            "load_checkpoint", "state_dict_diff", "dynamics_config", "build_model", "load_weights",
-           "example_outputs"]
+           "example_outputs", "experiment_settings", "hint"]
 
 #: The largest checkpoint file read by default (256 MiB; LightZero's Atari dynamics network is ~3 MB).
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -320,6 +320,31 @@ def _dynamics_hint(state: Mapping[str, torch.Tensor]) -> str:
         f" (its reward head has {c['reward_head_channels']} channels and {c['norm_type']} norms; the experiment's has "
         "8 and BN, so it can be inspected but not trained there)")
     return f"The checkpoint's network has {text}{note}."
+
+
+def experiment_settings(checkpoint: Checkpoint) -> tuple[str | None, dict[str, Any]]:
+    """The built-in experiment whose model a checkpoint fits, and the config values it needs
+    (``(None, {})`` when none fits: a plain state_dict, or a dynamics network whose reward head the
+    experiment does not build)."""
+    if checkpoint.kind == LIGHTZERO:
+        try:
+            c = dynamics_config(checkpoint.state_dict)
+        except CheckpointError:
+            return None, {}
+        if c["reward_head_channels"] != 8 or c["norm_type"] != "BN" or c["observation_shape"][1] != \
+                c["observation_shape"][2]:
+            return None, {}
+        return "efficientzero_dynamics", {
+            "latent_channels": c["observation_shape"][0], "actions": c["action_encoding_dim"],
+            "spatial": c["observation_shape"][1], "num_res_blocks": c["num_res_blocks"],
+            "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
+            "fc_reward_layers": c["fc_reward_layers"]}
+    if checkpoint.kind == AGILERL_ILQL:
+        c = checkpoint.extra.get("net_config") or {}
+        if not all(k in c for k in ("n_layer", "n_embd", "n_head")):
+            return None, {}
+        return "ilql", {"n_layer": c["n_layer"], "n_embd": c["n_embd"], "n_head": c["n_head"]}
+    return None, {}
 
 
 def _ilql_hint(extra: dict[str, Any]) -> str:

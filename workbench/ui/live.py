@@ -17,6 +17,7 @@ import dataclasses
 import fnmatch
 import functools
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.ui.forms import FormField, form_fields, parse_form
@@ -67,6 +69,214 @@ def experiment_fields(name: str | None) -> list[FormField]:
         return []
 
 
+# ---------------------------------------------------------------- interventions (safe menu; no code from pages)
+#: What a page may do to a call site's output: the watch's ablate, or one of these fixed functions through patch.
+INTERVENTIONS = ("zero units", "scale", "noise", "clamp")
+#: Metrics named so mark the steps an intervention was on (value 1): ``intervention/i1: scale x2 at layers.1``.
+INTERVENTION_METRIC = "intervention/"
+MAX_UNITS = 4096
+_LIMIT = 1e6  # the largest |k|, sigma, a, b the menu takes
+
+
+@dataclass
+class InterventionRecord:
+    """One intervention on a live run: where, what, the steps it applied to, and how it ended."""
+
+    id: str
+    site: str  # as picked (``path`` or ``path#call``)
+    module: str
+    call: int | None
+    what: str
+    start: int  # the first step it applied to
+    end: int | None = None  # the last step it applied to (None: on)
+    status: str = "on"  # on, removed, failed, ended with the run
+    error: str = ""
+    handle: Any = None  # the watch's Intervention
+
+    @property
+    def metric(self) -> str:
+        return f"{INTERVENTION_METRIC}{self.id}: {self.what} at {self.site}"
+
+
+INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
+
+
+def interventions_table(records: Sequence[InterventionRecord]) -> pd.DataFrame:
+    rows = [{"id": r.id, "site": r.site, "intervention": r.what, "from step": r.start,
+             "to step": "" if r.end is None else r.end,
+             "status": r.status + (f": {r.error}" if r.error else "")} for r in records]
+    return pd.DataFrame(rows, columns=INTERVENTION_COLUMNS)
+
+
+def interventions_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The interventions a stored run records (its ``intervention/...`` metrics): id, site, what, the first
+    and last step each was on. ``metrics`` is ``Run.metrics()`` (a column per metric)."""
+    rows = []
+    for column in metrics.columns:
+        match = re.fullmatch(r"intervention/(\w+): (.*) at (\S+)", str(column))
+        if match is None:
+            continue
+        steps = metrics.step[metrics[column].notna()]
+        if len(steps):
+            rows.append({"id": match[1], "site": match[3], "intervention": match[2], "from step": int(steps.min()),
+                         "to step": int(steps.max()), "status": "recorded"})
+    return pd.DataFrame(rows, columns=INTERVENTION_COLUMNS)
+
+
+def parse_site(site: Any, paths: Sequence[str]) -> tuple[str, int | None]:
+    """``path`` or ``path#call`` (as the run page names call sites) -> the module path and call index."""
+    if not isinstance(site, str) or not site.strip():
+        raise ValueError(f"Pick a call site to intervene on (got {shown(site)}).")
+    site = site.strip()
+    module, call = site, None
+    match = re.fullmatch(r"(.*)#(\d+)", site)
+    if match is not None:
+        module, call = match[1], int(match[2])
+    if module == "(model)":
+        module = ""
+    if module not in paths:
+        raise ValueError(f"{shown(site)} is not a call site of this run's model; pick one from the list "
+                         "(the sites the run has recorded).")
+    return module, call
+
+
+def _number(value: Any, name: str, low: float = -_LIMIT, high: float = _LIMIT) -> float:
+    if isinstance(value, str) and value.strip():
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}.")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must lie in [{low:g}, {high:g}], got {value:g}.")
+    return float(value)
+
+
+def parse_units(text: Any) -> list[int]:
+    """``"3"``, ``"0, 2, 5-9"`` -> unit indices (ranges inclusive), at most :data:`MAX_UNITS`."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"units: give unit indices such as 3 or 0, 2, 5-9 (ranges inclusive), got {shown(text)}.")
+    units: list[int] = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if match is None:
+            raise ValueError(f"units: {shown(part)} is not an index or a range a-b of indices >= 0; e.g. 0, 2, 5-9.")
+        first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        if last < first:
+            raise ValueError(f"units: the range {part} runs backwards; write it {last}-{first}.")
+        if len(units) + last - first + 1 > MAX_UNITS:
+            raise ValueError(f"units: at most {MAX_UNITS} units at once, {shown(text)} names more.")
+        units.extend(range(first, last + 1))
+    return list(dict.fromkeys(units))
+
+
+def _map_floats(output: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``output`` with ``fn`` applied to every floating-point tensor in it (tuples, lists, dicts kept)."""
+    if isinstance(output, torch.Tensor):
+        return fn(output) if output.is_floating_point() else output
+    if isinstance(output, tuple) and hasattr(output, "_fields"):
+        return type(output)(*(_map_floats(v, fn) for v in output))
+    if isinstance(output, (tuple, list)):
+        return type(output)(_map_floats(v, fn) for v in output)
+    if isinstance(output, dict):
+        return {k: _map_floats(v, fn) for k, v in output.items()}
+    return output
+
+
+@dataclass(frozen=True)
+class InterventionSpec:
+    """A checked choice from the menu."""
+
+    op: str
+    label: str
+    units: tuple[int, ...] = ()
+    k: float = 1.0
+    sigma: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+
+    def function(self) -> Callable[[Any], Any]:
+        """The output -> patched output function of scale, noise or clamp (zero units uses ``ablate``)."""
+        if self.op == "scale":
+            k = self.k
+            return functools.partial(_map_floats, fn=lambda t: t * k)
+        if self.op == "noise":
+            sigma = self.sigma
+            return functools.partial(_map_floats, fn=lambda t: t + sigma * torch.randn_like(t))
+        if self.op == "clamp":
+            low, high = self.low, self.high
+            return functools.partial(_map_floats, fn=lambda t: t.clamp(low, high))
+        raise ValueError(f"{self.op!r} has no patch function.")
+
+
+def intervention_spec(op: Any, units: Any = "", k: Any = None, sigma: Any = None, low: Any = None,
+                      high: Any = None) -> InterventionSpec:
+    """Check a menu choice and its parameters (only those of the chosen operation are read)."""
+    if op not in INTERVENTIONS:
+        raise ValueError(f"intervention must be one of {', '.join(INTERVENTIONS)}, got {shown(op)}.")
+    if op == "zero units":
+        chosen = parse_units(units)
+        text = ", ".join(map(str, chosen[:8])) + (" ..." if len(chosen) > 8 else "")
+        return InterventionSpec(op, f"zero units [{text}]", units=tuple(chosen))
+    if op == "scale":
+        k = _number(k, "k (scale the output by k)")
+        return InterventionSpec(op, f"scale x{k:g}", k=k)
+    if op == "noise":
+        sigma = _number(sigma, "sigma (Gaussian noise's standard deviation)", 0.0)
+        return InterventionSpec(op, f"noise sigma={sigma:g}", sigma=sigma)
+    low, high = _number(low, "a (clamp's lower bound)"), _number(high, "b (clamp's upper bound)")
+    if low > high:
+        raise ValueError(f"clamp to [a, b] needs a <= b, got a={low:g} > b={high:g}; swap them.")
+    return InterventionSpec(op, f"clamp [{low:g}, {high:g}]", low=low, high=high)
+
+
+def intervention_sites(view: RunView) -> list[str]:
+    """The call sites a page may intervene on: the modules whose activations the run recorded, in forward
+    order (a module called several times: itself, i.e. every call, then each call ``path#k``)."""
+    table = view.site_table("activation")
+    if table.empty:
+        return []
+    order = view.site_order("activation")
+    by_name = {row.name: row for row in table.itertuples(index=False)}
+    calls: dict[str, set[int]] = {}
+    for row in table.itertuples(index=False):
+        calls.setdefault(row.module, set()).add(int(row.call))
+    sites: list[str] = []
+    for name in order:
+        row = by_name[name]
+        label = row.module or "(model)"
+        if label not in sites:
+            sites.append(label)
+        if len(calls[row.module]) > 1 and f"{label}#{row.call}" not in sites:
+            sites.append(f"{label}#{row.call}")
+    return sites
+
+
+def shade_interventions(figure: dict[str, Any], spans: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    """``figure`` with a band over the steps of each intervention (``(id, first step, last step)``) on
+    every steps axis, labelled with its id."""
+    layout = figure.get("layout", {})
+    axes = [key for key in layout if re.fullmatch(r"xaxis\d*", key)]
+    if not spans or not axes or not figure.get("data"):
+        return figure
+    shapes = list(layout.get("shapes", []))
+    for key in axes:
+        n = key[5:]
+        for i, (label, first, last) in enumerate(spans):
+            shapes.append(dict(type="rect", xref=f"x{n}", yref=f"y{n} domain", x0=first - 0.5, x1=last + 0.5,
+                               y0=0, y1=1, fillcolor="#f59e0b", opacity=0.14, line=dict(width=0), layer="below",
+                               label=dict(text=label, textposition="top left", font=dict(size=10, color="#b45309"))
+                               if key == axes[0] else None))
+    for shape in shapes:
+        if shape.get("label") is None:
+            shape.pop("label", None)
+    return {**figure, "layout": {**layout, "shapes": shapes}}
+
+
 class LiveRun:
     """An experiment running under ``watch`` on a background thread of its own.
 
@@ -89,12 +299,17 @@ class LiveRun:
     """
 
     def __init__(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
-                 device: str = "cpu", run_id: str = "", **watch_options: Any) -> None:
+                 device: str = "cpu", run_id: str = "", weights: str | None = None, **watch_options: Any) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}.")
         self.id, self.name, self.seed, self.steps = run_id, name, seed, steps
         self.started = time.time()
         self.experiment = create(name, seed=seed, device=device, **config)
+        self.weights: str | None = None  # the checkpoint the model started from (its file's name)
+        if weights is not None:  # before the watch: the run records the model from those weights on
+            checkpoint = load_checkpoint(weights)
+            load_weights(self.experiment.model, checkpoint)
+            self.weights = Path(weights).name
         self.watch = self.experiment.watch(store=store, **watch_options)
         # what pages draw: the view layer, fed by the recorder's stream from the first step
         self.view = RunView(label=self.label, total=steps)
@@ -106,6 +321,13 @@ class LiveRun:
         self._stop = threading.Event()
         self._status_lock = threading.Lock()
         self._on_done: Callable[[LiveRun], Any] | None = None
+        # interventions: asked for by pages, applied and removed by the run's thread between steps
+        self.interventions: list[InterventionRecord] = []
+        self._requests: list[tuple[Callable[[], Any], dict[str, Any]]] = []
+        self._accepting = True
+        self._requests_lock = threading.Lock()
+        if self.weights is not None and self.watch.store is not None:
+            self.watch.store.set_meta(initial_weights=self.weights)
         self._thread = threading.Thread(target=self._loop, name=f"workbench-run-{run_id or name}", daemon=True)
 
     def start(self, on_done: Callable[[LiveRun], Any] | None = None) -> LiveRun:
@@ -125,12 +347,16 @@ class LiveRun:
         status, error = "finished", None
         try:
             for _ in range(self.steps):
+                self._serve_requests()  # (between steps: never while the model runs)
                 if self._stop.is_set():
                     status = "stopped"
                     break
+                self._log_interventions()
                 self.experiment.step()
+                self._check_interventions()
         except BaseException:  # the run's thread ends here, whatever the step raised
             status, error = "failed", traceback.format_exc()
+        self._end_interventions()
         try:
             close_watch(self.watch, status, error)
         except Exception:  # closing (writing the store's last steps) failed: the run did not finish well
@@ -145,6 +371,110 @@ class LiveRun:
             self.error, self.outcome = error, status
         if self._on_done is not None:
             self._on_done(self)
+
+    # ------------------------------------------------------------ interventions
+    def _submit(self, action: Callable[[], Any], timeout: float) -> Any:
+        """Run ``action`` on the run's thread before its next step; wait for it up to ``timeout`` s.
+        Returns what it returned; raises what it raised (ValueError / TypeError: bad input)."""
+        slot: dict[str, Any] = {"done": threading.Event()}
+        with self._requests_lock:
+            if not self._accepting:
+                raise ValueError(f"{self.label} has ended ({self.state}); interventions apply to a run in progress. "
+                                 "Start a new run to intervene.")
+            self._requests.append((action, slot))
+        if not slot["done"].wait(timeout):
+            raise TimeoutError(f"{self.label} did not reach the end of its step within {timeout:g} s; the "
+                               "request is still queued and applies after the step in progress.")
+        if "error" in slot:
+            raise slot["error"]
+        return slot.get("result")
+
+    def _serve_requests(self) -> None:
+        with self._requests_lock:
+            requests, self._requests = self._requests, []
+        for action, slot in requests:
+            try:
+                slot["result"] = action()
+            except Exception as exc:  # (told to the page that asked; the run goes on)
+                slot["error"] = exc
+            slot["done"].set()
+
+    def intervene(self, site: str, op: str, units: Any = "", k: Any = None, sigma: Any = None,
+                  low: Any = None, high: Any = None, timeout: float = 30.0) -> InterventionRecord:
+        """Apply an intervention from :data:`INTERVENTIONS` at ``site`` (a call site the run recorded: a
+        module path, or ``path#call`` for one call of a module called several times) from the next
+        step on; returns its record once the run's thread has put it in.
+
+        Raises:
+            ValueError / TypeError: an unknown site or operation, or a bad parameter (named).
+            TimeoutError: the run's step in progress outlasted ``timeout``.
+        """
+        module, call = parse_site(site, self.watch.paths)
+        spec = intervention_spec(op, units, k, sigma, low, high)
+
+        def put_in() -> InterventionRecord:
+            watch = self.watch
+            if spec.op == "zero units":
+                handle = watch.ablate(module, spec.units, dim=1, call=call)
+            else:
+                handle = watch.patch(module, spec.function(), call=call)
+            record = InterventionRecord(f"i{len(self.interventions) + 1}", site, module, call, spec.label,
+                                        self.experiment.step_count + 1, handle=handle)
+            self.interventions.append(record)
+            return record
+
+        return self._submit(put_in, timeout)
+
+    def remove_intervention(self, intervention_id: Any, timeout: float = 30.0) -> InterventionRecord:
+        """Take an intervention out after the step in progress; returns its record (status 'removed')."""
+        active = [r for r in self.interventions if r.status == "on"]
+        record = next((r for r in active if r.id == intervention_id), None)
+        if record is None:
+            ids = ", ".join(r.id for r in active) or "none"
+            raise ValueError(f"No intervention {shown(intervention_id)} is on in {self.label}; on now: {ids}.")
+
+        def take_out() -> InterventionRecord:
+            if record.status == "on":
+                record.handle.remove()
+                record.end, record.status = self.experiment.step_count, "removed"
+            return record
+
+        return self._submit(take_out, timeout)
+
+    def _log_interventions(self) -> None:
+        """Each intervention on this step is a metric of the step (its value 1): the rows' step, the stored
+        run and every page see when it was on and where."""
+        on = {r.metric: 1.0 for r in self.interventions if r.status == "on"}
+        if on:
+            self.watch.log(**on)
+
+    def _check_interventions(self) -> None:
+        """An intervention whose function failed was taken out by the watch: say so in its record."""
+        if not any(r.status == "on" for r in self.interventions):
+            return
+        live = self.watch.interventions
+        for record in self.interventions:
+            if record.status == "on" and record.handle not in live:
+                error = next((e["error"] for e in reversed(self.watch.errors)
+                              if e.get("kind") == f"patch:{record.handle.label}" and e.get("module") == record.module),
+                             "removed by the watch")
+                record.status, record.end, record.error = "failed", self.experiment.step_count, error
+
+    def _end_interventions(self) -> None:
+        """The run ends: no more requests (those queued are refused), the interventions end with it."""
+        with self._requests_lock:
+            self._accepting = False
+            requests, self._requests = self._requests, []
+        for _, slot in requests:
+            slot["error"] = ValueError(f"{self.label} ended before the request could apply.")
+            slot["done"].set()
+        for record in self.interventions:
+            if record.status == "on":
+                record.end, record.status = self.experiment.step_count, "ended with the run"
+
+    def intervention_frame(self) -> pd.DataFrame:
+        """The run's interventions: id, site, what, from step, to step (the last step it applied to), status."""
+        return interventions_table(self.interventions)
 
     @property
     def running(self) -> bool:
@@ -215,11 +545,13 @@ STEPS_MAX = 10_000_000
 
 def start_run(manager: RunManager, name: str | None, values: dict[str, Any], seed: Any, steps: Any, every: Any,
               histograms: Any, modules: Any, store: Any, device: Any = "cpu",
-              record: Sequence[str] | None = None) -> tuple[LiveRun | None, str]:
+              record: Sequence[str] | None = None, weights: Any = None) -> tuple[LiveRun | None, str]:
     """Validate the form and start a :class:`LiveRun` in ``manager``; returns it (or None) and a message.
 
     ``store`` is a run name under the manager's root ('' for none); ``record`` names the kinds of
-    tensor to record (keys of :data:`RECORD_CHOICES`); None: all. Never raises: bad input is a message.
+    tensor to record (keys of :data:`RECORD_CHOICES`); None: all; ``weights`` an uploaded checkpoint
+    file the model starts from (None: the experiment's own initialisation). Never raises: bad input
+    is a message.
     """
     if not name:
         return None, "Pick an experiment first."
@@ -240,9 +572,14 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
         if store is not None and not isinstance(store, str):
             raise TypeError(f"record to run: a run name must be text, got {shown(store)}.")
         store = (store or "").strip() or None
+        if weights is not None and not isinstance(weights, (str, Path)):
+            raise TypeError(f"initial weights: expected an uploaded file, got {shown(weights)}.")
         run = manager.start(name, config, _int(seed, "seed", 0, SEED_MAX), _int(steps, "steps", 1, STEPS_MAX),
-                            store=store, device=device, every=_int(every, "every", 1, STEPS_MAX),
+                            store=store, device=device, weights=str(weights) if weights else None,
+                            every=_int(every, "every", 1, STEPS_MAX),
                             histograms=histograms, modules=patterns, **_record_switches(record))
+    except CheckpointError as exc:
+        return None, f"**Could not start from these weights:** {exc}".replace("\n", "\n\n")
     except (ValueError, TypeError, OSError) as exc:
         return None, f"**Could not start:** {exc}"
     except Exception as exc:  # e.g. out of memory building the model: a message, not a bare "Error"
@@ -489,16 +826,20 @@ def _anomaly_text(first: dict[str, Any] | None) -> str:
             "Show this site jumps the views below to it; the table under them lists the most recent ones.")
 
 
-def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None) -> Page:
+def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None,
+              interventions: pd.DataFrame | None = None) -> Page:
     """Draw every view of a run page from ``view`` as ``controls`` ask. Never raises: a control
-    value the page cannot draw is a message in that view's place."""
+    value the page cannot draw is a message in that view's place. ``interventions`` (a table of
+    :data:`INTERVENTION_COLUMNS`) are shaded over the steps they were on, and named in the
+    last-step table beside the sites they are on."""
     c = controls or Controls()
     first = view.first_anomaly
-    # metrics
+    # metrics (the interventions' markers not by default: they are the bands over the figures)
     metric_choices = view.metric_names()
     try:
         picked = _names(c.metrics, "metrics")
-        chosen = metric_choices if picked is None else [m for m in picked if m in metric_choices]
+        chosen = ([m for m in metric_choices if not m.startswith(INTERVENTION_METRIC)] if picked is None
+                  else [m for m in picked if m in metric_choices])
         smoothing = _smoothing(c.smoothing)
         metrics_fig = (figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics)) if chosen
                        else figures.empty_figure("Pick metrics above." if metric_choices else "No metrics yet."))
@@ -545,9 +886,32 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         heat_fig = figures.heatmap_figure(view, c.heat_kind, c.heat_statistic, bool(c.heat_log))
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
+    latest = latest.round(6)
+    if interventions is not None and len(interventions):
+        spans = [(row.id, int(row["from step"]), int(row["to step"]) if row["to step"] != "" else
+                  max(int(view.last_step or row["from step"]), int(row["from step"])))
+                 for _, row in interventions.iterrows()]
+        metrics_fig, sites_fig = shade_interventions(metrics_fig, spans), shade_interventions(sites_fig, spans)
+        latest = _mark_interventions(latest, interventions)
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
-                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest.round(6))
+                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+
+
+def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd.DataFrame:
+    """The last-step table with an ``intervention`` column: the interventions on at each site then."""
+    if latest.empty or "step" not in latest:
+        return latest
+    step = latest.step.max()
+    marks = []
+    for name in latest.site:
+        target = str(name).split(" ")[0]
+        module, _, call = target.partition("#")
+        on = [f"{row.id} {row.intervention}" for _, row in interventions.iterrows()
+              if int(row["from step"]) <= step and (row["to step"] == "" or step <= int(row["to step"]))
+              and row.site in (module, target)]
+        marks.append("; ".join(on))
+    return latest.assign(intervention=marks)
 
 
 def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unknown: list[str]) -> str:
@@ -681,6 +1045,114 @@ def export_run(root: RunsRoot, pick: Any, fmt: Any, folder: str | Path | None = 
     return paths, f"Exported `{root.name_of(run.path)}` to {fmt}: {names} (download below)."
 
 
+# ---------------------------------------------------------------- interventions and initial weights: handlers
+def stored_interventions(run: Run | None) -> pd.DataFrame:
+    """The interventions a stored run records (empty when it has none, or cannot be read)."""
+    if run is None:
+        return pd.DataFrame(columns=INTERVENTION_COLUMNS)
+    try:
+        return interventions_from_metrics(run.metrics())
+    except (RunError, OSError, ValueError):
+        return pd.DataFrame(columns=INTERVENTION_COLUMNS)
+
+
+def apply_intervention(manager: RunManager, run_id: Any, site: Any, op: Any, units: Any = "", k: Any = None,
+                       sigma: Any = None, low: Any = None, high: Any = None, timeout: float = 30.0) -> str:
+    """A page's "Apply": the intervention goes into the run between two steps; returns a message. Never raises."""
+    run, message = _find(manager, run_id) if run_id else (None, "Not attached to a run: start one or attach "
+                                                          "to one, then intervene on it.")
+    if run is None:
+        return f"**Cannot intervene:** {message}"
+    try:
+        record = run.intervene(site, op, units, k, sigma, low, high, timeout=timeout)
+    except (ValueError, TypeError, TimeoutError) as exc:
+        return f"**Cannot intervene:** {exc}"
+    return (f"{record.id}: **{record.what}** at `{record.site}` from step {record.start} on. The band over the "
+            "figures marks its steps; Remove takes it out.")
+
+
+def remove_applied(manager: RunManager, run_id: Any, intervention_id: Any, timeout: float = 30.0) -> str:
+    """A page's "Remove"; returns a message. Never raises."""
+    run, message = _find(manager, run_id) if run_id else (None, "Not attached to a run.")
+    if run is None:
+        return f"**Cannot remove:** {message}"
+    if not intervention_id:
+        return "**Cannot remove:** pick an intervention that is on."
+    try:
+        record = run.remove_intervention(intervention_id, timeout=timeout)
+    except (ValueError, TypeError, TimeoutError) as exc:
+        return f"**Cannot remove:** {exc}"
+    return f"{record.id} ({record.what} at `{record.site}`) removed: it applied to steps {record.start}-{record.end}."
+
+
+def intervention_panel(manager: RunManager, run_id: Any) -> tuple[list[str], pd.DataFrame, list[str]]:
+    """What a page's intervention panel lists: the sites to pick from, the run's interventions, those on."""
+    run = manager.get(run_id) if run_id else None
+    if run is None:
+        return [], pd.DataFrame(columns=INTERVENTION_COLUMNS), []
+    table = run.intervention_frame()
+    return intervention_sites(run.view), table, [r.id for r in run.interventions if r.status == "on"]
+
+
+OUTPUT_COLUMNS = ["output", "shape", "mean", "std", "min", "max"]
+
+
+def _leaves(value: Any, name: str = "out") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, (tuple, list)):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{name}.{i}")]
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{name}.{k}")]
+    return []
+
+
+def inspect_weights(path: Any, batch_size: int = 2) -> tuple[str, pd.DataFrame, pd.DataFrame, str | None,
+                                                              dict[str, Any]]:
+    """An uploaded checkpoint, inspected: a message (what it is, how it was read, the settings that fit),
+    the module tree of the model built from it (``workbench.summarize`` on its example inputs), its
+    outputs on them, the experiment it fits and that experiment's settings. Never raises."""
+    from workbench.checkpoints import build_model, example_outputs, experiment_settings
+    from workbench.summary import summarize
+
+    empty_tree, empty_out = pd.DataFrame(), pd.DataFrame(columns=OUTPUT_COLUMNS)
+    if not path:
+        return "", empty_tree, empty_out, None, {}
+    try:
+        checkpoint = load_checkpoint(path)
+    except (CheckpointError, ValueError, TypeError) as exc:
+        return f"**Refused:** {exc}", empty_tree, empty_out, None, {}
+    experiment, settings = experiment_settings(checkpoint)
+    text = f"**{checkpoint.describe()}.**"
+    try:
+        model, spec = build_model(checkpoint)
+    except CheckpointError as exc:
+        return f"{text}\n\n{exc}", empty_tree, empty_out, experiment, settings
+    except Exception as exc:  # (a model that cannot be built from it, e.g. out of memory): a message
+        return (f"{text}\n\n**Cannot build a model from it:** {type(exc).__name__}: {exc}", empty_tree, empty_out,
+                experiment, settings)
+    try:
+        inputs, outputs = example_outputs(model, spec, batch_size)
+        tree = summarize(model, inputs)
+        rows = [{"output": n, "shape": str(tuple(t.shape)), **({k: round(float(getattr(t.float(), k)()), 6)
+                                                                for k in ("mean", "std", "min", "max")}
+                                                               if t.is_floating_point() and t.numel() > 1 else {})}
+                for n, t in _leaves(outputs)]
+        table = pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+    except Exception as exc:
+        tree, table = summarize(model), empty_out
+        text += f"\n\nIts forward on the example inputs failed: {type(exc).__name__}: {exc}"
+    text += (f"\n\nBuilt `{type(model).__name__}` ({sum(p.numel() for p in model.parameters()):,} parameters) "
+             f"from it; below: its module tree and outputs on {batch_size} example inputs of `{spec}`.")
+    if experiment is not None:
+        shown_settings = ", ".join(f"{k}={v}" for k, v in settings.items())
+        text += (f"\n\nIt fits the **{experiment}** experiment with {shown_settings}: the form is set so. "
+                 "Start trains from these weights.")
+    else:
+        text += "\n\nNo built-in experiment builds this network (its settings differ): it can be inspected here only."
+    return text, tree, table, experiment, settings
+
+
 # ---------------------------------------------------------------- Gradio
 #: The components a drawing of a run page updates, in the order the handlers return them.
 VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
@@ -758,7 +1230,8 @@ def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
 
 
 def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
-           force: bool = True, jump: bool = False, change: dict | None = None) -> tuple:
+           force: bool = True, jump: bool = False, change: dict | None = None,
+           interventions: pd.DataFrame | None = None) -> tuple:
     """One drawing of a run page: ``(new page state, *updates of VIEW_OUTPUTS)``.
 
     ``view`` is the page's run's views (None: no run; ``header`` says why), ``run`` what names it,
@@ -781,7 +1254,8 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
-    return state, *page_outputs(draw_page(view, controls, header=header), state, jumped, revision=run)
+    return state, *page_outputs(draw_page(view, controls, header=header, interventions=interventions), state,
+                                jumped, revision=run)
 
 
 def _view_components(c: dict, p: str) -> None:
@@ -834,6 +1308,49 @@ def _view_components(c: dict, p: str) -> None:
     c[f"{p}_page"] = gr.State(new_page_state())
 
 
+#: Which parameter fields each intervention shows.
+_INTERVENTION_FIELDS = {"zero units": ("iv_units",), "scale": ("iv_k",), "noise": ("iv_sigma",),
+                        "clamp": ("iv_low", "iv_high")}
+
+
+def _form_value(field: FormField, value: Any) -> Any:
+    """A setting as its form widget shows it (a list in a text field as comma-separated text)."""
+    if field.widget == "text" and isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return value
+
+
+def _intervention_components(c: dict) -> None:
+    """The run page's intervention panel: a call site, an operation from the menu and its parameters."""
+    import gradio as gr
+
+    with gr.Accordion("Intervene on this run", open=True, elem_id="intervene"):
+        gr.Markdown("Change what a call site passes on, from the next step, and watch the metrics and the sites "
+                    "downstream; remove it to see them recover. Applied between training steps.",
+                    elem_classes=["wb-help"])
+        with gr.Row(equal_height=True):
+            c["iv_site"] = gr.Dropdown([], value=None, label="call site (recorded by the run)", scale=3,
+                                       elem_id="iv-site")
+            c["iv_op"] = gr.Dropdown(list(INTERVENTIONS), value="scale", label="intervention", scale=2,
+                                     elem_id="iv-op")
+            c["iv_units"] = gr.Textbox("0", label="units (dim 1), e.g. 0, 2, 5-9", scale=2, visible=False,
+                                       elem_id="iv-units")
+            c["iv_k"] = gr.Number(2.0, label="k (output x k)", scale=1, min_width=90, elem_id="iv-k")
+            c["iv_sigma"] = gr.Number(0.1, label="sigma (+ N(0, sigma^2))", scale=1, min_width=90, visible=False,
+                                      elem_id="iv-sigma")
+            c["iv_low"] = gr.Number(-1.0, label="a (clamp to [a, b])", scale=1, min_width=90, visible=False,
+                                    elem_id="iv-low")
+            c["iv_high"] = gr.Number(1.0, label="b", scale=1, min_width=90, visible=False, elem_id="iv-high")
+            c["iv_apply"] = gr.Button("Apply", variant="primary", scale=1, min_width=90, elem_id="iv-apply")
+        c["iv_message"] = gr.Markdown(elem_id="iv-message")
+        with gr.Row(equal_height=True):
+            c["iv_table"] = gr.Dataframe(pd.DataFrame(columns=INTERVENTION_COLUMNS), interactive=False,
+                                         show_label=False, max_height=180, elem_id="iv-table", scale=4)
+            with gr.Column(scale=1, min_width=170):
+                c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on")
+                c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove")
+
+
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
 CSS = """
@@ -874,9 +1391,22 @@ def layout(root: RunsRoot):
                     c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
                                             info=f"a run name under {root.path}", elem_id="run-store",
                                             interactive=True)
+                    c["weights"] = gr.File(label="initial weights (optional): a checkpoint to start from",
+                                           type="filepath", elem_id="run-weights", height=90)
+                    c["weights_info"] = gr.Markdown(elem_id="weights-info")
                     c["form"] = gr.Column()
                 c["start_message"] = gr.Markdown(elem_id="start-message")
             with gr.Column(scale=4):
+                with gr.Accordion("The uploaded weights", open=True, visible=False,
+                                  elem_id="weights-inspect") as c["weights_inspect"]:
+                    c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
+                    with gr.Row(equal_height=False):
+                        c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
+                                                         max_height=300, elem_id="weights-tree", scale=3)
+                        c["weights_outputs"] = gr.Dataframe(pd.DataFrame(columns=OUTPUT_COLUMNS), interactive=False,
+                                                            label="outputs on the example inputs", max_height=300,
+                                                            elem_id="weights-outputs", scale=2)
+                c["prefill"] = gr.State({})
                 c["status"] = gr.Markdown("_No run on this page: start one (New run), or attach to one below._",
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
@@ -888,6 +1418,7 @@ def layout(root: RunsRoot):
                     c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
                     c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
+                _intervention_components(c)
                 _view_components(c, "live")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
@@ -971,8 +1502,9 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     outputs = [c[f"{p}_page"], *[c[f"{p}_{k}"] for k in VIEW_OUTPUTS]]
 
     def draw(value, state, *values, force=True, jump=False, change=None):
-        view, header = find(value)
-        return redraw(view, header, value, state, values, force=force, jump=jump, change=change)
+        view, header, *more = find(value)  # (a third: the run's interventions)
+        return redraw(view, header, value, state, values, force=force, jump=jump, change=change,
+                      interventions=more[0] if more else None)
 
     def handler(**options):
         def on_event(*args):
@@ -1024,23 +1556,28 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         if not attached:
             return None, "_No run on this page: start one (New run), or attach to one below._"
         run, message = _find(manager, attached)
-        return (None, message) if run is None else (run.view, _live_header(run))
+        return (None, message) if run is None else (run.view, _live_header(run), run.intervention_frame())
 
     live_inputs, live_outputs, draw_live = _wire_views(c, "live", c["live_state"], find_live)
     n_views = len(VIEW_OUTPUTS)
 
     with c["form"]:
-        @gr.render(inputs=c["experiment"])
-        def render_form(name):
-            fields = experiment_fields(name)
-            widgets = [widget(f, key=f"exp:{name}:{f.label}") for f in fields]
+        @gr.render(inputs=[c["experiment"], c["prefill"]])
+        def render_form(name, prefill):
+            # an uploaded checkpoint's settings fill the form of the experiment it fits (a new key: a
+            # keyed widget would keep the value it had)
+            given = (prefill or {}).get("values", {}) if (prefill or {}).get("experiment") == name else {}
+            version = (prefill or {}).get("version", 0) if given else 0
+            fields = [dataclasses.replace(f, value=_form_value(f, given[f.label])) if f.label in given else f
+                      for f in experiment_fields(name)]
+            widgets = [widget(f, key=f"exp:{name}:{version}:{f.label}") for f in fields]
             labels = [f.label for f in fields]
             start = gr.Button("Start", variant="primary", elem_id="run-start")
 
             def on_start(attached, exp_name, seed, device, steps, every, histograms, modules, record, store,
-                         *values):
+                         weights, *values):
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
-                                         histograms, modules, store, device, record)
+                                         histograms, modules, store, device, record, weights or None)
                 if new is None:  # the page stays with the run it watches, if any
                     return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), *listed(attached)
                 started = f"Started {new.label}; this page is attached to it."
@@ -1054,10 +1591,24 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
             start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(6))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
-                         c["histograms"], c["modules"], c["record"], c["store"], *widgets],
+                         c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
                          *listing]).then(None, js=SHOW_HEADER).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
-                                         live_inputs, live_outputs, show_progress="hidden")
+                                         live_inputs, live_outputs, show_progress="hidden").then(
+                refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
+
+    panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
+
+    def panel_updates(attached, state: dict) -> tuple:
+        """The intervention panel's updates, each sent only when it changed (``state`` remembers)."""
+        sites, table, on = intervention_panel(manager, attached)
+        sent = state.setdefault("iv", {})
+        rows = table.astype(str).values.tolist()
+        out = (gr.skip() if sent.get("sites") == sites else gr.Dropdown(choices=sites),
+               gr.skip() if sent.get("table") == rows else table,
+               gr.skip() if sent.get("on") == on else gr.Dropdown(choices=on, value=on[-1] if on else None))
+        sent.update(sites=sites, table=rows, on=on)
+        return out
 
     def on_tick(attached, state, *values):
         run = manager.get(attached) if attached else None
@@ -1067,12 +1618,63 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         choices = run_choices(manager)
         pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
         drawn[0]["runs"] = choices
-        return *drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick
+        return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
+                *panel_updates(attached, drawn[0]))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
-                                                    gr.Timer(active=False), *_skips(3))),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"]],
+                                                    gr.Timer(active=False), *_skips(6))),
+                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
+
+    def on_panel(attached, state):
+        state = dict(state or new_page_state())
+        state["iv"] = {}  # (another run, or none: everything is sent)
+        return state, *panel_updates(attached, state)
+
+    refresh_panel = _guarded(on_panel, lambda text: _skips(4))
+
+    def on_op(op):
+        shown_fields = _INTERVENTION_FIELDS.get(op, ())
+        return tuple(gr.update(visible=key in shown_fields) for key in ("iv_units", "iv_k", "iv_sigma", "iv_low",
+                                                                        "iv_high"))
+
+    c["iv_op"].change(on_op, c["iv_op"], [c["iv_units"], c["iv_k"], c["iv_sigma"], c["iv_low"], c["iv_high"]],
+                      show_progress="hidden")
+
+    def on_apply(attached, state, site, op, units, k, sigma, low, high):
+        message = apply_intervention(manager, attached, site, op, units, k, sigma, low, high)
+        return message, *on_panel(attached, state)
+
+    def on_remove(attached, state, chosen):
+        message = remove_applied(manager, attached, chosen)
+        return message, *on_panel(attached, state)
+
+    panel_outputs = [c["iv_message"], c["live_page"], *panel]
+    c["iv_apply"].click(_guarded(on_apply, lambda text: (text, *_skips(4))),
+                        [c["live_state"], c["live_page"], c["iv_site"], c["iv_op"], c["iv_units"], c["iv_k"],
+                         c["iv_sigma"], c["iv_low"], c["iv_high"]], panel_outputs).then(
+        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
+        show_progress="hidden")
+    c["iv_remove"].click(_guarded(on_remove, lambda text: (text, *_skips(4))),
+                         [c["live_state"], c["live_page"], c["iv_on"]], panel_outputs).then(
+        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
+        show_progress="hidden")
+
+    # ------------------------------------------------------------ initial weights
+    def on_weights(path, prefill):
+        text, tree, outputs, experiment, settings = inspect_weights(path)
+        if not path:
+            return "", gr.Accordion(visible=False), "", tree, outputs, gr.skip(), gr.skip()
+        note = text.split("\n\n")[0] if not text.startswith("**Refused") else text
+        if experiment is None:
+            return note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.skip(), gr.skip()
+        version = int((prefill or {}).get("version", 0)) + 1
+        return (note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.Radio(value=experiment),
+                {"experiment": experiment, "values": settings, "version": version})
+
+    c["weights"].change(_guarded(on_weights, lambda text: (text, *_skips(6))), [c["weights"], c["prefill"]],
+                        [c["weights_info"], c["weights_inspect"], c["weights_summary"], c["weights_tree"],
+                         c["weights_outputs"], c["experiment"], c["prefill"]])
 
     def on_attach(picked):
         attached, message = attach(manager, picked)
@@ -1083,7 +1685,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5))), [c["pick"]],
                       [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing]).then(
-        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden")
+        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden").then(
+        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
 
     def on_stop(attached):
         message = stop_run(manager, attached)
@@ -1101,15 +1704,18 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(4))),
                       [c["live_state"], c["pick"]], [c["live_state"], c["live_message"], c["timer"], *listing]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
-                             live_inputs, live_outputs, show_progress="hidden")
+                             live_inputs, live_outputs, show_progress="hidden").then(
+        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
     c["list"].click(_guarded(listed, lambda text: (gr.skip(), gr.skip(), text)), c["pick"], listing)
 
     # ------------------------------------------------------------ the Runs tab
     def find_stored(name):
         if not name:
             return None, "_Pick a run above (or click its row)._"
-        view, _, message = cache.get(name)
-        return (None, message) if view is None else (view, figures.header_markdown(view))
+        view, run, message = cache.get(name)
+        if view is None:
+            return None, message
+        return view, figures.header_markdown(view), stored_interventions(run)
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
     redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *_skips(n_views - 1)))

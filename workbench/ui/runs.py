@@ -201,11 +201,13 @@ class RunManager:
         weakref.finalize(self, _stop_all, self._runs, self._lock)
 
     def start(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
-              device: str = "cpu", **watch_options: Any) -> LiveRun:
-        """Start ``name`` on a thread of its own; ``store`` is a run name under the root (or None).
+              device: str = "cpu", weights: str | None = None, **watch_options: Any) -> LiveRun:
+        """Start ``name`` on a thread of its own; ``store`` is a run name under the root (or None);
+        ``weights`` a checkpoint file the model starts from (see :mod:`workbench.checkpoints`).
 
         Raises:
-            ValueError: too many runs in progress, a bad run name, a name already taken, a bad config.
+            ValueError: too many runs in progress, a bad run name, a name already taken, a bad config,
+                a checkpoint that does not fit the experiment's model (``CheckpointError``, with the diff).
         """
         from workbench.ui.live import LiveRun
 
@@ -230,7 +232,7 @@ class RunManager:
             run_id = f"r{self._count}"
         try:
             run = LiveRun(name, config, seed, steps, store=None if path is None else str(path), device=device,
-                          run_id=run_id, **watch_options)
+                          run_id=run_id, weights=weights, **watch_options)
             with self._lock:
                 self._runs[run_id] = run
         finally:
