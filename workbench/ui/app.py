@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.ui import live, model_browser
+from workbench.ui import explorer, live, model_browser
 from workbench.ui.runs import DEFAULT_ROOT, RunManager
 
 __all__ = ["build_app", "launch"]
@@ -32,6 +32,7 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
         with gr.Tabs():
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
+            explorer.wire(explorer.layout(manager.root))
             live.wire(live.layout(manager.root), manager, app)
     _one_render_at_a_time(app)
     app.run_manager = manager

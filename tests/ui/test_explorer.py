@@ -1,0 +1,304 @@
+"""The activation explorer: its functions against torch.nn.functional and autograd, without a browser."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workbench
+from workbench.ui import explorer as ex
+from workbench.ui.figures import values
+
+# (name, params, the same function written with torch.nn.functional / torch)
+REFERENCES = [
+    ("gelu", {}, lambda x: F.gelu(x)),
+    ("gelu", {"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh")),
+    ("prelu", {"init": -0.3}, lambda x: F.prelu(x, torch.tensor([-0.3], dtype=x.dtype))),
+    ("relu", {}, F.relu),
+    ("sigmoid", {}, torch.sigmoid),
+    ("tanh", {}, torch.tanh),
+    ("threshold", {"threshold": 0.5, "value": -2.0}, lambda x: F.threshold(x, 0.5, -2.0)),
+]
+
+
+def reference(function, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f and f' in float64, f' by autograd on torch.nn.functional's function."""
+    leaf = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    y = function(leaf)
+    y.sum().backward()
+    return y.detach().numpy(), leaf.grad.numpy()
+
+
+@pytest.mark.parametrize("name, params, function", REFERENCES, ids=[f"{n}{p}" for n, p, _ in REFERENCES])
+def test_curves_match_torch_functional_and_the_closed_form_agrees(name, params, function):
+    c = ex.curves(name, params, x_range=(-5, 3), points=321)
+    assert np.allclose(c.x, np.linspace(-5, 3, 321), atol=1e-6)
+    f, df = reference(function, c.x.astype(np.float64))
+    assert np.allclose(c.f, f, atol=1e-6)
+    assert np.allclose(c.autograd, df, atol=1e-6)
+    assert np.allclose(c.closed, df, atol=1e-5)
+    assert c.max_difference == pytest.approx(np.abs(c.closed - c.autograd).max()) and c.max_difference < 1e-5
+
+
+def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
+    figure = ex.curves_figure(["relu", ("gelu", {"approximate": "tanh"}), "gelu"], x_range=(-2, 2), points=41)
+    traces = {(t["meta"]["label"], t["meta"]["curve"]): t for t in figure["data"]}
+    assert set(traces) == {(label, curve) for label in ("relu", "gelu(approximate='tanh')", "gelu")
+                           for curve in ("f", "closed", "autograd")}
+    x = values(traces["gelu(approximate='tanh')", "f"]["x"]).astype(np.float64)
+    f, df = reference(lambda t: F.gelu(t, approximate="tanh"), x)
+    assert np.allclose(values(traces["gelu(approximate='tanh')", "f"]["y"]), f, atol=1e-6)
+    assert np.allclose(values(traces["gelu(approximate='tanh')", "autograd"]["y"]), df, atol=1e-6)
+    assert traces["relu", "closed"]["xaxis"] == "x2"  # f' on the right-hand panel
+    assert "max |closed − autograd| = 0" in traces["relu", "autograd"]["name"]
+    table = ex.differences_markdown(["relu", "gelu"], x_range=(-2, 2), points=41)
+    assert "| relu | 0 |" in table and "| gelu |" in table
+
+
+def test_a_users_activation_is_listed_and_drawn_and_a_wrong_derivative_shows(scratch_model):
+    class Softplus2(torch.nn.Module):
+        """Softplus with a sharpness."""
+
+        def __init__(self, beta: float = 2.0):
+            super().__init__()
+            self.beta = beta
+
+        def forward(self, x):
+            return F.softplus(x, beta=self.beta)
+
+    inputs = lambda m, b, g=None: ((torch.randn(b, 3, generator=g),), {})  # noqa: E731
+    scratch_model("softplus2", family="activation", example_inputs=inputs,
+                  derivative=lambda m, x: torch.sigmoid(m.beta * x))(Softplus2)
+    scratch_model("softplus_wrong", family="activation", example_inputs=inputs,
+                  derivative=lambda m, x: torch.sigmoid(x))(Softplus2)
+    scratch_model("softplus_bare", family="activation", example_inputs=inputs)(Softplus2)
+    assert {"softplus2", "softplus_wrong", "softplus_bare"} <= set(ex.activation_names())
+    assert [f.label for f in ex.explorer_fields("softplus2")] == ["beta"]
+    c = ex.curves("softplus2", {"beta": 3.0}, points=101)
+    f, _ = reference(lambda t: F.softplus(t, beta=3.0), c.x.astype(np.float64))
+    assert np.allclose(c.f, f, atol=1e-6) and c.max_difference < 1e-6 and c.label == "softplus2(beta=3.0)"
+    wrong = ex.curves("softplus_wrong", points=101)
+    assert wrong.max_difference == pytest.approx(np.abs(torch.sigmoid(torch.tensor(wrong.x)).numpy()
+                                                        - df_of(wrong.x, 2.0)).max(), abs=1e-6)
+    assert wrong.max_difference > 0.1  # the disagreement is shown, not hidden
+    bare = ex.curves("softplus_bare", points=11)
+    assert bare.closed is None and bare.max_difference is None
+    figure, message = ex.draw_curves(["softplus_bare"], -1, 1, 11, {})
+    assert "no closed form in its spec" in message
+    assert [t["meta"]["curve"] for t in figure["data"]] == ["f", "autograd"]
+
+
+def df_of(x, beta):
+    return reference(lambda t: F.softplus(t, beta=beta), x.astype(np.float64))[1]
+
+
+def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
+    assert [f.label for f in ex.explorer_fields("prelu")] == ["init"]
+    assert [f.label for f in ex.explorer_fields("threshold")] == ["threshold", "value"]
+    state = ex.set_param({}, "threshold", "value", -1.0)
+    state = ex.set_param(state, "threshold", "threshold", 1.0)
+    figure, message = ex.draw_curves(["threshold"], -3.0, 3.0, 61.0, state)
+    f = next(t for t in figure["data"] if t["meta"]["curve"] == "f")
+    x = values(f["x"]).astype(np.float64)
+    assert np.allclose(values(f["y"]), F.threshold(torch.tensor(x), 1.0, -1.0).numpy(), atol=1e-6)
+    assert "threshold(threshold=1.0, value=-1.0)" in message
+
+
+@pytest.mark.parametrize("call, expected", [
+    (dict(names=["relu"], low=2.0, high=-2.0), "The range must run from low to high, got [2, -2]"),
+    (dict(names=["relu"], low=None), "The range's low end must be a finite number, got None"),
+    (dict(names=["relu"], points=1.0), "The number of points must be a whole number in [2, 20,001], got 1"),
+    (dict(names=["relu"], points=2.5), "got 2.5"),
+    (dict(names=[]), "Pick at least one activation"),
+    (dict(names=["relux"]), "Unknown model 'relux'. Did you mean 'relu'"),
+    (dict(names=["mlp"]), "'mlp' is a 'mlp' model, not an activation"),
+    (dict(names=["gelu"], state={"gelu": {"approximate": "fast"}}), "'approximate' must be one of ['none', 'tanh']"),
+    (dict(names=["prelu"], state={"prelu": {"init": "x"}}), "init expects float, could not read 'x'"),
+])
+def test_bad_curve_settings_are_messages(call, expected):
+    arguments = dict(names=None, low=-4.0, high=4.0, points=401, state={}) | call
+    figure, message = ex.draw_curves(arguments["names"], arguments["low"], arguments["high"], arguments["points"],
+                                     arguments["state"])
+    assert expected in message, message
+    assert figure["data"] == []
+
+
+def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
+    pushed = ex.push_through("tanh", source=ex.normal(0.5, 3.0), samples=20_000, seed=3, saturation=0.1)
+    x = pushed.x.astype(np.float64)
+    assert abs(x.mean() - 0.5) < 0.1 and abs(x.std() - 3.0) < 0.1
+    assert np.allclose(pushed.y, np.tanh(x), atol=1e-6)
+    slope = 1 - np.tanh(x) ** 2
+    # in float32, tanh(x) rounds to ±1 past |x| ≈ 9: no gradient passes there (dead), as in training
+    assert pushed.fractions["dead"] == pytest.approx(np.mean(np.abs(x) > 9.0), abs=2e-4)
+    assert pushed.fractions["dead"] > 0
+    assert pushed.fractions["saturated"] == pytest.approx(np.mean((slope < 0.1) & (np.abs(x) <= 9.0)), abs=2e-4)
+    assert pushed.fractions["negative"] == np.mean(x < 0)
+
+    relu = ex.push_through("relu", source=ex.uniform(-1, 3), samples=10_000, seed=0)
+    x = relu.x
+    assert x.min() >= -1 and x.max() < 3
+    assert relu.fractions == {"dead": np.mean(x <= 0), "saturated": 0.0, "negative": 0.0}
+
+    shifted = ex.push_through("threshold", {"threshold": 1.0, "value": -0.5}, ex.normal(0, 1), samples=10_000)
+    assert shifted.fractions["dead"] == np.mean(shifted.x <= 1.0)
+    assert shifted.fractions["negative"] == np.mean((shifted.x <= 1.0) | (shifted.x < 0))
+    figure = ex.distribution_figure(shifted)
+    bars = {t["meta"]["side"]: t for t in figure["data"]}
+    assert values(bars["input"]["y"]).sum() == pytest.approx(1.0, abs=1e-4)
+    assert values(bars["output"]["y"]).sum() == pytest.approx(1.0, abs=1e-4)
+    assert "dead" in figure["layout"]["title"]["text"]
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
+    (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
+    (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
+    (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
+    (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),
+    (lambda: ex.push_through("relu", seed=-1), "seed must be an int in [0, 2**63 - 1]"),
+])
+def test_bad_distribution_settings_raise_naming_the_value(make, expected):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert expected in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """Two short activation_mlp runs: one with histograms, one without."""
+    root = tmp_path_factory.mktemp("explorer") / "runs"
+    for name, histograms in (("with-histograms", True), ("statistics-only", False)):
+        exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", depth=2, width=8)
+        exp.run(5, store=root / name, histograms=histograms, progress=False)
+    return root
+
+
+def test_recorded_pre_activations_come_from_the_histogram_when_there_is_one(stored):
+    run = workbench.load_run(stored / "with-histograms")
+    assert ex.stored_runs(stored) == ["statistics-only", "with-histograms"] or \
+        sorted(ex.stored_runs(stored)) == ["statistics-only", "with-histograms"]
+    assert list(ex.recorded_sites(run)) == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
+    pushed = ex.push_through("relu", source=ex.recorded(run, "layers.2"), samples=50_000)
+    assert "the histogram recorded at layers.2 at step 5 of run with-histograms" in pushed.source
+    hist = run.histograms(module="layers.2", kind="activation")
+    hist = hist[hist.step == 5].iloc[0]
+    edges, counts = hist.edges, hist.counts
+    assert edges[0] <= pushed.x.min() and pushed.x.max() <= edges[-1] + 1e-6
+    drawn, _ = np.histogram(pushed.x, bins=edges)
+    assert np.allclose(drawn / drawn.sum(), counts / counts.sum(), atol=0.01)
+    rows = run.to_pandas()
+    row = rows[(rows.step == 5) & (rows.module == "layers.2") & (rows.kind == "activation")].iloc[0]
+    assert abs(pushed.x.mean() - row["mean"]) < 0.1 * row["std"] + 0.02
+
+
+def test_recorded_statistics_only_give_a_clipped_normal_said_so(stored):
+    run = workbench.load_run(stored / "statistics-only")
+    pushed = ex.push_through("tanh", source=ex.recorded(run, "layers.0", step=3), samples=50_000)
+    rows = run.to_pandas()
+    row = rows[(rows.step == 3) & (rows.module == "layers.0") & (rows.kind == "activation")].iloc[0]
+    assert "a normal with the mean" in pushed.source and "the run stored statistics, not values" in pushed.source
+    assert row["min"] - 1e-6 <= pushed.x.min() and pushed.x.max() <= row["max"] + 1e-6
+    assert abs(pushed.x.mean() - row["mean"]) < 0.1 * row["std"]
+    with pytest.raises(ValueError, match="recorded no activation at 'layers.9'; its sites are"):
+        ex.recorded(run, "layers.9")
+
+
+def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):
+    from workbench.ui.runs import RunsRoot
+
+    root = RunsRoot(stored)
+    assert ex.run_sites(root, "with-histograms")[0] == "layers.0"
+    figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "with-histograms",
+                                           "layers.0", 1000, 0, 0.05)
+    assert "histogram recorded at layers.0" in message and len(figure["data"]) == 2
+    figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "../../etc", "x")
+    assert figure["data"] == [] and "etc" in message
+    figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "with-histograms", None)
+    assert "Pick a call site" in message
+    figure, message = ex.draw_distribution("relu", {}, "normal", 0, -1, -1, 1)
+    assert "The normal's std must be > 0, got -1" in message
+
+
+# --- which activation trains best --------------------------------------------------------
+
+SMALL = dict(depth=2, width=8, batch_size=32, n_samples=256)
+
+
+def test_comparison_trains_each_activation_as_the_experiment_alone_would():
+    comparison = ex.Comparison(["relu", "tanh", "gelu"], steps=12, seed=4, **SMALL).start()
+    assert comparison.join(120) == {"relu": "finished", "tanh": "finished", "gelu": "finished"}
+    assert comparison.done
+    for name, view in comparison.views.items():
+        # the same task and seed: each run's losses are those of the experiment run by itself
+        alone = workbench.experiments.create("activation_mlp", seed=4, activation=name, **SMALL).run(12, progress=False)
+        losses = view.metrics_frame(["loss"])
+        assert list(losses.step) == list(range(1, 13))
+        assert np.allclose(losses.value, [m["loss"] for m in alone], atol=1e-6)
+    summary = comparison.summary().set_index("activation")
+    assert list(summary.status) == ["finished"] * 3 and list(summary.step) == [12] * 3
+    figure = comparison.metrics_figure()
+    assert {t["name"] for t in figure["data"] if t.get("mode") == "lines"} == {"relu", "tanh", "gelu"}
+    layers = comparison.layers_figure()
+    dead = {(t["meta"]["activation"], t["meta"]["layer"]): values(t["y"]) for t in layers["data"]
+            if t["meta"]["statistic"] == "dead units"}
+    assert set(dead) == {(a, l) for a in ("relu", "tanh", "gelu") for l in ("layers.0", "layers.2")}
+    assert (dead["relu", "layers.0"] > 0).all() and (dead["relu", "layers.0"] < 1).all()
+    assert (dead["tanh", "layers.0"] == 0).all() and (dead["gelu", "layers.2"] == 0).all()
+    norms = [t for t in layers["data"] if t["meta"]["statistic"] == "gradient norm"]
+    assert len(norms) == 6 and all((values(t["y"]) > 0).all() for t in norms)
+
+
+def test_side_by_side_and_stopping():
+    together = ex.Comparison(["relu", "sigmoid"], steps=6, mode="side by side", **SMALL).start()
+    assert together.join(120) == {"relu": "finished", "sigmoid": "finished"}
+    queued = ex.Comparison(["relu", "tanh", "gelu"], steps=100_000, **SMALL).start()
+    statuses = queued.stop(timeout=60)
+    assert statuses["relu"] == "stopped" and statuses["gelu"] == "not started"
+    assert statuses["tanh"] in ("stopped", "not started")
+    assert queued.done
+    with pytest.raises(RuntimeError, match="started already"):
+        queued.start()
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    (dict(activations=[]), "Pick at least one activation"),
+    (dict(activations="relu"), "Pick at least one activation to compare, as a list"),
+    (dict(activations=["relu", "relu"]), "repeats one"),
+    (dict(activations=["relu", "swish"]), "Unknown model 'swish'"),
+    (dict(activations=["relu"], steps=0), "The number of steps must be a whole number in [1, 100,000], got 0"),
+    (dict(activations=["relu"], mode="parallel"), "mode must be one of ['one after another', 'side by side']"),
+    (dict(activations=["relu"], depth=0), "'depth' must lie in [1, 16], got 0"),
+])
+def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, expected):
+    with pytest.raises((ValueError, TypeError)) as info:
+        ex.Comparison(**arguments)
+    assert expected in str(info.value)
+    kept = object()
+    current, message = ex.start_comparison(kept, arguments["activations"], arguments.get("steps", 10), 0,
+                                           arguments.get("depth", 2), 8, 0.01, "spirals",
+                                           arguments.get("mode", "one after another"))
+    assert current is kept and expected.split("'")[0] in message
+
+
+def test_page_handlers_start_and_draw_a_comparison():
+    comparison, message = ex.start_comparison(None, ["relu", "tanh"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
+                                              "one after another")
+    assert "Training `activation_mlp` with relu, tanh: 5 steps each, seed 0" in message
+    comparison.join(120)
+    status, metrics, layers, table = ex.comparison_outputs(comparison)
+    assert "**relu** `finished` 5/5" in status and "**tanh** `finished` 5/5" in status
+    assert list(table.columns) == ex.SUMMARY_COLUMNS and table["accuracy (whole set)"].between(0, 1).all()
+    assert metrics["data"] and layers["data"]
+    assert ex.comparison_outputs(None)[1]["data"] == []
+    with pytest.raises(TypeError, match="first argument, not activation="):
+        ex.Comparison(["relu"], activation="tanh")
+
+
+def test_figures_draw_themselves_in_jupyter():
+    figure = ex.curves_figure("sigmoid", points=11)
+    bundle = figure._repr_mimebundle_()
+    assert bundle[ex.PLOTLY_MIMETYPE]["data"][0]["meta"]["activation"] == "sigmoid"
+    assert math.isfinite(ex.curves("sigmoid", points=11).max_difference)

@@ -1,0 +1,1102 @@
+"""The activation explorer: what an activation function is, what it does to a distribution, and
+which one trains a small network best.
+
+Three parts, each a plain function (or class) returning Plotly figure specs (``{"data", "layout"}``,
+as :mod:`workbench.ui.figures` does), used by the app's Explorer tab and callable from Python or
+Jupyter, where the figures draw themselves::
+
+    from workbench.ui import explorer
+    explorer.curves_figure(["gelu", ("prelu", {"init": 0.1}), "tanh"], x_range=(-4, 4))
+    explorer.distribution_figure(explorer.push_through("tanh", source=explorer.normal(0, 2)))
+    comparison = explorer.Comparison(["relu", "tanh", "gelu"], steps=200).start()
+    comparison.join(); comparison.metrics_figure()
+
+- **Curves**: f(x) and f'(x) of any registered activation (``list_models(family="activation")``,
+  the user's own included) over a range, with the spec's parameters; f' from the spec's closed
+  form (its ``derivative``) drawn over autograd's, and their largest difference.
+- **Distributions**: samples of an input distribution (normal, uniform, or the pre-activations a
+  stored run recorded) pushed through the activation: input and output histograms, with the
+  fractions dead (f'(x) = 0: no gradient passes), saturated (0 < |f'(x)| < a threshold) and
+  negative (f(x) < 0).
+- **Which trains best**: ``activation_mlp`` trained with each chosen activation on the same task
+  and seed, in the background, one after another or side by side; their loss and accuracy, and per
+  hidden layer the share of dead units and the gradient norm, over steps.
+
+The handlers at the top are plain functions, tested without a browser; :func:`layout` places the
+tab's components and :func:`wire` connects them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from workbench.params import check_seed
+from workbench.registry import get_spec, list_models
+from workbench.ui.figures import (
+    _PALETTE,
+    _array,
+    _axis,
+    _layout,
+    compare_metrics_figure,
+    empty_figure,
+)
+from workbench.ui.forms import FormField, form_fields, parse_form
+from workbench.ui.views import FEED_INTERVAL, RunView
+
+__all__ = [
+    "Curves", "Pushed", "Comparison", "ExplorerFigure", "activation_names", "explorer_fields", "build_activation",
+    "curves", "curves_figure", "normal", "uniform", "recorded", "recorded_sites", "push_through",
+    "distribution_figure", "layout", "wire",
+]
+
+PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
+DEFAULT_RANGE = (-4.0, 4.0)
+DEFAULT_POINTS = 401
+MAX_POINTS = 20_001
+DEFAULT_SAMPLES = 100_000
+MAX_SAMPLES = 2_000_000
+DEFAULT_SATURATION = 0.05
+BINS = 60
+MAX_COMPARE_STEPS = 100_000
+MODES = ("one after another", "side by side")
+SUMMARY_COLUMNS = ["activation", "status", "step", "loss (last step)", "accuracy (last step)", "loss (whole set)",
+                   "accuracy (whole set)"]
+#: Parameters the explorer leaves at their defaults: they do not change the curve (``inplace``),
+#: or a curve has one of them (PReLU draws one slope; ``init`` sets it).
+FIXED = ("inplace", "num_parameters")
+
+
+class ExplorerFigure(dict):
+    """A Plotly figure spec (a plain dict: ``{"data": [...], "layout": {...}}``) that Jupyter draws."""
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {PLOTLY_MIMETYPE: dict(self), "text/plain": "<a Plotly figure: run this notebook in JupyterLab>"}
+
+
+def _zeroed(**more: Any) -> dict[str, Any]:
+    """An axis with its zero line drawn (where f and f' cross zero matters here)."""
+    return {**_axis(**more), "zeroline": True, "zerolinecolor": "#bbb"}
+
+
+def _figure(data: list, layout: dict) -> ExplorerFigure:
+    return ExplorerFigure(data=data, layout=layout)
+
+
+# --- checks ----------------------------------------------------------------------
+
+def _number(value: Any, what: str, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}. {fix}")
+    return float(value)
+
+
+def _count(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} must be a whole number in [{low}, {high:,}], got {value!r}.")
+    return value
+
+
+def _check_range(x_range: Any) -> tuple[float, float]:
+    if not isinstance(x_range, (tuple, list)) or len(x_range) != 2:
+        raise ValueError(f"x_range must be a pair (low, high), got {x_range!r}. Pass e.g. x_range=(-4, 4).")
+    low = _number(x_range[0], "The range's low end", "Enter e.g. -4.")
+    high = _number(x_range[1], "The range's high end", "Enter e.g. 4.")
+    if not low < high:
+        raise ValueError(f"The range must run from low to high, got [{low:g}, {high:g}]. "
+                         "Make the low end smaller than the high end, e.g. [-4, 4].")
+    return low, high
+
+
+def activation_names() -> list[str]:
+    """The registered activations (the user's own included), sorted."""
+    return list_models(family="activation")
+
+
+def _activation_spec(name: Any):
+    if not isinstance(name, str):
+        raise TypeError(f"An activation is named by its registry name (a string), got {name!r}. "
+                        f"The activations: {activation_names()}.")
+    spec = get_spec(name)  # an unknown name: ValueError with close matches
+    if spec.family != "activation":
+        raise ValueError(f"{name!r} is a {spec.family!r} model, not an activation. The activations: "
+                         f"{activation_names()} (register yours with family='activation').")
+    return spec
+
+
+def explorer_fields(name: str) -> list[FormField]:
+    """The fields of an activation's parameters that change its curve (all but :data:`FIXED`)."""
+    return [f for f in form_fields(_activation_spec(name).params) if f.label not in FIXED]
+
+
+def build_activation(name: str, params: Mapping[str, Any] | None = None) -> nn.Module:
+    """Build a registered activation from parameter values (Python values, or a form's raw ones).
+
+    Raises:
+        ValueError, TypeError: an unknown activation or parameter, or a bad value (the message
+            names it, and what is allowed).
+    """
+    spec = _activation_spec(name)
+    if params is not None and not isinstance(params, Mapping):
+        raise TypeError(f"The parameters of {name!r} are a dict such as {{'init': 0.1}}, got {params!r}.")
+    return spec.build(**parse_form(spec.params, dict(params or {}), f"Activation {name!r}"))
+
+
+def _label(name: str, params: Mapping[str, Any] | None, module: nn.Module) -> str:
+    spec, given = get_spec(name), dict(params or {})
+    defaults = spec.defaults()
+    shown = {p.name: given[p.name] for p in spec.params  # (in the signature's order)
+             if p.name in given and defaults.get(p.name, object()) != given[p.name]}
+    return name + (f"({', '.join(f'{k}={v!r}' for k, v in shown.items())})" if shown else "")
+
+
+# --- curves ---------------------------------------------------------------------------
+
+@dataclass
+class Curves:
+    """f, f' of one activation at sample points.
+
+    Attributes:
+        name: the registry name; ``label`` with the parameters that differ from the defaults.
+        x: the sample points, shape (N,).
+        f: f(x), as the module computes it.
+        autograd: f'(x) from autograd (the gradient of sum f(x) w.r.t. x).
+        closed: f'(x) from the spec's closed form, or None where the spec has none.
+        max_difference: max |closed - autograd| over x (None without a closed form).
+    """
+
+    name: str
+    label: str
+    x: np.ndarray
+    f: np.ndarray
+    autograd: np.ndarray
+    closed: np.ndarray | None
+    max_difference: float | None
+
+
+def curves(name: str, params: Mapping[str, Any] | None = None, x_range: Sequence[float] = DEFAULT_RANGE,
+           points: int = DEFAULT_POINTS) -> Curves:
+    """Evaluate an activation, its autograd derivative and its closed-form one on ``points``
+    evenly spaced values of ``x_range`` (float32, the default dtype of its inputs).
+
+    Raises:
+        ValueError, TypeError: a bad name, parameter, range or number of points; a module whose
+            output is not elementwise (shape of x) or not differentiable.
+    """
+    low, high = _check_range(x_range)
+    points = _count(points, "The number of points", 2, MAX_POINTS)
+    module = build_activation(name, params)
+    x = torch.linspace(low, high, points)
+    leaf = x.clone().requires_grad_(True)
+    y = module(leaf.clone())  # (a copy: an in-place activation writes into it, not into the leaf)
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        raise ValueError(f"{name!r} returned {type(y).__name__} {tuple(getattr(y, 'shape', ()))} for an input of "
+                         f"shape {tuple(x.shape)}: the explorer draws elementwise activations only.")
+    if not y.requires_grad:
+        raise ValueError(f"{name!r}'s output does not depend differentiably on its input: no f'(x) to draw.")
+    y.sum().backward()
+    autograd = leaf.grad.detach().numpy().copy()
+    derivative = get_spec(name).extras.get("derivative")
+    closed = None
+    if callable(derivative):
+        with torch.no_grad():
+            closed = np.asarray(derivative(module, x.clone()).detach().float().numpy(), np.float32)
+        if closed.shape != autograd.shape:
+            raise ValueError(f"{name!r}'s closed-form derivative returned shape {closed.shape} for {points} points.")
+    difference = float(np.nanmax(np.abs(closed - autograd))) if closed is not None else None
+    return Curves(name, _label(name, params, module), x.numpy(), y.detach().numpy().copy(), autograd, closed,
+                  difference)
+
+
+def _selections(activations: Any, params: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, dict]]:
+    if isinstance(activations, str):
+        activations = [activations]
+    if not isinstance(activations, (list, tuple)) or not activations:
+        raise ValueError(f"Pick at least one activation, e.g. ['gelu', 'relu'] (got {activations!r}). "
+                         f"The activations: {activation_names()}.")
+    chosen = []
+    for item in activations:
+        if isinstance(item, (tuple, list)) and len(item) == 2:
+            chosen.append((item[0], dict(item[1] or {})))
+        else:
+            chosen.append((item, dict((params or {}).get(item, {})) if isinstance(item, str) else {}))
+    return chosen
+
+
+def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]]],
+                  params: Mapping[str, Mapping[str, Any]] | None = None, x_range: Sequence[float] = DEFAULT_RANGE,
+                  points: int = DEFAULT_POINTS) -> ExplorerFigure:
+    """f(x) (left) and f'(x) (right) of several activations overlaid; f' of each from the spec's
+    closed form (solid) and from autograd (dotted, on top); the legend gives their largest
+    difference.
+
+    Args:
+        activations: registry names, or ``(name, params)`` pairs (one activation twice with
+            different parameters).
+        params: parameters by name, for the names given alone.
+        x_range: ``(low, high)``.
+        points: sample points.
+
+    Each trace's ``meta`` says what it is: ``{"activation", "label", "curve"}`` with ``curve`` one
+    of ``f``, ``closed``, ``autograd``.
+    """
+    results = [curves(name, p, x_range, points) for name, p in _selections(activations, params)]
+    data = []
+    for i, c in enumerate(results):
+        color = _PALETTE[i % len(_PALETTE)]
+        meta = dict(activation=c.name, label=c.label)
+        data.append(dict(type="scatter", mode="lines", name=f"{c.label}", x=_array(c.x), y=_array(c.f),
+                         legendgroup=c.label, line=dict(color=color, width=2), meta=dict(meta, curve="f"),
+                         hovertemplate=f"{c.label}: f(%{{x:.3g}}) = %{{y:.4g}}<extra></extra>"))
+        if c.closed is not None:
+            data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' closed form", x=_array(c.x),
+                             y=_array(c.closed), xaxis="x2", yaxis="y2", legendgroup=c.label, showlegend=False,
+                             line=dict(color=color, width=2), meta=dict(meta, curve="closed"),
+                             hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (closed form)<extra></extra>"))
+        difference = ("no closed form in its spec" if c.max_difference is None
+                      else f"max |closed − autograd| = {c.max_difference:.2g}")
+        data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' autograd ({difference})", x=_array(c.x),
+                         y=_array(c.autograd), xaxis="x2", yaxis="y2", legendgroup=c.label,
+                         line=dict(color="#111111", width=1.5, dash="dot"), meta=dict(meta, curve="autograd"),
+                         showlegend=True,
+                         hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (autograd)<extra></extra>"))
+    layout = _layout(420, None, hovermode="closest", legend=dict(orientation="h", y=-0.2, font=dict(size=11)),
+                     xaxis=_zeroed(domain=[0, 0.47], title=dict(text="x")),
+                     yaxis=_zeroed(title=dict(text="f(x)")),
+                     xaxis2=_zeroed(domain=[0.53, 1], anchor="y2", title=dict(text="x")),
+                     yaxis2=_zeroed(anchor="x2", title=dict(text="f′(x)")),
+                     annotations=[dict(text=t, x=x, y=1.02, xref="paper", yref="paper", showarrow=False,
+                                       xanchor="center", yanchor="bottom", font=dict(size=13))
+                                  for t, x in (("f(x)", 0.235), ("f′(x): closed form (solid), autograd (dotted)",
+                                                                 0.765))])
+    layout["margin"]["b"] = 60
+    return _figure(data, layout)
+
+
+def differences_markdown(activations: Any, params: Mapping[str, Mapping[str, Any]] | None = None,
+                         x_range: Sequence[float] = DEFAULT_RANGE, points: int = DEFAULT_POINTS) -> str:
+    """A Markdown table: each activation's largest |closed form - autograd| over the range."""
+    rows = ["| activation | max \\|f′ closed form − f′ autograd\\| |", "|---|---|"]
+    for name, p in _selections(activations, params):
+        c = curves(name, p, x_range, points)
+        rows.append(f"| {c.label} | " + ("no closed form in its spec" if c.max_difference is None
+                                         else f"{c.max_difference:.3g}") + " |")
+    return "\n".join(rows)
+
+
+# --- distributions -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    """An input distribution: ``kind`` ('normal', 'uniform', 'recorded') and its arguments."""
+
+    kind: str
+    args: dict = field(default_factory=dict)
+
+
+def normal(mean: float = 0.0, std: float = 1.0) -> Source:
+    """Normal inputs with this mean and standard deviation (> 0)."""
+    mean = _number(mean, "The normal's mean", "Enter e.g. 0.")
+    std = _number(std, "The normal's std", "Enter e.g. 1.")
+    if std <= 0:
+        raise ValueError(f"The normal's std must be > 0, got {std:g}. Enter e.g. 1.")
+    return Source("normal", dict(mean=mean, std=std))
+
+
+def uniform(low: float = -3.0, high: float = 3.0) -> Source:
+    """Uniform inputs on [low, high)."""
+    low, high = _check_range((low, high))
+    return Source("uniform", dict(low=low, high=high))
+
+
+def recorded(run: Any, site: str, step: int | None = None) -> Source:
+    """The pre-activations a stored run recorded at a call site (an ``activation`` row, e.g. the
+    output of the Linear layer before an activation, ``layers.0``), at ``step`` (default: the last
+    step that recorded it).
+
+    A run stores statistics, not values: where it recorded a histogram of the site at that step,
+    the samples are drawn from the histogram (uniformly within each bin); otherwise from a normal
+    with the recorded mean and std, clipped to the recorded min and max. The source's
+    description says which.
+    """
+    from workbench.instrument import Run, load_run
+
+    run = run if isinstance(run, Run) else load_run(run)
+    sites = recorded_sites(run)
+    if site not in sites:
+        raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
+    if step is not None:
+        step = _count(step, "step", 0, 2**62)
+    return Source("recorded", dict(run=run, site=site, step=step))
+
+
+def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
+    """The activation call sites a stored run recorded, as the run page names them (``layers.0``;
+    ``activation#1`` for a module's 2nd call in a step), each with its ``(module, call, tensor)``."""
+    from workbench.instrument import Run, load_run
+
+    run = run if isinstance(run, Run) else load_run(run)
+    table = RunView.from_run(run).site_table("activation")
+    return {row.name: (row.module, int(row.call), row.tensor) for row in table.itertuples(index=False)}
+
+
+def _recorded_samples(source: Source, n: int, generator: torch.Generator) -> tuple[torch.Tensor, str]:
+    run, site = source.args["run"], source.args["site"]
+    module, call, tensor = recorded_sites(run)[site]
+    rows = run.to_pandas()
+    rows = rows[(rows.kind == "activation") & (rows.module == module) & (rows.call == call) & (rows.tensor == tensor)]
+    step = source.args["step"]
+    if step is None:
+        step = int(rows.step.max())
+    row = rows[rows.step == step]
+    if row.empty:
+        raise ValueError(f"Run {run.name!r} has no {site!r} row at step {step}; it recorded the site at steps "
+                         f"{int(rows.step.min())} to {int(rows.step.max())}.")
+    row = row.iloc[0]
+    where = f"{site} at step {step} of run {run.name}"
+    hists = run.histograms(module=module, kind="activation")
+    hists = hists[(hists.step == step) & (hists.call == call) & (hists.tensor == tensor)]
+    if len(hists):
+        edges = torch.tensor(np.array(hists.edges.iloc[0], np.float64))  # (copies: the stored arrays are read-only)
+        counts = torch.tensor(np.array(hists.counts.iloc[0], np.float64))
+        if counts.sum() > 0 and torch.isfinite(edges).all():
+            bins = torch.multinomial(counts / counts.sum(), n, replacement=True, generator=generator)
+            u = torch.rand(n, generator=generator, dtype=torch.float64)
+            x = edges[bins] + u * (edges[bins + 1] - edges[bins])
+            return x.float(), (f"the histogram recorded at {where} ({len(counts)} bins; values drawn uniformly "
+                               "within each bin)")
+    mean, std, low, high = (float(row[k]) for k in ("mean", "std", "min", "max"))
+    if not all(map(math.isfinite, (mean, std, low, high))):
+        raise ValueError(f"The statistics recorded at {where} are not finite (mean {mean}, std {std}): "
+                         "no distribution to draw from. Pick another step or site.")
+    x = (mean + std * torch.randn(n, generator=generator, dtype=torch.float64)).clamp(low, high)
+    return x.float(), (f"a normal with the mean ({mean:.3g}) and std ({std:.3g}) recorded at {where}, clipped "
+                       f"to its recorded min and max [{low:.3g}, {high:.3g}]: the run stored statistics, not "
+                       "values (record it with histograms on to push its recorded distribution through)")
+
+
+def sample(source: Source, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """``samples`` inputs drawn from ``source`` (float32, shape (samples,)) and what they are, in words."""
+    if not isinstance(source, Source):
+        raise TypeError(f"An input distribution is made by explorer.normal(), uniform() or recorded(), got "
+                        f"{source!r}.")
+    samples = _count(samples, "The number of samples", 1, MAX_SAMPLES)
+    generator = torch.Generator().manual_seed(check_seed(seed, "The distribution"))
+    a = source.args
+    if source.kind == "normal":
+        x = a["mean"] + a["std"] * torch.randn(samples, generator=generator)
+        return x, f"normal with mean {a['mean']:g} and std {a['std']:g}"
+    if source.kind == "uniform":
+        x = a["low"] + (a["high"] - a["low"]) * torch.rand(samples, generator=generator)
+        return x, f"uniform on [{a['low']:g}, {a['high']:g})"
+    return _recorded_samples(source, samples, generator)
+
+
+@dataclass
+class Pushed:
+    """Samples pushed through an activation.
+
+    Attributes:
+        label: the activation with its parameters; ``source`` the input distribution in words.
+        x, y, gradient: inputs, f(x) and autograd's f'(x), shape (samples,).
+        fractions: ``dead`` (f'(x) = 0), ``saturated`` (0 < |f'(x)| < ``saturation``), ``negative``
+            (f(x) < 0), each a share of the samples.
+    """
+
+    label: str
+    source: str
+    x: np.ndarray
+    y: np.ndarray
+    gradient: np.ndarray
+    saturation: float
+    fractions: dict[str, float]
+
+
+def push_through(name: str, params: Mapping[str, Any] | None = None, source: Source | None = None,
+                 samples: int = DEFAULT_SAMPLES, seed: int = 0, saturation: float = DEFAULT_SATURATION) -> Pushed:
+    """Push samples of ``source`` (default: standard normal) through an activation.
+
+    Args:
+        name, params: the activation and its parameters.
+        source: :func:`normal`, :func:`uniform` or :func:`recorded`.
+        samples: how many; seed: their generator's seed.
+        saturation: |f'(x)| below this (and above 0) counts as saturated.
+    """
+    saturation = _number(saturation, "The saturation threshold", "Enter e.g. 0.05.")
+    if saturation <= 0:
+        raise ValueError(f"The saturation threshold must be > 0, got {saturation:g}. Enter e.g. 0.05.")
+    module = build_activation(name, params)
+    x, description = sample(source if source is not None else normal(), samples, seed)
+    leaf = x.clone().requires_grad_(True)
+    y = module(leaf.clone())
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        raise ValueError(f"{name!r} is not elementwise: it returned {tuple(getattr(y, 'shape', ()))} for "
+                         f"{tuple(x.shape)}.")
+    if y.requires_grad:
+        y.sum().backward()
+        gradient = leaf.grad.detach().numpy().copy()
+    else:
+        gradient = np.zeros(x.shape, np.float32)
+    y = y.detach().numpy().copy()
+    magnitude = np.abs(gradient)
+    fractions = {"dead": float(np.mean(magnitude == 0)),
+                 "saturated": float(np.mean((magnitude > 0) & (magnitude < saturation))),
+                 "negative": float(np.mean(y < 0))}
+    return Pushed(_label(name, params, module), description, x.numpy(), y, gradient, saturation, fractions)
+
+
+def _histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+    if high - low < 1e-6:  # all (nearly) one value: one bar around it
+        low, high = low - 0.5, high + 0.5
+    counts, edges = np.histogram(finite, bins=BINS, range=(low, high))
+    return (edges[:-1] + edges[1:]) / 2, edges[1:] - edges[:-1], counts / max(len(values), 1)
+
+
+def fractions_markdown(pushed: Pushed) -> str:
+    """The fractions of a push, in words."""
+    f = pushed.fractions
+    return (f"**{pushed.label}** on {len(pushed.x):,} samples of {pushed.source}:  \n"
+            f"dead (f′(x) = 0, no gradient passes) **{f['dead']:.1%}** · "
+            f"saturated (0 < |f′(x)| < {pushed.saturation:g}) **{f['saturated']:.1%}** · "
+            f"negative (f(x) < 0) **{f['negative']:.1%}**")
+
+
+def distribution_figure(pushed: Pushed) -> ExplorerFigure:
+    """Input (left) and output (right) histograms of a push (shares of the samples per bin); the
+    title gives the fractions dead, saturated and negative."""
+    data = []
+    for i, (values, what) in enumerate(((pushed.x, "input x"), (pushed.y, f"output {pushed.label}(x)"))):
+        centers, widths, shares = _histogram(values)
+        n = "" if i == 0 else "2"
+        data.append(dict(type="bar", name=what, x=_array(centers), y=_array(shares), width=_array(widths),
+                         xaxis=f"x{n}", yaxis=f"y{n}", marker=dict(color=_PALETTE[i], line=dict(width=0)),
+                         meta=dict(side="input" if i == 0 else "output"),
+                         hovertemplate=what + ": %{x:.3g}<br>share %{y:.2%}<extra></extra>"))
+    f = pushed.fractions
+    title = (f"{pushed.label}: dead {f['dead']:.1%} · saturated (|f′| < {pushed.saturation:g}) "
+             f"{f['saturated']:.1%} · negative {f['negative']:.1%}")
+    layout = _layout(380, title, hovermode="closest", showlegend=False, bargap=0,
+                     xaxis=_axis(domain=[0, 0.47], title=dict(text="input x")),
+                     yaxis=_axis(title=dict(text="share of samples"), tickformat=".1%"),
+                     xaxis2=_axis(domain=[0.53, 1], anchor="y2", title=dict(text=f"output {pushed.label}(x)")),
+                     yaxis2=_axis(anchor="x2", tickformat=".1%"))
+    return _figure(data, layout)
+
+
+# --- which activation trains best ------------------------------------------------------------
+
+class _Entry:
+    """One activation's run in a comparison."""
+
+    def __init__(self, name: str, experiment: Any, steps: int) -> None:
+        self.name, self.experiment = name, experiment
+        self.view = RunView(label=name, total=steps)
+        self.view.set_status("waiting")
+        self.run = None  # the BackgroundRun, once started
+        self.watch = self.subscription = None
+        self.final: dict[str, float] | None = None  # loss and accuracy on the whole training set, at the end
+
+
+class Comparison:
+    """``activation_mlp`` trained with each of several activations on the same task and seed.
+
+    Every run is built (its configuration checked, its memory estimated) before any starts. Each
+    trains in the background (``exp.start``) under a watch feeding a :class:`RunView`;
+    ``mode`` runs them one after another (each starts when the previous ends) or side by side.
+
+    Args:
+        activations: registry names, at least one, no repeats.
+        steps: training steps of each run.
+        seed: the seed of every run (the same data, initial weights and batches up to the activation).
+        mode: ``"one after another"`` or ``"side by side"``.
+        **config: ``activation_mlp``'s other settings (``depth``, ``width``, ``lr``, ``dataset`` ...).
+
+    Raises:
+        ValueError, TypeError: before anything starts, for a bad activation, setting, mode or step count.
+    """
+
+    def __init__(self, activations: Sequence[str], steps: int = 200, seed: int = 0, mode: str = MODES[0],
+                 **config: Any) -> None:
+        from workbench.experiments import create
+
+        if isinstance(activations, str) or not isinstance(activations, (list, tuple)) or not activations:
+            raise ValueError(f"Pick at least one activation to compare, as a list (got {activations!r}). "
+                             f"The activations: {activation_names()}.")
+        if len(set(activations)) != len(activations):
+            raise ValueError(f"Each activation once, please: {list(activations)} repeats one.")
+        for name in activations:
+            _activation_spec(name)
+        if "activation" in config:
+            raise TypeError("The activations are the comparison's first argument, not activation=.")
+        self.steps = _count(steps, "The number of steps", 1, MAX_COMPARE_STEPS)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
+        self.mode, self.seed, self.config = mode, check_seed(seed, "The comparison"), dict(config)
+        self.entries = {name: _Entry(name, create("activation_mlp", seed=seed, activation=name, **config), self.steps)
+                        for name in activations}
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._started = False
+
+    @property
+    def views(self) -> dict[str, RunView]:
+        """Each activation's :class:`RunView` (metrics and statistics over steps)."""
+        return {name: e.view for name, e in self.entries.items()}
+
+    def start(self) -> Comparison:
+        """Start the runs (the first only, one after another); returns at once."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError("This comparison has started already; make a new one to run again.")
+            self._started = True
+        names = list(self.entries)
+        for name in (names if self.mode == "side by side" else names[:1]):
+            self._start(name)
+        return self
+
+    def _start(self, name: str) -> None:
+        e = self.entries[name]
+        with self._lock:
+            if self._stopping:
+                e.view.set_status("not started")
+                return
+            e.watch = e.experiment.watch()
+            e.subscription = e.watch.subscribe(e.view.feed, interval=FEED_INTERVAL)
+            e.view.set_status("running")
+            try:
+                e.run = e.experiment.start(self.steps)
+            except BaseException as exc:
+                e.subscription.unsubscribe()
+                e.watch.close("failed", repr(exc))
+                e.view.set_status("failed", repr(exc))
+                raise
+        e.run.on_done(lambda run, name=name: self._finished(name, run))
+
+    def _finished(self, name: str, run: Any) -> None:
+        """On the run's thread, when it has ended: close its watch, evaluate, start the next."""
+        e = self.entries[name]
+        e.subscription.unsubscribe()  # (delivers what was queued first: the view has every step)
+        e.watch.close(run.status, run.error if run.status == "failed" else
+                      ("stopped by the user" if run.status == "stopped" else None))
+        if run.status != "failed":
+            try:
+                e.final = e.experiment.evaluate()
+            except Exception:  # (the run's own error is what counts; an evaluation that fails is left out)
+                e.final = None
+        e.view.set_status(run.status, run.error)
+        if self.mode == "one after another":
+            names = list(self.entries)
+            following = names.index(name) + 1
+            if following < len(names):
+                self._start(names[following])
+
+    def status(self) -> dict[str, str]:
+        """Each run's status: waiting, running, finished, stopped, failed or not started."""
+        return {name: e.view.header()["status"] for name, e in self.entries.items()}
+
+    @property
+    def done(self) -> bool:
+        """Every run has ended (or will not start)."""
+        return all(s in ("finished", "stopped", "failed", "not started") for s in self.status().values())
+
+    def stop(self, wait: bool = True, timeout: float | None = 30.0) -> dict[str, str]:
+        """Stop the runs in progress (after their current step) and start no more."""
+        with self._lock:
+            self._stopping = True
+            waiting = [e for e in self.entries.values() if e.run is None]
+        for e in waiting:
+            e.view.set_status("not started")
+        for e in list(self.entries.values()):
+            if e.run is not None:
+                e.run.stop(wait=wait, timeout=timeout)
+        if wait:
+            self.join(timeout)
+        return self.status()
+
+    def join(self, timeout: float | None = None) -> dict[str, str]:
+        """Wait for every run to end (in turn, one after another); returns the statuses."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for name in list(self.entries):
+            while True:
+                e = self.entries[name]
+                with self._lock:
+                    run, stopping = e.run, self._stopping
+                if run is not None:
+                    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    run.join(left)
+                    if run.done or (deadline is not None and time.monotonic() >= deadline):
+                        # (on_done has run: the next one, if any, is started before done is set)
+                        break
+                elif stopping or self.status()[name] in ("not started", "failed"):
+                    break
+                elif deadline is not None and time.monotonic() >= deadline:
+                    break
+                else:
+                    time.sleep(0.02)  # the previous run starts this one as it ends
+        return self.status()
+
+    # ---------------------------------------------------------------- figures
+    def metrics_figure(self, smoothing: float = 0.0) -> ExplorerFigure:
+        """Training loss and accuracy of each run over steps (a line per activation)."""
+        return ExplorerFigure(compare_metrics_figure(self.views, ["loss", "accuracy"], smoothing, columns=2))
+
+    def hidden_layers(self) -> list[str]:
+        """The hidden Linear layers (``layers.0``, ``layers.2`` ...): each feeds an activation."""
+        depth = next(iter(self.entries.values())).experiment.config.depth
+        return [f"layers.{2 * i}" for i in range(depth)]
+
+    def layers_figure(self) -> ExplorerFigure:
+        """Per hidden layer (columns), a line per activation: top, the share of dead units - of the
+        layer's pre-activation gradient entries (units x samples of the batch) that are exactly 0,
+        where f'(x) = 0 lets no gradient through; bottom, the norm of the layer's weight gradient."""
+        layers = self.hidden_layers()
+        rows = [("grad_output", "zero_frac", "dead units", lambda l: l, ".0%"),
+                ("param_grad", "norm", "gradient norm", lambda l: f"{l} weight", None)]
+        columns = len(layers)
+        gap_x, gap_y = 0.06, 0.16
+        width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y) / 2
+        data, layout = [], _layout(520, None, hovermode="x", annotations=[], showlegend=True,
+                                   legend=dict(orientation="h", y=-0.12))
+        steps_seen = []
+        for r, (kind, statistic, what, site_of, fmt) in enumerate(rows):
+            for j, layer in enumerate(layers):
+                n = str(r * columns + j + 1) if r * columns + j else ""
+                x0, y1 = j * (width + gap_x), 1 - r * (height + gap_y)
+                for k, (name, view) in enumerate(self.views.items()):
+                    site = site_of(layer)
+                    if site not in view.site_order(kind):
+                        continue
+                    part = view.site_series(kind, statistic, [site])
+                    steps_seen.append(part.step.to_numpy())
+                    data.append(dict(type="scatter", mode="lines", name=name, x=_array(part.step),
+                                     y=_array(part.value), xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=name,
+                                     showlegend=r == 0 and j == 0, line=dict(color=_PALETTE[k % len(_PALETTE)],
+                                                                             width=1.5),
+                                     meta=dict(activation=name, layer=layer, statistic=what),
+                                     hovertemplate=f"{name}: %{{y:.3g}}<extra>{what}, {layer}</extra>"))
+                layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d",
+                                            **({"title": dict(text="step")} if r == 1 else {}))
+                layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}",
+                                            **({"tickformat": fmt} if fmt else {}),
+                                            **({"title": dict(text=what)} if j == 0 else {}))
+                layout["annotations"].append(dict(text=f"{what}: {layer}", x=x0 + width / 2, y=y1, xref="paper",
+                                                  yref="paper", xanchor="center", yanchor="bottom",
+                                                  showarrow=False, font=dict(size=12)))
+        if not data:
+            return ExplorerFigure(empty_figure("No steps recorded yet."))
+        return _figure(data, layout)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per activation: status, step, last training loss and accuracy, and (at the end)
+        loss and accuracy on the whole training set."""
+        rows = []
+        for name, e in self.entries.items():
+            h = e.view.header()
+            metrics = e.view.metrics_frame(["loss", "accuracy"])
+            last = {m: float(metrics[metrics.metric == m].value.iloc[-1]) if (metrics.metric == m).any() else None
+                    for m in ("loss", "accuracy")}
+            rows.append({"activation": name, "status": h["status"], "step": h["step"],
+                         "loss (last step)": last["loss"], "accuracy (last step)": last["accuracy"],
+                         "loss (whole set)": e.final["loss"] if e.final else None,
+                         "accuracy (whole set)": e.final["accuracy"] if e.final else None})
+        return pd.DataFrame(rows, columns=SUMMARY_COLUMNS).round(4)
+
+    def status_markdown(self) -> str:
+        """One line: each run's status and step."""
+        parts = []
+        for name, e in self.entries.items():
+            h = e.view.header()
+            parts.append(f"**{name}** `{h['status']}` {h['step']}/{self.steps}")
+        return " · ".join(parts)
+
+
+# --- the app's handlers (plain functions) ------------------------------------------------------
+
+SOURCES = ("normal", "uniform", "recorded run")
+DEFAULT_CURVES = ("gelu", "relu", "tanh")
+DEFAULT_COMPARE = ("relu", "tanh", "gelu", "sigmoid")
+
+
+def _message(exc: Exception) -> str:
+    return f"**{type(exc).__name__}:** {exc}" if not isinstance(exc, (ValueError, TypeError)) else f"**{exc}**"
+
+
+def set_param(state: Mapping[str, Mapping[str, Any]] | None, name: str, label: str, value: Any) -> dict:
+    """The page's parameter values (``{activation: {parameter: raw value}}``) with one changed."""
+    state = {k: dict(v) for k, v in (state or {}).items()}
+    state.setdefault(name, {})[label] = value
+    return state
+
+
+def _params_of(state: Mapping[str, Mapping[str, Any]] | None, name: str) -> dict:
+    """The values set on the page for ``name``'s fields (those still fields of its spec)."""
+    fields = {f.label for f in explorer_fields(name)}
+    return {k: v for k, v in (state or {}).get(name, {}).items() if k in fields}
+
+
+def draw_curves(names: Sequence[str] | None, low: Any, high: Any, points: Any,
+                state: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, str]:
+    """The Curves figure and its message (the max differences), or an empty figure and what is wrong."""
+    try:
+        if not names:
+            raise ValueError("Pick at least one activation to draw.")
+        params = {name: _params_of(state, name) for name in names}
+        x_range = (low, high)
+        return (curves_figure(list(names), params, x_range, points),
+                differences_markdown(list(names), params, x_range, points))
+    except Exception as exc:  # a message in the figure's place, never a traceback
+        return empty_figure("Nothing to draw: see the message below."), _message(exc)
+
+
+def stored_runs(root: Any) -> list[str]:
+    """The runs under the app's runs root (a :class:`~workbench.ui.runs.RunsRoot`), by their names
+    relative to it, newest first."""
+    from pathlib import Path
+
+    from workbench.instrument import list_runs
+
+    path = Path(getattr(root, "path", root))
+    if not path.is_dir():
+        return []
+    return [str(Path(p).relative_to(path)) for p in list_runs(path).path]
+
+
+def _open_run(root: Any, name: Any):
+    from workbench.instrument import load_run
+
+    if not name:
+        raise ValueError("Pick a stored run (record one in the Experiments tab, or press Refresh).")
+    resolved = root.resolve(name) if hasattr(root, "resolve") else __import__("pathlib").Path(root) / name
+    return load_run(resolved)
+
+
+def run_sites(root: Any, name: Any) -> list[str]:
+    """The activation call sites a stored run recorded (empty for no run)."""
+    if not name:
+        return []
+    return list(recorded_sites(_open_run(root, name)))
+
+
+def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] | None, source: str,
+                      mean: Any, std: Any, low: Any, high: Any, root: Any = None, run: Any = None,
+                      site: Any = None, samples: Any = DEFAULT_SAMPLES, seed: Any = 0,
+                      saturation: Any = DEFAULT_SATURATION) -> tuple[dict, str]:
+    """The Distributions figure and its Markdown (the source in words and the fractions)."""
+    try:
+        if not name:
+            raise ValueError("Pick an activation.")
+        if source == "normal":
+            chosen = normal(mean, std)
+        elif source == "uniform":
+            chosen = uniform(low, high)
+        elif source == "recorded run":
+            if not site:
+                raise ValueError("Pick a call site of the run (the pre-activations are the outputs of the "
+                                 "layer before an activation, e.g. layers.0).")
+            chosen = recorded(_open_run(root, run), site)
+        else:
+            raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
+        if isinstance(seed, float) and seed.is_integer():
+            seed = int(seed)
+        pushed = push_through(name, _params_of(state, name), chosen, samples, seed, saturation)
+        return distribution_figure(pushed), fractions_markdown(pushed)
+    except Exception as exc:
+        return empty_figure("Nothing to draw: see the message below."), _message(exc)
+
+
+def start_comparison(current: Comparison | None, names: Sequence[str] | None, steps: Any, seed: Any, depth: Any,
+                     width: Any, lr: Any, dataset: Any, mode: Any) -> tuple[Comparison | None, str]:
+    """Start a comparison (stopping the page's previous one); returns it and a message. Bad
+    settings leave the previous one as it was and say what is wrong."""
+    try:
+        values = {"seed": seed, "steps": steps, "depth": depth, "width": width}
+        for key, value in values.items():
+            if isinstance(value, float) and value.is_integer():
+                values[key] = int(value)
+        names = names if isinstance(names, str) else list(names or [])
+        comparison = Comparison(names, values["steps"], values["seed"], mode,
+                                depth=values["depth"], width=values["width"], lr=lr, dataset=dataset)
+    except Exception as exc:
+        return current, _message(exc)
+    if current is not None and not current.done:
+        current.stop(wait=True)
+    comparison.start()
+    return comparison, (f"Training `activation_mlp` with {', '.join(comparison.entries)}: {comparison.steps} "
+                        f"steps each, seed {comparison.seed}, {comparison.mode}.")
+
+
+def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, pd.DataFrame]:
+    """Status line, metrics figure, layers figure and summary table of a comparison."""
+    if comparison is None:
+        empty = empty_figure("Pick activations and press Train.")
+        return "_No comparison on this page yet._", empty, empty, pd.DataFrame()
+    return (comparison.status_markdown(), comparison.metrics_figure(), comparison.layers_figure(),
+            comparison.summary())
+
+
+# --- layout and wiring -------------------------------------------------------------------------
+
+def _control(field: FormField, key: str, elem_id: str):
+    import gradio as gr
+
+    common = dict(label=field.label, info=field.info or None, key=key, interactive=True, elem_id=elem_id)
+    rng = field.param.range
+    if field.widget == "dropdown":
+        return gr.Dropdown(list(field.param.choices), value=field.value, **common)
+    if field.widget == "checkbox":
+        return gr.Checkbox(value=field.value, **common)
+    if (field.widget == "float" and rng is not None and rng.low is not None and rng.high is not None
+            and math.isfinite(rng.low) and math.isfinite(rng.high)):
+        return gr.Slider(rng.low, rng.high, value=field.value, **common)
+    if field.widget in ("int", "float"):
+        return gr.Number(field.value, **common)
+    return gr.Textbox(value=field.value, **common)
+
+
+def layout(root: Any = None) -> dict[str, Any]:
+    """Place the Explorer tab's components; call inside ``gr.Tabs``. ``root``: the app's runs root
+    (:class:`~workbench.ui.runs.RunsRoot`), whose stored runs the Distributions part can draw from."""
+    import gradio as gr
+
+    from workbench.experiments import get_experiment_spec
+    from workbench.ui.live import plot_data
+
+    names = activation_names()
+    c: dict[str, Any] = {"root": root}
+    with gr.Tab("Activation explorer", id="explorer"):
+        with gr.Tabs():
+            with gr.Tab("Curves", id="explorer-curves-tab"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=300):
+                        c["names"] = gr.CheckboxGroup(names, value=[n for n in DEFAULT_CURVES if n in names],
+                                                      label="activations (overlaid)", elem_id="explorer-names")
+                        c["reload"] = gr.Button("Reload the registry", size="sm", elem_id="explorer-reload")
+                        with gr.Row():
+                            c["x_low"] = gr.Number(DEFAULT_RANGE[0], label="x from", elem_id="explorer-x-low",
+                                                   interactive=True, min_width=80)
+                            c["x_high"] = gr.Number(DEFAULT_RANGE[1], label="x to", elem_id="explorer-x-high",
+                                                    interactive=True, min_width=80)
+                            c["points"] = gr.Number(DEFAULT_POINTS, label="points", elem_id="explorer-points",
+                                                    interactive=True, min_width=80)
+                        c["params_box"] = gr.Column(elem_id="explorer-params")
+                    with gr.Column(scale=3):
+                        figure, message = draw_curves(c["names"].value, *DEFAULT_RANGE, DEFAULT_POINTS)
+                        c["curves"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-curves")
+                        c["curves_message"] = gr.Markdown(message, elem_id="explorer-curves-message")
+            with gr.Tab("Distributions", id="explorer-dist-tab"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=300):
+                        c["dist_name"] = gr.Dropdown(names, value="tanh" if "tanh" in names else names[0],
+                                                     label="activation (its parameters as set under Curves)",
+                                                     elem_id="explorer-dist-name", interactive=True)
+                        c["source"] = gr.Radio(list(SOURCES), value="normal", label="input distribution",
+                                               elem_id="explorer-source")
+                        with gr.Row(visible=True) as c["normal_box"]:
+                            c["mean"] = gr.Number(0.0, label="mean", elem_id="explorer-mean", interactive=True)
+                            c["std"] = gr.Number(2.0, label="std", elem_id="explorer-std", interactive=True)
+                        with gr.Row(visible=False) as c["uniform_box"]:
+                            c["low"] = gr.Number(-3.0, label="low", elem_id="explorer-low", interactive=True)
+                            c["high"] = gr.Number(3.0, label="high", elem_id="explorer-high", interactive=True)
+                        with gr.Column(visible=False) as c["recorded_box"]:
+                            gr.Markdown("A stored run keeps statistics (and histograms, if recorded with them), "
+                                        "not values: the samples come from the site's histogram at its last "
+                                        "recorded step, or else from a normal with its recorded mean and std. "
+                                        "The message below says which.", elem_id="explorer-recorded-note")
+                            c["run"] = gr.Dropdown([], value=None, label="stored run", elem_id="explorer-run",
+                                                   interactive=True)
+                            c["site"] = gr.Dropdown([], value=None, label="call site (pre-activations: the layer "
+                                                    "before an activation)", elem_id="explorer-site",
+                                                    interactive=True)
+                            c["runs_refresh"] = gr.Button("Refresh the runs", size="sm",
+                                                          elem_id="explorer-runs-refresh")
+                        with gr.Row():
+                            c["samples"] = gr.Number(DEFAULT_SAMPLES, label="samples", elem_id="explorer-samples",
+                                                     interactive=True, min_width=120)
+                            c["dist_seed"] = gr.Number(0, label="seed", elem_id="explorer-dist-seed",
+                                                       interactive=True, min_width=70)
+                            c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated below |f′|",
+                                                        elem_id="explorer-saturation", interactive=True,
+                                                        min_width=90)
+                    with gr.Column(scale=3):
+                        figure, message = draw_distribution(c["dist_name"].value, {}, "normal", 0.0, 2.0, -3, 3)
+                        c["dist_plot"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-dist")
+                        c["dist_message"] = gr.Markdown(message, elem_id="explorer-dist-message")
+            with gr.Tab("Which trains best", id="explorer-compare-tab"):
+                config = {p.name: p for p in get_experiment_spec("activation_mlp").params}
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=300):
+                        c["compare_names"] = gr.CheckboxGroup(
+                            names, value=[n for n in DEFAULT_COMPARE if n in names], label="activations",
+                            elem_id="explorer-compare-names")
+                        gr.Markdown("`activation_mlp` on the same task and seed with each activation.")
+                        with gr.Row():
+                            c["steps"] = gr.Number(200, label="steps", elem_id="explorer-steps", interactive=True,
+                                                   min_width=80)
+                            c["seed"] = gr.Number(0, label="seed", elem_id="explorer-seed", interactive=True,
+                                                  min_width=80)
+                        with gr.Row():
+                            c["depth"] = gr.Number(3, label="depth", elem_id="explorer-depth", interactive=True,
+                                                   min_width=80, info=config["depth"].help)
+                            c["width"] = gr.Number(16, label="width", elem_id="explorer-width", interactive=True,
+                                                   min_width=80, info=config["width"].help)
+                        with gr.Row():
+                            c["lr"] = gr.Number(config["lr"].default, label="lr", elem_id="explorer-lr",
+                                                interactive=True, min_width=80)
+                            c["dataset"] = gr.Dropdown(list(config["dataset"].choices), value="spirals",
+                                                       label="dataset", elem_id="explorer-dataset", interactive=True,
+                                                       min_width=80)
+                        c["mode"] = gr.Radio(list(MODES), value=MODES[0], label="runs", elem_id="explorer-mode")
+                        with gr.Row():
+                            c["train"] = gr.Button("Train", variant="primary", elem_id="explorer-train")
+                            c["stop"] = gr.Button("Stop", variant="stop", elem_id="explorer-stop")
+                        c["compare_message"] = gr.Markdown(elem_id="explorer-compare-message")
+                    with gr.Column(scale=3):
+                        status, metrics, layers, table = comparison_outputs(None)
+                        c["compare_status"] = gr.Markdown(status, elem_id="explorer-compare-status")
+                        c["compare_metrics"] = gr.Plot(plot_data(metrics), show_label=False,
+                                                       elem_id="explorer-compare-metrics")
+                        gr.Markdown("**Per hidden layer.** Dead units: the share of the layer's pre-activation "
+                                    "gradient (units × samples of the batch) that is exactly 0, where f′(x) = 0 "
+                                    "lets no gradient through. Gradient norm: of the layer's weight.")
+                        c["compare_layers"] = gr.Plot(plot_data(layers), show_label=False,
+                                                      elem_id="explorer-compare-layers")
+                        c["compare_table"] = gr.Dataframe(table, interactive=False, elem_id="explorer-compare-table",
+                                                          show_label=False)
+        c["params_state"] = gr.State({})
+        c["comparison"] = gr.State(None, delete_callback=lambda comparison: comparison is not None
+                                   and comparison.stop(wait=False))
+        c["timer"] = gr.Timer(1.0, active=False)
+    return c
+
+
+def wire(c: dict[str, Any]) -> None:
+    """Connect the components placed by :func:`layout`."""
+    import gradio as gr
+
+    from workbench.ui.live import plot_data
+
+    root = c["root"]
+    curve_inputs = [c["names"], c["x_low"], c["x_high"], c["points"], c["params_state"]]
+
+    def on_curves(names, low, high, points, state):
+        figure, message = draw_curves(names, low, high, points, state)
+        return plot_data(figure, "explorer-curves"), message
+
+    for trigger in (c["names"].change, c["x_low"].change, c["x_high"].change, c["points"].change):
+        trigger(on_curves, curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
+
+    def on_reload(chosen, compare_chosen, dist_name):
+        names = activation_names()
+        return (gr.CheckboxGroup(choices=names, value=[n for n in chosen or [] if n in names]),
+                gr.CheckboxGroup(choices=names, value=[n for n in compare_chosen or [] if n in names]),
+                gr.Dropdown(choices=names, value=dist_name if dist_name in names else (names[0] if names else None)))
+
+    c["reload"].click(on_reload, [c["names"], c["compare_names"], c["dist_name"]],
+                      [c["names"], c["compare_names"], c["dist_name"]])
+
+    dist_inputs = [c["dist_name"], c["params_state"], c["source"], c["mean"], c["std"], c["low"], c["high"],
+                   c["run"], c["site"], c["samples"], c["dist_seed"], c["saturation"]]
+
+    def on_distribution(name, state, source, mean, std, low, high, run, site, samples, seed, saturation):
+        figure, message = draw_distribution(name, state, source, mean, std, low, high, root, run, site, samples,
+                                            seed, saturation)
+        return plot_data(figure, "explorer-dist"), message
+
+    with c["params_box"]:
+        @gr.render(inputs=[c["names"]])
+        def render_params(names):
+            for name in names or []:
+                try:
+                    fields = explorer_fields(name)
+                except ValueError:  # (unregistered meanwhile: the curves' message says so)
+                    continue
+                if not fields:
+                    continue
+                gr.Markdown(f"**{name}**")
+                for f in fields:
+                    control = _control(f, key=f"explorer:{name}:{f.label}", elem_id=f"explorer-{name}-{f.label}")
+
+                    def on_param(value, state, names, low, high, points, dist_name, *rest, name=name, label=f.label):
+                        state = set_param(state, name, label, value)
+                        figure, message = draw_curves(names, low, high, points, state)
+                        out = [state, plot_data(figure, "explorer-curves"), message]
+                        if dist_name == name:  # the Distributions part uses these parameters too
+                            out += list(on_distribution(dist_name, state, *rest))
+                        else:
+                            out += [gr.skip(), gr.skip()]
+                        return out
+
+                    control.change(on_param, [control, c["params_state"], c["names"], c["x_low"], c["x_high"],
+                                              c["points"], c["dist_name"], *dist_inputs[2:]],
+                                   [c["params_state"], c["curves"], c["curves_message"], c["dist_plot"],
+                                    c["dist_message"]], show_progress="hidden")
+
+    def on_source(source):
+        return (gr.Row(visible=source == "normal"), gr.Row(visible=source == "uniform"),
+                gr.Column(visible=source == "recorded run"))
+
+    c["source"].change(on_source, c["source"], [c["normal_box"], c["uniform_box"], c["recorded_box"]])
+
+    def on_runs(current):
+        try:
+            runs = stored_runs(root)
+        except Exception:
+            runs = []
+        return gr.Dropdown(choices=runs, value=current if current in runs else (runs[0] if runs else None))
+
+    def on_run(run, current):
+        try:
+            sites = run_sites(root, run)
+        except Exception:
+            sites = []
+        return gr.Dropdown(choices=sites, value=current if current in sites else (sites[0] if sites else None))
+
+    for trigger in (c["runs_refresh"].click, c["source"].change):
+        trigger(on_runs, c["run"], c["run"])
+    c["run"].change(on_run, [c["run"], c["site"]], c["site"])
+    gr.on([c[k].change for k in ("dist_name", "source", "mean", "std", "low", "high", "site", "samples",
+                                 "dist_seed", "saturation")],
+          on_distribution, dist_inputs, [c["dist_plot"], c["dist_message"]], show_progress="hidden")
+
+    compare_outputs = [c["compare_status"], c["compare_metrics"], c["compare_layers"], c["compare_table"]]
+
+    def drawn(comparison):
+        status, metrics, layers, table = comparison_outputs(comparison)
+        return status, plot_data(metrics, "explorer-metrics"), plot_data(layers, "explorer-layers"), table
+
+    def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
+        comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
+        return (comparison, message, gr.Timer(active=comparison is not None and not comparison.done),
+                *drawn(comparison))
+
+    c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
+                                c["lr"], c["dataset"], c["mode"]],
+                     [c["comparison"], c["compare_message"], c["timer"], *compare_outputs])
+
+    def on_stop(comparison):
+        if comparison is None:
+            return "_Nothing to stop._", gr.Timer(active=False), *drawn(comparison)
+        comparison.stop(wait=True)
+        return "Stopped.", gr.Timer(active=False), *drawn(comparison)
+
+    c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], *compare_outputs])
+
+    def on_tick(comparison):
+        done = comparison is None or comparison.done
+        return gr.Timer(active=not done), *drawn(comparison)
+
+    c["timer"].tick(on_tick, c["comparison"], [c["timer"], *compare_outputs], show_progress="hidden")
