@@ -115,7 +115,11 @@ class ModelSpec:
         return self.objective is not None
 
     def defaults(self) -> dict[str, Any]:
-        """The keyword arguments ``build()`` uses when given no overrides."""
+        """The keyword arguments ``build()`` uses when given no overrides.
+
+        Returns:
+            Parameter name to default value (required parameters left out).
+        """
         return {p.name: p.default for p in self.params if not p.required}
 
     def _arguments(self, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -131,6 +135,16 @@ class ModelSpec:
 
         From the spec's own ``memory`` estimate, or else by building the model on
         the ``meta`` device (shapes only, nothing allocated) and counting.
+
+        Args:
+            **overrides: builder parameters, checked as `build` checks them.
+
+        Returns:
+            The bytes, or None when the spec has no estimate.
+
+        Raises:
+            ValueError: a value outside its choices or range.
+            TypeError: an unknown parameter or a value of the wrong type.
         """
         _, arguments = self._arguments(overrides)
         return self._estimate(arguments)
@@ -151,8 +165,16 @@ class ModelSpec:
         """Build the model; same as ``create_model(self.name, **overrides)``.
 
         Args:
-            memory_limit: see :func:`create_model`.
+            memory_limit: see `create_model`.
             **overrides: builder parameters.
+
+        Returns:
+            The built module.
+
+        Raises:
+            ValueError: a value outside its choices or range.
+            TypeError: an unknown parameter, a missing required one or a value of the wrong type.
+            workbench.params.MemoryLimitError: the estimate exceeds the limit.
         """
         checked, arguments = self._arguments(overrides)
         if not memory_is_accounted():  # a model built inside another's builder is in its estimate
@@ -202,6 +224,24 @@ def register_model(
 
     Raises:
         ValueError: the name is already registered.
+
+    Examples:
+        >>> from typing import Annotated
+        >>> import torch
+        >>> from workbench import Range, create_model, register_model, unregister_model
+        >>> @register_model("doc_net", family="user",
+        ...                 example_inputs=lambda model, batch_size, generator=None: ((torch.randn(batch_size, 3),), {}),
+        ...                 objective=lambda model, inputs, out: out.pow(2).mean())
+        ... def doc_net(width: Annotated[int, Range(1, 512)] = 16):
+        ...     '''Two linear layers.
+        ...
+        ...     Args:
+        ...         width: hidden units.
+        ...     '''
+        ...     return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+        >>> create_model("doc_net", width=8)[0]
+        Linear(in_features=3, out_features=8, bias=True)
+        >>> unregister_model("doc_net")
     """
 
     def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -229,7 +269,14 @@ def register_model(
 
 
 def unregister_model(name: str) -> None:
-    """Remove a registered model (for tests and interactive re-registration)."""
+    """Remove a registered model (for tests and interactive re-registration).
+
+    Args:
+        name: a registered name.
+
+    Raises:
+        ValueError: the name is unknown (the message suggests close names).
+    """
     get_spec(name)
     del _REGISTRY[name]
 
@@ -243,6 +290,16 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
 
     Returns:
         The matching names, sorted.
+
+    Raises:
+        TypeError: a pattern or family that is not a string.
+
+    Examples:
+        >>> import workbench
+        >>> workbench.list_models("*lu", family="activation")
+        ['gelu', 'prelu', 'relu']
+        >>> workbench.list_models(["mlp", "efficientzero_*"])
+        ['efficientzero_dynamics', 'efficientzero_dynamics_atari', 'mlp']
     """
     if not isinstance(pattern, str) and not (isinstance(pattern, (list, tuple))
                                              and all(isinstance(p, str) for p in pattern)):
@@ -259,15 +316,41 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
 
 
 def list_families() -> list[str]:
-    """Sorted family names of the registered models."""
+    """Sorted family names of the registered models.
+
+    Returns:
+        The names, sorted.
+
+    Examples:
+        >>> import workbench
+        >>> workbench.list_families()
+        ['activation', 'dynamics', 'mlp', 'rl', 'storage']
+    """
     return sorted({s.family for s in _REGISTRY.values()})
 
 
 def get_spec(name: str) -> ModelSpec:
     """The spec of a registered model.
 
+    Args:
+        name: a name from `list_models`.
+
+    Returns:
+        Its `ModelSpec`: parameters, example inputs, objective and family extras.
+
     Raises:
         ValueError: the name is unknown; the message suggests close names.
+        TypeError: the name is not a string.
+
+    Examples:
+        >>> import workbench
+        >>> spec = workbench.get_spec("prelu")
+        >>> [(p.name, p.default) for p in spec.params]
+        [('num_parameters', 1), ('init', 0.25), ('device', None), ('dtype', None)]
+        >>> workbench.get_spec("gelú")
+        Traceback (most recent call last):
+        ...
+        ValueError: Unknown model 'gelú'. Did you mean 'gelu'? See workbench.list_models().
     """
     if not isinstance(name, str):
         raise TypeError(f"A model name must be a string, got {name!r} ({type(name).__name__}).")
@@ -301,6 +384,15 @@ def create_model(name: str, *, memory_limit: Any = None, **overrides: Any) -> nn
         ValueError: unknown name, or a value outside its choices/range.
         TypeError: an unknown parameter or a value of the wrong type.
         workbench.params.MemoryLimitError: (a ValueError) the estimate exceeds the limit.
+
+    Examples:
+        >>> import workbench
+        >>> workbench.create_model("prelu", num_parameters=4, init=0.1)
+        PReLU(num_parameters=4)
+        >>> workbench.create_model("mlp", depth=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Model 'mlp': parameter 'depth' must lie in [1, 32], got 0.
     """
     return get_spec(name).build(memory_limit=memory_limit, **overrides)
 
@@ -339,7 +431,17 @@ def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_s
         backward: whether to back-propagate the objective.
 
     Returns:
-        A :class:`ProbeResult`.
+        A `ProbeResult`: the inputs, outputs, loss and input gradients.
+
+    Raises:
+        ValueError: an unknown name, a batch size < 1 or a seed out of range.
+        TypeError: a spec or model of the wrong type.
+
+    Examples:
+        >>> import workbench
+        >>> result = workbench.probe("relu", batch_size=2)
+        >>> result.outputs.shape == result.inputs[0][0].shape, result.input_grads[0] is not None
+        (True, True)
     """
     spec = get_spec(name_or_spec) if isinstance(name_or_spec, str) else name_or_spec
     if not isinstance(spec, ModelSpec):

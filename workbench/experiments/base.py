@@ -38,6 +38,12 @@ GLOBAL_RNG = threading.RLock()
 def resolve_device(device: str | torch.device) -> torch.device:
     """``device`` as a :class:`torch.device`, checked to be usable in this process.
 
+    Args:
+        device: a device or its name (``'cpu'``, ``'cuda'``, ``'cuda:1'`` ...).
+
+    Returns:
+        The `torch.device`.
+
     Raises:
         ValueError: not a device name, or a device this process cannot use (no CUDA build,
             no such GPU ...).
@@ -145,8 +151,19 @@ class Experiment:
     def step(self) -> dict[str, float]:
         """Take one training step.
 
+        A step is taken whole or not at all: one that raises (an interrupt in the middle of a
+        forward) is not counted, and the watch forgets what it had recorded of it.
+
         Returns:
             The step's metrics, with ``step`` (1-based) and ``loss`` at least.
+
+        Examples:
+            >>> import workbench
+            >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+            >>> sorted(exp.step())
+            ['accuracy', 'loss', 'step']
+            >>> exp.step()["step"]
+            2
         """
         watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
         try:
@@ -173,6 +190,19 @@ class Experiment:
 
         Returns:
             The :class:`~workbench.Watch`; ``close()`` it to detach.
+
+        Raises:
+            RuntimeError: the experiment is watched already (close that watch first).
+            ValueError: a bad watch option (the message names it).
+
+        Examples:
+            >>> import workbench
+            >>> exp = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8)
+            >>> w = exp.watch(every=2)
+            >>> _ = exp.run(4, progress=False)
+            >>> w.close()
+            >>> sorted(w.to_pandas().step.unique().tolist())
+            [1, 3]
         """
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
@@ -195,6 +225,22 @@ class Experiment:
                 when stderr goes to a file or a pipe; ``True`` always; ``False`` never.
             **watch_options: options of :func:`workbench.watch`; given
                 without ``store``, the run is watched in memory.
+
+        Returns:
+            The metrics of each step, as `step` returns them.
+
+        Raises:
+            ValueError: ``steps`` not an int >= 0, or a bad watch option.
+            RuntimeError: a background run (`start`) is training this experiment.
+
+        Examples:
+            >>> import workbench
+            >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+            >>> [m["step"] for m in exp.run(3, progress=False)]
+            [1, 2, 3]
+            >>> _ = exp.run(5, store="runs/mlp", histograms=True, progress=False)
+            >>> workbench.load_run("runs/mlp").status
+            'finished'
         """
         _check_steps(steps)
         _check_progress(progress)
@@ -232,10 +278,23 @@ class Experiment:
             The :class:`BackgroundRun`: ``pause()``, ``resume()``, ``stop()``, ``join()``,
             ``status``, ``history``.
 
+        Raises:
+            ValueError: ``steps`` not an int >= 0, or a bad watch option.
+            RuntimeError: a background run is training this experiment already.
+
         While it trains, leave the experiment to it: ``step()``, ``run()``, ``start()`` and
         ``evaluate()`` from another thread would interleave with its steps (``run()`` and
         ``start()`` refuse). Pause it (``run.pause()`` returns once the step in progress has
         ended) or join it first.
+
+        Examples:
+            >>> import workbench
+            >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+            >>> run = exp.start(10, every=2)
+            >>> run.join()
+            'finished'
+            >>> len(run.history), exp.step_count
+            (10, 10)
         """
         _check_steps(steps)
         if not isinstance(progress, bool):
@@ -378,8 +437,14 @@ class BackgroundRun:
         return self.experiment.step_count
 
     def pause(self, wait: bool = True) -> str:
-        """Pause after the current step (the thread waits; :meth:`resume` goes on); with
-        ``wait``, return once that step has ended. Returns the status."""
+        """Pause after the current step (the thread waits; :meth:`resume` goes on).
+
+        Args:
+            wait: return once the step in progress has ended.
+
+        Returns:
+            The status (``paused``, or how the run ended if it had).
+        """
         with self._cond:
             if self._state == "running":
                 self._state = "paused"
@@ -397,7 +462,19 @@ class BackgroundRun:
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> str:
         """Stop after the current step (also a paused run) and close the run's watch as
-        ``stopped``; with ``wait``, return when that is done. Returns the status."""
+        ``stopped``.
+
+        Args:
+            wait: return when the run has ended.
+            timeout: with ``wait``, the most seconds to wait (None: no limit).
+
+        Returns:
+            The status: ``stopped`` (or ``finished`` / ``failed`` if it had ended), ``stopping``
+            while it ends.
+
+        Raises:
+            ValueError: a timeout that is not a number >= 0 or None.
+        """
         _check_timeout(timeout)
         with self._cond:
             if self._state in ("running", "paused"):
@@ -406,7 +483,17 @@ class BackgroundRun:
         return self.join(timeout) if wait else self._state
 
     def join(self, timeout: float | None = None) -> str:
-        """Wait until the run ends (at most ``timeout`` seconds); returns the status."""
+        """Wait until the run ends.
+
+        Args:
+            timeout: the most seconds to wait (None: no limit).
+
+        Returns:
+            The status: ``finished``, ``stopped`` or ``failed`` once it has ended.
+
+        Raises:
+            ValueError: a timeout that is not a number >= 0 or None.
+        """
         _check_timeout(timeout)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -510,8 +597,15 @@ _EXPERIMENTS: dict[str, ExperimentSpec] = {}
 def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experiment]]:
     """Class decorator registering an :class:`Experiment` subclass under ``name``.
 
+    Args:
+        name: the experiment's registry name.
+
+    Returns:
+        The decorator, which returns the class unchanged (with ``name`` set).
+
     Raises:
         ValueError: the name is taken.
+        TypeError: the class has no ``Config`` dataclass.
     """
 
     def decorate(cls: type[Experiment]) -> type[Experiment]:
@@ -528,15 +622,35 @@ def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experime
 
 
 def list_experiments() -> list[str]:
-    """Sorted names of the registered experiments."""
+    """Sorted names of the registered experiments.
+
+    Returns:
+        The names, sorted.
+
+    Examples:
+        >>> import workbench
+        >>> workbench.experiments.list_experiments()
+        ['activation_mlp', 'efficientzero_dynamics', 'ilql', 'query_stream']
+    """
     return sorted(_EXPERIMENTS)
 
 
 def get_experiment_spec(name: str) -> ExperimentSpec:
     """The spec of a registered experiment.
 
+    Args:
+        name: a name from `list_experiments`.
+
+    Returns:
+        Its `ExperimentSpec`: the class, a one-line summary and the parameters.
+
     Raises:
         ValueError: unknown name, with close matches suggested.
+
+    Examples:
+        >>> import workbench
+        >>> [p.name for p in workbench.experiments.get_experiment_spec("activation_mlp").params][:3]
+        ['activation', 'depth', 'width']
     """
     try:
         return _EXPERIMENTS[name]
@@ -576,6 +690,16 @@ def create(name: str, seed: int = 0, device: str | torch.device = "cpu", memory_
             [0, 2**63 - 1], or a device this process cannot use.
         TypeError: an unknown config field or a value of the wrong type.
         workbench.params.MemoryLimitError: (a ValueError) the estimate exceeds the limit.
+
+    Examples:
+        >>> import workbench
+        >>> exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", depth=2, width=8)
+        >>> exp.model.layers[1]
+        Tanh()
+        >>> workbench.experiments.create("activation_mlp", depth=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Experiment 'activation_mlp': parameter 'depth' must lie in [1, 16], got 0.
     """
     spec = get_experiment_spec(name)
     check_seed(seed, f"Experiment {spec.name!r}")
