@@ -5,6 +5,8 @@ runnable blocks run in order in one namespace (each goes on from the one before,
 session would), in a temporary working directory, with training runs cut to at most 20 steps.
 """
 
+import doctest
+import importlib
 import os
 import re
 import shutil
@@ -19,6 +21,8 @@ import workbench
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RUNNABLE = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)
+# modules whose docstrings carry examples (the API reference shows them): each is run as a doctest
+DOCTESTED = ["workbench.registry", "workbench.experiments.base"]
 PAGES = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md") if RUNNABLE.search(path.read_text()))
 
 
@@ -72,3 +76,11 @@ def test_runnable_blocks_of_a_page_run(page, tmp_path, monkeypatch):
     finally:
         for name in set(workbench.list_models()) - registered:  # the registry is process-wide: leave it as found
             workbench.unregister_model(name)
+
+
+@pytest.mark.parametrize("module", DOCTESTED)
+def test_the_examples_in_the_docstrings_run(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples may record runs into runs/
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS, report=True)
+    assert result.attempted > 0
+    assert result.failed == 0, f"{result.failed} example(s) of {module} failed; the output above shows them"
