@@ -1,0 +1,691 @@
+"""Diagnoses: what looks wrong with a training run, at which site, and since which step.
+
+:func:`diagnose` reads a run's rows (``w.to_pandas()``, ``load_run(path).to_pandas()``) and
+metrics and returns its findings, one row per finding::
+
+    from workbench.diagnose import diagnose
+    findings = diagnose(w.to_pandas(), w.metrics())
+
+A :class:`Diagnoser` does the same incrementally, fed the recorder's stream on a subscriber's
+thread (``Diagnoser.attach(w)``): it reads only the statistics each recorded step already
+carries (its one host transfer), never a tensor, so it costs training no sync. Each step
+costs in proportion to its rows; what a diagnoser keeps is bounded by the sites and metrics
+of the run, not by its length.
+
+The findings (see :data:`FINDINGS`) and the thresholds they use (:class:`Thresholds`) are
+documented in ``docs/diagnose.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "update_ratios"]
+
+#: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
+#: latest episode), ``last_step`` the last; ``site`` names the call site or parameter as the run's
+#: views do (``module``, ``#call`` for a module called more than once a step, the tensor leaf of a
+#: structured output, a parameter's name); ``kind``, ``module``, ``call`` and ``tensor`` are the
+#: rows it was read from, to focus a view on it (empty for a metric's finding).
+COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor")
+SEVERITIES = ("info", "warning", "error")
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+#: finding -> (severity, hint)
+FINDINGS: dict[str, tuple[str, str]] = {
+    "nan_origin": ("error", "The first non-finite value of the run. Usual causes: log/sqrt/division of 0 or a "
+                            "negative number, exp overflow, a learning rate so large the weights overflow. Guard "
+                            "the op (clamp, an eps), lower the learning rate, or clip gradients; the sites after "
+                            "it only inherited it."),
+    "dead_units": ("warning", "Most units of this activation output 0 for the whole batch and get no gradient, "
+                              "so they stop learning. Usual causes: a large negative bias, a learning rate that "
+                              "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
+                              "learning rate, or re-initialize the layer before it."),
+    "saturated": ("warning", "A sigmoid/tanh-like output stuck at its bounds, where its gradient is ~0. Usual "
+                             "causes: large weights or inputs before it. Normalize the inputs, initialize smaller "
+                             "(Xavier/Glorot), add a normalization layer before it."),
+    "vanishing_gradients": ("warning", "The gradient reaching the early layers is orders of magnitude smaller "
+                                       "than at the later ones: they barely learn. Usual causes: saturating "
+                                       "activations, too small initial weights, a deep net without residual "
+                                       "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
+                                       "normalization layers or skip connections."),
+    "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
+                                       "the steps. Usual causes: too large initial weights or learning rate. Clip "
+                                       "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
+                                       "initialize smaller, add normalization."),
+    "update_ratio_high": ("warning", "Each optimizer step changes this parameter by a large fraction of itself "
+                                     "(a healthy ratio ||update|| / ||param|| is around 1e-3): training is "
+                                     "unstable. Lower the learning rate (or add warm-up / clipping)."),
+    "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
+                                    "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate, "
+                                    "or check the parameter gets a gradient."),
+    "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
+                              "outlier batch, a learning rate too high for this region, numerical trouble. "
+                              "Check the batch; try gradient clipping or a lower learning rate."),
+    "diverging": ("error", "The loss keeps growing (or is no longer finite): training diverges. Lower the "
+                           "learning rate, clip gradients, check the data and the loss for NaN sources."),
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a finding holds. Pass an instance, or keyword overrides, to :func:`diagnose`.
+
+    Attributes:
+        persist: recorded steps in a row a persistent condition (dead units, saturation, update
+            ratios) must hold before it is a finding.
+        dead_zero_frac: an activation site whose outputs are exactly 0 for at least this fraction
+            (and never negative: a ReLU-like output) has dead units.
+        saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
+            negatives (tanh-like), rarely exactly 0, is ``saturated`` when its variance is at least
+            this fraction of the largest one an output with its mean can have (``mu (1 - mu)`` on
+            [0, 1]): 1 when every output sits at a bound, ~0.2 for a sigmoid of a unit Gaussian.
+        gradient_orders: orders of magnitude between the output-gradient RMS at the first site
+            (forward order) and the largest, or the last: ``vanishing_gradients`` below,
+            ``exploding_gradients`` above.
+        gradient_growth_orders: orders of magnitude an output gradient grows over its first
+            recorded steps before it is ``exploding_gradients`` (over steps).
+        update_ratio_high: ``||update|| / ||param||`` above this for ``persist`` steps:
+            ``update_ratio_high``.
+        update_ratio_low: below this for ``persist`` steps: ``update_ratio_low``.
+        update_min_dims: parameters with fewer dimensions (biases, norms' scales, which start at
+            0 or 1 and move fast at first) are not judged by their update ratio.
+        loss_metrics: metrics judged for spikes and divergence: those whose name contains one
+            of these (case-insensitive).
+        spike_window: the recent values whose step-to-step noise a spike is measured in.
+        spike_factor: a spike exceeds the level of the last 5 steps (their median) by this many
+            times the noise (the median absolute difference of consecutive values in the window),
+            and by at least ``spike_min_rise`` times the level's magnitude.
+        spike_min_rise: see ``spike_factor``.
+        diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
+            exceeds the lowest such median so far by this factor (of its magnitude) while
+            still rising, or when the metric is no longer finite.
+        diverge_window: see ``diverge_factor``.
+    """
+
+    persist: int = 3
+    dead_zero_frac: float = 0.9
+    saturation_index: float = 0.75
+    gradient_orders: float = 3.0
+    gradient_growth_orders: float = 3.0
+    update_ratio_high: float = 0.1
+    update_ratio_low: float = 1e-6
+    update_min_dims: int = 2
+    loss_metrics: tuple[str, ...] = ("loss",)
+    spike_window: int = 20
+    spike_factor: float = 10.0
+    spike_min_rise: float = 1.0
+    diverge_factor: float = 10.0
+    diverge_window: int = 5
+
+    def __post_init__(self) -> None:
+        def need(name: str, ok: bool, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"Thresholds.{name} must be {expected}, got {getattr(self, name)!r}.")
+
+        def number(name: str) -> bool:
+            value = getattr(self, name)
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        def whole(name: str, least: int) -> bool:
+            value = getattr(self, name)
+            return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+        need("persist", whole("persist", 1), "a whole number >= 1 (recorded steps)")
+        need("spike_window", whole("spike_window", 3), "a whole number >= 3 (steps)")
+        need("diverge_window", whole("diverge_window", 2), "a whole number >= 2 (steps)")
+        need("update_min_dims", whole("update_min_dims", 0), "a whole number >= 0")
+        for name in ("dead_zero_frac", "saturation_index"):
+            need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
+        for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
+            need(name, number(name) and getattr(self, name) > 0, "a positive number")
+        need("diverge_factor", number("diverge_factor") and self.diverge_factor > 1, "a number > 1")
+        for name in ("update_ratio_high", "update_ratio_low"):
+            need(name, number(name) and getattr(self, name) > 0, "a positive number")
+        need("update_ratio_low", self.update_ratio_low < self.update_ratio_high, "below update_ratio_high")
+        names = self.loss_metrics
+        need("loss_metrics", isinstance(names, tuple) and all(isinstance(n, str) and n for n in names),
+             "a tuple of non-empty strings (parts of metric names), e.g. ('loss',)")
+
+
+def _thresholds(thresholds: Thresholds | dict | None, overrides: dict[str, Any]) -> Thresholds:
+    if thresholds is None:
+        thresholds = Thresholds()
+    elif isinstance(thresholds, dict):
+        overrides = {**thresholds, **overrides}
+        thresholds = Thresholds()
+    elif not isinstance(thresholds, Thresholds):
+        raise TypeError(f"thresholds must be a workbench.diagnose.Thresholds, a dict of its fields or None, "
+                        f"got {thresholds!r}.")
+    known = {f.name for f in fields(Thresholds)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"Unknown threshold(s) {unknown}; the thresholds are: {sorted(known)}.")
+    if "loss_metrics" in overrides and isinstance(overrides["loss_metrics"], (list, str)):
+        value = overrides["loss_metrics"]
+        overrides["loss_metrics"] = (value,) if isinstance(value, str) else tuple(value)
+    return replace(thresholds, **overrides) if overrides else thresholds
+
+
+# ---------------------------------------------------------------------------------------- rows
+_STATS = ("mean", "std", "min", "max", "norm", "zero_frac", "nan_count", "inf_count", "numel")
+
+
+def _parse_shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, tuple):
+        return shape
+    text = str(shape).strip("()[] ")
+    return tuple(int(p) for p in text.replace(" ", "").split(",") if p)
+
+
+def _site_name(module: str, call: int, tensor: str, called_again: bool, kind: str) -> str:
+    name = module or "(model)"
+    if called_again:
+        name += f"#{call}"
+    if tensor != "out":
+        name += " " + tensor
+    return name
+
+
+@dataclass
+class _Layout:
+    """What the diagnoser knows of one step's row keys (consecutive steps share it)."""
+
+    keys: tuple
+    kind: np.ndarray  # per row: the kind's name
+    alias: np.ndarray  # per row: another site of the step returned this tensor (a container's output)
+    order: np.ndarray  # per row: its site's position in the forward order
+    ndim: np.ndarray
+    per_unit: np.ndarray  # entries per unit (all but dim 1), for the dead units' bound
+    units: np.ndarray
+    names: list[str]
+    param_pair: dict[int, int]  # update row -> param row of the same parameter
+
+
+class Diagnoser:
+    """Findings of a run, computed incrementally from its recorded steps.
+
+    Feed it :class:`~workbench.instrument.Update`\\ s (``w.subscribe(d.feed)``, or ``d.attach(w)``
+    which also takes the steps recorded before), :class:`~workbench.instrument.StepRecord`\\ s, or
+    a stored run's rows (:meth:`feed_frame`); :meth:`findings` returns the frame. Feeding only
+    queues; the work is done by the next :meth:`findings` (or when the queue is long), on the
+    caller's thread, never the training's. Thread-safe.
+
+    Args:
+        thresholds: a :class:`Thresholds` (default: the documented ones) or a dict of overrides.
+        **overrides: single thresholds to change (``persist=5``).
+    """
+
+    def __init__(self, thresholds: Thresholds | dict | None = None, **overrides: Any) -> None:
+        self.thresholds = t = _thresholds(thresholds, overrides)
+        self._lock = threading.RLock()
+        self._pending: list[Any] = []
+        self.last_step = 0
+        self.steps_seen = 0
+        self.dropped = 0
+        self._layout: _Layout | None = None
+        self._order: dict[tuple, int] = {}  # (module, call, tensor) -> forward position
+        self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls in a step
+        # findings: (finding, site key) -> episode state
+        self._open: dict[tuple, dict] = {}
+        self._closed: list[dict] = []
+        self._nan: dict | None = None
+        self._nan_sites: set = set()
+        self._nan_last = 0
+        self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
+        self._prev_param: dict[tuple, tuple[int, float, float, int]] = {}  # param key -> (step, norm, mean, numel)
+        self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
+        self._metrics: dict[str, dict] = {}
+        self._spike_window = t.spike_window
+        self._subscription = None
+
+    # ------------------------------------------------------------------ feeding
+    def feed(self, update: Any) -> None:
+        """Queue what arrived: an ``Update``, a ``StepRecord`` or an iterable of them (step order)."""
+        records = getattr(update, "records", None)
+        if records is None:
+            records = (update,) if hasattr(update, "keys") and hasattr(update, "sums") else tuple(update)
+        with self._lock:
+            self.dropped += int(getattr(update, "dropped", 0) or 0)
+            self._pending.extend(records)
+            if len(self._pending) >= 256:
+                self._absorb()
+
+    def attach(self, watch: Any, interval: float = 0.1) -> Any:
+        """Follow a :class:`~workbench.Watch`: the steps it has recorded so far, then every new one
+        (a subscription of its recorder, on a thread of its own). Returns the subscription."""
+        recorder = getattr(watch, "recorder", None)
+        if recorder is None or not hasattr(recorder, "subscribe"):
+            raise TypeError(f"attach() needs a workbench Watch (or anything with a recorder), got {watch!r}.")
+        with self._lock:
+            self._subscription = recorder.subscribe(self.feed, interval=interval)
+            self.feed(recorder.records())
+        return self._subscription
+
+    def detach(self) -> None:
+        if self._subscription is not None:
+            self._subscription.unsubscribe()
+            self._subscription = None
+
+    def feed_frame(self, rows: pd.DataFrame, metrics: pd.DataFrame | None = None) -> None:
+        """Take a stored run's rows (``ROW_COLUMNS``, recorded order) and metrics frame."""
+        _check_frame(rows, metrics)
+        with self._lock:
+            self._absorb()
+            by_step: dict[int, dict[str, float]] = {}
+            if metrics is not None and len(metrics):
+                names = [c for c in metrics.columns if c != "step"]
+                values = metrics[names].to_numpy(np.float64) if names else np.zeros((len(metrics), 0))
+                logged = metrics[names].notna().to_numpy() if names else np.zeros((len(metrics), 0), bool)
+                for step, row, mask in zip(metrics.step.to_numpy(), values, logged):
+                    # (a cell is NaN when the metric was not logged that step: left out)
+                    by_step[int(step)] = {n: float(v) for n, v, m in zip(names, row, mask) if m}
+            steps = rows.step.to_numpy() if len(rows) else np.zeros(0, np.int64)
+            starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(steps) else np.zeros(0, np.intp)
+            ends = np.r_[starts[1:], len(steps)]
+            keys_all = list(zip(rows.module, rows.call.astype(int), rows.kind, rows.tensor, rows["shape"])) if len(rows) else []
+            table = {c: rows[c].to_numpy(np.float64) for c in _STATS} if len(rows) else {}
+            spans = {int(steps[a]): (a, b) for a, b in zip(starts, ends)}
+            for step in sorted(spans.keys() | by_step.keys()):
+                if step <= self.last_step and self.steps_seen:
+                    continue
+                a, b = spans.get(step, (0, 0))
+                self._take(step, tuple(keys_all[a:b]), {c: v[a:b] for c, v in table.items()}, None, by_step.get(step, {}))
+
+    # ------------------------------------------------------------------ results
+    def findings(self) -> pd.DataFrame:
+        """The findings so far: most severe first, then the newest (by last step)."""
+        with self._lock:
+            self._absorb()
+            items = [*self._closed, *(e for e in self._open.values() if e["count"] >= e["need"])]
+            if self._nan is not None:
+                items.append(self._nan_finding())
+            rows = [self._row(e) for e in items]
+        frame = pd.DataFrame(rows, columns=list(COLUMNS))
+        if len(frame):
+            rank = frame.severity.map(_RANK)
+            frame = (frame.assign(_rank=rank).sort_values(["_rank", "last_step", "step"], ascending=False, kind="stable")
+                     .drop(columns="_rank").reset_index(drop=True))
+        return frame.astype({"step": "int64", "last_step": "int64", "call": "int64"})
+
+    def _row(self, e: dict) -> dict:
+        severity, hint = FINDINGS[e["finding"]]
+        evidence = e["evidence"]
+        text = evidence(e) if callable(evidence) else evidence
+        module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
+        return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
+                "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
+                "module": module, "call": call, "tensor": tensor}
+
+    # ------------------------------------------------------------------ the work
+    def _absorb(self) -> None:
+        pending, self._pending = self._pending, []
+        for record in pending:
+            if record.step <= self.last_step and self.steps_seen:
+                continue  # (a step seen from both the recorder's buffer and the subscription)
+            stats = None
+            if len(record.keys):
+                from workbench.instrument.stats import finish
+                stats = finish(record.numel, record.sums)
+            self._take(record.step, record.keys, stats or {}, record.tensors, record.metrics)
+
+    def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
+        n = len(keys)
+        kind = np.array([k[2] for k in keys], dtype=object) if n else np.zeros(0, object)
+        calls: dict[tuple[str, str], int] = {}
+        for module, call, knd, _tensor, _shape in keys:
+            calls[(knd, module)] = max(calls.get((knd, module), 0), call + 1)
+        for key, count in calls.items():
+            self._calls[key] = max(self._calls.get(key, 0), count)
+        alias = np.zeros(n, bool)
+        seen: dict[tuple, list[int]] = {}
+        for i, (module, call, knd, tensor, shape) in enumerate(keys):
+            if knd not in ("activation", "grad_output"):
+                continue
+            if tensors is not None:
+                fingerprint = (knd, int(tensors[i]))
+                alias[i] = fingerprint in seen
+            else:  # (a stored run) the same kind, shape and statistics in a container of an earlier site
+                fingerprint = (knd, str(shape), *(float(stats[c][i]) for c in ("mean", "std", "min", "max", "norm")))
+                telling = stats["zero_frac"][i] < 1 and stats["numel"][i] > 1
+                alias[i] = telling and any(module == "" or keys[j][0].startswith(module + ".")
+                                           for j in seen.get(fingerprint, []))
+            seen.setdefault(fingerprint, []).append(i)
+        for module, call, knd, tensor, _shape in keys:
+            if knd == "activation":
+                self._order.setdefault((module, call, tensor), len(self._order))
+        order = np.array([self._order.get((k[0], k[1], k[3]), -1) for k in keys], np.int64)
+        shapes = [_parse_shape(k[4]) for k in keys]
+        ndim = np.array([len(s) for s in shapes], np.int64)
+        units = np.array([s[1] if len(s) >= 2 else 0 for s in shapes], np.int64)
+        per_unit = np.array([int(np.prod(s)) // s[1] if len(s) >= 2 and s[1] else 0 for s in shapes], np.int64)
+        names = [_site_name(k[0], k[1], k[3], self._calls.get((k[2], k[0]), 1) > 1, k[2])
+                 if k[2] in ("activation", "grad_output") else (f"{k[0]}.{k[3]}" if k[0] else k[3]) for k in keys]
+        params = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param"}
+        pair = {i: params[(k[0], k[3])] for i, k in enumerate(keys) if k[2] == "update" and (k[0], k[3]) in params}
+        return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair)
+
+    def _take(self, step: int, keys: tuple, stats: dict, tensors: np.ndarray | None, metrics: dict) -> None:
+        self.last_step = max(self.last_step, step)
+        self.steps_seen += 1
+        if keys:
+            layout = self._layout
+            if layout is None or layout.keys != keys:
+                layout = self._layout = self._learn(keys, stats, tensors)
+            self._nan_check(step, layout, stats)
+            self._units_check(step, layout, stats)
+            self._gradient_check(step, layout, stats)
+            self._update_check(step, layout, stats)
+        for name, value in metrics.items():
+            if any(part.lower() in name.lower() for part in self.thresholds.loss_metrics):
+                self._metric_check(step, name, float(value))
+        self._close_stale(step)
+
+    # -------------------------------------------------------------- episodes
+    def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
+              worst: float = 0.0, need: int | None = None, site: str | None = None, key: Any = None) -> None:
+        """The condition of ``finding`` holds at row ``i`` (or ``site``) this step."""
+        if layout is not None and i is not None:
+            module, call, kind, tensor, _shape = layout.keys[i]
+            key = (finding, key) if key is not None else (finding, kind, module, call, tensor)
+            where = {"site": layout.names[i], "module": module, "call": int(call), "kind": kind, "tensor": tensor}
+        else:
+            key = (finding, key)
+            where = {"site": site, "module": "", "call": -1, "kind": "metric", "tensor": ""}
+        e = self._open.get(key)
+        if e is None:
+            e = self._open[key] = {"finding": finding, "start": step, "count": 0, "need": need or 1}
+        e.update(where)  # (a finding keyed by what it is, not where: where it holds now)
+        if e.get("seen") == self.steps_seen:
+            e["evidence"] = evidence
+            return
+        e["count"] += 1
+        e["last"] = step
+        e["seen"] = self.steps_seen
+        e["evidence"] = evidence
+        e["worst"] = worst
+
+    def _close_stale(self, step: int) -> None:
+        """Episodes whose condition did not hold this step end (kept when they lasted long enough)."""
+        for key in [k for k, e in self._open.items() if e["seen"] != self.steps_seen]:
+            e = self._open.pop(key)
+            if e["count"] >= e["need"]:
+                self._closed.append(e)
+                if len(self._closed) > 1000:  # bounded: the oldest, least severe go first
+                    self._closed.sort(key=lambda x: (_RANK[FINDINGS[x["finding"]][0]], x["last"]))
+                    del self._closed[:100]
+
+    # ---------------------------------------------------------------- checks
+    def _nan_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        bad = np.flatnonzero((stats["nan_count"] > 0) | (stats["inf_count"] > 0))
+        if not len(bad):
+            return
+        self._nan_last = step
+        if self._nan is None:
+            i = int(bad[0])
+            module, call, kind, tensor, _shape = layout.keys[i]
+            self._nan = {"finding": "nan_origin", "start": step, "site": layout.names[i], "module": module,
+                         "call": int(call), "kind": kind, "tensor": tensor, "evidence": None,
+                         "nan": int(stats["nan_count"][i]), "inf": int(stats["inf_count"][i]),
+                         "numel": int(stats["numel"][i])}
+        origin = self._nan["site"]
+        self._nan_sites.update(layout.names[j] for j in bad if layout.names[j] != origin)
+
+    def _nan_finding(self) -> dict:
+        e = dict(self._nan)
+        e["last"] = max(self._nan_last, e["start"])
+        kind = {"activation": "the output of", "grad_output": "the gradient of the output of",
+                "param": "the parameter", "param_grad": "the gradient of the parameter",
+                "update": "the update of the parameter"}.get(e["kind"], e["kind"] + " of")
+        values = " and ".join(p for p in (f"{e['nan']} NaN" if e["nan"] else "", f"{e['inf']} Inf" if e["inf"] else "") if p)
+        others = sorted(self._nan_sites)
+        direction = "in the backward pass" if e["kind"] in ("grad_output", "param_grad") else (
+            "in the optimizer's update" if e["kind"] in ("param", "update") else "in the forward pass")
+        shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
+        text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {e['start']} ({direction}), "
+                f"the first in the run's recorded order; "
+                + (f"{len(others)} other site(s) only inherited it: {shown}." if others else "no other site has one."))
+        e["evidence"] = text
+        return e
+
+    def _units_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        t = self.thresholds
+        act = (layout.kind == "activation") & ~layout.alias
+        if not act.any():
+            return
+        zero, lo, hi, mean, std = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std"))
+        finite = np.isfinite(mean) & np.isfinite(std)
+        # dead units: outputs never negative, nearly all exactly 0
+        dead = act & finite & (lo >= 0) & (zero >= t.dead_zero_frac) & (stats["numel"] > 1)
+        for i in np.flatnonzero(dead):
+            z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
+            bound = 1.0 - m * (1.0 - z) if m else 0.0
+            if u and bound > 0:
+                detail = (f"at least {bound:.0%} of its {u} units (at least {math.ceil(bound * u - 1e-9)}) "
+                          f"output 0 for every input")
+            else:
+                detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
+            self._hold(step, "dead_units", layout, int(i),
+                       f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
+                       f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+        # saturation: outputs inside [0, 1] (sigmoid-like) or [-1, 1] with negatives (tanh-like)
+        bounded = act & finite & (hi <= 1) & (lo >= -1) & (zero < 0.5) & (stats["numel"] > 1) & (hi > lo)
+        if not bounded.any():
+            return
+        idx = np.flatnonzero(bounded)
+        tanh = lo[idx] < 0
+        low = np.where(tanh, -1.0, 0.0)
+        width = np.where(tanh, 2.0, 1.0)
+        mu = (mean[idx] - low) / width  # on [0, 1]
+        n = stats["numel"][idx].astype(np.float64)
+        var = (std[idx] / width) ** 2 * (n - 1) / n  # population variance
+        # a variable on [0, 1] with mean mu has a variance of at most mu (1 - mu), reached when every
+        # value sits at 0 or 1: the fraction of that maximum it has tells how stuck at the bounds it is
+        with np.errstate(divide="ignore", invalid="ignore"):
+            index = np.where(mu * (1 - mu) > 0, var / (mu * (1 - mu)), 0.0)
+        for j in np.flatnonzero(index >= t.saturation_index):
+            i = int(idx[j])
+            name = "tanh-like, in [-1, 1]" if tanh[j] else "sigmoid-like, in [0, 1]"
+            self._hold(step, "saturated", layout, i,
+                       f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
+                       f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
+                       f"{index[j]:.0%} of the largest variance an output with this mean can have, which it has "
+                       f"when every output sits at a bound.", worst=float(index[j]), need=t.persist)
+
+    def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        t = self.thresholds
+        grad = (layout.kind == "grad_output") & ~layout.alias & (layout.order >= 0)
+        if not grad.any():
+            return
+        idx = np.flatnonzero(grad)
+        numel = stats["numel"][idx].astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rms = stats["norm"][idx] / np.sqrt(np.maximum(numel, 1))
+        ok = np.isfinite(rms) & (rms > 0)
+        idx, rms = idx[ok], rms[ok]
+        if not len(idx):
+            return
+        order = np.argsort(layout.order[idx], kind="stable")
+        idx, rms = idx[order], rms[order]
+        logs = np.log10(rms)
+        if len(idx) >= 2:
+            spread = logs[0] - logs[-1]
+            if abs(spread) > t.gradient_orders:
+                chain = ", ".join(f"{layout.names[i]} {r:.2g}" for i, r in _sample(list(zip(idx, rms)), 6))
+                finding = "vanishing_gradients" if spread < 0 else "exploding_gradients"
+                self._hold(step, finding, layout, int(idx[0]),
+                           f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
+                           f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
+                           f"{rms[-1]:.2g} at the last, {layout.names[idx[-1]]}, at step {step} (threshold "
+                           f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites")
+        # over steps: against the largest RMS of the run's first recorded steps (its gradients' scale)
+        if len(self._grad_start) < t.persist:
+            self._grad_start[step] = float(rms.max())
+            return
+        base = max(self._grad_start.values())
+        top = int(np.argmax(logs))
+        if logs[top] - math.log10(base) > t.gradient_growth_orders:
+            self._hold(step, "exploding_gradients", layout, int(idx[top]),
+                       f"output-gradient RMS {rms[top]:.3g} at {layout.names[idx[top]]} at step {step}, "
+                       f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
+                       f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps")
+
+    def _update_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        t = self.thresholds
+        norm, mean, numel = stats["norm"], stats["mean"], stats["numel"]
+        if layout.param_pair:
+            for u, p in layout.param_pair.items():
+                if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):
+                    continue
+                ratio = float(norm[u] / norm[p])
+                key = layout.keys[p][:4]
+                if key not in self._from_zero:
+                    # a parameter that started at 0 (a last layer initialized at zero) is its first update:
+                    # a ratio of 1, falling as ~1/t while it grows; judged once it fell below the threshold
+                    self._from_zero[key] = abs(ratio - 1.0) < 1e-3
+                if self._from_zero[key]:
+                    if ratio >= t.update_ratio_high:
+                        continue
+                    self._from_zero[key] = False
+                self._judge_ratio(step, layout, p, ratio, exact=True)
+            return
+        # no update rows: a lower bound from consecutive recorded steps of the parameter's values,
+        # ||a - b|| >= | ||a|| - ||b|| | and >= sqrt(n) |mean(a) - mean(b)|; it can tell a high ratio
+        # only, and judges it above max(1, update_ratio_high): a parameter grown from 0 doubles its
+        # norm at its second step (a bound of 1), and less after
+        high = max(1.0, t.update_ratio_high)
+        for p in np.flatnonzero(layout.kind == "param"):
+            key = layout.keys[p][:4]
+            now = (step, float(norm[p]), float(mean[p]), int(numel[p]))
+            before = self._prev_param.get(key)
+            self._prev_param[key] = now
+            if before is None or before[0] != step - 1 or layout.ndim[p] < t.update_min_dims or not before[1] > 0:
+                continue
+            bound = max(abs(now[1] - before[1]), math.sqrt(now[3]) * abs(now[2] - before[2])) / before[1]
+            if math.isfinite(bound) and bound > high:
+                self._judge_ratio(step, layout, int(p), bound, exact=False, high=high)
+
+    def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
+                     high: float | None = None) -> None:
+        t = self.thresholds
+        high = t.update_ratio_high if high is None else high
+        if not math.isfinite(ratio):
+            return
+        if ratio > high:
+            finding, bound = "update_ratio_high", high
+        elif exact and ratio < t.update_ratio_low:
+            finding, bound = "update_ratio_low", t.update_ratio_low
+        else:
+            return
+        what = "||update|| / ||param||" if exact else (
+            "||update|| / ||param|| is at least (from the parameter's norm and mean on consecutive steps)")
+        self._hold(step, finding, layout, p, f"{what} {ratio:.2g} at step {step} "
+                   f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3).",
+                   need=t.persist)
+
+    def _metric_check(self, step: int, name: str, value: float) -> None:
+        t = self.thresholds
+        state = self._metrics.get(name)
+        if state is None:
+            state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window), "tail": deque(maxlen=t.diverge_window),
+                                           "best": math.inf, "nonfinite": None}
+        if not math.isfinite(value):
+            self._hold(step, "diverging", None, None,
+                       f"{name} is {value} at step {step}" + (f" (last finite: {state['recent'][-1]:.4g})."
+                                                              if state["recent"] else "."),
+                       site=name, key=name)
+            return
+        recent, tail = state["recent"], state["tail"]
+        if len(recent) >= max(5, t.spike_window // 2):
+            values = np.fromiter(recent, np.float64)
+            # against the level of the last few steps, in units of the step-to-step noise (the median
+            # absolute difference of consecutive values, which a trend hardly moves)
+            level = float(np.median(values[-5:]))
+            noise = 1.4826 * float(np.median(np.abs(np.diff(values))))
+            rise = value - level
+            if rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12):
+                self._hold(step, "loss_spike", None, None,
+                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
+                           f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "
+                           f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
+                           site=name, key=("spike", name, step))
+        recent.append(value)
+        tail.append(value)
+        if len(tail) == tail.maxlen:
+            now = float(np.median(np.fromiter(tail, np.float64)))
+            best = state["best"] = min(state["best"], now)
+            rising = sum(b > a for a, b in zip(list(tail)[:-1], list(tail)[1:])) >= len(tail) - 2
+            if rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12):
+                self._hold(step, "diverging", None, None,
+                           f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
+                           f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",
+                           site=name, key=name)
+
+
+def _sample(items: list, k: int) -> list:
+    if len(items) <= k:
+        return items
+    picks = np.linspace(0, len(items) - 1, k).round().astype(int)
+    return [items[i] for i in dict.fromkeys(picks)]
+
+
+def _check_frame(rows: Any, metrics: Any) -> None:
+    if not isinstance(rows, pd.DataFrame):
+        raise TypeError(f"diagnose() needs the run's rows as a pandas DataFrame (w.to_pandas(), "
+                        f"load_run(path).to_pandas()), got {type(rows).__name__}.")
+    need = {"step", "module", "call", "kind", "tensor", "shape", *_STATS}
+    missing = sorted(need - set(rows.columns))
+    if missing and len(rows.columns):
+        raise ValueError(f"diagnose(): the rows lack the columns {missing}; pass the frame of w.to_pandas() or "
+                         f"load_run(path).to_pandas() (columns: workbench.instrument.ROW_COLUMNS).")
+    if metrics is not None:
+        if not isinstance(metrics, pd.DataFrame):
+            raise TypeError(f"diagnose(): metrics must be a pandas DataFrame (w.metrics()) or None, "
+                            f"got {type(metrics).__name__}.")
+        if len(metrics.columns) and "step" not in metrics.columns:
+            raise ValueError(f"diagnose(): the metrics frame needs a 'step' column (as w.metrics() has); its "
+                             f"columns are {list(metrics.columns)}.")
+
+
+def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds: Thresholds | dict | None = None,
+             **overrides: Any) -> pd.DataFrame:
+    """The findings of a recorded run: what looks wrong, where and since when.
+
+    Args:
+        rows: the run's rows in recorded order (``w.to_pandas()``, ``load_run(path).to_pandas()``).
+        metrics: its metrics (``w.metrics()``), one row per step; None: no metric findings.
+        thresholds: a :class:`Thresholds`, a dict of its fields, or None for the defaults.
+        **overrides: single thresholds (``persist=5``, ``update_ratio_high=0.05``).
+
+    Returns:
+        One row per finding (:data:`COLUMNS`), the most severe first, then the newest.
+
+    Raises:
+        TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.
+        ValueError: a frame without the run's columns, a threshold out of range.
+    """
+    diagnoser = Diagnoser(thresholds, **overrides)
+    diagnoser.feed_frame(rows, metrics)
+    return diagnoser.findings()
+
+
+def update_ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """``||update|| / ||param||`` per parameter and step: ``step, module, tensor, ratio`` from the rows of
+    kind ``update`` and ``param`` of the same parameter and step (a run recorded with updates)."""
+    _check_frame(rows, None)
+    keys = ["step", "module", "call", "tensor"]
+    update = rows[rows.kind == "update"][keys + ["norm"]]
+    param = rows[rows.kind == "param"][keys + ["norm"]]
+    both = update.merge(param, on=keys, suffixes=("_update", "_param"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = both.norm_update.to_numpy(np.float64) / both.norm_param.to_numpy(np.float64)
+    return pd.DataFrame({"step": both.step.to_numpy(), "module": both.module.to_numpy(),
+                         "tensor": both.tensor.to_numpy(), "ratio": ratio})
