@@ -44,6 +44,13 @@ class Range:
     Args:
         low: smallest allowed value, or ``None`` for unbounded.
         high: largest allowed value, or ``None`` for unbounded.
+
+    Examples:
+        >>> from typing import Annotated
+        >>> from workbench import Range
+        >>> def mlp(width: Annotated[int, Range(1, 4096)] = 32): ...
+        >>> 0 in Range(1, 4096), str(Range(0, None))
+        (False, '[0, inf]')
     """
 
     low: float | None = None
@@ -94,6 +101,14 @@ class ParamInfo:
             marker), else ``None``.
         range: numeric bounds, else ``None``.
         help: one-paragraph help text taken from the docstring's ``Args:``.
+
+    Examples:
+        >>> import workbench
+        >>> width = next(p for p in workbench.get_spec("mlp").params if p.name == "width")
+        >>> width.default, str(width.range), width.kind, width.help
+        (32, '[1, 4096]', 'int', 'hidden units per layer.')
+        >>> width.describe()
+        'width (int, default 32, range [1, 4096])'
     """
 
     name: str
@@ -105,10 +120,12 @@ class ParamInfo:
 
     @property
     def required(self) -> bool:
+        """Whether the parameter has no default (a value must be given)."""
         return self.default is _EMPTY
 
     @property
     def type_name(self) -> str:
+        """The annotation as shown in tables and messages (``int``, ``float | None`` ...)."""
         return type_name(self.annotation)
 
     @property
@@ -140,10 +157,15 @@ class ParamInfo:
 
     @property
     def nullable(self) -> bool:
+        """Whether None is allowed (an ``Optional`` annotation)."""
         return _is_optional(self.annotation)
 
     def describe(self) -> str:
-        """``name: type = default`` as shown in error messages."""
+        """The parameter as error messages show it.
+
+        Returns:
+            ``name (type, default ..., one of [...], range [...])``.
+        """
         default = "required" if self.required else f"default {self.default!r}"
         extra = f", one of {list(self.choices)}" if self.choices else ""
         extra += f", range {self.range}" if self.range else ""

@@ -78,6 +78,20 @@ def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] |
         counted once), ``trainable``, ``calls`` (through this path, in the
         forward pass) and ``output`` (shape, or shapes with call counts); with
         ``per_call``, a ``call`` column after ``module`` and one shape each.
+
+    Raises:
+        TypeError: ``per_call`` is not a bool.
+
+    Examples:
+        >>> import workbench
+        >>> model = workbench.create_model("mlp", depth=1, width=4)
+        >>> print(workbench.summarize(model, workbench.get_spec("mlp").example_inputs(model, 2)).to_string())
+             module  depth        type  params  trainable  calls  output
+        0                0         MLP      22         22      1  (2, 2)
+        1    layers      1  Sequential      22         22      1  (2, 2)
+        2  layers.0      2      Linear      12         12      1  (2, 4)
+        3  layers.1      2        GELU       0          0      1  (2, 4)
+        4  layers.2      2      Linear      10         10      1  (2, 2)
     """
     if not isinstance(per_call, bool):
         raise TypeError(f"summarize: per_call must be True or False, got {per_call!r}.")

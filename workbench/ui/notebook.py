@@ -64,6 +64,14 @@ def _widget(field: FormField):
 class ModelBrowser:
     """Pick a registered model, fill its form, build it and see its module tree.
 
+    The app's Models tab as ipywidgets: a family and name filter, the model's summary and
+    formula (typeset by MathJax), a form generated from its parameters, and a Build button
+    that shows the module tree or, for an invalid value, the message saying how to fix it.
+
+    Args:
+        family: the family shown first (``"all"`` for every family).
+        pattern: the name filter shown first (``"lu"``, ``"*lu"``).
+
     Attributes:
         model: the last module built successfully, or ``None``.
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
@@ -116,7 +124,23 @@ class ModelBrowser:
         self.output.clear_output()
 
     def build(self, **values: Any) -> handlers.BuildResult:
-        """Build from the form (``values`` override fields, as a script would type them)."""
+        """Build from the form, as the Build button does.
+
+        Args:
+            **values: field values to type into the form first, by parameter name, as a
+                person would type them (``width="16"`` or ``width=16``).
+
+        Returns:
+            The `BuildResult`: ``ok``, the ``model``, the ``message`` shown and the ``tree``.
+            An invalid value is a message, never an exception.
+
+        Example:
+            ```python
+            browser = ModelBrowser(family="mlp")
+            browser.build(depth=3, width=8).ok      # True; browser.model is the MLP
+            browser.build(depth=0).message          # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
+            ```
+        """
         for label, widget in self._fields:
             if label in values:
                 widget.value = values[label]
@@ -359,7 +383,17 @@ class Dashboard:
             self.draws += 1
 
     def figure(self, name: str) -> dict:
-        """The Plotly figure last drawn: ``metrics``, ``sites``, ``heatmap`` or ``distribution``."""
+        """The Plotly figure last drawn.
+
+        Args:
+            name: ``metrics``, ``sites``, ``heatmap`` or ``distribution``.
+
+        Returns:
+            Its Plotly spec (``data`` and ``layout``), as JupyterLab receives it.
+
+        Raises:
+            ValueError: another name.
+        """
         if name not in ("metrics", "sites", "heatmap", "distribution"):
             raise ValueError(f"figure must be 'metrics', 'sites', 'heatmap' or 'distribution', got {name!r}.")
         with self._draw_lock:
