@@ -524,7 +524,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     Returns:
         The rank's :class:`~workbench.Watch`; ``w.recorder`` is its :class:`DistributedRecorder`.
     """
-    from workbench.instrument.hooks import watch
+    from workbench.instrument import watch
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"watch_distributed() needs a torch.nn.Module, got {type(model).__name__}.")

@@ -1,0 +1,63 @@
+"""``python -m workbench.experiments``: one process, and data-parallel under torchrun (2 CPU ranks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workbench
+from workbench.experiments.__main__ import main, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def test_torchrun_two_ranks_writes_one_run(tmp_path):
+    store = tmp_path / "runs" / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "workbench.experiments", "run", "activation_mlp", "--steps", "4", "--store", str(store),
+               "--config", "width=8", "--config", "batch_size=16"]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 steps on 2 ranks" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp"]
+    run = workbench.load_run(store)
+    assert run.status == "finished" and run.steps == [1, 2, 3, 4]
+    assert run.metadata["experiment"] == "activation_mlp" and run.metadata["distributed"]["world_size"] == 2
+    rows = run.to_pandas()
+    # the global batch: 2 ranks x 16 points through the first hidden layer's 8 units
+    first = rows[(rows.kind == "activation") & (rows.module == "layers.0")] if "layers.0" in set(rows.module) else \
+        rows[rows.kind == "activation"].groupby("step").head(1)
+    assert (first.numel == 2 * 16 * 8).all(), first[["module", "shape", "numel"]]
+    assert set(rows.kind) == {"activation", "grad_output", "param", "param_grad"}
+    assert not any(m.startswith("module") for m in rows.module)
+
+
+def test_one_process_run(tmp_path, capsys):
+    assert main(["run", "activation_mlp", "--steps", "2", "--store", str(tmp_path / "one"), "--config", "width=8"]) == 0
+    assert "2 steps" in capsys.readouterr().out
+    assert workbench.load_run(tmp_path / "one").steps == [1, 2]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "activation_mlp", "--config", "width"], "--config takes NAME=VALUE (such as width=64), got 'width'"),
+    (["run", "activation_mpl"], "Unknown experiment 'activation_mpl'. Did you mean 'activation_mlp'"),
+    (["run", "activation_mlp", "--steps", "-1"], "--steps must be >= 0, got -1"),
+])
+def test_bad_arguments_are_named(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_parse_config():
+    assert parse_config(["width=64", "activation=relu", "lr=1e-3", "noise=0"]) == {
+        "width": 64, "activation": "relu", "lr": 1e-3, "noise": 0}

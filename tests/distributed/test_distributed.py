@@ -1,0 +1,265 @@
+"""watch under torch.distributed (#31): two CPU processes with gloo against one process over the
+concatenated batch.
+
+One spawn runs every 2-process scenario (tests/distributed/workers.py) once for the module; a
+deadline kills the children so a bug cannot hang the suite.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import workbench
+from workbench.instrument.recorder import StepRecord, rows_frame
+from tests.distributed import workers
+from workbench.instrument.distributed import DistributedRecorder, merge_rows, tensor_sums, watch_distributed
+from workbench.ui.views import RunView
+
+KEY = ["step", "module", "call", "kind", "tensor"]
+STATS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac"]
+DEADLINE = 150  # seconds for the whole spawn (it takes ~15 s on two busy cores)
+
+
+def _kill(context) -> None:
+    for process in context.processes:
+        if process.is_alive():
+            process.kill()
+    for process in context.processes:
+        process.join(5)
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("distributed")
+    context = mp.start_processes(workers.worker, args=(2, str(out / "init"), str(out)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + DEADLINE
+    live = None
+    try:
+        while not (out / "ready").exists() and time.monotonic() < deadline:
+            if any(p.exitcode is not None for p in context.processes):
+                break
+            time.sleep(0.05)
+        if (out / "ready").exists():  # rank 0 waits, its run open, until "go"
+            try:
+                run = workbench.load_run(out / "ddp_run")
+                view = RunView.from_run(run)
+                live = {"status": run.status, "steps": run.steps, "last_step": view.last_step,
+                        "sites": view.site_order("activation"), "metrics": view.metric_names(),
+                        "rows": run.to_pandas()}
+            except Exception:  # (told by the live test; the children are still let go and joined)
+                live = {"error": traceback.format_exc()}
+    finally:
+        (out / "go").touch()
+        try:
+            while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
+                if time.monotonic() >= deadline:
+                    _kill(context)
+                    errors = "\n".join(p.read_text() for p in out.glob("error.*.txt"))
+                    pytest.fail(f"the 2-process run did not end within {DEADLINE} s\n{errors}")
+        except mp.ProcessRaisedException:
+            _kill(context)
+            raise
+    return out, live
+
+
+def reference(rows: slice = slice(None), steps: int = workers.STEPS) -> workbench.Watch:
+    """One process: the same model, the same batches (or ``rows`` of them), a plain watch."""
+    model = workers.make_model()
+    w = workbench.watch(model, histograms=True, bins=workers.BINS)
+    workers.train(model, w, workers.batches(steps), rows)
+    w.close()
+    return w
+
+
+def assert_rows_equal(got: pd.DataFrame, ref: pd.DataFrame) -> None:
+    joined = ref.merge(got, on=KEY, suffixes=("_ref", "_got"), how="outer", indicator=True)
+    missing = joined[joined._merge != "both"]
+    assert missing.empty, f"rows on one side only:\n{missing[KEY + ['_merge']]}"
+    assert (joined.shape_ref == joined.shape_got).all(), joined[joined.shape_ref != joined.shape_got][KEY]
+    assert (joined.numel_ref == joined.numel_got).all()
+    for column in STATS:
+        np.testing.assert_allclose(joined[column + "_got"], joined[column + "_ref"], rtol=1e-5, atol=1e-6,
+                                   err_msg=column)
+
+
+# ------------------------------------------------------------------ 2 processes
+def test_global_rows_equal_one_process_over_the_concatenated_batch(spawned):
+    out, _ = spawned
+    rank0 = workers.load(out, "ddp", 0)
+    ref = reference()
+    assert_rows_equal(rank0["rows"], ref.to_pandas())
+    assert set(rank0["rows"].kind) == {"activation", "grad_output", "param", "param_grad"}
+    # the loss logged is the mean of the ranks' losses: the global batch's (equal shards)
+    np.testing.assert_allclose(rank0["metrics"].loss, ref.metrics().loss, rtol=1e-6)
+    assert rank0["collectives"] == workers.STEPS and not rank0["errors"]
+
+
+def test_histograms_of_the_global_batch(spawned):
+    out, _ = spawned
+    rank0 = workers.load(out, "ddp", 0)
+    got = rank0["histograms"].set_index(KEY)
+    ref = reference().histograms().set_index(KEY)
+    assert sorted(got.index) == sorted(ref.index)
+    per_rank = [h.set_index(KEY) for h in rank0["rank_histograms"]]
+    for key in ref.index:
+        g, r = got.loc[key], ref.loc[key]
+        assert g.counts.sum() == pytest.approx(r.counts.sum())  # every value counted, once
+        np.testing.assert_allclose(g.edges[[0, -1]], r.edges[[0, -1]], rtol=1e-5, atol=1e-6)
+        if key[3] in ("param", "param_grad"):  # rank 0's replica, binned as one process bins it
+            assert np.abs(g.counts - r.counts).sum() <= 2, key
+        else:  # re-binned: a value lands within one of its rank's bins of where it is
+            slack = sum(h.loc[key].counts.max() for h in per_rank if key in h.index)
+            assert np.abs(np.cumsum(g.counts) - np.cumsum(r.counts)).max() <= slack + 1, key
+
+
+def test_per_rank_rows_are_each_ranks_own(spawned):
+    out, _ = spawned
+    rank0 = workers.load(out, "ddp", 0)
+    frame = rank0["rank_rows"]
+    assert set(frame["rank"]) == {0, 1}
+    share = workers.GLOBAL_BATCH // 2
+    for rank in (0, 1):
+        # step 1: the same parameters everywhere; rank r's rows are one process's over its half
+        ref = reference(slice(rank * share, (rank + 1) * share), steps=1).to_pandas()
+        ref = ref[ref.kind.isin(["activation", "grad_output"])]
+        mine = frame[(frame["rank"] == rank) & (frame.step == 1) & frame.kind.isin(["activation", "grad_output"])]
+        assert_rows_equal(mine.drop(columns="rank"), ref)
+    merged = rank0["rows"]
+    acts = merged[merged.kind == "activation"].set_index(KEY).numel
+    by_rank = frame[frame.kind == "activation"].groupby(KEY).numel.sum()
+    assert (acts.sort_index() == by_rank.sort_index()).all()
+
+
+def test_one_store_written_by_rank_0(spawned):
+    out, _ = spawned
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["ddp_run"]
+    run = workbench.load_run(out / "ddp_run")
+    assert run.status == "finished"
+    assert run.metadata["distributed"]["world_size"] == 2
+    assert run.metadata["distributed"]["wrapper"] == "DistributedDataParallel"
+    rank0 = workers.load(out, "ddp", 0)
+    assert_rows_equal(run.to_pandas(), rank0["rows"])
+    rank1 = workers.load(out, "ddp", 1)
+    assert rank1["records"] == 0 and rank1["collectives"] == workers.STEPS  # it sent its sums, kept nothing
+
+
+def test_the_store_opens_live_in_a_run_view(spawned):
+    _, live = spawned
+    assert live is not None, "rank 0 never reported its run open"
+    assert "error" not in live, live.get("error")
+    assert live["status"] == "running"
+    assert live["steps"] == [1, 2, 3] and live["last_step"] == 3
+    assert live["sites"][:3] == ["0", "1", "2"] and "loss" in live["metrics"]
+    assert (live["rows"].groupby("step").size() > 0).all()
+
+
+def test_hooks_removed_on_every_rank_and_paths_unprefixed(spawned):
+    out, _ = spawned
+    for rank in (0, 1):
+        for scenario in ("ddp", "failing"):
+            before, after = workers.load(out, scenario, rank)["hooks"]
+            assert before == after, (scenario, rank)
+        paths = workers.load(out, "ddp", rank)["paths"]
+        assert "0" in paths and not any(p.startswith("module") for p in paths)
+
+
+def test_a_rank_whose_watch_fails_hangs_no_one(spawned):
+    out, _ = spawned
+    rank0, rank1 = workers.load(out, "failing", 0), workers.load(out, "failing", 1)
+    assert rank0["finished"] and rank1["finished"]
+    assert rank0["collectives"] == rank1["collectives"] == 2  # steps 1 and 3 (every=2)
+    records = {step: (rows, errors) for step, rows, errors in rank0["records"]}
+    assert sorted(records) == [1, 2, 3, 4]  # 2 and 4: rank 0's metrics alone
+    step1 = " ".join(e["error"] for e in records[1][1])
+    assert "[rank 1]" in step1 and "rank 1's hook fails" in step1
+    step3 = [e for e in records[3][1] if e["rank"] == 1]
+    assert any("rank 1's payload fails" in e["error"] for e in step3)
+    assert records[3][0] > 0  # rank 0's rows still recorded
+    rows = rank0["rows"]
+    # at step 3 rank 1 sent nothing: the activations are rank 0's half alone
+    assert (rows[(rows.step == 3) & (rows.kind == "activation") & (rows.module == "0")].numel == 4 * 16).all()
+    assert (rows[(rows.step == 1) & (rows.kind == "activation") & (rows.module == "0")].numel == 8 * 16).all()
+
+
+def test_fsdp2_fully_shard_on_the_cpu(spawned):
+    out, _ = spawned
+    rank0 = workers.load(out, "fsdp", 0)
+    assert not rank0["errors"] and not workers.load(out, "fsdp", 1)["errors"]
+    assert_rows_equal(rank0["rows"], reference().to_pandas())
+
+
+# ------------------------------------------------------------------ one process
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def test_merge_rows_recentres_shifted_sums():
+    torch.manual_seed(1)
+    parts_values = [torch.randn(50, dtype=torch.float64) * 0.01 + 1e4, torch.randn(30, dtype=torch.float64) + 5,
+                    torch.tensor([], dtype=torch.float64), torch.tensor([0.0, float("inf"), -2.0], dtype=torch.float64)]
+    key = ("m", 0, "activation", "out")
+    parts = []
+    for values in parts_values:
+        sums, hist = tensor_sums([values], bins=4)
+        parts.append(((key + ((len(values),),),), np.array([len(values)]), sums, hist))
+    keys, numel, sums, hist, _ = merge_rows(parts)
+    whole, whole_hist = tensor_sums([torch.cat(parts_values)], bins=4)
+    assert keys == (key + ((83,),),) and numel.tolist() == [83]
+    finite = torch.cat(parts_values[:2])
+    got = rows_frame([StepRecord(1, keys, numel, sums)]).iloc[0]
+    ref = rows_frame([StepRecord(1, keys, numel, whole)]).iloc[0]
+    for column in ["min", "max", "abs_mean", "zero_frac", "nan_count", "inf_count"]:
+        assert got[column] == pytest.approx(ref[column], rel=1e-12), column
+    # the finite parts alone: mean and std as torch computes them
+    # an infinity makes the range infinite: no bin is filled, as in one process
+    assert hist.sum() == whole_hist.sum() == 0
+    # the finite parts alone: mean and std as torch computes them, every value binned
+    keys, numel, sums, hist, _ = merge_rows(parts[:3])
+    got = rows_frame([StepRecord(1, keys, numel, sums)]).iloc[0]
+    assert got["mean"] == pytest.approx(finite.mean().item(), rel=1e-12)
+    assert got["std"] == pytest.approx(finite.std().item(), rel=1e-9)
+    assert hist.sum() == pytest.approx(80)
+
+
+def test_one_rank_equals_a_plain_watch(one_rank, tmp_path):
+    model = workers.make_model()
+    w = watch_distributed(model, histograms=True, bins=workers.BINS, store=tmp_path / "run")
+    workers.train(model, w, workers.batches(), slice(None))
+    w.close()
+    assert_rows_equal(w.to_pandas(), reference().to_pandas())
+    assert workbench.load_run(tmp_path / "run").status == "finished"
+
+
+def test_bad_options_are_named(one_rank):
+    model = workers.make_model()
+    with pytest.raises(ValueError, match=r"grad_scale must be a finite number > 0.*got -1"):
+        DistributedRecorder(model, grad_scale=-1)
+    with pytest.raises(ValueError, match=r"metrics must be one of \('mean', 'rank0'\), got 'sum'"):
+        DistributedRecorder(model, metrics="sum")
+    with pytest.raises(TypeError, match="model must be the torch.nn.Module being watched"):
+        DistributedRecorder("model")
+    with pytest.raises(TypeError, match="pass no recorder="):
+        watch_distributed(model, recorder=workbench.Recorder())
+    recorder = DistributedRecorder(model)
+    with pytest.raises(ValueError, match=r"rank_frame\(\) needs DistributedRecorder\(per_rank=True\)"):
+        recorder.rank_frame()
+
+
+def test_needs_an_initialized_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        watch_distributed(workers.make_model())

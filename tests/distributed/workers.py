@@ -1,0 +1,158 @@
+"""What the 2-process tests run on each rank (spawned; importable by the children), and the
+single-process reference they are compared with (run in the test's own process)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+GLOBAL_BATCH = 8
+STEPS = 3
+BINS = 8
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 3))
+
+
+def batches(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batches: inputs away from 0 (a mean large against the spread tests the shifted sums)."""
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(GLOBAL_BATCH, 4, generator=g) + 3, torch.randint(3, (GLOBAL_BATCH,), generator=g))
+            for _ in range(steps)]
+
+
+def train(model: nn.Module, w, data, rows: slice) -> None:
+    """SGD on the mean cross-entropy of ``rows`` of each batch; ``w.step()`` before the next zero_grad."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+        loss.backward()
+        opt.step()
+        w.step(loss=loss.item())
+
+
+def hook_state(model: nn.Module) -> tuple:
+    """Every hook torch holds for the model: process-wide module hooks, the modules' own, the parameters'."""
+    m = torch.nn.modules.module
+    return (len(m._global_forward_hooks), len(m._global_forward_pre_hooks), len(m._global_backward_hooks),
+            tuple((len(mod._forward_hooks), len(mod._forward_pre_hooks), len(mod._backward_hooks))
+                  for mod in model.modules()),
+            tuple(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()))
+
+
+def _dump(out: Path, name: str, rank: int, value) -> None:
+    with open(out / f"{name}.{rank}.pkl", "wb") as f:
+        pickle.dump(value, f)
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+def worker(rank: int, world: int, init_file: str, out: str) -> None:
+    out = Path(out)
+    torch.set_num_threads(1)  # two ranks on a machine of two cores
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        ddp_scenario(rank, world, out)
+        failing_scenario(rank, world, out)
+        fsdp_scenario(rank, world, out)
+        dist.destroy_process_group()
+    except BaseException:
+        (out / f"error.{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def ddp_scenario(rank: int, world: int, out: Path) -> None:
+    from workbench.instrument.distributed import watch_distributed
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    before = hook_state(model)
+    share = GLOBAL_BATCH // world
+    w = watch_distributed(ddp, store=out / "ddp_run", per_rank=True, histograms=True, bins=BINS)
+    train(ddp, w, batches(), slice(rank * share, (rank + 1) * share))
+    if rank == 0:  # the test opens the store while the run is still open
+        w.recorder.flush()
+        (out / "ready").touch()
+        _wait_for(out / "go", 60)
+    dist.barrier()
+    w.close()
+    result = {"hooks": (before, hook_state(model)), "paths": sorted(w.paths), "records": len(w.recorder.records()),
+              "collectives": w.recorder.collectives, "errors": list(w.errors)}
+    if rank == 0:
+        result.update(rows=w.to_pandas(), histograms=w.histograms(), metrics=w.metrics(),
+                      rank_rows=w.recorder.rank_frame(),
+                      rank_histograms=[r.histograms() for r in w.recorder.ranks])
+    _dump(out, "ddp", rank, result)
+
+
+def failing_scenario(rank: int, world: int, out: Path) -> None:
+    """Rank 1's hooks raise (a patch that fails) and its own payload fails at step 3; 4 steps, every 2nd recorded."""
+    from workbench.instrument.distributed import watch_distributed
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    before = hook_state(model)
+    w = watch_distributed(ddp, every=2)
+    if rank == 1:
+        def broken(tensor):
+            raise RuntimeError("rank 1's hook fails")
+
+        w.patch("0", broken)
+        payload = w.recorder._payload
+
+        def failing_payload(record):
+            if record.step == 3:
+                raise RuntimeError("rank 1's payload fails")
+            return payload(record)
+
+        w.recorder._payload = failing_payload
+    share = GLOBAL_BATCH // world
+    train(ddp, w, batches(4), slice(rank * share, (rank + 1) * share))
+    w.close()
+    result = {"hooks": (before, hook_state(model)), "collectives": w.recorder.collectives, "finished": True}
+    if rank == 0:
+        result.update(rows=w.to_pandas(), records=[(r.step, len(r), r.errors) for r in w.recorder.records()])
+    _dump(out, "failing", rank, result)
+
+
+def fsdp_scenario(rank: int, world: int, out: Path) -> None:
+    """FSDP2's fully_shard on the CPU: parameters are DTensor shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from workbench.instrument.distributed import watch_distributed
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = make_model()
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    w = watch_distributed(model, histograms=True, bins=BINS)
+    share = GLOBAL_BATCH // world
+    train(model, w, batches(), slice(rank * share, (rank + 1) * share))
+    w.close()
+    result = {"errors": list(w.errors)}
+    if rank == 0:
+        result.update(rows=w.to_pandas())
+    _dump(out, "fsdp", rank, result)
+
+
+def load(out: Path, name: str, rank: int):
+    with open(out / f"{name}.{rank}.pkl", "rb") as f:
+        return pickle.load(f)
