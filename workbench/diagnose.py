@@ -284,9 +284,8 @@ class Diagnoser:
             if metrics is not None and len(metrics):
                 names = [c for c in metrics.columns if c != "step"]
                 values = metrics[names].to_numpy(np.float64) if names else np.zeros((len(metrics), 0))
-                logged = metrics[names].notna().to_numpy() if names else np.zeros((len(metrics), 0), bool)
+                logged = _logged(metrics[names].notna().to_numpy()) if names else np.zeros((len(metrics), 0), bool)
                 for step, row, mask in zip(metrics.step.to_numpy(), values, logged):
-                    # (a cell is NaN when the metric was not logged that step: left out)
                     by_step[int(step)] = {n: float(v) for n, v, m in zip(names, row, mask) if m}
             steps = rows.step.to_numpy() if len(rows) else np.zeros(0, np.int64)
             starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(steps) else np.zeros(0, np.intp)
@@ -628,6 +627,23 @@ class Diagnoser:
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
                            f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",
                            site=name, key=name)
+
+
+def _logged(present: np.ndarray) -> np.ndarray:
+    """Which cells of a metrics frame were logged. A frame has a NaN where a metric was not logged
+    that step, and where it was logged as NaN (a NaN loss): a metric logged on at least 3 steps in a
+    row from its first, that has only NaNs after its first gap, counts those as logged (it went NaN
+    and stayed); a sparse one (an evaluation's every few steps) does not."""
+    logged = present.copy()
+    for j in range(present.shape[1]):
+        column = present[:, j]
+        seen = np.flatnonzero(column)
+        if not len(seen):
+            continue
+        gaps = np.flatnonzero(~column[seen[0]:])
+        if len(gaps) and gaps[0] >= 3 and not column[seen[0] + gaps[0]:].any():
+            logged[seen[0] + gaps[0]:, j] = True
+    return logged
 
 
 def _sample(items: list, k: int) -> list:

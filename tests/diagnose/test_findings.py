@@ -1,0 +1,205 @@
+"""The findings engine on frames built by hand from the row schema, its thresholds and its inputs,
+and its incremental form (fed the recorder's stream) against the frame form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import workbench
+from workbench.diagnose import COLUMNS, FINDINGS, Diagnoser, Thresholds, diagnose, update_ratios
+
+from tests.diagnose.conftest import mlp, train
+
+STATS = ["numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
+
+
+def row(step, module, kind, tensor="out", shape="(8, 4)", **stats):
+    numel = int(np.prod([int(x) for x in shape.strip("()").split(",") if x.strip()]))
+    base = dict(numel=numel, mean=0.0, std=1.0, min=-2.0, max=2.0, abs_mean=0.8, norm=float(np.sqrt(numel)),
+                zero_frac=0.0, nan_count=0, inf_count=0)
+    base.update(stats)
+    return {"step": step, "module": module, "call": 0, "kind": kind, "tensor": tensor, "shape": shape, **base}
+
+
+def param_rows(steps, ratio, module="fc", numel=100):
+    """Rows of a (10, 10) weight whose update norm is ``ratio`` of its norm every step."""
+    out = []
+    for s in steps:
+        out.append(row(s, module, "param", "weight", "(10, 10)", norm=5.0))
+        out.append(row(s, module, "update", "weight", "(10, 10)", norm=5.0 * ratio))
+    return pd.DataFrame(out)
+
+
+def test_update_ratio_is_the_update_norm_over_the_param_norm_of_the_same_step():
+    rows = pd.concat([param_rows([1, 2], 1e-3), param_rows([1], 0.5, module="other")])
+    ratios = update_ratios(rows).sort_values(["module", "step"]).reset_index(drop=True)
+    assert ratios[["step", "module", "tensor"]].values.tolist() == [[1, "fc", "weight"], [2, "fc", "weight"],
+                                                                    [1, "other", "weight"]]
+    np.testing.assert_allclose(ratios.ratio, [1e-3, 1e-3, 0.5])
+
+
+@pytest.mark.parametrize("ratio, finding", [(0.5, "update_ratio_high"), (1e-8, "update_ratio_low")])
+def test_update_ratio_far_from_usual_is_a_finding_after_persist_steps(ratio, finding):
+    f = diagnose(param_rows(range(1, 6), ratio), None)
+    assert f.finding.tolist() == [finding]
+    assert (f.step[0], f.last_step[0], f.site[0]) == (1, 5, "fc.weight")
+    assert f"{ratio:.2g}" in f.evidence[0]
+    # fewer recorded steps than persist: nothing yet
+    assert diagnose(param_rows(range(1, 3), ratio), None).empty
+    assert diagnose(param_rows(range(1, 6), 1e-3), None).empty  # the usual range
+
+
+def test_a_parameter_grown_from_zero_is_judged_once_its_ratio_fell():
+    # a zero-initialized weight: ratio 1 at its first step, ~1/t after (Adam's constant step)
+    frames = [param_rows([t], 1.0 / t) for t in range(1, 30)]
+    assert diagnose(pd.concat(frames), None).empty
+    frames += [param_rows([t], 0.5) for t in range(30, 34)]  # then far too large for good
+    f = diagnose(pd.concat(frames), None)
+    assert f.finding.tolist() == ["update_ratio_high"] and f.step[0] == 30
+
+
+def test_biases_are_not_judged_by_their_update_ratio_unless_asked():
+    rows = pd.DataFrame([r for s in range(1, 6) for r in (
+        row(s, "fc", "param", "bias", "(10)", norm=1e-3), row(s, "fc", "update", "bias", "(10)", norm=5e-4))])
+    assert diagnose(rows).empty
+    assert diagnose(rows, update_min_dims=1).finding.tolist() == ["update_ratio_high"]
+
+
+def test_nan_origin_tells_the_first_site_from_the_ones_that_inherited_it():
+    rows = pd.DataFrame([
+        row(1, "a", "activation"), row(1, "b", "activation"),
+        row(2, "a", "activation"), row(2, "b", "activation", nan_count=3), row(2, "c", "activation", nan_count=32),
+        row(2, "c", "grad_output", nan_count=32), row(3, "a", "activation", inf_count=1),
+    ])
+    f = diagnose(rows)
+    assert f.finding.tolist() == ["nan_origin"]
+    first = f.iloc[0]
+    assert (first.step, first.last_step, first.site, first.kind, first.severity) == (2, 3, "b", "activation", "error")
+    assert "3 NaN of 32 values" in first.evidence and "2 other site(s) only inherited it: a, c" in first.evidence
+
+
+def test_dead_units_need_persistence_and_name_a_bound_on_units():
+    # (8, 4): 8 entries per unit; 31 of 32 zero -> at least 1 - 8 * (1/32) = 75% of the units dead
+    dead = dict(zero_frac=31 / 32, min=0.0, max=0.5, mean=0.01, std=0.05)
+    rows = pd.DataFrame([row(s, "relu", "activation", **dead) for s in (1, 2)])
+    assert diagnose(rows).empty  # two steps < persist=3
+    assert diagnose(rows, persist=2).finding.tolist() == ["dead_units"]
+    rows = pd.DataFrame([row(s, "relu", "activation", **dead) for s in (1, 2, 3)]
+                        + [row(4, "relu", "activation", zero_frac=0.5, min=0.0)])
+    f = diagnose(rows)
+    assert (f.step[0], f.last_step[0]) == (1, 3) and "at least 75% of its 4 units (at least 3)" in f.evidence[0]
+    # a site with negative outputs is never dead (a linear layer that outputs zeros is something else)
+    assert diagnose(pd.DataFrame([row(s, "lin", "activation", zero_frac=0.95, min=-1.0) for s in (1, 2, 3)])).empty
+
+
+def test_saturation_index_of_a_two_point_output_is_one():
+    # every value at 0 or 1 with mean 0.25: variance 0.25 * 0.75 (population) -> index 1
+    n, mu = 32, 0.25
+    std = np.sqrt(mu * (1 - mu) * n / (n - 1))
+    rows = pd.DataFrame([row(s, "sig", "activation", mean=mu, std=std, min=0.0, max=1.0) for s in (1, 2, 3)])
+    f = diagnose(rows)
+    assert f.finding.tolist() == ["saturated"] and "saturation index 1.00" in f.evidence[0]
+    mild = pd.DataFrame([row(s, "sig", "activation", mean=0.5, std=0.2, min=0.1, max=0.9) for s in (1, 2, 3)])
+    assert diagnose(mild).empty
+
+
+def test_diverging_loss_and_non_finite_loss():
+    metrics = pd.DataFrame({"step": range(1, 16), "loss": [1.0, 0.8, 0.7, 0.6, 0.5] + [0.5 * 3 ** k for k in range(10)]})
+    f = diagnose(pd.DataFrame(columns=COLUMNS[:0]), metrics)
+    assert f.finding[0] == "diverging" and f.site[0] == "loss" and f.severity[0] == "error"
+    assert set(f.finding) <= {"diverging", "loss_spike"}  # (3x jumps while it diverges are spikes too)
+    nan = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0, 0.9, 0.8, float("nan")],
+                        "accuracy": [0.5, float("nan"), 0.6, 0.6]})
+    f = diagnose(pd.DataFrame(), nan)
+    assert f.finding.tolist() == ["diverging"] and f.step[0] == 4 and "nan" in f.evidence[0]
+    # an evaluation's loss, logged every few steps, is not taken for a NaN in between
+    sparse = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0, 0.9, 0.8, 0.7], "eval_loss": [np.nan, 1.0, np.nan, 0.9]})
+    assert diagnose(pd.DataFrame(), sparse).empty
+    # a metric that is not a loss is never judged; loss_metrics picks which are
+    assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"})).empty
+    assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}), loss_metrics=("reward",)).finding.tolist() == ["diverging"]
+
+
+def test_findings_are_ordered_most_severe_then_newest():
+    rows = pd.DataFrame([row(s, "relu", "activation", zero_frac=1.0, min=0.0, max=0.0, mean=0.0, std=0.0)
+                         for s in range(1, 5)] + [row(4, "x", "activation", nan_count=1)])
+    metrics = pd.DataFrame({"step": range(1, 25), "loss": [1.0] * 20 + [1.0, 50.0, 1.0, 1.0]})
+    f = diagnose(rows, metrics)
+    assert f.finding.tolist() == ["nan_origin", "loss_spike", "dead_units"]
+    assert set(f.severity) <= {"info", "warning", "error"} and set(f.finding) <= set(FINDINGS)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(persist=0), "persist must be a whole number >= 1"),
+    (dict(dead_zero_frac=1.5), "dead_zero_frac must be a fraction in (0, 1]"),
+    (dict(gradient_orders=float("nan")), "gradient_orders must be a positive number"),
+    (dict(update_ratio_low=1.0, update_ratio_high=0.5), "update_ratio_low must be below update_ratio_high"),
+    (dict(loss_metrics=("",)), "loss_metrics must be a tuple of non-empty strings"),
+])
+def test_bad_thresholds_say_what_and_how(bad, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        Thresholds(**bad)
+    with pytest.raises(ValueError):
+        diagnose(pd.DataFrame(), None, **bad)
+
+
+def test_bad_inputs_say_what_was_expected():
+    with pytest.raises(TypeError, match=r"Unknown threshold\(s\) \['persistence'\]"):
+        diagnose(pd.DataFrame(), persistence=3)
+    with pytest.raises(TypeError, match="pandas DataFrame"):
+        diagnose([1, 2, 3])
+    with pytest.raises(ValueError, match=r"lack the columns \['call'"):
+        diagnose(pd.DataFrame({"step": [1], "module": ["a"]}))
+    with pytest.raises(ValueError, match="needs a 'step' column"):
+        diagnose(pd.DataFrame(), pd.DataFrame({"loss": [1.0]}))
+    with pytest.raises(TypeError, match="thresholds must be"):
+        diagnose(pd.DataFrame(), None, thresholds=3)
+    with pytest.raises(TypeError, match="needs a workbench Watch"):
+        Diagnoser().attach(object())
+
+
+def test_thresholds_as_dict_or_dataclass_agree():
+    w = train(mlp("relu"), steps=5, patch=("layers.1", lambda t: t * 0))
+    rows, metrics = w.to_pandas(), w.metrics()
+    a = diagnose(rows, metrics, {"dead_zero_frac": 0.99})
+    b = diagnose(rows, metrics, Thresholds(dead_zero_frac=0.99))
+    pd.testing.assert_frame_equal(a, b)
+    assert "dead_units" in set(a.finding)
+
+
+def test_live_diagnoser_on_the_stream_equals_the_frame_form(tmp_path):
+    """Attached mid-run (the steps before read from the recorder's buffer, the rest from its
+    subscription), fed off the training thread, the live findings equal diagnose() of the rows,
+    and those of the stored run (which has no tensor identities: aliases told by statistics)."""
+    import torch
+    import torch.nn.functional as F
+
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[2].bias.fill_(-20.0)  # layers.3 dead
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(64, 2, generator=torch.Generator().manual_seed(1))
+    y = (x[:, 0] > 0).long()
+    live = Diagnoser()
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        for step in range(1, 9):
+            if step == 4:
+                live.attach(w)
+            if step == 6:
+                w.patch("layers.1", torch.log)  # -inf from step 6
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+        w.recorder.flush()
+    live.detach()
+    found = live.findings()
+    assert {"dead_units", "nan_origin"} <= set(found.finding)
+    pd.testing.assert_frame_equal(found, diagnose(w.to_pandas(), w.metrics()))
+    run = workbench.load_run(tmp_path / "run")
+    pd.testing.assert_frame_equal(found, diagnose(run.to_pandas(), run.metrics()))
+    origin = found[found.finding == "nan_origin"].iloc[0]
+    assert (origin.site, origin.step) == ("layers.1", 6)
