@@ -188,6 +188,19 @@ class DynamicsNetwork(nn.Module):
         pair (h, c), each (1, B, lstm_hidden_size). Returns next_latent_state
         (B, num_channels - action_encoding_dim, H, W), the next (h, c) and
         value_prefix logits (B, output_support_size).
+
+    Examples:
+        >>> import torch
+        >>> from workbench.models.efficientzero import DynamicsNetwork
+        >>> net = DynamicsNetwork((16, 6, 6), action_encoding_dim=2, num_channels=18, reward_head_channels=4,
+        ...                       fc_reward_layers=[32], output_support_size=21,
+        ...                       flatten_output_size_for_reward_head=4 * 6 * 6, lstm_hidden_size=64)
+        >>> x = torch.randn(3, 18, 6, 6)                         # 16 latent channels + 2 action planes
+        >>> hidden = net.initial_hidden_state(3)                 # (h, c), each (1, 3, 64)
+        >>> latent, hidden, value_prefix = net(x, hidden)
+        >>> tuple(latent.shape), tuple(hidden[0].shape), tuple(value_prefix.shape)
+        ((3, 16, 6, 6), (1, 3, 64), (3, 21))
+        >>> net.load_state_dict(lightzero_state_dict, strict=True)  # doctest: +SKIP
     """
 
     def __init__(

@@ -399,6 +399,23 @@ class ILQL(nn.Module):
         cql_temp: temperature of the CQL loss.
         weight_decay: AdamW weight decay.
         device: where the networks live.
+
+    Raises:
+        ValueError: a net_config or hyperparameter out of range (the message names it), or
+            ``per_token=False``.
+        TypeError: a value of the wrong type.
+        workbench.params.MemoryLimitError: the networks would not fit in memory.
+
+    Examples:
+        >>> from workbench.models.ilql import ILQL, TINY_CONFIG
+        >>> from workbench.models.toy_language import ToyLanguageDataset
+        >>> data = ToyLanguageDataset(size=256)
+        >>> agent = ILQL(data, {**TINY_CONFIG, "vocab_size": data.tokenizer.vocab_size}, lr=1e-3)
+        >>> sorted(agent.learn(data.sample(8)))
+        ['cql_loss', 'dm_loss', 'loss', 'mean_advantage', 'mean_q', 'mean_v', 'q_loss', 'token_loss', 'v_loss']
+        >>> answers = agent.generate(data.prompts(4), max_length=5, beta=8.0)   # the perturbed policy
+        >>> data.score(answers).shape                                            # fitting words per answer
+        torch.Size([4])
     """
 
     def __init__(self, dataset: Any, net_config: dict[str, Any] | None = None, index: int = 0, batch_size: int = 64,

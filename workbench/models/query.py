@@ -397,6 +397,17 @@ class QueryModule(nn.Module):
     Raises:
         ValueError: no in_keys, or a hash_module list of the wrong length.
         TypeError: a key that is not a string/tuple, or a hash module that is not callable.
+
+    Examples:
+        >>> import torch
+        >>> from workbench.models.query import QueryModule
+        >>> q = QueryModule(["observation", "action"])
+        >>> obs = torch.tensor([[0.5, 1.0], [2.0, 3.0], [0.5, 1.0]])
+        >>> out = q({"observation": obs, "action": torch.tensor([1, 1, 1])})
+        >>> out["_index"].tolist()                                # rows 0 and 2 are equal
+        [0, 1, 0]
+        >>> q({"observation": obs[:1], "action": torch.tensor([7])}, extend=False)["_index"].tolist()
+        [2]
     """
 
     def __init__(
