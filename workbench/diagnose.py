@@ -270,7 +270,19 @@ class Diagnoser:
             self.feed(recorder.records())
         return self._subscription
 
+    @property
+    def received(self) -> int:
+        """Steps received so far, taken in or still queued."""
+        with self._lock:
+            return self.steps_seen + len(self._pending)
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until what the attached watch recorded so far was delivered here (False on timeout)."""
+        subscription = self._subscription
+        return subscription.flush(timeout) if subscription is not None else True
+
     def detach(self) -> None:
+        """Stop following the watch (what arrived stays)."""
         if self._subscription is not None:
             self._subscription.unsubscribe()
             self._subscription = None
@@ -301,7 +313,7 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ results
     def findings(self) -> pd.DataFrame:
-        """The findings so far: most severe first, then the newest (by last step)."""
+        """The findings so far: most severe first, then the newest (by last step, then first step)."""
         with self._lock:
             self._absorb()
             items = [*self._closed, *(e for e in self._open.values() if e["count"] >= e["need"])]
@@ -310,9 +322,11 @@ class Diagnoser:
             rows = [self._row(e) for e in items]
         frame = pd.DataFrame(rows, columns=list(COLUMNS))
         if len(frame):
-            rank = frame.severity.map(_RANK)
-            frame = (frame.assign(_rank=rank).sort_values(["_rank", "last_step", "step"], ascending=False, kind="stable")
-                     .drop(columns="_rank").reset_index(drop=True))
+            # (ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
+            order = {name: -i for i, name in enumerate(FINDINGS)}
+            frame = (frame.assign(_rank=frame.severity.map(_RANK), _order=frame.finding.map(order))
+                     .sort_values(["_rank", "last_step", "step", "_order"], ascending=False, kind="stable")
+                     .drop(columns=["_rank", "_order"]).reset_index(drop=True))
         return frame.astype({"step": "int64", "last_step": "int64", "call": "int64"})
 
     def _row(self, e: dict) -> dict:
@@ -332,8 +346,7 @@ class Diagnoser:
                 continue  # (a step seen from both the recorder's buffer and the subscription)
             stats = None
             if len(record.keys):
-                from workbench.instrument.stats import finish
-                stats = finish(record.numel, record.sums)
+                stats = _finish()(record.numel, record.sums)
             self._take(record.step, record.keys, stats or {}, record.tensors, record.metrics)
 
     def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
@@ -627,6 +640,15 @@ class Diagnoser:
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
                            f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",
                            site=name, key=name)
+
+
+def _finish() -> Any:
+    """The statistics of a record's raw sums (``finish``: the schema's since the instrument redesign)."""
+    try:
+        from workbench.instrument.schema import finish
+    except ImportError:  # (before it)
+        from workbench.instrument.stats import finish
+    return finish
 
 
 def _logged(present: np.ndarray) -> np.ndarray:

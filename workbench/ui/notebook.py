@@ -168,8 +168,9 @@ _ENDED = ("finished", "stopped", "failed")
 
 
 class Dashboard:
-    """Every view of a run, live: header with progress, metrics, a statistic per call site,
-    the layer x step heatmap, distributions over time and where NaN/Inf first appeared.
+    """Every view of a run, live: header with progress, what looks wrong (the run's findings,
+    :mod:`workbench.diagnose`), metrics, a statistic per call site, the layer x step heatmap,
+    distributions over time and where NaN/Inf first appeared.
 
     ::
 
@@ -184,6 +185,10 @@ class Dashboard:
     ``interval`` seconds, and only when steps arrived, taking in the new ones (a redraw costs
     in proportion to them; the figures are bounded however long the run). The figures are
     Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks.
+
+    The findings list (most severe, then newest first) updates with the views; picking one
+    (or :meth:`focus_finding`) moves the kind, statistic and call site to it and shades the
+    steps it held.
 
     Args:
         source: a :class:`~workbench.experiments.base.BackgroundRun` (``exp.start(...)``), an
@@ -203,6 +208,7 @@ class Dashboard:
 
         from workbench.experiments.base import BackgroundRun, Experiment
         from workbench.instrument import KINDS, Run, Watch
+        from workbench.ui.findings import RunFindings
         from workbench.ui.views import STATISTICS, RunView
 
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
@@ -238,10 +244,15 @@ class Dashboard:
             self.view = RunView(label=label or type(source.model).__name__)
         elif isinstance(source, Run):
             self.view = RunView.from_run(source)
+            self.diagnoses = RunFindings(source)
         else:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
                             f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
+        if self.watch is not None:  # (fed on a subscriber's thread from the watch's first recorded step)
+            self.diagnoses = RunFindings(self.watch)
         self.source, self.interval = source, float(interval)
+        self._focus = None  # the picked finding's Focus
+        self._findings = None  # the findings frame the list shows
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
         self._figures: dict[str, dict] = {}
@@ -270,6 +281,9 @@ class Dashboard:
                                             layout=w.Layout(width="28em"))
         self.metrics_plot, self.sites_plot, self.heatmap_plot, self.distribution_plot = (w.Output() for _ in range(4))
         self.anomalies = w.HTML()
+        self.findings_summary = w.HTML()
+        self.findings_list = w.Select(options=[], rows=4, layout=w.Layout(width="100%"))
+        self.findings_detail = w.HTML()
 
         self.pause_button.on_click(lambda _: self._act("pause"))
         self.resume_button.on_click(lambda _: self._act("resume"))
@@ -280,10 +294,12 @@ class Dashboard:
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
         self.distribution_site.observe(lambda _: self._quiet or self._redraw("distribution"), names="value")
+        self.findings_list.observe(self._on_finding, names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
         self.widget = w.VBox([
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
+            self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
             w.HBox([self.kind, self.statistic, self.sites]), self.sites_plot, self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
@@ -355,12 +371,13 @@ class Dashboard:
                 return
             if self._subscription is not None:
                 self._subscription.flush(timeout=5.0)
+            self.diagnoses.flush(timeout=5.0)
             self._refresh_if_new()
             self.close()
 
     def _state(self) -> tuple:
         header = self.view.header()
-        return self.view.steps_fed, self.view.dropped, header["status"]
+        return self.view.steps_fed, self.view.dropped, header["status"], self.diagnoses.fed
 
     def _refresh_if_new(self) -> None:
         self._status()
@@ -380,6 +397,7 @@ class Dashboard:
             for name in ("metrics", "sites", "heatmap", "distribution"):
                 self._redraw(name)
             self._draw_anomalies()
+            self._draw_findings()
             self.draws += 1
 
     def figure(self, name: str) -> dict:
@@ -450,6 +468,11 @@ class Dashboard:
                 spec = (figures.distribution_figure(self.view, kind, site) if site else figures.empty_figure(
                     f"No histograms of {kind} rows: record with histograms=True to see distributions over time."))
                 out = self.distribution_plot
+            focused = self._focus
+            if focused is not None and (name == "sites" or (name == "metrics" and focused.metric)):
+                from workbench.ui.findings import mark_steps
+
+                spec = mark_steps(spec, focused.step, focused.last_step)
             self._figures[name] = spec
             # set the outputs (not `with out:`): a redraw from the timer thread lands in this
             # widget, not in whichever cell runs at that moment
@@ -465,6 +488,74 @@ class Dashboard:
             f"<b>NaN / Inf first at step {first['step']}</b>, {html.escape(first['kind'])} of "
             f"<code>{html.escape(first['site'])}</code> ({first['nan_count']} NaN, {first['inf_count']} Inf). "
             f"Most recent:" + frame.to_html(index=False, border=0))
+
+    def findings(self) -> Any:
+        """The run's findings now (a frame of :data:`workbench.diagnose.COLUMNS`), as the list shows them."""
+        return self.diagnoses.frame()
+
+    def _draw_findings(self) -> None:
+        from workbench.ui import findings as view
+
+        frame = self.diagnoses.frame()
+        running = self.watch is not None and not self._ended()
+        summary = view.findings_summary(frame, running=running)
+        if self.diagnoses.error:
+            summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
+        self.findings_summary.value = _html(summary)
+        self._findings = frame
+        labels = [view.option_label(row) for row in frame.itertuples()]
+        self._quiet = True
+        try:
+            if tuple(labels) != tuple(self.findings_list.options):
+                picked = self.findings_list.value
+                self.findings_list.options = labels
+                self.findings_list.rows = min(max(len(labels), 1), 6)
+                self.findings_list.value = picked if picked in labels else None
+        finally:
+            self._quiet = False
+        self.findings_list.layout.display = "" if labels else "none"
+        picked = self.findings_list.index
+        self.findings_detail.value = view.findings_html(frame.iloc[[picked]]) if picked is not None else (
+            "<span style='color:#555'>Pick a finding for its evidence and what to try.</span>" if labels else "")
+
+    def focus_finding(self, index: int) -> Any:
+        """Show the ``index``-th finding of the list (0: the first): its kind, statistic and call
+        site in the per-site figure and the heatmap (its metric in the metrics panel), the steps
+        it held shaded. Returns its :class:`~workbench.ui.findings.Focus`.
+
+        Raises:
+            IndexError: no such finding in the list.
+        """
+        from workbench.ui import findings as view
+
+        with self._draw_lock:
+            frame = self._findings if self._findings is not None else self.diagnoses.frame()
+            target = view.focus(frame, index, self.view)
+            self._focus = target
+            self._quiet = True
+            try:
+                if self.findings_list.index != index and index < len(self.findings_list.options):
+                    self.findings_list.index = index
+                if target.kind is not None:
+                    self.kind.value = target.kind
+                    self.statistic.value = target.statistic
+                    self._sync_controls()
+                    if target.site in self.sites.options:
+                        self.sites.value = (target.site,)
+                        self._picked_sites = True
+                    if target.site in self.distribution_site.options:
+                        self.distribution_site.value = target.site
+            finally:
+                self._quiet = False
+            for name in ("metrics", "sites", "heatmap", "distribution"):
+                self._redraw(name)
+            self.findings_detail.value = view.findings_html(frame.iloc[[index]])
+        return target
+
+    def _on_finding(self, change: Any) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        self.focus_finding(int(change["new"]))
 
     # ------------------------------------------------------------------ controls
     def _on_kind(self, _change: Any) -> None:
@@ -497,6 +588,9 @@ class Dashboard:
     def close(self) -> None:
         """Stop following the run (the figures stay as they are)."""
         self._closed.set()
+        diagnoses = getattr(self, "diagnoses", None)
+        if diagnoses is not None:
+            diagnoses.close()
         if self._subscription is not None:
             self._subscription.unsubscribe()
             self._subscription = None

@@ -1,0 +1,126 @@
+"""The findings list as a view (workbench.ui.findings) and in the Jupyter Dashboard, live."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workbench
+from workbench.diagnose import diagnose
+from workbench.ui import findings as view
+from workbench.ui.notebook import Dashboard
+from workbench.ui.views import RunView
+
+from tests.diagnose.conftest import mlp, train
+
+
+def wait_for(condition, timeout=30.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def broken():
+    """A dead ReLU layer, then log(0) from step 5: a warning and an error."""
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[2].bias.fill_(-20.0)
+    w = train(model, steps=3)
+    frame = diagnose(w.to_pandas(), w.metrics())
+    return w, frame
+
+
+def test_the_table_lists_each_finding_in_order_with_its_steps(broken):
+    _, frame = broken
+    table = view.findings_table(frame)
+    assert list(table.columns) == view.TABLE_COLUMNS
+    assert table.finding.tolist() == frame.finding.tolist() and table.site.tolist() == frame.site.tolist()
+    dead = table[table.finding == "dead_units"].iloc[0]
+    assert (dead.severity, dead.steps, dead.site) == ("⚠️ warning", "1–3", "layers.3")
+    assert view.findings_table(frame, limit=1).shape[0] == 1
+    assert view.findings_table(frame.iloc[:0]).empty
+    assert "nothing looks wrong so far" in view.findings_summary(frame.iloc[:0])
+    assert "1 warning" in view.findings_summary(frame[frame.finding == "dead_units"])
+    html = view.findings_html(frame)
+    assert "dead_units" in html and "Hint:" in html and "layers.3" in html
+
+
+def test_focus_names_the_site_as_the_views_do_and_marks_its_steps(broken):
+    w, frame = broken
+    runview = RunView()
+    runview.feed(w.recorder.records())
+    picked = frame.index[frame.finding == "dead_units"][0]
+    target = view.focus(frame, int(picked), runview)
+    assert (target.kind, target.site, target.statistic, target.step, target.last_step) == (
+        "activation", "layers.3", "zero_frac", 1, 3)
+    assert target.site in runview.site_order("activation")
+    figure = view.mark_steps({"data": [], "layout": {}}, 1, 3)
+    assert figure["layout"]["shapes"][0]["x0"] == 1 and figure["layout"]["shapes"][0]["x1"] == 3
+    line = view.mark_steps({"data": [], "layout": {"shapes": [{"type": "rect"}]}}, 2, 2)["layout"]["shapes"]
+    assert len(line) == 2 and line[1]["type"] == "line"
+
+
+def test_a_metric_finding_focuses_the_metric():
+    frame = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 8), "loss": [1.0, 0.9, 0.8, float("nan")] + [float("nan")] * 3}))
+    target = view.focus(frame, 0)
+    assert (target.metric, target.kind, target.step) == ("loss", None, 4)
+
+
+def test_bad_input_to_the_view_says_what_was_expected(broken):
+    _, frame = broken
+    with pytest.raises(IndexError, match=r"No finding number 9: the list has 1"):
+        view.focus(frame, 9)
+    with pytest.raises(TypeError, match="Expected a findings frame"):
+        view.findings_table(pd.DataFrame({"a": [1]}))
+    with pytest.raises(ValueError, match="limit must be a positive int"):
+        view.findings_table(frame, limit=0)
+
+
+def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path):
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)  # layers.1 dead from the first step
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    w = workbench.watch(model, store=tmp_path / "run")
+    dash = Dashboard(w, interval=0.05)
+    assert "nothing looks wrong so far" in dash.findings_summary.value
+    for step in range(1, 7):
+        if step == 5:
+            w.patch("layers.3", torch.log)  # -inf from step 5: an error, listed first
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        w.step(loss=loss.item())
+    wait_for(lambda: any("nan_origin" in o for o in dash.findings_list.options), what="the NaN's finding, live")
+    wait_for(lambda: any("dead_units at layers.1" in o for o in dash.findings_list.options))
+    options = dash.findings_list.options
+    assert options[0].startswith("⛔ nan_origin at layers.3, step 5")
+    assert "error" in dash.findings_summary.value
+    # picking the dead units moves kind, statistic and site there and shades their steps
+    dash.findings_list.index = next(i for i, o in enumerate(options) if "dead_units" in o)
+    assert (dash.kind.value, dash.statistic.value, dash.sites.value) == ("activation", "zero_frac", ("layers.1",))
+    shapes = dash.figure("sites")["layout"]["shapes"]
+    assert shapes[-1]["x0"] == 1 and shapes[-1]["x1"] >= 3
+    assert "Hint:" in dash.findings_detail.value and "layers.1" in dash.findings_detail.value
+    # the same through the API; the list shown is the diagnosis of the rows
+    target = dash.focus_finding(0)
+    assert (target.site, target.step) == ("layers.3", 5)
+    assert dash.statistic.value == "nan_count" and dash.sites.value == ("layers.3",)
+    w.close()
+    wait_for(lambda: "closed" in dash.header.value, what="the last draw")
+    pd.testing.assert_frame_equal(dash.findings(), diagnose(w.to_pandas(), w.metrics()))
+    assert dash.findings_list.options[0] == "⛔ nan_origin at layers.3, step 5–6"
+    # a stored run keeps them: its dashboard lists the same
+    stored = Dashboard(workbench.load_run(tmp_path / "run"))
+    assert stored.findings_list.options == dash.findings_list.options
+    pd.testing.assert_frame_equal(stored.findings(), dash.findings())

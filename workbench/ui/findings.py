@@ -1,0 +1,206 @@
+"""The findings list as a view: what the run page and the Dashboard draw of a run's diagnoses.
+
+Pure functions from a findings frame (:func:`workbench.diagnose.diagnose`, a
+:class:`~workbench.diagnose.Diagnoser`'s ``findings()``) to what a front-end shows, plus the
+focus action: which kind, site, statistic and steps the other views move to when a finding is
+picked. :class:`RunFindings` keeps the live findings of one run beside its
+:class:`~workbench.ui.views.RunView`, fed off the training thread.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from workbench.diagnose import COLUMNS, Diagnoser
+
+__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "findings_html", "findings_summary", "findings_table",
+           "focus", "mark_steps", "option_label"]
+
+#: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
+TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
+_ICON = {"error": "⛔", "warning": "⚠️", "info": "ℹ️"}
+_COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
+#: the statistic a finding is best seen in, per finding
+_STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated": "std",
+              "vanishing_gradients": "norm", "exploding_gradients": "norm", "update_ratio_high": "norm",
+              "update_ratio_low": "norm"}
+
+
+def _steps(row: Any) -> str:
+    return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
+
+
+def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
+    """The list as a table (:data:`TABLE_COLUMNS`): a severity mark and word, the steps it held
+    (``first–last``), the site, the finding and its evidence; at most ``limit`` rows."""
+    _check(findings)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int (rows shown), got {limit!r}.")
+    if findings.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    shown = findings.head(limit)
+    return pd.DataFrame({
+        "severity": [f"{_ICON[s]} {s}" for s in shown.severity],
+        "steps": [_steps(r) for r in shown.itertuples()],
+        "site": shown.site.to_list(),
+        "finding": shown.finding.to_list(),
+        "evidence": shown.evidence.to_list(),
+    }, columns=TABLE_COLUMNS)
+
+
+def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:
+    """One line of Markdown above the list: how many findings of each severity, or none."""
+    _check(findings)
+    if findings.empty:
+        return ("**Diagnoses:** nothing looks wrong so far." if running
+                else "**Diagnoses:** nothing looked wrong in this run.")
+    counts = findings.severity.value_counts()
+    parts = [f"{_ICON[s]} {counts[s]} {s}{'s' if counts[s] > 1 else ''}" for s in ("error", "warning", "info")
+             if s in counts]
+    return f"**Diagnoses:** {', '.join(parts)}. Pick one to show its site and steps in the views."
+
+
+def option_label(row: Any) -> str:
+    """A finding in one line, for a list a person picks from."""
+    return f"{_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}"
+
+
+def findings_html(findings: pd.DataFrame, limit: int = 50) -> str:
+    """The list as HTML (the notebook's): each finding's severity, steps, site, evidence and hint."""
+    _check(findings)
+    if findings.empty:
+        return ""
+    items = []
+    for row in findings.head(limit).itertuples():
+        items.append(
+            f"<li style='margin:0 0 .4em 0'><b style='color:{_COLOR[row.severity]}'>{_ICON[row.severity]} "
+            f"{html.escape(row.finding)}</b> at <code>{html.escape(str(row.site))}</code>, step {_steps(row)}: "
+            f"{html.escape(row.evidence)}<br><span style='color:#555'><i>Hint:</i> {html.escape(row.hint)}</span></li>")
+    more = f"<li>… and {len(findings) - limit} more</li>" if len(findings) > limit else ""
+    return f"<ol style='padding-left:1.4em;margin:.2em 0'>{''.join(items)}{more}</ol>"
+
+
+@dataclass(frozen=True)
+class Focus:
+    """Where the views go for a finding: the kind and site (a name of the run's views), the
+    statistic to show, the steps it held, or the metric (for a metric's finding)."""
+
+    kind: str | None
+    site: str | None
+    statistic: str | None
+    step: int
+    last_step: int
+    metric: str | None = None
+
+
+def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
+    """The focus of the ``index``-th finding (its row in ``findings``).
+
+    Args:
+        findings: a findings frame.
+        index: the row picked (0: the first shown).
+        view: the run's :class:`~workbench.ui.views.RunView`: the site is named as its views name
+            it (a container's output is shown under the innermost site that returned it).
+
+    Raises:
+        IndexError: no such row (the list changed since it was drawn: pick again).
+    """
+    _check(findings)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(findings):
+        raise IndexError(f"No finding number {index!r}: the list has {len(findings)} (0 to {len(findings) - 1}); "
+                         "it may have changed since it was drawn - pick again.")
+    row = findings.iloc[index]
+    step, last = int(row.step), int(row.last_step)
+    if row.kind == "metric":
+        return Focus(None, None, None, step, last, metric=str(row.site))
+    kind = "param" if row.kind == "update" else str(row.kind)
+    statistic = _STATISTIC.get(row.finding, "norm")
+    site = str(row.site)
+    if view is not None and kind in getattr(view, "sites", {}):
+        table = view.site_table(kind)
+        match = table[(table.module == row.module) & (table.tensor == row.tensor)]
+        exact = match[match.call == row.call]
+        match = exact if len(exact) else match
+        if len(match):
+            site = str(match.name.iloc[0])
+        else:  # an alias: the site whose aliases name it
+            alias = table[table.aliases.str.split(", ").apply(lambda names: site in names)]
+            if len(alias):
+                site = str(alias.name.iloc[0])
+    return Focus(kind, site, statistic, step, last)
+
+
+def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "#d62728") -> dict[str, Any]:
+    """``figure`` (a Plotly spec over steps) with the steps a finding held shaded (a line for one step)."""
+    layout = dict(figure.get("layout", {}))
+    shapes = list(layout.get("shapes", []))
+    if step == last_step:
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
+                       "line": {"color": color, "width": 2, "dash": "dot"}})
+    else:
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step, "x1": last_step, "y0": 0, "y1": 1,
+                       "fillcolor": color, "opacity": 0.12, "line": {"width": 0}, "layer": "below"})
+    layout["shapes"] = shapes
+    return {**figure, "layout": layout}
+
+
+def _check(findings: Any) -> None:
+    if not isinstance(findings, pd.DataFrame) or not set(COLUMNS) <= set(findings.columns):
+        raise TypeError("Expected a findings frame (workbench.diagnose.diagnose(...) or a Diagnoser's findings()), "
+                        f"with the columns {list(COLUMNS)}; got {type(findings).__name__}.")
+
+
+class RunFindings:
+    """The live findings of one run: a :class:`~workbench.diagnose.Diagnoser` fed the run's
+    recorded steps on a subscriber's thread (never the training's), read by the page's tick.
+    ``frame()`` recomputes only when new steps arrived.
+
+    Args:
+        source: a ``Watch`` (followed from its first recorded step), a stored ``Run`` or None (nothing).
+    """
+
+    def __init__(self, source: Any = None) -> None:
+        from workbench.instrument import Run
+
+        self.diagnoser = Diagnoser()
+        self._lock = threading.Lock()
+        self._frame: pd.DataFrame = self.diagnoser.findings()
+        self._seen = -1
+        self.error: str | None = None
+        if isinstance(source, Run):
+            self.diagnoser.feed_frame(source.to_pandas(), source.metrics())
+        elif source is not None:
+            if getattr(source, "closed", False):
+                self.diagnoser.feed(source.recorder.records())
+            else:
+                self.diagnoser.attach(source)
+
+    def frame(self) -> pd.DataFrame:
+        """The findings now (the last good ones, with ``error`` set, should diagnosing fail)."""
+        with self._lock:
+            received = self.diagnoser.received
+            if received != self._seen:
+                try:
+                    self._frame = self.diagnoser.findings()
+                    self.error = None
+                except Exception as exc:  # a diagnosis never takes the page or the training down
+                    self.error = f"{type(exc).__name__}: {exc}"
+                self._seen = received
+            return self._frame
+
+    @property
+    def fed(self) -> int:
+        """Steps received so far (taken in or queued): a page redraws the list when it changes."""
+        return self.diagnoser.received
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until the steps the watch has recorded reached the diagnoser (a run's end)."""
+        return self.diagnoser.flush(timeout)
+
+    def close(self) -> None:
+        self.diagnoser.detach()
