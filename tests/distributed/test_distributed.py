@@ -101,7 +101,8 @@ def test_global_rows_equal_one_process_over_the_concatenated_batch(spawned):
     assert set(rank0["rows"].kind) == {"activation", "grad_output", "param", "param_grad"}
     # the loss logged is the mean of the ranks' losses: the global batch's (equal shards)
     np.testing.assert_allclose(rank0["metrics"].loss, ref.metrics().loss, rtol=1e-6)
-    assert rank0["collectives"] == workers.STEPS and not rank0["errors"]
+    # one all_gather per recorded step; whole payloads gathered once, at the first (the layouts)
+    assert rank0["exchanges"] == (workers.STEPS, 1) and not rank0["errors"]
 
 
 def test_histograms_of_the_global_batch(spawned):
@@ -150,7 +151,7 @@ def test_one_store_written_by_rank_0(spawned):
     rank0 = workers.load(out, "ddp", 0)
     assert_rows_equal(run.to_pandas(), rank0["rows"])
     rank1 = workers.load(out, "ddp", 1)
-    assert rank1["records"] == 0 and rank1["collectives"] == workers.STEPS  # it sent its sums, kept nothing
+    assert rank1["records"] == 0 and rank1["exchanges"] == (workers.STEPS, 1)  # it sent its sums, kept nothing
 
 
 def test_the_store_opens_live_in_a_run_view(spawned):
@@ -177,7 +178,8 @@ def test_a_rank_whose_watch_fails_hangs_no_one(spawned):
     out, _ = spawned
     rank0, rank1 = workers.load(out, "failing", 0), workers.load(out, "failing", 1)
     assert rank0["finished"] and rank1["finished"]
-    assert rank0["collectives"] == rank1["collectives"] == 2  # steps 1 and 3 (every=2)
+    # steps 1 and 3 (every=2), each with errors to tell: whole payloads too
+    assert rank0["exchanges"] == rank1["exchanges"] == (2, 2)
     records = {step: (rows, errors) for step, rows, errors in rank0["records"]}
     assert sorted(records) == [1, 2, 3, 4]  # 2 and 4: rank 0's metrics alone
     step1 = " ".join(e["error"] for e in records[1][1])

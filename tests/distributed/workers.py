@@ -94,7 +94,7 @@ def ddp_scenario(rank: int, world: int, out: Path) -> None:
     dist.barrier()
     w.close()
     result = {"hooks": (before, hook_state(model)), "paths": sorted(w.paths), "records": len(w.recorder.records()),
-              "collectives": w.recorder.collectives, "errors": list(w.errors)}
+              "exchanges": (w.recorder.exchanges, w.recorder.object_exchanges), "errors": list(w.errors)}
     if rank == 0:
         result.update(rows=w.to_pandas(), histograms=w.histograms(), metrics=w.metrics(),
                       rank_rows=w.recorder.rank_frame(),
@@ -126,7 +126,7 @@ def failing_scenario(rank: int, world: int, out: Path) -> None:
     share = GLOBAL_BATCH // world
     train(ddp, w, batches(4), slice(rank * share, (rank + 1) * share))
     w.close()
-    result = {"hooks": (before, hook_state(model)), "collectives": w.recorder.collectives, "finished": True}
+    result = {"hooks": (before, hook_state(model)), "exchanges": (w.recorder.exchanges, w.recorder.object_exchanges), "finished": True}
     if rank == 0:
         result.update(rows=w.to_pandas(), records=[(r.step, len(r), r.errors) for r in w.recorder.records()])
     _dump(out, "failing", rank, result)

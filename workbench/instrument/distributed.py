@@ -107,36 +107,68 @@ def _selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
 
 def tensor_sums(tensors: Sequence[torch.Tensor], bins: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The raw SUMS rows ``(n, 9)`` of ``tensors`` (and their histograms ``(n, bins)`` over each
-    tensor's [min, max], or None), with torch's kernels in float64 and one host transfer."""
-    if not tensors:
-        return np.zeros((0, len(SUMS))), (np.zeros((0, bins), np.float32) if bins else None)
-    rows, hists = [], []
-    for t in tensors:
+    tensor's [min, max], or None), in float64: a CPU tensor with numpy (a few microseconds a
+    tensor), others with torch's kernels and one host transfer for them all."""
+    n = len(tensors)
+    sums = np.empty((n, len(SUMS)))
+    hist = np.zeros((n, bins), np.float32) if bins else None
+    on_device: list[tuple[int, torch.Tensor]] = []
+    for i, t in enumerate(tensors):
         x = t.detach()
         if x.is_complex():
             x = x.abs()
-        x = x.reshape(-1).to(torch.float64)
-        if x.numel() == 0:
-            rows.append(torch.as_tensor(_EMPTY, device=x.device))
+        if x.is_cpu and x.layout is torch.strided:
+            values = x.numpy() if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64).numpy()
+            _host_sums(values.reshape(-1), sums[i], hist[i] if bins else None)
+        else:
+            on_device.append((i, x))
+    if on_device:
+        rows = [_device_sums(x, bins) for _, x in on_device]
+        host = torch.stack(rows).cpu().numpy()
+        for (i, _), row in zip(on_device, host):
+            sums[i] = row[:len(SUMS)]
             if bins:
-                hists.append(torch.zeros(bins, dtype=torch.float64, device=x.device))
-            continue
-        shift = torch.where(torch.isfinite(x[0]), x[0], torch.zeros_like(x[0]))
-        centred = x - shift
-        lo, hi = torch.aminmax(x)
-        row = torch.stack([centred.sum(), centred.square().sum(), x.abs().sum(), lo, hi,
-                           (x != 0).sum().double(), torch.isnan(x).sum().double(), torch.isinf(x).sum().double(),
-                           shift])
-        rows.append(row)
-        if bins:
-            width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-            scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, math.nan))
-            scaled = torch.nan_to_num((x - lo) * scale, nan=-1.0, posinf=-1.0, neginf=-1.0)
-            weight = (scaled >= 0).double()  # non-finite values (and a non-finite range) are not binned
-            index = scaled.clamp_(0, bins - 1).long()
-            hists.append(torch.zeros(bins, dtype=torch.float64, device=x.device).scatter_add_(0, index, weight))
-    host = torch.cat([torch.stack(rows)] + ([torch.stack(hists)] if bins else []), 1).cpu().numpy()
-    return host[:, :len(SUMS)].copy(), (host[:, len(SUMS):].astype(np.float32) if bins else None)
+                hist[i] = row[len(SUMS):]
+    return sums, hist
+
+
+def _host_sums(values: np.ndarray, out: np.ndarray, counts: np.ndarray | None) -> None:
+    if values.size == 0:
+        out[:] = _EMPTY
+        return
+    x = values.astype(np.float64, copy=False)
+    shift = float(x[0]) if math.isfinite(x[0]) else 0.0
+    centred = x - shift
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[:] = (centred.sum(), np.dot(centred, centred), np.abs(x).sum(), x.min(), x.max(),
+                  np.count_nonzero(x), np.count_nonzero(np.isnan(x)), np.count_nonzero(np.isinf(x)), shift)
+        if counts is not None:
+            lo, hi = out[MIN], out[MAX]
+            if math.isfinite(lo) and math.isfinite(hi):  # (a non-finite value: no bin is filled)
+                bins = len(counts)
+                scaled = (x - lo) * (bins / (hi - lo) if hi > lo else bins)
+                counts[:] = np.bincount(np.clip(scaled, 0, bins - 1).astype(np.int64), minlength=bins)
+
+
+def _device_sums(x: torch.Tensor, bins: int | None) -> torch.Tensor:
+    """One tensor's sums (and histogram) as one float64 tensor on its device."""
+    x = x.reshape(-1).to(torch.float64)
+    if x.numel() == 0:
+        row = torch.as_tensor(_EMPTY, device=x.device)
+        return torch.cat([row, torch.zeros(bins, dtype=torch.float64, device=x.device)]) if bins else row
+    shift = torch.where(torch.isfinite(x[0]), x[0], torch.zeros_like(x[0]))
+    centred = x - shift
+    lo, hi = torch.aminmax(x)
+    row = torch.stack([centred.sum(), centred.square().sum(), x.abs().sum(), lo, hi, (x != 0).sum().double(),
+                       torch.isnan(x).sum().double(), torch.isinf(x).sum().double(), shift])
+    if not bins:
+        return row
+    width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, math.nan))
+    scaled = torch.nan_to_num((x - lo) * scale, nan=-1.0, posinf=-1.0, neginf=-1.0)
+    weight = (scaled >= 0).double()  # non-finite values (and a non-finite range) are not binned
+    index = scaled.clamp_(0, bins - 1).long()
+    return torch.cat([row, torch.zeros(bins, dtype=torch.float64, device=x.device).scatter_add_(0, index, weight)])
 
 
 def _scale(sums: np.ndarray, factor: float) -> np.ndarray:
@@ -166,7 +198,7 @@ def _rebin(counts: np.ndarray, lo: float, hi: float, edges: np.ndarray) -> np.nd
 
 def merge_rows(parts: Sequence[tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None] | None],
                concat_kinds: Sequence[str] = ("activation", "grad_output"),
-               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None, list[list[tuple[int, int]]]]:
+               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray]]:
     """Rows of several ranks merged into the rows of their tensors taken together.
 
     Args:
@@ -176,64 +208,82 @@ def merge_rows(parts: Sequence[tuple[tuple, np.ndarray, np.ndarray, np.ndarray |
             the first rank's shape (a parameter's shards carry the whole parameter's shape).
 
     Returns:
-        ``(keys, numel, sums, histograms, sources)``: merged rows in the order they first appear
-        (rank 0's first), and for each the ``(rank, row)`` pairs it was made from.
+        ``(keys, numel, sums, histograms, where)``: merged rows in the order they first appear
+        (rank 0's first), and for each rank the merged row of each of its rows (None for a rank
+        that sent nothing).
     """
     index: dict[tuple, int] = {}
     keys: list[tuple] = []
-    sources: list[list[tuple[int, int]]] = []
-    for rank, part in enumerate(parts):
+    shapes: list[list] = []
+    where: list[np.ndarray | None] = []
+    for part in parts:
         if part is None:
+            where.append(None)
             continue
+        rows = np.empty(len(part[0]), np.int64)
         for i, key in enumerate(part[0]):
-            name = key[:4]
-            m = index.get(name)
-            if m is None:
-                m = index[name] = len(keys)
+            m = index.setdefault(key[:4], len(keys))
+            if m == len(keys):
                 keys.append(key)
-                sources.append([])
-            sources[m].append((rank, i))
+                shapes.append([key[4]])
+            else:
+                shapes[m].append(key[4])
+            rows[i] = m
+        where.append(rows)
     n = len(keys)
-    numel = np.zeros(n, np.int64)
-    sums = np.zeros((n, len(SUMS)))
-    bins = next((p[3].shape[1] for p in parts if p is not None and p[3] is not None), None)
-    hist = np.zeros((n, bins), np.float32) if bins else None
-    for m, src in enumerate(sources):
-        ns = np.array([parts[r][1][i] for r, i in src], np.int64)
-        rows = np.stack([parts[r][2][i] for r, i in src])
-        filled = ns > 0
-        numel[m] = ns.sum()
-        if not filled.any():
-            sums[m] = _EMPTY
-        else:
-            n_r, s_r = ns[filled].astype(np.float64), rows[filled]
-            shift = s_r[0, SHIFT]
-            d = s_r[:, SHIFT] - shift
-            with np.errstate(invalid="ignore", over="ignore"):
-                sums[m, SUM] = (s_r[:, SUM] + n_r * d).sum()
-                sums[m, SUM_SQ] = (s_r[:, SUM_SQ] + 2 * d * s_r[:, SUM] + n_r * d * d).sum()
-            for column in (ABS_SUM, NONZERO, NAN, INF):
-                sums[m, column] = s_r[:, column].sum()
-            sums[m, MIN] = np.minimum.reduce(s_r[:, MIN])  # (NaN wins, as in torch.aminmax)
-            sums[m, MAX] = np.maximum.reduce(s_r[:, MAX])
-            sums[m, SHIFT] = shift
-        key = keys[m]
-        if key[2] in concat_kinds and len(src) > 1:
-            shapes = [parts[r][0][i][4] for r, i in src]
-            if all(len(s) >= 1 and len(s) == len(shapes[0]) and tuple(s[1:]) == tuple(shapes[0][1:])
-                   and all(isinstance(v, int) for v in s[:1]) for s in shapes):
-                keys[m] = key[:4] + ((sum(s[0] for s in shapes), *shapes[0][1:]),)
-        if hist is not None:
-            with_hist = [(r, i) for r, i in src if parts[r][3] is not None and parts[r][1][i] > 0]
-            ranges = {(float(parts[r][2][i, MIN]), float(parts[r][2][i, MAX])) for r, i in with_hist}
-            if len(ranges) <= 1:
-                for r, i in with_hist:
-                    hist[m] += parts[r][3][i]
-            elif np.isfinite(sums[m, MIN]) and np.isfinite(sums[m, MAX]):
+    present = [p for p in parts if p is not None]
+    bins = next((p[3].shape[1] for p in present if p[3] is not None), None)
+    if not present:
+        return (), np.zeros(0, np.int64), np.zeros((0, len(SUMS))), None, where
+    m_all = np.concatenate([w for w in where if w is not None])
+    numel_all = np.concatenate([np.asarray(p[1], np.int64) for p in present])
+    sums_all = np.concatenate([np.asarray(p[2], np.float64).reshape(-1, len(SUMS)) for p in present])
+    filled = numel_all > 0
+    # each merged row's shift: that of its first source with values; the others re-centred on it
+    first = np.full(n, len(m_all), np.int64)
+    np.minimum.at(first, m_all[filled], np.flatnonzero(filled))
+    has = first < len(m_all)
+    shift = np.zeros(n)
+    shift[has] = sums_all[first[has], SHIFT]
+    n_r = numel_all.astype(np.float64)
+    d = np.where(filled, sums_all[:, SHIFT] - shift[m_all], 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s_r = np.where(filled, sums_all[:, SUM], 0.0)
+        q_r = np.where(filled, sums_all[:, SUM_SQ], 0.0)
+        sums = np.empty((n, len(SUMS)))
+        sums[:, SUM] = np.bincount(m_all, s_r + n_r * d, minlength=n)
+        sums[:, SUM_SQ] = np.bincount(m_all, q_r + 2 * d * s_r + n_r * d * d, minlength=n)
+    for column in (ABS_SUM, NONZERO, NAN, INF):
+        sums[:, column] = np.bincount(m_all, np.where(filled, sums_all[:, column], 0.0), minlength=n)
+    sums[:, MIN], sums[:, MAX] = np.inf, -np.inf
+    np.minimum.at(sums[:, MIN], m_all[filled], sums_all[filled, MIN])  # (NaN wins, as in torch.aminmax)
+    np.maximum.at(sums[:, MAX], m_all[filled], sums_all[filled, MAX])
+    sums[:, SHIFT] = shift
+    sums[~has] = _EMPTY
+    numel = np.bincount(m_all, numel_all, minlength=n).astype(np.int64)
+    for m, key in enumerate(keys):
+        if len(shapes[m]) > 1 and key[2] in concat_kinds:
+            s = shapes[m]
+            if all(len(x) >= 1 and len(x) == len(s[0]) and isinstance(x[0], int) and tuple(x[1:]) == tuple(s[0][1:])
+                   for x in s):
+                keys[m] = key[:4] + ((sum(x[0] for x in s), *s[0][1:]),)
+    hist = None
+    if bins:
+        hist = np.zeros((n, bins), np.float32)
+        hist_all = np.concatenate([p[3] if p[3] is not None else np.zeros((len(p[0]), bins), np.float32)
+                                   for p in present]).astype(np.float64)
+        same = filled & (sums_all[:, MIN] == sums[m_all, MIN]) & (sums_all[:, MAX] == sums[m_all, MAX])
+        rebin = np.bincount(m_all, filled & ~same, minlength=n) > 0
+        plain = filled & ~rebin[m_all]
+        totals = np.zeros((n, bins))
+        np.add.at(totals, m_all[plain], hist_all[plain])
+        for m in np.flatnonzero(rebin):
+            if np.isfinite(sums[m, MIN]) and np.isfinite(sums[m, MAX]):
                 edges = np.linspace(sums[m, MIN], sums[m, MAX], bins + 1)
-                hist[m] = sum(_rebin(parts[r][3][i].astype(np.float64), parts[r][2][i, MIN], parts[r][2][i, MAX],
-                                     edges) for r, i in with_hist)
-    return tuple(keys), numel, sums, hist, sources
+                for j in np.flatnonzero((m_all == m) & filled):
+                    totals[m] += _rebin(hist_all[j], sums_all[j, MIN], sums_all[j, MAX], edges)
+        hist[:] = totals
+    return tuple(keys), numel, sums, hist, where
 
 
 class DistributedRecorder(Recorder):
@@ -298,12 +348,18 @@ class DistributedRecorder(Recorder):
         self.bins = bins
         self.grad_scale = float(grad_scale)
         self.metrics_rule = metrics
-        self.collectives = 0  # collectives run (one per recorded step)
+        self.exchanges = 0  # recorded steps exchanged: one all_gather each
+        self.object_exchanges = 0  # of those, steps that also gathered whole payloads (layout changes, errors)
         self.failures: list[dict] = []  # this module's own failures on this rank
         self._dst = dist.get_global_rank(group, 0) if group is not None else 0
         self._broken: str | None = None  # the collective failed: the group cannot be relied on any more
         self._held_errors: list[dict] = []  # errors of unrecorded steps, sent with the next recorded one
         self._warned_grads = False
+        self._capacity = 64  # float64 values of rows a rank sends in the all_gather's tensor (grows as needed)
+        self._sent_layout: tuple | None = None  # what this rank's rows are (keys, metric names, width), as sent
+        self._layouts: dict[int, tuple] = {}  # on rank 0: each rank's layout as it last sent it
+        self._device = (torch.device("cuda", torch.cuda.current_device())
+                        if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
         self.ranks: list[Recorder] = [Recorder(max_rows) for _ in range(world)] if per_rank and self.rank == 0 else []
         # parameters: unique tensors named by the first module path that owns them (as watch() names them)
         self._params: list[tuple[str, str, nn.Parameter]] = []
@@ -330,7 +386,7 @@ class DistributedRecorder(Recorder):
             payload = self._payload(record)
         except Exception as exc:  # never skip the collective: send what failed instead
             payload = {"step": record.step, "failed": self._failure(record.step, exc)}
-        gathered = self._gather(payload, record.step)
+        gathered = self._exchange(payload, record.step)
         if self.rank != 0:
             return
         try:
@@ -351,30 +407,12 @@ class DistributedRecorder(Recorder):
         self.failures.append(error)
         return error
 
-    def _gather(self, payload: dict, step: int) -> list | None:
-        if self._broken is not None:
-            return [payload] + [None] * (self.world_size - 1) if self.rank == 0 else None
-        out = [None] * self.world_size if self.rank == 0 else None
-        try:
-            dist.gather_object(payload, out, dst=self._dst, group=self.group)
-            self.collectives += 1
-        except Exception as exc:  # a peer gone: later steps are this rank's alone
-            error = self._failure(step, exc)
-            self._broken = error["error"]
-            _warn(f"workbench: the distributed gather failed at step {step} ({error['error']}); from here rank "
-                  f"{self.rank} records its own rows only.")
-            if self.rank == 0:
-                payload = {**payload, "errors": tuple(payload.get("errors", ())) + (error,)}
-                return [payload] + [None] * (self.world_size - 1)
-        return out
-
     def _payload(self, record: StepRecord) -> dict:
+        """This rank's rows of the step: the watch's, then the parameters' it takes (rank 0's
+        replicas; every rank's DTensor shards)."""
         errors = tuple(self._held_errors) + tuple(record.errors)
         self._held_errors = []
-        payload = {"step": record.step, "keys": record.keys, "numel": record.numel, "sums": record.sums,
-                   "histograms": record.histograms, "metrics": dict(record.metrics), "errors": errors,
-                   "tensors": record.tensors if self.rank == 0 else None}
-        keys, numel, tensors = [], [], []
+        keys, tensors = [], []
         for path, name, param in self._params:
             sharded = _is_dtensor(param)
             if not (sharded or self.rank == 0):
@@ -394,28 +432,85 @@ class DistributedRecorder(Recorder):
                         "error": f"[rank {self.rank}] no parameter held a gradient at step() although the step ran "
                                  "a backward: call watch.step() before optimizer.zero_grad() to record the "
                                  "averaged parameter gradients (reported once)", "traceback": ""},)
-            payload["errors"] = errors
-        if tensors:
-            sums, hist = tensor_sums(tensors, self.bins)
-            payload["params"] = (tuple(keys), np.array([t.numel() for t in tensors], np.int64), sums, hist)
-        return payload
+        bins = record.histograms.shape[1] if record.histograms is not None else self.bins
+        sums, hist = tensor_sums(tensors, bins)
+        watch_hist = record.histograms
+        if bins and watch_hist is None:
+            watch_hist = np.zeros((len(record.keys), bins), np.float32)
+        return {"step": record.step, "keys": tuple(record.keys) + tuple(keys), "n_watch": len(record.keys),
+                "numel": np.concatenate([np.asarray(record.numel, np.int64),
+                                         np.array([t.numel() for t in tensors], np.int64)]),
+                "sums": np.concatenate([np.asarray(record.sums, np.float64).reshape(-1, len(SUMS)), sums]),
+                "histograms": np.concatenate([watch_hist, hist]) if bins else None,
+                "metrics": dict(record.metrics), "errors": errors,
+                "tensors": record.tensors if self.rank == 0 else None}
+
+    def _exchange(self, payload: dict, step: int) -> list | None:
+        """Every rank's payload, on rank 0 (None elsewhere): one ``all_gather`` of a fixed-size
+        float64 tensor per recorded step, which carries each rank's rows as numbers while its row
+        keys and metric names stay those it sent before; a rank whose layout changed (its first
+        step, a failed site, new metrics), that has errors to report or rows beyond the tensor's
+        capacity says so in its header, and then (every rank sees every header) all of them also
+        run one ``gather_object`` with that rank's whole payload, and the capacity grows."""
+        if self._broken is not None:
+            return [payload] + [None] * (self.world_size - 1) if self.rank == 0 else None
+        try:
+            flat, layout = _flatten(payload)
+        except Exception as exc:  # (a metric that is not a number ...): the whole payload goes as an object
+            flat, layout = np.zeros(0), None
+            payload = {**payload, "errors": tuple(payload.get("errors", ())) + (self._failure(step, exc),)}
+        try:
+            objects = self.rank != 0 and (layout is None or layout != self._sent_layout
+                                          or bool(payload.get("errors")) or flat.size > self._capacity)
+            buffer = torch.zeros(3 + self._capacity, dtype=torch.float64)
+            buffer[:3] = torch.tensor([flat.size if self.rank else 0, float(objects), step], dtype=torch.float64)
+            if self.rank and not objects:
+                buffer[3:3 + flat.size] = torch.from_numpy(flat)
+            buffers = [torch.empty_like(buffer, device=self._device) for _ in range(self.world_size)]
+            dist.all_gather(buffers, buffer.to(self._device), group=self.group)
+            self.exchanges += 1
+            buffers = [b.cpu().numpy() for b in buffers]
+            flags = [bool(b[1]) for b in buffers]
+            self._capacity = max(self._capacity, *(int(b[0]) for b in buffers))
+            objects_out = None
+            if any(flags):
+                objects_out = [None] * self.world_size if self.rank == 0 else None
+                dist.gather_object(payload if objects else None, objects_out, dst=self._dst, group=self.group)
+                self.object_exchanges += 1
+                if objects:
+                    self._sent_layout = layout
+        except Exception as exc:  # a peer gone: later steps are this rank's alone
+            error = self._failure(step, exc)
+            self._broken = error["error"]
+            _warn(f"workbench: the distributed exchange failed at step {step} ({error['error']}); from here rank "
+                  f"{self.rank} records its own rows only.")
+            if self.rank == 0:
+                return [{**payload, "errors": tuple(payload.get("errors", ())) + (error,)}] + \
+                    [None] * (self.world_size - 1)
+            return None
+        if self.rank != 0:
+            return None
+        gathered = [payload]
+        for rank in range(1, self.world_size):
+            if flags[rank]:
+                sent = objects_out[rank]
+                gathered.append(sent)
+                if sent is not None and "keys" in sent:
+                    self._layouts[rank] = _flatten(sent)[1]
+            else:
+                gathered.append(_unflatten(buffers[rank], self._layouts.get(rank)))
+        return gathered
 
     def _merge(self, record: StepRecord, gathered: list) -> tuple[StepRecord, list | None]:
-        parts, params, own, errors, metrics = [], [], [], [], []
+        parts, own, errors, metrics = [], [], [], []
         for rank, payload in enumerate(gathered):
-            if payload is None:
-                parts.append(None)
-                params.append(None)
-                own.append(None)
-                continue
-            if payload.get("failed"):
+            if payload is not None and payload.get("failed"):
                 errors.append(payload["failed"])
-            for error in payload.get("errors", ()):
+            for error in (payload or {}).get("errors", ()):
                 errors.append(error if error.get("rank") is not None else
                               {**error, "rank": rank, "error": f"[rank {rank}] {error['error']}"})
-            if "keys" not in payload:
+            if payload is None or "keys" not in payload:
                 parts.append(None)
-                params.append(None)
                 own.append(None)
                 continue
             if payload["step"] != record.step:
@@ -429,37 +524,20 @@ class DistributedRecorder(Recorder):
                 sums = sums.copy()
                 sums[grads] = _scale(sums[grads], self.grad_scale)
             parts.append((payload["keys"], payload["numel"], sums, payload["histograms"]))
-            params.append(payload.get("params"))
             metrics.append(payload["metrics"])
-            if self.per_rank:
-                rows = [(payload["keys"], payload["numel"], payload["sums"], payload["histograms"])]
-                if payload.get("params") is not None:
-                    rows.append(payload["params"])
-                keys = tuple(k for r in rows for k in r[0])
-                hist = (np.concatenate([r[3] for r in rows]) if all(r[3] is not None for r in rows) else None)
-                own.append(StepRecord(record.step, keys, np.concatenate([r[1] for r in rows]),
-                                      np.concatenate([r[2] for r in rows]), hist, dict(payload["metrics"]),
-                                      tuple(e for e in errors if e.get("rank") == rank),
-                                      np.arange(len(keys))))
-            else:
-                own.append(None)
-        keys, numel, sums, hist, sources = merge_rows(parts)
-        pkeys, pnumel, psums, phist, _ = merge_rows(params, concat_kinds=())
-        if hist is not None and phist is None and len(pkeys):
-            phist = np.zeros((len(pkeys), hist.shape[1]), np.float32)
-        if phist is not None and hist is None and len(keys):
-            hist = np.zeros((len(keys), phist.shape[1]), np.float32)
-        # which tensor each row is: rank 0's numbering where rank 0 has the row, new numbers elsewhere
+            own.append(StepRecord(record.step, payload["keys"], payload["numel"], payload["sums"],
+                                  payload["histograms"], dict(payload["metrics"]),
+                                  tuple(e for e in errors if e.get("rank") == rank),
+                                  np.arange(len(payload["keys"]))) if self.per_rank else None)
+        keys, numel, sums, hist, where = merge_rows(parts)
+        # which tensor each row is: rank 0's numbering for its watch's rows, new numbers for the others
+        tensors = np.full(len(keys), -1, np.int64)
         first = gathered[0].get("tensors") if gathered[0] is not None else None
-        tensors = np.empty(len(keys) + len(pkeys), np.int64)
-        fresh = (int(first.max()) + 1) if first is not None and len(first) else 0
-        for m, src in enumerate(sources):
-            if first is not None and src[0][0] == 0:
-                tensors[m] = first[src[0][1]]
-            else:
-                tensors[m] = fresh
-                fresh += 1
-        tensors[len(keys):] = np.arange(fresh, fresh + len(pkeys))
+        if first is not None and where[0] is not None:
+            n_watch = gathered[0]["n_watch"]
+            tensors[where[0][:n_watch]] = first[:n_watch]
+        fresh = np.flatnonzero(tensors < 0)
+        tensors[fresh] = tensors.max(initial=-1) + 1 + np.arange(len(fresh))
         if self.metrics_rule == "rank0" or not metrics:
             merged_metrics = dict(record.metrics)
         else:
@@ -467,9 +545,7 @@ class DistributedRecorder(Recorder):
             for name in dict.fromkeys(k for m in metrics for k in m):
                 values = [float(m[name]) for m in metrics if name in m]
                 merged_metrics[name] = sum(values) / len(values)
-        merged = StepRecord(
-            record.step, keys + pkeys, np.concatenate([numel, pnumel]), np.concatenate([sums, psums]),
-            np.concatenate([hist, phist]) if hist is not None else None, merged_metrics, tuple(errors), tensors)
+        merged = StepRecord(record.step, keys, numel, sums, hist, merged_metrics, tuple(errors), tensors)
         return merged, (own if self.per_rank else None)
 
     # ---------------------------------------------------------- per-rank view
@@ -486,6 +562,37 @@ class DistributedRecorder(Recorder):
             frame.insert(0, "rank", np.full(len(frame), rank, np.int64))
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+
+def _flatten(payload: dict) -> tuple[np.ndarray, tuple | None]:
+    """A payload's numbers in one float64 array (numel, sums and histogram of each row, then the
+    metric values) and its layout (keys, number of the watch's rows, metric names, row width);
+    (empty, None) for a failed payload."""
+    if "keys" not in payload:
+        return np.zeros(0), None
+    hist = payload["histograms"]
+    width = 1 + len(SUMS) + (hist.shape[1] if hist is not None else 0)
+    names = tuple(payload["metrics"])
+    columns = [np.asarray(payload["numel"], np.float64)[:, None], payload["sums"]]
+    if hist is not None:
+        columns.append(np.asarray(hist, np.float64))
+    rows = np.concatenate(columns, 1) if len(payload["keys"]) else np.zeros((0, width))
+    values = np.array([float(payload["metrics"][k]) for k in names], np.float64)
+    return np.concatenate([rows.reshape(-1), values]), (payload["keys"], payload["n_watch"], names, width)
+
+
+def _unflatten(buffer: np.ndarray, layout: tuple | None) -> dict | None:
+    """The payload a rank sent as numbers (see :func:`_flatten`) with the layout it sent before."""
+    if layout is None:
+        return None
+    keys, n_watch, names, width = layout
+    size, _, step = buffer[:3]
+    data = buffer[3:3 + int(size)]
+    rows = data[:len(keys) * width].reshape(len(keys), width)
+    return {"step": int(step), "keys": keys, "n_watch": n_watch, "numel": rows[:, 0].astype(np.int64),
+            "sums": rows[:, 1:1 + len(SUMS)].copy(),
+            "histograms": rows[:, 1 + len(SUMS):].astype(np.float32) if width > 1 + len(SUMS) else None,
+            "metrics": dict(zip(names, data[len(keys) * width:].tolist())), "errors": ()}
 
 
 def _warn(message: str) -> None:
