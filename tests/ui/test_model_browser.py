@@ -183,3 +183,57 @@ def test_build_refuses_a_model_over_the_memory_limit_before_allocating(monkeypat
 def test_example_batch_size_is_bounded():
     result = mb.build_model("relu", {}, batch_size=10**9)
     assert not result.ok and f"at most {mb.MAX_EXAMPLE_BATCH}" in result.message
+
+
+# --- in the browser -------------------------------------------------------------------------
+
+@pytest.mark.browser
+def test_the_example_batch_size_field_is_editable_and_used(page):
+    from playwright.sync_api import expect
+
+    page.get_by_label("relu", exact=True).check()
+    page.wait_for_selector("#model-overview:has-text('Rectified Linear Unit')")
+    field = page.locator("#batch-size input")
+    expect(field).to_be_editable()
+    field.fill("5")
+    page.locator("#build-button").click()
+    expect(page.locator("#build-message")).to_contain_text("for batch size 5")
+    expect(page.locator("#module-tree")).to_contain_text("(5, 4, 5)")
+
+
+@pytest.mark.browser
+def test_the_dynamics_network_tree_has_a_row_per_call_site_and_build_stays_in_view(page):
+    import os
+
+    from playwright.sync_api import expect
+
+    page.get_by_label("efficientzero_dynamics", exact=True).check()
+    page.wait_for_selector("#model-overview:has-text('EfficientZero dynamics network')")
+    button = page.locator("#build-button")
+    expect(button).to_be_visible()
+    fields = page.locator("#model-fields")
+    expect(fields).to_contain_text("lstm_hidden_size")
+    # the button heads the form, in the first screenful, above the first of its fields
+    top = button.bounding_box()
+    first_field = page.get_by_label("observation_shape").bounding_box()
+    assert top["y"] + top["height"] <= 1000 and top["y"] <= first_field["y"]
+    # the form is laid out in columns: fields share rows
+    boxes = [page.get_by_label(name).bounding_box() for name in
+             ("observation_shape", "action_encoding_dim", "num_res_blocks")]
+    assert boxes[0]["x"] < boxes[1]["x"] < boxes[2]["x"]  # side by side (their help texts differ in length)
+    assert max(b["y"] for b in boxes) - min(b["y"] for b in boxes) < boxes[0]["height"] * 2
+    page.locator("#batch-size input").fill("3")
+    button.click()
+    expect(page.locator("#build-message")).to_contain_text("for batch size 3")
+    tree = page.locator("#module-tree")
+    expect(tree).to_contain_text("activation#2")
+    cells = tree.evaluate("el => Array.from(el.querySelectorAll('[role=row]')).map(r => Array.from("
+                          "r.querySelectorAll('[role=gridcell]')).map(cell => cell.innerText.trim()))")
+    rows = {row[1]: row for row in cells if len(row) == 5}  # (the rows drawn: the tree's first ones)
+    for path, kind, shape in (("activation#0", "ReLU", "(3, 16, 6, 6)"), ("activation#1", "ReLU", "(3, 8, 6, 6)"),
+                              ("activation#2", "ReLU", "(3, 64)"), ("resblocks.0.act", "ReLU", "(3, 16, 6, 6)")):
+        assert rows[path][2:] == [kind, "0", shape], rows.get(path)
+    assert "activation" not in rows and not any("×" in row[4] for row in rows.values())
+    folder = os.environ.get("WORKBENCH_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=os.path.join(folder, "models_tab.png"), full_page=True)

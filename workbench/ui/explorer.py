@@ -850,6 +850,14 @@ def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, 
 
 # --- layout and wiring -------------------------------------------------------------------------
 
+def _has_fields(names: Sequence[str] | None) -> bool:
+    """Whether any of these activations has parameter controls (a render draws their curves then)."""
+    try:
+        return any(explorer_fields(name) for name in names or [])
+    except (ValueError, TypeError):
+        return False
+
+
 def _control(field: FormField, key: str, elem_id: str):
     import gradio as gr
 
@@ -996,8 +1004,11 @@ def wire(c: dict[str, Any]) -> None:
         figure, message = draw_curves(names, low, high, points, state)
         return plot_data(figure, "explorer-curves"), message
 
-    for trigger in (c["names"].change, c["x_low"].change, c["x_high"].change, c["points"].change):
-        trigger(on_curves, curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
+    # (the range's changes are drawn by the render's listener when there are parameter controls)
+    c["names"].change(on_curves, curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
+    gr.on([c[k].change for k in ("x_low", "x_high", "points")],
+          lambda names, *rest: on_curves(names, *rest) if not _has_fields(names) else (gr.skip(), gr.skip()),
+          curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
 
     def on_reload(chosen, compare_chosen, dist_name):
         names = activation_names()
@@ -1019,6 +1030,7 @@ def wire(c: dict[str, Any]) -> None:
     with c["params_box"]:
         @gr.render(inputs=[c["names"]])
         def render_params(names):
+            controls: list[tuple[str, str, Any]] = []  # (activation, parameter, its control)
             for name in names or []:
                 try:
                     fields = explorer_fields(name)
@@ -1028,22 +1040,32 @@ def wire(c: dict[str, Any]) -> None:
                     continue
                 gr.Markdown(f"**{name}**")
                 for f in fields:
-                    control = _control(f, key=f"explorer:{name}:{f.label}", elem_id=f"explorer-{name}-{f.label}")
+                    controls.append((name, f.label, _control(f, key=f"explorer:{name}:{f.label}",
+                                                             elem_id=f"explorer-{name}-{f.label}")))
+            if not controls:
+                return
 
-                    def on_param(value, state, names, low, high, points, dist_name, *rest, name=name, label=f.label):
-                        state = set_param(state, name, label, value)
-                        figure, message = draw_curves(names, low, high, points, state)
-                        out = [state, plot_data(figure, "explorer-curves"), message]
-                        if dist_name == name:  # the Distributions part uses these parameters too
-                            out += list(on_distribution(dist_name, state, *rest))
-                        else:
-                            out += [gr.skip(), gr.skip()]
-                        return out
+            # Every draw reads all the controls: an edit whose event was lost (made while this
+            # render was being replaced) shows on the next one; the state keeps them for the
+            # Distributions part and for the draw that follows a change of the activations.
+            def on_edit(names, low, high, points, dist_name, *rest):
+                state = {}
+                for (name, label, _), value in zip(controls, rest[len(dist_inputs) - 2:]):
+                    state = set_param(state, name, label, value)
+                figure, message = draw_curves(names, low, high, points, state)
+                out = [state, plot_data(figure, "explorer-curves"), message]
+                if dist_name in {name for name, _, _ in controls}:  # it uses these parameters too
+                    out += list(on_distribution(dist_name, state, *rest[:len(dist_inputs) - 2]))
+                else:
+                    out += [gr.skip(), gr.skip()]
+                return out
 
-                    control.change(on_param, [control, c["params_state"], c["names"], c["x_low"], c["x_high"],
-                                              c["points"], c["dist_name"], *dist_inputs[2:]],
-                                   [c["params_state"], c["curves"], c["curves_message"], c["dist_plot"],
-                                    c["dist_message"]], show_progress="hidden")
+            gr.on([control.change for _, _, control in controls] + [c[k].change for k in ("x_low", "x_high",
+                                                                                          "points")],
+                  on_edit, [c["names"], c["x_low"], c["x_high"], c["points"], c["dist_name"], *dist_inputs[2:],
+                            *[control for _, _, control in controls]],
+                  [c["params_state"], c["curves"], c["curves_message"], c["dist_plot"], c["dist_message"]],
+                  show_progress="hidden")
 
     def on_source(source):
         return (gr.Row(visible=source == "normal"), gr.Row(visible=source == "uniform"),

@@ -1,0 +1,169 @@
+"""The Activation explorer tab in headless Chromium: the figures are read from the page (Plotly's
+traces) and compared with torch.nn.functional and with the experiment run by itself."""
+
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from playwright.sync_api import expect
+
+import workbench
+
+pytestmark = pytest.mark.browser
+
+# Plotly's traces as the page holds them (typed arrays decoded as Plotly does), with what each is
+TRACES = """el => el.data.map(t => {
+    const dec = a => {
+        if (a && typeof a === 'object' && a.bdata !== undefined) {
+            const bin = atob(a.bdata), bytes = new Uint8Array(bin.length);
+            for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+            const array = a.dtype === 'i4' ? new Int32Array(bytes.buffer) : new Float32Array(bytes.buffer);
+            return Array.from(array);
+        }
+        return ArrayBuffer.isView(a) ? Array.from(a) : a;
+    };
+    return {name: t.name, xaxis: t.xaxis || 'x', meta: t.meta || null, x: dec(t.x), y: dec(t.y)};
+})"""
+
+
+def _screenshot(page, name, full_page=True):
+    # WORKBENCH_SCREENSHOTS=dir keeps pictures of the page for a person to look at.
+    folder = os.environ.get("WORKBENCH_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=os.path.join(folder, name), full_page=full_page)
+
+
+def traces(page, elem_id, until, timeout=60.0):
+    """The traces of the figure in ``#elem_id`` once ``until(traces)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plot = page.locator(f"#{elem_id} .js-plotly-plot")
+        found = plot.evaluate(TRACES) if plot.count() else []
+        if until(found):
+            return found
+        assert time.monotonic() < deadline, f"#{elem_id} never drew what was expected: {found!r:.800}"
+        time.sleep(0.25)
+
+
+def open_explorer(page, part):
+    page.get_by_role("tab", name="Activation explorer").click()
+    page.get_by_role("tab", name=part).click()
+
+
+def by_curve(found):
+    return {(t["meta"]["label"], t["meta"]["curve"]): t for t in found if t.get("meta")}
+
+
+def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
+    open_explorer(page, "Curves")
+    names = page.locator("#explorer-names")
+    names.get_by_label("prelu", exact=True).check()
+    names.get_by_label("tanh", exact=True).uncheck()
+    traces(page, "explorer-curves", lambda t: {k[0] for k in by_curve(t)} == {"gelu", "relu", "prelu"})
+    page.locator("#explorer-prelu-init input").fill("-0.3")
+    page.locator("#explorer-gelu-approximate input").click()
+    page.get_by_role("option", name="tanh").click()
+    page.locator("#explorer-x-low input").fill("-6")
+    page.locator("#explorer-x-high input").fill("3")
+    page.locator("#explorer-x-high input").press("Tab")
+    wanted = {"gelu(approximate='tanh')", "relu", "prelu(init=-0.3)"}
+    found = by_curve(traces(page, "explorer-curves", lambda t: {k[0] for k in by_curve(t)} == wanted
+                            and min(by_curve(t)["relu", "f"]["x"]) == -6 and max(by_curve(t)["relu", "f"]["x"]) == 3))
+    references = {"gelu(approximate='tanh')": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
+                  "prelu(init=-0.3)": lambda x: F.prelu(x, torch.tensor([-0.3], dtype=x.dtype))}
+    for label, function in references.items():
+        x = np.array(found[label, "f"]["x"], np.float64)
+        assert len(x) == 401
+        leaf = torch.tensor(x, requires_grad=True)
+        y = function(leaf)
+        y.sum().backward()
+        assert np.allclose(found[label, "f"]["y"], y.detach().numpy(), atol=1e-5), label
+        assert np.allclose(found[label, "autograd"]["y"], leaf.grad.numpy(), atol=1e-5), label
+        assert np.allclose(found[label, "closed"]["y"], leaf.grad.numpy(), atol=1e-5), label
+        assert found[label, "closed"]["xaxis"] == "x2"
+    message = page.locator("#explorer-curves-message")
+    expect(message).to_contain_text("prelu(init=-0.3)")
+    expect(message).to_contain_text("max |f′ closed form − f′ autograd|")
+    _screenshot(page, "explorer_curves.png", full_page=False)
+
+
+def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_model):
+    class Hardish(torch.nn.Module):
+        """A clipped identity."""
+
+        def __init__(self, bound: float = 1.5):
+            super().__init__()
+            self.bound = bound
+
+        def forward(self, x):
+            return x.clamp(-self.bound, self.bound)
+
+    scratch_model("hardish", family="activation", example_inputs=lambda m, b, g=None: ((torch.zeros(b, 2),), {}),
+                  derivative=lambda m, x: ((x > -m.bound) & (x < m.bound)).to(x.dtype))(Hardish)
+    open_explorer(page, "Curves")
+    page.locator("#explorer-reload").click()
+    page.locator("#explorer-names").get_by_label("hardish", exact=True).check()
+    page.locator("#explorer-hardish-bound input").fill("0.5")
+    page.locator("#explorer-hardish-bound input").press("Tab")
+    found = by_curve(traces(page, "explorer-curves", lambda t: ("hardish(bound=0.5)", "f") in by_curve(t)))
+    f = found["hardish(bound=0.5)", "f"]
+    assert np.allclose(f["y"], np.clip(f["x"], -0.5, 0.5), atol=1e-6)
+    expect(page.locator("#explorer-curves-message")).to_contain_text("hardish(bound=0.5)")
+
+
+def test_a_bad_range_is_a_message_not_a_traceback(page):
+    open_explorer(page, "Curves")
+    page.locator("#explorer-x-low input").fill("5")
+    page.locator("#explorer-x-low input").press("Tab")
+    expect(page.locator("#explorer-curves-message")).to_contain_text("The range must run from low to high, got [5, 4]")
+    assert "Traceback" not in page.content()
+
+
+def test_a_normal_pushed_through_relu(page):
+    open_explorer(page, "Distributions")
+    page.locator("#explorer-dist-name input").click()
+    page.get_by_role("option", name="relu", exact=True).click()
+    page.locator("#explorer-std input").fill("2")
+    page.locator("#explorer-std input").press("Tab")
+    message = page.locator("#explorer-dist-message")
+    expect(message).to_contain_text("relu on 100,000 samples of normal with mean 0 and std 2")
+    dead = float(re.search(r"no gradient passes\) ([\d.]+)%", message.inner_text()).group(1))
+    assert 49 < dead < 51  # P(x <= 0) of a centred normal
+    bars = {t["meta"]["side"]: t for t in traces(page, "explorer-dist", lambda t: len(t) == 2
+                                                 and "relu" in (t[1]["name"] or ""))}
+    output = bars["output"]
+    assert np.isclose(sum(output["y"]), 1.0, atol=1e-3)
+    # the first bar (from 0) holds every zero; no other bar has more than a few percent
+    assert output["x"][0] > 0 and output["y"][0] >= dead / 100 - 1e-3 and max(output["y"][1:]) < 0.05
+
+
+def test_which_activation_trains_best_runs_in_the_background_and_draws_each(page):
+    open_explorer(page, "Which trains best")
+    names = page.locator("#explorer-compare-names")
+    for name in ("gelu", "sigmoid"):
+        names.get_by_label(name, exact=True).uncheck()
+    page.locator("#explorer-steps input").fill("40")
+    page.locator("#explorer-train").click()
+    status = page.locator("#explorer-compare-status")
+    expect(status).to_contain_text("relu finished 40/40", timeout=120_000)
+    expect(status).to_contain_text("tanh finished 40/40", timeout=120_000)
+    found = traces(page, "explorer-compare-metrics", lambda t: {x["name"] for x in t if x["xaxis"] == "x"
+                                                                and len(x["x"]) == 40} >= {"relu", "tanh"})
+    for name in ("relu", "tanh"):
+        loss = next(t for t in found if t["name"] == name and t["xaxis"] == "x" and len(t["x"]) == 40)
+        alone = workbench.experiments.create("activation_mlp", seed=0, activation=name, depth=3,
+                                             width=16).run(40, progress=False)
+        assert loss["x"] == list(range(1, 41))
+        assert np.allclose(loss["y"], [m["loss"] for m in alone], atol=1e-5), name
+    layers = traces(page, "explorer-compare-layers", lambda t: len(t) == 12)
+    dead = {(t["meta"]["activation"], t["meta"]["layer"]): t["y"] for t in layers
+            if t["meta"]["statistic"] == "dead units"}
+    assert set(dead) == {(a, f"layers.{k}") for a in ("relu", "tanh") for k in (0, 2, 4)}
+    assert all(v > 0 for v in dead["relu", "layers.2"]) and all(v == 0 for v in dead["tanh", "layers.2"])
+    table = page.locator("#explorer-compare-table")
+    expect(table).to_contain_text("finished")
+    _screenshot(page, "explorer_compare.png")
