@@ -265,3 +265,13 @@ def test_needs_an_initialized_process_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         watch_distributed(workers.make_model())
+
+
+def test_a_watch_recording_parameters_itself_is_told_and_not_counted_twice(one_rank):
+    model = workers.make_model()
+    w = workbench.watch(model, histograms=True, bins=workers.BINS, recorder=DistributedRecorder(model, bins=workers.BINS))
+    workers.train(model, w, workers.batches(), slice(None))
+    w.close()
+    assert_rows_equal(w.to_pandas(), reference().to_pandas())
+    told = [e for r in w.recorder.records() for e in r.errors if "start the watch with parameters=False" in e["error"]]
+    assert len(told) == 1 and told[0]["step"] == 1

@@ -122,6 +122,8 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
         w = watch_distributed(exp.model, store=args.store, per_rank=args.per_rank, every=args.every,
                               histograms=args.histograms, metadata=metadata, start_step=exp.step_count + 1)
         exp.watcher = w  # exp.step() ends the watch's step with the step's metrics
+        if getattr(w, "store", None) is not None:  # (rank 0) the app shows progress and time left from it
+            w.store.set_meta(total_steps=exp.step_count + args.steps)
         with w:
             history = exp.run(args.steps, progress=None if rank == 0 else False)
         if rank == 0:

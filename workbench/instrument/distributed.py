@@ -355,6 +355,7 @@ class DistributedRecorder(Recorder):
         self._broken: str | None = None  # the collective failed: the group cannot be relied on any more
         self._held_errors: list[dict] = []  # errors of unrecorded steps, sent with the next recorded one
         self._warned_grads = False
+        self._warned_watch_grads = False
         self._capacity = 64  # float64 values of rows a rank sends in the all_gather's tensor (grows as needed)
         self._sent_layout: tuple | None = None  # what this rank's rows are (keys, metric names, width), as sent
         self._layouts: dict[int, tuple] = {}  # on rank 0: each rank's layout as it last sent it
@@ -412,6 +413,15 @@ class DistributedRecorder(Recorder):
         replicas; every rank's DTensor shards)."""
         errors = tuple(self._held_errors) + tuple(record.errors)
         self._held_errors = []
+        record, dropped = _watch_rows(record, self.rank)
+        if dropped and not self._warned_watch_grads:
+            self._warned_watch_grads = True
+            errors += ({"step": record.step, "module": "", "call": 0, "kind": "param_grad", "rank": self.rank,
+                        "error": f"[rank {self.rank}] the watch recorded parameters or their gradients itself; "
+                                 "its rows are left out (its gradient hooks run before DDP's all-reduce ends and see "
+                                 "this rank's local gradient): start the watch with parameters=False, "
+                                 "parameter_grads=False (watch_distributed does), the recorder takes them itself "
+                                 "(reported once)", "traceback": ""},)
         keys, tensors = [], []
         for path, name, param in self._params:
             sharded = _is_dtensor(param)
@@ -562,6 +572,29 @@ class DistributedRecorder(Recorder):
             frame.insert(0, "rank", np.full(len(frame), rank, np.int64))
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+
+#: kinds whose rows differ by rank by nature (each rank's shard of the batch): merged across ranks
+_PER_SHARD = ("activation", "grad_output")
+
+
+def _watch_rows(record: StepRecord, rank: int) -> tuple[StepRecord, bool]:
+    """The rows of a watch's record that this rank sends: activations and output gradients; other
+    kinds (parameter updates ...: equal on every replica) on rank 0 only; never the watch's own
+    parameters and gradients (the recorder takes those; the watch's gradient hooks run before DDP's
+    all-reduce ends). Returns the record and whether parameter rows were left out."""
+    kinds = [key[2] for key in record.keys]
+    keep = [i for i, kind in enumerate(kinds)
+            if kind in _PER_SHARD or (rank == 0 and kind not in ("param", "param_grad"))]
+    if len(keep) == len(kinds):
+        return record, False
+    index = np.asarray(keep, np.intp)
+    return dataclasses.replace(
+        record, keys=tuple(record.keys[i] for i in keep), numel=np.asarray(record.numel)[index],
+        sums=np.asarray(record.sums)[index],
+        histograms=record.histograms[index] if record.histograms is not None else None,
+        tensors=record.tensors[index] if record.tensors is not None else None), bool(
+        {"param", "param_grad"} & set(kinds))
 
 
 def _flatten(payload: dict) -> tuple[np.ndarray, tuple | None]:
