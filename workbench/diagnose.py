@@ -653,9 +653,10 @@ def _finish() -> Any:
 
 def _logged(present: np.ndarray) -> np.ndarray:
     """Which cells of a metrics frame were logged. A frame has a NaN where a metric was not logged
-    that step, and where it was logged as NaN (a NaN loss): a metric logged on at least 3 steps in a
+    that step, and where it was logged as NaN (a NaN loss): a metric logged on at least 2 steps in a
     row from its first, that has only NaNs after its first gap, counts those as logged (it went NaN
-    and stayed); a sparse one (an evaluation's every few steps) does not."""
+    and stayed); a sparse one (an evaluation's every few steps) does not. (The live form, fed the
+    records, sees a NaN as logged; a frame cannot tell a metric first logged NaN at its 2nd step.)"""
     logged = present.copy()
     for j in range(present.shape[1]):
         column = present[:, j]
@@ -663,7 +664,7 @@ def _logged(present: np.ndarray) -> np.ndarray:
         if not len(seen):
             continue
         gaps = np.flatnonzero(~column[seen[0]:])
-        if len(gaps) and gaps[0] >= 3 and not column[seen[0] + gaps[0]:].any():
+        if len(gaps) and gaps[0] >= 2 and not column[seen[0] + gaps[0]:].any():
             logged[seen[0] + gaps[0]:, j] = True
     return logged
 

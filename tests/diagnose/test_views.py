@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pandas as pd
@@ -124,3 +125,60 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     assert stored.findings_list.options == dash.findings_list.options
     pd.testing.assert_frame_equal(stored.findings(), dash.findings())
+
+
+@pytest.fixture
+def manager(tmp_path):
+    from workbench.ui.runs import RunManager
+
+    manager = RunManager(tmp_path / "runs")
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(manager, monkeypatch):
+    """A run of the app whose training puts log(0) into layers.1 from step 3: the page's tick sends
+    the list (once: nothing when it has not changed), a click on its row moves the views there."""
+    import gradio as gr
+
+    from workbench.experiments.activation_mlp import ActivationMLP
+    from workbench.ui import live
+
+    train_step = ActivationMLP.train_step
+
+    def poisoned(self):
+        if self.step_count == 2:
+            self.watcher.patch("layers.1", torch.log)  # (the ReLU's zeros: -inf)
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", poisoned)
+    run, message = live.start_run(manager, "activation_mlp", {"width": "8", "depth": "2", "batch_size": "16",
+                                                             "n_samples": "64", "activation": "relu"},
+                                  0, 5, 1, True, "*", "")
+    assert run is not None, message
+    run.join(60)
+    state = live.new_page_state()
+    wait_for(lambda: view.run_findings(run).diagnoser.flush() and not view.run_findings(run).frame().empty)
+    note, table = view.page_findings(run, state)
+    assert "error" in note and table.finding.iloc[0] == "nan_origin" and table.site.iloc[0] == "layers.1"
+    assert table.steps.iloc[0] == "3–5"
+    assert all(isinstance(u, type(gr.skip())) for u in view.page_findings(run, state))  # nothing new: nothing sent
+    expected = diagnose(run.watch.to_pandas(), run.watch.metrics())
+    pd.testing.assert_frame_equal(view.run_findings(run).frame(), expected)
+
+    values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
+    assert len(values) == len(live.CONTROLS)
+    state, *updates = view.focus_page(run, run.id, "header", state, values, 0)
+    out = dict(zip(live.VIEW_OUTPUTS, updates))
+    assert out["kind"] == "activation" and out["heat_kind"] == "activation"
+    assert out["sites"].value == ["layers.1"] and not state["auto_sites"]
+    series = json.loads(out["series"].plot)
+    assert [t["name"] for t in series["data"] if t.get("mode") == "lines"] == ["layers.1"]
+    assert series["layout"]["shapes"][-1]["x0"] == 3 and series["layout"]["shapes"][-1]["x1"] == 5
+    # the next tick sends nothing new (the focus stays drawn until new steps arrive)
+    skipped = live.redraw(run.view, "header", run.id, state, values, force=False)[1:]
+    assert len(skipped) == len(live.VIEW_OUTPUTS) and all(isinstance(u, type(gr.skip())) for u in skipped)
+    with pytest.raises(IndexError, match="No finding number 7"):
+        view.focus_page(run, run.id, "header", state, values, 7)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -204,3 +204,76 @@ class RunFindings:
 
     def close(self) -> None:
         self.diagnoser.detach()
+
+
+# ---------------------------------------------------------------------- the Gradio run page
+_LIVE: Any = None  # LiveRun -> RunFindings, made on a page's first look at the run
+_LIVE_LOCK = threading.Lock()
+
+
+def run_findings(run: Any) -> RunFindings | None:
+    """The findings of a live run of the app (a ``LiveRun``), followed from the first time a page
+    asks (the steps before read from its recorder's buffer); None for no run."""
+    global _LIVE
+    if run is None:
+        return None
+    import weakref
+
+    with _LIVE_LOCK:
+        if _LIVE is None:
+            _LIVE = weakref.WeakKeyDictionary()
+        found = _LIVE.get(run)
+        if found is None:
+            found = _LIVE[run] = RunFindings(run.watch)
+        return found
+
+
+def page_findings(run: Any, state: dict) -> tuple:
+    """The run page's findings: ``(summary markdown, table)``, each ``gr.skip()`` when the page
+    has it already (``state`` remembers what was sent)."""
+    import gradio as gr
+
+    found = run_findings(run)
+    if found is None:
+        note, table = "", pd.DataFrame(columns=TABLE_COLUMNS)
+    else:
+        frame = found.frame()
+        note = findings_summary(frame, running=bool(getattr(run, "running", False)))
+        if found.error:
+            note += f" Diagnosing failed: `{found.error}`."
+        table = findings_table(frame)
+    sent = state.setdefault("findings", {})
+    rows = table.values.tolist()
+    out = (gr.skip() if sent.get("note") == note else note, gr.skip() if sent.get("rows") == rows else table)
+    sent.update(note=note, rows=rows)
+    return out
+
+
+def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: Any, index: int,
+               interventions: pd.DataFrame | None = None) -> tuple:
+    """The run page's views focused on its ``index``-th finding, as the page's redraw returns them
+    (``(page state, *updates of VIEW_OUTPUTS)``): the finding's kind and site (alone) in the
+    statistic per site, the distributions and the heatmap, or its metric alone; the steps it held
+    shaded in those figures."""
+    from workbench.ui import live
+
+    state = dict(state or live.new_page_state())
+    found = run_findings(run)
+    if found is None:
+        return live.redraw(None, header, run_id, state, values)
+    frame = found.frame()
+    target = focus(frame, int(index), run.view)
+    controls = live.page_controls(state, values)
+    if target.metric is not None:
+        controls = replace(controls, metrics=[target.metric])
+        state["auto_metrics"] = False
+    else:
+        controls = replace(controls, kind=target.kind, sites=[target.site], dist_site=target.site,
+                           heat_kind=target.kind)
+        state["auto_sites"] = False
+    page = live.draw_page(run.view, controls, header=header, interventions=interventions)
+    page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
+                   metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
+    # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
+    state["version"] = (run_id, run.view.steps_fed, run.view.status, run.view.dropped)
+    return state, *live.page_outputs(page, state, controls, revision=run_id)
