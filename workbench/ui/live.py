@@ -36,6 +36,7 @@ from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
+from workbench.ui import findings as findings_view
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
 from workbench.ui.views import FEED_INTERVAL, RunView
 
@@ -1418,6 +1419,10 @@ def layout(root: RunsRoot):
                     c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
                     c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
+                # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
+                c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
+                c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+                                             max_height=200, show_label=False, wrap=True, elem_id="live-findings")
                 _intervention_components(c)
                 _view_components(c, "live")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
@@ -1619,12 +1624,23 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
         drawn[0]["runs"] = choices
         return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
-                *panel_updates(attached, drawn[0]))
+                *panel_updates(attached, drawn[0]), *findings_view.page_findings(run, drawn[0]))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
-                                                    gr.Timer(active=False), *_skips(6))),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel],
+                                                    gr.Timer(active=False), *_skips(8))),
+                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel,
+                                  c["findings_note"], c["findings"]],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
+
+    def on_finding(attached, state, *values, evt: gr.SelectData):
+        run = manager.get(attached) if attached else None
+        header = _live_header(run) if run is not None else find_live(attached)[1]
+        return findings_view.focus_page(run, attached, header, state, values, evt.index[0],
+                                        run.intervention_frame() if run is not None else None)
+
+    on_finding.__annotations__["evt"] = gr.SelectData  # (a real class: Gradio passes the event by it)
+    c["findings"].select(_guarded(on_finding, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
+                         live_inputs, live_outputs, show_progress="hidden")
 
     def on_panel(attached, state):
         state = dict(state or new_page_state())
