@@ -44,16 +44,22 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert 'id="workbench.create_model"' in registry and "MemoryLimitError" in registry
 
 
-def test_a_broken_link_fails_the_build(tmp_path):
-    # the same configuration over a copy of the pages with one link pointing nowhere: strict mode refuses it
+def test_a_new_page_is_built_and_checked_and_a_broken_link_fails_the_build(tmp_path):
+    # the same configuration over a copy of the pages plus a page the nav does not name (yet), with a
+    # link pointing nowhere: the page is taken in (under "More") and checked, and strict mode refuses it
     copy = tmp_path / "project"
     shutil.copytree(DOCS, copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
-    page = copy / "docs" / "getting-started.md"
-    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    (copy / "docs" / "new-page.md").write_text("# A new page\n\nSee [the missing page](no-such-page.md).\n")
     done = mkdocs_build(copy / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
-    assert "no-such-page.md" in done.stderr
+    assert "new-page.md" in done.stderr and "no-such-page.md" in done.stderr
+    assert "not included in the" not in done.stderr  # the nav took the page in
+
+    (copy / "docs" / "new-page.md").write_text("# A new page\n\nSee [getting started](getting-started.md).\n")
+    done = mkdocs_build(copy / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr
+    assert 'href="new-page/"' in (tmp_path / "site" / "index.html").read_text()  # in the nav of every page
 
 
 def test_pages_have_runnable_blocks():
