@@ -60,6 +60,7 @@ def _timed(recorder, name: str, totals: dict[str, float]) -> None:
 def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: int, steps: int) -> None:
     import workbench
     import workbench.experiments
+    from workbench.experiments.__main__ import data_parallel
     from workbench.instrument.distributed import watch_distributed
 
     torch.set_num_threads(1)
@@ -68,7 +69,7 @@ def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: 
     exp = workbench.experiments.create(experiment, seed=0, **CONFIGS.get(experiment, {}))
     if rank:
         exp.generator.manual_seed(1_000_033 * rank)  # its own batches
-    exp.model = torch.nn.parallel.DistributedDataParallel(exp.model)
+    exp.model = data_parallel(exp.model)  # (DDP, the model's other methods reachable)
     exp.run(3)  # warm: allocator, DDP's buckets
     times = {v: [] for v in VARIANTS}
     parts = {p: [] for p in PARTS}

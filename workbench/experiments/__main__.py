@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["main", "parse_config"]
+__all__ = ["main", "parse_config", "data_parallel"]
 
 
 def parse_config(items: list[str]) -> dict[str, Any]:
@@ -95,11 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def data_parallel(model, **options: Any):
+    """``model`` in ``DistributedDataParallel``, whose other attributes (methods an experiment
+    calls on its model besides its forward, such as the dynamics network's
+    ``initial_hidden_state``) are the model's."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    class DataParallel(DistributedDataParallel):
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.module, name)
+
+    return DataParallel(model, **options)
+
+
 def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experiments: Any) -> int:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
     from workbench.instrument.distributed import watch_distributed
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -115,7 +129,7 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
         if rank:
             exp.generator.manual_seed(args.seed + 1_000_033 * rank)
         model = exp.model
-        exp.model = DistributedDataParallel(model, device_ids=[exp.device.index] if exp.device.type == "cuda" else None)
+        exp.model = data_parallel(model, device_ids=[exp.device.index] if exp.device.type == "cuda" else None)
         metadata = {"experiment": exp.name, "model": type(model).__name__,
                     "config": dataclasses.asdict(exp.config), "seed": args.seed,
                     "launch": f"torchrun --nproc-per-node {dist.get_world_size()}"}

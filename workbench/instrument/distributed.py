@@ -1,8 +1,10 @@
 """``watch`` under ``torch.distributed``: one view of a data-parallel run across its processes.
 
 Each rank watches its own replica (its shard of the batch); at every recorded step
-:class:`DistributedRecorder` gathers the ranks' raw sums to rank 0 with ONE collective
-(``torch.distributed.gather_object``) and rank 0 publishes a single record: the statistics of
+:class:`DistributedRecorder` exchanges the ranks' raw sums with one collective (an
+``all_gather`` of a fixed-size tensor; whole payloads also go by ``gather_object`` at the steps
+where a rank's rows change layout or it has errors to tell, see
+:meth:`DistributedRecorder._exchange`) and rank 0 publishes a single record: the statistics of
 the global batch. Rank 0's recorder feeds its subscribers and its run store; the other ranks
 publish nothing of their own.
 
@@ -291,13 +293,14 @@ class DistributedRecorder(Recorder):
 
     Give it to ``watch(model, recorder=..., parameters=False, parameter_grads=False)`` on every
     rank (:func:`watch_distributed` does all of this). At each recorded step, :meth:`publish`
-    runs one collective on every rank; rank 0 merges the ranks' rows (see the module docstring)
+    runs one ``all_gather`` on every rank (and a ``gather_object`` where a rank's layout changed
+    or it has errors to tell); rank 0 merges the ranks' rows (see the module docstring)
     and publishes the merged record to its subscribers and its store. Steps that are not recorded
     are published by rank 0 alone (their metrics are rank 0's).
 
     Args:
-        model: the module being watched (the one DDP wraps); its parameters and gradients are
-            read at each recorded step. None: no parameter rows.
+        model: the module being watched (a DDP wrapper is unwrapped); its parameters and
+            gradients are read at each recorded step. None: no parameter rows.
         group: the process group (default: the world).
         per_rank: rank 0 also keeps each rank's own rows (``ranks``, :meth:`rank_frame`).
         parameters: record parameter values (once, or from the shards of DTensor parameters).
@@ -340,6 +343,7 @@ class DistributedRecorder(Recorder):
             raise ValueError(f"grad_scale must be a finite number > 0 (default 1 / world_size = {1 / world}), "
                              f"got {grad_scale!r}.")
         include, skip = _selector(modules, "modules"), _selector(exclude, "exclude")
+        model = unwrap(model) if model is not None else None
         super().__init__(max_rows)
         self.group = group
         self.rank = dist.get_rank(group)
