@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import workbench
+import workbench.experiments
 from workbench.experiments.__main__ import main, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +62,24 @@ def test_bad_arguments_are_named(argv, message, capsys):
 def test_parse_config():
     assert parse_config(["width=64", "activation=relu", "lr=1e-3", "noise=0"]) == {
         "width": 64, "activation": "relu", "lr": 1e-3, "noise": 0}
+
+
+def test_data_parallel_reaches_the_models_other_methods(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from workbench.experiments.__main__ import data_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        exp = workbench.experiments.create("efficientzero_dynamics", seed=0, batch_size=4, latent_channels=4,
+                                           lstm_hidden_size=8, support_size=5, unroll_steps=2)
+        model = exp.model
+        exp.model = data_parallel(model)
+        assert isinstance(exp.model, torch.nn.parallel.DistributedDataParallel) and exp.model.module is model
+        assert exp.model.initial_hidden_state == model.initial_hidden_state  # (DDP alone has no such attribute)
+        with pytest.raises(AttributeError, match="no_such_thing"):
+            exp.model.no_such_thing
+        assert "loss" in exp.step()
+    finally:
+        dist.destroy_process_group()
