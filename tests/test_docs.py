@@ -23,7 +23,8 @@ DOCS = ROOT / "docs"
 RUNNABLE = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)
 # modules whose docstrings carry examples (the API reference shows them): each is run as a doctest
 DOCTESTED = ["workbench.registry", "workbench.experiments.base", "workbench.params", "workbench.summary",
-             "workbench.models.efficientzero", "workbench.models.ilql", "workbench.models.query"]
+             "workbench.models.efficientzero", "workbench.models.ilql", "workbench.models.query",
+             "workbench.ui.figures"]
 PAGES = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md") if RUNNABLE.search(path.read_text()))
 
 

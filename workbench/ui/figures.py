@@ -11,6 +11,21 @@ refresh, on the thread that serves the page beside the training (bench/dashboard
 refresh; ``go.Figure(spec)`` gives the validated object when one is wanted). Arrays go as
 Plotly's typed arrays (base64 of float32, steps as int32): a figure's size is that of the view's
 bounded histories, which does not grow with the run.
+
+Examples:
+    >>> import workbench
+    >>> from workbench.ui import figures
+    >>> from workbench.ui.views import RunView
+    >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    >>> _ = exp.run(5, store="runs/fig", progress=False)
+    >>> view = RunView.from_run(workbench.load_run("runs/fig"))
+    >>> spec = figures.metrics_figure(view)
+    >>> sorted(spec), [trace["name"] for trace in spec["data"]]
+    (['data', 'layout'], ['accuracy', 'loss'])
+    >>> figures.values(spec["data"][0]["x"])
+    array([1, 2, 3, 4, 5], dtype=int32)
+    >>> figures.heatmap_figure(view, "grad_output", "norm")["data"][0]["y"]
+    ['layers.0', 'layers.1', 'layers.2', 'layers.3', 'layers.4']
 """
 
 from __future__ import annotations
@@ -65,7 +80,15 @@ def _array(values: Any) -> dict[str, str]:
 
 
 def values(data: Any) -> np.ndarray:
-    """A figure's array (a typed array or a list) as numpy: what the page draws."""
+    """A figure's array (a typed array or a list) as numpy: what the page draws.
+
+    Args:
+        data: a trace's ``x``, ``y`` or ``z``: Plotly's typed array (``bdata``, ``dtype``,
+            ``shape``) or a plain list.
+
+    Returns:
+        The values, shaped as the page reads them.
+    """
     if isinstance(data, dict) and "bdata" in data:
         array = np.frombuffer(base64.b64decode(data["bdata"]), dtype={"f4": np.float32, "i4": np.int32}[data["dtype"]])
         return array.reshape([int(n) for n in data["shape"].split(",")]) if "shape" in data else array
@@ -73,12 +96,26 @@ def values(data: Any) -> np.ndarray:
 
 
 def to_json(figure: Figure) -> str:
-    """The figure as the JSON a page receives."""
+    """The figure as the JSON a page receives.
+
+    Args:
+        figure: a figure spec of this module.
+
+    Returns:
+        Compact JSON (no NaN: the arrays carry them as typed arrays).
+    """
     return json.dumps(figure, separators=(",", ":"), allow_nan=False)
 
 
 def empty_figure(message: str) -> Figure:
-    """A blank figure that says why it is blank."""
+    """A blank figure that says why it is blank.
+
+    Args:
+        message: the text shown in its middle.
+
+    Returns:
+        The figure spec.
+    """
     return {"data": [], "layout": _layout(_HEIGHT // 2, xaxis=dict(visible=False), yaxis=dict(visible=False),
                                           annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5,
                                                             xref="paper", yref="paper",
@@ -86,7 +123,14 @@ def empty_figure(message: str) -> Figure:
 
 
 def header_markdown(view: RunView) -> str:
-    """The run header: label, status, step of total with a progress bar, steps/s, time left."""
+    """The run header: label, status, step of total with a progress bar, steps/s, time left.
+
+    Args:
+        view: the run's views.
+
+    Returns:
+        Markdown (with an HTML ``<progress>`` bar); a failed run's last error line below it.
+    """
     h = view.header()
     parts = [f"**{h['label']}**" if h["label"] else "", f"`{h['status']}`"]
     if h["total"]:
@@ -117,14 +161,35 @@ def _duration(seconds: float) -> str:
 
 def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing: float = 0.0,
                    log_y: bool = False, columns: int = 3) -> Figure:
-    """One small panel per metric: its values (faint when smoothed) and their smoothed line."""
+    """One small panel per metric: its values (faint when smoothed) and their smoothed line.
+
+    Args:
+        view: the run's views.
+        names: the metrics to draw (default: all of them).
+        smoothing: TensorBoard's exponential smoothing, in [0, 1).
+        log_y: log-scaled y axes.
+        columns: panels per row.
+
+    Returns:
+        The figure spec.
+    """
     return compare_metrics_figure({"": view}, names, smoothing, log_y, columns)
 
 
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
                            smoothing: float = 0.0, log_y: bool = False, columns: int = 3) -> Figure:
-    """One small panel per metric, a line per run (``views``: run name -> its views); one run's
-    panels are :func:`metrics_figure`'s."""
+    """One small panel per metric, a line per run; one run's panels are :func:`metrics_figure`'s.
+
+    Args:
+        views: run name -> its views.
+        names: the metrics to draw (default: every metric of any run).
+        smoothing: TensorBoard's exponential smoothing, in [0, 1).
+        log_y: log-scaled y axes.
+        columns: panels per row.
+
+    Returns:
+        The figure spec.
+    """
     frames = {run: view.metrics_frame(names, smoothing) for run, view in views.items()}
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
@@ -170,7 +235,18 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
                         log_y: bool = False) -> Figure:
-    """One call site's statistic in several runs, a line per run (a run without the site is left out)."""
+    """One call site's statistic in several runs, a line per run (a run without the site is left out).
+
+    Args:
+        views: run name -> its views.
+        kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
+        statistic: a column of ``workbench.ui.views.STATISTICS``.
+        site: the call site's name, as `RunView.site_order` lists it.
+        log_y: a log-scaled y axis.
+
+    Returns:
+        The figure spec; a blank one that says so when no run has the site.
+    """
     data = []
     for r, (run, view) in enumerate(views.items()):
         if site not in view.site_order(kind):  # (checks the kind)
@@ -189,8 +265,19 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
                  log_y: bool = False) -> Figure:
-    """One statistic per call site over steps (default: the sites that changed most); where
-    steps were merged, a band shows their min and max. Click a legend entry to hide a site."""
+    """One statistic per call site over steps; where steps were merged, a band shows their min
+    and max. Click a legend entry to hide a site.
+
+    Args:
+        view: the run's views.
+        kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
+        statistic: a column of ``workbench.ui.views.STATISTICS``.
+        sites: the call sites to draw (default: the six whose statistic changed most).
+        log_y: a log-scaled y axis.
+
+    Returns:
+        The figure spec; a blank one that says so before the first row of that kind.
+    """
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
         return empty_figure(f"No {kind} rows yet.")
@@ -212,7 +299,17 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
 
 def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> Figure:
     """A statistic of every call site (rows, in forward order) over steps (columns): vanishing or
-    exploding gradients and dead units at a glance. ``log``: log10 of the magnitude."""
+    exploding gradients and dead units at a glance.
+
+    Args:
+        view: the run's views.
+        kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
+        statistic: a column of ``workbench.ui.views.STATISTICS``.
+        log: draw log10 of the magnitude.
+
+    Returns:
+        The figure spec; a blank one that says so before the first row of that kind.
+    """
     names, steps, matrix = view.heatmap(kind, statistic)
     if not names or not len(steps):
         return empty_figure(f"No {kind} rows yet.")
@@ -233,7 +330,16 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
 
 def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     """A site's distribution over time from its histograms: TensorBoard's percentile bands
-    (left) and the step x value density (right)."""
+    (left) and the step x value density (right).
+
+    Args:
+        view: the run's views.
+        kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
+        site: a call site with histograms (`RunView.histogram_sites`).
+
+    Returns:
+        The figure spec; a blank one that says how to record histograms when there are none.
+    """
     bands, steps, grid, density = view.distribution(kind, site)
     if bands.empty:
         return empty_figure(f"No histograms of {kind} at {site}: record with histograms on.")
