@@ -424,6 +424,7 @@ class BackgroundRun:
 
     @property
     def status(self) -> str:
+        """``running``, ``paused``, ``stopping``, then ``finished``, ``stopped`` or ``failed``."""
         return self._state
 
     @property
@@ -567,7 +568,14 @@ class BackgroundRun:
 
 @dataclass(frozen=True)
 class ExperimentSpec:
-    """A registered experiment: its class and its parameter metadata."""
+    """A registered experiment: its class and its parameter metadata.
+
+    Attributes:
+        name: the registry name.
+        summary: one line (the first of the class's docstring).
+        cls: the `Experiment` subclass.
+        params: the parameters of its ``Config``, with types, defaults, ranges and help.
+    """
 
     name: str
     summary: str
@@ -576,7 +584,22 @@ class ExperimentSpec:
 
     def create(self, seed: int = 0, device: str | torch.device = "cpu", memory_limit: Any = None,
                **config: Any) -> Experiment:
-        """Create the experiment; see :func:`workbench.experiments.create`."""
+        """Create the experiment; see :func:`workbench.experiments.create`, which calls this.
+
+        Args:
+            seed: fixes every random draw; an int in [0, 2**63 - 1].
+            device: where the model trains.
+            memory_limit: the most bytes the experiment may need (see `create`).
+            **config: fields of the experiment's ``Config``.
+
+        Returns:
+            The experiment.
+
+        Raises:
+            ValueError: a value outside its choices or range, a bad seed or device.
+            TypeError: an unknown field or a value of the wrong type.
+            workbench.params.MemoryLimitError: the estimate exceeds the limit.
+        """
         owner = f"Experiment {self.name!r}"
         checked = validate_overrides(self.params, config, owner)
         check_seed(seed, owner)
