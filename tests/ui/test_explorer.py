@@ -302,3 +302,20 @@ def test_figures_draw_themselves_in_jupyter():
     bundle = figure._repr_mimebundle_()
     assert bundle[ex.PLOTLY_MIMETYPE]["data"][0]["meta"]["activation"] == "sigmoid"
     assert math.isfinite(ex.curves("sigmoid", points=11).max_difference)
+
+
+def test_an_activation_undefined_somewhere_is_drawn_where_it_is_defined(scratch_model):
+    class Root(torch.nn.Module):
+        """sqrt, NaN below 0."""
+
+        def forward(self, x):
+            return torch.sqrt(x)
+
+    scratch_model("root", family="activation", example_inputs=lambda m, b, g=None: ((torch.ones(b),), {}),
+                  derivative=lambda m, x: 0.5 / torch.sqrt(x))(Root)
+    c = ex.curves("root", x_range=(-1, 4), points=51)
+    positive = c.x > 0
+    assert np.isnan(c.f[c.x < 0]).all() and np.allclose(c.f[positive], np.sqrt(c.x[positive]), atol=1e-6)
+    assert c.max_difference < 1e-5  # over the points where both are defined
+    nowhere = ex.curves("root", x_range=(-2, -1), points=5)
+    assert math.isnan(nowhere.max_difference)

@@ -213,7 +213,11 @@ def curves(name: str, params: Mapping[str, Any] | None = None, x_range: Sequence
             closed = np.asarray(derivative(module, x.clone()).detach().float().numpy(), np.float32)
         if closed.shape != autograd.shape:
             raise ValueError(f"{name!r}'s closed-form derivative returned shape {closed.shape} for {points} points.")
-    difference = float(np.nanmax(np.abs(closed - autograd))) if closed is not None else None
+    difference = None
+    if closed is not None:
+        gap = np.abs(closed - autograd)
+        # NaN where either is NaN (an activation undefined there): those points are left out; none left is NaN
+        difference = float(np.nanmax(gap)) if np.isfinite(gap).any() or np.isinf(gap).any() else float("nan")
     return Curves(name, _label(name, params, module), x.numpy(), y.detach().numpy().copy(), autograd, closed,
                   difference)
 
@@ -1107,7 +1111,7 @@ def wire(c: dict[str, Any]) -> None:
 
     c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
                                 c["lr"], c["dataset"], c["mode"]],
-                     [c["comparison"], c["compare_message"], c["timer"], *compare_outputs])
+                     [c["comparison"], c["compare_message"], c["timer"], *compare_outputs], show_progress="minimal")
 
     def on_stop(comparison):
         if comparison is None:
@@ -1115,7 +1119,8 @@ def wire(c: dict[str, Any]) -> None:
         comparison.stop(wait=True)
         return "Stopped.", gr.Timer(active=False), *drawn(comparison)
 
-    c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], *compare_outputs])
+    c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], *compare_outputs],
+                    show_progress="minimal")
 
     def on_tick(comparison):
         done = comparison is None or comparison.done
