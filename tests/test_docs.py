@@ -92,3 +92,38 @@ def test_the_examples_in_the_docstrings_run(module, tmp_path, monkeypatch):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS, report=True)
     assert result.attempted > 0
     assert result.failed == 0, f"{result.failed} example(s) of {module} failed; the output above shows them"
+
+
+# modules whose public functions and methods document every argument and what they return
+COMPLETE = ["registry", "experiments/base", "summary", "ui/figures"]
+
+
+def test_public_docstrings_document_every_argument_and_the_return():
+    import griffe
+
+    package = griffe.load("workbench", search_paths=[str(ROOT)], docstring_parser="google")
+    gaps = []
+    for path in COMPLETE:
+        module = package[path.replace("/", ".")]
+        public = getattr(module, "exports", None) or [n for n in module.members if not n.startswith("_")]
+        for name in public:
+            member = module.members.get(name)
+            if member is None or member.is_alias:
+                continue
+            functions = [member] if member.is_function else [
+                m for n, m in member.members.items() if member.is_class and m.is_function and not n.startswith("_")]
+            for function in functions:
+                if function.docstring is None:
+                    gaps.append(f"{function.path}: no docstring")
+                    continue
+                sections = function.docstring.parse("google")
+                documented = {p.name.lstrip("*") for s in sections if s.kind.value == "parameters" for p in s.value}
+                arguments = [p.name for p in function.parameters if p.name not in ("self", "cls")]
+                missing = [a for a in arguments if a not in documented]
+                if missing and len(arguments) > 0:
+                    gaps.append(f"{function.path}: arguments not in Args: {missing}")
+                returns = str(function.returns) if function.returns is not None else "None"
+                if returns != "None" and "property" not in function.labels and not any(
+                        s.kind.value == "returns" for s in sections):
+                    gaps.append(f"{function.path}: returns {returns} without a Returns section")
+    assert not gaps, "\n".join(gaps)

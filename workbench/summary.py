@@ -24,8 +24,18 @@ __all__ = ["summarize", "describe_shape"]
 def describe_shape(value: Any) -> str:
     """A compact shape string for a tensor or a structure of tensors.
 
-    ``(2, 3)`` for a tensor, ``((2, 3), ((1, 2, 8), (1, 2, 8)))`` for nested
-    tuples, ``{value: (2, 1)}`` for dicts, the type name for anything else.
+    Args:
+        value: a tensor, or tuples, lists and dicts of them.
+
+    Returns:
+        ``(2, 3)`` for a tensor, ``((2, 3), ((1, 2, 8), (1, 2, 8)))`` for nested
+        tuples, ``{value: (2, 1)}`` for dicts, the type name for anything else.
+
+    Examples:
+        >>> import torch
+        >>> from workbench.summary import describe_shape
+        >>> describe_shape((torch.zeros(2, 3), {"h": torch.zeros(1, 2)}))
+        '((2, 3), {h: (1, 2)})'
     """
     if isinstance(value, torch.Tensor):
         return "(" + ", ".join(str(s) for s in value.shape) + ")"

@@ -62,7 +62,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
     """Marks an experiment's evaluation: it runs without gradients and outside the experiment's
-    watch (its module calls leave no rows and count no call), also inside a training step."""
+    watch (its module calls leave no rows and count no call), also inside a training step.
+
+    Args:
+        method: an ``Experiment`` method, such as ``evaluate``.
+
+    Returns:
+        The method, wrapped so.
+    """
 
     @functools.wraps(method)
     def evaluate(self: Experiment, *args: Any, **kwargs: Any) -> Any:
@@ -130,12 +137,25 @@ class Experiment:
         """Bytes the experiment needs at its peak, by part (``parameters``, ``gradients``,
         ``optimizer``, ``data``, ``activations`` ...), estimated from ``config`` alone: nothing
         is built. :func:`create` refuses a configuration whose total exceeds the memory limit.
-        None: no estimate (nothing is checked); a subclass without one gets this.
+
+        Args:
+            config: the experiment's validated ``Config``.
+
+        Returns:
+            Bytes by part, or None: no estimate (nothing is checked); a subclass without one
+            gets this.
         """
         return None
 
     def to_device(self, data: Any) -> Any:
-        """``data`` (a tensor, or lists, tuples and dicts of them) with every tensor moved to ``self.device``."""
+        """``data`` with every tensor moved to ``self.device``.
+
+        Args:
+            data: a tensor, or lists, tuples and dicts of them (other values pass as they are).
+
+        Returns:
+            The same structure, its tensors on the experiment's device.
+        """
         if isinstance(data, torch.Tensor):
             return data.to(self.device)
         if isinstance(data, (list, tuple)):
@@ -145,7 +165,11 @@ class Experiment:
         return data
 
     def train_step(self) -> dict[str, float]:
-        """One training step; returns the metrics (``loss`` at least)."""
+        """One training step, written by each experiment (`step` calls it and counts it).
+
+        Returns:
+            The step's metrics, ``loss`` at least.
+        """
         raise NotImplementedError
 
     def step(self) -> dict[str, float]:
@@ -503,7 +527,14 @@ class BackgroundRun:
     def on_done(self, callback: Callable[[BackgroundRun], Any]) -> None:
         """Call ``callback(run)`` once the run has ended and its watch is closed, on the run's
         thread, before :meth:`join` returns (at once if it has ended already). A callback that
-        raises is reported with a ``RuntimeWarning``."""
+        raises is reported with a ``RuntimeWarning``.
+
+        Args:
+            callback: called with this run.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
+        """
         if not callable(callback):
             raise TypeError(f"on_done() needs a callable, got {callback!r}.")
         with self._cond:
