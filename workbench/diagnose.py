@@ -208,6 +208,9 @@ class _Layout:
     units: np.ndarray
     names: list[str]
     param_pair: dict[int, int]  # update row -> param row of the same parameter
+    grad_columns: np.ndarray  # output-gradient rows (not aliases) in forward order
+    pair_columns: tuple[np.ndarray, np.ndarray]  # (update rows, param rows) of param_pair
+    params: np.ndarray  # param rows
 
 
 class Diagnoser:
@@ -241,11 +244,14 @@ class Diagnoser:
         self._nan_sites: set = set()
         self._nan_last = 0
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
-        self._prev_param: dict[tuple, tuple[int, float, float, int]] = {}  # param key -> (step, norm, mean, numel)
+        self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means) of its params, last step
+        self._loss_names: dict[str, bool] = {}
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
         self._metrics: dict[str, dict] = {}
         self._spike_window = t.spike_window
         self._subscription = None
+        self._cache: tuple[int, pd.DataFrame] | None = None  # (version, the findings then)
+        self._version = 0  # changes with every change of the findings
 
     # ------------------------------------------------------------------ feeding
     def feed(self, update: Any) -> None:
@@ -302,32 +308,51 @@ class Diagnoser:
             steps = rows.step.to_numpy() if len(rows) else np.zeros(0, np.int64)
             starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(steps) else np.zeros(0, np.intp)
             ends = np.r_[starts[1:], len(steps)]
-            keys_all = list(zip(rows.module, rows.call.astype(int), rows.kind, rows.tensor, rows["shape"])) if len(rows) else []
+            keys_all = (list(zip(rows.module.tolist(), rows.call.to_numpy(np.int64).tolist(), rows.kind.tolist(),
+                                 rows.tensor.tolist(), rows["shape"].tolist())) if len(rows) else [])
             table = {c: rows[c].to_numpy(np.float64) for c in _STATS} if len(rows) else {}
             spans = {int(steps[a]): (a, b) for a, b in zip(starts, ends)}
+            block: list[tuple[int, int, int]] = []  # (step, first row, end row), of the same keys
+
+            def flush() -> None:
+                if block:
+                    a, b = block[0][1], block[0][2]
+                    keys = tuple(keys_all[a:b])
+                    stats = {c: np.stack([v[x:y] for _, x, y in block]) for c, v in table.items()} if b > a else {}
+                    self._take_block([s for s, _, _ in block], keys, stats, None, [by_step.get(s, {}) for s, _, _ in block])
+                    block.clear()
+
+            layout = None
             for step in sorted(spans.keys() | by_step.keys()):
                 if step <= self.last_step and self.steps_seen:
                     continue
                 a, b = spans.get(step, (0, 0))
-                self._take(step, tuple(keys_all[a:b]), {c: v[a:b] for c, v in table.items()}, None, by_step.get(step, {}))
+                this = keys_all[a:b]
+                if block and this != layout:
+                    flush()
+                layout = this
+                block.append((step, a, b))
+            flush()
 
     # ------------------------------------------------------------------ results
     def findings(self) -> pd.DataFrame:
         """The findings so far: most severe first, then the newest (by last step, then first step)."""
         with self._lock:
             self._absorb()
+            if self._cache is not None and self._cache[0] == self._version:
+                return self._cache[1].copy()
             items = [*self._closed, *(e for e in self._open.values() if e["count"] >= e["need"])]
             if self._nan is not None:
                 items.append(self._nan_finding())
-            rows = [self._row(e) for e in items]
-        frame = pd.DataFrame(rows, columns=list(COLUMNS))
-        if len(frame):
             # (ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
-            order = {name: -i for i, name in enumerate(FINDINGS)}
-            frame = (frame.assign(_rank=frame.severity.map(_RANK), _order=frame.finding.map(order))
-                     .sort_values(["_rank", "last_step", "step", "_order"], ascending=False, kind="stable")
-                     .drop(columns=["_rank", "_order"]).reset_index(drop=True))
-        return frame.astype({"step": "int64", "last_step": "int64", "call": "int64"})
+            order = {name: i for i, name in enumerate(FINDINGS)}
+            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], -e["start"], order[e["finding"]]))
+            rows = [self._row(e) for e in items]
+            columns = {c: [r[c] for r in rows] for c in COLUMNS}
+            frame = pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call") else
+                                  pd.Series(v, dtype=object) for c, v in columns.items()}, columns=list(COLUMNS))
+            self._cache = (self._version, frame)
+            return frame.copy()
 
     def _row(self, e: dict) -> dict:
         severity, hint = FINDINGS[e["finding"]]
@@ -341,13 +366,25 @@ class Diagnoser:
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
         pending, self._pending = self._pending, []
-        for record in pending:
-            if record.step <= self.last_step and self.steps_seen:
-                continue  # (a step seen from both the recorder's buffer and the subscription)
-            stats = None
-            if len(record.keys):
-                stats = _finish()(record.numel, record.sums)
-            self._take(record.step, record.keys, stats or {}, record.tensors, record.metrics)
+        last = self.last_step if self.steps_seen else -math.inf
+        records = []
+        for record in pending:  # (a step seen from both the recorder's buffer and the subscription: once)
+            if record.step > last:
+                records.append(record)
+                last = record.step
+        start = 0
+        while start < len(records):  # consecutive steps that recorded the same rows, together
+            end, keys = start + 1, records[start].keys
+            while end < len(records) and records[end].keys == keys:
+                end += 1
+            block = records[start:end]
+            stats = {}
+            if len(keys):
+                n, rows = len(block), len(keys)
+                flat = _finish()(np.tile(block[0].numel, n), np.concatenate([r.sums for r in block]))
+                stats = {c: flat[c].reshape(n, rows) for c in _STATS}
+            self._take_block([r.step for r in block], keys, stats, block[0].tensors, [r.metrics for r in block])
+            start = end
 
     def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
         n = len(keys)
@@ -383,28 +420,122 @@ class Diagnoser:
                  if k[2] in ("activation", "grad_output") else (f"{k[0]}.{k[3]}" if k[0] else k[3]) for k in keys]
         params = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param"}
         pair = {i: params[(k[0], k[3])] for i, k in enumerate(keys) if k[2] == "update" and (k[0], k[3]) in params}
-        return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair)
+        grads = np.flatnonzero((kind == "grad_output") & ~alias & (order >= 0))
+        grads = grads[np.argsort(order[grads], kind="stable")]
+        pair_columns = (np.fromiter(pair.keys(), np.int64, len(pair)), np.fromiter(pair.values(), np.int64, len(pair)))
+        return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
+                       np.flatnonzero(kind == "param"))
 
-    def _take(self, step: int, keys: tuple, stats: dict, tensors: np.ndarray | None, metrics: dict) -> None:
-        self.last_step = max(self.last_step, step)
-        self.steps_seen += 1
+    def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
+                    metrics: list[dict]) -> None:
+        """Consecutive steps that recorded the same rows: ``stats`` holds (steps, rows) arrays. What
+        no check can find is screened out for the whole block at once; the steps left are judged
+        one by one, in order (the episodes of a finding are kept step by step)."""
+        layout = None
+        screened = np.zeros(len(steps), bool)
+        bounds = None
         if keys:
             layout = self._layout
             if layout is None or layout.keys != keys:
-                layout = self._layout = self._learn(keys, stats, tensors)
-            self._nan_check(step, layout, stats)
-            self._units_check(step, layout, stats)
-            self._gradient_check(step, layout, stats)
-            self._update_check(step, layout, stats)
-        for name, value in metrics.items():
-            if any(part.lower() in name.lower() for part in self.thresholds.loss_metrics):
-                self._metric_check(step, name, float(value))
-        self._close_stale(step)
+                layout = self._layout = self._learn(keys, {c: v[0] for c, v in stats.items()}, tensors)
+            screened, bounds = self._screen(steps, layout, stats)
+        losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] for m in metrics]
+        for i, step in enumerate(steps):
+            self.last_step = max(self.last_step, step)
+            self.steps_seen += 1
+            if screened[i]:
+                row = {c: v[i] for c, v in stats.items()}
+                self._nan_check(step, layout, row)
+                self._units_check(step, layout, row)
+                self._gradient_check(step, layout, row)
+                self._update_check(step, layout, row, None if bounds is None else bounds[i])
+            for name, value in losses[i]:
+                self._metric_check(step, name, value)
+            if self._open:
+                self._close_stale(step)
+
+    def _is_loss(self, name: str) -> bool:
+        known = self._loss_names.get(name)
+        if known is None:
+            known = self._loss_names[name] = any(p.lower() in name.lower() for p in self.thresholds.loss_metrics)
+        return known
+
+    def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        """Which steps of a block a check may find something at (the rest need no look), and the
+        bounds on the update ratios read from consecutive parameter values (runs without updates)."""
+        t = self.thresholds
+        n = len(steps)
+        zero, lo, hi, mean, std, norm, numel = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std", "norm",
+                                                                   "numel"))
+        with np.errstate(all="ignore"):
+            look = ((stats["nan_count"] > 0) | (stats["inf_count"] > 0)).any(1)
+            act = (layout.kind == "activation") & ~layout.alias
+            if act.any():
+                finite = np.isfinite(mean[:, act]) & np.isfinite(std[:, act])
+                a_lo, a_hi, a_zero = lo[:, act], hi[:, act], zero[:, act]
+                look |= (finite & (a_lo >= 0) & (a_zero >= t.dead_zero_frac)).any(1)
+                bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
+                if bounded.any():
+                    tanh = a_lo < 0
+                    width = np.where(tanh, 2.0, 1.0)
+                    mu = (mean[:, act] - np.where(tanh, -1.0, 0.0)) / width
+                    var = (std[:, act] / width) ** 2
+                    look |= (bounded & (var >= t.saturation_index * mu * (1 - mu) * 0.99)).any(1)
+            g = layout.grad_columns
+            if len(g):
+                rms = norm[:, g] / np.sqrt(np.maximum(numel[:, g], 1))
+                ok = np.isfinite(rms) & (rms > 0)
+                logs = np.where(ok, np.log10(np.where(ok, rms, 1.0)), np.nan)
+                count = ok.sum(1)
+                first = np.argmax(ok, 1)
+                last = len(g) - 1 - np.argmax(ok[:, ::-1], 1)
+                rows = np.arange(n)
+                spread = logs[rows, first] - logs[rows, last]
+                look |= (count >= 2) & (np.abs(spread) > t.gradient_orders)
+                # over steps: the largest RMS of each step against that of the run's first steps
+                top = np.max(np.where(ok, logs, -np.inf), 1)
+                need = max(t.persist - len(self._grad_start), 0)
+                look[:need] = True  # (the gradients' scale is taken there, step by step)
+                known = [math.log10(v) for v in self._grad_start.values()] + [v for v in top[:need] if np.isfinite(v)]
+                if known:
+                    look[need:] |= top[need:] - max(known) > t.gradient_growth_orders
+            bounds = None
+            if layout.param_pair:
+                u, p = layout.pair_columns
+                judged = layout.ndim[p] >= t.update_min_dims
+                ratio = norm[:, u] / norm[:, p]
+                look |= ((judged & ((ratio > t.update_ratio_high) | (ratio < t.update_ratio_low))).any(1))
+                if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
+                    look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
+            elif layout.params.size:
+                bounds = self._param_bounds(steps, layout, stats)
+                look |= (bounds > max(1.0, t.update_ratio_high)).any(1)
+        return look, bounds
+
+    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
+        """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
+        its values at consecutive recorded steps: ``||a - b|| >= | ||a|| - ||b|| |`` and
+        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded)."""
+        p = layout.params
+        norm, mean, numel = stats["norm"][:, p], stats["mean"][:, p], stats["numel"][:, p]
+        before = self._prev_params.get(layout.keys)
+        step_array = np.asarray(steps)
+        prev_norm = np.vstack([before[1] if before is not None else np.full(len(p), np.nan), norm[:-1]])
+        prev_mean = np.vstack([before[2] if before is not None else np.full(len(p), np.nan), mean[:-1]])
+        prev_step = np.r_[before[0] if before is not None else -10, step_array[:-1]]
+        with np.errstate(all="ignore"):
+            bound = np.maximum(np.abs(norm - prev_norm), np.sqrt(numel) * np.abs(mean - prev_mean)) / prev_norm
+            bound[(step_array - prev_step) != 1] = np.nan
+            bound[:, layout.ndim[p] < self.thresholds.update_min_dims] = np.nan
+            bound[~(prev_norm > 0)] = np.nan
+        self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1])}
+        return bound
 
     # -------------------------------------------------------------- episodes
     def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
               worst: float = 0.0, need: int | None = None, site: str | None = None, key: Any = None) -> None:
         """The condition of ``finding`` holds at row ``i`` (or ``site``) this step."""
+        self._version += 1
         if layout is not None and i is not None:
             module, call, kind, tensor, _shape = layout.keys[i]
             key = (finding, key) if key is not None else (finding, kind, module, call, tensor)
@@ -429,6 +560,7 @@ class Diagnoser:
         """Episodes whose condition did not hold this step end (kept when they lasted long enough)."""
         for key in [k for k, e in self._open.items() if e["seen"] != self.steps_seen]:
             e = self._open.pop(key)
+            self._version += 1
             if e["count"] >= e["need"]:
                 self._closed.append(e)
                 if len(self._closed) > 1000:  # bounded: the oldest, least severe go first
@@ -441,6 +573,7 @@ class Diagnoser:
         if not len(bad):
             return
         self._nan_last = step
+        self._version += 1
         if self._nan is None:
             i = int(bad[0])
             module, call, kind, tensor, _shape = layout.keys[i]
@@ -550,7 +683,7 @@ class Diagnoser:
                        f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
                        f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps")
 
-    def _update_check(self, step: int, layout: _Layout, stats: dict) -> None:
+    def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
         t = self.thresholds
         norm, mean, numel = stats["norm"], stats["mean"], stats["numel"]
         if layout.param_pair:
@@ -569,21 +702,14 @@ class Diagnoser:
                     self._from_zero[key] = False
                 self._judge_ratio(step, layout, p, ratio, exact=True)
             return
-        # no update rows: a lower bound from consecutive recorded steps of the parameter's values,
-        # ||a - b|| >= | ||a|| - ||b|| | and >= sqrt(n) |mean(a) - mean(b)|; it can tell a high ratio
-        # only, and judges it above max(1, update_ratio_high): a parameter grown from 0 doubles its
-        # norm at its second step (a bound of 1), and less after
+        # no update rows: a lower bound from consecutive recorded steps of the parameter's values
+        # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
+        # a parameter grown from 0 doubles its norm at its second step (a bound of 1), and less after
+        if bounds is None:
+            return
         high = max(1.0, t.update_ratio_high)
-        for p in np.flatnonzero(layout.kind == "param"):
-            key = layout.keys[p][:4]
-            now = (step, float(norm[p]), float(mean[p]), int(numel[p]))
-            before = self._prev_param.get(key)
-            self._prev_param[key] = now
-            if before is None or before[0] != step - 1 or layout.ndim[p] < t.update_min_dims or not before[1] > 0:
-                continue
-            bound = max(abs(now[1] - before[1]), math.sqrt(now[3]) * abs(now[2] - before[2])) / before[1]
-            if math.isfinite(bound) and bound > high:
-                self._judge_ratio(step, layout, int(p), bound, exact=False, high=high)
+        for j in np.flatnonzero(bounds > high):
+            self._judge_ratio(step, layout, int(layout.params[j]), float(bounds[j]), exact=False, high=high)
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
                      high: float | None = None) -> None:
@@ -617,11 +743,11 @@ class Diagnoser:
             return
         recent, tail = state["recent"], state["tail"]
         if len(recent) >= max(5, t.spike_window // 2):
-            values = np.fromiter(recent, np.float64)
             # against the level of the last few steps, in units of the step-to-step noise (the median
             # absolute difference of consecutive values, which a trend hardly moves)
-            level = float(np.median(values[-5:]))
-            noise = 1.4826 * float(np.median(np.abs(np.diff(values))))
+            values = list(recent)
+            level = _median(values[-5:])
+            noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             rise = value - level
             if rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12):
                 self._hold(step, "loss_spike", None, None,
@@ -632,14 +758,21 @@ class Diagnoser:
         recent.append(value)
         tail.append(value)
         if len(tail) == tail.maxlen:
-            now = float(np.median(np.fromiter(tail, np.float64)))
+            last = list(tail)
+            now = _median(last)
             best = state["best"] = min(state["best"], now)
-            rising = sum(b > a for a, b in zip(list(tail)[:-1], list(tail)[1:])) >= len(tail) - 2
+            rising = sum(b > a for a, b in zip(last[:-1], last[1:])) >= len(last) - 2
             if rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12):
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
                            f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",
                            site=name, key=name)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 def _finish() -> Any:

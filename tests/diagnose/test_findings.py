@@ -203,3 +203,12 @@ def test_live_diagnoser_on_the_stream_equals_the_frame_form(tmp_path):
     pd.testing.assert_frame_equal(found, diagnose(run.to_pandas(), run.metrics()))
     origin = found[found.finding == "nan_origin"].iloc[0]
     assert (origin.site, origin.step) == ("layers.1", 6)
+
+
+def test_gradients_growing_over_steps_are_found_in_one_stored_block():
+    # one site's output gradient grows 10x a step from step 4: the scale of the first 3 steps is 1
+    rows = pd.DataFrame([r for s in range(1, 9) for r in (
+        row(s, "a", "activation"), row(s, "a", "grad_output", norm=np.sqrt(32) * (10.0 ** max(s - 3, 0))))])
+    f = diagnose(rows)
+    assert f.finding.tolist() == ["exploding_gradients"] and (f.step[0], f.last_step[0]) == (7, 8)
+    assert "5.0 orders of magnitude above the largest of the first recorded steps (1;" in f.evidence[0]

@@ -1,0 +1,120 @@
+"""What diagnosing a run costs (workbench.diagnose), measured in one process.
+
+1. The cost of the diagnosis per recorded step: a live ``Diagnoser`` taking in records (a real
+   recorded step of the activation MLP and of the dynamics network, replayed with their step
+   numbers and jittered values (a healthy run: the findings' cost grows with what is found), in blocks of 10 as a page's tick brings them) and drawing its
+   findings once per block; and ``diagnose()`` of a stored run's frame (every step at once).
+2. The training step of the activation MLP with findings live (a Diagnoser attached to the
+   watch, fed on its subscriber's thread every FEED_INTERVAL, and a page thread reading its
+   findings every second) against the watch alone, the variants taking turns round by round.
+   Goal: <= 1.01x.
+
+    python bench/diagnose.py [--quick] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import workbench
+from workbench.diagnose import Diagnoser, diagnose
+from workbench.ui.views import FEED_INTERVAL
+
+WORKLOADS = {
+    "activation_mlp": dict(activation="relu", depth=3, width=64),
+    "efficientzero_dynamics": dict(),
+}
+
+
+def recorded(name: str, steps: int) -> tuple[list, object]:
+    """``steps`` records replayed from one real recorded step of the experiment (its 5th: a first
+    step's zero-initialized layers output zeros), and that record."""
+    exp = workbench.experiments.create(name, seed=0, **WORKLOADS[name])
+    with exp.watch() as w:
+        for _ in range(5):
+            exp.step()
+    record = w.recorder.records()[-1]
+    rng = np.random.default_rng(0)
+    out = []
+    for n in range(1, steps + 1):
+        jitter = 1 + 0.01 * rng.standard_normal(record.sums.shape)
+        out.append(dataclasses.replace(record, step=n, sums=record.sums * jitter,
+                                       metrics={k: v * (1 + 0.01 * rng.standard_normal())
+                                                for k, v in record.metrics.items()}))
+    return out, record
+
+
+def diagnosis_cost(name: str, steps: int) -> tuple[int, float, float]:
+    """(rows per step, seconds per step live, seconds per step of diagnose() over the frame)."""
+    from workbench.instrument.recorder import metrics_frame, rows_frame
+
+    records, record = recorded(name, steps)
+    live = Diagnoser()
+    start = time.perf_counter()
+    for i in range(0, steps, 10):
+        live.feed(records[i:i + 10])
+        live.findings()
+    per_live = (time.perf_counter() - start) / steps
+    rows, metrics = rows_frame(records), metrics_frame(records)
+    start = time.perf_counter()
+    diagnose(rows, metrics)
+    per_frame = (time.perf_counter() - start) / steps
+    return len(record), per_live, per_frame
+
+
+def live_ratio(rounds: int, steps: int) -> float:
+    """Median step time with findings live over the watch alone's."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, **WORKLOADS["activation_mlp"])
+    exp.run(20)
+    times: dict[str, list[float]] = {"watch": [], "findings": []}
+    for round_ in range(rounds):
+        for variant in (list(times) if round_ % 2 == 0 else list(times)[::-1]):  # (each goes first in turn)
+            w = exp.watch()
+            stop = threading.Event()
+            page = None
+            if variant == "findings":
+                diagnoser = Diagnoser()
+                diagnoser.attach(w, interval=FEED_INTERVAL)
+
+                def tick():
+                    while not stop.wait(1.0):
+                        diagnoser.findings()
+
+                page = threading.Thread(target=tick, daemon=True)
+                page.start()
+            exp.step()  # warm-up step of the variant
+            start = time.perf_counter()
+            for _ in range(steps):
+                exp.step()
+            times[variant].append((time.perf_counter() - start) / steps)
+            stop.set()
+            if page is not None:
+                page.join()
+            w.close()
+    return statistics.median(times["findings"]) / statistics.median(times["watch"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 steps; one short round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    steps = 100 if args.quick else 2_000
+    print(f"diagnosis per recorded step ({steps} steps):")
+    for name in WORKLOADS:
+        rows, live, frame = diagnosis_cost(name, steps)
+        print(f"  {name:24s} {rows:>5d} rows/step: live {live * 1e6:8.1f} us/step, "
+              f"diagnose() of the frame {frame * 1e6:8.1f} us/step")
+    rounds, n = (1, 50) if args.quick else (args.rounds, 300)
+    print(f"activation_mlp training step over the watch alone's ({rounds} rounds of {n} steps):")
+    print(f"  watch + findings live: {live_ratio(rounds, n):.3f}x")
+
+
+if __name__ == "__main__":
+    main()
