@@ -120,3 +120,11 @@ def test_dashboard_reports_refreshes_and_the_live_ratio():
         assert re.search(rf"{name}\s+1000 steps: .* ms \(.*x\), .* KiB \(.*x\)", out), out
     assert re.search(r"watch \+ live page: \d+\.\d+x", out), out
     assert re.search(r"watch \+ live page, delivered every step: \d+\.\d+x", out), out
+
+
+def test_diagnose_reports_its_cost_and_the_live_ratio():
+    out = run_script("diagnose.py", "--quick")
+    for name in ("activation_mlp", "efficientzero_dynamics"):
+        assert re.search(rf"{name}\s+\d+ rows/step: live\s+[\d.]+ us/step, diagnose\(\) of the frame\s+[\d.]+ us/step",
+                         out), out
+    assert re.search(r"watch \+ findings live: \d+\.\d+x", out), out
