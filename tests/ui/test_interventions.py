@@ -1,5 +1,6 @@
 """Interventions on a live run and initial weights from a checkpoint: the handlers, without a browser."""
 
+import re
 import time
 
 import numpy as np
@@ -178,7 +179,8 @@ def lightzero_file(path, seed=0, **shapes):
 def test_an_uploaded_lightzero_checkpoint_is_inspected_and_fills_the_form(tmp_path):
     state = lightzero_file(tmp_path / "ez.pth.tar")
     text, tree, outputs, experiment, settings = live.inspect_weights(str(tmp_path / "ez.pth.tar"))
-    assert "LightZero EfficientZero dynamics network" in text and "dynamics_network.* keys taken out" in text
+    assert "LightZero EfficientZero dynamics network" in text
+    assert "dynamics_network.\\* keys taken out" in text  # (Markdown: an asterisk, not emphasis)
     assert experiment == "efficientzero_dynamics"
     assert settings == {"latent_channels": 8, "actions": 4, "spatial": 4, "num_res_blocks": 1,
                         "lstm_hidden_size": 64, "support_size": 21, "fc_reward_layers": [32]}
@@ -249,3 +251,185 @@ def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, t
     wrong, message = live.start_run(manager, "efficientzero_dynamics", {}, 0, 1, 1, False, "*", "",
                                     weights=str(tmp_path / "mlp.pt"))
     assert wrong is None and "missing (" in message and "unexpected (" in message
+
+
+# ---------------------------------------------------------------- in the browser (chromium)
+# a Gradio Dataframe as the page shows it: the column titles and each row's cell texts
+TABLE = """el => ({
+    heads: [...el.querySelectorAll('thead th')].map(th => th.getAttribute('title') || th.textContent.trim()),
+    rows: [...el.querySelectorAll('tbody tr')].map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent.trim())),
+})"""
+
+
+def table(page, elem_id) -> pd.DataFrame:
+    element = page.locator(f"#{elem_id}")
+    element.scroll_into_view_if_needed()  # (a virtual table draws the rows in view only)
+    found = element.evaluate(TABLE)
+    rows = [r[:len(found["heads"])] for r in found["rows"] if len(r) >= len(found["heads"]) and any(r)]
+    return pd.DataFrame(rows, columns=found["heads"])
+
+
+def wait_table(page, elem_id, until, timeout=60.0) -> pd.DataFrame:
+    """The table once ``until(frame)`` holds (the page refreshes every second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = table(page, elem_id)
+        if not frame.empty and until(frame):
+            return frame
+        assert time.monotonic() < deadline, f"#{elem_id} never showed what was expected:\n{frame}"
+        time.sleep(0.25)
+
+
+def median_between(trace, low, high):
+    """The median of a line's values over steps [low, high]."""
+    x, y = np.asarray(trace["x"], float), np.asarray([np.nan if v is None else v for v in trace["y"]], float)
+    return float(np.nanmedian(y[(x >= low) & (x <= high)]))
+
+
+@pytest.mark.browser
+def test_intervene_on_a_live_run_in_the_browser(page):
+    from playwright.sync_api import expect
+
+    from tests.ui.test_browser import _screenshot, choose, lines, options, start as start_in_page, traces
+
+    start_in_page(page, "activation_mlp", 100_000, lr="0.000001", batch_size="1024")
+    expect(page.locator("#run-status")).to_contain_text("running")
+    deadline = time.monotonic() + 30
+    while "layers.1" not in options(page, "iv-site"):  # the sites the run has recorded
+        assert time.monotonic() < deadline, options(page, "iv-site")
+        time.sleep(0.5)
+    assert options(page, "iv-site")[:5] == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
+    choose(page, "iv-site", "layers.1")
+    expect(page.locator("#iv-site input")).to_have_value("layers.1")
+    page.locator("#iv-k input").fill("10")
+    page.locator("#iv-apply").click()
+    expect(page.locator("#iv-message")).to_contain_text("i1: scale x10 at layers.1 from step")
+    first = int(re.search(r"from step (\d+)", page.locator("#iv-message").inner_text())[1])
+    panel = wait_table(page, "iv-table", lambda f: f.status.tolist() == ["on"])
+    assert panel[["id", "site", "intervention", "from step"]].values.tolist() == [["i1", "layers.1", "scale x10",
+                                                                                   str(first)]]
+    # the activation std per call site, as the page draws it: layers.2 (the Linear after layers.1) x10 while on
+    on = lines(traces(page, "live-series", lambda t: "layers.2" in lines(t) and max(lines(t)["layers.2"]["x"])
+                      >= first + 5))
+    # (medians: a long history is thinned into buckets, one of which may straddle a boundary)
+    before, during = median_between(on["layers.2"], 1, first - 1), median_between(on["layers.2"], first, 10**9)
+    assert during > 5 * before, (before, during)
+    # the band over the steps it is on, on the metrics and the sites' figures
+    for figure in ("live-series", "live-metrics"):
+        bands = page.locator(f"#{figure} .js-plotly-plot").evaluate(
+            "el => (el.layout.shapes || []).map(s => [s.x0, s.label && s.label.text])")
+        assert [first - 0.5, "i1"] in bands, bands
+    page.locator("#intervene").evaluate("el => el.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(1500)
+    _screenshot(page, "interventions.png", full_page=False)
+    page.locator("#iv-remove").click()
+    expect(page.locator("#iv-message")).to_contain_text("i1 (scale x10 at layers.1) removed")
+    removed = wait_table(page, "iv-table", lambda f: f.status.tolist() == ["removed"])
+    end = int(removed["to step"].iloc[0])
+    off = lines(traces(page, "live-series", lambda t: max(lines(t)["layers.2"]["x"]) >= end + 6))
+    after = median_between(off["layers.2"], end + 1, 10**9)
+    assert 0.8 < after / before < 1.25, (before, after)
+    page.locator("#run-stop").click()
+    expect(page.locator("#run-status")).to_contain_text("stopped")
+
+
+@pytest.mark.browser
+def test_upload_a_lightzero_checkpoint_inspect_it_and_train_from_it(page, runs_root, tmp_path):
+    from playwright.sync_api import expect
+
+    from tests.ui.test_browser import _screenshot
+
+    shapes = dict(c=6, a=3, blocks=2, hw=(3, 3), hidden=16, layers=1, support=11, lstm=16)  # not the form's defaults
+    state = lightzero_file(tmp_path / "efficientzero_ckpt.pth.tar", seed=3, **shapes)
+    page.get_by_role("tab", name="Experiments").click()
+    if not page.locator("#experiment-list").is_visible():  # (the form folds away once a run starts)
+        page.locator("#run-config").get_by_text("New run").click()
+    page.locator("#run-weights input[type=file]").set_input_files(str(tmp_path / "efficientzero_ckpt.pth.tar"))
+    summary = page.locator("#weights-summary")
+    expect(summary).to_contain_text("LightZero EfficientZero dynamics network", timeout=30_000)
+    expect(summary).to_contain_text("dynamics_network.* keys taken out")
+    expect(summary).to_contain_text("It fits the efficientzero_dynamics experiment with latent_channels=6, actions=3, "
+                                    "spatial=3, num_res_blocks=2, lstm_hidden_size=16, support_size=11")
+    # the form of the experiment it fits, filled with its settings
+    expect(page.locator("#experiment-list").get_by_label("efficientzero_dynamics", exact=True)).to_be_checked()
+    form = page.locator("#run-config")
+    expect(form.get_by_label("latent_channels", exact=True)).to_have_value("6", timeout=30_000)
+    expect(form.get_by_label("lstm_hidden_size", exact=True)).to_have_value("16")
+    # inspected: the module tree and its outputs on the example inputs are those of the module it was saved from
+    expect(page.locator("#weights-tree")).to_contain_text("DynamicsNetwork")
+    model = workbench.models.efficientzero.DynamicsNetwork(
+        observation_shape=[6, 3, 3], action_encoding_dim=3, num_res_blocks=2, num_channels=9, reward_head_channels=8,
+        fc_reward_layers=[16], output_support_size=11, flatten_output_size_for_reward_head=72, lstm_hidden_size=16)
+    model.load_state_dict(state)
+    args, kwargs = workbench.get_spec("efficientzero_dynamics").example_inputs(model.eval(), 2,
+                                                                               torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        latent, _, value_prefix = model(*args, **kwargs)
+    outputs = wait_table(page, "weights-outputs", lambda f: "out.2" in set(f.output)).set_index("output")
+    assert outputs.index.tolist() == ["out.0", "out.1.0", "out.1.1", "out.2"]
+    assert outputs.loc["out.0", "shape"] == "(2, 6, 3, 3)"
+    np.testing.assert_allclose(outputs.loc["out.0", ["mean", "std", "min", "max"]].astype(float),
+                               [latent.mean(), latent.std(), latent.min(), latent.max()], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outputs.loc["out.2", ["mean", "std"]].astype(float),
+                               [value_prefix.mean(), value_prefix.std()], rtol=1e-5, atol=1e-6)
+    page.locator("#weights-inspect").evaluate("el => el.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(500)
+    _screenshot(page, "checkpoint_upload.png", full_page=False)
+    # Start: the run trains from these weights
+    page.locator("#run-steps input").fill("3")
+    page.locator("#run-store textarea, #run-store input").first.fill("from-lightzero")
+    page.locator("#run-start").click()
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    stored = load_run(runs_root / "from-lightzero")
+    assert stored.metadata["initial_weights"] == "efficientzero_ckpt.pth.tar"
+    assert stored.metadata["config"]["latent_channels"] == 6 and stored.steps == [1, 2, 3]
+
+
+@pytest.mark.browser
+def test_bad_uploads_are_refused_and_the_server_stays_up(page, tmp_path):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Experiments").click()
+    if not page.locator("#experiment-list").is_visible():  # (the form folds away once a run starts)
+        page.locator("#run-config").get_by_text("New run").click()
+    def upload(path):  # as a person does: clear the file shown (if any), then pick the next
+        if not page.locator("#run-weights input[type=file]").count():
+            page.locator("#run-weights button[aria-label='Clear']").click()
+        page.locator("#run-weights input[type=file]").set_input_files(str(path))
+
+    info, summary = page.locator("#weights-info"), page.locator("#weights-summary")
+    marker = tmp_path / "code-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "random.bin").write_bytes(np.random.default_rng(1).bytes(10 * 2**20))
+    torch.save({"conv.weight": torch.zeros(2), "x": Payload()}, tmp_path / "code.pt")
+    lightzero_file(tmp_path / "full.pt")
+    data = (tmp_path / "full.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 3])
+    for name, expected in [("random.bin", "'random.bin' is not a torch checkpoint"),
+                           ("code.pt", "refused unread (torch.load(weights_only=True)) and nothing in it ran"),
+                           ("truncated.pt", "'truncated.pt' is not a readable torch checkpoint: it is damaged or "
+                                            "truncated")]:
+        upload(tmp_path / name)
+        expect(info).to_contain_text("Refused:", timeout=60_000)
+        expect(info).to_contain_text(expected)
+        expect(summary).to_contain_text(expected)
+    assert not marker.exists()
+    # another architecture: inspected as a plain state_dict, refused by Start with the diff
+    torch.save(workbench.experiments.create("activation_mlp").model.state_dict(), tmp_path / "mlp.pt")
+    upload(tmp_path / "mlp.pt")
+    expect(summary).to_contain_text("a plain state_dict", timeout=30_000)
+    page.locator("#experiment-list").get_by_label("efficientzero_dynamics", exact=True).check()
+    page.wait_for_selector("#experiment-overview:has-text('efficientzero_dynamics')")
+    page.locator("#run-start").click()
+    message = page.locator("#start-message")
+    expect(message).to_contain_text("Could not start from these weights", timeout=30_000)
+    expect(message).to_contain_text("missing (")
+    expect(message).to_contain_text("unexpected (")
+    expect(page.locator("#run-status")).to_contain_text("No run on this page")
+    # the server is up: a good checkpoint is read after the bad ones
+    upload(tmp_path / "full.pt")
+    expect(summary).to_contain_text("LightZero EfficientZero dynamics network", timeout=30_000)

@@ -580,7 +580,7 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
                             every=_int(every, "every", 1, STEPS_MAX),
                             histograms=histograms, modules=patterns, **_record_switches(record))
     except CheckpointError as exc:
-        return None, f"**Could not start from these weights:** {exc}".replace("\n", "\n\n")
+        return None, f"**Could not start from these weights:** {_md(str(exc))}".replace("\n", "\n\n")
     except (ValueError, TypeError, OSError) as exc:
         return None, f"**Could not start:** {exc}"
     except Exception as exc:  # e.g. out of memory building the model: a message, not a bare "Error"
@@ -1098,6 +1098,19 @@ def intervention_panel(manager: RunManager, run_id: Any) -> tuple[list[str], pd.
 OUTPUT_COLUMNS = ["output", "shape", "mean", "std", "min", "max"]
 
 
+def outputs_html(outputs: pd.DataFrame) -> str:
+    """The outputs table of :func:`inspect_weights` as a small HTML table ('' when there are none)."""
+    if outputs.empty:
+        return ""
+    return ("<div class='wb-outputs'><p>outputs on the example inputs</p>"
+            + outputs.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.6g}", border=0) + "</div>")
+
+
+def _md(text: str) -> str:
+    """``text`` shown as is in Markdown (``dynamics_network.*`` is no emphasis)."""
+    return text.replace("*", "\\*")
+
+
 def _leaves(value: Any, name: str = "out") -> list[tuple[str, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         return [(name, value)]
@@ -1122,13 +1135,13 @@ def inspect_weights(path: Any, batch_size: int = 2) -> tuple[str, pd.DataFrame, 
     try:
         checkpoint = load_checkpoint(path)
     except (CheckpointError, ValueError, TypeError) as exc:
-        return f"**Refused:** {exc}", empty_tree, empty_out, None, {}
+        return f"**Refused:** {_md(str(exc))}", empty_tree, empty_out, None, {}
     experiment, settings = experiment_settings(checkpoint)
-    text = f"**{checkpoint.describe()}.**"
+    text = f"**{_md(checkpoint.describe())}.**"
     try:
         model, spec = build_model(checkpoint)
     except CheckpointError as exc:
-        return f"{text}\n\n{exc}", empty_tree, empty_out, experiment, settings
+        return f"{text}\n\n{_md(str(exc))}", empty_tree, empty_out, experiment, settings
     except Exception as exc:  # (a model that cannot be built from it, e.g. out of memory): a message
         return (f"{text}\n\n**Cannot build a model from it:** {type(exc).__name__}: {exc}", empty_tree, empty_out,
                 experiment, settings)
@@ -1358,6 +1371,10 @@ CSS = """
 .wb-anomaly h3 { color: #b91c1c; margin: 0; }
 .wb-section h4 { margin: 6px 0 0 0; }
 #run-status, #replay-header { min-height: 2em; }
+.wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
+.wb-outputs table { border-collapse: collapse; font-family: var(--font-mono); font-size: 13px; }
+.wb-outputs table, .wb-outputs th, .wb-outputs td { border: none; }
+.wb-outputs th, .wb-outputs td { padding: 4px 14px 4px 0; text-align: left; border-bottom: 1px solid var(--border-color-primary); }
 """
 
 
@@ -1401,12 +1418,9 @@ def layout(root: RunsRoot):
                 with gr.Accordion("The uploaded weights", open=True, visible=False,
                                   elem_id="weights-inspect") as c["weights_inspect"]:
                     c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
-                    with gr.Row(equal_height=False):
-                        c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
-                                                         max_height=300, elem_id="weights-tree", scale=3)
-                        c["weights_outputs"] = gr.Dataframe(pd.DataFrame(columns=OUTPUT_COLUMNS), interactive=False,
-                                                            label="outputs on the example inputs", max_height=300,
-                                                            elem_id="weights-outputs", scale=2)
+                    c["weights_outputs"] = gr.HTML(elem_id="weights-outputs")
+                    c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
+                                                     max_height=300, elem_id="weights-tree")
                 c["prefill"] = gr.State({})
                 c["status"] = gr.Markdown("_No run on this page: start one (New run), or attach to one below._",
                                           elem_id="run-status")
@@ -1604,12 +1618,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
 
-    def panel_updates(attached, state: dict) -> tuple:
-        """The intervention panel's updates, each sent only when it changed (``state`` remembers)."""
+    def panel_updates(attached, state: dict, site: Any = None) -> tuple:
+        """The intervention panel's updates, each sent only when it changed (``state`` remembers); the
+        site picked (``site``) stays picked while the run has it."""
         sites, table, on = intervention_panel(manager, attached)
         sent = state.setdefault("iv", {})
         rows = table.astype(str).values.tolist()
-        out = (gr.skip() if sent.get("sites") == sites else gr.Dropdown(choices=sites),
+        out = (gr.skip() if sent.get("sites") == sites else
+               gr.Dropdown(choices=sites, value=site if site in sites else None),
                gr.skip() if sent.get("table") == rows else table,
                gr.skip() if sent.get("on") == on else gr.Dropdown(choices=on, value=on[-1] if on else None))
         sent.update(sites=sites, table=rows, on=on)
@@ -1659,11 +1675,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_apply(attached, state, site, op, units, k, sigma, low, high):
         message = apply_intervention(manager, attached, site, op, units, k, sigma, low, high)
-        return message, *on_panel(attached, state)
+        state = {**(state or new_page_state()), "iv": {}}  # (everything sent, the site picked kept)
+        return message, state, *panel_updates(attached, state, site)
 
-    def on_remove(attached, state, chosen):
+    def on_remove(attached, state, chosen, site):
         message = remove_applied(manager, attached, chosen)
-        return message, *on_panel(attached, state)
+        state = {**(state or new_page_state()), "iv": {}}
+        return message, state, *panel_updates(attached, state, site)
 
     panel_outputs = [c["iv_message"], c["live_page"], *panel]
     c["iv_apply"].click(_guarded(on_apply, lambda text: (text, *_skips(4))),
@@ -1672,13 +1690,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden")
     c["iv_remove"].click(_guarded(on_remove, lambda text: (text, *_skips(4))),
-                         [c["live_state"], c["live_page"], c["iv_on"]], panel_outputs).then(
+                         [c["live_state"], c["live_page"], c["iv_on"], c["iv_site"]], panel_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden")
 
     # ------------------------------------------------------------ initial weights
     def on_weights(path, prefill):
         text, tree, outputs, experiment, settings = inspect_weights(path)
+        outputs = outputs_html(outputs)
         if not path:
             return "", gr.Accordion(visible=False), "", tree, outputs, gr.skip(), gr.skip()
         note = text.split("\n\n")[0] if not text.startswith("**Refused") else text
