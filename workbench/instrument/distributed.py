@@ -120,7 +120,8 @@ def tensor_sums(tensors: Sequence[torch.Tensor], bins: int | None = None) -> tup
         if x.is_complex():
             x = x.abs()
         if x.is_cpu and x.layout is torch.strided:
-            values = x.numpy() if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64).numpy()
+            values = x.numpy() if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32 if (
+                x.is_floating_point() or x.dtype == torch.bool) else torch.float64).numpy()
             _host_sums(values.reshape(-1), sums[i], hist[i] if bins else None)
         else:
             on_device.append((i, x))
@@ -135,21 +136,32 @@ def tensor_sums(tensors: Sequence[torch.Tensor], bins: int | None = None) -> tup
 
 
 def _host_sums(values: np.ndarray, out: np.ndarray, counts: np.ndarray | None) -> None:
+    """One host array's sums into ``out`` (and its histogram into ``counts``): float64 sums of the
+    values' own dtype, in one scratch array; no BLAS (``np.dot`` wakes BLAS's threads, which on a
+    busy machine cost a hundred times the sum)."""
     if values.size == 0:
         out[:] = _EMPTY
         return
-    x = values.astype(np.float64, copy=False)
-    shift = float(x[0]) if math.isfinite(x[0]) else 0.0
-    centred = x - shift
+    x = values
+    first = float(x[0])
+    shift = first if math.isfinite(first) else 0.0
     with np.errstate(invalid="ignore", over="ignore"):
-        out[:] = (centred.sum(), np.dot(centred, centred), np.abs(x).sum(), x.min(), x.max(),
-                  np.count_nonzero(x), np.count_nonzero(np.isnan(x)), np.count_nonzero(np.isinf(x)), shift)
-        if counts is not None:
-            lo, hi = out[MIN], out[MAX]
-            if math.isfinite(lo) and math.isfinite(hi):  # (a non-finite value: no bin is filled)
-                bins = len(counts)
-                scaled = (x - lo) * (bins / (hi - lo) if hi > lo else bins)
-                counts[:] = np.bincount(np.clip(scaled, 0, bins - 1).astype(np.int64), minlength=bins)
+        lo, hi = float(x.min()), float(x.max())  # (NaN propagates)
+        scratch = np.subtract(x, x.dtype.type(shift))
+        total = float(scratch.sum(dtype=np.float64))
+        np.square(scratch, out=scratch)
+        sum_sq = float(scratch.sum(dtype=np.float64))
+        np.abs(x, out=scratch)
+        abs_sum = float(scratch.sum(dtype=np.float64))
+        if math.isfinite(lo) and math.isfinite(hi):
+            nan = inf = 0  # (a NaN or an infinity would be the min or the max)
+        else:
+            nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+        out[:] = (total, sum_sq, abs_sum, lo, hi, np.count_nonzero(x), nan, inf, shift)
+        if counts is not None and math.isfinite(lo) and math.isfinite(hi):  # (else no bin is filled)
+            bins = len(counts)
+            scaled = (x.astype(np.float64) - lo) * (bins / (hi - lo) if hi > lo else bins)
+            counts[:] = np.bincount(np.clip(scaled, 0, bins - 1).astype(np.int64), minlength=bins)
 
 
 def _device_sums(x: torch.Tensor, bins: int | None) -> torch.Tensor:
