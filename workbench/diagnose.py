@@ -80,8 +80,8 @@ class Thresholds:
     """When a finding holds. Pass an instance, or keyword overrides, to :func:`diagnose`.
 
     Attributes:
-        persist: recorded steps in a row a persistent condition (dead units, saturation, update
-            ratios) must hold before it is a finding.
+        persist: recorded steps in a row a persistent condition (dead units, saturation, vanishing
+            or exploding gradients, update ratios) must hold before it is a finding.
         dead_zero_frac: an activation site whose outputs are exactly 0 for at least this fraction
             (and never negative: a ReLU-like output) has dead units.
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
@@ -670,7 +670,7 @@ class Diagnoser:
                            f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
                            f"{rms[-1]:.2g} at the last, {layout.names[idx[-1]]}, at step {step} (threshold "
-                           f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites")
+                           f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites", need=t.persist)
         # over steps: against the largest RMS of the run's first recorded steps (its gradients' scale)
         if len(self._grad_start) < t.persist:
             self._grad_start[step] = float(rms.max())
@@ -681,7 +681,8 @@ class Diagnoser:
             self._hold(step, "exploding_gradients", layout, int(idx[top]),
                        f"output-gradient RMS {rms[top]:.3g} at {layout.names[idx[top]]} at step {step}, "
                        f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
-                       f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps")
+                       f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps",
+                       need=t.persist)
 
     def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
         t = self.thresholds

@@ -207,8 +207,9 @@ def test_live_diagnoser_on_the_stream_equals_the_frame_form(tmp_path):
 
 def test_gradients_growing_over_steps_are_found_in_one_stored_block():
     # one site's output gradient grows 10x a step from step 4: the scale of the first 3 steps is 1
-    rows = pd.DataFrame([r for s in range(1, 9) for r in (
+    rows = pd.DataFrame([r for s in range(1, 11) for r in (
         row(s, "a", "activation"), row(s, "a", "grad_output", norm=np.sqrt(32) * (10.0 ** max(s - 3, 0))))])
     f = diagnose(rows)
-    assert f.finding.tolist() == ["exploding_gradients"] and (f.step[0], f.last_step[0]) == (7, 8)
-    assert "5.0 orders of magnitude above the largest of the first recorded steps (1;" in f.evidence[0]
+    assert f.finding.tolist() == ["exploding_gradients"] and (f.step[0], f.last_step[0]) == (7, 10)
+    assert "7.0 orders of magnitude above the largest of the first recorded steps (1;" in f.evidence[0]
+    assert diagnose(rows[rows.step <= 8]).empty  # 2 steps past 3 orders: not yet persistent
