@@ -1338,7 +1338,9 @@ def _intervention_components(c: dict) -> None:
     """The run page's intervention panel: a call site, an operation from the menu and its parameters."""
     import gradio as gr
 
-    with gr.Accordion("Intervene on this run", open=True, elem_id="intervene"):
+    # (folded: the run's figures come first on the page; a click opens it)
+    with gr.Accordion("Intervene on this run: zero units, scale, noise or clamp a call site's output", open=False,
+                      elem_id="intervene"):
         gr.Markdown("Change what a call site passes on, from the next step, and watch the metrics and the sites "
                     "downstream; remove it to see them recover. Applied between training steps.",
                     elem_classes=["wb-help"])
