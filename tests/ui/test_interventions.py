@@ -294,6 +294,8 @@ def test_intervene_on_a_live_run_in_the_browser(page):
 
     start_in_page(page, "activation_mlp", 100_000, lr="0.000001", batch_size="1024")
     expect(page.locator("#run-status")).to_contain_text("running")
+    page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
+    expect(page.locator("#iv-apply")).to_be_visible()
     deadline = time.monotonic() + 30
     while "layers.1" not in options(page, "iv-site"):  # the sites the run has recorded
         assert time.monotonic() < deadline, options(page, "iv-site")
@@ -319,9 +321,11 @@ def test_intervene_on_a_live_run_in_the_browser(page):
         bands = page.locator(f"#{figure} .js-plotly-plot").evaluate(
             "el => (el.layout.shapes || []).map(s => [s.x0, s.label && s.label.text])")
         assert [first - 0.5, "i1"] in bands, bands
+    page.set_viewport_size({"width": 1400, "height": 1700})  # (the panel, the metrics and the sites' figure)
     page.locator("#intervene").evaluate("el => el.scrollIntoView({block: 'start'})")
     page.wait_for_timeout(1500)
     _screenshot(page, "interventions.png", full_page=False)
+    page.set_viewport_size({"width": 1400, "height": 1000})
     page.locator("#iv-remove").click()
     expect(page.locator("#iv-message")).to_contain_text("i1 (scale x10 at layers.1) removed")
     removed = wait_table(page, "iv-table", lambda f: f.status.tolist() == ["removed"])
