@@ -66,6 +66,8 @@ def test_focus_names_the_site_as_the_views_do_and_marks_its_steps(broken):
     assert figure["layout"]["shapes"][0]["x0"] == 1 and figure["layout"]["shapes"][0]["x1"] == 3
     line = view.mark_steps({"data": [], "layout": {"shapes": [{"type": "rect"}]}}, 2, 2)["layout"]["shapes"]
     assert len(line) == 2 and line[1]["type"] == "line"
+    panels = view.mark_steps({"data": [], "layout": {"xaxis": {}, "xaxis2": {}}}, 1, 3)["layout"]["shapes"]
+    assert [(s["xref"], s["yref"]) for s in panels] == [("x", "y domain"), ("x2", "y2 domain")]
 
 
 def test_a_metric_finding_focuses_the_metric():
@@ -163,18 +165,23 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     wait_for(lambda: view.run_findings(run).diagnoser.flush() and not view.run_findings(run).frame().empty)
     note, table = view.page_findings(run, state)
     assert "error" in note and table.finding.iloc[0] == "nan_origin" and table.site.iloc[0] == "layers.1"
-    assert table.steps.iloc[0] == "3–5"
+    assert table.steps.iloc[0] == "3–5" and table.evidence.iloc[0].startswith("46 Inf of 128 values in the output")
+    assert len(table.evidence.iloc[0]) < len(view.run_findings(run).frame().evidence.iloc[0])
     assert all(isinstance(u, type(gr.skip())) for u in view.page_findings(run, state))  # nothing new: nothing sent
     expected = diagnose(run.watch.to_pandas(), run.watch.metrics())
     pd.testing.assert_frame_equal(view.run_findings(run).frame(), expected)
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
     assert len(values) == len(live.CONTROLS)
-    state, *updates = view.focus_page(run, run.id, "header", state, values, 0)
+    state, *updates, note, statistic = view.focus_page(run, run.id, "header", state, values, 0)
+    assert statistic == "nan_count"  # (the page's statistic picker is set to it)
     out = dict(zip(live.VIEW_OUTPUTS, updates))
+    assert "**nan_origin** at `layers.1`, step 3–5" in note and "*What to try:*" in note
+    assert note == view.page_findings(run, {**state, "findings": {}})[0]  # the tick keeps it in the note
     assert out["kind"] == "activation" and out["heat_kind"] == "activation"
     assert out["sites"].value == ["layers.1"] and not state["auto_sites"]
     series = json.loads(out["series"].plot)
+    assert series["layout"]["title"]["text"].startswith("activation: nan_count")
     assert [t["name"] for t in series["data"] if t.get("mode") == "lines"] == ["layers.1"]
     assert series["layout"]["shapes"][-1]["x0"] == 3 and series["layout"]["shapes"][-1]["x1"] == 5
     # the next tick sends nothing new (the focus stays drawn until new steps arrive)

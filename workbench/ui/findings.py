@@ -35,9 +35,23 @@ def _steps(row: Any) -> str:
     return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
 
 
+def short_evidence(text: str) -> str:
+    """The evidence's lead (what was measured, where, when), without its parentheses and details."""
+    cut = min((i for i in (text.find(" ("), text.find("; "), text.find(": "), text.find(", the first in"))
+               if i > 0), default=len(text))
+    return text[:cut].rstrip(".") + ("…" if cut < len(text) else "")
+
+
+def finding_detail(row: Any) -> str:
+    """One finding in Markdown: what, where, since when, the whole evidence and the hint."""
+    return (f"{_ICON[row.severity]} **{row.finding}** at `{row.site}`, step {_steps(row)}: {row.evidence}\n\n"
+            f"*What to try:* {row.hint}")
+
+
 def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
     """The list as a table (:data:`TABLE_COLUMNS`): a severity mark and word, the steps it held
-    (``first–last``), the site, the finding and its evidence; at most ``limit`` rows."""
+    (``first–last``), the site, the finding and the lead of its evidence (:func:`short_evidence`;
+    :func:`finding_detail` has all of it); at most ``limit`` rows."""
     _check(findings)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int (rows shown), got {limit!r}.")
@@ -49,7 +63,7 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
         "steps": [_steps(r) for r in shown.itertuples()],
         "site": shown.site.to_list(),
         "finding": shown.finding.to_list(),
-        "evidence": shown.evidence.to_list(),
+        "evidence": [short_evidence(e) for e in shown.evidence],
     }, columns=TABLE_COLUMNS)
 
 
@@ -139,12 +153,16 @@ def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "
     """``figure`` (a Plotly spec over steps) with the steps a finding held shaded (a line for one step)."""
     layout = dict(figure.get("layout", {}))
     shapes = list(layout.get("shapes", []))
-    if step == last_step:
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
-                       "line": {"color": color, "width": 2, "dash": "dot"}})
-    else:
-        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step, "x1": last_step, "y0": 0, "y1": 1,
-                       "fillcolor": color, "opacity": 0.12, "line": {"width": 0}, "layer": "below"})
+    # every panel of the figure (a metrics figure has one x axis per metric: xaxis, xaxis2 ...)
+    axes = sorted((key for key in layout if key.startswith("xaxis")), key=lambda k: int(k[5:] or 1)) or ["xaxis"]
+    for axis in axes:
+        xref, yref = "x" + axis[5:], "y" + axis[5:] + " domain"
+        if step == last_step:
+            shapes.append({"type": "line", "xref": xref, "yref": yref, "x0": step, "x1": step, "y0": 0, "y1": 1,
+                           "line": {"color": color, "width": 2, "dash": "dot"}})
+        else:
+            shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": step, "x1": last_step, "y0": 0, "y1": 1,
+                           "fillcolor": color, "opacity": 0.12, "line": {"width": 0}, "layer": "below"})
     layout["shapes"] = shapes
     return {**figure, "layout": layout}
 
@@ -233,15 +251,7 @@ def page_findings(run: Any, state: dict) -> tuple:
     has it already (``state`` remembers what was sent)."""
     import gradio as gr
 
-    found = run_findings(run)
-    if found is None:
-        note, table = "", pd.DataFrame(columns=TABLE_COLUMNS)
-    else:
-        frame = found.frame()
-        note = findings_summary(frame, running=bool(getattr(run, "running", False)))
-        if found.error:
-            note += f" Diagnosing failed: `{found.error}`."
-        table = findings_table(frame)
+    note, table = _page_note(run, state)
     sent = state.setdefault("findings", {})
     rows = table.values.tolist()
     out = (gr.skip() if sent.get("note") == note else note, gr.skip() if sent.get("rows") == rows else table)
@@ -249,31 +259,79 @@ def page_findings(run: Any, state: dict) -> tuple:
     return out
 
 
+def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
+    """The note above the page's list (the summary, and the finding picked last in full) and the list."""
+    found = run_findings(run)
+    if found is None:
+        return "", pd.DataFrame(columns=TABLE_COLUMNS)
+    frame = found.frame()
+    note = findings_summary(frame, running=bool(getattr(run, "running", False)))
+    if found.error:
+        note += f" Diagnosing failed: `{found.error}`."
+    picked = state.get("findings_pick")
+    if picked is not None and len(frame):
+        match = frame[(frame.finding == picked[0]) & (frame.site == picked[1])]
+        if len(match):
+            note += "\n\n" + finding_detail(match.iloc[0])
+    return note, findings_table(frame)
+
+
 def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: Any, index: int,
                interventions: pd.DataFrame | None = None) -> tuple:
     """The run page's views focused on its ``index``-th finding, as the page's redraw returns them
-    (``(page state, *updates of VIEW_OUTPUTS)``): the finding's kind and site (alone) in the
-    statistic per site, the distributions and the heatmap, or its metric alone; the steps it held
-    shaded in those figures."""
+    (``(page state, *updates of VIEW_OUTPUTS)``), then the note above the list with the finding in
+    full, then the statistic picker: its kind and site (alone) in the statistic it is seen in per
+    site, the distributions and the heatmap, or its metric alone; the steps it held shaded."""
+    import gradio as gr
+
     from workbench.ui import live
 
     state = dict(state or live.new_page_state())
     found = run_findings(run)
     if found is None:
-        return live.redraw(None, header, run_id, state, values)
+        return *live.redraw(None, header, run_id, state, values), "", gr.skip()
     frame = found.frame()
     target = focus(frame, int(index), run.view)
+    state["findings_pick"] = (str(frame.finding.iloc[index]), str(frame.site.iloc[index]))
+    note, _ = _page_note(run, state)
+    state.setdefault("findings", {})["note"] = note
     controls = live.page_controls(state, values)
     if target.metric is not None:
         controls = replace(controls, metrics=[target.metric])
         state["auto_metrics"] = False
     else:
-        controls = replace(controls, kind=target.kind, sites=[target.site], dist_site=target.site,
-                           heat_kind=target.kind)
+        controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=[target.site],
+                           dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
     page = live.draw_page(run.view, controls, header=header, interventions=interventions)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
     state["version"] = (run_id, run.view.steps_fed, run.view.status, run.view.dropped)
-    return state, *live.page_outputs(page, state, controls, revision=run_id)
+    return state, *live.page_outputs(page, state, controls, revision=run_id), note, controls.statistic
+
+
+def select_handler(manager: Any) -> Any:
+    """The run page's handler of a click on its findings list: ``(live run id, page state,
+    *controls, event) -> focus_page(...)``, with the signature Gradio reads to pass the event."""
+    import inspect
+
+    import gradio as gr
+
+    from workbench.ui import live
+
+    def on_finding(attached, state, *rest):
+        *values, event = rest  # (Gradio passes the event after the inputs)
+        run = manager.get(attached) if attached else None
+        if run is None:
+            return *live.redraw(None, "_No run on this page: start one (New run), or attach to one below._",
+                                attached, state, values), "", gr.skip()
+        return focus_page(run, attached, live._live_header(run), state, values, event.index[0],
+                          run.intervention_frame())
+
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    on_finding.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, positional) for name in ("attached", "state", *live.CONTROLS)]
+        + [inspect.Parameter("event", positional, annotation=gr.SelectData)])
+    on_finding.__annotations__ = {"event": gr.SelectData}  # (a real class: Gradio passes the event by it)
+    return on_finding
