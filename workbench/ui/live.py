@@ -1438,7 +1438,8 @@ def layout(root: RunsRoot):
                 # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
                 c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
                 c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
-                                             max_height=200, show_label=False, wrap=True, elem_id="live-findings")
+                                             max_height=200, show_label=False, wrap=True, elem_id="live-findings",
+                                             column_widths=["11%", "8%", "13%", "16%", "52%"])
                 _intervention_components(c)
                 _view_components(c, "live")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
@@ -1650,15 +1651,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                                   c["findings_note"], c["findings"]],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
 
-    def on_finding(attached, state, *values, evt: gr.SelectData):
-        run = manager.get(attached) if attached else None
-        header = _live_header(run) if run is not None else find_live(attached)[1]
-        return findings_view.focus_page(run, attached, header, state, values, evt.index[0],
-                                        run.intervention_frame() if run is not None else None)
-
-    on_finding.__annotations__["evt"] = gr.SelectData  # (a real class: Gradio passes the event by it)
-    c["findings"].select(_guarded(on_finding, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
-                         live_inputs, live_outputs, show_progress="hidden")
+    c["findings"].select(_guarded(findings_view.select_handler(manager), lambda text: (gr.skip(), text,
+                                                                                      *_skips(n_views + 1))),
+                         live_inputs, [*live_outputs, c["findings_note"], c["live_stat"]], show_progress="hidden")
 
     def on_panel(attached, state):
         state = dict(state or new_page_state())
