@@ -119,7 +119,7 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     run, message = live.start_run(manager, "efficientzero_dynamics", {"batch_size": 4, "unroll_steps": 2}, 0,
                                   100_000, 1, False, "*", "")
     assert run is not None, message
-    wait_for_step(run, 2)
+    wait_for_view(run, 2)
     sites = live.intervention_sites(run.view)
     assert "activation" in sites and "activation#0" in sites  # the shared ReLU: every call, or one
     assert "Cannot" not in live.apply_intervention(manager, run.id, "activation#1", "noise", sigma=0.5)
