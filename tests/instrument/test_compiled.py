@@ -1,0 +1,269 @@
+"""watch_compiled: a torch.compile'd model recorded with its statistics inside the compiled graphs.
+
+References: the eager watch on the same (uncompiled) model, trained from the same seed, for the
+rows; the unwatched compiled model for the outputs, the gradients (bitwise) and the number of
+compiled graphs (dynamo's own counter). Models are tiny: compiling on 2 cores is what costs.
+"""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+
+import workbench
+from workbench.instrument.compiled import watch_compiled
+
+with warnings.catch_warnings():  # inductor's import runs torch.jit code that warns of its own deprecation
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torch._inductor.compile_fx  # noqa: F401
+
+# Warnings torch raises into its own tracing (dynamo makes them errors there, and pytest makes every
+# warning one): it instantiates the probe's autograd.Function, and reads .grad of the dynamics
+# network's non-leaf inputs while checking them - also without a watch
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:<class 'torch.autograd.function.Function'> should not be "
+                               "instantiated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning"),
+]
+
+KEY = ["step", "module", "call", "kind", "tensor", "shape"]
+STATS = ["mean", "std", "min", "max", "abs_mean", "norm"]
+
+
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def mlp_experiment():
+    return workbench.experiments.create("activation_mlp", seed=0, activation="gelu", depth=2, width=8, batch_size=8)
+
+
+def dynamics_experiment():
+    return workbench.experiments.create("efficientzero_dynamics", seed=0, batch_size=4, latent_channels=4, actions=2,
+                                        spatial=3, lstm_hidden_size=8, support_size=5, fc_reward_layers=[4],
+                                        unroll_steps=2)
+
+
+def ilql_experiment():
+    return workbench.experiments.create("ilql", seed=0, batch_size=4, n_layer=1, n_embd=16, n_head=2, eval_every=0)
+
+
+def train(exp, w, steps):
+    metrics = []
+    for _ in range(steps):
+        metrics.append(exp.step())
+        if w is not None:
+            w.step()
+    return metrics
+
+
+def compile_in(exp, in_place):
+    if in_place:
+        exp.model.compile()
+    else:
+        exp.model = torch.compile(exp.model)
+    return exp.model
+
+
+def three_runs(make, steps=2, in_place=False, **options):
+    """(eager watch rows, unwatched compiled: metrics, params, graphs, watched compiled: the same + watch)."""
+    eager = make()
+    with workbench.watch(eager.model, **options) as w:
+        train(eager, w, steps)
+    reference = w.to_pandas()
+    fresh_dynamo()
+    bare = make()
+    compile_in(bare, in_place)
+    bare_metrics = train(bare, None, steps)
+    bare_graphs = graphs()
+    fresh_dynamo()
+    watched = make()
+    wc = watch_compiled(compile_in(watched, in_place), **options)
+    watched_metrics = train(watched, wc, steps)
+    watched_graphs = graphs()
+    # outputs and gradients bitwise: the same losses, and parameters after the optimizer's steps
+    assert watched_metrics == bare_metrics
+    bare_model = getattr(bare.model, "_orig_mod", bare.model)
+    watched_model = getattr(watched.model, "_orig_mod", watched.model)
+    for (name, p), q in zip(bare_model.named_parameters(), watched_model.parameters()):
+        assert torch.equal(p, q), name
+    assert watched_graphs == bare_graphs
+    assert wc.errors == []
+    return reference, wc
+
+
+def compare(reference: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of both, merged on the key; asserts the statistics agree to float tolerance (the
+    compiled model computes in another order than the eager one)."""
+    merged = reference.merge(rows, on=KEY, how="outer", suffixes=("_e", "_c"), indicator=True)
+    both = merged[merged._merge == "both"]
+    assert len(both) > 0
+    scale = both[["abs_mean_e", "abs_mean_c"]].max(axis=1).to_numpy() + 1e-6
+    for column in STATS:
+        e, c = both[column + "_e"].to_numpy(), both[column + "_c"].to_numpy()
+        finite = np.isfinite(e)
+        assert (np.isfinite(c) == finite).all(), column
+        np.testing.assert_allclose(e[finite] / scale[finite], c[finite] / scale[finite], rtol=0, atol=2e-3,
+                                   err_msg=column)
+    assert (both.numel_e == both.numel_c).all()
+    assert (both.nan_count_e == both.nan_count_c).all() and (both.inf_count_e == both.inf_count_c).all()
+    return merged
+
+
+def test_mlp_rows_equal_the_eager_watch_in_as_many_graphs():
+    reference, wc = three_runs(mlp_experiment, steps=2, histograms=True, bins=8)
+    rows = wc.to_pandas()
+    merged = compare(reference, rows)
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    assert set(rows.kind) == {"activation", "grad_output", "param", "param_grad"}
+    assert set(rows.step) == {1, 2}
+    hist = wc.histograms()  # every value of every tensor in a bin
+    assert len(hist) == len(rows) and all(np.sum(h) == n for h, n in zip(hist.counts, rows.numel))
+    wc.close()
+
+
+def test_mlp_histograms_match_the_eager_watch():
+    eager = mlp_experiment()
+    with workbench.watch(eager.model, histograms=True, bins=8) as w:
+        train(eager, w, 1)
+    fresh_dynamo()
+    exp = mlp_experiment()
+    with watch_compiled(compile_in(exp, False), histograms=True, bins=8) as wc:
+        train(exp, wc, 1)
+    key = ["module", "call", "kind", "tensor"]
+    merged = w.histograms().merge(wc.histograms(), on=key, suffixes=("_e", "_c"))
+    assert len(merged) == len(w.histograms())
+    for e, c in zip(merged.counts_e, merged.counts_c):
+        assert np.abs(np.asarray(e) - np.asarray(c)).sum() <= 2  # a value or two on an edge may change bin
+
+
+def test_every_n_two_variants_and_no_recompile_after():
+    fresh_dynamo()
+    exp = mlp_experiment()
+    model = compile_in(exp, False)
+    wc = watch_compiled(model, every=2)
+    train(exp, wc, 2)  # a recorded and an unrecorded step: the two variants
+    after_two = graphs()
+    calls = counters["stats"]["calls_captured"]
+    train(exp, wc, 4)
+    assert graphs() == after_two == 2
+    assert counters["stats"]["calls_captured"] == calls  # nothing traced again
+    assert set(wc.to_pandas().step) == {1, 3, 5}
+    wc.close()
+    # closed: the model is as before (our hooks gone; its own graph again)
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert "forward" in model.__dict__ and model.forward.__name__ != "call"
+
+
+def test_dynamics_network_rows_and_graphs():
+    with warnings.catch_warnings():
+        # its LSTM is a graph break of dynamo's (compiled or not, watched or not): said once
+        warnings.filterwarnings("ignore", message=".*ran outside dynamo's graphs", category=RuntimeWarning)
+        reference, wc = three_runs(dynamics_experiment, steps=2)
+    rows = wc.to_pandas()
+    merged = compare(reference, rows)
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    # the LSTM, where dynamo breaks the graph, is recorded in the break, the rest inside the graphs
+    assert len(rows[rows.module == "lstm"]) and len(rows[rows.module == "resblocks.0.conv1.0"])
+    wc.close()
+
+
+def test_ilql_compiled_in_place_rows_and_graphs():
+    reference, wc = three_runs(ilql_experiment, steps=1, in_place=True)
+    rows = wc.to_pandas()
+    merged = compare(reference, rows)
+    missing = merged[merged._merge == "left_only"]
+    # The one difference: an output tensor the model uses before returning it and the caller then
+    # drops (the actor's hidden states; the agent's "hidden_states", which the loss does not read).
+    # The eager watch hooks the tensor's own node and sees the gradient of its uses inside the
+    # model; here a returned output's gradient is that of the uses after the return: none.
+    assert set(zip(missing.module, missing.tensor, missing.kind)) == {
+        ("actor", "out.0", "grad_output"), ("", "out.hidden_states", "grad_output")}
+    assert (merged._merge != "right_only").all()
+    wc.close()
+
+
+class Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.act = nn.Tanh()
+
+    @torch.compiler.disable
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_a_model_dynamo_does_not_compile_falls_back_to_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = Untraceable()
+    x = torch.randn(5, 4)
+    eager = workbench.watch(model)
+    model(x).sum().backward()
+    eager.step()
+    eager.close()
+    model.zero_grad()
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    with pytest.warns(RuntimeWarning, match="no module call of the model ran inside a compiled graph"):
+        compiled(x).sum().backward()
+        wc.step()
+    assert wc.fallback is not None and "eager fallback" in repr(wc)
+    compiled(x).sum().backward()
+    wc.step()
+    rows = wc.to_pandas()
+    assert set(rows.step) == {1, 2}
+    first = rows[rows.step == 1].drop(columns="step").reset_index(drop=True)
+    second = rows[rows.step == 2].drop(columns="step").reset_index(drop=True)
+    assert sorted(map(tuple, first[KEY[1:]].values)) == sorted(map(tuple, second[KEY[1:]].values))
+    compare(eager.to_pandas(), rows[rows.step == 1])
+    wc.close()
+
+
+def test_patch_and_ablate_run_inside_the_graph():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    x = torch.randn(3, 4)
+    expected = model[2](torch.relu(model[0](x)).index_fill(1, torch.tensor([1, 4]), 0))
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    compiled(x)
+    wc.step()
+    intervention = wc.ablate("1", [1, 4])
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-6, atol=1e-6)
+    wc.step()
+    rows = wc.to_pandas()
+    ablated = rows[(rows.step == 2) & (rows.module == "1") & (rows.kind == "activation")]
+    assert ablated.zero_frac.iloc[0] >= 2 / 6
+    intervention.remove()
+    torch.testing.assert_close(compiled(x), model(x))
+    with pytest.raises(ValueError, match="call=1.*every call"):
+        wc.patch("1", lambda out: out, call=1)
+    with pytest.raises(ValueError, match="No module at path 'nope'"):
+        wc.patch("nope", lambda out: out)
+    with pytest.raises(ValueError, match="units \\[9\\] are out of range"):
+        wc.ablate("1", 9)
+    wc.close()
+
+
+def test_bad_input_is_refused_with_how_to_fix():
+    with pytest.raises(TypeError, match="uncompiled Linear.*workbench.watch"):
+        watch_compiled(nn.Linear(2, 2))
+    compiled = torch.compile(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="every must be an int >= 1, got 0"):
+        watch_compiled(compiled, every=0)
+    with pytest.raises(ValueError, match="selects no module"):
+        watch_compiled(compiled, modules="nothing*")
+    assert not torch.nn.modules.module._global_forward_hooks  # nothing left in after a refusal
