@@ -292,7 +292,7 @@ def test_intervene_on_a_live_run_in_the_browser(page):
 
     from tests.ui.test_browser import _screenshot, choose, lines, options, start as start_in_page, traces
 
-    start_in_page(page, "activation_mlp", 100_000, lr="0.000001", batch_size="1024")
+    start_in_page(page, "activation_mlp", 100_000, store="intervened", lr="0.000001", batch_size="1024")
     expect(page.locator("#run-status")).to_contain_text("running")
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
     expect(page.locator("#iv-apply")).to_be_visible()
@@ -335,6 +335,16 @@ def test_intervene_on_a_live_run_in_the_browser(page):
     assert 0.8 < after / before < 1.25, (before, after)
     page.locator("#run-stop").click()
     expect(page.locator("#run-status")).to_contain_text("stopped")
+    # the stored run: its replay names the intervention and bands its steps
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-refresh").click()
+    page.locator("#run-path input").click()
+    page.get_by_role("option", name="intervened", exact=True).click()
+    expect(page.locator("#replay-header")).to_contain_text(f"Interventions: i1 scale x10 at layers.1, steps "
+                                                           f"{first}-{end}", timeout=30_000)
+    bands = page.locator("#replay-series .js-plotly-plot").evaluate(
+        "el => (el.layout.shapes || []).map(s => [s.x0, s.x1])")
+    assert bands == [[first - 0.5, end + 0.5]]
 
 
 @pytest.mark.browser

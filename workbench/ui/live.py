@@ -1747,7 +1747,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         view, run, message = cache.get(name)
         if view is None:
             return None, message
-        return view, figures.header_markdown(view), stored_interventions(run)
+        interventions = stored_interventions(run)
+        header = figures.header_markdown(view)
+        if len(interventions):  # (their bands are over the figures)
+            header += "\n\nInterventions: " + "; ".join(
+                f"{row.id} **{row.intervention}** at `{row.site}`, steps {row['from step']}-{row['to step']}"
+                for _, row in interventions.iterrows())
+        return view, header, interventions
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
     redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *_skips(n_views - 1)))
