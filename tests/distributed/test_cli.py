@@ -26,21 +26,27 @@ def test_torchrun_two_ranks_writes_one_run(tmp_path):
     store = tmp_path / "runs" / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "workbench.experiments", "run", "activation_mlp", "--steps", "4", "--store", str(store),
-               "--config", "width=8", "--config", "batch_size=16"]
+               "--config", "width=8", "--config", "batch_size=16", "--per-rank"]
     done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 steps on 2 ranks" in done.stdout
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp"]
+    # one run, and (--per-rank) each rank's own rows beside it, all written by rank 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp", "ddp-rank0", "ddp-rank1"]
     run = workbench.load_run(store)
     assert run.status == "finished" and run.steps == [1, 2, 3, 4]
     assert run.metadata["experiment"] == "activation_mlp" and run.metadata["distributed"]["world_size"] == 2
     rows = run.to_pandas()
     # the global batch: 2 ranks x 16 points through the first hidden layer's 8 units
-    first = rows[(rows.kind == "activation") & (rows.module == "layers.0")] if "layers.0" in set(rows.module) else \
-        rows[rows.kind == "activation"].groupby("step").head(1)
-    assert (first.numel == 2 * 16 * 8).all(), first[["module", "shape", "numel"]]
+    first = rows[(rows.kind == "activation") & (rows.module == "layers.0")]
+    assert len(first) == 4 and (first.numel == 2 * 16 * 8).all(), first[["module", "shape", "numel"]]
     assert set(rows.kind) == {"activation", "grad_output", "param", "param_grad"}
     assert not any(m.startswith("module") for m in rows.module)
+    for rank in (0, 1):
+        own = workbench.load_run(tmp_path / "runs" / f"ddp-rank{rank}")
+        assert own.status == "finished" and own.metadata["rank"] == rank and own.steps == [1, 2, 3, 4]
+        acts = own.to_pandas()
+        acts = acts[(acts.kind == "activation") & (acts.module == "layers.0")]
+        assert len(acts) == 4 and (acts.numel == 16 * 8).all()  # its own 16 points
 
 
 def test_one_process_run(tmp_path, capsys):

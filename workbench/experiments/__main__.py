@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import os
 import sys
+import traceback
 from typing import Any
 
 __all__ = ["main", "parse_config", "data_parallel"]
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--every", type=int, default=1, help="record every Nth step (default 1)")
     run.add_argument("--histograms", action="store_true", help="record histograms too")
     run.add_argument("--per-rank", action="store_true",
-                     help="under torchrun, rank 0 also keeps each rank's own rows in memory")
+                     help="under torchrun, rank 0 also writes each rank's own rows into STORE-rank<r>")
     run.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                      help="a config field of the experiment (repeat for several), e.g. --config width=64")
     run.add_argument("--backend", default=None, help="torch.distributed backend (default gloo on CPU, nccl on CUDA)")
@@ -111,6 +112,21 @@ def data_parallel(model, **options: Any):
     return DataParallel(model, **options)
 
 
+def _rank_stores(w: Any, store: str, metadata: dict[str, Any]) -> list:
+    """On rank 0 with ``--per-rank``: each rank's own rows written by rank 0 into ``<store>-rank<r>``
+    (run directories beside the run, which the app lists and opens like any other)."""
+    from workbench.instrument import RunStore
+
+    stores = []
+    for r, recorder in enumerate(w.recorder.ranks):
+        rank_store = RunStore(f"{store}-rank{r}", {**metadata, "rank": r, "run": str(store),
+                                                   "rows": f"rank {r}'s own rows (its shard, unscaled)"},
+                              on_error=lambda message: print(f"warning: {message}", file=sys.stderr))
+        rank_store.attach(recorder)
+        stores.append(rank_store)
+    return stores
+
+
 def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experiments: Any) -> int:
     import torch
     import torch.distributed as dist
@@ -138,8 +154,18 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
         exp.watcher = w  # exp.step() ends the watch's step with the step's metrics
         if getattr(w, "store", None) is not None:  # (rank 0) the app shows progress and time left from it
             w.store.set_meta(total_steps=exp.step_count + args.steps)
-        with w:
-            history = exp.run(args.steps, progress=None if rank == 0 else False)
+        rank_stores = _rank_stores(w, args.store, metadata) if args.per_rank and args.store and rank == 0 else []
+        status, error = "failed", None
+        try:
+            with w:
+                history = exp.run(args.steps, progress=None if rank == 0 else False)
+            status = "finished"
+        except BaseException as exc:
+            error = "".join(traceback.format_exception(exc))
+            raise
+        finally:
+            for store in rank_stores:
+                store.close(status, error)
         if rank == 0:
             last = history[-1] if history else {}
             print(f"{args.name}: {len(history)} steps on {dist.get_world_size()} ranks"
