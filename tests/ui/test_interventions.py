@@ -207,10 +207,15 @@ def test_a_run_trains_from_uploaded_weights(manager, tmp_path):
     run, message = live.start_run(manager, "efficientzero_dynamics", {"batch_size": 4}, 0, 2, 1, False, "*", "fromck",
                                   weights=str(tmp_path / "ez.pt"))
     assert run is not None, message
-    assert torch.equal(run.experiment.model.conv.weight.detach(), state["conv.weight"])  # (before its first step)
     run.join(60)
     assert run.outcome == "finished" and run.weights == "ez.pt"
     assert load_run(run.watch.store.path).metadata["initial_weights"] == "ez.pt"
+    unstarted = live.LiveRun("efficientzero_dynamics", {"batch_size": 4}, 0, 1, weights=str(tmp_path / "ez.pt"))
+    try:  # (made, not started: no step has moved its weights)
+        for key, value in state.items():
+            assert torch.equal(unstarted.experiment.model.state_dict()[key], value), key
+    finally:
+        unstarted.watch.close()
 
 
 def test_weights_of_another_shape_are_refused_with_the_diff_and_the_settings_that_fit(manager, tmp_path):
@@ -251,6 +256,29 @@ def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, t
     wrong, message = live.start_run(manager, "efficientzero_dynamics", {}, 0, 1, 1, False, "*", "",
                                     weights=str(tmp_path / "mlp.pt"))
     assert wrong is None and "missing (" in message and "unexpected (" in message
+
+
+def test_an_agilerl_layout_ilql_checkpoint_is_inspected_and_trained_from(manager, tmp_path):
+    agent = workbench.create_model("ilql", n_layer=1, n_embd=32, n_head=2)
+    agent.save_checkpoint(tmp_path / "agent.pt")
+    text, tree, outputs, experiment, settings = live.inspect_weights(str(tmp_path / "agent.pt"))
+    assert "AgileRL-layout ILQL agent" in text and "ILQL.save_checkpoint's dict" in text
+    assert (experiment, settings) == ("ilql", {"n_layer": 1, "n_embd": 32, "n_head": 2})
+    assert {"out.vs", "out.logits"} <= set(outputs.output) and "model.h.0.attn" in tree.module.tolist()
+    run, message = live.start_run(manager, "ilql", {**settings, "eval_every": 0, "dataset_size": 64,
+                                                    "batch_size": 8}, 0, 1, 1, False, "*", "",
+                                  weights=str(tmp_path / "agent.pt"))
+    assert run is not None, message
+    run.join(60)
+    assert run.outcome == "finished", run.error
+    # the model a run starts from has the checkpoint's weights (a run made, not started: no step moves them)
+    unstarted = live.LiveRun("ilql", {**settings, "eval_every": 0, "dataset_size": 64}, 0, 1,
+                             weights=str(tmp_path / "agent.pt"))
+    try:
+        for key, value in agent.state_dict().items():
+            assert torch.equal(unstarted.experiment.model.state_dict()[key], value), key
+    finally:
+        unstarted.watch.close()
 
 
 # ---------------------------------------------------------------- in the browser (chromium)
