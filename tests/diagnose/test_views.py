@@ -114,7 +114,8 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     assert (dash.kind.value, dash.statistic.value, dash.sites.value) == ("activation", "zero_frac", ("layers.1",))
     shapes = dash.figure("sites")["layout"]["shapes"]
     assert shapes[-1]["x0"] == 1 and shapes[-1]["x1"] >= 3
-    assert "Hint:" in dash.findings_detail.value and "layers.1" in dash.findings_detail.value
+    assert "What to try:" in dash.findings_detail.value and "layers.1" in dash.findings_detail.value
+    assert dash.figure("metrics")["layout"]["shapes"][-1]["x0"] == 1  # the metrics over the same steps
     # the same through the API; the list shown is the diagnosis of the rows
     target = dash.focus_finding(0)
     assert (target.site, target.step) == ("layers.3", 5)
@@ -189,3 +190,34 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     assert len(skipped) == len(live.VIEW_OUTPUTS) and all(isinstance(u, type(gr.skip())) for u in skipped)
     with pytest.raises(IndexError, match="No finding number 7"):
         view.focus_page(run, run.id, "header", state, values, 7)
+
+
+def test_the_dashboards_pick_stays_while_its_finding_goes_on():
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 2)
+    y = (x[:, 0] > 0).long()
+    w = workbench.watch(model)
+    dash = Dashboard(w, interval=0.05)
+
+    def steps(n):
+        for _ in range(n):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+        w.recorder.flush()
+        dash.refresh()
+
+    steps(4)
+    dead = next(i for i, o in enumerate(dash.findings_list.options) if "dead_units" in o)
+    dash.findings_list.index = dead
+    assert "step 1–4" in dash.findings_list.value
+    steps(2)  # its label changes (the steps it held grew): still the one picked, its detail shown
+    assert dash.findings_list.value.startswith("⚠️ dead_units at layers.1, step 1–6")
+    assert "dead_units" in dash.findings_detail.value and "step 1–6" in dash.findings_detail.value
+    w.close()
+    dash.close()

@@ -84,6 +84,15 @@ def option_label(row: Any) -> str:
     return f"{_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}"
 
 
+def finding_html(row: Any) -> str:
+    """One finding in HTML (the notebook's detail of the pick): what, where, since when, the
+    whole evidence and the hint."""
+    return (f"<div style='margin:.2em 0'><b style='color:{_COLOR[row.severity]}'>{_ICON[row.severity]} "
+            f"{html.escape(row.finding)}</b> at <code>{html.escape(str(row.site))}</code>, step {_steps(row)}: "
+            f"{html.escape(row.evidence)}<br><span style='color:#555'><i>What to try:</i> "
+            f"{html.escape(row.hint)}</span></div>")
+
+
 def findings_html(findings: pd.DataFrame, limit: int = 50) -> str:
     """The list as HTML (the notebook's): each finding's severity, steps, site, evidence and hint."""
     _check(findings)

@@ -248,10 +248,11 @@ class Dashboard:
         else:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
                             f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
-        if self.watch is not None:  # (fed on a subscriber's thread from the watch's first recorded step)
-            self.diagnoses = RunFindings(self.watch)
+        if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
+            self.diagnoses = RunFindings()
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
+        self._picked_finding = None  # (finding, site) of the pick
         self._findings = None  # the findings frame the list shows
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
@@ -328,6 +329,7 @@ class Dashboard:
             records = tuple(r for r in update.records if r.step > cut)
             if records or update.dropped:
                 self.view.feed(type(update)(records, update.dropped))
+                self.diagnoses.diagnoser.feed(records)  # (only queued: taken in by the next draw)
 
         with lock:
             if not watch.closed:
@@ -335,6 +337,7 @@ class Dashboard:
             earlier = watch.recorder.records()  # (what the stream delivered before we subscribed)
             if earlier:
                 self.view.feed(earlier)
+                self.diagnoses.diagnoser.feed(earlier)
                 seen["last"] = earlier[-1].step
 
     def _ended(self) -> bool:
@@ -371,13 +374,12 @@ class Dashboard:
                 return
             if self._subscription is not None:
                 self._subscription.flush(timeout=5.0)
-            self.diagnoses.flush(timeout=5.0)
             self._refresh_if_new()
             self.close()
 
     def _state(self) -> tuple:
         header = self.view.header()
-        return self.view.steps_fed, self.view.dropped, header["status"], self.diagnoses.fed
+        return self.view.steps_fed, self.view.dropped, header["status"]
 
     def _refresh_if_new(self) -> None:
         self._status()
@@ -469,7 +471,7 @@ class Dashboard:
                     f"No histograms of {kind} rows: record with histograms=True to see distributions over time."))
                 out = self.distribution_plot
             focused = self._focus
-            if focused is not None and (name == "sites" or (name == "metrics" and focused.metric)):
+            if focused is not None and name in ("sites", "metrics"):
                 from workbench.ui.findings import mark_steps
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
@@ -504,18 +506,20 @@ class Dashboard:
         self.findings_summary.value = _html(summary)
         self._findings = frame
         labels = [view.option_label(row) for row in frame.itertuples()]
+        # the pick is a finding (what, where), kept while its label changes (its last step grows)
+        keys = list(zip(frame.finding, frame.site))
+        picked = keys.index(self._picked_finding) if self._picked_finding in keys else None
         self._quiet = True
         try:
             if tuple(labels) != tuple(self.findings_list.options):
-                picked = self.findings_list.value
                 self.findings_list.options = labels
                 self.findings_list.rows = min(max(len(labels), 1), 6)
-                self.findings_list.value = picked if picked in labels else None
+            if self.findings_list.index != picked:
+                self.findings_list.index = picked
         finally:
             self._quiet = False
         self.findings_list.layout.display = "" if labels else "none"
-        picked = self.findings_list.index
-        self.findings_detail.value = view.findings_html(frame.iloc[[picked]]) if picked is not None else (
+        self.findings_detail.value = view.finding_html(frame.iloc[picked]) if picked is not None else (
             "<span style='color:#555'>Pick a finding for its evidence and what to try.</span>" if labels else "")
 
     def focus_finding(self, index: int) -> Any:
@@ -532,6 +536,7 @@ class Dashboard:
             frame = self._findings if self._findings is not None else self.diagnoses.frame()
             target = view.focus(frame, index, self.view)
             self._focus = target
+            self._picked_finding = (frame.finding.iloc[index], frame.site.iloc[index])
             self._quiet = True
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):
@@ -549,7 +554,7 @@ class Dashboard:
                 self._quiet = False
             for name in ("metrics", "sites", "heatmap", "distribution"):
                 self._redraw(name)
-            self.findings_detail.value = view.findings_html(frame.iloc[[index]])
+            self.findings_detail.value = view.finding_html(frame.iloc[index])
         return target
 
     def _on_finding(self, change: Any) -> None:
