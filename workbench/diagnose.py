@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -439,7 +440,7 @@ class Diagnoser:
             if layout is None or layout.keys != keys:
                 layout = self._layout = self._learn(keys, {c: v[0] for c, v in stats.items()}, tensors)
             screened, bounds = self._screen(steps, layout, stats)
-        losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] for m in metrics]
+        losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] if m else () for m in metrics]
         for i, step in enumerate(steps):
             self.last_step = max(self.last_step, step)
             self.steps_seen += 1
@@ -745,11 +746,14 @@ class Diagnoser:
         recent, tail = state["recent"], state["tail"]
         if len(recent) >= max(5, t.spike_window // 2):
             # against the level of the last few steps, in units of the step-to-step noise (the median
-            # absolute difference of consecutive values, which a trend hardly moves)
-            values = list(recent)
-            level = _median(values[-5:])
-            noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
+            # absolute difference of consecutive values, which a trend hardly moves); the noise is
+            # only worked out for a value well above the level
+            level = _median([recent[-5], recent[-4], recent[-3], recent[-2], recent[-1]])
             rise = value - level
+            noise = 0.0
+            if rise > t.spike_min_rise * max(abs(level), 1e-12):
+                values = list(recent)
+                noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             if rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
