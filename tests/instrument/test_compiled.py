@@ -267,3 +267,31 @@ def test_bad_input_is_refused_with_how_to_fix():
     with pytest.raises(ValueError, match="selects no module"):
         watch_compiled(compiled, modules="nothing*")
     assert not torch.nn.modules.module._global_forward_hooks  # nothing left in after a refusal
+
+
+class NonFinite(nn.Module):
+    """Outputs with NaNs (log of negatives), infinities (1/0) and exact zeros."""
+
+    def forward(self, x):
+        return torch.log(x), 1.0 / torch.relu(x)
+
+
+def test_nan_inf_and_zero_counts_equal_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), NonFinite())
+    x = torch.randn(5, 4)
+    with workbench.watch(model, gradients=False) as eager:
+        model(x)
+        eager.step()
+    compiled = torch.compile(model)
+    with watch_compiled(compiled, gradients=False) as wc:
+        compiled(x)
+        wc.step()
+    reference, rows = eager.to_pandas(), wc.to_pandas()
+    merged = reference.merge(rows, on=KEY, suffixes=("_e", "_c"))
+    assert len(merged) == len(reference) == len(rows)
+    leaves = merged[merged.module == "1"].set_index("tensor")
+    assert leaves.loc["out.0", "nan_count_c"] > 0 and leaves.loc["out.1", "inf_count_c"] > 0
+    for column in ["nan_count", "inf_count", "zero_frac", "min", "max"]:
+        np.testing.assert_array_equal(merged[column + "_e"], merged[column + "_c"], err_msg=column)
