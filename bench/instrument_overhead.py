@@ -45,7 +45,11 @@ With ``--breakdown``, also "watch" recording one kind alone (activations,
 output gradients, parameters, parameter gradients), and each variant's added
 time per step: where the cost of recording everything lies.
 
-    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown]
+With ``--compile``, instead: each workload trained eagerly and ``torch.compile``'d side by side,
+bare and watched (``workbench.watch`` / ``watch_compiled``, which computes the statistics inside
+the compiled graphs); ratios within each pair. On CUDA, also ``mode="reduce-overhead"``.
+
+    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown] [--compile]
 """
 
 from __future__ import annotations
@@ -230,6 +234,60 @@ def measure(make, rounds: int, block: int, variants: dict[str, dict] = VARIANTS
     return result
 
 
+def measure_compiled(make, rounds: int, block: int, in_place: bool = False, mode: str | None = None
+                     ) -> dict[str, tuple[float, float, float, float]]:
+    """``--compile``: eager+watch / eager-bare beside compiled+watch / compiled-bare, each ratio taken
+    within its own pair (blocks shuffled as in :func:`measure`). The compiled model is compiled
+    once (``torch.compile``, or ``model.compile()`` with ``in_place``, the way the ILQL agent calls
+    itself); "compiled bare" runs it with the watch paused: the unrecorded variant of its graphs
+    that ``every=N`` runs between recorded steps, in which nothing of the watch's is traced."""
+    from workbench.instrument.compiled import watch_compiled
+
+    eager, compiled = make(), make()
+    if in_place:
+        compiled.model.compile(mode=mode)
+    else:
+        compiled.model = torch.compile(compiled.model, mode=mode)
+    pairs = {"eager bare": (eager, None), "eager+watch": (eager, workbench.watch(eager.model)),
+             "compiled bare": (compiled, None), "compiled+watch": (compiled, watch_compiled(compiled.model))}
+    watches = [w for _, w in pairs.values() if w is not None]
+
+    def run(name: str) -> float:
+        exp, own = pairs[name]
+        with contextlib.ExitStack() as others:
+            for w in watches:
+                if w is not own:
+                    others.enter_context(w.paused())
+            synchronize()
+            start = time.perf_counter()
+            for _ in range(block):
+                exp.step()
+                if own is not None:
+                    own.step()
+            synchronize()
+            return (time.perf_counter() - start) / block
+
+    for name in pairs:  # warm-up: compiling both variants, allocator, hook caches
+        run(name)
+        run(name)
+    order = list(pairs)
+    shuffle = random.Random(0).shuffle
+    times: dict[str, list[float]] = {name: [] for name in pairs}
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            times[name].append(run(name))
+    result = {}
+    for name, base in [("eager bare", "eager bare"), ("eager+watch", "eager bare"),
+                       ("compiled bare", "compiled bare"), ("compiled+watch", "compiled bare")]:
+        ratios = [t / b for t, b in zip(times[name], times[base])]
+        low, median, high = statistics.quantiles(ratios, n=4) if rounds > 1 else [ratios[0]] * 3
+        result[name] = (statistics.median(times[name]), median, low, high)
+    for w in watches:
+        w.close()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=0, help="rounds per workload (default: 10, 40, 40)")
@@ -238,6 +296,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the workloads train (cpu, cuda ...)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time watch recording each kind alone (activations, output gradients ...)")
+    parser.add_argument("--compile", action="store_true",
+                        help="eager+watch / eager-bare beside compiled+watch / compiled-bare (torch.compile, "
+                             "watch_compiled); on CUDA also with mode='reduce-overhead' (CUDA graphs)")
     args = parser.parse_args()
     device = args.device
     # blocks of 10 steps: every=10 records one step in each
@@ -253,6 +314,16 @@ def main() -> None:
     print(f"torch {torch.__version__}, {device}: {where}")
     for key, title, make, rounds in workloads:
         if args.only and key not in args.only:
+            continue
+        if args.compile:
+            modes = [None] + (["reduce-overhead"] if device.startswith("cuda") else [])
+            for mode in modes:
+                result = measure_compiled(make, args.rounds or (2 if args.quick else rounds), block=10,
+                                          in_place=key == "ilql", mode=mode)
+                print(f"\n{title}, torch.compile{f'(mode={mode!r})' if mode else ''}:")
+                print(f"  {'':16s} {'step':>8s}      ratio to its bare (quartiles)")
+                for name, (seconds, ratio, low, high) in result.items():
+                    print(f"  {name:16s} {seconds * 1e3:8.1f} ms   {ratio:5.2f}x  ({low:.2f}-{high:.2f})")
             continue
         variants = {**VARIANTS, **BREAKDOWN} if args.breakdown else dict(VARIANTS)
         if device != "cpu":  # the floor reads on the CPU only: elsewhere it is torch's hooks alone
