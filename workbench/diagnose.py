@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from collections import deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -687,7 +685,7 @@ class Diagnoser:
 
     def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
         t = self.thresholds
-        norm, mean, numel = stats["norm"], stats["mean"], stats["numel"]
+        norm = stats["norm"]
         if layout.param_pair:
             for u, p in layout.param_pair.items():
                 if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):

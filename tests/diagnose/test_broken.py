@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 import torch
 
-import workbench
 from workbench.diagnose import COLUMNS, diagnose
 from workbench.experiments import create, list_experiments
 

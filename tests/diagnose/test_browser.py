@@ -10,7 +10,7 @@ from tests.ui.test_browser import lines, start, tokens, traces
 pytestmark = pytest.mark.browser
 
 
-def pick(page, label, option):
+def pick(page, label, option):  # noqa: F811
     box = page.locator("#run-config").get_by_label(label, exact=True)
     box.click()
     page.keyboard.press("Control+A")
@@ -19,7 +19,7 @@ def pick(page, label, option):
     page.keyboard.press("Escape")
 
 
-def test_a_run_whose_relus_die_lists_them_and_a_click_shows_one(page):
+def test_a_run_whose_relus_die_lists_them_and_a_click_shows_one(page):  # noqa: F811
     page.get_by_role("tab", name="Experiments").click()
     page.locator("#experiment-list").get_by_label("activation_mlp", exact=True).check()
     page.wait_for_selector("#experiment-overview:has-text('activation_mlp')")
