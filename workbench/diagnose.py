@@ -97,8 +97,9 @@ class Thresholds:
         update_ratio_low: below this for ``persist`` steps: ``update_ratio_low``.
         update_min_dims: parameters with fewer dimensions (biases, norms' scales, which start at
             0 or 1 and move fast at first) are not judged by their update ratio.
-        loss_metrics: metrics judged for spikes and divergence: those whose name contains one
-            of these (case-insensitive).
+        loss_metrics: the metrics judged for spikes and divergence, by name (case-insensitive):
+            the training objective, ``loss``, by default. Not every metric named ``*_loss``: the
+            parts of an objective may rise while it falls (a value loss as a critic learns).
         spike_window: the recent values whose step-to-step noise a spike is measured in.
         spike_factor: a spike exceeds the level of the last 5 steps (their median) by this many
             times the noise (the median absolute difference of consecutive values in the window),
@@ -152,7 +153,7 @@ class Thresholds:
         need("update_ratio_low", self.update_ratio_low < self.update_ratio_high, "below update_ratio_high")
         names = self.loss_metrics
         need("loss_metrics", isinstance(names, tuple) and all(isinstance(n, str) and n for n in names),
-             "a tuple of non-empty strings (parts of metric names), e.g. ('loss',)")
+             "a tuple of non-empty strings (metric names), e.g. ('loss', 'val_loss')")
 
 
 def _thresholds(thresholds: Thresholds | dict | None, overrides: dict[str, Any]) -> Thresholds:
@@ -456,7 +457,7 @@ class Diagnoser:
     def _is_loss(self, name: str) -> bool:
         known = self._loss_names.get(name)
         if known is None:
-            known = self._loss_names[name] = any(p.lower() in name.lower() for p in self.thresholds.loss_metrics)
+            known = self._loss_names[name] = name.lower() in {p.lower() for p in self.thresholds.loss_metrics}
         return known
 
     def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None]:

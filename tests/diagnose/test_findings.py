@@ -116,7 +116,12 @@ def test_diverging_loss_and_non_finite_loss():
     assert f.finding.tolist() == ["diverging"] and f.step[0] == 4 and "nan" in f.evidence[0]
     # an evaluation's loss, logged every few steps, is not taken for a NaN in between
     sparse = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0, 0.9, 0.8, 0.7], "eval_loss": [np.nan, 1.0, np.nan, 0.9]})
-    assert diagnose(pd.DataFrame(), sparse).empty
+    assert diagnose(pd.DataFrame(), sparse, loss_metrics=("loss", "eval_loss")).empty
+    # only the losses named are judged: a part of the objective rising 30x as a critic learns is not
+    rising = pd.DataFrame({"step": range(1, 41), "loss": np.linspace(2.0, 1.0, 40),
+                           "v_loss": np.geomspace(0.004, 0.12, 40)})
+    assert diagnose(pd.DataFrame(), rising).empty
+    assert diagnose(pd.DataFrame(), rising, loss_metrics=["v_loss"]).finding.tolist() == ["diverging"]
     # a metric that is not a loss is never judged; loss_metrics picks which are
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"})).empty
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}), loss_metrics=("reward",)).finding.tolist() == ["diverging"]
