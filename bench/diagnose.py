@@ -8,6 +8,8 @@
    watch, fed on its subscriber's thread every FEED_INTERVAL, and a page thread reading its
    findings every second) against the watch alone, the variants taking turns round by round.
    Goal: <= 1.01x.
+3. Per-sample gradient statistics (``gradient_noise``, torch.func) of one batch of the activation
+   MLP against the step's own forward and backward.
 
     python bench/diagnose.py [--quick] [--rounds 5]
 """
@@ -102,6 +104,36 @@ def live_ratio(rounds: int, steps: int) -> float:
     return statistics.median(times["findings"]) / statistics.median(times["watch"])
 
 
+def noise_cost(repeats: int) -> tuple[float, float]:
+    """(seconds of gradient_noise on a batch, seconds of a forward and backward of the same batch)."""
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.diagnose import gradient_noise
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, **WORKLOADS["activation_mlp"])
+    model, batch = exp.model, exp.config.batch_size
+    x, y = exp.x[:batch], exp.y[:batch]
+
+    def loss_fn(forward, xb, yb):
+        return F.cross_entropy(forward(xb), yb)
+
+    def backward():
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+
+    def best(fn):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(lambda: gradient_noise(model, loss_fn, x, y)), best(backward)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 steps; one short round")
@@ -116,6 +148,9 @@ def main() -> None:
     rounds, n = (1, 50) if args.quick else (args.rounds, 300)
     print(f"activation_mlp training step over the watch alone's ({rounds} rounds of {n} steps):")
     print(f"  watch + findings live: {live_ratio(rounds, n):.3f}x")
+    noise, step = noise_cost(3 if args.quick else 20)
+    print(f"per-sample gradient statistics of a batch (activation_mlp, {WORKLOADS['activation_mlp']}): "
+          f"{noise * 1e3:.2f} ms, {noise / step:.1f}x its forward and backward ({step * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

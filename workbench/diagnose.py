@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "update_ratios"]
+__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise", "update_ratios"]
 
 #: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
 #: latest episode), ``last_step`` the last; ``site`` names the call site or parameter as the run's
@@ -865,3 +865,81 @@ def update_ratios(rows: pd.DataFrame) -> pd.DataFrame:
         ratio = both.norm_update.to_numpy(np.float64) / both.norm_param.to_numpy(np.float64)
     return pd.DataFrame({"step": both.step.to_numpy(), "module": both.module.to_numpy(),
                          "tensor": both.tensor.to_numpy(), "ratio": ratio})
+
+
+# ------------------------------------------------------------------ per-sample gradient statistics
+def gradient_noise(model: Any, loss_fn: Any, *batch: Any, chunk_size: int | None = None) -> pd.DataFrame:
+    """Per-sample gradient statistics of one batch, per parameter (optional: not part of a watch).
+
+    The gradient of each sample's loss is taken with ``torch.func`` (``vmap`` of ``grad`` over a
+    functional call of the model), then, per parameter, with ``g_i`` the sample gradients and
+    ``g`` their mean over the ``B`` samples:
+
+    - ``grad_norm``: ``||g||``, the batch gradient's norm;
+    - ``sample_norm``: the mean of ``||g_i||``;
+    - ``variance``: ``sum over elements of var_i(g_i)`` (unbiased), the gradient noise;
+    - ``snr``: ``||g||^2 / (variance / B)``, the batch gradient's signal over its noise (above 1:
+      the direction is clear from this batch; well below: mostly noise, as Cockpit reads it);
+    - ``noise_scale``: ``variance / ||g||^2``, the simple noise scale of McCandlish et al. (the
+      batch size beyond which a larger batch helps little).
+
+    Args:
+        model: the module (its parameters that require gradients are measured).
+        loss_fn: ``loss_fn(forward, *sample)``: the loss of a batch of one sample, where
+            ``forward(*inputs)`` runs the model (``lambda f, x, y: F.cross_entropy(f(x), y)``).
+        *batch: tensors whose first dimension is the batch (inputs and targets).
+        chunk_size: samples per vectorized chunk (None: the whole batch at once; less memory with
+            a smaller one).
+
+    Returns:
+        One row per parameter: ``parameter, numel, batch, grad_norm, sample_norm, variance, snr,
+        noise_scale``.
+
+    Raises:
+        TypeError: ``model`` is not a module, ``loss_fn`` not callable, a batch entry not a tensor.
+        ValueError: no batch, batches of different sizes or of fewer than 2 samples, no
+            parameter that requires a gradient, a bad ``chunk_size``.
+    """
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gradient_noise() needs a torch.nn.Module, got {type(model).__name__}.")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(forward, *sample), got {loss_fn!r}.")
+    if not batch or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in batch):
+        raise TypeError("gradient_noise() needs the batch as tensors with a batch dimension first, e.g. "
+                        "gradient_noise(model, loss_fn, x, y); got "
+                        f"{[type(t).__name__ for t in batch] or 'none'}.")
+    sizes = {len(t) for t in batch}
+    if len(sizes) != 1 or min(sizes) < 2:
+        raise ValueError(f"the batch's tensors must share a batch size of at least 2 (a variance needs two "
+                         f"samples); got sizes {[len(t) for t in batch]}.")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}.")
+    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no parameter that requires a gradient.")
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
+
+    def sample_loss(p: dict, *sample: Any) -> Any:
+        def forward(*inputs: Any) -> Any:
+            return functional_call(model, (p, buffers), inputs)
+
+        return loss_fn(forward, *(t.unsqueeze(0) for t in sample))
+
+    per_sample = vmap(grad(sample_loss), in_dims=(None, *([0] * len(batch))), chunk_size=chunk_size)(params, *batch)
+    rows = []
+    size = sizes.pop()
+    with torch.no_grad():
+        for name, g in per_sample.items():
+            flat = g.reshape(size, -1).double()
+            mean = flat.mean(0)
+            signal = float(mean.pow(2).sum())
+            variance = float(flat.var(0, unbiased=True).sum())
+            rows.append({"parameter": name, "numel": int(flat.shape[1]), "batch": size,
+                         "grad_norm": signal ** 0.5, "sample_norm": float(flat.norm(dim=1).mean()),
+                         "variance": variance, "snr": signal / (variance / size) if variance > 0 else math.inf,
+                         "noise_scale": variance / signal if signal > 0 else math.inf})
+    return pd.DataFrame(rows, columns=["parameter", "numel", "batch", "grad_norm", "sample_norm", "variance", "snr",
+                                       "noise_scale"])
