@@ -106,7 +106,6 @@ def live_ratio(rounds: int, steps: int) -> float:
 
 def noise_cost(repeats: int) -> tuple[float, float]:
     """(seconds of gradient_noise on a batch, seconds of a forward and backward of the same batch)."""
-    import torch
     import torch.nn.functional as F
 
     from workbench.diagnose import gradient_noise
