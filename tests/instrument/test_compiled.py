@@ -20,7 +20,7 @@ from workbench.instrument.compiled import watch_compiled
 
 with warnings.catch_warnings():  # inductor's import runs torch.jit code that warns of its own deprecation
     warnings.simplefilter("ignore", DeprecationWarning)
-    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.compile_fx
 
 # Warnings torch raises into its own tracing (dynamo makes them errors there, and pytest makes every
 # warning one): it instantiates the probe's autograd.Function, and reads .grad of the dynamics

@@ -51,7 +51,7 @@ import traceback
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ from workbench.instrument.sites import CallSites, ModuleSelector
 from workbench.instrument.store import STATUSES, RunStore
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
-__all__ = ["CompiledWatch", "watch_compiled", "compiled_entry"]
+__all__ = ["CompiledWatch", "compiled_entry", "watch_compiled"]
 
 
 def compiled_entry(model: nn.Module) -> tuple[nn.Module, nn.Module, str] | None:
@@ -103,7 +103,7 @@ def _graph_sums(x: torch.Tensor) -> torch.Tensor:
     # or a nansum, came out ~3x slower on the CPU)
     one, zero = torch.ones_like(flat), torch.zeros_like(flat)
     parts = [centred.sum(), (centred * centred).sum(), magnitude.sum(), flat.amin(), flat.amax(),
-             torch.where(flat != 0, one, zero).sum(), torch.where(flat != flat, one, zero).sum(),
+             torch.where(flat != 0, one, zero).sum(), torch.where(flat != flat, one, zero).sum(),  # noqa: PLR0124 (NaN)
              torch.where(magnitude == float("inf"), one, zero).sum(), shift]
     return torch.stack([p.to(torch.float64) for p in parts])
 
@@ -203,7 +203,11 @@ def _inline_only(hook: Callable) -> Callable:
     API (another torch), the hooks are still correct, with those extra graphs.
     """
     try:
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
         set_code_exec_strategy(hook.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     except (ImportError, AttributeError, TypeError):
         pass
@@ -488,7 +492,6 @@ class CompiledWatch:
         keys: list[tuple] = []
         numel: list[int] = []
         pieces: list[torch.Tensor] = []  # device rows, in the order of keys, for one transfer
-        host: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # (key index, sums, hist) computed on the host
         calls: dict[str, int] = defaultdict(int)
         compiled = eager = 0
         grad_keys: list[tuple] = []
