@@ -25,7 +25,7 @@ def test_a_run_whose_relus_die_lists_them_and_a_click_shows_one(page):  # noqa: 
     page.wait_for_selector("#experiment-overview:has-text('activation_mlp')")
     pick(page, "activation", "relu")
     # Adam at lr 1.0 pushes the ReLUs' inputs below 0 within a few steps: they die
-    start(page, "activation_mlp", 60, depth="4", lr="1.0", width="16")
+    start(page, "activation_mlp", 60, store="diagnose/dead", depth="4", lr="1.0", width="16")
     findings = page.locator("#live-findings")
     expect(findings).to_contain_text("dead_units", timeout=60_000)
     expect(page.locator("#live-findings-note")).to_contain_text("Diagnoses:")
@@ -43,3 +43,16 @@ def test_a_run_whose_relus_die_lists_them_and_a_click_shows_one(page):  # noqa: 
     assert max(v for v in drawn[site]["y"] if v is not None) >= 0.9  # (dead: nearly all its outputs 0)
     shaded = page.locator("#live-series .js-plotly-plot").evaluate("el => el.layout.shapes.length")
     assert shaded >= 1
+
+    # the stored run keeps them: the Runs tab lists the same findings, and a click focuses its replay
+    listed = findings.locator("tbody").inner_text()
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-refresh").click()  # (lists the stored runs and opens the newest: this one)
+    expect(page.locator("#replay-header")).to_contain_text("diagnose/dead")
+    stored = page.locator("#replay-findings")
+    expect(stored).to_contain_text("dead_units")
+    assert stored.locator("tbody").inner_text() == listed
+    stored.get_by_text(site, exact=True).first.click()
+    expect(page.locator("#replay-findings-note")).to_contain_text(f"dead_units at {site}")
+    expect(page.locator("#replay-stat input")).to_have_value("zero_frac")
+    assert tokens(page, "replay-sites") == [site]

@@ -221,3 +221,33 @@ def test_the_dashboards_pick_stays_while_its_finding_goes_on():
     assert "dead_units" in dash.findings_detail.value and "step 1–6" in dash.findings_detail.value
     w.close()
     dash.close()
+
+
+def test_a_stored_runs_findings_are_listed_and_focus_its_replayed_views(tmp_path):
+    from workbench.ui import live
+    from workbench.ui.runs import RunsRoot
+
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)
+    train(model, steps=4, store=tmp_path / "runs" / "dead")
+    cache = live.ViewCache(RunsRoot(tmp_path / "runs"))
+    note, table = view.stored_findings(cache, "dead")
+    run = workbench.load_run(tmp_path / "runs" / "dead")
+    expected = diagnose(run.to_pandas(), run.metrics())
+    assert "warning" in note and table.finding.tolist() == expected.finding.tolist()
+    none_note, none_table = view.stored_findings(cache, "")  # (no run open)
+    assert none_note == "" and none_table.empty and list(none_table.columns) == view.TABLE_COLUMNS
+
+    class Event:
+        index = (int(expected.index[expected.finding == "dead_units"][0]), 0)
+
+    def find(pick):
+        replayed, _run, message = cache.get(pick)
+        return replayed, "header", pd.DataFrame()
+
+    values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
+    state, *updates, note, statistic = view.stored_select_handler(cache, find)("dead", None, *values, Event())
+    out = dict(zip(live.VIEW_OUTPUTS, updates))
+    assert statistic == "zero_frac" and out["kind"] == "activation" and out["sites"].value == ["layers.1"]
+    assert "**dead_units** at `layers.1`, step 1–4" in note

@@ -300,10 +300,20 @@ def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: A
     if found is None:
         return *live.redraw(None, header, run_id, state, values), "", gr.skip()
     frame = found.frame()
-    target = focus(frame, int(index), run.view)
-    state["findings_pick"] = (str(frame.finding.iloc[index]), str(frame.site.iloc[index]))
+    state["findings_pick"] = (str(frame.finding.iloc[index]), str(frame.site.iloc[index])) if (
+        0 <= index < len(frame)) else None
     note, _ = _page_note(run, state)
     state.setdefault("findings", {})["note"] = note
+    return _focused(run.view, frame, run_id, header, state, values, index, interventions, note)
+
+
+def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: dict, values: Any, index: int,
+             interventions: pd.DataFrame | None, note: str) -> tuple:
+    """A run page's views (``view``) focused on the ``index``-th finding of ``frame``: ``(page state,
+    *updates of VIEW_OUTPUTS, note, statistic)``."""
+    from workbench.ui import live
+
+    target = focus(frame, int(index), view)
     controls = live.page_controls(state, values)
     if target.metric is not None:
         controls = replace(controls, metrics=[target.metric])
@@ -312,11 +322,11 @@ def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: A
         controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=[target.site],
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
-    page = live.draw_page(run.view, controls, header=header, interventions=interventions)
+    page = live.draw_page(view, controls, header=header, interventions=interventions)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
-    state["version"] = (run_id, run.view.steps_fed, run.view.status, run.view.dropped)
+    state["version"] = (run_id, view.steps_fed, view.status, view.dropped)
     return state, *live.page_outputs(page, state, controls, revision=run_id), note, controls.statistic
 
 
@@ -341,6 +351,70 @@ def select_handler(manager: Any) -> Any:
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     on_finding.__signature__ = inspect.Signature(
         [inspect.Parameter(name, positional) for name in ("attached", "state", *live.CONTROLS)]
+        + [inspect.Parameter("event", positional, annotation=gr.SelectData)])
+    on_finding.__annotations__ = {"event": gr.SelectData}  # (a real class: Gradio passes the event by it)
+    return on_finding
+
+
+# ---------------------------------------------------------------------- the Runs tab (stored runs)
+_STORED: dict[tuple, pd.DataFrame] = {}  # (run directory, steps, status) -> its findings (a few kept)
+_STORED_LOCK = threading.Lock()
+
+
+def stored_frame(run: Any) -> pd.DataFrame:
+    """The findings of a stored run (``Run.diagnose()``), read again only when it grew or ended."""
+    from workbench.diagnose import diagnose
+
+    key = (str(run.path), len(run.steps), run.status)
+    with _STORED_LOCK:
+        found = _STORED.get(key)
+    if found is None:
+        found = diagnose(run.to_pandas(), run.metrics())
+        with _STORED_LOCK:
+            _STORED[key] = found
+            while len(_STORED) > 8:
+                _STORED.pop(next(iter(_STORED)))
+    return found
+
+
+def stored_findings(cache: Any, pick: Any) -> tuple[str, pd.DataFrame]:
+    """The Runs tab's findings of the stored run ``pick`` (through the app's ``ViewCache``):
+    ``(note, table)``; empty while no run is open."""
+    if not pick:
+        return "", pd.DataFrame(columns=TABLE_COLUMNS)
+    _view, run, message = cache.get(pick)
+    if run is None:
+        return "", pd.DataFrame(columns=TABLE_COLUMNS)
+    frame = stored_frame(run)
+    return findings_summary(frame, running=False), findings_table(frame)
+
+
+def stored_select_handler(cache: Any, find: Any) -> Any:
+    """The Runs tab's handler of a click on its findings list: ``(run name, page state, *controls,
+    event)`` -> the replayed views focused on that finding, the note with it in full, the statistic."""
+    import inspect
+
+    import gradio as gr
+
+    from workbench.ui import live
+
+    def on_finding(pick, state, *rest):
+        *values, event = rest  # (Gradio passes the event after the inputs)
+        state = dict(state or live.new_page_state())
+        view, header, *more = find(pick)
+        _v, run, _message = cache.get(pick) if pick else (None, None, "")
+        if view is None or run is None:
+            return *live.redraw(None, header, pick, state, values), "", gr.skip()
+        frame = stored_frame(run)
+        index = event.index[0]
+        note = findings_summary(frame, running=False)
+        if 0 <= index < len(frame):
+            note += "\n\n" + finding_detail(frame.iloc[index])
+        return _focused(view, frame, pick, header, state, values, index, more[0] if more else None, note)
+
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    on_finding.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, positional) for name in ("pick", "state", *live.CONTROLS)]
         + [inspect.Parameter("event", positional, annotation=gr.SelectData)])
     on_finding.__annotations__ = {"event": gr.SelectData}  # (a real class: Gradio passes the event by it)
     return on_finding

@@ -1483,6 +1483,11 @@ def layout(root: RunsRoot):
         gr.Markdown("### The run", elem_classes=["wb-section"])
         c["run_message"] = gr.Markdown(elem_id="run-message")
         c["replay_header"] = gr.Markdown(elem_id="replay-header")
+        # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
+        c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
+        c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+                                            max_height=200, show_label=False, wrap=True, elem_id="replay-findings",
+                                            column_widths=["11%", "8%", "13%", "16%", "52%"])
         _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
@@ -1756,7 +1761,17 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return view, header, interventions
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
-    redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *_skips(n_views - 1)))
+    _redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *_skips(n_views - 1)))
+    stored_findings = _guarded(lambda pick: findings_view.stored_findings(cache, pick), lambda text: (text, gr.skip()))
+
+    def redraw_replay(*args):  # the views, and the run's findings
+        return (*_redraw_replay(*args), *stored_findings(args[0]))
+
+    replay_outputs = [*replay_outputs, c["replay_findings_note"], c["replay_findings"]]
+    c["replay_findings"].select(
+        _guarded(findings_view.stored_select_handler(cache, find_stored),
+                 lambda text: (gr.skip(), text, *_skips(n_views + 1))),
+        replay_inputs, [*replay_outputs[:-2], c["replay_findings_note"], c["replay_stat"]], show_progress="hidden")
 
     def on_pick(pick):
         run, message = replay(root, pick)
