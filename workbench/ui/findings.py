@@ -273,8 +273,11 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     found = run_findings(run)
     if found is None:
         return "", pd.DataFrame(columns=TABLE_COLUMNS)
+    running = bool(getattr(run, "running", False))
+    if not running:
+        found.flush(timeout=2.0)  # (an ended run: its last steps, before the page's last tick draws them)
     frame = found.frame()
-    note = findings_summary(frame, running=bool(getattr(run, "running", False)))
+    note = findings_summary(frame, running=running)
     if found.error:
         note += f" Diagnosing failed: `{found.error}`."
     picked = state.get("findings_pick")
