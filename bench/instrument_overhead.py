@@ -64,7 +64,8 @@ import weakref
 import torch
 
 import workbench
-from workbench.instrument import stats
+from workbench.instrument._stats_kernels import compile_kernels
+from workbench.instrument.reduce_torch import TorchReducer
 
 
 def dynamics(batch: int, device: str):
@@ -103,7 +104,7 @@ def floor_hooks(model, reads: bool = True):
     """The floor variant's hooks (module doc), or with ``reads=False`` those of "torch's hooks
     alone"; returns their handles and a function for the end of a step, that reads the
     parameters once."""
-    fast = (stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32))[0]
+    fast = compile_kernels("float32")[0]  # (numba's disk cache: built once)
     scratch = torch.empty(9, dtype=torch.float64)  # the sums land here and are never read
 
     def read(x, out=scratch.data_ptr(), keep=scratch):  # (keep: scratch lives as long as the hooks)
@@ -146,8 +147,10 @@ class Variant:
 
     def __init__(self, exp, watch_options=None, naive=False, torch_reductions=False, floor=False,
                  floor_reads=True):
-        self.exp, self.naive, self.torch_reductions = exp, naive, torch_reductions
+        self.exp, self.naive = exp, naive
         self.floor, self.floor_reads = floor, floor_reads
+        if torch_reductions:
+            watch_options = dict(watch_options, reducers=[TorchReducer()])
         self.watch = workbench.watch(exp.model, **watch_options) if watch_options is not None else None
         self.end_of_step = None
 
@@ -159,9 +162,6 @@ class Variant:
             self.end_of_step()
 
     def timed_block(self, steps: int) -> float:
-        compiled, triton = stats.COMPILED, stats.TRITON_DEVICES
-        if self.torch_reductions:
-            stats.COMPILED, stats.TRITON_DEVICES = False, frozenset()
         handles = naive_hooks(self.exp.model) if self.naive else []  # (in for this block only)
         if self.floor:
             handles, self.end_of_step = floor_hooks(self.exp.model, self.floor_reads)
@@ -173,7 +173,6 @@ class Variant:
             synchronize()
             return (time.perf_counter() - start) / steps
         finally:
-            stats.COMPILED, stats.TRITON_DEVICES = compiled, triton
             for handle in handles:
                 handle.remove()
             self.end_of_step = None

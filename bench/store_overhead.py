@@ -23,7 +23,7 @@ import numpy as np
 
 import workbench
 from workbench.instrument import StepRecord
-from workbench.instrument.stats import SUMS
+from workbench.instrument.schema import SUMS
 from workbench.instrument.store import RunStore
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from workbench.instrument import stats
+from workbench.instrument import _stats_kernels
+from workbench.instrument.torch_internals import installed_hooks
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -48,14 +49,14 @@ def test_floor_hooks_read_every_tensor_once_and_leave_no_hook_behind(monkeypatch
     bench = load("instrument_overhead")
     exp = bench.mlp(8, "cpu")
     model = exp.model
-    kernels = stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32)
+    kernels = _stats_kernels.compile_kernels("float32")
     read = []  # numel of each tensor the floor's kernel is given
 
     def fast(pointer, numel, out):
         read.append(numel)
         kernels[0](pointer, numel, out)
 
-    monkeypatch.setitem(stats._compiled_kernels, torch.float32, (fast, *kernels[1:]))
+    monkeypatch.setattr(bench, "compile_kernels", lambda dtype: (fast, *kernels[1:]))
     outputs = []  # each module call's output, seen by a hook of the test's own
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: outputs.append(out))
     variant = bench.Variant(exp, floor=True)
@@ -70,9 +71,7 @@ def test_floor_hooks_read_every_tensor_once_and_leave_no_hook_behind(monkeypatch
     # each distinct output and its gradient, each parameter and its gradient, in each step
     sizes = [out.numel() for out in distinct] * 2 + [p.numel() for p in model.parameters()] * 4
     assert sorted(read) == sorted(sizes)
-    assert not torch.nn.modules.module._global_forward_hooks
-    for param in model.parameters():
-        assert not param._post_accumulate_grad_hooks
+    assert installed_hooks()["_global_forward_hooks"] == 0 and not any(installed_hooks(model)["parameters"])
     assert variant.end_of_step is None
 
 
@@ -92,16 +91,16 @@ def test_hooks_alone_put_the_floors_hooks_in_and_read_nothing(monkeypatch):
     bench = load("instrument_overhead")
     assert bench.VARIANTS["torch's hooks alone"] == {"floor": True, "floor_reads": False}
     exp = bench.mlp(8, "cpu")
-    kernels = stats._compiled_kernels.get(torch.float32) or stats._load_kernels(torch.float32)
+    kernels = _stats_kernels.compile_kernels("float32")
     read = []
-    monkeypatch.setitem(stats._compiled_kernels, torch.float32,
-                        (lambda pointer, numel, out: read.append(numel), *kernels[1:]))
+    monkeypatch.setattr(bench, "compile_kernels", lambda dtype: (lambda pointer, numel, out: read.append(numel),
+                                                                 *kernels[1:]))
     hooked = []  # during each step: torch's process-wide forward hooks, and each parameter's hooks
     train_step = exp.step
 
     def step():
-        hooked.append((len(torch.nn.modules.module._global_forward_hooks),
-                       {len(p._post_accumulate_grad_hooks or {}) for p in exp.model.parameters()}))
+        hooks = installed_hooks(exp.model)
+        hooked.append((hooks["_global_forward_hooks"], {len(p or {}) for p in hooks["parameters"]}))
         train_step()
 
     monkeypatch.setattr(exp, "step", step)
@@ -109,9 +108,7 @@ def test_hooks_alone_put_the_floors_hooks_in_and_read_nothing(monkeypatch):
     variant.timed_block(2)
     assert hooked == [(1, {1})] * 2
     assert read == []
-    assert not torch.nn.modules.module._global_forward_hooks
-    for param in exp.model.parameters():
-        assert not param._post_accumulate_grad_hooks
+    assert installed_hooks()["_global_forward_hooks"] == 0 and not any(installed_hooks(exp.model)["parameters"])
 
 
 def test_dashboard_reports_refreshes_and_the_live_ratio():

@@ -29,7 +29,7 @@ from workbench.instrument import Recorder, Run, RunError, Watch, compare_runs, l
 from workbench import models  # noqa: F401  (registers the built-in families)
 from workbench import experiments
 
-__version__ = "0.1.0"
+from workbench._version import __version__
 
 __all__ = [
     "MemoryLimitError",

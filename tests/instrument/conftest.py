@@ -1,11 +1,13 @@
-"""Fixtures of the instrumentation tests."""
+"""Fixtures of the instrumentation tests: the reduction paths, each chosen per instance."""
 
 import os
 
 import numpy as np
 import pytest
 
-from workbench.instrument import stats
+from workbench.instrument.reduce_cpu import CompiledCpuReducer
+from workbench.instrument.reduce_torch import TorchReducer
+from workbench.instrument.reduce_triton import TritonReducer
 
 
 def interpreted_triton_kernels():
@@ -18,12 +20,26 @@ def interpreted_triton_kernels():
     return _triton_kernels
 
 
+def compiled_reducers():
+    """CPU tensors by the compiled kernels (the default for CPU tensors)."""
+    return [CompiledCpuReducer(), TorchReducer()]
+
+
+def torch_reducers():
+    """Every tensor by torch's kernels: the path of tensors on devices without Triton."""
+    return [TorchReducer()]
+
+
 @pytest.fixture
-def interpreted_triton(monkeypatch):
-    """CPU tensors take the path of CUDA tensors (staged, reduced by the Triton kernels)."""
-    monkeypatch.setattr(stats, "COMPILED", False)
-    monkeypatch.setattr(stats, "TRITON_DEVICES", frozenset({"cuda", "cpu"}))
-    monkeypatch.setattr(stats, "_triton", interpreted_triton_kernels())
+def interpreted_triton():
+    """A maker of reducer lists in which CPU tensors take the path of CUDA tensors (batched, reduced
+    by the Triton kernels, interpreted)."""
+    kernels = interpreted_triton_kernels()
+
+    def make(kernels=kernels):
+        fallback = TorchReducer()
+        return [TritonReducer(fallback, devices={"cpu"}, kernels=kernels), fallback]
+
     before = np.seterr(all="ignore")  # the interpreter's numpy arithmetic meets NaN and inf as a GPU would
-    yield
+    yield make
     np.seterr(**before)

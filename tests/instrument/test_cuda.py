@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import workbench
-from workbench.instrument import stats
-from workbench.instrument.stats import StepSums, finish
+from workbench.instrument.reduce import StepSums
+from workbench.instrument.schema import finish
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -45,8 +45,7 @@ def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
         np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
     if bins:
         np.testing.assert_array_equal(cuda_counts, cpu_counts)  # the same float32 arithmetic bins alike
-    else:
-        assert stats._triton  # the Triton kernels took the CUDA tensors (no fallback)
+    # (a fallback from the Triton kernels to torch's warns, and warnings are errors here)
 
 
 class Net(nn.Module):

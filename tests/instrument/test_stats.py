@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.instrument import stats
-from workbench.instrument.stats import StepSums, finish
+from tests.instrument.conftest import compiled_reducers, torch_reducers
+from workbench.instrument.reduce import StepSums
+from workbench.instrument.reduce_cpu import CompiledCpuReducer
+from workbench.instrument.reduce_torch import CHUNK, TorchReducer
+from workbench.instrument.schema import MAX, MIN, NONZERO, finish
 
 
 DEFER = False
 MANY = False
+REDUCERS = compiled_reducers  # () -> the reducers of a new StepSums
 
 
 @pytest.fixture(autouse=True, params=["compiled", "deferred", "many", "torch", "triton", "triton-many"])
@@ -21,21 +25,21 @@ def path(request, monkeypatch):
     torch's kernels (the path of tensors on other devices, and with histograms) and the Triton
     kernels (of CUDA tensors without histograms; here interpreted on the CPU), tensor by tensor
     and all at once (``add_many`` hands them to the batch as they are)."""
-    monkeypatch.setattr(stats, "COMPILED", request.param not in ("torch", "triton", "triton-many"))
-    monkeypatch.setattr(stats, "TRITON_DEVICES", frozenset())
+    module = sys.modules[__name__]
     if request.param.startswith("triton"):
-        request.getfixturevalue("interpreted_triton")
-    monkeypatch.setattr(sys.modules[__name__], "DEFER", request.param == "deferred")
-    monkeypatch.setattr(sys.modules[__name__], "MANY", request.param in ("many", "triton-many"))
+        monkeypatch.setattr(module, "REDUCERS", request.getfixturevalue("interpreted_triton"))
+    elif request.param == "torch":
+        monkeypatch.setattr(module, "REDUCERS", torch_reducers)
+    monkeypatch.setattr(module, "DEFER", request.param == "deferred")
+    monkeypatch.setattr(module, "MANY", request.param in ("many", "triton-many"))
     if request.param == "many":  # add_many batches the dtypes whose kernels are loaded
-        for dtype in (torch.float32, torch.float64):
-            stats._compiled_kernels.get(dtype) or stats._load_kernels(dtype)
+        StepSums(reducers=compiled_reducers()).add_many([torch.ones(1), torch.ones(1).double()])
     return request.param
 
 
 def reduce(*tensors, bins=None):
     """Sums (and histogram counts) of ``tensors``, one row each, as a hook step gathers them."""
-    step = StepSums(bins, capacity=1)  # capacity 1: adding grows the buffer
+    step = StepSums(bins, capacity=1, reducers=REDUCERS())  # capacity 1: adding grows the buffer
     rows = step.add_many(tensors) if MANY else [step.add(x, defer=DEFER) for x in tensors]
     assert rows == list(range(len(tensors)))
     return step.rows()
@@ -122,8 +126,8 @@ def test_both_paths_agree_on_float32_model_tensors(monkeypatch):
         x[x.abs() < 0.1] = 0.0
         tensors.append(x)
     results = {}
-    for compiled in (True, False):
-        monkeypatch.setattr(stats, "COMPILED", compiled)
+    for compiled, reducers in ((True, compiled_reducers), (False, torch_reducers)):
+        monkeypatch.setattr(sys.modules[__name__], "REDUCERS", reducers)
         sums, counts = reduce(*tensors, bins=16)
         results[compiled] = finish(np.array([x.numel() for x in tensors]), sums), counts
     (a, ha), (b, hb) = results[True], results[False]
@@ -135,13 +139,14 @@ def test_both_paths_agree_on_float32_model_tensors(monkeypatch):
 def test_a_row_reduced_on_another_device_keeps_its_place(monkeypatch):
     """Rows of device tensors are filled in at rows(); here a CPU tensor stands in for one."""
     xs = [torch.randn(5), torch.randn(6) + 1, torch.randn(7) - 1]
-    monkeypatch.setattr(stats, "COMPILED", True)
-    step = StepSums(bins=4)
-    step.add(xs[0])
-    monkeypatch.setattr(stats, "COMPILED", False)
-    step.add(xs[1])
-    monkeypatch.setattr(stats, "COMPILED", True)
-    step.add(xs[2])
+
+    class SecondToTorch(TorchReducer):  # the second tensor only
+        def takes(self, x):
+            return x is xs[1]
+
+    step = StepSums(bins=4, reducers=[SecondToTorch(), CompiledCpuReducer()])
+    for x in xs:
+        step.add(x)
     sums, counts = step.rows()
     means = finish(np.array([5, 6, 7]), sums)["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-6)
@@ -150,7 +155,7 @@ def test_a_row_reduced_on_another_device_keeps_its_place(monkeypatch):
 
 def test_float32_sums_that_overflow_are_redone_exactly(monkeypatch):
     """The compiled fast pass sums in float32 blocks; when they overflow the exact pass redoes it."""
-    monkeypatch.setattr(stats, "COMPILED", True)  # deferred or not
+    monkeypatch.setattr(sys.modules[__name__], "REDUCERS", compiled_reducers)  # deferred or not
     x = torch.full((10,), 3e38)  # x**2 and the float32 sums overflow; the values are finite
     x[0] = -3e38
     got = stats_of(x)
@@ -158,37 +163,38 @@ def test_float32_sums_that_overflow_are_redone_exactly(monkeypatch):
     assert got["mean"] == pytest.approx(0.8 * 3e38) and got["norm"] == pytest.approx(3e38 * 10**0.5)
 
 
-def test_deferred_tensors_are_reduced_at_flush_or_when_the_queue_is_full(monkeypatch):
-    monkeypatch.setattr(stats, "COMPILED", True)
-    monkeypatch.setattr(stats, "DEFER_BYTES", 5000)
-    monkeypatch.setattr(stats, "DEFER_MAX_BYTES", 2400)
-    step = StepSums(bins=8)
-    big = torch.randn(601)  # 2404 bytes: not deferred
-    big_row = step.add(big, defer=True)
-    assert not step._queued and step._host[big_row, stats.MIN] == big.min().item()  # reduced at once
+def test_deferred_tensors_are_reduced_at_flush_or_when_the_queue_is_full():
+    """What a deferred tensor's row holds tells when it was reduced: a change made in place after
+    its reduction does not show, one made while it is queued does."""
+    step = StepSums(bins=8, reducers=[CompiledCpuReducer(defer_max_bytes=2400, defer_bytes=5000)])
+    big = torch.randn(601)  # 2404 bytes: not deferred, reduced at once
+    step.add(big, defer=True)
+    want_big = big.double().mean().item()
+    big.add_(100)
     first, second = torch.randn(600), torch.randn(300).double()  # two dtypes: a batch each
     step.add(first, defer=True)
-    step.add(second, defer=True)
-    assert step._queued_bytes == 600 * 4 + 300 * 8  # 4800 bytes: still queued
-    step.add(torch.randn(100), defer=True)  # 5200 bytes queued: flushed at once
-    assert step._queued_bytes == 0 and not step._queued
+    step.add(second, defer=True)  # 4800 bytes queued: not reduced yet
+    first.add_(100)  # shows
+    third = torch.randn(100)
+    step.add(third, defer=True)  # 5200 bytes queued: reduced now
+    want = [want_big] + [x.double().mean().item() for x in (first, second, third)]
+    for x in (first, second, third):
+        x.add_(100)  # does not show
     kept = torch.randn(50) + 7
     step.add(kept, defer=True)
-    kept.add_(100)  # modified after queueing, before the flush: the flush sees the new values
+    kept.add_(100)  # queued until the rows are read: shows
     sums, counts = step.rows()
     means = finish(np.array([601, 600, 300, 100, 50]), sums)["mean"]
-    assert means[1] == pytest.approx(first.double().mean().item(), abs=1e-6)  # float32 sums of values ~1 whose mean is ~0
-    assert means[2] == pytest.approx(second.mean().item(), abs=1e-12)
+    np.testing.assert_allclose(means[:4], want, rtol=1e-5, atol=1e-6)
     assert means[4] == pytest.approx(kept.double().mean().item(), rel=1e-6)
     assert counts.sum(axis=1).tolist() == [601, 600, 300, 100, 50]
 
 
-def test_a_deferred_batch_with_non_finite_values_redoes_just_those_rows_exactly(monkeypatch):
-    monkeypatch.setattr(stats, "COMPILED", True)
+def test_a_deferred_batch_with_non_finite_values_redoes_just_those_rows_exactly():
     clean, dirty = torch.randn(5000), torch.randn(5000)
     dirty[[7, 4100]] = float("nan")
     dirty[9] = float("inf")
-    step = StepSums(bins=4)
+    step = StepSums(bins=4, reducers=compiled_reducers())
     for x in (clean, dirty, clean * 2):
         step.add(x, defer=True)
     sums, counts = step.rows()
@@ -266,26 +272,26 @@ def test_a_sparse_tensor_with_a_nan_value_counts_it():
 
 
 def test_a_meta_tensor_is_refused_with_a_clear_error_and_leaves_no_row():
-    step = StepSums()
+    step = StepSums(reducers=REDUCERS())
     with pytest.raises(ValueError, match="meta device.*real device"):
         step.add(torch.empty(3, 4, device="meta"))
     assert len(step) == 0 and step.add(torch.ones(2)) == 0
 
 
 def test_add_many_refuses_a_meta_tensor_and_leaves_no_garbage_in_the_rows_it_took():
-    step = StepSums()
+    step = StepSums(reducers=REDUCERS())
     with pytest.raises(ValueError, match="meta device"):
         step.add_many([torch.ones(3), torch.empty(2, device="meta")])
     sums, _ = step.rows()
     for row in sums:  # a row taken for the first tensor holds NaN or its sums, not np.empty's bytes
-        assert np.isnan(row).all() or (row[stats.MIN], row[stats.MAX], row[stats.NONZERO]) == (1.0, 1.0, 3.0)
+        assert np.isnan(row).all() or (row[MIN], row[MAX], row[NONZERO]) == (1.0, 1.0, 3.0)
     assert step.add_many([torch.full((2,), 4.0)]) == [len(sums)]
 
 
 def test_a_batch_of_tensors_across_row_boundaries_gets_each_tensors_statistics():
     """Tensors reduced together in one grid (the path of tensors on an accelerator): sizes around the
     grid's row length, first values that are zero, NaN or infinite (the filler copies them)."""
-    c = stats.CHUNK
+    c = CHUNK
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(n, generator=g) * 2 + 1 for n in (2, 7, c - 1, c, c + 1, 3 * c + 5)]
     tensors[1][0] = 0.0
@@ -307,9 +313,8 @@ def test_a_batch_of_tensors_across_row_boundaries_gets_each_tensors_statistics()
             assert counts[i].sum() == 0
 
 
-def test_a_staged_tensor_is_reduced_as_it_was_when_added_unless_deferred(monkeypatch):
-    monkeypatch.setattr(stats, "COMPILED", False)  # CPU tensors take the accelerator's path
-    step = StepSums()
+def test_a_staged_tensor_is_reduced_as_it_was_when_added_unless_deferred():
+    step = StepSums(reducers=REDUCERS() if REDUCERS is not compiled_reducers else torch_reducers())
     copied, kept = torch.randn(300) + 3, torch.randn(300) + 3
     copied_mean, kept_mean = copied.double().mean().item(), kept.double().mean().item()
     step.add(copied)  # an activation: a later in-place op (ReLU(inplace=True), x += ...) must not show
@@ -323,25 +328,26 @@ def test_a_staged_tensor_is_reduced_as_it_was_when_added_unless_deferred(monkeyp
     assert means[1] == pytest.approx(kept_mean + 100, rel=1e-6)
 
 
-def test_staged_tensors_are_reduced_once_the_stage_is_full(monkeypatch):
-    monkeypatch.setattr(stats, "COMPILED", False)
-    monkeypatch.setattr(stats, "STAGE_BYTES", 5000)
-    step = StepSums()
+def test_staged_tensors_are_reduced_once_the_stage_is_full():
+    """Kept by reference (deferred), a staged tensor's row shows in-place changes made before its
+    batch is reduced, and not those made after."""
+    step = StepSums(reducers=[TorchReducer(stage_bytes=5000)])
     xs = [torch.randn(600), torch.randn(300).double(), torch.randn(200)]
-    step.add(xs[0])
-    step.add(xs[1])
-    staged = step._staged_bytes + step._batched_bytes  # (for torch's kernels, for Triton's)
-    assert staged == 600 * 4 + 300 * 8 and not step._device_rows  # 4800 bytes: still staged
-    step.add(xs[2])  # 5600 bytes staged: reduced at once, a batch per dtype
-    assert step._staged_bytes + step._batched_bytes == 0 and len(step._device_rows) == 2
+    step.add(xs[0], defer=True)
+    step.add(xs[1], defer=True)  # 4800 bytes staged: not reduced yet
+    xs[0].add_(100)  # shows
+    step.add(xs[2], defer=True)  # 5600 bytes: reduced now, a batch per dtype
+    want = [x.double().mean().item() for x in xs]
+    for x in xs:
+        x.add_(100)  # does not show
     means = finish(np.array([600, 300, 200]), step.rows()[0])["mean"]
-    np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(means, want, rtol=1e-5, atol=1e-7)
 
 
 def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would():
     first = [torch.randn(5000), torch.randn(40, 30).double(), torch.randn(9)]
     second = [torch.randn(7) * 5, torch.randn(3000) + 2]
-    step = StepSums(bins=8, capacity=1)
+    step = StepSums(bins=8, capacity=1, reducers=REDUCERS())
     step.add_many(first) if MANY else [step.add(x, defer=DEFER) for x in first]
     step.rows()
     step.reset()  # a new step: rows start at 0 again, the histogram counts at zero
@@ -361,7 +367,7 @@ def test_more_tensors_than_the_kept_batch_table_holds_are_each_reduced():
     g = torch.Generator().manual_seed(3)
     tensors = [torch.randn(5 + i, generator=g) + i / 10 for i in range(150)]  # the table starts at 64 rows
     tensors[100][3] = float("nan")  # one row redone exactly
-    step = StepSums(capacity=1)
+    step = StepSums(capacity=1, reducers=REDUCERS())
     step.add_many(tensors) if MANY else [step.add(x, defer=True) for x in tensors]
     got = finish(np.array([x.numel() for x in tensors]), step.rows()[0])
     for key in ("mean", "max", "nan_count"):

@@ -18,9 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from torch import nn
 
 import workbench
+from workbench.instrument.torch_internals import installed_hooks
 from workbench.instrument import StepRecord
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, RunStore
 
@@ -325,7 +327,7 @@ def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):
     with pytest.raises(TypeError, match="store must be a directory path"):
         workbench.watch(model, store=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
-    assert not torch.nn.modules.module._global_forward_hooks  # the refused watches took their hooks out
+    assert installed_hooks()["_global_forward_hooks"] == 0  # the refused watches took their hooks out
 
 
 READER = textwrap.dedent("""

@@ -8,8 +8,8 @@ import torch
 
 from tests.instrument.conftest import interpreted_triton_kernels
 from tests.instrument.test_stats import reference
-from workbench.instrument import stats
-from workbench.instrument.stats import StepSums, finish
+from workbench.instrument.reduce import StepSums
+from workbench.instrument.schema import SHIFT, finish
 
 
 @pytest.mark.parametrize("programs", [128, 2], ids=["a-program-a-row", "programs-take-rows-in-turn"])
@@ -38,7 +38,7 @@ def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype
         if torch.isfinite(x).all():
             for key in ("mean", "std", "abs_mean", "norm"):
                 assert got[key][i] == pytest.approx(want[key], rel=1e-5), (i, key)
-    assert sums[0, stats.SHIFT] == pieces[0][0].item()  # sums are taken around the tensor's first value
+    assert sums[0, SHIFT] == pieces[0][0].item()  # sums are taken around the tensor's first value
 
 
 def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(interpreted_triton):
@@ -57,19 +57,19 @@ def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(i
         np.testing.assert_allclose(means, [x.double().mean().item() for x in batch], rtol=1e-6)
 
 
-def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton, monkeypatch):
+def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton):
     class Broken:
         @staticmethod
         def batch_sums(tensors):
             raise RuntimeError("no kernel image is available for this GPU")
 
-    monkeypatch.setattr(stats, "_triton", Broken)
-    step = StepSums()
+    step = StepSums(reducers=interpreted_triton(kernels=Broken))
     xs = [torch.randn(50) + 1, torch.randn(70).half()]
     for x in xs:
         step.add(x)
     with pytest.warns(RuntimeWarning, match="no kernel image .* fall back to torch's kernels"):
         sums, _ = step.rows()
-    assert stats._triton is False  # later tensors go straight to torch's kernels
-    means = finish(np.array([50, 70]), sums)["mean"]
-    np.testing.assert_allclose(means, [x.double().mean().item() for x in xs], rtol=1e-5)
+    later = torch.randn(30) - 2
+    step.add(later)  # straight to torch's kernels: no second warning (warnings are errors here)
+    means = finish(np.array([50, 70, 30]), step.rows()[0])["mean"]
+    np.testing.assert_allclose(means, [x.double().mean().item() for x in xs + [later]], rtol=1e-5)

@@ -12,7 +12,7 @@ from torch import nn
 
 import workbench
 from workbench.instrument import StepRecord
-from workbench.instrument.stats import SUMS
+from workbench.instrument.schema import SUMS
 from workbench.ui import figures
 from workbench.ui.views import PERCENTILES, STATISTICS, History, RunView
 

@@ -1,12 +1,30 @@
-"""Instrumentation: hooks -> on-device statistics -> the Recorder's stream (-> the run store).
+"""Instrumentation: ``watch(model)`` records activations and gradients of any ``nn.Module``.
 
-``watch(model)`` attaches to any ``nn.Module``; see :mod:`workbench.instrument.hooks`.
+The pipeline, one file a stage (a newcomer's map):
+
+1. :mod:`~workbench.instrument.sites` names each module call: module path and call index
+   (pure bookkeeping on the module tree).
+2. :mod:`~workbench.instrument.hooks` is where hooks are attached and fire: forward hooks, output
+   gradient hooks, parameter gradient hooks, parameter reads; each hands a tensor and its row key
+   to the step's sums. Every private torch API they rely on is in
+   :mod:`~workbench.instrument.torch_internals`.
+3. :mod:`~workbench.instrument.reduce` is where a statistic is computed: each tensor becomes a row
+   of raw sums, by a reducer chosen per tensor - compiled CPU kernels (:mod:`~workbench.instrument.reduce_cpu`),
+   Triton on CUDA (:mod:`~workbench.instrument.reduce_triton`) or torch's kernels
+   (:mod:`~workbench.instrument.reduce_torch`).
+4. :mod:`~workbench.instrument.watch` (the ``Watch`` facade) ends each step: one host transfer of
+   the sums, one :class:`StepRecord` published to the :mod:`~workbench.instrument.recorder`.
+5. Sinks subscribe to the recorder: :mod:`~workbench.instrument.store` is where a row is written
+   (SQLite), composed by :func:`watch` (:mod:`~workbench.instrument.compose`); the UI's views read
+   the same stream. :mod:`~workbench.instrument.schema` names the kinds, the sums and the columns once.
 """
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.schema import KINDS, ROW_COLUMNS, STAT_COLUMNS
 from workbench.instrument.store import Run, RunError, RunStore, compare_runs, list_runs, load_run
-from workbench.instrument.hooks import Intervention, Watch, watch
+from workbench.instrument.interventions import Intervention
+from workbench.instrument.watch import Watch
+from workbench.instrument.compose import watch
 
 __all__ = ["KINDS", "ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "Run", "RunError", "RunStore", "StepRecord",
            "Subscription", "Update", "Watch", "compare_runs", "list_runs", "load_run", "watch"]

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, TEXT_COLUMNS
-from workbench.instrument.stats import MAX, MIN, SUMS, finish
+from workbench.instrument.schema import INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
            "histograms_frame", "metrics_frame"]

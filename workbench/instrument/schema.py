@@ -1,34 +1,86 @@
-"""The record schema, written once: the kinds of tensor recorded and the columns of a row.
+"""The record schema, written once: the kinds of tensor recorded, the raw sums a reducer
+produces for a tensor, and the columns of a row.
 
 One row per tensor per call site per recorded step (DESIGN.md, "Record schema"):
-:data:`KEY_COLUMNS` name the tensor, :data:`STAT_COLUMNS` are its statistics.
-The recorder's frames, the run store's tables and the UI all read these.
+:data:`KEY_COLUMNS` name the tensor, :data:`STAT_COLUMNS` are its statistics, derived by
+:func:`finish` from the raw :data:`SUMS` that the reducers (:mod:`workbench.instrument.reduce`)
+leave in a step's rows. The recorder's frames, the run store's tables and the UI all read these.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from workbench.instrument.stats import STAT_COLUMNS
-
-__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "KINDS", "KEY_COLUMNS", "STAT_COLUMNS",
-           "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "anomalous"]
+__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "KEY_COLUMNS",
+           "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
 PARAM = "param"  #: a parameter's value, once per recorded step
 PARAM_GRAD = "param_grad"  #: a parameter's gradient, as accumulated by the step's backward
-KINDS = (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD)
+#: a parameter's update over a recorded step (its value at ``step()`` less its value when the step
+#: started): the optimizer's step, whose norm over the parameter's is the update ratio
+UPDATE = "update"
+KINDS = (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE)
+
+#: The raw per-tensor sums a reducer writes, in this order. ``sum`` and ``sum_sq`` are of
+#: ``x - shift``, where ``shift`` is the tensor's first value (0 when that is not finite): with sums
+#: around a value of the tensor, the variance keeps its precision when the mean is large against
+#: the spread. Raw sums (not means and stds) keep the hooks to plain reductions, and sums of
+#: several tensors (or ranks) combine; the divisions happen once, on the host, in :func:`finish`.
+SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift")
+SUM, SUM_SQ, ABS_SUM, MIN, MAX, NONZERO, NAN, INF, SHIFT = range(len(SUMS))
 
 #: What names a row: the step, the call site (module path and call index), the kind, the tensor
 #: leaf inside a structured output (``out``, ``out.0``, ``out.1.h``) and its shape.
 KEY_COLUMNS = ("step", "module", "call", "kind", "tensor", "shape")
+#: The statistics of a row, derived from its sums and its numel.
+STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count")
 #: Columns of ``to_pandas()``.
 ROW_COLUMNS = KEY_COLUMNS + STAT_COLUMNS
 INT_COLUMNS = ("step", "call", "numel", "nan_count", "inf_count")
 TEXT_COLUMNS = ("module", "kind", "tensor", "shape")
 
+#: How a run ends: ``Watch.close(status)`` and the run store's status (a run still being written
+#: is ``running``; one whose writer died is read ``interrupted``).
+STATUSES = ("finished", "stopped", "failed")
+
 
 def anomalous(rows: pd.DataFrame) -> pd.Series:
     """Which rows hold a NaN or an Inf."""
     return (rows.nan_count > 0) | (rows.inf_count > 0)
+
+
+def finish(numel: np.ndarray, sums: np.ndarray) -> dict[str, np.ndarray]:
+    """The :data:`STAT_COLUMNS` from host copies of the sums, vectorized over rows.
+
+    Args:
+        numel: (n,) element counts.
+        sums: (n, 9) rows of :data:`SUMS`.
+
+    Returns:
+        A dict of (n,) arrays, one per statistic column.
+    """
+    n = numel.astype(np.float64)
+    s, sq, a, lo, hi, nonzero, nan, inf, shift = sums.T
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mean = shift + s / n
+        # unbiased, as torch.std; sums around the shift keep the difference accurate
+        var = np.maximum(sq - s * (s / n), 0.0) / (n - 1)
+        std = np.where(n > 1, np.sqrt(var), np.nan)
+        std = np.where(np.isfinite(mean), std, np.nan)
+        return {
+            "numel": numel.astype(np.int64),
+            "mean": mean,
+            "std": std,
+            "min": lo,
+            "max": hi,
+            "abs_mean": a / n,
+            # sqrt of the sum of x**2; torch.linalg.norm's answer where a value is not finite
+            "norm": np.where(nan > 0, np.nan, np.where(inf > 0, np.inf,
+                                                       np.sqrt(np.maximum(sq + shift * (2 * s + n * shift), 0.0)))),
+            "zero_frac": np.where(n > 0, (n - nonzero) / n, np.nan),
+            "nan_count": nan.astype(np.int64),
+            "inf_count": inf.astype(np.int64),
+        }

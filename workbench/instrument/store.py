@@ -44,8 +44,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update, format_shape
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS
-from workbench.instrument.stats import MAX, MIN, finish
+from workbench.instrument.schema import INT_COLUMNS, MAX, MIN, ROW_COLUMNS, STAT_COLUMNS, STATUSES, finish
 
 __all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "Run", "load_run", "list_runs",
            "compare_runs", "RunError"]
@@ -54,7 +53,6 @@ SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
 LOCK_NAME = "run.lock"  # held (flock, exclusive) by the writer while it writes
 #: What a writer closes a run with; ``running`` while it writes, ``interrupted`` when read without one.
-STATUSES = ("finished", "stopped", "failed")
 STAT_SQL = ", ".join(f"{c} {'INTEGER' if c in INT_COLUMNS else 'REAL'}" for c in STAT_COLUMNS)
 
 SCHEMA = f"""
@@ -83,9 +81,9 @@ class RunError(ValueError):
 def versions() -> dict[str, str]:
     import torch
 
-    import workbench
+    from workbench._version import __version__
 
-    return {"workbench": workbench.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    return {"workbench": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 class RunStore:

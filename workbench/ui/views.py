@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
-from workbench.instrument.stats import MAX, MIN, finish
+from workbench.instrument.schema import MAX, MIN, finish
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
 

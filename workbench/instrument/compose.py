@@ -1,0 +1,90 @@
+"""``watch()``: a :class:`~workbench.instrument.watch.Watch` composed with its sinks.
+
+The watch records into its :class:`~workbench.instrument.recorder.Recorder`; sinks subscribe to
+the recorder and read the rows on threads of their own: the run store
+(:class:`~workbench.instrument.store.RunStore`, with ``store=``), the app's and the notebook's
+views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored run
+(:meth:`Run.export <workbench.instrument.store.Run.export>`). Nothing in the hooks knows of them.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from workbench.instrument.recorder import Recorder
+from workbench.instrument.reduce import Reducer
+from workbench.instrument.sites import ModuleSelector
+from workbench.instrument.store import RunStore
+from workbench.instrument.watch import Watch
+
+__all__ = ["watch"]
+
+
+def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
+          activations: bool = True, gradients: bool = True, parameters: bool = True,
+          parameter_grads: bool = True, updates: bool = False, histograms: bool = False, bins: int = 32,
+          recorder: Recorder | None = None, store: str | Path | None = None,
+          metadata: dict[str, Any] | None = None, start_step: int = 1,
+          reducers: Sequence[Reducer] | None = None) -> Watch:
+    """Watch a module: record activations and gradients per call site, step by step.
+
+    ::
+
+        with workbench.watch(model) as w:
+            for batch in data:
+                loss = objective(model(batch)); loss.backward(); opt.step(); opt.zero_grad()
+                w.step(loss=loss.item())
+        w.to_pandas()
+
+    Args:
+        model: any ``torch.nn.Module`` (a ``torch.compile`` wrapper or a ``DistributedDataParallel``
+            is watched through the module it wraps, with that module's paths).
+        modules: which call sites to record: a glob on the module path (``"*"``, ``"resblocks.*"``),
+            a list of globs, or a predicate ``path -> bool``. The model itself has the path ``""``.
+        exclude: call sites to leave out, in the same forms.
+        every: record every Nth step (the 1st, N+1th ...); in between the hooks are out.
+        activations: record module outputs (every tensor leaf of a structured output).
+        gradients: record gradients w.r.t. module outputs (in training mode with grad enabled).
+        parameters: record parameter values, once per recorded step.
+        parameter_grads: record parameter gradients, once per backward.
+        updates: record each parameter's update over a recorded step (its value at ``step()`` less
+            its value when the step started: the optimizer's step; kind ``update``). Costs a copy of
+            the parameters per recorded step.
+        histograms: also record a histogram of every tensor.
+        bins: histogram bins.
+        recorder: publish into this Recorder (default: a new one).
+        store: a run directory to write the run into (SQLite, crash-safe); read it back with
+            ``workbench.load_run(store)``.
+        metadata: facts stored with the run (model name, config ...).
+        start_step: the number of the first step.
+        reducers: the reduction backends, in order of preference (default:
+            :func:`~workbench.instrument.reduce.default_reducers`).
+
+    Returns:
+        A :class:`~workbench.instrument.watch.Watch`; a context manager. ``close()`` removes every
+        hook and closes the store.
+
+    Raises:
+        TypeError: ``model`` is not a module, or an option has the wrong type.
+        ValueError: ``every``/``bins`` not positive, or ``modules`` selects nothing.
+        workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
+    """
+    w = Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
+              gradients=gradients, parameters=parameters, parameter_grads=parameter_grads, updates=updates,
+              histograms=histograms, bins=bins, recorder=recorder, start_step=start_step, reducers=reducers)
+    if store is not None:
+        facts = {"model": type(w.model).__name__, "every": every, "modules": repr(modules),
+                 "exclude": repr(exclude), **w.options, **(metadata or {})}
+        try:
+            w.store = RunStore(store, facts, on_error=lambda message: w.report("store", message))
+            w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
+            w.store.attach(w.recorder)
+        except BaseException as exc:  # no hook left in
+            w.close("failed", "".join(traceback.format_exception(exc)))
+            raise
+    return w

@@ -1,0 +1,78 @@
+"""Interventions: patches on a call site's output (``Watch.patch``, ``Watch.ablate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from workbench.instrument.tree import map_tensors
+
+__all__ = ["Intervention", "zero_units"]
+
+
+class Intervention:
+    """A patch on a call site's output; ``remove()`` takes it away.
+
+    Attributes:
+        path: the module path it patches.
+        fn: output -> replacement.
+        call: the call index it applies to (None: every call).
+        label: what it does, as shown in errors and the UI.
+    """
+
+    def __init__(self, path: str, fn: Callable[[Any], Any], call: int | None, label: str,
+                 remove: Callable[[Intervention], None]) -> None:
+        self.path, self.fn, self.call, self.label = path, fn, call, label
+        self._remove = remove
+
+    def applies(self, call: int | None) -> bool:
+        """Whether it applies to ``call`` (None: a call of unknown index, a recomputed one)."""
+        return self.call is None or self.call == call
+
+    def remove(self) -> None:
+        """Stop patching (idempotent)."""
+        self._remove(self)
+
+    def __repr__(self) -> str:
+        at = "every call" if self.call is None else f"call {self.call}"
+        return f"Intervention({self.label} at {self.path!r}, {at})"
+
+
+def unit_index(units: int | Iterable[int], dim: int) -> list[int]:
+    """``units`` as a list of indices, checked.
+
+    Raises:
+        TypeError: units is not an int or a non-empty list of ints, or dim is not an int.
+    """
+    index = [units] if isinstance(units, int) else list(units) if isinstance(units, (list, tuple, range)) else None
+    if not index or not all(isinstance(u, int) and not isinstance(u, bool) for u in index):
+        raise TypeError(f"units must be an int or a non-empty list of ints, got {units!r}.")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {dim!r}.")
+    return index
+
+
+def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
+    """Raise a ValueError when ``dim`` or ``index`` do not fit an output of ``shape``."""
+    if not -len(shape) <= dim < len(shape):
+        raise ValueError(f"ablate({path!r}): dim={dim} is out of range for its output of shape "
+                         f"{shape}; pass a dim in [{-len(shape)}, {len(shape) - 1}].")
+    size = shape[dim]
+    bad = [u for u in index if isinstance(size, int) and not -size <= u < size]
+    if bad:
+        raise ValueError(f"ablate({path!r}): units {bad} are out of range for dim {dim} of its output "
+                         f"of shape {shape}; pass units in [0, {size - 1}].")
+
+
+def zero_units(path: str, index: list[int], dim: int) -> Callable[[Any], Any]:
+    """output -> the output with ``index`` zeroed along ``dim`` in every floating-point tensor."""
+
+    def zero(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point():
+            return tensor
+        check_units(path, index, dim, tuple(tensor.shape))
+        return tensor.index_fill(dim, torch.tensor(index, device=tensor.device), 0)
+
+    return lambda output: map_tensors(output, zero)

@@ -1,0 +1,245 @@
+"""Reduction: each tensor a hook hands over becomes a row of raw :data:`~workbench.instrument.schema.SUMS`.
+
+:class:`StepSums` holds one step's rows. It hands each tensor to the first of
+its reducers that takes it:
+
+- :class:`~workbench.instrument.reduce_cpu.CompiledCpuReducer`: CPU tensors,
+  by compiled one-pass kernels straight into the step's host rows;
+- :class:`~workbench.instrument.reduce_triton.TritonReducer`: CUDA tensors,
+  batched and read where they lie by two Triton kernels;
+- :class:`~workbench.instrument.reduce_torch.TorchReducer`: anything, with
+  torch's kernels, batched per device.
+
+Which reducers a step uses is chosen per instance (``StepSums(reducers=...)``,
+``watch(model, reducers=...)``): the default list is :func:`default_reducers`,
+and the tests pass others to run every path on the CPU. Nothing waits for a
+device until :meth:`StepSums.rows`, which moves what the device reducers left
+there to the host in one transfer per device.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from workbench.instrument.schema import SUMS
+
+__all__ = ["StepSums", "HostRows", "DeviceSums", "Reducer", "default_reducers", "EMPTY"]
+
+#: The sums of an empty tensor.
+EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
+
+
+class HostRows:
+    """The rows of a step on the host: ``sums`` (rows, 9) float64 and histogram ``counts``
+    (rows, bins) float32 (None without histograms), grown as needed. The compiled kernels write
+    into them by address: ``sums_address`` and ``counts_address`` are kept up to date."""
+
+    def __init__(self, bins: int | None, capacity: int) -> None:
+        self.bins = bins
+        self.sums = np.empty((max(capacity, 1), len(SUMS)))
+        self.counts = np.zeros((len(self.sums), bins), np.float32) if bins else None
+        self._addresses()
+
+    def __len__(self) -> int:
+        return len(self.sums)
+
+    def grow(self) -> None:
+        self.sums = np.concatenate([self.sums, np.empty_like(self.sums)])
+        if self.counts is not None:
+            self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+        self._addresses()
+
+    def _addresses(self) -> None:
+        # kept, not read from ``ndarray.ctypes`` at each use: that builds an object per read
+        self.sums_address = self.sums.ctypes.data
+        self.sums_view = memoryview(self.sums.reshape(-1))  # element reads without numpy's indexing
+        self.counts_address = self.counts.ctypes.data if self.counts is not None else 0
+
+
+@dataclass
+class DeviceSums:
+    """Sums a reducer left on a device, for :meth:`StepSums.rows` to fetch: the record ``rows``
+    they belong to and ``sums``, either one row per record row or (with ``grid_rows`` and
+    ``filler``, see :func:`~workbench.instrument.reduce_torch.chunk_sums`) per grid row, to be
+    combined on the host; ``counts`` are their histograms, or None."""
+
+    rows: list[int]
+    sums: torch.Tensor
+    counts: torch.Tensor | None = None
+    grid_rows: np.ndarray | None = None
+    filler: np.ndarray | None = None
+
+
+class Reducer:
+    """One way of reducing tensors to rows of SUMS (and histograms). A step's reducers are tried
+    in order; the first whose :meth:`takes` says yes reduces the tensor. Called under the step's
+    lock, one call at a time."""
+
+    def bind(self, host: HostRows) -> None:
+        """Write into ``host`` (called once, by the StepSums that uses this reducer)."""
+        self.host = host
+
+    def takes(self, x: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    def add(self, x: torch.Tensor, row: int, defer: bool) -> None:
+        """Reduce ``x`` into ``row``; with ``defer``, nothing changes ``x`` before :meth:`flush`, so it
+        may be kept by reference and reduced with others then."""
+        raise NotImplementedError
+
+    def add_many(self, entries: list[tuple[torch.Tensor, int]]) -> None:
+        """``add(x, row, defer=True)`` for each entry (a reducer may batch them)."""
+        for x, row in entries:
+            self.add(x, row, defer=True)
+
+    def flush(self) -> None:
+        """Let go of the tensors kept by reference (reduced, or copied to be reduced later)."""
+
+    def collect(self) -> list[DeviceSums]:
+        """Reduce what is left, and give the sums that are still on a device (taken: a second call
+        gives only what was added since)."""
+        return []
+
+    def reset(self) -> None:
+        """Drop everything of this step."""
+
+
+def default_reducers(bins: int | None = None) -> list[Reducer]:
+    """Compiled kernels for CPU tensors, the Triton kernels for CUDA tensors (without histograms:
+    torch's kernels bin them), torch's kernels for the rest."""
+    from workbench.instrument.reduce_cpu import CompiledCpuReducer
+    from workbench.instrument.reduce_torch import TorchReducer
+    from workbench.instrument.reduce_triton import TritonReducer
+    torch_reducer = TorchReducer()
+    return [CompiledCpuReducer(), TritonReducer(fallback=torch_reducer), torch_reducer]
+
+
+class StepSums:
+    """The sums (and histograms) of one step's tensors, a row per :meth:`add`.
+
+    Thread-safe: a backward may run hooks on other threads.
+
+    Args:
+        bins: histogram bins per tensor, or None for no histograms.
+        capacity: rows to allocate up front (grows as needed).
+        reducers: the reducers to try, in order (default: :func:`default_reducers`); the last
+            should take every tensor (a :class:`~workbench.instrument.reduce_torch.TorchReducer`).
+    """
+
+    def __init__(self, bins: int | None = None, capacity: int = 64,
+                 reducers: Sequence[Reducer] | None = None) -> None:
+        self.bins = bins
+        self.host = HostRows(bins, capacity)
+        self.reducers = list(reducers) if reducers is not None else default_reducers(bins)
+        if not self.reducers:
+            raise ValueError("StepSums needs at least one reducer; pass None for the default ones.")
+        for reducer in self.reducers:
+            reducer.bind(self.host)
+        self._n = 0
+        self._used = False  # something was added since the last reset
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def reset(self) -> None:
+        """Empty, for another step's tensors: the rows start again at 0, the arrays are kept.
+
+        Call it once :meth:`rows` has read the step (what is still staged or queued is dropped).
+        """
+        if not self._used:
+            return  # an idle step
+        with self._lock:
+            if self.host.counts is not None:
+                self.host.counts.fill(0)  # the histogram kernels add to their row
+            self._n = 0
+            self._used = False
+            for reducer in self.reducers:
+                reducer.reset()
+
+    def _reducer(self, x: torch.Tensor) -> Reducer:
+        for reducer in self.reducers:
+            if reducer.takes(x):
+                return reducer
+        raise TypeError(f"no reducer of this step takes a {x.dtype} tensor on {x.device} "
+                        f"(reducers: {[type(r).__name__ for r in self.reducers]}).")
+
+    def add(self, x: torch.Tensor, defer: bool = False) -> int:
+        """Reduce ``x`` (any dtype, device and layout), now or, with ``defer``, at the next
+        :meth:`flush`; returns its row."""
+        with self._lock:
+            row = self._n
+            if row == len(self.host):
+                self.host.grow()
+            self._used = True
+            self._reducer(x).add(x, row, defer)
+            self._n = row + 1  # only once the row is filled or queued: a failed reduction leaves no row
+            return row
+
+    def add_many(self, tensors: Sequence[torch.Tensor]) -> list[int]:
+        """``[add(x, defer=True) for x in tensors]``, each reducer taking its tensors together: for a
+        step's parameters and their gradients, which come by the hundred and which nothing changes
+        in between. Returns their rows.
+
+        If it raises, some of the tensors may have rows (filled with NaN) that it did not return.
+        """
+        with self._lock:
+            rows = list(range(self._n, self._n + len(tensors)))
+            while rows and rows[-1] >= len(self.host):
+                self.host.grow()
+            self._used = True
+            groups: dict[int, tuple[Reducer, list]] = {}
+            for x, row in zip(tensors, rows):
+                reducer = self._reducer(x)
+                groups.setdefault(id(reducer), (reducer, []))[1].append((x, row))
+            self._n += len(rows)  # (taken even if a reducer raises: it may have staged some of them)
+            try:
+                for reducer, entries in groups.values():
+                    reducer.add_many(entries)
+            except BaseException:
+                self.host.sums[rows] = np.nan  # not np.empty's garbage
+                raise
+            return rows
+
+    def flush(self) -> None:
+        """Reduce what was deferred, or copy what is kept by reference: the tensors may change after."""
+        with self._lock:
+            for reducer in self.reducers:
+                reducer.flush()
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Host copies of the sums ``(rows, 9)`` and histogram counts ``(rows, bins)`` (or None):
+        the sums of tensors on other devices come over in one transfer per device."""
+        with self._lock:
+            device_sums = [entry for reducer in self.reducers for entry in reducer.collect()]
+            by_device: dict[torch.device, list[DeviceSums]] = {}
+            for entry in device_sums:
+                by_device.setdefault(entry.sums.device, []).append(entry)
+            for entries in by_device.values():
+                self._fetch(entries)
+            sums = self.host.sums[:self._n].copy()
+            counts = self.host.counts[:self._n].copy() if self.host.counts is not None else None
+        return sums, counts
+
+    def _fetch(self, entries: list[DeviceSums]) -> None:
+        """Bring the sums of one device over into the host rows, in one transfer: every entry's sums
+        and counts flattened into one tensor."""
+        parts = [part.reshape(-1).double() for entry in entries for part in (entry.sums, entry.counts)
+                 if part is not None]
+        fetched, offset = torch.cat(parts).cpu().numpy(), 0
+        for entry in entries:
+            sums = fetched[offset:offset + entry.sums.numel()].reshape(entry.sums.shape)
+            offset += entry.sums.numel()
+            if entry.grid_rows is not None:
+                from workbench.instrument.reduce_torch import combine_chunks
+                sums = combine_chunks(sums, entry.grid_rows, entry.filler)
+            self.host.sums[entry.rows] = sums
+            if entry.counts is not None:
+                self.host.counts[entry.rows] = fetched[offset:offset + entry.counts.numel()].reshape(entry.counts.shape)
+                offset += entry.counts.numel()

@@ -1,0 +1,144 @@
+"""The CPU reducer: compiled one-pass kernels (:mod:`workbench.instrument._stats_kernels`) write a
+tensor's :data:`~workbench.instrument.schema.SUMS` (and histogram) straight into its row of the
+step's host arrays, reading the tensor once where torch's kernels would take about ten passes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from workbench.instrument import _stats_kernels as kernels
+from workbench.instrument.reduce import EMPTY, Reducer
+from workbench.instrument.reduce_torch import add_implicit_zeros, as_float, plain_values, zeros_histogram
+from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
+
+__all__ = ["CompiledCpuReducer", "DEFER_MAX_BYTES", "DEFER_BYTES"]
+
+#: Only tensors up to this size are deferred: for them the call costs as much as the reduction; a
+#: larger one is reduced at once, while it is still in cache.
+DEFER_MAX_BYTES = 256 << 10
+#: The queue is reduced once it holds this many bytes, while they are still in cache; it also
+#: bounds the memory the queued tensors keep alive.
+DEFER_BYTES = 1 << 20
+
+_ROW = len(SUMS)
+_ROW_BYTES = _ROW * 8
+_loaded: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram, batch, check): built once a process
+
+
+def _kernels(dtype: torch.dtype) -> tuple:
+    found = _loaded.get(dtype)
+    if found is None:
+        found = _loaded[dtype] = kernels.compile_kernels(str(dtype).removeprefix("torch."))
+    return found
+
+
+def _read_as_is(x: torch.Tensor) -> bool:
+    """Whether the kernels read ``x`` as it is: contiguous, strided, not nested or negated, of a
+    dtype whose kernels are loaded (float32/float64 once used)."""
+    return (x.dtype in _loaded and x.layout is torch.strided and not x.is_nested and not x.is_neg()
+            and x.is_contiguous())
+
+
+class CompiledCpuReducer(Reducer):
+    """Reduces CPU tensors with the compiled kernels, at once or, deferred, together.
+
+    A deferred tensor (``add(x, row, defer=True)``) that is small (:data:`DEFER_MAX_BYTES`) is
+    queued and reduced with the others in one compiled call at :meth:`flush` (or once the queue
+    holds :data:`DEFER_BYTES`): for small tensors the call costs as much as the reduction. Any other
+    layout or dtype is made a plain float tensor first (:func:`plain_values`, :func:`as_float`)."""
+
+    def __init__(self, defer_max_bytes: int = DEFER_MAX_BYTES, defer_bytes: int = DEFER_BYTES) -> None:
+        self.defer_max_bytes, self.defer_bytes = defer_max_bytes, defer_bytes
+        self._queued: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
+        self._queued_bytes = 0
+        self._table = np.empty((64, 4), np.int64)  # the (data, n, sums, counts) addresses of a batch
+        self._table_address = self._table.ctypes.data  # (kept, as HostRows keeps its addresses)
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return x.is_cpu
+
+    def add(self, x: torch.Tensor, row: int, defer: bool) -> None:
+        # the hot path of instrumentation: a few attribute reads and one call into compiled code
+        zeros = 0
+        if not _read_as_is(x):
+            x, zeros = plain_values(x)
+            x = as_float(x).contiguous()
+        fast, exact, histogram, _, _ = _kernels(x.dtype)
+        host, n = self.host, x.numel()
+        if n == 0:
+            host.sums[row] = EMPTY
+        elif defer and not zeros and (size := n * x.element_size()) <= self.defer_max_bytes:
+            self._queued.setdefault(x.dtype, []).append((x, row))
+            self._queued_bytes += size
+            if self._queued_bytes >= self.defer_bytes:
+                self.flush()
+            return
+        else:
+            data, out = x.data_ptr(), host.sums_address + row * _ROW_BYTES
+            fast(data, n, out)
+            # a NaN, an infinity, an overflow: the exact pass (checked here, outside the fast-math code)
+            view = host.sums_view
+            if not (math.isfinite(view[row * _ROW + SUM_SQ]) and math.isfinite(view[row * _ROW + ABS_SUM])):
+                exact(data, n, out)
+        if zeros:  # a sparse tensor's: in the sums first, so that the histogram spans them
+            sums = torch.from_numpy(host.sums[row])  # (a view: changed in place)
+            add_implicit_zeros(sums, zeros, n)
+        if host.bins:
+            if n:
+                histogram(data, n, out, host.bins, host.counts_address + row * host.bins * 4)
+            if zeros:
+                host.counts[row] += zeros_histogram(sums, zeros, x.dtype, host.bins).numpy()
+
+    def add_many(self, entries: list[tuple[torch.Tensor, int]]) -> None:
+        """The plain tensors of each dtype in one compiled call now; the others one by one."""
+        batches: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
+        for x, row in entries:
+            if x.numel() and _read_as_is(x):
+                batches.setdefault(x.dtype, []).append((x, row))
+            else:
+                self.add(x, row, defer=True)
+        for dtype, batch in batches.items():
+            self._reduce_batch(dtype, batch)
+
+    def flush(self) -> None:
+        queued, self._queued, self._queued_bytes = self._queued, {}, 0
+        try:
+            for dtype, entries in queued.items():
+                self._reduce_batch(dtype, entries)
+        except BaseException:
+            self.host.sums[[row for entries in queued.values() for _, row in entries]] = np.nan
+            raise
+
+    def collect(self) -> list:
+        self.flush()
+        return []
+
+    def reset(self) -> None:
+        self._queued.clear()
+        self._queued_bytes = 0
+
+    def _reduce_batch(self, dtype: torch.dtype, entries: list[tuple[torch.Tensor, int]]) -> None:
+        _, exact, histogram, batch, check = _kernels(dtype)
+        host = self.host
+        bins = host.bins or 0
+        if len(entries) > len(self._table):
+            self._table = np.empty((max(len(entries), 2 * len(self._table)), 4), np.int64)
+            self._table_address = self._table.ctypes.data
+        table = self._table[:len(entries)]
+        sums_at, counts_at, count_bytes = host.sums_address, host.counts_address, bins * 4
+        table[:] = [(x.data_ptr(), x.numel(), sums_at + row * _ROW_BYTES, counts_at + row * count_bytes)
+                    for x, row in entries]
+        batch(self._table_address, len(table), bins, None)
+        # a NaN, an infinity, an overflow: the exact pass, as in add (checked outside the fast-math code)
+        if not check(self._table_address, len(table)):
+            return
+        rows = [row for _, row in entries]
+        for i in np.flatnonzero(~np.isfinite(host.sums[np.ix_(rows, [SUM_SQ, ABS_SUM])]).all(axis=1)):
+            data, n, out, counts = (int(v) for v in table[i])
+            exact(data, n, out)
+            if bins:
+                host.counts[rows[i]] = 0
+                histogram(data, n, out, bins, counts)

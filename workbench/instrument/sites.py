@@ -1,0 +1,177 @@
+"""Call sites: which module call a hook is in, named as the rows name it. Pure bookkeeping on
+the module tree - no torch hooks - so it is tested by calling :meth:`CallSites.enter` and
+:meth:`CallSites.leave` by hand.
+
+A call site is a module path and a call index: the ``k``-th call of the
+module at that path within a step. A module object reachable under several
+paths (one activation module shared by several parents) is named by the path
+through which its caller called it: the modules with children keep a stack of
+the call sites being executed (:meth:`CallSites.enter`), and a call is
+attributed to the alias under its caller's path (:meth:`CallSites.resolve`).
+Without a shared module every module has its one path and no stack is kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from torch import nn
+
+__all__ = ["CallSites", "ModuleSelector", "selector"]
+
+ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
+
+
+def selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
+    """A predicate on module paths from a glob, a list of globs or a predicate (None: nothing).
+
+    Raises:
+        TypeError: ``spec`` is none of these.
+    """
+    if spec is None:
+        return lambda path: False
+    if callable(spec):
+        return spec
+    patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple, set)) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "
+                        f"got {spec!r}.")
+    return lambda path: any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+class CallSites:
+    """The module paths of ``model``, those selected for recording, and the call site of each call.
+
+    Args:
+        model: the module whose calls are named.
+        modules: which paths to record (glob, globs or predicate; the model itself is ``""``).
+        exclude: paths to leave out, in the same forms.
+
+    Raises:
+        TypeError: a selector of the wrong type.
+        ValueError: the selection leaves no path.
+    """
+
+    def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None) -> None:
+        self.model = model
+        # alias paths of every module object, in named_modules order
+        self.aliases: dict[int, list[str]] = defaultdict(list)
+        self.modules: dict[int, nn.Module] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self.aliases[id(module)].append(path)
+            self.modules[id(module)] = module
+        self.paths = [p for paths in self.aliases.values() for p in paths]
+        include, skip = selector(modules, "modules"), selector(exclude, "exclude")
+        self.selected = {p for p in self.paths if include(p) and not skip(p)}
+        if not self.selected:
+            raise ValueError(f"modules={modules!r} (exclude={exclude!r}) selects no module of "
+                             f"{type(model).__name__}; its module paths are: {self.path_list()}.")
+        shared = any(len(paths) > 1 for paths in self.aliases.values())
+        #: ids of the modules that keep the call stack: those with children, when a module is shared
+        #: (a module without children finds its call site from the stack's top)
+        self.containers = {id(m) for m in self.modules.values()
+                           if next(m.children(), None) is not None} if shared else set()
+        # the path of each module with one path that keeps no stack: looked up in one step
+        self._single_path = {key: paths[0] for key, paths in self.aliases.items()
+                             if len(paths) == 1 and key not in self.containers}
+        self._resolved: dict[tuple[str | None, int], str] = {}
+        self._stack: list[tuple[int, str]] = []
+        self.calls: dict[str, int] = defaultdict(int)  # calls of each path in this step
+
+    @property
+    def needs_stack(self) -> bool:
+        """Whether calls must be followed from their callers (:meth:`enter`): a module is shared."""
+        return bool(self.containers)
+
+    def new_step(self) -> None:
+        """Count calls from 0 again."""
+        self._stack.clear()
+        self.calls.clear()
+
+    def enter(self, module: nn.Module) -> None:
+        """``module`` starts a call (a pre-hook): a container pushes its call site."""
+        if id(module) not in self.containers:
+            return
+        if module is self.model:
+            self._stack.clear()  # a forward that raised earlier may have left entries
+        parent = self._stack[-1][1] if self._stack else None
+        self._stack.append((id(module), self.resolve(parent, module)))
+
+    def leave(self, module: nn.Module) -> str | None:
+        """The path of the call ``module`` has just returned from (a forward hook), or None when
+        ``module`` is not of this model (or its call started before the stack was kept)."""
+        key = id(module)
+        path = self._single_path.get(key)
+        if path is not None:
+            return path
+        if key not in self.modules:  # a module of another model
+            return None
+        if key not in self.containers:
+            return self.resolve(self._stack[-1][1] if self._stack else None, module)
+        if not self._stack:  # hooks put in while this module ran
+            return None
+        mid, path = self._stack.pop()
+        while mid != key and self._stack:  # entries of children whose forward raised
+            mid, path = self._stack.pop()
+        return path
+
+    def count(self, path: str) -> int:
+        """The index of this call of ``path`` within the step (and count it)."""
+        call = self.calls[path]
+        self.calls[path] = call + 1
+        return call
+
+    def resolve(self, parent: str | None, module: nn.Module) -> str:
+        """The alias path through which ``parent`` (a call-site path) called ``module``."""
+        key = (parent, id(module))
+        path = self._resolved.get(key)
+        if path is None:
+            aliases = self.aliases.get(id(module)) or [f"<{type(module).__name__}>"]
+            if parent is None:
+                path = "" if "" in aliases else aliases[0]
+            else:
+                prefix = parent + "." if parent else ""
+                direct = [a for a in aliases if a.startswith(prefix) and "." not in a[len(prefix):]]
+                if direct:
+                    path = direct[0]
+                else:  # called from elsewhere: the alias closest to the caller
+                    path = max(aliases, key=lambda a: len(_common_prefix(a, parent)))
+            self._resolved[key] = path
+        return path
+
+    def parameters(self) -> list[tuple[str, str, nn.Parameter]]:
+        """``(module path, name, parameter)`` of the selected modules' parameters, each tensor once,
+        named by the first module path that owns it."""
+        out, seen = [], set()
+        for module_path, module in self.model.named_modules():
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) in seen or module_path not in self.selected:
+                    continue
+                seen.add(id(param))
+                out.append((module_path, name, param))
+        return out
+
+    def check_path(self, path: str) -> None:
+        """Raise a ValueError naming close matches when ``path`` is no module path of the model."""
+        if path not in self.paths:
+            close = difflib.get_close_matches(str(path), self.paths, n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"No module at path {path!r}.{hint} Module paths: {self.path_list()}.")
+
+    def path_list(self) -> str:
+        """The model's module paths, for error messages (the first 40)."""
+        shown = [p if p else "'' (the model itself)" for p in self.paths[:40]]
+        more = f" ... and {len(self.paths) - 40} more" if len(self.paths) > 40 else ""
+        return ", ".join(shown) + more
+
+
+def _common_prefix(a: str, b: str) -> list[str]:
+    out = []
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        out.append(x)
+    return out

@@ -1,0 +1,218 @@
+"""Every use of torch's private machinery by the instrumentation, in one place.
+
+Each function names the torch behaviour it relies on; ``tests/instrument/test_torch_internals.py``
+has a test per function that fails if a torch release changes that behaviour. Nothing else in
+:mod:`workbench.instrument` touches a private torch name.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["register_module_hooks", "HookSwitch", "register_param_grad_hook", "restore_param_hook_dicts",
+           "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version", "unwrap_compiled",
+           "is_compiled", "installed_hooks"]
+
+
+def run_eagerly(hook: Callable) -> Callable:
+    """``hook``, marked for torch.compile to call as it is (in a graph break) and to trace nothing
+    it calls: what ``torch.compiler.disable`` does, without its wrapper's cost on every module call
+    of every model (the hooks are process-wide).
+
+    Relies on: dynamo recognizing a function as disabled by its ``_torchdynamo_disable`` attribute
+    while tracing, and skipping the frames of a code object whose exec strategy is SKIP (what the
+    wrapper sets up each call). On a torch without them, the wrapper.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+        set_code_exec_strategy(hook.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError):
+        return torch.compiler.disable(hook)
+    hook._torchdynamo_disable = True
+    return hook
+
+
+def register_module_hooks(post_hook: Callable, pre_hook: Callable | None = None) -> list[Any]:
+    """Register process-wide module forward hooks (``register_module_forward_hook``, public): torch
+    runs them for every module call, before the module's own hooks, so nothing is written into the
+    model. Marked to run eagerly under torch.compile (:func:`run_eagerly`). Returns their handles."""
+    # a torch.compile'd module warns on every call that process-wide hooks fire for it too (it is a
+    # module): ours pass it over, as a module of no model they watch
+    warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                            category=UserWarning)
+    handles = [nn.modules.module.register_module_forward_hook(run_eagerly(post_hook))]
+    if pre_hook is not None:
+        handles.append(nn.modules.module.register_module_forward_pre_hook(run_eagerly(pre_hook)))
+    return handles
+
+
+class HookSwitch:
+    """Takes registered hooks out of torch's hook dicts and puts them back in their place, so that
+    steps that record nothing run with no hook of ours (a module without hooks takes torch's fast
+    call path).
+
+    Relies on: a ``RemovableHandle`` keeping a weak reference to its (ordered) hooks dict
+    (``hooks_dict_ref()``) and its key (``id``), and torch calling the hooks in the dict's order.
+    A hook goes back to its old place among the user's hooks (after those registered before it);
+    hooks registered meanwhile stay behind it, as if registered later.
+    """
+
+    def __init__(self, handles: Iterable[Any]) -> None:
+        # [hooks dict, key, hook, order of the dict's keys when the hook was taken out]
+        self._slots = [[h.hooks_dict_ref(), h.id, h.hooks_dict_ref()[h.id], None] for h in handles]
+        self.attached = True
+
+    def set(self, attach: bool) -> None:
+        if attach == self.attached:
+            return
+        for slot in self._slots:
+            hooks, key, hook, order = slot
+            if not attach:
+                slot[3] = list(hooks) if len(hooks) > 1 else None
+                hooks.pop(key, None)
+                continue
+            hooks[key] = hook  # (at the end)
+            if order is not None:
+                # the hooks that were behind ours, and those registered meanwhile, go behind it
+                # again; one move at a time: other threads running modules (the dict is
+                # process-wide) never find a hook missing
+                rank = {k: i for i, k in enumerate(order)}
+                ours = rank[key]
+                for later in [k for k in hooks if k != key and rank.get(k, len(rank)) > ours]:
+                    hooks.move_to_end(later)
+        self.attached = attach
+
+    def clear(self) -> None:
+        self._slots.clear()
+
+
+def register_param_grad_hook(param: nn.Parameter, hook: Callable, fresh: list[nn.Parameter]) -> Any:
+    """``param.register_post_accumulate_grad_hook(hook)`` (public), noting in ``fresh`` a parameter
+    whose hook dict torch creates for it.
+
+    Relies on: ``_post_accumulate_grad_hooks`` being None until a first hook is registered, so
+    that :func:`restore_param_hook_dicts` can leave the parameter as it found it."""
+    if param._post_accumulate_grad_hooks is None:
+        fresh.append(param)
+    return param.register_post_accumulate_grad_hook(hook)
+
+
+def restore_param_hook_dicts(fresh: Iterable[nn.Parameter]) -> None:
+    """Set the emptied hook dicts of parameters that had none back to None (torch keeps the C++
+    hook it made to call the dict; it has no way to remove one, as after any register and remove).
+    Relies on: torch reading ``_post_accumulate_grad_hooks is None`` as no hooks."""
+    for param in fresh:
+        if not param._post_accumulate_grad_hooks:
+            param._post_accumulate_grad_hooks = None
+
+
+def queue_end_of_backward(callback: Callable[[], None]) -> bool:
+    """Have ``callback`` run when the current backward ends; False outside a backward.
+
+    Relies on: the autograd engine's ``queue_callback``, which raises RuntimeError outside a
+    backward and runs the callbacks once the graph task is done."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(callback)
+    except RuntimeError:
+        return False
+    return True
+
+
+def in_backward() -> bool:
+    """Whether this thread runs inside a backward (a forward there is activation checkpointing
+    recomputing). Relies on: ``torch._C._current_graph_task_id()`` being -1 outside a backward."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class GradientHook:
+    """Receives the gradient w.r.t. a tensor when the backward computes it (:meth:`attach`), in
+    :meth:`on_gradient` (subclasses define it).
+
+    The hook is a pre-hook on the autograd node that made the tensor, picking the tensor's
+    gradient from the node's incoming gradients: what a tensor hook receives (the gradient w.r.t.
+    the value the module returned, also after an in-place op changed it), at half its cost. A
+    view that is modified in place loses its node (a tensor hook on it would never fire either);
+    for a view with all its base's elements the base's node receives the same values, and its
+    pre-hook delivers them when the view's own did not fire.
+
+    Relies on: ``grad_fn.register_prehook`` receiving the node's incoming gradients indexed by the
+    tensor's ``output_nr``, and ``_is_view()`` / ``_base`` naming a view's base.
+    """
+
+    __slots__ = ("output", "base_output", "fired")
+
+    def on_gradient(self, grad: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+    def attach(self, tensor: torch.Tensor) -> None:
+        self.output = self.base_output = 0
+        self.fired = False
+        node = tensor.grad_fn
+        if node is None:  # a leaf: no node makes it, a tensor hook gets its gradient
+            tensor.register_hook(self.on_gradient)
+            return
+        self.output = tensor.output_nr
+        node.register_prehook(self._node_hook)
+        if tensor._is_view():
+            base = tensor._base
+            if base.grad_fn is not None and base.numel() == tensor.numel():
+                self.base_output = base.output_nr
+                base.grad_fn.register_prehook(self._base_hook)
+
+    def _node_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        self.fired = True
+        self.on_gradient(grads[self.output])
+
+    def _base_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        if not self.fired:  # the view was modified in place: its node is no longer in the graph
+            self.fired = True
+            self.on_gradient(grads[self.base_output])
+
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (bumped by every in-place op), or None for an inference-mode
+    tensor, which has none. Relies on: ``Tensor._version``."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
+    """The module a ``torch.compile(module)`` wraps, and whether it was one. Relies on: dynamo's
+    ``OptimizedModule`` keeping the original module as ``_orig_mod``."""
+    dynamo = sys.modules.get("torch._dynamo")  # loaded by torch.compile
+    if dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule):
+        return model._orig_mod, True
+    return model, False
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model.compile()`` compiled the module in place. Relies on: ``Module.compile``
+    setting ``_compiled_call_impl``."""
+    return getattr(model, "_compiled_call_impl", None) is not None
+
+
+def installed_hooks(model: nn.Module | None = None) -> dict[str, Any]:
+    """Counts of the hooks in torch's dicts: the process-wide module hooks, and (with ``model``) its
+    modules' own hooks and its parameters' post-accumulate hooks (None where a parameter has no
+    dict). For checking that a watch leaves nothing behind.
+
+    Relies on: the process-wide hooks living in ``torch.nn.modules.module._global_*`` dicts, and a
+    module's in its ``_forward_hooks``-like attributes."""
+    out: dict[str, Any] = {name: len(getattr(nn.modules.module, name)) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks", "_global_forward_hooks_always_called")}
+    if model is not None:
+        keys = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+        out["modules"] = [{key: dict(getattr(m, key)) for key in keys} for m in model.modules()]
+        out["parameters"] = [None if p._post_accumulate_grad_hooks is None else dict(p._post_accumulate_grad_hooks)
+                             for p in model.parameters()]
+    return out

@@ -1,0 +1,321 @@
+"""``Watch``: the facade a user holds. It validates the options, builds the pipeline
+(:class:`~workbench.instrument.sites.CallSites` → :class:`~workbench.instrument.hooks.Hooks` →
+:class:`~workbench.instrument.reduce.StepSums` → :class:`~workbench.instrument.recorder.Recorder`),
+drives the step lifecycle and reads the recorded rows back. It imports no sink: :func:`workbench.watch`
+(:mod:`workbench.instrument.compose`) attaches the run store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from workbench.instrument import torch_internals as internals
+from workbench.instrument.hooks import Hooks, warn
+from workbench.instrument.interventions import Intervention, check_units, unit_index, zero_units
+from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
+from workbench.instrument.reduce import Reducer, StepSums
+from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
+                                         anomalous)
+from workbench.instrument.sites import CallSites, ModuleSelector
+
+__all__ = ["Watch", "Sink"]
+
+
+class Sink(Protocol):
+    """What a watch closes with it: something attached to its recorder (the run store)."""
+
+    def close(self, status: str = "finished", error: str | None = None) -> None: ...
+
+
+def _check_int(name: str, value: Any, low: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be a {what}, got {value!r}.")
+
+
+class Watch:
+    """Records a module's activations, output gradients, parameters, parameter gradients and
+    parameter updates, per call site, step by step. Create one with :func:`workbench.watch`.
+
+    Attributes:
+        model: the module watched (the module a ``torch.compile`` wrapper or a
+            ``DistributedDataParallel`` holds).
+        step_index: the step being recorded now; ``step()`` ends it.
+        errors: instrumentation failures, each a dict (step, module, call, kind, error,
+            traceback); a failing site's kind is disabled, training goes on.
+        recorder: the :class:`~workbench.instrument.recorder.Recorder` the recorded steps are
+            published to.
+        store: the run store attached by ``watch(store=...)``, or None.
+        paths: every module path of the model.
+    """
+
+    def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
+                 every: int = 1, activations: bool = True, gradients: bool = True, parameters: bool = True,
+                 parameter_grads: bool = True, updates: bool = False, histograms: bool = False, bins: int = 32,
+                 recorder: Recorder | None = None, start_step: int = 1,
+                 reducers: Sequence[Reducer] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
+        _check_int("every", every, 1, "positive int (record every Nth step)")
+        _check_int("bins", bins, 1, "positive int")
+        _check_int("start_step", start_step, 0, "non-negative int")
+        flags = dict(activations=activations, gradients=gradients, parameters=parameters,
+                     parameter_grads=parameter_grads, updates=updates, histograms=histograms)
+        for name, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        if recorder is not None and not isinstance(recorder, Recorder):
+            raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
+        if isinstance(model, nn.parallel.DistributedDataParallel):  # sites named by the wrapped model's paths
+            model = model.module
+        model, compiled = internals.unwrap_compiled(model)
+        self.model, self.every = model, every
+        self.options = dict(flags, bins=bins)
+        sites = CallSites(model, modules, exclude)
+        self.paths = sites.paths
+        self._sites = sites
+        param_paths = {module_path for module_path, _, _ in sites.parameters()}
+        kinds = {ACTIVATION: set(sites.selected) if activations else set(),
+                 GRAD_OUTPUT: set(sites.selected) if gradients else set(),
+                 PARAM: set(param_paths) if parameters else set(),
+                 PARAM_GRAD: set(param_paths) if parameter_grads else set(),
+                 UPDATE: set(param_paths) if updates else set()}
+        self.recorder = recorder if recorder is not None else Recorder()
+        self.store: Any = None
+        self._sinks: list[Sink] = []
+        self._metrics: dict[str, float] = {}
+        self.closed = False
+        self.step_index = start_step
+        self._hooks = Hooks(sites, StepSums(bins if histograms else None, reducers=reducers), kinds, compiled, updates)
+        self.errors = self._hooks.errors
+        self._start_step()
+
+    def _start_step(self) -> None:
+        self._metrics = {}
+        self._hooks.start_step(self.step_index, (self.step_index - 1) % self.every == 0)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, **metrics: float) -> StepRecord | None:
+        """End the current step: record it (when it is a recorded step) and start the next.
+
+        Args:
+            **metrics: scalar metrics of this step (loss, accuracy ...), published with its statistics.
+
+        Returns:
+            The step's record, or None when the step was neither recorded nor given metrics.
+        """
+        self._check_open()
+        if metrics:
+            self.log(**metrics)
+        hooks, record = self._hooks, None
+        if hooks.recording:
+            record = self._record(hooks.end_step(self.options["parameters"]))
+        elif self._metrics or hooks.step_errors:
+            record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors))
+        if record is not None:
+            self.recorder.publish(record)
+        self.step_index += 1
+        self._start_step()
+        return record
+
+    def _record(self, entries: list) -> StepRecord:
+        try:
+            sums, counts = self._hooks.sums.rows()  # the one host transfer of the step
+        except Exception as exc:  # (a failed device transfer) the step's statistics are lost, not the run
+            self._hooks.fail("", 0, "statistics", exc)
+            entries, sums, counts = [], np.empty((0, len(SUMS))), None
+        keys, numel, rows = zip(*entries) if entries else ((), (), ())
+        index = np.asarray(rows, np.intp)
+        return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],
+                          counts[index] if counts is not None else None, dict(self._metrics),
+                          tuple(self._hooks.step_errors), index)
+
+    def discard_step(self) -> None:
+        """Forget what the current step has recorded so far, and start it again (same number): a
+        training step that raised leaves no partial step in the rows. A backward still to come of
+        the discarded forward records nothing."""
+        self._check_open()
+        self._start_step()
+
+    def log(self, **metrics: float) -> None:
+        """Attach scalar metrics to the current step (published by ``step()``).
+
+        Raises:
+            TypeError: a metric that is not a number (or a one-element tensor).
+        """
+        for key, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().item() if value.numel() == 1 else value
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
+            self._metrics[key] = float(value)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[Watch]:
+        """A block the watch stays out of, such as an evaluation pass between training steps: its
+        module calls leave no rows, count no call and are not patched, and run without our hooks."""
+        self._check_open()
+        hooks = self._hooks
+        hooks.paused += 1
+        hooks.update()
+        try:
+            yield self
+        finally:
+            hooks.paused -= 1
+            if not self.closed:
+                hooks.update()
+
+    # ------------------------------------------------------------------ interventions
+    def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None) -> Intervention:
+        """Replace the output of the call site ``path`` with ``fn(output)``.
+
+        Args:
+            path: a module path of the model (any of its alias paths).
+            fn: takes the module's output, returns its replacement (same structure).
+            call: only this call index within a step (None: every call).
+
+        Returns:
+            An :class:`~workbench.instrument.interventions.Intervention`; ``remove()`` ends it. The
+            patched output is what the rest of the model sees, what is recorded and what gradients
+            flow through.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+            ValueError: no module at ``path``, or a bad ``call``.
+        """
+        self._check_open()
+        if not callable(fn):
+            raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
+        return self._add_intervention(path, fn, call, getattr(fn, "__name__", "patch"))
+
+    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None) -> Intervention:
+        """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
+
+        Args:
+            path: a module path of the model.
+            units: an index or indices along ``dim`` (channels, features ...).
+            dim: the dimension that indexes units (1: channels of (B, C, ...)).
+            call: only this call index within a step (None: every call).
+
+        Returns:
+            An :class:`~workbench.instrument.interventions.Intervention`.
+
+        Raises:
+            TypeError: units or dim of the wrong type.
+            ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
+        """
+        index = unit_index(units, dim)
+        for shape in self._output_shapes(path):  # known once a recorded step has seen the site
+            check_units(path, index, dim, shape)
+        return self._add_intervention(path, zero_units(path, index, dim), call, f"ablate{index}@dim{dim}")
+
+    @property
+    def interventions(self) -> list[Intervention]:
+        """The interventions in place."""
+        return [i for items in self._hooks.interventions.values() for i in items]
+
+    def _output_shapes(self, path: str) -> set[tuple]:
+        return self._hooks.output_shapes(path)
+
+    def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
+        self._check_open()
+        self._sites.check_path(path)
+        if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
+            raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
+        intervention = Intervention(path, fn, call, label, self._remove_intervention)
+        self._hooks.interventions.setdefault(path, []).append(intervention)
+        self._hooks.update()
+        return intervention
+
+    def _remove_intervention(self, intervention: Intervention) -> None:
+        interventions = self._hooks.interventions
+        active = interventions.get(intervention.path, [])
+        if intervention in active:
+            active.remove(intervention)
+        if not active:
+            interventions.pop(intervention.path, None)
+        self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
+
+    # ------------------------------------------------------------------ reading
+    def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000,
+                  interval: float = 0.0) -> Subscription:
+        """Receive each recorded step (an :class:`~workbench.instrument.recorder.Update`) on a thread of
+        its own; see :meth:`Recorder.subscribe <workbench.instrument.recorder.Recorder.subscribe>`."""
+        return self.recorder.subscribe(callback, max_pending, interval)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""
+        return self.recorder.to_pandas()
+
+    def metrics(self) -> pd.DataFrame:
+        """The metrics given to ``step()`` / ``log()``: one row per step."""
+        return self.recorder.metrics()
+
+    def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        """Histograms (``histograms=True``): one row per tensor with ``edges`` and ``counts``."""
+        return self.recorder.histograms(module, kind)
+
+    def anomalies(self) -> pd.DataFrame:
+        """Rows with NaN or Inf values, in the order they were recorded: the first row is where a
+        non-finite value first appeared (step, module path, call, kind)."""
+        frame = self.to_pandas()
+        return frame[anomalous(frame)].reset_index(drop=True)
+
+    # ------------------------------------------------------------------ sinks and closing
+    def add_sink(self, sink: Sink) -> None:
+        """Close ``sink`` with this watch, with its status (the sink attaches itself to ``recorder``)."""
+        self._sinks.append(sink)
+
+    def report(self, kind: str, message: str) -> None:
+        """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a
+        RuntimeWarning: never silent, never fatal."""
+        self.errors.append({"step": None, "module": "", "call": 0, "kind": kind, "error": message, "traceback": ""})
+        warn(f"workbench: {message}; the run will be marked failed. Training goes on.")
+
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        """Remove every hook (the model is as before ``watch``) and close the sinks. Idempotent.
+
+        Args:
+            status: how the run ended, written into its store: ``finished``, ``stopped`` (by the
+                user) or ``failed`` (with ``error``). A store that could not write every step closes
+                ``failed`` whatever is passed.
+            error: the error of a ``failed`` run (a message or a formatted traceback).
+
+        Raises:
+            ValueError: an unknown status.
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
+        if self.closed:
+            return
+        self.closed = True
+        self._hooks.close()
+        for sink in self._sinks:
+            sink.close(status, error)  # (writes what is still queued first)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("This watch is closed; start a new one with workbench.watch(model).")
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.close()
+        elif isinstance(exc, KeyboardInterrupt):
+            self.close("stopped", "interrupted by the user (KeyboardInterrupt)")
+        else:
+            self.close("failed", "".join(traceback.format_exception(exc)))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"step {self.step_index}"
+        return (f"Watch({type(self.model).__name__}, {len(self._sites.selected)} call-site paths, "
+                f"every={self.every}, {state}, {len(self.errors)} errors)")
