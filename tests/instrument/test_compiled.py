@@ -18,18 +18,6 @@ from torch._dynamo.utils import counters
 import workbench
 from workbench.instrument.compiled import watch_compiled
 
-with warnings.catch_warnings():  # inductor's import runs torch.jit code that warns of its own deprecation
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import torch._inductor.compile_fx
-
-# Warnings torch raises into its own tracing (dynamo makes them errors there, and pytest makes every
-# warning one): it instantiates the probe's autograd.Function, and reads .grad of the dynamics
-# network's non-leaf inputs while checking them - also without a watch
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:<class 'torch.autograd.function.Function'> should not be "
-                               "instantiated:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf Tensor:UserWarning"),
-]
 
 KEY = ["step", "module", "call", "kind", "tensor", "shape"]
 STATS = ["mean", "std", "min", "max", "abs_mean", "norm"]
