@@ -325,10 +325,12 @@ def test_intervene_on_a_live_run_in_the_browser(page):
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
     expect(page.locator("#iv-apply")).to_be_visible()
     deadline = time.monotonic() + 30
-    while "layers.1" not in options(page, "iv-site"):  # the sites the run has recorded
-        assert time.monotonic() < deadline, options(page, "iv-site")
+    listed = options(page, "iv-site")
+    while "layers.1" not in listed:  # the sites the run has recorded (read once a redraw has filled them)
+        assert time.monotonic() < deadline, listed
         time.sleep(0.5)
-    assert options(page, "iv-site")[:5] == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
+        listed = options(page, "iv-site")
+    assert listed[:5] == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
     choose(page, "iv-site", "layers.1")
     expect(page.locator("#iv-site input")).to_have_value("layers.1")
     page.locator("#iv-k input").fill("10")
