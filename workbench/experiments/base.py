@@ -122,8 +122,8 @@ class Experiment:
     def _seed_global_rng(self, seed: int) -> None:
         """Seed the global generators the experiment draws from: the CPU's and, on a GPU, the
         GPUs'. (Not ``torch.manual_seed``: it also seeds every other backend torch has, and one
-        not initialized queues the call with its stack formatted, ~140 us a step on a CPU-only
-        machine, ~1% of the activation MLP's step.)"""
+        not initialized queues the call with its stack formatted, at a cost to every step on a
+        CPU-only machine.)"""
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":
             torch.cuda.manual_seed_all(seed)

@@ -47,11 +47,10 @@ failure of this module's own work on a rank sends an empty payload that names th
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,29 +61,16 @@ import torch.distributed as dist
 from torch import nn
 
 from workbench.instrument.recorder import Recorder, StepRecord, rows_frame
+from workbench.instrument.reduce import EMPTY, StepSums
+from workbench.instrument.schema import SUMS
+from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
 
-try:  # (the schema is taking the sums over from stats)
-    from workbench.instrument.schema import SUMS
-except ImportError:  # pragma: no cover
-    from workbench.instrument.stats import SUMS
-
-__all__ = ["DistributedRecorder", "watch_distributed", "merge_rows", "unwrap"]
+__all__ = ["DistributedRecorder", "watch_distributed", "merge_rows", "tensor_sums"]
 
 SUM, SUM_SQ, ABS_SUM, MIN, MAX, NONZERO, NAN, INF, SHIFT = (SUMS.index(name) for name in (
     "sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift"))
-_EMPTY = np.array([0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0])
+_EMPTY = np.array(EMPTY)
 _METRICS = ("mean", "rank0")
-
-ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model a ``DistributedDataParallel`` (or ``DataParallel``) wraps, else ``model``: its
-    module paths are the ones a user knows (no ``module.`` prefix)."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
-    return model
-
 
 def _is_dtensor(x: torch.Tensor) -> bool:
     try:
@@ -94,95 +80,15 @@ def _is_dtensor(x: torch.Tensor) -> bool:
     return isinstance(x, DTensor)
 
 
-def _selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
-    """The selection rule of ``watch(modules=..., exclude=...)``."""
-    if spec is None:
-        return lambda path: False
-    if callable(spec):
-        return spec
-    patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple, set)) else None
-    if patterns is None or not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "
-                        f"got {spec!r}.")
-    return lambda path: any(fnmatch.fnmatchcase(path, p) for p in patterns)
-
-
-def tensor_sums(tensors: Sequence[torch.Tensor], bins: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The raw SUMS rows ``(n, 9)`` of ``tensors`` (and their histograms ``(n, bins)`` over each
-    tensor's [min, max], or None), in float64: a CPU tensor with numpy (a few microseconds a
-    tensor), others with torch's kernels and one host transfer for them all."""
-    n = len(tensors)
-    sums = np.empty((n, len(SUMS)))
-    hist = np.zeros((n, bins), np.float32) if bins else None
-    on_device: list[tuple[int, torch.Tensor]] = []
-    for i, t in enumerate(tensors):
-        x = t.detach()
-        if x.is_complex():
-            x = x.abs()
-        if x.is_cpu and x.layout is torch.strided:
-            values = x.numpy() if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32 if (
-                x.is_floating_point() or x.dtype == torch.bool) else torch.float64).numpy()
-            _host_sums(values.reshape(-1), sums[i], hist[i] if bins else None)
-        else:
-            on_device.append((i, x))
-    if on_device:
-        rows = [_device_sums(x, bins) for _, x in on_device]
-        host = torch.stack(rows).cpu().numpy()
-        for (i, _), row in zip(on_device, host):
-            sums[i] = row[:len(SUMS)]
-            if bins:
-                hist[i] = row[len(SUMS):]
-    return sums, hist
-
-
-def _host_sums(values: np.ndarray, out: np.ndarray, counts: np.ndarray | None) -> None:
-    """One host array's sums into ``out`` (and its histogram into ``counts``): float64 sums of the
-    values' own dtype, in one scratch array; no BLAS (``np.dot`` wakes BLAS's threads, which on a
-    busy machine cost a hundred times the sum)."""
-    if values.size == 0:
-        out[:] = _EMPTY
-        return
-    x = values
-    first = float(x[0])
-    shift = first if math.isfinite(first) else 0.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo, hi = float(x.min()), float(x.max())  # (NaN propagates)
-        scratch = np.subtract(x, x.dtype.type(shift))
-        total = float(scratch.sum(dtype=np.float64))
-        np.square(scratch, out=scratch)
-        sum_sq = float(scratch.sum(dtype=np.float64))
-        np.abs(x, out=scratch)
-        abs_sum = float(scratch.sum(dtype=np.float64))
-        if math.isfinite(lo) and math.isfinite(hi):
-            nan = inf = 0  # (a NaN or an infinity would be the min or the max)
-        else:
-            nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
-        out[:] = (total, sum_sq, abs_sum, lo, hi, np.count_nonzero(x), nan, inf, shift)
-        if counts is not None and math.isfinite(lo) and math.isfinite(hi):  # (else no bin is filled)
-            bins = len(counts)
-            scaled = (x.astype(np.float64) - lo) * (bins / (hi - lo) if hi > lo else bins)
-            counts[:] = np.bincount(np.clip(scaled, 0, bins - 1).astype(np.int64), minlength=bins)
-
-
-def _device_sums(x: torch.Tensor, bins: int | None) -> torch.Tensor:
-    """One tensor's sums (and histogram) as one float64 tensor on its device."""
-    x = x.reshape(-1).to(torch.float64)
-    if x.numel() == 0:
-        row = torch.as_tensor(_EMPTY, device=x.device)
-        return torch.cat([row, torch.zeros(bins, dtype=torch.float64, device=x.device)]) if bins else row
-    shift = torch.where(torch.isfinite(x[0]), x[0], torch.zeros_like(x[0]))
-    centred = x - shift
-    lo, hi = torch.aminmax(x)
-    row = torch.stack([centred.sum(), centred.square().sum(), x.abs().sum(), lo, hi, (x != 0).sum().double(),
-                       torch.isnan(x).sum().double(), torch.isinf(x).sum().double(), shift])
-    if not bins:
-        return row
-    width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-    scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, math.nan))
-    scaled = torch.nan_to_num((x - lo) * scale, nan=-1.0, posinf=-1.0, neginf=-1.0)
-    weight = (scaled >= 0).double()  # non-finite values (and a non-finite range) are not binned
-    index = scaled.clamp_(0, bins - 1).long()
-    return torch.cat([row, torch.zeros(bins, dtype=torch.float64, device=x.device).scatter_add_(0, index, weight)])
+def tensor_sums(tensors: Sequence[torch.Tensor], bins: int | None = None, step_sums: StepSums | None = None,
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The raw SUMS rows ``(n, 9)`` of ``tensors`` and their histograms ``(n, bins)`` (or None), in
+    float64, by the watch's own reducers (``step_sums``, reset and reused; default: a new one)."""
+    if step_sums is None:
+        step_sums = StepSums(bins, capacity=len(tensors))
+    step_sums.reset()
+    step_sums.add_many([t.detach() for t in tensors])
+    return step_sums.rows()
 
 
 def _scale(sums: np.ndarray, factor: float) -> np.ndarray:
@@ -354,8 +260,8 @@ class DistributedRecorder(Recorder):
                 math.isfinite(grad_scale) and grad_scale > 0):
             raise ValueError(f"grad_scale must be a finite number > 0 (default 1 / world_size = {1 / world}), "
                              f"got {grad_scale!r}.")
-        include, skip = _selector(modules, "modules"), _selector(exclude, "exclude")
-        model = unwrap(model) if model is not None else None
+        model = unwrap_parallel(model) if model is not None else None
+        sites = CallSites(model, modules, exclude) if model is not None and (parameters or parameter_grads) else None
         super().__init__(max_rows)
         self.group = group
         self.rank = dist.get_rank(group)
@@ -379,16 +285,8 @@ class DistributedRecorder(Recorder):
                         if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
         self.ranks: list[Recorder] = [Recorder(max_rows) for _ in range(world)] if per_rank and self.rank == 0 else []
         # parameters: unique tensors named by the first module path that owns them (as watch() names them)
-        self._params: list[tuple[str, str, nn.Parameter]] = []
-        if model is not None and (parameters or parameter_grads):
-            seen: set[int] = set()
-            for path, module in model.named_modules():
-                if not (include(path) and not skip(path)):
-                    continue
-                for name, param in module.named_parameters(recurse=False):
-                    if id(param) not in seen:
-                        seen.add(id(param))
-                        self._params.append((path, name, param))
+        self._params: list[tuple[str, str, nn.Parameter]] = sites.parameters() if sites is not None else []
+        self._step_sums: dict[int | None, StepSums] = {}  # the reducers of the parameters' rows, per bins
         self._parameters, self._parameter_grads = parameters, parameter_grads
 
     # ------------------------------------------------------------ publishing
@@ -459,7 +357,9 @@ class DistributedRecorder(Recorder):
                                  "a backward: call watch.step() before optimizer.zero_grad() to record the "
                                  "averaged parameter gradients (reported once)", "traceback": ""},)
         bins = record.histograms.shape[1] if record.histograms is not None else self.bins
-        sums, hist = tensor_sums(tensors, bins)
+        if bins not in self._step_sums:
+            self._step_sums[bins] = StepSums(bins)
+        sums, hist = tensor_sums(tensors, bins, self._step_sums[bins])
         watch_hist = record.histograms
         if bins and watch_hist is None:
             watch_hist = np.zeros((len(record.keys), bins), np.float32)
@@ -689,7 +589,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
                         "(use DistributedRecorder with watch() to compose your own).")
     if not isinstance(histograms, bool):
         raise TypeError(f"histograms must be True or False, got {histograms!r}.")
-    inner = unwrap(model)
+    inner = unwrap_parallel(model)
     recorder = DistributedRecorder(inner, group=group, per_rank=per_rank, parameters=parameters,
                                    parameter_grads=parameter_grads, modules=modules, exclude=exclude,
                                    bins=bins if histograms else None, grad_scale=grad_scale, metrics=metrics)

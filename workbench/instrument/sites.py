@@ -20,9 +20,17 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-__all__ = ["CallSites", "ModuleSelector", "selector"]
+__all__ = ["CallSites", "ModuleSelector", "selector", "unwrap_parallel"]
 
 ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
+
+
+def unwrap_parallel(model: nn.Module) -> nn.Module:
+    """The module a ``DistributedDataParallel`` (or ``DataParallel``) wraps, else ``model``: its
+    paths are the ones a user knows (no ``module.`` prefix)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
 
 
 def selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:

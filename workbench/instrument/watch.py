@@ -24,7 +24,7 @@ from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Up
 from workbench.instrument.reduce import Reducer, StepSums
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
                                          anomalous)
-from workbench.instrument.sites import CallSites, ModuleSelector
+from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
 
 __all__ = ["Watch", "Sink"]
 
@@ -73,9 +73,7 @@ class Watch:
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
-        if isinstance(model, nn.parallel.DistributedDataParallel):  # sites named by the wrapped model's paths
-            model = model.module
-        model, compiled = internals.unwrap_compiled(model)
+        model, compiled = internals.unwrap_compiled(unwrap_parallel(model))  # sites named by the inner model's paths
         self.model, self.every = model, every
         self.options = dict(flags, bins=bins)
         sites = CallSites(model, modules, exclude)
