@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import torch
+from torch import nn
 
 from workbench.instrument import _stats_kernels as kernels
 from workbench.instrument.reduce import EMPTY, Reducer
@@ -58,7 +59,10 @@ class CompiledCpuReducer(Reducer):
         self._table_address = self._table.ctypes.data  # (kept, as HostRows keeps its addresses)
 
     def takes(self, x: torch.Tensor) -> bool:
-        return x.is_cpu
+        # plain tensors and parameters only: a tensor subclass (FSDP2's DTensor shards, a wrapper
+        # subclass) may hold no memory of its own at data_ptr(), which the kernels read raw;
+        # torch's kernels take it through its own dispatch
+        return x.is_cpu and (type(x) is torch.Tensor or type(x) is nn.Parameter)
 
     def add(self, x: torch.Tensor, row: int, defer: bool) -> None:
         # the hot path of instrumentation: a few attribute reads and one call into compiled code

@@ -11,6 +11,7 @@ time however small the tensor). The sums stay on the device until
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ STAGE_BYTES = 64 << 20
 CHUNK = 1024
 
 _STAGED_DTYPES = (torch.float32, torch.float64)  # staged as they are; others go through as_float
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # a subclass goes through plain_values
 
 
 class TorchReducer(Reducer):
@@ -48,7 +50,8 @@ class TorchReducer(Reducer):
         return True
 
     def add(self, x: torch.Tensor, row: int, defer: bool) -> None:
-        plain = x.layout is torch.strided and not x.is_nested and not x.is_neg() and not x.is_meta
+        plain = (type(x) in _PLAIN_TYPES and x.layout is torch.strided and not x.is_nested and not x.is_neg()
+                 and not x.is_meta)
         if plain and x.dtype in _STAGED_DTYPES:
             flat = x.detach().reshape(-1)
             if not defer and x.is_contiguous():
@@ -115,10 +118,16 @@ def plain_values(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     copy; a view with the negative bit (``z.conj().imag``) its values with the
     sign applied (its memory holds them unnegated).
 
+    A DTensor (FSDP2's parameters and their gradients) gives its local tensor where that holds
+    all its values (a mesh of one rank, or replicated).
+
     Raises:
-        ValueError: ``x`` is on the meta device: it has a shape but no values.
+        ValueError: ``x`` is on the meta device: it has a shape but no values; or ``x`` is a
+            DTensor whose values are spread over several ranks (its shards, or partial sums).
     """
     x = x.detach()
+    if _is_dtensor(x):
+        x = _local_values(x)
     if x.is_meta:
         raise ValueError(f"a tensor on the meta device ({x.dtype}, {x.numel()} elements) holds no values to "
                          "summarize; statistics need the model to run on a real device (cpu, cuda ...)")
@@ -137,6 +146,22 @@ def plain_values(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if values.is_quantized:
         values = values.dequantize()
     return values.resolve_neg(), x.numel() - values.numel()
+
+
+def _is_dtensor(x: torch.Tensor) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")  # (not imported: there is no DTensor)
+    return dtensor is not None and isinstance(x, dtensor.DTensor)
+
+
+def _local_values(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor, where it holds every value of ``x``; reading the others would be
+    a collective, which a hook on one rank cannot start."""
+    if x.device_mesh.size() > 1 and not all(p.is_replicate() for p in x.placements):
+        raise ValueError(
+            f"a DTensor of shape {tuple(x.shape)} spread over {x.device_mesh.size()} ranks ({x.placements}): "
+            "this rank holds only part of its values. Record a sharded model (FSDP2's fully_shard) with "
+            "workbench.instrument.distributed.watch_distributed, which merges the ranks' shards.")
+    return x.to_local()
 
 
 def add_implicit_zeros(sums: torch.Tensor, zeros: int, stored: int) -> None:
