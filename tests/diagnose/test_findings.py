@@ -204,8 +204,12 @@ def test_live_diagnoser_on_the_stream_equals_the_frame_form(tmp_path):
     found = live.findings()
     assert {"dead_units", "nan_origin"} <= set(found.finding)
     pd.testing.assert_frame_equal(found, diagnose(w.to_pandas(), w.metrics()))
+    pd.testing.assert_frame_equal(found, w.diagnose())
     run = workbench.load_run(tmp_path / "run")
     pd.testing.assert_frame_equal(found, diagnose(run.to_pandas(), run.metrics()))
+    pd.testing.assert_frame_equal(found, run.diagnose())
+    strict = diagnose(run.to_pandas(), run.metrics(), persist=1, dead_zero_frac=0.5)
+    pd.testing.assert_frame_equal(strict, run.diagnose(persist=1, dead_zero_frac=0.5))
     origin = found[found.finding == "nan_origin"].iloc[0]
     assert (origin.site, origin.step) == ("layers.1", 6)
 

@@ -397,6 +397,17 @@ class Run:
         wide.columns.name = None
         return wide
 
+    def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
+        """What looks wrong with the stored run, where and since when: :func:`workbench.diagnose.diagnose`
+        of :meth:`to_pandas` and :meth:`metrics`.
+
+        Args:
+            thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
+            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
+        """
+        from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
+        return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
+
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
         """``step, module, call, kind, tensor, edges, counts`` for the stored histograms."""
         where, params = [], []

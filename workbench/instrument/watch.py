@@ -91,9 +91,14 @@ class Watch:
         self._metrics: dict[str, float] = {}
         self.closed = False
         self.step_index = start_step
-        self._hooks = Hooks(sites, StepSums(bins if histograms else None, reducers=reducers), kinds, compiled, updates)
+        self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         self._start_step()
+
+    def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
+                reducers: Sequence[Reducer] | None, compiled: bool, updates: bool) -> Any:
+        """The hooks that record into this watch (a subclass attaches others: ``CompiledWatch``)."""
+        return Hooks(sites, StepSums(bins, reducers=reducers), kinds, compiled, updates)
 
     def _start_step(self) -> None:
         self._metrics = {}
@@ -257,8 +262,24 @@ class Watch:
         return self.recorder.metrics()
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
-        """Histograms (``histograms=True``): one row per tensor with ``edges`` and ``counts``."""
+        """Histograms (``histograms=True``): one row per tensor with ``edges`` and ``counts``.
+
+        Args:
+            module: only this module path (None: every path).
+            kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+        """
         return self.recorder.histograms(module, kind)
+
+    def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
+        """What looks wrong with the run so far, where and since when: :func:`workbench.diagnose.diagnose`
+        of :meth:`to_pandas` and :meth:`metrics`.
+
+        Args:
+            thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
+            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
+        """
+        from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
+        return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
 
     def anomalies(self) -> pd.DataFrame:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where a

@@ -366,13 +366,12 @@ _STORED_LOCK = threading.Lock()
 
 def stored_frame(run: Any) -> pd.DataFrame:
     """The findings of a stored run (``Run.diagnose()``), read again only when it grew or ended."""
-    from workbench.diagnose import diagnose
 
     key = (str(run.path), len(run.steps), run.status)
     with _STORED_LOCK:
         found = _STORED.get(key)
     if found is None:
-        found = diagnose(run.to_pandas(), run.metrics())
+        found = run.diagnose()
         with _STORED_LOCK:
             _STORED[key] = found
             while len(_STORED) > 8:
