@@ -259,6 +259,7 @@ class Recorder:
         self._lock = threading.Lock()
 
     def publish(self, record: StepRecord) -> None:
+        """Keep ``record`` (the oldest are evicted past ``max_rows``) and offer it to every subscriber."""
         with self._lock:
             self._records.append(record)
             self._rows += len(record)
@@ -321,7 +322,14 @@ class Recorder:
             return list(self._subscriptions)
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Wait until every subscriber has received everything published so far."""
+        """Wait until every subscriber has received everything published so far.
+
+        Args:
+            timeout: seconds to wait per subscriber (None: as long as it takes).
+
+        Returns:
+            Whether every subscriber caught up in time.
+        """
         return all(s.flush(timeout) for s in self.subscriptions)
 
     def close(self) -> None:
@@ -330,13 +338,16 @@ class Recorder:
             subscription.unsubscribe()
 
     def records(self) -> list[StepRecord]:
+        """The records kept (the newest ``max_rows`` rows' steps), oldest first."""
         with self._lock:
             return list(self._records)
 
     def to_pandas(self) -> pd.DataFrame:
+        """The kept records' rows (``ROW_COLUMNS``), one per tensor per call site per step."""
         return rows_frame(self.records())
 
     def metrics(self) -> pd.DataFrame:
+        """The kept records' metrics, one row per step."""
         return metrics_frame(self.records())
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:

@@ -209,7 +209,14 @@ class RunStore:
 
     def attach(self, recorder: Recorder, max_pending: int = 10_000, interval: float = 0.1) -> Subscription:
         """Write every record the recorder publishes from now on (on the subscriber's thread, which
-        gathers ``interval`` seconds of steps at a time; each step is still its own transaction)."""
+        gathers ``interval`` seconds of steps at a time; each step is still its own transaction).
+
+        Args:
+            recorder: the recorder to subscribe to.
+            max_pending: steps kept while the writer is behind; beyond them steps are dropped,
+                counted in ``lost`` and the run closes ``failed``.
+            interval: seconds of steps gathered per write.
+        """
         self._subscription = recorder.subscribe(self.write, max_pending=max_pending, interval=interval)
         return self._subscription
 
@@ -218,6 +225,9 @@ class RunStore:
 
         A step that cannot be written (a full disk, a database locked past the timeout) is
         reported through ``on_error`` and counted in ``lost``; the next steps are still tried.
+
+        Args:
+            update: a subscriber's :class:`~workbench.instrument.recorder.Update`, or one record.
         """
         records = update.records if isinstance(update, Update) else (update,)
         if isinstance(update, Update) and update.dropped:
@@ -262,6 +272,8 @@ class RunStore:
             self._db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (record.step, len(rows), time.time()))
 
     def set_meta(self, **values: Any) -> None:
+        """Store facts about the run (JSON-serializable; others as their ``str``), replacing those
+        of the same name: ``Run.metadata`` reads them."""
         with self._transaction():
             self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                  [(k, json.dumps(v, default=str)) for k, v in values.items()])
@@ -409,7 +421,12 @@ class Run:
         return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
-        """``step, module, call, kind, tensor, edges, counts`` for the stored histograms."""
+        """``step, module, call, kind, tensor, edges, counts`` for the stored histograms.
+
+        Args:
+            module: only this module path (None: every path).
+            kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+        """
         where, params = [], []
         for column, value in (("r.module", module), ("r.kind", kind)):
             if value is not None:
@@ -426,6 +443,7 @@ class Run:
         return frame
 
     def errors(self) -> pd.DataFrame:
+        """The failures recorded with the run (a hook's, a sink's): ``step, module, call, kind, error``."""
         return self._query("SELECT * FROM errors")
 
     def anomalies(self) -> pd.DataFrame:
@@ -435,6 +453,13 @@ class Run:
     def export(self, path: str | Path, what: str = "rows") -> Path:
         """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
         TensorBoard log directory (a path without a suffix: scalars and histograms per call site).
+
+        Args:
+            path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
+            what: ``"rows"`` (the statistics) or ``"metrics"``.
+
+        Returns:
+            ``path``.
 
         Raises:
             ValueError: an unknown suffix or ``what``.
@@ -496,6 +521,9 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
 def load_run(path: str | Path) -> Run:
     """Open a stored run (also while it is being written).
 
+    Args:
+        path: the run's directory (what ``watch(store=...)`` or an experiment's ``store=`` was given).
+
     Raises:
         RunError: ``path`` is not a run, was written by a newer workbench, or is damaged.
     """
@@ -505,7 +533,16 @@ def load_run(path: str | Path) -> Run:
 def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     """The runs under ``root`` (searched recursively), newest first.
 
-    Columns: ``path, run, model, experiment, seed, status, steps, start_time``.
+    Args:
+        root: the directory to search.
+
+    Returns:
+        Columns ``path, run, model, experiment, seed, status, steps, start_time``; directories that
+        are not readable runs are left out.
+
+    Raises:
+        TypeError: ``root`` is not a path.
+        FileNotFoundError: ``root`` is not a directory.
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
@@ -530,7 +567,17 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
 
 
 def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:
-    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first."""
+    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first.
+
+    Args:
+        runs: run directories or :class:`Run` objects.
+        what: ``"rows"`` or ``"metrics"``.
+
+    Raises:
+        TypeError: a single run instead of a list.
+        ValueError: an unknown ``what``.
+        RunError: a path that is not a readable run.
+    """
     if isinstance(runs, (str, os.PathLike, Run)):
         raise TypeError(f"compare_runs() takes a list of runs, got the single run {str(runs)!r}; "
                         f"pass a list such as [{str(runs)!r}, 'runs/other'].")

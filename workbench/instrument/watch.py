@@ -150,6 +150,10 @@ class Watch:
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``).
 
+        Args:
+            **metrics: numbers (or one-element tensors), by name; a name logged twice in a step keeps
+                its last value.
+
         Raises:
             TypeError: a metric that is not a number (or a one-element tensor).
         """
@@ -250,7 +254,14 @@ class Watch:
     def subscribe(self, callback: Callable[[Update], object], max_pending: int = 1000,
                   interval: float = 0.0) -> Subscription:
         """Receive each recorded step (an :class:`~workbench.instrument.recorder.Update`) on a thread of
-        its own; see :meth:`Recorder.subscribe <workbench.instrument.recorder.Recorder.subscribe>`."""
+        its own.
+
+        Args:
+            callback: receives an :class:`~workbench.instrument.recorder.Update` (one or more records).
+            max_pending: records kept for a subscriber that falls behind (older ones are dropped and counted).
+            interval: seconds to gather records before each delivery (0: as they come).
+
+        See :meth:`Recorder.subscribe <workbench.instrument.recorder.Recorder.subscribe>`."""
         return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
@@ -289,12 +300,22 @@ class Watch:
 
     # ------------------------------------------------------------------ sinks and closing
     def add_sink(self, sink: Sink) -> None:
-        """Close ``sink`` with this watch, with its status (the sink attaches itself to ``recorder``)."""
+        """Close ``sink`` with this watch, with its status (the sink attaches itself to ``recorder``).
+
+        Args:
+            sink: anything with ``close(status, error)``, such as a
+                :class:`~workbench.instrument.store.RunStore`.
+        """
         self._sinks.append(sink)
 
     def report(self, kind: str, message: str) -> None:
         """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a
-        RuntimeWarning: never silent, never fatal."""
+        RuntimeWarning: never silent, never fatal.
+
+        Args:
+            kind: what failed (``"store"``, a sink's name).
+            message: what happened, for the user.
+        """
         self.errors.append({"step": None, "module": "", "call": 0, "kind": kind, "error": message, "traceback": ""})
         warn(f"workbench: {message}; the run will be marked failed. Training goes on.")
 
