@@ -40,8 +40,10 @@ def test_instrument_overhead_reports_every_variant():
     for variant in [*bench.VARIANTS, *bench.BREAKDOWN]:
         line = next((line for line in out.splitlines() if line.strip().startswith(variant)), None)
         assert line is not None, f"no line for {variant!r} in\n{out}"
-        ratio = float(re.search(r"([\d.]+)x", line).group(1))
-        assert ratio > 0
+        found = re.search(r"([\d.]+) ms +([\d.]+)x +\(([\d.]+)-([\d.]+)\) +([+-][\d.]+) ms", line)
+        assert found is not None, line
+        step, ratio, low, high = (float(found.group(i)) for i in range(1, 5))
+        assert step > 0 and low <= ratio <= high, line  # the median ratio within its quartiles
     assert re.search(r"^  bare .* 1\.00x", out, re.M)
 
 
