@@ -10,14 +10,27 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-__all__ = ["register_module_hooks", "HookSwitch", "register_param_grad_hook", "restore_param_hook_dicts",
-           "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version", "unwrap_compiled",
-           "is_compiled", "installed_hooks"]
+__all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
+           "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version",
+           "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_reasons",
+           "is_compile_error", "installed_hooks"]
+
+
+def _skip_frames(function: Callable) -> bool:
+    """Have dynamo skip the frames of ``function``'s code (and the frames they call) rather than
+    compile them; False on a torch without the API. Relies on: dynamo running a code object whose
+    exec strategy is SKIP as plain Python; inlining it while tracing another frame is unaffected."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+        set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def run_eagerly(hook: Callable) -> Callable:
@@ -26,29 +39,41 @@ def run_eagerly(hook: Callable) -> Callable:
     of every model (the hooks are process-wide).
 
     Relies on: dynamo recognizing a function as disabled by its ``_torchdynamo_disable`` attribute
-    while tracing, and skipping the frames of a code object whose exec strategy is SKIP (what the
-    wrapper sets up each call). On a torch without them, the wrapper.
+    while tracing, and skipping its frames (:func:`_skip_frames`, what the wrapper sets up each
+    call). On a torch without them, the wrapper.
     """
-    try:
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-        set_code_exec_strategy(hook.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
-    except (ImportError, AttributeError, TypeError):
+    if not _skip_frames(hook):
         return torch.compiler.disable(hook)
     hook._torchdynamo_disable = True
     return hook
 
 
-def register_module_hooks(post_hook: Callable, pre_hook: Callable | None = None) -> list[Any]:
+def inline_only(hook: Callable) -> Callable:
+    """``hook``, traced by dynamo where a traced frame calls it (a module call inside a graph), but
+    not compiled as a frame of its own where an eager frame calls it (a module that dynamo runs in
+    a graph break): there it runs as plain Python, with all it calls - a graph of its own per call
+    would be a graph the unwatched model does not have.
+
+    Relies on: :func:`_skip_frames` (without the API the hook is still correct, with those extra
+    graphs); unlike :func:`run_eagerly` it is not marked disabled, so dynamo inlines it.
+    """
+    _skip_frames(hook)
+    return hook
+
+
+def register_module_hooks(post_hook: Callable, pre_hook: Callable | None = None, traced: bool = False) -> list[Any]:
     """Register process-wide module forward hooks (``register_module_forward_hook``, public): torch
     runs them for every module call, before the module's own hooks, so nothing is written into the
-    model. Marked to run eagerly under torch.compile (:func:`run_eagerly`). Returns their handles."""
+    model. Under torch.compile they run eagerly (:func:`run_eagerly`), or with ``traced`` they are
+    traced into the model's graphs (:func:`inline_only`). Returns their handles."""
     # a torch.compile'd module warns on every call that process-wide hooks fire for it too (it is a
     # module): ours pass it over, as a module of no model they watch
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
                             category=UserWarning)
-    handles = [nn.modules.module.register_module_forward_hook(run_eagerly(post_hook))]
+    mark = inline_only if traced else run_eagerly
+    handles = [nn.modules.module.register_module_forward_hook(mark(post_hook))]
     if pre_hook is not None:
-        handles.append(nn.modules.module.register_module_forward_pre_hook(run_eagerly(pre_hook)))
+        handles.append(nn.modules.module.register_module_forward_pre_hook(mark(pre_hook)))
     return handles
 
 
@@ -197,6 +222,56 @@ def is_compiled(model: nn.Module) -> bool:
     """Whether ``model.compile()`` compiled the module in place. Relies on: ``Module.compile``
     setting ``_compiled_call_impl``."""
     return getattr(model, "_compiled_call_impl", None) is not None
+
+
+class CompiledEntry(NamedTuple):
+    """Where every call of a compiled model goes through: the callable kept as ``holder.<attribute>``
+    (on the instance), and ``module``, the module whose paths name the rows."""
+
+    holder: nn.Module
+    module: nn.Module
+    attribute: str
+
+    @property
+    def call(self) -> Callable:
+        """The compiled callable a call of the model runs now (None if it was taken away)."""
+        return self.holder.__dict__.get(self.attribute)
+
+    def set_call(self, call: Callable) -> None:
+        """Have every call of the model run ``call`` instead (put the old one back to undo)."""
+        self.holder.__dict__[self.attribute] = call
+
+
+def compiled_entry(model: nn.Module) -> CompiledEntry | None:
+    """The :class:`CompiledEntry` of a compiled model - ``torch.compile(module)`` or
+    ``module.compile()`` - or None for anything else.
+
+    Relies on: an ``OptimizedModule``'s ``__call__`` running the compiled ``module.__call__`` it
+    keeps as the instance attribute ``forward`` (:func:`unwrap_compiled`), and ``Module.__call__``
+    running ``_compiled_call_impl`` when ``Module.compile`` set it (:func:`is_compiled`)."""
+    inner, wrapped = unwrap_compiled(model)
+    if wrapped:
+        return CompiledEntry(model, inner, "forward") if "forward" in model.__dict__ else None
+    if isinstance(model, nn.Module) and is_compiled(model):
+        return CompiledEntry(model, model, "_compiled_call_impl")
+    return None
+
+
+def graph_break_reasons(limit: int = 3) -> str:
+    """The first ``limit`` reasons dynamo gave for graph breaks in this process, for a message ("" if
+    none, or torch.compile never ran). Relies on: dynamo counting them by reason in
+    ``torch._dynamo.utils.counters["graph_break"]``."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return ""
+    return "; ".join(list(dynamo.utils.counters.get("graph_break", {}))[:limit])
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch.compile failing (to trace or to build the graph), not the model's
+    code raising. Relies on: dynamo and inductor raising their own exception types, defined in
+    ``torch._dynamo`` and ``torch._inductor`` (a model's own error reaches the caller as it is)."""
+    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
 def installed_hooks(model: nn.Module | None = None) -> dict[str, Any]:
