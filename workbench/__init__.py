@@ -25,13 +25,15 @@ from workbench.registry import (
 )
 from workbench.params import MemoryLimitError, ParamInfo, Range
 from workbench.summary import summarize
-from workbench.instrument import Recorder, Run, RunError, Watch, compare_runs, list_runs, load_run, watch
+from workbench.instrument import (CompiledWatch, Recorder, Run, RunError, Watch, compare_runs, list_runs, load_run,
+                                  watch, watch_compiled)
 from workbench import models  # noqa: F401  (registers the built-in families)
 from workbench import experiments
 
 from workbench._version import __version__
 
 __all__ = [
+    "CompiledWatch",
     "MemoryLimitError",
     "ModelSpec",
     "ParamInfo",
@@ -55,4 +57,5 @@ __all__ = [
     "summarize",
     "unregister_model",
     "watch",
+    "watch_compiled",
 ]

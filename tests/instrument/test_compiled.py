@@ -1,4 +1,4 @@
-"""watch_compiled: a torch.compile'd model recorded with its statistics inside the compiled graphs.
+"""workbench.watch on a torch.compile'd model (watch_compiled): the statistics inside the compiled graphs.
 
 References: the eager watch on the same (uncompiled) model, trained from the same seed, for the
 rows; the unwatched compiled model for the outputs, the gradients (bitwise) and the number of
@@ -16,7 +16,8 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import workbench
-from workbench.instrument.compiled import watch_compiled
+from workbench import CompiledWatch, watch_compiled
+from workbench.instrument.torch_internals import compiled_entry, installed_hooks
 
 
 KEY = ["step", "module", "call", "kind", "tensor", "shape"]
@@ -76,7 +77,8 @@ def three_runs(make, steps=2, in_place=False, **options):
     bare_graphs = graphs()
     fresh_dynamo()
     watched = make()
-    wc = watch_compiled(compile_in(watched, in_place), **options)
+    wc = workbench.watch(compile_in(watched, in_place), **options)
+    assert isinstance(wc, CompiledWatch) and wc.fallback is None
     watched_metrics = train(watched, wc, steps)
     watched_graphs = graphs()
     # outputs and gradients bitwise: the same losses, and parameters after the optimizer's steps
@@ -149,7 +151,7 @@ def test_every_n_two_variants_and_no_recompile_after():
     assert set(wc.to_pandas().step) == {1, 3, 5}
     wc.close()
     # closed: the model is as before (our hooks gone; its own graph again)
-    assert not torch.nn.modules.module._global_forward_hooks
+    assert installed_hooks()["_global_forward_hooks"] == 0
     assert "forward" in model.__dict__ and model.forward.__name__ != "call"
 
 
@@ -207,7 +209,7 @@ def test_a_model_dynamo_does_not_compile_falls_back_to_the_eager_watch():
     with pytest.warns(RuntimeWarning, match="no module call of the model ran inside a compiled graph"):
         compiled(x).sum().backward()
         wc.step()
-    assert wc.fallback is not None and "eager fallback" in repr(wc)
+    assert "inside a compiled graph" in wc.fallback and "eager fallback" in repr(wc)
     compiled(x).sum().backward()
     wc.step()
     rows = wc.to_pandas()
@@ -250,11 +252,15 @@ def test_bad_input_is_refused_with_how_to_fix():
     with pytest.raises(TypeError, match="uncompiled Linear.*workbench.watch"):
         watch_compiled(nn.Linear(2, 2))
     compiled = torch.compile(nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="every must be an int >= 1, got 0"):
+    call = compiled_entry(compiled).call
+    with pytest.raises(ValueError, match="every must be a positive int.*got 0"):
         watch_compiled(compiled, every=0)
     with pytest.raises(ValueError, match="selects no module"):
         watch_compiled(compiled, modules="nothing*")
-    assert not torch.nn.modules.module._global_forward_hooks  # nothing left in after a refusal
+    with pytest.raises(ValueError, match="capacity must be a positive int.*got 0"):
+        CompiledWatch(compiled, capacity=0)
+    assert installed_hooks()["_global_forward_hooks"] == 0  # nothing left in after a refusal
+    assert compiled_entry(compiled).call is call  # nor a wrapper of its calls
 
 
 class NonFinite(nn.Module):

@@ -14,6 +14,10 @@ The pipeline, one file a stage (a newcomer's map):
    (:mod:`~workbench.instrument.reduce_torch`).
 4. :mod:`~workbench.instrument.watch` (the ``Watch`` facade) ends each step: one host transfer of
    the sums, one :class:`StepRecord` published to the :mod:`~workbench.instrument.recorder`.
+   A compiled model is watched by :mod:`~workbench.instrument.compiled` (``CompiledWatch``, the
+   same facade): its hooks are traced into the compiled graphs
+   (:mod:`~workbench.instrument.compiled_graph`), which compute the statistics there, and
+   :mod:`~workbench.instrument.compiled_hooks` collects them per step.
 5. Sinks subscribe to the recorder: :mod:`~workbench.instrument.store` is where a row is written
    (SQLite), composed by :func:`watch` (:mod:`~workbench.instrument.compose`); the UI's views read
    the same stream. :mod:`~workbench.instrument.schema` names the kinds, the sums and the columns once.
@@ -25,6 +29,8 @@ from workbench.instrument.store import Run, RunError, RunStore, compare_runs, li
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.watch import Watch
 from workbench.instrument.compose import watch
+from workbench.instrument.compiled import CompiledWatch, watch_compiled
 
-__all__ = ["KINDS", "ROW_COLUMNS", "STAT_COLUMNS", "Intervention", "Recorder", "Run", "RunError", "RunStore", "StepRecord",
-           "Subscription", "Update", "Watch", "compare_runs", "list_runs", "load_run", "watch"]
+__all__ = ["KINDS", "ROW_COLUMNS", "STAT_COLUMNS", "CompiledWatch", "Intervention", "Recorder", "Run", "RunError",
+           "RunStore", "StepRecord", "Subscription", "Update", "Watch", "compare_runs", "list_runs", "load_run",
+           "watch", "watch_compiled"]

@@ -1,4 +1,5 @@
-"""``watch()``: a :class:`~workbench.instrument.watch.Watch` composed with its sinks.
+"""``watch()``: a :class:`~workbench.instrument.watch.Watch` (on a compiled model, a
+:class:`~workbench.instrument.compiled.CompiledWatch`) composed with its sinks.
 
 The watch records into its :class:`~workbench.instrument.recorder.Recorder`; sinks subscribe to
 the recorder and read the rows on threads of their own: the run store
@@ -12,17 +13,18 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
 from workbench.instrument.recorder import Recorder
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.sites import ModuleSelector
+from workbench.instrument.torch_internals import compiled_entry
 from workbench.instrument.store import RunStore
 from workbench.instrument.watch import Watch
 
-__all__ = ["watch"]
+__all__ = ["watch", "with_store"]
 
 
 def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
@@ -40,6 +42,13 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
                 loss = objective(model(batch)); loss.backward(); opt.step(); opt.zero_grad()
                 w.step(loss=loss.item())
         w.to_pandas()
+
+    A compiled model - ``torch.compile(model)``, or a module after ``model.compile()`` - is watched
+    with the statistics inside its compiled graphs, at compiled speed
+    (:func:`~workbench.instrument.compiled.watch_compiled`, a
+    :class:`~workbench.instrument.compiled.CompiledWatch`; a patch there applies to every call of
+    its site). With ``updates=True`` or ``reducers`` it is watched by the eager hooks instead, which
+    run in graph breaks: the same rows, at eager speed.
 
     Args:
         model: any ``torch.nn.Module`` (a ``torch.compile`` wrapper or a ``DistributedDataParallel``
@@ -74,17 +83,37 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         ValueError: ``every``/``bins`` not positive, or ``modules`` selects nothing.
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
     """
+    if compiled_entry(model) is not None and updates is False and reducers is None:
+        from workbench.instrument.compiled import watch_compiled  # (which imports this module)
+        return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
+                              gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
+                              histograms=histograms, bins=bins, recorder=recorder, store=store,
+                              metadata=metadata, start_step=start_step)
     w = Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
               gradients=gradients, parameters=parameters, parameter_grads=parameter_grads, updates=updates,
               histograms=histograms, bins=bins, recorder=recorder, start_step=start_step, reducers=reducers)
-    if store is not None:
-        facts = {"model": type(w.model).__name__, "every": every, "modules": repr(modules),
-                 "exclude": repr(exclude), **w.options, **(metadata or {})}
-        try:
-            w.store = RunStore(store, facts, on_error=lambda message: w.report("store", message))
-            w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
-            w.store.attach(w.recorder)
-        except BaseException as exc:  # no hook left in
-            w.close("failed", "".join(traceback.format_exception(exc)))
-            raise
+    return with_store(w, store, {"modules": repr(modules), "exclude": repr(exclude)}, metadata)
+
+
+W = TypeVar("W", bound=Watch)
+
+
+def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: dict[str, Any] | None) -> W:
+    """``w``, writing into a run store at ``store`` (none if None) that it closes with it; the run's
+    facts are the model's name, ``every``, ``facts``, the watch's options and ``metadata``.
+
+    Raises:
+        workbench.RunError: the store cannot be written at ``store`` (the watch is closed, as failed:
+            no hook is left in).
+    """
+    if store is None:
+        return w
+    facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options, **(metadata or {})}
+    try:
+        w.store = RunStore(store, facts, on_error=lambda message: w.report("store", message))
+        w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
+        w.store.attach(w.recorder)
+    except BaseException as exc:  # no hook left in
+        w.close("failed", "".join(traceback.format_exception(exc)))
+        raise
     return w

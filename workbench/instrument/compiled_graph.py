@@ -1,0 +1,199 @@
+"""Inside the compiled graphs: the hooks dynamo traces into a compiled model, and the statistics
+they compute there.
+
+- :func:`make_hooks` gives the process-wide forward (pre-)hook that dynamo inlines into the
+  model's graph at every module call. On a recorded step it reduces each tensor leaf of the
+  module's output with :func:`graph_row` - plain torch ops, which inductor fuses into the graph's
+  kernels - and appends the row to the call's list: a side effect dynamo replays after the graph,
+  so the rows are extra outputs of the graph.
+- Output gradients: the hook passes each output leaf that requires grad through
+  :class:`GradProbe`, whose backward passes the gradient on untouched and reduces it into a row
+  of the gradient of a *probe*, a small leaf tensor made for each compiled call. No hook runs in
+  the backward; the backward stays one compiled graph.
+- :class:`GraphState` is what the hooks read (dynamo guards on it: a recorded and an unrecorded
+  variant of each graph, switched between without recompiling) and where they write.
+
+Where dynamo does not compile a module call (a graph break) the same hook runs eagerly, and
+records the same rows. :mod:`~workbench.instrument.compiled_hooks` gives each compiled call its
+list and probe, and turns them into the step's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.instrument.reduce import EMPTY
+from workbench.instrument.reduce_torch import as_float, device_histogram
+from workbench.instrument.schema import SUMS
+from workbench.instrument.sites import CallSites
+from workbench.instrument.tree import map_tensors, tensor_leaves
+
+__all__ = ["GraphState", "GradProbe", "graph_row", "make_hooks", "observe", "row_width"]
+
+
+def row_width(bins: int) -> int:
+    """Columns of a :func:`graph_row`: the SUMS, ``bins`` histogram counts, and a 1 (a row was made)."""
+    return len(SUMS) + bins + 1
+
+
+def _graph_sums(x: torch.Tensor) -> torch.Tensor:
+    """The :data:`SUMS` of ``x`` as a float64 row, written for inductor to fuse into one pass over
+    ``x``: every reduction reads the same flat tensor (a ``dot`` or a chain of in-place ops, as in
+    :func:`~workbench.instrument.reduce_torch.device_sums`, would be passes of their own). The
+    same definitions as ``device_sums``: ``nonzero`` counts NaNs too, a NaN makes the sums NaN."""
+    flat = as_float(x).reshape(-1)
+    if flat.numel() == 0:
+        return torch.tensor(EMPTY, dtype=torch.float64, device=flat.device)
+    first = flat[0]
+    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    centred = flat - shift
+    magnitude = flat.abs()
+    # counts as float sums of 0/1 selected by where: inductor vectorizes those (bool or int64 sums,
+    # and nansum, it does not)
+    one, zero = torch.ones_like(flat), torch.zeros_like(flat)
+    parts = [centred.sum(), (centred * centred).sum(), magnitude.sum(), flat.amin(), flat.amax(),
+             torch.where(flat != 0, one, zero).sum(), torch.where(flat != flat, one, zero).sum(),  # noqa: PLR0124 (NaN)
+             torch.where(magnitude == float("inf"), one, zero).sum(), shift]
+    return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def graph_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+    """The float64 row of ``x`` (:func:`row_width` columns): its SUMS, its histogram counts
+    (``bins``, 0 for none), a 1 (a row was made)."""
+    sums = _graph_sums(x)
+    parts = [sums]
+    if bins:
+        parts.append(device_histogram(x.detach(), sums, bins).double())
+    parts.append(torch.ones(1, dtype=torch.float64, device=sums.device))
+    return torch.cat(parts)
+
+
+class GradProbe(torch.autograd.Function):
+    """The identity on the way forward; on the way back the gradient goes on untouched and its
+    :func:`graph_row` becomes row ``row`` of the gradient of ``probe``.
+
+    The forward is a ``clone()`` (inductor fuses it into the producer's kernel): a view of the
+    input would forbid the in-place ops models do on their outputs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, probe: torch.Tensor, row: int, bins: int) -> torch.Tensor:
+        ctx.row, ctx.rows, ctx.bins = row, probe.shape[0], bins
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        reduced = graph_row(grad, ctx.bins)
+        # the row at ``row``, zeros elsewhere: the probe's gradients add up to one row per output
+        out = torch.nn.functional.pad(reduced[None], (0, 0, ctx.row, ctx.rows - ctx.row - 1))
+        return grad, out, None, None
+
+
+class GraphState:
+    """What the traced hooks read (dynamo guards on it) and write (replayed after each graph).
+
+    Call sites are named as :class:`~workbench.instrument.sites.CallSites` names them, from tables
+    made once here: a module with one path by that path; where a module is shared, the modules
+    with children keep a stack of the paths being run, and a shared module is named by its caller's
+    path. The model itself is recorded around the compiled call, not in it (dynamo starts at its
+    forward)."""
+
+    def __init__(self, sites: CallSites, bins: int) -> None:
+        root = id(sites.model)
+        self.root_path = sites.aliases[root][0]
+        self.containers = frozenset(sites.containers - {root})
+        self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
+        self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
+        parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
+        self.resolve = {(parent, key): sites.resolve(parent, sites.modules[key])
+                        for key in (self.shared | self.containers) for parent in parents}
+        self.bins = bins
+        self.activation_sites: frozenset[str] = frozenset()
+        self.grad_sites: frozenset[str] = frozenset()
+        self.recording = False  # a recorded step, not paused
+        self.patches: dict[str, tuple[Callable, ...]] = {}  # path -> fns, while not paused
+        # per compiled call (set around it): the stack, the rows, the probe and its rows taken
+        self.stack: list[str | None] = []
+        self.out: list | None = None
+        self.probe: torch.Tensor | None = None
+        self.probed: list[int] = []
+
+
+def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
+    """The process-wide forward pre-hook and hook that dynamo traces into the model's graphs (to be
+    registered with ``traced=True``: :func:`~workbench.instrument.torch_internals.register_module_hooks`)."""
+
+    def pre_hook(module: nn.Module, args: Any) -> None:
+        st = state
+        if st.out is None:
+            return
+        key = id(module)
+        if key in st.containers:  # (only where a module is shared)
+            path = st.paths.get(key)
+            if path is None:
+                path = st.resolve.get((st.stack[-1] if st.stack else None, key))
+            st.stack.append(path)
+
+    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+        st = state
+        if st.out is None:  # outside a watched call
+            return None
+        key = id(module)
+        if key in st.containers:
+            if not st.stack:
+                return None
+            path = st.stack.pop()
+        else:
+            path = st.paths.get(key)
+            if path is None and key in st.shared:  # named by its caller's path
+                path = st.resolve.get((st.stack[-1] if st.stack else None, key))
+        if path is None:  # not of this model (or its root, recorded around the call)
+            return None
+        return observe(st, path, module, output, torch.compiler.is_compiling())
+
+    return pre_hook, hook
+
+
+def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph: bool | None) -> Any:
+    """Patch and record one module call (traced, or run eagerly); returns the output to use, or None
+    for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows,
+    in_graph)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in the probe."""
+    fns = st.patches.get(path)
+    if fns is not None:
+        for fn in fns:
+            output = fn(output)
+    if not st.recording:
+        return output if fns is not None else None
+    leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
+    record = path in st.activation_sites
+    grads = path in st.grad_sites and module.training and torch.is_grad_enabled()
+    names, shapes, rows, probed = [], [], [], []
+    replaced = fns is not None
+    for name, tensor in leaves:
+        names.append(name)
+        shapes.append(tuple(tensor.shape))
+        if record:
+            rows.append(graph_row(tensor, st.bins))
+        row = -1
+        if grads and tensor.requires_grad and tensor.is_floating_point():
+            if st.probe is not None and len(st.probed) < st.probe.shape[0]:
+                row = len(st.probed)
+                st.probed.append(row)
+            else:
+                row = -2  # the probe is full: its capacity grows for the next call
+        probed.append(row)
+    if any(r >= 0 for r in probed):
+        replaced = True
+        pending = list(probed)  # (popped in the order tensor_leaves gave them; dynamo traces no next())
+        probe, bins = st.probe, st.bins
+
+        def through_probe(tensor: torch.Tensor) -> torch.Tensor:
+            row = pending.pop(0)
+            return GradProbe.apply(tensor, probe, row, bins) if row >= 0 else tensor
+
+        output = through_probe(output) if isinstance(output, torch.Tensor) else map_tensors(output, through_probe)
+    st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph))
+    return output if replaced else None

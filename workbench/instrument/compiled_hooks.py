@@ -1,0 +1,307 @@
+"""The hooks of a watch on a compiled model: :class:`CompiledHooks`, with the interface of
+:class:`~workbench.instrument.hooks.Hooks` that the :class:`~workbench.instrument.watch.Watch`
+facade drives (``start_step``, ``end_step``, ``sums.rows()``, ``update``, ``interventions``,
+``fail``, ``close``).
+
+- Every call of the compiled model goes through :meth:`CompiledHooks._call` (set as the compiled
+  callable: :func:`~workbench.instrument.torch_internals.compiled_entry`), which gives the call
+  its list and probe (:mod:`~workbench.instrument.compiled_graph`) and keeps them for the step.
+- :meth:`CompiledHooks.end_step` names the rows (module path, call index in order of the calls,
+  kind, leaf, shape), reads the probes' gradients and moves the in-graph rows to the host in one
+  transfer.
+- Parameters and their gradients are outside the graphs: reduced by a
+  :class:`~workbench.instrument.reduce.StepSums`, parameter gradients when each backward ends
+  (post-accumulate-grad hooks), values at the end of the step.
+- Where no module call of the first recorded step ran inside a compiled graph (dynamo skips the
+  model) or compiling fails with the hooks traced in, the hooks ask to be replaced by the eager
+  ones (``hand_over``), saying why.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.instrument import torch_internals as internals
+from workbench.instrument.compiled_graph import GraphState, make_hooks, observe, row_width
+from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, warn
+from workbench.instrument.interventions import Intervention
+from workbench.instrument.reduce import StepSums
+from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
+from workbench.instrument.sites import CallSites
+from workbench.instrument.tree import shape_of
+
+__all__ = ["CompiledHooks"]
+
+
+class StepRows:
+    """A step's rows: those computed in the graphs (``graph``, on the host once the step ends),
+    then those of the parameters (``params``); an entry's row indexes the two in that order."""
+
+    def __init__(self, bins: int) -> None:
+        self.bins = bins
+        self.graph = np.zeros((0, row_width(bins)))
+        self.params = StepSums(bins or None)
+
+    def reset(self) -> None:
+        self.graph = np.zeros((0, row_width(self.bins)))
+        self.params.reset()
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Host copies of the sums ``(rows, 9)`` and histogram counts ``(rows, bins)`` (or None)."""
+        sums, counts = self.params.rows()
+        all_sums = np.concatenate([self.graph[:, :len(SUMS)], sums])
+        if not self.bins:
+            return all_sums, None
+        return all_sums, np.concatenate([self.graph[:, len(SUMS):len(SUMS) + self.bins], counts])
+
+
+class CompiledHooks:
+    """The hooks of a watch on a compiled model, and the step they record into.
+
+    Args:
+        entry: the compiled model's entry (its calls go through :meth:`_call` until :meth:`close`).
+        sites: names the module calls; the model's root is recorded around each compiled call.
+        kinds: kind -> the paths whose tensors of that kind are recorded (no ``update`` kind).
+        bins: histogram bins, or None.
+        capacity: gradient rows per compiled call (None: twice the module paths, and some).
+        on_hand_over: called with the reason where compiling the model with the hooks failed (the
+            eager hooks take over, and the call runs again).
+    """
+
+    def __init__(self, entry: internals.CompiledEntry, sites: CallSites, kinds: dict[str, set[str]],
+                 bins: int | None, capacity: int | None, on_hand_over: Callable[[str], None]) -> None:
+        self.sites, self.kinds, self.entry = sites, kinds, entry
+        self.bins = bins or 0
+        self.errors: list[dict[str, Any]] = []
+        self.step_errors: list[dict[str, Any]] = []
+        self.step_index, self.recording, self.paused, self.closed = 0, False, 0, False
+        self.interventions: dict[str, list[Intervention]] = {}
+        #: why the eager hooks should record from the next step on (None while the model compiles)
+        self.hand_over: str | None = None
+        self._on_hand_over = on_hand_over
+        self._capacity = capacity or 2 * len(sites.paths) + 16
+        self._device = next((p.device for p in sites.model.parameters()), torch.device("cpu"))
+        self._checked = False  # the calls of the first recorded step with calls were looked at
+        self._shapes: dict[str, set[tuple]] = defaultdict(set)  # path -> output shapes recorded
+        self.params = sites.parameters()
+        self.sums = StepRows(self.bins)
+        self.state = GraphState(sites, self.bins)
+        self._set_sites()
+        pre_hook, hook = make_hooks(self.state)
+        handles = internals.register_module_hooks(hook, pre_hook if self.state.containers else None, traced=True)
+        fresh: list[nn.Parameter] = []
+        if kinds[PARAM_GRAD]:
+            for module_path, name, param in self.params:
+                if param.requires_grad:
+                    handles.append(internals.register_param_grad_hook(
+                        param, _weakly(self._on_param_grad, module_path, name), fresh))
+        inner_call, ref = entry.call, weakref.ref(self)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            hooks = ref()
+            return inner_call(*args, **kwargs) if hooks is None else hooks._call(inner_call, args, kwargs)
+
+        entry.set_call(call)
+        self._release = weakref.finalize(self, _release, handles, fresh, entry, call, inner_call)
+
+    def _set_sites(self) -> None:
+        # (new sets only when a site fails: dynamo guards on them, a change recompiles)
+        self.state.activation_sites = frozenset(self.kinds[ACTIVATION])
+        self.state.grad_sites = frozenset(self.kinds[GRAD_OUTPUT])
+
+    # ------------------------------------------------------------------ the step
+    def start_step(self, step_index: int, recording: bool) -> None:
+        """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
+        self.step_index, self.recording = step_index, recording
+        self.step_errors = []
+        self._calls: list[tuple[list, torch.Tensor | None]] = []  # per compiled call: its rows, its probe
+        self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
+        self._param_grads: dict[tuple[str, str], Entry] = {}
+        self._flush_queued = False
+        self.sums.reset()
+        self.update()
+
+    def update(self) -> None:
+        """What the traced hooks see: whether the step records, and the patches (none while paused)."""
+        st = self.state
+        live = not self.closed and not self.paused
+        st.recording = live and self.recording
+        st.patches = {path: tuple(i.fn for i in items) for path, items in self.interventions.items()} if live else {}
+
+    def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
+        """One call of the compiled model, with its rows and probe kept for the step."""
+        st = self.state
+        if not (st.recording or st.patches):
+            return inner_call(*args, **kwargs)  # the model's own graph
+        out: list = []
+        probe = None
+        if st.recording and st.grad_sites and torch.is_grad_enabled():
+            probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device,
+                                requires_grad=True)
+        st.out, st.probe, st.probed, st.stack = out, probe, [], [st.root_path]
+        try:
+            result = inner_call(*args, **kwargs)
+        except Exception as exc:
+            st.out = st.probe = None
+            if not internals.is_compile_error(exc) or self._checked:
+                raise
+            self._on_hand_over("compiling the model with the watch's hooks failed "
+                               f"({type(exc).__name__}: {exc})")
+            return inner_call(*args, **kwargs)  # (the eager hooks in)
+        except BaseException:
+            st.out = st.probe = None
+            raise
+        try:  # the model's own output, outside its graph
+            replaced = observe(st, st.root_path, self.sites.model, result, None)
+            if replaced is not None:
+                result = replaced
+        except Exception as exc:
+            self.fail(st.root_path, None, ACTIVATION, exc)
+        finally:
+            st.out = st.probe = None
+        if st.recording:
+            self._calls.append((out, probe))
+        return result
+
+    def end_step(self, parameters: bool) -> list[Entry]:
+        """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
+        self._end_of_backward()  # (gradients whose hooks ran outside a backward)
+        entries = self._graph_entries()
+        offset = len(self.sums.graph)
+        if parameters:
+            items = [item for item in self.params if item[0] in self.kinds[PARAM]]
+            try:
+                rows = self.sums.params.add_many([param.detach() for _, _, param in items])
+                self.sums.params.flush()
+                entries.extend(((module_path, 0, PARAM, name, shape_of(param)), param.numel(), offset + row)
+                               for (module_path, name, param), row in zip(items, rows))
+            except Exception as exc:
+                self.fail("", 0, PARAM, exc, disable=False)
+        entries.extend((key, numel, offset + row) for key, numel, row in self._param_grads.values())
+        return entries
+
+    def _graph_entries(self) -> list[Entry]:
+        """Entries of the rows the compiled calls made, in the order of the calls; their rows moved to
+        the host (``sums.graph``) in one transfer."""
+        entries: list[Entry] = []
+        grad_keys: list[tuple[tuple, int]] = []
+        pieces: list[torch.Tensor] = []  # device rows, activations first
+        grad_pieces: list[torch.Tensor] = []
+        calls: dict[str, int] = defaultdict(int)
+        compiled = eager = 0
+        overflow = False
+        for out, probe in self._calls:
+            grad = probe.grad if probe is not None else None
+            used = []
+            for path, names, shapes, rows, probed, in_graph in out:
+                compiled += in_graph is True
+                eager += in_graph is False
+                call = calls[path]
+                calls[path] = call + 1
+                if rows is not None:
+                    pieces.append(rows)
+                for name, shape, row in zip(names, shapes, probed):
+                    self._shapes[path].add(shape)
+                    if rows is not None:
+                        entries.append(((path, call, ACTIVATION, name, shape), math.prod(shape), len(entries)))
+                    overflow |= row == -2
+                    if row >= 0 and grad is not None:
+                        grad_keys.append(((path, call, GRAD_OUTPUT, name, shape), math.prod(shape)))
+                        used.append(row)
+            if used:
+                grad_pieces.append(grad[torch.tensor(used, device=grad.device)])
+        if overflow:
+            self._capacity *= 2
+            self.fail("", 0, GRAD_OUTPUT, RuntimeError(
+                f"more outputs needed a gradient row than the probe holds; it holds {self._capacity} from the next "
+                "step on (one recompile); the gradients beyond the old capacity were not recorded this step"),
+                disable=False)
+        self._note_compiled(compiled, eager)
+        if pieces or grad_pieces:  # the one host transfer of the in-graph rows
+            self.sums.graph = torch.cat(pieces + grad_pieces).to("cpu", torch.float64).numpy()
+        first = len(entries)  # the gradients' rows follow the activations'
+        arrived = self.sums.graph[first:, -1] > 0  # a probe row without a gradient is no row
+        entries.extend((key, numel, first + i) for i, (key, numel) in enumerate(grad_keys) if arrived[i])
+        return entries
+
+    def _note_compiled(self, compiled: int, eager: int) -> None:
+        """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,
+        and ask for the eager hooks where none ran inside."""
+        if self._checked or not (compiled or eager):
+            return
+        self._checked = True
+        if not compiled:
+            reasons = internals.graph_break_reasons()
+            self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
+                              f"every frame{': ' + reasons if reasons else ''})")
+        elif eager:
+            warn(f"workbench: {eager} of {compiled + eager} module calls of the compiled model ran outside "
+                 "dynamo's graphs (graph breaks in the model); they are recorded eagerly, the rest inside the "
+                 "compiled graphs.")
+
+    def output_shapes(self, path: str) -> set[tuple]:
+        """The shapes of the outputs recorded at ``path`` so far (none before a recorded step)."""
+        return set(self._shapes.get(path, ()))
+
+    # ------------------------------------------------------------------ parameter gradients
+    def _on_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
+        if not self.state.recording or module_path not in self.kinds[PARAM_GRAD] or param.grad is None:
+            return
+        self._pending_grads.append((module_path, name, param.grad))
+        if not self._flush_queued:
+            self._flush_queued = internals.queue_end_of_backward(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """Reduce the parameter gradients now, before ``zero_grad`` may zero them in place."""
+        self._flush_queued = False
+        pending, self._pending_grads = self._pending_grads, []
+        if not pending:
+            return
+        try:
+            rows = self.sums.params.add_many([grad for _, _, grad in pending])
+            self.sums.params.flush()
+        except Exception as exc:
+            self.fail("", 0, PARAM_GRAD, exc, disable=False)
+            return
+        for (module_path, name, grad), row in zip(pending, rows):
+            # the last backward of the step wins: .grad holds the accumulated total
+            key = (module_path, 0, PARAM_GRAD, name, shape_of(grad))
+            self._param_grads[(module_path, name)] = (key, grad.numel(), row)
+
+    # ------------------------------------------------------------------ failures, closing
+    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> None:
+        """Keep an instrumentation failure in ``errors``, with a warning, and (``disable``) stop
+        recording ``kind`` at ``path``."""
+        if disable and kind in self.kinds and path in self.kinds[kind]:
+            self.kinds[kind].discard(path)
+            self._set_sites()
+        error = {"step": self.step_index, "module": path, "call": call, "kind": kind,
+                 "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
+        self.errors.append(error)
+        self.step_errors.append(error)
+        warn(f"workbench: {error['error']}")
+
+    def close(self) -> None:
+        """Remove every hook and put the compiled callable back (idempotent)."""
+        self.closed = True
+        self._release()
+        self.interventions.clear()
+        self.update()
+
+
+def _release(handles: list, fresh: list[nn.Parameter], entry: internals.CompiledEntry, call: Callable,
+             inner_call: Callable) -> None:
+    """Take the hooks out, and the model's calls back to its compiled callable (unless it was
+    compiled again since)."""
+    _remove_hooks(handles, fresh)
+    if entry.call is call:
+        entry.set_call(inner_call)
