@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import workbench
 from workbench import CompiledWatch, watch_compiled
+from workbench.instrument.reduce_torch import TorchReducer
 from workbench.instrument.torch_internals import compiled_entry, installed_hooks
 
 
@@ -289,3 +290,30 @@ def test_nan_inf_and_zero_counts_equal_the_eager_watch():
     assert leaves.loc["out.0", "nan_count_c"] > 0 and leaves.loc["out.1", "inf_count_c"] > 0
     for column in ["nan_count", "inf_count", "zero_frac", "min", "max"]:
         np.testing.assert_array_equal(merged[column + "_e"], merged[column + "_c"], err_msg=column)
+
+
+def test_workbench_watch_picks_the_compiled_watch_unless_an_option_needs_the_eager_one(tmp_path):
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    compiled = torch.compile(model, backend="aot_eager")  # dynamo and AOTAutograd, no C++ build
+    for options in ({"updates": True}, {"reducers": [TorchReducer()]}):
+        with workbench.watch(compiled, **options) as w:
+            assert type(w) is workbench.Watch
+    x = torch.randn(3, 4)
+    with workbench.watch(compiled, store=tmp_path / "run", metadata={"note": "compiled"}) as w:
+        assert isinstance(w, CompiledWatch)
+        compiled(x).sum().backward()
+        w.step()
+        with w.paused():  # no rows, no call counted: the unrecorded variant (compiled once)
+            compiled(x)
+            calls = counters["stats"]["calls_captured"]
+            compiled(x)
+            assert counters["stats"]["calls_captured"] == calls
+        compiled(x).sum().backward()
+        w.step()
+    run = workbench.load_run(tmp_path / "run")
+    assert run.metadata["compiled"] is True and run.metadata["note"] == "compiled"
+    rows = run.to_pandas()
+    assert len(rows[rows.step == 1]) == len(rows[rows.step == 2]) > 0
+    assert (rows[(rows.module == "0") & (rows.kind == "activation")].call == 0).all()
