@@ -14,6 +14,7 @@ Ranges and other constraints ride along in ``typing.Annotated``::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -26,9 +27,9 @@ from typing import Any, Literal, Union
 
 import torch
 
-__all__ = ["Range", "Choices", "ParamInfo", "params_of", "validate_overrides", "type_name", "check_value",
-           "check_seed", "SEED_MAX", "MemoryLimitError", "MEMORY_LIMIT_ENV", "MEMORY_FRACTION", "available_memory",
-           "memory_limit", "check_memory", "format_bytes"]
+__all__ = ["Range", "Choices", "ParamInfo", "params_of", "param_info", "validate_overrides", "check_arguments",
+           "type_name", "check_value", "matches", "check_seed", "SEED_MAX", "MemoryLimitError", "MEMORY_LIMIT_ENV",
+           "MEMORY_FRACTION", "available_memory", "memory_limit", "check_memory", "format_bytes"]
 
 _EMPTY = inspect.Parameter.empty
 
@@ -251,20 +252,40 @@ def params_of(obj: Callable[..., Any] | type, defaults: Mapping[str, Any] | None
             if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         ]
         helps = {**_docstring_args(target), **_docstring_args(obj)} if isinstance(obj, type) else _docstring_args(obj)
-    infos = []
-    for name, hint, default in fields:
-        annotation, meta = hint, []
-        if typing.get_origin(hint) is typing.Annotated:
-            annotation, *meta = typing.get_args(hint)
-        rng = next((m for m in meta if isinstance(m, Range)), None)
-        choices = next((m for m in meta if isinstance(m, Choices)), None)
-        base = _strip_optional(annotation)
-        if typing.get_origin(base) is Literal:
-            choices = tuple(typing.get_args(base))
-        if name in defaults:
-            default = defaults[name]
-        infos.append(ParamInfo(name, annotation, default, choices, rng, helps.get(name, "")))
-    return tuple(infos)
+    return tuple(param_info(name, hint, defaults.get(name, default), helps.get(name, ""))
+                 for name, hint, default in fields)
+
+
+def param_info(name: str, hint: Any, default: Any = _EMPTY, help: str = "") -> ParamInfo:
+    """One parameter's metadata from its annotation, as :func:`params_of` reads each of a signature's.
+
+    ``Annotated`` metadata gives the range and choices, a ``Literal`` its choices.
+
+    Args:
+        name: the parameter's name, as messages show it.
+        hint: its type annotation, e.g. ``Annotated[int, Range(1, None)]`` or ``float | None``.
+        default: its default (``inspect.Parameter.empty``: required).
+        help: its help text.
+
+    Returns:
+        The metadata, ready for :func:`check_value`.
+
+    Examples:
+        >>> from typing import Annotated
+        >>> from workbench.params import Range, param_info
+        >>> info = param_info("n_layer", Annotated[int, Range(1, None)])
+        >>> info.type_name, str(info.range), info.required
+        ('int', '[1, inf]', True)
+    """
+    annotation, meta = hint, []
+    if typing.get_origin(hint) is typing.Annotated:
+        annotation, *meta = typing.get_args(hint)
+    rng = next((m for m in meta if isinstance(m, Range)), None)
+    choices = next((m for m in meta if isinstance(m, Choices)), None)
+    base = _strip_optional(annotation)
+    if typing.get_origin(base) is Literal:
+        choices = tuple(typing.get_args(base))
+    return ParamInfo(name, annotation, default, choices, rng, help)
 
 
 def _field_default(f: dataclasses.Field) -> Any:
@@ -282,14 +303,14 @@ def check_value(info: ParamInfo, value: Any, owner: str) -> Any:
         TypeError: the value has the wrong type.
         ValueError: the value is outside its choices or range.
     """
-    if not _matches(value, info.annotation):
+    if not matches(value, info.annotation):
         raise TypeError(
             f"{owner}: parameter {info.name!r} expects {info.type_name}, got {value!r} "
             f"({type(value).__name__}). Pass a value of type {info.type_name}."
         )
     if info.choices is not None and value is not None and value not in info.choices:
         raise ValueError(f"{owner}: parameter {info.name!r} must be one of {list(info.choices)}, got {value!r}.")
-    if info.range is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if info.range is not None and matches(value, float):
         if value not in info.range:
             if isinstance(value, float) and math.isnan(value):
                 raise ValueError(f"{owner}: parameter {info.name!r} must be a finite number in {info.range}, "
@@ -321,18 +342,38 @@ def _default_hint(info: ParamInfo) -> str:
         parts.append(f"in {info.range}")
     if not info.required and info.default is not None:
         parts.append(f"e.g. the default {info.default!r}")
+    elif info.default is None and info.nullable:
+        parts.append("or None, the default")
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _matches(value: Any, annotation: Any) -> bool:
-    """A small runtime type check covering the annotations our specs use."""
+def matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` has the type ``annotation`` names: the runtime type check of every workbench parameter.
+
+    It covers the annotations the specs use (``int``, ``float``, ``bool``, ``str``, ``X | None``,
+    ``Literal``, ``list[int]``, ``Sequence[float]``, ``torch.dtype``, classes ...). A bool is not an
+    int, and not a float; an int is a float. ``Annotated`` metadata is not checked here (see
+    :func:`check_value`).
+
+    Args:
+        value: any value.
+        annotation: a type annotation.
+
+    Returns:
+        True when ``value`` is of that type.
+
+    Examples:
+        >>> from workbench.params import matches
+        >>> matches(3, int), matches(True, int), matches(3, float), matches([1, 2], list[int])
+        (True, False, True, True)
+    """
     if annotation is _EMPTY or annotation is Any:
         return True
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _matches(value, typing.get_args(annotation)[0])
+        return matches(value, typing.get_args(annotation)[0])
     if origin in (Union, types.UnionType):
-        return any(_matches(value, a) for a in typing.get_args(annotation))
+        return any(matches(value, a) for a in typing.get_args(annotation))
     if origin is Literal:  # the type here; membership is checked as a choice (ValueError)
         return any(type(value) is type(a) for a in typing.get_args(annotation))
     if annotation is type(None) or annotation is None:
@@ -347,7 +388,7 @@ def _matches(value: Any, annotation: Any) -> bool:
         if not isinstance(value, (list, tuple)):
             return False
         args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        return all(_matches(v, args[0]) for v in value) if len(args) == 1 or (args and origin is not tuple) else True
+        return all(matches(v, args[0]) for v in value) if len(args) == 1 or (args and origin is not tuple) else True
     if annotation is torch.dtype:
         return isinstance(value, torch.dtype)
     if annotation is torch.device:
@@ -382,6 +423,42 @@ def validate_overrides(params: Sequence[ParamInfo], overrides: Mapping[str, Any]
     return checked
 
 
+def check_arguments(target: Callable[..., Any] | type, owner: str, **arguments: Any) -> dict[str, Any]:
+    """Check arguments against the annotated signature of the function or class that takes them.
+
+    A constructor checks its own arguments with this, by the same rules (and messages) as
+    :func:`workbench.create_model` checks a registered model's overrides: the type, an ``Annotated``
+    range or choices, a ``Literal``'s choices, finiteness.
+
+    Args:
+        target: the function, method or class (its ``__init__``) whose signature describes the arguments.
+        owner: how to name the callee in messages, e.g. ``"PReLU"``.
+        **arguments: the values to check, by parameter name.
+
+    Returns:
+        The arguments, checked (tuples given for lists become lists).
+
+    Raises:
+        TypeError: an argument of the wrong type (or a name the signature lacks).
+        ValueError: an argument outside its choices or range, or not finite.
+
+    Examples:
+        >>> from typing import Annotated
+        >>> from workbench.params import Range, check_arguments
+        >>> def scale(factor: Annotated[float, Range(0, 10)] = 1.0): ...
+        >>> check_arguments(scale, "scale", factor=11)
+        Traceback (most recent call last):
+        ...
+        ValueError: scale: parameter 'factor' must lie in [0, 10], got 11.
+    """
+    return validate_overrides(_signature_params(target), arguments, owner)
+
+
+@functools.cache
+def _signature_params(target: Callable[..., Any] | type) -> tuple[ParamInfo, ...]:
+    return params_of(target)  # a signature does not change: read once per target
+
+
 
 # --- seeds -----------------------------------------------------------------------
 
@@ -399,7 +476,7 @@ def check_seed(seed: Any, owner: str = "seed") -> int:
         ValueError: an int outside [0, 2**63 - 1].
     """
     expected = f"an int in [0, 2**63 - 1] = [0, {SEED_MAX}]"
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not matches(seed, int):
         fix = f" Pass int({seed!r}) % 2**63." if isinstance(seed, float) and math.isfinite(seed) else ""
         raise TypeError(f"{owner}: seed must be {expected}, got {seed!r} ({type(seed).__name__}).{fix}")
     if not 0 <= seed <= SEED_MAX:
@@ -445,7 +522,7 @@ def _parse_size(value: Any, what: str) -> int | None:
         if not match or match.group(2) not in _UNITS:
             raise ValueError(f"{what} {value!r} is not a size. {fix}")
         value = float(match.group(1)) * _UNITS[match.group(2)]
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+    elif not matches(value, float):
         raise TypeError(f"{what} must be a number of bytes or a size string, got {value!r} "
                         f"({type(value).__name__}). {fix}")
     if isinstance(value, float) and math.isinf(value) and value > 0:

@@ -142,16 +142,16 @@ def test_prelu_device_and_dtype():
 # --- errors -------------------------------------------------------------------
 
 def test_invalid_arguments_get_clear_errors():
-    with pytest.raises(ValueError, match=r"approximate must be 'none' or 'tanh', got 'fast'"):
+    with pytest.raises(ValueError, match=r"GELU: parameter 'approximate' must be one of \['none', 'tanh'\], got 'fast'"):
         GELU(approximate="fast")
     with pytest.raises(ValueError, match=r"PReLU\(num_parameters=3\) got an input of shape \(2, 5\).*"
                                          r"Use PReLU\(num_parameters=5\)"):
         PReLU(num_parameters=3)(torch.randn(2, 5))
-    with pytest.raises(ValueError, match="positive int, got 0"):
+    with pytest.raises(ValueError, match=r"'num_parameters' must lie in \[1, inf\], got 0"):
         PReLU(num_parameters=0)
-    with pytest.raises(TypeError, match="threshold must be a number, got 'a'"):
+    with pytest.raises(TypeError, match="'threshold' expects float, got 'a'"):
         Threshold("a", 0.0)
-    with pytest.raises(TypeError, match="inplace must be True or False"):
+    with pytest.raises(TypeError, match=r"'inplace' expects bool, got 1 \(int\)"):
         ReLU(inplace=1)
     with pytest.raises(TypeError, match=r"floating-point tensor, got dtype torch.int64.*x.float\(\)"):
         GELU()(torch.arange(3))

@@ -185,14 +185,23 @@ def test_backward_through_inplace_activation_and_residual():
     assert x.grad is not None and model.conv.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(norm_type="GN"), "norm_type must be 'BN' or 'LN', got 'GN'"),
-    (dict(num_channels=2), r"num_channels \(2\) must exceed action_encoding_dim \(2\)"),
-    (dict(observation_shape=5), "observation_shape must be a sequence"),
-    (dict(fc_reward_layers=[]), "fc_reward_layers must be a non-empty list"),
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(norm_type="GN"), ValueError, r"'norm_type' must be one of \['BN', 'LN'\], got 'GN'"),
+    (dict(num_channels=2), ValueError, r"num_channels \(2\) must exceed action_encoding_dim \(2\)"),
+    (dict(observation_shape=5), TypeError, r"'observation_shape' expects Sequence\[int\], got 5"),
+    (dict(observation_shape=[4, 5]), ValueError, r"observation_shape must be a sequence of three positive ints"),
+    (dict(fc_reward_layers=[]), ValueError, "fc_reward_layers must be a non-empty list"),
+    (dict(fc_reward_layers=[0]), ValueError, "fc_reward_layers must be a non-empty list of positive ints"),
+    # the signature's Annotated ranges and types hold for a direct construction too, not only create_model's
+    (dict(num_res_blocks=65), ValueError, r"'num_res_blocks' must lie in \[0, 64\], got 65"),
+    (dict(lstm_hidden_size=0), ValueError, r"'lstm_hidden_size' must lie in \[1, inf\], got 0"),
+    (dict(action_encoding_dim=True), TypeError, r"'action_encoding_dim' expects int, got True"),
+    (dict(downsample="yes"), TypeError, r"'downsample' expects bool, got 'yes'"),
+    (dict(flatten_input_size_for_reward_head=0), ValueError,
+     r"'flatten_input_size_for_reward_head' must lie in \[1, inf\], got 0"),
 ])
-def test_bad_config_errors(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
+def test_bad_config_errors(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
         DynamicsNetwork(**{**SMALL, **kwargs})
 
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import workbench
-from workbench.models.ilql import GPT2_CONFIG, TINY_CONFIG, CheckpointError, ILQL, check_net_config
+from workbench.models import gpt, ilql
+from workbench.models.ilql import GPT2_CONFIG, HYPERPARAMETERS, TINY_CONFIG, CheckpointError, ILQL, check_net_config
 from workbench.models.toy_language import ToyLanguageDataset
 
 
@@ -56,6 +57,29 @@ def test_constructor_and_forward_have_agilerls_signatures():
     assert check_net_config(GPT2_CONFIG) == GPT2_CONFIG  # the seed's GPT-2 default is valid
 
 
+def test_hyperparameters_are_the_constructors_arguments_after_dataset_and_net_config(dataset):
+    names = list(inspect.signature(ILQL).parameters)
+    assert names[:2] == ["dataset", "net_config"] and HYPERPARAMETERS == tuple(names[2:])
+    # each argument reaches its own attribute: every value differs from its default and from the others
+    given = dict(index=3, batch_size=7, lr=2e-3, alpha=0.1, beta=0.5, gamma=0.8, tau=0.3, mutation="lr",
+                 transition_weight=0.2, clip_weight=4.0, value_max=9.0, value_min=-9.0, detach_v=True, detach_q=True,
+                 detach_pi=True, double_q=False, per_token=True, exp_weights=False, dm_margin=0.25, cql_temp=2.0,
+                 weight_decay=0.01, device="cpu")
+    assert list(given) == list(HYPERPARAMETERS)
+    model = ILQL(dataset, {**TINY_CONFIG, "n_layer": 1, "n_embd": 16, "n_head": 2, "dim_feedfwd": 32}, **given)
+    assert model.hyperparameters == given
+    assert {k: getattr(model, k) for k in HYPERPARAMETERS} == given
+
+
+def test_the_gpt_lives_in_its_own_module_and_ilql_still_exports_it():
+    for name in gpt.__all__:
+        if name in ilql.__all__:
+            assert getattr(ilql, name) is getattr(gpt, name)
+    assert {"GPT", "GPT2_CONFIG", "TINY_CONFIG", "check_net_config"} <= set(ilql.__all__)
+    model = gpt.GPT(check_net_config(TINY_CONFIG), lm_head=True)
+    assert sum(p.numel() for p in model.parameters()) == gpt.count_parameters(TINY_CONFIG, lm_head=True)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"n_embd": 30}, "divisible by n_head"),
     ({"activation": "swishy"}, "not a registered activation"),
@@ -63,12 +87,26 @@ def test_constructor_and_forward_have_agilerls_signatures():
     ({"n_layer": 9}, "min_layers..max_layers"),
     ({"n_layers": 2}, "did you mean 'n_layer'"),
     ({"dropout": 1.5}, r"dropout'\] must be in \[0, 1\)"),
+    ({"layer_norm_eps": 0.0}, r"layer_norm_eps'\] must be > 0, got 0.0"),
+    ({"n_layer": 0}, r"net_config: parameter 'n_layer' must lie in \[1, inf\], got 0"),
+    ({"dropout": float("nan")}, r"net_config: parameter 'dropout' must be a finite number, got nan"),
 ])
 def test_bad_net_config_is_a_clear_error(change, message):
     with pytest.raises(ValueError, match=message):
         check_net_config({**TINY_CONFIG, **change})
     with pytest.raises(ValueError, match=r"missing \['bias'\]"):
         check_net_config({k: v for k, v in TINY_CONFIG.items() if k != "bias"})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_head": True}, r"net_config: parameter 'n_head' expects int, got True \(bool\)"),
+    ({"n_layer": 2.0}, r"net_config: parameter 'n_layer' expects int, got 2.0 \(float\)"),
+    ({"bias": 1}, r"net_config: parameter 'bias' expects bool, got 1 \(int\)"),
+    ({"dropout": "0.1"}, r"net_config: parameter 'dropout' expects float, got '0.1' \(str\)"),
+])
+def test_a_net_config_value_of_the_wrong_type_is_a_type_error(change, message):
+    with pytest.raises(TypeError, match=message):
+        check_net_config({**TINY_CONFIG, **change})
 
 
 def test_activation_resolves_through_the_registry_case_insensitively(dataset):

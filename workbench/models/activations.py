@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.params import Range
+from workbench.params import Range, check_arguments
 from workbench.registry import register_model
 
 __all__ = ["GELU", "PReLU", "ReLU", "Sigmoid", "Tanh", "Threshold"]
@@ -37,20 +37,6 @@ def _check_tensor(module: nn.Module, x: object, floating: bool, real: bool = Fal
             "Convert the input first, e.g. x.float()."
         )
     return x
-
-
-def _check_inplace(inplace: object, owner: str) -> bool:
-    if not isinstance(inplace, bool):
-        raise TypeError(f"{owner}: inplace must be True or False, got {inplace!r}.")
-    return inplace
-
-
-def _check_number(value: object, name: str, owner: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__}).")
-    if not math.isfinite(value):
-        raise ValueError(f"{owner}: {name} must be a finite number, got {value!r}. Pass a finite value.")
-    return value
 
 
 # --- shared registry hooks -------------------------------------------------
@@ -145,8 +131,7 @@ class GELU(nn.Module):
 
     def __init__(self, approximate: Literal["none", "tanh"] = "none") -> None:
         super().__init__()
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}.")
+        check_arguments(GELU, "GELU", approximate=approximate)
         self.approximate = approximate
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -183,9 +168,7 @@ class PReLU(nn.Module):
     def __init__(self, num_parameters: Annotated[int, Range(1, None)] = 1, init: float = 0.25,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if isinstance(num_parameters, bool) or not isinstance(num_parameters, int) or num_parameters < 1:
-            raise ValueError(f"PReLU: num_parameters must be a positive int, got {num_parameters!r}.")
-        _check_number(init, "init", "PReLU")
+        check_arguments(PReLU, "PReLU", num_parameters=num_parameters, init=init)
         self.num_parameters = num_parameters
         self.init = init
         self.weight = nn.Parameter(torch.empty(num_parameters, device=device, dtype=dtype))
@@ -233,7 +216,8 @@ class ReLU(nn.Module):
 
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
-        self.inplace = _check_inplace(inplace, "ReLU")
+        check_arguments(ReLU, "ReLU", inplace=inplace)
+        self.inplace = inplace
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.relu(_check_tensor(self, input, floating=False, real=True), inplace=self.inplace)
@@ -295,9 +279,8 @@ class Threshold(nn.Module):
 
     def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
         super().__init__()
-        self.threshold = _check_number(threshold, "threshold", "Threshold")
-        self.value = _check_number(value, "value", "Threshold")
-        self.inplace = _check_inplace(inplace, "Threshold")
+        check_arguments(Threshold, "Threshold", threshold=threshold, value=value, inplace=inplace)
+        self.threshold, self.value, self.inplace = threshold, value, inplace
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.threshold(_check_tensor(self, input, floating=False, real=True), self.threshold, self.value,

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.params import Range
+from workbench.params import Range, check_arguments, matches
 from workbench.registry import register_model
 
 __all__ = [
@@ -65,7 +65,7 @@ def inverse_value_transform(y: torch.Tensor, eps: float = 0.001) -> torch.Tensor
 
 
 def _half_width(support_size: int) -> int:
-    if isinstance(support_size, bool) or not isinstance(support_size, int) or support_size < 3 or support_size % 2 == 0:
+    if not matches(support_size, int) or support_size < 3 or support_size % 2 == 0:
         raise ValueError(f"support_size must be an odd int >= 3 (atoms -S..S), got {support_size!r}.")
     return (support_size - 1) // 2
 
@@ -152,12 +152,6 @@ def _reward_mlp(in_features: int, hidden: int, out_features: int, hidden_layers:
     return nn.Sequential(*layers)
 
 
-def _int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"DynamicsNetwork: {name} must be an int >= {minimum}, got {value!r}.")
-    return value
-
-
 class DynamicsNetwork(nn.Module):
     """EfficientZero's dynamics network: next latent state, LSTM reward state and value prefix.
 
@@ -220,9 +214,19 @@ class DynamicsNetwork(nn.Module):
         norm_type: Literal["BN", "LN"] = "BN",
         *,
         reward_head_hidden_channels: Sequence[int] | None = None,
-        flatten_input_size_for_reward_head: int | None = None,
+        flatten_input_size_for_reward_head: Annotated[int | None, Range(1, None)] = None,
     ) -> None:
         super().__init__()
+        # every argument's type, and the Annotated ranges and Literal choices of the signature
+        check_arguments(
+            DynamicsNetwork, "DynamicsNetwork", observation_shape=observation_shape,
+            action_encoding_dim=action_encoding_dim, num_res_blocks=num_res_blocks, num_channels=num_channels,
+            reward_head_channels=reward_head_channels, fc_reward_layers=fc_reward_layers,
+            output_support_size=output_support_size,
+            flatten_output_size_for_reward_head=flatten_output_size_for_reward_head, downsample=downsample,
+            lstm_hidden_size=lstm_hidden_size, last_linear_layer_init_zero=last_linear_layer_init_zero,
+            activation=activation, norm_type=norm_type, reward_head_hidden_channels=reward_head_hidden_channels,
+            flatten_input_size_for_reward_head=flatten_input_size_for_reward_head)
         # Newer LightZero spellings. A canonical argument left at its default counts as not given.
         if reward_head_hidden_channels is not None:
             if list(fc_reward_layers) not in ([32], list(reward_head_hidden_channels)):
@@ -239,31 +243,22 @@ class DynamicsNetwork(nn.Module):
                     "give one of them."
                 )
             flatten_output_size_for_reward_head = flatten_input_size_for_reward_head
-        if norm_type not in ("BN", "LN"):
-            raise ValueError(f"DynamicsNetwork: norm_type must be 'BN' or 'LN', got {norm_type!r}.")
-        shape = list(observation_shape) if isinstance(observation_shape, (list, tuple)) else None
-        if not shape or len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                                                   for s in shape):
+        # the rules the annotations cannot state
+        shape = list(observation_shape)
+        if len(shape) != 3 or min(shape) < 1:
             raise ValueError(
                 f"DynamicsNetwork: observation_shape must be a sequence of three positive ints (C, H, W), "
-                f"got {observation_shape!r}" + (f" ({len(shape)} dims)" if shape else "") + "; e.g. [12, 96, 96]."
+                f"got {observation_shape!r} ({len(shape)} dims); e.g. [12, 96, 96]."
             )
-        _int(action_encoding_dim, "action_encoding_dim", 1)
-        _int(num_res_blocks, "num_res_blocks", 0)
-        _int(num_channels, "num_channels", 2)
         if num_channels <= action_encoding_dim:
             raise ValueError(
                 f"DynamicsNetwork: num_channels ({num_channels}) must exceed action_encoding_dim "
                 f"({action_encoding_dim}): the input is the latent state plus the action planes."
             )
         fc_reward_layers = list(fc_reward_layers)
-        if not fc_reward_layers or not all(isinstance(n, int) and n > 0 for n in fc_reward_layers):
+        if not fc_reward_layers or min(fc_reward_layers) < 1:
             raise ValueError(f"DynamicsNetwork: fc_reward_layers must be a non-empty list of positive ints, "
                              f"got {fc_reward_layers!r}.")
-        for name, value in [("reward_head_channels", reward_head_channels), ("output_support_size", output_support_size),
-                            ("flatten_output_size_for_reward_head", flatten_output_size_for_reward_head),
-                            ("lstm_hidden_size", lstm_hidden_size)]:
-            _int(value, name, 1)
 
         self.observation_shape = tuple(shape)
         self.action_encoding_dim = action_encoding_dim

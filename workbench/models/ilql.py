@@ -6,7 +6,7 @@ methods (``forward``, ``get_downstream_rs``, ``get_weights``, ``awac_loss``,
 ``get_loss``, ``learn``, ``soft_update``, ``hardUpdate``, ``clone``,
 ``save_checkpoint``, ``load_checkpoint``), written here without agilerl.
 
-Networks (GPT blocks as in nanoGPT, written compactly)::
+Networks (the GPT of :mod:`workbench.models.gpt`, nanoGPT's layout)::
 
     model          GPT trunk read by the value heads        tokens -> (B, T, n_embd)
     target_model   Polyak copy of ``model``                  (no gradients)
@@ -17,15 +17,17 @@ Networks (GPT blocks as in nanoGPT, written compactly)::
 
 Decoding (:meth:`ILQL.generate`) samples from the policy's logits shifted by
 ``beta * (Q - V)``: ILQL's perturbed policy.
+
+Here: the hyperparameters and their checks, the networks and optimizer, the agent (forward,
+losses, training, decoding, checkpoints) and its registration as the model ``ilql``. What a
+checkpoint's contents are checked against is in :mod:`workbench.models.ilql_checkpoint`.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import math
-import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -35,66 +37,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.gpt import GPT, GPT2_CONFIG, TINY_CONFIG, check_net_config, count_parameters
+from workbench.models.ilql_checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError, check_optimizer,
+                                              check_state, number_list)
 from workbench.models.toy_language import ToyLanguageDataset
-from workbench.params import SEED_MAX, Choices, Range, check_memory
-from workbench.registry import create_model, get_spec, list_models, memory_is_accounted, register_model
+from workbench.params import SEED_MAX, Choices, Range, check_arguments, check_memory, matches
+from workbench.registry import list_models, memory_is_accounted, register_model
 
-__all__ = ["ILQL", "GPT", "GPT2_CONFIG", "TINY_CONFIG", "CheckpointError", "check_net_config",
+# GPT, its configs and check_net_config live in workbench.models.gpt, CheckpointError in
+# workbench.models.ilql_checkpoint; they are exported here too, as before
+__all__ = ["ILQL", "GPT", "GPT2_CONFIG", "TINY_CONFIG", "CheckpointError", "check_net_config", "HYPERPARAMETERS",
            "check_hyperparameters", "estimate_memory"]
-
-GPT2_CONFIG = {  # the seed's default: GPT-2 small
-    "arch": "gpt", "vocab_size": 50257, "n_layer": 12, "n_embd": 768, "n_head": 12, "dim_feedfwd": 3072,
-    "block_size": 1024, "activation": "GELU", "dropout": 0.1, "layer_norm_eps": 1e-5, "min_layers": 8,
-    "max_layers": 16, "bias": True,
-}
-TINY_CONFIG = {  # a CPU-sized GPT for the built-in toy task
-    "arch": "gpt", "vocab_size": 16, "n_layer": 2, "n_embd": 64, "n_head": 4, "dim_feedfwd": 256,
-    "block_size": 64, "activation": "GELU", "dropout": 0.0, "layer_norm_eps": 1e-5, "min_layers": 1,
-    "max_layers": 4, "bias": True,
-}
-_CHECKPOINT_FORMAT = "workbench.ILQL"
-_CHECKPOINT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that is not an ILQL checkpoint of a version this code reads, or is damaged."""
-
-
-def check_net_config(net_config: Any) -> dict[str, Any]:
-    """Validate a GPT net_config; returns a copy. Errors name the key, the value and the fix."""
-    if not isinstance(net_config, dict):
-        raise TypeError(f"net_config must be a dict with keys {sorted(GPT2_CONFIG)}, got {type(net_config).__name__}.")
-    unknown = [k for k in net_config if k not in GPT2_CONFIG]
-    if unknown:
-        hints = {k: difflib.get_close_matches(k, list(GPT2_CONFIG), n=1) for k in unknown}
-        text = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-        raise ValueError(f"net_config has unknown key(s) {text}; the keys are {sorted(GPT2_CONFIG)}.")
-    missing = [k for k in GPT2_CONFIG if k not in net_config]
-    if missing:
-        raise ValueError(f"net_config is missing {missing}; e.g. workbench.models.ilql.GPT2_CONFIG has them all.")
-    c = dict(net_config)
-    if c["arch"] != "gpt":
-        raise ValueError(f"net_config['arch'] must be 'gpt' (the only architecture ILQL uses), got {c['arch']!r}.")
-    for key in ("vocab_size", "n_layer", "n_embd", "n_head", "dim_feedfwd", "block_size", "min_layers", "max_layers"):
-        if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
-            raise ValueError(f"net_config[{key!r}] must be a positive int, got {c[key]!r}.")
-    if c["n_embd"] % c["n_head"]:
-        raise ValueError(f"net_config: n_embd ({c['n_embd']}) must be divisible by n_head ({c['n_head']}).")
-    if not c["min_layers"] <= c["n_layer"] <= c["max_layers"]:
-        raise ValueError(f"net_config: n_layer ({c['n_layer']}) must lie within min_layers..max_layers "
-                         f"({c['min_layers']}..{c['max_layers']}).")
-    if not isinstance(c["dropout"], (int, float)) or not 0 <= c["dropout"] < 1:
-        raise ValueError(f"net_config['dropout'] must be in [0, 1), got {c['dropout']!r}.")
-    if not isinstance(c["layer_norm_eps"], (int, float)) or c["layer_norm_eps"] <= 0:
-        raise ValueError(f"net_config['layer_norm_eps'] must be > 0, got {c['layer_norm_eps']!r}.")
-    if not isinstance(c["bias"], bool):
-        raise ValueError(f"net_config['bias'] must be True or False, got {c['bias']!r}.")
-    name = str(c["activation"]).lower()
-    if name not in list_models(family="activation"):
-        raise ValueError(f"net_config['activation'] {c['activation']!r} is not a registered activation; "
-                         f"choose one of {list_models(family='activation')} (any case).")
-    return c
-
 
 def _check_vocab(net_config: dict[str, Any], dataset: Any) -> None:
     tokenizer = getattr(dataset, "tokenizer", None)
@@ -103,18 +56,22 @@ def _check_vocab(net_config: dict[str, Any], dataset: Any) -> None:
                          f"dataset's vocabulary ({tokenizer.vocab_size}); set it to at least that.")
 
 
-_FLOATS = ("lr", "alpha", "beta", "gamma", "tau", "transition_weight", "dm_margin", "cql_temp", "weight_decay")
-_OPTIONAL_FLOATS = ("clip_weight", "value_max", "value_min")
-_BOOLS = ("detach_v", "detach_q", "detach_pi", "double_q", "per_token", "exp_weights")
+#: ILQL's hyperparameters: the constructor's arguments after ``dataset`` and ``net_config``, in its order
+#: (a test holds the two together). The agent keeps them as attributes, a checkpoint by these names.
+HYPERPARAMETERS = ("index", "batch_size", "lr", "alpha", "beta", "gamma", "tau", "mutation", "transition_weight",
+                   "clip_weight", "value_max", "value_min", "detach_v", "detach_q", "detach_pi", "double_q",
+                   "per_token", "exp_weights", "dm_margin", "cql_temp", "weight_decay", "device")
 _RULES = ("batch_size >= 1, lr > 0, 0 <= alpha <= 1, 0 <= gamma <= 1, 0 < tau < 1, cql_temp > 0, "
           "weight_decay >= 0")
 
 
 def check_hyperparameters(hyperparameters: dict[str, Any], owner: str = "ILQL") -> dict[str, Any]:
-    """Check ILQL's hyperparameters (every constructor argument but dataset and net_config) by the
-    constructor's rules; returns them with ``device`` as a string.
+    """Check ILQL's hyperparameters (:data:`HYPERPARAMETERS`) by the constructor's rules; returns them
+    with ``device`` as a string.
 
-    The constructor and :meth:`ILQL.load_checkpoint` both check with this function.
+    The types are the constructor's annotations (checked by :func:`workbench.params.check_arguments`),
+    the ranges those of ``_RULES``. The constructor and :meth:`ILQL.load_checkpoint` both check with
+    this function.
 
     Raises:
         TypeError: a value of the wrong type.
@@ -122,30 +79,13 @@ def check_hyperparameters(hyperparameters: dict[str, Any], owner: str = "ILQL") 
             process cannot use (``meta`` holds no values).
     """
     h = dict(hyperparameters)
-    missing = [k for k in _HYPERPARAMETERS if k not in h]
-    unknown = [k for k in h if k not in _HYPERPARAMETERS]
+    missing = [k for k in HYPERPARAMETERS if k not in h]
+    unknown = [k for k in h if k not in HYPERPARAMETERS]
     if missing or unknown:
         raise ValueError(f"{owner}: hyperparameters " + (f"missing {missing}" if missing else "")
                          + (" and " if missing and unknown else "") + (f"unknown {unknown}" if unknown else "")
-                         + f"; ILQL's are {list(_HYPERPARAMETERS)}.")
-    for name in ("index", "batch_size"):
-        if isinstance(h[name], bool) or not isinstance(h[name], numbers.Integral):
-            raise TypeError(f"{owner}: {name} must be an int, got {h[name]!r} ({type(h[name]).__name__}).")
-    for name in _FLOATS + _OPTIONAL_FLOATS:
-        value = h[name]
-        if value is None and name in _OPTIONAL_FLOATS:
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too
-            none = " or None" if name in _OPTIONAL_FLOATS else ""
-            raise TypeError(f"{owner}: {name} must be a number{none}, got {value!r} ({type(value).__name__}).")
-        if not math.isfinite(value):
-            none = " (None: no limit)" if name in _OPTIONAL_FLOATS else ""
-            raise ValueError(f"{owner}: {name} must be a finite number{none}, got {value!r}.")
-    for name in _BOOLS:
-        if not isinstance(h[name], bool):
-            raise TypeError(f"{owner}: {name} must be True or False, got {h[name]!r}.")
-    if h["mutation"] is not None and not isinstance(h["mutation"], str):
-        raise TypeError(f"{owner}: mutation must be a string or None, got {h['mutation']!r}.")
+                         + f"; ILQL's are {list(HYPERPARAMETERS)}.")
+    check_arguments(ILQL, owner, **{k: v for k, v in h.items() if k != "device"})  # the device: below
     checks = {
         "batch_size": h["batch_size"] >= 1, "lr": h["lr"] > 0, "alpha": 0 <= h["alpha"] <= 1,
         "gamma": 0 <= h["gamma"] <= 1, "tau": 0 < h["tau"] < 1, "cql_temp": h["cql_temp"] > 0,
@@ -181,20 +121,6 @@ def _check_device(device: Any, owner: str) -> str:
     return str(device)
 
 
-def _gpt_parameters(c: dict[str, Any], lm_head: bool) -> int | None:
-    """The number of parameters of ``GPT(c, lm_head)``, counted from the config (see :class:`GPT`)."""
-    e, f, b = c["n_embd"], c["dim_feedfwd"], int(bool(c["bias"]))
-    activation = get_spec(str(c["activation"]).lower()).estimate_memory()
-    if activation is None:
-        return None
-    itemsize = torch.get_default_dtype().itemsize
-    norm = e * (1 + b)
-    block = (2 * norm + 3 * e * e + 3 * e * b + e * e + e * b + e * f + f * b + f * e + e * b
-             + -(-activation // itemsize))
-    head = c["vocab_size"] * e if lm_head else 0
-    return (c["vocab_size"] + c["block_size"]) * e + c["n_layer"] * block + norm + head
-
-
 def _head_parameters(n_embd: int, out: int) -> int:
     return (n_embd + 1) * 2 * n_embd + (2 * n_embd + 1) * 2 * n_embd + (2 * n_embd + 1) * out
 
@@ -206,124 +132,13 @@ def estimate_memory(net_config: dict[str, Any], double_q: bool = True) -> dict[s
     ``optimizer``: AdamW's two moments of each trainable parameter, allocated at the first step.
     """
     c, itemsize = net_config, torch.get_default_dtype().itemsize
-    trunk, actor = _gpt_parameters(c, False), _gpt_parameters(c, True)
+    trunk, actor = count_parameters(c), count_parameters(c, lm_head=True)
     if trunk is None or actor is None:
         return None
     heads = _head_parameters(c["n_embd"], 1) + _head_parameters(c["n_embd"], c["vocab_size"]) * (2 if double_q else 1)
     targets = trunk + _head_parameters(c["n_embd"], c["vocab_size"]) * (2 if double_q else 1)
     trainable = trunk + actor + heads
     return {"networks": (trainable + targets) * itemsize, "optimizer": 2 * trainable * itemsize}
-
-
-# --- the GPT (nanoGPT's layout) -------------------------------------------------------
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, c: dict[str, Any]) -> None:
-        super().__init__()
-        self.n_head, self.dropout = c["n_head"], c["dropout"]
-        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"], bias=c["bias"])
-        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"], bias=c["bias"])
-        self.resid_dropout = nn.Dropout(c["dropout"])
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
-
-
-class Block(nn.Module):
-    def __init__(self, c: dict[str, Any]) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(c["n_embd"], eps=c["layer_norm_eps"], bias=c["bias"])
-        self.attn = CausalSelfAttention(c)
-        self.ln_2 = nn.LayerNorm(c["n_embd"], eps=c["layer_norm_eps"], bias=c["bias"])
-        self.mlp = nn.Sequential(
-            nn.Linear(c["n_embd"], c["dim_feedfwd"], bias=c["bias"]),
-            create_model(str(c["activation"]).lower()),
-            nn.Linear(c["dim_feedfwd"], c["n_embd"], bias=c["bias"]),
-            nn.Dropout(c["dropout"]),
-        )
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask)
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """A GPT trunk: token + position embeddings, blocks, final LayerNorm; optional LM head.
-
-    Args:
-        net_config: a validated net_config (see :data:`GPT2_CONFIG`).
-        lm_head: add a linear head to vocabulary logits (the policy's).
-    """
-
-    def __init__(self, net_config: dict[str, Any], lm_head: bool = False) -> None:
-        super().__init__()
-        c = net_config
-        self.block_size, self.n_embd = c["block_size"], c["n_embd"]
-        self.wte = nn.Embedding(c["vocab_size"], c["n_embd"])
-        self.wpe = nn.Embedding(c["block_size"], c["n_embd"])
-        self.drop = nn.Dropout(c["dropout"])
-        self.h = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
-        self.ln_f = nn.LayerNorm(c["n_embd"], eps=c["layer_norm_eps"], bias=c["bias"])
-        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False) if lm_head else None
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
-            if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c["n_layer"]))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-
-    def forward(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                prefix_embs: torch.Tensor | None = None, prefix_attn_mask: torch.Tensor | None = None,
-                remove_prefix_position_embs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Hidden states of the token positions (prefix positions dropped) and LM logits.
-
-        Args:
-            tokens: (B, T) int64.
-            attn_mask: (B, T), 1 for real tokens, 0 for padding (keys masked out).
-            prefix_embs: (B, P, n_embd) embeddings placed before the tokens.
-            prefix_attn_mask: (B, P) mask of the prefix.
-            remove_prefix_position_embs: give the prefix no position embeddings
-                (the tokens then start at position 0).
-
-        Returns:
-            hidden (B, T, n_embd) and logits (B, T, vocab) or None without an LM head.
-        """
-        B, T = tokens.shape
-        x = self.wte(tokens)
-        mask = torch.ones(B, T, dtype=torch.bool, device=tokens.device) if attn_mask is None else attn_mask.bool()
-        P = 0
-        if prefix_embs is not None:
-            P = prefix_embs.shape[1]
-            prefix_mask = (torch.ones(B, P, dtype=torch.bool, device=tokens.device) if prefix_attn_mask is None
-                           else prefix_attn_mask.bool())
-            x, mask = torch.cat([prefix_embs, x], 1), torch.cat([prefix_mask, mask], 1)
-        positions = T if (prefix_embs is not None and remove_prefix_position_embs) else P + T
-        if positions > self.block_size:
-            raise ValueError(f"GPT: sequence of {positions} positions exceeds block_size {self.block_size}; "
-                             "use shorter inputs or a larger net_config['block_size'].")
-        pos = self.wpe(torch.arange(positions, device=tokens.device))
-        if prefix_embs is not None and remove_prefix_position_embs:
-            x = torch.cat([x[:, :P], x[:, P:] + pos], 1)
-        else:
-            x = x + pos
-        S = P + T
-        causal = torch.ones(S, S, dtype=torch.bool, device=tokens.device).tril()
-        # padding keys are masked; a query always sees itself so that no row is fully masked
-        attend = (causal & mask[:, None, :]) | torch.eye(S, dtype=torch.bool, device=tokens.device)
-        x = self.drop(x)
-        for block in self.h:
-            x = block(x, attend[:, None])  # (B, 1, S, S) broadcast over heads
-        hidden = self.ln_f(x)[:, P:]  # (B, T, n_embd)
-        return hidden, (self.lm_head(hidden) if self.lm_head is not None else None)
 
 
 def _mlp_head(n_embd: int, out: int, dropout: float) -> nn.Sequential:
@@ -428,8 +243,12 @@ class ILQL(nn.Module):
         super().__init__()
         self.dataset = dataset
         # AgileRL keeps the hyperparameters as plain attributes (mutations change them there)
-        arguments = locals()
-        hyperparameters = check_hyperparameters({k: arguments[k] for k in _HYPERPARAMETERS})
+        hyperparameters = check_hyperparameters(dict(
+            index=index, batch_size=batch_size, lr=lr, alpha=alpha, beta=beta, gamma=gamma, tau=tau,
+            mutation=mutation, transition_weight=transition_weight, clip_weight=clip_weight, value_max=value_max,
+            value_min=value_min, detach_v=detach_v, detach_q=detach_q, detach_pi=detach_pi, double_q=double_q,
+            per_token=per_token, exp_weights=exp_weights, dm_margin=dm_margin, cql_temp=cql_temp,
+            weight_decay=weight_decay, device=device))
         net_config = check_net_config(copy.deepcopy(GPT2_CONFIG if net_config is None else net_config))
         _check_vocab(net_config, dataset)
         if not memory_is_accounted():  # create_model("ilql", ...) has checked its estimate with its limit
@@ -447,7 +266,7 @@ class ILQL(nn.Module):
     @property
     def hyperparameters(self) -> dict[str, Any]:
         """The constructor's arguments besides dataset and net_config, as the attributes hold them now."""
-        return {k: getattr(self, k) for k in _HYPERPARAMETERS}
+        return {k: getattr(self, k) for k in HYPERPARAMETERS}
 
     def _build(self) -> None:
         networks = _make_networks(self.net_config, self.double_q)
@@ -749,7 +568,8 @@ class ILQL(nn.Module):
 
     # --- decoding ----------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: torch.Tensor, max_length: int, beta: float = 1.0, temperature: float = 1.0,
+    def generate(self, prompts: torch.Tensor, max_length: Annotated[int, Range(0, None)], beta: float = 1.0,
+                 temperature: float = 1.0,
                  eos_token_id: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Sample continuations from ILQL's perturbed policy: softmax((logits + beta (Q - V)) / temperature).
 
@@ -768,14 +588,10 @@ class ILQL(nn.Module):
         Returns:
             (B, P + n) tokens, n <= max_length.
         """
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0 \
-                or not math.isfinite(temperature):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}.")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
-            raise ValueError(f"beta must be a finite number (the weight of Q - V; 0 samples the policy alone), "
-                             f"got {beta!r}.")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-            raise ValueError(f"max_length must be an int >= 0 (tokens to add at most), got {max_length!r}.")
+        check_arguments(ILQL.generate, "ILQL.generate", max_length=max_length, beta=beta, temperature=temperature,
+                        eos_token_id=eos_token_id)
+        if temperature <= 0:  # an open bound, which a Range (inclusive) cannot state
+            raise ValueError(f"ILQL.generate: temperature must be > 0 (smaller is greedier), got {temperature!r}.")
         vocab = self.net_config["vocab_size"]
         if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 \
                 or prompts.dtype not in (torch.int64, torch.int32):
@@ -836,7 +652,7 @@ class ILQL(nn.Module):
         """
         path = Path(path)
         state = {
-            "format": _CHECKPOINT_FORMAT, "version": _CHECKPOINT_VERSION,
+            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
             "net_config": self.net_config,
             "hyperparameters": self.hyperparameters,
             "network": self.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -892,15 +708,15 @@ class ILQL(nn.Module):
             raise CheckpointError(f"{where} is not a readable checkpoint ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). It may be damaged or not "
                                   "a torch file.") from None
-        if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{where} is not an ILQL checkpoint (no '{_CHECKPOINT_FORMAT}' marker); "
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{where} is not an ILQL checkpoint (no '{CHECKPOINT_FORMAT}' marker); "
                                   "save one with ILQL.save_checkpoint().")
         version = state.get("version", 0)
-        if isinstance(version, bool) or not isinstance(version, int):
+        if not matches(version, int):
             raise CheckpointError(f"{where} has a version {version!r} that is not an int; it is damaged.")
-        if version > _CHECKPOINT_VERSION:
+        if version > CHECKPOINT_VERSION:
             raise CheckpointError(f"{where} is checkpoint version {version}; this workbench reads up "
-                                  f"to {_CHECKPOINT_VERSION}. Upgrade workbench.")
+                                  f"to {CHECKPOINT_VERSION}. Upgrade workbench.")
         needed = ("net_config", "hyperparameters", "network", "optimizer", "fitness", "scores", "steps")
         missing = [k for k in needed if k not in state]
         if missing:
@@ -916,7 +732,7 @@ class ILQL(nn.Module):
                 given["device"] = device
             hyperparameters = check_hyperparameters(given, owner="hyperparameters")
             _check_vocab(net_config, self.dataset)
-            fitness, scores, steps = (_number_list(state[k], k, integer=k == "steps")
+            fitness, scores, steps = (number_list(state[k], k, integer=k == "steps")
                                       for k in ("fitness", "scores", "steps"))
         except (TypeError, ValueError) as err:
             hint = (" Or load it onto another device: load_checkpoint(path, device='cpu')."
@@ -929,8 +745,8 @@ class ILQL(nn.Module):
                      f"{net_config['vocab_size']})", memory_limit, target)
         with torch.device("meta"):  # the layout the net_config asks for: shapes only, nothing allocated
             layout = _make_networks(net_config, double_q)
-        _check_state(_holder(layout).state_dict(), state["network"], f"{problem}network")
-        _check_optimizer(state["optimizer"], _trainable(layout), f"{problem}optimizer")
+        check_state(_holder(layout).state_dict(), state["network"], f"{problem}network")
+        check_optimizer(state["optimizer"], _trainable(layout), f"{problem}optimizer")
         # every check passed: build and fill new networks beside the old ones, then swap them in
         try:
             networks = _make_networks(net_config, double_q)
@@ -955,63 +771,6 @@ def _holder(networks: dict[str, nn.Module | None]) -> nn.Module:
             holder.add_module(name, networks[name])
     return holder
 
-
-def _number_list(value: Any, name: str, integer: bool) -> list:
-    kind = "int" if integer else "number"
-    if not isinstance(value, list) or not all(
-            not isinstance(v, bool) and isinstance(v, int if integer else (int, float)) for v in value):
-        raise TypeError(f"{name} must be a list of {kind}s, got {str(value)[:100]}")
-    return list(value)
-
-
-def _check_state(expected: dict[str, torch.Tensor], given: Any, what: str) -> None:
-    """The keys, shapes and dtypes of ``given`` are those of ``expected`` (the meta layout)."""
-    if not isinstance(given, dict):
-        raise CheckpointError(f"{what} state must be a dict of tensors, got {type(given).__name__}.")
-    missing = [k for k in expected if k not in given]
-    unexpected = [k for k in given if k not in expected]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{what} state does not match its net_config: "
-            + (f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}" if unexpected else "")
-            + ". It is damaged or was edited; save it again with ILQL.save_checkpoint().")
-    for key, want in expected.items():
-        got = given[key]
-        if not isinstance(got, torch.Tensor):
-            raise CheckpointError(f"{what} state: {key!r} must be a tensor, got {type(got).__name__}.")
-        if got.shape != want.shape or got.dtype != want.dtype:
-            raise CheckpointError(f"{what} state: {key!r} has shape {tuple(got.shape)} and dtype {got.dtype}; the "
-                                  f"net_config asks for shape {tuple(want.shape)} and dtype {want.dtype}.")
-
-
-def _check_optimizer(given: Any, params: list[nn.Parameter], what: str) -> None:
-    """AdamW's state: one group over every trainable parameter, moments shaped like them."""
-    if not isinstance(given, dict) or not isinstance(given.get("state"), dict) \
-            or not isinstance(given.get("param_groups"), list):
-        raise CheckpointError(f"{what} state must be a dict with 'state' and 'param_groups' (AdamW's "
-                              "state_dict()); it is damaged.")
-    groups = given["param_groups"]
-    ids = [i for g in groups if isinstance(g, dict) for i in g.get("params", [])]
-    if len(groups) != 1 or ids != list(range(len(params))):
-        raise CheckpointError(f"{what} state has {len(groups)} parameter group(s) over {len(ids)} parameters; "
-                              f"the net_config's networks have 1 group of {len(params)} trainable parameters.")
-    for index, entry in given["state"].items():
-        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(entry, dict):
-            raise CheckpointError(f"{what} state: entry {index!r} does not name one of the "
-                                  f"{len(params)} trainable parameters.")
-        for name, value in entry.items():
-            if name == "step":
-                continue
-            if not isinstance(value, torch.Tensor) or value.shape != params[index].shape \
-                    or not value.is_floating_point():
-                got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
-                raise CheckpointError(f"{what} state: {name!r} of parameter {index} is {got}; its parameter has "
-                                      f"shape {tuple(params[index].shape)}.")
-
-
-_HYPERPARAMETERS = tuple(inspect.signature(ILQL).parameters)[2:]  # index ... device: all but dataset, net_config
 
 
 # --- registry ---------------------------------------------------------------------------

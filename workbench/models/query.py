@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from workbench.models._query_kernels import lookup_insert, siphash_blocks
+from workbench.params import check_arguments
 from workbench.registry import register_model
 
 __all__ = ["QueryModule", "SipHash", "HashToInt", "check_rows", "row_bytes", "siphash"]
@@ -491,9 +492,7 @@ class QueryModule(nn.Module):
             ValueError: in_keys with different batch sizes, or 0-dimensional keys.
             TypeError: an unsupported dtype or input type.
         """
-        for name, flag in (("extend", extend), ("write_hash", write_hash), ("clone", clone)):
-            if not isinstance(flag, bool) and not (name == "clone" and flag is None):
-                raise TypeError(f"QueryModule: {name} must be True or False, got {flag!r}.")
+        check_arguments(QueryModule.forward, "QueryModule", extend=extend, write_hash=write_hash, clone=clone)
         values = self._rows(tensordict)  # every check happens before the map changes
         if not self.hash_module:
             hashed = self.aggregator(values)  # SipHash of the rows of all in_keys together
