@@ -344,23 +344,37 @@ def test_staged_tensors_are_reduced_once_the_stage_is_full():
     np.testing.assert_allclose(means, want, rtol=1e-5, atol=1e-7)
 
 
-def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would():
+def clamped_histogram(x, lo, hi, bins):
+    """numpy's counts of the finite values of ``x`` in ``bins`` equal bins over [lo, hi], a value
+    outside counted in the end bin on its side."""
+    values = x.double().numpy().reshape(-1)
+    values = np.clip(values[np.isfinite(values)], lo, hi)
+    return np.histogram(values, np.linspace(lo, hi, bins + 1))[0]
+
+
+def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would_over_the_rows_ranges():
     first = [torch.randn(5000), torch.randn(40, 30).double(), torch.randn(9)]
     second = [torch.randn(7) * 5, torch.randn(3000) + 2]
-    step = StepSums(bins=8, capacity=1, reducers=REDUCERS())
+    step = StepSums(bins=8, capacity=1, reducers=REDUCERS(), fixed_ranges=True)
     step.add_many(first) if MANY else [step.add(x, defer=DEFER) for x in first]
     step.rows()
+    ranges = step.binning()[0]
+    for x, (lo, hi) in zip(first, ranges):  # a row's first step: over the tensor's own range
+        assert (lo, hi) == (x.min().item(), x.max().item())
     step.reset()  # a new step: rows start at 0 again, the histogram counts at zero
     assert len(step) == 0
     rows = step.add_many(second) if MANY else [step.add(x, defer=DEFER) for x in second]
     assert rows == [0, 1]
     sums, counts = step.rows()
-    want_sums, want_counts = reduce(*second, bins=8)
+    want_sums, _ = reduce(*second, bins=8)
     np.testing.assert_allclose(sums, want_sums, rtol=1e-6)
-    np.testing.assert_array_equal(counts, want_counts)
-    for x, row in zip(second, counts):
-        edges = np.linspace(x.min().item(), x.max().item(), 9)
-        np.testing.assert_array_equal(row, np.histogram(x.double().numpy(), edges)[0])
+    edges, sampled = step.binning()
+    assert not sampled.any()
+    for x, row, (lo, hi), (old_lo, old_hi) in zip(second, counts, edges, ranges):
+        # then over the range the row got at the step before: its values' widened by an eighth
+        margin = (old_hi - old_lo) / 8
+        assert (lo, hi) == pytest.approx((old_lo - margin, old_hi + margin))
+        np.testing.assert_array_equal(row, clamped_histogram(x, lo, hi, 8))
 
 
 def test_more_tensors_than_the_kept_batch_table_holds_are_each_reduced():

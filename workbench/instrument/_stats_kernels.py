@@ -24,7 +24,11 @@ Two passes, so that the common case runs at memory speed:
   optimizer could assume NaN away: by the Python caller, or by ``check``, a
   kernel compiled on its own without fast-math flags.
 
-Histograms take a second pass (they need the range): ~0.5 ns per value.
+Histograms (:func:`binned`) are counted right after a tensor's statistics, in the same compiled
+call, over the row's fixed range (or, without one yet, the range the statistics just found): a
+tensor below :data:`SAMPLE_FROM` values from all its values, while they are still in cache; a
+larger one from a sample of :data:`SAMPLE` values (:func:`sample_pass`), whose draws touch a few
+thousand cache lines where a full count would read the whole tensor again.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
 BLOCK = 4096
+#: Values a sampled histogram is counted from, and the size from which a tensor's histogram is
+#: sampled (see :mod:`workbench.instrument.reduce`: the error this leaves is bounded there).
+SAMPLE = 16384  # a power of two, and a multiple of BLOCK
+SAMPLE_FROM = 8 * SAMPLE  # (the sample reads at most an eighth of the values)
+_SAMPLE_BITS = SAMPLE.bit_length() - 1
 # no "ninf": infinities keep IEEE semantics, so they reach the sums and trigger the exact pass
 _FAST = {"nnan", "reassoc", "contract", "nsz", "arcp"}
 
@@ -145,10 +154,26 @@ def exact_pass(x, out):  # pragma: no cover (compiled)
 
 
 @njit(nogil=True, cache=True)
-def histogram_pass(x, sums, out):  # pragma: no cover (compiled)
-    """Add the counts of ``x`` in ``bins`` equal bins spanning [min, max] (from ``sums``) to ``out``
-    (bins float32), with the arithmetic of the torch path, in x's dtype: bin = trunc(min((v - min)
-    * scale, bins - 1)) where that is finite and >= 0; no bin when the range is not finite.
+def _bin_range(x0, sums, edges):  # pragma: no cover (compiled)
+    """``(low, width, ok)`` of the bins: over ``edges`` (2 float64) where they are finite (the
+    row's fixed range), else over the tensor's [min, max] from ``sums`` (a width of 1 where that
+    is one value); in x's dtype (``x0``). ``ok`` is False when the range is not finite (nothing
+    is binned)."""
+    bins_lo, bins_hi = edges[0], edges[1]
+    if not (np.isfinite(bins_lo) and np.isfinite(bins_hi)):
+        bins_lo, bins_hi = sums[3], sums[4]
+    low, high = _like(x0, bins_lo), _like(x0, bins_hi)
+    width = high - low if high > low else _like(low, 1.0)
+    return low, width, np.isfinite(width)
+
+
+@njit(nogil=True, cache=True)
+def histogram_pass(x, sums, edges, out):  # pragma: no cover (compiled)
+    """Add the counts of ``x`` in ``bins`` equal bins (``out``, bins float32) over its range (see
+    :func:`_bin_range`), with the arithmetic of the torch path, in x's dtype: bin =
+    trunc(clamp((v - low) * scale, 0, bins - 1)) for a finite v (a value outside a fixed range
+    goes to the end bin on its side); non-finite values are left out, and every value when the
+    range is not finite.
 
     Per block: the bin indices in one vectorizable loop (a left-out value gets the spare index
     ``bins``), then the counting into four interleaved histograms, so that consecutive values
@@ -156,12 +181,11 @@ def histogram_pass(x, sums, out):  # pragma: no cover (compiled)
     """
     bins = out.shape[0]
     last = bins - 1
-    low, high = _like(x[0], sums[3]), _like(x[0], sums[4])
-    width = high - low if high > low else _like(low, 1.0)
-    if not np.isfinite(width):
+    low, width, ok = _bin_range(x[0], sums, edges)
+    if not ok:
         return
     factor = _like(low, bins) / width
-    top = _like(low, last)
+    top, zero = _like(low, last), _like(low, 0.0)
     spare = np.uint32(bins)
     # unsigned indices into flat arrays: numba checks signed ones for negative wrap-around
     index = np.empty(BLOCK, np.uint32)
@@ -173,8 +197,8 @@ def histogram_pass(x, sums, out):  # pragma: no cover (compiled)
         size = chunk.shape[0]
         for i in range(size):
             scaled = (chunk[i] - low) * factor
-            capped = scaled if scaled < top else top
-            index[i] = np.uint32(capped) if (scaled >= 0) & (scaled != np.inf) else spare  # NaN: spare
+            capped = min(max(scaled, zero), top)
+            index[i] = np.uint32(capped) if scaled - scaled == zero else spare  # NaN, +-inf: spare
         body = size - size % 4
         for i in range(0, body, 4):
             counts[index[i]] += 1
@@ -187,10 +211,76 @@ def histogram_pass(x, sums, out):  # pragma: no cover (compiled)
         out[b] += counts[b] + counts[stride + b] + counts[2 * stride + b] + counts[3 * stride + b]
 
 
+@njit(nogil=True, cache=True)
+def sample_pass(x, sums, edges, out, seed):  # pragma: no cover (compiled)
+    """:func:`histogram_pass` estimated from :data:`SAMPLE` values of ``x``: one drawn uniformly
+    from each of SAMPLE equal strata of the tensor (jittered systematic sampling: every part of
+    the tensor is represented, and a layout's period cannot line up with the draws), each
+    counting for ``n / SAMPLE`` values. ``seed`` picks the draws.
+
+    In blocks: the draws' positions (a counter-based hash of the seed and the draw's number, so
+    that the loop has no carried state and vectorizes) and their bins in vectorizable loops,
+    then the counting into four interleaved histograms, as in :func:`histogram_pass`.
+    """
+    bins = out.shape[0]
+    last = bins - 1
+    low, width, ok = _bin_range(x[0], sums, edges)
+    if not ok:
+        return
+    factor = _like(low, bins) / width
+    top, zero = _like(low, last), _like(low, 0.0)
+    n = np.uint64(x.shape[0])
+    spare = np.uint32(bins)
+    stride = np.uint32(bins + 1)
+    mask = np.uint64(0xFFFFFFFF)
+    key = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+    at = np.empty(BLOCK, np.int64)
+    index = np.empty(BLOCK, np.uint32)
+    counts = np.zeros(4 * (bins + 1), np.int64)
+    for first in range(0, SAMPLE, BLOCK):
+        for k in range(BLOCK):
+            i = np.uint64(first + k)
+            # lowbias32 of the draw's number and the seed: 32 random bits per draw
+            h = ((i ^ key ^ (key >> np.uint64(32))) & mask)
+            h ^= h >> np.uint64(16)
+            h = (h * np.uint64(0x7FEB352D)) & mask
+            h ^= h >> np.uint64(15)
+            h = (h * np.uint64(0x846CA68B)) & mask
+            h ^= h >> np.uint64(16)
+            # stratum i is [i n / SAMPLE, (i + 1) n / SAMPLE) (SAMPLE a power of two: shifts)
+            begin = (i * n) >> np.uint64(_SAMPLE_BITS)
+            size = (((i + np.uint64(1)) * n) >> np.uint64(_SAMPLE_BITS)) - begin
+            at[k] = np.int64(begin + ((h * size) >> np.uint64(32)))
+        for k in range(BLOCK):
+            scaled = (x[at[k]] - low) * factor
+            capped = min(max(scaled, zero), top)
+            index[k] = np.uint32(capped) if scaled - scaled == zero else spare  # NaN, +-inf: spare
+        for k in range(0, BLOCK, 4):
+            counts[index[k]] += 1
+            counts[stride + index[k + 1]] += 1
+            counts[2 * stride + index[k + 2]] += 1
+            counts[3 * stride + index[k + 3]] += 1
+    weight = np.float64(n) / SAMPLE
+    for b in range(bins):
+        out[b] += (counts[b] + counts[stride + b] + counts[2 * stride + b] + counts[3 * stride + b]) * weight
+
+
+@njit(nogil=True, cache=True)
+def binned(x, sums, edges, out, seed):  # pragma: no cover (compiled)
+    """The histogram of ``x`` into ``out``: counted from a sample when ``x`` holds at least
+    :data:`SAMPLE_FROM` values, else from every value."""
+    if x.shape[0] >= SAMPLE_FROM:
+        sample_pass(x, sums, edges, out, seed)
+    else:
+        histogram_pass(x, sums, edges, out)
+
+
 # ------------------------------------------------------------------ C callbacks
 _POINTER = {"float32": types.CPointer(types.float32), "float64": types.CPointer(types.float64)}
 _OUT = types.CPointer(types.float64)
 _COUNTS = types.CPointer(types.float32)
+#: Columns of a batch's table: data, n, sums, counts, edges (addresses), seed.
+TABLE = 6
 
 
 # plain functions, not closures: numba's cache does not recognise a closure's cells in a new
@@ -203,22 +293,23 @@ def _exact_body(data, n, out):  # pragma: no cover (compiled)
     exact_pass(carray(data, (n,)), carray(out, (9,)))
 
 
-def _histogram_body(data, n, sums, bins, out):  # pragma: no cover (compiled)
-    histogram_pass(carray(data, (n,)), carray(sums, (9,)), carray(out, (bins,)))
+def _histogram_body(data, n, sums, bins, out, edges, seed):  # pragma: no cover (compiled)
+    binned(carray(data, (n,)), carray(sums, (9,)), carray(edges, (2,)), carray(out, (bins,)), seed)
 
 
 def _batch_body(table, count, bins, sample):  # pragma: no cover (compiled)
-    entries = carray(table, (count, 4))
+    entries = carray(table, (count, TABLE))
     for i in range(count):
         x = carray(_as_pointer(entries[i, 0], sample), (entries[i, 1],))
         out = carray(_as_pointer(entries[i, 2], 0.0), (9,))
         fast_pass(x, out)
         if bins > 0:
-            histogram_pass(x, out, carray(_as_pointer(entries[i, 3], np.float32(0.0)), (bins,)))
+            binned(x, out, carray(_as_pointer(entries[i, 4], 0.0), (2,)),
+                   carray(_as_pointer(entries[i, 3], np.float32(0.0)), (bins,)), entries[i, 5])
 
 
 def _check_body(table, count):  # pragma: no cover (compiled)
-    entries = carray(table, (count, 4))
+    entries = carray(table, (count, TABLE))
     redo = 0
     for i in range(count):
         out = carray(_as_pointer(entries[i, 2], 0.0), (9,))
@@ -232,11 +323,12 @@ def compile_kernels(dtype: str) -> tuple:
     callables that keep the GIL (cheaper than releasing it around such short calls):
 
     - ``fast(data_address, n, out_address)`` / ``exact(...)``: the 9 SUMS as float64 at ``out_address``;
-    - ``histogram(data_address, n, sums_address, bins, counts_address)``: adds the counts (float32)
-      of a non-empty array at ``counts_address``;
+    - ``histogram(data_address, n, sums_address, bins, counts_address, edges_address, seed)``: adds
+      the counts (float32) of a non-empty array at ``counts_address`` (:func:`binned`: over the
+      2 float64 at ``edges_address`` where finite, else the sums' range; sampled from a large array);
     - ``batch(table_address, count, bins, None)``: ``fast`` (and ``histogram`` when ``bins`` > 0)
-      for each row ``(data_address, n, out_address, counts_address)`` of an int64 table ``(count,
-      4)``, in one call. The caller checks each row's sums and redoes the non-finite ones with
+      for each row ``(data_address, n, out_address, counts_address, edges_address, seed)`` of an
+      int64 table ``(count, TABLE)``, in one call. The caller checks each row's sums and redoes the non-finite ones with
       ``exact`` (and their histogram), as after ``fast``. The last argument only types the data.
     - ``check(table_address, count)``: how many rows of such a table have sums that ``fast`` could
       not get right (a sum of squares or an absolute sum that is not finite: a NaN, an infinity,
@@ -249,9 +341,9 @@ def compile_kernels(dtype: str) -> tuple:
     """
     sums_signature = types.void(_POINTER[dtype], types.intp, _OUT)
     sums_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p)
-    histogram_signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS)
+    histogram_signature = types.void(_POINTER[dtype], types.intp, _OUT, types.intp, _COUNTS, _OUT, types.int64)
     histogram_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
-                                            ctypes.c_ssize_t, ctypes.c_void_p)
+                                            ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
     batch_signature = types.void(types.CPointer(types.int64), types.intp, types.intp, _POINTER[dtype])
     batch_prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p)
     check_signature = types.intp(types.CPointer(types.int64), types.intp)

@@ -24,7 +24,7 @@ import pandas as pd
 from workbench.instrument.schema import INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
-           "histograms_frame", "metrics_frame"]
+           "histograms_frame", "histogram_edges", "metrics_frame"]
 
 
 
@@ -47,6 +47,11 @@ class StepRecord:
     #: which tensor each row is: rows with the same number are of one tensor, which several call
     #: sites returned (a container's output that is its last child's); None when not known
     tensors: np.ndarray | None = None
+    #: the range each row's histogram bins divide equally, (rows, 2); None: the row's [min, max]
+    #: (see :func:`histogram_edges`)
+    histogram_edges: np.ndarray | None = None
+    #: whether each row's histogram was counted from a sample of its tensor, (rows,) bool; None: none was
+    histogram_sampled: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -74,22 +79,36 @@ def format_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
+def histogram_edges(record: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` per row of ``record``: the range its histogram's equal bins divide (a range
+    kept for the site over steps, or the tensor's own [min, max])."""
+    if record.histogram_edges is not None:
+        return record.histogram_edges[:, 0], record.histogram_edges[:, 1]
+    return record.sums[:, MIN], record.sums[:, MAX]
+
+
 def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
                      kind: str | None = None) -> pd.DataFrame:
-    """Histograms beside the rows: ``step, module, call, kind, tensor, edges, counts`` (numpy arrays).
+    """Histograms beside the rows: ``step, module, call, kind, tensor, edges, counts`` (numpy
+    arrays) and ``sampled``.
 
-    ``edges`` has ``bins + 1`` values spanning the tensor's [min, max].
+    ``edges`` has ``bins + 1`` values: equal bins over the range of :func:`histogram_edges` (a
+    value outside it counts in the end bin on its side; the row's min and max say how far it
+    lies). ``sampled``: the counts are estimated from a sample of the tensor's values, scaled to
+    its size (NaN, infinity and zero counts are in the row's statistics, exact).
     """
     out = []
     for r in records:
         if r.histograms is None:
             continue
+        lows, highs = histogram_edges(r)
+        bins = r.histograms.shape[1]
         for i, (mod, call, knd, tensor, _shape) in enumerate(r.keys):
             if (module is None or mod == module) and (kind is None or knd == kind):
-                lo, hi = r.sums[i, MIN], r.sums[i, MAX]
-                bins = r.histograms.shape[1]
-                out.append((r.step, mod, call, knd, tensor, np.linspace(lo, hi, bins + 1), r.histograms[i]))
-    return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts"])
+                sampled = bool(r.histogram_sampled[i]) if r.histogram_sampled is not None else False
+                out.append((r.step, mod, call, knd, tensor, np.linspace(lows[i], highs[i], bins + 1), r.histograms[i],
+                            sampled))
+    return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts", "sampled"])
 
 
 def metrics_frame(records: Iterable[StepRecord]) -> pd.DataFrame:

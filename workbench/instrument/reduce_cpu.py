@@ -26,6 +26,7 @@ DEFER_BYTES = 1 << 20
 
 _ROW = len(SUMS)
 _ROW_BYTES = _ROW * 8
+_EDGES_BYTES = 2 * 8
 _loaded: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram, batch, check): built once a process
 
 
@@ -55,7 +56,7 @@ class CompiledCpuReducer(Reducer):
         self.defer_max_bytes, self.defer_bytes = defer_max_bytes, defer_bytes
         self._queued: dict[torch.dtype, list[tuple[torch.Tensor, int]]] = {}
         self._queued_bytes = 0
-        self._table = np.empty((64, 4), np.int64)  # the (data, n, sums, counts) addresses of a batch
+        self._table = np.empty((64, kernels.TABLE), np.int64)  # (data, n, sums, counts, edges, seed) of a batch
         self._table_address = self._table.ctypes.data  # (kept, as HostRows keeps its addresses)
 
     def takes(self, x: torch.Tensor) -> bool:
@@ -91,10 +92,19 @@ class CompiledCpuReducer(Reducer):
             sums = torch.from_numpy(host.sums[row])  # (a view: changed in place)
             add_implicit_zeros(sums, zeros, n)
         if host.bins:
+            if zeros:
+                host.edges[row] = math.nan  # binned over its own range, as zeros_histogram bins its zeros
             if n:
-                histogram(data, n, out, host.bins, host.counts_address + row * host.bins * 4)
+                histogram(data, n, out, host.bins, host.counts_address + row * host.bins * 4,
+                          host.edges_address + row * _EDGES_BYTES, self.seed(row))
+                if n >= kernels.SAMPLE_FROM:
+                    host.sampled[row] = True
             if zeros:
                 host.counts[row] += zeros_histogram(sums, zeros, x.dtype, host.bins).numpy()
+
+    def seed(self, row: int) -> int:
+        """The seed of a row's histogram sample: new each step, the same in every run."""
+        return (self.host.draws << 32) + row
 
     def add_many(self, entries: list[tuple[torch.Tensor, int]]) -> None:
         """The plain tensors of each dtype in one compiled call now; the others one by one."""
@@ -129,20 +139,25 @@ class CompiledCpuReducer(Reducer):
         host = self.host
         bins = host.bins or 0
         if len(entries) > len(self._table):
-            self._table = np.empty((max(len(entries), 2 * len(self._table)), 4), np.int64)
+            self._table = np.empty((max(len(entries), 2 * len(self._table)), kernels.TABLE), np.int64)
             self._table_address = self._table.ctypes.data
         table = self._table[:len(entries)]
         sums_at, counts_at, count_bytes = host.sums_address, host.counts_address, bins * 4
-        table[:] = [(x.data_ptr(), x.numel(), sums_at + row * _ROW_BYTES, counts_at + row * count_bytes)
-                    for x, row in entries]
+        edges_at, seed = host.edges_address, host.draws << 32
+        table[:] = [(x.data_ptr(), x.numel(), sums_at + row * _ROW_BYTES, counts_at + row * count_bytes,
+                     edges_at + row * _EDGES_BYTES, seed + row) for x, row in entries]
         batch(self._table_address, len(table), bins, None)
+        if bins:
+            sampled = table[:, 1] >= kernels.SAMPLE_FROM
+            if sampled.any():
+                host.sampled[[row for (_, row), s in zip(entries, sampled) if s]] = True
         # a NaN, an infinity, an overflow: the exact pass, as in add (checked outside the fast-math code)
         if not check(self._table_address, len(table)):
             return
         rows = [row for _, row in entries]
         for i in np.flatnonzero(~np.isfinite(host.sums[np.ix_(rows, [SUM_SQ, ABS_SUM])]).all(axis=1)):
-            data, n, out, counts = (int(v) for v in table[i])
+            data, n, out, counts, edges, seed = (int(v) for v in table[i])
             exact(data, n, out)
             if bins:
                 host.counts[rows[i]] = 0
-                histogram(data, n, out, bins, counts)
+                histogram(data, n, out, bins, counts, edges, seed)

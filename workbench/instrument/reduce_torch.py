@@ -63,6 +63,7 @@ class TorchReducer(Reducer):
                 bins = self.host.bins
                 sums = device_sums(flat, zeros)
                 counts = device_histogram(flat, sums, bins, zeros) if bins else None
+                self.host.edges[row] = math.nan  # (binned over its own range)
                 self._reduced.append(DeviceSums([row], sums[None], counts[None] if counts is not None else None))
                 return
             if not defer and flat.untyped_storage().data_ptr() == values.untyped_storage().data_ptr():
@@ -100,7 +101,9 @@ class TorchReducer(Reducer):
             data = torch.cat([flat for flat, _, _ in entries]) if len(entries) > 1 else entries[0][0]
             rows = [row for _, rows, _ in entries for row in rows]
             lengths = np.array([n for _, _, lengths in entries for n in lengths], np.int64)
-            grid_rows, filler, sums, counts = chunk_sums(data, lengths, self.host.bins)
+            bins = self.host.bins
+            edges = self.host.edges[rows] if bins else None
+            grid_rows, filler, sums, counts = chunk_sums(data, lengths, bins, edges)
             self._reduced.append(DeviceSums(rows, sums, counts, grid_rows, filler))
 
 
@@ -189,7 +192,7 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32 if x.is_floating_point() or x.dtype == torch.bool else torch.float64)
 
 
-def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None
+def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None, edges: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor | None]:
     """The sums of many tensors of one device and dtype, with a few dozen kernel launches in all.
 
@@ -209,6 +212,8 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None
         data: the tensors' values, one after another (1-D, float32 or float64).
         lengths: how many values each tensor has (int64, none 0).
         bins: histogram bins per tensor, or None.
+        edges: (n, 2) float64, each tensor's fixed histogram range; NaN (or None): its own
+            [min, max]. A value outside a fixed range counts in the end bin on its side.
 
     Returns:
         ``(grid_rows, filler, sums, counts)``: the grid rows of each tensor
@@ -249,8 +254,15 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None
         hi = torch.empty(n, dtype=dtype, device=device).scatter_reduce_(0, tensor_of_row, sums[:, MAX], "amax",
                                                                         include_self=False)
         nan = torch.zeros(n, dtype=dtype, device=device).index_add_(0, tensor_of_row, sums[:, NAN])
-        lo, hi = (torch.where(nan > 0, torch.full_like(bound, math.nan), bound)[tensor_of_row] for bound in (lo, hi))
-        counts = _binned(grid, lo, hi, tensor_of_row, in_tensor, n, bins)
+        lo, hi = (torch.where(nan > 0, torch.full_like(bound, math.nan), bound) for bound in (lo, hi))
+        if edges is not None and np.isfinite(edges).all(axis=1).any():
+            fixed = torch.from_numpy(np.ascontiguousarray(edges, np.float64))
+            if device.type == "cuda":
+                fixed = fixed.pin_memory()
+            fixed = fixed.to(device, non_blocking=True).to(dtype)
+            given = torch.isfinite(fixed).all(1)
+            lo, hi = torch.where(given, fixed[:, 0], lo), torch.where(given, fixed[:, 1], hi)
+        counts = _binned(grid, lo[tensor_of_row], hi[tensor_of_row], tensor_of_row, in_tensor, n, bins)
     return rows, rows * CHUNK - lengths, sums, counts
 
 
@@ -260,9 +272,10 @@ def _binned(grid: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tensor_of_ro
     spanning its tensor's [lo, hi] (given per row): the arithmetic of :func:`device_histogram`."""
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
-    scaled = torch.nan_to_num((grid - lo[:, None]) * scale[:, None], nan=-1.0, posinf=-1.0, neginf=-1.0)
-    weight = ((scaled >= 0) & in_tensor).to(torch.float32)  # non-finite values (and ranges) land at -1
-    index = scaled.clamp_(0, bins - 1).long().add_(tensor_of_row[:, None] * bins)
+    scaled = (grid - lo[:, None]) * scale[:, None]
+    weight = (torch.isfinite(scaled) & in_tensor).to(torch.float32)  # non-finite values (and ranges) left out
+    index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
+    index.add_(tensor_of_row[:, None] * bins)
     counts = torch.zeros(n * bins, dtype=torch.float32, device=grid.device)
     return counts.scatter_add_(0, index.view(-1), weight.view(-1)).view(n, bins)
 
@@ -343,9 +356,9 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int 
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     # an infinite range (the tensor holds an infinity) bins nothing: its edges would be meaningless
     scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
-    scaled = torch.nan_to_num((x - lo) * scale, nan=-1.0, posinf=-1.0, neginf=-1.0)
-    finite = (scaled >= 0).to(torch.float32)  # non-finite inputs (and a non-finite range) land at -1
-    index = scaled.clamp_(0, bins - 1).long()
+    scaled = (x - lo) * scale
+    finite = torch.isfinite(scaled).to(torch.float32)  # non-finite inputs (and a non-finite range) left out
+    index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
     return counts.scatter_add_(0, index, finite)
 
 

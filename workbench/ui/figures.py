@@ -328,6 +328,25 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
         yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category", automargin=True))}
 
 
+#: A distribution figure draws a site's histograms as recorded when they come in at most this
+#: many runs of steps with the same bins; more (a run whose every step has its own range) are
+#: re-binned onto one grid.
+MAX_SEGMENTS = 16
+
+
+def _density_trace(steps: np.ndarray, edges: np.ndarray, counts: np.ndarray) -> dict:
+    """A heatmap of ``counts`` (steps, bins) over ``edges``: each step's density relative to its
+    own peak, white (none) to blue (a narrow early distribution would otherwise hold the whole
+    colour scale and the later steps look empty)."""
+    peak = counts.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        relative = np.where(peak > 0, counts / peak, np.nan)
+    return dict(type="heatmap", x=_array(steps), y=_array((edges[:-1] + edges[1:]) / 2), z=_array(relative.T),
+                colorscale=[[0, "#ffffff"], [0.15, "#c6dbef"], [0.5, "#4292c6"], [1, "#08306b"]],
+                zmin=0, zmax=1, showscale=False, xaxis="x2", yaxis="y2",
+                hovertemplate="step %{x}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak<extra></extra>")
+
+
 def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     """A site's distribution over time from its histograms: TensorBoard's percentile bands
     (left) and the step x value density (right).
@@ -354,16 +373,14 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
                      line=dict(color=_PALETTE[0]), customdata=_array(bands[[f"p{p}" for p in PERCENTILES]]),
                      hovertemplate="median %{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[8]:.4g}"
                                    "<extra>step %{x}</extra>"))
-    # each step's density relative to its own peak, white (none) to blue: a narrow early
-    # distribution would otherwise hold the whole colour scale and the later steps look empty
-    peak = density.max(axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        relative = np.where(peak > 0, density / peak, np.nan)
-    data.append(dict(type="heatmap", x=_array(steps), y=_array((grid[:-1] + grid[1:]) / 2), z=_array(relative.T),
-                     colorscale=[[0, "#ffffff"], [0.15, "#c6dbef"], [0.5, "#4292c6"], [1, "#08306b"]],
-                     zmin=0, zmax=1, showscale=False, xaxis="x2", yaxis="y2",
-                     hovertemplate="step %{x}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak"
-                                   "<extra></extra>"))
+    # the histograms as recorded: one heatmap per run of steps that kept the site's range (bins
+    # of the same edges); a run recorded without kept ranges (every step its own [min, max])
+    # is re-binned onto one grid
+    segments = view.distribution_segments(kind, site)
+    if not segments or len(segments) > MAX_SEGMENTS:
+        segments = [(steps, grid, density)]
+    for seg_steps, edges, counts in segments:
+        data.append(_density_trace(seg_steps, edges, counts))
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
                      xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),

@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
-from workbench.instrument.schema import MAX, MIN, finish
+from workbench.instrument.recorder import histogram_edges
+from workbench.instrument.schema import finish
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
 
@@ -344,8 +345,7 @@ class RunView:
         if len(first):
             stats = finish(np.tile(first.numel, n), np.concatenate([r.sums for r in records]))
             table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32).reshape(n, len(first), -1)
-        histograms = [None if r.histograms is None else (r.sums[:, MIN], r.sums[:, MAX], r.histograms)
-                      for r in records]
+        histograms = [None if r.histograms is None else (*histogram_edges(r), r.histograms) for r in records]
         self._take(_Block([r.step for r in records], first.keys, first.numel, table, first.tensors,
                           [r.metrics for r in records], histograms))
 
@@ -375,10 +375,11 @@ class RunView:
             # the first ever, and the most recent the list keeps
             for r, i in ([bad[0]] if self._first_anomaly is None else []) + list(bad[-self.anomalies.maxlen:]):
                 self._note_anomaly(block.steps[r], block.keys[i], table[r, i])
-        recorded = [(step, h) for step, h in zip(block.steps, block.histograms) if h is not None]
+        recorded = [(r, step, h) for r, (step, h) in enumerate(zip(block.steps, block.histograms)) if h is not None]
         if not recorded:
             return
-        steps = [step for step, _ in recorded]
+        steps = [step for _, step, _ in recorded]
+        low, high = table[:, :, _STAT_INDEX["min"]], table[:, :, _STAT_INDEX["max"]]
         for i, (kind_index, site) in enumerate(targets):
             if site < 0:
                 continue
@@ -386,8 +387,9 @@ class RunView:
             if kept is None:
                 kept = self._histograms[(KINDS[kind_index], int(site))] = History(
                     self.histogram_capacity, self.histogram_capacity // 4, merge="last")
-            kept.extend(steps, [(step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32))
-                                for step, (lows, highs, counts) in recorded])
+            # (step, the bins' range, counts, the tensor's min and max)
+            kept.extend(steps, [(step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32),
+                                 float(low[r, i]), float(high[r, i])) for r, step, (lows, highs, counts) in recorded])
 
     def _learn_sites(self, keys: tuple, numel: np.ndarray, table: np.ndarray, tensors: np.ndarray | None) -> None:
         """Name the call sites first seen in these rows (one step's). A site is its module, call,
@@ -611,30 +613,53 @@ class RunView:
         with self._synced():
             return [self.sites[kind][i].name for (knd, i) in self._histograms if knd == kind]
 
-    def distribution(self, kind: str, site: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-        """A site's distribution over time, from its histograms.
-
-        Returns:
-            ``bands``: ``step`` and one column per :data:`PERCENTILES` (``p0`` ... ``p100``);
-            and a step x value heatmap on one grid: ``steps``, ``edges`` (the shared value
-            bins) and ``density`` (steps, bins), each step's counts re-binned onto it.
-        """
+    def _kept_histograms(self, kind: str, site: str) -> list[tuple[int, float, float, np.ndarray, float, float]]:
+        """``(step, lo, hi, counts, min, max)`` of the site's kept histograms, oldest first: the
+        range of the bins, the counts, the tensor's own min and max."""
         _check_kind(kind)
         with self._synced():
             names = [s.name for s in self.sites[kind]]
             if site not in names:
                 raise ValueError(f"no {kind} call site named {site!r}; the sites are {names[:20]}.")
             history = self._histograms.get((kind, names.index(site)))  # (known to be there)
-            kept = history.values() if history is not None else []
+            return history.values() if history is not None else []
+
+    def distribution_segments(self, kind: str, site: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """A site's histograms as they were recorded, without re-binning: runs of consecutive
+        kept steps whose bins are the same (a range kept for the site over steps), each
+        ``(steps (k,), edges (bins + 1,), counts (k, bins))``, oldest first. A step whose range is
+        not finite (a NaN or an infinity in its tensor's own range) is left out."""
+        segments: list[tuple[list[int], tuple[float, float], list[np.ndarray]]] = []
+        for step, lo, hi, counts, _, _ in self._kept_histograms(kind, site):
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                continue
+            if segments and segments[-1][1] == (lo, hi) and len(segments[-1][2][0]) == len(counts):
+                segments[-1][0].append(step)
+                segments[-1][2].append(counts)
+            else:
+                segments.append(([step], (lo, hi), [counts]))
+        return [(np.array(steps, np.int64), _edges(lo, hi, len(counts[0])), np.stack(counts))
+                for steps, (lo, hi), counts in segments]
+
+    def distribution(self, kind: str, site: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+        """A site's distribution over time, from its histograms.
+
+        Returns:
+            ``bands``: ``step`` and one column per :data:`PERCENTILES` (``p0`` ... ``p100``);
+            and a step x value heatmap on one grid: ``steps``, ``edges`` (the shared value
+            bins) and ``density`` (steps, bins), each step's counts re-binned onto it (see
+            :meth:`distribution_segments` for the counts as recorded).
+        """
+        kept = self._kept_histograms(kind, site)
         columns = ["step"] + [f"p{p}" for p in PERCENTILES]
         if not kept:
             return pd.DataFrame(columns=columns), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 0))
         bands = []
-        for step, lo, hi, counts in kept:
-            edges = np.linspace(lo, hi, len(counts) + 1) if np.isfinite(lo) and np.isfinite(hi) else None
+        for step, lo, hi, counts, least, most in kept:
+            edges = _value_edges(lo, hi, counts, least, most) if np.isfinite(lo) and np.isfinite(hi) else None
             bands.append([step] + ([_percentile(edges, counts, p) for p in PERCENTILES] if edges is not None
                                    else [np.nan] * len(PERCENTILES)))
-        finite = [(lo, hi) for _, lo, hi, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
+        finite = [(lo, hi) for _, lo, hi, _, _, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
         bins = len(kept[0][3])
         if finite:
             low, high = min(lo for lo, _ in finite), max(hi for _, hi in finite)
@@ -644,7 +669,7 @@ class RunView:
             low, high = 0.0, 1.0
         grid = np.linspace(low, high, bins + 1)
         density = np.zeros((len(kept), bins), np.float32)
-        for row, (_, lo, hi, counts) in enumerate(kept):
+        for row, (_, lo, hi, counts, _, _) in enumerate(kept):
             if np.isfinite(lo) and np.isfinite(hi):
                 density[row] = _rebin(np.linspace(lo, hi, len(counts) + 1), counts, grid)
         return (pd.DataFrame(bands, columns=columns), np.array([k[0] for k in kept], np.int64), grid, density)
@@ -678,6 +703,26 @@ def _first_finite(matrix: np.ndarray) -> np.ndarray:
     index = np.argmax(finite, axis=0)
     values = matrix[index, np.arange(matrix.shape[1])]
     return np.where(finite.any(axis=0), values, np.nan)
+
+
+def _edges(lo: float, hi: float, bins: int) -> np.ndarray:
+    """The edges of ``bins`` equal bins over [lo, hi] (a width of 1 where lo == hi, as binned)."""
+    return np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+
+
+def _value_edges(lo: float, hi: float, counts: np.ndarray, least: float, most: float) -> np.ndarray:
+    """The edges of the bins over [lo, hi], the outer edges of the first and last non-empty bins
+    moved to the tensor's min and max (``least``, ``most``) where those are finite: the values of
+    those bins reach no further (a value outside a kept range counts in the end bin on its side,
+    and a sampled histogram may miss the extremes), so the 0th and 100th percentiles are the
+    exact min and max."""
+    edges = _edges(lo, hi, len(counts))
+    filled = np.flatnonzero(counts > 0)
+    if len(filled) and np.isfinite(least) and np.isfinite(most):
+        first, last = filled[0], filled[-1]
+        edges[:first + 1] = min(least, edges[first + 1])  # (the empty bins before it: no width, no mass)
+        edges[last + 1:] = max(most, edges[last])
+    return edges
 
 
 def _percentile(edges: np.ndarray, counts: np.ndarray, p: float) -> float:

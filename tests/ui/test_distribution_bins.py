@@ -1,0 +1,57 @@
+"""The distribution views draw a site's histograms as recorded: the steps that kept the site's
+range share one heatmap, without re-binning; a run without kept ranges is re-binned as before."""
+
+import numpy as np
+import pytest
+
+from workbench.instrument import StepRecord
+from workbench.instrument.schema import MAX, MIN
+from workbench.ui import figures
+from workbench.ui.views import RunView
+
+KEY = ("layer", 0, "activation", "out", (100,))
+
+
+def record(step, counts, lo, hi, edges=None, sampled=False):
+    sums = np.zeros((1, 9))
+    sums[0, MIN], sums[0, MAX] = lo, hi
+    sums[0, 5] = 100  # nonzero
+    return StepRecord(step, (KEY,), np.array([100]), sums, np.asarray([counts], np.float32),
+                      histogram_edges=None if edges is None else np.array([edges], float),
+                      histogram_sampled=np.array([sampled]))
+
+
+def heatmaps(figure):
+    return [t for t in figure["data"] if t["type"] == "heatmap"]
+
+
+def test_steps_that_kept_a_range_are_drawn_with_its_bins_as_recorded():
+    view = RunView()
+    counts = [[10, 20, 40, 30], [5, 25, 50, 20], [0, 40, 40, 20], [60, 20, 10, 10]]
+    # steps 1-3 kept the range [-2, 2] (their values within it); step 4 has a new one
+    view.feed([record(1, counts[0], -1.5, 1.9, (-2.0, 2.0)), record(2, counts[1], -1.0, 1.5, (-2.0, 2.0)),
+               record(3, counts[2], -0.5, 2.0, (-2.0, 2.0)), record(4, counts[3], 0.0, 8.0, (0.0, 8.0))])
+    segments = view.distribution_segments("activation", "layer")
+    assert [s.tolist() for s, _, _ in segments] == [[1, 2, 3], [4]]
+    np.testing.assert_array_equal(segments[0][1], [-2, -1, 0, 1, 2])
+    np.testing.assert_array_equal(segments[0][2], counts[:3])  # the counts themselves
+    drawn = heatmaps(figures.distribution_figure(view, "activation", "layer"))
+    assert len(drawn) == 2
+    assert figures.values(drawn[0]["y"]).tolist() == [-1.5, -0.5, 0.5, 1.5]  # the recorded bins' centres
+    z = figures.values(drawn[0]["z"])  # (bins, steps), each step relative to its peak
+    np.testing.assert_allclose(z[:, 0], np.array(counts[0]) / 40)
+    # the percentiles come from each step's own bins
+    bands, _, _, _ = view.distribution("activation", "layer")
+    assert bands.p50.iloc[0] == pytest.approx(0.5)  # 30 below 0, 40 in [0, 1): the 50th half way in
+
+
+def test_a_run_recorded_without_kept_ranges_is_re_binned_onto_one_grid():
+    view = RunView()
+    rng = np.random.default_rng(0)
+    # each step's histogram over its own [min, max] (no histogram_edges: a run stored before)
+    view.feed([record(step, rng.integers(0, 30, 8), -step, step) for step in range(1, 21)])
+    assert len(view.distribution_segments("activation", "layer")) == 20
+    [drawn] = heatmaps(figures.distribution_figure(view, "activation", "layer"))
+    _, steps, grid, density = view.distribution("activation", "layer")
+    assert figures.values(drawn["x"]).tolist() == steps.tolist()
+    np.testing.assert_allclose(figures.values(drawn["y"]), (grid[:-1] + grid[1:]) / 2)
