@@ -19,13 +19,14 @@ The pipeline, one file a stage (a newcomer's map):
    (:mod:`~workbench.instrument.compiled_graph`), which compute the statistics there, and
    :mod:`~workbench.instrument.compiled_hooks` collects them per step.
 5. Sinks subscribe to the recorder: :mod:`~workbench.instrument.store` is where a row is written
-   (SQLite), composed by :func:`watch` (:mod:`~workbench.instrument.compose`); the UI's views read
-   the same stream. :mod:`~workbench.instrument.schema` names the kinds, the sums and the columns once.
+   (SQLite), composed by :func:`watch` (:mod:`~workbench.instrument.compose`), and
+   :mod:`~workbench.instrument.runs` reads stored runs back; the UI's views read the same stream. :mod:`~workbench.instrument.schema` names the kinds, the sums and the columns once.
 """
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.schema import KINDS, ROW_COLUMNS, STAT_COLUMNS
-from workbench.instrument.store import Run, RunError, RunStore, compare_runs, list_runs, load_run
+from workbench.instrument.runs import Run, compare_runs, list_runs, load_run
+from workbench.instrument.store import RunError, RunStore
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.watch import Watch
 from workbench.instrument.compose import watch

@@ -5,7 +5,7 @@ The watch records into its :class:`~workbench.instrument.recorder.Recorder`; sin
 the recorder and read the rows on threads of their own: the run store
 (:class:`~workbench.instrument.store.RunStore`, with ``store=``), the app's and the notebook's
 views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored run
-(:meth:`Run.export <workbench.instrument.store.Run.export>`). Nothing in the hooks knows of them.
+(:meth:`Run.export <workbench.instrument.runs.Run.export>`). Nothing in the hooks knows of them.
 """
 
 from __future__ import annotations

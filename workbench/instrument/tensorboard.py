@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from workbench.instrument.store import Run
+    from workbench.instrument.runs import Run
 
 __all__ = ["export_tensorboard", "SCALARS"]
 

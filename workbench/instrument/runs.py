@@ -1,0 +1,292 @@
+"""Reading stored runs: :class:`Run` (one run directory, read-only, also while it is being
+written), :func:`load_run`, :func:`list_runs` and :func:`compare_runs`. The tables they read are
+described in :mod:`workbench.instrument.store`, which writes them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS
+from workbench.instrument.store import DB_NAME, LOCK_NAME, SCHEMA_VERSION, RunError
+
+__all__ = ["Run", "load_run", "list_runs", "compare_runs"]
+
+
+class Run:
+    """A stored run, read-only. Get one with :func:`load_run`."""
+
+    def __init__(self, path: str | Path) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
+        self.path = Path(path)
+        db_path = self.path / DB_NAME if self.path.is_dir() else self.path
+        if not db_path.is_file():
+            raise RunError(f"{path} is not a workbench run: it has no {DB_NAME}. "
+                           f"Runs are the directories given as store=...; see workbench.list_runs(root).")
+        self.db_path = db_path
+        if db_path.name == DB_NAME:
+            self.path = db_path.parent
+        try:
+            meta = dict(self._query("SELECT key, value FROM meta").itertuples(index=False))
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            raise RunError(f"{db_path} is damaged or not a workbench run database ({exc}).") from None
+        try:
+            self.metadata = {k: json.loads(v) for k, v in meta.items()}
+        except json.JSONDecodeError as exc:
+            raise RunError(f"{db_path} has damaged metadata ({exc}).") from None
+        version = self.metadata.get("schema_version")
+        if not isinstance(version, int):
+            raise RunError(f"{db_path} is not a workbench run database (no schema_version).")
+        if version > SCHEMA_VERSION:
+            raise RunError(f"{db_path} was written with run-store schema {version}; this workbench "
+                           f"reads up to {SCHEMA_VERSION}. Upgrade workbench to read it.")
+        self.metadata["status"] = self.status
+
+    @property
+    def status(self) -> str:
+        """``running``, ``finished``, ``stopped``, ``failed`` (see ``metadata["error"]``), or
+        ``interrupted``: stored as running, but its writer is gone (killed, or crashed)."""
+        stored = self._query("SELECT value FROM meta WHERE key = 'status'")
+        status = json.loads(stored.value[0]) if len(stored) else "running"
+        if status == "running" and not _writer_alive(self.path):
+            return "interrupted"
+        return status
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def _connect(self) -> sqlite3.Connection:
+        # read-only: a reader never takes a write lock, so it cannot stall the writer. A run in a
+        # directory this process cannot write (a finished run on read-only media, another user's)
+        # cannot take WAL's shared-memory index either: it is opened immutable, as the file it is
+        uri = f"file:{self.db_path.resolve()}?mode=ro"
+        if not os.access(self.db_path.parent, os.W_OK):
+            wal = self.db_path.with_name(self.db_path.name + "-wal")
+            if wal.exists() and wal.stat().st_size > 0:  # an immutable read would not see the steps still in it
+                raise RunError(f"{self.db_path.parent} cannot be read here: its last steps are still in "
+                               f"{wal.name} (its writer did not close it), and the directory is not writable. "
+                               "Copy the run directory somewhere writable and load the copy.")
+            uri += "&immutable=1"
+        return sqlite3.connect(uri, uri=True)
+
+    def _query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        db = self._connect()
+        try:
+            return pd.read_sql_query(sql, db, params=params)
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            raise RunError(f"{self.db_path} is damaged or not a workbench run database ({exc}).") from None
+        finally:
+            db.close()
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps stored (committed) so far."""
+        return self._query("SELECT step FROM steps ORDER BY step").step.tolist()
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The statistics rows, with the columns of ``watch().to_pandas()``."""
+        frame = self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM rows ORDER BY step, seq")
+        return _typed(frame)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per step: ``step`` and a column per metric."""
+        long = self._query("SELECT step, name, value FROM metrics ORDER BY step")
+        if long.empty:
+            return pd.DataFrame({"step": pd.Series(dtype="int64")})
+        wide = long.pivot(index="step", columns="name", values="value").reset_index()
+        wide.columns.name = None
+        return wide
+
+    def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
+        """What looks wrong with the stored run, where and since when: :func:`workbench.diagnose.diagnose`
+        of :meth:`to_pandas` and :meth:`metrics`.
+
+        Args:
+            thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
+            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
+        """
+        from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
+        return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
+
+    def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        """``step, module, call, kind, tensor, edges, counts`` for the stored histograms.
+
+        Args:
+            module: only this module path (None: every path).
+            kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+        """
+        where, params = [], []
+        for column, value in (("r.module", module), ("r.kind", kind)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = ("SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts FROM histograms h "
+               "JOIN rows r ON r.step = h.step AND r.seq = h.seq"
+               + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
+        frame = self._query(sql, tuple(params))
+        counts = [np.frombuffer(b, dtype=np.float32) for b in frame.pop("counts")]
+        lo, hi = frame.pop("lo"), frame.pop("hi")
+        frame["edges"] = [np.linspace(a, b, len(c) + 1) for a, b, c in zip(lo, hi, counts)]
+        frame["counts"] = counts
+        return frame
+
+    def errors(self) -> pd.DataFrame:
+        """The failures recorded with the run (a hook's, a sink's): ``step, module, call, kind, error``."""
+        return self._query("SELECT * FROM errors")
+
+    def anomalies(self) -> pd.DataFrame:
+        """Rows with NaN or Inf, first appearance first."""
+        return _typed(self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM anomalies"))
+
+    def export(self, path: str | Path, what: str = "rows") -> Path:
+        """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
+        TensorBoard log directory (a path without a suffix: scalars and histograms per call site).
+
+        Args:
+            path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
+            what: ``"rows"`` (the statistics) or ``"metrics"``.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ValueError: an unknown suffix or ``what``.
+            ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
+        """
+        path = Path(path)
+        if what not in ("rows", "metrics"):
+            raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
+        frame = self.to_pandas() if what == "rows" else self.metrics()
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            frame.to_csv(path, index=False)
+        elif suffix == ".parquet":
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                raise ImportError("Exporting to Parquet needs pyarrow: pip install pyarrow "
+                                  "(or export to .csv, which needs nothing).") from None
+            frame.to_parquet(path, index=False)
+        elif suffix == "":
+            from workbench.instrument.tensorboard import export_tensorboard
+
+            export_tensorboard(self, path)
+        else:
+            raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
+                             "(no suffix) for TensorBoard event files.")
+        return path
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (f"Run({self.name!r}, model={m.get('model')!r}, experiment={m.get('experiment')!r}, "
+                f"status={m.get('status')!r})")
+
+
+def _writer_alive(path: Path) -> bool:
+    """Whether a process holds the run directory's writer lock (see the module docstring)."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:  # written before the lock existed, or by hand: nothing tells
+        return True
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (also lets go of the shared lock, if taken)
+    return False
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in STAT_COLUMNS:
+        if column not in INT_COLUMNS:
+            frame[column] = frame[column].astype("float64")  # NULL (NaN statistics) reads as None
+    return frame
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a stored run (also while it is being written).
+
+    Args:
+        path: the run's directory (what ``watch(store=...)`` or an experiment's ``store=`` was given).
+
+    Raises:
+        RunError: ``path`` is not a run, was written by a newer workbench, or is damaged.
+    """
+    return Run(path)
+
+
+def list_runs(root: str | Path = "runs") -> pd.DataFrame:
+    """The runs under ``root`` (searched recursively), newest first.
+
+    Args:
+        root: the directory to search.
+
+    Returns:
+        Columns ``path, run, model, experiment, seed, status, steps, start_time``; directories that
+        are not readable runs are left out.
+
+    Raises:
+        TypeError: ``root`` is not a path.
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory of runs.")
+    entries = []
+    for db in sorted(root.rglob(DB_NAME)):
+        try:
+            run = Run(db.parent)
+            steps = len(run.steps)
+        except RunError:
+            continue
+        m = run.metadata
+        entries.append({"path": str(run.path), "run": run.name, "model": m.get("model"),
+                        "experiment": m.get("experiment"), "seed": m.get("seed"), "status": m.get("status"),
+                        "steps": steps, "start_time": pd.to_datetime(m.get("start_time"), unit="s")})
+    columns = ["path", "run", "model", "experiment", "seed", "status", "steps", "start_time"]
+    frame = pd.DataFrame(entries, columns=columns)
+    frame["start_time"] = pd.to_datetime(frame.start_time)  # (typed also when there are no runs)
+    return frame.sort_values("start_time", ascending=False, ignore_index=True)
+
+
+def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:
+    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first.
+
+    Args:
+        runs: run directories or :class:`Run` objects.
+        what: ``"rows"`` or ``"metrics"``.
+
+    Raises:
+        TypeError: a single run instead of a list.
+        ValueError: an unknown ``what``.
+        RunError: a path that is not a readable run.
+    """
+    if isinstance(runs, (str, os.PathLike, Run)):
+        raise TypeError(f"compare_runs() takes a list of runs, got the single run {str(runs)!r}; "
+                        f"pass a list such as [{str(runs)!r}, 'runs/other'].")
+    if what not in ("rows", "metrics"):
+        raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
+    frames = []
+    for item in runs:
+        run = item if isinstance(item, Run) else Run(item)
+        frame = run.to_pandas() if what == "rows" else run.metrics()
+        frame.insert(0, "run", run.name)
+        frames.append(frame)
+    if not frames:
+        raise ValueError("compare_runs() needs at least one run.")
+    return pd.concat(frames, ignore_index=True)
