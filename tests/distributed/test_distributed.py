@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 import workbench
 from workbench.instrument.recorder import StepRecord, rows_frame
 from tests.distributed import workers
-from workbench.instrument.distributed import DistributedRecorder, merge_rows, tensor_sums, watch_distributed
+from workbench.instrument.distributed import DistributedRecorder, watch_distributed
+from workbench.instrument.distributed_rows import merge_rows, tensor_sums
 from workbench.ui.views import RunView
 
 KEY = ["step", "module", "call", "kind", "tensor"]
