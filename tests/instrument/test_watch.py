@@ -676,7 +676,9 @@ def test_a_compiled_model_is_recorded_as_the_eager_one(order):
     cols = ["step", "module", "call", "kind", "tensor"]
     assert got[cols].values.tolist() == want[cols].values.tolist()  # the paths of the uncompiled model
     np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-5, atol=1e-6)
-    # the hooks ran as they are: dynamo compiled none of the code they call
+    if order == "watch the compiled module":
+        return  # (workbench.watch took the compiled watch: its hooks are traced on purpose, tests/instrument/test_compiled.py)
+    # the eager hooks ran as they are: dynamo compiled none of the code they call
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
     ours = [f for cls in (hooks.Hooks, StepSums, CompiledCpuReducer) for f in vars(cls).values() if inspect.isfunction(f)]
     assert len(ours) > 20 and not [f for f in ours if _debug_get_cache_entry_list(f.__code__)]
