@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.instrument.schema import site_name
+
 __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise", "update_ratios"]
 
 #: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
@@ -184,15 +186,6 @@ def _parse_shape(shape: Any) -> tuple[int, ...]:
         return shape
     text = str(shape).strip("()[] ")
     return tuple(int(p) for p in text.replace(" ", "").split(",") if p)
-
-
-def _site_name(module: str, call: int, tensor: str, called_again: bool, kind: str) -> str:
-    name = module or "(model)"
-    if called_again:
-        name += f"#{call}"
-    if tensor != "out":
-        name += " " + tensor
-    return name
 
 
 @dataclass
@@ -416,7 +409,7 @@ class Diagnoser:
         ndim = np.array([len(s) for s in shapes], np.int64)
         units = np.array([s[1] if len(s) >= 2 else 0 for s in shapes], np.int64)
         per_unit = np.array([int(np.prod(s)) // s[1] if len(s) >= 2 and s[1] else 0 for s in shapes], np.int64)
-        names = [_site_name(k[0], k[1], k[3], self._calls.get((k[2], k[0]), 1) > 1, k[2])
+        names = [site_name(k[0], k[1], k[3], self._calls.get((k[2], k[0]), 1) > 1)
                  if k[2] in ("activation", "grad_output") else (f"{k[0]}.{k[3]}" if k[0] else k[3]) for k in keys]
         params = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param"}
         pair = {i: params[(k[0], k[3])] for i, k in enumerate(keys) if k[2] == "update" and (k[0], k[3]) in params}

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "KEY_COLUMNS",
-           "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish"]
+           "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish",
+           "site_name"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -45,6 +46,18 @@ TEXT_COLUMNS = ("module", "kind", "tensor", "shape")
 #: How a run ends: ``Watch.close(status)`` and the run store's status (a run still being written
 #: is ``running``; one whose writer died is read ``interrupted``).
 STATUSES = ("finished", "stopped", "failed")
+
+
+def site_name(module: str, call: int, tensor: str, called_again: bool) -> str:
+    """How the views and the findings name a row's call site: the module path (``(model)`` for the
+    model itself), ``#call`` where the module is called more than once a step, and the tensor
+    where it is not the output itself (``out``)."""
+    name = module or "(model)"
+    if called_again:
+        name += f"#{call}"
+    if tensor != "out":
+        name += " " + tensor
+    return name
 
 
 def anomalous(rows: pd.DataFrame) -> pd.Series:

@@ -40,7 +40,7 @@ import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.recorder import histogram_edges
-from workbench.instrument.schema import finish
+from workbench.instrument.schema import finish, site_name
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
 
@@ -199,15 +199,6 @@ class Site:
 def _contains(container: str, module: str) -> bool:
     """Whether the module path ``container`` holds ``module`` (the model, ``""``, holds every one)."""
     return container == "" or module.startswith(container + ".")
-
-
-def _site_name(module: str, call: int, tensor: str, called_again: bool) -> str:
-    name = module or "(model)"
-    if called_again:
-        name += f"#{call}"
-    if tensor != "out":
-        name += " " + tensor
-    return name
 
 
 class RunView:
@@ -421,7 +412,7 @@ class RunView:
                     telling = table[i, _STAT_INDEX["zero_frac"]] < 1 and numel[i] > 1
                     candidates = [c for c in candidates if telling and _contains(module, self.sites[kind][c[1]].module)]
                 original = candidates[0] if candidates else None
-                name = _site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
+                name = site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
                 if original is not None:
                     self.sites[kind][original[1]].aliases.append(name)
                     target = (k, -1)
@@ -436,7 +427,7 @@ class RunView:
     def _note_anomaly(self, step: int, key: tuple, stats: np.ndarray) -> None:
         module, call, kind, tensor, _shape = key
         site = self._target[key][1]
-        name = self.sites[kind][site].name if site >= 0 else _site_name(module, call, tensor, False)
+        name = self.sites[kind][site].name if site >= 0 else site_name(module, call, tensor, False)
         row = {"step": step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
                "inf_count": int(stats[_STAT_INDEX["inf_count"]])}
         if self._first_anomaly is None:
