@@ -237,3 +237,33 @@ def test_the_dynamics_network_tree_has_a_row_per_call_site_and_build_stays_in_vi
     folder = os.environ.get("WORKBENCH_SCREENSHOTS")
     if folder:
         page.screenshot(path=os.path.join(folder, "models_tab.png"), full_page=True)
+
+
+@pytest.mark.browser
+def test_typing_a_name_filter_moves_list_overview_and_form_to_the_first_match_without_an_error(page):
+    from playwright.sync_api import expect
+
+    box = page.locator("#name-filter textarea, #name-filter input").first
+    overview, fields = page.locator("#model-overview"), page.locator("#build-form")
+    for text, listed, first, title, field in (
+            ("prelu", ["prelu"], "prelu", "Parametric ReLU", "num_parameters"),
+            ("lu", ["gelu", "prelu", "relu"], "gelu", "Gaussian Error Linear Unit", "approximate"),
+            ("tanh", ["tanh"], "tanh", "Hyperbolic tangent", "No parameters to set"),
+            ("query", ["query_module"], "query_module", "QueryModule", "index_key"),
+            ("relu", ["prelu", "relu"], "prelu", "Parametric ReLU", "num_parameters"),
+            ("sig", ["sigmoid"], "sigmoid", "Logistic sigmoid", "No parameters to set"),
+            ("*old", ["threshold"], "threshold", "Thresholds each element", "threshold")):
+        box.fill("")
+        # a change event per keystroke, each sent before the server has answered the one before
+        box.press_sequentially(text)
+        expect(overview).to_contain_text(title)
+        expect(fields).to_contain_text(field)
+        expect(page.locator("#model-list").get_by_role("radio", name=first, exact=True)).to_be_checked()
+        options = page.locator("#model-list label").all_inner_texts()
+        assert [o.strip() for o in options] == listed
+    # every event of the typing answered: no status tracker on the tab's outputs is pending or busy
+    page.wait_for_function("""() => Array.from(document.querySelectorAll(
+        ['#model-list', '#model-overview', '#param-table', '#build-form', '#build-message', '#module-tree']
+            .map(id => id + ' [data-testid=status-tracker]').join(', ')))
+        .every(tracker => tracker.classList.contains('hide'))""")
+    assert page.locator(".toast-body").all_inner_texts() == []

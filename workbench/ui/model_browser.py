@@ -172,6 +172,8 @@ def layout():
                                       elem_id="family-filter")
             c["pattern"] = gr.Textbox(label="Filter by name", placeholder="e.g. lu or *lu", elem_id="name-filter")
             c["models"] = gr.Radio(names, value=first, label="Models", elem_id="model-list")
+            # The model shown, which the overview, the table and the form follow (see wire()).
+            c["selected"] = gr.State(first)
         with gr.Column(scale=4):
             c["overview"] = gr.Markdown(model_overview(first), elem_id="model-overview")
             with gr.Accordion("Parameters (types, defaults, ranges)", open=False, elem_id="param-accordion"):
@@ -211,20 +213,32 @@ def wire(c) -> None:
     """Connect the components placed by :func:`layout`."""
     import gradio as gr
 
+    # The model shown is c["selected"], a State set by the filter (its first match) and by the
+    # user's pick; the overview, the table and the form follow it. They do not follow the Radio:
+    # each keystroke in the filter sends new choices, and a Radio change event queued before
+    # them would carry a value Gradio then refuses against the new choices (an error toast,
+    # the overview left on a model the list no longer shows).
     def on_filter(family, pattern):
         names = filter_models(family, pattern)
-        return gr.Radio(choices=names, value=names[0] if names else None)
+        first = names[0] if names else None
+        return gr.Radio(choices=names, value=first), first
+
+    def on_pick(name, family, pattern):
+        # Raw values (preprocess=False), so a click on a choice that a filter sent meanwhile
+        # replaced is skipped rather than refused with a toast.
+        return name if name in filter_models(family, pattern) else gr.skip()
 
     def on_select(name):
         return model_overview(name), param_table(name), None, "", pd.DataFrame(columns=TREE_COLUMNS)
 
     for trigger in (c["family"].change, c["pattern"].change):
-        trigger(on_filter, [c["family"], c["pattern"]], c["models"])
-    c["models"].change(on_select, c["models"],
-                       [c["overview"], c["params"], c["model_state"], c["message"], c["tree"]])
+        trigger(on_filter, [c["family"], c["pattern"]], [c["models"], c["selected"]])
+    c["models"].input(on_pick, [c["models"], c["family"], c["pattern"]], c["selected"], preprocess=False)
+    c["selected"].change(on_select, c["selected"],
+                         [c["overview"], c["params"], c["model_state"], c["message"], c["tree"]])
 
     with c["form"]:
-        @gr.render(inputs=c["models"])
+        @gr.render(inputs=c["selected"])
         def render_form(name):
             fields = model_form(name)
             button = gr.Button("Build", variant="primary", elem_id="build-button", interactive=bool(name),
@@ -244,5 +258,5 @@ def wire(c) -> None:
                 result = build_model(model_name, dict(zip(labels, values)), batch_size)
                 return result.model, result.message, result.tree
 
-            button.click(on_build, [c["models"], c["batch_size"], *widgets],
+            button.click(on_build, [c["selected"], c["batch_size"], *widgets],
                          [c["model_state"], c["message"], c["tree"]])
