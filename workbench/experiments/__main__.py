@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default=None,
                      help="cpu, cuda ... (default: cpu; under torchrun with CUDA, cuda:LOCAL_RANK)")
     run.add_argument("--every", type=int, default=1, help="record every Nth step (default 1)")
-    run.add_argument("--histograms", action="store_true", help="record histograms too")
+    run.add_argument("--histograms", action=argparse.BooleanOptionalAction, default=True,
+                     help="record histograms (default; --no-histograms: statistics alone)")
     run.add_argument("--per-rank", action="store_true",
                      help="under torchrun, rank 0 also writes each rank's own rows into STORE-rank<r>")
     run.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",

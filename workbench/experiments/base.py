@@ -210,7 +210,8 @@ class Experiment:
         Args:
             store: a run directory to record into (see ``workbench.load_run``);
                 the run's metadata names the experiment, its config and seed.
-            **options: options of :func:`workbench.watch` (modules, every, histograms ...).
+            **options: options of :func:`workbench.watch` (modules, every, histograms ...);
+                histograms are recorded unless ``histograms=False``.
 
         Returns:
             The :class:`~workbench.Watch`; ``close()`` it to detach.
@@ -233,6 +234,7 @@ class Experiment:
                                "(experiment.watcher.close()).")
         metadata = {"experiment": self.name, "model": type(self.model).__name__,
                     "config": dataclasses.asdict(self.config), "seed": self.seed}
+        options.setdefault("histograms", True)  # distributions over time, unless asked not to
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 
