@@ -380,3 +380,29 @@ def test_train_ilql_live_and_see_rewards_next_to_the_behaviour_policy(page):
     assert {"policy_reward", "behaviour_reward", "q_loss"} <= set(drawn)
     assert drawn["policy_reward"]["x"] == [5, 10]
     _screenshot(page, "experiments_ilql.png")
+
+
+def test_the_initial_weights_box_reads_whole_at_1400_by_1000(page):
+    # its label on one line above the upload prompt, and the prompt inside the box (it clips)
+    page.get_by_role("tab", name="Experiments").click()
+    box = page.locator("#run-weights")
+    box.scroll_into_view_if_needed()
+    expect(box).to_contain_text("Click to Upload")
+    label = box.locator("[data-testid=block-label]").bounding_box()
+    # (the prompt's element is taller than the box and centred in it: measure its content)
+    prompt = box.locator("[data-testid=upload-text]").evaluate(
+        "el => { const range = document.createRange(); range.selectNodeContents(el);"
+        " const r = range.getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width, height: r.height}; }")
+    outer = box.bounding_box()
+    line = box.locator("[data-testid=block-label]").evaluate("el => parseFloat(getComputedStyle(el).lineHeight)")
+    assert label["height"] < 2 * line, label  # one line
+    assert label["y"] + label["height"] <= prompt["y"], (label, prompt)
+    assert prompt["y"] + prompt["height"] <= outer["y"] + outer["height"], (prompt, outer)
+    _screenshot(page, "experiments_weights_box.png", full_page=False)
+
+
+def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
+    page.get_by_role("tab", name="Runs").click()
+    expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare")
+    expect(page.locator("#compare-metrics")).to_be_hidden()
+    expect(page.locator("#compare-site-plot")).to_be_hidden()

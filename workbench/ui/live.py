@@ -977,21 +977,25 @@ class ViewCache:
         return view, run, message
 
 
+NO_COMPARISON = "Pick two or more runs to compare."
+
+
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool = False) -> tuple[dict, dict, list[str], str | None, str]:
+                 smoothing: Any = 0.0, log_y: bool = False
+                 ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
-    call site's statistic. Returns the two figures, the sites to choose from (those of every
-    run's ``kind``, in the first run's forward order), the site drawn and a message."""
-    empty = figures.empty_figure("Pick two or more runs to compare.")
+    call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
+    than two runs that open, or a bad choice), the sites to choose from (those of every run's
+    ``kind``, in the first run's forward order), the site drawn and a message."""
     try:
         chosen = _names(picks, "runs to compare") or []
         _check_choice("kind", kind, KINDS)
         _check_choice("statistic", statistic, STATISTICS)
         smoothing = _smoothing(smoothing)
     except ValueError as exc:
-        return empty, empty, [], None, f"**Cannot compare:** {exc}"
+        return None, None, [], None, f"**Cannot compare:** {exc}"
     if len(chosen) < 2:
-        return empty, empty, [], None, "Pick two or more runs to compare."
+        return None, None, [], None, NO_COMPARISON
     views, problems = {}, []
     for pick in dict.fromkeys(chosen):
         view, _, message = cache.get(pick)
@@ -1001,7 +1005,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
             views[pick] = view
     note = " ".join(problems)
     if len(views) < 2:
-        return empty, empty, [], None, (note + " Pick two or more runs that open.").strip()
+        return None, None, [], None, (note + " Pick two or more runs that open.").strip()
     order = [v.site_order(kind) for v in views.values()]
     common = set(order[0]).intersection(*order[1:])
     choices = [s for s in order[0] if s in common] or order[0]
@@ -1411,8 +1415,9 @@ def layout(root: RunsRoot):
                     c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
                                             info=f"a run name under {root.path}", elem_id="run-store",
                                             interactive=True)
-                    c["weights"] = gr.File(label="initial weights (optional): a checkpoint to start from",
-                                           type="filepath", elem_id="run-weights", height=90)
+                    # a label that fits one line and room for "Drop File Here - or - Click to Upload" under it
+                    c["weights"] = gr.File(label="initial weights: a checkpoint (optional)", type="filepath",
+                                           elem_id="run-weights", height=150)
                     c["weights_info"] = gr.Markdown(elem_id="weights-info")
                     c["form"] = gr.Column()
                 c["start_message"] = gr.Markdown(elem_id="start-message")
@@ -1477,9 +1482,12 @@ def layout(root: RunsRoot):
                 c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
                                                 allow_custom_value=True, elem_id="compare-site")
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
-            c["compare_message"] = gr.Markdown(elem_id="compare-message")
-            c["compare_metrics"] = gr.Plot(show_label=False, container=False, elem_id="compare-metrics")
-            c["compare_site_plot"] = gr.Plot(show_label=False, container=False, elem_id="compare-site-plot")
+            c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
+            # shown once two runs are compared (an empty Plot is a tall blank placeholder)
+            c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
+                                           elem_id="compare-metrics")
+            c["compare_site_plot"] = gr.Plot(show_label=False, container=False, visible=False,
+                                             elem_id="compare-site-plot")
         gr.Markdown("### The run", elem_classes=["wb-section"])
         c["run_message"] = gr.Markdown(elem_id="run-message")
         c["replay_header"] = gr.Markdown(elem_id="replay-header")
@@ -1821,7 +1829,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_compare(picks, kind, stat, site, log_y):
         metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y)
-        return plot_data(metrics), plot_data(site_fig), gr.Dropdown(choices=choices, value=site), message
+        drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
+        return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
+                gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
+                gr.Dropdown(choices=choices, value=site), message)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
