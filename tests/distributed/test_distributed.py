@@ -112,16 +112,19 @@ def test_histograms_of_the_global_batch(spawned):
     got = rank0["histograms"].set_index(KEY)
     ref = reference().histograms().set_index(KEY)
     assert sorted(got.index) == sorted(ref.index)
-    per_rank = [h.set_index(KEY) for h in rank0["rank_histograms"]]
+    assert len(ref.index) > 20
+
+    def cdf(row, at):  # the fraction of values below each point, values spread evenly within a bin
+        return np.interp(at, row.edges, np.r_[0.0, np.cumsum(row.counts)]) / row.counts.sum()
+
     for key in ref.index:
         g, r = got.loc[key], ref.loc[key]
         assert g.counts.sum() == pytest.approx(r.counts.sum())  # every value counted, once
-        np.testing.assert_allclose(g.edges[[0, -1]], r.edges[[0, -1]], rtol=1e-5, atol=1e-6)
-        if key[3] in ("param", "param_grad"):  # rank 0's replica, binned as one process bins it
-            assert np.abs(g.counts - r.counts).sum() <= 2, key
-        else:  # re-binned: a value lands within one of its rank's bins of where it is
-            slack = sum(h.loc[key].counts.max() for h in per_rank if key in h.index)
-            assert np.abs(np.cumsum(g.counts) - np.cumsum(r.counts)).max() <= slack + 1, key
+        # the same distribution: each process keeps its own range per row (and the merge re-bins the
+        # ranks' onto their union), so a value is placed within one bin of either histogram
+        at = np.linspace(min(g.edges[0], r.edges[0]), max(g.edges[-1], r.edges[-1]), 501)
+        distance = np.abs(cdf(g, at) - cdf(r, at)).max()
+        assert distance <= (g.counts.max() + r.counts.max()) / r.counts.sum(), key
 
 
 def test_per_rank_rows_are_each_ranks_own(spawned):
@@ -219,7 +222,7 @@ def test_merge_rows_recentres_shifted_sums():
     for values in parts_values:
         sums, hist = tensor_sums([values], bins=4)
         parts.append(((key + ((len(values),),),), np.array([len(values)]), sums, hist))
-    keys, numel, sums, hist, _ = merge_rows(parts)
+    keys, numel, sums, hist, _, _ = merge_rows(parts)
     whole, whole_hist = tensor_sums([torch.cat(parts_values)], bins=4)
     assert keys == (key + ((83,),),) and numel.tolist() == [83]
     finite = torch.cat(parts_values[:2])
@@ -231,7 +234,7 @@ def test_merge_rows_recentres_shifted_sums():
     # an infinity makes the range infinite: no bin is filled, as in one process
     assert hist.sum() == whole_hist.sum() == 0
     # the finite parts alone: mean and std as torch computes them, every value binned
-    keys, numel, sums, hist, _ = merge_rows(parts[:3])
+    keys, numel, sums, hist, _, _ = merge_rows(parts[:3])
     got = rows_frame([StepRecord(1, keys, numel, sums)]).iloc[0]
     assert got["mean"] == pytest.approx(finite.mean().item(), rel=1e-12)
     assert got["std"] == pytest.approx(finite.std().item(), rel=1e-9)

@@ -399,3 +399,31 @@ def test_close_waits_for_the_writer_and_reads_failed_when_a_step_was_lost(tmp_pa
 def test_a_killed_run_on_read_only_media_says_to_copy_it():
     with read_only_run(2, leftover_wal=True) as (_, printed):
         assert "Copy the run directory somewhere writable" in printed
+
+
+def test_stored_histograms_keep_their_ranges_and_sampled_flags_and_older_runs_still_load(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 512), nn.ReLU())  # layers.0's output: 300 x 512 values, sampled
+    x = torch.randn(300, 4)
+    with workbench.watch(model, histograms=True, bins=16, store=tmp_path / "run", gradients=False) as w:
+        for _ in range(3):
+            model(x)
+            w.step()
+    live = w.histograms()
+    stored = workbench.load_run(tmp_path / "run").histograms()
+    assert len(stored) == len(live) > 0
+    for (_, a), (_, b) in zip(live.iterrows(), stored.iterrows()):
+        np.testing.assert_allclose(a.edges, b.edges, rtol=1e-12)
+        np.testing.assert_array_equal(a.counts, b.counts)
+        assert a.sampled == b.sampled
+    big = stored[(stored.module == "0") & (stored.kind == "activation")]
+    assert big.sampled.all() and not stored[stored.kind == "param"].sampled.any()
+    assert big.counts.map(np.sum).tolist() == pytest.approx([300 * 512] * 3, rel=1e-6)
+    # a run stored before the flag existed: its histograms table has no 'sampled' column
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "run", old)
+    with sqlite3.connect(old / DB_NAME) as db:
+        db.executescript("CREATE TABLE h AS SELECT step, seq, lo, hi, counts FROM histograms; "
+                         "DROP TABLE histograms; ALTER TABLE h RENAME TO histograms;")
+    before = workbench.load_run(old).histograms()
+    assert not before.sampled.any() and before.counts.map(np.sum).tolist() == stored.counts.map(np.sum).tolist()

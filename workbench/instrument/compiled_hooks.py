@@ -63,6 +63,16 @@ class StepRows:
             return all_sums, None
         return all_sums, np.concatenate([self.graph[:, len(SUMS):len(SUMS) + self.bins], counts])
 
+    def binning(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """As :meth:`StepSums.binning <workbench.instrument.reduce.StepSums.binning>`: the graphs bin
+        each row over its own [min, max], counting every value; the parameters' as their StepSums did."""
+        found = self.params.binning()
+        if found is None:
+            return None
+        edges, sampled = found
+        own = self.graph[:, [SUMS.index("min"), SUMS.index("max")]]
+        return np.concatenate([own, edges]), np.concatenate([np.zeros(len(own), bool), sampled])
+
 
 class CompiledHooks:
     """The hooks of a watch on a compiled model, and the step they record into.

@@ -60,9 +60,9 @@ import torch.distributed as dist
 from torch import nn
 
 from workbench.instrument.distributed_rows import flatten, merge_rows, scale, tensor_sums, unflatten, watch_rows
-from workbench.instrument.recorder import Recorder, StepRecord, rows_frame
+from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges, rows_frame
 from workbench.instrument.reduce import StepSums
-from workbench.instrument.schema import SUMS
+from workbench.instrument.schema import MAX, MIN, SUMS
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
 
 __all__ = ["DistributedRecorder", "watch_distributed"]
@@ -234,11 +234,15 @@ class DistributedRecorder(Recorder):
         watch_hist = record.histograms
         if bins and watch_hist is None:
             watch_hist = np.zeros((len(record.keys), bins), np.float32)
+        edges = None
+        if bins:  # the ranges the counts divide: the watch's (kept per row), the parameters' own [min, max]
+            edges = np.concatenate([np.column_stack(histogram_edges(record)) if record.histograms is not None
+                                    else np.full((len(record.keys), 2), np.nan), sums[:, [MIN, MAX]]])
         return {"step": record.step, "keys": tuple(record.keys) + tuple(keys), "n_watch": len(record.keys),
                 "numel": np.concatenate([np.asarray(record.numel, np.int64),
                                          np.array([t.numel() for t in tensors], np.int64)]),
                 "sums": np.concatenate([np.asarray(record.sums, np.float64).reshape(-1, len(SUMS)), sums]),
-                "histograms": np.concatenate([watch_hist, hist]) if bins else None,
+                "histograms": np.concatenate([watch_hist, hist]) if bins else None, "edges": edges,
                 "metrics": dict(record.metrics), "errors": errors,
                 "tensors": record.tensors if self.rank == 0 else None}
 
@@ -320,13 +324,18 @@ class DistributedRecorder(Recorder):
             if grads and self.grad_scale != 1.0:
                 sums = sums.copy()
                 sums[grads] = scale(sums[grads], self.grad_scale)
-            parts.append((payload["keys"], payload["numel"], sums, payload["histograms"]))
+            edges = payload.get("edges")
+            if edges is not None and grads and self.grad_scale != 1.0:
+                edges = edges.copy()
+                edges[grads] *= self.grad_scale
+            parts.append((payload["keys"], payload["numel"], sums, payload["histograms"], edges))
             metrics.append(payload["metrics"])
             own.append(StepRecord(record.step, payload["keys"], payload["numel"], payload["sums"],
                                   payload["histograms"], dict(payload["metrics"]),
                                   tuple(e for e in errors if e.get("rank") == rank),
-                                  np.arange(len(payload["keys"]))) if self.per_rank else None)
-        keys, numel, sums, hist, where = merge_rows(parts)
+                                  np.arange(len(payload["keys"])), histogram_edges=payload.get("edges"))
+                       if self.per_rank else None)
+        keys, numel, sums, hist, where, ranges = merge_rows(parts)
         # which tensor each row is: rank 0's numbering for its watch's rows, new numbers for the others
         tensors = np.full(len(keys), -1, np.int64)
         first = gathered[0].get("tensors") if gathered[0] is not None else None
@@ -342,7 +351,8 @@ class DistributedRecorder(Recorder):
             for name in dict.fromkeys(k for m in metrics for k in m):
                 values = [float(m[name]) for m in metrics if name in m]
                 merged_metrics[name] = sum(values) / len(values)
-        merged = StepRecord(record.step, keys, numel, sums, hist, merged_metrics, tuple(errors), tensors)
+        merged = StepRecord(record.step, keys, numel, sums, hist, merged_metrics, tuple(errors), tensors,
+                            histogram_edges=ranges)
         return merged, (own if self.per_rank else None)
 
     # ---------------------------------------------------------- per-rank view

@@ -58,21 +58,22 @@ def _rebin(counts: np.ndarray, lo: float, hi: float, edges: np.ndarray) -> np.nd
     return np.diff(below)
 
 
-def merge_rows(parts: Sequence[tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None] | None],
-               concat_kinds: Sequence[str] = ("activation", "grad_output"),
-               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray]]:
+def merge_rows(parts: Sequence[tuple | None], concat_kinds: Sequence[str] = ("activation", "grad_output"),
+               ) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray], np.ndarray | None]:
     """Rows of several ranks merged into the rows of their tensors taken together.
 
     Args:
-        parts: per rank, ``(keys, numel, sums, histograms or None)`` (None: the rank sent nothing).
-            Rows of ranks with the same ``(module, call, kind, tensor)`` are one row.
+        parts: per rank, ``(keys, numel, sums, histograms or None[, edges])`` (None: the rank sent
+            nothing); ``edges`` (rows, 2) is the range each histogram's bins divide (default: the
+            row's [min, max]). Rows of ranks with the same ``(module, call, kind, tensor)`` are one row.
         concat_kinds: the kinds whose shapes concatenate along dim 0 (the batch); other kinds keep
             the first rank's shape (a parameter's shards carry the whole parameter's shape).
 
     Returns:
-        ``(keys, numel, sums, histograms, where)``: merged rows in the order they first appear
-        (rank 0's first), and for each rank the merged row of each of its rows (None for a rank
-        that sent nothing).
+        ``(keys, numel, sums, histograms, where, edges)``: merged rows in the order they first
+        appear (rank 0's first), for each rank the merged row of each of its rows (None for a rank
+        that sent nothing), and the merged histograms' ranges (None without histograms): where the
+        ranks' ranges agree their counts add, else each rank's are re-binned onto the ranges' union.
     """
     index: dict[tuple, int] = {}
     keys: list[tuple] = []
@@ -96,7 +97,7 @@ def merge_rows(parts: Sequence[tuple[tuple, np.ndarray, np.ndarray, np.ndarray |
     present = [p for p in parts if p is not None]
     bins = next((p[3].shape[1] for p in present if p[3] is not None), None)
     if not present:
-        return (), np.zeros(0, np.int64), np.zeros((0, len(SUMS))), None, where
+        return (), np.zeros(0, np.int64), np.zeros((0, len(SUMS))), None, where, None
     m_all = np.concatenate([w for w in where if w is not None])
     numel_all = np.concatenate([np.asarray(p[1], np.int64) for p in present])
     sums_all = np.concatenate([np.asarray(p[2], np.float64).reshape(-1, len(SUMS)) for p in present])
@@ -129,23 +130,34 @@ def merge_rows(parts: Sequence[tuple[tuple, np.ndarray, np.ndarray, np.ndarray |
             if all(len(x) >= 1 and len(x) == len(s[0]) and isinstance(x[0], int) and tuple(x[1:]) == tuple(s[0][1:])
                    for x in s):
                 keys[m] = key[:4] + ((sum(x[0] for x in s), *s[0][1:]),)
-    hist = None
+    hist = ranges = None
     if bins:
         hist = np.zeros((n, bins), np.float32)
         hist_all = np.concatenate([p[3] if p[3] is not None else np.zeros((len(p[0]), bins), np.float32)
                                    for p in present]).astype(np.float64)
-        same = filled & (sums_all[:, MIN] == sums[m_all, MIN]) & (sums_all[:, MAX] == sums[m_all, MAX])
-        rebin = np.bincount(m_all, filled & ~same, minlength=n) > 0
-        plain = filled & ~rebin[m_all]
+        # each source's range, and each merged row's: the union of its sources' (NaN ones left out)
+        lo_hi = np.concatenate([np.asarray(p[4], np.float64) if len(p) > 4 and p[4] is not None
+                                else np.asarray(p[2], np.float64).reshape(-1, len(SUMS))[:, [MIN, MAX]]
+                                for p in present])
+        ranges = np.column_stack([np.full(n, np.inf), np.full(n, -np.inf)])
+        finite = filled & np.isfinite(lo_hi).all(axis=1)
+        np.minimum.at(ranges[:, 0], m_all[finite], lo_hi[finite, 0])
+        np.maximum.at(ranges[:, 1], m_all[finite], lo_hi[finite, 1])
+        ranges[~np.isfinite(ranges).all(axis=1)] = np.nan
+        # a source with an infinite range (an infinity in its values) leaves its row unbinned, as one process does
+        ranges[np.unique(m_all[filled & ~np.isfinite(lo_hi).all(axis=1)])] = np.nan
+        binned = np.isfinite(ranges).all(axis=1)
+        same = finite & (lo_hi[:, 0] == ranges[m_all, 0]) & (lo_hi[:, 1] == ranges[m_all, 1])
+        rebin = (np.bincount(m_all, finite & ~same, minlength=n) > 0) & binned
+        plain = finite & binned[m_all] & ~rebin[m_all]
         totals = np.zeros((n, bins))
         np.add.at(totals, m_all[plain], hist_all[plain])
         for m in np.flatnonzero(rebin):
-            if np.isfinite(sums[m, MIN]) and np.isfinite(sums[m, MAX]):
-                edges = np.linspace(sums[m, MIN], sums[m, MAX], bins + 1)
-                for j in np.flatnonzero((m_all == m) & filled):
-                    totals[m] += _rebin(hist_all[j], sums_all[j, MIN], sums_all[j, MAX], edges)
+            edges = np.linspace(ranges[m, 0], ranges[m, 1], bins + 1)
+            for j in np.flatnonzero((m_all == m) & finite):
+                totals[m] += _rebin(hist_all[j], lo_hi[j, 0], lo_hi[j, 1], edges)
         hist[:] = totals
-    return tuple(keys), numel, sums, hist, where
+    return tuple(keys), numel, sums, hist, where, ranges
 
 
 #: kinds whose rows differ by rank by nature (each rank's shard of the batch): merged across ranks
@@ -167,22 +179,24 @@ def watch_rows(record: StepRecord, rank: int) -> tuple[StepRecord, bool]:
         record, keys=tuple(record.keys[i] for i in keep), numel=np.asarray(record.numel)[index],
         sums=np.asarray(record.sums)[index],
         histograms=record.histograms[index] if record.histograms is not None else None,
+        histogram_edges=record.histogram_edges[index] if record.histogram_edges is not None else None,
+        histogram_sampled=record.histogram_sampled[index] if record.histogram_sampled is not None else None,
         tensors=record.tensors[index] if record.tensors is not None else None), bool(
         {"param", "param_grad"} & set(kinds))
 
 
 def flatten(payload: dict) -> tuple[np.ndarray, tuple | None]:
-    """A payload's numbers in one float64 array (numel, sums and histogram of each row, then the
-    metric values) and its layout (keys, number of the watch's rows, metric names, row width);
+    """A payload's numbers in one float64 array (numel, sums, histogram range and counts of each
+    row, then the metric values) and its layout (keys, number of the watch's rows, metric names, row width);
     (empty, None) for a failed payload."""
     if "keys" not in payload:
         return np.zeros(0), None
     hist = payload["histograms"]
-    width = 1 + len(SUMS) + (hist.shape[1] if hist is not None else 0)
+    width = 1 + len(SUMS) + (2 + hist.shape[1] if hist is not None else 0)
     names = tuple(payload["metrics"])
     columns = [np.asarray(payload["numel"], np.float64)[:, None], payload["sums"]]
     if hist is not None:
-        columns.append(np.asarray(hist, np.float64))
+        columns += [np.asarray(payload["edges"], np.float64).reshape(-1, 2), np.asarray(hist, np.float64)]
     rows = np.concatenate(columns, 1) if len(payload["keys"]) else np.zeros((0, width))
     values = np.array([float(payload["metrics"][k]) for k in names], np.float64)
     return np.concatenate([rows.reshape(-1), values]), (payload["keys"], payload["n_watch"], names, width)
@@ -198,5 +212,6 @@ def unflatten(buffer: np.ndarray, layout: tuple | None) -> dict | None:
     rows = data[:len(keys) * width].reshape(len(keys), width)
     return {"step": int(step), "keys": keys, "n_watch": n_watch, "numel": rows[:, 0].astype(np.int64),
             "sums": rows[:, 1:1 + len(SUMS)].copy(),
-            "histograms": rows[:, 1 + len(SUMS):].astype(np.float32) if width > 1 + len(SUMS) else None,
+            "edges": rows[:, 1 + len(SUMS):3 + len(SUMS)].copy() if width > 1 + len(SUMS) else None,
+            "histograms": rows[:, 3 + len(SUMS):].astype(np.float32) if width > 1 + len(SUMS) else None,
             "metrics": dict(zip(names, data[len(keys) * width:].tolist())), "errors": ()}

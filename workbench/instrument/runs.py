@@ -130,14 +130,18 @@ class Run:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        sql = ("SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts FROM histograms h "
+        has_flag = "sampled" in self._query("PRAGMA table_info(histograms)").name.tolist()  # (not in older runs)
+        sampled = "h.sampled" if has_flag else "0 AS sampled"
+        sql = (f"SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts, {sampled} FROM histograms h "
                "JOIN rows r ON r.step = h.step AND r.seq = h.seq"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
         frame = self._query(sql, tuple(params))
         counts = [np.frombuffer(b, dtype=np.float32) for b in frame.pop("counts")]
         lo, hi = frame.pop("lo"), frame.pop("hi")
+        sampled = frame.pop("sampled").astype(bool)
         frame["edges"] = [np.linspace(a, b, len(c) + 1) for a, b, c in zip(lo, hi, counts)]
         frame["counts"] = counts
+        frame["sampled"] = sampled
         return frame
 
     def errors(self) -> pd.DataFrame:

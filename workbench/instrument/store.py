@@ -14,7 +14,9 @@ Tables (``pandas.read_sql`` works on them directly):
 - ``steps(step, rows, time)``: one row per stored step (the commit marker).
 - ``rows``: the statistics rows (``ROW_COLUMNS`` plus ``seq``, the row's
   position within its step).
-- ``histograms(step, seq, lo, hi, counts)``: counts as float32 bytes.
+- ``histograms(step, seq, lo, hi, counts, sampled)``: counts as float32 bytes, in equal bins over
+  [lo, hi]; ``sampled`` 1 where they were counted from a sample (runs stored before the column
+  existed have none: read as 0).
 - ``metrics(step, name, value)``; ``errors(step, module, call, kind, error)``.
 - view ``anomalies``: the rows with a NaN or an Inf, in recording order.
 
@@ -43,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update, format_shape
-from workbench.instrument.schema import INT_COLUMNS, MAX, MIN, ROW_COLUMNS, STAT_COLUMNS, STATUSES, finish
+from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update, format_shape, histogram_edges
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, STATUSES, finish
 
 __all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "RunError"]
 
@@ -64,7 +66,7 @@ CREATE TABLE IF NOT EXISTS rows (
 CREATE INDEX IF NOT EXISTS rows_by_site ON rows (module, kind, step);
 CREATE TABLE IF NOT EXISTS histograms (
     step INTEGER NOT NULL, seq INTEGER NOT NULL, lo REAL, hi REAL, counts BLOB NOT NULL,
-    PRIMARY KEY (step, seq)) WITHOUT ROWID;
+    sampled INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (step, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS metrics (step INTEGER NOT NULL, name TEXT NOT NULL, value REAL,
     PRIMARY KEY (step, name)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS errors (step INTEGER, module TEXT, call INTEGER, kind TEXT, error TEXT);
@@ -260,9 +262,12 @@ class RunStore:
         with self._transaction():
             self._db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))})", rows)
             if record.histograms is not None:
-                self._db.executemany("INSERT INTO histograms VALUES (?, ?, ?, ?, ?)", [
-                    (record.step, seq, _sql_value(record.sums[seq, MIN]), _sql_value(record.sums[seq, MAX]),
-                     record.histograms[seq].astype(np.float32).tobytes())
+                lows, highs = histogram_edges(record)
+                sampled = record.histogram_sampled
+                self._db.executemany("INSERT INTO histograms VALUES (?, ?, ?, ?, ?, ?)", [
+                    (record.step, seq, _sql_value(lows[seq]), _sql_value(highs[seq]),
+                     record.histograms[seq].astype(np.float32).tobytes(),
+                     int(sampled[seq]) if sampled is not None else 0)
                     for seq in range(len(record))])
             self._db.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
                                  [(record.step, k, v) for k, v in record.metrics.items()])

@@ -98,7 +98,7 @@ class Watch:
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
                 reducers: Sequence[Reducer] | None, compiled: bool, updates: bool) -> Any:
         """The hooks that record into this watch (a subclass attaches others: ``CompiledWatch``)."""
-        return Hooks(sites, StepSums(bins, reducers=reducers), kinds, compiled, updates)
+        return Hooks(sites, StepSums(bins, reducers=reducers, fixed_ranges=True), kinds, compiled, updates)
 
     def _start_step(self) -> None:
         self._metrics = {}
@@ -131,14 +131,17 @@ class Watch:
     def _record(self, entries: list) -> StepRecord:
         try:
             sums, counts = self._hooks.sums.rows()  # the one host transfer of the step
+            binning = self._hooks.sums.binning() if counts is not None else None
         except Exception as exc:  # (a failed device transfer) the step's statistics are lost, not the run
             self._hooks.fail("", 0, "statistics", exc)
-            entries, sums, counts = [], np.empty((0, len(SUMS))), None
+            entries, sums, counts, binning = [], np.empty((0, len(SUMS))), None, None
         keys, numel, rows = zip(*entries) if entries else ((), (), ())
         index = np.asarray(rows, np.intp)
         return StepRecord(self.step_index, tuple(keys), np.asarray(numel, np.int64), sums[index],
                           counts[index] if counts is not None else None, dict(self._metrics),
-                          tuple(self._hooks.step_errors), index)
+                          tuple(self._hooks.step_errors), index,
+                          histogram_edges=binning[0][index] if binning is not None else None,
+                          histogram_sampled=binning[1][index] if binning is not None else None)
 
     def discard_step(self) -> None:
         """Forget what the current step has recorded so far, and start it again (same number): a
