@@ -212,7 +212,7 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
 
 def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_replays(tmp_path):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
-    w = exp.watch(store=tmp_path / "run")
+    w = exp.watch(store=tmp_path / "run", histograms=False)  # (histograms are on by default)
     exp.run(3, progress=False)  # steps before the dashboard are shown too
     dash = Dashboard(exp, interval=0.05)
     exp.run(4, progress=False)
@@ -227,6 +227,43 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     assert figures.values(loss_trace(stored.figure("metrics"))["x"]).tolist() == list(range(1, 8))
     assert stored.figure("distribution")["data"] == []  # (no histograms recorded: says so)
     assert "histograms=True" in str(stored.figure("distribution")["layout"])
+
+
+def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(tmp_path):
+    import threading
+
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opened, more = threading.Event(), threading.Event()
+
+    def write():  # another writer of the store, on its own thread (its own process works the same)
+        with workbench.watch(model, store=tmp_path / "run") as w:
+            for step in range(1, 9):
+                if step == 4:
+                    opened.set()
+                    more.wait()
+                loss = model(torch.randn(8, 2)).pow(2).mean()
+                loss.backward()
+                w.step(loss=loss.item())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert opened.wait(60)
+        stored = workbench.load_run(tmp_path / "run")
+        wait_for(lambda: len(stored.steps) == 3, what="three stored steps")
+        assert stored.status == "running"
+        dash = Dashboard(stored, interval=0.05)
+        assert dash.view.steps_fed == 3 and "running" in dash.header.value
+    finally:
+        more.set()
+        writer.join()
+    # the steps written after it opened are drawn, then the end, and it stops following
+    wait_for(lambda: dash.view.steps_fed == 8 and "finished" in dash.header.value, what="all eight steps")
+    assert figures.values(loss_trace(plotted(dash, "metrics"))["x"]).tolist() == list(range(1, 9))
+    assert dash.view.site_order("activation") == ["0", "1", "2"]
+    wait_for(lambda: not dash._timer.is_alive(), what="the dashboard to stop following the ended run")
 
 
 def test_the_dashboard_shows_where_a_nan_first_appeared():

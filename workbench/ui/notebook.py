@@ -178,13 +178,18 @@ class Dashboard:
         run = exp.start(500, histograms=True)   # trains in the background; the cell is free
         Dashboard(run)                          # updates live; Pause / Resume / Stop
         Dashboard(exp.watch())                  # or a watch (exp.run(...) in a later cell)
-        Dashboard(workbench.load_run("runs/a")) # or a stored run, replayed
+        Dashboard(workbench.load_run("runs/a")) # or a stored run: replayed, and followed while it is written
 
     The dashboard draws the view layer (:class:`~workbench.ui.views.RunView`), fed by the
     watch's stream: training only queues each step for it. A timer thread redraws every
     ``interval`` seconds, and only when steps arrived, taking in the new ones (a redraw costs
     in proportion to them; the figures are bounded however long the run). The figures are
     Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks.
+
+    A stored run whose writer is still at work (status ``running``, in this process or another)
+    is followed until it ends: each tick that finds new steps or another status reads the run
+    again (the views and findings of a stored run are built from the whole of it, as the app's
+    Runs tab builds them), and no more than a quarter of the time goes to reading.
 
     The findings list (most severe, then newest first) updates with the views; picking one
     (or :meth:`focus_finding`) moves the kind, statistic and call site to it and shades the
@@ -193,7 +198,7 @@ class Dashboard:
     Args:
         source: a :class:`~workbench.experiments.base.BackgroundRun` (``exp.start(...)``), an
             ``Experiment`` (its run in the background, else its open watch), a ``Watch`` or a
-            stored ``Run``.
+            stored ``Run`` (followed while its status is ``running``).
         interval: seconds between checks for new steps (> 0).
         kind: the kind (``activation``, ``grad_output``, ``param``, ``param_grad``) the per-site
             figure and the heatmap show first.
@@ -221,6 +226,8 @@ class Dashboard:
             raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
         self.run: BackgroundRun | None = None  # the background run the buttons act on
         self.watch: Watch | None = None
+        self.stored: Run | None = None  # a stored run, read again while it is written (see _read_store)
+        self._draw_lock = threading.RLock()
         label = ""
         if isinstance(source, Experiment):
             label = f"{source.name} (seed {source.seed})"
@@ -243,8 +250,10 @@ class Dashboard:
             self.watch = source
             self.view = RunView(label=label or type(source.model).__name__)
         elif isinstance(source, Run):
-            self.view = RunView.from_run(source)
-            self.diagnoses = RunFindings(source)
+            self.stored = source
+            self._stored_as: tuple = ()  # (steps, status) of the store when it was last read
+            self._next_read = 0.0  # time.monotonic() before which the store is not read again
+            self._read_store()
         else:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
                             f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
@@ -258,7 +267,6 @@ class Dashboard:
         self.ticks = 0  # how many times the timer looked for new steps
         self._figures: dict[str, dict] = {}
         self._drawn: tuple | None = None
-        self._draw_lock = threading.RLock()
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
@@ -309,7 +317,7 @@ class Dashboard:
         if self.watch is not None:
             self._follow(self.watch)
         self.refresh()
-        if self.watch is not None and not self._ended():
+        if (self.watch is not None or self.stored is not None) and not self._ended():
             self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
             self._timer.start()
         if self.run is not None:  # the end drawn at once (before run.join() returns), not at the next tick
@@ -340,9 +348,30 @@ class Dashboard:
                 self.diagnoses.diagnoser.feed(earlier)
                 seen["last"] = earlier[-1].step
 
+    def _read_store(self) -> None:
+        """Read the stored run again if it grew or its status changed since the last read. A read
+        costs in proportion to the whole run, so the next waits three times as long as this one
+        took: reading takes at most a quarter of the time, however long the run."""
+        from workbench.instrument import load_run
+        from workbench.ui.findings import RunFindings
+        from workbench.ui.views import RunView
+
+        if time.monotonic() < self._next_read:
+            return
+        began = time.monotonic()
+        run = load_run(self.stored.path)  # (anew: its metadata, the error of a failed run included)
+        now = (len(run.steps), run.status)
+        if now != self._stored_as:
+            view, diagnoses = RunView.from_run(run), RunFindings(run)
+            with self._draw_lock:
+                self.view, self.diagnoses, self.stored, self._stored_as = view, diagnoses, run, now
+        self._next_read = time.monotonic() + 3 * (time.monotonic() - began)
+
     def _ended(self) -> bool:
         if self.run is not None:
             return self.run.done
+        if self.stored is not None:
+            return self.stored.status != "running"  # (read from the store: interrupted once its writer is gone)
         return self.watch is None or self.watch.closed
 
     def _status(self) -> None:
@@ -355,12 +384,12 @@ class Dashboard:
         """The timer: redraw when steps arrived or the status changed, until the run ended and
         its last steps are drawn."""
         while not self._closed.wait(self.interval):
-            if self._ended():
-                self._last_draw()
-                return
-            if self.run is not None and self.run.status in _ENDED:
-                continue  # (its last steps are on their way: the run's end draws them, then the status)
             try:
+                if self._ended():
+                    self._last_draw()
+                    return
+                if self.run is not None and self.run.status in _ENDED:
+                    continue  # (its last steps are on their way: the run's end draws them, then the status)
                 self._refresh_if_new()
             except Exception as exc:  # a dashboard never takes the training down; it says why it stopped
                 self.header.value += f"<br><b>The dashboard stopped updating:</b> {html.escape(repr(exc))}"
@@ -374,6 +403,8 @@ class Dashboard:
                 return
             if self._subscription is not None:
                 self._subscription.flush(timeout=5.0)
+            if self.stored is not None:
+                self._next_read = 0.0  # (what was written last, read now however recent the last read)
             self._refresh_if_new()
             self.close()
 
@@ -382,6 +413,8 @@ class Dashboard:
         return self.view.steps_fed, self.view.dropped, header["status"]
 
     def _refresh_if_new(self) -> None:
+        if self.stored is not None:
+            self._read_store()
         self._status()
         if self._state() != self._drawn:
             self.refresh()
