@@ -7,6 +7,7 @@ import gc
 import inspect
 import io
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -1289,3 +1290,19 @@ def test_an_experiment_step_that_raises_records_nothing_of_it():
     frame = w.to_pandas()
     assert sorted(set(frame.step)) == [1, 2] and exp.step_count == 2
     assert (frame.groupby("step").size().to_numpy() == len(frame[frame.step == 1])).all()
+
+
+def test_a_subscriber_has_every_step_once_the_watch_is_closed():
+    model = nn.Linear(2, 2)
+    received = []
+
+    def slow(update):  # (slower than the steps: records queue up behind it)
+        time.sleep(0.05)
+        received.extend(record.step for record in update.records)
+
+    with workbench.watch(model) as w:
+        w.subscribe(slow)
+        for _ in range(5):
+            model(torch.randn(3, 2)).sum().backward()
+            w.step()
+    assert received == [1, 2, 3, 4, 5]

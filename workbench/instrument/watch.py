@@ -323,7 +323,8 @@ class Watch:
         warn(f"workbench: {message}; the run will be marked failed. Training goes on.")
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
-        """Remove every hook (the model is as before ``watch``) and close the sinks. Idempotent.
+        """Remove every hook (the model is as before ``watch``), close the sinks and wait until every
+        subscriber has received the steps published (up to 10 s each). Idempotent.
 
         Args:
             status: how the run ended, written into its store: ``finished``, ``stopped`` (by the
@@ -342,6 +343,7 @@ class Watch:
         self._hooks.close()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)
+        self.recorder.flush()  # a subscriber has every step once the watch is closed
 
     def _check_open(self) -> None:
         if self.closed:
