@@ -21,6 +21,7 @@ for the other rank) and the merge on rank 0.
 
 from __future__ import annotations
 
+import gc
 import argparse
 import json
 import statistics
@@ -113,6 +114,7 @@ def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: 
     if rank == 0:
         (Path(out) / "result.json").write_text(json.dumps({"times": times, "parts": parts, "alone": alone,
                                                            "size": size}))
+    gc.collect()  # the DDP reducers hold the group: freed before it is destroyed
     dist.destroy_process_group()
 
 

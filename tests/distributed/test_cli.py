@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -88,4 +89,6 @@ def test_data_parallel_reaches_the_models_other_methods(tmp_path):
             exp.model.no_such_thing
         assert "loss" in exp.step()
     finally:
+        exp = model = None  # DDP's reducer holds the group: freed before it is destroyed (else a hang)
+        gc.collect()
         dist.destroy_process_group()

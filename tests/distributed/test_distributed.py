@@ -7,6 +7,7 @@ deadline kills the children so a bug cannot hang the suite.
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
 from datetime import timedelta
@@ -210,6 +211,7 @@ def one_rank(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
                             timeout=timedelta(seconds=30))
     yield
+    gc.collect()  # a test's DDP reducer holds the group: freed before it is destroyed
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@ single-process reference they are compared with (run in the test's own process).
 
 from __future__ import annotations
 
+import gc
 import pickle
 import time
 import traceback
@@ -72,6 +73,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         ddp_scenario(rank, world, out)
         failing_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
+        gc.collect()  # the scenarios' DDP reducers hold the group: freed before it is destroyed
         dist.destroy_process_group()
     except BaseException:
         (out / f"error.{rank}.txt").write_text(traceback.format_exc())

@@ -17,6 +17,7 @@ records the global batch; rank 0 writes the store, which ``python app.py`` (the 
 from __future__ import annotations
 
 import argparse
+import gc
 import ast
 import dataclasses
 import os
@@ -173,6 +174,9 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
                   + (f", loss {last['loss']:.4g} (rank 0's batch)" if "loss" in last else "")
                   + (f"; stored in {args.store}" if args.store else ""))
     finally:
+        exp = model = w = None  # noqa: F841
+        gc.collect()  # DDP's reducer holds the gloo group: released before the group is destroyed (freed after,
+        # its threads hang or abort the process at exit)
         dist.destroy_process_group()
     return 0
 
