@@ -1,6 +1,8 @@
 """Shared fixtures."""
 
+import gc
 import os
+from datetime import timedelta
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -36,3 +38,15 @@ def scratch_model():
     for name in names:
         if name in workbench.list_models():
             workbench.unregister_model(name)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """torch.distributed initialized as a group of one (gloo, this process), destroyed after."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    yield
+    gc.collect()  # a test's DDP reducer holds the group: freed before it is destroyed
+    dist.destroy_process_group()

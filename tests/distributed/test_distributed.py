@@ -7,10 +7,8 @@ deadline kills the children so a bug cannot hang the suite.
 
 from __future__ import annotations
 
-import gc
 import time
 import traceback
-from datetime import timedelta
 
 import numpy as np
 import pandas as pd
@@ -206,15 +204,6 @@ def test_fsdp2_fully_shard_on_the_cpu(spawned):
 
 
 # ------------------------------------------------------------------ one process
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    yield
-    gc.collect()  # a test's DDP reducer holds the group: freed before it is destroyed
-    dist.destroy_process_group()
-
-
 def test_merge_rows_recentres_shifted_sums():
     torch.manual_seed(1)
     parts_values = [torch.randn(50, dtype=torch.float64) * 0.01 + 1e4, torch.randn(30, dtype=torch.float64) + 5,

@@ -1,13 +1,10 @@
 """Tensor subclasses (FSDP2's DTensor shards, wrapper subclasses) are reduced by torch's kernels,
 never read raw by the compiled CPU kernels, whose ``data_ptr()`` reads would be wrong or crash."""
 
-from datetime import timedelta
 
-import gc
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import workbench
@@ -36,15 +33,6 @@ def test_a_subclass_tensor_gets_the_statistics_of_its_values():
     assert stats["mean"] == pytest.approx([x.double().mean().item()] * 2, abs=1e-6)
     assert stats["std"] == pytest.approx([x.double().std().item()] * 2, rel=1e-5)
     assert counts.sum(axis=1).tolist() == [1000, 1000]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    yield
-    gc.collect()  # a test's DDP reducer holds the group: freed before it is destroyed
-    dist.destroy_process_group()
 
 
 def test_a_plain_watch_records_a_fully_sharded_model(one_rank):
