@@ -255,7 +255,7 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
         wait_for(lambda: len(stored.steps) == 3, what="three stored steps")
         assert stored.status == "running"
         dash = Dashboard(stored, interval=0.05)
-        assert dash.view.steps_fed == 3 and "running" in dash.header.value
+        assert dash.view.steps_fed == 3 and "running" in dash.header.value and dash.following
     finally:
         more.set()
         writer.join()
@@ -263,7 +263,7 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
     wait_for(lambda: dash.view.steps_fed == 8 and "finished" in dash.header.value, what="all eight steps")
     assert figures.values(loss_trace(plotted(dash, "metrics"))["x"]).tolist() == list(range(1, 9))
     assert dash.view.site_order("activation") == ["0", "1", "2"]
-    wait_for(lambda: not dash._timer.is_alive(), what="the dashboard to stop following the ended run")
+    wait_for(lambda: not dash.following, what="the dashboard to stop following the ended run")
 
 
 def test_the_dashboard_shows_where_a_nan_first_appeared():

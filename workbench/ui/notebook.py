@@ -317,11 +317,18 @@ class Dashboard:
         if self.watch is not None:
             self._follow(self.watch)
         self.refresh()
+        self._timer: threading.Thread | None = None
         if (self.watch is not None or self.stored is not None) and not self._ended():
             self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
             self._timer.start()
         if self.run is not None:  # the end drawn at once (before run.join() returns), not at the next tick
             self.run.on_done(lambda _run: self._last_draw())
+
+    @property
+    def following(self) -> bool:
+        """Whether the dashboard still redraws on its own: its run (live, or stored and still being
+        written) has not ended."""
+        return self._timer is not None and self._timer.is_alive()
 
     # ------------------------------------------------------------------ feeding
     def _follow(self, watch: Any) -> None:
