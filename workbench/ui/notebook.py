@@ -435,11 +435,11 @@ class Dashboard:
             self._status()
             self._drawn = self._state()
             self._sync_controls()
-            self._draw_header()
             for name in ("metrics", "sites", "heatmap", "distribution"):
                 self._redraw(name)
             self._draw_anomalies()
             self._draw_findings()
+            self._draw_header()  # last: a header that says "finished" has its figures drawn
             self.draws += 1
 
     def figure(self, name: str) -> dict:
