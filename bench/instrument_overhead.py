@@ -10,9 +10,10 @@ block of the same round: the machine's drifts (large on a shared VM) hit both
 sides of each ratio alike. The quartiles show the spread.
 
 - bare: no hooks;
-- watch: everything on (activations, output gradients, parameters and their
-  gradients) at every step;
-- watch+hist: the same with 32-bin histograms of every tensor;
+- watch: the statistics of everything (activations, output gradients,
+  parameters and their gradients) at every step, ``histograms=False``;
+- watch+hist: the same with 32-bin histograms of every tensor (``watch``'s
+  default);
 - watch (torch reductions): "watch" with the compiled one-pass statistics
   (on a GPU: the Triton kernels) switched off, torch's kernels reducing
   every tensor instead, to measure what they save;
@@ -47,7 +48,8 @@ time per step: where the cost of recording everything lies.
 
 With ``--compile``, instead: each workload trained eagerly and ``torch.compile``'d side by side,
 bare and watched (``workbench.watch`` / ``watch_compiled``, which computes the statistics inside
-the compiled graphs); ratios within each pair. On CUDA, also ``mode="reduce-overhead"``.
+the compiled graphs); ratios within each pair, of the statistics alone (``histograms=False`` on
+both sides). On CUDA, also ``mode="reduce-overhead"``.
 
     python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown] [--compile]
 """
@@ -180,10 +182,10 @@ class Variant:
 
 VARIANTS = {
     "bare": {},
-    "watch": {"watch_options": {}},
-    "watch (torch reductions)": {"watch_options": {}, "torch_reductions": True},
-    "watch+hist": {"watch_options": {"histograms": True}},
-    "watch every=10": {"watch_options": {"every": 10}},
+    "watch": {"watch_options": {"histograms": False}},
+    "watch (torch reductions)": {"watch_options": {"histograms": False}, "torch_reductions": True},
+    "watch+hist": {"watch_options": {}},  # (watch's default)
+    "watch every=10": {"watch_options": {"every": 10, "histograms": False}},
     "naive .item() hooks": {"naive": True},
     "floor (hooks, one read)": {"floor": True},
     "torch's hooks alone": {"floor": True, "floor_reads": False},
@@ -191,8 +193,8 @@ VARIANTS = {
 
 #: With --breakdown: watch recording one kind at a time, to see where the cost of "watch" lies
 BREAKDOWN = {
-    f"watch, {label} only": {"watch_options": {switch: switch == on for switch in
-                                               ("activations", "gradients", "parameters", "parameter_grads")}}
+    f"watch, {label} only": {"watch_options": {"histograms": False} | {
+        switch: switch == on for switch in ("activations", "gradients", "parameters", "parameter_grads")}}
     for label, on in [("activations", "activations"), ("output grads", "gradients"), ("params", "parameters"),
                       ("param grads", "parameter_grads")]
 }
@@ -247,8 +249,8 @@ def measure_compiled(make, rounds: int, block: int, in_place: bool = False, mode
         compiled.model.compile(mode=mode)
     else:
         compiled.model = torch.compile(compiled.model, mode=mode)
-    pairs = {"eager bare": (eager, None), "eager+watch": (eager, workbench.watch(eager.model)),
-             "compiled bare": (compiled, None), "compiled+watch": (compiled, watch_compiled(compiled.model))}
+    pairs = {"eager bare": (eager, None), "eager+watch": (eager, workbench.watch(eager.model, histograms=False)),
+             "compiled bare": (compiled, None), "compiled+watch": (compiled, watch_compiled(compiled.model, histograms=False))}
     watches = [w for _, w in pairs.values() if w is not None]
 
     def run(name: str) -> float:

@@ -226,7 +226,7 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     assert "finished" in stored.header.value and "step 7" in stored.header.value
     assert figures.values(loss_trace(stored.figure("metrics"))["x"]).tolist() == list(range(1, 8))
     assert stored.figure("distribution")["data"] == []  # (no histograms recorded: says so)
-    assert "histograms=True" in str(stored.figure("distribution")["layout"])
+    assert "histograms=False" in str(stored.figure("distribution")["layout"])
 
 
 def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(tmp_path):

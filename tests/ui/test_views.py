@@ -219,7 +219,7 @@ def test_figures_carry_the_data_of_the_views():
     assert figures.values(median["x"]).tolist() == [1, 2, 3, 4]
     assert figures.values(median["customdata"]).shape == (4, len(PERCENTILES))
     assert "step 4 of 4" in figures.header_markdown(view)
-    plain, _ = watched(Twice(), 1)
+    plain, _ = watched(Twice(), 1, histograms=False)
     assert "record with histograms on" in figures.distribution_figure(plain, "activation", "head")["layout"][
         "annotations"][0]["text"]
     # a spec Plotly itself accepts as it is

@@ -63,7 +63,7 @@ class CompiledWatch(Watch):
 
     def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
                  every: int = 1, activations: bool = True, gradients: bool = True, parameters: bool = True,
-                 parameter_grads: bool = True, histograms: bool = False, bins: int = 32,
+                 parameter_grads: bool = True, histograms: bool = True, bins: int = 32,
                  recorder: Recorder | None = None, start_step: int = 1, capacity: int | None = None) -> None:
         entry = internals.compiled_entry(model)
         if entry is None:
@@ -122,7 +122,7 @@ class CompiledWatch(Watch):
 
 def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
                    activations: bool = True, gradients: bool = True, parameters: bool = True,
-                   parameter_grads: bool = True, histograms: bool = False, bins: int = 32,
+                   parameter_grads: bool = True, histograms: bool = True, bins: int = 32,
                    recorder: Recorder | None = None, store: str | Path | None = None,
                    metadata: dict[str, Any] | None = None, start_step: int = 1) -> CompiledWatch:
     """Watch a compiled model - ``torch.compile(model)`` or ``model.compile()`` - with the

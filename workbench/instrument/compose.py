@@ -29,7 +29,7 @@ __all__ = ["watch", "with_store"]
 
 def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None, every: int = 1,
           activations: bool = True, gradients: bool = True, parameters: bool = True,
-          parameter_grads: bool = True, updates: bool = False, histograms: bool = False, bins: int = 32,
+          parameter_grads: bool = True, updates: bool = False, histograms: bool = True, bins: int = 32,
           recorder: Recorder | None = None, store: str | Path | None = None,
           metadata: dict[str, Any] | None = None, start_step: int = 1,
           reducers: Sequence[Reducer] | None = None) -> Watch:
@@ -64,7 +64,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         updates: record each parameter's update over a recorded step (its value at ``step()`` less
             its value when the step started: the optimizer's step; kind ``update``). Costs a copy of
             the parameters per recorded step.
-        histograms: also record a histogram of every tensor.
+        histograms: also record a histogram of every tensor (on by default; ``histograms=False``
+            records the statistics alone). A tensor of 131,072 values or more is binned from a
+            sample of 16,384 (the row says ``sampled``); see docs/watch.md.
         bins: histogram bins.
         recorder: publish into this Recorder (default: a new one).
         store: a run directory to write the run into (SQLite, crash-safe); read it back with

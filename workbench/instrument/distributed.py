@@ -379,7 +379,7 @@ def _warn(message: str) -> None:
 
 
 def watch_distributed(model: nn.Module, store: str | Path | None = None, per_rank: bool = False, group: Any = None,
-                      parameters: bool = True, parameter_grads: bool = True, histograms: bool = False,
+                      parameters: bool = True, parameter_grads: bool = True, histograms: bool = True,
                       bins: int = 32, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
                       grad_scale: float | None = None, metrics: str = "mean", metadata: dict[str, Any] | None = None,
                       **options: Any):

@@ -58,7 +58,7 @@ class Watch:
 
     def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
                  every: int = 1, activations: bool = True, gradients: bool = True, parameters: bool = True,
-                 parameter_grads: bool = True, updates: bool = False, histograms: bool = False, bins: int = 32,
+                 parameter_grads: bool = True, updates: bool = False, histograms: bool = True, bins: int = 32,
                  recorder: Recorder | None = None, start_step: int = 1,
                  reducers: Sequence[Reducer] | None = None) -> None:
         if not isinstance(model, nn.Module):
@@ -276,7 +276,7 @@ class Watch:
         return self.recorder.metrics()
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
-        """Histograms (``histograms=True``): one row per tensor with ``edges`` and ``counts``.
+        """Histograms (recorded unless ``histograms=False``): one row per tensor with ``edges`` and ``counts``.
 
         Args:
             module: only this module path (None: every path).

@@ -746,8 +746,8 @@ def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
 # ---------------------------------------------------------------- the run page's views
 #: Lines the per-site plot draws by default: the sites whose statistic changed most.
 DEFAULT_SITES = 6
-NO_HISTOGRAMS = ("No histograms in this run. Tick **histograms** in the run form (or record with "
-                 "`watch(model, histograms=True)`) to see distributions over time.")
+NO_HISTOGRAMS = ("No histograms in this run: it was recorded with histograms off. Tick **histograms** in the "
+                 "run form (or leave `watch(model)`'s `histograms` on, its default) to see distributions over time.")
 EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
 
 
