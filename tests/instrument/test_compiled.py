@@ -138,6 +138,29 @@ def test_mlp_histograms_match_the_eager_watch():
         assert np.abs(np.asarray(e) - np.asarray(c)).sum() <= 2  # a value or two on an edge may change bin
 
 
+def test_a_large_tensor_s_histogram_is_sampled_inside_the_graph_as_the_eager_watch_samples_it():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 4096), nn.Tanh(), nn.Linear(4096, 1))  # 64 x 4096 = 262,144 values
+    x = torch.randn(64, 16)
+    hist = {}
+    for name, watched in (("eager", model), ("compiled", torch.compile(model))):
+        with workbench.watch(watched, bins=16) as w:  # (histograms by default)
+            watched(x).sum().backward()
+            w.step()
+        hist[name] = w.histograms(kind="activation").set_index("module")
+        model.zero_grad()
+    compiled = hist["compiled"]
+    assert compiled.sampled.to_dict() == {"": False, "0": True, "1": True, "2": False}
+    assert compiled.sampled.to_dict() == hist["eager"].sampled.to_dict()
+    for site in ("0", "1"):  # the same distribution, from another sample: CDFs within 0.02
+        (edges_e, counts_e), (edges_c, counts_c) = (hist[k].loc[site, ["edges", "counts"]] for k in ("eager", "compiled"))
+        np.testing.assert_allclose(edges_e, edges_c, rtol=1e-5)
+        assert np.sum(counts_c) == pytest.approx(64 * 4096)
+        cdf = [np.cumsum(c) / np.sum(c) for c in (counts_e, counts_c)]
+        assert np.abs(cdf[0] - cdf[1]).max() <= 0.02
+
+
 def test_every_n_two_variants_and_no_recompile_after():
     fresh_dynamo()
     exp = mlp_experiment()

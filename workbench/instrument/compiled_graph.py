@@ -3,9 +3,10 @@ they compute there.
 
 - :func:`make_hooks` gives the process-wide forward (pre-)hook that dynamo inlines into the
   model's graph at every module call. On a recorded step it reduces each tensor leaf of the
-  module's output with :func:`graph_row` - plain torch ops, which inductor fuses into the graph's
-  kernels - and appends the row to the call's list: a side effect dynamo replays after the graph,
-  so the rows are extra outputs of the graph.
+  module's output with :func:`graph_row` - on a GPU plain torch ops, which inductor fuses into the
+  graph's kernels; on the CPU one call of :func:`cpu_row`, an op the graph keeps - and appends the
+  row to the call's list: a side effect dynamo replays after the graph, so the rows are extra
+  outputs of the graph.
 - Output gradients: the hook passes each output leaf that requires grad through
   :class:`GradProbe`, whose backward passes the gradient on untouched and reduces it into a row
   of the gradient of a *probe*, a small leaf tensor made for each compiled call. No hook runs in
@@ -20,24 +21,33 @@ list and probe, and turns them into the step's rows.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from workbench.instrument import _stats_kernels as kernels
 from workbench.instrument.reduce import EMPTY
 from workbench.instrument.reduce_torch import as_float, device_histogram
-from workbench.instrument.schema import SUMS
+from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
-__all__ = ["GraphState", "GradProbe", "graph_row", "make_hooks", "observe", "row_width"]
+__all__ = ["MADE", "SAMPLED", "GraphState", "GradProbe", "cpu_row", "graph_row", "make_hooks", "observe", "row_width"]
 
 
 def row_width(bins: int) -> int:
-    """Columns of a :func:`graph_row`: the SUMS, ``bins`` histogram counts, and a 1 (a row was made)."""
-    return len(SUMS) + bins + 1
+    """Columns of a :func:`graph_row`: the SUMS, ``bins`` histogram counts, whether they were counted
+    from a sample (1) or every value (0), and a 1 (a row was made)."""
+    return len(SUMS) + bins + 2
+
+
+#: Column of a row's "counted from a sample" flag (from the end), and of its "a row was made" 1.
+SAMPLED, MADE = -2, -1
 
 
 def _graph_sums(x: torch.Tensor) -> torch.Tensor:
@@ -63,13 +73,57 @@ def _graph_sums(x: torch.Tensor) -> torch.Tensor:
 
 def graph_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     """The float64 row of ``x`` (:func:`row_width` columns): its SUMS, its histogram counts
-    (``bins``, 0 for none), a 1 (a row was made)."""
+    (``bins``, 0 for none), whether they were sampled, a 1 (a row was made).
+
+    On a GPU, torch ops that inductor fuses into the graph's kernels. On the CPU, the eager watch's
+    one-pass kernels, through :func:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
+    over the torch ops read the tensor several times more slowly (``bench/instrument_overhead.py
+    --compile``), and a module call run eagerly would take a torch kernel per statistic."""
+    if x.device.type == "cpu":
+        return cpu_row(x.detach(), bins)
+    return _torch_row(x, bins)
+
+
+def _torch_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     sums = _graph_sums(x)
     parts = [sums]
     if bins:
-        parts.append(device_histogram(x.detach(), sums, bins).double())
-    parts.append(torch.ones(1, dtype=torch.float64, device=sums.device))
+        parts.append(device_histogram(x.detach(), sums, bins).double())  # (every value: not sampled)
+    parts.append(torch.tensor([0.0, 1.0], dtype=torch.float64, device=sums.device))
     return torch.cat(parts)
+
+
+_draws = itertools.count()  # the seeds of the sampled histograms: new each call, the same in every run
+
+
+# inductor's cache of compiled graphs keys them on this name but not on the op's output shape: a
+# change to a row's columns (row_width) renames the op, or graphs compiled before would mismatch
+@torch.library.custom_op("workbench::cpu_row", mutates_args=())
+def cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+    """:func:`graph_row` of a CPU tensor by the compiled kernels (:mod:`~workbench.instrument._stats_kernels`),
+    as the eager watch reduces it (its histogram over its own [min, max], from a sample where it is
+    large, each call drawing anew); a tensor they do not read as it is (another dtype or layout) by
+    the torch ops. A custom op: dynamo and inductor keep it in the graph as one opaque call."""
+    if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or x.numel() == 0:
+        return _torch_row(x, bins)
+    flat = x.reshape(-1).numpy()  # (a copy only where x is not contiguous)
+    row = np.zeros(row_width(bins))
+    sums = row[:len(SUMS)]
+    kernels.fast_pass(flat, sums)
+    if not (math.isfinite(sums[SUM_SQ]) and math.isfinite(sums[ABS_SUM])):  # (checked outside fast-math)
+        kernels.exact_pass(flat, sums)
+    if bins:
+        counts = np.zeros(bins, np.float32)
+        kernels.binned(flat, sums, np.full(2, np.nan), counts, next(_draws))
+        row[len(SUMS):SAMPLED] = counts
+        row[SAMPLED] = flat.size >= kernels.SAMPLE_FROM
+    row[MADE] = 1.0
+    return torch.from_numpy(row)
+
+
+@cpu_row.register_fake
+def _cpu_row_shape(x: torch.Tensor, bins: int) -> torch.Tensor:
+    return x.new_empty(row_width(bins), dtype=torch.float64)
 
 
 class GradProbe(torch.autograd.Function):

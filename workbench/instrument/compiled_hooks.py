@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from workbench.instrument import torch_internals as internals
-from workbench.instrument.compiled_graph import GraphState, make_hooks, observe, row_width
+from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
 from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, warn
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums
@@ -65,13 +65,13 @@ class StepRows:
 
     def binning(self) -> tuple[np.ndarray, np.ndarray] | None:
         """As :meth:`StepSums.binning <workbench.instrument.reduce.StepSums.binning>`: the graphs bin
-        each row over its own [min, max], counting every value; the parameters' as their StepSums did."""
+        each row over its own [min, max] (sampled as the row says); the parameters' as their StepSums did."""
         found = self.params.binning()
         if found is None:
             return None
         edges, sampled = found
         own = self.graph[:, [SUMS.index("min"), SUMS.index("max")]]
-        return np.concatenate([own, edges]), np.concatenate([np.zeros(len(own), bool), sampled])
+        return np.concatenate([own, edges]), np.concatenate([self.graph[:, SAMPLED] > 0, sampled])
 
 
 class CompiledHooks:
@@ -239,7 +239,7 @@ class CompiledHooks:
         if pieces or grad_pieces:  # the one host transfer of the in-graph rows
             self.sums.graph = torch.cat(pieces + grad_pieces).to("cpu", torch.float64).numpy()
         first = len(entries)  # the gradients' rows follow the activations'
-        arrived = self.sums.graph[first:, -1] > 0  # a probe row without a gradient is no row
+        arrived = self.sums.graph[first:, MADE] > 0  # a probe row without a gradient is no row
         entries.extend((key, numel, first + i) for i, (key, numel) in enumerate(grad_keys) if arrived[i])
         return entries
 
