@@ -303,6 +303,7 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     table = page.locator("#runs-table")
     expect(table).to_contain_text("browser/first")
     # click a row: that run opens, replayed into the same views
+    expect(page.locator("#replay-body")).to_be_visible()  # (the refresh opened the newest)
     table.get_by_text("browser/first", exact=True).click()
     expect(page.locator("#run-message")).to_contain_text("12 steps stored")
     expect(page.locator("#replay-header")).to_contain_text("browser/first")
@@ -406,3 +407,4 @@ def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
     expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare")
     expect(page.locator("#compare-metrics")).to_be_hidden()
     expect(page.locator("#compare-site-plot")).to_be_hidden()
+    expect(page.locator("#replay-body")).to_be_hidden()  # nor the views of a run before one is opened

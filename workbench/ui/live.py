@@ -1490,13 +1490,15 @@ def layout(root: RunsRoot):
                                              elem_id="compare-site-plot")
         gr.Markdown("### The run", elem_classes=["wb-section"])
         c["run_message"] = gr.Markdown(elem_id="run-message")
-        c["replay_header"] = gr.Markdown(elem_id="replay-header")
-        # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
-        c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
-        c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
-                                            max_height=200, show_label=False, wrap=True, elem_id="replay-findings",
-                                            column_widths=["11%", "8%", "13%", "16%", "52%"])
-        _view_components(c, "replay")
+        # the views, once a run is opened (before, they would be empty plots and pickers)
+        with gr.Column(visible=False, elem_id="replay-body") as c["replay_body"]:
+            c["replay_header"] = gr.Markdown(elem_id="replay-header")
+            # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
+            c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
+            c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+                                                max_height=200, show_label=False, wrap=True, elem_id="replay-findings",
+                                                column_widths=["11%", "8%", "13%", "16%", "52%"])
+            _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
     c["run_state"] = gr.State(None)  # the stored run the Runs tab shows (its name)
@@ -1783,18 +1785,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_pick(pick):
         run, message = replay(root, pick)
-        return (pick if run is not None else None), message, new_page_state(), gr.skip()
+        return (pick if run is not None else None), message, new_page_state(), gr.skip(), \
+            gr.Column(visible=run is not None)
 
     def on_row(table, evt: gr.SelectData):
         row = evt.row_value or None
         if row is None and isinstance(table, pd.DataFrame) and evt.index is not None:
             row = table.iloc[evt.index[0]].tolist()
         pick = row[0] if row else None
-        return (*on_pick(pick)[:3], gr.Dropdown(value=pick))
+        opened = on_pick(pick)
+        return (*opened[:3], gr.Dropdown(value=pick), opened[4])
 
     on_row.__annotations__["evt"] = gr.SelectData  # (a real class: Gradio passes the event by it)
-    picked = [c["run_state"], c["run_message"], c["replay_page"], c["run_path"]]
-    pick_fallback = lambda text: (None, text, gr.skip(), gr.skip())  # noqa: E731
+    picked = [c["run_state"], c["run_message"], c["replay_page"], c["run_path"], c["replay_body"]]
+    pick_fallback = lambda text: (None, text, gr.skip(), gr.skip(), gr.Column(visible=False))  # noqa: E731
     c["run_path"].input(_guarded(on_pick, pick_fallback), c["run_path"], picked).then(
         redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
     c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
@@ -1805,13 +1809,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         table, names, message = run_table(root, sub)
         first = names[0] if names and open_first else None
         opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
-                                               gr.skip())
+                                               gr.skip(), gr.Column(visible=False))
         return (table, gr.Dropdown(choices=names, value=first), message, gr.Dropdown(choices=names),
-                *opened[:3])
+                *opened[:3], opened[4])
 
     listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], c["compare_runs"], c["run_state"],
-                   c["run_message"], c["replay_page"]]
-    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(4))), c["root"],
+                   c["run_message"], c["replay_page"], c["replay_body"]]
+    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))), c["root"],
                        listed_runs).then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
