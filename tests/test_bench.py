@@ -127,3 +127,10 @@ def test_diagnose_reports_its_cost_and_the_live_ratio():
         assert re.search(rf"{name}\s+\d+ rows/step: live\s+[\d.]+ us/step, diagnose\(\) of the frame\s+[\d.]+ us/step",
                          out), out
     assert re.search(r"watch \+ findings live: \d+\.\d+x", out), out
+
+
+def test_histogram_kernels_reports_each_size():
+    out = run_script("histogram_kernels.py", "--quick")
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [int(r[0]) for r in rows] == [4096, 262144]
+    assert rows[0][-1] == "-" and rows[1][-1] == "us"  # (a tensor below SAMPLE values is not sampled)
