@@ -5,6 +5,8 @@ Each rank trains the same experiment (its own batches, ``batch_size`` per rank) 
 thread (two ranks on a machine of two cores), wrapped in ``DistributedDataParallel``. Variants
 run interleaved round by round on the same model:
 
+Every watch records the statistics alone (``histograms=False``).
+
 - ``ddp bare``: no watch;
 - ``ddp + local watch``: a plain ``watch`` on each rank, nothing exchanged (what each rank's
   hooks cost);
@@ -80,11 +82,11 @@ def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: 
             w = None
             totals: dict[str, float] = {}
             if variant == "ddp + local watch":
-                w = exp.watcher = workbench.watch(exp.model.module, start_step=exp.step_count + 1)
+                w = exp.watcher = workbench.watch(exp.model.module, histograms=False, start_step=exp.step_count + 1)
                 exp.step()
             elif variant != "ddp bare":
                 store = store_root / f"{r}" if variant.endswith("store") else None
-                w = watch_distributed(exp.model, store=store, start_step=exp.step_count + 1)
+                w = watch_distributed(exp.model, store=store, histograms=False, start_step=exp.step_count + 1)
                 exp.watcher = w
                 exp.step()  # untimed first step of the variant (its first merge, the store's first write)
                 for name in PARTS:

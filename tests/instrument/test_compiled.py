@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 import workbench
 from workbench import CompiledWatch, watch_compiled
 from workbench.instrument.reduce_torch import TorchReducer
+from workbench.instrument.schema import SUMS
 from workbench.instrument.torch_internals import compiled_entry, installed_hooks
 
 
@@ -148,17 +149,57 @@ def test_a_large_tensor_s_histogram_is_sampled_inside_the_graph_as_the_eager_wat
         with workbench.watch(watched, bins=16) as w:  # (histograms by default)
             watched(x).sum().backward()
             w.step()
-        hist[name] = w.histograms(kind="activation").set_index("module")
+        hist[name] = w.histograms()
         model.zero_grad()
-    compiled = hist["compiled"]
-    assert compiled.sampled.to_dict() == {"": False, "0": True, "1": True, "2": False}
-    assert compiled.sampled.to_dict() == hist["eager"].sampled.to_dict()
-    for site in ("0", "1"):  # the same distribution, from another sample: CDFs within 0.02
-        (edges_e, counts_e), (edges_c, counts_c) = (hist[k].loc[site, ["edges", "counts"]] for k in ("eager", "compiled"))
-        np.testing.assert_allclose(edges_e, edges_c, rtol=1e-5)
-        assert np.sum(counts_c) == pytest.approx(64 * 4096)
-        cdf = [np.cumsum(c) / np.sum(c) for c in (counts_e, counts_c)]
-        assert np.abs(cdf[0] - cdf[1]).max() <= 0.02
+    for kind in ("activation", "grad_output"):
+        eager, compiled = (h[h.kind == kind].set_index("module") for h in (hist["eager"], hist["compiled"]))
+        assert compiled.sampled.to_dict() == {"": False, "0": True, "1": True, "2": False}
+        assert compiled.sampled.to_dict() == eager.sampled.to_dict()
+        for site in ("0", "1"):  # the same distribution, from another sample: CDFs within 0.02
+            (edges_e, counts_e), (edges_c, counts_c) = (h.loc[site, ["edges", "counts"]] for h in (eager, compiled))
+            np.testing.assert_allclose(edges_e, edges_c, rtol=1e-5)
+            assert np.sum(counts_c) == pytest.approx(64 * 4096)
+            cdf = [np.cumsum(c) / np.sum(c) for c in (counts_e, counts_c)]
+            assert np.abs(cdf[0] - cdf[1]).max() <= 0.02
+
+
+def _numpy_sums(x: torch.Tensor) -> np.ndarray:
+    """The nine SUMS of a row, by their definition, in float64 numpy: sum and sum of squares about
+    the first value (0 where it is not finite), |x| sum, min, max, non-zeros (NaNs counted), NaNs,
+    infinities, the shift; a NaN makes the first five NaN."""
+    v = (x.abs() if x.is_complex() else x).detach().to(torch.float64).reshape(-1).numpy()
+    shift = v[0] if np.isfinite(v[0]) else 0.0
+    nan = np.isnan(v).sum()
+    with np.errstate(invalid="ignore"):
+        first = [np.sum(v - shift), np.sum((v - shift) ** 2), np.abs(v).sum(), v.min(), v.max()]
+    return np.array([*(first if not nan else [np.nan] * 5), np.count_nonzero(v), nan, np.isinf(v).sum(), shift])
+
+
+@pytest.mark.parametrize("name, x", [
+    ("contiguous", torch.randn(64, 33)),
+    ("transposed", torch.randn(40, 64).t()),
+    ("strided 1-d", torch.randn(1000)[::3]),
+    ("float64, mean far from 0", torch.randn(300, dtype=torch.float64) + 1e4),
+    ("float16", torch.randn(500).half()),
+    ("bfloat16", torch.randn(500).bfloat16()),
+    ("int64", torch.arange(-50, 250)),
+    ("bool", torch.rand(300) > 0.5),
+    ("NaN", torch.tensor([1.0, float("nan"), -2.0, 0.0])),
+    ("Inf", torch.tensor([1.0, float("inf"), -2.0, 0.0])),
+])
+def test_the_cpu_row_op_reduces_any_tensor_by_the_definitions_of_the_sums(name, x):
+    bins = 8
+    row = torch.ops.workbench.cpu_row(x, bins).numpy()
+    assert row.shape == (len(SUMS) + bins + 2,) and row[-1] == 1 and row[-2] == 0  # made; not sampled
+    want = _numpy_sums(x)
+    scale = 1e-5 * (np.nan_to_num(want[2], posinf=0) + 1)
+    np.testing.assert_allclose(row[:len(SUMS)], want, rtol=1e-5, atol=scale, err_msg=name)
+    counts = row[len(SUMS):-2]
+    if np.isfinite(want[3]) and np.isfinite(want[4]):  # (no finite range: nothing binned)
+        assert counts.sum() == x.numel()
+        edges = np.linspace(want[3], want[4], bins + 1)
+        values = x.detach().to(torch.float64).reshape(-1).numpy()
+        np.testing.assert_allclose(counts, np.histogram(values, edges)[0], atol=2)  # (a value on an edge may move)
 
 
 def test_every_n_two_variants_and_no_recompile_after():

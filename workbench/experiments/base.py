@@ -264,7 +264,7 @@ class Experiment:
             >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
             >>> [m["step"] for m in exp.run(3, progress=False)]
             [1, 2, 3]
-            >>> _ = exp.run(5, store="runs/mlp", histograms=True, progress=False)
+            >>> _ = exp.run(5, store="runs/mlp", progress=False)
             >>> workbench.load_run("runs/mlp").status
             'finished'
         """

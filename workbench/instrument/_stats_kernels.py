@@ -3,12 +3,11 @@
 The statistics pass reads a tensor once and writes every value of
 :data:`~workbench.instrument.stats.SUMS` straight into a row of the step's host
 array; torch's kernels would take ~10 passes and allocate temporaries (fresh
-pages: on this kind of machine ~2 ms for a 590 k-element tensor, the main cost
-of instrumenting a step). The kernels are C callbacks (``cfunc``), called with
-raw addresses through ctypes without releasing the GIL: ~0.5 us per call,
-where a numba dispatch with array arguments plus ``Tensor.numpy()`` costs ~4 us,
-and releasing and retaking the GIL ~1 us - it matters for models with hundreds
-of small tensors per step.
+pages, the main cost of instrumenting a step that way: the bench's "watch (torch
+reductions)" variant). The kernels are C callbacks (``cfunc``), called with raw
+addresses through ctypes without releasing the GIL: a fraction of what a numba
+dispatch with array arguments plus ``Tensor.numpy()`` costs, or releasing and
+retaking the GIL - it matters for models with hundreds of small tensors per step.
 
 Two passes, so that the common case runs at memory speed:
 
@@ -16,7 +15,7 @@ Two passes, so that the common case runs at memory speed:
   accumulator (``nnan`` is the one that unlocks the min/max reductions). Sums
   are kept in the tensor's dtype within blocks of 4096 values and in float64
   across blocks; sums are of ``x - x[0]``, so the variance keeps its precision
-  when the mean is large against the spread. ~0.1 ns per float32 value here.
+  when the mean is large against the spread (``bench/histogram_kernels.py`` times it).
 - ``exact``: a scalar float64 loop with IEEE semantics that also counts NaNs
   and infinities. It runs only when the fast pass says the tensor holds a
   non-finite value or its float32 sums overflowed (sum of squares or absolute

@@ -77,8 +77,8 @@ def graph_row(x: torch.Tensor, bins: int) -> torch.Tensor:
 
     On a GPU, torch ops that inductor fuses into the graph's kernels. On the CPU, the eager watch's
     one-pass kernels, through :func:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
-    over the torch ops read the tensor several times more slowly (``bench/instrument_overhead.py
-    --compile``), and a module call run eagerly would take a torch kernel per statistic."""
+    over the torch ops are many times slower per value (a profile in docs/compile.md), and a module
+    call run eagerly would take a torch kernel per statistic."""
     if x.device.type == "cpu":
         return cpu_row(x.detach(), bins)
     return _torch_row(x, bins)
@@ -106,7 +106,7 @@ def cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     the torch ops. A custom op: dynamo and inductor keep it in the graph as one opaque call."""
     if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or x.numel() == 0:
         return _torch_row(x, bins)
-    flat = x.reshape(-1).numpy()  # (a copy only where x is not contiguous)
+    flat = x.reshape(-1).contiguous().numpy()  # (a copy only where x is not contiguous)
     row = np.zeros(row_width(bins))
     sums = row[:len(SUMS)]
     kernels.fast_pass(flat, sums)

@@ -65,8 +65,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             its value when the step started: the optimizer's step; kind ``update``). Costs a copy of
             the parameters per recorded step.
         histograms: also record a histogram of every tensor (on by default; ``histograms=False``
-            records the statistics alone). A tensor of 131,072 values or more is binned from a
-            sample of 16,384 (the row says ``sampled``); see docs/watch.md.
+            records the statistics alone). On the CPU a tensor of 131,072 values or more is binned
+            from a sample of 16,384 (the row says ``sampled``); see docs/watch.md.
         bins: histogram bins.
         recorder: publish into this Recorder (default: a new one).
         store: a run directory to write the run into (SQLite, crash-safe); read it back with

@@ -361,7 +361,7 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     """
     bands, steps, grid, density = view.distribution(kind, site)
     if bands.empty:
-        return empty_figure(f"No histograms of {kind} at {site}: record with histograms on (the default; this run had them off).")
+        return empty_figure(f"No histograms of {kind} at {site}: record with histograms on (the default).")
     x = _array(bands.step)
     data = []
     for lo, hi in [(0, 100), (7, 93), (16, 84), (31, 69)]:

@@ -175,7 +175,7 @@ class Dashboard:
     ::
 
         exp = workbench.experiments.create("activation_mlp")
-        run = exp.start(500)   # trains in the background; the cell is free
+        run = exp.start(500)                    # trains in the background; the cell is free
         Dashboard(run)                          # updates live; Pause / Resume / Stop
         Dashboard(exp.watch())                  # or a watch (exp.run(...) in a later cell)
         Dashboard(workbench.load_run("runs/a")) # or a stored run: replayed, and followed while it is written
@@ -507,9 +507,14 @@ class Dashboard:
                 spec, out = figures.heatmap_figure(self.view, kind, statistic), self.heatmap_plot
             else:
                 site = self.distribution_site.value
-                spec = (figures.distribution_figure(self.view, kind, site) if site else figures.empty_figure(
-                    f"No histograms of {kind} rows: this run was recorded with histograms=False; "
-                    "leave histograms on (the default) to see distributions over time."))
+                if site:
+                    spec = figures.distribution_figure(self.view, kind, site)
+                elif not self.view.site_order(kind):
+                    spec = figures.empty_figure(f"No {kind} rows yet.")
+                else:
+                    spec = figures.empty_figure(f"No histograms of {kind} rows: this run was recorded with "
+                                                "histograms=False; leave them on (the default) to see "
+                                                "distributions over time.")
                 out = self.distribution_plot
             focused = self._focus
             if focused is not None and name in ("sites", "metrics"):
