@@ -32,6 +32,7 @@ from torch import nn
 
 from workbench.instrument import _stats_kernels as kernels
 from workbench.instrument.reduce import EMPTY
+from workbench.instrument.reduce_cpu import callbacks
 from workbench.instrument.reduce_torch import as_float, device_histogram
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
@@ -104,19 +105,21 @@ def cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     as the eager watch reduces it (its histogram over its own [min, max], from a sample where it is
     large, each call drawing anew); a tensor they do not read as it is (another dtype or layout) by
     the torch ops. A custom op: dynamo and inductor keep it in the graph as one opaque call."""
-    if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or x.numel() == 0:
+    n = x.numel()
+    if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or n == 0:
         return _torch_row(x, bins)
-    flat = x.reshape(-1).contiguous().numpy()  # (a copy only where x is not contiguous)
+    x = x.contiguous()  # (a copy only where it is not)
+    fast, exact, histogram, _, _ = callbacks(x.dtype)  # (on raw addresses: no dispatch on array types)
     row = np.zeros(row_width(bins))
-    sums = row[:len(SUMS)]
-    kernels.fast_pass(flat, sums)
-    if not (math.isfinite(sums[SUM_SQ]) and math.isfinite(sums[ABS_SUM])):  # (checked outside fast-math)
-        kernels.exact_pass(flat, sums)
+    data, out = x.data_ptr(), row.ctypes.data
+    fast(data, n, out)
+    if not (math.isfinite(row[SUM_SQ]) and math.isfinite(row[ABS_SUM])):  # (checked outside fast-math)
+        exact(data, n, out)
     if bins:
-        counts = np.zeros(bins, np.float32)
-        kernels.binned(flat, sums, np.full(2, np.nan), counts, next(_draws))
+        counts, own_range = np.zeros(bins, np.float32), np.full(2, np.nan)
+        histogram(data, n, out, bins, counts.ctypes.data, own_range.ctypes.data, next(_draws))
         row[len(SUMS):SAMPLED] = counts
-        row[SAMPLED] = flat.size >= kernels.SAMPLE_FROM
+        row[SAMPLED] = n >= kernels.SAMPLE_FROM
     row[MADE] = 1.0
     return torch.from_numpy(row)
 

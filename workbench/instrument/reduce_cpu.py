@@ -15,7 +15,7 @@ from workbench.instrument.reduce import EMPTY, Reducer
 from workbench.instrument.reduce_torch import add_implicit_zeros, as_float, plain_values, zeros_histogram
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 
-__all__ = ["CompiledCpuReducer", "DEFER_MAX_BYTES", "DEFER_BYTES"]
+__all__ = ["CompiledCpuReducer", "DEFER_MAX_BYTES", "DEFER_BYTES", "callbacks"]
 
 #: Only tensors up to this size are deferred: for them the call costs as much as the reduction; a
 #: larger one is reduced at once, while it is still in cache.
@@ -30,7 +30,10 @@ _EDGES_BYTES = 2 * 8
 _loaded: dict[torch.dtype, tuple] = {}  # dtype -> (fast, exact, histogram, batch, check): built once a process
 
 
-def _kernels(dtype: torch.dtype) -> tuple:
+def callbacks(dtype: torch.dtype) -> tuple:
+    """The compiled kernels of ``dtype`` (float32 or float64) as C callbacks on raw addresses:
+    ``(fast, exact, histogram, batch, check)`` (see :func:`~workbench.instrument._stats_kernels.compile_kernels`),
+    built once a process."""
     found = _loaded.get(dtype)
     if found is None:
         found = _loaded[dtype] = kernels.compile_kernels(str(dtype).removeprefix("torch."))
@@ -71,7 +74,7 @@ class CompiledCpuReducer(Reducer):
         if not _read_as_is(x):
             x, zeros = plain_values(x)
             x = as_float(x).contiguous()
-        fast, exact, histogram, _, _ = _kernels(x.dtype)
+        fast, exact, histogram, _, _ = callbacks(x.dtype)
         host, n = self.host, x.numel()
         if n == 0:
             host.sums[row] = EMPTY
@@ -135,7 +138,7 @@ class CompiledCpuReducer(Reducer):
         self._queued_bytes = 0
 
     def _reduce_batch(self, dtype: torch.dtype, entries: list[tuple[torch.Tensor, int]]) -> None:
-        _, exact, histogram, batch, check = _kernels(dtype)
+        _, exact, histogram, batch, check = callbacks(dtype)
         host = self.host
         bins = host.bins or 0
         if len(entries) > len(self._table):
