@@ -23,7 +23,6 @@ for the other rank) and the merge on rank 0.
 
 from __future__ import annotations
 
-import gc
 import argparse
 import json
 import statistics
@@ -64,7 +63,7 @@ def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: 
     import workbench
     import workbench.experiments
     from workbench.experiments.__main__ import data_parallel
-    from workbench.instrument.distributed import watch_distributed
+    from workbench.instrument.distributed import destroy_process_group, watch_distributed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
@@ -116,8 +115,7 @@ def worker(rank: int, world: int, init: str, out: str, experiment: str, rounds: 
     if rank == 0:
         (Path(out) / "result.json").write_text(json.dumps({"times": times, "parts": parts, "alone": alone,
                                                            "size": size}))
-    gc.collect()  # the DDP reducers hold the group: freed before it is destroyed
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 def run(experiment: str, rounds: int, steps: int, world: int = 2) -> dict:

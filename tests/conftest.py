@@ -1,6 +1,5 @@
 """Shared fixtures."""
 
-import gc
 import os
 from datetime import timedelta
 
@@ -45,8 +44,9 @@ def one_rank(tmp_path):
     """torch.distributed initialized as a group of one (gloo, this process), destroyed after."""
     import torch.distributed as dist
 
+    from workbench.instrument.distributed import destroy_process_group
+
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
                             timeout=timedelta(seconds=30))
     yield
-    gc.collect()  # a test's DDP reducer holds the group: freed before it is destroyed
-    dist.destroy_process_group()
+    destroy_process_group()

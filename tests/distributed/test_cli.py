@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import workbench
 import workbench.experiments
 from workbench.experiments.__main__ import main, parse_config
+from workbench.instrument.distributed import destroy_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,6 +89,5 @@ def test_data_parallel_reaches_the_models_other_methods(tmp_path):
             exp.model.no_such_thing
         assert "loss" in exp.step()
     finally:
-        exp = model = None  # DDP's reducer holds the group: freed before it is destroyed (else a hang)
-        gc.collect()
-        dist.destroy_process_group()
+        exp = model = None  # DDP's reducer holds the group: see destroy_process_group
+        destroy_process_group()

@@ -3,7 +3,6 @@ single-process reference they are compared with (run in the test's own process).
 
 from __future__ import annotations
 
-import gc
 import pickle
 import time
 import traceback
@@ -65,6 +64,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 def worker(rank: int, world: int, init_file: str, out: str) -> None:
+    from workbench.instrument.distributed import destroy_process_group
+
     out = Path(out)
     torch.set_num_threads(1)  # two ranks on a machine of two cores
     try:
@@ -73,8 +74,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         ddp_scenario(rank, world, out)
         failing_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
-        gc.collect()  # the scenarios' DDP reducers hold the group: freed before it is destroyed
-        dist.destroy_process_group()
+        destroy_process_group()
     except BaseException:
         (out / f"error.{rank}.txt").write_text(traceback.format_exc())
         raise

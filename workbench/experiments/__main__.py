@@ -17,7 +17,6 @@ records the global batch; rank 0 writes the store, which ``python app.py`` (the 
 from __future__ import annotations
 
 import argparse
-import gc
 import ast
 import dataclasses
 import os
@@ -132,7 +131,7 @@ def _rank_stores(w: Any, store: str, metadata: dict[str, Any]) -> list:
 def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experiments: Any) -> int:
     import torch
     import torch.distributed as dist
-    from workbench.instrument.distributed import watch_distributed
+    from workbench.instrument.distributed import destroy_process_group, watch_distributed
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -174,10 +173,8 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
                   + (f", loss {last['loss']:.4g} (rank 0's batch)" if "loss" in last else "")
                   + (f"; stored in {args.store}" if args.store else ""))
     finally:
-        exp = model = w = None  # noqa: F841
-        gc.collect()  # DDP's reducer holds the gloo group: released before the group is destroyed (freed after,
-        # its threads hang or abort the process at exit)
-        dist.destroy_process_group()
+        exp = model = w = None  # noqa: F841 (DDP's reducer holds the group: see destroy_process_group)
+        destroy_process_group()
     return 0
 
 

@@ -234,7 +234,6 @@ class Experiment:
                                "(experiment.watcher.close()).")
         metadata = {"experiment": self.name, "model": type(self.model).__name__,
                     "config": dataclasses.asdict(self.config), "seed": self.seed}
-        options.setdefault("histograms", True)  # distributions over time, unless asked not to
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 

@@ -47,6 +47,7 @@ failure of this module's own work on a rank sends an empty payload that names th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import traceback
 import warnings
@@ -65,7 +66,7 @@ from workbench.instrument.reduce import StepSums
 from workbench.instrument.schema import MAX, MIN, SUMS
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
 
-__all__ = ["DistributedRecorder", "watch_distributed"]
+__all__ = ["DistributedRecorder", "destroy_process_group", "watch_distributed"]
 
 _METRICS = ("mean", "rank0")
 
@@ -369,6 +370,15 @@ class DistributedRecorder(Recorder):
             frame.insert(0, "rank", np.full(len(frame), rank, np.int64))
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()`` after a garbage collection. A DDP model no
+    longer referenced but not yet collected keeps its reducer, which keeps the gloo group; freed
+    after the group is destroyed, its destructor joins the group's threads and hangs (or aborts the
+    process at exit). Drop your references to the DDP model before calling this."""
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _warn(message: str) -> None:
