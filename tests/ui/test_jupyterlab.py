@@ -133,7 +133,12 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         before_header, before_plot = _header_step(page), _plotted_steps(page)
         page.wait_for_function(f"() => {{ {LOSS_X} return !!x && Number(x[x.length - 1]) > {before_plot}; }}",
                                timeout=60_000)
-        assert _header_step(page) > before_header >= 0  # the header counts the steps as they come
+        # the header counts the steps as they come (drawn after the figures of the same refresh)
+        assert before_header >= 0
+        page.wait_for_function(
+            "(before) => { const el = document.querySelector('.jp-OutputArea-output .widget-html-content');"
+            " const m = el && /step (\\d+) of/.exec(el.textContent); return !!m && Number(m[1]) > before; }",
+            arg=before_header, timeout=60_000)
         assert page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").count() >= 1
         _shot(page, "live")
         if os.environ.get("WORKBENCH_SCREENSHOTS"):  # the figures further down, as a user scrolls to them
