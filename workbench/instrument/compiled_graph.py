@@ -97,14 +97,11 @@ def _torch_row(x: torch.Tensor, bins: int) -> torch.Tensor:
 _draws = itertools.count()  # the seeds of the sampled histograms: new each call, the same in every run
 
 
-# inductor's cache of compiled graphs keys them on this name but not on the op's output shape: a
-# change to a row's columns (row_width) renames the op, or graphs compiled before would mismatch
-@torch.library.custom_op("workbench::cpu_row", mutates_args=())
-def cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+def _cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     """:func:`graph_row` of a CPU tensor by the compiled kernels (:mod:`~workbench.instrument._stats_kernels`),
     as the eager watch reduces it (its histogram over its own [min, max], from a sample where it is
     large, each call drawing anew); a tensor they do not read as it is (another dtype or layout) by
-    the torch ops. A custom op: dynamo and inductor keep it in the graph as one opaque call."""
+    the torch ops. The kernel of the op :data:`cpu_row`."""
     n = x.numel()
     if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or n == 0:
         return _torch_row(x, bins)
@@ -124,9 +121,25 @@ def cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     return torch.from_numpy(row)
 
 
-@cpu_row.register_fake
+# An op that dynamo and inductor keep in the graph as one opaque call, defined with torch.library's
+# plain registration rather than ``torch.library.custom_op``, whose autograd and aliasing checks
+# around each call cost more than the kernels on a small tensor (bench/compiled_op.py). It has no
+# autograd formula: its input is always detached. Inductor's cache of compiled graphs keys them on
+# the op's name but not on its output shape: a change to a row's columns (row_width) renames the
+# op, or graphs compiled before would mismatch.
+_LIBRARY = torch.library.Library("workbench", "DEF")
+_LIBRARY.define("cpu_row(Tensor x, int bins) -> Tensor")
+_LIBRARY.impl("cpu_row", _cpu_row, "CPU")
+
+
+@torch.library.register_fake("workbench::cpu_row", lib=_LIBRARY)
 def _cpu_row_shape(x: torch.Tensor, bins: int) -> torch.Tensor:
     return x.new_empty(row_width(bins), dtype=torch.float64)
+
+
+#: ``cpu_row(x, bins)``: :func:`graph_row` of a detached CPU tensor, an op the graph calls as it is
+#: (its kernel: :func:`_cpu_row`).
+cpu_row = torch.ops.workbench.cpu_row.default
 
 
 class GradProbe(torch.autograd.Function):
