@@ -134,3 +134,10 @@ def test_histogram_kernels_reports_each_size():
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [int(r[0]) for r in rows] == [4096, 262144]
     assert rows[0][-1] == "-" and rows[1][-1] == "us"  # (a tensor below SAMPLE values is not sampled)
+
+
+def test_compiled_op_reports_each_registration():
+    out = run_script("compiled_op.py", "--quick")
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(256, 0), (256, 32)]
+    assert all(len(r) == 8 and r[3] == r[5] == r[7] == "us" for r in rows), out
