@@ -304,12 +304,55 @@ def test_patch_and_ablate_run_inside_the_graph():
     assert ablated.zero_frac.iloc[0] >= 2 / 6
     intervention.remove()
     torch.testing.assert_close(compiled(x), model(x))
-    with pytest.raises(ValueError, match="call=1.*every call"):
-        wc.patch("1", lambda out: out, call=1)
     with pytest.raises(ValueError, match="No module at path 'nope'"):
         wc.patch("nope", lambda out: out)
     with pytest.raises(ValueError, match="units \\[9\\] are out of range"):
         wc.ablate("1", 9)
+    wc.close()
+
+
+class SharedTanh(nn.Module):
+    """One Tanh called twice in a forward: calls 0 and 1 of the site "act"."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Linear(4, 4), nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.fc(self.act(x)))
+
+
+def test_a_patch_of_one_call_applies_to_that_call_alone_as_in_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = SharedTanh()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    eager = workbench.watch(model)
+    eager.ablate("act", [0, 2], call=1)
+    # the model called twice a step: the second call's index goes on from the first's
+    expected = [model(x), model(y)]
+    eager.step()
+    eager.close()
+    by_hand = model.act(model.fc(model.act(x))).index_fill(1, torch.tensor([0, 2]), 0)
+    torch.testing.assert_close(expected[0], by_hand)
+    torch.testing.assert_close(expected[1], model.act(model.fc(model.act(y))))  # (calls 2 and 3: unpatched)
+
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    intervention = wc.ablate("act", [0, 2], call=1)
+    for step in range(3):  # the count starts again each step
+        out = [compiled(x), compiled(y)]
+        for got, want in zip(out, expected):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        wc.step()
+    assert graphs() == 2  # a variant per call of the compiled model in a step, then no recompile
+    rows = wc.to_pandas()
+    acts = rows[(rows.step == 3) & (rows.module == "act") & (rows.kind == "activation")].set_index("call")
+    assert list(acts.index) == [0, 1, 2, 3]
+    assert acts.zero_frac[1] == 0.5 and (acts.zero_frac.drop(1) == 0).all()
+    intervention.remove()
+    torch.testing.assert_close(compiled(x), model(x))
+    wc.step()
     wc.close()
 
 

@@ -27,7 +27,7 @@ eager hooks (the same rows, at eager speed). Every torch-private API used is in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_hooks import CompiledHooks
 from workbench.instrument.compose import with_store
 from workbench.instrument.hooks import _weakly, warn
-from workbench.instrument.interventions import Intervention
 from workbench.instrument.recorder import Recorder, StepRecord
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.sites import CallSites, ModuleSelector
@@ -52,8 +51,9 @@ class CompiledWatch(Watch):
     """Records a compiled model's activations, output gradients, parameters and parameter
     gradients, per call site, step by step, with the statistics inside the compiled graphs.
     Create one with :func:`workbench.watch` (or :func:`watch_compiled`); its API is
-    :class:`~workbench.instrument.watch.Watch`'s, except that a patch applies to every call of its
-    site (``call=None``): the call index of a call inside a compiled graph is not known there.
+    :class:`~workbench.instrument.watch.Watch`'s. Adding or removing a patch recompiles once; a
+    patch of one call (``call=k``) makes a graph variant for each call of the compiled model that
+    reaches its site in a step (dynamo specializes the graph on the site's call count so far).
 
     Attributes:
         model: the module the compiled model runs (whose paths name the rows).
@@ -105,13 +105,6 @@ class CompiledWatch(Watch):
         hooks.paused = old.paused
         self._hooks, self.fallback = hooks, why
         hooks.start_step(self.step_index, old.recording)
-
-    def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
-        if call is not None:
-            raise ValueError(f"call={call!r}: on a compiled model a patch applies to every call of {path!r} "
-                             "(call=None); the call index of a call inside a compiled graph is not known there. "
-                             "Patch every call, or watch the uncompiled model to patch one.")
-        return super()._add_intervention(path, fn, call, label)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"step {self.step_index}"

@@ -4,7 +4,7 @@ they compute there.
 - :func:`make_hooks` gives the process-wide forward (pre-)hook that dynamo inlines into the
   model's graph at every module call. On a recorded step it reduces each tensor leaf of the
   module's output with :func:`graph_row` - on a GPU plain torch ops, which inductor fuses into the
-  graph's kernels; on the CPU one call of :func:`cpu_row`, an op the graph keeps - and appends the
+  graph's kernels; on the CPU one call of :data:`cpu_row`, an op the graph keeps - and appends the
   row to the call's list: a side effect dynamo replays after the graph, so the rows are extra
   outputs of the graph.
 - Output gradients: the hook passes each output leaf that requires grad through
@@ -77,7 +77,7 @@ def graph_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     (``bins``, 0 for none), whether they were sampled, a 1 (a row was made).
 
     On a GPU, torch ops that inductor fuses into the graph's kernels. On the CPU, the eager watch's
-    one-pass kernels, through :func:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
+    one-pass kernels, through :data:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
     over the torch ops are many times slower per value (a profile in docs/compile.md), and a module
     call run eagerly would take a torch kernel per statistic."""
     if x.device.type == "cpu":
@@ -184,7 +184,13 @@ class GraphState:
         self.activation_sites: frozenset[str] = frozenset()
         self.grad_sites: frozenset[str] = frozenset()
         self.recording = False  # a recorded step, not paused
-        self.patches: dict[str, tuple[Callable, ...]] = {}  # path -> fns, while not paused
+        # path -> (fn, call index or None: every call), while not paused
+        self.patches: dict[str, tuple[tuple[Callable, int | None], ...]] = {}
+        # the paths with a patch of one call, whose calls are counted in ``calls`` (reset each
+        # step): dynamo specializes a graph on the count at its start, so such a patch costs a
+        # graph variant per call of the compiled model that reaches the site in a step
+        self.counted: frozenset[str] = frozenset()
+        self.calls: dict[str, int] = {}
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken
         self.stack: list[str | None] = []
         self.out: list | None = None
@@ -231,17 +237,22 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     """Patch and record one module call (traced, or run eagerly); returns the output to use, or None
     for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows,
     in_graph)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in the probe."""
-    fns = st.patches.get(path)
-    if fns is not None:
-        for fn in fns:
-            output = fn(output)
+    patches = st.patches.get(path)
+    if patches is not None:
+        call = None
+        if path in st.counted:
+            call = st.calls.get(path, 0)
+            st.calls[path] = call + 1
+        for fn, at in patches:
+            if at is None or at == call:
+                output = fn(output)
     if not st.recording:
-        return output if fns is not None else None
+        return output if patches is not None else None
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
     record = path in st.activation_sites
     grads = path in st.grad_sites and module.training and torch.is_grad_enabled()
     names, shapes, rows, probed = [], [], [], []
-    replaced = fns is not None
+    replaced = patches is not None
     for name, tensor in leaves:
         names.append(name)
         shapes.append(tuple(tensor.shape))

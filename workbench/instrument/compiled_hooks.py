@@ -138,6 +138,7 @@ class CompiledHooks:
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
         self.sums.reset()
+        self.state.calls.clear()  # (the same dict: the traced hooks hold it)
         self.update()
 
     def update(self) -> None:
@@ -145,7 +146,9 @@ class CompiledHooks:
         st = self.state
         live = not self.closed and not self.paused
         st.recording = live and self.recording
-        st.patches = {path: tuple(i.fn for i in items) for path, items in self.interventions.items()} if live else {}
+        st.patches = ({path: tuple((i.fn, i.call) for i in items) for path, items in self.interventions.items()}
+                      if live else {})
+        st.counted = frozenset(path for path, items in st.patches.items() if any(at is not None for _, at in items))
 
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
