@@ -5,6 +5,7 @@ rows; the unwatched compiled model for the outputs, the gradients (bitwise) and 
 compiled graphs (dynamo's own counter). Models are tiny: compiling on 2 cores is what costs.
 """
 
+import math
 import warnings
 
 import numpy as np
@@ -124,17 +125,24 @@ def test_mlp_rows_equal_the_eager_watch_in_as_many_graphs():
     wc.close()
 
 
-def test_mlp_histograms_match_the_eager_watch():
+def test_mlp_histograms_match_the_eager_watch_step_after_step():
     eager = mlp_experiment()
     with workbench.watch(eager.model, histograms=True, bins=8) as w:
-        train(eager, w, 1)
+        train(eager, w, 4)
     fresh_dynamo()
     exp = mlp_experiment()
     with watch_compiled(compile_in(exp, False), histograms=True, bins=8) as wc:
-        train(exp, wc, 1)
-    key = ["module", "call", "kind", "tensor"]
+        train(exp, wc, 4)
+    key = ["step", "module", "call", "kind", "tensor"]
     merged = w.histograms().merge(wc.histograms(), on=key, suffixes=("_e", "_c"))
-    assert len(merged) == len(w.histograms())
+    assert len(merged) == len(w.histograms()) == len(wc.histograms())
+    # the same bins: a row's range is kept from step to step as the eager watch keeps it (after the
+    # first step most rows bin over a range wider than their own)
+    later = merged[merged.step > 1].merge(wc.to_pandas()[key + ["min", "max"]], on=key)
+    wider = [e[0] < lo or e[-1] > hi for e, lo, hi in zip(later.edges_c, later["min"], later["max"])]
+    assert np.mean(wider) > 0.5
+    for e, c in zip(merged.edges_e, merged.edges_c):
+        np.testing.assert_allclose(e, c, rtol=1e-5, atol=1e-7)
     for e, c in zip(merged.counts_e, merged.counts_c):
         assert np.abs(np.asarray(e) - np.asarray(c)).sum() <= 2  # a value or two on an edge may change bin
 
@@ -200,6 +208,17 @@ def test_the_cpu_row_op_reduces_any_tensor_by_the_definitions_of_the_sums(name, 
         edges = np.linspace(want[3], want[4], bins + 1)
         values = x.detach().to(torch.float64).reshape(-1).numpy()
         np.testing.assert_allclose(counts, np.histogram(values, edges)[0], atol=2)  # (a value on an edge may move)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # (the kernels; the torch ops)
+def test_the_cpu_row_op_bins_over_a_fixed_range_with_the_values_outside_in_the_end_bins(dtype):
+    x = (torch.randn(2000) * 2).to(dtype)
+    row = torch.ops.workbench.cpu_row(x, 4, torch.tensor([-1.0, 1.0], dtype=torch.float64)).numpy()
+    values = x.to(torch.float64).numpy().clip(-1, 1)
+    np.testing.assert_allclose(row[len(SUMS):-2], np.histogram(values, 4, (-1, 1))[0], atol=2)
+    assert row[len(SUMS)] > 200 and row[len(SUMS) + 3] > 200  # (a quarter of the values are below -1...)
+    own = torch.ops.workbench.cpu_row(x, 4, torch.tensor([math.nan, math.nan], dtype=torch.float64)).numpy()
+    np.testing.assert_array_equal(own, torch.ops.workbench.cpu_row(x, 4).numpy())  # NaN: its own range
 
 
 def test_every_n_two_variants_and_no_recompile_after():

@@ -72,24 +72,25 @@ def _graph_sums(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
-def graph_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+def graph_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> torch.Tensor:
     """The float64 row of ``x`` (:func:`row_width` columns): its SUMS, its histogram counts
-    (``bins``, 0 for none), whether they were sampled, a 1 (a row was made).
+    (``bins``, 0 for none; over ``edges``, 2 float64, where they are finite, else over its own
+    [min, max]), whether they were sampled, a 1 (a row was made).
 
     On a GPU, torch ops that inductor fuses into the graph's kernels. On the CPU, the eager watch's
     one-pass kernels, through :data:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
     over the torch ops are many times slower per value (a profile in docs/compile.md), and a module
     call run eagerly would take a torch kernel per statistic."""
     if x.device.type == "cpu":
-        return cpu_row(x.detach(), bins)
-    return _torch_row(x, bins)
+        return cpu_row(x.detach(), bins, edges)
+    return _torch_row(x, bins, edges)
 
 
-def _torch_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+def _torch_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None) -> torch.Tensor:
     sums = _graph_sums(x)
     parts = [sums]
-    if bins:
-        parts.append(device_histogram(x.detach(), sums, bins).double())  # (every value: not sampled)
+    if bins:  # (every value: not sampled)
+        parts.append(device_histogram(x.detach(), sums, bins, edges=edges).double())
     parts.append(torch.tensor([0.0, 1.0], dtype=torch.float64, device=sums.device))
     return torch.cat(parts)
 
@@ -97,14 +98,14 @@ def _torch_row(x: torch.Tensor, bins: int) -> torch.Tensor:
 _draws = itertools.count()  # the seeds of the sampled histograms: new each call, the same in every run
 
 
-def _cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
+def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`graph_row` of a CPU tensor by the compiled kernels (:mod:`~workbench.instrument._stats_kernels`),
-    as the eager watch reduces it (its histogram over its own [min, max], from a sample where it is
-    large, each call drawing anew); a tensor they do not read as it is (another dtype or layout) by
-    the torch ops. The kernel of the op :data:`cpu_row`."""
+    as the eager watch reduces it (its histogram from a sample where it is large, each call drawing
+    anew); a tensor they do not read as it is (another dtype or layout) by the torch ops. The
+    kernel of the op :data:`cpu_row`."""
     n = x.numel()
     if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or n == 0:
-        return _torch_row(x, bins)
+        return _torch_row(x, bins, edges)
     x = x.contiguous()  # (a copy only where it is not)
     fast, exact, histogram, _, _ = callbacks(x.dtype)  # (on raw addresses: no dispatch on array types)
     row = np.zeros(row_width(bins))
@@ -113,8 +114,9 @@ def _cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
     if not (math.isfinite(row[SUM_SQ]) and math.isfinite(row[ABS_SUM])):  # (checked outside fast-math)
         exact(data, n, out)
     if bins:
-        counts, own_range = np.zeros(bins, np.float32), np.full(2, np.nan)
-        histogram(data, n, out, bins, counts.ctypes.data, own_range.ctypes.data, next(_draws))
+        counts = np.zeros(bins, np.float32)
+        binned_over = np.full(2, np.nan) if edges is None else np.ascontiguousarray(edges.double().numpy())
+        histogram(data, n, out, bins, counts.ctypes.data, binned_over.ctypes.data, next(_draws))
         row[len(SUMS):SAMPLED] = counts
         row[SAMPLED] = n >= kernels.SAMPLE_FROM
     row[MADE] = 1.0
@@ -128,38 +130,42 @@ def _cpu_row(x: torch.Tensor, bins: int) -> torch.Tensor:
 # the op's name but not on its output shape: a change to a row's columns (row_width) renames the
 # op, or graphs compiled before would mismatch.
 _LIBRARY = torch.library.Library("workbench", "DEF")
-_LIBRARY.define("cpu_row(Tensor x, int bins) -> Tensor")
+_LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor")
 _LIBRARY.impl("cpu_row", _cpu_row, "CPU")
 
 
 @torch.library.register_fake("workbench::cpu_row", lib=_LIBRARY)
-def _cpu_row_shape(x: torch.Tensor, bins: int) -> torch.Tensor:
+def _cpu_row_shape(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> torch.Tensor:
     return x.new_empty(row_width(bins), dtype=torch.float64)
 
 
-#: ``cpu_row(x, bins)``: :func:`graph_row` of a detached CPU tensor, an op the graph calls as it is
+#: ``cpu_row(x, bins, edges=None)``: :func:`graph_row` of a detached CPU tensor, an op the graph calls as it is
 #: (its kernel: :func:`_cpu_row`).
 cpu_row = torch.ops.workbench.cpu_row.default
 
 
 class GradProbe(torch.autograd.Function):
     """The identity on the way forward; on the way back the gradient goes on untouched and its
-    :func:`graph_row` becomes row ``row`` of the gradient of ``probe``.
+    :func:`graph_row` (binned over ``edges``, see :func:`graph_row`) becomes row ``row`` of the
+    gradient of ``probe``.
 
     The forward is a ``clone()`` (inductor fuses it into the producer's kernel): a view of the
     input would forbid the in-place ops models do on their outputs."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, probe: torch.Tensor, row: int, bins: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
+                edges: torch.Tensor | None) -> torch.Tensor:
         ctx.row, ctx.rows, ctx.bins = row, probe.shape[0], bins
+        ctx.save_for_backward(edges)
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        reduced = graph_row(grad, ctx.bins)
+        (edges,) = ctx.saved_tensors
+        reduced = graph_row(grad, ctx.bins, edges)
         # the row at ``row``, zeros elsewhere: the probe's gradients add up to one row per output
         out = torch.nn.functional.pad(reduced[None], (0, 0, ctx.row, ctx.rows - ctx.row - 1))
-        return grad, out, None, None
+        return grad, out, None, None, None
 
 
 class GraphState:
@@ -191,11 +197,16 @@ class GraphState:
         # graph variant per call of the compiled model that reaches the site in a step
         self.counted: frozenset[str] = frozenset()
         self.calls: dict[str, int] = {}
-        # per compiled call (set around it): the stack, the rows, the probe and its rows taken
+        # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
+        # activation rows made; with histograms, the fixed ranges of its activation rows and of its
+        # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
         self.stack: list[str | None] = []
         self.out: list | None = None
         self.probe: torch.Tensor | None = None
         self.probed: list[int] = []
+        self.made: list[int] = []
+        self.edges: torch.Tensor | None = None
+        self.probe_edges: torch.Tensor | None = None
 
 
 def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
@@ -257,7 +268,10 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
         names.append(name)
         shapes.append(tuple(tensor.shape))
         if record:
-            rows.append(graph_row(tensor, st.bins))
+            k = len(st.made)
+            st.made.append(k)
+            edges = st.edges[k] if st.edges is not None and k < st.edges.shape[0] else None
+            rows.append(graph_row(tensor, st.bins, edges))
         row = -1
         if grads and tensor.requires_grad and tensor.is_floating_point():
             if st.probe is not None and len(st.probed) < st.probe.shape[0]:
@@ -269,11 +283,13 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     if any(r >= 0 for r in probed):
         replaced = True
         pending = list(probed)  # (popped in the order tensor_leaves gave them; dynamo traces no next())
-        probe, bins = st.probe, st.bins
+        probe, bins, probe_edges = st.probe, st.bins, st.probe_edges
 
         def through_probe(tensor: torch.Tensor) -> torch.Tensor:
             row = pending.pop(0)
-            return GradProbe.apply(tensor, probe, row, bins) if row >= 0 else tensor
+            if row < 0:
+                return tensor
+            return GradProbe.apply(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
 
         output = through_probe(output) if isinstance(output, torch.Tensor) else map_tensors(output, through_probe)
     st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph))

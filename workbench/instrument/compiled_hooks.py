@@ -9,6 +9,9 @@ facade drives (``start_step``, ``end_step``, ``sums.rows()``, ``update``, ``inte
 - :meth:`CompiledHooks.end_step` names the rows (module path, call index in order of the calls,
   kind, leaf, shape), reads the probes' gradients and moves the in-graph rows to the host in one
   transfer.
+- With histograms, each compiled call gets the fixed ranges of the rows it makes (by their place
+  in the call, and the call's place in the step), kept or renewed from step to step as the eager
+  watch's are: the same bins as the eager watch's rows.
 - Parameters and their gradients are outside the graphs: reduced by a
   :class:`~workbench.instrument.reduce.StepSums`, parameter gradients when each backward ends
   (post-accumulate-grad hooks), values at the end of the step.
@@ -34,7 +37,7 @@ from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
 from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, warn
 from workbench.instrument.interventions import Intervention
-from workbench.instrument.reduce import StepSums
+from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of
@@ -48,11 +51,12 @@ class StepRows:
 
     def __init__(self, bins: int) -> None:
         self.bins = bins
-        self.graph = np.zeros((0, row_width(bins)))
-        self.params = StepSums(bins or None)
+        self.params = StepSums(bins or None, fixed_ranges=True)
+        self.reset()
 
     def reset(self) -> None:
         self.graph = np.zeros((0, row_width(self.bins)))
+        self.graph_edges = np.zeros((0, 2))  # the fixed range each graph row was binned over (NaN: its own)
         self.params.reset()
 
     def rows(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -64,14 +68,16 @@ class StepRows:
         return all_sums, np.concatenate([self.graph[:, len(SUMS):len(SUMS) + self.bins], counts])
 
     def binning(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """As :meth:`StepSums.binning <workbench.instrument.reduce.StepSums.binning>`: the graphs bin
-        each row over its own [min, max] (sampled as the row says); the parameters' as their StepSums did."""
+        """As :meth:`StepSums.binning <workbench.instrument.reduce.StepSums.binning>`, for the graphs'
+        rows (over their fixed range, or their own [min, max]; sampled as the row says) and the
+        parameters'."""
         found = self.params.binning()
         if found is None:
             return None
         edges, sampled = found
         own = self.graph[:, [SUMS.index("min"), SUMS.index("max")]]
-        return np.concatenate([own, edges]), np.concatenate([self.graph[:, SAMPLED] > 0, sampled])
+        graph = np.where(np.isfinite(self.graph_edges).all(axis=1)[:, None], self.graph_edges, own)
+        return np.concatenate([graph, edges]), np.concatenate([self.graph[:, SAMPLED] > 0, sampled])
 
 
 class CompiledHooks:
@@ -104,6 +110,9 @@ class CompiledHooks:
         self._shapes: dict[str, set[tuple]] = defaultdict(set)  # path -> output shapes recorded
         self.params = sites.parameters()
         self.sums = StepRows(self.bins)
+        # with histograms, the fixed ranges of the rows of each compiled call of a step (by its
+        # place in the step) for the next step: see _keep_ranges
+        self._ranges: list[tuple[np.ndarray, np.ndarray]] = []
         self.state = GraphState(sites, self.bins)
         self._set_sites()
         pre_hook, hook = make_hooks(self.state)
@@ -133,7 +142,8 @@ class CompiledHooks:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
-        self._calls: list[tuple[list, torch.Tensor | None]] = []  # per compiled call: its rows, its probe
+        # per compiled call: its rows, its probe, the ranges its activation and probe rows were binned over
+        self._calls: list[tuple[list, torch.Tensor | None, np.ndarray | None, np.ndarray | None]] = []
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
@@ -160,18 +170,23 @@ class CompiledHooks:
         if st.recording and st.grad_sites and torch.is_grad_enabled():
             probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device,
                                 requires_grad=True)
-        st.out, st.probe, st.probed, st.stack = out, probe, [], [st.root_path]
+        edges = probe_edges = None
+        if st.recording and self.bins:  # (a tensor always, NaN at first: one graph variant)
+            edges, probe_edges = self._ranges_of_call(len(self._calls))
+            st.edges = torch.from_numpy(edges).to(self._device)
+            st.probe_edges = torch.from_numpy(probe_edges).to(self._device)
+        st.out, st.probe, st.probed, st.made, st.stack = out, probe, [], [], [st.root_path]
         try:
             result = inner_call(*args, **kwargs)
         except Exception as exc:
-            st.out = st.probe = None
+            st.out = st.probe = st.edges = st.probe_edges = None
             if not internals.is_compile_error(exc) or self._checked:
                 raise
             self._on_hand_over("compiling the model with the watch's hooks failed "
                                f"({type(exc).__name__}: {exc})")
             return inner_call(*args, **kwargs)  # (the eager hooks in)
         except BaseException:
-            st.out = st.probe = None
+            st.out = st.probe = st.edges = st.probe_edges = None
             raise
         try:  # the model's own output, outside its graph
             replaced = observe(st, st.root_path, self.sites.model, result, None)
@@ -180,10 +195,35 @@ class CompiledHooks:
         except Exception as exc:
             self.fail(st.root_path, None, ACTIVATION, exc)
         finally:
-            st.out = st.probe = None
+            st.out = st.probe = st.edges = st.probe_edges = None
         if st.recording:
-            self._calls.append((out, probe))
+            self._calls.append((out, probe, edges, probe_edges))
         return result
+
+    def _ranges_of_call(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed ranges for the activation and probe rows of the ``index``-th compiled call of the
+        step: those the same call of the step before left (:meth:`_keep_ranges`), NaN where none."""
+        fresh = [np.full((self._capacity, 2), np.nan) for _ in range(2)]
+        if index < len(self._ranges):
+            for new, kept in zip(fresh, self._ranges[index]):
+                rows = min(len(new), len(kept))  # (the capacity may have grown)
+                new[:rows] = kept[:rows]
+        return fresh[0], fresh[1]
+
+    def _keep_ranges(self, index: int, edges: np.ndarray, made: np.ndarray, probe_edges: np.ndarray,
+                     probed: list[int], probe_sums: np.ndarray) -> None:
+        """Keep the ranges for the ``index``-th compiled call of the next step from this step's rows
+        (``made``: its activation rows in order, binned over ``edges``; ``probe_sums``: the rows of its
+        probe rows ``probed``): kept or renewed as the eager watch's rows are
+        (:func:`~workbench.instrument.reduce.next_ranges`), matched by their place in the call."""
+        act = np.full_like(edges, np.nan)
+        rows = min(len(made), len(edges))
+        act[:rows] = next_ranges(made[:rows, :len(SUMS)], edges[:rows])
+        probe = np.full_like(probe_edges, np.nan)
+        probe[probed] = next_ranges(probe_sums[:, :len(SUMS)], probe_edges[probed])
+        while len(self._ranges) <= index:
+            self._ranges.append((act, probe))
+        self._ranges[index] = (act, probe)
 
     def end_step(self, parameters: bool) -> list[Entry]:
         """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
@@ -212,9 +252,11 @@ class CompiledHooks:
         calls: dict[str, int] = defaultdict(int)
         compiled = eager = 0
         overflow = False
-        for out, probe in self._calls:
+        per_call: list[tuple[int, list[int]]] = []  # each call's activation rows and probe rows used
+        for out, probe, _, _ in self._calls:
             grad = probe.grad if probe is not None else None
-            used = []
+            used: list[int] = []
+            made = len(entries)
             for path, names, shapes, rows, probed, in_graph in out:
                 compiled += in_graph is True
                 eager += in_graph is False
@@ -232,6 +274,7 @@ class CompiledHooks:
                         used.append(row)
             if used:
                 grad_pieces.append(grad[torch.tensor(used, device=grad.device)])
+            per_call.append((len(entries) - made, used))
         if overflow:
             self._capacity *= 2
             self.fail("", 0, GRAD_OUTPUT, RuntimeError(
@@ -244,7 +287,26 @@ class CompiledHooks:
         first = len(entries)  # the gradients' rows follow the activations'
         arrived = self.sums.graph[first:, MADE] > 0  # a probe row without a gradient is no row
         entries.extend((key, numel, first + i) for i, (key, numel) in enumerate(grad_keys) if arrived[i])
+        if self.bins:
+            self._binned_over(per_call, first)
         return entries
+
+    def _binned_over(self, per_call: list[tuple[int, list[int]]], first: int) -> None:
+        """Set ``sums.graph_edges``, the range each graph row was binned over, and keep the ranges of
+        the next step's calls (:meth:`_keep_ranges`)."""
+        graph = self.sums.graph
+        act_edges, grad_edges = [], []
+        act_at, grad_at = 0, first
+        for index, ((made, used), (_, _, edges, probe_edges)) in enumerate(zip(per_call, self._calls)):
+            over = np.full((made, 2), np.nan)  # (rows past the call's capacity: their own range)
+            rows = min(made, len(edges))
+            over[:rows] = edges[:rows]
+            act_edges.append(over)
+            grad_edges.append(probe_edges[used])
+            self._keep_ranges(index, edges, graph[act_at:act_at + made], probe_edges, used,
+                              graph[grad_at:grad_at + len(used)])
+            act_at, grad_at = act_at + made, grad_at + len(used)
+        self.sums.graph_edges = np.concatenate(act_edges + grad_edges) if per_call else np.zeros((0, 2))
 
     def _note_compiled(self, compiled: int, eager: int) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,

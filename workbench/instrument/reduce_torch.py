@@ -336,9 +336,11 @@ def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
     return sums
 
 
-def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int = 0) -> torch.Tensor:
+def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int = 0,
+                     edges: torch.Tensor | None = None) -> torch.Tensor:
     """Counts of ``x`` (and ``zeros`` zeros besides) in ``bins`` equal bins spanning [min, max] (from
-    ``sums``), on ``x``'s device.
+    ``sums``), or ``edges`` (2 float64, a fixed range: values outside it count in the end bins)
+    where they are finite, on ``x``'s device.
 
     ``torch.histc`` needs its range as Python numbers (a device sync), so the
     bin index is computed arithmetically and counted with ``scatter_add_``.
@@ -352,7 +354,11 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int 
         counts += zeros_histogram(sums, zeros, x.dtype, bins)
     if x.numel() == 0:
         return counts
-    lo, hi = sums[MIN].to(x.dtype), sums[MAX].to(x.dtype)
+    lo, hi = sums[MIN], sums[MAX]
+    if edges is not None:
+        given = torch.isfinite(edges).all()
+        lo, hi = torch.where(given, edges[0], lo), torch.where(given, edges[1], hi)
+    lo, hi = lo.to(x.dtype), hi.to(x.dtype)
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     # an infinite range (the tensor holds an infinity) bins nothing: its edges would be meaningless
     scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
