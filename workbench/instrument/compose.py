@@ -46,9 +46,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     A compiled model - ``torch.compile(model)``, or a module after ``model.compile()`` - is watched
     with the statistics inside its compiled graphs, at compiled speed
     (:func:`~workbench.instrument.compiled.watch_compiled`, a
-    :class:`~workbench.instrument.compiled.CompiledWatch`; a patch there applies to every call of
-    its site). With ``updates=True`` or ``reducers`` it is watched by the eager hooks instead, which
-    run in graph breaks: the same rows, at eager speed.
+    :class:`~workbench.instrument.compiled.CompiledWatch`; docs/compile.md). With ``updates=True``
+    or ``reducers`` it is watched by the eager hooks instead, which run in graph breaks: the same
+    rows, at eager speed.
 
     Args:
         model: any ``torch.nn.Module`` (a ``torch.compile`` wrapper or a ``DistributedDataParallel``
