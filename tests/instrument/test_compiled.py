@@ -125,26 +125,81 @@ def test_mlp_rows_equal_the_eager_watch_in_as_many_graphs():
     wc.close()
 
 
-def test_mlp_histograms_match_the_eager_watch_step_after_step():
-    eager = mlp_experiment()
-    with workbench.watch(eager.model, histograms=True, bins=8) as w:
-        train(eager, w, 4)
-    fresh_dynamo()
-    exp = mlp_experiment()
-    with watch_compiled(compile_in(exp, False), histograms=True, bins=8) as wc:
-        train(exp, wc, 4)
+def same_histograms(eager: pd.DataFrame, compiled: pd.DataFrame) -> pd.DataFrame:
+    """Asserts that the compiled watch's histograms are the eager watch's: the same rows, edges
+    (to float tolerance) and counts (a value or two on an edge may change bin)."""
     key = ["step", "module", "call", "kind", "tensor"]
-    merged = w.histograms().merge(wc.histograms(), on=key, suffixes=("_e", "_c"))
-    assert len(merged) == len(w.histograms()) == len(wc.histograms())
-    # the same bins: a row's range is kept from step to step as the eager watch keeps it (after the
-    # first step most rows bin over a range wider than their own)
-    later = merged[merged.step > 1].merge(wc.to_pandas()[key + ["min", "max"]], on=key)
-    wider = [e[0] < lo or e[-1] > hi for e, lo, hi in zip(later.edges_c, later["min"], later["max"])]
-    assert np.mean(wider) > 0.5
+    merged = eager.merge(compiled, on=key, suffixes=("_e", "_c"))
+    assert len(merged) == len(eager) == len(compiled)
     for e, c in zip(merged.edges_e, merged.edges_c):
         np.testing.assert_allclose(e, c, rtol=1e-5, atol=1e-7)
     for e, c in zip(merged.counts_e, merged.counts_c):
-        assert np.abs(np.asarray(e) - np.asarray(c)).sum() <= 2  # a value or two on an edge may change bin
+        assert np.abs(np.asarray(e) - np.asarray(c)).sum() <= 2
+    return merged
+
+
+def mlp_histograms(compiled: bool, steps: int = 4) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The histograms and rows of ``steps`` steps of the MLP experiment, watched eager or compiled."""
+    fresh_dynamo()
+    exp = mlp_experiment()
+    model = compile_in(exp, False) if compiled else exp.model
+    with (watch_compiled if compiled else workbench.watch)(model, histograms=True, bins=8) as w:
+        train(exp, w, steps)
+    return w.histograms(), w.to_pandas()
+
+
+def test_mlp_histograms_match_the_eager_watch_step_after_step():
+    eager, _ = mlp_histograms(False)
+    compiled, rows = mlp_histograms(True)
+    merged = same_histograms(eager, compiled)
+    # the bins are kept from step to step as the eager watch keeps them: after the first step
+    # most rows bin over a range wider than their own (own-range bins would fail this)
+    later = merged[merged.step > 1].merge(rows[["step", "module", "call", "kind", "tensor", "min", "max"]])
+    wider = [e[0] < lo or e[-1] > hi for e, lo, hi in zip(later.edges_c, later["min"], later["max"])]
+    assert np.mean(wider) > 0.5
+
+
+def test_the_graphs_torch_ops_bin_as_the_cpu_op_bins(monkeypatch):
+    """The rows a GPU computes in the graph (torch ops, inductor-fused), run on the CPU: the same
+    histograms as the eager watch's, in one graph."""
+    from workbench.instrument import compiled_graph
+    eager, _ = mlp_histograms(False)
+    monkeypatch.setattr(compiled_graph, "graph_row", lambda x, bins, edges=None: compiled_graph._torch_row(x, bins, edges))
+    compiled, _ = mlp_histograms(True)
+    assert graphs() == 1
+    same_histograms(eager, compiled)
+
+
+class Loop(nn.Module):
+    """One Linear and one Tanh called eight times each: more activation rows in one compiled call
+    than a probe has rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Linear(4, 4), nn.Tanh()
+
+    def forward(self, x):
+        for _ in range(8):
+            x = self.act(self.fc(x))
+        return x
+
+
+def test_a_call_with_more_activation_rows_than_its_probe_keeps_their_ranges_too():
+    histograms = {}
+    for compiled in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model = Loop()
+        watched = torch.compile(model) if compiled else model
+        w = CompiledWatch(watched, bins=8, capacity=2) if compiled else workbench.watch(model, bins=8)
+        for i in range(3):
+            with torch.no_grad():  # (no probe rows at all)
+                watched(torch.randn(8, 4) * (1 + i))
+            w.step()
+        histograms[compiled] = w.histograms()
+        w.close()
+    assert (histograms[True].kind == "activation").sum() == 3 * 17  # 8 + 8 calls and the model, a step
+    same_histograms(histograms[False], histograms[True])
 
 
 def test_a_large_tensor_s_histogram_is_sampled_inside_the_graph_as_the_eager_watch_samples_it():
@@ -373,6 +428,51 @@ def test_a_patch_of_one_call_applies_to_that_call_alone_as_in_the_eager_watch():
     torch.testing.assert_close(compiled(x), model(x))
     wc.step()
     wc.close()
+
+
+def test_a_patch_of_one_call_compiles_a_bounded_number_of_graphs_however_often_the_model_is_called():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled, histograms=False)
+    wc.ablate("1", [0], call=1)
+    xs = [torch.randn(2, 4) for _ in range(12)]  # 12 calls a step, more than dynamo's recompile limit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (no call falls out of the graphs)
+        for _ in range(2):
+            ablated = [bool((compiled(x)[:, 0] == 0).all()) for x in xs]
+            assert ablated == [False, True] + [False] * 10
+            wc.step()
+    assert graphs() == 3  # counts 0, 1, and 2 for every later call
+    wc.close()
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
+
+    def forward(self, x):
+        hidden = torch.utils.checkpoint.checkpoint(lambda z: self.act(self.fc(z)), x, use_reentrant=False)
+        return self.out(hidden)
+
+
+def test_non_reentrant_checkpointing_inside_the_graph_records_the_eager_watch_s_rows():
+    rows = {}
+    for compiled in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model = Checkpointed()
+        watched = torch.compile(model) if compiled else model
+        with workbench.watch(watched, bins=8) as w:  # (histograms on: their ranges ride on the probe)
+            for _ in range(2):
+                watched(torch.randn(5, 4)).sum().backward()
+                w.step()
+        rows[compiled] = w.to_pandas()
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    assert {"fc", "act"} <= set(rows[True][rows[True].kind == "grad_output"].module)
 
 
 def test_bad_input_is_refused_with_how_to_fix():

@@ -52,8 +52,8 @@ class CompiledWatch(Watch):
     gradients, per call site, step by step, with the statistics inside the compiled graphs.
     Create one with :func:`workbench.watch` (or :func:`watch_compiled`); its API is
     :class:`~workbench.instrument.watch.Watch`'s. Adding or removing a patch recompiles once; a
-    patch of one call (``call=k``) makes a graph variant for each call of the compiled model that
-    reaches its site in a step (dynamo specializes the graph on the site's call count so far).
+    patch of one call (``call=k``) makes up to ``k + 2`` variants of a graph that reaches its site
+    (dynamo specializes the graph on the site's call count so far, counted up to ``k + 1``).
 
     Attributes:
         model: the module the compiled model runs (whose paths name the rows).
@@ -92,7 +92,9 @@ class CompiledWatch(Watch):
         return record
 
     def _hand_over(self, why: str) -> None:
-        """The eager hooks record from now on, in the current step (the compiled ones are taken out)."""
+        """The eager hooks record from now on, in the current step (the compiled ones are taken out).
+        In that step the eager hooks count call indices from the hand-over on (a patch of one call
+        may land on another call once), and histograms start their ranges anew."""
         warn(f"workbench.watch_compiled: {why}; falling back to the eager watch (the same rows, recorded at "
              "eager speed: its hooks run in graph breaks).")
         old = self._hooks

@@ -155,14 +155,15 @@ class GradProbe(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
                 edges: torch.Tensor | None) -> torch.Tensor:
-        ctx.row, ctx.rows, ctx.bins = row, probe.shape[0], bins
-        ctx.save_for_backward(edges)
+        # (``edges`` kept as an attribute, not saved: a constant without a gradient, and a saved tensor
+        # would make non-reentrant checkpointing, whose recomputation passes no probe, count one more
+        # tensor saved in the forward than in the recomputation)
+        ctx.row, ctx.rows, ctx.bins, ctx.edges = row, probe.shape[0], bins, edges
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        (edges,) = ctx.saved_tensors
-        reduced = graph_row(grad, ctx.bins, edges)
+        reduced = graph_row(grad, ctx.bins, ctx.edges)
         # the row at ``row``, zeros elsewhere: the probe's gradients add up to one row per output
         out = torch.nn.functional.pad(reduced[None], (0, 0, ctx.row, ctx.rows - ctx.row - 1))
         return grad, out, None, None, None
@@ -192,19 +193,20 @@ class GraphState:
         self.recording = False  # a recorded step, not paused
         # path -> (fn, call index or None: every call), while not paused
         self.patches: dict[str, tuple[tuple[Callable, int | None], ...]] = {}
-        # the paths with a patch of one call, whose calls are counted in ``calls`` (reset each
-        # step): dynamo specializes a graph on the count at its start, so such a patch costs a
-        # graph variant per call of the compiled model that reaches the site in a step
-        self.counted: frozenset[str] = frozenset()
+        # the paths with a patch of one call -> one past the highest call index patched there: their
+        # calls are counted in ``calls`` (reset each step) up to that count, which the calls after
+        # share (no patch applies to them). Dynamo specializes a graph on the count at its start:
+        # such a patch costs a graph variant per count a compiled call of the model starts from
+        self.counted: dict[str, int] = {}
         self.calls: dict[str, int] = {}
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
-        # activation rows made; with histograms, the fixed ranges of its activation rows and of its
+        # activation rows taken; with histograms, the fixed ranges of its activation rows and of its
         # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
         self.stack: list[str | None] = []
         self.out: list | None = None
         self.probe: torch.Tensor | None = None
         self.probed: list[int] = []
-        self.made: list[int] = []
+        self.activation_rows: list[int] = []
         self.edges: torch.Tensor | None = None
         self.probe_edges: torch.Tensor | None = None
 
@@ -251,9 +253,10 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     patches = st.patches.get(path)
     if patches is not None:
         call = None
-        if path in st.counted:
+        last = st.counted.get(path)
+        if last is not None:
             call = st.calls.get(path, 0)
-            st.calls[path] = call + 1
+            st.calls[path] = min(call + 1, last)
         for fn, at in patches:
             if at is None or at == call:
                 output = fn(output)
@@ -268,8 +271,8 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
         names.append(name)
         shapes.append(tuple(tensor.shape))
         if record:
-            k = len(st.made)
-            st.made.append(k)
+            k = len(st.activation_rows)
+            st.activation_rows.append(k)
             edges = st.edges[k] if st.edges is not None and k < st.edges.shape[0] else None
             rows.append(graph_row(tensor, st.bins, edges))
         row = -1

@@ -9,9 +9,9 @@ facade drives (``start_step``, ``end_step``, ``sums.rows()``, ``update``, ``inte
 - :meth:`CompiledHooks.end_step` names the rows (module path, call index in order of the calls,
   kind, leaf, shape), reads the probes' gradients and moves the in-graph rows to the host in one
   transfer.
-- With histograms, each compiled call gets the fixed ranges of the rows it makes (by their place
-  in the call, and the call's place in the step), kept or renewed from step to step as the eager
-  watch's are: the same bins as the eager watch's rows.
+- With histograms, each compiled call gets the fixed ranges of the rows it makes (:class:`CallRanges`:
+  by their place in the call, and the call's place in the step), kept or renewed from step to step
+  as the eager watch's are: the same bins as the eager watch's rows.
 - Parameters and their gradients are outside the graphs: reduced by a
   :class:`~workbench.instrument.reduce.StepSums`, parameter gradients when each backward ends
   (post-accumulate-grad hooks), values at the end of the step.
@@ -80,6 +80,48 @@ class StepRows:
         return np.concatenate([graph, edges]), np.concatenate([self.graph[:, SAMPLED] > 0, sampled])
 
 
+class CallRanges:
+    """The fixed histogram ranges of the rows one compiled call makes, matched from step to step by
+    the call's place in its step and each row's place in the call: ``activations`` and ``probe``
+    (its probe's rows), (rows, 2) float64, NaN where a row bins over its own range. ``on_device``
+    holds them on the model's device, uploaded when they are made (at the end of a step, which
+    waits for the device anyway), so that a compiled call starts without a transfer."""
+
+    def __init__(self, activations: np.ndarray, probe: np.ndarray, device: torch.device) -> None:
+        self.activations, self.probe = activations, probe
+        self.on_device = (torch.from_numpy(activations).to(device), torch.from_numpy(probe).to(device))
+
+    @classmethod
+    def empty(cls, activations: int, probe: int, device: torch.device) -> CallRanges:
+        return cls(np.full((activations, 2), np.nan), np.full((probe, 2), np.nan), device)
+
+    def resized(self, activations: int, probe: int, device: torch.device) -> CallRanges:
+        """These ranges, with room for at least ``activations`` and ``probe`` rows (NaN in the new ones)."""
+        return CallRanges(_grown(self.activations, activations), _grown(self.probe, probe), device)
+
+    def after(self, activation_sums: np.ndarray, probed: list[int], probe_sums: np.ndarray,
+              device: torch.device) -> CallRanges:
+        """The ranges for the next step, from this step's rows binned over these: ``activation_sums``
+        (the call's activation rows in order) and ``probe_sums`` (the rows of probe rows ``probed``),
+        kept or renewed by :func:`~workbench.instrument.reduce.next_ranges`. Rows this step did not
+        make (and probe rows that got no gradient) keep theirs, as the eager watch's rows do."""
+        activations = _grown(self.activations, len(activation_sums))
+        rows = len(activation_sums)
+        activations[:rows] = next_ranges(activation_sums[:, :len(SUMS)], activations[:rows])
+        probe = self.probe.copy()
+        arrived = probe_sums[:, MADE] > 0
+        given = [row for row, made in zip(probed, arrived) if made]
+        probe[given] = next_ranges(probe_sums[arrived, :len(SUMS)], self.probe[given])
+        return CallRanges(activations, probe, device)
+
+
+def _grown(ranges: np.ndarray, rows: int) -> np.ndarray:
+    """A copy of ``ranges`` with at least ``rows`` rows (NaN in the new ones)."""
+    grown = np.full((max(len(ranges), rows), 2), np.nan)
+    grown[:len(ranges)] = ranges
+    return grown
+
+
 class CompiledHooks:
     """The hooks of a watch on a compiled model, and the step they record into.
 
@@ -110,9 +152,7 @@ class CompiledHooks:
         self._shapes: dict[str, set[tuple]] = defaultdict(set)  # path -> output shapes recorded
         self.params = sites.parameters()
         self.sums = StepRows(self.bins)
-        # with histograms, the fixed ranges of the rows of each compiled call of a step (by its
-        # place in the step) for the next step: see _keep_ranges
-        self._ranges: list[tuple[np.ndarray, np.ndarray]] = []
+        self._ranges: list[CallRanges] = []  # with histograms: for each compiled call of a step, by its place
         self.state = GraphState(sites, self.bins)
         self._set_sites()
         pre_hook, hook = make_hooks(self.state)
@@ -142,8 +182,8 @@ class CompiledHooks:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
-        # per compiled call: its rows, its probe, the ranges its activation and probe rows were binned over
-        self._calls: list[tuple[list, torch.Tensor | None, np.ndarray | None, np.ndarray | None]] = []
+        # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
+        self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None]] = []
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
@@ -158,7 +198,8 @@ class CompiledHooks:
         st.recording = live and self.recording
         st.patches = ({path: tuple((i.fn, i.call) for i in items) for path, items in self.interventions.items()}
                       if live else {})
-        st.counted = frozenset(path for path, items in st.patches.items() if any(at is not None for _, at in items))
+        st.counted = {path: max(at for _, at in items if at is not None) + 1
+                      for path, items in st.patches.items() if any(at is not None for _, at in items)}
 
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
@@ -170,12 +211,11 @@ class CompiledHooks:
         if st.recording and st.grad_sites and torch.is_grad_enabled():
             probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device,
                                 requires_grad=True)
-        edges = probe_edges = None
-        if st.recording and self.bins:  # (a tensor always, NaN at first: one graph variant)
-            edges, probe_edges = self._ranges_of_call(len(self._calls))
-            st.edges = torch.from_numpy(edges).to(self._device)
-            st.probe_edges = torch.from_numpy(probe_edges).to(self._device)
-        st.out, st.probe, st.probed, st.made, st.stack = out, probe, [], [], [st.root_path]
+        ranges = None
+        if st.recording and self.bins:  # (tensors always, NaN at first: one graph variant)
+            ranges = self._ranges_of_call(len(self._calls))
+            st.edges, st.probe_edges = ranges.on_device
+        st.out, st.probe, st.probed, st.activation_rows, st.stack = out, probe, [], [], [st.root_path]
         try:
             result = inner_call(*args, **kwargs)
         except Exception as exc:
@@ -197,33 +237,19 @@ class CompiledHooks:
         finally:
             st.out = st.probe = st.edges = st.probe_edges = None
         if st.recording:
-            self._calls.append((out, probe, edges, probe_edges))
+            self._calls.append((out, probe, ranges))
         return result
 
-    def _ranges_of_call(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed ranges for the activation and probe rows of the ``index``-th compiled call of the
-        step: those the same call of the step before left (:meth:`_keep_ranges`), NaN where none."""
-        fresh = [np.full((self._capacity, 2), np.nan) for _ in range(2)]
-        if index < len(self._ranges):
-            for new, kept in zip(fresh, self._ranges[index]):
-                rows = min(len(new), len(kept))  # (the capacity may have grown)
-                new[:rows] = kept[:rows]
-        return fresh[0], fresh[1]
-
-    def _keep_ranges(self, index: int, edges: np.ndarray, made: np.ndarray, probe_edges: np.ndarray,
-                     probed: list[int], probe_sums: np.ndarray) -> None:
-        """Keep the ranges for the ``index``-th compiled call of the next step from this step's rows
-        (``made``: its activation rows in order, binned over ``edges``; ``probe_sums``: the rows of its
-        probe rows ``probed``): kept or renewed as the eager watch's rows are
-        (:func:`~workbench.instrument.reduce.next_ranges`), matched by their place in the call."""
-        act = np.full_like(edges, np.nan)
-        rows = min(len(made), len(edges))
-        act[:rows] = next_ranges(made[:rows, :len(SUMS)], edges[:rows])
-        probe = np.full_like(probe_edges, np.nan)
-        probe[probed] = next_ranges(probe_sums[:, :len(SUMS)], probe_edges[probed])
-        while len(self._ranges) <= index:
-            self._ranges.append((act, probe))
-        self._ranges[index] = (act, probe)
+    def _ranges_of_call(self, index: int) -> CallRanges:
+        """The fixed ranges for the rows of the ``index``-th compiled call of the step: those the
+        call at that place left when a step last reached it, with room for a probe of the current
+        capacity (a larger tensor: one recompile)."""
+        if index == len(self._ranges):
+            self._ranges.append(CallRanges.empty(self._capacity, self._capacity, self._device))
+        ranges = self._ranges[index]
+        if len(ranges.probe) < self._capacity:
+            ranges = self._ranges[index] = ranges.resized(0, self._capacity, self._device)
+        return ranges
 
     def end_step(self, parameters: bool) -> list[Entry]:
         """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
@@ -252,11 +278,11 @@ class CompiledHooks:
         calls: dict[str, int] = defaultdict(int)
         compiled = eager = 0
         overflow = False
-        per_call: list[tuple[int, list[int]]] = []  # each call's activation rows and probe rows used
-        for out, probe, _, _ in self._calls:
+        per_call: list[tuple[int, list[int]]] = []  # each call's count of activation rows, its probe rows used
+        for out, probe, _ in self._calls:
             grad = probe.grad if probe is not None else None
             used: list[int] = []
-            made = len(entries)
+            before = len(entries)
             for path, names, shapes, rows, probed, in_graph in out:
                 compiled += in_graph is True
                 eager += in_graph is False
@@ -274,7 +300,7 @@ class CompiledHooks:
                         used.append(row)
             if used:
                 grad_pieces.append(grad[torch.tensor(used, device=grad.device)])
-            per_call.append((len(entries) - made, used))
+            per_call.append((len(entries) - before, used))
         if overflow:
             self._capacity *= 2
             self.fail("", 0, GRAD_OUTPUT, RuntimeError(
@@ -292,21 +318,21 @@ class CompiledHooks:
         return entries
 
     def _binned_over(self, per_call: list[tuple[int, list[int]]], first: int) -> None:
-        """Set ``sums.graph_edges``, the range each graph row was binned over, and keep the ranges of
-        the next step's calls (:meth:`_keep_ranges`)."""
+        """Set ``sums.graph_edges``, the range each graph row was binned over (activation rows from
+        0, gradient rows from ``first``, call by call), and the ranges of the next step's calls."""
         graph = self.sums.graph
-        act_edges, grad_edges = [], []
-        act_at, grad_at = 0, first
-        for index, ((made, used), (_, _, edges, probe_edges)) in enumerate(zip(per_call, self._calls)):
-            over = np.full((made, 2), np.nan)  # (rows past the call's capacity: their own range)
-            rows = min(made, len(edges))
-            over[:rows] = edges[:rows]
-            act_edges.append(over)
-            grad_edges.append(probe_edges[used])
-            self._keep_ranges(index, edges, graph[act_at:act_at + made], probe_edges, used,
-                              graph[grad_at:grad_at + len(used)])
-            act_at, grad_at = act_at + made, grad_at + len(used)
-        self.sums.graph_edges = np.concatenate(act_edges + grad_edges) if per_call else np.zeros((0, 2))
+        activation_edges, grad_edges = [], []
+        activations_at, grads_at = 0, first
+        for index, ((count, used), (_, _, ranges)) in enumerate(zip(per_call, self._calls)):
+            over = np.full((count, 2), np.nan)  # (rows past the call's ranges: their own range)
+            rows = min(count, len(ranges.activations))
+            over[:rows] = ranges.activations[:rows]
+            activation_edges.append(over)
+            grad_edges.append(ranges.probe[used])
+            self._ranges[index] = ranges.after(graph[activations_at:activations_at + count], used,
+                                               graph[grads_at:grads_at + len(used)], self._device)
+            activations_at, grads_at = activations_at + count, grads_at + len(used)
+        self.sums.graph_edges = np.concatenate(activation_edges + grad_edges) if per_call else np.zeros((0, 2))
 
     def _note_compiled(self, compiled: int, eager: int) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,
