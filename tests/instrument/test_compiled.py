@@ -475,6 +475,57 @@ def test_non_reentrant_checkpointing_inside_the_graph_records_the_eager_watch_s_
     assert {"fc", "act"} <= set(rows[True][rows[True].kind == "grad_output"].module)
 
 
+class CheckpointedTwice(nn.Module):
+    """A checkpointed segment that calls one Tanh twice (calls 0 and 1 of "act")."""
+
+    def __init__(self, checkpointed: bool = True):
+        super().__init__()
+        self.fc, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        segment = lambda z: self.act(self.fc(self.act(z)))  # noqa: E731
+        hidden = torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=False) if self.checkpointed else segment(x)
+        return self.out(hidden)
+
+
+def test_a_patch_applies_to_the_recomputation_of_a_checkpointed_segment_of_a_compiled_model():
+    torch.manual_seed(0)
+    model, x = CheckpointedTwice(checkpointed=False), torch.randn(3, 4)
+    with workbench.watch(model) as w:  # the truth: no checkpointing, the eager watch's patch
+        w.ablate("act", [0])
+        model(x).sum().backward()
+    truth = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    fresh_dynamo()
+    model.checkpointed = True
+    compiled = torch.compile(model)
+    with watch_compiled(compiled) as wc:
+        wc.ablate("act", [0])
+        compiled(x).sum().backward()
+        wc.step()
+        assert wc.errors == []
+    for got, want in zip([p.grad for p in model.parameters()], truth):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_patch_of_one_call_a_checkpointed_recomputation_cannot_place_is_reported_and_removed():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = CheckpointedTwice()
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    wc.patch("act", lambda out: out * 2.0, call=1)  # (saves no tensor: the recomputation runs without it)
+    with warnings.catch_warnings(record=True) as caught:  # (also: the checkpoint breaks the graph)
+        warnings.simplefilter("always")
+        compiled(torch.randn(3, 4)).sum().backward()
+        wc.step()
+    assert any("cannot tell which call is recomputed" in str(w.message) for w in caught)
+    assert [e["kind"] for e in wc.errors] == ["patch:<lambda>"]
+    torch.testing.assert_close(compiled(torch.ones(1, 4)), model(torch.ones(1, 4)))  # taken out
+    wc.close()
+
+
 def test_bad_input_is_refused_with_how_to_fix():
     with pytest.raises(TypeError, match="uncompiled Linear.*workbench.watch"):
         watch_compiled(nn.Linear(2, 2))

@@ -199,6 +199,7 @@ class GraphState:
         # such a patch costs a graph variant per count a compiled call of the model starts from
         self.counted: dict[str, int] = {}
         self.calls: dict[str, int] = {}
+        self.unknown_calls: list[str] = []  # paths recomputed whose call index was not known (see observe)
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
         # activation rows taken; with histograms, the fixed ranges of its activation rows and of its
         # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
@@ -215,9 +216,11 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
     """The process-wide forward pre-hook and hook that dynamo traces into the model's graphs (to be
     registered with ``traced=True``: :func:`~workbench.instrument.torch_internals.register_module_hooks`)."""
 
+    # Outside a watched call (a checkpointed segment recomputed in the backward) the hooks apply
+    # the patches alone: the recomputation must compute what the forward did
     def pre_hook(module: nn.Module, args: Any) -> None:
         st = state
-        if st.out is None:
+        if st.out is None and not st.patches:
             return
         key = id(module)
         if key in st.containers:  # (only where a module is shared)
@@ -228,7 +231,7 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
 
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
         st = state
-        if st.out is None:  # outside a watched call
+        if st.out is None and not st.patches:  # outside a watched call
             return None
         key = id(module)
         if key in st.containers:
@@ -254,13 +257,20 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     if patches is not None:
         call = None
         last = st.counted.get(path)
-        if last is not None:
+        if last is not None and st.out is None:
+            # a recomputation in the backward (activation checkpointing): which call it recomputes
+            # is known where the forward called the site once; else a patch of one call does not
+            # apply (the step reports it, and takes the patch out, as the eager watch does)
+            call = 0 if st.calls.get(path) == 1 else None
+            if call is None:
+                st.unknown_calls.append(path)
+        elif last is not None:
             call = st.calls.get(path, 0)
             st.calls[path] = min(call + 1, last)
         for fn, at in patches:
             if at is None or at == call:
                 output = fn(output)
-    if not st.recording:
+    if not st.recording or st.out is None:
         return output if patches is not None else None
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
     record = path in st.activation_sites

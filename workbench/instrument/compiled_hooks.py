@@ -254,6 +254,7 @@ class CompiledHooks:
     def end_step(self, parameters: bool) -> list[Entry]:
         """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
         self._end_of_backward()  # (gradients whose hooks ran outside a backward)
+        self._remove_unknown_call_patches()
         entries = self._graph_entries()
         offset = len(self.sums.graph)
         if parameters:
@@ -333,6 +334,20 @@ class CompiledHooks:
                                                graph[grads_at:grads_at + len(used)], self._device)
             activations_at, grads_at = activations_at + count, grads_at + len(used)
         self.sums.graph_edges = np.concatenate(activation_edges + grad_edges) if per_call else np.zeros((0, 2))
+
+    def _remove_unknown_call_patches(self) -> None:
+        """Take out the patches of one call at sites that activation checkpointing recomputed without
+        telling which call (the forward called them several times), saying so: the recomputation ran
+        unpatched, and the step's gradients do not match its forward."""
+        paths, self.state.unknown_calls[:] = set(self.state.unknown_calls), []
+        for path in sorted(paths):
+            for intervention in [i for i in self.interventions.get(path, ()) if i.call is not None]:
+                self.fail(path, intervention.call, f"patch:{intervention.label}", RuntimeError(
+                    f"activation checkpointing recomputes {path!r}, which the forward called several times: a "
+                    f"patch of call {intervention.call} cannot tell which call is recomputed, and this step's "
+                    "gradients do not match its forward. Patch every call (call=None), or a site outside the "
+                    "checkpointed segment."), disable=False)
+                intervention.remove()
 
     def _note_compiled(self, compiled: int, eager: int) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,
