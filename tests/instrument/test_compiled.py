@@ -526,6 +526,52 @@ def test_a_patch_of_one_call_a_checkpointed_recomputation_cannot_place_is_report
     wc.close()
 
 
+class CheckpointedAfter(nn.Module):
+    """One Tanh called before a checkpointed segment (call 0) and inside it (call 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
+
+    def forward(self, x):
+        segment = lambda z: self.fc(self.act(z)) * 1.5  # noqa: E731
+        return self.out(torch.utils.checkpoint.checkpoint(segment, self.act(x), use_reentrant=False))
+
+
+def test_a_patch_of_call_0_is_not_applied_to_the_recomputation_of_another_call():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = CheckpointedAfter()
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    wc.patch("act", lambda out: out * 2.0, call=0)  # (the recomputed call is call 1: unpatched)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(torch.randn(3, 4)).sum().backward()
+        wc.step()
+    assert any("cannot tell which call is recomputed" in str(w.message) for w in caught)
+    assert [e["kind"] for e in wc.errors] == ["patch:<lambda>"]
+    wc.close()
+
+
+def test_direct_calls_of_the_uncompiled_model_count_as_calls_as_in_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    compiled, x = torch.compile(model), torch.randn(2, 4)
+    wc = watch_compiled(compiled, histograms=False)
+    wc.ablate("1", [0], call=1)
+    for _ in range(2):
+        calls = [compiled(x), compiled(x), model(x), model(x)]  # calls 0 and 1 compiled, 2 and 3 direct
+        assert [bool((out[:, 0] == 0).all()) for out in calls] == [False, True, False, False]
+        wc.step()
+    assert wc.errors == []
+    wc.ablate("1", [1], call=2)
+    assert bool((compiled(x)[:, 1] != 0).all()) and bool((model(x)[:, 1] != 0).all())
+    assert bool((model(x)[:, 1] == 0).all())  # call 2 of the step: a direct one, patched
+    wc.close()
+
+
 def test_bad_input_is_refused_with_how_to_fix():
     with pytest.raises(TypeError, match="uncompiled Linear.*workbench.watch"):
         watch_compiled(nn.Linear(2, 2))

@@ -52,8 +52,8 @@ class CompiledWatch(Watch):
     gradients, per call site, step by step, with the statistics inside the compiled graphs.
     Create one with :func:`workbench.watch` (or :func:`watch_compiled`); its API is
     :class:`~workbench.instrument.watch.Watch`'s. Adding or removing a patch recompiles once; a
-    patch of one call (``call=k``) makes up to ``k + 2`` variants of a graph that reaches its site
-    (dynamo specializes the graph on the site's call count so far, counted up to ``k + 1``).
+    patch of one call (``call=k``) makes up to ``max(k + 2, 3)`` variants of a graph that reaches its
+    site (dynamo specializes the graph on the site's call count so far, counted up to ``max(k + 1, 2)``).
 
     Attributes:
         model: the module the compiled model runs (whose paths name the rows).

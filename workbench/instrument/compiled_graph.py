@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from workbench.instrument import _stats_kernels as kernels
+from workbench.instrument import torch_internals as internals
 from workbench.instrument.reduce import EMPTY
 from workbench.instrument.reduce_cpu import callbacks
 from workbench.instrument.reduce_torch import as_float, device_histogram
@@ -193,13 +194,14 @@ class GraphState:
         self.recording = False  # a recorded step, not paused
         # path -> (fn, call index or None: every call), while not paused
         self.patches: dict[str, tuple[tuple[Callable, int | None], ...]] = {}
-        # the paths with a patch of one call -> one past the highest call index patched there: their
-        # calls are counted in ``calls`` (reset each step) up to that count, which the calls after
-        # share (no patch applies to them). Dynamo specializes a graph on the count at its start:
-        # such a patch costs a graph variant per count a compiled call of the model starts from
+        # the paths with a patch of one call -> the count their calls are counted up to in ``calls``
+        # (reset each step): one past the highest call index patched there, and at least 2 (a
+        # recomputation needs to tell one call from several); the calls past it share that count,
+        # and no patch applies to them. Dynamo specializes a graph on the count at its start: such
+        # a patch costs a graph variant per count a compiled call of the model starts from
         self.counted: dict[str, int] = {}
         self.calls: dict[str, int] = {}
-        self.unknown_calls: list[str] = []  # paths recomputed whose call index was not known (see observe)
+        self.unknown_calls: set[str] = set()  # paths recomputed whose call index was not known (see observe)
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
         # activation rows taken; with histograms, the fixed ranges of its activation rows and of its
         # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
@@ -216,8 +218,9 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
     """The process-wide forward pre-hook and hook that dynamo traces into the model's graphs (to be
     registered with ``traced=True``: :func:`~workbench.instrument.torch_internals.register_module_hooks`)."""
 
-    # Outside a watched call (a checkpointed segment recomputed in the backward) the hooks apply
-    # the patches alone: the recomputation must compute what the forward did
+    # Outside a watched call (a direct call of the uncompiled model, a checkpointed segment
+    # recomputed in the backward) the hooks apply the patches alone, as the eager watch does: a
+    # recomputation must compute what the forward did
     def pre_hook(module: nn.Module, args: Any) -> None:
         st = state
         if st.out is None and not st.patches:
@@ -257,14 +260,14 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     if patches is not None:
         call = None
         last = st.counted.get(path)
-        if last is not None and st.out is None:
+        if last is not None and st.out is None and internals.in_backward():
             # a recomputation in the backward (activation checkpointing): which call it recomputes
             # is known where the forward called the site once; else a patch of one call does not
             # apply (the step reports it, and takes the patch out, as the eager watch does)
             call = 0 if st.calls.get(path) == 1 else None
             if call is None:
-                st.unknown_calls.append(path)
-        elif last is not None:
+                st.unknown_calls.add(path)
+        elif last is not None:  # (a call inside a watched call, or a direct one: counted alike)
             call = st.calls.get(path, 0)
             st.calls[path] = min(call + 1, last)
         for fn, at in patches:

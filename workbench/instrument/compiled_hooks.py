@@ -198,7 +198,7 @@ class CompiledHooks:
         st.recording = live and self.recording
         st.patches = ({path: tuple((i.fn, i.call) for i in items) for path, items in self.interventions.items()}
                       if live else {})
-        st.counted = {path: max(at for _, at in items if at is not None) + 1
+        st.counted = {path: max(2, max(at for _, at in items if at is not None) + 1)
                       for path, items in st.patches.items() if any(at is not None for _, at in items)}
 
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
@@ -220,6 +220,7 @@ class CompiledHooks:
             result = inner_call(*args, **kwargs)
         except Exception as exc:
             st.out = st.probe = st.edges = st.probe_edges = None
+            st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             if not internals.is_compile_error(exc) or self._checked:
                 raise
             self._on_hand_over("compiling the model with the watch's hooks failed "
@@ -227,6 +228,7 @@ class CompiledHooks:
             return inner_call(*args, **kwargs)  # (the eager hooks in)
         except BaseException:
             st.out = st.probe = st.edges = st.probe_edges = None
+            st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             raise
         try:  # the model's own output, outside its graph
             replaced = observe(st, st.root_path, self.sites.model, result, None)
@@ -339,8 +341,9 @@ class CompiledHooks:
         """Take out the patches of one call at sites that activation checkpointing recomputed without
         telling which call (the forward called them several times), saying so: the recomputation ran
         unpatched, and the step's gradients do not match its forward."""
-        paths, self.state.unknown_calls[:] = set(self.state.unknown_calls), []
-        for path in sorted(paths):
+        paths = sorted(self.state.unknown_calls)
+        self.state.unknown_calls.clear()
+        for path in paths:
             for intervention in [i for i in self.interventions.get(path, ()) if i.call is not None]:
                 self.fail(path, intervention.call, f"patch:{intervention.label}", RuntimeError(
                     f"activation checkpointing recomputes {path!r}, which the forward called several times: a "
