@@ -18,11 +18,10 @@ The differences to the kernel are each registration's cost per call.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from histogram_kernels import median_us  # (bench/, beside this script)
 from workbench.instrument.compiled_graph import _cpu_row, cpu_row, row_width
 
 SIZES = (256, 4096, 65536, 262144)
@@ -38,17 +37,6 @@ def _(x: torch.Tensor, bins: int) -> torch.Tensor:
     return x.new_empty(row_width(bins), dtype=torch.float64)
 
 
-def _median_us(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        times.append((time.perf_counter() - start) / repeats * 1e6)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one size, few repeats (a smoke run)")
@@ -61,7 +49,7 @@ def main() -> None:
     for n in sizes:
         x = torch.randn(n)
         for bins in (0, 32):
-            times = [_median_us(lambda f=f: f(x, bins), repeats) for f in (_cpu_row, cpu_row, custom_op_row)]
+            times = [median_us(lambda f=f: f(x, bins), repeats) for f in (_cpu_row, cpu_row, custom_op_row)]
             print(f"{n:8d} {bins:5d}  {times[0]:6.1f} us  {times[1]:7.1f} us  {times[2]:6.1f} us")
 
 

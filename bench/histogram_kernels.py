@@ -27,8 +27,10 @@ from workbench.instrument import _stats_kernels as kernels
 SIZES = (4096, 16384, 49152, 65536, 131072, 262144, 1048576)
 
 
-def _median_us(call, repeats: int) -> float:
-    call()  # (compiled on first use)
+def median_us(call, repeats: int) -> float:
+    """The median over 5 timings of ``repeats`` calls of ``call``, in microseconds a call (after one
+    call: compiled on first use)."""
+    call()
     times = []
     for _ in range(5):
         start = time.perf_counter()
@@ -53,10 +55,10 @@ def main() -> None:
         sums = np.zeros(9)
         kernels.fast_pass(x, sums)
         edges, counts = np.full(2, np.nan), np.zeros(32, np.float32)
-        stats = _median_us(lambda: kernels.fast_pass(x, sums), repeats)
-        full = _median_us(lambda: kernels.histogram_pass(x, sums, edges, counts), repeats)
+        stats = median_us(lambda: kernels.fast_pass(x, sums), repeats)
+        full = median_us(lambda: kernels.histogram_pass(x, sums, edges, counts), repeats)
         seeds = itertools.count()  # new draws each call, as the watch makes them
-        sample = (f"{_median_us(lambda: kernels.sample_pass(x, sums, edges, counts, next(seeds)), repeats):6.1f} us"
+        sample = (f"{median_us(lambda: kernels.sample_pass(x, sums, edges, counts, next(seeds)), repeats):6.1f} us"
                   if n >= kernels.SAMPLE else "       -")
         print(f"{n:>9}  {stats:6.1f} us {stats * 1e3 / n:4.2f} ns/v  {full:6.1f} us {full * 1e3 / n:4.2f} ns/v  {sample}")
 
