@@ -1559,8 +1559,11 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
         def theirs(state, auto=auto):
             return {**(state or new_page_state()), auto: False}
 
-        c[f"{p}_{key}"].select(theirs, c[f"{p}_page"], c[f"{p}_page"], show_progress="hidden").then(
-            handler(), inputs, outputs, show_progress="hidden")
+        # ("always_last": a pick made while the last one is drawn is drawn after it; the default,
+        # "once", drops it - two quick picks showed one)
+        c[f"{p}_{key}"].select(theirs, c[f"{p}_page"], c[f"{p}_page"], show_progress="hidden",
+                               trigger_mode="always_last").then(
+            handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
     c[f"{p}_smoothing"].release(handler(), inputs, outputs, show_progress="hidden")
     for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_stat", "heat_log"):
@@ -1842,7 +1845,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
     compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text))
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
-    c["compare_runs"].select(_nothing, None, None, show_progress="hidden").then(compare, compare_inputs,
-                                                                              compare_outputs)
+    # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
+    c["compare_runs"].select(_nothing, None, None, show_progress="hidden", trigger_mode="always_last").then(
+        compare, compare_inputs, compare_outputs, trigger_mode="always_last")
     for key in ("compare_kind", "compare_stat", "compare_site", "compare_log"):
-        c[key].input(compare, compare_inputs, compare_outputs)
+        c[key].input(compare, compare_inputs, compare_outputs, trigger_mode="always_last")
