@@ -97,6 +97,8 @@ def _torch_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None) -> torch.
 
 
 _draws = itertools.count()  # the seeds of the sampled histograms: new each call, the same in every run
+_OWN_RANGE = np.full(2, np.nan)  # the range a histogram kernel reads for "the tensor's own [min, max]"
+_OWN_RANGE_ADDRESS = _OWN_RANGE.ctypes.data
 
 
 def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,8 +118,10 @@ def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> t
         exact(data, n, out)
     if bins:
         counts = np.zeros(bins, np.float32)
-        binned_over = np.full(2, np.nan) if edges is None else np.ascontiguousarray(edges.double().numpy())
-        histogram(data, n, out, bins, counts.ctypes.data, binned_over.ctypes.data, next(_draws))
+        if edges is not None and (edges.dtype != torch.float64 or not edges.is_contiguous()):
+            edges = edges.double().contiguous()  # (the kernel reads 2 float64 at its address)
+        binned_over = _OWN_RANGE_ADDRESS if edges is None else edges.data_ptr()
+        histogram(data, n, out, bins, counts.ctypes.data, binned_over, next(_draws))
         row[len(SUMS):SAMPLED] = counts
         row[SAMPLED] = n >= kernels.SAMPLE_FROM
     row[MADE] = 1.0
