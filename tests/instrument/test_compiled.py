@@ -419,7 +419,7 @@ def test_a_patch_of_one_call_applies_to_that_call_alone_as_in_the_eager_watch():
         for got, want in zip(out, expected):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         wc.step()
-    assert graphs() == 2  # a variant per call of the compiled model in a step, then no recompile
+    assert graphs() == 2  # a variant per count the two calls start from (0 and 2), then no recompile
     rows = wc.to_pandas()
     acts = rows[(rows.step == 3) & (rows.module == "act") & (rows.kind == "activation")].set_index("call")
     assert list(acts.index) == [0, 1, 2, 3]
@@ -448,33 +448,6 @@ def test_a_patch_of_one_call_compiles_a_bounded_number_of_graphs_however_often_t
     wc.close()
 
 
-class Checkpointed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
-
-    def forward(self, x):
-        hidden = torch.utils.checkpoint.checkpoint(lambda z: self.act(self.fc(z)), x, use_reentrant=False)
-        return self.out(hidden)
-
-
-def test_non_reentrant_checkpointing_inside_the_graph_records_the_eager_watch_s_rows():
-    rows = {}
-    for compiled in (False, True):
-        fresh_dynamo()
-        torch.manual_seed(0)
-        model = Checkpointed()
-        watched = torch.compile(model) if compiled else model
-        with workbench.watch(watched, bins=8) as w:  # (histograms on: their ranges ride on the probe)
-            for _ in range(2):
-                watched(torch.randn(5, 4)).sum().backward()
-                w.step()
-        rows[compiled] = w.to_pandas()
-    merged = compare(rows[False], rows[True])
-    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
-    assert {"fc", "act"} <= set(rows[True][rows[True].kind == "grad_output"].module)
-
-
 class CheckpointedTwice(nn.Module):
     """A checkpointed segment that calls one Tanh twice (calls 0 and 1 of "act")."""
 
@@ -487,6 +460,23 @@ class CheckpointedTwice(nn.Module):
         segment = lambda z: self.act(self.fc(self.act(z)))  # noqa: E731
         hidden = torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=False) if self.checkpointed else segment(x)
         return self.out(hidden)
+
+
+def test_non_reentrant_checkpointing_inside_the_graph_records_the_eager_watch_s_rows():
+    rows = {}
+    for compiled in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model = CheckpointedTwice()
+        watched = torch.compile(model) if compiled else model
+        with workbench.watch(watched, bins=8) as w:  # (histograms on: their ranges ride on the probe)
+            for _ in range(2):
+                watched(torch.randn(5, 4)).sum().backward()
+                w.step()
+        rows[compiled] = w.to_pandas()
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    assert {"fc", "act"} <= set(rows[True][rows[True].kind == "grad_output"].module)
 
 
 def test_a_patch_applies_to_the_recomputation_of_a_checkpointed_segment_of_a_compiled_model():
