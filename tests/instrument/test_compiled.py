@@ -170,6 +170,16 @@ def test_the_graphs_torch_ops_bin_as_the_cpu_op_bins(monkeypatch):
     same_histograms(eager, compiled)
 
 
+def eager_then_compiled(make):
+    """``(compiled, model, what to call)``: a model from ``make`` as it is, then a new one (the same
+    seed) compiled, with dynamo's caches and counters fresh."""
+    for compiled in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model = make()
+        yield compiled, model, torch.compile(model) if compiled else model
+
+
 class Loop(nn.Module):
     """One Linear and one Tanh called eight times each: more activation rows in one compiled call
     than a probe has rows."""
@@ -186,11 +196,7 @@ class Loop(nn.Module):
 
 def test_a_call_with_more_activation_rows_than_its_probe_keeps_their_ranges_too():
     histograms = {}
-    for compiled in (False, True):
-        fresh_dynamo()
-        torch.manual_seed(0)
-        model = Loop()
-        watched = torch.compile(model) if compiled else model
+    for compiled, model, watched in eager_then_compiled(Loop):
         w = CompiledWatch(watched, bins=8, capacity=2) if compiled else workbench.watch(model, bins=8)
         for i in range(3):
             with torch.no_grad():  # (no probe rows at all)
@@ -464,11 +470,7 @@ class CheckpointedTwice(nn.Module):
 
 def test_non_reentrant_checkpointing_inside_the_graph_records_the_eager_watch_s_rows():
     rows = {}
-    for compiled in (False, True):
-        fresh_dynamo()
-        torch.manual_seed(0)
-        model = CheckpointedTwice()
-        watched = torch.compile(model) if compiled else model
+    for compiled, _, watched in eager_then_compiled(CheckpointedTwice):
         with workbench.watch(watched, bins=8) as w:  # (histograms on: their ranges ride on the probe)
             for _ in range(2):
                 watched(torch.randn(5, 4)).sum().backward()
@@ -499,23 +501,6 @@ def test_a_patch_applies_to_the_recomputation_of_a_checkpointed_segment_of_a_com
         torch.testing.assert_close(got, want)
 
 
-def test_a_patch_of_one_call_a_checkpointed_recomputation_cannot_place_is_reported_and_removed():
-    fresh_dynamo()
-    torch.manual_seed(0)
-    model = CheckpointedTwice()
-    compiled = torch.compile(model)
-    wc = watch_compiled(compiled)
-    wc.patch("act", lambda out: out * 2.0, call=1)  # (saves no tensor: the recomputation runs without it)
-    with warnings.catch_warnings(record=True) as caught:  # (also: the checkpoint breaks the graph)
-        warnings.simplefilter("always")
-        compiled(torch.randn(3, 4)).sum().backward()
-        wc.step()
-    assert any("cannot tell which call is recomputed" in str(w.message) for w in caught)
-    assert [e["kind"] for e in wc.errors] == ["patch:<lambda>"]
-    torch.testing.assert_close(compiled(torch.ones(1, 4)), model(torch.ones(1, 4)))  # taken out
-    wc.close()
-
-
 class CheckpointedAfter(nn.Module):
     """One Tanh called before a checkpointed segment (call 0) and inside it (call 1)."""
 
@@ -528,19 +513,24 @@ class CheckpointedAfter(nn.Module):
         return self.out(torch.utils.checkpoint.checkpoint(segment, self.act(x), use_reentrant=False))
 
 
-def test_a_patch_of_call_0_is_not_applied_to_the_recomputation_of_another_call():
+@pytest.mark.parametrize("make, call", [(CheckpointedTwice, 1), (CheckpointedAfter, 0)],
+                         ids=["both calls in the segment", "call 0 before it, call 1 in it"])
+def test_a_patch_of_one_call_a_checkpointed_recomputation_cannot_place_is_reported_and_removed(make, call):
     fresh_dynamo()
     torch.manual_seed(0)
-    model = CheckpointedAfter()
+    model = make()
     compiled = torch.compile(model)
     wc = watch_compiled(compiled)
-    wc.patch("act", lambda out: out * 2.0, call=0)  # (the recomputed call is call 1: unpatched)
-    with warnings.catch_warnings(record=True) as caught:
+    # (the patch saves no tensor, so the recomputation runs without it and torch's checkpoint does not
+    # raise; the recomputed call's index is unknown, and a patch of call 0 is not applied to call 1)
+    wc.patch("act", lambda out: out * 2.0, call=call)
+    with warnings.catch_warnings(record=True) as caught:  # (also: the checkpoint breaks the graph)
         warnings.simplefilter("always")
         compiled(torch.randn(3, 4)).sum().backward()
         wc.step()
     assert any("cannot tell which call is recomputed" in str(w.message) for w in caught)
     assert [e["kind"] for e in wc.errors] == ["patch:<lambda>"]
+    torch.testing.assert_close(compiled(torch.ones(1, 4)), model(torch.ones(1, 4)))  # taken out
     wc.close()
 
 
