@@ -14,6 +14,7 @@ from torch import nn
 
 import workbench
 from workbench.instrument.reduce import StepSums
+from workbench.instrument.reduce_torch import TorchReducer
 from workbench.instrument.schema import finish
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 COLUMNS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
 
 
-@pytest.mark.parametrize("bins", [None, 16], ids=["triton", "histograms"])  # (histograms: torch's kernels)
+@pytest.mark.parametrize("bins", [None, 16], ids=["triton", "histograms"])
 def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (1, 5, 1023, 1024, 1025, 70_001, 2_000_000)]
@@ -33,18 +34,20 @@ def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
                 torch.randn(300, 50, generator=g).half().t(), torch.empty(0)]
     tensors[-3][5] = float("nan")
     results = []
-    for device in ("cpu", "cuda"):
-        step = StepSums(bins=bins)
+    # the histograms of CUDA tensors are exact; the CPU's compiled kernels sample large tensors:
+    # theirs are compared with torch's kernels on the CPU (the same float arithmetic)
+    for device, reducers in (("cpu", None), ("cuda", None), ("cpu", [TorchReducer()])):
+        step = StepSums(bins=bins, reducers=reducers)
         for i, x in enumerate(tensors):
             step.add(x.to(device), defer=i % 2 == 1)
         step.flush()
         sums, counts = step.rows()
         results.append((finish(np.array([x.numel() for x in tensors]), sums), counts))
-    (cpu, cpu_counts), (cuda, cuda_counts) = results
+    (cpu, _), (cuda, cuda_counts), (_, exact_counts) = results
     for column in COLUMNS:
         np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
     if bins:
-        np.testing.assert_array_equal(cuda_counts, cpu_counts)  # the same float32 arithmetic bins alike
+        np.testing.assert_array_equal(cuda_counts, exact_counts)  # the same float32 arithmetic bins alike
     # (a fallback from the Triton kernels to torch's warns, and warnings are errors here)
 
 
@@ -121,3 +124,35 @@ def test_experiments_train_on_cuda_and_are_watched_there(name, config):
     rows = gpu.watcher.to_pandas()
     assert gpu.watcher.errors == [] and set(rows["step"]) == {2, 3}
     assert {"activation", "grad_output", "param", "param_grad"} <= set(rows["kind"])
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["inductor", "cuda-graphs"])
+def test_a_compiled_cuda_model_records_the_rows_of_its_eager_watch_in_as_many_graphs(mode):
+    """watch_compiled on the GPU (the statistics inside inductor's kernels; with mode="reduce-overhead",
+    replayed as CUDA graphs): the eager watch's rows and histograms, the unwatched compiled model's
+    outputs (bitwise) and graph count."""
+    from tests.instrument.test_compiled import KEY, compare, fresh_dynamo, graphs, same_histograms, train
+
+    def on_gpu():
+        return workbench.experiments.create("activation_mlp", seed=0, device="cuda", activation="gelu", depth=2,
+                                            width=8, batch_size=8)
+
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        eager = on_gpu()
+        with workbench.watch(eager.model, histograms=True, bins=8) as w:
+            train(eager, w, 3)
+        fresh_dynamo()
+        bare = on_gpu()
+        bare.model = torch.compile(bare.model, mode=mode)
+        bare_metrics = train(bare, None, 3)
+        bare_graphs = graphs()
+        fresh_dynamo()
+        watched = on_gpu()
+        watched.model = torch.compile(watched.model, mode=mode)
+        with workbench.watch(watched.model, histograms=True, bins=8) as wc:
+            assert isinstance(wc, workbench.CompiledWatch) and wc.fallback is None
+            metrics = train(watched, wc, 3)
+    assert metrics == bare_metrics and graphs() == bare_graphs and wc.errors == []
+    merged = compare(w.to_pandas(), wc.to_pandas())
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    same_histograms(w.histograms(), wc.histograms())

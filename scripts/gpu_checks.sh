@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one call of a lent machine (see docs/performance.md, "On a GPU"):
+# the CUDA tests, then bench/instrument_overhead.py on the GPU, eager and compiled. Each part has a
+# time limit, so that the others still run and the logs come back; logs go to $OUT (or /tmp/gpu_checks).
+#
+#     bash scripts/gpu_checks.sh [tests_seconds eager_seconds compile_seconds]
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GRADIO_ANALYTICS_ENABLED=False
+out=${OUT:-/tmp/gpu_checks}
+mkdir -p "$out"
+nvidia-smi -L
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider tests/instrument/test_cuda.py 2>&1 | tee "$out/tests.log" | tail -40
+timeout "${2:-120}" python3 bench/instrument_overhead.py --device cuda --rounds 6 2>&1 | tee "$out/eager.log"
+timeout "${3:-230}" python3 bench/instrument_overhead.py --device cuda --compile --rounds 5 --only mlp dynamics ilql \
+    2>&1 | tee "$out/compile.log"
