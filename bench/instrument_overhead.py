@@ -17,7 +17,6 @@ sides of each ratio alike. The quartiles show the spread.
 - watch (torch reductions): "watch" with the compiled one-pass statistics
   (on a GPU: the Triton kernels) switched off, torch's kernels reducing
   every tensor instead, to measure what they save;
-- watch+hist (torch reductions), on a GPU: the histograms by torch's kernels instead of Triton's;
 - watch every=10 (blocks of 10 steps hold one recorded step);
 - floor: less than any hooks that record everything can do, as a reference
   for what is left to save - torch's hook calls (a global forward hook, a
@@ -334,7 +333,6 @@ def main() -> None:
         variants = {**VARIANTS, **BREAKDOWN} if args.breakdown else dict(VARIANTS)
         if device != "cpu":  # the floor reads on the CPU only: elsewhere it is torch's hooks alone
             del variants["floor (hooks, one read)"]
-            variants["watch+hist (torch reductions)"] = {"watch_options": {}, "torch_reductions": True}
         result = measure(make, args.rounds or (2 if args.quick else rounds), block=10, variants=variants)
         bare = result["bare"][0]
         print(f"\n{title}: bare step {bare * 1e3:.1f} ms")

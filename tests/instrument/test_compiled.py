@@ -300,6 +300,54 @@ def test_every_n_two_variants_and_no_recompile_after():
     assert "forward" in model.__dict__ and model.forward.__name__ != "call"
 
 
+def test_a_compiled_model_that_ran_before_the_watch_compiles_again_with_its_hooks():
+    """dynamo does not guard a graph on the process-wide module hooks: a graph compiled before the
+    watch (the model trained unwatched, or under an earlier watch) would never call them. A watch
+    has the model compile again: the eager watch's rows, in as many graphs as the model alone."""
+    fresh_dynamo()
+    eager = mlp_experiment()
+    train(eager, None, 2)
+    with workbench.watch(eager.model, histograms=True, bins=8) as w:
+        train(eager, w, 2)
+    fresh_dynamo()
+    exp = mlp_experiment()
+    compile_in(exp, False)
+    train(exp, None, 2)  # compiled, unwatched
+    alone = graphs()
+    for later in (False, True):  # a watch, then another once it is closed
+        before = graphs()
+        with workbench.watch(exp.model, histograms=True, bins=8) as wc:
+            train(exp, wc, 2)
+        assert wc.fallback is None and wc.errors == [] and graphs() - before == alone
+        if not later:
+            merged = compare(w.to_pandas(), wc.to_pandas())
+            assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+            same_histograms(w.histograms(), wc.histograms())
+        else:
+            assert len(wc.to_pandas()) == len(w.to_pandas())
+
+
+def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_call():
+    """The eager watch on a compiled model (for an option the compiled graphs cannot record) breaks
+    its graphs at every module call, once dynamo compiles them again with its hooks."""
+    fresh_dynamo()
+    eager = mlp_experiment()
+    train(eager, None, 2)
+    with workbench.watch(eager.model, histograms=False) as w:
+        train(eager, w, 2)
+    fresh_dynamo()
+    exp = mlp_experiment()
+    compile_in(exp, False)
+    train(exp, None, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (dynamo's notes on the graph breaks)
+        with workbench.watch(exp.model, updates=True, histograms=False) as we:
+            train(exp, we, 2)
+    rows = we.to_pandas()
+    merged = compare(w.to_pandas(), rows[rows.kind != "update"])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_dynamics_network_rows_and_graphs():
     with warnings.catch_warnings():
         # its LSTM is a graph break of dynamo's (compiled or not, watched or not): said once

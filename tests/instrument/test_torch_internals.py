@@ -253,6 +253,23 @@ def test_compiled_entry_is_the_callable_every_call_runs(how):
     assert len(seen) == 1 and internals.compiled_entry(compiled).call is inner
 
 
+def test_compile_again_has_a_graph_compiled_before_the_hooks_call_them():
+    model = torch.compile(Tiny(), backend=CompileCounter())
+    model(torch.ones(1, 2))  # compiled with no hook registered
+    seen = []
+    handles = internals.register_module_hooks(lambda module, args, out: seen.append(type(module).__name__),
+                                              traced=True)
+    try:
+        model(torch.ones(1, 2))
+        assert seen.count("Linear") == 0  # dynamo did not guard on the hooks: the old graph, no call
+        internals.compile_again()
+        model(torch.ones(1, 2))
+        assert seen.count("Linear") == 1 and seen.count("Tanh") == 1
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_graph_break_reasons_name_dynamos_reasons():
     torch._dynamo.utils.counters.clear()
     assert internals.graph_break_reasons() == ""

@@ -29,7 +29,7 @@ def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype
     pieces[2][ROW - 1] = -float("inf")
     pieces[3][2:5] = 0.0
     pieces.append(torch.full((3,), float("nan"), dtype=dtype))
-    sums = kernels.batch_sums(pieces)[0].numpy()
+    sums = kernels.batch_sums(pieces).numpy()
     got = finish(np.array([x.numel() for x in pieces]), sums)
     for i, x in enumerate(pieces):
         want = reference(x)
@@ -52,7 +52,7 @@ def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(i
     narrow = [as_float32[:5], as_float32[10:15]]  # also at a and a + 40 bytes, 5 values each
     shorter = [storage[:5], storage[5:8]]
     for batch in (wide, narrow, shorter, wide, narrow):
-        sums = kernels.batch_sums(batch)[0].numpy()
+        sums = kernels.batch_sums(batch).numpy()
         means = finish(np.array([x.numel() for x in batch]), sums)["mean"]
         np.testing.assert_allclose(means, [x.double().mean().item() for x in batch], rtol=1e-6)
 
@@ -60,7 +60,7 @@ def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(i
 def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton):
     class Broken:
         @staticmethod
-        def batch_sums(tensors, bins, edges):
+        def batch_sums(tensors):
             raise RuntimeError("no kernel image is available for this GPU")
 
     step = StepSums(reducers=interpreted_triton(kernels=Broken))
@@ -73,30 +73,3 @@ def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton)
     step.add(later)  # straight to torch's kernels: no second warning (warnings are errors here)
     means = finish(np.array([50, 70, 30]), step.rows()[0])["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs + [later]], rtol=1e-5)
-
-
-@pytest.mark.parametrize("bins", [10, 32])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_the_triton_histograms_count_as_torchs_kernels_over_fixed_and_own_ranges(dtype, bins, interpreted_triton,
-                                                                                monkeypatch):
-    """Bin for bin the counts of device_histogram (torch's kernels, the same float arithmetic), over
-    several rows taken by programs in turn: over a fixed range (values outside it in the end bins,
-    NaN left out) and over the tensor's own range (none binned where that is not finite)."""
-    from workbench.instrument._triton_kernels import ROW
-    from workbench.instrument.reduce_torch import device_histogram, device_sums
-    kernels = interpreted_triton_kernels()
-    monkeypatch.setattr(kernels, "PROGRAMS", 2)
-    g = torch.Generator().manual_seed(2)
-    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 3 + 1).to(dtype) for n in (2 * ROW + 7, 900, 5, 64)]
-    tensors[0][ROW + 3] = float("nan")  # a fixed range bins the others
-    tensors[2][1] = float("inf")  # its own range is infinite: nothing binned
-    edges = np.array([[-2.0, 2.5], [np.nan, np.nan], [np.nan, np.nan], [0.0, 1.0]])
-    sums, counts = kernels.batch_sums(tensors, bins, edges)
-    for x, fixed, got in zip(tensors, edges, counts.numpy()):
-        want = device_histogram(x, device_sums(x), bins, edges=torch.from_numpy(fixed))
-        np.testing.assert_array_equal(got, want.numpy())
-    assert counts[2].sum() == 0  # (an independent check of what device_histogram is trusted for:)
-    for x, row in zip(tensors[:2] + tensors[3:], counts[[0, 1, 3]]):
-        assert row.sum() == torch.isfinite(x).sum()  # every finite value in a bin
-    low, high = tensors[3] < 0, tensors[3] > 1  # outside the fixed range: in the end bins
-    assert counts[3, 0] >= low.sum() > 0 and counts[3, -1] >= high.sum() > 0

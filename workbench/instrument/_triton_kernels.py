@@ -1,4 +1,4 @@
-"""The statistics (and histograms) of a batch of GPU tensors in two (three) Triton kernel launches.
+"""The statistics of a batch of GPU tensors in two Triton kernel launches.
 
 On a GPU, a small training step is bound by the host: every torch op costs
 a few microseconds of Python and launch overhead, however little data it
@@ -17,13 +17,7 @@ the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
   sum, range and counts. Each lane sums a row in float32 (float64 for
   float64 tensors), rows add up in float64, the lanes as a tree.
 - ``tensor_sums``: one program per tensor adds up its programs' partials and
-  writes its SUMS row (float64) (and zeroes its histogram row).
-- ``tensor_histograms`` (with histograms): the grid of ``tensor_partials``
-  reads the tensors again and counts each value in one of ``BINS`` equal
-  bins over its tensor's fixed range, or its own [min, max] from its SUMS
-  row where it has none, with the float arithmetic of
-  :func:`~workbench.instrument.reduce_torch.device_histogram` (bin for bin
-  the same counts); each program adds its block counts to its tensor's row.
+  writes its SUMS row (float64).
 
 The host sends only each tensor's offset and length: the layout is worked
 out on the device.
@@ -113,13 +107,9 @@ def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK
 
 
 @triton.jit
-def tensor_sums(base, table, n, programs, partials, sums, counts, ROW: tl.constexpr, LANES: tl.constexpr,
-                PARTIALS: tl.constexpr, SUMS: tl.constexpr, ACC: tl.constexpr, BINS: tl.constexpr,
-                BINS_P2: tl.constexpr):
+def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LANES: tl.constexpr,
+                PARTIALS: tl.constexpr, SUMS: tl.constexpr, ACC: tl.constexpr):
     t = tl.program_id(0)
-    if BINS > 0:  # the histogram row that tensor_histograms adds to, after this kernel
-        bin = tl.arange(0, BINS_P2)
-        tl.store(counts + t * BINS + bin, tl.zeros([BINS_P2], tl.float32), mask=bin < BINS)
     used = tl.minimum(tl.cdiv(tl.load(table + n + t), ROW), programs)  # the programs that ran for it
     lane = tl.arange(0, LANES)
     total = tl.zeros([LANES], tl.float64)
@@ -154,58 +144,17 @@ def tensor_sums(base, table, n, programs, partials, sums, counts, ROW: tl.conste
     tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
 
 
-@triton.jit
-def tensor_histograms(base, table, n, programs, sums, edges, counts, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                      SUMS: tl.constexpr, ACC: tl.constexpr, BINS: tl.constexpr, BINS_P2: tl.constexpr):
-    t = tl.program_id(0)
-    p = tl.program_id(1)
-    offset = tl.load(table + t)
-    length = tl.load(table + n + t)
-    rows = tl.cdiv(length, ROW)
-    if p < rows:
-        # the fixed range where both ends are finite, else the tensor's own (NaN if it holds a NaN)
-        fixed_lo = tl.load(edges + 2 * t)
-        fixed_hi = tl.load(edges + 2 * t + 1)
-        given = (fixed_lo - fixed_lo == 0) & (fixed_hi - fixed_hi == 0)
-        lo = tl.where(given, fixed_lo, tl.load(sums + t * SUMS + 3)).to(ACC)
-        hi = tl.where(given, fixed_hi, tl.load(sums + t * SUMS + 4)).to(ACC)
-        # device_histogram's arithmetic, in the values' float type: width, BINS / width, (x - lo) * scale
-        width = tl.where(hi > lo, hi - lo, 1.0)
-        if ACC == tl.float32:
-            scale = tl.math.div_rn(width * 0 + BINS, width)  # (rounded as torch's division: not approximated)
-        else:
-            scale = BINS / width
-        scale = tl.where(width - width == 0, scale, float("nan"))
-        lane = tl.arange(0, BLOCK)
-        count = tl.zeros([BINS_P2], tl.int32)  # (BINS_P2 > BINS: the last bins take what is left out)
-        for row in range(p, rows, programs):
-            start = offset + row * ROW
-            filled = tl.minimum(length - row * ROW, ROW)
-            for at in range(0, filled, BLOCK):
-                inside = at + lane < filled
-                x = tl.load(base + start + at + lane, mask=inside, other=0.0).to(ACC)
-                scaled = (x - lo) * scale
-                binned = inside & (scaled - scaled == 0)  # non-finite values (and ranges) are left out
-                index = tl.minimum(tl.maximum(scaled, 0.0), BINS - 1).to(tl.int32)
-                count += tl.histogram(tl.where(binned, index, BINS), BINS_P2)
-        bin = tl.arange(0, BINS_P2)
-        tl.atomic_add(counts + t * BINS + bin, count.to(tl.float32), mask=bin < BINS)
-
-
-#: The device tables of the last batches (see batch_sums), by their tensors' addresses, lengths,
-#: value size and histogram ranges: a training loop's steps mostly get the same memory from torch's caching
+#: The device tables of the last batches (see batch_sums), by their tensors' addresses, lengths
+#: and value size: a training loop's steps mostly get the same memory from torch's caching
 #: allocator, and its parameters keep theirs, so most batches find theirs here.
 _tables: dict[tuple, torch.Tensor] = {}
 _TABLES = 64
 
 
-def batch_sums(tensors: list[torch.Tensor], bins: int | None = None, edges: np.ndarray | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
     device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
-    it without waiting for it; with ``bins``, also their histograms ``(len(tensors), bins)``
-    float32 over ``edges`` ((len(tensors), 2) float64, each tensor's fixed range; NaN: its own
-    [min, max]), else None.
+    it without waiting for it.
 
     The tensors must stay alive until the kernels have been queued (they are, by the time this
     returns); their memory is read in stream order, as a torch op would read it.
@@ -215,32 +164,23 @@ def batch_sums(tensors: list[torch.Tensor], bins: int | None = None, edges: np.n
     device = base.device
     addresses = tuple([x.data_ptr() for x in tensors])
     lengths = tuple([x.numel() for x in tensors])
-    ranges = np.ascontiguousarray(edges, np.float64).reshape(n, 2) if bins else np.empty((0, 2))
-    key = (device, base.element_size(), addresses, lengths, ranges.tobytes())
+    key = (device, base.element_size(), addresses, lengths)
     table = _tables.get(key)
     if table is None:
-        # each tensor's offset from the first's address, in values (addresses of one dtype are
-        # aligned), its length, and its histogram range (float64 bits: one copy for all three)
+        # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
         offsets = (np.array(addresses, np.int64) - addresses[0]) // base.element_size()
-        table = torch.from_numpy(np.concatenate([offsets, np.array(lengths, np.int64), ranges.view(np.int64).ravel()]))
+        table = torch.from_numpy(np.concatenate([offsets, np.array(lengths, np.int64)]))
         if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
             table = table.pin_memory()
         if len(_tables) >= _TABLES:
             _tables.clear()
         table = _tables[key] = table.to(device, non_blocking=True)
     programs = min(-(-max(lengths) // ROW), PROGRAMS)
-    bins = bins or 0
     out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
     sums, partials = out[:n * SUMS], out[n * SUMS:]
-    counts = torch.empty(n * bins, dtype=torch.float32, device=device) if bins else sums  # (unused without bins)
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32
-    bins_p2 = triton.next_power_of_2(bins + 1)  # a bin more than BINS, for the values left out
     tensor_partials[(n, programs)](base, table, n, programs, partials, ROW=ROW, BLOCK=BLOCK, PARTIALS=PARTIALS,
                                    ACC=acc)
-    tensor_sums[(n,)](base, table, n, programs, partials, sums, counts, ROW=ROW, LANES=64, PARTIALS=PARTIALS,
-                      SUMS=SUMS, ACC=acc, BINS=bins, BINS_P2=bins_p2)
-    if not bins:
-        return sums.view(n, SUMS), None
-    tensor_histograms[(n, programs)](base, table, n, programs, sums, table[2 * n:].view(torch.float64), counts,
-                                     ROW=ROW, BLOCK=BLOCK, SUMS=SUMS, ACC=acc, BINS=bins, BINS_P2=bins_p2)
-    return sums.view(n, SUMS), counts.view(n, bins)
+    tensor_sums[(n,)](base, table, n, programs, partials, sums, ROW=ROW, LANES=64, PARTIALS=PARTIALS,
+                      SUMS=SUMS, ACC=acc)
+    return sums.view(n, SUMS)

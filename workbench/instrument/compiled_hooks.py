@@ -157,6 +157,7 @@ class CompiledHooks:
         self._set_sites()
         pre_hook, hook = make_hooks(self.state)
         handles = internals.register_module_hooks(hook, pre_hook if self.state.containers else None, traced=True)
+        internals.compile_again()  # (graphs the model compiled before the watch would never call the hooks)
         fresh: list[nn.Parameter] = []
         if kinds[PARAM_GRAD]:
             for module_path, name, param in self.params:

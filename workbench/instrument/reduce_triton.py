@@ -1,7 +1,7 @@
-"""The Triton reducer: CUDA tensors batched and read where they lie by two Triton kernels, a
-third with histograms (:mod:`workbench.instrument._triton_kernels`), their sums and counts left on
-the device until the step's rows are read. On a GPU a small step is bound by the host, and each
-torch op is a launch: two or three launches per batch replace torch's few dozen."""
+"""The Triton reducer: CUDA tensors batched and read where they lie by two Triton kernels
+(:mod:`workbench.instrument._triton_kernels`), their sums left on the device until the step's
+rows are read. On a GPU a small step is bound by the host, and each torch op is a launch: two
+launches per batch replace torch's few dozen."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def _import_kernels() -> ModuleType | None:
 
 
 class TritonReducer(Reducer):
-    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types), and bins
-    them where the step keeps histograms (exact counts: no sample). A batch that fails to compile or launch
+    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types), when the
+    step keeps no histograms (torch's kernels bin them). A batch that fails to compile or launch
     sends its tensors, and every later one, to ``fallback``, with a warning.
 
     Args:
@@ -55,7 +55,7 @@ class TritonReducer(Reducer):
     def takes(self, x: torch.Tensor) -> bool:
         # the usual tensor on a GPU: this runs for every one, in the fewest calls
         # (``x.device.type`` alone costs as much as the rest)
-        return (self._usable and x.dtype in _DTYPES and x.layout is torch.strided
+        return (self._usable and not self.host.bins and x.dtype in _DTYPES and x.layout is torch.strided
                 and not x.is_nested and not x.is_neg() and ("cuda" if x.is_cuda else x.device.type) in self.devices
                 and self._loaded())
 
@@ -92,15 +92,12 @@ class TritonReducer(Reducer):
     def flush(self) -> None:
         """Launch the kernels on the batched tensors (they may change once the launch is queued)."""
         batched, self._batched, self._batched_bytes = self._batched, {}, 0
-        bins = self.host.bins
         for (device, _), entries in batched.items():
             if self._usable:
-                rows = [row for _, row in entries]
                 try:
                     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-                        sums, counts = self._kernels.batch_sums([x for x, _ in entries], bins,
-                                                                self.host.edges[rows] if bins else None)
-                    self._reduced.append(DeviceSums(rows, sums, counts))
+                        sums = self._kernels.batch_sums([x for x, _ in entries])
+                    self._reduced.append(DeviceSums([row for _, row in entries], sums))
                     continue
                 except Exception as exc:  # (a GPU or Triton build the kernels do not compile for)
                     self._give_up(exc)

@@ -257,6 +257,15 @@ def compiled_entry(model: nn.Module) -> CompiledEntry | None:
     return None
 
 
+def compile_again() -> None:
+    """Have every compiled frame of the process compile again at its next call, with the hooks
+    registered now: dynamo does not guard a graph on the process-wide module hooks, so a graph
+    compiled before they were registered would run on without ever calling them. Uses the public
+    ``torch.compiler.reset()``: every compiled model in the process recompiles once. Relies on:
+    dynamo tracing the process-wide hooks it finds as it compiles (a test checks both halves)."""
+    torch.compiler.reset()
+
+
 def graph_break_reasons(limit: int = 3) -> str:
     """The first ``limit`` reasons dynamo gave for graph breaks in this process, for a message ("" if
     none, or torch.compile never ran). Relies on: dynamo counting them by reason in
