@@ -348,6 +348,36 @@ def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_ca
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
 
 
+class CompiledBody(nn.Module):
+    """A model whose body alone is compiled."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.compile(nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8)))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_the_eager_watch_of_a_model_with_a_compiled_part_that_ran_before_it_records_the_part_s_calls():
+    modules = []
+    for ran_before in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model, x = CompiledBody(), torch.randn(3, 4)
+        if ran_before:
+            model(x).sum().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # (dynamo's notes on the graph breaks)
+            with workbench.watch(model, histograms=False) as w:
+                model(x).sum().backward()
+                w.step()
+        rows = w.to_pandas()
+        modules.append(sorted(set(rows[rows.kind == "activation"].module)))
+    assert modules[1] == modules[0] and len(modules[0]) == 7  # the root, body (and its inner module), 3 layers, head
+
+
 def test_dynamics_network_rows_and_graphs():
     with warnings.catch_warnings():
         # its LSTM is a graph break of dynamo's (compiled or not, watched or not): said once

@@ -224,6 +224,15 @@ def test_unwrap_compiled_and_is_compiled():
     assert internals.is_compiled(model)
 
 
+def test_contains_compiled_finds_a_compiled_module_anywhere_inside():
+    assert not internals.contains_compiled(Tiny())
+    for compile_part in (lambda m: setattr(m, "act", torch.compile(m.act, backend="eager")),
+                         lambda m: m.fc.compile(backend="eager")):
+        model = Tiny()
+        compile_part(model)
+        assert internals.contains_compiled(model)
+
+
 @pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
 def test_compiled_entry_is_the_callable_every_call_runs(how):
     torch.manual_seed(0)

@@ -77,8 +77,8 @@ class Hooks:
         self.params = sites.parameters()
         handles = internals.register_module_hooks(
             _weakly(self._post_hook), _weakly(self._pre_hook) if sites.needs_stack else None)
-        if compiled or internals.is_compiled(sites.model):
-            internals.compile_again()  # (graphs the model compiled before the watch would never call the hooks)
+        if compiled or internals.contains_compiled(sites.model):
+            internals.compile_again()  # (graphs compiled before the watch would never call the hooks)
         self._module_hooks = internals.HookSwitch(handles)
         param_handles: list[Any] = []
         self._fresh_hook_dicts: list[nn.Parameter] = []

@@ -224,6 +224,11 @@ def is_compiled(model: nn.Module) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None
 
 
+def contains_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` or a module inside it is compiled (:func:`unwrap_compiled`, :func:`is_compiled`)."""
+    return any(unwrap_compiled(module)[1] or is_compiled(module) for module in model.modules())
+
+
 class CompiledEntry(NamedTuple):
     """Where every call of a compiled model goes through: the callable kept as ``holder.<attribute>``
     (on the instance), and ``module``, the module whose paths name the rows."""
