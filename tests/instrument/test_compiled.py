@@ -339,6 +339,7 @@ def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_ca
     exp = mlp_experiment()
     compile_in(exp, False)
     train(exp, None, 2)
+    alone = graphs()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # (dynamo's notes on the graph breaks)
         with workbench.watch(exp.model, updates=True, histograms=False) as we:
@@ -346,6 +347,10 @@ def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_ca
     rows = we.to_pandas()
     merged = compare(w.to_pandas(), rows[rows.kind != "update"])
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    # closed, the model compiles its own graphs again (those compiled with the hooks broke at every module)
+    before = graphs()
+    train(exp, None, 2)
+    assert graphs() - before == alone
 
 
 class CompiledBody(nn.Module):

@@ -77,8 +77,11 @@ class Hooks:
         self.params = sites.parameters()
         handles = internals.register_module_hooks(
             _weakly(self._post_hook), _weakly(self._pre_hook) if sites.needs_stack else None)
-        if compiled or internals.contains_compiled(sites.model):
-            internals.compile_again()  # (graphs compiled before the watch would never call the hooks)
+        # graphs compiled before the watch would never call the hooks, and those compiled with them
+        # break at every module call: compiled anew when the watch starts, and when it closes
+        self._compiles_again = compiled or internals.contains_compiled(sites.model)
+        if self._compiles_again:
+            internals.compile_again()
         self._module_hooks = internals.HookSwitch(handles)
         param_handles: list[Any] = []
         self._fresh_hook_dicts: list[nn.Parameter] = []
@@ -144,6 +147,8 @@ class Hooks:
 
     def close(self) -> None:
         """Remove every hook (idempotent)."""
+        if self._compiles_again and not self.closed:
+            internals.compile_again()
         self.closed = True
         self.active = False
         self._release()
