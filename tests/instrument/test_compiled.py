@@ -365,7 +365,10 @@ class CompiledBody(nn.Module):
         return self.head(self.body(x))
 
 
-def test_the_eager_watch_of_a_model_with_a_compiled_part_that_ran_before_it_records_the_part_s_calls():
+@pytest.mark.parametrize("start_step", [1, 2], ids=["recorded-first", "unrecorded-first"])
+def test_the_eager_watch_of_a_model_with_a_compiled_part_that_ran_before_it_records_the_part_s_calls(start_step):
+    """Also where the first step after the watch starts is not recorded: the part compiles then,
+    and its graphs must call the hooks at the recorded steps after."""
     modules = []
     for ran_before in (False, True):
         fresh_dynamo()
@@ -375,10 +378,12 @@ def test_the_eager_watch_of_a_model_with_a_compiled_part_that_ran_before_it_reco
             model(x).sum().backward()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # (dynamo's notes on the graph breaks)
-            with workbench.watch(model, histograms=False) as w:
-                model(x).sum().backward()
-                w.step()
+            with workbench.watch(model, histograms=False, every=2, start_step=start_step) as w:
+                for _ in range(2):
+                    model(x).sum().backward()
+                    w.step()
         rows = w.to_pandas()
+        assert len(set(rows.step)) == 1
         modules.append(sorted(set(rows[rows.kind == "activation"].module)))
     assert modules[1] == modules[0] and len(modules[0]) == 7  # the root, body (and its inner module), 3 layers, head
 

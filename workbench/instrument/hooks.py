@@ -13,7 +13,10 @@
   recorded: it records no rows, only the output gradients the forward could not hook (reentrant
   checkpointing runs it under no_grad).
 - Steps that record nothing run without our hooks (:class:`~workbench.instrument.torch_internals.HookSwitch`),
-  except on a compiled model, whose compiled code is guarded on them.
+  except on a model that is compiled or holds a compiled part: dynamo does not guard its graphs on
+  the process-wide hooks, so the hooks stay in, and the model compiles anew when the watch starts
+  (graphs compiled before would never call them) and when it closes (graphs compiled with them
+  break at every module call).
 - A failure inside a hook is kept in ``errors`` and that site's kind disabled; the forward and
   backward of the model go on untouched. The hooks hold this object weakly: a watch let go of
   without ``close()`` takes them out when it is collected.
@@ -51,14 +54,15 @@ class Hooks:
         sites: names each module call.
         sums: the step's sums, which every recorded tensor is reduced into.
         kinds: kind -> the paths whose tensors of that kind are recorded (a failure takes its path out).
-        compiled: the model runs compiled code, guarded on our hooks: they stay in.
+        compiled: the model runs compiled code (also where it holds a compiled part): the hooks
+            stay in, and dynamo compiles anew at the start and at :meth:`close`.
         updates: record each parameter's update over a recorded step.
     """
 
     def __init__(self, sites: CallSites, sums: StepSums, kinds: dict[str, set[str]], compiled: bool,
                  updates: bool) -> None:
         self.sites, self.sums, self.kinds = sites, sums, kinds
-        self.compiled, self.updates = compiled, updates
+        self.compiled, self.updates = compiled or internals.contains_compiled(sites.model), updates
         self.errors: list[dict[str, Any]] = []
         self.step_index = 0
         self.interventions: dict[str, list[Intervention]] = {}
@@ -77,11 +81,8 @@ class Hooks:
         self.params = sites.parameters()
         handles = internals.register_module_hooks(
             _weakly(self._post_hook), _weakly(self._pre_hook) if sites.needs_stack else None)
-        # graphs compiled before the watch would never call the hooks, and those compiled with them
-        # break at every module call: compiled anew when the watch starts, and when it closes
-        self._compiles_again = compiled or internals.contains_compiled(sites.model)
-        if self._compiles_again:
-            internals.compile_again()
+        if self.compiled:
+            internals.compile_again()  # (graphs compiled before the watch would never call the hooks)
         self._module_hooks = internals.HookSwitch(handles)
         param_handles: list[Any] = []
         self._fresh_hook_dicts: list[nn.Parameter] = []
@@ -140,21 +141,24 @@ class Hooks:
         self.active = not self.closed and not self.paused and (self.recording or patching)
         recording = self.active and self.recording
         kinds = self.kinds
+        # (graphs compiled while the hooks were out would never call them; the root is looked at
+        # again for a model compiled in place, model.compile(), after the watch started)
         compiled = self.compiled or internals.is_compiled(self.sites.model)
         self._module_hooks.set(compiled or (self.active and patching)
                                or (recording and bool(kinds[ACTIVATION] or kinds[GRAD_OUTPUT])))
         self._param_hooks.set(compiled or (recording and bool(kinds[PARAM_GRAD])))
 
     def close(self) -> None:
-        """Remove every hook (idempotent)."""
-        if self._compiles_again and not self.closed:
-            internals.compile_again()
+        """Remove every hook (idempotent); a compiled model compiles anew, without them."""
+        was_open = not self.closed
         self.closed = True
         self.active = False
         self._release()
         self._module_hooks.clear()
         self._param_hooks.clear()
         self.interventions.clear()
+        if (self.compiled or internals.is_compiled(self.sites.model)) and was_open:
+            internals.compile_again()  # (once the hooks are out: graphs compiled now are the model's own)
 
     # ------------------------------------------------------------------ forward
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
