@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one call of a lent machine (see docs/performance.md, "On a GPU"):
-# the CUDA tests, then bench/instrument_overhead.py on the GPU, eager and compiled. Each part has a
-# time limit, so that the others still run and the logs come back; logs go to $OUT (or /tmp/gpu_checks).
+# the CUDA tests, then bench/instrument_overhead.py on the GPU, eager and compiled, then a profile of
+# the compiled watch's step (bench/profile_watch.py). Each part has a time limit, so that the others
+# still run and the logs come back; logs go to $OUT (or /tmp/gpu_checks).
 #
-#     bash scripts/gpu_checks.sh [tests_seconds eager_seconds compile_seconds]
+#     bash scripts/gpu_checks.sh [tests_seconds eager_seconds compile_seconds profile_seconds]
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GRADIO_ANALYTICS_ENABLED=False
 out=${OUT:-/tmp/gpu_checks}
@@ -14,3 +15,4 @@ timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider tests/instrument/te
 timeout "${2:-120}" python3 bench/instrument_overhead.py --device cuda --rounds 6 2>&1 | tee "$out/eager.log"
 timeout "${3:-230}" python3 bench/instrument_overhead.py --device cuda --compile --rounds 5 --only mlp dynamics ilql \
     2>&1 | tee "$out/compile.log"
+timeout "${4:-90}" python3 bench/profile_watch.py --only mlp --device cuda --compile --steps 5 2>&1 | tee "$out/profile.log"

@@ -141,3 +141,9 @@ def test_compiled_op_reports_each_registration():
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(256, 0), (256, 32)]
     assert all(len(r) == 8 and r[3] == r[5] == r[7] == "us" for r in rows), out
+
+
+def test_profile_watch_lists_the_ops_of_a_watched_step():
+    out = run_script("profile_watch.py", "--only", "mlp", "--batch", "8", "--steps", "1", "--rows", "5")
+    assert "mlp, cpu, eager, Watch, 1 steps" in out and "Self CPU time total" in out
+    assert "aten::addmm" in out and "watch errors: none" in out
