@@ -5,14 +5,16 @@
 # still run and the logs come back; logs go to $OUT (or /tmp/gpu_checks).
 #
 #     bash scripts/gpu_checks.sh [tests_seconds eager_seconds compile_seconds profile_seconds]
+#
+# The default limits (140 + 130 + 220 + 80 s) fit one 600 s call of the device tool.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GRADIO_ANALYTICS_ENABLED=False
 out=${OUT:-/tmp/gpu_checks}
 mkdir -p "$out"
 nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider tests/instrument/test_cuda.py 2>&1 | tee "$out/tests.log" | tail -40
-timeout "${2:-120}" python3 bench/instrument_overhead.py --device cuda --rounds 6 2>&1 | tee "$out/eager.log"
-timeout "${3:-230}" python3 bench/instrument_overhead.py --device cuda --compile --rounds 5 --only mlp dynamics ilql \
+timeout "${1:-140}" python3 -m pytest -q -p no:cacheprovider tests/instrument/test_cuda.py 2>&1 | tee "$out/tests.log" | tail -40
+timeout "${2:-130}" python3 bench/instrument_overhead.py --device cuda --rounds 6 2>&1 | tee "$out/eager.log"
+timeout "${3:-220}" python3 bench/instrument_overhead.py --device cuda --compile --rounds 5 --only mlp dynamics ilql \
     2>&1 | tee "$out/compile.log"
-timeout "${4:-90}" python3 bench/profile_watch.py --only mlp --device cuda --compile --steps 5 2>&1 | tee "$out/profile.log"
+timeout "${4:-80}" python3 bench/profile_watch.py --only mlp --device cuda --compile --steps 5 2>&1 | tee "$out/profile.log"
