@@ -141,9 +141,7 @@ class Hooks:
         self.active = not self.closed and not self.paused and (self.recording or patching)
         recording = self.active and self.recording
         kinds = self.kinds
-        # (graphs compiled while the hooks were out would never call them; the root is looked at
-        # again for a model compiled in place, model.compile(), after the watch started)
-        compiled = self.compiled or internals.is_compiled(self.sites.model)
+        compiled = self._runs_compiled()  # (graphs compiled while the hooks were out would never call them)
         self._module_hooks.set(compiled or (self.active and patching)
                                or (recording and bool(kinds[ACTIVATION] or kinds[GRAD_OUTPUT])))
         self._param_hooks.set(compiled or (recording and bool(kinds[PARAM_GRAD])))
@@ -157,8 +155,13 @@ class Hooks:
         self._module_hooks.clear()
         self._param_hooks.clear()
         self.interventions.clear()
-        if (self.compiled or internals.is_compiled(self.sites.model)) and was_open:
+        if self._runs_compiled() and was_open:
             internals.compile_again()  # (once the hooks are out: graphs compiled now are the model's own)
+
+    def _runs_compiled(self) -> bool:
+        """Whether the model runs compiled code: so at the start, or compiled in place
+        (``model.compile()``) since."""
+        return self.compiled or internals.is_compiled(self.sites.model)
 
     # ------------------------------------------------------------------ forward
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
