@@ -247,6 +247,8 @@ def _numpy_sums(x: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("name, x", [
     ("contiguous", torch.randn(64, 33)),
     ("transposed", torch.randn(40, 64).t()),
+    ("channels-last", torch.randn(3, 4, 5, 6).contiguous(memory_format=torch.channels_last)),
+    ("a window", torch.randn(40, 64)[3:30, 5:60:2]),
     ("strided 1-d", torch.randn(1000)[::3]),
     ("float64, mean far from 0", torch.randn(300, dtype=torch.float64) + 1e4),
     ("float16", torch.randn(500).half()),

@@ -72,7 +72,12 @@ def reference(x):
     lambda: torch.randint(-5, 6, (4, 9)),
     lambda: torch.rand(50) > 0.3,
     lambda: torch.full((10,), 2.5),
-    lambda: torch.randn(8, 6).t(),  # not contiguous
+    lambda: torch.randn(8, 6).t(),  # not contiguous, dense in memory (read as it lies)
+    lambda: torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),  # inductor's conv layout
+    lambda: torch.randn(4, 1, 5, 6).permute(3, 1, 0, 2),  # dense, a size-1 dimension in the middle
+    lambda: torch.randn(6, 10)[:, ::2],  # not dense: gaps between the values
+    lambda: torch.randn(6, 10)[1:, 2:7].t(),  # not dense: a window of a larger tensor
+    lambda: torch.randn(5, 1).expand(5, 4),  # not dense: a value repeated by a zero stride
 ])
 def test_statistics_match_float64_reference(make):
     x = make()

@@ -33,7 +33,7 @@ from torch import nn
 from workbench.instrument import _stats_kernels as kernels
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.reduce import EMPTY
-from workbench.instrument.reduce_cpu import callbacks
+from workbench.instrument.reduce_cpu import callbacks, dense
 from workbench.instrument.reduce_torch import as_float, device_histogram
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
@@ -109,7 +109,8 @@ def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> t
     n = x.numel()
     if x.dtype not in (torch.float32, torch.float64) or x.layout is not torch.strided or x.is_neg() or n == 0:
         return _torch_row(x, bins, edges)
-    x = x.contiguous()  # (a copy only where it is not)
+    if not dense(x):
+        x = x.contiguous()  # (a copy)
     fast, exact, histogram, _, _ = callbacks(x.dtype)  # (on raw addresses: no dispatch on array types)
     row = np.zeros(row_width(bins))
     data, out = x.data_ptr(), row.ctypes.data
@@ -133,9 +134,12 @@ def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> t
 # around each call cost more than the kernels on a small tensor (bench/compiled_op.py). It has no
 # autograd formula: its input is always detached. Inductor's cache of compiled graphs keys them on
 # the op's name but not on its output shape: a change to a row's columns (row_width) renames the
-# op, or graphs compiled before would mismatch.
+# op, or graphs compiled before would mismatch. Tagged ``flexible_layout``: it takes a tensor in the
+# layout inductor chose (channels-last for convolutions), where an op's default (``needs_exact_strides``)
+# has inductor copy it into the eager layout first, and the convolutions can then lose theirs (the
+# dynamics network's compiled watch: 1.19x -> 1.14x, docs/compile.md).
 _LIBRARY = torch.library.Library("workbench", "DEF")
-_LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor")
+_LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor", tags=(torch.Tag.flexible_layout,))
 _LIBRARY.impl("cpu_row", _cpu_row, "CPU")
 
 

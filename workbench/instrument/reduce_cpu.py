@@ -15,7 +15,7 @@ from workbench.instrument.reduce import EMPTY, Reducer
 from workbench.instrument.reduce_torch import add_implicit_zeros, as_float, plain_values, zeros_histogram
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 
-__all__ = ["CompiledCpuReducer", "DEFER_MAX_BYTES", "DEFER_BYTES", "callbacks"]
+__all__ = ["CompiledCpuReducer", "DEFER_MAX_BYTES", "DEFER_BYTES", "callbacks", "dense"]
 
 #: Only tensors up to this size are deferred: for them the call costs as much as the reduction; a
 #: larger one is reduced at once, while it is still in cache.
@@ -40,11 +40,27 @@ def callbacks(dtype: torch.dtype) -> tuple:
     return found
 
 
+def dense(x: torch.Tensor) -> bool:
+    """Whether the values of the strided tensor ``x`` fill ``x.numel()`` elements of memory from
+    ``x.data_ptr()`` on, in any order of its dimensions: contiguous, channels-last (the layout
+    inductor gives convolutions' outputs) or any other permutation. The kernels read such a tensor
+    as it lies (every statistic and histogram is blind to the order; the first element, the sums'
+    shift, is at ``data_ptr()`` in every such layout), without a contiguous copy."""
+    if x.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(x.shape, x.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _read_as_is(x: torch.Tensor) -> bool:
-    """Whether the kernels read ``x`` as it is: contiguous, strided, not nested or negated, of a
-    dtype whose kernels are loaded (float32/float64 once used)."""
+    """Whether the kernels read ``x`` as it is: dense in memory (:func:`dense`), strided, not nested
+    or negated, of a dtype whose kernels are loaded (float32/float64 once used)."""
     return (x.dtype in _loaded and x.layout is torch.strided and not x.is_nested and not x.is_neg()
-            and x.is_contiguous())
+            and dense(x))
 
 
 class CompiledCpuReducer(Reducer):
