@@ -137,7 +137,7 @@ def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> t
 # op, or graphs compiled before would mismatch. Tagged ``flexible_layout``: it takes a tensor in the
 # layout inductor chose (channels-last for convolutions), where an op's default (``needs_exact_strides``)
 # has inductor copy it into the eager layout first, and the convolutions can then lose theirs (the
-# dynamics network's compiled watch: 1.19x -> 1.14x, docs/compile.md).
+# dynamics network's figures in docs/compile.md, "Inductor's layouts").
 _LIBRARY = torch.library.Library("workbench", "DEF")
 _LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor", tags=(torch.Tag.flexible_layout,))
 _LIBRARY.impl("cpu_row", _cpu_row, "CPU")
