@@ -139,7 +139,9 @@ def _cpu_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> t
 # has inductor copy it into the eager layout first, and the convolutions can then lose theirs (the
 # dynamics network's figures in docs/compile.md, "Inductor's layouts").
 _LIBRARY = torch.library.Library("workbench", "DEF")
-_LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor", tags=(torch.Tag.flexible_layout,))
+# (torch before 2.5 has no such tag, and no layout constraint on an op's inputs to lift)
+_LAYOUT_TAGS = (torch.Tag.flexible_layout,) if hasattr(torch.Tag, "flexible_layout") else ()
+_LIBRARY.define("cpu_row(Tensor x, int bins, Tensor? edges=None) -> Tensor", tags=_LAYOUT_TAGS)
 _LIBRARY.impl("cpu_row", _cpu_row, "CPU")
 
 

@@ -44,8 +44,9 @@ def dense(x: torch.Tensor) -> bool:
     """Whether the values of the strided tensor ``x`` fill ``x.numel()`` elements of memory from
     ``x.data_ptr()`` on, in any order of its dimensions: contiguous, channels-last (the layout
     inductor gives convolutions' outputs) or any other permutation. The kernels read such a tensor
-    as it lies (every statistic and histogram is blind to the order; the first element, the sums'
-    shift, is at ``data_ptr()`` in every such layout), without a contiguous copy."""
+    as it lies, without a contiguous copy: every statistic and histogram is blind to the order, up
+    to the rounding of the sums (and which values a sampled histogram draws); the first element,
+    the sums' shift, is at ``data_ptr()`` in every such layout."""
     if x.is_contiguous():
         return True
     expected = 1
