@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 COLUMNS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
 
 
-@pytest.mark.parametrize("bins", [None, 16], ids=["triton", "histograms"])  # (histograms: torch's kernels)
+@pytest.mark.parametrize("bins", [None, 16], ids=["triton", "histograms"])
 def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (1, 5, 1023, 1024, 1025, 70_001, 2_000_000)]
@@ -34,21 +34,26 @@ def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
                 torch.randn(300, 50, generator=g).half().t(), torch.empty(0)]
     tensors[-3][5] = float("nan")
     results = []
-    # the histograms of CUDA tensors are exact; the CPU's compiled kernels sample large tensors:
-    # theirs are compared with torch's kernels on the CPU (the same float arithmetic)
+    # the histograms of CUDA tensors (the Triton kernels') are exact; the CPU's compiled kernels sample
+    # large tensors: the GPU's are compared with torch's kernels on the CPU (the same float arithmetic)
     for device, reducers in (("cpu", None), ("cuda", None), ("cpu", [TorchReducer()])):
-        step = StepSums(bins=bins, reducers=reducers)
-        for i, x in enumerate(tensors):
-            step.add(x.to(device), defer=i % 2 == 1)
-        step.flush()
-        sums, counts = step.rows()
-        results.append((finish(np.array([x.numel() for x in tensors]), sums), counts))
-    (cpu, _), (cuda, cuda_counts), (_, exact_counts) = results
-    for column in COLUMNS:
-        np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
-    if bins:
-        np.testing.assert_array_equal(cuda_counts, exact_counts)  # the same float32 arithmetic bins alike
-    # (a fallback from the Triton kernels to torch's warns, and warnings are errors here)
+        step = StepSums(bins=bins, reducers=reducers, fixed_ranges=True)
+        steps = []
+        for scale in (1.0, 1.5):  # a second step over the ranges the first left (values past them clamped)
+            for i, x in enumerate(tensors):
+                step.add((x * scale if x.is_floating_point() else x).to(device), defer=i % 2 == 1)
+            step.flush()
+            sums, counts = step.rows()
+            steps.append((finish(np.array([x.numel() for x in tensors]), sums), counts))
+            step.reset()
+        results.append(steps)
+    for (cpu, _), (cuda, cuda_counts), (_, exact_counts) in zip(*results):
+        for column in COLUMNS:
+            np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-5, atol=1e-6, err_msg=column)
+        if bins:
+            np.testing.assert_array_equal(cuda_counts, exact_counts)  # the same float32 arithmetic bins alike
+    # (a fallback from the Triton kernels to torch's warns, as do histograms that differ from torch's
+    # kernels', and warnings are errors here)
 
 
 class Net(nn.Module):

@@ -22,9 +22,9 @@ REDUCERS = compiled_reducers  # () -> the reducers of a new StepSums
 def path(request, monkeypatch):
     """Every test runs on every reduction path: the compiled single pass, the same deferred and
     reduced in one batched call, all the tensors at once (``add_many``, as parameters are),
-    torch's kernels (the path of tensors on other devices, and with histograms) and the Triton
-    kernels (of CUDA tensors without histograms; here interpreted on the CPU), tensor by tensor
-    and all at once (``add_many`` hands them to the batch as they are)."""
+    torch's kernels (the path of tensors on other devices) and the Triton kernels (of CUDA
+    tensors; here interpreted on the CPU), tensor by tensor and all at once (``add_many`` hands
+    them to the batch as they are)."""
     module = sys.modules[__name__]
     if request.param.startswith("triton"):
         monkeypatch.setattr(module, "REDUCERS", request.getfixturevalue("interpreted_triton"))

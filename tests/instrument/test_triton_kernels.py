@@ -2,6 +2,11 @@
 (on a GPU machine, tests/instrument/test_cuda.py runs them on the device); every other statistics
 test runs them too, as one of test_stats.py's paths."""
 
+import ast
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +14,7 @@ import torch
 from tests.instrument.conftest import interpreted_triton_kernels
 from tests.instrument.test_stats import reference
 from workbench.instrument.reduce import StepSums
+from workbench.instrument.reduce_torch import TorchReducer, as_float, chunk_sums
 from workbench.instrument.schema import SHIFT, finish
 
 
@@ -29,7 +35,7 @@ def test_the_triton_kernels_read_tensors_anywhere_in_memory_over_many_rows(dtype
     pieces[2][ROW - 1] = -float("inf")
     pieces[3][2:5] = 0.0
     pieces.append(torch.full((3,), float("nan"), dtype=dtype))
-    sums = kernels.batch_sums(pieces).numpy()
+    sums = kernels.batch_sums(pieces)[0].numpy()
     got = finish(np.array([x.numel() for x in pieces]), sums)
     for i, x in enumerate(pieces):
         want = reference(x)
@@ -52,7 +58,7 @@ def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(i
     narrow = [as_float32[:5], as_float32[10:15]]  # also at a and a + 40 bytes, 5 values each
     shorter = [storage[:5], storage[5:8]]
     for batch in (wide, narrow, shorter, wide, narrow):
-        sums = kernels.batch_sums(batch).numpy()
+        sums = kernels.batch_sums(batch)[0].numpy()
         means = finish(np.array([x.numel() for x in batch]), sums)["mean"]
         np.testing.assert_allclose(means, [x.double().mean().item() for x in batch], rtol=1e-6)
 
@@ -60,7 +66,7 @@ def test_a_batch_at_the_addresses_of_an_earlier_one_is_read_at_its_own_offsets(i
 def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton):
     class Broken:
         @staticmethod
-        def batch_sums(tensors):
+        def batch_sums(tensors, bins=0, edges=None):
             raise RuntimeError("no kernel image is available for this GPU")
 
     step = StepSums(reducers=interpreted_triton(kernels=Broken))
@@ -73,3 +79,145 @@ def test_a_failing_triton_batch_falls_back_to_torchs_kernels(interpreted_triton)
     step.add(later)  # straight to torch's kernels: no second warning (warnings are errors here)
     means = finish(np.array([50, 70, 30]), step.rows()[0])["mean"]
     np.testing.assert_allclose(means, [x.double().mean().item() for x in xs + [later]], rtol=1e-5)
+
+
+def _torch_counts(tensors, bins, edges):
+    lengths = np.array([x.numel() for x in tensors])
+    return chunk_sums(torch.cat([as_float(x).reshape(-1) for x in tensors]), lengths, bins, edges)[3].numpy()
+
+
+@pytest.mark.parametrize("bins", [8, 5], ids=["power-of-two", "other"])
+@pytest.mark.parametrize("programs", [128, 2], ids=["a-program-a-row", "programs-take-rows-in-turn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_triton_histograms_count_every_value_where_torchs_kernels_do(dtype, programs, bins, interpreted_triton,
+                                                                         monkeypatch):
+    """Each tensor over its own range or a fixed one (values outside it in the end bins), over
+    many rows; non-finite values left out, a non-finite range binning nothing: bin for bin what
+    torch's kernels count (the same float arithmetic), and numpy's counts where the values are
+    float32 or float64."""
+    from workbench.instrument._triton_kernels import ROW
+    kernels = interpreted_triton_kernels()
+    monkeypatch.setattr(kernels, "PROGRAMS", programs)
+    g = torch.Generator().manual_seed(2)
+    tensors = [(torch.randn(n, generator=g, dtype=torch.float64) * 3 + 1).to(dtype)
+               for n in (1, 7, 2 * ROW + 3, 3 * ROW, 900)]
+    tensors[1][2] = float("nan")  # its range is NaN: nothing binned
+    tensors[2][ROW + 1] = float("inf")  # over a fixed range: the infinity alone is left out
+    tensors.append(torch.full((9,), 2.0, dtype=dtype))  # all in the first bin
+    edges = np.full((len(tensors), 2), np.nan)
+    edges[2] = (-1.0, 2.5)
+    edges[4] = (0.0, 0.5)  # most values outside, in the end bins
+    sums, counts = kernels.batch_sums(tensors, bins, edges)
+    counts = counts.numpy()
+    np.testing.assert_array_equal(counts, _torch_counts(tensors, bins, edges))
+    assert counts[1].sum() == 0  # a NaN range bins nothing
+    for i, n in ((0, 1), (5, 9)):  # values all equal: in the first bin
+        assert counts[i].tolist() == [n] + [0] * (bins - 1)
+    assert counts[2].sum() == tensors[2].numel() - 1
+    if dtype in (torch.float32, torch.float64):
+        x = tensors[3].numpy()  # over its own range
+        np.testing.assert_array_equal(counts[3], np.histogram(x, np.linspace(x.min(), x.max(), bins + 1))[0])
+        for i in (2, 4):  # over the fixed range, clamped into it
+            finite = tensors[i][torch.isfinite(tensors[i])].numpy().clip(*edges[i])
+            np.testing.assert_array_equal(counts[i], np.histogram(finite, np.linspace(*edges[i], bins + 1))[0])
+
+
+def test_histograms_that_differ_from_torchs_are_replaced_by_torchs_with_a_warning(interpreted_triton):
+    """The first histogram batch is checked against torch's kernels: counts that differ (a GPU
+    that compiles the kernel's arithmetic otherwise; here a kernel that drops a value) are replaced
+    by torch's, that step and from then on, with a warning; the statistics stay the kernels'."""
+    kernels = interpreted_triton_kernels()
+
+    class Miscounting:
+        calls = 0
+
+        @classmethod
+        def batch_sums(cls, tensors, bins=0, edges=None):
+            cls.calls += 1
+            sums, counts = kernels.batch_sums(tensors, bins, edges)
+            if counts is not None:
+                counts[0, 0] -= 1
+            return sums, counts
+
+    reducers = interpreted_triton(kernels=Miscounting)
+    step = StepSums(bins=4, reducers=reducers)
+    first = [torch.randn(300) + 1, torch.randn(50) * 2]
+    for x in first:
+        step.add(x)
+    with pytest.warns(RuntimeWarning, match=r"histogram kernel's counts differ from torch's .*\(1 of 8 bins\)"):
+        _, counts = step.rows()
+    np.testing.assert_array_equal(counts, _torch_counts(first, 4, None))
+    assert Miscounting.calls == 1
+    step.reset()
+    later = torch.randn(80) - 2
+    step.add(later)  # to torch's kernels: no second warning (warnings are errors here)
+    sums, counts = step.rows()
+    assert Miscounting.calls == 1
+    np.testing.assert_array_equal(counts, _torch_counts([later], 4, None))
+    assert finish(np.array([80]), sums)["mean"][0] == pytest.approx(later.double().mean().item(), rel=1e-5)
+    # without histograms the kernels still take the tensors (their statistics were never in question)
+    plain = StepSums(reducers=reducers)
+    plain.add(later)
+    plain.rows()
+    assert Miscounting.calls == 2
+
+
+def test_histograms_that_match_torchs_are_the_kernels_own(interpreted_triton):
+    """The check compares once per device and dtype: the kernel's counts are the step's, and later batches
+    go to the kernels too."""
+    kernels = interpreted_triton_kernels()
+    batches = []
+
+    class Counting:
+        @staticmethod
+        def batch_sums(tensors, bins=0, edges=None):
+            batches.append(len(tensors))
+            return kernels.batch_sums(tensors, bins, edges)
+
+    torch_path = TorchReducer()
+    step = StepSums(bins=4, reducers=interpreted_triton(kernels=Counting))
+    for _ in range(2):
+        xs = [torch.randn(200), torch.randn(30) + 3]
+        for x in xs:
+            step.add(x)
+        _, counts = step.rows()
+        want = StepSums(bins=4, reducers=[torch_path])
+        for x in xs:
+            want.add(x)
+        np.testing.assert_array_equal(counts, want.rows()[1])
+        step.reset()
+    assert batches == [2, 2]
+
+
+# Compiles the histogram kernel for an H100 (sm_90) without one: Triton's compiler and ptxas run on
+# the CPU. Prints the PTX instructions of its float arithmetic.
+_COMPILE_FOR_AN_H100 = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from workbench.instrument import _triton_kernels as k
+for dtype in ("fp32", "fp16"):
+    signature = {"base": "*" + dtype, "table": "*i64", "n": "i32", "programs": "i32", "sums": "*fp64",
+                 "edges": "*fp64", "counts": "*fp32", "ROW": "constexpr", "BLOCK": "constexpr", "SUMS": "constexpr",
+                 "BINS": "constexpr", "COUNTED": "constexpr", "ACC": "constexpr"}
+    constants = {"ROW": k.ROW, "BLOCK": k.BLOCK, "SUMS": 9, "BINS": 32, "COUNTED": 64, "ACC": tl.float32}
+    ptx = triton.compile(ASTSource(k.tensor_histograms, signature, constants), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print(sorted({line.split()[0] for line in ptx.splitlines()
+                  if line.strip().startswith(("fma", "div", "mul.f", "sub.f", "add.f", "cvt.rzi"))}))
+"""
+
+
+def test_the_histogram_kernel_compiles_for_a_gpu_to_torchs_float_operations():
+    """What the interpreter cannot show: the kernel's arithmetic as a GPU runs it. Compiled for an
+    H100, the binning is a subtraction, a product, a truncation and one exactly rounded division,
+    with no fused multiply-add (FP fusion turned an earlier kernel's ``scaled - scaled == 0`` into
+    one, and it binned wrongly on the GPU alone) and no approximate division: torch's operations,
+    rounded as torch rounds them."""
+    pytest.importorskip("triton")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # (Triton's default up to 3.9; a kernel must hold with fusion on)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_AN_H100], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in done.stdout.splitlines():
+        assert ast.literal_eval(line) == ["cvt.rzi.s32.f32", "div.rn.f64", "mul.f32", "sub.f32"], done.stdout

@@ -781,7 +781,7 @@ def test_hooks_never_transfer_to_the_host(monkeypatch, request, path):
     reducers = {"compiled": compiled_reducers, "torch": torch_reducers,
                 "triton": lambda: request.getfixturevalue("interpreted_triton")()}[path]()
     model = workbench.create_model("efficientzero_dynamics")
-    w = workbench.watch(model, histograms=path != "triton", reducers=reducers)  # (histograms take torch's kernels)
+    w = workbench.watch(model, reducers=reducers)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a hook synchronised with the host")

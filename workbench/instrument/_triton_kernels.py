@@ -18,6 +18,14 @@ the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
   float64 tensors), rows add up in float64, the lanes as a tree.
 - ``tensor_sums``: one program per tensor adds up its programs' partials and
   writes its SUMS row (float64).
+- ``tensor_histograms`` (with histograms): the grid of ``tensor_partials``
+  reads the tensors again and counts their values in ``BINS`` equal bins
+  over each tensor's fixed range, or its [min, max] from its SUMS row, with
+  the arithmetic of torch's path
+  (:func:`~workbench.instrument.reduce_torch.device_histogram`): the same
+  float operations in the same precision, so that every value lands in the
+  same bin. Each program counts its rows with ``tl.histogram`` and adds its
+  counts to its tensor's with atomic adds (whole numbers: exact in any order).
 
 The host sends only each tensor's offset and length: the layout is worked
 out on the device.
@@ -107,8 +115,9 @@ def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK
 
 
 @triton.jit
-def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LANES: tl.constexpr,
-                PARTIALS: tl.constexpr, SUMS: tl.constexpr, ACC: tl.constexpr):
+def tensor_sums(base, table, n, programs, partials, sums, counts, ROW: tl.constexpr, LANES: tl.constexpr,
+                PARTIALS: tl.constexpr, SUMS: tl.constexpr, ACC: tl.constexpr, BINS: tl.constexpr,
+                COUNTED: tl.constexpr):
     t = tl.program_id(0)
     used = tl.minimum(tl.cdiv(tl.load(table + n + t), ROW), programs)  # the programs that ran for it
     lane = tl.arange(0, LANES)
@@ -142,6 +151,49 @@ def tensor_sums(base, table, n, programs, partials, sums, ROW: tl.constexpr, LAN
     tl.store(out + 6, nans)
     tl.store(out + 7, tl.sum(inf, 0))
     tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
+    if BINS > 0:  # the tensor's histogram counts start at zero (tensor_histograms adds to them)
+        bin_ids = tl.arange(0, COUNTED)
+        tl.store(counts + t * BINS + bin_ids, tl.zeros([COUNTED], tl.float32), mask=bin_ids < BINS)
+
+
+@triton.jit
+def tensor_histograms(base, table, n, programs, sums, edges, counts, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                      SUMS: tl.constexpr, BINS: tl.constexpr, COUNTED: tl.constexpr, ACC: tl.constexpr):
+    t = tl.program_id(0)
+    p = tl.program_id(1)
+    offset = tl.load(table + t)
+    length = tl.load(table + n + t)
+    rows = tl.cdiv(length, ROW)
+    if p < rows:
+        # the range: the row's fixed one where both its edges are finite, else the tensor's [min, max]
+        fixed_lo = tl.load(edges + 2 * t)
+        fixed_hi = tl.load(edges + 2 * t + 1)
+        given = (tl.abs(fixed_lo) < float("inf")) & (tl.abs(fixed_hi) < float("inf"))
+        lo = tl.where(given, fixed_lo, tl.load(sums + t * SUMS + 3)).to(ACC)
+        hi = tl.where(given, fixed_hi, tl.load(sums + t * SUMS + 4)).to(ACC)
+        width = tl.where(hi > lo, hi - lo, 1.0)
+        # bins / width as torch's division rounds it in ACC: divided in float64 (exactly rounded,
+        # where Triton's float32 division is not), then rounded once to ACC (exact for float32:
+        # float64 holds more than twice its digits). An infinite range bins nothing (NaN scale).
+        scale = (BINS / width.to(tl.float64)).to(ACC)
+        scale = tl.where(tl.abs(width) < float("inf"), scale, float("nan"))
+        lane = tl.arange(0, BLOCK)
+        total = tl.zeros([COUNTED], tl.int32)
+        for row in range(p, rows, programs):
+            start = offset + row * ROW
+            filled = tl.minimum(length - row * ROW, ROW)
+            for at in range(0, filled, BLOCK):
+                inside = at + lane < filled
+                x = tl.load(base + start + at + lane, mask=inside, other=0.0).to(ACC)
+                scaled = (x - lo) * scale
+                # finite: |scaled| < inf, false for NaN (not ``scaled - scaled == 0``: FP fusion makes
+                # that an fma, the product's rounding error, 0 only where the product is exact)
+                counted = inside & (tl.abs(scaled) < float("inf"))
+                index = tl.minimum(tl.maximum(tl.where(counted, scaled, 0.0), 0.0), BINS - 1).to(tl.int32)
+                # the values left out go to bin BINS, past the counted ones (COUNTED > BINS)
+                total += tl.histogram(tl.where(counted, index, BINS), COUNTED)
+        bin_ids = tl.arange(0, COUNTED)
+        tl.atomic_add(counts + t * BINS + bin_ids, total.to(tl.float32), mask=bin_ids < BINS)
 
 
 #: The device tables of the last batches (see batch_sums), by their tensors' addresses, lengths
@@ -151,10 +203,12 @@ _tables: dict[tuple, torch.Tensor] = {}
 _TABLES = 64
 
 
-def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
+def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
     device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
-    it without waiting for it.
+    it without waiting for it; with ``bins``, also their histogram counts ``(len(tensors), bins)``
+    float32, over ``edges`` ((n, 2) float64, each tensor's fixed range; NaN: its own [min, max]).
 
     The tensors must stay alive until the kernels have been queued (they are, by the time this
     returns); their memory is read in stream order, as a torch op would read it.
@@ -169,18 +223,31 @@ def batch_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     if table is None:
         # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
         offsets = (np.array(addresses, np.int64) - addresses[0]) // base.element_size()
-        table = torch.from_numpy(np.concatenate([offsets, np.array(lengths, np.int64)]))
-        if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
-            table = table.pin_memory()
         if len(_tables) >= _TABLES:
             _tables.clear()
-        table = _tables[key] = table.to(device, non_blocking=True)
+        table = _tables[key] = _upload(np.concatenate([offsets, np.array(lengths, np.int64)]), device)
     programs = min(-(-max(lengths) // ROW), PROGRAMS)
     out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
     sums, partials = out[:n * SUMS], out[n * SUMS:]
+    counts = torch.empty(n * bins if bins else 1, dtype=torch.float32, device=device)
+    # the counts' length rounded up to a power of two, past the last bin: where left-out values go
+    counted = triton.next_power_of_2(bins + 1)
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32
     tensor_partials[(n, programs)](base, table, n, programs, partials, ROW=ROW, BLOCK=BLOCK, PARTIALS=PARTIALS,
                                    ACC=acc)
-    tensor_sums[(n,)](base, table, n, programs, partials, sums, ROW=ROW, LANES=64, PARTIALS=PARTIALS,
-                      SUMS=SUMS, ACC=acc)
-    return sums.view(n, SUMS)
+    tensor_sums[(n,)](base, table, n, programs, partials, sums, counts, ROW=ROW, LANES=64, PARTIALS=PARTIALS,
+                      SUMS=SUMS, ACC=acc, BINS=bins, COUNTED=counted)
+    if not bins:
+        return sums.view(n, SUMS), None
+    ranges = _upload(np.ascontiguousarray(edges if edges is not None else np.full((n, 2), np.nan), np.float64), device)
+    tensor_histograms[(n, programs)](base, table, n, programs, sums, ranges, counts, ROW=ROW, BLOCK=BLOCK,
+                                     SUMS=SUMS, BINS=bins, COUNTED=counted, ACC=acc)
+    return sums.view(n, SUMS), counts.view(n, bins)
+
+
+def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` on ``device``, by a copy that does not wait for the device."""
+    host = torch.from_numpy(array)
+    if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

@@ -166,8 +166,8 @@ class Reducer:
 
 
 def default_reducers(bins: int | None = None) -> list[Reducer]:
-    """Compiled kernels for CPU tensors, the Triton kernels for CUDA tensors (without histograms:
-    torch's kernels bin them), torch's kernels for the rest."""
+    """Compiled kernels for CPU tensors, the Triton kernels for CUDA tensors, torch's kernels for
+    the rest."""
     from workbench.instrument.reduce_cpu import CompiledCpuReducer
     from workbench.instrument.reduce_torch import TorchReducer
     from workbench.instrument.reduce_triton import TritonReducer

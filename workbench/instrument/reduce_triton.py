@@ -1,7 +1,14 @@
 """The Triton reducer: CUDA tensors batched and read where they lie by two Triton kernels
-(:mod:`workbench.instrument._triton_kernels`), their sums left on the device until the step's
-rows are read. On a GPU a small step is bound by the host, and each torch op is a launch: two
-launches per batch replace torch's few dozen."""
+(:mod:`workbench.instrument._triton_kernels`), three with histograms, their sums and counts left
+on the device until the step's rows are read. On a GPU a small step is bound by the host, and
+each torch op is a launch: two or three launches per batch replace torch's few dozen.
+
+The first batch with histograms of each device and dtype is also binned by torch's kernels, and the counts
+compared when the step's rows are read (one wait for the device, once): the kernel bins with the
+same float arithmetic, so they agree value for value; where they do not (a GPU or Triton release
+that compiles the kernel's arithmetic otherwise), that step takes torch's counts, and torch's
+kernels bin every later batch, with a warning. The interpreter that runs the kernels in the tests
+does not compile them; this check is what vouches for each GPU they run on."""
 
 from __future__ import annotations
 
@@ -10,10 +17,11 @@ import warnings
 from collections.abc import Collection
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from workbench.instrument.reduce import EMPTY, DeviceSums, Reducer
-from workbench.instrument.reduce_torch import STAGE_BYTES
+from workbench.instrument.reduce_torch import STAGE_BYTES, as_float, chunk_sums
 
 __all__ = ["TritonReducer"]
 
@@ -31,9 +39,10 @@ def _import_kernels() -> ModuleType | None:
 
 
 class TritonReducer(Reducer):
-    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types), when the
-    step keeps no histograms (torch's kernels bin them). A batch that fails to compile or launch
-    sends its tensors, and every later one, to ``fallback``, with a warning.
+    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types). A batch
+    that fails to compile or launch sends its tensors, and every later one, to ``fallback``, with a
+    warning; histograms that differ from torch's kernels' (the module doc) send the tensors of
+    every later step with histograms there.
 
     Args:
         fallback: the reducer that takes over after a failure (a TorchReducer).
@@ -48,6 +57,9 @@ class TritonReducer(Reducer):
         self.fallback, self.devices = fallback, frozenset(devices)
         self._kernels = kernels
         self._usable = True  # False once Triton cannot be imported or a batch failed
+        self._bins_usable = True  # False once the kernel's histograms differed from torch's
+        self._checked: set[tuple[torch.device, torch.dtype]] = set()  # whose first histogram batch was checked
+        self._checks: list[tuple[tuple, DeviceSums, torch.Tensor]] = []  # (batch, the kernel's rows, torch's counts)
         self._batched: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, int]]] = {}
         self._batched_bytes = 0
         self._reduced: list[DeviceSums] = []
@@ -55,7 +67,8 @@ class TritonReducer(Reducer):
     def takes(self, x: torch.Tensor) -> bool:
         # the usual tensor on a GPU: this runs for every one, in the fewest calls
         # (``x.device.type`` alone costs as much as the rest)
-        return (self._usable and not self.host.bins and x.dtype in _DTYPES and x.layout is torch.strided
+        return (self._usable and (self._bins_usable or not self.host.bins) and x.dtype in _DTYPES
+                and x.layout is torch.strided
                 and not x.is_nested and not x.is_neg() and ("cuda" if x.is_cuda else x.device.type) in self.devices
                 and self._loaded())
 
@@ -92,12 +105,20 @@ class TritonReducer(Reducer):
     def flush(self) -> None:
         """Launch the kernels on the batched tensors (they may change once the launch is queued)."""
         batched, self._batched, self._batched_bytes = self._batched, {}, 0
-        for (device, _), entries in batched.items():
+        bins = self.host.bins or 0
+        for batch, entries in batched.items():
+            device = batch[0]
             if self._usable:
+                tensors, rows = [x for x, _ in entries], [row for _, row in entries]
+                edges = self.host.edges[rows] if bins else None
                 try:
                     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-                        sums = self._kernels.batch_sums([x for x, _ in entries])
-                    self._reduced.append(DeviceSums([row for _, row in entries], sums))
+                        sums, counts = self._kernels.batch_sums(tensors, bins, edges)
+                    reduced = DeviceSums(rows, sums, counts)
+                    if counts is not None and batch not in self._checked:
+                        self._checked.add(batch)
+                        self._checks.append((batch, reduced, _torch_counts(tensors, bins, edges)))
+                    self._reduced.append(reduced)
                     continue
                 except Exception as exc:  # (a GPU or Triton build the kernels do not compile for)
                     self._give_up(exc)
@@ -111,10 +132,30 @@ class TritonReducer(Reducer):
 
     def collect(self) -> list[DeviceSums]:
         self.flush()
+        checks, self._checks = self._checks, []
+        for _, reduced, want in checks:
+            if not torch.equal(reduced.counts, want):  # (waits for the device: once per device and dtype)
+                self._bins_usable = False
+                differ = int((reduced.counts != want).sum())
+                reduced.counts = want
+                warnings.warn(
+                    f"workbench.watch: the Triton histogram kernel's counts differ from torch's kernels' on "
+                    f"{want.device} ({differ} of {want.numel()} bins); this step's histograms are torch's, and "
+                    "torch's kernels bin them from now on (slower, same results).", RuntimeWarning, stacklevel=4)
         reduced, self._reduced = self._reduced, []
         return reduced
 
     def reset(self) -> None:
         self._batched.clear()
         self._reduced.clear()
+        for batch, _, _ in self._checks:  # (a step dropped before its rows were read: the next one is checked)
+            self._checked.discard(batch)
+        self._checks.clear()
         self._batched_bytes = 0
+
+
+def _torch_counts(tensors: list[torch.Tensor], bins: int, edges) -> torch.Tensor:
+    """The histogram counts torch's kernels give the tensors of one batch (what the Triton
+    kernel's must equal)."""
+    lengths = np.array([x.numel() for x in tensors], np.int64)
+    return chunk_sums(torch.cat([as_float(x).reshape(-1) for x in tensors]), lengths, bins, edges)[3]
