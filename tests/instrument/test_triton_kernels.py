@@ -123,9 +123,10 @@ def test_the_triton_histograms_count_every_value_where_torchs_kernels_do(dtype, 
 
 
 def test_histograms_that_differ_from_torchs_are_replaced_by_torchs_with_a_warning(interpreted_triton):
-    """The first histogram batch is checked against torch's kernels: counts that differ (a GPU
-    that compiles the kernel's arithmetic otherwise; here a kernel that drops a value) are replaced
-    by torch's, that step and from then on, with a warning; the statistics stay the kernels'."""
+    """Until checked, each histogram batch is also binned by torch's kernels: counts that differ (a
+    GPU that compiles the kernel's arithmetic otherwise; here a kernel that drops a value) are
+    replaced by torch's in every batch of the step, and torch's kernels bin from then on, with a
+    warning; the statistics stay the kernels'."""
     kernels = interpreted_triton_kernels()
 
     class Miscounting:
@@ -141,25 +142,28 @@ def test_histograms_that_differ_from_torchs_are_replaced_by_torchs_with_a_warnin
 
     reducers = interpreted_triton(kernels=Miscounting)
     step = StepSums(bins=4, reducers=reducers)
-    first = [torch.randn(300) + 1, torch.randn(50) * 2]
-    for x in first:
-        step.add(x)
-    with pytest.warns(RuntimeWarning, match=r"histogram kernel's counts differ from torch's .*\(1 of 8 bins\)"):
+    first = [torch.randn(300) + 1, torch.randn(50) * 2, torch.randn(70).double(), torch.randn(20)]
+    for i, x in enumerate(first):
+        step.add(x, defer=True)
+        if i == 1:
+            step.flush()  # (a second float32 batch in the step: the end of a backward)
+    with pytest.warns(RuntimeWarning, match=r"histogram kernel's counts differ from torch's .*\(cpu float32: 1 of 8 "
+                                            r"bins, cpu float64: 1 of 4 bins, cpu float32: 1 of 4 bins\)"):
         _, counts = step.rows()
-    np.testing.assert_array_equal(counts, _torch_counts(first, 4, None))
-    assert Miscounting.calls == 1
+    np.testing.assert_array_equal(counts, np.concatenate([_torch_counts([x], 4, None) for x in first]))
+    assert Miscounting.calls == 3
     step.reset()
     later = torch.randn(80) - 2
     step.add(later)  # to torch's kernels: no second warning (warnings are errors here)
     sums, counts = step.rows()
-    assert Miscounting.calls == 1
+    assert Miscounting.calls == 3
     np.testing.assert_array_equal(counts, _torch_counts([later], 4, None))
     assert finish(np.array([80]), sums)["mean"][0] == pytest.approx(later.double().mean().item(), rel=1e-5)
     # without histograms the kernels still take the tensors (their statistics were never in question)
     plain = StepSums(reducers=reducers)
     plain.add(later)
     plain.rows()
-    assert Miscounting.calls == 2
+    assert Miscounting.calls == 4
 
 
 def test_histograms_that_match_torchs_are_the_kernels_own(interpreted_triton):
@@ -187,6 +191,17 @@ def test_histograms_that_match_torchs_are_the_kernels_own(interpreted_triton):
         np.testing.assert_array_equal(counts, want.rows()[1])
         step.reset()
     assert batches == [2, 2]
+
+
+def test_torchs_kernels_count_past_float32s_whole_numbers():
+    """What the kernel's counts are compared with: torch's path counts in integers (a float32
+    count would stop at 2**24, where adding one changes nothing)."""
+    n = 2**24 + 5
+    x = torch.zeros(n)
+    x[-1] = 1.0
+    step = StepSums(bins=2, reducers=[TorchReducer()])
+    step.add(x, defer=True)
+    assert step.rows()[1].tolist() == [[n - 1, 1]]
 
 
 # Compiles the histogram kernel for an H100 (sm_90) without one: Triton's compiler and ptxas run on

@@ -154,14 +154,13 @@ def exact_pass(x, out):  # pragma: no cover (compiled)
 
 @njit(nogil=True, cache=True)
 def _bin_range(x0, sums, edges):  # pragma: no cover (compiled)
-    """``(low, width, ok)`` of the bins: over ``edges`` (2 float64) where they are finite (the
-    row's fixed range), else over the tensor's [min, max] from ``sums`` (a width of 1 where that
-    is one value); in x's dtype (``x0``). ``ok`` is False when the range is not finite (nothing
-    is binned)."""
-    bins_lo, bins_hi = edges[0], edges[1]
-    if not (np.isfinite(bins_lo) and np.isfinite(bins_hi)):
-        bins_lo, bins_hi = sums[3], sums[4]
-    low, high = _like(x0, bins_lo), _like(x0, bins_hi)
+    """``(low, width, ok)`` of the bins: over ``edges`` (2 float64) where they are finite in x's
+    dtype (the row's fixed range), else over the tensor's [min, max] from ``sums`` (a width of 1
+    where that is one value); in x's dtype (``x0``). ``ok`` is False when the range is not finite
+    (nothing is binned)."""
+    low, high = _like(x0, edges[0]), _like(x0, edges[1])
+    if not (np.isfinite(low) and np.isfinite(high)):
+        low, high = _like(x0, sums[3]), _like(x0, sums[4])
     width = high - low if high > low else _like(low, 1.0)
     return low, width, np.isfinite(width)
 

@@ -220,7 +220,7 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None,
         and the filler values in its last row (host int64 arrays, (n,));
         each row's sums and its tensor's first value, (rows, 10) in the
         tensors' dtype on their device; and the histogram counts of each
-        tensor, (n, bins) float32 on the device, or None.
+        tensor, (n, bins) int32 on the device, or None.
     """
     rows = -(-lengths // CHUNK)
     n, grid_rows, device = len(lengths), int(rows.sum()), data.device
@@ -271,13 +271,21 @@ def _binned(grid: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tensor_of_ro
     """Counts (n, bins) of the values of each grid row (where ``in_tensor``) in ``bins`` equal bins
     spanning its tensor's [lo, hi] (given per row): the arithmetic of :func:`device_histogram`."""
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-    scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
+    scale = torch.where(torch.isfinite(width), _bins_over(width, bins), torch.full_like(width, float("nan")))
     scaled = (grid - lo[:, None]) * scale[:, None]
-    weight = (torch.isfinite(scaled) & in_tensor).to(torch.float32)  # non-finite values (and ranges) left out
+    weight = (torch.isfinite(scaled) & in_tensor).to(torch.int32)  # non-finite values (and ranges) left out
     index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
     index.add_(tensor_of_row[:, None] * bins)
-    counts = torch.zeros(n * bins, dtype=torch.float32, device=grid.device)
+    # whole numbers, in int32: a float32 count stops at 2**24 (adding 1 to it changes nothing)
+    counts = torch.zeros(n * bins, dtype=torch.int32, device=grid.device)
     return counts.scatter_add_(0, index.view(-1), weight.view(-1)).view(n, bins)
+
+
+def _bins_over(width: torch.Tensor, bins: int) -> torch.Tensor:
+    """``bins / width``, one division rounded once, as the compiled and Triton kernels divide (a
+    Python number over a tensor, ``bins / width``, is ``width.reciprocal() * bins`` in torch:
+    rounded twice, and a value near a bin edge can land in the next bin)."""
+    return torch.full_like(width, bins) / width
 
 
 def combine_chunks(grid_sums: np.ndarray, grid_rows: np.ndarray, filler: np.ndarray) -> np.ndarray:
@@ -354,18 +362,19 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int 
         counts += zeros_histogram(sums, zeros, x.dtype, bins)
     if x.numel() == 0:
         return counts
-    lo, hi = sums[MIN], sums[MAX]
-    if edges is not None:
+    lo, hi = sums[MIN].to(x.dtype), sums[MAX].to(x.dtype)
+    if edges is not None:  # (finite in x's dtype, as the other paths take them)
+        edges = edges.to(x.dtype)
         given = torch.isfinite(edges).all()
         lo, hi = torch.where(given, edges[0], lo), torch.where(given, edges[1], hi)
-    lo, hi = lo.to(x.dtype), hi.to(x.dtype)
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     # an infinite range (the tensor holds an infinity) bins nothing: its edges would be meaningless
-    scale = torch.where(torch.isfinite(width), bins / width, torch.full_like(width, float("nan")))
+    scale = torch.where(torch.isfinite(width), _bins_over(width, bins), torch.full_like(width, float("nan")))
     scaled = (x - lo) * scale
-    finite = torch.isfinite(scaled).to(torch.float32)  # non-finite inputs (and a non-finite range) left out
+    finite = torch.isfinite(scaled).to(torch.int32)  # non-finite inputs (and a non-finite range) left out
     index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
-    return counts.scatter_add_(0, index, finite)
+    # counted in int32 (a float32 count stops at 2**24), then float32 as the rows keep them
+    return counts + torch.zeros(bins, dtype=torch.int32, device=x.device).scatter_add_(0, index, finite)
 
 
 def zeros_histogram(sums: torch.Tensor, zeros: int, dtype: torch.dtype, bins: int) -> torch.Tensor:

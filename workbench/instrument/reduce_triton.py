@@ -3,12 +3,13 @@
 on the device until the step's rows are read. On a GPU a small step is bound by the host, and
 each torch op is a launch: two or three launches per batch replace torch's few dozen.
 
-The first batch with histograms of each device and dtype is also binned by torch's kernels, and the counts
-compared when the step's rows are read (one wait for the device, once): the kernel bins with the
-same float arithmetic, so they agree value for value; where they do not (a GPU or Triton release
-that compiles the kernel's arithmetic otherwise), that step takes torch's counts, and torch's
-kernels bin every later batch, with a warning. The interpreter that runs the kernels in the tests
-does not compile them; this check is what vouches for each GPU they run on."""
+Until its histograms have been checked on a device and dtype, each batch of them is also binned
+by torch's kernels, and the counts compared when the step's rows are read (one wait for the
+device, at the first step): the kernel bins with the same float arithmetic, so they agree value
+for value. Where they do not (a GPU or Triton release that compiles the kernel's arithmetic
+otherwise), the step's histograms are torch's counts, and torch's kernels bin every later batch,
+with a warning. The interpreter that runs the kernels in the tests does not compile them; this
+check is what vouches for each GPU they run on."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class TritonReducer(Reducer):
         self._kernels = kernels
         self._usable = True  # False once Triton cannot be imported or a batch failed
         self._bins_usable = True  # False once the kernel's histograms differed from torch's
-        self._checked: set[tuple[torch.device, torch.dtype]] = set()  # whose first histogram batch was checked
+        self._verified: set[tuple[torch.device, torch.dtype]] = set()  # whose histograms matched torch's
         self._checks: list[tuple[tuple, DeviceSums, torch.Tensor]] = []  # (batch, the kernel's rows, torch's counts)
         self._batched: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, int]]] = {}
         self._batched_bytes = 0
@@ -114,14 +115,14 @@ class TritonReducer(Reducer):
                 try:
                     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                         sums, counts = self._kernels.batch_sums(tensors, bins, edges)
-                    reduced = DeviceSums(rows, sums, counts)
-                    if counts is not None and batch not in self._checked:
-                        self._checked.add(batch)
-                        self._checks.append((batch, reduced, _torch_counts(tensors, bins, edges)))
-                    self._reduced.append(reduced)
-                    continue
                 except Exception as exc:  # (a GPU or Triton build the kernels do not compile for)
                     self._give_up(exc)
+                else:
+                    reduced = DeviceSums(rows, sums, counts)
+                    self._reduced.append(reduced)
+                    if counts is not None and batch not in self._verified:
+                        self._check(batch, reduced, tensors, bins, edges)
+                    continue
             for x, row in entries:  # to torch's kernels (x is a copy, or kept by reference, as before)
                 self.fallback.add(x, row, defer=True)
 
@@ -130,32 +131,37 @@ class TritonReducer(Reducer):
         warnings.warn(f"workbench.watch: the Triton kernels failed ({type(exc).__name__}: {exc}); statistics on "
                       "the GPU fall back to torch's kernels (slower, same results).", RuntimeWarning, stacklevel=4)
 
+    def _check(self, batch: tuple, reduced: DeviceSums, tensors: list[torch.Tensor], bins: int, edges) -> None:
+        """Keep torch's counts of the batch, to compare with the kernel's in :meth:`collect`."""
+        try:
+            lengths = np.array([x.numel() for x in tensors], np.int64)
+            want = chunk_sums(torch.cat([as_float(x).reshape(-1) for x in tensors]), lengths, bins, edges)[3]
+        except Exception:  # (out of memory ...) no check this time: the batch after is checked
+            return
+        self._checks.append((batch, reduced, want))
+
     def collect(self) -> list[DeviceSums]:
         self.flush()
         checks, self._checks = self._checks, []
-        for _, reduced, want in checks:
-            if not torch.equal(reduced.counts, want):  # (waits for the device: once per device and dtype)
-                self._bins_usable = False
-                differ = int((reduced.counts != want).sum())
+        differ = [(batch, int((reduced.counts != want).sum()), want.numel())  # (waits for the device)
+                  for batch, reduced, want in checks if not torch.equal(reduced.counts, want)]
+        if differ:  # every batch checked this step takes torch's counts; torch's kernels bin from now on
+            self._bins_usable = False
+            for _, reduced, want in checks:
                 reduced.counts = want
-                warnings.warn(
-                    f"workbench.watch: the Triton histogram kernel's counts differ from torch's kernels' on "
-                    f"{want.device} ({differ} of {want.numel()} bins); this step's histograms are torch's, and "
-                    "torch's kernels bin them from now on (slower, same results).", RuntimeWarning, stacklevel=4)
+            where = ", ".join(f"{device} {str(dtype).removeprefix('torch.')}: {bad} of {total} bins"
+                              for (device, dtype), bad, total in differ)
+            warnings.warn(f"workbench.watch: the Triton histogram kernel's counts differ from torch's kernels' "
+                          f"({where}); torch's counts replace them in this step, and torch's kernels bin every "
+                          "histogram from now on (slower, same results).", RuntimeWarning, stacklevel=4)
+        else:
+            self._verified.update(batch for batch, _, _ in checks)
         reduced, self._reduced = self._reduced, []
         return reduced
 
     def reset(self) -> None:
         self._batched.clear()
         self._reduced.clear()
-        for batch, _, _ in self._checks:  # (a step dropped before its rows were read: the next one is checked)
-            self._checked.discard(batch)
-        self._checks.clear()
+        self._checks.clear()  # (a step dropped before its rows were read: the next one is checked)
         self._batched_bytes = 0
 
-
-def _torch_counts(tensors: list[torch.Tensor], bins: int, edges) -> torch.Tensor:
-    """The histogram counts torch's kernels give the tensors of one batch (what the Triton
-    kernel's must equal)."""
-    lengths = np.array([x.numel() for x in tensors], np.int64)
-    return chunk_sums(torch.cat([as_float(x).reshape(-1) for x in tensors]), lengths, bins, edges)[3]
