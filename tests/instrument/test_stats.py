@@ -402,6 +402,20 @@ def test_a_reset_step_reduces_the_next_tensors_as_a_new_one_would_over_the_rows_
         np.testing.assert_array_equal(row, clamped_histogram(x, lo, hi, 8))
 
 
+def test_a_range_widened_past_float32s_largest_value_stops_there():
+    """The values fit float32, their range widened by a margin would not: the kept range stops at
+    float32's largest value, so that every path bins over the edges the row reports."""
+    x = torch.tensor([0.0, 1e38, 2e38, 3.3e38])
+    step = StepSums(bins=4, capacity=1, reducers=REDUCERS(), fixed_ranges=True)
+    for _ in range(2):
+        step.add_many([x]) if MANY else step.add(x, defer=DEFER)
+        counts = step.rows()[1]
+        edges = step.binning()[0][0]
+        step.reset()
+    assert edges.tolist() == [0.0, float(np.finfo(np.float32).max)]
+    np.testing.assert_array_equal(counts[0], clamped_histogram(x, *edges, 4))
+
+
 def test_more_tensors_than_the_kept_batch_table_holds_are_each_reduced():
     g = torch.Generator().manual_seed(3)
     tensors = [torch.randn(5 + i, generator=g) + i / 10 for i in range(150)]  # the table starts at 64 rows

@@ -213,7 +213,7 @@ from triton.compiler import ASTSource
 from workbench.instrument import _triton_kernels as k
 for dtype in ("fp32", "fp16"):
     signature = {"base": "*" + dtype, "table": "*i64", "n": "i32", "programs": "i32", "sums": "*fp64",
-                 "edges": "*fp64", "counts": "*fp32", "ROW": "constexpr", "BLOCK": "constexpr", "SUMS": "constexpr",
+                 "edges": "*fp64", "counts": "*i64", "ROW": "constexpr", "BLOCK": "constexpr", "SUMS": "constexpr",
                  "BINS": "constexpr", "COUNTED": "constexpr", "ACC": "constexpr"}
     constants = {"ROW": k.ROW, "BLOCK": k.BLOCK, "SUMS": 9, "BINS": 32, "COUNTED": 64, "ACC": tl.float32}
     ptx = triton.compile(ASTSource(k.tensor_histograms, signature, constants), target=GPUTarget("cuda", 90, 32)).asm["ptx"]

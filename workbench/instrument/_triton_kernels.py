@@ -25,7 +25,7 @@ the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
   (:func:`~workbench.instrument.reduce_torch.device_histogram`): the same
   float operations in the same precision, so that every value lands in the
   same bin. Each program counts its rows with ``tl.histogram`` and adds its
-  counts to its tensor's with int32 atomic adds (exact, in any order).
+  counts to its tensor's with int64 atomic adds (exact, in any order).
 
 The host sends only each tensor's offset and length: the layout is worked
 out on the device.
@@ -153,7 +153,7 @@ def tensor_sums(base, table, n, programs, partials, sums, counts, ROW: tl.conste
     tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
     if BINS > 0:  # the tensor's histogram counts start at zero (tensor_histograms adds to them)
         bin_ids = tl.arange(0, COUNTED)
-        tl.store(counts + t * BINS + bin_ids, tl.zeros([COUNTED], tl.int32), mask=bin_ids < BINS)
+        tl.store(counts + t * BINS + bin_ids, tl.zeros([COUNTED], tl.int64), mask=bin_ids < BINS)
 
 
 @triton.jit
@@ -194,7 +194,7 @@ def tensor_histograms(base, table, n, programs, sums, edges, counts, ROW: tl.con
                 # the values left out go to bin BINS, past the counted ones (COUNTED > BINS)
                 total += tl.histogram(tl.where(counted, index, BINS), COUNTED)
         bin_ids = tl.arange(0, COUNTED)
-        tl.atomic_add(counts + t * BINS + bin_ids, total, mask=bin_ids < BINS)
+        tl.atomic_add(counts + t * BINS + bin_ids, total.to(tl.int64), mask=bin_ids < BINS)
 
 
 #: The device tables of the last batches (see batch_sums), by their tensors' addresses, lengths
@@ -209,7 +209,7 @@ def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | N
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
     device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
     it without waiting for it; with ``bins``, also their histogram counts ``(len(tensors), bins)``
-    int32, over ``edges`` ((n, 2) float64, each tensor's fixed range; NaN: its own [min, max]).
+    int64, over ``edges`` ((n, 2) float64, each tensor's fixed range; NaN: its own [min, max]).
 
     The tensors must stay alive until the kernels have been queued (they are, by the time this
     returns); their memory is read in stream order, as a torch op would read it.
@@ -230,7 +230,7 @@ def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | N
     programs = min(-(-max(lengths) // ROW), PROGRAMS)
     out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
     sums, partials = out[:n * SUMS], out[n * SUMS:]
-    counts = torch.empty(n * bins if bins else 1, dtype=torch.int32, device=device)
+    counts = torch.empty(n * bins if bins else 1, dtype=torch.int64, device=device)
     # the counts' length rounded up to a power of two, past the last bin: where left-out values go
     counted = triton.next_power_of_2(bins + 1)
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32

@@ -61,6 +61,7 @@ EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
 MARGIN = 0.125
 #: A row whose values span less than this share of its range gets a new range.
 SHRINK = 0.25
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class HostRows:
@@ -104,7 +105,9 @@ def next_ranges(sums: np.ndarray, edges: np.ndarray) -> np.ndarray:
     (rows, 9) and its fixed range ``edges`` (rows, 2) of this step (NaN: none): kept while the
     values lie in it and span at least :data:`SHRINK` of it; else their own range widened by
     :data:`MARGIN` (NaN where that is not a finite range of some width: the next step bins over
-    its own range)."""
+    its own range). The widening stops at float32's largest value where the values lie within
+    it: the reductions bin in the tensor's float type (float32 for float16 and bfloat16), and take
+    a range that is not finite there for none."""
     lo, hi = sums[:, MIN], sums[:, MAX]
     kept_lo, kept_hi = edges[:, 0], edges[:, 1]
     with np.errstate(invalid="ignore"):
@@ -112,6 +115,8 @@ def next_ranges(sums: np.ndarray, edges: np.ndarray) -> np.ndarray:
         margin = MARGIN * (hi - lo)
         new_lo = np.where(lo >= 0, np.maximum(lo - margin, 0.0), lo - margin)
         new_hi = np.where(hi <= 0, np.minimum(hi + margin, 0.0), hi + margin)
+        new_lo = np.where(lo >= -_FLOAT32_MAX, np.maximum(new_lo, -_FLOAT32_MAX), new_lo)
+        new_hi = np.where(hi <= _FLOAT32_MAX, np.minimum(new_hi, _FLOAT32_MAX), new_hi)
         usable = np.isfinite(new_lo) & np.isfinite(new_hi) & (hi > lo)
     fresh = np.where(usable[:, None], np.column_stack([new_lo, new_hi]), np.nan)
     return np.where(keep[:, None], edges, fresh)

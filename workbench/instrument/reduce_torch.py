@@ -220,7 +220,7 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None,
         and the filler values in its last row (host int64 arrays, (n,));
         each row's sums and its tensor's first value, (rows, 10) in the
         tensors' dtype on their device; and the histogram counts of each
-        tensor, (n, bins) int32 on the device, or None.
+        tensor, (n, bins) int64 on the device, or None.
     """
     rows = -(-lengths // CHUNK)
     n, grid_rows, device = len(lengths), int(rows.sum()), data.device
@@ -273,19 +273,23 @@ def _binned(grid: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tensor_of_ro
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     scale = torch.where(torch.isfinite(width), _bins_over(width, bins), torch.full_like(width, float("nan")))
     scaled = (grid - lo[:, None]) * scale[:, None]
-    weight = (torch.isfinite(scaled) & in_tensor).to(torch.int32)  # non-finite values (and ranges) left out
+    weight = (torch.isfinite(scaled) & in_tensor).long()  # non-finite values (and ranges) left out
     index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
     index.add_(tensor_of_row[:, None] * bins)
-    # whole numbers, in int32: a float32 count stops at 2**24 (adding 1 to it changes nothing)
-    counts = torch.zeros(n * bins, dtype=torch.int32, device=grid.device)
+    # whole numbers: a float32 count stops at 2**24 (adding 1 to it changes nothing), an int32 one
+    # wraps at 2**31 (a bin of a large attention tensor's zeros can hold more)
+    counts = torch.zeros(n * bins, dtype=torch.int64, device=grid.device)
     return counts.scatter_add_(0, index.view(-1), weight.view(-1)).view(n, bins)
 
 
 def _bins_over(width: torch.Tensor, bins: int) -> torch.Tensor:
-    """``bins / width``, one division rounded once, as the compiled and Triton kernels divide (a
-    Python number over a tensor, ``bins / width``, is ``width.reciprocal() * bins`` in torch:
-    rounded twice, and a value near a bin edge can land in the next bin)."""
-    return torch.full_like(width, bins) / width
+    """``bins / width`` in ``width``'s float type, one division rounded once, as the compiled and
+    Triton kernels divide: in float64, then rounded to the type (for float32 the same as one
+    float32 division, float64 holding more than twice its digits). Not ``bins / width`` (a Python
+    number over a tensor is ``width.reciprocal() * bins`` in torch, rounded twice: a value near a
+    bin edge can land in the next bin), nor a float32 division, which inductor compiles to Triton's
+    approximate one in a compiled graph on a GPU."""
+    return (torch.full_like(width, bins, dtype=torch.float64) / width.double()).to(width.dtype)
 
 
 def combine_chunks(grid_sums: np.ndarray, grid_rows: np.ndarray, filler: np.ndarray) -> np.ndarray:
@@ -371,10 +375,10 @@ def device_histogram(x: torch.Tensor, sums: torch.Tensor, bins: int, zeros: int 
     # an infinite range (the tensor holds an infinity) bins nothing: its edges would be meaningless
     scale = torch.where(torch.isfinite(width), _bins_over(width, bins), torch.full_like(width, float("nan")))
     scaled = (x - lo) * scale
-    finite = torch.isfinite(scaled).to(torch.int32)  # non-finite inputs (and a non-finite range) left out
+    finite = torch.isfinite(scaled).long()  # non-finite inputs (and a non-finite range) left out
     index = torch.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).clamp_(0, bins - 1).long()
-    # counted in int32 (a float32 count stops at 2**24), then float32 as the rows keep them
-    return counts + torch.zeros(bins, dtype=torch.int32, device=x.device).scatter_add_(0, index, finite)
+    # counted in integers (a float32 count stops at 2**24), then float32 as the rows keep them
+    return counts + torch.zeros(bins, dtype=torch.int64, device=x.device).scatter_add_(0, index, finite)
 
 
 def zeros_histogram(sums: torch.Tensor, zeros: int, dtype: torch.dtype, bins: int) -> torch.Tensor:

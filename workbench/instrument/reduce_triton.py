@@ -132,11 +132,16 @@ class TritonReducer(Reducer):
                       "the GPU fall back to torch's kernels (slower, same results).", RuntimeWarning, stacklevel=4)
 
     def _check(self, batch: tuple, reduced: DeviceSums, tensors: list[torch.Tensor], bins: int, edges) -> None:
-        """Keep torch's counts of the batch, to compare with the kernel's in :meth:`collect`."""
+        """Keep torch's counts of the batch, to compare with the kernel's in :meth:`collect`. Not of a
+        batch larger than a stage (one large tensor): torch's kernels take several times its memory
+        (a batch of the same dtype and device is checked instead; the smaller tensors of a step,
+        biases and norms among them, make such batches)."""
+        lengths = np.array([x.numel() for x in tensors], np.int64)
+        if int(lengths.sum()) * tensors[0].element_size() > STAGE_BYTES:
+            return
         try:
-            lengths = np.array([x.numel() for x in tensors], np.int64)
             want = chunk_sums(torch.cat([as_float(x).reshape(-1) for x in tensors]), lengths, bins, edges)[3]
-        except Exception:  # (out of memory ...) no check this time: the batch after is checked
+        except torch.cuda.OutOfMemoryError:  # no check this time: a later batch is checked
             return
         self._checks.append((batch, reduced, want))
 
