@@ -3,13 +3,13 @@
 on the device until the step's rows are read. On a GPU a small step is bound by the host, and
 each torch op is a launch: two or three launches per batch replace torch's few dozen.
 
-Until its histograms have been checked on a device and dtype, each batch of them is also binned
-by torch's kernels, and the counts compared when the step's rows are read (one wait for the
-device, at the first step): the kernel bins with the same float arithmetic, so they agree value
-for value. Where they do not (a GPU or Triton release that compiles the kernel's arithmetic
-otherwise), the step's histograms are torch's counts, and torch's kernels bin every later batch,
-with a warning. The interpreter that runs the kernels in the tests does not compile them; this
-check is what vouches for each GPU they run on."""
+Until its histograms have been checked on a device and dtype, each batch of them (up to a
+stage's size) is also binned by torch's kernels, and the counts compared when the step's rows are
+read (one wait for the device, at the first step): the kernel bins with the same float
+arithmetic, so they agree value for value. Where they do not (a GPU or Triton release that
+compiles the kernel's arithmetic otherwise), the step's checked batches take torch's counts, and
+torch's kernels bin every later batch, with a warning. The interpreter that runs the kernels in
+the tests does not compile them; this check is what vouches for each GPU they run on."""
 
 from __future__ import annotations
 
