@@ -193,6 +193,28 @@ def test_histograms_that_match_torchs_are_the_kernels_own(interpreted_triton):
     assert batches == [2, 2]
 
 
+def test_histograms_of_more_bins_than_the_kernel_holds_go_to_torchs_kernels(interpreted_triton):
+    from workbench.instrument.reduce_triton import KERNEL_BINS
+    kernels = interpreted_triton_kernels()
+    launched = []
+
+    class Counting:
+        @staticmethod
+        def batch_sums(tensors, bins=0, edges=None):
+            launched.append(bins)
+            return kernels.batch_sums(tensors, bins, edges)
+
+    x = torch.randn(5000)
+    for bins in (KERNEL_BINS, KERNEL_BINS + 1):
+        step = StepSums(bins=bins, reducers=interpreted_triton(kernels=Counting))
+        step.add(x)
+        counts = step.rows()[1][0]
+        want = StepSums(bins=bins, reducers=[TorchReducer()])
+        want.add(x)
+        np.testing.assert_array_equal(counts, want.rows()[1][0])
+    assert launched == [KERNEL_BINS]
+
+
 def test_torchs_kernels_count_past_float32s_whole_numbers():
     """What the kernel's counts are compared with: torch's path counts in integers (a float32
     count would stop at 2**24, where adding one changes nothing)."""

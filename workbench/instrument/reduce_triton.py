@@ -27,6 +27,9 @@ from workbench.instrument.reduce_torch import STAGE_BYTES, as_float, chunk_sums
 __all__ = ["TritonReducer"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # read as they are
+#: Histograms of up to this many bins are counted by the kernel (in a power of two of counters, one
+#: past the last bin: 1024, a block of shared memory); more bins go to torch's kernels.
+KERNEL_BINS = 1023
 
 
 def _import_kernels() -> ModuleType | None:
@@ -40,8 +43,8 @@ def _import_kernels() -> ModuleType | None:
 
 
 class TritonReducer(Reducer):
-    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types). A batch
-    that fails to compile or launch sends its tensors, and every later one, to ``fallback``, with a
+    """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types), with
+    histograms of up to :data:`KERNEL_BINS` bins. A batch that fails to compile or launch sends its tensors, and every later one, to ``fallback``, with a
     warning; histograms that differ from torch's kernels' (the module doc) send the tensors of
     every later step with histograms there.
 
@@ -68,7 +71,8 @@ class TritonReducer(Reducer):
     def takes(self, x: torch.Tensor) -> bool:
         # the usual tensor on a GPU: this runs for every one, in the fewest calls
         # (``x.device.type`` alone costs as much as the rest)
-        return (self._usable and (self._bins_usable or not self.host.bins) and x.dtype in _DTYPES
+        return (self._usable and (not self.host.bins or self._bins_usable and self.host.bins <= KERNEL_BINS)
+                and x.dtype in _DTYPES
                 and x.layout is torch.strided
                 and not x.is_nested and not x.is_neg() and ("cuda" if x.is_cuda else x.device.type) in self.devices
                 and self._loaded())
