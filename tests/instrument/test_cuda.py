@@ -56,6 +56,20 @@ def test_statistics_of_cuda_tensors_match_the_compiled_cpu_path(bins):
     # kernels', and warnings are errors here)
 
 
+@pytest.mark.parametrize("bins", [10, 7, 32])
+def test_cuda_histograms_bin_values_on_edges_as_every_path_does(bins):
+    """The Triton kernel's bins for values at, just above and just below every edge: the float32
+    arithmetic written out in numpy, as on every CPU path (test_stats.py)."""
+    from tests.instrument.test_stats import float32_histogram, values_on_bin_edges
+    tensors = values_on_bin_edges(bins)
+    step = StepSums(bins=bins)
+    for x in tensors:
+        step.add(x.cuda())
+    counts = step.rows()[1]  # (a check against torch's kernels that failed would warn: an error here)
+    for x, got in zip(tensors, counts):
+        np.testing.assert_array_equal(got, float32_histogram(x, bins))
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()

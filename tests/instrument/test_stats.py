@@ -115,24 +115,36 @@ def test_histogram_matches_numpy_with_the_same_edges(dtype):
     np.testing.assert_array_equal(counts, want)
 
 
-@pytest.mark.parametrize("bins", [10, 7])
-def test_values_on_bin_edges_are_binned_by_the_documented_float32_arithmetic(bins):
-    """Every path puts a value in bin trunc((v - lo) * (bins / width)), each operation rounded in
-    float32, ``bins / width`` one division: values at, just above and just below each edge of
-    ranges of many widths (where a second rounding, ``width.reciprocal() * bins``, moves some)."""
+def values_on_bin_edges(bins):
+    """float32 tensors of the values at, just above and just below each edge of ``bins`` equal bins
+    over ranges of many widths."""
     g = torch.Generator().manual_seed(4)
     tensors = []
     for hi in (torch.rand(20, generator=g, dtype=torch.float64) * 10 + 0.1).tolist():
         edges = torch.linspace(0, hi, bins + 1, dtype=torch.float64).float()
         tensors.append(torch.cat([edges, torch.nextafter(edges, edges + 1), torch.nextafter(edges, edges - 1)])
                        .clamp(0, edges[-1].item()))
+    return tensors
+
+
+def float32_histogram(x, bins):
+    """The counts of float32 ``x`` over its own range, by the documented arithmetic written out in
+    numpy: bin trunc((v - lo) * (bins / width)), each operation rounded in float32."""
+    v = x.numpy()
+    lo, hi = v.min(), v.max()
+    scale = np.float32(bins) / (hi - lo)  # (all float32)
+    return np.bincount(np.clip((v - lo) * scale, 0, bins - 1).astype(np.int64), minlength=bins)
+
+
+@pytest.mark.parametrize("bins", [10, 7])
+def test_values_on_bin_edges_are_binned_by_the_documented_float32_arithmetic(bins):
+    """Every path puts a value in bin trunc((v - lo) * (bins / width)), each operation rounded in
+    float32, ``bins / width`` one division (where a second rounding, ``width.reciprocal() * bins``,
+    moves some values near an edge)."""
+    tensors = values_on_bin_edges(bins)
     counts = reduce(*tensors, bins=bins)[1]
     for x, got in zip(tensors, counts):
-        v = x.numpy()
-        lo, hi = v.min(), v.max()
-        scale = np.float32(bins) / (hi - lo)  # (all float32)
-        index = np.clip((v - lo) * scale, 0, bins - 1).astype(np.int64)
-        np.testing.assert_array_equal(got, np.bincount(index, minlength=bins))
+        np.testing.assert_array_equal(got, float32_histogram(x, bins))
 
 
 def test_histogram_leaves_out_non_finite_values_and_handles_constant_tensors():
