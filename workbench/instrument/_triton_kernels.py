@@ -230,7 +230,7 @@ def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | N
     programs = min(-(-max(lengths) // ROW), PROGRAMS)
     out = torch.empty(n * SUMS + n * programs * PARTIALS, dtype=torch.float64, device=device)
     sums, partials = out[:n * SUMS], out[n * SUMS:]
-    counts = torch.empty(n * bins if bins else 1, dtype=torch.int64, device=device)
+    counts = torch.empty(n * bins, dtype=torch.int64, device=device) if bins else out  # (none: not written)
     # the counts' length rounded up to a power of two, past the last bin: where left-out values go
     counted = triton.next_power_of_2(bins + 1)
     acc = tl.float64 if base.dtype == torch.float64 else tl.float32
