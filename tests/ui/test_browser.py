@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout, expect
 
 from workbench.instrument import load_run
 
@@ -108,11 +108,23 @@ def _listbox(page, elem_id):
     box = page.locator(f"#{elem_id} input")
     box.click()
     listbox = page.locator(f"#{box.get_attribute('aria-controls')}")
-    if not listbox.is_visible():  # (a click on a focused dropdown may not open it: leave it first)
+    deadline = time.monotonic() + 15
+    # (a click on a focused dropdown may not open it, and on a loaded machine the list may render late or
+    # close again as a redraw lands: leave the box and click again until the list stays open)
+    while not _stays_visible(page, listbox):
+        assert time.monotonic() < deadline, f"#{elem_id}'s list never opened"
         box.blur()
         box.click()
-    expect(listbox).to_be_visible()
     return listbox
+
+
+def _stays_visible(page, locator, settle_ms=300) -> bool:
+    """Whether ``locator`` shows now, or within ``settle_ms``."""
+    try:
+        locator.wait_for(state="visible", timeout=settle_ms)
+        return True
+    except PlaywrightTimeout:
+        return False
 
 
 def options(page, elem_id):

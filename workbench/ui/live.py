@@ -1639,13 +1639,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
 
-    def panel_updates(attached, state: dict, site: Any = None) -> tuple:
+    def panel_updates(attached, state: dict, site: Any = None, keep_pick: bool = False) -> tuple:
         """The intervention panel's updates, each sent only when it changed (``state`` remembers); the
-        site picked (``site``) stays picked while the run has it."""
+        site picked (``site``) stays picked while the run has it, and with ``keep_pick`` whatever the page
+        has picked is left as it is (a tick: sites recorded later join the list under the person's pick)."""
         sites, table, on = intervention_panel(manager, attached)
         sent = state.setdefault("iv", {})
         rows = table.astype(str).values.tolist()
         out = (gr.skip() if sent.get("sites") == sites else
+               gr.Dropdown(choices=sites) if keep_pick else
                gr.Dropdown(choices=sites, value=site if site in sites else None),
                gr.skip() if sent.get("table") == rows else table,
                gr.skip() if sent.get("on") == on else gr.Dropdown(choices=on, value=on[-1] if on else None))
@@ -1661,7 +1663,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
         drawn[0]["runs"] = choices
         return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
-                *panel_updates(attached, drawn[0]), *findings_view.page_findings(run, drawn[0]))
+                *panel_updates(attached, drawn[0], keep_pick=True), *findings_view.page_findings(run, drawn[0]))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
                                                     gr.Timer(active=False), *_skips(8))),
