@@ -52,6 +52,17 @@ def served_app(runs_root):
         app.run_manager.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _patient_expect():
+    """A page's assertions wait up to 15 s, not Playwright's 5 s: on a loaded 2-core machine a reply
+    that waits on a training step (or a page's load reading the stored runs) can take longer."""
+    try:
+        from playwright.sync_api import expect
+    except ImportError:  # (the tests that need it say so)
+        return
+    expect.set_options(timeout=15_000)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Debian's chromium driven by Playwright (no browser download)."""

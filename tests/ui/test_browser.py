@@ -103,19 +103,20 @@ def tokens(page, elem_id):
     return page.locator(f"#{elem_id} .token span").all_inner_texts()
 
 
-def _listbox(page, elem_id):
+def _listbox(page, elem_id, timeout=15.0):
     """The list of options a dropdown opens (its own: another may still be open)."""
     box = page.locator(f"#{elem_id} input")
-    box.click()
-    listbox = page.locator(f"#{box.get_attribute('aria-controls')}")
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + timeout
     # (a click on a focused dropdown may not open it, and on a loaded machine the list may render late or
-    # close again as a redraw lands: leave the box and click again until the list stays open)
-    while not _stays_visible(page, listbox):
+    # close again as a redraw lands, which may also mount the dropdown anew: leave the box and click again
+    # until its list stays open)
+    while True:
+        box.click()
+        listbox = page.locator(f"#{box.get_attribute('aria-controls')}")
+        if _stays_visible(page, listbox):
+            return listbox
         assert time.monotonic() < deadline, f"#{elem_id}'s list never opened"
         box.blur()
-        box.click()
-    return listbox
 
 
 def _stays_visible(page, locator, settle_ms=300) -> bool:
@@ -135,15 +136,31 @@ def options(page, elem_id):
     return listed
 
 
-def choose(page, elem_id, *picks):
-    """Pick options as a person does with the keyboard: type each into the dropdown, Enter."""
-    listbox = _listbox(page, elem_id)
+def choose(page, elem_id, *picks, timeout=30.0):
+    """Pick options as a person does with the keyboard: type each into the dropdown, Enter; again
+    where a redraw swallowed the pick (it shows as the box's value, or a multiselect's token)."""
+    deadline = time.monotonic() + timeout
     for option in picks:
-        page.keyboard.press("Control+A")
-        page.keyboard.type(option)
-        expect(listbox.get_by_role("option", name=option, exact=True)).to_be_visible()
-        page.keyboard.press("Enter")
+        while True:
+            listbox = _listbox(page, elem_id)
+            page.keyboard.press("Control+A")
+            page.keyboard.type(option)
+            expect(listbox.get_by_role("option", name=option, exact=True)).to_be_visible()
+            page.keyboard.press("Enter")
+            if _picked(page, elem_id, option):
+                break
+            assert time.monotonic() < deadline, f"#{elem_id} never kept the pick {option!r}"
     page.keyboard.press("Escape")
+
+
+def _picked(page, elem_id, option, settle=1.0) -> bool:
+    deadline = time.monotonic() + settle
+    while True:
+        if page.locator(f"#{elem_id} input").input_value() == option or option in tokens(page, elem_id):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def start(page, experiment, steps, store="", histograms=False, seed=0, modules="*", **fields):
@@ -264,7 +281,7 @@ def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
     start(page, "efficientzero_dynamics", 4, histograms=True, batch_size="8", lstm_hidden_size="16",
           unroll_steps="2", support_size="5")
     expect(page.locator("#run-status")).to_contain_text("step 4 of 4", timeout=120_000)
-    expect(page.locator("#run-status")).to_contain_text("finished")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)  # (a tick after the last step)
     # many call sites: the default is the few whose statistic changed most, never "the first 24"
     shown = tokens(page, "live-sites")
     assert len(shown) == 6
@@ -291,8 +308,11 @@ def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, nan_at_step
     banner = page.locator("#live-anomaly")
     expect(banner).to_contain_text("First NaN/Inf at step 3: layers.2 (activation")
     expect(page.locator("#live-anomalies")).to_contain_text("layers.2")
+    # (each redraw waited for: the controls' handlers run side by side, and a late one would draw over Jump's)
     choose(page, "live-kind", "grad_output")
+    traces(page, "live-series", lambda t: t and t[0]["title"].startswith("grad_output"))
     choose(page, "live-heat-kind", "param")
+    traces(page, "live-heatmap", lambda t: t and t[0]["title"].startswith("param"))
     page.locator("#live-jump").click()
     expect(page.locator("#live-kind input")).to_have_value("activation")
     expect(page.locator("#live-heat-kind input")).to_have_value("activation")
@@ -308,7 +328,7 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
     start(page, "activation_mlp", 20, store="browser/second", seed=1, width="8")
     expect(page.locator("#run-status")).to_contain_text("step 20 of 20", timeout=60_000)
-    expect(page.locator("#run-status")).to_contain_text("finished")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)  # (a tick after the last step)
     page.get_by_role("tab", name="Runs").click()
     expect(page.locator("#runs-root-note")).to_contain_text(str(runs_root.resolve()))
     page.locator("#runs-refresh").click()
@@ -372,13 +392,15 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.get_by_role("tab", name="Experiments").click()
     # the new page lists the run in progress, with its id, and attaches to it
     runs = page.locator("#live-runs")
-    expect(runs).to_contain_text("running")
-    expect(runs).to_contain_text("reloaded")
+    # (the page's load reads every stored run while a run keeps the server busy)
+    expect(runs).to_contain_text("running", timeout=30_000)
+    expect(runs).to_contain_text("reloaded", timeout=30_000)
     expect(status).not_to_contain_text("running")  # not attached yet: a new page holds no run
     page.locator("#live-pick input").click()
     page.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, seed 0, .* \(running\)$")).click()
     page.locator("#live-attach").click()
-    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"))
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
+                                   timeout=30_000)
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
     page.locator("#run-stop").click()
     expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)

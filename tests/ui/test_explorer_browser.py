@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from playwright.sync_api import expect
 
 import workbench
+from tests.ui.test_browser import choose
 
 pytestmark = pytest.mark.browser
 
@@ -64,9 +65,10 @@ def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
     names.get_by_label("prelu", exact=True).check()
     names.get_by_label("tanh", exact=True).uncheck()
     traces(page, "explorer-curves", lambda t: {k[0] for k in by_curve(t)} == {"gelu", "relu", "prelu"})
+    # (the fields come with a render of their own, after the curves: edits made before it are lost)
+    expect(page.locator("#explorer-prelu-init input")).to_be_visible()
     page.locator("#explorer-prelu-init input").fill("-0.3")
-    page.locator("#explorer-gelu-approximate input").click()
-    page.get_by_role("option", name="tanh").click()
+    choose(page, "explorer-gelu-approximate", "tanh")
     page.locator("#explorer-x-low input").fill("-6")
     page.locator("#explorer-x-high input").fill("3")
     page.locator("#explorer-x-high input").press("Tab")
@@ -117,6 +119,7 @@ def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_m
 
 def test_a_bad_range_is_a_message_not_a_traceback(page):
     open_explorer(page, "Curves")
+    expect(page.locator("#explorer-gelu-approximate input")).to_be_visible()  # (the render that listens to the range)
     page.locator("#explorer-x-low input").fill("5")
     page.locator("#explorer-x-low input").press("Tab")
     expect(page.locator("#explorer-curves-message")).to_contain_text("The range must run from low to high, got [5, 4]")

@@ -169,8 +169,9 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     assert dash.sites.value and set(dash.sites.value) <= set(dash.sites.options)
 
     dash.pause_button.click()
-    wait_for(lambda: run.status == "paused" and "paused" in dash.header.value)
-    assert dash.pause_button.disabled and not dash.resume_button.disabled
+    # (the buttons' states too: a tick that read "running" just before the click may set them after it)
+    wait_for(lambda: run.status == "paused" and "paused" in dash.header.value and dash.pause_button.disabled
+             and not dash.resume_button.disabled)
     run.pause()  # (the button asks without waiting: this returns once the step in progress has ended)
     wait_for(lambda: dash.view.steps_fed == run.step, what="the last step before the pause")
     ticks = dash.ticks
