@@ -65,7 +65,7 @@ def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
     names.get_by_label("prelu", exact=True).check()
     names.get_by_label("tanh", exact=True).uncheck()
     traces(page, "explorer-curves", lambda t: {k[0] for k in by_curve(t)} == {"gelu", "relu", "prelu"})
-    # (the fields come with a render of their own, after the curves: edits made before it are lost)
+    # (checking prelu shows the fields drawn for it when the page loaded)
     expect(page.locator("#explorer-prelu-init input")).to_be_visible()
     page.locator("#explorer-prelu-init input").fill("-0.3")
     choose(page, "explorer-gelu-approximate", "tanh")
@@ -91,6 +91,10 @@ def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
     expect(message).to_contain_text("prelu(init=-0.3)")
     expect(message).to_contain_text("max |f′ closed form − f′ autograd|")
     _screenshot(page, "explorer_curves.png", full_page=False)
+    # the Distributions part pushes samples through the activation as set under Curves
+    page.get_by_role("tab", name="Distributions").click()
+    choose(page, "explorer-dist-name", "prelu")
+    expect(page.locator("#explorer-dist-message")).to_contain_text("prelu(init=-0.3) on 100,000 samples")
 
 
 def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_model):
@@ -108,6 +112,9 @@ def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_m
                   derivative=lambda m, x: ((x > -m.bound) & (x < m.bound)).to(x.dtype))(Hardish)
     open_explorer(page, "Curves")
     page.locator("#explorer-reload").click()
+    # (Reload draws the fields of what it found, hidden until checked: a check made before that render
+    # has replaced the page's listeners would go to the ones it replaces)
+    expect(page.locator("#explorer-hardish-fields")).to_be_attached()
     page.locator("#explorer-names").get_by_label("hardish", exact=True).check()
     page.locator("#explorer-hardish-bound input").fill("0.5")
     page.locator("#explorer-hardish-bound input").press("Tab")

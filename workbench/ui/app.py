@@ -32,7 +32,7 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
         with gr.Tabs():
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
-            explorer.wire(explorer.layout(manager.root))
+            explorer.wire(explorer.layout(manager.root), app)
             live.wire(live.layout(manager.root), manager, app)
     _one_render_at_a_time(app)
     app.run_manager = manager

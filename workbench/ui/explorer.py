@@ -854,6 +854,11 @@ def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, 
 
 # --- layout and wiring -------------------------------------------------------------------------
 
+def _shown(name: str, chosen: Sequence[str] | None) -> bool | str:
+    """A Curves field column's visibility: in the page (keeping its values) but hidden when unchecked."""
+    return True if name in (chosen or []) else "hidden"
+
+
 def _has_fields(names: Sequence[str] | None) -> bool:
     """Whether any of these activations has parameter controls (a render draws their curves then)."""
     try:
@@ -989,14 +994,15 @@ def layout(root: Any = None) -> dict[str, Any]:
                         c["compare_table"] = gr.Dataframe(table, interactive=False, elem_id="explorer-compare-table",
                                                           show_label=False)
         c["params_state"] = gr.State({})
+        c["registry"] = gr.State(names)  # the activations whose fields are drawn (Reload reads them again)
         c["comparison"] = gr.State(None, delete_callback=lambda comparison: comparison is not None
                                    and comparison.stop(wait=False))
         c["timer"] = gr.Timer(1.0, active=False)
     return c
 
 
-def wire(c: dict[str, Any]) -> None:
-    """Connect the components placed by :func:`layout`."""
+def wire(c: dict[str, Any], app: Any) -> None:
+    """Connect the components placed by :func:`layout`; ``app``: the ``gr.Blocks`` they are in."""
     import gradio as gr
 
     from workbench.ui.live import plot_data
@@ -1011,17 +1017,17 @@ def wire(c: dict[str, Any]) -> None:
     # (the range's changes are drawn by the render's listener when there are parameter controls)
     c["names"].change(on_curves, curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
     gr.on([c[k].change for k in ("x_low", "x_high", "points")],
-          lambda names, *rest: on_curves(names, *rest) if not _has_fields(names) else (gr.skip(), gr.skip()),
-          curve_inputs, [c["curves"], c["curves_message"]], show_progress="hidden")
+          lambda registry, *rest: on_curves(*rest) if not _has_fields(registry) else (gr.skip(), gr.skip()),
+          [c["registry"], *curve_inputs], [c["curves"], c["curves_message"]], show_progress="hidden")
 
     def on_reload(chosen, compare_chosen, dist_name):
         names = activation_names()
-        return (gr.CheckboxGroup(choices=names, value=[n for n in chosen or [] if n in names]),
+        return (names, gr.CheckboxGroup(choices=names, value=[n for n in chosen or [] if n in names]),
                 gr.CheckboxGroup(choices=names, value=[n for n in compare_chosen or [] if n in names]),
                 gr.Dropdown(choices=names, value=dist_name if dist_name in names else (names[0] if names else None)))
 
     c["reload"].click(on_reload, [c["names"], c["compare_names"], c["dist_name"]],
-                      [c["names"], c["compare_names"], c["dist_name"]])
+                      [c["registry"], c["names"], c["compare_names"], c["dist_name"]])
 
     dist_inputs = [c["dist_name"], c["params_state"], c["source"], c["mean"], c["std"], c["low"], c["high"],
                    c["run"], c["site"], c["samples"], c["dist_seed"], c["saturation"]]
@@ -1031,34 +1037,48 @@ def wire(c: dict[str, Any]) -> None:
                                             seed, saturation)
         return plot_data(figure, "explorer-dist"), message
 
+    # The fields of every registered activation are drawn once, each activation's shown while it is
+    # checked; they are drawn again only when Reload finds the registry changed. A render replaces
+    # its listeners, and an edit sent to one it removed is lost: checking an activation must not.
     with c["params_box"]:
-        @gr.render(inputs=[c["names"]])
-        def render_params(names):
+        @gr.render(inputs=[c["registry"], c["names"]], triggers=[c["registry"].change, app.load])
+        def render_params(registry, chosen):
             controls: list[tuple[str, str, Any]] = []  # (activation, parameter, its control)
-            for name in names or []:
+            boxes: list[tuple[str, Any]] = []  # (activation, the column of its fields)
+            for name in registry or []:
                 try:
                     fields = explorer_fields(name)
                 except ValueError:  # (unregistered meanwhile: the curves' message says so)
                     continue
                 if not fields:
                     continue
-                gr.Markdown(f"**{name}**")
-                for f in fields:
-                    controls.append((name, f.label, _control(f, key=f"explorer:{name}:{f.label}",
-                                                             elem_id=f"explorer-{name}-{f.label}")))
+                with gr.Column(visible=_shown(name, chosen), key=f"explorer:{name}",
+                               elem_id=f"explorer-{name}-fields") as box:
+                    gr.Markdown(f"**{name}**")
+                    for f in fields:
+                        controls.append((name, f.label, _control(f, key=f"explorer:{name}:{f.label}",
+                                                                 elem_id=f"explorer-{name}-{f.label}")))
+                boxes.append((name, box))
             if not controls:
                 return
+
+            # (Gradio's page runs this listener in place of the one outside the render on the same event)
+            def on_names(names, *rest):
+                return [*on_curves(names, *rest), *[gr.Column(visible=_shown(name, names)) for name, _ in boxes]]
+
+            c["names"].change(on_names, curve_inputs, [c["curves"], c["curves_message"], *[box for _, box in boxes]],
+                              show_progress="hidden")
 
             # Every draw reads all the controls: an edit whose event was lost (made while this
             # render was being replaced) shows on the next one; the state keeps them for the
             # Distributions part and for the draw that follows a change of the activations.
-            def on_edit(names, low, high, points, dist_name, *rest):
+            def on_edit(names, low, high, points, previous, dist_name, *rest):
                 state = {}
                 for (name, label, _), value in zip(controls, rest[len(dist_inputs) - 2:]):
                     state = set_param(state, name, label, value)
                 figure, message = draw_curves(names, low, high, points, state)
                 out = [state, plot_data(figure, "explorer-curves"), message]
-                if dist_name in {name for name, _, _ in controls}:  # it uses these parameters too
+                if (previous or {}).get(dist_name) != state.get(dist_name):  # the Distributions part's
                     out += list(on_distribution(dist_name, state, *rest[:len(dist_inputs) - 2]))
                 else:
                     out += [gr.skip(), gr.skip()]
@@ -1066,8 +1086,8 @@ def wire(c: dict[str, Any]) -> None:
 
             gr.on([control.change for _, _, control in controls] + [c[k].change for k in ("x_low", "x_high",
                                                                                           "points")],
-                  on_edit, [c["names"], c["x_low"], c["x_high"], c["points"], c["dist_name"], *dist_inputs[2:],
-                            *[control for _, _, control in controls]],
+                  on_edit, [c["names"], c["x_low"], c["x_high"], c["points"], c["params_state"], c["dist_name"],
+                            *dist_inputs[2:], *[control for _, _, control in controls]],
                   [c["params_state"], c["curves"], c["curves_message"], c["dist_plot"], c["dist_message"]],
                   show_progress="hidden")
 
