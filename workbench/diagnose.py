@@ -108,9 +108,12 @@ class Thresholds:
             and by at least ``spike_min_rise`` times the level's magnitude.
         spike_min_rise: see ``spike_factor``.
         diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
-            exceeds the lowest such median so far by this factor (of its magnitude) while
-            still rising, or when the metric is no longer finite.
+            exceeds the lowest such median so far by this factor (of its magnitude) while still
+            rising, having given back at least ``diverge_regain`` of what it fell from its first
+            such median; or when the metric is no longer finite.
         diverge_window: see ``diverge_factor``.
+        diverge_regain: see ``diverge_factor`` (a loss that fell from 0.7 to 0.003 and is noisy
+            around 0.03 has risen 10x without diverging).
     """
 
     persist: int = 3
@@ -127,6 +130,7 @@ class Thresholds:
     spike_min_rise: float = 1.0
     diverge_factor: float = 10.0
     diverge_window: int = 5
+    diverge_regain: float = 0.5
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, expected: str) -> None:
@@ -150,6 +154,7 @@ class Thresholds:
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("diverge_factor", number("diverge_factor") and self.diverge_factor > 1, "a number > 1")
+        need("diverge_regain", number("diverge_regain") and 0 <= self.diverge_regain <= 1, "a fraction in [0, 1]")
         for name in ("update_ratio_high", "update_ratio_low"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("update_ratio_low", self.update_ratio_low < self.update_ratio_high, "below update_ratio_high")
@@ -759,7 +764,12 @@ class Diagnoser:
             now = _median(last)
             best = state["best"] = min(state["best"], now)
             rising = sum(b > a for a, b in zip(last[:-1], last[1:])) >= len(last) - 2
-            if rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12):
+            first = state.setdefault("first", now)
+            # (and has given back at least diverge_regain of what it fell from its first median: a
+            # converged loss near 0, noisy from batch to batch, is many times its lowest without
+            # diverging)
+            if (rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
+                    and now - best >= t.diverge_regain * (first - best)):
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
                            f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",

@@ -127,6 +127,24 @@ def test_diverging_loss_and_non_finite_loss():
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}), loss_metrics=("reward",)).finding.tolist() == ["diverging"]
 
 
+def test_a_converged_noisy_loss_is_not_diverging():
+    # a loss that fell from 0.7 to 0.003, then rises to ~0.05 amid batch-to-batch noise of ~0.03 (an
+    # MLP at 99% accuracy does): 16x its lowest and rising, having given back 7% of what it fell
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 201)
+    level = np.where(t < 150, 0.003 + 0.7 * np.exp(-t / 10), 0.003 + 0.045 * np.clip((t - 150) / 20, 0, 1))
+    loss = level + np.abs(rng.normal(0, np.where(t < 150, 0.001, 0.03)))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": t, "loss": loss}))
+    assert "diverging" not in set(f.finding)
+    assert "diverging" in set(diagnose(pd.DataFrame(), pd.DataFrame({"step": t, "loss": loss}), diverge_regain=0).finding)
+    # the same loss, then growing 15% a step: diverging once it is back above half its first level
+    grown = np.concatenate([loss, loss[-1] * 1.15 ** np.arange(1, 41)])
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": np.arange(1, grown.size + 1), "loss": grown}))
+    step = f[f.finding == "diverging"].step.min()
+    median = np.median(grown[step - 5:step])
+    assert step > 200 and median >= 0.5 * np.median(grown[:5]) and np.median(grown[step - 6:step - 1]) < median
+
+
 def test_findings_are_ordered_most_severe_then_newest():
     rows = pd.DataFrame([row(s, "relu", "activation", zero_frac=1.0, min=0.0, max=0.0, mean=0.0, std=0.0)
                          for s in range(1, 5)] + [row(4, "x", "activation", nan_count=1)])
