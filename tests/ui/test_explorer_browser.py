@@ -61,6 +61,9 @@ def by_curve(found):
 
 def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
     open_explorer(page, "Curves")
+    # the fields of the checked activations only (gelu's, not prelu's) once the page has drawn them
+    expect(page.locator("#explorer-gelu-approximate input")).to_be_visible()
+    expect(page.locator("#explorer-prelu-init input")).to_be_hidden()
     names = page.locator("#explorer-names")
     names.get_by_label("prelu", exact=True).check()
     names.get_by_label("tanh", exact=True).uncheck()
@@ -114,7 +117,7 @@ def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_m
     page.locator("#explorer-reload").click()
     # (Reload draws the fields of what it found, hidden until checked: a check made before that render
     # has replaced the page's listeners would go to the ones it replaces)
-    expect(page.locator("#explorer-hardish-fields")).to_be_attached()
+    expect(page.locator("#explorer-hardish-fields").first).to_be_attached()
     page.locator("#explorer-names").get_by_label("hardish", exact=True).check()
     page.locator("#explorer-hardish-bound input").fill("0.5")
     page.locator("#explorer-hardish-bound input").press("Tab")

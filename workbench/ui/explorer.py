@@ -855,7 +855,7 @@ def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, 
 # --- layout and wiring -------------------------------------------------------------------------
 
 def _shown(name: str, chosen: Sequence[str] | None) -> bool | str:
-    """A Curves field column's visibility: in the page (keeping its values) but hidden when unchecked."""
+    """The visibility of an activation's Curves fields: in the page (keeping its values) but hidden when unchecked."""
     return True if name in (chosen or []) else "hidden"
 
 
@@ -1044,7 +1044,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
         @gr.render(inputs=[c["registry"], c["names"]], triggers=[c["registry"].change, app.load])
         def render_params(registry, chosen):
             controls: list[tuple[str, str, Any]] = []  # (activation, parameter, its control)
-            boxes: list[tuple[str, Any]] = []  # (activation, the column of its fields)
+            boxes: list[tuple[str, Any]] = []  # (activation, the group of its fields)
             for name in registry or []:
                 try:
                     fields = explorer_fields(name)
@@ -1052,7 +1052,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
                     continue
                 if not fields:
                     continue
-                with gr.Column(visible=_shown(name, chosen), key=f"explorer:{name}",
+                with gr.Group(visible=_shown(name, chosen), key=f"explorer:{name}",
                                elem_id=f"explorer-{name}-fields") as box:
                     gr.Markdown(f"**{name}**")
                     for f in fields:
@@ -1064,7 +1064,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
 
             # (Gradio's page runs this listener in place of the one outside the render on the same event)
             def on_names(names, *rest):
-                return [*on_curves(names, *rest), *[gr.Column(visible=_shown(name, names)) for name, _ in boxes]]
+                return [*on_curves(names, *rest), *[gr.Group(visible=_shown(name, names)) for name, _ in boxes]]
 
             c["names"].change(on_names, curve_inputs, [c["curves"], c["curves_message"], *[box for _, box in boxes]],
                               show_progress="hidden")
