@@ -379,6 +379,13 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     page.locator("#runs-refresh").click()
     expect(page.locator("#runs-message")).to_contain_text("sub-directory '/etc' is an absolute path")
     assert "Error" not in page.locator(".toast-body").all_inner_texts()
+    # a listing without the compared runs unpicks them: the comparison's next draw asks for runs
+    page.locator("#runs-sub textarea, #runs-sub input").first.fill("nosuch")
+    page.locator("#runs-refresh").click()
+    expect(page.locator("#runs-message")).to_contain_text("No runs yet under")
+    choose(page, "compare-kind", "activation")
+    expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare.")
+    assert "Error" not in page.locator(".toast-body").all_inner_texts()
 
 
 def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_it(page, runs_root):

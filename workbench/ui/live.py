@@ -1809,22 +1809,23 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
         redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
 
-    def on_list(sub, open_first=True):
-        """List the stored runs and open the newest (again: it may have grown since)."""
+    def on_list(sub, compared=(), open_first=True):
+        """List the stored runs and open the newest (again: it may have grown since); the runs picked
+        for comparison stay picked where they are still listed (a pick not among the choices is an error)."""
         table, names, message = run_table(root, sub)
         first = names[0] if names and open_first else None
         opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
                                                gr.skip(), gr.Column(visible=False))
-        return (table, gr.Dropdown(choices=names, value=first), message, gr.Dropdown(choices=names),
-                *opened[:3], opened[4])
+        return (table, gr.Dropdown(choices=names, value=first), message,
+                gr.Dropdown(choices=names, value=[n for n in compared or () if n in names]), *opened[:3], opened[4])
 
     listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], c["compare_runs"], c["run_state"],
                    c["run_message"], c["replay_page"], c["replay_body"]]
-    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))), c["root"],
-                       listed_runs).then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
+                       [c["root"], c["compare_runs"]], listed_runs).then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
-            return *listed(first_running=True), *on_list("", open_first=False)  # (opened when picked)
+            return *listed(first_running=True), *on_list("", (), open_first=False)  # (opened when picked)
 
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
                                                  *_skips(5))), None, [*listing, *listed_runs])
