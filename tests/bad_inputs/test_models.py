@@ -167,6 +167,8 @@ REGISTRY = [
          "finite", "0.25"),
     case("prelu-init-inf", lambda: workbench.create_model("prelu", init=float("1e400")), ValueError, "'init'",
          "inf", "finite"),
+    case("prelu-init-beyond-float32", lambda: workbench.create_model("prelu", init=1e308), ValueError, "init=1e+308",
+         "float32", "3.403e+38"),
     case("prelu-class-init-nan", lambda: workbench.models.activations.PReLU(init=NAN), ValueError, "init", "nan",
          "finite"),
     case("threshold-nan", lambda: workbench.create_model("threshold", threshold=NAN), ValueError, "'threshold'",

@@ -169,6 +169,10 @@ class PReLU(nn.Module):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_arguments(PReLU, "PReLU", num_parameters=num_parameters, init=init)
+        weight_dtype = dtype if dtype is not None else torch.get_default_dtype()
+        if weight_dtype.is_floating_point and not abs(init) <= torch.finfo(weight_dtype).max:
+            raise ValueError(f"PReLU: init={init!r} does not fit the {weight_dtype} weight it fills: it must lie "
+                             f"within ±{torch.finfo(weight_dtype).max:.4g} (or pass a wider dtype).")
         self.num_parameters = num_parameters
         self.init = init
         self.weight = nn.Parameter(torch.empty(num_parameters, device=device, dtype=dtype))
