@@ -109,6 +109,9 @@ def test_parse_form_reads_text_lists_and_nullable_fields():
     assert parse_form(params, {"layers": "16, 8", "scale": "", "rate": 0.25}, "B") == \
         {"layers": [16, 8], "scale": None, "rate": 0.25}
     assert parse_form(params, {"scale": "2.5"}, "B") == {"scale": 2.5}
+    # as Python writes a list, which the messages' examples do ("e.g. [32]")
+    assert parse_form(params, {"layers": " [16, 8] "}, "B") == {"layers": [16, 8]}
+    assert parse_form(params, {"layers": "[32]"}, "B") == {"layers": [32]}
     with pytest.raises(ValueError, match="layers expects list\\[int\\], could not read '16, x'"):
         parse_form(params, {"layers": "16, x"}, "B")
     with pytest.raises(ValueError, match="must be a finite number"):

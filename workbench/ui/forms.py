@@ -130,7 +130,9 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                 text = raw.strip()
                 if text in ("", "None") and p.nullable:
                     value: Any = None
-                elif kind == "list":
+                elif kind == "list":  # "32, 16", or written as Python's list "[32, 16]"
+                    if text.startswith("[") and text.endswith("]"):
+                        text = text[1:-1]
                     value = [_parse_number(t, p.item_type is int) for t in text.split(",") if t.strip()]
                 else:
                     value = _parse_number(text, kind == "int")
