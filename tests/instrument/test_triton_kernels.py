@@ -238,7 +238,8 @@ for dtype in ("fp32", "fp16"):
                  "edges": "*fp64", "counts": "*i64", "ROW": "constexpr", "BLOCK": "constexpr", "SUMS": "constexpr",
                  "BINS": "constexpr", "COUNTED": "constexpr", "ACC": "constexpr"}
     constants = {"ROW": k.ROW, "BLOCK": k.BLOCK, "SUMS": 9, "BINS": 32, "COUNTED": 64, "ACC": tl.float32}
-    ptx = triton.compile(ASTSource(k.tensor_histograms, signature, constants), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    source = ASTSource(k.tensor_histograms, signature, constants)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     print(sorted({line.split()[0] for line in ptx.splitlines()
                   if line.strip().startswith(("fma", "div", "mul.f", "sub.f", "add.f", "cvt.rzi"))}))
 """

@@ -218,6 +218,11 @@ def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):
     assert figure["data"] == [] and "etc" in message
     figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "with-histograms", None)
     assert "Pick a call site" in message
+    # no run picked: which to pick, or where none is stored yet and how to record one
+    assert "Pick a stored run" in ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, None, None)[1]
+    empty = RunsRoot(stored / "nothing-here")
+    message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, empty, None, None)[1]
+    assert "No stored runs under" in message and "nothing-here" in message and "record to run" in message
     figure, message = ex.draw_distribution("relu", {}, "normal", 0, -1, -1, 1)
     assert "The normal's std must be > 0, got -1" in message
 

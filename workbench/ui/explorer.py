@@ -808,6 +808,11 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
         elif source == "uniform":
             chosen = uniform(low, high)
         elif source == "recorded run":
+            if not run:
+                where = getattr(root, "path", root)
+                raise ValueError("Pick a stored run (Refresh the runs lists them)." if stored_runs(root) else
+                                 f"No stored runs under {str(where)!r} yet: record one (the Experiments tab's "
+                                 "'record to run', or workbench.watch(..., store=...)), then Refresh the runs.")
             if not site:
                 raise ValueError("Pick a call site of the run (the pre-activations are the outputs of the "
                                  "layer before an activation, e.g. layers.0).")

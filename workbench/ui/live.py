@@ -1822,7 +1822,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], c["compare_runs"], c["run_state"],
                    c["run_message"], c["replay_page"], c["replay_body"]]
     c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
-                       [c["root"], c["compare_runs"]], listed_runs).then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+                       [c["root"], c["compare_runs"]], listed_runs).then(redraw_replay, replay_inputs, replay_outputs,
+                                                                         show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
             return *listed(first_running=True), *on_list("", (), open_first=False)  # (opened when picked)
