@@ -1067,7 +1067,8 @@ def wire(c: dict[str, Any], app: Any) -> None:
             if not controls:
                 return
 
-            # (Gradio's page runs this listener in place of the one outside the render on the same event)
+            # (the page runs this listener in place of the one outside the render on the same event,
+            # as observed with Gradio 6.31: it draws the curves too)
             def on_names(names, *rest):
                 return [*on_curves(names, *rest), *[gr.Group(visible=_shown(name, names)) for name, _ in boxes]]
 
