@@ -1142,8 +1142,9 @@ def wire(c: dict[str, Any], app: Any) -> None:
     def on_stop(comparison):
         if comparison is None:
             return "_Nothing to stop._", gr.Timer(active=False), *drawn(comparison)
+        ended = comparison.done
         comparison.stop(wait=True)
-        return "Stopped.", gr.Timer(active=False), *drawn(comparison)
+        return ("_It had ended already._" if ended else "Stopped."), gr.Timer(active=False), *drawn(comparison)
 
     c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], *compare_outputs],
                     show_progress="minimal")
