@@ -81,7 +81,7 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
     (dict(name=None), "Pick an experiment"),
     (dict(values={"width": "0"}), "'width' must lie in [1, 1024], got 0"),
     (dict(steps=0), "steps must lie in [1, 10000000], got 0"),
-    (dict(every="x"), "every must be a whole number in [1, 10000000], got 'x'"),
+    (dict(every="x"), "record every Nth step must be a whole number in [1, 10000000], got 'x'"),
     (dict(modules="encoder.*"), "selects no module"),
     (dict(record=[]), "record: pick at least one of activations, output gradients"),
     (dict(record=["weights"]), "record: unknown kind 'weights'; choose from activations"),

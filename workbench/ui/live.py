@@ -577,7 +577,7 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
             raise TypeError(f"initial weights: expected an uploaded file, got {shown(weights)}.")
         run = manager.start(name, config, _int(seed, "seed", 0, SEED_MAX), _int(steps, "steps", 1, STEPS_MAX),
                             store=store, device=device, weights=str(weights) if weights else None,
-                            every=_int(every, "every", 1, STEPS_MAX),
+                            every=_int(every, "record every Nth step", 1, STEPS_MAX),
                             histograms=histograms, modules=patterns, **_record_switches(record))
     except CheckpointError as exc:
         return None, f"**Could not start from these weights:** {_md(str(exc))}".replace("\n", "\n\n")
