@@ -45,8 +45,8 @@ def _import_kernels() -> ModuleType | None:
 class TritonReducer(Reducer):
     """Takes plain tensors of the dtypes the kernels read, on ``devices`` (device types), with
     histograms of up to :data:`KERNEL_BINS` bins. A batch that fails to compile or launch sends its
-    tensors, and every later one, to ``fallback``, with a warning; histograms that differ from torch's kernels' (the module doc) send the tensors of
-    every later step with histograms there.
+    tensors, and every later one, to ``fallback``, with a warning; histograms that differ from
+    torch's kernels' (the module doc) send the tensors of every later step with histograms there.
 
     Args:
         fallback: the reducer that takes over after a failure (a TorchReducer).
