@@ -185,3 +185,47 @@ def test_a_compiled_cuda_model_records_the_rows_of_its_eager_watch_in_as_many_gr
     merged = compare(w.to_pandas(), wc.to_pandas())
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
     same_histograms(w.histograms(), wc.histograms())
+
+
+@pytest.mark.parametrize("bins", [0, 8])
+def test_rows_made_outside_the_graphs_by_the_triton_kernels_equal_the_graphs_torch_ops(bins):
+    """A compiled model's calls outside its graphs (graph breaks, its own output and gradient) are
+    reduced by the Triton kernels, inside the graphs by torch's ops: the same rows."""
+    from workbench.instrument.compiled_graph import _torch_row, graph_row
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(1, generator=g), torch.randn(70_001, generator=g) * 3 + 1,
+               torch.randn(33, 7, generator=g).bfloat16(), torch.randn(300, 50, generator=g).half().t(),
+               torch.randn(4000, generator=g, dtype=torch.float64) * 1e-3 + 300]
+    tensors[1][:500] = 0.0
+    tensors[1][7] = float("nan")
+    for x in tensors:
+        x = x.cuda()
+        for edges in (None, torch.tensor([-1.0, 2.0], dtype=torch.float64, device="cuda")):
+            got, want = graph_row(x, bins, edges).cpu(), _torch_row(x, bins, edges).cpu()
+            np.testing.assert_allclose(got[:9], want[:9], rtol=1e-5, atol=1e-6)
+            assert torch.equal(got[9:], want[9:])  # the counts, "every value", "a row was made"
+
+
+@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores", "ignore:.*ran outside dynamo's graphs")
+def test_a_compiled_cuda_model_with_graph_breaks_records_the_eager_watch_s_rows():
+    """The dynamics network's LSTM breaks dynamo's graph: its calls are recorded outside the graphs
+    (the Triton kernels), the rest inside them: the eager watch's rows, the unwatched compiled
+    model's outputs (bitwise) and graph count, the eager watch's histograms."""
+    from tests.instrument.test_compiled import KEY, compare, same_histograms, three_runs, train
+
+    def on_gpu():
+        return workbench.experiments.create("efficientzero_dynamics", seed=0, device="cuda", batch_size=4,
+                                            latent_channels=4, actions=2, spatial=3, lstm_hidden_size=8,
+                                            support_size=5, fc_reward_layers=[4], unroll_steps=2)
+
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        reference, wc = three_runs(on_gpu, steps=3, histograms=True, bins=8)
+        eager = on_gpu()  # (the reference's run again, for its histograms)
+        with workbench.watch(eager.model, histograms=True, bins=8) as w:
+            train(eager, w, 3)
+    rows = wc.to_pandas()
+    merged = compare(reference, rows)
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    assert len(rows[(rows.module == "lstm") & (rows.kind == "grad_output")])
+    same_histograms(w.histograms(), wc.histograms())
+    wc.close()

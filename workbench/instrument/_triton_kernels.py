@@ -204,12 +204,13 @@ _tables: dict[tuple, torch.Tensor] = {}
 _TABLES = 64
 
 
-def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | None = None
+def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The SUMS rows ``(len(tensors), 9)`` float64 of contiguous, non-empty tensors of one CUDA
     device (the current one) and one dtype (float16, bfloat16, float32 or float64), computed on
     it without waiting for it; with ``bins``, also their histogram counts ``(len(tensors), bins)``
-    int64, over ``edges`` ((n, 2) float64, each tensor's fixed range; NaN: its own [min, max]).
+    int64, over ``edges`` ((n, 2) float64, each tensor's fixed range; NaN: its own [min, max]), an
+    array, or a tensor already on the device.
 
     The tensors must stay alive until the kernels have been queued (they are, by the time this
     returns); their memory is read in stream order, as a torch op would read it.
@@ -219,7 +220,8 @@ def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | N
     device = base.device
     addresses = tuple([x.data_ptr() for x in tensors])
     lengths = tuple([x.numel() for x in tensors])
-    key = (device, base.element_size(), addresses, lengths)
+    # (a tensor alone is its table's only entry, at offset 0: its table does not depend on its address)
+    key = (device, base.element_size(), addresses if n > 1 else None, lengths)
     table = _tables.get(key)
     if table is None:
         # each tensor's offset from the first's address, in values (addresses of one dtype are aligned)
@@ -240,7 +242,11 @@ def batch_sums(tensors: list[torch.Tensor], bins: int = 0, edges: np.ndarray | N
                       SUMS=SUMS, ACC=acc, BINS=bins, COUNTED=counted)
     if not bins:
         return sums.view(n, SUMS), None
-    ranges = _upload(np.ascontiguousarray(edges if edges is not None else np.full((n, 2), np.nan), np.float64), device)
+    if isinstance(edges, torch.Tensor):
+        ranges = edges.to(device, torch.float64).contiguous()
+    else:
+        ranges = _upload(np.ascontiguousarray(edges if edges is not None else np.full((n, 2), np.nan), np.float64),
+                         device)
     tensor_histograms[(n, programs)](base, table, n, programs, sums, ranges, counts, ROW=ROW, BLOCK=BLOCK,
                                      SUMS=SUMS, BINS=bins, COUNTED=counted, ACC=acc)
     return sums.view(n, SUMS), counts.view(n, bins)

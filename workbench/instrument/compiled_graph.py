@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from workbench.instrument import torch_internals as internals
 from workbench.instrument.reduce import EMPTY
 from workbench.instrument.reduce_cpu import callbacks, dense
 from workbench.instrument.reduce_torch import as_float, device_histogram
+from workbench.instrument.reduce_triton import KERNEL_BINS, KERNEL_DTYPES, import_kernels
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
@@ -78,12 +80,18 @@ def graph_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None) -> 
     (``bins``, 0 for none; over ``edges``, 2 float64, where they are finite, else over its own
     [min, max]), whether they were sampled, a 1 (a row was made).
 
-    On a GPU, torch ops that inductor fuses into the graph's kernels. On the CPU, the eager watch's
-    one-pass kernels, through :data:`cpu_row`, an op the graph calls as it is: inductor's CPU loops
-    over the torch ops are many times slower per value (a profile in docs/compile.md), and a module
-    call run eagerly would take a torch kernel per statistic."""
+    On a GPU, torch ops that inductor fuses into the graph's kernels; run eagerly (a module call
+    outside the graphs, the model's own output, its gradient), the eager watch's Triton kernels
+    (:func:`_kernel_row`). On the CPU, the eager watch's one-pass kernels, through :data:`cpu_row`,
+    an op the graph calls as it is: inductor's CPU loops over the torch ops are many times slower
+    per value (a profile in docs/compile.md), and a module call run eagerly would take a torch
+    kernel per statistic."""
     if x.device.type == "cpu":
         return cpu_row(x.detach(), bins, edges)
+    if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # (run eagerly: no graph to fuse into)
+        row = _kernel_row(x, bins, edges)
+        if row is not None:
+            return row
     return _torch_row(x, bins, edges)
 
 
@@ -94,6 +102,38 @@ def _torch_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None) -> torch.
         parts.append(device_histogram(x.detach(), sums, bins, edges=edges).double())
     parts.append(torch.tensor([0.0, 1.0], dtype=torch.float64, device=sums.device))
     return torch.cat(parts)
+
+
+_kernels_failed = False  # set once the Triton kernels failed to compile or launch: torch's ops from then on
+_made_of: dict[torch.device, torch.Tensor] = {}  # the last two columns of a row of every value, on each device
+
+
+def _kernel_row(x: torch.Tensor, bins: int, edges: torch.Tensor | None) -> torch.Tensor | None:
+    """:func:`graph_row` of a GPU tensor outside the graphs by the eager watch's Triton kernels
+    (:func:`~workbench.instrument._triton_kernels.batch_sums`: two or three launches, where the
+    torch ops take some thirty), or None where they do not read it (the torch ops do). The same
+    sums, and the same bins (test_cuda.py checks both against torch's kernels on the GPU)."""
+    global _kernels_failed
+    if (_kernels_failed or not x.is_cuda or x.dtype not in KERNEL_DTYPES or bins > KERNEL_BINS
+            or x.layout is not torch.strided or x.is_neg() or x.numel() == 0):
+        return None
+    triton_kernels = import_kernels()
+    if triton_kernels is None:
+        return None
+    x = x.detach().contiguous()  # (read in stream order: later in-place ops do not reach the row)
+    try:
+        with torch.cuda.device(x.device):
+            sums, counts = triton_kernels.batch_sums([x], bins, None if edges is None else edges.reshape(1, 2))
+    except Exception as exc:  # (a GPU or Triton build the kernels do not compile for)
+        _kernels_failed = True
+        warnings.warn(f"workbench.watch: the Triton kernels failed ({type(exc).__name__}: {exc}); the compiled "
+                      "model's calls outside its graphs are reduced by torch's ops (slower, same results).",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    made = _made_of.get(x.device)
+    if made is None:
+        made = _made_of[x.device] = torch.tensor([0.0, 1.0], dtype=torch.float64, device=x.device)
+    return torch.cat([sums[0], counts[0].double(), made] if bins else [sums[0], made])
 
 
 _draws = itertools.count()  # the seeds of the sampled histograms: new each call, the same in every run

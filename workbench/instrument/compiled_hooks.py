@@ -302,8 +302,9 @@ class CompiledHooks:
                     if row >= 0 and grad is not None:
                         grad_keys.append(((path, call, GRAD_OUTPUT, name, shape), math.prod(shape)))
                         used.append(row)
-            if used:
-                grad_pieces.append(grad[torch.tensor(used, device=grad.device)])
+            if used:  # (rows are taken in increasing order from 0: the first ones, a slice without an upload)
+                k = len(used)
+                grad_pieces.append(grad[:k] if used[-1] == k - 1 else grad[torch.tensor(used, device=grad.device)])
             per_call.append((len(entries) - before, used))
         if overflow:
             self._capacity *= 2

@@ -26,13 +26,13 @@ from workbench.instrument.reduce_torch import STAGE_BYTES, as_float, chunk_sums
 
 __all__ = ["TritonReducer"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # read as they are
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # read as they are
 #: Histograms of up to this many bins are counted by the kernel (in a power of two of counters, one
 #: past the last bin: 1024, a block of shared memory); more bins go to torch's kernels.
 KERNEL_BINS = 1023
 
 
-def _import_kernels() -> ModuleType | None:
+def import_kernels() -> ModuleType | None:
     """The Triton kernels' module, or None where Triton cannot be imported (it comes with PyTorch's
     CUDA builds)."""
     try:
@@ -72,14 +72,14 @@ class TritonReducer(Reducer):
         # the usual tensor on a GPU: this runs for every one, in the fewest calls
         # (``x.device.type`` alone costs as much as the rest)
         return (self._usable and (not self.host.bins or self._bins_usable and self.host.bins <= KERNEL_BINS)
-                and x.dtype in _DTYPES
+                and x.dtype in KERNEL_DTYPES
                 and x.layout is torch.strided
                 and not x.is_nested and not x.is_neg() and ("cuda" if x.is_cuda else x.device.type) in self.devices
                 and self._loaded())
 
     def _loaded(self) -> bool:
         if self._kernels is None:
-            self._kernels = _import_kernels()
+            self._kernels = import_kernels()
             self._usable = self._kernels is not None
         return self._usable
 
