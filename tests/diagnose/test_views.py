@@ -44,7 +44,7 @@ def test_the_table_lists_each_finding_in_order_with_its_steps(broken):
     assert list(table.columns) == view.TABLE_COLUMNS
     assert table.finding.tolist() == frame.finding.tolist() and table.site.tolist() == frame.site.tolist()
     dead = table[table.finding == "dead_units"].iloc[0]
-    assert (dead.severity, dead.steps, dead.site) == ("⚠️ warning", "1–3", "layers.3")
+    assert (dead.severity, dead.steps, dead.site) == ("⚠ warning", "1–3", "layers.3")
     assert view.findings_table(frame, limit=1).shape[0] == 1
     assert view.findings_table(frame.iloc[:0]).empty
     assert "nothing looks wrong so far" in view.findings_summary(frame.iloc[:0])
@@ -107,7 +107,7 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     wait_for(lambda: any("nan_origin" in o for o in dash.findings_list.options), what="the NaN's finding, live")
     wait_for(lambda: any("dead_units at layers.1" in o for o in dash.findings_list.options))
     options = dash.findings_list.options
-    assert options[0].startswith("⛔ nan_origin at layers.3, step 5")
+    assert options[0].startswith("✖ nan_origin at layers.3, step 5")
     assert "error" in dash.findings_summary.value
     # picking the dead units moves kind, statistic and site there and shades their steps
     dash.findings_list.index = next(i for i, o in enumerate(options) if "dead_units" in o)
@@ -123,7 +123,7 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     w.close()
     wait_for(lambda: "closed" in dash.header.value, what="the last draw")
     pd.testing.assert_frame_equal(dash.findings(), diagnose(w.to_pandas(), w.metrics()))
-    assert dash.findings_list.options[0] == "⛔ nan_origin at layers.3, step 5–6"
+    assert dash.findings_list.options[0] == "✖ nan_origin at layers.3, step 5–6"
     # a stored run keeps them: its dashboard lists the same
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     assert stored.findings_list.options == dash.findings_list.options
@@ -217,7 +217,7 @@ def test_the_dashboards_pick_stays_while_its_finding_goes_on():
     dash.findings_list.index = dead
     assert "step 1–4" in dash.findings_list.value
     steps(2)  # its label changes (the steps it held grew): still the one picked, its detail shown
-    assert dash.findings_list.value.startswith("⚠️ dead_units at layers.1, step 1–6")
+    assert dash.findings_list.value.startswith("⚠ dead_units at layers.1, step 1–6")
     assert "dead_units" in dash.findings_detail.value and "step 1–6" in dash.findings_detail.value
     w.close()
     dash.close()

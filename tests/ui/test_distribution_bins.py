@@ -53,5 +53,18 @@ def test_a_run_recorded_without_kept_ranges_is_re_binned_onto_one_grid():
     assert len(view.distribution_segments("activation", "layer")) == 20
     [drawn] = heatmaps(figures.distribution_figure(view, "activation", "layer"))
     _, steps, grid, density = view.distribution("activation", "layer")
-    assert figures.values(drawn["x"]).tolist() == steps.tolist()
+    assert figures.values(drawn["customdata"])[0].tolist() == steps.tolist()  # (what a cell's hover names)
+    assert figures.values(drawn["x"]).tolist() == [0.5 + k for k in range(21)]  # a cell a step, edge to edge
     np.testing.assert_allclose(figures.values(drawn["y"]), (grid[:-1] + grid[1:]) / 2)
+
+
+def test_every_segment_s_cells_reach_the_next_so_no_recorded_step_draws_blank():
+    """A range kept for one recorded step only (renewed at the next) is a lone column: plotly
+    would draw it 1 step wide, and a run recorded every 10th step would show 9 blank steps after
+    it. Each step's cells reach half way to the steps beside it, across segments."""
+    view = RunView()
+    ranges = {10: (-2.0, 2.0), 20: (-2.0, 2.0), 30: (-4.0, 4.0), 40: (-8.0, 8.0), 50: (-8.0, 8.0)}
+    view.feed([record(step, [1, 2, 3, 4], lo / 2, hi / 2, (lo, hi)) for step, (lo, hi) in ranges.items()])
+    drawn = heatmaps(figures.distribution_figure(view, "activation", "layer"))
+    assert [figures.values(t["x"]).tolist() for t in drawn] == [[5, 15, 25], [25, 35], [35, 45, 55]]
+    assert [figures.values(t["customdata"])[0].tolist() for t in drawn] == [[10, 20], [30], [40, 50]]

@@ -297,7 +297,8 @@ def test_page_handlers_start_and_draw_a_comparison():
     assert "**relu** `finished` 5/5" in status and "**tanh** `finished` 5/5" in status
     assert list(table.columns) == ex.SUMMARY_COLUMNS and table["accuracy (whole set)"].between(0, 1).all()
     assert metrics["data"] and layers["data"]
-    assert ex.comparison_outputs(None)[1]["data"] == []
+    _, empty_metrics, _, empty_table = ex.comparison_outputs(None)
+    assert empty_metrics["data"] == [] and list(empty_table.columns) == ex.SUMMARY_COLUMNS and empty_table.empty
     with pytest.raises(TypeError, match="first argument, not activation="):
         ex.Comparison(["relu"], activation="tanh")
 

@@ -852,7 +852,7 @@ def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, 
     """Status line, metrics figure, layers figure and summary table of a comparison."""
     if comparison is None:
         empty = empty_figure("Pick activations and press Train.")
-        return "_No comparison on this page yet._", empty, empty, pd.DataFrame()
+        return "_No comparison on this page yet._", empty, empty, pd.DataFrame(columns=SUMMARY_COLUMNS)
     return (comparison.status_markdown(), comparison.metrics_figure(), comparison.layers_figure(),
             comparison.summary())
 

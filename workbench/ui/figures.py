@@ -334,17 +334,31 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
 MAX_SEGMENTS = 16
 
 
-def _density_trace(steps: np.ndarray, edges: np.ndarray, counts: np.ndarray) -> dict:
-    """A heatmap of ``counts`` (steps, bins) over ``edges``: each step's density relative to its
-    own peak, white (none) to blue (a narrow early distribution would otherwise hold the whole
-    colour scale and the later steps look empty)."""
+def _cell_bounds(steps: np.ndarray) -> np.ndarray:
+    """The edges along x of one heatmap cell per step: halfway to the steps beside it (the first
+    and last as wide as their neighbour's half), so that every step's cell reaches the next."""
+    s = steps.astype(np.float64)
+    if len(s) == 1:
+        return np.array([s[0] - 0.5, s[0] + 0.5])
+    middles = (s[:-1] + s[1:]) / 2
+    return np.concatenate([[2 * s[0] - middles[0]], middles, [2 * s[-1] - middles[-1]]])
+
+
+def _density_trace(steps: np.ndarray, cells: np.ndarray, edges: np.ndarray, counts: np.ndarray) -> dict:
+    """A heatmap of ``counts`` (steps, bins) over ``edges``, a cell a step between ``cells``
+    (``len(steps) + 1`` edges along x; without them plotly gives a lone step's cell a width of 1,
+    and the columns up to the next segment look blank): each step's density relative to its own
+    peak, white (none) to blue (a narrow early distribution would otherwise hold the whole colour
+    scale and the later steps look empty)."""
     peak = counts.max(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = np.where(peak > 0, counts / peak, np.nan)
-    return dict(type="heatmap", x=_array(steps), y=_array((edges[:-1] + edges[1:]) / 2), z=_array(relative.T),
+    return dict(type="heatmap", x=_array(cells), y=_array((edges[:-1] + edges[1:]) / 2), z=_array(relative.T),
+                customdata=_array(np.broadcast_to(steps, relative.T.shape)),
                 colorscale=[[0, "#ffffff"], [0.15, "#c6dbef"], [0.5, "#4292c6"], [1, "#08306b"]],
                 zmin=0, zmax=1, showscale=False, xaxis="x2", yaxis="y2",
-                hovertemplate="step %{x}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak<extra></extra>")
+                hovertemplate="step %{customdata}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak"
+                              "<extra></extra>")
 
 
 def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
@@ -379,8 +393,10 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     segments = view.distribution_segments(kind, site)
     if not segments or len(segments) > MAX_SEGMENTS:
         segments = [(steps, grid, density)]
+    cells, at = _cell_bounds(np.concatenate([seg_steps for seg_steps, _, _ in segments])), 0
     for seg_steps, edges, counts in segments:
-        data.append(_density_trace(seg_steps, edges, counts))
+        data.append(_density_trace(seg_steps, cells[at:at + len(seg_steps) + 1], edges, counts))
+        at += len(seg_steps)
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
                      xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),

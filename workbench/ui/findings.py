@@ -23,7 +23,8 @@ __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "findings_html", "findings_s
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
-_ICON = {"error": "⛔", "warning": "⚠️", "info": "ℹ️"}
+# (marks that common fonts draw: Debian's DejaVu has these, not ⛔)
+_ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 _COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
 #: the statistic a finding is best seen in, per finding
 _STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated": "std",

@@ -34,6 +34,7 @@ import torch
 from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
+from workbench.params import SEED_MAX  # (the seeds the Python API and the explorer take)
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
@@ -540,7 +541,6 @@ def devices() -> list[str]:
     return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
-SEED_MAX = 2**32 - 1
 STEPS_MAX = 10_000_000
 
 
@@ -1407,6 +1407,7 @@ def layout(root: RunsRoot):
                         c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
                                                   interactive=True, min_width=80)
                     c["modules"] = gr.Textbox("*", label="watch modules (globs, comma separated)",
+                                              placeholder="layers.*, head", info="* or empty: every module",
                                               elem_id="run-modules", interactive=True)
                     c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
                                                    elem_id="run-record", interactive=True)
