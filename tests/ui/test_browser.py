@@ -409,6 +409,11 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
                                    timeout=30_000)
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
+    page.locator("#run-pause").click()  # held between steps, then on again
+    expect(status).to_contain_text(re.compile(r"paused.*step \d+ of 100000"), timeout=30_000)
+    expect(runs).to_contain_text("paused")
+    page.locator("#run-resume").click()
+    expect(status).to_contain_text(re.compile(r"running.*step \d+ of 100000"), timeout=30_000)
     page.locator("#run-stop").click()
     expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)
     expect(runs).to_contain_text("stopped")

@@ -1,6 +1,7 @@
 """The Experiments / Runs handlers, without a browser."""
 
 import re
+import time
 
 import pandas as pd
 import pytest
@@ -75,6 +76,28 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
     run.stop()
     assert not run.running and "stopped: step" in run.status() and run.watch.closed
     assert run.experiment.step_count < 100000
+
+
+def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
+    run, _ = live.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
+    assert "paused" in live.pause_run(manager, run.id) and run.state == "paused"
+    time.sleep(0.3)  # (a step in progress when the pause came ends first)
+    held = run.experiment.step_count
+    time.sleep(0.5)
+    assert run.experiment.step_count == held and run.running
+    assert "paused already" in live.pause_run(manager, run.id)
+    assert run.view.header()["status"] == "paused" and live.runs_frame(manager).status.tolist() == ["paused"]
+    record = run.intervene("layers.1", "zero units", units="0")  # (put in between steps while paused)
+    assert record.status == "on" and record.start == held + 1
+    assert "running" in live.pause_run(manager, run.id, pause=False) and run.state == "running"
+    deadline = time.time() + 30
+    while run.experiment.step_count <= held + 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert run.experiment.step_count > held + 2
+    live.pause_run(manager, run.id)
+    run.stop()  # (a paused run stops at once)
+    assert run.state == "stopped" and "had ended" in live.pause_run(manager, run.id, pause=False)
+    assert "Not attached" in live.pause_run(manager, None)
 
 
 @pytest.mark.parametrize("kwargs, expected", [

@@ -44,7 +44,7 @@ from workbench.ui.views import FEED_INTERVAL, RunView
 logger = logging.getLogger(__name__)
 
 __all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "runs_frame", "run_choices", "attach", "detach", "stop_run",
-           "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache", "compare_runs",
+           "pause_run", "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache", "compare_runs",
            "export_run", "STATISTICS", "CSS", "layout", "wire"]
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
@@ -321,6 +321,8 @@ class LiveRun:
         self.error: str | None = None
         self.outcome: str | None = None
         self._stop = threading.Event()
+        self._going = threading.Event()  # cleared while paused
+        self._going.set()
         self._status_lock = threading.Lock()
         self._on_done: Callable[[LiveRun], Any] | None = None
         # interventions: asked for by pages, applied and removed by the run's thread between steps
@@ -350,6 +352,8 @@ class LiveRun:
         try:
             for _ in range(self.steps):
                 self._serve_requests()  # (between steps: never while the model runs)
+                while not self._going.wait(0.1):  # paused: interventions still go in and out
+                    self._serve_requests()
                 if self._stop.is_set():
                     status = "stopped"
                     break
@@ -485,14 +489,33 @@ class LiveRun:
 
     @property
     def state(self) -> str:
-        """'running', 'stopping' (asked to stop, finishing its step), 'finished', 'stopped' or 'failed'."""
+        """'running', 'paused', 'stopping' (asked to stop, finishing its step), 'finished', 'stopped' or
+        'failed'."""
         if self.outcome is not None:
             return self.outcome
-        return "stopping" if self._stop.is_set() else "running"
+        if self._stop.is_set():
+            return "stopping"
+        return "running" if self._going.is_set() else "paused"
+
+    def pause(self) -> None:
+        """Hold the run after its current step (until :meth:`resume` or a stop); returns at once. Its
+        watch stays open, and interventions can still be put in or taken out."""
+        with self._status_lock:
+            if self.outcome is None and not self._stop.is_set():
+                self._going.clear()
+                self.view.set_status("paused")
+
+    def resume(self) -> None:
+        """Go on from a pause; returns at once."""
+        with self._status_lock:
+            if self.outcome is None and not self._stop.is_set():
+                self._going.set()
+                self.view.set_status("running")
 
     def request_stop(self) -> None:
-        """Ask the run to stop after its current step; returns at once."""
+        """Ask the run to stop after its current step (a paused run at once); returns at once."""
         self._stop.set()
+        self._going.set()
         with self._status_lock:
             if self.outcome is None:
                 self.view.set_status("stopping")
@@ -687,6 +710,27 @@ def stop_run(manager: RunManager, run_id: Any, timeout: float = 30.0) -> str:
     if not run.running:
         return run.status() + "\n\n_It had ended already._"
     run.stop(timeout)
+    return run.status()
+
+
+def pause_run(manager: RunManager, run_id: Any, pause: bool = True) -> str:
+    """Pause a run after its current step (``pause=False``: resume it); returns its status."""
+    verb = "Pause" if pause else "Resume"
+    if run_id is None or run_id == "":
+        return f"Not attached to a run: pick one from the list and Attach, then {verb}."
+    run, message = _find(manager, run_id)
+    if run is None:
+        return message
+    if not run.running:
+        return run.status() + "\n\n_It had ended already._"
+    if run.state == "stopping":
+        return run.status() + "\n\n_It is stopping._"
+    if (run.state == "paused") == pause:
+        return run.status() + f"\n\n_It is {'paused' if pause else 'running'} already._"
+    if pause:
+        run.pause()
+    else:
+        run.resume()
     return run.status()
 
 
@@ -1437,6 +1481,8 @@ def layout(root: RunsRoot):
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
                                             scale=4, interactive=True)
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
+                    c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80)
+                    c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80)
                     c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80)
                     c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
                     c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
@@ -1749,6 +1795,18 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(3))), c["live_state"],
                     [c["status"], c["live_message"], *listing])
+
+    for button, pause in ((c["pause"], True), (c["resume"], False)):
+        def on_pause(attached, pause=pause):
+            message = pause_run(manager, attached, pause)
+            run = manager.get(attached) if attached else None
+            if run is None:  # (not attached, or no such run: the message says which)
+                return gr.skip(), message, *listed(attached)
+            note = message.rsplit("\n\n", 1)[1] if "\n\n_It" in message else ""  # (had ended, already paused ...)
+            return _live_header(run), note, *listed(attached)
+
+        button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *_skips(3))), c["live_state"],
+                     [c["status"], c["live_message"], *listing])
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
