@@ -44,8 +44,8 @@ from workbench.ui.views import FEED_INTERVAL, RunView
 logger = logging.getLogger(__name__)
 
 __all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "runs_frame", "run_choices", "attach", "detach", "stop_run",
-           "pause_run", "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache", "compare_runs",
-           "export_run", "STATISTICS", "CSS", "layout", "wire"]
+           "pause_run", "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache",
+           "compare_runs", "export_run", "STATISTICS", "CSS", "layout", "wire"]
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
 #: The run form's "record" choices and the watch() switch each one sets.
@@ -1320,12 +1320,17 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
                                 jumped, revision=run)
 
 
-def _view_components(c: dict, p: str) -> None:
-    """The views of a run page (live or replayed), under keys ``{p}_<name>``."""
+def _view_components(c: dict, p: str, empty: str | None = None) -> None:
+    """The views of a run page (live or replayed), under keys ``{p}_<name>``; ``empty``: what its
+    plots say until a run is drawn (None: nothing, the page hides them)."""
     import gradio as gr
 
     def plot(name: str):
-        c[f"{p}_{name}"] = gr.Plot(show_label=False, elem_id=f"{p}-{name}", container=False)
+        value = None
+        if empty is not None:
+            import plotly.graph_objects as go
+            value = go.Figure(figures.empty_figure(empty))
+        c[f"{p}_{name}"] = gr.Plot(value, show_label=False, elem_id=f"{p}-{name}", container=False)
 
     with gr.Row(equal_height=True):
         c[f"{p}_anomaly"] = gr.Markdown(elem_id=f"{p}-anomaly", elem_classes=["wb-anomaly"])
@@ -1493,7 +1498,8 @@ def layout(root: RunsRoot):
                                              max_height=200, show_label=False, wrap=True, elem_id="live-findings",
                                              column_widths=["11%", "8%", "13%", "16%", "52%"])
                 _intervention_components(c)
-                _view_components(c, "live")
+                _view_components(c, "live",
+                                 empty="No run on this page yet: start one (New run), or attach to one above.")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
                             "running.", elem_id="live-runs-help")
