@@ -107,6 +107,9 @@ class Thresholds:
             times the noise (the median absolute difference of consecutive values in the window),
             and by at least ``spike_min_rise`` times the level's magnitude.
         spike_min_rise: see ``spike_factor``.
+        spike_regain: a spike also gives back at least this fraction of what the metric fell from
+            its first value to its lowest median (of ``diverge_window`` values): a loss that fell
+            from 0.7 to 0.002 and jumps to 0.03 amid batch-to-batch noise has not spiked.
         diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
             exceeds the lowest such median so far by this factor (of its magnitude) while still
             rising, having given back at least ``diverge_regain`` of what it fell from its first
@@ -128,6 +131,7 @@ class Thresholds:
     spike_window: int = 20
     spike_factor: float = 10.0
     spike_min_rise: float = 1.0
+    spike_regain: float = 0.15
     diverge_factor: float = 10.0
     diverge_window: int = 5
     diverge_regain: float = 0.5
@@ -154,7 +158,8 @@ class Thresholds:
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("diverge_factor", number("diverge_factor") and self.diverge_factor > 1, "a number > 1")
-        need("diverge_regain", number("diverge_regain") and 0 <= self.diverge_regain <= 1, "a fraction in [0, 1]")
+        for name in ("diverge_regain", "spike_regain"):
+            need(name, number(name) and 0 <= getattr(self, name) <= 1, "a fraction in [0, 1]")
         for name in ("update_ratio_high", "update_ratio_low"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("update_ratio_low", self.update_ratio_low < self.update_ratio_high, "below update_ratio_high")
@@ -450,7 +455,7 @@ class Diagnoser:
             for name, value in losses[i]:
                 self._metric_check(step, name, value)
             if self._open:
-                self._close_stale(step)
+                self._close_stale(rows=bool(keys), metrics=bool(losses[i]))
 
     def _is_loss(self, name: str) -> bool:
         known = self._loss_names.get(name)
@@ -490,6 +495,9 @@ class Diagnoser:
                 rows = np.arange(n)
                 spread = logs[rows, first] - logs[rows, last]
                 look |= (count >= 2) & (np.abs(spread) > t.gradient_orders)
+                # (an output gradient exactly 0 before a site that gets one: none reaches it)
+                zero = np.isfinite(rms) & (rms == 0)
+                look |= (count >= 1) & (zero & (np.arange(len(g)) < last[:, None])).any(1)
                 # over steps: the largest RMS of each step against that of the run's first steps
                 top = np.max(np.where(ok, logs, -np.inf), 1)
                 need = max(t.persist - len(self._grad_start), 0)
@@ -554,9 +562,13 @@ class Diagnoser:
         e["evidence"] = evidence
         e["worst"] = worst
 
-    def _close_stale(self, step: int) -> None:
-        """Episodes whose condition did not hold this step end (kept when they lasted long enough)."""
-        for key in [k for k, e in self._open.items() if e["seen"] != self.steps_seen]:
+    def _close_stale(self, rows: bool, metrics: bool) -> None:
+        """Episodes whose condition did not hold this step end (kept when they lasted long enough):
+        those judged on rows at a step that recorded rows, on a metric at a step that logged one
+        (a run recorded every 10th step logs its loss at every step: the steps between leave the
+        rows' episodes open)."""
+        for key in [k for k, e in self._open.items()
+                    if e["seen"] != self.steps_seen and (metrics if e["kind"] == "metric" else rows)]:
             e = self._open.pop(key)
             self._version += 1
             if e["count"] >= e["need"]:
@@ -652,12 +664,21 @@ class Diagnoser:
         numel = stats["numel"][idx].astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             rms = stats["norm"][idx] / np.sqrt(np.maximum(numel, 1))
+        order = np.argsort(layout.order[idx], kind="stable")
+        idx, rms = idx[order], rms[order]
         ok = np.isfinite(rms) & (rms > 0)
+        if ok.any():  # gradients exactly 0 before (in forward order) a site that gets one: none reaches them
+            last = int(np.flatnonzero(ok)[-1])
+            none = np.flatnonzero(np.isfinite(rms[:last]) & (rms[:last] == 0))
+            if len(none):
+                shown = ", ".join(layout.names[idx[j]] for j in _sample(list(none), 6))
+                self._hold(step, "vanishing_gradients", layout, int(idx[none[0]]),
+                           f"no gradient reaches {len(none)} of {len(idx)} sites: their output gradient is exactly 0 "
+                           f"at step {step} ({shown}), while {layout.names[idx[last]]}, later in forward order, gets "
+                           f"an RMS of {rms[last]:.2g}.", key="no gradient", need=t.persist)
         idx, rms = idx[ok], rms[ok]
         if not len(idx):
             return
-        order = np.argsort(layout.order[idx], kind="stable")
-        idx, rms = idx[order], rms[order]
         logs = np.log10(rms)
         if len(idx) >= 2:
             spread = logs[0] - logs[-1]
@@ -741,6 +762,7 @@ class Diagnoser:
                        site=name, key=name)
             return
         recent, tail = state["recent"], state["tail"]
+        state.setdefault("start", value)  # (its first finite value: the scale of what it can fall)
         if len(recent) >= max(5, t.spike_window // 2):
             # against the level of the last few steps, in units of the step-to-step noise (the median
             # absolute difference of consecutive values, which a trend hardly moves); the noise is
@@ -751,7 +773,9 @@ class Diagnoser:
             if rise > t.spike_min_rise * max(abs(level), 1e-12):
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
-            if rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12):
+            fell = state["start"] - state["best"] if math.isfinite(state["best"]) else 0.0
+            if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
+                    and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+import workbench
 from workbench.diagnose import COLUMNS, diagnose
 from workbench.experiments import create, list_experiments
 
@@ -142,3 +143,41 @@ def test_healthy_runs_of_every_family_raise_no_warning_or_error(name, config):
 
 def test_every_family_is_covered():
     assert set(list_experiments()) == {"activation_mlp", "efficientzero_dynamics", "ilql", "query_stream"}
+
+
+def test_a_layer_no_gradient_reaches_has_vanishing_gradients():
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)  # layers.1 outputs 0 for every input: nothing flows back past it
+    f = only(findings(train(model, steps=5)), "vanishing_gradients")
+    assert f.site.tolist() == ["layers.0"]
+    row = f.iloc[0]
+    assert (row.step, row.last_step) == (1, 5) and "exactly 0" in row.evidence and "layers.0" in row.evidence
+
+
+def test_a_run_recorded_every_nth_step_finds_what_persists_over_its_recorded_steps():
+    """The loss is logged every step, the rows every 4th: the steps between do not end an episode
+    of a condition seen in the rows (dead units for 3 recorded steps in a row), in a stored run's
+    frames and in a live run's stream alike."""
+    from workbench.diagnose import Diagnoser
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)
+    x = torch.randn(64, 2)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    live = Diagnoser()
+    with workbench.watch(model, every=4) as w:
+        subscription = live.attach(w)
+        for _ in range(12):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+        live.flush()
+        subscription.unsubscribe()
+    assert sorted(set(w.to_pandas().step)) == [1, 5, 9] and len(w.metrics()) == 12
+    for frame in (findings(w), live.findings()):
+        dead = only(frame, "dead_units")
+        assert dead.site.tolist() == ["layers.1"] and (dead.iloc[0].step, dead.iloc[0].last_step) == (1, 9)

@@ -146,6 +146,23 @@ def test_a_converged_noisy_loss_is_not_diverging():
     assert step > 200 and median >= 0.5 * np.median(grown[:5]) and np.median(grown[step - 6:step - 1]) < median
 
 
+def test_a_converged_loss_s_batch_to_batch_jumps_are_not_spikes():
+    # a loss that fell from 0.7 to ~0.002 and jumps to 0.02-0.08 now and then (an MLP at 99%
+    # accuracy, a hard batch): 10-40x its level, but a tenth of what it fell at most
+    rng = np.random.default_rng(1)
+    t = np.arange(1, 401)
+    loss = 0.002 + 0.7 * np.exp(-t / 20) + rng.exponential(0.001, t.size)
+    jumps = rng.choice(np.arange(100, 400), 12, replace=False)
+    loss[jumps] += rng.uniform(0.02, 0.08, jumps.size)
+    metrics = pd.DataFrame({"step": t, "loss": loss})
+    assert "loss_spike" not in set(diagnose(pd.DataFrame(), metrics).finding)
+    assert "loss_spike" in set(diagnose(pd.DataFrame(), metrics, spike_regain=0).finding)
+    # a jump that gives back a third of the fall is one
+    loss[300] = 0.25
+    spikes = diagnose(pd.DataFrame(), pd.DataFrame({"step": t, "loss": loss}))
+    assert spikes[spikes.finding == "loss_spike"].step.tolist() == [301]
+
+
 def test_findings_are_ordered_most_severe_then_newest():
     rows = pd.DataFrame([row(s, "relu", "activation", zero_frac=1.0, min=0.0, max=0.0, mean=0.0, std=0.0)
                          for s in range(1, 5)] + [row(4, "x", "activation", nan_count=1)])
@@ -158,6 +175,7 @@ def test_findings_are_ordered_most_severe_then_newest():
 @pytest.mark.parametrize("bad, message", [
     (dict(persist=0), "persist must be a whole number >= 1"),
     (dict(dead_zero_frac=1.5), "dead_zero_frac must be a fraction in (0, 1]"),
+    (dict(spike_regain=-0.1), "spike_regain must be a fraction in [0, 1], got -0.1"),
     (dict(gradient_orders=float("nan")), "gradient_orders must be a positive number"),
     (dict(update_ratio_low=1.0, update_ratio_high=0.5), "update_ratio_low must be below update_ratio_high"),
     (dict(loss_metrics=("",)), "loss_metrics must be a tuple of non-empty strings"),

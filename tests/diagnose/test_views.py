@@ -78,7 +78,7 @@ def test_a_metric_finding_focuses_the_metric():
 
 def test_bad_input_to_the_view_says_what_was_expected(broken):
     _, frame = broken
-    with pytest.raises(IndexError, match=r"No finding number 9: the list has 1"):
+    with pytest.raises(IndexError, match=r"No finding number 9: the list has 2"):
         view.focus(frame, 9)
     with pytest.raises(TypeError, match="Expected a findings frame"):
         view.findings_table(pd.DataFrame({"a": [1]}))
