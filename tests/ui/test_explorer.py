@@ -242,7 +242,14 @@ def test_comparison_trains_each_activation_as_the_experiment_alone_would():
         losses = view.metrics_frame(["loss"])
         assert list(losses.step) == list(range(1, 13))
         assert np.allclose(losses.value, [m["loss"] for m in alone], atol=1e-6)
-    summary = comparison.summary().set_index("activation")
+    table = comparison.summary()
+    ranking = comparison.ranking()  # best first: the highest accuracy on the whole set, then the lowest loss
+    assert table.activation.tolist() == [name for name, _, _ in ranking] and sorted(table.activation) == [
+        "gelu", "relu", "tanh"]
+    assert [(-a, loss) for _, a, loss in ranking] == sorted((-a, loss) for _, a, loss in ranking)
+    assert table["accuracy (whole set)"].tolist() == [round(a, 4) for _, a, _ in ranking]
+    assert f"**{ranking[0][0]} trained best**: accuracy {ranking[0][1]:.3f}" in comparison.status_markdown()
+    summary = table.set_index("activation")
     assert list(summary.status) == ["finished"] * 3 and list(summary.step) == [12] * 3
     figure = comparison.metrics_figure()
     assert {t["name"] for t in figure["data"] if t.get("mode") == "lines"} == {"relu", "tanh", "gelu"}

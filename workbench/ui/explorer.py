@@ -704,9 +704,21 @@ class Comparison:
             return ExplorerFigure(empty_figure("No steps recorded yet."))
         return _figure(data, layout)
 
+    def ranking(self) -> list[tuple[str, float, float]]:
+        """The activations whose runs finished (all their steps), best first: ``(name, accuracy,
+        loss)`` on the whole training set (ties on accuracy go to the lower loss); empty until every
+        run has ended."""
+        status = self.status()
+        if not self.done:
+            return []
+        finished = [(name, float(e.final["accuracy"]), float(e.final["loss"]))
+                    for name, e in self.entries.items() if e.final and status[name] == "finished"]
+        return sorted(finished, key=lambda r: (-r[1], r[2]))
+
     def summary(self) -> pd.DataFrame:
         """One row per activation: status, step, last training loss and accuracy, and (at the end)
-        loss and accuracy on the whole training set."""
+        loss and accuracy on the whole training set; once every run has ended, best first (see
+        :meth:`ranking`; those that did not finish last)."""
         rows = []
         for name, e in self.entries.items():
             h = e.view.header()
@@ -717,15 +729,23 @@ class Comparison:
                          "loss (last step)": last["loss"], "accuracy (last step)": last["accuracy"],
                          "loss (whole set)": e.final["loss"] if e.final else None,
                          "accuracy (whole set)": e.final["accuracy"] if e.final else None})
+        ranked = {name: i for i, (name, _, _) in enumerate(self.ranking())}
+        rows.sort(key=lambda r: ranked.get(r["activation"], len(ranked)))  # (stable: run order until then)
         return pd.DataFrame(rows, columns=SUMMARY_COLUMNS).round(4)
 
     def status_markdown(self) -> str:
-        """One line: each run's status and step."""
+        """Each run's status and step; once every run has ended, which trained best."""
         parts = []
         for name, e in self.entries.items():
             h = e.view.header()
             parts.append(f"**{name}** `{h['status']}` {h['step']}/{self.steps}")
-        return " · ".join(parts)
+        text = " · ".join(parts)
+        ranking = self.ranking()
+        if ranking:
+            (best, accuracy, loss), rest = ranking[0], ranking[1:]
+            text += (f"\n\n**{best} trained best**: accuracy {accuracy:.3f} (loss {loss:.4g}) on the whole "
+                     "training set" + ("; then " + ", ".join(f"{n} {a:.3f}" for n, a, _ in rest) if rest else "") + ".")
+        return text
 
 
 # --- the app's handlers (plain functions) ------------------------------------------------------
@@ -997,7 +1017,9 @@ def layout(root: Any = None) -> dict[str, Any]:
                         c["compare_layers"] = gr.Plot(plot_data(layers), show_label=False,
                                                       elem_id="explorer-compare-layers")
                         c["compare_table"] = gr.Dataframe(table, interactive=False, elem_id="explorer-compare-table",
-                                                          show_label=False)
+                                                          show_label=False, wrap=True,  # (every column in view)
+                                                          column_widths=["13%", "11%", "7%", "17%", "18%", "16%",
+                                                                         "18%"])
         c["params_state"] = gr.State({})
         c["registry"] = gr.State(names)  # the activations whose fields are drawn (Reload reads them again)
         c["comparison"] = gr.State(None, delete_callback=lambda comparison: comparison is not None
