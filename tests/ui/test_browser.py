@@ -191,7 +191,7 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     expect(header).to_contain_text("finished", timeout=60_000)
     expect(header).to_contain_text("step 30 of 30")
     expect(header.locator("progress")).to_have_attribute("value", "1.000")
-    expect(page.locator("#start-message")).to_contain_text("this page is attached to it")
+    expect(page.locator("#live-message")).to_contain_text("this page is attached to it")  # (by its header)
     # the form folded away: the header and the first plots are in view without scrolling past it
     expect(page.locator("#experiment-list")).to_be_hidden()
     page.evaluate("window.scrollTo(0, 0)")
@@ -270,6 +270,8 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     # a run name leading out of the runs root is refused, naming the value; the page keeps its run
     start(page, "activation_mlp", 5, store="../outside")
     expect(page.locator("#start-message")).to_contain_text("run name '../outside' contains '..'")
+    # (and in a pop-up, in view wherever the page is scrolled to)
+    expect(page.locator(".toast-body").filter(has_text="contains '..'")).to_be_visible()
     expect(header).to_contain_text("step 30 of 30")
     assert not (runs_root.parent / "outside").exists()
     # a fraction of a step is refused by name, not rounded by the page

@@ -1672,21 +1672,23 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
                                          histograms, modules, store, device, record, weights or None)
                 if new is None:  # the page stays with the run it watches, if any
-                    return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), *listed(attached)
+                    # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
+                    gr.Warning(message.replace("**", ""))
+                    return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(), *listed(attached)
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
                     started += f" {previous.label} runs on: pick it in the list to attach to it again."
                 # the form folds away: the page is for the run now (open it again for the next one)
-                return (_live_header(new), new.id, started, new_page_state(), gr.Timer(active=True),
-                        gr.Accordion(open=False), *listed(new.id))
+                return (_live_header(new), new.id, "", new_page_state(), gr.Timer(active=True),
+                        gr.Accordion(open=False), started, *listed(new.id))
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(6))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(7))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         *listing]).then(None, js=SHOW_HEADER).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
+                         c["live_message"], *listing]).then(None, js=SHOW_HEADER).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
                                          live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
 
