@@ -66,5 +66,6 @@ def test_every_segment_s_cells_reach_the_next_so_no_recorded_step_draws_blank():
     ranges = {10: (-2.0, 2.0), 20: (-2.0, 2.0), 30: (-4.0, 4.0), 40: (-8.0, 8.0), 50: (-8.0, 8.0)}
     view.feed([record(step, [1, 2, 3, 4], lo / 2, hi / 2, (lo, hi)) for step, (lo, hi) in ranges.items()])
     drawn = heatmaps(figures.distribution_figure(view, "activation", "layer"))
-    assert [figures.values(t["x"]).tolist() for t in drawn] == [[5, 15, 25], [25, 35], [35, 45, 55]]
+    # (each reaching half way into the next segment's first cell, which that segment draws over)
+    assert [figures.values(t["x"]).tolist() for t in drawn] == [[5, 15, 30], [25, 40], [35, 45, 55]]
     assert [figures.values(t["customdata"])[0].tolist() for t in drawn] == [[10, 20], [30], [40, 50]]

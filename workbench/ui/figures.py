@@ -395,8 +395,11 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
         segments = [(steps, grid, density)]
     cells, at = _cell_bounds(np.concatenate([seg_steps for seg_steps, _, _ in segments])), 0
     for seg_steps, edges, counts in segments:
-        data.append(_density_trace(seg_steps, cells[at:at + len(seg_steps) + 1], edges, counts))
+        seg_cells = cells[at:at + len(seg_steps) + 1].copy()
         at += len(seg_steps)
+        if at < len(cells) - 1:  # into half the next cell, which the next segment draws over (two images
+            seg_cells[-1] += (cells[at + 1] - cells[at]) / 2  # that only touch can leave a white seam)
+        data.append(_density_trace(seg_steps, seg_cells, edges, counts))
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
                      xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),
