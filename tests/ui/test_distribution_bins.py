@@ -69,3 +69,15 @@ def test_every_segment_s_cells_reach_the_next_so_no_recorded_step_draws_blank():
     # (each reaching half way into the next segment's first cell, which that segment draws over)
     assert [figures.values(t["x"]).tolist() for t in drawn] == [[5, 15, 30], [25, 40], [35, 45, 55]]
     assert [figures.values(t["customdata"])[0].tolist() for t in drawn] == [[10, 20], [30], [40, 50]]
+
+
+def test_a_log_heatmap_draws_exact_zeros_apart_from_steps_not_recorded():
+    view = RunView()
+    view.feed([record(1, [1, 2, 3, 4], -1.0, 0.0), record(2, [1, 2, 3, 4], -1.0, 2.0)])  # max: 0, then 2
+    values, zeros = heatmaps(figures.heatmap_figure(view, "activation", "max"))
+    z = figures.values(values["z"])[0]
+    assert np.isnan(z[0]) and z[1] == pytest.approx(np.log10(2.0))  # (log10 |0|: no value)
+    assert figures.values(zeros["z"])[0].tolist()[0] == 1 and np.isnan(figures.values(zeros["z"])[0][1])
+    assert zeros["colorscale"][0][1] == figures.ZERO_COLOR and "exactly 0" in zeros["hovertemplate"]
+    [plain] = heatmaps(figures.heatmap_figure(view, "activation", "max", log=False))  # (0 has a colour there)
+    assert figures.values(plain["z"])[0].tolist() == [0.0, 2.0]

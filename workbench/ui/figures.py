@@ -297,6 +297,10 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}
 
 
+#: The colour of the cells of a log heatmap whose value is exactly 0 (no log; blank is a step not recorded).
+ZERO_COLOR = "#c8c8c8"
+
+
 def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> Figure:
     """A statistic of every call site (rows, in forward order) over steps (columns): vanishing or
     exploding gradients and dead units at a glance.
@@ -305,7 +309,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
         view: the run's views.
         kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
         statistic: a column of ``workbench.ui.views.STATISTICS``.
-        log: draw log10 of the magnitude.
+        log: draw log10 of the magnitude (exact zeros, which have none, in grey: :data:`ZERO_COLOR`).
 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
@@ -314,6 +318,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
     if not names or not len(steps):
         return empty_figure(f"No {kind} rows yet.")
     shown, label = matrix.astype(np.float64), statistic
+    data = []
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             shown = np.log10(np.abs(shown))
@@ -322,7 +327,14 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
     trace = dict(type="heatmap", z=_array(shown), x=_array(steps), y=names, colorscale="Viridis",
                  colorbar=dict(title=dict(text=label)), hoverongaps=False,
                  hovertemplate="%{y}<br>step %{x}<br>" + label + " %{z:.3g}<extra></extra>")
-    return {"data": [trace], "layout": _layout(
+    data.append(trace)
+    zeros = matrix == 0
+    if log and zeros.any():  # (no log: blank like a step not recorded; grey cells over the blank ones)
+        data.append(dict(type="heatmap", z=_array(np.where(zeros, 1.0, np.nan)), x=_array(steps), y=names,
+                         colorscale=[[0, ZERO_COLOR], [1, ZERO_COLOR]], showscale=False, hoverongaps=False,
+                         name=f"{statistic} = 0",
+                         hovertemplate="%{y}<br>step %{x}<br>" + statistic + " exactly 0<extra></extra>"))
+    return {"data": data, "layout": _layout(
         max(_HEIGHT, min(14 * len(names) + 120, 1400)), f"{kind}: {label}, every call site in forward order",
         hovermode="closest", xaxis=_steps_axis(steps, title=dict(text="step")),
         yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category", automargin=True))}
