@@ -115,6 +115,21 @@ def test_the_default_sites_are_those_that_changed_most():
     assert len(view.site_table("activation")) == 30  # (distinct statistics: no aliases)
 
 
+def test_the_default_sites_take_one_call_of_each_module_first():
+    # an unrolled module's calls change alike and would hide each other: the other module comes second
+    view = RunView()
+    keys = tuple(("cell", i, "activation", "out", (4,)) for i in range(5)) + (("head", 0, "activation", "out", (4,)),)
+    for step in range(1, 11):
+        sums = np.zeros((6, len(SUMS)))
+        sums[:5, 0] = 4.0 * (step + 1) * (1 + np.arange(5) / 10)  # every call grows ...
+        sums[5, 0] = 4.0 + step * 0.4  # ... more than the head does
+        sums[:, 3], sums[:, 4], sums[:, 5] = -1, 1, 4
+        view.feed(StepRecord(step, keys, np.full(6, 4), sums))
+    first, second, _ = view.default_sites("activation", "mean", k=3)
+    assert first.startswith("cell#") and second == "head"
+    assert len(view.default_sites("activation", "mean", k=6)) == 6  # (then the other calls)
+
+
 def test_the_heatmap_lists_every_site_in_forward_order():
     view, w = watched(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), 4)
     names, steps, values = view.heatmap("grad_output", "norm")

@@ -537,7 +537,8 @@ class RunView:
 
     def default_sites(self, kind: str, statistic: str, k: int = 6) -> list[str]:
         """The ``k`` sites whose ``statistic`` changed most over the run (relative to its scale),
-        then the largest: a sensible default when there are too many sites to draw."""
+        then the largest, one call of each module first: a sensible default when there are too
+        many sites to draw."""
         with self._synced():
             names, steps, mean, _, _ = self._columns(kind, statistic)
         if not len(steps) or not names:
@@ -549,8 +550,16 @@ class RunView:
             scale = np.nanmax(np.abs(mean), axis=0)
             change = np.nan_to_num(np.abs(last - first) / np.where(scale > 0, scale, 1.0), nan=-1.0)
             size = np.nan_to_num(scale, nan=-1.0)
-        order = np.lexsort((-size, -change))  # most change first, then largest
-        return [names[i] for i in order[:k]]
+        order = [names[i] for i in np.lexsort((-size, -change))]  # most change first, then largest
+        # one call of a module called several times a step (``path#k``), then the others if too few
+        # modules: the calls of one module trace near-identical lines over each other
+        chosen, modules = [], set()
+        for name in order:
+            module = name.split(" ")[0].split("#")[0]
+            if module not in modules:
+                chosen.append(name)
+                modules.add(module)
+        return (chosen + [name for name in order if name not in chosen])[:k]
 
     def site_series(self, kind: str, statistic: str, sites: Sequence[str] | None = None,
                     k: int = 6) -> pd.DataFrame:
