@@ -65,3 +65,12 @@ def test_spirals_are_point_symmetric():
     r0 = x[y == 0].norm(dim=1).sort().values
     r1 = x[y == 1].norm(dim=1).sort().values
     assert abs(r0.mean() - r1.mean()) < 0.05 and r0.max() <= 1.0 + 1e-6
+
+
+def test_a_watched_run_records_its_last_step_whatever_every_says():
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=1, n_samples=64, batch_size=16)
+    exp.run(25, every=10, progress=False)
+    assert sorted(set(exp.watcher.to_pandas().step)) == [1, 11, 21, 25]
+    background = exp.start(8, every=3)  # (a run on a thread of its own: steps 26 to 33, every 3rd from step 1)
+    background.join()
+    assert sorted(set(background.watch.to_pandas().step)) == [28, 31, 33]

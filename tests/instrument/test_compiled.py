@@ -293,9 +293,13 @@ def test_every_n_two_variants_and_no_recompile_after():
     after_two = graphs()
     calls = counters["stats"]["calls_captured"]
     train(exp, wc, 4)
+    wc.record_next()  # step 7, recorded as every=2 would anyway; step 8 by record_next alone
+    train(exp, wc, 1)
+    wc.record_next()
+    train(exp, wc, 1)
     assert graphs() == after_two == 2
     assert counters["stats"]["calls_captured"] == calls  # nothing traced again
-    assert set(wc.to_pandas().step) == {1, 3, 5}
+    assert set(wc.to_pandas().step) == {1, 3, 5, 7, 8}
     wc.close()
     # closed: the model is as before (our hooks gone; its own graph again)
     assert installed_hooks()["_global_forward_hooks"] == 0

@@ -302,6 +302,21 @@ def test_every_n_records_only_every_nth_step_and_hooks_idle_in_between():
     assert [n > 0 for n in per_step] == [True, False, False, True, False, False, True]
 
 
+def test_record_next_records_the_step_in_progress_whatever_every_says():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    with workbench.watch(model, every=3) as w:
+        for step in range(1, 7):
+            if step in (2, 4):  # (4 is recorded anyway)
+                w.record_next()
+            model(torch.randn(4, 2)).sum().backward()
+            w.step()
+    rows = w.to_pandas()
+    assert sorted(set(rows.step)) == [1, 2, 4]
+    assert len(rows[rows.step == 2]) == len(rows[rows.step == 1])  # (every kind of row, as a recorded step)
+    with pytest.raises(RuntimeError, match="closed"):
+        w.record_next()
+
+
 def test_idle_steps_run_without_our_hooks_which_return_to_their_place():
     from torch.nn.modules.module import _global_forward_hooks, register_module_forward_hook
 

@@ -292,8 +292,10 @@ def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
     assert sites[0].startswith("conv")  # forward order: the first layer first
     assert set(lines(traces(page, "live-series"))) == set(shown)
     # the heatmap: every site of the kind, in forward order
-    [heat] = traces(page, "live-heatmap", lambda t: t and t[0]["x"] == [1, 2, 3, 4])
+    heat, *zeros = traces(page, "live-heatmap", lambda t: t and t[0]["x"] == [1, 2, 3, 4])
     assert len(heat["y"]) > 24 and len(heat["z"]) == len(heat["y"]) * 4
+    # (exact zeros, grey on top: the output gradients behind the reward head, whose last layer starts at 0)
+    assert len(zeros) <= 1 and all(z["y"] == heat["y"] and z["name"] == "norm = 0" for z in zeros)
     # distributions: the sites with histograms (all of them here), one drawn
     choose(page, "live-dist-site", sites[0])
     drawn = traces(page, "live-distribution", lambda t: t and sites[0] in t[0]["title"])

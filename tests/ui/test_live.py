@@ -37,17 +37,18 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     run = finished_run(manager, "r")
     assert "finished: step 6 of 6" in run.status() and "recording to" in run.status()
     rows, metrics = run.frames()
-    assert sorted(set(rows.step)) == [1, 3, 5]
+    assert sorted(set(rows.step)) == [1, 3, 5, 6]  # (every 2nd step, and the run's last)
     assert list(metrics.step) == [1, 2, 3, 4, 5, 6]
     assert set(rows.module) == {"layers.0", "layers.1", "layers.2", "layers.3", "layers.4"}
     long = run.view.metrics_frame()
     assert list(long.metric.unique()) == ["accuracy", "loss"] and len(long) == 12  # in name order, as replayed
     series = run.view.site_series("grad_output", "norm", ["layers.0", "layers.1"])
-    assert list(series.step.unique()) == [1, 3, 5]
+    assert list(series.step.unique()) == [1, 3, 5, 6]
     want = rows[(rows.kind == "grad_output") & (rows.module == "layers.1")].norm
     assert series[series.site == "layers.1"].value.tolist() == pytest.approx(want.tolist(), rel=1e-6)
     latest = run.view.latest("activation")
-    assert latest.step.unique().tolist() == [5] and len(latest) == len(rows[(rows.step == 5) & (rows.kind == "activation")])
+    assert latest.step.unique().tolist() == [6]
+    assert len(latest) == len(rows[(rows.step == 6) & (rows.kind == "activation")])
     # the stored run (under the manager's root) replays the same rows
     assert (manager.root.path / "r" / "run.sqlite").is_file()
     stored, message = live.replay(manager.root, "r")

@@ -226,8 +226,8 @@ class Experiment:
             >>> w = exp.watch(every=2)
             >>> _ = exp.run(4, progress=False)
             >>> w.close()
-            >>> sorted(w.to_pandas().step.unique().tolist())
-            [1, 3]
+            >>> sorted(w.to_pandas().step.unique().tolist())  # every 2nd step, and the run's last
+            [1, 3, 4]
         """
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
@@ -273,10 +273,10 @@ class Experiment:
         bar = _progress_bar(progress, steps, self.name)
         if store is None and not watch_options:
             with bar:
-                return [_stepped(self, bar) for _ in range(steps)]
+                return [_stepped(self, bar, last=i == steps - 1) for i in range(steps)]
         # (the watch closes stopped on an interrupt, failed with the error on an exception)
         with self.watch(store=store, **watch_options), bar:
-            return [_stepped(self, bar) for _ in range(steps)]
+            return [_stepped(self, bar, last=i == steps - 1) for i in range(steps)]
 
     #: the last run started by :meth:`start` (running or ended), None before the first
     background: BackgroundRun | None = None
@@ -394,7 +394,12 @@ def _progress_bar(progress: bool | None, steps: int, name: str) -> Any:
                 dynamic_ncols=True)
 
 
-def _stepped(experiment: Experiment, bar: Any) -> dict[str, float]:
+def _stepped(experiment: Experiment, bar: Any, last: bool = False) -> dict[str, float]:
+    """One step of a run of several; its ``last`` step is recorded whatever the watch's ``every``
+    says (a run of 200 steps recorded every 10th ends with its step 200, not 191)."""
+    watcher = experiment.watcher
+    if last and watcher is not None and not watcher.closed:
+        watcher.record_next()
     metrics = experiment.step()
     if "loss" in metrics:
         bar.set_postfix_str(f"loss {metrics['loss']:.4g}", refresh=False)
@@ -566,11 +571,11 @@ class BackgroundRun:
     def _loop(self) -> None:
         status, error = "finished", None
         try:
-            for _ in range(self.steps):
+            for i in range(self.steps):
                 if not self._next():
                     status = "stopped"
                     break
-                self.history.append(_stepped(self.experiment, self._bar))
+                self.history.append(_stepped(self.experiment, self._bar, last=i == self.steps - 1))
         except BaseException as exc:  # the run fails; the process goes on
             status, error = "failed", "".join(traceback.format_exception(exc))
         finally:

@@ -128,6 +128,14 @@ class Watch:
         self._start_step()
         return record
 
+    def record_next(self) -> None:
+        """Record the step in progress - the forward and backward that come before the next
+        :meth:`step` - whatever ``every`` says: a run's last step, or a moment worth a look. Call
+        it between two steps (after a :meth:`step`, before the model runs)."""
+        self._check_open()
+        if not self._hooks.recording:
+            self._hooks.start_step(self.step_index, True)
+
     def _record(self, entries: list) -> StepRecord:
         try:
             sums, counts = self._hooks.sums.rows()  # the one host transfer of the step

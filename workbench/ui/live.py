@@ -350,7 +350,7 @@ class LiveRun:
     def _loop(self) -> None:
         status, error = "finished", None
         try:
-            for _ in range(self.steps):
+            for i in range(self.steps):
                 self._serve_requests()  # (between steps: never while the model runs)
                 while not self._going.wait(0.1):  # paused: interventions still go in and out
                     self._serve_requests()
@@ -358,6 +358,8 @@ class LiveRun:
                     status = "stopped"
                     break
                 self._log_interventions()
+                if i == self.steps - 1:  # (the run's last step is recorded, whatever every says)
+                    self.watch.record_next()
                 self.experiment.step()
                 self._check_interventions()
         except BaseException:  # the run's thread ends here, whatever the step raised
