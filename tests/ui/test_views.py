@@ -213,35 +213,6 @@ def test_a_long_run_draws_like_a_short_one():
     assert len(long.stats["activation"]) <= long.capacity
 
 
-def test_a_long_run_s_recent_steps_are_drawn_as_evenly_as_its_merged_older_ones():
-    """Older steps are merged into buckets (mean, min-max band), the recent ones kept whole: the
-    line merges the recent ones alike (a raw stretch after merged means reads as if training had
-    turned unstable) over a faint line of every recent step, and the band spans both."""
-    view = RunView(capacity=200, recent=96)  # 400 steps: older steps in buckets, the last 96 whole
-    keys = (("layer", 0, "activation", "out", (4,)),)
-    rng = np.random.default_rng(0)
-    loss = 1 + rng.normal(0, 0.1, 400)  # noise about a constant: no trend to tell old from new
-    for step in range(1, 401):
-        sums = np.zeros((1, len(SUMS)))
-        sums[0, 0], sums[0, 3], sums[0, 4], sums[0, 5] = 4 * loss[step - 1], -1, 1, 4
-        view.feed(StepRecord(step, keys, np.full(1, 4), sums, metrics={"loss": float(loss[step - 1])}))
-    frame = view.metrics_frame(["loss"])
-    merged, recent = frame[frame.hi > frame.lo], frame[frame.step > frame[frame.hi > frame.lo].step.max()]
-    assert len(recent) >= 2 and (recent.hi == recent.lo).all()
-    stride = int(np.median(np.diff(merged.step)))
-    for figure in (figures.metrics_figure(view, ["loss"]), figures.sites_figure(view, "activation", "mean")):
-        band, faint, line = figure["data"]
-        assert faint["opacity"] == 0.3 and figures.values(faint["x"]).tolist() == recent.step.tolist()
-        x, y = figures.values(line["x"]), figures.values(line["y"])
-        tail = x > merged.step.max()
-        assert tail.sum() == -(-len(recent) // stride) >= 3  # a point a bucket of `stride` recent steps
-        # the line's wiggle is the same over its merged and its newly merged stretch
-        assert np.std(np.diff(y[tail])) < 2 * np.std(np.diff(y[~tail][-10:]))
-        assert figures.values(band["x"]).max() == x.max()  # (the band reaches the last step)
-    assert np.allclose(figures.values(figures.metrics_figure(view, ["loss"])["data"][2]["y"])[:len(merged)],
-                       merged.value)
-
-
 def test_figures_carry_the_data_of_the_views():
     view, w = watched(Twice(), 4, histograms=True)
     rows = w.to_pandas()

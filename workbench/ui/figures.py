@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from workbench.ui.views import PERCENTILES, RunView
 
@@ -214,21 +213,20 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         for r, (run, frame) in enumerate(frames.items()):
             part = frame[frame.metric == name]
             label = f"{run}: {name}" if several else name
-            color = _PALETTE[r % len(_PALETTE)]
-            # (smoothed, the line is even throughout; else the recent steps are merged as the older were)
-            shown, raw = (part, None) if smoothing else _evened(part)
-            data += _band(shown, color, xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=run)
-            common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=run,
-                          line=dict(width=1, color=color))
-            if raw is not None:
-                data.append(dict(common, x=_array(raw.step), y=_array(raw.value), opacity=0.3, showlegend=False,
-                                 hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
-            data.append(dict(common, name=run if several else name, x=_array(shown.step), y=_array(shown.value),
+            merged = part[part.hi > part.lo]  # points standing for several steps: their min-max envelope
+            if len(merged):  # (else a long run's merged means read smoother than its recent steps)
+                data.append(dict(type="scatter", mode="none", fill="toself", xaxis=f"x{n}", yaxis=f"y{n}",
+                                 x=_array(np.concatenate([merged.step, merged.step[::-1]])),
+                                 y=_array(np.concatenate([merged.hi, merged.lo[::-1]])),
+                                 fillcolor=_PALETTE[r % len(_PALETTE)], opacity=0.15, hoverinfo="skip",
+                                 showlegend=False, legendgroup=run))
+            common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step),
+                          legendgroup=run, line=dict(width=1, color=_PALETTE[r % len(_PALETTE)]))
+            data.append(dict(common, name=run if several else name, y=_array(part.value),
                              opacity=0.35 if smoothing else 1.0, showlegend=several and i == 0 and not smoothing,
                              hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
             if smoothing:
-                data.append(dict(common, name=run if several else f"{name} (smoothed)", x=_array(part.step),
-                                 y=_array(part.smoothed),
+                data.append(dict(common, name=run if several else f"{name} (smoothed)", y=_array(part.smoothed),
                                  line=dict(width=2, color=_PALETTE[r % len(_PALETTE)]),
                                  showlegend=several and i == 0,
                                  hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
@@ -265,39 +263,6 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
 
-def _evened(part: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """A series' points as a line draws them (``step, value, lo, hi``), and its raw recent points
-    (None where there are none apart). Where a long run's older steps were merged into buckets
-    (``hi > lo``: their mean, min and max), its recent steps, kept whole, are merged alike for the
-    line and the band - else the recent stretch reads noisier than the merged means, as if
-    training had turned unstable - and drawn faintly besides, one point a step."""
-    merged = (part.hi > part.lo).to_numpy()
-    if not merged.any():
-        return part, None
-    steps = part.step.to_numpy()
-    last_merged = steps[merged][-1]
-    recent = part[steps > last_merged]
-    if len(recent) < 2:
-        return part, None
-    stride = max(int(np.median(np.diff(steps[merged]))) if merged.sum() > 1 else 1, 1)
-    bucket = (recent.step.to_numpy() - last_merged - 1) // stride
-    grouped = recent.assign(bucket=bucket).groupby("bucket", sort=True)
-    buckets = pd.DataFrame({"step": grouped.step.max(), "value": grouped.value.mean(), "lo": grouped.value.min(),
-                            "hi": grouped.value.max()})
-    older = part[steps <= last_merged][["step", "value", "lo", "hi"]]
-    return pd.concat([older, buckets], ignore_index=True), recent
-
-
-def _band(shown: pd.DataFrame, color: str, **trace: Any) -> list[dict]:
-    """The min-max envelope of the points that stand for several steps (none: no trace)."""
-    merged = shown[shown.hi > shown.lo]
-    if not len(merged):
-        return []
-    return [dict(type="scatter", mode="none", fill="toself", x=_array(np.concatenate([merged.step, merged.step[::-1]])),
-                 y=_array(np.concatenate([merged.hi, merged.lo[::-1]])), fillcolor=color, opacity=0.15,
-                 hoverinfo="skip", showlegend=False, **trace)]
-
-
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
                  log_y: bool = False) -> Figure:
     """One statistic per call site over steps; where steps were merged, a band shows their min
@@ -319,13 +284,12 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     data = []
     for i, (site, part) in enumerate(frame.groupby("site", sort=False)):
         color = _PALETTE[i % len(_PALETTE)]
-        shown, raw = _evened(part)
-        data += _band(shown, color, legendgroup=site)
-        if raw is not None:
-            data.append(dict(type="scatter", mode="lines", x=_array(raw.step), y=_array(raw.value), opacity=0.3,
-                             line=dict(color=color, width=1), legendgroup=site, showlegend=False,
-                             hovertemplate=f"{site}, step %{{x}}: %{{y:.4g}}<extra></extra>"))
-        data.append(dict(type="scatter", mode="lines", name=site, x=_array(shown.step), y=_array(shown.value),
+        merged = part[part.hi > part.lo]  # points that stand for several steps: their min-max envelope
+        if len(merged):
+            data.append(dict(type="scatter", x=_array(np.concatenate([merged.step, merged.step[::-1]])),
+                             y=_array(np.concatenate([merged.hi, merged.lo[::-1]])), fill="toself", mode="none",
+                             fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False, legendgroup=site))
+        data.append(dict(type="scatter", mode="lines", name=site, x=_array(part.step), y=_array(part.value),
                          line=dict(color=color, width=1.5), legendgroup=site,
                          hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
     return {"data": data, "layout": _layout(
