@@ -81,8 +81,11 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
 
 def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
     run, _ = live.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
+    deadline = time.time() + 60
+    while run.experiment.step_count < 3 and time.time() < deadline:  # (past the first steps' one-off work)
+        time.sleep(0.05)
     assert "paused" in live.pause_run(manager, run.id) and run.state == "paused"
-    time.sleep(0.3)  # (a step in progress when the pause came ends first)
+    time.sleep(0.3)  # (a step in progress when the pause came ends first: a few ms)
     held = run.experiment.step_count
     time.sleep(0.5)
     assert run.experiment.step_count == held and run.running
