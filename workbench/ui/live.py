@@ -1503,8 +1503,8 @@ def layout(root: RunsRoot):
                 _view_components(c, "live",
                                  empty="No run on this page yet: start one (New run), or attach to one above.")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
-                            "(after a reload too), watch it, stop it; detaching or closing the page leaves it "
-                            "running.", elem_id="live-runs-help")
+                            "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
+                            "page leaves it running.", elem_id="live-runs-help")
                 c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=220,
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
