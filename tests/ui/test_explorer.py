@@ -101,8 +101,10 @@ def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
     state = ex.set_param(state, "threshold", "threshold", 1.0)
     figure, message = ex.draw_curves(["threshold"], -3.0, 3.0, 61.0, state)
     f = next(t for t in figure["data"] if t["meta"]["curve"] == "f")
+    drawn = ~np.isnan(values(f["y"]))  # (a gap where it jumps, after x = 1)
     x = values(f["x"]).astype(np.float64)
-    assert np.allclose(values(f["y"]), F.threshold(torch.tensor(x), 1.0, -1.0).numpy(), atol=1e-6)
+    assert list(x[~drawn]) == pytest.approx([1.05])
+    assert np.allclose(values(f["y"])[drawn], F.threshold(torch.tensor(x[drawn]), 1.0, -1.0).numpy(), atol=1e-6)
     assert "threshold(threshold=1.0, value=-1.0)" in message
 
 
@@ -332,3 +334,43 @@ def test_an_activation_undefined_somewhere_is_drawn_where_it_is_defined(scratch_
     assert c.max_difference < 1e-5  # over the points where both are defined
     nowhere = ex.curves("root", x_range=(-2, -1), points=5)
     assert math.isnan(nowhere.max_difference)
+
+
+def _gaps(trace) -> list[float]:
+    """The x where a drawn curve has a gap (a NaN point)."""
+    y = values(trace["y"])
+    return [float(x) for x in values(trace["x"])[np.isnan(y)]]
+
+
+def test_jumps_draw_as_gaps_and_smooth_curves_and_kinks_stay_joined():
+    # relu' steps from 0 to 1 and Threshold(0, 0.5) from 0.5 to x between x = 0 and the next
+    # point: a line joining them would draw a vertical segment the function does not have
+    figure = ex.curves_figure(["relu", "threshold", "gelu", "sigmoid", "tanh"], x_range=(-2, 2), points=41)
+    traces = {(t["meta"]["activation"], t["meta"]["curve"]): t for t in figure["data"]}
+    assert _gaps(traces["relu", "f"]) == []  # a kink, no jump
+    for curve in ("closed", "autograd"):
+        assert _gaps(traces["relu", curve]) == pytest.approx([0.05])
+    assert _gaps(traces["threshold", "f"]) == pytest.approx([0.05])
+    for name in ("gelu", "sigmoid", "tanh"):
+        for curve in ("f", "closed", "autograd"):
+            assert _gaps(traces[name, curve]) == []
+    # the points themselves are drawn as computed
+    c = ex.curves("relu", x_range=(-2, 2), points=41)
+    drawn = traces["relu", "autograd"]
+    keep = ~np.isnan(values(drawn["y"]))
+    assert np.array_equal(values(drawn["x"])[keep], c.x) and np.array_equal(values(drawn["y"])[keep], c.autograd)
+
+
+@pytest.mark.parametrize("points", [5, 7, 11, 41])
+def test_coarsely_sampled_smooth_curves_have_no_jumps(points):
+    figure = ex.curves_figure(["gelu", "sigmoid", "tanh", ("gelu", {"approximate": "tanh"})], x_range=(-5, 5),
+                              points=points)
+    assert all(_gaps(trace) == [] for trace in figure["data"])
+
+
+def test_a_steep_continuous_stretch_is_not_a_jump_but_a_step_is():
+    x = np.linspace(-1, 1, 9, dtype=np.float32)
+    steep = lambda t: 1 / (1 + np.exp(-40 * t))  # noqa: E731  (all of its rise between two points)
+    step = lambda t: (t > 0.1).astype(np.float64)  # noqa: E731
+    assert list(ex.jumps(x, steep(x), steep)) == []
+    assert list(ex.jumps(x, step(x), step)) == [4]

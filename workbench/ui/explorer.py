@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,10 @@ PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
 DEFAULT_RANGE = (-4.0, 4.0)
 DEFAULT_POINTS = 401
 MAX_POINTS = 20_001
+#: A curve's step between two sample points this many times the steps beside it is a jump, drawn as a gap
+JUMP_RATIO = 3
+#: A candidate jump's interval is sampled this many times to tell a jump from a steep stretch
+JUMP_SAMPLES = 1001
 DEFAULT_SAMPLES = 100_000
 MAX_SAMPLES = 2_000_000
 DEFAULT_SATURATION = 0.05
@@ -173,6 +177,8 @@ class Curves:
         autograd: f'(x) from autograd (the gradient of sum f(x) w.r.t. x).
         closed: f'(x) from the spec's closed form, or None where the spec has none.
         max_difference: max |closed - autograd| over x (None without a closed form).
+        jumps: per curve (``f``, ``autograd``, ``closed``), the indices ``i`` where it jumps
+            between ``x[i]`` and ``x[i + 1]`` (:func:`jumps`): drawn as a gap, not a vertical line.
     """
 
     name: str
@@ -182,6 +188,7 @@ class Curves:
     autograd: np.ndarray
     closed: np.ndarray | None
     max_difference: float | None
+    jumps: dict[str, np.ndarray]
 
 
 def curves(name: str, params: Mapping[str, Any] | None = None, x_range: Sequence[float] = DEFAULT_RANGE,
@@ -197,6 +204,21 @@ def curves(name: str, params: Mapping[str, Any] | None = None, x_range: Sequence
     points = _count(points, "The number of points", 2, MAX_POINTS)
     module = build_activation(name, params)
     x = torch.linspace(low, high, points)
+    evaluated = _evaluate(name, module, x)
+    f, autograd, closed = (evaluated[curve] for curve in ("f", "autograd", "closed"))
+    difference = None
+    if closed is not None:
+        gap = np.abs(closed - autograd)
+        # NaN where either is NaN (an activation undefined there): those points are left out; none left is NaN
+        difference = float(np.nanmax(gap)) if np.isfinite(gap).any() or np.isinf(gap).any() else float("nan")
+    x = x.numpy()
+    found = {curve: jumps(x, y, lambda fine, curve=curve: _evaluate(name, module, torch.from_numpy(fine))[curve])
+             for curve, y in evaluated.items() if y is not None}
+    return Curves(name, _label(name, params, module), x, f, autograd, closed, difference, found)
+
+
+def _evaluate(name: str, module: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray | None]:
+    """``f``, ``autograd`` and ``closed`` (None without a closed form) of ``module`` at ``x``."""
     leaf = x.clone().requires_grad_(True)
     y = module(leaf.clone())  # (a copy: an in-place activation writes into it, not into the leaf)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
@@ -212,14 +234,31 @@ def curves(name: str, params: Mapping[str, Any] | None = None, x_range: Sequence
         with torch.no_grad():
             closed = np.asarray(derivative(module, x.clone()).detach().float().numpy(), np.float32)
         if closed.shape != autograd.shape:
-            raise ValueError(f"{name!r}'s closed-form derivative returned shape {closed.shape} for {points} points.")
-    difference = None
-    if closed is not None:
-        gap = np.abs(closed - autograd)
-        # NaN where either is NaN (an activation undefined there): those points are left out; none left is NaN
-        difference = float(np.nanmax(gap)) if np.isfinite(gap).any() or np.isinf(gap).any() else float("nan")
-    return Curves(name, _label(name, params, module), x.numpy(), y.detach().numpy().copy(), autograd, closed,
-                  difference)
+            raise ValueError(f"{name!r}'s closed-form derivative returned shape {closed.shape} for "
+                             f"{x.numel()} points.")
+    return {"f": y.detach().numpy().copy(), "autograd": autograd, "closed": closed}
+
+
+def jumps(x: np.ndarray, y: np.ndarray, evaluate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The indices ``i`` where the curve ``y`` of ``x`` jumps between ``x[i]`` and ``x[i + 1]``: a
+    step at least :data:`JUMP_RATIO` times the steps beside it (a smooth curve's steps change
+    little from one to the next, a kink's by at most one step's worth) and above a thousandth of
+    the curve's range, that stays above half its size when the interval is sampled
+    :data:`JUMP_SAMPLES` times more finely (``evaluate``: the curve at such points), where a
+    steep but continuous stretch spreads out."""
+    y = np.asarray(y, np.float64)
+    steps = np.abs(np.diff(y))
+    finite = y[np.isfinite(y)]
+    if len(steps) < 2 or not len(finite):
+        return np.zeros(0, np.int64)
+    # (the first and last steps have a neighbour on one side)
+    neighbours = np.fmax(np.concatenate([[np.nan], steps[:-1]]), np.concatenate([steps[1:], [np.nan]]))
+    candidates = np.flatnonzero((steps > JUMP_RATIO * neighbours) & (steps > 1e-3 * np.ptp(finite)))
+    found = [i for i in candidates
+             if np.nanmax(np.abs(np.diff(np.asarray(evaluate(np.linspace(x[i], x[i + 1], JUMP_SAMPLES,
+                                                                             dtype=np.float32)), np.float64))),
+                          initial=0.0) > 0.5 * steps[i]]
+    return np.asarray(found, np.int64)
 
 
 def _selections(activations: Any, params: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, dict]]:
@@ -259,18 +298,18 @@ def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]
     for i, c in enumerate(results):
         color = _PALETTE[i % len(_PALETTE)]
         meta = dict(activation=c.name, label=c.label)
-        data.append(dict(type="scatter", mode="lines", name=f"{c.label}", x=_array(c.x), y=_array(c.f),
+        data.append(dict(type="scatter", mode="lines", name=f"{c.label}", **_broken_at_jumps(c.x, c.f, c.jumps["f"]),
                          legendgroup=c.label, line=dict(color=color, width=2), meta=dict(meta, curve="f"),
                          hovertemplate=f"{c.label}: f(%{{x:.3g}}) = %{{y:.4g}}<extra></extra>"))
         if c.closed is not None:
-            data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' closed form", x=_array(c.x),
-                             y=_array(c.closed), xaxis="x2", yaxis="y2", legendgroup=c.label, showlegend=False,
+            data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' closed form",
+                             **_broken_at_jumps(c.x, c.closed, c.jumps["closed"]), xaxis="x2", yaxis="y2", legendgroup=c.label, showlegend=False,
                              line=dict(color=color, width=2), meta=dict(meta, curve="closed"),
                              hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (closed form)<extra></extra>"))
         difference = ("no closed form in its spec" if c.max_difference is None
                       else f"max |closed − autograd| = {c.max_difference:.2g}")
-        data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' autograd ({difference})", x=_array(c.x),
-                         y=_array(c.autograd), xaxis="x2", yaxis="y2", legendgroup=c.label,
+        data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' autograd ({difference})",
+                         **_broken_at_jumps(c.x, c.autograd, c.jumps["autograd"]), xaxis="x2", yaxis="y2", legendgroup=c.label,
                          line=dict(color="#111111", width=1.5, dash="dot"), meta=dict(meta, curve="autograd"),
                          showlegend=True,
                          hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (autograd)<extra></extra>"))
@@ -285,6 +324,16 @@ def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]
                                                                  0.765))])
     layout["margin"]["b"] = 60
     return _figure(data, layout)
+
+
+def _broken_at_jumps(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> dict[str, dict[str, str]]:
+    """A curve's ``x`` and ``y`` for Plotly, with a gap (a NaN half way) at each jump (``at``:
+    :func:`jumps`): Threshold's f and ReLU's f' step between two sample points, and a line joining
+    them would draw a vertical segment that the function does not have."""
+    if len(at):
+        x = np.insert(x, at + 1, (x[at] + x[at + 1]) / 2)
+        y = np.insert(np.asarray(y, np.float32), at + 1, np.nan)
+    return dict(x=_array(x), y=_array(y))
 
 
 def differences_markdown(activations: Any, params: Mapping[str, Mapping[str, Any]] | None = None,
