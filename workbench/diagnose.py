@@ -82,7 +82,8 @@ class Thresholds:
 
     Attributes:
         persist: recorded steps in a row a persistent condition (dead units, saturation, vanishing
-            or exploding gradients, update ratios) must hold before it is a finding.
+            or exploding gradients, update ratios) must hold before it is a finding; and, once one,
+            must be missing before the finding ends.
         dead_zero_frac: an activation site whose outputs are exactly 0 for at least this fraction
             (and never negative: a ReLU-like output) has dead units.
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
@@ -559,17 +560,25 @@ class Diagnoser:
         e["count"] += 1
         e["last"] = step
         e["seen"] = self.steps_seen
+        e["missed"] = 0
         e["evidence"] = evidence
         e["worst"] = worst
 
     def _close_stale(self, rows: bool, metrics: bool) -> None:
-        """Episodes whose condition did not hold this step end (kept when they lasted long enough):
-        those judged on rows at a step that recorded rows, on a metric at a step that logged one
-        (a run recorded every 10th step logs its loss at every step: the steps between leave the
-        rows' episodes open)."""
+        """Episodes whose condition did not hold this step: one not yet a finding ends; a finding
+        ends once its condition has been missing for as many judged steps in a row as it had to
+        hold to become one (a condition that hovers at its threshold, holding three steps, missing
+        one, holding again, is one finding, not a new row every few steps). Judged: those on rows
+        at a step that recorded rows, on a metric at a step that logged one (a run recorded every
+        10th step logs its loss at every step: the steps between leave the rows' episodes open)."""
         for key in [k for k, e in self._open.items()
                     if e["seen"] != self.steps_seen and (metrics if e["kind"] == "metric" else rows)]:
-            e = self._open.pop(key)
+            e = self._open[key]
+            if e["count"] >= e["need"]:
+                e["missed"] += 1
+                if e["missed"] < e["need"]:
+                    continue
+            del self._open[key]
             self._version += 1
             if e["count"] >= e["need"]:
                 self._closed.append(e)

@@ -67,6 +67,21 @@ def test_biases_are_not_judged_by_their_update_ratio_unless_asked():
     assert diagnose(rows, update_min_dims=1).finding.tolist() == ["update_ratio_high"]
 
 
+def test_a_finding_that_misses_a_step_or_two_stays_one_finding():
+    # an update ratio hovering at its threshold: out of range, back for a step or two, out again
+    high, usual = 0.5, 1e-3
+    hovering = [high] * 4 + [usual] + [high] * 3 + [usual] * 2 + [high] * 2
+    f = diagnose(pd.concat([param_rows([s], r) for s, r in enumerate(hovering, 1)]), None)
+    assert f[["step", "last_step", "finding"]].values.tolist() == [[1, 12, "update_ratio_high"]]
+    # back for as many steps as it took to become a finding (persist, 3): it ended; it comes back anew
+    ended = [high] * 4 + [usual] * 3 + [high] * 3
+    f = diagnose(pd.concat([param_rows([s], r) for s, r in enumerate(ended, 1)]), None)
+    assert sorted(f[["step", "last_step"]].values.tolist()) == [[1, 4], [8, 10]]
+    # not yet a finding: one step out of range ends it (persist counts steps in a row)
+    assert diagnose(pd.concat([param_rows([s], r) for s, r in enumerate([high, high, usual, high, high], 1)]),
+                    None).empty
+
+
 def test_nan_origin_tells_the_first_site_from_the_ones_that_inherited_it():
     rows = pd.DataFrame([
         row(1, "a", "activation"), row(1, "b", "activation"),
