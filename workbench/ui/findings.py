@@ -36,13 +36,6 @@ def _steps(row: Any) -> str:
     return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
 
 
-def short_evidence(text: str) -> str:
-    """The evidence's lead (what was measured, where, when), without its parentheses and details."""
-    cut = min((i for i in (text.find(" ("), text.find("; "), text.find(": "), text.find(", the first in"))
-               if i > 0), default=len(text))
-    return text[:cut].rstrip(".") + ("…" if cut < len(text) else "")
-
-
 def finding_detail(row: Any) -> str:
     """One finding in Markdown: what, where, since when, the whole evidence and the hint."""
     return (f"{_ICON[row.severity]} **{row.finding}** at `{row.site}`, step {_steps(row)}: {row.evidence}\n\n"
@@ -51,8 +44,8 @@ def finding_detail(row: Any) -> str:
 
 def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
     """The list as a table (:data:`TABLE_COLUMNS`): a severity mark and word, the steps it held
-    (``first–last``), the site, the finding and the lead of its evidence (:func:`short_evidence`;
-    :func:`finding_detail` has all of it); at most ``limit`` rows."""
+    (``first–last``), the site, the finding and its whole evidence (the numbers that made it fire:
+    a page wraps it; :func:`finding_detail` adds the hint); at most ``limit`` rows."""
     _check(findings)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int (rows shown), got {limit!r}.")
@@ -64,7 +57,7 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
         "steps": [_steps(r) for r in shown.itertuples()],
         "site": shown.site.to_list(),
         "finding": shown.finding.to_list(),
-        "evidence": [short_evidence(e) for e in shown.evidence],
+        "evidence": shown.evidence.to_list(),
     }, columns=TABLE_COLUMNS)
 
 

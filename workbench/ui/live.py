@@ -1422,6 +1422,9 @@ def _intervention_components(c: dict) -> None:
                 c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove")
 
 
+#: The findings lists' height and column widths (severity, steps, site, finding, evidence).
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "18%", "51%"]
+
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
 CSS = """
@@ -1496,9 +1499,10 @@ def layout(root: RunsRoot):
                 c["live_message"] = gr.Markdown(elem_id="live-message")
                 # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
                 c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
+                # (the whole evidence, wrapped: a row takes two or three lines)
                 c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
-                                             max_height=200, show_label=False, wrap=True, elem_id="live-findings",
-                                             column_widths=["11%", "8%", "13%", "16%", "52%"])
+                                             max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
+                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS)
                 _intervention_components(c)
                 _view_components(c, "live",
                                  empty="No run on this page yet: start one (New run), or attach to one above.")
@@ -1551,8 +1555,8 @@ def layout(root: RunsRoot):
             # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
             c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
-                                                max_height=200, show_label=False, wrap=True, elem_id="replay-findings",
-                                                column_widths=["11%", "8%", "13%", "16%", "52%"])
+                                                max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
+                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
