@@ -80,7 +80,11 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
 
 
 def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
+    # the page's Pause, Resume and Stop: greyed out before a run (and for an unknown one) ...
+    idle = {"pause": False, "resume": False, "stop": False}
+    assert live.run_controls(manager, None) == live.run_controls(manager, "r99") == idle
     run, _ = live.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
+    assert live.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True}
     deadline = time.time() + 60
     while run.experiment.step_count < 3 and time.time() < deadline:  # (past the first steps' one-off work)
         time.sleep(0.05)
@@ -90,6 +94,7 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
     time.sleep(0.5)
     assert run.experiment.step_count == held and run.running
     assert "paused already" in live.pause_run(manager, run.id)
+    assert live.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True}
     assert run.view.header()["status"] == "paused" and live.runs_frame(manager).status.tolist() == ["paused"]
     record = run.intervene("layers.1", "zero units", units="0")  # (put in between steps while paused)
     assert record.status == "on" and record.start == held + 1
@@ -101,6 +106,7 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
     live.pause_run(manager, run.id)
     run.stop()  # (a paused run stops at once)
     assert run.state == "stopped" and "had ended" in live.pause_run(manager, run.id, pause=False)
+    assert live.run_controls(manager, run.id) == idle  # ... and again once it ended
     assert "Not attached" in live.pause_run(manager, None)
 
 

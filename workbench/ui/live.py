@@ -43,9 +43,9 @@ from workbench.ui.views import FEED_INTERVAL, RunView
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "runs_frame", "run_choices", "attach", "detach", "stop_run",
-           "pause_run", "run_views", "run_table", "replay", "Controls", "Page", "draw_page", "ViewCache",
-           "compare_runs", "export_run", "STATISTICS", "CSS", "layout", "wire"]
+__all__ = ["LiveRun", "experiment_fields", "experiment_overview", "start_run", "runs_frame", "run_choices", "attach",
+           "detach", "stop_run", "pause_run", "run_controls", "run_views", "run_table", "replay", "Controls", "Page",
+           "draw_page", "ViewCache", "compare_runs", "export_run", "STATISTICS", "CSS", "layout", "wire"]
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
 #: The run form's "record" choices and the watch() switch each one sets.
@@ -734,6 +734,16 @@ def pause_run(manager: RunManager, run_id: Any, pause: bool = True) -> str:
     else:
         run.resume()
     return run.status()
+
+
+def run_controls(manager: RunManager, run_id: Any) -> dict[str, bool]:
+    """Which of the run page's Pause, Resume and Stop apply to its run now (a page enables those and
+    greys out the others): none before a run is attached or after it ended, Pause and Stop while it
+    runs, Resume and Stop while it is paused, Stop alone while it finishes the step it was stopped at."""
+    run = manager.get(run_id) if run_id else None
+    state = run.state if run is not None else None
+    return {"pause": state == "running", "resume": state == "paused",
+            "stop": state in ("running", "paused", "stopping")}
 
 
 def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str = "*") -> tuple:
@@ -1491,9 +1501,13 @@ def layout(root: RunsRoot):
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
                                             scale=4, interactive=True)
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
-                    c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80)
-                    c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80)
-                    c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80)
+                    # (greyed out until the page's run is there to pause, resume or stop: run_controls)
+                    c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
+                                           interactive=False)
+                    c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80,
+                                            interactive=False)
+                    c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80,
+                                          interactive=False)
                     c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
                     c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
@@ -1680,23 +1694,27 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 if new is None:  # the page stays with the run it watches, if any
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(message.replace("**", ""))
-                    return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(), *listed(attached)
+                    return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                            *listed(attached), *_skips(3))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
                     started += f" {previous.label} runs on: pick it in the list to attach to it again."
                 # the form folds away: the page is for the run now (open it again for the next one)
-                return (_live_header(new), new.id, "", new_page_state(), gr.Timer(active=True),
-                        gr.Accordion(open=False), started, *listed(new.id))
+                state = new_page_state()
+                return (_live_header(new), new.id, "", state, gr.Timer(active=True),
+                        gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True))
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(7))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(10))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing]).then(None, js=SHOW_HEADER).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
-                                         live_inputs, live_outputs, show_progress="hidden").then(
-                refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
+                         c["live_message"], *listing, *buttons]).then(None, js=SHOW_HEADER).then(
+                _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
+                live_inputs, live_outputs, show_progress="hidden").then(
+                refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
+                show_progress="hidden")
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
 
@@ -1715,6 +1733,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent.update(sites=sites, table=rows, on=on)
         return out
 
+    buttons = [c["pause"], c["resume"], c["stop"]]
+
+    def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
+        """Pause, Resume and Stop, enabled where they apply to the page's run (:func:`run_controls`), greyed
+        out where not; each sent only when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
+        able = run_controls(manager, attached)
+        sent = {} if fresh else state.get("buttons", {})
+        state["buttons"] = able
+        return tuple(gr.skip() if sent.get(k) == v else gr.Button(interactive=v) for k, v in able.items())
+
     def on_tick(attached, state, *values):
         run = manager.get(attached) if attached else None
         going = run is not None and run.running  # (before drawing: a run ending now is drawn next tick)
@@ -1724,11 +1752,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
         drawn[0]["runs"] = choices
         return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
-                *panel_updates(attached, drawn[0], keep_pick=True), *findings_view.page_findings(run, drawn[0]))
+                *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
+                *findings_view.page_findings(run, drawn[0]))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
-                                                    gr.Timer(active=False), *_skips(8))),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel,
+                                                    gr.Timer(active=False), *_skips(11))),
+                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
                                   c["findings_note"], c["findings"]],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
 
@@ -1739,9 +1768,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_panel(attached, state):
         state = dict(state or new_page_state())
         state["iv"] = {}  # (another run, or none: everything is sent)
-        return state, *panel_updates(attached, state)
+        return state, *panel_updates(attached, state), *button_updates(attached, state, fresh=True)
 
-    refresh_panel = _guarded(on_panel, lambda text: _skips(4))
+    refresh_panel = _guarded(on_panel, lambda text: _skips(7))
 
     def on_op(op):
         shown_fields = _INTERVENTION_FIELDS.get(op, ())
@@ -1792,35 +1821,40 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked)
-        run = manager.get(attached)
-        return attached, "", new_page_state(), gr.Timer(active=run.running), *listed(attached)
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(3)
+        run, state = manager.get(attached), new_page_state()
+        return (attached, "", state, gr.Timer(active=run.running), *listed(attached),
+                *button_updates(attached, state, fresh=True))
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5))), [c["pick"]],
-                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing]).then(
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(8))), [c["pick"]],
+                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden").then(
-        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
+        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
 
-    def on_stop(attached):
+    def on_stop(attached, state):
         message = stop_run(manager, attached)
         run = manager.get(attached) if attached else None
         header = _live_header(run) if run is not None else gr.skip()
-        return header, "" if run is not None and "had ended" not in message else message, *listed(attached)
+        state = dict(state or new_page_state())
+        return (header, "" if run is not None and "had ended" not in message else message, *listed(attached), state,
+                *button_updates(attached, state, fresh=True))
 
-    c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(3))), c["live_state"],
-                    [c["status"], c["live_message"], *listing])
+    c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(7))), [c["live_state"], c["live_page"]],
+                    [c["status"], c["live_message"], *listing, c["live_page"], *buttons])
 
     for button, pause in ((c["pause"], True), (c["resume"], False)):
-        def on_pause(attached, pause=pause):
+        def on_pause(attached, state, pause=pause):
             message = pause_run(manager, attached, pause)
             run = manager.get(attached) if attached else None
+            state = dict(state or new_page_state())
+            controls = (state, *button_updates(attached, state, fresh=True))
             if run is None:  # (not attached, or no such run: the message says which)
-                return gr.skip(), message, *listed(attached)
+                return gr.skip(), message, *listed(attached), *controls
             note = message.rsplit("\n\n", 1)[1] if "\n\n_It" in message else ""  # (had ended, already paused ...)
-            return _live_header(run), note, *listed(attached)
+            return _live_header(run), note, *listed(attached), *controls
 
-        button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *_skips(3))), c["live_state"],
-                     [c["status"], c["live_message"], *listing])
+        button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *_skips(7))), [c["live_state"], c["live_page"]],
+                     [c["status"], c["live_message"], *listing, c["live_page"], *buttons])
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
@@ -1830,7 +1864,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                       [c["live_state"], c["pick"]], [c["live_state"], c["live_message"], c["timer"], *listing]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
-        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel], show_progress="hidden")
+        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
     c["list"].click(_guarded(listed, lambda text: (gr.skip(), gr.skip(), text)), c["pick"], listing)
 
     # ------------------------------------------------------------ the Runs tab
