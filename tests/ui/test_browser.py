@@ -342,6 +342,14 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     expect(page.locator("#replay-body")).to_be_visible()  # (the refresh opened the newest)
     table.get_by_text("browser/first", exact=True).click()
     expect(page.locator("#run-message")).to_contain_text("12 steps stored")
+    # read-only, and it looks it: a hand over a row (a click opens it), no text cursor or edit ring on a cell
+    clicked = table.locator(".body-cell.cell-selected")  # (Gradio's editor look: an outline, a ring on its text)
+    assert clicked.evaluate("e => getComputedStyle(e).outlineStyle") == "none"
+    assert clicked.locator("span.text").evaluate("e => getComputedStyle(e).boxShadow") == "none"
+    assert not clicked.locator(".selection-button, .cell-menu-button").filter(visible=True).count()
+    assert table.get_by_text("browser/first", exact=True).evaluate("e => getComputedStyle(e).cursor") == "pointer"
+    page.keyboard.type("x")
+    expect(table).not_to_contain_text("browser/firstx")
     expect(page.locator("#replay-header")).to_contain_text("browser/first")
     expect(page.locator("#replay-header")).to_contain_text("step 12 of 12")
     metrics = load_run(runs_root / "browser" / "first").metrics()

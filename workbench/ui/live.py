@@ -1445,6 +1445,19 @@ CSS = """
 .wb-outputs table { border-collapse: collapse; font-family: var(--font-mono); font-size: 13px; }
 .wb-outputs table, .wb-outputs th, .wb-outputs td { border: none; }
 .wb-outputs th, .wb-outputs td { padding: 4px 14px 4px 0; text-align: left; border-bottom: 1px solid var(--border-color-primary); }
+/* the app's tables are read-only (interactive=False), so none looks like a spreadsheet: no text cursor, and
+   the cell clicked gets no editor's ring, white box or row/column/menu buttons (Gradio's, for editing) */
+[role=grid][aria-readonly=true] .body-cell, [role=grid][aria-readonly=true] .body-cell * { cursor: default; }
+[role=grid][aria-readonly=true] .body-cell.cell-selected { outline: none !important; box-shadow: none !important; }
+[role=grid][aria-readonly=true] .body-cell.cell-selected span.text { box-shadow: none !important;
+  background: transparent !important; }
+[role=grid][aria-readonly=true] .body-cell .cell-menu-button,
+[role=grid][aria-readonly=true] .body-cell .selection-button { display: none !important; }
+/* a click on a row of these opens it (a stored run, a finding): a hand, and the row under it lit */
+#runs-table .body-cell, #runs-table .body-cell *, #live-findings .body-cell, #live-findings .body-cell *,
+#replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
+#runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
+#replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
 """
 
 
