@@ -139,6 +139,32 @@ def test_the_heatmap_lists_every_site_in_forward_order():
     np.testing.assert_allclose(values[0], want, rtol=1e-6)
 
 
+class _ManySites:
+    """A stand-in view whose heatmap has ``rows`` call sites (an unrolled network has a hundred and more)."""
+
+    def __init__(self, rows):
+        self.names = [f"resblocks.0.conv{i % 3}.0#{i // 3}" for i in range(rows)]
+
+    def heatmap(self, kind, statistic):
+        return self.names, np.arange(1, 4), np.ones((len(self.names), 3))
+
+
+@pytest.mark.parametrize("rows", [3, 111, 400])
+def test_the_heatmap_gives_each_label_room_to_read_however_many_sites(rows):
+    view = _ManySites(rows)
+    fig = figures.heatmap_figure(view, "grad_output", "norm")
+    layout, yaxis = fig["layout"], fig["layout"]["yaxis"]
+    assert fig["data"][0]["y"] == view.names  # every site drawn (its hover names it)
+    labelled = yaxis.get("tickvals", view.names)
+    assert labelled[0] == view.names[0] and set(labelled) <= set(view.names)
+    assert yaxis.get("ticktext", labelled) == labelled  # (each label its site's whole name)
+    # the rows' height over the labels shown: a readable font, and labels that do not overlap
+    drawn = layout["height"] - layout["margin"]["t"] - layout["margin"]["b"]
+    assert yaxis["tickfont"]["size"] >= 10
+    assert drawn / rows * (rows / len(labelled)) >= 1.3 * yaxis["tickfont"]["size"], (layout["height"], len(labelled))
+    assert layout["height"] <= 2400  # (bounded: the rows beyond share the height)
+
+
 def test_distributions_come_from_the_histograms():
     model = nn.Sequential(nn.Linear(64, 256))
     view = RunView()

@@ -299,6 +299,12 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
 
 #: The colour of the cells of a log heatmap whose value is exactly 0 (no log; blank is a step not recorded).
 ZERO_COLOR = "#c8c8c8"
+#: A heatmap row's height in pixels and its label's font size: the figure grows with its rows, a
+#: label to a row, up to ``HEAT_LABELLED`` rows (an unrolled network has a hundred and more call sites).
+HEAT_ROW, HEAT_FONT = 14, 10
+#: More rows than this share the height of this many: every k-th row is labelled (the first always),
+#: each cell's hover naming its site.
+HEAT_LABELLED = 150
 
 
 def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> Figure:
@@ -334,10 +340,16 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
                          colorscale=[[0, ZERO_COLOR], [1, ZERO_COLOR]], showscale=False, hoverongaps=False,
                          name=f"{statistic} = 0",
                          hovertemplate="%{y}<br>step %{x}<br>" + statistic + " exactly 0<extra></extra>"))
+    yaxis = _axis(autorange="reversed", tickfont=dict(size=HEAT_FONT), type="category", automargin=True)
+    every = -(-len(names) // HEAT_LABELLED)  # (ceil: labelled rows at least HEAT_ROW apart)
+    if every > 1:
+        yaxis.update(tickmode="array", tickvals=names[::every], ticktext=names[::every])
+    title = f"{kind}: {label}, every call site in forward order"
+    if every > 1:
+        title += f" (a label every {every} rows: hover a row for its site)"
     return {"data": data, "layout": _layout(
-        max(_HEIGHT, min(14 * len(names) + 120, 1400)), f"{kind}: {label}, every call site in forward order",
-        hovermode="closest", xaxis=_steps_axis(steps, title=dict(text="step")),
-        yaxis=_axis(autorange="reversed", tickfont=dict(size=9), type="category", automargin=True))}
+        max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120), title, hovermode="closest",
+        xaxis=_steps_axis(steps, title=dict(text="step")), yaxis=yaxis)}
 
 
 #: A distribution figure draws a site's histograms as recorded when they come in at most this
