@@ -312,6 +312,18 @@ def test_page_handlers_start_and_draw_a_comparison():
         ex.Comparison(["relu"], activation="tanh")
 
 
+def test_which_trains_best_starts_from_the_settings_the_experiments_form_starts_from():
+    import gradio as gr
+
+    from workbench.ui import live
+
+    with gr.Blocks():
+        c = ex.layout()
+    form = {f.label: f.value for f in live.experiment_fields("activation_mlp")}  # (the registry's defaults)
+    shown = {key: c[key].value for key in ("depth", "width", "lr", "dataset")}
+    assert shown == {key: form[key] for key in shown}
+
+
 def test_figures_draw_themselves_in_jupyter():
     figure = ex.curves_figure("sigmoid", points=11)
     bundle = figure._repr_mimebundle_()

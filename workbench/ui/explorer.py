@@ -1040,14 +1040,15 @@ def layout(root: Any = None) -> dict[str, Any]:
                             c["seed"] = gr.Number(0, label="seed", elem_id="explorer-seed", interactive=True,
                                                   min_width=80)
                         with gr.Row():
-                            c["depth"] = gr.Number(3, label="depth", elem_id="explorer-depth", interactive=True,
-                                                   min_width=80, info=config["depth"].help)
-                            c["width"] = gr.Number(16, label="width", elem_id="explorer-width", interactive=True,
-                                                   min_width=80, info=config["width"].help)
+                            # (the experiment's defaults, as the Experiments tab's form has them)
+                            c["depth"] = gr.Number(config["depth"].default, label="depth", elem_id="explorer-depth",
+                                                   interactive=True, min_width=80, info=config["depth"].help)
+                            c["width"] = gr.Number(config["width"].default, label="width", elem_id="explorer-width",
+                                                   interactive=True, min_width=80, info=config["width"].help)
                         with gr.Row():
                             c["lr"] = gr.Number(config["lr"].default, label="lr", elem_id="explorer-lr",
                                                 interactive=True, min_width=80)
-                            c["dataset"] = gr.Dropdown(list(config["dataset"].choices), value="spirals",
+                            c["dataset"] = gr.Dropdown(list(config["dataset"].choices), value=config["dataset"].default,
                                                        label="dataset", elem_id="explorer-dataset", interactive=True,
                                                        min_width=80)
                         c["mode"] = gr.Radio(list(MODES), value=MODES[0], label="runs", elem_id="explorer-mode")
