@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 import threading
 import time
 
@@ -290,13 +291,19 @@ def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_
     with pytest.warns(RuntimeWarning, match="step 3 could not be written"):
         train(w, model, 1)
         assert w.recorder.flush()
-    train(w, model, 1)  # training goes on
-    w.close()  # asks for 'finished': the store knows better
-    store_errors = [e for e in w.errors if e["kind"] == "store"]
-    assert [e["error"].split(" could")[0] for e in store_errors] == ["step 3", "step 4"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same failure again: kept, not warned of step by step
+        train(w, model, 3)  # training goes on
+        assert w.recorder.flush()
+    with pytest.warns(RuntimeWarning, match="4 steps in a row, 3 to 6, could not be written"):
+        w.close()  # asks for 'finished': the store knows better
+    store_errors = [e["error"] for e in w.errors if e["kind"] == "store"]
+    assert len(store_errors) == 2 and store_errors[0].startswith("step 3 could not be written")
+    assert [e.split(" could")[0] for e in w.store.errors[:4]] == ["step 3", "step 4", "step 5", "step 6"]
+    assert w.store.errors[4] == store_errors[1]
     run = workbench.load_run(tmp_path / "r")
     assert sorted(set(run.to_pandas().step)) == [1, 2]  # each failed step was rolled back whole
-    assert run.status == "failed" and "2 step(s) could not be stored" in run.metadata["error"]
+    assert run.status == "failed" and "4 step(s) could not be stored" in run.metadata["error"]
 
 
 def test_a_write_lock_held_elsewhere_fails_the_step_not_the_training(tmp_path):
@@ -313,6 +320,25 @@ def test_a_write_lock_held_elsewhere_fails_the_step_not_the_training(tmp_path):
     assert len(reported) == 1 and "step 1 could not be written" in reported[0] and "locked" in reported[0]
     run = workbench.load_run(tmp_path / "r")
     assert run.steps == [2] and run.status == "failed"
+
+
+def test_a_streak_of_failed_writes_is_reported_when_it_starts_and_when_it_ends(tmp_path):
+    store = RunStore(tmp_path / "r", timeout=0.05)
+    reported = []
+    store.on_error = reported.append
+    holder = sqlite3.connect(tmp_path / "r" / DB_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    for step in (1, 2, 3):
+        store.write(StepRecord(step, metrics={"loss": 1.0}))
+    holder.execute("ROLLBACK")
+    holder.close()
+    store.write(StepRecord(4, metrics={"loss": 0.5}))
+    store.close()
+    assert len(reported) == 2 and reported[0].startswith("step 1 could not be written")
+    assert "3 steps in a row, 1 to 3, could not be written" in reported[1]
+    assert reported[1].endswith("step 4 was written: writing works again")
+    assert store.lost == 3 and len(store.errors) == 4  # each failed step, and the streak's end
+    assert workbench.load_run(tmp_path / "r").steps == [4]
 
 
 def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):

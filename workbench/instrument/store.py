@@ -93,8 +93,9 @@ class RunStore:
     Args:
         path: the run directory (created; must not hold a run already).
         metadata: JSON-serialisable facts of the run (model, config ...).
-        on_error: called with a message when a step cannot be written (the
-            store keeps going with the next steps, and closes as ``failed``).
+        on_error: called with a message when a step cannot be written, once a streak of
+            such steps (see :meth:`write`; the store keeps going with the next steps, and
+            closes as ``failed``).
         timeout: seconds a write waits for a lock that another connection holds
             on the database before that step fails.
 
@@ -115,6 +116,7 @@ class RunStore:
         self.errors: list[str] = []
         self.on_error = on_error
         self.lost = 0  # steps that could not be written
+        self._failing: list[int] = []  # the steps of the current streak of failed writes
         self._subscription: Subscription | None = None
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
@@ -225,7 +227,9 @@ class RunStore:
         """Write records, each step in one transaction with its commit marker.
 
         A step that cannot be written (a full disk, a database locked past the timeout) is
-        reported through ``on_error`` and counted in ``lost``; the next steps are still tried.
+        counted in ``lost`` and kept in ``errors``; the next steps are still tried. Through
+        ``on_error`` go the first failure of a streak of failed steps and, where it held more
+        than one, its end (a step written again, or :meth:`close`) with how many it lost.
 
         Args:
             update: a subscriber's :class:`~workbench.instrument.recorder.Update`, or one record.
@@ -240,11 +244,28 @@ class RunStore:
                 self._write_step(record)
             except Exception as exc:
                 self.lost += 1
-                self._report(f"step {record.step} could not be written to {self.path / DB_NAME}: "
-                             f"{type(exc).__name__}: {exc}")
+                message = (f"step {record.step} could not be written to {self.path / DB_NAME}: "
+                           f"{type(exc).__name__}: {exc}")
+                # the first failure of a streak is reported, the others kept: a full disk fails
+                # every step, and a warning a step would bury everything else the user is shown
+                self._failing.append(record.step)
+                if len(self._failing) == 1:
+                    self._report(message)
+                else:
+                    self.errors.append(message)
                 if self.lost == 1:  # the run is failed already: later steps wait a second for a lock, not the timeout
                     with contextlib.suppress(sqlite3.Error):
                         self._db.execute("PRAGMA busy_timeout = 1000")
+            else:
+                self._end_streak(f"step {record.step} was written: writing works again")
+
+    def _end_streak(self, how: str) -> None:
+        """Report how many steps in a row could not be written, where more than the first
+        (reported when it failed) did; ``how`` the streak ended."""
+        failing, self._failing = self._failing, []
+        if len(failing) > 1:
+            self._report(f"{len(failing)} steps in a row, {failing[0]} to {failing[-1]}, could not be written to "
+                         f"{self.path / DB_NAME} (the first's error above; each is in the store's errors); {how}")
 
     def _report(self, message: str) -> None:
         self.errors.append(message)
@@ -303,6 +324,7 @@ class RunStore:
                 self._report(f"the store's writer stopped: {self._subscription.error.strip().splitlines()[-1]}")
                 self.lost += 1
             self._subscription = None
+        self._end_streak("the run closed")
         if self._db is None:
             return
         if self.lost:
