@@ -1054,7 +1054,8 @@ def layout(root: Any = None) -> dict[str, Any]:
                         c["mode"] = gr.Radio(list(MODES), value=MODES[0], label="runs", elem_id="explorer-mode")
                         with gr.Row():
                             c["train"] = gr.Button("Train", variant="primary", elem_id="explorer-train")
-                            c["stop"] = gr.Button("Stop", variant="stop", elem_id="explorer-stop")
+                            # (greyed out while no comparison runs: nothing to stop)
+                            c["stop"] = gr.Button("Stop", variant="stop", elem_id="explorer-stop", interactive=False)
                         c["compare_message"] = gr.Markdown(elem_id="explorer-compare-message")
                     with gr.Column(scale=3):
                         status, metrics, layers, table = comparison_outputs(None)
@@ -1204,25 +1205,28 @@ def wire(c: dict[str, Any], app: Any) -> None:
 
     def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
-        return (comparison, message, gr.Timer(active=comparison is not None and not comparison.done),
-                *drawn(comparison))
+        running = comparison is not None and not comparison.done
+        return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 
     c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
                                 c["lr"], c["dataset"], c["mode"]],
-                     [c["comparison"], c["compare_message"], c["timer"], *compare_outputs], show_progress="minimal")
+                     [c["comparison"], c["compare_message"], c["timer"], c["stop"], *compare_outputs],
+                     show_progress="minimal")
 
     def on_stop(comparison):
         if comparison is None:
-            return "_Nothing to stop._", gr.Timer(active=False), *drawn(comparison)
+            return "_Nothing to stop._", gr.Timer(active=False), gr.Button(interactive=False), *drawn(comparison)
         ended = comparison.done
         comparison.stop(wait=True)
-        return ("_It had ended already._" if ended else "Stopped."), gr.Timer(active=False), *drawn(comparison)
+        return (("_It had ended already._" if ended else "Stopped."), gr.Timer(active=False),
+                gr.Button(interactive=False), *drawn(comparison))
 
-    c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], *compare_outputs],
+    c["stop"].click(on_stop, c["comparison"], [c["compare_message"], c["timer"], c["stop"], *compare_outputs],
                     show_progress="minimal")
 
     def on_tick(comparison):
         done = comparison is None or comparison.done
-        return gr.Timer(active=not done), *drawn(comparison)
+        # (the tick that finds the runs ended, the last one, greys Stop out; while they run it is left as is)
+        return gr.Timer(active=not done), gr.Button(interactive=False) if done else gr.skip(), *drawn(comparison)
 
-    c["timer"].tick(on_tick, c["comparison"], [c["timer"], *compare_outputs], show_progress="hidden")
+    c["timer"].tick(on_tick, c["comparison"], [c["timer"], c["stop"], *compare_outputs], show_progress="hidden")
