@@ -1433,7 +1433,7 @@ def _intervention_components(c: dict) -> None:
 
 
 #: The findings lists' height and column widths (severity, steps, site, finding, evidence).
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "18%", "51%"]
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]  # (a finding's name on one line)
 
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
@@ -1442,9 +1442,13 @@ CSS = """
 .wb-section h4 { margin: 6px 0 0 0; }
 #run-status, #replay-header { min-height: 2em; }
 .wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
-.wb-outputs table { border-collapse: collapse; font-family: var(--font-mono); font-size: 13px; }
-.wb-outputs table, .wb-outputs th, .wb-outputs td { border: none; }
-.wb-outputs th, .wb-outputs td { padding: 4px 14px 4px 0; text-align: left; border-bottom: 1px solid var(--border-color-primary); }
+/* tables written as Markdown (a run's last step, the explorer's f' differences): rules between rows, no grid */
+.wb-outputs table, #explorer-curves-message table { border-collapse: collapse; font-family: var(--font-mono);
+  font-size: 13px; }
+.wb-outputs table, .wb-outputs th, .wb-outputs td, #explorer-curves-message table, #explorer-curves-message th,
+#explorer-curves-message td { border: none; }
+.wb-outputs th, .wb-outputs td, #explorer-curves-message th, #explorer-curves-message td { padding: 4px 14px 4px 0;
+  text-align: left; border-bottom: 1px solid var(--border-color-primary); }
 /* the app's tables are read-only (interactive=False), so none looks like a spreadsheet: no text cursor, and
    the cell clicked gets no editor's ring, white box or row/column/menu buttons (Gradio's, for editing) */
 [role=grid][aria-readonly=true] .body-cell, [role=grid][aria-readonly=true] .body-cell * { cursor: default; }
