@@ -192,6 +192,9 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     expect(header).to_contain_text("step 30 of 30")
     expect(header.locator("progress")).to_have_attribute("value", "1.000")
     expect(page.locator("#live-message")).to_contain_text("this page is attached to it")  # (by its header)
+    # a healthy run: the note says so, and the findings list, with no row, is not shown
+    expect(page.locator("#live-findings-note")).to_contain_text("nothing looked wrong in this run")
+    expect(page.locator("#live-findings")).to_be_hidden()
     # the form folded away: the header and the first plots are in view without scrolling past it
     expect(page.locator("#experiment-list")).to_be_hidden()
     page.evaluate("window.scrollTo(0, 0)")

@@ -303,13 +303,15 @@ def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]
                          hovertemplate=f"{c.label}: f(%{{x:.3g}}) = %{{y:.4g}}<extra></extra>"))
         if c.closed is not None:
             data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' closed form",
-                             **_broken_at_jumps(c.x, c.closed, c.jumps["closed"]), xaxis="x2", yaxis="y2", legendgroup=c.label, showlegend=False,
+                             **_broken_at_jumps(c.x, c.closed, c.jumps["closed"]), xaxis="x2", yaxis="y2",
+                             legendgroup=c.label, showlegend=False,
                              line=dict(color=color, width=2), meta=dict(meta, curve="closed"),
                              hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (closed form)<extra></extra>"))
         difference = ("no closed form in its spec" if c.max_difference is None
                       else f"max |closed − autograd| = {c.max_difference:.2g}")
         data.append(dict(type="scatter", mode="lines", name=f"{c.label}: f' autograd ({difference})",
-                         **_broken_at_jumps(c.x, c.autograd, c.jumps["autograd"]), xaxis="x2", yaxis="y2", legendgroup=c.label,
+                         **_broken_at_jumps(c.x, c.autograd, c.jumps["autograd"]), xaxis="x2", yaxis="y2",
+                         legendgroup=c.label,
                          line=dict(color="#111111", width=1.5, dash="dot"), meta=dict(meta, curve="autograd"),
                          showlegend=True,
                          hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (autograd)<extra></extra>"))

@@ -1433,6 +1433,16 @@ def _intervention_components(c: dict) -> None:
 
 
 #: The findings lists' height and column widths (severity, steps, site, finding, evidence).
+def _hidden_while_empty(note: Any, table: Any) -> tuple:
+    """A findings list for the page (``(note, table)``; either may be ``gr.skip()``): the table
+    hidden while it has no row - the note above it says that nothing looks wrong."""
+    import gradio as gr
+
+    if isinstance(table, pd.DataFrame):
+        table = gr.Dataframe(value=table, visible=not table.empty)
+    return note, table
+
+
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]  # (a finding's name on one line)
 
 #: Scrolls the page to its run's header (run in the browser once a run starts).
@@ -1533,7 +1543,7 @@ def layout(root: RunsRoot):
                 # (the whole evidence, wrapped: a row takes two or three lines)
                 c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS)
+                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
                 _intervention_components(c)
                 _view_components(c, "live",
                                  empty="No run on this page yet: start one (New run), or attach to one above.")
@@ -1587,7 +1597,7 @@ def layout(root: RunsRoot):
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
             c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                                 max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS)
+                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS, visible=False)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
@@ -1770,7 +1780,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         drawn[0]["runs"] = choices
         return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
-                *findings_view.page_findings(run, drawn[0]))
+                *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
                                                     gr.Timer(active=False), *_skips(11))),
@@ -1904,7 +1914,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     stored_findings = _guarded(lambda pick: findings_view.stored_findings(cache, pick), lambda text: (text, gr.skip()))
 
     def redraw_replay(*args):  # the views, and the run's findings
-        return (*_redraw_replay(*args), *stored_findings(args[0]))
+        return (*_redraw_replay(*args), *_hidden_while_empty(*stored_findings(args[0])))
 
     replay_outputs = [*replay_outputs, c["replay_findings_note"], c["replay_findings"]]
     c["replay_findings"].select(
