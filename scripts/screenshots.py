@@ -6,9 +6,10 @@ Serves the app over a fresh runs root on a free loopback port, drives Debian's c
 - ``live_run.png``: an activation_mlp run of 3000 steps, live, most of the way through;
 - ``live_heatmap.png``: the same run's layer x step heatmap;
 - ``diagnose-run-page.png``: a sigmoid MLP eight layers deep, whose findings the page lists;
-- ``explorer_curves.png``: the activation explorer's f and f'.
+- ``explorer_curves.png``: the activation explorer's f and f';
+- ``explorer_compare.png``: its "Which trains best", the four activations it starts with.
 
-Takes about two minutes on a 2-core machine. Not run by the tests (the browser tests take their
+Takes about three minutes on a 2-core machine. Not run by the tests (the browser tests take their
 own screenshots with ``WORKBENCH_SCREENSHOTS=dir``); run it after a change to what these pages show.
 """
 
@@ -86,6 +87,12 @@ def main() -> None:
                 page.get_by_role("tab", name="Activation explorer").click()
                 page.locator("#explorer-curves .js-plotly-plot").wait_for()
                 page.screenshot(path=out / "explorer_curves.png")
+
+                page.get_by_role("tab", name="Which trains best").click()  # (its four defaults, 200 steps each)
+                page.locator("#explorer-train").click()
+                expect(page.locator("#explorer-compare-status")).to_contain_text("trained best", timeout=600_000)
+                page.wait_for_timeout(1500)  # (the tick's redraw)
+                page.screenshot(path=out / "explorer_compare.png", full_page=True)
 
                 start(page, "activation_mlp", 3000, {}, {"activation": "relu"})
                 header = page.locator("#run-status")
