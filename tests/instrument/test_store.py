@@ -341,6 +341,26 @@ def test_a_streak_of_failed_writes_is_reported_when_it_starts_and_when_it_ends(t
     assert workbench.load_run(tmp_path / "r").steps == [4]
 
 
+def test_a_long_streak_keeps_a_bounded_list_of_errors(tmp_path, monkeypatch):
+    import workbench.instrument.store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_ERRORS", 3)
+    store = RunStore(tmp_path / "r", timeout=0.05)
+    reported = []
+    store.on_error = reported.append
+    holder = sqlite3.connect(tmp_path / "r" / DB_NAME, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    for step in range(1, 7):
+        store.write(StepRecord(step, metrics={"loss": 1.0}))
+    holder.execute("ROLLBACK")
+    holder.close()
+    store.close()
+    assert store.lost == 6 and [e.split(" could")[0] for e in store.errors] == ["step 1", "step 2", "step 3"]
+    assert len(reported) == 2 and "6 steps in a row, 1 to 6, could not be written" in reported[1]
+    run = workbench.load_run(tmp_path / "r")
+    assert run.status == "failed" and "6 step(s) could not be stored; the first: step 1" in run.metadata["error"]
+
+
 def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="store='' names no directory"):

@@ -53,6 +53,8 @@ __all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "Ru
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
 LOCK_NAME = "run.lock"  # held (flock, exclusive) by the writer while it writes
+#: A store keeps this many error messages at most (``RunStore.errors``); ``lost`` counts every lost step
+MAX_ERRORS = 1000
 #: What a writer closes a run with; ``running`` while it writes, ``interrupted`` when read without one.
 STAT_SQL = ", ".join(f"{c} {'INTEGER' if c in INT_COLUMNS else 'REAL'}" for c in STAT_COLUMNS)
 
@@ -113,10 +115,10 @@ class RunStore:
             raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
                              "(or store=None to record in memory only).")
         self.path = Path(path)
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # what went wrong, the first MAX_ERRORS messages
         self.on_error = on_error
         self.lost = 0  # steps that could not be written
-        self._failing: list[int] = []  # the steps of the current streak of failed writes
+        self._failing: tuple[int, int, int] | None = None  # the current streak of failed writes: first, last, count
         self._subscription: Subscription | None = None
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
@@ -248,11 +250,13 @@ class RunStore:
                            f"{type(exc).__name__}: {exc}")
                 # the first failure of a streak is reported, the others kept: a full disk fails
                 # every step, and a warning a step would bury everything else the user is shown
-                self._failing.append(record.step)
-                if len(self._failing) == 1:
+                if self._failing is None:
+                    self._failing = (record.step, record.step, 1)
                     self._report(message)
                 else:
-                    self.errors.append(message)
+                    first, _, count = self._failing
+                    self._failing = (first, record.step, count + 1)
+                    self._keep(message)
                 if self.lost == 1:  # the run is failed already: later steps wait a second for a lock, not the timeout
                     with contextlib.suppress(sqlite3.Error):
                         self._db.execute("PRAGMA busy_timeout = 1000")
@@ -262,13 +266,20 @@ class RunStore:
     def _end_streak(self, how: str) -> None:
         """Report how many steps in a row could not be written, where more than the first
         (reported when it failed) did; ``how`` the streak ended."""
-        failing, self._failing = self._failing, []
-        if len(failing) > 1:
-            self._report(f"{len(failing)} steps in a row, {failing[0]} to {failing[-1]}, could not be written to "
-                         f"{self.path / DB_NAME} (the first's error above; each is in the store's errors); {how}")
+        failing, self._failing = self._failing, None
+        if failing is not None and failing[2] > 1:
+            first, last, count = failing
+            self._report(f"{count} steps in a row, {first} to {last}, could not be written to {self.path / DB_NAME} "
+                         f"(the first's error above; the store's errors keep the first {MAX_ERRORS}); {how}")
+
+    def _keep(self, message: str) -> None:
+        """Keep ``message`` in ``errors`` while they hold fewer than :data:`MAX_ERRORS` (a disk full
+        for days must not fill the memory with the same message)."""
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(message)
 
     def _report(self, message: str) -> None:
-        self.errors.append(message)
+        self._keep(message)
         if self.on_error is not None:
             self.on_error(message)
 
