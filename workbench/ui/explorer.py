@@ -254,10 +254,11 @@ def jumps(x: np.ndarray, y: np.ndarray, evaluate: Callable[[np.ndarray], np.ndar
     # (the first and last steps have a neighbour on one side)
     neighbours = np.fmax(np.concatenate([[np.nan], steps[:-1]]), np.concatenate([steps[1:], [np.nan]]))
     candidates = np.flatnonzero((steps > JUMP_RATIO * neighbours) & (steps > 1e-3 * np.ptp(finite)))
-    found = [i for i in candidates
-             if np.nanmax(np.abs(np.diff(np.asarray(evaluate(np.linspace(x[i], x[i + 1], JUMP_SAMPLES,
-                                                                             dtype=np.float32)), np.float64))),
-                          initial=0.0) > 0.5 * steps[i]]
+    found = []
+    for i in candidates:
+        fine = np.asarray(evaluate(np.linspace(x[i], x[i + 1], JUMP_SAMPLES, dtype=np.float32)), np.float64)
+        if np.nanmax(np.abs(np.diff(fine)), initial=0.0) > 0.5 * steps[i]:
+            found.append(i)
     return np.asarray(found, np.int64)
 
 

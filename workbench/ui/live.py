@@ -1432,7 +1432,6 @@ def _intervention_components(c: dict) -> None:
                 c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove")
 
 
-#: The findings lists' height and column widths (severity, steps, site, finding, evidence).
 def _hidden_while_empty(note: Any, table: Any) -> tuple:
     """A findings list for the page (``(note, table)``; either may be ``gr.skip()``): the table
     hidden while it has no row - the note above it says that nothing looks wrong."""
@@ -1443,7 +1442,8 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     return note, table
 
 
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]  # (a finding's name on one line)
+#: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
 
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
