@@ -81,3 +81,24 @@ def test_a_log_heatmap_draws_exact_zeros_apart_from_steps_not_recorded():
     assert zeros["colorscale"][0][1] == figures.ZERO_COLOR and "exactly 0" in zeros["hovertemplate"]
     [plain] = heatmaps(figures.heatmap_figure(view, "activation", "max", log=False))  # (0 has a colour there)
     assert figures.values(plain["z"])[0].tolist() == [0.0, 2.0]
+
+
+def test_a_few_wide_steps_are_out_of_the_first_view_and_the_figure_says_where_they_reach():
+    """One wide step (an initialization, a spike) would squeeze every other step into a few pixels:
+    the value axes open on the others, the figure names the steps left out, and a double-click (Plotly's
+    autorange) shows every step; the newest step is always in view."""
+    def feed(spans):
+        view = RunView()
+        view.feed([record(step, [10, 20, 40, 30], -span, span, (-span, span)) for step, span in spans.items()])
+        return figures.distribution_figure(view, "activation", "layer")["layout"]
+
+    spans = {step: 1.0 + 0.01 * step for step in range(1, 21)}
+    wide = feed({**spans, 1: 50.0, 7: 30.0})
+    low, high = wide["yaxis2"]["range"]
+    assert wide["yaxis"]["range"] == [low, high]
+    assert -1.4 < low < -1.2 and 1.2 < high < 1.4  # steps 2-20 span [-1.2, 1.2]: steps 1 and 7 are out
+    [note] = wide["annotations"]
+    assert note["text"].startswith("steps 1, 7 reach [-50, 50], out of view")
+    # nothing wide: the axes fit every step themselves
+    for layout in (feed(spans), feed({**spans, 20: 50.0})):  # (a wide newest step: the run's state now)
+        assert "range" not in layout["yaxis2"] and "annotations" not in layout

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from workbench.ui.views import PERCENTILES, RunView
 
@@ -424,10 +425,49 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
         if at < len(cells) - 1:  # into half the next cell, which the next segment draws over (two images
             seg_cells[-1] += (cells[at + 1] - cells[at]) / 2  # that only touch can leave a white seam)
         data.append(_density_trace(seg_steps, seg_cells, edges, counts))
+    # the values' axes open on the steps a few wide ones would squeeze into a few pixels (double-click: all)
+    shown, wide = _focus_range(bands)
+    focus = {} if shown is None else dict(range=shown)
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
                      xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),
-                     yaxis=_axis(title=dict(text="value")),
+                     yaxis=_axis(title=dict(text="value"), **focus),
                      xaxis2=_steps_axis(steps, domain=[0.54, 1], anchor="y2", title=dict(text="step")),
-                     yaxis2=_axis(anchor="x2"))
+                     yaxis2=_axis(anchor="x2", **focus))
+    if wide:
+        reach = bands[bands.step.isin(wide)]
+        named = ", ".join(str(step) for step in wide[:3]) + (f" and {len(wide) - 3} more" if len(wide) > 3 else "")
+        layout["annotations"] = [dict(
+            text=f"step{'s' if len(wide) > 1 else ''} {named} reach{'es' if len(wide) == 1 else ''} "
+                 f"[{reach.p0.min():.3g}, {reach.p100.max():.3g}], out of view: double-click to see every step",
+            xref="paper", yref="paper", x=1, y=1.01, xanchor="right", yanchor="bottom", showarrow=False,
+            font=dict(size=11, color="#666"))]
     return {"data": data, "layout": layout}
+
+
+#: A step whose values span more than this many times what the median step's span is left out of the
+#: value range a distribution figure opens on, where it reaches outside the others' (the newest step never
+#: is): one wide step (an initialization, a spike) would squeeze every other step into a few pixels.
+WIDE_STEP = 4.0
+
+
+def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
+    """The value range a distribution figure opens on, from its percentile ``bands`` (``step``, ``p0``,
+    ``p100`` ...), and the steps left out of it (see :data:`WIDE_STEP`); ``(None, [])`` where every step
+    is in view as the axis fits itself."""
+    low, high = bands.p0.to_numpy(np.float64), bands.p100.to_numpy(np.float64)
+    span = high - low
+    finite = np.isfinite(span)
+    if finite.sum() < 3 or not np.median(span[finite]) > 0:
+        return None, []
+    wide = finite & (span > WIDE_STEP * np.median(span[finite]))
+    wide[-1] = False
+    if not wide.any():
+        return None, []
+    kept = finite & ~wide
+    lo, hi = low[kept].min(), high[kept].max()
+    out = wide & ((low < lo) | (high > hi))
+    if not out.any():
+        return None, []
+    pad = 0.05 * (hi - lo) if hi > lo else 0.5
+    return [float(lo - pad), float(hi + pad)], bands.step[out].astype(int).tolist()
