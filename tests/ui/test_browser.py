@@ -145,6 +145,9 @@ def choose(page, elem_id, *picks, timeout=30.0):
             listbox = _listbox(page, elem_id)
             page.keyboard.press("Control+A")
             page.keyboard.type(option)
+            # (Gradio's dropdown picks its active option on a keydown, from the text before that key: after
+            # the last letter typed, a key that types nothing makes the typed option the active one)
+            page.keyboard.press("Shift")
             expect(listbox.get_by_role("option", name=option, exact=True)).to_be_visible()
             page.keyboard.press("Enter")
             if _picked(page, elem_id, option):
@@ -154,9 +157,14 @@ def choose(page, elem_id, *picks, timeout=30.0):
 
 
 def _picked(page, elem_id, option, settle=1.0) -> bool:
+    """Whether the dropdown took ``option``: a multiselect shows it as a token; a single dropdown leaves
+    its box once it has taken a pick, showing it (a typed text it did not take stays in the focused box,
+    and the blur that comes next puts its value back)."""
+    box = page.locator(f"#{elem_id} input")
     deadline = time.monotonic() + settle
     while True:
-        if page.locator(f"#{elem_id} input").input_value() == option or option in tokens(page, elem_id):
+        if option in tokens(page, elem_id) or (
+                box.input_value() == option and not box.evaluate("el => el === document.activeElement")):
             return True
         if time.monotonic() > deadline:
             return False
