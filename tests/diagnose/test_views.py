@@ -124,12 +124,67 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     assert dash.statistic.value == "nan_count" and dash.sites.value == ("layers.3",)
     w.close()
     wait_for(lambda: "closed" in dash.header.value, what="the last draw")
-    pd.testing.assert_frame_equal(dash.findings(), diagnose(w.to_pandas(), w.metrics()))
+    pd.testing.assert_frame_equal(dash.findings(), view.merge_calls(diagnose(w.to_pandas(), w.metrics())))
     assert dash.findings_list.options[0] == "✖ nan_origin at layers.3, step 5–6"
     # a stored run keeps them: its dashboard lists the same
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     assert stored.findings_list.options == dash.findings_list.options
     pd.testing.assert_frame_equal(stored.findings(), dash.findings())
+
+
+def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_path):
+    """An unrolled network or a layer shared by several paths: the diagnosis finds dead units at each of
+    its calls, the lists show one finding that names them, and picking it shows every call."""
+    class Unrolled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.cell, self.act, self.out = (torch.nn.Linear(2, 16), torch.nn.Linear(16, 16),
+                                                       torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+        def forward(self, x):
+            h = self.inp(x)
+            for _ in range(3):
+                h = h + self.act(self.cell(h))
+            return self.out(h)
+
+    torch.manual_seed(0)
+    model = Unrolled()
+    with torch.no_grad():
+        model.cell.bias.fill_(-20.0)  # act outputs 0 at every call
+    w = train(model, steps=3, store=tmp_path / "run")
+    frame = diagnose(w.to_pandas(), w.metrics())
+    dead = frame[frame.finding == "dead_units"]
+    assert sorted(dead.site) == ["act#0", "act#1", "act#2"]
+    merged = view.merge_calls(frame)
+    assert len(merged) == len(frame) - 2 and merged.finding.tolist().count("dead_units") == 1
+    row = merged[merged.finding == "dead_units"].iloc[0]
+    assert (row.site, row.calls, row.step, row.last_step) == ("act (calls 0–2)", (0, 1, 2), dead.step.min(),
+                                                               dead.last_step.max())
+    assert row.evidence == f"call {row.call}: " + dead[dead.call == row.call].evidence.iloc[0]
+    others = merged[merged.finding != "dead_units"].drop(columns="calls").reset_index(drop=True)
+    pd.testing.assert_frame_equal(others, frame[frame.finding != "dead_units"].reset_index(drop=True))
+    # a pick shows every call: through the API, and in a dashboard of the stored run
+    runview = RunView.from_run(workbench.load_run(tmp_path / "run"))
+    index = merged.finding.tolist().index("dead_units")
+    assert view.focus(merged, index, runview).sites == ("act#0", "act#1", "act#2")
+    dash = Dashboard(workbench.load_run(tmp_path / "run"))
+    assert f"⚠ dead_units at act (calls 0–2), step {row.step}–{row.last_step}" in dash.findings_list.options
+    dash.focus_finding(index)
+    assert dash.sites.value == ("act#0", "act#1", "act#2") and dash.statistic.value == "zero_frac"
+
+
+def test_merged_calls_are_named_in_spans_and_a_long_list_says_how_many():
+    def frame(calls):
+        return pd.DataFrame([dict(step=1, last_step=2, site=f"rnn.cell#{c} out.0", finding="saturated",
+                                  severity="warning", evidence=f"e{c}", hint="h", kind="activation",
+                                  module="rnn.cell", call=c, tensor="out.0") for c in calls])
+
+    assert view.merge_calls(frame([0, 3, 6, 9, 12])).site.tolist() == ["rnn.cell out.0 (calls 0, 3, 6, 9, 12)"]
+    assert view.merge_calls(frame([0, 1, 2, 3, 7, 8])).site.tolist() == ["rnn.cell out.0 (calls 0–3, 7, 8)"]
+    assert view.merge_calls(frame(range(0, 40, 2))).site.tolist() == ["rnn.cell out.0 (calls 0, 2, 4, 6, 8, 10 … "
+                                                                      "(20 calls))"]
+    one = view.merge_calls(frame([4]))
+    assert one.site.tolist() == ["rnn.cell#4 out.0"] and one.evidence.tolist() == ["e4"]  # (one call: as it was)
 
 
 @pytest.fixture
@@ -172,7 +227,7 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     assert table.evidence.iloc[0] == view.run_findings(run).frame().evidence.iloc[0]  # (whole: the page wraps it)
     assert all(isinstance(u, type(gr.skip())) for u in view.page_findings(run, state))  # nothing new: nothing sent
     expected = diagnose(run.watch.to_pandas(), run.watch.metrics())
-    pd.testing.assert_frame_equal(view.run_findings(run).frame(), expected)
+    pd.testing.assert_frame_equal(view.run_findings(run).frame(), view.merge_calls(expected))
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
     assert len(values) == len(live.CONTROLS)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.diagnose import COLUMNS, Diagnoser
+from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser
+from workbench.instrument.schema import site_name
 
 __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "findings_html", "findings_summary", "findings_table",
-           "focus", "mark_steps", "option_label"]
+           "focus", "mark_steps", "merge_calls", "option_label"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
@@ -34,6 +35,45 @@ _STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated":
 
 def _steps(row: Any) -> str:
     return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
+
+
+def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
+    """The findings as the lists show them: one row per finding at a module called several times a step
+    (an unrolled network, a layer shared by several paths) where the diagnosis found it at several of its
+    calls, in the place of the first of them. Its ``site`` names the calls (``act (calls 0–4)``), its
+    steps span theirs, its severity is their worst, its evidence is the first's (``call 0: ...``), and a
+    ``calls`` column lists them (``focus`` shows them all); ``call`` is the first's."""
+    _check(findings)
+    if findings.empty or "calls" in findings.columns:
+        return findings
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(findings.itertuples(index=False)):
+        key = (row.finding, row.kind, row.module, row.tensor) if row.kind != "metric" else (i,)
+        groups.setdefault(key, []).append(i)
+    rows = []
+    for members in groups.values():
+        part = findings.iloc[members]
+        first = part.iloc[0].to_dict()
+        calls = tuple(sorted({int(c) for c in part.call}))
+        if len(calls) > 1:
+            first.update(step=int(part.step.min()), last_step=int(part.last_step.max()),
+                         severity=max(part.severity, key=SEVERITIES.index),
+                         site=f"{site_name(first['module'], 0, first['tensor'], False)} (calls {_calls_text(calls)})",
+                         evidence=f"call {first['call']}: {first['evidence']}")
+        rows.append({**first, "calls": calls})
+    return pd.DataFrame(rows, columns=[*findings.columns, "calls"]).astype(findings.dtypes.to_dict())
+
+
+def _calls_text(calls: tuple[int, ...], most: int = 6) -> str:
+    """``0–4``, ``0, 3, 6, 9, 12``: runs of three or more consecutive calls as a span; past ``most`` parts,
+    how many calls in all."""
+    parts, start = [], 0
+    for i in range(1, len(calls) + 1):
+        if i == len(calls) or calls[i] != calls[i - 1] + 1:
+            run = calls[start:i]
+            parts += [f"{run[0]}–{run[-1]}"] if len(run) >= 3 else [str(c) for c in run]
+            start = i
+    return ", ".join(parts) if len(parts) <= most else f"{', '.join(parts[:most])} … ({len(calls)} calls)"
 
 
 def finding_detail(row: Any) -> str:
@@ -105,7 +145,8 @@ def findings_html(findings: pd.DataFrame, limit: int = 50) -> str:
 @dataclass(frozen=True)
 class Focus:
     """Where the views go for a finding: the kind and site (a name of the run's views), the
-    statistic to show, the steps it held, or the metric (for a metric's finding)."""
+    statistic to show, the steps it held, or the metric (for a metric's finding); ``sites``: the
+    site and the others of a finding merged over a module's calls (:func:`merge_calls`)."""
 
     kind: str | None
     site: str | None
@@ -113,6 +154,7 @@ class Focus:
     step: int
     last_step: int
     metric: str | None = None
+    sites: tuple[str, ...] = ()  # every call site of the finding (a module's calls, :func:`merge_calls`)
 
 
 def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
@@ -138,18 +180,23 @@ def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
     kind = "param" if row.kind == "update" else str(row.kind)
     statistic = _STATISTIC.get(row.finding, "norm")
     site = str(row.site)
+    calls = tuple(row.calls) if "calls" in findings.columns else (int(row.call),)
+    sites: tuple[str, ...] = (site,)
     if view is not None and kind in getattr(view, "sites", {}):
         table = view.site_table(kind)
         match = table[(table.module == row.module) & (table.tensor == row.tensor)]
-        exact = match[match.call == row.call]
+        exact = match[match.call.isin(calls)]
         match = exact if len(exact) else match
         if len(match):
-            site = str(match.name.iloc[0])
+            first = match[match.call == row.call]
+            site = str((first if len(first) else match).name.iloc[0])
+            sites = (site, *(str(name) for name in match.name if name != site))
         else:  # an alias: the site whose aliases name it
             alias = table[table.aliases.str.split(", ").apply(lambda names: site in names)]
             if len(alias):
                 site = str(alias.name.iloc[0])
-    return Focus(kind, site, statistic, step, last)
+                sites = (site,)
+    return Focus(kind, site, statistic, step, last, sites=sites)
 
 
 def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "#d62728") -> dict[str, Any]:
@@ -190,7 +237,7 @@ class RunFindings:
 
         self.diagnoser = Diagnoser()
         self._lock = threading.Lock()
-        self._frame: pd.DataFrame = self.diagnoser.findings()
+        self._frame: pd.DataFrame = merge_calls(self.diagnoser.findings())
         self._seen = -1
         self.error: str | None = None
         if isinstance(source, Run):
@@ -207,7 +254,7 @@ class RunFindings:
             received = self.diagnoser.received
             if received != self._seen:
                 try:
-                    self._frame = self.diagnoser.findings()
+                    self._frame = merge_calls(self.diagnoser.findings())
                     self.error = None
                 except Exception as exc:  # a diagnosis never takes the page or the training down
                     self.error = f"{type(exc).__name__}: {exc}"
@@ -316,7 +363,7 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
         controls = replace(controls, metrics=[target.metric])
         state["auto_metrics"] = False
     else:
-        controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=[target.site],
+        controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=list(target.sites),
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
     page = live.draw_page(view, controls, header=header, interventions=interventions)
@@ -365,7 +412,7 @@ def stored_frame(run: Any) -> pd.DataFrame:
     with _STORED_LOCK:
         found = _STORED.get(key)
     if found is None:
-        found = run.diagnose()
+        found = merge_calls(run.diagnose())
         with _STORED_LOCK:
             _STORED[key] = found
             while len(_STORED) > 8:

@@ -591,8 +591,9 @@ class Dashboard:
                     self.kind.value = target.kind
                     self.statistic.value = target.statistic
                     self._sync_controls()
-                    if target.site in self.sites.options:
-                        self.sites.value = (target.site,)
+                    shown = tuple(site for site in target.sites if site in self.sites.options)
+                    if shown:
+                        self.sites.value = shown
                         self._picked_sites = True
                     if target.site in self.distribution_site.options:
                         self.distribution_site.value = target.site
