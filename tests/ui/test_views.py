@@ -23,12 +23,13 @@ def test_a_history_stays_bounded_and_keeps_an_even_sample_with_its_envelope():
     for step, value in enumerate(values, 1):
         history.append(step, [value])
         assert len(history) <= 256
+    assert history.steps[-64:] == list(range(10_000 - 63, 10_001))  # the recent steps kept whole
+    np.testing.assert_allclose(history.last(), [values[-1]], rtol=1e-6)  # (float32)
     steps, mean, lo, hi = history.arrays()
-    assert steps[-64:].tolist() == list(range(10_000 - 63, 10_001))  # the recent points whole
-    assert np.all(np.diff(steps) > 0)
-    old = steps[steps <= 10_000 - 64]
-    # spread evenly from the start: no gap wider than the stride (points since the last thinning are finer)
-    assert old[0] <= history.stride and np.diff(old).max() <= history.stride < 10_000 / 32
+    # drawn spread evenly from the start, the recent steps too: a bucket of the stride each, the newest
+    # up to the last step (32 whole steps at the end would read as a burst of noise)
+    assert 1 < history.stride < 10_000 / 32 and steps[-1] == 10_000
+    np.testing.assert_array_equal(steps[:-1], history.stride * np.arange(1, len(steps)))
     start = 0
     for i, end in enumerate(steps):  # each point: the mean, min and max of the steps it covers
         covered = values[start:end]

@@ -13,7 +13,8 @@ or the records of a stored run) and keeps, per view, only what the views draw:
 Feeding costs in proportion to the steps that arrived, and every history is bounded: past
 ``capacity`` points, the older ones are merged in pairs (their mean, with the min and max kept
 as an envelope, as TensorBoard keeps a bounded sample of a long run), while the most recent
-``recent`` points stay whole. What a refresh draws, and so what is sent to a page per tick, is
+``recent`` points stay whole (drawn in buckets of the same width, so that a line reads alike
+over its whole length). What a refresh draws, and so what is sent to a page per tick, is
 bounded however long the run. The Gradio app and the Jupyter dashboard render the same data
 (:mod:`workbench.ui.figures`).
 
@@ -65,7 +66,7 @@ class History:
     each column over the bucket (NaNs left out), with its min and max kept (``lo``, ``hi``:
     the envelope of what was merged); for other values (``merge="last"``), the bucket's last
     one. So a long run keeps an even sample of its whole length and every recent point, in at
-    most ``capacity`` points. Rows are kept in arrays and merged by whole buckets at once, so
+    most ``capacity`` points; :meth:`arrays` draws the recent ones in buckets of the stride too. Rows are kept in arrays and merged by whole buckets at once, so
     taking in a block of steps costs a few array operations, not some per step.
 
     Rows may grow wider over time (new call sites): narrower rows read as NaN past their end.
@@ -139,22 +140,34 @@ class History:
             setattr(self, name, np.concatenate([reduce.reduceat(array[:cut], starts, axis=0), array[cut:]]))
 
     def last(self) -> Any:
-        """The last point's value (its mean, for rows of numbers)."""
+        """The last step's value (the row of numbers as recorded)."""
         if self.merge == "last":
             return self._values[-1]
-        return self.arrays()[1][-1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self._count[-1] > 0, self._sum[-1] / self._count[-1], np.nan).astype(np.float32)
 
     def values(self) -> list[Any]:
         """The points' values, oldest first (``merge="last"``)."""
         return list(self._values)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``steps (n,), mean (n, width), lo, hi``; NaN where a point has no finite value."""
+        """``steps (n,), mean (n, width), lo, hi`` as the views draw them; NaN where a point has no
+        finite value. Once thinned, the recent points are drawn in buckets of the current stride
+        too (the newest up to the last step): a long run's line is alike over its whole length,
+        where 32 whole steps at its end would read as a burst of noise."""
+        steps, total, count, lo, hi = self._steps, self._sum, self._count, self._lo, self._hi
+        if self.stride > 1:
+            bucket = (steps - 1) // self.stride
+            starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+            ends = np.r_[starts[1:], len(steps)] - 1
+            steps = steps[ends]
+            total, count = np.add.reduceat(total, starts, axis=0), np.add.reduceat(count, starts, axis=0)
+            lo, hi = np.fmin.reduceat(lo, starts, axis=0), np.fmax.reduceat(hi, starts, axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(self._count > 0, self._sum / self._count, np.nan).astype(np.float32)
-        lo = np.where(self._count > 0, self._lo, np.nan)
-        hi = np.where(self._count > 0, self._hi, np.nan)
-        return self._steps.copy(), mean, lo, hi
+            mean = np.where(count > 0, total / count, np.nan).astype(np.float32)
+        lo = np.where(count > 0, lo, np.nan)
+        hi = np.where(count > 0, hi, np.nan)
+        return steps.copy(), mean, lo, hi
 
     def column(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``steps, mean, lo, hi`` of one column (NaN where a row is shorter)."""
