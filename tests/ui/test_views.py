@@ -14,7 +14,7 @@ import workbench
 from workbench.instrument import StepRecord
 from workbench.instrument.schema import SUMS
 from workbench.ui import figures
-from workbench.ui.views import PERCENTILES, STATISTICS, History, RunView
+from workbench.ui.views import PERCENTILES, History, RunView
 
 
 def test_a_history_stays_bounded_and_keeps_an_even_sample_with_its_envelope():
