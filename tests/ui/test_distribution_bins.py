@@ -97,6 +97,7 @@ def test_a_few_wide_steps_are_out_of_the_first_view_and_the_figure_says_where_th
     low, high = wide["yaxis2"]["range"]
     assert wide["yaxis"]["range"] == [low, high]
     assert -1.4 < low < -1.2 and 1.2 < high < 1.4  # steps 2-20 span [-1.2, 1.2]: steps 1 and 7 are out
+    assert wide["xaxis2"]["matches"] == "x"  # (the two panels on one steps axis: aligned, zoomed together)
     [note] = wide["annotations"]
     assert note["text"].startswith("steps 1, 7 reach [-50, 50], out of view")
     # nothing wide: the axes fit every step themselves

@@ -240,6 +240,21 @@ def test_a_long_run_draws_like_a_short_one():
     assert len(long.stats["activation"]) <= long.capacity
 
 
+def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
+    view, _ = watched(nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(6)]), 2)
+
+    def colors(sites):
+        fig = figures.sites_figure(view, "activation", "std", sites=sites)
+        return {t["name"]: t["line"]["color"] for t in fig["data"] if t.get("mode") == "lines"}
+
+    a, b, c = "0.1", "1.1", "2.1"  # (the Tanh layers)
+    assert colors([a, b])[b] == colors([b, c])[b] == colors([c, b])[b]
+    assert len(set(colors([a, b, c]).values())) == 3
+    # sites that would share a colour by their place take distinct ones
+    many = view.site_order("activation")
+    assert len(many) > 10 and len(set(colors([many[0], many[10]]).values())) == 2
+
+
 def test_figures_carry_the_data_of_the_views():
     view, w = watched(Twice(), 4, histograms=True)
     rows = w.to_pandas()

@@ -282,9 +282,10 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
         return empty_figure(f"No {kind} rows yet.")
+    colors = _site_colors(view.site_order(kind), list(dict.fromkeys(frame.site)))
     data = []
-    for i, (site, part) in enumerate(frame.groupby("site", sort=False)):
-        color = _PALETTE[i % len(_PALETTE)]
+    for site, part in frame.groupby("site", sort=False):
+        color = colors[site]
         merged = part[part.hi > part.lo]  # points that stand for several steps: their min-max envelope
         if len(merged):
             data.append(dict(type="scatter", x=_array(np.concatenate([merged.step, merged.step[::-1]])),
@@ -296,6 +297,18 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_steps_axis(frame.step, title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}
+
+
+def _site_colors(order: Sequence[str], drawn: Sequence[str]) -> dict[str, str]:
+    """A colour per drawn site that stays put from redraw to redraw: the site's place in forward order
+    (``order``) picks it, so that a default pick that changes its ranking does not repaint the lines;
+    where two drawn sites would share one, they take the palette in forward order among those drawn."""
+    place = {site: i for i, site in enumerate(order)}
+    index = [place.get(site, 0) % len(_PALETTE) for site in drawn]
+    if len(set(index)) < len(drawn):
+        ranked = sorted(drawn, key=lambda site: place.get(site, 0))
+        index = [ranked.index(site) % len(_PALETTE) for site in drawn]
+    return {site: _PALETTE[i] for site, i in zip(drawn, index)}
 
 
 #: The colour of the cells of a log heatmap whose value is exactly 0 (no log; blank is a step not recorded).
@@ -432,7 +445,7 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
                      hovermode="closest", showlegend=False,
                      xaxis=_steps_axis(steps, domain=[0, 0.46], title=dict(text="step")),
                      yaxis=_axis(title=dict(text="value"), **focus),
-                     xaxis2=_steps_axis(steps, domain=[0.54, 1], anchor="y2", title=dict(text="step")),
+                     xaxis2=_steps_axis(steps, domain=[0.54, 1], anchor="y2", title=dict(text="step"), matches="x"),
                      yaxis2=_axis(anchor="x2", **focus))
     if wide:
         reach = bands[bands.step.isin(wide)]
