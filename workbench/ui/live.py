@@ -1451,6 +1451,8 @@ CSS = """
 .wb-anomaly h3 { color: #b91c1c; margin: 0; }
 .wb-section h4 { margin: 6px 0 0 0; }
 #run-status, #replay-header { min-height: 2em; }
+/* a run's name longer than the picker's box ends in an ellipsis, not under the box's arrow */
+#live-pick input { text-overflow: ellipsis; padding-right: 22px; }
 .wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
 /* tables written as Markdown (a run's last step, the explorer's f' differences): rules between rows, no grid */
 .wb-outputs table, #explorer-curves-message table { border-collapse: collapse; font-family: var(--font-mono);
@@ -1526,7 +1528,7 @@ def layout(root: RunsRoot):
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=4, interactive=True)
+                                            scale=5, interactive=True)
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
                     # (greyed out until the page's run is there to pause, resume or stop: run_controls)
                     c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
