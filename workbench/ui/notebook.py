@@ -291,7 +291,8 @@ class Dashboard:
         self.metrics_plot, self.sites_plot, self.heatmap_plot, self.distribution_plot = (w.Output() for _ in range(4))
         self.anomalies = w.HTML()
         self.findings_summary = w.HTML()
-        self.findings_list = w.Select(options=[], rows=4, layout=w.Layout(width="100%"))
+        # (the widget's margins come on top of its width: 100% would run past the output's edge)
+        self.findings_list = w.Select(options=[], rows=4, layout=w.Layout(width="calc(100% - 8px)"))
         self.findings_detail = w.HTML()
 
         self.pause_button.on_click(lambda _: self._act("pause"))
@@ -559,7 +560,7 @@ class Dashboard:
         try:
             if tuple(labels) != tuple(self.findings_list.options):
                 self.findings_list.options = labels
-                self.findings_list.rows = min(max(len(labels), 1), 6)
+                self.findings_list.rows = min(max(len(labels), 2), 6)  # (one row would read as a dropdown)
             if self.findings_list.index != picked:
                 self.findings_list.index = picked
         finally:
