@@ -12,8 +12,8 @@ at 1400 x 1000 and saves what a person sees. The groups, in the order they are t
   ``live_distribution.png`` and ``live_heatmap.png``, the same run's distribution over time and heatmap;
 - ``diagnose``: ``diagnose-run-page.png``, a sigmoid MLP eight layers deep, whose findings the page lists;
 - ``runs``: ``app_runs.png``, the Runs tab with two stored runs (mlp/relu, mlp/tanh), one opened;
-- ``jupyterlab``: ``jupyterlab_dashboard.png``, a live Dashboard in a notebook, about a third through
-  2000 steps; ``diagnose-dashboard.png``, a tanh MLP six layers deep whose Dashboard lists its findings,
+- ``jupyterlab``: ``jupyterlab_dashboard.png``, a live Dashboard in a notebook, past step 300 of
+  2000; ``diagnose-dashboard.png``, a tanh MLP six layers deep whose Dashboard lists its findings,
   one picked.
 
 Takes three to ten minutes on a 2-core machine. Not run by the tests (the browser tests take their
@@ -245,7 +245,7 @@ def jupyterlab(page, out: Path) -> None:
             page.wait_for_function(
                 "() => { const el = document.querySelector('.jp-OutputArea-output .widget-html-content');"
                 " const m = el && /step (\\d+) of/.exec(el.textContent); return !!m && Number(m[1]) >= 300; }",
-                timeout=600_000)  # (by step 900 or so a layer saturates: a finding shows, the views move down)
+                timeout=600_000)  # (before a layer saturates, by step 900 or so: a finding would push the views down)
             page.locator(".jp-Notebook").evaluate("el => el.scrollTo(0, 0)")
             page.mouse.move(5, 500)  # (off the figures: no Plotly toolbar over them)
             page.wait_for_timeout(500)

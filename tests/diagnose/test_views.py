@@ -161,7 +161,7 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert (row.site, row.calls, row.step, row.last_step) == ("act (calls 0–2)", (0, 1, 2), dead.step.min(),
                                                                dead.last_step.max())
     assert row.evidence == f"call {row.call}: " + dead[dead.call == row.call].evidence.iloc[0]
-    others = merged[merged.finding != "dead_units"].drop(columns="calls").reset_index(drop=True)
+    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(others, frame[frame.finding != "dead_units"].reset_index(drop=True))
     # a pick shows every call: through the API, and in a dashboard of the stored run
     runview = RunView.from_run(workbench.load_run(tmp_path / "run"))
@@ -173,11 +173,15 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert dash.sites.value == ("act#0", "act#1", "act#2") and dash.statistic.value == "zero_frac"
 
 
+def finding(call, step=1, last_step=2, module="rnn.cell", tensor="out.0", name=None):
+    return dict(step=step, last_step=last_step, site=name or f"{module}#{call} {tensor}", finding="saturated",
+                severity="warning", evidence=f"e{call}", hint="h", kind="activation", module=module, call=call,
+                tensor=tensor)
+
+
 def test_merged_calls_are_named_in_spans_and_a_long_list_says_how_many():
     def frame(calls):
-        return pd.DataFrame([dict(step=1, last_step=2, site=f"rnn.cell#{c} out.0", finding="saturated",
-                                  severity="warning", evidence=f"e{c}", hint="h", kind="activation",
-                                  module="rnn.cell", call=c, tensor="out.0") for c in calls])
+        return pd.DataFrame([finding(c) for c in calls])
 
     assert view.merge_calls(frame([0, 3, 6, 9, 12])).site.tolist() == ["rnn.cell out.0 (calls 0, 3, 6, 9, 12)"]
     assert view.merge_calls(frame([0, 1, 2, 3, 7, 8])).site.tolist() == ["rnn.cell out.0 (calls 0–3, 7, 8)"]
@@ -185,6 +189,53 @@ def test_merged_calls_are_named_in_spans_and_a_long_list_says_how_many():
                                                                       "(20 calls))"]
     one = view.merge_calls(frame([4]))
     assert one.site.tolist() == ["rnn.cell#4 out.0"] and one.evidence.tolist() == ["e4"]  # (one call: as it was)
+    assert one.calls.tolist() == [(4,)] and one.call_sites.tolist() == [("rnn.cell#4 out.0",)]
+    empty = view.merge_calls(frame([]).reindex(columns=list(frame([0]).columns)))
+    assert empty.empty and {"calls", "call_sites"} <= set(empty.columns)
+
+
+def test_only_calls_over_the_same_steps_merge_and_a_call_s_episodes_stay_apart():
+    # call 0 at steps 1-4 and again at 8-10 (two episodes, as diagnosed); call 1 at 2-3; call 2 at 20-30
+    frame = pd.DataFrame([finding(0, 8, 10), finding(1, 2, 3), finding(0, 1, 4), finding(2, 20, 30)])
+    merged = view.merge_calls(frame)
+    assert merged[["site", "step", "last_step"]].values.tolist() == [
+        ["rnn.cell#0 out.0", 8, 10], ["rnn.cell out.0 (calls 0, 1)", 1, 4], ["rnn.cell#2 out.0", 20, 30]]
+    assert merged.evidence.iloc[1] == "call 0: e0"  # (the lowest call's, where the list had call 1 first)
+    # a call under another call's steps twice: left as diagnosed
+    twice = pd.DataFrame([finding(0, 1, 3), finding(0, 6, 8), finding(1, 1, 10)])
+    assert view.merge_calls(twice).site.tolist() == twice.site.tolist()
+    # a pick is kept as calls join the finding (its site's name changes)
+    alone = view.merge_calls(pd.DataFrame([finding(0)]))
+    joined = view.merge_calls(pd.DataFrame([finding(0), finding(1)]))
+    assert view.pick_key(alone.iloc[0]) == view.pick_key(joined.iloc[0]) and alone.site[0] != joined.site[0]
+
+
+def test_a_merged_finding_of_a_container_called_several_times_focuses_its_sites():
+    """A container whose output is its last child's is shown under the child: each call of it is found."""
+    class Loop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+        def forward(self, x):
+            for _ in range(3):
+                x = self.cell(x)
+            return x
+
+    model, runview = Loop(), RunView()
+    with workbench.watch(model) as w:
+        w.subscribe(runview.feed)
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            w.step()
+        w.recorder.flush()
+    frame = view.merge_calls(pd.DataFrame([finding(c, module="cell", tensor="out", name=f"cell#{c}")
+                                           for c in range(3)]))
+    assert frame.site.tolist() == ["cell (calls 0–2)"]
+    target = view.focus(frame, 0, runview)
+    assert target.sites == ("cell.1#0", "cell.1#1", "cell.1#2") and target.site == "cell.1#0"
+    assert set(target.sites) <= set(runview.site_order("activation"))
+    assert view.focus(frame, 0).sites == ("cell#0", "cell#1", "cell#2")  # (no views: the diagnosis' names)
 
 
 @pytest.fixture

@@ -100,6 +100,9 @@ def test_a_few_wide_steps_are_out_of_the_first_view_and_the_figure_says_where_th
     assert wide["xaxis2"]["matches"] == "x"  # (the two panels on one steps axis: aligned, zoomed together)
     [note] = wide["annotations"]
     assert note["text"].startswith("steps 1, 7 reach [-50, 50], out of view")
-    # nothing wide: the axes fit every step themselves
-    for layout in (feed(spans), feed({**spans, 20: 50.0})):  # (a wide newest step: the run's state now)
+    # a range on a coarse grid: values that move a little leave it as it was (a live page keeps its zoom)
+    assert feed({**spans, 1: 50.0, 7: 30.0, 19: 1.21})["yaxis2"]["range"] == [low, high]
+    # nothing wide: the axes fit every step themselves; nor where many steps are (a distribution that narrows)
+    narrowing = {step: 20.0 * 0.97 ** step for step in range(1, 101)}
+    for layout in (feed(spans), feed({**spans, 20: 50.0}), feed(narrowing)):  # (a wide newest step: the run now)
         assert "range" not in layout["yaxis2"] and "annotations" not in layout

@@ -250,9 +250,11 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
     a, b, c = "0.1", "1.1", "2.1"  # (the Tanh layers)
     assert colors([a, b])[b] == colors([b, c])[b] == colors([c, b])[b]
     assert len(set(colors([a, b, c]).values())) == 3
-    # sites that would share a colour by their place take distinct ones
+    # a site that would share its colour with one before it takes a free one; the others keep theirs
     many = view.site_order("activation")
     assert len(many) > 10 and len(set(colors([many[0], many[10]]).values())) == 2
+    assert colors([many[0], many[1], many[10]])[many[0]] == colors([many[0], many[1]])[many[0]]
+    assert colors([many[0], many[1], many[10]])[many[1]] == colors([many[0], many[1]])[many[1]]
 
 
 def test_figures_carry_the_data_of_the_views():

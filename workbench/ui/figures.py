@@ -301,14 +301,17 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
 
 def _site_colors(order: Sequence[str], drawn: Sequence[str]) -> dict[str, str]:
     """A colour per drawn site that stays put from redraw to redraw: the site's place in forward order
-    (``order``) picks it, so that a default pick that changes its ranking does not repaint the lines;
-    where two drawn sites would share one, they take the palette in forward order among those drawn."""
+    (``order``) picks it, so that a default pick that changes its ranking does not repaint the lines; a
+    site whose colour a site before it in forward order has taken gets the next one not taken."""
     place = {site: i for i, site in enumerate(order)}
-    index = [place.get(site, 0) % len(_PALETTE) for site in drawn]
-    if len(set(index)) < len(drawn):
-        ranked = sorted(drawn, key=lambda site: place.get(site, 0))
-        index = [ranked.index(site) % len(_PALETTE) for site in drawn]
-    return {site: _PALETTE[i] for site, i in zip(drawn, index)}
+    taken: dict[str, int] = {}
+    for site in sorted(drawn, key=lambda site: place.get(site, len(place))):
+        index = place.get(site, 0) % len(_PALETTE)
+        free = [i for i in range(len(_PALETTE)) if i not in taken.values()]
+        if index in taken.values() and free:
+            index = min(free, key=lambda i: (i - index) % len(_PALETTE))
+        taken[site] = index
+    return {site: _PALETTE[taken[site]] for site in drawn}
 
 
 #: The colour of the cells of a log heatmap whose value is exactly 0 (no log; blank is a step not recorded).
@@ -459,15 +462,19 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
 
 
 #: A step whose values span more than this many times what the median step's span is left out of the
-#: value range a distribution figure opens on, where it reaches outside the others' (the newest step never
-#: is): one wide step (an initialization, a spike) would squeeze every other step into a few pixels.
+#: value range a distribution figure opens on, where it reaches outside the others' and such steps are few
+#: (:data:`WIDE_SHARE` of the steps drawn at most, or one; the newest step never is): one wide step (an
+#: initialization, a spike) would squeeze every other step into a few pixels.
 WIDE_STEP = 4.0
+WIDE_SHARE = 0.1
 
 
 def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
     """The value range a distribution figure opens on, from its percentile ``bands`` (``step``, ``p0``,
     ``p100`` ...), and the steps left out of it (see :data:`WIDE_STEP`); ``(None, [])`` where every step
-    is in view as the axis fits itself."""
+    is in view as the axis fits itself. The range is rounded out to a coarse grid (a twentieth of a
+    power of ten of its width), so that a live page redraws it rarely: a figure whose range changes
+    loses the zoom a person set on it."""
     low, high = bands.p0.to_numpy(np.float64), bands.p100.to_numpy(np.float64)
     span = high - low
     finite = np.isfinite(span)
@@ -480,7 +487,7 @@ def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
     kept = finite & ~wide
     lo, hi = low[kept].min(), high[kept].max()
     out = wide & ((low < lo) | (high > hi))
-    if not out.any():
+    if not out.any() or out.sum() > max(1.0, WIDE_SHARE * finite.sum()):
         return None, []
-    pad = 0.05 * (hi - lo) if hi > lo else 0.5
-    return [float(lo - pad), float(hi + pad)], bands.step[out].astype(int).tolist()
+    grid = 10.0 ** math.floor(math.log10(hi - lo)) / 20 if hi > lo else 0.5
+    return [math.floor(lo / grid - 1) * grid, math.ceil(hi / grid + 1) * grid], bands.step[out].astype(int).tolist()

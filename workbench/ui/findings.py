@@ -14,13 +14,14 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser
 from workbench.instrument.schema import site_name
 
 __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "findings_html", "findings_summary", "findings_table",
-           "focus", "mark_steps", "merge_calls", "option_label"]
+           "focus", "mark_steps", "merge_calls", "option_label", "pick_key"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
@@ -37,31 +38,66 @@ def _steps(row: Any) -> str:
     return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
 
 
+#: What makes findings one where a module is called several times: the finding and where it is.
+_WHERE = ["finding", "kind", "module", "tensor"]
+
+
 def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
     """The findings as the lists show them: one row per finding at a module called several times a step
     (an unrolled network, a layer shared by several paths) where the diagnosis found it at several of its
-    calls, in the place of the first of them. Its ``site`` names the calls (``act (calls 0–4)``), its
-    steps span theirs, its severity is their worst, its evidence is the first's (``call 0: ...``), and a
-    ``calls`` column lists them (``focus`` shows them all); ``call`` is the first's."""
+    calls over the same steps, in the place of the first of them. Its ``site`` names the calls
+    (``act (calls 0–4)``), its steps span theirs, its severity is their worst and its evidence the lowest
+    call's (``call 0: ...``), which ``call`` is. Every row gets ``calls`` and ``call_sites`` (the calls
+    and their own site names: ``focus`` shows them all). Episodes of one call at different steps stay
+    apart, as diagnosed."""
     _check(findings)
-    if findings.empty or "calls" in findings.columns:
+    if "calls" in findings.columns:
         return findings
+    calls = [(int(c),) for c in findings.call]
+    names = [(str(s),) for s in findings.site]
+    repeated = (findings.kind != "metric") & findings.duplicated(subset=_WHERE, keep=False)
+    if not repeated.any():
+        return findings.assign(calls=calls, call_sites=names)
+    rows = [dict(row, calls=c, call_sites=n) for row, c, n in zip(findings.to_dict("records"), calls, names)]
     groups: dict[tuple, list[int]] = {}
-    for i, row in enumerate(findings.itertuples(index=False)):
-        key = (row.finding, row.kind, row.module, row.tensor) if row.kind != "metric" else (i,)
-        groups.setdefault(key, []).append(i)
-    rows = []
+    for i in np.flatnonzero(repeated.to_numpy()):
+        groups.setdefault(tuple(rows[i][k] for k in _WHERE), []).append(int(i))
+    merged_away: set[int] = set()
     for members in groups.values():
-        part = findings.iloc[members]
-        first = part.iloc[0].to_dict()
-        calls = tuple(sorted({int(c) for c in part.call}))
-        if len(calls) > 1:
-            first.update(step=int(part.step.min()), last_step=int(part.last_step.max()),
-                         severity=max(part.severity, key=SEVERITIES.index),
-                         site=f"{site_name(first['module'], 0, first['tensor'], False)} (calls {_calls_text(calls)})",
-                         evidence=f"call {first['call']}: {first['evidence']}")
-        rows.append({**first, "calls": calls})
-    return pd.DataFrame(rows, columns=[*findings.columns, "calls"]).astype(findings.dtypes.to_dict())
+        for episode in _overlapping(rows, members):
+            by_call = sorted(episode, key=lambda i: rows[i]["call"])
+            calls_here = [int(rows[i]["call"]) for i in by_call]
+            if len(episode) < 2 or len(set(calls_here)) < len(calls_here):
+                continue  # (a call twice: two of its episodes under another call's one - left as diagnosed)
+            base, where = rows[by_call[0]], min(episode)
+            rows[where] = dict(
+                base, step=min(rows[i]["step"] for i in episode), last_step=max(rows[i]["last_step"] for i in episode),
+                severity=max((rows[i]["severity"] for i in episode), key=SEVERITIES.index),
+                site=f"{site_name(base['module'], 0, base['tensor'], False)} (calls {_calls_text(tuple(calls_here))})",
+                evidence=f"call {base['call']}: {base['evidence']}", calls=tuple(calls_here),
+                call_sites=tuple(str(rows[i]["site"]) for i in by_call))
+            merged_away.update(i for i in episode if i != where)
+    kept = [row for i, row in enumerate(rows) if i not in merged_away]
+    return pd.DataFrame(kept, columns=[*findings.columns, "calls", "call_sites"]).astype(findings.dtypes.to_dict())
+
+
+def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
+    """``members`` (indices into ``rows``) grouped where their steps overlap, one after another."""
+    episodes: list[list[int]] = []
+    end = None
+    for i in sorted(members, key=lambda i: rows[i]["step"]):
+        if end is None or rows[i]["step"] > end:
+            episodes.append([])
+            end = rows[i]["last_step"]
+        episodes[-1].append(i)
+        end = max(end, rows[i]["last_step"])
+    return episodes
+
+
+def pick_key(row: Any) -> tuple:
+    """What a pick remembers of a finding to find it again in a later list: the finding and where it is
+    (a merged finding's site names more calls as they join it)."""
+    return (row.finding, row.kind, row.module, row.tensor, row.site if row.kind == "metric" else "")
 
 
 def _calls_text(calls: tuple[int, ...], most: int = 6) -> str:
@@ -179,24 +215,27 @@ def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
         return Focus(None, None, None, step, last, metric=str(row.site))
     kind = "param" if row.kind == "update" else str(row.kind)
     statistic = _STATISTIC.get(row.finding, "norm")
-    site = str(row.site)
-    calls = tuple(row.calls) if "calls" in findings.columns else (int(row.call),)
-    sites: tuple[str, ...] = (site,)
+    merged = "call_sites" in findings.columns
+    pairs = list(zip(row.calls, row.call_sites)) if merged else [(int(row.call), str(row.site))]
     if view is not None and kind in getattr(view, "sites", {}):
         table = view.site_table(kind)
-        match = table[(table.module == row.module) & (table.tensor == row.tensor)]
-        exact = match[match.call.isin(calls)]
-        match = exact if len(exact) else match
-        if len(match):
-            first = match[match.call == row.call]
-            site = str((first if len(first) else match).name.iloc[0])
-            sites = (site, *(str(name) for name in match.name if name != site))
-        else:  # an alias: the site whose aliases name it
-            alias = table[table.aliases.str.split(", ").apply(lambda names: site in names)]
-            if len(alias):
-                site = str(alias.name.iloc[0])
-                sites = (site,)
+        sites = tuple(dict.fromkeys(_view_site(table, row.module, row.tensor, call, name) for call, name in pairs))
+    else:
+        sites = tuple(name for _, name in pairs)
+    site = sites[0]
     return Focus(kind, site, statistic, step, last, sites=sites)
+
+
+def _view_site(table: pd.DataFrame, module: str, tensor: str, call: int, name: str) -> str:
+    """The name the views give the call ``call`` of ``module``'s ``tensor`` (named ``name`` by the
+    diagnosis): a container's output is shown under the innermost site that returned it."""
+    match = table[(table.module == module) & (table.tensor == tensor)]
+    exact = match[match.call == call]
+    match = exact if len(exact) else match
+    if len(match):
+        return str(match.name.iloc[0])
+    alias = table[table.aliases.str.split(", ").apply(lambda names: name in names)]
+    return str(alias.name.iloc[0]) if len(alias) else name
 
 
 def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "#d62728") -> dict[str, Any]:
@@ -323,9 +362,9 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
         note += f" Diagnosing failed: `{found.error}`."
     picked = state.get("findings_pick")
     if picked is not None and len(frame):
-        match = frame[(frame.finding == picked[0]) & (frame.site == picked[1])]
-        if len(match):
-            note += "\n\n" + finding_detail(match.iloc[0])
+        match = [row for row in frame.itertuples() if pick_key(row) == picked]
+        if match:
+            note += "\n\n" + finding_detail(match[0])
     return note, findings_table(frame)
 
 
@@ -344,8 +383,7 @@ def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: A
     if found is None:
         return *live.redraw(None, header, run_id, state, values), "", gr.skip()
     frame = found.frame()
-    state["findings_pick"] = (str(frame.finding.iloc[index]), str(frame.site.iloc[index])) if (
-        0 <= index < len(frame)) else None
+    state["findings_pick"] = pick_key(frame.iloc[index]) if 0 <= index < len(frame) else None
     note, _ = _page_note(run, state)
     state.setdefault("findings", {})["note"] = note
     return _focused(run.view, frame, run_id, header, state, values, index, interventions, note)

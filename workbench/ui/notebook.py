@@ -261,7 +261,7 @@ class Dashboard:
             self.diagnoses = RunFindings()
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
-        self._picked_finding = None  # (finding, site) of the pick
+        self._picked_finding = None  # the pick's findings.pick_key
         self._findings = None  # the findings frame the list shows
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
@@ -539,7 +539,8 @@ class Dashboard:
             f"Most recent:" + frame.to_html(index=False, border=0))
 
     def findings(self) -> Any:
-        """The run's findings now (a frame of :data:`workbench.diagnose.COLUMNS`), as the list shows them."""
+        """The run's findings now, as the list shows them: a frame of :data:`workbench.diagnose.COLUMNS`
+        and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`)."""
         return self.diagnoses.frame()
 
     def _draw_findings(self) -> None:
@@ -554,7 +555,7 @@ class Dashboard:
         self._findings = frame
         labels = [view.option_label(row) for row in frame.itertuples()]
         # the pick is a finding (what, where), kept while its label changes (its last step grows)
-        keys = list(zip(frame.finding, frame.site))
+        keys = [view.pick_key(row) for row in frame.itertuples()]
         picked = keys.index(self._picked_finding) if self._picked_finding in keys else None
         self._quiet = True
         try:
@@ -583,7 +584,7 @@ class Dashboard:
             frame = self._findings if self._findings is not None else self.diagnoses.frame()
             target = view.focus(frame, index, self.view)
             self._focus = target
-            self._picked_finding = (frame.finding.iloc[index], frame.site.iloc[index])
+            self._picked_finding = view.pick_key(frame.iloc[index])
             self._quiet = True
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):

@@ -66,8 +66,9 @@ class History:
     each column over the bucket (NaNs left out), with its min and max kept (``lo``, ``hi``:
     the envelope of what was merged); for other values (``merge="last"``), the bucket's last
     one. So a long run keeps an even sample of its whole length and every recent point, in at
-    most ``capacity`` points; :meth:`arrays` draws the recent ones in buckets of the stride too. Rows are kept in arrays and merged by whole buckets at once, so
-    taking in a block of steps costs a few array operations, not some per step.
+    most ``capacity`` points; :meth:`arrays` draws the recent ones in buckets of the stride too.
+    Rows are kept in arrays and merged by whole buckets at once, so taking in a block of steps
+    costs a few array operations, not some per step.
 
     Rows may grow wider over time (new call sites): narrower rows read as NaN past their end.
     """
