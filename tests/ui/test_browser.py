@@ -426,7 +426,9 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     expect(runs).to_contain_text("running", timeout=30_000)
     expect(runs).to_contain_text("reloaded", timeout=30_000)
     expect(status).not_to_contain_text("running")  # not attached yet: a new page holds no run
-    for button in ("run-pause", "run-resume", "run-stop"):  # (nothing to pause, resume or stop: greyed out)
+    # (nothing to pause, resume, stop or intervene on: greyed out)
+    page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
+    for button in ("run-pause", "run-resume", "run-stop", "iv-apply", "iv-remove"):
         expect(page.locator(f"#{button}")).to_be_disabled()
     page.locator("#live-pick input").click()
     page.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, seed 0, .* \(running\)$")).click()
@@ -435,6 +437,8 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
                                    timeout=30_000)
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
     expect(page.locator("#run-resume")).to_be_disabled()
+    expect(page.locator("#iv-apply")).to_be_enabled()
+    expect(page.locator("#iv-remove")).to_be_disabled()  # (no intervention on)
     page.locator("#run-pause").click()  # held between steps, then on again
     expect(status).to_contain_text(re.compile(r"paused.*step \d+ of 100000"), timeout=30_000)
     expect(runs).to_contain_text("paused")
@@ -444,7 +448,7 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#run-stop").click()
     expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)
     expect(runs).to_contain_text("stopped")
-    for button in ("run-pause", "run-resume", "run-stop"):  # (it ended: nothing to do)
+    for button in ("run-pause", "run-resume", "run-stop", "iv-apply"):  # (it ended: nothing to do)
         expect(page.locator(f"#{button}")).to_be_disabled()
     assert load_run(runs_root / "reloaded").status == "stopped"
 

@@ -80,24 +80,33 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
 
 
 def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
-    # the page's Pause, Resume and Stop: greyed out before a run (and for an unknown one) ...
-    idle = {"pause": False, "resume": False, "stop": False}
+    # the page's Pause, Resume, Stop, Apply and Remove: greyed out before a run (and for an unknown one) ...
+    idle = {"pause": False, "resume": False, "stop": False, "apply": False, "remove": False}
     assert live.run_controls(manager, None) == live.run_controls(manager, "r99") == idle
     run, _ = live.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
-    assert live.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True}
+    assert live.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True, "apply": True,
+                                                  "remove": False}
     deadline = time.time() + 60
     while run.experiment.step_count < 3 and time.time() < deadline:  # (past the first steps' one-off work)
         time.sleep(0.05)
     assert "paused" in live.pause_run(manager, run.id) and run.state == "paused"
-    time.sleep(0.3)  # (a step in progress when the pause came ends first: a few ms)
-    held = run.experiment.step_count
+    # (a step in progress when the pause came ends first: a few ms, more on a loaded machine)
+    held, deadline = run.experiment.step_count, time.time() + 30
+    while True:
+        time.sleep(0.5)
+        if run.experiment.step_count == held:
+            break
+        assert time.time() < deadline, "the run never held its step"
+        held = run.experiment.step_count
     time.sleep(0.5)
     assert run.experiment.step_count == held and run.running
     assert "paused already" in live.pause_run(manager, run.id)
-    assert live.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True}
+    assert live.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True, "apply": True,
+                                                  "remove": False}
     assert run.view.header()["status"] == "paused" and live.runs_frame(manager).status.tolist() == ["paused"]
     record = run.intervene("layers.1", "zero units", units="0")  # (put in between steps while paused)
     assert record.status == "on" and record.start == held + 1
+    assert live.run_controls(manager, run.id)["remove"]  # (an intervention on: Remove applies)
     assert "running" in live.pause_run(manager, run.id, pause=False) and run.state == "running"
     deadline = time.time() + 30
     while run.experiment.step_count <= held + 2 and time.time() < deadline:

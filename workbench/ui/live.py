@@ -737,13 +737,16 @@ def pause_run(manager: RunManager, run_id: Any, pause: bool = True) -> str:
 
 
 def run_controls(manager: RunManager, run_id: Any) -> dict[str, bool]:
-    """Which of the run page's Pause, Resume and Stop apply to its run now (a page enables those and
-    greys out the others): none before a run is attached or after it ended, Pause and Stop while it
-    runs, Resume and Stop while it is paused, Stop alone while it finishes the step it was stopped at."""
+    """Which of the run page's Pause, Resume, Stop and its intervention panel's Apply and Remove apply to
+    its run now (a page enables those and greys out the others): none before a run is attached or after
+    it ended; Pause and Stop while it runs, Resume and Stop while it is paused, Stop alone while it
+    finishes the step it was stopped at; Apply while it runs or is paused, Remove then while an
+    intervention is on."""
     run = manager.get(run_id) if run_id else None
     state = run.state if run is not None else None
-    return {"pause": state == "running", "resume": state == "paused",
-            "stop": state in ("running", "paused", "stopping")}
+    going = state in ("running", "paused")
+    return {"pause": state == "running", "resume": state == "paused", "stop": going or state == "stopping",
+            "apply": going, "remove": going and any(record.status == "on" for record in run.interventions)}
 
 
 def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str = "*") -> tuple:
@@ -1422,14 +1425,15 @@ def _intervention_components(c: dict) -> None:
             c["iv_low"] = gr.Number(-1.0, label="a (clamp to [a, b])", scale=1, min_width=90, visible=False,
                                     elem_id="iv-low")
             c["iv_high"] = gr.Number(1.0, label="b", scale=1, min_width=90, visible=False, elem_id="iv-high")
-            c["iv_apply"] = gr.Button("Apply", variant="primary", scale=1, min_width=90, elem_id="iv-apply")
+            c["iv_apply"] = gr.Button("Apply", variant="primary", scale=1, min_width=90, elem_id="iv-apply",
+                                      interactive=False)  # (greyed out until the page has a run: run_controls)
         c["iv_message"] = gr.Markdown(elem_id="iv-message")
         with gr.Row(equal_height=True):
             c["iv_table"] = gr.Dataframe(pd.DataFrame(columns=INTERVENTION_COLUMNS), interactive=False,
                                          show_label=False, max_height=180, elem_id="iv-table", scale=4)
             with gr.Column(scale=1, min_width=170):
                 c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on")
-                c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove")
+                c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove", interactive=False)
 
 
 def _hidden_while_empty(note: Any, table: Any) -> tuple:
@@ -1724,7 +1728,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(message.replace("**", ""))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *_skips(3))
+                            *listed(attached), *_skips(len(buttons)))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -1735,7 +1739,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                         gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True))
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(10))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *_skips(7 + len(buttons)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
@@ -1762,11 +1766,11 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent.update(sites=sites, table=rows, on=on)
         return out
 
-    buttons = [c["pause"], c["resume"], c["stop"]]
+    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"]]  # (run_controls' order)
 
     def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
-        """Pause, Resume and Stop, enabled where they apply to the page's run (:func:`run_controls`), greyed
-        out where not; each sent only when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
+        """Pause, Resume, Stop, Apply and Remove, enabled where they apply to the page's run
+        (:func:`run_controls`), greyed out where not; each sent only when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
         able = run_controls(manager, attached)
         sent = {} if fresh else state.get("buttons", {})
         state["buttons"] = able
@@ -1785,7 +1789,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
-                                                    gr.Timer(active=False), *_skips(11))),
+                                                    gr.Timer(active=False), *_skips(8 + len(buttons)))),
                     live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
                                   c["findings_note"], c["findings"]],
                     show_progress="hidden")  # (a tick every second: no flicker of its outputs)
@@ -1799,7 +1803,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         state["iv"] = {}  # (another run, or none: everything is sent)
         return state, *panel_updates(attached, state), *button_updates(attached, state, fresh=True)
 
-    refresh_panel = _guarded(on_panel, lambda text: _skips(7))
+    refresh_panel = _guarded(on_panel, lambda text: _skips(4 + len(buttons)))
 
     def on_op(op):
         shown_fields = _INTERVENTION_FIELDS.get(op, ())
@@ -1812,20 +1816,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_apply(attached, state, site, op, units, k, sigma, low, high):
         message = apply_intervention(manager, attached, site, op, units, k, sigma, low, high)
         state = {**(state or new_page_state()), "iv": {}}  # (everything sent, the site picked kept)
-        return message, state, *panel_updates(attached, state, site)
+        return message, state, *panel_updates(attached, state, site), *button_updates(attached, state)
 
     def on_remove(attached, state, chosen, site):
         message = remove_applied(manager, attached, chosen)
         state = {**(state or new_page_state()), "iv": {}}
-        return message, state, *panel_updates(attached, state, site)
+        return message, state, *panel_updates(attached, state, site), *button_updates(attached, state)
 
-    panel_outputs = [c["iv_message"], c["live_page"], *panel]
-    c["iv_apply"].click(_guarded(on_apply, lambda text: (text, *_skips(4))),
+    panel_outputs = [c["iv_message"], c["live_page"], *panel, *buttons]
+    c["iv_apply"].click(_guarded(on_apply, lambda text: (text, *_skips(4 + len(buttons)))),
                         [c["live_state"], c["live_page"], c["iv_site"], c["iv_op"], c["iv_units"], c["iv_k"],
                          c["iv_sigma"], c["iv_low"], c["iv_high"]], panel_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden")
-    c["iv_remove"].click(_guarded(on_remove, lambda text: (text, *_skips(4))),
+    c["iv_remove"].click(_guarded(on_remove, lambda text: (text, *_skips(4 + len(buttons)))),
                          [c["live_state"], c["live_page"], c["iv_on"], c["iv_site"]], panel_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden")
@@ -1850,12 +1854,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(3)
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(len(buttons))
         run, state = manager.get(attached), new_page_state()
         return (attached, "", state, gr.Timer(active=run.running), *listed(attached),
                 *button_updates(attached, state, fresh=True))
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(8))), [c["pick"]],
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5 + len(buttons)))), [c["pick"]],
                       [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
@@ -1868,7 +1872,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return (header, "" if run is not None and "had ended" not in message else message, *listed(attached), state,
                 *button_updates(attached, state, fresh=True))
 
-    c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(7))), [c["live_state"], c["live_page"]],
+    c["stop"].click(_guarded(on_stop, lambda text: (gr.skip(), text, *_skips(4 + len(buttons)))),
+                    [c["live_state"], c["live_page"]],
                     [c["status"], c["live_message"], *listing, c["live_page"], *buttons])
 
     for button, pause in ((c["pause"], True), (c["resume"], False)):
@@ -1882,7 +1887,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             note = message.rsplit("\n\n", 1)[1] if "\n\n_It" in message else ""  # (had ended, already paused ...)
             return _live_header(run), note, *listed(attached), *controls
 
-        button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *_skips(7))), [c["live_state"], c["live_page"]],
+        button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *_skips(4 + len(buttons)))),
+                     [c["live_state"], c["live_page"]],
                      [c["status"], c["live_message"], *listing, c["live_page"], *buttons])
 
     def on_detach(attached, picked):
