@@ -588,6 +588,10 @@ def memory_limit(limit: Any = None, device: Any = "cpu") -> tuple[int | None, st
                                               f"on {torch.device(device)}")
 
 
+#: An estimate of this many bytes or more: a tensor whose size overflows torch's 64-bit byte count.
+UNCOUNTABLE = 2**63
+
+
 def check_memory(estimate: int | Mapping[str, int] | None, owner: str, limit: Any = None,
                  device: Any = "cpu") -> None:
     """Refuse, before anything is allocated, what would not fit.
@@ -611,6 +615,9 @@ def check_memory(estimate: int | Mapping[str, int] | None, owner: str, limit: An
     if total <= bound:
         return
     detail = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items() if v) if len(parts) > 1 else ""
+    if total >= UNCOUNTABLE:
+        raise MemoryLimitError(f"{owner} would need more bytes than a 64-bit size can count (one of its tensors "
+                               f"alone): no machine holds it. Choose a smaller configuration.")
     raise MemoryLimitError(
         f"{owner} would need about {format_bytes(total)}" + (f" ({detail})" if detail else "")
         + f", more than the memory limit of {format_bytes(bound)} ({source}). Choose a smaller configuration, "

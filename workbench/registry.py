@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
+from workbench.params import UNCOUNTABLE, ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.params import memory_limit as resolve_memory_limit
 
 __all__ = [
@@ -158,7 +158,11 @@ class ModelSpec:
             try:
                 with torch.device("meta"):
                     return parameter_bytes(self.builder(**arguments))
-            except Exception:  # a builder that cannot run on meta (it reads values): no estimate
+            except RuntimeError as exc:
+                if "overflow" in str(exc):  # torch's "size calculation overflowed": beyond 2**63 bytes
+                    return UNCOUNTABLE
+                return None  # a builder that cannot run on meta (it reads values): no estimate
+            except Exception:
                 return None
 
     def build(self, *, memory_limit: Any = None, **overrides: Any) -> nn.Module:

@@ -251,6 +251,10 @@ MEMORY = [
     case("memory-dynamics-meta-estimate", lambda: workbench.create_model(
         "efficientzero_dynamics", norm_type="LN", observation_shape=[16, 4000, 4000], memory_limit="1GB"),
         MemoryLimitError, "observation_shape=[16, 4000, 4000]", "GB", "memory limit of 1 GB"),
+    # (a size beyond 2**63 bytes: torch's meta tensors cannot count it - refused, not allocated)
+    case("memory-dynamics-uncountable", lambda: workbench.create_model("efficientzero_dynamics",
+                                                                       lstm_hidden_size=10**9),
+         MemoryLimitError, "lstm_hidden_size=1000000000", "more bytes than a 64-bit size can count"),
     case("memory-limit-not-a-size", lambda: workbench.create_model("mlp", memory_limit="lots"), ValueError,
          "memory_limit", "'lots'", "16GB"),
     case("memory-limit-negative", lambda: workbench.create_model("mlp", memory_limit=-5), ValueError,
