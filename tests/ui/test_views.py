@@ -409,3 +409,22 @@ def test_view_arguments_are_checked():
         figures.compare_site_figure({"a": view}, "activations", "std", "head")
     with pytest.raises(ValueError, match="histogram_capacity"):
         RunView(histogram_capacity=4)
+
+
+def test_steps_per_second_leave_a_pause_out(monkeypatch):
+    """A run paused for a while, then resumed: its header reads the pace it trains at, and the time
+    left from it, not a pace slowed by the pause."""
+    from workbench.instrument import StepRecord
+    from workbench.ui import views
+
+    clock = [0.0]
+    monkeypatch.setattr(views.time, "monotonic", lambda: clock[0])
+    view = RunView(total=1000)
+    step = 0
+    for seconds in [0.1] * 20 + [30.0] + [0.1] * 20:  # 10 steps a delivery, one a tenth of a second apart
+        clock[0] += seconds
+        step += 10
+        view.feed([StepRecord(s) for s in range(step - 9, step + 1)])
+    header = view.header()
+    assert header["steps_per_s"] == pytest.approx(100.0)
+    assert header["seconds_left"] == pytest.approx((1000 - 410) / 100.0)

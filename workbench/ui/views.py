@@ -472,10 +472,7 @@ class RunView:
     def header(self) -> dict[str, Any]:
         """Run header: label, status (and error), step of total, steps/s, seconds left."""
         with self._lock:
-            rate = None
-            if len(self._times) >= 2:
-                (t0, s0), (t1, s1) = self._times[0], self._times[-1]
-                rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+            rate = _rate(self._times)
             left = None
             if rate and self.total is not None and self.status == "running":
                 left = max(self.total - self.last_step, 0) / rate
@@ -697,6 +694,22 @@ class RunView:
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+
+
+#: A gap between two deliveries of steps this many times their median gap is a pause (or a stall), not
+#: the pace of training: left out of the steps/s a header shows.
+PAUSE_GAP = 5.0
+
+
+def _rate(times: Sequence[tuple[float, int]]) -> float | None:
+    """Steps per second over ``(arrival time, last step)`` of the recent deliveries, the pauses left out
+    (:data:`PAUSE_GAP`): a run resumed after a pause reads at its pace, not slowed by the pause."""
+    if len(times) < 2:
+        return None
+    spans = np.diff(np.asarray(times, np.float64), axis=0)  # (seconds, steps) between deliveries
+    kept = spans[spans[:, 0] <= PAUSE_GAP * np.median(spans[:, 0])]
+    seconds, steps = kept.sum(axis=0) if len(kept) else (0.0, 0.0)
+    return float(steps / seconds) if seconds > 0 and steps > 0 else None
 
 
 def _ema(values: np.ndarray, weight: float) -> np.ndarray:
