@@ -74,13 +74,18 @@ def test_every_segment_s_cells_reach_the_next_so_no_recorded_step_draws_blank():
 def test_a_log_heatmap_draws_exact_zeros_apart_from_steps_not_recorded():
     view = RunView()
     view.feed([record(1, [1, 2, 3, 4], -1.0, 0.0), record(2, [1, 2, 3, 4], -1.0, 2.0)])  # max: 0, then 2
-    values, zeros = heatmaps(figures.heatmap_figure(view, "activation", "max"))
+    values, zeros = heatmaps(figures.heatmap_figure(view, "activation", "max", log=True))
     z = figures.values(values["z"])[0]
     assert np.isnan(z[0]) and z[1] == pytest.approx(np.log10(2.0))  # (log10 |0|: no value)
     assert figures.values(zeros["z"])[0].tolist()[0] == 1 and np.isnan(figures.values(zeros["z"])[0][1])
     assert zeros["colorscale"][0][1] == figures.ZERO_COLOR and "exactly 0" in zeros["hovertemplate"]
     [plain] = heatmaps(figures.heatmap_figure(view, "activation", "max", log=False))  # (0 has a colour there)
     assert figures.values(plain["z"])[0].tolist() == [0.0, 2.0]
+    # by default, log10 for magnitudes that span orders (a norm); a fraction (the zero fraction) as it is
+    [fraction] = heatmaps(figures.heatmap_figure(view, "activation", "zero_frac"))
+    assert fraction["colorbar"]["title"]["text"] == "zero_frac"
+    assert heatmaps(figures.heatmap_figure(view, "activation", "norm"))[0]["colorbar"]["title"]["text"] == \
+        "log10 |norm|"
 
 
 def test_a_few_wide_steps_are_out_of_the_first_view_and_the_figure_says_where_they_reach():

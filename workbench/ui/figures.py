@@ -324,7 +324,13 @@ HEAT_ROW, HEAT_FONT = 14, 10
 HEAT_LABELLED = 150
 
 
-def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -> Figure:
+#: The statistics a heatmap draws as log10 of their magnitude unless told otherwise: magnitudes that
+#: span orders of magnitude over layers (vanishing or exploding gradients); fractions, counts and signed
+#: values read as they are (the log of a zero fraction is no value).
+LOG_STATISTICS = ("std", "abs_mean", "norm")
+
+
+def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = None) -> Figure:
     """A statistic of every call site (rows, in forward order) over steps (columns): vanishing or
     exploding gradients and dead units at a glance.
 
@@ -332,7 +338,8 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
         view: the run's views.
         kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
         statistic: a column of ``workbench.ui.views.STATISTICS``.
-        log: draw log10 of the magnitude (exact zeros, which have none, in grey: :data:`ZERO_COLOR`).
+        log: draw log10 of the magnitude (exact zeros, which have none, in grey: :data:`ZERO_COLOR`);
+            by default for the statistics of :data:`LOG_STATISTICS`.
 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
@@ -342,6 +349,8 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool = True) -
         return empty_figure(f"No {kind} rows yet.")
     shown, label = matrix.astype(np.float64), statistic
     data = []
+    if log is None:
+        log = statistic in LOG_STATISTICS
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             shown = np.log10(np.abs(shown))

@@ -1641,6 +1641,8 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     """Connect a run page's controls to a redraw. ``target`` is the State naming the page's run,
     ``find(value)`` gives its view (or None) and header. Returns the redraw's inputs and outputs
     and the function drawing it: ``draw(target, page_state, *controls, force=...)``."""
+    import gradio as gr
+
     inputs = [target, c[f"{p}_page"], *[c[f"{p}_{k}"] for k in CONTROLS]]
     outputs = [c[f"{p}_page"], *[c[f"{p}_{k}"] for k in VIEW_OUTPUTS]]
 
@@ -1672,8 +1674,12 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
             handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
     c[f"{p}_smoothing"].release(handler(), inputs, outputs, show_progress="hidden")
-    for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_stat", "heat_log"):
+    for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
+    # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
+    c[f"{p}_heat_stat"].input(lambda stat: gr.Checkbox(value=stat in figures.LOG_STATISTICS), c[f"{p}_heat_stat"],
+                              c[f"{p}_heat_log"], show_progress="hidden").then(
+        handler(), inputs, outputs, show_progress="hidden")
     c[f"{p}_jump"].click(handler(jump=True), inputs, outputs, show_progress="hidden")
     return inputs, outputs, draw
 
