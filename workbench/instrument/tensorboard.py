@@ -7,6 +7,7 @@ and, for runs recorded with histograms, ``<kind>/<module>#<call>/<tensor>`` hist
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,37 +26,59 @@ def _tag(module: str, call: int, kind: str, tensor: str) -> str:
 
 
 def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
+    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms as TensorBoard event files
+    in ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms): a
+    value a call through torch's ``SummaryWriter`` took ~100 us each, ~20 s for a 60-step ILQL run."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise ImportError("Exporting to TensorBoard needs tensorboard: pip install tensorboard "
                           "(or export to .csv / .parquet).") from None
     log_dir = Path(log_dir)
-    writer = SummaryWriter(log_dir=str(log_dir))
+    writer = EventFileWriter(str(log_dir))
+    now = time.time()
+
+    def write(step: int, values: list) -> None:
+        if values:
+            writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=values)))
+
     try:
-        for row in run.metrics().itertuples(index=False):
-            values = row._asdict()
-            step = int(values.pop("step"))
-            for name, value in values.items():
-                if value == value:  # not NaN: metrics a step did not log
-                    writer.add_scalar(f"metrics/{name}", value, step)
-        rows = run.to_pandas()
-        for row in rows.itertuples(index=False):
-            tag = _tag(row.module, row.call, row.kind, row.tensor)
-            for stat in SCALARS:
-                value = getattr(row, stat)
-                if np.isfinite(value):
-                    writer.add_scalar(f"{tag}/{stat}", value, int(row.step))
+        metrics = run.metrics()
+        names = [c for c in metrics.columns if c != "step"]
+        for step, group in metrics.groupby("step", sort=True):
+            write(int(step), [Summary.Value(tag=f"metrics/{name}", simple_value=float(value))
+                              for name in names for value in group[name] if value == value])  # (NaN: not logged)
+        rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
+        # when an earlier one comes after them)
+        tags = [_tag(*key) for key in zip(rows.module, rows.call, rows.kind, rows.tensor)]
+        stats = rows[list(SCALARS)].to_numpy(np.float64)
+        finite = np.isfinite(stats)
+        steps = rows.step.to_numpy()
+        for start, end in _runs_of(steps):
+            write(int(steps[start]), [Summary.Value(tag=f"{tags[i]}/{stat}", simple_value=stats[i, j])
+                                      for i in range(start, end) for j, stat in enumerate(SCALARS) if finite[i, j]])
         keys = ["step", "module", "call", "kind", "tensor"]
-        histograms = run.histograms().merge(rows[keys + ["numel", "mean", "norm"]], on=keys)
-        for row in histograms.itertuples(index=False):
-            lo, hi = row.edges[0], row.edges[-1]
-            if not (np.isfinite(lo) and np.isfinite(hi)):
-                continue
-            writer.add_histogram_raw(
-                _tag(row.module, row.call, row.kind, row.tensor), min=float(lo), max=float(hi),
-                num=float(row.numel), sum=float(row.mean * row.numel), sum_squares=float(row.norm) ** 2,
-                bucket_limits=row.edges[1:].tolist(), bucket_counts=row.counts.tolist(), global_step=int(row.step))
+        histograms = run.histograms().merge(rows[keys + ["numel", "mean", "norm"]], on=keys).sort_values(
+            "step", kind="stable")
+        for step, group in histograms.groupby("step", sort=True):
+            values = []
+            for row in group.itertuples(index=False):
+                lo, hi = row.edges[0], row.edges[-1]
+                if np.isfinite(lo) and np.isfinite(hi):
+                    histogram = HistogramProto(min=float(lo), max=float(hi), num=float(row.numel),
+                                               sum=float(row.mean * row.numel), sum_squares=float(row.norm) ** 2,
+                                               bucket_limit=row.edges[1:].tolist(), bucket=row.counts.tolist())
+                    values.append(Summary.Value(tag=_tag(row.module, row.call, row.kind, row.tensor), histo=histogram))
+            write(int(step), values)
     finally:
         writer.close()
     return log_dir
+
+
+def _runs_of(steps: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of equal values in ``steps`` (rows come step by step)."""
+    cuts = np.flatnonzero(np.diff(steps)) + 1
+    bounds = np.r_[0, cuts, len(steps)]
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
