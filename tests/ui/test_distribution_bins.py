@@ -111,3 +111,16 @@ def test_a_few_wide_steps_are_out_of_the_first_view_and_the_figure_says_where_th
     narrowing = {step: 20.0 * 0.97 ** step for step in range(1, 101)}
     for layout in (feed(spans), feed({**spans, 20: 50.0}), feed(narrowing)):  # (a wide newest step: the run now)
         assert "range" not in layout["yaxis2"] and "annotations" not in layout
+
+
+def test_steps_of_one_value_are_a_band_that_shows_under_a_wide_range():
+    """A dead ReLU outputs zeros only: binned over [0, 1] (a tensor of one value has no range of its own),
+    its first bin would be a line thinner than a pixel beside steps spanning [-100, 100]."""
+    view = RunView()
+    view.feed([record(1, [10, 20, 40, 30], -100.0, 100.0), record(2, [10, 20, 40, 30], -90.0, 90.0),
+               record(3, [100, 0, 0, 0], 0.0, 0.0), record(4, [100, 0, 0, 0], 0.0, 0.0)])
+    *_, zeros = heatmaps(figures.distribution_figure(view, "activation", "layer"))
+    assert figures.values(zeros["customdata"])[0].tolist() == [3, 4]
+    low, high = figures.values(zeros["y"]).tolist()  # one band around 0, 2 % of the range wide (rows of
+    assert low == -high and 1.5 < high - low < 2.5  # that height, centred at +-1: [-2, 2] of [-100, 100])
+    assert figures.values(zeros["z"]).tolist() == [[1.0, 1.0], [1.0, 1.0]]  # (each step's whole mass in it)

@@ -443,15 +443,16 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     segments = view.distribution_segments(kind, site)
     if not segments or len(segments) > MAX_SEGMENTS:
         segments = [(steps, grid, density)]
+    # the values' axes open on the steps a few wide ones would squeeze into a few pixels (double-click: all)
+    shown, wide = _focus_range(bands)
     cells, at = _cell_bounds(np.concatenate([seg_steps for seg_steps, _, _ in segments])), 0
     for seg_steps, edges, counts in segments:
         seg_cells = cells[at:at + len(seg_steps) + 1].copy()
         at += len(seg_steps)
         if at < len(cells) - 1:  # into half the next cell, which the next segment draws over (two images
             seg_cells[-1] += (cells[at + 1] - cells[at]) / 2  # that only touch can leave a white seam)
+        edges, counts = _one_value_visible(bands, seg_steps, edges, counts, shown)
         data.append(_density_trace(seg_steps, seg_cells, edges, counts))
-    # the values' axes open on the steps a few wide ones would squeeze into a few pixels (double-click: all)
-    shown, wide = _focus_range(bands)
     focus = {} if shown is None else dict(range=shown)
     layout = _layout(_HEIGHT + 40, f"{kind} at {site}: distribution over steps (percentiles, density)",
                      hovermode="closest", showlegend=False,
@@ -470,10 +471,25 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
     return {"data": data, "layout": layout}
 
 
-#: A step whose values span more than this many times what the median step's span is left out of the
-#: value range a distribution figure opens on, where it reaches outside the others' and such steps are few
-#: (:data:`WIDE_SHARE` of the steps drawn at most, or one; the newest step never is): one wide step (an
-#: initialization, a spike) would squeeze every other step into a few pixels.
+def _one_value_visible(bands: pd.DataFrame, steps: np.ndarray, edges: np.ndarray, counts: np.ndarray,
+                       shown: list[float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """A segment whose steps hold one value each (a dead ReLU's zeros), the same one, as one band around
+    it 2 % of the figure's range wide: binned over [value, value + 1] (the width a tensor of one value is
+    binned over), its first bin would be a line no thicker than a pixel under a wide range."""
+    at = bands[bands.step.isin(steps)]
+    lows, highs = at.p0.to_numpy(np.float64), at.p100.to_numpy(np.float64)
+    if len(at) != len(steps) or not (lows == highs).all() or len(set(lows.tolist())) != 1:
+        return edges, counts
+    low, high = shown if shown is not None else (np.nanmin(bands.p0), np.nanmax(bands.p100))
+    half = 0.01 * (high - low) if high > low else 0.5
+    total = counts.sum(axis=1, keepdims=True)  # (two bins: a heatmap infers its rows' height from their spacing)
+    return np.array([lows[0] - half, lows[0], lows[0] + half]), np.hstack([total / 2, total / 2])
+
+
+#: A step whose values span more than this many times what the median step's span (of those that span
+#: some) is left out of the value range a distribution figure opens on, where it reaches outside the
+#: others' and such steps are few (:data:`WIDE_SHARE` of the steps drawn at most, or one; the newest step
+#: never is): one wide step (an initialization, a spike) would squeeze every other step into a few pixels.
 WIDE_STEP = 4.0
 WIDE_SHARE = 0.1
 
@@ -487,9 +503,10 @@ def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
     low, high = bands.p0.to_numpy(np.float64), bands.p100.to_numpy(np.float64)
     span = high - low
     finite = np.isfinite(span)
-    if finite.sum() < 3 or not np.median(span[finite]) > 0:
+    spread = span[finite & (span > 0)]  # (steps of one value, a dead unit's zeros, span nothing)
+    if finite.sum() < 3 or not len(spread):
         return None, []
-    wide = finite & (span > WIDE_STEP * np.median(span[finite]))
+    wide = finite & (span > WIDE_STEP * np.median(spread))
     wide[-1] = False
     if not wide.any():
         return None, []
