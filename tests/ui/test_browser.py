@@ -346,8 +346,9 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)  # (a tick after the last step)
     page.get_by_role("tab", name="Runs").click()
     expect(page.locator("#runs-root-note")).to_contain_text(str(runs_root.resolve()))
-    page.locator("#runs-refresh").click()
     table = page.locator("#runs-table")
+    expect(table).to_contain_text("browser/second")  # (stored after the page loaded: listed when the tab shows)
+    page.locator("#runs-refresh").click()
     expect(table).to_contain_text("browser/first")
     # click a row: that run opens, replayed into the same views
     expect(page.locator("#replay-body")).to_be_visible()  # (the refresh opened the newest)

@@ -1560,7 +1560,7 @@ def layout(root: RunsRoot):
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
-    with gr.Tab("Runs", id="runs"):
+    with gr.Tab("Runs", id="runs") as c["runs_tab"]:
         gr.Markdown(f"Stored runs under `{root.path}` (the app's runs root: `python app.py --runs-root DIR`). "
                     "Click a row to open a run.", elem_id="runs-root-note")
         with gr.Row(equal_height=True):
@@ -1972,6 +1972,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
                        [c["root"], c["compare_runs"]], listed_runs).then(redraw_replay, replay_inputs, replay_outputs,
                                                                          show_progress="hidden")
+    def on_runs_tab(sub):
+        """The list brought up to date when the tab is shown (runs stored since the page loaded); the run
+        open and the runs compared stay as they are (the pickers get the new choices, not a value: a
+        List runs clicked meanwhile opens a run, which this reply must not take back)."""
+        table, names, message = run_table(root, sub)
+        return table, gr.Dropdown(choices=names), message, gr.Dropdown(choices=names)
+
+    c["runs_tab"].select(_guarded(on_runs_tab, lambda text: (gr.skip(), gr.skip(), text, gr.skip())),
+                         c["root"], listed_runs[:4], show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
             return *listed(first_running=True), *on_list("", (), open_first=False)  # (opened when picked)
