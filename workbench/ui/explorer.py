@@ -587,7 +587,10 @@ class Comparison:
                  **config: Any) -> None:
         from workbench.experiments import create
 
-        if isinstance(activations, str) or not isinstance(activations, (list, tuple)) or not activations:
+        if isinstance(activations, (list, tuple)) and not activations:
+            raise ValueError(f"Pick at least one activation to compare (none is picked). The activations: "
+                             f"{activation_names()}.")
+        if isinstance(activations, str) or not isinstance(activations, (list, tuple)):
             raise ValueError(f"Pick at least one activation to compare, as a list (got {activations!r}). "
                              f"The activations: {activation_names()}.")
         if len(set(activations)) != len(activations):

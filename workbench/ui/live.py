@@ -128,7 +128,8 @@ def interventions_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
 def parse_site(site: Any, paths: Sequence[str]) -> tuple[str, int | None]:
     """``path`` or ``path#call`` (as the run page names call sites) -> the module path and call index."""
     if not isinstance(site, str) or not site.strip():
-        raise ValueError(f"Pick a call site to intervene on (got {shown(site)}).")
+        picked = "none is picked" if site is None or isinstance(site, str) else f"got {shown(site)}"
+        raise ValueError(f"Pick a call site to intervene on ({picked}).")
     site = site.strip()
     module, call = site, None
     match = re.fullmatch(r"(.*)#(\d+)", site)
