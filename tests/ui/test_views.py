@@ -428,3 +428,22 @@ def test_steps_per_second_leave_a_pause_out(monkeypatch):
     header = view.header()
     assert header["steps_per_s"] == pytest.approx(100.0)
     assert header["seconds_left"] == pytest.approx((1000 - 410) / 100.0)
+
+
+def test_runs_compared_are_drawn_in_the_same_buckets():
+    """Two runs with the same losses, one stopped early: a long run is thinned into buckets, and the short
+    one beside it step by step read as if they differed from the first step (a new user's comparison)."""
+    from workbench.instrument import StepRecord
+
+    losses = np.random.default_rng(0).normal(1.0, 0.3, size=400)
+    long, short = RunView(), RunView()
+    long.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 401)])
+    short.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 61)])
+    assert len(long.metrics_frame()) < 400 and len(short.metrics_frame()) == 60  # (thinned; whole)
+    lines = {t["name"]: t for t in figures.compare_metrics_figure({"long": long, "short": short})["data"]
+             if t.get("mode") == "lines"}
+    x_long, y_long = figures.values(lines["long"]["x"]), figures.values(lines["long"]["y"])
+    x_short, y_short = figures.values(lines["short"]["x"]), figures.values(lines["short"]["y"])
+    both = np.isin(x_long, x_short)
+    np.testing.assert_array_equal(x_long[both], x_short[:both.sum()])
+    np.testing.assert_allclose(y_long[both], y_short[:both.sum()], rtol=1e-6)

@@ -192,6 +192,10 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         The figure spec.
     """
     frames = {run: view.metrics_frame(names, smoothing) for run, view in views.items()}
+    # runs of different lengths are thinned to different strides: drawn in the widest one's buckets, so
+    # that equal values draw equal lines (a short run step by step beside a long one's bucket means differ)
+    stride = max((history.stride for view in views.values() for history in list(view.metrics.values())), default=1)
+    frames = {run: _in_buckets(frame, stride, "metric") for run, frame in frames.items()}
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
@@ -234,6 +238,19 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     return {"data": data, "layout": layout}
 
 
+def _in_buckets(frame: pd.DataFrame, stride: int, by: str) -> pd.DataFrame:
+    """``frame`` (``by``, ``step``, ``value``, ``lo``, ``hi`` ...: a view's series) in buckets of ``stride``
+    steps as :class:`~workbench.ui.views.History` makes them: each at its last step, the mean of its
+    values, the min and max of their envelopes."""
+    if stride <= 1 or frame.empty:
+        return frame
+    means = [c for c in ("value", "smoothed") if c in frame.columns]
+    buckets = frame.assign(bucket=(frame.step.to_numpy() - 1) // stride).groupby([by, "bucket"], sort=False)
+    merged = buckets.agg(step=("step", "max"), lo=("lo", "min"), hi=("hi", "max"),
+                         **{c: (c, "mean") for c in means}).reset_index()
+    return merged[list(frame.columns)].astype(frame.dtypes.to_dict())
+
+
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
                         log_y: bool = False) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
@@ -248,11 +265,14 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     Returns:
         The figure spec; a blank one that says so when no run has the site.
     """
+    parts = {run: view.site_series(kind, statistic, [site]) for run, view in views.items()
+             if site in view.site_order(kind)}  # (checks the kind)
+    stride = max((views[run].stats[kind].stride for run in parts), default=1)  # (as compare_metrics_figure)
     data = []
     for r, (run, view) in enumerate(views.items()):
-        if site not in view.site_order(kind):  # (checks the kind)
+        if run not in parts:
             continue
-        part = view.site_series(kind, statistic, [site])
+        part = _in_buckets(parts[run], stride, "site")
         data.append(dict(type="scatter", mode="lines", name=run, x=_array(part.step), y=_array(part.value),
                          line=dict(color=_PALETTE[r % len(_PALETTE)], width=1.5),
                          hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
