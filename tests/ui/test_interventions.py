@@ -122,6 +122,8 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     wait_for_view(run, 2)
     sites = live.intervention_sites(run.view)
     assert "activation" in sites and "activation#0" in sites  # the shared ReLU: every call, or one
+    labels = dict((value, label) for label, value in live.site_choices(sites))
+    assert labels["activation"] == "activation (every call)" and labels["activation#0"] == "activation#0"
     assert "Cannot" not in live.apply_intervention(manager, run.id, "activation#1", "noise", sigma=0.5)
     record = run.interventions[0]
     assert (record.module, record.call) == ("activation", 1)

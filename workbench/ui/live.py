@@ -259,6 +259,13 @@ def intervention_sites(view: RunView) -> list[str]:
     return sites
 
 
+def site_choices(sites: Sequence[str]) -> list[tuple[str, str]]:
+    """The intervention panel's ``(label, value)`` choices of :func:`intervention_sites`: a module called
+    several times a step is listed as itself, labelled ``(every call)``, before each of its calls ``#k``."""
+    return [(f"{site} (every call)" if any(other.startswith(f"{site}#") for other in sites) else site, site)
+            for site in sites]
+
+
 def shade_interventions(figure: dict[str, Any], spans: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
     """``figure`` with a band over the steps of each intervention (``(id, first step, last step)``) on
     every steps axis, labelled with its id."""
@@ -1766,8 +1773,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent = state.setdefault("iv", {})
         rows = table.astype(str).values.tolist()
         out = (gr.skip() if sent.get("sites") == sites else
-               gr.Dropdown(choices=sites) if keep_pick else
-               gr.Dropdown(choices=sites, value=site if site in sites else None),
+               gr.Dropdown(choices=site_choices(sites)) if keep_pick else
+               gr.Dropdown(choices=site_choices(sites), value=site if site in sites else None),
                gr.skip() if sent.get("table") == rows else table,
                gr.skip() if sent.get("on") == on else gr.Dropdown(choices=on, value=on[-1] if on else None))
         sent.update(sites=sites, table=rows, on=on)
