@@ -1819,13 +1819,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     refresh_panel = _guarded(on_panel, lambda text: _skips(4 + len(buttons)))
 
-    def on_op(op):
+    def on_op(op):  # (the fields of the intervention picked; a message about the last one's goes)
         shown_fields = _INTERVENTION_FIELDS.get(op, ())
-        return tuple(gr.update(visible=key in shown_fields) for key in ("iv_units", "iv_k", "iv_sigma", "iv_low",
-                                                                        "iv_high"))
+        return (*(gr.update(visible=key in shown_fields) for key in ("iv_units", "iv_k", "iv_sigma", "iv_low",
+                                                                      "iv_high")), "")
 
-    c["iv_op"].change(on_op, c["iv_op"], [c["iv_units"], c["iv_k"], c["iv_sigma"], c["iv_low"], c["iv_high"]],
-                      show_progress="hidden")
+    c["iv_op"].change(on_op, c["iv_op"], [c["iv_units"], c["iv_k"], c["iv_sigma"], c["iv_low"], c["iv_high"],
+                                         c["iv_message"]], show_progress="hidden")
 
     def on_apply(attached, state, site, op, units, k, sigma, low, high):
         message = apply_intervention(manager, attached, site, op, units, k, sigma, low, high)
