@@ -1211,6 +1211,8 @@ def wire(c: dict[str, Any], app: Any) -> None:
 
     def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
+        if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
+            gr.Warning(message.replace("**", ""))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 

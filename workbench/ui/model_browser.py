@@ -256,6 +256,8 @@ def wire(c) -> None:
 
             def on_build(model_name, batch_size, *values):
                 result = build_model(model_name, dict(zip(labels, values)), batch_size)
+                if result.model is None:  # (also as a pop-up: the message sits under a form that may be tall)
+                    gr.Warning(result.message.replace("**", ""))
                 return result.model, result.message, result.tree
 
             button.click(on_build, [c["selected"], c["batch_size"], *widgets],
