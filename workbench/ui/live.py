@@ -1784,7 +1784,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
         """Pause, Resume, Stop, Apply and Remove, enabled where they apply to the page's run
-        (:func:`run_controls`), greyed out where not; each sent only when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
+        (:func:`run_controls`), greyed out where not; each sent only when it changed (``state``
+        remembers; ``fresh``: whatever the page had)."""
         able = run_controls(manager, attached)
         sent = {} if fresh else state.get("buttons", {})
         state["buttons"] = able
