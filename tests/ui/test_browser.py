@@ -406,7 +406,7 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     # a listing without the compared runs unpicks them: the comparison's next draw asks for runs
     page.locator("#runs-sub textarea, #runs-sub input").first.fill("nosuch")
     page.locator("#runs-refresh").click()
-    expect(page.locator("#runs-message")).to_contain_text("No runs yet under")
+    expect(page.locator("#runs-message")).to_contain_text("No sub-directory 'nosuch' under the runs root")
     choose(page, "compare-kind", "activation")
     expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare.")
     assert "Error" not in page.locator(".toast-body").all_inner_texts()

@@ -142,7 +142,10 @@ class RunsRoot:
             return empty, [], (f"**Cannot list:** sub-directory {self.name_of(where)!r} is a file under the runs "
                                "root, not a directory; give a sub-directory, or leave it empty for the whole root.")
         if not where.is_dir():
-            return empty, [], f"No runs yet under `{where}`."
+            if where == self.path:
+                return empty, [], f"No runs yet under `{where}`."
+            return empty, [], (f"No sub-directory {self.name_of(where)!r} under the runs root `{self.path}` (yet); "
+                               "check its name, or leave it empty for the whole root.")
         try:
             runs = list_runs(where)
         except (OSError, ValueError) as exc:
