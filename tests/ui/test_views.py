@@ -435,11 +435,11 @@ def test_runs_compared_are_drawn_in_the_same_buckets():
     one beside it step by step read as if they differed from the first step (a new user's comparison)."""
     from workbench.instrument import StepRecord
 
-    losses = np.random.default_rng(0).normal(1.0, 0.3, size=400)
+    losses = np.random.default_rng(0).normal(1.0, 0.3, size=1200)
     long, short = RunView(), RunView()
-    long.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 401)])
+    long.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 1201)])
     short.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 61)])
-    assert len(long.metrics_frame()) < 400 and len(short.metrics_frame()) == 60  # (thinned; whole)
+    assert len(long.metrics_frame()) < 1200 and len(short.metrics_frame()) == 60  # (thinned; whole)
     lines = {t["name"]: t for t in figures.compare_metrics_figure({"long": long, "short": short})["data"]
              if t.get("mode") == "lines"}
     x_long, y_long = figures.values(lines["long"]["x"]), figures.values(lines["long"]["y"])

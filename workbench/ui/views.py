@@ -219,8 +219,10 @@ class RunView:
     """The views of one run, fed incrementally.
 
     Args:
-        capacity: points kept per history (metrics, statistics).
+        capacity: points kept per history of statistics (every site's, per kind).
         recent: of those, the most recent points kept whole.
+        metric_capacity: points kept per metric (a quarter of them the recent ones): the lines people
+            watch most, a few a run, drawn finer than the sites' at little cost to a page.
         histogram_capacity: histograms kept per site (thinned the same way).
         label: what the run is (shown in the header).
         total: the steps the run will take, if known (progress, time left).
@@ -231,10 +233,12 @@ class RunView:
     """
 
     def __init__(self, capacity: int = 120, recent: int = 32, histogram_capacity: int = 96, label: str = "",
-                 total: int | None = None, max_pending: int = 1024) -> None:
+                 total: int | None = None, max_pending: int = 1024, metric_capacity: int = 480) -> None:
         History.check(capacity, recent)
+        History.check(metric_capacity, metric_capacity // 4)
         History.check(histogram_capacity, histogram_capacity // 4)
         self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
+        self.metric_capacity = metric_capacity
         self.label, self.total = label, total
         self.status, self.error = "running", None
         self.last_step = 0
@@ -360,7 +364,7 @@ class RunView:
             logged = [(step, metrics[name]) for step, metrics in zip(block.steps, block.metrics) if name in metrics]
             history = self.metrics.get(name)
             if history is None:
-                history = self.metrics[name] = History(self.capacity, self.recent)
+                history = self.metrics[name] = History(self.metric_capacity, self.metric_capacity // 4)
             history.extend([step for step, _ in logged], np.array([[value] for _, value in logged], np.float32))
         if block.table is None:
             return
