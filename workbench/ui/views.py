@@ -155,7 +155,7 @@ class History:
         """``steps (n,), mean (n, width), lo, hi`` as the views draw them; NaN where a point has no
         finite value. Once thinned, the recent points are drawn in buckets of the current stride
         too (the newest up to the last step): a long run's line is alike over its whole length,
-        where 32 whole steps at its end would read as a burst of noise."""
+        where its recent steps drawn whole would read as a burst of noise at its end."""
         steps, total, count, lo, hi = self._steps, self._sum, self._count, self._lo, self._hi
         if self.stride > 1:
             bucket = (steps - 1) // self.stride
