@@ -387,6 +387,13 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
                                stored_series(second, "grad_output", "layers.1", "norm")[1], rtol=1e-5)
     page.locator("#compare").scroll_into_view_if_needed()
     _screenshot(page, "runs_compare.png", full_page=False)
+    # listing again (here a sub-directory) keeps the open run open, not the newest, and the comparison drawn
+    page.locator("#runs-sub textarea, #runs-sub input").first.fill("browser")
+    page.locator("#runs-refresh").click()
+    expect(page.locator("#runs-message")).to_contain_text(f"2 run(s) under {runs_root.resolve() / 'browser'}")
+    expect(page.locator("#run-message")).to_contain_text("12 steps stored")  # (set by the same reply)
+    expect(page.locator("#replay-header")).to_contain_text("browser/first")
+    expect(page.locator("#compare-message")).to_contain_text("Comparing browser/first, browser/second")
 
     # export the open run to CSV and download it
     page.locator("#export-format").get_by_label("CSV").check()
@@ -403,12 +410,12 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     page.locator("#runs-refresh").click()
     expect(page.locator("#runs-message")).to_contain_text("sub-directory '/etc' is an absolute path")
     assert "Error" not in page.locator(".toast-body").all_inner_texts()
-    # a listing without the compared runs unpicks them: the comparison's next draw asks for runs
+    # a listing without the compared runs unpicks them, and the comparison asks for runs
     page.locator("#runs-sub textarea, #runs-sub input").first.fill("nosuch")
     page.locator("#runs-refresh").click()
     expect(page.locator("#runs-message")).to_contain_text("No sub-directory 'nosuch' under the runs root")
-    choose(page, "compare-kind", "activation")
     expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare.")
+    expect(page.locator("#compare-metrics")).to_be_hidden()
     assert "Error" not in page.locator(".toast-body").all_inner_texts()
 
 

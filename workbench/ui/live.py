@@ -1966,21 +1966,29 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
         redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
 
-    def on_list(sub, compared=(), open_first=True):
-        """List the stored runs and open the newest (again: it may have grown since); the runs picked
-        for comparison stay picked where they are still listed (a pick not among the choices is an error)."""
+    def on_list(sub, compared=(), open_first=True, current=None):
+        """List the stored runs and open again the one open (``current``: it may have grown since), or the
+        newest where it is not listed; the runs picked for comparison stay picked where they are still
+        listed (a pick not among the choices is an error), and the comparison is drawn again after."""
         table, names, message = run_table(root, sub)
-        first = names[0] if names and open_first else None
+        first = current if current in names else names[0] if names and open_first else None
         opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
                                                gr.skip(), gr.Column(visible=False))
+        page = gr.skip() if first is not None and first == current else opened[2]  # (the open run keeps its picks)
         return (table, gr.Dropdown(choices=names, value=first), message,
-                gr.Dropdown(choices=names, value=[n for n in compared or () if n in names]), *opened[:3], opened[4])
+                gr.Dropdown(choices=names, value=[n for n in compared or () if n in names]), *opened[:2], page,
+                opened[4])
 
     listed_runs = [c["runs_table"], c["run_path"], c["runs_message"], c["compare_runs"], c["run_state"],
                    c["run_message"], c["replay_page"], c["replay_body"]]
-    c["refresh"].click(_guarded(on_list, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
-                       [c["root"], c["compare_runs"]], listed_runs).then(redraw_replay, replay_inputs, replay_outputs,
-                                                                         show_progress="hidden")
+
+    def on_refresh(sub, compared, current):
+        return on_list(sub, compared, current=current)
+
+    listing_runs = c["refresh"].click(_guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
+                                      [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
+    listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+
     def on_runs_tab(sub):
         """The list brought up to date when the tab is shown (runs stored since the page loaded); the run
         open and the runs compared stay as they are (the pickers get the new choices, not a value: a
@@ -2014,6 +2022,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
     compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text))
+    listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
     # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
     c["compare_runs"].select(_nothing, None, None, show_progress="hidden", trigger_mode="always_last").then(
