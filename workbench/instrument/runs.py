@@ -139,7 +139,13 @@ class Run:
         counts = [np.frombuffer(b, dtype=np.float32) for b in frame.pop("counts")]
         lo, hi = frame.pop("lo"), frame.pop("hi")
         sampled = frame.pop("sampled").astype(bool)
-        frame["edges"] = [np.linspace(a, b, len(c) + 1) for a, b, c in zip(lo, hi, counts)]
+        edges: list[np.ndarray | None] = [None] * len(counts)
+        bins = np.array([len(c) for c in counts], dtype=np.int64)
+        for n in np.unique(bins):  # (a linspace per count of bins, not per row: a run has one or two)
+            at = np.flatnonzero(bins == n)
+            for i, row in zip(at, np.linspace(lo.to_numpy()[at], hi.to_numpy()[at], n + 1, axis=1)):
+                edges[i] = row
+        frame["edges"] = edges
         frame["counts"] = counts
         frame["sampled"] = sampled
         return frame

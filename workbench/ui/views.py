@@ -267,6 +267,10 @@ class RunView:
         histograms = run.histograms() if len(rows) else None
         if histograms is not None and len(histograms) != len(rows):
             histograms = None  # (a run that recorded histograms on some steps only shows none)
+        if histograms is not None:  # (the columns as arrays and a list, sliced per step)
+            lows = np.array([e[0] for e in histograms.edges])
+            highs = np.array([e[-1] for e in histograms.edges])
+            counts = histograms.counts.to_list()
         by_step: dict[int, dict[str, float]] = {}
         for record in metrics.to_dict("records"):
             step = int(record.pop("step"))
@@ -289,9 +293,7 @@ class RunView:
             spans = [row_steps[step] for step in block] if b > a else []
             hist = [None] * len(block)
             if histograms is not None and spans:
-                hist = [(np.array([e[0] for e in histograms.edges.iloc[x:y]]),
-                         np.array([e[-1] for e in histograms.edges.iloc[x:y]]),
-                         np.stack(histograms.counts.iloc[x:y].to_list())) for x, y in spans]
+                hist = [(lows[x:y], highs[x:y], np.stack(counts[x:y])) for x, y in spans]
             view._take(_Block(list(block), keys, numel[a:b],
                               np.stack([table[x:y] for x, y in spans]) if spans else None, None,
                               [by_step.get(step, {}) for step in block], hist))
