@@ -205,7 +205,9 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     gap_x, gap_y = 0.07, 0.5 / rows
     width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (rows - 1)) / rows
     several = len(views) > 1
-    data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[])
+    # (the top margin keeps the first row's titles below Plotly's toolbar, which shows over the top right)
+    data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[],
+                               margin=dict(l=55, r=20, t=45, b=40))
     for i, name in enumerate(chosen):
         row, col = divmod(i, columns)
         n = "" if i == 0 else str(i + 1)
