@@ -38,6 +38,43 @@ def test_a_history_stays_bounded_and_keeps_an_even_sample_with_its_envelope():
         start = end
 
 
+def test_a_history_draws_in_wider_buckets_the_means_of_every_value_in_them():
+    values = np.random.default_rng(1).normal(size=3_000)
+    history = History(capacity=64, recent=8)
+    history.extend(np.arange(1, 3_001), values[:, None])
+    wide = 4 * history.stride
+    steps, mean, lo, hi = history.arrays(wide)
+    buckets = np.arange(3_000) // wide  # (step - 1) // wide
+    assert list(steps) == [int(np.flatnonzero(buckets == b)[-1]) + 1 for b in np.unique(buckets)]
+    for i, b in enumerate(np.unique(buckets)):  # every value merged into the bucket, not a mean of means
+        covered = values[buckets == b]
+        assert mean[i, 0] == pytest.approx(covered.mean(), abs=1e-5)
+        assert (lo[i, 0], hi[i, 0]) == pytest.approx((covered.min(), covered.max()))
+    assert len(history.arrays(history.stride_within(10))[0]) <= 10 < len(history.arrays()[0])
+    with pytest.raises(ValueError, match=f"multiple of the history's stride {history.stride}, got 3"):
+        history.arrays(3)
+
+
+def test_a_long_run_draws_its_sites_finely_and_its_heatmap_in_bounded_steps():
+    """3,000 steps: each site's line keeps a point every few dozen steps (a coarse one hid a spike between
+    two points); the heatmap, a cell per site and step, at most HEAT_STEPS steps, each the mean of its bucket."""
+    def record(step):  # four values, each the step: its mean is the step
+        sums = dict(sum=4.0 * step, sum_sq=4.0 * step**2, abs_sum=4.0 * step, min=step, max=step, nonzero=4)
+        return StepRecord(step, keys=(("layer", 0, "activation", "out", (4,)),), numel=np.array([4]),
+                          sums=np.array([[sums.get(name, 0.0) for name in SUMS]]))
+
+    view = RunView()
+    view.feed([record(s) for s in range(1, 3_001)])
+    series = view.site_series("activation", "mean", ["layer"])
+    assert len(series) >= 75 and series.step.iloc[-1] == 3_000
+    names, steps, matrix = view.heatmap("activation", "mean", figures.HEAT_STEPS)
+    assert names == ["layer"] and len(steps) <= figures.HEAT_STEPS and steps[-1] == 3_000
+    starts = np.r_[0, steps[:-1]]  # each cell: the mean of the steps of its bucket, start + 1 .. step
+    np.testing.assert_allclose(matrix[0], (starts + 1 + steps) / 2, rtol=1e-6)
+    fig = figures.heatmap_figure(view, "activation", "mean", log=False)
+    assert len(figures.values(fig["data"][0]["x"])) == len(steps)
+
+
 def test_a_history_of_other_values_keeps_the_last_of_each_bucket():
     history = History(capacity=16, recent=4, merge="last")
     for step in range(1, 101):
@@ -146,7 +183,7 @@ class _ManySites:
     def __init__(self, rows):
         self.names = [f"resblocks.0.conv{i % 3}.0#{i // 3}" for i in range(rows)]
 
-    def heatmap(self, kind, statistic):
+    def heatmap(self, kind, statistic, columns=None):
         return self.names, np.arange(1, 4), np.ones((len(self.names), 3))
 
 

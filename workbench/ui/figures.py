@@ -191,11 +191,10 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     Returns:
         The figure spec.
     """
-    frames = {run: view.metrics_frame(names, smoothing) for run, view in views.items()}
     # runs of different lengths are thinned to different strides: drawn in the widest one's buckets, so
     # that equal values draw equal lines (a short run step by step beside a long one's bucket means differ)
-    stride = max((history.stride for view in views.values() for history in list(view.metrics.values())), default=1)
-    frames = {run: _in_buckets(frame, stride, "metric") for run, frame in frames.items()}
+    stride = max((view.metric_stride() for view in views.values()), default=1)
+    frames = {run: view.metrics_frame(names, smoothing, stride) for run, view in views.items()}
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
@@ -240,19 +239,6 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     return {"data": data, "layout": layout}
 
 
-def _in_buckets(frame: pd.DataFrame, stride: int, by: str) -> pd.DataFrame:
-    """``frame`` (``by``, ``step``, ``value``, ``lo``, ``hi`` ...: a view's series) in buckets of ``stride``
-    steps as :class:`~workbench.ui.views.History` makes them: each at its last step, the mean of its
-    values, the min and max of their envelopes."""
-    if stride <= 1 or frame.empty:
-        return frame
-    means = [c for c in ("value", "smoothed") if c in frame.columns]
-    buckets = frame.assign(bucket=(frame.step.to_numpy() - 1) // stride).groupby([by, "bucket"], sort=False)
-    merged = buckets.agg(step=("step", "max"), lo=("lo", "min"), hi=("hi", "max"),
-                         **{c: (c, "mean") for c in means}).reset_index()
-    return merged[list(frame.columns)].astype(frame.dtypes.to_dict())
-
-
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
                         log_y: bool = False) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
@@ -267,14 +253,14 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     Returns:
         The figure spec; a blank one that says so when no run has the site.
     """
-    parts = {run: view.site_series(kind, statistic, [site]) for run, view in views.items()
-             if site in view.site_order(kind)}  # (checks the kind)
-    stride = max((views[run].stats[kind].stride for run in parts), default=1)  # (as compare_metrics_figure)
+    having = [run for run, view in views.items() if site in view.site_order(kind)]  # (checks the kind)
+    stride = max((views[run].site_stride(kind) for run in having), default=1)  # (as compare_metrics_figure)
+    parts = {run: views[run].site_series(kind, statistic, [site], stride=stride) for run in having}
     data = []
     for r, (run, view) in enumerate(views.items()):
         if run not in parts:
             continue
-        part = _in_buckets(parts[run], stride, "site")
+        part = parts[run]
         data.append(dict(type="scatter", mode="lines", name=run, x=_array(part.step), y=_array(part.value),
                          line=dict(color=_PALETTE[r % len(_PALETTE)], width=1.5),
                          hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
@@ -344,6 +330,9 @@ HEAT_ROW, HEAT_FONT = 14, 10
 #: More rows than this share the height of this many: every k-th row is labelled (the first always),
 #: each cell's hover naming its site.
 HEAT_LABELLED = 150
+#: Steps a heatmap draws at most: a long run's in buckets of as many steps as that needs (a cell a site
+#: and step, every site: its bytes grow with the sites, so fewer steps than a line of a few sites draws).
+HEAT_STEPS = 100
 
 
 #: The statistics a heatmap draws as log10 of their magnitude unless told otherwise: magnitudes that
@@ -366,7 +355,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
     """
-    names, steps, matrix = view.heatmap(kind, statistic)
+    names, steps, matrix = view.heatmap(kind, statistic, HEAT_STEPS)
     if not names or not len(steps):
         return empty_figure(f"No {kind} rows yet.")
     shown, label = matrix.astype(np.float64), statistic

@@ -151,14 +151,23 @@ class History:
         """The points' values, oldest first (``merge="last"``)."""
         return list(self._values)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self, stride: int | None = None, columns: slice | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``steps (n,), mean (n, width), lo, hi`` as the views draw them; NaN where a point has no
         finite value. Once thinned, the recent points are drawn in buckets of the current stride
         too (the newest up to the last step): a long run's line is alike over its whole length,
-        where its recent steps drawn whole would read as a burst of noise at its end."""
+        where its recent steps drawn whole would read as a burst of noise at its end.
+
+        ``stride``: buckets of that many steps instead (a multiple of :attr:`stride`), to draw this
+        history beside a longer one's, or in fewer points; their means are those of every value
+        merged in them, as if the history had been thinned that far. ``columns``: only these
+        columns of each row."""
+        stride = self.coarser(stride)
         steps, total, count, lo, hi = self._steps, self._sum, self._count, self._lo, self._hi
-        if self.stride > 1:
-            bucket = (steps - 1) // self.stride
+        if columns is not None:
+            total, count, lo, hi = total[:, columns], count[:, columns], lo[:, columns], hi[:, columns]
+        if stride > 1:
+            bucket = (steps - 1) // stride
             starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
             ends = np.r_[starts[1:], len(steps)] - 1
             steps = steps[ends]
@@ -170,9 +179,26 @@ class History:
         hi = np.where(count > 0, hi, np.nan)
         return steps.copy(), mean, lo, hi
 
-    def column(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``steps, mean, lo, hi`` of one column (NaN where a row is shorter)."""
-        steps, mean, lo, hi = self.arrays()
+    def coarser(self, stride: int | None) -> int:
+        """``stride`` checked for :meth:`arrays` (None: the history's own)."""
+        if stride is None:
+            return self.stride
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 or stride % self.stride:
+            raise ValueError(f"stride must be a whole multiple of the history's stride {self.stride}, got {stride!r}.")
+        return stride
+
+    def stride_within(self, points: int) -> int:
+        """The narrowest stride (the history's own, doubled) whose buckets :meth:`arrays` draws in at most
+        ``points`` points."""
+        stride = self.stride
+        while len(np.unique((self._steps - 1) // stride)) > points:
+            stride *= 2
+        return stride
+
+    def column(self, index: int, stride: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``steps, mean, lo, hi`` of one column (NaN where a row is shorter), in buckets of ``stride``
+        as :meth:`arrays` draws them."""
+        steps, mean, lo, hi = self.arrays(stride)
         if index >= mean.shape[1]:
             empty = np.full(len(steps), np.nan, np.float32)
             return steps, empty, empty, empty
@@ -219,10 +245,8 @@ class RunView:
     """The views of one run, fed incrementally.
 
     Args:
-        capacity: points kept per history of statistics (every site's, per kind).
+        capacity: points kept per metric, and per history of statistics (every site's, per kind).
         recent: of those, the most recent points kept whole.
-        metric_capacity: points kept per metric (a quarter of them the recent ones): the lines people
-            watch most, a few a run, drawn finer than the sites' at little cost to a page.
         histogram_capacity: histograms kept per site (thinned the same way).
         label: what the run is (shown in the header).
         total: the steps the run will take, if known (progress, time left).
@@ -232,13 +256,11 @@ class RunView:
     queues the records; the first view drawn after takes them in, all at once.
     """
 
-    def __init__(self, capacity: int = 120, recent: int = 32, histogram_capacity: int = 96, label: str = "",
-                 total: int | None = None, max_pending: int = 1024, metric_capacity: int = 480) -> None:
+    def __init__(self, capacity: int = 400, recent: int = 100, histogram_capacity: int = 96, label: str = "",
+                 total: int | None = None, max_pending: int = 1024) -> None:
         History.check(capacity, recent)
-        History.check(metric_capacity, metric_capacity // 4)
         History.check(histogram_capacity, histogram_capacity // 4)
         self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
-        self.metric_capacity = metric_capacity
         self.label, self.total = label, total
         self.status, self.error = "running", None
         self.last_step = 0
@@ -366,7 +388,7 @@ class RunView:
             logged = [(step, metrics[name]) for step, metrics in zip(block.steps, block.metrics) if name in metrics]
             history = self.metrics.get(name)
             if history is None:
-                history = self.metrics[name] = History(self.metric_capacity, self.metric_capacity // 4)
+                history = self.metrics[name] = History(self.capacity, self.recent)
             history.extend([step for step, _ in logged], np.array([[value] for _, value in logged], np.float32))
         if block.table is None:
             return
@@ -489,11 +511,13 @@ class RunView:
         with self._synced():
             return sorted(self.metrics)
 
-    def metrics_frame(self, names: Sequence[str] | None = None, smoothing: float = 0.0) -> pd.DataFrame:
+    def metrics_frame(self, names: Sequence[str] | None = None, smoothing: float = 0.0,
+                      stride: int | None = None) -> pd.DataFrame:
         """``metric, step, value, smoothed, lo, hi`` of each metric (all, or ``names``).
 
         ``smoothing`` in [0, 1) is TensorBoard's: an exponential moving average with that weight
-        on the past, debiased at the start.
+        on the past, debiased at the start. ``stride``: in buckets of that many steps (see
+        :meth:`History.arrays`; a power of two at least :meth:`metric_stride`).
         """
         if not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}.")
@@ -503,7 +527,7 @@ class RunView:
             chosen = self.metric_names() if names is None else [n for n in names if n in self.metrics]
             frames = []
             for name in chosen:
-                steps, mean, lo, hi = self.metrics[name].column(0)
+                steps, mean, lo, hi = self.metrics[name].column(0, stride)
                 frames.append(pd.DataFrame({"metric": name, "step": steps, "value": mean,
                                             "smoothed": _ema(mean, smoothing), "lo": lo, "hi": hi}))
         if not frames:
@@ -540,16 +564,28 @@ class RunView:
                 for j, s in enumerate(sites)]
         return sorted(range(len(sites)), key=rank.__getitem__)
 
-    def _columns(self, kind: str, statistic: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def metric_stride(self) -> int:
+        """The widest stride of the metrics' histories: steps per point of the coarsest line."""
+        with self._synced():
+            return max((history.stride for history in self.metrics.values()), default=1)
+
+    def site_stride(self, kind: str) -> int:
+        """Steps per point of the sites' lines of ``kind``."""
+        _check_kind(kind)
+        with self._synced():
+            return self.stats[kind].stride
+
+    def _columns(self, kind: str, statistic: str, stride: int | None = None
+                 ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``names, steps, mean, lo, hi`` of one statistic, a column per site (under the lock)."""
         _check_kind(kind)
         if statistic not in _STAT_INDEX:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-        steps, mean, lo, hi = self.stats[kind].arrays()
-        names = [site.name for site in self.sites[kind]]
         s, width = _STAT_INDEX[statistic], len(STATISTICS)
-        mean, lo, hi = (np.pad(a[:, s::width], ((0, 0), (0, len(names) - a[:, s::width].shape[1])),
-                               constant_values=np.nan) for a in (mean, lo, hi))
+        steps, mean, lo, hi = self.stats[kind].arrays(stride, slice(s, None, width))
+        names = [site.name for site in self.sites[kind]]
+        mean, lo, hi = (np.pad(a, ((0, 0), (0, len(names) - a.shape[1])), constant_values=np.nan)
+                        for a in (mean, lo, hi))
         return names, steps, mean, lo, hi
 
     def default_sites(self, kind: str, statistic: str, k: int = 6) -> list[str]:
@@ -579,14 +615,15 @@ class RunView:
         return (chosen + [name for name in order if name not in chosen])[:k]
 
     def site_series(self, kind: str, statistic: str, sites: Sequence[str] | None = None,
-                    k: int = 6) -> pd.DataFrame:
+                    k: int = 6, stride: int | None = None) -> pd.DataFrame:
         """``site, step, value, lo, hi`` of one statistic for ``sites`` (default:
-        :meth:`default_sites`)."""
+        :meth:`default_sites`), in buckets of ``stride`` steps (default: :meth:`site_stride`; a
+        power of two at least that)."""
         if isinstance(sites, str):
             raise TypeError(f"sites takes a list of site names, got the string {sites!r}; pass [{sites!r}].")
         chosen = list(sites) if sites is not None else self.default_sites(kind, statistic, k)
         with self._synced():
-            names, steps, mean, lo, hi = self._columns(kind, statistic)
+            names, steps, mean, lo, hi = self._columns(kind, statistic, stride)
         column = {name: j for j, name in enumerate(names)}
         unknown = [s for s in chosen if s not in column]
         if unknown:
@@ -600,10 +637,14 @@ class RunView:
                                  "hi": pd.Series(dtype="float32")})
         return pd.concat(frames, ignore_index=True)
 
-    def heatmap(self, kind: str, statistic: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """``(sites in forward order, steps, values (sites, steps))``: one statistic of every site."""
+    def heatmap(self, kind: str, statistic: str, columns: int | None = None
+                ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(sites in forward order, steps, values (sites, steps))``: one statistic of every site, in at
+        most ``columns`` steps where given (buckets of the narrowest stride that fits)."""
+        _check_kind(kind)
         with self._synced():
-            names, steps, mean, _, _ = self._columns(kind, statistic)
+            stride = self.stats[kind].stride_within(columns) if columns is not None else None
+            names, steps, mean, _, _ = self._columns(kind, statistic, stride)
             order = self._forward_order(kind)
         return [names[i] for i in order], steps, mean[:, order].T
 
