@@ -163,6 +163,14 @@ def test_a_taken_run_name_is_refused_before_anything_starts(manager):
     assert len(manager.runs()) == 1 and load_run(manager.root.path / "taken").steps == [1, 2]
 
 
+def test_a_run_refused_takes_no_id(manager):
+    first = start(manager, 2)
+    run, message = live.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "nothing.*", "")
+    assert run is None and "nothing.*" in message  # (a module glob that matches no module)
+    second = start(manager, 2)
+    assert (first.id, second.id) == ("r1", "r2")  # (the refused start did not take r2)
+
+
 def test_each_app_has_its_own_manager_over_its_root(tmp_path):
     from workbench.ui.app import build_app
 

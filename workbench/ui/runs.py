@@ -232,12 +232,18 @@ class RunManager:
                                  f"({self.max_running}); stop one first (Runs in this app, then Stop).")
             self._starting += 1
             self._count += 1
-            run_id = f"r{self._count}"
+            number = self._count
+            run_id = f"r{number}"
         try:
             run = LiveRun(name, config, seed, steps, store=None if path is None else str(path), device=device,
                           run_id=run_id, weights=weights, **watch_options)
             with self._lock:
                 self._runs[run_id] = run
+        except BaseException:
+            with self._lock:  # a run refused (a bad config, a glob matching nothing) takes no id: r3 is not skipped
+                if self._count == number:  # (unless a start beside it took the next one)
+                    self._count -= 1
+            raise
         finally:
             with self._lock:
                 self._starting -= 1
