@@ -64,7 +64,7 @@ def test_a_live_run_feeds_its_view_from_the_first_step_and_the_page_draws_from_t
         x, y = xy(traces(page.sites_figure, site)[0])
         want_x, want_y = stored(rows, "activation", site, "std")
         assert x == want_x and y == pytest.approx(want_y, rel=1e-5)
-    assert "is also" in page.site_note  # layers.4 is the model's output too
+    assert "`layers.4` is the tensor `layers` and `(model)` return too" in page.site_note  # (one tensor, three names)
     # (4) no histograms: the page says how to get them
     assert page.dist_choices == [] and "Tick **histograms**" in page.dist_note
     # (5) the heatmap: grad_output norm of every site, forward order, log10
@@ -103,7 +103,7 @@ def test_the_controls_pick_what_each_view_draws(manager):
     assert smoothed[1] == pytest.approx((0.6 * 0.4 * raw[0] + 0.4 * raw[1]) / (0.4 + 0.6 * 0.4), rel=1e-5)
     # the picked sites in forward order; a name the kind lacks is left out, and said so
     assert page.sites == ["layers.1", "layers.3"] and [t["name"] for t in traces(page.sites_figure)
-                                                      if t.get("mode") == "lines"] == ["layers.1", "layers.3"]
+                                                      if t.get("mode", "").startswith("lines")] == ["layers.1", "layers.3"]
     assert "'nowhere'" in page.site_note and page.sites_figure["layout"]["yaxis"]["type"] == "log"
     # distributions: the sites with histograms, the one picked
     assert page.dist_choices == LAYERS and page.dist_site == "layers.2"
@@ -150,7 +150,7 @@ def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, nan_at_s
         "activation", ["layers.2"], "layers.2", "activation")
     page = live.draw_page(run.view, jumped)
     assert page.sites == ["layers.2"] and page.dist_site == "layers.2"
-    assert [t["name"] for t in traces(page.sites_figure) if t.get("mode") == "lines"] == ["layers.2"]
+    assert [t["name"] for t in traces(page.sites_figure) if t.get("mode", "").startswith("lines")] == ["layers.2"]
     assert live.jump_controls(RunView(), live.Controls()) is None
 
 

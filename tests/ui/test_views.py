@@ -282,7 +282,7 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
 
     def colors(sites):
         fig = figures.sites_figure(view, "activation", "std", sites=sites)
-        return {t["name"]: t["line"]["color"] for t in fig["data"] if t.get("mode") == "lines"}
+        return {t["name"]: t["line"]["color"] for t in fig["data"] if t.get("mode", "").startswith("lines")}
 
     a, b, c = "0.1", "1.1", "2.1"  # (the Tanh layers)
     assert colors([a, b])[b] == colors([b, c])[b] == colors([c, b])[b]
@@ -478,9 +478,18 @@ def test_runs_compared_are_drawn_in_the_same_buckets():
     short.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 61)])
     assert len(long.metrics_frame()) < 1200 and len(short.metrics_frame()) == 60  # (thinned; whole)
     lines = {t["name"]: t for t in figures.compare_metrics_figure({"long": long, "short": short})["data"]
-             if t.get("mode") == "lines"}
+             if t.get("mode", "").startswith("lines")}
     x_long, y_long = figures.values(lines["long"]["x"]), figures.values(lines["long"]["y"])
     x_short, y_short = figures.values(lines["short"]["x"]), figures.values(lines["short"]["y"])
     both = np.isin(x_long, x_short)
     np.testing.assert_array_equal(x_long[both], x_short[:both.sum()])
     np.testing.assert_allclose(y_long[both], y_short[:both.sum()], rtol=1e-6)
+
+
+def test_a_metric_of_a_few_points_is_drawn_with_a_marker_at_each():
+    """A reward evaluated every 50 steps is one point in a 60-step run: a line alone draws nothing."""
+    view = RunView()
+    view.feed([StepRecord(s, metrics={"loss": 1 / s, **({"reward": 0.5} if s == 50 else {})}) for s in range(1, 61)])
+    drawn = {t["name"]: t for t in figures.metrics_figure(view)["data"] if t.get("mode", "").startswith("lines")}
+    assert drawn["reward"]["mode"] == "lines+markers" and list(figures.values(drawn["reward"]["x"])) == [50]
+    assert drawn["loss"]["mode"] == "lines"  # (60 points: a line)

@@ -72,6 +72,20 @@ def _steps_axis(steps: Any, **more: Any) -> dict[str, Any]:
     return _axis(tickformat="d", **more)
 
 
+#: A line of fewer points than this draws each point too: a metric logged every 50 steps, in a short
+#: run, is one point, which a line alone does not show.
+FEW_POINTS = 20
+
+
+def _line(steps: Any, values: Any, color: str, width: float, **more: Any) -> dict[str, Any]:
+    """A scatter trace of ``values`` over ``steps`` as a line, with a marker at each point where there
+    are fewer than :data:`FEW_POINTS`."""
+    few = len(steps) < FEW_POINTS
+    return dict(type="scatter", mode="lines+markers" if few else "lines", x=_array(steps), y=_array(values),
+                line=dict(color=color, width=width), **({"marker": dict(color=color, size=5)} if few else {}),
+                **more)
+
+
 def _array(values: Any) -> dict[str, str]:
     """Plotly's typed array: float32 (NaN draws a gap) or int64 steps, base64-encoded."""
     array = np.asarray(values)
@@ -226,16 +240,15 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
                                  y=_array(np.concatenate([merged.hi, merged.lo[::-1]])),
                                  fillcolor=_PALETTE[r % len(_PALETTE)], opacity=0.15, hoverinfo="skip",
                                  showlegend=False, legendgroup=run))
-            common = dict(type="scatter", mode="lines", xaxis=f"x{n}", yaxis=f"y{n}", x=_array(part.step),
-                          legendgroup=run, line=dict(width=1, color=_PALETTE[r % len(_PALETTE)]))
-            data.append(dict(common, name=run if several else name, y=_array(part.value),
-                             opacity=0.35 if smoothing else 1.0, showlegend=several and i == 0 and not smoothing,
-                             hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
+            color = _PALETTE[r % len(_PALETTE)]
+            common = dict(xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=run)
+            data.append(_line(part.step, part.value, color, 1, **common, name=run if several else name,
+                              opacity=0.35 if smoothing else 1.0, showlegend=several and i == 0 and not smoothing,
+                              hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
             if smoothing:
-                data.append(dict(common, name=run if several else f"{name} (smoothed)", y=_array(part.smoothed),
-                                 line=dict(width=2, color=_PALETTE[r % len(_PALETTE)]),
-                                 showlegend=several and i == 0,
-                                 hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
+                data.append(_line(part.step, part.smoothed, color, 2, **common,
+                                  name=run if several else f"{name} (smoothed)", showlegend=several and i == 0,
+                                  hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
     return {"data": data, "layout": layout}
 
 
@@ -261,9 +274,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         if run not in parts:
             continue
         part = parts[run]
-        data.append(dict(type="scatter", mode="lines", name=run, x=_array(part.step), y=_array(part.value),
-                         line=dict(color=_PALETTE[r % len(_PALETTE)], width=1.5),
-                         hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
+        data.append(_line(part.step, part.value, _PALETTE[r % len(_PALETTE)], 1.5, name=run,
+                          hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")
     return {"data": data, "layout": _layout(
@@ -299,9 +311,8 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
             data.append(dict(type="scatter", x=_array(np.concatenate([merged.step, merged.step[::-1]])),
                              y=_array(np.concatenate([merged.hi, merged.lo[::-1]])), fill="toself", mode="none",
                              fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False, legendgroup=site))
-        data.append(dict(type="scatter", mode="lines", name=site, x=_array(part.step), y=_array(part.value),
-                         line=dict(color=color, width=1.5), legendgroup=site,
-                         hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
+        data.append(_line(part.step, part.value, color, 1.5, name=site, legendgroup=site,
+                          hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_steps_axis(frame.step, title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}

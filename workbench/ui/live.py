@@ -989,7 +989,8 @@ def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unk
     if len(names) > len(sites) and sites:
         text += " (by default the ones whose statistic changed most; pick others above)"
     table = view.site_table(kind)
-    aliases = [f"`{n}` is also {a}" for n, a in zip(table.name, table.aliases) if a and n in sites]
+    aliases = [f"`{n}` is the tensor {' and '.join(f'`{alias}`' for alias in a.split(', '))} "
+               f"return{'s' if ', ' not in a else ''} too" for n, a in zip(table.name, table.aliases) if a and n in sites]
     if aliases:
         text += ". " + "; ".join(aliases)
     if unknown:
