@@ -152,6 +152,13 @@ def test_query_stream_runs_live_without_gradients(manager):
     series = run.view.site_series("activation", "max", ["hash_to_int"])
     # the largest index handed out so far is the map size minus one, step by step
     assert list(series.value) == list(metrics.map_size - 1)
+    # its heatmap, asked for output gradients (the page's default) it has none of, draws the activations,
+    # and the page's picker is told so
+    page = live.draw_page(run.view, live.Controls(heat_kind="grad_output"))
+    assert page.heatmap_figure["layout"]["title"]["text"].startswith("activation:") and page.heat_kind == "activation"
+    outputs = dict(zip(live.VIEW_OUTPUTS, live.page_outputs(page, live.new_page_state())))
+    assert outputs["heat_kind"] == "activation"
+    assert live.draw_page(run.view, live.Controls(heat_kind="activation")).heat_kind is None  # (as asked)
 
 
 def test_ilql_runs_live_and_reports_rewards_every_n_steps(manager):

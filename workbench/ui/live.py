@@ -856,6 +856,11 @@ class Page:
     heatmap_figure: dict[str, Any]
     anomalies: pd.DataFrame
     latest: pd.DataFrame
+    heat_kind: str | None = None  # the kind the heatmap drew where not the one asked (that one has no rows)
+
+
+#: The kinds a heatmap falls back to, in this order, where the one asked has no rows.
+HEAT_KINDS = ("grad_output", "activation", "param_grad", "param")
 
 
 def _check_choice(label: str, value: Any, choices: Sequence[str]) -> None:
@@ -948,10 +953,13 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
     except ValueError as exc:
         sites_fig = dist_fig = figures.empty_figure(str(exc))
         site_note = dist_note = str(exc)
+    heat_kind = c.heat_kind
     try:
-        _check_choice("heatmap kind", c.heat_kind, KINDS)
+        _check_choice("heatmap kind", heat_kind, KINDS)
         _check_choice("heatmap statistic", c.heat_statistic, STATISTICS)
-        heat_fig = figures.heatmap_figure(view, c.heat_kind, c.heat_statistic, bool(c.heat_log))
+        if not view.site_order(heat_kind):  # (a run that records none of it: no gradients, a forward-only model)
+            heat_kind = next((k for k in HEAT_KINDS if view.site_order(k)), heat_kind)
+        heat_fig = figures.heatmap_figure(view, heat_kind, c.heat_statistic, bool(c.heat_log))
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
     latest = latest.round(6)
@@ -963,7 +971,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         latest = _mark_interventions(latest, interventions)
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
-                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest,
+                heat_kind if heat_kind != c.heat_kind else None)
 
 
 def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd.DataFrame:
@@ -1296,13 +1305,15 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     def plot(figure: dict[str, Any], name: str):
         return plot_data(figure, None if revision is None else f"{revision} {name}")
 
+    # the heatmap's kind: sent where a jump set it, or the page drew another than its picker says
+    heat_kind = jumped.heat_kind if jumped else page.heat_kind or gr.skip()
+
     return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
             picker("metric_names", page.metric_choices, page.metrics), plot(page.metrics_figure, "metrics"),
             jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
             plot(page.sites_figure, "sites"), page.site_note,
             picker("dist_site", page.dist_choices, page.dist_site), plot(page.distribution_figure, "distribution"),
-            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap"),
-            page.anomalies, page.latest)
+            page.dist_note, heat_kind, plot(page.heatmap_figure, "heatmap"), page.anomalies, page.latest)
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
