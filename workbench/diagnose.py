@@ -632,7 +632,9 @@ class Diagnoser:
         for i in np.flatnonzero(dead):
             z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
             bound = 1.0 - m * (1.0 - z) if m else 0.0
-            if u and bound > 0:
+            if u and bound >= 1.0:
+                detail = f"all {u} of its units output 0 for every input"
+            elif u and bound > 0:
                 detail = (f"at least {bound:.0%} of its {u} units (at least {math.ceil(bound * u - 1e-9)}) "
                           f"output 0 for every input")
             else:
@@ -789,7 +791,7 @@ class Diagnoser:
                            f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "
                            f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
-                           site=name, key=("spike", name, step))
+                           site=name, key=("spike", name))  # (spikes on consecutive steps: one finding)
         recent.append(value)
         tail.append(value)
         if len(tail) == tail.maxlen:

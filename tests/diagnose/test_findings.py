@@ -178,6 +178,15 @@ def test_a_converged_loss_s_batch_to_batch_jumps_are_not_spikes():
     assert spikes[spikes.finding == "loss_spike"].step.tolist() == [301]
 
 
+def test_a_spike_over_consecutive_steps_is_one_finding_and_spikes_apart_are_two():
+    loss = [1.0] * 40
+    loss[20:23] = [20.0, 20.0, 20.0]  # (a few bad batches in a row: its level, a median of 5, stays low)
+    loss[32] = 20.0
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 41), "loss": loss}))
+    spikes = f[f.finding == "loss_spike"].sort_values("step")
+    assert spikes[["step", "last_step"]].values.tolist() == [[21, 23], [33, 33]]
+
+
 def test_findings_are_ordered_most_severe_then_newest():
     rows = pd.DataFrame([row(s, "relu", "activation", zero_frac=1.0, min=0.0, max=0.0, mean=0.0, std=0.0)
                          for s in range(1, 5)] + [row(4, "x", "activation", nan_count=1)])

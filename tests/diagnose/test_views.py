@@ -359,3 +359,23 @@ def test_a_stored_runs_findings_are_listed_and_focus_its_replayed_views(tmp_path
     out = dict(zip(live.VIEW_OUTPUTS, updates))
     assert statistic == "zero_frac" and out["kind"] == "activation" and out["sites"].value == ["layers.1"]
     assert "**dead_units** at `layers.1`, step 1–4" in note
+
+
+def test_findings_while_an_intervention_was_on_name_it(broken):
+    """Zeroing a layer's units makes them dead: the list says which intervention was on, so a finding of
+    its doing does not read as the model's problem."""
+    _, frame = broken
+    first, since = frame.iloc[0], int(frame.step.min())
+    interventions = pd.DataFrame([
+        {"id": "i1", "site": "layers.2", "intervention": "zero all units", "from step": since,
+         "to step": "", "status": "on"},  # (on still: no last step)
+        {"id": "i2", "site": "layers.0", "intervention": "scale by 2", "from step": 1000, "to step": 1001,
+         "status": "removed"}])  # (after every finding)
+    marked = view.during_interventions(frame, interventions)
+    assert marked.iloc[0].evidence == (f"While i1 zero all units at layers.2 (steps {since}–) was on: "
+                                       + first.evidence)
+    assert set(marked.interventions) == {"i1"} and "i2" not in "".join(marked.evidence)
+    assert f"{len(frame)} of them held while an intervention was on" in view.findings_summary(marked)
+    unmarked = view.during_interventions(frame, None)
+    assert unmarked.evidence.tolist() == frame.evidence.tolist() and "intervention" not in view.findings_summary(
+        unmarked)

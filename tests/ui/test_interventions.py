@@ -115,6 +115,28 @@ def test_the_page_marks_a_site_while_its_intervention_is_on(manager):
     assert table.status.tolist() == ["on"]
 
 
+def test_the_findings_a_zeroed_layer_causes_name_the_intervention(manager):
+    """Zeroing every unit of a layer makes them dead: the page's findings say an intervention was on."""
+    from workbench.ui import findings as findings_view
+
+    run = start(manager, store="")
+    wait_for_step(run, 2)
+    live.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-31")
+    start_step = run.interventions[0].start
+    deadline = time.monotonic() + 60
+    while True:  # (the findings follow the run on their own thread)
+        note, table = findings_view._page_note(run, {})
+        if (table.site == "layers.1").any() or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    run.stop()
+    dead = table[(table.site == "layers.1") & (table.finding == "dead_units")]
+    assert len(dead) and dead.evidence.iloc[0].startswith(f"While i1 zero units [0, 1, 2, 3, 4, 5, 6, 7 ...] at layers.1 "
+                                                          f"(steps {start_step}–) was on: ")
+    assert "all 32 of its units output 0 for every input" in dead.evidence.iloc[0]  # (not "at least 100%")
+    assert "held while an intervention was on" in note
+
+
 def test_noise_and_every_call_of_a_shared_module(manager):
     run, message = live.start_run(manager, "efficientzero_dynamics", {"batch_size": 4, "unroll_steps": 2}, 0,
                                   100_000, 1, False, "*", "")

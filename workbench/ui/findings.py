@@ -20,8 +20,8 @@ import pandas as pd
 from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser
 from workbench.instrument.schema import site_name
 
-__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "findings_html", "findings_summary", "findings_table",
-           "focus", "mark_steps", "merge_calls", "option_label", "pick_key"]
+__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "during_interventions", "findings_html", "findings_summary",
+           "findings_table", "focus", "mark_steps", "merge_calls", "option_label", "pick_key"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
@@ -118,6 +118,27 @@ def finding_detail(row: Any) -> str:
             f"*What to try:* {row.hint}")
 
 
+def during_interventions(findings: pd.DataFrame, interventions: pd.DataFrame | None) -> pd.DataFrame:
+    """The findings with the interventions on while each held (``interventions``: the run page's table,
+    ``id, site, intervention, from step, to step``, an empty last step while one is on) named at the start
+    of its evidence (``While i1 zero all units at layers.1 (steps 110-994) was on: ...``) and in a column
+    ``interventions`` (their ids, "" for none): what a diagnosis sees then may be the intervention's doing
+    (zeroed units read as dead, the gradients below them vanish), not the model's."""
+    _check(findings)
+    if interventions is None or not len(interventions) or findings.empty:
+        return findings.assign(interventions="") if "interventions" not in findings.columns else findings
+    spans = [(row["id"], f"{row['id']} {row['intervention']} at {row['site']}", int(row["from step"]),
+              int(row["to step"]) if row["to step"] != "" else None) for _, row in interventions.iterrows()]
+    evidence, ids = [], []
+    for row in findings.itertuples():
+        on = [(i, f"{what} (steps {start}–{'' if end is None else end})") for i, what, start, end in spans
+              if start <= row.last_step and (end is None or row.step <= end)]
+        ids.append(", ".join(i for i, _ in on))
+        evidence.append(f"While {'; '.join(text for _, text in on)} {'was' if len(on) == 1 else 'were'} on: "
+                        f"{row.evidence}" if on else row.evidence)
+    return findings.assign(evidence=evidence, interventions=ids)
+
+
 def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
     """The list as a table (:data:`TABLE_COLUMNS`): a severity mark and word, the steps it held
     (``first–last``), the site, the finding and its whole evidence (the numbers that made it fire:
@@ -146,7 +167,10 @@ def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:
     counts = findings.severity.value_counts()
     parts = [f"{_ICON[s]} {counts[s]} {s}{'s' if counts[s] > 1 else ''}" for s in ("error", "warning", "info")
              if s in counts]
-    return f"**Diagnoses:** {', '.join(parts)}. Pick one to show its site and steps in the views."
+    during = int((findings.interventions != "").sum()) if "interventions" in findings.columns else 0
+    intervened = (f" {during} of them held while an intervention was on: they may be its doing (see their "
+                  "evidence)." if during else "")
+    return f"**Diagnoses:** {', '.join(parts)}.{intervened} Pick one to show its site and steps in the views."
 
 
 def option_label(row: Any) -> str:
@@ -356,7 +380,7 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     running = bool(getattr(run, "running", False))
     if not running:
         found.flush(timeout=2.0)  # (an ended run: its last steps, before the page's last tick draws them)
-    frame = found.frame()
+    frame = during_interventions(found.frame(), run.intervention_frame())
     note = findings_summary(frame, running=running)
     if found.error:
         note += f" Diagnosing failed: `{found.error}`."
@@ -466,7 +490,9 @@ def stored_findings(cache: Any, pick: Any) -> tuple[str, pd.DataFrame]:
     _view, run, message = cache.get(pick)
     if run is None:
         return "", pd.DataFrame(columns=TABLE_COLUMNS)
-    frame = stored_frame(run)
+    from workbench.ui.live import stored_interventions
+
+    frame = during_interventions(stored_frame(run), stored_interventions(run))
     return findings_summary(frame, running=False), findings_table(frame)
 
 
@@ -486,12 +512,13 @@ def stored_select_handler(cache: Any, find: Any) -> Any:
         _v, run, _message = cache.get(pick) if pick else (None, None, "")
         if view is None or run is None:
             return *live.redraw(None, header, pick, state, values), "", gr.skip()
-        frame = stored_frame(run)
+        interventions = more[0] if more else None
+        frame = during_interventions(stored_frame(run), interventions)
         index = event.index[0]
         note = findings_summary(frame, running=False)
         if 0 <= index < len(frame):
             note += "\n\n" + finding_detail(frame.iloc[index])
-        return _focused(view, frame, pick, header, state, values, index, more[0] if more else None, note)
+        return _focused(view, frame, pick, header, state, values, index, interventions, note)
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     on_finding.__signature__ = inspect.Signature(
