@@ -166,6 +166,8 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     (("layers.1", "zero units", "5-2"), "the range 5-2 runs backwards"),
     (("layers.1", "zero units", "0-5000"), "at most 4096 units"),
     (("layers.1", "zero units", "40"), "units [40] are out of range for dim 1 of its output of shape (1024, 32)"),
+    (("layers.1", "zero units", "0-99"), "units [32, 33, 34, 35, 36, ... 99] (68 of them) are out of range"),
+    (("layers.1", "scale", "", None), "its box is empty, or holds a number beyond the floating-point range"),
 ])
 def test_bad_choices_are_messages_and_change_nothing(manager, args, expected):
     run = start(manager, store="")

@@ -53,7 +53,7 @@ def test_build_with_form_values_gives_tree_with_output_shapes():
 @pytest.mark.parametrize("values, expected", [
     ({"depth": 0.0}, "'depth' must lie in [1, 32], got 0"),
     ({"depth": 2.5}, "depth expects int, could not read 2.5"),
-    ({"width": None}, "width expects int, could not read None"),
+    ({"width": None}, "width expects int: the field is empty, or holds a number beyond the floating-point range"),
     ({"activation": "swish"}, "'activation' must be one of"),
 ])
 def test_invalid_form_values_become_messages(values, expected):

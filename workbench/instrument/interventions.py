@@ -62,7 +62,8 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
     size = shape[dim]
     bad = [u for u in index if isinstance(size, int) and not -size <= u < size]
     if bad:
-        raise ValueError(f"ablate({path!r}): units {bad} are out of range for dim {dim} of its output "
+        listed = f"{bad}" if len(bad) <= 6 else f"[{', '.join(map(str, bad[:5]))}, ... {bad[-1]}] ({len(bad)} of them)"
+        raise ValueError(f"ablate({path!r}): units {listed} are out of range for dim {dim} of its output "
                          f"of shape {shape}; pass units in [0, {size - 1}].")
 
 

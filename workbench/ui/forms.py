@@ -146,7 +146,8 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                 value = raw
         except (ValueError, OverflowError) as err:
             reason = f": {err.reason}" if isinstance(err, _Unreadable) and err.reason else ""
-            raise ValueError(f"{owner}: {name} expects {p.type_name}, could not read {raw!r}{reason}.") from None
+            read = "" if raw is None else f", could not read {raw!r}"  # (None: an empty box, or 1e400 in it)
+            raise ValueError(f"{owner}: {name} expects {p.type_name}{read}{reason}.") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{owner}: {name} must be a finite number, got {raw!r}. Enter a finite number.")
         overrides[name] = value

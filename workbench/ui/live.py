@@ -149,6 +149,9 @@ def _number(value: Any, name: str, low: float = -_LIMIT, high: float = _LIMIT) -
             value = float(value)
         except ValueError:
             pass
+    if value is None:  # (what a number box sends when empty, or holding a number past float's range: 1e400)
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}]; its box is empty, or holds a number "
+                         "beyond the floating-point range (such as 1e400).")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}.")
     if not low <= value <= high:
