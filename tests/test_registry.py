@@ -28,7 +28,8 @@ def test_list_models_is_sorted_and_filters_with_fnmatch():
     assert workbench.list_models(["sig*", "tan?"]) == ["sigmoid", "tanh"]
     assert workbench.list_models("*", family="activation") == ["gelu", "prelu", "relu", "sigmoid", "tanh", "threshold"]
     assert workbench.list_models("nothing*") == []
-    assert workbench.list_models(family="no-such-family") == []
+    with pytest.raises(ValueError, match=r"no family 'activations'; did you mean 'activation'\? The families are \["):
+        workbench.list_models(family="activations")  # (a typo is an error, not an empty list)
     assert "activation" in workbench.list_families()
 
 

@@ -297,6 +297,7 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
 
     Raises:
         TypeError: a pattern or family that is not a string.
+        ValueError: a family no registered model is of.
 
     Examples:
         >>> import workbench
@@ -312,6 +313,10 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
     if family is not None and not isinstance(family, str):
         raise TypeError(f"list_models: family must be a family name such as 'activation' (see list_families()) "
                         f"or None, got {family!r}.")
+    if family is not None and family not in list_families():  # (an unknown family is a typo, not "no models")
+        close = difflib.get_close_matches(family, list_families(), n=1, cutoff=0.6)
+        raise ValueError(f"list_models: no family {family!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
+                         + f" The families are {list_families()}.")
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     return sorted(
         n for n, s in _REGISTRY.items()
