@@ -185,7 +185,10 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     assert run.join() == "stopped"
     wait_for(lambda: "stopped" in dash.header.value and dash.view.header()["step"] == run.step)
     assert dash.stop_button.disabled and dash.pause_button.disabled
+    assert dash.stop_button.button_style == ""  # (greyed out: not red)
     assert workbench.load_run(tmp_path / "run").status == "stopped"
+    # its findings are of a run that ended ("looked", not "so far"), drawn as it ended
+    wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
 
 
 def test_the_controls_choose_what_is_drawn(tmp_path):

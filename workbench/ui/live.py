@@ -1501,6 +1501,9 @@ CSS = """
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
+/* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
+button.stop:disabled { background: var(--button-secondary-background-fill) !important;
+  border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
 """
 
 

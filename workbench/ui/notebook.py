@@ -469,6 +469,7 @@ class Dashboard:
             self.pause_button.disabled = status != "running"
             self.resume_button.disabled = status != "paused"
             self.stop_button.disabled = status not in _STOPPABLE
+            self.stop_button.button_style = "" if self.stop_button.disabled else "danger"  # (grey when greyed out)
 
     def _sync_controls(self) -> None:
         """Site choices as the run shows them; the default sites until the user picks."""
@@ -547,7 +548,9 @@ class Dashboard:
         from workbench.ui import findings as view
 
         frame = self.diagnoses.frame()
-        running = self.watch is not None and not self._ended()
+        # (a run whose status says it ended: its last draw comes before it is done)
+        running = self.watch is not None and not self._ended() and not (self.run is not None
+                                                                          and self.run.status in _ENDED)
         summary = view.findings_summary(frame, running=running)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
