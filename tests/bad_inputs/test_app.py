@@ -166,6 +166,7 @@ MESSAGES = [
     Said("sub-proc", lambda: runs("/proc/self/fd"), ["'/proc/self/fd'", "absolute path"]),
     Said("sub-parent", lambda: runs(".."), ["sub-directory '..'", "contains '..'"]),
     Said("sub-parents", lambda: runs("../../.."), ["contains '..'"]),
+    Said("sub-parent-slash", lambda: runs("../"), ["sub-directory '../'", "contains '..'"]),  # (not "an empty part")
     Said("sub-5000", lambda: runs("d" * 5000), ["5000 characters", "too long"]),
     Said("sub-symlink-out", lambda: runs("link-out"), ["'link-out'", "leads out of the runs root"]),
     Said("sub-a-file", lambda: runs("a-file"), ["'a-file' is a file under the runs root", "sub-directory"]),

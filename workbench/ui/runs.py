@@ -94,13 +94,14 @@ class RunsRoot:
             raise PathRefused(f"{what} {shown(text)} is an absolute path; give a name relative to "
                               f"the runs root {self.path}, e.g. 'my-run' or 'mlp/tanh'.")
         parts = text.split("/")
+        dots = next((part for part in parts if part in (".", "..")), None)  # (before the empty part of '../')
+        if dots is not None:
+            raise PathRefused(f"{what} {shown(text)} contains {dots!r}: a run name stays {where}; "
+                              "name a directory inside it, without '.' or '..'.")
         if "" in parts:
             raise PathRefused(f"{what} {shown(text)} has an empty path component ('//', or a leading or "
                               f"trailing '/'); write it as 'a/b' ({_RULE}).")
         for part in parts:
-            if part in (".", ".."):
-                raise PathRefused(f"{what} {shown(text)} contains {part!r}: a run name stays {where}; "
-                                  "name a directory inside it, without '.' or '..'.")
             if part[0] in ".-":
                 raise PathRefused(f"{what} {shown(text)} has a part starting with {part[0]!r} ({shown(part, 30)}); "
                                   f"use {_RULE}.")
