@@ -298,8 +298,9 @@ def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, e
 
 
 def test_page_handlers_start_and_draw_a_comparison():
-    comparison, message = ex.start_comparison(None, ["relu", "tanh"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
+    comparison, message = ex.start_comparison(None, ["tanh", "relu"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
                                               "one after another")
+    # (in the order the page's boxes list them, whichever was ticked first)
     assert "Training `activation_mlp` with relu, tanh: 5 steps each, seed 0" in message
     comparison.join(120)
     status, metrics, layers, table = ex.comparison_outputs(comparison)

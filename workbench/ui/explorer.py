@@ -912,6 +912,9 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
             if isinstance(value, float) and value.is_integer():
                 values[key] = int(value)
         names = names if isinstance(names, str) else list(names or [])
+        if not isinstance(names, str):  # trained and listed in the order the boxes show them, not ticked in
+            shown = activation_names()
+            names.sort(key=lambda n: shown.index(n) if n in shown else len(shown))
         comparison = Comparison(names, values["steps"], values["seed"], mode,
                                 depth=values["depth"], width=values["width"], lr=lr, dataset=dataset)
     except Exception as exc:
