@@ -540,8 +540,10 @@ class Diagnoser:
 
     # -------------------------------------------------------------- episodes
     def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
-              worst: float = 0.0, need: int | None = None, site: str | None = None, key: Any = None) -> None:
-        """The condition of ``finding`` holds at row ``i`` (or ``site``) this step."""
+              worst: float = 0.0, need: int | None = None, site: str | None = None, key: Any = None,
+              strongest: bool = False) -> None:
+        """The condition of ``finding`` holds at row ``i`` (or ``site``) this step. The episode's evidence
+        becomes this step's (``strongest``: only where ``worst`` is the largest of the episode so far)."""
         self._version += 1
         if layout is not None and i is not None:
             module, call, kind, tensor, _shape = layout.keys[i]
@@ -561,8 +563,9 @@ class Diagnoser:
         e["last"] = step
         e["seen"] = self.steps_seen
         e["missed"] = 0
-        e["evidence"] = evidence
-        e["worst"] = worst
+        if not strongest or worst >= e.get("worst", -math.inf):
+            e["evidence"] = evidence
+            e["worst"] = worst
 
     def _close_stale(self, rows: bool, metrics: bool) -> None:
         """Episodes whose condition did not hold this step: one not yet a finding ends; a finding
@@ -632,11 +635,11 @@ class Diagnoser:
         for i in np.flatnonzero(dead):
             z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
             bound = 1.0 - m * (1.0 - z) if m else 0.0
-            if u and bound >= 1.0:
-                detail = f"all {u} of its units output 0 for every input"
+            dead_units = math.ceil(bound * u - 1e-9) if u else 0  # (decided on the count: float32 fractions)
+            if u and dead_units >= u:
+                detail = ("its only unit outputs" if u == 1 else f"all {u} of its units output") + " 0 for every input"
             elif u and bound > 0:
-                detail = (f"at least {bound:.0%} of its {u} units (at least {math.ceil(bound * u - 1e-9)}) "
-                          f"output 0 for every input")
+                detail = f"at least {bound:.0%} of its {u} units (at least {dead_units}) output 0 for every input"
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
             self._hold(step, "dead_units", layout, int(i),
@@ -791,7 +794,8 @@ class Diagnoser:
                            f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "
                            f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
-                           site=name, key=("spike", name))  # (spikes on consecutive steps: one finding)
+                           site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
+                           strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         recent.append(value)
         tail.append(value)
         if len(tail) == tail.maxlen:

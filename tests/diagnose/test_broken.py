@@ -32,7 +32,7 @@ def test_relu_with_a_large_negative_bias_has_dead_units():
     assert f.site.tolist() == ["layers.1"]  # the ReLU, not its container or the linear before
     row = f.iloc[0]
     assert (row.step, row.last_step, row.severity, row.kind) == (1, 5, "warning", "activation")
-    assert "100% of its 32 units" in row.evidence
+    assert "all 32 of its units output 0 for every input" in row.evidence
 
 
 def test_a_healthy_relu_net_has_no_dead_units():

@@ -180,11 +180,12 @@ def test_a_converged_loss_s_batch_to_batch_jumps_are_not_spikes():
 
 def test_a_spike_over_consecutive_steps_is_one_finding_and_spikes_apart_are_two():
     loss = [1.0] * 40
-    loss[20:23] = [20.0, 20.0, 20.0]  # (a few bad batches in a row: its level, a median of 5, stays low)
+    loss[20:23] = [20.0, 40.0, 20.0]  # (a few bad batches in a row: its level, a median of 5, stays low)
     loss[32] = 20.0
     f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 41), "loss": loss}))
     spikes = f[f.finding == "loss_spike"].sort_values("step")
     assert spikes[["step", "last_step"]].values.tolist() == [[21, 23], [33, 33]]
+    assert spikes.evidence.iloc[0].startswith("loss = 40 at step 22: 39.0x its level")  # (the largest of the three)
 
 
 def test_findings_are_ordered_most_severe_then_newest():

@@ -96,7 +96,7 @@ def traces(page, elem_id, until=lambda t: bool(t), timeout=30.0):
 
 
 def lines(found):
-    return {t["name"]: t for t in found if t.get("mode", "").startswith("lines") and t.get("name")}
+    return {t["name"]: t for t in found if "lines" in t.get("mode", "") and t.get("name")}
 
 
 def tokens(page, elem_id):

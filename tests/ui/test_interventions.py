@@ -126,13 +126,14 @@ def test_the_findings_a_zeroed_layer_causes_name_the_intervention(manager):
     deadline = time.monotonic() + 60
     while True:  # (the findings follow the run on their own thread)
         note, table = findings_view._page_note(run, {})
-        if (table.site == "layers.1").any() or time.monotonic() > deadline:
+        dead = table[(table.site == "layers.1") & (table.finding == "dead_units")]
+        if len(dead) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     run.stop()
-    dead = table[(table.site == "layers.1") & (table.finding == "dead_units")]
-    assert len(dead) and dead.evidence.iloc[0].startswith(f"While i1 zero units [0, 1, 2, 3, 4, 5, 6, 7 ...] at layers.1 "
-                                                          f"(steps {start_step}–) was on: ")
+    assert len(dead), table
+    assert dead.evidence.iloc[0].startswith(f"While i1 zero units [0, 1, 2, 3, 4, ... 31] (32 of them) at layers.1 "
+                                            f"(from step {start_step}, still on) was on: ")
     assert "all 32 of its units output 0 for every input" in dead.evidence.iloc[0]  # (not "at least 100%")
     assert "held while an intervention was on" in note
 
@@ -167,7 +168,7 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     (("layers.1", "zero units", "0-5000"), "at most 4096 units"),
     (("layers.1", "zero units", "40"), "units [40] are out of range for dim 1 of its output of shape (1024, 32)"),
     (("layers.1", "zero units", "0-99"), "units [32, 33, 34, 35, 36, ... 99] (68 of them) are out of range"),
-    (("layers.1", "scale", "", None), "its box is empty, or holds a number beyond the floating-point range"),
+    (("layers.1", "scale", "", None), "it is missing (an empty box, or one holding a number beyond the floating"),
 ])
 def test_bad_choices_are_messages_and_change_nothing(manager, args, expected):
     run = start(manager, store="")

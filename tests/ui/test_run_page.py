@@ -103,7 +103,7 @@ def test_the_controls_pick_what_each_view_draws(manager):
     assert smoothed[1] == pytest.approx((0.6 * 0.4 * raw[0] + 0.4 * raw[1]) / (0.4 + 0.6 * 0.4), rel=1e-5)
     # the picked sites in forward order; a name the kind lacks is left out, and said so
     assert page.sites == ["layers.1", "layers.3"] and [t["name"] for t in traces(page.sites_figure)
-                                                      if t.get("mode", "").startswith("lines")] == ["layers.1", "layers.3"]
+                                                      if "lines" in t.get("mode", "")] == ["layers.1", "layers.3"]
     assert "'nowhere'" in page.site_note and page.sites_figure["layout"]["yaxis"]["type"] == "log"
     # distributions: the sites with histograms, the one picked
     assert page.dist_choices == LAYERS and page.dist_site == "layers.2"
@@ -114,7 +114,7 @@ def test_the_controls_pick_what_each_view_draws(manager):
     # the heatmap of another kind and statistic, unlogged
     [heat] = page.heatmap_figure["data"]
     assert heat["y"] == LAYERS and "zero_frac" in page.heatmap_figure["layout"]["title"]["text"]
-    _, _, matrix = run.view.heatmap("activation", "zero_frac")
+    _, _, matrix, _ = run.view.heatmap("activation", "zero_frac")
     np.testing.assert_allclose(figures.values(heat["z"]), matrix)
     # a site picked for the distribution that has none: the first chosen site with histograms
     page = live.draw_page(run.view, live.Controls(sites=["layers.4"], dist_site="elsewhere"))
@@ -150,7 +150,7 @@ def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, nan_at_s
         "activation", ["layers.2"], "layers.2", "activation")
     page = live.draw_page(run.view, jumped)
     assert page.sites == ["layers.2"] and page.dist_site == "layers.2"
-    assert [t["name"] for t in traces(page.sites_figure) if t.get("mode", "").startswith("lines")] == ["layers.2"]
+    assert [t["name"] for t in traces(page.sites_figure) if "lines" in t.get("mode", "")] == ["layers.2"]
     assert live.jump_controls(RunView(), live.Controls()) is None
 
 

@@ -51,8 +51,10 @@ def test_a_history_draws_in_wider_buckets_the_means_of_every_value_in_them():
         assert mean[i, 0] == pytest.approx(covered.mean(), abs=1e-5)
         assert (lo[i, 0], hi[i, 0]) == pytest.approx((covered.min(), covered.max()))
     assert len(history.arrays(history.stride_within(10))[0]) <= 10 < len(history.arrays()[0])
-    with pytest.raises(ValueError, match=f"multiple of the history's stride {history.stride}, got 3"):
+    with pytest.raises(ValueError, match="stride must be a power of two .*, got 3"):
         history.arrays(3)
+    # a stride finer than the history's own (asked before it thinned further) draws at its own
+    np.testing.assert_array_equal(history.arrays(1)[0], history.arrays()[0])
 
 
 def test_a_long_run_draws_its_sites_finely_and_its_heatmap_in_bounded_steps():
@@ -66,13 +68,17 @@ def test_a_long_run_draws_its_sites_finely_and_its_heatmap_in_bounded_steps():
     view = RunView()
     view.feed([record(s) for s in range(1, 3_001)])
     series = view.site_series("activation", "mean", ["layer"])
-    assert len(series) >= 75 and series.step.iloc[-1] == 3_000
-    names, steps, matrix = view.heatmap("activation", "mean", figures.HEAT_STEPS)
-    assert names == ["layer"] and len(steps) <= figures.HEAT_STEPS and steps[-1] == 3_000
+    assert 75 <= len(series) <= 150 and series.step.iloc[-1] == 3_000
+    names, steps, matrix, stride = view.heatmap("activation", "mean", figures.HEAT_STEPS)
+    assert names == ["layer"] and len(steps) <= figures.HEAT_STEPS and steps[-1] == 3_000 and stride > 1
     starts = np.r_[0, steps[:-1]]  # each cell: the mean of the steps of its bucket, start + 1 .. step
     np.testing.assert_allclose(matrix[0], (starts + 1 + steps) / 2, rtol=1e-6)
     fig = figures.heatmap_figure(view, "activation", "mean", log=False)
     assert len(figures.values(fig["data"][0]["x"])) == len(steps)
+    assert f"a cell the mean of {stride} steps" in fig["layout"]["title"]["text"]
+    assert f"the {stride} steps to %{{x}}" in fig["data"][0]["hovertemplate"]
+    with pytest.raises(ValueError, match="max_steps must be a whole number >= 1 .*, got 0"):
+        view.heatmap("activation", "mean", 0)
 
 
 def test_a_history_of_other_values_keeps_the_last_of_each_bucket():
@@ -170,7 +176,7 @@ def test_the_default_sites_take_one_call_of_each_module_first():
 
 def test_the_heatmap_lists_every_site_in_forward_order():
     view, w = watched(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), 4)
-    names, steps, values = view.heatmap("grad_output", "norm")
+    names, steps, values, _ = view.heatmap("grad_output", "norm")
     assert names == ["0", "1", "2"] and steps.tolist() == [1, 2, 3, 4]  # ((model) is an alias of '2')
     rows = w.to_pandas()
     want = rows[(rows.kind == "grad_output") & (rows.module == "0")].norm.to_numpy()
@@ -183,8 +189,8 @@ class _ManySites:
     def __init__(self, rows):
         self.names = [f"resblocks.0.conv{i % 3}.0#{i // 3}" for i in range(rows)]
 
-    def heatmap(self, kind, statistic, columns=None):
-        return self.names, np.arange(1, 4), np.ones((len(self.names), 3))
+    def heatmap(self, kind, statistic, max_steps=None):
+        return self.names, np.arange(1, 4), np.ones((len(self.names), 3)), 1
 
 
 @pytest.mark.parametrize("rows", [3, 111, 400])
@@ -282,7 +288,7 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
 
     def colors(sites):
         fig = figures.sites_figure(view, "activation", "std", sites=sites)
-        return {t["name"]: t["line"]["color"] for t in fig["data"] if t.get("mode", "").startswith("lines")}
+        return {t["name"]: t["line"]["color"] for t in fig["data"] if "lines" in t.get("mode", "")}
 
     a, b, c = "0.1", "1.1", "2.1"  # (the Tanh layers)
     assert colors([a, b])[b] == colors([b, c])[b] == colors([c, b])[b]
@@ -307,7 +313,7 @@ def test_figures_carry_the_data_of_the_views():
     loss = figures.values(metrics["data"][0]["y"])
     np.testing.assert_allclose(loss, w.metrics().loss, rtol=1e-6)
     heat = figures.heatmap_figure(view, "grad_output", "norm")
-    names, _, matrix = view.heatmap("grad_output", "norm")
+    names, _, matrix, _ = view.heatmap("grad_output", "norm")
     assert heat["data"][0]["y"] == names
     np.testing.assert_allclose(figures.values(heat["data"][0]["z"]), np.log10(np.abs(matrix)), rtol=1e-5)
     dist = figures.distribution_figure(view, "activation", "head")
@@ -478,7 +484,7 @@ def test_runs_compared_are_drawn_in_the_same_buckets():
     short.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 61)])
     assert len(long.metrics_frame()) < 1200 and len(short.metrics_frame()) == 60  # (thinned; whole)
     lines = {t["name"]: t for t in figures.compare_metrics_figure({"long": long, "short": short})["data"]
-             if t.get("mode", "").startswith("lines")}
+             if "lines" in t.get("mode", "")}
     x_long, y_long = figures.values(lines["long"]["x"]), figures.values(lines["long"]["y"])
     x_short, y_short = figures.values(lines["short"]["x"]), figures.values(lines["short"]["y"])
     both = np.isin(x_long, x_short)
@@ -490,6 +496,6 @@ def test_a_metric_of_a_few_points_is_drawn_with_a_marker_at_each():
     """A reward evaluated every 50 steps is one point in a 60-step run: a line alone draws nothing."""
     view = RunView()
     view.feed([StepRecord(s, metrics={"loss": 1 / s, **({"reward": 0.5} if s == 50 else {})}) for s in range(1, 61)])
-    drawn = {t["name"]: t for t in figures.metrics_figure(view)["data"] if t.get("mode", "").startswith("lines")}
+    drawn = {t["name"]: t for t in figures.metrics_figure(view)["data"] if "lines" in t.get("mode", "")}
     assert drawn["reward"]["mode"] == "lines+markers" and list(figures.values(drawn["reward"]["x"])) == [50]
     assert drawn["loss"]["mode"] == "lines"  # (60 points: a line)

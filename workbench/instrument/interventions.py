@@ -9,7 +9,16 @@ import torch
 
 from workbench.instrument.tree import map_tensors
 
-__all__ = ["Intervention", "zero_units"]
+__all__ = ["Intervention", "listed", "zero_units"]
+
+
+def listed(values: Iterable[int], most: int = 6) -> str:
+    """Indices as a message or a label shows them: ``[0, 3, 7]``, or past ``most`` of them
+    ``[0, 1, 2, 3, 4, ... 99] (68 of them)``."""
+    values = list(values)
+    if len(values) <= most:
+        return str(values)
+    return f"[{', '.join(map(str, values[:most - 1]))}, ... {values[-1]}] ({len(values)} of them)"
 
 
 class Intervention:
@@ -62,8 +71,7 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
     size = shape[dim]
     bad = [u for u in index if isinstance(size, int) and not -size <= u < size]
     if bad:
-        listed = f"{bad}" if len(bad) <= 6 else f"[{', '.join(map(str, bad[:5]))}, ... {bad[-1]}] ({len(bad)} of them)"
-        raise ValueError(f"ablate({path!r}): units {listed} are out of range for dim {dim} of its output "
+        raise ValueError(f"ablate({path!r}): units {listed(bad)} are out of range for dim {dim} of its output "
                          f"of shape {shape}; pass units in [0, {size - 1}].")
 
 

@@ -341,8 +341,8 @@ HEAT_ROW, HEAT_FONT = 14, 10
 #: More rows than this share the height of this many: every k-th row is labelled (the first always),
 #: each cell's hover naming its site.
 HEAT_LABELLED = 150
-#: Steps a heatmap draws at most: a long run's in buckets of as many steps as that needs (a cell a site
-#: and step, every site: its bytes grow with the sites, so fewer steps than a line of a few sites draws).
+#: Steps a heatmap draws at most: a longer run's in buckets of as many steps as that takes, each cell
+#: their mean. (It sends a cell per site and step, every site: fewer steps than a line of a few sites.)
 HEAT_STEPS = 100
 
 
@@ -366,7 +366,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
     """
-    names, steps, matrix = view.heatmap(kind, statistic, HEAT_STEPS)
+    names, steps, matrix, stride = view.heatmap(kind, statistic, HEAT_STEPS)
     if not names or not len(steps):
         return empty_figure(f"No {kind} rows yet.")
     shown, label = matrix.astype(np.float64), statistic
@@ -378,21 +378,24 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
             shown = np.log10(np.abs(shown))
         shown[~np.isfinite(shown)] = np.nan
         label = f"log10 |{statistic}|"
+    at = "step %{x}" if stride == 1 else f"the {stride} steps to %{{x}}"  # (a cell: a bucket's mean)
     trace = dict(type="heatmap", z=_array(shown), x=_array(steps), y=names, colorscale="Viridis",
                  colorbar=dict(title=dict(text=label)), hoverongaps=False,
-                 hovertemplate="%{y}<br>step %{x}<br>" + label + " %{z:.3g}<extra></extra>")
+                 hovertemplate="%{y}<br>" + at + "<br>" + label + " %{z:.3g}<extra></extra>")
     data.append(trace)
     zeros = matrix == 0
     if log and zeros.any():  # (no log: blank like a step not recorded; grey cells over the blank ones)
         data.append(dict(type="heatmap", z=_array(np.where(zeros, 1.0, np.nan)), x=_array(steps), y=names,
                          colorscale=[[0, ZERO_COLOR], [1, ZERO_COLOR]], showscale=False, hoverongaps=False,
                          name=f"{statistic} = 0",
-                         hovertemplate="%{y}<br>step %{x}<br>" + statistic + " exactly 0<extra></extra>"))
+                         hovertemplate="%{y}<br>" + at + "<br>" + statistic + " exactly 0<extra></extra>"))
     yaxis = _axis(autorange="reversed", tickfont=dict(size=HEAT_FONT), type="category", automargin=True)
     every = -(-len(names) // HEAT_LABELLED)  # (ceil: labelled rows at least HEAT_ROW apart)
     if every > 1:
         yaxis.update(tickmode="array", tickvals=names[::every], ticktext=names[::every])
     title = f"{kind}: {label}, every call site in forward order"
+    if stride > 1:
+        title += f", a cell the mean of {stride} steps"
     if every > 1:
         title += f" (a label every {every} rows: hover a row for its site)"
     return {"data": data, "layout": _layout(

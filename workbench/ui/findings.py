@@ -119,19 +119,25 @@ def finding_detail(row: Any) -> str:
 
 
 def during_interventions(findings: pd.DataFrame, interventions: pd.DataFrame | None) -> pd.DataFrame:
-    """The findings with the interventions on while each held (``interventions``: the run page's table,
-    ``id, site, intervention, from step, to step``, an empty last step while one is on) named at the start
-    of its evidence (``While i1 zero all units at layers.1 (steps 110-994) was on: ...``) and in a column
-    ``interventions`` (their ids, "" for none): what a diagnosis sees then may be the intervention's doing
-    (zeroed units read as dead, the gradients below them vanish), not the model's."""
+    """The findings with the interventions on while each held named at the start of its evidence
+    (``While i1 zero units [0, 1, 2, 3, 4, ... 31] (32 of them) at layers.1 (from step 110, still on) was
+    on: ...``) and in a column ``interventions`` (their ids, "" for none): what a diagnosis sees then may be
+    the intervention's doing (zeroed units read as dead, the gradients below them vanish), not the model's.
+    ``interventions`` is the run page's table (``id, site, intervention, from step, to step``; no last step
+    while one is on)."""
     _check(findings)
     if interventions is None or not len(interventions) or findings.empty:
         return findings.assign(interventions="") if "interventions" not in findings.columns else findings
-    spans = [(row["id"], f"{row['id']} {row['intervention']} at {row['site']}", int(row["from step"]),
-              int(row["to step"]) if row["to step"] != "" else None) for _, row in interventions.iterrows()]
+    spans = []
+    for _, row in interventions.iterrows():
+        start, end = int(row["from step"]), None if row["to step"] == "" else int(row["to step"])
+        if end is not None and end < start:
+            continue  # (removed before the step it was to start at: never on)
+        when = f"from step {start}, still on" if end is None else f"steps {start}–{end}"
+        spans.append((row["id"], f"{row['id']} {row['intervention']} at {row['site']} ({when})", start, end))
     evidence, ids = [], []
     for row in findings.itertuples():
-        on = [(i, f"{what} (steps {start}–{'' if end is None else end})") for i, what, start, end in spans
+        on = [(i, text) for i, text, start, end in spans
               if start <= row.last_step and (end is None or row.step <= end)]
         ids.append(", ".join(i for i, _ in on))
         evidence.append(f"While {'; '.join(text for _, text in on)} {'was' if len(on) == 1 else 'were'} on: "

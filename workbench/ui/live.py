@@ -34,6 +34,7 @@ import torch
 from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
+from workbench.instrument.interventions import listed
 from workbench.params import SEED_MAX  # (the seeds the Python API and the explorer take)
 from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
@@ -150,8 +151,8 @@ def _number(value: Any, name: str, low: float = -_LIMIT, high: float = _LIMIT) -
         except ValueError:
             pass
     if value is None:  # (what a number box sends when empty, or holding a number past float's range: 1e400)
-        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}]; its box is empty, or holds a number "
-                         "beyond the floating-point range (such as 1e400).")
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}]; it is missing (an empty box, or one "
+                         "holding a number beyond the floating-point range, such as 1e400).")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}.")
     if not low <= value <= high:
@@ -226,8 +227,7 @@ def intervention_spec(op: Any, units: Any = "", k: Any = None, sigma: Any = None
         raise ValueError(f"intervention must be one of {', '.join(INTERVENTIONS)}, got {shown(op)}.")
     if op == "zero units":
         chosen = parse_units(units)
-        text = ", ".join(map(str, chosen[:8])) + (" ..." if len(chosen) > 8 else "")
-        return InterventionSpec(op, f"zero units [{text}]", units=tuple(chosen))
+        return InterventionSpec(op, f"zero units {listed(chosen)}", units=tuple(chosen))
     if op == "scale":
         k = _number(k, "k (scale the output by k)")
         return InterventionSpec(op, f"scale x{k:g}", k=k)
@@ -859,11 +859,6 @@ class Page:
     heatmap_figure: dict[str, Any]
     anomalies: pd.DataFrame
     latest: pd.DataFrame
-    heat_kind: str | None = None  # the kind the heatmap drew where not the one asked (that one has no rows)
-
-
-#: The kinds a heatmap falls back to, in this order, where the one asked has no rows.
-HEAT_KINDS = ("grad_output", "activation", "param_grad", "param")
 
 
 def _check_choice(label: str, value: Any, choices: Sequence[str]) -> None:
@@ -961,8 +956,11 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         _check_choice("heatmap kind", heat_kind, KINDS)
         _check_choice("heatmap statistic", c.heat_statistic, STATISTICS)
         if not view.site_order(heat_kind):  # (a run that records none of it: no gradients, a forward-only model)
-            heat_kind = next((k for k in HEAT_KINDS if view.site_order(k)), heat_kind)
+            heat_kind = next((k for k in KINDS if view.site_order(k)), heat_kind)
         heat_fig = figures.heatmap_figure(view, heat_kind, c.heat_statistic, bool(c.heat_log))
+        if heat_kind != c.heat_kind:  # (the picker keeps the kind asked: the next run may have it)
+            title = heat_fig["layout"]["title"]
+            title["text"] = f"No {c.heat_kind} rows in this run; {title['text']}"
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
     latest = latest.round(6)
@@ -974,8 +972,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         latest = _mark_interventions(latest, interventions)
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
-                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest,
-                heat_kind if heat_kind != c.heat_kind else None)
+                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
 def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd.DataFrame:
@@ -1000,9 +997,11 @@ def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unk
     text = f"{len(sites)} of {len(names)} {kind} call sites"
     if len(names) > len(sites) and sites:
         text += " (by default the ones whose statistic changed most; pick others above)"
-    table = view.site_table(kind)
-    aliases = [f"`{n}` is the tensor {' and '.join(f'`{alias}`' for alias in a.split(', '))} "
-               f"return{'s' if ', ' not in a else ''} too" for n, a in zip(table.name, table.aliases) if a and n in sites]
+    aliases = []
+    for site in view.sites[kind]:  # (a tensor several call sites return: one site, its other names)
+        if site.aliases and site.name in sites:
+            others = " and ".join(f"`{alias}`" for alias in site.aliases)
+            aliases.append(f"`{site.name}` is the tensor {others} return{'s' if len(site.aliases) == 1 else ''} too")
     if aliases:
         text += ". " + "; ".join(aliases)
     if unknown:
@@ -1308,15 +1307,14 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     def plot(figure: dict[str, Any], name: str):
         return plot_data(figure, None if revision is None else f"{revision} {name}")
 
-    # the heatmap's kind: sent where a jump set it, or the page drew another than its picker says
-    heat_kind = jumped.heat_kind if jumped else page.heat_kind or gr.skip()
 
     return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
             picker("metric_names", page.metric_choices, page.metrics), plot(page.metrics_figure, "metrics"),
             jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
             plot(page.sites_figure, "sites"), page.site_note,
             picker("dist_site", page.dist_choices, page.dist_site), plot(page.distribution_figure, "distribution"),
-            page.dist_note, heat_kind, plot(page.heatmap_figure, "heatmap"), page.anomalies, page.latest)
+            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap"),
+            page.anomalies, page.latest)
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:

@@ -158,11 +158,12 @@ class History:
         too (the newest up to the last step): a long run's line is alike over its whole length,
         where its recent steps drawn whole would read as a burst of noise at its end.
 
-        ``stride``: buckets of that many steps instead (a multiple of :attr:`stride`), to draw this
-        history beside a longer one's, or in fewer points; their means are those of every value
-        merged in them, as if the history had been thinned that far. ``columns``: only these
+        ``stride``: buckets of that many steps instead (a power of two; one finer than the history's
+        own :attr:`stride` draws at its own: the history may have been thinned since it was asked), to
+        draw this history beside a longer one's, or in fewer points; their means are those of every
+        value merged in them, as if the history had been thinned that far. ``columns``: only these
         columns of each row."""
-        stride = self.coarser(stride)
+        stride = self._checked_stride(stride)
         steps, total, count, lo, hi = self._steps, self._sum, self._count, self._lo, self._hi
         if columns is not None:
             total, count, lo, hi = total[:, columns], count[:, columns], lo[:, columns], hi[:, columns]
@@ -179,17 +180,19 @@ class History:
         hi = np.where(count > 0, hi, np.nan)
         return steps.copy(), mean, lo, hi
 
-    def coarser(self, stride: int | None) -> int:
-        """``stride`` checked for :meth:`arrays` (None: the history's own)."""
+    def _checked_stride(self, stride: int | None) -> int:
+        """The stride :meth:`arrays` draws in for ``stride`` (None: the history's own)."""
         if stride is None:
             return self.stride
-        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 or stride % self.stride:
-            raise ValueError(f"stride must be a whole multiple of the history's stride {self.stride}, got {stride!r}.")
-        return stride
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 or stride & (stride - 1):
+            raise ValueError(f"stride must be a power of two (steps a point stands for), got {stride!r}.")
+        return max(stride, self.stride)  # (strides double from 1: the coarser is a multiple of the finer)
 
     def stride_within(self, points: int) -> int:
         """The narrowest stride (the history's own, doubled) whose buckets :meth:`arrays` draws in at most
         ``points`` points."""
+        if not isinstance(points, int) or isinstance(points, bool) or points < 1:
+            raise ValueError(f"points must be a whole number >= 1, got {points!r}.")
         stride = self.stride
         while len(np.unique((self._steps - 1) // stride)) > points:
             stride *= 2
@@ -637,16 +640,20 @@ class RunView:
                                  "hi": pd.Series(dtype="float32")})
         return pd.concat(frames, ignore_index=True)
 
-    def heatmap(self, kind: str, statistic: str, columns: int | None = None
-                ) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """``(sites in forward order, steps, values (sites, steps))``: one statistic of every site, in at
-        most ``columns`` steps where given (buckets of the narrowest stride that fits)."""
+    def heatmap(self, kind: str, statistic: str, max_steps: int | None = None
+                ) -> tuple[list[str], np.ndarray, np.ndarray, int]:
+        """``(sites in forward order, steps, values (sites, steps), stride)``: one statistic of every site,
+        in at most ``max_steps`` steps where given, each the mean over a bucket of ``stride`` steps ending
+        at it (the narrowest that fits; 1: every step as recorded)."""
         _check_kind(kind)
+        if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1):
+            raise ValueError(f"max_steps must be a whole number >= 1 (or None: every step kept), got {max_steps!r}.")
         with self._synced():
-            stride = self.stats[kind].stride_within(columns) if columns is not None else None
+            history = self.stats[kind]
+            stride = history.stride_within(max_steps) if max_steps is not None else history.stride
             names, steps, mean, _, _ = self._columns(kind, statistic, stride)
             order = self._forward_order(kind)
-        return [names[i] for i in order], steps, mean[:, order].T
+        return [names[i] for i in order], steps, mean[:, order].T, stride
 
     def latest(self, kind: str) -> pd.DataFrame:
         """``site, step`` and every statistic at the last step that recorded ``kind``, one row per
