@@ -187,7 +187,7 @@ def layout():
                                             min_width=150, scale=0)
             c["message"] = gr.Markdown(elem_id="build-message")
             c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree (a row per call site)",
-                                     interactive=False, elem_id="module-tree", max_height=600)
+                                     interactive=False, wrap=True, elem_id="module-tree", max_height=600)
     c["model_state"] = gr.State(None)  # the built module, per browser session
     return c
 
