@@ -519,8 +519,8 @@ class RunView:
         """``metric, step, value, smoothed, lo, hi`` of each metric (all, or ``names``).
 
         ``smoothing`` in [0, 1) is TensorBoard's: an exponential moving average with that weight
-        on the past, debiased at the start. ``stride``: in buckets of that many steps (see
-        :meth:`History.arrays`; a power of two at least :meth:`metric_stride`).
+        on the past, debiased at the start. ``stride``: in buckets of that many steps (a power of two;
+        see :meth:`History.arrays`), to draw a run beside one thinned further (:meth:`metric_stride`).
         """
         if not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}.")
@@ -620,8 +620,8 @@ class RunView:
     def site_series(self, kind: str, statistic: str, sites: Sequence[str] | None = None,
                     k: int = 6, stride: int | None = None) -> pd.DataFrame:
         """``site, step, value, lo, hi`` of one statistic for ``sites`` (default:
-        :meth:`default_sites`), in buckets of ``stride`` steps (default: :meth:`site_stride`; a
-        power of two at least that)."""
+        :meth:`default_sites`), in buckets of ``stride`` steps (a power of two; default and at the least:
+        :meth:`site_stride`)."""
         if isinstance(sites, str):
             raise TypeError(f"sites takes a list of site names, got the string {sites!r}; pass [{sites!r}].")
         chosen = list(sites) if sites is not None else self.default_sites(kind, statistic, k)
