@@ -499,3 +499,22 @@ def test_a_metric_of_a_few_points_is_drawn_with_a_marker_at_each():
     drawn = {t["name"]: t for t in figures.metrics_figure(view)["data"] if "lines" in t.get("mode", "")}
     assert drawn["reward"]["mode"] == "lines+markers" and list(figures.values(drawn["reward"]["x"])) == [50]
     assert drawn["loss"]["mode"] == "lines"  # (60 points: a line)
+
+
+def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
+    """A run NaN from its first step: its loss and a site's statistic have no point to draw."""
+    nan = float("nan")
+
+    def record(step):
+        sums = dict(sum=nan, sum_sq=nan, abs_sum=nan, min=nan, max=nan, nonzero=4, nan=4)
+        return StepRecord(step, keys=(("layers.0", 0, "activation", "out", (4,)),), numel=np.array([4]),
+                          sums=np.array([[sums.get(name, 0.0) for name in SUMS]]),
+                          metrics={"loss": nan, "accuracy": 0.5})
+
+    view = RunView()
+    view.feed([record(s) for s in range(1, 11)])
+    notes = [a["text"] for a in figures.metrics_figure(view)["layout"]["annotations"]]
+    assert "loss: no finite value (NaN or Inf) to draw" in notes
+    assert not any(n.startswith("accuracy:") for n in notes)  # (its panel has its points)
+    sites = figures.sites_figure(view, "activation", "std", ["layers.0"])
+    assert [a["text"] for a in sites["layout"]["annotations"]] == ["layers.0: no finite value (NaN or Inf) to draw"]

@@ -230,6 +230,8 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear")
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
+        if not any(np.isfinite(frame.value[frame.metric == name]).any() for frame in frames.values()):
+            layout["annotations"].append(_no_finite_value(name, x0 + width / 2, y1 - height / 2))
         for r, (run, frame) in enumerate(frames.items()):
             part = frame[frame.metric == name]
             label = f"{run}: {name}" if several else name
@@ -313,9 +315,19 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
                              fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False, legendgroup=site))
         data.append(_line(part.step, part.value, color, 1.5, name=site, legendgroup=site,
                           hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
-    return {"data": data, "layout": _layout(
+    layout = _layout(
         _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_steps_axis(frame.step, title=dict(text="step")),
-        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))}
+        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))
+    blank = [site for site, part in frame.groupby("site", sort=False) if not np.isfinite(part.value).any()]
+    if blank:  # (a line of NaN or Inf draws nothing: an empty plot would not say why)
+        layout["annotations"] = [_no_finite_value(", ".join(blank), 0.5, 0.5)]
+    return {"data": data, "layout": layout}
+
+
+def _no_finite_value(what: str, x: float, y: float) -> dict[str, Any]:
+    """A note in a plot where ``what`` has no finite value to draw (every point NaN or Inf)."""
+    return dict(text=f"{what}: no finite value (NaN or Inf) to draw", x=x, y=y, xref="paper", yref="paper",
+                showarrow=False, font=dict(size=12, color="#b42318"))
 
 
 def _site_colors(order: Sequence[str], drawn: Sequence[str]) -> dict[str, str]:
