@@ -177,7 +177,7 @@ def test_export_csv_parquet_and_tensorboard(tmp_path):
     csv = pd.read_csv(run.export(tmp_path / "rows.csv"), dtype={"module": str}, keep_default_na=False,
                       na_values={c: [""] for c in rows.columns if c != "module"})  # "" is the model itself
     pd.testing.assert_frame_equal(csv, rows, check_exact=False, rtol=1e-12)
-    parquet = pd.read_parquet(run.export(tmp_path / "metrics.parquet", what="metrics"))
+    parquet = pd.read_parquet(run.export(tmp_path / "new" / "metrics.parquet", what="metrics"))  # (folder made)
     pd.testing.assert_frame_equal(parquet, run.metrics())
     with pytest.raises(ValueError, match="use a .csv or .parquet file"):
         run.export(tmp_path / "rows.xlsx")

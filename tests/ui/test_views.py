@@ -243,7 +243,8 @@ def test_the_first_nan_is_found_and_metrics_are_smoothed_as_tensorboard_does():
 
     view, _ = watched(Breaks(), 3)
     assert view.first_anomaly["step"] == 1 and view.first_anomaly["site"] in ("log", "(model)")
-    assert set(view.anomaly_frame().step) == {1, 2, 3}
+    steps = view.anomaly_frame().step.tolist()
+    assert set(steps) == {1, 2, 3} and steps == sorted(steps, reverse=True)  # (the most recent first)
     frame = view.metrics_frame(["lr"], smoothing=0.5)
     assert frame.smoothed.tolist() == pytest.approx([0.1, 0.1, 0.1])
     values = np.array([1.0, 3.0, 2.0])

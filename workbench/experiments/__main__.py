@@ -89,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         return _run_distributed(args, config, experiments)
-    exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu", **config)
-    history = exp.run(args.steps, store=args.store, every=args.every, histograms=args.histograms)
+    try:  # (a bad config value, --every, a --store that holds a run: refused before training, a line each)
+        exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu", **config)
+        history = exp.run(args.steps, store=args.store, every=args.every, histograms=args.histograms)
+    except (ValueError, TypeError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     last = history[-1] if history else {}
     print(f"{args.name}: {len(history)} steps" + (f", loss {last['loss']:.4g}" if "loss" in last else "")
           + (f"; stored in {args.store}" if args.store else ""))

@@ -178,6 +178,8 @@ class Run:
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
         frame = self.to_pandas() if what == "rows" else self.metrics()
         suffix = path.suffix.lower()
+        if suffix in (".csv", ".parquet"):
+            path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
         if suffix == ".csv":
             frame.to_csv(path, index=False)
         elif suffix == ".parquet":

@@ -740,9 +740,10 @@ class RunView:
         return (pd.DataFrame(bands, columns=columns), np.array([k[0] for k in kept], np.int64), grid, density)
 
     def anomaly_frame(self) -> pd.DataFrame:
-        """The most recent rows with a NaN or an Inf (first appearance in :attr:`first_anomaly`)."""
+        """The most recent rows with a NaN or an Inf, newest first (first appearance in :attr:`first_anomaly`)."""
         with self._synced():
-            return pd.DataFrame(list(self.anomalies), columns=["step", "site", "kind", "nan_count", "inf_count"])
+            return pd.DataFrame(list(reversed(self.anomalies)), columns=["step", "site", "kind", "nan_count",
+                                                                        "inf_count"])
 
 
 def _check_kind(kind: str) -> None:
