@@ -118,6 +118,9 @@ class Thresholds:
         diverge_window: see ``diverge_factor``.
         diverge_regain: see ``diverge_factor`` (a loss that fell from 0.7 to 0.003 and is noisy
             around 0.03 has risen 10x without diverging).
+        diverge_blowup: also ``diverging`` when the median of the last ``diverge_window`` values is
+            this many times the metric's first value (a positive one), rising or not: a learning rate
+            far too large throws the loss up orders of magnitude in a step, where it swings or stays.
     """
 
     persist: int = 3
@@ -136,6 +139,7 @@ class Thresholds:
     diverge_factor: float = 10.0
     diverge_window: int = 5
     diverge_regain: float = 0.5
+    diverge_blowup: float = 100.0
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, expected: str) -> None:
@@ -159,6 +163,7 @@ class Thresholds:
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("diverge_factor", number("diverge_factor") and self.diverge_factor > 1, "a number > 1")
+        need("diverge_blowup", number("diverge_blowup") and self.diverge_blowup > 1, "a number > 1")
         for name in ("diverge_regain", "spike_regain"):
             need(name, number(name) and 0 <= getattr(self, name) <= 1, "a fraction in [0, 1]")
         for name in ("update_ratio_high", "update_ratio_low"):
@@ -807,12 +812,17 @@ class Diagnoser:
             # (and has given back at least diverge_regain of what it fell from its first median: a
             # converged loss near 0, noisy from batch to batch, is many times its lowest without
             # diverging)
+            start = state["start"]
             if (rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
                     and now - best >= t.diverge_regain * (first - best)):
                 self._hold(step, "diverging", None, None,
-                           f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / best if best > 0 else math.inf:.1f}x "
-                           f"its lowest ({best:.4g}), and rising (threshold {t.diverge_factor:g}x).",
-                           site=name, key=name)
+                           f"{name}: median {now:.4g} over its last {len(tail)} steps, "
+                           f"{now / best if best > 0 else math.inf:.1f}x its lowest ({best:.4g}), and rising "
+                           f"(threshold {t.diverge_factor:g}x).", site=name, key=name)
+            elif start > 0 and now > t.diverge_blowup * start:  # (blown up early: no lower median to rise from)
+                self._hold(step, "diverging", None, None,
+                           f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / start:.3g}x its "
+                           f"first value ({start:.4g}; threshold {t.diverge_blowup:g}x).", site=name, key=name)
 
 
 def _median(values: list[float]) -> float:

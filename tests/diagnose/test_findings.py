@@ -178,6 +178,23 @@ def test_a_converged_loss_s_batch_to_batch_jumps_are_not_spikes():
     assert spikes[spikes.finding == "loss_spike"].step.tolist() == [301]
 
 
+def test_a_loss_thrown_up_orders_of_magnitude_early_is_diverging_though_it_does_not_rise():
+    """A learning rate far too large: 1.41, then 3e5-6e6 from the second step on, swinging (never three
+    rises in four steps) or flat: no lower median to rise from, a blow-up from its first value."""
+    swinging = [1.41] + [3e5, 6e6] * 15
+    flat = [1.41] + [1e6] * 30
+    for loss in (swinging, flat):
+        f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 32), "loss": loss}))
+        [row] = f[f.finding == "diverging"].itertuples()
+        assert (row.step, row.last_step) == (5, 31) and "its first value (1.41; threshold 100x)" in row.evidence
+    # a loss that rises 50x its first value (under the threshold) and one that starts at 0 are not
+    for loss in ([1.0] + [50.0] * 30, [0.0] + [1e6] * 30):
+        f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 32), "loss": loss}))
+        assert "diverging" not in set(f.finding)
+    with pytest.raises(ValueError, match="diverge_blowup"):
+        diagnose(pd.DataFrame(), pd.DataFrame({"step": [1], "loss": [1.0]}), diverge_blowup=1)
+
+
 def test_a_spike_over_consecutive_steps_is_one_finding_and_spikes_apart_are_two():
     loss = [1.0] * 40
     loss[20:23] = [20.0, 40.0, 20.0]  # (a few bad batches in a row: its level, a median of 5, stays low)
