@@ -222,6 +222,10 @@ class _Layout:
     params: np.ndarray  # param rows
 
 
+#: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
+REJOIN_STEPS = 3
+
+
 class Diagnoser:
     """Findings of a run, computed incrementally from its recorded steps.
 
@@ -559,7 +563,9 @@ class Diagnoser:
             where = {"site": site, "module": "", "call": -1, "kind": "metric", "tensor": ""}
         e = self._open.get(key)
         if e is None:
-            e = self._open[key] = {"finding": finding, "start": step, "count": 0, "need": need or 1}
+            e = self._reopened(key, step)
+        if e is None:
+            e = self._open[key] = {"finding": finding, "start": step, "count": 0, "need": need or 1, "key": key}
         e.update(where)  # (a finding keyed by what it is, not where: where it holds now)
         if e.get("seen") == self.steps_seen:
             e["evidence"] = evidence
@@ -571,6 +577,17 @@ class Diagnoser:
         if not strongest or worst >= e.get("worst", -math.inf):
             e["evidence"] = evidence
             e["worst"] = worst
+
+    def _reopened(self, key: Any, step: int) -> dict | None:
+        """The finding of ``key`` that ended at most :data:`REJOIN_STEPS` steps before ``step``, taken up
+        again (a loss NaN every other step is one finding, not one a step), or None."""
+        for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
+            e = self._closed[i]
+            if e.get("key") == key and step - e["last"] <= REJOIN_STEPS:
+                del self._closed[i]
+                self._open[key] = e
+                return e
+        return None
 
     def _close_stale(self, rows: bool, metrics: bool) -> None:
         """Episodes whose condition did not hold this step: one not yet a finding ends; a finding
@@ -778,7 +795,7 @@ class Diagnoser:
             self._hold(step, "diverging", None, None,
                        f"{name} is {value} at step {step}" + (f" (last finite: {state['recent'][-1]:.4g})."
                                                               if state["recent"] else "."),
-                       site=name, key=name)
+                       site=name, key=name, worst=-step, strongest=True)  # (the evidence of its first NaN)
             return
         recent, tail = state["recent"], state["tail"]
         state.setdefault("start", value)  # (its first finite value: the scale of what it can fall)

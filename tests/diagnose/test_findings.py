@@ -195,6 +195,17 @@ def test_a_loss_thrown_up_orders_of_magnitude_early_is_diverging_though_it_does_
         diagnose(pd.DataFrame(), pd.DataFrame({"step": [1], "loss": [1.0]}), diverge_blowup=1)
 
 
+def test_a_loss_nan_every_other_step_is_one_finding_naming_its_first_nan():
+    from workbench.instrument import StepRecord
+
+    loss = [1.0] * 10 + [float("nan"), 1.0] * 15
+    diagnoser = Diagnoser()
+    diagnoser.feed([StepRecord(step, metrics={"loss": value}) for step, value in enumerate(loss, 1)])
+    f = diagnoser.findings()
+    [row] = f[f.finding == "diverging"].itertuples()  # (not fifteen: it holds again a step after it ended)
+    assert (row.step, row.last_step) == (11, 39) and row.evidence == "loss is nan at step 11 (last finite: 1)."
+
+
 def test_a_spike_over_consecutive_steps_is_one_finding_and_spikes_apart_are_two():
     loss = [1.0] * 40
     loss[20:23] = [20.0, 40.0, 20.0]  # (a few bad batches in a row: its level, a median of 5, stays low)
