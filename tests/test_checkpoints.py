@@ -142,6 +142,16 @@ def test_ilql_checkpoint_in_agilerls_layout(tmp_path):
         ck.load_weights(wrong.model, checkpoint)
 
 
+def test_weights_that_hold_nan_say_so(tmp_path):
+    torch.save({"layers.0.weight": torch.tensor([[1.0, float("nan")]]), "layers.0.bias": torch.zeros(1),
+                "steps": torch.tensor(3)}, tmp_path / "nan.pt")
+    text = ck.load_checkpoint(tmp_path / "nan.pt").describe()
+    assert text.endswith("; 1 of them hold NaN or Inf (layers.0.weight): a model started from these weights "
+                         "computes NaN from its first step")
+    torch.save({"w": torch.ones(2)}, tmp_path / "fine.pt")
+    assert "NaN" not in ck.load_checkpoint(tmp_path / "fine.pt").describe()
+
+
 def test_random_bytes_are_not_a_checkpoint(tmp_path):
     (tmp_path / "random.bin").write_bytes(os.urandom(10 * 2**20))
     with pytest.raises(ck.CheckpointError, match="not a torch checkpoint"):

@@ -119,11 +119,19 @@ class Checkpoint:
         return sum(t.numel() for t in self.state_dict.values() if isinstance(t, torch.Tensor))
 
     def describe(self) -> str:
-        """One paragraph: what was found, how many tensors and numbers."""
+        """One paragraph: what was found, how many tensors and numbers, and the tensors that hold a NaN or
+        an Inf (a model started from them is NaN from its first step)."""
         what = {LIGHTZERO: "LightZero EfficientZero dynamics network", AGILERL_ILQL: "AgileRL-layout ILQL agent",
                 STATE_DICT: "state_dict"}[self.kind]
-        return (f"{what} ({self.layout}): {len(self.state_dict)} tensors, {self.parameters:,} numbers, "
+        text = (f"{what} ({self.layout}): {len(self.state_dict)} tensors, {self.parameters:,} numbers, "
                 f"read from {self.path.name}")
+        bad = [name for name, t in self.state_dict.items()
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad:
+            named = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "")
+            text += (f"; {len(bad)} of them hold NaN or Inf ({named}): a model started from these weights "
+                     "computes NaN from its first step")
+        return text
 
 
 def _size_text(n: int) -> str:
