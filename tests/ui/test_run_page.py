@@ -105,6 +105,7 @@ def test_the_controls_pick_what_each_view_draws(manager):
     assert page.sites == ["layers.1", "layers.3"] and [t["name"] for t in traces(page.sites_figure)
                                                       if "lines" in t.get("mode", "")] == ["layers.1", "layers.3"]
     assert "'nowhere'" in page.site_note and page.sites_figure["layout"]["yaxis"]["type"] == "log"
+    assert "2 of 5 grad_output call sites (as picked)" in page.site_note  # (not "by default the ones ...")
     # distributions: the sites with histograms, the one picked
     assert page.dist_choices == LAYERS and page.dist_site == "layers.2"
     median = traces(page.distribution_figure, "median")[0]

@@ -932,7 +932,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites)) if sites
                          else figures.empty_figure("Pick call sites above." if site_choices
                                                    else f"No {c.kind} rows yet."))
-            site_note = _site_note(view, c.kind, site_choices, sites, unknown)
+            site_note = _site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
         except ValueError as exc:
             sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
         dist_choices = [s for s in site_choices if s in set(view.histogram_sites(c.kind))]
@@ -991,12 +991,14 @@ def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd
     return latest.assign(intervention=marks)
 
 
-def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unknown: list[str]) -> str:
+def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unknown: list[str],
+               default: bool = True) -> str:
     if not names:
         return f"No {kind} rows yet."
     text = f"{len(sites)} of {len(names)} {kind} call sites"
     if len(names) > len(sites) and sites:
-        text += " (by default the ones whose statistic changed most; pick others above)"
+        text += (" (by default the ones whose statistic changed most; pick others above)" if default
+                 else " (as picked)")
     aliases = []
     for site in view.sites[kind]:  # (a tensor several call sites return: one site, its other names)
         if site.aliases and site.name in sites:
