@@ -276,6 +276,7 @@ def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, t
     torch.save(source.state_dict(), tmp_path / "mlp.pt")
     text, tree, _, experiment, _ = live.inspect_weights(str(tmp_path / "mlp.pt"))
     assert "plain state_dict" in text and experiment is None
+    assert "**Start** loads it into the experiment picked in the form" in text and "load_weights" not in text
     run, message = live.start_run(manager, "activation_mlp", {}, 0, 1, 1, False, "*", "",
                                   weights=str(tmp_path / "mlp.pt"))
     assert run is not None, message
@@ -501,7 +502,7 @@ def test_bad_uploads_are_refused_and_the_server_stays_up(page, tmp_path):
     # another architecture: inspected as a plain state_dict, refused by Start with the diff
     torch.save(workbench.experiments.create("activation_mlp").model.state_dict(), tmp_path / "mlp.pt")
     upload(tmp_path / "mlp.pt")
-    expect(summary).to_contain_text("a plain state_dict", timeout=30_000)
+    expect(summary).to_contain_text("A plain state_dict names no model to build", timeout=30_000)
     page.locator("#experiment-list").get_by_label("efficientzero_dynamics", exact=True).check()
     page.wait_for_selector("#experiment-overview:has-text('efficientzero_dynamics')")
     # (its form comes with a render of its own: Start before it would start the last form's experiment)

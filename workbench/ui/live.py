@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
+from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.instrument.interventions import listed
@@ -1226,6 +1226,10 @@ def inspect_weights(path: Any, batch_size: int = 2) -> tuple[str, pd.DataFrame, 
     try:
         model, spec = build_model(checkpoint)
     except CheckpointError as exc:
+        if checkpoint.kind == STATE_DICT:  # (what names no model to build here can still start a run)
+            return (f"{text}\n\nA plain state_dict names no model to build and show here. **Start** loads it "
+                    "into the experiment picked in the form; its keys and shapes are checked then, and a "
+                    "mismatch is listed.", empty_tree, empty_out, experiment, settings)
         return f"{text}\n\n{_md(str(exc))}", empty_tree, empty_out, experiment, settings
     except Exception as exc:  # (a model that cannot be built from it, e.g. out of memory): a message
         return (f"{text}\n\n**Cannot build a model from it:** {type(exc).__name__}: {exc}", empty_tree, empty_out,
