@@ -125,7 +125,7 @@ def test_the_findings_a_zeroed_layer_causes_name_the_intervention(manager):
     start_step = run.interventions[0].start
     deadline = time.monotonic() + 60
     while True:  # (the findings follow the run on their own thread)
-        note, table = findings_view._page_note(run, {})
+        note, table = findings_view.page_findings(run, {})  # (a new page's state: both sent)
         dead = table[(table.site == "layers.1") & (table.finding == "dead_units")]
         if len(dead) or time.monotonic() > deadline:
             break

@@ -27,8 +27,8 @@ def _tag(module: str, call: int, kind: str, tensor: str) -> str:
 
 def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
     """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms as TensorBoard event files
-    in ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms): a
-    value a call through torch's ``SummaryWriter`` took ~100 us each, ~20 s for a 60-step ILQL run."""
+    in ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms), not
+    one event a value: an export's cost follows the events it writes."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
