@@ -188,6 +188,22 @@ def test_a_pickle_with_code_is_refused_and_does_not_run(tmp_path, writer):
     assert not marker.exists()
 
 
+def test_a_whole_pickled_model_is_refused_naming_its_class_and_the_fix(tmp_path):
+    torch.save(torch.nn.Sequential(torch.nn.Linear(3, 4)), tmp_path / "whole.pt")
+    with pytest.raises(ck.CheckpointError) as info:
+        ck.load_checkpoint(tmp_path / "whole.pt")
+    message = str(info.value)
+    assert "of class torch.nn.modules.container.Sequential (e.g. a whole model saved with" in message
+    assert message.endswith("Save the weights alone with torch.save(model.state_dict(), path).")
+
+
+def test_a_dict_with_the_model_under_model_is_not_called_lightzeros(tmp_path):
+    torch.save({"model": torch.nn.Linear(3, 4).state_dict(), "epoch": 3}, tmp_path / "mine.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "mine.pt")
+    assert checkpoint.kind == ck.STATE_DICT and set(checkpoint.state_dict) == {"weight", "bias"}
+    assert "LightZero" not in checkpoint.describe() and "under 'model'" in checkpoint.describe()
+
+
 def test_truncated_and_empty_files(tmp_path):
     torch.save(lightzero_state(), tmp_path / "full.pt")
     data = (tmp_path / "full.pt").read_bytes()

@@ -182,11 +182,11 @@ def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
     except Exception as exc:
         message = str(exc)
         if "Weights only load failed" in message or "weights_only" in message.lower():
-            lines = [line.strip() for line in message.splitlines()]
-            found = next((line for line in lines if "GLOBAL" in line or "global" in line), "")
-            opcode = next((line for line in lines if "Unsupported operand" in line), "")
-            what = (f"Python objects other than tensors and plain containers ({found[:160]})" if found else
-                    f"pickle instructions a weights-only load does not accept ({opcode[:80]})" if opcode else
+            found = re.search(r"GLOBAL ([\w.]+)", message)
+            opcode = re.search(r"Unsupported operand (\S+)", message)
+            what = (f"a pickled Python object of class {found[1]} (e.g. a whole model saved with "
+                    "torch.save(model, path)), not only tensors and plain containers" if found else
+                    f"pickle instructions a weights-only load does not accept (operand {opcode[1]})" if opcode else
                     "something other than tensors and plain containers")
             raise CheckpointError(
                 f"{name} holds {what}; it was refused unread (torch.load(weights_only=True)) and nothing in it "
@@ -227,14 +227,15 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
                           {"net_config": obj["net_config"], "hyperparameters": obj.get("hyperparameters", {})})
     layout, state = "a state_dict", obj
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
-        layout, state = "LightZero's saved dict, the model under 'model'", obj["model"]
+        layout, state = "a dict with the model under 'model'", obj["model"]
     elif isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         layout, state = "a dict with the model under 'state_dict'", obj["state_dict"]
     if not _is_state_dict(state):
         found = (f"a dict with keys {list(obj)[:8]}" if isinstance(obj, dict) else type(obj).__name__)
         raise CheckpointError(
-            f"{name} holds {found}, not model weights. Accepted: a state_dict (a dict of tensors), LightZero's "
-            "saved dict with the model under 'model', or an ILQL checkpoint from ILQL.save_checkpoint().")
+            f"{name} holds {found}, not model weights. Accepted: a state_dict (a dict of tensors), a dict with "
+            "the state_dict under 'model' (as LightZero saves) or 'state_dict', or an ILQL checkpoint from "
+            "ILQL.save_checkpoint().")
     state = _strip_prefixes(dict(state))
     dynamics = {k[len(_DYNAMICS):]: v for k, v in state.items() if k.startswith(_DYNAMICS)}
     if dynamics:

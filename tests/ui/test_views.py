@@ -502,6 +502,18 @@ def test_a_metric_of_a_few_points_is_drawn_with_a_marker_at_each():
     assert drawn["loss"]["mode"] == "lines"  # (60 points: a line)
 
 
+def test_a_constant_metric_is_drawn_around_its_value_not_on_plotlys_plus_minus_one():
+    """Plotly's own range for a flat line is value +- 1: a learning rate of 3e-4 would sit on the 0 line."""
+    view = RunView()
+    view.feed([StepRecord(s, metrics={"lr": 3e-4, "loss": 1 / s, "zero": 0.0}) for s in range(1, 30)])
+    layout = figures.metrics_figure(view)["layout"]
+    axes = {a["text"]: layout["yaxis" + ("" if i == 0 else str(i + 1))] for i, a in enumerate(layout["annotations"])}
+    assert axes["lr"]["range"] == pytest.approx([1.5e-4, 4.5e-4])
+    assert axes["zero"]["range"] == [-1.0, 1.0] and "range" not in axes["loss"]
+    logged = figures.metrics_figure(view, ["lr"], log_y=True)["layout"]["yaxis"]
+    assert logged["range"] == pytest.approx([np.log10(3e-4) - 1, np.log10(3e-4) + 1])
+
+
 def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
     """A run NaN from its first step: its loss and a site's statistic have no point to draw."""
     nan = float("nan")
@@ -515,7 +527,29 @@ def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
     view = RunView()
     view.feed([record(s) for s in range(1, 11)])
     notes = [a["text"] for a in figures.metrics_figure(view)["layout"]["annotations"]]
-    assert "loss: no finite value (NaN or Inf) to draw" in notes
+    assert "loss: no finite value<br>(NaN or Inf) to draw" in notes
     assert not any(n.startswith("accuracy:") for n in notes)  # (its panel has its points)
     sites = figures.sites_figure(view, "activation", "std", ["layers.0"])
-    assert [a["text"] for a in sites["layout"]["annotations"]] == ["layers.0: no finite value (NaN or Inf) to draw"]
+    assert [a["text"] for a in sites["layout"]["annotations"]] == ["layers.0: no finite value<br>(NaN or Inf) to draw"]
+    heat = figures.heatmap_figure(view, "activation", "mean")["layout"]
+    assert [a["text"] for a in heat["annotations"]] == ["every activation cell: no finite value<br>(NaN or Inf) to draw"]
+    assert heat["xaxis"]["range"] == [0.5, 10.5] and heat["yaxis"]["categoryarray"] == ["layers.0"]  # (not -1..6)
+
+
+def test_a_stored_run_keeps_a_metric_logged_nan_apart_from_one_not_logged(tmp_path):
+    """SQLite keeps a NaN as NULL: the replay shows the NaN loss's panel, and a sparse metric's gaps stay gaps."""
+    model = torch.nn.Linear(3, 2)
+    with workbench.watch(model, store=tmp_path / "r") as w:
+        for step in range(1, 7):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=float("nan") if step > 1 else 2.0, **({"reward": 1.0} if step % 3 == 0 else {}))
+    run = workbench.load_run(tmp_path / "r")
+    long = run.metrics(long=True)
+    assert list(long.columns) == ["step", "name", "value"]
+    assert long[long.name == "reward"].step.tolist() == [3, 6]
+    assert long[long.name == "loss"].value.isna().tolist() == [False] + [True] * 5
+    pd.testing.assert_frame_equal(long, w.metrics(long=True))
+    view = RunView.from_run(run)
+    frame = view.metrics_frame(["loss", "reward"])
+    assert frame[frame.metric == "loss"].step.tolist() == [1, 2, 3, 4, 5, 6]
+    assert frame[frame.metric == "reward"].step.tolist() == [3, 6]

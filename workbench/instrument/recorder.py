@@ -111,8 +111,12 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
     return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts", "sampled"])
 
 
-def metrics_frame(records: Iterable[StepRecord]) -> pd.DataFrame:
-    """One row per step that published metrics: ``step`` and a column per metric."""
+def metrics_frame(records: Iterable[StepRecord], long: bool = False) -> pd.DataFrame:
+    """One row per step that published metrics: ``step`` and a column per metric; ``long``: one row
+    per logged value, ``step, name, value``."""
+    if long:
+        logged = [(r.step, name, float(value)) for r in records for name, value in sorted(r.metrics.items())]
+        return pd.DataFrame(logged, columns=["step", "name", "value"]).astype({"step": "int64", "value": "float64"})
     rows = [{"step": r.step, **r.metrics} for r in records if r.metrics]
     return pd.DataFrame(rows) if rows else pd.DataFrame({"step": pd.Series(dtype=np.int64)})
 
@@ -365,9 +369,9 @@ class Recorder:
         """The kept records' rows (``ROW_COLUMNS``), one per tensor per call site per step."""
         return rows_frame(self.records())
 
-    def metrics(self) -> pd.DataFrame:
-        """The kept records' metrics, one row per step."""
-        return metrics_frame(self.records())
+    def metrics(self, long: bool = False) -> pd.DataFrame:
+        """The kept records' metrics, one row per step (``long``: per logged value)."""
+        return metrics_frame(self.records(), long)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
         return histograms_frame(self.records(), module, kind)

@@ -98,12 +98,20 @@ class Run:
         frame = self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM rows ORDER BY step, seq")
         return _typed(frame)
 
-    def metrics(self) -> pd.DataFrame:
-        """One row per step: ``step`` and a column per metric."""
-        long = self._query("SELECT step, name, value FROM metrics ORDER BY step")
-        if long.empty:
+    def metrics(self, long: bool = False) -> pd.DataFrame:
+        """One row per step: ``step`` and a column per metric (NaN: not logged that step, or logged NaN).
+
+        Args:
+            long: one row per logged value instead, ``step, name, value``: a value logged as NaN is a
+                row with NaN, a metric not logged that step no row.
+        """
+        long_form = self._query("SELECT step, name, value FROM metrics ORDER BY step, name")
+        long_form["value"] = long_form["value"].astype("float64")  # (SQLite keeps a NaN as NULL)
+        if long:
+            return long_form
+        if long_form.empty:
             return pd.DataFrame({"step": pd.Series(dtype="int64")})
-        wide = long.pivot(index="step", columns="name", values="value").reset_index()
+        wide = long_form.pivot(index="step", columns="name", values="value").reset_index()
         wide.columns.name = None
         return wide
 

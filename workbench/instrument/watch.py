@@ -279,9 +279,15 @@ class Watch:
         """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""
         return self.recorder.to_pandas()
 
-    def metrics(self) -> pd.DataFrame:
-        """The metrics given to ``step()`` / ``log()``: one row per step."""
-        return self.recorder.metrics()
+    def metrics(self, long: bool = False) -> pd.DataFrame:
+        """The metrics given to ``step()`` / ``log()``: one row per step, a column per metric (NaN: not
+        logged that step, or logged NaN).
+
+        Args:
+            long: one row per logged value instead, ``step, name, value`` (a metric not logged that
+                step has no row; one logged NaN has a row with NaN).
+        """
+        return self.recorder.metrics(long)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
         """Histograms (recorded unless ``histograms=False``): one row per tensor with ``edges`` and ``counts``.

@@ -227,7 +227,9 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
         layout[f"xaxis{n}"] = _steps_axis(np.concatenate([f.step[f.metric == name] for f in frames.values()]),
                                           domain=[x0, x0 + width], anchor=f"y{n}")
-        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear")
+        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear",
+                                    **_flat_range(np.concatenate([f.value[f.metric == name] for f in frames.values()]),
+                                                  log_y))
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
         if not any(np.isfinite(frame.value[frame.metric == name]).any() for frame in frames.values()):
@@ -252,6 +254,20 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
                                   name=run if several else f"{name} (smoothed)", showlegend=several and i == 0,
                                   hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
     return {"data": data, "layout": layout}
+
+
+def _flat_range(values: Any, log: bool) -> dict[str, Any]:
+    """A y range around a metric that never changes (a constant learning rate): Plotly's own is
+    value +- 1, which draws 3e-4 on the 0 line, and 1e6 with ticks of seven digits."""
+    finite = np.asarray(values, np.float64)
+    finite = finite[np.isfinite(finite) & ((finite > 0) if log else True)]
+    if not len(finite) or finite.max() != finite.min():
+        return {}
+    value = finite[0]
+    if log:
+        return {"range": [math.log10(value) - 1, math.log10(value) + 1]}
+    pad = abs(value) / 2 or 1.0
+    return {"range": [value - pad, value + pad]}
 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
@@ -326,8 +342,8 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
 
 def _no_finite_value(what: str, x: float, y: float) -> dict[str, Any]:
     """A note in a plot where ``what`` has no finite value to draw (every point NaN or Inf)."""
-    return dict(text=f"{what}: no finite value (NaN or Inf) to draw", x=x, y=y, xref="paper", yref="paper",
-                showarrow=False, font=dict(size=12, color="#b42318"))
+    return dict(text=f"{what}: no finite value<br>(NaN or Inf) to draw", x=x, y=y, xref="paper", yref="paper",
+                xanchor="center", showarrow=False, font=dict(size=12, color="#b42318"))
 
 
 def _site_colors(order: Sequence[str], drawn: Sequence[str]) -> dict[str, str]:
@@ -410,9 +426,13 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
         title += f", a cell the mean of {stride} steps"
     if every > 1:
         title += f" (a label every {every} rows: hover a row for its site)"
-    return {"data": data, "layout": _layout(
-        max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120), title, hovermode="closest",
-        xaxis=_steps_axis(steps, title=dict(text="step")), yaxis=yaxis)}
+    layout = _layout(max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120), title, hovermode="closest",
+                     xaxis=_steps_axis(steps, title=dict(text="step")), yaxis=yaxis)
+    if not np.isfinite(matrix).any():  # (Plotly draws no cell, no row and a made-up x range: say why, keep both)
+        layout["xaxis"]["range"] = _cell_bounds(steps)[[0, -1]].tolist()
+        yaxis.update(categoryorder="array", categoryarray=names, range=[len(names) - 0.5, -0.5])
+        layout["annotations"] = [_no_finite_value(f"every {kind} cell", 0.5, 0.5)]
+    return {"data": data, "layout": layout}
 
 
 #: A distribution figure draws a site's histograms as recorded when they come in at most this

@@ -288,7 +288,7 @@ class RunView:
     def from_run(cls, run: Run, **options: Any) -> RunView:
         """The views of a stored run (``workbench.load_run``), as they were when it was recorded."""
         view = cls(label=run.name, **options)
-        rows, metrics = run.to_pandas(), run.metrics()
+        rows, metrics = run.to_pandas(), run.metrics(long=True)
         histograms = run.histograms() if len(rows) else None
         if histograms is not None and len(histograms) != len(rows):
             histograms = None  # (a run that recorded histograms on some steps only shows none)
@@ -297,9 +297,8 @@ class RunView:
             highs = np.array([e[-1] for e in histograms.edges])
             counts = histograms.counts.to_list()
         by_step: dict[int, dict[str, float]] = {}
-        for record in metrics.to_dict("records"):
-            step = int(record.pop("step"))
-            by_step[step] = {k: float(v) for k, v in record.items() if v == v}  # (NaN: not logged that step)
+        for step, name, value in metrics.itertuples(index=False):
+            by_step.setdefault(int(step), {})[name] = float(value)
         codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
         starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
         # (a run that stored no step yet: no rows, no steps)
