@@ -200,10 +200,15 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     dash.refresh()
     assert all(plotted(dash, name) == dash.figure(name) for name in ("metrics", "sites", "heatmap", "distribution"))
     assert dash.sites.value == tuple(dash.view.default_sites("activation", "std"))
+    assert "5 of 5 activation call sites" in dash.site_note.value
     dash.sites.value = ("layers.1",)
     assert [t["name"] for t in plotted(dash, "sites")["data"] if t.get("name")] == ["layers.1"]
+    assert "1 of " in dash.site_note.value and "(as picked)" in dash.site_note.value
     dash.refresh()  # a user's choice stays through redraws
     assert dash.sites.value == ("layers.1",)
+    dash.sites.value = ("layers.4",)  # the network's output: its container and the model return it too
+    assert "<code>layers.4</code> is the tensor <code>layers</code> and <code>(model)</code> return too" \
+        in dash.site_note.value
     dash.kind.value = "param_grad"  # another kind: its own default sites
     assert all(" " in site for site in dash.sites.value)  # ('layers.0 weight', ...)
     assert plotted(dash, "heatmap")["layout"]["title"]["text"].startswith("param_grad")

@@ -41,7 +41,7 @@ import pandas as pd
 
 from workbench.ui.views import PERCENTILES, RunView
 
-__all__ = ["header_markdown", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
+__all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "empty_figure", "to_json", "values"]
 
 Figure = dict[str, Any]
@@ -338,6 +338,38 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     if blank:  # (a line of NaN or Inf draws nothing: an empty plot would not say why)
         layout["annotations"] = [_no_finite_value(", ".join(blank), 0.5, 0.5)]
     return {"data": data, "layout": layout}
+
+
+def site_note(view: RunView, kind: str, names: Sequence[str], sites: Sequence[str], unknown: Sequence[str] = (),
+              default: bool = True) -> str:
+    """The line under a sites figure (Markdown): how many of the call sites it draws and why those,
+    the other names of a tensor several call sites return (a ``Dropout(p=0)``, a container returning
+    its last child's output: one site, listed once), and picked names that are no such site.
+
+    Args:
+        view: the run's views.
+        kind: the kind drawn.
+        names: every call site of that kind (``view.site_order(kind)``).
+        sites: the sites drawn.
+        unknown: picked names that are not call sites of this kind.
+        default: the sites are the default pick (not the user's).
+    """
+    if not names:
+        return f"No {kind} rows yet."
+    text = f"{len(sites)} of {len(names)} {kind} call sites"
+    if len(names) > len(sites) and sites:
+        text += (" (by default the ones whose statistic changed most; pick others above)" if default
+                 else " (as picked)")
+    aliases = []
+    for site in view.sites[kind]:  # (a tensor several call sites return: one site, its other names)
+        if site.aliases and site.name in sites:
+            others = " and ".join(f"`{alias}`" for alias in site.aliases)
+            aliases.append(f"`{site.name}` is the tensor {others} return{'s' if len(site.aliases) == 1 else ''} too")
+    if aliases:
+        text += ". " + "; ".join(aliases)
+    if unknown:
+        text += f". Not {kind} sites, left out: {', '.join(map(repr, unknown[:5]))}"
+    return text + "."
 
 
 def _no_finite_value(what: str, x: float, y: float) -> dict[str, Any]:

@@ -932,7 +932,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites)) if sites
                          else figures.empty_figure("Pick call sites above." if site_choices
                                                    else f"No {c.kind} rows yet."))
-            site_note = _site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
+            site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
         except ValueError as exc:
             sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
         dist_choices = [s for s in site_choices if s in set(view.histogram_sites(c.kind))]
@@ -989,26 +989,6 @@ def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd
               and row.site in (module, target)]
         marks.append("; ".join(on))
     return latest.assign(intervention=marks)
-
-
-def _site_note(view: RunView, kind: str, names: list[str], sites: list[str], unknown: list[str],
-               default: bool = True) -> str:
-    if not names:
-        return f"No {kind} rows yet."
-    text = f"{len(sites)} of {len(names)} {kind} call sites"
-    if len(names) > len(sites) and sites:
-        text += (" (by default the ones whose statistic changed most; pick others above)" if default
-                 else " (as picked)")
-    aliases = []
-    for site in view.sites[kind]:  # (a tensor several call sites return: one site, its other names)
-        if site.aliases and site.name in sites:
-            others = " and ".join(f"`{alias}`" for alias in site.aliases)
-            aliases.append(f"`{site.name}` is the tensor {others} return{'s' if len(site.aliases) == 1 else ''} too")
-    if aliases:
-        text += ". " + "; ".join(aliases)
-    if unknown:
-        text += f". Not {kind} sites, left out: {', '.join(map(repr, unknown[:5]))}"
-    return text + "."
 
 
 def _live_header(run: LiveRun) -> str:

@@ -289,6 +289,7 @@ class Dashboard:
         self.distribution_site = w.Dropdown(options=[], description="distribution of", style=style,
                                             layout=w.Layout(width="28em"))
         self.metrics_plot, self.sites_plot, self.heatmap_plot, self.distribution_plot = (w.Output() for _ in range(4))
+        self.site_note = w.HTML()  # (how many sites, and a tensor's other names: a Dropout(p=0) is its input)
         self.anomalies = w.HTML()
         self.findings_summary = w.HTML()
         # (the widget's margins come on top of its width: 100% would run past the output's edge)
@@ -311,7 +312,7 @@ class Dashboard:
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            w.HBox([self.kind, self.statistic, self.sites]), self.sites_plot, self.heatmap_plot,
+            w.HBox([self.kind, self.statistic, self.sites]), self.sites_plot, self.site_note, self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
             self.anomalies,
         ])
@@ -505,6 +506,9 @@ class Dashboard:
             elif name == "sites":
                 sites = list(self.sites.value) or None
                 spec, out = figures.sites_figure(self.view, kind, statistic, sites), self.sites_plot
+                drawn = sites or self.view.default_sites(kind, statistic)
+                self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
+                                                               default=not self._picked_sites))
             elif name == "heatmap":
                 spec, out = figures.heatmap_figure(self.view, kind, statistic), self.heatmap_plot
             else:
