@@ -429,8 +429,7 @@ class Diagnoser:
         ndim = np.array([len(s) for s in shapes], np.int64)
         units = np.array([s[1] if len(s) >= 2 else 0 for s in shapes], np.int64)
         per_unit = np.array([int(np.prod(s)) // s[1] if len(s) >= 2 and s[1] else 0 for s in shapes], np.int64)
-        names = [site_name(k[0], k[1], k[3], self._calls.get((k[2], k[0]), 1) > 1)
-                 if k[2] in ("activation", "grad_output") else (f"{k[0]}.{k[3]}" if k[0] else k[3]) for k in keys]
+        names = [site_name(k[0], k[1], k[3], self._calls.get((k[2], k[0]), 1) > 1, k[2]) for k in keys]
         params = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param"}
         pair = {i: params[(k[0], k[3])] for i, k in enumerate(keys) if k[2] == "update" and (k[0], k[3]) in params}
         grads = np.flatnonzero((kind == "grad_output") & ~alias & (order >= 0))

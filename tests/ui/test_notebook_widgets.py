@@ -210,7 +210,7 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert "<code>layers.4</code> is the tensor <code>layers</code> and <code>(model)</code> return too" \
         in dash.site_note.value
     dash.kind.value = "param_grad"  # another kind: its own default sites
-    assert all(" " in site for site in dash.sites.value)  # ('layers.0 weight', ...)
+    assert all(site.endswith((".weight", ".bias")) for site in dash.sites.value)  # (as named_parameters() names)
     assert plotted(dash, "heatmap")["layout"]["title"]["text"].startswith("param_grad")
     dash.log_y.value = True
     assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "log"

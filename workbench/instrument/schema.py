@@ -48,10 +48,13 @@ TEXT_COLUMNS = ("module", "kind", "tensor", "shape")
 STATUSES = ("finished", "stopped", "failed")
 
 
-def site_name(module: str, call: int, tensor: str, called_again: bool) -> str:
+def site_name(module: str, call: int, tensor: str, called_again: bool, kind: str = ACTIVATION) -> str:
     """How the views and the findings name a row's call site: the module path (``(model)`` for the
     model itself), ``#call`` where the module is called more than once a step, and the tensor
-    where it is not the output itself (``out``)."""
+    where it is not the output itself (``out``). A parameter's rows (``param``, ``param_grad``,
+    ``update``) are named as ``named_parameters()`` names it: ``layers.0.weight``."""
+    if kind in (PARAM, PARAM_GRAD, UPDATE):
+        return f"{module}.{tensor}" if module else tensor
     name = module or "(model)"
     if called_again:
         name += f"#{call}"

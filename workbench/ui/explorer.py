@@ -724,7 +724,7 @@ class Comparison:
         where f'(x) = 0 lets no gradient through; bottom, the norm of the layer's weight gradient."""
         layers = self.hidden_layers()
         rows = [("grad_output", "zero_frac", "dead units", lambda l: l, ".0%"),
-                ("param_grad", "norm", "gradient norm", lambda l: f"{l} weight", None)]
+                ("param_grad", "norm", "gradient norm", lambda l: f"{l}.weight", None)]
         columns = len(layers)
         gap_x, gap_y = 0.06, 0.16
         width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y) / 2

@@ -40,7 +40,7 @@ from workbench.ui.forms import FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
-from workbench.ui.views import FEED_INTERVAL, RunView
+from workbench.ui.views import FEED_INTERVAL, RunView, Site
 
 logger = logging.getLogger(__name__)
 
@@ -969,24 +969,27 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                   max(int(view.last_step or row["from step"]), int(row["from step"])))
                  for _, row in interventions.iterrows()]
         metrics_fig, sites_fig = shade_interventions(metrics_fig, spans), shade_interventions(sites_fig, spans)
-        latest = _mark_interventions(latest, interventions)
+        latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
                 dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
-def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame) -> pd.DataFrame:
-    """The last-step table with an ``intervention`` column: the interventions on at each site then."""
+def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame, sites: Sequence[Site]) -> pd.DataFrame:
+    """The last-step table with an ``intervention`` column: the interventions on at each site's module
+    (any call of it, or this call: ``path#k``) then; ``sites``: the views' sites of the table's kind."""
     if latest.empty or "step" not in latest:
         return latest
     step = latest.step.max()
+    targets = {}
+    for site in sites:  # (an intervention names its site as picked: path, path#call or (model))
+        path = site.module or "(model)"
+        targets[site.name] = (path, f"{path}#{site.call}")
     marks = []
     for name in latest.site:
-        target = str(name).split(" ")[0]
-        module, _, call = target.partition("#")
         on = [f"{row.id} {row.intervention}" for _, row in interventions.iterrows()
               if int(row["from step"]) <= step and (row["to step"] == "" or step <= int(row["to step"]))
-              and row.site in (module, target)]
+              and row.site in targets.get(name, ())]
         marks.append("; ".join(on))
     return latest.assign(intervention=marks)
 

@@ -456,7 +456,7 @@ class RunView:
                     telling = table[i, _STAT_INDEX["zero_frac"]] < 1 and numel[i] > 1
                     candidates = [c for c in candidates if telling and _contains(module, self.sites[kind][c[1]].module)]
                 original = candidates[0] if candidates else None
-                name = site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1)
+                name = site_name(module, call, tensor, self._calls.get((kind, module), 1) > 1, kind)
                 if original is not None:
                     self.sites[kind][original[1]].aliases.append(name)
                     target = (k, -1)
@@ -471,7 +471,7 @@ class RunView:
     def _note_anomaly(self, step: int, key: tuple, stats: np.ndarray) -> None:
         module, call, kind, tensor, _shape = key
         site = self._target[key][1]
-        name = self.sites[kind][site].name if site >= 0 else site_name(module, call, tensor, False)
+        name = self.sites[kind][site].name if site >= 0 else site_name(module, call, tensor, False, kind)
         row = {"step": step, "site": name, "kind": kind, "nan_count": int(stats[_STAT_INDEX["nan_count"]]),
                "inf_count": int(stats[_STAT_INDEX["inf_count"]])}
         if self._first_anomaly is None:
@@ -596,6 +596,7 @@ class RunView:
         many sites to draw."""
         with self._synced():
             names, steps, mean, _, _ = self._columns(kind, statistic)
+            module_of = {site.name: site.module for site in self.sites[kind]}
         if not len(steps) or not names:
             return names[:k]
         with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
@@ -610,7 +611,7 @@ class RunView:
         # modules: the calls of one module trace near-identical lines over each other
         chosen, modules = [], set()
         for name in order:
-            module = name.split(" ")[0].split("#")[0]
+            module = module_of[name]
             if module not in modules:
                 chosen.append(name)
                 modules.add(module)
