@@ -86,3 +86,14 @@ def test_per_call_must_be_a_bool():
 
     with pytest.raises(TypeError, match="per_call must be True or False, got 'yes'"):
         summarize(nn.Linear(2, 3), per_call="yes")
+
+
+def test_inputs_are_a_tensor_or_args_and_kwargs_and_anything_else_is_refused_by_name():
+    import pytest
+
+    x = torch.randn(6, 3)
+    pd_equal = summarize(Shared(), x).equals(summarize(Shared(), ((x,), {})))
+    assert pd_equal and summarize(Shared(), x).set_index("module").loc["fc1", "output"] == "(6, 4)"
+    for bad, got in [((x, x, x), "a tuple of 3"), ([1, 2], "a list of 2"), ("x", "a str")]:
+        with pytest.raises(TypeError, match=rf"inputs must be a tensor \(summarize\(model, x\)\) .*got {got}\."):
+            summarize(Shared(), bad)

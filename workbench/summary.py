@@ -70,13 +70,14 @@ def _resolve(candidates: list[str], parent: str | None, used: set[str]) -> str:
     return min(below, key=len) if below else candidates[0]
 
 
-def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], dict[str, Any]] | None = None,
               per_call: bool = False) -> pd.DataFrame:
     """One row per submodule (the root first), in registration order.
 
     Args:
         model: any module.
-        inputs: ``(args, kwargs)`` for one forward pass; without them the
+        inputs: one forward pass's input: a tensor (``model(x)``), or ``(args, kwargs)``
+            (``model(*args, **kwargs)``, as ``spec.example_inputs`` gives); without them the
             ``output`` column is empty.
         per_call: one row per call instead: a path called ``k > 1`` times in
             the pass gets ``k`` rows (``call`` 0 to k-1), each with its own
@@ -90,7 +91,7 @@ def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] |
         ``per_call``, a ``call`` column after ``module`` and one shape each.
 
     Raises:
-        TypeError: ``per_call`` is not a bool.
+        TypeError: ``per_call`` is not a bool, or ``inputs`` is neither a tensor nor ``(args, kwargs)``.
 
     Examples:
         >>> import workbench
@@ -105,6 +106,13 @@ def summarize(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any]] |
     """
     if not isinstance(per_call, bool):
         raise TypeError(f"summarize: per_call must be True or False, got {per_call!r}.")
+    if isinstance(inputs, torch.Tensor):
+        inputs = ((inputs,), {})
+    elif inputs is not None and not (isinstance(inputs, (tuple, list)) and len(inputs) == 2
+                                     and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict)):
+        got = f"a {type(inputs).__name__}" + (f" of {len(inputs)}" if isinstance(inputs, (tuple, list)) else "")
+        raise TypeError(f"summarize: inputs must be a tensor (summarize(model, x)) or (args, kwargs) "
+                        f"(summarize(model, ((x, y), {{}}))), got {got}.")
     outputs: dict[str, list[str]] = defaultdict(list)  # path -> the shape of each call made through it
     handles = []
     names: dict[int, list[str]] = {}

@@ -122,7 +122,7 @@ MESSAGES = [
     Said("form-device-missing", lambda: start(device="cuda:99"), ["device 'cuda:99'", "cpu"]),
     Said("form-device-meta", lambda: start(device="meta"), ["device 'meta'", "cpu"]),
     # ---------------------------------------------------------------- module globs
-    Said("glob-matches-nothing", lambda: start(modules="encoder.*"), ["selects no module", "encoder.*"]),
+    Said("glob-matches-nothing", lambda: start(modules="encoder.*"), ["matches no module", "encoder.*"]),
     Said("glob-not-text", lambda: start(modules=5), ["watch modules must be text", "5"]),
     Said("glob-list", lambda: start(modules=["layers.*"]), ["watch modules must be text", "['layers.*']"]),
     # ---------------------------------------------------------------- record kinds

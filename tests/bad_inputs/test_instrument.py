@@ -191,7 +191,7 @@ CASES = [
     watch_case("modules-int", TypeError, ["modules", "glob", "5"], modules=5),
     watch_case("modules-list-with-int", TypeError, ["modules", "glob", "3"], modules=["0", 3]),
     watch_case("modules-dict", TypeError, ["modules", "glob"], modules={"0": True}),
-    watch_case("modules-match-nothing", ValueError, ["selects no module", "'nomatch*'", "module paths are"],
+    watch_case("modules-match-nothing", ValueError, ["matches no module", "'nomatch*'", "module paths are"],
                modules="nomatch*"),
     watch_case("exclude-everything", ValueError, ["selects no module", "exclude='*'"], exclude="*"),
     watch_case("exclude-int", TypeError, ["exclude", "glob", "7"], exclude=7),

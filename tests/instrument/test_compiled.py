@@ -653,7 +653,7 @@ def test_bad_input_is_refused_with_how_to_fix():
     call = compiled_entry(compiled).call
     with pytest.raises(ValueError, match="every must be a positive int.*got 0"):
         watch_compiled(compiled, every=0)
-    with pytest.raises(ValueError, match="selects no module"):
+    with pytest.raises(ValueError, match="matches no module"):
         watch_compiled(compiled, modules="nothing*")
     with pytest.raises(ValueError, match="capacity must be a positive int.*got 0"):
         CompiledWatch(compiled, capacity=0)

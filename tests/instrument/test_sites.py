@@ -85,9 +85,13 @@ def test_selection_globs_lists_predicates_and_exclude():
     assert selector(None, "exclude")("anything") is False
     with pytest.raises(TypeError, match=r"modules must be a glob string.*got 3"):
         CallSites(model, 3)
-    with pytest.raises(ValueError, match=r"selects no module of Sequential; its module paths are: "
-                                         r"'' \(the model itself\), 0, 1, 1.0, 1.1"):
+    with pytest.raises(ValueError, match=r"modules: the glob 'decoder.\*' matches no module of Sequential; its "
+                                         r"module paths are: '' \(the model itself\), 0, 1, 1.0, 1.1"):
         CallSites(model, "decoder.*")
+    with pytest.raises(ValueError, match=r"modules: the glob '1.O' matches no module .*did you mean .*'1.0'"):
+        CallSites(model, ["0", "1.O"])  # (one typo among globs that match)
+    with pytest.raises(ValueError, match=r"exclude: the glob 'nope' matches no module"):
+        CallSites(model, "*", exclude="nope")
 
 
 def test_parameters_are_listed_once_under_their_first_selected_owner():

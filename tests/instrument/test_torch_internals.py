@@ -179,22 +179,28 @@ class Received(internals.GradientHook):
         self.grads.append(grad.clone())
 
 
-@pytest.mark.parametrize("case", ["output", "modified in place", "view modified in place", "leaf"])
+VIEWS = {"flat": lambda t: t.view(-1), "transposed": lambda t: t.t(), "columns": lambda t: t[:, 1:],
+         "strided": lambda t: t[::2, ::2], "row": lambda t: t[1]}
+
+
+@pytest.mark.parametrize("case", ["output", "modified in place", *[f"view modified in place: {v}" for v in VIEWS],
+                                  "leaf"])
 def test_gradient_hook_receives_the_gradient_of_the_value_returned(case):
-    x = torch.randn(2, 3, requires_grad=True)
-    weight = torch.randn(2, 3)
+    x = torch.randn(3, 4, requires_grad=True)
+    weight = torch.randn(3, 4)
     received = Received()
     if case == "leaf":
         received.attach(x)
         (x * weight).sum().backward()
         expected = weight
-    elif case == "view modified in place":
+    elif case.startswith("view modified in place"):
+        view_of = VIEWS[case.split(": ")[1]]
         base = x * 1.0
-        view = base.view(-1)  # every element of its base
+        view = view_of(base)
         received.attach(view)
-        view.mul_(3)  # its node leaves the graph; the base's node delivers
+        view.mul_(3)  # its node leaves the graph; the base's node delivers the view's part of its gradient
         (base * weight).sum().backward()
-        expected = 3 * weight.reshape(-1)
+        expected = 3 * view_of(weight)  # (the gradient w.r.t. the view as returned, before the mul_)
     else:
         out = x * 1.0
         received.attach(out)
@@ -203,7 +209,7 @@ def test_gradient_hook_receives_the_gradient_of_the_value_returned(case):
         (out * weight).sum().backward()
         expected = 3 * weight if case == "modified in place" else weight
     assert len(received.grads) == 1
-    torch.testing.assert_close(received.grads[0].reshape(expected.shape), expected)  # (a base: its shape)
+    torch.testing.assert_close(received.grads[0], expected)
 
 
 def test_tensor_version_counts_in_place_ops_and_is_none_in_inference_mode():
@@ -279,17 +285,25 @@ def test_compile_again_has_a_graph_compiled_before_the_hooks_call_them():
             handle.remove()
 
 
-def test_graph_break_reasons_name_dynamos_reasons():
-    torch._dynamo.utils.counters.clear()
-    assert internals.graph_break_reasons() == ""
-
+def test_graph_break_reasons_name_dynamos_reasons_since_a_count():
     def broken(x):
         x = x + 1
         torch._dynamo.graph_break()
         return x * 2
 
+    def item(x):
+        return x * 2 if x.sum().item() > 0 else x
+
+    before = internals.graph_break_counts()
+    assert internals.graph_break_reasons(since=before) == ""
     torch.compile(broken, backend="eager")(torch.ones(2))
-    assert internals.graph_break_reasons() != ""
+    first = internals.graph_break_reasons(since=before)
+    assert first != ""
+    after_first = internals.graph_break_counts()
+    with torch._dynamo.config.patch(capture_scalar_outputs=False):
+        torch.compile(item, backend="eager")(torch.ones(2))
+    second = internals.graph_break_reasons(since=after_first)
+    assert second != "" and first not in second  # (the second function's breaks alone)
 
 
 def test_is_compile_error_tells_compiling_failing_from_the_models_error():

@@ -601,6 +601,42 @@ def test_gradients_match_autograd_after_in_place_ops_and_for_multi_output_nodes(
         assert grads.loc[key, "mean"] == pytest.approx(grad.mean().item(), rel=1e-4, abs=1e-7), key
 
 
+def test_a_part_of_a_tensor_returned_and_then_modified_in_place_keeps_its_gradient_row():
+    """A module returning a slice of its layer's output, which the caller scales in place: the slice's
+    own autograd node leaves the graph, and its output gradient still arrives (the base's, cut to it)."""
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 6)
+
+        def forward(self, x):
+            return self.lin(x)[:, 1::2]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = Head()
+
+        def forward(self, x):
+            y = self.head(x)
+            y.mul_(2)
+            return (y * torch.arange(y.numel()).view(y.shape)).sum()
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(5, 4)
+    reference = model.head(x).detach().requires_grad_()  # the same computation, out of place
+    (2 * reference * torch.arange(15).view(5, 3)).sum().backward()
+    with workbench.watch(model) as w:
+        model(x).backward()
+        w.step()
+    assert not w.errors
+    grad = rows(w, kind="grad_output").set_index("module").loc["head"]
+    assert grad["shape"] == "(5, 3)"
+    for stat, value in [("mean", reference.grad.mean()), ("std", reference.grad.std()), ("max", reference.grad.max()),
+                        ("norm", reference.grad.norm())]:
+        assert grad[stat] == pytest.approx(value.item(), rel=1e-6), stat
+
+
 class Checkpointed(nn.Module):
     """A segment run under activation checkpointing (or not): its forward runs again in the backward."""
 
@@ -826,7 +862,7 @@ def test_modules_and_exclude_select_call_sites():
 
 def test_bad_options_get_clear_errors():
     model = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="selects no module.*''"):
+    with pytest.raises(ValueError, match="matches no module.*''"):
         workbench.watch(model, modules="encoder.*")
     with pytest.raises(ValueError, match="every"):
         workbench.watch(model, every=0)

@@ -158,6 +158,7 @@ class CompiledHooks:
         pre_hook, hook = make_hooks(self.state)
         handles = internals.register_module_hooks(hook, pre_hook if self.state.containers else None, traced=True)
         internals.compile_again()  # (graphs the model compiled before the watch would never call the hooks)
+        self._breaks_before = internals.graph_break_counts()  # (a warning names this model's breaks alone)
         fresh: list[nn.Parameter] = []
         if kinds[PARAM_GRAD]:
             for module_path, name, param in self.params:
@@ -361,7 +362,7 @@ class CompiledHooks:
             return
         self._checked = True
         if not compiled:
-            reasons = internals.graph_break_reasons()
+            reasons = internals.graph_break_reasons(since=self._breaks_before)
             self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
                               f"every frame{': ' + reasons if reasons else ''})")
         elif eager:

@@ -73,6 +73,8 @@ class CallSites:
             self.modules[id(module)] = module
         self.paths = [p for paths in self.aliases.values() for p in paths]
         include, skip = selector(modules, "modules"), selector(exclude, "exclude")
+        for what, spec in (("modules", modules), ("exclude", exclude)):  # (a typo among several globs)
+            self._check_globs(what, spec)
         self.selected = {p for p in self.paths if include(p) and not skip(p)}
         if not self.selected:
             raise ValueError(f"modules={modules!r} (exclude={exclude!r}) selects no module of "
@@ -168,6 +170,16 @@ class CallSites:
             close = difflib.get_close_matches(str(path), self.paths, n=3, cutoff=0.5)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise ValueError(f"No module at path {path!r}.{hint} Module paths: {self.path_list()}.")
+
+    def _check_globs(self, what: str, spec: ModuleSelector) -> None:
+        """Refuse a glob of ``spec`` (a string or a list of them) that matches no module path."""
+        patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple, set)) else []
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(path, pattern) for path in self.paths):
+                close = difflib.get_close_matches(pattern, [p for p in self.paths if p], n=3)
+                hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+                raise ValueError(f"{what}: the glob {pattern!r} matches no module of {type(self.model).__name__}"
+                                 f"{hint}; its module paths are: {self.path_list()}.")
 
     def path_list(self) -> str:
         """The model's module paths, for error messages (the first 40)."""

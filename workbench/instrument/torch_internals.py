@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version",
-           "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_reasons",
+           "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts", "graph_break_reasons",
            "is_compile_error", "installed_hooks"]
 
 
@@ -163,21 +163,22 @@ class GradientHook:
     gradient from the node's incoming gradients: what a tensor hook receives (the gradient w.r.t.
     the value the module returned, also after an in-place op changed it), at half its cost. A
     view that is modified in place loses its node (a tensor hook on it would never fire either);
-    for a view with all its base's elements the base's node receives the same values, and its
-    pre-hook delivers them when the view's own did not fire.
+    the node of its base then receives the gradient w.r.t. the whole base, and its pre-hook
+    delivers the view's elements of it (laid out as the base, then read with the view's sizes,
+    strides and offset) when the view's own did not fire.
 
     Relies on: ``grad_fn.register_prehook`` receiving the node's incoming gradients indexed by the
     tensor's ``output_nr``, and ``_is_view()`` / ``_base`` naming a view's base.
     """
 
-    __slots__ = ("output", "base_output", "fired")
+    __slots__ = ("output", "base_output", "fired", "geometry")
 
     def on_gradient(self, grad: torch.Tensor | None) -> None:
         raise NotImplementedError
 
     def attach(self, tensor: torch.Tensor) -> None:
         self.output = self.base_output = 0
-        self.fired = False
+        self.fired, self.geometry = False, None
         node = tensor.grad_fn
         if node is None:  # a leaf: no node makes it, a tensor hook gets its gradient
             tensor.register_hook(self.on_gradient)
@@ -186,8 +187,11 @@ class GradientHook:
         node.register_prehook(self._node_hook)
         if tensor._is_view():
             base = tensor._base
-            if base.grad_fn is not None and base.numel() == tensor.numel():
+            if base.grad_fn is not None:
                 self.base_output = base.output_nr
+                # (sizes and strides only: the hook keeps no tensor of the forward alive)
+                self.geometry = (base.size(), base.stride(), tensor.size(), tensor.stride(),
+                                 tensor.storage_offset() - base.storage_offset())
                 base.grad_fn.register_prehook(self._base_hook)
 
     def _node_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
@@ -197,7 +201,13 @@ class GradientHook:
     def _base_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
         if not self.fired:  # the view was modified in place: its node is no longer in the graph
             self.fired = True
-            self.on_gradient(grads[self.base_output])
+            grad = grads[self.base_output]
+            if grad is not None:
+                base_size, base_stride, size, stride, offset = self.geometry
+                laid_out = grad.new_empty_strided(base_size, base_stride)
+                laid_out.copy_(grad)
+                grad = laid_out.as_strided(size, stride, offset)
+            self.on_gradient(grad)
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
@@ -271,14 +281,21 @@ def compile_again() -> None:
     torch.compiler.reset()
 
 
-def graph_break_reasons(limit: int = 3) -> str:
-    """The first ``limit`` reasons dynamo gave for graph breaks in this process, for a message ("" if
-    none, or torch.compile never ran). Relies on: dynamo counting them by reason in
-    ``torch._dynamo.utils.counters["graph_break"]``."""
+def graph_break_counts() -> dict[str, int]:
+    """How many graph breaks dynamo has counted in this process so far, by reason (empty if
+    torch.compile never ran): what :func:`graph_break_reasons` takes as ``since``. Relies on:
+    dynamo counting them by reason in ``torch._dynamo.utils.counters["graph_break"]``, a count
+    that ``torch.compiler.reset()`` does not clear."""
     dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is None:
-        return ""
-    return "; ".join(list(dynamo.utils.counters.get("graph_break", {}))[:limit])
+    return dict(dynamo.utils.counters.get("graph_break", {})) if dynamo is not None else {}
+
+
+def graph_break_reasons(since: Mapping[str, int], limit: int = 3) -> str:
+    """The first ``limit`` reasons dynamo gave for graph breaks since the counts ``since``
+    (:func:`graph_break_counts`), for a message ("" if none): the breaks of one model, not those of
+    another compiled earlier in the process."""
+    counts = graph_break_counts()
+    return "; ".join([reason for reason, n in counts.items() if n > since.get(reason, 0)][:limit])
 
 
 def is_compile_error(exc: BaseException) -> bool:
