@@ -58,10 +58,11 @@ def test_one_process_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["run", "activation_mlp", "--config", "width"], "--config takes NAME=VALUE (such as width=64), got 'width'"),
-    (["run", "activation_mpl"], "Unknown experiment 'activation_mpl'. Did you mean 'activation_mlp'"),
+    (["run", "activation_mpl"], "unknown experiment 'activation_mpl'. Did you mean 'activation_mlp'? "
+                                "`python -m workbench.experiments list` lists them."),
     (["run", "activation_mlp", "--steps", "-1"], "--steps must be >= 0, got -1"),
     (["run", "activation_mlp", "--every", "0"],
-     "every must be a positive int (record every Nth step), got 0"),  # (a line, not a traceback)  # (a line, not a traceback: refused before training)
+     "every must be a positive int (record every Nth step), got 0"),  # (a line, not a traceback: refused before training)
     (["run", "activation_mlp", "--config", "depth=0"], "parameter 'depth' must lie in [1, 16], got 0"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):

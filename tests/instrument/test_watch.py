@@ -8,6 +8,7 @@ import inspect
 import io
 import threading
 import time
+import warnings
 import weakref
 
 import numpy as np
@@ -1067,6 +1068,43 @@ def test_a_failing_patch_is_recorded_and_removed():
         w.step()
     assert torch.equal(out, model(x))
     assert w.errors and "units [7] are out of range" in w.errors[0]["error"]
+    assert w.interventions == []
+
+
+def test_stepping_before_the_backward_warns_once_and_names_each_site_in_the_errors():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+    with workbench.watch(model) as w:
+        loss = model(torch.randn(2, 3)).sum()
+        w.step()  # too early: this step's output gradients come after it ended
+        with pytest.warns(RuntimeWarning, match=r"output gradients of step 1 arrived after w.step\(\) ended"):
+            loss.backward()
+        loss = model(torch.randn(2, 3)).sum()
+        w.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (once: not a warning a step)
+            loss.backward()
+    assert {e["module"] for e in w.errors} == {"", "0", "1"}
+    assert all("call w.step() after loss.backward()" in e["error"] for e in w.errors)
+
+
+def test_a_patch_of_a_call_the_step_never_made_is_reported_and_removed():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act, self.lin = nn.Tanh(), nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.act(self.lin(self.act(x)))
+
+    model, x = Twice(), torch.randn(2, 3)
+    with workbench.watch(model, every=2) as w:  # (the first step is not recorded: patches apply all the same)
+        w.patch("act", lambda out: out * 0, call=5)
+        patched_nothing = model(x)
+        with pytest.warns(RuntimeWarning, match=r"<lambda> at 'act' failed and was removed"):
+            w.step()
+    assert torch.equal(patched_nothing, model(x))
+    assert "the step called 'act' 2 time(s): it has no call 5" in w.errors[0]["error"]
+    assert "Patch a call from 0 to 1, or every call (call=None)" in w.errors[0]["error"]
     assert w.interventions == []
 
 

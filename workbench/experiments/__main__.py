@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import os
 import sys
 import traceback
@@ -82,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(args.config)
         if args.steps < 0:
             raise ValueError(f"--steps must be >= 0, got {args.steps}.")
-        experiments.get_experiment_spec(args.name)  # an unknown name fails here, with close matches
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.name not in experiments.list_experiments():  # (the API's message points to the API)
+        close = difflib.get_close_matches(args.name, experiments.list_experiments(), n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        print(f"error: unknown experiment {args.name!r}.{hint} `python -m workbench.experiments list` lists them.",
+              file=sys.stderr)
         return 2
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:

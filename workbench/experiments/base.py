@@ -232,8 +232,7 @@ class Experiment:
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
-        metadata = {"experiment": self.name, "model": type(self.model).__name__,
-                    "config": dataclasses.asdict(self.config), "seed": self.seed}
+        metadata = {"experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 

@@ -11,7 +11,7 @@ views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored ru
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,7 +71,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         recorder: publish into this Recorder (default: a new one).
         store: a run directory to write the run into (SQLite, crash-safe); read it back with
             ``workbench.load_run(store)``.
-        metadata: facts stored with the run (model name, config ...).
+        metadata: facts of yours stored with the run (a dict with str keys: config, a name ...);
+            they may not contradict the facts the watch stores itself (``model``, ``every``,
+            ``modules`` and the recording options).
         start_step: the number of the first step.
         reducers: the reduction backends, in order of preference (default:
             :func:`~workbench.instrument.reduce.default_reducers`).
@@ -81,10 +83,13 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         hook and closes the store.
 
     Raises:
-        TypeError: ``model`` is not a module, or an option has the wrong type.
-        ValueError: ``every``/``bins`` not positive, or ``modules`` selects nothing.
+        TypeError: ``model`` is not a module, or an option has the wrong type (``metadata`` not a dict
+            with str keys).
+        ValueError: ``every``/``bins`` not positive, ``modules`` selects nothing, or ``metadata``
+            contradicts a fact the watch stores.
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
     """
+    check_metadata(metadata)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
@@ -100,6 +105,15 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
 W = TypeVar("W", bound=Watch)
 
 
+def check_metadata(metadata: Any) -> None:
+    """Refuse ``metadata`` that is not None or a dict with str keys, before anything is attached."""
+    if metadata is not None and (not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata)):
+        got = type(metadata).__name__ if not isinstance(metadata, Mapping) else \
+            f"a key {next(k for k in metadata if not isinstance(k, str))!r}"
+        raise TypeError(f"metadata must be a dict of facts with str keys, e.g. {{'name': 'baseline', 'lr': 1e-3}}, "
+                        f"got {got}.")
+
+
 def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: dict[str, Any] | None) -> W:
     """``w``, writing into a run store at ``store`` (none if None) that it closes with it; the run's
     facts are the model's name, ``every``, ``facts``, the watch's options and ``metadata``.
@@ -110,9 +124,15 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     """
     if store is None:
         return w
-    facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options, **(metadata or {})}
+    facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options}
     try:
-        w.store = RunStore(store, facts, on_error=lambda message: w.report("store", message))
+        contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and v != facts[k]}
+        if contradicted:  # (the run's record of how it was recorded stays true)
+            raise ValueError(f"metadata {contradicted!r} contradicts what the watch stores itself "
+                             f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "
+                             "names, e.g. {'my_" + next(iter(contradicted)) + "': ...}.")
+        facts.update(metadata or {})
+        w.store = RunStore(store, facts, on_error=lambda message: w.report_failure("store", message))
         w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
         w.store.attach(w.recorder)
     except BaseException as exc:  # no hook left in

@@ -418,6 +418,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         The rank's :class:`~workbench.Watch`; ``w.recorder`` is its :class:`DistributedRecorder`.
     """
     from workbench.instrument import watch
+    from workbench.instrument.compose import check_metadata
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"watch_distributed() needs a torch.nn.Module, got {type(model).__name__}.")
@@ -430,11 +431,15 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     recorder = DistributedRecorder(inner, group=group, per_rank=per_rank, parameters=parameters,
                                    parameter_grads=parameter_grads, modules=modules, exclude=exclude,
                                    bins=bins if histograms else None, grad_scale=grad_scale, metrics=metrics)
-    facts = {"parameters": parameters, "parameter_grads": parameter_grads, **(metadata or {}),
+    check_metadata(metadata)
+    facts = {**(metadata or {}),
              "distributed": {"world_size": recorder.world_size, "backend": str(dist.get_backend(group)),
                              "grad_scale": recorder.grad_scale, "metrics": metrics,
                              "wrapper": type(model).__name__ if inner is not model else None,
                              "histograms": "re-binned onto the global range where the ranks' ranges differ"}}
-    return watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
-                 histograms=histograms, bins=bins, recorder=recorder, store=store if recorder.rank == 0 else None,
-                 metadata=facts, **options)
+    w = watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
+              histograms=histograms, bins=bins, recorder=recorder, store=store if recorder.rank == 0 else None,
+              metadata=facts, **options)
+    if w.store is not None:  # (the recorder records them, not the rank's watch, whose own options say False)
+        w.store.set_meta(parameters=parameters, parameter_grads=parameter_grads)
+    return w

@@ -98,6 +98,7 @@ class Hooks:
     def start_step(self, step_index: int, recording: bool) -> None:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self.generation += 1  # (a gradient hooked before this tells its step is over)
+        self._check_patched_calls()
         self.step_index, self.recording = step_index, recording
         self.update()
         self.sites.new_step()
@@ -128,6 +129,18 @@ class Hooks:
         self.entries.extend(self._param_grads.values())
         self._flush_deferred()
         return self.entries
+
+    def _check_patched_calls(self) -> None:
+        """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
+        times, patched nothing: it fails (removed, with a warning), as a patch that raises does."""
+        for path, items in tuple(self.interventions.items()):
+            made = self.sites.calls.get(path, 0)
+            for intervention in tuple(items):
+                if intervention.call is not None and 0 < made <= intervention.call:
+                    self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
+                        f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
+                        f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)"))
+                    intervention.remove()
 
     def _update_params(self) -> list[tuple[str, str, nn.Parameter]]:
         return [item for item in self.params if item[0] in self.kinds[UPDATE]]
@@ -284,6 +297,10 @@ class Hooks:
                 return
             # the user's order, not the site, is at fault: the site records again from the next
             # step. Reported once per site: a loop that always steps too early would report every step
+            if not self._late_reported and keys:  # (and said once: the rows are missing, not delayed)
+                warn(f"workbench: the output gradients of step {site.step} arrived after w.step() ended that "
+                     "step, and are not recorded (w.errors names each site). Call w.step() after "
+                     "loss.backward().")
             for path, call, _, _ in keys:
                 if path not in self._late_reported:
                     self._late_reported.add(path)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, LOCK_NAME, SCHEMA_VERSION, RunError
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
@@ -133,6 +133,8 @@ class Run:
             module: only this module path (None: every path).
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
         """
+        if module is not None or kind is not None:  # (the paths the run recorded rows of)
+            check_filter("histograms", module, kind, self._query("SELECT DISTINCT module FROM rows").module.tolist())
         where, params = [], []
         for column, value in (("r.module", module), ("r.kind", kind)):
             if value is not None:

@@ -9,12 +9,16 @@ leave in a step's rows. The recorder's frames, the run store's tables and the UI
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "KEY_COLUMNS",
            "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish",
-           "site_name"]
+           "site_name", "check_filter"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -61,6 +65,25 @@ def site_name(module: str, call: int, tensor: str, called_again: bool, kind: str
     if tensor != "out":
         name += " " + tensor
     return name
+
+
+def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:
+    """Refuse a ``module`` / ``kind`` filter (None: any) that can match no row: a kind that is not one
+    of :data:`KINDS`, a module that is not one of ``paths`` (``''``: the model itself).
+
+    Raises:
+        ValueError: naming the value, close matches and what is accepted.
+    """
+    def hint(value: Any, choices: Sequence[str]) -> str:
+        close = difflib.get_close_matches(str(value), list(choices), n=3, cutoff=0.5)
+        return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"{what}: kind {kind!r} is not one of {', '.join(KINDS)}{hint(kind, KINDS)}.")
+    if module is not None and module not in paths:
+        listed = ", ".join(repr(p) for p in list(paths)[:20]) + (" ..." if len(paths) > 20 else "")
+        raise ValueError(f"{what}: no module at path {module!r}{hint(module, paths)}; the paths are {listed} "
+                         "('' is the model itself), or None for every one.")
 
 
 def anomalous(rows: pd.DataFrame) -> pd.Series:

@@ -23,7 +23,7 @@ from workbench.instrument.interventions import Intervention, check_units, unit_i
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import Reducer, StepSums
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
-                                         anomalous)
+                                         anomalous, check_filter)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
 
 __all__ = ["Watch", "Sink"]
@@ -296,6 +296,7 @@ class Watch:
             module: only this module path (None: every path).
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
         """
+        check_filter("histograms", module, kind, self.paths)
         return self.recorder.histograms(module, kind)
 
     def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
@@ -325,7 +326,7 @@ class Watch:
         """
         self._sinks.append(sink)
 
-    def report(self, kind: str, message: str) -> None:
+    def report_failure(self, kind: str, message: str) -> None:
         """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a
         RuntimeWarning: never silent, never fatal.
 
