@@ -455,6 +455,15 @@ def test_view_arguments_are_checked():
         RunView(histogram_capacity=4)
 
 
+def test_steps_per_second_of_a_run_delivered_at_once_come_from_when_its_steps_ended():
+    """A short run that ended before its dashboard first looked: one delivery, its pace all the same."""
+    view = RunView(total=30)
+    view.feed([StepRecord(s, time=1000.0 + s / 50) for s in range(1, 31)])  # 50 steps a second
+    view.set_status("finished")
+    assert view.header()["steps_per_s"] == pytest.approx(50.0)
+    assert "50.0 steps/s" in figures.header_markdown(view)
+
+
 def test_steps_per_second_leave_a_pause_out(monkeypatch):
     """A run paused for a while, then resumed: its header reads the pace it trains at, and the time
     left from it, not a pace slowed by the pause."""

@@ -71,9 +71,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         recorder: publish into this Recorder (default: a new one).
         store: a run directory to write the run into (SQLite, crash-safe); read it back with
             ``workbench.load_run(store)``.
-        metadata: facts of yours stored with the run (a dict with str keys: config, a name ...);
-            they may not contradict the facts the watch stores itself (``model``, ``every``,
-            ``modules`` and the recording options).
+        metadata: facts of yours stored with the run (a dict with str keys: config, ``model``, a
+            name for the model, in place of its class name ...); they may not contradict how the
+            watch records (``every``, ``modules`` and the other options, which it stores itself).
         start_step: the number of the first step.
         reducers: the reduction backends, in order of preference (default:
             :func:`~workbench.instrument.reduce.default_reducers`).
@@ -126,7 +126,7 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
         return w
     facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options}
     try:
-        contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and v != facts[k]}
+        contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and k != "model" and v != facts[k]}
         if contradicted:  # (the run's record of how it was recorded stays true)
             raise ValueError(f"metadata {contradicted!r} contradicts what the watch stores itself "
                              f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "

@@ -353,7 +353,7 @@ class DistributedRecorder(Recorder):
                 values = [float(m[name]) for m in metrics if name in m]
                 merged_metrics[name] = sum(values) / len(values)
         merged = StepRecord(record.step, keys, numel, sums, hist, merged_metrics, tuple(errors), tensors,
-                            histogram_edges=ranges)
+                            histogram_edges=ranges, time=record.time)
         return merged, (own if self.per_rank else None)
 
     # ---------------------------------------------------------- per-rank view

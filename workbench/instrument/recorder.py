@@ -52,6 +52,8 @@ class StepRecord:
     histogram_edges: np.ndarray | None = None
     #: whether each row's histogram was counted from a sample of its tensor, (rows,) bool; None: none was
     histogram_sampled: np.ndarray | None = None
+    #: when the step ended (``time.time()``); None where not known. The views' steps/s read it.
+    time: float | None = None
 
     def __len__(self) -> int:
         return len(self.keys)

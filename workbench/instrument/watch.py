@@ -8,6 +8,7 @@ drives the step lifecycle and reads the recorded rows back. It imports no sink: 
 from __future__ import annotations
 
 import contextlib
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
@@ -121,7 +122,8 @@ class Watch:
         if hooks.recording:
             record = self._record(hooks.end_step(self.options["parameters"]))
         elif self._metrics or hooks.step_errors:
-            record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors))
+            record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors),
+                                time=time.time())
         if record is not None:
             self.recorder.publish(record)
         self.step_index += 1
@@ -149,7 +151,7 @@ class Watch:
                           counts[index] if counts is not None else None, dict(self._metrics),
                           tuple(self._hooks.step_errors), index,
                           histogram_edges=binning[0][index] if binning is not None else None,
-                          histogram_sampled=binning[1][index] if binning is not None else None)
+                          histogram_sampled=binning[1][index] if binning is not None else None, time=time.time())
 
     def discard_step(self) -> None:
         """Forget what the current step has recorded so far, and start it again (same number): a

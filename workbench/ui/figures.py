@@ -353,6 +353,9 @@ def site_note(view: RunView, kind: str, names: Sequence[str], sites: Sequence[st
         sites: the sites drawn.
         unknown: picked names that are not call sites of this kind.
         default: the sites are the default pick (not the user's).
+
+    Returns:
+        One line of Markdown (call sites in backticks).
     """
     if not names:
         return f"No {kind} rows yet."

@@ -281,7 +281,7 @@ class RunView:
         self._names: dict[tuple, Site] = {}
         self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
         self._histograms: dict[tuple[str, int], History] = {}
-        self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (arrival time, step) for steps/s
+        self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of deliveries, for steps/s
         self._lock = threading.RLock()
 
     @classmethod
@@ -358,7 +358,13 @@ class RunView:
             self.steps_fed += len(records)
             if records:
                 self.last_step = max(self.last_step, max(r.step for r in records))
-                self._times.append((time.monotonic(), self.last_step))
+                stamped = [r for r in records if r.time is not None]
+                if stamped:  # when the steps ended: a first delivery of many steps has a pace too
+                    if not self._times:
+                        self._times.append((stamped[0].time, stamped[0].step))
+                    self._times.append((stamped[-1].time, stamped[-1].step))
+                else:  # (records made by hand: their arrival)
+                    self._times.append((time.monotonic(), self.last_step))
             if len(self._pending) >= self.max_pending:  # nobody draws: keep the queue bounded
                 self._absorb()
 
@@ -757,7 +763,7 @@ PAUSE_GAP = 5.0
 
 
 def _rate(times: Sequence[tuple[float, int]]) -> float | None:
-    """Steps per second over ``(arrival time, last step)`` of the recent deliveries, the pauses left out
+    """Steps per second over ``(time, last step)`` of the recent deliveries, the pauses left out
     (:data:`PAUSE_GAP`): a run resumed after a pause reads at its pace, not slowed by the pause."""
     if len(times) < 2:
         return None
