@@ -29,11 +29,15 @@ class Intervention:
         fn: output -> replacement.
         call: the call index it applies to (None: every call).
         label: what it does, as shown in errors and the UI.
+        id: its name in its watch (``i1``, ``i2`` ...: ``Watch.intervention_log()``).
+        start_step: the first step it applies to.
+        end_step: the last step it applied to (None while it is in place).
     """
 
     def __init__(self, path: str, fn: Callable[[Any], Any], call: int | None, label: str,
-                 remove: Callable[[Intervention], None]) -> None:
+                 remove: Callable[[Intervention], None], id: str = "", start_step: int = 0) -> None:
         self.path, self.fn, self.call, self.label = path, fn, call, label
+        self.id, self.start_step, self.end_step = id, start_step, None
         self._remove = remove
 
     def applies(self, call: int | None) -> bool:

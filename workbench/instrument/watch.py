@@ -92,6 +92,7 @@ class Watch:
         self._metrics: dict[str, float] = {}
         self.closed = False
         self.step_index = start_step
+        self._intervention_log: list[Intervention] = []
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         self._start_step()
@@ -241,6 +242,17 @@ class Watch:
         """The interventions in place."""
         return [i for items in self._hooks.interventions.values() for i in items]
 
+    def intervention_log(self) -> pd.DataFrame:
+        """Every intervention this watch has had, in order: ``id`` (``i1``, ``i2`` ...), ``site`` (its
+        path, ``path#call`` for one call, ``(model)`` for the model itself), ``intervention`` (its
+        label), ``from step`` and ``to step`` (the last step it applied to; ``""`` while in place).
+        :func:`workbench.ui.findings.during_interventions` reads it: a finding that held while one was
+        in place names it (zeroed units read as dead ones)."""
+        rows = [{"id": i.id, "site": (i.path or "(model)") + ("" if i.call is None else f"#{i.call}"),
+                 "intervention": i.label, "from step": i.start_step, "to step": "" if i.end_step is None else i.end_step}
+                for i in self._intervention_log]
+        return pd.DataFrame(rows, columns=["id", "site", "intervention", "from step", "to step"])
+
     def _output_shapes(self, path: str) -> set[tuple]:
         return self._hooks.output_shapes(path)
 
@@ -249,7 +261,9 @@ class Watch:
         self._sites.check_path(path)
         if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
             raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
-        intervention = Intervention(path, fn, call, label, self._remove_intervention)
+        intervention = Intervention(path, fn, call, label, self._remove_intervention,
+                                    f"i{len(self._intervention_log) + 1}", self.step_index)
+        self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
         return intervention
@@ -259,6 +273,7 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
+            intervention.end_step = self.step_index - 1  # (the step in progress runs without it)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
@@ -357,6 +372,8 @@ class Watch:
         if self.closed:
             return
         self.closed = True
+        for intervention in self.interventions:  # (they end with the watch)
+            intervention.end_step = self.step_index - 1
         self._hooks.close()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)
