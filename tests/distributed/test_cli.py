@@ -62,7 +62,7 @@ def test_one_process_run(tmp_path, capsys):
                                 "`python -m workbench.experiments list` lists them."),
     (["run", "activation_mlp", "--steps", "-1"], "--steps must be >= 0, got -1"),
     (["run", "activation_mlp", "--every", "0"],
-     "every must be a positive int (record every Nth step), got 0"),  # (a line, not a traceback: refused before training)
+     "every must be a positive int (record every Nth step), got 0"),  # (a line, not a traceback)
     (["run", "activation_mlp", "--config", "depth=0"], "parameter 'depth' must lie in [1, 16], got 0"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):

@@ -230,15 +230,16 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place():
     ablation.remove()
     exp.run(1, progress=False)
     log = w.intervention_log()
-    assert log.to_dict("records") == [{"id": "i1", "site": "layers.1", "intervention": "ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1",
-                                       "from step": 3, "to step": 10}]
+    assert log.to_dict("records") == [{"id": "i1", "site": "layers.1", "from step": 3, "to step": 10,
+                                       "intervention": "ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1"}]
     dash = Dashboard(w)
     dash.refresh()
     dead = [i for i, label in enumerate(dash.findings_list.options) if "dead_units at layers.1," in label]
     assert dead, dash.findings_list.options
     dash.findings_list.index = dead[0]  # (picked, as a person does: its evidence below the list)
     assert "dead_units</b> at <code>layers.1</code>" in dash.findings_detail.value
-    assert "While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on: " in dash.findings_detail.value
+    assert ("While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on: "
+            in dash.findings_detail.value)
     assert "held while an intervention was on" in dash.findings_summary.value
     w.close()
 

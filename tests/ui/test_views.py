@@ -541,7 +541,8 @@ def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
     sites = figures.sites_figure(view, "activation", "std", ["layers.0"])
     assert [a["text"] for a in sites["layout"]["annotations"]] == ["layers.0: no finite value<br>(NaN or Inf) to draw"]
     heat = figures.heatmap_figure(view, "activation", "mean")["layout"]
-    assert [a["text"] for a in heat["annotations"]] == ["every activation cell: no finite value<br>(NaN or Inf) to draw"]
+    assert [a["text"] for a in heat["annotations"]] == [
+        "every activation cell: no finite value<br>(NaN or Inf) to draw"]
     assert heat["xaxis"]["range"] == [0.5, 10.5] and heat["yaxis"]["categoryarray"] == ["layers.0"]  # (not -1..6)
 
 

@@ -422,6 +422,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"watch_distributed() needs a torch.nn.Module, got {type(model).__name__}.")
+    check_metadata(metadata)
     if "recorder" in options:
         raise TypeError("watch_distributed() makes its own DistributedRecorder; pass no recorder= "
                         "(use DistributedRecorder with watch() to compose your own).")
@@ -431,7 +432,6 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     recorder = DistributedRecorder(inner, group=group, per_rank=per_rank, parameters=parameters,
                                    parameter_grads=parameter_grads, modules=modules, exclude=exclude,
                                    bins=bins if histograms else None, grad_scale=grad_scale, metrics=metrics)
-    check_metadata(metadata)
     facts = {**(metadata or {}),
              "distributed": {"world_size": recorder.world_size, "backend": str(dist.get_backend(group)),
                              "grad_scale": recorder.grad_scale, "metrics": metrics,

@@ -69,7 +69,8 @@ def site_name(module: str, call: int, tensor: str, called_again: bool, kind: str
 
 def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:
     """Refuse a ``module`` / ``kind`` filter (None: any) that can match no row: a kind that is not one
-    of :data:`KINDS`, a module that is not one of ``paths`` (``''``: the model itself).
+    of :data:`KINDS`, a module that is not one of ``paths`` (``''``: the model itself; none known yet:
+    any module).
 
     Raises:
         ValueError: naming the value, close matches and what is accepted.
@@ -80,7 +81,7 @@ def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> Non
 
     if kind is not None and kind not in KINDS:
         raise ValueError(f"{what}: kind {kind!r} is not one of {', '.join(KINDS)}{hint(kind, KINDS)}.")
-    if module is not None and module not in paths:
+    if module is not None and paths and module not in paths:
         listed = ", ".join(repr(p) for p in list(paths)[:20]) + (" ..." if len(paths) > 20 else "")
         raise ValueError(f"{what}: no module at path {module!r}{hint(module, paths)}; the paths are {listed} "
                          "('' is the model itself), or None for every one.")

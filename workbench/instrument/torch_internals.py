@@ -17,8 +17,8 @@ from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version",
-           "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts", "graph_break_reasons",
-           "is_compile_error", "installed_hooks"]
+           "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
+           "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
 
 def _skip_frames(function: Callable) -> bool:

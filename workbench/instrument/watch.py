@@ -249,8 +249,8 @@ class Watch:
         :func:`workbench.ui.findings.during_interventions` reads it: a finding that held while one was
         in place names it (zeroed units read as dead ones)."""
         rows = [{"id": i.id, "site": (i.path or "(model)") + ("" if i.call is None else f"#{i.call}"),
-                 "intervention": i.label, "from step": i.start_step, "to step": "" if i.end_step is None else i.end_step}
-                for i in self._intervention_log]
+                 "intervention": i.label, "from step": i.start_step,
+                 "to step": "" if i.end_step is None else i.end_step} for i in self._intervention_log]
         return pd.DataFrame(rows, columns=["id", "site", "intervention", "from step", "to step"])
 
     def _output_shapes(self, path: str) -> set[tuple]:

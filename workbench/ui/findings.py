@@ -73,7 +73,8 @@ def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
             rows[where] = dict(
                 base, step=min(rows[i]["step"] for i in episode), last_step=max(rows[i]["last_step"] for i in episode),
                 severity=max((rows[i]["severity"] for i in episode), key=SEVERITIES.index),
-                site=f"{site_name(base['module'], 0, base['tensor'], False, base['kind'])} (calls {_calls_text(tuple(calls_here))})",
+                site=(f"{site_name(base['module'], 0, base['tensor'], False, base['kind'])} "
+                      f"(calls {_calls_text(tuple(calls_here))})"),
                 evidence=f"call {base['call']}: {base['evidence']}", calls=tuple(calls_here),
                 call_sites=tuple(str(rows[i]["site"]) for i in by_call))
             merged_away.update(i for i in episode if i != where)
