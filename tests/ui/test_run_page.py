@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+import workbench
 from workbench.instrument import load_run
 from workbench.ui import figures, live
 from workbench.ui.views import RunView
@@ -236,6 +238,25 @@ def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):
     assert "kind must be one of" in live.compare_runs(cache, ["cmp/a", "cmp/b"], "w", "std", None)[4]
     said = live.compare_runs(cache, ["cmp/a", "/etc"], "activation", "std", None)[4]
     assert "absolute path" in said and "two or more runs that open" in said
+
+
+def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_and_says_what_lacks(manager):
+    """A run that recorded no output gradients beside one that did; metrics that only one run logged."""
+    finished(manager, steps=4, store="mix/grads", seed=1)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+    with workbench.watch(model, gradients=False, store=manager.root.path / "mix" / "none") as w:
+        for step in range(3):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(reward=float(step), **({"intervention/i1: zero units [0] at 0": 1.0} if step else {}))
+    cache = live.ViewCache(manager.root)
+    metrics, site, choices, chosen, message = live.compare_runs(cache, ["mix/none", "mix/grads"], "grad_output",
+                                                                "norm", None)
+    assert choices == LAYERS and chosen in LAYERS and [t["name"] for t in site["data"]] == ["mix/grads"]
+    assert "`mix/none` recorded no grad_output rows: the sites of `mix/grads` are listed." in message
+    legend = [t["name"] for t in metrics["data"] if t.get("showlegend")]
+    assert sorted(legend) == ["mix/grads", "mix/none"]  # (each run once, though they share no metric)
+    titles = {a["text"] for a in metrics["layout"]["annotations"]}
+    assert "reward" in titles and not any(t.startswith("intervention/") for t in titles)
 
 
 @pytest.mark.parametrize("fmt", ["CSV", "Parquet", "TensorBoard"])

@@ -218,6 +218,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     gap_x, gap_y = 0.07, 0.5 / rows
     width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (rows - 1)) / rows
     several = len(views) > 1
+    in_legend: set[str] = set()  # (each run once in the legend, in the first panel it has a line in)
     # (the top margin keeps the first row's titles below Plotly's toolbar, which shows over the top right)
     data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[],
                                margin=dict(l=55, r=20, t=45, b=40))
@@ -246,12 +247,15 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
                                  showlegend=False, legendgroup=run))
             color = _PALETTE[r % len(_PALETTE)]
             common = dict(xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=run)
+            legend = several and len(part) > 0 and run not in in_legend
+            if legend:
+                in_legend.add(run)
             data.append(_line(part.step, part.value, color, 1, **common, name=run if several else name,
-                              opacity=0.35 if smoothing else 1.0, showlegend=several and i == 0 and not smoothing,
+                              opacity=0.35 if smoothing else 1.0, showlegend=legend and not smoothing,
                               hovertemplate=f"{label}: %{{y:.4g}}<extra>step %{{x}}</extra>"))
             if smoothing:
                 data.append(_line(part.step, part.smoothed, color, 2, **common,
-                                  name=run if several else f"{name} (smoothed)", showlegend=several and i == 0,
+                                  name=run if several else f"{name} (smoothed)", showlegend=legend,
                                   hovertemplate=f"{label}, smoothed: %{{y:.4g}}<extra>step %{{x}}</extra>"))
     return {"data": data, "layout": layout}
 

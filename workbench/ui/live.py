@@ -1070,19 +1070,26 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     note = " ".join(problems)
     if len(views) < 2:
         return None, None, [], None, (note + " Pick two or more runs that open.").strip()
-    order = [v.site_order(kind) for v in views.values()]
-    common = set(order[0]).intersection(*order[1:])
-    choices = [s for s in order[0] if s in common] or order[0]
+    having = [name for name, view in views.items() if view.site_order(kind)]  # (runs with rows of the kind)
+    order = [views[name].site_order(kind) for name in having]
+    common = set(order[0]).intersection(*order[1:]) if order else set()
+    choices = ([s for s in order[0] if s in common] or order[0]) if order else []
     if not (isinstance(site, str) and site in choices):
-        first = next(iter(views.values()))
+        first = views[having[0]] if having else None
         site = next((s for s in first.default_sites(kind, statistic, DEFAULT_SITES) if s in choices),
-                    choices[0] if choices else None)
-    metrics = figures.compare_metrics_figure(views, None, smoothing, bool(log_y))
+                    choices[0]) if first is not None else None
+    # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
+    names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
+    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y))
     site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y)) if site is not None
                 else figures.empty_figure(f"None of these runs recorded {kind} rows."))
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
-    if not common and all(order):
-        text += f" They share no {kind} call site (different models?): the sites of `{next(iter(views))}` are listed."
+    lacking = [name for name in views if name not in having]
+    if lacking and having:
+        text += (f" {', '.join(f'`{n}`' for n in lacking)} recorded no {kind} rows: the sites of "
+                 f"`{having[0]}` are listed.")
+    elif not common and len(having) > 1:
+        text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
 
 
