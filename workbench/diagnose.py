@@ -831,10 +831,14 @@ class Diagnoser:
             start = state["start"]
             if (rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
                     and now - best >= t.diverge_regain * (first - best)):
+                # (a loss that fell to about 0: a ratio to its lowest says nothing, the way back up does)
+                times = f"{now / best:.3g}x its lowest" if 0 < best and now < 1e4 * best else "up from its lowest"
+                back = f", back {(now - best) / (first - best):.0%} of the way to its first median ({first:.4g})" \
+                    if first > best else ""
                 self._hold(step, "diverging", None, None,
-                           f"{name}: median {now:.4g} over its last {len(tail)} steps, "
-                           f"{now / best if best > 0 else math.inf:.1f}x its lowest ({best:.4g}), and rising "
-                           f"(threshold {t.diverge_factor:g}x).", site=name, key=name)
+                           f"{name}: median {now:.4g} over its last {len(tail)} steps and rising, {times} "
+                           f"({best:.4g}){back} (thresholds {t.diverge_factor:g}x, {t.diverge_regain:.0%} back).",
+                           site=name, key=name)
             elif start > 0 and now > t.diverge_blowup * start:  # (blown up early: no lower median to rise from)
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / start:.3g}x its "

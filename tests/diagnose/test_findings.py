@@ -161,6 +161,15 @@ def test_a_converged_noisy_loss_is_not_diverging():
     assert step > 200 and median >= 0.5 * np.median(grown[:5]) and np.median(grown[step - 6:step - 1]) < median
 
 
+def test_a_loss_back_up_from_about_0_says_how_far_back_not_a_ratio_to_0():
+    """0.7, then 0 for ten steps, then climbing back: "infx its lowest (0)" told nothing."""
+    loss = [0.7] * 5 + [0.0] * 10 + [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, len(loss) + 1), "loss": loss}))
+    [evidence] = f[f.finding == "diverging"].evidence.tolist()  # (from step 21: 0.3-0.7, median 0.5)
+    assert evidence == ("loss: median 0.5 over its last 5 steps and rising, up from its lowest (0), back 71% of the "
+                        "way to its first median (0.7) (thresholds 10x, 50% back).")
+
+
 def test_a_converged_loss_s_batch_to_batch_jumps_are_not_spikes():
     # a loss that fell from 0.7 to ~0.002 and jumps to 0.02-0.08 now and then (an MLP at 99%
     # accuracy, a hard batch): 10-40x its level, but a tenth of what it fell at most

@@ -1715,6 +1715,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["experiment"].change(experiment_overview, c["experiment"], c["overview"])
     listing = [c["pick"], c["runs"], c["runs_note"]]
 
+    def ticking():
+        """The page's timer, on while any run of the app goes: it draws the page's run, and the list of runs."""
+        return gr.Timer(active=any(r.running for r in manager.runs()))
+
     def listed(value=None, first_running=False):
         """The dropdown (keeping ``value`` picked when it is still listed; else, with ``first_running``,
         the newest run in progress), the table and the note."""
@@ -1805,13 +1809,17 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_tick(attached, state, *values):
         run = manager.get(attached) if attached else None
-        going = run is not None and run.running  # (before drawing: a run ending now is drawn next tick)
+        # ticking while any run of the app goes (another page's too: the list of runs follows it), and once
+        # after (before drawing: a run ending now is drawn next tick)
+        going = any(r.running for r in manager.runs())
         drawn = draw_live(attached, state, *values, force=False)
-        # the run list's labels say each run's state: sent when they change (the pick is kept)
-        choices = run_choices(manager)
+        # the run list's labels and table say each run's state and step: sent when they change (the pick is kept)
+        choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
         pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
-        drawn[0]["runs"] = choices
-        return (*drawn, gr.Timer(active=going), runs_frame(manager), runs_note(manager), pick,
+        rows = table.to_dict("records")
+        table, note = (gr.skip(), gr.skip()) if drawn[0].get("run_rows") == (rows, note) else (table, note)
+        drawn[0].update(runs=choices, run_rows=(rows, note))
+        return (*drawn, gr.Timer(active=going), table, note, pick,
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
@@ -1883,7 +1891,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         if attached is None:
             return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(len(buttons))
         run, state = manager.get(attached), new_page_state()
-        return (attached, "", state, gr.Timer(active=run.running), *listed(attached),
+        return (attached, "", state, ticking(), *listed(attached),
                 *button_updates(attached, state, fresh=True))
 
     c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5 + len(buttons)))), [c["pick"]],
@@ -1920,7 +1928,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
-        return None, message, gr.Timer(active=False), *listed(picked)
+        return None, message, ticking(), *listed(picked)
 
     c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(4))),
                       [c["live_state"], c["pick"]], [c["live_state"], c["live_message"], c["timer"], *listing]
@@ -1958,9 +1966,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         replay_inputs, [*replay_outputs[:-2], c["replay_findings_note"], c["replay_stat"]], show_progress="hidden")
 
     def on_pick(pick):
+        """Open a run: its line at once; its views (hidden until drawn: a long run takes a while to read,
+        and the run open before must not show under this one's name) by :func:`shown_body` after."""
         run, message = replay(root, pick)
-        return (pick if run is not None else None), message, new_page_state(), gr.skip(), \
-            gr.Column(visible=run is not None)
+        if run is not None:
+            message += " · _reading its steps…_"
+        return (pick if run is not None else None), message, new_page_state(), gr.skip(), gr.Column(visible=False)
+
+    def shown_body(pick):
+        run, message = replay(root, pick) if pick else (None, gr.skip())
+        return message, gr.Column(visible=run is not None)
 
     def on_row(table, evt: gr.SelectData):
         row = evt.row_value or None
@@ -1973,10 +1988,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     on_row.__annotations__["evt"] = gr.SelectData  # (a real class: Gradio passes the event by it)
     picked = [c["run_state"], c["run_message"], c["replay_page"], c["run_path"], c["replay_body"]]
     pick_fallback = lambda text: (None, text, gr.skip(), gr.skip(), gr.Column(visible=False))  # noqa: E731
+    shown = _guarded(shown_body, lambda text: (text, gr.skip()))
     c["run_path"].input(_guarded(on_pick, pick_fallback), c["run_path"], picked).then(
-        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
+        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
     c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
-        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+        redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
+        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
     def on_list(sub, compared=(), open_first=True, current=None):
         """List the stored runs and open again the one open (``current``: it may have grown since), or the
@@ -1999,7 +2017,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     listing_runs = c["refresh"].click(_guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
                                       [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
-    listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden")
+    listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
+        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
     def on_runs_tab(sub):
         """The list brought up to date when the tab is shown (runs stored since the page loaded); the run
@@ -2012,10 +2031,11 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                          c["root"], listed_runs[:4], show_progress="hidden")
     if app is not None:  # a new or reloaded page lists the runs in this app and the stored ones
         def on_load():
-            return *listed(first_running=True), *on_list("", (), open_first=False)  # (opened when picked)
+            return (*listed(first_running=True), *on_list("", (), open_first=False),  # (opened when picked)
+                    ticking())
 
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
-                                                 *_skips(5))), None, [*listing, *listed_runs])
+                                                 *_skips(6))), None, [*listing, *listed_runs, c["timer"]])
 
     def on_export(name, pick, fmt):
         paths, message = export_run(root, name or pick, fmt)
