@@ -657,10 +657,16 @@ class Diagnoser:
             z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
             bound = 1.0 - m * (1.0 - z) if m else 0.0
             dead_units = math.ceil(bound * u - 1e-9) if u else 0  # (decided on the count: float32 fractions)
-            if u and dead_units >= u:
-                detail = ("its only unit outputs" if u == 1 else f"all {u} of its units output") + " 0 for every input"
+            # units are along dim 1 (features of (B, F), channels of (B, C, H, W)); of a (B, T, F) sequence
+            # they would be its positions: there the dimension is named, and an all-zero output said as such
+            along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
+            if u and dead_units >= u and along and z >= 1.0:
+                detail = f"its whole {layout.keys[i][4]} output is 0 for every input"
+            elif u and dead_units >= u:
+                detail = ("its only unit outputs" if u == 1 else f"all {u} of its units{along} output") + \
+                    " 0 for every input"
             elif u and bound > 0:
-                detail = f"at least {bound:.0%} of its {u} units (at least {dead_units}) output 0 for every input"
+                detail = f"at least {bound:.0%} of its {u} units{along} (at least {dead_units}) output 0 for every input"
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
             self._hold(step, "dead_units", layout, int(i),

@@ -105,6 +105,13 @@ def test_dead_units_need_persistence_and_name_a_bound_on_units():
                         + [row(4, "relu", "activation", zero_frac=0.5, min=0.0)])
     f = diagnose(rows)
     assert (f.step[0], f.last_step[0]) == (1, 3) and "at least 75% of its 4 units (at least 3)" in f.evidence[0]
+    # a (B, T, F) output: dim 1 is positions, named as what is counted; an all-zero one said whole
+    seq = dict(shape="(2, 8, 16)", min=0.0, max=0.5, mean=0.01, std=0.05)
+    partial = diagnose(pd.DataFrame([row(s, "mlp", "activation", zero_frac=255 / 256, **seq) for s in (1, 2, 3)]))
+    assert "at least 88% of its 8 units along dim 1 of (2, 8, 16) (at least 7) output 0" in partial.evidence[0]
+    whole = diagnose(pd.DataFrame([row(s, "mlp", "activation", **{**seq, "max": 0.0, "mean": 0.0, "std": 0.0},
+                                       zero_frac=1.0) for s in (1, 2, 3)]))
+    assert "its whole (2, 8, 16) output is 0 for every input" in whole.evidence[0]
     # a site with negative outputs is never dead (a linear layer that outputs zeros is something else)
     assert diagnose(pd.DataFrame([row(s, "lin", "activation", zero_frac=0.95, min=-1.0) for s in (1, 2, 3)])).empty
 
