@@ -289,7 +289,7 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
     """Sorted names of registered models.
 
     Args:
-        pattern: an fnmatch pattern (``"*lu"``) or a list of them.
+        pattern: an fnmatch pattern (``"*lu"``) or a list of them, matched regardless of case.
         family: keep only this family.
 
     Returns:
@@ -320,7 +320,7 @@ def list_models(pattern: str | Sequence[str] = "*", family: str | None = None) -
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     return sorted(
         n for n, s in _REGISTRY.items()
-        if (family is None or s.family == family) and any(fnmatch.fnmatchcase(n, p) for p in patterns)
+        if (family is None or s.family == family) and any(fnmatch.fnmatchcase(n.lower(), p.lower()) for p in patterns)
     )
 
 

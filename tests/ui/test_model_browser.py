@@ -14,6 +14,7 @@ def test_filter_by_family_and_substring_or_glob():
     assert mb.filter_models("all", "") == workbench.list_models()
     assert mb.filter_models("mlp", "") == ["mlp"]
     assert mb.filter_models("activation", "zzz") == []
+    assert mb.filter_models("all", "ILQL") == ["ilql"] and mb.filter_models("all", "*LU") == ["gelu", "prelu", "relu"]
 
 
 def test_overview_shows_formula_and_summary():
