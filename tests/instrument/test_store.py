@@ -189,10 +189,32 @@ def test_export_csv_parquet_and_tensorboard(tmp_path):
     loss = [(e.step, e.value) for e in events.Scalars("metrics/loss")]
     assert loss == [(s, pytest.approx(v, rel=1e-6)) for s, v in zip(run.metrics().step, run.metrics().loss)]
     first = rows[(rows.module == "0") & (rows.kind == "activation")].iloc[0]
-    mean = events.Scalars("activation/0#0/out/mean")[0]
+    assert not any("#" in tag for tag in events.Tags()["scalars"])  # (each module called once a step)
+    mean = events.Scalars("activation/0/out/mean")[0]
     assert mean.value == pytest.approx(first["mean"], rel=1e-6)
-    hist = events.Histograms("activation/0#0/out")[0].histogram_value
+    hist = events.Histograms("activation/0/out")[0].histogram_value
     assert hist.num == first["numel"] and hist.min == pytest.approx(first["min"])
+
+
+def test_tensorboard_tags_name_the_call_of_a_module_called_twice_a_step(tmp_path):
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act, self.lin = torch.nn.Tanh(), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.act(self.lin(self.act(x)))
+
+    model = Twice()
+    with workbench.watch(model, store=tmp_path / "run", histograms=False) as w:
+        model(torch.randn(2, 3)).sum().backward()
+        w.step()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(workbench.load_run(tmp_path / "run").export(tmp_path / "tb")))
+    events.Reload()
+    tags = {tag.rsplit("/", 1)[0] for tag in events.Tags()["scalars"] if tag.startswith("activation/")}
+    assert {"activation/act#0/out", "activation/act#1/out", "activation/lin/out", "activation/(model)/out"} <= tags
 
 
 def test_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):

@@ -1,19 +1,23 @@
 """Export a stored run to TensorBoard event files, for people who keep using TensorBoard.
 
 Needs the ``tensorboard`` package (``pip install tensorboard``); nothing else
-in workbench does. Tags: ``metrics/<name>``, ``<kind>/<module>#<call>/<tensor>/<statistic>``
-and, for runs recorded with histograms, ``<kind>/<module>#<call>/<tensor>`` histograms.
+in workbench does. Tags: ``metrics/<name>``, ``<kind>/<module>/<tensor>/<statistic>`` and, for runs
+recorded with histograms, ``<kind>/<module>/<tensor>`` histograms; a module called more than once a step
+is ``<module>#<call>``, as the app names its call sites (``(model)`` is the model itself).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from workbench.instrument.runs import Run
 
 __all__ = ["export_tensorboard", "SCALARS"]
@@ -21,8 +25,15 @@ __all__ = ["export_tensorboard", "SCALARS"]
 SCALARS = ("mean", "std", "norm", "abs_mean", "min", "max", "zero_frac")
 
 
-def _tag(module: str, call: int, kind: str, tensor: str) -> str:
-    return f"{kind}/{module or '(model)'}#{call}/{tensor}"
+def _tagger(rows: pd.DataFrame) -> Callable[[str, int, str, str], str]:
+    """The tag of a row's tensor, ``#call`` where its module is called more than once a step (``rows``:
+    the run's)."""
+    again = set(rows.loc[rows.call > 0, ["kind", "module"]].itertuples(index=False, name=None))
+
+    def tag(module: str, call: int, kind: str, tensor: str) -> str:
+        return f"{kind}/{module or '(model)'}{f'#{call}' if (kind, module) in again else ''}/{tensor}"
+
+    return tag
 
 
 def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
@@ -52,6 +63,7 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
                               for name in names for value in group[name] if value == value])  # (NaN: not logged)
         rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
         # when an earlier one comes after them)
+        _tag = _tagger(rows)
         tags = [_tag(*key) for key in zip(rows.module, rows.call, rows.kind, rows.tensor)]
         stats = rows[list(SCALARS)].to_numpy(np.float64)
         finite = np.isfinite(stats)
