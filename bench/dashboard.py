@@ -12,6 +12,10 @@
    taking turns round by round; the page's subscription gathers FEED_INTERVAL of steps per
    delivery, and a variant delivered every step shows what that saves (waking the
    subscriber's thread each step interrupts the training thread). Goal: <= 1.03x.
+3. Opening a stored run in the Runs tab: the seconds and the memory (peak RSS over the process's
+   after its imports) of its views (``RunView.from_run``) and its findings, read
+   ``RunView.READ_STEPS`` steps at a time against all at once, each in a fresh process, for a
+   stored run of 20,000 steps of the activation MLP (width 16; 300 with --quick).
 
     python bench/dashboard.py [--quick] [--rounds 5]
 """
@@ -21,8 +25,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -119,6 +127,37 @@ def live_ratios(rounds: int, steps: int) -> dict[str, float]:
     return {name: statistics.median(times[name]) / base for name in PAGES}
 
 
+#: Opens a run in a fresh process: prints the seconds and the peak RSS growth (MiB) of its views and findings.
+OPEN = """
+import resource, sys, time
+import workbench
+from workbench.ui.findings import RunFindings
+from workbench.ui.views import RunView
+RunView.READ_STEPS = int(sys.argv[2])
+run = workbench.load_run(sys.argv[1])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+RunView.from_run(run), RunFindings(run).frame()
+print(time.perf_counter() - start, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+
+
+def open_cost(steps: int) -> dict[str, tuple[float, float]]:
+    """Seconds and MiB of opening a stored run of ``steps`` steps, in parts and at once."""
+    from workbench.ui.views import RunView
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run"
+        workbench.experiments.create("activation_mlp", seed=0, width=16).run(steps, store=path, progress=False)
+        out = {}
+        for label, size in ((f"{RunView.READ_STEPS} steps at a time", RunView.READ_STEPS), ("at once", 10**9)):
+            done = subprocess.run([sys.executable, "-c", OPEN, str(path), str(size)], capture_output=True, text=True,
+                                  check=True)
+            seconds, mib = map(float, done.stdout.split())
+            out[label] = (seconds, mib)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 and 1,000 steps; one short round")
@@ -135,6 +174,10 @@ def main() -> None:
     print(f"activation_mlp training step over the watch alone's ({rounds} rounds of {steps} steps):")
     for name, ratio in live_ratios(rounds, steps).items():
         print(f"  {name}: {ratio:.3f}x")
+    steps = 300 if args.quick else 20_000
+    print(f"opening a stored run of {steps} activation_mlp steps (its views and findings):")
+    for label, (seconds, mib) in open_cost(steps).items():
+        print(f"  read {label}: {seconds:.2f} s, {mib:.0f} MiB more memory at the peak")
 
 
 if __name__ == "__main__":

@@ -307,12 +307,16 @@ class Diagnoser:
             self._subscription = None
 
     def feed_frame(self, rows: pd.DataFrame, metrics: pd.DataFrame | None = None) -> None:
-        """Take a stored run's rows (``ROW_COLUMNS``, recorded order) and metrics frame."""
+        """Take a stored run's rows (``ROW_COLUMNS``, recorded order) and metrics frame (wide, or
+        long: ``step, name, value``). A long run may come in parts, consecutive steps each."""
         _check_frame(rows, metrics)
         with self._lock:
             self._absorb()
             by_step: dict[int, dict[str, float]] = {}
-            if metrics is not None and len(metrics):
+            if metrics is not None and len(metrics) and list(metrics.columns) == LONG_METRICS:
+                for step, name, value in metrics.itertuples(index=False):  # (as logged: a NaN is a NaN)
+                    by_step.setdefault(int(step), {})[name] = float(value)
+            elif metrics is not None and len(metrics):
                 names = [c for c in metrics.columns if c != "step"]
                 values = metrics[names].to_numpy(np.float64) if names else np.zeros((len(metrics), 0))
                 logged = _logged(metrics[names].notna().to_numpy()) if names else np.zeros((len(metrics), 0), bool)
@@ -884,6 +888,10 @@ def _logged(present: np.ndarray) -> np.ndarray:
     return logged
 
 
+#: The columns of a long metrics frame (``w.metrics(long=True)``): one row per logged value.
+LONG_METRICS = ["step", "name", "value"]
+
+
 def _sample(items: list, k: int) -> list:
     if len(items) <= k:
         return items
@@ -915,7 +923,8 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 
     Args:
         rows: the run's rows in recorded order (``w.to_pandas()``, ``load_run(path).to_pandas()``).
-        metrics: its metrics (``w.metrics()``), one row per step; None: no metric findings.
+        metrics: its metrics: ``w.metrics()`` (one row per step), or ``w.metrics(long=True)`` (one row
+            per logged value, exact about a metric logged NaN); None: no metric findings.
         thresholds: a :class:`Thresholds`, a dict of its fields, or None for the defaults.
         **overrides: single thresholds (``persist=5``, ``update_ratio_high=0.05``).
 

@@ -546,6 +546,38 @@ def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
     assert heat["xaxis"]["range"] == [0.5, 10.5] and heat["yaxis"]["categoryarray"] == ["layers.0"]  # (not -1..6)
 
 
+def test_a_stored_run_read_a_few_steps_at_a_time_draws_as_one_read_at_once(tmp_path, monkeypatch):
+    """RunView.from_run reads a long run in parts (its memory that of a part): the views are the same."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(store=tmp_path / "r")
+    exp.run(2, progress=False)
+    w.ablate("layers.1", list(range(8)))  # (findings from step 3 on: dead units, vanishing gradients)
+    exp.run(9, progress=False)
+    w.close()
+    run = workbench.load_run(tmp_path / "r")
+    whole = RunView.from_run(run)
+    from workbench.ui.findings import RunFindings
+
+    findings_whole = RunFindings(run).frame()
+    assert {"dead_units", "vanishing_gradients"} <= set(findings_whole.finding)
+    monkeypatch.setattr(RunView, "READ_STEPS", 3)
+    parts = RunView.from_run(run)
+    pd.testing.assert_frame_equal(parts.metrics_frame(), whole.metrics_frame())
+    for kind in ("activation", "grad_output", "param"):
+        assert parts.site_order(kind) == whole.site_order(kind)
+        pd.testing.assert_frame_equal(parts.site_series(kind, "std", parts.site_order(kind)),
+                                      whole.site_series(kind, "std", whole.site_order(kind)))
+        for a, b in zip(parts.heatmap(kind, "norm", 100), whole.heatmap(kind, "norm", 100)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    site = whole.histogram_sites("activation")[0]  # (histograms are on by default)
+    for a, b in zip(parts.distribution("activation", site), whole.distribution("activation", site)):
+        pd.testing.assert_frame_equal(a, b) if isinstance(a, pd.DataFrame) else np.testing.assert_array_equal(a, b)
+    assert parts.header() == whole.header() and parts.steps_fed == 11
+    from workbench.ui.findings import RunFindings
+
+    pd.testing.assert_frame_equal(RunFindings(run).frame(), findings_whole)  # (the findings read in parts too)
+
+
 def test_a_stored_run_keeps_a_metric_logged_nan_apart_from_one_not_logged(tmp_path):
     """SQLite keeps a NaN as NULL: the replay shows the NaN loss's panel, and a sparse metric's gaps stay gaps."""
     model = torch.nn.Linear(3, 2)
@@ -563,3 +595,5 @@ def test_a_stored_run_keeps_a_metric_logged_nan_apart_from_one_not_logged(tmp_pa
     frame = view.metrics_frame(["loss", "reward"])
     assert frame[frame.metric == "loss"].step.tolist() == [1, 2, 3, 4, 5, 6]
     assert frame[frame.metric == "reward"].step.tolist() == [3, 6]
+    # the diagnosis reads them as logged: a loss NaN from its 2nd step (a wide frame cannot tell that from a gap)
+    assert "loss is nan at step 2" in " ".join(run.diagnose().evidence)

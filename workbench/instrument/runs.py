@@ -93,9 +93,28 @@ class Run:
         """The steps stored (committed) so far."""
         return self._query("SELECT step FROM steps ORDER BY step").step.tolist()
 
-    def to_pandas(self) -> pd.DataFrame:
-        """The statistics rows, with the columns of ``watch().to_pandas()``."""
-        frame = self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM rows ORDER BY step, seq")
+    def step_ranges(self, size: int) -> list[tuple[int, int]]:
+        """The stored steps in parts of at most ``size`` steps, as ``(first, last)`` (both included):
+        read a long run a part at a time (``to_pandas(steps=part)``), its memory that of a part.
+
+        Raises:
+            ValueError: ``size`` is not a positive whole number.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive whole number of steps, got {size!r}.")
+        steps = self.steps
+        return [(steps[i], steps[min(i + size, len(steps)) - 1]) for i in range(0, len(steps), size)]
+
+    def to_pandas(self, steps: tuple[int, int] | None = None) -> pd.DataFrame:
+        """The statistics rows, with the columns of ``watch().to_pandas()``.
+
+        Args:
+            steps: only those of the steps ``(first, last)`` (both included): a long run read a part
+                at a time.
+        """
+        where, params = _step_range(steps, "step")
+        frame = self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM rows"
+                            f"{' WHERE ' + where if where else ''} ORDER BY step, seq", params)
         return _typed(frame)
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
@@ -124,14 +143,16 @@ class Run:
             **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
         """
         from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
-        return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
+        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds, **overrides)
 
-    def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+    def histograms(self, module: str | None = None, kind: str | None = None,
+                   steps: tuple[int, int] | None = None) -> pd.DataFrame:
         """``step, module, call, kind, tensor, edges, counts`` for the stored histograms.
 
         Args:
             module: only this module path (None: every path).
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+            steps: only those of the steps ``(first, last)`` (both included).
         """
         if module is not None or kind is not None:  # (the paths the run recorded rows of)
             check_filter("histograms", module, kind, self._query("SELECT DISTINCT module FROM rows").module.tolist())
@@ -140,6 +161,10 @@ class Run:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        in_range, range_params = _step_range(steps, "h.step")
+        if in_range:
+            where.append(in_range)
+            params.extend(range_params)
         has_flag = "sampled" in self._query("PRAGMA table_info(histograms)").name.tolist()  # (not in older runs)
         sampled = "h.sampled" if has_flag else "0 AS sampled"
         sql = (f"SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts, {sampled} FROM histograms h "
@@ -229,6 +254,16 @@ def _writer_alive(path: Path) -> bool:
     finally:
         os.close(fd)  # (also lets go of the shared lock, if taken)
     return False
+
+
+def _step_range(steps: tuple[int, int] | None, column: str) -> tuple[str, tuple]:
+    """A condition (and its parameters) keeping the steps ``(first, last)``; none ("") for None."""
+    if steps is None:
+        return "", ()
+    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+        raise TypeError(f"steps must be (first, last), two whole step numbers, or None for every step; got {steps!r}.")
+    return f"{column} BETWEEN ? AND ?", (int(steps[0]), int(steps[1]))
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:

@@ -325,7 +325,7 @@ class Watch:
             **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
         """
         from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
-        return diagnose(self.to_pandas(), self.metrics(), thresholds, **overrides)
+        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds, **overrides)
 
     def anomalies(self) -> pd.DataFrame:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where a

@@ -19,6 +19,7 @@ import pandas as pd
 
 from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser
 from workbench.instrument.schema import site_name
+from workbench.ui.views import RunView
 
 __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "during_interventions", "findings_html", "findings_summary",
            "findings_table", "focus", "mark_steps", "merge_calls", "option_label", "pick_key"]
@@ -310,8 +311,11 @@ class RunFindings:
         self._frame: pd.DataFrame = merge_calls(self.diagnoser.findings())
         self._seen = -1
         self.error: str | None = None
-        if isinstance(source, Run):
-            self.diagnoser.feed_frame(source.to_pandas(), source.metrics())
+        if isinstance(source, Run):  # (a part at a time: a long run's rows at once took gigabytes)
+            metrics = source.metrics(long=True)
+            for first, last in source.step_ranges(RunView.READ_STEPS):
+                self.diagnoser.feed_frame(source.to_pandas(steps=(first, last)),
+                                          metrics[(metrics.step >= first) & (metrics.step <= last)])
         elif source is not None:
             if getattr(source, "closed", False):
                 self.diagnoser.feed(source.recorder.records())

@@ -1889,13 +1889,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(len(buttons))
-        run, state = manager.get(attached), new_page_state()
-        return (attached, "", state, ticking(), *listed(attached),
-                *button_updates(attached, state, fresh=True))
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *_skips(len(buttons) + 1)
+        state = new_page_state()
+        return (attached, "", state, ticking(), *listed(attached), *button_updates(attached, state, fresh=True),
+                "")  # (the last run's intervention message goes with it)
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(5 + len(buttons)))), [c["pick"]],
-                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons]).then(
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(6 + len(buttons)))), [c["pick"]],
+                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
+                       c["iv_message"]]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
 
@@ -1928,10 +1929,11 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
-        return None, message, ticking(), *listed(picked)
+        return None, message, ticking(), *listed(picked), ""
 
-    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(4))),
-                      [c["live_state"], c["pick"]], [c["live_state"], c["live_message"], c["timer"], *listing]
+    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(5))),
+                      [c["live_state"], c["pick"]],
+                      [c["live_state"], c["live_message"], c["timer"], *listing, c["iv_message"]]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")

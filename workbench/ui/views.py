@@ -284,24 +284,36 @@ class RunView:
         self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of deliveries, for steps/s
         self._lock = threading.RLock()
 
+    #: Steps of a stored run :meth:`from_run` reads at a time: its memory is that of this many
+    #: steps' rows, however long the run (a 100,000-step run read at once took gigabytes).
+    READ_STEPS = 2000
+
     @classmethod
     def from_run(cls, run: Run, **options: Any) -> RunView:
-        """The views of a stored run (``workbench.load_run``), as they were when it was recorded."""
+        """The views of a stored run (``workbench.load_run``), as they were when it was recorded,
+        read :data:`READ_STEPS` steps at a time."""
         view = cls(label=run.name, **options)
-        rows, metrics = run.to_pandas(), run.metrics(long=True)
-        histograms = run.histograms() if len(rows) else None
+        by_step: dict[int, dict[str, float]] = {}
+        for step, name, value in run.metrics(long=True).itertuples(index=False):
+            by_step.setdefault(int(step), {})[name] = float(value)
+        for part in run.step_ranges(cls.READ_STEPS):
+            view._read_steps(run, part, by_step)
+        view.set_status(run.status, run.metadata.get("error"))
+        return view
+
+    def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]]) -> None:
+        """Take in the stored steps ``part`` (``(first, last)``) and their metrics (``by_step``)."""
+        rows = run.to_pandas(steps=part)
+        histograms = run.histograms(steps=part) if len(rows) else None
         if histograms is not None and len(histograms) != len(rows):
-            histograms = None  # (a run that recorded histograms on some steps only shows none)
+            histograms = None  # (steps that recorded histograms on some rows only show none)
         if histograms is not None:  # (the columns as arrays and a list, sliced per step)
             lows = np.array([e[0] for e in histograms.edges])
             highs = np.array([e[-1] for e in histograms.edges])
             counts = histograms.counts.to_list()
-        by_step: dict[int, dict[str, float]] = {}
-        for step, name, value in metrics.itertuples(index=False):
-            by_step.setdefault(int(step), {})[name] = float(value)
         codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
         starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
-        # (a run that stored no step yet: no rows, no steps)
+        # (steps that stored no rows: metrics alone)
         ends = np.r_[starts[1:], len(rows)]
         table = rows[list(STATISTICS)].to_numpy(np.float32)
         numel = rows.numel.to_numpy()
@@ -318,13 +330,14 @@ class RunView:
             hist = [None] * len(block)
             if histograms is not None and spans:
                 hist = [(lows[x:y], highs[x:y], np.stack(counts[x:y])) for x, y in spans]
-            view._take(_Block(list(block), keys, numel[a:b],
+            self._take(_Block(list(block), keys, numel[a:b],
                               np.stack([table[x:y] for x, y in spans]) if spans else None, None,
                               [by_step.get(step, {}) for step in block], hist))
             block.clear()
 
         layout = None
-        for step in sorted(set(row_steps) | set(by_step)):
+        for step in sorted(row_steps.keys() | {s for s in by_step if part[0] <= s <= part[1]}):
+            self.last_step, self.steps_fed = max(self.last_step, step), self.steps_fed + 1
             a, b = row_steps.get(step, (0, 0))
             this = tuple(codes[a:b])
             if block and this != layout:
@@ -332,10 +345,6 @@ class RunView:
             layout = this
             block.append(step)
         flush()
-        view.last_step = max(row_steps.keys() | by_step.keys(), default=0)
-        view.steps_fed = len(row_steps.keys() | by_step.keys())
-        view.set_status(run.status, run.metadata.get("error"))
-        return view
 
     # ------------------------------------------------------------------ feeding
     def feed(self, update: Update | StepRecord | Iterable[StepRecord]) -> None:
