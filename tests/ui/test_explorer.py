@@ -111,6 +111,14 @@ def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
 @pytest.mark.parametrize("call, expected", [
     (dict(names=["relu"], low=2.0, high=-2.0), "The range must run from low to high, got [2, -2]"),
     (dict(names=["relu"], low=None), "The range's low end must be a finite number, got None"),
+    # (beyond float32's largest value: torch refused to make the sample points, a raw RuntimeError)
+    (dict(names=["relu"], high=1e308), "The range's high end must be in [-3.40282e+38, 3.40282e+38] (the sample "
+                                       "points are float32), got 1e+308. Enter e.g. 4."),
+    (dict(names=["relu"], high=1e39), "The range's high end must be in [-3.40282e+38, 3.40282e+38]"),
+    (dict(names=["relu"], low=-1e39), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    # (each end fits, the step between points overflows: the points were NaN)
+    (dict(names=["relu"], low=-3e38, high=3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold "
+                                                 "(high - low must be at most 3.40282e+38). Narrow it"),
     (dict(names=["relu"], points=1.0), "The number of points must be a whole number in [2, 20,001], got 1"),
     (dict(names=["relu"], points=2.5), "got 2.5"),
     (dict(names=[]), "Pick at least one activation"),
@@ -125,6 +133,17 @@ def test_bad_curve_settings_are_messages(call, expected):
                                      arguments["state"])
     assert expected in message, message
     assert figure["data"] == []
+
+
+@pytest.mark.parametrize("low, high", [(-1.7e38, 1.7e38), (0, float(np.finfo(np.float32).max)),
+                                       (-float(np.finfo(np.float32).max), 4)])
+def test_the_widest_ranges_float32_holds_are_drawn(low, high):
+    figure, message = ex.draw_curves(["relu"], low, high, ex.MAX_POINTS)
+    f = next(t for t in figure["data"] if t["meta"]["curve"] == "f")
+    x = values(f["x"])
+    assert np.isfinite(x).all() and x[0] == np.float32(low) and x[-1] == np.float32(high), message
+    drawn = ~np.isnan(values(f["y"]))  # (a gap where a step looks like a jump at this scale)
+    assert drawn.sum() >= ex.MAX_POINTS and np.array_equal(values(f["y"])[drawn], np.maximum(x, 0)[drawn])
 
 
 def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
@@ -158,6 +177,8 @@ def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
     (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
     (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
     (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
+    (lambda: ex.uniform(-1e39, 4), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    (lambda: ex.uniform(-3e38, 3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold"),
     (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
     (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),
     (lambda: ex.push_through("relu", seed=-1), "seed must be an int in [0, 2**63 - 1]"),
