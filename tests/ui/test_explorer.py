@@ -57,6 +57,18 @@ def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
     assert "| relu | 0 |" in table and "| gelu |" in table
 
 
+def test_each_panels_y_axis_is_titled_with_what_its_curves_are():
+    figure = ex.curves_figure(["relu", "gelu"], x_range=(-2, 2), points=41)
+
+    def title(trace):  # (the layout's key of a trace's y axis: "y" -> yaxis, "y2" -> yaxis2)
+        return figure["layout"]["yaxis" + trace.get("yaxis", "y")[1:]]["title"]["text"]
+
+    titles = {t["meta"]["curve"]: title(t) for t in figure["data"]}
+    assert titles == {"f": "f(x)", "closed": "f′(x)", "autograd": "f′(x)"}
+    assert {t["text"] for t in figure["layout"]["annotations"]} == {
+        "f(x)", "f′(x): closed form (solid), autograd (dotted)"}
+
+
 def test_a_users_activation_is_listed_and_drawn_and_a_wrong_derivative_shows(scratch_model):
     class Softplus2(torch.nn.Module):
         """Softplus with a sharpness."""
