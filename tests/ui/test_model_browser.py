@@ -156,6 +156,17 @@ def test_query_module_builds_and_shows_its_map_without_parameters():
     assert rows.loc["hash_to_int", "output"] == "(5)"
 
 
+@pytest.mark.parametrize("values, expected", [
+    ({"index_key": ""}, "index_key '' is an empty name. Name the key, e.g. index_key='_index'."),
+    ({"index_key": "_hash"}, "index_key '_hash' and hash_key '_hash' are the same key"),
+    ({"index_key": "observation"}, "index_key 'observation' is also an in_key: writing the index would overwrite"),
+])
+def test_query_module_keys_that_would_lose_data_are_refused_with_the_constructors_message(values, expected):
+    result = mb.build_model("query_module", values, 5)
+    assert not result.ok and result.message.startswith("**Could not build the model.**")
+    assert expected in result.message and result.tree.empty
+
+
 def test_whole_number_fields_reach_the_handler_unrounded():
     """Gradio's precision=0 would round 2.5 to 2 (and report 'defaults'); the widget passes 2.5 on and
     build_model refuses it, naming the field and the value."""
