@@ -211,6 +211,22 @@ def stored(tmp_path_factory):
     return root
 
 
+def test_the_pages_seed_fields_take_what_a_browser_number_field_carries_exactly():
+    """A number field holds a JavaScript double: 2**63 - 1 typed arrives as 2**63, 2**53 + 1 as 2**53."""
+    limit = "2**53 - 1 = 9007199254740991 is the largest whole number a browser number field carries exactly"
+    for typed in (9223372036854775807.0, 9007199254740992):
+        figure, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=typed, samples=100)
+        assert f"The seed must be a whole number in [0, 9007199254740991], got {int(typed)}: {limit}" in message
+        assert figure["data"] == []
+        comparison, message = ex.start_comparison(None, ["relu"], 5, typed, 1, 4, 0.01, "moons", ex.MODES[0])
+        assert comparison is None and f"got {int(typed)}: {limit}" in message
+    _, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=-1.0, samples=100)
+    assert "The seed must be a whole number in [0, 9007199254740991], got -1. Enter e.g. 0." in message
+    _, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=9007199254740991.0, samples=100)
+    assert "**relu** on 100 samples" in message
+    assert ex.push_through("relu", samples=10, seed=2**63 - 1).x.shape == (10,)  # (the Python API: as before)
+
+
 def test_recorded_pre_activations_come_from_the_histogram_when_there_is_one(stored):
     run = workbench.load_run(stored / "with-histograms")
     assert ex.stored_runs(stored) == ["statistics-only", "with-histograms"] or \

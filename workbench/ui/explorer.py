@@ -49,7 +49,7 @@ from workbench.ui.figures import (
     compare_metrics_figure,
     empty_figure,
 )
-from workbench.ui.forms import FormField, form_fields, parse_form
+from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -108,6 +108,18 @@ def _count(value: Any, what: str, low: int, high: int) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{what} must be a whole number in [{low}, {high:,}], got {value!r}.")
+    return value
+
+
+def _field_seed(value: Any) -> int:
+    """A seed from the page's seed field: a whole number in [0, FIELD_INT_MAX], which the field
+    carries exactly (the Python API takes seeds up to 2**63 - 1)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= FIELD_INT_MAX:
+        why = f": {FIELD_INT_LIMIT}" if isinstance(value, (int, float)) and value > FIELD_INT_MAX else ""
+        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}], got {value!r}{why}. "
+                         "Enter e.g. 0.")
     return value
 
 
@@ -905,9 +917,7 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
             chosen = recorded(_open_run(root, run), site)
         else:
             raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
-        if isinstance(seed, float) and seed.is_integer():
-            seed = int(seed)
-        pushed = push_through(name, _params_of(state, name), chosen, samples, seed, saturation)
+        pushed = push_through(name, _params_of(state, name), chosen, samples, _field_seed(seed), saturation)
         return distribution_figure(pushed), fractions_markdown(pushed)
     except Exception as exc:
         return empty_figure("Nothing to draw: see the message below."), _message(exc)
@@ -918,7 +928,7 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
     """Start a comparison (stopping the page's previous one); returns it and a message. Bad
     settings leave the previous one as it was and say what is wrong."""
     try:
-        values = {"seed": seed, "steps": steps, "depth": depth, "width": width}
+        values = {"seed": _field_seed(seed), "steps": steps, "depth": depth, "width": width}
         for key, value in values.items():
             if isinstance(value, float) and value.is_integer():
                 values[key] = int(value)
