@@ -107,9 +107,15 @@ MESSAGES = [
     Said("form-width-zero", lambda: start(values={"width": "0"}), ["'width' must lie in [1, 1024], got 0"]),
     Said("form-width-text", lambda: start(values={"width": "abc"}), ["width", "'abc'"]),
     Said("form-activation-unknown", lambda: start(values={"activation": "swish"}), ["'swish'", "gelu"]),
-    Said("form-seed-negative", lambda: start(seed=-1), ["seed must lie in [0, 9223372036854775807], got -1"]),
-    Said("form-seed-huge", lambda: start(seed=2**70), ["seed must lie in [0, 9223372036854775807]", str(2**70)]),
-    Said("form-seed-1e20", lambda: start(seed=1e20), ["seed must lie in [0, 9223372036854775807]"]),
+    # (the seed field is a browser number field: a JavaScript double, exact up to 2**53 - 1)
+    Said("form-seed-negative", lambda: start(seed=-1), ["seed must lie in [0, 9007199254740991], got -1."]),
+    Said("form-seed-huge", lambda: start(seed=2**70), ["seed must lie in [0, 9007199254740991]", str(2**70)]),
+    Said("form-seed-1e20", lambda: start(seed=1e20), ["seed must lie in [0, 9007199254740991]"]),
+    Said("form-seed-2**63-1-as-typed", lambda: start(seed=9223372036854775807.0),  # (it arrives as 2**63)
+         ["seed must lie in [0, 9007199254740991], got 9223372036854775808: 2**53 - 1 = 9007199254740991 is the "
+          "largest whole number a browser number field carries exactly (larger ones arrive rounded). Enter a value"]),
+    Said("form-seed-2**53+1-as-typed", lambda: start(seed=9007199254740992),  # (9007199254740993 arrives so)
+         ["seed must lie in [0, 9007199254740991], got 9007199254740992"]),
     Said("form-seed-fraction", lambda: start(seed=2.5), ["seed must be a whole number", "2.5"]),
     Said("form-seed-nan", lambda: start(seed=float("nan")), ["seed must be a whole number", "nan"]),
     Said("form-seed-empty", lambda: start(seed=None), ["seed is empty", "whole number"]),

@@ -271,6 +271,40 @@ def test_bad_input_is_a_clear_error_and_leaves_the_map_alone():
         QueryModule(["a"], aggregator=SipHash())
 
 
+@pytest.mark.parametrize("arguments, says", [
+    (dict(index_key=""), "index_key '' is an empty name. Name the key, e.g. index_key='_index'."),
+    (dict(hash_key=""), "hash_key '' is an empty name. Name the key, e.g. hash_key='_hash'."),
+    (dict(in_keys=["observation", ""]), "in_key '' is an empty name"),
+    (dict(index_key=("out", "")), "index_key ('out', '') has an empty name in it"),
+    (dict(index_key="_hash"), "index_key '_hash' and hash_key '_hash' are the same key: the hash would overwrite "
+                              "the index. Give them separate keys, e.g. index_key='_index', hash_key='_hash'"),
+    (dict(index_key="h", hash_key="h"), "index_key 'h' and hash_key 'h' are the same key"),
+    (dict(index_key="out", hash_key=("out", "hash")), "index_key 'out' and hash_key ('out', 'hash') are nested one "
+                                                      "in the other"),
+    (dict(index_key="observation"), "index_key 'observation' is also an in_key: writing the index would overwrite "
+                                    "that input. Choose an output key apart from the in_keys, e.g. index_key='_index'"),
+    (dict(hash_key="action"), "hash_key 'action' is also an in_key: writing the hash would overwrite that input"),
+    (dict(hash_key=("action",)), "hash_key ('action',) is also an in_key"),  # (the same key in a TensorDict)
+    (dict(in_keys=[("obs", "pixels")], index_key="obs"), "index_key 'obs' holds in_key ('obs', 'pixels')"),
+    (dict(index_key=("observation", "i")), "index_key ('observation', 'i') lies inside in_key 'observation'"),
+    (dict(in_keys=["_index"]), "index_key '_index' is also an in_key: writing the index would overwrite that input. "
+                               "Choose an output key apart from the in_keys, e.g. index_key='_index_out'"),
+])
+def test_keys_that_would_lose_an_output_or_overwrite_an_input_are_refused(arguments, says):
+    arguments = dict(in_keys=["observation", "action"]) | arguments
+    with pytest.raises(ValueError) as info:
+        QueryModule(**arguments)
+    assert says in str(info.value)
+
+
+def test_separate_output_keys_beside_nested_inputs_still_build_and_keep_every_key():
+    q = QueryModule([("obs", "pixels"), "action"], index_key=("obs", "index"), hash_key="obs_hash")
+    data = {"obs": {"pixels": torch.tensor([[1, 2], [1, 2]])}, "action": torch.tensor([0, 0])}
+    out = q(data)
+    assert out["obs"]["index"].tolist() == [0, 0] and out["obs"]["pixels"].tolist() == [[1, 2], [1, 2]]
+    assert out["obs_hash"].shape == (2,) and out["action"].tolist() == [0, 0]
+
+
 def test_state_dict_round_trips_into_a_fresh_process(tmp_path):
     q = QueryModule(["obs", "action"])
     batches = row_stream(2, batches=3)

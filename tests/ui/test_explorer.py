@@ -57,6 +57,18 @@ def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
     assert "| relu | 0 |" in table and "| gelu |" in table
 
 
+def test_each_panels_y_axis_is_titled_with_what_its_curves_are():
+    figure = ex.curves_figure(["relu", "gelu"], x_range=(-2, 2), points=41)
+
+    def title(trace):  # (the layout's key of a trace's y axis: "y" -> yaxis, "y2" -> yaxis2)
+        return figure["layout"]["yaxis" + trace.get("yaxis", "y")[1:]]["title"]["text"]
+
+    titles = {t["meta"]["curve"]: title(t) for t in figure["data"]}
+    assert titles == {"f": "f(x)", "closed": "f′(x)", "autograd": "f′(x)"}
+    assert {t["text"] for t in figure["layout"]["annotations"]} == {
+        "f(x)", "f′(x): closed form (solid), autograd (dotted)"}
+
+
 def test_a_users_activation_is_listed_and_drawn_and_a_wrong_derivative_shows(scratch_model):
     class Softplus2(torch.nn.Module):
         """Softplus with a sharpness."""
@@ -111,6 +123,14 @@ def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
 @pytest.mark.parametrize("call, expected", [
     (dict(names=["relu"], low=2.0, high=-2.0), "The range must run from low to high, got [2, -2]"),
     (dict(names=["relu"], low=None), "The range's low end must be a finite number, got None"),
+    # (beyond float32's largest value: torch refused to make the sample points, a raw RuntimeError)
+    (dict(names=["relu"], high=1e308), "The range's high end must be in [-3.40282e+38, 3.40282e+38] (the sample "
+                                       "points are float32), got 1e+308. Enter e.g. 4."),
+    (dict(names=["relu"], high=1e39), "The range's high end must be in [-3.40282e+38, 3.40282e+38]"),
+    (dict(names=["relu"], low=-1e39), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    # (each end fits, the step between points overflows: the points were NaN)
+    (dict(names=["relu"], low=-3e38, high=3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold "
+                                                 "(high - low must be at most 3.40282e+38). Narrow it"),
     (dict(names=["relu"], points=1.0), "The number of points must be a whole number in [2, 20,001], got 1"),
     (dict(names=["relu"], points=2.5), "got 2.5"),
     (dict(names=[]), "Pick at least one activation"),
@@ -125,6 +145,17 @@ def test_bad_curve_settings_are_messages(call, expected):
                                      arguments["state"])
     assert expected in message, message
     assert figure["data"] == []
+
+
+@pytest.mark.parametrize("low, high", [(-1.7e38, 1.7e38), (0, float(np.finfo(np.float32).max)),
+                                       (-float(np.finfo(np.float32).max), 4)])
+def test_the_widest_ranges_float32_holds_are_drawn(low, high):
+    figure, message = ex.draw_curves(["relu"], low, high, ex.MAX_POINTS)
+    f = next(t for t in figure["data"] if t["meta"]["curve"] == "f")
+    x = values(f["x"])
+    assert np.isfinite(x).all() and x[0] == np.float32(low) and x[-1] == np.float32(high), message
+    drawn = ~np.isnan(values(f["y"]))  # (a gap where a step looks like a jump at this scale)
+    assert drawn.sum() >= ex.MAX_POINTS and np.array_equal(values(f["y"])[drawn], np.maximum(x, 0)[drawn])
 
 
 def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
@@ -158,6 +189,8 @@ def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
     (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
     (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
     (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
+    (lambda: ex.uniform(-1e39, 4), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    (lambda: ex.uniform(-3e38, 3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold"),
     (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
     (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),
     (lambda: ex.push_through("relu", seed=-1), "seed must be an int in [0, 2**63 - 1]"),
@@ -176,6 +209,22 @@ def stored(tmp_path_factory):
         exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", depth=2, width=8)
         exp.run(5, store=root / name, histograms=histograms, progress=False)
     return root
+
+
+def test_the_pages_seed_fields_take_what_a_browser_number_field_carries_exactly():
+    """A number field holds a JavaScript double: 2**63 - 1 typed arrives as 2**63, 2**53 + 1 as 2**53."""
+    limit = "2**53 - 1 = 9007199254740991 is the largest whole number a browser number field carries exactly"
+    for typed in (9223372036854775807.0, 9007199254740992):
+        figure, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=typed, samples=100)
+        assert f"The seed must be a whole number in [0, 9007199254740991], got {int(typed)}: {limit}" in message
+        assert figure["data"] == []
+        comparison, message = ex.start_comparison(None, ["relu"], 5, typed, 1, 4, 0.01, "moons", ex.MODES[0])
+        assert comparison is None and f"got {int(typed)}: {limit}" in message
+    _, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=-1.0, samples=100)
+    assert "The seed must be a whole number in [0, 9007199254740991], got -1. Enter e.g. 0." in message
+    _, message = ex.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=9007199254740991.0, samples=100)
+    assert "**relu** on 100 samples" in message
+    assert ex.push_through("relu", samples=10, seed=2**63 - 1).x.shape == (10,)  # (the Python API: as before)
 
 
 def test_recorded_pre_activations_come_from_the_histogram_when_there_is_one(stored):

@@ -157,6 +157,34 @@ def test_query_module_builds_and_shows_its_map_without_parameters():
     assert rows.loc["hash_to_int", "output"] == "(5)"
 
 
+@pytest.mark.parametrize("values, expected", [
+    ({"index_key": ""}, "index_key '' is an empty name. Name the key, e.g. index_key='_index'."),
+    ({"index_key": "_hash"}, "index_key '_hash' and hash_key '_hash' are the same key"),
+    ({"index_key": "observation"}, "index_key 'observation' is also an in_key: writing the index would overwrite"),
+])
+def test_query_module_keys_that_would_lose_data_are_refused_with_the_constructors_message(values, expected):
+    result = mb.build_model("query_module", values, 5)
+    assert not result.ok and result.message.startswith("**Could not build the model.**")
+    assert expected in result.message and result.tree.empty
+
+
+def test_a_seed_field_takes_what_a_browser_number_field_carries_exactly():
+    """A number field holds a JavaScript double: 2**63 - 1 typed arrives as 2**63, 2**53 + 1 as 2**53."""
+    field = next(f for f in mb.model_form("ilql") if f.label == "seed")
+    assert field.info.endswith("range [0, 9007199254740991]") and "2**63" not in field.info
+    table = mb.param_table("ilql").set_index("parameter")
+    assert table.loc["seed", "allowed"] == "[0, 9223372036854775807] (in the form: [0, 9007199254740991])"
+    for typed in (9223372036854775807.0, 9223372036854776000, 9007199254740992):
+        result = mb.build_model("ilql", {"seed": typed, "n_layer": 1, "dataset_size": 8})
+        assert not result.ok
+        assert (f"seed must lie in [0, 9007199254740991] in this form, got {int(typed)}: 2**53 - 1 = 9007199254740991 "
+                "is the largest whole number a browser number field carries exactly") in result.message
+        assert "from Python, seed takes [0, 9223372036854775807]" in result.message
+    built = mb.build_model("ilql", {"seed": 9007199254740991.0, "n_layer": 1, "dataset_size": 8})
+    assert built.ok and "seed=9007199254740991" in built.message, built.message
+    assert workbench.create_model("ilql", seed=2**63 - 1, n_layer=1, dataset_size=8)  # (the Python API: as before)
+
+
 def test_whole_number_fields_reach_the_handler_unrounded():
     """Gradio's precision=0 would round 2.5 to 2 (and report 'defaults'); the widget passes 2.5 on and
     build_model refuses it, naming the field and the value."""

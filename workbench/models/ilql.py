@@ -828,7 +828,7 @@ def ilql(n_layer: Annotated[int, Range(1, 48)] = 2, n_embd: Annotated[int, Range
         double_q: twin Q heads.
         activation: the GPT blocks' activation, any registered activation.
         dataset_size: sequences in the offline toy dataset.
-        seed: seed of the toy dataset, in [0, 2**63 - 1].
+        seed: seed of the toy dataset (its range is the signature's).
     """
     if n_embd % n_head:
         raise ValueError(f"Model 'ilql': n_embd ({n_embd}) must be divisible by n_head ({n_head}); e.g. "

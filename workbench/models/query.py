@@ -319,6 +319,46 @@ def _check_key(key: Any, what: str) -> NestedKey:
     raise TypeError(f"{what} must be a string or a tuple of strings (a nested key), got {key!r}.")
 
 
+def _parts(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else key
+
+
+def _overlap(a: NestedKey, b: NestedKey) -> str | None:
+    """How writing ``a`` would meet ``b``: "is" (the same key), "contains" or "is inside" it, or None."""
+    pa, pb = _parts(a), _parts(b)
+    if pa[:len(pb)] != pb[:len(pa)]:
+        return None
+    return "is" if len(pa) == len(pb) else "contains" if len(pa) < len(pb) else "is inside"
+
+
+def _check_layout(in_keys: list[NestedKey], index_key: NestedKey, hash_key: NestedKey) -> None:
+    """Refuse keys that would lose or overwrite data: an empty name, index_key and hash_key on the
+    same entry, an output key on an input's entry (nested keys count where one holds the other)."""
+    examples = {"in_key": "in_keys=['observation', 'action']", "index_key": "index_key='_index'",
+                "hash_key": "hash_key='_hash'"}
+    for what, key in [*(("in_key", k) for k in in_keys), ("index_key", index_key), ("hash_key", hash_key)]:
+        if "" in _parts(key):
+            empty = "is an empty name" if isinstance(key, str) else "has an empty name in it"
+            raise ValueError(f"QueryModule: {what} {key!r} {empty}. Name the key, e.g. {examples[what]}.")
+    how = _overlap(index_key, hash_key)
+    if how:
+        clash = ("the same key: the hash would overwrite the index" if how == "is" else
+                 "nested one in the other: one would be written over or into the other")
+        raise ValueError(f"QueryModule: index_key {index_key!r} and hash_key {hash_key!r} are {clash}. Give them "
+                         "separate keys, e.g. index_key='_index', hash_key='_hash' (the defaults).")
+    for what, key, default in (("index_key", index_key, "_index"), ("hash_key", hash_key, "_hash")):
+        for in_key in in_keys:
+            how = _overlap(key, in_key)
+            if how:
+                free = default if not any(_overlap(default, k) for k in in_keys) else f"{default}_out"
+                where = {"is": "is also an in_key", "contains": f"holds in_key {in_key!r}",
+                         "is inside": f"lies inside in_key {in_key!r}"}[how]
+                harm = "write into" if how == "is inside" else "overwrite"
+                raise ValueError(f"QueryModule: {what} {key!r} {where}: writing the "
+                                 f"{what.removesuffix('_key')} would {harm} that input. Choose an output key "
+                                 f"apart from the in_keys, e.g. {what}={free!r}.")
+
+
 def _get(data: Any, key: NestedKey) -> Any:
     """``data[key]`` for a TensorDict or a (nested) dict, with an error naming what exists."""
     parts = (key,) if isinstance(key, str) else key
@@ -396,7 +436,9 @@ class QueryModule(nn.Module):
             ``forward(..., clone=)`` overrides it per call.
 
     Raises:
-        ValueError: no in_keys, or a hash_module list of the wrong length.
+        ValueError: no in_keys, a hash_module list of the wrong length, an empty key name,
+            ``hash_key`` equal to ``index_key``, or an output key that is an in_key (or holds
+            one, or lies inside one): torchrl's builds these and loses an output or an input.
         TypeError: a key that is not a string/tuple, or a hash module that is not callable.
 
     Examples:
@@ -430,6 +472,7 @@ class QueryModule(nn.Module):
         self.in_keys = [_check_key(k, "each in_key") for k in keys]
         self.index_key = _check_key(index_key, "index_key")
         self.hash_key = _check_key(hash_key, "hash_key")
+        _check_layout(self.in_keys, self.index_key, self.hash_key)
         self.out_keys = [self.index_key, self.hash_key]
 
         aggregator_given = aggregator is not None

@@ -49,7 +49,7 @@ from workbench.ui.figures import (
     compare_metrics_figure,
     empty_figure,
 )
-from workbench.ui.forms import FormField, form_fields, parse_form
+from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -111,14 +111,37 @@ def _count(value: Any, what: str, low: int, high: int) -> int:
     return value
 
 
+def _field_seed(value: Any) -> int:
+    """A seed from the page's seed field: a whole number in [0, FIELD_INT_MAX], which the field
+    carries exactly (the Python API takes seeds up to 2**63 - 1)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= FIELD_INT_MAX:
+        why = f": {FIELD_INT_LIMIT}" if isinstance(value, (int, float)) and value > FIELD_INT_MAX else ""
+        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}], got {value!r}{why}. "
+                         "Enter e.g. 0.")
+    return value
+
+
 def _check_range(x_range: Any) -> tuple[float, float]:
     if not isinstance(x_range, (tuple, list)) or len(x_range) != 2:
         raise ValueError(f"x_range must be a pair (low, high), got {x_range!r}. Pass e.g. x_range=(-4, 4).")
     low = _number(x_range[0], "The range's low end", "Enter e.g. -4.")
     high = _number(x_range[1], "The range's high end", "Enter e.g. 4.")
+    # The sample points are made in the default dtype (float32): an end beyond its largest value,
+    # or a range wider than it (the step between points overflows), would give no curve to draw.
+    dtype = torch.get_default_dtype()
+    largest = torch.finfo(dtype).max
+    for value, end, example in ((low, "low", -4), (high, "high", 4)):
+        if abs(value) > largest:
+            raise ValueError(f"The range's {end} end must be in [{-largest:.6g}, {largest:.6g}] (the sample points "
+                             f"are {str(dtype).removeprefix('torch.')}), got {value:g}. Enter e.g. {example}.")
     if not low < high:
         raise ValueError(f"The range must run from low to high, got [{low:g}, {high:g}]. "
                          "Make the low end smaller than the high end, e.g. [-4, 4].")
+    if not math.isfinite(float(torch.tensor(high, dtype=dtype) - torch.tensor(low, dtype=dtype))):
+        raise ValueError(f"The range [{low:g}, {high:g}] is wider than {str(dtype).removeprefix('torch.')} can "
+                         f"hold (high - low must be at most {largest:.6g}). Narrow it, e.g. [-1e+38, 1e+38].")
     return low, high
 
 
@@ -894,9 +917,7 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
             chosen = recorded(_open_run(root, run), site)
         else:
             raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
-        if isinstance(seed, float) and seed.is_integer():
-            seed = int(seed)
-        pushed = push_through(name, _params_of(state, name), chosen, samples, seed, saturation)
+        pushed = push_through(name, _params_of(state, name), chosen, samples, _field_seed(seed), saturation)
         return distribution_figure(pushed), fractions_markdown(pushed)
     except Exception as exc:
         return empty_figure("Nothing to draw: see the message below."), _message(exc)
@@ -907,7 +928,7 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
     """Start a comparison (stopping the page's previous one); returns it and a message. Bad
     settings leave the previous one as it was and say what is wrong."""
     try:
-        values = {"seed": seed, "steps": steps, "depth": depth, "width": width}
+        values = {"seed": _field_seed(seed), "steps": steps, "depth": depth, "width": width}
         for key, value in values.items():
             if isinstance(value, float) and value.is_integer():
                 values[key] = int(value)

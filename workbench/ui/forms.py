@@ -12,9 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.params import ParamInfo, validate_overrides
+from workbench.params import ParamInfo, Range, validate_overrides
 
-__all__ = ["FormField", "form_fields", "parse_form", "param_rows"]
+__all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT"]
+
+#: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
+#: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
+#: ones: 9007199254740993 arrives as 9007199254740992, 2**63 - 1 as 2**63. A whole-number field
+#: takes values within +-FIELD_INT_MAX (seeds: [0, FIELD_INT_MAX]); the Python API takes what the
+#: parameter's range allows.
+FIELD_INT_MAX = 2**53 - 1
+#: Why a field's whole numbers stop at FIELD_INT_MAX, for messages.
+FIELD_INT_LIMIT = (f"2**53 - 1 = {FIELD_INT_MAX} is the largest whole number a browser number field "
+                   "carries exactly (larger ones arrive rounded)")
 
 
 @dataclass(frozen=True)
@@ -36,15 +46,39 @@ class FormField:
         return self.param.name
 
     @property
+    def range(self) -> Range | None:
+        """The values the field takes: the parameter's range; for a whole-number field, a bound
+        beyond +-:data:`FIELD_INT_MAX` cut to it (an unbounded end is shown unbounded, and
+        :func:`parse_form` refuses beyond FIELD_INT_MAX all the same)."""
+        return _cut(self.param.range) if self.widget == "int" else self.param.range
+
+    @property
     def info(self) -> str:
         parts = [self.param.help.rstrip(".")] if self.param.help else []
-        if self.param.range is not None:
-            parts.append(f"range {self.param.range}")
+        if self.range is not None:
+            parts.append(f"range {self.range}")
         if self.widget == "text" and self.param.kind == "list":
             parts.append("comma-separated numbers")
         if self.param.nullable:
             parts.append("empty for None")
         return "; ".join(parts)
+
+
+def _cut(rng: Range | None, unbounded: bool = False) -> Range | None:
+    """``rng`` with a finite bound beyond +-FIELD_INT_MAX cut to it (``unbounded``: an unbounded end too)."""
+    if rng is None:
+        return Range(-FIELD_INT_MAX, FIELD_INT_MAX) if unbounded else None
+    low, high = rng.low, rng.high
+    if (low is None and unbounded) or (low is not None and low < -FIELD_INT_MAX):
+        low = -FIELD_INT_MAX
+    if (high is None and unbounded) or (high is not None and high > FIELD_INT_MAX):
+        high = FIELD_INT_MAX
+    return Range(low, high)
+
+
+def _number_field(p: ParamInfo) -> bool:
+    """Whether :func:`form_fields` gives ``p`` a number field (not a text field)."""
+    return p.kind in ("int", "float") and not p.nullable
 
 
 def _text(value: Any) -> str:
@@ -89,6 +123,10 @@ _EMPTY = ("the field is empty, or holds a number beyond the floating-point range
           "enter a finite number")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _parse_number(text: str, integer: bool) -> int | float:
     value = float(text)
     if integer:
@@ -104,7 +142,8 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
     Numbers arrive as floats from number widgets and as text from text
     fields; lists arrive as comma-separated text; an empty nullable field is
     ``None``. Every field given is returned, converted and validated: a
-    whole-number field given 2.5 is an error naming it, never rounded.
+    whole-number field given 2.5 is an error naming it, never rounded. A whole number beyond
+    +-:data:`FIELD_INT_MAX` in a number field is refused: the browser may have rounded it.
 
     Args:
         params: the parameter metadata.
@@ -150,6 +189,10 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
             raise ValueError(f"{owner}: {name} expects {p.type_name}{read}{reason}.") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{owner}: {name} must be a finite number, got {raw!r}. Enter a finite number.")
+        if kind == "int" and _number_field(p) and _is_int(value) and abs(value) > FIELD_INT_MAX:
+            full = f"; from Python, {name} takes {p.range}" if p.range is not None and p.range != _cut(p.range) else ""
+            raise ValueError(f"{owner}: {name} must lie in {_cut(p.range, unbounded=True)} in this form, got "
+                             f"{value}: {FIELD_INT_LIMIT}. Enter a value in that range{full}.")
         overrides[name] = value
     return validate_overrides(params, overrides, owner)
 
@@ -162,6 +205,8 @@ def param_rows(params: Sequence[ParamInfo]) -> list[dict[str, str]]:
             allowed = ", ".join(repr(c) for c in p.choices)
         elif p.range is not None:
             allowed = str(p.range)
+            if _number_field(p) and p.kind == "int" and _cut(p.range) != p.range:
+                allowed += f" (in the form: {_cut(p.range)})"
         else:
             allowed = ""
         rows.append({

@@ -35,8 +35,7 @@ from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, 
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.instrument.interventions import listed
-from workbench.params import SEED_MAX  # (the seeds the Python API and the explorer take)
-from workbench.ui.forms import FormField, form_fields, parse_form
+from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
@@ -611,7 +610,8 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
         store = (store or "").strip() or None
         if weights is not None and not isinstance(weights, (str, Path)):
             raise TypeError(f"initial weights: expected an uploaded file, got {shown(weights)}.")
-        run = manager.start(name, config, _int(seed, "seed", 0, SEED_MAX), _int(steps, "steps", 1, STEPS_MAX),
+        seed = _int(seed, "seed", 0, FIELD_INT_MAX, FIELD_INT_LIMIT)  # (the Python API takes up to SEED_MAX)
+        run = manager.start(name, config, seed, _int(steps, "steps", 1, STEPS_MAX),
                             store=store, device=device, weights=str(weights) if weights else None,
                             every=_int(every, "record every Nth step", 1, STEPS_MAX),
                             histograms=histograms, modules=patterns, **_record_switches(record))
@@ -637,7 +637,7 @@ def _record_switches(record: Sequence[str] | None) -> dict[str, bool]:
     return {switch: label in chosen for label, switch in RECORD_CHOICES.items()}
 
 
-def _int(value: Any, name: str, low: int, high: int) -> int:
+def _int(value: Any, name: str, low: int, high: int, why: str = "") -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -647,7 +647,8 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {shown(value)}.")
     if not low <= value <= high:
-        raise ValueError(f"{name} must lie in [{low}, {high}], got {value}.")
+        why = f": {why}. Enter a value in that range." if why and value > high else "."
+        raise ValueError(f"{name} must lie in [{low}, {high}], got {value}{why}")
     return value
 
 
