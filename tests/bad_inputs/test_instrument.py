@@ -242,6 +242,8 @@ CASES = [
                       ["max_pending", "positive int", "0"]),
     watch_action_case("close-unknown-status", lambda w, m: w.close("done"), ValueError,
                       ["status must be one of", "'finished'", "'done'"]),
+    watch_action_case("ablate-label-two-lines", lambda w, m: w.ablate("0", [0], label="zero\nunits"), TypeError,
+                      ["label must be one line of text", "'zero\\nunits'"]),
     watch_action_case("histograms-unknown-kind", lambda w, m: w.histograms("0", "activations"), ValueError,
                       ["histograms: kind 'activations' is not one of", "did you mean 'activation'"]),
     watch_action_case("histograms-unknown-module", lambda w, m: w.histograms("O"), ValueError,

@@ -220,10 +220,11 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert plotted(dash, "distribution")["data"]
 
 
-def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place():
-    """Zeroing every unit of a layer with w.ablate makes them dead: the finding says the ablation was in."""
+def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp_path):
+    """Zeroing every unit of a layer with w.ablate makes them dead: the finding says the ablation was in,
+    live and in the stored run, which keeps the watch's log."""
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
-    w = exp.watch(histograms=False)
+    w = exp.watch(histograms=False, store=tmp_path / "run")
     exp.run(2, progress=False)
     ablation = w.ablate("layers.1", list(range(8)))
     exp.run(8, progress=False)
@@ -242,6 +243,13 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place():
             in dash.findings_detail.value)
     assert "held while an intervention was on" in dash.findings_summary.value
     w.close()
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.interventions().to_dict("records") == log.to_dict("records")
+    replay = Dashboard(stored)
+    picked = [i for i, label in enumerate(replay.findings_list.options) if "dead_units at layers.1," in label]
+    replay.findings_list.index = picked[0]
+    assert ("While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on"
+            in replay.findings_detail.value)
 
 
 def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_replays(tmp_path):

@@ -1,15 +1,27 @@
-"""Interventions: patches on a call site's output (``Watch.patch``, ``Watch.ablate``)."""
+"""Interventions: patches on a call site's output (``Watch.patch``, ``Watch.ablate``).
+
+A watch logs each intervention in place at a step as a metric of that step (value 1), named
+:func:`marker` (``intervention/i1: ablate[0, 1]@dim1 at fc1``): a stored run keeps when each was
+on (:func:`log_from_metrics`, ``Run.interventions()``), and the views shade those steps.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import pandas as pd
 import torch
 
 from workbench.instrument.tree import map_tensors
 
-__all__ = ["Intervention", "listed", "zero_units"]
+__all__ = ["Intervention", "listed", "zero_units", "MARKER", "LOG_COLUMNS", "log_from_metrics"]
+
+#: The start of the name of the metric a watch logs for each intervention in place at a step.
+MARKER = "intervention/"
+#: The columns of an intervention log: ``Watch.intervention_log()``, ``Run.interventions()``.
+LOG_COLUMNS = ["id", "site", "intervention", "from step", "to step"]
 
 
 def listed(values: Iterable[int], most: int = 6) -> str:
@@ -40,6 +52,17 @@ class Intervention:
         self.id, self.start_step, self.end_step = id, start_step, None
         self._remove = remove
 
+    @property
+    def site(self) -> str:
+        """Where it applies, as the app names call sites: ``path``, ``path#call`` for one call,
+        ``(model)`` for the model itself."""
+        return (self.path or "(model)") + ("" if self.call is None else f"#{self.call}")
+
+    @property
+    def marker(self) -> str:
+        """The metric its watch logs at each step it is in place (see the module's docstring)."""
+        return f"{MARKER}{self.id}: {self.label} at {self.site}"
+
     def applies(self, call: int | None) -> bool:
         """Whether it applies to ``call`` (None: a call of unknown index, a recomputed one)."""
         return self.call is None or self.call == call
@@ -51,6 +74,22 @@ class Intervention:
     def __repr__(self) -> str:
         at = "every call" if self.call is None else f"call {self.call}"
         return f"Intervention({self.label} at {self.path!r}, {at})"
+
+
+def log_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The interventions a run's metrics record (their markers): :data:`LOG_COLUMNS`, one row each,
+    the first and last step it was logged at.
+
+    Args:
+        metrics: ``metrics(long=True)`` of a watch or a stored run (``step, name, value``).
+    """
+    rows = []
+    for name, steps in metrics.groupby("name", sort=False).step:
+        match = re.fullmatch(rf"{re.escape(MARKER)}(\w+): (.*) at (\S+)", str(name))
+        if match is not None:
+            rows.append({"id": match[1], "site": match[3], "intervention": match[2], "from step": int(steps.min()),
+                         "to step": int(steps.max())})
+    return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 
 def unit_index(units: int | Iterable[int], dim: int) -> list[int]:

@@ -134,6 +134,13 @@ class Run:
         wide.columns.name = None
         return wide
 
+    def interventions(self) -> pd.DataFrame:
+        """The interventions the run had (``w.patch``, ``w.ablate``, the app's): ``id, site, intervention,
+        from step, to step``, as ``Watch.intervention_log()`` gave them, read from their marker metrics."""
+        from workbench.instrument.interventions import log_from_metrics
+
+        return log_from_metrics(self.metrics(long=True))
+
     def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
         """What looks wrong with the stored run, where and since when: :func:`workbench.diagnose.diagnose`
         of :meth:`to_pandas` and :meth:`metrics`.

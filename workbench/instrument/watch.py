@@ -20,7 +20,7 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.hooks import Hooks, warn
-from workbench.instrument.interventions import Intervention, check_units, unit_index, zero_units
+from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import Reducer, StepSums
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
@@ -119,6 +119,8 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
+        if self.interventions:  # (the steps each was on: a stored run keeps them as its metrics)
+            self.log(**{i.marker: 1.0 for i in self.interventions if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
         if hooks.recording:
             record = self._record(hooks.end_step(self.options["parameters"]))
@@ -194,13 +196,15 @@ class Watch:
                 hooks.update()
 
     # ------------------------------------------------------------------ interventions
-    def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None) -> Intervention:
+    def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None,
+              label: str | None = None) -> Intervention:
         """Replace the output of the call site ``path`` with ``fn(output)``.
 
         Args:
             path: a module path of the model (any of its alias paths).
             fn: takes the module's output, returns its replacement (same structure).
             call: only this call index within a step (None: every call).
+            label: what it does, as the log, the metrics and the pages name it (default: ``fn``'s name).
 
         Returns:
             An :class:`~workbench.instrument.interventions.Intervention`; ``remove()`` ends it. The
@@ -214,9 +218,10 @@ class Watch:
         self._check_open()
         if not callable(fn):
             raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
-        return self._add_intervention(path, fn, call, getattr(fn, "__name__", "patch"))
+        return self._add_intervention(path, fn, call, _label(label, getattr(fn, "__name__", "patch")))
 
-    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None) -> Intervention:
+    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None,
+               label: str | None = None) -> Intervention:
         """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
 
         Args:
@@ -224,6 +229,8 @@ class Watch:
             units: an index or indices along ``dim`` (channels, features ...).
             dim: the dimension that indexes units (1: channels of (B, C, ...)).
             call: only this call index within a step (None: every call).
+            label: what it does, as the log, the metrics and the pages name it (default:
+                ``ablate[units]@dim1``).
 
         Returns:
             An :class:`~workbench.instrument.interventions.Intervention`.
@@ -233,9 +240,10 @@ class Watch:
             ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
         """
         index = unit_index(units, dim)
+        label = _label(label, f"ablate{index}@dim{dim}")
         for shape in self._output_shapes(path):  # known once a recorded step has seen the site
             check_units(path, index, dim, shape)
-        return self._add_intervention(path, zero_units(path, index, dim), call, f"ablate{index}@dim{dim}")
+        return self._add_intervention(path, zero_units(path, index, dim), call, label)
 
     @property
     def interventions(self) -> list[Intervention]:
@@ -247,11 +255,11 @@ class Watch:
         path, ``path#call`` for one call, ``(model)`` for the model itself), ``intervention`` (its
         label), ``from step`` and ``to step`` (the last step it applied to; ``""`` while in place).
         :func:`workbench.ui.findings.during_interventions` reads it: a finding that held while one was
-        in place names it (zeroed units read as dead ones)."""
-        rows = [{"id": i.id, "site": (i.path or "(model)") + ("" if i.call is None else f"#{i.call}"),
-                 "intervention": i.label, "from step": i.start_step,
+        in place names it (zeroed units read as dead ones). A stored run keeps it
+        (``Run.interventions()``): each step logs a marker metric of each one in place."""
+        rows = [{"id": i.id, "site": i.site, "intervention": i.label, "from step": i.start_step,
                  "to step": "" if i.end_step is None else i.end_step} for i in self._intervention_log]
-        return pd.DataFrame(rows, columns=["id", "site", "intervention", "from step", "to step"])
+        return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
     def _output_shapes(self, path: str) -> set[tuple]:
         return self._hooks.output_shapes(path)
@@ -398,3 +406,13 @@ class Watch:
         state = "closed" if self.closed else f"step {self.step_index}"
         return (f"Watch({type(self.model).__name__}, {len(self._sites.selected)} call-site paths, "
                 f"every={self.every}, {state}, {len(self.errors)} errors)")
+
+
+def _label(label: Any, default: str) -> str:
+    """An intervention's label: ``default`` for None, else one line of text."""
+    if label is None:
+        return default
+    if not isinstance(label, str) or not label.strip() or "\n" in label:
+        raise TypeError(f"label must be one line of text naming what the intervention does (e.g. 'zero units "
+                        f"[0, 1]'), or None for {default!r}; got {label!r}.")
+    return label

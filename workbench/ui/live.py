@@ -34,7 +34,7 @@ import torch
 from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
-from workbench.instrument.interventions import listed
+from workbench.instrument.interventions import MARKER, listed
 from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
@@ -75,7 +75,7 @@ def experiment_fields(name: str | None) -> list[FormField]:
 #: What a page may do to a call site's output: the watch's ablate, or one of these fixed functions through patch.
 INTERVENTIONS = ("zero units", "scale", "noise", "clamp")
 #: Metrics named so mark the steps an intervention was on (value 1): ``intervention/i1: scale x2 at layers.1``.
-INTERVENTION_METRIC = "intervention/"
+INTERVENTION_METRIC = MARKER  # (the watch logs a marker metric of each intervention in place at a step)
 MAX_UNITS = 4096
 _LIMIT = 1e6  # the largest |k|, sigma, a, b the menu takes
 
@@ -95,10 +95,6 @@ class InterventionRecord:
     error: str = ""
     handle: Any = None  # the watch's Intervention
 
-    @property
-    def metric(self) -> str:
-        return f"{INTERVENTION_METRIC}{self.id}: {self.what} at {self.site}"
-
 
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
 
@@ -107,21 +103,6 @@ def interventions_table(records: Sequence[InterventionRecord]) -> pd.DataFrame:
     rows = [{"id": r.id, "site": r.site, "intervention": r.what, "from step": r.start,
              "to step": "" if r.end is None else r.end,
              "status": r.status + (f": {r.error}" if r.error else "")} for r in records]
-    return pd.DataFrame(rows, columns=INTERVENTION_COLUMNS)
-
-
-def interventions_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The interventions a stored run records (its ``intervention/...`` metrics): id, site, what, the first
-    and last step each was on. ``metrics`` is ``Run.metrics()`` (a column per metric)."""
-    rows = []
-    for column in metrics.columns:
-        match = re.fullmatch(r"intervention/(\w+): (.*) at (\S+)", str(column))
-        if match is None:
-            continue
-        steps = metrics.step[metrics[column].notna()]
-        if len(steps):
-            rows.append({"id": match[1], "site": match[3], "intervention": match[2], "from step": int(steps.min()),
-                         "to step": int(steps.max()), "status": "recorded"})
     return pd.DataFrame(rows, columns=INTERVENTION_COLUMNS)
 
 
@@ -367,7 +348,6 @@ class LiveRun:
                 if self._stop.is_set():
                     status = "stopped"
                     break
-                self._log_interventions()
                 if i == self.steps - 1:  # (the run's last step is recorded, whatever every says)
                     self.watch.record_next()
                 self.experiment.step()
@@ -433,11 +413,10 @@ class LiveRun:
         def put_in() -> InterventionRecord:
             watch = self.watch
             if spec.op == "zero units":
-                handle = watch.ablate(module, spec.units, dim=1, call=call)
+                handle = watch.ablate(module, spec.units, dim=1, call=call, label=spec.label)
             else:
-                handle = watch.patch(module, spec.function(), call=call)
-            record = InterventionRecord(f"i{len(self.interventions) + 1}", site, module, call, spec.label,
-                                        self.experiment.step_count + 1, handle=handle)
+                handle = watch.patch(module, spec.function(), call=call, label=spec.label)
+            record = InterventionRecord(handle.id, site, module, call, spec.label, handle.start_step, handle=handle)
             self.interventions.append(record)
             return record
 
@@ -458,13 +437,6 @@ class LiveRun:
             return record
 
         return self._submit(take_out, timeout)
-
-    def _log_interventions(self) -> None:
-        """Each intervention on this step is a metric of the step (its value 1): the rows' step, the stored
-        run and every page see when it was on and where."""
-        on = {r.metric: 1.0 for r in self.interventions if r.status == "on"}
-        if on:
-            self.watch.log(**on)
 
     def _check_interventions(self) -> None:
         """An intervention whose function failed was taken out by the watch: say so in its record."""
@@ -1128,7 +1100,7 @@ def stored_interventions(run: Run | None) -> pd.DataFrame:
     if run is None:
         return pd.DataFrame(columns=INTERVENTION_COLUMNS)
     try:
-        return interventions_from_metrics(run.metrics())
+        return run.interventions().assign(status="recorded")[INTERVENTION_COLUMNS]
     except (RunError, OSError, ValueError):
         return pd.DataFrame(columns=INTERVENTION_COLUMNS)
 
