@@ -546,6 +546,22 @@ def test_a_line_of_nan_says_so_rather_than_draw_an_empty_plot():
     assert heat["xaxis"]["range"] == [0.5, 10.5] and heat["yaxis"]["categoryarray"] == ["layers.0"]  # (not -1..6)
 
 
+def test_a_stored_run_nan_from_its_first_step_opens_and_says_what_it_cannot_draw(tmp_path):
+    """Its histograms' ranges are NaN (NULL in SQLite): opening it raised a TypeError in the app."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    with workbench.watch(model, store=tmp_path / "r") as w:
+        for _ in range(3):
+            model(torch.full((2, 3), float("nan"))).sum().backward()
+            w.step(loss=float("nan"))
+    run = workbench.load_run(tmp_path / "r")
+    assert np.isnan(np.stack(run.histograms(kind="activation").edges)).all()
+    view = RunView.from_run(run)
+    note = figures.distribution_figure(view, "activation", "0")["layout"]["annotations"]
+    assert [a["text"] for a in note] == ["0: no finite value<br>(NaN or Inf) to draw"]
+    assert "loss: no finite value<br>(NaN or Inf) to draw" in [
+        a["text"] for a in figures.metrics_figure(view)["layout"]["annotations"]]
+
+
 def test_a_stored_run_read_a_few_steps_at_a_time_draws_as_one_read_at_once(tmp_path, monkeypatch):
     """RunView.from_run reads a long run in parts (its memory that of a part): the views are the same."""
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)

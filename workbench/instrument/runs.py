@@ -179,7 +179,7 @@ class Run:
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
         frame = self._query(sql, tuple(params))
         counts = [np.frombuffer(b, dtype=np.float32) for b in frame.pop("counts")]
-        lo, hi = frame.pop("lo"), frame.pop("hi")
+        lo, hi = frame.pop("lo").astype("float64"), frame.pop("hi").astype("float64")  # (SQLite keeps NaN as NULL)
         sampled = frame.pop("sampled").astype(bool)
         edges: list[np.ndarray | None] = [None] * len(counts)
         bins = np.array([len(c) for c in counts], dtype=np.int64)

@@ -564,6 +564,8 @@ def distribution_figure(view: RunView, kind: str, site: str) -> Figure:
                  f"[{reach.p0.min():.3g}, {reach.p100.max():.3g}], out of view: double-click to see every step",
             xref="paper", yref="paper", x=1, y=1.01, xanchor="right", yanchor="bottom", showarrow=False,
             font=dict(size=11, color="#666"))]
+    if not np.isfinite(bands[[f"p{p}" for p in PERCENTILES]].to_numpy(np.float64)).any():
+        layout["annotations"] = [_no_finite_value(site, 0.5, 0.5)]  # (no bin has a finite edge to draw)
     return {"data": data, "layout": layout}
 
 

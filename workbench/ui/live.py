@@ -1948,9 +1948,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             message += " · _reading its steps…_"
         return (pick if run is not None else None), message, new_page_state(), gr.skip(), gr.Column(visible=False)
 
-    def shown_body(pick):
+    def shown_body(pick, page):
+        """The views once drawn (a draw that failed left its ``version`` unset: the last run's views
+        would show under this one's name, so they stay hidden and the line says so)."""
         run, message = replay(root, pick) if pick else (None, gr.skip())
-        return message, gr.Column(visible=run is not None)
+        drawn = run is not None and (page or {}).get("version") is not None
+        if run is not None and not drawn:
+            message += " · **its views could not be drawn** (the server's log has why; please report it)"
+        return message, gr.Column(visible=drawn)
 
     def on_row(table, evt: gr.SelectData):
         row = evt.row_value or None
@@ -1966,10 +1971,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     shown = _guarded(shown_body, lambda text: (text, gr.skip()))
     c["run_path"].input(_guarded(on_pick, pick_fallback), c["run_path"], picked).then(
         redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
-        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
+        shown, [c["run_state"], c["replay_page"]], [c["run_message"], c["replay_body"]], show_progress="hidden")
     c["runs_table"].select(_guarded(on_row, pick_fallback), c["runs_table"], picked).then(
         redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
-        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
+        shown, [c["run_state"], c["replay_page"]], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
     def on_list(sub, compared=(), open_first=True, current=None):
         """List the stored runs and open again the one open (``current``: it may have grown since), or the
@@ -1993,7 +1998,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     listing_runs = c["refresh"].click(_guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
                                       [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
     listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
-        shown, c["run_state"], [c["run_message"], c["replay_body"]], show_progress="hidden")
+        shown, [c["run_state"], c["replay_page"]], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
     def on_runs_tab(sub):
         """The list brought up to date when the tab is shown (runs stored since the page loaded); the run
