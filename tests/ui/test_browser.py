@@ -420,11 +420,20 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     assert "Error" not in page.locator(".toast-body").all_inner_texts()
 
 
-def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_it(page, runs_root):
+def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_it(page, runs_root, browser,
+                                                                                      served_app):
+    other = browser.new_page(viewport={"width": 1400, "height": 1000})  # (open before the run, attached to none)
+    other.goto(served_app)
+    other.wait_for_selector("#model-list")
+    other.get_by_role("tab", name="Experiments").click()
     start(page, "activation_mlp", 100000, store="reloaded")
     status = page.locator("#run-status")
     status.get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
     run_id = re.search(r"(r\d+) activation_mlp", status.inner_text())[1]
+    # the other page lists it by itself (no Refresh), and follows its steps
+    expect(other.locator("#live-runs")).to_contain_text("running", timeout=30_000)
+    expect(other.locator("#live-runs")).to_contain_text("reloaded")
+    other.close()
 
     page.reload()
     page.wait_for_selector("#model-list")

@@ -97,6 +97,8 @@ class InterventionRecord:
 
 
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
+#: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
+LIST_SECONDS = 3.0
 
 
 def interventions_table(records: Sequence[InterventionRecord]) -> pd.DataFrame:
@@ -1553,6 +1555,9 @@ def layout(root: RunsRoot):
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
+        # the list of the app's runs, looked at every few seconds on every page (one idle on another's run
+        # too): a run another page starts is listed, and the page's timer goes on while it runs
+        c["list_timer"], c["list_state"] = gr.Timer(LIST_SECONDS), gr.State({})
     with gr.Tab("Runs", id="runs") as c["runs_tab"]:
         gr.Markdown(f"Stored runs under `{root.path}` (the app's runs root: `python app.py --runs-root DIR`). "
                     "Click a row to open a run.", elem_id="runs-root-note")
@@ -1796,6 +1801,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
+    def on_list_tick(state):
+        state = dict(state or {})
+        choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
+        going = any(r.running for r in manager.runs())
+        listed_now = (table.to_dict("records"), note, choices)
+        changed = state.get("listed") != listed_now
+        timer = gr.Timer(active=True) if going and not state.get("going") else gr.skip()  # (a run was started)
+        state.update(listed=listed_now, going=going)
+        if not changed:
+            return state, gr.skip(), gr.skip(), gr.skip(), timer
+        return state, table, note, gr.Dropdown(choices=choices), timer
+
+    c["list_timer"].tick(_guarded(on_list_tick, lambda text: _skips(5)), c["list_state"],
+                         [c["list_state"], c["runs"], c["runs_note"], c["pick"], c["timer"]], show_progress="hidden")
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *_skips(n_views - 1),
                                                     gr.Timer(active=False), *_skips(8 + len(buttons)))),
                     live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
