@@ -500,6 +500,12 @@ def test_runs_compared_are_drawn_in_the_same_buckets():
     both = np.isin(x_long, x_short)
     np.testing.assert_array_equal(x_long[both], x_short[:both.sum()])
     np.testing.assert_allclose(y_long[both], y_short[:both.sum()], rtol=1e-6)
+    # a run too short for a few of the long one's buckets is drawn at its own (it was one point)
+    tiny = RunView()
+    tiny.feed([StepRecord(s, metrics={"loss": float(losses[s - 1])}) for s in range(1, 21)])
+    lines = {t["name"]: t for t in figures.compare_metrics_figure({"long": long, "tiny": tiny})["data"]
+             if "lines" in t.get("mode", "")}
+    assert figures.values(lines["tiny"]["x"]).tolist() == list(range(1, 21))
 
 
 def test_a_metric_of_a_few_points_is_drawn_with_a_marker_at_each():

@@ -205,10 +205,8 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     Returns:
         The figure spec.
     """
-    # runs of different lengths are thinned to different strides: drawn in the widest one's buckets, so
-    # that equal values draw equal lines (a short run step by step beside a long one's bucket means differ)
-    stride = max((view.metric_stride() for view in views.values()), default=1)
-    frames = {run: view.metrics_frame(names, smoothing, stride) for run, view in views.items()}
+    strides = _common_strides(views, {run: view.metric_stride() for run, view in views.items()})
+    frames = {run: view.metrics_frame(names, smoothing, strides[run]) for run, view in views.items()}
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
@@ -260,6 +258,20 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     return {"data": data, "layout": layout}
 
 
+#: A run compared with longer ones is drawn in their (wider) buckets if that leaves it this many.
+COMPARE_MIN_BUCKETS = 5
+
+
+def _common_strides(views: Mapping[str, RunView], own: Mapping[str, int]) -> dict[str, int]:
+    """The stride each run is drawn at beside the others: runs of different lengths are thinned to
+    different strides, so each is drawn in the widest one's buckets, and equal values draw equal
+    lines (a short run step by step beside a long one's bucket means differ); but a run too short to
+    have :data:`COMPARE_MIN_BUCKETS` such buckets is drawn at its own (beside a 24,000-step run, a
+    30-step one was a single point)."""
+    widest = max(own.values(), default=1)
+    return {run: widest if views[run].last_step >= COMPARE_MIN_BUCKETS * widest else own[run] for run in own}
+
+
 def _flat_range(values: Any, log: bool) -> dict[str, Any]:
     """A y range around a metric that never changes (a constant learning rate): Plotly's own is
     value +- 1, which draws 3e-4 on the 0 line, and 1e6 with ticks of seven digits."""
@@ -289,8 +301,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         The figure spec; a blank one that says so when no run has the site.
     """
     having = [run for run, view in views.items() if site in view.site_order(kind)]  # (checks the kind)
-    stride = max((views[run].site_stride(kind) for run in having), default=1)  # (as compare_metrics_figure)
-    parts = {run: views[run].site_series(kind, statistic, [site], stride=stride) for run in having}
+    strides = _common_strides(views, {run: views[run].site_stride(kind) for run in having})
+    parts = {run: views[run].site_series(kind, statistic, [site], stride=strides[run]) for run in having}
     data = []
     for r, (run, view) in enumerate(views.items()):
         if run not in parts:
