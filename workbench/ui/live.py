@@ -526,7 +526,8 @@ class LiveRun:
         if self.error:
             text += f"\n\n```\n{self.error.strip().splitlines()[-1]}\n```"
         if self.watch.errors:
-            text += f"\n\n{len(self.watch.errors)} instrumentation error(s); the first: `{self.watch.errors[0]['error']}`"
+            text += (f"\n\n{len(self.watch.errors)} instrumentation error(s); the first: "
+                     f"`{self.watch.errors[0]['error']}`")
         return text
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -1889,7 +1890,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *_skips(6 + len(buttons)))), [c["pick"]],
                       [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
                        c["iv_message"]]).then(
-        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs, show_progress="hidden").then(
+        _guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))), live_inputs, live_outputs,
+        show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
 
     def on_stop(attached, state):
