@@ -552,8 +552,9 @@ class Dashboard:
         from workbench.ui import findings as view
 
         frame = self.diagnoses.frame()
-        log = (self.watch.intervention_log() if self.watch is not None  # (a finding that held while a patch
-               else self.stored.interventions() if self.stored is not None else None)  # was in: its doing?)
+        # a finding that held while a patch was in names it: it may be the patch's doing
+        log = (self.watch.intervention_log() if self.watch is not None
+               else self.stored.interventions() if self.stored is not None else None)
         frame = view.during_interventions(frame, log)
         # (a run whose status says it ended: its last draw comes before it is done)
         running = self.watch is not None and not self._ended() and not (self.run is not None
