@@ -469,6 +469,10 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     for button in ("run-pause", "run-resume", "run-stop", "iv-apply"):  # (it ended: nothing to do)
         expect(page.locator(f"#{button}")).to_be_disabled()
     assert load_run(runs_root / "reloaded").status == "stopped"
+    expect(page.locator("#live-findings-note")).to_contain_text("Diagnoses")
+    page.locator("#live-detach").click()  # the page holds no run: the run's findings go with it
+    expect(status).to_contain_text("No run on this page", timeout=30_000)
+    expect(page.locator("#live-findings-note")).not_to_contain_text("Diagnoses")
 
 
 def test_train_ilql_live_and_see_rewards_next_to_the_behaviour_policy(page):

@@ -1923,11 +1923,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
-        return None, message, ticking(), *listed(picked), ""
+        # (the last run's intervention message and findings go with it)
+        return (None, message, ticking(), *listed(picked), "",
+                *_hidden_while_empty("", pd.DataFrame(columns=findings_view.TABLE_COLUMNS)))
 
-    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(5))),
+    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *_skips(7))),
                       [c["live_state"], c["pick"]],
-                      [c["live_state"], c["live_message"], c["timer"], *listing, c["iv_message"]]
+                      [c["live_state"], c["live_message"], c["timer"], *listing, c["iv_message"], c["findings_note"],
+                       c["findings"]]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *_skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
