@@ -1786,33 +1786,33 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         state["buttons"] = able
         return tuple(gr.skip() if sent.get(k) == v else gr.Button(interactive=v) for k, v in able.items())
 
+    def list_updates(state: dict) -> tuple:
+        """The runs table, its note and the picker's choices, each sent only when it changed (``state``
+        remembers what the page has)."""
+        choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
+        rows = table.to_dict("records")
+        pick = gr.skip() if state.get("runs") == choices else gr.Dropdown(choices=choices)
+        table, note = (gr.skip(), gr.skip()) if state.get("run_rows") == (rows, note) else (table, note)
+        state.update(runs=choices, run_rows=(rows, note))
+        return table, note, pick
+
     def on_tick(attached, state, *values):
         run = manager.get(attached) if attached else None
         # ticking while any run of the app goes (another page's too: the list of runs follows it), and once
         # after (before drawing: a run ending now is drawn next tick)
         going = any(r.running for r in manager.runs())
         drawn = draw_live(attached, state, *values, force=False)
-        # the run list's labels and table say each run's state and step: sent when they change (the pick is kept)
-        choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
-        pick = gr.skip() if drawn[0].get("runs") == choices else gr.Dropdown(choices=choices)
-        rows = table.to_dict("records")
-        table, note = (gr.skip(), gr.skip()) if drawn[0].get("run_rows") == (rows, note) else (table, note)
-        drawn[0].update(runs=choices, run_rows=(rows, note))
-        return (*drawn, gr.Timer(active=going), table, note, pick,
+        # the run list's labels and table say each run's state and step (the pick is kept)
+        return (*drawn, gr.Timer(active=going), *list_updates(drawn[0]),
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
     def on_list_tick(state):
         state = dict(state or {})
-        choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
         going = any(r.running for r in manager.runs())
-        listed_now = (table.to_dict("records"), note, choices)
-        changed = state.get("listed") != listed_now
         timer = gr.Timer(active=True) if going and not state.get("going") else gr.skip()  # (a run was started)
-        state.update(listed=listed_now, going=going)
-        if not changed:
-            return state, gr.skip(), gr.skip(), gr.skip(), timer
-        return state, table, note, gr.Dropdown(choices=choices), timer
+        state["going"] = going
+        return state, *list_updates(state), timer
 
     c["list_timer"].tick(_guarded(on_list_tick, lambda text: _skips(5)), c["list_state"],
                          [c["list_state"], c["runs"], c["runs_note"], c["pick"], c["timer"]], show_progress="hidden")

@@ -296,13 +296,17 @@ class RunView:
         by_step: dict[int, dict[str, float]] = {}
         for step, name, value in run.metrics(long=True).itertuples(index=False):
             by_step.setdefault(int(step), {})[name] = float(value)
+        logged = np.fromiter(by_step, np.int64, len(by_step))  # (in step order: the metrics' order)
         for part in run.step_ranges(cls.READ_STEPS):
-            view._read_steps(run, part, by_step)
+            first, end = np.searchsorted(logged, part[0]), np.searchsorted(logged, part[1], side="right")
+            view._read_steps(run, part, by_step, logged[first:end].tolist())
         view.set_status(run.status, run.metadata.get("error"))
         return view
 
-    def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]]) -> None:
-        """Take in the stored steps ``part`` (``(first, last)``) and their metrics (``by_step``)."""
+    def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]],
+                    logged: list[int]) -> None:
+        """Take in the stored steps ``part`` (``(first, last)``) and their metrics (``by_step``; ``logged``:
+        the steps of ``part`` with metrics)."""
         rows = run.to_pandas(steps=part)
         histograms = run.histograms(steps=part) if len(rows) else None
         if histograms is not None and len(histograms) != len(rows):
@@ -336,7 +340,7 @@ class RunView:
             block.clear()
 
         layout = None
-        for step in sorted(row_steps.keys() | {s for s in by_step if part[0] <= s <= part[1]}):
+        for step in sorted(row_steps.keys() | set(logged)):
             self.last_step, self.steps_fed = max(self.last_step, step), self.steps_fed + 1
             a, b = row_steps.get(step, (0, 0))
             this = tuple(codes[a:b])
