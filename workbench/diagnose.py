@@ -313,7 +313,7 @@ class Diagnoser:
         with self._lock:
             self._absorb()
             by_step: dict[int, dict[str, float]] = {}
-            if metrics is not None and len(metrics) and list(metrics.columns) == LONG_METRICS:
+            if metrics is not None and len(metrics) and _is_long(metrics):
                 for step, name, value in metrics.itertuples(index=False):  # (as logged: a NaN is a NaN)
                     by_step.setdefault(int(step), {})[name] = float(value)
             elif metrics is not None and len(metrics):
@@ -890,6 +890,12 @@ def _logged(present: np.ndarray) -> np.ndarray:
 
 #: The columns of a long metrics frame (``w.metrics(long=True)``): one row per logged value.
 LONG_METRICS = ["step", "name", "value"]
+
+
+def _is_long(metrics: pd.DataFrame) -> bool:
+    """A long metrics frame: :data:`LONG_METRICS`, its names strings (a wide frame of two metrics
+    logged as ``name`` and ``value`` has the same columns, all numbers)."""
+    return list(metrics.columns) == LONG_METRICS and not pd.api.types.is_numeric_dtype(metrics["name"])
 
 
 def _sample(items: list, k: int) -> list:

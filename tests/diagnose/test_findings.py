@@ -147,6 +147,11 @@ def test_diverging_loss_and_non_finite_loss():
     # a metric that is not a loss is never judged; loss_metrics picks which are
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"})).empty
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}), loss_metrics=("reward",)).finding.tolist() == ["diverging"]
+    # a wide frame of two metrics logged as `name` and `value` is read as wide (a long frame's names are strings)
+    wide = nan.rename(columns={"loss": "name", "accuracy": "value"})
+    assert diagnose(pd.DataFrame(), wide, loss_metrics=("name",)).finding.tolist() == ["diverging"]
+    long = pd.DataFrame({"step": [1, 2, 3, 4], "name": ["loss"] * 4, "value": [1.0, 0.9, 0.8, float("nan")]})
+    assert diagnose(pd.DataFrame(), long).finding.tolist() == ["diverging"]
 
 
 def test_a_converged_noisy_loss_is_not_diverging():

@@ -122,12 +122,12 @@ def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
 
 @pytest.mark.parametrize("call, expected", [
     (dict(names=["relu"], low=2.0, high=-2.0), "The range must run from low to high, got [2, -2]"),
-    (dict(names=["relu"], low=None), "The range's low end must be a finite number, got None"),
+    (dict(names=["relu"], low=None), "The range's low end (x from) must be a finite number, got None"),
     # (beyond float32's largest value: torch refused to make the sample points, a raw RuntimeError)
-    (dict(names=["relu"], high=1e308), "The range's high end must be in [-3.40282e+38, 3.40282e+38] (the sample "
+    (dict(names=["relu"], high=1e308), "The range's high end (x to) must be in [-3.40282e+38, 3.40282e+38] (the sample "
                                        "points are float32), got 1e+308. Enter e.g. 4."),
-    (dict(names=["relu"], high=1e39), "The range's high end must be in [-3.40282e+38, 3.40282e+38]"),
-    (dict(names=["relu"], low=-1e39), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    (dict(names=["relu"], high=1e39), "The range's high end (x to) must be in [-3.40282e+38, 3.40282e+38]"),
+    (dict(names=["relu"], low=-1e39), "The range's low end (x from) must be in [-3.40282e+38, 3.40282e+38]"),
     # (each end fits, the step between points overflows: the points were NaN)
     (dict(names=["relu"], low=-3e38, high=3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold "
                                                  "(high - low must be at most 3.40282e+38). Narrow it"),
@@ -189,7 +189,7 @@ def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
     (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
     (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
     (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
-    (lambda: ex.uniform(-1e39, 4), "The range's low end must be in [-3.40282e+38, 3.40282e+38]"),
+    (lambda: ex.uniform(-1e39, 4), "The range's low end (x from) must be in [-3.40282e+38, 3.40282e+38]"),
     (lambda: ex.uniform(-3e38, 3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold"),
     (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
     (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),

@@ -619,3 +619,13 @@ def test_a_stored_run_keeps_a_metric_logged_nan_apart_from_one_not_logged(tmp_pa
     assert frame[frame.metric == "reward"].step.tolist() == [3, 6]
     # the diagnosis reads them as logged: a loss NaN from its 2nd step (a wide frame cannot tell that from a gap)
     assert "loss is nan at step 2" in " ".join(run.diagnose().evidence)
+
+
+def test_the_lowest_metric_panel_of_each_column_titles_its_x_axis_step():
+    """Five panels in rows of three: the x axes under the last panel of each column say what they count."""
+    view = RunView()
+    view.feed([StepRecord(s, metrics={name: float(s) for name in "abcde"}) for s in range(1, 11)])
+    layout = figures.metrics_figure(view, columns=3)["layout"]
+    titled = {a["text"] for i, a in enumerate(layout["annotations"])
+              if layout["xaxis" + ("" if i == 0 else str(i + 1))].get("title", {}).get("text") == "step"}
+    assert titled == {"c", "d", "e"}  # (c heads a column with no panel under it)

@@ -126,19 +126,19 @@ def _field_seed(value: Any) -> int:
 def _check_range(x_range: Any) -> tuple[float, float]:
     if not isinstance(x_range, (tuple, list)) or len(x_range) != 2:
         raise ValueError(f"x_range must be a pair (low, high), got {x_range!r}. Pass e.g. x_range=(-4, 4).")
-    low = _number(x_range[0], "The range's low end", "Enter e.g. -4.")
-    high = _number(x_range[1], "The range's high end", "Enter e.g. 4.")
+    low = _number(x_range[0], "The range's low end (x from)", "Enter e.g. -4.")
+    high = _number(x_range[1], "The range's high end (x to)", "Enter e.g. 4.")
     # The sample points are made in the default dtype (float32): an end beyond its largest value,
     # or a range wider than it (the step between points overflows), would give no curve to draw.
     dtype = torch.get_default_dtype()
     largest = torch.finfo(dtype).max
-    for value, end, example in ((low, "low", -4), (high, "high", 4)):
+    for value, end, example in ((low, "low end (x from)", -4), (high, "high end (x to)", 4)):
         if abs(value) > largest:
-            raise ValueError(f"The range's {end} end must be in [{-largest:.6g}, {largest:.6g}] (the sample points "
+            raise ValueError(f"The range's {end} must be in [{-largest:.6g}, {largest:.6g}] (the sample points "
                              f"are {str(dtype).removeprefix('torch.')}), got {value:g}. Enter e.g. {example}.")
     if not low < high:
         raise ValueError(f"The range must run from low to high, got [{low:g}, {high:g}]. "
-                         "Make the low end smaller than the high end, e.g. [-4, 4].")
+                         "Make x from smaller than x to, e.g. [-4, 4].")
     if not math.isfinite(float(torch.tensor(high, dtype=dtype) - torch.tensor(low, dtype=dtype))):
         raise ValueError(f"The range [{low:g}, {high:g}] is wider than {str(dtype).removeprefix('torch.')} can "
                          f"hold (high - low must be at most {largest:.6g}). Narrow it, e.g. [-1e+38, 1e+38].")

@@ -219,13 +219,15 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     in_legend: set[str] = set()  # (each run once in the legend, in the first panel it has a line in)
     # (the top margin keeps the first row's titles below Plotly's toolbar, which shows over the top right)
     data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[],
-                               margin=dict(l=55, r=20, t=45, b=40))
+                               margin=dict(l=55, r=20, t=45, b=50))
     for i, name in enumerate(chosen):
         row, col = divmod(i, columns)
         n = "" if i == 0 else str(i + 1)
         x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
+        bottom = i + columns >= len(chosen)  # (the lowest panel of its column: its x axis is titled)
         layout[f"xaxis{n}"] = _steps_axis(np.concatenate([f.step[f.metric == name] for f in frames.values()]),
-                                          domain=[x0, x0 + width], anchor=f"y{n}")
+                                          domain=[x0, x0 + width], anchor=f"y{n}",
+                                          **(dict(title=dict(text="step", standoff=4)) if bottom else {}))
         layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear",
                                     **_flat_range(np.concatenate([f.value[f.metric == name] for f in frames.values()]),
                                                   log_y))
