@@ -629,3 +629,22 @@ def test_the_lowest_metric_panel_of_each_column_titles_its_x_axis_step():
     titled = {a["text"] for i, a in enumerate(layout["annotations"])
               if layout["xaxis" + ("" if i == 0 else str(i + 1))].get("title", {}).get("text") == "step"}
     assert titled == {"c", "d", "e"}  # (c heads a column with no panel under it)
+
+
+def test_a_stored_run_replays_with_the_pace_it_ran_at(tmp_path):
+    """The header of a replayed run says how fast it trained: its steps' end times are stored, not the
+    times its store wrote them (a second's steps at once)."""
+    model = torch.nn.Linear(3, 2)
+    with workbench.watch(model, store=tmp_path / "r") as w:
+        started = time.time()
+        for _ in range(12):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+            time.sleep(0.02)
+        ended = time.time()
+    times = workbench.load_run(tmp_path / "r").step_times()
+    assert times.step.tolist() == list(range(1, 13)) and times.time.is_monotonic_increasing
+    assert started <= times.time.iat[0] and times.time.iat[-1] <= ended
+    assert (np.diff(times.time) >= 0.02).all()  # (a step ended after the sleep of the one before)
+    pace = RunView.from_run(workbench.load_run(tmp_path / "r")).header()["steps_per_s"]
+    assert 11 / (ended - started) <= pace <= 1 / 0.02

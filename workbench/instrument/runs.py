@@ -93,6 +93,11 @@ class Run:
         """The steps stored (committed) so far."""
         return self._query("SELECT step FROM steps ORDER BY step").step.tolist()
 
+    def step_times(self) -> pd.DataFrame:
+        """When each stored step ended: ``step, time`` (seconds since the epoch), in step order: the
+        run's pace (``steps / time``) on replay as when it ran."""
+        return self._query("SELECT step, time FROM steps ORDER BY step")
+
     def step_ranges(self, size: int) -> list[tuple[int, int]]:
         """The stored steps in parts of at most ``size`` steps, as ``(first, last)`` (both included):
         read a long run a part at a time (``to_pandas(steps=part)``), its memory that of a part.

@@ -11,7 +11,7 @@ Tables (``pandas.read_sql`` works on them directly):
 
 - ``meta(key, value)``: JSON values - schema_version, model, config,
   experiment, seed, versions, start_time, status (and end_time, error).
-- ``steps(step, rows, time)``: one row per stored step (the commit marker).
+- ``steps(step, rows, time)``: one row per stored step (the commit marker), ``time`` when it ended.
 - ``rows``: the statistics rows (``ROW_COLUMNS`` plus ``seq``, the row's
   position within its step).
 - ``histograms(step, seq, lo, hi, counts, sampled)``: counts as float32 bytes, in equal bins over
@@ -305,7 +305,8 @@ class RunStore:
                                  [(record.step, k, v) for k, v in record.metrics.items()])
             self._db.executemany("INSERT INTO errors VALUES (?, ?, ?, ?, ?)",
                                  [(e["step"], e["module"], e["call"], e["kind"], e["error"]) for e in record.errors])
-            self._db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (record.step, len(rows), time.time()))
+            ended = record.time if record.time is not None else time.time()  # (a record made by hand: now)
+            self._db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (record.step, len(rows), ended))
 
     def set_meta(self, **values: Any) -> None:
         """Store facts about the run (JSON-serializable; others as their ``str``), replacing those

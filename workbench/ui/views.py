@@ -300,6 +300,9 @@ class RunView:
         for part in run.step_ranges(cls.READ_STEPS):
             first, end = np.searchsorted(logged, part[0]), np.searchsorted(logged, part[1], side="right")
             view._read_steps(run, part, by_step, logged[first:end].tolist())
+        times = run.step_times()  # its pace, as the header read it live: from steps spread over the run
+        picks = np.unique(np.linspace(0, len(times) - 1, view._times.maxlen).round().astype(int)) if len(times) else []
+        view._times.extend(zip(times.time.to_numpy()[picks].tolist(), times.step.to_numpy()[picks].tolist()))
         view.set_status(run.status, run.metadata.get("error"))
         return view
 
