@@ -16,6 +16,10 @@
    after its imports) of its views (``RunView.from_run``) and its findings, read
    ``RunView.READ_STEPS`` steps at a time against all at once, each in a fresh process, for a
    stored run of 20,000 steps of the activation MLP (width 16; 300 with --quick).
+4. A browser page following a live run (headless chromium, the real app): the DOM nodes and the JS
+   heap it keeps (after a garbage collection) over a minute of the run, from its 10th second
+   (10 s with --quick), with the
+   app's release of the plots Gradio drops (``LET_GO_OF_DROPPED_PLOTS``) and without it.
 
     python bench/dashboard.py [--quick] [--rounds 5]
 """
@@ -158,6 +162,55 @@ def open_cost(steps: int) -> dict[str, tuple[float, float]]:
     return out
 
 
+def page_growth(seconds: float, release: bool) -> tuple[float, float]:
+    """DOM nodes and MiB of JS heap a page following a live activation MLP run gains over ``seconds``."""
+    import shutil
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    from workbench.ui import app as app_module
+
+    script = app_module.LET_GO_OF_DROPPED_PLOTS
+    app_module.LET_GO_OF_DROPPED_PLOTS = script if release else "() => {}"
+    with tempfile.TemporaryDirectory() as folder, socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        app = app_module.build_app(runs_root=Path(folder) / "runs")
+        app_module.LET_GO_OF_DROPPED_PLOTS = script
+        app.queue()
+        app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=shutil.which("chromium"),
+                                            args=["--headless", "--no-sandbox", "--disable-gpu"])
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.get_by_role("tab", name="Experiments").click()
+                page.locator("#experiment-list").get_by_label("activation_mlp", exact=True).check()
+                page.locator("#run-steps input").fill("1000000")
+                page.locator("#run-start").click()
+                page.locator("#live-heatmap .js-plotly-plot").wait_for(timeout=60_000)
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Performance.enable")
+
+                def measure() -> tuple[float, float]:
+                    cdp.send("HeapProfiler.collectGarbage")
+                    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                    return metrics["Nodes"], metrics["JSHeapUsedSize"] / 2**20
+
+                page.wait_for_timeout(10_000)  # (the page's first draws and findings settle)
+                first = measure()
+                page.wait_for_timeout(seconds * 1000)
+                last = measure()
+                browser.close()
+        finally:
+            app.close()
+            app.run_manager.close()
+    return last[0] - first[0], last[1] - first[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 and 1,000 steps; one short round")
@@ -178,6 +231,11 @@ def main() -> None:
     print(f"opening a stored run of {steps} activation_mlp steps (its views and findings):")
     for label, (seconds, mib) in open_cost(steps).items():
         print(f"  read {label}: {seconds:.2f} s, {mib:.0f} MiB more memory at the peak")
+    seconds = 10 if args.quick else 60
+    print(f"a browser page following a live activation_mlp run for {seconds} s (what it keeps after a GC):")
+    for label, release in (("plots Gradio drops let go", True), ("plots Gradio drops kept", False)):
+        nodes, mib = page_growth(seconds, release)
+        print(f"  {label}: {nodes:+.0f} DOM nodes, {mib:+.1f} MiB of JS heap")
 
 
 if __name__ == "__main__":

@@ -454,6 +454,14 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
                                    timeout=30_000)
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
+    # following the run, the page keeps its size: Gradio drops each redraw's old plots with Plotly's resize
+    # listener on them, and a page kept them all (about 260 DOM nodes a plot a redraw) until it let go
+    nodes = _dom_nodes(page)
+    before, seen = nodes(), set()
+    while len(seen) < 8:  # (the views are redrawn as each delivery of steps comes in)
+        seen.add(re.search(r"step (\d+) of", status.inner_text())[1])
+        page.wait_for_timeout(250)
+    assert nodes() - before < 2000, (before, nodes())
     expect(page.locator("#run-resume")).to_be_disabled()
     expect(page.locator("#iv-apply")).to_be_enabled()
     expect(page.locator("#iv-remove")).to_be_disabled()  # (no intervention on)
@@ -473,6 +481,17 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#live-detach").click()  # the page holds no run: the run's findings go with it
     expect(status).to_contain_text("No run on this page", timeout=30_000)
     expect(page.locator("#live-findings-note")).not_to_contain_text("Diagnoses")
+
+
+def _dom_nodes(page):
+    """A function counting the page's DOM nodes, in the document or not, after a garbage collection."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Performance.enable")
+
+    def count() -> int:
+        cdp.send("HeapProfiler.collectGarbage")
+        return int({m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}["Nodes"])
+    return count
 
 
 def test_train_ilql_live_and_see_rewards_next_to_the_behaviour_policy(page):

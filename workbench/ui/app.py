@@ -34,10 +34,38 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
                 model_browser.wire(model_browser.layout())
             explorer.wire(explorer.layout(manager.root), app)
             live.wire(live.layout(manager.root), manager, app)
+        app.load(None, js=LET_GO_OF_DROPPED_PLOTS)
     _one_render_at_a_time(app)
     app.run_manager = manager
     app.workbench_css = live.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
     return app
+
+
+#: Gradio's Plot draws each new figure into a new element and drops the old one without
+#: ``Plotly.purge``; the old plot's window resize listener (Plotly's, for ``responsive``) keeps it
+#: alive: a page watching a live run grew by about 1,000 DOM nodes and 5 MB of heap a minute. The
+#: page takes that listener off each plot as it leaves the document (Plotly's own ``purge`` there
+#: would also break the redraw still under way on it). bench/dashboard.py part 4 measures it.
+LET_GO_OF_DROPPED_PLOTS = """() => {
+  if (window.workbenchPlotReleaser) return;
+  const release = (plot) => {
+    if (!plot.isConnected && plot._responsiveChartHandler) {
+      window.removeEventListener("resize", plot._responsiveChartHandler);
+      delete plot._responsiveChartHandler;
+    }
+  };
+  window.workbenchPlotReleaser = new MutationObserver((mutations) => {
+    for (const mutation of mutations) {
+      for (const node of mutation.removedNodes) {
+        if (node.nodeType !== Node.ELEMENT_NODE) continue;
+        const plots = node.classList.contains("js-plotly-plot") ? [node] : node.querySelectorAll(".js-plotly-plot");
+        // (again a while later: a plot dropped during its first draw gets its listener at that draw's end)
+        plots.forEach((plot) => { release(plot); setTimeout(() => release(plot), 5000); });
+      }
+    }
+  });
+  window.workbenchPlotReleaser.observe(document.body, {childList: true, subtree: true});
+}"""
 
 
 def _one_render_at_a_time(app) -> None:
