@@ -74,7 +74,9 @@ def test_every_segment_s_cells_reach_the_next_so_no_recorded_step_draws_blank():
 def test_a_log_heatmap_draws_exact_zeros_apart_from_steps_not_recorded():
     view = RunView()
     view.feed([record(1, [1, 2, 3, 4], -1.0, 0.0), record(2, [1, 2, 3, 4], -1.0, 2.0)])  # max: 0, then 2
-    values, zeros = heatmaps(figures.heatmap_figure(view, "activation", "max", log=True))
+    figure = figures.heatmap_figure(view, "activation", "max", log=True)
+    values, zeros = heatmaps(figure)
+    assert "grey: max exactly 0" in figure["layout"]["title"]["text"]  # (the title says what grey is)
     z = figures.values(values["z"])[0]
     assert np.isnan(z[0]) and z[1] == pytest.approx(np.log10(2.0))  # (log10 |0|: no value)
     assert figures.values(zeros["z"])[0].tolist()[0] == 1 and np.isnan(figures.values(zeros["z"])[0][1])

@@ -203,7 +203,11 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert "5 of 5 activation call sites" in dash.site_note.value
     dash.sites.value = ("layers.1",)
     assert [t["name"] for t in plotted(dash, "sites")["data"] if t.get("name")] == ["layers.1"]
-    assert "1 of " in dash.site_note.value and "(as picked)" in dash.site_note.value
+    assert "1 of " in dash.site_note.value and "(as picked): <code>layers.1</code>" in dash.site_note.value
+    dash.log_sites.value = True  # (a site far above the others squashes them: each figure has its log y)
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log"
+    assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "linear"
+    assert "NaN / Inf:</b> none in this run." in dash.anomalies.value  # (not "so far": it ended)
     dash.refresh()  # a user's choice stays through redraws
     assert dash.sites.value == ("layers.1",)
     dash.sites.value = ("layers.4",)  # the network's output: its container and the model return it too
@@ -242,6 +246,7 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert ("While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on: "
             in dash.findings_detail.value)
     assert "held while an intervention was on" in dash.findings_summary.value
+    assert_shaded(dash, 3, 10)
     w.close()
     stored = workbench.load_run(tmp_path / "run")
     assert stored.interventions().to_dict("records") == log.to_dict("records")
@@ -250,6 +255,16 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     replay.findings_list.index = picked[0]
     assert ("While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on"
             in replay.findings_detail.value)
+    assert_shaded(replay, 3, 10)
+
+
+def assert_shaded(dash, first, last):
+    """The intervention's steps are a band over the metrics and the per-site figure; its marker is no panel."""
+    metrics = dash.figure("metrics")["layout"]
+    assert not any(a["text"].startswith("intervention/") for a in metrics["annotations"])
+    for name in ("metrics", "sites"):
+        bands = [(s["x0"], s["x1"]) for s in dash.figure(name)["layout"]["shapes"] if s.get("fillcolor") == "#f59e0b"]
+        assert bands and set(bands) == {(first - 0.5, last + 0.5)}, (name, bands)
 
 
 def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_replays(tmp_path):

@@ -33,16 +33,18 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from workbench.instrument.interventions import MARKER
 from workbench.ui.views import PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "compare_metrics_figure", "compare_site_figure", "empty_figure", "to_json", "values"]
+           "compare_metrics_figure", "compare_site_figure", "shade_interventions", "empty_figure", "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -180,7 +182,7 @@ def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing:
 
     Args:
         view: the run's views.
-        names: the metrics to draw (default: all of them).
+        names: the metrics to draw (default: all but the interventions' markers).
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
         log_y: log-scaled y axes.
         columns: panels per row.
@@ -197,7 +199,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
 
     Args:
         views: run name -> its views.
-        names: the metrics to draw (default: every metric of any run).
+        names: the metrics to draw (default: every metric of any run but the interventions' markers).
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
         log_y: log-scaled y axes.
         columns: panels per row.
@@ -205,6 +207,8 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     Returns:
         The figure spec.
     """
+    if names is None:  # (an intervention's marker is a band over the steps: shade_interventions)
+        names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(MARKER)})
     strides = _common_strides(views, {run: view.metric_stride() for run, view in views.items()})
     frames = {run: view.metrics_frame(names, smoothing, strides[run]) for run, view in views.items()}
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
@@ -380,7 +384,7 @@ def site_note(view: RunView, kind: str, names: Sequence[str], sites: Sequence[st
     text = f"{len(sites)} of {len(names)} {kind} call sites"
     if len(names) > len(sites) and sites:
         text += (" (by default the ones whose statistic changed most; pick others above)" if default
-                 else " (as picked)")
+                 else " (as picked)" + (f": {', '.join(f'`{site}`' for site in sites)}" if len(sites) <= 3 else ""))
     aliases = []
     for site in view.sites[kind]:  # (a tensor several call sites return: one site, its other names)
         if site.aliases and site.name in sites:
@@ -477,6 +481,8 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
     title = f"{kind}: {label}, every call site in forward order"
     if stride > 1:
         title += f", a cell the mean of {stride} steps"
+    if log and zeros.any():
+        title += f"; grey: {statistic} exactly 0"
     if every > 1:
         title += f" (a label every {every} rows: hover a row for its site)"
     layout = _layout(max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120), title, hovermode="closest",
@@ -629,3 +635,25 @@ def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
         return None, []
     grid = 10.0 ** math.floor(math.log10(hi - lo)) / 20 if hi > lo else 0.5
     return [math.floor(lo / grid - 1) * grid, math.ceil(hi / grid + 1) * grid], bands.step[out].astype(int).tolist()
+
+
+def shade_interventions(figure: Figure, log: pd.DataFrame, last_step: int | None) -> Figure:
+    """``figure`` with a band over the steps each intervention of ``log`` was on (an intervention
+    log: ``id``, ``from step``, ``to step``, empty while it is on: up to ``last_step``), on every
+    steps axis, labelled with its id on the first."""
+    layout = figure.get("layout", {})
+    axes = [key for key in layout if re.fullmatch(r"xaxis\d*", key)]
+    if not len(log) or not axes or not figure.get("data"):
+        return figure
+    spans = [(row.id, int(row["from step"]), int(row["to step"]) if row["to step"] != "" else
+              max(int(last_step or row["from step"]), int(row["from step"]))) for _, row in log.iterrows()]
+    shapes = list(layout.get("shapes", []))
+    for key in axes:
+        n = key[5:]
+        for label, first, last in spans:
+            shape = dict(type="rect", xref=f"x{n}", yref=f"y{n} domain", x0=first - 0.5, x1=last + 0.5, y0=0, y1=1,
+                         fillcolor="#f59e0b", opacity=0.14, line=dict(width=0), layer="below")
+            if key == axes[0]:
+                shape["label"] = dict(text=label, textposition="top left", font=dict(size=10, color="#b45309"))
+            shapes.append(shape)
+    return {**figure, "layout": {**layout, "shapes": shapes}}

@@ -251,27 +251,6 @@ def site_choices(sites: Sequence[str]) -> list[tuple[str, str]]:
             for site in sites]
 
 
-def shade_interventions(figure: dict[str, Any], spans: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
-    """``figure`` with a band over the steps of each intervention (``(id, first step, last step)``) on
-    every steps axis, labelled with its id."""
-    layout = figure.get("layout", {})
-    axes = [key for key in layout if re.fullmatch(r"xaxis\d*", key)]
-    if not spans or not axes or not figure.get("data"):
-        return figure
-    shapes = list(layout.get("shapes", []))
-    for key in axes:
-        n = key[5:]
-        for i, (label, first, last) in enumerate(spans):
-            shapes.append(dict(type="rect", xref=f"x{n}", yref=f"y{n} domain", x0=first - 0.5, x1=last + 0.5,
-                               y0=0, y1=1, fillcolor="#f59e0b", opacity=0.14, line=dict(width=0), layer="below",
-                               label=dict(text=label, textposition="top left", font=dict(size=10, color="#b45309"))
-                               if key == axes[0] else None))
-    for shape in shapes:
-        if shape.get("label") is None:
-            shape.pop("label", None)
-    return {**figure, "layout": {**layout, "shapes": shapes}}
-
-
 class LiveRun:
     """An experiment running under ``watch`` on a background thread of its own.
 
@@ -941,10 +920,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         heat_fig = figures.empty_figure(str(exc))
     latest = latest.round(6)
     if interventions is not None and len(interventions):
-        spans = [(row.id, int(row["from step"]), int(row["to step"]) if row["to step"] != "" else
-                  max(int(view.last_step or row["from step"]), int(row["from step"])))
-                 for _, row in interventions.iterrows()]
-        metrics_fig, sites_fig = shade_interventions(metrics_fig, spans), shade_interventions(sites_fig, spans)
+        metrics_fig = figures.shade_interventions(metrics_fig, interventions, view.last_step)
+        sites_fig = figures.shade_interventions(sites_fig, interventions, view.last_step)
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,

@@ -263,6 +263,7 @@ class Dashboard:
         self._focus = None  # the picked finding's Focus
         self._picked_finding = None  # the pick's findings.pick_key
         self._findings = None  # the findings frame the list shows
+        self._log = None  # the run's interventions, as last drawn
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
         self._figures: dict[str, dict] = {}
@@ -282,6 +283,7 @@ class Dashboard:
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
+        self.log_sites = w.Checkbox(value=False, description="log y", indent=False)  # (the per-site figure's)
         self.kind = w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style)
         self.statistic = w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style)
         self.sites = w.SelectMultiple(options=[], description="call sites", rows=6, style=style,
@@ -304,6 +306,7 @@ class Dashboard:
         for control in (self.kind, self.statistic):
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
+        self.log_sites.observe(lambda _: self._redraw("sites"), names="value")
         self.distribution_site.observe(lambda _: self._quiet or self._redraw("distribution"), names="value")
         self.findings_list.observe(self._on_finding, names="index")
 
@@ -312,7 +315,7 @@ class Dashboard:
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            w.HBox([self.kind, self.statistic, self.sites]), self.sites_plot, self.site_note, self.heatmap_plot,
+            w.HBox([self.kind, self.statistic, self.sites, self.log_sites]), self.sites_plot, self.site_note, self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
             self.anomalies,
         ])
@@ -436,6 +439,7 @@ class Dashboard:
         with self._draw_lock:
             self._status()
             self._drawn = self._state()
+            self._log = self._intervention_log()  # (read once a draw: a stored run's is a query)
             self._sync_controls()
             for name in ("metrics", "sites", "heatmap", "distribution"):
                 self._redraw(name)
@@ -505,7 +509,8 @@ class Dashboard:
                                                    log_y=self.log_y.value), self.metrics_plot
             elif name == "sites":
                 sites = list(self.sites.value) or None
-                spec, out = figures.sites_figure(self.view, kind, statistic, sites), self.sites_plot
+                spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value)
+                out = self.sites_plot
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
@@ -522,6 +527,9 @@ class Dashboard:
                                                 "histograms=False; leave them on (the default) to see "
                                                 "distributions over time.")
                 out = self.distribution_plot
+            log = self._log
+            if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
+                spec = figures.shade_interventions(spec, log, self.view.last_step)
             focused = self._focus
             if focused is not None and name in ("sites", "metrics"):
                 from workbench.ui.findings import mark_steps
@@ -535,7 +543,8 @@ class Dashboard:
     def _draw_anomalies(self) -> None:
         first = self.view.first_anomaly
         if first is None:
-            self.anomalies.value = "<b>NaN / Inf:</b> none so far."
+            going = self.view.header()["status"] in ("running", "paused")
+            self.anomalies.value = f"<b>NaN / Inf:</b> none{' so far' if going else ' in this run'}."
             return
         frame = self.view.anomaly_frame().tail(8)
         self.anomalies.value = (
@@ -548,14 +557,17 @@ class Dashboard:
         and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`)."""
         return self.diagnoses.frame()
 
+    def _intervention_log(self) -> Any:
+        """The interventions of the run (``Watch.intervention_log()``, ``Run.interventions()``), or None."""
+        return (self.watch.intervention_log() if self.watch is not None
+                else self.stored.interventions() if self.stored is not None else None)
+
     def _draw_findings(self) -> None:
         from workbench.ui import findings as view
 
         frame = self.diagnoses.frame()
         # a finding that held while a patch was in names it: it may be the patch's doing
-        log = (self.watch.intervention_log() if self.watch is not None
-               else self.stored.interventions() if self.stored is not None else None)
-        frame = view.during_interventions(frame, log)
+        frame = view.during_interventions(frame, self._log)
         # (a run whose status says it ended: its last draw comes before it is done)
         running = self.watch is not None and not self._ended() and not (self.run is not None
                                                                           and self.run.status in _ENDED)
