@@ -648,3 +648,16 @@ def test_a_stored_run_replays_with_the_pace_it_ran_at(tmp_path):
     assert (np.diff(times.time) >= 0.02).all()  # (a step ended after the sleep of the one before)
     pace = RunView.from_run(workbench.load_run(tmp_path / "r")).header()["steps_per_s"]
     assert 11 / (ended - started) <= pace <= 1 / 0.02
+
+
+def test_a_running_run_whose_steps_stopped_coming_says_for_how_long(monkeypatch):
+    """A watch left open after its training cell reads `running`: its header says no step came since."""
+    view = RunView(label="mine")
+    view.set_status("running")
+    view.feed([StepRecord(s, metrics={"loss": 1.0}) for s in (1, 2)])
+    assert "no new step" not in figures.header_markdown(view)
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 42)
+    assert "no new step for 42 s" in figures.header_markdown(view)
+    view.set_status("finished")  # (an ended run has no steps to wait for)
+    assert "no new step" not in figures.header_markdown(view)

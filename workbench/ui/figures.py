@@ -139,6 +139,10 @@ def empty_figure(message: str) -> Figure:
                                                             font=dict(size=14, color="#666"))])}
 
 
+#: A running run whose steps stopped arriving this many seconds ago says so in its header.
+IDLE_SECONDS = 10.0
+
+
 def header_markdown(view: RunView) -> str:
     """The run header: label, status, step of total with a progress bar, steps/s, time left.
 
@@ -160,6 +164,8 @@ def header_markdown(view: RunView) -> str:
         parts.append(f"{h['steps_per_s']:.1f} steps/s")
     if h["seconds_left"] is not None:
         parts.append(f"about {_duration(h['seconds_left'])} left")
+    if h["status"] == "running" and h["idle_s"] is not None and h["idle_s"] >= IDLE_SECONDS:
+        parts.append(f"no new step for {_duration(h['idle_s'])}")  # (a watch open after its training cell)
     if h["dropped"]:
         parts.append(f"{h['dropped']} steps not shown (the page fell behind)")
     text = " · ".join(p for p in parts if p)

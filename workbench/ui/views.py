@@ -282,6 +282,7 @@ class RunView:
         self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
         self._histograms: dict[tuple[str, int], History] = {}
         self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of deliveries, for steps/s
+        self._arrived: float | None = None  # time.monotonic() of the last delivery of steps
         self._lock = threading.RLock()
 
     #: Steps of a stored run :meth:`from_run` reads at a time: its memory is that of this many
@@ -373,6 +374,7 @@ class RunView:
             self._pending.extend(records)
             self.steps_fed += len(records)
             if records:
+                self._arrived = time.monotonic()
                 self.last_step = max(self.last_step, max(r.step for r in records))
                 stamped = [r for r in records if r.time is not None]
                 if stamped:  # when the steps ended: a first delivery of many steps has a pace too
@@ -522,14 +524,17 @@ class RunView:
 
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
-        """Run header: label, status (and error), step of total, steps/s, seconds left."""
+        """Run header: label, status (and error), step of total, steps/s, seconds left, and the seconds
+        since steps last arrived (``idle_s``; None before the first)."""
         with self._lock:
             rate = _rate(self._times)
             left = None
             if rate and self.total is not None and self.status == "running":
                 left = max(self.total - self.last_step, 0) / rate
+            idle = time.monotonic() - self._arrived if self._arrived is not None else None
             return {"label": self.label, "status": self.status, "error": self.error, "step": self.last_step,
-                    "total": self.total, "steps_per_s": rate, "seconds_left": left, "dropped": self.dropped}
+                    "total": self.total, "steps_per_s": rate, "seconds_left": left, "dropped": self.dropped,
+                    "idle_s": idle}
 
     def metric_names(self) -> list[str]:
         with self._synced():
