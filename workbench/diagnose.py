@@ -106,7 +106,9 @@ class Thresholds:
         spike_window: the recent values whose step-to-step noise a spike is measured in.
         spike_factor: a spike exceeds the level of the last 5 steps (their median) by this many
             times the noise (the median absolute difference of consecutive values in the window),
-            and by at least ``spike_min_rise`` times the level's magnitude.
+            and by at least ``spike_min_rise`` times the level's magnitude. In a metric's first
+            ``spike_window // 2`` steps (at least 5), too few for their noise, by this many times the
+            level (the median of the steps so far) itself.
         spike_min_rise: see ``spike_factor``.
         spike_regain: a spike also gives back at least this fraction of what the metric fell from
             its first value to its lowest median (of ``diverge_window`` values): a loss that fell
@@ -827,6 +829,17 @@ class Diagnoser:
                            f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
+        elif len(recent) >= 2:
+            # too few steps for their noise (a learning rate far too large throws the loss up in its
+            # first steps): a spike is spike_factor times the level of the steps so far above it
+            level = _median(list(recent))
+            rise = value - level
+            if rise > t.spike_factor * max(abs(level), 1e-12):
+                self._hold(step, "loss_spike", None, None,
+                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
+                           f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
+                           f"{t.spike_factor:g}x in a run's first {max(5, t.spike_window // 2)} steps).",
+                           site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
         recent.append(value)
         tail.append(value)
         if len(tail) == tail.maxlen:

@@ -127,6 +127,18 @@ def test_saturation_index_of_a_two_point_output_is_one():
     assert diagnose(mild).empty
 
 
+def test_a_loss_thrown_up_in_its_first_steps_is_a_spike():
+    """A learning rate far too large: 0.7 -> 70 at steps 3-4, back down after, too early for the noise of 10 steps."""
+    metrics = pd.DataFrame({"step": range(1, 13), "loss": [0.7, 0.69, 70.0, 65.0, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.4,
+                                                           0.4]})
+    f = diagnose(pd.DataFrame(), metrics)
+    assert f.finding.tolist() == ["loss_spike"] and f.step[0] == 3, f
+    assert "median of the 2 steps before: 0.695" in f.evidence[0]
+    # a loss falling fast at first (each step a fraction of the one before) has not spiked
+    assert diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 13), "loss": np.geomspace(20.0, 0.1, 12)})).empty
+    assert diagnose(pd.DataFrame(), pd.DataFrame({"step": [1, 2, 3], "loss": [0.7, 0.9, 3.0]})).empty  # (4x: no)
+
+
 def test_diverging_loss_and_non_finite_loss():
     metrics = pd.DataFrame({"step": range(1, 16), "loss": [1.0, 0.8, 0.7, 0.6, 0.5] + [0.5 * 3 ** k for k in range(10)]})
     f = diagnose(pd.DataFrame(columns=COLUMNS[:0]), metrics)
