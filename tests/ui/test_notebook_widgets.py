@@ -39,10 +39,18 @@ def test_filter_select_fill_and_build():
 def test_invalid_value_shows_message_and_keeps_previous_model():
     browser = ModelBrowser(pattern="mlp")
     good = browser.build()
-    assert good.ok
+    assert good.ok and "layers.0" in browser.output.outputs[0]["data"]["text/html"]  # (its module tree)
     bad = browser.build(depth=0)
     assert not bad.ok and "must lie in [1, 32], got 0" in browser.message.value
     assert browser.model is good.model
+    assert browser.output.outputs == ()  # (the message alone: no empty module table under it)
+
+
+def test_a_forms_boxes_line_up_whatever_its_labels():
+    browser = ModelBrowser(pattern="efficientzero")  # (labels of 5 to 35 characters)
+    widths = {widget.style.description_width for widget in [*browser.form.children, browser.batch_size]}
+    longest = max(len(widget.description) for widget in browser.form.children)
+    assert len(widths) == 1 and float(widths.pop().removesuffix("em")) >= 0.6 * longest
 
 
 @pytest.mark.parametrize("name", ["gelu", "threshold", "prelu", "sigmoid"])

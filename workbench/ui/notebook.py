@@ -45,10 +45,14 @@ def _html(markdown: str) -> str:
     return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
 
 
-def _widget(field: FormField):
+def _label_style(labels: list[str]) -> dict[str, str]:
+    """One label width for a form, its longest label's, so that its boxes line up."""
+    return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
+
+
+def _widget(field: FormField, style: dict[str, str]):
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
     common = dict(description=field.label, tooltip=field.info, style=style)
     if field.widget == "dropdown":
         return w.Dropdown(options=list(field.param.choices), value=field.value, **common)
@@ -118,7 +122,10 @@ class ModelBrowser:
     def _show_model(self) -> None:
         name = self.models.value
         self.overview.value = _html(handlers.model_overview(name))
-        self._fields = [(f.label, _widget(f)) for f in handlers.model_form(name)]
+        form = handlers.model_form(name)
+        style = _label_style([f.label for f in form] + [self.batch_size.description])
+        self._fields = [(f.label, _widget(f, style)) for f in form]
+        self.batch_size.style = style
         self.form.children = [widget for _, widget in self._fields]
         self.message.value = ""
         self.output.clear_output()
@@ -149,11 +156,9 @@ class ModelBrowser:
         if self.result.ok:
             self.model = self.result.model
         self.message.value = _html(self.result.message)
-        self.output.clear_output()
-        with self.output:
-            from IPython.display import display
-
-            display(self.result.tree)
+        tree = self.result.tree  # (a failed build: its message, not an empty table under it)
+        self.output.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+            "text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}},) if self.result.ok else ()
         return self.result
 
 
