@@ -88,12 +88,13 @@ def test_per_call_must_be_a_bool():
         summarize(nn.Linear(2, 3), per_call="yes")
 
 
-def test_inputs_are_a_tensor_or_args_and_kwargs_and_anything_else_is_refused_by_name():
+def test_inputs_are_a_tensor_tensors_or_args_and_kwargs_and_anything_else_is_refused_by_name():
     import pytest
 
     x = torch.randn(6, 3)
     pd_equal = summarize(Shared(), x).equals(summarize(Shared(), ((x,), {})))
     assert pd_equal and summarize(Shared(), x).set_index("module").loc["fc1", "output"] == "(6, 4)"
-    for bad, got in [((x, x, x), "a tuple of 3"), ([1, 2], "a list of 2"), ("x", "a str")]:
-        with pytest.raises(TypeError, match=rf"inputs must be a tensor \(summarize\(model, x\)\) .*got {got}\."):
+    assert summarize(Shared(), (x,)).equals(summarize(Shared(), x))  # (a tuple of tensors: the positional inputs)
+    for bad, got in [((x, 2, x), "a tuple of 3"), ([1, 2], "a list of 2"), ("x", "a str")]:
+        with pytest.raises(TypeError, match=rf"inputs must be a tensor \(summarize\(model, x\)\), .*got {got}\."):
             summarize(Shared(), bad)

@@ -76,9 +76,9 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
 
     Args:
         model: any module.
-        inputs: one forward pass's input: a tensor (``model(x)``), or ``(args, kwargs)``
-            (``model(*args, **kwargs)``, as ``spec.example_inputs`` gives); without them the
-            ``output`` column is empty.
+        inputs: one forward pass's input: a tensor (``model(x)``), a tuple of tensors
+            (``model(*inputs)``), or ``(args, kwargs)`` (``model(*args, **kwargs)``, as
+            ``spec.example_inputs`` gives); without them the ``output`` column is empty.
         per_call: one row per call instead: a path called ``k > 1`` times in
             the pass gets ``k`` rows (``call`` 0 to k-1), each with its own
             output shape.
@@ -108,11 +108,14 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
         raise TypeError(f"summarize: per_call must be True or False, got {per_call!r}.")
     if isinstance(inputs, torch.Tensor):
         inputs = ((inputs,), {})
+    elif isinstance(inputs, (tuple, list)) and inputs and all(isinstance(x, torch.Tensor) for x in inputs):
+        inputs = (tuple(inputs), {})  # (a tuple of tensors: the positional inputs, model(*inputs))
     elif inputs is not None and not (isinstance(inputs, (tuple, list)) and len(inputs) == 2
                                      and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict)):
         got = f"a {type(inputs).__name__}" + (f" of {len(inputs)}" if isinstance(inputs, (tuple, list)) else "")
-        raise TypeError(f"summarize: inputs must be a tensor (summarize(model, x)) or (args, kwargs) "
-                        f"(summarize(model, ((x, y), {{}}))), got {got}.")
+        raise TypeError(f"summarize: inputs must be a tensor (summarize(model, x)), a tuple of tensors "
+                        f"(summarize(model, (x, y))) or (args, kwargs) (summarize(model, ((x, y), {{'mask': m}}))), "
+                        f"got {got}.")
     outputs: dict[str, list[str]] = defaultdict(list)  # path -> the shape of each call made through it
     handles = []
     names: dict[int, list[str]] = {}
