@@ -455,15 +455,16 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
                                    timeout=30_000)
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
     # following the run, the page keeps its size: Gradio drops each redraw's old plots with Plotly's resize
-    # listener on them, and a page kept them all (about 260 DOM nodes a plot a redraw) until it let go
+    # listener on them, and a page kept them all (about 1,000 DOM nodes a redraw of its four) until it let
+    # go of them (what the last redraws dropped may be held a while: a few thousand nodes on a loaded machine)
     nodes = _dom_nodes(page)
     before, seen = nodes(), set()
-    while len(seen) < 8:  # (the views are redrawn as each delivery of steps comes in)
+    while len(seen) < 16:  # (the views are redrawn as each delivery of steps comes in)
         seen.add(re.search(r"step (\d+) of", status.inner_text())[1])
         page.wait_for_timeout(250)
     page.wait_for_timeout(6000)  # (a plot dropped while it was first drawn is let go 5 s later)
     after = nodes()
-    assert after - before < 2000, (before, after)
+    assert after - before < 5000, (before, after)
     expect(page.locator("#run-resume")).to_be_disabled()
     expect(page.locator("#iv-apply")).to_be_enabled()
     expect(page.locator("#iv-remove")).to_be_disabled()  # (no intervention on)

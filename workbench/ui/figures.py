@@ -644,9 +644,18 @@ def _focus_range(bands: pd.DataFrame) -> tuple[list[float] | None, list[int]]:
 
 
 def shade_interventions(figure: Figure, log: pd.DataFrame, last_step: int | None) -> Figure:
-    """``figure`` with a band over the steps each intervention of ``log`` was on (an intervention
-    log: ``id``, ``from step``, ``to step``, empty while it is on: up to ``last_step``), on every
-    steps axis, labelled with its id on the first."""
+    """``figure`` with a band over the steps each intervention of ``log`` was on, on every steps axis,
+    labelled with its id on the first.
+
+    Args:
+        figure: a figure over steps (:func:`metrics_figure`, :func:`sites_figure`).
+        log: an intervention log (``Watch.intervention_log()``, ``Run.interventions()``): ``id``,
+            ``from step`` and ``to step``, empty while it is on.
+        last_step: the run's last step (where one still on ends).
+
+    Returns:
+        The figure with the bands (``figure`` itself when there is nothing to shade).
+    """
     layout = figure.get("layout", {})
     axes = [key for key in layout if re.fullmatch(r"xaxis\d*", key)]
     if not len(log) or not axes or not figure.get("data"):
