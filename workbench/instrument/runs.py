@@ -141,7 +141,8 @@ class Run:
 
     def interventions(self) -> pd.DataFrame:
         """The interventions the run had (``w.patch``, ``w.ablate``, the app's): ``id, site, intervention,
-        from step, to step``, as ``Watch.intervention_log()`` gave them, read from their marker metrics."""
+        from step, to step, status``, as ``Watch.intervention_log()`` gave them, read from their marker metrics
+        (the steps each was on; ``status`` is ``recorded``: the markers do not say how one ended)."""
         from workbench.instrument.interventions import log_from_metrics
 
         return log_from_metrics(self.metrics(long=True))

@@ -253,12 +253,15 @@ class Watch:
     def intervention_log(self) -> pd.DataFrame:
         """Every intervention this watch has had, in order: ``id`` (``i1``, ``i2`` ...), ``site`` (its
         path, ``path#call`` for one call, ``(model)`` for the model itself), ``intervention`` (its
-        label), ``from step`` and ``to step`` (the last step it applied to; ``""`` while in place).
+        label), ``from step``, ``to step`` (the last step it applied to; ``""`` while in place; the step it
+        failed at for one that failed) and ``status`` (``on``, ``removed``, ``ended with the watch``,
+        ``failed at step N: <error>``).
         :func:`workbench.ui.findings.during_interventions` reads it: a finding that held while one was
         in place names it (zeroed units read as dead ones). A stored run keeps it
         (``Run.interventions()``): each step logs a marker metric of each one in place."""
         rows = [{"id": i.id, "site": i.site, "intervention": i.label, "from step": i.start_step,
-                 "to step": "" if i.end_step is None else i.end_step} for i in self._intervention_log]
+                 "to step": "" if i.end_step is None else i.end_step, "status": i.status}
+                for i in self._intervention_log]
         return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
     def _output_shapes(self, path: str) -> set[tuple]:
@@ -281,7 +284,8 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
-            intervention.end_step = self.step_index - 1  # (the step in progress runs without it)
+            # (the step in progress runs without it; one that failed was on until it failed, in this step)
+            intervention.end_step = self.step_index - (intervention.error is None)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
@@ -381,7 +385,7 @@ class Watch:
             return
         self.closed = True
         for intervention in self.interventions:  # (they end with the watch)
-            intervention.end_step = self.step_index - 1
+            intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
         self._hooks.close()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)
