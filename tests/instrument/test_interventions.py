@@ -106,3 +106,46 @@ def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_out
     assert torch.allclose(out, model.head.bias.expand_as(out))
     w.close()
 
+
+class Sequence(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.act = nn.GELU()
+
+    def forward(self, x):  # (B, S, 16) -> (B, S, 32)
+        return self.act(self.fc(x))
+
+
+def test_ablate_without_dim_on_a_sequence_output_warns_once_naming_site_shape_and_dim():
+    model = Sequence()
+    x = torch.randn(4, 12, 16)
+    w = workbench.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        w.ablate("act", list(range(8)))  # meant: 8 hidden units; the default dim=1 is the sequence axis
+        for _ in range(3):
+            out = model(x)
+            w.step()
+    [warning] = [c for c in caught if issubclass(c.category, RuntimeWarning)]
+    message = str(warning.message)
+    assert "ablate('act', ...)" in message and "dim=1" in message and "(4, 12, 32)" in message
+    assert "pass dim=-1" in message
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert (out[:, :8] == 0).all() and (out[:, 8:] != 0).any()  # the default is kept: positions
+    w.close()
+    w = workbench.watch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dim given: no warning, and features are zeroed
+        w.ablate("act", list(range(8)), dim=-1)
+        w.ablate("fc", [0], dim=1)
+        out = model(x)
+    assert (out[..., :8] == 0).all() and (out[..., 8:] != 0).any()
+    w.close()
+    w = workbench.watch(nn.Sequential(nn.Linear(4, 6)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a (B, F) output: dim 1 is features, nothing to warn of
+        w.ablate("0", [0])
+        w.model(torch.randn(3, 4))
+    w.close()

@@ -221,13 +221,28 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
                          f"of shape {shape}; pass units in [0, {size - 1}].")
 
 
-def zero_units(path: str, index: list[int], dim: int) -> Callable[[Any], Any]:
-    """output -> the output with ``index`` zeroed along ``dim`` in every floating-point tensor."""
+def default_dim_message(path: str, shape: tuple, dim: int) -> str:
+    """The warning of an ablation that left ``dim`` to its default on an output of 3 or more dims."""
+    return (f"workbench: ablate({path!r}, ...) zeroes along dim={dim}, the default, of its output of shape {shape}; "
+            f"on a (batch, sequence, features) output that is the sequence axis (its {shape[dim]} positions), "
+            f"not the features. To zero features, pass dim=-1 (the last dim, of size {shape[-1]}); "
+            f"to zero along dim {dim}, pass dim={dim} and this warning goes.")
+
+
+def zero_units(path: str, index: list[int], dim: int, warn_default_dim: bool = False) -> Callable[[Any], Any]:
+    """output -> the output with ``index`` zeroed along ``dim`` in every floating-point tensor.
+
+    ``warn_default_dim``: the user left ``dim`` out: warn once, at their code, on the first output
+    of 3 or more dims (``dim`` may not index what they think: see ``Watch.ablate``)."""
+    origin, warned = user_frame(), [not warn_default_dim]
 
     def zero(tensor: torch.Tensor) -> torch.Tensor:
         if not tensor.is_floating_point():
             return tensor
         check_units(path, index, dim, tuple(tensor.shape))
+        if not warned[0] and tensor.dim() >= 3:
+            warned[0] = True
+            warn_user(default_dim_message(path, tuple(tensor.shape), dim), origin)
         return tensor.index_fill(dim, torch.tensor(index, device=tensor.device), 0)
 
     return lambda output: map_tensors(output, zero)

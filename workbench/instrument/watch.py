@@ -220,14 +220,17 @@ class Watch:
             raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
         return self._add_intervention(path, fn, call, _label(label, getattr(fn, "__name__", "patch")))
 
-    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None,
+    def ablate(self, path: str, units: int | Iterable[int], dim: int | None = None, call: int | None = None,
                label: str | None = None) -> Intervention:
         """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
 
         Args:
             path: a module path of the model.
             units: an index or indices along ``dim`` (channels, features ...).
-            dim: the dimension that indexes units (1: channels of (B, C, ...)).
+            dim: the dimension that indexes units; by default 1: the features of (B, F), the channels of
+                (B, C, H, W), but the *positions* of a (B, S, F) sequence output, where features are
+                ``dim=-1``. Left out on an output of 3 or more dims, a ``RuntimeWarning`` (once) names
+                the site, its shape and the dim used; pass ``dim`` to say which you mean.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default:
                 ``ablate[units]@dim1``).
@@ -239,11 +242,12 @@ class Watch:
             TypeError: units or dim of the wrong type.
             ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
         """
+        given, dim = dim is not None, 1 if dim is None else dim
         index = unit_index(units, dim)
         label = _label(label, f"ablate{index}@dim{dim}")
         for shape in self._output_shapes(path):  # known once a recorded step has seen the site
             check_units(path, index, dim, shape)
-        return self._add_intervention(path, zero_units(path, index, dim), call, label)
+        return self._add_intervention(path, zero_units(path, index, dim, warn_default_dim=not given), call, label)
 
     @property
     def interventions(self) -> list[Intervention]:
