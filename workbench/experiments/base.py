@@ -78,8 +78,9 @@ def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def evaluate(self: Experiment, *args: Any, **kwargs: Any) -> Any:
-        # GLOBAL_RNG first: a paused background run cannot resume into a step while this evaluates
-        with GLOBAL_RNG:
+        # (GLOBAL_RNG first, while a background run goes: paused, it cannot resume into a step while this evaluates)
+        running = self.background is not None and not self.background.done
+        with GLOBAL_RNG if running else contextlib.nullcontext():
             self._check_not_in_background(f"{method.__name__}()", paused_ok=True)
             watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
             with torch.no_grad(), (watcher.paused() if watcher is not None else contextlib.nullcontext()):
@@ -499,7 +500,11 @@ class BackgroundRun:
             return self._held and self._state == "paused"
 
     def on_its_thread(self) -> bool:
-        """Whether the caller is the run's own thread (its steps, and what they call)."""
+        """Whether the caller is the run's own thread (its steps, and what they call).
+
+        Returns:
+            True on the run's thread.
+        """
         return threading.current_thread() is self._thread
 
     def pause(self, wait: bool = True) -> str:
