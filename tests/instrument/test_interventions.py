@@ -149,3 +149,23 @@ def test_ablate_without_dim_on_a_sequence_output_warns_once_naming_site_shape_an
         w.ablate("0", [0])
         w.model(torch.randn(3, 4))
     w.close()
+
+
+def test_a_stored_run_keeps_the_failure_of_an_intervention(tmp_path):
+    model = Attention()
+    w = workbench.watch(model, store=tmp_path / "run")
+    for step in range(1, 5):
+        if step == 3:
+            w.patch("attn", lambda out: out * 0.0)
+            w.ablate("head", [0], dim=-1, label="zero unit 0")
+            with pytest.warns(RuntimeWarning, match="failed and was removed at step 3"):
+                model(torch.randn(2, 3, 8)).sum().backward()
+        else:
+            model(torch.randn(2, 3, 8)).sum().backward()
+        w.step()
+    w.close()
+    stored = workbench.load_run(tmp_path / "run").interventions()
+    assert stored[["id", "from step", "to step"]].values.tolist() == [["i1", 3, 3], ["i2", 3, 4]]
+    assert stored.status[0].startswith("failed at step 3: TypeError: can't multiply sequence")
+    assert stored.status[1] == "recorded"
+    assert w.intervention_log()[["from step", "to step"]].values.tolist() == [[3, 3], [3, 4]]

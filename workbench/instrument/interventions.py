@@ -179,12 +179,17 @@ class Intervention:
         return f"Intervention({self.label} at {self.path!r}, {at})"
 
 
-def log_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+def log_from_metrics(metrics: pd.DataFrame, errors: pd.DataFrame | None = None) -> pd.DataFrame:
     """The interventions a run's metrics record (their markers): :data:`LOG_COLUMNS`, one row each,
-    the first and last step it was logged at (status ``recorded``).
+    the first and last step it was logged at; status ``recorded``, or ``failed at step N: <error>``
+    where ``errors`` hold its failure at its last step.
 
     Args:
         metrics: ``metrics(long=True)`` of a watch or a stored run (``step, name, value``).
+        errors: the run's errors (``step, module, kind, error``), or None.
+
+    Returns:
+        The log, one row per intervention.
     """
     rows = []
     for name, steps in metrics.groupby("name", sort=False).step:
@@ -192,6 +197,13 @@ def log_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
         if match is not None:
             rows.append({"id": match[1], "site": match[3], "intervention": match[2], "from step": int(steps.min()),
                          "to step": int(steps.max()), "status": "recorded"})
+    if errors is not None and len(errors) and len(rows):
+        for row in rows:
+            path = "" if row["site"] == "(model)" else re.sub(r"#\d+$", "", row["site"])
+            failed = errors[(errors.kind == f"patch:{row['intervention']}") & (errors.module == path)
+                            & (errors.step == row["to step"])]
+            if len(failed):
+                row["status"] = f"failed at step {row['to step']}: {failed.error.iloc[-1]}"
     return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 

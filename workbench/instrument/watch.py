@@ -119,8 +119,9 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
-        if self.interventions:  # (the steps each was on: a stored run keeps them as its metrics)
-            self.log(**{i.marker: 1.0 for i in self.interventions if i.start_step <= self.step_index})
+        failed = [i for i in self._intervention_log if i.failed_step == self.step_index]  # (on until it failed)
+        if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
+            self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
         if hooks.recording:
             record = self._record(hooks.end_step(self.options["parameters"]))
