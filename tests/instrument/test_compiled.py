@@ -624,6 +624,7 @@ def test_a_patch_of_one_call_a_checkpointed_recomputation_cannot_place_is_report
         wc.step()
     assert any("cannot tell which call is recomputed" in str(w.message) for w in caught)
     assert [e["kind"] for e in wc.errors] == ["patch:<lambda>"]
+    assert wc.intervention_log().status[0].startswith("failed at step 1: RuntimeError: activation checkpointing")
     torch.testing.assert_close(compiled(torch.ones(1, 4)), model(torch.ones(1, 4)))  # taken out
     wc.close()
 

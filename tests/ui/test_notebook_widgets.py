@@ -244,7 +244,7 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     exp.run(1, progress=False)
     log = w.intervention_log()
     assert log.to_dict("records") == [{"id": "i1", "site": "layers.1", "from step": 3, "to step": 10,
-                                       "intervention": "ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1"}]
+                                       "intervention": "ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1", "status": "removed"}]
     dash = Dashboard(w)
     dash.refresh()
     dead = [i for i, label in enumerate(dash.findings_list.options) if "dead_units at layers.1," in label]
@@ -257,7 +257,7 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert_shaded(dash, 3, 10)
     w.close()
     stored = workbench.load_run(tmp_path / "run")
-    assert stored.interventions().to_dict("records") == log.to_dict("records")
+    assert stored.interventions().to_dict("records") == log.assign(status="recorded").to_dict("records")
     replay = Dashboard(stored)
     picked = [i for i, label in enumerate(replay.findings_list.options) if "dead_units at layers.1," in label]
     replay.findings_list.index = picked[0]

@@ -64,6 +64,11 @@ def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
     """Marks an experiment's evaluation: it runs without gradients and outside the experiment's
     watch (its module calls leave no rows and count no call), also inside a training step.
 
+    While a background run (``Experiment.start``) trains the experiment, the method refuses with a
+    RuntimeError unless the run is paused (``run.pause()``) or it is called from the run's own
+    steps: it would otherwise run in the middle of a step (the model in eval mode, the watch paused,
+    the batch generator rewound under the step).
+
     Args:
         method: an ``Experiment`` method, such as ``evaluate``.
 
@@ -73,9 +78,13 @@ def evaluation(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def evaluate(self: Experiment, *args: Any, **kwargs: Any) -> Any:
-        watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
-        with torch.no_grad(), (watcher.paused() if watcher is not None else contextlib.nullcontext()):
-            return method(self, *args, **kwargs)
+        # (GLOBAL_RNG first, while a background run goes: paused, it cannot resume into a step while this evaluates)
+        running = self.background is not None and not self.background.done
+        with GLOBAL_RNG if running else contextlib.nullcontext():
+            self._check_not_in_background(f"{method.__name__}()", paused_ok=True)
+            watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
+            with torch.no_grad(), (watcher.paused() if watcher is not None else contextlib.nullcontext()):
+                return method(self, *args, **kwargs)
 
     return evaluate
 
@@ -181,6 +190,9 @@ class Experiment:
         Returns:
             The step's metrics, with ``step`` (1-based) and ``loss`` at least.
 
+        Raises:
+            RuntimeError: a background run (`start`) is training this experiment.
+
         Examples:
             >>> import workbench
             >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
@@ -189,6 +201,7 @@ class Experiment:
             >>> exp.step()["step"]
             2
         """
+        self._check_not_in_background("step()")
         watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
         try:
             with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
@@ -217,7 +230,8 @@ class Experiment:
             The :class:`~workbench.Watch`; ``close()`` it to detach.
 
         Raises:
-            RuntimeError: the experiment is watched already (close that watch first).
+            RuntimeError: the experiment is watched already (close that watch first), or a
+                background run (`start`) is training it.
             ValueError: a bad watch option (the message names it).
 
         Examples:
@@ -229,6 +243,7 @@ class Experiment:
             >>> sorted(w.to_pandas().step.unique().tolist())  # every 2nd step, and the run's last
             [1, 3, 4]
         """
+        self._check_not_in_background("watch()")
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
@@ -307,9 +322,9 @@ class Experiment:
             RuntimeError: a background run is training this experiment already.
 
         While it trains, leave the experiment to it: ``step()``, ``run()``, ``start()`` and
-        ``evaluate()`` from another thread would interleave with its steps (``run()`` and
-        ``start()`` refuse). Pause it (``run.pause()`` returns once the step in progress has
-        ended) or join it first.
+        ``watch()`` refuse (a RuntimeError), and so does ``evaluate()`` unless the run is paused
+        (``run.pause()`` returns once the step in progress has ended; evaluate, then
+        ``run.resume()``) or has ended (``run.join()``).
 
         Examples:
             >>> import workbench
@@ -334,12 +349,22 @@ class Experiment:
             raise
         return self.background
 
-    def _check_not_in_background(self, what: str) -> None:
+    def _check_not_in_background(self, what: str, paused_ok: bool = False) -> None:
+        """Refuse ``what`` while a background run trains this experiment (its own thread may: an
+        evaluation inside its step); ``paused_ok``: allowed while the run waits, paused between steps."""
         running = self.background
-        if running is not None and not running.done:
-            raise RuntimeError(f"Experiment {self.name!r} is training in the background (step "
-                               f"{self.step_count}, {running.status}); {what} would interleave with its steps. "
-                               "Stop it (experiment.background.stop()) or wait for it (.join()) first.")
+        if running is None or running.done or running.on_its_thread():
+            return
+        if paused_ok:
+            if running.held:
+                return
+            raise RuntimeError(f"Experiment {self.name!r} is training in the background (step {self.step_count}, "
+                               f"{running.status}); {what} would run between the halves of its steps and change "
+                               "them. Pause it first (run.pause(), which returns between two steps; evaluate; then "
+                               "run.resume()), or wait for it (run.join()).")
+        raise RuntimeError(f"Experiment {self.name!r} is training in the background (step "
+                           f"{self.step_count}, {running.status}); {what} would interleave with its steps. "
+                           "Stop it (experiment.background.stop()) or wait for it (.join()) first.")
 
     def __repr__(self) -> str:
         on = f", device='{self.device}'" if self.device.type != "cpu" else ""
@@ -463,8 +488,24 @@ class BackgroundRun:
 
     @property
     def step(self) -> int:
-        """The experiment's step now (``total`` at the end of a finished run)."""
-        return self.experiment.step_count
+        """The last step this run took (``first_step`` before its first; ``total`` at the end of a
+        finished run), whatever the experiment did after it."""
+        return self.first_step + len(self.history)
+
+    @property
+    def held(self) -> bool:
+        """Paused and waiting between two steps (what ``pause()`` waits for): the experiment is free
+        to evaluate until :meth:`resume`."""
+        with self._cond:
+            return self._held and self._state == "paused"
+
+    def on_its_thread(self) -> bool:
+        """Whether the caller is the run's own thread (its steps, and what they call).
+
+        Returns:
+            True on the run's thread.
+        """
+        return threading.current_thread() is self._thread
 
     def pause(self, wait: bool = True) -> str:
         """Pause after the current step (the thread waits; :meth:`resume` goes on).

@@ -353,7 +353,7 @@ class CompiledHooks:
                     f"patch of call {intervention.call} cannot tell which call is recomputed, and this step's "
                     "gradients do not match its forward. Patch every call (call=None), or a site outside the "
                     "checkpointed segment."), disable=False)
-                intervention.remove()
+                intervention.fail(self.errors[-1])  # (the log says it failed at this step)
 
     def _note_compiled(self, compiled: int, eager: int) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,

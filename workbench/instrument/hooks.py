@@ -137,10 +137,9 @@ class Hooks:
             made = self.sites.calls.get(path, 0)
             for intervention in tuple(items):
                 if intervention.call is not None and 0 < made <= intervention.call:
-                    self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
+                    intervention.fail(self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
                         f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
-                        f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)"))
-                    intervention.remove()
+                        f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)")))
 
     def _update_params(self) -> list[tuple[str, str, nn.Parameter]]:
         return [item for item in self.params if item[0] in self.kinds[UPDATE]]
@@ -221,19 +220,17 @@ class Hooks:
         replaced = False
         for intervention in tuple(self.interventions.get(path, ())):  # (a failing one is removed)
             if recomputing and call is None and intervention.call is not None:
-                self.fail(path, call, f"patch:{intervention.label}", RuntimeError(
+                intervention.fail(self.fail(path, call, f"patch:{intervention.label}", RuntimeError(
                     f"activation checkpointing recomputes {path!r}, which the forward called "
                     f"{self.sites.calls.get(path, 0)} times: a patch of call {intervention.call} cannot tell "
                     "which call is recomputed, and the gradients would not match the forward. Patch "
-                    "every call (call=None), or a site outside the checkpointed segment."))
-                intervention.remove()
+                    "every call (call=None), or a site outside the checkpointed segment.")), output)
             elif intervention.applies(call):
                 try:
                     output = intervention.fn(output)
                     replaced = True
                 except Exception as exc:
-                    self.fail(path, call, f"patch:{intervention.label}", exc)
-                    intervention.remove()
+                    intervention.fail(self.fail(path, call, f"patch:{intervention.label}", exc), output)
         return output, replaced
 
     def _record_output(self, path: str, call: int, leaves: Sequence[tuple[str, torch.Tensor]],
@@ -393,19 +390,17 @@ class Hooks:
             self.fail("", 0, "statistics", exc)
 
     # ------------------------------------------------------------------ failures
-    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> None:
+    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> dict:
         """Keep an instrumentation failure in ``errors`` and (``disable``) stop recording ``kind`` at
-        ``path``; a failing patch is removed instead, with a warning: the model no longer runs as
-        the user asked."""
+        ``path``; returns it. A failing patch is removed instead (``Intervention.fail``, which warns):
+        the model no longer runs as the user asked."""
         if disable and kind in self.kinds:
             self.kinds[kind].discard(path)
         error = {"step": self.step_index, "module": path, "call": call, "kind": kind,
                  "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         self.errors.append(error)
         self.step_errors.append(error)
-        if kind.startswith("patch:"):
-            warn(f"workbench: the intervention {kind[6:]} at {path!r} failed and was removed; the model "
-                 f"runs unpatched from here ({error['error']}).")
+        return error
 
 
 class _GradSite(internals.GradientHook):

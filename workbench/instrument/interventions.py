@@ -8,7 +8,11 @@ on (:func:`log_from_metrics`, ``Run.interventions()``), and the views shade thos
 from __future__ import annotations
 
 import re
+import sys
+import sysconfig
+import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -21,7 +25,7 @@ __all__ = ["Intervention", "listed", "zero_units", "MARKER", "LOG_COLUMNS", "log
 #: The start of the name of the metric a watch logs for each intervention in place at a step.
 MARKER = "intervention/"
 #: The columns of an intervention log: ``Watch.intervention_log()``, ``Run.interventions()``.
-LOG_COLUMNS = ["id", "site", "intervention", "from step", "to step"]
+LOG_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
 
 
 def listed(values: Iterable[int], most: int = 6) -> str:
@@ -31,6 +35,71 @@ def listed(values: Iterable[int], most: int = 6) -> str:
     if len(values) <= most:
         return str(values)
     return f"[{', '.join(map(str, values[:most - 1]))}, ... {values[-1]}] ({len(values)} of them)"
+
+
+#: Where the frames of workbench, torch and Python's own library are: a warning meant for the user
+#: points at the first frame outside them (their notebook cell, their script).
+_INTERNAL = tuple(str(Path(p).resolve()) for p in (Path(__file__).parent.parent, Path(torch.__file__).parent,
+                                                   sysconfig.get_paths()["stdlib"]))
+
+
+def user_frame() -> tuple[str, int, dict] | None:
+    """``(filename, line, globals)`` of the innermost caller outside workbench, torch and the
+    standard library (None: there is none, as on a thread of workbench's own)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<frozen") and not str(Path(name).resolve()).startswith(_INTERNAL):
+            return name, frame.f_lineno, frame.f_globals
+        frame = frame.f_back
+    return None
+
+
+def warn_user(message: str, origin: tuple[str, int, dict] | None = None) -> None:
+    """A RuntimeWarning that points at ``origin`` (default: the user's code calling now, see
+    :func:`user_frame`), not at workbench's internals; it never raises into training (where
+    warnings are turned into errors, the caller keeps the failure elsewhere)."""
+    try:
+        origin = origin or user_frame()
+        if origin is None:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        else:
+            filename, line, module_globals = origin
+            registry = module_globals.setdefault("__warningregistry__", {})
+            warnings.warn_explicit(message, RuntimeWarning, filename, line, module=module_globals.get("__name__"),
+                                   registry=registry, module_globals=module_globals)
+    except Exception:
+        pass
+
+
+def structure(value: Any, depth: int = 0) -> str:
+    """A value's structure, as a message shows it: ``Tensor(128, 12, 64)``, ``tuple(Tensor(2, 3), NoneType)``,
+    ``dict(logits: Tensor(2, 5), state: tuple(...))``."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}".replace(",)", ")")
+    if isinstance(value, (tuple, list, dict)) and depth < 2:
+        items = ([f"{key}: {structure(item, depth + 1)}" for key, item in value.items()] if isinstance(value, dict)
+                 else [structure(item, depth + 1) for item in value])
+        shown = ", ".join(items[:6]) + (f", ... ({len(items)} of them)" if len(items) > 6 else "")
+        return f"{type(value).__name__}({shown})"
+    if isinstance(value, (tuple, list, dict)):
+        return f"{type(value).__name__}(...)"
+    return type(value).__name__
+
+
+def patch_hint(output: Any) -> str:
+    """What to tell of an output a patch failed on: its structure when it is not one tensor, and
+    how to patch one part of it."""
+    if isinstance(output, torch.Tensor):
+        return ""
+    hint = f" The patch received the module's whole output, a {structure(output)}"
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        example = "(out[0] * 0.0, *out[1:])" if isinstance(output, tuple) else "[out[0] * 0.0, *out[1:]]"
+        return hint + f"; to patch one element, return the others as they are: lambda out: {example}."
+    if isinstance(output, dict) and output:
+        key = next(iter(output))
+        return hint + f"; to patch one entry, return the others as they are: lambda out: {{**out, {key!r}: ...}}."
+    return hint + "; return the same structure with the parts patched."
 
 
 class Intervention:
@@ -43,14 +112,48 @@ class Intervention:
         label: what it does, as shown in errors and the UI.
         id: its name in its watch (``i1``, ``i2`` ...: ``Watch.intervention_log()``).
         start_step: the first step it applies to.
-        end_step: the last step it applied to (None while it is in place).
+        end_step: the last step it applied to (None while it is in place); for one that failed, the
+            step it failed at.
+        error: why it failed (``TypeError: ...``), None unless it failed; ``failed_step``: when.
+        origin: where the user's code made it (file, line, globals), the place its warnings point at.
     """
 
     def __init__(self, path: str, fn: Callable[[Any], Any], call: int | None, label: str,
                  remove: Callable[[Intervention], None], id: str = "", start_step: int = 0) -> None:
         self.path, self.fn, self.call, self.label = path, fn, call, label
         self.id, self.start_step, self.end_step = id, start_step, None
+        self.error: str | None = None
+        self.failed_step: int | None = None
+        self.origin = user_frame()
         self._remove = remove
+        self._closed_with_watch = False
+
+    @property
+    def status(self) -> str:
+        """``on``, ``removed``, ``ended with the watch``, or ``failed at step N: <error>``."""
+        if self.error is not None:
+            return f"failed at step {self.failed_step}: {self.error}"
+        if self.end_step is None:
+            return "on"
+        if self.end_step < self.start_step:
+            return f"removed before step {self.start_step} (never applied)"
+        return "ended with the watch" if self._closed_with_watch else "removed"
+
+    def fail(self, error: dict[str, Any], output: Any = None) -> None:
+        """It raised (or applied to nothing) at ``error['step']``: keep why, warn at the user's code
+        that made it, and take it out (the model runs unpatched from here).
+
+        Args:
+            error: the failure as the watch's ``errors`` keep it (``step``, ``error`` ...).
+            output: the output it failed on, if any (its structure is described).
+        """
+        if self.error is not None:
+            return
+        self.error, self.failed_step = error["error"], error["step"]
+        warn_user(f"workbench: the intervention {self.label} at {self.path!r} failed and was removed at step "
+                  f"{self.failed_step} ({self.id} in the watch's intervention_log()); the model runs unpatched "
+                  f"from here ({self.error})." + patch_hint(output), self.origin)
+        self.remove()
 
     @property
     def site(self) -> str:
@@ -76,19 +179,31 @@ class Intervention:
         return f"Intervention({self.label} at {self.path!r}, {at})"
 
 
-def log_from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+def log_from_metrics(metrics: pd.DataFrame, errors: pd.DataFrame | None = None) -> pd.DataFrame:
     """The interventions a run's metrics record (their markers): :data:`LOG_COLUMNS`, one row each,
-    the first and last step it was logged at.
+    the first and last step it was logged at; status ``recorded``, or ``failed at step N: <error>``
+    where ``errors`` hold its failure at its last step.
 
     Args:
         metrics: ``metrics(long=True)`` of a watch or a stored run (``step, name, value``).
+        errors: the run's errors (``step, module, kind, error``), or None.
+
+    Returns:
+        The log, one row per intervention.
     """
     rows = []
     for name, steps in metrics.groupby("name", sort=False).step:
         match = re.fullmatch(rf"{re.escape(MARKER)}(\w+): (.*) at (\S+)", str(name))
         if match is not None:
             rows.append({"id": match[1], "site": match[3], "intervention": match[2], "from step": int(steps.min()),
-                         "to step": int(steps.max())})
+                         "to step": int(steps.max()), "status": "recorded"})
+    if errors is not None and len(errors) and len(rows):
+        for row in rows:
+            path = "" if row["site"] == "(model)" else re.sub(r"#\d+$", "", row["site"])
+            failed = errors[(errors.kind == f"patch:{row['intervention']}") & (errors.module == path)
+                            & (errors.step == row["to step"])]
+            if len(failed):
+                row["status"] = f"failed at step {row['to step']}: {failed.error.iloc[-1]}"
     return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 
@@ -118,13 +233,28 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
                          f"of shape {shape}; pass units in [0, {size - 1}].")
 
 
-def zero_units(path: str, index: list[int], dim: int) -> Callable[[Any], Any]:
-    """output -> the output with ``index`` zeroed along ``dim`` in every floating-point tensor."""
+def default_dim_message(path: str, shape: tuple, dim: int) -> str:
+    """The warning of an ablation that left ``dim`` to its default on an output of 3 or more dims."""
+    return (f"workbench: ablate({path!r}, ...) zeroes along dim={dim}, the default, of its output of shape {shape}; "
+            f"on a (batch, sequence, features) output that is the sequence axis (its {shape[dim]} positions), "
+            f"not the features. To zero features, pass dim=-1 (the last dim, of size {shape[-1]}); "
+            f"to zero along dim {dim}, pass dim={dim} and this warning goes.")
+
+
+def zero_units(path: str, index: list[int], dim: int, warn_default_dim: bool = False) -> Callable[[Any], Any]:
+    """output -> the output with ``index`` zeroed along ``dim`` in every floating-point tensor.
+
+    ``warn_default_dim``: the user left ``dim`` out: warn once, at their code, on the first output
+    of 3 or more dims (``dim`` may not index what they think: see ``Watch.ablate``)."""
+    origin, warned = user_frame(), [not warn_default_dim]
 
     def zero(tensor: torch.Tensor) -> torch.Tensor:
         if not tensor.is_floating_point():
             return tensor
         check_units(path, index, dim, tuple(tensor.shape))
+        if not warned[0] and tensor.dim() >= 3:
+            warned[0] = True
+            warn_user(default_dim_message(path, tuple(tensor.shape), dim), origin)
         return tensor.index_fill(dim, torch.tensor(index, device=tensor.device), 0)
 
     return lambda output: map_tensors(output, zero)

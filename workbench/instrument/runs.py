@@ -141,10 +141,12 @@ class Run:
 
     def interventions(self) -> pd.DataFrame:
         """The interventions the run had (``w.patch``, ``w.ablate``, the app's): ``id, site, intervention,
-        from step, to step``, as ``Watch.intervention_log()`` gave them, read from their marker metrics."""
+        from step, to step, status``, as ``Watch.intervention_log()`` gave them, read from their marker metrics
+        (the steps each was on) and the run's errors: ``status`` is ``failed at step N: <error>`` for one
+        that failed, else ``recorded`` (the markers do not say whether one was removed or ended with the run)."""
         from workbench.instrument.interventions import log_from_metrics
 
-        return log_from_metrics(self.metrics(long=True))
+        return log_from_metrics(self.metrics(long=True), self.errors())
 
     def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
         """What looks wrong with the stored run, where and since when: :func:`workbench.diagnose.diagnose`

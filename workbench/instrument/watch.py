@@ -119,8 +119,9 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
-        if self.interventions:  # (the steps each was on: a stored run keeps them as its metrics)
-            self.log(**{i.marker: 1.0 for i in self.interventions if i.start_step <= self.step_index})
+        failed = [i for i in self._intervention_log if i.failed_step == self.step_index]  # (on until it failed)
+        if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
+            self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
         if hooks.recording:
             record = self._record(hooks.end_step(self.options["parameters"]))
@@ -220,14 +221,17 @@ class Watch:
             raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
         return self._add_intervention(path, fn, call, _label(label, getattr(fn, "__name__", "patch")))
 
-    def ablate(self, path: str, units: int | Iterable[int], dim: int = 1, call: int | None = None,
+    def ablate(self, path: str, units: int | Iterable[int], dim: int | None = None, call: int | None = None,
                label: str | None = None) -> Intervention:
         """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
 
         Args:
             path: a module path of the model.
             units: an index or indices along ``dim`` (channels, features ...).
-            dim: the dimension that indexes units (1: channels of (B, C, ...)).
+            dim: the dimension that indexes units; by default 1: the features of (B, F), the channels of
+                (B, C, H, W), but the *positions* of a (B, S, F) sequence output, where features are
+                ``dim=-1``. Left out on an output of 3 or more dims, a ``RuntimeWarning`` (once) names
+                the site, its shape and the dim used; pass ``dim`` to say which you mean.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default:
                 ``ablate[units]@dim1``).
@@ -239,11 +243,12 @@ class Watch:
             TypeError: units or dim of the wrong type.
             ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
         """
+        given, dim = dim is not None, 1 if dim is None else dim
         index = unit_index(units, dim)
         label = _label(label, f"ablate{index}@dim{dim}")
         for shape in self._output_shapes(path):  # known once a recorded step has seen the site
             check_units(path, index, dim, shape)
-        return self._add_intervention(path, zero_units(path, index, dim), call, label)
+        return self._add_intervention(path, zero_units(path, index, dim, warn_default_dim=not given), call, label)
 
     @property
     def interventions(self) -> list[Intervention]:
@@ -253,12 +258,15 @@ class Watch:
     def intervention_log(self) -> pd.DataFrame:
         """Every intervention this watch has had, in order: ``id`` (``i1``, ``i2`` ...), ``site`` (its
         path, ``path#call`` for one call, ``(model)`` for the model itself), ``intervention`` (its
-        label), ``from step`` and ``to step`` (the last step it applied to; ``""`` while in place).
+        label), ``from step``, ``to step`` (the last step it applied to; ``""`` while in place; the step it
+        failed at for one that failed) and ``status`` (``on``, ``removed``, ``ended with the watch``,
+        ``failed at step N: <error>``).
         :func:`workbench.ui.findings.during_interventions` reads it: a finding that held while one was
         in place names it (zeroed units read as dead ones). A stored run keeps it
         (``Run.interventions()``): each step logs a marker metric of each one in place."""
         rows = [{"id": i.id, "site": i.site, "intervention": i.label, "from step": i.start_step,
-                 "to step": "" if i.end_step is None else i.end_step} for i in self._intervention_log]
+                 "to step": "" if i.end_step is None else i.end_step, "status": i.status}
+                for i in self._intervention_log]
         return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
     def _output_shapes(self, path: str) -> set[tuple]:
@@ -281,7 +289,8 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
-            intervention.end_step = self.step_index - 1  # (the step in progress runs without it)
+            # (the step in progress runs without it; one that failed was on until it failed, in this step)
+            intervention.end_step = self.step_index - (intervention.error is None)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
@@ -381,7 +390,7 @@ class Watch:
             return
         self.closed = True
         for intervention in self.interventions:  # (they end with the watch)
-            intervention.end_step = self.step_index - 1
+            intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
         self._hooks.close()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)

@@ -1080,7 +1080,7 @@ def stored_interventions(run: Run | None) -> pd.DataFrame:
     if run is None:
         return pd.DataFrame(columns=INTERVENTION_COLUMNS)
     try:
-        return run.interventions().assign(status="recorded")[INTERVENTION_COLUMNS]
+        return run.interventions()[INTERVENTION_COLUMNS]  # (status: recorded, or failed at step N: ...)
     except (RunError, OSError, ValueError):
         return pd.DataFrame(columns=INTERVENTION_COLUMNS)
 

@@ -1,0 +1,60 @@
+"""What a user may call on an experiment while a background run (``exp.start``) trains it."""
+
+import pytest
+
+import workbench
+
+
+def small(seed=0):
+    return workbench.experiments.create("efficientzero_dynamics", seed=seed, batch_size=8)
+
+
+def test_evaluate_refuses_while_a_background_run_trains_and_is_safe_once_it_is_paused(tmp_path):
+    alone = [m["loss"] for m in small().run(6, progress=False)]
+    exp = small()
+    run = exp.start(6, store=tmp_path / "run")
+    run.pause()
+    try:
+        assert exp.evaluate(batch_size=4)["loss"] > 0  # paused between two steps: allowed
+        run.resume()
+        refused = 0
+        while not run.done:  # what the user's loop did: never an evaluation in the middle of a step
+            try:
+                exp.evaluate(batch_size=4)
+            except RuntimeError as err:
+                assert "run.pause()" in str(err) and "run.join()" in str(err)
+                refused += 1
+        assert refused
+    finally:
+        run.stop()
+    assert run.status == "finished"
+    assert [m["loss"] for m in run.history] == alone  # the training is that of its seed alone
+    stored = workbench.load_run(tmp_path / "run")
+    assert sorted(stored.metrics().step.tolist()) == list(range(1, 7)) and not len(stored.errors())
+    assert exp.evaluate(batch_size=4)["loss"] > 0  # ended: free again
+
+
+def test_step_and_watch_refuse_while_a_background_run_trains():
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(10_000)
+    try:
+        with pytest.raises(RuntimeError, match=r"training in the background .*step\(\) would interleave"):
+            exp.step()
+        run.pause()
+        with pytest.raises(RuntimeError, match=r"step\(\) would interleave"):  # paused too: its count
+            exp.step()
+        with pytest.raises(RuntimeError, match=r"watch\(\) would interleave"):
+            exp.watch()
+    finally:
+        run.stop()
+    assert run.step == exp.step_count == len(run.history)
+
+
+def test_a_background_run_reports_its_own_last_step_not_those_of_later_runs():
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(40)
+    assert run.join() == "finished" and run.step == 40
+    exp.run(5, progress=False)
+    assert exp.step_count == 45
+    assert run.step == run.total == 40
+    assert "step 40 of 40" in repr(run)

@@ -1,0 +1,171 @@
+"""Interventions that fail: what the log and the warning tell the user."""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import workbench
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)  # returns (output, weights or None)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x, need_weights=False)[0])
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(x), x.sum(-1)  # (B, 4) and (B,): unit 5 fits neither
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = TwoOutputs()
+
+    def forward(self, x):
+        out, total = self.head(x)
+        return out.sum() + total.sum()
+
+
+def test_a_failed_patch_is_logged_as_failed_at_its_step_never_with_an_inverted_range():
+    model = Attention()
+    w = workbench.watch(model)
+    for _ in range(2):
+        model(torch.randn(2, 3, 8)).sum().backward()
+        w.step()
+    w.patch("attn", lambda out: out * 0.0)
+    with pytest.warns(RuntimeWarning, match="failed and was removed at step 3"):
+        model(torch.randn(2, 3, 8))
+    w.step()
+    row = w.intervention_log().iloc[0]
+    assert (row["from step"], row["to step"]) == (3, 3)
+    assert row.status.startswith("failed at step 3: TypeError: can't multiply sequence")
+    w.close()
+
+
+def test_an_ablation_that_fails_before_any_step_is_logged_as_failed_at_step_1():
+    model = Model()
+    w = workbench.watch(model)
+    w.ablate("head", [5])
+    with pytest.warns(RuntimeWarning, match="ablate.5.@dim1 at 'head' failed and was removed at step 1"):
+        model(torch.randn(2, 8))
+    w.step()
+    log = w.intervention_log()
+    assert log[["from step", "to step"]].values.tolist() == [[1, 1]]
+    assert log.status[0].startswith("failed at step 1: ValueError: ablate('head'): units [5] are out of range")
+    assert all(int(r["to step"]) >= int(r["from step"]) for _, r in log.iterrows())
+    w.close()
+
+
+def test_the_log_says_which_interventions_are_on_removed_or_ended():
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    w = workbench.watch(model)
+    kept = w.ablate("0", [0])
+    removed = w.patch("2", lambda y: 0.5 * y)
+    model(torch.randn(3, 4)).sum().backward()
+    w.step()
+    removed.remove()
+    assert w.intervention_log().status.tolist() == ["on", "removed"]
+    w.close()
+    assert w.intervention_log().status.tolist() == ["ended with the watch", "removed"]
+    assert kept.end_step == 1
+
+
+def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
+    model = Attention()
+    w = workbench.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        w.patch("attn", lambda out: out * 0.0)
+        model(torch.randn(2, 3, 8))
+    [warning] = [c for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert warning.filename == __file__ and warning.lineno == line  # not workbench's hooks
+    message = str(warning.message)
+    assert "whole output, a tuple(Tensor(2, 3, 8), NoneType)" in message
+    assert "lambda out: (out[0] * 0.0, *out[1:])" in message
+    w.close()
+    # the hint is right: patching the first element works
+    w = workbench.watch(model)
+    w.patch("attn", lambda out: (out[0] * 0.0, *out[1:]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = model(torch.randn(2, 3, 8))
+    assert torch.allclose(out, model.head.bias.expand_as(out))
+    w.close()
+
+
+class Sequence(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.act = nn.GELU()
+
+    def forward(self, x):  # (B, S, 16) -> (B, S, 32)
+        return self.act(self.fc(x))
+
+
+def test_ablate_without_dim_on_a_sequence_output_warns_once_naming_site_shape_and_dim():
+    model = Sequence()
+    x = torch.randn(4, 12, 16)
+    w = workbench.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        w.ablate("act", list(range(8)))  # meant: 8 hidden units; the default dim=1 is the sequence axis
+        for _ in range(3):
+            out = model(x)
+            w.step()
+    [warning] = [c for c in caught if issubclass(c.category, RuntimeWarning)]
+    message = str(warning.message)
+    assert "ablate('act', ...)" in message and "dim=1" in message and "(4, 12, 32)" in message
+    assert "pass dim=-1" in message
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert (out[:, :8] == 0).all() and (out[:, 8:] != 0).any()  # the default is kept: positions
+    w.close()
+    w = workbench.watch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dim given: no warning, and features are zeroed
+        w.ablate("act", list(range(8)), dim=-1)
+        w.ablate("fc", [0], dim=1)
+        out = model(x)
+    assert (out[..., :8] == 0).all() and (out[..., 8:] != 0).any()
+    w.close()
+    w = workbench.watch(nn.Sequential(nn.Linear(4, 6)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a (B, F) output: dim 1 is features, nothing to warn of
+        w.ablate("0", [0])
+        w.model(torch.randn(3, 4))
+    w.close()
+
+
+def test_a_stored_run_keeps_the_failure_of_an_intervention(tmp_path):
+    model = Attention()
+    w = workbench.watch(model, store=tmp_path / "run")
+    for step in range(1, 5):
+        if step == 3:
+            w.patch("attn", lambda out: out * 0.0)
+            w.ablate("head", [0], dim=-1, label="zero unit 0")
+            with pytest.warns(RuntimeWarning, match="failed and was removed at step 3"):
+                model(torch.randn(2, 3, 8)).sum().backward()
+        else:
+            model(torch.randn(2, 3, 8)).sum().backward()
+        w.step()
+    w.close()
+    stored = workbench.load_run(tmp_path / "run").interventions()
+    assert stored[["id", "from step", "to step"]].values.tolist() == [["i1", 3, 3], ["i2", 3, 4]]
+    assert stored.status[0].startswith("failed at step 3: TypeError: can't multiply sequence")
+    assert stored.status[1] == "recorded"
+    assert w.intervention_log()[["from step", "to step"]].values.tolist() == [[3, 3], [3, 4]]
