@@ -662,6 +662,7 @@ def shade_interventions(figure: Figure, log: pd.DataFrame, last_step: int | None
         return figure
     spans = [(row.id, int(row["from step"]), int(row["to step"]) if row["to step"] != "" else
               max(int(last_step or row["from step"]), int(row["from step"]))) for _, row in log.iterrows()]
+    spans = [span for span in spans if span[2] >= span[1]]  # (one removed before its first step was never on)
     shapes = list(layout.get("shapes", []))
     for key in axes:
         n = key[5:]
