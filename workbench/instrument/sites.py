@@ -22,6 +22,8 @@ from operator import attrgetter
 
 from torch import nn
 
+from workbench.instrument.torch_internals import member_dicts
+
 __all__ = ["CallSites", "ModuleSelector", "selector", "unwrap_parallel"]
 
 ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
@@ -103,7 +105,7 @@ class CallSites:
         self._single_path = {key: paths[0] for key, paths in self.aliases.items()
                              if len(paths) == 1 and key not in self.containers}
         self._resolved: dict[tuple[str | None, int], str] = {}
-        self._dicts = [d for m in self.modules.values() for d in (m._parameters, m._modules)]
+        self._dicts = [d for m in self.modules.values() for d in member_dicts(m)]
         self._all_params = list(self.model.parameters())
 
     def structure(self) -> tuple:
