@@ -11,7 +11,8 @@ views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored ru
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,7 +61,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         activations: record module outputs (every tensor leaf of a structured output).
         gradients: record gradients w.r.t. module outputs (in training mode with grad enabled).
         parameters: record parameter values, once per recorded step.
-        parameter_grads: record parameter gradients, once per backward.
+        parameter_grads: record parameter gradients: one row per parameter per recorded step, its
+            ``.grad`` after the step's last backward (with several backward passes per step, as in
+            gradient accumulation, the gradient accumulated over them unless zeroed in between).
         updates: record each parameter's update over a recorded step (its value at ``step()`` less
             its value when the step started: the optimizer's step; kind ``update``). Costs a copy of
             the parameters per recorded step.
@@ -132,10 +135,23 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
                              f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "
                              "names, e.g. {'my_" + next(iter(contradicted)) + "': ...}.")
         facts.update(metadata or {})
-        w.store = RunStore(store, facts, on_error=lambda message: w.report_failure("store", message))
+        w.store = RunStore(store, facts, on_error=_report_to(w))
         w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
         w.store.attach(w.recorder)
     except BaseException as exc:  # no hook left in
         w.close("failed", "".join(traceback.format_exception(exc)))
         raise
     return w
+
+
+def _report_to(w: Watch) -> Callable[[str], None]:
+    """A store's ``on_error`` that reports into ``w`` while it lives: held weakly, as the store's
+    writer thread holds the store, and a watch let go of must be collected (closing its store)."""
+    ref = weakref.ref(w)
+
+    def report(message: str) -> None:
+        watch = ref()
+        if watch is not None:
+            watch.report_failure("store", message)
+
+    return report

@@ -40,7 +40,12 @@ from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GR
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of, tensor_leaves
 
-__all__ = ["Hooks", "Entry"]
+__all__ = ["Hooks", "Entry", "MAX_CALLS_PER_STEP"]
+
+#: Calls of one call site (and backward passes) within one step past which a step is taken to
+#: have been forgotten (a loop that never calls ``w.step()``): far more than any model makes in a
+#: training step. Past it nothing more of the step is recorded (memory stays bounded), with a warning.
+MAX_CALLS_PER_STEP = 1000
 
 #: A recorded tensor of the step: (row key, numel, row of the step's sums). The row key is
 #: (module path, call, kind, tensor leaf name, shape).
@@ -57,11 +62,14 @@ class Hooks:
         compiled: the model runs compiled code (also where it holds a compiled part): the hooks
             stay in, and dynamo compiles anew at the start and at :meth:`close`.
         updates: record each parameter's update over a recorded step.
+        wanted: the kinds the watch's options ask for (default: those with a path in ``kinds``): a
+            module or parameter that appears after the start is recorded in these.
     """
 
     def __init__(self, sites: CallSites, sums: StepSums, kinds: dict[str, set[str]], compiled: bool,
-                 updates: bool) -> None:
+                 updates: bool, wanted: set[str] | None = None) -> None:
         self.sites, self.sums, self.kinds = sites, sums, kinds
+        self._wanted = {kind for kind, paths in kinds.items() if paths} if wanted is None else set(wanted)
         self.compiled, self.updates = compiled or internals.contains_compiled(sites.model), updates
         self.errors: list[dict[str, Any]] = []
         self.step_index = 0
@@ -84,15 +92,100 @@ class Hooks:
         if self.compiled:
             internals.compile_again()  # (graphs compiled before the watch would never call the hooks)
         self._module_hooks = internals.HookSwitch(handles)
-        param_handles: list[Any] = []
         self._fresh_hook_dicts: list[nn.Parameter] = []
-        if kinds[PARAM_GRAD]:
-            for module_path, name, param in self.params:
-                if param.requires_grad:
-                    param_handles.append(internals.register_param_grad_hook(
-                        param, _weakly(self._record_param_grad, module_path, name), self._fresh_hook_dicts))
-        self._param_hooks = internals.HookSwitch(param_handles)
-        self._release = weakref.finalize(self, _remove_hooks, handles + param_handles, self._fresh_hook_dicts)
+        self._param_handles: dict[int, Any] = {}  # id(parameter) -> the handle of its gradient hook
+        self._handles = list(handles)  # every hook in, as the finalizer removes them (kept in step)
+        self._hook_params()
+        self._param_hooks = internals.HookSwitch(self._param_handles.values())
+        self._release = weakref.finalize(self, _remove_hooks, self._handles, self._fresh_hook_dicts)
+        # The model may change under the watch (a checkpoint loaded with assign=True, a module
+        # swapped, a parameter unfrozen): compared at each recorded step, re-hooked where it did
+        # (see check_frozen, check_structure)
+        self._structure = sites.structure()
+        self._check_due = False  # the recorded step has not compared it yet
+        self._change_reported = False
+        self._calls_reported = False  # MAX_CALLS_PER_STEP warned
+        self._eval_reported = False  # an unpaused evaluation forward warned
+
+    def _hook_params(self) -> None:
+        """Hook the gradient of each recorded parameter that requires grad and has no hook yet;
+        unhook those gone or frozen. Hooks already in keep their place among the user's."""
+        want = {id(p): (path, name, p) for path, name, p in self.params
+                if p.requires_grad and path in self.kinds[PARAM_GRAD]} if PARAM_GRAD in self._wanted else {}
+        for key in [key for key in self._param_handles if key not in want]:
+            handle = self._param_handles.pop(key)
+            handle.remove()
+            self._handles.remove(handle)
+        internals.restore_param_hook_dicts(self._fresh_hook_dicts)
+        for key, (module_path, name, param) in want.items():
+            if key not in self._param_handles:
+                handle = internals.register_param_grad_hook(
+                    param, _weakly(self._record_param_grad, module_path, name), self._fresh_hook_dicts)
+                self._param_handles[key] = handle
+                self._handles.append(handle)
+
+    def check_frozen(self) -> None:
+        """Hook the gradients of parameters unfrozen since the last look, unhook those frozen: at
+        the first module call of a recorded step, so that a parameter unfrozen before its forward
+        has its gradient recorded in that step. Only flags are compared here: mid-forward a wrapper
+        may hold other parameter objects for a while (FSDP's unsharded ones, ``functional_call``'s),
+        which :meth:`check_structure` must not take for the model's."""
+        flags = self.sites.requires_grad()
+        if flags == self._structure[1]:
+            return
+        try:
+            self._structure = (self._structure[0], flags)
+            self._param_hooks.set(True)  # (every hook in its dict, where HookSwitch finds it)
+            self._hook_params()
+            self._param_hooks = internals.HookSwitch(self._param_handles.values())
+            self.update()
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+
+    def check_structure(self) -> None:
+        """Re-attach to the model as it is now when its parameters or modules were replaced, added,
+        removed, frozen or unfrozen since the last look (at the end of each recorded step, the
+        model at rest): its new modules are named and recorded, its current parameters read and
+        their gradients hooked. A replacement is warned of once per watch."""
+        structure = self.sites.structure()
+        if structure == self._structure:
+            return
+        try:
+            old_modules = {path: id(m) for key, m in self.sites.modules.items() for path in self.sites.aliases[key]}
+            old_params = {(path, name): param for path, name, param in self.params}
+            self.sites.rebuild()
+            self._structure = self.sites.structure()
+            self.params = self.sites.parameters()
+            new_modules = {path: id(m) for key, m in self.sites.modules.items() for path in self.sites.aliases[key]}
+            new_params = {(path, name): param for path, name, param in self.params}
+            added = [path for path in new_modules if path not in old_modules]
+            for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
+                if kind in self._wanted:
+                    self.kinds[kind].update(path for path in added if path in self.sites.selected)
+            param_paths = {path for path, _ in old_params}
+            for kind in (PARAM, PARAM_GRAD, UPDATE):
+                if kind in self._wanted:
+                    self.kinds[kind].update(path for path, _ in new_params if path not in param_paths)
+            self._param_hooks.set(True)  # (every hook in its dict, where HookSwitch finds it)
+            self._hook_params()
+            self._param_hooks = internals.HookSwitch(self._param_handles.values())
+            self.update()
+            if [id(p) for p in old_params.values()] != [id(p) for p in new_params.values()]:
+                self._before = None  # (no update rows this step: what it started from is gone)
+            changed = [f"module {path!r}" for path in new_modules.keys() | old_modules.keys()
+                       if new_modules.get(path) != old_modules.get(path)]
+            changed += [".".join(filter(None, where)) for where in new_params.keys() | old_params.keys()
+                        if new_params.get(where) is not old_params.get(where)]
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+            return
+        if changed and not self._change_reported:
+            self._change_reported = True
+            shown = ", ".join(sorted(changed)[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            warn(f"workbench: the model's parameters or modules were replaced, added or removed after watch() "
+                 f"started ({shown}; load_state_dict(assign=True), a new nn.Parameter or submodule?). The watch "
+                 "now records the current ones: their parameter values from this step, their activations and "
+                 "gradients from the next step. Said once per watch.")
 
     # ------------------------------------------------------------------ the step
     def start_step(self, step_index: int, recording: bool) -> None:
@@ -112,6 +205,9 @@ class Hooks:
         self._flush_queued = False
         self.step_errors: list[dict[str, Any]] = []
         self._before: list[torch.Tensor] | None = None
+        self._check_due = recording
+        self._backwards = 0  # backward passes that handed parameter gradients in
+        self._root_calls: list[bool] = []  # per call of the model: in training mode with grad enabled
         if recording and self.updates and self.kinds[UPDATE]:
             self._before = [param.detach().clone() for _, _, param in self._update_params()]
 
@@ -119,6 +215,14 @@ class Hooks:
         """The step's entries, once every tensor is reduced or queued (``parameters``: read the
         parameters' values and updates now)."""
         self._take_param_grads()  # (from hooks that ran outside a backward)
+        self._check_due = False
+        self.check_structure()  # (before the parameters are read)
+        if not self._eval_reported and self._root_calls and not self._root_calls[0] and any(self._root_calls):
+            self._eval_reported = True
+            warn(f"workbench: the step {self.step_index} began with a call of the model "
+                 f"({type(self.sites.model).__name__}) in eval mode or under torch.no_grad(), recorded as its call 0, "
+                 "before its training calls: if it is an evaluation pass, run it inside `with w.paused():` so that "
+                 "it leaves no rows and the training forward stays call 0. Said once per watch.")
         if parameters:
             sites = self.kinds[PARAM]
             self._record_parameters(PARAM, [item for item in self.params if item[0] in sites])
@@ -183,6 +287,9 @@ class Hooks:
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         if not self.active:
             return None
+        if self._check_due:  # the first module call of a recorded step
+            self._check_due = False
+            self.check_frozen()
         path = self.sites.leave(module)
         if path is None:
             return None
@@ -202,6 +309,10 @@ class Hooks:
             call = self.sites.count(path)
             record_activations = self.recording and path in kinds[ACTIVATION]
             record_grads = want_grads
+            if module is self.sites.model and self.recording:  # (a forward of an evaluation, unpaused?)
+                self._root_calls.append(module.training and torch.is_grad_enabled())
+            if call >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
+                record_activations = record_grads = self._too_many(path, f"called {call + 1} times")
         replaced = False
         if self.interventions:  # (most watches patch nothing)
             output, replaced = self._apply_interventions(path, call, recomputing, output)
@@ -325,6 +436,9 @@ class Hooks:
     def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
         if not (self.recording and self.active) or module_path not in self.kinds[PARAM_GRAD]:
             return
+        if self._backwards >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
+            self._too_many(module_path, f"had {self._backwards} backward passes")
+            return
         grad = param.grad
         if grad is None:  # a hook that ran before ours took it: an optimizer step inside the backward
             where = ".".join(filter(None, (module_path, name)))
@@ -375,6 +489,7 @@ class Hooks:
 
     def _end_of_backward(self) -> None:
         self._flush_queued = False
+        self._backwards += 1
         self._flush_deferred()
 
     def _take_param_grads(self) -> None:
@@ -388,6 +503,19 @@ class Hooks:
             self.sums.flush()
         except Exception as exc:
             self.fail("", 0, "statistics", exc)
+
+    def _too_many(self, path: str, what: str) -> bool:
+        """Past :data:`MAX_CALLS_PER_STEP` in one step: nothing more of it is recorded (False), and
+        a warning (once per watch) and an error say so."""
+        if not self._calls_reported:
+            self._calls_reported = True
+            where = repr(path) if path else "the model"
+            message = (f"{where} {what} within step {self.step_index}: is w.step() called after each training "
+                       f"step? Past {MAX_CALLS_PER_STEP} calls (or backward passes) in one step nothing more of "
+                       "the step is recorded. Call w.step() after loss.backward() and the optimizer step")
+            self.fail(path, None, "step", RuntimeError(message), disable=False)
+            warn(f"workbench: {message}.")
+        return False
 
     # ------------------------------------------------------------------ failures
     def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> dict:

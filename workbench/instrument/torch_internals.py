@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
-           "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook", "tensor_version",
+           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook",
+           "tensor_version",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
@@ -135,6 +136,14 @@ def restore_param_hook_dicts(fresh: Iterable[nn.Parameter]) -> None:
     for param in fresh:
         if not param._post_accumulate_grad_hooks:
             param._post_accumulate_grad_hooks = None
+
+
+def member_dicts(module: nn.Module) -> tuple[dict, dict]:
+    """The dicts that hold ``module``'s own parameters and children, to compare their values'
+    identities cheaply (replaced, added or removed ones) without walking the module tree.
+    Relies on: ``nn.Module`` keeping them in ``_parameters`` and ``_modules``, changed in place by
+    ``setattr``, ``register_parameter``, ``load_state_dict(assign=True)`` and container edits."""
+    return module._parameters, module._modules
 
 
 def queue_end_of_backward(callback: Callable[[], None]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -75,6 +76,7 @@ class Watch:
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
         model, compiled = internals.unwrap_compiled(unwrap_parallel(model))  # sites named by the inner model's paths
+        _check_materialized(model)
         self.model, self.every = model, every
         self.options = dict(flags, bins=bins)
         sites = CallSites(model, modules, exclude)
@@ -93,6 +95,10 @@ class Watch:
         self.closed = False
         self.step_index = start_step
         self._intervention_log: list[Intervention] = []
+        self._wanted = {kind for kind, on in ((ACTIVATION, activations), (GRAD_OUTPUT, gradients),
+                                              (PARAM, parameters), (PARAM_GRAD, parameter_grads), (UPDATE, updates))
+                        if on}
+        self._dropped: list[weakref.finalize] = []  # closes each sink should the watch be let go of unclosed
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         self._start_step()
@@ -100,7 +106,8 @@ class Watch:
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
                 reducers: Sequence[Reducer] | None, compiled: bool, updates: bool) -> Any:
         """The hooks that record into this watch (a subclass attaches others: ``CompiledWatch``)."""
-        return Hooks(sites, StepSums(bins, reducers=reducers, fixed_ranges=True), kinds, compiled, updates)
+        return Hooks(sites, StepSums(bins, reducers=reducers, fixed_ranges=True), kinds, compiled, updates,
+                     self._wanted)
 
     def _start_step(self) -> None:
         self._metrics = {}
@@ -353,12 +360,16 @@ class Watch:
     # ------------------------------------------------------------------ sinks and closing
     def add_sink(self, sink: Sink) -> None:
         """Close ``sink`` with this watch, with its status (the sink attaches itself to ``recorder``).
+        A watch let go of without ``close()`` closes it ``stopped`` when it is collected (the sink
+        must not hold the watch: a callback into it holds it weakly).
 
         Args:
             sink: anything with ``close(status, error)``, such as a
                 :class:`~workbench.instrument.store.RunStore`.
         """
         self._sinks.append(sink)
+        self._dropped.append(weakref.finalize(self, sink.close, "stopped",
+                                              "the watch was let go of without close()"))
 
     def report_failure(self, kind: str, message: str) -> None:
         """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a
@@ -392,6 +403,8 @@ class Watch:
         for intervention in self.interventions:  # (they end with the watch)
             intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
         self._hooks.close()
+        for dropped in self._dropped:
+            dropped.detach()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)
         self.recorder.flush()  # a subscriber has every step once the watch is closed
@@ -415,6 +428,21 @@ class Watch:
         state = "closed" if self.closed else f"step {self.step_index}"
         return (f"Watch({type(self.model).__name__}, {len(self._sites.selected)} call-site paths, "
                 f"every={self.every}, {state}, {len(self.errors)} errors)")
+
+
+def _check_materialized(model: nn.Module) -> None:
+    """Refuse, before anything is attached, a model with lazy modules not yet materialized
+    (``nn.LazyLinear`` ...): their parameters do not exist until the first forward.
+
+    Raises:
+        ValueError: naming the lazy modules.
+    """
+    lazy = [path or "(the model)" for path, module in model.named_modules()
+            if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()]
+    if lazy:
+        raise ValueError(f"watch() needs the model's parameters, and the lazy module(s) {', '.join(lazy[:8])}"
+                         f"{' ...' if len(lazy) > 8 else ''} of {type(model).__name__} have none yet: run one forward "
+                         "pass first (model(example_input)), which materializes them, then call watch(model).")
 
 
 def _label(label: Any, default: str) -> str:
