@@ -33,3 +33,14 @@ def test_metadata_that_is_not_json_is_stored_as_text_with_a_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         workbench.watch(model, metadata={"lr": 0.1, "tags": ["a"], "n": None}).close()
+
+
+def test_an_in_memory_watch_warns_once_when_it_drops_its_oldest_steps():
+    model = nn.Linear(3, 2)  # 5 rows a step: activation, grad_output, weight, bias (param and param_grad)
+    with pytest.warns(RuntimeWarning, match=r"max_rows.*start at step \d+.*store=.*Recorder\(max_rows=") as caught:
+        with workbench.watch(model, histograms=False, recorder=workbench.Recorder(max_rows=30)) as w:
+            for _ in range(20):
+                model(torch.randn(4, 3)).sum().backward()
+                w.step(loss=1.0)
+    assert len([c for c in caught if "max_rows" in str(c.message)]) == 1
+    assert w.to_pandas().step.min() > 1 and w.metrics().step.min() > 1
