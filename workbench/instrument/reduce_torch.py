@@ -312,7 +312,7 @@ def sample_shift(flat: torch.Tensor) -> torch.Tensor:
     0-d tensor of ``flat``'s dtype, on its device (no sync)."""
     index = torch.arange(SHIFT_SAMPLE, device=flat.device) * flat.numel() // SHIFT_SAMPLE
     sample = flat[index]
-    chosen = sample[_middle(sample, 0)]
+    chosen = sample.gather(0, _middle(sample, 0).reshape(1))[0]  # (no tensor index: a graph break)
     return torch.where(torch.isfinite(chosen), chosen, torch.zeros_like(chosen))
 
 
