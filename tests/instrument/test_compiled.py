@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 import workbench
 from workbench import CompiledWatch, watch_compiled
 from workbench.instrument.reduce_torch import TorchReducer
-from workbench.instrument.schema import SUMS
+from workbench.instrument.schema import SHIFT, SUMS
 from workbench.instrument.torch_internals import compiled_entry, installed_hooks
 
 
@@ -232,12 +232,12 @@ def test_a_large_tensor_s_histogram_is_sampled_inside_the_graph_as_the_eager_wat
             assert np.abs(cdf[0] - cdf[1]).max() <= 0.02
 
 
-def _numpy_sums(x: torch.Tensor) -> np.ndarray:
+def _numpy_sums(x: torch.Tensor, shift: float) -> np.ndarray:
     """The nine SUMS of a row, by their definition, in float64 numpy: sum and sum of squares about
-    the first value (0 where it is not finite), |x| sum, min, max, non-zeros (NaNs counted), NaNs,
-    infinities, the shift; a NaN makes the first five NaN."""
+    ``shift`` (the row's: a value of the tensor, or 0), |x| sum, min, max, non-zeros (NaNs counted),
+    NaNs, infinities, the shift; a NaN makes the first five NaN."""
     v = (x.abs() if x.is_complex() else x).detach().to(torch.float64).reshape(-1).numpy()
-    shift = v[0] if np.isfinite(v[0]) else 0.0
+    assert shift == 0 or shift in v  # (the median of a sample of the values, in the order they lie)
     nan = np.isnan(v).sum()
     with np.errstate(invalid="ignore"):
         first = [np.sum(v - shift), np.sum((v - shift) ** 2), np.abs(v).sum(), v.min(), v.max()]
@@ -262,7 +262,7 @@ def test_the_cpu_row_op_reduces_any_tensor_by_the_definitions_of_the_sums(name, 
     bins = 8
     row = torch.ops.workbench.cpu_row(x, bins).numpy()
     assert row.shape == (len(SUMS) + bins + 2,) and row[-1] == 1 and row[-2] == 0  # made; not sampled
-    want = _numpy_sums(x)
+    want = _numpy_sums(x, float(row[SHIFT]))
     scale = 1e-5 * (np.nan_to_num(want[2], posinf=0) + 1)
     np.testing.assert_allclose(row[:len(SUMS)], want, rtol=1e-5, atol=scale, err_msg=name)
     counts = row[len(SUMS):-2]

@@ -17,8 +17,13 @@ def record(step, rows=2):
 
 def test_the_buffer_is_bounded_by_rows_and_counts_evictions():
     recorder = Recorder(max_rows=10)
-    for step in range(1, 21):
+    for step in range(1, 6):
         recorder.publish(record(step, rows=2))
+    expected = r"holds 10 rows \(max_rows\).*start at step 2.*store=.*max_rows="
+    with pytest.warns(RuntimeWarning, match=expected) as caught:
+        for step in range(6, 21):
+            recorder.publish(record(step, rows=2))
+    assert len(caught) == 1  # once, at the first eviction
     assert [r.step for r in recorder.records()] == list(range(16, 21))
     assert recorder.evicted == 15
     frame = recorder.to_pandas()

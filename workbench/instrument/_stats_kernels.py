@@ -14,8 +14,9 @@ Two passes, so that the common case runs at memory speed:
 - ``fast``: compiled with fast-math flags that let LLVM vectorize every
   accumulator (``nnan`` is the one that unlocks the min/max reductions). Sums
   are kept in the tensor's dtype within blocks of 4096 values and in float64
-  across blocks; sums are of ``x - x[0]``, so the variance keeps its precision
-  when the mean is large against the spread (``bench/histogram_kernels.py`` times it).
+  across blocks; sums are of ``x - shift``, the shift being the median of a strided sample of the
+  tensor (:func:`sample_shift`), so the variance keeps its precision when the mean is large against
+  the spread, wherever the tensor's outliers lie (``bench/histogram_kernels.py`` times it).
 - ``exact``: a scalar float64 loop with IEEE semantics that also counts NaNs
   and infinities. It runs only when the fast pass says the tensor holds a
   non-finite value or its float32 sums overflowed (sum of squares or absolute
@@ -38,6 +39,8 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
+
+from workbench.instrument.schema import SHIFT_SAMPLE
 
 BLOCK = 4096
 #: Values a sampled histogram is counted from, and the size from which a tensor's histogram is
@@ -93,14 +96,37 @@ def _as_pointer(typingctx, address, like):
     return pointer(address, like), codegen
 
 
+@njit(nogil=True, cache=True)
+def sample_shift(x):  # pragma: no cover (compiled)
+    """The shift of the sums (:data:`~workbench.instrument.schema.SHIFT_SAMPLE`): of the values
+    ``x[(i * n) // SHIFT_SAMPLE]``, the middle one by rank (NaN ranking last, ties by position),
+    or 0 where that is not finite; in x's dtype. IEEE comparisons (not fast-math): NaN counts."""
+    n = x.shape[0]
+    middle = SHIFT_SAMPLE // 2
+    chosen = x[0]
+    for i in range(SHIFT_SAMPLE):
+        v = x[(i * n) // SHIFT_SAMPLE]
+        key = np.inf if v != v else np.float64(v)
+        below = 0
+        for j in range(SHIFT_SAMPLE):
+            w = x[(j * n) // SHIFT_SAMPLE]
+            other = np.inf if w != w else np.float64(w)
+            if other < key or (other == key and j < i):
+                below += 1
+        if below == middle:
+            chosen = v
+            break
+    return chosen if np.isfinite(chosen) else _like(chosen, 0.0)
+
+
 @njit(fastmath=_FAST, nogil=True, cache=True)
 def fast_pass(x, out):  # pragma: no cover (compiled)
     """SUMS of a non-empty 1-D float array into ``out`` (9 float64), assuming no NaN; the caller
     checks that ``out[1]`` and ``out[2]`` are finite, else runs :func:`exact_pass`."""
     n = x.shape[0]
-    shift = x[0]
+    shift = sample_shift(x)
     zero, one = _like(shift, 0.0), _like(shift, 1.0)
-    lo = hi = shift
+    lo = hi = x[0]
     total = sum_sq = abs_sum = zeros = 0.0
     for b in range((n + BLOCK - 1) // BLOCK):
         chunk = x[b * BLOCK:(b + 1) * BLOCK]
@@ -126,9 +152,7 @@ def fast_pass(x, out):  # pragma: no cover (compiled)
 def exact_pass(x, out):  # pragma: no cover (compiled)
     """SUMS of a non-empty 1-D float array into ``out``, in float64 with torch's NaN semantics:
     a NaN makes the sums, min and max NaN; NaNs count as non-zero."""
-    shift = np.float64(x[0])
-    if not np.isfinite(shift):
-        shift = 0.0
+    shift = np.float64(sample_shift(x))
     total = sum_sq = abs_sum = nonzero = nan = inf = 0.0
     lo, hi = np.inf, -np.inf
     for i in range(x.shape[0]):

@@ -13,7 +13,8 @@ the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
   of ``ROW`` values, its programs take its rows in turn (a tensor of one row
   gets one; the others of its grid row return at once), read them once, in
   blocks of ``BLOCK``, and write partial sums (of ``x - shift``, the shift
-  being the tensor's first value or 0 when that is not finite), absolute
+  being the middle by rank of a sample of its values, as
+  :func:`~workbench.instrument.reduce_torch.sample_shift` picks it, or 0 when that is not finite), absolute
   sum, range and counts. Each lane sums a row in float32 (float64 for
   float64 tensors), rows add up in float64, the lanes as a tree.
 - ``tensor_sums``: one program per tensor adds up its programs' partials and
@@ -44,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.instrument.schema import SHIFT_SAMPLE
+
 #: Values a program reads at once (a lane each), and per row: a tensor is cut in rows of ROW values.
 BLOCK = 1024
 ROW = 16 * BLOCK
@@ -55,10 +58,22 @@ PARTIALS = 8
 SUMS = 9
 
 
+assert SHIFT_SAMPLE == 15  # (the kernels take a sample of 15 values in 16 lanes)
+
+
 @triton.jit
-def _shift_of(first):
-    # the tensor's first value where it is finite (x - x is 0 exactly for finite x), else 0
-    return tl.where(first - first == 0, first, 0.0)
+def _shift_of(base, offset, length, ACC: tl.constexpr):
+    # the middle by rank of the values at offset + (i * length) // 15 (NaN ranking last, ties by
+    # position), where it is finite (x - x is 0 exactly for finite x), else 0
+    i = tl.arange(0, 16)
+    valid = i < 15
+    v = tl.load(base + offset + (i.to(tl.int64) * length) // 15, mask=valid, other=0.0).to(ACC)
+    key = tl.where(v != v, float("inf"), v)
+    before = ((key[None, :] < key[:, None]) | ((key[None, :] == key[:, None]) & (i[None, :] < i[:, None]))
+              ) & valid[None, :]
+    pick = (tl.sum(before.to(tl.int32), 1) == 7) & valid
+    chosen = tl.sum(tl.where(pick, v, 0.0), 0)  # (NaN or infinite when the one picked is)
+    return tl.where(chosen - chosen == 0, chosen, 0.0)
 
 
 @triton.jit
@@ -70,7 +85,7 @@ def tensor_partials(base, table, n, programs, partials, ROW: tl.constexpr, BLOCK
     length = tl.load(table + n + t)
     rows = tl.cdiv(length, ROW)
     if p < rows:
-        shift = _shift_of(tl.load(base + offset).to(ACC))
+        shift = _shift_of(base, offset, length, ACC)
         lane = tl.arange(0, BLOCK)
         # sums: lanes in ACC within a row, in float64 across rows
         total = tl.zeros([BLOCK], tl.float64)
@@ -150,7 +165,7 @@ def tensor_sums(base, table, n, programs, partials, sums, counts, ROW: tl.conste
     tl.store(out + 5, tl.sum(nonzero, 0))
     tl.store(out + 6, nans)
     tl.store(out + 7, tl.sum(inf, 0))
-    tl.store(out + 8, _shift_of(tl.load(base + tl.load(table + t)).to(ACC)).to(tl.float64))
+    tl.store(out + 8, _shift_of(base, tl.load(table + t), tl.load(table + n + t), ACC).to(tl.float64))
     if BINS > 0:  # the tensor's histogram counts start at zero (tensor_histograms adds to them)
         bin_ids = tl.arange(0, COUNTED)
         tl.store(counts + t * BINS + bin_ids, tl.zeros([COUNTED], tl.int64), mask=bin_ids < BINS)

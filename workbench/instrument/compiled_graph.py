@@ -35,7 +35,7 @@ from workbench.instrument import _stats_kernels as kernels
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.reduce import EMPTY
 from workbench.instrument.reduce_cpu import callbacks, dense
-from workbench.instrument.reduce_torch import as_float, device_histogram
+from workbench.instrument.reduce_torch import as_float, device_histogram, sample_shift
 from workbench.instrument.reduce_triton import KERNEL_BINS, KERNEL_DTYPES, import_kernels
 from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
@@ -62,8 +62,7 @@ def _graph_sums(x: torch.Tensor) -> torch.Tensor:
     flat = as_float(x).reshape(-1)
     if flat.numel() == 0:
         return torch.tensor(EMPTY, dtype=torch.float64, device=flat.device)
-    first = flat[0]
-    shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
+    shift = sample_shift(flat)
     centred = flat - shift
     magnitude = flat.abs()
     # counts as float sums of 0/1 selected by where: inductor vectorizes those (bool or int64 sums,

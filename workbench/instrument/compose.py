@@ -10,7 +10,9 @@ views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored ru
 
 from __future__ import annotations
 
+import json
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,6 +79,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         metadata: facts of yours stored with the run (a dict with str keys: config, ``model``, a
             name for the model, in place of its class name ...); they may not contradict how the
             watch records (``every``, ``modules`` and the other options, which it stores itself).
+            Values are stored as JSON (numbers, strings, bools, None, lists and dicts of them); any
+            other value (a tensor, an object) is stored as its ``str``, with a warning naming its key.
         start_step: the number of the first step.
         reducers: the reduction backends, in order of preference (default:
             :func:`~workbench.instrument.reduce.default_reducers`).
@@ -88,11 +92,14 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     Raises:
         TypeError: ``model`` is not a module, or an option has the wrong type (``metadata`` not a dict
             with str keys).
-        ValueError: ``every``/``bins`` not positive, ``modules`` selects nothing, or ``metadata``
-            contradicts a fact the watch stores.
+        ValueError: ``every``/``bins`` not positive, ``modules`` selects nothing, ``metadata``
+            contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
+            ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
     """
     check_metadata(metadata)
+    check_recorded(activations=activations, gradients=gradients, parameters=parameters,
+                   parameter_grads=parameter_grads, updates=updates)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
@@ -115,6 +122,26 @@ def check_metadata(metadata: Any) -> None:
             f"a key {next(k for k in metadata if not isinstance(k, str))!r}"
         raise TypeError(f"metadata must be a dict of facts with str keys, e.g. {{'name': 'baseline', 'lr': 1e-3}}, "
                         f"got {got}.")
+    if metadata is None:
+        return
+    as_text = []
+    for key, value in metadata.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            as_text.append(key)
+    if as_text:
+        warnings.warn(f"metadata {', '.join(map(repr, as_text))}: not a JSON value (a number, string, bool, None, "
+                      "or a list or dict of them); the run stores its str. Convert it to keep it as a value, "
+                      "e.g. float(x) or x.item() for a tensor or a numpy number, str(x) to keep the text.",
+                      stacklevel=3)
+
+
+def check_recorded(**flags: bool) -> None:
+    """Refuse a watch whose flags (``activations=``, ``gradients=`` ...) record nothing."""
+    if not any(flag is not False for flag in flags.values()):
+        raise ValueError(f"{'=False, '.join(flags)}=False: this watch would record nothing; leave at least one "
+                         "of them True (e.g. parameters=True, the cheapest: once per recorded step).")
 
 
 def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: dict[str, Any] | None) -> W:

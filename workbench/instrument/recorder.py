@@ -268,8 +268,8 @@ class Recorder:
 
     Args:
         max_rows: statistics rows kept in memory; the oldest steps are evicted
-            beyond it (``evicted`` counts them). A run store, when attached,
-            keeps every step on disk.
+            beyond it (``evicted`` counts them; a warning says so at the first). A run
+            store, when attached, keeps every step on disk.
     """
 
     def __init__(self, max_rows: int = 500_000) -> None:
@@ -288,10 +288,23 @@ class Recorder:
         with self._lock:
             self._records.append(record)
             self._rows += len(record)
+            first_eviction = self.evicted == 0
             while self._rows > self.max_rows and len(self._records) > 1:
                 self._rows -= len(self._records.popleft())
                 self.evicted += 1
+            first_eviction = first_eviction and self.evicted > 0
+            kept_from = self._records[0].step
             subscriptions = list(self._subscriptions)
+        if first_eviction:
+            try:  # (never raised into the publisher, as a subscriber's failure is not)
+                warnings.warn(f"workbench: the watch's memory holds {self.max_rows:,} rows (max_rows) and is full: "
+                              f"its oldest steps are dropped from now on (to_pandas(), metrics(), histograms() and "
+                              f"diagnose() start at step {kept_from}). Pass store='runs/<name>' to keep every "
+                              f"step on disk (workbench.load_run reads it), or raise the budget: "
+                              f"watch(..., recorder=workbench.Recorder(max_rows=...)).", RuntimeWarning,
+                              stacklevel=2)
+            except Exception:
+                pass
         for subscription in subscriptions:
             subscription.offer(record)
 

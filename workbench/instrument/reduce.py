@@ -20,8 +20,9 @@ Histograms (``StepSums(bins=...)``) are made comparable over steps by a fixed ra
 row's first recorded step bins its tensor over the tensor's own [min, max]; that range, widened
 by :data:`MARGIN` of its width on each side (not past 0 for a tensor of one sign), is then kept
 for the row's later steps, whose values outside it count in the end bin on their side (their
-exact min and max are in the row's statistics). A row is given a new range, from its values of
-the step, once they leave the range or come to span less than :data:`SHRINK` of it. So a site's
+exact min and max are in the row's statistics). Once its values of a step leave the range or come
+to span less than :data:`SHRINK` of it, that step is still binned over the range (its outliers in
+the end bins), and the row's next step gets a new range, from that step's values. So a site's
 histograms share their edges over long stretches of steps, and a view draws them side by side
 as they are, without re-binning (equal-width bins of a range fitted to the site keep the
 resolution where its values are, which TensorBoard's exponentially spaced buckets spend on

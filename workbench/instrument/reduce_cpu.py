@@ -45,8 +45,8 @@ def dense(x: torch.Tensor) -> bool:
     ``x.data_ptr()`` on, in any order of its dimensions: contiguous, channels-last (the layout
     inductor gives convolutions' outputs) or any other permutation. The kernels read such a tensor
     as it lies, without a contiguous copy: every statistic and histogram is blind to the order, up
-    to the rounding of the sums (and which values a sampled histogram draws); the first element,
-    the sums' shift, is at ``data_ptr()`` in every such layout."""
+    to the rounding of the sums (and which values a sampled histogram draws, and the shift's sample,
+    taken in memory order: a median of the tensor's values in any order)."""
     if x.is_contiguous():
         return True
     expected = 1

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from workbench.instrument.reduce import EMPTY, DeviceSums, Reducer
-from workbench.instrument.schema import ABS_SUM, INF, MAX, MIN, NAN, NONZERO, SHIFT, SUM, SUM_SQ, SUMS
+from workbench.instrument.schema import ABS_SUM, INF, MAX, MIN, NAN, NONZERO, SHIFT, SHIFT_SAMPLE, SUM, SUM_SQ, SUMS
 
 __all__ = ["TorchReducer", "plain_values", "as_float", "chunk_sums", "combine_chunks", "device_sums",
-           "device_histogram", "STAGE_BYTES", "CHUNK"]
+           "device_histogram", "sample_shift", "STAGE_BYTES", "CHUNK"]
 
 #: Staged tensors are reduced once they hold this many bytes: it bounds the device memory the
 #: staged copies take, and the reduction's temporaries (about six times this, for a moment).
@@ -197,12 +197,12 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None,
     """The sums of many tensors of one device and dtype, with a few dozen kernel launches in all.
 
     The tensors are laid out in a grid of rows of :data:`CHUNK` values, each
-    tensor starting a new row and the rest of its last row filled with its
-    first value, by one gather from their concatenation. Plain reductions
+    tensor starting a new row and the rest of its last row filled with the
+    value its shift is (:func:`sample_shift`), by one gather from their concatenation. Plain reductions
     along the rows then give every row's sums at once, as accurately as
     torch's reductions (pairwise sums) and with ops every backend has. A
     row's sums (of ``x - shift`` and of ``|x| - |shift|``) are taken around
-    its tensor's first value (the shift of :data:`SUMS`, 0 when that is not
+    its tensor's shift (of :data:`SUMS`: the median of a sample of its values, 0 when that is not
     finite): the filler adds exactly zero to them and changes no minimum or
     maximum, :func:`combine_chunks` takes it out of the counts, and the host
     adds up the rows of a tensor. The grid's layout is worked out on the host
@@ -218,7 +218,7 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None,
     Returns:
         ``(grid_rows, filler, sums, counts)``: the grid rows of each tensor
         and the filler values in its last row (host int64 arrays, (n,));
-        each row's sums and its tensor's first value, (rows, 10) in the
+        each row's sums and its filler value (its shift, see above), (rows, 10) in the
         tensors' dtype on their device; and the histogram counts of each
         tensor, (n, bins) int64 on the device, or None.
     """
@@ -229,15 +229,22 @@ def chunk_sums(data: torch.Tensor, lengths: np.ndarray, bins: int | None = None,
     start = (np.cumsum(lengths) - lengths)[tensor_of_row]  # where the row's tensor starts in the concatenation
     row_start = start + (np.arange(grid_rows) - first_row[tensor_of_row]) * CHUNK
     filled = np.minimum(lengths[tensor_of_row] - (row_start - start), CHUNK)  # values of its tensor in the row
-    table = torch.from_numpy(np.concatenate([tensor_of_row, start, row_start, filled]))
+    # each tensor's shift sample (sample_shift's), by position in the concatenation
+    sampled = ((np.cumsum(lengths) - lengths)[:, None] + np.arange(SHIFT_SAMPLE) * lengths[:, None] // SHIFT_SAMPLE)
+    table = torch.from_numpy(np.concatenate([tensor_of_row, start, row_start, filled, sampled.reshape(-1)]))
     if device.type == "cuda":  # a copy from pageable memory can wait for the device's queue to drain
         table = table.pin_memory()
-    tensor_of_row, start, row_start, filled = table.to(device, non_blocking=True).view(4, grid_rows)
+    table = table.to(device, non_blocking=True)
+    tensor_of_row, start, row_start, filled = table[:4 * grid_rows].view(4, grid_rows)
+    sampled = table[4 * grid_rows:].view(n, SHIFT_SAMPLE)
+    sample = data[sampled]
+    middle = _middle(sample, 1)
+    chosen = sampled.gather(1, middle[:, None])[:, 0][tensor_of_row]  # where each row's tensor's shift lies
     column = torch.arange(CHUNK, device=device)
     in_tensor = column < filled[:, None]
     # (repeat_interleave would lay this out too, but its CUDA kernel fills each repeat with one thread)
-    grid = data[torch.where(in_tensor, row_start[:, None] + column, start[:, None])]  # (grid_rows, CHUNK)
-    first = data[start]  # each row's tensor's first value
+    grid = data[torch.where(in_tensor, row_start[:, None] + column, chosen[:, None])]  # (grid_rows, CHUNK)
+    first = data[chosen]  # the filler: each row's tensor's shift value
     shift = torch.where(torch.isfinite(first), first, torch.zeros_like(first))
     centred = grid - shift[:, None]
     dtype = grid.dtype
@@ -292,11 +299,28 @@ def _bins_over(width: torch.Tensor, bins: int) -> torch.Tensor:
     return (torch.full_like(width, bins, dtype=torch.float64) / width.double()).to(width.dtype)
 
 
+def _middle(sample: torch.Tensor, dim: int) -> torch.Tensor:
+    """The index along ``dim`` of the middle value by rank of ``sample`` (NaN ranking last, ties by
+    position: a stable sort, NaN as +inf), as the compiled and Triton kernels pick it."""
+    key = torch.where(torch.isnan(sample), torch.full_like(sample, math.inf), sample)
+    return torch.sort(key, dim=dim, stable=True).indices.select(dim, SHIFT_SAMPLE // 2)
+
+
+def sample_shift(flat: torch.Tensor) -> torch.Tensor:
+    """The shift of a non-empty flat tensor's sums (:data:`~workbench.instrument.schema.SHIFT_SAMPLE`):
+    the middle value by rank of ``flat[(i * n) // SHIFT_SAMPLE]``, or 0 where it is not finite; a
+    0-d tensor of ``flat``'s dtype, on its device (no sync)."""
+    index = torch.arange(SHIFT_SAMPLE, device=flat.device) * flat.numel() // SHIFT_SAMPLE
+    sample = flat[index]
+    chosen = sample.gather(0, _middle(sample, 0).reshape(1))[0]  # (no tensor index: a graph break)
+    return torch.where(torch.isfinite(chosen), chosen, torch.zeros_like(chosen))
+
+
 def combine_chunks(grid_sums: np.ndarray, grid_rows: np.ndarray, filler: np.ndarray) -> np.ndarray:
     """The :data:`SUMS` rows of tensors from the sums of their grid rows (:func:`chunk_sums`:
-    ``grid_rows`` rows per tensor, in order, ``filler`` copies of its first value in the last):
+    ``grid_rows`` rows per tensor, in order, ``filler`` copies of its shift's value in the last):
     sums and counts add up, less what the filler added; the range is the widest (NaN wins, as in
-    torch.aminmax); the shift is the tensor's. (A non-finite first value makes the sums non-finite,
+    torch.aminmax); the shift is the tensor's. (A non-finite filler value makes the sums non-finite,
     as it would anyway; its counts are right.)"""
     grid_sums = grid_sums.astype(np.float64, copy=False)
     starts = np.cumsum(grid_rows) - grid_rows
@@ -331,7 +355,7 @@ def device_sums(x: torch.Tensor, zeros: int = 0) -> torch.Tensor:
         if zeros:
             add_implicit_zeros(sums, zeros, 0)
         return sums
-    shift = torch.where(torch.isfinite(flat[0]), flat[0], torch.zeros_like(flat[0]))
+    shift = sample_shift(flat)
     centred = flat - shift
     lo, hi = torch.aminmax(flat)
     total = centred.sum()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import numbers
 import os
 import sqlite3
 from pathlib import Path
@@ -27,7 +28,7 @@ class Run:
     def __init__(self, path: str | Path) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         db_path = self.path / DB_NAME if self.path.is_dir() else self.path
         if not db_path.is_file():
             raise RunError(f"{path} is not a workbench run: it has no {DB_NAME}. "
@@ -35,31 +36,36 @@ class Run:
         self.db_path = db_path
         if db_path.name == DB_NAME:
             self.path = db_path.parent
-        try:
-            meta = dict(self._query("SELECT key, value FROM meta").itertuples(index=False))
-        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
-            raise RunError(f"{db_path} is damaged or not a workbench run database ({exc}).") from None
-        try:
-            self.metadata = {k: json.loads(v) for k, v in meta.items()}
-        except json.JSONDecodeError as exc:
-            raise RunError(f"{db_path} has damaged metadata ({exc}).") from None
         version = self.metadata.get("schema_version")
         if not isinstance(version, int):
             raise RunError(f"{db_path} is not a workbench run database (no schema_version).")
         if version > SCHEMA_VERSION:
             raise RunError(f"{db_path} was written with run-store schema {version}; this workbench "
                            f"reads up to {SCHEMA_VERSION}. Upgrade workbench to read it.")
-        self.metadata["status"] = self.status
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The run's metadata, read at each access: a run still being written gets its ``status``
+        and ``end_time`` once its writer closes it (``status`` as :attr:`status` tells it)."""
+        try:
+            meta = dict(self._query("SELECT key, value FROM meta").itertuples(index=False))
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            raise RunError(f"{self.db_path} is damaged or not a workbench run database ({exc}).") from None
+        try:
+            metadata = {k: json.loads(v) for k, v in meta.items()}
+        except json.JSONDecodeError as exc:
+            raise RunError(f"{self.db_path} has damaged metadata ({exc}).") from None
+        status = metadata.get("status", "running")
+        if status == "running" and not _writer_alive(self.path):
+            status = "interrupted"
+        metadata["status"] = status
+        return metadata
 
     @property
     def status(self) -> str:
         """``running``, ``finished``, ``stopped``, ``failed`` (see ``metadata["error"]``), or
         ``interrupted``: stored as running, but its writer is gone (killed, or crashed)."""
-        stored = self._query("SELECT value FROM meta WHERE key = 'status'")
-        status = json.loads(stored.value[0]) if len(stored) else "running"
-        if status == "running" and not _writer_alive(self.path):
-            return "interrupted"
-        return status
+        return self.metadata["status"]
 
     @property
     def name(self) -> str:
@@ -105,9 +111,10 @@ class Run:
         Raises:
             ValueError: ``size`` is not a positive whole number.
         """
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, numbers.Integral) or size < 1:
             raise ValueError(f"size must be a positive whole number of steps, got {size!r}.")
         steps = self.steps
+        size = int(size)
         return [(steps[i], steps[min(i + size, len(steps)) - 1]) for i in range(0, len(steps), size)]
 
     def to_pandas(self, steps: tuple[int, int] | None = None) -> pd.DataFrame:
@@ -222,30 +229,63 @@ class Run:
             ValueError: an unknown suffix or ``what``.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
-        path = Path(path)
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"export() takes a file or directory path (str or Path), got {path!r}.")
+        path = Path(path).expanduser()
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
-        frame = self.to_pandas() if what == "rows" else self.metrics()
+        # (everything that can be refused is, before the run is read)
         suffix = path.suffix.lower()
-        if suffix in (".csv", ".parquet"):
-            path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
-        if suffix == ".csv":
-            frame.to_csv(path, index=False)
-        elif suffix == ".parquet":
+        if suffix not in (".csv", ".parquet", ""):
+            raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
+                             "(no suffix) for TensorBoard event files.")
+        if suffix == ".parquet":
             try:
                 import pyarrow  # noqa: F401
             except ImportError:
                 raise ImportError("Exporting to Parquet needs pyarrow: pip install pyarrow "
                                   "(or export to .csv, which needs nothing).") from None
-            frame.to_parquet(path, index=False)
-        elif suffix == "":
+        if suffix == "":
             from workbench.instrument.tensorboard import export_tensorboard
 
             export_tensorboard(self, path)
-        else:
-            raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
-                             "(no suffix) for TensorBoard event files.")
+            return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
+            if what == "metrics":
+                frame = self.metrics()
+                frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path, index=False)
+            else:
+                self._export_rows(path, suffix)
+        except OSError as exc:
+            raise type(exc)(f"Cannot write {path}: {exc.strerror or exc}. Pick a path you can write to, "
+                            "with room on its disk.") from None
         return path
+
+    #: Steps of a run's rows read and written at once by :meth:`export`.
+    EXPORT_STEPS = 500
+
+    def _export_rows(self, path: Path, suffix: str) -> None:
+        """Write the rows a part of :data:`EXPORT_STEPS` steps at a time: the memory of a part, not of the run."""
+        parts = self.step_ranges(self.EXPORT_STEPS) or [None]
+        if suffix == ".csv":
+            with open(path, "w", newline="") as out:
+                for i, part in enumerate(parts):
+                    self.to_pandas(steps=part).to_csv(out, index=False, header=i == 0)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        writer = None
+        try:
+            for part in parts:
+                table = pa.Table.from_pandas(self.to_pandas(steps=part), preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(path, table.schema)
+                writer.write_table(table.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
 
     def __repr__(self) -> str:
         m = self.metadata
@@ -271,13 +311,18 @@ def _writer_alive(path: Path) -> bool:
 
 
 def _step_range(steps: tuple[int, int] | None, column: str) -> tuple[str, tuple]:
-    """A condition (and its parameters) keeping the steps ``(first, last)``; none ("") for None."""
+    """A condition (and its parameters) keeping the steps ``(first, last)``; none ("") for None.
+    Step numbers may be any whole numbers (Python's, numpy's: ``df.step`` values)."""
     if steps is None:
         return "", ()
     if (not isinstance(steps, (tuple, list)) or len(steps) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+            or not all(isinstance(s, numbers.Integral) and not isinstance(s, (bool, np.bool_)) for s in steps)):
         raise TypeError(f"steps must be (first, last), two whole step numbers, or None for every step; got {steps!r}.")
-    return f"{column} BETWEEN ? AND ?", (int(steps[0]), int(steps[1]))
+    first, last = (int(s) for s in steps)
+    if first > last:
+        raise ValueError(f"steps=({first}, {last}) is empty: its first step comes after its last; "
+                         f"give (first, last) with first <= last, e.g. ({last}, {first}).")
+    return f"{column} BETWEEN ? AND ?", (first, last)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -303,7 +348,7 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     """The runs under ``root`` (searched recursively), newest first.
 
     Args:
-        root: the directory to search.
+        root: the directory to search (``~`` is the home directory).
 
     Returns:
         Columns ``path, run, model, experiment, seed, status, steps, start_time``; directories that
@@ -315,7 +360,7 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
-    root = Path(root)
+    root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory of runs.")
     entries = []

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "KEY_COLUMNS",
+__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "SHIFT_SAMPLE", "KEY_COLUMNS",
            "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish",
            "site_name", "check_filter"]
 
@@ -29,11 +29,17 @@ PARAM_GRAD = "param_grad"  #: a parameter's gradient, as accumulated by the step
 UPDATE = "update"
 KINDS = (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE)
 
+#: The sample a tensor's shift is taken from: the values at ``(i * n) // SHIFT_SAMPLE`` of the flat
+#: tensor of ``n`` values, ``i`` in ``range(SHIFT_SAMPLE)``; the shift is its middle value by rank,
+#: NaN ranking last and ties by position (every reducer picks the same element).
+SHIFT_SAMPLE = 15
 #: The raw per-tensor sums a reducer writes, in this order. ``sum`` and ``sum_sq`` are of
-#: ``x - shift``, where ``shift`` is the tensor's first value (0 when that is not finite): with sums
-#: around a value of the tensor, the variance keeps its precision when the mean is large against
-#: the spread. Raw sums (not means and stds) keep the hooks to plain reductions, and sums of
-#: several tensors (or ranks) combine; the divisions happen once, on the host, in :func:`finish`.
+#: ``x - shift``, where ``shift`` is the median of a sample of :data:`SHIFT_SAMPLE` of the tensor's
+#: values (0 when that is not finite): with sums around a typical value of the tensor, the variance
+#: keeps its precision when the mean is large against the spread, and an outlier (the first value
+#: of a tensor, a CLS token's) shifts nothing, wherever it lies. Raw sums (not means and stds) keep
+#: the hooks to plain reductions, and sums of several tensors (or ranks) combine; the divisions
+#: happen once, on the host, in :func:`finish`.
 SUMS = ("sum", "sum_sq", "abs_sum", "min", "max", "nonzero", "nan", "inf", "shift")
 SUM, SUM_SQ, ABS_SUM, MIN, MAX, NONZERO, NAN, INF, SHIFT = range(len(SUMS))
 

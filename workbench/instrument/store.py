@@ -114,7 +114,7 @@ class RunStore:
         if not str(path).strip():
             raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
                              "(or store=None to record in memory only).")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
         self.errors: list[str] = []  # what went wrong, the first MAX_ERRORS messages
         self.on_error = on_error
         self.lost = 0  # steps that could not be written

@@ -1,0 +1,106 @@
+"""Reading a stored run as a user of the Python API would: fresh metadata, numpy step numbers, empty
+ranges refused, ``~`` paths, export's checks and its writing a part at a time."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import workbench
+
+
+def small_run(path, steps=4):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 1))
+    w = workbench.watch(model, store=path, metadata={"model": "tiny"})
+    for _ in range(steps):
+        model(torch.randn(8, 3)).square().mean().backward()
+        model.zero_grad()
+        w.step(loss=1.0)
+    return w
+
+
+def test_metadata_of_an_open_run_is_read_fresh(tmp_path):
+    w = small_run(tmp_path / "run")
+    r = workbench.load_run(tmp_path / "run")
+    assert r.metadata["status"] == "running" and "status='running'" in repr(r)
+    w.close()
+    assert r.status == "finished"
+    assert r.metadata["status"] == "finished" and "status='finished'" in repr(r)
+    assert "end_time" in r.metadata
+
+
+def test_numpy_step_numbers_are_taken(tmp_path):
+    small_run(tmp_path / "run", steps=6).close()
+    r = workbench.load_run(tmp_path / "run")
+    steps = r.to_pandas().step
+    first, last = steps[steps >= 2].min(), steps[steps <= 4].max()
+    assert isinstance(first, np.integer)
+    part = r.to_pandas(steps=(first, last))
+    assert sorted(part.step.unique()) == [2, 3, 4]
+    assert len(r.histograms(steps=(np.int64(2), np.int32(3))))
+    assert r.step_ranges(np.int64(4)) == [(1, 4), (5, 6)]
+
+
+def test_an_empty_step_range_is_refused(tmp_path):
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"steps=\(3, 1\)"):
+        r.to_pandas(steps=(3, 1))
+    with pytest.raises(ValueError, match=r"steps=\(3, 1\)"):
+        r.histograms(steps=(3, 1))
+
+
+def test_home_directory_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    small_run("~/wb_run").close()
+    assert (tmp_path / "wb_run").is_dir() and not (tmp_path / "~").exists()
+    r = workbench.load_run("~/wb_run")
+    assert r.path == tmp_path / "wb_run"
+    assert list(workbench.list_runs("~").run) == ["wb_run"]
+    assert r.export("~/out/rows.csv") == tmp_path / "out" / "rows.csv"
+    assert (tmp_path / "out" / "rows.csv").is_file()
+
+
+def test_export_refuses_before_reading(tmp_path, monkeypatch):
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the run was read before the export was refused")
+
+    monkeypatch.setattr(type(r), "to_pandas", no_read)
+    monkeypatch.setattr(type(r), "metrics", no_read)
+    with pytest.raises(ValueError, match="rows.txt"):
+        r.export(tmp_path / "rows.txt")
+    with pytest.raises(ValueError, match="what must be"):
+        r.export(tmp_path / "rows.csv", what="grads")
+
+
+def test_export_to_an_unwritable_path_names_it(tmp_path):
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    target = "/proc/no-such-dir/a.csv"
+    with pytest.raises(OSError, match="Cannot write /proc/no-such-dir/a.csv.*Pick a path you can write to"):
+        r.export(target)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_export_writes_a_long_run_a_part_at_a_time(tmp_path, monkeypatch, suffix):
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    small_run(tmp_path / "run", steps=7).close()
+    r = workbench.load_run(tmp_path / "run")
+    monkeypatch.setattr(type(r), "EXPORT_STEPS", 3)
+    reads = []
+    to_pandas = type(r).to_pandas
+    monkeypatch.setattr(type(r), "to_pandas", lambda self, steps=None: reads.append(steps) or to_pandas(self, steps))
+    path = r.export(tmp_path / f"rows{suffix}")
+    assert reads == [(1, 3), (4, 6), (7, 7)]
+    written = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+    whole = to_pandas(r)
+    assert len(written) == len(whole) and list(written.columns) == list(whole.columns)
+    np.testing.assert_allclose(written["mean"].to_numpy(), whole["mean"].to_numpy())

@@ -1,0 +1,46 @@
+"""watch()'s arguments as a user gives them: flags that record nothing, metadata that is not JSON."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import workbench
+
+
+def test_a_watch_that_records_nothing_is_refused():
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="activations=False, gradients=False, parameters=False, "
+                                         "parameter_grads=False, updates=False"):
+        workbench.watch(model, activations=False, gradients=False, parameters=False, parameter_grads=False)
+    assert not model._forward_hooks  # nothing left attached
+    with workbench.watch(model, activations=False, gradients=False, parameters=False, parameter_grads=False,
+                         updates=True) as w:  # (one kind is enough)
+        model(torch.randn(4, 3)).sum().backward()
+        w.step()
+    assert set(w.to_pandas().kind) == {"update"}
+
+
+def test_metadata_that_is_not_json_is_stored_as_text_with_a_warning(tmp_path):
+    model = nn.Linear(3, 2)
+    with pytest.warns(UserWarning, match=r"metadata 'lr', 'opt': not a JSON value.*stores its str"):
+        w = workbench.watch(model, store=tmp_path / "run",
+                            metadata={"lr": torch.tensor(0.1), "name": "base", "opt": object(), "cfg": {"a": [1]}})
+    w.close()
+    meta = workbench.load_run(tmp_path / "run").metadata
+    assert meta["lr"] == str(torch.tensor(0.1)) and meta["cfg"] == {"a": [1]} and meta["name"] == "base"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        workbench.watch(model, metadata={"lr": 0.1, "tags": ["a"], "n": None}).close()
+
+
+def test_an_in_memory_watch_warns_once_when_it_drops_its_oldest_steps():
+    model = nn.Linear(3, 2)  # 5 rows a step: activation, grad_output, weight, bias (param and param_grad)
+    with pytest.warns(RuntimeWarning, match=r"max_rows.*start at step \d+.*store=.*Recorder\(max_rows=") as caught:
+        with workbench.watch(model, histograms=False, recorder=workbench.Recorder(max_rows=30)) as w:
+            for _ in range(20):
+                model(torch.randn(4, 3)).sum().backward()
+                w.step(loss=1.0)
+    assert len([c for c in caught if "max_rows" in str(c.message)]) == 1
+    assert w.to_pandas().step.min() > 1 and w.metrics().step.min() > 1
