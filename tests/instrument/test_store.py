@@ -76,6 +76,8 @@ def test_list_and_compare_runs(tmp_path):
     runs = workbench.list_runs(tmp_path)
     assert sorted(runs.run) == ["a", "b"]
     assert dict(zip(runs.run, runs.steps)) == {"a": 2, "b": 3}
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "a").iterdir()) / 1e6  # (what the run takes)
+    assert runs.set_index("run").size_mb["a"] == pytest.approx(on_disk) and on_disk > 0
     both = workbench.compare_runs(list(runs.path))
     assert both.columns[0] == "run" and set(both.run) == {"a", "b"}
     assert len(both) == len(workbench.load_run(tmp_path / "a").to_pandas()) + len(

@@ -351,8 +351,9 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         root: the directory to search (``~`` is the home directory).
 
     Returns:
-        Columns ``path, run, model, experiment, seed, status, steps, start_time``; directories that
-        are not readable runs are left out.
+        Columns ``path, run, model, experiment, seed, status, steps, start_time, size_mb`` (the
+        run's files on disk, in MB: a long run recorded every step takes hundreds); directories
+        that are not readable runs are left out.
 
     Raises:
         TypeError: ``root`` is not a path.
@@ -373,11 +374,23 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         m = run.metadata
         entries.append({"path": str(run.path), "run": run.name, "model": m.get("model"),
                         "experiment": m.get("experiment"), "seed": m.get("seed"), "status": m.get("status"),
-                        "steps": steps, "start_time": pd.to_datetime(m.get("start_time"), unit="s")})
-    columns = ["path", "run", "model", "experiment", "seed", "status", "steps", "start_time"]
+                        "steps": steps, "start_time": pd.to_datetime(m.get("start_time"), unit="s"),
+                        "size_mb": _disk_bytes(run.path) / 1e6})
+    columns = ["path", "run", "model", "experiment", "seed", "status", "steps", "start_time", "size_mb"]
     frame = pd.DataFrame(entries, columns=columns)
     frame["start_time"] = pd.to_datetime(frame.start_time)  # (typed also when there are no runs)
     return frame.sort_values("start_time", ascending=False, ignore_index=True)
+
+
+def _disk_bytes(path: Path) -> int:
+    """The bytes of the files of a run directory (its database, and its write-ahead log while written)."""
+    total = 0
+    for file in path.iterdir():
+        try:
+            total += file.stat().st_size if file.is_file() else 0
+        except OSError:  # (a log removed as its writer closed)
+            pass
+    return total
 
 
 def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:

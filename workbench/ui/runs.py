@@ -131,7 +131,7 @@ class RunsRoot:
         """
         from workbench.instrument import list_runs
 
-        empty = pd.DataFrame(columns=["run", "experiment", "model", "seed", "status", "steps", "start_time"])
+        empty = pd.DataFrame(columns=["run", "experiment", "model", "seed", "status", "steps", "start_time", "MB"])
         if sub is None or (isinstance(sub, str) and not sub.strip()):
             where = self.path
         else:
@@ -159,7 +159,8 @@ class RunsRoot:
         names = [self.name_of(p) for p in runs.path]
         table = pd.DataFrame({"run": names, "experiment": runs.experiment, "model": runs.model, "seed": runs.seed,
                               "status": runs.status, "steps": runs.steps,
-                              "start_time": runs.start_time.dt.strftime("%Y-%m-%d %H:%M:%S UTC")})
+                              "start_time": runs.start_time.dt.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                              "MB": runs.size_mb.round(1)})  # (a long run recorded every step takes hundreds)
         return table, names, f"{len(runs)} run(s) under `{where}`."
 
     def open(self, pick: Any) -> Run:
