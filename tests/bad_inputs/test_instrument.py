@@ -253,6 +253,8 @@ CASES = [
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("patch-after-close", closed_watch(lambda w: w.patch("0", double)), RuntimeError, ["closed"]),
     Case("paused-after-close", closed_watch(lambda w: w.paused().__enter__()), RuntimeError, ["closed"]),
+    Case("subscribe-after-close", closed_watch(lambda w: w.subscribe(print)), RuntimeError,
+         ["closed", "records nothing more", "w.to_pandas()"]),
     Case("recorder-max-rows-zero", lambda: Recorder(max_rows=0), ValueError, ["max_rows", "positive int", "0"]),
     Case("recorder-max-rows-float", lambda: Recorder(max_rows=1e6), ValueError, ["max_rows", "1000000.0"]),
     # ------------------------------------------------------- runs and stores

@@ -313,7 +313,14 @@ class Watch:
             max_pending: records kept for a subscriber that falls behind (older ones are dropped and counted).
             interval: seconds to gather records before each delivery (0: as they come).
 
-        See :meth:`Recorder.subscribe <workbench.instrument.recorder.Recorder.subscribe>`."""
+        See :meth:`Recorder.subscribe <workbench.instrument.recorder.Recorder.subscribe>`.
+
+        Raises:
+            RuntimeError: the watch is closed (it records nothing more: a subscription would wait forever).
+        """
+        if self.closed:
+            raise RuntimeError("This watch is closed: it records nothing more. Read what it recorded with "
+                               "w.recorder.records() / w.to_pandas(), or start a new watch with workbench.watch(model).")
         return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
