@@ -296,8 +296,9 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
-            # (the step in progress runs without it; one that failed was on until it failed, in this step)
-            intervention.end_step = self.step_index - (intervention.error is None)
+            # (the step in progress runs without it)
+            intervention.end_step = (self.step_index - 1 if intervention.error is None
+                                     else intervention.failed_step)  # (one that failed was on until it failed)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
@@ -320,7 +321,8 @@ class Watch:
         """
         if self.closed:
             raise RuntimeError("This watch is closed: it records nothing more. Read what it recorded with "
-                               "w.recorder.records() / w.to_pandas(), or start a new watch with workbench.watch(model).")
+                               "w.recorder.records() / w.to_pandas(), or start a new watch with "
+                               "workbench.watch(model).")
         return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
@@ -375,8 +377,9 @@ class Watch:
                 :class:`~workbench.instrument.store.RunStore`.
         """
         self._sinks.append(sink)
-        self._dropped.append(weakref.finalize(self, sink.close, "stopped",
-                                              "the watch was let go of without close()"))
+        dropped = weakref.finalize(self, sink.close, "stopped", "the watch was let go of without close()")
+        dropped.atexit = False  # (a watch still open as the program ends: its store reads interrupted, as it was)
+        self._dropped.append(dropped)
 
     def report_failure(self, kind: str, message: str) -> None:
         """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a

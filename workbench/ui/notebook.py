@@ -157,8 +157,9 @@ class ModelBrowser:
             self.model = self.result.model
         self.message.value = _html(self.result.message)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
-        self.output.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
-            "text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}},) if self.result.ok else ()
+        shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
+        self.output.outputs = (({"output_type": "display_data", "metadata": {}, "data": shown},) if self.result.ok
+                               else ())
         return self.result
 
 
@@ -320,7 +321,8 @@ class Dashboard:
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            w.HBox([self.kind, self.statistic, self.sites, self.log_sites]), self.sites_plot, self.site_note, self.heatmap_plot,
+            w.HBox([self.kind, self.statistic, self.sites, self.log_sites]), self.sites_plot, self.site_note,
+            self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
             self.anomalies,
         ])
