@@ -207,7 +207,9 @@ class Hooks:
         self._before: list[torch.Tensor] | None = None
         self._check_due = recording
         self._backwards = 0  # backward passes that handed parameter gradients in
-        self._root_calls: list[bool] = []  # per call of the model: in training mode with grad enabled
+        # whether the step's first call of the model trained (training mode, grad enabled), and any did
+        self._first_call_trained: bool | None = None
+        self._a_call_trained = False
         if recording and self.updates and self.kinds[UPDATE]:
             self._before = [param.detach().clone() for _, _, param in self._update_params()]
 
@@ -217,7 +219,7 @@ class Hooks:
         self._take_param_grads()  # (from hooks that ran outside a backward)
         self._check_due = False
         self.check_structure()  # (before the parameters are read)
-        if not self._eval_reported and self._root_calls and not self._root_calls[0] and any(self._root_calls):
+        if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
             self._eval_reported = True
             warn(f"workbench: the step {self.step_index} began with a call of the model "
                  f"({type(self.sites.model).__name__}) in eval mode or under torch.no_grad(), recorded as its call 0, "
@@ -310,7 +312,10 @@ class Hooks:
             record_activations = self.recording and path in kinds[ACTIVATION]
             record_grads = want_grads
             if module is self.sites.model and self.recording:  # (a forward of an evaluation, unpaused?)
-                self._root_calls.append(module.training and torch.is_grad_enabled())
+                trained = module.training and torch.is_grad_enabled()
+                if self._first_call_trained is None:
+                    self._first_call_trained = trained
+                self._a_call_trained = self._a_call_trained or trained
             if call >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
                 record_activations = record_grads = self._too_many(path, f"called {call + 1} times")
         replaced = False

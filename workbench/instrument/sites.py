@@ -72,7 +72,7 @@ class CallSites:
         self._include, self._skip = selector(modules, "modules"), selector(exclude, "exclude")
         self.paths: list[str] = []
         self.stacked = False
-        self._index()
+        self.rebuild()
         for what, spec in (("modules", modules), ("exclude", exclude)):  # (a typo among several globs)
             self._check_globs(what, spec)
         if not self.selected:
@@ -82,13 +82,14 @@ class CallSites:
         #: the pre-hook that keeps it is put in or not once
         self.stacked = any(len(paths) > 1 for paths in self.aliases.values())
         if self.stacked:
-            self._index()  # (the containers)
+            self.rebuild()  # (the containers)
         self._stack: list[tuple[int, str]] = []
         self.calls: dict[str, int] = defaultdict(int)  # calls of each path in this step
 
-    def _index(self) -> None:
-        """Index the module tree as it is now: alias paths, selection, the containers that keep
-        the call stack, and what :meth:`structure` compares."""
+    def rebuild(self) -> None:
+        """Index the module tree as it is now: alias paths, selection (the globs apply to new paths
+        too), the containers that keep the call stack, and what :meth:`structure` compares; at the
+        start, and again after :meth:`structure` changed (calls counted so far in the step are kept)."""
         # alias paths of every module object, in named_modules order
         self.aliases: dict[int, list[str]] = defaultdict(list)
         self.modules: dict[int, nn.Module] = {}
@@ -109,8 +110,8 @@ class CallSites:
         self._all_params = list(self.model.parameters())
 
     def structure(self) -> tuple:
-        """What the watch was attached to, cheaply compared (some 0.2 ms for 1,200 modules and
-        parameters): the ids of every module's parameters and children, and whether each parameter
+        """What the watch was attached to, cheap to compare (no walk of the module tree, once per
+        recorded step): the ids of every module's parameters and children, and whether each parameter
         requires grad. It changes when a parameter or module is replaced, added or removed
         (``load_state_dict(assign=True)``, ``model.head = nn.Linear(...)``) or (un)frozen; the ids
         stay unique while :meth:`rebuild` keeps the indexed objects."""
@@ -119,11 +120,6 @@ class CallSites:
     def requires_grad(self) -> tuple[bool, ...]:
         """Whether each parameter indexed requires grad (the second half of :meth:`structure`)."""
         return tuple(map(_requires_grad, self._all_params))
-
-    def rebuild(self) -> None:
-        """Index the module tree again, after :meth:`structure` changed (calls counted so far in
-        the step are kept; the selection globs apply to the new paths)."""
-        self._index()
 
     @property
     def needs_stack(self) -> bool:
