@@ -84,6 +84,14 @@ def test_store_overhead_runs():
     assert re.search(r"\d+ steps in the store", out), out
 
 
+def test_model_changes_runs():
+    out = run_script("model_changes.py", "--quick", "--block", "1")
+    assert re.search(r"^101 modules, 80 parameters", out, re.M), out
+    assert re.search(r"watch step +[\d.]+ ms +[\d.]+x bare", out), out
+    assert re.search(r"the comparison +[\d.]+ ms +[\d.]+% of the watched step", out), out
+    assert re.search(r"step after a swap +[\d.]+ ms", out), out
+
+
 def test_query_throughput_runs():
     out = run_script("query_throughput.py", "--rows", "16", "--batches", "2", "--repeats", "1")
     assert re.search(r"^\s+16\s+[\d,]+\s+[\d,]+\s+[\d.]+x", out, re.M), out
