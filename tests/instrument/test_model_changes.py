@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import workbench
-from workbench.instrument.hooks import MAX_CALLS_PER_STEP
+from workbench.instrument import hooks
+from workbench.instrument.hooks import MAX_BACKWARDS_PER_STEP
 
 
 def net3(out=1):
@@ -157,15 +158,31 @@ def test_a_loop_that_never_steps_is_warned_of_once_and_stops_growing():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with workbench.watch(net) as w:
-            for _ in range(MAX_CALLS_PER_STEP + 50):
+            for _ in range(MAX_BACKWARDS_PER_STEP + 50):
                 net(x).sum().backward()
                 net.zero_grad()
             w.step()
     said = [str(c.message) for c in caught if "w.step()" in str(c.message)]
-    assert len(said) == 1 and "'0' called 1001 times within step 1" in said[0]
+    assert len(said) == 1 and "1000 backward passes within step 1" in said[0]
     assert [e["kind"] for e in w.errors] == ["step"]
     calls = rows_of(w, "0", "activation").call  # bounded: the first 1,000 calls, nothing after
-    assert calls.tolist() == list(range(MAX_CALLS_PER_STEP))
+    assert calls.tolist() == list(range(MAX_BACKWARDS_PER_STEP))
+    assert rows_of(w, "0", "param_grad").shape[0] == 2  # the gradient accumulated over the 1,000
+
+
+def test_an_evaluation_loop_that_never_steps_stops_growing_at_the_row_limit(monkeypatch):
+    monkeypatch.setattr(hooks, "MAX_ROWS_PER_STEP", 400)  # (200,000 rows take a while to make)
+    net = net3()  # 4 call sites: 4 activation rows a forward under no_grad
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with workbench.watch(net) as w, torch.no_grad():
+            for _ in range(150):
+                net(torch.randn(2, 4))
+            w.step()
+    said = [str(c.message) for c in caught if "w.step()" in str(c.message)]
+    assert len(said) == 1 and "400 rows" in said[0] and "within step 1" in said[0] and "w.paused()" in said[0]
+    frame = w.to_pandas()
+    assert len(frame[frame.kind == "activation"]) == 400 and frame.call.max() == 99
 
 
 def test_a_site_called_often_in_a_step_that_ends_is_not_warned_of():
@@ -175,11 +192,13 @@ def test_a_site_called_often_in_a_step_that_ends_is_not_warned_of():
         with workbench.watch(cell) as w:
             for _ in range(3):
                 h = torch.zeros(2, 4)
-                for _ in range(200):
+                for _ in range(2000):  # (more calls than backward passes could ever be)
                     h = cell(torch.randn(2, 4), h)
                 h.sum().backward()
                 w.step()
-    assert not w.errors and w.to_pandas().call.max() == 199
+    frame = w.to_pandas()
+    assert not w.errors and frame.call.max() == 1999
+    assert len(frame[frame.kind == "grad_output"]) == 3 * 2000
 
 
 def test_an_unpaused_evaluation_forward_is_warned_of_once_and_paused_one_is_not():

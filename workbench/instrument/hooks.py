@@ -40,12 +40,16 @@ from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GR
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of, tensor_leaves
 
-__all__ = ["Hooks", "Entry", "MAX_CALLS_PER_STEP"]
+__all__ = ["Hooks", "Entry", "MAX_BACKWARDS_PER_STEP", "MAX_ROWS_PER_STEP"]
 
-#: Calls of one call site (and backward passes) within one step past which a step is taken to
-#: have been forgotten (a loop that never calls ``w.step()``): far more than any model makes in a
-#: training step. Past it nothing more of the step is recorded (memory stays bounded), with a warning.
-MAX_CALLS_PER_STEP = 1000
+#: Backward passes within one step past which a step is taken to have been forgotten (a training
+#: loop that never calls ``w.step()``): far more than gradient accumulation makes.
+MAX_BACKWARDS_PER_STEP = 1000
+#: Rows within one step past which it is taken to have been forgotten (an evaluation loop, no
+#: backward, never ``w.step()``): far more than a training step makes, a site called thousands of
+#: times included (an RNN cell unrolled over a long sequence); some 130 MB of rows with histograms.
+#: Past either limit nothing more of the step is recorded (memory stays bounded), with a warning.
+MAX_ROWS_PER_STEP = 200_000
 
 #: A recorded tensor of the step: (row key, numel, row of the step's sums). The row key is
 #: (module path, call, kind, tensor leaf name, shape).
@@ -104,7 +108,7 @@ class Hooks:
         self._structure = sites.structure()
         self._check_due = False  # the recorded step has not compared it yet
         self._change_reported = False
-        self._calls_reported = False  # MAX_CALLS_PER_STEP warned
+        self._limit_reported = False  # a step past MAX_BACKWARDS_PER_STEP or MAX_ROWS_PER_STEP warned
         self._eval_reported = False  # an unpaused evaluation forward warned
 
     def _hook_params(self) -> None:
@@ -316,8 +320,8 @@ class Hooks:
                 if self._first_call_trained is None:
                     self._first_call_trained = trained
                 self._a_call_trained = self._a_call_trained or trained
-            if call >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
-                record_activations = record_grads = self._too_many(path, f"called {call + 1} times")
+            if self._backwards >= MAX_BACKWARDS_PER_STEP or len(self.entries) >= MAX_ROWS_PER_STEP:
+                record_activations = record_grads = self._past_limits(path, call)  # w.step() forgotten?
         replaced = False
         if self.interventions:  # (most watches patch nothing)
             output, replaced = self._apply_interventions(path, call, recomputing, output)
@@ -441,8 +445,8 @@ class Hooks:
     def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
         if not (self.recording and self.active) or module_path not in self.kinds[PARAM_GRAD]:
             return
-        if self._backwards >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
-            self._too_many(module_path, f"had {self._backwards} backward passes")
+        if self._backwards >= MAX_BACKWARDS_PER_STEP:  # w.step() forgotten? The step stops growing
+            self._past_limits(module_path, None)
             return
         grad = param.grad
         if grad is None:  # a hook that ran before ours took it: an optimizer step inside the backward
@@ -509,15 +513,18 @@ class Hooks:
         except Exception as exc:
             self.fail("", 0, "statistics", exc)
 
-    def _too_many(self, path: str, what: str) -> bool:
-        """Past :data:`MAX_CALLS_PER_STEP` in one step: nothing more of it is recorded (False), and
-        a warning (once per watch) and an error say so."""
-        if not self._calls_reported:
-            self._calls_reported = True
+    def _past_limits(self, path: str, call: int | None) -> bool:
+        """Past :data:`MAX_BACKWARDS_PER_STEP` or :data:`MAX_ROWS_PER_STEP` in one step: nothing
+        more of it is recorded (False), and a warning (once per watch) and an error say so."""
+        if not self._limit_reported:
+            self._limit_reported = True
             where = repr(path) if path else "the model"
-            message = (f"{where} {what} within step {self.step_index}: is w.step() called after each training "
-                       f"step? Past {MAX_CALLS_PER_STEP} calls (or backward passes) in one step nothing more of "
-                       "the step is recorded. Call w.step() after loss.backward() and the optimizer step")
+            what = (f"{self._backwards} backward passes" if self._backwards >= MAX_BACKWARDS_PER_STEP
+                    else f"{len(self.entries):,} rows, {where} called {call + 1} times,")
+            message = (f"{what} within step {self.step_index}: is w.step() called after each training step? "
+                       f"Past {MAX_BACKWARDS_PER_STEP} backward passes or {MAX_ROWS_PER_STEP:,} rows in one step "
+                       "nothing more of the step is recorded. Call w.step() after loss.backward() and the "
+                       "optimizer step, and run evaluation inside `with w.paused():`")
             self.fail(path, None, "step", RuntimeError(message), disable=False)
             warn(f"workbench: {message}.")
         return False
