@@ -148,6 +148,26 @@ def test_shared_activation_is_attributed_to_each_alias_path_with_call_indices():
     assert aliases <= paths
 
 
+def test_a_shared_modules_parameters_are_recorded_under_whichever_of_its_paths_is_selected():
+    class Tied(nn.Module):  # one Linear under enc.0 and dec.0 (an embedding tied to an output layer)
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Sequential(nn.Linear(4, 4))
+            self.dec = nn.Sequential(self.enc[0], nn.ReLU())
+
+        def forward(self, x):
+            return self.dec(self.enc(x))
+
+    model = Tied()
+    for modules, path in [("dec.*", "dec.0"), ("enc.*", "enc.0"), ("*", "enc.0")]:
+        with workbench.watch(model, modules=modules) as w:
+            model(torch.randn(2, 4)).sum().backward()
+            w.step()
+        for kind in ("param", "param_grad"):
+            found = rows(w, kind=kind)
+            assert sorted(zip(found.module, found.tensor)) == [(path, "bias"), (path, "weight")], (modules, kind)
+
+
 def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_module():
     def pre_hooks():
         return installed_hooks()["_global_forward_pre_hooks"]

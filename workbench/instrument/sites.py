@@ -184,9 +184,10 @@ class CallSites:
 
     def parameters(self) -> list[tuple[str, str, nn.Parameter]]:
         """``(module path, name, parameter)`` of the selected modules' parameters, each tensor once,
-        named by the first module path that owns it."""
+        named by the first selected module path that owns it (a shared module's parameters are
+        recorded when any of its paths is selected)."""
         out, seen = [], set()
-        for module_path, module in self.model.named_modules():
+        for module_path, module in self.model.named_modules(remove_duplicate=False):
             for name, param in module.named_parameters(recurse=False):
                 if id(param) in seen or module_path not in self.selected:
                     continue
