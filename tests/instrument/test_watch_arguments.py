@@ -44,3 +44,17 @@ def test_an_in_memory_watch_warns_once_when_it_drops_its_oldest_steps():
                 w.step(loss=1.0)
     assert len([c for c in caught if "max_rows" in str(c.message)]) == 1
     assert w.to_pandas().step.min() > 1 and w.metrics().step.min() > 1
+
+
+def test_a_watch_with_a_store_that_drops_its_oldest_steps_points_to_the_store_that_keeps_them(tmp_path):
+    model = nn.Linear(3, 2)
+    with pytest.warns(RuntimeWarning, match="max_rows") as caught:
+        with workbench.watch(model, histograms=False, recorder=workbench.Recorder(max_rows=30),
+                             store=tmp_path / "run") as w:
+            for _ in range(20):
+                model(torch.randn(4, 3)).sum().backward()
+                w.step(loss=1.0)
+    said = [str(c.message) for c in caught if "max_rows" in str(c.message)]
+    assert len(said) == 1 and f"workbench.load_run({str(tmp_path / 'run')!r}) reads them all" in said[0]
+    assert "Pass store=" not in said[0]
+    assert workbench.load_run(tmp_path / "run").steps == list(range(1, 21))  # (as it says: every step)

@@ -277,6 +277,8 @@ class Recorder:
             raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
         self.max_rows = max_rows
         self.evicted = 0  # steps evicted from the buffer
+        #: where every step is kept beyond this buffer (a run store's path, set by its ``attach``)
+        self.kept_in: str | None = None
         self.errors: list[dict] = []  # subscriber failures
         self._records: deque[StepRecord] = deque()
         self._rows = 0
@@ -297,12 +299,14 @@ class Recorder:
             subscriptions = list(self._subscriptions)
         if first_eviction:
             try:  # (never raised into the publisher, as a subscriber's failure is not)
+                fix = (f"Every step is in the run store: workbench.load_run({self.kept_in!r}) reads them all"
+                       if self.kept_in is not None else
+                       "Pass store='runs/<name>' to keep every step on disk (workbench.load_run reads it)")
                 warnings.warn(f"workbench: the watch's memory holds {self.max_rows:,} rows (max_rows) and is full: "
-                              f"its oldest steps are dropped from now on (to_pandas(), metrics(), histograms() and "
-                              f"diagnose() start at step {kept_from}). Pass store='runs/<name>' to keep every "
-                              f"step on disk (workbench.load_run reads it), or raise the budget: "
-                              f"watch(..., recorder=workbench.Recorder(max_rows=...)).", RuntimeWarning,
-                              stacklevel=2)
+                              f"its oldest steps are dropped from it from now on (to_pandas(), metrics(), "
+                              f"histograms() and diagnose() of the watch start at step {kept_from}). {fix}, or "
+                              f"raise the budget: watch(..., recorder=workbench.Recorder(max_rows=...)).",
+                              RuntimeWarning, stacklevel=2)
             except Exception:
                 pass
         for subscription in subscriptions:

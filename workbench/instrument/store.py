@@ -223,6 +223,7 @@ class RunStore:
             interval: seconds of steps gathered per write.
         """
         self._subscription = recorder.subscribe(self.write, max_pending=max_pending, interval=interval)
+        recorder.kept_in = str(self.path)  # (what its warning when full points to)
         return self._subscription
 
     def write(self, update: Update | StepRecord) -> None:
