@@ -19,7 +19,8 @@
 4. A browser page following a live run (headless chromium, the real app): the DOM nodes and the JS
    heap it keeps (after a garbage collection) over a minute of the run, from its 10th second
    (6 s from its 5th with --quick), with the
-   app's release of the plots Gradio drops (``LET_GO_OF_DROPPED_PLOTS``) and without it.
+   app's release of the plots Gradio drops (``LET_GO_OF_DROPPED_PLOTS``) and without it; with it,
+   also over the minute after (whether the page levels off).
 
     python bench/dashboard.py [--quick] [--rounds 5]
 """
@@ -162,8 +163,10 @@ def open_cost(steps: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def page_growth(seconds: float, release: bool, settle: float = 10.0) -> tuple[float, float]:
-    """DOM nodes and MiB of JS heap a page following a live activation MLP run gains over ``seconds``."""
+def page_growth(seconds: float, release: bool, settle: float = 10.0,
+                periods: int = 1) -> list[tuple[float, float]]:
+    """DOM nodes and MiB of JS heap a page following a live activation MLP run gains over each of
+    ``periods`` spans of ``seconds``."""
     import shutil
     import socket
 
@@ -201,14 +204,15 @@ def page_growth(seconds: float, release: bool, settle: float = 10.0) -> tuple[fl
                     return metrics["Nodes"], metrics["JSHeapUsedSize"] / 2**20
 
                 page.wait_for_timeout(settle * 1000)  # (the page's first draws and findings settle)
-                first = measure()
-                page.wait_for_timeout(seconds * 1000)
-                last = measure()
+                marks = [measure()]
+                for _ in range(periods):
+                    page.wait_for_timeout(seconds * 1000)
+                    marks.append(measure())
                 browser.close()
         finally:
             app.close()
             app.run_manager.close()
-    return last[0] - first[0], last[1] - first[1]
+    return [(after[0] - before[0], after[1] - before[1]) for before, after in zip(marks, marks[1:])]
 
 
 def main() -> None:
@@ -234,8 +238,10 @@ def main() -> None:
     seconds, settle = (6, 5) if args.quick else (60, 10)
     print(f"a browser page following a live activation_mlp run for {seconds} s (what it keeps after a GC):")
     for label, release in (("plots Gradio drops let go", True), ("plots Gradio drops kept", False)):
-        nodes, mib = page_growth(seconds, release, settle)
-        print(f"  {label}: {nodes:+.0f} DOM nodes, {mib:+.1f} MiB of JS heap")
+        # (let go, a second span: whether the page levels off once its code is compiled and its caches full)
+        spans = page_growth(seconds, release, settle, periods=2 if release else 1)
+        print(f"  {label}: " + "; then ".join(f"{nodes:+.0f} DOM nodes, {mib:+.1f} MiB of JS heap"
+                                              for nodes, mib in spans))
 
 
 if __name__ == "__main__":
