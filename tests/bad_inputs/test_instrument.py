@@ -255,7 +255,7 @@ CASES = [
     Case("paused-after-close", closed_watch(lambda w: w.paused().__enter__()), RuntimeError, ["closed"]),
     Case("subscribe-after-close", closed_watch(lambda w: w.subscribe(print)), RuntimeError,
          ["closed", "records nothing more", "w.to_pandas()"]),
-    Case("recorder-max-rows-zero", lambda: Recorder(max_rows=0), ValueError, ["max_rows", "positive int", "0"]),
+    Case("recorder-max-rows-negative", lambda: Recorder(max_rows=-1), ValueError, ["max_rows", "int >= 0", "-1"]),
     Case("recorder-max-rows-float", lambda: Recorder(max_rows=1e6), ValueError, ["max_rows", "1000000.0"]),
     # ------------------------------------------------------- runs and stores
     Case("load-run-missing", lambda: workbench.load_run(ROOT / "nothing-here"), RunError,

@@ -267,7 +267,7 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     monkeypatch.setattr(ActivationMLP, "train_step", poisoned)
     run, message = live.start_run(manager, "activation_mlp", {"width": "8", "depth": "2", "batch_size": "16",
                                                              "n_samples": "64", "activation": "relu"},
-                                  0, 5, 1, True, "*", "")
+                                  0, 5, 1, True, "*", "poisoned")
     assert run is not None, message
     run.join(60)
     state = live.new_page_state()
@@ -277,7 +277,7 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     assert table.steps.iloc[0] == "3–5" and table.evidence.iloc[0].startswith("46 Inf of 128 values in the output")
     assert table.evidence.iloc[0] == view.run_findings(run).frame().evidence.iloc[0]  # (whole: the page wraps it)
     assert all(isinstance(u, type(gr.skip())) for u in view.page_findings(run, state))  # nothing new: nothing sent
-    expected = diagnose(run.watch.to_pandas(), run.watch.metrics())
+    expected = diagnose(*run.frames())
     pd.testing.assert_frame_equal(view.run_findings(run).frame(), view.merge_calls(expected))
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]

@@ -2,6 +2,7 @@
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -29,7 +30,20 @@ def test_the_buffer_is_bounded_by_rows_and_counts_evictions():
     frame = recorder.to_pandas()
     assert len(frame) == 10 and frame["mean"].eq(1.0).all() and frame["std"].eq(0.0).all()
     with pytest.raises(ValueError, match="max_rows"):
-        Recorder(max_rows=0)
+        Recorder(max_rows=-1)
+
+
+def test_a_recorder_of_no_rows_keeps_nothing_and_streams_every_step_without_a_warning():
+    recorder = Recorder(max_rows=0)
+    got = []
+    recorder.subscribe(lambda update: got.extend(update.steps))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(1, 6):
+            recorder.publish(record(step))
+        recorder.flush()
+    assert got == [1, 2, 3, 4, 5]
+    assert recorder.records() == [] and recorder.to_pandas().empty and recorder.evicted == 0
 
 
 def test_a_slow_subscriber_gets_coalesced_updates_and_never_blocks_publishing():

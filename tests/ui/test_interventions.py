@@ -44,7 +44,7 @@ def wait_for_view(run, step, timeout=60.0):
 
 
 def site_stat(run, module, stat="std", kind="activation"):
-    rows = run.watch.to_pandas()
+    rows, _ = run.frames()  # (from its store)
     rows = rows[(rows.module == module) & (rows.kind == kind)]
     return rows.set_index("step")[stat]
 
@@ -84,7 +84,7 @@ def test_an_intervention_is_in_the_rows_step_and_in_the_stored_run(manager):
     run.stop()
     assert record.what == "zero units [0, 1, 2, 3, 7]"
     # the recorded steps say it: its metric is in exactly the steps it was on
-    metrics = run.watch.metrics()
+    _, metrics = run.frames()
     name = "intervention/i1: zero units [0, 1, 2, 3, 7] at layers.3"
     assert metrics.step[metrics[name].notna()].tolist() == list(range(record.start, record.end + 1))
     stored = load_run(run.watch.store.path)

@@ -269,12 +269,14 @@ class Recorder:
     Args:
         max_rows: statistics rows kept in memory; the oldest steps are evicted
             beyond it (``evicted`` counts them; a warning says so at the first). A run
-            store, when attached, keeps every step on disk.
+            store, when attached, keeps every step on disk. 0 keeps none: the steps go to
+            the subscribers alone (a store, a dashboard), as in the app, whose long runs
+            would otherwise hold hundreds of MB each in the server.
     """
 
     def __init__(self, max_rows: int = 500_000) -> None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
+            raise ValueError(f"max_rows must be an int >= 0 (0: keep no step, stream them only), got {max_rows!r}.")
         self.max_rows = max_rows
         self.evicted = 0  # steps evicted from the buffer
         #: where every step is kept beyond this buffer (a run store's path, set by its ``attach``)
@@ -288,14 +290,16 @@ class Recorder:
     def publish(self, record: StepRecord) -> None:
         """Keep ``record`` (the oldest are evicted past ``max_rows``) and offer it to every subscriber."""
         with self._lock:
-            self._records.append(record)
-            self._rows += len(record)
-            first_eviction = self.evicted == 0
-            while self._rows > self.max_rows and len(self._records) > 1:
-                self._rows -= len(self._records.popleft())
-                self.evicted += 1
-            first_eviction = first_eviction and self.evicted > 0
-            kept_from = self._records[0].step
+            first_eviction = False
+            if self.max_rows:  # (0: kept by none but the subscribers)
+                self._records.append(record)
+                self._rows += len(record)
+                first_eviction = self.evicted == 0
+                while self._rows > self.max_rows and len(self._records) > 1:
+                    self._rows -= len(self._records.popleft())
+                    self.evicted += 1
+                first_eviction = first_eviction and self.evicted > 0
+                kept_from = self._records[0].step
             subscriptions = list(self._subscriptions)
         if first_eviction:
             try:  # (never raised into the publisher, as a subscriber's failure is not)

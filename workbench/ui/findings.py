@@ -349,25 +349,10 @@ class RunFindings:
 
 
 # ---------------------------------------------------------------------- the Gradio run page
-_LIVE: Any = None  # LiveRun -> RunFindings, made on a page's first look at the run
-_LIVE_LOCK = threading.Lock()
-
-
 def run_findings(run: Any) -> RunFindings | None:
-    """The findings of a live run of the app (a ``LiveRun``), followed from the first time a page
-    asks (the steps before read from its recorder's buffer); None for no run."""
-    global _LIVE
-    if run is None:
-        return None
-    import weakref
-
-    with _LIVE_LOCK:
-        if _LIVE is None:
-            _LIVE = weakref.WeakKeyDictionary()
-        found = _LIVE.get(run)
-        if found is None:
-            found = _LIVE[run] = RunFindings(run.watch)
-        return found
+    """The findings of a live run of the app (a ``LiveRun``, which follows them from its first
+    step); None for no run."""
+    return None if run is None else run.findings
 
 
 def page_findings(run: Any, state: dict) -> tuple:

@@ -33,7 +33,7 @@ import torch
 
 from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec, list_experiments
-from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
+from workbench.instrument import KINDS, STAT_COLUMNS, Recorder, Run, RunError
 from workbench.instrument.interventions import MARKER, listed
 from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui import figures
@@ -284,12 +284,15 @@ class LiveRun:
             checkpoint = load_checkpoint(weights)
             load_weights(self.experiment.model, checkpoint)
             self.weights = Path(weights).name
-        self.watch = self.experiment.watch(store=store, **watch_options)
-        # what pages draw: the view layer, fed by the recorder's stream from the first step
+        # the watch keeps no step in memory (a long run would hold hundreds of MB in the server, and
+        # twenty finished runs are kept): what pages show is fed by its stream from the first step,
+        # into the view layer and the findings, and the store keeps every step
+        self.watch = self.experiment.watch(store=store, recorder=Recorder(max_rows=0), **watch_options)
         self.view = RunView(label=self.label, total=steps)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
             self.watch.store.set_meta(total_steps=steps)
         self._subscription = self.watch.subscribe(self.view.feed, interval=FEED_INTERVAL)
+        self.findings = findings_view.RunFindings(self.watch)
         self.error: str | None = None
         self.outcome: str | None = None
         self._stop = threading.Event()
@@ -500,8 +503,6 @@ class LiveRun:
         store = self.watch.store
         if store is not None:
             text += f" - recording to `{store.path}`"
-        if self.watch.recorder.evicted:
-            text += f" - {self.watch.recorder.evicted} old steps left the in-memory buffer"
         if self.error:
             text += f"\n\n```\n{self.error.strip().splitlines()[-1]}\n```"
         if self.watch.errors:
@@ -509,10 +510,19 @@ class LiveRun:
                      f"`{self.watch.errors[0]['error']}`")
         return text
 
-    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The statistics rows and the metrics recorded so far."""
-        return self.watch.to_pandas(), self.watch.metrics()
 
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The statistics rows and the metrics recorded so far, read from the run's store (the
+        watch keeps no step in memory).
+
+        Raises:
+            ValueError: the run records to no store.
+        """
+        if self.watch.store is None:
+            raise ValueError(f"run {self.label} records to no store: its rows are in its pages' views alone "
+                             "(start it with a run name to keep them).")
+        stored = Run(self.watch.store.path)
+        return stored.to_pandas(), stored.metrics()
 
 def close_watch(watch: Any, status: str, error: str | None) -> None:
     """Close ``watch`` with the run's status: ``close()`` (finished), ``close(status="stopped")``,
