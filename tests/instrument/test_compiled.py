@@ -715,3 +715,53 @@ def test_workbench_watch_picks_the_compiled_watch_unless_an_option_needs_the_eag
     rows = run.to_pandas()
     assert len(rows[rows.step == 1]) == len(rows[rows.step == 2]) > 0
     assert (rows[(rows.module == "0") & (rows.kind == "activation")].call == 0).all()
+
+
+def _assign_checkpoint(net: nn.Module) -> None:
+    net.load_state_dict({k: torch.full_like(v, 0.5) for k, v in net.state_dict().items()}, assign=True)
+
+
+def _new_parameter(net: nn.Module) -> None:
+    net[0].weight = nn.Parameter(torch.zeros(8, 4))
+
+
+def _swap_head(net: nn.Module) -> None:
+    torch.manual_seed(1)
+    net[2] = nn.Linear(8, 3)
+
+
+def _unfreeze(net: nn.Module) -> None:
+    net[0].requires_grad_(True)
+
+
+@pytest.mark.parametrize("change, warned", [(_assign_checkpoint, "2.weight"), (_new_parameter, "0.weight"),
+                                            (_swap_head, "module '2'"), (_unfreeze, None)],
+                         ids=["load_state_dict-assign", "new-parameter", "swapped-module", "unfrozen"])
+def test_a_model_changed_under_the_compiled_watch_is_re_attached_as_the_eager_watch_does(change, warned):
+    def run(compiled: bool):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        net[0].requires_grad_(change is not _unfreeze)
+        x = torch.randn(16, 4)
+        model = torch.compile(net) if compiled else net
+        fresh_dynamo()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with workbench.watch(model, histograms=False) as w:
+                for step in range(4):
+                    if step == 2:
+                        change(net)
+                    model(x).sum().backward()
+                    net.zero_grad()
+                    w.step()
+        said = [str(c.message) for c in caught if "replaced, added or removed" in str(c.message)]
+        return w, said
+
+    eager, eager_said = run(False)
+    compiled, compiled_said = run(True)
+    assert isinstance(compiled, CompiledWatch) and compiled.errors == [] == eager.errors
+    assert len(compiled_said) == len(eager_said) == (warned is not None)
+    if warned:
+        assert warned in compiled_said[0]
+    rows = compare(eager.to_pandas(), compiled.to_pandas())
+    assert (rows._merge == "both").all(), rows[rows._merge != "both"][KEY + ["_merge"]]

@@ -229,14 +229,7 @@ class GraphState:
     forward)."""
 
     def __init__(self, sites: CallSites, bins: int) -> None:
-        root = id(sites.model)
-        self.root_path = sites.aliases[root][0]
-        self.containers = frozenset(sites.containers - {root})
-        self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
-        self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
-        parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
-        self.resolve = {(parent, key): sites.resolve(parent, sites.modules[key])
-                        for key in (self.shared | self.containers) for parent in parents}
+        self.index(sites)
         self.bins = bins
         self.activation_sites: frozenset[str] = frozenset()
         self.grad_sites: frozenset[str] = frozenset()
@@ -261,6 +254,19 @@ class GraphState:
         self.activation_rows: list[int] = []
         self.edges: torch.Tensor | None = None
         self.probe_edges: torch.Tensor | None = None
+
+    def index(self, sites: CallSites) -> None:
+        """Make the tables that name the calls, from ``sites`` as it is indexed now (at the start,
+        and again after the model changed under the watch: new objects, on which dynamo's guards
+        fail, so the graphs that read the old ones recompile)."""
+        root = id(sites.model)
+        self.root_path = sites.aliases[root][0]
+        self.containers = frozenset(sites.containers - {root})
+        self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
+        self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
+        parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
+        self.resolve = {(parent, key): sites.resolve(parent, sites.modules[key])
+                        for key in (self.shared | self.containers) for parent in parents}
 
 
 def make_hooks(state: GraphState) -> tuple[Callable, Callable]:

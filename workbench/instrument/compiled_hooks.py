@@ -35,7 +35,7 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, warn
+from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, attached, changes, replaced_message, warn
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
@@ -133,11 +133,19 @@ class CompiledHooks:
         capacity: gradient rows per compiled call (None: twice the module paths, and some).
         on_hand_over: called with the reason where compiling the model with the hooks failed (the
             eager hooks take over, and the call runs again).
+        wanted: the kinds the watch's options ask for (default: those with a path in ``kinds``): a
+            module or parameter that appears after the start is recorded in these.
+
+    The model may change under the watch, as under the eager one (a checkpoint loaded with
+    ``load_state_dict(assign=True)``, a submodule swapped, a parameter unfrozen): compared at each
+    recorded step (:meth:`_check_frozen`, :meth:`_check_structure`), re-attached where it did.
     """
 
     def __init__(self, entry: internals.CompiledEntry, sites: CallSites, kinds: dict[str, set[str]],
-                 bins: int | None, capacity: int | None, on_hand_over: Callable[[str], None]) -> None:
+                 bins: int | None, capacity: int | None, on_hand_over: Callable[[str], None],
+                 wanted: set[str] | None = None) -> None:
         self.sites, self.kinds, self.entry = sites, kinds, entry
+        self._wanted = {kind for kind, paths in kinds.items() if paths} if wanted is None else set(wanted)
         self.bins = bins or 0
         self.errors: list[dict[str, Any]] = []
         self.step_errors: list[dict[str, Any]] = []
@@ -146,6 +154,7 @@ class CompiledHooks:
         #: why the eager hooks should record from the next step on (None while the model compiles)
         self.hand_over: str | None = None
         self._on_hand_over = on_hand_over
+        self._capacity_given = capacity is not None
         self._capacity = capacity or 2 * len(sites.paths) + 16
         self._device = next((p.device for p in sites.model.parameters()), torch.device("cpu"))
         self._checked = False  # the calls of the first recorded step with calls were looked at
@@ -156,15 +165,17 @@ class CompiledHooks:
         self.state = GraphState(sites, self.bins)
         self._set_sites()
         pre_hook, hook = make_hooks(self.state)
-        handles = internals.register_module_hooks(hook, pre_hook if self.state.containers else None, traced=True)
+        # (the pre-hook keeps the stack of a model with a shared module: put in where the model has
+        # one, as a module swapped in later may add the containers that need it)
+        handles = internals.register_module_hooks(hook, pre_hook if sites.needs_stack else None, traced=True)
         internals.compile_again()  # (graphs the model compiled before the watch would never call the hooks)
         self._breaks_before = internals.graph_break_counts()  # (a warning names this model's breaks alone)
-        fresh: list[nn.Parameter] = []
-        if kinds[PARAM_GRAD]:
-            for module_path, name, param in self.params:
-                if param.requires_grad:
-                    handles.append(internals.register_param_grad_hook(
-                        param, _weakly(self._on_param_grad, module_path, name), fresh))
+        self._handles, self._fresh = handles, []  # (every hook in, as the finalizer removes them)
+        self._param_handles: dict[int, Any] = {}  # id(parameter) -> the handle of its gradient hook
+        self._hook_params()
+        self._structure = sites.structure()
+        self._check_due = False  # the recorded step has not compared the parameters' flags yet
+        self._change_reported = False
         inner_call, ref = entry.call, weakref.ref(self)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -172,7 +183,72 @@ class CompiledHooks:
             return inner_call(*args, **kwargs) if hooks is None else hooks._call(inner_call, args, kwargs)
 
         entry.set_call(call)
-        self._release = weakref.finalize(self, _release, handles, fresh, entry, call, inner_call)
+        self._release = weakref.finalize(self, _release, handles, self._fresh, entry, call, inner_call)
+
+    def _hook_params(self) -> None:
+        """Hook the gradient of each recorded parameter that requires grad and has no hook yet;
+        unhook those gone or frozen."""
+        want = {id(p): (path, name, p) for path, name, p in self.params
+                if p.requires_grad and path in self.kinds[PARAM_GRAD]} if PARAM_GRAD in self._wanted else {}
+        for key in [key for key in self._param_handles if key not in want]:
+            handle = self._param_handles.pop(key)
+            handle.remove()
+            self._handles.remove(handle)
+        internals.restore_param_hook_dicts(self._fresh)
+        for key, (module_path, name, param) in want.items():
+            if key not in self._param_handles:
+                handle = internals.register_param_grad_hook(
+                    param, _weakly(self._on_param_grad, module_path, name), self._fresh)
+                self._param_handles[key] = handle
+                self._handles.append(handle)
+
+    def _check_frozen(self) -> None:
+        """Hook the gradients of parameters unfrozen since the last look, unhook those frozen: at the
+        first call of the compiled model in a recorded step (only flags are compared, as the eager
+        watch compares them there)."""
+        flags = self.sites.requires_grad()
+        if flags == self._structure[1]:
+            return
+        try:
+            self._structure = (self._structure[0], flags)
+            self._hook_params()
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+
+    def _check_structure(self) -> None:
+        """Re-attach to the model as it is now when its parameters or modules were replaced, added or
+        removed (or (un)frozen) since the last look: at the end of each recorded step, the model at
+        rest, before its parameters are read. Its new modules are named and recorded from the next
+        step (the traced hooks' tables are made anew: the graphs that read them recompile once), its
+        current parameters read from this step and their gradients hooked. Warned of once per watch,
+        as the eager watch warns."""
+        if self.sites.structure() == self._structure:
+            return
+        try:
+            before = attached(self.sites, self.params)
+            self.sites.rebuild()
+            self._structure = self.sites.structure()
+            self.params = self.sites.parameters()
+            added, new_param_paths, changed = changes(before, self.sites, self.params)
+            for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
+                if kind in self._wanted:
+                    self.kinds[kind].update(added)
+            for kind in (PARAM, PARAM_GRAD):
+                if kind in self._wanted:
+                    self.kinds[kind].update(new_param_paths)
+            self._hook_params()
+            if before[0] != attached(self.sites, ())[0]:  # (the modules changed: the graphs' tables too)
+                self.state.index(self.sites)
+                self._set_sites()
+                self._ranges = []  # (a call's rows may lie elsewhere now: each bins over its own range once)
+                if not self._capacity_given:
+                    self._capacity = max(self._capacity, 2 * len(self.sites.paths) + 16)
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+            return
+        if changed and not self._change_reported:
+            self._change_reported = True
+            warn(replaced_message(changed, "watch()"))
 
     def _set_sites(self) -> None:
         # (new sets only when a site fails: dynamo guards on them, a change recompiles)
@@ -191,6 +267,7 @@ class CompiledHooks:
         self._flush_queued = False
         self.sums.reset()
         self.state.calls.clear()  # (the same dict: the traced hooks hold it)
+        self._check_due = recording
         self.update()
 
     def update(self) -> None:
@@ -206,6 +283,9 @@ class CompiledHooks:
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
         st = self.state
+        if self._check_due:  # the first call of a recorded step
+            self._check_due = False
+            self._check_frozen()
         if not (st.recording or st.patches):
             return inner_call(*args, **kwargs)  # the model's own graph
         out: list = []
@@ -258,8 +338,10 @@ class CompiledHooks:
     def end_step(self, parameters: bool) -> list[Entry]:
         """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
         self._end_of_backward()  # (gradients whose hooks ran outside a backward)
+        self._check_due = False
         self._remove_unknown_call_patches()
         entries = self._graph_entries()
+        self._check_structure()  # (once this step's rows are named; before the parameters are read)
         offset = len(self.sums.graph)
         if parameters:
             items = [item for item in self.params if item[0] in self.kinds[PARAM]]
