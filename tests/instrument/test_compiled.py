@@ -765,3 +765,29 @@ def test_a_model_changed_under_the_compiled_watch_is_re_attached_as_the_eager_wa
         assert warned in compiled_said[0]
     rows = compare(eager.to_pandas(), compiled.to_pandas())
     assert (rows._merge == "both").all(), rows[rows._merge != "both"][KEY + ["_merge"]]
+
+
+class BreaksInside(nn.Module):
+    """A block whose forward reads a value on the host (``.item()``): dynamo breaks the graph there."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.block, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.block(self.fc1(x))
+        scale = 2.0 if h.mean().item() > 10 else 1.0
+        return self.fc2(torch.relu(h * scale))
+
+
+def test_the_warning_of_calls_outside_the_graphs_names_their_sites():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(BreaksInside())
+    compiled = torch.compile(net)
+    with pytest.warns(RuntimeWarning, match=r"1 of 4 module calls .* outside dynamo's graphs \(graph breaks in the "
+                                            r"model, at '0'\)"):
+        with workbench.watch(compiled, histograms=False) as w:
+            compiled(torch.randn(8, 4)).sum().backward()
+            w.step()
+    assert w.fallback is None and set(w.to_pandas().module) == {"", "0", "0.fc1", "0.block", "0.fc2"}

@@ -364,6 +364,7 @@ class CompiledHooks:
         grad_pieces: list[torch.Tensor] = []
         calls: dict[str, int] = defaultdict(int)
         compiled = eager = 0
+        outside: dict[str, None] = {}  # the paths of the calls that ran outside the graphs, in order
         overflow = False
         per_call: list[tuple[int, list[int]]] = []  # each call's count of activation rows, its probe rows used
         for out, probe, _ in self._calls:
@@ -373,6 +374,8 @@ class CompiledHooks:
             for path, names, shapes, rows, probed, in_graph in out:
                 compiled += in_graph is True
                 eager += in_graph is False
+                if in_graph is False:
+                    outside[path] = None
                 call = calls[path]
                 calls[path] = call + 1
                 if rows is not None:
@@ -395,7 +398,7 @@ class CompiledHooks:
                 f"more outputs needed a gradient row than the probe holds; it holds {self._capacity} from the next "
                 "step on (one recompile); the gradients beyond the old capacity were not recorded this step"),
                 disable=False)
-        self._note_compiled(compiled, eager)
+        self._note_compiled(compiled, eager, list(outside))
         if pieces or grad_pieces:  # the one host transfer of the in-graph rows
             self.sums.graph = torch.cat(pieces + grad_pieces).to("cpu", torch.float64).numpy()
         first = len(entries)  # the gradients' rows follow the activations'
@@ -437,7 +440,7 @@ class CompiledHooks:
                     "checkpointed segment."), disable=False)
                 intervention.fail(self.errors[-1])  # (the log says it failed at this step)
 
-    def _note_compiled(self, compiled: int, eager: int) -> None:
+    def _note_compiled(self, compiled: int, eager: int, outside: list[str]) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,
         and ask for the eager hooks where none ran inside."""
         if self._checked or not (compiled or eager):
@@ -448,9 +451,11 @@ class CompiledHooks:
             self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
                               f"every frame{': ' + reasons if reasons else ''})")
         elif eager:
+            shown = ", ".join(repr(path) for path in outside[:8]) + (
+                f" and {len(outside) - 8} more" if len(outside) > 8 else "")
             warn(f"workbench: {eager} of {compiled + eager} module calls of the compiled model ran outside "
-                 "dynamo's graphs (graph breaks in the model); they are recorded eagerly, the rest inside the "
-                 "compiled graphs.")
+                 f"dynamo's graphs (graph breaks in the model, at {shown}); they are recorded eagerly, the rest "
+                 "inside the compiled graphs. torch._dynamo.explain(model)(*inputs) tells why dynamo breaks there.")
 
     def output_shapes(self, path: str) -> set[tuple]:
         """The shapes of the outputs recorded at ``path`` so far (none before a recorded step)."""
