@@ -791,3 +791,39 @@ def test_the_warning_of_calls_outside_the_graphs_names_their_sites():
             compiled(torch.randn(8, 4)).sum().backward()
             w.step()
     assert w.fallback is None and set(w.to_pandas().module) == {"", "0", "0.fc1", "0.block", "0.fc2"}
+
+
+def test_a_patch_that_raises_or_of_a_call_never_made_is_removed_with_a_warning_as_in_the_eager_watch():
+    def run(compiled: bool):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+        model = torch.compile(net) if compiled else net
+        x, outs = torch.randn(3, 4), []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with workbench.watch(model, histograms=False) as w:
+                w.patch("0", lambda out: out.no_such_method())  # raises in the forward
+                w.patch("2", lambda out: out * 0, call=3)  # the model calls "2" once a step
+                for _ in range(2):
+                    outs.append(model(x))
+                    outs[-1].sum().backward()
+                    w.step()
+        said = [str(c.message) for c in caught if "failed and was removed" in str(c.message)]
+        return w, outs, said
+
+    eager, eager_outs, eager_said = run(False)
+    compiled, compiled_outs, compiled_said = run(True)
+    assert isinstance(compiled, CompiledWatch)
+    for out, expected in zip(compiled_outs, eager_outs):  # unpatched
+        torch.testing.assert_close(out, expected)
+    log = compiled.intervention_log()
+    assert log.equals(eager.intervention_log()), (log, eager.intervention_log())
+    assert log.status.tolist() == ["failed at step 1: AttributeError: 'Tensor' object has no attribute "
+                                   "'no_such_method'",
+                                   "failed at step 1: ValueError: the step called '2' 1 time(s): it has no call 3, and "
+                                   "the patch applied to nothing. Patch a call from 0 to 0, or every call (call=None)"]
+    assert compiled_said == eager_said and len(compiled_said) == 2
+    assert "received the module's whole output" not in compiled_said[1]  # (an output it never got)
+    assert [e["error"] for e in compiled.errors] == [e["error"] for e in eager.errors]
+    compare(eager.to_pandas(), compiled.to_pandas())

@@ -244,6 +244,9 @@ class GraphState:
         self.counted: dict[str, int] = {}
         self.calls: dict[str, int] = {}
         self.unknown_calls: set[str] = set()  # paths recomputed whose call index was not known (see observe)
+        #: patches that raised (path, fn, call, the exception, the output they got): the model ran on
+        #: unpatched; the hooks take them out, as the eager watch does
+        self.failed: list[tuple[str, Callable, int | None, Exception, Any]] = []
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
         # activation rows taken; with histograms, the fixed ranges of its activation rows and of its
         # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
@@ -327,7 +330,12 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
             st.calls[path] = min(call + 1, last)
         for fn, at in patches:
             if at is None or at == call:
-                output = fn(output)
+                try:  # (dynamo traces the handler, or runs the frame eagerly where it cannot)
+                    output = fn(output)
+                except Exception as exc:
+                    if st.out is None and internals.in_backward():
+                        raise  # (a recomputation: checkpointing stops one by raising, through the patch)
+                    st.failed.append((path, fn, call, exc, output))
     if not st.recording or st.out is None:
         return output if patches is not None else None
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))

@@ -258,6 +258,8 @@ class CompiledHooks:
     # ------------------------------------------------------------------ the step
     def start_step(self, step_index: int, recording: bool) -> None:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
+        self._take_failed_patches()  # (of direct calls of the uncompiled model)
+        self._check_patched_calls()
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
@@ -320,6 +322,7 @@ class CompiledHooks:
             self.fail(st.root_path, None, ACTIVATION, exc)
         finally:
             st.out = st.probe = st.edges = st.probe_edges = None
+        self._take_failed_patches()
         if st.recording:
             self._calls.append((out, probe, ranges))
         return result
@@ -425,6 +428,29 @@ class CompiledHooks:
             activations_at, grads_at = activations_at + count, grads_at + len(used)
         self.sums.graph_edges = np.concatenate(activation_edges + grad_edges) if per_call else np.zeros((0, 2))
 
+    def _take_failed_patches(self) -> None:
+        """Take out the patches that raised (the model ran on unpatched), each kept in ``errors`` and
+        warned of at the line that made it, as the eager watch does."""
+        failed, self.state.failed[:] = list(self.state.failed), []
+        for path, fn, call, exc, output in failed:
+            for intervention in [i for i in self.interventions.get(path, ()) if i.fn is fn]:
+                self.fail(path, call, f"patch:{intervention.label}", exc, disable=False, say=False)
+                intervention.fail(self.errors[-1], output)
+
+    def _check_patched_calls(self) -> None:
+        """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
+        times, patched nothing: it fails (removed, with a warning), as in the eager watch. (The calls
+        of a path with such a patch are counted up to ``k + 1``: :attr:`GraphState.counted`.)"""
+        for path, items in tuple(self.interventions.items()):
+            made = self.state.calls.get(path, 0)
+            for intervention in tuple(items):
+                if intervention.call is not None and 0 < made <= intervention.call:
+                    self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
+                        f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
+                        f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)"),
+                        disable=False, say=False)
+                    intervention.fail(self.errors[-1])
+
     def _remove_unknown_call_patches(self) -> None:
         """Take out the patches of one call at sites that activation checkpointing recomputed without
         telling which call (the forward called them several times), saying so: the recomputation ran
@@ -487,9 +513,10 @@ class CompiledHooks:
             self._param_grads[(module_path, name)] = (key, grad.numel(), row)
 
     # ------------------------------------------------------------------ failures, closing
-    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> None:
-        """Keep an instrumentation failure in ``errors``, with a warning, and (``disable``) stop
-        recording ``kind`` at ``path``."""
+    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True,
+             say: bool = True) -> None:
+        """Keep an instrumentation failure in ``errors``, with a warning (``say``: a failed patch's
+        own warning says it), and (``disable``) stop recording ``kind`` at ``path``."""
         if disable and kind in self.kinds and path in self.kinds[kind]:
             self.kinds[kind].discard(path)
             self._set_sites()
@@ -497,7 +524,8 @@ class CompiledHooks:
                  "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         self.errors.append(error)
         self.step_errors.append(error)
-        warn(f"workbench: {error['error']}")
+        if say:
+            warn(f"workbench: {error['error']}")
 
     def close(self) -> None:
         """Remove every hook and put the compiled callable back (idempotent)."""
