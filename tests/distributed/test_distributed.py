@@ -262,6 +262,14 @@ def test_a_compiled_ddp_model_is_named_by_the_model_s_paths_in_either_order(one_
     assert workbench.load_run(tmp_path / "run").metadata["distributed"]["wrapper"] == "DistributedDataParallel"
 
 
+def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distributed(one_rank, tmp_path):
+    model = nn.parallel.DistributedDataParallel(workers.make_model())
+    with workbench.watch(model, store=tmp_path / "run"):  # (as another rank's watch holds it)
+        with pytest.raises(FileExistsError, match=r"being written by another writer.*Under torch\.distributed "
+                                                  r"every rank's watch writes its own store: use .*watch_distributed"):
+            workbench.watch(model, store=tmp_path / "run")
+
+
 def test_bad_options_are_named(one_rank):
     model = workers.make_model()
     with pytest.raises(ValueError, match=r"grad_scale must be a finite number > 0.*got -1"):
