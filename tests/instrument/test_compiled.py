@@ -827,3 +827,18 @@ def test_a_patch_that_raises_or_of_a_call_never_made_is_removed_with_a_warning_a
     assert "received the module's whole output" not in compiled_said[1]  # (an output it never got)
     assert [e["error"] for e in compiled.errors] == [e["error"] for e in eager.errors]
     compare(eager.to_pandas(), compiled.to_pandas())
+
+
+def test_an_evaluation_call_left_unpaused_before_the_training_call_is_warned_of_as_in_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    compiled, x = torch.compile(net), torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match=r"the step 1 began with a call of the model \(Sequential\) in eval mode "
+                                            r"or under torch\.no_grad\(\), recorded as its call 0.*w\.paused\(\)"):
+        with workbench.watch(compiled, histograms=False) as w:
+            with torch.no_grad():
+                compiled(x)  # an evaluation, not in w.paused()
+            compiled(x).sum().backward()
+            w.step()
+    assert sorted(set(w.to_pandas().call)) == [0, 1]

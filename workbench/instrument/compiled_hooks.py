@@ -35,7 +35,8 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, attached, changes, replaced_message, warn
+from workbench.instrument.hooks import (Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
+                                        unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
@@ -176,6 +177,7 @@ class CompiledHooks:
         self._structure = sites.structure()
         self._check_due = False  # the recorded step has not compared the parameters' flags yet
         self._change_reported = False
+        self._eval_reported = False  # an unpaused evaluation call warned
         inner_call, ref = entry.call, weakref.ref(self)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -270,6 +272,9 @@ class CompiledHooks:
         self.sums.reset()
         self.state.calls.clear()  # (the same dict: the traced hooks hold it)
         self._check_due = recording
+        # whether the step's first call of the model trained (training mode, grad enabled), and any did
+        self._first_call_trained: bool | None = None
+        self._a_call_trained = False
         self.update()
 
     def update(self) -> None:
@@ -290,6 +295,11 @@ class CompiledHooks:
             self._check_frozen()
         if not (st.recording or st.patches):
             return inner_call(*args, **kwargs)  # the model's own graph
+        if st.recording:  # (an evaluation pass left unpaused, before the training calls? see end_step)
+            trained = self.sites.model.training and torch.is_grad_enabled()
+            if self._first_call_trained is None:
+                self._first_call_trained = trained
+            self._a_call_trained = self._a_call_trained or trained
         out: list = []
         probe = None
         if st.recording and st.grad_sites and torch.is_grad_enabled():
@@ -345,6 +355,9 @@ class CompiledHooks:
         self._remove_unknown_call_patches()
         entries = self._graph_entries()
         self._check_structure()  # (once this step's rows are named; before the parameters are read)
+        if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
+            self._eval_reported = True
+            warn(unpaused_evaluation_message(self.step_index, self.sites.model))
         offset = len(self.sums.graph)
         if parameters:
             items = [item for item in self.params if item[0] in self.kinds[PARAM]]

@@ -209,10 +209,7 @@ class Hooks:
         self.check_structure()  # (before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
             self._eval_reported = True
-            warn(f"workbench: the step {self.step_index} began with a call of the model "
-                 f"({type(self.sites.model).__name__}) in eval mode or under torch.no_grad(), recorded as its call 0, "
-                 "before its training calls: if it is an evaluation pass, run it inside `with w.paused():` so that "
-                 "it leaves no rows and the training forward stays call 0. Said once per watch.")
+            warn(unpaused_evaluation_message(self.step_index, self.sites.model))
         if parameters:
             sites = self.kinds[PARAM]
             self._record_parameters(PARAM, [item for item in self.params if item[0] in sites])
@@ -591,6 +588,14 @@ def replaced_message(changed: list[str], started: str) -> str:
             f"started ({shown}; load_state_dict(assign=True), a new nn.Parameter or submodule?). The watch "
             "now records the current ones: their parameter values from this step, their activations and "
             "gradients from the next step. Said once per watch.")
+
+
+def unpaused_evaluation_message(step: int, model: nn.Module) -> str:
+    """The warning, once per watch, of a recorded step that began with an evaluation call of the model."""
+    return (f"workbench: the step {step} began with a call of the model ({type(model).__name__}) in eval mode or "
+            "under torch.no_grad(), recorded as its call 0, before its training calls: if it is an evaluation "
+            "pass, run it inside `with w.paused():` so that it leaves no rows and the training forward stays "
+            "call 0. Said once per watch.")
 
 
 def _remove_hooks(handles: list, fresh_hook_dicts: list[nn.Parameter]) -> None:
