@@ -842,3 +842,19 @@ def test_an_evaluation_call_left_unpaused_before_the_training_call_is_warned_of_
             compiled(x).sum().backward()
             w.step()
     assert sorted(set(w.to_pandas().call)) == [0, 1]
+
+
+def test_a_step_never_ended_stops_growing_past_the_calls_a_step_can_make_with_a_warning():
+    from workbench.instrument.hooks import MAX_CALLS_PER_STEP
+    fresh_dynamo()
+    torch.manual_seed(0)
+    compiled, x = torch.compile(nn.Sequential(nn.Linear(2, 2))), torch.randn(1, 2)
+    with pytest.warns(RuntimeWarning, match=rf"the model was called {MAX_CALLS_PER_STEP + 1} times within step 1: is "
+                                            r"w\.step\(\) called after each training step\?"):
+        with workbench.watch(compiled, histograms=False, parameters=False) as w, torch.no_grad():
+            for _ in range(MAX_CALLS_PER_STEP + 5):  # no w.step()
+                compiled(x)
+            assert len(w._hooks._calls) == MAX_CALLS_PER_STEP  # (what the step keeps stops growing)
+            w.step()
+    rows = w.to_pandas()
+    assert rows.call.max() == MAX_CALLS_PER_STEP - 1 and len(w.errors) == 1

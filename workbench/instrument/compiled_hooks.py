@@ -35,7 +35,7 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import (Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
+from workbench.instrument.hooks import (MAX_CALLS_PER_STEP, Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
                                         unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
@@ -178,6 +178,8 @@ class CompiledHooks:
         self._check_due = False  # the recorded step has not compared the parameters' flags yet
         self._change_reported = False
         self._eval_reported = False  # an unpaused evaluation call warned
+        self._calls_reported = False  # MAX_CALLS_PER_STEP warned
+        self._full = False  # the step made MAX_CALLS_PER_STEP recorded calls: no more of it is recorded
         inner_call, ref = entry.call, weakref.ref(self)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -272,6 +274,7 @@ class CompiledHooks:
         self.sums.reset()
         self.state.calls.clear()  # (the same dict: the traced hooks hold it)
         self._check_due = recording
+        self._full = False
         # whether the step's first call of the model trained (training mode, grad enabled), and any did
         self._first_call_trained: bool | None = None
         self._a_call_trained = False
@@ -281,7 +284,7 @@ class CompiledHooks:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
         st = self.state
         live = not self.closed and not self.paused
-        st.recording = live and self.recording
+        st.recording = live and self.recording and not self._full
         st.patches = ({path: tuple((i.fn, i.call) for i in items) for path, items in self.interventions.items()}
                       if live else {})
         st.counted = {path: max(2, max(at for _, at in items if at is not None) + 1)
@@ -295,6 +298,10 @@ class CompiledHooks:
             self._check_frozen()
         if not (st.recording or st.patches):
             return inner_call(*args, **kwargs)  # the model's own graph
+        if st.recording and len(self._calls) >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
+            self._too_many()
+            if not st.patches:
+                return inner_call(*args, **kwargs)
         if st.recording:  # (an evaluation pass left unpaused, before the training calls? see end_step)
             trained = self.sites.model.training and torch.is_grad_enabled()
             if self._first_call_trained is None:
@@ -336,6 +343,21 @@ class CompiledHooks:
         if st.recording:
             self._calls.append((out, probe, ranges))
         return result
+
+    def _too_many(self) -> None:
+        """Past :data:`MAX_CALLS_PER_STEP` calls of the model in one recorded step: nothing more of
+        the step is recorded (its rows and probes are kept until it ends), with a warning (once per
+        watch) and an error, as the eager watch does past that many calls of a site."""
+        self._full = True
+        self.update()
+        if not self._calls_reported:
+            self._calls_reported = True
+            message = (f"the model was called {len(self._calls) + 1} times within step {self.step_index}: is "
+                       f"w.step() called after each training step? Past {MAX_CALLS_PER_STEP} calls in one step "
+                       "nothing more of the step is recorded. Call w.step() after loss.backward() and the "
+                       "optimizer step")
+            self.fail(self.state.root_path, None, "step", RuntimeError(message), disable=False, say=False)
+            warn(f"workbench: {message}.")
 
     def _ranges_of_call(self, index: int) -> CallRanges:
         """The fixed ranges for the rows of the ``index``-th compiled call of the step: those the
