@@ -35,8 +35,8 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import (MAX_CALLS_PER_STEP, Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
-                                        unpaused_evaluation_message, warn)
+from workbench.instrument.hooks import (MAX_CALLS_PER_STEP, Entry, _remove_hooks, _weakly, attached, changes,
+                                        replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
