@@ -858,3 +858,18 @@ def test_a_step_never_ended_stops_growing_past_the_calls_a_step_can_make_with_a_
             w.step()
     rows = w.to_pandas()
     assert rows.call.max() == MAX_CALLS_PER_STEP - 1 and len(w.errors) == 1
+
+
+def test_a_fullgraph_model_the_eager_fallback_cannot_take_over_says_why():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    compiled = torch.compile(net, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the hand-over's own warning)
+        with workbench.watch(compiled, histograms=False) as w:
+            w.patch("0", lambda out: out.no_such_method())  # dynamo cannot trace it: with fullgraph, no graph
+            with pytest.raises(RuntimeError, match=r"compiling the model with the watch's hooks failed .*, and so did "
+                                                   r"the eager watch that took over .*fullgraph=True.*Compile it "
+                                                   r"without fullgraph=True to watch it, and look at the patches"):
+                compiled(torch.randn(3, 4))

@@ -324,9 +324,21 @@ class CompiledHooks:
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             if not internals.is_compile_error(exc) or self._checked:
                 raise
+            patched = bool(self.interventions)
             self._on_hand_over("compiling the model with the watch's hooks failed "
                                f"({type(exc).__name__}: {exc})")
-            return inner_call(*args, **kwargs)  # (the eager hooks in)
+            try:
+                return inner_call(*args, **kwargs)  # (the eager hooks in)
+            except Exception as again:
+                if not internals.is_compile_error(again):
+                    raise
+                raise RuntimeError(
+                    "workbench.watch: compiling the model with the watch's hooks failed "
+                    f"({type(exc).__name__}: {_first_line(exc)}), and so did the eager watch that took over "
+                    f"({type(again).__name__}: {_first_line(again)}): its hooks run in graph breaks, which a model "
+                    "compiled with torch.compile(..., fullgraph=True) refuses. Compile it without fullgraph=True to "
+                    "watch it" + (", and look at the patches in place (w.intervention_log()): one that dynamo "
+                                  "cannot trace fails the compile" if patched else "") + ".") from again
         except BaseException:
             st.out = st.probe = st.edges = st.probe_edges = None
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
@@ -568,6 +580,11 @@ class CompiledHooks:
         self._release()
         self.interventions.clear()
         self.update()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (dynamo's run to many lines of hints)."""
+    return next(iter(str(exc).strip().splitlines()), "")
 
 
 def _release(handles: list, fresh: list[nn.Parameter], entry: internals.CompiledEntry, call: Callable,
