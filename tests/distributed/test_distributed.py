@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 import workbench
 from workbench.instrument.recorder import StepRecord, rows_frame
@@ -239,6 +241,33 @@ def test_one_rank_equals_a_plain_watch(one_rank, tmp_path):
     w.close()
     assert_rows_equal(w.to_pandas(), reference().to_pandas())
     assert workbench.load_run(tmp_path / "run").status == "finished"
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda model: torch.compile(nn.parallel.DistributedDataParallel(model)),
+    lambda model: nn.parallel.DistributedDataParallel(torch.compile(model)),
+], ids=["compile(ddp)", "ddp(compile)"])
+def test_a_compiled_ddp_model_is_named_by_the_model_s_paths_in_either_order(one_rank, tmp_path, wrap):
+    torch._dynamo.reset()
+    model = workers.make_model()
+    wrapped = wrap(model)
+    with warnings.catch_warnings():  # (compile(ddp): dynamo compiles no frame of DDP's forward on gloo; said)
+        warnings.simplefilter("ignore")
+        w = watch_distributed(wrapped, histograms=True, bins=workers.BINS, store=tmp_path / "run")
+        workers.train(wrapped, w, workers.batches(), slice(None))
+        w.close()
+    rows = w.to_pandas()
+    assert set(rows.module) == {"", "0", "1", "2"}  # no "module." nor "_orig_mod." prefix
+    assert_rows_equal(rows, reference().to_pandas())
+    assert workbench.load_run(tmp_path / "run").metadata["distributed"]["wrapper"] == "DistributedDataParallel"
+
+
+def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distributed(one_rank, tmp_path):
+    model = nn.parallel.DistributedDataParallel(workers.make_model())
+    with workbench.watch(model, store=tmp_path / "run"):  # (as another rank's watch holds it)
+        with pytest.raises(FileExistsError, match=r"being written by another writer.*Under torch\.distributed "
+                                                  r"every rank's watch writes its own store: use .*watch_distributed"):
+            workbench.watch(model, store=tmp_path / "run")
 
 
 def test_bad_options_are_named(one_rank):

@@ -715,3 +715,161 @@ def test_workbench_watch_picks_the_compiled_watch_unless_an_option_needs_the_eag
     rows = run.to_pandas()
     assert len(rows[rows.step == 1]) == len(rows[rows.step == 2]) > 0
     assert (rows[(rows.module == "0") & (rows.kind == "activation")].call == 0).all()
+
+
+def _assign_checkpoint(net: nn.Module) -> None:
+    net.load_state_dict({k: torch.full_like(v, 0.5) for k, v in net.state_dict().items()}, assign=True)
+
+
+def _new_parameter(net: nn.Module) -> None:
+    net[0].weight = nn.Parameter(torch.zeros(8, 4))
+
+
+def _swap_head(net: nn.Module) -> None:
+    torch.manual_seed(1)
+    net[2] = nn.Linear(8, 3)
+
+
+def _unfreeze(net: nn.Module) -> None:
+    net[0].requires_grad_(True)
+
+
+@pytest.mark.parametrize("change, warned", [(_assign_checkpoint, "2.weight"), (_new_parameter, "0.weight"),
+                                            (_swap_head, "module '2'"), (_unfreeze, None)],
+                         ids=["load_state_dict-assign", "new-parameter", "swapped-module", "unfrozen"])
+def test_a_model_changed_under_the_compiled_watch_is_re_attached_as_the_eager_watch_does(change, warned):
+    def run(compiled: bool):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        net[0].requires_grad_(change is not _unfreeze)
+        x = torch.randn(16, 4)
+        model = torch.compile(net) if compiled else net
+        fresh_dynamo()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with workbench.watch(model, histograms=False) as w:
+                for step in range(4):
+                    if step == 2:
+                        change(net)
+                    model(x).sum().backward()
+                    net.zero_grad()
+                    w.step()
+        said = [str(c.message) for c in caught if "replaced, added or removed" in str(c.message)]
+        return w, said
+
+    eager, eager_said = run(False)
+    compiled, compiled_said = run(True)
+    assert isinstance(compiled, CompiledWatch) and compiled.errors == [] == eager.errors
+    assert len(compiled_said) == len(eager_said) == (warned is not None)
+    if warned:
+        assert warned in compiled_said[0]
+    rows = compare(eager.to_pandas(), compiled.to_pandas())
+    assert (rows._merge == "both").all(), rows[rows._merge != "both"][KEY + ["_merge"]]
+
+
+class BreaksInside(nn.Module):
+    """A block whose forward reads a value on the host (``.item()``): dynamo breaks the graph there."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.block, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.block(self.fc1(x))
+        scale = 2.0 if h.mean().item() > 10 else 1.0
+        return self.fc2(torch.relu(h * scale))
+
+
+def test_the_warning_of_calls_outside_the_graphs_names_their_sites():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(BreaksInside())
+    compiled = torch.compile(net)
+    with pytest.warns(RuntimeWarning, match=r"1 of 4 module calls .* outside dynamo's graphs \(graph breaks in the "
+                                            r"model, at '0'\)"):
+        with workbench.watch(compiled, histograms=False) as w:
+            compiled(torch.randn(8, 4)).sum().backward()
+            w.step()
+    assert w.fallback is None and set(w.to_pandas().module) == {"", "0", "0.fc1", "0.block", "0.fc2"}
+
+
+def test_a_patch_that_raises_or_of_a_call_never_made_is_removed_with_a_warning_as_in_the_eager_watch():
+    def run(compiled: bool):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+        model = torch.compile(net) if compiled else net
+        x, outs = torch.randn(3, 4), []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with workbench.watch(model, histograms=False) as w:
+                w.patch("0", lambda out: out.no_such_method())  # raises in the forward
+                w.patch("2", lambda out: out * 0, call=3)  # the model calls "2" once a step
+                for _ in range(2):
+                    outs.append(model(x))
+                    outs[-1].sum().backward()
+                    w.step()
+        said = [str(c.message) for c in caught if "failed and was removed" in str(c.message)]
+        return w, outs, said
+
+    eager, eager_outs, eager_said = run(False)
+    compiled, compiled_outs, compiled_said = run(True)
+    assert isinstance(compiled, CompiledWatch)
+    for out, expected in zip(compiled_outs, eager_outs):  # unpatched
+        torch.testing.assert_close(out, expected)
+    log = compiled.intervention_log()
+    assert log.equals(eager.intervention_log()), (log, eager.intervention_log())
+    assert log.status.tolist() == ["failed at step 1: AttributeError: 'Tensor' object has no attribute "
+                                   "'no_such_method'",
+                                   "failed at step 1: ValueError: the step called '2' 1 time(s): it has no call 3, and "
+                                   "the patch applied to nothing. Patch a call from 0 to 0, or every call (call=None)"]
+    assert compiled_said == eager_said and len(compiled_said) == 2
+    assert "received the module's whole output" not in compiled_said[1]  # (an output it never got)
+    assert [e["error"] for e in compiled.errors] == [e["error"] for e in eager.errors]
+    compare(eager.to_pandas(), compiled.to_pandas())
+
+
+def test_an_evaluation_call_left_unpaused_before_the_training_call_is_warned_of_as_in_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    compiled, x = torch.compile(net), torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match=r"the step 1 began with a call of the model \(Sequential\) in eval mode "
+                                            r"or under torch\.no_grad\(\), recorded as its call 0.*w\.paused\(\)"):
+        with workbench.watch(compiled, histograms=False) as w:
+            with torch.no_grad():
+                compiled(x)  # an evaluation, not in w.paused()
+            compiled(x).sum().backward()
+            w.step()
+    assert sorted(set(w.to_pandas().call)) == [0, 1]
+
+
+def test_a_step_never_ended_stops_growing_past_the_calls_a_step_can_make_with_a_warning():
+    from workbench.instrument.hooks import MAX_CALLS_PER_STEP
+    fresh_dynamo()
+    torch.manual_seed(0)
+    compiled, x = torch.compile(nn.Sequential(nn.Linear(2, 2))), torch.randn(1, 2)
+    with pytest.warns(RuntimeWarning, match=rf"the model was called {MAX_CALLS_PER_STEP + 1} times within step 1: is "
+                                            r"w\.step\(\) called after each training step\?"):
+        with workbench.watch(compiled, histograms=False, parameters=False) as w, torch.no_grad():
+            for _ in range(MAX_CALLS_PER_STEP + 5):  # no w.step()
+                compiled(x)
+            assert len(w._hooks._calls) == MAX_CALLS_PER_STEP  # (what the step keeps stops growing)
+            w.step()
+    rows = w.to_pandas()
+    assert rows.call.max() == MAX_CALLS_PER_STEP - 1 and len(w.errors) == 1
+
+
+def test_a_fullgraph_model_the_eager_fallback_cannot_take_over_says_why():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    compiled = torch.compile(net, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the hand-over's own warning)
+        with workbench.watch(compiled, histograms=False) as w:
+            w.patch("0", lambda out: out.no_such_method())  # dynamo cannot trace it: with fullgraph, no graph
+            with pytest.raises(RuntimeError, match=r"compiling the model with the watch's hooks failed .*, and so did "
+                                                   r"the eager watch that took over .*fullgraph=True.*Compile it "
+                                                   r"without fullgraph=True to watch it, and look at the patches"):
+                compiled(torch.randn(3, 4))

@@ -80,7 +80,8 @@ class CompiledWatch(Watch):
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
                 reducers: Sequence[Reducer] | None, compiled: bool, updates: bool) -> Any:
-        return CompiledHooks(self._entry, sites, kinds, bins, self._capacity, _weakly(self._hand_over))
+        return CompiledHooks(self._entry, sites, kinds, bins, self._capacity, _weakly(self._hand_over),
+                             self._wanted)
 
     def step(self, **metrics: float) -> StepRecord | None:
         """End the current step, as :meth:`Watch.step <workbench.instrument.watch.Watch.step>` does;

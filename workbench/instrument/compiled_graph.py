@@ -229,14 +229,7 @@ class GraphState:
     forward)."""
 
     def __init__(self, sites: CallSites, bins: int) -> None:
-        root = id(sites.model)
-        self.root_path = sites.aliases[root][0]
-        self.containers = frozenset(sites.containers - {root})
-        self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
-        self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
-        parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
-        self.resolve = {(parent, key): sites.resolve(parent, sites.modules[key])
-                        for key in (self.shared | self.containers) for parent in parents}
+        self.index(sites)
         self.bins = bins
         self.activation_sites: frozenset[str] = frozenset()
         self.grad_sites: frozenset[str] = frozenset()
@@ -251,6 +244,9 @@ class GraphState:
         self.counted: dict[str, int] = {}
         self.calls: dict[str, int] = {}
         self.unknown_calls: set[str] = set()  # paths recomputed whose call index was not known (see observe)
+        #: patches that raised (path, fn, call, the exception, the output they got): the model ran on
+        #: unpatched; the hooks take them out, as the eager watch does
+        self.failed: list[tuple[str, Callable, int | None, Exception, Any]] = []
         # per compiled call (set around it): the stack, the rows, the probe and its rows taken, the
         # activation rows taken; with histograms, the fixed ranges of its activation rows and of its
         # probe's rows (see CompiledHooks: (rows, 2) float64, NaN: the tensor's own range)
@@ -261,6 +257,19 @@ class GraphState:
         self.activation_rows: list[int] = []
         self.edges: torch.Tensor | None = None
         self.probe_edges: torch.Tensor | None = None
+
+    def index(self, sites: CallSites) -> None:
+        """Make the tables that name the calls, from ``sites`` as it is indexed now (at the start,
+        and again after the model changed under the watch: new objects, on which dynamo's guards
+        fail, so the graphs that read the old ones recompile)."""
+        root = id(sites.model)
+        self.root_path = sites.aliases[root][0]
+        self.containers = frozenset(sites.containers - {root})
+        self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
+        self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
+        parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
+        self.resolve = {(parent, key): sites.resolve(parent, sites.modules[key])
+                        for key in (self.shared | self.containers) for parent in parents}
 
 
 def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
@@ -321,7 +330,12 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
             st.calls[path] = min(call + 1, last)
         for fn, at in patches:
             if at is None or at == call:
-                output = fn(output)
+                try:  # (dynamo traces the handler, or runs the frame eagerly where it cannot)
+                    output = fn(output)
+                except Exception as exc:
+                    if st.out is None and internals.in_backward():
+                        raise  # (a recomputation: checkpointing stops one by raising, through the patch)
+                    st.failed.append((path, fn, call, exc, output))
     if not st.recording or st.out is None:
         return output if patches is not None else None
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))

@@ -35,7 +35,8 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import Entry, _remove_hooks, _weakly, warn
+from workbench.instrument.hooks import (MAX_CALLS_PER_STEP, Entry, _remove_hooks, _weakly, attached, changes,
+                                        replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
@@ -133,11 +134,19 @@ class CompiledHooks:
         capacity: gradient rows per compiled call (None: twice the module paths, and some).
         on_hand_over: called with the reason where compiling the model with the hooks failed (the
             eager hooks take over, and the call runs again).
+        wanted: the kinds the watch's options ask for (default: those with a path in ``kinds``): a
+            module or parameter that appears after the start is recorded in these.
+
+    The model may change under the watch, as under the eager one (a checkpoint loaded with
+    ``load_state_dict(assign=True)``, a submodule swapped, a parameter unfrozen): compared at each
+    recorded step (:meth:`_check_frozen`, :meth:`_check_structure`), re-attached where it did.
     """
 
     def __init__(self, entry: internals.CompiledEntry, sites: CallSites, kinds: dict[str, set[str]],
-                 bins: int | None, capacity: int | None, on_hand_over: Callable[[str], None]) -> None:
+                 bins: int | None, capacity: int | None, on_hand_over: Callable[[str], None],
+                 wanted: set[str] | None = None) -> None:
         self.sites, self.kinds, self.entry = sites, kinds, entry
+        self._wanted = {kind for kind, paths in kinds.items() if paths} if wanted is None else set(wanted)
         self.bins = bins or 0
         self.errors: list[dict[str, Any]] = []
         self.step_errors: list[dict[str, Any]] = []
@@ -146,6 +155,7 @@ class CompiledHooks:
         #: why the eager hooks should record from the next step on (None while the model compiles)
         self.hand_over: str | None = None
         self._on_hand_over = on_hand_over
+        self._capacity_given = capacity is not None
         self._capacity = capacity or 2 * len(sites.paths) + 16
         self._device = next((p.device for p in sites.model.parameters()), torch.device("cpu"))
         self._checked = False  # the calls of the first recorded step with calls were looked at
@@ -156,15 +166,20 @@ class CompiledHooks:
         self.state = GraphState(sites, self.bins)
         self._set_sites()
         pre_hook, hook = make_hooks(self.state)
-        handles = internals.register_module_hooks(hook, pre_hook if self.state.containers else None, traced=True)
+        # (the pre-hook keeps the stack of a model with a shared module: put in where the model has
+        # one, as a module swapped in later may add the containers that need it)
+        handles = internals.register_module_hooks(hook, pre_hook if sites.needs_stack else None, traced=True)
         internals.compile_again()  # (graphs the model compiled before the watch would never call the hooks)
         self._breaks_before = internals.graph_break_counts()  # (a warning names this model's breaks alone)
-        fresh: list[nn.Parameter] = []
-        if kinds[PARAM_GRAD]:
-            for module_path, name, param in self.params:
-                if param.requires_grad:
-                    handles.append(internals.register_param_grad_hook(
-                        param, _weakly(self._on_param_grad, module_path, name), fresh))
+        self._handles, self._fresh = handles, []  # (every hook in, as the finalizer removes them)
+        self._param_handles: dict[int, Any] = {}  # id(parameter) -> the handle of its gradient hook
+        self._hook_params()
+        self._structure = sites.structure()
+        self._check_due = False  # the recorded step has not compared the parameters' flags yet
+        self._change_reported = False
+        self._eval_reported = False  # an unpaused evaluation call warned
+        self._calls_reported = False  # MAX_CALLS_PER_STEP warned
+        self._full = False  # the step made MAX_CALLS_PER_STEP recorded calls: no more of it is recorded
         inner_call, ref = entry.call, weakref.ref(self)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -172,7 +187,72 @@ class CompiledHooks:
             return inner_call(*args, **kwargs) if hooks is None else hooks._call(inner_call, args, kwargs)
 
         entry.set_call(call)
-        self._release = weakref.finalize(self, _release, handles, fresh, entry, call, inner_call)
+        self._release = weakref.finalize(self, _release, handles, self._fresh, entry, call, inner_call)
+
+    def _hook_params(self) -> None:
+        """Hook the gradient of each recorded parameter that requires grad and has no hook yet;
+        unhook those gone or frozen."""
+        want = {id(p): (path, name, p) for path, name, p in self.params
+                if p.requires_grad and path in self.kinds[PARAM_GRAD]} if PARAM_GRAD in self._wanted else {}
+        for key in [key for key in self._param_handles if key not in want]:
+            handle = self._param_handles.pop(key)
+            handle.remove()
+            self._handles.remove(handle)
+        internals.restore_param_hook_dicts(self._fresh)
+        for key, (module_path, name, param) in want.items():
+            if key not in self._param_handles:
+                handle = internals.register_param_grad_hook(
+                    param, _weakly(self._on_param_grad, module_path, name), self._fresh)
+                self._param_handles[key] = handle
+                self._handles.append(handle)
+
+    def _check_frozen(self) -> None:
+        """Hook the gradients of parameters unfrozen since the last look, unhook those frozen: at the
+        first call of the compiled model in a recorded step (only flags are compared, as the eager
+        watch compares them there)."""
+        flags = self.sites.requires_grad()
+        if flags == self._structure[1]:
+            return
+        try:
+            self._structure = (self._structure[0], flags)
+            self._hook_params()
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+
+    def _check_structure(self) -> None:
+        """Re-attach to the model as it is now when its parameters or modules were replaced, added or
+        removed (or (un)frozen) since the last look: at the end of each recorded step, the model at
+        rest, before its parameters are read. Its new modules are named and recorded from the next
+        step (the traced hooks' tables are made anew: the graphs that read them recompile once), its
+        current parameters read from this step and their gradients hooked. Warned of once per watch,
+        as the eager watch warns."""
+        if self.sites.structure() == self._structure:
+            return
+        try:
+            before = attached(self.sites, self.params)
+            self.sites.rebuild()
+            self._structure = self.sites.structure()
+            self.params = self.sites.parameters()
+            added, new_param_paths, changed = changes(before, self.sites, self.params)
+            for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
+                if kind in self._wanted:
+                    self.kinds[kind].update(added)
+            for kind in (PARAM, PARAM_GRAD):
+                if kind in self._wanted:
+                    self.kinds[kind].update(new_param_paths)
+            self._hook_params()
+            if before[0] != attached(self.sites, ())[0]:  # (the modules changed: the graphs' tables too)
+                self.state.index(self.sites)
+                self._set_sites()
+                self._ranges = []  # (a call's rows may lie elsewhere now: each bins over its own range once)
+                if not self._capacity_given:
+                    self._capacity = max(self._capacity, 2 * len(self.sites.paths) + 16)
+        except Exception as exc:  # never into training
+            self.fail("", 0, "structure", exc, disable=False)
+            return
+        if changed and not self._change_reported:
+            self._change_reported = True
+            warn(replaced_message(changed, "watch()"))
 
     def _set_sites(self) -> None:
         # (new sets only when a site fails: dynamo guards on them, a change recompiles)
@@ -182,6 +262,8 @@ class CompiledHooks:
     # ------------------------------------------------------------------ the step
     def start_step(self, step_index: int, recording: bool) -> None:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
+        self._take_failed_patches()  # (of direct calls of the uncompiled model)
+        self._check_patched_calls()
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
@@ -191,13 +273,18 @@ class CompiledHooks:
         self._flush_queued = False
         self.sums.reset()
         self.state.calls.clear()  # (the same dict: the traced hooks hold it)
+        self._check_due = recording
+        self._full = False
+        # whether the step's first call of the model trained (training mode, grad enabled), and any did
+        self._first_call_trained: bool | None = None
+        self._a_call_trained = False
         self.update()
 
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
         st = self.state
         live = not self.closed and not self.paused
-        st.recording = live and self.recording
+        st.recording = live and self.recording and not self._full
         st.patches = ({path: tuple((i.fn, i.call) for i in items) for path, items in self.interventions.items()}
                       if live else {})
         st.counted = {path: max(2, max(at for _, at in items if at is not None) + 1)
@@ -206,8 +293,20 @@ class CompiledHooks:
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
         st = self.state
+        if self._check_due:  # the first call of a recorded step
+            self._check_due = False
+            self._check_frozen()
         if not (st.recording or st.patches):
             return inner_call(*args, **kwargs)  # the model's own graph
+        if st.recording and len(self._calls) >= MAX_CALLS_PER_STEP:  # w.step() forgotten? The step stops growing
+            self._too_many()
+            if not st.patches:
+                return inner_call(*args, **kwargs)
+        if st.recording:  # (an evaluation pass left unpaused, before the training calls? see end_step)
+            trained = self.sites.model.training and torch.is_grad_enabled()
+            if self._first_call_trained is None:
+                self._first_call_trained = trained
+            self._a_call_trained = self._a_call_trained or trained
         out: list = []
         probe = None
         if st.recording and st.grad_sites and torch.is_grad_enabled():
@@ -225,9 +324,21 @@ class CompiledHooks:
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             if not internals.is_compile_error(exc) or self._checked:
                 raise
+            patched = bool(self.interventions)
             self._on_hand_over("compiling the model with the watch's hooks failed "
                                f"({type(exc).__name__}: {exc})")
-            return inner_call(*args, **kwargs)  # (the eager hooks in)
+            try:
+                return inner_call(*args, **kwargs)  # (the eager hooks in)
+            except Exception as again:
+                if not internals.is_compile_error(again):
+                    raise
+                raise RuntimeError(
+                    "workbench.watch: compiling the model with the watch's hooks failed "
+                    f"({type(exc).__name__}: {_first_line(exc)}), and so did the eager watch that took over "
+                    f"({type(again).__name__}: {_first_line(again)}): its hooks run in graph breaks, which a model "
+                    "compiled with torch.compile(..., fullgraph=True) refuses. Compile it without fullgraph=True to "
+                    "watch it" + (", and look at the patches in place (w.intervention_log()): one that dynamo "
+                                  "cannot trace fails the compile" if patched else "") + ".") from again
         except BaseException:
             st.out = st.probe = st.edges = st.probe_edges = None
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
@@ -240,9 +351,25 @@ class CompiledHooks:
             self.fail(st.root_path, None, ACTIVATION, exc)
         finally:
             st.out = st.probe = st.edges = st.probe_edges = None
+        self._take_failed_patches()
         if st.recording:
             self._calls.append((out, probe, ranges))
         return result
+
+    def _too_many(self) -> None:
+        """Past :data:`MAX_CALLS_PER_STEP` calls of the model in one recorded step: nothing more of
+        the step is recorded (its rows and probes are kept until it ends), with a warning (once per
+        watch) and an error, as the eager watch does past that many calls of a site."""
+        self._full = True
+        self.update()
+        if not self._calls_reported:
+            self._calls_reported = True
+            message = (f"the model was called {len(self._calls) + 1} times within step {self.step_index}: is "
+                       f"w.step() called after each training step? Past {MAX_CALLS_PER_STEP} calls in one step "
+                       "nothing more of the step is recorded. Call w.step() after loss.backward() and the "
+                       "optimizer step")
+            self.fail(self.state.root_path, None, "step", RuntimeError(message), disable=False, say=False)
+            warn(f"workbench: {message}.")
 
     def _ranges_of_call(self, index: int) -> CallRanges:
         """The fixed ranges for the rows of the ``index``-th compiled call of the step: those the
@@ -258,8 +385,13 @@ class CompiledHooks:
     def end_step(self, parameters: bool) -> list[Entry]:
         """The step's entries, their rows in ``sums`` (``parameters``: read the parameters' values now)."""
         self._end_of_backward()  # (gradients whose hooks ran outside a backward)
+        self._check_due = False
         self._remove_unknown_call_patches()
         entries = self._graph_entries()
+        self._check_structure()  # (once this step's rows are named; before the parameters are read)
+        if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
+            self._eval_reported = True
+            warn(unpaused_evaluation_message(self.step_index, self.sites.model))
         offset = len(self.sums.graph)
         if parameters:
             items = [item for item in self.params if item[0] in self.kinds[PARAM]]
@@ -282,6 +414,7 @@ class CompiledHooks:
         grad_pieces: list[torch.Tensor] = []
         calls: dict[str, int] = defaultdict(int)
         compiled = eager = 0
+        outside: dict[str, None] = {}  # the paths of the calls that ran outside the graphs, in order
         overflow = False
         per_call: list[tuple[int, list[int]]] = []  # each call's count of activation rows, its probe rows used
         for out, probe, _ in self._calls:
@@ -291,6 +424,8 @@ class CompiledHooks:
             for path, names, shapes, rows, probed, in_graph in out:
                 compiled += in_graph is True
                 eager += in_graph is False
+                if in_graph is False:
+                    outside[path] = None
                 call = calls[path]
                 calls[path] = call + 1
                 if rows is not None:
@@ -313,7 +448,7 @@ class CompiledHooks:
                 f"more outputs needed a gradient row than the probe holds; it holds {self._capacity} from the next "
                 "step on (one recompile); the gradients beyond the old capacity were not recorded this step"),
                 disable=False)
-        self._note_compiled(compiled, eager)
+        self._note_compiled(compiled, eager, list(outside))
         if pieces or grad_pieces:  # the one host transfer of the in-graph rows
             self.sums.graph = torch.cat(pieces + grad_pieces).to("cpu", torch.float64).numpy()
         first = len(entries)  # the gradients' rows follow the activations'
@@ -340,6 +475,29 @@ class CompiledHooks:
             activations_at, grads_at = activations_at + count, grads_at + len(used)
         self.sums.graph_edges = np.concatenate(activation_edges + grad_edges) if per_call else np.zeros((0, 2))
 
+    def _take_failed_patches(self) -> None:
+        """Take out the patches that raised (the model ran on unpatched), each kept in ``errors`` and
+        warned of at the line that made it, as the eager watch does."""
+        failed, self.state.failed[:] = list(self.state.failed), []
+        for path, fn, call, exc, output in failed:
+            for intervention in [i for i in self.interventions.get(path, ()) if i.fn is fn]:
+                self.fail(path, call, f"patch:{intervention.label}", exc, disable=False, say=False)
+                intervention.fail(self.errors[-1], output)
+
+    def _check_patched_calls(self) -> None:
+        """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
+        times, patched nothing: it fails (removed, with a warning), as in the eager watch. (The calls
+        of a path with such a patch are counted up to ``k + 1``: :attr:`GraphState.counted`.)"""
+        for path, items in tuple(self.interventions.items()):
+            made = self.state.calls.get(path, 0)
+            for intervention in tuple(items):
+                if intervention.call is not None and 0 < made <= intervention.call:
+                    self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
+                        f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
+                        f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)"),
+                        disable=False, say=False)
+                    intervention.fail(self.errors[-1])
+
     def _remove_unknown_call_patches(self) -> None:
         """Take out the patches of one call at sites that activation checkpointing recomputed without
         telling which call (the forward called them several times), saying so: the recomputation ran
@@ -355,7 +513,7 @@ class CompiledHooks:
                     "checkpointed segment."), disable=False)
                 intervention.fail(self.errors[-1])  # (the log says it failed at this step)
 
-    def _note_compiled(self, compiled: int, eager: int) -> None:
+    def _note_compiled(self, compiled: int, eager: int, outside: list[str]) -> None:
         """After the first recorded step with calls: warn of calls that ran outside dynamo's graphs,
         and ask for the eager hooks where none ran inside."""
         if self._checked or not (compiled or eager):
@@ -366,9 +524,11 @@ class CompiledHooks:
             self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
                               f"every frame{': ' + reasons if reasons else ''})")
         elif eager:
+            shown = ", ".join(repr(path) for path in outside[:8]) + (
+                f" and {len(outside) - 8} more" if len(outside) > 8 else "")
             warn(f"workbench: {eager} of {compiled + eager} module calls of the compiled model ran outside "
-                 "dynamo's graphs (graph breaks in the model); they are recorded eagerly, the rest inside the "
-                 "compiled graphs.")
+                 f"dynamo's graphs (graph breaks in the model, at {shown}); they are recorded eagerly, the rest "
+                 "inside the compiled graphs. torch._dynamo.explain(model)(*inputs) tells why dynamo breaks there.")
 
     def output_shapes(self, path: str) -> set[tuple]:
         """The shapes of the outputs recorded at ``path`` so far (none before a recorded step)."""
@@ -400,9 +560,10 @@ class CompiledHooks:
             self._param_grads[(module_path, name)] = (key, grad.numel(), row)
 
     # ------------------------------------------------------------------ failures, closing
-    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True) -> None:
-        """Keep an instrumentation failure in ``errors``, with a warning, and (``disable``) stop
-        recording ``kind`` at ``path``."""
+    def fail(self, path: str, call: int | None, kind: str, exc: BaseException, disable: bool = True,
+             say: bool = True) -> None:
+        """Keep an instrumentation failure in ``errors``, with a warning (``say``: a failed patch's
+        own warning says it), and (``disable``) stop recording ``kind`` at ``path``."""
         if disable and kind in self.kinds and path in self.kinds[kind]:
             self.kinds[kind].discard(path)
             self._set_sites()
@@ -410,7 +571,8 @@ class CompiledHooks:
                  "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         self.errors.append(error)
         self.step_errors.append(error)
-        warn(f"workbench: {error['error']}")
+        if say:
+            warn(f"workbench: {error['error']}")
 
     def close(self) -> None:
         """Remove every hook and put the compiled callable back (idempotent)."""
@@ -418,6 +580,11 @@ class CompiledHooks:
         self._release()
         self.interventions.clear()
         self.update()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (dynamo's run to many lines of hints)."""
+    return next(iter(str(exc).strip().splitlines()), "")
 
 
 def _release(handles: list, fresh: list[nn.Parameter], entry: internals.CompiledEntry, call: Callable,

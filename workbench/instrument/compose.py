@@ -167,8 +167,23 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
         w.store.attach(w.recorder)
     except BaseException as exc:  # no hook left in
         w.close("failed", "".join(traceback.format_exception(exc)))
+        if isinstance(exc, FileExistsError) and "another writer" in str(exc) and _plain_rank(w):
+            raise FileExistsError(f"{exc} Under torch.distributed every rank's watch writes its own store: use "
+                                  "workbench.instrument.distributed.watch_distributed(model, store=...), whose rank 0 "
+                                  "writes the run as one, or give each rank a directory of its own "
+                                  "(store=f'runs/name-rank{torch.distributed.get_rank()}').") from None
         raise
     return w
+
+
+def _plain_rank(w: Watch) -> bool:
+    """Whether ``w`` is a plain watch (not ``watch_distributed``'s) in a rank of an initialized
+    ``torch.distributed`` group: the ranks may all be writing one store."""
+    import torch.distributed as dist
+
+    from workbench.instrument.distributed import DistributedRecorder  # (which imports this module)
+
+    return dist.is_available() and dist.is_initialized() and not isinstance(w.recorder, DistributedRecorder)
 
 
 def _report_to(w: Watch) -> Callable[[str], None]:

@@ -64,7 +64,7 @@ from workbench.instrument.distributed_rows import flatten, merge_rows, scale, te
 from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges, rows_frame
 from workbench.instrument.reduce import StepSums
 from workbench.instrument.schema import MAX, MIN, SUMS
-from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
+from workbench.instrument.sites import CallSites, ModuleSelector, unwrap, unwrap_parallel, wrappers
 
 __all__ = ["DistributedRecorder", "destroy_process_group", "watch_distributed"]
 
@@ -132,7 +132,7 @@ class DistributedRecorder(Recorder):
                 math.isfinite(grad_scale) and grad_scale > 0):
             raise ValueError(f"grad_scale must be a finite number > 0 (default 1 / world_size = {1 / world}), "
                              f"got {grad_scale!r}.")
-        model = unwrap_parallel(model) if model is not None else None
+        model = unwrap(model)[0] if model is not None else None  # (DDP, compiled, in any order)
         sites = CallSites(model, modules, exclude) if model is not None and (parameters or parameter_grads) else None
         super().__init__(max_rows)
         self.group = group
@@ -405,7 +405,8 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
                 w.step(loss=loss.item())                      # every rank, every step
 
     Args:
-        model: the model, DDP-wrapped or not (sites are named by the wrapped model's paths).
+        model: the model, DDP-wrapped or not, compiled or not, in either order (``torch.compile(ddp)``,
+            ``DistributedDataParallel(torch.compile(model))``): sites are named by the wrapped model's paths.
         store: the run directory rank 0 writes (ignored on the other ranks).
         per_rank: rank 0 also keeps each rank's rows (``w.recorder.rank_frame()``).
         group: the process group (default: the world).
@@ -435,7 +436,9 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     facts = {**(metadata or {}),
              "distributed": {"world_size": recorder.world_size, "backend": str(dist.get_backend(group)),
                              "grad_scale": recorder.grad_scale, "metrics": metrics,
-                             "wrapper": type(model).__name__ if inner is not model else None,
+                             "wrapper": next((type(m).__name__ for m in wrappers(model)
+                                              if isinstance(m, (nn.parallel.DistributedDataParallel,
+                                                                nn.DataParallel))), None),
                              "histograms": "re-binned onto the global range where the ranks' ranges differ"}}
     w = watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
               histograms=histograms, bins=bins, recorder=recorder, store=store if recorder.rank == 0 else None,

@@ -155,41 +155,29 @@ class Hooks:
         if structure == self._structure:
             return
         try:
-            old_modules = {path: id(m) for key, m in self.sites.modules.items() for path in self.sites.aliases[key]}
-            old_params = {(path, name): param for path, name, param in self.params}
+            before = attached(self.sites, self.params)
             self.sites.rebuild()
             self._structure = self.sites.structure()
             self.params = self.sites.parameters()
-            new_modules = {path: id(m) for key, m in self.sites.modules.items() for path in self.sites.aliases[key]}
-            new_params = {(path, name): param for path, name, param in self.params}
-            added = [path for path in new_modules if path not in old_modules]
+            added, new_param_paths, changed = changes(before, self.sites, self.params)
             for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
                 if kind in self._wanted:
-                    self.kinds[kind].update(path for path in added if path in self.sites.selected)
-            param_paths = {path for path, _ in old_params}
+                    self.kinds[kind].update(added)
             for kind in (PARAM, PARAM_GRAD, UPDATE):
                 if kind in self._wanted:
-                    self.kinds[kind].update(path for path, _ in new_params if path not in param_paths)
+                    self.kinds[kind].update(new_param_paths)
             self._param_hooks.set(True)  # (every hook in its dict, where HookSwitch finds it)
             self._hook_params()
             self._param_hooks = internals.HookSwitch(self._param_handles.values())
             self.update()
-            if [id(p) for p in old_params.values()] != [id(p) for p in new_params.values()]:
+            if [id(p) for p in before[1].values()] != [id(p) for _, _, p in self.params]:
                 self._before = None  # (no update rows this step: what it started from is gone)
-            changed = [f"module {path!r}" for path in new_modules.keys() | old_modules.keys()
-                       if new_modules.get(path) != old_modules.get(path)]
-            changed += [".".join(filter(None, where)) for where in new_params.keys() | old_params.keys()
-                        if new_params.get(where) is not old_params.get(where)]
         except Exception as exc:  # never into training
             self.fail("", 0, "structure", exc, disable=False)
             return
         if changed and not self._change_reported:
             self._change_reported = True
-            shown = ", ".join(sorted(changed)[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
-            warn(f"workbench: the model's parameters or modules were replaced, added or removed after watch() "
-                 f"started ({shown}; load_state_dict(assign=True), a new nn.Parameter or submodule?). The watch "
-                 "now records the current ones: their parameter values from this step, their activations and "
-                 "gradients from the next step. Said once per watch.")
+            warn(replaced_message(changed, "watch()"))
 
     # ------------------------------------------------------------------ the step
     def start_step(self, step_index: int, recording: bool) -> None:
@@ -225,10 +213,7 @@ class Hooks:
         self.check_structure()  # (before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
             self._eval_reported = True
-            warn(f"workbench: the step {self.step_index} began with a call of the model "
-                 f"({type(self.sites.model).__name__}) in eval mode or under torch.no_grad(), recorded as its call 0, "
-                 "before its training calls: if it is an evaluation pass, run it inside `with w.paused():` so that "
-                 "it leaves no rows and the training forward stays call 0. Said once per watch.")
+            warn(unpaused_evaluation_message(self.step_index, self.sites.model))
         if parameters:
             sites = self.kinds[PARAM]
             self._record_parameters(PARAM, [item for item in self.params if item[0] in sites])
@@ -577,6 +562,47 @@ def _weakly(method: Callable, *bound: Any) -> Callable:
         return None if owner is None else function(owner, *bound, *args)
 
     return hook
+
+
+def attached(sites: CallSites, params: list[tuple[str, str, nn.Parameter]]) -> tuple[dict, dict]:
+    """What a watch is attached to, before :meth:`CallSites.rebuild`: each module path's module id,
+    and each (module path, name)'s parameter (for :func:`changes`)."""
+    modules = {path: id(m) for key, m in sites.modules.items() for path in sites.aliases[key]}
+    return modules, {(path, name): param for path, name, param in params}
+
+
+def changes(before: tuple[dict, dict], sites: CallSites,
+            params: list[tuple[str, str, nn.Parameter]]) -> tuple[set[str], set[str], list[str]]:
+    """After :meth:`CallSites.rebuild`, against :func:`attached` before it: the new module paths
+    the watch selects, the module paths that own a parameter now and did not, and what changed
+    (``module 'path'`` or a parameter's dotted name), to be named in :func:`replaced_message`."""
+    old_modules, old_params = before
+    new_modules, new_params = attached(sites, params)
+    added = {path for path in new_modules if path not in old_modules and path in sites.selected}
+    param_paths = {path for path, _ in old_params}
+    new_param_paths = {path for path, _ in new_params if path not in param_paths}
+    changed = [f"module {path!r}" for path in new_modules.keys() | old_modules.keys()
+               if new_modules.get(path) != old_modules.get(path)]
+    changed += [".".join(filter(None, where)) for where in new_params.keys() | old_params.keys()
+                if new_params.get(where) is not old_params.get(where)]
+    return added, new_param_paths, changed
+
+
+def replaced_message(changed: list[str], started: str) -> str:
+    """The warning, once per watch, that the model's parameters or modules changed under it."""
+    shown = ", ".join(sorted(changed)[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    return (f"workbench: the model's parameters or modules were replaced, added or removed after {started} "
+            f"started ({shown}; load_state_dict(assign=True), a new nn.Parameter or submodule?). The watch "
+            "now records the current ones: their parameter values from this step, their activations and "
+            "gradients from the next step. Said once per watch.")
+
+
+def unpaused_evaluation_message(step: int, model: nn.Module) -> str:
+    """The warning, once per watch, of a recorded step that began with an evaluation call of the model."""
+    return (f"workbench: the step {step} began with a call of the model ({type(model).__name__}) in eval mode or "
+            "under torch.no_grad(), recorded as its call 0, before its training calls: if it is an evaluation "
+            "pass, run it inside `with w.paused():` so that it leaves no rows and the training forward stays "
+            "call 0. Said once per watch.")
 
 
 def _remove_hooks(handles: list, fresh_hook_dicts: list[nn.Parameter]) -> None:

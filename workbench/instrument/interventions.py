@@ -90,7 +90,7 @@ def structure(value: Any, depth: int = 0) -> str:
 def patch_hint(output: Any) -> str:
     """What to tell of an output a patch failed on: its structure when it is not one tensor, and
     how to patch one part of it."""
-    if isinstance(output, torch.Tensor):
+    if output is None or isinstance(output, torch.Tensor):  # (None: a failure that got no output)
         return ""
     hint = f" The patch received the module's whole output, a {structure(output)}"
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):

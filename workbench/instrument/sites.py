@@ -22,9 +22,9 @@ from operator import attrgetter
 
 from torch import nn
 
-from workbench.instrument.torch_internals import member_dicts
+from workbench.instrument.torch_internals import member_dicts, unwrap_compiled
 
-__all__ = ["CallSites", "ModuleSelector", "selector", "unwrap_parallel"]
+__all__ = ["CallSites", "ModuleSelector", "selector", "unwrap", "unwrap_parallel", "wrappers"]
 
 ModuleSelector = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -35,6 +35,32 @@ def unwrap_parallel(model: nn.Module) -> nn.Module:
     while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module
     return model
+
+
+def _peel(model: nn.Module) -> nn.Module:
+    """The module one wrapper of ``model`` wraps (data-parallel or ``torch.compile``'s), else ``model``."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return unwrap_compiled(model)[0]
+
+
+def wrappers(model: nn.Module) -> list[nn.Module]:
+    """The wrappers around the model the rows are named by, outermost first: data-parallel ones
+    (``DistributedDataParallel``, ``DataParallel``) and ``torch.compile``'s, in any order
+    (``torch.compile(ddp)`` as well as ``DistributedDataParallel(torch.compile(model))``)."""
+    found = []
+    while (inner := _peel(model)) is not model:
+        found.append(model)
+        model = inner
+    return found
+
+
+def unwrap(model: nn.Module) -> tuple[nn.Module, bool]:
+    """The module inside every wrapper of ``model`` (:func:`wrappers`), whose paths name the rows,
+    and whether one of the wrappers was ``torch.compile``'s."""
+    found = wrappers(model)
+    compiled = any(unwrap_compiled(wrapper)[1] for wrapper in found)
+    return (_peel(found[-1]) if found else model), compiled
 
 
 def selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:

@@ -19,14 +19,13 @@ import pandas as pd
 import torch
 from torch import nn
 
-from workbench.instrument import torch_internals as internals
 from workbench.instrument.hooks import Hooks, warn
 from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import Reducer, StepSums
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
                                          anomalous, check_filter)
-from workbench.instrument.sites import CallSites, ModuleSelector, unwrap_parallel
+from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
 
 __all__ = ["Watch", "Sink"]
 
@@ -75,7 +74,7 @@ class Watch:
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
-        model, compiled = internals.unwrap_compiled(unwrap_parallel(model))  # sites named by the inner model's paths
+        model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
         self.options = dict(flags, bins=bins)
