@@ -845,7 +845,7 @@ def test_an_evaluation_call_left_unpaused_before_the_training_call_is_warned_of_
 
 
 def test_a_step_never_ended_stops_growing_past_the_calls_a_step_can_make_with_a_warning():
-    from workbench.instrument.hooks import MAX_CALLS_PER_STEP
+    from workbench.instrument.compiled_hooks import MAX_CALLS_PER_STEP
     fresh_dynamo()
     torch.manual_seed(0)
     compiled, x = torch.compile(nn.Sequential(nn.Linear(2, 2))), torch.randn(1, 2)

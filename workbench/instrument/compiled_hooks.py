@@ -35,15 +35,20 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import (MAX_CALLS_PER_STEP, Entry, _remove_hooks, _weakly, attached, changes,
-                                        replaced_message, unpaused_evaluation_message, warn)
+from workbench.instrument.hooks import (Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
+                                        unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of
 
-__all__ = ["CompiledHooks"]
+__all__ = ["CompiledHooks", "MAX_CALLS_PER_STEP"]
+
+#: Calls of the compiled model within one recorded step past which the step is taken to have been
+#: forgotten (a loop that never calls ``w.step()``): each call keeps its rows' probe tensors until the
+#: step ends. Past it nothing more of the step is recorded (memory stays bounded), with a warning.
+MAX_CALLS_PER_STEP = 1000
 
 
 class StepRows:
@@ -359,7 +364,7 @@ class CompiledHooks:
     def _too_many(self) -> None:
         """Past :data:`MAX_CALLS_PER_STEP` calls of the model in one recorded step: nothing more of
         the step is recorded (its rows and probes are kept until it ends), with a warning (once per
-        watch) and an error, as the eager watch does past that many calls of a site."""
+        watch) and an error, as the eager watch does past its limits of backward passes and rows."""
         self._full = True
         self.update()
         if not self._calls_reported:
