@@ -169,6 +169,16 @@ REGISTRY = [
          "inf", "finite"),
     case("prelu-init-beyond-float32", lambda: workbench.create_model("prelu", init=1e308), ValueError, "init=1e+308",
          "float32", "3.403e+38"),
+    # (were torch's "Only Tensors of floating point and complex dtype can require gradients", an
+    # AssertionError "Torch not compiled with CUDA enabled" and a RuntimeError listing device types)
+    case("prelu-integer-dtype", lambda: workbench.create_model("prelu", dtype=torch.int64), TypeError,
+         "dtype=torch.int64", "floating-point", "torch.float32"),
+    case("prelu-class-bool-dtype", lambda: workbench.models.activations.PReLU(dtype=torch.bool), TypeError,
+         "dtype=torch.bool", "floating-point"),
+    case("prelu-unknown-device", lambda: workbench.create_model("prelu", device="gpu"), ValueError, "'gpu'",
+         "cannot be used here", "'cpu'"),
+    case("prelu-device-not-here", lambda: workbench.models.activations.PReLU(device="cuda:99"), ValueError,
+         "'cuda:99'", "cannot be used here", "'cpu'"),
     case("prelu-class-init-nan", lambda: workbench.models.activations.PReLU(init=NAN), ValueError, "init", "nan",
          "finite"),
     case("threshold-nan", lambda: workbench.create_model("threshold", threshold=NAN), ValueError, "'threshold'",
