@@ -369,7 +369,17 @@ CHECKPOINTS = [
          "nowhere.pt", keep=agent_state),
     case("checkpoint-truncated", lambda: agent().load_checkpoint(
         (_DIR / "truncated.pt").write_bytes((_DIR / "good.pt").read_bytes()[:500]) and _DIR / "truncated.pt"),
-        CheckpointError, "truncated.pt", "not a readable checkpoint", keep=agent_state),
+        CheckpointError, "truncated.pt", "not a readable torch checkpoint", "damaged or truncated",
+        "ILQL.save_checkpoint()", keep=agent_state),
+    case("checkpoint-is-a-folder", lambda: agent().load_checkpoint(_DIR), CheckpointError, "is not a file",
+         "pass a checkpoint file", keep=agent_state),
+    case("checkpoint-whole-pickled-model", lambda: agent().load_checkpoint(
+        torch.save(torch.nn.Linear(1, 1), _DIR / "pickled.pt") or _DIR / "pickled.pt"), CheckpointError,
+        "pickled.pt", "torch.nn.modules.linear.Linear", "refused unread", keep=agent_state),
+    # (the message named the temporary file '.agent.pt.xxxx.tmp' it could not create)
+    case("checkpoint-save-where-no-folder-can-be", lambda: agent().save_checkpoint(
+        (_DIR / "a-file").write_text("x") and _DIR / "a-file" / "agent.pt"), OSError,
+        "cannot write the checkpoint", "a-file/agent.pt'", "nothing was written"),
     ckpt("checkpoint-foreign", lambda s: s.pop("format"), CheckpointError, "not an ILQL checkpoint",
          "save_checkpoint()"),
     ckpt("checkpoint-newer", lambda s: s.update(version=99), CheckpointError, "version 99", "upgrade workbench"),
