@@ -236,3 +236,30 @@ def test_contradicting_shapes_make_no_network(tmp_path):
 def test_the_workbench_model_has_lightzeros_layout():
     # (what makes the checkpoints above LightZero's: the keys the test writes out by hand)
     assert {k: tuple(v.shape) for k, v in DynamicsNetwork(**SMALL).state_dict().items()} == lightzero_keys("BN")
+
+
+def test_a_query_modules_map_loads_into_a_fresh_one_at_any_size(tmp_path):
+    # (load_weights refused it: "mis-shaped: hash_to_int.keys checkpoint (5,) vs model (0,)", though the
+    # map is saved to be loaded into a fresh process)
+    seen = workbench.create_model("query_module")
+    rows = {"observation": torch.randn(5, 4), "action": torch.arange(5)}
+    first = seen(dict(rows))["_index"]
+    torch.save(seen.state_dict(), tmp_path / "map.pt")
+    fresh = workbench.create_model("query_module")
+    ck.load_weights(fresh, tmp_path / "map.pt")
+    assert len(fresh.hash_to_int) == 5
+    assert torch.equal(fresh(dict(rows), extend=False)["_index"], first)
+    # a map whose contents are not one is refused, and the module keeps its own
+    state = seen.state_dict()
+    state["hash_to_int.values"] = torch.zeros(5, dtype=torch.int64)
+    torch.save(state, tmp_path / "bad_map.pt")
+    with pytest.raises(ck.CheckpointError, match=r"'values' must be the indices 0\.\.4, each once"):
+        ck.load_weights(fresh, tmp_path / "bad_map.pt")
+    assert len(fresh.hash_to_int) == 5 and torch.equal(fresh(dict(rows), extend=False)["_index"], first)
+    # other keys keep their strict shapes
+    state = seen.state_dict()
+    key = next(k for k in state if k not in ("hash_to_int.keys", "hash_to_int.values"))
+    state[key] = torch.zeros(99, dtype=state[key].dtype)
+    torch.save(state, tmp_path / "odd.pt")
+    with pytest.raises(ck.CheckpointError, match=f"mis-shaped \\(1\\): {key} checkpoint \\(99,\\)"):
+        ck.load_weights(fresh, tmp_path / "odd.pt")

@@ -374,7 +374,8 @@ def hint(checkpoint: Checkpoint) -> str:
 def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
     """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
-    the model's shape (dtypes are cast as ``load_state_dict`` does). Nothing is copied unless all match.
+    the model's shape (dtypes are cast as ``load_state_dict`` does; a module's ``resizable_state``, such
+    as a QueryModule's key -> index map, at any length). Nothing is copied unless all match.
 
     Returns:
         The (empty) diff.
@@ -389,14 +390,24 @@ def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
         checkpoint = load_checkpoint(checkpoint, max_bytes)
     expected = model.state_dict()
     diff = state_dict_diff(expected, checkpoint.state_dict)
+    # a module's state whose length is its contents' (a QueryModule's key -> index map) fits at any length
+    resizable = {f"{path}.{key}" if path else key for path, module in model.named_modules()
+                 for key in getattr(module, "resizable_state", ())}
+    diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
     if not diff.ok:
         raise CheckpointError(f"{checkpoint.path.name!r} ({checkpoint.describe()}) does not fit "
                               f"{type(model).__name__}:\n{diff.text()}\n{hint(checkpoint)}".rstrip())
+    # (a map's contents are checked as it loads: what loaded before it is put back if it is refused)
+    before = {k: v.clone() for k, v in expected.items()} if resizable else None
     try:
         model.load_state_dict(checkpoint.state_dict, strict=True)
-    except RuntimeError as exc:  # (a dtype that cannot be cast)
+    except RuntimeError as exc:  # (a dtype that cannot be cast, a map whose contents are not one)
+        if before is not None:
+            model.load_state_dict(before, strict=True)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = " ".join(lines[1:] if len(lines) > 1 else lines)[:300]  # (not torch's "Error(s) in loading ...")
         raise CheckpointError(f"{checkpoint.path.name!r} does not load into {type(model).__name__}: "
-                              f"{str(exc).splitlines()[0][:300]}") from None
+                              f"{reason}") from None
     return diff
 
 
