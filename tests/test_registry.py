@@ -325,3 +325,13 @@ def test_a_refusal_just_over_the_limit_does_not_read_as_equal_to_it():
     # (was "would need about 3.18 MB, more than the memory limit of 3.18 MB")
     said = message.split("would need about ")[1].split(",")[0], message.split("memory limit of ")[1].split(" (")[0]
     assert said[0] != said[1], message
+
+
+def test_a_name_in_the_wrong_case_is_suggested():
+    # (was "Unknown model 'MLP'. See workbench.list_models()." with no suggestion)
+    with pytest.raises(ValueError, match=r"Unknown model 'MLP'\. Did you mean 'mlp'\?"):
+        workbench.create_model("MLP")
+    with pytest.raises(ValueError, match=r"Unknown model 'PReLu'\. Did you mean 'prelu'( or '\w+')*\?"):
+        workbench.get_spec("PReLu")
+    with pytest.raises(ValueError, match=r"Unknown experiment 'ILQL'\. Did you mean 'ilql'\?"):
+        workbench.experiments.create("ILQL")

@@ -415,9 +415,20 @@ def get_spec(name: str) -> ModelSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.6)
+        close = close_names(name, list(_REGISTRY))
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"Unknown model {name!r}.{hint} See workbench.list_models().") from None
+
+
+def close_names(name: str, names: Sequence[str], n: int = 3) -> list[str]:
+    """The names a mistyped ``name`` most likely meant: those equal to it but for case first
+    (``'MLP'`` -> ``'mlp'``), then close spellings, compared regardless of case."""
+    lowered = {}
+    for candidate in names:
+        lowered.setdefault(candidate.lower(), candidate)
+    same = [c for c in names if c.lower() == name.lower()]
+    close = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)]
+    return list(dict.fromkeys(same + close))[:n]
 
 
 def create_model(name: str, *, memory_limit: Any = None, **overrides: Any) -> nn.Module:

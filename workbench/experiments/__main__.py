@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import difflib
 import os
 import re
 import sys
@@ -81,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import workbench.experiments as experiments
+    from workbench.registry import close_names
 
     if args.command == "list":
         for name in experiments.list_experiments():
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.name not in experiments.list_experiments():  # (the API's message points to the API)
-        close = difflib.get_close_matches(args.name, experiments.list_experiments(), n=3)
+        close = close_names(args.name, experiments.list_experiments())
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         print(f"error: unknown experiment {args.name!r}.{hint} `python -m workbench.experiments list` lists them.",
               file=sys.stderr)

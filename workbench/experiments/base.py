@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import difflib
 import functools
 import threading
 import traceback
@@ -21,7 +20,7 @@ from torch import nn
 
 from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
-from workbench.registry import memory_accounted
+from workbench.registry import close_names, memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resolve_device"]
@@ -755,7 +754,7 @@ def get_experiment_spec(name: str) -> ExperimentSpec:
     try:
         return _EXPERIMENTS[name]
     except (KeyError, TypeError):
-        close = difflib.get_close_matches(str(name), list(_EXPERIMENTS), n=3, cutoff=0.6)
+        close = close_names(str(name), list(_EXPERIMENTS))
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(
             f"Unknown experiment {name!r}.{hint} See workbench.experiments.list_experiments()."
