@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import inspect
 import threading
 import traceback
 import warnings
@@ -47,6 +48,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
         ValueError: not a device name, or a device this process cannot use (no CUDA build,
             no such GPU ...).
     """
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise ValueError(f"device must be a device name such as 'cpu', 'cuda' or 'cuda:0' (or a torch.device), "
+                         f"got {device!r} ({type(device).__name__}); the default is 'cpu'.")
     try:
         resolved = torch.device(device)
         torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
@@ -243,10 +247,12 @@ class Experiment:
             [1, 3, 4]
         """
         self._check_not_in_background("watch()")
+        _check_watch_options(options)
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
-        metadata = {"experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
+        metadata = {**(options.pop("metadata", None) or {}),  # (the caller's, beside what the experiment records)
+                    "experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 
@@ -368,6 +374,26 @@ class Experiment:
     def __repr__(self) -> str:
         on = f", device='{self.device}'" if self.device.type != "cpu" else ""
         return f"{type(self).__name__}(seed={self.seed}{on}, step={self.step_count}, config={self.config})"
+
+
+#: what an experiment sets on its watch itself
+_SET_BY_THE_EXPERIMENT = ("model", "store", "start_step")
+
+
+def _check_watch_options(options: dict[str, Any]) -> None:
+    """Options of ``workbench.watch`` only, named as it names them (a typo was Python's "watch() got an
+    unexpected keyword argument"); the model, the store and the first step are the experiment's."""
+    accepted = [name for name in inspect.signature(watch).parameters if name not in _SET_BY_THE_EXPERIMENT]
+    for name in options:
+        if name == "start_step":
+            raise TypeError("start_step is set by the experiment (its next step); leave it out.")
+        if name not in accepted:
+            close = close_names(name, accepted, n=1)
+            raise TypeError(f"{name!r} is not an option of workbench.watch"
+                            + (f"; did you mean {close[0]!r}?" if close else ".")
+                            + f" Its options: {', '.join(accepted)}.")
+    if "metadata" in options and not isinstance(options["metadata"], (dict, type(None))):
+        raise TypeError(f"metadata must be a dict, got {type(options['metadata']).__name__}.")
 
 
 def _check_timeout(timeout: Any) -> None:
