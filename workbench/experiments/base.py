@@ -464,6 +464,7 @@ _RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
 @atexit.register
 def _stop_background_runs() -> None:
     for run in list(_RUNNING):
+        run._stopped_by = "as the process exited"  # (not "by the user": the store says why it stopped)
         run.stop(wait=True, timeout=30.0)
 
 
@@ -490,6 +491,7 @@ class BackgroundRun:
         self.history: list[dict[str, float]] = []
         self.error: str | None = None
         self._own_watch = own_watch
+        self._stopped_by = "by the user"  # what a stopped run's store says stopped it
         self._state = "running"
         self._held = False  # the thread waits, paused between two steps
         self._callbacks: list[Callable[[BackgroundRun], Any]] = []
@@ -646,7 +648,7 @@ class BackgroundRun:
         finally:
             self._bar.close()
             if status == "stopped":
-                error = f"stopped by the user after step {self.experiment.step_count}"
+                error = f"stopped {self._stopped_by} after step {self.experiment.step_count}"
             try:
                 if self._own_watch:
                     self.watch.close(status, error if status != "finished" else None)
