@@ -263,3 +263,22 @@ def test_a_query_modules_map_loads_into_a_fresh_one_at_any_size(tmp_path):
     torch.save(state, tmp_path / "odd.pt")
     with pytest.raises(ck.CheckpointError, match=f"mis-shaped \\(1\\): {key} checkpoint \\(99,\\)"):
         ck.load_weights(fresh, tmp_path / "odd.pt")
+
+
+def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_path):
+    # (complex weights went into a float model with torch's UserWarning and their imaginary parts dropped)
+    model = torch.nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"weight": torch.ones(2, 2, dtype=torch.complex64), "bias": torch.zeros(2)}, tmp_path / "c.pt")
+    with pytest.raises(ck.CheckpointError, match=r"weight \(torch.complex64 into torch.float32\).*Nothing was copied"):
+        ck.load_weights(model, tmp_path / "c.pt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    counter = torch.nn.BatchNorm1d(2)
+    state = {k: v.clone() for k, v in counter.state_dict().items()}
+    state["num_batches_tracked"] = torch.tensor(2.5)
+    torch.save(state, tmp_path / "f.pt")
+    with pytest.raises(ck.CheckpointError, match=r"num_batches_tracked \(torch.float32 into torch.int64\)"):
+        ck.load_weights(counter, tmp_path / "f.pt")
+    # a float64 checkpoint into a float32 model is a cast that keeps the values: loaded
+    torch.save({k: v.double() for k, v in model.state_dict().items()}, tmp_path / "d.pt")
+    ck.load_weights(model, tmp_path / "d.pt")

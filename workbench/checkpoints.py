@@ -374,7 +374,8 @@ def hint(checkpoint: Checkpoint) -> str:
 def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
     """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
-    the model's shape (dtypes are cast as ``load_state_dict`` does; a module's ``resizable_state``, such
+    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones nor
+    floating-point into integers: they would lose part of them; a module's ``resizable_state``, such
     as a QueryModule's key -> index map, at any length). Nothing is copied unless all match.
 
     Returns:
@@ -397,6 +398,14 @@ def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
     if not diff.ok:
         raise CheckpointError(f"{checkpoint.path.name!r} ({checkpoint.describe()}) does not fit "
                               f"{type(model).__name__}:\n{diff.text()}\n{hint(checkpoint)}".rstrip())
+    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in checkpoint.state_dict.items()
+             if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
+             and ((v.is_complex() and not expected[k].is_complex())
+                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
+    if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
+        raise CheckpointError(f"{checkpoint.path.name!r} holds values {type(model).__name__} cannot take without "
+                              f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
+                              "Nothing was copied. Save the weights in the model's own dtypes.")
     # (a map's contents are checked as it loads: what loaded before it is put back if it is refused)
     before = {k: v.clone() for k, v in expected.items()} if resizable else None
     try:
