@@ -41,7 +41,8 @@ class KeyStream:
         self.cdf = torch.cumsum(weights / weights.sum(), 0)  # inverse-CDF sampling works for any key_space
         self.key_of_rank = torch.randperm(key_space, generator=generator)
 
-    def sample(self, rows: int, generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def sample(self, rows: int,
+               generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``rows`` draws: the input dict (observation (rows, D) float32, action (rows,) int64) and the key ids;
         from ``generator`` when given (the stream's own draws are then left as they were)."""
         u = torch.rand(rows, generator=generator or self.generator, dtype=torch.float64)
