@@ -335,3 +335,19 @@ def test_a_name_in_the_wrong_case_is_suggested():
         workbench.get_spec("PReLu")
     with pytest.raises(ValueError, match=r"Unknown experiment 'ILQL'\. Did you mean 'ilql'\?"):
         workbench.experiments.create("ILQL")
+
+
+def test_a_positional_only_parameter_without_default_is_refused_at_registration(scratch_model):
+    # (it registered, and every build failed with "missing 1 required positional argument: 'size'")
+    def sized(size, /, bias: bool = True):
+        return nn.Linear(3, size, bias=bias)
+
+    with pytest.raises(TypeError, match=r"\['size'\] are positional-only and have no default"):
+        scratch_model("sized", family="user", example_inputs=_inputs)(sized)
+    assert "sized" not in workbench.list_models()
+
+    def defaulted(size=2, /, bias: bool = True):
+        return nn.Linear(3, size, bias=bias)
+
+    scratch_model("defaulted", family="user", example_inputs=_inputs)(defaulted)
+    assert workbench.create_model("defaulted", bias=False).out_features == 2

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import difflib
 import fnmatch
+import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -283,6 +284,7 @@ def register_model(
                 f"A model named {key!r} is already registered (family {_REGISTRY[key].family!r}). "
                 "Choose another name or call workbench.unregister_model first."
             )
+        _check_positional_only(key, builder)
         params = params_of(builder, defaults=defaults)
         _check_defaults(key, params, defaults or {})
         doc = (builder.__doc__ or "").strip().splitlines()
@@ -300,6 +302,21 @@ def register_model(
         return builder
 
     return decorate
+
+
+def _check_positional_only(name: str, builder: Callable[..., Any]) -> None:
+    """create_model passes keyword arguments: a positional-only parameter without a default could
+    never be given (every build would fail with Python's "missing 1 required positional argument")."""
+    try:
+        signature = inspect.signature(builder.__init__ if isinstance(builder, type) else builder)
+    except (TypeError, ValueError):  # (a builtin without a signature: params_of says so)
+        return
+    stuck = [p.name for p in signature.parameters.values()
+             if p.kind is p.POSITIONAL_ONLY and p.default is p.empty and p.name != "self"]
+    if stuck:
+        raise TypeError(f"register_model({name!r}): the builder's parameter(s) {stuck} are positional-only and "
+                        "have no default; create_model passes keyword arguments, so they could never be given. "
+                        "Make them keyword parameters (drop the '/') or give them defaults.")
 
 
 def _check_defaults(name: str, params: Sequence[ParamInfo], defaults: Mapping[str, Any]) -> None:
