@@ -282,3 +282,22 @@ def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_
     # a float64 checkpoint into a float32 model is a cast that keeps the values: loaded
     torch.save({k: v.double() for k, v in model.state_dict().items()}, tmp_path / "d.pt")
     ck.load_weights(model, tmp_path / "d.pt")
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"block_size": 32}, "block_size=32 (the experiment's: 64)"),
+    ({"activation": "relu"}, "activation='relu' (the experiment's: 'gelu')"),  # same keys: it would have loaded
+    ({"double_q": False}, "double_q=False (the experiment's: True)"),
+])
+def test_an_ilql_checkpoint_the_experiment_cannot_build_names_no_experiment(tmp_path, settings, says):
+    # (experiment_settings named 'ilql' with n_layer, n_embd and n_head: the experiment's model then
+    # refused it as mis-shaped, or - another activation - took it and computed another function)
+    workbench.create_model("ilql", n_layer=1, n_embd=16, n_head=2, **settings).save_checkpoint(tmp_path / "a.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "a.pt")
+    assert ck.experiment_settings(checkpoint) == (None, {})
+    assert says in ck.hint(checkpoint) and "checkpoints.build_model(checkpoint)" in ck.hint(checkpoint)
+    workbench.create_model("ilql", n_layer=1, n_embd=16, n_head=2, dropout=0.1).save_checkpoint(tmp_path / "b.pt")
+    fits = ck.load_checkpoint(tmp_path / "b.pt")  # (dropout shapes nothing: the experiment trains it)
+    name, config = ck.experiment_settings(fits)
+    assert (name, config) == ("ilql", {"n_layer": 1, "n_embd": 16, "n_head": 2})
+    ck.load_weights(workbench.experiments.create(name, **config, dataset_size=16).model, fits)

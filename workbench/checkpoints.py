@@ -350,16 +350,47 @@ def experiment_settings(checkpoint: Checkpoint) -> tuple[str | None, dict[str, A
             "fc_reward_layers": c["fc_reward_layers"]}
     if checkpoint.kind == AGILERL_ILQL:
         c = checkpoint.extra.get("net_config") or {}
-        if not all(k in c for k in ("n_layer", "n_embd", "n_head")):
+        if not all(k in c for k in ("n_layer", "n_embd", "n_head")) or _ilql_differences(checkpoint):
             return None, {}
         return "ilql", {"n_layer": c["n_layer"], "n_embd": c["n_embd"], "n_head": c["n_head"]}
     return None, {}
 
 
-def _ilql_hint(extra: dict[str, Any]) -> str:
-    c = extra.get("net_config") or {}
+def _ilql_differences(checkpoint: Checkpoint) -> list[str]:
+    """What of an ILQL checkpoint's network the ``ilql`` experiment cannot build: it sets n_layer, n_embd
+    and n_head, and builds the rest as the registered model's defaults (a block_size of 64, GELU, the
+    toy task's vocabulary, twin Q heads). A different activation has the same keys and shapes: it
+    would load and compute another function."""
+    from workbench.models.ilql import _registry_config
+    from workbench.models.toy_language import ToyLanguageDataset
+    from workbench.registry import get_spec
+
+    c = checkpoint.extra.get("net_config") or {}
+    d = get_spec("ilql").defaults()
+    try:
+        built = _registry_config(c["n_layer"], c["n_embd"], c["n_head"], d["block_size"], d["dropout"],
+                                 d["activation"], ToyLanguageDataset.VOCAB_SIZE)
+    except (KeyError, TypeError):
+        return ["its net_config"]
+    same = {"activation": lambda a, b: str(a).lower() == str(b).lower()}
+    differ = [f"{key}={c[key]!r} (the experiment's: {built[key]!r})"
+              for key in ("arch", "vocab_size", "block_size", "dim_feedfwd", "activation", "bias", "layer_norm_eps")
+              if key in c and not same.get(key, lambda a, b: a == b)(c[key], built[key])]
+    double_q = (checkpoint.extra.get("hyperparameters") or {}).get("double_q", True)
+    if double_q is not d["double_q"]:
+        differ.append(f"double_q={double_q!r} (the experiment's: {d['double_q']!r})")
+    return differ
+
+
+def _ilql_hint(checkpoint: Checkpoint) -> str:
+    c = checkpoint.extra.get("net_config") or {}
     keys = [k for k in ("n_layer", "n_embd", "n_head", "block_size") if k in c]
-    return f"The checkpoint's net_config has {', '.join(f'{k}={c[k]}' for k in keys)}." if keys else ""
+    text = f"The checkpoint's net_config has {', '.join(f'{k}={c[k]}' for k in keys)}." if keys else ""
+    differ = _ilql_differences(checkpoint) if keys else []
+    if differ:
+        text += (f" The ilql experiment cannot build it ({'; '.join(differ)}): build it with "
+                 "checkpoints.build_model(checkpoint), or workbench.create_model('ilql', ...) with those settings.")
+    return text
 
 
 def hint(checkpoint: Checkpoint) -> str:
@@ -367,7 +398,7 @@ def hint(checkpoint: Checkpoint) -> str:
     if checkpoint.kind == LIGHTZERO:
         return _dynamics_hint(checkpoint.state_dict)
     if checkpoint.kind == AGILERL_ILQL:
-        return _ilql_hint(checkpoint.extra)
+        return _ilql_hint(checkpoint)
     return ""
 
 
