@@ -301,3 +301,16 @@ def test_an_ilql_checkpoint_the_experiment_cannot_build_names_no_experiment(tmp_
     name, config = ck.experiment_settings(fits)
     assert (name, config) == ("ilql", {"n_layer": 1, "n_embd": 16, "n_head": 2})
     ck.load_weights(workbench.experiments.create(name, **config, dataset_size=16).model, fits)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"num_res_blocks": 17}, "parameter 'num_res_blocks' must lie in [0, 16], got 17"),
+    ({"output_support_size": 20}, "support_size must be odd, got 20"),
+])
+def test_a_dynamics_checkpoint_beyond_the_experiments_ranges_names_no_experiment(tmp_path, settings, says):
+    # (experiment_settings named efficientzero_dynamics with settings its create() then refused)
+    net = workbench.create_model("efficientzero_dynamics", reward_head_channels=8, lstm_hidden_size=8, **settings)
+    torch.save(net.state_dict(), tmp_path / "net.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "net.pt")
+    assert ck.experiment_settings(checkpoint) == (None, {})
+    assert says in ck.hint(checkpoint) and "inspected but not trained there" in ck.hint(checkpoint)

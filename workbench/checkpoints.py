@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.params import validate_overrides
+
 __all__ = ["DEFAULT_MAX_BYTES", "CheckpointError", "Checkpoint", "StateDictDiff", "read_checkpoint",
            "load_checkpoint", "state_dict_diff", "dynamics_config", "build_model", "load_weights",
            "example_outputs", "experiment_settings", "hint"]
@@ -325,7 +327,10 @@ def _dynamics_hint(state: Mapping[str, torch.Tensor]) -> str:
                 "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
                 "fc_reward_layers": c["fc_reward_layers"]}
     text = ", ".join(f"{k}={v}" for k, v in settings.items())
-    note = "" if c["reward_head_channels"] == 8 and c["norm_type"] == "BN" else (
+    refused = _experiment_refusal("efficientzero_dynamics", settings)
+    note = (f" (beyond what the experiment builds, so it can be inspected but not trained there: "
+            f"{refused.rstrip('.')})"
+            if refused else "") if c["reward_head_channels"] == 8 and c["norm_type"] == "BN" else (
         f" (its reward head has {c['reward_head_channels']} channels and {c['norm_type']} norms; the experiment's has "
         "8 and BN, so it can be inspected but not trained there)")
     return f"The checkpoint's network has {text}{note}."
@@ -343,17 +348,37 @@ def experiment_settings(checkpoint: Checkpoint) -> tuple[str | None, dict[str, A
         if c["reward_head_channels"] != 8 or c["norm_type"] != "BN" or c["observation_shape"][1] != \
                 c["observation_shape"][2]:
             return None, {}
-        return "efficientzero_dynamics", {
+        settings = {
             "latent_channels": c["observation_shape"][0], "actions": c["action_encoding_dim"],
             "spatial": c["observation_shape"][1], "num_res_blocks": c["num_res_blocks"],
             "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
             "fc_reward_layers": c["fc_reward_layers"]}
+        return ("efficientzero_dynamics", settings) if _experiment_takes("efficientzero_dynamics", settings) \
+            else (None, {})
     if checkpoint.kind == AGILERL_ILQL:
         c = checkpoint.extra.get("net_config") or {}
         if not all(k in c for k in ("n_layer", "n_embd", "n_head")) or _ilql_differences(checkpoint):
             return None, {}
         return "ilql", {"n_layer": c["n_layer"], "n_embd": c["n_embd"], "n_head": c["n_head"]}
     return None, {}
+
+
+def _experiment_takes(name: str, settings: dict[str, Any]) -> bool:
+    """Whether the experiment's config accepts these settings (its ranges: 16 residual blocks at most,
+    an odd support ...): a checkpoint beyond them fits no experiment the form could start."""
+    return not _experiment_refusal(name, settings)
+
+
+def _experiment_refusal(name: str, settings: dict[str, Any]) -> str:
+    """Why the experiment's config refuses these settings ('' when it takes them)."""
+    from workbench.experiments import get_experiment_spec
+
+    spec = get_experiment_spec(name)
+    try:
+        spec.cls.estimate_memory(spec.cls.Config(**validate_overrides(spec.params, settings, f"Experiment {name!r}")))
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return ""
 
 
 def _ilql_differences(checkpoint: Checkpoint) -> list[str]:
