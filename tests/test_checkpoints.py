@@ -236,3 +236,81 @@ def test_contradicting_shapes_make_no_network(tmp_path):
 def test_the_workbench_model_has_lightzeros_layout():
     # (what makes the checkpoints above LightZero's: the keys the test writes out by hand)
     assert {k: tuple(v.shape) for k, v in DynamicsNetwork(**SMALL).state_dict().items()} == lightzero_keys("BN")
+
+
+def test_a_query_modules_map_loads_into_a_fresh_one_at_any_size(tmp_path):
+    # (load_weights refused it: "mis-shaped: hash_to_int.keys checkpoint (5,) vs model (0,)", though the
+    # map is saved to be loaded into a fresh process)
+    seen = workbench.create_model("query_module")
+    rows = {"observation": torch.randn(5, 4), "action": torch.arange(5)}
+    first = seen(dict(rows))["_index"]
+    torch.save(seen.state_dict(), tmp_path / "map.pt")
+    fresh = workbench.create_model("query_module")
+    ck.load_weights(fresh, tmp_path / "map.pt")
+    assert len(fresh.hash_to_int) == 5
+    assert torch.equal(fresh(dict(rows), extend=False)["_index"], first)
+    # a map whose contents are not one is refused, and the module keeps its own
+    state = seen.state_dict()
+    state["hash_to_int.values"] = torch.zeros(5, dtype=torch.int64)
+    torch.save(state, tmp_path / "bad_map.pt")
+    with pytest.raises(ck.CheckpointError, match=r"'values' must be the indices 0\.\.4, each once"):
+        ck.load_weights(fresh, tmp_path / "bad_map.pt")
+    assert len(fresh.hash_to_int) == 5 and torch.equal(fresh(dict(rows), extend=False)["_index"], first)
+    # other keys keep their strict shapes
+    state = seen.state_dict()
+    key = next(k for k in state if k not in ("hash_to_int.keys", "hash_to_int.values"))
+    state[key] = torch.zeros(99, dtype=state[key].dtype)
+    torch.save(state, tmp_path / "odd.pt")
+    with pytest.raises(ck.CheckpointError, match=f"mis-shaped \\(1\\): {key} checkpoint \\(99,\\)"):
+        ck.load_weights(fresh, tmp_path / "odd.pt")
+
+
+def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_path):
+    # (complex weights went into a float model with torch's UserWarning and their imaginary parts dropped)
+    model = torch.nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"weight": torch.ones(2, 2, dtype=torch.complex64), "bias": torch.zeros(2)}, tmp_path / "c.pt")
+    with pytest.raises(ck.CheckpointError, match=r"weight \(torch.complex64 into torch.float32\).*Nothing was copied"):
+        ck.load_weights(model, tmp_path / "c.pt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    counter = torch.nn.BatchNorm1d(2)
+    state = {k: v.clone() for k, v in counter.state_dict().items()}
+    state["num_batches_tracked"] = torch.tensor(2.5)
+    torch.save(state, tmp_path / "f.pt")
+    with pytest.raises(ck.CheckpointError, match=r"num_batches_tracked \(torch.float32 into torch.int64\)"):
+        ck.load_weights(counter, tmp_path / "f.pt")
+    # a float64 checkpoint into a float32 model is a cast that keeps the values: loaded
+    torch.save({k: v.double() for k, v in model.state_dict().items()}, tmp_path / "d.pt")
+    ck.load_weights(model, tmp_path / "d.pt")
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"block_size": 32}, "block_size=32 (the experiment's: 64)"),
+    ({"activation": "relu"}, "activation='relu' (the experiment's: 'gelu')"),  # same keys: it would have loaded
+    ({"double_q": False}, "double_q=False (the experiment's: True)"),
+])
+def test_an_ilql_checkpoint_the_experiment_cannot_build_names_no_experiment(tmp_path, settings, says):
+    # (experiment_settings named 'ilql' with n_layer, n_embd and n_head: the experiment's model then
+    # refused it as mis-shaped, or - another activation - took it and computed another function)
+    workbench.create_model("ilql", n_layer=1, n_embd=16, n_head=2, **settings).save_checkpoint(tmp_path / "a.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "a.pt")
+    assert ck.experiment_settings(checkpoint) == (None, {})
+    assert says in ck.hint(checkpoint) and "checkpoints.build_model(checkpoint)" in ck.hint(checkpoint)
+    workbench.create_model("ilql", n_layer=1, n_embd=16, n_head=2, dropout=0.1).save_checkpoint(tmp_path / "b.pt")
+    fits = ck.load_checkpoint(tmp_path / "b.pt")  # (dropout shapes nothing: the experiment trains it)
+    name, config = ck.experiment_settings(fits)
+    assert (name, config) == ("ilql", {"n_layer": 1, "n_embd": 16, "n_head": 2})
+    ck.load_weights(workbench.experiments.create(name, **config, dataset_size=16).model, fits)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"num_res_blocks": 17}, "parameter 'num_res_blocks' must lie in [0, 16], got 17"),
+    ({"output_support_size": 20}, "support_size must be odd, got 20"),
+])
+def test_a_dynamics_checkpoint_beyond_the_experiments_ranges_names_no_experiment(tmp_path, settings, says):
+    # (experiment_settings named efficientzero_dynamics with settings its create() then refused)
+    net = workbench.create_model("efficientzero_dynamics", reward_head_channels=8, lstm_hidden_size=8, **settings)
+    torch.save(net.state_dict(), tmp_path / "net.pt")
+    checkpoint = ck.load_checkpoint(tmp_path / "net.pt")
+    assert ck.experiment_settings(checkpoint) == (None, {})
+    assert says in ck.hint(checkpoint) and "inspected but not trained there" in ck.hint(checkpoint)

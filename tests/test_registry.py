@@ -244,3 +244,110 @@ def test_a_range_can_admit_an_infinity_but_never_nan():
         with pytest.raises(ValueError, match=f"'{info.name}' must be a finite number"):
             check_value(info, value, "B")
     assert str(Range(0, 2**63 - 1)) == "[0, 9223372036854775807]" and str(Range(1e-7, 1.0)) == "[1e-07, 1]"
+
+
+# --- registering: what is refused, and what an unannotated builder takes ----------------------
+
+def test_a_default_outside_its_own_range_choices_or_type_is_refused_at_registration(scratch_model):
+    def wide(width: Annotated[int, Range(1, 8)] = 16):
+        return nn.Linear(3, width)
+
+    def odd(mode: Literal["a", "b"] = "c"):
+        return nn.Linear(3, 2)
+
+    def typed(scale: float = "1.0"):
+        return nn.Linear(3, 2)
+
+    for builder, says in ((wide, r"'width' must lie in \[1, 8\], got 16\. It is the parameter's default"),
+                          (odd, r"'mode' must be one of \['a', 'b'\], got 'c'\. It is the parameter's default"),
+                          (typed, r"'scale' expects float, got '1.0'")):
+        with pytest.raises((ValueError, TypeError), match=says):
+            scratch_model(builder.__name__, family="user", example_inputs=_inputs)(builder)
+        assert builder.__name__ not in workbench.list_models()  # nothing half-registered
+    with pytest.raises(ValueError, match=r"'width' must lie in \[1, 8\], got 0"):  # (defaults= is checked too)
+        scratch_model("narrow", family="user", example_inputs=_inputs, defaults={"width": 0})(wide)
+    with pytest.raises(TypeError, match=r"defaults names \['depth'\], which the builder does not take"):
+        scratch_model("deep", family="user", example_inputs=_inputs, defaults={"depth": 2})(wide)
+
+
+@pytest.mark.parametrize("arguments, error, says", [
+    ({"name": "", "family": "user", "example_inputs": _inputs}, ValueError, "non-empty string without spaces"),
+    ({"name": "my net", "family": "user", "example_inputs": _inputs}, ValueError, "got 'my net'"),
+    ({"name": "n", "family": None, "example_inputs": _inputs}, TypeError, "family must be a non-empty string"),
+    ({"name": "n", "family": "user", "example_inputs": None}, TypeError, "example_inputs must be a function"),
+    ({"name": "n", "family": "user", "example_inputs": _inputs, "objective": "mean"}, TypeError,
+     "objective must be a function, got 'mean'"),
+    ({"name": "n", "family": "user", "example_inputs": _inputs, "memory": 100}, TypeError, "memory must be"),
+])
+def test_a_registration_that_could_not_work_is_refused_with_its_reason(arguments, error, says):
+    families = workbench.list_families()
+    with pytest.raises(error, match=says):
+        workbench.register_model(**arguments)(lambda: nn.Linear(3, 2))
+    assert workbench.list_families() == families and "n" not in workbench.list_models()
+    with pytest.raises(TypeError, match="decorates a builder function or an nn.Module class, got 42"):
+        workbench.register_model("n", family="user", example_inputs=_inputs)(42)
+
+
+def test_a_builder_that_returns_no_module_is_told_at_build(scratch_model):
+    scratch_model("not_a_module", family="user", example_inputs=_inputs)(lambda: "a string")
+    with pytest.raises(TypeError, match=r"returned str \('a string'\), not a torch.nn.Module"):
+        workbench.create_model("not_a_module")
+
+
+def test_an_unannotated_parameter_takes_the_type_of_its_default(scratch_model):
+    @scratch_model("plain", family="user", example_inputs=_inputs, objective=_objective)
+    def plain(width=16, scale=1.0, bias=True, name="a"):
+        return nn.Linear(3, width, bias=bias)
+
+    width, scale, bias, name = workbench.get_spec("plain").params
+    assert [p.kind for p in (width, scale, bias, name)] == ["int", "float", "bool", "str"]
+    # before: 'abc' reached the builder and torch said "empty(): argument 'size' ... must be tuple of ints"
+    with pytest.raises(TypeError, match=r"'width' expects int, got 'abc' \(str\).*the type of its default 16"):
+        workbench.create_model("plain", width="abc")
+    with pytest.raises(TypeError, match="'bias' expects bool"):
+        workbench.create_model("plain", bias=1)
+    assert workbench.create_model("plain", width=4, scale=2).out_features == 4  # an int is a float
+
+
+def test_a_torch_class_is_named_by_its_public_path_in_messages():
+    # (was 'torch.Module', a name that does not exist)
+    with pytest.raises(TypeError, match=r"'activation' expects torch\.nn\.Module \| None, got 'relu'"):
+        workbench.create_model("efficientzero_dynamics", activation="relu")
+    from workbench.params import type_name
+    assert type_name(torch.device) == "torch.device" and type_name(nn.Linear) == "torch.nn.Linear"
+
+
+def test_a_refusal_just_over_the_limit_does_not_read_as_equal_to_it():
+    need = workbench.get_spec("mlp").estimate_memory(width=512, depth=4)
+    with pytest.raises(workbench.params.MemoryLimitError) as info:
+        workbench.create_model("mlp", width=512, depth=4, memory_limit=need - 1)
+    message = str(info.value)
+    # (was "would need about 3.18 MB, more than the memory limit of 3.18 MB")
+    said = message.split("would need about ")[1].split(",")[0], message.split("memory limit of ")[1].split(" (")[0]
+    assert said[0] != said[1], message
+
+
+def test_a_name_in_the_wrong_case_is_suggested():
+    # (was "Unknown model 'MLP'. See workbench.list_models()." with no suggestion)
+    with pytest.raises(ValueError, match=r"Unknown model 'MLP'\. Did you mean 'mlp'\?"):
+        workbench.create_model("MLP")
+    with pytest.raises(ValueError, match=r"Unknown model 'PReLu'\. Did you mean 'prelu'( or '\w+')*\?"):
+        workbench.get_spec("PReLu")
+    with pytest.raises(ValueError, match=r"Unknown experiment 'ILQL'\. Did you mean 'ilql'\?"):
+        workbench.experiments.create("ILQL")
+
+
+def test_a_positional_only_parameter_without_default_is_refused_at_registration(scratch_model):
+    # (it registered, and every build failed with "missing 1 required positional argument: 'size'")
+    def sized(size, /, bias: bool = True):
+        return nn.Linear(3, size, bias=bias)
+
+    with pytest.raises(TypeError, match=r"\['size'\] are positional-only and have no default"):
+        scratch_model("sized", family="user", example_inputs=_inputs)(sized)
+    assert "sized" not in workbench.list_models()
+
+    def defaulted(size=2, /, bias: bool = True):
+        return nn.Linear(3, size, bias=bias)
+
+    scratch_model("defaulted", family="user", example_inputs=_inputs)(defaulted)
+    assert workbench.create_model("defaulted", bias=False).out_features == 2

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.params import validate_overrides
+
 __all__ = ["DEFAULT_MAX_BYTES", "CheckpointError", "Checkpoint", "StateDictDiff", "read_checkpoint",
            "load_checkpoint", "state_dict_diff", "dynamics_config", "build_model", "load_weights",
            "example_outputs", "experiment_settings", "hint"]
@@ -325,7 +327,10 @@ def _dynamics_hint(state: Mapping[str, torch.Tensor]) -> str:
                 "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
                 "fc_reward_layers": c["fc_reward_layers"]}
     text = ", ".join(f"{k}={v}" for k, v in settings.items())
-    note = "" if c["reward_head_channels"] == 8 and c["norm_type"] == "BN" else (
+    refused = _experiment_refusal("efficientzero_dynamics", settings)
+    note = (f" (beyond what the experiment builds, so it can be inspected but not trained there: "
+            f"{refused.rstrip('.')})"
+            if refused else "") if c["reward_head_channels"] == 8 and c["norm_type"] == "BN" else (
         f" (its reward head has {c['reward_head_channels']} channels and {c['norm_type']} norms; the experiment's has "
         "8 and BN, so it can be inspected but not trained there)")
     return f"The checkpoint's network has {text}{note}."
@@ -343,23 +348,74 @@ def experiment_settings(checkpoint: Checkpoint) -> tuple[str | None, dict[str, A
         if c["reward_head_channels"] != 8 or c["norm_type"] != "BN" or c["observation_shape"][1] != \
                 c["observation_shape"][2]:
             return None, {}
-        return "efficientzero_dynamics", {
+        settings = {
             "latent_channels": c["observation_shape"][0], "actions": c["action_encoding_dim"],
             "spatial": c["observation_shape"][1], "num_res_blocks": c["num_res_blocks"],
             "lstm_hidden_size": c["lstm_hidden_size"], "support_size": c["output_support_size"],
             "fc_reward_layers": c["fc_reward_layers"]}
+        return ("efficientzero_dynamics", settings) if _experiment_takes("efficientzero_dynamics", settings) \
+            else (None, {})
     if checkpoint.kind == AGILERL_ILQL:
         c = checkpoint.extra.get("net_config") or {}
-        if not all(k in c for k in ("n_layer", "n_embd", "n_head")):
+        if not all(k in c for k in ("n_layer", "n_embd", "n_head")) or _ilql_differences(checkpoint):
             return None, {}
         return "ilql", {"n_layer": c["n_layer"], "n_embd": c["n_embd"], "n_head": c["n_head"]}
     return None, {}
 
 
-def _ilql_hint(extra: dict[str, Any]) -> str:
-    c = extra.get("net_config") or {}
+def _experiment_takes(name: str, settings: dict[str, Any]) -> bool:
+    """Whether the experiment's config accepts these settings (its ranges: 16 residual blocks at most,
+    an odd support ...): a checkpoint beyond them fits no experiment the form could start."""
+    return not _experiment_refusal(name, settings)
+
+
+def _experiment_refusal(name: str, settings: dict[str, Any]) -> str:
+    """Why the experiment's config refuses these settings ('' when it takes them)."""
+    from workbench.experiments import get_experiment_spec
+
+    spec = get_experiment_spec(name)
+    try:
+        spec.cls.estimate_memory(spec.cls.Config(**validate_overrides(spec.params, settings, f"Experiment {name!r}")))
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return ""
+
+
+def _ilql_differences(checkpoint: Checkpoint) -> list[str]:
+    """What of an ILQL checkpoint's network the ``ilql`` experiment cannot build: it sets n_layer, n_embd
+    and n_head, and builds the rest as the registered model's defaults (a block_size of 64, GELU, the
+    toy task's vocabulary, twin Q heads). A different activation has the same keys and shapes: it
+    would load and compute another function."""
+    from workbench.models.ilql import _registry_config
+    from workbench.models.toy_language import ToyLanguageDataset
+    from workbench.registry import get_spec
+
+    c = checkpoint.extra.get("net_config") or {}
+    d = get_spec("ilql").defaults()
+    try:
+        built = _registry_config(c["n_layer"], c["n_embd"], c["n_head"], d["block_size"], d["dropout"],
+                                 d["activation"], ToyLanguageDataset.VOCAB_SIZE)
+    except (KeyError, TypeError):
+        return ["its net_config"]
+    same = {"activation": lambda a, b: str(a).lower() == str(b).lower()}
+    differ = [f"{key}={c[key]!r} (the experiment's: {built[key]!r})"
+              for key in ("arch", "vocab_size", "block_size", "dim_feedfwd", "activation", "bias", "layer_norm_eps")
+              if key in c and not same.get(key, lambda a, b: a == b)(c[key], built[key])]
+    double_q = (checkpoint.extra.get("hyperparameters") or {}).get("double_q", True)
+    if double_q is not d["double_q"]:
+        differ.append(f"double_q={double_q!r} (the experiment's: {d['double_q']!r})")
+    return differ
+
+
+def _ilql_hint(checkpoint: Checkpoint) -> str:
+    c = checkpoint.extra.get("net_config") or {}
     keys = [k for k in ("n_layer", "n_embd", "n_head", "block_size") if k in c]
-    return f"The checkpoint's net_config has {', '.join(f'{k}={c[k]}' for k in keys)}." if keys else ""
+    text = f"The checkpoint's net_config has {', '.join(f'{k}={c[k]}' for k in keys)}." if keys else ""
+    differ = _ilql_differences(checkpoint) if keys else []
+    if differ:
+        text += (f" The ilql experiment cannot build it ({'; '.join(differ)}): build it with "
+                 "checkpoints.build_model(checkpoint), or workbench.create_model('ilql', ...) with those settings.")
+    return text
 
 
 def hint(checkpoint: Checkpoint) -> str:
@@ -367,14 +423,16 @@ def hint(checkpoint: Checkpoint) -> str:
     if checkpoint.kind == LIGHTZERO:
         return _dynamics_hint(checkpoint.state_dict)
     if checkpoint.kind == AGILERL_ILQL:
-        return _ilql_hint(checkpoint.extra)
+        return _ilql_hint(checkpoint)
     return ""
 
 
 def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
     """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
-    the model's shape (dtypes are cast as ``load_state_dict`` does). Nothing is copied unless all match.
+    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones nor
+    floating-point into integers: they would lose part of them; a module's ``resizable_state``, such
+    as a QueryModule's key -> index map, at any length). Nothing is copied unless all match.
 
     Returns:
         The (empty) diff.
@@ -389,14 +447,32 @@ def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
         checkpoint = load_checkpoint(checkpoint, max_bytes)
     expected = model.state_dict()
     diff = state_dict_diff(expected, checkpoint.state_dict)
+    # a module's state whose length is its contents' (a QueryModule's key -> index map) fits at any length
+    resizable = {f"{path}.{key}" if path else key for path, module in model.named_modules()
+                 for key in getattr(module, "resizable_state", ())}
+    diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
     if not diff.ok:
         raise CheckpointError(f"{checkpoint.path.name!r} ({checkpoint.describe()}) does not fit "
                               f"{type(model).__name__}:\n{diff.text()}\n{hint(checkpoint)}".rstrip())
+    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in checkpoint.state_dict.items()
+             if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
+             and ((v.is_complex() and not expected[k].is_complex())
+                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
+    if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
+        raise CheckpointError(f"{checkpoint.path.name!r} holds values {type(model).__name__} cannot take without "
+                              f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
+                              "Nothing was copied. Save the weights in the model's own dtypes.")
+    # (a map's contents are checked as it loads: what loaded before it is put back if it is refused)
+    before = {k: v.clone() for k, v in expected.items()} if resizable else None
     try:
         model.load_state_dict(checkpoint.state_dict, strict=True)
-    except RuntimeError as exc:  # (a dtype that cannot be cast)
+    except RuntimeError as exc:  # (a dtype that cannot be cast, a map whose contents are not one)
+        if before is not None:
+            model.load_state_dict(before, strict=True)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = " ".join(lines[1:] if len(lines) > 1 else lines)[:300]  # (not torch's "Error(s) in loading ...")
         raise CheckpointError(f"{checkpoint.path.name!r} does not load into {type(model).__name__}: "
-                              f"{str(exc).splitlines()[0][:300]}") from None
+                              f"{reason}") from None
     return diff
 
 

@@ -19,6 +19,7 @@ import inspect
 import math
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -102,6 +103,8 @@ class ParamInfo:
             marker), else ``None``.
         range: numeric bounds, else ``None``.
         help: one-paragraph help text taken from the docstring's ``Args:``.
+        inferred: the parameter has no annotation and its type was read from its default
+            (``width=16`` takes ints, ``scale=1.0`` numbers, ``name="a"`` strings).
 
     Examples:
         >>> import workbench
@@ -118,6 +121,7 @@ class ParamInfo:
     choices: Sequence[Any] | None = None
     range: Range | None = None
     help: str = ""
+    inferred: bool = False
 
     @property
     def required(self) -> bool:
@@ -188,10 +192,23 @@ def type_name(annotation: Any) -> str:
     if annotation is type(None):
         return "None"
     if isinstance(annotation, type):
-        return annotation.__qualname__ if annotation.__module__ == "builtins" else (
-            f"{annotation.__module__.split('.')[0]}.{annotation.__qualname__}"
-        )
+        return annotation.__qualname__ if annotation.__module__ == "builtins" else _public_path(annotation)
     return str(annotation)
+
+
+def _public_path(cls: type) -> str:
+    """The shortest importable dotted path of a class: ``torch.nn.Module`` (defined in
+    ``torch.nn.modules.module``), ``torch.device``; its defining module's when no shorter one has it."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and getattr(module, cls.__qualname__.split(".")[0], None) is not None:
+            found = module
+            for name in cls.__qualname__.split("."):
+                found = getattr(found, name, None)
+            if found is cls:
+                return f"{'.'.join(parts[:end])}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _is_optional(annotation: Any) -> bool:
@@ -285,7 +302,10 @@ def param_info(name: str, hint: Any, default: Any = _EMPTY, help: str = "") -> P
     base = _strip_optional(annotation)
     if typing.get_origin(base) is Literal:
         choices = tuple(typing.get_args(base))
-    return ParamInfo(name, annotation, default, choices, rng, help)
+    inferred = annotation is _EMPTY and type(default) in (bool, int, float, str)
+    if inferred:  # no annotation: the default's type (else any value would reach the builder unchecked)
+        annotation = type(default)
+    return ParamInfo(name, annotation, default, choices, rng, help, inferred)
 
 
 def _field_default(f: dataclasses.Field) -> Any:
@@ -306,7 +326,9 @@ def check_value(info: ParamInfo, value: Any, owner: str) -> Any:
     if not matches(value, info.annotation):
         raise TypeError(
             f"{owner}: parameter {info.name!r} expects {info.type_name}, got {value!r} "
-            f"({type(value).__name__}). Pass a value of type {info.type_name}."
+            f"({type(value).__name__}). Pass a value of type {info.type_name}"
+            + (f" (the type of its default {info.default!r}: it has no annotation; annotate it, e.g. "
+               f"{info.name}: {type(value).__name__}, to take other values)." if info.inferred else ".")
         )
     if info.choices is not None and value is not None and value not in info.choices:
         raise ValueError(f"{owner}: parameter {info.name!r} must be one of {list(info.choices)}, got {value!r}.")
@@ -503,11 +525,11 @@ class MemoryLimitError(ValueError, MemoryError):
     """
 
 
-def format_bytes(n: float) -> str:
-    """``n`` bytes in a readable unit, e.g. ``'1.5 GB'``."""
+def format_bytes(n: float, digits: int = 3) -> str:
+    """``n`` bytes in a readable unit, e.g. ``'1.5 GB'``, to ``digits`` significant digits."""
     for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
         if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
+            return f"{n / size:.{digits}g} {unit}"
     return f"{int(n)} bytes"
 
 
@@ -618,9 +640,14 @@ def check_memory(estimate: int | Mapping[str, int] | None, owner: str, limit: An
     if total >= UNCOUNTABLE:
         raise MemoryLimitError(f"{owner} would need more bytes than a 64-bit size can count (one of its tensors "
                                f"alone): no machine holds it. Choose a smaller configuration.")
+    need, limit = format_bytes(total), format_bytes(bound)
+    digits = 3
+    while need == limit and digits < 12:  # (12.3 GB "more than" 12.3 GB: as many digits as tell them apart)
+        digits += 1
+        need, limit = format_bytes(total, digits), format_bytes(bound, digits)
     raise MemoryLimitError(
-        f"{owner} would need about {format_bytes(total)}" + (f" ({detail})" if detail else "")
-        + f", more than the memory limit of {format_bytes(bound)} ({source}). Choose a smaller configuration, "
+        f"{owner} would need about {need}" + (f" ({detail})" if detail else "")
+        + f", more than the memory limit of {limit} ({source}). Choose a smaller configuration, "
         f"or raise the limit: pass memory_limit='{_suggest(total)}' or set the environment variable "
         f"{MEMORY_LIMIT_ENV}={_suggest(total)} ('off' turns the check off)."
     )

@@ -11,8 +11,10 @@ back-propagate, so any registered model can be probed with one call
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import fnmatch
+import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.params import UNCOUNTABLE, ParamInfo, check_memory, check_seed, params_of, validate_overrides
+from workbench.params import (UNCOUNTABLE, Choices, ParamInfo, check_memory, check_seed, check_value, params_of,
+                              validate_overrides)
 from workbench.params import memory_limit as resolve_memory_limit
 
 __all__ = [
@@ -187,7 +190,12 @@ class ModelSpec:
                 check_memory(self._estimate(arguments), f"Model {self.name!r} ({config or 'defaults'})",
                              memory_limit)
         with memory_accounted():
-            return self.builder(**arguments)
+            model = self.builder(**arguments)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Model {self.name!r}: its builder {getattr(self.builder, '__qualname__', self.builder)!r} "
+                            f"returned {type(model).__name__} ({str(model)[:60]!r}), not a torch.nn.Module. "
+                            "A registered builder must return the module it builds.")
+        return model
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -227,7 +235,11 @@ def register_model(
         The decorator, which returns the builder unchanged.
 
     Raises:
-        ValueError: the name is already registered.
+        ValueError: the name is already registered or empty; a default outside its parameter's
+            range or choices.
+        TypeError: a builder, ``example_inputs``, ``objective`` or ``memory`` that is not callable,
+            a family that is not a name, a default of the wrong type, or ``defaults`` naming a
+            parameter the builder does not take.
 
     Examples:
         >>> from typing import Annotated
@@ -248,20 +260,40 @@ def register_model(
         >>> unregister_model("doc_net")
     """
 
+    if name is not None and (not isinstance(name, str) or not name or any(c.isspace() for c in name)):
+        raise ValueError(f"register_model: name must be a non-empty string without spaces, such as 'my_net', "
+                         f"got {name!r}. Omit it to use the builder's name, lower-cased.")
+    if not isinstance(family, str) or not family.strip():
+        raise TypeError(f"register_model: family must be a non-empty string such as 'user' (list_families() has "
+                        f"the others), got {family!r}.")
+    for what, value, optional in (("example_inputs", example_inputs, False), ("objective", objective, True)):
+        if not callable(value) and not (optional and value is None):
+            raise TypeError(f"register_model: {what} must be a function, got {value!r}; see "
+                            f"workbench.register_model's docstring for its arguments"
+                            + (" (or None for a model without one)." if optional else "."))
+    if not (memory is None or isinstance(memory, bool) or callable(memory)):
+        raise TypeError(f"register_model: memory must be a function of the builder's arguments returning bytes, "
+                        f"None (counted on the meta device) or False (no check), got {memory!r}.")
+
     def decorate(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if not callable(builder):
+            raise TypeError(f"register_model decorates a builder function or an nn.Module class, got {builder!r}.")
         key = name or builder.__name__.lower()
         if key in _REGISTRY:
             raise ValueError(
                 f"A model named {key!r} is already registered (family {_REGISTRY[key].family!r}). "
                 "Choose another name or call workbench.unregister_model first."
             )
+        _check_positional_only(key, builder)
+        params = params_of(builder, defaults=defaults)
+        _check_defaults(key, params, defaults or {})
         doc = (builder.__doc__ or "").strip().splitlines()
         _REGISTRY[key] = ModelSpec(
             name=key,
             family=family,
             summary=summary or (doc[0].strip() if doc else key),
             builder=builder,
-            params=params_of(builder, defaults=defaults),
+            params=params,
             example_inputs=example_inputs,
             objective=objective,
             extras=dict(extras),
@@ -270,6 +302,40 @@ def register_model(
         return builder
 
     return decorate
+
+
+def _check_positional_only(name: str, builder: Callable[..., Any]) -> None:
+    """create_model passes keyword arguments: a positional-only parameter without a default could
+    never be given (every build would fail with Python's "missing 1 required positional argument")."""
+    try:
+        signature = inspect.signature(builder.__init__ if isinstance(builder, type) else builder)
+    except (TypeError, ValueError):  # (a builtin without a signature: params_of says so)
+        return
+    stuck = [p.name for p in signature.parameters.values()
+             if p.kind is p.POSITIONAL_ONLY and p.default is p.empty and p.name != "self"]
+    if stuck:
+        raise TypeError(f"register_model({name!r}): the builder's parameter(s) {stuck} are positional-only and "
+                        "have no default; create_model passes keyword arguments, so they could never be given. "
+                        "Make them keyword parameters (drop the '/') or give them defaults.")
+
+
+def _check_defaults(name: str, params: Sequence[ParamInfo], defaults: Mapping[str, Any]) -> None:
+    """Every default is a value its parameter accepts (a model must build with its defaults, and a
+    form shows them): its type, its choices, its range. Choices computed when asked (``Choices``,
+    such as the registered activations, which may not all be registered yet) are checked at build."""
+    unknown = [k for k in defaults if k not in {p.name for p in params}]
+    if unknown:
+        raise TypeError(f"register_model({name!r}): defaults names {unknown}, which the builder does not take; "
+                        f"its parameters are {[p.name for p in params]}.")
+    for info in params:
+        if info.required:
+            continue
+        static = info if not isinstance(info.choices, Choices) else dataclasses.replace(info, choices=None)
+        try:
+            check_value(static, info.default, f"register_model({name!r})")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{exc} It is the parameter's default: give it a default it accepts, or "
+                            "widen its annotation.") from None
 
 
 def unregister_model(name: str) -> None:
@@ -366,9 +432,20 @@ def get_spec(name: str) -> ModelSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.6)
+        close = close_names(name, list(_REGISTRY))
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"Unknown model {name!r}.{hint} See workbench.list_models().") from None
+
+
+def close_names(name: str, names: Sequence[str], n: int = 3) -> list[str]:
+    """The names a mistyped ``name`` most likely meant: those equal to it but for case first
+    (``'MLP'`` -> ``'mlp'``), then close spellings, compared regardless of case."""
+    lowered = {}
+    for candidate in names:
+        lowered.setdefault(candidate.lower(), candidate)
+    same = [c for c in names if c.lower() == name.lower()]
+    close = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)]
+    return list(dict.fromkeys(same + close))[:n]
 
 
 def create_model(name: str, *, memory_limit: Any = None, **overrides: Any) -> nn.Module:

@@ -63,6 +63,10 @@ NAMES_SEEDS_DEVICES = [
          "cannot be used here", "'cpu'"),
     case("device-not-a-name", lambda: create("ilql", device="gpu"), ValueError, "'gpu'", "'cpu'"),
     case("query-stream-off-cpu", lambda: create("query_stream", device="cuda"), ValueError, "'cuda'", "'cpu'"),
+    # (was torch's "device() received an invalid combination of arguments - got (NoneType) ..." over 5 lines)
+    case("device-none", lambda: create("activation_mlp", device=None), ValueError, "got none (nonetype)",
+         "'cpu'", "the default is 'cpu'"),
+    case("device-float", lambda: create("efficientzero_dynamics", device=1.5), ValueError, "1.5 (float)", "'cuda:0'"),
 ]
 
 CONFIGS = [
@@ -140,6 +144,18 @@ STEPS = [
          keep=experiment_state("ilql")),
     case("ilql-evaluate-seed", lambda: experiment("ilql").evaluate(seed=2**70), ValueError, "seed", str(2**70),
          "2**63 - 1", keep=experiment_state("ilql")),
+    case("query-evaluate-0-rows", lambda: experiment("query_stream").evaluate(rows=0), ValueError, "rows",
+         "got 0", ">= 1", keep=experiment_state("query_stream")),
+    case("query-evaluate-seed", lambda: experiment("query_stream").evaluate(seed=-1), ValueError, "seed", "-1",
+         keep=experiment_state("query_stream")),
+    # (a misspelt watch option was Python's "watch() got an unexpected keyword argument 'evry'", and
+    # metadata= clashed with the experiment's own: "got multiple values for keyword argument")
+    case("run-watch-option-typo", lambda: experiment("activation_mlp").run(2, evry=2), TypeError, "'evry'",
+         "did you mean 'every'", "histograms", keep=experiment_state("activation_mlp")),
+    case("start-watch-option-typo", lambda: experiment("query_stream").start(2, histogram=False), TypeError,
+         "'histogram'", "did you mean 'histograms'", keep=experiment_state("query_stream")),
+    case("watch-start-step", lambda: experiment("activation_mlp").watch(start_step=5), TypeError, "start_step",
+         "set by the experiment", keep=experiment_state("activation_mlp")),
 ]
 
 CASES = NAMES_SEEDS_DEVICES + CONFIGS + MEMORY + STEPS
@@ -148,3 +164,10 @@ CASES = NAMES_SEEDS_DEVICES + CONFIGS + MEMORY + STEPS
 @pytest.mark.parametrize("case", params(CASES))
 def test_bad_input(case):
     check(case)
+
+
+def test_metadata_given_to_a_run_is_recorded_beside_the_experiments_own(tmp_path):
+    exp = create("activation_mlp", width=8, n_samples=64, batch_size=16)
+    exp.run(1, store=tmp_path / "run", metadata={"note": "baseline"}, progress=False)
+    metadata = workbench.load_run(tmp_path / "run").metadata
+    assert metadata["note"] == "baseline" and metadata["experiment"] == "activation_mlp" and metadata["seed"] == 0

@@ -169,6 +169,16 @@ REGISTRY = [
          "inf", "finite"),
     case("prelu-init-beyond-float32", lambda: workbench.create_model("prelu", init=1e308), ValueError, "init=1e+308",
          "float32", "3.403e+38"),
+    # (were torch's "Only Tensors of floating point and complex dtype can require gradients", an
+    # AssertionError "Torch not compiled with CUDA enabled" and a RuntimeError listing device types)
+    case("prelu-integer-dtype", lambda: workbench.create_model("prelu", dtype=torch.int64), TypeError,
+         "dtype=torch.int64", "floating-point", "torch.float32"),
+    case("prelu-class-bool-dtype", lambda: workbench.models.activations.PReLU(dtype=torch.bool), TypeError,
+         "dtype=torch.bool", "floating-point"),
+    case("prelu-unknown-device", lambda: workbench.create_model("prelu", device="gpu"), ValueError, "'gpu'",
+         "cannot be used here", "'cpu'"),
+    case("prelu-device-not-here", lambda: workbench.models.activations.PReLU(device="cuda:99"), ValueError,
+         "'cuda:99'", "cannot be used here", "'cpu'"),
     case("prelu-class-init-nan", lambda: workbench.models.activations.PReLU(init=NAN), ValueError, "init", "nan",
          "finite"),
     case("threshold-nan", lambda: workbench.create_model("threshold", threshold=NAN), ValueError, "'threshold'",
@@ -359,7 +369,17 @@ CHECKPOINTS = [
          "nowhere.pt", keep=agent_state),
     case("checkpoint-truncated", lambda: agent().load_checkpoint(
         (_DIR / "truncated.pt").write_bytes((_DIR / "good.pt").read_bytes()[:500]) and _DIR / "truncated.pt"),
-        CheckpointError, "truncated.pt", "not a readable checkpoint", keep=agent_state),
+        CheckpointError, "truncated.pt", "not a readable torch checkpoint", "damaged or truncated",
+        "ILQL.save_checkpoint()", keep=agent_state),
+    case("checkpoint-is-a-folder", lambda: agent().load_checkpoint(_DIR), CheckpointError, "is not a file",
+         "pass a checkpoint file", keep=agent_state),
+    case("checkpoint-whole-pickled-model", lambda: agent().load_checkpoint(
+        torch.save(torch.nn.Linear(1, 1), _DIR / "pickled.pt") or _DIR / "pickled.pt"), CheckpointError,
+        "pickled.pt", "torch.nn.modules.linear.Linear", "refused unread", keep=agent_state),
+    # (the message named the temporary file '.agent.pt.xxxx.tmp' it could not create)
+    case("checkpoint-save-where-no-folder-can-be", lambda: agent().save_checkpoint(
+        (_DIR / "a-file").write_text("x") and _DIR / "a-file" / "agent.pt"), OSError,
+        "cannot write the checkpoint", "a-file/agent.pt'", "nothing was written"),
     ckpt("checkpoint-foreign", lambda s: s.pop("format"), CheckpointError, "not an ILQL checkpoint",
          "save_checkpoint()"),
     ckpt("checkpoint-newer", lambda s: s.update(version=99), CheckpointError, "version 99", "upgrade workbench"),

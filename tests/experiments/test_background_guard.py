@@ -58,3 +58,22 @@ def test_a_background_run_reports_its_own_last_step_not_those_of_later_runs():
     assert exp.step_count == 45
     assert run.step == run.total == 40
     assert "step 40 of 40" in repr(run)
+
+
+def test_a_run_stopped_by_the_process_exiting_says_so_in_its_store(tmp_path):
+    # (its store said "stopped by the user after step N": nobody had pressed Stop)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = ("import time, workbench\n"
+              "exp = workbench.experiments.create('activation_mlp', width=4, n_samples=32, batch_size=8)\n"
+              f"run = exp.start(10**9, store={str(tmp_path / 'run')!r}, histograms=False)\n"
+              "while run.step < 2:\n    time.sleep(0.01)\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.status == "stopped" and "stopped as the process exited after step" in stored.metadata["error"]

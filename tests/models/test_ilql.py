@@ -322,7 +322,7 @@ def test_corrupt_foreign_and_malicious_files_are_refused(dataset, tmp_path):
     model.save_checkpoint(path)
     data = path.read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"not a readable torch checkpoint: it is damaged or truncated"):
         model.load_checkpoint(tmp_path / "truncated.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="not an ILQL checkpoint"):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import difflib
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -33,18 +33,21 @@ def parse_config(items: list[str]) -> dict[str, Any]:
     where they parse, else strings).
 
     Raises:
-        ValueError: an item without ``=``.
+        ValueError: an item without ``=``, or a name given twice.
     """
-    config = {}
+    config, given = {}, {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ValueError(f"--config takes NAME=VALUE (such as width=64), got {item!r}.")
+        key = key.strip()
+        if key in given:  # (one of the two would be dropped without a word)
+            raise ValueError(f"--config {key} is given twice ({given[key]!r} and {item!r}); keep the one you mean.")
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text
-        config[key.strip()] = value
+        config[key], given[key] = value, item
     return config
 
 
@@ -68,12 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                      help="a config field of the experiment (repeat for several), e.g. --config width=64")
     run.add_argument("--backend", default=None, help="torch.distributed backend (default gloo on CPU, nccl on CUDA)")
+    run.add_argument("--memory-limit", default=None, metavar="SIZE",
+                     help="the most memory the experiment may need, e.g. 16GB, or off (default: the environment "
+                          "variable WORKBENCH_MEMORY_LIMIT, else 80%% of the memory available)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import workbench.experiments as experiments
+    from workbench.registry import close_names
 
     if args.command == "list":
         for name in experiments.list_experiments():
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.name not in experiments.list_experiments():  # (the API's message points to the API)
-        close = difflib.get_close_matches(args.name, experiments.list_experiments(), n=3)
+        close = close_names(args.name, experiments.list_experiments())
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         print(f"error: unknown experiment {args.name!r}.{hint} `python -m workbench.experiments list` lists them.",
               file=sys.stderr)
@@ -95,16 +102,27 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         return _run_distributed(args, config, experiments)
-    try:  # (a bad config value, --every, a --store that holds a run: refused before training, a line each)
-        exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu", **config)
-        history = exp.run(args.steps, store=args.store, every=args.every, histograms=args.histograms)
-    except (ValueError, TypeError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    # (a bad config value, --every, a --store that holds a run or cannot be made: refused before training,
+    # a line each; an error while training is a traceback)
+    try:
+        exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu",
+                                 memory_limit=args.memory_limit, **config)
+        w = exp.watch(store=args.store, every=args.every, histograms=args.histograms)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"error: {_for_the_command_line(exc)}", file=sys.stderr)
         return 2
+    with w:  # (closed stopped on an interrupt, failed with the error on an exception, as exp.run(store=...))
+        history = exp.run(args.steps)
     last = history[-1] if history else {}
     print(f"{args.name}: {len(history)} steps" + (f", loss {last['loss']:.4g}" if "loss" in last else "")
           + (f"; stored in {args.store}" if args.store else ""))
     return 0
+
+
+def _for_the_command_line(exc: BaseException) -> str:
+    """An API error as the command line says it: ``memory_limit='16GB'`` is ``--memory-limit 16GB`` here."""
+    text = re.sub(r"memory_limit='([^']*)'", r"--memory-limit \1", str(exc))
+    return re.sub(r"(?<!-)memory_limit ", "--memory-limit ", text)
 
 
 def data_parallel(model, **options: Any):
@@ -151,7 +169,7 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
     dist.init_process_group(backend)
     try:
         rank = dist.get_rank()
-        exp = experiments.create(args.name, seed=args.seed, device=device, **config)
+        exp = experiments.create(args.name, seed=args.seed, device=device, memory_limit=args.memory_limit, **config)
         # each rank draws its own batches: rank 0 the stream one process would, the others their own
         if rank:
             exp.generator.manual_seed(args.seed + 1_000_033 * rank)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import difflib
 import functools
+import inspect
 import threading
 import traceback
 import warnings
@@ -21,7 +21,7 @@ from torch import nn
 
 from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
-from workbench.registry import memory_accounted
+from workbench.registry import close_names, memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resolve_device"]
@@ -48,6 +48,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
         ValueError: not a device name, or a device this process cannot use (no CUDA build,
             no such GPU ...).
     """
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise ValueError(f"device must be a device name such as 'cpu', 'cuda' or 'cuda:0' (or a torch.device), "
+                         f"got {device!r} ({type(device).__name__}); the default is 'cpu'.")
     try:
         resolved = torch.device(device)
         torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
@@ -244,10 +247,12 @@ class Experiment:
             [1, 3, 4]
         """
         self._check_not_in_background("watch()")
+        _check_watch_options(options)
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
-        metadata = {"experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
+        metadata = {**(options.pop("metadata", None) or {}),  # (the caller's, beside what the experiment records)
+                    "experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 
@@ -371,6 +376,26 @@ class Experiment:
         return f"{type(self).__name__}(seed={self.seed}{on}, step={self.step_count}, config={self.config})"
 
 
+#: what an experiment sets on its watch itself
+_SET_BY_THE_EXPERIMENT = ("model", "store", "start_step")
+
+
+def _check_watch_options(options: dict[str, Any]) -> None:
+    """Options of ``workbench.watch`` only, named as it names them (a typo was Python's "watch() got an
+    unexpected keyword argument"); the model, the store and the first step are the experiment's."""
+    accepted = [name for name in inspect.signature(watch).parameters if name not in _SET_BY_THE_EXPERIMENT]
+    for name in options:
+        if name == "start_step":
+            raise TypeError("start_step is set by the experiment (its next step); leave it out.")
+        if name not in accepted:
+            close = close_names(name, accepted, n=1)
+            raise TypeError(f"{name!r} is not an option of workbench.watch"
+                            + (f"; did you mean {close[0]!r}?" if close else ".")
+                            + f" Its options: {', '.join(accepted)}.")
+    if "metadata" in options and not isinstance(options["metadata"], (dict, type(None))):
+        raise TypeError(f"metadata must be a dict, got {type(options['metadata']).__name__}.")
+
+
 def _check_timeout(timeout: Any) -> None:
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}.")
@@ -439,6 +464,7 @@ _RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
 @atexit.register
 def _stop_background_runs() -> None:
     for run in list(_RUNNING):
+        run._stopped_by = "as the process exited"  # (not "by the user": the store says why it stopped)
         run.stop(wait=True, timeout=30.0)
 
 
@@ -465,6 +491,7 @@ class BackgroundRun:
         self.history: list[dict[str, float]] = []
         self.error: str | None = None
         self._own_watch = own_watch
+        self._stopped_by = "by the user"  # what a stopped run's store says stopped it
         self._state = "running"
         self._held = False  # the thread waits, paused between two steps
         self._callbacks: list[Callable[[BackgroundRun], Any]] = []
@@ -621,7 +648,7 @@ class BackgroundRun:
         finally:
             self._bar.close()
             if status == "stopped":
-                error = f"stopped by the user after step {self.experiment.step_count}"
+                error = f"stopped {self._stopped_by} after step {self.experiment.step_count}"
             try:
                 if self._own_watch:
                     self.watch.close(status, error if status != "finished" else None)
@@ -755,7 +782,7 @@ def get_experiment_spec(name: str) -> ExperimentSpec:
     try:
         return _EXPERIMENTS[name]
     except (KeyError, TypeError):
-        close = difflib.get_close_matches(str(name), list(_EXPERIMENTS), n=3, cutoff=0.6)
+        close = close_names(str(name), list(_EXPERIMENTS))
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(
             f"Unknown experiment {name!r}.{hint} See workbench.experiments.list_experiments()."

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import torch
 
-from workbench.experiments.base import Experiment, register_experiment
-from workbench.params import Range
+from workbench.experiments.base import Experiment, evaluation, register_experiment
+from workbench.params import Range, check_seed
 from workbench.registry import create_model
 
 __all__ = ["KeyStream", "QueryStream"]
@@ -41,9 +41,11 @@ class KeyStream:
         self.cdf = torch.cumsum(weights / weights.sum(), 0)  # inverse-CDF sampling works for any key_space
         self.key_of_rank = torch.randperm(key_space, generator=generator)
 
-    def sample(self, rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``rows`` draws: the input dict (observation (rows, D) float32, action (rows,) int64) and the key ids."""
-        u = torch.rand(rows, generator=self.generator, dtype=torch.float64)
+    def sample(self, rows: int,
+               generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``rows`` draws: the input dict (observation (rows, D) float32, action (rows,) int64) and the key ids;
+        from ``generator`` when given (the stream's own draws are then left as they were)."""
+        u = torch.rand(rows, generator=generator or self.generator, dtype=torch.float64)
         rank = torch.searchsorted(self.cdf, u).clamp_(max=self.key_space - 1)
         keys = self.key_of_rank[rank]
         return {"observation": self.observations[keys // self.actions], "action": keys % self.actions}, keys
@@ -109,3 +111,34 @@ class QueryStream(Experiment):
             "rows_per_s": len(keys) / max(elapsed, 1e-9),
             "index_errors": float(wrong.sum()),
         }
+
+    @evaluation
+    def evaluate(self, rows: int | None = None, seed: int = 12345) -> dict[str, float]:
+        """Look up a fresh sample of keys without adding any (``extend=False``): how much of the stream
+        the map answers now, and whether it answers right. The sample is drawn from the stream's
+        distribution with a generator of its own: the map and the training stream are left as they were.
+
+        Args:
+            rows: keys to look up; None: the config's ``batch_size``.
+            seed: the sample's seed, in [0, 2**63 - 1] (the same keys at every call by default).
+
+        Returns:
+            ``hit_rate`` (share of the rows the map holds), ``index_errors`` (rows answered with an
+            index other than the one their key received, or found though never added, or missed
+            though added) and ``coverage`` (the share of the key space the map holds).
+
+        Raises:
+            ValueError: ``rows`` not an int >= 1, or a bad seed.
+        """
+        c = self.config
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"evaluate: rows must be an int >= 1 (keys to look up), or None for the config's "
+                             f"batch_size ({c.batch_size}), got {rows!r}.")
+        check_seed(seed, "evaluate")
+        batch, keys = self.stream.sample(c.batch_size if rows is None else rows, torch.Generator().manual_seed(seed))
+        size = len(self.model.hash_to_int)
+        index = self.model(batch, extend=False)["_index"].cpu()
+        known, found = self.index_of_key[keys], index < size
+        wrong = (found != (known >= 0)) | (found & (index != known))
+        return {"hit_rate": found.double().mean().item(), "index_errors": float(wrong.sum()),
+                "coverage": size / c.key_space}

@@ -39,6 +39,16 @@ def _check_tensor(module: nn.Module, x: object, floating: bool, real: bool = Fal
     return x
 
 
+def _check_device(device: torch.device | str) -> None:
+    """``device`` names a device this process can allocate on (``meta`` included: shapes alone)."""
+    try:
+        torch.empty(0, device=torch.device(device))  # the cheapest proof that the device exists here
+    except Exception as err:  # RuntimeError (no such name), AssertionError (torch built without CUDA) ...
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"PReLU: device {str(device)!r} cannot be used here ({first}); pass 'cpu', None (the "
+                         "default device) or an accelerator this process has, such as 'cuda:0'.") from None
+
+
 # --- shared registry hooks -------------------------------------------------
 
 def _example_inputs(model: nn.Module, batch_size: int, generator: torch.Generator | None = None):
@@ -168,8 +178,13 @@ class PReLU(nn.Module):
     def __init__(self, num_parameters: Annotated[int, Range(1, None)] = 1, init: float = 0.25,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        check_arguments(PReLU, "PReLU", num_parameters=num_parameters, init=init)
+        check_arguments(PReLU, "PReLU", num_parameters=num_parameters, init=init, device=device, dtype=dtype)
         weight_dtype = dtype if dtype is not None else torch.get_default_dtype()
+        if not weight_dtype.is_floating_point:  # (torch: "Only Tensors of floating point ... can require gradients")
+            raise TypeError(f"PReLU: dtype={weight_dtype} cannot hold its learnable slopes: the weight needs a "
+                            "floating-point dtype, such as torch.float32 (the default) or torch.float64.")
+        if device is not None:
+            _check_device(device)
         if weight_dtype.is_floating_point and not abs(init) <= torch.finfo(weight_dtype).max:
             raise ValueError(f"PReLU: init={init!r} does not fit the {weight_dtype} weight it fills: it must lie "
                              f"within ±{torch.finfo(weight_dtype).max:.4g} (or pass a wider dtype).")

@@ -658,16 +658,24 @@ class ILQL(nn.Module):
             "network": self.state_dict(), "optimizer": self.optimizer.state_dict(),
             "fitness": list(self.fitness), "scores": list(self.scores), "steps": list(self.steps),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        except OSError as exc:  # (else the message named the temporary file, not the checkpoint)
+            raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. Pick a directory "
+                            "you can write to; nothing was written.") from None
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # (a full disk ...): the old file, if any, is as it was
+                raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. "
+                                + ("The file there is as it was." if path.exists() else "Nothing was written.")
+                                ) from None
             raise
 
     def load_checkpoint(self, path: str | os.PathLike, device: str | torch.device | None = None,
@@ -702,12 +710,13 @@ class ILQL(nn.Module):
         if not path.exists():
             raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
         where = repr(str(path))
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CheckpointError(f"{where} is not a readable checkpoint ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). It may be damaged or not "
-                                  "a torch file.") from None
+        from workbench import checkpoints  # (its reader's messages: a truncated file, a pickled object, a folder)
+
+        try:  # (no size limit here: the memory the net_config asks for is checked below)
+            state = checkpoints.read_checkpoint(path, max_bytes=max(1, path.stat().st_size))
+        except checkpoints.CheckpointError as exc:
+            raise CheckpointError(str(exc).replace("Save it again with torch.save(...)",
+                                                   "Save it again with ILQL.save_checkpoint()")) from None
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{where} is not an ILQL checkpoint (no '{CHECKPOINT_FORMAT}' marker); "
                                   "save one with ILQL.save_checkpoint().")

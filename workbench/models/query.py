@@ -227,6 +227,9 @@ class HashToInt(nn.Module):
     """
 
     _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of h * 2**64/phi pick the slot
+    #: state entries whose length is the map's size, not fixed by the module: a map of any size loads
+    #: (``workbench.checkpoints.load_weights`` checks their presence, and ``load_state_dict`` their contents)
+    resizable_state = ("keys", "values")
 
     def __init__(self) -> None:
         super().__init__()
