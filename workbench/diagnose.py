@@ -46,6 +46,12 @@ FINDINGS: dict[str, tuple[str, str]] = {
                             "negative number, exp overflow, a learning rate so large the weights overflow. Guard "
                             "the op (clamp, an eps), lower the learning rate, or clip gradients; the sites after "
                             "it only inherited it."),
+    "loss_not_finite": ("error", "The loss is NaN or Inf. Where a nan_origin names a site of the model, the loss "
+                                 "inherited it from there; where the model's recorded values are finite, the loss "
+                                 "computation made it: guard log/sqrt/division in the loss (clamp, an eps), use "
+                                 "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
+                                 "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
+                                 "rate, clip gradients."),
     "dead_units": ("warning", "Most units of this activation output 0 for the whole batch and get no gradient, "
                               "so they stop learning. Usual causes: a large negative bias, a learning rate that "
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
@@ -71,8 +77,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
-    "diverging": ("error", "The loss keeps growing (or is no longer finite): training diverges. Lower the "
-                           "learning rate, clip gradients, check the data and the loss for NaN sources."),
+    "diverging": ("error", "The loss keeps growing (or was thrown up orders of magnitude): training diverges. "
+                           "Lower the learning rate, clip gradients, check the data and the loss for NaN sources."),
 }
 
 
@@ -116,7 +122,7 @@ class Thresholds:
         diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
             exceeds the lowest such median so far by this factor (of its magnitude) while still
             rising, having given back at least ``diverge_regain`` of what it fell from its first
-            such median; or when the metric is no longer finite.
+            such median (a metric no longer finite is ``loss_not_finite``).
         diverge_window: see ``diverge_factor``.
         diverge_regain: see ``diverge_factor`` (a loss that fell from 0.7 to 0.003 and is noisy
             around 0.03 has risen 10x without diverging).
@@ -258,6 +264,8 @@ class Diagnoser:
         self._nan: dict | None = None
         self._nan_sites: set = set()
         self._nan_last = 0
+        self._row_step: int | None = None  # the last step that recorded rows
+        self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
         self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means) of its params, last step
         self._loss_names: dict[str, bool] = {}
@@ -468,7 +476,9 @@ class Diagnoser:
                 self._gradient_check(step, layout, row)
                 self._update_check(step, layout, row, None if bounds is None else bounds[i])
             for name, value in losses[i]:
-                self._metric_check(step, name, value)
+                self._metric_check(step, name, value, recorded=bool(keys))
+            if keys:
+                self._row_step = step
             if self._open:
                 self._close_stale(rows=bool(keys), metrics=bool(losses[i]))
 
@@ -626,10 +636,12 @@ class Diagnoser:
         if self._nan is None:
             i = int(bad[0])
             module, call, kind, tensor, _shape = layout.keys[i]
+            before = [j for j in range(i) if layout.kind[j] == "activation"]  # (all finite: i is the first)
             self._nan = {"finding": "nan_origin", "start": step, "site": layout.names[i], "module": module,
                          "call": int(call), "kind": kind, "tensor": tensor, "evidence": None,
                          "nan": int(stats["nan_count"][i]), "inf": int(stats["inf_count"][i]),
-                         "numel": int(stats["numel"][i])}
+                         "numel": int(stats["numel"][i]), "previous_step": self._row_step,
+                         "previous_site": layout.names[before[-1]] if before else None}
         origin = self._nan["site"]
         self._nan_sites.update(layout.names[j] for j in bad if layout.names[j] != origin)
 
@@ -644,11 +656,42 @@ class Diagnoser:
         direction = "in the backward pass" if e["kind"] in ("grad_output", "param_grad") else (
             "in the optimizer's update" if e["kind"] in ("param", "update") else "in the forward pass")
         shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
-        text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {e['start']} ({direction}), "
-                f"the first in the run's recorded order; "
-                + (f"{len(others)} other site(s) only inherited it: {shown}." if others else "no other site has one."))
+        start, previous = e["start"], e["previous_step"]
+        losses = sorted((at, name, value) for name, (at, value) in self._loss_nan.items() if at < start)
+        earlier = f"; {losses[0][1]} was already {losses[0][2]} at step {losses[0][0]}" if losses else ""
+        if previous is not None and previous < start - 1:
+            # (with every=N, or a gap: it may have appeared at a step between, anywhere; this site may be an heir)
+            text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {start}, the first recorded "
+                    f"step with one; steps {previous + 1} to {start - 1} were not recorded{earlier}: it may have "
+                    f"appeared at one of them, at another site, and {e['site']} only inherited it. "
+                    + (f"{len(others)} other site(s) have one too: {shown}." if others else "No other site has one."))
+        else:
+            text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {start} ({direction}), "
+                    f"the first in the run's recorded order{earlier}; ")
+            if e["kind"] == "activation" and e["previous_site"] is not None:
+                text += (f"{e['previous_site']}, whose output was recorded just before, is finite: it arose in "
+                         f"{e['site']} or in code that ran between the two (a function in a forward(), not a "
+                         f"module, is not recorded); ")
+            elif e["kind"] == "activation":
+                text += (f"no output was recorded before it at this step: it arose in {e['site']}, or its input "
+                         f"(the batch?) already had it; ")
+            text += f"{len(others)} other site(s) only inherited it: {shown}." if others else "no other site has one."
         e["evidence"] = text
         return e
+
+    def _nan_source(self, step: int, recorded: bool) -> str:
+        """Where a loss that is not finite at ``step`` got it, as far as the rows tell (the end of its evidence)."""
+        nan = self._nan
+        if nan is not None and (nan["start"] < step or (nan["start"] == step and nan["kind"] == "activation")):
+            return (f": the model's recorded values have NaN or Inf from step {nan['start']} on (the first at "
+                    f"{nan['site']}: nan_origin), which the loss inherited.")
+        if recorded:
+            return (f": the model's forward pass recorded no NaN or Inf at step {step}"
+                    + (f" (the one in the backward pass, at {nan['site']}, came from the loss)" if nan else "")
+                    + ": the loss computation made it, after the model's output.")
+        if self._row_step is None:  # (a run of metrics alone)
+            return "."
+        return f": step {step} was not recorded, so where it came from is not known."
 
     def _units_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds
@@ -796,17 +839,19 @@ class Diagnoser:
                    f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3).",
                    need=t.persist)
 
-    def _metric_check(self, step: int, name: str, value: float) -> None:
+    def _metric_check(self, step: int, name: str, value: float, recorded: bool = False) -> None:
+        """Judge a loss metric's value at ``step`` (``recorded``: the step recorded rows, judged before it)."""
         t = self.thresholds
         state = self._metrics.get(name)
         if state is None:
             state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window), "tail": deque(maxlen=t.diverge_window),
                                            "best": math.inf, "nonfinite": None}
         if not math.isfinite(value):
-            self._hold(step, "diverging", None, None,
-                       f"{name} is {value} at step {step}" + (f" (last finite: {state['recent'][-1]:.4g})."
-                                                              if state["recent"] else "."),
-                       site=name, key=name, worst=-step, strongest=True)  # (the evidence of its first NaN)
+            self._loss_nan.setdefault(name, (step, value))
+            last = f" (last finite: {state['recent'][-1]:.4g})" if state["recent"] else ""
+            self._hold(step, "loss_not_finite", None, None,
+                       f"{name} is {value} at step {step}{last}{self._nan_source(step, recorded)}", site=name,
+                       key=name, worst=-step, strongest=True)  # (the evidence of its first NaN)
             return
         recent, tail = state["recent"], state["tail"]
         state.setdefault("start", value)  # (its first finite value: the scale of what it can fall)
