@@ -74,6 +74,15 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
                                     "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate, "
                                     "or check the parameter gets a gradient."),
+    "not_updated": ("warning", "This parameter gets a gradient but does not change at all: the optimizer does not "
+                               "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
+                               "was built before the layer was added or replaced, a param group left out), its "
+                               "group's learning rate is 0, or a learning rate so small each step rounds away in "
+                               "float32 (or w.step() is called per micro-batch of a gradient accumulation: call it "
+                               "once per optimizer step)."),
+    "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
+                       "False, or it takes no part in the loss. Frozen on purpose (a pretrained backbone): as "
+                       "intended. If not: set requires_grad=True, and check the forward uses it."),
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
@@ -228,6 +237,8 @@ class _Layout:
     grad_columns: np.ndarray  # output-gradient rows (not aliases) in forward order
     pair_columns: tuple[np.ndarray, np.ndarray]  # (update rows, param rows) of param_pair
     params: np.ndarray  # param rows
+    grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
+    param_grads: bool  # the step recorded parameter gradients (of some parameter)
 
 
 #: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
@@ -267,7 +278,7 @@ class Diagnoser:
         self._row_step: int | None = None  # the last step that recorded rows
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
-        self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means) of its params, last step
+        self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means, stats) of its params
         self._loss_names: dict[str, bool] = {}
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
         self._metrics: dict[str, dict] = {}
@@ -449,8 +460,10 @@ class Diagnoser:
         grads = np.flatnonzero((kind == "grad_output") & ~alias & (order >= 0))
         grads = grads[np.argsort(order[grads], kind="stable")]
         pair_columns = (np.fromiter(pair.keys(), np.int64, len(pair)), np.fromiter(pair.values(), np.int64, len(pair)))
+        param_grads = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param_grad"}
+        grad_of = {i: param_grads[key] for key, i in params.items() if key in param_grads}
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"))
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads))
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -474,7 +487,7 @@ class Diagnoser:
                 self._nan_check(step, layout, row)
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
-                self._update_check(step, layout, row, None if bounds is None else bounds[i])
+                self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
             if keys:
@@ -539,17 +552,25 @@ class Diagnoser:
                 if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
                     look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
             elif layout.params.size:
-                bounds = self._param_bounds(steps, layout, stats)
-                look |= (bounds > max(1.0, t.update_ratio_high)).any(1)
+                bound, same = self._param_bounds(steps, layout, stats)
+                look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
+                bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
         return look, bounds
 
-    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
+    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
         """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
         its values at consecutive recorded steps: ``||a - b|| >= | ||a|| - ||b|| |`` and
-        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded)."""
+        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded); and whether
+        it did not change since the recorded step before (its norm, mean, std, min and max the same, bit
+        for bit: judged like a parameter's, of at least ``update_min_dims`` dimensions)."""
         p = layout.params
         norm, mean, numel = stats["norm"][:, p], stats["mean"][:, p], stats["numel"][:, p]
+        shape = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1)  # (steps, 5, params)
         before = self._prev_params.get(layout.keys)
+        prev_shape = np.concatenate([before[3][None] if before is not None else np.full((1, 5, len(p)), np.nan),
+                                     shape[:-1]])
+        same = (shape == prev_shape).all(1) & np.isfinite(shape).all(1) & (norm > 0)
+        same[:, layout.ndim[p] < self.thresholds.update_min_dims] = False
         step_array = np.asarray(steps)
         prev_norm = np.vstack([before[1] if before is not None else np.full(len(p), np.nan), norm[:-1]])
         prev_mean = np.vstack([before[2] if before is not None else np.full(len(p), np.nan), mean[:-1]])
@@ -559,8 +580,8 @@ class Diagnoser:
             bound[(step_array - prev_step) != 1] = np.nan
             bound[:, layout.ndim[p] < self.thresholds.update_min_dims] = np.nan
             bound[~(prev_norm > 0)] = np.nan
-        self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1])}
-        return bound
+        self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1], shape[-1])}
+        return bound, same
 
     # -------------------------------------------------------------- episodes
     def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
@@ -810,16 +831,50 @@ class Diagnoser:
                     if ratio >= t.update_ratio_high:
                         continue
                     self._from_zero[key] = False
-                self._judge_ratio(step, layout, p, ratio, exact=True)
+                if ratio == 0:
+                    self._judge_unchanged(step, layout, p, stats, "its update is exactly 0")
+                else:
+                    self._judge_ratio(step, layout, p, ratio, exact=True)
             return
         # no update rows: a lower bound from consecutive recorded steps of the parameter's values
         # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
         # a parameter grown from 0 doubles its norm at its second step (a bound of 1), and less after
         if bounds is None:
             return
+        bound, same = bounds
         high = max(1.0, t.update_ratio_high)
-        for j in np.flatnonzero(bounds > high):
-            self._judge_ratio(step, layout, int(layout.params[j]), float(bounds[j]), exact=False, high=high)
+        for j in np.flatnonzero(bound > high):
+            self._judge_ratio(step, layout, int(layout.params[j]), float(bound[j]), exact=False, high=high)
+        for j in np.flatnonzero(same):
+            self._judge_unchanged(step, layout, int(layout.params[j]), stats,
+                                  "its norm, mean, std, min and max are those of the recorded step before, bit for bit",
+                                  exact=False)
+
+    def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True) -> None:
+        """Parameter row ``p`` did not change at ``step`` (``how``: what shows it): by its gradient, it is
+        ``frozen`` (none), ``not_updated`` (one the optimizer should have moved it by), or
+        ``update_ratio_low`` (exactly 0, or too small to change a float32 value)."""
+        t = self.thresholds
+        g = layout.grad_of.get(p)
+        grad = float(stats["norm"][g]) if g is not None else math.nan
+        scale = grad / float(stats["norm"][p])
+        said = f"it did not change {'at all' if exact else '(or by less than float32 shows)'} at step {step} ({how})"
+        if g is None and layout.param_grads:
+            self._hold(step, "frozen", layout, p, f"{said}, and it has no gradient (no param_grad row: its .grad is "
+                       f"None) while the other parameters have one.", need=t.persist)
+        elif g is None:
+            self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
+                       f"tell why).", need=t.persist)
+        elif grad == 0:
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0, no gradient reaches "
+                       f"it (dead units after it, or a factor of 0).", need=t.persist)
+        elif math.isfinite(scale) and scale < t.update_ratio_low:
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is tiny (||grad|| / ||param|| "
+                       f"{scale:.2g}), each step too small to change a float32 value.", need=t.persist)
+        elif math.isfinite(scale):
+            self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
+                       f"||grad|| / ||param|| {scale:.2g}): the optimizer does not move it (it is not given this "
+                       f"parameter, or its learning rate is 0 or far too small).", need=t.persist)
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
                      high: float | None = None) -> None:

@@ -106,3 +106,40 @@ def test_a_nan_in_the_model_s_first_output_points_at_its_input():
     origin = fit(model, steps=2).diagnose().iloc[0]
     assert (origin.finding, origin.site, origin.step) == ("nan_origin", "0", 1)
     assert "no output was recorded before it at this step: it arose in 0, or its input (the batch?)" in origin.evidence
+
+
+def relu_mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def test_a_layer_left_out_of_the_optimizer_is_not_updated_with_or_without_update_rows():
+    for updates, first in ((True, 1), (False, 2)):  # (without update rows: from the 2nd step, against the 1st)
+        model = relu_mlp()
+        params = [p for name, p in model.named_parameters() if not name.startswith("2.")]
+        f = fit(model, steps=6, params=params, updates=updates).diagnose()
+        assert f[["site", "finding", "severity"]].values.tolist() == [["2.weight", "not_updated", "warning"]]
+        row = f.iloc[0]
+        assert (row.step, row.last_step) == (first, 6)
+        assert "though its gradient is not" in row.evidence and "the optimizer does not move it" in row.evidence
+        assert "not in the optimizer's parameter groups" in row.hint
+
+
+def test_a_layer_frozen_with_requires_grad_false_is_said_frozen_as_information_not_a_warning():
+    for updates in (True, False):
+        model = relu_mlp()
+        model[2].requires_grad_(False)
+        f = fit(model, steps=5, updates=updates).diagnose()
+        assert f[["site", "finding", "severity"]].values.tolist() == [["2.weight", "frozen", "info"]]
+        assert "it has no gradient (no param_grad row" in f.evidence[0] and "on purpose" in f.hint[0]
+
+
+def test_weights_behind_a_dead_layer_say_no_gradient_reaches_them():
+    model = relu_mlp()
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)  # the ReLU at 3 dies: nothing before it gets a gradient, 4 sees only zeros
+    f = fit(model, steps=4, updates=True).diagnose()
+    low = f[f.finding == "update_ratio_low"]
+    assert sorted(low.site) == ["0.weight", "2.weight", "4.weight"]
+    assert all("its gradient is exactly 0, no gradient reaches it" in e for e in low.evidence)
+    assert f[f.finding == "dead_units"].site.tolist() == ["3"]
