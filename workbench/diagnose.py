@@ -292,7 +292,12 @@ class Diagnoser:
         """Queue what arrived: an ``Update``, a ``StepRecord`` or an iterable of them (step order)."""
         records = getattr(update, "records", None)
         if records is None:
-            records = (update,) if hasattr(update, "keys") and hasattr(update, "sums") else tuple(update)
+            single = all(hasattr(update, a) for a in ("step", "keys", "sums"))
+            iterable = hasattr(update, "__iter__") and not isinstance(update, (str, bytes, pd.DataFrame))
+            records = (update,) if single else tuple(update) if iterable else None
+        if records is None or not all(all(hasattr(r, a) for a in ("step", "keys", "sums")) for r in records):
+            raise TypeError(f"Diagnoser.feed() takes a recorder's Update, a StepRecord or a list of them (in step "
+                            f"order), got {type(update).__name__}; for a frame of rows, use feed_frame(rows, metrics).")
         with self._lock:
             self.dropped += int(getattr(update, "dropped", 0) or 0)
             self._pending.extend(records)
@@ -304,7 +309,8 @@ class Diagnoser:
         (a subscription of its recorder, on a thread of its own). Returns the subscription."""
         recorder = getattr(watch, "recorder", None)
         if recorder is None or not hasattr(recorder, "subscribe"):
-            raise TypeError(f"attach() needs a workbench Watch (or anything with a recorder), got {watch!r}.")
+            raise TypeError(f"attach() needs a workbench Watch (or anything with a recorder), got "
+                            f"{type(watch).__name__}.")
         with self._lock:
             self._subscription = recorder.subscribe(self.feed, interval=interval)
             self.feed(recorder.records())
@@ -1018,7 +1024,7 @@ def _sample(items: list, k: int) -> list:
     return [items[i] for i in dict.fromkeys(picks)]
 
 
-def _check_frame(rows: Any, metrics: Any) -> None:
+def _check_frame(rows: Any, metrics: Any, ordered: bool = True) -> None:
     if not isinstance(rows, pd.DataFrame):
         raise TypeError(f"diagnose() needs the run's rows as a pandas DataFrame (w.to_pandas(), "
                         f"load_run(path).to_pandas()), got {type(rows).__name__}.")
@@ -1027,6 +1033,16 @@ def _check_frame(rows: Any, metrics: Any) -> None:
     if missing and len(rows.columns):
         raise ValueError(f"diagnose(): the rows lack the columns {missing}; pass the frame of w.to_pandas() or "
                          f"load_run(path).to_pandas() (columns: workbench.instrument.ROW_COLUMNS).")
+    if ordered and len(rows):
+        steps = pd.to_numeric(rows["step"], errors="coerce").to_numpy(np.float64)
+        back = np.flatnonzero(~(steps[1:] >= steps[:-1]))
+        if len(back):
+            i = int(back[0])
+            raise ValueError(f"diagnose(): the rows must be in recorded order, as w.to_pandas() and "
+                             f"load_run(path).to_pandas() give them (steps in order; within a step, the order the "
+                             f"sites ran, which the findings read); the row at position {i + 1} (step "
+                             f"{rows['step'].iloc[i + 1]}) comes after step {rows['step'].iloc[i]}. Pass the frame "
+                             f"in the order it came (a filter keeps it).")
     if metrics is not None:
         if not isinstance(metrics, pd.DataFrame):
             raise TypeError(f"diagnose(): metrics must be a pandas DataFrame (w.metrics()) or None, "
@@ -1034,6 +1050,14 @@ def _check_frame(rows: Any, metrics: Any) -> None:
         if len(metrics.columns) and "step" not in metrics.columns:
             raise ValueError(f"diagnose(): the metrics frame needs a 'step' column (as w.metrics() has); its "
                              f"columns are {list(metrics.columns)}.")
+        if len(metrics) and not _is_long(metrics):
+            for name in metrics.columns:
+                column = metrics[name]
+                if not (pd.api.types.is_numeric_dtype(column) or pd.to_numeric(column, errors="coerce").notna()
+                        .eq(column.notna()).all()):
+                    raise ValueError(f"diagnose(): the metrics frame's column {name!r} is not numbers; pass "
+                                     f"w.metrics() (a column per metric) or w.metrics(long=True) (the columns "
+                                     f"{LONG_METRICS}).")
 
 
 def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds: Thresholds | dict | None = None,
@@ -1052,9 +1076,17 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 
     Raises:
         TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.
-        ValueError: a frame without the run's columns, a threshold out of range.
+        ValueError: a frame without the run's columns or out of recorded order, a metrics column not
+            numbers, a threshold out of range, ``loss_metrics`` naming no metric of the run.
     """
     diagnoser = Diagnoser(thresholds, **overrides)
+    _check_frame(rows, metrics)
+    named = diagnoser.thresholds.loss_metrics
+    if metrics is not None and len(metrics) and named != Thresholds.loss_metrics:
+        logged = set(metrics["name"]) if _is_long(metrics) else {c for c in metrics.columns if c != "step"}
+        if logged and not {n.lower() for n in named} & {str(n).lower() for n in logged}:
+            raise ValueError(f"diagnose(): loss_metrics={named} names no metric of the run, which logged "
+                             f"{sorted(map(str, logged))}: the loss findings would judge nothing.")
     diagnoser.feed_frame(rows, metrics)
     return diagnoser.findings()
 
@@ -1062,7 +1094,7 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 def update_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """``||update|| / ||param||`` per parameter and step: ``step, module, tensor, ratio`` from the rows of
     kind ``update`` and ``param`` of the same parameter and step (a run recorded with updates)."""
-    _check_frame(rows, None)
+    _check_frame(rows, None, ordered=False)
     keys = ["step", "module", "call", "tensor"]
     update = rows[rows.kind == "update"][keys + ["norm"]]
     param = rows[rows.kind == "param"][keys + ["norm"]]

@@ -143,3 +143,29 @@ def test_weights_behind_a_dead_layer_say_no_gradient_reaches_them():
     assert sorted(low.site) == ["0.weight", "2.weight", "4.weight"]
     assert all("its gradient is exactly 0, no gradient reaches it" in e for e in low.evidence)
     assert f[f.finding == "dead_units"].site.tolist() == ["3"]
+
+
+def test_inputs_that_would_be_judged_wrongly_or_not_at_all_are_refused_saying_what_to_pass():
+    import pandas as pd
+    import pytest
+
+    from workbench.diagnose import Diagnoser, diagnose
+
+    w = fit(relu_mlp(), steps=3)
+    rows, metrics = w.to_pandas(), w.metrics()
+    with pytest.raises(ValueError, match=r"must be in recorded order.*the row at position \d+ \(step 1\) comes after "
+                                         r"step 3"):
+        diagnose(rows.sort_values("module"), metrics)  # (the steps interleaved: the order within a step lost too)
+    assert diagnose(rows[rows.kind != "param"], metrics).empty  # (a filter keeps the order)
+    with pytest.raises(ValueError, match=r"loss_metrics=\('lss',\) names no metric of the run, which logged "
+                                         r"\['loss'\]"):
+        diagnose(rows, metrics, loss_metrics="lss")
+    with pytest.raises(ValueError, match=r"column 'name' is not numbers; pass w.metrics\(\) .* or "
+                                         r"w.metrics\(long=True\)"):
+        diagnose(rows, w.metrics(long=True).rename(columns={"value": "val"}))
+    for bad in (5, "abc", rows):
+        with pytest.raises(TypeError, match=r"Diagnoser.feed\(\) takes a recorder's Update, a StepRecord or a list"):
+            Diagnoser().feed(bad)
+    with pytest.raises(TypeError, match=r"attach\(\) needs a workbench Watch .*, got DataFrame\.$"):
+        Diagnoser().attach(rows)
+    assert diagnose(pd.DataFrame(), pd.DataFrame({"step": [1, 2], "loss": ["0.7", "0.6"]})).empty  # (numbers as text)
