@@ -896,9 +896,16 @@ class Diagnoser:
             return
         what = "||update|| / ||param||" if exact else (
             "||update|| / ||param|| is at least (from the parameter's norm and mean on consecutive steps)")
-        self._hold(step, finding, layout, p, f"{what} {ratio:.2g} at step {step} "
-                   f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3).",
-                   need=t.persist)
+        text = f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3)."
+        self._hold(step, finding, layout, p, f"{what} {ratio:.3g} at step {step} {text}", need=t.persist)
+        module, call, kind, tensor, _shape = layout.keys[p]
+        e = self._open[(finding, kind, module, call, tensor)]
+        peak = e.get("peak")  # (the farthest from usual of the episode, and its step)
+        if peak is None or (ratio > peak[0] if finding == "update_ratio_high" else ratio < peak[0]):
+            peak = e["peak"] = (ratio, step)
+        if peak[1] != step:
+            e["evidence"] = (f"{what} {ratio:.3g} at step {step}; {'up' if finding == 'update_ratio_high' else 'down'} "
+                             f"to {peak[0]:.3g} at step {peak[1]} {text}")
 
     def _metric_check(self, step: int, name: str, value: float, recorded: bool = False) -> None:
         """Judge a loss metric's value at ``step`` (``recorded``: the step recorded rows, judged before it)."""

@@ -169,3 +169,18 @@ def test_inputs_that_would_be_judged_wrongly_or_not_at_all_are_refused_saying_wh
     with pytest.raises(TypeError, match=r"attach\(\) needs a workbench Watch .*, got DataFrame\.$"):
         Diagnoser().attach(rows)
     assert diagnose(pd.DataFrame(), pd.DataFrame({"step": [1, 2], "loss": ["0.7", "0.6"]})).empty  # (numbers as text)
+
+
+def test_an_update_ratio_finding_gives_its_farthest_step_as_well_as_its_last():
+    import pandas as pd
+
+    from tests.diagnose.test_findings import param_rows
+    from workbench.diagnose import diagnose
+
+    rows = pd.concat([param_rows([step], ratio) for step, ratio in enumerate([0.9, 0.5, 0.104], 1)], ignore_index=True)
+    [evidence] = diagnose(rows).evidence  # (not "0.1 at step 3 (threshold: above 0.1)", as two digits would say)
+    assert evidence.startswith("||update|| / ||param|| 0.104 at step 3; up to 0.9 at step 1 (threshold: above 0.1")
+    rows = pd.concat([param_rows([step], ratio) for step, ratio in enumerate([1e-9, 1e-7, 5e-7], 1)], ignore_index=True)
+    [evidence] = diagnose(rows).evidence
+    assert evidence.startswith("||update|| / ||param|| 5e-07 at step 3; down to 1e-09 at step 1 (threshold: "
+                               "below 1e-06")
