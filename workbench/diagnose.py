@@ -86,9 +86,18 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
+    "loss_plateau": ("warning", "The loss has not fallen from where it started: the model is not learning. Check "
+                                "the learning rate (too small, or still ~0 in a warm-up), that the optimizer has the "
+                                "model's parameters (see not_updated, frozen), that the loss's gradient reaches the "
+                                "model (no .detach() or .item() on the way), that the targets match the inputs (not "
+                                "shuffled apart), and that there is something to learn."),
     "diverging": ("error", "The loss keeps growing (or was thrown up orders of magnitude): training diverges. "
                            "Lower the learning rate, clip gradients, check the data and the loss for NaN sources."),
 }
+
+
+#: The values of a loss metric whose median is its level at its start and now, for ``loss_plateau``.
+PLATEAU_WINDOW = 20
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,11 @@ class Thresholds:
         diverge_blowup: also ``diverging`` when the median of the last ``diverge_window`` values is
             this many times the metric's first value (a positive one), rising or not: a learning rate
             far too large throws the loss up orders of magnitude in a step, where it swings or stays.
+        plateau_steps: ``loss_plateau`` from this many finite values of a loss metric on, while the median of
+            its last 20 values is not below that of its first 20 by ``plateau_drop`` (a fraction of its
+            magnitude); it ends once the loss fell by that and by 3 times the noise of the two medians'
+            difference (from the batch-to-batch noise).
+        plateau_drop: see ``plateau_steps``.
     """
 
     persist: int = 3
@@ -157,6 +171,8 @@ class Thresholds:
     diverge_window: int = 5
     diverge_regain: float = 0.5
     diverge_blowup: float = 100.0
+    plateau_steps: int = 50
+    plateau_drop: float = 0.01
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, expected: str) -> None:
@@ -175,6 +191,9 @@ class Thresholds:
         need("spike_window", whole("spike_window", 3), "a whole number >= 3 (steps)")
         need("diverge_window", whole("diverge_window", 2), "a whole number >= 2 (steps)")
         need("update_min_dims", whole("update_min_dims", 0), "a whole number >= 0")
+        need("plateau_steps", whole("plateau_steps", 2 * PLATEAU_WINDOW),
+             f"a whole number >= {2 * PLATEAU_WINDOW} (its first and its last {PLATEAU_WINDOW} values)")
+        need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
         for name in ("dead_zero_frac", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
@@ -903,7 +922,7 @@ class Diagnoser:
         peak = e.get("peak")  # (the farthest from usual of the episode, and its step)
         if peak is None or (ratio > peak[0] if finding == "update_ratio_high" else ratio < peak[0]):
             peak = e["peak"] = (ratio, step)
-        if peak[1] != step:
+        if f"{peak[0]:.3g}" != f"{ratio:.3g}":
             e["evidence"] = (f"{what} {ratio:.3g} at step {step}; {'up' if finding == 'update_ratio_high' else 'down'} "
                              f"to {peak[0]:.3g} at step {peak[1]} {text}")
 
@@ -955,6 +974,7 @@ class Diagnoser:
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
         recent.append(value)
         tail.append(value)
+        self._plateau_check(step, name, value, state)
         if len(tail) == tail.maxlen:
             last = list(tail)
             now = _median(last)
@@ -979,6 +999,55 @@ class Diagnoser:
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / start:.3g}x its "
                            f"first value ({start:.4g}; threshold {t.diverge_blowup:g}x).", site=name, key=name)
+
+
+    def _plateau_check(self, step: int, name: str, value: float, state: dict) -> None:
+        """``loss_plateau``: ``plateau_steps`` finite values of a loss metric on, the median of its last
+        :data:`PLATEAU_WINDOW` not below that of its first by ``plateau_drop`` of its magnitude, nor by 3 times
+        the standard deviation their difference has from the batch-to-batch noise (a noisy loss that has not
+        fallen reads so, and one still falling through its noise does not)."""
+        t = self.thresholds
+        head = state.setdefault("head", [])
+        if len(head) < PLATEAU_WINDOW:
+            head.append(value)
+        last = state.setdefault("last", deque(maxlen=PLATEAU_WINDOW))
+        last.append(value)
+        state["count"] = count = state.get("count", 0) + 1
+        if count < t.plateau_steps:
+            return
+        values = list(last)
+        start, now = _median(head), _median(values)
+        # the noise of one value (from the median absolute difference of consecutive values, which a trend
+        # hardly moves), of a median of n (~1.2533 sigma / sqrt(n)), and of the difference of two medians
+        sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
+        noise = math.sqrt(2) * 1.2533 * sigma / math.sqrt(PLATEAU_WINDOW)
+        # (a plateau starts where the loss is not plateau_drop below its start, and holds until it fell beyond
+        # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
+        held = ("loss_plateau", ("plateau", name)) in self._open
+        margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
+        if now > start - margin:
+            fell = start - now
+            if fell <= 0:
+                what = f"has not fallen in its {count} steps: median {now:.4g} over its last {PLATEAU_WINDOW}, " \
+                       f"{_change(now, start)} its first {PLATEAU_WINDOW} ({start:.4g})"
+            else:
+                what = f"has fallen only {_change(now, start).split()[0]} in its {count} steps (median {now:.4g} " \
+                       f"over its last {PLATEAU_WINDOW}, {start:.4g} over its first)" + \
+                       (f", within 3x the noise of the two medians ({noise:.2g})" if fell > t.plateau_drop * abs(start)
+                        else "")
+            self._hold(step, "loss_plateau", None, None,
+                       f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
+                       f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
+                       need=t.persist)
+
+
+def _change(now: float, start: float) -> str:
+    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``."""
+    if now == start:
+        return "the same as"
+    if start == 0:
+        return "above" if now > start else "below"
+    return f"{abs(now - start) / abs(start):.1%} {'above' if now > start else 'below'}"
 
 
 def _median(values: list[float]) -> float:

@@ -184,3 +184,39 @@ def test_an_update_ratio_finding_gives_its_farthest_step_as_well_as_its_last():
     [evidence] = diagnose(rows).evidence
     assert evidence.startswith("||update|| / ||param|| 5e-07 at step 3; down to 1e-09 at step 1 (threshold: "
                                "below 1e-06")
+
+
+def test_a_loss_that_does_not_fall_is_a_plateau_one_finding_however_noisy_and_a_noisy_falling_one_is_not():
+    import numpy as np
+    import pandas as pd
+
+    from workbench.diagnose import diagnose
+
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 201)
+    for noise in (0.0, 0.05, 0.2):  # (batch-to-batch noise, relative)
+        flat = 0.69 * (1 + noise * rng.standard_normal(200))
+        f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
+        assert f[["last_step", "site", "finding", "severity"]].values.tolist() == \
+            [[200, "loss", "loss_plateau", "warning"]], noise
+        assert 50 <= f.step[0] <= 60  # (from plateau_steps, once the last 20 are not 1% below the first 20)
+        assert f.evidence[0].startswith(("loss has not fallen in its 200 steps: median ", "loss has fallen only "))
+        assert "in its 200 steps" in f.evidence[0]
+    # falling 20% per 100 steps through a noise of 5%: learning, slowly; and a converged loss is no plateau
+    falling = 0.69 * (1 - 0.002 * steps) * (1 + 0.05 * rng.standard_normal(200))
+    converged = 0.05 + 0.65 * np.exp(-steps / 20) + 0.01 * rng.standard_normal(200)
+    for loss in (falling, converged):
+        assert diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": loss})).empty
+
+
+def test_an_optimizer_built_on_a_copy_of_the_model_reads_as_a_plateau_and_weights_not_updated():
+    import copy
+
+    model = relu_mlp()
+    w = fit(model, steps=60, params=copy.deepcopy(model).parameters())  # (steps the copy: the model stays)
+    f = w.diagnose()
+    assert f[f.finding == "loss_plateau"][["step", "last_step", "site"]].values.tolist() == [[50, 60, "loss"]]
+    assert "has not fallen in its 60 steps" in f[f.finding == "loss_plateau"].evidence.iloc[0]
+    assert sorted(f[f.finding == "not_updated"].site) == ["0.weight", "2.weight", "4.weight"]
+    assert set(f.finding) == {"loss_plateau", "not_updated"}
+    assert fit(relu_mlp(), steps=60).diagnose().empty  # (the same net, its optimizer on it, learns)
