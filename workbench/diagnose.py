@@ -260,6 +260,10 @@ class _Layout:
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
 
 
+#: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
+#: ``not_updated``: a learning rate of 1e-4 moves it by ~1e-7 of itself, past float32's resolution (6e-8).
+MOVING_GRADIENT = 1e-3
+
 #: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
 REJOIN_STEPS = 3
 
@@ -876,9 +880,11 @@ class Diagnoser:
                                   exact=False)
 
     def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True) -> None:
-        """Parameter row ``p`` did not change at ``step`` (``how``: what shows it): by its gradient, it is
-        ``frozen`` (none), ``not_updated`` (one the optimizer should have moved it by), or
-        ``update_ratio_low`` (exactly 0, or too small to change a float32 value)."""
+        """Parameter row ``p`` did not change at ``step`` (``how``: what shows it; ``exact``: its update row is 0,
+        not its statistics the same): by its gradient, it is ``frozen`` (none), ``not_updated`` (one of at least
+        :data:`MOVING_GRADIENT` of its norm, which any learning rate in use moves a float32 value by), or
+        ``update_ratio_low`` (a gradient exactly 0; or smaller, or none recorded, judged by its update row only:
+        a layer deep in a net whose gradients vanish keeps its statistics bit for bit on some steps, not all)."""
         t = self.thresholds
         g = layout.grad_of.get(p)
         grad = float(stats["norm"][g]) if g is not None else math.nan
@@ -887,16 +893,17 @@ class Diagnoser:
         if g is None and layout.param_grads:
             self._hold(step, "frozen", layout, p, f"{said}, and it has no gradient (no param_grad row: its .grad is "
                        f"None) while the other parameters have one.", need=t.persist)
-        elif g is None:
+        elif g is None and exact:
             self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
                        f"tell why).", need=t.persist)
         elif grad == 0:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0, no gradient reaches "
                        f"it (dead units after it, or a factor of 0).", need=t.persist)
-        elif math.isfinite(scale) and scale < t.update_ratio_low:
-            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is tiny (||grad|| / ||param|| "
-                       f"{scale:.2g}), each step too small to change a float32 value.", need=t.persist)
-        elif math.isfinite(scale):
+        elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
+                       f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
+                       need=t.persist)
+        elif math.isfinite(scale) and scale >= MOVING_GRADIENT:
             self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
                        f"||grad|| / ||param|| {scale:.2g}): the optimizer does not move it (it is not given this "
                        f"parameter, or its learning rate is 0 or far too small).", need=t.persist)

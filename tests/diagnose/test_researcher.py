@@ -220,3 +220,14 @@ def test_an_optimizer_built_on_a_copy_of_the_model_reads_as_a_plateau_and_weight
     assert sorted(f[f.finding == "not_updated"].site) == ["0.weight", "2.weight", "4.weight"]
     assert set(f.finding) == {"loss_plateau", "not_updated"}
     assert fit(relu_mlp(), steps=60).diagnose().empty  # (the same net, its optimizer on it, learns)
+
+
+def test_without_update_rows_weights_stilled_by_vanishing_gradients_are_not_a_row_each():
+    # a deep sigmoid stack: its early weights' gradients are ~1e-10 of them, their steps round away in float32 on
+    # some steps and not others; the cause is one finding, not a flickering row per weight
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 32), nn.Sigmoid()]
+    for _ in range(9):
+        layers += [nn.Linear(32, 32), nn.Sigmoid()]
+    f = fit(nn.Sequential(*layers, nn.Linear(32, 2)), steps=30, lr=0.1).diagnose()
+    assert f[["step", "last_step", "site", "finding"]].values.tolist() == [[1, 30, "0", "vanishing_gradients"]]
