@@ -1010,9 +1010,10 @@ class Diagnoser:
 
     def _plateau_check(self, step: int, name: str, value: float, state: dict) -> None:
         """``loss_plateau``: ``plateau_steps`` finite values of a loss metric on, the median of its last
-        :data:`PLATEAU_WINDOW` not below that of its first by ``plateau_drop`` of its magnitude, nor by 3 times
-        the standard deviation their difference has from the batch-to-batch noise (a noisy loss that has not
-        fallen reads so, and one still falling through its noise does not)."""
+        :data:`PLATEAU_WINDOW` not below that of its first by ``plateau_drop`` of its magnitude (once a plateau,
+        nor by 3 times the standard deviation their difference has from the batch-to-batch noise: a noisy loss
+        that has not fallen reads so, and one still falling through its noise does not); never where such a
+        median was once below the first by that and by 5 times the noise (a loss set back by a bad batch)."""
         t = self.thresholds
         head = state.setdefault("head", [])
         if len(head) < PLATEAU_WINDOW:
@@ -1020,10 +1021,14 @@ class Diagnoser:
         last = state.setdefault("last", deque(maxlen=PLATEAU_WINDOW))
         last.append(value)
         state["count"] = count = state.get("count", 0) + 1
-        if count < t.plateau_steps:
+        if count < PLATEAU_WINDOW:
             return
         values = list(last)
-        start, now = _median(head), _median(values)
+        now = _median(values)
+        lowest = state["lowest"] = min(state.get("lowest", math.inf), now)  # (the lowest median of 20 so far)
+        if count < t.plateau_steps:
+            return
+        start = _median(head)
         # the noise of one value (from the median absolute difference of consecutive values, which a trend
         # hardly moves), of a median of n (~1.2533 sigma / sqrt(n)), and of the difference of two medians
         sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
@@ -1032,7 +1037,9 @@ class Diagnoser:
         # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
         held = ("loss_plateau", ("plateau", name)) in self._open
         margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
-        if now > start - margin:
+        # (a loss that fell, well beyond its noise, and came back up, set back by a bad batch, is no plateau)
+        fell_once = lowest < start - max(t.plateau_drop * abs(start), 5 * noise)
+        if now > start - margin and not fell_once:
             fell = start - now
             if fell <= 0:
                 what = f"has not fallen in its {count} steps: median {now:.4g} over its last {PLATEAU_WINDOW}, " \

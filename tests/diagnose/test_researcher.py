@@ -231,3 +231,21 @@ def test_without_update_rows_weights_stilled_by_vanishing_gradients_are_not_a_ro
         layers += [nn.Linear(32, 32), nn.Sigmoid()]
     f = fit(nn.Sequential(*layers, nn.Linear(32, 2)), steps=30, lr=0.1).diagnose()
     assert f[["step", "last_step", "site", "finding"]].values.tolist() == [[1, 30, "0", "vanishing_gradients"]]
+
+
+def test_a_loss_set_back_by_a_bad_batch_is_no_plateau_and_a_long_flat_one_stays_one():
+    import numpy as np
+    import pandas as pd
+
+    from workbench.diagnose import diagnose
+
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 201)
+    # fell from 0.7 to ~0.01, thrown back to 0.7 at step 120 (labels flipped for a batch), falling again slowly
+    loss = np.where(steps < 120, 0.01 + 0.69 * np.exp(-steps / 15), 0.01 + 0.69 * np.exp(-(steps - 120) / 60))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": loss * (1 + 0.01 * rng.standard_normal(200))}))
+    assert "loss_plateau" not in set(f.finding), f.evidence.tolist()
+    steps = np.arange(1, 2001)
+    flat = 0.69 * (1 + 0.05 * rng.standard_normal(2000))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
+    assert f.finding.tolist() == ["loss_plateau"] and f.last_step[0] == 2000
