@@ -46,6 +46,12 @@ FINDINGS: dict[str, tuple[str, str]] = {
                             "negative number, exp overflow, a learning rate so large the weights overflow. Guard "
                             "the op (clamp, an eps), lower the learning rate, or clip gradients; the sites after "
                             "it only inherited it."),
+    "loss_not_finite": ("error", "The loss is NaN or Inf. Where a nan_origin names a site of the model, the loss "
+                                 "inherited it from there; where the model's recorded values are finite, the loss "
+                                 "computation made it: guard log/sqrt/division in the loss (clamp, an eps), use "
+                                 "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
+                                 "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
+                                 "rate, clip gradients."),
     "dead_units": ("warning", "Most units of this activation output 0 for the whole batch and get no gradient, "
                               "so they stop learning. Usual causes: a large negative bias, a learning rate that "
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
@@ -68,12 +74,30 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
                                     "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate, "
                                     "or check the parameter gets a gradient."),
+    "not_updated": ("warning", "This parameter gets a gradient but does not change at all: the optimizer does not "
+                               "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
+                               "was built before the layer was added or replaced, a param group left out), its "
+                               "group's learning rate is 0, or a learning rate so small each step rounds away in "
+                               "float32 (or w.step() is called per micro-batch of a gradient accumulation: call it "
+                               "once per optimizer step)."),
+    "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
+                       "False, or it takes no part in the loss. Frozen on purpose (a pretrained backbone): as "
+                       "intended. If not: set requires_grad=True, and check the forward uses it."),
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
-    "diverging": ("error", "The loss keeps growing (or is no longer finite): training diverges. Lower the "
-                           "learning rate, clip gradients, check the data and the loss for NaN sources."),
+    "loss_plateau": ("warning", "The loss has not fallen from where it started: the model is not learning. Check "
+                                "the learning rate (too small, or still ~0 in a warm-up), that the optimizer has the "
+                                "model's parameters (see not_updated, frozen), that the loss's gradient reaches the "
+                                "model (no .detach() or .item() on the way), that the targets match the inputs (not "
+                                "shuffled apart), and that there is something to learn."),
+    "diverging": ("error", "The loss keeps growing (or was thrown up orders of magnitude): training diverges. "
+                           "Lower the learning rate, clip gradients, check the data and the loss for NaN sources."),
 }
+
+
+#: The values of a loss metric whose median is its level at its start and now, for ``loss_plateau``.
+PLATEAU_WINDOW = 20
 
 
 @dataclass(frozen=True)
@@ -116,13 +140,18 @@ class Thresholds:
         diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
             exceeds the lowest such median so far by this factor (of its magnitude) while still
             rising, having given back at least ``diverge_regain`` of what it fell from its first
-            such median; or when the metric is no longer finite.
+            such median (a metric no longer finite is ``loss_not_finite``).
         diverge_window: see ``diverge_factor``.
         diverge_regain: see ``diverge_factor`` (a loss that fell from 0.7 to 0.003 and is noisy
             around 0.03 has risen 10x without diverging).
         diverge_blowup: also ``diverging`` when the median of the last ``diverge_window`` values is
             this many times the metric's first value (a positive one), rising or not: a learning rate
             far too large throws the loss up orders of magnitude in a step, where it swings or stays.
+        plateau_steps: ``loss_plateau`` from this many finite values of a loss metric on, while the median of
+            its last 20 values is not below that of its first 20 by ``plateau_drop`` (a fraction of its
+            magnitude); it ends once the loss fell by that and by 3 times the noise of the two medians'
+            difference (from the batch-to-batch noise).
+        plateau_drop: see ``plateau_steps``.
     """
 
     persist: int = 3
@@ -142,6 +171,8 @@ class Thresholds:
     diverge_window: int = 5
     diverge_regain: float = 0.5
     diverge_blowup: float = 100.0
+    plateau_steps: int = 50
+    plateau_drop: float = 0.01
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, expected: str) -> None:
@@ -160,6 +191,9 @@ class Thresholds:
         need("spike_window", whole("spike_window", 3), "a whole number >= 3 (steps)")
         need("diverge_window", whole("diverge_window", 2), "a whole number >= 2 (steps)")
         need("update_min_dims", whole("update_min_dims", 0), "a whole number >= 0")
+        need("plateau_steps", whole("plateau_steps", 2 * PLATEAU_WINDOW),
+             f"a whole number >= {2 * PLATEAU_WINDOW} (its first and its last {PLATEAU_WINDOW} values)")
+        need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
         for name in ("dead_zero_frac", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
@@ -222,7 +256,13 @@ class _Layout:
     grad_columns: np.ndarray  # output-gradient rows (not aliases) in forward order
     pair_columns: tuple[np.ndarray, np.ndarray]  # (update rows, param rows) of param_pair
     params: np.ndarray  # param rows
+    grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
+    param_grads: bool  # the step recorded parameter gradients (of some parameter)
 
+
+#: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
+#: ``not_updated``: a learning rate of 1e-4 moves it by ~1e-7 of itself, past float32's resolution (6e-8).
+MOVING_GRADIENT = 1e-3
 
 #: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
 REJOIN_STEPS = 3
@@ -258,8 +298,10 @@ class Diagnoser:
         self._nan: dict | None = None
         self._nan_sites: set = set()
         self._nan_last = 0
+        self._row_step: int | None = None  # the last step that recorded rows
+        self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
-        self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means) of its params, last step
+        self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means, stats) of its params
         self._loss_names: dict[str, bool] = {}
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
         self._metrics: dict[str, dict] = {}
@@ -273,7 +315,12 @@ class Diagnoser:
         """Queue what arrived: an ``Update``, a ``StepRecord`` or an iterable of them (step order)."""
         records = getattr(update, "records", None)
         if records is None:
-            records = (update,) if hasattr(update, "keys") and hasattr(update, "sums") else tuple(update)
+            single = all(hasattr(update, a) for a in ("step", "keys", "sums"))
+            iterable = hasattr(update, "__iter__") and not isinstance(update, (str, bytes, pd.DataFrame))
+            records = (update,) if single else tuple(update) if iterable else None
+        if records is None or not all(all(hasattr(r, a) for a in ("step", "keys", "sums")) for r in records):
+            raise TypeError(f"Diagnoser.feed() takes a recorder's Update, a StepRecord or a list of them (in step "
+                            f"order), got {type(update).__name__}; for a frame of rows, use feed_frame(rows, metrics).")
         with self._lock:
             self.dropped += int(getattr(update, "dropped", 0) or 0)
             self._pending.extend(records)
@@ -285,7 +332,8 @@ class Diagnoser:
         (a subscription of its recorder, on a thread of its own). Returns the subscription."""
         recorder = getattr(watch, "recorder", None)
         if recorder is None or not hasattr(recorder, "subscribe"):
-            raise TypeError(f"attach() needs a workbench Watch (or anything with a recorder), got {watch!r}.")
+            raise TypeError(f"attach() needs a workbench Watch (or anything with a recorder), got "
+                            f"{type(watch).__name__}.")
         with self._lock:
             self._subscription = recorder.subscribe(self.feed, interval=interval)
             self.feed(recorder.records())
@@ -441,8 +489,10 @@ class Diagnoser:
         grads = np.flatnonzero((kind == "grad_output") & ~alias & (order >= 0))
         grads = grads[np.argsort(order[grads], kind="stable")]
         pair_columns = (np.fromiter(pair.keys(), np.int64, len(pair)), np.fromiter(pair.values(), np.int64, len(pair)))
+        param_grads = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param_grad"}
+        grad_of = {i: param_grads[key] for key, i in params.items() if key in param_grads}
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"))
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads))
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -466,9 +516,11 @@ class Diagnoser:
                 self._nan_check(step, layout, row)
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
-                self._update_check(step, layout, row, None if bounds is None else bounds[i])
+                self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
             for name, value in losses[i]:
-                self._metric_check(step, name, value)
+                self._metric_check(step, name, value, recorded=bool(keys))
+            if keys:
+                self._row_step = step
             if self._open:
                 self._close_stale(rows=bool(keys), metrics=bool(losses[i]))
 
@@ -529,17 +581,25 @@ class Diagnoser:
                 if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
                     look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
             elif layout.params.size:
-                bounds = self._param_bounds(steps, layout, stats)
-                look |= (bounds > max(1.0, t.update_ratio_high)).any(1)
+                bound, same = self._param_bounds(steps, layout, stats)
+                look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
+                bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
         return look, bounds
 
-    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
+    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
         """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
         its values at consecutive recorded steps: ``||a - b|| >= | ||a|| - ||b|| |`` and
-        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded)."""
+        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded); and whether
+        it did not change since the recorded step before (its norm, mean, std, min and max the same, bit
+        for bit: judged like a parameter's, of at least ``update_min_dims`` dimensions)."""
         p = layout.params
         norm, mean, numel = stats["norm"][:, p], stats["mean"][:, p], stats["numel"][:, p]
+        shape = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1)  # (steps, 5, params)
         before = self._prev_params.get(layout.keys)
+        prev_shape = np.concatenate([before[3][None] if before is not None else np.full((1, 5, len(p)), np.nan),
+                                     shape[:-1]])
+        same = (shape == prev_shape).all(1) & np.isfinite(shape).all(1) & (norm > 0)
+        same[:, layout.ndim[p] < self.thresholds.update_min_dims] = False
         step_array = np.asarray(steps)
         prev_norm = np.vstack([before[1] if before is not None else np.full(len(p), np.nan), norm[:-1]])
         prev_mean = np.vstack([before[2] if before is not None else np.full(len(p), np.nan), mean[:-1]])
@@ -549,8 +609,8 @@ class Diagnoser:
             bound[(step_array - prev_step) != 1] = np.nan
             bound[:, layout.ndim[p] < self.thresholds.update_min_dims] = np.nan
             bound[~(prev_norm > 0)] = np.nan
-        self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1])}
-        return bound
+        self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1], shape[-1])}
+        return bound, same
 
     # -------------------------------------------------------------- episodes
     def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
@@ -626,10 +686,12 @@ class Diagnoser:
         if self._nan is None:
             i = int(bad[0])
             module, call, kind, tensor, _shape = layout.keys[i]
+            before = [j for j in range(i) if layout.kind[j] == "activation"]  # (all finite: i is the first)
             self._nan = {"finding": "nan_origin", "start": step, "site": layout.names[i], "module": module,
                          "call": int(call), "kind": kind, "tensor": tensor, "evidence": None,
                          "nan": int(stats["nan_count"][i]), "inf": int(stats["inf_count"][i]),
-                         "numel": int(stats["numel"][i])}
+                         "numel": int(stats["numel"][i]), "previous_step": self._row_step,
+                         "previous_site": layout.names[before[-1]] if before else None}
         origin = self._nan["site"]
         self._nan_sites.update(layout.names[j] for j in bad if layout.names[j] != origin)
 
@@ -644,11 +706,42 @@ class Diagnoser:
         direction = "in the backward pass" if e["kind"] in ("grad_output", "param_grad") else (
             "in the optimizer's update" if e["kind"] in ("param", "update") else "in the forward pass")
         shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
-        text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {e['start']} ({direction}), "
-                f"the first in the run's recorded order; "
-                + (f"{len(others)} other site(s) only inherited it: {shown}." if others else "no other site has one."))
+        start, previous = e["start"], e["previous_step"]
+        losses = sorted((at, name, value) for name, (at, value) in self._loss_nan.items() if at < start)
+        earlier = f"; {losses[0][1]} was already {losses[0][2]} at step {losses[0][0]}" if losses else ""
+        if previous is not None and previous < start - 1:
+            # (with every=N, or a gap: it may have appeared at a step between, anywhere; this site may be an heir)
+            text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {start}, the first recorded "
+                    f"step with one; steps {previous + 1} to {start - 1} were not recorded{earlier}: it may have "
+                    f"appeared at one of them, at another site, and {e['site']} only inherited it. "
+                    + (f"{len(others)} other site(s) have one too: {shown}." if others else "No other site has one."))
+        else:
+            text = (f"{values} of {e['numel']} values in {kind} {e['site']} at step {start} ({direction}), "
+                    f"the first in the run's recorded order{earlier}; ")
+            if e["kind"] == "activation" and e["previous_site"] is not None:
+                text += (f"{e['previous_site']}, whose output was recorded just before, is finite: it arose in "
+                         f"{e['site']} or in code that ran between the two (a function in a forward(), not a "
+                         f"module, is not recorded); ")
+            elif e["kind"] == "activation":
+                text += (f"no output was recorded before it at this step: it arose in {e['site']}, or its input "
+                         f"(the batch?) already had it; ")
+            text += f"{len(others)} other site(s) only inherited it: {shown}." if others else "no other site has one."
         e["evidence"] = text
         return e
+
+    def _nan_source(self, step: int, recorded: bool) -> str:
+        """Where a loss that is not finite at ``step`` got it, as far as the rows tell (the end of its evidence)."""
+        nan = self._nan
+        if nan is not None and (nan["start"] < step or (nan["start"] == step and nan["kind"] == "activation")):
+            return (f": the model's recorded values have NaN or Inf from step {nan['start']} on (the first at "
+                    f"{nan['site']}: nan_origin), which the loss inherited.")
+        if recorded:
+            return (f": the model's forward pass recorded no NaN or Inf at step {step}"
+                    + (f" (the one in the backward pass, at {nan['site']}, came from the loss)" if nan else "")
+                    + ": the loss computation made it, after the model's output.")
+        if self._row_step is None:  # (a run of metrics alone)
+            return "."
+        return f": step {step} was not recorded, so where it came from is not known."
 
     def _units_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds
@@ -767,16 +860,53 @@ class Diagnoser:
                     if ratio >= t.update_ratio_high:
                         continue
                     self._from_zero[key] = False
-                self._judge_ratio(step, layout, p, ratio, exact=True)
+                if ratio == 0:
+                    self._judge_unchanged(step, layout, p, stats, "its update is exactly 0")
+                else:
+                    self._judge_ratio(step, layout, p, ratio, exact=True)
             return
         # no update rows: a lower bound from consecutive recorded steps of the parameter's values
         # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
         # a parameter grown from 0 doubles its norm at its second step (a bound of 1), and less after
         if bounds is None:
             return
+        bound, same = bounds
         high = max(1.0, t.update_ratio_high)
-        for j in np.flatnonzero(bounds > high):
-            self._judge_ratio(step, layout, int(layout.params[j]), float(bounds[j]), exact=False, high=high)
+        for j in np.flatnonzero(bound > high):
+            self._judge_ratio(step, layout, int(layout.params[j]), float(bound[j]), exact=False, high=high)
+        for j in np.flatnonzero(same):
+            self._judge_unchanged(step, layout, int(layout.params[j]), stats,
+                                  "its norm, mean, std, min and max are those of the recorded step before, bit for bit",
+                                  exact=False)
+
+    def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True) -> None:
+        """Parameter row ``p`` did not change at ``step`` (``how``: what shows it; ``exact``: its update row is 0,
+        not its statistics the same): by its gradient, it is ``frozen`` (none), ``not_updated`` (one of at least
+        :data:`MOVING_GRADIENT` of its norm, which any learning rate in use moves a float32 value by), or
+        ``update_ratio_low`` (a gradient exactly 0; or smaller, or none recorded, judged by its update row only:
+        a layer deep in a net whose gradients vanish keeps its statistics bit for bit on some steps, not all)."""
+        t = self.thresholds
+        g = layout.grad_of.get(p)
+        grad = float(stats["norm"][g]) if g is not None else math.nan
+        scale = grad / float(stats["norm"][p])
+        said = f"it did not change {'at all' if exact else '(or by less than float32 shows)'} at step {step} ({how})"
+        if g is None and layout.param_grads:
+            self._hold(step, "frozen", layout, p, f"{said}, and it has no gradient (no param_grad row: its .grad is "
+                       f"None) while the other parameters have one.", need=t.persist)
+        elif g is None and exact:
+            self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
+                       f"tell why).", need=t.persist)
+        elif grad == 0:
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0, no gradient reaches "
+                       f"it (dead units after it, or a factor of 0).", need=t.persist)
+        elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
+                       f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
+                       need=t.persist)
+        elif math.isfinite(scale) and scale >= MOVING_GRADIENT:
+            self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
+                       f"||grad|| / ||param|| {scale:.2g}): the optimizer does not move it (it is not given this "
+                       f"parameter, or its learning rate is 0 or far too small).", need=t.persist)
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
                      high: float | None = None) -> None:
@@ -792,21 +922,30 @@ class Diagnoser:
             return
         what = "||update|| / ||param||" if exact else (
             "||update|| / ||param|| is at least (from the parameter's norm and mean on consecutive steps)")
-        self._hold(step, finding, layout, p, f"{what} {ratio:.2g} at step {step} "
-                   f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3).",
-                   need=t.persist)
+        text = f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3)."
+        self._hold(step, finding, layout, p, f"{what} {ratio:.3g} at step {step} {text}", need=t.persist)
+        module, call, kind, tensor, _shape = layout.keys[p]
+        e = self._open[(finding, kind, module, call, tensor)]
+        peak = e.get("peak")  # (the farthest from usual of the episode, and its step)
+        if peak is None or (ratio > peak[0] if finding == "update_ratio_high" else ratio < peak[0]):
+            peak = e["peak"] = (ratio, step)
+        if f"{peak[0]:.3g}" != f"{ratio:.3g}":
+            e["evidence"] = (f"{what} {ratio:.3g} at step {step}; {'up' if finding == 'update_ratio_high' else 'down'} "
+                             f"to {peak[0]:.3g} at step {peak[1]} {text}")
 
-    def _metric_check(self, step: int, name: str, value: float) -> None:
+    def _metric_check(self, step: int, name: str, value: float, recorded: bool = False) -> None:
+        """Judge a loss metric's value at ``step`` (``recorded``: the step recorded rows, judged before it)."""
         t = self.thresholds
         state = self._metrics.get(name)
         if state is None:
             state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window), "tail": deque(maxlen=t.diverge_window),
                                            "best": math.inf, "nonfinite": None}
         if not math.isfinite(value):
-            self._hold(step, "diverging", None, None,
-                       f"{name} is {value} at step {step}" + (f" (last finite: {state['recent'][-1]:.4g})."
-                                                              if state["recent"] else "."),
-                       site=name, key=name, worst=-step, strongest=True)  # (the evidence of its first NaN)
+            self._loss_nan.setdefault(name, (step, value))
+            last = f" (last finite: {state['recent'][-1]:.4g})" if state["recent"] else ""
+            self._hold(step, "loss_not_finite", None, None,
+                       f"{name} is {value} at step {step}{last}{self._nan_source(step, recorded)}", site=name,
+                       key=name, worst=-step, strongest=True)  # (the evidence of its first NaN)
             return
         recent, tail = state["recent"], state["tail"]
         state.setdefault("start", value)  # (its first finite value: the scale of what it can fall)
@@ -842,6 +981,7 @@ class Diagnoser:
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
         recent.append(value)
         tail.append(value)
+        self._plateau_check(step, name, value, state)
         if len(tail) == tail.maxlen:
             last = list(tail)
             now = _median(last)
@@ -866,6 +1006,62 @@ class Diagnoser:
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / start:.3g}x its "
                            f"first value ({start:.4g}; threshold {t.diverge_blowup:g}x).", site=name, key=name)
+
+
+    def _plateau_check(self, step: int, name: str, value: float, state: dict) -> None:
+        """``loss_plateau``: ``plateau_steps`` finite values of a loss metric on, the median of its last
+        :data:`PLATEAU_WINDOW` not below that of its first by ``plateau_drop`` of its magnitude (once a plateau,
+        nor by 3 times the standard deviation their difference has from the batch-to-batch noise: a noisy loss
+        that has not fallen reads so, and one still falling through its noise does not); never where such a
+        median was once below the first by that and by 5 times the noise (a loss set back by a bad batch)."""
+        t = self.thresholds
+        head = state.setdefault("head", [])
+        if len(head) < PLATEAU_WINDOW:
+            head.append(value)
+        last = state.setdefault("last", deque(maxlen=PLATEAU_WINDOW))
+        last.append(value)
+        state["count"] = count = state.get("count", 0) + 1
+        if count < PLATEAU_WINDOW:
+            return
+        values = list(last)
+        now = _median(values)
+        lowest = state["lowest"] = min(state.get("lowest", math.inf), now)  # (the lowest median of 20 so far)
+        if count < t.plateau_steps:
+            return
+        start = _median(head)
+        # the noise of one value (from the median absolute difference of consecutive values, which a trend
+        # hardly moves), of a median of n (~1.2533 sigma / sqrt(n)), and of the difference of two medians
+        sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
+        noise = math.sqrt(2) * 1.2533 * sigma / math.sqrt(PLATEAU_WINDOW)
+        # (a plateau starts where the loss is not plateau_drop below its start, and holds until it fell beyond
+        # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
+        held = ("loss_plateau", ("plateau", name)) in self._open
+        margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
+        # (a loss that fell, well beyond its noise, and came back up, set back by a bad batch, is no plateau)
+        fell_once = lowest < start - max(t.plateau_drop * abs(start), 5 * noise)
+        if now > start - margin and not fell_once:
+            fell = start - now
+            if fell <= 0:
+                what = f"has not fallen in its {count} steps: median {now:.4g} over its last {PLATEAU_WINDOW}, " \
+                       f"{_change(now, start)} its first {PLATEAU_WINDOW} ({start:.4g})"
+            else:
+                what = f"has fallen only {_change(now, start).split()[0]} in its {count} steps (median {now:.4g} " \
+                       f"over its last {PLATEAU_WINDOW}, {start:.4g} over its first)" + \
+                       (f", within 3x the noise of the two medians ({noise:.2g})" if fell > t.plateau_drop * abs(start)
+                        else "")
+            self._hold(step, "loss_plateau", None, None,
+                       f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
+                       f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
+                       need=t.persist)
+
+
+def _change(now: float, start: float) -> str:
+    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``."""
+    if now == start:
+        return "the same as"
+    if start == 0:
+        return "above" if now > start else "below"
+    return f"{abs(now - start) / abs(start):.1%} {'above' if now > start else 'below'}"
 
 
 def _median(values: list[float]) -> float:
@@ -918,7 +1114,7 @@ def _sample(items: list, k: int) -> list:
     return [items[i] for i in dict.fromkeys(picks)]
 
 
-def _check_frame(rows: Any, metrics: Any) -> None:
+def _check_frame(rows: Any, metrics: Any, ordered: bool = True) -> None:
     if not isinstance(rows, pd.DataFrame):
         raise TypeError(f"diagnose() needs the run's rows as a pandas DataFrame (w.to_pandas(), "
                         f"load_run(path).to_pandas()), got {type(rows).__name__}.")
@@ -927,6 +1123,16 @@ def _check_frame(rows: Any, metrics: Any) -> None:
     if missing and len(rows.columns):
         raise ValueError(f"diagnose(): the rows lack the columns {missing}; pass the frame of w.to_pandas() or "
                          f"load_run(path).to_pandas() (columns: workbench.instrument.ROW_COLUMNS).")
+    if ordered and len(rows):
+        steps = pd.to_numeric(rows["step"], errors="coerce").to_numpy(np.float64)
+        back = np.flatnonzero(~(steps[1:] >= steps[:-1]))
+        if len(back):
+            i = int(back[0])
+            raise ValueError(f"diagnose(): the rows must be in recorded order, as w.to_pandas() and "
+                             f"load_run(path).to_pandas() give them (steps in order; within a step, the order the "
+                             f"sites ran, which the findings read); the row at position {i + 1} (step "
+                             f"{rows['step'].iloc[i + 1]}) comes after step {rows['step'].iloc[i]}. Pass the frame "
+                             f"in the order it came (a filter keeps it).")
     if metrics is not None:
         if not isinstance(metrics, pd.DataFrame):
             raise TypeError(f"diagnose(): metrics must be a pandas DataFrame (w.metrics()) or None, "
@@ -934,6 +1140,14 @@ def _check_frame(rows: Any, metrics: Any) -> None:
         if len(metrics.columns) and "step" not in metrics.columns:
             raise ValueError(f"diagnose(): the metrics frame needs a 'step' column (as w.metrics() has); its "
                              f"columns are {list(metrics.columns)}.")
+        if len(metrics) and not _is_long(metrics):
+            for name in metrics.columns:
+                column = metrics[name]
+                if not (pd.api.types.is_numeric_dtype(column) or pd.to_numeric(column, errors="coerce").notna()
+                        .eq(column.notna()).all()):
+                    raise ValueError(f"diagnose(): the metrics frame's column {name!r} is not numbers; pass "
+                                     f"w.metrics() (a column per metric) or w.metrics(long=True) (the columns "
+                                     f"{LONG_METRICS}).")
 
 
 def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds: Thresholds | dict | None = None,
@@ -952,9 +1166,17 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 
     Raises:
         TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.
-        ValueError: a frame without the run's columns, a threshold out of range.
+        ValueError: a frame without the run's columns or out of recorded order, a metrics column not
+            numbers, a threshold out of range, ``loss_metrics`` naming no metric of the run.
     """
     diagnoser = Diagnoser(thresholds, **overrides)
+    _check_frame(rows, metrics)
+    named = diagnoser.thresholds.loss_metrics
+    if metrics is not None and len(metrics) and named != Thresholds.loss_metrics:
+        logged = set(metrics["name"]) if _is_long(metrics) else {c for c in metrics.columns if c != "step"}
+        if logged and not {n.lower() for n in named} & {str(n).lower() for n in logged}:
+            raise ValueError(f"diagnose(): loss_metrics={named} names no metric of the run, which logged "
+                             f"{sorted(map(str, logged))}: the loss findings would judge nothing.")
     diagnoser.feed_frame(rows, metrics)
     return diagnoser.findings()
 
@@ -962,7 +1184,7 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 def update_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """``||update|| / ||param||`` per parameter and step: ``step, module, tensor, ratio`` from the rows of
     kind ``update`` and ``param`` of the same parameter and step (a run recorded with updates)."""
-    _check_frame(rows, None)
+    _check_frame(rows, None, ordered=False)
     keys = ["step", "module", "call", "tensor"]
     update = rows[rows.kind == "update"][keys + ["norm"]]
     param = rows[rows.kind == "param"][keys + ["norm"]]

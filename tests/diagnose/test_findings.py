@@ -147,7 +147,7 @@ def test_diverging_loss_and_non_finite_loss():
     nan = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0, 0.9, 0.8, float("nan")],
                         "accuracy": [0.5, float("nan"), 0.6, 0.6]})
     f = diagnose(pd.DataFrame(), nan)
-    assert f.finding.tolist() == ["diverging"] and f.step[0] == 4 and "nan" in f.evidence[0]
+    assert f.finding.tolist() == ["loss_not_finite"] and f.step[0] == 4 and "nan" in f.evidence[0]
     # an evaluation's loss, logged every few steps, is not taken for a NaN in between
     sparse = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0, 0.9, 0.8, 0.7], "eval_loss": [np.nan, 1.0, np.nan, 0.9]})
     assert diagnose(pd.DataFrame(), sparse, loss_metrics=("loss", "eval_loss")).empty
@@ -158,12 +158,13 @@ def test_diverging_loss_and_non_finite_loss():
     assert diagnose(pd.DataFrame(), rising, loss_metrics=["v_loss"]).finding.tolist() == ["diverging"]
     # a metric that is not a loss is never judged; loss_metrics picks which are
     assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"})).empty
-    assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}), loss_metrics=("reward",)).finding.tolist() == ["diverging"]
+    assert diagnose(pd.DataFrame(), nan.rename(columns={"loss": "reward"}),
+                    loss_metrics=("reward",)).finding.tolist() == ["loss_not_finite"]
     # a wide frame of two metrics logged as `name` and `value` is read as wide (a long frame's names are strings)
     wide = nan.rename(columns={"loss": "name", "accuracy": "value"})
-    assert diagnose(pd.DataFrame(), wide, loss_metrics=("name",)).finding.tolist() == ["diverging"]
+    assert diagnose(pd.DataFrame(), wide, loss_metrics=("name",)).finding.tolist() == ["loss_not_finite"]
     long = pd.DataFrame({"step": [1, 2, 3, 4], "name": ["loss"] * 4, "value": [1.0, 0.9, 0.8, float("nan")]})
-    assert diagnose(pd.DataFrame(), long).finding.tolist() == ["diverging"]
+    assert diagnose(pd.DataFrame(), long).finding.tolist() == ["loss_not_finite"]
 
 
 def test_a_converged_noisy_loss_is_not_diverging():
@@ -235,7 +236,7 @@ def test_a_loss_nan_every_other_step_is_one_finding_naming_its_first_nan():
     diagnoser = Diagnoser()
     diagnoser.feed([StepRecord(step, metrics={"loss": value}) for step, value in enumerate(loss, 1)])
     f = diagnoser.findings()
-    [row] = f[f.finding == "diverging"].itertuples()  # (not fifteen: it holds again a step after it ended)
+    [row] = f[f.finding == "loss_not_finite"].itertuples()  # (not fifteen: it holds again a step after it ended)
     assert (row.step, row.last_step) == (11, 39) and row.evidence == "loss is nan at step 11 (last finite: 1)."
 
 

@@ -1,0 +1,251 @@
+"""Broken trainings as a researcher writes them (plain nn.Sequential and nn.Module, SGD or Adam, full-batch
+synthetic data): what diagnose says about each must be true, name the site and step, and say what to do."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+
+
+def data(n: int = 128, d: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] > 0).long()
+
+
+def fit(model: nn.Module, steps: int, lr: float = 0.05, loss_fn=None, before_step=None, params=None,
+        **watch_options) -> workbench.Watch:
+    """SGD on the full batch under a watch; ``before_step(step)`` runs before each step's forward."""
+    x, y = data()
+    opt = torch.optim.SGD(model.parameters() if params is None else params, lr=lr)
+    loss_fn = loss_fn or F.cross_entropy
+    with workbench.watch(model, **watch_options) as w:
+        for step in range(1, steps + 1):
+            if before_step is not None:
+                before_step(step)
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+class Log(nn.Module):
+    """log of its input once switched on (a NaN for every negative input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x) if self.on else x
+
+
+def mlp(*middle: nn.Module, width: int = 8) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, width), *middle, nn.Linear(width, 2))
+
+
+def test_a_nan_made_by_the_loss_function_is_not_blamed_on_the_model_nor_called_divergence():
+    # log of a negative inside the loss: the loss is NaN from step 1, its gradient (1/x) finite, the model fine
+    w = fit(mlp(nn.ReLU()), steps=4, loss_fn=lambda out, y: F.cross_entropy(out, y) + torch.log(out.mean() - 100))
+    f = w.diagnose()
+    assert f.finding.tolist() == ["loss_not_finite"]
+    row = f.iloc[0]
+    assert (row.site, row.step, row.last_step, row.severity) == ("loss", 1, 4, "error")
+    assert "no NaN or Inf at step 1" in row.evidence and "the loss computation made it" in row.evidence
+    assert "log" in row.hint and "cross_entropy" in row.hint
+
+
+def test_a_nan_made_between_two_modules_names_the_finite_site_recorded_before_it():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.act, self.b = nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)
+            self.broken = False
+
+        def forward(self, x):
+            h = self.a(x)
+            if self.broken:
+                h = torch.log(h)  # a function in forward(), no module of its own: its output is not recorded
+            return self.b(self.act(h))
+
+    torch.manual_seed(0)
+    model = Net()
+    w = fit(model, steps=6, before_step=lambda step: setattr(model, "broken", step >= 4))
+    f = w.diagnose()
+    origin = f[f.finding == "nan_origin"].iloc[0]
+    assert (origin.site, origin.step, origin.kind) == ("act", 4, "activation")
+    assert "a, whose output was recorded just before, is finite: it arose in act or in code that ran between" \
+        in origin.evidence
+    loss = f[f.finding == "loss_not_finite"].iloc[0]
+    assert loss.step == 4 and "the first at act: nan_origin), which the loss inherited" in loss.evidence
+
+
+def test_a_nan_born_at_a_step_not_recorded_is_not_pinned_on_the_first_site_recorded_with_it():
+    model = mlp(Log())
+    w = fit(model, steps=14, every=5, before_step=lambda step: setattr(model[1], "on", step >= 8))
+    f = w.diagnose()
+    # recorded: 1, 6, 11: the NaN came at 8 (the loss says so), its origin unseen; at 11 the weights of 0 carry it
+    origin = f[f.finding == "nan_origin"].iloc[0]
+    assert origin.step == 11
+    assert "steps 7 to 10 were not recorded; loss was already nan at step 8" in origin.evidence
+    assert "only inherited it. " in origin.evidence and "other site(s) have one too" in origin.evidence
+    assert "(in the forward pass)" not in origin.evidence
+    loss = f[f.finding == "loss_not_finite"].iloc[0]
+    assert loss.step == 8 and "step 8 was not recorded, so where it came from is not known" in loss.evidence
+
+
+def test_a_nan_in_the_model_s_first_output_points_at_its_input():
+    torch.manual_seed(0)
+    model = nn.Sequential(Log(), nn.Linear(4, 2))
+    model[0].on = True  # log of the batch: half of it negative
+    origin = fit(model, steps=2).diagnose().iloc[0]
+    assert (origin.finding, origin.site, origin.step) == ("nan_origin", "0", 1)
+    assert "no output was recorded before it at this step: it arose in 0, or its input (the batch?)" in origin.evidence
+
+
+def relu_mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def test_a_layer_left_out_of_the_optimizer_is_not_updated_with_or_without_update_rows():
+    for updates, first in ((True, 1), (False, 2)):  # (without update rows: from the 2nd step, against the 1st)
+        model = relu_mlp()
+        params = [p for name, p in model.named_parameters() if not name.startswith("2.")]
+        f = fit(model, steps=6, params=params, updates=updates).diagnose()
+        assert f[["site", "finding", "severity"]].values.tolist() == [["2.weight", "not_updated", "warning"]]
+        row = f.iloc[0]
+        assert (row.step, row.last_step) == (first, 6)
+        assert "though its gradient is not" in row.evidence and "the optimizer does not move it" in row.evidence
+        assert "not in the optimizer's parameter groups" in row.hint
+
+
+def test_a_layer_frozen_with_requires_grad_false_is_said_frozen_as_information_not_a_warning():
+    for updates in (True, False):
+        model = relu_mlp()
+        model[2].requires_grad_(False)
+        f = fit(model, steps=5, updates=updates).diagnose()
+        assert f[["site", "finding", "severity"]].values.tolist() == [["2.weight", "frozen", "info"]]
+        assert "it has no gradient (no param_grad row" in f.evidence[0] and "on purpose" in f.hint[0]
+
+
+def test_weights_behind_a_dead_layer_say_no_gradient_reaches_them():
+    model = relu_mlp()
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)  # the ReLU at 3 dies: nothing before it gets a gradient, 4 sees only zeros
+    f = fit(model, steps=4, updates=True).diagnose()
+    low = f[f.finding == "update_ratio_low"]
+    assert sorted(low.site) == ["0.weight", "2.weight", "4.weight"]
+    assert all("its gradient is exactly 0, no gradient reaches it" in e for e in low.evidence)
+    assert f[f.finding == "dead_units"].site.tolist() == ["3"]
+
+
+def test_inputs_that_would_be_judged_wrongly_or_not_at_all_are_refused_saying_what_to_pass():
+    import pandas as pd
+    import pytest
+
+    from workbench.diagnose import Diagnoser, diagnose
+
+    w = fit(relu_mlp(), steps=3)
+    rows, metrics = w.to_pandas(), w.metrics()
+    with pytest.raises(ValueError, match=r"must be in recorded order.*the row at position \d+ \(step 1\) comes after "
+                                         r"step 3"):
+        diagnose(rows.sort_values("module"), metrics)  # (the steps interleaved: the order within a step lost too)
+    assert diagnose(rows[rows.kind != "param"], metrics).empty  # (a filter keeps the order)
+    with pytest.raises(ValueError, match=r"loss_metrics=\('lss',\) names no metric of the run, which logged "
+                                         r"\['loss'\]"):
+        diagnose(rows, metrics, loss_metrics="lss")
+    with pytest.raises(ValueError, match=r"column 'name' is not numbers; pass w.metrics\(\) .* or "
+                                         r"w.metrics\(long=True\)"):
+        diagnose(rows, w.metrics(long=True).rename(columns={"value": "val"}))
+    for bad in (5, "abc", rows):
+        with pytest.raises(TypeError, match=r"Diagnoser.feed\(\) takes a recorder's Update, a StepRecord or a list"):
+            Diagnoser().feed(bad)
+    with pytest.raises(TypeError, match=r"attach\(\) needs a workbench Watch .*, got DataFrame\.$"):
+        Diagnoser().attach(rows)
+    assert diagnose(pd.DataFrame(), pd.DataFrame({"step": [1, 2], "loss": ["0.7", "0.6"]})).empty  # (numbers as text)
+
+
+def test_an_update_ratio_finding_gives_its_farthest_step_as_well_as_its_last():
+    import pandas as pd
+
+    from tests.diagnose.test_findings import param_rows
+    from workbench.diagnose import diagnose
+
+    rows = pd.concat([param_rows([step], ratio) for step, ratio in enumerate([0.9, 0.5, 0.104], 1)], ignore_index=True)
+    [evidence] = diagnose(rows).evidence  # (not "0.1 at step 3 (threshold: above 0.1)", as two digits would say)
+    assert evidence.startswith("||update|| / ||param|| 0.104 at step 3; up to 0.9 at step 1 (threshold: above 0.1")
+    rows = pd.concat([param_rows([step], ratio) for step, ratio in enumerate([1e-9, 1e-7, 5e-7], 1)], ignore_index=True)
+    [evidence] = diagnose(rows).evidence
+    assert evidence.startswith("||update|| / ||param|| 5e-07 at step 3; down to 1e-09 at step 1 (threshold: "
+                               "below 1e-06")
+
+
+def test_a_loss_that_does_not_fall_is_a_plateau_one_finding_however_noisy_and_a_noisy_falling_one_is_not():
+    import numpy as np
+    import pandas as pd
+
+    from workbench.diagnose import diagnose
+
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 201)
+    for noise in (0.0, 0.05, 0.2):  # (batch-to-batch noise, relative)
+        flat = 0.69 * (1 + noise * rng.standard_normal(200))
+        f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
+        assert f[["last_step", "site", "finding", "severity"]].values.tolist() == \
+            [[200, "loss", "loss_plateau", "warning"]], noise
+        assert 50 <= f.step[0] <= 60  # (from plateau_steps, once the last 20 are not 1% below the first 20)
+        assert f.evidence[0].startswith(("loss has not fallen in its 200 steps: median ", "loss has fallen only "))
+        assert "in its 200 steps" in f.evidence[0]
+    # falling 20% per 100 steps through a noise of 5%: learning, slowly; and a converged loss is no plateau
+    falling = 0.69 * (1 - 0.002 * steps) * (1 + 0.05 * rng.standard_normal(200))
+    converged = 0.05 + 0.65 * np.exp(-steps / 20) + 0.01 * rng.standard_normal(200)
+    for loss in (falling, converged):
+        assert diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": loss})).empty
+
+
+def test_an_optimizer_built_on_a_copy_of_the_model_reads_as_a_plateau_and_weights_not_updated():
+    import copy
+
+    model = relu_mlp()
+    w = fit(model, steps=60, params=copy.deepcopy(model).parameters())  # (steps the copy: the model stays)
+    f = w.diagnose()
+    assert f[f.finding == "loss_plateau"][["step", "last_step", "site"]].values.tolist() == [[50, 60, "loss"]]
+    assert "has not fallen in its 60 steps" in f[f.finding == "loss_plateau"].evidence.iloc[0]
+    assert sorted(f[f.finding == "not_updated"].site) == ["0.weight", "2.weight", "4.weight"]
+    assert set(f.finding) == {"loss_plateau", "not_updated"}
+    assert fit(relu_mlp(), steps=60).diagnose().empty  # (the same net, its optimizer on it, learns)
+
+
+def test_without_update_rows_weights_stilled_by_vanishing_gradients_are_not_a_row_each():
+    # a deep sigmoid stack: its early weights' gradients are ~1e-10 of them, their steps round away in float32 on
+    # some steps and not others; the cause is one finding, not a flickering row per weight
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 32), nn.Sigmoid()]
+    for _ in range(9):
+        layers += [nn.Linear(32, 32), nn.Sigmoid()]
+    f = fit(nn.Sequential(*layers, nn.Linear(32, 2)), steps=30, lr=0.1).diagnose()
+    assert f[["step", "last_step", "site", "finding"]].values.tolist() == [[1, 30, "0", "vanishing_gradients"]]
+
+
+def test_a_loss_set_back_by_a_bad_batch_is_no_plateau_and_a_long_flat_one_stays_one():
+    import numpy as np
+    import pandas as pd
+
+    from workbench.diagnose import diagnose
+
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 201)
+    # fell from 0.7 to ~0.01, thrown back to 0.7 at step 120 (labels flipped for a batch), falling again slowly
+    loss = np.where(steps < 120, 0.01 + 0.69 * np.exp(-steps / 15), 0.01 + 0.69 * np.exp(-(steps - 120) / 60))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": loss * (1 + 0.01 * rng.standard_normal(200))}))
+    assert "loss_plateau" not in set(f.finding), f.evidence.tolist()
+    steps = np.arange(1, 2001)
+    flat = 0.69 * (1 + 0.05 * rng.standard_normal(2000))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
+    assert f.finding.tolist() == ["loss_plateau"] and f.last_step[0] == 2000
