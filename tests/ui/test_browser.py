@@ -531,3 +531,32 @@ def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
     expect(page.locator("#compare-metrics")).to_be_hidden()
     expect(page.locator("#compare-site-plot")).to_be_hidden()
     expect(page.locator("#replay-body")).to_be_hidden()  # nor the views of a run before one is opened
+
+
+def _smoothed_second_point(page, elem_id, weight):
+    """Whether the smoothed loss of the run page's metrics is drawn with ``weight``: its second point is
+    TensorBoard's debiased average (weight * raw[0] + raw[1]) / (1 + weight)."""
+    def drawn_so(found):
+        raw, smoothed = lines(found).get("loss"), lines(found).get("loss (smoothed)")
+        return (raw is not None and smoothed is not None and len(raw["y"]) > 1
+                and np.isclose(smoothed["y"][1], (weight * raw["y"][0] + raw["y"][1]) / (1 + weight), rtol=1e-4))
+    return traces(page, elem_id, drawn_so)
+
+
+def test_a_smoothing_typed_into_its_box_is_drawn_and_one_out_of_range_is_drawn_as_put_back(page):
+    start(page, "activation_mlp", 12, width="8")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    box = page.locator("#live-smoothing input[type=number]")
+    # typed and entered (no slider moved, no click elsewhere): the page draws it
+    box.fill("0.5")
+    box.press("Enter")
+    _smoothed_second_point(page, "live-metrics", 0.5)
+    # beyond the slider's range: put back to its end as the box is left, and drawn as the box then reads
+    box.fill("5")
+    box.press("Tab")
+    expect(box).to_have_value("0.99")
+    _smoothed_second_point(page, "live-metrics", 0.99)
+    # and off again
+    box.fill("0")
+    box.press("Enter")
+    traces(page, "live-metrics", lambda t: "loss" in lines(t) and "loss (smoothed)" not in lines(t))

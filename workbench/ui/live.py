@@ -1324,8 +1324,8 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
     with gr.Row(equal_height=True):
         c[f"{p}_metric_names"] = gr.Dropdown([], value=[], multiselect=True, label="metrics", scale=4,
                                              allow_custom_value=True, elem_id=f"{p}-metric-names")
-        c[f"{p}_smoothing"] = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="smoothing", scale=2,
-                                        elem_id=f"{p}-smoothing")
+        c[f"{p}_smoothing"] = clamping(gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="smoothing", scale=2,
+                                                 elem_id=f"{p}-smoothing"))
         c[f"{p}_log_metrics"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id=f"{p}-log-metrics")
     plot("metrics")
     gr.Markdown("#### Statistic per call site", elem_classes=["wb-section"])
@@ -1370,6 +1370,22 @@ def _form_value(field: FormField, value: Any) -> Any:
     if field.widget == "text" and isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
     return value
+
+
+def clamping(slider: Any) -> Any:
+    """``slider`` (a ``gr.Slider``), its box taking a number beyond the range as the range's end, as the
+    box itself shows it once left (a 5 typed into smoothing's box reads 0.99), where Gradio refuses it in
+    a pop-up ("Value 5 is greater than maximum value 0.99.") and draws nothing, the box then saying 0.99.
+    (On the instance: a subclass of a Gradio component writes a ``.pyi`` stub beside this module.)"""
+    preprocess = slider.preprocess
+
+    def clamped(payload: Any) -> Any:
+        if isinstance(payload, (int, float)) and not isinstance(payload, bool) and payload == payload:
+            payload = min(max(payload, slider.minimum), slider.maximum)
+        return preprocess(payload)
+
+    slider.preprocess = clamped
+    return slider
 
 
 def _intervention_components(c: dict) -> None:
@@ -1649,7 +1665,11 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
                                trigger_mode="always_last").then(
             handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
-    c[f"{p}_smoothing"].release(handler(), inputs, outputs, show_progress="hidden")
+    # (.change, not .release: a value typed into the slider's box fires change and input at once, and
+    # release only at the next blur; one typed out of range is put back into it at the blur, which fires
+    # change alone. The page never sets the slider itself, so each change is the user's; "always_last"
+    # draws a drag's last value after the one being drawn, not every value on the way)
+    c[f"{p}_smoothing"].change(handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
     # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
