@@ -560,3 +560,12 @@ def test_a_smoothing_typed_into_its_box_is_drawn_and_one_out_of_range_is_drawn_a
     box.fill("0")
     box.press("Enter")
     traces(page, "live-metrics", lambda t: "loss" in lines(t) and "loss (smoothed)" not in lines(t))
+
+
+def test_a_refused_start_pops_up_its_message_whole(page):
+    # (the pop-up shows the message without Markdown's bold: 2**53 in it is no bold, and stays)
+    start(page, "activation_mlp", 5, seed=9007199254740992)
+    expect(page.locator("#start-message")).to_contain_text("seed must lie in [0, 9007199254740991]")
+    expect(page.locator(".toast-body").filter(has_text="seed must lie in")).to_contain_text(
+        "Could not start: seed must lie in [0, 9007199254740991], got 9007199254740992: "
+        "2**53 - 1 = 9007199254740991 is the largest whole number a browser number field carries exactly")

@@ -49,7 +49,8 @@ from workbench.ui.figures import (
     compare_metrics_figure,
     empty_figure,
 )
-from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
+from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
+                                pop_up_text)
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -1236,7 +1237,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
     def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
         if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
-            gr.Warning(message.replace("**", ""))
+            gr.Warning(pop_up_text(message))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 

@@ -8,13 +8,15 @@ with :func:`parse_form`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.params import ParamInfo, Range, validate_overrides
 
-__all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT"]
+__all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT",
+           "pop_up_text"]
 
 #: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
 #: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
@@ -25,6 +27,14 @@ FIELD_INT_MAX = 2**53 - 1
 #: Why a field's whole numbers stop at FIELD_INT_MAX, for messages.
 FIELD_INT_LIMIT = (f"2**53 - 1 = {FIELD_INT_MAX} is the largest whole number a browser number field "
                    "carries exactly (larger ones arrive rounded)")
+#: Markdown's bold: ``**`` opening after a space (not inside a word, as in 2**53), closing before one.
+_BOLD = re.compile(r"(?<![\w*])\*\*(?=\S)(.+?)(?<=\S)\*\*(?![\w*])")
+
+
+def pop_up_text(message: str) -> str:
+    """A Markdown message as a pop-up shows it (plain text): its bold taken off (``**Could not start:**``),
+    a ``**`` that bolds nothing kept (``2**53 - 1``, where taking every ``**`` off left ``253 - 1``)."""
+    return _BOLD.sub(r"\1", message)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, 
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Run, RunError
 from workbench.instrument.interventions import MARKER, listed
-from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
+from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
+                                pop_up_text)
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
@@ -1732,7 +1733,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                                          histograms, modules, store, device, record, weights or None)
                 if new is None:  # the page stays with the run it watches, if any
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
-                    gr.Warning(message.replace("**", ""))
+                    gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                             *listed(attached), *_skips(len(buttons)))
                 started = f"Started {new.label}; this page is attached to it."
