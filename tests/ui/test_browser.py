@@ -569,3 +569,29 @@ def test_a_refused_start_pops_up_its_message_whole(page):
     expect(page.locator(".toast-body").filter(has_text="seed must lie in")).to_contain_text(
         "Could not start: seed must lie in [0, 9007199254740991], got 9007199254740992: "
         "2**53 - 1 = 9007199254740991 is the largest whole number a browser number field carries exactly")
+
+
+def test_the_served_app_tells_screen_readers_complete_not_a_missing_text(browser, tmp_path):
+    # (the app as `python app.py` serves it: workbench.ui.app.launch)
+    from tests.ui.conftest import _free_port
+    from workbench.ui.app import launch
+
+    port = _free_port()
+    app = launch(port=port, runs_root=tmp_path / "runs", prevent_thread_lock=True, quiet=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#model-list")
+        # what the page announces after each event (its screen-reader-only text), as it comes
+        page.evaluate("""() => { window.announced = [];
+            new MutationObserver(() => document.querySelectorAll('.wrap > .sr-only').forEach(
+                el => el.textContent.trim() && window.announced.push(el.textContent.trim())))
+            .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+        page.locator("#build-button").click()
+        page.wait_for_function("() => window.announced.some(text => text !== 'Loading')")
+        announced = page.evaluate("window.announced")
+        assert "Complete" in announced and not any(text.startswith("common.") for text in announced), announced
+    finally:
+        page.close()
+        app.close()
+        app.run_manager.close()
