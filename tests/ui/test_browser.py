@@ -595,3 +595,16 @@ def test_the_served_app_tells_screen_readers_complete_not_a_missing_text(browser
         page.close()
         app.close()
         app.run_manager.close()
+
+
+def test_enter_in_the_sub_directory_box_lists_its_runs(page, runs_root):
+    start(page, "activation_mlp", 3, store="entered/one", width="4")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    page.get_by_role("tab", name="Runs").click()
+    box = page.locator("#runs-sub textarea, #runs-sub input").first
+    box.fill("entered")
+    box.press("Enter")
+    expect(page.locator("#runs-message")).to_contain_text(f"1 run(s) under {(runs_root / 'entered').resolve()}")
+    box.fill("nowhere")
+    box.press("Enter")
+    expect(page.locator("#runs-message")).to_contain_text("No sub-directory 'nowhere'")

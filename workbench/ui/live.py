@@ -2017,8 +2017,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_refresh(sub, compared, current):
         return on_list(sub, compared, current=current)
 
-    listing_runs = c["refresh"].click(_guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
-                                      [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
+    # (List runs, or Enter in the sub-directory box)
+    listing_runs = gr.on([c["refresh"].click, c["root"].submit],
+                         _guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
+                         [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
     listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
         shown, [c["run_state"], c["replay_page"]], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
