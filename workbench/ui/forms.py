@@ -137,6 +137,27 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
+    """A number typed into a text field (a field that may also be left empty), or why it is none."""
+    try:
+        return _parse_number(text, integer)
+    except _Unreadable:
+        raise
+    except ValueError:
+        raise _Unreadable(f"not a number; enter {'a whole number such as 2' if integer else 'a number such as 0.5'}"
+                          + (", or leave the field empty for None" if nullable else "")) from None
+
+
+def _parse_item(text: str, integer: bool) -> int | float:
+    """One item of a comma-separated list of numbers, or why it is none."""
+    numbers = "whole numbers" if integer else "numbers"
+    try:
+        return _parse_number(text, integer)
+    except ValueError:  # (2.5 where whole numbers are asked for, too)
+        raise _Unreadable(f"{text!r} is not one of the {numbers} it lists; write {numbers} separated by "
+                          f"commas, such as {'32, 16' if integer else '0.5, 1'}") from None
+
+
 def _parse_number(text: str, integer: bool) -> int | float:
     value = float(text)
     if integer:
@@ -182,9 +203,9 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                 elif kind == "list":  # "32, 16", or written as Python's list "[32, 16]"
                     if text.startswith("[") and text.endswith("]"):
                         text = text[1:-1]
-                    value = [_parse_number(t, p.item_type is int) for t in text.split(",") if t.strip()]
+                    value = [_parse_item(t.strip(), p.item_type is int) for t in text.split(",") if t.strip()]
                 else:
-                    value = _parse_number(text, kind == "int")
+                    value = _parse_text(text, kind == "int", p.nullable)
             elif kind == "int" and isinstance(raw, float):
                 if not raw.is_integer():
                     raise _Unreadable(_WHOLE)
