@@ -608,3 +608,26 @@ def test_enter_in_the_sub_directory_box_lists_its_runs(page, runs_root):
     box.fill("nowhere")
     box.press("Enter")
     expect(page.locator("#runs-message")).to_contain_text("No sub-directory 'nowhere'")
+
+
+def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
+    # (a slow one: the few steps it has stored when the page opens it read at once)
+    start(page, "efficientzero_dynamics", 100_000, store="recording/now", batch_size="8", lstm_hidden_size="16",
+          unroll_steps="2", support_size="5")
+    expect(page.locator("#run-status")).to_contain_text("running", timeout=60_000)
+    try:
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-refresh").click()
+        page.locator("#runs-table").get_by_text("recording/now", exact=True).filter(visible=True).first.click()
+        header = page.locator("#replay-header")
+        expect(header).to_contain_text("recording/now")
+        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"))
+    finally:
+        page.get_by_role("tab", name="Experiments").click()
+        page.locator("#run-stop").click()
+        expect(page.locator("#run-status")).to_contain_text("stopped")
+    # stopped: read again, it says so, and no note of a reading under way
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-refresh").click()
+    expect(page.locator("#replay-header")).to_contain_text("stopped")
+    expect(page.locator("#replay-header")).not_to_contain_text("still being recorded")

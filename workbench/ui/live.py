@@ -1947,6 +1947,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             header += "\n\nInterventions: " + "; ".join(
                 f"{row.id} **{row.intervention}** at `{row.site}`, steps {row['from step']}-{row['to step']}"
                 for _, row in interventions.iterrows())
+        if run.status == "running":  # (the page draws what was stored when it read it: nothing redraws it)
+            header += (f"\n\n_Read at {time.strftime('%H:%M:%S')} while still being recorded: the views show the "
+                       "steps stored by then; **List runs** reads it again._")
         return view, header, interventions
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
