@@ -98,13 +98,21 @@ def _figure(data: list, layout: dict) -> ExplorerFigure:
 
 # --- checks ----------------------------------------------------------------------
 
+#: What a number field holds when it sends None (it is no number the page can send).
+_NO_NUMBER = "the field is empty, or holds a number beyond the floating-point range (such as 1e400)"
+
+
 def _number(value: Any, what: str, fix: str) -> float:
+    if value is None:
+        raise ValueError(f"{what} must be a finite number: {_NO_NUMBER}. {fix}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{what} must be a finite number, got {value!r}. {fix}")
     return float(value)
 
 
 def _count(value: Any, what: str, low: int, high: int) -> int:
+    if value is None:
+        raise ValueError(f"{what} must be a whole number in [{low}, {high:,}]: {_NO_NUMBER}.")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
