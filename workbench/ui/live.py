@@ -999,12 +999,13 @@ NO_COMPARISON = "Pick two or more runs to compare."
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool = False
+                 smoothing: Any = 0.0, log_y: bool = False, colors: dict[str, str] | None = None
                  ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
-    ``kind``, in the first run's forward order), the site drawn and a message."""
+    ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
+    colours in the last drawing (:func:`figures.run_colors`), which the runs still compared keep."""
     try:
         chosen = _names(picks, "runs to compare") or []
         _check_choice("kind", kind, KINDS)
@@ -1034,8 +1035,9 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
                     choices[0]) if first is not None else None
     # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
-    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y))
-    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y)) if site is not None
+    colors = figures.run_colors(list(views), colors)
+    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
+    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
                 else figures.empty_figure(f"None of these runs recorded {kind} rows."))
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
@@ -1581,6 +1583,7 @@ def layout(root: RunsRoot):
                 c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
                                                 allow_custom_value=True, elem_id="compare-site")
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
+            c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -2051,16 +2054,22 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y):
-        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y)
+    def on_compare(picks, kind, stat, site, log_y, colors):
+        # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
+        colors = figures.run_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
+                                    if isinstance(picks, (list, tuple)) else [], colors)
+        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y,
+                                                                 colors)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
-                gr.Dropdown(choices=choices, value=site), message)
+                gr.Dropdown(choices=choices, value=site), message, colors)
 
-    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"]]
-    compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
-    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text))
+    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
+                      c["compare_colors"]]
+    compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
+                       c["compare_colors"]]
+    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text, gr.skip()))
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
     # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
