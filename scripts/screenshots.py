@@ -296,7 +296,7 @@ def main() -> None:
         app.queue()
         port = free_port()
         app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                   css=app.workbench_css)
+                   css=app.workbench_css, i18n=app.workbench_i18n)
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium, args=FLAGS)

@@ -44,7 +44,7 @@ def served_app(runs_root):
     app.queue()
     port = _free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-               css=app.workbench_css)
+               css=app.workbench_css, i18n=app.workbench_i18n)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

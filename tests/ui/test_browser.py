@@ -531,3 +531,103 @@ def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
     expect(page.locator("#compare-metrics")).to_be_hidden()
     expect(page.locator("#compare-site-plot")).to_be_hidden()
     expect(page.locator("#replay-body")).to_be_hidden()  # nor the views of a run before one is opened
+
+
+def _smoothed_second_point(page, elem_id, weight):
+    """Whether the smoothed loss of the run page's metrics is drawn with ``weight``: its second point is
+    TensorBoard's debiased average (weight * raw[0] + raw[1]) / (1 + weight)."""
+    def drawn_so(found):
+        raw, smoothed = lines(found).get("loss"), lines(found).get("loss (smoothed)")
+        return (raw is not None and smoothed is not None and len(raw["y"]) > 1
+                and np.isclose(smoothed["y"][1], (weight * raw["y"][0] + raw["y"][1]) / (1 + weight), rtol=1e-4))
+    return traces(page, elem_id, drawn_so)
+
+
+def test_a_smoothing_typed_into_its_box_is_drawn_and_one_out_of_range_is_drawn_as_put_back(page):
+    start(page, "activation_mlp", 12, width="8")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    box = page.locator("#live-smoothing input[type=number]")
+    # typed and entered (no slider moved, no click elsewhere): the page draws it
+    box.fill("0.5")
+    box.press("Enter")
+    _smoothed_second_point(page, "live-metrics", 0.5)
+    # beyond the slider's range: put back to its end as the box is left, and drawn as the box then reads
+    box.fill("5")
+    box.press("Tab")
+    expect(box).to_have_value("0.99")
+    _smoothed_second_point(page, "live-metrics", 0.99)
+    # and off again
+    box.fill("0")
+    box.press("Enter")
+    traces(page, "live-metrics", lambda t: "loss" in lines(t) and "loss (smoothed)" not in lines(t))
+
+
+def test_a_refused_start_pops_up_its_message_whole(page):
+    # (the pop-up shows the message without Markdown's bold: 2**53 in it is no bold, and stays)
+    start(page, "activation_mlp", 5, seed=9007199254740992)
+    expect(page.locator("#start-message")).to_contain_text("seed must lie in [0, 9007199254740991]")
+    expect(page.locator(".toast-body").filter(has_text="seed must lie in")).to_contain_text(
+        "Could not start: seed must lie in [0, 9007199254740991], got 9007199254740992: "
+        "2**53 - 1 = 9007199254740991 is the largest whole number a browser number field carries exactly")
+
+
+def test_the_served_app_tells_screen_readers_complete_not_a_missing_text(browser, tmp_path):
+    # (the app as `python app.py` serves it: workbench.ui.app.launch)
+    from tests.ui.conftest import _free_port
+    from workbench.ui.app import launch
+
+    port = _free_port()
+    app = launch(port=port, runs_root=tmp_path / "runs", prevent_thread_lock=True, quiet=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#model-list")
+        # what the page announces after each event (its screen-reader-only text), as it comes
+        page.evaluate("""() => { window.announced = [];
+            new MutationObserver(() => document.querySelectorAll('.wrap > .sr-only').forEach(
+                el => el.textContent.trim() && window.announced.push(el.textContent.trim())))
+            .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+        page.locator("#build-button").click()
+        page.wait_for_function("() => window.announced.some(text => text !== 'Loading')")
+        announced = page.evaluate("window.announced")
+        assert "Complete" in announced and not any(text.startswith("common.") for text in announced), announced
+    finally:
+        page.close()
+        app.close()
+        app.run_manager.close()
+
+
+def test_enter_in_the_sub_directory_box_lists_its_runs(page, runs_root):
+    start(page, "activation_mlp", 3, store="entered/one", width="4")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    page.get_by_role("tab", name="Runs").click()
+    box = page.locator("#runs-sub textarea, #runs-sub input").first
+    box.fill("entered")
+    box.press("Enter")
+    expect(page.locator("#runs-message")).to_contain_text(f"1 run(s) under {(runs_root / 'entered').resolve()}")
+    box.fill("nowhere")
+    box.press("Enter")
+    expect(page.locator("#runs-message")).to_contain_text("No sub-directory 'nowhere'")
+
+
+def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
+    # (a slow one: the few steps it has stored when the page opens it read at once)
+    start(page, "efficientzero_dynamics", 100_000, store="recording/now", batch_size="8", lstm_hidden_size="16",
+          unroll_steps="2", support_size="5")
+    expect(page.locator("#run-status")).to_contain_text("running", timeout=60_000)
+    try:
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-refresh").click()
+        page.locator("#runs-table").get_by_text("recording/now", exact=True).filter(visible=True).first.click()
+        header = page.locator("#replay-header")
+        expect(header).to_contain_text("recording/now")
+        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"))
+    finally:
+        page.get_by_role("tab", name="Experiments").click()
+        page.locator("#run-stop").click()
+        expect(page.locator("#run-status")).to_contain_text("stopped")
+    # stopped: read again, it says so, and no note of a reading under way
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-refresh").click()
+    expect(page.locator("#replay-header")).to_contain_text("stopped")
+    expect(page.locator("#replay-header")).not_to_contain_text("still being recorded")

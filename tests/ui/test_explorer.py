@@ -122,7 +122,12 @@ def test_form_values_change_the_curve_and_the_fixed_parameters_are_left_out():
 
 @pytest.mark.parametrize("call, expected", [
     (dict(names=["relu"], low=2.0, high=-2.0), "The range must run from low to high, got [2, -2]"),
-    (dict(names=["relu"], low=None), "The range's low end (x from) must be a finite number, got None"),
+    # (an empty number field sends None: the message says what that means, not "got None")
+    (dict(names=["relu"], low=None), "The range's low end (x from) must be a finite number: the field is "
+                                     "empty, or holds a number beyond the floating-point range (such as 1e400). "
+                                     "Enter e.g. -4."),
+    (dict(names=["relu"], points=None), "The number of points must be a whole number in [2, 20,001]: the field is "
+                                        "empty"),
     # (beyond float32's largest value: torch refused to make the sample points, a raw RuntimeError)
     (dict(names=["relu"], high=1e308), "The range's high end (x to) must be in [-3.40282e+38, 3.40282e+38] (the sample "
                                        "points are float32), got 1e+308. Enter e.g. 4."),

@@ -276,3 +276,28 @@ def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
     paths, message = live.export_run(manager.root, "exp/run", "XLS", tmp_path / "no")
     assert paths == [] and "format must be one of CSV, Parquet, TensorBoard, got 'XLS'" in message
     assert not (tmp_path / "no").exists()
+
+
+def test_runs_compared_keep_their_colours_as_others_join_and_leave(manager):
+    for name, seed in (("keep/a", 1), ("keep/b", 2), ("keep/c", 3)):
+        finished(manager, steps=3, store=name, seed=seed)
+    cache = live.ViewCache(manager.root)
+
+    def drawn(picks, colors=None):
+        metrics, site, *_ = live.compare_runs(cache, picks, "grad_output", "norm", "layers.1", colors=colors)
+        in_site = {t["name"]: t["line"]["color"] for t in site["data"]}
+        in_metrics = {t["name"]: t["line"]["color"] for t in metrics["data"] if t.get("showlegend")}
+        assert in_site == in_metrics  # (a run is one colour in both figures)
+        return in_site
+
+    first = drawn(["keep/a", "keep/b", "keep/c"])
+    assert len(set(first.values())) == 3
+    # keep/a taken out: keep/b and keep/c stay as they were drawn (by their order alone they moved up)
+    fewer = drawn(["keep/b", "keep/c"], colors=first)
+    assert fewer == {"keep/b": first["keep/b"], "keep/c": first["keep/c"]}
+    # keep/a back: a colour neither of the others has
+    again = drawn(["keep/b", "keep/c", "keep/a"], colors=fewer)
+    assert again["keep/b"] == first["keep/b"] and again["keep/c"] == first["keep/c"]
+    assert len(set(again.values())) == 3
+    # (the colours of a first drawing: in the runs' order, as before)
+    assert figures.run_colors(["x", "y"]) == {"x": "#1f77b4", "y": "#ff7f0e"}

@@ -38,8 +38,15 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
     _one_render_at_a_time(app)
     app.run_manager = manager
     app.workbench_css = live.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
+    app.workbench_i18n = gr.I18n(**I18N)  # and translations: launch(i18n=app.workbench_i18n)
     return app
 
+
+#: Texts Gradio's page lacks (Gradio 6.31), by locale. After each event the page tells screen readers that
+#: it is complete by its text ``common.complete``, which Gradio's English has not: "common.complete" is read
+#: out (and shows wherever the page's screen-reader-only text does: a copy of the page's text, a page
+#: without Gradio's CSS).
+I18N = {"en": {"common.complete": "Complete"}}
 
 #: Gradio's Plot draws each new figure into a new element and drops the old one without
 #: ``Plotly.purge``; the old plot's window resize listener (Plotly's, for ``responsive``) keeps it
@@ -85,6 +92,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, runs_
     app = build_app(runs_root)
     app.queue()
     kwargs.setdefault("css", app.workbench_css)
+    kwargs.setdefault("i18n", app.workbench_i18n)
     app.launch(server_name=host, server_port=port, share=share, **kwargs)
     if not kwargs.get("prevent_thread_lock"):
         app.run_manager.close()

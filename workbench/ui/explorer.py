@@ -49,7 +49,8 @@ from workbench.ui.figures import (
     compare_metrics_figure,
     empty_figure,
 )
-from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
+from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
+                                pop_up_text)
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -97,13 +98,21 @@ def _figure(data: list, layout: dict) -> ExplorerFigure:
 
 # --- checks ----------------------------------------------------------------------
 
+#: What a number field holds when it sends None (it is no number the page can send).
+_NO_NUMBER = "the field is empty, or holds a number beyond the floating-point range (such as 1e400)"
+
+
 def _number(value: Any, what: str, fix: str) -> float:
+    if value is None:
+        raise ValueError(f"{what} must be a finite number: {_NO_NUMBER}. {fix}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{what} must be a finite number, got {value!r}. {fix}")
     return float(value)
 
 
 def _count(value: Any, what: str, low: int, high: int) -> int:
+    if value is None:
+        raise ValueError(f"{what} must be a whole number in [{low}, {high:,}]: {_NO_NUMBER}.")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -1236,7 +1245,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
     def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
         if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
-            gr.Warning(message.replace("**", ""))
+            gr.Warning(pop_up_text(message))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 

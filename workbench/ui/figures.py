@@ -44,7 +44,8 @@ from workbench.instrument.interventions import MARKER
 from workbench.ui.views import PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "compare_metrics_figure", "compare_site_figure", "shade_interventions", "empty_figure", "to_json", "values"]
+           "compare_metrics_figure", "compare_site_figure", "run_colors", "shade_interventions", "empty_figure",
+           "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -199,8 +200,24 @@ def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing:
     return compare_metrics_figure({"": view}, names, smoothing, log_y, columns)
 
 
+def run_colors(runs: Sequence[str], kept: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A colour per run compared that stays put as runs join and leave the comparison: a run in ``kept``
+    (the colours of the last drawing) keeps its colour; a new one takes the first colour no run keeps.
+    (By the runs' order alone, taking the first run out repainted every other.)"""
+    kept = {run: color for run, color in (kept or {}).items() if run in runs and color in _PALETTE}
+    colors = {}
+    for run in runs:
+        if run in kept:
+            colors[run] = kept[run]
+        else:
+            free = [c for c in _PALETTE if c not in kept.values() and c not in colors.values()]
+            colors[run] = free[0] if free else _PALETTE[len(colors) % len(_PALETTE)]
+    return colors
+
+
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
-                           smoothing: float = 0.0, log_y: bool = False, columns: int = 3) -> Figure:
+                           smoothing: float = 0.0, log_y: bool = False, columns: int = 3,
+                           colors: Mapping[str, str] | None = None) -> Figure:
     """One small panel per metric, a line per run; one run's panels are :func:`metrics_figure`'s.
 
     Args:
@@ -209,10 +226,12 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
         log_y: log-scaled y axes.
         columns: panels per row.
+        colors: run name -> its colour (:func:`run_colors`; default: the runs' order picks them).
 
     Returns:
         The figure spec.
     """
+    colors = run_colors(list(views), colors)
     if names is None:  # (an intervention's marker is a band over the steps: shade_interventions)
         names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(MARKER)})
     strides = _common_strides(views, {run: view.metric_stride() for run, view in views.items()})
@@ -253,9 +272,9 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
                 data.append(dict(type="scatter", mode="none", fill="toself", xaxis=f"x{n}", yaxis=f"y{n}",
                                  x=_array(np.concatenate([merged.step, merged.step[::-1]])),
                                  y=_array(np.concatenate([merged.hi, merged.lo[::-1]])),
-                                 fillcolor=_PALETTE[r % len(_PALETTE)], opacity=0.15, hoverinfo="skip",
+                                 fillcolor=colors[run], opacity=0.15, hoverinfo="skip",
                                  showlegend=False, legendgroup=run))
-            color = _PALETTE[r % len(_PALETTE)]
+            color = colors[run]
             common = dict(xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=run)
             legend = several and len(part) > 0 and run not in in_legend
             if legend:
@@ -299,7 +318,7 @@ def _flat_range(values: Any, log: bool) -> dict[str, Any]:
 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
-                        log_y: bool = False) -> Figure:
+                        log_y: bool = False, colors: Mapping[str, str] | None = None) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
 
     Args:
@@ -308,19 +327,21 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         site: the call site's name, as `RunView.site_order` lists it.
         log_y: a log-scaled y axis.
+        colors: run name -> its colour (:func:`run_colors`; default: the runs' order picks them).
 
     Returns:
         The figure spec; a blank one that says so when no run has the site.
     """
+    colors = run_colors(list(views), colors)
     having = [run for run, view in views.items() if site in view.site_order(kind)]  # (checks the kind)
     strides = _common_strides(views, {run: views[run].site_stride(kind) for run in having})
     parts = {run: views[run].site_series(kind, statistic, [site], stride=strides[run]) for run in having}
     data = []
-    for r, (run, view) in enumerate(views.items()):
+    for run in views:
         if run not in parts:
             continue
         part = parts[run]
-        data.append(_line(part.step, part.value, _PALETTE[r % len(_PALETTE)], 1.5, name=run,
+        data.append(_line(part.step, part.value, colors[run], 1.5, name=run,
                           hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")

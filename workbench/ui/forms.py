@@ -8,13 +8,15 @@ with :func:`parse_form`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.params import ParamInfo, Range, validate_overrides
 
-__all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT"]
+__all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT",
+           "pop_up_text"]
 
 #: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
 #: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
@@ -25,6 +27,14 @@ FIELD_INT_MAX = 2**53 - 1
 #: Why a field's whole numbers stop at FIELD_INT_MAX, for messages.
 FIELD_INT_LIMIT = (f"2**53 - 1 = {FIELD_INT_MAX} is the largest whole number a browser number field "
                    "carries exactly (larger ones arrive rounded)")
+#: Markdown's bold: ``**`` opening after a space (not inside a word, as in 2**53), closing before one.
+_BOLD = re.compile(r"(?<![\w*])\*\*(?=\S)(.+?)(?<=\S)\*\*(?![\w*])")
+
+
+def pop_up_text(message: str) -> str:
+    """A Markdown message as a pop-up shows it (plain text): its bold taken off (``**Could not start:**``),
+    a ``**`` that bolds nothing kept (``2**53 - 1``, where taking every ``**`` off left ``253 - 1``)."""
+    return _BOLD.sub(r"\1", message)
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,27 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
+    """A number typed into a text field (a field that may also be left empty), or why it is none."""
+    try:
+        return _parse_number(text, integer)
+    except _Unreadable:
+        raise
+    except ValueError:
+        raise _Unreadable(f"not a number; enter {'a whole number such as 2' if integer else 'a number such as 0.5'}"
+                          + (", or leave the field empty for None" if nullable else "")) from None
+
+
+def _parse_item(text: str, integer: bool) -> int | float:
+    """One item of a comma-separated list of numbers, or why it is none."""
+    numbers = "whole numbers" if integer else "numbers"
+    try:
+        return _parse_number(text, integer)
+    except ValueError:  # (2.5 where whole numbers are asked for, too)
+        raise _Unreadable(f"{text!r} is not one of the {numbers} it lists; write {numbers} separated by "
+                          f"commas, such as {'32, 16' if integer else '0.5, 1'}") from None
+
+
 def _parse_number(text: str, integer: bool) -> int | float:
     value = float(text)
     if integer:
@@ -172,9 +203,9 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                 elif kind == "list":  # "32, 16", or written as Python's list "[32, 16]"
                     if text.startswith("[") and text.endswith("]"):
                         text = text[1:-1]
-                    value = [_parse_number(t, p.item_type is int) for t in text.split(",") if t.strip()]
+                    value = [_parse_item(t.strip(), p.item_type is int) for t in text.split(",") if t.strip()]
                 else:
-                    value = _parse_number(text, kind == "int")
+                    value = _parse_text(text, kind == "int", p.nullable)
             elif kind == "int" and isinstance(raw, float):
                 if not raw.is_integer():
                     raise _Unreadable(_WHOLE)

@@ -35,7 +35,8 @@ from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint, 
 from workbench.experiments import create, get_experiment_spec, list_experiments
 from workbench.instrument import KINDS, STAT_COLUMNS, Recorder, Run, RunError
 from workbench.instrument.interventions import MARKER, listed
-from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
+from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
+                                pop_up_text)
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot, shown
@@ -1008,12 +1009,13 @@ NO_COMPARISON = "Pick two or more runs to compare."
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool = False
+                 smoothing: Any = 0.0, log_y: bool = False, colors: dict[str, str] | None = None
                  ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
-    ``kind``, in the first run's forward order), the site drawn and a message."""
+    ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
+    colours in the last drawing (:func:`figures.run_colors`), which the runs still compared keep."""
     try:
         chosen = _names(picks, "runs to compare") or []
         _check_choice("kind", kind, KINDS)
@@ -1043,8 +1045,9 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
                     choices[0]) if first is not None else None
     # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
-    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y))
-    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y)) if site is not None
+    colors = figures.run_colors(list(views), colors)
+    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
+    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
                 else figures.empty_figure(f"None of these runs recorded {kind} rows."))
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
@@ -1334,8 +1337,8 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
     with gr.Row(equal_height=True):
         c[f"{p}_metric_names"] = gr.Dropdown([], value=[], multiselect=True, label="metrics", scale=4,
                                              allow_custom_value=True, elem_id=f"{p}-metric-names")
-        c[f"{p}_smoothing"] = gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="smoothing", scale=2,
-                                        elem_id=f"{p}-smoothing")
+        c[f"{p}_smoothing"] = clamping(gr.Slider(0.0, 0.99, value=0.0, step=0.01, label="smoothing", scale=2,
+                                                 elem_id=f"{p}-smoothing"))
         c[f"{p}_log_metrics"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id=f"{p}-log-metrics")
     plot("metrics")
     gr.Markdown("#### Statistic per call site", elem_classes=["wb-section"])
@@ -1380,6 +1383,22 @@ def _form_value(field: FormField, value: Any) -> Any:
     if field.widget == "text" and isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
     return value
+
+
+def clamping(slider: Any) -> Any:
+    """``slider`` (a ``gr.Slider``), its box taking a number beyond the range as the range's end, as the
+    box itself shows it once left (a 5 typed into smoothing's box reads 0.99), where Gradio refuses it in
+    a pop-up ("Value 5 is greater than maximum value 0.99.") and draws nothing, the box then saying 0.99.
+    (On the instance: a subclass of a Gradio component writes a ``.pyi`` stub beside this module.)"""
+    preprocess = slider.preprocess
+
+    def clamped(payload: Any) -> Any:
+        if isinstance(payload, (int, float)) and not isinstance(payload, bool) and payload == payload:
+            payload = min(max(payload, slider.minimum), slider.maximum)
+        return preprocess(payload)
+
+    slider.preprocess = clamped
+    return slider
 
 
 def _intervention_components(c: dict) -> None:
@@ -1574,6 +1593,7 @@ def layout(root: RunsRoot):
                 c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
                                                 allow_custom_value=True, elem_id="compare-site")
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
+            c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -1659,7 +1679,11 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
                                trigger_mode="always_last").then(
             handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
-    c[f"{p}_smoothing"].release(handler(), inputs, outputs, show_progress="hidden")
+    # (.change, not .release: a value typed into the slider's box fires change and input at once, and
+    # release only at the next blur; one typed out of range is put back into it at the blur, which fires
+    # change alone. The page never sets the slider itself, so each change is the user's; "always_last"
+    # draws a drag's last value after the one being drawn, not every value on the way)
+    c[f"{p}_smoothing"].change(handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
     for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
     # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
@@ -1722,7 +1746,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                                          histograms, modules, store, device, record, weights or None)
                 if new is None:  # the page stays with the run it watches, if any
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
-                    gr.Warning(message.replace("**", ""))
+                    gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
                             *listed(attached), *_skips(len(buttons)))
                 started = f"Started {new.label}; this page is attached to it."
@@ -1936,6 +1960,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             header += "\n\nInterventions: " + "; ".join(
                 f"{row.id} **{row.intervention}** at `{row.site}`, steps {row['from step']}-{row['to step']}"
                 for _, row in interventions.iterrows())
+        if run.status == "running":  # (the page draws what was stored when it read it: nothing redraws it)
+            header += (f"\n\n_Read at {time.strftime('%H:%M:%S')} while still being recorded: the views show the "
+                       "steps stored by then; **List runs** reads it again._")
         return view, header, interventions
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
@@ -2006,8 +2033,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_refresh(sub, compared, current):
         return on_list(sub, compared, current=current)
 
-    listing_runs = c["refresh"].click(_guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
-                                      [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
+    # (List runs, or Enter in the sub-directory box)
+    listing_runs = gr.on([c["refresh"].click, c["root"].submit],
+                         _guarded(on_refresh, lambda text: (gr.skip(), gr.skip(), text, *_skips(5))),
+                         [c["root"], c["compare_runs"], c["run_state"]], listed_runs)
     listing_runs.then(redraw_replay, replay_inputs, replay_outputs, show_progress="hidden").then(
         shown, [c["run_state"], c["replay_page"]], [c["run_message"], c["replay_body"]], show_progress="hidden")
 
@@ -2035,16 +2064,22 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y):
-        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y)
+    def on_compare(picks, kind, stat, site, log_y, colors):
+        # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
+        colors = figures.run_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
+                                    if isinstance(picks, (list, tuple)) else [], colors)
+        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y,
+                                                                 colors)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
-                gr.Dropdown(choices=choices, value=site), message)
+                gr.Dropdown(choices=choices, value=site), message, colors)
 
-    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"]]
-    compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"]]
-    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text))
+    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
+                      c["compare_colors"]]
+    compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
+                       c["compare_colors"]]
+    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text, gr.skip()))
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
     # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
