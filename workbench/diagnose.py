@@ -140,7 +140,8 @@ class Thresholds:
         diverge_factor: ``diverging`` when the median of the last ``diverge_window`` values
             exceeds the lowest such median so far by this factor (of its magnitude) while still
             rising, having given back at least ``diverge_regain`` of what it fell from its first
-            such median (a metric no longer finite is ``loss_not_finite``).
+            such median (a metric no longer finite is ``loss_not_finite``); one finding from then
+            on while it stays that high, rising or not.
         diverge_window: see ``diverge_factor``.
         diverge_regain: see ``diverge_factor`` (a loss that fell from 0.7 to 0.003 and is noisy
             around 0.03 has risen 10x without diverging).
@@ -992,16 +993,20 @@ class Diagnoser:
             # converged loss near 0, noisy from batch to batch, is many times its lowest without
             # diverging)
             start = state["start"]
-            if (rising and now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
-                    and now - best >= t.diverge_regain * (first - best)):
+            risen = (now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
+                     and now - best >= t.diverge_regain * (first - best))
+            # rising to begin with; then the same finding while the loss stays up (noise at its new level
+            # would make it rise and fall: hundreds of findings of one divergence)
+            state["diverged"] = risen and (rising or state.get("diverged", False))
+            if state["diverged"]:
                 # (a loss that fell to about 0: a ratio to its lowest says nothing, the way back up does)
                 times = f"{now / best:.3g}x its lowest" if 0 < best and now < 1e4 * best else "up from its lowest"
                 back = f", back {(now - best) / (first - best):.0%} of the way to its first median ({first:.4g})" \
                     if first > best else ""
                 self._hold(step, "diverging", None, None,
-                           f"{name}: median {now:.4g} over its last {len(tail)} steps and rising, {times} "
-                           f"({best:.4g}){back} (thresholds {t.diverge_factor:g}x, {t.diverge_regain:.0%} back).",
-                           site=name, key=name)
+                           f"{name}: median {now:.4g} over its last {len(tail)} steps and "
+                           f"{'rising' if rising else 'still up'}, {times} ({best:.4g}){back} (thresholds "
+                           f"{t.diverge_factor:g}x, {t.diverge_regain:.0%} back).", site=name, key=name)
             elif start > 0 and now > t.diverge_blowup * start:  # (blown up early: no lower median to rise from)
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps, {now / start:.3g}x its "

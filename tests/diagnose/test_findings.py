@@ -186,6 +186,21 @@ def test_a_converged_noisy_loss_is_not_diverging():
     assert step > 200 and median >= 0.5 * np.median(grown[:5]) and np.median(grown[step - 6:step - 1]) < median
 
 
+def test_a_loss_that_rose_and_stays_up_is_one_divergence_not_one_a_bump_of_its_noise():
+    """A model that had learned, then a layer zeroed (an ablation mid-run): the loss back at chance,
+    its noise rising and falling there, was hundreds of `diverging` findings (930 on an app run)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 1001)
+    loss = np.where(t < 200, 0.02 + 0.68 * np.exp(-t / 30), 0.693) + rng.normal(0, 0.01, t.size)
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": t, "loss": loss}))
+    [row] = f[f.finding == "diverging"].to_dict("records")
+    assert 200 <= row["step"] <= 205 and row["last_step"] == 1000 and "still up" in row["evidence"]
+    # back down: the finding ends there, and a later rise is a finding of its own
+    back = np.concatenate([loss[:400], 0.02 + rng.normal(0, 0.002, 300), 0.693 + rng.normal(0, 0.01, 300)])
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": t, "loss": back}))
+    assert sorted(f[f.finding == "diverging"].step) == [pytest.approx(202, abs=3), pytest.approx(702, abs=3)]
+
+
 def test_a_loss_back_up_from_about_0_says_how_far_back_not_a_ratio_to_0():
     """0.7, then 0 for ten steps, then climbing back: "infx its lowest (0)" told nothing."""
     loss = [0.7] * 5 + [0.0] * 10 + [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
