@@ -3,6 +3,7 @@ unfrozen), a lazy model, a watch let go of with a store, and training loops that
 (no w.step(), an evaluation forward left unpaused): through the public API."""
 
 import gc
+import sys
 import warnings
 
 import pytest
@@ -233,3 +234,16 @@ def test_a_no_grad_forward_inside_a_training_step_after_its_training_forward_is_
                     net(torch.randn(8, 4))  # a target computed with the same network
                 w.step()
     assert rows_of(w, "0", "activation").call.max() == 1
+
+
+def test_the_watchs_warnings_point_at_the_users_line_that_made_the_step():
+    net = net3()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with workbench.watch(net) as w:
+            train_step(net, w)
+            net[2] = nn.Linear(8, 1)
+            net(torch.randn(16, 4)).sum().backward()
+            w.step(); line = sys._getframe().f_lineno  # noqa: E702 (the line that ends the step warns)
+    [said] = [c for c in caught if "replaced" in str(c.message)]
+    assert (said.filename, said.lineno) == (__file__, line)  # not a line of workbench's hooks

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import traceback
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from workbench.instrument import torch_internals as internals
-from workbench.instrument.interventions import Intervention
+from workbench.instrument.interventions import Intervention, warn_user
 from workbench.instrument.reduce import StepSums
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE
 from workbench.instrument.sites import CallSites
@@ -544,12 +543,10 @@ class _GradSite(internals.GradientHook):
 
 
 def warn(message: str) -> None:
-    """A RuntimeWarning that never raises into training or the store's writer (where warnings are
-    turned into errors, the failure is still in ``errors``)."""
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    except Exception:
-        pass
+    """A RuntimeWarning at the user's line that made the step (not a line of workbench's or torch's),
+    that never raises into training or the store's writer (where warnings are turned into errors,
+    the failure is still in ``errors``)."""
+    warn_user(message)
 
 
 def _weakly(method: Callable, *bound: Any) -> Callable:
