@@ -45,6 +45,17 @@ def _html(markdown: str) -> str:
     return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
 
 
+def _display(widget: Any, text: str) -> None:
+    """Display ``widget`` with ``text`` as its plain text: what a notebook shows where the widget
+    is gone (the notebook reopened without the kernel that drew it, or read on GitHub). ipywidgets'
+    own is the widget's repr cut at 110 characters (``VBox(children=(HBox(children=(HTML(...``)."""
+    from IPython.display import display
+
+    bundle = widget._repr_mimebundle_()
+    bundle["text/plain"] = text
+    display(bundle, raw=True)
+
+
 def _label_style(labels: list[str]) -> dict[str, str]:
     """One label width for a form, its longest label's, so that its boxes line up."""
     return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
@@ -110,9 +121,8 @@ class ModelBrowser:
         ])
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        _display(self.widget, f"workbench ModelBrowser ({self.models.value}): ipywidgets, shown while the kernel "
+                              "that made them runs; run the cell again to see them.")
 
     def _on_filter(self, _change=None) -> None:
         names = handlers.filter_models(self.family.value, self.pattern.value)
@@ -680,6 +690,5 @@ class Dashboard:
             self._subscription = None
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        _display(self.widget, f"workbench Dashboard of {self.view.label}: live ipywidgets, shown while the kernel "
+                              "that drew them runs; run the cell again to see them.")
