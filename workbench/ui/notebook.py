@@ -327,11 +327,12 @@ class Dashboard:
         self.findings_list.observe(self._on_finding, names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
+        self._site_controls = w.HBox([self.kind, self.statistic, self.sites, self.log_sites])
         self.widget = w.VBox([
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            w.HBox([self.kind, self.statistic, self.sites, self.log_sites]), self.sites_plot, self.site_note,
+            self._site_controls, self.sites_plot, self.site_note,
             self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
             self.anomalies,
@@ -637,6 +638,7 @@ class Dashboard:
                     if shown:
                         self.sites.value = shown
                         self._picked_sites = True
+                        self._reveal_sites()
                     if target.site in self.distribution_site.options:
                         self.distribution_site.value = target.site
             finally:
@@ -645,6 +647,15 @@ class Dashboard:
                 self._redraw(name)
             self.findings_detail.value = view.finding_html(frame.iloc[index])
         return target
+
+    def _reveal_sites(self) -> None:
+        """Scroll the site list to its picked sites. A browser scrolls a list to what is picked when
+        it draws it, but ipywidgets picks in a list already drawn without scrolling it (a site
+        focused far down a list of a hundred stayed out of sight), so the list is drawn anew: taken
+        out of its row and put back."""
+        row = self._site_controls.children
+        self._site_controls.children = tuple(child for child in row if child is not self.sites)
+        self._site_controls.children = row
 
     def _on_finding(self, change: Any) -> None:
         if self._quiet or change["new"] is None:
