@@ -63,7 +63,8 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     errors = [o for c in cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors[0]
     # a table shows its text whole: pandas cuts a cell past 50 characters to "..." (03's evidence was)
-    cut = [c.source for c in cells for o in c.get("outputs", []) if "...</td>" in o.get("data", {}).get("text/html", "")]
+    cut = [c.source for c in cells for o in c.get("outputs", [])
+           if "...</td>" in o.get("data", {}).get("text/html", "")]
     assert not cut, f"a table cut its text short in:\n{cut[0]}"
     # every cell that draws with matplotlib shows its figure inline
     for cell in cells:
