@@ -183,7 +183,8 @@ class ModelBrowser:
             ```python
             browser = ModelBrowser(family="mlp")
             browser.build(depth=3, width=8).ok      # True; browser.model is the MLP
-            browser.build(depth=0).message          # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
+            browser.build(depth=0).message
+            # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
             ```
         """
         for label, widget in self._fields:
