@@ -46,6 +46,14 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     assert browser.output.outputs == ()  # (the message alone: no empty module table under it)
 
 
+def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
+    with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
+                                         r"The families are \['activation', "):
+        ModelBrowser(family="activations")  # (was ipywidgets' TraitError: "Invalid selection: value not found")
+    browser = ModelBrowser(family=None)
+    assert browser.family.value == "all" and len(browser.models.options) == len(workbench.list_models())
+
+
 def test_a_forms_boxes_line_up_whatever_its_labels():
     browser = ModelBrowser(pattern="efficientzero")  # (labels of 5 to 35 characters)
     widths = {widget.style.description_width for widget in [*browser.form.children, browser.batch_size]}

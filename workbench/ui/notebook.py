@@ -112,7 +112,7 @@ class ModelBrowser:
     that shows the module tree or, for an invalid value, the message saying how to fix it.
 
     Args:
-        family: the family shown first (``"all"`` for every family).
+        family: the family shown first (``"all"`` or None for every family).
         pattern: the name filter shown first (``"lu"``, ``"*lu"``).
 
     Attributes:
@@ -120,9 +120,16 @@ class ModelBrowser:
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
     """
 
-    def __init__(self, family: str = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+        import difflib
+
         import ipywidgets as w
 
+        family = handlers.ALL_FAMILIES if family is None else family
+        if family not in (handlers.ALL_FAMILIES, *list_families()):  # (else ipywidgets' "value not found")
+            close = difflib.get_close_matches(str(family), list_families(), n=1)
+            raise ValueError(f"ModelBrowser: no family {family!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
+                             + f" The families are {list_families()}, or {handlers.ALL_FAMILIES!r} for every one.")
         self.model = None
         self.result: handlers.BuildResult | None = None
         self.family = w.Dropdown(options=[handlers.ALL_FAMILIES, *list_families()], value=family,
