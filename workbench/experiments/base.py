@@ -433,12 +433,17 @@ def _notebook_bar_class() -> type:
 
         def __init__(self, **options: Any) -> None:
             super().__init__(display=False, **options)
-            self._display = None if self.disable else display(self.container, display_id=True)
+            self._display = None if self.disable else display(self._bundle(), raw=True, display_id=True)
+
+        def _bundle(self) -> dict[str, Any]:
+            """The widget, with the bar as tqdm writes it (ipywidgets' text is its repr, cut at 110
+            characters)."""
+            return {**self.container._repr_mimebundle_(), "text/plain": self.container.__repr__(pretty=True)}
 
         def close(self) -> None:
             super().close()
             if self._display is not None:  # (the same widget, with its text as it ends)
-                self._display.update(self.container)
+                self._display.update(self._bundle(), raw=True)
                 self._display = None
 
     return NotebookBar
