@@ -191,7 +191,9 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
     url, token = jupyterlab
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
-        page.goto(f"{url}/lab/tree/focus.ipynb?token={token}")
+        # (reset: the workspace the module's other test left holds live.ipynb open, whose cells would
+        # come first in the page)
+        page.goto(f"{url}/lab/tree/focus.ipynb?reset&token={token}")
         page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         _run_cell(page, 0)
