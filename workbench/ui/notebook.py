@@ -156,8 +156,8 @@ class ModelBrowser:
         ])
 
     def _ipython_display_(self) -> None:
-        _display(self.widget, f"workbench ModelBrowser ({self.models.value}): ipywidgets, shown while the kernel "
-                              "that made them runs; run the cell again to see them.")
+        _display(self.widget, f"workbench ModelBrowser ({self.models.value or 'no model picked'}): ipywidgets, "
+                              "shown while the kernel that made them runs; run the cell again to see them.")
 
     def _on_filter(self, _change=None) -> None:
         names = handlers.filter_models(self.family.value, self.pattern.value)
