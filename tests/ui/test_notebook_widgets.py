@@ -399,3 +399,8 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_beside_it():
     dash.kind.value = "grad_output"
     dash.sites.value = ("layers.10", "layers.0")
     assert site_colours(dash) == {"layers.0": first["layers.0"], "layers.10": first["layers.10"]}
+
+
+def test_a_model_browser_matching_no_model_says_so_in_its_saved_text(capsys):
+    ModelBrowser(pattern="zzz")._ipython_display_()  # (IPython's display protocol; outside a kernel it prints)
+    assert "workbench ModelBrowser (no model picked): ipywidgets" in capsys.readouterr().out
