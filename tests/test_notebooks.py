@@ -62,6 +62,10 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     cells = [c for c in nb.cells if c.cell_type == "code"]
     errors = [o for c in cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors[0]
+    # a table shows its text whole: pandas cuts a cell past 50 characters to "..." (03's evidence was)
+    cut = [c.source for c in cells for o in c.get("outputs", [])
+           if "...</td>" in o.get("data", {}).get("text/html", "")]
+    assert not cut, f"a table cut its text short in:\n{cut[0]}"
     # every cell that draws with matplotlib shows its figure inline
     for cell in cells:
         if "plt.subplots" in cell.source or ".plot(" in cell.source:
@@ -73,3 +77,30 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     dashboards = sum(line.split("#")[0].count("Dashboard(") for c in cells for line in c.source.splitlines())
     assert len(drawn) >= 4 * dashboards  # metrics, sites, heatmap, distribution of each
     assert sum(bool(figure["data"]) for figure in drawn) >= 2 * dashboards
+
+
+SAVED = [
+    'import workbench\nexp = workbench.experiments.create("activation_mlp", seed=0, width=8)\n_ = exp.run(5)',
+    "from workbench.ui.notebook import Dashboard, ModelBrowser\nrun = exp.start(3, progress=True)\nDashboard(run)",
+    "run.join()\nModelBrowser(family='activation')",
+]
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_a_saved_notebook_reads_how_its_runs_ended_where_the_widgets_are_gone(tmp_path):
+    """A notebook keeps a widget's plain text beside it, and shows that text where the widget is
+    gone (reopened without its kernel, read on GitHub): a progress bar's is its end, not the 0% it
+    started at, and a dashboard's names it rather than cutting off the repr of its boxes."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in SAVED])
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel"))
+    NotebookClient(nb, km=km, timeout=120, extra_arguments=["--HistoryManager.enabled=False"],
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = [[o["data"]["text/plain"] for o in cell.outputs if "application/vnd.jupyter.widget-view+json"
+              in o.get("data", {})] for cell in nb.cells]
+    assert len(texts[0]) == 1 and "100%" in texts[0][0] and "5/5" in texts[0][0], texts[0]
+    bar, dashboard = texts[1]
+    assert "100%" in bar and "3/3" in bar, bar
+    assert dashboard.startswith("workbench Dashboard of activation_mlp (seed 0)"), dashboard
+    assert texts[2] == [("workbench ModelBrowser (gelu): ipywidgets, shown while the kernel that made them runs; "
+                         "run the cell again to see them.")]

@@ -151,6 +151,20 @@ def test_ablate_without_dim_on_a_sequence_output_warns_once_naming_site_shape_an
     w.close()
 
 
+def test_the_warning_of_ablate_without_dim_says_dim_1_is_a_convolutions_channels():
+    # (it spoke of sequences alone: on a CNN it said to pass dim=-1, which zeroes a column of pixels)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1))
+    w = workbench.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w.ablate("0", range(12))
+        model(torch.randn(4, 1, 8, 8))
+    w.close()
+    [warning] = [c for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert "(4, 16, 8, 8): the channels of a (batch, channels, ...) output such as a convolution's" in str(
+        warning.message)
+
+
 def test_a_stored_run_keeps_the_failure_of_an_intervention(tmp_path):
     model = Attention()
     w = workbench.watch(model, store=tmp_path / "run")

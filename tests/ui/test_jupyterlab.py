@@ -28,6 +28,24 @@ exp = workbench.experiments.create("activation_mlp", seed=0, activation="tanh", 
 run = exp.start(1_000_000, every=2, histograms=True)
 Dashboard(run)"""
 STATUS_CELL = 'print("status:", run.status, "step:", run.step)'
+# a run whose first NaN is at the 22nd of 25 call sites, far below the 8 rows the site list shows
+NAN_CELL = """\
+import workbench
+from workbench.ui.notebook import Dashboard
+
+exp = workbench.experiments.create("activation_mlp", seed=0, depth=12, width=8)
+w = exp.watch(histograms=False)
+w.patch("layers.21", lambda y: y * float("nan"))
+exp.run(3, progress=False)
+w.close()
+dashboard = Dashboard(w)
+dashboard"""
+FOCUS_CELL = "dashboard.focus_finding(0).site"
+# the site list's picked options, each with whether it is inside the list's box (scrolled to) or out of sight
+PICKED_IN_SIGHT = ("() => { const list = document.querySelector('.widget-select-multiple select');"
+                   " const box = list.getBoundingClientRect();"
+                   " return [...list.selectedOptions].map(o => { const r = o.getBoundingClientRect();"
+                   " return [o.textContent, r.top >= box.top - 1 && r.bottom <= box.bottom + 1]; }); }")
 # the steps of the loss line in the first figure (the metrics), as Plotly drew them; null while
 # a redraw replaces the plot
 LOSS_X = ("const plot = document.querySelector('.js-plotly-plot');"
@@ -48,6 +66,8 @@ def jupyterlab(tmp_path_factory):
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
     nbformat.write(new_notebook(cells=[new_code_cell(LIVE_CELL), new_code_cell(STATUS_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "live.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(NAN_CELL), new_code_cell(FOCUS_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "focus.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
@@ -160,6 +180,35 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         _shot(page, "stopped")
     except Exception:
         _shot(page, "failed")  # (with WORKBENCH_SCREENSHOTS: what the page showed)
+        raise
+    finally:
+        page.close()
+
+
+def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterlab):
+    """The list of call sites shows 8 rows: a finding focused at a site further down scrolls the list
+    to it (ipywidgets picks in a list without scrolling it: the picked site stayed out of sight)."""
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        # (reset: the workspace the module's other test left holds live.ipynb open, whose cells would
+        # come first in the page)
+        page.goto(f"{url}/lab/tree/focus.ipynb?reset&token={token}")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _run_cell(page, 0)
+        page.locator(".widget-select-multiple select option").first.wait_for(timeout=60_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _run_cell(page, 1)
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+        output.wait_for(timeout=60_000)
+        assert output.inner_text().strip() == "'layers.21'"
+        page.wait_for_function(f"() => {{ const p = ({PICKED_IN_SIGHT})(); return p.length === 1 && p[0][1]; }}",
+                               timeout=30_000)
+        assert page.evaluate(PICKED_IN_SIGHT) == [["layers.21", True]]
+        _shot(page, "focused_site")
+    except Exception:
+        _shot(page, "focus_failed")
         raise
     finally:
         page.close()

@@ -46,6 +46,14 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     assert browser.output.outputs == ()  # (the message alone: no empty module table under it)
 
 
+def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
+    with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
+                                         r"The families are \['activation', "):
+        ModelBrowser(family="activations")  # (was ipywidgets' TraitError: "Invalid selection: value not found")
+    browser = ModelBrowser(family=None)
+    assert browser.family.value == "all" and len(browser.models.options) == len(workbench.list_models())
+
+
 def test_a_forms_boxes_line_up_whatever_its_labels():
     browser = ModelBrowser(pattern="efficientzero")  # (labels of 5 to 35 characters)
     widths = {widget.style.description_width for widget in [*browser.form.children, browser.batch_size]}
@@ -365,3 +373,34 @@ def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
 def test_an_experiment_with_nothing_to_show_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"experiment.start\(steps\).*experiment.watch\(\)"):
         Dashboard(workbench.experiments.create("activation_mlp"))
+
+
+def site_colours(dash):
+    """Each call site's colour in the per-site figure, as drawn."""
+    return {t["name"]: t["line"]["color"] for t in dash.figure("sites")["data"] if t.get("name")}
+
+
+def test_a_site_keeps_its_colour_whichever_sites_are_drawn_beside_it():
+    # 13 call sites for 10 colours: layers.10 has the colour of layers.0's place
+    exp = workbench.experiments.create("activation_mlp", seed=0, depth=6, width=8)
+    w = exp.watch(histograms=False)
+    exp.run(2, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    dash.sites.value = ("layers.0", "layers.10")
+    first = site_colours(dash)
+    dash.sites.value = ("layers.0", "layers.1", "layers.10")
+    assert site_colours(dash)["layers.10"] == first["layers.10"]
+    dash.sites.value = ("layers.10",)
+    assert site_colours(dash) == {"layers.10": first["layers.10"]}
+    dash.sites.value = ("layers.0", "layers.1", "layers.2", "layers.10", "layers.11", "layers.12")
+    colours = site_colours(dash)
+    assert colours["layers.10"] == first["layers.10"] and len(set(colours.values())) == 6  # (none shared)
+    dash.kind.value = "grad_output"
+    dash.sites.value = ("layers.10", "layers.0")
+    assert site_colours(dash) == {"layers.0": first["layers.0"], "layers.10": first["layers.10"]}
+
+
+def test_a_model_browser_matching_no_model_says_so_in_its_saved_text(capsys):
+    ModelBrowser(pattern="zzz")._ipython_display_()  # (IPython's display protocol; outside a kernel it prints)
+    assert "workbench ModelBrowser (no model picked): ipywidgets" in capsys.readouterr().out

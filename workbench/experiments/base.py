@@ -437,10 +437,41 @@ def _progress_bar(progress: bool | None, steps: int, name: str) -> Any:
     if progress is False:
         return _NoBar()
     from tqdm.auto import tqdm
+    from tqdm.notebook import tqdm as notebook_tqdm
 
     # disable=None: tqdm's own rule, off where stderr is not a terminal (in a notebook, shown)
-    return tqdm(total=steps, desc=name, unit="step", disable=None if progress is None else False,
-                dynamic_ncols=True)
+    options = dict(total=steps, desc=name, unit="step", disable=None if progress is None else False,
+                   dynamic_ncols=True)
+    return _notebook_bar_class()(**options) if issubclass(tqdm, notebook_tqdm) else tqdm(**options)
+
+
+@functools.cache
+def _notebook_bar_class() -> type:
+    """tqdm's notebook bar, whose saved text is its end (made on first use: it imports IPython)."""
+    from IPython.display import display
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    class NotebookBar(notebook_tqdm):
+        """tqdm's widget bar, whose text a saved notebook keeps is its last state. A notebook keeps
+        a widget's text beside it and shows that text where the widget is gone (the notebook
+        reopened, on GitHub); tqdm displays its bar once, at 0%, so a finished run read "0%"."""
+
+        def __init__(self, **options: Any) -> None:
+            super().__init__(display=False, **options)
+            self._display = None if self.disable else display(self._bundle(), raw=True, display_id=True)
+
+        def _bundle(self) -> dict[str, Any]:
+            """The widget, with the bar as tqdm writes it (ipywidgets' text is its repr, cut at 110
+            characters)."""
+            return {**self.container._repr_mimebundle_(), "text/plain": self.container.__repr__(pretty=True)}
+
+        def close(self) -> None:
+            super().close()
+            if self._display is not None:  # (the same widget, with its text as it ends)
+                self._display.update(self._bundle(), raw=True)
+                self._display = None
+
+    return NotebookBar
 
 
 def _stepped(experiment: Experiment, bar: Any, last: bool = False) -> dict[str, float]:

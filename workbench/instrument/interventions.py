@@ -235,10 +235,11 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
 
 def default_dim_message(path: str, shape: tuple, dim: int) -> str:
     """The warning of an ablation that left ``dim`` to its default on an output of 3 or more dims."""
-    return (f"workbench: ablate({path!r}, ...) zeroes along dim={dim}, the default, of its output of shape {shape}; "
-            f"on a (batch, sequence, features) output that is the sequence axis (its {shape[dim]} positions), "
-            f"not the features. To zero features, pass dim=-1 (the last dim, of size {shape[-1]}); "
-            f"to zero along dim {dim}, pass dim={dim} and this warning goes.")
+    return (f"workbench: ablate({path!r}, ...) zeroes along dim={dim}, the default, of its output of shape {shape}: "
+            f"the channels of a (batch, channels, ...) output such as a convolution's, but the sequence axis "
+            f"(its {shape[dim]} positions) of a (batch, sequence, features) output, not the features. To zero "
+            f"features there, pass dim=-1 (the last dim, of size {shape[-1]}); to zero along dim {dim}, pass "
+            f"dim={dim} and this warning goes.")
 
 
 def zero_units(path: str, index: list[int], dim: int, warn_default_dim: bool = False) -> Callable[[Any], Any]:

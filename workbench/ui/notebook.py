@@ -45,6 +45,45 @@ def _html(markdown: str) -> str:
     return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
 
 
+def _display(widget: Any, text: str) -> None:
+    """Display ``widget`` with ``text`` as its plain text: what a notebook shows where the widget
+    is gone (the notebook reopened without the kernel that drew it, or read on GitHub). ipywidgets'
+    own is the widget's repr cut at 110 characters (``VBox(children=(HBox(children=(HTML(...``)."""
+    from IPython.display import display
+
+    bundle = widget._repr_mimebundle_()
+    bundle["text/plain"] = text
+    display(bundle, raw=True)
+
+
+def _steady_colours(spec: dict, kept: dict[str, str]) -> dict:
+    """``spec``, a sites figure, with each call site in the colour it had before in the same dashboard
+    (``kept``, which this updates). The figure colours a site by its place in forward order, and a
+    site whose colour a site drawn beside it took by the next free one (ten colours for a hundred
+    sites), so a site changed colour from one redraw to the next as the sites drawn beside it changed."""
+    from workbench.ui.figures import _PALETTE
+
+    traces = [trace for trace in spec.get("data", ()) if trace.get("legendgroup")]
+    given: dict[str, str] = {}
+    for trace in traces:
+        given.setdefault(trace["legendgroup"], trace.get("line", {}).get("color") or trace.get("fillcolor"))
+    colours: dict[str, str] = {}
+    for site in sorted(given, key=lambda site: site not in kept):  # (those drawn before first)
+        colour = kept.get(site, given[site])
+        if colour in colours.values():
+            colour = next((c for c in (given[site], *_PALETTE) if c not in colours.values()), colour)
+        colours[site] = colour
+    kept.update(colours)
+    for trace in traces:
+        colour = colours[trace["legendgroup"]]
+        if "fillcolor" in trace:
+            trace["fillcolor"] = colour
+        for part in ("line", "marker"):
+            if "color" in trace.get(part, {}):
+                trace[part]["color"] = colour
+    return spec
+
+
 def _label_style(labels: list[str]) -> dict[str, str]:
     """One label width for a form, its longest label's, so that its boxes line up."""
     return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
@@ -73,7 +112,7 @@ class ModelBrowser:
     that shows the module tree or, for an invalid value, the message saying how to fix it.
 
     Args:
-        family: the family shown first (``"all"`` for every family).
+        family: the family shown first (``"all"`` or None for every family).
         pattern: the name filter shown first (``"lu"``, ``"*lu"``).
 
     Attributes:
@@ -81,9 +120,16 @@ class ModelBrowser:
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
     """
 
-    def __init__(self, family: str = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+        import difflib
+
         import ipywidgets as w
 
+        family = handlers.ALL_FAMILIES if family is None else family
+        if family not in (handlers.ALL_FAMILIES, *list_families()):  # (else ipywidgets' "value not found")
+            close = difflib.get_close_matches(str(family), list_families(), n=1)
+            raise ValueError(f"ModelBrowser: no family {family!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
+                             + f" The families are {list_families()}, or {handlers.ALL_FAMILIES!r} for every one.")
         self.model = None
         self.result: handlers.BuildResult | None = None
         self.family = w.Dropdown(options=[handlers.ALL_FAMILIES, *list_families()], value=family,
@@ -110,9 +156,8 @@ class ModelBrowser:
         ])
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        _display(self.widget, f"workbench ModelBrowser ({self.models.value or 'no model picked'}): ipywidgets, "
+                              "shown while the kernel that made them runs; run the cell again to see them.")
 
     def _on_filter(self, _change=None) -> None:
         names = handlers.filter_models(self.family.value, self.pattern.value)
@@ -145,7 +190,8 @@ class ModelBrowser:
             ```python
             browser = ModelBrowser(family="mlp")
             browser.build(depth=3, width=8).ok      # True; browser.model is the MLP
-            browser.build(depth=0).message          # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
+            browser.build(depth=0).message
+            # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
             ```
         """
         for label, widget in self._fields:
@@ -273,6 +319,7 @@ class Dashboard:
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
         self._figures: dict[str, dict] = {}
+        self._site_colours: dict[str, str] = {}  # (each site's colour in the per-site figure, kept)
         self._drawn: tuple | None = None
         self._closed = threading.Event()
         self._subscription = None
@@ -317,11 +364,12 @@ class Dashboard:
         self.findings_list.observe(self._on_finding, names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
+        self._site_controls = w.HBox([self.kind, self.statistic, self.sites, self.log_sites])
         self.widget = w.VBox([
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            w.HBox([self.kind, self.statistic, self.sites, self.log_sites]), self.sites_plot, self.site_note,
+            self._site_controls, self.sites_plot, self.site_note,
             self.heatmap_plot,
             self.distribution_site, self.distribution_plot,
             self.anomalies,
@@ -516,7 +564,8 @@ class Dashboard:
                                                    log_y=self.log_y.value), self.metrics_plot
             elif name == "sites":
                 sites = list(self.sites.value) or None
-                spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value)
+                spec = _steady_colours(figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value),
+                                       self._site_colours)
                 out = self.sites_plot
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
@@ -627,6 +676,7 @@ class Dashboard:
                     if shown:
                         self.sites.value = shown
                         self._picked_sites = True
+                        self._reveal_sites()
                     if target.site in self.distribution_site.options:
                         self.distribution_site.value = target.site
             finally:
@@ -635,6 +685,15 @@ class Dashboard:
                 self._redraw(name)
             self.findings_detail.value = view.finding_html(frame.iloc[index])
         return target
+
+    def _reveal_sites(self) -> None:
+        """Scroll the site list to its picked sites. A browser scrolls a list to what is picked when
+        it draws it, but ipywidgets picks in a list already drawn without scrolling it (a site
+        focused far down a list of a hundred stayed out of sight), so the list is drawn anew: taken
+        out of its row and put back."""
+        row = self._site_controls.children
+        self._site_controls.children = tuple(child for child in row if child is not self.sites)
+        self._site_controls.children = row
 
     def _on_finding(self, change: Any) -> None:
         if self._quiet or change["new"] is None:
@@ -680,6 +739,5 @@ class Dashboard:
             self._subscription = None
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        _display(self.widget, f"workbench Dashboard of {self.view.label}: live ipywidgets, shown while the kernel "
+                              "that drew them runs; run the cell again to see them.")
