@@ -300,4 +300,4 @@ def test_runs_compared_keep_their_colours_as_others_join_and_leave(manager):
     assert again["keep/b"] == first["keep/b"] and again["keep/c"] == first["keep/c"]
     assert len(set(again.values())) == 3
     # (the colours of a first drawing: in the runs' order, as before)
-    assert figures.run_colors(["x", "y"]) == {"x": "#1f77b4", "y": "#ff7f0e"}
+    assert figures.steady_colors(["x", "y"]) == {"x": "#1f77b4", "y": "#ff7f0e"}

@@ -13,7 +13,7 @@ from torch import nn
 import workbench
 from workbench.instrument import StepRecord
 from workbench.instrument.schema import SUMS
-from workbench.ui import figures
+from workbench.ui import figures, live
 from workbench.ui.views import PERCENTILES, History, RunView
 
 
@@ -299,6 +299,16 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
     assert len(many) > 10 and len(set(colors([many[0], many[10]]).values())) == 2
     assert colors([many[0], many[1], many[10]])[many[0]] == colors([many[0], many[1]])[many[0]]
     assert colors([many[0], many[1], many[10]])[many[1]] == colors([many[0], many[1]])[many[1]]
+    # with the colours of its earlier drawings (a run page's, a dashboard's), a site keeps its colour
+    # whichever sites are drawn beside it: many[10] took a free one beside many[0], and keeps it
+    kept: dict[str, str] = {}
+    first = figures.sites_figure(view, "activation", "std", sites=[many[0], many[10]], colors=kept)
+    assert kept == {t["name"]: t["line"]["color"] for t in first["data"] if "lines" in t.get("mode", "")}
+    page = live.draw_page(view, live.Controls(kind="activation", statistic="std", sites=[many[10], many[1]]),
+                          site_colors=kept)
+    again = {t["name"]: t["line"]["color"] for t in page.sites_figure["data"] if "lines" in t.get("mode", "")}
+    assert again[many[10]] == kept[many[10]] != colors([many[10], many[1]])[many[10]]
+    assert len(set(again.values())) == 2
 
 
 def test_figures_carry_the_data_of_the_views():

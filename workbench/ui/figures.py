@@ -44,7 +44,7 @@ from workbench.instrument.interventions import MARKER
 from workbench.ui.views import PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "compare_metrics_figure", "compare_site_figure", "run_colors", "shade_interventions", "empty_figure",
+           "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
            "to_json", "values"]
 
 Figure = dict[str, Any]
@@ -200,19 +200,32 @@ def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing:
     return compare_metrics_figure({"": view}, names, smoothing, log_y, columns)
 
 
-def run_colors(runs: Sequence[str], kept: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A colour per run compared that stays put as runs join and leave the comparison: a run in ``kept``
-    (the colours of the last drawing) keeps its colour; a new one takes the first colour no run keeps.
-    (By the runs' order alone, taking the first run out repainted every other.)"""
-    kept = {run: color for run, color in (kept or {}).items() if run in runs and color in _PALETTE}
-    colors = {}
-    for run in runs:
-        if run in kept:
-            colors[run] = kept[run]
-        else:
-            free = [c for c in _PALETTE if c not in kept.values() and c not in colors.values()]
-            colors[run] = free[0] if free else _PALETTE[len(colors) % len(_PALETTE)]
-    return colors
+def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
+                  order: Sequence[str] | None = None) -> dict[str, str]:
+    """A colour per line drawn (a run compared, a call site) that stays put from drawing to drawing.
+
+    A name in ``kept`` (the colours of earlier drawings) keeps its colour, unless a name drawn beside
+    it has it; a new one takes its own colour, which its place in ``order`` picks (default: in
+    ``names``), or when that is taken, the next one neither drawn nor kept by a name not drawn now
+    (ten colours: with more names, the next one not drawn). By their places in the drawing alone,
+    taking the first run out of a comparison repainted every other, and a site changed colour as
+    the sites drawn beside it changed."""
+    place = {name: i for i, name in enumerate(order if order is not None else names)}
+    ranked = sorted(names, key=lambda name: place.get(name, len(place)))
+    kept = kept or {}
+    colors: dict[str, str] = {}
+    for name in ranked:
+        if kept.get(name) in _PALETTE and kept[name] not in colors.values():
+            colors[name] = kept[name]
+    reserved = {color for name, color in kept.items() if name not in colors and name not in names}
+    for name in (name for name in ranked if name not in colors):
+        own = place.get(name, 0) % len(_PALETTE)
+        for avoid in (set(colors.values()) | reserved, set(colors.values()), set()):
+            free = [i for i in range(len(_PALETTE)) if _PALETTE[i] not in avoid]
+            if free:
+                colors[name] = _PALETTE[own if own in free else min(free, key=lambda i: (i - own) % len(_PALETTE))]
+                break
+    return {name: colors[name] for name in names}
 
 
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
@@ -226,12 +239,12 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
         log_y: log-scaled y axes.
         columns: panels per row.
-        colors: run name -> its colour (:func:`run_colors`; default: the runs' order picks them).
+        colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
 
     Returns:
         The figure spec.
     """
-    colors = run_colors(list(views), colors)
+    colors = steady_colors(list(views), colors)
     if names is None:  # (an intervention's marker is a band over the steps: shade_interventions)
         names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(MARKER)})
     strides = _common_strides(views, {run: view.metric_stride() for run, view in views.items()})
@@ -327,12 +340,12 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         site: the call site's name, as `RunView.site_order` lists it.
         log_y: a log-scaled y axis.
-        colors: run name -> its colour (:func:`run_colors`; default: the runs' order picks them).
+        colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
 
     Returns:
         The figure spec; a blank one that says so when no run has the site.
     """
-    colors = run_colors(list(views), colors)
+    colors = steady_colors(list(views), colors)
     having = [run for run, view in views.items() if site in view.site_order(kind)]  # (checks the kind)
     strides = _common_strides(views, {run: views[run].site_stride(kind) for run in having})
     parts = {run: views[run].site_series(kind, statistic, [site], stride=strides[run]) for run in having}
@@ -352,7 +365,7 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
 
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
-                 log_y: bool = False) -> Figure:
+                 log_y: bool = False, colors: dict[str, str] | None = None) -> Figure:
     """One statistic per call site over steps; where steps were merged, a band shows their min
     and max. Click a legend entry to hide a site.
 
@@ -369,7 +382,10 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
         return empty_figure(f"No {kind} rows yet.")
-    colors = _site_colors(view.site_order(kind), list(dict.fromkeys(frame.site)))
+    drawn = steady_colors(list(dict.fromkeys(frame.site)), colors, order=view.site_order(kind))
+    if colors is not None:
+        colors.update(drawn)
+    colors = drawn
     data = []
     for site, part in frame.groupby("site", sort=False):
         color = colors[site]
@@ -428,21 +444,6 @@ def _no_finite_value(what: str, x: float, y: float) -> dict[str, Any]:
     """A note in a plot where ``what`` has no finite value to draw (every point NaN or Inf)."""
     return dict(text=f"{what}: no finite value<br>(NaN or Inf) to draw", x=x, y=y, xref="paper", yref="paper",
                 xanchor="center", showarrow=False, font=dict(size=12, color="#b42318"))
-
-
-def _site_colors(order: Sequence[str], drawn: Sequence[str]) -> dict[str, str]:
-    """A colour per drawn site that stays put from redraw to redraw: the site's place in forward order
-    (``order``) picks it, so that a default pick that changes its ranking does not repaint the lines; a
-    site whose colour a site before it in forward order has taken gets the next one not taken."""
-    place = {site: i for i, site in enumerate(order)}
-    taken: dict[str, int] = {}
-    for site in sorted(drawn, key=lambda site: place.get(site, len(place))):
-        index = place.get(site, 0) % len(_PALETTE)
-        free = [i for i in range(len(_PALETTE)) if i not in taken.values()]
-        if index in taken.values() and free:
-            index = min(free, key=lambda i: (i - index) % len(_PALETTE))
-        taken[site] = index
-    return {site: _PALETTE[taken[site]] for site in drawn}
 
 
 #: The colour of the cells of a log heatmap whose value is exactly 0 (no log; blank is a step not recorded).

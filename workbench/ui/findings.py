@@ -424,7 +424,8 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
         controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=list(target.sites),
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
-    page = live.draw_page(view, controls, header=header, interventions=interventions)
+    state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
+    page = live.draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive

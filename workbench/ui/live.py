@@ -864,11 +864,12 @@ def _anomaly_text(first: dict[str, Any] | None) -> str:
 
 
 def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None,
-              interventions: pd.DataFrame | None = None) -> Page:
+              interventions: pd.DataFrame | None = None, site_colors: dict[str, str] | None = None) -> Page:
     """Draw every view of a run page from ``view`` as ``controls`` ask. Never raises: a control
     value the page cannot draw is a message in that view's place. ``interventions`` (a table of
     :data:`INTERVENTION_COLUMNS`) are shaded over the steps they were on, and named in the
-    last-step table beside the sites they are on."""
+    last-step table beside the sites they are on. ``site_colors``: the call sites' colours in the
+    page's earlier drawings, which each site drawn again keeps (updated with this drawing's)."""
     c = controls or Controls()
     first = view.first_anomaly
     # metrics (the interventions' markers not by default: they are the bands over the figures)
@@ -895,7 +896,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites = (view.default_sites(c.kind, c.statistic, DEFAULT_SITES) if picked is None
                      else [s for s in picked if s in site_choices])
             sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
-            sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites)) if sites
+            sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites), site_colors) if sites
                          else figures.empty_figure("Pick call sites above." if site_choices
                                                    else f"No {c.kind} rows yet."))
             site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
@@ -1015,7 +1016,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
     ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
-    colours in the last drawing (:func:`figures.run_colors`), which the runs still compared keep."""
+    colours in the last drawing (:func:`figures.steady_colors`), which the runs still compared keep."""
     try:
         chosen = _names(picks, "runs to compare") or []
         _check_choice("kind", kind, KINDS)
@@ -1045,7 +1046,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
                     choices[0]) if first is not None else None
     # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
-    colors = figures.run_colors(list(views), colors)
+    colors = figures.steady_colors(list(views), colors)
     metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
     site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
                 else figures.empty_figure(f"None of these runs recorded {kind} rows."))
@@ -1314,8 +1315,9 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
-    return state, *page_outputs(draw_page(view, controls, header=header, interventions=interventions), state,
-                                jumped, revision=run)
+    state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
+    page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
+    return state, *page_outputs(page, state, jumped, revision=run)
 
 
 def _view_components(c: dict, p: str, empty: str | None = None) -> None:
@@ -2066,7 +2068,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_compare(picks, kind, stat, site, log_y, colors):
         # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
-        colors = figures.run_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
+        colors = figures.steady_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
                                     if isinstance(picks, (list, tuple)) else [], colors)
         metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y,
                                                                  colors)

@@ -56,34 +56,6 @@ def _display(widget: Any, text: str) -> None:
     display(bundle, raw=True)
 
 
-def _steady_colours(spec: dict, kept: dict[str, str]) -> dict:
-    """``spec``, a sites figure, with each call site in the colour it had before in the same dashboard
-    (``kept``, which this updates). The figure colours a site by its place in forward order, and a
-    site whose colour a site drawn beside it took by the next free one (ten colours for a hundred
-    sites), so a site changed colour from one redraw to the next as the sites drawn beside it changed."""
-    from workbench.ui.figures import _PALETTE
-
-    traces = [trace for trace in spec.get("data", ()) if trace.get("legendgroup")]
-    given: dict[str, str] = {}
-    for trace in traces:
-        given.setdefault(trace["legendgroup"], trace.get("line", {}).get("color") or trace.get("fillcolor"))
-    colours: dict[str, str] = {}
-    for site in sorted(given, key=lambda site: site not in kept):  # (those drawn before first)
-        colour = kept.get(site, given[site])
-        if colour in colours.values():
-            colour = next((c for c in (given[site], *_PALETTE) if c not in colours.values()), colour)
-        colours[site] = colour
-    kept.update(colours)
-    for trace in traces:
-        colour = colours[trace["legendgroup"]]
-        if "fillcolor" in trace:
-            trace["fillcolor"] = colour
-        for part in ("line", "marker"):
-            if "color" in trace.get(part, {}):
-                trace[part]["color"] = colour
-    return spec
-
-
 def _label_style(labels: list[str]) -> dict[str, str]:
     """One label width for a form, its longest label's, so that its boxes line up."""
     return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
@@ -564,8 +536,8 @@ class Dashboard:
                                                    log_y=self.log_y.value), self.metrics_plot
             elif name == "sites":
                 sites = list(self.sites.value) or None
-                spec = _steady_colours(figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value),
-                                       self._site_colours)
+                spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
+                                            colors=self._site_colours)  # (a site keeps its colour)
                 out = self.sites_plot
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
