@@ -43,3 +43,10 @@ def test_the_efficientzero_forms_reward_layers_typed_wrong_say_how_to_write_them
                                          "separated by commas, such as 32, 16"):
         parse_form(params, {"fc_reward_layers": "32, x"}, "Experiment 'efficientzero_dynamics'")
     assert parse_form(params, {"fc_reward_layers": "32, 16"}, "E") == {"fc_reward_layers": [32, 16]}
+
+
+def test_a_pop_up_takes_off_markdowns_bold_and_keeps_a_power():
+    from workbench.ui.forms import pop_up_text
+
+    assert pop_up_text("**Could not build:** seed must lie in [0, 2**53 - 1]") == \
+        "Could not build: seed must lie in [0, 2**53 - 1]"

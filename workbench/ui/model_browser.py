@@ -17,7 +17,7 @@ from torch import nn
 
 from workbench.registry import get_spec, list_families, list_models
 from workbench.summary import summarize
-from workbench.ui.forms import FormField, form_fields, param_rows, parse_form
+from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text
 
 ALL_FAMILIES = "all"
 MAX_EXAMPLE_BATCH = 4096
@@ -257,7 +257,7 @@ def wire(c) -> None:
             def on_build(model_name, batch_size, *values):
                 result = build_model(model_name, dict(zip(labels, values)), batch_size)
                 if result.model is None:  # (also as a pop-up: the message sits under a form that may be tall)
-                    gr.Warning(result.message.replace("**", ""))
+                    gr.Warning(pop_up_text(result.message))
                 return result.model, result.message, result.tree
 
             button.click(on_build, [c["selected"], c["batch_size"], *widgets],
