@@ -404,3 +404,16 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_beside_it():
 def test_a_model_browser_matching_no_model_says_so_in_its_saved_text(capsys):
     ModelBrowser(pattern="zzz")._ipython_display_()  # (IPython's display protocol; outside a kernel it prints)
     assert "workbench ModelBrowser (no model picked): ipywidgets" in capsys.readouterr().out
+
+
+def test_the_bar_of_a_run_stopped_by_the_user_ends_amber_a_failed_one_red_a_finished_one_green(capsys):
+    from workbench.experiments.base import _notebook_bar_class
+
+    def ended(steps, stopped=False):
+        bar = _notebook_bar_class()(total=10)
+        bar.update(steps)
+        bar.stopped = stopped
+        bar.close()
+        return bar.container.children[1].bar_style  # (the progress widget)
+
+    assert (ended(4, stopped=True), ended(4), ended(10)) == ("warning", "danger", "success")

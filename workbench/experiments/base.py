@@ -465,8 +465,14 @@ def _notebook_bar_class() -> type:
             characters)."""
             return {**self.container._repr_mimebundle_(), "text/plain": self.container.__repr__(pretty=True)}
 
+        #: set before close() by a run the user stopped: its bar ends amber, not in the red of a failure
+        stopped = False
+
         def close(self) -> None:
-            super().close()
+            stopped = self.stopped and not self.disable and self.total and self.n < self.total
+            super().close()  # (which disables it)
+            if stopped:
+                self.disp(bar_style="warning", check_delay=False)
             if self._display is not None:  # (the same widget, with its text as it ends)
                 self._display.update(self._bundle(), raw=True)
                 self._display = None
@@ -677,6 +683,7 @@ class BackgroundRun:
         except BaseException as exc:  # the run fails; the process goes on
             status, error = "failed", "".join(traceback.format_exception(exc))
         finally:
+            self._bar.stopped = status == "stopped"
             self._bar.close()
             if status == "stopped":
                 error = f"stopped {self._stopped_by} after step {self.experiment.step_count}"
