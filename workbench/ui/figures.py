@@ -209,7 +209,16 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
     ``names``), or when that is taken, the next one neither drawn nor kept by a name not drawn now
     (ten colours: with more names, the next one not drawn). By their places in the drawing alone,
     taking the first run out of a comparison repainted every other, and a site changed colour as
-    the sites drawn beside it changed."""
+    the sites drawn beside it changed.
+
+    Args:
+        names: what is drawn, a colour each.
+        kept: name -> its colour in earlier drawings (None: a first drawing).
+        order: the names' places that pick their own colours (a model's sites in forward order).
+
+    Returns:
+        name -> colour, for each of ``names``.
+    """
     place = {name: i for i, name in enumerate(order if order is not None else names)}
     ranked = sorted(names, key=lambda name: place.get(name, len(place)))
     kept = kept or {}
@@ -375,6 +384,8 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         sites: the call sites to draw (default: the six whose statistic changed most).
         log_y: a log-scaled y axis.
+        colors: call site -> its colour in earlier drawings of the same page, which a site drawn again
+            keeps; updated with this drawing's (None: colours by forward order alone).
 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
