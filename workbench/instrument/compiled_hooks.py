@@ -35,8 +35,8 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
-from workbench.instrument.hooks import (Entry, _remove_hooks, _weakly, attached, changes, replaced_message,
-                                        unpaused_evaluation_message, warn)
+from workbench.instrument.hooks import (Entry, _remove_hooks, attached, hook_param_grads, reattach,
+                                        replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
 from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
@@ -195,21 +195,9 @@ class CompiledHooks:
         self._release = weakref.finalize(self, _release, handles, self._fresh, entry, call, inner_call)
 
     def _hook_params(self) -> None:
-        """Hook the gradient of each recorded parameter that requires grad and has no hook yet;
-        unhook those gone or frozen."""
-        want = {id(p): (path, name, p) for path, name, p in self.params
-                if p.requires_grad and path in self.kinds[PARAM_GRAD]} if PARAM_GRAD in self._wanted else {}
-        for key in [key for key in self._param_handles if key not in want]:
-            handle = self._param_handles.pop(key)
-            handle.remove()
-            self._handles.remove(handle)
-        internals.restore_param_hook_dicts(self._fresh)
-        for key, (module_path, name, param) in want.items():
-            if key not in self._param_handles:
-                handle = internals.register_param_grad_hook(
-                    param, _weakly(self._on_param_grad, module_path, name), self._fresh)
-                self._param_handles[key] = handle
-                self._handles.append(handle)
+        """Hook the recorded parameters' gradients as they are now (:func:`hook_param_grads`)."""
+        hook_param_grads(self.params, self.kinds[PARAM_GRAD] if PARAM_GRAD in self._wanted else set(),
+                         self._on_param_grad, self._param_handles, self._handles, self._fresh)
 
     def _check_frozen(self) -> None:
         """Hook the gradients of parameters unfrozen since the last look, unhook those frozen: at the
@@ -234,17 +222,8 @@ class CompiledHooks:
         if self.sites.structure() == self._structure:
             return
         try:
-            before = attached(self.sites, self.params)
-            self.sites.rebuild()
+            before, self.params, changed = reattach(self.sites, self.params, self.kinds, self._wanted)
             self._structure = self.sites.structure()
-            self.params = self.sites.parameters()
-            added, new_param_paths, changed = changes(before, self.sites, self.params)
-            for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
-                if kind in self._wanted:
-                    self.kinds[kind].update(added)
-            for kind in (PARAM, PARAM_GRAD):
-                if kind in self._wanted:
-                    self.kinds[kind].update(new_param_paths)
             self._hook_params()
             if before[0] != attached(self.sites, ())[0]:  # (the modules changed: the graphs' tables too)
                 self.state.index(self.sites)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -111,21 +111,9 @@ class Hooks:
         self._eval_reported = False  # an unpaused evaluation forward warned
 
     def _hook_params(self) -> None:
-        """Hook the gradient of each recorded parameter that requires grad and has no hook yet;
-        unhook those gone or frozen. Hooks already in keep their place among the user's."""
-        want = {id(p): (path, name, p) for path, name, p in self.params
-                if p.requires_grad and path in self.kinds[PARAM_GRAD]} if PARAM_GRAD in self._wanted else {}
-        for key in [key for key in self._param_handles if key not in want]:
-            handle = self._param_handles.pop(key)
-            handle.remove()
-            self._handles.remove(handle)
-        internals.restore_param_hook_dicts(self._fresh_hook_dicts)
-        for key, (module_path, name, param) in want.items():
-            if key not in self._param_handles:
-                handle = internals.register_param_grad_hook(
-                    param, _weakly(self._record_param_grad, module_path, name), self._fresh_hook_dicts)
-                self._param_handles[key] = handle
-                self._handles.append(handle)
+        """Hook the recorded parameters' gradients as they are now (:func:`hook_param_grads`)."""
+        hook_param_grads(self.params, self.kinds[PARAM_GRAD] if PARAM_GRAD in self._wanted else set(),
+                         self._record_param_grad, self._param_handles, self._handles, self._fresh_hook_dicts)
 
     def check_frozen(self) -> None:
         """Hook the gradients of parameters unfrozen since the last look, unhook those frozen: at
@@ -154,17 +142,8 @@ class Hooks:
         if structure == self._structure:
             return
         try:
-            before = attached(self.sites, self.params)
-            self.sites.rebuild()
+            before, self.params, changed = reattach(self.sites, self.params, self.kinds, self._wanted)
             self._structure = self.sites.structure()
-            self.params = self.sites.parameters()
-            added, new_param_paths, changed = changes(before, self.sites, self.params)
-            for kind in (ACTIVATION, GRAD_OUTPUT):  # (paths that failed stay out)
-                if kind in self._wanted:
-                    self.kinds[kind].update(added)
-            for kind in (PARAM, PARAM_GRAD, UPDATE):
-                if kind in self._wanted:
-                    self.kinds[kind].update(new_param_paths)
             self._param_hooks.set(True)  # (every hook in its dict, where HookSwitch finds it)
             self._hook_params()
             self._param_hooks = internals.HookSwitch(self._param_handles.values())
@@ -549,6 +528,27 @@ def warn(message: str) -> None:
     warn_user(message)
 
 
+def hook_param_grads(params: list[tuple[str, str, nn.Parameter]], paths: set[str], on_grad: Callable,
+                     hooked: dict[int, Any], handles: list, fresh: list) -> None:
+    """Hook the gradient of each of ``params`` (module path, name, parameter) at ``paths`` that
+    requires grad and has no hook in ``hooked`` (id of the parameter -> its hook's handle) yet, with
+    ``on_grad(module path, name, parameter)`` held weakly; unhook those of ``hooked`` gone or frozen.
+    ``handles`` keeps every hook in, ``fresh`` the hook dicts made (see
+    :func:`~workbench.instrument.torch_internals.register_param_grad_hook`). Hooks already in keep
+    their place among the user's. Both watches' (eager and compiled)."""
+    want = {id(p): (path, name, p) for path, name, p in params if p.requires_grad and path in paths}
+    for key in [key for key in hooked if key not in want]:
+        handle = hooked.pop(key)
+        handle.remove()
+        handles.remove(handle)
+    internals.restore_param_hook_dicts(fresh)
+    for key, (module_path, name, param) in want.items():
+        if key not in hooked:
+            handle = internals.register_param_grad_hook(param, _weakly(on_grad, module_path, name), fresh)
+            hooked[key] = handle
+            handles.append(handle)
+
+
 def _weakly(method: Callable, *bound: Any) -> Callable:
     """A hook that calls ``method(*bound, *args)`` while ``method``'s object lives, and does nothing
     after: torch's hook dicts hold it, and must not keep the watch alive."""
@@ -566,6 +566,24 @@ def attached(sites: CallSites, params: list[tuple[str, str, nn.Parameter]]) -> t
     and each (module path, name)'s parameter (for :func:`changes`)."""
     modules = {path: id(m) for key, m in sites.modules.items() for path in sites.aliases[key]}
     return modules, {(path, name): param for path, name, param in params}
+
+
+def reattach(sites: CallSites, params: list[tuple[str, str, nn.Parameter]], kinds: dict[str, set[str]],
+             wanted: Collection[str]) -> tuple[tuple[dict, dict], list[tuple[str, str, nn.Parameter]], list[str]]:
+    """Index ``sites`` anew (the model changed) and add its new paths to the ``kinds`` recorded
+    (those ``wanted``; paths that failed stay out): what was :func:`attached` before, the parameters
+    now, and what :func:`changes` named. Both watches' (eager and compiled)."""
+    before = attached(sites, params)
+    sites.rebuild()
+    params = sites.parameters()
+    added, new_param_paths, changed = changes(before, sites, params)
+    for kind in (ACTIVATION, GRAD_OUTPUT):
+        if kind in wanted:
+            kinds[kind].update(added)
+    for kind in (PARAM, PARAM_GRAD, UPDATE):
+        if kind in wanted and kind in kinds:
+            kinds[kind].update(new_param_paths)
+    return before, params, changed
 
 
 def changes(before: tuple[dict, dict], sites: CallSites,
