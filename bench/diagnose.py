@@ -2,7 +2,8 @@
 
 1. The cost of the diagnosis per recorded step: a live ``Diagnoser`` taking in records (a real
    recorded step of the activation MLP and of the dynamics network, replayed with their step
-   numbers and jittered values (a healthy run: the findings' cost grows with what is found), in blocks of 10 as a page's tick brings them) and drawing its
+   numbers and jittered values, their losses falling (a healthy run: the findings' cost grows with
+   what is found), in blocks of 10 as a page's tick brings them) and drawing its
    findings once per block; and ``diagnose()`` of a stored run's frame (every step at once).
 2. The training step of the activation MLP with findings live (a Diagnoser attached to the
    watch, fed on its subscriber's thread every FEED_INTERVAL, and a page thread reading its
@@ -46,8 +47,10 @@ def recorded(name: str, steps: int) -> tuple[list, object]:
     out = []
     for n in range(1, steps + 1):
         jitter = 1 + 0.01 * rng.standard_normal(record.sums.shape)
+        learning = 0.2 + 0.8 * np.exp(-n / 300)  # (a loss that falls as a healthy run's does: not a plateau)
         out.append(dataclasses.replace(record, step=n, sums=record.sums * jitter,
-                                       metrics={k: v * (1 + 0.01 * rng.standard_normal())
+                                       metrics={k: v * (1 + 0.01 * rng.standard_normal()) * (learning if "loss" in k
+                                                                                               else 1.0)
                                                 for k, v in record.metrics.items()}))
     return out, record
 
