@@ -46,7 +46,7 @@ __all__ = ["Hooks", "Entry", "MAX_BACKWARDS_PER_STEP", "MAX_ROWS_PER_STEP"]
 MAX_BACKWARDS_PER_STEP = 1000
 #: Rows within one step past which it is taken to have been forgotten (an evaluation loop, no
 #: backward, never ``w.step()``): far more than a training step makes, a site called thousands of
-#: times included (an RNN cell unrolled over a long sequence); some 130 MB of rows with histograms.
+#: times included (an RNN cell unrolled over a long sequence); its memory is in docs/watch.md.
 #: Past either limit nothing more of the step is recorded (memory stays bounded), with a warning.
 MAX_ROWS_PER_STEP = 200_000
 

@@ -270,8 +270,8 @@ class Recorder:
         max_rows: statistics rows kept in memory; the oldest steps are evicted
             beyond it (``evicted`` counts them; a warning says so at the first). A run
             store, when attached, keeps every step on disk. 0 keeps none: the steps go to
-            the subscribers alone (a store, a dashboard), as in the app, whose long runs
-            would otherwise hold hundreds of MB each in the server.
+            the subscribers alone (a store, a dashboard), as in the app, whose server
+            would otherwise hold the steps of every run it keeps.
     """
 
     def __init__(self, max_rows: int = 500_000) -> None:

@@ -285,9 +285,9 @@ class LiveRun:
             checkpoint = load_checkpoint(weights)
             load_weights(self.experiment.model, checkpoint)
             self.weights = Path(weights).name
-        # the watch keeps no step in memory (a long run would hold hundreds of MB in the server, and
-        # twenty finished runs are kept): what pages show is fed by its stream from the first step,
-        # into the view layer and the findings, and the store keeps every step
+        # the watch keeps no step in memory (the server holds many runs, finished ones too, each as
+        # long as its user let it go): what pages show is fed by its stream from the first step, into
+        # the view layer and the findings, and the store keeps every step
         self.watch = self.experiment.watch(store=store, recorder=Recorder(max_rows=0), **watch_options)
         self.view = RunView(label=self.label, total=steps)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
