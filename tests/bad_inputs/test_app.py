@@ -21,7 +21,7 @@ import pytest
 
 from tests.bad_inputs.harness import Case, check, params, still_usable
 from workbench.instrument import RunStore, load_run
-from workbench.ui import live
+from workbench.ui import live_run, run_control, run_page, stored_runs
 from workbench.ui.runs import PathRefused, RunManager, RunsRoot
 
 
@@ -59,19 +59,19 @@ def form(**changes: Any) -> dict[str, Any]:
 
 
 def start(**changes: Any) -> str:
-    run, message = live.start_run(sandbox()[1], **form(**changes))
+    run, message = live_run.start_run(sandbox()[1], **form(**changes))
     assert run is None, f"started a run from bad input {changes}"
     return message
 
 
 def runs(sub: Any) -> str:
-    table, names, message = live.run_table(sandbox()[1].root, sub)
+    table, names, message = stored_runs.run_table(sandbox()[1].root, sub)
     assert table.empty and names == [], message
     return message
 
 
 def pick(value: Any) -> str:
-    run, message = live.replay(sandbox()[1].root, value)
+    run, message = stored_runs.replay(sandbox()[1].root, value)
     assert run is None, message
     return message
 
@@ -102,8 +102,8 @@ MESSAGES = [
     # ---------------------------------------------------------------- the run form
     Said("form-no-experiment", lambda: start(name=None), ["Pick an experiment"]),
     Said("form-unknown-experiment", lambda: start(name="nope"), ["Unknown experiment 'nope'", "list_experiments"]),
-    Said("overview-unknown-experiment", lambda: live.experiment_overview("nope"), ["Unknown experiment 'nope'"]),
-    Said("form-fields-unknown-experiment", lambda: str(live.experiment_fields("nope")), ["[]"]),
+    Said("overview-unknown-experiment", lambda: live_run.experiment_overview("nope"), ["Unknown experiment 'nope'"]),
+    Said("form-fields-unknown-experiment", lambda: str(live_run.experiment_fields("nope")), ["[]"]),
     Said("form-width-zero", lambda: start(values={"width": "0"}), ["'width' must lie in [1, 1024], got 0"]),
     Said("form-width-text", lambda: start(values={"width": "abc"}), ["width", "'abc'"]),
     Said("form-activation-unknown", lambda: start(values={"activation": "swish"}), ["'swish'", "gelu"]),
@@ -179,9 +179,9 @@ MESSAGES = [
     Said("sub-nothing-yet", lambda: runs("nothing-yet"), ["No sub-directory 'nothing-yet' under the runs root",
                                                           "leave it empty"]),
     Said("sub-not-text", lambda: runs(5), ["sub-directory must be text", "5"]),
-    Said("root-not-made-yet", lambda: live.run_table(RunsRoot(sandbox()[0] / "not-yet"))[2],
+    Said("root-not-made-yet", lambda: stored_runs.run_table(RunsRoot(sandbox()[0] / "not-yet"))[2],
          ["No runs yet under", "not-yet"]),
-    Said("root-without-runs", lambda: live.run_table(RunsRoot(sandbox()[0] / "outside"))[2],
+    Said("root-without-runs", lambda: stored_runs.run_table(RunsRoot(sandbox()[0] / "outside"))[2],
          ["No runs yet under", "outside"]),
     # ---------------------------------------------------------------- run picks (Runs tab)
     Said("pick-absolute", lambda: pick("/etc/passwd"), ["run '/etc/passwd'", "absolute path"]),
@@ -194,14 +194,14 @@ MESSAGES = [
     Said("pick-a-file", lambda: pick("a-file"), ["a-file", "not a workbench run"]),
     Said("pick-not-text", lambda: pick(["taken"]), ["run must be text", "['taken']"]),
     # ---------------------------------------------------------------- a page's run
-    Said("attach-unknown", lambda: live.attach(sandbox()[1], "r999")[1], ["No run 'r999' in this app"]),
-    Said("attach-not-text", lambda: live.attach(sandbox()[1], 5)[1], ["No run 5 in this app"]),
-    Said("attach-nothing", lambda: live.attach(sandbox()[1], None)[1], ["Pick a run from the list"]),
-    Said("stop-unattached", lambda: live.stop_run(sandbox()[1], None), ["Not attached to a run"]),
-    Said("stop-unknown", lambda: live.stop_run(sandbox()[1], "x"), ["No run 'x' in this app"]),
-    Said("views-unknown-kind", lambda: live.run_views(sandbox()[1], None, "weights", "std", "*")[3],
+    Said("attach-unknown", lambda: run_control.attach(sandbox()[1], "r999")[1], ["No run 'r999' in this app"]),
+    Said("attach-not-text", lambda: run_control.attach(sandbox()[1], 5)[1], ["No run 5 in this app"]),
+    Said("attach-nothing", lambda: run_control.attach(sandbox()[1], None)[1], ["Pick a run from the list"]),
+    Said("stop-unattached", lambda: run_control.stop_run(sandbox()[1], None), ["Not attached to a run"]),
+    Said("stop-unknown", lambda: run_control.stop_run(sandbox()[1], "x"), ["No run 'x' in this app"]),
+    Said("views-unknown-kind", lambda: run_control.run_views(sandbox()[1], None, "weights", "std", "*")[3],
          ["kind must be one of", "'weights'"]),
-    Said("views-unknown-statistic", lambda: live.run_views(sandbox()[1], None, "activation", "median", "*")[3],
+    Said("views-unknown-statistic", lambda: run_control.run_views(sandbox()[1], None, "activation", "median", "*")[3],
          ["statistic must be one of", "'median'"]),
     # ---------------------------------------------------------------- a run page's controls
     Said("page-unknown-kind", lambda: drawn(kind="weights", at="sites_figure"), ["kind must be one of",
@@ -247,18 +247,18 @@ def drawn(at: str, **controls: Any) -> str:
     """The message a run page shows in a view's place for a control value it cannot draw."""
     from workbench.ui.views import RunView
 
-    page = live.draw_page(RunView(), live.Controls(**controls))
+    page = run_page.draw_page(RunView(), run_page.Controls(**controls))
     return getattr(page, at)["layout"]["annotations"][0]["text"]
 
 
 def compared(picks: Any, kind: str = "activation", statistic: str = "std") -> str:
-    *_, message = live.compare_runs(live.ViewCache(sandbox()[1].root), picks, kind, statistic, None)
+    *_, message = stored_runs.compare_runs(stored_runs.ViewCache(sandbox()[1].root), picks, kind, statistic, None)
     return message
 
 
 def exported(pick: Any, fmt: Any) -> str:
     folder = Path(tempfile.mkdtemp(prefix="workbench-bad-export-"))
-    paths, message = live.export_run(sandbox()[1].root, pick, fmt, folder / "out")
+    paths, message = stored_runs.export_run(sandbox()[1].root, pick, fmt, folder / "out")
     assert paths == [] and not (folder / "out").exists(), message
     return message
 
@@ -302,7 +302,7 @@ def test_bad_input(case):
 
 def test_the_runs_tab_lists_only_the_runs_inside_the_root():
     base, manager = sandbox()
-    table, names, message = live.run_table(manager.root)
+    table, names, message = stored_runs.run_table(manager.root)
     # not 'linked-run' nor 'sneaky', whose databases lie outside the root
     assert names == ["taken"] and list(table.run) == ["taken"], (names, message)
-    assert live.replay(manager.root, "taken")[0] is not None
+    assert stored_runs.replay(manager.root, "taken")[0] is not None

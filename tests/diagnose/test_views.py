@@ -255,7 +255,7 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     import gradio as gr
 
     from workbench.experiments.activation_mlp import ActivationMLP
-    from workbench.ui import live
+    from workbench.ui import live_run, run_page
 
     train_step = ActivationMLP.train_step
 
@@ -265,12 +265,12 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
         return train_step(self)
 
     monkeypatch.setattr(ActivationMLP, "train_step", poisoned)
-    run, message = live.start_run(manager, "activation_mlp", {"width": "8", "depth": "2", "batch_size": "16",
+    run, message = live_run.start_run(manager, "activation_mlp", {"width": "8", "depth": "2", "batch_size": "16",
                                                              "n_samples": "64", "activation": "relu"},
                                   0, 5, 1, True, "*", "poisoned")
     assert run is not None, message
     run.join(60)
-    state = live.new_page_state()
+    state = run_page.new_page_state()
     wait_for(lambda: view.run_findings(run).diagnoser.flush() and not view.run_findings(run).frame().empty)
     note, table = view.page_findings(run, state)
     assert "error" in note and table.finding.iloc[0] == "nan_origin" and table.site.iloc[0] == "layers.1"
@@ -281,10 +281,10 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     pd.testing.assert_frame_equal(view.run_findings(run).frame(), view.merge_calls(expected))
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
-    assert len(values) == len(live.CONTROLS)
+    assert len(values) == len(run_page.CONTROLS)
     state, *updates, note, statistic = view.focus_page(run, run.id, "header", state, values, 0)
     assert statistic == "nan_count"  # (the page's statistic picker is set to it)
-    out = dict(zip(live.VIEW_OUTPUTS, updates))
+    out = dict(zip(run_page.VIEW_OUTPUTS, updates))
     assert "**nan_origin** at `layers.1`, step 3–5" in note and "*What to try:*" in note
     assert note == view.page_findings(run, {**state, "findings": {}})[0]  # the tick keeps it in the note
     assert out["kind"] == "activation" and out["heat_kind"] == "activation"
@@ -294,8 +294,8 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
     assert [t["name"] for t in series["data"] if "lines" in t.get("mode", "")] == ["layers.1"]
     assert series["layout"]["shapes"][-1]["x0"] == 3 and series["layout"]["shapes"][-1]["x1"] == 5
     # the next tick sends nothing new (the focus stays drawn until new steps arrive)
-    skipped = live.redraw(run.view, "header", run.id, state, values, force=False)[1:]
-    assert len(skipped) == len(live.VIEW_OUTPUTS) and all(isinstance(u, type(gr.skip())) for u in skipped)
+    skipped = run_page.redraw(run.view, "header", run.id, state, values, force=False)[1:]
+    assert len(skipped) == len(run_page.VIEW_OUTPUTS) and all(isinstance(u, type(gr.skip())) for u in skipped)
     with pytest.raises(IndexError, match="No finding number 7"):
         view.focus_page(run, run.id, "header", state, values, 7)
 
@@ -332,14 +332,14 @@ def test_the_dashboards_pick_stays_while_its_finding_goes_on():
 
 
 def test_a_stored_runs_findings_are_listed_and_focus_its_replayed_views(tmp_path):
-    from workbench.ui import live
+    from workbench.ui import run_page, stored_runs
     from workbench.ui.runs import RunsRoot
 
     model = mlp("relu")
     with torch.no_grad():
         model.layers[0].bias.fill_(-10.0)
     train(model, steps=4, store=tmp_path / "runs" / "dead")
-    cache = live.ViewCache(RunsRoot(tmp_path / "runs"))
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path / "runs"))
     note, table = view.stored_findings(cache, "dead")
     run = workbench.load_run(tmp_path / "runs" / "dead")
     expected = diagnose(run.to_pandas(), run.metrics())
@@ -356,7 +356,7 @@ def test_a_stored_runs_findings_are_listed_and_focus_its_replayed_views(tmp_path
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
     state, *updates, note, statistic = view.stored_select_handler(cache, find)("dead", None, *values, Event())
-    out = dict(zip(live.VIEW_OUTPUTS, updates))
+    out = dict(zip(run_page.VIEW_OUTPUTS, updates))
     assert statistic == "zero_frac" and out["kind"] == "activation" and out["sites"].value == ["layers.1"]
     assert "**dead_units** at `layers.1`, step 1–4" in note
 

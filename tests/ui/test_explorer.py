@@ -370,11 +370,11 @@ def test_page_handlers_start_and_draw_a_comparison():
 def test_which_trains_best_starts_from_the_settings_the_experiments_form_starts_from():
     import gradio as gr
 
-    from workbench.ui import live
+    from workbench.ui import live_run
 
     with gr.Blocks():
         c = ex.layout()
-    form = {f.label: f.value for f in live.experiment_fields("activation_mlp")}  # (the registry's defaults)
+    form = {f.label: f.value for f in live_run.experiment_fields("activation_mlp")}  # (the registry's defaults)
     shown = {key: c[key].value for key in ("depth", "width", "lr", "dataset")}
     assert shown == {key: form[key] for key in shown}
 

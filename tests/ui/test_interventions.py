@@ -10,7 +10,7 @@ import torch
 
 import workbench
 from workbench.instrument import load_run
-from workbench.ui import live
+from workbench.ui import intervention_menu, live_run, run_control, run_page, stored_runs, views, weights
 from tests.models.test_efficientzero import lightzero_keys
 
 # the weights hardly move and a batch is large: a statistic changes by the intervention alone (and by the
@@ -19,7 +19,7 @@ SLOW_LR = {"lr": 1e-6, "batch_size": 1024}
 
 
 def start(manager, steps=100_000, store="run", **config):
-    run, message = live.start_run(manager, "activation_mlp", {**SLOW_LR, **config}, 0, steps, 1, False, "*", store)
+    run, message = live_run.start_run(manager, "activation_mlp", {**SLOW_LR, **config}, 0, steps, 1, False, "*", store)
     assert run is not None, message
     return run
 
@@ -52,11 +52,11 @@ def site_stat(run, module, stat="std", kind="activation"):
 def test_an_intervention_changes_downstream_statistics_while_on_and_not_after(manager):
     run = start(manager)
     wait_for_step(run, 3)
-    message = live.apply_intervention(manager, run.id, "layers.1", "scale", k=10.0)
+    message = run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10.0)
     record = run.interventions[0]
     assert message.startswith("i1: **scale x10** at `layers.1`"), message
     wait_for_step(run, record.start + 4)
-    assert "removed" in live.remove_applied(manager, run.id, "i1")
+    assert "removed" in run_control.remove_applied(manager, run.id, "i1")
     wait_for_step(run, record.end + 4)
     run.stop()
     first, last = record.start, record.end
@@ -76,10 +76,10 @@ def test_an_intervention_changes_downstream_statistics_while_on_and_not_after(ma
 def test_an_intervention_is_in_the_rows_step_and_in_the_stored_run(manager):
     run = start(manager)
     wait_for_step(run, 2)
-    live.apply_intervention(manager, run.id, "layers.3", "zero units", units="0-3, 7")
+    run_control.apply_intervention(manager, run.id, "layers.3", "zero units", units="0-3, 7")
     record = run.interventions[0]
     wait_for_step(run, record.start + 2)
-    live.remove_applied(manager, run.id, "i1")
+    run_control.remove_applied(manager, run.id, "i1")
     wait_for_step(run, record.end + 2)
     run.stop()
     assert record.what == "zero units [0, 1, 2, 3, 7]"
@@ -88,14 +88,14 @@ def test_an_intervention_is_in_the_rows_step_and_in_the_stored_run(manager):
     name = "intervention/i1: zero units [0, 1, 2, 3, 7] at layers.3"
     assert metrics.step[metrics[name].notna()].tolist() == list(range(record.start, record.end + 1))
     stored = load_run(run.watch.store.path)
-    table = live.stored_interventions(stored)
+    table = stored_runs.stored_interventions(stored)
     assert table.to_dict("records") == [{"id": "i1", "site": "layers.3", "intervention": "zero units [0, 1, 2, 3, 7]",
                                          "from step": record.start, "to step": record.end, "status": "recorded"}]
     # the units were zeroed in the rows of those steps (layers.3 is a 32-unit activation: 5/32 at least)
     zero = site_stat(run, "layers.3", "zero_frac")
     assert (zero.loc[record.start:record.end] >= 5 / 32).all()
     # the page: the band over its steps, the intervention named beside its site in the last-step table
-    page = live.draw_page(live.RunView.from_run(stored), interventions=table)
+    page = run_page.draw_page(views.RunView.from_run(stored), interventions=table)
     shapes = page.metrics_figure["layout"]["shapes"]
     assert {(s["x0"], s["x1"]) for s in shapes} == {(record.start - 0.5, record.end + 0.5)}
     assert not any(m.startswith("intervention/") for m in page.metrics)  # (not drawn as a metric panel)
@@ -104,13 +104,13 @@ def test_an_intervention_is_in_the_rows_step_and_in_the_stored_run(manager):
 def test_the_page_marks_a_site_while_its_intervention_is_on(manager):
     run = start(manager)
     wait_for_step(run, 2)
-    live.apply_intervention(manager, run.id, "layers.1", "clamp", low=-0.1, high=0.1)
+    run_control.apply_intervention(manager, run.id, "layers.1", "clamp", low=-0.1, high=0.1)
     wait_for_view(run, run.interventions[0].start + 1)
-    page = live.draw_page(run.view, live.Controls(kind="activation"), interventions=run.intervention_frame())
+    page = run_page.draw_page(run.view, run_page.Controls(kind="activation"), interventions=run.intervention_frame())
     marks = dict(zip(page.latest.site, page.latest.intervention))
     assert marks["layers.1"] == "i1 clamp [-0.1, 0.1]" and marks["layers.2"] == ""
     assert page.latest.set_index("site").loc["layers.1", "max"] <= 0.1 + 1e-6
-    sites, table, on = live.intervention_panel(manager, run.id)
+    sites, table, on = run_control.intervention_panel(manager, run.id)
     assert sites[:5] == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"] and on == ["i1"]
     assert table.status.tolist() == ["on"]
 
@@ -121,7 +121,7 @@ def test_the_findings_a_zeroed_layer_causes_name_the_intervention(manager):
 
     run = start(manager, store="")
     wait_for_step(run, 2)
-    live.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-31")
+    run_control.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-31")
     start_step = run.interventions[0].start
     deadline = time.monotonic() + 60
     while True:  # (the findings follow the run on their own thread)
@@ -139,15 +139,15 @@ def test_the_findings_a_zeroed_layer_causes_name_the_intervention(manager):
 
 
 def test_noise_and_every_call_of_a_shared_module(manager):
-    run, message = live.start_run(manager, "efficientzero_dynamics", {"batch_size": 4, "unroll_steps": 2}, 0,
-                                  100_000, 1, False, "*", "")
+    run, message = live_run.start_run(manager, "efficientzero_dynamics", {"batch_size": 4, "unroll_steps": 2}, 0,
+                                      100_000, 1, False, "*", "")
     assert run is not None, message
     wait_for_view(run, 2)
-    sites = live.intervention_sites(run.view)
+    sites = intervention_menu.intervention_sites(run.view)
     assert "activation" in sites and "activation#0" in sites  # the shared ReLU: every call, or one
-    labels = dict((value, label) for label, value in live.site_choices(sites))
+    labels = dict((value, label) for label, value in intervention_menu.site_choices(sites))
     assert labels["activation"] == "activation (every call)" and labels["activation#0"] == "activation#0"
-    assert "Cannot" not in live.apply_intervention(manager, run.id, "activation#1", "noise", sigma=0.5)
+    assert "Cannot" not in run_control.apply_intervention(manager, run.id, "activation#1", "noise", sigma=0.5)
     record = run.interventions[0]
     assert (record.module, record.call) == ("activation", 1)
     wait_for_step(run, record.start + 1)
@@ -173,19 +173,19 @@ def test_noise_and_every_call_of_a_shared_module(manager):
 def test_bad_choices_are_messages_and_change_nothing(manager, args, expected):
     run = start(manager, store="")
     wait_for_step(run, 1)
-    message = live.apply_intervention(manager, run.id, *args)
+    message = run_control.apply_intervention(manager, run.id, *args)
     assert message.startswith("**Cannot intervene:**") and expected in message, message
     assert run.interventions == [] and run.watch.interventions == [] and run.running
 
 
 def test_no_run_an_ended_run_and_removing_what_is_not_on(manager):
-    assert "Not attached to a run" in live.apply_intervention(manager, None, "layers.1", "scale", k=2)
-    assert "No run 'r9'" in live.apply_intervention(manager, "r9", "layers.1", "scale", k=2)
+    assert "Not attached to a run" in run_control.apply_intervention(manager, None, "layers.1", "scale", k=2)
+    assert "No run 'r9'" in run_control.apply_intervention(manager, "r9", "layers.1", "scale", k=2)
     run = start(manager, steps=3, store="")
     run.join(60)
-    assert "has ended (finished)" in live.apply_intervention(manager, run.id, "layers.1", "scale", k=2)
-    assert "No intervention 'i1' is on" in live.remove_applied(manager, run.id, "i1")
-    assert "pick an intervention" in live.remove_applied(manager, run.id, None)
+    assert "has ended (finished)" in run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=2)
+    assert "No intervention 'i1' is on" in run_control.remove_applied(manager, run.id, "i1")
+    assert "pick an intervention" in run_control.remove_applied(manager, run.id, None)
 
 
 # ---------------------------------------------------------------- initial weights
@@ -205,7 +205,7 @@ def lightzero_file(path, seed=0, **shapes):
 
 def test_an_uploaded_lightzero_checkpoint_is_inspected_and_fills_the_form(tmp_path):
     state = lightzero_file(tmp_path / "ez.pth.tar")
-    text, tree, outputs, experiment, settings = live.inspect_weights(str(tmp_path / "ez.pth.tar"))
+    text, tree, outputs, experiment, settings = weights.inspect_weights(str(tmp_path / "ez.pth.tar"))
     assert "LightZero EfficientZero dynamics network" in text
     assert "dynamics_network.\\* keys taken out" in text  # (Markdown: an asterisk, not emphasis)
     assert experiment == "efficientzero_dynamics"
@@ -231,13 +231,13 @@ def test_an_uploaded_lightzero_checkpoint_is_inspected_and_fills_the_form(tmp_pa
 
 def test_a_run_trains_from_uploaded_weights(manager, tmp_path):
     state = lightzero_file(tmp_path / "ez.pt")
-    run, message = live.start_run(manager, "efficientzero_dynamics", {"batch_size": 4}, 0, 2, 1, False, "*", "fromck",
-                                  weights=str(tmp_path / "ez.pt"))
+    run, message = live_run.start_run(manager, "efficientzero_dynamics", {"batch_size": 4}, 0, 2, 1, False, "*",
+                                      "fromck", weights=str(tmp_path / "ez.pt"))
     assert run is not None, message
     run.join(60)
     assert run.outcome == "finished" and run.weights == "ez.pt"
     assert load_run(run.watch.store.path).metadata["initial_weights"] == "ez.pt"
-    unstarted = live.LiveRun("efficientzero_dynamics", {"batch_size": 4}, 0, 1, weights=str(tmp_path / "ez.pt"))
+    unstarted = live_run.LiveRun("efficientzero_dynamics", {"batch_size": 4}, 0, 1, weights=str(tmp_path / "ez.pt"))
     try:  # (made, not started: no step has moved its weights)
         for key, value in state.items():
             assert torch.equal(unstarted.experiment.model.state_dict()[key], value), key
@@ -247,8 +247,8 @@ def test_a_run_trains_from_uploaded_weights(manager, tmp_path):
 
 def test_weights_of_another_shape_are_refused_with_the_diff_and_the_settings_that_fit(manager, tmp_path):
     lightzero_file(tmp_path / "ez.pt", c=16, lstm=32)
-    run, message = live.start_run(manager, "efficientzero_dynamics", {}, 0, 2, 1, False, "*", "",
-                                  weights=str(tmp_path / "ez.pt"))
+    run, message = live_run.start_run(manager, "efficientzero_dynamics", {}, 0, 2, 1, False, "*", "",
+                                      weights=str(tmp_path / "ez.pt"))
     assert run is None and manager.runs() == []
     assert message.startswith("**Could not start from these weights:**")
     assert "conv.weight checkpoint (16, 20, 3, 3) vs model (8, 12, 3, 3)" in message
@@ -264,44 +264,44 @@ def test_weights_of_another_shape_are_refused_with_the_diff_and_the_settings_tha
 def test_bad_uploads_are_refused_by_inspection_and_by_start(manager, tmp_path, content, expected):
     path = tmp_path / "bad.pt"
     content(path)
-    text, tree, outputs, experiment, _ = live.inspect_weights(str(path))
+    text, tree, outputs, experiment, _ = weights.inspect_weights(str(path))
     assert text.startswith("**Refused:**") and expected in text, text
     assert tree.empty and outputs.empty and experiment is None
-    run, message = live.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", weights=str(path))
+    run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", weights=str(path))
     assert run is None and expected in message
 
 
 def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, tmp_path):
     source = workbench.experiments.create("activation_mlp", seed=5).model
     torch.save(source.state_dict(), tmp_path / "mlp.pt")
-    text, tree, _, experiment, _ = live.inspect_weights(str(tmp_path / "mlp.pt"))
+    text, tree, _, experiment, _ = weights.inspect_weights(str(tmp_path / "mlp.pt"))
     assert "plain state_dict" in text and experiment is None
     assert "**Start** loads it into the experiment picked in the form" in text and "load_weights" not in text
-    run, message = live.start_run(manager, "activation_mlp", {}, 0, 1, 1, False, "*", "",
-                                  weights=str(tmp_path / "mlp.pt"))
+    run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 1, 1, False, "*", "",
+                                      weights=str(tmp_path / "mlp.pt"))
     assert run is not None, message
     run.join(60)
-    wrong, message = live.start_run(manager, "efficientzero_dynamics", {}, 0, 1, 1, False, "*", "",
-                                    weights=str(tmp_path / "mlp.pt"))
+    wrong, message = live_run.start_run(manager, "efficientzero_dynamics", {}, 0, 1, 1, False, "*", "",
+                                        weights=str(tmp_path / "mlp.pt"))
     assert wrong is None and "missing (" in message and "unexpected (" in message
 
 
 def test_an_agilerl_layout_ilql_checkpoint_is_inspected_and_trained_from(manager, tmp_path):
     agent = workbench.create_model("ilql", n_layer=1, n_embd=32, n_head=2)
     agent.save_checkpoint(tmp_path / "agent.pt")
-    text, tree, outputs, experiment, settings = live.inspect_weights(str(tmp_path / "agent.pt"))
+    text, tree, outputs, experiment, settings = weights.inspect_weights(str(tmp_path / "agent.pt"))
     assert "AgileRL-layout ILQL agent" in text and "ILQL.save_checkpoint's dict" in text
     assert (experiment, settings) == ("ilql", {"n_layer": 1, "n_embd": 32, "n_head": 2})
     assert {"out.vs", "out.logits"} <= set(outputs.output) and "model.h.0.attn" in tree.module.tolist()
-    run, message = live.start_run(manager, "ilql", {**settings, "eval_every": 0, "dataset_size": 64,
-                                                    "batch_size": 8}, 0, 1, 1, False, "*", "",
-                                  weights=str(tmp_path / "agent.pt"))
+    run, message = live_run.start_run(manager, "ilql", {**settings, "eval_every": 0, "dataset_size": 64,
+                                                        "batch_size": 8}, 0, 1, 1, False, "*", "",
+                                      weights=str(tmp_path / "agent.pt"))
     assert run is not None, message
     run.join(60)
     assert run.outcome == "finished", run.error
     # the model a run starts from has the checkpoint's weights (a run made, not started: no step moves them)
-    unstarted = live.LiveRun("ilql", {**settings, "eval_every": 0, "dataset_size": 64}, 0, 1,
-                             weights=str(tmp_path / "agent.pt"))
+    unstarted = live_run.LiveRun("ilql", {**settings, "eval_every": 0, "dataset_size": 64}, 0, 1,
+                                 weights=str(tmp_path / "agent.pt"))
     try:
         for key, value in agent.state_dict().items():
             assert torch.equal(unstarted.experiment.model.state_dict()[key], value), key

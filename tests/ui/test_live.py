@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.ui import live
+from workbench.ui import live_run, run_control, run_page, stored_runs, views
 
 
 def finished_run(manager, store="run", **kwargs):
     options = dict(name="activation_mlp", values={"width": "8"}, seed=0, steps=6, every=2, histograms=False,
                    modules="layers.*", store=store)
     options.update(kwargs)
-    run, message = live.start_run(manager, **options)
+    run, message = live_run.start_run(manager, **options)
     assert run is not None, message
     run.join(60)
     assert not run.running
@@ -23,14 +23,14 @@ def finished_run(manager, store="run", **kwargs):
 
 
 def test_the_device_choices_are_usable_and_a_device_this_process_lacks_is_refused_by_name(manager):
-    choices = live.devices()
+    choices = live_run.devices()
     assert choices[0] == "cpu"
     for device in choices:
         assert torch.empty(1, device=device).device.type == device.split(":")[0]
     run = finished_run(manager, device=choices[-1], steps=2)
     assert str(run.experiment.device) == choices[-1] and "finished: step 2 of 2" in run.status()
     missing = f"cuda:{torch.cuda.device_count()}"
-    run, message = live.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", device=missing)
+    run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", device=missing)
     assert run is None and "Could not start" in message and repr(missing) in message and "cpu" in message
 
 
@@ -53,11 +53,11 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     assert len(latest) == len(rows[(rows.step == 6) & (rows.kind == "activation")])
     # the stored run (under the manager's root) replays the same rows
     assert (manager.root.path / "r" / "run.sqlite").is_file()
-    stored, message = live.replay(manager.root, "r")
+    stored, message = stored_runs.replay(manager.root, "r")
     assert "6 steps stored" in message and "status: `finished`" in message
     pd.testing.assert_frame_equal(stored.to_pandas(), rows, check_exact=False, rtol=1e-12)
-    assert list(live.RunView.from_run(stored).metrics_frame().metric.unique()) == ["accuracy", "loss"]
-    table, names, _ = live.run_table(manager.root)
+    assert list(views.RunView.from_run(stored).metrics_frame().metric.unique()) == ["accuracy", "loss"]
+    table, names, _ = stored_runs.run_table(manager.root)
     assert list(table.run) == ["r"] and names == ["r"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
 
@@ -75,7 +75,7 @@ def test_a_live_run_records_the_kinds_picked(manager, record, kinds):
 
 
 def test_a_running_experiment_stops_and_closes_its_watch(manager):
-    run, _ = live.start_run(manager, "activation_mlp", {}, 0, 100000, 1, False, "*", "")
+    run, _ = live_run.start_run(manager, "activation_mlp", {}, 0, 100000, 1, False, "*", "")
     run.stop()
     assert not run.running and "stopped: step" in run.status() and run.watch.closed
     assert run.experiment.step_count < 100000
@@ -84,14 +84,14 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
 def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
     # the page's Pause, Resume, Stop, Apply and Remove: greyed out before a run (and for an unknown one) ...
     idle = {"pause": False, "resume": False, "stop": False, "apply": False, "remove": False}
-    assert live.run_controls(manager, None) == live.run_controls(manager, "r99") == idle
-    run, _ = live.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
-    assert live.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True, "apply": True,
-                                                  "remove": False}
+    assert run_control.run_controls(manager, None) == run_control.run_controls(manager, "r99") == idle
+    run, _ = live_run.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
+    assert run_control.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True, "apply": True,
+                                                         "remove": False}
     deadline = time.time() + 60
     while run.experiment.step_count < 3 and time.time() < deadline:  # (past the first steps' one-off work)
         time.sleep(0.05)
-    assert "paused" in live.pause_run(manager, run.id) and run.state == "paused"
+    assert "paused" in run_control.pause_run(manager, run.id) and run.state == "paused"
     # (a step in progress when the pause came ends first: a few ms, more on a loaded machine)
     held, deadline = run.experiment.step_count, time.time() + 30
     while True:
@@ -102,23 +102,23 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
         held = run.experiment.step_count
     time.sleep(0.5)
     assert run.experiment.step_count == held and run.running
-    assert "paused already" in live.pause_run(manager, run.id)
-    assert live.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True, "apply": True,
-                                                  "remove": False}
-    assert run.view.header()["status"] == "paused" and live.runs_frame(manager).status.tolist() == ["paused"]
+    assert "paused already" in run_control.pause_run(manager, run.id)
+    assert run_control.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True, "apply": True,
+                                                         "remove": False}
+    assert run.view.header()["status"] == "paused" and run_control.runs_frame(manager).status.tolist() == ["paused"]
     record = run.intervene("layers.1", "zero units", units="0")  # (put in between steps while paused)
     assert record.status == "on" and record.start == held + 1
-    assert live.run_controls(manager, run.id)["remove"]  # (an intervention on: Remove applies)
-    assert "running" in live.pause_run(manager, run.id, pause=False) and run.state == "running"
+    assert run_control.run_controls(manager, run.id)["remove"]  # (an intervention on: Remove applies)
+    assert "running" in run_control.pause_run(manager, run.id, pause=False) and run.state == "running"
     deadline = time.time() + 30
     while run.experiment.step_count <= held + 2 and time.time() < deadline:
         time.sleep(0.05)
     assert run.experiment.step_count > held + 2
-    live.pause_run(manager, run.id)
+    run_control.pause_run(manager, run.id)
     run.stop()  # (a paused run stops at once)
-    assert run.state == "stopped" and "had ended" in live.pause_run(manager, run.id, pause=False)
-    assert live.run_controls(manager, run.id) == idle  # ... and again once it ended
-    assert "Not attached" in live.pause_run(manager, None)
+    assert run.state == "stopped" and "had ended" in run_control.pause_run(manager, run.id, pause=False)
+    assert run_control.run_controls(manager, run.id) == idle  # ... and again once it ended
+    assert "Not attached" in run_control.pause_run(manager, None)
 
 
 @pytest.mark.parametrize("kwargs, expected", [
@@ -134,13 +134,13 @@ def test_bad_input_is_a_message(manager, kwargs, expected):
     options = dict(name="activation_mlp", values={}, seed=0, steps=5, every=1, histograms=False, modules="*",
                    store="")
     options.update(kwargs)
-    run, message = live.start_run(manager, **options)
+    run, message = live_run.start_run(manager, **options)
     assert run is None and expected in message and manager.runs() == []
 
 
 def test_replay_needs_a_run_under_the_root(manager):
-    assert live.replay(manager.root, None)[0] is None
-    assert "not a workbench run" in live.replay(manager.root, "nonexistent")[1]
+    assert stored_runs.replay(manager.root, None)[0] is None
+    assert "not a workbench run" in stored_runs.replay(manager.root, "nonexistent")[1]
 
 
 def test_query_stream_runs_live_without_gradients(manager):
@@ -156,10 +156,10 @@ def test_query_stream_runs_live_without_gradients(manager):
     assert list(series.value) == list(metrics.map_size - 1)
     # its heatmap, asked for output gradients (the page's default) it has none of, draws the activations
     # and says so; the picker keeps what was asked
-    page = live.draw_page(run.view, live.Controls(heat_kind="grad_output"))
+    page = run_page.draw_page(run.view, run_page.Controls(heat_kind="grad_output"))
     assert page.heatmap_figure["layout"]["title"]["text"].startswith("No grad_output rows in this run; activation:")
-    assert live.page_outputs(page, live.new_page_state())[live.VIEW_OUTPUTS.index("heat_kind")] == gr.skip()
-    asked = live.draw_page(run.view, live.Controls(heat_kind="activation")).heatmap_figure
+    assert run_page.page_outputs(page, run_page.new_page_state())[run_page.VIEW_OUTPUTS.index("heat_kind")] == gr.skip()
+    asked = run_page.draw_page(run.view, run_page.Controls(heat_kind="activation")).heatmap_figure
     assert asked["layout"]["title"]["text"].startswith("activation:")
 
 

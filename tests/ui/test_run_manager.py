@@ -10,15 +10,15 @@ import pytest
 
 from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
-from workbench.ui import live
+from workbench.ui import live_run, run_control, run_page, run_tabs
 from workbench.ui.runs import RunManager
 
 TINY = {"width": "4", "depth": "1", "batch_size": "8", "n_samples": "64"}
 
 
 def start(manager, steps, store="", seed=0, **kwargs):
-    run, message = live.start_run(manager, "activation_mlp", dict(TINY), seed, steps, 1, False, "*", store,
-                                  **kwargs)
+    run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), seed, steps, 1, False, "*", store,
+                                      **kwargs)
     assert run is not None, message
     return run
 
@@ -35,29 +35,30 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     short = start(manager, 60, store="short", seed=2)
     assert long.id != short.id and long.running
     # the list: both in progress, newest first, with id, experiment, seed and start time
-    table = live.runs_frame(manager)
+    table = run_control.runs_frame(manager)
     assert list(table.id) == [short.id, long.id] and set(table.status) <= {"running"}
     assert list(table["recording to"]) == ["short", "long"] and list(table.of) == [60, 100_000]
-    choices = live.run_choices(manager)
+    choices = run_control.run_choices(manager)
     assert [value for _, value in choices] == [short.id, long.id]
     assert choices[1][0].startswith(f"{long.id} activation_mlp, seed 1, ")
 
     # the first page started `long` and is closed (or reloaded): it held only the id; a second page
     # lists the runs, attaches to `long` and sees it live
-    page, message = live.attach(manager, long.id)
+    page, message = run_control.attach(manager, long.id)
     assert page == long.id and f"**{long.label}** - running: step" in message and "of 100000" in message
     wait_for(lambda: long.experiment.step_count >= 3)
     wait_for(lambda: long.view.steps_fed >= 3)
-    status, metrics, series, note, latest, anomalies, going = live.run_views(manager, page, "activation", "std", "*")
+    status, metrics, series, note, latest, anomalies, going = run_control.run_views(manager, page, "activation",
+                                                                                    "std", "*")
     assert going and "`running` · step" in status and "of 100000" in status and "loss" in set(metrics.metric)
     assert not latest.empty and "call site" in note and len(series)
     assert long.view.status == "running"
 
-    message = live.stop_run(manager, page)
+    message = run_control.stop_run(manager, page)
     assert "stopped: step" in message and not long.running and long.outcome == "stopped"
     # the run's views hold every step it ran, and its end (what the page's header shows)
     assert long.view.status == "stopped" and long.view.steps_fed == long.experiment.step_count
-    assert "`stopped`" in live.run_views(manager, page, "activation", "std", "*")[0]
+    assert "`stopped`" in run_control.run_views(manager, page, "activation", "std", "*")[0]
     short.join(60)
     assert short.outcome == "finished" and "finished: step 60 of 60" in short.status()
     # the stores say the same
@@ -65,27 +66,27 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     stored = load_run(manager.root.path / "short")
     assert stored.status == "finished" and stored.steps == list(range(1, 61))
     # both stay listed, finished, with the steps they ran
-    table = live.runs_frame(manager)
+    table = run_control.runs_frame(manager)
     assert dict(zip(table.id, table.status)) == {long.id: "stopped", short.id: "finished"}
     assert dict(zip(table.id, table.step))[short.id] == 60
     # a last refresh of the stopped run, then the page stops asking
-    *_, going = live.run_views(manager, page, "activation", "std", "*")
+    *_, going = run_control.run_views(manager, page, "activation", "std", "*")
     assert not going
-    assert "had ended already" in live.stop_run(manager, page)
+    assert "had ended already" in run_control.stop_run(manager, page)
 
 
 def test_detaching_or_leaving_a_page_never_stops_the_run(manager):
     run = start(manager, 100_000)
-    page, _ = live.attach(manager, run.id)
-    page, message = live.detach(manager, page)
+    page, _ = run_control.attach(manager, run.id)
+    page, message = run_control.detach(manager, page)
     assert page is None and "runs on" in message
     time.sleep(0.3)
     assert run.running and run.state == "running"
     # reattached from another page, it is the same run, further along
     before = run.experiment.step_count
     wait_for(lambda: run.experiment.step_count > before)
-    assert live.attach(manager, run.id)[0] == run.id
-    assert live.detach(manager, None) == (None, "Not attached to a run.")
+    assert run_control.attach(manager, run.id)[0] == run.id
+    assert run_control.detach(manager, None) == (None, "Not attached to a run.")
     manager.stop(run.id)
     assert run.outcome == "stopped"
 
@@ -104,9 +105,9 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     assert run.outcome == "failed" and "FloatingPointError" in run.error
     status = run.status()
     assert "failed: step 2 of 10" in status and "FloatingPointError: the loss exploded at step 3" in status
-    header = live.draw_page(run.view).header  # the page's header: failed, with its error
+    header = run_page.draw_page(run.view).header  # the page's header: failed, with its error
     assert "`failed`" in header and "FloatingPointError: the loss exploded at step 3" in header
-    assert live.runs_frame(manager).status.tolist() == ["failed"]
+    assert run_control.runs_frame(manager).status.tolist() == ["failed"]
     stored = load_run(manager.root.path / "boom")
     assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]
     assert stored.steps == [1, 2]
@@ -120,14 +121,14 @@ def test_finished_runs_stay_listed_without_a_run_directory_and_the_oldest_are_dr
         runs[-1].join(60)
     listed = manager.runs()
     assert [r.id for r in listed] == [runs[3].id, runs[2].id] and manager.dropped == 2
-    assert "2 older finished run(s) were dropped from memory" in live.runs_note(manager)
+    assert "2 older finished run(s) were dropped from memory" in run_control.runs_note(manager)
     # a page still attached to a dropped run is told so, by name
-    status, *_, going = live.run_views(manager, runs[0].id, "activation", "std", "*")
+    status, *_, going = run_control.run_views(manager, runs[0].id, "activation", "std", "*")
     assert "'r1' is no longer in memory" in status and "keeps the last 2" in status and not going
-    assert live.attach(manager, runs[0].id)[0] is None
+    assert run_control.attach(manager, runs[0].id)[0] is None
     # an id the app never had
-    assert "No run 'r99' in this app" in live.attach(manager, "r99")[1]
-    assert "Pick a run from the list" in live.attach(manager, None)[1]
+    assert "No run 'r99' in this app" in run_control.attach(manager, "r99")[1]
+    assert "Pick a run from the list" in run_control.attach(manager, None)[1]
     assert not (tmp_path / "runs").exists()  # no run was recorded: nothing written
 
 
@@ -148,7 +149,7 @@ def test_too_many_runs_at_once_is_a_message_naming_the_limit(tmp_path):
     try:
         start(manager, 100_000)
         start(manager, 100_000, seed=1)
-        run, message = live.start_run(manager, "activation_mlp", dict(TINY), 2, 5, 1, False, "*", "")
+        run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), 2, 5, 1, False, "*", "")
         assert run is None and "2 runs are in progress, the most this app runs at once (2)" in message
         assert len(manager.runs()) == 2
     finally:
@@ -158,14 +159,14 @@ def test_too_many_runs_at_once_is_a_message_naming_the_limit(tmp_path):
 
 def test_a_taken_run_name_is_refused_before_anything_starts(manager):
     start(manager, 2, store="taken").join(60)
-    run, message = live.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "*", "taken")
+    run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "*", "taken")
     assert run is None and "run name 'taken' is taken" in message and "pick a new name" in message
     assert len(manager.runs()) == 1 and load_run(manager.root.path / "taken").steps == [1, 2]
 
 
 def test_a_run_refused_takes_no_id(manager):
     first = start(manager, 2)
-    run, message = live.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "nothing.*", "")
+    run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, False, "nothing.*", "")
     assert run is None and "nothing.*" in message  # (a module glob that matches no module)
     second = start(manager, 2)
     assert (first.id, second.id) == ("r1", "r2")  # (the refused start did not take r2)
@@ -201,7 +202,7 @@ def test_a_handler_that_fails_unexpectedly_answers_with_a_message_not_a_bare_err
     def broken(value):
         raise KeyError(value)
 
-    guarded = live._guarded(broken, lambda text: ("kept", text))
+    guarded = run_tabs._guarded(broken, lambda text: ("kept", text))
     kept, message = guarded("lost")
     assert kept == "kept" and "Something went wrong" in message and "KeyError: 'lost'" in message
     assert "handler broken failed" in caplog.text  # the traceback goes to the server's log
@@ -211,8 +212,8 @@ def test_a_run_whose_thread_cannot_start_is_a_message_and_leaves_nothing_open(ma
     def refuse(self, on_done=None):
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(live.LiveRun, "start", refuse)
-    run, message = live.start_run(manager, "activation_mlp", {}, 0, 5, 1, False, "*", "refused")
+    monkeypatch.setattr(live_run.LiveRun, "start", refuse)
+    run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 5, 1, False, "*", "refused")
     assert run is None and "can't start new thread" in message
     monkeypatch.undo()
     assert manager.runs() == []

@@ -11,7 +11,7 @@ import torch
 
 import workbench
 from workbench.instrument import load_run
-from workbench.ui import figures, live
+from workbench.ui import figures, live_run, run_control, run_page, stored_runs
 from workbench.ui.views import RunView
 
 TINY = {"width": "8", "depth": "2", "batch_size": "16", "n_samples": "64"}
@@ -19,8 +19,8 @@ LAYERS = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
 
 
 def finished(manager, steps=6, store="", histograms=False, seed=0, name="activation_mlp", values=None, **kwargs):
-    run, message = live.start_run(manager, name, dict(TINY if values is None else values), seed, steps, 1,
-                                  histograms, "*", store, **kwargs)
+    run, message = live_run.start_run(manager, name, dict(TINY if values is None else values), seed, steps, 1,
+                                      histograms, "*", store, **kwargs)
     assert run is not None, message
     run.join(120)
     assert run.outcome == "finished", run.error
@@ -52,7 +52,7 @@ def test_a_live_run_feeds_its_view_from_the_first_step_and_the_page_draws_from_t
 
     monkeypatch.setattr(type(run.watch), "to_pandas", no_frames)
     monkeypatch.setattr(type(run.watch), "metrics", no_frames)
-    page = live.draw_page(view)
+    page = run_page.draw_page(view)
     # (1) the header: status, step of total with a progress bar
     assert "`finished`" in page.header and "step 6 of 6" in page.header and "<progress" in page.header
     # (2) metrics: a panel each, every step
@@ -61,7 +61,7 @@ def test_a_live_run_feeds_its_view_from_the_first_step_and_the_page_draws_from_t
     assert steps == [1, 2, 3, 4, 5, 6] and len(values) == 6
     # (3) a statistic per call site: the sites in forward order, the default selection the view's
     assert page.site_choices == LAYERS
-    assert set(page.sites) == set(view.default_sites("activation", "std", live.DEFAULT_SITES))
+    assert set(page.sites) == set(view.default_sites("activation", "std", run_page.DEFAULT_SITES))
     for site in page.sites:
         x, y = xy(traces(page.sites_figure, site)[0])
         want_x, want_y = stored(rows, "activation", site, "std")
@@ -79,24 +79,24 @@ def test_a_live_run_feeds_its_view_from_the_first_step_and_the_page_draws_from_t
     assert page.first_anomaly is None and page.anomaly == "" and page.anomalies.empty
     # the last-step table follows the kind
     for kind in ("activation", "grad_output"):
-        latest = live.draw_page(view, live.Controls(kind=kind)).latest
+        latest = run_page.draw_page(view, run_page.Controls(kind=kind)).latest
         assert list(latest.site) == LAYERS and set(latest.step) == {6}
         want = [stored(rows, kind, site, "norm")[1][-1] for site in LAYERS]
         assert latest.norm.tolist() == pytest.approx(want, rel=1e-5)
     # what the legacy frames say comes from the view too
-    header, metrics, series, note, latest, anomalies, going = live.run_views(manager, run.id, "grad_output",
-                                                                             "norm", "layers.[01]")
+    header, metrics, series, note, latest, anomalies, going = run_control.run_views(manager, run.id, "grad_output",
+                                                                                    "norm", "layers.[01]")
     assert "step 6 of 6" in header and set(series.site) == {"layers.0", "layers.1"} and not going
     assert note == "2 of 5 call sites" and set(metrics.metric) == {"accuracy", "loss"}
 
 
 def test_the_controls_pick_what_each_view_draws(manager):
     run = finished(manager, steps=5, histograms=True)
-    controls = live.Controls(metrics=["loss"], smoothing=0.6, log_metrics=True, kind="grad_output",
-                             statistic="norm", sites=["layers.3", "layers.1", "nowhere"], log_sites=True,
-                             dist_site="layers.2", heat_kind="activation", heat_statistic="zero_frac",
-                             heat_log=False)
-    page = live.draw_page(run.view, controls)
+    controls = run_page.Controls(metrics=["loss"], smoothing=0.6, log_metrics=True, kind="grad_output",
+                                 statistic="norm", sites=["layers.3", "layers.1", "nowhere"], log_sites=True,
+                                 dist_site="layers.2", heat_kind="activation", heat_statistic="zero_frac",
+                                 heat_log=False)
+    page = run_page.draw_page(run.view, controls)
     assert page.metrics == ["loss"] and {t["name"] for t in page.metrics_figure["data"]} == {"loss",
                                                                                             "loss (smoothed)"}
     assert page.metrics_figure["layout"]["yaxis"]["type"] == "log"
@@ -120,7 +120,7 @@ def test_the_controls_pick_what_each_view_draws(manager):
     _, _, matrix, _ = run.view.heatmap("activation", "zero_frac")
     np.testing.assert_allclose(figures.values(heat["z"]), matrix)
     # a site picked for the distribution that has none: the first chosen site with histograms
-    page = live.draw_page(run.view, live.Controls(sites=["layers.4"], dist_site="elsewhere"))
+    page = run_page.draw_page(run.view, run_page.Controls(sites=["layers.4"], dist_site="elsewhere"))
     assert page.dist_site == "layers.4"
 
 
@@ -135,26 +135,26 @@ def test_the_controls_pick_what_each_view_draws(manager):
 ])
 def test_a_control_value_the_page_cannot_draw_is_a_message_in_that_view(manager, controls, where, says):
     run = finished(manager, steps=2)
-    page = live.draw_page(run.view, live.Controls(**controls))
+    page = run_page.draw_page(run.view, run_page.Controls(**controls))
     assert says in page.__getattribute__(where)["layout"]["annotations"][0]["text"]
     assert page.metric_choices == ["accuracy", "loss"]  # the other views are drawn
 
 
 def test_the_first_nan_is_shown_and_the_page_jumps_to_its_site(manager, nan_at_step_3):
-    run, _ = live.start_run(manager, "activation_mlp", dict(TINY), 0, 5, 1, True, "*", "",
-                            record=["activations", "output gradients"])
+    run, _ = live_run.start_run(manager, "activation_mlp", dict(TINY), 0, 5, 1, True, "*", "",
+                                record=["activations", "output gradients"])
     run.join(60)
-    page = live.draw_page(run.view, live.Controls(kind="grad_output"))
+    page = run_page.draw_page(run.view, run_page.Controls(kind="grad_output"))
     first = page.first_anomaly
     assert first == {**first, "step": 3, "site": "layers.2", "kind": "activation"}, first
     assert "First NaN/Inf at step 3: `layers.2`" in page.anomaly and not page.anomalies.empty
-    jumped = live.jump_controls(run.view, live.Controls(kind="grad_output", sites=["layers.0"]))
+    jumped = run_page.jump_controls(run.view, run_page.Controls(kind="grad_output", sites=["layers.0"]))
     assert (jumped.kind, list(jumped.sites), jumped.dist_site, jumped.heat_kind) == (
         "activation", ["layers.2"], "layers.2", "activation")
-    page = live.draw_page(run.view, jumped)
+    page = run_page.draw_page(run.view, jumped)
     assert page.sites == ["layers.2"] and page.dist_site == "layers.2"
     assert [t["name"] for t in traces(page.sites_figure) if "lines" in t.get("mode", "")] == ["layers.2"]
-    assert live.jump_controls(RunView(), live.Controls()) is None
+    assert run_page.jump_controls(RunView(), run_page.Controls()) is None
 
 
 def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_they_change(manager):
@@ -162,23 +162,24 @@ def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_th
 
     run = finished(manager, steps=3)
     values = ([], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True)
-    out = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, None, values, force=False)))
+    drawn = run_page.redraw(run.view, "h", run.id, None, values, force=False)
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], drawn))
     state = out["state"]
     assert out["header"] == "h" and out["sites"].choices == [(s, s) for s in LAYERS]
     assert state["version"] == (run.id, 3, "finished", 0)
     # the next tick: no step came, nothing is sent
-    again = live.redraw(run.view, "h", run.id, state, values, force=False)
+    again = run_page.redraw(run.view, "h", run.id, state, values, force=False)
     assert all(v == gr.skip() for v in again[1:])
     # a control changed (force): drawn again, the unchanged pickers not sent
-    forced = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, state, values)))
+    forced = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(run.view, "h", run.id, state, values)))
     assert forced["sites"] == gr.skip() and forced["metric_names"] == gr.skip()
     assert json.loads(forced["metrics"].plot)["data"]
     # a figure keeps the user's zoom across refreshes while it shows the same thing, not after
     revision = json.loads(forced["series"].plot)["layout"]["uirevision"]
     assert revision == json.loads(out["series"].plot)["layout"]["uirevision"]
     other = list(values)
-    other[live.CONTROLS.index("stat")] = "norm"
-    moved = dict(zip(["state", *live.VIEW_OUTPUTS], live.redraw(run.view, "h", run.id, state, other)))
+    other[run_page.CONTROLS.index("stat")] = "norm"
+    moved = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(run.view, "h", run.id, state, other)))
     assert json.loads(moved["series"].plot)["layout"]["uirevision"] != revision
 
 
@@ -197,7 +198,7 @@ def test_what_a_refresh_sends_does_not_grow_with_the_run():
         view = RunView(label="x", total=steps)
         for step in range(1, steps + 1):
             view.feed(dataclasses.replace(record, step=step, metrics={"loss": 1.0 / step}))
-        page = live.draw_page(view, live.Controls(kind="activation"))
+        page = run_page.draw_page(view, run_page.Controls(kind="activation"))
         sizes[steps] = sum(len(figures.to_json(getattr(page, f))) for f in
                            ("metrics_figure", "sites_figure", "distribution_figure", "heatmap_figure"))
     assert sizes[3000] < 1.5 * sizes[100], sizes
@@ -205,11 +206,11 @@ def test_what_a_refresh_sends_does_not_grow_with_the_run():
 
 def test_a_stored_run_replays_into_the_same_views_once(manager):
     run = finished(manager, steps=4, store="stored", histograms=True)
-    cache = live.ViewCache(manager.root)
+    cache = stored_runs.ViewCache(manager.root)
     view, stored_run, message = cache.get("stored")
     assert "4 steps stored" in message and view.label == "stored" and view.status == "finished"
     assert cache.get("stored")[0] is view  # read once
-    live_page, replayed = live.draw_page(run.view), live.draw_page(view)
+    live_page, replayed = run_page.draw_page(run.view), run_page.draw_page(view)
     assert replayed.site_choices == live_page.site_choices and replayed.dist_choices == live_page.dist_choices
     for name in ("loss", "accuracy"):
         np.testing.assert_allclose(figures.values(traces(replayed.metrics_figure, name)[0]["y"]),
@@ -222,9 +223,9 @@ def test_a_stored_run_replays_into_the_same_views_once(manager):
 def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):
     finished(manager, steps=4, store="cmp/a", seed=1)
     finished(manager, steps=6, store="cmp/b", seed=2)
-    cache = live.ViewCache(manager.root)
-    metrics, site, choices, chosen, message = live.compare_runs(cache, ["cmp/a", "cmp/b"], "grad_output", "norm",
-                                                                "layers.1")
+    cache = stored_runs.ViewCache(manager.root)
+    metrics, site, choices, chosen, message = stored_runs.compare_runs(cache, ["cmp/a", "cmp/b"], "grad_output", "norm",
+                                                                       "layers.1")
     assert "Comparing `cmp/a`, `cmp/b`" in message and choices == LAYERS and chosen == "layers.1"
     loss = [t for t in metrics["data"] if t["name"] in ("cmp/a", "cmp/b") and t["yaxis"] == "y2"]
     assert [figures.values(t["x"]).tolist() for t in loss] == [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]
@@ -233,10 +234,10 @@ def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):
     assert figures.values(b["y"]).tolist() == pytest.approx(stored(rows, "grad_output", "layers.1", "norm")[1],
                                                             rel=1e-5)
     # no site named: the first run's default; fewer than two runs, or bad values: messages
-    assert live.compare_runs(cache, ["cmp/a", "cmp/b"], "activation", "std", None)[3] in LAYERS
-    assert "two or more" in live.compare_runs(cache, ["cmp/a"], "activation", "std", None)[4]
-    assert "kind must be one of" in live.compare_runs(cache, ["cmp/a", "cmp/b"], "w", "std", None)[4]
-    said = live.compare_runs(cache, ["cmp/a", "/etc"], "activation", "std", None)[4]
+    assert stored_runs.compare_runs(cache, ["cmp/a", "cmp/b"], "activation", "std", None)[3] in LAYERS
+    assert "two or more" in stored_runs.compare_runs(cache, ["cmp/a"], "activation", "std", None)[4]
+    assert "kind must be one of" in stored_runs.compare_runs(cache, ["cmp/a", "cmp/b"], "w", "std", None)[4]
+    said = stored_runs.compare_runs(cache, ["cmp/a", "/etc"], "activation", "std", None)[4]
     assert "absolute path" in said and "two or more runs that open" in said
 
 
@@ -248,9 +249,9 @@ def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_a
         for step in range(3):
             model(torch.randn(4, 3)).sum().backward()
             w.step(reward=float(step), **({"intervention/i1: zero units [0] at 0": 1.0} if step else {}))
-    cache = live.ViewCache(manager.root)
-    metrics, site, choices, chosen, message = live.compare_runs(cache, ["mix/none", "mix/grads"], "grad_output",
-                                                                "norm", None)
+    cache = stored_runs.ViewCache(manager.root)
+    metrics, site, choices, chosen, message = stored_runs.compare_runs(cache, ["mix/none", "mix/grads"], "grad_output",
+                                                                       "norm", None)
     assert choices == LAYERS and chosen in LAYERS and [t["name"] for t in site["data"]] == ["mix/grads"]
     assert "`mix/none` recorded no grad_output rows: the sites of `mix/grads` are listed." in message
     legend = [t["name"] for t in metrics["data"] if t.get("showlegend")]
@@ -262,7 +263,7 @@ def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_a
 @pytest.mark.parametrize("fmt", ["CSV", "Parquet", "TensorBoard"])
 def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
     finished(manager, steps=3, store="exp/run", histograms=fmt == "TensorBoard")
-    paths, message = live.export_run(manager.root, "exp/run", fmt, tmp_path / "out")
+    paths, message = stored_runs.export_run(manager.root, "exp/run", fmt, tmp_path / "out")
     assert f"Exported `exp/run` to {fmt}" in message and all(Path(p).parent == tmp_path / "out" for p in paths)
     rows = load_run(manager.root.path / "exp" / "run").to_pandas()
     if fmt == "TensorBoard":
@@ -273,7 +274,7 @@ def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
         read = pd.read_csv if fmt == "CSV" else pd.read_parquet
         assert [Path(p).name for p in paths] == [f"exp__run-{w}.{fmt.lower()}" for w in ("rows", "metrics")]
         assert len(read(paths[0])) == len(rows) and list(read(paths[1]).step) == [1, 2, 3]
-    paths, message = live.export_run(manager.root, "exp/run", "XLS", tmp_path / "no")
+    paths, message = stored_runs.export_run(manager.root, "exp/run", "XLS", tmp_path / "no")
     assert paths == [] and "format must be one of CSV, Parquet, TensorBoard, got 'XLS'" in message
     assert not (tmp_path / "no").exists()
 
@@ -281,10 +282,10 @@ def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
 def test_runs_compared_keep_their_colours_as_others_join_and_leave(manager):
     for name, seed in (("keep/a", 1), ("keep/b", 2), ("keep/c", 3)):
         finished(manager, steps=3, store=name, seed=seed)
-    cache = live.ViewCache(manager.root)
+    cache = stored_runs.ViewCache(manager.root)
 
     def drawn(picks, colors=None):
-        metrics, site, *_ = live.compare_runs(cache, picks, "grad_output", "norm", "layers.1", colors=colors)
+        metrics, site, *_ = stored_runs.compare_runs(cache, picks, "grad_output", "norm", "layers.1", colors=colors)
         in_site = {t["name"]: t["line"]["color"] for t in site["data"]}
         in_metrics = {t["name"]: t["line"]["color"] for t in metrics["data"] if t.get("showlegend")}
         assert in_site == in_metrics  # (a run is one colour in both figures)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from workbench.instrument import load_run
-from workbench.ui import live
+from workbench.ui import live_run, run_control
 from workbench.ui.runs import RunManager
 
 pytestmark = pytest.mark.slow
@@ -25,12 +25,12 @@ def test_concurrent_runs_with_random_stops_and_pages_coming_and_going(tmp_path):
     manager = RunManager(tmp_path / "runs")
     rng = random.Random(25)
     failures: list[str] = []
-    started: list[live.LiveRun] = []
+    started: list[live_run.LiveRun] = []
     barrier = threading.Barrier(RUNS)
 
     def start(i):  # four pages press Start at once
         barrier.wait()
-        run, message = live.start_run(manager, "activation_mlp", dict(TINY), i, STEPS, 1, False, "*", f"soak/{i}")
+        run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), i, STEPS, 1, False, "*", f"soak/{i}")
         if run is None:
             failures.append(f"run {i} did not start: {message}")
         else:
@@ -51,16 +51,16 @@ def test_concurrent_runs_with_random_stops_and_pages_coming_and_going(tmp_path):
         local = random.Random(n)
         try:
             while not done.is_set():
-                choices = live.run_choices(manager)
-                attached, _ = live.attach(manager, local.choice(choices)[1])
+                choices = run_control.run_choices(manager)
+                attached, _ = run_control.attach(manager, local.choice(choices)[1])
                 for _ in range(local.randint(1, 4)):
-                    status, metrics, series, note, latest, anomalies, going = live.run_views(
+                    status, metrics, series, note, latest, anomalies, going = run_control.run_views(
                         manager, attached, "grad_output", "norm", "*")
                     assert "step" in status and isinstance(going, bool)
                     views[n] += 1
                     time.sleep(0.05)
-                live.runs_frame(manager)
-                live.detach(manager, attached)
+                run_control.runs_frame(manager)
+                run_control.detach(manager, attached)
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(f"page {n}: {type(exc).__name__}: {exc}")
 
@@ -71,7 +71,7 @@ def test_concurrent_runs_with_random_stops_and_pages_coming_and_going(tmp_path):
     to_stop = rng.sample(started, 2)
     for run in to_stop:
         time.sleep(rng.uniform(0.05, 1.0))
-        live.stop_run(manager, run.id)
+        run_control.stop_run(manager, run.id)
     deadline = time.monotonic() + 120
     for run in started:
         run.join(max(0.0, deadline - time.monotonic()))

@@ -13,7 +13,7 @@ from torch import nn
 import workbench
 from workbench.instrument import StepRecord
 from workbench.instrument.schema import SUMS
-from workbench.ui import figures, live
+from workbench.ui import figures, run_page
 from workbench.ui.views import PERCENTILES, History, RunView
 
 
@@ -304,8 +304,8 @@ def test_a_site_keeps_its_colour_whichever_sites_are_drawn_with_it():
     kept: dict[str, str] = {}
     first = figures.sites_figure(view, "activation", "std", sites=[many[0], many[10]], colors=kept)
     assert kept == {t["name"]: t["line"]["color"] for t in first["data"] if "lines" in t.get("mode", "")}
-    page = live.draw_page(view, live.Controls(kind="activation", statistic="std", sites=[many[10], many[1]]),
-                          site_colors=kept)
+    page = run_page.draw_page(view, run_page.Controls(kind="activation", statistic="std", sites=[many[10], many[1]]),
+                              site_colors=kept)
     again = {t["name"]: t["line"]["color"] for t in page.sites_figure["data"] if "lines" in t.get("mode", "")}
     assert again[many[10]] == kept[many[10]] != colors([many[10], many[1]])[many[10]]
     assert len(set(again.values())) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.ui import explorer, live, model_browser
+from workbench.ui import explorer, model_browser, run_tabs
 from workbench.ui.runs import DEFAULT_ROOT, RunManager
 
 __all__ = ["build_app", "launch"]
@@ -33,11 +33,11 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
             explorer.wire(explorer.layout(manager.root), app)
-            live.wire(live.layout(manager.root), manager, app)
+            run_tabs.wire(run_tabs.layout(manager.root), manager, app)
         app.load(None, js=LET_GO_OF_DROPPED_PLOTS)
     _one_render_at_a_time(app)
     app.run_manager = manager
-    app.workbench_css = live.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
+    app.workbench_css = run_tabs.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
     app.workbench_i18n = gr.I18n(**I18N)  # and translations: launch(i18n=app.workbench_i18n)
     return app
 

@@ -1003,7 +1003,7 @@ def layout(root: Any = None) -> dict[str, Any]:
     import gradio as gr
 
     from workbench.experiments import get_experiment_spec
-    from workbench.ui.live import plot_data
+    from workbench.ui.run_page import plot_data
 
     names = activation_names()
     c: dict[str, Any] = {"root": root}
@@ -1122,7 +1122,7 @@ def wire(c: dict[str, Any], app: Any) -> None:
     """Connect the components placed by :func:`layout`; ``app``: the ``gr.Blocks`` they are in."""
     import gradio as gr
 
-    from workbench.ui.live import plot_data
+    from workbench.ui.run_page import plot_data
 
     root = c["root"]
     curve_inputs = [c["names"], c["x_low"], c["x_high"], c["points"], c["params_state"]]

@@ -396,12 +396,12 @@ def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: A
     site, the distributions and the heatmap, or its metric alone; the steps it held shaded."""
     import gradio as gr
 
-    from workbench.ui import live
+    from workbench.ui import run_page
 
-    state = dict(state or live.new_page_state())
+    state = dict(state or run_page.new_page_state())
     found = run_findings(run)
     if found is None:
-        return *live.redraw(None, header, run_id, state, values), "", gr.skip()
+        return *run_page.redraw(None, header, run_id, state, values), "", gr.skip()
     frame = found.frame()
     state["findings_pick"] = pick_key(frame.iloc[index]) if 0 <= index < len(frame) else None
     note, _ = _page_note(run, state)
@@ -413,10 +413,10 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
              interventions: pd.DataFrame | None, note: str) -> tuple:
     """A run page's views (``view``) focused on the ``index``-th finding of ``frame``: ``(page state,
     *updates of VIEW_OUTPUTS, note, statistic)``."""
-    from workbench.ui import live
+    from workbench.ui import run_page
 
     target = focus(frame, int(index), view)
-    controls = live.page_controls(state, values)
+    controls = run_page.page_controls(state, values)
     if target.metric is not None:
         controls = replace(controls, metrics=[target.metric])
         state["auto_metrics"] = False
@@ -425,12 +425,12 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
-    page = live.draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
+    page = run_page.draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
     state["version"] = (run_id, view.steps_fed, view.status, view.dropped)
-    return state, *live.page_outputs(page, state, controls, revision=run_id), note, controls.statistic
+    return state, *run_page.page_outputs(page, state, controls, revision=run_id), note, controls.statistic
 
 
 def select_handler(manager: Any) -> Any:
@@ -440,20 +440,20 @@ def select_handler(manager: Any) -> Any:
 
     import gradio as gr
 
-    from workbench.ui import live
+    from workbench.ui import run_page
 
     def on_finding(attached, state, *rest):
         *values, event = rest  # (Gradio passes the event after the inputs)
         run = manager.get(attached) if attached else None
         if run is None:
-            return *live.redraw(None, "_No run on this page: start one (New run), or attach to one below._",
-                                attached, state, values), "", gr.skip()
-        return focus_page(run, attached, live._live_header(run), state, values, event.index[0],
+            return *run_page.redraw(None, "_No run on this page: start one (New run), or attach to one below._",
+                                    attached, state, values), "", gr.skip()
+        return focus_page(run, attached, run_page.live_header(run), state, values, event.index[0],
                           run.intervention_frame())
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     on_finding.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, positional) for name in ("attached", "state", *live.CONTROLS)]
+        [inspect.Parameter(name, positional) for name in ("attached", "state", *run_page.CONTROLS)]
         + [inspect.Parameter("event", positional, annotation=gr.SelectData)])
     on_finding.__annotations__ = {"event": gr.SelectData}  # (a real class: Gradio passes the event by it)
     return on_finding
@@ -487,7 +487,7 @@ def stored_findings(cache: Any, pick: Any) -> tuple[str, pd.DataFrame]:
     _view, run, message = cache.get(pick)
     if run is None:
         return "", pd.DataFrame(columns=TABLE_COLUMNS)
-    from workbench.ui.live import stored_interventions
+    from workbench.ui.stored_runs import stored_interventions
 
     frame = during_interventions(stored_frame(run), stored_interventions(run))
     return findings_summary(frame, running=False), findings_table(frame)
@@ -500,15 +500,15 @@ def stored_select_handler(cache: Any, find: Any) -> Any:
 
     import gradio as gr
 
-    from workbench.ui import live
+    from workbench.ui import run_page
 
     def on_finding(pick, state, *rest):
         *values, event = rest  # (Gradio passes the event after the inputs)
-        state = dict(state or live.new_page_state())
+        state = dict(state or run_page.new_page_state())
         view, header, *more = find(pick)
         _v, run, _message = cache.get(pick) if pick else (None, None, "")
         if view is None or run is None:
-            return *live.redraw(None, header, pick, state, values), "", gr.skip()
+            return *run_page.redraw(None, header, pick, state, values), "", gr.skip()
         interventions = more[0] if more else None
         frame = during_interventions(stored_frame(run), interventions)
         index = event.index[0]
@@ -519,7 +519,7 @@ def stored_select_handler(cache: Any, find: Any) -> Any:
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     on_finding.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, positional) for name in ("pick", "state", *live.CONTROLS)]
+        [inspect.Parameter(name, positional) for name in ("pick", "state", *run_page.CONTROLS)]
         + [inspect.Parameter("event", positional, annotation=gr.SelectData)])
     on_finding.__annotations__ = {"event": gr.SelectData}  # (a real class: Gradio passes the event by it)
     return on_finding

@@ -25,7 +25,7 @@ from workbench.instrument.store import DB_NAME
 
 if TYPE_CHECKING:
     from workbench.instrument import Run
-    from workbench.ui.live import LiveRun
+    from workbench.ui.live_run import LiveRun
 
 __all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT"]
 
@@ -214,7 +214,7 @@ class RunManager:
             ValueError: too many runs in progress, a bad run name, a name already taken, a bad config,
                 a checkpoint that does not fit the experiment's model (``CheckpointError``, with the diff).
         """
-        from workbench.ui.live import LiveRun
+        from workbench.ui.live_run import LiveRun
 
         path = None
         if store is not None:

@@ -1,0 +1,334 @@
+"""A run page's views, drawn from a run's :class:`~workbench.ui.views.RunView` (live or stored).
+
+:func:`draw_page` draws every view of a page as its :class:`Controls` ask (the header, metrics, a
+statistic per call site, distributions, the layer x step heatmap, NaN/Inf) as
+:mod:`workbench.ui.figures`' Plotly specs, so a refresh costs in proportion to the new steps and
+sends figures of bounded size however long the run. :func:`redraw` is one drawing of a Gradio page:
+what it remembers (:func:`new_page_state`), its controls' values in (:data:`CONTROLS`), the
+updates of its components out (:data:`VIEW_OUTPUTS`), only what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from workbench.instrument import KINDS, STAT_COLUMNS
+from workbench.ui import figures
+from workbench.ui.intervention_menu import INTERVENTION_METRIC
+from workbench.ui.runs import shown
+from workbench.ui.views import RunView, Site
+
+if TYPE_CHECKING:
+    from workbench.ui.live_run import LiveRun
+
+__all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
+           "CONTROLS", "new_page_state", "page_controls", "plot_data", "page_outputs", "jump_controls", "redraw"]
+
+
+STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
+#: Lines the per-site plot draws by default: the sites whose statistic changed most.
+DEFAULT_SITES = 6
+NO_HISTOGRAMS = ("No histograms in this run: it was recorded with histograms off. Tick **histograms** in the "
+                 "run form (or leave `watch(model)`'s `histograms` on, its default) to see distributions over time.")
+
+
+@dataclass
+class Controls:
+    """What a run page's controls ask of its views (the page builds one from its widgets)."""
+
+    metrics: Sequence[str] | None = None  # None: every metric
+    smoothing: float = 0.0  # TensorBoard's, in [0, 0.99]
+    log_metrics: bool = False
+    kind: str = "activation"  # of the per-site plot, the distributions and the last-step table
+    statistic: str = "std"
+    sites: Sequence[str] | None = None  # None: the view's default (the sites that changed most)
+    log_sites: bool = False
+    dist_site: str | None = None  # None: the first chosen site with histograms
+    heat_kind: str = "grad_output"
+    heat_statistic: str = "norm"
+    heat_log: bool = True
+
+
+@dataclass
+class Page:
+    """Everything a run page shows, drawn from a :class:`~workbench.ui.views.RunView`."""
+
+    header: str
+    anomaly: str  # the first NaN/Inf, for a banner ('' while there is none)
+    first_anomaly: dict[str, Any] | None
+    metric_choices: list[str]
+    metrics: list[str]
+    metrics_figure: dict[str, Any]
+    site_choices: list[str]  # forward order
+    sites: list[str]
+    sites_figure: dict[str, Any]
+    site_note: str
+    dist_choices: list[str]
+    dist_site: str | None
+    distribution_figure: dict[str, Any]
+    dist_note: str
+    heatmap_figure: dict[str, Any]
+    anomalies: pd.DataFrame
+    latest: pd.DataFrame
+
+
+def check_choice(label: str, value: Any, choices: Sequence[str]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{label} must be one of {', '.join(choices)}; got {shown(value)}. Pick one from the list.")
+
+
+def parse_smoothing(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.99:
+        raise ValueError(f"smoothing must be a number in [0, 0.99] (0: none), got {shown(value)}; "
+                         "move the slider back into range.")
+    return float(value)
+
+
+def picked_names(value: Any, label: str) -> list[str] | None:
+    """A multiselect's value: None (the page's default), else the names picked (maybe none)."""
+    if value is None:
+        return None
+    if value == "":
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{label} must be a list of names, got {shown(value)}.")
+    return list(value)
+
+
+def _anomaly_text(first: dict[str, Any] | None) -> str:
+    if first is None:
+        return ""
+    counts = " and ".join(f"{first[k]} {label}" for k, label in (("nan_count", "NaN"), ("inf_count", "Inf"))
+                          if first[k])
+    return (f"### ⚠ First NaN/Inf at step {first['step']}: `{first['site']}` ({first['kind']}, {counts})\n"
+            "Show this site jumps the views below to it; the table under them lists the most recent ones.")
+
+
+def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None,
+              interventions: pd.DataFrame | None = None, site_colors: dict[str, str] | None = None) -> Page:
+    """Draw every view of a run page from ``view`` as ``controls`` ask. Never raises: a control
+    value the page cannot draw is a message in that view's place. ``interventions`` (a table of
+    :data:`INTERVENTION_COLUMNS`) are shaded over the steps they were on, and named in the
+    last-step table beside the sites they are on. ``site_colors``: the call sites' colours in the
+    page's earlier drawings, which each site drawn again keeps (updated with this drawing's)."""
+    c = controls or Controls()
+    first = view.first_anomaly
+    # metrics (the interventions' markers not by default: they are the bands over the figures)
+    metric_choices = view.metric_names()
+    try:
+        picked = picked_names(c.metrics, "metrics")
+        chosen = ([m for m in metric_choices if not m.startswith(INTERVENTION_METRIC)] if picked is None
+                  else [m for m in picked if m in metric_choices])
+        smoothing = parse_smoothing(c.smoothing)
+        metrics_fig = (figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics)) if chosen
+                       else figures.empty_figure("Pick metrics above." if metric_choices else "No metrics yet."))
+    except ValueError as exc:
+        chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
+    # a statistic per call site; the distributions and the last-step table follow the same kind
+    site_choices, sites, dist_choices, dist_site = [], [], [], None
+    latest = pd.DataFrame(columns=["site", "step", *STATISTICS])
+    try:
+        check_choice("kind", c.kind, KINDS)
+        site_choices = view.site_order(c.kind)
+        try:
+            check_choice("statistic", c.statistic, STATISTICS)
+            picked = picked_names(c.sites, "sites")
+            unknown = [s for s in picked or [] if s not in site_choices]
+            sites = (view.default_sites(c.kind, c.statistic, DEFAULT_SITES) if picked is None
+                     else [s for s in picked if s in site_choices])
+            sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
+            sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites), site_colors) if sites
+                         else figures.empty_figure("Pick call sites above." if site_choices
+                                                   else f"No {c.kind} rows yet."))
+            site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
+        except ValueError as exc:
+            sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
+        dist_choices = [s for s in site_choices if s in set(view.histogram_sites(c.kind))]
+        if isinstance(c.dist_site, str) and c.dist_site in dist_choices:
+            dist_site = c.dist_site
+        else:
+            dist_site = next((s for s in sites if s in dist_choices), dist_choices[0] if dist_choices else None)
+        if dist_site is not None:
+            dist_fig = figures.distribution_figure(view, c.kind, dist_site)
+            dist_note = f"{len(dist_choices)} {c.kind} site(s) with histograms."
+        elif site_choices:
+            dist_fig, dist_note = figures.empty_figure("No histograms recorded."), NO_HISTOGRAMS
+        else:
+            dist_fig, dist_note = figures.empty_figure(f"No {c.kind} rows yet."), ""
+        latest = view.latest(c.kind)
+    except ValueError as exc:
+        sites_fig = dist_fig = figures.empty_figure(str(exc))
+        site_note = dist_note = str(exc)
+    heat_kind = c.heat_kind
+    try:
+        check_choice("heatmap kind", heat_kind, KINDS)
+        check_choice("heatmap statistic", c.heat_statistic, STATISTICS)
+        if not view.site_order(heat_kind):  # (a run that records none of it: no gradients, a forward-only model)
+            heat_kind = next((k for k in KINDS if view.site_order(k)), heat_kind)
+        heat_fig = figures.heatmap_figure(view, heat_kind, c.heat_statistic, bool(c.heat_log))
+        if heat_kind != c.heat_kind:  # (the picker keeps the kind asked: the next run may have it)
+            title = heat_fig["layout"]["title"]
+            title["text"] = f"No {c.heat_kind} rows in this run; {title['text']}"
+    except ValueError as exc:
+        heat_fig = figures.empty_figure(str(exc))
+    latest = latest.round(6)
+    if interventions is not None and len(interventions):
+        metrics_fig = figures.shade_interventions(metrics_fig, interventions, view.last_step)
+        sites_fig = figures.shade_interventions(sites_fig, interventions, view.last_step)
+        latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
+    return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
+                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
+                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+
+
+def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame, sites: Sequence[Site]) -> pd.DataFrame:
+    """The last-step table with an ``intervention`` column: the interventions on at each site's module
+    (any call of it, or this call: ``path#k``) then; ``sites``: the views' sites of the table's kind."""
+    if latest.empty or "step" not in latest:
+        return latest
+    step = latest.step.max()
+    targets = {}
+    for site in sites:  # (an intervention names its site as picked: path, path#call or (model))
+        path = site.module or "(model)"
+        targets[site.name] = (path, f"{path}#{site.call}")
+    marks = []
+    for name in latest.site:
+        on = [f"{row.id} {row.intervention}" for _, row in interventions.iterrows()
+              if int(row["from step"]) <= step and (row["to step"] == "" or step <= int(row["to step"]))
+              and row.site in targets.get(name, ())]
+        marks.append("; ".join(on))
+    return latest.assign(intervention=marks)
+
+
+def live_header(run: LiveRun) -> str:
+    text = figures.header_markdown(run.view)
+    store = run.watch.store
+    if store is not None:
+        text += f"\n\nrecording to `{store.path}`"
+    if run.watch.errors:
+        text += (f"\n\n{len(run.watch.errors)} instrumentation error(s); the first: "
+                 f"`{run.watch.errors[0]['error']}`")
+    return text
+
+
+
+#: The components a drawing of a run page updates, in the order the handlers return them.
+VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
+                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest")
+#: The controls a drawing reads, in order.
+CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites", "log_sites", "dist_site",
+            "heat_kind", "heat_stat", "heat_log")
+
+
+def new_page_state() -> dict[str, Any]:
+    """What a page remembers of its views: whether the metric and site pickers follow the view's
+    defaults (until the user picks), the run and steps it last drew, and what its pickers were sent."""
+    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}}
+
+
+def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
+    """The :class:`Controls` of a page's widget values (in :data:`CONTROLS` order)."""
+    state = state or new_page_state()
+    v = dict(zip(CONTROLS, values))
+    return Controls(metrics=None if state.get("auto_metrics", True) else v["metric_names"],
+                    smoothing=v["smoothing"], log_metrics=v["log_metrics"], kind=v["kind"], statistic=v["stat"],
+                    sites=None if state.get("auto_sites", True) else v["sites"], log_sites=v["log_sites"],
+                    dist_site=v["dist_site"], heat_kind=v["heat_kind"], heat_statistic=v["heat_stat"],
+                    heat_log=v["heat_log"])
+
+
+def plot_data(figure: dict[str, Any], revision: Any = None):
+    """A figure spec as ``gr.Plot``'s value (its JSON as is: no plotly object is built).
+
+    ``revision`` names what the figure shows (the run; with the figure's title, its kind,
+    statistic or site): while it stays the same, Plotly keeps what the user did to the figure
+    (zoom, pan, legend entries hidden) across the page's refreshes (``layout.uirevision``)."""
+    from gradio.components.plot import PlotData
+
+    if revision is not None:
+        layout = figure["layout"]
+        shows = (layout.get("title", {}).get("text", ""), layout.get("yaxis", {}).get("type", ""))
+        figure = {**figure, "layout": {**layout, "uirevision": f"{revision} {shows}"}}
+    return PlotData(type="plotly", plot=figures.to_json(figure))
+
+
+def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revision: Any = None) -> tuple:
+    """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
+    changed (so one the user has open is left alone), the kinds only when a jump sets them."""
+    import gradio as gr
+
+    sent = state.setdefault("sent", {})
+
+    def picker(key: str, choices: list[str], value: Any):
+        if sent.get(key) == (choices, value):
+            return gr.skip()
+        sent[key] = (list(choices), value)
+        return gr.Dropdown(choices=choices, value=value, allow_custom_value=True)
+
+    def plot(figure: dict[str, Any], name: str):
+        return plot_data(figure, None if revision is None else f"{revision} {name}")
+
+
+    return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
+            picker("metric_names", page.metric_choices, page.metrics), plot(page.metrics_figure, "metrics"),
+            jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
+            plot(page.sites_figure, "sites"), page.site_note,
+            picker("dist_site", page.dist_choices, page.dist_site), plot(page.distribution_figure, "distribution"),
+            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap"),
+            page.anomalies, page.latest)
+
+
+def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
+    """``controls`` moved to the first NaN/Inf's site: its kind, that site alone, its distribution,
+    the heatmap of its kind; None while the run has none."""
+    first = view.first_anomaly if view is not None else None
+    if first is None:
+        return None
+    return dataclasses.replace(controls, kind=first["kind"], sites=[first["site"]], dist_site=first["site"],
+                               heat_kind=first["kind"])
+
+
+def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
+           force: bool = True, jump: bool = False, change: dict | None = None,
+           interventions: pd.DataFrame | None = None) -> tuple:
+    """One drawing of a run page: ``(new page state, *updates of VIEW_OUTPUTS)``.
+
+    ``view`` is the page's run's views (None: no run; ``header`` says why), ``run`` what names it,
+    ``values`` the controls' values (:data:`CONTROLS`). Unless ``force``d (a control changed), a
+    page that drew this run at these steps already is sent nothing. ``jump`` moves the views to the
+    first NaN/Inf; ``change`` updates the page state first (a picker the user took over).
+    """
+    state = dict(state or new_page_state())
+    state.update(change or {})
+    if view is None:
+        state["version"] = None
+        page = draw_page(RunView(), page_controls(state, values), header=header)
+        return state, *page_outputs(page, state)
+    version = (run, view.steps_fed, view.status, view.dropped)
+    if not force and version == state.get("version"):
+        return state, *skips(len(VIEW_OUTPUTS))  # nothing new: nothing sent
+    state["version"] = version
+    controls = page_controls(state, values)
+    jumped = jump_controls(view, controls) if jump else None
+    if jumped is not None:
+        state["auto_sites"] = False
+        controls = jumped
+    state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
+    page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
+    return state, *page_outputs(page, state, jumped, revision=run)
+
+
+def skips(n: int) -> tuple:
+    """``n`` updates that leave their components as they are."""
+    import gradio as gr
+
+    return tuple(gr.skip() for _ in range(n))

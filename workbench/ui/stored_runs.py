@@ -1,0 +1,181 @@
+"""Stored runs in the app: list, open (replay), compare and export the runs under the runs root.
+
+A stored run is read once into a :class:`~workbench.ui.views.RunView` (:class:`ViewCache`, shared
+by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.instrument import KINDS, Run, RunError
+from workbench.ui import figures
+from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTION_METRIC
+from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse_smoothing, picked_names
+from workbench.ui.runs import PathRefused, RunsRoot, shown
+from workbench.ui.views import RunView
+
+__all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "run_table", "replay", "ViewCache", "compare_runs", "export_run",
+           "stored_interventions"]
+
+
+EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
+
+
+def run_table(root: RunsRoot, sub: Any = "") -> tuple[pd.DataFrame, list[str], str]:
+    """The stored runs under the root (or a sub-directory of it): a table, their names and a message."""
+    return root.list(sub)
+
+
+def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
+    """Open a stored run under the root; returns it (or None) and a message with its metadata."""
+    if pick is None or (isinstance(pick, str) and not pick.strip()):
+        return None, "Pick a run."
+    try:
+        run = root.open(pick)
+    except (RunError, PathRefused) as exc:
+        return None, f"**Cannot open:** {exc}"
+    except (OSError, ValueError) as exc:
+        return None, f"**Cannot open** {shown(pick)}: {exc}"
+    m = run.metadata
+    facts = ", ".join(f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed", "status") if k in m)
+    try:
+        steps = len(run.steps)
+    except RunError as exc:
+        return None, f"**Cannot open:** {exc}"
+    return run, f"**{root.name_of(run.path)}** - {facts} - {steps} steps stored"
+
+
+
+class ViewCache:
+    """The views of stored runs a page opened, by run name (bounded; a run that grew since is read
+    again). Owned by the app (:func:`wire`), shared by its pages: a stored run is read once."""
+
+    def __init__(self, root: RunsRoot, size: int = 8) -> None:
+        self.root, self.size = root, size
+        self._views: dict[str, tuple[tuple, RunView]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, pick: Any) -> tuple[RunView | None, Run | None, str]:
+        """The view of the stored run ``pick`` names, the run and a message (None and a message when
+        it cannot be opened)."""
+        run, message = replay(self.root, pick)
+        if run is None:
+            return None, None, message
+        try:
+            key = (len(run.steps), run.status)
+            with self._lock:
+                cached = self._views.get(pick)
+            if cached is not None and cached[0] == key:
+                return cached[1], run, message
+            view = RunView.from_run(run)
+        except RunError as exc:
+            return None, None, f"**Cannot read:** {exc}"
+        view.label = self.root.name_of(run.path)
+        # the steps it was to take (a run started in the app says so), else, ended well, the steps it took
+        total = run.metadata.get("total_steps")
+        view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
+        with self._lock:
+            self._views.pop(pick, None)
+            self._views[pick] = (key, view)
+            while len(self._views) > self.size:
+                self._views.pop(next(iter(self._views)))
+        return view, run, message
+
+
+NO_COMPARISON = "Pick two or more runs to compare."
+
+
+def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
+                 smoothing: Any = 0.0, log_y: bool = False, colors: dict[str, str] | None = None
+                 ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
+    """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
+    call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
+    than two runs that open, or a bad choice), the sites to choose from (those of every run's
+    ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
+    colours in the last drawing (:func:`figures.steady_colors`), which the runs still compared keep."""
+    try:
+        chosen = picked_names(picks, "runs to compare") or []
+        check_choice("kind", kind, KINDS)
+        check_choice("statistic", statistic, STATISTICS)
+        smoothing = parse_smoothing(smoothing)
+    except ValueError as exc:
+        return None, None, [], None, f"**Cannot compare:** {exc}"
+    if len(chosen) < 2:
+        return None, None, [], None, NO_COMPARISON
+    views, problems = {}, []
+    for pick in dict.fromkeys(chosen):
+        view, _, message = cache.get(pick)
+        if view is None:
+            problems.append(message)
+        else:
+            views[pick] = view
+    note = " ".join(problems)
+    if len(views) < 2:
+        return None, None, [], None, (note + " Pick two or more runs that open.").strip()
+    having = [name for name, view in views.items() if view.site_order(kind)]  # (runs with rows of the kind)
+    order = [views[name].site_order(kind) for name in having]
+    common = set(order[0]).intersection(*order[1:]) if order else set()
+    choices = ([s for s in order[0] if s in common] or order[0]) if order else []
+    if not (isinstance(site, str) and site in choices):
+        first = views[having[0]] if having else None
+        site = next((s for s in first.default_sites(kind, statistic, DEFAULT_SITES) if s in choices),
+                    choices[0]) if first is not None else None
+    # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
+    names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
+    colors = figures.steady_colors(list(views), colors)
+    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
+    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
+                else figures.empty_figure(f"None of these runs recorded {kind} rows."))
+    text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
+    lacking = [name for name in views if name not in having]
+    if lacking and having:
+        text += (f" {', '.join(f'`{n}`' for n in lacking)} recorded no {kind} rows: the sites of "
+                 f"`{having[0]}` are listed.")
+    elif not common and len(having) > 1:
+        text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
+    return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
+
+
+def export_run(root: RunsRoot, pick: Any, fmt: Any, folder: str | Path | None = None) -> tuple[list[str], str]:
+    """Export a stored run: CSV or Parquet (its rows and its metrics, a file each) or TensorBoard
+    (event files, zipped). Files go to ``folder`` (default: a new temporary directory) and are
+    offered for download. Returns their paths and a message; never raises."""
+    if fmt not in EXPORT_FORMATS:
+        return [], f"**Cannot export:** format must be one of {', '.join(EXPORT_FORMATS)}, got {shown(fmt)}."
+    run, message = replay(root, pick)
+    if run is None:
+        return [], message.replace("Cannot open", "Cannot export")
+    base = root.name_of(run.path).replace("/", "__")
+    out = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="workbench-export-"))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if fmt == "TensorBoard":
+            logdir = out / f"{base}-tensorboard"
+            run.export(logdir)
+            archive = shutil.make_archive(str(logdir), "zip", root_dir=logdir)
+            shutil.rmtree(logdir, ignore_errors=True)
+            paths = [archive]
+        else:
+            suffix = ".csv" if fmt == "CSV" else ".parquet"
+            paths = [str(run.export(out / f"{base}-{what}{suffix}", what)) for what in ("rows", "metrics")]
+    except (ImportError, OSError, ValueError, RunError) as exc:
+        return [], f"**Cannot export** `{root.name_of(run.path)}` to {fmt}: {exc}"
+    names = ", ".join(f"`{Path(p).name}`" for p in paths)
+    return paths, f"Exported `{root.name_of(run.path)}` to {fmt}: {names} (download below)."
+
+
+def stored_interventions(run: Run | None) -> pd.DataFrame:
+    """The interventions a stored run records (empty when it has none, or cannot be read)."""
+    if run is None:
+        return pd.DataFrame(columns=INTERVENTION_COLUMNS)
+    try:
+        return run.interventions()[INTERVENTION_COLUMNS]  # (status: recorded, or failed at step N: ...)
+    except (RunError, OSError, ValueError):
+        return pd.DataFrame(columns=INTERVENTION_COLUMNS)
