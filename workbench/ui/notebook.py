@@ -971,8 +971,8 @@ class Compare:
         """Whether the comparison still redraws on its own: a run in it has not ended."""
         return self._timer is not None and self._timer.is_alive()
 
-    def get(self, name: str) -> tuple[Any, None, str]:
-        """The view of the run ``name`` (the cache :func:`workbench.ui.live.compare_runs` reads)."""
+    def _view(self, name: str) -> tuple[Any, None, str]:
+        """The view of the run ``name``, as :func:`workbench.ui.live.compare_runs` reads a cache's."""
         compared = self.runs.get(name)
         if compared is None:
             return None, None, f"**No run** `{name}` in this comparison."
@@ -1010,6 +1010,8 @@ class Compare:
 
     def refresh(self) -> None:
         """Draw the comparison from what has arrived (the timer does this by itself)."""
+        from types import SimpleNamespace
+
         from workbench.ui import figures
         from workbench.ui.live import compare_runs
 
@@ -1019,7 +1021,7 @@ class Compare:
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self.site.value if self.site.value is not None else self._first_site
             metrics, site_fig, choices, site, message = compare_runs(
-                self, picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
+                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
                 self._colors)
             self._figures = {"metrics": metrics, "site": site_fig}
             self.message, self.sites = message, list(choices)
