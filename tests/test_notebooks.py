@@ -70,13 +70,21 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     for cell in cells:
         if "plt.subplots" in cell.source or ".plot(" in cell.source:
             assert _figures(cell.outputs), f"no figure shown by:\n{cell.source}"
-    # the dashboards drew their Plotly figures, with data, into their widgets
+    # the dashboards and comparisons drew their Plotly figures, with data, into their widgets
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     drawn = [data[PLOTLY_MIMETYPE] for model in state.values() if model.get("model_name") == "OutputModel"
              for data in _figures(model["state"].get("outputs", []))]
-    dashboards = sum(line.split("#")[0].count("Dashboard(") for c in cells for line in c.source.splitlines())
-    assert len(drawn) >= 4 * dashboards  # metrics, sites, heatmap, distribution of each
-    assert sum(bool(figure["data"]) for figure in drawn) >= 2 * dashboards
+
+    def calls(name):
+        return sum(line.split("#")[0].count(f"{name}(") for c in cells for line in c.source.splitlines())
+
+    dashboards, comparisons = calls("Dashboard"), calls("Compare")
+    # metrics, sites, heatmap, distribution of each dashboard; metrics and a call site of each comparison
+    assert len(drawn) >= 4 * dashboards + 2 * comparisons
+    assert sum(bool(figure["data"]) for figure in drawn) >= 2 * dashboards + 2 * comparisons
+    # a comparison draws a line per run in each figure
+    compared = [figure for figure in drawn if figure["layout"].get("title", {}).get("text", "").endswith(", by run")]
+    assert len(compared) >= comparisons and all(len(figure["data"]) >= 2 for figure in compared)
 
 
 SAVED = [

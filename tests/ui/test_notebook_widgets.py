@@ -417,3 +417,101 @@ def test_the_bar_of_a_run_stopped_by_the_user_ends_amber_a_failed_one_red_a_fini
         return bar.container.children[1].bar_style  # (the progress widget)
 
     assert (ended(4, stopped=True), ended(4), ended(10)) == ("warning", "danger", "success")
+
+
+# ------------------------------------------------------------------ comparing runs
+def run_lines(figure):
+    """The runs drawn in a comparison's figure: name -> colour (one legend entry a run)."""
+    return {t["name"]: t["line"]["color"] for t in figure["data"] if t.get("showlegend", True) and t.get("name")}
+
+
+def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
+    from workbench.ui.live import ViewCache, compare_runs
+    from workbench.ui.notebook import Compare
+    from workbench.ui.runs import RunsRoot
+
+    for activation in ("gelu", "relu"):
+        exp = workbench.experiments.create("activation_mlp", seed=0, activation=activation, width=8)
+        exp.run(6, store=tmp_path / activation, progress=False)
+    compare = Compare(tmp_path / "gelu", workbench.load_run(tmp_path / "relu"), kind="grad_output",
+                      statistic="norm")
+    assert not compare.following and list(compare.runs) == ["gelu", "relu"]
+    assert compare.message == "Comparing `gelu`, `relu`." and "<code>gelu</code>" in compare.message_html.value
+    # the app's handler over the same runs draws the same figures
+    metrics, site_fig, choices, site, _ = compare_runs(ViewCache(RunsRoot(tmp_path)), ["gelu", "relu"],
+                                                       "grad_output", "norm", None)
+    assert (compare.figure("metrics"), compare.figure("site")) == (metrics, site_fig)
+    assert compare.sites == choices and compare.site.value == site and compare.site.options == tuple(choices)
+    assert compare.metrics_plot.outputs[0]["data"][PLOTLY_MIMETYPE] == metrics
+    assert set(run_lines(compare.figure("site"))) == {"gelu", "relu"}
+
+    compare.site.value = "layers.0"
+    assert compare.figure("site")["layout"]["title"]["text"] == "grad_output: norm at layers.0, by run"
+    compare.log_y.value = True
+    assert compare.figure("site")["layout"]["yaxis"]["type"] == "log"
+    compare.kind.value = "param"  # another kind: its sites, the picked one kept where it is one of them
+    assert compare.sites[0] == "layers.0.weight" and compare.site.value in compare.sites
+    compare.picked.value = ("gelu",)  # one run: nothing to compare, and the figures go
+    assert compare.message == "Pick two or more runs to compare."
+    assert compare.figure("metrics") is None and compare.metrics_plot.outputs == ()
+
+
+def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tmp_path):
+    from workbench.ui.notebook import Compare
+
+    exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1, 2)]
+    exps[0].run(5, store=tmp_path / "stored", progress=False)
+    runs = [exp.start(12) for exp in exps[1:]]
+    compare = Compare({"stored": tmp_path / "stored", "seed 1": runs[0], "seed 2": exps[2]}, interval=0.05)
+    for run in runs:
+        run.join()
+    wait_for(lambda: not compare.following, what="the comparison to stop following the ended runs")
+    loss = {t["name"]: figures.values(t["x"]).tolist() for t in compare.figure("metrics")["data"]
+            if t.get("name") and t["xaxis"] == "x"}  # (the first panel: the accuracy)
+    assert loss == {"stored": list(range(1, 6)), "seed 1": list(range(1, 13)), "seed 2": list(range(1, 13))}
+    colours = run_lines(compare.figure("metrics"))
+    assert len(set(colours.values())) == 3
+    compare.picked.value = ("seed 1", "seed 2")  # a run taken out: the others keep their colours
+    assert run_lines(compare.figure("metrics")) == {name: colours[name] for name in ("seed 1", "seed 2")}
+    compare.picked.value = ("stored", "seed 1", "seed 2")
+    assert run_lines(compare.figure("metrics")) == colours
+
+
+def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
+    from workbench.ui.notebook import Compare
+
+    exps = [workbench.experiments.create("activation_mlp", seed=0, activation=activation, width=8)
+            for activation in ("gelu", "tanh")]
+    watches = [exp.watch(histograms=False) for exp in exps]
+    for exp in exps:
+        exp.run(2, progress=False)
+    assert list(Compare(*exps).runs) == ["activation_mlp (seed 0): activation=gelu",
+                                         "activation_mlp (seed 0): activation=tanh"]
+    for w in watches:
+        w.close()
+    assert list(Compare(*watches).runs) == ["MLP (1)", "MLP (2)"]  # (a watch alone: its model's class, numbered)
+    assert list(Compare(*watches, names=["gelu", "tanh"]).runs) == ["gelu", "tanh"]
+
+
+@pytest.mark.parametrize("sources, options, error, match", [
+    (1, {}, ValueError, r"Compare needs two or more runs, got 1: Compare\(run_a, run_b\)"),
+    (2, {"names": ["a"]}, ValueError, r"names must be a list of one name per run \(2\), got \['a'\]"),
+    (2, {"names": ["a", "a"]}, ValueError, r"the names must differ .*got \['a', 'a'\]"),
+    (2, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
+    (2, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),
+    (2, {"site": "layers.9"}, ValueError, r"no call site 'layers.9' of kind 'activation' in these runs; the sites "
+                                          r"are \['layers.0', "),
+    (2, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
+    ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
+    ("no path", {}, workbench.RunError, "no-such-run"),
+])
+def test_compare_refuses_bad_input_by_name(tmp_path, sources, options, error, match):
+    from workbench.ui.notebook import Compare
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(histograms=False)
+    exp.run(1, progress=False)
+    w.close()
+    given = {1: [w], 2: [w, w], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"]}[sources]
+    with pytest.raises(error, match=match):
+        Compare(*given, **options)

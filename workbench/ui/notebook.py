@@ -18,7 +18,7 @@ from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
 from workbench.ui.forms import FormField
 
-__all__ = ["Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
+__all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 
 #: The mimetype JupyterLab's Plotly renderer (shipped in the plotly package) draws.
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
@@ -187,6 +187,97 @@ def _figure_output(spec: dict) -> dict:
             "data": {PLOTLY_MIMETYPE: spec, "text/plain": "<a Plotly figure: run this notebook in JupyterLab>"}}
 
 
+def _experiment_source(source: Any, example: str) -> tuple[str, Any]:
+    """What an ``Experiment`` shows (its run in the background, else its open watch, else its
+    ended background run) and its label; any other source as it is, with no label."""
+    from workbench.experiments.base import Experiment
+
+    if not isinstance(source, Experiment):
+        return "", source
+    label = f"{source.name} (seed {source.seed})"
+    background = source.background
+    if background is not None and not background.done:
+        return label, background
+    if source.watcher is not None and not source.watcher.closed:
+        return label, source.watcher
+    if background is not None:
+        return label, background
+    raise ValueError(f"Experiment {source.name!r} has nothing to show: start a run in the background "
+                     f"(run = experiment.start(steps); {example}) or watch it first "
+                     "(experiment.watch(), then experiment.run(steps)).")
+
+
+def _label(source: Any) -> str:
+    """A run's name as the notebook shows it: ``experiment (seed n)``, a watched model's class or
+    a stored run's folder name."""
+    from workbench.experiments.base import BackgroundRun
+    from workbench.instrument import Run, Watch
+
+    if isinstance(source, BackgroundRun):
+        return f"{source.experiment.name} (seed {source.experiment.seed})"
+    if isinstance(source, Watch):
+        return type(source.model).__name__
+    return source.name if isinstance(source, Run) else ""
+
+
+def _follow(watch: Any, take: Any) -> Any:
+    """Give ``take`` what ``watch`` recorded so far and then what it records, each step once, as
+    an ``Update``; returns the subscription (None for a closed watch)."""
+    from workbench.instrument import Update
+    from workbench.ui.views import FEED_INTERVAL
+
+    seen = {"last": 0}
+    lock = threading.Lock()
+
+    def feed(update: Any) -> None:
+        with lock:  # (waits until the steps recorded before are taken in)
+            cut = seen["last"]
+        records = tuple(r for r in update.records if r.step > cut)
+        if records or update.dropped:
+            take(Update(records, update.dropped))
+
+    with lock:
+        subscription = None if watch.closed else watch.subscribe(feed, interval=FEED_INTERVAL)
+        earlier = watch.recorder.records()  # (what the stream delivered before we subscribed)
+        if earlier:
+            take(Update(tuple(earlier), 0))
+            seen["last"] = earlier[-1].step
+    return subscription
+
+
+def _config(source: Any) -> dict | None:
+    """The configuration and seed an experiment's run was made with (live or stored), else None."""
+    import dataclasses
+
+    from workbench.experiments.base import BackgroundRun, Experiment
+    from workbench.instrument import Run
+
+    experiment = source.experiment if isinstance(source, BackgroundRun) else source
+    if isinstance(experiment, Experiment):
+        return {**dataclasses.asdict(experiment.config), "seed": experiment.seed}
+    if isinstance(source, Run) and isinstance(source.metadata.get("config"), dict):
+        return {**source.metadata["config"], "seed": source.metadata.get("seed")}
+    return None
+
+
+def _distinct(labels: list[str], configs: list[dict | None]) -> list[str]:
+    """A name per run: its label, and where runs share a label, the settings they differ in
+    (``activation_mlp (seed 0): activation=gelu``), else a number (``Linear (2)``)."""
+    names = list(labels)
+    for label in set(labels):
+        group = [i for i, each in enumerate(labels) if each == label]
+        if len(group) < 2:
+            continue
+        known = [configs[i] for i in group if configs[i] is not None]
+        keys = sorted({key for config in known for key in config})
+        differ = [key for key in keys if len({repr(config.get(key)) for config in known}) > 1]
+        named = [f"{label}: " + ", ".join(f"{key}={configs[i].get(key)}" for key in differ)
+                 if differ and configs[i] is not None else label for i in group]
+        for n, (i, name) in enumerate(zip(group, named), 1):
+            names[i] = f"{name} ({n})" if named.count(name) > 1 else name
+    return names
+
+
 _STOPPABLE = ("running", "paused")
 _ENDED = ("finished", "stopped", "failed")
 
@@ -235,7 +326,7 @@ class Dashboard:
                  smoothing: float = 0.0, log_y: bool = False) -> None:
         import ipywidgets as w
 
-        from workbench.experiments.base import BackgroundRun, Experiment
+        from workbench.experiments.base import BackgroundRun
         from workbench.instrument import KINDS, Run, Watch
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import STATISTICS, RunView
@@ -252,23 +343,10 @@ class Dashboard:
         self.watch: Watch | None = None
         self.stored: Run | None = None  # a stored run, read again while it is written (see _read_store)
         self._draw_lock = threading.RLock()
-        label = ""
-        if isinstance(source, Experiment):
-            label = f"{source.name} (seed {source.seed})"
-            background = source.background
-            if background is not None and not background.done:
-                source = background
-            elif source.watcher is not None and not source.watcher.closed:
-                source = source.watcher
-            elif background is not None:
-                source = background
-            else:
-                raise ValueError(f"Experiment {source.name!r} has nothing to show: start a run in the background "
-                                 "(run = experiment.start(steps); Dashboard(run)) or watch it first "
-                                 "(experiment.watch(), then experiment.run(steps)).")
+        label, source = _experiment_source(source, "Dashboard(run)")
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
-            label = label or f"{source.experiment.name} (seed {source.experiment.seed})"
+            label = label or _label(source)
             self.view = RunView(label=label, total=source.total)
         elif isinstance(source, Watch):
             self.watch = source
@@ -365,27 +443,12 @@ class Dashboard:
     # ------------------------------------------------------------------ feeding
     def _follow(self, watch: Any) -> None:
         """Take in what the watch recorded so far and subscribe to what comes: every step once."""
-        from workbench.ui.views import FEED_INTERVAL
 
-        seen = {"last": 0}
-        lock = threading.Lock()
+        def take(update: Any) -> None:
+            self.view.feed(update)
+            self.diagnoses.diagnoser.feed(update.records)  # (only queued: taken in by the next draw)
 
-        def feed(update: Any) -> None:
-            with lock:  # (waits until the steps recorded before are taken in)
-                cut = seen["last"]
-            records = tuple(r for r in update.records if r.step > cut)
-            if records or update.dropped:
-                self.view.feed(type(update)(records, update.dropped))
-                self.diagnoses.diagnoser.feed(records)  # (only queued: taken in by the next draw)
-
-        with lock:
-            if not watch.closed:
-                self._subscription = watch.subscribe(feed, interval=FEED_INTERVAL)
-            earlier = watch.recorder.records()  # (what the stream delivered before we subscribed)
-            if earlier:
-                self.view.feed(earlier)
-                self.diagnoses.diagnoser.feed(earlier)
-                seen["last"] = earlier[-1].step
+        self._subscription = _follow(watch, take)
 
     def _read_store(self) -> None:
         """Read the stored run again if it grew or its status changed since the last read. A read
@@ -713,3 +776,292 @@ class Dashboard:
     def _ipython_display_(self) -> None:
         _display(self.widget, f"workbench Dashboard of {self.view.label}: live ipywidgets, shown while the kernel "
                               "that drew them runs; run the cell again to see them.")
+
+
+class _Compared:
+    """One run of a comparison: its views, kept up to date. A live run (a background run or a
+    watch) feeds a view of its own through the watch's stream; a stored run is read again when it
+    grew or its status changed (``workbench.load_run``), while its writer is at work."""
+
+    def __init__(self, name: str, source: Any) -> None:
+        from workbench.experiments.base import BackgroundRun
+        from workbench.instrument import Run, Watch
+        from workbench.ui.views import RunView
+
+        self.name, self.run, self.watch, self.stored = name, None, None, None
+        self._subscription = None
+        self._next_read = 0.0  # time.monotonic() before which a stored run is not read again
+        if isinstance(source, BackgroundRun):
+            self.run, self.watch = source, source.watch
+            self.view = RunView(label=name, total=source.total)
+        elif isinstance(source, Watch):
+            self.watch = source
+            self.view = RunView(label=name)
+        elif isinstance(source, Run):
+            self.stored, self._stored_as = source, ()
+            self.read()
+        if self.watch is not None:
+            self._subscription = _follow(self.watch, self.view.feed)
+
+    def read(self, last: bool = False) -> None:
+        """Read a stored run again if it grew or its status changed (as the dashboard does: the
+        next read waits three times as long as this one took; ``last``: now); a live run's status."""
+        from workbench.instrument import load_run
+        from workbench.ui.views import RunView
+
+        if self.stored is not None:
+            if not last and time.monotonic() < self._next_read:
+                return
+            began = time.monotonic()
+            run = load_run(self.stored.path) if self._stored_as else self.stored
+            now = (len(run.steps), run.status)
+            if now != self._stored_as:
+                view = RunView.from_run(run)
+                view.label = self.name
+                total = run.metadata.get("total_steps")  # (as the app's Runs tab reads it)
+                view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
+                self.view, self.stored, self._stored_as = view, run, now
+            self._next_read = time.monotonic() + 3 * (time.monotonic() - began)
+        elif self.run is not None:
+            self.view.set_status(self.run.status, self.run.error)
+        else:
+            self.view.set_status("closed" if self.watch.closed else "running")
+
+    def ended(self) -> bool:
+        if self.run is not None:
+            return self.run.done
+        if self.stored is not None:
+            return self.stored.status != "running"
+        return self.watch.closed
+
+    def state(self) -> tuple:
+        return self.view.steps_fed, self.view.dropped, self.view.status
+
+    def close(self, flush: bool = False) -> None:
+        if self._subscription is not None:
+            if flush:
+                self._subscription.flush(timeout=5.0)
+            self._subscription.unsubscribe()
+            self._subscription = None
+
+
+class Compare:
+    """Two or more runs side by side, live or stored: the Runs tab's comparison of the app in a
+    cell. Their metrics (a panel per metric, a line per run) and one call site's statistic (a line
+    per run), each run in a colour it keeps while runs are picked and unpicked.
+
+    ::
+
+        gelu = workbench.experiments.create("activation_mlp", activation="gelu").start(300)
+        relu = workbench.experiments.create("activation_mlp", activation="relu").start(300)
+        Compare(gelu, relu)                               # live: redraws as they train
+        Compare("runs/gelu", "runs/relu")                 # stored runs (paths or workbench.load_run(path))
+        Compare({"seed 0": run_a, "seed 1": run_b})       # named as you like
+
+    The figures are the app's (:func:`workbench.ui.live.compare_runs`): the same handler draws
+    both. A timer thread looks every ``interval`` seconds and redraws when a run took steps or
+    changed its status, until every run has ended.
+
+    Args:
+        *sources: two or more runs, or one dict of name -> run. A run is a background run
+            (``exp.start(...)``), an ``Experiment`` (its run in the background, else its open
+            watch), a ``Watch``, a stored ``Run`` or the path of one.
+        names: a name per source, in the legend and the run picker (default: the experiment and
+            its seed, the watched model's class, the stored run's folder name).
+        kind: the kind the per-site figure shows first (``activation``, ``grad_output``, ``param``,
+            ``param_grad``).
+        statistic: the statistic it shows first (a column of ``workbench.ui.views.STATISTICS``).
+        site: the call site it shows first (default: the first run's that changed most).
+        smoothing: the metrics' smoothing, in [0, 1).
+        log_y: log-scaled y axes.
+        interval: seconds between checks for new steps (> 0).
+
+    Attributes:
+        message: what the comparison says (the runs compared, a run that lacks the kind).
+        sites: the call sites to choose from (those every run has, in the first run's order).
+    """
+
+    def __init__(self, *sources: Any, names: list[str] | None = None, kind: str = "activation",
+                 statistic: str = "std", site: str | None = None, smoothing: float = 0.0, log_y: bool = False,
+                 interval: float = 1.0) -> None:
+        import os
+
+        import ipywidgets as w
+
+        from workbench.experiments.base import BackgroundRun
+        from workbench.instrument import KINDS, Run, Watch, load_run
+        from workbench.ui.views import STATISTICS
+
+        if len(sources) == 1 and isinstance(sources[0], dict):
+            if names is not None:
+                raise ValueError("Compare: give the names either as the dict's keys or as names=, not both.")
+            names, sources = [str(name) for name in sources[0]], tuple(sources[0].values())
+        if len(sources) < 2:
+            raise ValueError(f"Compare needs two or more runs, got {len(sources)}: Compare(run_a, run_b), "
+                             "Compare('runs/a', 'runs/b') or Compare({'a': run_a, 'b': run_b}).")
+        if names is not None and (isinstance(names, str) or len(names) != len(sources)):
+            raise ValueError(f"Compare: names must be a list of one name per run ({len(sources)}), got {names!r}.")
+        if names is not None and len(set(map(str, names))) != len(names):
+            raise ValueError(f"Compare: the names must differ (each names a line and a pick), got {list(names)!r}.")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+        resolved, configs = [], []
+        for i, source in enumerate(sources):
+            configs.append(_config(source))
+            label, source = _experiment_source(source, "Compare(run, other)")
+            if isinstance(source, (str, os.PathLike)):
+                source = load_run(source)  # (a RunError that names the path, for one that is not a run)
+            if not isinstance(source, (BackgroundRun, Watch, Run)):
+                raise TypeError(f"Compare: run {i + 1} must be a run started with experiment.start(steps), an "
+                                "Experiment, a Watch, a stored Run or its path (workbench.load_run(path)), got "
+                                f"{type(source).__name__}.")
+            resolved.append((label or _label(source), source))
+        if names is None:
+            names = _distinct([label for label, _ in resolved], configs)
+        self.runs = {str(name): _Compared(str(name), source) for name, (_, source) in zip(names, resolved)}
+        self.interval = float(interval)
+        self.message = ""
+        self.sites: list[str] = []
+        self.draws = 0  # how many times the figures were drawn
+        self._colors: dict[str, str] = {}  # (run -> its colour in the comparison drawn)
+        self._figures: dict[str, dict | None] = {"metrics": None, "site": None}
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._drawn: tuple | None = None
+        self._quiet = False
+
+        style = {"description_width": "initial"}
+        self.picked = w.SelectMultiple(options=list(self.runs), value=tuple(self.runs), description="runs",
+                                       rows=min(max(len(self.runs), 2), 6), style=style,
+                                       layout=w.Layout(width="24em"))
+        self.kind = w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style)
+        self.statistic = w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style)
+        self.site = w.Dropdown(options=[], description="call site", style=style, layout=w.Layout(width="24em"))
+        self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
+                                       style=style, continuous_update=False)
+        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
+        self.message_html = w.HTML()
+        self.metrics_plot, self.site_plot = w.Output(), w.Output()
+        for control in (self.picked, self.kind, self.statistic, self.site, self.smoothing, self.log_y):
+            control.observe(lambda _: self._quiet or self.refresh(), names="value")
+        self.widget = w.VBox([
+            w.HBox([self.picked, w.VBox([w.HBox([self.kind, self.statistic]), self.site,
+                                         w.HBox([self.smoothing, self.log_y])])]),
+            self.message_html, self.metrics_plot, self.site_plot,
+        ])
+        self._first_site = site
+        ended = self._catch_up()
+        if site is not None and self.site.value != site:
+            self.close()
+            raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; the sites are "
+                             f"{self.sites}.")
+        self._timer: threading.Thread | None = None
+        if not ended:
+            self._timer = threading.Thread(target=self._tick, name="workbench-compare", daemon=True)
+            self._timer.start()
+
+    @property
+    def following(self) -> bool:
+        """Whether the comparison still redraws on its own: a run in it has not ended."""
+        return self._timer is not None and self._timer.is_alive()
+
+    def _view(self, name: str) -> tuple[Any, None, str]:
+        """The view of the run ``name``, as :func:`workbench.ui.live.compare_runs` reads a cache's."""
+        compared = self.runs.get(name)
+        if compared is None:
+            return None, None, f"**No run** `{name}` in this comparison."
+        return compared.view, None, ""
+
+    def _ended(self) -> bool:
+        return all(compared.ended() for compared in self.runs.values())
+
+    def _state(self) -> tuple:
+        return tuple(compared.state() for compared in self.runs.values())
+
+    def _catch_up(self) -> bool:
+        """Redraw if a run took steps or changed its status; once every run has ended, with their
+        last steps. Returns whether every run has ended (a run may end while this draws: its last
+        steps are then drawn by the next)."""
+        ended = self._ended()
+        with self._lock:
+            for compared in self.runs.values():
+                if ended:
+                    compared.close(flush=True)  # (its last steps, before the last draw)
+                compared.read(last=ended)
+            if self._state() != self._drawn:
+                self.refresh()
+        return ended
+
+    def _tick(self) -> None:
+        """The timer: redraw when a run took steps or changed its status, until every run ended."""
+        while not self._closed.wait(self.interval):
+            try:
+                if self._catch_up():
+                    return
+            except Exception as exc:  # a comparison never takes the training down; it says why it stopped
+                self.message_html.value += f"<br><b>The comparison stopped updating:</b> {html.escape(repr(exc))}"
+                return
+
+    def refresh(self) -> None:
+        """Draw the comparison from what has arrived (the timer does this by itself)."""
+        from types import SimpleNamespace
+
+        from workbench.ui import figures
+        from workbench.ui.live import compare_runs
+
+        with self._lock:
+            self._drawn = self._state()
+            picks = list(self.picked.value)
+            self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
+            site = self.site.value if self.site.value is not None else self._first_site
+            metrics, site_fig, choices, site, message = compare_runs(
+                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
+                self._colors)
+            self._figures = {"metrics": metrics, "site": site_fig}
+            self.message, self.sites = message, list(choices)
+            self._quiet = True
+            try:
+                if tuple(choices) != tuple(self.site.options):
+                    self.site.options = choices
+                if self.site.value != site:
+                    self.site.value = site
+            finally:
+                self._quiet = False
+            self.message_html.value = _html(message)
+            # (set the outputs: a redraw from the timer thread lands in these widgets, not in a cell)
+            self.metrics_plot.outputs = (_figure_output(metrics),) if metrics is not None else ()
+            self.site_plot.outputs = (_figure_output(site_fig),) if site_fig is not None else ()
+            self.draws += 1
+
+    def figure(self, name: str) -> dict | None:
+        """The Plotly figure last drawn.
+
+        Args:
+            name: ``metrics`` or ``site``.
+
+        Returns:
+            Its Plotly spec, as JupyterLab receives it; None while fewer than two runs are picked.
+
+        Raises:
+            ValueError: another name.
+        """
+        if name not in self._figures:
+            raise ValueError(f"figure must be 'metrics' or 'site', got {name!r}.")
+        with self._lock:
+            return self._figures[name]
+
+    def close(self) -> None:
+        """Stop following the runs (the figures stay as they are)."""
+        self._closed.set()
+        for compared in self.runs.values():
+            compared.close()
+
+    def _ipython_display_(self) -> None:
+        _display(self.widget, f"workbench Compare of {', '.join(self.runs)}: live ipywidgets, shown while the "
+                              "kernel that drew them runs; run the cell again to see them.")
