@@ -314,16 +314,16 @@ class Experiment:
             history = []
             for i in range(steps):
                 history.append(_stepped(self, bar, last=i == steps - 1))
-                if save is not None and save_every and self.step_count % save_every == 0:
-                    self.save(save)
-            if save is not None and not (steps and save_every and self.step_count % save_every == 0):
-                self.save(save)
+                _save_due(self, save, save_every, end=i == steps - 1)
+            if not steps:
+                _save_due(self, save, save_every, end=True)
             return history
 
     #: the last run started by :meth:`start` (running or ended), None before the first
     background: BackgroundRun | None = None
 
     def start(self, steps: int, store: str | Path | None = None, progress: bool = False,
+              save: str | os.PathLike | None = None, save_every: int | None = None,
               **watch_options: Any) -> BackgroundRun:
         """Train ``steps`` steps on a thread of its own and return at once: in a notebook,
         the cell is free while the run goes on (``Dashboard(run)`` shows it live, with
@@ -339,6 +339,9 @@ class Experiment:
             steps: how many steps.
             store: record the steps into this run directory.
             progress: also show a ``tqdm.auto`` progress bar where ``start`` is called.
+            save: write a training checkpoint (:meth:`save`) into this file when the run finishes
+                or is stopped (not when it fails).
+            save_every: with ``save``, also every this many steps of the experiment, as in :meth:`run`.
             **watch_options: options of :func:`workbench.watch` (``every``, ``histograms`` ...).
 
         Returns:
@@ -346,7 +349,8 @@ class Experiment:
             ``status``, ``history``.
 
         Raises:
-            ValueError: ``steps`` not an int >= 0, or a bad watch option.
+            ValueError: ``steps`` not an int >= 0, bad ``save`` arguments (as :meth:`run`'s), or a bad
+                watch option.
             RuntimeError: a background run is training this experiment already.
 
         While it trains, leave the experiment to it: ``step()``, ``run()``, ``start()`` and
@@ -366,11 +370,12 @@ class Experiment:
         _check_steps(steps)
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be True or False, got {progress!r}.")
+        _check_save(save, save_every)
         self._check_not_in_background("start()")
         own = not (self.watcher is not None and not self.watcher.closed and store is None and not watch_options)
         w = self.watch(store=store, **watch_options) if own else self.watcher
         try:
-            self.background = BackgroundRun(self, steps, w, own, progress)
+            self.background = BackgroundRun(self, steps, w, own, progress, save, save_every)
         except BaseException as exc:  # (the thread could not start ...): the watch made for it closes
             if own:
                 w.close("failed", "".join(traceback.format_exception(exc)))
@@ -698,6 +703,13 @@ def _stepped(experiment: Experiment, bar: Any, last: bool = False) -> dict[str, 
     return metrics
 
 
+def _save_due(experiment: Experiment, save: str | os.PathLike | None, save_every: int | None, end: bool) -> None:
+    """After a step of a run: write its training checkpoint at the run's ``end`` and at every ``save_every``-th
+    step of the experiment (once when both)."""
+    if save is not None and (end or (save_every and experiment.step_count % save_every == 0)):
+        experiment.save(save)
+
+
 #: background runs in progress: the process stops them (their stores say ``stopped``) as it exits,
 #: rather than killing their threads in the middle of a step
 _RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
@@ -726,8 +738,10 @@ class BackgroundRun:
     is always taken whole or not at all.
     """
 
-    def __init__(self, experiment: Experiment, steps: int, watch: Watch, own_watch: bool, progress: bool) -> None:
+    def __init__(self, experiment: Experiment, steps: int, watch: Watch, own_watch: bool, progress: bool,
+                 save: str | os.PathLike | None = None, save_every: int | None = None) -> None:
         self.experiment, self.watch, self.steps = experiment, watch, steps
+        self._save, self._save_every = save, save_every
         self.first_step = experiment.step_count
         self.total = self.first_step + steps
         self.history: list[dict[str, float]] = []
@@ -885,6 +899,9 @@ class BackgroundRun:
                     status = "stopped"
                     break
                 self.history.append(_stepped(self.experiment, self._bar, last=i == self.steps - 1))
+                _save_due(self.experiment, self._save, self._save_every, end=i == self.steps - 1)
+            if status == "stopped" or not self.steps:  # (between two steps: a whole state to go on from)
+                _save_due(self.experiment, self._save, self._save_every, end=True)
         except BaseException as exc:  # the run fails; the process goes on
             status, error = "failed", "".join(traceback.format_exception(exc))
         finally:
