@@ -230,3 +230,10 @@ def test_a_background_run_saves_as_it_goes_and_when_stopped(tmp_path):
     assert 3 < again.step_count == exp.step_count < 10_003 and same(again.state_dict(), exp.state_dict())
     with pytest.raises(ValueError, match="save_every=2 needs save=PATH"):
         exp.start(3, save_every=2)
+
+
+def test_save_and_resume_are_refused_under_torchrun_before_anything_starts(monkeypatch, capsys):
+    # (each rank draws its own batches, which a training checkpoint does not hold)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["run", "activation_mlp", "--steps", "2", "--save", "x.pt"]) == 2
+    assert "Run without torchrun to save or resume" in capsys.readouterr().err
