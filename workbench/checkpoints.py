@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ from workbench.params import validate_overrides
 
 __all__ = ["DEFAULT_MAX_BYTES", "CheckpointError", "Checkpoint", "StateDictDiff", "read_checkpoint",
            "load_checkpoint", "state_dict_diff", "dynamics_config", "build_model", "load_weights",
-           "example_outputs", "experiment_settings", "hint"]
+           "example_outputs", "experiment_settings", "hint", "TRAINING_FORMAT", "TRAINING_VERSION",
+           "write_checkpoint", "read_training_checkpoint", "check_fits", "check_optimizer_state"]
 
 #: The largest checkpoint file read by default (256 MiB; LightZero's Atari dynamics network is ~3 MB).
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -53,6 +55,10 @@ LIGHTZERO = "lightzero_dynamics"
 AGILERL_ILQL = "agilerl_ilql"
 STATE_DICT = "state_dict"
 _ILQL_FORMAT = "workbench.ILQL"  # (workbench.models.ilql's checkpoint marker)
+#: the marker of a training checkpoint (``Experiment.save``): an experiment's whole training state
+TRAINING_FORMAT = "workbench.training"
+#: the newest training-checkpoint version this code writes and reads
+TRAINING_VERSION = 1
 _PREFIXES = ("module.", "_orig_mod.")
 _DYNAMICS = "dynamics_network."
 # keys every LightZero DynamicsNetwork state has, whatever its config
@@ -107,7 +113,8 @@ class Checkpoint:
         state_dict: the weights (for ILQL, the agent's ``network`` state).
         path: the file.
         extra: for ILQL, its ``net_config`` and ``hyperparameters``; for a whole EfficientZero
-            model, ``other_keys``: how many keys of its other networks were left.
+            model, ``other_keys``: how many keys of its other networks were left; for a training
+            checkpoint (``Experiment.save``), ``training``: its experiment, config, seed and step.
     """
 
     kind: str
@@ -228,7 +235,12 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
         return Checkpoint(AGILERL_ILQL, "ILQL.save_checkpoint's dict", dict(network), path,
                           {"net_config": obj["net_config"], "hyperparameters": obj.get("hyperparameters", {})})
     layout, state = "a state_dict", obj
-    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+    extra: dict[str, Any] = {}
+    if isinstance(obj, dict) and obj.get("format") == TRAINING_FORMAT:  # (its weights, as a weights-only load takes)
+        extra["training"] = {k: obj.get(k) for k in ("experiment", "config", "seed", "step")}
+        layout = f"a training checkpoint of experiment {obj.get('experiment')!r} at step {obj.get('step')}"
+        state = obj.get("model")
+    elif isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         layout, state = "a dict with the model under 'model'", obj["model"]
     elif isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         layout, state = "a dict with the model under 'state_dict'", obj["state_dict"]
@@ -241,13 +253,13 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
     state = _strip_prefixes(dict(state))
     dynamics = {k[len(_DYNAMICS):]: v for k, v in state.items() if k.startswith(_DYNAMICS)}
     if dynamics:
-        extra = {"other_keys": len(state) - len(dynamics)}
+        extra = {**extra, "other_keys": len(state) - len(dynamics)}
         return Checkpoint(LIGHTZERO, f"{layout} of a whole EfficientZero model; its {len(dynamics)} "
                           f"dynamics_network.* keys taken out ({extra['other_keys']} others left)", dynamics, path,
                           extra)
     if all(k in state for k in _DYNAMICS_KEYS):
-        return Checkpoint(LIGHTZERO, layout, state, path)
-    return Checkpoint(STATE_DICT, layout, state, path)
+        return Checkpoint(LIGHTZERO, layout, state, path, extra)
+    return Checkpoint(STATE_DICT, layout, state, path, extra)
 
 
 def state_dict_diff(expected: Mapping[str, Any], given: Mapping[str, Any]) -> StateDictDiff:
@@ -446,22 +458,8 @@ def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint, max_bytes)
     expected = model.state_dict()
-    diff = state_dict_diff(expected, checkpoint.state_dict)
-    # a module's state whose length is its contents' (a QueryModule's key -> index map) fits at any length
-    resizable = {f"{path}.{key}" if path else key for path, module in model.named_modules()
-                 for key in getattr(module, "resizable_state", ())}
-    diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
-    if not diff.ok:
-        raise CheckpointError(f"{checkpoint.path.name!r} ({checkpoint.describe()}) does not fit "
-                              f"{type(model).__name__}:\n{diff.text()}\n{hint(checkpoint)}".rstrip())
-    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in checkpoint.state_dict.items()
-             if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
-             and ((v.is_complex() and not expected[k].is_complex())
-                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
-    if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
-        raise CheckpointError(f"{checkpoint.path.name!r} holds values {type(model).__name__} cannot take without "
-                              f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
-                              "Nothing was copied. Save the weights in the model's own dtypes.")
+    diff, resizable = check_fits(model, checkpoint.state_dict, f"{checkpoint.path.name!r} ({checkpoint.describe()})",
+                                 hint(checkpoint))
     # (a map's contents are checked as it loads: what loaded before it is put back if it is refused)
     before = {k: v.clone() for k, v in expected.items()} if resizable else None
     try:
@@ -474,6 +472,40 @@ def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
         raise CheckpointError(f"{checkpoint.path.name!r} does not load into {type(model).__name__}: "
                               f"{reason}") from None
     return diff
+
+
+def check_fits(model: nn.Module, state: Mapping[str, Any], what: str, advice: str = "") -> tuple[StateDictDiff, set]:
+    """That ``state`` loads into ``model`` strictly (see :func:`load_weights`), checked before anything is copied.
+
+    Args:
+        model: the model.
+        state: the weights to load.
+        what: names them in the message.
+        advice: what to do, added to the message.
+
+    Returns:
+        The (empty) diff, and the keys of the model's ``resizable_state`` (a map's, which fits at any length).
+
+    Raises:
+        CheckpointError: the keys, shapes or dtypes that do not fit, readable.
+    """
+    expected = model.state_dict()
+    diff = state_dict_diff(expected, state)
+    # a module's state whose length is its contents' (a QueryModule's key -> index map) fits at any length
+    resizable = {f"{path}.{key}" if path else key for path, module in model.named_modules()
+                 for key in getattr(module, "resizable_state", ())}
+    diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
+    if not diff.ok:
+        raise CheckpointError(f"{what} does not fit {type(model).__name__}:\n{diff.text()}\n{advice}".rstrip())
+    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in state.items()
+             if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
+             and ((v.is_complex() and not expected[k].is_complex())
+                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
+    if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
+        raise CheckpointError(f"{what} holds values {type(model).__name__} cannot take without "
+                              f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
+                              "Nothing was copied. Save the weights in the model's own dtypes.")
+    return diff, resizable
 
 
 def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:
@@ -525,3 +557,139 @@ def example_outputs(model: nn.Module, spec_name: str, batch_size: int = 2, seed:
     args, kwargs = spec.example_inputs(model, batch_size, generator)
     with torch.no_grad():
         return (args, kwargs), model(*args, **kwargs)
+
+
+def write_checkpoint(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj)`` into ``path``, whole or not at all: written beside it, flushed to the disk and moved
+    into place in one rename, so a crash leaves the old file or the new one, never half of one.
+
+    Args:
+        obj: what to save (tensors and plain containers, for ``torch.load(weights_only=True)`` to read).
+        path: the file; its directory is made if needed.
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: the directory cannot be made or written (the message names the path; the file there, if
+            any, is as it was).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"Cannot write the checkpoint {str(path)!r}: it is a directory. Pass a file path "
+                                "such as runs/mlp.pt.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # (else the message named the temporary file, not the checkpoint)
+        raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. Pick a directory "
+                        "you can write to; nothing was written.") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # (a full disk ...)
+            kept = "The file there is as it was." if path.exists() else "Nothing was written."
+            raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. {kept}") from None
+        raise
+    return path
+
+
+#: what a training checkpoint holds besides its marker and version, and the type of each
+_TRAINING_FIELDS = {"experiment": str, "config": dict, "seed": int, "step": int, "model": dict,
+                    "optimizer": (dict, type(None)), "generator": torch.Tensor, "extra": dict}
+
+
+def read_training_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    """A training checkpoint written by ``Experiment.save``, read safely (see :func:`read_checkpoint`) and its
+    fields checked: ``experiment``, ``config``, ``seed``, ``step``, ``model`` (the model's ``state_dict``),
+    ``optimizer`` (its ``state_dict``, None for an experiment without one), ``generator`` (the experiment's
+    generator state) and ``extra`` (what else the experiment keeps, such as a map of the keys it saw).
+
+    Args:
+        path: the file ``Experiment.save`` wrote.
+        max_bytes: the largest file read.
+
+    Returns:
+        The checkpoint's dict: ``format``, ``version`` and the fields above.
+
+    Raises:
+        CheckpointError: naming the path: not a file, too large, damaged or truncated, weights only (say
+            how to load those), of a newer version, or a field missing or of the wrong type.
+    """
+    where = repr(str(path))
+    fix = "Resume from a file written by experiment.save(path) (or the command line's --save)."
+    try:
+        obj = read_checkpoint(path, max_bytes)
+    except CheckpointError as exc:
+        reason = re.sub(r" Save [^.]*torch\.save\(.*$", "", str(exc))  # (the fix for weights; here, the one below)
+        raise CheckpointError(f"Cannot resume from {where}: {reason} {fix}") from None
+    if not isinstance(obj, dict) or obj.get("format") != TRAINING_FORMAT:
+        if _is_state_dict(obj) or (isinstance(obj, dict) and ("model" in obj or "state_dict" in obj
+                                                               or obj.get("format") == _ILQL_FORMAT)):
+            raise CheckpointError(
+                f"{where} holds model weights only, not a training checkpoint: it has no optimizer state, random "
+                "generator or step count to resume from. Load the weights into a new experiment with "
+                "checkpoints.load_weights(experiment.model, path) (the optimizer and the step count then start "
+                f"fresh), or {fix[0].lower()}{fix[1:]}")
+        found = f"a dict with keys {list(obj)[:8]}" if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(f"{where} is not a training checkpoint: it holds {found}, without the "
+                              f"{TRAINING_FORMAT!r} marker. {fix}")
+    version = obj.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{where} has a version {version!r}, not an int >= 1: it is damaged. {fix}")
+    if version > TRAINING_VERSION:
+        raise CheckpointError(f"{where} is a training checkpoint of version {version}; this workbench reads up to "
+                              f"version {TRAINING_VERSION}. Upgrade workbench to resume it.")
+    for key, kind in _TRAINING_FIELDS.items():
+        value = obj.get(key)
+        if key not in obj or isinstance(value, bool) or not isinstance(value, kind):
+            got = "missing" if key not in obj else f"a {type(value).__name__}"
+            raise CheckpointError(f"{where} is a damaged training checkpoint: its {key!r} is {got}. {fix}")
+    if obj["step"] < 0 or obj["generator"].dtype != torch.uint8 or obj["generator"].dim() != 1:
+        raise CheckpointError(f"{where} is a damaged training checkpoint: step {obj['step']} or a generator state "
+                              f"of {obj['generator'].dtype} {tuple(obj['generator'].shape)} (a 1-d uint8 tensor "
+                              f"expected). {fix}")
+    return obj
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: str, advice: str = "") -> None:
+    """That ``state`` is a ``state_dict`` of an optimizer like ``optimizer``: as many parameter groups, each over
+    as many parameters, and each parameter's tensors (Adam's moments ...) of its shape; checked before
+    ``optimizer.load_state_dict`` changes anything.
+
+    Args:
+        optimizer: the optimizer to load into.
+        state: what is to load.
+        what: names the state's source in the messages.
+        advice: what to do, added to the messages.
+
+    Raises:
+        CheckpointError: what differs.
+    """
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
+            or not isinstance(state.get("param_groups"), list) \
+            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in state["param_groups"]):
+        raise CheckpointError(f"{what}: the optimizer's state is not an optimizer's state_dict() (a dict with "
+                              "'state' and 'param_groups'); it is damaged.")
+    groups = [len(g["params"]) for g in optimizer.param_groups]
+    given = [len(g["params"]) for g in state["param_groups"]]
+    if groups != given:
+        raise CheckpointError(f"{what}: the optimizer's state has parameter groups of {given} parameters; this "
+                              f"experiment's {type(optimizer).__name__} has groups of {groups}. {advice}".rstrip())
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in state["param_groups"] for i in g["params"]]
+    for index, entry in state["state"].items():
+        if index not in ids or not isinstance(entry, dict):
+            raise CheckpointError(f"{what}: the optimizer's state has an entry {index!r} for no parameter. "
+                                  f"{advice}".rstrip())
+        param = params[ids.index(index)]
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise CheckpointError(f"{what}: the optimizer's {name!r} of parameter {ids.index(index)} has shape "
+                                      f"{tuple(value.shape)}; the parameter has {tuple(param.shape)}. "
+                                      f"{advice}".rstrip())

@@ -4,6 +4,7 @@
     for _ in range(100):
         metrics = exp.step()          # {"step": 1, "loss": ..., "accuracy": ...}
     run = exp.start(500)              # a BackgroundRun: trains on a thread; pause(), resume(), stop()
+    exp.save("train.pt")              # the whole training state; workbench.experiments.resume("train.pt") goes on
 
 Importing this package registers the built-in experiments.
 """
@@ -17,6 +18,7 @@ from workbench.experiments.base import (
     list_experiments,
     register_experiment,
     resolve_device,
+    resume,
 )
 from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
@@ -29,4 +31,5 @@ __all__ = [
     "list_experiments",
     "register_experiment",
     "resolve_device",
+    "resume",
 ]

@@ -4,6 +4,8 @@
 
     python -m workbench.experiments list
     python -m workbench.experiments run activation_mlp --steps 200 --store runs/mlp
+    python -m workbench.experiments run activation_mlp --steps 200 --save mlp.pt --save-every 50
+    python -m workbench.experiments run activation_mlp --steps 200 --resume mlp.pt --save mlp.pt   # 200 more
     torchrun --nproc-per-node 2 -m workbench.experiments run activation_mlp --steps 200 --store runs/ddp
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) every rank builds the experiment with
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="a registered experiment (see `list`)")
     run.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     run.add_argument("--store", default=None, help="run directory to record into (rank 0 writes it)")
-    run.add_argument("--seed", type=int, default=0, help="the experiment's seed (default 0)")
+    run.add_argument("--seed", type=int, default=None, help="the experiment's seed (default 0; with --resume, the "
+                                                             "checkpoint's)")
     run.add_argument("--device", default=None,
                      help="cpu, cuda ... (default: cpu; under torchrun with CUDA, cuda:LOCAL_RANK)")
     run.add_argument("--every", type=int, default=1, help="record every Nth step (default 1)")
@@ -71,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                      help="a config field of the experiment (repeat for several), e.g. --config width=64")
     run.add_argument("--backend", default=None, help="torch.distributed backend (default gloo on CPU, nccl on CUDA)")
+    run.add_argument("--save", default=None, metavar="PATH",
+                     help="write a training checkpoint into PATH at the end (and every --save-every steps)")
+    run.add_argument("--save-every", type=int, default=None, metavar="K",
+                     help="with --save, also write it every K steps of the experiment")
+    run.add_argument("--resume", default=None, metavar="PATH",
+                     help="go on from a training checkpoint (--save's): --steps more steps, with its config and seed")
     run.add_argument("--memory-limit", default=None, metavar="SIZE",
                      help="the most memory the experiment may need, e.g. 16GB, or off (default: the environment "
                           "variable WORKBENCH_MEMORY_LIMIT, else 80%% of the memory available)")
@@ -101,27 +110,61 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
+        if args.save or args.resume or args.save_every:
+            print("error: --save, --save-every and --resume train in one process; under torchrun each rank draws "
+                  "its own batches, which a training checkpoint does not hold. Run without torchrun to save or "
+                  "resume.", file=sys.stderr)
+            return 2
         return _run_distributed(args, config, experiments)
-    # (a bad config value, --every, a --store that holds a run or cannot be made: refused before training,
-    # a line each; an error while training is a traceback)
+    # (a bad config value, --every, a --store that holds a run or cannot be made, a checkpoint that cannot be
+    # resumed: refused before training, a line each; an error while training is a traceback)
     try:
-        exp = experiments.create(args.name, seed=args.seed, device=args.device or "cpu",
-                                 memory_limit=args.memory_limit, **config)
+        experiments.base._check_save(args.save, args.save_every)
+        exp = _experiment(args, config, experiments)
         w = exp.watch(store=args.store, every=args.every, histograms=args.histograms)
     except (ValueError, TypeError, OSError) as exc:
         print(f"error: {_for_the_command_line(exc)}", file=sys.stderr)
         return 2
+    first = exp.step_count
     with w:  # (closed stopped on an interrupt, failed with the error on an exception, as exp.run(store=...))
-        history = exp.run(args.steps)
+        history = exp.run(args.steps, save=args.save, save_every=args.save_every)
     last = history[-1] if history else {}
-    print(f"{args.name}: {len(history)} steps" + (f", loss {last['loss']:.4g}" if "loss" in last else "")
-          + (f"; stored in {args.store}" if args.store else ""))
+    print(f"{args.name}: {len(history)} steps" + (f" (steps {first + 1}-{exp.step_count})" if first else "")
+          + (f", loss {last['loss']:.4g}" if "loss" in last else "")
+          + (f"; stored in {args.store}" if args.store else "") + (f"; saved to {args.save}" if args.save else ""))
     return 0
+
+
+def _experiment(args: argparse.Namespace, config: dict[str, Any], experiments: Any) -> Any:
+    """The experiment to run: made from the flags, or with ``--resume``, restored from the checkpoint, whose
+    experiment, seed and config the flags may repeat but not change (the checkpoint goes on only as it was)."""
+    if args.resume is None:
+        seed = 0 if args.seed is None else args.seed
+        return experiments.create(args.name, seed=seed, device=args.device or "cpu",
+                                  memory_limit=args.memory_limit, **config)
+    from workbench.checkpoints import CheckpointError, read_training_checkpoint
+
+    saved = read_training_checkpoint(args.resume)
+    where = repr(args.resume)
+    if saved["experiment"] != args.name:
+        raise CheckpointError(f"--resume {where} is a checkpoint of {saved['experiment']!r}, not {args.name!r}; run "
+                              f"`run {saved['experiment']} --resume {args.resume}`.")
+    changed = [f"--config {k}={v!r} (the checkpoint's: {saved['config'].get(k, '(absent)')!r})"
+               for k, v in config.items() if saved["config"].get(k, ...) != v]
+    if args.seed is not None and args.seed != saved["seed"]:
+        changed.append(f"--seed {args.seed} (the checkpoint's: {saved['seed']})")
+    if changed:
+        raise CheckpointError(f"--resume {where} goes on with the config and seed it was saved with; these flags "
+                              f"change them: {', '.join(changed)}. Leave them out, or start a new run without "
+                              "--resume.")
+    return experiments.resume(args.resume, device=args.device or "cpu", memory_limit=args.memory_limit)
 
 
 def _for_the_command_line(exc: BaseException) -> str:
     """An API error as the command line says it: ``memory_limit='16GB'`` is ``--memory-limit 16GB`` here."""
     text = re.sub(r"memory_limit='([^']*)'", r"--memory-limit \1", str(exc))
+    text = re.sub(r"(?<![\w-])save_every=", "--save-every ", text)
+    text = re.sub(r"(?<![\w-])save=", "--save ", text)
     return re.sub(r"(?<!-)memory_limit ", "--memory-limit ", text)
 
 
@@ -169,14 +212,15 @@ def _run_distributed(args: argparse.Namespace, config: dict[str, Any], experimen
     dist.init_process_group(backend)
     try:
         rank = dist.get_rank()
-        exp = experiments.create(args.name, seed=args.seed, device=device, memory_limit=args.memory_limit, **config)
+        seed = 0 if args.seed is None else args.seed
+        exp = experiments.create(args.name, seed=seed, device=device, memory_limit=args.memory_limit, **config)
         # each rank draws its own batches: rank 0 the stream one process would, the others their own
         if rank:
-            exp.generator.manual_seed(args.seed + 1_000_033 * rank)
+            exp.generator.manual_seed(seed + 1_000_033 * rank)
         model = exp.model
         exp.model = data_parallel(model, device_ids=[exp.device.index] if exp.device.type == "cuda" else None)
         metadata = {"experiment": exp.name, "model": type(model).__name__,
-                    "config": dataclasses.asdict(exp.config), "seed": args.seed,
+                    "config": dataclasses.asdict(exp.config), "seed": seed,
                     "launch": f"torchrun --nproc-per-node {dist.get_world_size()}"}
         w = watch_distributed(exp.model, store=args.store, per_rank=args.per_rank, every=args.every,
                               histograms=args.histograms, metadata=metadata, start_step=exp.step_count + 1)

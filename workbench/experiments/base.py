@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import dataclasses
+import os
 import functools
 import inspect
 import threading
@@ -19,12 +21,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from workbench import checkpoints
 from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.registry import close_names, memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "register_experiment", "list_experiments",
-           "get_experiment_spec", "create", "resolve_device"]
+           "get_experiment_spec", "create", "resume", "resolve_device"]
 
 
 #: Held while an experiment draws from torch's global generators (parameter initialisation in
@@ -109,12 +112,18 @@ class Experiment:
         generator: the experiment's random number generator.
         watcher: the :class:`~workbench.Watch` attached by :meth:`watch`, if any.
         device: where the model and its batches live.
+        optimizer: the optimizer that trains the model; None for an experiment without one
+            (``query_stream``).
+        resumed_from: ``{"path": ..., "step": ...}`` once :meth:`load` (or :func:`resume`) has
+            restored a training checkpoint, else None.
     """
 
     name: ClassVar[str]
     Config: ClassVar[type]
     accelerated: ClassVar[bool] = True
     model: nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    resumed_from: dict[str, Any] | None = None
 
     def __init__(self, config: Any, seed: int = 0, device: str | torch.device = "cpu") -> None:
         check_seed(seed, f"Experiment {self.name!r}")
@@ -252,11 +261,13 @@ class Experiment:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
         metadata = {**(options.pop("metadata", None) or {}),  # (the caller's, beside what the experiment records)
-                    "experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed}
+                    "experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed,
+                    **({"resumed_from": self.resumed_from} if self.resumed_from else {})}
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)
         return self.watcher
 
     def run(self, steps: int, store: str | Path | None = None, progress: bool | None = None,
+            save: str | os.PathLike | None = None, save_every: int | None = None,
             **watch_options: Any) -> list[dict[str, float]]:
         """Take ``steps`` steps; returns the metrics of each.
 
@@ -267,6 +278,11 @@ class Experiment:
             progress: a ``tqdm.auto`` progress bar (a widget in a notebook, text in a
                 terminal): ``None`` (default) shows it in a notebook or a terminal and not
                 when stderr goes to a file or a pipe; ``True`` always; ``False`` never.
+            save: write a training checkpoint (:meth:`save`) into this file at the end of the run;
+                :func:`resume` goes on from it.
+            save_every: with ``save``, also every this many steps of the experiment (its steps
+                ``save_every``, ``2 * save_every`` ...), each write replacing the last whole: a
+                process that dies loses the steps since the last one.
             **watch_options: options of :func:`workbench.watch`; given
                 without ``store``, the run is watched in memory.
 
@@ -274,7 +290,8 @@ class Experiment:
             The metrics of each step, as `step` returns them.
 
         Raises:
-            ValueError: ``steps`` not an int >= 0, or a bad watch option.
+            ValueError: ``steps`` not an int >= 0, ``save_every`` not an int >= 1 or without
+                ``save``, a ``save`` path that is a directory or under a file, or a bad watch option.
             RuntimeError: a background run (`start`) is training this experiment.
 
         Examples:
@@ -288,19 +305,25 @@ class Experiment:
         """
         _check_steps(steps)
         _check_progress(progress)
+        _check_save(save, save_every)
         self._check_not_in_background("run()")
+        watching = self.watch(store=store, **watch_options) if store is not None or watch_options else None
         bar = _progress_bar(progress, steps, self.name)
-        if store is None and not watch_options:
-            with bar:
-                return [_stepped(self, bar, last=i == steps - 1) for i in range(steps)]
         # (the watch closes stopped on an interrupt, failed with the error on an exception)
-        with self.watch(store=store, **watch_options), bar:
-            return [_stepped(self, bar, last=i == steps - 1) for i in range(steps)]
+        with watching or contextlib.nullcontext(), bar:
+            history = []
+            for i in range(steps):
+                history.append(_stepped(self, bar, last=i == steps - 1))
+                _save_due(self, save, save_every, end=i == steps - 1)
+            if not steps:
+                _save_due(self, save, save_every, end=True)
+            return history
 
     #: the last run started by :meth:`start` (running or ended), None before the first
     background: BackgroundRun | None = None
 
     def start(self, steps: int, store: str | Path | None = None, progress: bool = False,
+              save: str | os.PathLike | None = None, save_every: int | None = None,
               **watch_options: Any) -> BackgroundRun:
         """Train ``steps`` steps on a thread of its own and return at once: in a notebook,
         the cell is free while the run goes on (``Dashboard(run)`` shows it live, with
@@ -316,6 +339,9 @@ class Experiment:
             steps: how many steps.
             store: record the steps into this run directory.
             progress: also show a ``tqdm.auto`` progress bar where ``start`` is called.
+            save: write a training checkpoint (:meth:`save`) into this file when the run finishes
+                or is stopped (not when it fails).
+            save_every: with ``save``, also every this many steps of the experiment, as in :meth:`run`.
             **watch_options: options of :func:`workbench.watch` (``every``, ``histograms`` ...).
 
         Returns:
@@ -323,7 +349,8 @@ class Experiment:
             ``status``, ``history``.
 
         Raises:
-            ValueError: ``steps`` not an int >= 0, or a bad watch option.
+            ValueError: ``steps`` not an int >= 0, bad ``save`` arguments (as :meth:`run`'s), or a bad
+                watch option.
             RuntimeError: a background run is training this experiment already.
 
         While it trains, leave the experiment to it: ``step()``, ``run()``, ``start()`` and
@@ -343,16 +370,178 @@ class Experiment:
         _check_steps(steps)
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be True or False, got {progress!r}.")
+        _check_save(save, save_every)
         self._check_not_in_background("start()")
         own = not (self.watcher is not None and not self.watcher.closed and store is None and not watch_options)
         w = self.watch(store=store, **watch_options) if own else self.watcher
         try:
-            self.background = BackgroundRun(self, steps, w, own, progress)
+            self.background = BackgroundRun(self, steps, w, own, progress, save, save_every)
         except BaseException as exc:  # (the thread could not start ...): the watch made for it closes
             if own:
                 w.close("failed", "".join(traceback.format_exception(exc)))
             raise
         return self.background
+
+    # --- the training state: save, load, resume ------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything training goes on from: the model's ``state_dict``, the optimizer's (Adam's moments
+        and step counts; None without one), the experiment's generator (its batches), the step count and
+        :meth:`get_extra_state`. Each step draws its other random numbers (dropout ...) from a generator
+        seeded by the seed and the step, so this is the whole of it: the next steps after
+        :meth:`load_state_dict` are those the experiment would have taken, bit for bit.
+
+        Returns:
+            ``model``, ``optimizer``, ``generator``, ``step`` and ``extra``; the tensors are the live
+            ones (``copy.deepcopy`` it to keep a snapshot).
+        """
+        return {"model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "generator": self.generator.get_state(), "step": self.step_count, "extra": self.get_extra_state()}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """What else training goes on from, beyond the model, the optimizer and the generator (such as a
+        record of the keys seen); an experiment with such state overrides this and :meth:`set_extra_state`.
+
+        Returns:
+            A dict of tensors, numbers, strings and lists (what ``torch.load(weights_only=True)`` reads).
+        """
+        return {}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_extra_state` returned; checks it before changing anything.
+
+        Args:
+            state: what :meth:`get_extra_state` returned (``{}`` for an experiment without extra state).
+
+        Raises:
+            ValueError: a key or value the experiment does not keep (the message names it).
+        """
+        if state:
+            raise ValueError(f"extra state {sorted(state)} that experiment {self.name!r} does not keep.")
+
+    def load_state_dict(self, state: dict[str, Any], source: str = "the state") -> None:
+        """Restore a :meth:`state_dict` of an experiment of this kind and config: all or nothing (checked
+        first; anything that fails as it loads puts back what was there).
+
+        Args:
+            state: what :meth:`state_dict` returned (or a training checkpoint's dict).
+            source: names where ``state`` came from in the messages (a file's path).
+
+        Raises:
+            workbench.checkpoints.CheckpointError: (a ValueError) a part missing, or one that does not fit
+                this experiment's model, optimizer or generator: the message says which, and how.
+            RuntimeError: the experiment is watched (close the watch first) or trains in the background.
+        """
+        self._load_state(state, source, f"It was saved from another model; resume it with "
+                                        f"workbench.experiments.resume({source}), which builds the model it holds.")
+
+    def _load_state(self, state: dict[str, Any], source: str, fix: str) -> None:
+        """:meth:`load_state_dict`, ``fix`` saying what to do about a model or an optimizer that does not fit."""
+        self._check_not_in_background("load_state_dict()")
+        if self.watcher is not None and not self.watcher.closed:
+            raise RuntimeError(f"Experiment {self.name!r} is watched; close its watch before loading a training "
+                               "state (experiment.watcher.close()): a watch opened after it numbers its steps on "
+                               "from the state's step.")
+        parts = ("model", "optimizer", "generator", "step", "extra")
+        if not isinstance(state, dict) or any(part not in state for part in parts):
+            have = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise checkpoints.CheckpointError(f"{source} is not an experiment's training state: it needs {parts}, "
+                                              f"has {have}. Pass what experiment.state_dict() returns.")
+        step, generator = state["step"], state["generator"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise checkpoints.CheckpointError(f"{source}: step {step!r} is not an int >= 0.")
+        own = self.generator.get_state()
+        if not isinstance(generator, torch.Tensor) or generator.dtype != own.dtype or generator.shape != own.shape:
+            raise checkpoints.CheckpointError(f"{source}: the generator state is not a {tuple(own.shape)} "
+                                              f"{own.dtype} tensor (torch.Generator.get_state()).")
+        if (state["optimizer"] is None) != (self.optimizer is None):
+            raise checkpoints.CheckpointError(
+                f"{source} {'has no' if state['optimizer'] is None else 'has an'} optimizer state; experiment "
+                f"{self.name!r} {'has' if self.optimizer is not None else 'has none'}. {fix}")
+        if not isinstance(state["model"], dict):
+            raise checkpoints.CheckpointError(f"{source}: the model's state is a {type(state['model']).__name__}, "
+                                              "not a state_dict.")
+        checkpoints.check_fits(self.model, state["model"], f"{source}: its model", fix)
+        if self.optimizer is not None:
+            checkpoints.check_optimizer_state(self.optimizer, state["optimizer"], source, fix)
+        before = copy.deepcopy(self.state_dict())
+        try:
+            self._set_state(state, source)
+        except BaseException as exc:
+            self._set_state(before, source)
+            if isinstance(exc, (ValueError, TypeError, RuntimeError, KeyError)):
+                raise checkpoints.CheckpointError(f"{source} does not fit experiment {self.name!r}: {exc} "
+                                                  "Nothing was changed.") from None
+            raise
+
+    def _set_state(self, state: dict[str, Any], source: str) -> None:
+        self.model.load_state_dict(state["model"], strict=True)  # (checked: it fits)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.set_extra_state(state["extra"])
+        self.step_count = state["step"]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a training checkpoint: the experiment's name, config and seed with its :meth:`state_dict`,
+        whole or not at all (a crash while writing leaves the file as it was). :func:`resume` builds the
+        experiment again from it and goes on as this one would; ``checkpoints.load_weights`` reads its
+        model's weights alone.
+
+        Args:
+            path: the file (its directory is made if needed).
+
+        Returns:
+            The path written.
+
+        Raises:
+            OSError: the file cannot be written (the message names it).
+            RuntimeError: a background run is training the experiment (pause it: ``run.pause()``).
+
+        Examples:
+            >>> import workbench
+            >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+            >>> _ = exp.run(3, progress=False)
+            >>> _ = exp.save("mlp.pt")
+            >>> again = workbench.experiments.resume("mlp.pt")
+            >>> again.step_count, again.step()["loss"] == exp.step()["loss"]
+            (3, True)
+        """
+        self._check_not_in_background("save()", paused_ok=True)
+        return checkpoints.write_checkpoint(
+            {"format": checkpoints.TRAINING_FORMAT, "version": checkpoints.TRAINING_VERSION, "experiment": self.name,
+             "config": dataclasses.asdict(self.config), "seed": self.seed, **self.state_dict()}, path)
+
+    def load(self, path: str | os.PathLike, max_bytes: int = checkpoints.DEFAULT_MAX_BYTES) -> None:
+        """Restore a training checkpoint (:meth:`save`) of this experiment, config and seed: the next step
+        is the one after the checkpoint's, as it would have been. (:func:`resume` builds the experiment a
+        checkpoint names.)
+
+        Args:
+            path: the file :meth:`save` wrote.
+            max_bytes: the largest file read.
+
+        Raises:
+            workbench.checkpoints.CheckpointError: (a ValueError) naming the path, before anything changes:
+                not a training checkpoint (weights only: the message says how to load those), damaged or
+                truncated, of another experiment, config or seed, or a model that does not fit.
+            RuntimeError: the experiment is watched or trains in the background.
+        """
+        where = repr(str(path))
+        state = checkpoints.read_training_checkpoint(path, max_bytes)
+        name, config, seed = state["experiment"], state["config"], state["seed"]
+        mine = dataclasses.asdict(self.config)
+        differ = [f"{k}={config.get(k, '(absent)')!r} (this experiment's: {mine.get(k, '(absent)')!r})"
+                  for k in {**config, **mine} if config.get(k, ...) != mine.get(k, ...)]
+        if name != self.name or seed != self.seed or differ:
+            what = (f"experiment {name!r}, not {self.name!r}" if name != self.name else
+                    f"seed {seed}, not {self.seed}" if seed != self.seed else f"another config: {', '.join(differ)}")
+            raise checkpoints.CheckpointError(
+                f"{where} is a training checkpoint of {what}; it goes on only as the run it was saved from. Resume "
+                f"it with workbench.experiments.resume({where}), which builds that experiment, or create "
+                f"{name!r} with seed={seed} and its config ({', '.join(f'{k}={v!r}' for k, v in config.items())}).")
+        self.load_state_dict(state, where)
+        self.resumed_from = {"path": str(path), "step": state["step"]}
 
     def _check_not_in_background(self, what: str, paused_ok: bool = False) -> None:
         """Refuse ``what`` while a background run trains this experiment (its own thread may: an
@@ -394,6 +583,27 @@ def _check_watch_options(options: dict[str, Any]) -> None:
                             + f" Its options: {', '.join(accepted)}.")
     if "metadata" in options and not isinstance(options["metadata"], (dict, type(None))):
         raise TypeError(f"metadata must be a dict, got {type(options['metadata']).__name__}.")
+
+
+def _check_save(save: Any, save_every: Any) -> None:
+    """A ``save`` path and ``save_every`` that can be used, checked before the first step."""
+    if save_every is not None and (isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1):
+        raise ValueError(f"save_every must be an int >= 1 (steps between training checkpoints), got {save_every!r}.")
+    if save is None:
+        if save_every is not None:
+            raise ValueError(f"save_every={save_every} needs save=PATH, the file the checkpoints are written to.")
+        return
+    if not isinstance(save, (str, os.PathLike)):
+        raise TypeError(f"save must be a file path (str or Path), got {type(save).__name__}.")
+    path = Path(save)
+    if path.is_dir():
+        raise ValueError(f"save={str(save)!r} is a directory; pass a file path such as {str(path / 'train.pt')!r}.")
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ValueError(f"save={str(save)!r} cannot be written: {str(above)!r} is a file, not a directory. "
+                         "Pick a path under a directory.")
 
 
 def _check_timeout(timeout: Any) -> None:
@@ -493,6 +703,13 @@ def _stepped(experiment: Experiment, bar: Any, last: bool = False) -> dict[str, 
     return metrics
 
 
+def _save_due(experiment: Experiment, save: str | os.PathLike | None, save_every: int | None, end: bool) -> None:
+    """After a step of a run: write its training checkpoint at the run's ``end`` and at every ``save_every``-th
+    step of the experiment (once when both)."""
+    if save is not None and (end or (save_every and experiment.step_count % save_every == 0)):
+        experiment.save(save)
+
+
 #: background runs in progress: the process stops them (their stores say ``stopped``) as it exits,
 #: rather than killing their threads in the middle of a step
 _RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
@@ -521,8 +738,10 @@ class BackgroundRun:
     is always taken whole or not at all.
     """
 
-    def __init__(self, experiment: Experiment, steps: int, watch: Watch, own_watch: bool, progress: bool) -> None:
+    def __init__(self, experiment: Experiment, steps: int, watch: Watch, own_watch: bool, progress: bool,
+                 save: str | os.PathLike | None = None, save_every: int | None = None) -> None:
         self.experiment, self.watch, self.steps = experiment, watch, steps
+        self._save, self._save_every = save, save_every
         self.first_step = experiment.step_count
         self.total = self.first_step + steps
         self.history: list[dict[str, float]] = []
@@ -680,6 +899,9 @@ class BackgroundRun:
                     status = "stopped"
                     break
                 self.history.append(_stepped(self.experiment, self._bar, last=i == self.steps - 1))
+                _save_due(self.experiment, self._save, self._save_every, end=i == self.steps - 1)
+            if status == "stopped" or not self.steps:  # (between two steps: a whole state to go on from)
+                _save_due(self.experiment, self._save, self._save_every, end=True)
         except BaseException as exc:  # the run fails; the process goes on
             status, error = "failed", "".join(traceback.format_exception(exc))
         finally:
@@ -825,6 +1047,57 @@ def get_experiment_spec(name: str) -> ExperimentSpec:
         raise ValueError(
             f"Unknown experiment {name!r}.{hint} See workbench.experiments.list_experiments()."
         ) from None
+
+
+def resume(path: str | os.PathLike, device: str | torch.device = "cpu", memory_limit: Any = None,
+           max_bytes: int = checkpoints.DEFAULT_MAX_BYTES) -> Experiment:
+    """The experiment a training checkpoint (:meth:`Experiment.save`) holds, built again from its name,
+    config and seed and restored to its step: its next steps are those the saved one would have taken,
+    bit for bit (on the same device and torch).
+
+    Args:
+        path: the file :meth:`Experiment.save` (or the command line's ``--save``) wrote.
+        device: where to train now ('cpu', 'cuda' ...).
+        memory_limit: as :func:`create`'s.
+        max_bytes: the largest file read.
+
+    Returns:
+        The experiment at the checkpoint's step, not watched: a watch opened now numbers its steps on
+        from there, and its run's metadata says ``resumed_from``.
+
+    Raises:
+        workbench.checkpoints.CheckpointError: (a ValueError) naming the path: not a training checkpoint
+            (weights only: the message says how to load those), damaged or truncated, of an experiment or
+            config this workbench does not have, or a model that does not fit.
+        ValueError: a device this process cannot use.
+
+    Examples:
+        >>> import workbench
+        >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+        >>> _ = exp.run(5, progress=False, save="train.pt")
+        >>> workbench.experiments.resume("train.pt").step_count
+        5
+    """
+    resolve_device(device)  # (the caller's argument before the file's contents)
+    where = repr(str(path))
+    state = checkpoints.read_training_checkpoint(path, max_bytes)
+    name = state["experiment"]
+    if name not in _EXPERIMENTS:
+        raise checkpoints.CheckpointError(f"{where} is a training checkpoint of experiment {name!r}, which is not "
+                                          f"registered here (these are: {', '.join(list_experiments())}). Import the "
+                                          "module that registers it, then resume.")
+    spec = _EXPERIMENTS[name]
+    try:
+        validate_overrides(spec.params, state["config"], f"Experiment {name!r}")
+        check_seed(state["seed"], f"Experiment {name!r}")
+    except (TypeError, ValueError) as exc:
+        raise checkpoints.CheckpointError(f"{where} holds a config this workbench's experiment {name!r} does not "
+                                          f"take ({exc}); it was saved by another version.") from None
+    experiment = spec.create(seed=state["seed"], device=device, memory_limit=memory_limit, **state["config"])
+    experiment._load_state(state, where, "Its config builds another model here: the file was edited, or saved by "
+                                         "another version of the model's code; resume from a checkpoint saved here.")
+    experiment.resumed_from = {"path": str(path), "step": state["step"]}
+    return experiment
 
 
 def create(name: str, seed: int = 0, device: str | torch.device = "cpu", memory_limit: Any = None,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 
 from workbench.experiments.base import Experiment, evaluation, register_experiment
-from workbench.params import Range, check_seed
 from workbench.models.ilql import TINY_CONFIG, estimate_memory
+from workbench.models.ilql_checkpoint import number_list
 from workbench.models.toy_language import ToyLanguageDataset
+from workbench.params import Range, check_seed
 from workbench.registry import create_model
 
 __all__ = ["OfflineILQL"]
@@ -84,6 +85,24 @@ class OfflineILQL(Experiment):
                                   alpha=c.alpha, tau=c.tau, gamma=c.gamma, dataset_size=c.dataset_size,
                                   seed=self.seed).to(self.device)
         self.dataset = self.model.dataset
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The agent's AdamW (``model.optimizer``), which its ``learn`` steps."""
+        return self.model.optimizer
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The agent's AgileRL bookkeeping: ``steps`` (its learn() count), ``fitness`` and ``scores``."""
+        return {"steps": list(self.model.steps), "fitness": list(self.model.fitness), "scores": list(self.model.scores)}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or sorted(state) != ["fitness", "scores", "steps"]:
+            raise ValueError(f"the ILQL agent's extra state must have 'steps', 'fitness' and 'scores', got "
+                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}.")
+        steps = number_list(state["steps"], "extra state 'steps'", integer=True)
+        fitness = number_list(state["fitness"], "extra state 'fitness'", integer=False)
+        scores = number_list(state["scores"], "extra state 'scores'", integer=False)
+        self.model.steps, self.model.fitness, self.model.scores = steps, fitness, scores
 
     def train_step(self) -> dict[str, float]:
         batch = self.dataset.sample(self.config.batch_size, self.generator)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 
@@ -91,6 +91,20 @@ class QueryStream(Experiment):
         self.stream = KeyStream(c.key_space, c.zipf_exponent, c.observation_dim, c.actions, self.generator)
         # the index each true key id received, -1 while unseen: an independent check of the module's answers
         self.index_of_key = torch.full((c.key_space,), -1, dtype=torch.int64)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """``index_of_key``: the index each true key id received (-1 while unseen), the check of the answers."""
+        return {"index_of_key": self.index_of_key.clone()}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        value = state.get("index_of_key") if isinstance(state, dict) else None
+        want = self.index_of_key
+        if not isinstance(value, torch.Tensor) or value.dtype != want.dtype or value.shape != want.shape \
+                or sorted(state) != ["index_of_key"]:
+            got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(state)[:80]
+            raise ValueError(f"the extra state must be {{'index_of_key': an int64 tensor of shape "
+                             f"{tuple(want.shape)}}} (one entry per key of key_space), got {got}.")
+        self.index_of_key = value.clone()
 
     def train_step(self) -> dict[str, float]:
         batch, keys = self.stream.sample(self.config.batch_size)
