@@ -91,6 +91,12 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                 "model's parameters (see not_updated, frozen), that the loss's gradient reaches the "
                                 "model (no .detach() or .item() on the way), that the targets match the inputs (not "
                                 "shuffled apart), and that there is something to learn."),
+    "loss_at_chance": ("warning", "The loss is no better than chance: what predicting the classes' frequencies, "
+                                  "blind to the inputs, scores (log C of cross-entropy over C balanced classes). The "
+                                  "model learned nothing of the inputs, even where the loss fell at first (from "
+                                  "confident initial outputs to the class frequencies). Check that the targets match "
+                                  "the inputs (not shuffled apart, the right labels for the batch), that the inputs "
+                                  "carry the signal (not all zeros, not normalized away), and the learning rate."),
     "diverging": ("error", "The loss keeps growing (or was thrown up orders of magnitude): training diverges. "
                            "Lower the learning rate, clip gradients, check the data and the loss for NaN sources."),
 }
@@ -153,10 +159,16 @@ class Thresholds:
             magnitude); it ends once the loss fell by that and by 3 times the noise of the two medians'
             difference (from the batch-to-batch noise).
         plateau_drop: see ``plateau_steps``.
+        chance: the chance level of loss metrics: ``{name: level}`` (a dict), or one number for every metric
+            of ``loss_metrics``; what a model blind to its inputs scores (log C of a cross-entropy over C
+            balanced classes, the entropy of the class frequencies otherwise). From ``plateau_steps`` values
+            of such a metric on, a median of its last 20 not ``plateau_drop`` below it (once a finding, nor
+            3 times the noise of that median) is ``loss_at_chance``, said instead of ``loss_plateau``. Empty
+            (the default): not known, not judged.
     """
 
     persist: int = 3
-    dead_zero_frac: float = 0.9
+    dead_zero_frac: float = 0.8
     saturation_index: float = 0.75
     gradient_orders: float = 3.0
     gradient_growth_orders: float = 3.0
@@ -174,6 +186,7 @@ class Thresholds:
     diverge_blowup: float = 100.0
     plateau_steps: int = 50
     plateau_drop: float = 0.01
+    chance: Any = ()
 
     def __post_init__(self) -> None:
         def need(name: str, ok: bool, expected: str) -> None:
@@ -209,6 +222,20 @@ class Thresholds:
         names = self.loss_metrics
         need("loss_metrics", isinstance(names, tuple) and all(isinstance(n, str) and n for n in names),
              "a tuple of non-empty strings (metric names), e.g. ('loss', 'val_loss')")
+        chance = self.chance
+        if isinstance(chance, (int, float)) and not isinstance(chance, bool):
+            chance = {n: chance for n in names}
+        if isinstance(chance, dict):
+            chance = tuple(sorted(chance.items(), key=lambda kv: str(kv[0])))
+        need("chance", isinstance(chance, tuple) and all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and p[0]
+            and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) and math.isfinite(p[1])
+            for p in chance), "a finite number or a dict {loss metric: chance level} of finite numbers, e.g. "
+            "{'loss': math.log(2)} (a cross-entropy over 2 balanced classes)")
+        object.__setattr__(self, "chance", tuple((n, float(v)) for n, v in chance))  # (a number for each metric)
+        judged = {n.lower() for n in names}
+        need("chance", all(n.lower() in judged for n, _ in self.chance),
+             f"levels of metrics in loss_metrics {names} (add the metric to loss_metrics to judge it)")
 
 
 def _thresholds(thresholds: Thresholds | dict | None, overrides: dict[str, Any]) -> Thresholds:
@@ -259,6 +286,7 @@ class _Layout:
     params: np.ndarray  # param rows
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
+    feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
 
 
 #: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
@@ -307,8 +335,10 @@ class Diagnoser:
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
         self._metrics: dict[str, dict] = {}
         self._spike_window = t.spike_window
+        self._chance = {n.lower(): v for n, v in t.chance}  # loss metric -> its chance level (loss_at_chance)
         self._subscription = None
         self._cache: tuple[int, pd.DataFrame] | None = None  # (version, the findings then)
+        self._rows: list[tuple] = []  # the rows of that frame
         self._version = 0  # changes with every change of the findings
 
     # ------------------------------------------------------------------ feeding
@@ -415,12 +445,26 @@ class Diagnoser:
             # (ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
             order = {name: i for i, name in enumerate(FINDINGS)}
             items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], -e["start"], order[e["finding"]]))
-            rows = [self._row(e) for e in items]
-            columns = {c: [r[c] for r in rows] for c in COLUMNS}
-            frame = pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call") else
-                                  pd.Series(v, dtype=object) for c, v in columns.items()}, columns=list(COLUMNS))
+            frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
             self._cache = (self._version, frame)
             return frame.copy()
+
+    def _frame(self, rows: list[tuple]) -> pd.DataFrame:
+        """The findings frame of ``rows`` (tuples of :data:`COLUMNS`' values). Drawn anew only where the
+        rows differ in more than a few cells from the last frame's: a finding that grows each step changes its
+        last step and evidence, two cells set in the frame drawn before, not a frame drawn again."""
+        before, self._rows = self._rows, rows
+        if self._cache is not None and len(before) == len(rows):
+            changed = [(i, j, value) for i, (old, new) in enumerate(zip(before, rows)) if old != new
+                       for j, value in enumerate(new) if value != old[j]]
+            if len(changed) <= 2 * len(COLUMNS):
+                frame = self._cache[1]
+                for i, j, value in changed:
+                    frame.iat[i, j] = value
+                return frame
+        columns = list(zip(*rows)) if rows else [()] * len(COLUMNS)
+        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call") else
+                             pd.Series(v, dtype=object) for c, v in zip(COLUMNS, columns)}, columns=list(COLUMNS))
 
     def _row(self, e: dict) -> dict:
         severity, hint = FINDINGS[e["finding"]]
@@ -492,8 +536,20 @@ class Diagnoser:
         pair_columns = (np.fromiter(pair.keys(), np.int64, len(pair)), np.fromiter(pair.values(), np.int64, len(pair)))
         param_grads = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param_grad"}
         grad_of = {i: param_grads[key] for key, i in params.items() if key in param_grads}
+        # the bias gradient of the layer whose output an activation site takes (the site just before it in forward
+        # order, called once a step; its bias one entry per unit, along dim 1 of a (B, F) or (B, C, H, W) output):
+        # a unit that outputs 0 for the whole batch passes no gradient back, so its entry of the bias's gradient
+        # is exactly 0; their zeros count the dead units
+        feed_bias = np.full(n, -1, np.int64)
+        acts = sorted((int(order[i]), i) for i in np.flatnonzero((kind == "activation") & ~alias & (order >= 0)))
+        for (_, before), (_, i) in zip(acts[:-1], acts[1:]):
+            module = keys[before][0]
+            b = param_grads.get((module, "bias"))
+            if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
+                    _parse_shape(keys[b][4]) == (int(units[i]),):
+                feed_bias[i] = b
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads))
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -760,9 +816,16 @@ class Diagnoser:
             # units are along dim 1 (features of (B, F), channels of (B, C, H, W)); of a (B, T, F) sequence
             # they would be its positions: there the dimension is named, and an all-zero output said as such
             along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
-            if u and dead_units >= u and along and z >= 1.0:
+            b = int(layout.feed_bias[i])
+            counted = round(float(stats["zero_frac"][b]) * u) if b >= 0 else None  # (exact: the bias's zeros)
+            if counted == 0:
+                continue  # (every unit outputs something for some input: a sparse layer, not a dead one)
+            if counted is not None and counted < u:
+                detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
+                          f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
+            elif u and dead_units >= u and along and z >= 1.0:
                 detail = f"its whole {layout.keys[i][4]} output is 0 for every input"
-            elif u and dead_units >= u:
+            elif u and (dead_units >= u or counted == u):
                 detail = ("its only unit outputs" if u == 1 else f"all {u} of its units{along} output") + \
                     " 0 for every input"
             elif u and bound > 0:
@@ -1040,6 +1103,20 @@ class Diagnoser:
         noise = math.sqrt(2) * 1.2533 * sigma / math.sqrt(PLATEAU_WINDOW)
         # (a plateau starts where the loss is not plateau_drop below its start, and holds until it fell beyond
         # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
+        chance = self._chance.get(name.lower())
+        if chance is not None:
+            # (no better than chance: the finding that says why the loss does not fall, said instead of a plateau;
+            # and one a loss that fell from confident initial outputs to the class frequencies has too)
+            held = ("loss_at_chance", name) in self._open  # (the noise of one median: that of two over sqrt 2)
+            margin = max(t.plateau_drop * abs(chance), 3 * noise / math.sqrt(2) if held else 0.0)
+            if now > chance - margin:
+                self._hold(step, "loss_at_chance", None, None,
+                           f"{name}: median {now:.4g} over its last {PLATEAU_WINDOW} values after {count} steps, "
+                           f"{_change(now, chance)} its chance level {chance:.4g} (from {start:.4g} over its first "
+                           f"{PLATEAU_WINDOW}); threshold: {t.plateau_drop:.0%} below it after {t.plateau_steps} "
+                           f"steps (and, to end, 3x the noise of the median if larger).", site=name, key=name,
+                           need=t.persist)
+                return
         held = ("loss_plateau", ("plateau", name)) in self._open
         margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
         # (a loss that fell, well beyond its noise, and came back up, set back by a bad batch, is no plateau)

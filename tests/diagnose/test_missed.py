@@ -1,0 +1,150 @@
+"""What the diagnoses used to miss (a layer mostly, not wholly, dead; a loss stuck at chance after a first fall),
+what they leave unsaid on purpose (a sigmoid at a saturation index of 0.7 that trains), and the live findings'
+frame, which an open finding that grows each step no longer has drawn anew at every call."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import workbench
+from workbench.diagnose import Diagnoser, Thresholds, diagnose
+
+from tests.diagnose.conftest import mlp, train
+
+
+def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias[:24] = -10.0  # 24 of the 32 units of layers.1 never fire; the 8 others, half the time
+    f = train(model, steps=6).diagnose()
+    assert f[["site", "finding", "step", "last_step"]].values.tolist() == [["layers.1", "dead_units", 1, 6]]
+    # ~86% zeros, below the bound's 90% of old; the bias before it counts them: its gradient is 0 at dead units
+    assert "24 of its 32 units output 0 for every input (their entries of the gradient of layers.0.bias" \
+        in f.evidence[0]
+
+
+def test_a_sparse_layer_whose_every_unit_fires_for_some_input_is_not_dead():
+    model = mlp("relu")
+    with torch.no_grad():
+        angle = torch.linspace(0, 2 * math.pi, 33)[:32]
+        model.layers[0].weight.copy_(torch.stack([angle.cos(), angle.sin()], 1))  # a unit direction each
+        model.layers[0].bias.fill_(-1.2)  # each unit fires for the ~12% of inputs beyond 1.2 along it: all alive
+    w = train(model, steps=3, lr=1e-4)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "layers.1") & (rows.kind == "activation")].zero_frac.min() > 0.8
+    assert rows[(rows.module == "layers.0") & (rows.tensor == "bias") & (rows.kind == "param_grad")].zero_frac.max() == 0
+    assert "dead_units" not in set(w.diagnose().finding)
+
+
+def shuffled_labels(steps: int, optimizer: str = "adam", classes: int = 2, seed: int = 0) -> workbench.Watch:
+    """An MLP whose labels are drawn apart from its inputs, its last layer's weights x8: its loss falls from its
+    confident first outputs to the class frequencies' (log C) and stays there, having learned nothing."""
+    torch.manual_seed(seed)
+    model = workbench.create_model("mlp", in_features=2, num_classes=classes, width=32, depth=2, activation="relu")
+    with torch.no_grad():
+        model.layers[4].weight.mul_(8.0)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1024, 2, generator=g)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2) if optimizer == "adam" else \
+        torch.optim.SGD(model.parameters(), lr=0.1)
+    with workbench.watch(model) as w:
+        for _ in range(steps):
+            idx = torch.randint(1024, (64,), generator=g)
+            loss = F.cross_entropy(model(x[idx]), torch.randint(classes, (64,), generator=g))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_loss_that_fell_to_chance_and_stays_there_is_at_chance_given_the_chance_level(optimizer):
+    w = shuffled_labels(60, optimizer)
+    loss = w.metrics()["loss"]
+    assert loss[:20].median() > 1.01 * math.log(2)  # it fell: not a plateau
+    assert "loss_plateau" not in set(w.diagnose().finding)
+    f = w.diagnose(chance=math.log(2))
+    row = f[f.finding == "loss_at_chance"]
+    assert row[["site", "step", "last_step", "severity"]].values.tolist() == [["loss", 50, 60, "warning"]]
+    assert "its chance level 0.6931" in row.evidence.iloc[0] and "shuffled" in row.hint.iloc[0]
+    assert f[f.finding == "loss_at_chance"].equals(w.diagnose(chance={"loss": math.log(2)})[lambda d: d.finding ==
+                                                                                               "loss_at_chance"])
+
+
+def test_a_flat_loss_at_chance_is_said_once_as_at_chance_and_a_healthy_one_never():
+    steps = pd.Series(range(1, 121))
+    flat = pd.DataFrame({"step": steps, "loss": math.log(2) * (1 + 0.01 * ((steps * 7919) % 13 - 6) / 6)})
+    assert diagnose(pd.DataFrame(), flat).finding.tolist() == ["loss_plateau"]
+    assert diagnose(pd.DataFrame(), flat, chance=math.log(2)).finding.tolist() == ["loss_at_chance"]
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="relu", dataset="moons")
+    w = exp.watch()
+    exp.run(60, progress=False)
+    w.close()
+    assert w.diagnose(chance=math.log(2)).empty
+
+
+def test_a_chance_level_is_refused_unless_a_finite_number_of_a_judged_loss_metric():
+    assert Thresholds(chance=0.5).chance == (("loss", 0.5),)
+    assert Thresholds(chance={"Loss": 2}, loss_metrics=("loss",)).chance == (("Loss", 2.0),)
+    with pytest.raises(ValueError, match=r"Thresholds.chance must be levels of metrics in loss_metrics \('loss',\) "
+                                         r"\(add the metric to loss_metrics"):
+        Thresholds(chance={"accuracy": 0.5})
+    for bad in (math.nan, "0.69", {"loss": None}, [0.69]):
+        with pytest.raises(ValueError, match=r"Thresholds.chance must be a finite number or a dict \{loss metric: "
+                                             r"chance level\}"):
+            Thresholds(chance=bad)
+
+
+def test_a_sigmoid_at_a_saturation_index_of_0_7_that_trains_is_no_finding():
+    # weights x10 before 2 sigmoid layers: a median index of ~0.68 (0.19 at the usual scale), and the loss falls
+    # as far as at the usual scale; where saturation hurts, its consequence is what is found (vanishing gradients)
+    w = train(mlp("sigmoid", depth=2, weight_scale=10.0), steps=60, seed=1)
+    rows = w.to_pandas()
+    sig = rows[(rows.kind == "activation") & rows.module.isin(["layers.1", "layers.3"])]
+    index = sig["std"] ** 2 / (sig["mean"] * (1 - sig["mean"]))
+    assert 0.6 < index.median() < 0.75
+    assert w.metrics()["loss"].iloc[-5:].mean() < 0.1
+    assert w.diagnose().empty
+
+
+class _CountingPandas:
+    """``workbench.diagnose``'s pandas, counting the frames it draws."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def __getattr__(self, name: str):
+        return getattr(pd, name)
+
+    def DataFrame(self, *args, **kwargs):  # noqa: N802 (pandas' name)
+        self.frames += 1
+        return pd.DataFrame(*args, **kwargs)
+
+
+def test_an_open_finding_that_grows_each_step_sets_its_cells_not_a_new_frame(monkeypatch):
+    import workbench.diagnose as module
+
+    w = shuffled_labels(70)
+    records = w.recorder.records()
+    counting = _CountingPandas()
+    monkeypatch.setattr(module, "pd", counting)
+    live = Diagnoser(chance=math.log(2))
+    frames = []
+    for record in records:
+        live.feed(record)
+        frames.append(live.findings())
+    grown = [f for f in frames[50:] if "loss_at_chance" in set(f.finding)]
+    assert len(grown) >= 15 and len({f.last_step.max() for f in grown}) >= 15  # it grew every step
+    assert counting.frames <= 12  # (a new frame where a finding came or went, not at every step it grew)
+    monkeypatch.undo()
+    # and every frame is the one drawn anew from the same steps
+    for n in (50, 60, 70):
+        fresh = Diagnoser(chance=math.log(2))
+        fresh.feed(records[:n])
+        pd.testing.assert_frame_equal(frames[n - 1], fresh.findings())
