@@ -197,6 +197,35 @@ def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_mo
     assert pre_hooks() == before
 
 
+def test_a_model_holding_a_torchscript_module_is_watched_with_the_scripted_module_as_one_call_site():
+    # a scripted module's member dicts are mappings, not dicts; its inner calls run in TorchScript, unhooked
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # (torch 2.13 deprecates TorchScript)
+                self.body = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning that the model changed: its structure reads the same)
+        with workbench.watch(model, histograms=False) as w:
+            for _ in range(2):
+                model(x).sum().backward()
+                w.step()
+    found = rows(w)
+    assert set(zip(found.module, found.kind)) == {
+        ("", "activation"), ("", "grad_output"), ("body", "activation"), ("body", "grad_output"),
+        ("head", "activation"), ("head", "grad_output"), ("head", "param"), ("head", "param_grad"),
+        ("body.0", "param"), ("body.0", "param_grad")}
+    assert not w.errors and found.step.tolist().count(2) == len(found) // 2
+
+
 def test_an_unrolled_network_gets_one_record_per_call():
     exp = workbench.experiments.create("efficientzero_dynamics", seed=0, unroll_steps=3, batch_size=4)
     with workbench.watch(exp.model) as w:

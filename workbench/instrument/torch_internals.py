@@ -138,9 +138,10 @@ def restore_param_hook_dicts(fresh: Iterable[nn.Parameter]) -> None:
             param._post_accumulate_grad_hooks = None
 
 
-def member_dicts(module: nn.Module) -> tuple[dict, dict]:
-    """The dicts that hold ``module``'s own parameters and children, to compare their values'
-    identities cheaply (replaced, added or removed ones) without walking the module tree.
+def member_dicts(module: nn.Module) -> tuple[Mapping, Mapping]:
+    """The dicts that hold ``module``'s own parameters and children (a TorchScript module's are
+    mappings that wrap its C++ module), to compare their values' identities cheaply (replaced,
+    added or removed ones) without walking the module tree.
     Relies on: ``nn.Module`` keeping them in ``_parameters`` and ``_modules``, changed in place by
     ``setattr``, ``register_parameter``, ``load_state_dict(assign=True)`` and container edits."""
     return module._parameters, module._modules
