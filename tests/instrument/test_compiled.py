@@ -873,3 +873,38 @@ def test_a_fullgraph_model_the_eager_fallback_cannot_take_over_says_why():
                                                    r"the eager watch that took over .*fullgraph=True.*Compile it "
                                                    r"without fullgraph=True to watch it, and look at the patches"):
                 compiled(torch.randn(3, 4))
+
+
+def test_gradients_of_several_backward_passes_through_one_forward_are_left_out_with_a_warning_not_added_up():
+    # two losses back-propagated in turn through one forward (retain_graph=True): the probe's gradient adds
+    # the passes' rows up (counts, min and max too), which describe no tensor; the eager watch records a row
+    # per pass, each the gradient of its own loss
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(5, 4)
+
+    def two_losses(model, w, steps=2):
+        for _ in range(steps):
+            out = model(x)
+            out[:, 0].pow(2).mean().backward(retain_graph=True)
+            out[:, 1].abs().mean().backward()
+            w.step()
+
+    with workbench.watch(net, histograms=False) as eager:
+        two_losses(net, eager)
+    rows = eager.to_pandas()
+    grads = rows[rows.kind == "grad_output"]
+    assert (grads.groupby(KEY).size() == 2).all() and len(grads) == 2 * 2 * 4  # 2 steps, 2 passes, 4 sites
+    out = net(x)
+    first = torch.autograd.grad(out[:, 0].pow(2).mean(), out)[0]
+    assert grads[grads.module == "2"].norm.iloc[0] == pytest.approx(first.norm().item(), rel=1e-6)
+
+    fresh_dynamo()
+    compiled = torch.compile(net)
+    with pytest.warns(RuntimeWarning, match=r"output gradients of 4 call site\(s\) \(.*\) came from 2 backward "
+                                            r"passes through one forward.*left out of step 1.*\(loss1 \+ loss2\)"):
+        with workbench.watch(compiled) as w:
+            two_losses(compiled, w)
+    rows = w.to_pandas()
+    assert set(rows.kind) == {"activation", "param", "param_grad"}  # (no grad_output row)
+    assert rows.zero_frac.between(0, 1).all()
+    assert [e["step"] for e in w.errors] == [1, 2] and all("backward passes" in e["error"] for e in w.errors)

@@ -96,7 +96,16 @@ def test_non_finite_values_are_counted_exactly():
     got = stats_of(x)
     assert (got["nan_count"], got["inf_count"]) == (3, 3)
     assert got["zero_frac"] == pytest.approx(20 / 500)
-    assert np.isnan(got["mean"]) and np.isnan(got["std"])
+    # a NaN makes every statistic of the values NaN, as torch's reductions do (docs/watch.md says so)
+    assert all(np.isnan(got[key]) for key in ("mean", "std", "min", "max", "abs_mean", "norm"))
+
+
+def test_a_complex_tensor_gets_the_statistics_of_its_magnitude():
+    x = torch.complex(torch.randn(40), torch.randn(40))
+    x[3] = 0
+    got, want = stats_of(x), reference(x.abs())
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 def test_empty_and_single_element_tensors():

@@ -221,6 +221,22 @@ def test_tensor_version_counts_in_place_ops_and_is_none_in_inference_mode():
         assert internals.tensor_version(torch.zeros(2)) is None
 
 
+def test_functorch_unwrapped_and_vmap_unwrapped_peel_torch_funcs_wrappers():
+    x, seen = torch.randn(5, 3), []
+
+    def f(v):
+        seen.append((internals.functorch_unwrapped(v), internals.vmap_unwrapped(v), v))
+        return v.sum()
+
+    torch.vmap(f)(x)  # a batched tensor over x: every sample's values, and no autograd of its own
+    plain, tracked, _ = seen.pop()
+    assert torch.equal(plain, x) and tracked is plain
+    torch.func.grad(f)(x)  # grad's wrapper: its values, and the wrapper is the tensor autograd tracks
+    plain, tracked, wrapper = seen.pop()
+    assert torch.equal(plain, x) and tracked is wrapper and type(plain) is torch.Tensor
+    assert internals.functorch_unwrapped(x) is x and internals.vmap_unwrapped(x) is x
+
+
 def test_unwrap_compiled_and_is_compiled():
     model = nn.Linear(2, 2)
     assert internals.unwrap_compiled(model) == (model, False)

@@ -197,6 +197,55 @@ def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_mo
     assert pre_hooks() == before
 
 
+def test_a_model_holding_a_torchscript_module_is_watched_with_the_scripted_module_as_one_call_site():
+    # a scripted module's member dicts are mappings, not dicts; its inner calls run in TorchScript, unhooked
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # (torch 2.13 deprecates TorchScript)
+                self.body = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning that the model changed: its structure reads the same)
+        with workbench.watch(model, histograms=False) as w:
+            for _ in range(2):
+                model(x).sum().backward()
+                w.step()
+    found = rows(w)
+    assert set(zip(found.module, found.kind)) == {
+        ("", "activation"), ("", "grad_output"), ("body", "activation"), ("body", "grad_output"),
+        ("head", "activation"), ("head", "grad_output"), ("head", "param"), ("head", "param_grad"),
+        ("body.0", "param"), ("body.0", "param_grad")}
+    assert not w.errors and found.step.tolist().count(2) == len(found) // 2
+
+
+def test_a_model_under_torch_vmap_records_every_samples_values_as_the_whole_batch_would():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), torch.randn(5, 4)
+    stats = ["module", "call", "kind", "tensor", "numel", "mean", "std", "min", "max", "norm", "zero_frac"]
+
+    def recorded(run):
+        with workbench.watch(model, parameters=False, parameter_grads=False, histograms=False) as w:
+            run()
+            w.step()
+        assert not w.errors
+        return w.to_pandas()[stats].sort_values(["module", "kind"]).reset_index(drop=True)
+
+    whole = recorded(lambda: model(x).sum().backward())
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    per_sample = torch.func.grad(lambda p, xi: torch.func.functional_call(model, p, (xi,)).sum())
+    for run in (lambda: torch.vmap(model)(x).sum().backward(),  # (before: no rows, an error per site)
+                lambda: torch.vmap(per_sample, in_dims=(None, 0))(params, x)):  # per-sample gradients
+        pd.testing.assert_frame_equal(recorded(run), whole, rtol=1e-5)
+
+
 def test_an_unrolled_network_gets_one_record_per_call():
     exp = workbench.experiments.create("efficientzero_dynamics", seed=0, unroll_steps=3, batch_size=4)
     with workbench.watch(exp.model) as w:

@@ -134,8 +134,10 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
                 w.step(loss=loss.item())
 
     Raises:
-        TypeError: ``model`` is not a compiled module, or an option has the wrong type.
-        ValueError: ``every``/``bins`` not positive, or ``modules`` selects nothing.
+        TypeError: ``model`` is not a compiled module, or an option has the wrong type (as
+            :func:`workbench.watch` says).
+        ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
+            (a float or a str included), or ``modules`` selects nothing.
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
     """
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,

@@ -39,7 +39,7 @@ from workbench.instrument.hooks import (Entry, _remove_hooks, attached, hook_par
                                         replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
-from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS
+from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, SUMS, site_name
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of
 
@@ -183,6 +183,7 @@ class CompiledHooks:
         self._check_due = False  # the recorded step has not compared the parameters' flags yet
         self._change_reported = False
         self._eval_reported = False  # an unpaused evaluation call warned
+        self._repeats_reported = False  # gradients of several backward passes through one forward warned
         self._calls_reported = False  # MAX_CALLS_PER_STEP warned
         self._full = False  # the step made MAX_CALLS_PER_STEP recorded calls: no more of it is recorded
         inner_call, ref = entry.call, weakref.ref(self)
@@ -436,11 +437,33 @@ class CompiledHooks:
         if pieces or grad_pieces:  # the one host transfer of the in-graph rows
             self.sums.graph = torch.cat(pieces + grad_pieces).to("cpu", torch.float64).numpy()
         first = len(entries)  # the gradients' rows follow the activations'
+        self._leave_out_repeated_backwards(self.sums.graph[first:first + len(grad_keys)], grad_keys)
         arrived = self.sums.graph[first:, MADE] > 0  # a probe row without a gradient is no row
         entries.extend((key, numel, first + i) for i, (key, numel) in enumerate(grad_keys) if arrived[i])
         if self.bins:
             self._binned_over(per_call, first)
         return entries
+
+    def _leave_out_repeated_backwards(self, grads: np.ndarray, keys: list[tuple[tuple, int]]) -> None:
+        """Mark as not made (in place) the probe rows ``grads`` that several backward passes through
+        one forward reached (``retain_graph=True``, then another backward): the probe's gradient adds
+        the passes' rows up, so their sums, counts, min and max are added too and describe no tensor.
+        Each step that has them says so in ``errors`` (with a warning the first time)."""
+        repeated = grads[:, MADE] > 1
+        if not repeated.any():
+            return
+        sites = [site_name(path, call, name, call > 0)
+                 for ((path, call, _, name, _), _), r in zip(keys, repeated) if r]
+        passes = int(grads[repeated, MADE].max())
+        self.fail("", None, GRAD_OUTPUT, RuntimeError(
+            f"the output gradients of {len(sites)} call site(s) ({', '.join(sites[:3])}{' ...' * (len(sites) > 3)}) "
+            f"came from {passes} backward passes through one forward of the compiled model "
+            "(backward(retain_graph=True), then another backward): the compiled watch records one backward "
+            f"pass per forward, so they are left out of step {self.step_index}. Back-propagate the sum of the "
+            "losses once ((loss1 + loss2).backward()) to record the total gradient, or watch the uncompiled "
+            "model, which records a row per pass."), disable=False, say=not self._repeats_reported)
+        self._repeats_reported = True
+        grads[repeated, MADE] = 0  # (no row, and no histogram range from it)
 
     def _binned_over(self, per_call: list[tuple[int, list[int]]], first: int) -> None:
         """Set ``sums.graph_edges``, the range each graph row was binned over (activation rows from

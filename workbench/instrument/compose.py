@@ -90,9 +90,11 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         hook and closes the store.
 
     Raises:
-        TypeError: ``model`` is not a module, or an option has the wrong type (``metadata`` not a dict
-            with str keys).
-        ValueError: ``every``/``bins`` not positive, ``modules`` selects nothing, ``metadata``
+        TypeError: ``model`` is not a module, a flag (``activations`` ... ``histograms``) is not a
+            bool, ``modules``/``exclude`` is not a glob, a list of globs or a predicate, ``recorder``
+            is not a Recorder, or ``metadata`` is not a dict with str keys.
+        ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
+            (a float or a str included), ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).

@@ -319,22 +319,24 @@ class Hooks:
     def _record_output(self, path: str, call: int, leaves: Sequence[tuple[str, torch.Tensor]],
                        activations: bool, grads: bool) -> None:
         for name, tensor in leaves:
-            seen = self._seen_entry(tensor)
-            shape = shape_of(tensor)  # a plain tuple: the garbage collector stops tracking the keys
+            values = internals.functorch_unwrapped(tensor)  # (under torch.vmap: every sample's values)
+            seen = self._seen_entry(values)
+            shape = shape_of(values)  # a plain tuple: the garbage collector stops tracking the keys
             if activations:
                 try:
                     if seen[2] is None:
-                        seen[2] = self.sums.add(tensor)
+                        seen[2] = self.sums.add(values)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
-                    self.entries.append((self._intern((path, call, ACTIVATION, name, shape)), tensor.numel(), seen[2]))
+                    self.entries.append((self._intern((path, call, ACTIVATION, name, shape)), values.numel(), seen[2]))
                 except Exception as exc:
                     self.fail(path, call, ACTIVATION, exc)
                     activations = False
-            if grads and tensor.requires_grad:
+            tracked = internals.vmap_unwrapped(tensor)  # (the tensor an autograd node makes)
+            if grads and tracked.requires_grad:
                 try:
                     if seen[3] is None:
                         seen[3] = _GradSite(self)
-                        seen[3].attach(tensor)
+                        seen[3].attach(tracked)
                     seen[3].keys.append((path, call, name, shape))
                     self._grads_hooked.add(path)
                 except Exception as exc:
@@ -390,6 +392,7 @@ class Hooks:
             return
         try:
             if keys:
+                grad = internals.functorch_unwrapped(grad)  # (under torch.vmap: every sample's gradient)
                 # The backward often hands one gradient tensor to several sites (an add node passes
                 # its incoming gradient to both branches of a residual connection): while its
                 # Python object lives it is found and reduced once. Nothing changes a gradient once

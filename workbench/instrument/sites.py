@@ -132,7 +132,9 @@ class CallSites:
         self._single_path = {key: paths[0] for key, paths in self.aliases.items()
                              if len(paths) == 1 and key not in self.containers}
         self._resolved: dict[tuple[str | None, int], str] = {}
-        self._dicts = [d for m in self.modules.values() for d in member_dicts(m)]
+        members = [d for m in self.modules.values() for d in member_dicts(m)]
+        self._dicts = [d for d in members if isinstance(d, dict)]
+        self._mappings = [d for d in members if not isinstance(d, dict)]  # (a TorchScript module's wrappers)
         self._all_params = list(self.model.parameters())
 
     def structure(self) -> tuple:
@@ -141,7 +143,9 @@ class CallSites:
         requires grad. It changes when a parameter or module is replaced, added or removed
         (``load_state_dict(assign=True)``, ``model.head = nn.Linear(...)``) or (un)frozen; the ids
         stay unique while :meth:`rebuild` keeps the indexed objects."""
-        return tuple(map(id, chain.from_iterable(map(dict.values, self._dicts)))), self.requires_grad()
+        members = chain(chain.from_iterable(map(dict.values, self._dicts)),
+                        chain.from_iterable(mapping.values() for mapping in self._mappings))
+        return tuple(map(id, members)), self.requires_grad()
 
     def requires_grad(self) -> tuple[bool, ...]:
         """Whether each parameter indexed requires grad (the second half of :meth:`structure`)."""

@@ -17,7 +17,7 @@ from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook",
-           "tensor_version",
+           "tensor_version", "functorch_unwrapped", "vmap_unwrapped",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
@@ -138,9 +138,10 @@ def restore_param_hook_dicts(fresh: Iterable[nn.Parameter]) -> None:
             param._post_accumulate_grad_hooks = None
 
 
-def member_dicts(module: nn.Module) -> tuple[dict, dict]:
-    """The dicts that hold ``module``'s own parameters and children, to compare their values'
-    identities cheaply (replaced, added or removed ones) without walking the module tree.
+def member_dicts(module: nn.Module) -> tuple[Mapping, Mapping]:
+    """The dicts that hold ``module``'s own parameters and children (a TorchScript module's are
+    mappings that wrap its C++ module), to compare their values' identities cheaply (replaced,
+    added or removed ones) without walking the module tree.
     Relies on: ``nn.Module`` keeping them in ``_parameters`` and ``_modules``, changed in place by
     ``setattr``, ``register_parameter``, ``load_state_dict(assign=True)`` and container edits."""
     return module._parameters, module._modules
@@ -226,6 +227,25 @@ def tensor_version(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
+
+
+def functorch_unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under ``tensor``'s ``torch.func`` wrappers, else ``tensor`` itself: under
+    ``torch.vmap`` the values of every sample (the vmapped dimension included), under
+    ``torch.func.grad`` the values tracked. Relies on: ``torch._C._functorch``'s
+    ``is_functorch_wrapped_tensor`` and ``get_unwrapped``, which peels one level at a time."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    return tensor
+
+
+def vmap_unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor under ``tensor``'s outer ``torch.vmap`` wrappers, else ``tensor``: the one whose
+    autograd node makes it (vmap records no autograd of its own; ``torch.func.grad``'s wrappers
+    do, and are kept). Relies on: ``torch._C._functorch.is_batchedtensor`` and ``get_unwrapped``."""
+    while torch._C._functorch.is_batchedtensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    return tensor
 
 
 def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
