@@ -426,7 +426,7 @@ def run_lines(figure):
 
 
 def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
-    from workbench.ui.live import ViewCache, compare_runs
+    from workbench.ui.stored_runs import ViewCache, compare_runs
     from workbench.ui.notebook import Compare
     from workbench.ui.runs import RunsRoot
 

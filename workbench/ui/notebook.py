@@ -858,7 +858,7 @@ class Compare:
         Compare("runs/gelu", "runs/relu")                 # stored runs (paths or workbench.load_run(path))
         Compare({"seed 0": run_a, "seed 1": run_b})       # named as you like
 
-    The figures are the app's (:func:`workbench.ui.live.compare_runs`): the same handler draws
+    The figures are the app's (:func:`workbench.ui.stored_runs.compare_runs`): the same handler draws
     both. A timer thread looks every ``interval`` seconds and redraws when a run took steps or
     changed its status, until every run has ended.
 
@@ -972,7 +972,7 @@ class Compare:
         return self._timer is not None and self._timer.is_alive()
 
     def _view(self, name: str) -> tuple[Any, None, str]:
-        """The view of the run ``name``, as :func:`workbench.ui.live.compare_runs` reads a cache's."""
+        """The view of the run ``name``, as :func:`workbench.ui.stored_runs.compare_runs` reads a cache's."""
         compared = self.runs.get(name)
         if compared is None:
             return None, None, f"**No run** `{name}` in this comparison."
@@ -1013,7 +1013,7 @@ class Compare:
         from types import SimpleNamespace
 
         from workbench.ui import figures
-        from workbench.ui.live import compare_runs
+        from workbench.ui.stored_runs import compare_runs
 
         with self._lock:
             self._drawn = self._state()
