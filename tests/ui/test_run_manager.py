@@ -7,6 +7,7 @@ passed to the handlers the tab's buttons call.
 import time
 
 import pytest
+import torch
 
 from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
@@ -219,3 +220,47 @@ def test_a_run_whose_thread_cannot_start_is_a_message_and_leaves_nothing_open(ma
     assert manager.runs() == []
     stored = load_run(manager.root.path / "refused")
     assert stored.status == "failed" and "could not start" in stored.metadata["error"]
+
+
+def test_an_ended_run_continues_as_a_new_run_bit_for_bit_numbered_on(manager):
+    """Continue: the steps a 5-step run would have taken after its 3rd, recorded as a run of their own."""
+    straight = start(manager, 5, store="straight")
+    first = start(manager, 3, store="first")
+    long = start(manager, 100_000)
+    refused, message = live_run.continue_run(manager, long.id, 2)
+    assert refused is None and "is still running; continue it once it has ended" in message
+    long.stop()
+    for run in (straight, first):
+        run.join(60)
+    assert first.outcome == "finished"
+    assert live_run.continued_name(first, manager.root) == "first-from-4"
+
+    then, message = live_run.continue_run(manager, first.id, 2)
+    assert then is not None, message
+    assert then.id != first.id and "step" in message and "of 5" in message
+    then.join(60)
+    assert then.outcome == "finished"
+    # the ended run is as it was; the new one took steps 4 and 5, those the straight run took
+    assert first.experiment.step_count == 3 and "step 3 of 3" in first.status()
+    assert "step 5 of 5" in then.status()
+    continued, whole = load_run(manager.root.path / "first-from-4"), load_run(manager.root.path / "straight")
+    assert continued.steps == [4, 5] and load_run(manager.root.path / "first").steps == [1, 2, 3]
+    assert continued.metadata["continues"].startswith(f"{first.label} (first)")
+    assert continued.metrics().equals(whole.metrics().query("step > 3").reset_index(drop=True))
+    ours = continued.to_pandas().drop(columns=["wall_time"], errors="ignore").reset_index(drop=True)
+    theirs = whole.to_pandas().query("step > 3").drop(columns=["wall_time"], errors="ignore").reset_index(drop=True)
+    assert ours.equals(theirs)
+    for a, b in zip(then.experiment.model.parameters(), straight.experiment.model.parameters()):
+        assert torch.equal(a, b)
+    assert [row["of"] for row in run_control.runs_frame(manager).to_dict("records") if row["id"] == then.id] == [5]
+
+    # what cannot be continued is told, and nothing starts
+    count = len(manager.runs())
+    for run_id, steps, store, expected in ((first.id, 0, "", "steps must lie in [1,"),
+                                           (first.id, 2, "first", "is taken"),
+                                           ("r99", 2, "", "No run 'r99'"),
+                                           (first.id, 2, 7, "must be text")):
+        none, message = live_run.continue_run(manager, run_id, steps, store)
+        assert none is None and message.startswith("**Could not continue:**") or "No run" in message
+        assert expected in message, message
+    assert len(manager.runs()) == count

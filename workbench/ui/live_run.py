@@ -30,8 +30,8 @@ from workbench.ui.runs import RunManager, shown
 from workbench.ui.views import FEED_INTERVAL, RunView
 from workbench.ui.weights import md_literal
 
-__all__ = ["LiveRun", "start_run", "experiment_fields", "experiment_overview", "devices", "RECORD_CHOICES",
-           "STEPS_MAX"]
+__all__ = ["LiveRun", "start_run", "continue_run", "continued_name", "experiment_fields", "experiment_overview",
+           "devices", "RECORD_CHOICES", "STEPS_MAX"]
 
 
 #: The run form's "record" choices and the watch() switch each one sets.
@@ -71,6 +71,11 @@ class LiveRun:
         store: a run directory to record into, or None (memory only).
         device: where the experiment trains ('cpu', 'cuda:0' ...).
         run_id: the id pages attach to it by.
+        weights: a checkpoint file the model starts from (its weights), or None.
+        experiment: an experiment already made (``name``, ``config`` and ``seed`` its own) to train on
+            from its step: a run continued (:meth:`~workbench.ui.runs.RunManager.continue_run`). None:
+            a new one.
+        continues: what this run continues (a run's label and store), recorded in its store's metadata.
         **watch_options: options of ``workbench.watch``.
 
     Attributes:
@@ -80,12 +85,18 @@ class LiveRun:
     """
 
     def __init__(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
-                 device: str = "cpu", run_id: str = "", weights: str | None = None, **watch_options: Any) -> None:
+                 device: str = "cpu", run_id: str = "", weights: str | None = None, experiment: Any = None,
+                 continues: str | None = None, **watch_options: Any) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}.")
         self.id, self.name, self.seed, self.steps = run_id, name, seed, steps
+        self.config, self.device, self.watch_options = dict(config), device, dict(watch_options)
         self.started = time.time()
-        self.experiment = create(name, seed=seed, device=device, **config)
+        self.experiment = experiment if experiment is not None else create(name, seed=seed, device=device, **config)
+        #: the steps a page shows it at: the experiment's count when it started, and the last it will take
+        self.first_step = self.experiment.step_count
+        self.total = self.first_step + steps
+        self.continues = continues
         self.weights: str | None = None  # the checkpoint the model started from (its file's name)
         if weights is not None:  # before the watch: the run records the model from those weights on
             checkpoint = load_checkpoint(weights)
@@ -95,9 +106,11 @@ class LiveRun:
         # long as its user let it go): what pages show is fed by its stream from the first step, into
         # the view layer and the findings, and the store keeps every step
         self.watch = self.experiment.watch(store=store, recorder=Recorder(max_rows=0), **watch_options)
-        self.view = RunView(label=self.label, total=steps)
+        self.view = RunView(label=self.label, total=self.total)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
-            self.watch.store.set_meta(total_steps=steps)
+            self.watch.store.set_meta(total_steps=self.total)
+            if continues is not None:
+                self.watch.store.set_meta(continues=continues)
         self._subscription = self.watch.subscribe(self.view.feed, interval=FEED_INTERVAL)
         self.findings = findings_view.RunFindings(self.watch)
         self.error: str | None = None
@@ -306,7 +319,7 @@ class LiveRun:
 
     def status(self) -> str:
         """The run's header (id, experiment, seed, start time), its state and step of total, for a page."""
-        text = f"**{self.label}** - {self.state}: step {self.experiment.step_count} of {self.steps}"
+        text = f"**{self.label}** - {self.state}: step {self.experiment.step_count} of {self.total}"
         store = self.watch.store
         if store is not None:
             text += f" - recording to `{store.path}`"
@@ -393,6 +406,53 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
     except Exception as exc:  # e.g. out of memory building the model: a message, not a bare "Error"
         return None, f"**Could not start:** {type(exc).__name__}: {exc}"
     return run, run.status()
+
+
+def continued_name(run: LiveRun, root: Any) -> str:
+    """The run name a continuation of ``run`` records to by default: its own, ``-from-`` the step it
+    starts at ('' where ``run`` records to no store)."""
+    if run.watch.store is None:
+        return ""
+    return f"{root.name_of(run.watch.store.path)}-from-{run.experiment.step_count + 1}"
+
+
+def continue_run(manager: RunManager, run_id: Any, steps: Any, store: Any = None) -> tuple[LiveRun | None, str]:
+    """Train the experiment of the ended run ``run_id`` for ``steps`` more steps, as a new run; returns
+    it (or None) and a message. Never raises: bad input is a message.
+
+    The new run starts from a copy of the ended one's training state (model, optimizer, generators,
+    step count: :meth:`~workbench.experiments.Experiment.state_dict`), so its steps are those the
+    ended run would have taken next, bit for bit, numbered on from its last; the ended run stays as
+    it was. It records what the ended one recorded, to ``store`` (a new run name; empty: the ended
+    run's name with ``-from-`` its first step, or none where the ended run recorded to none).
+    """
+    import copy
+
+    from workbench.ui.run_control import find_run
+
+    run, message = find_run(manager, run_id)
+    if run is None:
+        return None, message
+    if run.running:
+        return None, f"**Could not continue:** {run.label} is still {run.state}; continue it once it has ended."
+    if run.outcome == "failed":
+        return None, (f"**Could not continue:** {run.label} failed at step {run.experiment.step_count}: its "
+                      "training state is that of a step that did not finish. Start a new run.")
+    try:
+        steps = _int(steps, "steps", 1, STEPS_MAX)
+        if store is not None and not isinstance(store, str):
+            raise TypeError(f"record to run: a run name must be text, got {shown(store)}.")
+        store = (store or "").strip() or continued_name(run, manager.root) or None
+        experiment = create(run.name, seed=run.seed, device=run.device, **run.config)
+        experiment.load_state_dict(copy.deepcopy(run.experiment.state_dict()), source=run.label)
+        continues = run.label + (f" ({manager.root.name_of(run.watch.store.path)})" if run.watch.store else "")
+        new = manager.start(run.name, run.config, run.seed, steps, store=store, device=run.device,
+                            experiment=experiment, continues=continues, **run.watch_options)
+    except (ValueError, TypeError, OSError) as exc:
+        return None, f"**Could not continue:** {exc}"
+    except Exception as exc:  # e.g. out of memory copying the model: a message, not a bare "Error"
+        return None, f"**Could not continue:** {type(exc).__name__}: {exc}"
+    return new, new.status()
 
 
 def _record_switches(record: Sequence[str] | None) -> dict[str, bool]:

@@ -35,7 +35,7 @@ def runs_frame(manager: RunManager) -> pd.DataFrame:
     """The runs in this app (in progress first, then finished, newest first), one row each."""
     rows = [{"id": r.id, "experiment": r.name, "seed": r.seed,
              "started": time.strftime("%H:%M:%S", time.localtime(r.started)), "status": r.state,
-             "step": r.experiment.step_count, "of": r.steps,
+             "step": r.experiment.step_count, "of": r.total,
              "recording to": manager.root.name_of(r.watch.store.path) if r.watch.store is not None else ""}
             for r in manager.runs()]
     return pd.DataFrame(rows, columns=RUN_COLUMNS)

@@ -206,9 +206,11 @@ class RunManager:
         weakref.finalize(self, _stop_all, self._runs, self._lock)
 
     def start(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
-              device: str = "cpu", weights: str | None = None, **watch_options: Any) -> LiveRun:
+              device: str = "cpu", weights: str | None = None, experiment: Any = None, continues: str | None = None,
+              **watch_options: Any) -> LiveRun:
         """Start ``name`` on a thread of its own; ``store`` is a run name under the root (or None);
-        ``weights`` a checkpoint file the model starts from (see :mod:`workbench.checkpoints`).
+        ``weights`` a checkpoint file the model starts from (see :mod:`workbench.checkpoints`);
+        ``experiment`` and ``continues`` as :class:`~workbench.ui.live_run.LiveRun`'s (a run continued).
 
         Raises:
             ValueError: too many runs in progress, a bad run name, a name already taken, a bad config,
@@ -238,7 +240,8 @@ class RunManager:
             run_id = f"r{number}"
         try:
             run = LiveRun(name, config, seed, steps, store=None if path is None else str(path), device=device,
-                          run_id=run_id, weights=weights, **watch_options)
+                          run_id=run_id, weights=weights, experiment=experiment, continues=continues,
+                          **watch_options)
             with self._lock:
                 self._runs[run_id] = run
         except BaseException:
