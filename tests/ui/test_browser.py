@@ -448,6 +448,7 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
     for button in ("run-pause", "run-resume", "run-stop", "iv-apply", "iv-remove"):
         expect(page.locator(f"#{button}")).to_be_disabled()
+    expect(page.locator("#continue-row")).to_be_hidden()
     page.locator("#live-pick input").click()
     page.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, seed 0, .* \(running\)$")).click()
     page.locator("#live-attach").click()
@@ -477,10 +478,18 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#run-stop").click()
     expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)
     expect(runs).to_contain_text("stopped")
-    for button in ("run-pause", "run-resume", "run-stop", "iv-apply"):  # (it ended: nothing to do)
+    for button in ("run-pause", "run-resume", "run-stop", "iv-apply"):  # (it ended: nothing to do ...)
         expect(page.locator(f"#{button}")).to_be_disabled()
     assert load_run(runs_root / "reloaded").status == "stopped"
     expect(page.locator("#live-findings-note")).to_contain_text("Diagnoses")
+    # ... but to continue it: a new run, numbered on from the stopped one's last step, attached to the page
+    last = int(re.search(r"step (\d+) of", status.inner_text())[1])
+    expect(page.locator("#continue-row")).to_be_visible()
+    page.locator("#continue-steps input").fill("3")
+    page.locator("#run-continue").click()
+    expect(status).to_contain_text(re.compile(rf"finished.*step {last + 3} of {last + 3}"), timeout=60_000)
+    expect(page.locator("#live-message")).to_contain_text(f"continuing {run_id} activation_mlp")
+    assert load_run(runs_root / f"reloaded-from-{last + 1}").steps == [last + 1, last + 2, last + 3]
     page.locator("#live-detach").click()  # the page holds no run: the run's findings go with it
     expect(status).to_contain_text("No run on this page", timeout=30_000)
     expect(page.locator("#live-findings-note")).not_to_contain_text("Diagnoses")

@@ -82,12 +82,12 @@ def test_a_running_experiment_stops_and_closes_its_watch(manager):
 
 
 def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(manager):
-    # the page's Pause, Resume, Stop, Apply and Remove: greyed out before a run (and for an unknown one) ...
-    idle = {"pause": False, "resume": False, "stop": False, "apply": False, "remove": False}
+    # the page's Pause, Resume, Stop, Apply, Remove and Continue: off before a run (and for an unknown one) ...
+    idle = {"pause": False, "resume": False, "stop": False, "apply": False, "remove": False, "continue": False}
     assert run_control.run_controls(manager, None) == run_control.run_controls(manager, "r99") == idle
     run, _ = live_run.start_run(manager, "activation_mlp", {"width": "8"}, 0, 100000, 1, False, "*", "")
     assert run_control.run_controls(manager, run.id) == {"pause": True, "resume": False, "stop": True, "apply": True,
-                                                         "remove": False}
+                                                         "remove": False, "continue": False}
     deadline = time.time() + 60
     while run.experiment.step_count < 3 and time.time() < deadline:  # (past the first steps' one-off work)
         time.sleep(0.05)
@@ -104,7 +104,7 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
     assert run.experiment.step_count == held and run.running
     assert "paused already" in run_control.pause_run(manager, run.id)
     assert run_control.run_controls(manager, run.id) == {"pause": False, "resume": True, "stop": True, "apply": True,
-                                                         "remove": False}
+                                                         "remove": False, "continue": False}
     assert run.view.header()["status"] == "paused" and run_control.runs_frame(manager).status.tolist() == ["paused"]
     record = run.intervene("layers.1", "zero units", units="0")  # (put in between steps while paused)
     assert record.status == "on" and record.start == held + 1
@@ -117,7 +117,8 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
     run_control.pause_run(manager, run.id)
     run.stop()  # (a paused run stops at once)
     assert run.state == "stopped" and "had ended" in run_control.pause_run(manager, run.id, pause=False)
-    assert run_control.run_controls(manager, run.id) == idle  # ... and again once it ended
+    # ... and once it ended, Continue alone
+    assert run_control.run_controls(manager, run.id) == {**idle, "continue": True}
     assert "Not attached" in run_control.pause_run(manager, None)
 
 

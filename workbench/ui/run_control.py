@@ -123,16 +123,17 @@ def pause_run(manager: RunManager, run_id: Any, pause: bool = True) -> str:
 
 
 def run_controls(manager: RunManager, run_id: Any) -> dict[str, bool]:
-    """Which of the run page's Pause, Resume, Stop and its intervention panel's Apply and Remove apply to
-    its run now (a page enables those and greys out the others): none before a run is attached or after
-    it ended; Pause and Stop while it runs, Resume and Stop while it is paused, Stop alone while it
-    finishes the step it was stopped at; Apply while it runs or is paused, Remove then while an
-    intervention is on."""
+    """Which of the run page's Pause, Resume, Stop, its intervention panel's Apply and Remove, and
+    Continue apply to its run now (a page enables those and greys out or hides the others): none before
+    a run is attached; Pause and Stop while it runs, Resume and Stop while it is paused, Stop alone while
+    it finishes the step it was stopped at; Apply while it runs or is paused, Remove then while an
+    intervention is on; Continue once it finished or was stopped (:func:`~workbench.ui.live_run.continue_run`)."""
     run = manager.get(run_id) if run_id else None
     state = run.state if run is not None else None
     going = state in ("running", "paused")
     return {"pause": state == "running", "resume": state == "paused", "stop": going or state == "stopping",
-            "apply": going, "remove": going and any(record.status == "on" for record in run.interventions)}
+            "apply": going, "remove": going and any(record.status == "on" for record in run.interventions),
+            "continue": state in ("finished", "stopped")}
 
 
 def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str = "*") -> tuple:

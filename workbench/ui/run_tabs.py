@@ -24,7 +24,8 @@ from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
-from workbench.ui.live_run import RECORD_CHOICES, devices, experiment_fields, experiment_overview, start_run
+from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
+                                   start_run)
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
@@ -273,6 +274,15 @@ def layout(root: RunsRoot):
                     c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
                     c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
+                # (shown once the page's run finished or was stopped: run_controls' "continue")
+                with gr.Row(equal_height=True, visible=False, elem_id="continue-row") as c["continue_row"]:
+                    c["more_steps"] = gr.Number(200, label="continue for more steps", elem_id="continue-steps",
+                                                interactive=True, min_width=80, scale=1)
+                    c["continue_store"] = gr.Textbox("", label="record to run", elem_id="continue-store",
+                                                     placeholder="empty: its run name, -from- its next step",
+                                                     interactive=True, scale=3)
+                    c["continue"] = gr.Button("Continue", variant="primary", size="md", elem_id="run-continue",
+                                              scale=1, min_width=100)
                 # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
                 c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
                 # (the whole evidence, wrapped: a row takes two or three lines)
@@ -507,16 +517,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent.update(sites=sites, table=rows, on=on)
         return out
 
-    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"]]  # (run_controls' order)
+    # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before)
+    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"]]
+
+    def control(key: str, on: bool):
+        return gr.Row(visible=on) if key == "continue" else gr.Button(interactive=on)
 
     def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
         """Pause, Resume, Stop, Apply and Remove, enabled where they apply to the page's run
-        (:func:`run_controls`), greyed out where not; each sent only when it changed (``state``
-        remembers; ``fresh``: whatever the page had)."""
+        (:func:`run_controls`), greyed out where not, and Continue's row shown or hidden; each sent only
+        when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
         able = run_controls(manager, attached)
         sent = {} if fresh else state.get("buttons", {})
         state["buttons"] = able
-        return tuple(gr.skip() if sent.get(k) == v else gr.Button(interactive=v) for k, v in able.items())
+        return tuple(gr.skip() if sent.get(k) == v else control(k, v) for k, v in able.items())
 
     def list_updates(state: dict) -> tuple:
         """The runs table, its note and the picker's choices, each sent only when it changed (``state``
@@ -652,6 +666,24 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         button.click(_guarded(on_pause, lambda text: (gr.skip(), text, *skips(4 + len(buttons)))),
                      [c["live_state"], c["live_page"]],
                      [c["status"], c["live_message"], *listing, c["live_page"], *buttons])
+
+    def on_continue(attached, state, steps, store):
+        new, message = continue_run(manager, attached, steps, store)
+        if new is None:  # (the page stays with the ended run)
+            return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), *listed(attached), *skips(len(buttons))
+        ended = manager.get(attached)
+        state = new_page_state()
+        note = f"Started {new.label}, continuing {ended.label if ended else attached}; this page is attached to it."
+        return (live_header(new), new.id, note, state, gr.Timer(active=True), *listed(new.id),
+                *button_updates(new.id, state, fresh=True))
+
+    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(5 + len(buttons)))),
+                        [c["live_state"], c["live_page"], c["more_steps"], c["continue_store"]],
+                        [c["status"], c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing,
+                         *buttons]).then(
+        _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
+        show_progress="hidden").then(
+        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
