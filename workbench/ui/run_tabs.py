@@ -279,7 +279,7 @@ def layout(root: RunsRoot):
                     c["more_steps"] = gr.Number(200, label="continue for more steps", elem_id="continue-steps",
                                                 interactive=True, min_width=80, scale=1)
                     c["continue_store"] = gr.Textbox("", label="record to run", elem_id="continue-store",
-                                                     placeholder="empty: its run name, -from- its next step",
+                                                     placeholder="empty: <its run name>-from-<next step>",
                                                      interactive=True, scale=3)
                     c["continue"] = gr.Button("Continue", variant="primary", size="md", elem_id="run-continue",
                                               scale=1, min_width=100)
