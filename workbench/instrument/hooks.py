@@ -5,7 +5,9 @@
   names the call. It applies the site's interventions, reduces each tensor of the output at once
   (a later in-place op may change it) and hooks the node that made it for its gradient
   (:class:`~workbench.instrument.torch_internals.GradientHook`). Where a module is shared, a
-  process-wide pre-hook keeps the call stack.
+  process-wide pre-hook keeps the call stack. Under ``torch.vmap`` a tensor is read as the plain
+  tensor under torch.func's wrappers (every sample's values), its gradient hooked on the tensor
+  an autograd node makes (:func:`~workbench.instrument.torch_internals.vmap_unwrapped`).
 - Output gradients are queued when small (nothing changes a gradient once computed) and reduced in
   one call when the backward ends. Parameter gradients come from post-accumulate-grad hooks, and
   are reduced together there; parameter values (and their updates) in :meth:`Hooks.end_step`.
