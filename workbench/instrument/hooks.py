@@ -334,7 +334,7 @@ class Hooks:
                 except Exception as exc:
                     self.fail(path, call, ACTIVATION, exc)
                     activations = False
-            tracked = internals.vmap_unwrapped(tensor)  # (the tensor an autograd node makes)
+            tracked = tensor if values is tensor else internals.vmap_unwrapped(tensor)  # (made by an autograd node)
             if grads and tracked.requires_grad:
                 try:
                     if seen[3] is None:
