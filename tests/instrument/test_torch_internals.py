@@ -237,6 +237,22 @@ def test_functorch_unwrapped_and_vmap_unwrapped_peel_torch_funcs_wrappers():
     assert internals.functorch_unwrapped(x) is x and internals.vmap_unwrapped(x) is x
 
 
+def test_functorch_disabled_keeps_ops_on_an_unwrapped_tensor_plain_inside_a_grad_transform():
+    found = []
+
+    def f(v):
+        plain = internals.functorch_unwrapped(v)
+        with internals.functorch_disabled():
+            found.append(plain * 2)
+        found.append(plain * 2)
+        return v.sum()
+
+    torch.func.grad(f)(torch.ones(3))
+    inside_off, inside_on = found
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(inside_off) and inside_off.data_ptr()
+    assert torch._C._functorch.is_functorch_wrapped_tensor(inside_on)  # (what the context is for)
+
+
 def test_unwrap_compiled_and_is_compiled():
     model = nn.Linear(2, 2)
     assert internals.unwrap_compiled(model) == (model, False)

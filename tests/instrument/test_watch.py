@@ -226,7 +226,7 @@ def test_a_model_holding_a_torchscript_module_is_watched_with_the_scripted_modul
     assert not w.errors and found.step.tolist().count(2) == len(found) // 2
 
 
-def test_a_model_under_torch_vmap_records_every_samples_values_as_the_whole_batch_would():
+def test_a_model_under_torch_func_transforms_records_every_samples_values_as_the_whole_batch_would():
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), torch.randn(5, 4)
     stats = ["module", "call", "kind", "tensor", "numel", "mean", "std", "min", "max", "norm", "zero_frac"]
@@ -240,9 +240,12 @@ def test_a_model_under_torch_vmap_records_every_samples_values_as_the_whole_batc
 
     whole = recorded(lambda: model(x).sum().backward())
     params = {name: p.detach() for name, p in model.named_parameters()}
-    per_sample = torch.func.grad(lambda p, xi: torch.func.functional_call(model, p, (xi,)).sum())
+    call = torch.func.functional_call
+    per_sample = torch.func.grad(lambda p, xi: call(model, p, (xi,)).sum())
     for run in (lambda: torch.vmap(model)(x).sum().backward(),  # (before: no rows, an error per site)
-                lambda: torch.vmap(per_sample, in_dims=(None, 0))(params, x)):  # per-sample gradients
+                lambda: torch.vmap(per_sample, in_dims=(None, 0))(params, x),  # per-sample gradients
+                lambda: torch.func.grad(lambda p: call(model, p, (x,)).sum())(params),  # (before: NaN rows)
+                lambda: torch.func.grad(lambda p: torch.vmap(lambda xi: call(model, p, (xi,)))(x).sum())(params)):
         pd.testing.assert_frame_equal(recorded(run), whole, rtol=1e-5)
 
 

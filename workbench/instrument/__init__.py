@@ -20,7 +20,14 @@ The pipeline, one file a stage (a newcomer's map):
    :mod:`~workbench.instrument.compiled_hooks` collects them per step.
 5. Sinks subscribe to the recorder: :mod:`~workbench.instrument.store` is where a row is written
    (SQLite), composed by :func:`watch` (:mod:`~workbench.instrument.compose`), and
-   :mod:`~workbench.instrument.runs` reads stored runs back; the UI's views read the same stream. :mod:`~workbench.instrument.schema` names the kinds, the sums and the columns once.
+   :mod:`~workbench.instrument.runs` reads stored runs back (:mod:`~workbench.instrument.tensorboard`
+   exports one); the UI's views read the same stream. :mod:`~workbench.instrument.schema` names the
+   kinds, the sums and the columns once.
+
+Beside the stages: :mod:`~workbench.instrument.tree` walks structured outputs into named tensor
+leaves, :mod:`~workbench.instrument.interventions` holds the patches and ablations the forward hook
+applies, and :mod:`~workbench.instrument.distributed` (with
+:mod:`~workbench.instrument.distributed_rows`) merges the ranks' sums of a data-parallel run.
 """
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update

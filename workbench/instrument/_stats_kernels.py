@@ -1,7 +1,7 @@
 """One-pass statistics of CPU tensors, compiled with numba (cached on disk after the first build).
 
 The statistics pass reads a tensor once and writes every value of
-:data:`~workbench.instrument.stats.SUMS` straight into a row of the step's host
+:data:`~workbench.instrument.schema.SUMS` straight into a row of the step's host
 array; torch's kernels would take ~10 passes and allocate temporaries (fresh
 pages, the main cost of instrumenting a step that way: the bench's "watch (torch
 reductions)" variant). The kernels are C callbacks (``cfunc``), called with raw

@@ -7,7 +7,7 @@ touches. The batch reduction with torch's ops (``stats.chunk_sums``) takes
 rows' sums on the host (~1.5 ms of host time a batch on an H100 machine).
 These kernels read the tensors where they are (the batch is described by
 offsets from the first tensor's address, so nothing is copied) and leave
-the finished :data:`~workbench.instrument.stats.SUMS` rows on the device:
+the finished :data:`~workbench.instrument.schema.SUMS` rows on the device:
 
 - ``tensor_partials``: a grid of (tensor, program); a tensor is cut in rows
   of ``ROW`` values, its programs take its rows in turn (a tensor of one row
@@ -54,7 +54,7 @@ ROW = 16 * BLOCK
 PROGRAMS = 128
 #: Partial sums per program: sum, sum_sq, abs_sum, min, max, nonzero, nan, inf.
 PARTIALS = 8
-#: Values of a SUMS row (workbench.instrument.stats.SUMS).
+#: Values of a SUMS row (workbench.instrument.schema.SUMS).
 SUMS = 9
 
 

@@ -5,7 +5,10 @@
   names the call. It applies the site's interventions, reduces each tensor of the output at once
   (a later in-place op may change it) and hooks the node that made it for its gradient
   (:class:`~workbench.instrument.torch_internals.GradientHook`). Where a module is shared, a
-  process-wide pre-hook keeps the call stack.
+  process-wide pre-hook keeps the call stack. Under ``torch.vmap`` and ``torch.func.grad`` a
+  tensor is read as the plain tensor under torch.func's wrappers (every sample's values, reduced
+  at once with torch.func off), its gradient hooked on the tensor an autograd node makes
+  (:func:`~workbench.instrument.torch_internals.vmap_unwrapped`).
 - Output gradients are queued when small (nothing changes a gradient once computed) and reduced in
   one call when the backward ends. Parameter gradients come from post-accumulate-grad hooks, and
   are reduced together there; parameter values (and their updates) in :meth:`Hooks.end_step`.
@@ -325,13 +328,13 @@ class Hooks:
             if activations:
                 try:
                     if seen[2] is None:
-                        seen[2] = self.sums.add(values)
+                        seen[2] = self._reduce(values, values is not tensor, defer=False)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
                     self.entries.append((self._intern((path, call, ACTIVATION, name, shape)), values.numel(), seen[2]))
                 except Exception as exc:
                     self.fail(path, call, ACTIVATION, exc)
                     activations = False
-            tracked = internals.vmap_unwrapped(tensor)  # (the tensor an autograd node makes)
+            tracked = tensor if values is tensor else internals.vmap_unwrapped(tensor)  # (made by an autograd node)
             if grads and tracked.requires_grad:
                 try:
                     if seen[3] is None:
@@ -392,14 +395,15 @@ class Hooks:
             return
         try:
             if keys:
-                grad = internals.functorch_unwrapped(grad)  # (under torch.vmap: every sample's gradient)
+                values = internals.functorch_unwrapped(grad)  # (under torch.vmap: every sample's gradient)
                 # The backward often hands one gradient tensor to several sites (an add node passes
                 # its incoming gradient to both branches of a residual connection): while its
                 # Python object lives it is found and reduced once. Nothing changes a gradient once
                 # computed: small ones are queued and reduced together when the backward ends.
-                seen = self._seen_entry(grad)
+                seen = self._seen_entry(values)
                 if seen[2] is None:
-                    seen[2] = self.sums.add(grad, defer=True)
+                    seen[2] = self._reduce(values, values is not grad, defer=True)
+                grad = values
                 row = seen[2]
                 self.entries.extend((self._intern((path, call, GRAD_OUTPUT, name, shape)), grad.numel(), row)
                                     for path, call, name, shape in keys)
@@ -407,6 +411,15 @@ class Hooks:
         except Exception as exc:
             for path, call, _, _ in keys:
                 self.fail(path, call, GRAD_OUTPUT, exc)
+
+    def _reduce(self, values: torch.Tensor, unwrapped: bool, defer: bool) -> int:
+        """The row of ``values``, reduced now or (``defer``) when the backward ends; one ``unwrapped``
+        from torch.func's wrappers at once, with torch.func off (inside a ``grad`` transform its ops
+        would make wrapped tensors again, and its values may not outlive the transform)."""
+        if not unwrapped:
+            return self.sums.add(values, defer=defer)
+        with internals.functorch_disabled():
+            return self.sums.add(values)
 
     def _record_param_grad(self, module_path: str, name: str, param: nn.Parameter) -> None:
         if not (self.recording and self.active) or module_path not in self.kinds[PARAM_GRAD]:

@@ -17,7 +17,7 @@ from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook",
-           "tensor_version", "functorch_unwrapped", "vmap_unwrapped",
+           "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
@@ -246,6 +246,13 @@ def vmap_unwrapped(tensor: torch.Tensor) -> torch.Tensor:
     while torch._C._functorch.is_batchedtensor(tensor):
         tensor = torch._C._functorch.get_unwrapped(tensor)
     return tensor
+
+
+def functorch_disabled() -> Any:
+    """A context in which torch ops on a tensor unwrapped by :func:`functorch_unwrapped` give plain
+    tensors (inside a ``torch.func.grad`` transform they would be wrapped again, with no storage to
+    read). Relies on: ``torch._C._DisableFuncTorch``."""
+    return torch._C._DisableFuncTorch()
 
 
 def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
