@@ -36,6 +36,7 @@ def test_torchrun_two_ranks_writes_one_run(tmp_path):
     run = workbench.load_run(store)
     assert run.status == "finished" and run.steps == [1, 2, 3, 4]
     assert run.metadata["experiment"] == "activation_mlp" and run.metadata["distributed"]["world_size"] == 2
+    assert run.metadata["distributed"]["wrapper"] == "DistributedDataParallel"
     rows = run.to_pandas()
     # the global batch: 2 ranks x 16 points through the first hidden layer's 8 units
     first = rows[(rows.kind == "activation") & (rows.module == "layers.0")]

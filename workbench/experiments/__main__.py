@@ -172,16 +172,16 @@ def data_parallel(model, **options: Any):
     """``model`` in ``DistributedDataParallel``, whose other attributes (methods an experiment
     calls on its model besides its forward, such as the dynamics network's
     ``initial_hidden_state``) are the model's."""
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    class DataParallel(DistributedDataParallel):
+    class DistributedDataParallel(DDP):  # (a run's metadata records the wrapper by this name)
         def __getattr__(self, name: str) -> Any:
             try:
                 return super().__getattr__(name)
             except AttributeError:
                 return getattr(self.module, name)
 
-    return DataParallel(model, **options)
+    return DistributedDataParallel(model, **options)
 
 
 def _rank_stores(w: Any, store: str, metadata: dict[str, Any]) -> list:
