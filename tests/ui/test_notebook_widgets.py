@@ -207,6 +207,28 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
 
 
+def test_the_end_of_a_run_stopped_by_its_button_stays_drawn():
+    """The button's own redraw of the header ("stopping") never lands after the run's last draw."""
+    import threading
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(100_000)
+    dash = Dashboard(run, interval=0.05)
+    wait_for(lambda: dash.view.steps_fed > 0, what="a first step")
+    set_status = dash.view.set_status
+
+    def preempted(status, error=None):  # the button's thread, held up between reading the status and drawing it
+        if status == "stopping" and threading.current_thread() is threading.main_thread():
+            run.join(timeout=2.0)  # (the run ends meanwhile; its last draw waits for the button's, if it can)
+        set_status(status, error)
+
+    dash.view.set_status = preempted
+    dash.stop_button.click()
+    assert run.join() == "stopped"
+    wait_for(lambda: not dash.following, what="the run's last draw")
+    assert "<code>stopped</code>" in dash.header.value and dash.view.header()["step"] == run.step
+
+
 def test_the_controls_choose_what_is_drawn(tmp_path):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
     run = exp.start(12, histograms=True)

@@ -760,8 +760,12 @@ class Dashboard:
             self.run.resume()
         else:
             self.run.stop(wait=False)
-        self._status()
-        self._draw_header()
+        # (under the draw lock: a status read here before the run ended, drawn after the run's last
+        # draw, would leave the header at "stopping" for good)
+        with self._draw_lock:
+            if not self._closed.is_set():
+                self._status()
+                self._draw_header()
 
     def close(self) -> None:
         """Stop following the run (the figures stay as they are)."""
