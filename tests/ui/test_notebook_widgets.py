@@ -507,8 +507,12 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     watches = [exp.watch(histograms=False) for exp in exps]
     for exp in exps:
         exp.run(2, progress=False)
-    assert list(Compare(*exps).runs) == ["activation_mlp (seed 0): activation=gelu",
-                                         "activation_mlp (seed 0): activation=tanh"]
+    assert list(Compare(*exps).runs) == ["activation=gelu", "activation=tanh"]
+    other = workbench.experiments.create("activation_mlp", seed=1, width=8)
+    other.watch(histograms=False)
+    other.run(1, progress=False)  # (beside a run of another seed, the experiment and seed come first)
+    assert list(Compare(*exps, other).runs) == ["activation_mlp (seed 0): activation=gelu",
+                                                "activation_mlp (seed 0): activation=tanh", "activation_mlp (seed 1)"]
     for w in watches:
         w.close()
     assert list(Compare(*watches).runs) == ["MLP (1)", "MLP (2)"]  # (a watch alone: its model's class, numbered)

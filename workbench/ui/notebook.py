@@ -262,7 +262,9 @@ def _config(source: Any) -> dict | None:
 
 def _distinct(labels: list[str], configs: list[dict | None]) -> list[str]:
     """A name per run: its label, and where runs share a label, the settings they differ in
-    (``activation_mlp (seed 0): activation=gelu``), else a number (``Linear (2)``)."""
+    (``activation=gelu``; ``activation_mlp (seed 0): activation=gelu`` beside runs of other labels),
+    else a number (``Linear (2)``): what tells a run apart from the others, and no more (a legend
+    of long names squeezed the figures)."""
     names = list(labels)
     for label in set(labels):
         group = [i for i, each in enumerate(labels) if each == label]
@@ -271,7 +273,8 @@ def _distinct(labels: list[str], configs: list[dict | None]) -> list[str]:
         known = [configs[i] for i in group if configs[i] is not None]
         keys = sorted({key for config in known for key in config})
         differ = [key for key in keys if len({repr(config.get(key)) for config in known}) > 1]
-        named = [f"{label}: " + ", ".join(f"{key}={configs[i].get(key)}" for key in differ)
+        prefix = f"{label}: " if len(group) < len(labels) else ""
+        named = [prefix + ", ".join(f"{key}={configs[i].get(key)}" for key in differ)
                  if differ and configs[i] is not None else label for i in group]
         for n, (i, name) in enumerate(zip(group, named), 1):
             names[i] = f"{name} ({n})" if named.count(name) > 1 else name
