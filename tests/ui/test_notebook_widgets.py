@@ -476,6 +476,15 @@ def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
     compare.picked.value = ("gelu",)  # one run: nothing to compare, and the figures go
     assert compare.message == "Pick two or more runs to compare."
     assert compare.figure("metrics") is None and compare.metrics_plot.outputs == ()
+    # the site picked comes back with the runs, and with a kind that has it
+    compare.picked.value = ("gelu", "relu")
+    compare.site.value = "layers.2.weight"
+    compare.kind.value = "activation"
+    compare.picked.value = ("gelu",)
+    compare.picked.value = ("gelu", "relu")
+    compare.kind.value = "param"
+    assert compare.site.value == "layers.2.weight"
+    assert compare.figure("site")["layout"]["title"]["text"].endswith("at layers.2.weight, by run")
 
 
 def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tmp_path):

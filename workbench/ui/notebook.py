@@ -955,14 +955,15 @@ class Compare:
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
-        for control in (self.picked, self.kind, self.statistic, self.site, self.smoothing, self.log_y):
+        for control in (self.picked, self.kind, self.statistic, self.smoothing, self.log_y):
             control.observe(lambda _: self._quiet or self.refresh(), names="value")
+        self.site.observe(self._on_site, names="value")
         self.widget = w.VBox([
             w.HBox([self.picked, w.VBox([w.HBox([self.kind, self.statistic]), self.site,
                                          w.HBox([self.smoothing, self.log_y])])]),
             self.message_html, self.metrics_plot, self.site_plot,
         ])
-        self._first_site = site
+        self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
         ended = self._catch_up()
         if site is not None and self.site.value != site:
             self.close()
@@ -1026,7 +1027,7 @@ class Compare:
             self._drawn = self._state()
             picks = list(self.picked.value)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
-            site = self.site.value if self.site.value is not None else self._first_site
+            site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
                 self._colors)
@@ -1045,6 +1046,12 @@ class Compare:
             self.metrics_plot.outputs = (_figure_output(metrics),) if metrics is not None else ()
             self.site_plot.outputs = (_figure_output(site_fig),) if site_fig is not None else ()
             self.draws += 1
+
+    def _on_site(self, change: Any) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
+        self.refresh()
 
     def figure(self, name: str) -> dict | None:
         """The Plotly figure last drawn.
