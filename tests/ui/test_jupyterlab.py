@@ -172,7 +172,8 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
                 holders.nth(i).scroll_into_view_if_needed()
                 _shot(page, f"live_{name}")
 
-        page.get_by_role("button", name="Stop").click()
+        # (a browser slowed by the load is slow to draw the redraws: as patient as the waits above)
+        page.get_by_role("button", name="Stop").click(timeout=60_000)
         page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)  # (its last draw)
         stopped_at = _header_step(page)
         _run_cell(page, 1)
