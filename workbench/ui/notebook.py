@@ -825,8 +825,6 @@ class _Compared:
             if now != self._stored_as:
                 view = RunView.from_run(run)
                 view.label = self.name
-                total = run.metadata.get("total_steps")  # (as the app's Runs tab reads it)
-                view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
                 self.view, self.stored, self._stored_as = view, run, now
             self._next_read = time.monotonic() + 3 * (time.monotonic() - began)
         elif self.run is not None:
