@@ -362,6 +362,32 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
     wait_for(lambda: not dash.following, what="the dashboard to stop following the ended run")
 
 
+def test_a_watch_closed_while_its_dashboard_is_made_has_its_last_steps_drawn(monkeypatch):
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    w = workbench.watch(model)
+
+    def step():
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+
+    step()
+    step()
+    refresh = Dashboard.refresh
+
+    def refresh_while_training_ends(self):  # a training thread takes a last step and closes the watch meanwhile
+        refresh(self)
+        if self.draws == 1:
+            step()
+            w.close()
+
+    monkeypatch.setattr(Dashboard, "refresh", refresh_while_training_ends)
+    dash = Dashboard(w, interval=0.05)
+    wait_for(lambda: "closed" in dash.header.value, timeout=30, what="the end of the watch drawn")
+    assert dash.view.header()["step"] == 3 and "step 3" in dash.header.value and not dash.following
+
+
 def test_the_dashboard_shows_where_a_nan_first_appeared():
     import torch
 

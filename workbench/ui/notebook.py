@@ -434,6 +434,8 @@ class Dashboard:
         if (self.watch is not None or self.stored is not None) and not self._ended():
             self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
             self._timer.start()
+        elif self.run is None:  # (a watch closed while this was made: the steps it delivered since the draw)
+            self._last_draw()
         if self.run is not None:  # the end drawn at once (before run.join() returns), not at the next tick
             self.run.on_done(lambda _run: self._last_draw())
 
