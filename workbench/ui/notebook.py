@@ -1029,8 +1029,8 @@ class Compare:
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
-                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
-                self._colors)
+                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
+                self.smoothing.value, self.log_y.value, self._colors)
             self._figures = {"metrics": metrics, "site": site_fig}
             self.message, self.sites = message, list(choices)
             self._quiet = True
