@@ -165,11 +165,15 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         expect(page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").first).to_be_attached(timeout=30_000)
         _shot(page, "live")
         if os.environ.get("WORKBENCH_SCREENSHOTS"):  # the figures further down, as a user scrolls to them
+            # (to the widget holding the figure: the figure itself is replaced at each redraw, and one
+            # replaced while it is scrolled to is "not attached to the DOM")
+            holders = page.locator(".jp-OutputArea-output .widget-output:has(.js-plotly-plot)")
             for i, name in [(2, "heatmap"), (3, "distribution")]:
-                plots.nth(i).scroll_into_view_if_needed()
+                holders.nth(i).scroll_into_view_if_needed()
                 _shot(page, f"live_{name}")
 
-        page.get_by_role("button", name="Stop").click()
+        # (a browser slowed by the load is slow to draw the redraws: as patient as the waits above)
+        page.get_by_role("button", name="Stop").click(timeout=60_000)
         page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)  # (its last draw)
         stopped_at = _header_step(page)
         _run_cell(page, 1)

@@ -207,6 +207,28 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
 
 
+def test_the_end_of_a_run_stopped_by_its_button_stays_drawn():
+    """The button's own redraw of the header ("stopping") never lands after the run's last draw."""
+    import threading
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    run = exp.start(100_000)
+    dash = Dashboard(run, interval=0.05)
+    wait_for(lambda: dash.view.steps_fed > 0, what="a first step")
+    set_status = dash.view.set_status
+
+    def preempted(status, error=None):  # the button's thread, held up between reading the status and drawing it
+        if status == "stopping" and threading.current_thread() is threading.main_thread():
+            run.join(timeout=2.0)  # (the run ends meanwhile; its last draw waits for the button's, if it can)
+        set_status(status, error)
+
+    dash.view.set_status = preempted
+    dash.stop_button.click()
+    assert run.join() == "stopped"
+    wait_for(lambda: not dash.following, what="the run's last draw")
+    assert "<code>stopped</code>" in dash.header.value and dash.view.header()["step"] == run.step
+
+
 def test_the_controls_choose_what_is_drawn(tmp_path):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
     run = exp.start(12, histograms=True)
@@ -340,6 +362,32 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
     wait_for(lambda: not dash.following, what="the dashboard to stop following the ended run")
 
 
+def test_a_watch_closed_while_its_dashboard_is_made_has_its_last_steps_drawn(monkeypatch):
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    w = workbench.watch(model)
+
+    def step():
+        model(torch.randn(4, 2)).sum().backward()
+        w.step()
+
+    step()
+    step()
+    refresh = Dashboard.refresh
+
+    def refresh_while_training_ends(self):  # a training thread takes a last step and closes the watch meanwhile
+        refresh(self)
+        if self.draws == 1:
+            step()
+            w.close()
+
+    monkeypatch.setattr(Dashboard, "refresh", refresh_while_training_ends)
+    dash = Dashboard(w, interval=0.05)
+    wait_for(lambda: "closed" in dash.header.value, timeout=30, what="the end of the watch drawn")
+    assert dash.view.header()["step"] == 3 and "step 3" in dash.header.value and not dash.following
+
+
 def test_the_dashboard_shows_where_a_nan_first_appeared():
     import torch
 
@@ -454,6 +502,15 @@ def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
     compare.picked.value = ("gelu",)  # one run: nothing to compare, and the figures go
     assert compare.message == "Pick two or more runs to compare."
     assert compare.figure("metrics") is None and compare.metrics_plot.outputs == ()
+    # the site picked comes back with the runs, and with a kind that has it
+    compare.picked.value = ("gelu", "relu")
+    compare.site.value = "layers.2.weight"
+    compare.kind.value = "activation"
+    compare.picked.value = ("gelu",)
+    compare.picked.value = ("gelu", "relu")
+    compare.kind.value = "param"
+    assert compare.site.value == "layers.2.weight"
+    assert compare.figure("site")["layout"]["title"]["text"].endswith("at layers.2.weight, by run")
 
 
 def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tmp_path):
@@ -485,8 +542,12 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     watches = [exp.watch(histograms=False) for exp in exps]
     for exp in exps:
         exp.run(2, progress=False)
-    assert list(Compare(*exps).runs) == ["activation_mlp (seed 0): activation=gelu",
-                                         "activation_mlp (seed 0): activation=tanh"]
+    assert list(Compare(*exps).runs) == ["activation=gelu", "activation=tanh"]
+    other = workbench.experiments.create("activation_mlp", seed=1, width=8)
+    other.watch(histograms=False)
+    other.run(1, progress=False)  # (beside a run of another seed, the experiment and seed come first)
+    assert list(Compare(*exps, other).runs) == ["activation_mlp (seed 0): activation=gelu",
+                                                "activation_mlp (seed 0): activation=tanh", "activation_mlp (seed 1)"]
     for w in watches:
         w.close()
     assert list(Compare(*watches).runs) == ["MLP (1)", "MLP (2)"]  # (a watch alone: its model's class, numbered)

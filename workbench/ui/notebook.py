@@ -262,7 +262,9 @@ def _config(source: Any) -> dict | None:
 
 def _distinct(labels: list[str], configs: list[dict | None]) -> list[str]:
     """A name per run: its label, and where runs share a label, the settings they differ in
-    (``activation_mlp (seed 0): activation=gelu``), else a number (``Linear (2)``)."""
+    (``activation=gelu``; ``activation_mlp (seed 0): activation=gelu`` beside runs of other labels),
+    else a number (``Linear (2)``): what tells a run apart from the others, and no more (a legend
+    of long names squeezed the figures)."""
     names = list(labels)
     for label in set(labels):
         group = [i for i, each in enumerate(labels) if each == label]
@@ -271,7 +273,8 @@ def _distinct(labels: list[str], configs: list[dict | None]) -> list[str]:
         known = [configs[i] for i in group if configs[i] is not None]
         keys = sorted({key for config in known for key in config})
         differ = [key for key in keys if len({repr(config.get(key)) for config in known}) > 1]
-        named = [f"{label}: " + ", ".join(f"{key}={configs[i].get(key)}" for key in differ)
+        prefix = f"{label}: " if len(group) < len(labels) else ""
+        named = [prefix + ", ".join(f"{key}={configs[i].get(key)}" for key in differ)
                  if differ and configs[i] is not None else label for i in group]
         for n, (i, name) in enumerate(zip(group, named), 1):
             names[i] = f"{name} ({n})" if named.count(name) > 1 else name
@@ -431,6 +434,8 @@ class Dashboard:
         if (self.watch is not None or self.stored is not None) and not self._ended():
             self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
             self._timer.start()
+        elif self.run is None:  # (a watch closed while this was made: the steps it delivered since the draw)
+            self._last_draw()
         if self.run is not None:  # the end drawn at once (before run.join() returns), not at the next tick
             self.run.on_done(lambda _run: self._last_draw())
 
@@ -760,8 +765,12 @@ class Dashboard:
             self.run.resume()
         else:
             self.run.stop(wait=False)
-        self._status()
-        self._draw_header()
+        # (under the draw lock: a status read here before the run ended, drawn after the run's last
+        # draw, would leave the header at "stopping" for good)
+        with self._draw_lock:
+            if not self._closed.is_set():
+                self._status()
+                self._draw_header()
 
     def close(self) -> None:
         """Stop following the run (the figures stay as they are)."""
@@ -818,8 +827,6 @@ class _Compared:
             if now != self._stored_as:
                 view = RunView.from_run(run)
                 view.label = self.name
-                total = run.metadata.get("total_steps")  # (as the app's Runs tab reads it)
-                view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
                 self.view, self.stored, self._stored_as = view, run, now
             self._next_read = time.monotonic() + 3 * (time.monotonic() - began)
         elif self.run is not None:
@@ -948,14 +955,15 @@ class Compare:
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
-        for control in (self.picked, self.kind, self.statistic, self.site, self.smoothing, self.log_y):
+        for control in (self.picked, self.kind, self.statistic, self.smoothing, self.log_y):
             control.observe(lambda _: self._quiet or self.refresh(), names="value")
+        self.site.observe(self._on_site, names="value")
         self.widget = w.VBox([
             w.HBox([self.picked, w.VBox([w.HBox([self.kind, self.statistic]), self.site,
                                          w.HBox([self.smoothing, self.log_y])])]),
             self.message_html, self.metrics_plot, self.site_plot,
         ])
-        self._first_site = site
+        self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
         ended = self._catch_up()
         if site is not None and self.site.value != site:
             self.close()
@@ -1019,10 +1027,10 @@ class Compare:
             self._drawn = self._state()
             picks = list(self.picked.value)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
-            site = self.site.value if self.site.value is not None else self._first_site
+            site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
-                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site, self.smoothing.value, self.log_y.value,
-                self._colors)
+                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
+                self.smoothing.value, self.log_y.value, self._colors)
             self._figures = {"metrics": metrics, "site": site_fig}
             self.message, self.sites = message, list(choices)
             self._quiet = True
@@ -1038,6 +1046,12 @@ class Compare:
             self.metrics_plot.outputs = (_figure_output(metrics),) if metrics is not None else ()
             self.site_plot.outputs = (_figure_output(site_fig),) if site_fig is not None else ()
             self.draws += 1
+
+    def _on_site(self, change: Any) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
+        self.refresh()
 
     def figure(self, name: str) -> dict | None:
         """The Plotly figure last drawn.
