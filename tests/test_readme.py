@@ -52,6 +52,8 @@ def test_the_tour_runs(tmp_path, monkeypatch):
         exec(compile(shortened(block), f"README runnable block {number}", "exec"), namespace)
     # what the tour says it leaves behind
     assert workbench.load_run("runs/gelu").status == "finished"
+    more = workbench.load_run("runs/gelu-more")  # (the resumed training numbers on: shortened to 2 steps)
+    assert more.status == "finished" and more.steps[0] == workbench.load_run("runs/gelu").steps[-1] + 1
     assert namespace["w"].diagnose().empty  # as the tour says: that net trains fine
     mine = workbench.load_run("runs/my_net")
     assert mine.status == "finished" and mine.metrics().step.tolist() == list(range(1, 51))
