@@ -187,7 +187,7 @@ def healthy(steps: int) -> None:
             index = (bounded["std"] / (1 + tanh)) ** 2 / (mu * (1 - mu))
             most["zero_frac"] = max(most["zero_frac"], float(relu.zero_frac.max()) if len(relu) else 0.0)
             most["saturation"] = max(most["saturation"], float(index.max()) if len(index) else 0.0)
-            print(f"  {name:22s} {str(config):36s} {optimizer:4s}: {len(found)} findings "
+            print(f"  {name:22s} {config!s:36s} {optimizer:4s}: {len(found)} findings "
                   f"{found[['site', 'finding']].values.tolist()}")
     print(f"  largest ReLU-like zero fraction {most['zero_frac']:.3f} (dead_zero_frac 0.8), saturation index "
           f"{most['saturation']:.3f} (saturation_index 0.75)")

@@ -29,7 +29,8 @@ import pandas as pd
 
 from workbench.instrument.schema import site_name
 
-__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise", "update_ratios"]
+__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise",
+           "update_ratios"]
 
 #: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
 #: latest episode), ``last_step`` the last; ``site`` names the call site or parameter as the run's
@@ -422,7 +423,8 @@ class Diagnoser:
                     a, b = block[0][1], block[0][2]
                     keys = tuple(keys_all[a:b])
                     stats = {c: np.stack([v[x:y] for _, x, y in block]) for c, v in table.items()} if b > a else {}
-                    self._take_block([s for s, _, _ in block], keys, stats, None, [by_step.get(s, {}) for s, _, _ in block])
+                    self._take_block([s for s, _, _ in block], keys, stats, None,
+                                     [by_step.get(s, {}) for s, _, _ in block])
                     block.clear()
 
             layout = None
@@ -763,7 +765,8 @@ class Diagnoser:
         kind = {"activation": "the output of", "grad_output": "the gradient of the output of",
                 "param": "the parameter", "param_grad": "the gradient of the parameter",
                 "update": "the update of the parameter"}.get(e["kind"], e["kind"] + " of")
-        values = " and ".join(p for p in (f"{e['nan']} NaN" if e["nan"] else "", f"{e['inf']} Inf" if e["inf"] else "") if p)
+        values = " and ".join(p for p in (f"{e['nan']} NaN" if e["nan"] else "",
+                                          f"{e['inf']} Inf" if e["inf"] else "") if p)
         others = sorted(self._nan_sites)
         direction = "in the backward pass" if e["kind"] in ("grad_output", "param_grad") else (
             "in the optimizer's update" if e["kind"] in ("param", "update") else "in the forward pass")
@@ -834,7 +837,8 @@ class Diagnoser:
                 detail = ("its only unit outputs" if u == 1 else f"all {u} of its units{along} output") + \
                     " 0 for every input"
             elif u and bound > 0:
-                detail = f"at least {bound:.0%} of its {u} units{along} (at least {dead_units}) output 0 for every input"
+                detail = (f"at least {bound:.0%} of its {u} units{along} (at least {dead_units}) output 0 for every "
+                          f"input")
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
             self._hold(step, "dead_units", layout, int(i),
@@ -1017,8 +1021,8 @@ class Diagnoser:
         t = self.thresholds
         state = self._metrics.get(name)
         if state is None:
-            state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window), "tail": deque(maxlen=t.diverge_window),
-                                           "best": math.inf, "nonfinite": None}
+            state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window),
+                                           "tail": deque(maxlen=t.diverge_window), "best": math.inf, "nonfinite": None}
         if not math.isfinite(value):
             self._loss_nan.setdefault(name, (step, value))
             last = f" (last finite: {state['recent'][-1]:.4g})" if state["recent"] else ""

@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import workbench
-from workbench.diagnose import Diagnoser, Thresholds, diagnose
-
 from tests.diagnose.conftest import mlp, train
+from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
 
 def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
@@ -123,7 +122,7 @@ class _CountingPandas:
     def __getattr__(self, name: str):
         return getattr(pd, name)
 
-    def DataFrame(self, *args, **kwargs):  # noqa: N802 (pandas' name)
+    def DataFrame(self, *args, **kwargs):
         self.frames += 1
         return pd.DataFrame(*args, **kwargs)
 
