@@ -29,7 +29,8 @@ import pandas as pd
 
 from workbench.instrument.schema import site_name
 
-__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise", "update_ratios"]
+__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise",
+           "update_ratios"]
 
 #: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
 #: latest episode), ``last_step`` the last; ``site`` names the call site or parameter as the run's
@@ -70,16 +71,18 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "initialize smaller, add normalization."),
     "update_ratio_high": ("warning", "Each optimizer step changes this parameter by a large fraction of itself "
                                      "(a healthy ratio ||update|| / ||param|| is around 1e-3): training is "
-                                     "unstable. Lower the learning rate (or add warm-up / clipping)."),
+                                     "unstable. Lower the learning rate (or add warm-up / clipping); check the one in "
+                                     "use now (optimizer.param_groups[0]['lr']): a scheduler that raises it."),
     "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
-                                    "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate, "
-                                    "or check the parameter gets a gradient."),
+                                    "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate "
+                                    "(and check the one in use now: a scheduler's factor, a warm-up), check a "
+                                    "gradient clipping's max_norm, or check the parameter gets a gradient."),
     "not_updated": ("warning", "This parameter gets a gradient but does not change at all: the optimizer does not "
                                "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
                                "was built before the layer was added or replaced, a param group left out), its "
                                "group's learning rate is 0, or a learning rate so small each step rounds away in "
-                               "float32 (or w.step() is called per micro-batch of a gradient accumulation: call it "
-                               "once per optimizer step)."),
+                               "float32, or a gradient clipped to a tiny max_norm before the step (or w.step() is "
+                               "called per micro-batch of a gradient accumulation: call it once per optimizer step)."),
     "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
                        "False, or it takes no part in the loss. Frozen on purpose (a pretrained backbone): as "
                        "intended. If not: set requires_grad=True, and check the forward uses it."),
@@ -115,7 +118,10 @@ class Thresholds:
             or exploding gradients, update ratios) must hold before it is a finding; and, once one,
             must be missing before the finding ends.
         dead_zero_frac: an activation site whose outputs are exactly 0 for at least this fraction
-            (and never negative: a ReLU-like output) has dead units.
+            (and never negative: a ReLU-like output) has dead units; unless the bias of the layer
+            before it, where its gradient is recorded, says none is (no entry of that gradient exactly
+            0: every unit fires for some input, a sparse layer). Healthy ReLU layers of the built-in
+            experiments read up to ~0.72; a layer with 75% of its units dead ~0.87.
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
             negatives (tanh-like), rarely exactly 0, is ``saturated`` when its variance is at least
             this fraction of the largest one an output with its mean can have (``mu (1 - mu)`` on
@@ -417,7 +423,8 @@ class Diagnoser:
                     a, b = block[0][1], block[0][2]
                     keys = tuple(keys_all[a:b])
                     stats = {c: np.stack([v[x:y] for _, x, y in block]) for c, v in table.items()} if b > a else {}
-                    self._take_block([s for s, _, _ in block], keys, stats, None, [by_step.get(s, {}) for s, _, _ in block])
+                    self._take_block([s for s, _, _ in block], keys, stats, None,
+                                     [by_step.get(s, {}) for s, _, _ in block])
                     block.clear()
 
             layout = None
@@ -758,7 +765,8 @@ class Diagnoser:
         kind = {"activation": "the output of", "grad_output": "the gradient of the output of",
                 "param": "the parameter", "param_grad": "the gradient of the parameter",
                 "update": "the update of the parameter"}.get(e["kind"], e["kind"] + " of")
-        values = " and ".join(p for p in (f"{e['nan']} NaN" if e["nan"] else "", f"{e['inf']} Inf" if e["inf"] else "") if p)
+        values = " and ".join(p for p in (f"{e['nan']} NaN" if e["nan"] else "",
+                                          f"{e['inf']} Inf" if e["inf"] else "") if p)
         others = sorted(self._nan_sites)
         direction = "in the backward pass" if e["kind"] in ("grad_output", "param_grad") else (
             "in the optimizer's update" if e["kind"] in ("param", "update") else "in the forward pass")
@@ -829,7 +837,8 @@ class Diagnoser:
                 detail = ("its only unit outputs" if u == 1 else f"all {u} of its units{along} output") + \
                     " 0 for every input"
             elif u and bound > 0:
-                detail = f"at least {bound:.0%} of its {u} units{along} (at least {dead_units}) output 0 for every input"
+                detail = (f"at least {bound:.0%} of its {u} units{along} (at least {dead_units}) output 0 for every "
+                          f"input")
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
             self._hold(step, "dead_units", layout, int(i),
@@ -927,7 +936,9 @@ class Diagnoser:
                 if ratio == 0:
                     self._judge_unchanged(step, layout, p, stats, "its update is exactly 0")
                 else:
-                    self._judge_ratio(step, layout, p, ratio, exact=True)
+                    g = layout.grad_of.get(p)
+                    self._judge_ratio(step, layout, p, ratio, exact=True,
+                                      grad=float(norm[g] / norm[p]) if g is not None else None)
             return
         # no update rows: a lower bound from consecutive recorded steps of the parameter's values
         # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
@@ -970,10 +981,14 @@ class Diagnoser:
         elif math.isfinite(scale) and scale >= MOVING_GRADIENT:
             self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
                        f"||grad|| / ||param|| {scale:.2g}): the optimizer does not move it (it is not given this "
-                       f"parameter, or its learning rate is 0 or far too small).", need=t.persist)
+                       f"parameter, or its learning rate is 0 or far too small, or its gradient is clipped far down "
+                       f"before the step).", need=t.persist)
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
-                     high: float | None = None) -> None:
+                     high: float | None = None, grad: float | None = None) -> None:
+        """``ratio``: ``||update|| / ||param||`` of parameter row ``p`` (``exact``: from its update row, else a lower
+        bound); ``grad``: ``||grad|| / ||param||`` where its gradient is recorded (a low ratio with a gradient that
+        is not small is a step far smaller than the gradient: the learning rate, or a clipping, not the gradient)."""
         t = self.thresholds
         high = t.update_ratio_high if high is None else high
         if not math.isfinite(ratio):
@@ -987,6 +1002,10 @@ class Diagnoser:
         what = "||update|| / ||param||" if exact else (
             "||update|| / ||param|| is at least (from the parameter's norm and mean on consecutive steps)")
         text = f"(threshold: {'above' if finding.endswith('high') else 'below'} {bound:g}; healthy ~1e-3)."
+        if finding == "update_ratio_low" and grad is not None and math.isfinite(grad) and grad >= MOVING_GRADIENT:
+            text += (f" Its gradient is not small (||grad|| / ||param|| {grad:.2g}): the step is {ratio / grad:.2g} of "
+                     f"the gradient, a learning rate far too small, or the gradient clipped far down before the step "
+                     f"(clip_grad_norm_ with a tiny max_norm).")
         self._hold(step, finding, layout, p, f"{what} {ratio:.3g} at step {step} {text}", need=t.persist)
         module, call, kind, tensor, _shape = layout.keys[p]
         e = self._open[(finding, kind, module, call, tensor)]
@@ -1002,8 +1021,8 @@ class Diagnoser:
         t = self.thresholds
         state = self._metrics.get(name)
         if state is None:
-            state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window), "tail": deque(maxlen=t.diverge_window),
-                                           "best": math.inf, "nonfinite": None}
+            state = self._metrics[name] = {"recent": deque(maxlen=t.spike_window),
+                                           "tail": deque(maxlen=t.diverge_window), "best": math.inf, "nonfinite": None}
         if not math.isfinite(value):
             self._loss_nan.setdefault(name, (step, value))
             last = f" (last finite: {state['recent'][-1]:.4g})" if state["recent"] else ""
@@ -1093,14 +1112,16 @@ class Diagnoser:
             return
         values = list(last)
         now = _median(values)
-        lowest = state["lowest"] = min(state.get("lowest", math.inf), now)  # (the lowest median of 20 so far)
+        start = _median(head)
+        if not state.get("fell") and now < state.get("lowest", math.inf):  # (the lowest median of 20 so far)
+            state["lowest"] = now
+            # a loss that fell, well beyond its noise then, and came back up (set back by a bad batch, or thrown up
+            # as it diverges, its noise now many times what it was) is no plateau: judged with the noise it had
+            if now < start - t.plateau_drop * abs(start) and now < start - 5 * _medians_noise(values):
+                state["fell"] = True
         if count < t.plateau_steps:
             return
-        start = _median(head)
-        # the noise of one value (from the median absolute difference of consecutive values, which a trend
-        # hardly moves), of a median of n (~1.2533 sigma / sqrt(n)), and of the difference of two medians
-        sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
-        noise = math.sqrt(2) * 1.2533 * sigma / math.sqrt(PLATEAU_WINDOW)
+        noise = _medians_noise(values)
         # (a plateau starts where the loss is not plateau_drop below its start, and holds until it fell beyond
         # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
         chance = self._chance.get(name.lower())
@@ -1119,9 +1140,7 @@ class Diagnoser:
                 return
         held = ("loss_plateau", ("plateau", name)) in self._open
         margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
-        # (a loss that fell, well beyond its noise, and came back up, set back by a bad batch, is no plateau)
-        fell_once = lowest < start - max(t.plateau_drop * abs(start), 5 * noise)
-        if now > start - margin and not fell_once:
+        if now > start - margin and not state.get("fell"):
             fell = start - now
             if fell <= 0:
                 what = f"has not fallen in its {count} steps: median {now:.4g} over its last {PLATEAU_WINDOW}, " \
@@ -1135,6 +1154,14 @@ class Diagnoser:
                        f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
                        f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
                        need=t.persist)
+
+
+def _medians_noise(values: list[float]) -> float:
+    """The noise of the difference of two medians of ``len(values)`` values each: of one value from the median
+    absolute difference of consecutive values (which a trend hardly moves), of a median of n ~1.2533 sigma /
+    sqrt(n), of a difference of two sqrt(2) times that."""
+    sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
+    return math.sqrt(2) * 1.2533 * sigma / math.sqrt(len(values))
 
 
 def _change(now: float, start: float) -> str:

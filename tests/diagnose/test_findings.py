@@ -140,7 +140,8 @@ def test_a_loss_thrown_up_in_its_first_steps_is_a_spike():
 
 
 def test_diverging_loss_and_non_finite_loss():
-    metrics = pd.DataFrame({"step": range(1, 16), "loss": [1.0, 0.8, 0.7, 0.6, 0.5] + [0.5 * 3 ** k for k in range(10)]})
+    metrics = pd.DataFrame({"step": range(1, 16),
+                            "loss": [1.0, 0.8, 0.7, 0.6, 0.5] + [0.5 * 3 ** k for k in range(10)]})
     f = diagnose(pd.DataFrame(columns=COLUMNS[:0]), metrics)
     assert f.finding[0] == "diverging" and f.site[0] == "loss" and f.severity[0] == "error"
     assert set(f.finding) <= {"diverging", "loss_spike"}  # (3x jumps while it diverges are spikes too)

@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import workbench
-from workbench.diagnose import Diagnoser, Thresholds, diagnose
-
 from tests.diagnose.conftest import mlp, train
+from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
 
 def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
@@ -37,7 +36,8 @@ def test_a_sparse_layer_whose_every_unit_fires_for_some_input_is_not_dead():
     w = train(model, steps=3, lr=1e-4)
     rows = w.to_pandas()
     assert rows[(rows.module == "layers.1") & (rows.kind == "activation")].zero_frac.min() > 0.8
-    assert rows[(rows.module == "layers.0") & (rows.tensor == "bias") & (rows.kind == "param_grad")].zero_frac.max() == 0
+    bias = rows[(rows.module == "layers.0") & (rows.tensor == "bias") & (rows.kind == "param_grad")]
+    assert bias.zero_frac.max() == 0
     assert "dead_units" not in set(w.diagnose().finding)
 
 
@@ -122,7 +122,7 @@ class _CountingPandas:
     def __getattr__(self, name: str):
         return getattr(pd, name)
 
-    def DataFrame(self, *args, **kwargs):  # noqa: N802 (pandas' name)
+    def DataFrame(self, *args, **kwargs):
         self.frames += 1
         return pd.DataFrame(*args, **kwargs)
 
@@ -148,3 +148,49 @@ def test_an_open_finding_that_grows_each_step_sets_its_cells_not_a_new_frame(mon
         fresh = Diagnoser(chance=math.log(2))
         fresh.feed(records[:n])
         pd.testing.assert_frame_equal(frames[n - 1], fresh.findings())
+
+
+# ------------------------------------------------------------- broken trainings whose findings misled
+
+
+def test_a_learning_rate_schedule_that_grows_diverges_and_is_no_plateau():
+    # a LambdaLR whose factor grows (1.15 ** step) instead of decaying: the loss falls to 0.13, then is thrown up;
+    # its noise then, many times what it was as it fell, once hid the fall, and a "plateau" said "too small"
+    model = mlp("relu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.15 ** step)
+    x = torch.randn(1024, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] * x[:, 1] > 0).long()
+    g = torch.Generator().manual_seed(0)
+    with workbench.watch(model, updates=True) as w:
+        for _ in range(80):
+            idx = torch.randint(1024, (64,), generator=g)
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert {"diverging", "update_ratio_high"} <= set(f.finding) and "loss_plateau" not in set(f.finding)
+    assert "a scheduler that raises it" in f[f.finding == "update_ratio_high"].hint.iloc[0]
+
+
+def test_a_gradient_clipped_to_nothing_is_named_in_the_low_update_ratio_s_evidence():
+    model = mlp("relu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(256, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    with workbench.watch(model, updates=True) as w:
+        for _ in range(4):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+            opt.step()
+            w.step(loss=loss.item())
+    low = w.diagnose()
+    low = low[low.finding == "update_ratio_low"]
+    assert set(low.site) == {"layers.0.weight", "layers.2.weight", "layers.4.weight"}
+    assert all("Its gradient is not small" in e and "clip_grad_norm_ with a tiny max_norm" in e for e in low.evidence)
+    assert "clipping's max_norm" in low.hint.iloc[0]

@@ -73,7 +73,8 @@ def test_focus_names_the_site_as_the_views_do_and_marks_its_steps(broken):
 
 
 def test_a_metric_finding_focuses_the_metric():
-    frame = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 8), "loss": [1.0, 0.9, 0.8, float("nan")] + [float("nan")] * 3}))
+    frame = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 8),
+                                                   "loss": [1.0, 0.9, 0.8, float("nan")] + [float("nan")] * 3}))
     target = view.focus(frame, 0)
     assert (target.metric, target.kind, target.step) == ("loss", None, 4)
 
