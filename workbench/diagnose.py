@@ -244,6 +244,22 @@ class Thresholds:
              f"levels of metrics in loss_metrics {names} (add the metric to loss_metrics to judge it)")
 
 
+def with_run_facts(metadata: Any, thresholds: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with what a run says of itself: its metadata's ``chance`` (the chance level of
+    its loss metrics, which a built-in classification experiment records, and ``watch(metadata=)``
+    takes), where the caller set no chance level."""
+    chance = metadata.get("chance") if isinstance(metadata, dict) else None
+    given = {**thresholds, **overrides} if isinstance(thresholds, dict) else overrides
+    if chance in (None, {}, ()) or "chance" in given or (isinstance(thresholds, Thresholds) and thresholds.chance):
+        return overrides
+    if isinstance(chance, dict):  # (the levels of the metrics judged: the caller may judge others)
+        judged = given.get("loss_metrics", thresholds.loss_metrics if isinstance(thresholds, Thresholds)
+                           else Thresholds.loss_metrics)
+        judged = {judged.lower()} if isinstance(judged, str) else {str(n).lower() for n in judged}
+        chance = {name: level for name, level in chance.items() if str(name).lower() in judged}
+    return {**overrides, "chance": chance} if chance else overrides
+
+
 def _thresholds(thresholds: Thresholds | dict | None, overrides: dict[str, Any]) -> Thresholds:
     if thresholds is None:
         thresholds = Thresholds()

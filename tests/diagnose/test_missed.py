@@ -41,7 +41,8 @@ def test_a_sparse_layer_whose_every_unit_fires_for_some_input_is_not_dead():
     assert "dead_units" not in set(w.diagnose().finding)
 
 
-def shuffled_labels(steps: int, optimizer: str = "adam", classes: int = 2, seed: int = 0) -> workbench.Watch:
+def shuffled_labels(steps: int, optimizer: str = "adam", classes: int = 2, seed: int = 0,
+                    **watch_options) -> workbench.Watch:
     """An MLP whose labels are drawn apart from its inputs, its last layer's weights x8: its loss falls from its
     confident first outputs to the class frequencies' (log C) and stays there, having learned nothing."""
     torch.manual_seed(seed)
@@ -52,7 +53,7 @@ def shuffled_labels(steps: int, optimizer: str = "adam", classes: int = 2, seed:
     x = torch.randn(1024, 2, generator=g)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2) if optimizer == "adam" else \
         torch.optim.SGD(model.parameters(), lr=0.1)
-    with workbench.watch(model) as w:
+    with workbench.watch(model, **watch_options) as w:
         for _ in range(steps):
             idx = torch.randint(1024, (64,), generator=g)
             loss = F.cross_entropy(model(x[idx]), torch.randint(classes, (64,), generator=g))
@@ -87,6 +88,27 @@ def test_a_flat_loss_at_chance_is_said_once_as_at_chance_and_a_healthy_one_never
     exp.run(60, progress=False)
     w.close()
     assert w.diagnose(chance=math.log(2)).empty
+
+
+def test_a_run_says_its_chance_level_in_its_metadata_and_every_diagnosis_of_it_reads_it(tmp_path):
+    from workbench.ui.findings import RunFindings
+
+    w = shuffled_labels(60, metadata={"chance": {"loss": math.log(2)}}, store=tmp_path / "run")
+    run = workbench.load_run(tmp_path / "run")
+    for found in (w.diagnose(), run.diagnose(), RunFindings(run).frame()):
+        assert "loss_at_chance" in set(found.finding)
+    assert "loss_at_chance" not in set(w.diagnose(chance=()).finding)  # (the caller's level, or none, is kept)
+    # a built-in classification experiment records its own (its classes' frequencies: log 2), yours first
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=4, depth=1)
+    assert exp.chance == {"loss": pytest.approx(math.log(2))}
+    with exp.watch() as watched:
+        assert watched.metadata["chance"] == exp.chance
+    with exp.watch(metadata={"chance": {"loss": 0.5}}) as watched:
+        assert watched.metadata["chance"] == {"loss": 0.5}
+    # one that could not be a chance level is refused (before anything is attached)
+    for bad in ("log 2", {"loss": float("nan")}, {1: 0.5}, True):
+        with pytest.raises(ValueError, match=r"metadata\['chance'\] is the chance level"):
+            workbench.watch(torch.nn.Linear(2, 2), metadata={"chance": bad})
 
 
 def test_a_chance_level_is_refused_unless_a_finite_number_of_a_judged_loss_metric():

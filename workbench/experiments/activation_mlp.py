@@ -105,6 +105,9 @@ class ActivationMLP(Experiment):
         self.model = create_model("mlp", **self._model_kwargs(c)).to(self.device)
         self.x, self.y = self.to_device(make_dataset(c.dataset, c.n_samples, c.noise, self.generator))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
+        # the cross-entropy of predicting the class frequencies (log 2: the classes are balanced)
+        frequencies = torch.bincount(self.y.cpu(), minlength=2).double() / len(self.y)
+        self.chance = {"loss": float(-(frequencies * frequencies.log()).sum())}
 
     def train_step(self) -> dict[str, float]:
         idx = torch.randint(len(self.x), (self.config.batch_size,), generator=self.generator).to(self.device)

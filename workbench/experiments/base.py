@@ -116,6 +116,10 @@ class Experiment:
             (``query_stream``).
         resumed_from: ``{"path": ..., "step": ...}`` once :meth:`load` (or :func:`resume`) has
             restored a training checkpoint, else None.
+        chance: the chance level of its loss metrics (``{"loss": log 2}`` for a cross-entropy over two
+            balanced classes), where the task has one: what a model blind to its inputs scores. Its watch
+            records it in the run's metadata, and the diagnoses judge the loss against it
+            (``loss_at_chance``). Empty where there is none.
     """
 
     name: ClassVar[str]
@@ -124,6 +128,7 @@ class Experiment:
     model: nn.Module
     optimizer: torch.optim.Optimizer | None = None
     resumed_from: dict[str, Any] | None = None
+    chance: dict[str, float] = {}  # (a subclass sets its own: never changed in place)
 
     def __init__(self, config: Any, seed: int = 0, device: str | torch.device = "cpu") -> None:
         check_seed(seed, f"Experiment {self.name!r}")
@@ -260,7 +265,8 @@ class Experiment:
         if self.watcher is not None and not self.watcher.closed:
             raise RuntimeError(f"Experiment {self.name!r} is already watched; close that watch first "
                                "(experiment.watcher.close()).")
-        metadata = {**(options.pop("metadata", None) or {}),  # (the caller's, beside what the experiment records)
+        metadata = {**({"chance": self.chance} if self.chance else {}),  # (the caller's may set its own)
+                    **(options.pop("metadata", None) or {}),  # (the caller's, beside what the experiment records)
                     "experiment": self.name, "config": dataclasses.asdict(self.config), "seed": self.seed,
                     **({"resumed_from": self.resumed_from} if self.resumed_from else {})}
         self.watcher = watch(self.model, store=store, metadata=metadata, start_step=self.step_count + 1, **options)

@@ -11,6 +11,7 @@ views (:class:`workbench.ui.views.RunView`), a TensorBoard export of a stored ru
 from __future__ import annotations
 
 import json
+import math
 import traceback
 import warnings
 import weakref
@@ -126,6 +127,14 @@ def check_metadata(metadata: Any) -> None:
                         f"got {got}.")
     if metadata is None:
         return
+    chance = metadata.get("chance")
+    levels = chance.values() if isinstance(chance, Mapping) else [chance]
+    if chance is not None and not (all(isinstance(k, str) for k in (chance if isinstance(chance, Mapping) else ()))
+                                   and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           and math.isfinite(v) for v in levels)):
+        raise ValueError(f"metadata['chance'] is the chance level of the loss metrics the diagnoses judge: a finite "
+                         f"number, or a dict {{metric name: finite number}}, e.g. {{'loss': math.log(10)}} for a "
+                         f"cross-entropy over 10 balanced classes; got {chance!r}.")
     as_text = []
     for key, value in metadata.items():
         try:
@@ -154,6 +163,7 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
         workbench.RunError: the store cannot be written at ``store`` (the watch is closed, as failed:
             no hook is left in).
     """
+    w.metadata = dict(metadata or {})
     if store is None:
         return w
     facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options}

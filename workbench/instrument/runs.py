@@ -161,10 +161,12 @@ class Run:
 
         Args:
             thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
-            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
+            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.7``); the chance level of
+                the loss is the run's metadata's ``chance`` unless given here.
         """
-        from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
-        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds, **overrides)
+        from workbench.diagnose import diagnose, with_run_facts  # (a reader of the rows, not a part of the pipeline)
+        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds,
+                        **with_run_facts(self.metadata, thresholds, overrides))
 
     def histograms(self, module: str | None = None, kind: str | None = None,
                    steps: tuple[int, int] | None = None) -> pd.DataFrame:

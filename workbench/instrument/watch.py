@@ -89,6 +89,9 @@ class Watch:
                  UPDATE: set(param_paths) if updates else set()}
         self.recorder = recorder if recorder is not None else Recorder()
         self.store: Any = None
+        #: facts of yours about the run (``watch(metadata=)``), stored with it; its ``chance`` sets the
+        #: diagnoses' chance level of loss metrics (:meth:`diagnose`)
+        self.metadata: dict[str, Any] = {}
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
@@ -354,10 +357,12 @@ class Watch:
 
         Args:
             thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
-            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.8``).
+            **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.7``); the chance level of
+                the loss is the run's metadata's ``chance`` unless given here.
         """
-        from workbench.diagnose import diagnose  # (a reader of the rows, not a part of the pipeline)
-        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds, **overrides)
+        from workbench.diagnose import diagnose, with_run_facts  # (a reader of the rows, not a part of the pipeline)
+        return diagnose(self.to_pandas(), self.metrics(long=True), thresholds,
+                        **with_run_facts(self.metadata, thresholds, overrides))
 
     def anomalies(self) -> pd.DataFrame:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where a

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser
+from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser, with_run_facts
 from workbench.instrument.schema import site_name
 from workbench.ui.views import RunView
 
@@ -306,7 +306,8 @@ class RunFindings:
     def __init__(self, source: Any = None) -> None:
         from workbench.instrument import Run
 
-        self.diagnoser = Diagnoser()
+        # (the run's own facts: the chance level of its loss, which a classification experiment records)
+        self.diagnoser = Diagnoser(**with_run_facts(getattr(source, "metadata", None), None, {}))
         self._lock = threading.Lock()
         self._frame: pd.DataFrame = merge_calls(self.diagnoser.findings())
         self._seen = -1
