@@ -69,6 +69,8 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     table = run_control.runs_frame(manager)
     assert dict(zip(table.id, table.status)) == {long.id: "stopped", short.id: "finished"}
     assert dict(zip(table.id, table.step))[short.id] == 60
+    # the note under the list counts them by how they ended (a stopped run is not "finished")
+    assert run_control.runs_note(manager) == "0 in progress, 1 finished, 1 stopped."
     # a last refresh of the stopped run, then the page stops asking
     *_, going = run_control.run_views(manager, page, "activation", "std", "*")
     assert not going
