@@ -316,6 +316,10 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if view is None:
         state["version"] = None
         page = draw_page(RunView(), page_controls(state, values), header=header)
+        # (its figures say why nothing is drawn, as the header does: not "No metrics yet.", as if a run had none)
+        empty = figures.empty_figure(header.replace("**", "").strip("_"))
+        page = dataclasses.replace(page, metrics_figure=empty, sites_figure=empty, distribution_figure=empty,
+                                   heatmap_figure=empty)
         return state, *page_outputs(page, state)
     version = (run, view.steps_fed, view.status, view.dropped)
     if not force and version == state.get("version"):

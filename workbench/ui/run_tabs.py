@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["layout", "wire", "CSS"]
 
 
+#: What a run page without a run says, in its header and its figures.
+NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
 LIST_SECONDS = 3.0
 
@@ -256,7 +258,7 @@ def layout(root: RunsRoot):
                     c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
                                                      max_height=300, elem_id="weights-tree")
                 c["prefill"] = gr.State({})
-                c["status"] = gr.Markdown("_No run on this page: start one (New run), or attach to one below._",
+                c["status"] = gr.Markdown(NO_RUN,
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
@@ -280,8 +282,7 @@ def layout(root: RunsRoot):
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
                 _intervention_components(c)
-                _view_components(c, "live",
-                                 empty="No run on this page yet: start one (New run), or attach to one above.")
+                _view_components(c, "live", empty=NO_RUN.strip("_"))
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
@@ -441,7 +442,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def find_live(attached):
         if not attached:
-            return None, "_No run on this page: start one (New run), or attach to one below._"
+            return None, NO_RUN
         run, message = find_run(manager, attached)
         return (None, message) if run is None else (run.view, live_header(run), run.intervention_frame())
 
