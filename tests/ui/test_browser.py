@@ -438,12 +438,23 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.reload()
     page.wait_for_selector("#model-list")
     page.get_by_role("tab", name="Experiments").click()
-    # the new page lists the run in progress, with its id, and attaches to it
+    # the new page lists the run in progress, with its id, and is attached to it again by itself (the
+    # browser remembers the run its page held), its form folded away: the page is for the run
     runs = page.locator("#live-runs")
     # (the page's load reads every stored run while a run keeps the server busy)
     expect(runs).to_contain_text("running", timeout=30_000)
     expect(runs).to_contain_text("reloaded", timeout=30_000)
-    expect(status).not_to_contain_text("running")  # not attached yet: a new page holds no run
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
+                                   timeout=30_000)
+    expect(page.locator("#experiment-list")).to_be_hidden()
+    expect(page.locator("#run-stop")).to_be_enabled()
+    page.locator("#live-detach").click()  # let go: the page holds no run, the run goes on
+    expect(status).to_contain_text("No run on this page", timeout=30_000)
+    page.reload()  # (and a reload after that attaches to none)
+    page.wait_for_selector("#model-list")
+    page.get_by_role("tab", name="Experiments").click()
+    expect(runs).to_contain_text("running", timeout=30_000)
+    expect(status).to_contain_text("No run on this page")
     # (nothing to pause, resume, stop or intervene on: greyed out)
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
     for button in ("run-pause", "run-resume", "run-stop", "iv-apply", "iv-remove"):

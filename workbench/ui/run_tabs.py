@@ -341,6 +341,10 @@ def layout(root: RunsRoot):
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
+    # the run the page holds, kept in the browser (localStorage, by a key of this app's own): a reloaded
+    # page, or a new tab, attaches to it again while the app has it. ({"run": id or None}: Gradio stores
+    # no value that is false in JavaScript, so a None would leave the last run remembered)
+    c["remembered"] = gr.BrowserState({"run": None})
     c["run_state"] = gr.State(None)  # the stored run the Runs tab shows (its name)
     return c
 
@@ -470,7 +474,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *skips(len(buttons)))
+                            *listed(attached), *skips(len(buttons) + 1))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -478,14 +482,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 # the form folds away: the page is for the run now (open it again for the next one)
                 state = new_page_state()
                 return (live_header(new), new.id, "", state, gr.Timer(active=True),
-                        gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True))
+                        gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True),
+                        {"run": new.id})  # (remembered by the browser: a reload attaches to it again)
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(7 + len(buttons)))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(8 + len(buttons)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing, *buttons]).then(None, js=SHOW_HEADER).then(
+                         c["live_message"], *listing, *buttons, c["remembered"]]).then(None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
@@ -615,14 +620,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *skips(len(buttons) + 1)
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *skips(len(buttons) + 3)
         state = new_page_state()
+        # (the form folds away, as at a start: the page is for the run now)
         return (attached, "", state, ticking(), *listed(attached), *button_updates(attached, state, fresh=True),
-                "")  # (the last run's intervention message goes with it)
+                "", gr.Accordion(open=False), {"run": attached})  # (the last run's intervention message goes)
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *skips(6 + len(buttons)))), [c["pick"]],
-                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
-                       c["iv_message"]]).then(
+    attached_outputs = [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
+                        c["iv_message"], c["config"], c["remembered"]]
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *skips(8 + len(buttons)))), [c["pick"]],
+                      attached_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
@@ -658,12 +665,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         _, message = detach(manager, attached)
         # (the last run's intervention message and findings go with it)
         return (None, message, ticking(), *listed(picked), "",
-                *_hidden_while_empty("", pd.DataFrame(columns=findings_view.TABLE_COLUMNS)))
+                *_hidden_while_empty("", pd.DataFrame(columns=findings_view.TABLE_COLUMNS)), {"run": None})
 
-    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *skips(7))),
+    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *skips(8))),
                       [c["live_state"], c["pick"]],
                       [c["live_state"], c["live_message"], c["timer"], *listing, c["iv_message"], c["findings_note"],
-                       c["findings"]]
+                       c["findings"], c["remembered"]]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
@@ -776,8 +783,22 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             return (*listed(first_running=True), *on_list("", (), open_first=False),  # (opened when picked)
                     ticking())
 
+        def on_reattach(remembered):
+            """The run this page held before a reload (or another tab of this browser last held), attached
+            again while the app has it (one dropped from memory: the page holds none, as a new one)."""
+            run_id = remembered.get("run") if isinstance(remembered, dict) else None
+            if not run_id or manager.get(run_id) is None:
+                return skips(len(attached_outputs))
+            return on_attach(run_id)
+
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
-                                                 *skips(6))), None, [*listing, *listed_runs, c["timer"]])
+                                                 *skips(6))), None, [*listing, *listed_runs, c["timer"]]).then(
+            _guarded(on_reattach, lambda text: (gr.skip(), text, *skips(len(attached_outputs) - 2))),
+            c["remembered"], attached_outputs, show_progress="hidden").then(
+            _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
+            show_progress="hidden").then(
+            refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
+            show_progress="hidden")
 
     def on_export(name, pick, fmt):
         paths, message = export_run(root, name or pick, fmt)
