@@ -536,6 +536,21 @@ def test_the_initial_weights_box_reads_whole_at_1400_by_1000(page):
     _screenshot(page, "experiments_weights_box.png", full_page=False)
 
 
+def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page):
+    page.get_by_role("tab", name="Experiments").click()
+    form, header = page.locator("#run-config"), page.locator("#run-status")
+    expect(form).to_be_visible()
+    wide_form, wide_header = form.bounding_box(), header.bounding_box()
+    assert wide_header["x"] >= wide_form["x"] + wide_form["width"], (wide_form, wide_header)  # (side by side)
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.wait_for_function("() => document.querySelector('#run-status').getBoundingClientRect().width > 600")
+    narrow_form, narrow_header = form.bounding_box(), header.bounding_box()
+    # (the form, folded or open, above; the run page under it as wide as the window allows, not ~390 px
+    # beside a 300 px form, its metric names and plots squeezed)
+    assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
+    assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
+
+
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
     page.get_by_role("tab", name="Runs").click()
     expect(page.locator("#compare-message")).to_contain_text("Pick two or more runs to compare")

@@ -250,7 +250,8 @@ def layout(root: RunsRoot):
                     c["weights_info"] = gr.Markdown(elem_id="weights-info")
                     c["form"] = gr.Column()
                 c["start_message"] = gr.Markdown(elem_id="start-message")
-            with gr.Column(scale=4):
+            # (at least 560 px wide: in a narrower window it goes under the form, not squeezed beside it)
+            with gr.Column(scale=4, min_width=560):
                 with gr.Accordion("The uploaded weights", open=True, visible=False,
                                   elem_id="weights-inspect") as c["weights_inspect"]:
                     c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
