@@ -438,12 +438,23 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.reload()
     page.wait_for_selector("#model-list")
     page.get_by_role("tab", name="Experiments").click()
-    # the new page lists the run in progress, with its id, and attaches to it
+    # the new page lists the run in progress, with its id, and is attached to it again by itself (the
+    # browser remembers the run its page held), its form folded away: the page is for the run
     runs = page.locator("#live-runs")
     # (the page's load reads every stored run while a run keeps the server busy)
     expect(runs).to_contain_text("running", timeout=30_000)
     expect(runs).to_contain_text("reloaded", timeout=30_000)
-    expect(status).not_to_contain_text("running")  # not attached yet: a new page holds no run
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
+                                   timeout=30_000)
+    expect(page.locator("#experiment-list")).to_be_hidden()
+    expect(page.locator("#run-stop")).to_be_enabled()
+    page.locator("#live-detach").click()  # let go: the page holds no run, the run goes on
+    expect(status).to_contain_text("No run on this page", timeout=30_000)
+    page.reload()  # (and a reload after that attaches to none)
+    page.wait_for_selector("#model-list")
+    page.get_by_role("tab", name="Experiments").click()
+    expect(runs).to_contain_text("running", timeout=30_000)
+    expect(status).to_contain_text("No run on this page")
     # (nothing to pause, resume, stop or intervene on: greyed out)
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
     for button in ("run-pause", "run-resume", "run-stop", "iv-apply", "iv-remove"):
@@ -532,6 +543,21 @@ def test_the_initial_weights_box_reads_whole_at_1400_by_1000(page):
     assert label["y"] + label["height"] <= prompt["y"], (label, prompt)
     assert prompt["y"] + prompt["height"] <= outer["y"] + outer["height"], (prompt, outer)
     _screenshot(page, "experiments_weights_box.png", full_page=False)
+
+
+def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page):
+    page.get_by_role("tab", name="Experiments").click()
+    form, header = page.locator("#run-config"), page.locator("#run-status")
+    expect(form).to_be_visible()
+    wide_form, wide_header = form.bounding_box(), header.bounding_box()
+    assert wide_header["x"] >= wide_form["x"] + wide_form["width"], (wide_form, wide_header)  # (side by side)
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.wait_for_function("() => document.querySelector('#run-status').getBoundingClientRect().width > 600")
+    narrow_form, narrow_header = form.bounding_box(), header.bounding_box()
+    # (the form, folded or open, above; the run page under it as wide as the window allows, not ~390 px
+    # beside a 300 px form, its metric names and plots squeezed)
+    assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
+    assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
 
 
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):

@@ -70,6 +70,8 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     table = run_control.runs_frame(manager)
     assert dict(zip(table.id, table.status)) == {long.id: "stopped", short.id: "finished"}
     assert dict(zip(table.id, table.step))[short.id] == 60
+    # the note under the list counts them by how they ended (a stopped run is not "finished")
+    assert run_control.runs_note(manager) == "0 in progress, 1 finished, 1 stopped."
     # a last refresh of the stopped run, then the page stops asking
     *_, going = run_control.run_views(manager, page, "activation", "std", "*")
     assert not going
@@ -88,8 +90,19 @@ def test_detaching_or_leaving_a_page_never_stops_the_run(manager):
     wait_for(lambda: run.experiment.step_count > before)
     assert run_control.attach(manager, run.id)[0] == run.id
     assert run_control.detach(manager, None) == (None, "Not attached to a run.")
+    assert run_control.runs_note(manager) == "1 in progress."
     manager.stop(run.id)
     assert run.outcome == "stopped"
+
+
+def test_a_page_says_whether_its_run_is_recorded_and_where(manager):
+    kept, memory_only = start(manager, 100_000, store="kept"), start(manager, 100_000)
+    assert f"recording to `{kept.watch.store.path}`" in run_page.live_header(kept)
+    assert "not recorded" not in run_page.live_header(kept)
+    # a run started without a run name is in no store: its page says so (the Runs tab will not list it)
+    header = run_page.live_header(memory_only)
+    assert "not recorded: started without a run name" in header and "Runs tab cannot replay" in header
+    assert "recording to" not in header
 
 
 def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatch):

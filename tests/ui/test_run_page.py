@@ -183,6 +183,18 @@ def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_th
     assert json.loads(moved["series"].plot)["layout"]["uirevision"] != revision
 
 
+def test_a_page_without_a_run_says_why_in_every_figure_not_that_a_run_has_no_rows():
+    values = ([], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True)
+    header = "_No run on this page: start one (New run), or attach to one below._"
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(None, header, None, None, values)))
+    assert out["header"] == header and out["state"]["version"] is None
+    for name in ("metrics", "series", "distribution", "heatmap"):
+        figure = json.loads(out[name].plot)
+        assert not figure["data"], name
+        texts = [a["text"] for a in figure["layout"]["annotations"]]
+        assert texts == ["No run on this page: start one (New run), or attach to one below."], (name, texts)
+
+
 def test_what_a_refresh_sends_does_not_grow_with_the_run():
     """The page's figures at 100 and at 3,000 recorded steps: of the same bounded size."""
     import dataclasses

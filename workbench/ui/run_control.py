@@ -28,6 +28,8 @@ __all__ = ["RUN_COLUMNS", "runs_frame", "runs_note", "run_choices", "find_run", 
 
 
 # A page holds only the id of the run it is attached to; the runs are the manager's.
+#: How a run of the app ends (:attr:`~workbench.ui.live_run.LiveRun.outcome`), in the runs' note's order.
+OUTCOMES = ("finished", "stopped", "failed")
 RUN_COLUMNS = ["id", "experiment", "seed", "started", "status", "step", "of", "recording to"]
 
 
@@ -47,7 +49,8 @@ def runs_note(manager: RunManager) -> str:
         text = "No runs in this app yet: start one above."
     else:
         going = sum(r.running for r in runs)
-        text = f"{going} in progress, {len(runs) - going} finished."
+        ended = [sum(r.outcome == outcome for r in runs) for outcome in OUTCOMES]
+        text = f"{going} in progress" + "".join(f", {n} {outcome}" for n, outcome in zip(ended, OUTCOMES) if n) + "."
     if manager.dropped:
         text += (f" {manager.dropped} older finished run(s) were dropped from memory (the app keeps the last "
                  f"{manager.keep_finished}); those recorded to a run name are in the Runs tab.")

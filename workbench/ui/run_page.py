@@ -210,15 +210,19 @@ def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame, sites
 
 
 def live_header(run: LiveRun) -> str:
+    """A live run's page header: the view's (state, step of total, pace), where the run records, and
+    its instrumentation errors."""
     text = figures.header_markdown(run.view)
     store = run.watch.store
     if store is not None:
         text += f"\n\nrecording to `{store.path}`"
+    else:  # (said, not left out: a new user looks for it in the Runs tab, where it is not)
+        text += ("\n\n_not recorded: started without a run name, it is kept in this app's memory only (the Runs "
+                 "tab cannot replay, compare or export it)_")
     if run.watch.errors:
         text += (f"\n\n{len(run.watch.errors)} instrumentation error(s); the first: "
                  f"`{run.watch.errors[0]['error']}`")
     return text
-
 
 
 #: The components a drawing of a run page updates, in the order the handlers return them.
@@ -312,6 +316,10 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if view is None:
         state["version"] = None
         page = draw_page(RunView(), page_controls(state, values), header=header)
+        # (its figures say why nothing is drawn, as the header does: not "No metrics yet.", as if a run had none)
+        empty = figures.empty_figure(header.replace("**", "").strip("_"))
+        page = dataclasses.replace(page, metrics_figure=empty, sites_figure=empty, distribution_figure=empty,
+                                   heatmap_figure=empty)
         return state, *page_outputs(page, state)
     version = (run, view.steps_fed, view.status, view.dropped)
     if not force and version == state.get("version"):

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["layout", "wire", "CSS"]
 
 
+#: What a run page without a run says, in its header and its figures.
+NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
 LIST_SECONDS = 3.0
 
@@ -249,7 +251,8 @@ def layout(root: RunsRoot):
                     c["weights_info"] = gr.Markdown(elem_id="weights-info")
                     c["form"] = gr.Column()
                 c["start_message"] = gr.Markdown(elem_id="start-message")
-            with gr.Column(scale=4):
+            # (at least 560 px wide: in a narrower window it goes under the form, not squeezed beside it)
+            with gr.Column(scale=4, min_width=560):
                 with gr.Accordion("The uploaded weights", open=True, visible=False,
                                   elem_id="weights-inspect") as c["weights_inspect"]:
                     c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
@@ -257,7 +260,7 @@ def layout(root: RunsRoot):
                     c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
                                                      max_height=300, elem_id="weights-tree")
                 c["prefill"] = gr.State({})
-                c["status"] = gr.Markdown("_No run on this page: start one (New run), or attach to one below._",
+                c["status"] = gr.Markdown(NO_RUN,
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
@@ -290,8 +293,7 @@ def layout(root: RunsRoot):
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
                 _intervention_components(c)
-                _view_components(c, "live",
-                                 empty="No run on this page yet: start one (New run), or attach to one above.")
+                _view_components(c, "live", empty=NO_RUN.strip("_"))
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
@@ -350,6 +352,10 @@ def layout(root: RunsRoot):
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
+    # the run the page holds, kept in the browser (localStorage, by a key of this app's own): a reloaded
+    # page, or a new tab, attaches to it again while the app has it. ({"run": id or None}: Gradio stores
+    # no value that is false in JavaScript, so a None would leave the last run remembered)
+    c["remembered"] = gr.BrowserState({"run": None})
     c["run_state"] = gr.State(None)  # the stored run the Runs tab shows (its name)
     return c
 
@@ -451,7 +457,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def find_live(attached):
         if not attached:
-            return None, "_No run on this page: start one (New run), or attach to one below._"
+            return None, NO_RUN
         run, message = find_run(manager, attached)
         return (None, message) if run is None else (run.view, live_header(run), run.intervention_frame())
 
@@ -479,7 +485,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *skips(len(buttons)))
+                            *listed(attached), *skips(len(buttons) + 1))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -487,14 +493,15 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 # the form folds away: the page is for the run now (open it again for the next one)
                 state = new_page_state()
                 return (live_header(new), new.id, "", state, gr.Timer(active=True),
-                        gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True))
+                        gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True),
+                        {"run": new.id})  # (remembered by the browser: a reload attaches to it again)
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(7 + len(buttons)))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(8 + len(buttons)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing, *buttons]).then(None, js=SHOW_HEADER).then(
+                         c["live_message"], *listing, *buttons, c["remembered"]]).then(None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
@@ -628,14 +635,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_attach(picked):
         attached, message = attach(manager, picked)
         if attached is None:
-            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *skips(len(buttons) + 1)
+            return gr.skip(), message, gr.skip(), gr.skip(), *listed(picked), *skips(len(buttons) + 3)
         state = new_page_state()
+        # (the form folds away, as at a start: the page is for the run now)
         return (attached, "", state, ticking(), *listed(attached), *button_updates(attached, state, fresh=True),
-                "")  # (the last run's intervention message goes with it)
+                "", gr.Accordion(open=False), {"run": attached})  # (the last run's intervention message goes)
 
-    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *skips(6 + len(buttons)))), [c["pick"]],
-                      [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
-                       c["iv_message"]]).then(
+    attached_outputs = [c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing, *buttons,
+                        c["iv_message"], c["config"], c["remembered"]]
+    c["attach"].click(_guarded(on_attach, lambda text: (gr.skip(), text, *skips(8 + len(buttons)))), [c["pick"]],
+                      attached_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
@@ -689,12 +698,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         _, message = detach(manager, attached)
         # (the last run's intervention message and findings go with it)
         return (None, message, ticking(), *listed(picked), "",
-                *_hidden_while_empty("", pd.DataFrame(columns=findings_view.TABLE_COLUMNS)))
+                *_hidden_while_empty("", pd.DataFrame(columns=findings_view.TABLE_COLUMNS)), {"run": None})
 
-    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *skips(7))),
+    c["detach"].click(_guarded(on_detach, lambda text: (gr.skip(), text, *skips(8))),
                       [c["live_state"], c["pick"]],
                       [c["live_state"], c["live_message"], c["timer"], *listing, c["iv_message"], c["findings_note"],
-                       c["findings"]]
+                       c["findings"], c["remembered"]]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
@@ -807,8 +816,22 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             return (*listed(first_running=True), *on_list("", (), open_first=False),  # (opened when picked)
                     ticking())
 
+        def on_reattach(remembered):
+            """The run this page held before a reload (or another tab of this browser last held), attached
+            again while the app has it (one dropped from memory: the page holds none, as a new one)."""
+            run_id = remembered.get("run") if isinstance(remembered, dict) else None
+            if not run_id or manager.get(run_id) is None:
+                return skips(len(attached_outputs))
+            return on_attach(run_id)
+
         app.load(_guarded(on_load, lambda text: (gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), text,
-                                                 *skips(6))), None, [*listing, *listed_runs, c["timer"]])
+                                                 *skips(6))), None, [*listing, *listed_runs, c["timer"]]).then(
+            _guarded(on_reattach, lambda text: (gr.skip(), text, *skips(len(attached_outputs) - 2))),
+            c["remembered"], attached_outputs, show_progress="hidden").then(
+            _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
+            show_progress="hidden").then(
+            refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
+            show_progress="hidden")
 
     def on_export(name, pick, fmt):
         paths, message = export_run(root, name or pick, fmt)
