@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import site_name
+from workbench.instrument.schema import finish, site_name
 
 __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise",
            "update_ratios"]
@@ -516,7 +516,7 @@ class Diagnoser:
             stats = {}
             if len(keys):
                 n, rows = len(block), len(keys)
-                flat = _finish()(np.tile(block[0].numel, n), np.concatenate([r.sums for r in block]))
+                flat = finish(np.tile(block[0].numel, n), np.concatenate([r.sums for r in block]))
                 stats = {c: flat[c].reshape(n, rows) for c in _STATS}
             self._take_block([r.step for r in block], keys, stats, block[0].tensors, [r.metrics for r in block])
             start = end
@@ -1195,13 +1195,6 @@ def _median(values: list[float]) -> float:
     return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
-def _finish() -> Any:
-    """The statistics of a record's raw sums (``finish``: the schema's since the instrument redesign)."""
-    try:
-        from workbench.instrument.schema import finish
-    except ImportError:  # (before it)
-        from workbench.instrument.stats import finish
-    return finish
 
 
 def _logged(present: np.ndarray) -> np.ndarray:

@@ -442,13 +442,13 @@ def select_handler(manager: Any) -> Any:
     import gradio as gr
 
     from workbench.ui import run_page
+    from workbench.ui.run_tabs import NO_RUN
 
     def on_finding(attached, state, *rest):
         *values, event = rest  # (Gradio passes the event after the inputs)
         run = manager.get(attached) if attached else None
         if run is None:
-            return *run_page.redraw(None, "_No run on this page: start one (New run), or attach to one below._",
-                                    attached, state, values), "", gr.skip()
+            return *run_page.redraw(None, NO_RUN, attached, state, values), "", gr.skip()
         return focus_page(run, attached, run_page.live_header(run), state, values, event.index[0],
                           run.intervention_frame())
 
