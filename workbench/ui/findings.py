@@ -300,14 +300,18 @@ class RunFindings:
     ``frame()`` recomputes only when new steps arrived.
 
     Args:
-        source: a ``Watch`` (followed from its first recorded step), a stored ``Run`` or None (nothing).
+        source: a ``Watch`` (followed from its first recorded step), a stored ``Run`` or None (nothing:
+            the caller feeds ``diagnoser``).
+        metadata: the run's metadata where ``source`` is None (a watch's and a run's are their own): its
+            ``chance`` is the chance level of the loss (:func:`workbench.diagnose.with_run_facts`).
     """
 
-    def __init__(self, source: Any = None) -> None:
+    def __init__(self, source: Any = None, metadata: dict[str, Any] | None = None) -> None:
         from workbench.instrument import Run
 
         # (the run's own facts: the chance level of its loss, which a classification experiment records)
-        self.diagnoser = Diagnoser(**with_run_facts(getattr(source, "metadata", None), None, {}))
+        facts = getattr(source, "metadata", None) if source is not None else metadata
+        self.diagnoser = Diagnoser(**with_run_facts(facts, None, {}))
         self._lock = threading.Lock()
         self._frame: pd.DataFrame = merge_calls(self.diagnoser.findings())
         self._seen = -1
