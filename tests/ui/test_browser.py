@@ -501,6 +501,11 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     expect(status).to_contain_text(re.compile(rf"finished.*step {last + 3} of {last + 3}"), timeout=60_000)
     expect(page.locator("#live-message")).to_contain_text(f"continuing {run_id} activation_mlp")
     assert load_run(runs_root / f"reloaded-from-{last + 1}").steps == [last + 1, last + 2, last + 3]
+    continued = re.search(r"(r\d+) activation_mlp", status.inner_text())[1]
+    page.reload()  # (the page is the continued run's now: a reload attaches to it)
+    page.wait_for_selector("#model-list")
+    page.get_by_role("tab", name="Experiments").click()
+    expect(status).to_contain_text(re.compile(rf"{continued} activation_mlp.*finished"), timeout=30_000)
     page.locator("#live-detach").click()  # the page holds no run: the run's findings go with it
     expect(status).to_contain_text("No run on this page", timeout=30_000)
     expect(page.locator("#live-findings-note")).not_to_contain_text("Diagnoses")

@@ -679,17 +679,18 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     def on_continue(attached, state, steps, store):
         new, message = continue_run(manager, attached, steps, store)
         if new is None:  # (the page stays with the ended run)
-            return gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), *listed(attached), *skips(len(buttons))
+            return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), *listed(attached), *skips(len(buttons)),
+                    gr.skip())
         ended = manager.get(attached)
         state = new_page_state()
         note = f"Started {new.label}, continuing {ended.label if ended else attached}; this page is attached to it."
         return (live_header(new), new.id, note, state, gr.Timer(active=True), *listed(new.id),
-                *button_updates(new.id, state, fresh=True))
+                *button_updates(new.id, state, fresh=True), {"run": new.id})  # (a reload attaches to it)
 
-    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(5 + len(buttons)))),
+    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(6 + len(buttons)))),
                         [c["live_state"], c["live_page"], c["more_steps"], c["continue_store"]],
                         [c["status"], c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing,
-                         *buttons]).then(
+                         *buttons, c["remembered"]]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
