@@ -125,6 +125,10 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     stored = load_run(manager.root.path / "boom")
     assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]
     assert stored.steps == [1, 2]
+    # its training state is that of a step that did not finish: it is not continued
+    refused, message = live_run.continue_run(manager, run.id, 5)
+    assert refused is None and "failed at step 2" in message and "Start a new run" in message
+    assert run_control.run_controls(manager, run.id)["continue"] is False
 
 
 def test_finished_runs_stay_listed_without_a_run_directory_and_the_oldest_are_dropped_past_the_bound(tmp_path):
