@@ -170,6 +170,8 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     run = exp.start(100_000, store=tmp_path / "run", every=2, histograms=True)
     dash = Dashboard(run, interval=0.05)
     assert [b.description for b in dash.widget.children[0].children[1:]] == ["Pause", "Resume", "Stop"]
+    closed = ("sites", "heatmap", "distribution")
+    first_sent = {name: plotted(dash, name) for name in closed}  # (every figure, once)
 
     def drawn_up_to():
         loss = [t for t in plotted(dash, "metrics")["data"] if t.get("name") == "loss"]  # ("No metrics yet": none)
@@ -180,10 +182,10 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: drawn_up_to() > first, what="a later redraw while training runs")
     metrics = plotted(dash, "metrics")
     assert {t.get("name") for t in metrics["data"]} - {None} == {"loss", "accuracy"}
-    # the page is sent the open figure only: the others when their tab opens
+    # then the page is sent the open figure only: the others when their tab opens
     assert dash.open_figure == "metrics"
     wait_for(lambda: drawn_up_to() > first + 4, what="more redraws")
-    assert dash.sites_plot.outputs == dash.heatmap_plot.outputs == dash.distribution_plot.outputs == ()
+    assert {name: plotted(dash, name) for name in closed} == first_sent
     for tab, name in enumerate(("sites", "heatmap", "distribution"), start=1):
         dash.tabs.selected_index = tab
         # drawn when opened, from what arrived (histograms recorded: the distribution over time)

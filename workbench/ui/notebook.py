@@ -307,8 +307,9 @@ class Dashboard:
     in proportion to them; the figures are bounded however long the run). The figures are
     Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks. They
     are in tabs, and a redraw sends the open one (the browser builds each figure it is sent anew:
-    four a second fell ever further behind in a browser slowed by load); a tab opened is drawn
-    then, and at the run's end every figure is, for the saved notebook.
+    four a second fell ever further behind in a browser slowed by load); every figure is drawn when
+    the dashboard is made (what a saved notebook keeps), a tab opened is drawn then, and every
+    figure again at the run's end.
 
     A stored run whose writer is still at work (status ``running``, in this process or another)
     is followed until it ends: each tick that finds new steps or another status reads the run
@@ -446,7 +447,9 @@ class Dashboard:
         ])
         if self.watch is not None:
             self._follow(self.watch)
-        self._refresh()  # (the open figure: the others when opened, or at the run's end)
+        # every figure, once: a saved notebook keeps what a cell's run sent (nbclient drops what the timer
+        # sends between cells), and each tab has its figure
+        self.refresh()
         self._timer: threading.Thread | None = None
         if (self.watch is not None or self.stored is not None) and not self._ended():
             self._timer = threading.Thread(target=self._tick, name="workbench-dashboard", daemon=True)
