@@ -147,8 +147,7 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         _run_cell(page, 0)  # training starts in the background, the dashboard shows
 
-        plots = page.locator(".jp-OutputArea-output .js-plotly-plot")
-        plots.nth(3).wait_for(timeout=60_000)  # metrics, sites, heatmap, distribution
+        page.locator(".jp-OutputArea-output .js-plotly-plot").first.wait_for(timeout=60_000)  # the metrics, open
         page.wait_for_function(f"() => {{ {LOSS_X} return !!x; }}", timeout=60_000)
         # the cell returned at once and the kernel is free while the run trains
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
@@ -161,16 +160,15 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
             "(before) => { const el = document.querySelector('.jp-OutputArea-output .widget-html-content');"
             " const m = el && /step (\\d+) of/.exec(el.textContent); return !!m && Number(m[1]) > before; }",
             arg=before_header, timeout=60_000)
-        # (the heatmap's output replaced in the same refresh: Plotly may draw it a moment later)
-        expect(page.locator(".jp-OutputArea-output .js-plotly-plot .heatmaplayer").first).to_be_attached(timeout=30_000)
         _shot(page, "live")
-        if os.environ.get("WORKBENCH_SCREENSHOTS"):  # the figures further down, as a user scrolls to them
-            # (to the widget holding the figure: the figure itself is replaced at each redraw, and one
-            # replaced while it is scrolled to is "not attached to the DOM")
-            holders = page.locator(".jp-OutputArea-output .widget-output:has(.js-plotly-plot)")
-            for i, name in [(2, "heatmap"), (3, "distribution")]:
-                holders.nth(i).scroll_into_view_if_needed()
-                _shot(page, f"live_{name}")
+        # the other figures, each in its tab: drawn when opened, and redrawn while open
+        for tab, layer in [("call sites", ".scatterlayer .trace"), ("heatmap", ".heatmaplayer"),
+                           ("distribution", ".heatmaplayer")]:
+            page.locator(".widget-tab .lm-TabBar-tab", has_text=tab).click(timeout=60_000)
+            expect(page.locator(f".widget-tab-contents > :visible .js-plotly-plot {layer}").first
+                   ).to_be_attached(timeout=60_000)
+            _shot(page, f"live_{tab.replace(' ', '_')}")
+        page.locator(".widget-tab .lm-TabBar-tab", has_text="metrics").click(timeout=60_000)
 
         # (a browser slowed by the load is slow to draw the redraws: as patient as the waits above)
         page.get_by_role("button", name="Stop").click(timeout=60_000)
@@ -190,8 +188,9 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
 
 
 def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterlab):
-    """The list of call sites shows 8 rows: a finding focused at a site further down scrolls the list
-    to it (ipywidgets picks in a list without scrolling it: the picked site stayed out of sight)."""
+    """The list of call sites shows 8 rows: a finding focused at a site further down opens the call sites'
+    tab and scrolls the list to it (ipywidgets picks in a list without scrolling it: the picked site stayed
+    out of sight)."""
     url, token = jupyterlab
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
@@ -201,7 +200,7 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
         page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         _run_cell(page, 0)
-        page.locator(".widget-select-multiple select option").first.wait_for(timeout=60_000)
+        page.locator(".widget-tab .js-plotly-plot").first.wait_for(timeout=60_000)  # (the metrics tab, open)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         _run_cell(page, 1)
         output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
@@ -210,6 +209,8 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
         page.wait_for_function(f"() => {{ const p = ({PICKED_IN_SIGHT})(); return p.length === 1 && p[0][1]; }}",
                                timeout=30_000)
         assert page.evaluate(PICKED_IN_SIGHT) == [["layers.21", True]]
+        # in the call sites' tab, opened by the focus
+        assert page.locator(".widget-tab .lm-TabBar-tab.lm-mod-current").inner_text().strip() == "call sites"
         _shot(page, "focused_site")
     except Exception:
         _shot(page, "focus_failed")

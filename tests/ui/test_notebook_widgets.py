@@ -170,6 +170,8 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     run = exp.start(100_000, store=tmp_path / "run", every=2, histograms=True)
     dash = Dashboard(run, interval=0.05)
     assert [b.description for b in dash.widget.children[0].children[1:]] == ["Pause", "Resume", "Stop"]
+    closed = ("sites", "heatmap", "distribution")
+    first_sent = {name: plotted(dash, name) for name in closed}  # (every figure, once)
 
     def drawn_up_to():
         loss = [t for t in plotted(dash, "metrics")["data"] if t.get("name") == "loss"]  # ("No metrics yet": none)
@@ -180,8 +182,15 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: drawn_up_to() > first, what="a later redraw while training runs")
     metrics = plotted(dash, "metrics")
     assert {t.get("name") for t in metrics["data"]} - {None} == {"loss", "accuracy"}
-    assert plotted(dash, "sites")["data"] and plotted(dash, "heatmap")["data"]
-    assert plotted(dash, "distribution")["data"]  # histograms recorded: the distribution over time
+    # then the page is sent the open figure only: the others when their tab opens
+    assert dash.open_figure == "metrics"
+    wait_for(lambda: drawn_up_to() > first + 4, what="more redraws")
+    assert {name: plotted(dash, name) for name in closed} == first_sent
+    for tab, name in enumerate(("sites", "heatmap", "distribution"), start=1):
+        dash.tabs.selected_index = tab
+        # drawn when opened, from what arrived (histograms recorded: the distribution over time)
+        assert plotted(dash, name)["data"] and dash.open_figure == name
+    dash.tabs.selected_index = 0
     assert dash.sites.value and set(dash.sites.value) <= set(dash.sites.options)
 
     dash.pause_button.click()
@@ -239,6 +248,7 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert all(plotted(dash, name) == dash.figure(name) for name in ("metrics", "sites", "heatmap", "distribution"))
     assert dash.sites.value == tuple(dash.view.default_sites("activation", "std"))
     assert "5 of 5 activation call sites" in dash.site_note.value
+    dash.tabs.selected_index = 1  # the call sites' figure, open: its controls redraw it
     dash.sites.value = ("layers.1",)
     assert [t["name"] for t in plotted(dash, "sites")["data"] if t.get("name")] == ["layers.1"]
     assert "1 of " in dash.site_note.value and "(as picked): <code>layers.1</code>" in dash.site_note.value
@@ -253,11 +263,15 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
         in dash.site_note.value
     dash.kind.value = "param_grad"  # another kind: its own default sites
     assert all(site.endswith((".weight", ".bias")) for site in dash.sites.value)  # (as named_parameters() names)
+    assert not plotted(dash, "heatmap")["layout"]["title"]["text"].startswith("param_grad")  # (its tab closed)
+    dash.tabs.selected_index = 2  # opened: drawn as the controls say
     assert plotted(dash, "heatmap")["layout"]["title"]["text"].startswith("param_grad")
+    dash.tabs.selected_index = 0
     dash.log_y.value = True
     assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "log"
     dash.smoothing.value = 0.5
     assert any("smoothed" in t["name"] for t in plotted(dash, "metrics")["data"])
+    dash.tabs.selected_index = 3
     dash.distribution_site.value = dash.distribution_site.options[0]
     assert plotted(dash, "distribution")["data"]
 
@@ -281,6 +295,9 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert dead, dash.findings_list.options
     dash.findings_list.index = dead[0]  # (picked, as a person does: its evidence below the list)
     assert "dead_units</b> at <code>layers.1</code>" in dash.findings_detail.value
+    # the call sites' tab opened on it, its site drawn there
+    assert dash.open_figure == "sites" and dash.sites.value == ("layers.1",)
+    assert [t["name"] for t in plotted(dash, "sites")["data"] if t.get("name")] == ["layers.1"]
     assert ("While i1 ablate[0, 1, 2, 3, 4, 5, 6, 7]@dim1 at layers.1 (steps 3–10) was on: "
             in dash.findings_detail.value)
     assert "held while an intervention was on" in dash.findings_summary.value
@@ -374,15 +391,15 @@ def test_a_watch_closed_while_its_dashboard_is_made_has_its_last_steps_drawn(mon
 
     step()
     step()
-    refresh = Dashboard.refresh
+    refresh = Dashboard._refresh  # (the draws of the timer and of the dashboard being made)
 
-    def refresh_while_training_ends(self):  # a training thread takes a last step and closes the watch meanwhile
-        refresh(self)
+    def refresh_while_training_ends(self, every=False):  # a training thread takes a last step, closes the watch
+        refresh(self, every)
         if self.draws == 1:
             step()
             w.close()
 
-    monkeypatch.setattr(Dashboard, "refresh", refresh_while_training_ends)
+    monkeypatch.setattr(Dashboard, "_refresh", refresh_while_training_ends)
     dash = Dashboard(w, interval=0.05)
     wait_for(lambda: "closed" in dash.header.value, timeout=30, what="the end of the watch drawn")
     assert dash.view.header()["step"] == 3 and "step 3" in dash.header.value and not dash.following

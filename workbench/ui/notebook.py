@@ -22,6 +22,9 @@ __all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 
 #: The mimetype JupyterLab's Plotly renderer (shipped in the plotly package) draws.
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
+#: The Dashboard's figures, one tab each, in their order.
+FIGURES = ("metrics", "sites", "heatmap", "distribution")
+_TAB_TITLES = {"metrics": "metrics", "sites": "call sites", "heatmap": "heatmap", "distribution": "distribution"}
 
 # $$...$$ first, then $...$ (not an escaped \$): the TeX a Markdown renderer must not touch
 _MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
@@ -302,7 +305,11 @@ class Dashboard:
     watch's stream: training only queues each step for it. A timer thread redraws every
     ``interval`` seconds, and only when steps arrived, taking in the new ones (a redraw costs
     in proportion to them; the figures are bounded however long the run). The figures are
-    Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks.
+    Plotly figures, drawn by JupyterLab's own Plotly renderer: hover, zoom, legend clicks. They
+    are in tabs, and a redraw sends the open one (the browser builds each figure it is sent anew:
+    four a second fell ever further behind in a browser slowed by load); every figure is drawn when
+    the dashboard is made (what a saved notebook keeps), a tab opened is drawn then, and every
+    figure again at the run's end.
 
     A stored run whose writer is still at work (status ``running``, in this process or another)
     is followed until it ends: each tick that finds new steps or another status reads the run
@@ -323,10 +330,11 @@ class Dashboard:
         statistic: the statistic they show first (a column of ``workbench.ui.views.STATISTICS``).
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: metrics on a log scale.
+        tab: the figure open first (``metrics``, ``sites``, ``heatmap``, ``distribution``).
     """
 
     def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
-                 smoothing: float = 0.0, log_y: bool = False) -> None:
+                 smoothing: float = 0.0, log_y: bool = False, tab: str = "metrics") -> None:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
@@ -342,6 +350,8 @@ class Dashboard:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
             raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+        if tab not in FIGURES:
+            raise ValueError(f"tab must be the figure shown first, one of {FIGURES}, got {tab!r}.")
         self.run: BackgroundRun | None = None  # the background run the buttons act on
         self.watch: Watch | None = None
         self.stored: Run | None = None  # a stored run, read again while it is written (see _read_store)
@@ -372,12 +382,14 @@ class Dashboard:
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
         self._figures: dict[str, dict] = {}
+        self._stale: set[str] = set()  # (figures not drawn since what they show changed: their tab is closed)
         self._site_colours: dict[str, str] = {}  # (each site's colour in the per-site figure, kept)
         self._drawn: tuple | None = None
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
         self._quiet = False  # (setting the controls from code)
+        self._focusing = False  # (focus_finding opening a tab: it draws it)
 
         style = {"description_width": "initial"}
         self.header = w.HTML()
@@ -408,27 +420,35 @@ class Dashboard:
         self.resume_button.on_click(lambda _: self._act("resume"))
         self.stop_button.on_click(lambda _: self._act("stop"))
         for control in (self.smoothing, self.log_y):
-            control.observe(lambda _: self._redraw("metrics"), names="value")
+            control.observe(lambda _: self._draw(("metrics",)), names="value")
         for control in (self.kind, self.statistic):
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
-        self.log_sites.observe(lambda _: self._redraw("sites"), names="value")
-        self.distribution_site.observe(lambda _: self._quiet or self._redraw("distribution"), names="value")
+        self.log_sites.observe(lambda _: self._draw(("sites",)), names="value")
+        self.distribution_site.observe(lambda _: self._quiet or self._draw(("distribution",)), names="value")
         self.findings_list.observe(self._on_finding, names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
         self._site_controls = w.HBox([self.kind, self.statistic, self.sites, self.log_sites])
+        # one figure open at a time: the browser redraws only it, however slow (see _draw). The kind and
+        # statistic are the heatmap's too: the same controls, shown in its tab as well
+        self.tabs = w.Tab(children=[
+            w.VBox([w.HBox([self.smoothing, self.log_y]), self.metrics_plot]),
+            w.VBox([self._site_controls, self.sites_plot, self.site_note]),
+            w.VBox([w.HBox([self.kind, self.statistic]), self.heatmap_plot]),
+            w.VBox([w.HBox([self.kind, self.distribution_site]), self.distribution_plot]),
+        ], titles=[_TAB_TITLES[name] for name in FIGURES], selected_index=FIGURES.index(tab))
+        self.tabs.observe(self._on_tab, names="selected_index")
         self.widget = w.VBox([
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
-            w.HBox([self.smoothing, self.log_y]), self.metrics_plot,
-            self._site_controls, self.sites_plot, self.site_note,
-            self.heatmap_plot,
-            self.distribution_site, self.distribution_plot,
+            self.tabs,
             self.anomalies,
         ])
         if self.watch is not None:
             self._follow(self.watch)
+        # every figure, once: a saved notebook keeps what a cell's run sent (nbclient drops what the timer
+        # sends between cells), and each tab has its figure
         self.refresh()
         self._timer: threading.Thread | None = None
         if (self.watch is not None or self.stored is not None) and not self._ended():
@@ -513,6 +533,7 @@ class Dashboard:
             if self.stored is not None:
                 self._next_read = 0.0  # (what was written last, read now however recent the last read)
             self._refresh_if_new()
+            self._draw(tuple(self._stale), every=True)  # (each tab shows the end, and a saved notebook keeps it)
             self.close()
 
     def _state(self) -> tuple:
@@ -524,20 +545,30 @@ class Dashboard:
             self._read_store()
         self._status()
         if self._state() != self._drawn:
-            self.refresh()
+            self._refresh()
         else:
             self._draw_header()  # (steps/s and the time left change by the clock)
 
     # ------------------------------------------------------------------ drawing
     def refresh(self) -> None:
-        """Draw everything from what has arrived (the timer does this by itself)."""
+        """Draw everything from what has arrived, every figure included (the timer does this by itself,
+        drawing the open figure and the others when they are opened)."""
+        self._refresh(every=True)
+
+    @property
+    def open_figure(self) -> str:
+        """The figure whose tab is open: ``metrics``, ``sites``, ``heatmap`` or ``distribution``."""
+        return FIGURES[self.tabs.selected_index or 0]
+
+    def _refresh(self, every: bool = False) -> None:
+        """Draw what arrived: the header, findings and NaN / Inf, and the open figure (``every``: every
+        figure). The others are drawn when their tab is opened, or at the run's end."""
         with self._draw_lock:
             self._status()
             self._drawn = self._state()
             self._log = self._intervention_log()  # (read once a draw: a stored run's is a query)
             self._sync_controls()
-            for name in ("metrics", "sites", "heatmap", "distribution"):
-                self._redraw(name)
+            self._draw(FIGURES, every=every)
             self._draw_anomalies()
             self._draw_findings()
             self._draw_header()  # last: a header that says "finished" has its figures drawn
@@ -555,9 +586,11 @@ class Dashboard:
         Raises:
             ValueError: another name.
         """
-        if name not in ("metrics", "sites", "heatmap", "distribution"):
+        if name not in FIGURES:
             raise ValueError(f"figure must be 'metrics', 'sites', 'heatmap' or 'distribution', got {name!r}.")
         with self._draw_lock:
+            if name in self._stale:  # (its tab is closed: drawn now, from what has arrived)
+                self._redraw(name)
             return self._figures[name]
 
     def _draw_header(self) -> None:
@@ -594,10 +627,28 @@ class Dashboard:
         finally:
             self._quiet = False
 
+    def _draw(self, names: tuple[str, ...], every: bool = False) -> None:
+        """Draw the figure open among ``names`` (``every``: all of them); the others go stale, drawn
+        when their tab is opened. Each figure sent replaces a Plotly plot that the browser builds anew,
+        so a tick costs the page one figure, not four: a page slowed by load keeps up."""
+        with self._draw_lock:
+            for name in names:
+                if every or name == self.open_figure:
+                    self._redraw(name)
+                else:
+                    self._stale.add(name)
+
+    def _on_tab(self, change: Any) -> None:
+        # (not self._quiet: the timer's thread sets that meanwhile; a tab opened by a focus is drawn by it)
+        if not self._focusing and change["new"] is not None:
+            # (sent again even when up to date: a plot drawn while its tab was hidden has no size)
+            self._redraw(FIGURES[change["new"]])
+
     def _redraw(self, name: str) -> None:
         from workbench.ui import figures
 
         with self._draw_lock:
+            self._stale.discard(name)
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
                 spec, out = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
@@ -708,6 +759,9 @@ class Dashboard:
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):
                     self.findings_list.index = index
+                # (the figure that shows it opened: a call site's, or the metrics for a finding of the loss)
+                self._focusing = True
+                self.tabs.selected_index = FIGURES.index("sites" if target.kind is not None else "metrics")
                 if target.kind is not None:
                     self.kind.value = target.kind
                     self.statistic.value = target.statistic
@@ -720,9 +774,8 @@ class Dashboard:
                     if target.site in self.distribution_site.options:
                         self.distribution_site.value = target.site
             finally:
-                self._quiet = False
-            for name in ("metrics", "sites", "heatmap", "distribution"):
-                self._redraw(name)
+                self._quiet = self._focusing = False
+            self._draw(FIGURES)
             self.findings_detail.value = view.finding_html(frame.iloc[index])
         return target
 
@@ -747,14 +800,13 @@ class Dashboard:
         self._picked_sites = False  # another kind or statistic: its own default sites
         with self._draw_lock:
             self._sync_controls()
-            for name in ("sites", "heatmap", "distribution"):
-                self._redraw(name)
+            self._draw(("sites", "heatmap", "distribution"))
 
     def _on_sites(self, _change: Any) -> None:
         if self._quiet:
             return
         self._picked_sites = bool(self.sites.value)
-        self._redraw("sites")
+        self._draw(("sites",))
 
     def _act(self, action: str) -> None:
         if self.run is None:
