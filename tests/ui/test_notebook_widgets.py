@@ -593,3 +593,18 @@ def test_compare_refuses_bad_input_by_name(tmp_path, sources, options, error, ma
     given = {1: [w], 2: [w, w], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"]}[sources]
     with pytest.raises(error, match=match):
         Compare(*given, **options)
+
+
+def test_the_dashboard_of_a_live_watch_judges_its_loss_against_the_runs_chance_level():
+    """A loss that stays at the chance level the watch's metadata gives is said so in the list."""
+    import torch
+
+    net = torch.nn.Linear(2, 2)
+    with workbench.watch(net, histograms=False, metadata={"chance": {"loss": 0.6931}}) as w:
+        dash = Dashboard(w)
+        for step in range(60):
+            net(torch.randn(4, 2)).sum().backward()
+            w.step(loss=0.6931 + 0.001 * (step % 3 - 1))  # (flat at chance, with a little noise)
+    dash.refresh()
+    assert any("loss_at_chance at loss" in label for label in dash.findings_list.options), dash.findings_list.options
+    dash.close()

@@ -373,7 +373,7 @@ class Dashboard:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
                             f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
-            self.diagnoses = RunFindings()
+            self.diagnoses = RunFindings(metadata=getattr(self.watch, "metadata", None))  # (its chance level)
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
         self._picked_finding = None  # the pick's findings.pick_key
