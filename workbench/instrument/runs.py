@@ -85,14 +85,21 @@ class Run:
             uri += "&immutable=1"
         return sqlite3.connect(uri, uri=True)
 
-    def _query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+    def _fetch(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
+        """The column names and the rows of a query."""
         db = self._connect()
         try:
-            return pd.read_sql_query(sql, db, params=params)
-        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            cursor = db.execute(sql, params)
+            return [d[0] for d in cursor.description], cursor.fetchall()
+        except sqlite3.DatabaseError as exc:
             raise RunError(f"{self.db_path} is damaged or not a workbench run database ({exc}).") from None
         finally:
             db.close()
+
+    def _query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        # (sqlite3's rows into a frame directly: pandas.read_sql_query took three times as long, the same frame)
+        columns, rows = self._fetch(sql, params)
+        return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
 
     @property
     def steps(self) -> list[int]:
@@ -193,15 +200,20 @@ class Run:
         sql = (f"SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts, {sampled} FROM histograms h "
                "JOIN rows r ON r.step = h.step AND r.seq = h.seq"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
-        frame = self._query(sql, tuple(params))
-        counts = [np.frombuffer(b, dtype=np.float32) for b in frame.pop("counts")]
-        lo, hi = frame.pop("lo").astype("float64"), frame.pop("hi").astype("float64")  # (SQLite keeps NaN as NULL)
-        sampled = frame.pop("sampled").astype(bool)
+        names, records = self._fetch(sql, tuple(params))
+        columns = list(zip(*records)) or [()] * len(names)
+        frame = pd.DataFrame.from_records([r[:5] for r in records], columns=names[:5])
+        blobs = columns[7]
+        bins = np.array([len(b) for b in blobs], dtype=np.int64) // 4
+        # (all the counts in one buffer, sliced per row: one read, not one array made per row)
+        flat = np.frombuffer(b"".join(blobs), dtype=np.float32)
+        counts = np.split(flat, np.cumsum(bins)[:-1]) if len(bins) else []
+        lo, hi = (np.array(columns[i], dtype=np.float64) for i in (5, 6))  # (SQLite keeps NaN as NULL: None)
+        sampled = pd.Series(np.array(columns[8], dtype=bool))
         edges: list[np.ndarray | None] = [None] * len(counts)
-        bins = np.array([len(c) for c in counts], dtype=np.int64)
         for n in np.unique(bins):  # (a linspace per count of bins, not per row: a run has one or two)
             at = np.flatnonzero(bins == n)
-            for i, row in zip(at, np.linspace(lo.to_numpy()[at], hi.to_numpy()[at], n + 1, axis=1)):
+            for i, row in zip(at, np.linspace(lo[at], hi[at], n + 1, axis=1)):
                 edges[i] = row
         frame["edges"] = edges
         frame["counts"] = counts
