@@ -207,7 +207,8 @@ class Run:
         bins = np.array([len(b) for b in blobs], dtype=np.int64) // 4
         # (all the counts in one buffer, sliced per row: one read, not one array made per row)
         flat = np.frombuffer(b"".join(blobs), dtype=np.float32)
-        counts = np.split(flat, np.cumsum(bins)[:-1]) if len(bins) else []
+        ends = np.cumsum(bins).tolist()
+        counts = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
         lo, hi = (np.array(columns[i], dtype=np.float64) for i in (5, 6))  # (SQLite keeps NaN as NULL: None)
         sampled = pd.Series(np.array(columns[8], dtype=bool))
         edges: list[np.ndarray | None] = [None] * len(counts)
