@@ -200,17 +200,15 @@ class Run:
         sql = (f"SELECT r.step, r.module, r.call, r.kind, r.tensor, h.lo, h.hi, h.counts, {sampled} FROM histograms h "
                "JOIN rows r ON r.step = h.step AND r.seq = h.seq"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
-        names, records = self._fetch(sql, tuple(params))
-        columns = list(zip(*records)) or [()] * len(names)
-        frame = pd.DataFrame.from_records([r[:5] for r in records], columns=names[:5])
-        blobs = columns[7]
+        frame = self._query(sql, tuple(params))
+        blobs = frame.pop("counts").tolist()
         bins = np.array([len(b) for b in blobs], dtype=np.int64) // 4
         # (all the counts in one buffer, sliced per row: one read, not one array made per row)
         flat = np.frombuffer(b"".join(blobs), dtype=np.float32)
         ends = np.cumsum(bins).tolist()
         counts = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
-        lo, hi = (np.array(columns[i], dtype=np.float64) for i in (5, 6))  # (SQLite keeps NaN as NULL: None)
-        sampled = pd.Series(np.array(columns[8], dtype=bool))
+        lo, hi = (frame.pop(c).astype("float64").to_numpy() for c in ("lo", "hi"))  # (SQLite keeps NaN as NULL)
+        sampled = frame.pop("sampled").astype(bool)
         edges: list[np.ndarray | None] = [None] * len(counts)
         for n in np.unique(bins):  # (a linspace per count of bins, not per row: a run has one or two)
             at = np.flatnonzero(bins == n)
