@@ -110,8 +110,8 @@ def main() -> None:
     before, _ = timed(lambda: tensorboard_writer(root / "tb-before", events))
     after, _ = timed(lambda: event_file(root / "tb-after", events))
     assert events_of(root / "tb-before")[1:] == events_of(root / "tb-after")[1:]  # (after each file's version event)
-    print(f"{len(events)} events ({megabytes:.0f} MB) written: EventFileWriter {before:.2f} s | EventFile {after:.2f} s "
-          f"({before / after:.1f}x)")
+    print(f"{len(events)} events ({megabytes:.0f} MB) written: EventFileWriter {before:.2f} s | "
+          f"EventFile {after:.2f} s ({before / after:.1f}x)")
 
     print(f"Run.export(TensorBoard) now: {export:.2f} s")
 
