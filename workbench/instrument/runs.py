@@ -201,12 +201,8 @@ class Run:
                "JOIN rows r ON r.step = h.step AND r.seq = h.seq"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY h.step, h.seq")
         frame = self._query(sql, tuple(params))
-        blobs = frame.pop("counts").tolist()
-        bins = np.array([len(b) for b in blobs], dtype=np.int64) // 4
-        # (all the counts in one buffer, sliced per row: one read, not one array made per row)
-        flat = np.frombuffer(b"".join(blobs), dtype=np.float32)
-        ends = np.cumsum(bins).tolist()
-        counts = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+        counts = _counts(frame.pop("counts").tolist())
+        bins = np.array([len(c) for c in counts], dtype=np.int64)
         lo, hi = (frame.pop(c).astype("float64").to_numpy() for c in ("lo", "hi"))  # (SQLite keeps NaN as NULL)
         sampled = frame.pop("sampled").astype(bool)
         edges: list[np.ndarray | None] = [None] * len(counts)
@@ -218,6 +214,15 @@ class Run:
         frame["counts"] = counts
         frame["sampled"] = sampled
         return frame
+
+    def _histogram_ranges(self, steps: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """The ranges (``lo``, ``hi``) and counts of the histograms of the steps ``(first, last)``, in the
+        order of their rows (step, then position in the step): what a view reads of them, without the names
+        of their rows (which it has) or their edges (which it makes)."""
+        where, params = _step_range(steps, "step")
+        _, records = self._fetch(f"SELECT lo, hi, counts FROM histograms WHERE {where} ORDER BY step, seq", params)
+        lo, hi, blobs = zip(*records) if records else ((), (), ())
+        return np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64), _counts(blobs)  # (NULL: NaN)
 
     def errors(self) -> pd.DataFrame:
         """The failures recorded with the run (a hook's, a sink's): ``step, module, call, kind, error``."""
@@ -336,6 +341,13 @@ def _step_range(steps: tuple[int, int] | None, column: str) -> tuple[str, tuple]
         raise ValueError(f"steps=({first}, {last}) is empty: its first step comes after its last; "
                          f"give (first, last) with first <= last, e.g. ({last}, {first}).")
     return f"{column} BETWEEN ? AND ?", (first, last)
+
+
+def _counts(blobs: list[bytes]) -> list[np.ndarray]:
+    """Histograms' counts (float32 bytes) as arrays: one buffer read, sliced per histogram."""
+    flat = np.frombuffer(b"".join(blobs), dtype=np.float32)
+    ends = np.cumsum([len(b) // 4 for b in blobs], dtype=np.int64).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
