@@ -86,6 +86,8 @@ def test_export_to_an_unwritable_path_names_it(tmp_path):
     target = "/proc/no-such-dir/a.csv"
     with pytest.raises(OSError, match="Cannot write /proc/no-such-dir/a.csv.*Pick a path you can write to"):
         r.export(target)
+    with pytest.raises(OSError, match="Cannot write /proc/no-such-dir/tb.*Pick a path you can write to"):
+        r.export("/proc/no-such-dir/tb")  # (a TensorBoard directory)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])

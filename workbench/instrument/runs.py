@@ -263,12 +263,12 @@ class Run:
             except ImportError:
                 raise ImportError("Exporting to Parquet needs pyarrow: pip install pyarrow "
                                   "(or export to .csv, which needs nothing).") from None
-        if suffix == "":
-            from workbench.instrument.tensorboard import export_tensorboard
-
-            export_tensorboard(self, path)
-            return path
         try:
+            if suffix == "":
+                from workbench.instrument.tensorboard import export_tensorboard
+
+                export_tensorboard(self, path)
+                return path
             path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
             if what == "metrics":
                 frame = self.metrics()
