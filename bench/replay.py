@@ -5,7 +5,9 @@ The run is made with a built-in experiment (small model, many steps, histograms 
 on the same run, in the same process:
 
 1. the run's rows and histograms, and the whole of ``RunView.from_run``, with every query read by
-   ``pandas.read_sql_query`` (before) and with sqlite3's rows made into a frame directly (now);
+   ``pandas.read_sql_query`` and the view reading the histograms' whole frame (before), and with
+   sqlite3's rows made into a frame directly and the view reading the histograms' ranges and counts
+   alone (now);
 2. the export's serialized events written with tensorboard's ``EventFileWriter`` (its CRC-32C a Python
    loop over every byte: before) and with ``workbench.instrument.tensorboard.EventFile`` (now);
 3. the whole of ``Run.export(<dir>)`` as it is now.
@@ -48,6 +50,11 @@ class ReadSqlRun(workbench.Run):
     def _query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
         with contextlib.closing(self._connect()) as db:
             return pd.read_sql_query(sql, db, params=params)
+
+    def _histogram_ranges(self, steps: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """As ``RunView.from_run`` read them before: the whole ``histograms`` frame (names, edges)."""
+        frame = self.histograms(steps=steps)
+        return np.array([e[0] for e in frame.edges]), np.array([e[-1] for e in frame.edges]), frame.counts.to_list()
 
 
 def interleaved(ways: dict, rounds: int) -> dict[str, float]:
