@@ -86,6 +86,8 @@ def test_export_to_an_unwritable_path_names_it(tmp_path):
     target = "/proc/no-such-dir/a.csv"
     with pytest.raises(OSError, match="Cannot write /proc/no-such-dir/a.csv.*Pick a path you can write to"):
         r.export(target)
+    with pytest.raises(OSError, match="Cannot write /proc/no-such-dir/tb.*Pick a path you can write to"):
+        r.export("/proc/no-such-dir/tb")  # (a TensorBoard directory)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
@@ -104,3 +106,53 @@ def test_export_writes_a_long_run_a_part_at_a_time(tmp_path, monkeypatch, suffix
     whole = to_pandas(r)
     assert len(written) == len(whole) and list(written.columns) == list(whole.columns)
     np.testing.assert_allclose(written["mean"].to_numpy(), whole["mean"].to_numpy())
+
+
+def test_tensorboard_export_written_in_several_batches_reads_back_every_stored_value(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from workbench.instrument.tensorboard import SCALARS, EventFile
+
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 1))
+    with workbench.watch(model, store=tmp_path / "run", histograms=True, bins=6) as w:
+        for _ in range(5):
+            model(torch.randn(8, 3)).square().mean().backward()
+            model.zero_grad()
+            w.step(loss=1.0)
+    r = workbench.load_run(tmp_path / "run")
+    monkeypatch.setattr(EventFile, "BATCH", 1000)  # (a few events a batch: the records of many writes in one file)
+    log_dir = r.export(tmp_path / "tb")
+    assert len(list(log_dir.iterdir())) == 1
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()  # (its reader checks every record's checksums)
+    rows = r.to_pandas()
+    tags = events.Tags()
+    for row in rows.itertuples(index=False):
+        site = f"{row.kind}/{row.module or '(model)'}/{row.tensor}"
+        for stat in SCALARS:
+            stored = getattr(row, stat)
+            if np.isfinite(stored):
+                logged = {e.step: e.value for e in events.Scalars(f"{site}/{stat}")}
+                assert logged[row.step] == pytest.approx(stored, rel=1e-6), (site, stat, row.step)
+    histograms = r.histograms()
+    assert len(histograms) and len(tags["histograms"]) == len(set(zip(histograms.kind, histograms.module,
+                                                                          histograms.tensor)))
+    for h in histograms.itertuples(index=False):
+        logged = {e.step: e.histogram_value for e in events.Histograms(f"{h.kind}/{h.module or '(model)'}/{h.tensor}")}
+        assert list(logged[h.step].bucket) == h.counts.tolist()
+        np.testing.assert_allclose(list(logged[h.step].bucket_limit), h.edges[1:])
+
+
+def test_event_record_checksums_are_tensorboards():
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+
+    from workbench.instrument.tensorboard import masked_crc32c
+
+    rng = np.random.default_rng(0)
+    messages = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (4, 5, 8, 63, 64, 65, 129, 1000, 4099)]
+    messages += [bytes(20), b"\xff" * 9]
+    assert masked_crc32c(messages).tolist() == [reference(m) for m in messages]
+    with pytest.raises(ValueError, match="4 bytes or more, got one of 3"):
+        masked_crc32c([b"abc"])

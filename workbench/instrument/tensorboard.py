@@ -8,9 +8,13 @@ is ``<module>#<call>``, as the app names its call sites (``(model)`` is the mode
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
+import struct
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
 
     from workbench.instrument.runs import Run
 
-__all__ = ["export_tensorboard", "SCALARS"]
+__all__ = ["export_tensorboard", "SCALARS", "EventFile", "masked_crc32c"]
 
 SCALARS = ("mean", "std", "norm", "abs_mean", "min", "max", "zero_frac")
 
@@ -43,17 +47,16 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise ImportError("Exporting to TensorBoard needs tensorboard: pip install tensorboard "
                           "(or export to .csv / .parquet).") from None
     log_dir = Path(log_dir)
-    writer = EventFileWriter(str(log_dir))
     now = time.time()
+    writer = EventFile(log_dir, now)
 
     def write(step: int, values: list) -> None:
         if values:
-            writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=values)))
+            writer.add(Event(wall_time=now, step=step, summary=Summary(value=values)).SerializeToString())
 
     try:
         metrics = run.metrics()
@@ -64,26 +67,34 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
         rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
         # when an earlier one comes after them)
         _tag = _tagger(rows)
-        tags = [_tag(*key) for key in zip(rows.module, rows.call, rows.kind, rows.tensor)]
+        # (the columns as Python lists and a tag per site, not per row: no pandas or numpy item a value)
+        keys = list(zip(*(rows[c].tolist() for c in ("module", "call", "kind", "tensor"))))
+        site_tags = {key: _tag(*key) for key in set(keys)}
+        scalar_tags = {key: [f"{tag}/{stat}" for stat in SCALARS] for key, tag in site_tags.items()}
         stats = rows[list(SCALARS)].to_numpy(np.float64)
-        finite = np.isfinite(stats)
+        finite, values = np.isfinite(stats).tolist(), stats.tolist()
         steps = rows.step.to_numpy()
         for start, end in _runs_of(steps):
-            write(int(steps[start]), [Summary.Value(tag=f"{tags[i]}/{stat}", simple_value=stats[i, j])
-                                      for i in range(start, end) for j, stat in enumerate(SCALARS) if finite[i, j]])
-        keys = ["step", "module", "call", "kind", "tensor"]
-        histograms = run.histograms().merge(rows[keys + ["numel", "mean", "norm"]], on=keys).sort_values(
+            write(int(steps[start]), [Summary.Value(tag=tag, simple_value=value)
+                                      for i in range(start, end)
+                                      for tag, value, keep in zip(scalar_tags[keys[i]], values[i], finite[i]) if keep])
+        on = ["step", "module", "call", "kind", "tensor"]
+        histograms = run.histograms().merge(rows[on + ["numel", "mean", "norm"]], on=on).sort_values(
             "step", kind="stable")
-        for step, group in histograms.groupby("step", sort=True):
-            values = []
-            for row in group.itertuples(index=False):
-                lo, hi = row.edges[0], row.edges[-1]
-                if np.isfinite(lo) and np.isfinite(hi):
-                    histogram = HistogramProto(min=float(lo), max=float(hi), num=float(row.numel),
-                                               sum=float(row.mean * row.numel), sum_squares=float(row.norm) ** 2,
-                                               bucket_limit=row.edges[1:].tolist(), bucket=row.counts.tolist())
-                    values.append(Summary.Value(tag=_tag(row.module, row.call, row.kind, row.tensor), histo=histogram))
-            write(int(step), values)
+        columns = on + ["edges", "counts", "numel", "mean", "norm"]
+        step, values = None, []
+        for at, module, call, kind, tensor, edges, counts, numel, mean, norm in zip(
+                *(histograms[c].tolist() for c in columns)):
+            if at != step:
+                write(step, values)
+                step, values = at, []
+            lo, hi = float(edges[0]), float(edges[-1])
+            if np.isfinite(lo) and np.isfinite(hi):
+                histogram = HistogramProto(min=lo, max=hi, num=float(numel), sum=float(mean * numel),
+                                           sum_squares=float(norm) ** 2, bucket_limit=edges[1:].tolist(),
+                                           bucket=counts.tolist())
+                values.append(Summary.Value(tag=site_tags[(module, call, kind, tensor)], histo=histogram))
+        write(step, values)
     finally:
         writer.close()
     return log_dir
@@ -94,3 +105,109 @@ def _runs_of(steps: np.ndarray) -> list[tuple[int, int]]:
     cuts = np.flatnonzero(np.diff(steps)) + 1
     bounds = np.r_[0, cuts, len(steps)]
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+# ---------------------------------------------------------------- event files
+# TensorBoard's own writer checksums every byte in a Python loop (without TensorFlow its CRC-32C is pure
+# Python): that loop was most of an export. The records here are the same (TFRecord framing: length,
+# its masked CRC-32C, the event, its masked CRC-32C), their checksums computed by numpy, all at once.
+
+_CASTAGNOLI = 0x82F63B78  # CRC-32C's polynomial, bit-reversed
+
+
+def _byte_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(_CASTAGNOLI), table >> 1).astype(np.uint32)
+    return table
+
+
+_TABLE = _byte_table()
+
+
+def _zeros_tables(length: int) -> np.ndarray:
+    """``(4, 256)`` tables of what ``length`` zero bytes make of a CRC register (a linear map): a register
+    ``c`` becomes ``t[0][c & 255] ^ t[1][c >> 8 & 255] ^ t[2][c >> 16 & 255] ^ t[3][c >> 24]``."""
+    state = (np.arange(256, dtype=np.uint32)[None, :] << (8 * np.arange(4, dtype=np.uint32))[:, None]).ravel()
+    for _ in range(length):
+        state = _TABLE[state & 0xFF] ^ (state >> 8)
+    return state.reshape(4, 256)
+
+
+def masked_crc32c(messages: list[bytes]) -> np.ndarray:
+    """The masked CRC-32C of each message (as TFRecord files keep them), each at least 4 bytes long.
+
+    A message's CRC is linear in its bytes: the messages are cut into chunks of equal length, whose
+    CRCs (from a zero register) are computed together, a byte position at a time, then folded per message
+    (a chunk's register carried over the next chunk's bytes as over as many zeros). The initial register of
+    all ones is the same as the first 4 bytes inverted; zero bytes before a message change nothing."""
+    lengths = np.array([len(m) for m in messages], dtype=np.int64)
+    if not len(messages):
+        return np.zeros(0, np.uint32)
+    if lengths.min() < 4:
+        raise ValueError(f"masked_crc32c() takes messages of 4 bytes or more, got one of {lengths.min()}.")
+    chunk = max(64, int(np.sqrt(lengths.max())))
+    chunks = -(-lengths // chunk)  # per message
+    pads = chunks * chunk - lengths  # (each message at the end of its chunks)
+    data = np.frombuffer(b"".join(bytes(int(p)) + m for p, m in zip(pads, messages)), np.uint8).copy()
+    ends = np.cumsum(chunks) * chunk
+    for i in range(4):  # (the initial register of all ones: the first 4 bytes inverted)
+        data[ends - lengths + i] ^= 0xFF
+    columns = data.reshape(-1, chunk).T.copy()  # (a byte position of every chunk, contiguous)
+    crc = np.zeros(columns.shape[1], np.uint32)
+    for byte in columns:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    carry = _zeros_tables(chunk)
+    first = np.cumsum(chunks) - chunks  # each message's first chunk
+    most = int(chunks.max())
+    register = np.zeros(len(messages), np.uint32)
+    for j in range(most):  # (messages right-aligned: one with fewer chunks starts later, from zero)
+        at = first + j - (most - chunks)
+        register = (carry[0][register & 0xFF] ^ carry[1][(register >> 8) & 0xFF] ^ carry[2][(register >> 16) & 0xFF]
+                    ^ carry[3][register >> 24] ^ np.where(at >= first, crc[np.maximum(at, 0)], 0).astype(np.uint32))
+    register ^= np.uint32(0xFFFFFFFF)
+    return (((register >> 15) | (register << 17)) + np.uint32(0xA282EAD8)).astype(np.uint32)
+
+
+class EventFile:
+    """A TensorBoard event file in ``log_dir``, written a batch of events at a time (:meth:`add`
+    keeps them until :data:`BATCH` bytes, or :meth:`close`)."""
+
+    BATCH = 16 << 20
+
+    def __init__(self, log_dir: Path, wall_time: float) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}"
+        for n in itertools.count():  # (a name of its own: another export into the same directory keeps its file)
+            try:
+                self._file = open(log_dir / f"{stem}.{n}", "xb")
+                break
+            except FileExistsError:
+                continue
+        self._events: list[bytes] = []
+        self._size = 0
+        self.add(Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
+
+    def add(self, event: bytes) -> None:
+        self._events.append(event)
+        self._size += len(event)
+        if self._size >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._events:
+            return
+        headers = [struct.pack("<Q", len(e)) for e in self._events]
+        crcs = masked_crc32c(headers + self._events)
+        n = len(self._events)
+        self._file.write(b"".join(h + struct.pack("<I", crcs[i]) + e + struct.pack("<I", crcs[n + i])
+                                  for i, (h, e) in enumerate(zip(headers, self._events))))
+        self._events, self._size = [], 0
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._file.close()

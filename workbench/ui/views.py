@@ -312,13 +312,12 @@ class RunView:
         """Take in the stored steps ``part`` (``(first, last)``) and their metrics (``by_step``; ``logged``:
         the steps of ``part`` with metrics)."""
         rows = run.to_pandas(steps=part)
-        histograms = run.histograms(steps=part) if len(rows) else None
-        if histograms is not None and len(histograms) != len(rows):
+        # (the bins' ranges and counts in the rows' order, as the recorder gives them a live view)
+        histograms = run._histogram_ranges(part) if len(rows) else None
+        if histograms is not None and len(histograms[2]) != len(rows):
             histograms = None  # (steps that recorded histograms on some rows only show none)
-        if histograms is not None:  # (the columns as arrays and a list, sliced per step)
-            lows = np.array([e[0] for e in histograms.edges])
-            highs = np.array([e[-1] for e in histograms.edges])
-            counts = histograms.counts.to_list()
+        if histograms is not None:  # (arrays and a list, sliced per step)
+            lows, highs, counts = histograms
         codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
         starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
         # (steps that stored no rows: metrics alone)
