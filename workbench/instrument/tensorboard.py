@@ -1,13 +1,14 @@
 """Export a stored run to TensorBoard event files, for people who keep using TensorBoard.
 
-Needs the ``tensorboard`` package (``pip install tensorboard``); nothing else
-in workbench does. Tags: ``metrics/<name>``, ``<kind>/<module>/<tensor>/<statistic>`` and, for runs
+Needs the ``tensorboard`` and ``google-crc32c`` packages (``pip install 'workbench[export]'``);
+nothing else in workbench does. Tags: ``metrics/<name>``, ``<kind>/<module>/<tensor>/<statistic>`` and, for runs
 recorded with histograms, ``<kind>/<module>/<tensor>`` histograms; a module called more than once a step
 is ``<module>#<call>``, as the app names its call sites (``(model)`` is the model itself).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import socket
@@ -47,9 +48,11 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+        if importlib.util.find_spec("google_crc32c") is None:  # (the records' checksums: before any file)
+            raise ImportError("google-crc32c")
     except ImportError:
-        raise ImportError("Exporting to TensorBoard needs tensorboard: pip install tensorboard "
-                          "(or export to .csv / .parquet).") from None
+        raise ImportError("Exporting to TensorBoard needs tensorboard and google-crc32c: pip install "
+                          "'workbench[export]' (or export to .csv / .parquet).") from None
     log_dir = Path(log_dir)
     now = time.time()
     writer = EventFile(log_dir, now)
@@ -110,63 +113,15 @@ def _runs_of(steps: np.ndarray) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- event files
 # TensorBoard's own writer checksums every byte in a Python loop (without TensorFlow its CRC-32C is pure
 # Python): that loop was most of an export. The records here are the same (TFRecord framing: length,
-# its masked CRC-32C, the event, its masked CRC-32C), their checksums computed by numpy, all at once.
-
-_CASTAGNOLI = 0x82F63B78  # CRC-32C's polynomial, bit-reversed
+# its masked CRC-32C, the event, its masked CRC-32C), their checksums computed in C by google-crc32c.
 
 
-def _byte_table() -> np.ndarray:
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(_CASTAGNOLI), table >> 1).astype(np.uint32)
-    return table
+def masked_crc32c(data: bytes) -> int:
+    """The masked CRC-32C of ``data``, as TFRecord files keep it."""
+    import google_crc32c
 
-
-_TABLE = _byte_table()
-
-
-def _zeros_tables(length: int) -> np.ndarray:
-    """``(4, 256)`` tables of what ``length`` zero bytes make of a CRC register (a linear map): a register
-    ``c`` becomes ``t[0][c & 255] ^ t[1][c >> 8 & 255] ^ t[2][c >> 16 & 255] ^ t[3][c >> 24]``."""
-    state = (np.arange(256, dtype=np.uint32)[None, :] << (8 * np.arange(4, dtype=np.uint32))[:, None]).ravel()
-    for _ in range(length):
-        state = _TABLE[state & 0xFF] ^ (state >> 8)
-    return state.reshape(4, 256)
-
-
-def masked_crc32c(messages: list[bytes]) -> np.ndarray:
-    """The masked CRC-32C of each message (as TFRecord files keep them), each at least 4 bytes long.
-
-    A message's CRC is linear in its bytes: the messages are cut into chunks of equal length, whose
-    CRCs (from a zero register) are computed together, a byte position at a time, then folded per message
-    (a chunk's register carried over the next chunk's bytes as over as many zeros). The initial register of
-    all ones is the same as the first 4 bytes inverted; zero bytes before a message change nothing."""
-    lengths = np.array([len(m) for m in messages], dtype=np.int64)
-    if not len(messages):
-        return np.zeros(0, np.uint32)
-    if lengths.min() < 4:
-        raise ValueError(f"masked_crc32c() takes messages of 4 bytes or more, got one of {lengths.min()}.")
-    chunk = max(64, int(np.sqrt(lengths.max())))
-    chunks = -(-lengths // chunk)  # per message
-    pads = chunks * chunk - lengths  # (each message at the end of its chunks)
-    data = np.frombuffer(b"".join(bytes(int(p)) + m for p, m in zip(pads, messages)), np.uint8).copy()
-    ends = np.cumsum(chunks) * chunk
-    for i in range(4):  # (the initial register of all ones: the first 4 bytes inverted)
-        data[ends - lengths + i] ^= 0xFF
-    columns = data.reshape(-1, chunk).T.copy()  # (a byte position of every chunk, contiguous)
-    crc = np.zeros(columns.shape[1], np.uint32)
-    for byte in columns:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    carry = _zeros_tables(chunk)
-    first = np.cumsum(chunks) - chunks  # each message's first chunk
-    most = int(chunks.max())
-    register = np.zeros(len(messages), np.uint32)
-    for j in range(most):  # (messages right-aligned: one with fewer chunks starts later, from zero)
-        at = first + j - (most - chunks)
-        register = (carry[0][register & 0xFF] ^ carry[1][(register >> 8) & 0xFF] ^ carry[2][(register >> 16) & 0xFF]
-                    ^ carry[3][register >> 24] ^ np.where(at >= first, crc[np.maximum(at, 0)], 0).astype(np.uint32))
-    register ^= np.uint32(0xFFFFFFFF)
-    return (((register >> 15) | (register << 17)) + np.uint32(0xA282EAD8)).astype(np.uint32)
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 class EventFile:
@@ -199,11 +154,12 @@ class EventFile:
     def flush(self) -> None:
         if not self._events:
             return
-        headers = [struct.pack("<Q", len(e)) for e in self._events]
-        crcs = masked_crc32c(headers + self._events)
-        n = len(self._events)
-        self._file.write(b"".join(h + struct.pack("<I", crcs[i]) + e + struct.pack("<I", crcs[n + i])
-                                  for i, (h, e) in enumerate(zip(headers, self._events))))
+        records = []
+        for event in self._events:
+            header = struct.pack("<Q", len(event))
+            records += [header, struct.pack("<I", masked_crc32c(header)), event,
+                        struct.pack("<I", masked_crc32c(event))]
+        self._file.write(b"".join(records))
         self._events, self._size = [], 0
 
     def close(self) -> None:
