@@ -92,6 +92,13 @@ def test_model_changes_runs():
     assert re.search(r"step after a swap +[\d.]+ ms", out), out
 
 
+def test_replay_reports_reading_and_exporting_side_by_side():
+    out = run_script("replay.py", "--experiment", "activation_mlp", "--steps", "20", "--rounds", "1")
+    assert re.search(r"rows \+ histograms read: read_sql [\d.]+ s \| now [\d.]+ s", out), out
+    assert re.search(r"RunView.from_run: read_sql [\d.]+ s \| now [\d.]+ s", out), out
+    assert re.search(r"events \(\d+ MB\) written: EventFileWriter [\d.]+ s \| EventFile [\d.]+ s", out), out
+
+
 def test_query_throughput_runs():
     out = run_script("query_throughput.py", "--rows", "16", "--batches", "2", "--repeats", "1")
     assert re.search(r"^\s+16\s+[\d,]+\s+[\d,]+\s+[\d.]+x", out, re.M), out
