@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experi
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
+from workbench.ui.run_page import (CONTROLS, PACED, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
                                    redraw, skips)
 from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
@@ -178,6 +179,24 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
 #: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
 
+#: The paced views of the live run page (run_page.PACED) that the browser has in view, or within 200 px of
+#: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
+#: browser before the tick is sent.
+IN_VIEW = """(...values) => {
+  const near = 200, bottom = window.innerHeight + near;
+  const seen = document.hidden ? [] : %s.filter((name) => {
+    const box = document.getElementById(`live-${name}`)?.getBoundingClientRect();
+    return box !== undefined && box.height > 0 && box.bottom > -near && box.top < bottom;
+  });
+  return [...values.slice(0, -1), seen.join(",")];
+}""" % json.dumps(list(PACED))
+
+
+def _in_view(value: Any) -> set[str] | None:
+    """The views :data:`IN_VIEW` said are in view (None, all, where no browser said: a call from Python)."""
+    return set(filter(None, value.split(","))) if isinstance(value, str) else None
+
+
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
 CSS = """
@@ -301,6 +320,8 @@ def layout(root: RunsRoot):
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
+        # the live views in the page's view, as IN_VIEW reads them at each tick (comma separated)
+        c["in_view"] = gr.Textbox(visible=False)
         # the list of the app's runs, looked at every few seconds on every page (one idle on another's run
         # too): a run another page starts is listed, and the page's timer goes on while it runs
         c["list_timer"], c["list_state"] = gr.Timer(LIST_SECONDS), gr.State({})
@@ -389,10 +410,10 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     inputs = [target, c[f"{p}_page"], *[c[f"{p}_{k}"] for k in CONTROLS]]
     outputs = [c[f"{p}_page"], *[c[f"{p}_{k}"] for k in VIEW_OUTPUTS]]
 
-    def draw(value, state, *values, force=True, jump=False, change=None):
+    def draw(value, state, *values, force=True, jump=False, change=None, in_view=None):
         view, header, *more = find(value)  # (a third: the run's interventions)
         return redraw(view, header, value, state, values, force=force, jump=jump, change=change,
-                      interventions=more[0] if more else None)
+                      interventions=more[0] if more else None, in_view=in_view)
 
     def handler(**options):
         def on_event(*args):
@@ -550,11 +571,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return table, note, pick
 
     def on_tick(attached, state, *values):
+        *values, in_view = values  # (the views the page has in view: IN_VIEW, run in the browser)
         run = manager.get(attached) if attached else None
         # ticking while any run of the app goes (another page's too: the list of runs follows it), and once
         # after (before drawing: a run ending now is drawn next tick)
         going = any(r.running for r in manager.runs())
-        drawn = draw_live(attached, state, *values, force=False)
+        drawn = draw_live(attached, state, *values, force=False, in_view=_in_view(in_view))
         # the run list's labels and table say each run's state and step (the pick is kept)
         return (*drawn, gr.Timer(active=going), *list_updates(drawn[0]),
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
@@ -571,9 +593,9 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                          [c["list_state"], c["runs"], c["runs_note"], c["pick"], c["timer"]], show_progress="hidden")
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *skips(n_views - 1),
                                                     gr.Timer(active=False), *skips(8 + len(buttons)))),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
+                    [*live_inputs, c["in_view"]], [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
                                   c["findings_note"], c["findings"]],
-                    show_progress="hidden")  # (a tick every second: no flicker of its outputs)
+                    show_progress="hidden", js=IN_VIEW)  # (a tick every second: no flicker of its outputs)
 
     c["findings"].select(_guarded(findings_view.select_handler(manager), lambda text: (gr.skip(), text,
                                                                                       *skips(n_views + 1))),
