@@ -23,7 +23,8 @@
    also over the minute after (whether the page levels off).
 5. A browser page following a live ILQL run (headless chromium, the real app; about 100 call sites and
    a dozen metric panels, histograms on), its top in view: the share of a window of seconds the
-   browser's main thread spends in long tasks (PerformanceObserver, "longtask"), and the seconds
+   browser's main thread spends in long tasks (PerformanceObserver, "longtask") and in script, style
+   and layout (the DevTools protocol's Performance metrics), and the seconds
    from a click on Pause (and on Apply, of an intervention) to its handler starting on the server;
    with the page's paced redraws (``run_page.PACED``: the views in view only, the heavy ones every
    ``HEAVY_TICKS`` ticks) and with every view sent each tick, as before them.
@@ -276,14 +277,26 @@ def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0
                 page.get_by_role("tab", name="Experiments").click()
                 page.locator("#experiment-list").get_by_label("ilql", exact=True).check()
                 page.wait_for_selector("#experiment-overview:has-text('ilql')")
+                page.locator("#run-config").get_by_label("eval_every", exact=True).wait_for()  # (its form)
                 page.locator("#run-steps input").fill("1000000")
                 page.locator("#run-start").click()
-                page.locator("#live-heatmap .js-plotly-plot").wait_for(timeout=120_000)
+                page.locator("#run-status").get_by_text("running").wait_for(timeout=120_000)
+                page.wait_for_function("() => document.querySelector('#live-metrics .js-plotly-plot')?.data?.length",
+                                       timeout=120_000)
                 page.wait_for_timeout(settle * 1000)
                 page.evaluate("window.scrollTo(0, 0)")
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Performance.enable")
+
+                def work() -> float:  # (seconds of script, style and layout on the page's main thread so far)
+                    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                    return sum(metrics[k] for k in ("ScriptDuration", "RecalcStyleDuration", "LayoutDuration"))
+
                 page.evaluate(LONG_TASKS)
+                before = work()
                 page.wait_for_timeout(seconds * 1000)
                 busy_ms, count = page.evaluate("window.busy()")
+                worked = work() - before
 
                 def latency(button: str) -> float:
                     box = page.locator(f"#{button}").bounding_box()
@@ -313,7 +326,8 @@ def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0
             run_tabs.pause_run, run_tabs.apply_intervention = saved["pause_run"], saved["apply_intervention"]
             app.close()
             app.run_manager.close()
-    return {"busy": busy_ms / 1000 / seconds, "tasks": count, "pause": statistics.median(pauses),
+    return {"busy": busy_ms / 1000 / seconds, "tasks": count, "work": worked / seconds,
+            "pause": statistics.median(pauses),
             "apply": statistics.median(applies)}
 
 
@@ -355,7 +369,8 @@ def main() -> None:
         print(f"a browser page following a live ilql run, its top in view ({seconds} s of long tasks; clicks):")
         for label, paced in (("paced redraws", True), ("every view every tick", False)):
             got = page_busy(seconds, paced, clicks=1 if args.quick else 3)
-            print(f"  {label}: long tasks {got['busy']:.0%} of the window ({got['tasks']} of them); "
+            print(f"  {label}: long tasks {got['busy']:.0%} of the window ({got['tasks']} of them), script, style "
+                  f"and layout {got['work']:.0%}; "
                   f"a click reaches the server in {got['pause']:.2f} s (Pause), {got['apply']:.2f} s (Apply)")
 
 

@@ -290,7 +290,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
                  held: Collection[str] = ()) -> tuple:
     """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
     changed (so one the user has open is left alone), the kinds only when a jump sets them, the
-    NaN/Inf table only when it changed, and nothing of the views named in ``held`` (:data:`PACED`)."""
+    notes, the banner and the tables only when they changed, and nothing of the views named in
+    ``held`` (:data:`PACED`)."""
     import gradio as gr
 
     sent = state.setdefault("sent", {})
@@ -320,12 +321,19 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
         sent[key] = shown_now
         return frame
 
-    return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
+    def changed(key: str, value: Any, update: Any = None):  # (the page keeps what it has: each one sent costs)
+        if sent.get(key, ()) == value:
+            return gr.skip()
+        sent[key] = value
+        return value if update is None else update
+
+    jump = page.first_anomaly is not None
+    return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
             picker("metric_names", page.metric_choices, page.metrics),
             plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
             picker("sites", page.site_choices, page.sites), plot(page.sites_figure, "sites", "series"),
-            page.site_note, picker("dist_site", page.dist_choices, page.dist_site),
-            plot(page.distribution_figure, "distribution", "distribution"), page.dist_note,
+            changed("site_note", page.site_note), picker("dist_site", page.dist_choices, page.dist_site),
+            plot(page.distribution_figure, "distribution", "distribution"), changed("dist_note", page.dist_note),
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
             table(page.anomalies, "anomalies"), table(page.latest, "latest"))
 

@@ -312,7 +312,9 @@ def layout(root: RunsRoot):
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
                 _intervention_components(c)
-                _view_components(c, "live", empty=NO_RUN.strip("_"))
+                # the views, shown once the page holds a run (before, they would be empty plots and pickers)
+                with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
+                    _view_components(c, "live")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
@@ -545,17 +547,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent.update(sites=sites, table=rows, on=on)
         return out
 
-    # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before)
-    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"]]
+    # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before;
+    # the views show while the page holds a run)
+    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"], c["live_body"]]
 
     def control(key: str, on: bool):
+        if key == "views":
+            return gr.Column(visible=on)
         return gr.Row(visible=on) if key == "continue" else gr.Button(interactive=on)
 
     def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
         """Pause, Resume, Stop, Apply and Remove, enabled where they apply to the page's run
         (:func:`run_controls`), greyed out where not, and Continue's row shown or hidden; each sent only
         when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
-        able = run_controls(manager, attached)
+        able = {**run_controls(manager, attached), "views": bool(attached) and manager.get(attached) is not None}
         sent = {} if fresh else state.get("buttons", {})
         state["buttons"] = able
         return tuple(gr.skip() if sent.get(k) == v else control(k, v) for k, v in able.items())
@@ -578,7 +583,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         going = any(r.running for r in manager.runs())
         drawn = draw_live(attached, state, *values, force=False, in_view=_in_view(in_view))
         # the run list's labels and table say each run's state and step (the pick is kept)
-        return (*drawn, gr.Timer(active=going), *list_updates(drawn[0]),
+        # (a tick comes from an active timer: it is sent only to stop it)
+        return (*drawn, gr.skip() if going else gr.Timer(active=False), *list_updates(drawn[0]),
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
