@@ -357,3 +357,21 @@ def test_a_tick_sends_the_views_in_view_the_heavy_ones_at_a_slower_pace_and_all_
     # a control changed: every view drawn, in view or not
     state, *updates = run_page.redraw(view, "h", "r1", state, values, in_view=set())
     assert not any(skipped(u) for name, u in zip(run_page.VIEW_OUTPUTS, updates) if name in run_page.PACED[:4])
+
+
+def test_metric_panels_share_one_range_of_steps_a_sparse_metric_is_not_a_lone_dot_on_its_own():
+    import dataclasses
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch() as w:
+        exp.run(1, progress=False)
+        record = w.recorder.records()[-1]
+    view = RunView(label="sparse")
+    for step in range(1, 31):  # a loss each step, a reward evaluated at step 10 alone
+        metrics = {"loss": 1.0 / step, **({"reward": 0.5} if step == 10 else {})}
+        view.feed(dataclasses.replace(record, step=step, metrics=metrics))
+    layout = run_page.draw_page(view).metrics_figure["layout"]
+    axes = sorted(k for k in layout if k.startswith("xaxis"))
+    assert len(axes) == 2
+    # the panels after the first follow its axis (one autorange over every panel's steps, zoomed together)
+    assert "matches" not in layout["xaxis"] and all(layout[a]["matches"] == "x" for a in axes[1:])
