@@ -582,9 +582,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         # after (before drawing: a run ending now is drawn next tick)
         going = any(r.running for r in manager.runs())
         drawn = draw_live(attached, state, *values, force=False, in_view=_in_view(in_view))
-        # the run list's labels and table say each run's state and step (the pick is kept)
-        # (a tick comes from an active timer: it is sent only to stop it)
-        return (*drawn, gr.skip() if going else gr.Timer(active=False), *list_updates(drawn[0]),
+        # (a tick comes from an active timer: it is sent only to stop it; the list of runs, whose labels and
+        # table say each run's step, is the list timer's, every LIST_SECONDS: redrawn every second, as the
+        # page's views, it kept the browser busy)
+        return (*drawn, gr.skip() if going else gr.Timer(active=False),
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
@@ -598,8 +599,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["list_timer"].tick(_guarded(on_list_tick, lambda text: skips(5)), c["list_state"],
                          [c["list_state"], c["runs"], c["runs_note"], c["pick"], c["timer"]], show_progress="hidden")
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *skips(n_views - 1),
-                                                    gr.Timer(active=False), *skips(8 + len(buttons)))),
-                    [*live_inputs, c["in_view"]], [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
+                                                    gr.Timer(active=False), *skips(5 + len(buttons)))),
+                    [*live_inputs, c["in_view"]], [*live_outputs, c["timer"], *panel, *buttons,
                                   c["findings_note"], c["findings"]],
                     show_progress="hidden", js=IN_VIEW)  # (a tick every second: no flicker of its outputs)
 
