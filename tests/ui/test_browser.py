@@ -558,6 +558,14 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     # beside a 300 px form, its metric names and plots squeezed)
     assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
     assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
+    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others)
+    rows = {round(page.locator(f"#{b}").bounding_box()["y"]) for b in ("live-attach", "live-detach", "live-refresh")}
+    assert len(rows) == 1, rows
+    # the Runs tab's comparison: the log y box's label whole (squeezed by the pickers, it was clipped)
+    page.get_by_role("tab", name="Runs").click()
+    label = page.locator("#compare-log label")
+    expect(label).to_be_visible()
+    assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60")
 
 
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):

@@ -226,6 +226,8 @@ CSS = """
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
+/* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
+#compare-log { min-width: 90px !important; flex-shrink: 0; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
@@ -283,8 +285,9 @@ def layout(root: RunsRoot):
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
+                    # (narrow enough at its least that the six buttons stay beside it in an 800 px window)
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=5, interactive=True)
+                                            scale=5, interactive=True, min_width=100)
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
                     # (greyed out until the page's run is there to pause, resume or stop: run_controls)
                     c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
