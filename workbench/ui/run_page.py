@@ -186,14 +186,16 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             heat_kind = next((k for k in KINDS if view.site_order(k)), heat_kind)
         heat_fig = drawn("heatmap", lambda: figures.heatmap_figure(view, heat_kind, c.heat_statistic,
                                                                    bool(c.heat_log)))
-        if heat_fig is not None and heat_kind != c.heat_kind:  # (the picker keeps the kind asked: the next run may have it)
+        # (the picker keeps the kind asked: the next run may have it)
+        if heat_fig is not None and heat_kind != c.heat_kind:
             title = heat_fig["layout"]["title"]
             title["text"] = f"No {c.heat_kind} rows in this run; {title['text']}"
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
     latest = latest.round(6)
     if interventions is not None and len(interventions):
-        metrics_fig, sites_fig = (None if fig is None else figures.shade_interventions(fig, interventions, view.last_step)
+        metrics_fig, sites_fig = (None if fig is None else
+                                  figures.shade_interventions(fig, interventions, view.last_step)
                                   for fig in (metrics_fig, sites_fig))
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
