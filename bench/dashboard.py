@@ -26,7 +26,7 @@
    browser's main thread spends in long tasks (PerformanceObserver, "longtask") and in script, style
    and layout (the DevTools protocol's Performance metrics), and the seconds
    from a click on Pause (and on Apply, of an intervention) to its handler starting on the server;
-   with the page's paced redraws (``run_page.PACED``: the views in view only, the heavy ones every
+   with the page's paced redraws (``run_page.PACED``: the plots in view only, all but the metrics every
    ``HEAVY_TICKS`` ticks) and with every view sent each tick, as before them.
 
     python bench/dashboard.py [--quick] [--rounds 5] [--parts 1,2,3,4,5]
@@ -254,7 +254,7 @@ def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0
     heavy_ticks = run_page.HEAVY_TICKS
     run_tabs.pause_run, run_tabs.apply_intervention = timed(saved["pause_run"]), timed(saved["apply_intervention"])
     if not paced:  # (every view in view, each drawn every tick: the page before the pacing)
-        run_tabs.IN_VIEW = "(...values) => [...values.slice(0, -1), %r]" % ",".join(run_page.PACED)
+        run_tabs.IN_VIEW = "(...values) => [...values.slice(0, -1), %r]" % ",".join(run_page.IN_VIEW_ONLY)
         run_page.HEAVY_TICKS = 1
     with tempfile.TemporaryDirectory() as folder, socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

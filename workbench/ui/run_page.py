@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from workbench.ui.live_run import LiveRun
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
-           "CONTROLS", "PACED", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data", "page_outputs",
+           "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data", "page_outputs",
            "jump_controls", "redraw"]
 
 
@@ -246,11 +246,14 @@ CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites",
             "heat_kind", "heat_stat", "heat_log")
 
 
-#: The views a timer's tick sends only while they are in the page's view (the browser says which: the
-#: tick's ``in_view``), and, but for the metrics, every :data:`HEAVY_TICKS` ticks: the browser redraws a
+#: The views a timer's tick paces: the plots sent only while in the page's view (the browser says which: the
+#: tick's ``in_view``; :data:`IN_VIEW_ONLY`), and all but the metrics every :data:`HEAVY_TICKS` ticks: the browser redraws a
 #: plot whole each time one is sent (an ILQL page's four plots and last-step table each second kept it
 #: busy 19 of 21 s, and a click waited 5-7 s for it; docs/performance.md, "The run page").
 PACED = ("metrics", "series", "distribution", "heatmap", "latest")
+#: Of those, the ones held back while out of view (the plots, each redrawn whole; the table, lighter, is read
+#: where it is, without a scroll).
+IN_VIEW_ONLY = PACED[:4]
 #: Ticks between two drawings of a paced view other than the metrics (a tick is a second).
 HEAVY_TICKS = 5
 
@@ -385,7 +388,8 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
         def is_due(name: str) -> bool:
             sent_version, sent_tick = paced.get(name, (None, -HEAVY_TICKS))
             return sent_version != version and (settled or (
-                (in_view is None or name in in_view) and (name == "metrics" or tick - sent_tick >= HEAVY_TICKS)))
+                (in_view is None or name in in_view or name not in IN_VIEW_ONLY)
+                and (name == "metrics" or tick - sent_tick >= HEAVY_TICKS)))
 
         due = {name for name in PACED if is_due(name)}
         if version == state.get("version") and not due:

@@ -30,7 +30,7 @@ from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experi
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, PACED, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
+from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
                                    redraw, skips)
 from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
@@ -179,7 +179,7 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
 #: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
 
-#: The paced views of the live run page (run_page.PACED) that the browser has in view, or within 200 px of
+#: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
 #: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
 #: browser before the tick is sent.
 IN_VIEW = """(...values) => {
@@ -189,7 +189,7 @@ IN_VIEW = """(...values) => {
     return box !== undefined && box.height > 0 && box.bottom > -near && box.top < bottom;
   });
   return [...values.slice(0, -1), seen.join(",")];
-}""" % json.dumps(list(PACED))
+}""" % json.dumps(list(IN_VIEW_ONLY))
 
 
 def _in_view(value: Any) -> set[str] | None:
