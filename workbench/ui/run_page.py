@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from workbench.ui.live_run import LiveRun
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
-           "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data", "page_outputs",
+           "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
+           "page_outputs",
            "jump_controls", "redraw"]
 
 
@@ -246,10 +247,10 @@ CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites",
             "heat_kind", "heat_stat", "heat_log")
 
 
-#: The views a timer's tick paces: the plots sent only while in the page's view (the browser says which: the
-#: tick's ``in_view``; :data:`IN_VIEW_ONLY`), and all but the metrics every :data:`HEAVY_TICKS` ticks: the browser redraws a
-#: plot whole each time one is sent (an ILQL page's four plots and last-step table each second kept it
-#: busy 19 of 21 s, and a click waited 5-7 s for it; docs/performance.md, "The run page").
+#: The views a timer's tick paces: the plots sent only while in the page's view (the browser says which:
+#: the tick's ``in_view``; :data:`IN_VIEW_ONLY`), and all but the metrics every :data:`HEAVY_TICKS`
+#: ticks: the browser redraws a plot whole each time one is sent (an ILQL page's four plots and
+#: last-step table each second had kept it busy; docs/performance.md, "The run page").
 PACED = ("metrics", "series", "distribution", "heatmap", "latest")
 #: Of those, the ones held back while out of view (the plots, each redrawn whole; the table, lighter, is read
 #: where it is, without a scroll).

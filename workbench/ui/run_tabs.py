@@ -30,8 +30,8 @@ from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experi
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
-                                   redraw, skips)
+from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state,
+                                   plot_data, redraw, skips)
 from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
                                       replay, run_table, stored_interventions)
