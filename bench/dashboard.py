@@ -21,8 +21,15 @@
    (6 s from its 5th with --quick), with the
    app's release of the plots Gradio drops (``LET_GO_OF_DROPPED_PLOTS``) and without it; with it,
    also over the minute after (whether the page levels off).
+5. A browser page following a live ILQL run (headless chromium, the real app; about 100 call sites and
+   a dozen metric panels, histograms on), its top in view: the share of a window of seconds the
+   browser's main thread spends in long tasks (PerformanceObserver, "longtask") and in script, style
+   and layout (the DevTools protocol's Performance metrics), and the seconds
+   from a click on Pause (and on Apply, of an intervention) to its handler starting on the server;
+   with the page's paced redraws (``run_page.PACED``: the plots in view only, all but the metrics every
+   ``HEAVY_TICKS`` ticks) and with every view sent each tick, as before them.
 
-    python bench/dashboard.py [--quick] [--rounds 5]
+    python bench/dashboard.py [--quick] [--rounds 5] [--parts 1,2,3,4,5]
 """
 
 from __future__ import annotations
@@ -215,33 +222,156 @@ def page_growth(seconds: float, release: bool, settle: float = 10.0,
     return [(after[0] - before[0], after[1] - before[1]) for before, after in zip(marks, marks[1:])]
 
 
+#: Sums the page's long tasks from when it is installed: ``window.busy()`` gives [ms in long tasks, count].
+LONG_TASKS = """() => {
+  window.longTasks = [];
+  new PerformanceObserver((list) => { window.longTasks.push(...list.getEntries().map(e => e.duration)); })
+    .observe({type: "longtask"});
+  window.busy = () => [window.longTasks.reduce((a, b) => a + b, 0), window.longTasks.length];
+}"""
+
+
+def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0) -> dict[str, float]:
+    """A page following a live ILQL run: the share of ``seconds`` its main thread spent in long tasks,
+    and the median seconds from a click on Pause, and on Apply, to its handler starting on the server."""
+    import shutil
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    from workbench.ui import app as app_module
+    from workbench.ui import run_page, run_tabs
+
+    reached: list[float] = []
+
+    def timed(handler):
+        def call(*args, **kwargs):
+            reached.append(time.monotonic())
+            return handler(*args, **kwargs)
+        return call
+
+    saved = {name: getattr(run_tabs, name) for name in ("pause_run", "apply_intervention", "IN_VIEW")}
+    heavy_ticks = run_page.HEAVY_TICKS
+    run_tabs.pause_run, run_tabs.apply_intervention = timed(saved["pause_run"]), timed(saved["apply_intervention"])
+    if not paced:  # (every view in view, each drawn every tick: the page before the pacing)
+        run_tabs.IN_VIEW = "(...values) => [...values.slice(0, -1), %r]" % ",".join(run_page.IN_VIEW_ONLY)
+        run_page.HEAVY_TICKS = 1
+    with tempfile.TemporaryDirectory() as folder, socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        try:
+            app = app_module.build_app(runs_root=Path(folder) / "runs")
+        finally:
+            for name, value in saved.items():
+                if name == "IN_VIEW":
+                    setattr(run_tabs, name, value)
+        app.queue()
+        app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=shutil.which("chromium"),
+                                            args=["--headless", "--no-sandbox", "--disable-gpu"])
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.get_by_role("tab", name="Experiments").click()
+                page.locator("#experiment-list").get_by_label("ilql", exact=True).check()
+                page.wait_for_selector("#experiment-overview:has-text('ilql')")
+                page.locator("#run-config").get_by_label("eval_every", exact=True).wait_for()  # (its form)
+                page.locator("#run-steps input").fill("1000000")
+                page.locator("#run-start").click()
+                page.locator("#run-status").get_by_text("running").wait_for(timeout=120_000)
+                page.wait_for_function("() => document.querySelector('#live-metrics .js-plotly-plot')?.data?.length",
+                                       timeout=120_000)
+                page.wait_for_timeout(settle * 1000)
+                page.evaluate("window.scrollTo(0, 0)")
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Performance.enable")
+
+                def work() -> float:  # (seconds of script, style and layout on the page's main thread so far)
+                    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                    return sum(metrics[k] for k in ("ScriptDuration", "RecalcStyleDuration", "LayoutDuration"))
+
+                page.evaluate(LONG_TASKS)
+                before = work()
+                page.wait_for_timeout(seconds * 1000)
+                busy_ms, count = page.evaluate("window.busy()")
+                worked = work() - before
+
+                def latency(button: str) -> float:
+                    box = page.locator(f"#{button}").bounding_box()
+                    before = len(reached)
+                    start = time.monotonic()
+                    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                    while len(reached) == before:
+                        time.sleep(0.02)
+                    return reached[-1] - start
+
+                pauses, applies = [], []
+                for _ in range(clicks):
+                    page.locator("#run-pause").scroll_into_view_if_needed()
+                    pauses.append(latency("run-pause"))
+                    page.locator("#run-resume:not([disabled])").wait_for(timeout=60_000)
+                    page.locator("#run-resume").click()
+                    page.locator("#run-pause:not([disabled])").wait_for(timeout=60_000)
+                    page.wait_for_timeout(3000)
+                page.locator("#intervene").get_by_text("Intervene on this run").click()
+                page.locator("#iv-apply:not([disabled])").wait_for(timeout=60_000)
+                for _ in range(clicks):
+                    page.wait_for_timeout(3000)
+                    applies.append(latency("iv-apply"))
+                browser.close()
+        finally:
+            run_page.HEAVY_TICKS = heavy_ticks
+            run_tabs.pause_run, run_tabs.apply_intervention = saved["pause_run"], saved["apply_intervention"]
+            app.close()
+            app.run_manager.close()
+    return {"busy": busy_ms / 1000 / seconds, "tasks": count, "work": worked / seconds,
+            "pause": statistics.median(pauses),
+            "apply": statistics.median(applies)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 and 1,000 steps; one short round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--parts", default="1,2,3,4,5", help="the parts to run, e.g. 5 (default: all)")
     args = parser.parse_args()
-    print("one refresh of a run page (every view), by recorded steps")
-    for name in WORKLOADS:
-        rows = page_cost(name, args.quick)
-        base_time, base_size = rows[0][1], rows[0][2]
-        for steps, seconds, size in rows:
-            print(f"  {name:24s} {steps:>6d} steps: {seconds * 1e3:7.1f} ms ({seconds / base_time:4.2f}x), "
-                  f"{size / 1024:7.1f} KiB ({size / base_size:4.2f}x)")
-    rounds, steps = (1, 50) if args.quick else (args.rounds, 300)
-    print(f"activation_mlp training step over the watch alone's ({rounds} rounds of {steps} steps):")
-    for name, ratio in live_ratios(rounds, steps).items():
-        print(f"  {name}: {ratio:.3f}x")
-    steps = 300 if args.quick else 20_000
-    print(f"opening a stored run of {steps} activation_mlp steps (its views and findings):")
-    for label, (seconds, mib) in open_cost(steps).items():
-        print(f"  read {label}: {seconds:.2f} s, {mib:.0f} MiB more memory at the peak")
-    seconds, settle = (6, 5) if args.quick else (60, 10)
-    print(f"a browser page following a live activation_mlp run for {seconds} s (what it keeps after a GC):")
-    for label, release in (("plots Gradio drops let go", True), ("plots Gradio drops kept", False)):
-        # (let go, a second span: whether the page levels off once its code is compiled and its caches full)
-        spans = page_growth(seconds, release, settle, periods=2 if release else 1)
-        print(f"  {label}: " + "; then ".join(f"{nodes:+.0f} DOM nodes, {mib:+.1f} MiB of JS heap"
-                                              for nodes, mib in spans))
+    parts = {int(part) for part in args.parts.split(",")}
+    if 1 in parts:
+        print("one refresh of a run page (every view), by recorded steps")
+        for name in WORKLOADS:
+            rows = page_cost(name, args.quick)
+            base_time, base_size = rows[0][1], rows[0][2]
+            for steps, seconds, size in rows:
+                print(f"  {name:24s} {steps:>6d} steps: {seconds * 1e3:7.1f} ms ({seconds / base_time:4.2f}x), "
+                      f"{size / 1024:7.1f} KiB ({size / base_size:4.2f}x)")
+    if 2 in parts:
+        rounds, steps = (1, 50) if args.quick else (args.rounds, 300)
+        print(f"activation_mlp training step over the watch alone's ({rounds} rounds of {steps} steps):")
+        for name, ratio in live_ratios(rounds, steps).items():
+            print(f"  {name}: {ratio:.3f}x")
+    if 3 in parts:
+        steps = 300 if args.quick else 20_000
+        print(f"opening a stored run of {steps} activation_mlp steps (its views and findings):")
+        for label, (seconds, mib) in open_cost(steps).items():
+            print(f"  read {label}: {seconds:.2f} s, {mib:.0f} MiB more memory at the peak")
+    if 4 in parts:
+        seconds, settle = (6, 5) if args.quick else (60, 10)
+        print(f"a browser page following a live activation_mlp run for {seconds} s (what it keeps after a GC):")
+        for label, release in (("plots Gradio drops let go", True), ("plots Gradio drops kept", False)):
+            # (let go, a second span: whether the page levels off once its code is compiled and its caches full)
+            spans = page_growth(seconds, release, settle, periods=2 if release else 1)
+            print(f"  {label}: " + "; then ".join(f"{nodes:+.0f} DOM nodes, {mib:+.1f} MiB of JS heap"
+                                                  for nodes, mib in spans))
+    if 5 in parts:
+        seconds = 10 if args.quick else 20
+        print(f"a browser page following a live ilql run, its top in view ({seconds} s of long tasks; clicks):")
+        for label, paced in (("paced redraws", True), ("every view every tick", False)):
+            got = page_busy(seconds, paced, clicks=1 if args.quick else 3)
+            print(f"  {label}: long tasks {got['busy']:.0%} of the window ({got['tasks']} of them), script, style "
+                  f"and layout {got['work']:.0%}; "
+                  f"a click reaches the server in {got['pause']:.2f} s (Pause), {got['apply']:.2f} s (Apply)")
 
 
 if __name__ == "__main__":

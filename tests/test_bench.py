@@ -139,6 +139,10 @@ def test_dashboard_reports_refreshes_and_the_live_ratio():
     span = r"[+-]\d+ DOM nodes, [+-]\d+\.\d MiB of JS heap"
     assert re.search(rf"plots Gradio drops let go: {span}; then {span}", out), out
     assert re.search(r"plots Gradio drops kept: [+-]\d+ DOM nodes", out), out
+    page = (r"long tasks \d+% of the window \(\d+ of them\), script, style and layout \d+%; "
+            r"a click reaches the server in ")
+    for label in ("paced redraws", "every view every tick"):
+        assert re.search(rf"{label}: {page}\d+\.\d+ s \(Pause\), \d+\.\d+ s \(Apply\)", out), out
 
 
 def test_diagnose_reports_its_cost_and_the_live_ratio():

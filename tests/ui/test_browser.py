@@ -563,6 +563,14 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     # beside a 300 px form, its metric names and plots squeezed)
     assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
     assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
+    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others)
+    rows = {round(page.locator(f"#{b}").bounding_box()["y"]) for b in ("live-attach", "live-detach", "live-refresh")}
+    assert len(rows) == 1, rows
+    # the Runs tab's comparison: the log y box's label whole (squeezed by the pickers, it was clipped)
+    page.get_by_role("tab", name="Runs").click()
+    label = page.locator("#compare-log label")
+    expect(label).to_be_visible()
+    assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60")
 
 
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
@@ -671,3 +679,34 @@ def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
     page.locator("#runs-refresh").click()
     expect(page.locator("#replay-header")).to_contain_text("stopped")
     expect(page.locator("#replay-header")).not_to_contain_text("still being recorded")
+
+
+def _last_step(page, elem_id):
+    """The last step the figure in ``#elem_id`` draws (its first trace's last x; None: none yet)."""
+    found = traces(page, elem_id, lambda t: True)
+    return found[0]["x"][-1] if found and found[0]["x"] else None
+
+
+def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in_view(page):
+    page.get_by_role("tab", name="Experiments").click()
+    # no run yet: no empty plots, pickers and tables, the header says what to do
+    expect(page.locator("#run-status")).to_contain_text("No run on this page")
+    expect(page.locator("#live-body")).to_be_hidden()
+    start(page, "activation_mlp", 100000, width="8")
+    expect(page.locator("#live-body")).to_be_visible()
+    page.locator("#run-status").get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
+    page.evaluate("window.scrollTo(0, 0)")
+    # the heatmap, far below, is left as it was drawn while the metrics in view follow the run
+    metrics = traces(page, "live-metrics", lambda t: t and t[0]["x"])[0]["x"][-1]
+    heat = _last_step(page, "live-heatmap")  # (drawn when the run started: at its first step, or none yet)
+    for _ in range(2):  # (two ticks drawing new steps)
+        metrics = traces(page, "live-metrics", lambda t, seen=metrics: t and t[0]["x"][-1] > seen)[0]["x"][-1]
+    assert _last_step(page, "live-heatmap") == heat
+    # scrolled to, it is drawn at the run's steps by the next ticks
+    page.locator("#live-heatmap").scroll_into_view_if_needed()
+    traces(page, "live-heatmap", lambda t: t and t[0]["x"] and (heat is None or t[0]["x"][-1] > heat))
+    page.locator("#run-pause").scroll_into_view_if_needed()
+    page.locator("#run-stop").click()
+    expect(page.locator("#run-status")).to_contain_text("stopped", timeout=30_000)
+    page.locator("#live-detach").click()  # (a page holding no run hides its views again)
+    expect(page.locator("#live-body")).to_be_hidden()

@@ -314,3 +314,64 @@ def test_runs_compared_keep_their_colours_as_others_join_and_leave(manager):
     assert len(set(again.values())) == 3
     # (the colours of a first drawing: in the runs' order, as before)
     assert figures.steady_colors(["x", "y"]) == {"x": "#1f77b4", "y": "#ff7f0e"}
+
+
+def test_a_tick_sends_the_views_in_view_the_heavy_ones_at_a_slower_pace_and_all_once_the_run_ends():
+    import gradio as gr
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch(histograms=True) as w:
+        exp.run(run_page.HEAVY_TICKS + 4, progress=False)
+        records = w.recorder.records()
+    view, steps = RunView(label="paced", total=100), iter(records)
+    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+    state = None
+
+    sent = {}
+
+    def skipped(update):
+        return isinstance(update, dict) and update == gr.skip()
+
+    def tick(in_view, new_step=True):
+        nonlocal state
+        if new_step:
+            view.feed(next(steps))
+        state, *updates = run_page.redraw(view, "h", "r1", state, values, force=False, in_view=in_view)
+        out = {name: update for name, update in zip(run_page.VIEW_OUTPUTS, updates) if not skipped(update)}
+        sent.update(out)
+        return set(out) & set(run_page.PACED)
+
+    assert tick({"metrics"}) == {"metrics", "latest"}  # (the other plots are out of view: not drawn)
+    assert tick(set(run_page.PACED)) == set(run_page.IN_VIEW_ONLY)  # scrolled to: each drawn at once
+    for i in range(run_page.HEAVY_TICKS - 1):  # then the metrics each tick, the heavy views every HEAVY_TICKS
+        assert tick(set(run_page.PACED)) == {"metrics"} | ({"latest"} if i == run_page.HEAVY_TICKS - 2 else set())
+    assert tick(set(run_page.PACED)) == set(run_page.IN_VIEW_ONLY)
+    assert tick(set(run_page.PACED), new_step=False) == set()  # (nothing new: nothing sent)
+    assert tick(set(run_page.PACED)) == {"metrics"}
+    # the run ended: every view behind is drawn at its last step, in view or not (no tick may follow)
+    view.set_status("finished")
+    assert tick(set(), new_step=False) == set(run_page.PACED)
+    [heat] = traces(json.loads(sent["heatmap"].plot))
+    assert figures.values(heat["x"]).tolist()[-1] == view.last_step == run_page.HEAVY_TICKS + 3  # (steps fed)
+    assert tick(set(), new_step=False) == set()
+    # a control changed: every view drawn, in view or not
+    state, *updates = run_page.redraw(view, "h", "r1", state, values, in_view=set())
+    assert not any(skipped(u) for name, u in zip(run_page.VIEW_OUTPUTS, updates) if name in run_page.PACED[:4])
+
+
+def test_metric_panels_share_one_range_of_steps_a_sparse_metric_is_not_a_lone_dot_on_its_own():
+    import dataclasses
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch() as w:
+        exp.run(1, progress=False)
+        record = w.recorder.records()[-1]
+    view = RunView(label="sparse")
+    for step in range(1, 31):  # a loss each step, a reward evaluated at step 10 alone
+        metrics = {"loss": 1.0 / step, **({"reward": 0.5} if step == 10 else {})}
+        view.feed(dataclasses.replace(record, step=step, metrics=metrics))
+    layout = run_page.draw_page(view).metrics_figure["layout"]
+    axes = sorted(k for k in layout if k.startswith("xaxis"))
+    assert len(axes) == 2
+    # the panels after the first follow its axis (one autorange over every panel's steps, zoomed together)
+    assert "matches" not in layout["xaxis"] and all(layout[a]["matches"] == "x" for a in axes[1:])

@@ -267,6 +267,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     gap_x, gap_y = 0.07, 0.5 / rows
     width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (rows - 1)) / rows
     several = len(views) > 1
+    steps = np.concatenate([f.step[f.metric.isin(chosen)] for f in frames.values()])
     in_legend: set[str] = set()  # (each run once in the legend, in the first panel it has a line in)
     # (the top margin keeps the first row's titles below Plotly's toolbar, which shows over the top right)
     data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[],
@@ -276,8 +277,10 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         n = "" if i == 0 else str(i + 1)
         x0, y1 = col * (width + gap_x), 1 - row * (height + gap_y)
         bottom = i + columns >= len(chosen)  # (the lowest panel of its column: its x axis is titled)
-        layout[f"xaxis{n}"] = _steps_axis(np.concatenate([f.step[f.metric == name] for f in frames.values()]),
-                                          domain=[x0, x0 + width], anchor=f"y{n}",
+        # (one range of steps for every panel, zoomed together: a metric evaluated every 50 steps had
+        # its own, a lone dot at 49-51 beside the others' 1-200)
+        layout[f"xaxis{n}"] = _steps_axis(steps, domain=[x0, x0 + width], anchor=f"y{n}",
+                                          **(dict(matches="x") if i else {}),
                                           **(dict(title=dict(text="step", standoff=4)) if bottom else {}))
         layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear",
                                     **_flat_range(np.concatenate([f.value[f.metric == name] for f in frames.values()]),

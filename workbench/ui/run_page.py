@@ -11,7 +11,7 @@ updates of its components out (:data:`VIEW_OUTPUTS`), only what changed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from workbench.ui.live_run import LiveRun
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
-           "CONTROLS", "new_page_state", "page_controls", "plot_data", "page_outputs", "jump_controls", "redraw"]
+           "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
+           "page_outputs",
+           "jump_controls", "redraw"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
@@ -114,13 +116,20 @@ def _anomaly_text(first: dict[str, Any] | None) -> str:
 
 
 def draw_page(view: RunView, controls: Controls | None = None, header: str | None = None,
-              interventions: pd.DataFrame | None = None, site_colors: dict[str, str] | None = None) -> Page:
+              interventions: pd.DataFrame | None = None, site_colors: dict[str, str] | None = None,
+              plots: Collection[str] | None = None) -> Page:
     """Draw every view of a run page from ``view`` as ``controls`` ask. Never raises: a control
     value the page cannot draw is a message in that view's place. ``interventions`` (a table of
     :data:`INTERVENTION_COLUMNS`) are shaded over the steps they were on, and named in the
     last-step table beside the sites they are on. ``site_colors``: the call sites' colours in the
-    page's earlier drawings, which each site drawn again keeps (updated with this drawing's)."""
+    page's earlier drawings, which each site drawn again keeps (updated with this drawing's).
+    ``plots``: the figures to draw, by their components' names in :data:`VIEW_OUTPUTS` ("metrics",
+    "series", "distribution", "heatmap"; None: all); the others are None in the page."""
     c = controls or Controls()
+
+    def drawn(name: str, draw: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        return draw() if plots is None or name in plots else None
+
     first = view.first_anomaly
     # metrics (the interventions' markers not by default: they are the bands over the figures)
     metric_choices = view.metric_names()
@@ -129,8 +138,9 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         chosen = ([m for m in metric_choices if not m.startswith(INTERVENTION_METRIC)] if picked is None
                   else [m for m in picked if m in metric_choices])
         smoothing = parse_smoothing(c.smoothing)
-        metrics_fig = (figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics)) if chosen
-                       else figures.empty_figure("Pick metrics above." if metric_choices else "No metrics yet."))
+        metrics_fig = drawn("metrics", lambda: figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics))
+                            if chosen else
+                            figures.empty_figure("Pick metrics above." if metric_choices else "No metrics yet."))
     except ValueError as exc:
         chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
     # a statistic per call site; the distributions and the last-step table follow the same kind
@@ -146,9 +156,10 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites = (view.default_sites(c.kind, c.statistic, DEFAULT_SITES) if picked is None
                      else [s for s in picked if s in site_choices])
             sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
-            sites_fig = (figures.sites_figure(view, c.kind, c.statistic, sites, bool(c.log_sites), site_colors) if sites
-                         else figures.empty_figure("Pick call sites above." if site_choices
-                                                   else f"No {c.kind} rows yet."))
+            sites_fig = drawn("series", lambda: figures.sites_figure(view, c.kind, c.statistic, sites,
+                                                                     bool(c.log_sites), site_colors) if sites
+                              else figures.empty_figure("Pick call sites above." if site_choices
+                                                        else f"No {c.kind} rows yet."))
             site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
         except ValueError as exc:
             sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
@@ -158,7 +169,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         else:
             dist_site = next((s for s in sites if s in dist_choices), dist_choices[0] if dist_choices else None)
         if dist_site is not None:
-            dist_fig = figures.distribution_figure(view, c.kind, dist_site)
+            dist_fig = drawn("distribution", lambda: figures.distribution_figure(view, c.kind, dist_site))
             dist_note = f"{len(dist_choices)} {c.kind} site(s) with histograms."
         elif site_choices:
             dist_fig, dist_note = figures.empty_figure("No histograms recorded."), NO_HISTOGRAMS
@@ -174,16 +185,19 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         check_choice("heatmap statistic", c.heat_statistic, STATISTICS)
         if not view.site_order(heat_kind):  # (a run that records none of it: no gradients, a forward-only model)
             heat_kind = next((k for k in KINDS if view.site_order(k)), heat_kind)
-        heat_fig = figures.heatmap_figure(view, heat_kind, c.heat_statistic, bool(c.heat_log))
-        if heat_kind != c.heat_kind:  # (the picker keeps the kind asked: the next run may have it)
+        heat_fig = drawn("heatmap", lambda: figures.heatmap_figure(view, heat_kind, c.heat_statistic,
+                                                                   bool(c.heat_log)))
+        # (the picker keeps the kind asked: the next run may have it)
+        if heat_fig is not None and heat_kind != c.heat_kind:
             title = heat_fig["layout"]["title"]
             title["text"] = f"No {c.heat_kind} rows in this run; {title['text']}"
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
     latest = latest.round(6)
     if interventions is not None and len(interventions):
-        metrics_fig = figures.shade_interventions(metrics_fig, interventions, view.last_step)
-        sites_fig = figures.shade_interventions(sites_fig, interventions, view.last_step)
+        metrics_fig, sites_fig = (None if fig is None else
+                                  figures.shade_interventions(fig, interventions, view.last_step)
+                                  for fig in (metrics_fig, sites_fig))
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
@@ -233,10 +247,23 @@ CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites",
             "heat_kind", "heat_stat", "heat_log")
 
 
+#: The views a timer's tick paces: the plots sent only while in the page's view (the browser says which:
+#: the tick's ``in_view``; :data:`IN_VIEW_ONLY`), and all but the metrics every :data:`HEAVY_TICKS`
+#: ticks: the browser redraws a plot whole each time one is sent (an ILQL page's four plots and
+#: last-step table each second had kept it busy; docs/performance.md, "The run page").
+PACED = ("metrics", "series", "distribution", "heatmap", "latest")
+#: Of those, the ones held back while out of view (the plots, each redrawn whole; the table, lighter, is read
+#: where it is, without a scroll).
+IN_VIEW_ONLY = PACED[:4]
+#: Ticks between two drawings of a paced view other than the metrics (a tick is a second).
+HEAVY_TICKS = 5
+
+
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
-    defaults (until the user picks), the run and steps it last drew, and what its pickers were sent."""
-    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}}
+    defaults (until the user picks), the run and steps it last drew, what its pickers and tables were
+    sent, the ticks it drew, and the version and tick each paced view was last sent at (``paced``)."""
+    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}, "tick": 0, "paced": {}}
 
 
 def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
@@ -265,12 +292,17 @@ def plot_data(figure: dict[str, Any], revision: Any = None):
     return PlotData(type="plotly", plot=figures.to_json(figure))
 
 
-def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revision: Any = None) -> tuple:
+def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revision: Any = None,
+                 held: Collection[str] = ()) -> tuple:
     """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
-    changed (so one the user has open is left alone), the kinds only when a jump sets them."""
+    changed (so one the user has open is left alone), the kinds only when a jump sets them, the
+    notes, the banner and the tables only when they changed, and nothing of the views named in
+    ``held`` (:data:`PACED`)."""
     import gradio as gr
 
     sent = state.setdefault("sent", {})
+    # (the paced views sent are up to date at the page's version from here: redraw's ticks read it)
+    paced = state["paced"] = dict(state.get("paced") or {})
 
     def picker(key: str, choices: list[str], value: Any):
         if sent.get(key) == (choices, value):
@@ -278,17 +310,38 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
         sent[key] = (list(choices), value)
         return gr.Dropdown(choices=choices, value=value, allow_custom_value=True)
 
-    def plot(figure: dict[str, Any], name: str):
+    def plot(figure: dict[str, Any] | None, name: str, output: str):
+        if output in held or figure is None:
+            return gr.skip()
+        paced[output] = (state.get("version"), state.get("tick", 0))
         return plot_data(figure, None if revision is None else f"{revision} {name}")
 
+    def table(frame: pd.DataFrame, key: str):
+        if key in held:
+            return gr.skip()
+        if key in PACED:
+            paced[key] = (state.get("version"), state.get("tick", 0))
+        shown_now = frame.to_json()
+        if sent.get(key) == shown_now:
+            return gr.skip()
+        sent[key] = shown_now
+        return frame
 
-    return (page.header, page.anomaly, gr.Button(visible=page.first_anomaly is not None),
-            picker("metric_names", page.metric_choices, page.metrics), plot(page.metrics_figure, "metrics"),
-            jumped.kind if jumped else gr.skip(), picker("sites", page.site_choices, page.sites),
-            plot(page.sites_figure, "sites"), page.site_note,
-            picker("dist_site", page.dist_choices, page.dist_site), plot(page.distribution_figure, "distribution"),
-            page.dist_note, jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap"),
-            page.anomalies, page.latest)
+    def changed(key: str, value: Any, update: Any = None):  # (the page keeps what it has: each one sent costs)
+        if sent.get(key, ()) == value:
+            return gr.skip()
+        sent[key] = value
+        return value if update is None else update
+
+    jump = page.first_anomaly is not None
+    return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
+            picker("metric_names", page.metric_choices, page.metrics),
+            plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
+            picker("sites", page.site_choices, page.sites), plot(page.sites_figure, "sites", "series"),
+            changed("site_note", page.site_note), picker("dist_site", page.dist_choices, page.dist_site),
+            plot(page.distribution_figure, "distribution", "distribution"), changed("dist_note", page.dist_note),
+            jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
+            table(page.anomalies, "anomalies"), table(page.latest, "latest"))
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
@@ -303,13 +356,17 @@ def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
 
 def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
            force: bool = True, jump: bool = False, change: dict | None = None,
-           interventions: pd.DataFrame | None = None) -> tuple:
+           interventions: pd.DataFrame | None = None, in_view: Collection[str] | None = None) -> tuple:
     """One drawing of a run page: ``(new page state, *updates of VIEW_OUTPUTS)``.
 
     ``view`` is the page's run's views (None: no run; ``header`` says why), ``run`` what names it,
-    ``values`` the controls' values (:data:`CONTROLS`). Unless ``force``d (a control changed), a
-    page that drew this run at these steps already is sent nothing. ``jump`` moves the views to the
-    first NaN/Inf; ``change`` updates the page state first (a picker the user took over).
+    ``values`` the controls' values (:data:`CONTROLS`). Unless ``force``d (a control changed), the
+    drawing is a tick: of the :data:`PACED` views, only those in ``in_view`` (None: all) whose steps
+    changed since they were sent are sent, the metrics each tick, the others every
+    :data:`HEAVY_TICKS` ticks; a run no longer running gets every view sent that is behind, in view
+    or not. A page that drew this run at these steps already, with no view behind, is sent nothing.
+    ``jump`` moves the views to the first NaN/Inf; ``change`` updates the page state first (a picker
+    the user took over).
     """
     state = dict(state or new_page_state())
     state.update(change or {})
@@ -322,8 +379,22 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
                                    heatmap_figure=empty)
         return state, *page_outputs(page, state)
     version = (run, view.steps_fed, view.status, view.dropped)
-    if not force and version == state.get("version"):
-        return state, *skips(len(VIEW_OUTPUTS))  # nothing new: nothing sent
+    paced = state.get("paced") or {}  # view -> (version, tick) it was last sent at (page_outputs keeps it)
+    tick = state["tick"] = state.get("tick", 0) + 1
+    if force:
+        due = set(PACED)
+    else:
+        settled = view.status != "running"  # (no tick may follow: every view is brought up to date)
+
+        def is_due(name: str) -> bool:
+            sent_version, sent_tick = paced.get(name, (None, -HEAVY_TICKS))
+            return sent_version != version and (settled or (
+                (in_view is None or name in in_view or name not in IN_VIEW_ONLY)
+                and (name == "metrics" or tick - sent_tick >= HEAVY_TICKS)))
+
+        due = {name for name in PACED if is_due(name)}
+        if version == state.get("version") and not due:
+            return state, *skips(len(VIEW_OUTPUTS))  # nothing new: nothing sent
     state["version"] = version
     controls = page_controls(state, values)
     jumped = jump_controls(view, controls) if jump else None
@@ -331,8 +402,8 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
         state["auto_sites"] = False
         controls = jumped
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
-    page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
-    return state, *page_outputs(page, state, jumped, revision=run)
+    page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
+    return state, *page_outputs(page, state, jumped, revision=run, held=set(PACED) - due)
 
 
 def skips(n: int) -> tuple:

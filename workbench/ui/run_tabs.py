@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,8 +30,8 @@ from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experi
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state, plot_data,
-                                   redraw, skips)
+from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state,
+                                   plot_data, redraw, skips)
 from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
                                       replay, run_table, stored_interventions)
@@ -178,6 +179,24 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
 #: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
 
+#: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
+#: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
+#: browser before the tick is sent.
+IN_VIEW = """(...values) => {
+  const near = 200, bottom = window.innerHeight + near;
+  const seen = document.hidden ? [] : %s.filter((name) => {
+    const box = document.getElementById(`live-${name}`)?.getBoundingClientRect();
+    return box !== undefined && box.height > 0 && box.bottom > -near && box.top < bottom;
+  });
+  return [...values.slice(0, -1), seen.join(",")];
+}""" % json.dumps(list(IN_VIEW_ONLY))
+
+
+def _in_view(value: Any) -> set[str] | None:
+    """The views :data:`IN_VIEW` said are in view (None, all, where no browser said: a call from Python)."""
+    return set(filter(None, value.split(","))) if isinstance(value, str) else None
+
+
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
 CSS = """
@@ -207,6 +226,8 @@ CSS = """
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
+/* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
+#compare-log { min-width: 90px !important; flex-shrink: 0; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
@@ -264,8 +285,9 @@ def layout(root: RunsRoot):
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
+                    # (narrow enough at its least that the six buttons stay beside it in an 800 px window)
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=5, interactive=True)
+                                            scale=5, interactive=True, min_width=100)
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
                     # (greyed out until the page's run is there to pause, resume or stop: run_controls)
                     c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
@@ -293,7 +315,9 @@ def layout(root: RunsRoot):
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
                 _intervention_components(c)
-                _view_components(c, "live", empty=NO_RUN.strip("_"))
+                # the views, shown once the page holds a run (before, they would be empty plots and pickers)
+                with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
+                    _view_components(c, "live")
                 gr.Markdown("#### Runs in this app\nThey run on the server: attach to one from any page "
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
@@ -301,6 +325,8 @@ def layout(root: RunsRoot):
                                          show_label=False, elem_id="live-runs")
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
+        # the live views in the page's view, as IN_VIEW reads them at each tick (comma separated)
+        c["in_view"] = gr.Textbox(visible=False)
         # the list of the app's runs, looked at every few seconds on every page (one idle on another's run
         # too): a run another page starts is listed, and the page's timer goes on while it runs
         c["list_timer"], c["list_state"] = gr.Timer(LIST_SECONDS), gr.State({})
@@ -389,10 +415,10 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     inputs = [target, c[f"{p}_page"], *[c[f"{p}_{k}"] for k in CONTROLS]]
     outputs = [c[f"{p}_page"], *[c[f"{p}_{k}"] for k in VIEW_OUTPUTS]]
 
-    def draw(value, state, *values, force=True, jump=False, change=None):
+    def draw(value, state, *values, force=True, jump=False, change=None, in_view=None):
         view, header, *more = find(value)  # (a third: the run's interventions)
         return redraw(view, header, value, state, values, force=force, jump=jump, change=change,
-                      interventions=more[0] if more else None)
+                      interventions=more[0] if more else None, in_view=in_view)
 
     def handler(**options):
         def on_event(*args):
@@ -524,17 +550,20 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         sent.update(sites=sites, table=rows, on=on)
         return out
 
-    # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before)
-    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"]]
+    # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before;
+    # the views show while the page holds a run)
+    buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"], c["live_body"]]
 
     def control(key: str, on: bool):
+        if key == "views":
+            return gr.Column(visible=on)
         return gr.Row(visible=on) if key == "continue" else gr.Button(interactive=on)
 
     def button_updates(attached, state: dict, fresh: bool = False) -> tuple:
         """Pause, Resume, Stop, Apply and Remove, enabled where they apply to the page's run
         (:func:`run_controls`), greyed out where not, and Continue's row shown or hidden; each sent only
         when it changed (``state`` remembers; ``fresh``: whatever the page had)."""
-        able = run_controls(manager, attached)
+        able = {**run_controls(manager, attached), "views": bool(attached) and manager.get(attached) is not None}
         sent = {} if fresh else state.get("buttons", {})
         state["buttons"] = able
         return tuple(gr.skip() if sent.get(k) == v else control(k, v) for k, v in able.items())
@@ -550,13 +579,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return table, note, pick
 
     def on_tick(attached, state, *values):
+        *values, in_view = values  # (the views the page has in view: IN_VIEW, run in the browser)
         run = manager.get(attached) if attached else None
         # ticking while any run of the app goes (another page's too: the list of runs follows it), and once
         # after (before drawing: a run ending now is drawn next tick)
         going = any(r.running for r in manager.runs())
-        drawn = draw_live(attached, state, *values, force=False)
-        # the run list's labels and table say each run's state and step (the pick is kept)
-        return (*drawn, gr.Timer(active=going), *list_updates(drawn[0]),
+        drawn = draw_live(attached, state, *values, force=False, in_view=_in_view(in_view))
+        # (a tick comes from an active timer: it is sent only to stop it; the list of runs, whose labels and
+        # table say each run's step, is the list timer's, every LIST_SECONDS: redrawn every second, as the
+        # page's views, it kept the browser busy)
+        return (*drawn, gr.skip() if going else gr.Timer(active=False),
                 *panel_updates(attached, drawn[0], keep_pick=True), *button_updates(attached, drawn[0]),
                 *_hidden_while_empty(*findings_view.page_findings(run, drawn[0])))
 
@@ -570,10 +602,10 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["list_timer"].tick(_guarded(on_list_tick, lambda text: skips(5)), c["list_state"],
                          [c["list_state"], c["runs"], c["runs_note"], c["pick"], c["timer"]], show_progress="hidden")
     c["timer"].tick(_guarded(on_tick, lambda text: (gr.skip(), text, *skips(n_views - 1),
-                                                    gr.Timer(active=False), *skips(8 + len(buttons)))),
-                    live_inputs, [*live_outputs, c["timer"], c["runs"], c["runs_note"], c["pick"], *panel, *buttons,
+                                                    gr.Timer(active=False), *skips(5 + len(buttons)))),
+                    [*live_inputs, c["in_view"]], [*live_outputs, c["timer"], *panel, *buttons,
                                   c["findings_note"], c["findings"]],
-                    show_progress="hidden")  # (a tick every second: no flicker of its outputs)
+                    show_progress="hidden", js=IN_VIEW)  # (a tick every second: no flicker of its outputs)
 
     c["findings"].select(_guarded(findings_view.select_handler(manager), lambda text: (gr.skip(), text,
                                                                                       *skips(n_views + 1))),
