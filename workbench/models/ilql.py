@@ -29,7 +29,6 @@ import copy
 import inspect
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,6 +40,7 @@ from workbench.models.gpt import GPT, GPT2_CONFIG, TINY_CONFIG, check_net_config
 from workbench.models.ilql_checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError, check_optimizer,
                                               check_state, number_list)
 from workbench.models.toy_language import ToyLanguageDataset
+from workbench.checkpoints import write_checkpoint
 from workbench.params import SEED_MAX, Choices, Range, check_arguments, check_memory, matches
 from workbench.registry import list_models, memory_is_accounted, register_model
 
@@ -658,25 +658,7 @@ class ILQL(nn.Module):
             "network": self.state_dict(), "optimizer": self.optimizer.state_dict(),
             "fitness": list(self.fitness), "scores": list(self.scores), "steps": list(self.steps),
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        except OSError as exc:  # (else the message named the temporary file, not the checkpoint)
-            raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. Pick a directory "
-                            "you can write to; nothing was written.") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            Path(tmp).unlink(missing_ok=True)
-            if isinstance(exc, OSError):  # (a full disk ...): the old file, if any, is as it was
-                raise type(exc)(f"Cannot write the checkpoint {str(path)!r}: {exc.strerror or exc}. "
-                                + ("The file there is as it was." if path.exists() else "Nothing was written.")
-                                ) from None
-            raise
+        write_checkpoint(state, path)
 
     def load_checkpoint(self, path: str | os.PathLike, device: str | torch.device | None = None,
                         memory_limit: Any = None) -> None:

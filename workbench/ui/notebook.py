@@ -288,6 +288,21 @@ _STOPPABLE = ("running", "paused")
 _ENDED = ("finished", "stopped", "failed")
 
 
+def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any) -> None:
+    """Refuse a Dashboard's or a Compare's first view that could not be drawn, naming the value."""
+    from workbench.instrument import KINDS
+    from workbench.ui.views import STATISTICS
+
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+        raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+        raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+
+
 class Dashboard:
     """Every view of a run, live: header with progress, what looks wrong (the run's findings,
     :mod:`workbench.diagnose`), metrics, a statistic per call site, the layer x step heatmap,
@@ -342,14 +357,7 @@ class Dashboard:
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import STATISTICS, RunView
 
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-        if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+        check_view_options(interval, kind, statistic, smoothing)
         if tab not in FIGURES:
             raise ValueError(f"tab must be the figure shown first, one of {FIGURES}, got {tab!r}.")
         self.run: BackgroundRun | None = None  # the background run the buttons act on
@@ -962,14 +970,7 @@ class Compare:
             raise ValueError(f"Compare: names must be a list of one name per run ({len(sources)}), got {names!r}.")
         if names is not None and len(set(map(str, names))) != len(names):
             raise ValueError(f"Compare: the names must differ (each names a line and a pick), got {list(names)!r}.")
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-        if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+        check_view_options(interval, kind, statistic, smoothing)
         resolved, configs = [], []
         for i, source in enumerate(sources):
             configs.append(_config(source))
