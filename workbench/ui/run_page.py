@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
-           "page_outputs",
-           "jump_controls", "redraw"]
+           "page_outputs", "jump_controls", "redraw"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
