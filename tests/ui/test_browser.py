@@ -697,10 +697,14 @@ def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in
     page.locator("#run-status").get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
     page.evaluate("window.scrollTo(0, 0)")
     # the heatmap, far below, is left as it was drawn while the metrics in view follow the run
-    metrics = traces(page, "live-metrics", lambda t: t and t[0]["x"])[0]["x"][-1]
+    # (the last step a figure draws: of its line, not of the envelope of a long run's thinned part before it)
+    def last(found):
+        return max((trace["x"][-1] for trace in found if trace.get("x")), default=None)
+
+    metrics = last(traces(page, "live-metrics", last))
     heat = _last_step(page, "live-heatmap")  # (drawn when the run started: at its first step, or none yet)
     for _ in range(2):  # (two ticks drawing new steps)
-        metrics = traces(page, "live-metrics", lambda t, seen=metrics: t and t[0]["x"][-1] > seen)[0]["x"][-1]
+        metrics = last(traces(page, "live-metrics", lambda t, seen=metrics: (last(t) or 0) > seen))
     assert _last_step(page, "live-heatmap") == heat
     # scrolled to, it is drawn at the run's steps by the next ticks
     page.locator("#live-heatmap").scroll_into_view_if_needed()
