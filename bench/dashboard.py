@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -170,55 +172,72 @@ def open_cost(steps: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def page_growth(seconds: float, release: bool, settle: float = 10.0,
-                periods: int = 1) -> list[tuple[float, float]]:
-    """DOM nodes and MiB of JS heap a page following a live activation MLP run gains over each of
-    ``periods`` spans of ``seconds``."""
+@contextlib.contextmanager
+def served_run_page(app: Any, experiment: str):
+    """``app`` served on a free loopback port and a headless chromium page (1400 x 1000) that started a
+    run of ``experiment`` for a million steps from its Experiments tab; both closed after."""
     import shutil
     import socket
 
     from playwright.sync_api import sync_playwright
 
+    from workbench.ui.live_run import experiment_fields
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app.queue()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"),
+                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.get_by_role("tab", name="Experiments").click()
+                page.locator("#experiment-list").get_by_label(experiment, exact=True).check()
+                page.wait_for_selector(f"#experiment-overview:has-text('{experiment}')")
+                field = experiment_fields(experiment)[-1].label  # (its form drawn, not the last one's)
+                page.locator("#run-config").get_by_label(field, exact=True).first.wait_for()
+                page.locator("#run-steps input").fill("1000000")
+                page.locator("#run-start").click()
+                yield page
+            finally:
+                browser.close()
+    finally:
+        app.close()
+        app.run_manager.close()
+
+
+def page_growth(seconds: float, release: bool, settle: float = 10.0,
+                periods: int = 1) -> list[tuple[float, float]]:
+    """DOM nodes and MiB of JS heap a page following a live activation MLP run gains over each of
+    ``periods`` spans of ``seconds``."""
     from workbench.ui import app as app_module
 
     script = app_module.LET_GO_OF_DROPPED_PLOTS
     app_module.LET_GO_OF_DROPPED_PLOTS = script if release else "() => {}"
-    with tempfile.TemporaryDirectory() as folder, socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-        probe.close()
-        app = app_module.build_app(runs_root=Path(folder) / "runs")
-        app_module.LET_GO_OF_DROPPED_PLOTS = script
-        app.queue()
-        app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    with tempfile.TemporaryDirectory() as folder:
         try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=shutil.which("chromium"),
-                                            args=["--headless", "--no-sandbox", "--disable-gpu"])
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.get_by_role("tab", name="Experiments").click()
-                page.locator("#experiment-list").get_by_label("activation_mlp", exact=True).check()
-                page.locator("#run-steps input").fill("1000000")
-                page.locator("#run-start").click()
-                page.locator("#live-heatmap .js-plotly-plot").wait_for(timeout=60_000)
-                cdp = page.context.new_cdp_session(page)
-                cdp.send("Performance.enable")
-
-                def measure() -> tuple[float, float]:
-                    cdp.send("HeapProfiler.collectGarbage")
-                    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-                    return metrics["Nodes"], metrics["JSHeapUsedSize"] / 2**20
-
-                page.wait_for_timeout(settle * 1000)  # (the page's first draws and findings settle)
-                marks = [measure()]
-                for _ in range(periods):
-                    page.wait_for_timeout(seconds * 1000)
-                    marks.append(measure())
-                browser.close()
+            app = app_module.build_app(runs_root=Path(folder) / "runs")
         finally:
-            app.close()
-            app.run_manager.close()
+            app_module.LET_GO_OF_DROPPED_PLOTS = script
+        with served_run_page(app, "activation_mlp") as page:
+            page.locator("#live-heatmap .js-plotly-plot").wait_for(timeout=60_000)
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
+
+            def measure() -> tuple[float, float]:
+                cdp.send("HeapProfiler.collectGarbage")
+                metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                return metrics["Nodes"], metrics["JSHeapUsedSize"] / 2**20
+
+            page.wait_for_timeout(settle * 1000)  # (the page's first draws and findings settle)
+            marks = [measure()]
+            for _ in range(periods):
+                page.wait_for_timeout(seconds * 1000)
+                marks.append(measure())
     return [(after[0] - before[0], after[1] - before[1]) for before, after in zip(marks, marks[1:])]
 
 
@@ -234,11 +253,6 @@ LONG_TASKS = """() => {
 def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0) -> dict[str, float]:
     """A page following a live ILQL run: the share of ``seconds`` its main thread spent in long tasks,
     and the median seconds from a click on Pause, and on Apply, to its handler starting on the server."""
-    import shutil
-    import socket
-
-    from playwright.sync_api import sync_playwright
-
     from workbench.ui import app as app_module
     from workbench.ui import run_page, run_tabs
 
@@ -256,30 +270,13 @@ def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0
     if not paced:  # (every view in view, each drawn every tick: the page before the pacing)
         run_tabs.IN_VIEW = "(...values) => [...values.slice(0, -1), %r]" % ",".join(run_page.IN_VIEW_ONLY)
         run_page.HEAVY_TICKS = 1
-    with tempfile.TemporaryDirectory() as folder, socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-        probe.close()
-        try:
-            app = app_module.build_app(runs_root=Path(folder) / "runs")
-        finally:
-            for name, value in saved.items():
-                if name == "IN_VIEW":
-                    setattr(run_tabs, name, value)
-        app.queue()
-        app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-        try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=shutil.which("chromium"),
-                                            args=["--headless", "--no-sandbox", "--disable-gpu"])
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.get_by_role("tab", name="Experiments").click()
-                page.locator("#experiment-list").get_by_label("ilql", exact=True).check()
-                page.wait_for_selector("#experiment-overview:has-text('ilql')")
-                page.locator("#run-config").get_by_label("eval_every", exact=True).wait_for()  # (its form)
-                page.locator("#run-steps input").fill("1000000")
-                page.locator("#run-start").click()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                app = app_module.build_app(runs_root=Path(folder) / "runs")
+            finally:
+                run_tabs.IN_VIEW = saved["IN_VIEW"]  # (read as the app is built)
+            with served_run_page(app, "ilql") as page:
                 page.locator("#run-status").get_by_text("running").wait_for(timeout=120_000)
                 page.wait_for_function("() => document.querySelector('#live-metrics .js-plotly-plot')?.data?.length",
                                        timeout=120_000)
@@ -320,15 +317,11 @@ def page_busy(seconds: float, paced: bool, clicks: int = 3, settle: float = 10.0
                 for _ in range(clicks):
                     page.wait_for_timeout(3000)
                     applies.append(latency("iv-apply"))
-                browser.close()
-        finally:
-            run_page.HEAVY_TICKS = heavy_ticks
-            run_tabs.pause_run, run_tabs.apply_intervention = saved["pause_run"], saved["apply_intervention"]
-            app.close()
-            app.run_manager.close()
+    finally:
+        run_page.HEAVY_TICKS = heavy_ticks
+        run_tabs.pause_run, run_tabs.apply_intervention = saved["pause_run"], saved["apply_intervention"]
     return {"busy": busy_ms / 1000 / seconds, "tasks": count, "work": worked / seconds,
-            "pause": statistics.median(pauses),
-            "apply": statistics.median(applies)}
+            "pause": statistics.median(pauses), "apply": statistics.median(applies)}
 
 
 def main() -> None:
