@@ -85,8 +85,8 @@ def page_cost(name: str, quick: bool) -> list[tuple[int, float, int]]:
     out = []
     def step(n: int) -> workbench.instrument.StepRecord:
         jitter = 1 + 0.01 * rng.standard_normal(record.sums.shape)
-        return dataclasses.replace(record, step=n, sums=record.sums * jitter,
-                                   metrics={k: v * (1 + 0.01 * rng.standard_normal()) for k, v in record.metrics.items()})
+        metrics = {k: v * (1 + 0.01 * rng.standard_normal()) for k, v in record.metrics.items()}
+        return dataclasses.replace(record, step=n, sums=record.sums * jitter, metrics=metrics)
 
     for steps in (STEPS[:2] if quick else STEPS):
         view = RunView(label=name, total=steps + 40)
