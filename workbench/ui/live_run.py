@@ -9,6 +9,7 @@ between steps, and puts interventions (:mod:`workbench.ui.intervention_menu`) in
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import traceback
@@ -26,6 +27,7 @@ from workbench.ui import findings as findings_view
 from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui.intervention_menu import (InterventionRecord, intervention_spec, interventions_table,
                                             parse_site)
+from workbench.ui.run_control import find_run
 from workbench.ui.runs import RunManager, shown
 from workbench.ui.views import FEED_INTERVAL, RunView
 from workbench.ui.weights import md_literal
@@ -426,10 +428,6 @@ def continue_run(manager: RunManager, run_id: Any, steps: Any, store: Any = None
     it was. It records what the ended one recorded, to ``store`` (a new run name; empty: the ended
     run's name with ``-from-`` its first step, or none where the ended run recorded to none).
     """
-    import copy
-
-    from workbench.ui.run_control import find_run
-
     run, message = find_run(manager, run_id)
     if run is None:
         return None, message
@@ -444,6 +442,7 @@ def continue_run(manager: RunManager, run_id: Any, steps: Any, store: Any = None
             raise TypeError(f"record to run: a run name must be text, got {shown(store)}.")
         store = (store or "").strip() or continued_name(run, manager.root) or None
         experiment = create(run.name, seed=run.seed, device=run.device, **run.config)
+        # (a copy: the optimizer's state loaded as it is would be the ended run's tensors)
         experiment.load_state_dict(copy.deepcopy(run.experiment.state_dict()), source=run.label)
         continues = run.label + (f" ({manager.root.name_of(run.watch.store.path)})" if run.watch.store else "")
         new = manager.start(run.name, run.config, run.seed, steps, store=store, device=run.device,
