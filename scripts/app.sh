@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3.11}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# [export]: the Runs tab exports to Parquet (pyarrow) and TensorBoard (tensorboard) as well as CSV
+# [export]: the Runs tab exports to Parquet (pyarrow) and TensorBoard (tensorboard, google-crc32c) as well as CSV
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[export]"
 export GRADIO_ANALYTICS_ENABLED=False
 exec .venv/bin/python app.py "$@"
