@@ -167,6 +167,13 @@ def test_compiled_op_reports_each_registration():
     assert all(len(r) == 8 and r[3] == r[5] == r[7] == "us" for r in rows), out
 
 
+def test_compiled_op_counts_the_op_calls_of_a_workload_s_recorded_step():
+    out = run_script("compiled_op.py", "--step", "mlp", "--batch", "8", "--steps", "1")
+    # the MLP's 9 module calls: an activation row and an output gradient's each (the batch does not count)
+    assert "op calls a recorded step: 18 " in out, out
+    assert re.search(r"beyond the reading: -?[\d.]+ us a call", out) and "(floor)" in out, out
+
+
 def test_profile_watch_lists_the_ops_of_a_watched_step():
     # (rows enough for every op of the step: which ones make a top five is timing, on a busy machine)
     out = run_script("profile_watch.py", "--only", "mlp", "--batch", "8", "--steps", "1", "--rows", "500")
