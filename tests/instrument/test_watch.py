@@ -1564,3 +1564,19 @@ def test_a_second_pass_after_one_that_freed_the_graph_leaves_the_row_out_with_an
     assert set(frame.kind) == {"activation", "param", "param_grad"}  # (no grad_output row)
     assert [e["step"] for e in w.errors] == [1, 2] and all("freed the graph" in e["error"] for e in w.errors)
     assert frame[frame.kind == "param_grad"]["mean"].tolist() == [8.0, 8.0]  # the parameters' as before
+
+
+def test_a_gradient_held_for_another_pass_is_let_go_when_the_step_is_discarded_or_the_watch_closed():
+    # a backward that keeps the graph holds its output gradients for the next pass: a discarded step or
+    # a closed watch lets them go while the user's graph lives on
+    net, x = nn.Linear(3, 2), torch.randn(4, 3)
+    for end in ("discard", "close"):
+        w = workbench.watch(net)
+        out = net(x)
+        grads = []
+        out.register_hook(lambda grad: grads.append(weakref.ref(grad)))
+        out.sum().backward(retain_graph=True)
+        w.discard_step() if end == "discard" else w.close()
+        gc.collect()
+        assert grads[0]() is None, end
+        w.close()

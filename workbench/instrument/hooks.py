@@ -250,6 +250,8 @@ class Hooks:
         self.closed = True
         self.active = False
         self._release()
+        for site in getattr(self, "_held", ()):  # (gradients held for a pass that never came: the graph may live on)
+            site.held = None
         self._module_hooks.clear()
         self._param_hooks.clear()
         self.interventions.clear()
@@ -416,7 +418,8 @@ class Hooks:
                 # the row is of the total gradient, as a parameter's .grad is. A backward that keeps
                 # the graph adds its gradient to the site's total, reduced when a backward that frees
                 # the graph adds the last one, or at the end of the step.
-                total = grad.detach() if site.held is None else site.held + grad.detach()
+                own = grad.detach() if grad.requires_grad else grad  # (create_graph: no graph kept alive)
+                total = own if site.held is None else site.held + own
                 if self._keeps_graph:
                     if site.held is None:
                         self._held.append(site)
