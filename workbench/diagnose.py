@@ -315,6 +315,13 @@ class _Layout:
 #: ``not_updated``: a learning rate of 1e-4 moves it by ~1e-7 of itself, past float32's resolution (6e-8).
 MOVING_GRADIENT = 1e-3
 
+#: Without ``update`` rows, a parameter whose norm, mean, std, min and max each moved by at most this many float32
+#: roundings of its scale (``np.finfo(np.float32).eps`` of it) since the recorded step before did not change, as
+#: far as float32 shows: a step that rounds away on most entries (a gradient clipped to nothing, a learning rate far
+#: too small) moves an entry here and there by one rounding, which is still no update; a step of
+#: ``update_ratio_low`` (1e-6, some 8 roundings) moves its largest entries by more.
+UNCHANGED_ROUNDINGS = 2
+
 #: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
 REJOIN_STEPS = 3
 
@@ -670,15 +677,23 @@ class Diagnoser:
         """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
         its values at consecutive recorded steps: ``||a - b|| >= | ||a|| - ||b|| |`` and
         ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded); and whether
-        it did not change since the recorded step before (its norm, mean, std, min and max the same, bit
-        for bit: judged like a parameter's, of at least ``update_min_dims`` dimensions)."""
+        it did not change since the recorded step before, as far as float32 shows (its norm, mean, std,
+        min and max within :data:`UNCHANGED_ROUNDINGS` of those before: judged like a parameter's, of at
+        least ``update_min_dims`` dimensions)."""
         p = layout.params
         norm, mean, numel = stats["norm"][:, p], stats["mean"][:, p], stats["numel"][:, p]
         shape = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1)  # (steps, 5, params)
         before = self._prev_params.get(layout.keys)
         prev_shape = np.concatenate([before[3][None] if before is not None else np.full((1, 5, len(p)), np.nan),
                                      shape[:-1]])
-        same = (shape == prev_shape).all(1) & np.isfinite(shape).all(1) & (norm > 0)
+        with np.errstate(all="ignore"):
+            # each statistic's scale: the norm's its own, the others' an entry's (the RMS; min's and max's at
+            # least their own magnitude)
+            rms = norm / np.sqrt(np.maximum(numel, 1))
+            scale = np.stack([norm, rms, rms, np.maximum(np.abs(shape[:, 3]), rms),
+                              np.maximum(np.abs(shape[:, 4]), rms)], 1)
+            moved = np.abs(shape - prev_shape) <= UNCHANGED_ROUNDINGS * np.finfo(np.float32).eps * scale
+        same = moved.all(1) & np.isfinite(shape).all(1) & (norm > 0)
         same[:, layout.ndim[p] < self.thresholds.update_min_dims] = False
         step_array = np.asarray(steps)
         prev_norm = np.vstack([before[1] if before is not None else np.full(len(p), np.nan), norm[:-1]])
@@ -967,7 +982,8 @@ class Diagnoser:
             self._judge_ratio(step, layout, int(layout.params[j]), float(bound[j]), exact=False, high=high)
         for j in np.flatnonzero(same):
             self._judge_unchanged(step, layout, int(layout.params[j]), stats,
-                                  "its norm, mean, std, min and max are those of the recorded step before, bit for bit",
+                                  "its norm, mean, std, min and max are those of the recorded step before, within "
+                                  "float32's rounding",
                                   exact=False)
 
     def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True) -> None:

@@ -216,3 +216,33 @@ def test_a_gradient_clipped_to_nothing_is_named_in_the_low_update_ratio_s_eviden
     assert set(low.site) == {"layers.0.weight", "layers.2.weight", "layers.4.weight"}
     assert all("Its gradient is not small" in e and "clip_grad_norm_ with a tiny max_norm" in e for e in low.evidence)
     assert "clipping's max_norm" in low.hint.iloc[0]
+
+
+def _clipped(max_norm: float, lr: float = 0.1, steps: int = 30) -> workbench.Watch:
+    """The MLP trained by SGD with its gradients clipped to ``max_norm`` before each step, watched without
+    update rows."""
+    model = mlp("relu")
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    x = torch.randn(256, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    with workbench.watch(model) as w:
+        for _ in range(steps):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+def test_a_gradient_clipped_to_nothing_without_update_rows_is_one_not_updated_finding_over_the_whole_run():
+    # clipped to 1e-6, each step moves an entry here and there by one float32 rounding: the statistics of
+    # layers.2.weight stayed bit for bit on some steps, not others, and read as episodes 13-15 and 19-30
+    # (the other weights as none); the condition holds at every step
+    f = _clipped(1e-6).diagnose()
+    assert sorted(f[["site", "finding", "step", "last_step"]].values.tolist()) == [
+        [f"layers.{i}.weight", "not_updated", 2, 30] for i in (0, 2, 4)]
+    assert "within float32's rounding" in f.evidence[0]
+    # an update of 1e-5 of the weights' norm is one: no finding
+    assert "not_updated" not in set(_clipped(1e-6, lr=1e3).diagnose().finding)

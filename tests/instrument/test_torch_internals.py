@@ -169,6 +169,19 @@ def test_in_backward_is_true_only_inside_a_backward():
     assert inside == [True] and internals.in_backward() is False
 
 
+def test_keeps_graph_tells_a_backward_that_retains_its_graph_from_one_that_frees_it():
+    x = torch.ones(2, requires_grad=True)
+    seen = []
+    y = x * 2
+    y.register_hook(lambda grad: seen.append(internals.keeps_graph()))
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()
+    z = x.sin()
+    z.register_hook(lambda grad: seen.append(internals.keeps_graph()))
+    torch.autograd.grad(z.sum(), x, create_graph=True)
+    assert seen == [True, False, True] and internals.keeps_graph() is True
+
+
 class Received(internals.GradientHook):
     __slots__ = ("grads",)
 

@@ -1467,3 +1467,116 @@ def test_a_subscriber_has_every_step_once_the_watch_is_closed():
             model(torch.randn(3, 2)).sum().backward()
             w.step()
     assert received == [1, 2, 3, 4, 5]
+
+
+KEY = ["step", "module", "call", "kind", "tensor"]
+STATS = ["mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
+
+
+def _two_losses(passes, steps=2, **options):
+    """Rows of a watch over ``steps`` steps of one forward and its two losses, back-propagated as
+    ``passes`` says: "sum" ((l1 + l2).backward()), "retain" (l1 with retain_graph=True, then l2),
+    "both retain" (retain_graph=True on both), "grad first" (torch.autograd.grad of l1, keeping the
+    graph, then l2.backward()); and the parameter gradients of the last step."""
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(5, 4)
+    with workbench.watch(net, **options) as w:
+        for _ in range(steps):
+            net.zero_grad()
+            out = net(x)
+            first, second = out[:, 0].pow(2).mean(), out[:, 1].abs().mean()
+            if passes == "sum":
+                (first + second).backward()
+            elif passes == "grad first":
+                torch.autograd.grad(first, net[0].weight, retain_graph=True)
+                second.backward()
+            else:
+                first.backward(retain_graph=True)
+                second.backward(retain_graph=passes == "both retain")
+            w.step()
+    return w, w.to_pandas().set_index(KEY).sort_index(), [p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("passes", ["retain", "both retain"])
+def test_several_backward_passes_through_one_forward_record_one_row_of_their_total_gradient(passes):
+    # as a parameter's .grad holds the sum of the passes' gradients, each output gradient row is of
+    # the sum: the row back-propagating loss1 + loss2 once records, one per (step, site, call, kind)
+    w, got, grads = _two_losses(passes)
+    sums, want, want_grads = _two_losses("sum")
+    want_histograms = sums.histograms().set_index(KEY).sort_index()
+    assert got.index.is_unique and not w.errors
+    assert got.index.equals(want.index) and len(got.xs("grad_output", level="kind")) == 2 * 4  # 2 steps, 4 sites
+    pd.testing.assert_frame_equal(got[STATS], want[STATS], rtol=1e-6)
+    assert all(torch.allclose(a, b) for a, b in zip(grads, want_grads))
+    counts = [frame.xs("grad_output", level="kind").counts for frame in (w.histograms().set_index(KEY).sort_index(),
+                                                                          want_histograms)]
+    assert [c.tolist() for c in counts[0]] == [c.tolist() for c in counts[1]]
+
+
+def test_a_single_backward_that_keeps_the_graph_records_the_rows_of_a_plain_one():
+    # (held until the step ends, in case another pass comes)
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.randn(5, 4)
+    frames = []
+    for retain in (True, False):
+        net.zero_grad()
+        with workbench.watch(net) as w:
+            net(x).sum().backward(retain_graph=retain)
+            w.step()
+        frames.append(w.to_pandas().set_index(KEY).sort_index())
+    assert frames[0].index.is_unique and len(frames[0].xs("grad_output", level="kind")) == 4
+    pd.testing.assert_frame_equal(frames[0][STATS], frames[1][STATS])
+
+
+def test_a_graph_gradient_taken_before_the_backward_adds_to_the_rows_as_a_pass():
+    # torch.autograd.grad through the forward is a backward pass too: its gradient adds to the total
+    # (which the parameters' .grad do not hold: torch.autograd.grad leaves them alone)
+    _, got, _ = _two_losses("grad first")
+    _, want, _ = _two_losses("sum")
+    assert got.index.is_unique and got.index.equals(want.index)
+    pd.testing.assert_frame_equal(got[STATS].xs("grad_output", level="kind"),
+                                  want[STATS].xs("grad_output", level="kind"), rtol=1e-6)
+
+
+def test_a_second_pass_after_one_that_freed_the_graph_leaves_the_row_out_with_an_error():
+    # a graph whose nodes save no tensor runs a second backward without retain_graph: the first
+    # pass's gradient is gone by then, so the total cannot be taken; the row is left out, not kept
+    # as one pass's gradient
+    class Shift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter(torch.zeros(3))
+
+        def forward(self, x):
+            return x + self.bias  # (AddBackward saves no tensor)
+
+    model = Shift()
+    with pytest.warns(RuntimeWarning, match=r"output gradients of 1 call site\(s\) \(\(model\)\) came from several "
+                                            r"backward passes .* freed the graph .* left out of step 1"):
+        with workbench.watch(model) as w:
+            for _ in range(2):
+                model.zero_grad()
+                out = model(torch.randn(4, 3))
+                out.sum().backward()
+                out.sum().backward()
+                w.step()
+    frame = w.to_pandas()
+    assert set(frame.kind) == {"activation", "param", "param_grad"}  # (no grad_output row)
+    assert [e["step"] for e in w.errors] == [1, 2] and all("freed the graph" in e["error"] for e in w.errors)
+    assert frame[frame.kind == "param_grad"]["mean"].tolist() == [8.0, 8.0]  # the parameters' as before
+
+
+def test_a_gradient_held_for_another_pass_is_let_go_when_the_step_is_discarded_or_the_watch_closed():
+    # a backward that keeps the graph holds its output gradients for the next pass: a discarded step or
+    # a closed watch lets them go while the user's graph lives on
+    net, x = nn.Linear(3, 2), torch.randn(4, 3)
+    for end in ("discard", "close"):
+        w = workbench.watch(net)
+        out = net(x)
+        grads = []
+        out.register_hook(lambda grad: grads.append(weakref.ref(grad)))
+        out.sum().backward(retain_graph=True)
+        w.discard_step() if end == "discard" else w.close()
+        gc.collect()
+        assert grads[0]() is None, end
+        w.close()

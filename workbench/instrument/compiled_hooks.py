@@ -461,7 +461,7 @@ class CompiledHooks:
             "(backward(retain_graph=True), then another backward): the compiled watch records one backward "
             f"pass per forward, so they are left out of step {self.step_index}. Back-propagate the sum of the "
             "losses once ((loss1 + loss2).backward()) to record the total gradient, or watch the uncompiled "
-            "model, which records a row per pass."), disable=False, say=not self._repeats_reported)
+            "model, which records the total of the passes."), disable=False, say=not self._repeats_reported)
         self._repeats_reported = True
         grads[repeated, MADE] = 0  # (no row, and no histogram range from it)
 

@@ -10,8 +10,10 @@
   at once with torch.func off), its gradient hooked on the tensor an autograd node makes
   (:func:`~workbench.instrument.torch_internals.vmap_unwrapped`).
 - Output gradients are queued when small (nothing changes a gradient once computed) and reduced in
-  one call when the backward ends. Parameter gradients come from post-accumulate-grad hooks, and
-  are reduced together there; parameter values (and their updates) in :meth:`Hooks.end_step`.
+  one call when the backward ends. Several backward passes through one forward make one row of
+  their total gradient: a backward that keeps the graph holds its gradients, added to by the next.
+  Parameter gradients come from post-accumulate-grad hooks, and are reduced together there;
+  parameter values (and their updates) in :meth:`Hooks.end_step`.
 - A forward run inside a backward is activation checkpointing recomputing what the forward
   recorded: it records no rows, only the output gradients the forward could not hook (reentrant
   checkpointing runs it under no_grad).
@@ -38,7 +40,7 @@ from torch import nn
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.interventions import Intervention, warn_user
 from workbench.instrument.reduce import StepSums
-from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE
+from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE, site_name
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of, tensor_leaves
 
@@ -112,6 +114,7 @@ class Hooks:
         self._change_reported = False
         self._limit_reported = False  # a step past MAX_BACKWARDS_PER_STEP or MAX_ROWS_PER_STEP warned
         self._eval_reported = False  # an unpaused evaluation forward warned
+        self._left_out_reported = False  # output gradients left out by _drop_left_out warned
 
     def _hook_params(self) -> None:
         """Hook the recorded parameters' gradients as they are now (:func:`hook_param_grads`)."""
@@ -176,6 +179,11 @@ class Hooks:
         self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
         self._grads_hooked: set[str] = set()  # paths whose output gradients this step's forward hooked
         self._flush_queued = False
+        self._keeps_graph = True  # whether the backward running keeps the graph (read with _flush_queued)
+        for site in getattr(self, "_held", ()):  # (of a discarded step: its graph may live on)
+            site.held = None
+        self._held: list[_GradSite] = []  # sites holding the total gradient of passes that kept the graph
+        self._left_out: set[tuple] = set()  # grad_output row keys of sites _leave_out named
         self.step_errors: list[dict[str, Any]] = []
         self._before: list[torch.Tensor] | None = None
         self._check_due = recording
@@ -203,6 +211,8 @@ class Hooks:
             self._record_parameters(UPDATE, [(module_path, name, param.detach() - before)
                                              for (module_path, name, param), before in zip(items, self._before)])
         self.entries.extend(self._param_grads.values())
+        self._reduce_held()
+        self._drop_left_out()
         self._flush_deferred()
         return self.entries
 
@@ -240,6 +250,8 @@ class Hooks:
         self.closed = True
         self.active = False
         self._release()
+        for site in getattr(self, "_held", ()):  # (gradients held for a pass that never came: the graph may live on)
+            site.held = None
         self._module_hooks.clear()
         self._param_hooks.clear()
         self.interventions.clear()
@@ -393,24 +405,87 @@ class Hooks:
                         f"the gradient of step {site.step} arrived after watch.step() ended that step; "
                         "call w.step() after loss.backward()"), disable=False)
             return
+        if not keys:
+            return
         try:
-            if keys:
-                values = internals.functorch_unwrapped(grad)  # (under torch.vmap: every sample's gradient)
-                # The backward often hands one gradient tensor to several sites (an add node passes
-                # its incoming gradient to both branches of a residual connection): while its
-                # Python object lives it is found and reduced once. Nothing changes a gradient once
-                # computed: small ones are queued and reduced together when the backward ends.
-                seen = self._seen_entry(values)
-                if seen[2] is None:
-                    seen[2] = self._reduce(values, values is not grad, defer=True)
-                grad = values
-                row = seen[2]
-                self.entries.extend((self._intern((path, call, GRAD_OUTPUT, name, shape)), grad.numel(), row)
-                                    for path, call, name, shape in keys)
-                self._flush_when_backward_ends()
+            self._flush_when_backward_ends()  # (and tells whether this backward keeps the graph)
+            if site.recorded:  # a backward after one that freed the graph: nothing to add this one to
+                self._leave_out(site, keys)
+                return
+            values = internals.functorch_unwrapped(grad)  # (under torch.vmap: every sample's gradient)
+            if values is grad and (self._keeps_graph or site.held is not None):
+                # Several backward passes through one forward (retain_graph=True, then another):
+                # the row is of the total gradient, as a parameter's .grad is. A backward that keeps
+                # the graph adds its gradient to the site's total, reduced when a backward that frees
+                # the graph adds the last one, or at the end of the step.
+                own = grad.detach() if grad.requires_grad else grad  # (create_graph: no graph kept alive)
+                total = own if site.held is None else site.held + own
+                if self._keeps_graph:
+                    if site.held is None:
+                        self._held.append(site)
+                    site.held = total
+                    return
+                site.held, values, grad = None, total, total
+            self._add_grad_rows(keys, values, values is not grad)
+            site.recorded = True
         except Exception as exc:
             for path, call, _, _ in keys:
                 self.fail(path, call, GRAD_OUTPUT, exc)
+
+    def _add_grad_rows(self, keys: list[tuple[str, int, str, tuple]], grad: torch.Tensor, unwrapped: bool) -> None:
+        """A ``grad_output`` row of ``grad`` at each of ``keys`` (path, call, leaf name, shape)."""
+        # The backward often hands one gradient tensor to several sites (an add node passes its
+        # incoming gradient to both branches of a residual connection): while its Python object
+        # lives it is found and reduced once. Nothing changes a gradient once computed: small ones
+        # are queued and reduced together when the backward ends.
+        seen = self._seen_entry(grad)
+        if seen[2] is None:
+            seen[2] = self._reduce(grad, unwrapped, defer=True)
+        row = seen[2]
+        self.entries.extend((self._intern((path, call, GRAD_OUTPUT, name, shape)), grad.numel(), row)
+                            for path, call, name, shape in keys)
+
+    def _reduce_held(self) -> None:
+        """The rows of the totals that backward passes keeping the graph left (none followed that
+        freed it): at the end of the step, which no later pass of its forward may add to."""
+        held, self._held = self._held, []
+        for site in held:
+            grad, site.held, site.recorded = site.held, None, True
+            keys = [key for key in site.keys if key[0] in self.kinds[GRAD_OUTPUT]]
+            if grad is None or not keys:
+                continue
+            try:
+                self._add_grad_rows(keys, grad, False)
+            except Exception as exc:
+                for path, call, _, _ in keys:
+                    self.fail(path, call, GRAD_OUTPUT, exc)
+
+    def _leave_out(self, site: _GradSite, keys: list[tuple[str, int, str, tuple]]) -> None:
+        """A backward that reached ``site`` after one that freed the graph had made its rows (a
+        graph whose nodes save no tensor runs again without retain_graph; torch.func's gradients
+        are reduced at once): the first pass's gradient is gone, so the total cannot be taken, and
+        the site's rows are left out of the step (:meth:`end_step` says so) rather than kept as the
+        gradient of one pass."""
+        self._left_out.update(self._intern((path, call, GRAD_OUTPUT, name, shape)) for path, call, name, shape in keys)
+
+    def _drop_left_out(self) -> None:
+        """Take the rows of the sites :meth:`_leave_out` named out of the step, with an error (and a
+        warning, once per watch), as the compiled watch leaves out the rows it cannot total."""
+        if not self._left_out:
+            return
+        left_out = self._left_out
+        self.entries = [entry for entry in self.entries if entry[0] not in left_out]
+        sites = sorted({site_name(path, call, name, call > 0) for path, call, _, name, _ in left_out})
+        message = (f"the output gradients of {len(sites)} call site(s) ({', '.join(sites[:3])}"
+                   f"{' ...' * (len(sites) > 3)}) came from several backward passes through one forward, the "
+                   "first of which freed the graph (no retain_graph=True): its gradient was gone when the next "
+                   f"came, so their total cannot be recorded and they are left out of step {self.step_index}. Pass "
+                   "retain_graph=True to every backward but the last, or back-propagate the sum of the losses "
+                   "once ((loss1 + loss2).backward())")
+        self.fail("", None, GRAD_OUTPUT, RuntimeError(message), disable=False)
+        if not self._left_out_reported:
+            self._left_out_reported = True
+            warn(f"workbench: {message}. Said once per watch; w.errors names each step.")
 
     def _reduce(self, values: torch.Tensor, unwrapped: bool, defer: bool) -> int:
         """The row of ``values``, reduced now or (``defer``) when the backward ends; one ``unwrapped``
@@ -474,6 +549,7 @@ class Hooks:
         hand) ``end_step`` does."""
         if not self._flush_queued:
             self._flush_queued = internals.queue_end_of_backward(self._end_of_backward)
+            self._keeps_graph = internals.keeps_graph()  # (True outside a backward)
 
     def _end_of_backward(self) -> None:
         self._flush_queued = False
@@ -526,12 +602,14 @@ class _GradSite(internals.GradientHook):
     """The gradient w.r.t. one output tensor, recorded when the backward computes it, for every
     call site that returned the tensor (``keys``)."""
 
-    __slots__ = ("hooks", "keys", "step", "generation")
+    __slots__ = ("hooks", "keys", "step", "generation", "held", "recorded")
 
     def __init__(self, hooks: Hooks) -> None:
         self.hooks = hooks
         self.keys: list[tuple[str, int, str, tuple[int, ...]]] = []  # (path, call, leaf name, shape) per call site
         self.step, self.generation = hooks.step_index, hooks.generation
+        self.held: torch.Tensor | None = None  # the total gradient of the passes so far that kept the graph
+        self.recorded = False  # its rows are made: a later backward pass has nothing to add to
 
     def on_gradient(self, grad: torch.Tensor | None) -> None:
         self.hooks._record_grad(self, grad)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
-           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "GradientHook",
+           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "keeps_graph",
+           "GradientHook",
            "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
@@ -163,6 +164,14 @@ def in_backward() -> bool:
     """Whether this thread runs inside a backward (a forward there is activation checkpointing
     recomputing). Relies on: ``torch._C._current_graph_task_id()`` being -1 outside a backward."""
     return torch._C._current_graph_task_id() != -1
+
+
+def keeps_graph() -> bool:
+    """Whether the backward running on this thread keeps the graph (``retain_graph=True``, or
+    ``create_graph=True``), so that another backward may pass through the same forward; True
+    outside a backward. Relies on: ``torch._C._autograd._get_current_graph_task_keep_graph``
+    reading the running graph task's ``keep_graph`` flag (and True where there is none)."""
+    return torch._C._autograd._get_current_graph_task_keep_graph()
 
 
 class GradientHook:
