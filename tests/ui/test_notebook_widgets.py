@@ -256,6 +256,8 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log"
     assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "linear"
     assert "NaN / Inf:</b> none in this run." in dash.anomalies.value  # (not "so far": it ended)
+    # a line each, not a paragraph (its margins left blank bands between the header, findings and tabs)
+    assert "<p>" not in dash.header.value and "<p>" not in dash.findings_summary.value
     dash.refresh()  # a user's choice stays through redraws
     assert dash.sites.value == ("layers.1",)
     dash.sites.value = ("layers.4",)  # the network's output: its container and the model return it too

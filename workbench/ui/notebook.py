@@ -49,6 +49,15 @@ def _html(markdown: str) -> str:
     return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
 
 
+def _line_html(markdown: str) -> str:
+    """A line of Markdown (a header, a summary) as HTML without the paragraph around it: a paragraph's
+    margins (a line's height above and below) left blank bands between the dashboard's header, its
+    findings and its tabs."""
+    rendered = _html(markdown).strip()
+    inner = rendered.removeprefix("<p>").removesuffix("</p>")
+    return inner if rendered.startswith("<p>") and "<p>" not in inner and "</p>" not in inner else rendered
+
+
 def _display(widget: Any, text: str) -> None:
     """Display ``widget`` with ``text`` as its plain text: what a notebook shows where the widget
     is gone (the notebook reopened without the kernel that drew it, or read on GitHub). ipywidgets'
@@ -680,7 +689,7 @@ class Dashboard:
     def _draw_header(self) -> None:
         from workbench.ui import figures
 
-        self.header.value = _html(figures.header_markdown(self.view))
+        self.header.value = _line_html(figures.header_markdown(self.view))
         if self.run is not None:
             status = self.run.status
             self.pause_button.disabled = status != "running"
@@ -787,7 +796,7 @@ class Dashboard:
         summary = view.findings_summary(frame, running=running)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
-        self.findings_summary.value = _html(summary)
+        self.findings_summary.value = _line_html(summary)
         self._findings = frame
         labels = [view.option_label(row) for row in frame.itertuples()]
         # the pick is a finding (what, where), kept while its label changes (its last step grows)
