@@ -241,7 +241,8 @@ def jupyterlab(page, out: Path) -> None:
             page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()  # (the file browser folds)
             run_cell(page, 0)
             first = page.locator(".jp-Notebook .jp-Cell").nth(0)
-            first.locator(".js-plotly-plot").nth(3).wait_for(timeout=120_000)  # metrics, sites, heatmap, distribution
+            # the metrics, in the tab open (the other figures are in the closed tabs: drawn, and hidden)
+            first.locator(".widget-tab-contents > :visible .js-plotly-plot").first.wait_for(timeout=120_000)
             page.wait_for_function(
                 "() => { const el = document.querySelector('.jp-OutputArea-output .widget-html-content');"
                 " const m = el && /step (\\d+) of/.exec(el.textContent); return !!m && Number(m[1]) >= 300; }",

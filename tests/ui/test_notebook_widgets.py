@@ -256,6 +256,8 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log"
     assert plotted(dash, "metrics")["layout"]["yaxis"]["type"] == "linear"
     assert "NaN / Inf:</b> none in this run." in dash.anomalies.value  # (not "so far": it ended)
+    # a line each, not a paragraph (its margins left blank bands between the header, findings and tabs)
+    assert "<p>" not in dash.header.value and "<p>" not in dash.findings_summary.value
     dash.refresh()  # a user's choice stays through redraws
     assert dash.sites.value == ("layers.1",)
     dash.sites.value = ("layers.4",)  # the network's output: its container and the model return it too
@@ -551,6 +553,39 @@ def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tm
     assert run_lines(compare.figure("metrics")) == colours
 
 
+def test_compare_sends_the_page_the_open_figure_and_the_other_when_opened_or_at_the_runs_end():
+    """As the Dashboard's: each figure sent is a plot the browser builds anew, so a redraw sends the open one."""
+    from workbench.ui.notebook import Compare
+
+    runs = [workbench.experiments.create("activation_mlp", seed=seed, width=8).start(100_000) for seed in (0, 1)]
+    compare = Compare(*runs, interval=0.05)
+
+    def sent(name):  # what the page was sent for a figure
+        out = {"metrics": compare.metrics_plot, "site": compare.site_plot}[name]
+        return out.outputs[0]["data"][PLOTLY_MIMETYPE]
+
+    def sent_up_to(name):  # the last step of the figure the page was sent
+        return max((int(figures.values(t["x"]).max(initial=0)) for t in sent(name)["data"] if "x" in t), default=0)
+
+    assert compare.open_figure == "metrics" and sent("site")  # (both figures, once, when made)
+    wait_for(lambda: sent_up_to("metrics") >= 6, what="a redraw with six steps")
+    closed = sent("site")
+    first = sent_up_to("metrics")
+    wait_for(lambda: sent_up_to("metrics") > first + 4, what="more redraws while the runs train")
+    assert sent("site") == closed  # its tab closed: not sent again
+    compare.tabs.selected_index = 1  # opened: drawn from what arrived, and redrawn while open
+    assert compare.open_figure == "site" and sent_up_to("site") > first
+    opened = sent_up_to("site")
+    wait_for(lambda: sent_up_to("site") > opened, what="a redraw of the open call site's figure")
+    compare.tabs.selected_index = 0
+    for run in runs:
+        run.stop()
+    wait_for(lambda: not compare.following, what="the comparison to stop following the ended runs")
+    last = max(run.step for run in runs)
+    assert sent_up_to("metrics") == sent_up_to("site") == last  # both drawn at the runs' end
+    assert (sent("metrics"), sent("site")) == (compare.figure("metrics"), compare.figure("site"))
+
+
 def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     from workbench.ui.notebook import Compare
 
@@ -580,6 +615,7 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     (2, {"site": "layers.9"}, ValueError, r"no call site 'layers.9' of kind 'activation' in these runs; the sites "
                                           r"are \['layers.0', "),
     (2, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
+    (2, {"tab": "sites"}, ValueError, r"tab must be the figure shown first, one of \('metrics', 'site'\), got 'sites'"),
     ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
     ("no path", {}, workbench.RunError, "no-such-run"),
 ])

@@ -24,7 +24,8 @@ __all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
 #: The Dashboard's figures, one tab each, in their order.
 FIGURES = ("metrics", "sites", "heatmap", "distribution")
-_TAB_TITLES = {"metrics": "metrics", "sites": "call sites", "heatmap": "heatmap", "distribution": "distribution"}
+#: A Compare's figures, one tab each, in their order.
+COMPARE_FIGURES = ("metrics", "site")
 
 # $$...$$ first, then $...$ (not an escaped \$): the TeX a Markdown renderer must not touch
 _MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
@@ -46,6 +47,15 @@ def _html(markdown: str) -> str:
 
     rendered = markdown_it.MarkdownIt().render(_MATH.sub(keep, markdown))
     return re.sub(r"WBMATH(\d+)X", lambda m: html.escape(math[int(m.group(1))], quote=False), rendered)
+
+
+def _line_html(markdown: str) -> str:
+    """A line of Markdown (a header, a summary) as HTML without the paragraph around it: a paragraph's
+    margins (a line's height above and below) left blank bands between the dashboard's header, its
+    findings and its tabs."""
+    rendered = _html(markdown).strip()
+    inner = rendered.removeprefix("<p>").removesuffix("</p>")
+    return inner if rendered.startswith("<p>") and "<p>" not in inner and "</p>" not in inner else rendered
 
 
 def _display(widget: Any, text: str) -> None:
@@ -303,6 +313,84 @@ def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any)
         raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
 
 
+class FigureTabs:
+    """Plotly figures in tabs, the page sent only the open one's when they change: each figure sent
+    replaces a plot that the browser builds anew, so a redraw costs the page one figure however many
+    there are (a browser slowed by load that was sent all of them at every redraw fell ever further
+    behind, a click waiting behind the queue). A figure whose tab is closed goes stale, and is drawn
+    when its tab is opened, when :meth:`figure` asks for it, or by :meth:`draw_stale` (a run's end:
+    every tab shows it, and a saved notebook keeps it). The Dashboard and Compare both draw through it.
+
+    Args:
+        pages: name -> (tab title, the tab's content, the ``Output`` its figure goes to), in tab order.
+        make: ``make(name)`` draws the figure ``name`` from what has arrived: a Plotly spec, or None
+            for no figure (an empty output).
+        lock: held while a figure is drawn and sent (the owner's drawing lock).
+        open: the figure whose tab is open first.
+    """
+
+    def __init__(self, pages: dict[str, tuple[str, Any, Any]], make: Any, lock: Any, open: str) -> None:
+        import ipywidgets as w
+
+        self.names = tuple(pages)
+        self._outputs = {name: output for name, (_, _, output) in pages.items()}
+        self._make, self._lock = make, lock
+        self._figures: dict[str, dict | None] = dict.fromkeys(self.names)
+        self._stale: set[str] = set()  # (figures not sent since what they show changed: their tab is closed)
+        self._selecting = False  # (select(): the caller draws the tab it opens)
+        self.widget = w.Tab(children=[page for _, page, _ in pages.values()],
+                            titles=[title for title, _, _ in pages.values()], selected_index=self.names.index(open))
+        self.widget.observe(self._on_tab, names="selected_index")
+
+    @property
+    def open(self) -> str:
+        """The figure whose tab is open."""
+        return self.names[self.widget.selected_index or 0]
+
+    def draw(self, names: tuple[str, ...], every: bool = False) -> None:
+        """Draw and send the figure open among ``names`` (``every``: all of them); the others go stale."""
+        with self._lock:
+            for name in names:
+                if every or name == self.open:
+                    self.redraw(name)
+                else:
+                    self._stale.add(name)
+
+    def draw_stale(self) -> None:
+        """Draw and send every figure not sent since what it shows changed."""
+        self.draw(tuple(name for name in self.names if name in self._stale), every=True)
+
+    def redraw(self, name: str) -> None:
+        """Draw the figure ``name`` and send it, whichever tab is open."""
+        with self._lock:
+            self._stale.discard(name)
+            spec = self._make(name)
+            self._figures[name] = spec
+            # set the outputs (not `with out:`): a redraw from a timer thread lands in this
+            # widget, not in whichever cell runs at that moment
+            self._outputs[name].outputs = (_figure_output(spec),) if spec is not None else ()
+
+    def figure(self, name: str) -> dict | None:
+        """The figure ``name`` as last drawn, drawn now if it is stale."""
+        with self._lock:
+            if name in self._stale:
+                self.redraw(name)
+            return self._figures[name]
+
+    def select(self, name: str) -> None:
+        """Open the tab of ``name`` without drawing it: the caller draws it (after its other changes)."""
+        self._selecting = True
+        try:
+            self.widget.selected_index = self.names.index(name)
+        finally:
+            self._selecting = False
+
+    def _on_tab(self, change: Any) -> None:
+        if not self._selecting and change["new"] is not None:
+            # (sent again even when up to date: a plot drawn while its tab was hidden has no size)
+            self.redraw(self.names[change["new"]])
+
+
 class Dashboard:
     """Every view of a run, live: header with progress, what looks wrong (the run's findings,
     :mod:`workbench.diagnose`), metrics, a statistic per call site, the layer x step heatmap,
@@ -389,15 +477,12 @@ class Dashboard:
         self._log = None  # the run's interventions, as last drawn
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
-        self._figures: dict[str, dict] = {}
-        self._stale: set[str] = set()  # (figures not drawn since what they show changed: their tab is closed)
         self._site_colours: dict[str, str] = {}  # (each site's colour in the per-site figure, kept)
         self._drawn: tuple | None = None
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
         self._quiet = False  # (setting the controls from code)
-        self._focusing = False  # (focus_finding opening a tab: it draws it)
 
         style = {"description_width": "initial"}
         self.header = w.HTML()
@@ -438,15 +523,18 @@ class Dashboard:
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
         self._site_controls = w.HBox([self.kind, self.statistic, self.sites, self.log_sites])
-        # one figure open at a time: the browser redraws only it, however slow (see _draw). The kind and
-        # statistic are the heatmap's too: the same controls, shown in its tab as well
-        self.tabs = w.Tab(children=[
-            w.VBox([w.HBox([self.smoothing, self.log_y]), self.metrics_plot]),
-            w.VBox([self._site_controls, self.sites_plot, self.site_note]),
-            w.VBox([w.HBox([self.kind, self.statistic]), self.heatmap_plot]),
-            w.VBox([w.HBox([self.kind, self.distribution_site]), self.distribution_plot]),
-        ], titles=[_TAB_TITLES[name] for name in FIGURES], selected_index=FIGURES.index(tab))
-        self.tabs.observe(self._on_tab, names="selected_index")
+        # one figure open at a time: the browser redraws only it, however slow (see FigureTabs). The kind
+        # and statistic are the heatmap's too: the same controls, shown in its tab as well
+        self._tabs = FigureTabs({
+            "metrics": ("metrics", w.VBox([w.HBox([self.smoothing, self.log_y]), self.metrics_plot]),
+                        self.metrics_plot),
+            "sites": ("call sites", w.VBox([self._site_controls, self.sites_plot, self.site_note]), self.sites_plot),
+            "heatmap": ("heatmap", w.VBox([w.HBox([self.kind, self.statistic]), self.heatmap_plot]),
+                        self.heatmap_plot),
+            "distribution": ("distribution", w.VBox([w.HBox([self.kind, self.distribution_site]),
+                                                     self.distribution_plot]), self.distribution_plot),
+        }, self._make_figure, self._draw_lock, open=tab)
+        self.tabs = self._tabs.widget
         self.widget = w.VBox([
             w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
@@ -541,7 +629,7 @@ class Dashboard:
             if self.stored is not None:
                 self._next_read = 0.0  # (what was written last, read now however recent the last read)
             self._refresh_if_new()
-            self._draw(tuple(self._stale), every=True)  # (each tab shows the end, and a saved notebook keeps it)
+            self._tabs.draw_stale()  # (each tab shows the end, and a saved notebook keeps it)
             self.close()
 
     def _state(self) -> tuple:
@@ -566,7 +654,7 @@ class Dashboard:
     @property
     def open_figure(self) -> str:
         """The figure whose tab is open: ``metrics``, ``sites``, ``heatmap`` or ``distribution``."""
-        return FIGURES[self.tabs.selected_index or 0]
+        return self._tabs.open
 
     def _refresh(self, every: bool = False) -> None:
         """Draw what arrived: the header, findings and NaN / Inf, and the open figure (``every``: every
@@ -596,15 +684,12 @@ class Dashboard:
         """
         if name not in FIGURES:
             raise ValueError(f"figure must be 'metrics', 'sites', 'heatmap' or 'distribution', got {name!r}.")
-        with self._draw_lock:
-            if name in self._stale:  # (its tab is closed: drawn now, from what has arrived)
-                self._redraw(name)
-            return self._figures[name]
+        return self._tabs.figure(name)  # (its tab closed: drawn now, from what has arrived)
 
     def _draw_header(self) -> None:
         from workbench.ui import figures
 
-        self.header.value = _html(figures.header_markdown(self.view))
+        self.header.value = _line_html(figures.header_markdown(self.view))
         if self.run is not None:
             status = self.run.status
             self.pause_button.disabled = status != "running"
@@ -636,41 +721,27 @@ class Dashboard:
             self._quiet = False
 
     def _draw(self, names: tuple[str, ...], every: bool = False) -> None:
-        """Draw the figure open among ``names`` (``every``: all of them); the others go stale, drawn
-        when their tab is opened. Each figure sent replaces a Plotly plot that the browser builds anew,
-        so a tick costs the page one figure, not four: a page slowed by load keeps up."""
-        with self._draw_lock:
-            for name in names:
-                if every or name == self.open_figure:
-                    self._redraw(name)
-                else:
-                    self._stale.add(name)
+        """Draw the figure open among ``names`` (``every``: all of them); the others are drawn when
+        their tab is opened (:class:`FigureTabs`)."""
+        self._tabs.draw(names, every=every)
 
-    def _on_tab(self, change: Any) -> None:
-        # (not self._quiet: the timer's thread sets that meanwhile; a tab opened by a focus is drawn by it)
-        if not self._focusing and change["new"] is not None:
-            # (sent again even when up to date: a plot drawn while its tab was hidden has no size)
-            self._redraw(FIGURES[change["new"]])
-
-    def _redraw(self, name: str) -> None:
+    def _make_figure(self, name: str) -> dict:
+        """The figure ``name`` drawn from what has arrived (:class:`FigureTabs` sends it)."""
         from workbench.ui import figures
 
         with self._draw_lock:
-            self._stale.discard(name)
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
-                spec, out = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
-                                                   log_y=self.log_y.value), self.metrics_plot
+                spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
             elif name == "sites":
                 sites = list(self.sites.value) or None
                 spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
                                             colors=self._site_colours)  # (a site keeps its colour)
-                out = self.sites_plot
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
             elif name == "heatmap":
-                spec, out = figures.heatmap_figure(self.view, kind, statistic), self.heatmap_plot
+                spec = figures.heatmap_figure(self.view, kind, statistic)
             else:
                 site = self.distribution_site.value
                 if site:
@@ -681,7 +752,6 @@ class Dashboard:
                     spec = figures.empty_figure(f"No histograms of {kind} rows: this run was recorded with "
                                                 "histograms=False; leave them on (the default) to see "
                                                 "distributions over time.")
-                out = self.distribution_plot
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -690,10 +760,7 @@ class Dashboard:
                 from workbench.ui.findings import mark_steps
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
-            self._figures[name] = spec
-            # set the outputs (not `with out:`): a redraw from the timer thread lands in this
-            # widget, not in whichever cell runs at that moment
-            out.outputs = (_figure_output(spec),)
+            return spec
 
     def _draw_anomalies(self) -> None:
         first = self.view.first_anomaly
@@ -729,7 +796,7 @@ class Dashboard:
         summary = view.findings_summary(frame, running=running)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
-        self.findings_summary.value = _html(summary)
+        self.findings_summary.value = _line_html(summary)
         self._findings = frame
         labels = [view.option_label(row) for row in frame.itertuples()]
         # the pick is a finding (what, where), kept while its label changes (its last step grows)
@@ -767,9 +834,9 @@ class Dashboard:
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):
                     self.findings_list.index = index
-                # (the figure that shows it opened: a call site's, or the metrics for a finding of the loss)
-                self._focusing = True
-                self.tabs.selected_index = FIGURES.index("sites" if target.kind is not None else "metrics")
+                # (the figure that shows it opened, drawn below: a call site's, or the metrics for a finding
+                # of the loss)
+                self._tabs.select("sites" if target.kind is not None else "metrics")
                 if target.kind is not None:
                     self.kind.value = target.kind
                     self.statistic.value = target.statistic
@@ -782,7 +849,7 @@ class Dashboard:
                     if target.site in self.distribution_site.options:
                         self.distribution_site.value = target.site
             finally:
-                self._quiet = self._focusing = False
+                self._quiet = False
             self._draw(FIGURES)
             self.findings_detail.value = view.finding_html(frame.iloc[index])
         return target
@@ -927,7 +994,9 @@ class Compare:
 
     The figures are the app's (:func:`workbench.ui.stored_runs.compare_runs`): the same handler draws
     both. A timer thread looks every ``interval`` seconds and redraws when a run took steps or
-    changed its status, until every run has ended.
+    changed its status, until every run has ended. The figures are in tabs, and a redraw sends the
+    page the open one, as the Dashboard's (:class:`FigureTabs`): both are drawn when the comparison
+    is made (what a saved notebook keeps), a tab when it is opened, and both at the runs' end.
 
     Args:
         *sources: two or more runs, or one dict of name -> run. A run is a background run
@@ -942,6 +1011,7 @@ class Compare:
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: log-scaled y axes.
         interval: seconds between checks for new steps (> 0).
+        tab: the figure open first (``metrics``, ``site``).
 
     Attributes:
         message: what the comparison says (the runs compared, a run that lacks the kind).
@@ -950,7 +1020,7 @@ class Compare:
 
     def __init__(self, *sources: Any, names: list[str] | None = None, kind: str = "activation",
                  statistic: str = "std", site: str | None = None, smoothing: float = 0.0, log_y: bool = False,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, tab: str = "metrics") -> None:
         import os
 
         import ipywidgets as w
@@ -971,6 +1041,8 @@ class Compare:
         if names is not None and len(set(map(str, names))) != len(names):
             raise ValueError(f"Compare: the names must differ (each names a line and a pick), got {list(names)!r}.")
         check_view_options(interval, kind, statistic, smoothing)
+        if tab not in COMPARE_FIGURES:
+            raise ValueError(f"tab must be the figure shown first, one of {COMPARE_FIGURES}, got {tab!r}.")
         resolved, configs = [], []
         for i, source in enumerate(sources):
             configs.append(_config(source))
@@ -990,7 +1062,7 @@ class Compare:
         self.sites: list[str] = []
         self.draws = 0  # how many times the figures were drawn
         self._colors: dict[str, str] = {}  # (run -> its colour in the comparison drawn)
-        self._figures: dict[str, dict | None] = {"metrics": None, "site": None}
+        self._specs: dict[str, dict | None] = dict.fromkeys(COMPARE_FIGURES)  # (drawn by the last refresh)
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._drawn: tuple | None = None
@@ -1009,15 +1081,20 @@ class Compare:
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
         for control in (self.picked, self.kind, self.statistic, self.smoothing, self.log_y):
-            control.observe(lambda _: self._quiet or self.refresh(), names="value")
+            control.observe(lambda _: self._quiet or self._refresh(), names="value")
         self.site.observe(self._on_site, names="value")
+        # one figure open at a time, as the Dashboard's: the browser redraws only it, however slow
+        self._tabs = FigureTabs({"metrics": ("metrics", self.metrics_plot, self.metrics_plot),
+                                 "site": ("call site", self.site_plot, self.site_plot)},
+                                self._specs.get, self._lock, open=tab)
+        self.tabs = self._tabs.widget
         self.widget = w.VBox([
             w.HBox([self.picked, w.VBox([w.HBox([self.kind, self.statistic]), self.site,
                                          w.HBox([self.smoothing, self.log_y])])]),
-            self.message_html, self.metrics_plot, self.site_plot,
+            self.message_html, self.tabs,
         ])
         self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
-        ended = self._catch_up()
+        ended = self._catch_up(first=True)
         if site is not None and self.site.value != site:
             self.close()
             raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; the sites are "
@@ -1045,18 +1122,22 @@ class Compare:
     def _state(self) -> tuple:
         return tuple(compared.state() for compared in self.runs.values())
 
-    def _catch_up(self) -> bool:
+    def _catch_up(self, first: bool = False) -> bool:
         """Redraw if a run took steps or changed its status; once every run has ended, with their
         last steps. Returns whether every run has ended (a run may end while this draws: its last
-        steps are then drawn by the next)."""
+        steps are then drawn by the next). ``first``: the first draw, of both figures: a saved
+        notebook keeps what a cell's run sent (nbclient drops what the timer sends between cells),
+        and each tab has its figure."""
         ended = self._ended()
         with self._lock:
             for compared in self.runs.values():
                 if ended:
                     compared.close(flush=True)  # (its last steps, before the last draw)
                 compared.read(last=ended)
-            if self._state() != self._drawn:
-                self.refresh()
+            if first or self._state() != self._drawn:
+                self._refresh(every=first)
+            if ended:
+                self._tabs.draw_stale()  # (each tab shows the end, and a saved notebook keeps it)
         return ended
 
     def _tick(self) -> None:
@@ -1069,8 +1150,18 @@ class Compare:
                 self.message_html.value += f"<br><b>The comparison stopped updating:</b> {html.escape(repr(exc))}"
                 return
 
+    @property
+    def open_figure(self) -> str:
+        """The figure whose tab is open: ``metrics`` or ``site``."""
+        return self._tabs.open
+
     def refresh(self) -> None:
-        """Draw the comparison from what has arrived (the timer does this by itself)."""
+        """Draw the comparison from what has arrived, both figures included (the timer does this by
+        itself, drawing the open figure and the other when it is opened)."""
+        self._refresh(every=True)
+
+    def _refresh(self, every: bool = False) -> None:
+        """Draw what arrived: the site choices, the message and the open figure (``every``: both)."""
         from types import SimpleNamespace
 
         from workbench.ui import figures
@@ -1084,7 +1175,7 @@ class Compare:
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
                 self.smoothing.value, self.log_y.value, self._colors)
-            self._figures = {"metrics": metrics, "site": site_fig}
+            self._specs.update(metrics=metrics, site=site_fig)
             self.message, self.sites = message, list(choices)
             self._quiet = True
             try:
@@ -1095,19 +1186,17 @@ class Compare:
             finally:
                 self._quiet = False
             self.message_html.value = _html(message)
-            # (set the outputs: a redraw from the timer thread lands in these widgets, not in a cell)
-            self.metrics_plot.outputs = (_figure_output(metrics),) if metrics is not None else ()
-            self.site_plot.outputs = (_figure_output(site_fig),) if site_fig is not None else ()
+            self._tabs.draw(COMPARE_FIGURES, every=every)
             self.draws += 1
 
     def _on_site(self, change: Any) -> None:
         if self._quiet or change["new"] is None:
             return
         self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
-        self.refresh()
+        self._refresh()
 
     def figure(self, name: str) -> dict | None:
-        """The Plotly figure last drawn.
+        """The Plotly figure last drawn (up to date whichever tab is open).
 
         Args:
             name: ``metrics`` or ``site``.
@@ -1118,10 +1207,9 @@ class Compare:
         Raises:
             ValueError: another name.
         """
-        if name not in self._figures:
+        if name not in COMPARE_FIGURES:
             raise ValueError(f"figure must be 'metrics' or 'site', got {name!r}.")
-        with self._lock:
-            return self._figures[name]
+        return self._tabs.figure(name)
 
     def close(self) -> None:
         """Stop following the runs (the figures stay as they are)."""
