@@ -4,15 +4,23 @@ The run is made with a built-in experiment (small model, many steps, histograms 
 ``--run``. Each line sets the way the reading or writing was done before beside the way it is done now,
 on the same run, in the same process:
 
-1. the run's rows and histograms, and the whole of ``RunView.from_run``, with every query read by
-   ``pandas.read_sql_query`` and the view reading the histograms' whole frame (before), and with
-   sqlite3's rows made into a frame directly and the view reading the histograms' ranges and counts
-   alone (now);
-2. the export's serialized events written with tensorboard's ``EventFileWriter`` (its CRC-32C a Python
+1. the run's rows and histograms (``to_pandas``, ``histograms``), with every query read by
+   ``pandas.read_sql_query`` (before) and with sqlite3's rows made into a frame directly (now);
+2. the whole of ``RunView.from_run`` (opening a run in the app, ``Dashboard(run)``, ``Compare``): a part's
+   rows read as a frame (a Python object per value) and each site's histograms taken a step at a time
+   (before: ``RowsFrameView``, kept here), and ``Run._view_part``'s arrays with the histograms stacked per
+   site (now); the two views are checked equal first;
+3. the export's serialized events written with tensorboard's ``EventFileWriter`` (its CRC-32C a Python
    loop over every byte: before) and with ``workbench.instrument.tensorboard.EventFile`` (now);
-3. the whole of ``Run.export(<dir>)`` as it is now.
+4. the whole of ``Run.export(<dir>)`` as it is now (left out with ``--no-export``).
 
     python bench/replay.py [--experiment efficientzero_dynamics] [--steps 400] [--run PATH] [--rounds 3]
+        [--no-export]
+
+Measured 2026-11-28 on the 2-core workstation under load 10 to 16 (other jobs: the ratios count): opening the
+1,000-step ``ilql`` run (146 MB), ``RunView.from_run`` took 27.7 s before and 15.0 s now (1.9x, medians of 3);
+one after the other in two processes, less loaded, 10.4 s and 3.3 s (3.1x). The 2,000-step
+``efficientzero_dynamics`` run (231 MB): 23.9 s and 11.3 s (2.1x).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 import workbench
+from workbench.instrument.runs import _counts
 from workbench.instrument.tensorboard import EventFile
 from workbench.ui.views import RunView
 
@@ -51,10 +60,89 @@ class ReadSqlRun(workbench.Run):
         with contextlib.closing(self._connect()) as db:
             return pd.read_sql_query(sql, db, params=params)
 
-    def _histogram_ranges(self, steps: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """As ``RunView.from_run`` read them before: the whole ``histograms`` frame (names, edges)."""
-        frame = self.histograms(steps=steps)
-        return np.array([e[0] for e in frame.edges]), np.array([e[-1] for e in frame.edges]), frame.counts.to_list()
+
+class RowsFrameView(RunView):
+    """``RunView.from_run`` as it read a stored run before ``Run._view_part``: the rows of a part as a frame
+    (``Run.to_pandas``: a Python object per value), their layouts told by a ``groupby`` of their keys, the
+    histograms' ranges and counts as a list, and each site's histograms taken a step at a time."""
+
+    def _read_steps(self, run, part, by_step, logged) -> None:
+        from workbench.ui.views import STATISTICS, _Block
+
+        rows = run.to_pandas(steps=part)
+        where, params = "step BETWEEN ? AND ?", tuple(part)
+        _, records = run._fetch(f"SELECT lo, hi, counts FROM histograms WHERE {where} ORDER BY step, seq", params)
+        lows, highs, blobs = zip(*records) if records else ((), (), ())
+        lows, highs = np.array(lows, dtype=np.float64), np.array(highs, dtype=np.float64)
+        counts = _counts(blobs) if len(blobs) == len(rows) and len(rows) else None
+        codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
+        starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
+        ends = np.r_[starts[1:], len(rows)]
+        table = rows[list(STATISTICS)].to_numpy(np.float32)
+        numel = rows.numel.to_numpy()
+        row_steps = {int(rows.step.iat[a]): (a, b) for a, b in zip(starts, ends)}
+        block: list[int] = []
+
+        def flush() -> None:
+            if not block:
+                return
+            a, b = row_steps.get(block[0], (0, 0))
+            keys = tuple((m, int(c), k, t, sh) for m, c, k, t, sh in
+                         rows.iloc[a:b][["module", "call", "kind", "tensor", "shape"]].itertuples(index=False))
+            spans = [row_steps[step] for step in block] if b > a else []
+            hist = [None] * len(block)
+            if counts is not None and spans:
+                hist = [(lows[x:y], highs[x:y], np.stack(counts[x:y])) for x, y in spans]
+            self._take(_Block(list(block), keys, numel[a:b], np.stack([table[x:y] for x, y in spans]) if spans
+                              else None, None, [by_step.get(step, {}) for step in block], hist))
+            block.clear()
+
+        layout = None
+        for step in sorted(row_steps.keys() | set(logged)):
+            self.last_step, self.steps_fed = max(self.last_step, step), self.steps_fed + 1
+            a, b = row_steps.get(step, (0, 0))
+            this = tuple(codes[a:b])
+            if block and this != layout:
+                flush()
+            layout = this
+            block.append(step)
+        flush()
+
+    def _take_histograms(self, block, targets) -> None:
+        from workbench.instrument import KINDS
+        from workbench.ui.views import _STAT_INDEX, History
+
+        recorded = [(r, step, h) for r, (step, h) in enumerate(zip(block.steps, block.histograms)) if h is not None]
+        if not recorded:
+            return
+        steps = [step for _, step, _ in recorded]
+        low, high = block.table[:, :, _STAT_INDEX["min"]], block.table[:, :, _STAT_INDEX["max"]]
+        for i, (kind_index, site) in enumerate(targets):
+            if site < 0:
+                continue
+            kept = self._histograms.get((KINDS[kind_index], int(site)))
+            if kept is None:
+                kept = self._histograms[(KINDS[kind_index], int(site))] = History(
+                    self.histogram_capacity, self.histogram_capacity // 4, merge="last")
+            kept.extend(steps, [(step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32),
+                                 float(low[r, i]), float(high[r, i])) for r, step, (lows, highs, counts) in recorded])
+
+
+def same_views(a: RunView, b: RunView) -> None:
+    """Raises AssertionError unless the two views of one run draw the same."""
+    from workbench.instrument import KINDS
+
+    pd.testing.assert_frame_equal(a.metrics_frame(), b.metrics_frame())
+    assert a.header()["step"] == b.header()["step"] and a.steps_fed == b.steps_fed
+    for kind in KINDS:
+        assert a.site_order(kind) == b.site_order(kind) and a.histogram_sites(kind) == b.histogram_sites(kind)
+        for statistic in ("mean", "norm", "nan_count"):
+            pd.testing.assert_frame_equal(a.site_series(kind, statistic, a.site_order(kind)),
+                                          b.site_series(kind, statistic, b.site_order(kind)))
+        for site in a.histogram_sites(kind):
+            for x, y in zip(a.distribution_segments(kind, site), b.distribution_segments(kind, site)):
+                for p, q in zip(x, y):
+                    np.testing.assert_array_equal(p, q)
 
 
 def interleaved(ways: dict, rounds: int) -> dict[str, float]:
@@ -95,6 +183,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--run", help="a stored run to measure instead of a new one")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-export", action="store_true", help="measure the reading alone")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="workbench-replay-"))
     path = Path(args.run) if args.run else make_run(root, args.experiment, args.steps)
@@ -108,9 +197,13 @@ def main() -> None:
                      "now": lambda: (run.to_pandas(), run.histograms())}, args.rounds)
     print(f"rows + histograms read: read_sql {t['before']:.2f} s | now {t['now']:.2f} s "
           f"({t['before'] / t['now']:.1f}x)")
-    t = interleaved({"before": lambda: RunView.from_run(old), "now": lambda: RunView.from_run(run)}, args.rounds)
-    print(f"RunView.from_run: read_sql {t['before']:.2f} s | now {t['now']:.2f} s ({t['before'] / t['now']:.1f}x)")
+    same_views(RowsFrameView.from_run(run), RunView.from_run(run))
+    t = interleaved({"before": lambda: RowsFrameView.from_run(run), "now": lambda: RunView.from_run(run)}, args.rounds)
+    print(f"RunView.from_run: rows frame {t['before']:.2f} s | arrays now {t['now']:.2f} s "
+          f"({t['before'] / t['now']:.1f}x)")
 
+    if args.no_export:
+        return
     export, log_dir = timed(lambda: run.export(root / "tb"))
     events = events_of(log_dir)
     megabytes = sum(map(len, events)) / 1e6

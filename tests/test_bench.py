@@ -95,7 +95,7 @@ def test_model_changes_runs():
 def test_replay_reports_reading_and_exporting_side_by_side():
     out = run_script("replay.py", "--experiment", "activation_mlp", "--steps", "20", "--rounds", "1")
     assert re.search(r"rows \+ histograms read: read_sql [\d.]+ s \| now [\d.]+ s", out), out
-    assert re.search(r"RunView.from_run: read_sql [\d.]+ s \| now [\d.]+ s", out), out
+    assert re.search(r"RunView.from_run: rows frame [\d.]+ s \| arrays now [\d.]+ s", out), out
     assert re.search(r"events \(\d+ MB\) written: EventFileWriter [\d.]+ s \| EventFile [\d.]+ s", out), out
 
 

@@ -671,3 +671,56 @@ def test_a_running_run_whose_steps_stopped_coming_says_for_how_long(monkeypatch)
     assert "no new step for 42 s" in figures.header_markdown(view)
     view.set_status("finished")  # (an ended run has no steps to wait for)
     assert "no new step" not in figures.header_markdown(view)
+
+
+
+def test_a_stored_run_whose_rows_change_replays_its_histograms_and_layouts_as_they_were_stored(tmp_path):
+    """A replay reads a part's rows as arrays, a layout (the rows' keys) per step: sites that come and go,
+    a step of metrics alone between, the model's own rows (module "") and a module called twice draw the
+    values stored (``run.to_pandas()``, ``run.histograms()``) at their steps, as the live view drew them."""
+    from workbench.instrument.store import RunStore
+
+    rng = np.random.default_rng(0)
+    layouts = {"ab": (("", 0, "activation", "out", (2, 3)), ("a", 0, "activation", "out", (2, 3)),
+                      ("a", 1, "activation", "out", (2, 3)), ("b", 0, "grad_output", "out.0", (2, 3))),
+               "ac": (("", 0, "activation", "out", (2, 3)), ("c", 0, "activation", "out", (4,)))}
+    records = []
+    for step, name in zip(range(1, 9), ["ab", "ab", "ab", None, "ac", "ac", "ab", "ac"]):
+        if name is None:
+            records.append(StepRecord(step, metrics={"loss": 1.0 / step}))
+            continue
+        keys = layouts[name]
+        values = rng.normal(size=(len(keys), 6))
+        sums = np.zeros((len(keys), len(SUMS)))
+        sums[:, :6] = np.abs(values)  # (sums of a few positive values: finite statistics)
+        ranges = np.sort(rng.normal(size=(len(keys), 2)), axis=1)
+        records.append(StepRecord(step, keys, np.full(len(keys), 6), sums, rng.integers(0, 9, (len(keys), 5)),
+                                  {"loss": 1.0 / step}, histogram_edges=ranges))
+    store = RunStore(tmp_path / "run")
+    for record in records:
+        store.write(record)
+    store.close()
+    live = RunView()
+    live.feed(records)
+    run = workbench.load_run(tmp_path / "run")
+    replayed = RunView.from_run(run)
+    assert replayed.steps_fed == 8 and replayed.metrics_frame().step.tolist() == list(range(1, 9))
+    rows, histograms = run.to_pandas(), run.histograms()
+    for kind in ("activation", "grad_output"):
+        pd.testing.assert_frame_equal(replayed.site_table(kind), live.site_table(kind))
+        for site in live.site_table(kind).itertuples():
+            stored = rows[(rows.module == site.module) & (rows.call == site.call) & (rows.kind == kind)]
+            series = replayed.site_series(kind, "std", [site.name]).dropna(subset=["value"])
+            assert series.step.tolist() == stored.step.tolist()
+            np.testing.assert_array_equal(series.value, stored["std"].astype(np.float32))
+            kept = histograms[(histograms.module == site.module) & (histograms.call == site.call)
+                              & (histograms.kind == kind)]
+            segments = replayed.distribution_segments(kind, site.name)
+            assert np.concatenate([steps for steps, _, _ in segments]).tolist() == kept.step.tolist()
+            for steps, edges, counts in segments:
+                at = kept.set_index("step").loc[steps]
+                np.testing.assert_allclose(np.stack(at.edges), np.tile(edges, (len(steps), 1)))
+                np.testing.assert_array_equal(np.stack(at.counts), counts)
+            for a, b in zip(live.distribution_segments(kind, site.name), segments):
+                for x, y in zip(a, b):
+                    np.testing.assert_allclose(x, y, rtol=1e-6)

@@ -215,14 +215,51 @@ class Run:
         frame["sampled"] = sampled
         return frame
 
-    def _histogram_ranges(self, steps: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """The ranges (``lo``, ``hi``) and counts of the histograms of the steps ``(first, last)``, in the
-        order of their rows (step, then position in the step): what a view reads of them, without the names
-        of their rows (which it has) or their edges (which it makes)."""
+    #: What separates a row's key columns (``module, call, kind, tensor, shape``), and its rows' keys, in the
+    #: layout :meth:`_view_part` reads of a step: characters no module path, tensor leaf or shape holds.
+    KEY_SEPARATOR, ROW_SEPARATOR = "\x1f", "\x1e"
+
+    def _view_part(self, steps: tuple[int, int]) -> dict[str, Any]:
+        """What a view reads of the steps ``(first, last)``, in one read of one snapshot of the run (a run
+        still written gains no step between its queries), as arrays, not a Python object per value:
+
+        - ``steps`` (k,): the steps with rows; ``layouts``: the keys of their rows, ``(module, call, kind,
+          tensor, shape)`` per row in recording order, one tuple of them per distinct layout; ``layout`` (k,):
+          each step's index in ``layouts`` (SQLite joins a step's keys into one string: one object a step);
+        - ``numel`` (rows,) and ``stats`` (rows, STAT_COLUMNS) float64 (NULL: NaN), in the rows' order;
+        - ``lo``, ``hi`` (histograms,) and ``counts``: the histograms' bins' ranges and counts, in the rows'
+          order (``counts`` one (histograms, bins) array where they all have as many bins, else a list).
+        """
         where, params = _step_range(steps, "step")
-        _, records = self._fetch(f"SELECT lo, hi, counts FROM histograms WHERE {where} ORDER BY step, seq", params)
-        lo, hi, blobs = zip(*records) if records else ((), (), ())
-        return np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64), _counts(blobs)  # (NULL: NaN)
+        key = " || char(31) || ".join(("module", "call", "kind", "tensor", "shape"))
+        db = self._connect()
+        try:
+            db.execute("BEGIN")  # (one read transaction: every query below sees the same committed steps)
+            layouts_sql = (f"SELECT step, group_concat(key, char(30)) FROM (SELECT step, {key} AS key FROM rows "
+                           f"WHERE {where} ORDER BY step, seq) GROUP BY step ORDER BY step")
+            per_step = db.execute(layouts_sql, params).fetchall()
+            numbers = db.execute(f"SELECT {', '.join(STAT_COLUMNS)} FROM rows WHERE {where} "
+                                 "ORDER BY step, seq", params).fetchall()
+            ranges = db.execute(f"SELECT lo, hi FROM histograms WHERE {where} ORDER BY step, seq", params).fetchall()
+            blobs = db.execute(f"SELECT counts FROM histograms WHERE {where} ORDER BY step, seq", params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise RunError(f"{self.db_path} is damaged or not a workbench run database ({exc}).") from None
+        finally:
+            db.close()
+        index: dict[str, int] = {}
+        layout = np.array([index.setdefault(keys, len(index)) for _, keys in per_step], np.int64)
+        layouts = [tuple((m, int(c), k, t, sh) for m, c, k, t, sh in
+                         (row.split(self.KEY_SEPARATOR) for row in keys.split(self.ROW_SEPARATOR)))
+                   for keys in index]
+        numbers = np.array(numbers, np.float64).reshape(-1, len(STAT_COLUMNS))  # (None: NaN)
+        ranges = np.array(ranges, np.float64).reshape(-1, 2)
+        blobs = [blob for (blob,) in blobs]
+        sizes = {len(blob) for blob in blobs}
+        counts = (np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), -1) if len(sizes) == 1
+                  else _counts(blobs))
+        return {"steps": np.array([step for step, _ in per_step], np.int64), "layout": layout, "layouts": layouts,
+                "numel": numbers[:, STAT_COLUMNS.index("numel")].astype(np.int64), "stats": numbers,
+                "lo": ranges[:, 0], "hi": ranges[:, 1], "counts": counts}
 
     def errors(self) -> pd.DataFrame:
         """The failures recorded with the run (a hook's, a sink's): ``step, module, call, kind, error``."""

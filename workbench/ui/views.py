@@ -41,7 +41,7 @@ import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.recorder import histogram_edges
-from workbench.instrument.schema import finish, site_name
+from workbench.instrument.schema import STAT_COLUMNS, finish, site_name
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
 
@@ -310,46 +310,43 @@ class RunView:
     def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]],
                     logged: list[int]) -> None:
         """Take in the stored steps ``part`` (``(first, last)``) and their metrics (``by_step``; ``logged``:
-        the steps of ``part`` with metrics)."""
-        rows = run.to_pandas(steps=part)
-        # (the bins' ranges and counts in the rows' order, as the recorder gives them a live view)
-        histograms = run._histogram_ranges(part) if len(rows) else None
-        if histograms is not None and len(histograms[2]) != len(rows):
-            histograms = None  # (steps that recorded histograms on some rows only show none)
-        if histograms is not None:  # (arrays and a list, sliced per step)
-            lows, highs, counts = histograms
-        codes = rows.groupby(["module", "call", "kind", "tensor", "shape"], sort=False).ngroup().to_numpy()
-        starts = np.flatnonzero(np.r_[True, rows.step.to_numpy()[1:] != rows.step.to_numpy()[:-1]])[:len(rows)]
-        # (steps that stored no rows: metrics alone)
-        ends = np.r_[starts[1:], len(rows)]
-        table = rows[list(STATISTICS)].to_numpy(np.float32)
-        numel = rows.numel.to_numpy()
-        row_steps = {int(rows.step.iat[a]): (a, b) for a, b in zip(starts, ends)}
+        the steps of ``part`` with metrics), consecutive steps of one layout (the same rows) as one block."""
+        read = run._view_part(part)
+        row_steps, layout = read["steps"], read["layout"]
+        table = read["stats"][:, [STAT_COLUMNS.index(name) for name in STATISTICS]].astype(np.float32)
+        ends = np.cumsum([len(read["layouts"][i]) for i in layout], dtype=np.int64)
+        spans = {int(step): (int(end - len(read["layouts"][i])), int(end), int(i))
+                 for step, end, i in zip(row_steps, ends, layout)}
+        # (the bins' ranges and counts in the rows' order, as the recorder gives them a live view; steps that
+        # recorded histograms on some rows only show none)
+        counts = read["counts"]
+        histograms = len(counts) == len(table) and len(table) > 0
         block: list[int] = []
 
         def flush() -> None:
             if not block:
                 return
-            a, b = row_steps.get(block[0], (0, 0))
-            keys = tuple((m, int(c), k, t, sh) for m, c, k, t, sh in
-                         rows.iloc[a:b][["module", "call", "kind", "tensor", "shape"]].itertuples(index=False))
-            spans = [row_steps[step] for step in block] if b > a else []
+            a, b, i = spans.get(block[0], (0, 0, -1))
+            first, last = spans[block[0]][0] if b > a else 0, spans[block[-1]][1] if b > a else 0
+            width = b - a
             hist = [None] * len(block)
-            if histograms is not None and spans:
-                hist = [(lows[x:y], highs[x:y], np.stack(counts[x:y])) for x, y in spans]
-            self._take(_Block(list(block), keys, numel[a:b],
-                              np.stack([table[x:y] for x, y in spans]) if spans else None, None,
+            if histograms and width:
+                lows, highs = (read[c][first:last].reshape(len(block), width) for c in ("lo", "hi"))
+                rows = (counts[first:last].reshape(len(block), width, -1) if isinstance(counts, np.ndarray)
+                        else [np.stack(counts[x:x + width]) for x in range(first, last, width)])
+                hist = list(zip(lows, highs, rows))
+            self._take(_Block(list(block), read["layouts"][i] if width else (), read["numel"][a:b],
+                              table[first:last].reshape(len(block), width, -1) if width else None, None,
                               [by_step.get(step, {}) for step in block], hist))
             block.clear()
 
-        layout = None
-        for step in sorted(row_steps.keys() | set(logged)):
+        current = None
+        for step in sorted(spans.keys() | set(logged)):  # (steps that stored no rows: metrics alone)
             self.last_step, self.steps_fed = max(self.last_step, step), self.steps_fed + 1
-            a, b = row_steps.get(step, (0, 0))
-            this = tuple(codes[a:b])
-            if block and this != layout:
+            this = spans[step][2] if step in spans else -1
+            if block and this != current:
                 flush()
-            layout = this
+            current = this
             block.append(step)
         flush()
 
@@ -433,11 +430,22 @@ class RunView:
             # the first ever, and the most recent the list keeps
             for r, i in ([bad[0]] if self._first_anomaly is None else []) + list(bad[-self.anomalies.maxlen:]):
                 self._note_anomaly(block.steps[r], block.keys[i], table[r, i])
-        recorded = [(r, step, h) for r, (step, h) in enumerate(zip(block.steps, block.histograms)) if h is not None]
+        self._take_histograms(block, targets)
+
+    def _take_histograms(self, block: _Block, targets: np.ndarray) -> None:
+        """Keep each site's histograms of the block: ``(step, lo, hi, counts, min, max)`` a step, the bins'
+        range, the counts, the tensor's own min and max. The steps' ranges and counts are stacked into one
+        array each, and each site's points made from its column of them at once (a run's histograms are
+        its sites times its steps: taking them one by one was most of opening a stored run)."""
+        recorded = [r for r, h in enumerate(block.histograms) if h is not None]
         if not recorded:
             return
-        steps = [step for _, step, _ in recorded]
-        low, high = table[:, :, _STAT_INDEX["min"]], table[:, :, _STAT_INDEX["max"]]
+        steps = [block.steps[r] for r in recorded]
+        lows = np.stack([block.histograms[r][0] for r in recorded])  # (steps, rows)
+        highs = np.stack([block.histograms[r][1] for r in recorded])
+        counts = np.stack([block.histograms[r][2] for r in recorded]).astype(np.float32, copy=False)  # (.., bins)
+        low = block.table[recorded, :, _STAT_INDEX["min"]]
+        high = block.table[recorded, :, _STAT_INDEX["max"]]
         for i, (kind_index, site) in enumerate(targets):
             if site < 0:
                 continue
@@ -445,9 +453,8 @@ class RunView:
             if kept is None:
                 kept = self._histograms[(KINDS[kind_index], int(site))] = History(
                     self.histogram_capacity, self.histogram_capacity // 4, merge="last")
-            # (step, the bins' range, counts, the tensor's min and max)
-            kept.extend(steps, [(step, float(lows[i]), float(highs[i]), np.asarray(counts[i], np.float32),
-                                 float(low[r, i]), float(high[r, i])) for r, step, (lows, highs, counts) in recorded])
+            kept.extend(steps, list(zip(steps, lows[:, i].tolist(), highs[:, i].tolist(), counts[:, i],
+                                        low[:, i].tolist(), high[:, i].tolist())))
 
     def _learn_sites(self, keys: tuple, numel: np.ndarray, table: np.ndarray, tensors: np.ndarray | None) -> None:
         """Name the call sites first seen in these rows (one step's). A site is its module, call,
