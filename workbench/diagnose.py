@@ -322,8 +322,11 @@ MOVING_GRADIENT = 1e-3
 #: ``update_ratio_low`` (1e-6, some 8 roundings) moves its largest entries by more.
 UNCHANGED_ROUNDINGS = 2
 
-#: A finding that holds again at most this many steps after it ended is the same finding, taken up again.
+#: A finding that holds again at most this many steps after it ended is the same finding, taken up again;
+#: later in a run, at most ``REJOIN_FRACTION`` of the steps so far (a gap a chart of the whole run hardly shows:
+#: a layer that saturates at step 847, lets go for 7 steps and saturates for good is one finding, not three).
 REJOIN_STEPS = 3
+REJOIN_FRACTION = 0.02
 
 
 class Diagnoser:
@@ -739,11 +742,13 @@ class Diagnoser:
             e["worst"] = worst
 
     def _reopened(self, key: Any, step: int) -> dict | None:
-        """The finding of ``key`` that ended at most :data:`REJOIN_STEPS` steps before ``step``, taken up
-        again (a loss NaN every other step is one finding, not one a step), or None."""
+        """The finding of ``key`` that ended at most :data:`REJOIN_STEPS` steps (or :data:`REJOIN_FRACTION`
+        of the run so far) before ``step``, taken up again (a loss NaN every other step is one finding, not
+        one a step), or None."""
+        gap = max(REJOIN_STEPS, REJOIN_FRACTION * step)
         for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
             e = self._closed[i]
-            if e.get("key") == key and step - e["last"] <= REJOIN_STEPS:
+            if e.get("key") == key and step - e["last"] <= gap:
                 del self._closed[i]
                 self._open[key] = e
                 return e

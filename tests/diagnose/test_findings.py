@@ -362,3 +362,17 @@ def test_gradients_growing_over_steps_are_found_in_one_stored_block():
     assert f.finding.tolist() == ["exploding_gradients"] and (f.step[0], f.last_step[0]) == (7, 10)
     assert "7.0 orders of magnitude above the largest of the first recorded steps (1;" in f.evidence[0]
     assert diagnose(rows[rows.step <= 8]).empty  # 2 steps past 3 orders: not yet persistent
+
+
+def test_a_finding_that_comes_back_after_a_gap_short_for_the_run_so_far_is_one_finding():
+    # too large at 5 steps, usual for the next 7, too large again: a gap a chart of 400 steps hardly
+    # shows is one finding over both (2 % of the run so far); the same gap near the start is two
+    def flicker(start):
+        usual = param_rows(range(1, start), 1e-3)
+        return pd.concat([usual, param_rows(range(start, start + 5), 0.5),
+                          param_rows(range(start + 5, start + 12), 1e-3), param_rows(range(start + 12, start + 20), 0.5)])
+
+    late = diagnose(flicker(400), None)
+    assert late[["step", "last_step", "finding"]].values.tolist() == [[400, 419, "update_ratio_high"]]
+    early = diagnose(flicker(20), None).sort_values("step")
+    assert early[["step", "last_step"]].values.tolist() == [[20, 24], [32, 39]]
