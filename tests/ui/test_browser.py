@@ -338,6 +338,28 @@ def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, nan_at_step
     _screenshot(page, "live_nan.png", full_page=False)
 
 
+def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, browser, served_app, nan_at_step_3):
+    # (no run goes on once it ended: no tick comes to the page that attaches to it later)
+    start(page, "activation_mlp", 6, width="8")
+    status = page.locator("#run-status")
+    expect(status).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#live-findings")).to_contain_text("nan")
+    run_id = status.inner_text().split()[0]
+    other = browser.new_page(viewport={"width": 1400, "height": 1000})  # (a browser of its own: it holds no run)
+    try:
+        other.goto(served_app)
+        other.wait_for_selector("#model-list")
+        other.get_by_role("tab", name="Experiments").click()
+        expect(other.locator("#run-status")).to_contain_text("No run on this page")
+        other.locator("#live-pick input").click()
+        other.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, .* \(finished\)$")).click()
+        other.locator("#live-attach").click()
+        expect(other.locator("#run-status")).to_contain_text(f"{run_id} activation_mlp")
+        expect(other.locator("#live-findings-note")).to_contain_text("Diagnoses:")
+        expect(other.locator("#live-findings")).to_contain_text("nan")
+    finally:
+        other.close()
+
 def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     start(page, "activation_mlp", 12, store="browser/first", width="8")
     expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
