@@ -685,22 +685,28 @@ def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
     start(page, "efficientzero_dynamics", 100_000, store="recording/now", batch_size="8", lstm_hidden_size="16",
           unroll_steps="2", support_size="5")
     expect(page.locator("#run-status")).to_contain_text("running", timeout=60_000)
+    # (each reading of the run reads every step it stored by then, in the process that trains it: on a loaded
+    # machine one can take longer than the 15 s a page's assertion waits, so those wait up to a minute; and one
+    # reading at a time: List runs, clicked before the row, opened the newest run, this one, alongside the
+    # row's and on a larger store, while showing the tab lists it already)
+    reading = 60_000
+    header = page.locator("#replay-header")
     try:
         page.get_by_role("tab", name="Runs").click()
-        page.locator("#runs-refresh").click()
+        expect(page.locator("#runs-table")).to_contain_text("recording/now", timeout=reading)
         page.locator("#runs-table").get_by_text("recording/now", exact=True).filter(visible=True).first.click()
-        header = page.locator("#replay-header")
-        expect(header).to_contain_text("recording/now")
-        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"))
+        expect(header).to_contain_text("recording/now", timeout=reading)
+        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"),
+                                       timeout=reading)
     finally:
         page.get_by_role("tab", name="Experiments").click()
         page.locator("#run-stop").click()
-        expect(page.locator("#run-status")).to_contain_text("stopped")
+        expect(page.locator("#run-status")).to_contain_text("stopped", timeout=reading)
     # stopped: read again, it says so, and no note of a reading under way
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-refresh").click()
-    expect(page.locator("#replay-header")).to_contain_text("stopped")
-    expect(page.locator("#replay-header")).not_to_contain_text("still being recorded")
+    expect(header).to_contain_text("stopped", timeout=reading)
+    expect(header).not_to_contain_text("still being recorded")
 
 
 def _last_step(page, elem_id):
