@@ -54,6 +54,33 @@ def test_invalid_value_is_a_message_not_a_traceback(page):
     _screenshot(page, "models_error.png")
 
 
+@pytest.mark.parametrize("width", [800, 1400])
+def test_the_module_tree_of_a_model_with_long_outputs_keeps_every_column_readable(browser, served_app, width):
+    # (QueryModule returns a dict of four tensors: its output squeezed the other columns to a letter a line and
+    # ran past the table's edge; in an 800 px window the longest model name also stuck out of the list's box)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.get_by_label("query_module", exact=True).check()
+        page.wait_for_selector("#model-overview:has-text('QueryModule')")
+        page.locator("#build-button").click()
+        expect(page.locator("#module-tree")).to_contain_text("HashToInt")
+        laid_out = page.evaluate("""() => {
+            const box = el => el.getBoundingClientRect(), tree = document.querySelector('#module-tree');
+            const list = document.querySelector('#model-list');
+            const lines = el => { const range = document.createRange(); range.selectNodeContents(el);
+                                  return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; };
+            return {heads: [...tree.querySelectorAll('th')].map(th => [th.innerText.trim(), lines(th)]),
+                    right: box(tree).right, cells: Math.max(...[...tree.querySelectorAll('td')].map(td => box(td).right)),
+                    list: box(list).right, options: Math.max(...[...list.querySelectorAll('label')].map(l => box(l).right))};
+        }""")
+        lines = {name: n for name, n in laid_out["heads"] if name}
+        assert set(lines) == {"module", "path", "type", "params", "output"}, laid_out
+        assert len(set(lines.values())) == 1, laid_out  # (each name as many lines as the others: one)
+        assert laid_out["cells"] <= laid_out["right"] + 1 and laid_out["options"] <= laid_out["list"] + 1, laid_out
+    finally:
+        page.close()
+
 def test_family_filter_narrows_the_list(page):
     page.locator("#family-filter input").click()
     page.get_by_role("option", name="activation").click()
