@@ -769,3 +769,27 @@ def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in
     expect(page.locator("#run-status")).to_contain_text("stopped", timeout=30_000)
     page.locator("#live-detach").click()  # (a page holding no run hides its views again)
     expect(page.locator("#live-body")).to_be_hidden()
+
+
+def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_window(browser, served_app):
+    # (the picker's box is narrow beside the six buttons at 800 px: its list, opened, was as narrow, each run's
+    # name over six lines, on top of the page's header)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        start(page, "activation_mlp", 2, width="4")
+        expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+        listbox = _listbox(page, "live-pick")
+        # (the lines of each option's name: its text's, the tick of the one picked left out)
+        laid_out = listbox.evaluate("""list => [...list.querySelectorAll('li')].map(li => {
+            const walk = document.createTreeWalker(li, NodeFilter.SHOW_TEXT), tops = new Set();
+            for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+                if (!node.textContent.trim() || node.textContent.trim() === '✓') continue;
+                const range = document.createRange(); range.selectNodeContents(node);
+                [...range.getClientRects()].forEach(r => tops.add(Math.round(r.top)));
+            }
+            return [li.innerText.trim(), tops.size, li.getBoundingClientRect().right]; })""")
+        assert laid_out and all(lines == 1 and right <= 800 for _, lines, right in laid_out), laid_out
+    finally:
+        page.close()

@@ -205,6 +205,10 @@ CSS = """
 #run-status, #replay-header { min-height: 2em; }
 /* a run's name longer than the picker's box ends in an ellipsis, not under the box's arrow */
 #live-pick input { text-overflow: ellipsis; padding-right: 22px; }
+/* ... and its list, opened, is wide enough for a run's name on a line (as narrow as the box, in an 800 px
+   window it put each name over six lines, on top of the run's header) */
+#live-pick .options { min-width: min(30em, 90vw); }
+#live-pick .options li { min-width: 100%; }  /* (each option is as wide as the box too, by its own style) */
 .wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
 /* tables written as Markdown (a run's last step, the explorer's f' differences): rules between rows, no grid */
 .wb-outputs table, #explorer-curves-message table { border-collapse: collapse; font-family: var(--font-mono);
