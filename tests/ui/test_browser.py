@@ -71,8 +71,9 @@ def test_the_module_tree_of_a_model_with_long_outputs_keeps_every_column_readabl
             const lines = el => { const range = document.createRange(); range.selectNodeContents(el);
                                   return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; };
             return {heads: [...tree.querySelectorAll('th')].map(th => [th.innerText.trim(), lines(th)]),
-                    right: box(tree).right, cells: Math.max(...[...tree.querySelectorAll('td')].map(td => box(td).right)),
-                    list: box(list).right, options: Math.max(...[...list.querySelectorAll('label')].map(l => box(l).right))};
+                    right: box(tree).right, list: box(list).right,
+                    cells: Math.max(...[...tree.querySelectorAll('td')].map(td => box(td).right)),
+                    options: Math.max(...[...list.querySelectorAll('label')].map(label => box(label).right))};
         }""")
         lines = {name: n for name, n in laid_out["heads"] if name}
         assert set(lines) == {"module", "path", "type", "params", "output"}, laid_out
