@@ -372,7 +372,7 @@ def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, brows
     status = page.locator("#run-status")
     expect(status).to_contain_text("finished", timeout=60_000)
     expect(page.locator("#live-findings")).to_contain_text("nan")
-    run_id = status.inner_text().split()[0]
+    run_id = re.search(r"\b(r\d+) activation_mlp", status.inner_text())[1]  # (not a progress timer before it)
     other = browser.new_page(viewport={"width": 1400, "height": 1000})  # (a browser of its own: it holds no run)
     try:
         other.goto(served_app)
