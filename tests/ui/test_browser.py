@@ -54,6 +54,34 @@ def test_invalid_value_is_a_message_not_a_traceback(page):
     _screenshot(page, "models_error.png")
 
 
+@pytest.mark.parametrize("width", [800, 1400])
+def test_the_module_tree_of_a_model_with_long_outputs_keeps_every_column_readable(browser, served_app, width):
+    # (QueryModule returns a dict of four tensors: its output squeezed the other columns to a letter a line and
+    # ran past the table's edge; in an 800 px window the longest model name also stuck out of the list's box)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.get_by_label("query_module", exact=True).check()
+        page.wait_for_selector("#model-overview:has-text('QueryModule')")
+        page.locator("#build-button").click()
+        expect(page.locator("#module-tree")).to_contain_text("HashToInt")
+        laid_out = page.evaluate("""() => {
+            const box = el => el.getBoundingClientRect(), tree = document.querySelector('#module-tree');
+            const list = document.querySelector('#model-list');
+            const lines = el => { const range = document.createRange(); range.selectNodeContents(el);
+                                  return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; };
+            return {heads: [...tree.querySelectorAll('th')].map(th => [th.innerText.trim(), lines(th)]),
+                    right: box(tree).right, list: box(list).right,
+                    cells: Math.max(...[...tree.querySelectorAll('td')].map(td => box(td).right)),
+                    options: Math.max(...[...list.querySelectorAll('label')].map(label => box(label).right))};
+        }""")
+        lines = {name: n for name, n in laid_out["heads"] if name}
+        assert set(lines) == {"module", "path", "type", "params", "output"}, laid_out
+        assert len(set(lines.values())) == 1, laid_out  # (each name as many lines as the others: one)
+        assert laid_out["cells"] <= laid_out["right"] + 1 and laid_out["options"] <= laid_out["list"] + 1, laid_out
+    finally:
+        page.close()
+
 def test_family_filter_narrows_the_list(page):
     page.locator("#family-filter input").click()
     page.get_by_role("option", name="activation").click()
@@ -337,6 +365,28 @@ def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, nan_at_step
     assert list(lines(traces(page, "live-series", lambda t: list(lines(t)) == ["layers.2"]))) == ["layers.2"]
     _screenshot(page, "live_nan.png", full_page=False)
 
+
+def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, browser, served_app, nan_at_step_3):
+    # (no run goes on once it ended: no tick comes to the page that attaches to it later)
+    start(page, "activation_mlp", 6, width="8")
+    status = page.locator("#run-status")
+    expect(status).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#live-findings")).to_contain_text("nan")
+    run_id = re.search(r"\b(r\d+) activation_mlp", status.inner_text())[1]  # (not a progress timer before it)
+    other = browser.new_page(viewport={"width": 1400, "height": 1000})  # (a browser of its own: it holds no run)
+    try:
+        other.goto(served_app)
+        other.wait_for_selector("#model-list")
+        other.get_by_role("tab", name="Experiments").click()
+        expect(other.locator("#run-status")).to_contain_text("No run on this page")
+        other.locator("#live-pick input").click()
+        other.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, .* \(finished\)$")).click()
+        other.locator("#live-attach").click()
+        expect(other.locator("#run-status")).to_contain_text(f"{run_id} activation_mlp")
+        expect(other.locator("#live-findings-note")).to_contain_text("Diagnoses:")
+        expect(other.locator("#live-findings")).to_contain_text("nan")
+    finally:
+        other.close()
 
 def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     start(page, "activation_mlp", 12, store="browser/first", width="8")
@@ -663,22 +713,28 @@ def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
     start(page, "efficientzero_dynamics", 100_000, store="recording/now", batch_size="8", lstm_hidden_size="16",
           unroll_steps="2", support_size="5")
     expect(page.locator("#run-status")).to_contain_text("running", timeout=60_000)
+    # (each reading of the run reads every step it stored by then, in the process that trains it: on a loaded
+    # machine one can take longer than the 15 s a page's assertion waits, so those wait up to a minute; and one
+    # reading at a time: List runs, clicked before the row, opened the newest run, this one, alongside the
+    # row's and on a larger store, while showing the tab lists it already)
+    reading = 60_000
+    header = page.locator("#replay-header")
     try:
         page.get_by_role("tab", name="Runs").click()
-        page.locator("#runs-refresh").click()
+        expect(page.locator("#runs-table")).to_contain_text("recording/now", timeout=reading)
         page.locator("#runs-table").get_by_text("recording/now", exact=True).filter(visible=True).first.click()
-        header = page.locator("#replay-header")
-        expect(header).to_contain_text("recording/now")
-        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"))
+        expect(header).to_contain_text("recording/now", timeout=reading)
+        expect(header).to_contain_text(re.compile(r"Read at \d\d:\d\d:\d\d while still being recorded"),
+                                       timeout=reading)
     finally:
         page.get_by_role("tab", name="Experiments").click()
         page.locator("#run-stop").click()
-        expect(page.locator("#run-status")).to_contain_text("stopped")
+        expect(page.locator("#run-status")).to_contain_text("stopped", timeout=reading)
     # stopped: read again, it says so, and no note of a reading under way
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-refresh").click()
-    expect(page.locator("#replay-header")).to_contain_text("stopped")
-    expect(page.locator("#replay-header")).not_to_contain_text("still being recorded")
+    expect(header).to_contain_text("stopped", timeout=reading)
+    expect(header).not_to_contain_text("still being recorded")
 
 
 def _last_step(page, elem_id):
@@ -714,3 +770,27 @@ def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in
     expect(page.locator("#run-status")).to_contain_text("stopped", timeout=30_000)
     page.locator("#live-detach").click()  # (a page holding no run hides its views again)
     expect(page.locator("#live-body")).to_be_hidden()
+
+
+def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_window(browser, served_app):
+    # (the picker's box is narrow beside the six buttons at 800 px: its list, opened, was as narrow, each run's
+    # name over six lines, on top of the page's header)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        start(page, "activation_mlp", 2, width="4")
+        expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+        listbox = _listbox(page, "live-pick")
+        # (the lines of each option's name: its text's, the tick of the one picked left out)
+        laid_out = listbox.evaluate("""list => [...list.querySelectorAll('li')].map(li => {
+            const walk = document.createTreeWalker(li, NodeFilter.SHOW_TEXT), tops = new Set();
+            for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+                if (!node.textContent.trim() || node.textContent.trim() === '✓') continue;
+                const range = document.createRange(); range.selectNodeContents(node);
+                [...range.getClientRects()].forEach(r => tops.add(Math.round(r.top)));
+            }
+            return [li.innerText.trim(), tops.size, li.getBoundingClientRect().right]; })""")
+        assert laid_out and all(lines == 1 and right <= 800 for _, lines, right in laid_out), laid_out
+    finally:
+        page.close()

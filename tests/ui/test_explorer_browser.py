@@ -186,3 +186,23 @@ def test_which_activation_trains_best_runs_in_the_background_and_draws_each(page
     table = page.locator("#explorer-compare-table")
     expect(table).to_contain_text("finished")
     _screenshot(page, "explorer_compare.png")
+
+
+def test_the_curves_titles_stay_inside_the_figure_in_a_narrow_window(browser, served_app):
+    # (beside the controls in an 800 px window, the f' panel's title ran out of the figure, cut at its edge)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.get_by_role("tab", name="Activation explorer").click()
+        page.wait_for_selector("#explorer-curves .annotation-text")
+        laid_out = page.evaluate("""() => {
+            const figure = document.querySelector('#explorer-curves .js-plotly-plot').getBoundingClientRect();
+            return {figure: [figure.left, figure.right], titles: [...document.querySelectorAll(
+                '#explorer-curves .annotation-text')].map(t => [t.textContent, t.getBoundingClientRect().left,
+                                                                t.getBoundingClientRect().right])};
+        }""")
+        (left, right), titles = laid_out["figure"], laid_out["titles"]
+        assert any(text.startswith("f′(x)") for text, _, _ in titles), laid_out
+        assert all(left <= start and end <= right for _, start, end in titles), laid_out
+    finally:
+        page.close()

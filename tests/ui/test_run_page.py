@@ -375,3 +375,17 @@ def test_metric_panels_share_one_range_of_steps_a_sparse_metric_is_not_a_lone_do
     assert len(axes) == 2
     # the panels after the first follow its axis (one autorange over every panel's steps, zoomed together)
     assert "matches" not in layout["xaxis"] and all(layout[a]["matches"] == "x" for a in axes[1:])
+
+
+@pytest.mark.parametrize("status, pace", [("running", "| 50.0 steps/s"), ("stopping", "| 50.0 steps/s"),
+                                          ("paused", "ran at 50.0 steps/s"), ("stopped", "ran at 50.0 steps/s"),
+                                          ("finished", "ran at 50.0 steps/s")])
+def test_the_header_of_a_run_that_does_not_train_now_says_its_pace_was_while_it_ran(status, pace):
+    # (a paused run's header read "336.3 steps/s", as if it still went at that pace)
+    from workbench.instrument import StepRecord
+
+    view = RunView(total=1000)
+    view.feed([StepRecord(s, time=1000.0 + s / 50) for s in range(1, 31)])  # 50 steps a second
+    view.set_status(status)
+    header = figures.header_markdown(view).replace(" · ", " | ")
+    assert pace in header, header

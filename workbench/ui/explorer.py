@@ -71,6 +71,9 @@ DEFAULT_SAMPLES = 100_000
 MAX_SAMPLES = 2_000_000
 DEFAULT_SATURATION = 0.05
 BINS = 60
+#: The least width of a tab's figures: in a narrower window the controls go above them, not beside them
+#: (beside them, at 800 px, the f' panel's title ran out of the figure).
+FIGURE_MIN_WIDTH = 560
 MAX_COMPARE_STEPS = 100_000
 MODES = ("one after another", "side by side")
 SUMMARY_COLUMNS = ["activation", "status", "step", "loss (last step)", "accuracy (last step)", "loss (whole set)",
@@ -1023,7 +1026,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                             c["points"] = gr.Number(DEFAULT_POINTS, label="points", elem_id="explorer-points",
                                                     interactive=True, min_width=80)
                         c["params_box"] = gr.Column(elem_id="explorer-params")
-                    with gr.Column(scale=3):
+                    with gr.Column(scale=3, min_width=FIGURE_MIN_WIDTH):
                         figure, message = draw_curves(c["names"].value, *DEFAULT_RANGE, DEFAULT_POINTS)
                         c["curves"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-curves")
                         c["curves_message"] = gr.Markdown(message, elem_id="explorer-curves-message")
@@ -1061,7 +1064,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                             c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated below |f′|",
                                                         elem_id="explorer-saturation", interactive=True,
                                                         min_width=90)
-                    with gr.Column(scale=3):
+                    with gr.Column(scale=3, min_width=FIGURE_MIN_WIDTH):
                         figure, message = draw_distribution(c["dist_name"].value, {}, "normal", 0.0, 2.0, -3, 3)
                         c["dist_plot"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-dist")
                         c["dist_message"] = gr.Markdown(message, elem_id="explorer-dist-message")
@@ -1096,7 +1099,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                             # (greyed out while no comparison runs: nothing to stop)
                             c["stop"] = gr.Button("Stop", variant="stop", elem_id="explorer-stop", interactive=False)
                         c["compare_message"] = gr.Markdown(elem_id="explorer-compare-message")
-                    with gr.Column(scale=3):
+                    with gr.Column(scale=3, min_width=FIGURE_MIN_WIDTH):
                         status, metrics, layers, table = comparison_outputs(None)
                         c["compare_status"] = gr.Markdown(status, elem_id="explorer-compare-status")
                         c["compare_metrics"] = gr.Plot(plot_data(metrics), show_label=False,

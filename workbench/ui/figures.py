@@ -161,8 +161,9 @@ def header_markdown(view: RunView) -> str:
                      f"style='width:12em;vertical-align:middle'></progress> {fraction:.0%}")
     else:
         parts.append(f"step {h['step']}")
-    if h["steps_per_s"]:
-        parts.append(f"{h['steps_per_s']:.1f} steps/s")
+    if h["steps_per_s"]:  # (the pace it trains at; once paused or ended, the pace it trained at)
+        ran = "" if h["status"] in ("running", "stopping") else "ran at "
+        parts.append(f"{ran}{h['steps_per_s']:.1f} steps/s")
     if h["seconds_left"] is not None:
         parts.append(f"about {_duration(h['seconds_left'])} left")
     if h["status"] == "running" and h["idle_s"] is not None and h["idle_s"] >= IDLE_SECONDS:

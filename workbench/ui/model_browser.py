@@ -22,6 +22,9 @@ from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, p
 ALL_FAMILIES = "all"
 MAX_EXAMPLE_BATCH = 4096
 TREE_COLUMNS = ["module", "path", "type", "params", "output"]
+#: Their widths: fixed, so that a model whose outputs are long (a dict of tensors) cannot squeeze the others
+#: to a letter a line ("params" read p/a/r/a/m/s) and push its own column past the table's right edge.
+TREE_WIDTHS = ["17%", "24%", "17%", "10%", "32%"]
 FIELDS_PER_ROW = 3
 
 
@@ -174,7 +177,9 @@ def layout():
             c["models"] = gr.Radio(names, value=first, label="Models", elem_id="model-list")
             # The model shown, which the overview, the table and the form follow (see wire()).
             c["selected"] = gr.State(first)
-        with gr.Column(scale=4):
+        # (at least 560 px: in a narrower window the list of models goes above it, not beside it, which
+        # squeezed the module tree to a few letters a column and the longest model name out of its box)
+        with gr.Column(scale=4, min_width=560):
             c["overview"] = gr.Markdown(model_overview(first), elem_id="model-overview")
             with gr.Accordion("Parameters (types, defaults, ranges)", open=False, elem_id="param-accordion"):
                 c["params"] = gr.Dataframe(param_table(first), show_label=False, interactive=False,
@@ -187,7 +192,8 @@ def layout():
                                             min_width=150, scale=0)
             c["message"] = gr.Markdown(elem_id="build-message")
             c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree (a row per call site)",
-                                     interactive=False, wrap=True, elem_id="module-tree", max_height=600)
+                                     interactive=False, wrap=True, elem_id="module-tree", max_height=600,
+                                     column_widths=TREE_WIDTHS)
     c["model_state"] = gr.State(None)  # the built module, per browser session
     return c
 

@@ -205,6 +205,10 @@ CSS = """
 #run-status, #replay-header { min-height: 2em; }
 /* a run's name longer than the picker's box ends in an ellipsis, not under the box's arrow */
 #live-pick input { text-overflow: ellipsis; padding-right: 22px; }
+/* ... and its list, opened, is wide enough for a run's name on a line (as narrow as the box, in an 800 px
+   window it put each name over six lines, on top of the run's header) */
+#live-pick .options { min-width: min(30em, 90vw); }
+#live-pick .options li { min-width: 100%; }  /* (each option is as wide as the box too, by its own style) */
 .wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
 /* tables written as Markdown (a run's last step, the explorer's f' differences): rules between rows, no grid */
 .wb-outputs table, #explorer-curves-message table { border-collapse: collapse; font-family: var(--font-mono);
@@ -530,7 +534,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                          c["live_message"], *listing, *buttons, c["remembered"]]).then(None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(
-                refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
+                refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
                 show_progress="hidden")
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
@@ -553,6 +557,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     # (run_controls' order; Continue's row shows only when it applies: its fields mean nothing before;
     # the views show while the page holds a run)
     buttons = [c["pause"], c["resume"], c["stop"], c["iv_apply"], c["iv_remove"], c["continue_row"], c["live_body"]]
+    # (what refresh_panel redraws once a page holds another run, or none)
+    refreshed_outputs = [c["live_page"], *panel, *buttons, c["findings_note"], c["findings"]]
 
     def control(key: str, on: bool):
         if key == "views":
@@ -613,10 +619,13 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     def on_panel(attached, state):
         state = dict(state or new_page_state())
-        state["iv"] = {}  # (another run, or none: everything is sent)
-        return state, *panel_updates(attached, state), *button_updates(attached, state, fresh=True)
+        state["iv"], state["findings"] = {}, {}  # (another run, or none: everything is sent)
+        # (the findings too: a page that attaches to a run that has ended gets no tick to list them)
+        run = manager.get(attached) if attached else None
+        return (state, *panel_updates(attached, state), *button_updates(attached, state, fresh=True),
+                *_hidden_while_empty(*findings_view.page_findings(run, state)))
 
-    refresh_panel = _guarded(on_panel, lambda text: skips(4 + len(buttons)))
+    refresh_panel = _guarded(on_panel, lambda text: skips(6 + len(buttons)))
 
     def on_op(op):  # (the fields of the intervention picked; a message about the last one's goes)
         shown_fields = _INTERVENTION_FIELDS.get(op, ())
@@ -679,7 +688,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                       attached_outputs).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
-        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
+        refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs, show_progress="hidden")
 
     def on_stop(attached, state):
         message = stop_run(manager, attached)
@@ -725,7 +734,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                          *buttons, c["remembered"]]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
-        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
+        refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs, show_progress="hidden")
 
     def on_detach(attached, picked):
         _, message = detach(manager, attached)
@@ -739,7 +748,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                        c["findings"], c["remembered"]]
                       ).then(_guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                              live_inputs, live_outputs, show_progress="hidden").then(
-        refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons], show_progress="hidden")
+        refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs, show_progress="hidden")
     c["list"].click(_guarded(listed, lambda text: (gr.skip(), gr.skip(), text)), c["pick"], listing)
 
     # ------------------------------------------------------------ the Runs tab
@@ -863,7 +872,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             c["remembered"], attached_outputs, show_progress="hidden").then(
             _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
             show_progress="hidden").then(
-            refresh_panel, [c["live_state"], c["live_page"]], [c["live_page"], *panel, *buttons],
+            refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
             show_progress="hidden")
 
     def on_export(name, pick, fmt):
