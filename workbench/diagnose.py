@@ -1069,6 +1069,10 @@ class Diagnoser:
             return
         recent, tail = state["recent"], state["tail"]
         state.setdefault("start", value)  # (its first finite value: the scale of what it can fall)
+        # what the loss fell from: its first value, or its chance level where known and higher (a run that
+        # continues a trained model starts far below chance: its batch noise is no spike, nor divergence)
+        chance = self._chance.get(name.lower(), -math.inf)
+        top = max(state["start"], chance)
         if len(recent) >= max(5, t.spike_window // 2):
             # against the level of the last few steps, in units of the step-to-step noise (the median
             # absolute difference of consecutive values, which a trend hardly moves); the noise is
@@ -1079,7 +1083,7 @@ class Diagnoser:
             if rise > t.spike_min_rise * max(abs(level), 1e-12):
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
-            fell = state["start"] - state["best"] if math.isfinite(state["best"]) else 0.0
+            fell = top - state["best"] if math.isfinite(state["best"]) else 0.0
             if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
                     and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
@@ -1093,7 +1097,7 @@ class Diagnoser:
             # first steps): a spike is spike_factor times the level of the steps so far above it
             level = _median(list(recent))
             rise = value - level
-            if rise > t.spike_factor * max(abs(level), 1e-12):
+            if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
                            f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
@@ -1108,9 +1112,11 @@ class Diagnoser:
             best = state["best"] = min(state["best"], now)
             rising = sum(b > a for a, b in zip(last[:-1], last[1:])) >= len(last) - 2
             first = state.setdefault("first", now)
-            # (and has given back at least diverge_regain of what it fell from its first median: a
-            # converged loss near 0, noisy from batch to batch, is many times its lowest without
-            # diverging)
+            from_chance = chance > first
+            first = max(first, chance)
+            # (and has given back at least diverge_regain of what it fell from its first median, or its
+            # chance level where higher: a converged loss near 0, noisy from batch to batch, is many times
+            # its lowest without diverging)
             start = state["start"]
             risen = (now - best > (t.diverge_factor - 1) * max(abs(best), 1e-12)
                      and now - best >= t.diverge_regain * (first - best))
@@ -1120,8 +1126,8 @@ class Diagnoser:
             if state["diverged"]:
                 # (a loss that fell to about 0: a ratio to its lowest says nothing, the way back up does)
                 times = f"{now / best:.3g}x its lowest" if 0 < best and now < 1e4 * best else "up from its lowest"
-                back = f", back {(now - best) / (first - best):.0%} of the way to its first median ({first:.4g})" \
-                    if first > best else ""
+                back = (f", back {(now - best) / (first - best):.0%} of the way to its "
+                        f"{'chance level' if from_chance else 'first median'} ({first:.4g})") if first > best else ""
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps and "
                            f"{'rising' if rising else 'still up'}, {times} ({best:.4g}){back} (thresholds "
@@ -1150,18 +1156,19 @@ class Diagnoser:
         values = list(last)
         now = _median(values)
         start = _median(head)
+        chance = self._chance.get(name.lower())
+        top = start if chance is None else max(start, chance)  # (a run continuing a trained model fell from chance)
         if not state.get("fell") and now < state.get("lowest", math.inf):  # (the lowest median of 20 so far)
             state["lowest"] = now
             # a loss that fell, well beyond its noise then, and came back up (set back by a bad batch, or thrown up
             # as it diverges, its noise now many times what it was) is no plateau: judged with the noise it had
-            if now < start - t.plateau_drop * abs(start) and now < start - 5 * _medians_noise(values):
+            if now < top - t.plateau_drop * abs(top) and now < top - 5 * _medians_noise(values):
                 state["fell"] = True
         if count < t.plateau_steps:
             return
         noise = _medians_noise(values)
         # (a plateau starts where the loss is not plateau_drop below its start, and holds until it fell beyond
         # its noise too: a flat noisy loss stays one finding, a noisy one that falls, slowly, never is one)
-        chance = self._chance.get(name.lower())
         if chance is not None:
             # (no better than chance: the finding that says why the loss does not fall, said instead of a plateau;
             # and one a loss that fell from confident initial outputs to the class frequencies has too)

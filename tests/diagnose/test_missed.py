@@ -246,3 +246,18 @@ def test_a_gradient_clipped_to_nothing_without_update_rows_is_one_not_updated_fi
     assert "within float32's rounding" in f.evidence[0]
     # an update of 1e-5 of the weights' norm is one: no finding
     assert "not_updated" not in set(_clipped(1e-6, lr=1e3).diagnose().finding)
+
+
+def test_a_run_that_continues_a_trained_model_is_judged_by_its_chance_level_not_its_first_steps():
+    # a converged loss (0.0004, batch noise of 30 %) continued for 60 steps: a batch at 0.03, then a stretch at
+    # 0.006. From its own first steps it reads as a spike, a divergence and a plateau; it fell from chance
+    # (log 2) before the run began, and gave back under 1 % of that: none of them. A real divergence still is.
+    steps = pd.Series(range(1501, 1561))
+    wobble = 1 + 0.3 * ((steps * 7919) % 13 - 6) / 6
+    loss = (0.0004 * wobble).where(steps < 1521, 0.006 * wobble)
+    loss[steps == 1510] = 0.03
+    continued = pd.DataFrame({"step": steps, "loss": loss})
+    assert set(diagnose(pd.DataFrame(), continued).finding) == {"loss_spike", "diverging", "loss_plateau"}
+    assert diagnose(pd.DataFrame(), continued, chance=math.log(2)).empty
+    diverged = continued.assign(loss=loss.where(steps < 1530, 0.6 * 1.1 ** (steps - 1530)))
+    assert "diverging" in set(diagnose(pd.DataFrame(), diverged, chance=math.log(2)).finding)
