@@ -673,7 +673,6 @@ def test_a_running_run_whose_steps_stopped_coming_says_for_how_long(monkeypatch)
     assert "no new step" not in figures.header_markdown(view)
 
 
-
 def test_a_stored_run_whose_rows_change_replays_its_histograms_and_layouts_as_they_were_stored(tmp_path):
     """A replay reads a part's rows as arrays, a layout (the rows' keys) per step: sites that come and go,
     a step of metrics alone between, the model's own rows (module "") and a module called twice draw the
@@ -724,3 +723,27 @@ def test_a_stored_run_whose_rows_change_replays_its_histograms_and_layouts_as_th
             for a, b in zip(live.distribution_segments(kind, site.name), segments):
                 for x, y in zip(a, b):
                     np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_a_stored_run_whose_histograms_change_their_bins_replays_each_step_s(tmp_path):
+    # (a run written part way with other bins: one layout of rows, steps of 5 bins then of 3; stacked as one, the
+    # steps of a layout failed to open: "all input arrays must have the same shape")
+    from workbench.instrument.store import RunStore
+
+    keys = (("a", 0, "activation", "out", (2, 3)),)
+    rng = np.random.default_rng(0)
+    records = []
+    for step, bins in zip(range(1, 5), [5, 5, 3, 3]):
+        sums = np.zeros((1, len(SUMS)))
+        sums[:, :6] = 1.0
+        records.append(StepRecord(step, keys, np.full(1, 6), sums, rng.integers(0, 9, (1, bins)), {"loss": 1.0},
+                                  histogram_edges=np.array([[0.0, 1.0]])))
+    store = RunStore(tmp_path / "run")
+    for record in records:
+        store.write(record)
+    store.close()
+    segments = RunView.from_run(workbench.load_run(tmp_path / "run")).distribution_segments("activation", "a")
+    assert [(steps.tolist(), counts.shape[1]) for steps, _, counts in segments] == [([1, 2], 5), ([3, 4], 3)]
+    for steps, _, counts in segments:
+        for step, row in zip(steps, counts):
+            np.testing.assert_array_equal(row, records[step - 1].histograms[0])

@@ -438,6 +438,16 @@ class RunView:
         array each, and each site's points made from its column of them at once (a run's histograms are
         its sites times its steps: taking them one by one was most of opening a stored run)."""
         recorded = [r for r, h in enumerate(block.histograms) if h is not None]
+        # (steps stacked together while their counts have as many bins: a run written part way with other bins
+        # has two, as Run.histograms reads them)
+        bins = [len(block.histograms[r][2][0]) if len(block.histograms[r][2]) else 0 for r in recorded]
+        cuts = [0] + [j for j in range(1, len(recorded)) if bins[j] != bins[j - 1]] + [len(recorded)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            self._take_histogram_steps(block, targets, recorded[a:b])
+
+    def _take_histogram_steps(self, block: _Block, targets: np.ndarray, recorded: list[int]) -> None:
+        """:meth:`_take_histograms` of the block's steps ``recorded`` (their indices), whose counts have as
+        many bins."""
         if not recorded:
             return
         steps = [block.steps[r] for r in recorded]
