@@ -348,6 +348,7 @@ class Diagnoser:
         self._lock = threading.RLock()
         self._pending: list[Any] = []
         self.last_step = 0
+        self.first_step: int | None = None  # (a run that continues another starts far from step 1)
         self.steps_seen = 0
         self.dropped = 0
         self._layout: _Layout | None = None
@@ -600,6 +601,8 @@ class Diagnoser:
         losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] if m else () for m in metrics]
         for i, step in enumerate(steps):
             self.last_step = max(self.last_step, step)
+            if self.first_step is None:
+                self.first_step = step
             self.steps_seen += 1
             if screened[i]:
                 row = {c: v[i] for c, v in stats.items()}
@@ -743,9 +746,10 @@ class Diagnoser:
 
     def _reopened(self, key: Any, step: int) -> dict | None:
         """The finding of ``key`` that ended at most :data:`REJOIN_STEPS` steps (or :data:`REJOIN_FRACTION`
-        of the run so far) before ``step``, taken up again (a loss NaN every other step is one finding, not
-        one a step), or None."""
-        gap = max(REJOIN_STEPS, REJOIN_FRACTION * step)
+        of the run so far: its steps since the first this took in, which a run continuing another does not
+        start at 1) before ``step``, taken up again (a loss NaN every other step is one finding, not one a
+        step), or None."""
+        gap = max(REJOIN_STEPS, REJOIN_FRACTION * (step - (self.first_step or 1) + 1))
         for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
             e = self._closed[i]
             if e.get("key") == key and step - e["last"] <= gap:

@@ -366,13 +366,16 @@ def test_gradients_growing_over_steps_are_found_in_one_stored_block():
 
 def test_a_finding_that_comes_back_after_a_gap_short_for_the_run_so_far_is_one_finding():
     # too large at 5 steps, usual for the next 7, too large again: a gap a chart of 400 steps hardly
-    # shows is one finding over both (2 % of the run so far); the same gap near the start is two
-    def flicker(start):
-        usual = param_rows(range(1, start), 1e-3)
-        return pd.concat([usual, param_rows(range(start, start + 5), 0.5),
-                          param_rows(range(start + 5, start + 12), 1e-3), param_rows(range(start + 12, start + 20), 0.5)])
+    # shows is one finding over both (2 % of the run so far); the same gap near the start is two, and
+    # so near the start of a run that continues another from step 1001 (2 % of its steps, not of 1020)
+    def flicker(start, first=1):
+        usual = param_rows(range(first, start), 1e-3)
+        return pd.concat([usual, param_rows(range(start, start + 5), 0.5), param_rows(range(start + 5, start + 12), 1e-3),
+                          param_rows(range(start + 12, start + 20), 0.5)])
 
     late = diagnose(flicker(400), None)
     assert late[["step", "last_step", "finding"]].values.tolist() == [[400, 419, "update_ratio_high"]]
     early = diagnose(flicker(20), None).sort_values("step")
     assert early[["step", "last_step"]].values.tolist() == [[20, 24], [32, 39]]
+    continued = diagnose(flicker(1020, first=1001), None).sort_values("step")
+    assert continued[["step", "last_step"]].values.tolist() == [[1020, 1024], [1032, 1039]]
