@@ -82,6 +82,7 @@ def test_the_module_tree_of_a_model_with_long_outputs_keeps_every_column_readabl
     finally:
         page.close()
 
+
 def test_family_filter_narrows_the_list(page):
     page.locator("#family-filter input").click()
     page.get_by_role("option", name="activation").click()
@@ -387,6 +388,7 @@ def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, brows
         expect(other.locator("#live-findings")).to_contain_text("nan")
     finally:
         other.close()
+
 
 def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     start(page, "activation_mlp", 12, store="browser/first", width="8")
