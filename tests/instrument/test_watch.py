@@ -1580,3 +1580,22 @@ def test_a_gradient_held_for_another_pass_is_let_go_when_the_step_is_discarded_o
         gc.collect()
         assert grads[0]() is None, end
         w.close()
+
+
+def test_gradients_held_for_another_pass_are_recorded_at_once_past_the_limit_if_w_step_is_forgotten(monkeypatch):
+    # a loop that keeps the graph on every backward and never calls w.step() would hold a gradient per
+    # site and pass: after MAX_HELD_PASSES such passes they are recorded at once and let go, with a warning
+    monkeypatch.setattr(hooks, "MAX_HELD_PASSES", 4)
+    net, x = nn.Linear(3, 2), torch.randn(4, 3)
+    grads = []
+    with pytest.warns(RuntimeWarning, match=r"4 backward passes keeping the graph .* left 4 output gradients .* recorded now"):
+        with workbench.watch(net) as w:
+            for _ in range(6):
+                out = net(x)
+                out.register_hook(lambda grad: grads.append(weakref.ref(grad)))
+                out.sum().backward(retain_graph=True)
+            gc.collect()
+            assert [grad() is None for grad in grads] == [True] * 4 + [False] * 2  # (the last two still held)
+            w.step()
+    rows = w.to_pandas()
+    assert sorted(rows[rows.kind == "grad_output"].call) == [0, 1, 2, 3, 4, 5] and not w.errors

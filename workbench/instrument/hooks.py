@@ -44,7 +44,7 @@ from workbench.instrument.schema import ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GR
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import shape_of, tensor_leaves
 
-__all__ = ["Hooks", "Entry", "MAX_BACKWARDS_PER_STEP", "MAX_ROWS_PER_STEP"]
+__all__ = ["Hooks", "Entry", "MAX_BACKWARDS_PER_STEP", "MAX_ROWS_PER_STEP", "MAX_HELD_PASSES"]
 
 #: Backward passes within one step past which a step is taken to have been forgotten (a training
 #: loop that never calls ``w.step()``): far more than gradient accumulation makes.
@@ -54,6 +54,12 @@ MAX_BACKWARDS_PER_STEP = 1000
 #: times included (an RNN cell unrolled over a long sequence); its memory is in docs/watch.md.
 #: Past either limit nothing more of the step is recorded (memory stays bounded), with a warning.
 MAX_ROWS_PER_STEP = 200_000
+#: Backward passes keeping the graph (``retain_graph=True``) within one step past which the output
+#: gradients held for another pass are recorded at once and let go: a loop that keeps the graph and
+#: never calls ``w.step()`` would otherwise hold a gradient per site and pass until the step's limits
+#: (a step of a GAN keeps it once or twice). A later pass through those forwards is left out (its
+#: total can no longer be taken), with an error that says so.
+MAX_HELD_PASSES = 16
 
 #: A recorded tensor of the step: (row key, numel, row of the step's sums). The row key is
 #: (module path, call, kind, tensor leaf name, shape).
@@ -115,6 +121,7 @@ class Hooks:
         self._limit_reported = False  # a step past MAX_BACKWARDS_PER_STEP or MAX_ROWS_PER_STEP warned
         self._eval_reported = False  # an unpaused evaluation forward warned
         self._left_out_reported = False  # output gradients left out by _drop_left_out warned
+        self._held_reported = False  # output gradients reduced at MAX_HELD_BYTES warned
 
     def _hook_params(self) -> None:
         """Hook the recorded parameters' gradients as they are now (:func:`hook_param_grads`)."""
@@ -183,6 +190,7 @@ class Hooks:
         for site in getattr(self, "_held", ()):  # (of a discarded step: its graph may live on)
             site.held = None
         self._held: list[_GradSite] = []  # sites holding the total gradient of passes that kept the graph
+        self._held_passes = 0  # backward passes keeping the graph since the held gradients were last reduced
         self._left_out: set[tuple] = set()  # grad_output row keys of sites _leave_out named
         self.step_errors: list[dict[str, Any]] = []
         self._before: list[torch.Tensor] | None = None
@@ -445,10 +453,17 @@ class Hooks:
         self.entries.extend((self._intern((path, call, GRAD_OUTPUT, name, shape)), grad.numel(), row)
                             for path, call, name, shape in keys)
 
-    def _reduce_held(self) -> None:
+    def _reduce_held(self, past_limit: bool = False) -> None:
         """The rows of the totals that backward passes keeping the graph left (none followed that
-        freed it): at the end of the step, which no later pass of its forward may add to."""
-        held, self._held = self._held, []
+        freed it): at the end of the step, which no later pass of its forward may add to, or
+        (``past_limit``) after :data:`MAX_HELD_PASSES` backward passes that kept the graph."""
+        if past_limit and not self._held_reported:
+            self._held_reported = True
+            warn(f"workbench: {self._held_passes} backward passes keeping the graph (retain_graph=True) within "
+                 f"step {self.step_index} left {len(self._held)} output gradients held for another pass: they are "
+                 "recorded now, and a later pass through those forwards is left out. Is w.step() called after "
+                 "each training step? Said once per watch.")
+        held, self._held, self._held_passes = self._held, [], 0
         for site in held:
             grad, site.held, site.recorded = site.held, None, True
             keys = [key for key in site.keys if key[0] in self.kinds[GRAD_OUTPUT]]
@@ -554,6 +569,10 @@ class Hooks:
     def _end_of_backward(self) -> None:
         self._flush_queued = False
         self._backwards += 1
+        if self._held and self._keeps_graph:
+            self._held_passes += 1
+            if self._held_passes >= MAX_HELD_PASSES:
+                self._reduce_held(past_limit=True)
         self._flush_deferred()
 
     def _take_param_grads(self) -> None:
