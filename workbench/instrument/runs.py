@@ -215,7 +215,7 @@ class Run:
         frame["sampled"] = sampled
         return frame
 
-    #: What separates a row's key columns (``module, call, kind, tensor, shape``), and its rows' keys, in the
+    #: What separates a row's key columns (``seq, module, call, kind, tensor, shape``), and its rows' keys, in the
     #: layout :meth:`_view_part` reads of a step: characters no module path, tensor leaf or shape holds.
     KEY_SEPARATOR, ROW_SEPARATOR = "\x1f", "\x1e"
 
@@ -231,7 +231,8 @@ class Run:
           order (``counts`` one (histograms, bins) array where they all have as many bins, else a list).
         """
         where, params = _step_range(steps, "step")
-        key = " || char(31) || ".join(("module", "call", "kind", "tensor", "shape"))
+        # (each key led by its seq: SQLite does not promise group_concat the subquery's order, the sort below does)
+        key = " || char(31) || ".join(("seq", "module", "call", "kind", "tensor", "shape"))
         db = self._connect()
         try:
             db.execute("BEGIN")  # (one read transaction: every query below sees the same committed steps)
@@ -248,8 +249,9 @@ class Run:
             db.close()
         index: dict[str, int] = {}
         layout = np.array([index.setdefault(keys, len(index)) for _, keys in per_step], np.int64)
-        layouts = [tuple((m, int(c), k, t, sh) for m, c, k, t, sh in
-                         (row.split(self.KEY_SEPARATOR) for row in keys.split(self.ROW_SEPARATOR)))
+        layouts = [tuple((m, int(c), k, t, sh) for _, m, c, k, t, sh in
+                         sorted((row.split(self.KEY_SEPARATOR) for row in keys.split(self.ROW_SEPARATOR)),
+                                key=lambda fields: int(fields[0])))
                    for keys in index]
         numbers = np.array(numbers, np.float64).reshape(-1, len(STAT_COLUMNS))  # (None: NaN)
         ranges = np.array(ranges, np.float64).reshape(-1, 2)
