@@ -133,6 +133,18 @@ def _run_cell(page, index: int) -> None:
     raise AssertionError(f"cell {index} was not run")
 
 
+def _stop_and_check_the_kernel_agrees(page) -> None:
+    """Click the Dashboard's Stop; once its header says stopped (its last draw), the kernel reports the
+    run stopped at the step the header shows."""
+    page.get_by_role("button", name="Stop").click(timeout=60_000)
+    page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)
+    stopped_at = _header_step(page)
+    _run_cell(page, 1)
+    output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+    output.wait_for(timeout=60_000)
+    assert output.inner_text().strip() == f"status: stopped step: {stopped_at}"
+
+
 def _header_step(page) -> int:
     text = page.locator(".jp-OutputArea-output .widget-html-content").first.inner_text()
     match = re.search(r"step (\d+) of", text)
@@ -180,13 +192,7 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
         page.locator(".widget-tab .lm-TabBar-tab", has_text="metrics").click(timeout=60_000)
 
         # (a browser slowed by the load is slow to draw the redraws: as patient as the waits above)
-        page.get_by_role("button", name="Stop").click(timeout=60_000)
-        page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)  # (its last draw)
-        stopped_at = _header_step(page)
-        _run_cell(page, 1)
-        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
-        output.wait_for(timeout=60_000)
-        assert output.inner_text().strip() == f"status: stopped step: {stopped_at}"
+        _stop_and_check_the_kernel_agrees(page)
         assert page.get_by_role("button", name="Stop").is_disabled()
         _shot(page, "stopped")
     except Exception:
@@ -253,13 +259,7 @@ def test_a_browser_slowed_six_times_keeps_up_with_a_live_dashboard_and_stop_stop
         # the open figure redrawn all that time, the closed tabs' figures not sent again
         sent = page.evaluate("() => window.sentToTab")
         assert len(sent) == 4 and sent[0] >= 3 and max(sent[1:]) <= 1, sent
-        page.get_by_role("button", name="Stop").click(timeout=60_000)
-        page.locator(".widget-html-content:has-text('stopped')").first.wait_for(timeout=60_000)  # (its last draw)
-        stopped_at = _header_step(page)
-        _run_cell(page, 1)
-        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
-        output.wait_for(timeout=60_000)
-        assert output.inner_text().strip() == f"status: stopped step: {stopped_at}"
+        _stop_and_check_the_kernel_agrees(page)
         _shot(page, "slowed_stopped")
     except Exception:
         _shot(page, "slowed_failed")
