@@ -1599,3 +1599,31 @@ def test_gradients_held_for_another_pass_are_recorded_at_once_past_the_limit_if_
             w.step()
     rows = w.to_pandas()
     assert sorted(rows[rows.kind == "grad_output"].call) == [0, 1, 2, 3, 4, 5] and not w.errors
+
+
+def test_the_sites_left_out_of_a_step_are_named_as_the_views_name_them():
+    # a module called twice is shift#0 and shift#1 in the views: the error names its first call so too
+    class Shift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter(torch.zeros(3))
+
+        def forward(self, x):
+            return x + self.bias  # (AddBackward saves no tensor: a second backward runs without retain_graph)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shift = Shift()
+
+        def forward(self, x):
+            return self.shift(self.shift(x))
+
+    model = Twice()
+    with pytest.warns(RuntimeWarning, match="freed the graph"):
+        with workbench.watch(model) as w:
+            out = model(torch.randn(4, 3))
+            out.sum().backward()
+            out.sum().backward()
+            w.step()
+    assert "((model), shift#0, shift#1)" in w.errors[0]["error"]

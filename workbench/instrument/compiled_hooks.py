@@ -452,7 +452,8 @@ class CompiledHooks:
         repeated = grads[:, MADE] > 1
         if not repeated.any():
             return
-        sites = [site_name(path, call, name, call > 0)
+        called_again = {path for (path, call, *_), _ in keys if call > 0}  # (named as the views name them)
+        sites = [site_name(path, call, name, path in called_again)
                  for ((path, call, _, name, _), _), r in zip(keys, repeated) if r]
         passes = int(grads[repeated, MADE].max())
         self.fail("", None, GRAD_OUTPUT, RuntimeError(

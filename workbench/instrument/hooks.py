@@ -490,7 +490,9 @@ class Hooks:
             return
         left_out = self._left_out
         self.entries = [entry for entry in self.entries if entry[0] not in left_out]
-        sites = sorted({site_name(path, call, name, call > 0) for path, call, _, name, _ in left_out})
+        # (named as the views name them: "#call" where the module was called more than once this step)
+        sites = sorted({site_name(path, call, name, self.sites.calls.get(path, 0) > 1)
+                        for path, call, _, name, _ in left_out})
         message = (f"the output gradients of {len(sites)} call site(s) ({', '.join(sites[:3])}"
                    f"{' ...' * (len(sites) > 3)}) came from several backward passes through one forward, the "
                    "first of which freed the graph (no retain_graph=True): its gradient was gone when the next "
