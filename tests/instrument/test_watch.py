@@ -1538,19 +1538,22 @@ def test_a_graph_gradient_taken_before_the_backward_adds_to_the_rows_as_a_pass()
                                   want[STATS].xs("grad_output", level="kind"), rtol=1e-6)
 
 
+class _Shift(nn.Module):
+    """x + bias: its AddBackward saves no tensor, so a second backward runs without retain_graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return x + self.bias
+
+
 def test_a_second_pass_after_one_that_freed_the_graph_leaves_the_row_out_with_an_error():
     # a graph whose nodes save no tensor runs a second backward without retain_graph: the first
     # pass's gradient is gone by then, so the total cannot be taken; the row is left out, not kept
     # as one pass's gradient
-    class Shift(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bias = nn.Parameter(torch.zeros(3))
-
-        def forward(self, x):
-            return x + self.bias  # (AddBackward saves no tensor)
-
-    model = Shift()
+    model = _Shift()
     with pytest.warns(RuntimeWarning, match=r"output gradients of 1 call site\(s\) \(\(model\)\) came from several "
                                             r"backward passes .* freed the graph .* left out of step 1"):
         with workbench.watch(model) as w:
@@ -1603,18 +1606,10 @@ def test_gradients_held_for_another_pass_are_recorded_at_once_past_the_limit_if_
 
 def test_the_sites_left_out_of_a_step_are_named_as_the_views_name_them():
     # a module called twice is shift#0 and shift#1 in the views: the error names its first call so too
-    class Shift(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bias = nn.Parameter(torch.zeros(3))
-
-        def forward(self, x):
-            return x + self.bias  # (AddBackward saves no tensor: a second backward runs without retain_graph)
-
     class Twice(nn.Module):
         def __init__(self):
             super().__init__()
-            self.shift = Shift()
+            self.shift = _Shift()
 
         def forward(self, x):
             return self.shift(self.shift(x))

@@ -116,6 +116,13 @@ def _shot(page, name):
         page.screenshot(path=str(Path(folder) / f"jupyterlab_{name}.png"), full_page=True)
 
 
+def _open_notebook(page, address: str) -> None:
+    """Open the notebook at ``address`` and wait until its cells show and its kernel is idle."""
+    page.goto(address)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+
+
 def _run_cell(page, index: int) -> None:
     """Select a cell and press Shift+Enter, as a user does; again if the kernel did not take it
     (a keypress while the page still connects to the kernel can be lost)."""
@@ -162,10 +169,7 @@ def test_a_live_dashboard_updates_while_training_runs_and_stop_stops_it(browser,
     url, token = jupyterlab
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
-        page.goto(f"{url}/lab/tree/live.ipynb?token={token}")
-        first_cell = page.locator(".jp-Notebook .jp-Cell").first
-        first_cell.wait_for(timeout=60_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _open_notebook(page, f"{url}/lab/tree/live.ipynb?token={token}")
         _run_cell(page, 0)  # training starts in the background, the dashboard shows
 
         page.locator(".jp-OutputArea-output .js-plotly-plot").first.wait_for(timeout=60_000)  # the metrics, open
@@ -211,9 +215,7 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
     try:
         # (reset: the workspace the module's other test left holds live.ipynb open, whose cells would
         # come first in the page)
-        page.goto(f"{url}/lab/tree/focus.ipynb?reset&token={token}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _open_notebook(page, f"{url}/lab/tree/focus.ipynb?reset&token={token}")
         _run_cell(page, 0)
         page.locator(".widget-tab .js-plotly-plot").first.wait_for(timeout=60_000)  # (the metrics tab, open)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
@@ -244,9 +246,7 @@ def test_a_browser_slowed_six_times_keeps_up_with_a_live_dashboard_and_stop_stop
     url, token = jupyterlab
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
-        page.goto(f"{url}/lab/tree/slowed.ipynb?reset&token={token}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _open_notebook(page, f"{url}/lab/tree/slowed.ipynb?reset&token={token}")
         # slowed once JupyterLab has loaded: a browser on a busy machine, while a run trains
         page.context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 6})
         _run_cell(page, 0)
