@@ -6,13 +6,21 @@ and no profile explains yet (on a GPU, the compiled watch: docs/compile.md, "Spe
 The model is warmed up first (compiling, the allocator, the hooks' caches) over as many steps as
 are profiled, then those steps run under the profiler, each a recorded step of the watch.
 
+With ``--phases``, no profiler: the step's wall time by phase - the model's calls (its forwards),
+the backward passes, the optimizer step, the rest of the experiment's step, and ``w.step()`` - for
+the watched step beside the bare one (the same model, the watch paused: blocks of ten steps in
+turn, medians over ``--steps`` blocks), and what the watch adds to each phase.
+
     python bench/profile_watch.py [--only mlp] [--device cuda] [--compile] [--mode reduce-overhead]
-                                  [--bare] [--histograms] [--steps 5] [--rows 20]
+                                  [--bare] [--histograms] [--steps 5] [--rows 20] [--phases]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import statistics
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -34,6 +42,7 @@ def main() -> None:
     parser.add_argument("--histograms", action="store_true", help="watch with histograms (watch's default)")
     parser.add_argument("--steps", type=int, default=5, help="steps profiled (and as many to warm up)")
     parser.add_argument("--rows", type=int, default=20, help="ops listed")
+    parser.add_argument("--phases", action="store_true", help="time the step's phases, watched and bare")
     args = parser.parse_args()
     if args.steps < 1 or args.rows < 1:
         parser.error(f"--steps and --rows must be positive, got {args.steps} and {args.rows}")
@@ -45,6 +54,11 @@ def main() -> None:
         else:
             exp.model = torch.compile(exp.model, mode=args.mode)
     watch = None if args.bare else workbench.watch(exp.model, histograms=args.histograms)
+    if args.phases:
+        if watch is None:
+            parser.error("--phases times the watched step beside the bare one: leave out --bare")
+        time_phases(exp, watch, args.steps)
+        return
 
     def step() -> None:
         exp.step()
@@ -70,6 +84,77 @@ def main() -> None:
     if watch is not None:
         print(f"watch errors: {watch.errors or 'none'}")
         watch.close()
+
+
+PHASES = ("forward", "backward", "optimizer", "rest of the step", "w.step()")
+
+
+def time_phases(exp, watch, blocks: int, steps: int = 10) -> None:
+    """Print the median time a step spends in each of :data:`PHASES`, recorded and bare (the watch
+    paused), in blocks of ``steps`` taken in turn, ``blocks`` of each after one of each to warm up."""
+    spent: dict[str, float] = collections.defaultdict(float)  # phase -> seconds in the current step
+    started: dict[str, float] = {}
+
+    def timer(phase: str):
+        return (lambda *_: started.__setitem__(phase, time.perf_counter()),
+                lambda *_: spent.__setitem__(phase, spent[phase] + time.perf_counter() - started[phase]))
+
+    begin, end = timer("forward")
+    handles = [exp.model.register_forward_pre_hook(begin), exp.model.register_forward_hook(end)]
+    begin, end = timer("optimizer")
+    handles += [exp.optimizer.register_step_pre_hook(begin), exp.optimizer.register_step_post_hook(end)]
+    backward = torch.autograd.backward
+
+    def timed_backward(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            spent["backward"] += time.perf_counter() - start
+
+    torch.autograd.backward = timed_backward  # (Tensor.backward calls it)
+    medians: dict[str, dict[str, list[float]]] = {"bare": collections.defaultdict(list),
+                                                   "watched": collections.defaultdict(list)}
+    try:
+        for block in range(blocks + 1):
+            for variant in ("bare", "watched"):
+                per_step = collections.defaultdict(list)
+                for _ in range(steps):
+                    spent.clear()
+                    synchronize()
+                    start = time.perf_counter()
+                    if variant == "bare":
+                        with watch.paused():
+                            exp.step()
+                    else:
+                        exp.step()
+                    synchronize()
+                    middle = time.perf_counter()
+                    if variant == "watched":
+                        watch.step()
+                    synchronize()
+                    spent["w.step()"] = time.perf_counter() - middle
+                    spent["rest of the step"] = middle - start - sum(spent[p] for p in PHASES[:3])
+                    for phase in PHASES:
+                        per_step[phase].append(spent[phase])
+                if block:  # (the first block of each warms up)
+                    for phase in PHASES:
+                        medians[variant][phase].append(statistics.median(per_step[phase]))
+    finally:
+        torch.autograd.backward = backward
+        for handle in handles:
+            handle.remove()
+    print(f"{'phase':<18}{'bare':>10}{'watched':>10}{'added':>10}   (ms a step, medians of {blocks} blocks)")
+    totals = [0.0, 0.0]
+    for phase in PHASES:
+        bare, watched = (statistics.median(medians[v][phase]) * 1e3 for v in ("bare", "watched"))
+        totals = [totals[0] + bare, totals[1] + watched]
+        print(f"{phase:<18}{bare:>10.3f}{watched:>10.3f}{watched - bare:>+10.3f}")
+    print(f"{'sum':<18}{totals[0]:>10.3f}{totals[1]:>10.3f}{totals[1] - totals[0]:>+10.3f}"
+          f"   ratio {totals[1] / totals[0]:.2f}x")
+    if watch.errors:
+        print(f"watch errors: {watch.errors}")
+    watch.close()
 
 
 if __name__ == "__main__":

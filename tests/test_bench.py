@@ -179,3 +179,15 @@ def test_profile_watch_lists_the_ops_of_a_watched_step():
     out = run_script("profile_watch.py", "--only", "mlp", "--batch", "8", "--steps", "1", "--rows", "500")
     assert "mlp, cpu, eager, Watch, 1 steps" in out and "Self CPU time total" in out
     assert "aten::addmm" in out and "watch errors: none" in out
+
+
+def test_profile_watch_times_each_phase_watched_and_bare():
+    out = run_script("profile_watch.py", "--only", "mlp", "--batch", "8", "--steps", "1", "--phases")
+    number = r" +(-?[\d.]+)"
+    phases = re.findall(rf"^(forward|backward|optimizer|rest of the step|w\.step\(\)|sum){number}{number} +[+-][\d.]+",
+                        out, re.MULTILINE)
+    assert [p[0] for p in phases] == ["forward", "backward", "optimizer", "rest of the step", "w.step()", "sum"], out
+    bare, watched = (sum(float(p[i]) for p in phases[:-1]) for i in (1, 2))
+    assert abs(float(phases[-1][1]) - bare) < 0.01 and abs(float(phases[-1][2]) - watched) < 0.01, out  # the sums
+    assert float(phases[4][1]) < float(phases[4][2]) and re.search(r"ratio [\d.]+x", out), out
+    assert "watch errors" not in out, out
