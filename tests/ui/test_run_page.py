@@ -359,6 +359,40 @@ def test_a_tick_sends_the_views_in_view_the_heavy_ones_at_a_slower_pace_and_all_
     assert not any(skipped(u) for name, u in zip(run_page.VIEW_OUTPUTS, updates) if name in run_page.PACED[:4])
 
 
+def test_a_plot_that_shows_no_rows_yet_is_drawn_at_the_first_tick_with_rows_in_view_or_not():
+    # (held back while out of view, the heatmap drawn before the first step read "No grad_output rows yet." on a
+    # run that had rows until the page was scrolled to it and a tick came)
+    import gradio as gr
+
+    from workbench.instrument.recorder import StepRecord
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch(histograms=True) as w:
+        exp.run(2, progress=False)
+        records = w.recorder.records()
+    view = RunView(label="starting", total=100)
+    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+
+    def draw(state, in_view=None, force=False):
+        state, *updates = run_page.redraw(view, "h", "r1", state, values, force=force, in_view=in_view)
+        return state, {name: update for name, update in zip(run_page.VIEW_OUTPUTS, updates)
+                       if name in run_page.IN_VIEW_ONLY and update != gr.skip()}
+
+    state, sent = draw(None, force=True)  # the page's first drawing, before the run's first step
+    heat = json.loads(sent["heatmap"].plot)
+    assert not heat["data"] and heat["layout"]["annotations"][0]["text"] == "No grad_output rows yet."
+    view.feed(StepRecord(step=1, metrics={"loss": 1.0}))  # a step with no rows: nothing new to say in the others
+    state, sent = draw(state, in_view={"metrics"})
+    assert set(sent) == {"metrics"}
+    view.feed(records[0])  # rows: the plots that said there were none drawn at once, out of view too
+    state, sent = draw(state, in_view={"metrics"})
+    assert set(sent) == set(run_page.IN_VIEW_ONLY)
+    assert traces(json.loads(sent["heatmap"].plot))
+    view.feed(records[1])  # and paced again from then on: out of view, held back
+    state, sent = draw(state, in_view={"metrics"})
+    assert set(sent) == {"metrics"}
+
+
 def test_metric_panels_share_one_range_of_steps_a_sparse_metric_is_not_a_lone_dot_on_its_own():
     import dataclasses
 

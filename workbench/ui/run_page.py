@@ -249,7 +249,9 @@ CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites",
 #: The views a timer's tick paces: the plots sent only while in the page's view (the browser says which:
 #: the tick's ``in_view``; :data:`IN_VIEW_ONLY`), and all but the metrics every :data:`HEAVY_TICKS`
 #: ticks: the browser redraws a plot whole each time one is sent (an ILQL page's four plots and
-#: last-step table each second had kept it busy; docs/performance.md, "The run page").
+#: last-step table each second had kept it busy; docs/performance.md, "The run page"). A plot the page
+#: shows empty ("No grad_output rows yet.") is not paced: it is drawn at the first tick that has data
+#: for it, in view or not (held back, it said so until scrolled to and a tick came, of a run that had rows).
 PACED = ("metrics", "series", "distribution", "heatmap", "latest")
 #: Of those, the ones held back while out of view (the plots, each redrawn whole; the table, lighter, is read
 #: where it is, without a scroll).
@@ -261,8 +263,10 @@ HEAVY_TICKS = 5
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
     defaults (until the user picks), the run and steps it last drew, what its pickers and tables were
-    sent, the ticks it drew, and the version and tick each paced view was last sent at (``paced``)."""
-    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}, "tick": 0, "paced": {}}
+    sent, the ticks it drew, the version and tick each paced view was last sent at (``paced``), and the
+    plots it shows empty, with the figure each was sent (``empty``)."""
+    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}, "tick": 0, "paced": {},
+            "empty": {}}
 
 
 def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
@@ -295,13 +299,14 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
                  held: Collection[str] = ()) -> tuple:
     """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
     changed (so one the user has open is left alone), the kinds only when a jump sets them, the
-    notes, the banner and the tables only when they changed, and nothing of the views named in
-    ``held`` (:data:`PACED`)."""
+    notes, the banner and the tables only when they changed, an empty plot only when it says something
+    else than the page shows, and nothing of the views named in ``held`` (:data:`PACED`)."""
     import gradio as gr
 
     sent = state.setdefault("sent", {})
     # (the paced views sent are up to date at the page's version from here: redraw's ticks read it)
     paced = state["paced"] = dict(state.get("paced") or {})
+    empty = state["empty"] = dict(state.get("empty") or {})  # output -> the empty figure it shows, as JSON
 
     def picker(key: str, choices: list[str], value: Any):
         if sent.get(key) == (choices, value):
@@ -313,6 +318,13 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
         if output in held or figure is None:
             return gr.skip()
         paced[output] = (state.get("version"), state.get("tick", 0))
+        shown_empty = None if figure["data"] else figures.to_json(figure)
+        if shown_empty is not None and empty.get(output) == shown_empty:
+            return gr.skip()  # (a tick that has no data for it yet: the page says so already)
+        if shown_empty is None:
+            empty.pop(output, None)
+        else:
+            empty[output] = shown_empty
         return plot_data(figure, None if revision is None else f"{revision} {name}")
 
     def table(frame: pd.DataFrame, key: str):
@@ -362,8 +374,9 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     ``values`` the controls' values (:data:`CONTROLS`). Unless ``force``d (a control changed), the
     drawing is a tick: of the :data:`PACED` views, only those in ``in_view`` (None: all) whose steps
     changed since they were sent are sent, the metrics each tick, the others every
-    :data:`HEAVY_TICKS` ticks; a run no longer running gets every view sent that is behind, in view
-    or not. A page that drew this run at these steps already, with no view behind, is sent nothing.
+    :data:`HEAVY_TICKS` ticks; a plot the page shows empty is sent at the first tick with data for it,
+    in view or not, and a run no longer running gets every view sent that is behind, in view or not.
+    A page that drew this run at these steps already, with no view behind, is sent nothing.
     ``jump`` moves the views to the first NaN/Inf; ``change`` updates the page state first (a picker
     the user took over).
     """
@@ -379,6 +392,7 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
         return state, *page_outputs(page, state)
     version = (run, view.steps_fed, view.status, view.dropped)
     paced = state.get("paced") or {}  # view -> (version, tick) it was last sent at (page_outputs keeps it)
+    empty = state.get("empty") or {}  # the plots the page shows empty (page_outputs keeps it)
     tick = state["tick"] = state.get("tick", 0) + 1
     if force:
         due = set(PACED)
@@ -387,7 +401,7 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
 
         def is_due(name: str) -> bool:
             sent_version, sent_tick = paced.get(name, (None, -HEAVY_TICKS))
-            return sent_version != version and (settled or (
+            return sent_version != version and (settled or name in empty or (
                 (in_view is None or name in in_view or name not in IN_VIEW_ONLY)
                 and (name == "metrics" or tick - sent_tick >= HEAVY_TICKS)))
 
