@@ -230,6 +230,10 @@ def test_a_stored_run_replays_into_the_same_views_once(manager):
     np.testing.assert_allclose(figures.values(replayed.heatmap_figure["data"][0]["z"]),
                                figures.values(live_page.heatmap_figure["data"][0]["z"]), rtol=1e-5)
     assert cache.get("../x")[0] is None and "contains '..'" in cache.get("../x")[2]
+    # its header says its status and steps once, and what it ran (the line that opened it goes once it is drawn)
+    header = stored_runs.stored_header(view, stored_run, stored_runs.stored_interventions(stored_run))
+    assert header.count("finished") == 1 and header.count("step 4 of 4") == 1, header
+    assert "experiment: `activation_mlp`, model: `MLP`, seed: `0`" in header, header
 
 
 def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,7 @@ from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTP
                                    plot_data, redraw, skips)
 from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
-                                      replay, run_table, stored_interventions)
+                                      replay, run_table, stored_header, stored_interventions)
 from workbench.ui.views import RunView
 from workbench.ui.weights import inspect_weights, outputs_html
 
@@ -759,15 +758,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         if view is None:
             return None, message
         interventions = stored_interventions(run)
-        header = figures.header_markdown(view)
-        if len(interventions):  # (their bands are over the figures)
-            header += "\n\nInterventions: " + "; ".join(
-                f"{row.id} **{row.intervention}** at `{row.site}`, steps {row['from step']}-{row['to step']}"
-                for _, row in interventions.iterrows())
-        if run.status == "running":  # (the page draws what was stored when it read it: nothing redraws it)
-            header += (f"\n\n_Read at {time.strftime('%H:%M:%S')} while still being recorded: the views show the "
-                       "steps stored by then; **List runs** reads it again._")
-        return view, header, interventions
+        return view, stored_header(view, run, interventions), interventions
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
     _redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *skips(n_views - 1)))
@@ -791,13 +782,14 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         return (pick if run is not None else None), message, new_page_state(), gr.skip(), gr.Column(visible=False)
 
     def shown_body(pick, page):
-        """The views once drawn (a draw that failed left its ``version`` unset: the last run's views
-        would show under this one's name, so they stay hidden and the line says so)."""
+        """The views once drawn, and the line that said the run is being read gone (their header says what
+        it said: the run's status and steps once, not on two lines); a draw that failed left its ``version``
+        unset: the last run's views would show under this one's name, so they stay hidden and the line says so."""
         run, message = replay(root, pick) if pick else (None, gr.skip())
         drawn = run is not None and (page or {}).get("version") is not None
         if run is not None and not drawn:
             message += " · **its views could not be drawn** (the server's log has why; please report it)"
-        return message, gr.Column(visible=drawn)
+        return "" if drawn else message, gr.Column(visible=drawn)
 
     def on_row(table, evt: gr.SelectData):
         row = evt.row_value or None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse
 from workbench.ui.runs import PathRefused, RunsRoot, shown
 from workbench.ui.views import RunView
 
-__all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "run_table", "replay", "ViewCache", "compare_runs", "export_run",
-           "stored_interventions"]
+__all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "run_table", "replay", "run_facts", "stored_header", "ViewCache",
+           "compare_runs", "export_run", "stored_interventions"]
 
 
 EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
@@ -43,13 +44,38 @@ def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
         return None, f"**Cannot open:** {exc}"
     except (OSError, ValueError) as exc:
         return None, f"**Cannot open** {shown(pick)}: {exc}"
-    m = run.metadata
-    facts = ", ".join(f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed", "status") if k in m)
     try:
         steps = len(run.steps)
     except RunError as exc:
         return None, f"**Cannot open:** {exc}"
+    status = run.metadata.get("status")
+    facts = ", ".join(filter(None, [run_facts(run), f"status: `{status}`" if status is not None else ""]))
     return run, f"**{root.name_of(run.path)}** - {facts} - {steps} steps stored"
+
+
+def run_facts(run: Run) -> str:
+    """What a stored run ran, as its metadata says: experiment, model and seed (those it records)."""
+    m = run.metadata
+    return ", ".join(f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed") if k in m)
+
+
+def stored_header(view: RunView, run: Run, interventions: pd.DataFrame) -> str:
+    """A stored run's page header: the views' (its name, status, step of total), then what it ran
+    (:func:`run_facts`), the interventions shaded over its figures, and, read while it is still being
+    recorded, when it was read. (The line :func:`replay` gives, which says most of it too, is for the
+    page while the views are read.)"""
+    header = figures.header_markdown(view)
+    facts = run_facts(run)
+    if facts:
+        header += f"\n\n{facts}"
+    if len(interventions):  # (their bands are over the figures)
+        header += "\n\nInterventions: " + "; ".join(
+            f"{row.id} **{row.intervention}** at `{row.site}`, steps {row['from step']}-{row['to step']}"
+            for _, row in interventions.iterrows())
+    if run.status == "running":  # (the page draws what was stored when it read it: nothing redraws it)
+        header += (f"\n\n_Read at {time.strftime('%H:%M:%S')} while still being recorded: the views show the "
+                   "steps stored by then; **List runs** reads it again._")
+    return header
 
 
 
