@@ -209,11 +209,12 @@ CSS = """
 #live-pick .options { min-width: min(30em, 90vw); }
 #live-pick .options li { min-width: 100%; }  /* (each option is as wide as the box too, by its own style) */
 .wb-outputs p { margin: 4px 0; color: var(--block-label-text-color); font-size: var(--block-label-text-size); }
-/* tables written as Markdown (a run's last step, the explorer's f' differences): rules between rows, no grid */
+/* small tables of text (an uploaded checkpoint's outputs, the explorer's f' differences): rules between rows, no grid
+   (Gradio's prose draws a box round each row too: a dark frame left and right of the table, and over it) */
 .wb-outputs table, #explorer-curves-message table { border-collapse: collapse; font-family: var(--font-mono);
   font-size: 13px; }
-.wb-outputs table, .wb-outputs th, .wb-outputs td, #explorer-curves-message table, #explorer-curves-message th,
-#explorer-curves-message td { border: none; }
+.wb-outputs table, .wb-outputs tr, .wb-outputs th, .wb-outputs td, #explorer-curves-message table,
+#explorer-curves-message tr, #explorer-curves-message th, #explorer-curves-message td { border: none; }
 .wb-outputs th, .wb-outputs td, #explorer-curves-message th, #explorer-curves-message td { padding: 4px 14px 4px 0;
   text-align: left; border-bottom: 1px solid var(--border-color-primary); }
 /* the app's tables are read-only (interactive=False), so none looks like a spreadsheet: no text cursor, and
