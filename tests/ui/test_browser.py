@@ -165,6 +165,18 @@ def options(page, elem_id):
     return listed
 
 
+#: A small table of text as the app styles it (the explorer's f' differences, a checkpoint's outputs): a rule
+#: under each row, no frame (Gradio's prose framed each row: dark lines left and right of the table, and over it)
+RULED = {("TABLE", ""), ("TR", ""), ("TH", "Bottom"), ("TD", "Bottom")}
+
+
+def table_borders(table):
+    """The sides with a border of the table (a locator) and of its rows and cells: {(tag, 'Top Right ...')}."""
+    return set(map(tuple, table.evaluate("""table => [table, ...table.querySelectorAll('tr, th, td')].map(el => [
+        el.tagName, ['Top', 'Right', 'Bottom', 'Left'].filter(side => getComputedStyle(el)[`border${side}Style`]
+                                                               !== 'none').join(' ')])""")))
+
+
 def choose(page, elem_id, *picks, timeout=30.0):
     """Pick options as a person does with the keyboard: type each into the dropdown, Enter; again
     where a redraw swallowed the pick (it shows as the box's value, or a multiselect's token)."""

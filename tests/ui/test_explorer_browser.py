@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from playwright.sync_api import expect
 
 import workbench
-from tests.ui.test_browser import choose
+from tests.ui.test_browser import RULED, choose, table_borders
 
 pytestmark = pytest.mark.browser
 
@@ -95,11 +95,7 @@ def test_curves_match_torch_functional_at_the_points_the_page_draws(page):
     message = page.locator("#explorer-curves-message")
     expect(message).to_contain_text("prelu(init=-0.3)")
     expect(message).to_contain_text("max |f′ closed form − f′ autograd|")
-    # a rule under each row and nothing else (Gradio's prose framed each row too: dark lines left, right and over it)
-    borders = message.locator("table").evaluate("""table => [table, ...table.querySelectorAll('tr, th, td')].map(
-        el => [el.tagName, ['Top', 'Right', 'Bottom', 'Left'].filter(side => getComputedStyle(el)[`border${side}Style`]
-                                                                  !== 'none').join(' ')])""")
-    assert set(map(tuple, borders)) == {("TABLE", ""), ("TR", ""), ("TH", "Bottom"), ("TD", "Bottom")}, borders
+    assert table_borders(message.locator("table")) == RULED  # (a rule under each row, no frame)
     _screenshot(page, "explorer_curves.png", full_page=False)
     # the Distributions part pushes samples through the activation as set under Curves
     page.get_by_role("tab", name="Distributions").click()

@@ -419,7 +419,7 @@ def test_intervene_on_a_live_run_in_the_browser(page):
 def test_upload_a_lightzero_checkpoint_inspect_it_and_train_from_it(page, runs_root, tmp_path):
     from playwright.sync_api import expect
 
-    from tests.ui.test_browser import _screenshot
+    from tests.ui.test_browser import RULED, _screenshot, table_borders
 
     shapes = dict(c=6, a=3, blocks=2, hw=(3, 3), hidden=16, layers=1, support=11, lstm=16)  # not the form's defaults
     state = lightzero_file(tmp_path / "efficientzero_ckpt.pth.tar", seed=3, **shapes)
@@ -454,6 +454,7 @@ def test_upload_a_lightzero_checkpoint_inspect_it_and_train_from_it(page, runs_r
                                [latent.mean(), latent.std(), latent.min(), latent.max()], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outputs.loc["out.2", ["mean", "std"]].astype(float),
                                [value_prefix.mean(), value_prefix.std()], rtol=1e-5, atol=1e-6)
+    assert table_borders(page.locator("#weights-outputs table")) == RULED  # (a rule under each row, no frame)
     page.locator("#weights-inspect").evaluate("el => el.scrollIntoView({block: 'start'})")
     page.wait_for_timeout(500)
     _screenshot(page, "checkpoint_upload.png", full_page=False)
