@@ -169,7 +169,8 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
     run = exp.start(100_000, store=tmp_path / "run", every=2, histograms=True)
     dash = Dashboard(run, interval=0.05)
-    assert [b.description for b in dash.widget.children[0].children[1:]] == ["Pause", "Resume", "Stop"]
+    header, buttons = dash.widget.children[0].children
+    assert header is dash.header and [b.description for b in buttons.children] == ["Pause", "Resume", "Stop"]
     closed = ("sites", "heatmap", "distribution")
     first_sent = {name: plotted(dash, name) for name in closed}  # (every figure, once)
 
@@ -332,7 +333,7 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     exp.run(4, progress=False)
     wait_for(lambda: dash.view.steps_fed == 7 and dash.view.header()["step"] == 7)
     wait_for(lambda: figures.values(loss_trace(dash.figure("metrics"))["x"]).tolist() == list(range(1, 8)))
-    assert dash.widget.children[0].children[1:] == ()  # no buttons: nothing runs in the background
+    assert dash.widget.children[0].children[1].children == ()  # no buttons: nothing runs in the background
     w.close()
     wait_for(lambda: "closed" in dash.header.value)
 
@@ -492,6 +493,13 @@ def run_lines(figure):
     return {t["name"]: t["line"]["color"] for t in figure["data"] if t.get("showlegend", True) and t.get("name")}
 
 
+def pick(compare, *names):
+    """Tick the boxes of the runs ``names`` and untick the others', a click each, as a person does."""
+    for name, box in compare.run_checkboxes.items():
+        if box.value != (name in names):
+            box.value = name in names
+
+
 def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
     from workbench.ui.stored_runs import ViewCache, compare_runs
     from workbench.ui.notebook import Compare
@@ -518,18 +526,76 @@ def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
     assert compare.figure("site")["layout"]["yaxis"]["type"] == "log"
     compare.kind.value = "param"  # another kind: its sites, the picked one kept where it is one of them
     assert compare.sites[0] == "layers.0.weight" and compare.site.value in compare.sites
-    compare.picked.value = ("gelu",)  # one run: nothing to compare, and the figures go
+    pick(compare, "gelu")  # one run: nothing to compare, and the figures go
     assert compare.message == "Pick two or more runs to compare."
     assert compare.figure("metrics") is None and compare.metrics_plot.outputs == ()
     # the site picked comes back with the runs, and with a kind that has it
-    compare.picked.value = ("gelu", "relu")
+    pick(compare, "gelu", "relu")
     compare.site.value = "layers.2.weight"
     compare.kind.value = "activation"
-    compare.picked.value = ("gelu",)
-    compare.picked.value = ("gelu", "relu")
+    pick(compare, "gelu")
+    pick(compare, "gelu", "relu")
     compare.kind.value = "param"
     assert compare.site.value == "layers.2.weight"
     assert compare.figure("site")["layout"]["title"]["text"].endswith("at layers.2.weight, by run")
+
+
+def watched_runs(*activations):
+    """A closed watch of a two-step run of the activation MLP per activation."""
+    watches = []
+    for activation in activations:
+        exp = workbench.experiments.create("activation_mlp", seed=0, activation=activation, width=8)
+        watches.append(exp.watch(histograms=False))
+        exp.run(2, progress=False)
+        watches[-1].close()
+    return watches
+
+
+def test_compare_reads_top_down_the_runs_then_a_tab_a_figure_each_with_its_controls():
+    """The per-site figure's kind, statistic and call site and the metrics' smoothing stood beside the
+    list of runs, above both tabs, whichever was open; and a click on a run in that list picked it
+    alone (the comparison went) where a person meant to take it out."""
+    import ipywidgets as w
+
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(*watched_runs("gelu", "relu", "tanh"), names=["gelu", "relu", "tanh"])
+    runs, message, tabs = compare.widget.children
+    assert [box.description for box in runs.children if isinstance(box, w.Checkbox)] == ["gelu", "relu", "tanh"]
+    assert message is compare.message_html and tabs is compare.tabs and tabs.titles == ("metrics", "call site")
+    assert [list(page.children[0].children) for page in tabs.children] == [
+        [compare.smoothing, compare.log_y], [compare.kind, compare.statistic, compare.site, compare.log_y]]
+    assert [page.children[1] for page in tabs.children] == [compare.metrics_plot, compare.site_plot]
+
+    compare.run_checkboxes["relu"].value = False  # a click takes that run out, the others stay
+    assert compare.picked == ("gelu", "tanh") and set(run_lines(compare.figure("metrics"))) == {"gelu", "tanh"}
+    compare.run_checkboxes["relu"].value = True  # and another puts it back
+    assert set(run_lines(compare.figure("site"))) == {"gelu", "relu", "tanh"}
+    compare.log_y.value = True  # (one box in both tabs: both figures)
+    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == compare.figure("site")["layout"]["yaxis"]["type"]
+    assert compare.figure("site")["layout"]["yaxis"]["type"] == "log"
+
+
+def test_in_a_narrow_notebook_the_controls_wrap_whole_rather_than_squeeze():
+    """The Dashboard's and Compare's tabs lay out their controls alike (``FigureTabs.page``): a row that
+    wraps, each control at its own width (a row that did not wrap squeezed the list of call sites to a
+    sliver, and a checkbox's default 300px put its "log y" on a line of its own). The dashboard's
+    buttons wrap together under its header."""
+    import ipywidgets as w
+
+    from workbench.ui.notebook import Compare
+
+    run = workbench.experiments.create("activation_mlp", seed=0, width=8).start(2)  # (a run: the buttons)
+    run.join()
+    dash, compare = Dashboard(run), Compare(*watched_runs("gelu", "relu"))
+    for tabs in (dash.tabs, compare.tabs):
+        for page in tabs.children:
+            row = page.children[0]
+            assert row.layout.flex_flow == "row wrap"
+            assert all(box.layout.width == "auto" for box in row.children if isinstance(box, w.Checkbox))
+    header_row = dash.widget.children[0]
+    assert header_row.layout.flex_flow == "row wrap"
+    assert header_row.children[1].children == (dash.pause_button, dash.resume_button, dash.stop_button)
 
 
 def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tmp_path):
@@ -547,9 +613,10 @@ def test_compare_follows_live_runs_to_their_end_and_each_run_keeps_its_colour(tm
     assert loss == {"stored": list(range(1, 6)), "seed 1": list(range(1, 13)), "seed 2": list(range(1, 13))}
     colours = run_lines(compare.figure("metrics"))
     assert len(set(colours.values())) == 3
-    compare.picked.value = ("seed 1", "seed 2")  # a run taken out: the others keep their colours
+    pick(compare, "seed 1", "seed 2")  # a run taken out: the others keep their colours
+    assert compare.picked == ("seed 1", "seed 2")
     assert run_lines(compare.figure("metrics")) == {name: colours[name] for name in ("seed 1", "seed 2")}
-    compare.picked.value = ("stored", "seed 1", "seed 2")
+    pick(compare, "stored", "seed 1", "seed 2")
     assert run_lines(compare.figure("metrics")) == colours
 
 

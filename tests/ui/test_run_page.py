@@ -1,6 +1,7 @@
 """The run page's views, without a browser: each view's data, drawn from the run's RunView."""
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -425,5 +426,21 @@ def test_the_header_of_a_run_that_does_not_train_now_says_its_pace_was_while_it_
     view = RunView(total=1000)
     view.feed([StepRecord(s, time=1000.0 + s / 50) for s in range(1, 31)])  # 50 steps a second
     view.set_status(status)
-    header = figures.header_markdown(view).replace(" · ", " | ")
+    header = re.sub(r"<[^>]+>", "", figures.header_markdown(view)).replace(" · ", " | ")  # (its text)
     assert pace in header, header
+
+
+def test_a_narrow_header_breaks_between_its_parts_never_inside_one():
+    # (a dashboard in a narrow notebook read "step 124" | "of 1000000" and "33.0" | "steps/s", and a
+    # progress bar on one line, its percentage on the next)
+    from workbench.instrument import StepRecord
+
+    view = RunView(label="mlp", total=1000)
+    view.feed([StepRecord(s, time=1000.0 + s / 50) for s in range(1, 31)])
+    view.set_status("running")
+    header = figures.header_markdown(view)
+    unbroken = r"<span style='white-space:nowrap'>(.*?)</span>"
+    parts = re.findall(unbroken, header)
+    assert parts[0] == "`running`" and parts[1].startswith("step 30 of 1000 <progress") and parts[1].endswith(" 3%")
+    assert parts[2:] == ["50.0 steps/s", "about 19 s left"]
+    assert re.sub(unbroken, "", header) == "**mlp** ·  ·  ·  · "  # (the label, and the breaks between the parts)

@@ -170,7 +170,10 @@ def header_markdown(view: RunView) -> str:
         parts.append(f"no new step for {_duration(h['idle_s'])}")  # (a watch open after its training cell)
     if h["dropped"]:
         parts.append(f"{h['dropped']} steps not shown (the page fell behind)")
-    text = " · ".join(p for p in parts if p)
+    # each part after the label kept on one line: a narrow header breaks between them, not inside
+    # ("step 12" | "of 300", a bar apart from its percentage)
+    label, rest = parts[0], [f"<span style='white-space:nowrap'>{part}</span>" for part in parts[1:]]
+    text = " · ".join([label, *rest] if label else rest)
     if h["error"]:
         text += f"\n\n```\n{h['error'].strip().splitlines()[-1]}\n```"
     return text

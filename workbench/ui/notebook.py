@@ -313,6 +313,22 @@ def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any)
         raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
 
 
+def view_choices(kind: str, statistic: str) -> tuple[Any, Any]:
+    """The kind and statistic dropdowns of a Dashboard's or a Compare's per-site figures, narrow
+    enough (their longest choice, ``param_grad``) that a tab's controls share a row at a notebook's
+    width."""
+    import ipywidgets as w
+
+    from workbench.instrument import KINDS
+    from workbench.ui.views import STATISTICS
+
+    style = {"description_width": "initial"}
+    return (w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style,
+                       layout=w.Layout(width="13em")),
+            w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style,
+                       layout=w.Layout(width="15em")))
+
+
 class FigureTabs:
     """Plotly figures in tabs, the page sent only the open one's when they change: each figure sent
     replaces a plot that the browser builds anew, so a redraw costs the page one figure however many
@@ -341,6 +357,15 @@ class FigureTabs:
         self.widget = w.Tab(children=[page for _, page, _ in pages.values()],
                             titles=[title for title, _, _ in pages.values()], selected_index=self.names.index(open))
         self.widget.observe(self._on_tab, names="selected_index")
+
+    @staticmethod
+    def page(controls: list, output: Any, *below: Any) -> Any:
+        """A tab's content, read top-down: the controls of its figure on a row, the figure, then
+        what is said under it. The row wraps: a notebook too narrow for it puts the last controls
+        on a line of their own (a row that did not wrap squeezed a list of call sites to a sliver)."""
+        import ipywidgets as w
+
+        return w.VBox([w.HBox(controls, layout=w.Layout(flex_flow="row wrap")), output, *below])
 
     @property
     def open(self) -> str:
@@ -441,9 +466,9 @@ class Dashboard:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import KINDS, Run, Watch
+        from workbench.instrument import Run, Watch
         from workbench.ui.findings import RunFindings
-        from workbench.ui.views import STATISTICS, RunView
+        from workbench.ui.views import RunView
 
         check_view_options(interval, kind, statistic, smoothing)
         if tab not in FIGURES:
@@ -485,20 +510,22 @@ class Dashboard:
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
-        self.header = w.HTML()
-        self.header.layout = w.Layout(flex="1 1 auto")
+        # (20em at least beside the buttons: a narrower notebook puts them under it, rather than the
+        # header in a column of a few words a line)
+        self.header = w.HTML(layout=w.Layout(flex="1 1 20em"))
         button = dict(layout=w.Layout(width="auto", min_width="6.5em", flex="0 0 auto"))
         self.pause_button = w.Button(description="Pause", icon="pause", **button)
         self.resume_button = w.Button(description="Resume", icon="play", **button)
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger", **button)
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
-        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
-        self.log_sites = w.Checkbox(value=False, description="log y", indent=False)  # (the per-site figure's)
-        self.kind = w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style)
-        self.statistic = w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style)
+        # (a checkbox's width is 300px unless told: a row of controls wrapped before its "log y")
+        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
+        self.log_sites = w.Checkbox(value=False, description="log y", indent=False,  # (the per-site figure's)
+                                    layout=w.Layout(width="auto"))
+        self.kind, self.statistic = view_choices(kind, statistic)
         self.sites = w.SelectMultiple(options=[], description="call sites", rows=6, style=style,
-                                      layout=w.Layout(width="28em"))
+                                      layout=w.Layout(width="22em"))
         self.distribution_site = w.Dropdown(options=[], description="distribution of", style=style,
                                             layout=w.Layout(width="28em"))
         self.metrics_plot, self.sites_plot, self.heatmap_plot, self.distribution_plot = (w.Output() for _ in range(4))
@@ -522,21 +549,23 @@ class Dashboard:
         self.findings_list.observe(self._on_finding, names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
-        self._site_controls = w.HBox([self.kind, self.statistic, self.sites, self.log_sites])
+        sites_page = FigureTabs.page([self.kind, self.statistic, self.sites, self.log_sites], self.sites_plot,
+                                     self.site_note)
+        self._site_controls = sites_page.children[0]
         # one figure open at a time: the browser redraws only it, however slow (see FigureTabs). The kind
         # and statistic are the heatmap's too: the same controls, shown in its tab as well
         self._tabs = FigureTabs({
-            "metrics": ("metrics", w.VBox([w.HBox([self.smoothing, self.log_y]), self.metrics_plot]),
-                        self.metrics_plot),
-            "sites": ("call sites", w.VBox([self._site_controls, self.sites_plot, self.site_note]), self.sites_plot),
-            "heatmap": ("heatmap", w.VBox([w.HBox([self.kind, self.statistic]), self.heatmap_plot]),
-                        self.heatmap_plot),
-            "distribution": ("distribution", w.VBox([w.HBox([self.kind, self.distribution_site]),
-                                                     self.distribution_plot]), self.distribution_plot),
+            "metrics": ("metrics", FigureTabs.page([self.smoothing, self.log_y], self.metrics_plot), self.metrics_plot),
+            "sites": ("call sites", sites_page, self.sites_plot),
+            "heatmap": ("heatmap", FigureTabs.page([self.kind, self.statistic], self.heatmap_plot), self.heatmap_plot),
+            "distribution": ("distribution", FigureTabs.page([self.kind, self.distribution_site],
+                                                             self.distribution_plot), self.distribution_plot),
         }, self._make_figure, self._draw_lock, open=tab)
         self.tabs = self._tabs.widget
         self.widget = w.VBox([
-            w.HBox([self.header, *buttons], layout=w.Layout(align_items="center", justify_content="space-between")),
+            # (the buttons wrap together, under the header, in a notebook too narrow for both)
+            w.HBox([self.header, w.HBox(buttons)],
+                   layout=w.Layout(flex_flow="row wrap", align_items="center", justify_content="space-between")),
             self.findings_summary, self.findings_list, self.findings_detail,
             self.tabs,
             self.anomalies,
@@ -1002,7 +1031,7 @@ class Compare:
         *sources: two or more runs, or one dict of name -> run. A run is a background run
             (``exp.start(...)``), an ``Experiment`` (its run in the background, else its open
             watch), a ``Watch``, a stored ``Run`` or the path of one.
-        names: a name per source, in the legend and the run picker (default: the experiment and
+        names: a name per source, in the legend and beside its box (default: the experiment and
             its seed, the watched model's class, the stored run's folder name).
         kind: the kind the per-site figure shows first (``activation``, ``grad_output``, ``param``,
             ``param_grad``).
@@ -1014,6 +1043,7 @@ class Compare:
         tab: the figure open first (``metrics``, ``site``).
 
     Attributes:
+        run_checkboxes: name -> the run's box, ticked while it is compared (untick one to take it out).
         message: what the comparison says (the runs compared, a run that lacks the kind).
         sites: the call sites to choose from (those every run has, in the first run's order).
     """
@@ -1026,8 +1056,7 @@ class Compare:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import KINDS, Run, Watch, load_run
-        from workbench.ui.views import STATISTICS
+        from workbench.instrument import Run, Watch, load_run
 
         if len(sources) == 1 and isinstance(sources[0], dict):
             if names is not None:
@@ -1069,28 +1098,34 @@ class Compare:
         self._quiet = False
 
         style = {"description_width": "initial"}
-        self.picked = w.SelectMultiple(options=list(self.runs), value=tuple(self.runs), description="runs",
-                                       rows=min(max(len(self.runs), 2), 6), style=style,
-                                       layout=w.Layout(width="24em"))
-        self.kind = w.Dropdown(options=list(KINDS), value=kind, description="kind", style=style)
-        self.statistic = w.Dropdown(options=list(STATISTICS), value=statistic, description="statistic", style=style)
-        self.site = w.Dropdown(options=[], description="call site", style=style, layout=w.Layout(width="24em"))
+        # a box a run: a click takes one run out or puts it back (in a multiple-choice list, a click
+        # picked that one run alone, and the comparison went)
+        self.run_checkboxes = {name: w.Checkbox(value=True, description=name, indent=False,
+                                                layout=w.Layout(width="auto", margin="0 1.5em 0 0"))
+                               for name in self.runs}
+        self.kind, self.statistic = view_choices(kind, statistic)
+        self.site = w.Dropdown(options=[], description="call site", style=style, layout=w.Layout(width="20em"))
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
-        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False)
+        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
-        for control in (self.picked, self.kind, self.statistic, self.smoothing, self.log_y):
+        for control in (*self.run_checkboxes.values(), self.kind, self.statistic, self.smoothing, self.log_y):
             control.observe(lambda _: self._quiet or self._refresh(), names="value")
         self.site.observe(self._on_site, names="value")
-        # one figure open at a time, as the Dashboard's: the browser redraws only it, however slow
-        self._tabs = FigureTabs({"metrics": ("metrics", self.metrics_plot, self.metrics_plot),
-                                 "site": ("call site", self.site_plot, self.site_plot)},
-                                self._specs.get, self._lock, open=tab)
+        # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
+        # controls of its figure (log y is both figures': the same box in each tab). One figure open
+        # at a time: the browser redraws only it, however slow
+        self._tabs = FigureTabs({
+            "metrics": ("metrics", FigureTabs.page([self.smoothing, self.log_y], self.metrics_plot),
+                        self.metrics_plot),
+            "site": ("call site", FigureTabs.page([self.kind, self.statistic, self.site, self.log_y],
+                                                  self.site_plot), self.site_plot),
+        }, self._specs.get, self._lock, open=tab)
         self.tabs = self._tabs.widget
         self.widget = w.VBox([
-            w.HBox([self.picked, w.VBox([w.HBox([self.kind, self.statistic]), self.site,
-                                         w.HBox([self.smoothing, self.log_y])])]),
+            w.HBox([w.Label("runs", layout=w.Layout(margin="0 1em 0 0")), *self.run_checkboxes.values()],
+                   layout=w.Layout(flex_flow="row wrap", align_items="center")),
             self.message_html, self.tabs,
         ])
         self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
@@ -1151,6 +1186,11 @@ class Compare:
                 return
 
     @property
+    def picked(self) -> tuple[str, ...]:
+        """The runs compared: those whose box is ticked (``compare.run_checkboxes[name]``), in order."""
+        return tuple(name for name, box in self.run_checkboxes.items() if box.value)
+
+    @property
     def open_figure(self) -> str:
         """The figure whose tab is open: ``metrics`` or ``site``."""
         return self._tabs.open
@@ -1169,7 +1209,7 @@ class Compare:
 
         with self._lock:
             self._drawn = self._state()
-            picks = list(self.picked.value)
+            picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
