@@ -57,6 +57,9 @@ def main() -> None:
     if args.phases:
         if watch is None:
             parser.error("--phases times the watched step beside the bare one: leave out --bare")
+        if args.compile and args.only == "ilql":  # (compiled in place: its own hooks are traced, and break its graph)
+            parser.error("--phases times the model's forward with hooks on it, which the ILQL agent compiled in place "
+                         "traces (time.perf_counter breaks its graph): leave out --compile, or use --only mlp/dynamics")
         time_phases(exp, watch, args.steps)
         return
 
@@ -95,9 +98,16 @@ def time_phases(exp, watch, blocks: int, steps: int = 10) -> None:
     spent: dict[str, float] = collections.defaultdict(float)  # phase -> seconds in the current step
     started: dict[str, float] = {}
 
-    def timer(phase: str):
-        return (lambda *_: started.__setitem__(phase, time.perf_counter()),
-                lambda *_: spent.__setitem__(phase, spent[phase] + time.perf_counter() - started[phase]))
+    def timer(phase: str):  # (synchronized on a GPU: the device's work in the phase that launched it)
+        def begin(*_) -> None:
+            synchronize()
+            started[phase] = time.perf_counter()
+
+        def end(*_) -> None:
+            synchronize()
+            spent[phase] += time.perf_counter() - started[phase]
+
+        return begin, end
 
     begin, end = timer("forward")
     handles = [exp.model.register_forward_pre_hook(begin), exp.model.register_forward_hook(end)]
@@ -106,10 +116,12 @@ def time_phases(exp, watch, blocks: int, steps: int = 10) -> None:
     backward = torch.autograd.backward
 
     def timed_backward(*args, **kwargs):
+        synchronize()
         start = time.perf_counter()
         try:
             return backward(*args, **kwargs)
         finally:
+            synchronize()
             spent["backward"] += time.perf_counter() - start
 
     torch.autograd.backward = timed_backward  # (Tensor.backward calls it)

@@ -315,7 +315,7 @@ def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any)
 
 def view_choices(kind: str, statistic: str) -> tuple[Any, Any]:
     """The kind and statistic dropdowns of a Dashboard's or a Compare's per-site figures, narrow
-    enough (their longest choice, ``param_grad``) that a tab's controls share a row at a notebook's
+    enough (their longest choice, ``grad_output``) that a tab's controls share a row at a notebook's
     width."""
     import ipywidgets as w
 
@@ -1111,7 +1111,8 @@ class Compare:
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
         for control in (*self.run_checkboxes.values(), self.kind, self.statistic, self.smoothing, self.log_y):
-            control.observe(lambda _: self._quiet or self._refresh(), names="value")
+            # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
+            control.observe(lambda _: self._refresh(), names="value")
         self.site.observe(self._on_site, names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
         # controls of its figure (log y is both figures': the same box in each tab). One figure open

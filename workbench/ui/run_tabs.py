@@ -786,11 +786,12 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         """The views once drawn, and the line that said the run is being read gone (their header says what
         it said: the run's status and steps once, not on two lines); a draw that failed left its ``version``
         unset: the last run's views would show under this one's name, so they stay hidden and the line says so."""
+        if pick and (page or {}).get("version") is not None:
+            return "", gr.Column(visible=True)
         run, message = replay(root, pick) if pick else (None, gr.skip())
-        drawn = run is not None and (page or {}).get("version") is not None
-        if run is not None and not drawn:
+        if run is not None:
             message += " · **its views could not be drawn** (the server's log has why; please report it)"
-        return "" if drawn else message, gr.Column(visible=drawn)
+        return message, gr.Column(visible=False)
 
     def on_row(table, evt: gr.SelectData):
         row = evt.row_value or None
