@@ -128,7 +128,8 @@ def failing_scenario(rank: int, world: int, out: Path) -> None:
     share = GLOBAL_BATCH // world
     train(ddp, w, batches(4), slice(rank * share, (rank + 1) * share))
     w.close()
-    result = {"hooks": (before, hook_state(model)), "exchanges": (w.recorder.exchanges, w.recorder.object_exchanges), "finished": True}
+    result = {"hooks": (before, hook_state(model)), "finished": True,
+              "exchanges": (w.recorder.exchanges, w.recorder.object_exchanges)}
     if rank == 0:
         result.update(rows=w.to_pandas(), records=[(r.step, len(r), r.errors) for r in w.recorder.records()])
     _dump(out, "failing", rank, result)

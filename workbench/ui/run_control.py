@@ -141,8 +141,9 @@ def run_controls(manager: RunManager, run_id: Any) -> dict[str, bool]:
 
 def run_views(manager: RunManager, run_id: Any, kind: str, stat: str, pattern: str = "*") -> tuple:
     """A page's run as frames, from its view layer (what scripts and tests read; the page draws
-    :func:`draw_page`): header (Markdown, with inline HTML that keeps its parts whole), metrics, one statistic of the sites matching ``pattern`` (a glob
-    over site names; at most the :data:`DEFAULT_SITES` the view picks when all match), a note, the
+    :func:`draw_page`): header (Markdown, with inline HTML that keeps its parts whole), metrics, one
+    statistic of the sites matching ``pattern`` (a glob over site names; at most the
+    :data:`DEFAULT_SITES` the view picks when all match), a note, the
     last step of ``kind``, the recent NaN/Inf rows, and whether the run goes on."""
     run, message = find_run(manager, run_id) if run_id else (None, "")
     if run is None:
