@@ -45,9 +45,13 @@ def test_an_outlier_first_value_changes_no_statistic(first, path, request):
     d = h.double()
     want = {"mean": d.mean().item(), "std": d.std().item(), "norm": d.norm().item(),
             "abs_mean": d.abs().mean().item()}
+    # float32 sums within blocks of 4096 values (the compiled path): summed in order on a CPU with narrow
+    # vectors (NUMBA_CPU_NAME=generic), their rounding reaches ~6e-6 of the absolute sum. Sums around the
+    # outlier (a shift at the first value) would be off by orders of magnitude more
+    tolerance = 3e-5 * want["abs_mean"]
     for _, row in rows.iterrows():
         for key, value in want.items():
-            assert row[key] == pytest.approx(value, rel=2e-6), (row.step, key)
+            assert row[key] == pytest.approx(value, rel=3e-5, abs=tolerance), (row.step, key)
 
 
 def test_the_shift_sample_handles_nan_inf_and_short_tensors():
