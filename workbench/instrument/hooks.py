@@ -333,8 +333,10 @@ class Hooks:
                     "every call (call=None), or a site outside the checkpointed segment.")), output)
             elif intervention.applies(call):
                 try:
-                    output = intervention.fn(output)
-                    replaced = True
+                    patched = intervention.fn(output)
+                    # None: fn edited the output in place (as a forward hook may), which stays the output
+                    if patched is not None:
+                        output, replaced = patched, True
                 except Exception as exc:
                     intervention.fail(self.fail(path, call, f"patch:{intervention.label}", exc), output)
         return output, replaced

@@ -208,11 +208,15 @@ class Watch:
     # ------------------------------------------------------------------ interventions
     def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None,
               label: str | None = None) -> Intervention:
-        """Replace the output of the call site ``path`` with ``fn(output)``.
+        """Replace the output of the call site ``path`` with ``fn(output)``, or let ``fn`` edit it in place.
 
         Args:
             path: a module path of the model (any of its alias paths).
-            fn: takes the module's output, returns its replacement (same structure).
+            fn: takes the module's output and returns its replacement (same structure), or edits it in
+                place and returns None, as a PyTorch forward hook may: the edited output stays the
+                module's output. (``lambda out: out[:, 0].zero_()`` returns the zeroed column, which would
+                replace the output: ``def fn(out): out[:, 0] = 0`` returns None.) An in-place edit of a
+                tensor that autograd saved for the backward fails there, as in torch.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default: ``fn``'s name).
 
@@ -230,17 +234,20 @@ class Watch:
             raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
         return self._add_intervention(path, fn, call, _label(label, getattr(fn, "__name__", "patch")))
 
-    def ablate(self, path: str, units: int | Iterable[int], dim: int | None = None, call: int | None = None,
-               label: str | None = None) -> Intervention:
+    def ablate(self, path: str, units: int | Iterable[int] | np.ndarray | torch.Tensor, dim: int | None = None,
+               call: int | None = None, label: str | None = None) -> Intervention:
         """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
 
         Args:
             path: a module path of the model.
-            units: an index or indices along ``dim`` (channels, features ...).
-            dim: the dimension that indexes units; by default 1: the features of (B, F), the channels of
-                (B, C, H, W), but the *positions* of a (B, S, F) sequence output, where features are
-                ``dim=-1``. Left out on an output of 3 or more dims, a ``RuntimeWarning`` (once) names
-                the site, its shape and the dim used; pass ``dim`` to say which you mean.
+            units: an index or indices along ``dim`` (channels, features ...): an int, a numpy integer
+                or a 0-d integer tensor, or a non-empty list, tuple, range, 1-d integer array or tensor of
+                them.
+            dim: the dimension that indexes units (an int, a numpy integer or a 0-d integer tensor); by
+                default 1: the features of (B, F), the channels of (B, C, H, W), but the *positions* of a
+                (B, S, F) sequence output, where features are ``dim=-1``. Left out on an output of 3 or
+                more dims, a ``RuntimeWarning`` (once) names the site, its shape and the dim used; pass
+                ``dim`` to say which you mean.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default:
                 ``ablate[units]@dim1``).
@@ -249,11 +256,11 @@ class Watch:
             An :class:`~workbench.instrument.interventions.Intervention`.
 
         Raises:
-            TypeError: units or dim of the wrong type.
+            TypeError: units or dim that are not integers (floats, bools, strings, an empty list).
             ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
         """
-        given, dim = dim is not None, 1 if dim is None else dim
-        index = unit_index(units, dim)
+        given = dim is not None
+        index, dim = unit_index(units, 1 if dim is None else dim)
         label = _label(label, f"ablate{index}@dim{dim}")
         for shape in self._output_shapes(path):  # known once a recorded step has seen the site
             check_units(path, index, dim, shape)
