@@ -9,6 +9,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -181,6 +182,8 @@ CASES = [
     watch_case("every-float", ValueError, ["every", "1.5"], every=1.5),
     watch_case("every-bool", ValueError, ["every", "True"], every=True),
     watch_case("every-str", ValueError, ["every", "'10'"], every="10"),
+    watch_case("every-numpy-float", ValueError, ["every", "positive int", "np.float64(2.0)"], every=np.float64(2.0)),
+    watch_case("bins-numpy-bool", ValueError, ["bins", "positive int", "np.true_"], bins=np.bool_(True)),
     watch_case("bins-zero", ValueError, ["bins", "positive int", "0"], bins=0),
     watch_case("bins-str", ValueError, ["bins", "'32'"], bins="32"),
     watch_case("activations-str", TypeError, ["activations", "True or False", "'yes'"], activations="yes"),
@@ -220,6 +223,8 @@ CASES = [
     watch_action_case("patch-call-negative", patch("0", double, call=-1), ValueError, ["call", ">= 0", "-1"]),
     watch_action_case("patch-call-str", patch("0", double, call="1"), ValueError, ["call", "'1'"]),
     watch_action_case("patch-call-bool", patch("0", double, call=True), ValueError, ["call", "True"]),
+    watch_action_case("patch-call-numpy-negative", patch("0", double, call=np.int64(-1)), ValueError,
+                      ["call", ">= 0", "np.int64(-1)"]),
     watch_action_case("ablate-no-units", ablate("0", []), TypeError, ["units", "non-empty list of ints", "[]"]),
     watch_action_case("ablate-float-unit", ablate("0", 1.5), TypeError, ["units", "1.5"]),
     watch_action_case("ablate-bool-unit", ablate("0", [True]), TypeError, ["units", "[true]"]),

@@ -95,7 +95,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             bool, ``modules``/``exclude`` is not a glob, a list of globs or a predicate, ``recorder``
             is not a Recorder, or ``metadata`` is not a dict with str keys.
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
-            (a float or a str included), ``modules`` selects nothing, ``metadata``
+            (a float, a bool or a str included; any integer, a numpy one too, is an int here), ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).

@@ -24,7 +24,7 @@ from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import Reducer, StepSums
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
-                                         anomalous, check_filter)
+                                         anomalous, check_filter, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
 
 __all__ = ["Watch", "Sink"]
@@ -34,11 +34,6 @@ class Sink(Protocol):
     """What a watch closes with it: something attached to its recorder (the run store)."""
 
     def close(self, status: str = "finished", error: str | None = None) -> None: ...
-
-
-def _check_int(name: str, value: Any, low: int, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be a {what}, got {value!r}.")
 
 
 class Watch:
@@ -64,9 +59,9 @@ class Watch:
                  reducers: Sequence[Reducer] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
-        _check_int("every", every, 1, "positive int (record every Nth step)")
-        _check_int("bins", bins, 1, "positive int")
-        _check_int("start_step", start_step, 0, "non-negative int")
+        every = whole_number("every", every, 1, "positive int (record every Nth step)")
+        bins = whole_number("bins", bins, 1, "positive int")
+        start_step = whole_number("start_step", start_step, 0, "non-negative int")
         flags = dict(activations=activations, gradients=gradients, parameters=parameters,
                      parameter_grads=parameter_grads, updates=updates, histograms=histograms)
         for name, flag in flags.items():
@@ -291,8 +286,8 @@ class Watch:
     def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
         self._check_open()
         self._sites.check_path(path)
-        if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
-            raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
+        if call is not None:
+            call = whole_number("call", call, 0, "call index >= 0, or None (every call)")
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index)
         self._intervention_log.append(intervention)
