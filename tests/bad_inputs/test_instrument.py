@@ -16,6 +16,7 @@ from torch import nn
 
 import workbench
 from workbench.instrument import Recorder, RunError, RunStore
+from workbench.instrument.reduce_torch import TorchReducer
 from workbench.instrument.store import DB_NAME
 from tests.bad_inputs.harness import Case, check, params
 
@@ -204,6 +205,13 @@ CASES = [
                metadata={"every": 99}, store=ROOT / "contradicted"),
     watch_case("start-step-negative", ValueError, ["start_step", "-1"], start_step=-1),
     watch_case("start-step-float", ValueError, ["start_step", "1.0"], start_step=1.0),
+    watch_case("reducers-int", TypeError, ["reducers must be a list of reducers", "'cpu', 'triton', 'torch'", "5"],
+               reducers=5),
+    watch_case("reducers-list-with-int", TypeError, ["reducers must be", "[5]", "5 is neither"], reducers=[5]),
+    watch_case("reducers-unknown-name", ValueError, ["unknown reducer name 'torhc'", "did you mean 'torch'",
+                                                     "'cpu', 'triton', 'torch'"], reducers=["torhc"]),
+    watch_case("reducers-a-class", TypeError, ["the class TorchReducer", "TorchReducer()"], reducers=[TorchReducer]),
+    watch_case("reducers-empty", ValueError, ["reducers is empty", "None for the default"], reducers=[]),
     watch_case("recorder-wrong-type", TypeError, ["recorder", "Recorder", "'mine'"], recorder="mine"),
     watch_case("store-empty", ValueError, ["store=''", "names no directory", "store=None"], store=""),
     watch_case("store-blank", ValueError, ["names no directory"], store="   "),

@@ -86,3 +86,28 @@ def test_integer_options_refuse_what_is_not_an_integer_naming_it(option, value):
     with pytest.raises(ValueError, match=rf"{option} must be a .*int.*got {re.escape(repr(value))}"):
         workbench.watch(nn.Linear(3, 2), **{option: value})
     assert not torch.nn.modules.module._global_forward_hooks  # nothing left attached
+
+
+def test_reducers_are_taken_by_name_in_order_of_preference():
+    from workbench.instrument.reduce import resolve_reducers
+    from workbench.instrument.reduce_cpu import CompiledCpuReducer
+    from workbench.instrument.reduce_torch import TorchReducer
+    from workbench.instrument.reduce_triton import TritonReducer
+
+    triton, cpu, torch_reducer = resolve_reducers(("triton", "cpu", "torch"))
+    assert isinstance(cpu, CompiledCpuReducer) and isinstance(triton, TritonReducer)
+    assert triton.fallback is torch_reducer and isinstance(torch_reducer, TorchReducer)  # (one torch reducer)
+    mine = TorchReducer()
+    assert resolve_reducers(mine) == [mine] and resolve_reducers(["triton", mine])[0].fallback is mine
+    torch.manual_seed(0)
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    frames = []
+    for reducers in (None, ["torch"], "cpu"):
+        model.zero_grad()
+        with workbench.watch(model, reducers=reducers, histograms=False) as w:
+            model(x).sum().backward()
+            w.step()
+        frames.append(w.to_pandas())
+    for frame in frames[1:]:
+        assert frame[["module", "kind", "tensor"]].equals(frames[0][["module", "kind", "tensor"]])
+        assert np.allclose(frame["mean"], frames[0]["mean"], rtol=1e-5, atol=1e-7)

@@ -22,7 +22,7 @@ from torch import nn
 from workbench.instrument.hooks import Hooks, warn
 from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
-from workbench.instrument.reduce import Reducer, StepSums
+from workbench.instrument.reduce import Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
                                          anomalous, check_filter, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
@@ -56,7 +56,7 @@ class Watch:
                  every: int = 1, activations: bool = True, gradients: bool = True, parameters: bool = True,
                  parameter_grads: bool = True, updates: bool = False, histograms: bool = True, bins: int = 32,
                  recorder: Recorder | None = None, start_step: int = 1,
-                 reducers: Sequence[Reducer] | None = None) -> None:
+                 reducers: Sequence[Reducer | str] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
         every = whole_number("every", every, 1, "positive int (record every Nth step)")
@@ -69,6 +69,7 @@ class Watch:
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
+        reducers = resolve_reducers(reducers)  # (before anything is hooked)
         model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
