@@ -163,6 +163,12 @@ EXPERIMENT = []
 STORES = []
 
 
+def histograms_of(w):
+    """``w.histograms()`` of ``w`` once closed (nothing of it is left in)."""
+    w.close()
+    return w.histograms()
+
+
 def watched_twice():
     exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
     EXPERIMENT.append(exp)
@@ -261,6 +267,8 @@ CASES = [
                       ["histograms: kind 'activations' is not one of", "did you mean 'activation'"]),
     watch_action_case("histograms-unknown-module", lambda w, m: w.histograms("O"), ValueError,
                       ["histograms: no module at path 'O'", "'0', '1'", "None for every one"]),
+    Case("histograms-not-recorded", lambda: histograms_of(workbench.watch(model(), histograms=False)), RuntimeError,
+         ["records no histograms", "histograms=False", "w.to_pandas()", "histograms=True"], no_hooks_left),
     Case("run-histograms-unknown-module", lambda: workbench.load_run(stored_run("looked-up")).histograms("nope"),
          ValueError, ["histograms: no module at path 'nope'", "the paths are"]),
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),

@@ -350,7 +350,16 @@ class Watch:
         Args:
             module: only this module path (None: every path).
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+
+        Raises:
+            RuntimeError: the watch was made with ``histograms=False``: it records none (an empty frame
+                would read as sites that had no values).
+            ValueError: an unknown ``module`` or ``kind``.
         """
+        if not self.options["histograms"]:
+            raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
+                               "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
+                               "(the default), e.g. workbench.watch(model, bins=32).")
         check_filter("histograms", module, kind, self.paths)
         return self.recorder.histograms(module, kind)
 
