@@ -72,7 +72,7 @@ class CompiledWatch(Watch):
                             f"model.compile() - got an uncompiled {type(model).__name__}; watch it with "
                             "workbench.watch(model).")
         if capacity is not None:
-            capacity = whole_number("capacity", capacity, 1, "positive int (gradient rows per compiled call) or None")
+            capacity = whole_number("capacity", capacity, 1, "a positive int (gradient rows per compiled call) or None")
         self.compiled, self._entry, self._capacity = model, entry, capacity
         self.fallback: str | None = None
         super().__init__(model, modules, exclude, every, activations, gradients, parameters, parameter_grads,

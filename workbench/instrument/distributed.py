@@ -122,7 +122,7 @@ class DistributedRecorder(Recorder):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if bins is not None:
-            bins = whole_number("bins", bins, 1, "positive int or None")
+            bins = whole_number("bins", bins, 1, "a positive int or None")
         if metrics not in _METRICS:
             raise ValueError(f"metrics must be one of {_METRICS}, got {metrics!r}.")
         world = dist.get_world_size(group)

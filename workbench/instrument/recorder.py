@@ -276,7 +276,7 @@ class Recorder:
     """
 
     def __init__(self, max_rows: int = 500_000) -> None:
-        self.max_rows = whole_number("max_rows", max_rows, 0, "int >= 0 (0: keep no step, stream them only)")
+        self.max_rows = whole_number("max_rows", max_rows, 0, "an int >= 0 (0: keep no step, stream them only)")
         self.evicted = 0  # steps evicted from the buffer
         #: where every step is kept beyond this buffer (a run store's path, set by its ``attach``)
         self.kept_in: str | None = None
@@ -336,7 +336,7 @@ class Recorder:
         """
         if not callable(callback):
             raise TypeError(f"subscribe() needs a callable, got {callback!r}.")
-        max_pending = whole_number("max_pending", max_pending, 1, "positive int")
+        max_pending = whole_number("max_pending", max_pending, 1, "a positive int")
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
                 math.isfinite(interval) and interval >= 0):
             raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}.")

@@ -82,13 +82,13 @@ def whole_number(name: str, value: Any, low: int, what: str) -> int:
         name: the parameter, as the error names it (``every``, ``bins`` ...).
         value: what was passed.
         low: the least value allowed.
-        what: what is expected, as the error says it (``positive int (record every Nth step)``).
+        what: what is expected, as the error says it (``a positive int (record every Nth step)``).
 
     Raises:
         ValueError: naming ``name``, ``value`` and ``what``.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be a {what}, got {value!r}.")
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
     return int(value)
 
 

@@ -59,9 +59,9 @@ class Watch:
                  reducers: Sequence[Reducer | str] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
-        every = whole_number("every", every, 1, "positive int (record every Nth step)")
-        bins = whole_number("bins", bins, 1, "positive int")
-        start_step = whole_number("start_step", start_step, 0, "non-negative int")
+        every = whole_number("every", every, 1, "a positive int (record every Nth step)")
+        bins = whole_number("bins", bins, 1, "a positive int")
+        start_step = whole_number("start_step", start_step, 0, "a non-negative int")
         flags = dict(activations=activations, gradients=gradients, parameters=parameters,
                      parameter_grads=parameter_grads, updates=updates, histograms=histograms)
         for name, flag in flags.items():
@@ -288,7 +288,7 @@ class Watch:
         self._check_open()
         self._sites.check_path(path)
         if call is not None:
-            call = whole_number("call", call, 0, "call index >= 0, or None (every call)")
+            call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index)
         self._intervention_log.append(intervention)
