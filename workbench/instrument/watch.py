@@ -97,6 +97,8 @@ class Watch:
                                               (PARAM, parameters), (PARAM_GRAD, parameter_grads), (UPDATE, updates))
                         if on}
         self._dropped: list[weakref.finalize] = []  # closes each sink should the watch be let go of unclosed
+        self._record_next_at: int | None = None  # the step record_next() started recording, part-way perhaps
+        self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         self._start_step()
@@ -107,9 +109,11 @@ class Watch:
         return Hooks(sites, StepSums(bins, reducers=reducers, fixed_ranges=True), kinds, compiled, updates,
                      self._wanted)
 
-    def _start_step(self) -> None:
+    def _start_step(self, record: bool = False) -> None:
         self._metrics = {}
-        self._hooks.start_step(self.step_index, (self.step_index - 1) % self.every == 0)
+        record = record or self._record_next_step or (self.step_index - 1) % self.every == 0
+        self._record_next_step = False
+        self._hooks.start_step(self.step_index, record)
 
     # ------------------------------------------------------------------ the step
     def step(self, **metrics: float) -> StepRecord | None:
@@ -128,7 +132,15 @@ class Watch:
         if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
             self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
-        if hooks.recording:
+        partial = self._record_next_at == self.step_index and hooks.recording and hooks.ran() is False
+        self._record_next_at = None
+        if partial:  # (its rows would be a part of a step: see record_next)
+            self._record_next_step = True
+            warn(f"workbench: w.record_next() was called part-way through step {self.step_index}, after the "
+                 "model's forward (or its backward) had run, so that step would be recorded in part (no "
+                 f"activations or output gradients, updates of zero). Step {self.step_index + 1} is recorded in "
+                 "full instead. Call w.record_next() between two steps: after w.step(), before the model runs.")
+        if hooks.recording and not partial:
             record = self._record(hooks.end_step(self.options["parameters"]))
         elif self._metrics or hooks.step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors),
@@ -142,10 +154,18 @@ class Watch:
     def record_next(self) -> None:
         """Record the step in progress - the forward and backward that come before the next
         :meth:`step` - whatever ``every`` says: a run's last step, or a moment worth a look. Call
-        it between two steps (after a :meth:`step`, before the model runs)."""
+        it between two steps (after a :meth:`step`, before the model runs).
+
+        Called part-way through a step, after its forward ran, it would record a part of the step
+        (no activations or output gradients; updates of zero after the optimizer step): where no
+        module call of the model comes between it and :meth:`step` (no backward, for a watch of
+        parameters and their gradients alone), that part is not kept, and the next step is recorded
+        in full instead, with a ``RuntimeWarning`` that says so. (A watch of parameter values alone
+        has no hook to tell by: it records the rest of the step in progress.)"""
         self._check_open()
         if not self._hooks.recording:
             self._hooks.start_step(self.step_index, True)
+            self._record_next_at = self.step_index
 
     def _record(self, entries: list) -> StepRecord:
         try:
@@ -165,9 +185,11 @@ class Watch:
     def discard_step(self) -> None:
         """Forget what the current step has recorded so far, and start it again (same number): a
         training step that raised leaves no partial step in the rows. A backward still to come of
-        the discarded forward records nothing."""
+        the discarded forward records nothing. A step to be recorded (by ``every`` or
+        :meth:`record_next`) is recorded when run again."""
         self._check_open()
-        self._start_step()
+        self._record_next_at = None  # (the step runs again from its start: recorded in full)
+        self._start_step(record=self._hooks.recording)
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``).
