@@ -226,9 +226,9 @@ class Hooks:
 
     def ran(self) -> bool | None:
         """Whether the step so far ran the first thing it records, as the hooks in can tell: a call
-        of one of the model's selected modules where the module hooks are in (activations, output
-        gradients, patches), else a backward that handed parameter gradients in. None where neither
-        is in (a watch of parameter values alone)."""
+        of one of the model's modules (selected or not) where the module hooks are in (activations,
+        output gradients, patches), else a backward that handed parameter gradients in. None where
+        neither is in (a watch of parameter values alone)."""
         if self._module_hooks.attached:
             return bool(self.sites.calls)
         if self._param_hooks.attached:

@@ -223,8 +223,10 @@ def resolve_reducers(reducers: Any) -> list[Reducer] | None:
     from workbench.instrument.reduce_cpu import CompiledCpuReducer
     from workbench.instrument.reduce_torch import TorchReducer
     from workbench.instrument.reduce_triton import TritonReducer
+    # one torch reducer: the list's own, else a new one for both "torch" and triton's fallback
     fallback = next((r for r in items if isinstance(r, TorchReducer)), None)
-    fallback = fallback or TorchReducer()  # (one reducer object for both "torch" and triton's fallback)
+    if fallback is None:
+        fallback = TorchReducer()
     made = {"cpu": CompiledCpuReducer, "torch": lambda: fallback, "triton": lambda: TritonReducer(fallback=fallback)}
     return [made[item]() if isinstance(item, str) else item for item in items]
 
