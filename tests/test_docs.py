@@ -132,3 +132,14 @@ def test_public_docstrings_document_every_argument_and_the_return():
                         s.kind.value == "returns" for s in sections):
                     gaps.append(f"{function.path}: returns {returns} without a Returns section")
     assert not gaps, "\n".join(gaps)
+
+
+@pytest.mark.parametrize("page", ["design.md", "runs.md"])
+def test_the_record_schema_a_page_lists_is_the_rows_columns(page):
+    from workbench.instrument import ROW_COLUMNS
+
+    text = " ".join((DOCS / page).read_text().split())  # (a list may wrap over lines)
+    schemas = [found.split(", ") for found in re.findall(r"`((?:\w+, ){5,}\w+)`", text)]
+    assert schemas, f"{page} lists no record schema"
+    for names in schemas:
+        assert names == list(ROW_COLUMNS), f"{page} lists {names}; the rows' columns are {list(ROW_COLUMNS)}"

@@ -9,12 +9,14 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import workbench
 from workbench.instrument import Recorder, RunError, RunStore
+from workbench.instrument.reduce_torch import TorchReducer
 from workbench.instrument.store import DB_NAME
 from tests.bad_inputs.harness import Case, check, params
 
@@ -161,6 +163,12 @@ EXPERIMENT = []
 STORES = []
 
 
+def histograms_of(w):
+    """``w.histograms()`` of ``w`` once closed (nothing of it is left in)."""
+    w.close()
+    return w.histograms()
+
+
 def watched_twice():
     exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
     EXPERIMENT.append(exp)
@@ -181,6 +189,8 @@ CASES = [
     watch_case("every-float", ValueError, ["every", "1.5"], every=1.5),
     watch_case("every-bool", ValueError, ["every", "True"], every=True),
     watch_case("every-str", ValueError, ["every", "'10'"], every="10"),
+    watch_case("every-numpy-float", ValueError, ["every", "positive int", "np.float64(2.0)"], every=np.float64(2.0)),
+    watch_case("bins-numpy-bool", ValueError, ["bins", "positive int", "np.true_"], bins=np.bool_(True)),
     watch_case("bins-zero", ValueError, ["bins", "positive int", "0"], bins=0),
     watch_case("bins-str", ValueError, ["bins", "'32'"], bins="32"),
     watch_case("activations-str", TypeError, ["activations", "True or False", "'yes'"], activations="yes"),
@@ -201,6 +211,13 @@ CASES = [
                metadata={"every": 99}, store=ROOT / "contradicted"),
     watch_case("start-step-negative", ValueError, ["start_step", "-1"], start_step=-1),
     watch_case("start-step-float", ValueError, ["start_step", "1.0"], start_step=1.0),
+    watch_case("reducers-int", TypeError, ["reducers must be a list of reducers", "'cpu', 'triton', 'torch'", "5"],
+               reducers=5),
+    watch_case("reducers-list-with-int", TypeError, ["reducers must be", "[5]", "5 is neither"], reducers=[5]),
+    watch_case("reducers-unknown-name", ValueError, ["unknown reducer name 'torhc'", "did you mean 'torch'",
+                                                     "'cpu', 'triton', 'torch'"], reducers=["torhc"]),
+    watch_case("reducers-a-class", TypeError, ["the class TorchReducer", "TorchReducer()"], reducers=[TorchReducer]),
+    watch_case("reducers-empty", ValueError, ["reducers is empty", "None for the default"], reducers=[]),
     watch_case("recorder-wrong-type", TypeError, ["recorder", "Recorder", "'mine'"], recorder="mine"),
     watch_case("store-empty", ValueError, ["store=''", "names no directory", "store=None"], store=""),
     watch_case("store-blank", ValueError, ["names no directory"], store="   "),
@@ -220,6 +237,8 @@ CASES = [
     watch_action_case("patch-call-negative", patch("0", double, call=-1), ValueError, ["call", ">= 0", "-1"]),
     watch_action_case("patch-call-str", patch("0", double, call="1"), ValueError, ["call", "'1'"]),
     watch_action_case("patch-call-bool", patch("0", double, call=True), ValueError, ["call", "True"]),
+    watch_action_case("patch-call-numpy-negative", patch("0", double, call=np.int64(-1)), ValueError,
+                      ["call", ">= 0", "np.int64(-1)"]),
     watch_action_case("ablate-no-units", ablate("0", []), TypeError, ["units", "non-empty list of ints", "[]"]),
     watch_action_case("ablate-float-unit", ablate("0", 1.5), TypeError, ["units", "1.5"]),
     watch_action_case("ablate-bool-unit", ablate("0", [True]), TypeError, ["units", "[true]"]),
@@ -248,6 +267,8 @@ CASES = [
                       ["histograms: kind 'activations' is not one of", "did you mean 'activation'"]),
     watch_action_case("histograms-unknown-module", lambda w, m: w.histograms("O"), ValueError,
                       ["histograms: no module at path 'O'", "'0', '1'", "None for every one"]),
+    Case("histograms-not-recorded", lambda: histograms_of(workbench.watch(model(), histograms=False)), RuntimeError,
+         ["records no histograms", "histograms=False", "w.to_pandas()", "histograms=True"], no_hooks_left),
     Case("run-histograms-unknown-module", lambda: workbench.load_run(stored_run("looked-up")).histograms("nope"),
          ValueError, ["histograms: no module at path 'nope'", "the paths are"]),
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),

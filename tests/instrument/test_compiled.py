@@ -333,6 +333,31 @@ def test_a_compiled_model_that_ran_before_the_watch_compiles_again_with_its_hook
             assert len(wc.to_pandas()) == len(w.to_pandas())
 
 
+def test_record_next_part_way_through_a_step_of_a_compiled_model_records_the_next_step_in_full():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled, every=10)
+
+    def step(record_next_after_forward=False):
+        loss = compiled(torch.randn(3, 4)).sum()
+        if record_next_after_forward:
+            wc.record_next()
+        loss.backward()
+        model.zero_grad()
+        wc.step()
+
+    step()
+    with pytest.warns(RuntimeWarning, match="part-way through step 2.*Step 3 is recorded in full"):
+        step(record_next_after_forward=True)
+    step()
+    step()
+    wc.close()
+    rows = wc.to_pandas()
+    assert sorted(set(rows.step)) == [1, 3] and len(rows[rows.step == 3]) == len(rows[rows.step == 1])
+
+
 def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_call():
     """The eager watch on a compiled model (for an option the compiled graphs cannot record) breaks
     its graphs at every module call, once dynamo compiles them again with its hooks."""
@@ -483,6 +508,29 @@ def test_patch_and_ablate_run_inside_the_graph():
     with pytest.raises(ValueError, match="units \\[9\\] are out of range"):
         wc.ablate("1", 9)
     wc.close()
+
+
+def test_a_patch_that_returns_none_edits_the_output_in_place_inside_the_graph_as_in_the_eager_watch():
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+    x = torch.randn(3, 4)
+    hidden = model[0](x).detach()
+    hidden[:, 0] = 0.0
+    expected = model[1](hidden)
+
+    def zero_first_unit(out):
+        out[:, 0] = 0.0  # returns None: the output was edited in place
+
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled)
+    wc.patch("0", zero_first_unit)
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-6, atol=1e-6)
+    wc.step()
+    wc.close()
+    rows = wc.to_pandas()
+    patched = rows[(rows.module == "0") & (rows.kind == "activation")]
+    assert not wc.errors and len(patched) == 1 and patched.zero_frac.iloc[0] == pytest.approx(3 / 18)
 
 
 class SharedTanh(nn.Module):

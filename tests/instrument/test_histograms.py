@@ -4,7 +4,9 @@ per row so that a site's histograms share their edges from step to step."""
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
+import workbench
 from tests.instrument.conftest import compiled_reducers, torch_reducers
 from workbench.instrument._stats_kernels import SAMPLE_FROM
 from workbench.instrument.reduce import StepSums, next_ranges
@@ -149,3 +151,16 @@ def test_next_ranges_widen_within_the_sign_and_leave_constant_and_non_finite_row
     ranges = next_ranges(sums, np.full((4, 2), np.nan))
     np.testing.assert_array_equal(ranges[:2], [[0.0, 9.0], [-2.125, -0.875]])  # ReLU-like: not below 0
     assert np.isnan(ranges[2:]).all()  # a constant tensor, a NaN one: their own range next step too
+
+
+def test_a_watch_without_histograms_says_so_when_asked_for_them():
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, histograms=False) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        w.step()
+    assert len(w.to_pandas()) and w.options["histograms"] is False
+    with pytest.raises(RuntimeError, match=r"records no histograms: it was made with histograms=False.*"
+                                           r"w\.to_pandas\(\).*histograms=True"):
+        w.histograms()
+    with pytest.raises(RuntimeError, match="records no histograms"):
+        w.histograms("", "activation")

@@ -3,6 +3,7 @@
 import inspect
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -183,3 +184,92 @@ def test_a_stored_run_keeps_the_failure_of_an_intervention(tmp_path):
     assert stored.status[0].startswith("failed at step 3: TypeError: can't multiply sequence")
     assert stored.status[1] == "recorded"
     assert w.intervention_log()[["from step", "to step"]].values.tolist() == [[3, 3], [3, 4]]
+
+
+def test_a_patch_that_returns_none_has_edited_the_output_in_place_which_stays_the_output():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no failure, no warning)
+        with workbench.watch(model) as w:
+
+            def zero_first_unit(out):
+                out[:, 0] = 0.0  # in place, returns None: as a PyTorch forward hook may
+
+            w.patch("0", zero_first_unit)
+            y = model(x)
+            y.sum().backward()
+            w.step()
+    hidden = model[0](x).detach()
+    hidden[:, 0] = 0.0
+    assert torch.equal(y.detach(), model[1](hidden).detach())  # the rest of the model saw the edited output
+    assert not w.errors and w.intervention_log().status.tolist() == ["ended with the watch"]
+    rows = w.to_pandas()
+    first = rows[(rows.module == "0") & (rows.kind == "activation")]
+    assert len(first) == 1 and first.zero_frac.iloc[0] == pytest.approx(5 / 20)  # recorded, as edited
+    grads = rows[(rows.module == "0") & (rows.kind == "grad_output")]
+    assert len(grads) == 1
+
+
+def test_a_patch_that_returns_none_leaves_the_next_patch_the_edited_output():
+    model = nn.Sequential(nn.Linear(3, 4))
+    seen = []
+
+    def zero(out):
+        out.mul_(0.0)
+
+    with workbench.watch(model) as w:
+        w.patch("0", zero)
+        w.patch("0", lambda out: seen.append(out) or out + 1.0)
+        y = model(torch.randn(2, 3))
+        w.step()
+    assert not w.errors and w.intervention_log().status.tolist() == ["ended with the watch"] * 2
+    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor) and torch.equal(seen[0], torch.zeros(2, 4))
+    assert torch.equal(y, torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("units", [np.int64(1), torch.tensor(1), [np.int64(0), np.int32(2)], np.array([0, 2]),
+                                   torch.tensor([0, 2]), (torch.tensor(0), 2), range(0, 3, 2)],
+                         ids=["np.int64", "0-d tensor", "list of numpy ints", "array", "tensor", "tuple of a 0-d "
+                              "tensor and an int", "range"])
+def test_ablate_takes_numpy_and_torch_integer_units_and_dim(units):
+    model = nn.Sequential(nn.Linear(3, 4))
+    with workbench.watch(model) as w:
+        ablation = w.ablate("0", units, dim=np.int64(1))
+        y = model(torch.randn(2, 3))
+        w.step()
+    want = [int(u) for u in (np.atleast_1d(np.asarray(units)) if not isinstance(units, (list, tuple, range))
+                             else units)]
+    assert ablation.label == f"ablate{want}@dim1"  # plain ints in the label, the log and the metrics
+    assert (y[:, want] == 0).all() and (y[:, [u for u in range(4) if u not in want]] != 0).all()
+    with workbench.watch(model) as w:
+        w.ablate("0", 1, dim=torch.tensor(-1))
+        assert (model(torch.randn(2, 3))[:, 1] == 0).all()
+
+
+@pytest.mark.parametrize("units, says", [
+    (np.float64(1.0), "got np.float64(1.0)"), (torch.tensor(1.0), "got tensor(1.)"),
+    (np.array([0.0, 1.0]), "not integers: [0.0, 1.0]"), (torch.tensor([True, False]), "not integers: [True, False]"),
+    ([np.bool_(True)], "not integers"), (np.array([[0, 1]]), "got array([[0, 1]])"),
+    (torch.tensor([]), "got tensor([])"),
+])
+def test_ablate_refuses_units_that_are_not_integers_naming_them(units, says):
+    model = nn.Sequential(nn.Linear(3, 4))
+    with workbench.watch(model) as w:
+        with pytest.raises(TypeError, match="units must be an int or a non-empty list of ints") as caught:
+            w.ablate("0", units)
+        assert says in str(caught.value)
+        with pytest.raises(TypeError, match=r"dim must be an int.*got np.float64\(1.0\)"):
+            w.ablate("0", 0, dim=np.float64(1.0))
+        assert w.interventions == []
+
+
+def test_ablate_refuses_numpy_units_out_of_range_of_the_recorded_output():
+    model = nn.Sequential(nn.Linear(3, 4))
+    with workbench.watch(model) as w:
+        model(torch.randn(2, 3))
+        w.step()
+        with pytest.raises(ValueError, match=r"units \[4\] are out of range.*\[0, 3\]"):
+            w.ablate("0", np.array([1, 4]))
+        with pytest.raises(ValueError, match=r"dim=2 is out of range"):
+            w.ablate("0", 0, dim=np.int64(2))

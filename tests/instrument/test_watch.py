@@ -390,6 +390,77 @@ def test_record_next_records_the_step_in_progress_whatever_every_says():
         w.record_next()
 
 
+def _train_step(model, opt, w, record_next_at=None):
+    """One training step, calling ``w.record_next()`` at ``record_next_at`` ("start", "after forward",
+    "after backward", "after optimizer step"; None: not at all)."""
+    def at(point):
+        if point == record_next_at:
+            w.record_next()
+
+    at("start")
+    loss = model(torch.randn(4, 2)).pow(2).mean()
+    at("after forward")
+    loss.backward()
+    at("after backward")
+    opt.step()
+    opt.zero_grad()
+    at("after optimizer step")
+    w.step(loss=loss.item())
+
+
+@pytest.mark.parametrize("point", ["after forward", "after backward", "after optimizer step"])
+def test_record_next_part_way_through_a_step_records_the_next_step_in_full_and_says_so(point):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with workbench.watch(model, every=10, updates=True) as w:
+        _train_step(model, opt, w)  # step 1: recorded (every=10)
+        with pytest.warns(RuntimeWarning, match=r"record_next\(\) was called part-way through step 2.*Step 3 is "
+                                                r"recorded in full instead.*after w\.step\(\), before the model runs"):
+            _train_step(model, opt, w, record_next_at=point)
+        _train_step(model, opt, w)  # step 3
+        _train_step(model, opt, w)  # step 4: not recorded (every=10)
+    rows = w.to_pandas()
+    assert sorted(set(rows.step)) == [1, 3]  # no partial step 2
+    first, third = (rows[rows.step == step].reset_index(drop=True) for step in (1, 3))
+    assert first[["module", "call", "kind", "tensor"]].equals(third[["module", "call", "kind", "tensor"]])
+    assert (third[third.kind == "update"].norm > 0).all()  # the optimizer's step, not zero
+    assert list(w.metrics().step) == [1, 2, 3, 4]  # (step 2's loss is kept)
+    assert not w.errors
+
+
+def test_record_next_part_way_through_a_step_of_a_watch_of_parameters_and_gradients_alone():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with workbench.watch(model, every=10, activations=False, gradients=False) as w:  # no module hooks
+        _train_step(model, opt, w)
+        _train_step(model, opt, w, record_next_at="after forward")  # the backward comes after it: recorded
+        with pytest.warns(RuntimeWarning, match="part-way through step 3"):
+            _train_step(model, opt, w, record_next_at="after backward")  # (step 4 is recorded instead)
+        _train_step(model, opt, w)
+    rows = w.to_pandas()
+    assert sorted(set(rows.step)) == [1, 2, 4]
+    assert len(rows[rows.step == 4]) == len(rows[rows.step == 1]) == len(rows[rows.step == 2])
+
+
+def test_record_next_between_steps_says_nothing_and_a_discarded_step_is_recorded_when_run_again():
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with workbench.watch(model, every=10) as w:
+            _train_step(model, opt, w)
+            _train_step(model, opt, w, record_next_at="start")  # step 2, as record_next means
+            w.record_next()
+            model(torch.randn(4, 2))  # a step that raised after its forward ...
+            w.discard_step()  # ... run again from its start: step 3, still to be recorded
+            _train_step(model, opt, w)
+            _train_step(model, opt, w)
+    rows = w.to_pandas()
+    assert sorted(set(rows.step)) == [1, 2, 3]
+    assert len(rows[rows.step == 3]) == len(rows[rows.step == 1])
+
+
 def test_idle_steps_run_without_our_hooks_which_return_to_their_place():
     from torch.nn.modules.module import _global_forward_hooks, register_module_forward_hook
 

@@ -1,7 +1,10 @@
-"""watch()'s arguments as a user gives them: flags that record nothing, metadata that is not JSON."""
+"""watch()'s arguments as a user gives them: flags that record nothing, metadata that is not JSON,
+integers from numpy."""
 
+import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -58,3 +61,53 @@ def test_a_watch_with_a_store_that_drops_its_oldest_steps_points_to_the_store_th
     assert len(said) == 1 and f"workbench.load_run({str(tmp_path / 'run')!r}) reads them all" in said[0]
     assert "Pass store=" not in said[0]
     assert workbench.load_run(tmp_path / "run").steps == list(range(1, 21))  # (as it says: every step)
+
+
+def test_integer_options_take_numpy_integers_and_store_plain_ints(tmp_path):
+    model = nn.Linear(3, 2)
+    every, bins, start_step = np.int64(2), np.int32(8), np.uint8(5)
+    with workbench.watch(model, every=every, bins=bins, start_step=start_step, store=tmp_path / "run",
+                         recorder=workbench.Recorder(max_rows=np.int64(1000))) as w:
+        subscription = w.subscribe(lambda update: None, max_pending=np.int16(3))
+        w.patch("", lambda out: out, call=np.int64(0))
+        for _ in range(3):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step()
+        subscription.unsubscribe()
+    assert sorted(set(w.to_pandas().step)) == [5, 7]
+    assert {len(edges) for edges in w.histograms().edges} == {9}
+    assert type(w.every) is int and type(w.options["bins"]) is int and type(w.recorder.max_rows) is int
+    assert workbench.load_run(tmp_path / "run").metadata["every"] == 2  # (a numpy int is no JSON value)
+
+
+@pytest.mark.parametrize("option, value", [("every", np.float64(2.0)), ("bins", np.bool_(True)),
+                                           ("start_step", np.int64(-1)), ("every", torch.tensor(2))])
+def test_integer_options_refuse_what_is_not_an_integer_naming_it(option, value):
+    with pytest.raises(ValueError, match=rf"{option} must be a .*int.*got {re.escape(repr(value))}"):
+        workbench.watch(nn.Linear(3, 2), **{option: value})
+    assert not torch.nn.modules.module._global_forward_hooks  # nothing left attached
+
+
+def test_reducers_are_taken_by_name_in_order_of_preference():
+    from workbench.instrument.reduce import resolve_reducers
+    from workbench.instrument.reduce_cpu import CompiledCpuReducer
+    from workbench.instrument.reduce_torch import TorchReducer
+    from workbench.instrument.reduce_triton import TritonReducer
+
+    triton, cpu, torch_reducer = resolve_reducers(("triton", "cpu", "torch"))
+    assert isinstance(cpu, CompiledCpuReducer) and isinstance(triton, TritonReducer)
+    assert triton.fallback is torch_reducer and isinstance(torch_reducer, TorchReducer)  # (one torch reducer)
+    mine = TorchReducer()
+    assert resolve_reducers(mine) == [mine] and resolve_reducers(["triton", mine])[0].fallback is mine
+    torch.manual_seed(0)
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    frames = []
+    for reducers in (None, ["torch"], "cpu"):
+        model.zero_grad()
+        with workbench.watch(model, reducers=reducers, histograms=False) as w:
+            model(x).sum().backward()
+            w.step()
+        frames.append(w.to_pandas())
+    for frame in frames[1:]:
+        assert frame[["module", "kind", "tensor"]].equals(frames[0][["module", "kind", "tensor"]])
+        assert np.allclose(frame["mean"], frames[0]["mean"], rtol=1e-5, atol=1e-7)

@@ -38,6 +38,7 @@ from workbench.instrument.compiled_hooks import CompiledHooks
 from workbench.instrument.compose import with_store
 from workbench.instrument.hooks import _weakly, warn
 from workbench.instrument.recorder import Recorder, StepRecord
+from workbench.instrument.schema import whole_number
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.sites import CallSites, ModuleSelector
 from workbench.instrument.watch import Watch
@@ -70,9 +71,8 @@ class CompiledWatch(Watch):
             raise TypeError(f"watch_compiled() needs a compiled module - torch.compile(model) or a module after "
                             f"model.compile() - got an uncompiled {type(model).__name__}; watch it with "
                             "workbench.watch(model).")
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ValueError(f"capacity must be a positive int (gradient rows per compiled call) or None, "
-                             f"got {capacity!r}.")
+        if capacity is not None:
+            capacity = whole_number("capacity", capacity, 1, "a positive int (gradient rows per compiled call) or None")
         self.compiled, self._entry, self._capacity = model, entry, capacity
         self.fallback: str | None = None
         super().__init__(model, modules, exclude, every, activations, gradients, parameters, parameter_grads,

@@ -331,7 +331,9 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
         for fn, at in patches:
             if at is None or at == call:
                 try:  # (dynamo traces the handler, or runs the frame eagerly where it cannot)
-                    output = fn(output)
+                    patched = fn(output)
+                    if patched is not None:  # (None: fn edited the output in place, which stays the output)
+                        output = patched
                 except Exception as exc:
                     if st.out is None and internals.in_backward():
                         raise  # (a recomputation: checkpointing stops one by raising, through the patch)

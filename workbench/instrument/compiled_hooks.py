@@ -265,6 +265,10 @@ class CompiledHooks:
         self._a_call_trained = False
         self.update()
 
+    def ran(self) -> bool:
+        """Whether the step so far made a recorded call of the compiled model (see ``Hooks.ran``)."""
+        return bool(self._calls)
+
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
         st = self.state

@@ -36,7 +36,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
           parameter_grads: bool = True, updates: bool = False, histograms: bool = True, bins: int = 32,
           recorder: Recorder | None = None, store: str | Path | None = None,
           metadata: dict[str, Any] | None = None, start_step: int = 1,
-          reducers: Sequence[Reducer] | None = None) -> Watch:
+          reducers: Sequence[Reducer | str] | None = None) -> Watch:
     """Watch a module: record activations and gradients per call site, step by step.
 
     ::
@@ -83,8 +83,10 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             Values are stored as JSON (numbers, strings, bools, None, lists and dicts of them); any
             other value (a tensor, an object) is stored as its ``str``, with a warning naming its key.
         start_step: the number of the first step.
-        reducers: the reduction backends, in order of preference (default:
-            :func:`~workbench.instrument.reduce.default_reducers`).
+        reducers: the reduction backends, in order of preference: a list of
+            :class:`~workbench.instrument.reduce.Reducer` objects or the names ``"cpu"`` (compiled CPU
+            kernels), ``"triton"`` (CUDA tensors) and ``"torch"`` (any tensor), e.g. ``["torch"]``;
+            None: :func:`~workbench.instrument.reduce.default_reducers`.
 
     Returns:
         A :class:`~workbench.instrument.watch.Watch`; a context manager. ``close()`` removes every
@@ -93,9 +95,11 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     Raises:
         TypeError: ``model`` is not a module, a flag (``activations`` ... ``histograms``) is not a
             bool, ``modules``/``exclude`` is not a glob, a list of globs or a predicate, ``recorder``
-            is not a Recorder, or ``metadata`` is not a dict with str keys.
+            is not a Recorder, ``reducers`` is not a list of reducers and their names, or ``metadata``
+            is not a dict with str keys.
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
-            (a float or a str included), ``modules`` selects nothing, ``metadata``
+            (a float, a bool or a str included; any integer, a numpy one too, is an int here),
+            ``reducers`` is an empty list or names an unknown reducer, ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).

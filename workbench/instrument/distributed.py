@@ -63,7 +63,7 @@ from torch import nn
 from workbench.instrument.distributed_rows import flatten, merge_rows, scale, tensor_sums, unflatten, watch_rows
 from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges, rows_frame
 from workbench.instrument.reduce import StepSums
-from workbench.instrument.schema import MAX, MIN, SUMS
+from workbench.instrument.schema import MAX, MIN, SUMS, whole_number
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap, unwrap_parallel, wrappers
 
 __all__ = ["DistributedRecorder", "destroy_process_group", "watch_distributed"]
@@ -121,8 +121,8 @@ class DistributedRecorder(Recorder):
         for name, flag in [("per_rank", per_rank), ("parameters", parameters), ("parameter_grads", parameter_grads)]:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
-        if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
-            raise ValueError(f"bins must be a positive int or None, got {bins!r}.")
+        if bins is not None:
+            bins = whole_number("bins", bins, 1, "a positive int or None")
         if metrics not in _METRICS:
             raise ValueError(f"metrics must be one of {_METRICS}, got {metrics!r}.")
         world = dist.get_world_size(group)

@@ -224,6 +224,17 @@ class Hooks:
         self._flush_deferred()
         return self.entries
 
+    def ran(self) -> bool | None:
+        """Whether the step so far ran the first thing it records, as the hooks in can tell: a call
+        of one of the model's modules (selected or not) where the module hooks are in (activations,
+        output gradients, patches), else a backward that handed parameter gradients in. None where
+        neither is in (a watch of parameter values alone)."""
+        if self._module_hooks.attached:
+            return bool(self.sites.calls)
+        if self._param_hooks.attached:
+            return bool(self._backwards or self._pending_param_grads or self._param_grads)
+        return None
+
     def _check_patched_calls(self) -> None:
         """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
         times, patched nothing: it fails (removed, with a warning), as a patch that raises does."""
@@ -333,8 +344,10 @@ class Hooks:
                     "every call (call=None), or a site outside the checkpointed segment.")), output)
             elif intervention.applies(call):
                 try:
-                    output = intervention.fn(output)
-                    replaced = True
+                    patched = intervention.fn(output)
+                    # None: fn edited the output in place (as a forward hook may), which stays the output
+                    if patched is not None:
+                        output, replaced = patched, True
                 except Exception as exc:
                     intervention.fail(self.fail(path, call, f"patch:{intervention.label}", exc), output)
         return output, replaced

@@ -7,6 +7,7 @@ on (:func:`log_from_metrics`, ``Run.interventions()``), and the views shade thos
 
 from __future__ import annotations
 
+import numbers
 import re
 import sys
 import sysconfig
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -207,18 +209,50 @@ def log_from_metrics(metrics: pd.DataFrame, errors: pd.DataFrame | None = None) 
     return pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 
-def unit_index(units: int | Iterable[int], dim: int) -> list[int]:
-    """``units`` as a list of indices, checked.
+def as_integer(value: Any) -> int | None:
+    """``value`` as a Python int when it is one integer: an int, a numpy integer (any
+    ``numbers.Integral``), or a 0-d integer numpy array or torch tensor; None for anything else,
+    bools included (``True`` is no index)."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not (
+            value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        return int(value.item())
+    if isinstance(value, np.ndarray) and value.ndim == 0 and np.issubdtype(value.dtype, np.integer):
+        return int(value)
+    return None
+
+
+def unit_index(units: Any, dim: Any) -> tuple[list[int], int]:
+    """``units`` as a list of Python ints and ``dim`` as a Python int, checked. Units are one
+    integer (an int, a numpy integer, a 0-d integer tensor) or a non-empty list, tuple, range, 1-d
+    integer array or tensor of them.
 
     Raises:
-        TypeError: units is not an int or a non-empty list of ints, or dim is not an int.
+        TypeError: units or dim that are not integers (floats, bools, strings), naming the value.
     """
-    index = [units] if isinstance(units, int) else list(units) if isinstance(units, (list, tuple, range)) else None
-    if not index or not all(isinstance(u, int) and not isinstance(u, bool) for u in index):
-        raise TypeError(f"units must be an int or a non-empty list of ints, got {units!r}.")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {dim!r}.")
-    return index
+    expected = ("an int or a non-empty list of ints (Python or numpy integers, or a 1-d integer array or "
+                "tensor)")
+    one = as_integer(units)
+    if one is not None:
+        index = [one]
+    elif isinstance(units, (list, tuple, range)) or (isinstance(units, (np.ndarray, torch.Tensor))
+                                                      and units.ndim == 1):
+        items = units.tolist() if isinstance(units, (np.ndarray, torch.Tensor)) else list(units)
+        converted = [as_integer(u) for u in items]
+        bad = [u for u, c in zip(items, converted) if c is None]
+        if not items or bad:  # (an array's or tensor's items are Python floats or bools unless it holds integers)
+            shown = f"; not integers: {listed(bad)}" if bad else ""
+            raise TypeError(f"units must be {expected}, got {units!r}{shown}.")
+        index = converted
+    else:
+        raise TypeError(f"units must be {expected}, got {units!r}.")
+    at = as_integer(dim)
+    if at is None:
+        raise TypeError(f"dim must be an int (the dimension that indexes the units), got {dim!r}.")
+    return index, at
 
 
 def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish
+from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish,
+                                         whole_number)
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
            "histograms_frame", "histogram_edges", "metrics_frame"]
@@ -275,9 +276,7 @@ class Recorder:
     """
 
     def __init__(self, max_rows: int = 500_000) -> None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
-            raise ValueError(f"max_rows must be an int >= 0 (0: keep no step, stream them only), got {max_rows!r}.")
-        self.max_rows = max_rows
+        self.max_rows = whole_number("max_rows", max_rows, 0, "an int >= 0 (0: keep no step, stream them only)")
         self.evicted = 0  # steps evicted from the buffer
         #: where every step is kept beyond this buffer (a run store's path, set by its ``attach``)
         self.kept_in: str | None = None
@@ -337,8 +336,7 @@ class Recorder:
         """
         if not callable(callback):
             raise TypeError(f"subscribe() needs a callable, got {callback!r}.")
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}.")
+        max_pending = whole_number("max_pending", max_pending, 1, "a positive int")
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
                 math.isfinite(interval) and interval >= 0):
             raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}.")

@@ -43,18 +43,20 @@ bound. NaN, infinity and zero counts come from the statistics, exact whatever th
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from workbench.instrument.schema import MAX, MIN, SUMS
 
-__all__ = ["StepSums", "HostRows", "DeviceSums", "Reducer", "default_reducers", "next_ranges", "EMPTY", "MARGIN",
-           "SHRINK"]
+__all__ = ["StepSums", "HostRows", "DeviceSums", "Reducer", "default_reducers", "resolve_reducers", "REDUCER_NAMES",
+           "next_ranges", "EMPTY", "MARGIN", "SHRINK"]
 
 #: The sums of an empty tensor.
 EMPTY = (0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0.0, 0.0, 0.0)
@@ -179,6 +181,54 @@ def default_reducers(bins: int | None = None) -> list[Reducer]:
     from workbench.instrument.reduce_triton import TritonReducer
     torch_reducer = TorchReducer()
     return [CompiledCpuReducer(), TritonReducer(fallback=torch_reducer), torch_reducer]
+
+
+#: The reducers ``watch(reducers=...)`` takes by name: the compiled CPU kernels, the Triton kernels
+#: (CUDA tensors; torch's kernels take over after a failure) and torch's kernels (any tensor).
+REDUCER_NAMES = ("cpu", "triton", "torch")
+
+
+def resolve_reducers(reducers: Any) -> list[Reducer] | None:
+    """``watch(reducers=...)`` checked, its names made reducers (None: the default ones).
+
+    Args:
+        reducers: None, or a non-empty list (or tuple) of :class:`Reducer` objects and names of
+            :data:`REDUCER_NAMES`, in order of preference; a single one is taken as a list of one.
+            A ``"triton"`` falls back to the list's torch reducer (a new one if it has none).
+
+    Raises:
+        TypeError: not a list of reducers and names (a reducer class where an object is wanted included).
+        ValueError: an empty list, or an unknown name.
+    """
+    if reducers is None:
+        return None
+    expected = (f"a list of reducers in order of preference: Reducer objects (TorchReducer() ...) or the names "
+                f"{', '.join(map(repr, REDUCER_NAMES))}, e.g. reducers=['torch']; or None for the default ones")
+    items = [reducers] if isinstance(reducers, (str, Reducer)) else reducers
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"reducers must be {expected}; got {reducers!r}.")
+    if not items:
+        raise ValueError(f"reducers is empty: pass {expected}.")
+    for item in items:
+        if isinstance(item, type) and issubclass(item, Reducer):
+            raise TypeError(f"reducers holds the class {item.__name__}, not a reducer: pass an instance, "
+                            f"{item.__name__}(), or its name if it has one ({', '.join(map(repr, REDUCER_NAMES))}).")
+        if isinstance(item, str) and item not in REDUCER_NAMES:
+            close = difflib.get_close_matches(item, REDUCER_NAMES, n=1, cutoff=0.5)
+            raise ValueError(f"reducers: unknown reducer name {item!r}"
+                             f"{f' (did you mean {close[0]!r}?)' if close else ''}; the names are "
+                             f"{', '.join(map(repr, REDUCER_NAMES))}.")
+        if not isinstance(item, (str, Reducer)):
+            raise TypeError(f"reducers must be {expected}; got {reducers!r}, whose {item!r} is neither.")
+    from workbench.instrument.reduce_cpu import CompiledCpuReducer
+    from workbench.instrument.reduce_torch import TorchReducer
+    from workbench.instrument.reduce_triton import TritonReducer
+    # one torch reducer: the list's own, else a new one for both "torch" and triton's fallback
+    fallback = next((r for r in items if isinstance(r, TorchReducer)), None)
+    if fallback is None:
+        fallback = TorchReducer()
+    made = {"cpu": CompiledCpuReducer, "torch": lambda: fallback, "triton": lambda: TritonReducer(fallback=fallback)}
+    return [made[item]() if isinstance(item, str) else item for item in items]
 
 
 class StepSums:

@@ -10,6 +10,7 @@ leave in a step's rows. The recorder's frames, the run store's tables and the UI
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "SHIFT_SAMPLE", "KEY_COLUMNS",
            "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish",
-           "site_name", "check_filter"]
+           "site_name", "check_filter", "whole_number"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -71,6 +72,24 @@ def site_name(module: str, call: int, tensor: str, called_again: bool, kind: str
     if tensor != "out":
         name += " " + tensor
     return name
+
+
+def whole_number(name: str, value: Any, low: int, what: str) -> int:
+    """``value`` as a Python int: any integer (``int``, a numpy integer, any ``numbers.Integral``)
+    but a bool, of at least ``low``. A plain int keeps the stored facts JSON (a numpy one is not).
+
+    Args:
+        name: the parameter, as the error names it (``every``, ``bins`` ...).
+        value: what was passed.
+        low: the least value allowed.
+        what: what is expected, as the error says it (``a positive int (record every Nth step)``).
+
+    Raises:
+        ValueError: naming ``name``, ``value`` and ``what``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    return int(value)
 
 
 def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:

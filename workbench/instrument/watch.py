@@ -22,9 +22,9 @@ from torch import nn
 from workbench.instrument.hooks import Hooks, warn
 from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
-from workbench.instrument.reduce import Reducer, StepSums
+from workbench.instrument.reduce import Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
-                                         anomalous, check_filter)
+                                         anomalous, check_filter, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
 
 __all__ = ["Watch", "Sink"]
@@ -34,11 +34,6 @@ class Sink(Protocol):
     """What a watch closes with it: something attached to its recorder (the run store)."""
 
     def close(self, status: str = "finished", error: str | None = None) -> None: ...
-
-
-def _check_int(name: str, value: Any, low: int, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be a {what}, got {value!r}.")
 
 
 class Watch:
@@ -61,12 +56,12 @@ class Watch:
                  every: int = 1, activations: bool = True, gradients: bool = True, parameters: bool = True,
                  parameter_grads: bool = True, updates: bool = False, histograms: bool = True, bins: int = 32,
                  recorder: Recorder | None = None, start_step: int = 1,
-                 reducers: Sequence[Reducer] | None = None) -> None:
+                 reducers: Sequence[Reducer | str] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
-        _check_int("every", every, 1, "positive int (record every Nth step)")
-        _check_int("bins", bins, 1, "positive int")
-        _check_int("start_step", start_step, 0, "non-negative int")
+        every = whole_number("every", every, 1, "a positive int (record every Nth step)")
+        bins = whole_number("bins", bins, 1, "a positive int")
+        start_step = whole_number("start_step", start_step, 0, "a non-negative int")
         flags = dict(activations=activations, gradients=gradients, parameters=parameters,
                      parameter_grads=parameter_grads, updates=updates, histograms=histograms)
         for name, flag in flags.items():
@@ -74,6 +69,7 @@ class Watch:
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
+        reducers = resolve_reducers(reducers)  # (before anything is hooked)
         model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
@@ -101,6 +97,8 @@ class Watch:
                                               (PARAM, parameters), (PARAM_GRAD, parameter_grads), (UPDATE, updates))
                         if on}
         self._dropped: list[weakref.finalize] = []  # closes each sink should the watch be let go of unclosed
+        self._record_next_at: int | None = None  # the step record_next() started recording, part-way perhaps
+        self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         self._start_step()
@@ -111,9 +109,11 @@ class Watch:
         return Hooks(sites, StepSums(bins, reducers=reducers, fixed_ranges=True), kinds, compiled, updates,
                      self._wanted)
 
-    def _start_step(self) -> None:
+    def _start_step(self, record: bool = False) -> None:
         self._metrics = {}
-        self._hooks.start_step(self.step_index, (self.step_index - 1) % self.every == 0)
+        record = record or self._record_next_step or (self.step_index - 1) % self.every == 0
+        self._record_next_step = False
+        self._hooks.start_step(self.step_index, record)
 
     # ------------------------------------------------------------------ the step
     def step(self, **metrics: float) -> StepRecord | None:
@@ -132,7 +132,15 @@ class Watch:
         if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
             self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
-        if hooks.recording:
+        partial = self._record_next_at == self.step_index and hooks.recording and hooks.ran() is False
+        self._record_next_at = None
+        if partial:  # (its rows would be a part of a step: see record_next)
+            self._record_next_step = True
+            warn(f"workbench: w.record_next() was called part-way through step {self.step_index}, after the "
+                 "model's forward (or its backward) had run, so that step would be recorded in part (no "
+                 f"activations or output gradients, updates of zero). Step {self.step_index + 1} is recorded in "
+                 "full instead. Call w.record_next() between two steps: after w.step(), before the model runs.")
+        if hooks.recording and not partial:
             record = self._record(hooks.end_step(self.options["parameters"]))
         elif self._metrics or hooks.step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors),
@@ -146,10 +154,18 @@ class Watch:
     def record_next(self) -> None:
         """Record the step in progress - the forward and backward that come before the next
         :meth:`step` - whatever ``every`` says: a run's last step, or a moment worth a look. Call
-        it between two steps (after a :meth:`step`, before the model runs)."""
+        it between two steps (after a :meth:`step`, before the model runs).
+
+        Called part-way through a step, after its forward ran, it would record a part of the step
+        (no activations or output gradients; updates of zero after the optimizer step): where no
+        module call of the model comes between it and :meth:`step` (no backward, for a watch of
+        parameters and their gradients alone), that part is not kept, and the next step is recorded
+        in full instead, with a ``RuntimeWarning`` that says so. (A watch of parameter values alone
+        has no hook to tell by: it records the rest of the step in progress.)"""
         self._check_open()
         if not self._hooks.recording:
             self._hooks.start_step(self.step_index, True)
+            self._record_next_at = self.step_index
 
     def _record(self, entries: list) -> StepRecord:
         try:
@@ -169,9 +185,11 @@ class Watch:
     def discard_step(self) -> None:
         """Forget what the current step has recorded so far, and start it again (same number): a
         training step that raised leaves no partial step in the rows. A backward still to come of
-        the discarded forward records nothing."""
+        the discarded forward records nothing. A step to be recorded (by ``every`` or
+        :meth:`record_next`) is recorded when run again."""
         self._check_open()
-        self._start_step()
+        self._record_next_at = None  # (the step runs again from its start: recorded in full)
+        self._start_step(record=self._hooks.recording)
 
     def log(self, **metrics: float) -> None:
         """Attach scalar metrics to the current step (published by ``step()``).
@@ -208,11 +226,15 @@ class Watch:
     # ------------------------------------------------------------------ interventions
     def patch(self, path: str, fn: Callable[[Any], Any], call: int | None = None,
               label: str | None = None) -> Intervention:
-        """Replace the output of the call site ``path`` with ``fn(output)``.
+        """Replace the output of the call site ``path`` with ``fn(output)``, or let ``fn`` edit it in place.
 
         Args:
             path: a module path of the model (any of its alias paths).
-            fn: takes the module's output, returns its replacement (same structure).
+            fn: takes the module's output and returns its replacement (same structure), or edits it in
+                place and returns None, as a PyTorch forward hook may: the edited output stays the
+                module's output. (``lambda out: out[:, 0].zero_()`` returns the zeroed column, which would
+                replace the output: ``def fn(out): out[:, 0] = 0`` returns None.) An in-place edit of a
+                tensor that autograd saved for the backward fails there, as in torch.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default: ``fn``'s name).
 
@@ -230,17 +252,20 @@ class Watch:
             raise TypeError(f"patch() needs a callable fn, got {fn!r}.")
         return self._add_intervention(path, fn, call, _label(label, getattr(fn, "__name__", "patch")))
 
-    def ablate(self, path: str, units: int | Iterable[int], dim: int | None = None, call: int | None = None,
-               label: str | None = None) -> Intervention:
+    def ablate(self, path: str, units: int | Iterable[int] | np.ndarray | torch.Tensor, dim: int | None = None,
+               call: int | None = None, label: str | None = None) -> Intervention:
         """Zero ``units`` along ``dim`` of the call site's output (every floating-point tensor in it).
 
         Args:
             path: a module path of the model.
-            units: an index or indices along ``dim`` (channels, features ...).
-            dim: the dimension that indexes units; by default 1: the features of (B, F), the channels of
-                (B, C, H, W), but the *positions* of a (B, S, F) sequence output, where features are
-                ``dim=-1``. Left out on an output of 3 or more dims, a ``RuntimeWarning`` (once) names
-                the site, its shape and the dim used; pass ``dim`` to say which you mean.
+            units: an index or indices along ``dim`` (channels, features ...): an int, a numpy integer
+                or a 0-d integer tensor, or a non-empty list, tuple, range, 1-d integer array or tensor of
+                them.
+            dim: the dimension that indexes units (an int, a numpy integer or a 0-d integer tensor); by
+                default 1: the features of (B, F), the channels of (B, C, H, W), but the *positions* of a
+                (B, S, F) sequence output, where features are ``dim=-1``. Left out on an output of 3 or
+                more dims, a ``RuntimeWarning`` (once) names the site, its shape and the dim used; pass
+                ``dim`` to say which you mean.
             call: only this call index within a step (None: every call).
             label: what it does, as the log, the metrics and the pages name it (default:
                 ``ablate[units]@dim1``).
@@ -249,11 +274,11 @@ class Watch:
             An :class:`~workbench.instrument.interventions.Intervention`.
 
         Raises:
-            TypeError: units or dim of the wrong type.
+            TypeError: units or dim that are not integers (floats, bools, strings, an empty list).
             ValueError: units or dim out of range for the outputs recorded at ``path`` so far.
         """
-        given, dim = dim is not None, 1 if dim is None else dim
-        index = unit_index(units, dim)
+        given = dim is not None
+        index, dim = unit_index(units, 1 if dim is None else dim)
         label = _label(label, f"ablate{index}@dim{dim}")
         for shape in self._output_shapes(path):  # known once a recorded step has seen the site
             check_units(path, index, dim, shape)
@@ -284,8 +309,8 @@ class Watch:
     def _add_intervention(self, path: str, fn: Callable, call: int | None, label: str) -> Intervention:
         self._check_open()
         self._sites.check_path(path)
-        if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
-            raise ValueError(f"call must be None (every call) or a call index >= 0, got {call!r}.")
+        if call is not None:
+            call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index)
         self._intervention_log.append(intervention)
@@ -347,7 +372,16 @@ class Watch:
         Args:
             module: only this module path (None: every path).
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+
+        Raises:
+            RuntimeError: the watch was made with ``histograms=False``: it records none (an empty frame
+                would read as sites that had no values).
+            ValueError: an unknown ``module`` or ``kind``.
         """
+        if not self.options["histograms"]:
+            raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
+                               "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
+                               "(the default), e.g. workbench.watch(model, bins=32).")
         check_filter("histograms", module, kind, self.paths)
         return self.recorder.histograms(module, kind)
 
