@@ -1036,7 +1036,9 @@ class Compare:
         kind: the kind the per-site figure shows first (``activation``, ``grad_output``, ``param``,
             ``param_grad``).
         statistic: the statistic it shows first (a column of ``workbench.ui.views.STATISTICS``).
-        site: the call site it shows first (default: the first run's that changed most).
+        site: the call site it shows first (default: the first run's that changed most). Runs with no
+            rows of ``kind`` yet (a comparison made before their first step) keep it and draw it once
+            their rows arrive; runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: log-scaled y axes.
         interval: seconds between checks for new steps (> 0).
@@ -1131,10 +1133,13 @@ class Compare:
         ])
         self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
         ended = self._catch_up(first=True)
-        if site is not None and self.site.value != site:
+        # a site is refused where the runs' sites are known; runs with no rows of the kind yet (made
+        # before their first step) keep it, drawn once their rows arrive
+        if site is not None and self.site.value != site and (self.sites or ended):
             self.close()
-            raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; the sites are "
-                             f"{self.sites}.")
+            raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; " + (
+                f"the sites are {self.sites}." if self.sites else
+                f"they recorded no {kind} rows: pick a kind they have, or leave site= out."))
         self._timer: threading.Thread | None = None
         if not ended:
             self._timer = threading.Thread(target=self._tick, name="workbench-compare", daemon=True)
