@@ -762,3 +762,33 @@ def test_compare_says_of_a_live_run_without_rows_that_it_has_none_yet_and_of_an_
     assert not compare.following
     assert "`waits` recorded no activation rows: the sites of `ran` are listed." in compare.message
 
+
+def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():
+    """The tab opened between two ticks, steps having arrived since the last: it said "this run was
+    recorded with histograms=False" of a watch that records them."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model)  # (histograms on: the default)
+    dash = Dashboard(w, interval=3600)  # (no tick in this test: what arrives is drawn when a tab is opened)
+    try:
+        assert empty_text(dash.figure("distribution")) == "No activation rows yet."
+        for _ in range(2):
+            model(torch.randn(8, 2)).sum().backward()
+            w.step()
+        wait_for(lambda: dash.view.steps_fed == 2, what="the steps delivered to the dashboard")
+        dash.tabs.selected_index = 3  # (opened: drawn from what arrived)
+        assert dash.open_figure == "distribution"
+        drawn = plotted(dash, "distribution")
+        assert "histograms=False" not in empty_text(drawn) and drawn["data"]  # (the histograms that arrived)
+        assert dash.distribution_site.value in dash.view.histogram_sites("activation")
+    finally:
+        dash.close()
+        w.close()
+    off = workbench.watch(model, histograms=False)
+    dash = Dashboard(off, interval=3600)
+    try:  # (a watch without histograms says so at once)
+        assert "histograms=False" in empty_text(dash.figure("distribution"))
+    finally:
+        dash.close()
+        off.close()

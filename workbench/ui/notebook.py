@@ -772,15 +772,20 @@ class Dashboard:
             elif name == "heatmap":
                 spec = figures.heatmap_figure(self.view, kind, statistic)
             else:
+                if not self.distribution_site.value and self.view.histogram_sites(kind):
+                    self._sync_controls()  # (histograms arrived since the last tick: the tab opened in between)
                 site = self.distribution_site.value
+                records = self._records_histograms()
+                rows = self.view.site_order(kind)
                 if site:
                     spec = figures.distribution_figure(self.view, kind, site)
-                elif not self.view.site_order(kind):
-                    spec = figures.empty_figure(f"No {kind} rows yet.")
+                elif records is False or (records is None and rows and self._ended()):
+                    spec = figures.empty_figure(f"No histograms of {kind} rows: this run "
+                                                f"{'was' if self._ended() else 'is'} recorded with histograms=False; "
+                                                "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows: this run was recorded with "
-                                                "histograms=False; leave them on (the default) to see "
-                                                "distributions over time.")
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
+                                                else f"No {kind} rows yet.")
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -790,6 +795,14 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
+
+    def _records_histograms(self) -> bool | None:
+        """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
+        stored run's metadata; None for a stored run that does not say (then its rows tell, once it ended)."""
+        if self.watch is not None:
+            return bool(self.watch.options["histograms"])
+        said = self.stored.metadata.get("histograms") if self.stored is not None else None
+        return said if isinstance(said, bool) else None
 
     def _draw_anomalies(self) -> None:
         first = self.view.first_anomaly
