@@ -126,8 +126,10 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
-    ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
-    colours in the last drawing (:func:`figures.steady_colors`), which the runs still compared keep."""
+    ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
+    without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
+    "no ... rows yet". ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
+    which the runs still compared keep."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
