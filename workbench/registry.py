@@ -44,6 +44,12 @@ ExampleInputs = Callable[[nn.Module, int, "torch.Generator | None"], Inputs]
 Objective = Callable[[nn.Module, Inputs, Any], torch.Tensor]
 MemoryEstimate = Callable[..., "int | None"]
 
+#: Held while workbench draws from torch's global generators: a model's build (parameter initialisation),
+#: an experiment's setup and steps (:mod:`workbench.experiments.base`). They are process-wide, so what
+#: runs on several threads (the app's sessions, a notebook's background runs) takes turns there, and an
+#: experiment's numbers are those its seed gives alone. Reentrant: an experiment's setup builds its model.
+GLOBAL_RNG = threading.RLock()
+
 # While a model is being built (or estimated), the models its builder creates are part of it:
 # their memory is in the outer estimate, so they are not estimated again.
 _building = threading.local()
@@ -189,7 +195,7 @@ class ModelSpec:
                 config = ", ".join(f"{k}={v!r}" for k, v in checked.items())
                 check_memory(self._estimate(arguments), f"Model {self.name!r} ({config or 'defaults'})",
                              memory_limit)
-        with memory_accounted():
+        with memory_accounted(), GLOBAL_RNG:  # (its initialisation draws from the global generator)
             model = self.builder(**arguments)
         if not isinstance(model, nn.Module):
             raise TypeError(f"Model {self.name!r}: its builder {getattr(self.builder, '__qualname__', self.builder)!r} "

@@ -56,3 +56,46 @@ def test_a_background_run_that_cannot_start_closes_the_watch_it_made(monkeypatch
     assert workbench.load_run(tmp_path / "run").status == "failed"
     assert exp.watcher.closed and installed_hooks()["_global_forward_hooks"] == 0
     assert exp.run(2, every=1)  # the experiment is not left watched
+
+
+def test_background_runs_of_one_seed_started_together_give_what_one_gives_alone():
+    """Two runs of one seed trained side by side (``exp.start`` twice, then both followed in a
+    notebook) are the run of that seed: the same metrics and the same recorded rows as one alone."""
+    def make():
+        return workbench.experiments.create("activation_mlp", seed=0, width=16, depth=2, n_samples=256)
+
+    alone = make().start(30)
+    alone.join()
+    together = [make().start(30) for _ in range(2)]
+    for run in together:
+        assert run.join() == "finished"
+    expected = alone.watch.to_pandas()
+    for run in together:
+        assert run.history == alone.history
+        assert run.watch.to_pandas().equals(expected)  # (the curves of the views: every statistic)
+
+
+def test_an_experiment_made_while_another_thread_builds_models_has_the_weights_of_its_seed():
+    """Parameter initialisation draws from torch's global generator, and so does building any
+    registered model: the app's Models tab of another session builds on a thread of its own while a
+    session's experiment is made. Every build takes turns there with the experiments."""
+    def weights():
+        exp = workbench.experiments.create("activation_mlp", seed=0, width=64, depth=4, n_samples=64)
+        return [p.detach().clone() for p in exp.model.parameters()]
+
+    alone = weights()
+    stop = threading.Event()
+
+    def build():
+        while not stop.is_set():
+            workbench.create_model("mlp", width=64, depth=4)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    try:
+        made = [weights() for _ in range(20)]
+    finally:
+        stop.set()
+        builder.join()
+    differ = [i for i, each in enumerate(made) if not all(torch.equal(a, b) for a, b in zip(alone, each))]
+    assert differ == []

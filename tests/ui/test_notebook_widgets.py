@@ -711,3 +711,84 @@ def test_the_dashboard_of_a_live_watch_judges_its_loss_against_the_runs_chance_l
     dash.refresh()
     assert any("loss_at_chance at loss" in label for label in dash.findings_list.options), dash.findings_list.options
     dash.close()
+
+
+def empty_text(figure):
+    """What a blank figure says (:func:`workbench.ui.figures.empty_figure`)."""
+    return " ".join(a["text"] for a in figure["layout"].get("annotations", ()))
+
+
+def test_compare_of_runs_before_their_first_step_keeps_the_site_given_and_draws_it_once_rows_arrive():
+    """A comparison made as the runs start (their watch open, no step yet) was refused: "no call site
+    'layers.1' ...; the sites are []"."""
+    from workbench.ui.notebook import Compare
+
+    exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    watches = [exp.watch(histograms=False) for exp in exps]
+    compare = Compare(*exps, site="layers.1", interval=0.05)
+    try:
+        assert compare.sites == [] and compare.following
+        assert empty_text(compare.figure("site")) == "None of these runs has activation rows yet."
+        for exp in exps:
+            exp.run(2, progress=False)
+        wait_for(lambda: compare.site.value == "layers.1", what="the site given, once the runs have it")
+        assert compare.sites[0] == "layers.0"  # (the given site drawn, not the first run's default)
+        wait_for(lambda: compare.figure("site")["layout"]["title"]["text"].endswith("at layers.1, by run"),
+                 what="the given site's figure")
+    finally:
+        compare.close()
+        for w in watches:
+            w.close()
+    with pytest.raises(ValueError, match=r"no call site 'layers.9' of kind 'activation' in these runs; the sites "
+                                         r"are \['layers.0', "):
+        Compare(*watches, site="layers.9")  # (runs that have sites: a site they lack is refused)
+
+
+def test_compare_says_of_a_live_run_without_rows_that_it_has_none_yet_and_of_an_ended_one_that_it_recorded_none():
+    from workbench.ui.notebook import Compare
+
+    exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    watches = [exp.watch(histograms=False) for exp in exps]
+    exps[0].run(2, progress=False)
+    compare = Compare(*exps, names=["ran", "waits"], interval=0.05)
+    try:  # (a run still going was said to have "recorded no activation rows")
+        wait_for(lambda: compare.sites, what="the first run's sites")
+        assert "`waits` has no activation rows yet: the sites of `ran` are listed." in compare.message
+    finally:
+        compare.close()
+    for w in watches:  # (the second ended without a step: it recorded none)
+        w.close()
+    compare = Compare(*watches, names=["ran", "waits"])
+    assert not compare.following
+    assert "`waits` recorded no activation rows: the sites of `ran` are listed." in compare.message
+
+
+def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():
+    """The tab opened between two ticks, steps having arrived since the last: it said "this run was
+    recorded with histograms=False" of a watch that records them."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model)  # (histograms on: the default)
+    dash = Dashboard(w, interval=3600)  # (no tick in this test: what arrives is drawn when a tab is opened)
+    try:
+        assert empty_text(dash.figure("distribution")) == "No activation rows yet."
+        for _ in range(2):
+            model(torch.randn(8, 2)).sum().backward()
+            w.step()
+        wait_for(lambda: dash.view.steps_fed == 2, what="the steps delivered to the dashboard")
+        dash.tabs.selected_index = 3  # (opened: drawn from what arrived)
+        assert dash.open_figure == "distribution"
+        drawn = plotted(dash, "distribution")
+        assert "histograms=False" not in empty_text(drawn) and drawn["data"]  # (the histograms that arrived)
+        assert dash.distribution_site.value in dash.view.histogram_sites("activation")
+    finally:
+        dash.close()
+        w.close()
+    off = workbench.watch(model, histograms=False)
+    dash = Dashboard(off, interval=3600)
+    try:  # (a watch without histograms says so at once)
+        assert "histograms=False" in empty_text(dash.figure("distribution"))
+    finally:
+        dash.close()
+        off.close()

@@ -24,18 +24,16 @@ from torch import nn
 from workbench import checkpoints
 from workbench.instrument import Watch, watch
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
-from workbench.registry import close_names, memory_accounted
+from workbench.registry import GLOBAL_RNG, close_names, memory_accounted
 
 __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "register_experiment", "list_experiments",
            "get_experiment_spec", "create", "resume", "resolve_device"]
 
 
-#: Held while an experiment draws from torch's global generators (parameter initialisation in
-#: setup(), dropout in a step): they are process-wide, so experiments stepped on several threads
-#: (the app's runs) take turns there, and each run's numbers are those it has alone. The draws
-#: happen inside the model's forward, so a whole training step holds it: the steps of concurrent
-#: experiments take turns (each one's still use torch's intra-op threads).
-GLOBAL_RNG = threading.RLock()
+# GLOBAL_RNG (the registry's: every model build holds it too) is held while an experiment draws from
+# torch's global generators (parameter initialisation in setup(), dropout in a step). The draws happen
+# inside the model's forward, so a whole training step holds it: the steps of concurrent experiments
+# take turns (each one's still use torch's intra-op threads).
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

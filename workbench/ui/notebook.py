@@ -772,15 +772,20 @@ class Dashboard:
             elif name == "heatmap":
                 spec = figures.heatmap_figure(self.view, kind, statistic)
             else:
+                if not self.distribution_site.value and self.view.histogram_sites(kind):
+                    self._sync_controls()  # (histograms arrived since the last tick: the tab opened in between)
                 site = self.distribution_site.value
+                records = self._records_histograms()
+                rows = self.view.site_order(kind)
                 if site:
                     spec = figures.distribution_figure(self.view, kind, site)
-                elif not self.view.site_order(kind):
-                    spec = figures.empty_figure(f"No {kind} rows yet.")
+                elif records is False or (records is None and rows and self._ended()):
+                    spec = figures.empty_figure(f"No histograms of {kind} rows: this run "
+                                                f"{'was' if self._ended() else 'is'} recorded with histograms=False; "
+                                                "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows: this run was recorded with "
-                                                "histograms=False; leave them on (the default) to see "
-                                                "distributions over time.")
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
+                                                else f"No {kind} rows yet.")
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -790,6 +795,14 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
+
+    def _records_histograms(self) -> bool | None:
+        """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
+        stored run's metadata; None for a stored run that does not say (then its rows tell, once it ended)."""
+        if self.watch is not None:
+            return bool(self.watch.options["histograms"])
+        said = self.stored.metadata.get("histograms") if self.stored is not None else None
+        return said if isinstance(said, bool) else None
 
     def _draw_anomalies(self) -> None:
         first = self.view.first_anomaly
@@ -1036,7 +1049,9 @@ class Compare:
         kind: the kind the per-site figure shows first (``activation``, ``grad_output``, ``param``,
             ``param_grad``).
         statistic: the statistic it shows first (a column of ``workbench.ui.views.STATISTICS``).
-        site: the call site it shows first (default: the first run's that changed most).
+        site: the call site it shows first (default: the first run's that changed most). Runs with no
+            rows of ``kind`` yet (a comparison made before their first step) keep it and draw it once
+            their rows arrive; runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: log-scaled y axes.
         interval: seconds between checks for new steps (> 0).
@@ -1131,10 +1146,13 @@ class Compare:
         ])
         self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
         ended = self._catch_up(first=True)
-        if site is not None and self.site.value != site:
+        # a site is refused where the runs' sites are known; runs with no rows of the kind yet (made
+        # before their first step) keep it, drawn once their rows arrive
+        if site is not None and self.site.value != site and (self.sites or ended):
             self.close()
-            raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; the sites are "
-                             f"{self.sites}.")
+            raise ValueError(f"Compare: no call site {site!r} of kind {kind!r} in these runs; " + (
+                f"the sites are {self.sites}." if self.sites else
+                f"they recorded no {kind} rows: pick a kind they have, or leave site= out."))
         self._timer: threading.Thread | None = None
         if not ended:
             self._timer = threading.Thread(target=self._tick, name="workbench-compare", daemon=True)

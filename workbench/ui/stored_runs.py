@@ -116,6 +116,8 @@ class ViewCache:
 
 
 NO_COMPARISON = "Pick two or more runs to compare."
+#: The statuses of a run still going (a live run's, or a stored run's while its writer is at work).
+LIVE_STATUSES = ("running", "paused", "stopping")
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
@@ -124,8 +126,10 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
-    ``kind``, in the first run's forward order), the site drawn and a message. ``colors``: the runs'
-    colours in the last drawing (:func:`figures.steady_colors`), which the runs still compared keep."""
+    ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
+    without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
+    "no ... rows yet". ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
+    which the runs still compared keep."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -157,13 +161,19 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
     colors = figures.steady_colors(list(views), colors)
     metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
+    # (a run still going may have its rows yet to come: said so, not that it recorded none)
+    live = {name for name, view in views.items() if view.status in LIVE_STATUSES}
     site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
-                else figures.empty_figure(f"None of these runs recorded {kind} rows."))
+                else figures.empty_figure(f"None of these runs has {kind} rows yet." if live
+                                          else f"None of these runs recorded {kind} rows."))
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
     if lacking and having:
-        text += (f" {', '.join(f'`{n}`' for n in lacking)} recorded no {kind} rows: the sites of "
-                 f"`{having[0]}` are listed.")
+        waiting, ended = [n for n in lacking if n in live], [n for n in lacking if n not in live]
+        said = ([f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows"] if ended else []) + (
+            [f"{', '.join(f'`{n}`' for n in waiting)} {'has' if len(waiting) == 1 else 'have'} no {kind} rows yet"]
+            if waiting else [])
+        text += f" {'; '.join(said)}: the sites of `{having[0]}` are listed."
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
