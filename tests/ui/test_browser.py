@@ -873,3 +873,64 @@ def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_
     finally:
         page.close()
 
+
+#: The words of each cell of a table (its header's too) that the page broke over two lines: [(text, word)].
+#: (A word: what lies between spaces; a range of steps may break after its dash, "120–" "200".)
+BROKEN_WORDS = """table => {
+    const broken = [];
+    for (const cell of table.querySelectorAll('th span.header, [role=gridcell] span.text')) {
+        const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+            for (const word of node.textContent.matchAll(/[^\\s–]+–?/g)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (tops.size > 1) broken.push([cell.textContent.trim().slice(0, 40), word[0]]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_root, nan_at_step_3):
+    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window)
+    from workbench.diagnose import FINDINGS
+
+    _store_runs(runs_root, "narrow/nan-findings", steps=6)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-refresh").click()
+        choose(page, "run-path", "narrow/nan-findings")
+        table = page.locator("#replay-findings")
+        expect(table).to_contain_text("nan_origin")
+        assert table.evaluate(BROKEN_WORDS) == []
+        # and a column holds the longest word it may show on a line: each severity, each finding's name
+        # (workbench.diagnose.FINDINGS), steps of three digits and a parameter's site
+        longest = {0: ["✖ error", "⚠ warning", "ℹ info"], 1: ["120–200"], 2: ["layers.0.weight"],
+                   3: list(FINDINGS)}
+        too_narrow = table.evaluate("""(table, longest) => {
+            const cells = [...table.querySelectorAll('[role=row]')].at(-1).querySelectorAll('[role=gridcell]');
+            return Object.entries(longest).flatMap(([column, words]) => {
+                const text = cells[column].querySelector('span.text'), style = getComputedStyle(text);
+                const room = text.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+                return words.filter(word => {
+                    const probe = document.createElement('span');
+                    probe.style.whiteSpace = 'nowrap';
+                    probe.textContent = word;
+                    text.appendChild(probe);
+                    const wide = probe.getBoundingClientRect().width;
+                    probe.remove();
+                    return wide > room;
+                });
+            });
+        }""", {str(k): v for k, v in longest.items()})
+        assert too_narrow == [], too_narrow
+        table.scroll_into_view_if_needed()
+        _screenshot(page, "runs_findings_800.png", full_page=False)
+    finally:
+        page.close()

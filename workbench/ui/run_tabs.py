@@ -179,8 +179,12 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     return note, table
 
 
-#: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
+#: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
+#: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
+#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight)
+#: - and the evidence, wrapped between words, takes the rest. (Gradio breaks a word that does not fit mid-word:
+#: "severit|y" at 11%.)
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
 
 #: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
 #: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
