@@ -35,7 +35,7 @@ from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
                                       replay, run_table, stored_header, stored_interventions)
 from workbench.ui.views import RunView
-from workbench.ui.weights import inspect_weights, outputs_html
+from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
 logger = logging.getLogger(__name__)
 
@@ -306,8 +306,13 @@ def layout(root: RunsRoot):
                                   elem_id="weights-inspect") as c["weights_inspect"]:
                     c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
                     c["weights_outputs"] = gr.HTML(elem_id="weights-outputs")
+                    # (each table shown where the file fills it: a model built from it has a module tree, a
+                    # plain state_dict its tensors, a file refused neither)
                     c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
-                                                     max_height=300, elem_id="weights-tree")
+                                                     max_height=300, elem_id="weights-tree", visible=False)
+                    c["weights_tensors"] = gr.Dataframe(pd.DataFrame(columns=TENSOR_COLUMNS), interactive=False,
+                                                        label="tensors in the file", max_height=300,
+                                                        elem_id="weights-tensors", visible=False)
                 c["prefill"] = gr.State({})
                 c["status"] = gr.Markdown(NO_RUN,
                                           elem_id="run-status")
@@ -683,20 +688,21 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     # ------------------------------------------------------------ initial weights
     def on_weights(path, prefill):
-        text, tree, outputs, experiment, settings = inspect_weights(path)
-        outputs = outputs_html(outputs)
+        text, tree, outputs, experiment, settings, tensors = inspect_weights(path)
+        shown = (gr.Dataframe(value=tree, visible=not tree.empty), outputs_html(outputs),
+                 gr.Dataframe(value=tensors, visible=not tensors.empty))
         if not path:
-            return "", gr.Accordion(visible=False), "", tree, outputs, gr.skip(), gr.skip()
+            return "", gr.Accordion(visible=False), "", *shown, gr.skip(), gr.skip()
         note = text.split("\n\n")[0] if not text.startswith("**Refused") else text
         if experiment is None:
-            return note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.skip(), gr.skip()
+            return note, gr.Accordion(visible=True, open=True), text, *shown, gr.skip(), gr.skip()
         version = int((prefill or {}).get("version", 0)) + 1
-        return (note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.Radio(value=experiment),
+        return (note, gr.Accordion(visible=True, open=True), text, *shown, gr.Radio(value=experiment),
                 {"experiment": experiment, "values": settings, "version": version})
 
-    c["weights"].change(_guarded(on_weights, lambda text: (text, *skips(6))), [c["weights"], c["prefill"]],
+    c["weights"].change(_guarded(on_weights, lambda text: (text, *skips(7))), [c["weights"], c["prefill"]],
                         [c["weights_info"], c["weights_inspect"], c["weights_summary"], c["weights_tree"],
-                         c["weights_outputs"], c["experiment"], c["prefill"]])
+                         c["weights_outputs"], c["weights_tensors"], c["experiment"], c["prefill"]])
 
     def on_attach(picked):
         attached, message = attach(manager, picked)
