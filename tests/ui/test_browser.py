@@ -810,3 +810,127 @@ def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_wind
         assert laid_out and all(lines == 1 and right <= 800 for _, lines, right in laid_out), laid_out
     finally:
         page.close()
+
+
+def _store_runs(runs_root, *names, steps=2):
+    """Runs of activation_mlp recorded under the served app's root (as a run of the app records them)."""
+    from workbench.ui import live_run
+    from workbench.ui.runs import RunManager
+
+    manager = RunManager(runs_root)
+    try:
+        for name in names:
+            run, message = live_run.start_run(manager, "activation_mlp", {}, 0, steps, 1, False, "*", name)
+            assert run is not None, message
+            run.join(60)
+            assert run.outcome == "finished", run.error
+    finally:
+        manager.close()
+
+
+LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0001",
+             "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0002"]
+
+
+def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_at_800_px(browser, served_app,
+                                                                                          runs_root):
+    # (a long name ran under the picker's arrow, and each chip of the Compare multiselect wrapped its run's name
+    # mid-word over six lines)
+    _store_runs(runs_root, *LONG_RUNS)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-refresh").click()
+        choose(page, "run-path", LONG_RUNS[0])
+        box = page.locator("#run-path input").evaluate("""box => {
+            const style = getComputedStyle(box), arrow = box.parentElement.querySelector('.icon-wrap');
+            return {overflow: style.textOverflow, cut: box.scrollWidth > box.clientWidth,
+                    text_right: box.getBoundingClientRect().right - parseFloat(style.paddingRight),
+                    arrow_left: arrow.getBoundingClientRect().left};
+        }""")
+        assert box["overflow"] == "ellipsis" and box["cut"], box
+        assert box["text_right"] <= box["arrow_left"] + 1, box  # (the text ends before the arrow)
+        choose(page, "compare-runs", *LONG_RUNS)
+        chips = page.locator("#compare-runs .token > span")
+        expect(chips).to_have_count(2)
+        laid_out = chips.evaluate_all("""spans => spans.map(span => {
+            const style = getComputedStyle(span), box = span.closest('.wrap').getBoundingClientRect();
+            return {lines: Math.round(span.getBoundingClientRect().height / parseFloat(style.lineHeight)),
+                    overflow: style.textOverflow, cut: span.scrollWidth > span.clientWidth,
+                    inside: span.closest('.token').getBoundingClientRect().right <= box.right + 1};
+        })""")
+        assert laid_out == [{"lines": 1, "overflow": "ellipsis", "cut": True, "inside": True}] * 2, laid_out
+        # the whole name is each chip's title (tooltip), and the box's
+        for chip, name in zip(chips.all(), LONG_RUNS):
+            chip.hover()
+            expect(chip).to_have_attribute("title", name)
+        page.locator("#run-path input").hover()
+        expect(page.locator("#run-path input")).to_have_attribute("title", LONG_RUNS[0])
+        page.locator("#compare").scroll_into_view_if_needed()
+        _screenshot(page, "runs_long_names_800.png", full_page=False)
+    finally:
+        page.close()
+
+
+#: The words of each cell of a table (its header's too) that the page broke over two lines: [(text, word)].
+#: (A word: what lies between spaces; a range of steps may break after its dash, "120–" "200".)
+BROKEN_WORDS = """table => {
+    const broken = [];
+    for (const cell of table.querySelectorAll('th span.header, [role=gridcell] span.text')) {
+        const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+            for (const word of node.textContent.matchAll(/[^\\s–]+–?/g)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (tops.size > 1) broken.push([cell.textContent.trim().slice(0, 40), word[0]]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_root, nan_at_step_3):
+    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window)
+    from workbench.diagnose import FINDINGS
+
+    _store_runs(runs_root, "narrow/nan-findings", steps=6)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-refresh").click()
+        choose(page, "run-path", "narrow/nan-findings")
+        table = page.locator("#replay-findings")
+        expect(table).to_contain_text("nan_origin")
+        assert table.evaluate(BROKEN_WORDS) == []
+        # and a column holds the longest word it may show on a line: each severity, each finding's name
+        # (workbench.diagnose.FINDINGS), steps of three digits and a parameter's site
+        longest = {0: ["✖ error", "⚠ warning", "ℹ info"], 1: ["120–200"], 2: ["layers.0.weight"],
+                   3: list(FINDINGS)}
+        too_narrow = table.evaluate("""(table, longest) => {
+            const cells = [...table.querySelectorAll('[role=row]')].at(-1).querySelectorAll('[role=gridcell]');
+            return Object.entries(longest).flatMap(([column, words]) => {
+                const text = cells[column].querySelector('span.text'), style = getComputedStyle(text);
+                const room = text.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+                return words.filter(word => {
+                    const probe = document.createElement('span');
+                    probe.style.whiteSpace = 'nowrap';
+                    probe.textContent = word;
+                    text.appendChild(probe);
+                    const wide = probe.getBoundingClientRect().width;
+                    probe.remove();
+                    return wide > room;
+                });
+            });
+        }""", {str(k): v for k, v in longest.items()})
+        assert too_narrow == [], too_narrow
+        table.scroll_into_view_if_needed()
+        _screenshot(page, "runs_findings_800.png", full_page=False)
+    finally:
+        page.close()

@@ -205,8 +205,9 @@ def lightzero_file(path, seed=0, **shapes):
 
 def test_an_uploaded_lightzero_checkpoint_is_inspected_and_fills_the_form(tmp_path):
     state = lightzero_file(tmp_path / "ez.pth.tar")
-    text, tree, outputs, experiment, settings = weights.inspect_weights(str(tmp_path / "ez.pth.tar"))
+    text, tree, outputs, experiment, settings, tensors = weights.inspect_weights(str(tmp_path / "ez.pth.tar"))
     assert "LightZero EfficientZero dynamics network" in text
+    assert tensors.empty  # (a model is built from it: its module tree and outputs say more)
     assert "dynamics_network.\\* keys taken out" in text  # (Markdown: an asterisk, not emphasis)
     assert experiment == "efficientzero_dynamics"
     assert settings == {"latent_channels": 8, "actions": 4, "spatial": 4, "num_res_blocks": 1,
@@ -264,9 +265,9 @@ def test_weights_of_another_shape_are_refused_with_the_diff_and_the_settings_tha
 def test_bad_uploads_are_refused_by_inspection_and_by_start(manager, tmp_path, content, expected):
     path = tmp_path / "bad.pt"
     content(path)
-    text, tree, outputs, experiment, _ = weights.inspect_weights(str(path))
+    text, tree, outputs, experiment, _, tensors = weights.inspect_weights(str(path))
     assert text.startswith("**Refused:**") and expected in text, text
-    assert tree.empty and outputs.empty and experiment is None
+    assert tree.empty and outputs.empty and tensors.empty and experiment is None
     run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 2, 1, False, "*", "", weights=str(path))
     assert run is None and expected in message
 
@@ -274,9 +275,10 @@ def test_bad_uploads_are_refused_by_inspection_and_by_start(manager, tmp_path, c
 def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, tmp_path):
     source = workbench.experiments.create("activation_mlp", seed=5).model
     torch.save(source.state_dict(), tmp_path / "mlp.pt")
-    text, tree, _, experiment, _ = weights.inspect_weights(str(tmp_path / "mlp.pt"))
+    text, tree, _, experiment, _, tensors = weights.inspect_weights(str(tmp_path / "mlp.pt"))
     assert "plain state_dict" in text and experiment is None
     assert "**Start** loads it into the experiment picked in the form" in text and "load_weights" not in text
+    assert tree.empty and tensors.tensor.tolist() == list(source.state_dict())  # (its tensors, in its order)
     run, message = live_run.start_run(manager, "activation_mlp", {}, 0, 1, 1, False, "*", "",
                                       weights=str(tmp_path / "mlp.pt"))
     assert run is not None, message
@@ -286,11 +288,22 @@ def test_a_plain_state_dict_starts_the_experiment_whose_model_it_fits(manager, t
     assert wrong is None and "missing (" in message and "unexpected (" in message
 
 
+def test_a_plain_state_dict_is_listed_by_its_tensors_name_shape_dtype_and_numel(tmp_path):
+    torch.save({"encoder.embed.weight": torch.zeros(10, 4, dtype=torch.float16), "head.bias": torch.zeros(3),
+                "steps": torch.tensor(7)}, tmp_path / "plain.pt")
+    text, tree, outputs, experiment, settings, tensors = weights.inspect_weights(str(tmp_path / "plain.pt"))
+    assert "3 tensors, 44 numbers, read from plain.pt" in text and "below, its tensors" in text
+    assert tree.empty and outputs.empty and (experiment, settings) == (None, {})
+    assert tensors.columns.tolist() == weights.TENSOR_COLUMNS == ["tensor", "shape", "dtype", "numel"]
+    assert tensors.values.tolist() == [["encoder.embed.weight", "(10, 4)", "float16", 40],
+                                       ["head.bias", "(3,)", "float32", 3], ["steps", "()", "int64", 1]]
+
+
 def test_an_agilerl_layout_ilql_checkpoint_is_inspected_and_trained_from(manager, tmp_path):
     agent = workbench.create_model("ilql", n_layer=1, n_embd=32, n_head=2)
     agent.save_checkpoint(tmp_path / "agent.pt")
-    text, tree, outputs, experiment, settings = weights.inspect_weights(str(tmp_path / "agent.pt"))
-    assert "AgileRL-layout ILQL agent" in text and "ILQL.save_checkpoint's dict" in text
+    text, tree, outputs, experiment, settings, tensors = weights.inspect_weights(str(tmp_path / "agent.pt"))
+    assert "AgileRL-layout ILQL agent" in text and "ILQL.save_checkpoint's dict" in text and tensors.empty
     assert (experiment, settings) == ("ilql", {"n_layer": 1, "n_embd": 32, "n_head": 2})
     assert {"out.vs", "out.logits"} <= set(outputs.output) and "model.h.0.attn" in tree.module.tolist()
     run, message = live_run.start_run(manager, "ilql", {**settings, "eval_every": 0, "dataset_size": 64,
@@ -499,11 +512,22 @@ def test_bad_uploads_are_refused_and_the_server_stays_up(page, tmp_path):
         upload(tmp_path / name)
         expect(info).to_contain_text(expected, timeout=60_000)  # ("Refused:" may be the last file's)
         expect(summary).to_contain_text(expected)
+        expect(page.locator("#weights-tree")).to_be_hidden()  # (a file refused shows no table)
+        expect(page.locator("#weights-tensors")).to_be_hidden()
     assert not marker.exists()
     # another architecture: inspected as a plain state_dict, refused by Start with the diff
     torch.save(workbench.experiments.create("activation_mlp").model.state_dict(), tmp_path / "mlp.pt")
     upload(tmp_path / "mlp.pt")
     expect(summary).to_contain_text("A plain state_dict names no model to build", timeout=30_000)
+    tensors = page.locator("#weights-tensors")  # (its tensors, where no module tree is)
+    expect(tensors).to_contain_text("layers.0.weight")
+    listed = tensors.evaluate("""el => ({
+        heads: [...el.querySelectorAll('thead th')].map(th => th.getAttribute('title')),
+        first: [...el.querySelector('[role=row][data-index="0"]').querySelectorAll('[role=gridcell]')]
+               .map(cell => cell.textContent.trim())})""")
+    assert listed == {"heads": ["tensor", "shape", "dtype", "numel"],
+                      "first": ["layers.0.weight", "(32, 2)", "float32", "64"]}, listed
+    expect(page.locator("#weights-tree")).to_be_hidden()
     page.locator("#experiment-list").get_by_label("efficientzero_dynamics", exact=True).check()
     page.wait_for_selector("#experiment-overview:has-text('efficientzero_dynamics')")
     # (its form comes with a render of its own: Start before it would start the last form's experiment)
@@ -517,3 +541,5 @@ def test_bad_uploads_are_refused_and_the_server_stays_up(page, tmp_path):
     # the server is up: a good checkpoint is read after the bad ones
     upload(tmp_path / "full.pt")
     expect(summary).to_contain_text("LightZero EfficientZero dynamics network", timeout=30_000)
+    expect(page.locator("#weights-tree")).to_contain_text("DynamicsNetwork")
+    expect(page.locator("#weights-tensors")).to_be_hidden()

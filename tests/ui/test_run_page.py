@@ -444,3 +444,23 @@ def test_a_narrow_header_breaks_between_its_parts_never_inside_one():
     assert parts[0] == "`running`" and parts[1].startswith("step 30 of 1000 <progress") and parts[1].endswith(" 3%")
     assert parts[2:] == ["50.0 steps/s", "about 19 s left"]
     assert re.sub(unbroken, "", header) == "**mlp** ·  ·  ·  · "  # (the label, and the breaks between the parts)
+
+
+def test_every_picker_of_a_run_or_a_call_site_carries_the_pick_class(tmp_path):
+    # (PICK's CSS ends a long name in an ellipsis before the arrow: a picker without it ran the name under it)
+    import gradio as gr
+
+    from workbench.ui import run_tabs
+    from workbench.ui.app import build_app
+
+    app = build_app(runs_root=tmp_path / "runs")
+    try:
+        pickers = {block.elem_id: block.elem_classes or [] for block in app.blocks.values()
+                   if isinstance(block, gr.Dropdown) and (re.search(r"\bruns?\b|\bsites?\b", block.label or "")
+                                                          or block.elem_id == "iv-on")}  # (interventions at a site)
+    finally:
+        app.run_manager.close()
+    assert {"live-pick", "run-path", "compare-runs", "compare-site", "live-sites", "replay-dist-site", "iv-site",
+            "iv-on", "explorer-run", "explorer-site"} <= set(pickers), sorted(pickers)
+    assert [name for name, classes in pickers.items() if run_tabs.PICK not in classes] == []
+    assert f".{run_tabs.PICK} input {{ text-overflow: ellipsis;" in app.workbench_css

@@ -35,6 +35,7 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             explorer.wire(explorer.layout(manager.root), app)
             run_tabs.wire(run_tabs.layout(manager.root), manager, app)
         app.load(None, js=LET_GO_OF_DROPPED_PLOTS)
+        app.load(None, js=run_tabs.PICK_TITLES)
     _one_render_at_a_time(app)
     app.run_manager = manager
     app.workbench_css = run_tabs.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)

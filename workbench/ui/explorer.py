@@ -1007,6 +1007,7 @@ def layout(root: Any = None) -> dict[str, Any]:
 
     from workbench.experiments import get_experiment_spec
     from workbench.ui.run_page import plot_data
+    from workbench.ui.run_tabs import PICK
 
     names = activation_names()
     c: dict[str, Any] = {"root": root}
@@ -1050,10 +1051,10 @@ def layout(root: Any = None) -> dict[str, Any]:
                                         "recorded step, or else from a normal with its recorded mean and std. "
                                         "The message below says which.", elem_id="explorer-recorded-note")
                             c["run"] = gr.Dropdown([], value=None, label="stored run", elem_id="explorer-run",
-                                                   interactive=True)
+                                                   interactive=True, elem_classes=[PICK])
                             c["site"] = gr.Dropdown([], value=None, label="call site (pre-activations: the layer "
                                                     "before an activation)", elem_id="explorer-site",
-                                                    interactive=True)
+                                                    interactive=True, elem_classes=[PICK])
                             c["runs_refresh"] = gr.Button("Refresh the runs", size="sm",
                                                           elem_id="explorer-runs-refresh")
                         with gr.Row():

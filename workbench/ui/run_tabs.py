@@ -35,13 +35,17 @@ from workbench.ui.runs import RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
                                       replay, run_table, stored_header, stored_interventions)
 from workbench.ui.views import RunView
-from workbench.ui.weights import inspect_weights, outputs_html
+from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["layout", "wire", "CSS"]
+__all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES"]
 
 
+#: The CSS class of every picker of a run or a call site (``elem_classes=[PICK]``): a name longer than its box
+#: ends in an ellipsis before the arrow, a multiselect's chip too, and the whole name is the chip's or the box's
+#: title (:data:`CSS`, :data:`PICK_TITLES`).
+PICK = "wb-pick"
 #: What a run page without a run says, in its header and its figures.
 NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
@@ -76,14 +80,14 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
         c[f"{p}_kind"] = gr.Dropdown(list(KINDS), value="activation", label="kind", scale=1, elem_id=f"{p}-kind")
         c[f"{p}_stat"] = gr.Dropdown(STATISTICS, value="std", label="statistic", scale=1, elem_id=f"{p}-stat")
         c[f"{p}_sites"] = gr.Dropdown([], value=[], multiselect=True, label="call sites (forward order)", scale=5,
-                                      allow_custom_value=True, elem_id=f"{p}-sites")
+                                      allow_custom_value=True, elem_id=f"{p}-sites", elem_classes=[PICK])
         c[f"{p}_log_sites"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id=f"{p}-log-sites")
     plot("series")
     c[f"{p}_site_note"] = gr.Markdown(elem_id=f"{p}-site-note")
     gr.Markdown("#### Distribution over time (the kind above)", elem_classes=["wb-section"])
     with gr.Row(equal_height=True):
         c[f"{p}_dist_site"] = gr.Dropdown([], value=None, label="call site with histograms", scale=2,
-                                          allow_custom_value=True, elem_id=f"{p}-dist-site")
+                                          allow_custom_value=True, elem_id=f"{p}-dist-site", elem_classes=[PICK])
         c[f"{p}_dist_note"] = gr.Markdown(elem_id=f"{p}-dist-note")
     plot("distribution")
     gr.Markdown("#### Every call site over steps", elem_classes=["wb-section"])
@@ -143,7 +147,7 @@ def _intervention_components(c: dict) -> None:
                     elem_classes=["wb-help"])
         with gr.Row(equal_height=True):
             c["iv_site"] = gr.Dropdown([], value=None, label="call site (recorded by the run)", scale=3,
-                                       elem_id="iv-site")
+                                       elem_id="iv-site", elem_classes=[PICK])
             c["iv_op"] = gr.Dropdown(list(INTERVENTIONS), value="scale", label="intervention", scale=2,
                                      elem_id="iv-op")
             c["iv_units"] = gr.Textbox("0", label="units (dim 1), e.g. 0, 2, 5-9", scale=2, visible=False,
@@ -161,7 +165,7 @@ def _intervention_components(c: dict) -> None:
             c["iv_table"] = gr.Dataframe(pd.DataFrame(columns=INTERVENTION_COLUMNS), interactive=False,
                                          show_label=False, max_height=180, elem_id="iv-table", scale=4)
             with gr.Column(scale=1, min_width=170):
-                c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on")
+                c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on", elem_classes=[PICK])
                 c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove", interactive=False)
 
 
@@ -175,8 +179,12 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     return note, table
 
 
-#: The findings lists' height and column widths (severity, steps, site, finding on one line, evidence).
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["11%", "8%", "12%", "21%", "48%"]
+#: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
+#: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
+#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight)
+#: - and the evidence, wrapped between words, takes the rest. (Gradio breaks a word that does not fit mid-word:
+#: "severit|y" at 11%.)
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
 
 #: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
 #: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
@@ -196,15 +204,31 @@ def _in_view(value: Any) -> set[str] | None:
     return set(filter(None, value.split(","))) if isinstance(value, str) else None
 
 
+#: The whole name of a run or a call site as the title (tooltip) of the picker's box or chip that shows it cut
+#: short (:data:`PICK`), set as the pointer comes over it (Gradio's chips and boxes have no title of their own).
+PICK_TITLES = """() => {
+  if (window.workbenchPickTitles) return;
+  window.workbenchPickTitles = true;
+  document.addEventListener("mouseover", (event) => {
+    const shown = event.target.closest?.(".%s .token > span, .%s input");
+    const name = shown && (shown.tagName === "INPUT" ? shown.value : shown.textContent.trim());
+    if (shown && shown.title !== name) shown.title = name;
+  });
+}""" % (PICK, PICK)
+
 #: Scrolls the page to its run's header (run in the browser once a run starts).
 SHOW_HEADER = "() => { document.getElementById('run-status')?.scrollIntoView({block: 'start'}); }"
-CSS = """
+CSS = f"""
+/* a run's or call site's name longer than its picker's box (PICK) ends in an ellipsis, not under the box's
+   arrow; a multiselect's chip too, on one line (it wrapped the name mid-word): PICK_TITLES titles it whole */
+.{PICK} input {{ text-overflow: ellipsis; padding-right: 26px; }}  /* (the arrow begins 24 px in) */
+.{PICK} .token {{ min-width: 0; max-width: 100%; }}
+.{PICK} .token > span {{ overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
+""" + """
 .wb-anomaly h3 { color: #b91c1c; margin: 0; }
 .wb-section h4 { margin: 6px 0 0 0; }
 #run-status, #replay-header { min-height: 2em; }
-/* a run's name longer than the picker's box ends in an ellipsis, not under the box's arrow */
-#live-pick input { text-overflow: ellipsis; padding-right: 22px; }
-/* ... and its list, opened, is wide enough for a run's name on a line (as narrow as the box, in an 800 px
+/* the list of runs to attach to, opened, is wide enough for a run's name on a line (as narrow as the box, in an 800 px
    window it put each name over six lines, on top of the run's header) */
 #live-pick .options { min-width: min(30em, 90vw); }
 #live-pick .options li { min-width: 100%; }  /* (each option is as wide as the box too, by its own style) */
@@ -282,8 +306,13 @@ def layout(root: RunsRoot):
                                   elem_id="weights-inspect") as c["weights_inspect"]:
                     c["weights_summary"] = gr.Markdown(elem_id="weights-summary")
                     c["weights_outputs"] = gr.HTML(elem_id="weights-outputs")
+                    # (each table shown where the file fills it: a model built from it has a module tree, a
+                    # plain state_dict its tensors, a file refused neither)
                     c["weights_tree"] = gr.Dataframe(interactive=False, label="module tree (workbench.summarize)",
-                                                     max_height=300, elem_id="weights-tree")
+                                                     max_height=300, elem_id="weights-tree", visible=False)
+                    c["weights_tensors"] = gr.Dataframe(pd.DataFrame(columns=TENSOR_COLUMNS), interactive=False,
+                                                        label="tensors in the file", max_height=300,
+                                                        elem_id="weights-tensors", visible=False)
                 c["prefill"] = gr.State({})
                 c["status"] = gr.Markdown(NO_RUN,
                                           elem_id="run-status")
@@ -291,7 +320,7 @@ def layout(root: RunsRoot):
                 with gr.Row(equal_height=False):
                     # (narrow enough at its least that the six buttons stay beside it in an 800 px window)
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=5, interactive=True, min_width=100)
+                                            scale=5, interactive=True, min_width=100, elem_classes=[PICK])
                     c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
                     # (greyed out until the page's run is there to pause, resume or stop: run_controls)
                     c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
@@ -344,7 +373,8 @@ def layout(root: RunsRoot):
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
         c["runs_table"] = gr.Dataframe(interactive=False, label="Runs", max_height=260, elem_id="runs-table")
         with gr.Row(equal_height=True):
-            c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3)
+            c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
+                                        elem_classes=[PICK])
             c["export_format"] = gr.Radio(list(EXPORT_FORMATS), value="CSV", label="export to", scale=2,
                                           elem_id="export-format")
             c["export"] = gr.Button("Export", elem_id="export-button", scale=1, min_width=100)
@@ -354,13 +384,13 @@ def layout(root: RunsRoot):
         with gr.Accordion("Compare runs", open=True, elem_id="compare"):
             with gr.Row(equal_height=True):
                 c["compare_runs"] = gr.Dropdown([], value=[], multiselect=True, label="runs (two or more)",
-                                                scale=4, elem_id="compare-runs")
+                                                scale=4, elem_id="compare-runs", elem_classes=[PICK])
                 c["compare_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
                                                 elem_id="compare-kind")
                 c["compare_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
                                                 elem_id="compare-stat")
                 c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
-                                                allow_custom_value=True, elem_id="compare-site")
+                                                allow_custom_value=True, elem_id="compare-site", elem_classes=[PICK])
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
@@ -658,20 +688,21 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
 
     # ------------------------------------------------------------ initial weights
     def on_weights(path, prefill):
-        text, tree, outputs, experiment, settings = inspect_weights(path)
-        outputs = outputs_html(outputs)
+        text, tree, outputs, experiment, settings, tensors = inspect_weights(path)
+        shown = (gr.Dataframe(value=tree, visible=not tree.empty), outputs_html(outputs),
+                 gr.Dataframe(value=tensors, visible=not tensors.empty))
         if not path:
-            return "", gr.Accordion(visible=False), "", tree, outputs, gr.skip(), gr.skip()
+            return "", gr.Accordion(visible=False), "", *shown, gr.skip(), gr.skip()
         note = text.split("\n\n")[0] if not text.startswith("**Refused") else text
         if experiment is None:
-            return note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.skip(), gr.skip()
+            return note, gr.Accordion(visible=True, open=True), text, *shown, gr.skip(), gr.skip()
         version = int((prefill or {}).get("version", 0)) + 1
-        return (note, gr.Accordion(visible=True, open=True), text, tree, outputs, gr.Radio(value=experiment),
+        return (note, gr.Accordion(visible=True, open=True), text, *shown, gr.Radio(value=experiment),
                 {"experiment": experiment, "values": settings, "version": version})
 
-    c["weights"].change(_guarded(on_weights, lambda text: (text, *skips(6))), [c["weights"], c["prefill"]],
+    c["weights"].change(_guarded(on_weights, lambda text: (text, *skips(7))), [c["weights"], c["prefill"]],
                         [c["weights_info"], c["weights_inspect"], c["weights_summary"], c["weights_tree"],
-                         c["weights_outputs"], c["experiment"], c["prefill"]])
+                         c["weights_outputs"], c["weights_tensors"], c["experiment"], c["prefill"]])
 
     def on_attach(picked):
         attached, message = attach(manager, picked)
