@@ -828,6 +828,15 @@ def _store_runs(runs_root, *names, steps=2):
         manager.close()
 
 
+def _show_stored_run(page, served_app, run):
+    """The served app's Runs tab, listing the runs of its root again, showing ``run``."""
+    page.goto(served_app)
+    page.wait_for_selector("#model-list")
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-refresh").click()
+    choose(page, "run-path", run)
+
+
 LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0001",
              "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0002"]
 
@@ -839,11 +848,7 @@ def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_
     _store_runs(runs_root, *LONG_RUNS)
     page = browser.new_page(viewport={"width": 800, "height": 1000})
     try:
-        page.goto(served_app)
-        page.wait_for_selector("#model-list")
-        page.get_by_role("tab", name="Runs").click()
-        page.locator("#runs-refresh").click()
-        choose(page, "run-path", LONG_RUNS[0])
+        _show_stored_run(page, served_app, LONG_RUNS[0])
         box = page.locator("#run-path input").evaluate("""box => {
             const style = getComputedStyle(box), arrow = box.parentElement.querySelector('.icon-wrap');
             return {overflow: style.textOverflow, cut: box.scrollWidth > box.clientWidth,
@@ -901,11 +906,7 @@ def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_r
     _store_runs(runs_root, "narrow/nan-findings", steps=6)
     page = browser.new_page(viewport={"width": 800, "height": 1000})
     try:
-        page.goto(served_app)
-        page.wait_for_selector("#model-list")
-        page.get_by_role("tab", name="Runs").click()
-        page.locator("#runs-refresh").click()
-        choose(page, "run-path", "narrow/nan-findings")
+        _show_stored_run(page, served_app, "narrow/nan-findings")
         table = page.locator("#replay-findings")
         expect(table).to_contain_text("nan_origin")
         assert table.evaluate(BROKEN_WORDS) == []
