@@ -663,12 +663,13 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
         exp.run(2, progress=False)
     assert list(Compare(*exps).runs) == ["activation=gelu", "activation=tanh"]
     other = workbench.experiments.create("activation_mlp", seed=1, width=8)
-    other.watch(histograms=False)
+    watches.append(other.watch(histograms=False))
     other.run(1, progress=False)  # (beside a run of another seed, the experiment and seed come first)
     assert list(Compare(*exps, other).runs) == ["activation_mlp (seed 0): activation=gelu",
                                                 "activation_mlp (seed 0): activation=tanh", "activation_mlp (seed 1)"]
-    for w in watches:
+    for w in watches:  # (each closed: a watch left open keeps its hooks on for the tests after this one)
         w.close()
+    watches = watches[:2]
     assert list(Compare(*watches).runs) == ["MLP (1)", "MLP (2)"]  # (a watch alone: its model's class, numbered)
     assert list(Compare(*watches, names=["gelu", "tanh"]).runs) == ["gelu", "tanh"]
 
