@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import finish, site_name
+from workbench.instrument.schema import finish, site_name, whole_number
 
 __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise",
            "update_ratios"]
@@ -1393,8 +1393,8 @@ def gradient_noise(model: Any, loss_fn: Any, *batch: Any, chunk_size: int | None
     if len(sizes) != 1 or min(sizes) < 2:
         raise ValueError(f"the batch's tensors must share a batch size of at least 2 (a variance needs two "
                          f"samples); got sizes {[len(t) for t in batch]}.")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}.")
+    if chunk_size is not None:
+        chunk_size = whole_number("chunk_size", chunk_size, 1, "None or a positive int")
     params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     if not params:
         raise ValueError(f"{type(model).__name__} has no parameter that requires a gradient.")

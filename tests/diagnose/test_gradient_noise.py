@@ -25,7 +25,7 @@ def reference(model, x, y):
     return {name: np.stack(g) for name, g in grads.items()}
 
 
-@pytest.mark.parametrize("chunk_size", [None, 3])
+@pytest.mark.parametrize("chunk_size", [None, 3, np.int64(3)])
 def test_statistics_equal_those_of_one_backward_per_sample(chunk_size):
     torch.manual_seed(0)
     model = mlp("tanh", width=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -170,7 +171,7 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert view.focus(merged, index, runview).sites == ("act#0", "act#1", "act#2")
     dash = Dashboard(workbench.load_run(tmp_path / "run"))
     assert f"⚠ dead_units at act (calls 0–2), step {row.step}–{row.last_step}" in dash.findings_list.options
-    dash.focus_finding(index)
+    dash.focus_finding(np.int64(index))  # (an index as numpy gives it, e.g. from np.flatnonzero)
     assert dash.sites.value == ("act#0", "act#1", "act#2") and dash.statistic.value == "zero_frac"
 
 

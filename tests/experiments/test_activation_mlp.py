@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,14 @@ def test_a_watched_run_records_its_last_step_whatever_every_says():
     background = exp.start(8, every=3)  # (a run on a thread of its own: steps 26 to 33, every 3rd from step 1)
     background.join()
     assert sorted(set(background.watch.to_pandas().step)) == [28, 31, 33]
+
+
+def test_steps_may_be_a_numpy_integer():
+    runs = [workbench.experiments.create("activation_mlp", seed=0, width=8) for _ in range(3)]
+    history = runs[0].run(2, progress=False)
+    assert runs[1].run(np.int64(2), progress=False) == history
+    started = runs[2].start(np.int32(2))
+    started.join(60)
+    assert started.status == "finished" and started.history == history
+    with pytest.raises(ValueError, match=r"steps must be a non-negative int, got np.float64\(2.0\)"):
+        runs[0].run(np.float64(2.0), progress=False)

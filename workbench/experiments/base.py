@@ -23,6 +23,7 @@ from torch import nn
 
 from workbench import checkpoints
 from workbench.instrument import Watch, watch
+from workbench.instrument.schema import whole_number
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.registry import GLOBAL_RNG, close_names, memory_accounted
 
@@ -307,7 +308,7 @@ class Experiment:
             >>> workbench.load_run("runs/mlp").status
             'finished'
         """
-        _check_steps(steps)
+        steps = _checked_steps(steps)
         _check_progress(progress)
         _check_save(save, save_every)
         self._check_not_in_background("run()")
@@ -371,7 +372,7 @@ class Experiment:
             >>> len(run.history), exp.step_count
             (10, 10)
         """
-        _check_steps(steps)
+        steps = _checked_steps(steps)
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be True or False, got {progress!r}.")
         _check_save(save, save_every)
@@ -615,9 +616,8 @@ def _check_timeout(timeout: Any) -> None:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}.")
 
 
-def _check_steps(steps: Any) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}.")
+def _checked_steps(steps: Any) -> int:
+    return whole_number("steps", steps, 0, "a non-negative int")
 
 
 def _check_progress(progress: Any) -> None:

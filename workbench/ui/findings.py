@@ -10,6 +10,7 @@ picked. :class:`RunFindings` keeps the live findings of one run beside its
 from __future__ import annotations
 
 import html
+import numbers
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser, with_run_facts
-from workbench.instrument.schema import site_name
+from workbench.instrument.schema import site_name, whole_number
 from workbench.ui.views import RunView
 
 __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "during_interventions", "findings_html", "findings_summary",
@@ -152,8 +153,7 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
     (``first–last``), the site, the finding and its whole evidence (the numbers that made it fire:
     a page wraps it; :func:`finding_detail` adds the hint); at most ``limit`` rows."""
     _check(findings)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a positive int (rows shown), got {limit!r}.")
+    limit = whole_number("limit", limit, 1, "a positive int (rows shown)")
     if findings.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     shown = findings.head(limit)
@@ -238,10 +238,11 @@ def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
         IndexError: no such row (the list changed since it was drawn: pick again).
     """
     _check(findings)
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(findings):
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) \
+            or not 0 <= index < len(findings):
         raise IndexError(f"No finding number {index!r}: the list has {len(findings)} (0 to {len(findings) - 1}); "
                          "it may have changed since it was drawn - pick again.")
-    row = findings.iloc[index]
+    row = findings.iloc[int(index)]
     step, last = int(row.step), int(row.last_step)
     if row.kind == "metric":
         return Focus(None, None, None, step, last, metric=str(row.site))

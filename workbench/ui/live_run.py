@@ -23,6 +23,7 @@ import torch
 from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec
 from workbench.instrument import Recorder, Run
+from workbench.instrument.schema import whole_number
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form
 from workbench.ui.intervention_menu import (InterventionRecord, intervention_spec, interventions_table,
@@ -89,8 +90,7 @@ class LiveRun:
     def __init__(self, name: str, config: dict[str, Any], seed: int, steps: int, store: str | None = None,
                  device: str = "cpu", run_id: str = "", weights: str | None = None, experiment: Any = None,
                  continues: str | None = None, **watch_options: Any) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}.")
+        steps = whole_number("steps", steps, 1, "a positive int")
         self.id, self.name, self.seed, self.steps = run_id, name, seed, steps
         self.config, self.device, self.watch_options = dict(config), device, dict(watch_options)
         self.started = time.time()

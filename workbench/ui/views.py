@@ -41,7 +41,7 @@ import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.recorder import histogram_edges
-from workbench.instrument.schema import STAT_COLUMNS, finish, site_name
+from workbench.instrument.schema import STAT_COLUMNS, finish, site_name, whole_number
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
 
@@ -689,8 +689,8 @@ class RunView:
         in at most ``max_steps`` steps where given, each the mean over a bucket of ``stride`` steps ending
         at it (the narrowest that fits; 1: every step as recorded)."""
         _check_kind(kind)
-        if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1):
-            raise ValueError(f"max_steps must be a whole number >= 1 (or None: every step kept), got {max_steps!r}.")
+        if max_steps is not None:
+            max_steps = whole_number("max_steps", max_steps, 1, "a whole number >= 1 (or None: every step kept)")
         with self._synced():
             history = self.stats[kind]
             stride = history.stride_within(max_steps) if max_steps is not None else history.stride
