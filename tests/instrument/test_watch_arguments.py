@@ -102,11 +102,18 @@ def test_reducers_are_taken_by_name_in_order_of_preference():
     torch.manual_seed(0)
     model, x = nn.Linear(3, 2), torch.randn(4, 3)
     frames = []
-    for reducers in (None, ["torch"], "cpu"):
+    # a list without a torch reducer ends with one: it records what the others do not take (["triton"]
+    # recorded no row of CPU tensors, and a Triton failure's rows were left unwritten)
+    cpu_alone = resolve_reducers(["cpu"])
+    assert [type(r) for r in cpu_alone] == [CompiledCpuReducer, TorchReducer]
+    triton_alone = resolve_reducers(["triton"])
+    assert triton_alone[0].fallback is triton_alone[1] and isinstance(triton_alone[1], TorchReducer)
+    for reducers in (None, ["torch"], "cpu", ["triton"]):
         model.zero_grad()
         with workbench.watch(model, reducers=reducers, histograms=False) as w:
             model(x).sum().backward()
             w.step()
+        assert not w.errors, (reducers, w.errors)
         frames.append(w.to_pandas())
     for frame in frames[1:]:
         assert frame[["module", "kind", "tensor"]].equals(frames[0][["module", "kind", "tensor"]])

@@ -194,7 +194,8 @@ def resolve_reducers(reducers: Any) -> list[Reducer] | None:
     Args:
         reducers: None, or a non-empty list (or tuple) of :class:`Reducer` objects and names of
             :data:`REDUCER_NAMES`, in order of preference; a single one is taken as a list of one.
-            A ``"triton"`` falls back to the list's torch reducer (a new one if it has none).
+            A ``"triton"`` falls back to the list's torch reducer; a list without one gets one at its
+            end, which records any tensor the others do not take.
 
     Raises:
         TypeError: not a list of reducers and names (a reducer class where an object is wanted included).
@@ -223,10 +224,13 @@ def resolve_reducers(reducers: Any) -> list[Reducer] | None:
     from workbench.instrument.reduce_cpu import CompiledCpuReducer
     from workbench.instrument.reduce_torch import TorchReducer
     from workbench.instrument.reduce_triton import TritonReducer
-    # one torch reducer: the list's own, else a new one for both "torch" and triton's fallback
+    # one torch reducer: the list's own, else a new one for both "torch" and triton's fallback. The list
+    # ends with it: it takes any tensor, so a tensor the others do not take (or fail on) is still recorded
     fallback = next((r for r in items if isinstance(r, TorchReducer)), None)
     if fallback is None:
         fallback = TorchReducer()
+        if "torch" not in items:
+            items = [*items, fallback]
     made = {"cpu": CompiledCpuReducer, "torch": lambda: fallback, "triton": lambda: TritonReducer(fallback=fallback)}
     return [made[item]() if isinstance(item, str) else item for item in items]
 
