@@ -429,18 +429,24 @@ def test_record_next_part_way_through_a_step_records_the_next_step_in_full_and_s
     assert not w.errors
 
 
-def test_record_next_part_way_through_a_step_of_a_watch_of_parameters_and_gradients_alone():
+def test_record_next_on_a_watch_of_parameters_and_gradients_alone_records_the_step_in_progress():
+    # (no module hook tells a step whose backward ran before record_next() from one with no backward: an
+    # evaluation step, recorded between two steps as asked, was dropped with a warning that it came too late)
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with workbench.watch(model, every=10, activations=False, gradients=False) as w:  # no module hooks
-        _train_step(model, opt, w)
-        _train_step(model, opt, w, record_next_at="after forward")  # the backward comes after it: recorded
-        with pytest.warns(RuntimeWarning, match="part-way through step 3"):
-            _train_step(model, opt, w, record_next_at="after backward")  # (step 4 is recorded instead)
-        _train_step(model, opt, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with workbench.watch(model, every=10, activations=False, gradients=False) as w:  # no module hooks
+            _train_step(model, opt, w)
+            _train_step(model, opt, w, record_next_at="after forward")  # the backward comes after it
+            w.record_next()  # an evaluation step: no backward
+            with torch.no_grad():
+                model(torch.randn(4, 2))
+            w.step()
     rows = w.to_pandas()
-    assert sorted(set(rows.step)) == [1, 2, 4]
-    assert len(rows[rows.step == 4]) == len(rows[rows.step == 1]) == len(rows[rows.step == 2])
+    assert sorted(set(rows.step)) == [1, 2, 3]
+    assert len(rows[rows.step == 2]) == len(rows[rows.step == 1]) == 4  # (2 parameters, 2 gradients)
+    assert set(rows[rows.step == 3].kind) == {"param"}
 
 
 def test_record_next_between_steps_says_nothing_and_a_discarded_step_is_recorded_when_run_again():

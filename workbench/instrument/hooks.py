@@ -225,15 +225,10 @@ class Hooks:
         return self.entries
 
     def ran(self) -> bool | None:
-        """Whether the step so far ran the first thing it records, as the hooks in can tell: a call
-        of one of the model's modules (selected or not) where the module hooks are in (activations,
-        output gradients, patches), else a backward that handed parameter gradients in. None where
-        neither is in (a watch of parameter values alone)."""
-        if self._module_hooks.attached:
-            return bool(self.sites.calls)
-        if self._param_hooks.attached:
-            return bool(self._backwards or self._pending_param_grads or self._param_grads)
-        return None
+        """Whether the step so far called one of the model's modules (selected or not), where the
+        module hooks are in (activations, output gradients, patches); None where they are not (a
+        backward's parameter gradients do not tell: a step may have none)."""
+        return bool(self.sites.calls) if self._module_hooks.attached else None
 
     def _check_patched_calls(self) -> None:
         """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``

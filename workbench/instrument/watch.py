@@ -158,10 +158,10 @@ class Watch:
 
         Called part-way through a step, after its forward ran, it would record a part of the step
         (no activations or output gradients; updates of zero after the optimizer step): where no
-        module call of the model comes between it and :meth:`step` (no backward, for a watch of
-        parameters and their gradients alone), that part is not kept, and the next step is recorded
-        in full instead, with a ``RuntimeWarning`` that says so. (A watch of parameter values alone
-        has no hook to tell by: it records the rest of the step in progress.)"""
+        module call of the model comes between it and :meth:`step`, that part is not kept, and the
+        next step is recorded in full instead, with a ``RuntimeWarning`` that says so. (A watch of
+        parameters and their gradients alone has no module hook to tell by - a step with no backward
+        is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
         if not self._hooks.recording:
             self._hooks.start_step(self.step_index, True)
