@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from workbench.registry import get_spec, list_families, list_models
+from workbench.registry import GLOBAL_RNG, get_spec, list_families, list_models
 from workbench.summary import summarize
 from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text
 
@@ -146,7 +146,8 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
         return _error(f"{type(exc).__name__}: {exc}")
     try:
         inputs = spec.example_inputs(model, batch_size, torch.Generator().manual_seed(seed))
-        summary = summarize(model, inputs, per_call=True)
+        with GLOBAL_RNG:  # (a forward in training mode: dropout draws from the global generator)
+            summary = summarize(model, inputs, per_call=True)
     except Exception as exc:
         return BuildResult(model, f"Built **{name}**, but the forward pass on the example inputs failed: "
                                   f"{type(exc).__name__}: {exc}", tree_table(summarize(model)))

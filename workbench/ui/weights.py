@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from workbench.checkpoints import STATE_DICT, CheckpointError, load_checkpoint
+from workbench.registry import GLOBAL_RNG
 
 __all__ = ["inspect_weights", "outputs_html", "tensors_table", "OUTPUT_COLUMNS", "TENSOR_COLUMNS"]
 
@@ -94,8 +95,9 @@ def inspect_weights(path: Any, batch_size: int = 2) -> tuple[str, pd.DataFrame, 
         return (f"{text}\n\n**Cannot build a model from it:** {type(exc).__name__}: {exc}\n\nBelow, its tensors.",
                 empty_tree, empty_out, experiment, settings, tensors)
     try:
-        inputs, outputs = example_outputs(model, spec, batch_size)
-        tree = summarize(model, inputs)
+        with GLOBAL_RNG:  # (a forward in training mode: dropout draws from the global generator)
+            inputs, outputs = example_outputs(model, spec, batch_size)
+            tree = summarize(model, inputs)
         rows = [{"output": n, "shape": str(tuple(t.shape)), **({k: round(float(getattr(t.float(), k)()), 6)
                                                                 for k in ("mean", "std", "min", "max")}
                                                                if t.is_floating_point() and t.numel() > 1 else {})}
