@@ -38,8 +38,8 @@ from workbench.instrument.compiled_hooks import CompiledHooks
 from workbench.instrument.compose import with_store
 from workbench.instrument.hooks import _weakly, warn
 from workbench.instrument.recorder import Recorder, StepRecord
-from workbench.instrument.schema import whole_number
 from workbench.instrument.reduce import Reducer
+from workbench.instrument.schema import whole_number
 from workbench.instrument.sites import CallSites, ModuleSelector
 from workbench.instrument.watch import Watch
 
