@@ -738,6 +738,18 @@ def test_compare_of_runs_before_their_first_step_keeps_the_site_given_and_draws_
                  what="the given site's figure")
     finally:
         compare.close()
+    # a site the runs turn out not to have (mistyped): said once their rows arrive, another one drawn
+    exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    watches += [exp.watch(histograms=False) for exp in exps]
+    compare = Compare(*exps, site="layers.9", interval=0.05)
+    try:
+        for exp in exps:
+            exp.run(2, progress=False)
+        wait_for(lambda: compare.sites, what="the runs' sites")
+        wait_for(lambda: "No call site 'layers.9' of kind 'activation' in these runs: showing" in compare.message,
+                 what="the given site said missing")
+    finally:
+        compare.close()
         for w in watches:
             w.close()
     with pytest.raises(ValueError, match=r"no call site 'layers.9' of kind 'activation' in these runs; the sites "

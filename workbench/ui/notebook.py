@@ -1051,7 +1051,8 @@ class Compare:
         statistic: the statistic it shows first (a column of ``workbench.ui.views.STATISTICS``).
         site: the call site it shows first (default: the first run's that changed most). Runs with no
             rows of ``kind`` yet (a comparison made before their first step) keep it and draw it once
-            their rows arrive; runs that have sites and lack it refuse it.
+            their rows arrive (if they turn out to lack it, the message says so and another is drawn);
+            runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
         log_y: log-scaled y axes.
         interval: seconds between checks for new steps (> 0).
@@ -1235,6 +1236,10 @@ class Compare:
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
                 self.smoothing.value, self.log_y.value, self._colors)
             self._specs.update(metrics=metrics, site=site_fig)
+            wanted = self._wanted_site
+            if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
+                message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "
+                            f"showing {site!r}.")
             self.message, self.sites = message, list(choices)
             self._quiet = True
             try:
