@@ -31,10 +31,9 @@ __all__ = ["Experiment", "ExperimentSpec", "BackgroundRun", "evaluation", "regis
            "get_experiment_spec", "create", "resume", "resolve_device"]
 
 
-# GLOBAL_RNG (the registry's: every model build holds it too) is held while an experiment draws from
-# torch's global generators (parameter initialisation in setup(), dropout in a step). The draws happen
-# inside the model's forward, so a whole training step holds it: the steps of concurrent experiments
-# take turns (each one's still use torch's intra-op threads).
+# GLOBAL_RNG (workbench.registry) is held through setup() and each training step: their draws happen
+# inside the model's forward, so the steps of concurrent experiments take turns (each one's still use
+# torch's intra-op threads).
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

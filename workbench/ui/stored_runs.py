@@ -169,10 +169,13 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
     if lacking and having:
-        waiting, ended = [n for n in lacking if n in live], [n for n in lacking if n not in live]
-        said = ([f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows"] if ended else []) + (
-            [f"{', '.join(f'`{n}`' for n in waiting)} {'has' if len(waiting) == 1 else 'have'} no {kind} rows yet"]
-            if waiting else [])
+        ended, waiting = [n for n in lacking if n not in live], [n for n in lacking if n in live]
+        said = []
+        if ended:
+            said.append(f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows")
+        if waiting:
+            said.append(f"{', '.join(f'`{n}`' for n in waiting)} {'has' if len(waiting) == 1 else 'have'} "
+                        f"no {kind} rows yet")
         text += f" {'; '.join(said)}: the sites of `{having[0]}` are listed."
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
