@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from pandas.testing import assert_frame_equal
 from torch import nn
 
 import workbench
@@ -118,3 +119,36 @@ def test_reducers_are_taken_by_name_in_order_of_preference():
     for frame in frames[1:]:
         assert frame[["module", "kind", "tensor"]].equals(frames[0][["module", "kind", "tensor"]])
         assert np.allclose(frame["mean"], frames[0]["mean"], rtol=1e-5, atol=1e-7)
+
+
+def test_a_reducer_serves_one_open_watch_and_another_once_that_one_is_closed():
+    # (a reducer keeps a watch's step: shared by two open watches, the second rebound it, and the first
+    # recorded into the second's rows)
+    from workbench.instrument.reduce_torch import TorchReducer
+
+    def steps(model, reducers, n=2):
+        torch.manual_seed(1)
+        model.zero_grad()
+        with workbench.watch(model, reducers=reducers, histograms=False) as w:
+            for _ in range(n):
+                model(torch.randn(4, 3)).sum().backward()
+                w.step()
+        return w.to_pandas()
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(3, 2), nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    shared = TorchReducer()
+    hooks_before = dict(torch.nn.modules.module._global_forward_hooks)
+    w = workbench.watch(first, reducers=[shared], histograms=False)
+    with pytest.raises(ValueError, match=r"this TorchReducer object is in use by Watch\(Linear.*still open.*"
+                                         r"reducers=\[TorchReducer\(\)\]"):
+        workbench.watch(second, reducers=[shared])
+    assert len(torch.nn.modules.module._global_forward_hooks) == len(hooks_before) + 1  # (the first's alone)
+    first(torch.randn(4, 3)).sum().backward()
+    record = w.step()
+    assert {key[0] for key in record.keys} == {""}  # the first watch's rows, not the second's
+    first(torch.randn(4, 3)).sum().backward()  # a step left part-way: its sums wait in the reducer
+    w.close()
+    # closed, its reducer serves another watch, with nothing of the step it left behind (whose sums
+    # would be written over the rows the CPU kernels reduced)
+    assert_frame_equal(steps(second, ["cpu", shared]), steps(second, ["cpu", TorchReducer()]))

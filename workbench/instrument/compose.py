@@ -99,7 +99,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             is not a dict with str keys.
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
             (a float, a bool or a str included; any integer, a numpy one too, is an int here),
-            ``reducers`` is an empty list or names an unknown reducer, ``modules`` selects nothing, ``metadata``
+            ``reducers`` is an empty list, names an unknown reducer or holds a reducer object that another
+            open watch uses (each open watch needs its own), ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         workbench.RunError: the store cannot be written at ``store`` (no hook is left in).

@@ -22,7 +22,7 @@ from torch import nn
 from workbench.instrument.hooks import Hooks, warn
 from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
-from workbench.instrument.reduce import Reducer, StepSums, resolve_reducers
+from workbench.instrument.reduce import REDUCER_NAMES, Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
                                          anomalous, check_filter, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
@@ -70,6 +70,7 @@ class Watch:
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
         reducers = resolve_reducers(reducers)  # (before anything is hooked)
+        _check_unshared(reducers)
         model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
@@ -101,6 +102,8 @@ class Watch:
         self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
+        for reducer in reducers or ():  # (each serves this watch until it closes: see _check_unshared)
+            reducer.held_by = weakref.ref(self)
         self._start_step()
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
@@ -491,6 +494,25 @@ def _check_materialized(model: nn.Module) -> None:
         raise ValueError(f"watch() needs the model's parameters, and the lazy module(s) {', '.join(lazy[:8])}"
                          f"{' ...' if len(lazy) > 8 else ''} of {type(model).__name__} have none yet: run one forward "
                          "pass first (model(example_input)), which materializes them, then call watch(model).")
+
+
+def _check_unshared(reducers: Sequence[Reducer] | None) -> None:
+    """Refuse a reducer object that a watch still open uses: a reducer keeps one watch's step (its rows
+    and the tensors it holds until the step's rows are read), so a second watch would take it over and
+    the first would record into the second's rows. Once that watch is closed it may serve another.
+
+    Raises:
+        ValueError: naming the reducer and the watch that holds it.
+    """
+    for reducer in reducers or ():
+        holder = reducer.held_by() if reducer.held_by is not None else None
+        if holder is not None and not holder.closed:
+            name = type(reducer).__name__
+            raise ValueError(f"reducers: this {name} object is in use by {holder!r}, which is still open. A reducer "
+                             "keeps one watch's step (its rows and the tensors it holds until the step ends), so "
+                             f"two open watches cannot share one: give each watch its own, e.g. reducers=[{name}()] "
+                             f"or the names {', '.join(map(repr, REDUCER_NAMES))} (new reducers each time), or "
+                             "close the other watch first.")
 
 
 def _label(label: Any, default: str) -> str:
