@@ -138,7 +138,9 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
             :func:`workbench.watch` says).
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
             (a float or a str included), or ``modules`` selects nothing.
-        workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
+        OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``
+            where it holds a run, another writer writes there or it is a file; ``PermissionError``,
+            ``NotADirectoryError`` ... where it cannot be created or written.
     """
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,
                       gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,

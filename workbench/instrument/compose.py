@@ -103,7 +103,9 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             open watch uses (each open watch needs its own), ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
-        workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
+        OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``
+            where it holds a run, another writer writes there or it is a file; ``PermissionError``,
+            ``NotADirectoryError`` ... where it cannot be created or written.
     """
     check_metadata(metadata)
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
@@ -165,7 +167,8 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     facts are the model's name, ``every``, ``facts``, the watch's options and ``metadata``.
 
     Raises:
-        workbench.RunError: the store cannot be written at ``store`` (the watch is closed, as failed:
+        OSError: the store cannot be written at ``store`` (``FileExistsError``, ``PermissionError`` ...,
+            as :class:`~workbench.instrument.store.RunStore` raises; the watch is closed, as failed:
             no hook is left in).
     """
     w.metadata = dict(metadata or {})
