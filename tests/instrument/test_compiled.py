@@ -485,6 +485,24 @@ def test_a_model_dynamo_does_not_compile_falls_back_to_the_eager_watch():
     wc.close()
 
 
+def test_a_torch_nn_class_compiled_in_place_falls_back_saying_torch_does_not_compile_it():
+    # nn.Sequential(...).compile() runs uncompiled in torch, watched or not: dynamo skips torch.nn's
+    # frames. The fallback said "dynamo skipped or broke every frame", as if the watch had broken it
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    model.compile()
+    model(torch.randn(3, 4)).sum().backward()
+    assert graphs() == 0  # (what the message says: unwatched, torch compiled nothing)
+    with workbench.watch(model) as w:
+        with pytest.warns(RuntimeWarning, match=r"Sequential is a class of torch.nn compiled in place "
+                                                r"\(model.compile\(\)\).*runs uncompiled unwatched too.*"
+                                                r"torch.compile\(model\)"):
+            model(torch.randn(3, 4)).sum().backward()
+            w.step()
+    assert set(w.to_pandas().module) == {"", "0", "1", "2"}  # (recorded by the eager watch)
+
+
 def test_patch_and_ablate_run_inside_the_graph():
     fresh_dynamo()
     torch.manual_seed(0)

@@ -534,13 +534,26 @@ class CompiledHooks:
         if not compiled:
             reasons = internals.graph_break_reasons(since=self._breaks_before)
             self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
-                              f"every frame{': ' + reasons if reasons else ''})")
+                              f"every frame{': ' + reasons if reasons else ''}){self._in_place_hint()}")
         elif eager:
             shown = ", ".join(repr(path) for path in outside[:8]) + (
                 f" and {len(outside) - 8} more" if len(outside) > 8 else "")
             warn(f"workbench: {eager} of {compiled + eager} module calls of the compiled model ran outside "
                  f"dynamo's graphs (graph breaks in the model, at {shown}); they are recorded eagerly, the rest "
                  "inside the compiled graphs. torch._dynamo.explain(model)(*inputs) tells why dynamo breaks there.")
+
+    def _in_place_hint(self) -> str:
+        """What to say of a model that ran no compiled code where it is one of torch.nn's own classes
+        compiled in place (``nn.Sequential(...).compile()``): dynamo skips the frames of torch.nn's
+        files, so such a model runs uncompiled whether watched or not, which the fallback alone would
+        leave the user to blame on the watch."""
+        model = self.entry.module
+        if self.entry.attribute != "_compiled_call_impl" or not type(model).__module__.startswith("torch.nn."):
+            return ""
+        name = type(model).__name__
+        return (f". {name} is a class of torch.nn compiled in place (model.compile()), whose frames dynamo skips: "
+                f"it runs uncompiled unwatched too. To run it compiled, compile a wrapper, compiled = "
+                f"torch.compile(model), and watch and call that, or compile a module class of your own in place")
 
     def output_shapes(self, path: str) -> set[tuple]:
         """The shapes of the outputs recorded at ``path`` so far (none before a recorded step)."""
