@@ -152,3 +152,17 @@ def test_a_reducer_serves_one_open_watch_and_another_once_that_one_is_closed():
     # closed, its reducer serves another watch, with nothing of the step it left behind (whose sums
     # would be written over the rows the CPU kernels reduced)
     assert_frame_equal(steps(second, ["cpu", shared]), steps(second, ["cpu", TorchReducer()]))
+
+
+def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
+    # (step(loss=0.5, acc="high") raised naming 'acc', and still had logged loss into the step)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        with pytest.raises(TypeError, match="metric 'acc' must be a number, got 'high'"):
+            w.step(loss=0.5, acc="high")
+        with pytest.raises(TypeError, match="metric 'grad_norm' must be a number"):
+            w.log(lr=0.1, grad_norm=None)
+        record = w.step(accuracy=0.75)  # the step goes on, with what was logged without an error
+    assert record.step == 1 and record.metrics == {"accuracy": 0.75}
+    assert w.metrics().to_dict("records") == [{"step": 1, "accuracy": 0.75}]

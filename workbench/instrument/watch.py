@@ -127,6 +127,10 @@ class Watch:
 
         Returns:
             The step's record, or None when the step was neither recorded nor given metrics.
+
+        Raises:
+            TypeError: a metric that is not a number (see :meth:`log`): the step is not ended, and none
+                of the metrics given is logged.
         """
         self._check_open()
         if metrics:
@@ -202,14 +206,17 @@ class Watch:
                 its last value.
 
         Raises:
-            TypeError: a metric that is not a number (or a one-element tensor).
+            TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
+                given is logged then.
         """
+        checked = {}
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach().item() if value.numel() == 1 else value
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
                 raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
-            self._metrics[key] = float(value)
+            checked[key] = float(value)
+        self._metrics.update(checked)  # (all or none: a call that raised logged nothing)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Watch]:
