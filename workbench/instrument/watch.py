@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from workbench.instrument.hooks import Hooks, warn
-from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
+from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, listed, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import REDUCER_NAMES, Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
@@ -290,8 +290,22 @@ class Watch:
         given = dim is not None
         index, dim = unit_index(units, 1 if dim is None else dim)
         label = _label(label, f"ablate{index}@dim{dim}")
-        for shape in self._output_shapes(path):  # known once a recorded step has seen the site
-            check_units(path, index, dim, shape)
+        leaves = self._output_shapes(path)  # known once a recorded step has seen the site
+        for name, shape in sorted(leaves, key=str):
+            try:
+                check_units(path, index, dim, shape)
+            except ValueError:
+                if len({name for name, _ in leaves}) == 1:
+                    raise
+                # (several tensors: the one it does not fit may not be the one the user means)
+                units_code = str(index) if len(index) <= 8 else "units"
+                raise ValueError(f"ablate({path!r}): its output holds floating-point tensors "
+                                 f"{', '.join(f'{n} {s}' for n, s in sorted(leaves, key=str))}, and ablate zeroes "
+                                 f"the units of each; units {listed(index)} along dim {dim} do not fit {name} of "
+                                 f"shape {shape}. To zero units of one tensor alone, patch it, e.g. for a tuple's "
+                                 f"first (an attention module's output, beside its weights): w.patch({path!r}, "
+                                 f"lambda out: (out[0].index_fill({dim}, torch.tensor({units_code}), 0.0), "
+                                 "*out[1:])).") from None
         return self._add_intervention(path, zero_units(path, index, dim, warn_default_dim=not given), call, label)
 
     @property
