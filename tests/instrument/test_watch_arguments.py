@@ -166,3 +166,28 @@ def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
         record = w.step(accuracy=0.75)  # the step goes on, with what was logged without an error
     assert record.step == 1 and record.metrics == {"accuracy": 0.75}
     assert w.metrics().to_dict("records") == [{"step": 1, "accuracy": 0.75}]
+
+
+def test_a_recorder_serves_one_open_watch_and_another_once_that_one_is_closed(tmp_path):
+    # (two open watches given one recorder mixed their steps: each watch's rows held the other model's, and
+    # each store wrote both, failing the two runs on their duplicate step numbers)
+    recorder = workbench.Recorder()
+    first, second = nn.Linear(3, 2), nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(first, recorder=recorder, store=tmp_path / "first")
+    hooks_before = dict(torch.nn.modules.module._global_forward_hooks)
+    with pytest.raises(ValueError, match=r"recorder: this Recorder is in use by Watch\(Linear.*still open.*"
+                                         r"workbench.Recorder\(max_rows=...\), or None for a new one"):
+        workbench.watch(second, recorder=recorder, store=tmp_path / "second")
+    assert dict(torch.nn.modules.module._global_forward_hooks) == hooks_before  # nothing of the second left in
+    assert not (tmp_path / "second").exists()
+    first(torch.randn(4, 3)).sum().backward()
+    w.step(loss=1.0)
+    w.close()
+    # closed, its recorder serves another watch, which goes on from where the first ended
+    with workbench.watch(second, recorder=recorder, store=tmp_path / "second", start_step=2) as w2:
+        second(torch.randn(4, 3)).sum().backward()
+        w2.step(loss=2.0)
+    assert [record.step for record in recorder.records()] == [1, 2]
+    runs = workbench.load_run(tmp_path / "first"), workbench.load_run(tmp_path / "second")
+    assert [run.status for run in runs] == ["finished", "finished"]
+    assert set(runs[0].to_pandas().module) == {""} and set(runs[1].to_pandas().module) == {"", "0", "1"}

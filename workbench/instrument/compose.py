@@ -74,7 +74,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             records the statistics alone). On the CPU a tensor of 131,072 values or more is binned
             from a sample of 16,384 (the row says ``sampled``); see docs/watch.md.
         bins: histogram bins.
-        recorder: publish into this Recorder (default: a new one).
+        recorder: publish into this Recorder (default: a new one); one that no open watch publishes into.
         store: a run directory to write the run into (SQLite, crash-safe); read it back with
             ``workbench.load_run(store)``.
         metadata: facts of yours stored with the run (a dict with str keys: config, ``model``, a
@@ -100,7 +100,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
             (a float, a bool or a str included; any integer, a numpy one too, is an int here),
             ``reducers`` is an empty list, names an unknown reducer or holds a reducer object that another
-            open watch uses (each open watch needs its own), ``modules`` selects nothing, ``metadata``
+            open watch uses, ``recorder`` is another open watch's (each open watch needs its own),
+            ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
         OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``

@@ -70,7 +70,7 @@ class Watch:
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
         reducers = resolve_reducers(reducers)  # (before anything is hooked)
-        _check_unshared(reducers)
+        _check_unshared(reducers, recorder)
         model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
@@ -102,8 +102,8 @@ class Watch:
         self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
-        for reducer in reducers or ():  # (each serves this watch until it closes: see _check_unshared)
-            reducer.held_by = weakref.ref(self)
+        for held in [*(reducers or ()), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
+            held.held_by = weakref.ref(self)
         self._start_step()
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
@@ -517,23 +517,32 @@ def _check_materialized(model: nn.Module) -> None:
                          "pass first (model(example_input)), which materializes them, then call watch(model).")
 
 
-def _check_unshared(reducers: Sequence[Reducer] | None) -> None:
-    """Refuse a reducer object that a watch still open uses: a reducer keeps one watch's step (its rows
-    and the tensors it holds until the step's rows are read), so a second watch would take it over and
-    the first would record into the second's rows. Once that watch is closed it may serve another.
+def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | None) -> None:
+    """Refuse a reducer object or a recorder that a watch still open uses; once that watch is closed
+    they may serve another. A reducer keeps one watch's step (its rows and the tensors it holds until
+    the step's rows are read): a second watch would take it over, and the first would record into
+    the second's rows. A recorder shared would mix two watches' steps under the same step numbers
+    (and each watch's store would write the other's rows).
 
     Raises:
-        ValueError: naming the reducer and the watch that holds it.
+        ValueError: naming the reducer or recorder and the watch that holds it.
     """
-    for reducer in reducers or ():
-        holder = reducer.held_by() if reducer.held_by is not None else None
-        if holder is not None and not holder.closed:
-            name = type(reducer).__name__
-            raise ValueError(f"reducers: this {name} object is in use by {holder!r}, which is still open. A reducer "
-                             "keeps one watch's step (its rows and the tensors it holds until the step ends), so "
-                             f"two open watches cannot share one: give each watch its own, e.g. reducers=[{name}()] "
-                             f"or the names {', '.join(map(repr, REDUCER_NAMES))} (new reducers each time), or "
-                             "close the other watch first.")
+    for held in [*(reducers or ()), *([recorder] if recorder is not None else [])]:
+        holder = held.held_by() if held.held_by is not None else None
+        if holder is None or holder.closed:
+            continue
+        name = type(held).__name__
+        if isinstance(held, Recorder):
+            raise ValueError(f"recorder: this {name} is in use by {holder!r}, which is still open. Two open watches "
+                             "publishing into one recorder would mix their steps under the same step numbers (and "
+                             "each watch's store would write the other's rows): give each watch its own, e.g. "
+                             "recorder=workbench.Recorder(max_rows=...), or None for a new one, or close the other "
+                             "watch first.")
+        raise ValueError(f"reducers: this {name} object is in use by {holder!r}, which is still open. A reducer "
+                         "keeps one watch's step (its rows and the tensors it holds until the step ends), so "
+                         f"two open watches cannot share one: give each watch its own, e.g. reducers=[{name}()] "
+                         f"or the names {', '.join(map(repr, REDUCER_NAMES))} (new reducers each time), or "
+                         "close the other watch first.")
 
 
 def _label(label: Any, default: str) -> str:
