@@ -122,6 +122,7 @@ class RunStore:
         self._subscription: Subscription | None = None
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
+        self._file: tuple[int, int] | None = None  # the database file written (device, inode)
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
@@ -139,6 +140,7 @@ class RunStore:
             with self._transaction():
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
+            self._file = _identity(self.path / DB_NAME)
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -285,6 +287,10 @@ class RunStore:
             self.on_error(message)
 
     def _write_step(self, record: StepRecord) -> None:
+        if _identity(self.path / DB_NAME) != self._file:  # (sqlite would write on into the file it holds open)
+            raise FileNotFoundError(f"the run's database was removed or replaced since the run started (the run "
+                                    "directory deleted or moved?); its steps from here on are lost. Keep the "
+                                    "directory in place while the run is written")
         rows = []
         if len(record):
             stats = finish(record.numel, record.sums)
@@ -355,6 +361,15 @@ class RunStore:
             self._db = None
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` as (device, inode), or None where there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _sql_value(value: Any) -> Any:
