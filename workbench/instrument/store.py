@@ -288,7 +288,7 @@ class RunStore:
 
     def _write_step(self, record: StepRecord) -> None:
         if _identity(self.path / DB_NAME) != self._file:  # (sqlite would write on into the file it holds open)
-            raise FileNotFoundError(f"the run's database was removed or replaced since the run started (the run "
+            raise FileNotFoundError("the run's database was removed or replaced since the run started (the run "
                                     "directory deleted or moved?); its steps from here on are lost. Keep the "
                                     "directory in place while the run is written")
         rows = []
