@@ -191,3 +191,22 @@ def test_a_recorder_serves_one_open_watch_and_another_once_that_one_is_closed(tm
     runs = workbench.load_run(tmp_path / "first"), workbench.load_run(tmp_path / "second")
     assert [run.status for run in runs] == ["finished", "finished"]
     assert set(runs[0].to_pandas().module) == {""} and set(runs[1].to_pandas().module) == {"", "0", "1"}
+
+
+def test_a_watch_that_keeps_no_step_in_memory_says_where_to_read_them_not_an_empty_frame(tmp_path):
+    # (with Recorder(max_rows=0), to_pandas() was empty and diagnose() found nothing wrong: a run that
+    # could not be read looked like a healthy one)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    with workbench.watch(model, recorder=workbench.Recorder(max_rows=0), store=tmp_path / "run") as w:
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+    for method in ("to_pandas", "metrics", "histograms", "diagnose", "anomalies"):
+        with pytest.raises(RuntimeError, match=rf"keeps no step in memory.*max_rows=0.*workbench.load_run\("
+                                               rf"'{re.escape(str(tmp_path / 'run'))}'\).{method}\(\)"):
+            getattr(w, method)()
+    run = workbench.load_run(tmp_path / "run")  # (where the message points)
+    assert run.steps == [1, 2] and len(run.to_pandas()) and run.metrics().loss.tolist() == [1.0, 1.0]
+    with workbench.watch(model, recorder=workbench.Recorder(max_rows=0)) as w:
+        with pytest.raises(RuntimeError, match=r"subscribe to it \(w.subscribe\(callback\)\) or give it a store"):
+            w.diagnose()

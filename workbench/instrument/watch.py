@@ -377,8 +377,24 @@ class Watch:
         return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
-        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""
+        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``): an empty frame would
+                read as a run with no rows (and :meth:`diagnose` as one with nothing wrong).
+        """
+        self._check_kept("to_pandas")
         return self.recorder.to_pandas()
+
+    def _check_kept(self, method: str) -> None:
+        if self.recorder.max_rows == 0:
+            stored = self.store.path if self.store is not None else None
+            read = (f"read the stored run: workbench.load_run({str(stored)!r}).{method}()" if stored is not None
+                    else "subscribe to it (w.subscribe(callback)) or give it a store (store='runs/<name>')")
+            raise RuntimeError(f"This watch keeps no step in memory: its recorder was made with max_rows=0, which "
+                               f"streams each step to the store and the subscribers alone. To read the steps, {read}; "
+                               "to keep them in memory too, watch with recorder=workbench.Recorder(max_rows=...) "
+                               "or the default recorder.")
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
         """The metrics given to ``step()`` / ``log()``: one row per step, a column per metric (NaN: not
@@ -387,7 +403,11 @@ class Watch:
         Args:
             long: one row per logged value instead, ``step, name, value`` (a metric not logged that
                 step has no row; one logged NaN has a row with NaN).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
         """
+        self._check_kept("metrics")
         return self.recorder.metrics(long)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
@@ -402,6 +422,7 @@ class Watch:
                 would read as sites that had no values).
             ValueError: an unknown ``module`` or ``kind``.
         """
+        self._check_kept("histograms")
         if not self.options["histograms"]:
             raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
                                "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
@@ -417,14 +438,24 @@ class Watch:
             thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
             **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.7``); the chance level of
                 the loss is the run's metadata's ``chance`` unless given here.
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``): no finding would
+                read as nothing wrong.
         """
+        self._check_kept("diagnose")
         from workbench.diagnose import diagnose, with_run_facts  # (a reader of the rows, not a part of the pipeline)
         return diagnose(self.to_pandas(), self.metrics(long=True), thresholds,
                         **with_run_facts(self.metadata, thresholds, overrides))
 
     def anomalies(self) -> pd.DataFrame:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where a
-        non-finite value first appeared (step, module path, call, kind)."""
+        non-finite value first appeared (step, module path, call, kind).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
+        """
+        self._check_kept("anomalies")
         frame = self.to_pandas()
         return frame[anomalous(frame)].reset_index(drop=True)
 
