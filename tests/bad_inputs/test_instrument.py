@@ -87,6 +87,12 @@ def closed_watch(action):
     return call
 
 
+def enter(w) -> None:
+    """A with block on ``w`` (a closed watch's block would run unwatched: refused at the with)."""
+    with w:
+        raise AssertionError("the block of a closed watch ran")
+
+
 def stored_run(name: str, steps: int = 2) -> Path:
     path = ROOT / "runs" / name
     if not (path / DB_NAME).exists():
@@ -280,6 +286,7 @@ CASES = [
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("patch-after-close", closed_watch(lambda w: w.patch("0", double)), RuntimeError, ["closed"]),
     Case("paused-after-close", closed_watch(lambda w: w.paused().__enter__()), RuntimeError, ["closed"]),
+    Case("with-block-after-close", closed_watch(enter), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("subscribe-after-close", closed_watch(lambda w: w.subscribe(print)), RuntimeError,
          ["closed", "records nothing more", "w.to_pandas()"]),
     Case("recorder-max-rows-negative", lambda: Recorder(max_rows=-1), ValueError, ["max_rows", "int >= 0", "-1"]),

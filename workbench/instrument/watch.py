@@ -517,6 +517,7 @@ class Watch:
             raise RuntimeError("This watch is closed; start a new one with workbench.watch(model).")
 
     def __enter__(self) -> Watch:
+        self._check_open()  # (a closed watch records nothing: the block would run unwatched)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
