@@ -387,6 +387,7 @@ class Watch:
         return self.recorder.to_pandas()
 
     def _check_kept(self, method: str) -> None:
+        """Refuse to read ``method`` of a watch whose recorder keeps no step (``max_rows=0``), naming where to."""
         if self.recorder.max_rows == 0:
             stored = self.store.path if self.store is not None else None
             read = (f"read the stored run: workbench.load_run({str(stored)!r}).{method}()" if stored is not None
@@ -419,7 +420,7 @@ class Watch:
 
         Raises:
             RuntimeError: the watch was made with ``histograms=False``: it records none (an empty frame
-                would read as sites that had no values).
+                would read as sites that had no values); or it keeps no step in memory (``Recorder(max_rows=0)``).
             ValueError: an unknown ``module`` or ``kind``.
         """
         self._check_kept("histograms")
