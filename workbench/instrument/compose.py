@@ -111,6 +111,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     check_metadata(metadata)
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
                    parameter_grads=parameter_grads, updates=updates)
+    if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
+        RunStore.check_path(store)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,

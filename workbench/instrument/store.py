@@ -102,6 +102,7 @@ class RunStore:
             on the database before that step fails.
 
     Raises:
+        TypeError: ``path`` is not a str or a path.
         ValueError: an empty path.
         FileExistsError: the directory holds a run, or another writer is writing one there.
         PermissionError: the directory cannot be created or written (nothing is left behind).
@@ -109,12 +110,7 @@ class RunStore:
 
     def __init__(self, path: str | Path, metadata: dict[str, Any] | None = None,
                  on_error: Callable[[str], object] | None = None, timeout: float = 30.0) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
-        if not str(path).strip():
-            raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
-                             "(or store=None to record in memory only).")
-        self.path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
+        self.path = self.check_path(path)
         self.errors: list[str] = []  # what went wrong, the first MAX_ERRORS messages
         self.on_error = on_error
         self.lost = 0  # steps that could not be written
@@ -126,9 +122,7 @@ class RunStore:
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
-            if (self.path / DB_NAME).exists():
-                raise FileExistsError(f"{self.path} already holds a run; pick a new directory or "
-                                      "load it with workbench.load_run().")
+            _check_no_run(self.path)  # (again, under the lock: it decides)
             # (a tool holding the database briefly makes a write wait, not fail)
             self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None,
                                        timeout=timeout)
@@ -149,6 +143,28 @@ class RunStore:
                 raise error(f"Cannot write a run into {self.path}: {type(exc).__name__}: {exc}. Pick a directory "
                             "you can write to, with room on its disk.") from None
             raise
+
+    @staticmethod
+    def check_path(path: Any) -> Path:
+        """``path`` as the run directory a store would write, checked without touching the disk: what
+        ``watch(store=...)`` checks before it attaches anything (a directory that cannot be created
+        or written is found as the store starts).
+
+        Raises:
+            TypeError: not a str or a path.
+            ValueError: an empty path.
+            FileExistsError: the directory holds a run, or the path is a file.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
+        if not str(path).strip():
+            raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
+                             "(or store=None to record in memory only).")
+        path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
+        _check_no_run(path)
+        return path
 
     def _make_directory(self) -> list[Path]:
         """Create the run directory; returns the directories made (removed again if the store fails)."""
@@ -361,6 +377,11 @@ class RunStore:
             self._db = None
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
+
+
+def _check_no_run(path: Path) -> None:
+    if (path / DB_NAME).exists():
+        raise FileExistsError(f"{path} already holds a run; pick a new directory or load it with workbench.load_run().")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
