@@ -150,6 +150,12 @@ class RunStore:
         ``watch(store=...)`` checks before it attaches anything (a directory that cannot be created
         or written is found as the store starts).
 
+        Args:
+            path: the run directory (a str or a path; ``~`` is the home directory).
+
+        Returns:
+            The directory's path.
+
         Raises:
             TypeError: not a str or a path.
             ValueError: an empty path.
