@@ -169,7 +169,8 @@ class RunStore:
         path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
-        _check_no_run(path)
+        if not _written(path):  # (a run being written is refused as the store starts, saying so)
+            _check_no_run(path)
         return path
 
     def _make_directory(self) -> list[Path]:
@@ -388,6 +389,23 @@ class RunStore:
 def _check_no_run(path: Path) -> None:
     if (path / DB_NAME).exists():
         raise FileExistsError(f"{path} already holds a run; pick a new directory or load it with workbench.load_run().")
+
+
+def _written(path: Path) -> bool:
+    """Whether a writer holds the lock of the run at ``path`` (the lock is tried and let go at once)."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
