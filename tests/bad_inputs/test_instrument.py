@@ -87,6 +87,12 @@ def closed_watch(action):
     return call
 
 
+def enter(w) -> None:
+    """A with block on ``w`` (a closed watch's block would run unwatched: refused at the with)."""
+    with w:
+        raise AssertionError("the block of a closed watch ran")
+
+
 def stored_run(name: str, steps: int = 2) -> Path:
     path = ROOT / "runs" / name
     if not (path / DB_NAME).exists():
@@ -205,6 +211,12 @@ CASES = [
                modules="nomatch*"),
     watch_case("exclude-everything", ValueError, ["selects no module", "exclude='*'"], exclude="*"),
     watch_case("exclude-int", TypeError, ["exclude", "glob", "7"], exclude=7),
+    watch_case("modules-predicate-raises", TypeError, ["modules=<function", "raised TypeError", "module path ''",
+                                                       "a predicate takes one path"],
+               modules=lambda path: path.startswith(1)),
+    watch_case("exclude-predicate-of-two-args", TypeError, ["exclude=<function", "raised TypeError",
+                                                            "a predicate takes one path"],
+               exclude=lambda path, other: True),
     watch_case("metadata-list", TypeError, ["metadata must be a dict of facts with str keys", "got list"],
                metadata=[1, 2]),
     watch_case("metadata-contradicts", ValueError, ["metadata {'every': 99} contradicts", "(every=1)", "other names"],
@@ -274,6 +286,7 @@ CASES = [
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("patch-after-close", closed_watch(lambda w: w.patch("0", double)), RuntimeError, ["closed"]),
     Case("paused-after-close", closed_watch(lambda w: w.paused().__enter__()), RuntimeError, ["closed"]),
+    Case("with-block-after-close", closed_watch(enter), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("subscribe-after-close", closed_watch(lambda w: w.subscribe(print)), RuntimeError,
          ["closed", "records nothing more", "w.to_pandas()"]),
     Case("recorder-max-rows-negative", lambda: Recorder(max_rows=-1), ValueError, ["max_rows", "int >= 0", "-1"]),

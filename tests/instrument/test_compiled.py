@@ -485,6 +485,46 @@ def test_a_model_dynamo_does_not_compile_falls_back_to_the_eager_watch():
     wc.close()
 
 
+def test_a_torch_nn_class_compiled_in_place_falls_back_saying_torch_does_not_compile_it():
+    # nn.Sequential(...).compile() runs uncompiled in torch, watched or not: dynamo skips torch.nn's
+    # frames. The fallback said "dynamo skipped or broke every frame", as if the watch had broken it
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    model.compile()
+    model(torch.randn(3, 4)).sum().backward()
+    assert graphs() == 0  # (what the message says: unwatched, torch compiled nothing)
+    with workbench.watch(model) as w:
+        with pytest.warns(RuntimeWarning, match=r"Sequential is a class of torch.nn compiled in place "
+                                                r"\(model.compile\(\)\).*runs uncompiled unwatched too.*"
+                                                r"torch.compile\(model\)"):
+            model(torch.randn(3, 4)).sum().backward()
+            w.step()
+    assert set(w.to_pandas().module) == {"", "0", "1", "2"}  # (recorded by the eager watch)
+
+
+@pytest.mark.parametrize("store", ["holds-a-run", "a-file"])
+def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path, store):
+    # (the watch had hooked the model and had dynamo compile every model of the process again before
+    # the store said no: a cell run twice with the same store recompiled them all)
+    if store == "holds-a-run":
+        with workbench.watch(nn.Linear(2, 2), store=tmp_path / store):
+            pass
+    else:
+        (tmp_path / store).write_text("not a run")
+    fresh_dynamo()
+    compiled = torch.compile(nn.Sequential(nn.Linear(4, 6), nn.ReLU()), backend="aot_eager")
+    x = torch.randn(3, 4)
+    compiled(x)
+    assert graphs() == 1
+    for make in (workbench.watch, watch_compiled):
+        with pytest.raises(FileExistsError, match="already holds a run|is a file, not a directory"):
+            make(compiled, store=tmp_path / store)
+    assert installed_hooks()["_global_forward_hooks"] == 0
+    compiled(x)
+    assert graphs() == 1  # its graphs ran on, not compiled again
+
+
 def test_patch_and_ablate_run_inside_the_graph():
     fresh_dynamo()
     torch.manual_seed(0)

@@ -273,3 +273,65 @@ def test_ablate_refuses_numpy_units_out_of_range_of_the_recorded_output():
             w.ablate("0", np.array([1, 4]))
         with pytest.raises(ValueError, match=r"dim=2 is out of range"):
             w.ablate("0", 0, dim=np.int64(2))
+
+
+class Router(nn.Module):
+    """Returns its scores and the index of the best (an integer tensor, of one dim fewer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+
+    def forward(self, x):
+        scores = self.fc(x)
+        return scores, scores.argmax(-1)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_ablate_checks_its_units_against_the_floating_point_tensors_it_zeroes(compiled):
+    # (after a recorded step, the integer index's shape (3,) had ablate refuse dim 1 of the scores)
+    torch.manual_seed(0)
+    model = nn.Sequential(Router())
+    run = torch.compile(model, backend="aot_eager") if compiled else model
+    x = torch.randn(3, 4)
+    with workbench.watch(run) as w:
+        run(x)
+        w.step()
+        with pytest.raises(ValueError, match=r"units \[8\] are out of range for dim 1 of its output of shape "
+                                             r"\(3, 8\)"):
+            w.ablate("0", [8])  # (the scores' shape, the tensor it zeroes, still decides)
+        w.ablate("0", [2, 5])
+        scores, best = run(x)
+        w.step()
+    assert not w.errors and (scores[:, [2, 5]] == 0).all() and (scores[:, [0, 1, 3, 4, 6, 7]] != 0).all()
+    assert best.dtype == torch.int64
+    assert isinstance(w, workbench.CompiledWatch) is compiled and getattr(w, "fallback", None) is None
+
+
+def test_ablate_that_does_not_fit_one_of_several_tensors_names_them_and_how_to_patch_one():
+    # (an attention module's (output, weights): dim=-1 units of the output's 16 features were refused
+    # "for its output of shape (2, 5, 5); pass units in [0, 4]", the weights' shape, not the output's)
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x)  # (output (2, 5, 16), weights (2, 5, 5))
+
+    torch.manual_seed(0)
+    model, x = SelfAttention(), torch.randn(2, 5, 16)
+    with workbench.watch(model) as w:
+        model(x)
+        w.step()
+        with pytest.raises(ValueError) as caught:
+            w.ablate("attn", [10, 11], dim=-1)
+        message = str(caught.value)
+        assert "out.0 (2, 5, 16), out.1 (2, 5, 5)" in message and "do not fit out.1 of shape (2, 5, 5)" in message
+        assert w.interventions == []
+        fix = message[message.index("w.patch("):message.rindex(")") + 1]
+        eval(fix, {"w": w, "torch": torch})  # the patch it suggests zeroes those features of the output alone
+        out, weights = model(x)
+        w.step()
+    assert (out[..., [10, 11]] == 0).all() and (out[..., :10] != 0).all() and (weights != 0).all()
+    assert not w.errors

@@ -497,3 +497,25 @@ def test_stored_histograms_keep_their_ranges_and_sampled_flags_and_older_runs_st
                          "DROP TABLE histograms; ALTER TABLE h RENAME TO histograms;")
     before = workbench.load_run(old).histograms()
     assert not before.sampled.any() and before.counts.map(np.sum).tolist() == stored.counts.map(np.sum).tolist()
+
+
+def test_a_run_directory_removed_while_written_is_reported_not_written_on_silently(tmp_path):
+    # (sqlite wrote on into the database it held open, no longer in any directory: every later step
+    # was lost without a word)
+    model = nn.Linear(3, 2)
+    w = workbench.watch(model, store=tmp_path / "run")
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
+        w.step(loss=1.0)
+    assert w.recorder.flush()  # (the two steps written)
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    with pytest.warns(RuntimeWarning, match="step 3 could not be written.*database was removed or replaced"):
+        for _ in range(3):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+        assert w.recorder.flush()
+    with pytest.warns(RuntimeWarning, match="3 steps in a row, 3 to 5, could not be written"):
+        w.close()
+    assert [e["kind"] for e in w.errors] == ["store", "store"] and "3 to 5" in w.errors[1]["error"]
+    run = workbench.load_run(tmp_path / "moved")  # (what was written before the move is there)
+    assert run.steps == [1, 2]

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from pandas.testing import assert_frame_equal
 from torch import nn
 
 import workbench
@@ -118,3 +119,94 @@ def test_reducers_are_taken_by_name_in_order_of_preference():
     for frame in frames[1:]:
         assert frame[["module", "kind", "tensor"]].equals(frames[0][["module", "kind", "tensor"]])
         assert np.allclose(frame["mean"], frames[0]["mean"], rtol=1e-5, atol=1e-7)
+
+
+def test_a_reducer_serves_one_open_watch_and_another_once_that_one_is_closed():
+    # (a reducer keeps a watch's step: shared by two open watches, the second rebound it, and the first
+    # recorded into the second's rows)
+    from workbench.instrument.reduce_torch import TorchReducer
+
+    def steps(model, reducers, n=2):
+        torch.manual_seed(1)
+        model.zero_grad()
+        with workbench.watch(model, reducers=reducers, histograms=False) as w:
+            for _ in range(n):
+                model(torch.randn(4, 3)).sum().backward()
+                w.step()
+        return w.to_pandas()
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(3, 2), nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    shared = TorchReducer()
+    hooks_before = dict(torch.nn.modules.module._global_forward_hooks)
+    w = workbench.watch(first, reducers=[shared], histograms=False)
+    with pytest.raises(ValueError, match=r"this TorchReducer object is in use by Watch\(Linear.*still open.*"
+                                         r"reducers=\[TorchReducer\(\)\]"):
+        workbench.watch(second, reducers=[shared])
+    assert len(torch.nn.modules.module._global_forward_hooks) == len(hooks_before) + 1  # (the first's alone)
+    first(torch.randn(4, 3)).sum().backward()
+    record = w.step()
+    assert {key[0] for key in record.keys} == {""}  # the first watch's rows, not the second's
+    first(torch.randn(4, 3)).sum().backward()  # a step left part-way: its sums wait in the reducer
+    w.close()
+    # closed, its reducer serves another watch, with nothing of the step it left behind (whose sums
+    # would be written over the rows the CPU kernels reduced)
+    assert_frame_equal(steps(second, ["cpu", shared]), steps(second, ["cpu", TorchReducer()]))
+
+
+def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
+    # (step(loss=0.5, acc="high") raised naming 'acc', and still had logged loss into the step)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        with pytest.raises(TypeError, match="metric 'acc' must be a number, got 'high'"):
+            w.step(loss=0.5, acc="high")
+        with pytest.raises(TypeError, match="metric 'grad_norm' must be a number"):
+            w.log(lr=0.1, grad_norm=None)
+        record = w.step(accuracy=0.75)  # the step goes on, with what was logged without an error
+    assert record.step == 1 and record.metrics == {"accuracy": 0.75}
+    assert w.metrics().to_dict("records") == [{"step": 1, "accuracy": 0.75}]
+
+
+def test_a_recorder_serves_one_open_watch_and_another_once_that_one_is_closed(tmp_path):
+    # (two open watches given one recorder mixed their steps: each watch's rows held the other model's, and
+    # each store wrote both, failing the two runs on their duplicate step numbers)
+    recorder = workbench.Recorder()
+    first, second = nn.Linear(3, 2), nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(first, recorder=recorder, store=tmp_path / "first")
+    hooks_before = dict(torch.nn.modules.module._global_forward_hooks)
+    with pytest.raises(ValueError, match=r"recorder: this Recorder is in use by Watch\(Linear.*still open.*"
+                                         r"workbench.Recorder\(max_rows=...\), or None for a new one"):
+        workbench.watch(second, recorder=recorder, store=tmp_path / "second")
+    assert dict(torch.nn.modules.module._global_forward_hooks) == hooks_before  # nothing of the second left in
+    assert not (tmp_path / "second").exists()
+    first(torch.randn(4, 3)).sum().backward()
+    w.step(loss=1.0)
+    w.close()
+    # closed, its recorder serves another watch, which goes on from where the first ended
+    with workbench.watch(second, recorder=recorder, store=tmp_path / "second", start_step=2) as w2:
+        second(torch.randn(4, 3)).sum().backward()
+        w2.step(loss=2.0)
+    assert [record.step for record in recorder.records()] == [1, 2]
+    runs = workbench.load_run(tmp_path / "first"), workbench.load_run(tmp_path / "second")
+    assert [run.status for run in runs] == ["finished", "finished"]
+    assert set(runs[0].to_pandas().module) == {""} and set(runs[1].to_pandas().module) == {"", "0", "1"}
+
+
+def test_a_watch_that_keeps_no_step_in_memory_says_where_to_read_them_not_an_empty_frame(tmp_path):
+    # (with Recorder(max_rows=0), to_pandas() was empty and diagnose() found nothing wrong: a run that
+    # could not be read looked like a healthy one)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    with workbench.watch(model, recorder=workbench.Recorder(max_rows=0), store=tmp_path / "run") as w:
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+    for method in ("to_pandas", "metrics", "histograms", "diagnose", "anomalies"):
+        with pytest.raises(RuntimeError, match=rf"keeps no step in memory.*max_rows=0.*workbench.load_run\("
+                                               rf"'{re.escape(str(tmp_path / 'run'))}'\).{method}\(\)"):
+            getattr(w, method)()
+    run = workbench.load_run(tmp_path / "run")  # (where the message points)
+    assert run.steps == [1, 2] and len(run.to_pandas()) and run.metrics().loss.tolist() == [1.0, 1.0]
+    with workbench.watch(model, recorder=workbench.Recorder(max_rows=0)) as w:
+        with pytest.raises(RuntimeError, match=r"subscribe to it \(w.subscribe\(callback\)\) or give it a store"):
+            w.diagnose()

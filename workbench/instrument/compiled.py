@@ -40,6 +40,7 @@ from workbench.instrument.hooks import _weakly, warn
 from workbench.instrument.recorder import Recorder, StepRecord
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.schema import whole_number
+from workbench.instrument.store import RunStore
 from workbench.instrument.sites import CallSites, ModuleSelector
 from workbench.instrument.watch import Watch
 
@@ -138,8 +139,12 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
             :func:`workbench.watch` says).
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
             (a float or a str included), or ``modules`` selects nothing.
-        workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
+        OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``
+            where it holds a run, another writer writes there or it is a file; ``PermissionError``,
+            ``NotADirectoryError`` ... where it cannot be created or written.
     """
+    if store is not None:  # (before anything is attached: the model would compile again)
+        RunStore.check_path(store)
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,
                       gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
                       histograms=histograms, bins=bins, recorder=recorder, start_step=start_step)

@@ -313,7 +313,8 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
 def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph: bool | None) -> Any:
     """Patch and record one module call (traced, or run eagerly); returns the output to use, or None
     for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows,
-    in_graph)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in the probe."""
+    in_graph, floating)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in the
+    probe; ``floating`` says of each leaf whether it is a floating-point tensor."""
     patches = st.patches.get(path)
     if patches is not None:
         call = None
@@ -345,9 +346,11 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     grads = path in st.grad_sites and module.training and torch.is_grad_enabled()
     names, shapes, rows, probed = [], [], [], []
     replaced = patches is not None
+    floating = []
     for name, tensor in leaves:
         names.append(name)
         shapes.append(tuple(tensor.shape))
+        floating.append(tensor.is_floating_point())
         if record:
             k = len(st.activation_rows)
             st.activation_rows.append(k)
@@ -373,5 +376,6 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
             return GradProbe.apply(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
 
         output = through_probe(output) if isinstance(output, torch.Tensor) else map_tensors(output, through_probe)
-    st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph))
+    st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph,
+                   tuple(floating)))
     return output if replaced else None

@@ -164,7 +164,8 @@ class CompiledHooks:
         self._capacity = capacity or 2 * len(sites.paths) + 16
         self._device = next((p.device for p in sites.model.parameters()), torch.device("cpu"))
         self._checked = False  # the calls of the first recorded step with calls were looked at
-        self._shapes: dict[str, set[tuple]] = defaultdict(set)  # path -> output shapes recorded
+        # path -> (leaf name, shape) of the floating-point outputs recorded
+        self._shapes: dict[str, set[tuple[str, tuple]]] = defaultdict(set)
         self.params = sites.parameters()
         self.sums = StepRows(self.bins)
         self._ranges: list[CallRanges] = []  # with histograms: for each compiled call of a step, by its place
@@ -410,7 +411,7 @@ class CompiledHooks:
             grad = probe.grad if probe is not None else None
             used: list[int] = []
             before = len(entries)
-            for path, names, shapes, rows, probed, in_graph in out:
+            for path, names, shapes, rows, probed, in_graph, floating in out:
                 compiled += in_graph is True
                 eager += in_graph is False
                 if in_graph is False:
@@ -419,8 +420,9 @@ class CompiledHooks:
                 calls[path] = call + 1
                 if rows is not None:
                     pieces.append(rows)
-                for name, shape, row in zip(names, shapes, probed):
-                    self._shapes[path].add(shape)
+                for name, shape, row, is_float in zip(names, shapes, probed, floating):
+                    if is_float:  # (ablate zeroes floating-point tensors alone)
+                        self._shapes[path].add((name, shape))
                     if rows is not None:
                         entries.append(((path, call, ACTIVATION, name, shape), math.prod(shape), len(entries)))
                     overflow |= row == -2
@@ -534,7 +536,7 @@ class CompiledHooks:
         if not compiled:
             reasons = internals.graph_break_reasons(since=self._breaks_before)
             self.hand_over = ("no module call of the model ran inside a compiled graph (dynamo skipped or broke "
-                              f"every frame{': ' + reasons if reasons else ''})")
+                              f"every frame{': ' + reasons if reasons else ''}){self._in_place_hint()}")
         elif eager:
             shown = ", ".join(repr(path) for path in outside[:8]) + (
                 f" and {len(outside) - 8} more" if len(outside) > 8 else "")
@@ -542,8 +544,22 @@ class CompiledHooks:
                  f"dynamo's graphs (graph breaks in the model, at {shown}); they are recorded eagerly, the rest "
                  "inside the compiled graphs. torch._dynamo.explain(model)(*inputs) tells why dynamo breaks there.")
 
-    def output_shapes(self, path: str) -> set[tuple]:
-        """The shapes of the outputs recorded at ``path`` so far (none before a recorded step)."""
+    def _in_place_hint(self) -> str:
+        """What to say of a model that ran no compiled code where it is one of torch.nn's own classes
+        compiled in place (``nn.Sequential(...).compile()``): dynamo skips the frames of torch.nn's
+        files, so such a model runs uncompiled whether watched or not, which the fallback alone would
+        leave the user to blame on the watch."""
+        model = self.entry.module
+        if self.entry.attribute != "_compiled_call_impl" or not type(model).__module__.startswith("torch.nn."):
+            return ""
+        name = type(model).__name__
+        return (f". {name} is a class of torch.nn compiled in place (model.compile()), whose frames dynamo skips: "
+                f"it runs uncompiled unwatched too. To run it compiled, compile a wrapper, compiled = "
+                f"torch.compile(model), and watch and call that, or compile a module class of your own in place")
+
+    def output_shapes(self, path: str) -> set[tuple[str, tuple]]:
+        """The leaf names and shapes of the floating-point outputs (those ``ablate`` zeroes) recorded at
+        ``path`` so far (none before a recorded step)."""
         return set(self._shapes.get(path, ()))
 
     # ------------------------------------------------------------------ parameter gradients

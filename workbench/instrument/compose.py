@@ -74,7 +74,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             records the statistics alone). On the CPU a tensor of 131,072 values or more is binned
             from a sample of 16,384 (the row says ``sampled``); see docs/watch.md.
         bins: histogram bins.
-        recorder: publish into this Recorder (default: a new one).
+        recorder: publish into this Recorder (default: a new one); one that no open watch publishes into.
         store: a run directory to write the run into (SQLite, crash-safe); read it back with
             ``workbench.load_run(store)``.
         metadata: facts of yours stored with the run (a dict with str keys: config, ``model``, a
@@ -99,14 +99,20 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             is not a dict with str keys.
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
             (a float, a bool or a str included; any integer, a numpy one too, is an int here),
-            ``reducers`` is an empty list or names an unknown reducer, ``modules`` selects nothing, ``metadata``
+            ``reducers`` is an empty list, names an unknown reducer or holds a reducer object that another
+            open watch uses, ``recorder`` is another open watch's (each open watch needs its own),
+            ``modules`` selects nothing, ``metadata``
             contradicts a fact the watch stores, or ``activations``, ``gradients``, ``parameters``,
             ``parameter_grads`` and ``updates`` are all False (nothing would be recorded).
-        workbench.RunError: the store cannot be written at ``store`` (no hook is left in).
+        OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``
+            where it holds a run, another writer writes there or it is a file; ``PermissionError``,
+            ``NotADirectoryError`` ... where it cannot be created or written.
     """
     check_metadata(metadata)
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
                    parameter_grads=parameter_grads, updates=updates)
+    if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
+        RunStore.check_path(store)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
@@ -164,7 +170,8 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     facts are the model's name, ``every``, ``facts``, the watch's options and ``metadata``.
 
     Raises:
-        workbench.RunError: the store cannot be written at ``store`` (the watch is closed, as failed:
+        OSError: the store cannot be written at ``store`` (``FileExistsError``, ``PermissionError`` ...,
+            as :class:`~workbench.instrument.store.RunStore` raises; the watch is closed, as failed:
             no hook is left in).
     """
     w.metadata = dict(metadata or {})

@@ -99,6 +99,7 @@ class Hooks:
         # anew would be objects for the garbage collector to count (a full collection every few
         # hundred steps on a model with hundreds of rows a step)
         self._keys: dict[tuple, tuple] = {}
+        self._not_floating: set[tuple] = set()  # the activation keys of integer, bool (...) tensors
         self._param_batches: dict[str, tuple[list, list, list]] = {}  # see _record_parameters
         self.params = sites.parameters()
         handles = internals.register_module_hooks(
@@ -357,8 +358,13 @@ class Hooks:
                 try:
                     if seen[2] is None:
                         seen[2] = self._reduce(values, values is not tensor, defer=False)
+                    key = self._keys.get((path, call, ACTIVATION, name, shape))
+                    if key is None:
+                        key = self._intern((path, call, ACTIVATION, name, shape))
+                        if not values.is_floating_point():  # (ablate zeroes none of its units)
+                            self._not_floating.add(key)
                     # one append (a list append is atomic): hooks on other threads cannot interleave a row
-                    self.entries.append((self._intern((path, call, ACTIVATION, name, shape)), values.numel(), seen[2]))
+                    self.entries.append((key, values.numel(), seen[2]))
                 except Exception as exc:
                     self.fail(path, call, ACTIVATION, exc)
                     activations = False
@@ -374,9 +380,11 @@ class Hooks:
                     self.fail(path, call, GRAD_OUTPUT, exc)
                     grads = False
 
-    def output_shapes(self, path: str) -> set[tuple]:
-        """The shapes of the activations recorded at ``path`` so far (none before a recorded step)."""
-        return {key[4] for key in list(self._keys) if key[0] == path and key[2] == ACTIVATION}
+    def output_shapes(self, path: str) -> set[tuple[str, tuple]]:
+        """The leaf names and shapes of the floating-point activations (those ``ablate`` zeroes) recorded
+        at ``path`` so far (none before a recorded step)."""
+        return {(key[3], key[4]) for key in list(self._keys)
+                if key[0] == path and key[2] == ACTIVATION and key not in self._not_floating}
 
     def _intern(self, key: tuple) -> tuple:
         """The one kept object equal to ``key`` (see ``_keys``)."""

@@ -17,6 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -273,7 +274,13 @@ class Recorder:
             store, when attached, keeps every step on disk. 0 keeps none: the steps go to
             the subscribers alone (a store, a dashboard), as in the app, whose server
             would otherwise hold the steps of every run it keeps.
+
+    One recorder serves one open watch at a time (``watch(recorder=...)`` refuses one that another
+    open watch publishes into: their steps would mix); once that watch is closed it may serve another.
     """
+
+    #: the watch publishing into this recorder (weakly held; None before any): a second open watch may not
+    held_by: Any = None
 
     def __init__(self, max_rows: int = 500_000) -> None:
         self.max_rows = whole_number("max_rows", max_rows, 0, "an int >= 0 (0: keep no step, stream them only)")

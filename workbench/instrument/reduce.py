@@ -142,10 +142,14 @@ class DeviceSums:
 class Reducer:
     """One way of reducing tensors to rows of SUMS (and histograms). A step's reducers are tried
     in order; the first whose :meth:`takes` says yes reduces the tensor. Called under the step's
-    lock, one call at a time."""
+    lock, one call at a time. One object serves one open watch at a time (``held_by``, weakly;
+    ``watch(reducers=...)`` refuses one that another open watch holds)."""
+
+    #: the watch this reducer serves (weakly held; None before any): a second open watch may not share it
+    held_by: Any = None
 
     def bind(self, host: HostRows) -> None:
-        """Write into ``host`` (called once, by the StepSums that uses this reducer)."""
+        """Write into ``host`` (called by the StepSums that uses this reducer: one watch's at a time)."""
         self.host = host
 
     def takes(self, x: torch.Tensor) -> bool:
@@ -259,6 +263,7 @@ class StepSums:
             raise ValueError("StepSums needs at least one reducer; pass None for the default ones.")
         for reducer in self.reducers:
             reducer.bind(self.host)
+            reducer.reset()  # (a reducer used before, by a watch closed mid-step, holds nothing of that step)
         self._n = 0
         self._used = False  # something was added since the last reset
         self._read = False  # rows() fetched this step's sums

@@ -67,12 +67,21 @@ def selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
     """A predicate on module paths from a glob, a list of globs or a predicate (None: nothing).
 
     Raises:
-        TypeError: ``spec`` is none of these.
+        TypeError: ``spec`` is none of these; the predicate returned raises one, naming ``spec`` and the
+            path, where ``spec``, a predicate, raises.
     """
     if spec is None:
         return lambda path: False
     if callable(spec):
-        return spec
+        def checked(path: str) -> bool:
+            try:
+                return bool(spec(path))
+            except Exception as exc:  # (the user's function: say which option it is and what it is given)
+                raise TypeError(f"{what}={spec!r} raised {type(exc).__name__}: {exc}, given the module path "
+                                f"{path!r}; a predicate takes one path (a str such as 'blocks.0.attn', '' for "
+                                "the model itself) and returns True to select it.") from exc
+
+        return checked
     patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, (list, tuple, set)) else None
     if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "

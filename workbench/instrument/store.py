@@ -102,6 +102,7 @@ class RunStore:
             on the database before that step fails.
 
     Raises:
+        TypeError: ``path`` is not a str or a path.
         ValueError: an empty path.
         FileExistsError: the directory holds a run, or another writer is writing one there.
         PermissionError: the directory cannot be created or written (nothing is left behind).
@@ -109,12 +110,7 @@ class RunStore:
 
     def __init__(self, path: str | Path, metadata: dict[str, Any] | None = None,
                  on_error: Callable[[str], object] | None = None, timeout: float = 30.0) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
-        if not str(path).strip():
-            raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
-                             "(or store=None to record in memory only).")
-        self.path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
+        self.path = self.check_path(path)
         self.errors: list[str] = []  # what went wrong, the first MAX_ERRORS messages
         self.on_error = on_error
         self.lost = 0  # steps that could not be written
@@ -122,12 +118,11 @@ class RunStore:
         self._subscription: Subscription | None = None
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
+        self._file: tuple[int, int] | None = None  # the database file written (device, inode)
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
-            if (self.path / DB_NAME).exists():
-                raise FileExistsError(f"{self.path} already holds a run; pick a new directory or "
-                                      "load it with workbench.load_run().")
+            _check_no_run(self.path)  # (again, under the lock: it decides)
             # (a tool holding the database briefly makes a write wait, not fail)
             self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None,
                                        timeout=timeout)
@@ -139,6 +134,7 @@ class RunStore:
             with self._transaction():
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
+            self._file = _identity(self.path / DB_NAME)
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -147,6 +143,35 @@ class RunStore:
                 raise error(f"Cannot write a run into {self.path}: {type(exc).__name__}: {exc}. Pick a directory "
                             "you can write to, with room on its disk.") from None
             raise
+
+    @staticmethod
+    def check_path(path: Any) -> Path:
+        """``path`` as the run directory a store would write, checked without touching the disk: what
+        ``watch(store=...)`` checks before it attaches anything (a directory that cannot be created
+        or written is found as the store starts).
+
+        Args:
+            path: the run directory (a str or a path; ``~`` is the home directory).
+
+        Returns:
+            The directory's path.
+
+        Raises:
+            TypeError: not a str or a path.
+            ValueError: an empty path.
+            FileExistsError: the directory holds a run, or the path is a file.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
+        if not str(path).strip():
+            raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
+                             "(or store=None to record in memory only).")
+        path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
+        if not _written(path):  # (a run being written is refused as the store starts, saying so)
+            _check_no_run(path)
+        return path
 
     def _make_directory(self) -> list[Path]:
         """Create the run directory; returns the directories made (removed again if the store fails)."""
@@ -285,6 +310,10 @@ class RunStore:
             self.on_error(message)
 
     def _write_step(self, record: StepRecord) -> None:
+        if _identity(self.path / DB_NAME) != self._file:  # (sqlite would write on into the file it holds open)
+            raise FileNotFoundError("the run's database was removed or replaced since the run started (the run "
+                                    "directory deleted or moved?); its steps from here on are lost. Keep the "
+                                    "directory in place while the run is written")
         rows = []
         if len(record):
             stats = finish(record.numel, record.sums)
@@ -355,6 +384,37 @@ class RunStore:
             self._db = None
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
+
+
+def _check_no_run(path: Path) -> None:
+    if (path / DB_NAME).exists():
+        raise FileExistsError(f"{path} already holds a run; pick a new directory or load it with workbench.load_run().")
+
+
+def _written(path: Path) -> bool:
+    """Whether a writer holds the lock of the run at ``path`` (the lock is tried and let go at once)."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` as (device, inode), or None where there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _sql_value(value: Any) -> Any:

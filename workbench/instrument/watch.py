@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from workbench.instrument.hooks import Hooks, warn
-from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, unit_index, zero_units
+from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, listed, unit_index, zero_units
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
-from workbench.instrument.reduce import Reducer, StepSums, resolve_reducers
+from workbench.instrument.reduce import REDUCER_NAMES, Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
                                          anomalous, check_filter, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
@@ -70,6 +70,7 @@ class Watch:
         if recorder is not None and not isinstance(recorder, Recorder):
             raise TypeError(f"recorder must be a workbench Recorder (or None for a new one), got {recorder!r}.")
         reducers = resolve_reducers(reducers)  # (before anything is hooked)
+        _check_unshared(reducers, recorder)
         model, compiled = unwrap(model)  # sites named by the inner model's paths (DDP, compiled, in any order)
         _check_materialized(model)
         self.model, self.every = model, every
@@ -101,6 +102,8 @@ class Watch:
         self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
+        for held in [*(reducers or ()), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
+            held.held_by = weakref.ref(self)
         self._start_step()
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
@@ -124,6 +127,10 @@ class Watch:
 
         Returns:
             The step's record, or None when the step was neither recorded nor given metrics.
+
+        Raises:
+            TypeError: a metric that is not a number (see :meth:`log`): the step is not ended, and none
+                of the metrics given is logged.
         """
         self._check_open()
         if metrics:
@@ -199,14 +206,17 @@ class Watch:
                 its last value.
 
         Raises:
-            TypeError: a metric that is not a number (or a one-element tensor).
+            TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
+                given is logged then.
         """
+        checked = {}
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach().item() if value.numel() == 1 else value
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
                 raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
-            self._metrics[key] = float(value)
+            checked[key] = float(value)
+        self._metrics.update(checked)  # (all or none: a call that raised logged nothing)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Watch]:
@@ -280,8 +290,22 @@ class Watch:
         given = dim is not None
         index, dim = unit_index(units, 1 if dim is None else dim)
         label = _label(label, f"ablate{index}@dim{dim}")
-        for shape in self._output_shapes(path):  # known once a recorded step has seen the site
-            check_units(path, index, dim, shape)
+        leaves = self._output_shapes(path)  # known once a recorded step has seen the site
+        for name, shape in sorted(leaves, key=str):
+            try:
+                check_units(path, index, dim, shape)
+            except ValueError:
+                if len({name for name, _ in leaves}) == 1:
+                    raise
+                # (several tensors: the one it does not fit may not be the one the user means)
+                units_code = str(index) if len(index) <= 8 else "units"
+                raise ValueError(f"ablate({path!r}): its output holds floating-point tensors "
+                                 f"{', '.join(f'{n} {s}' for n, s in sorted(leaves, key=str))}, and ablate zeroes "
+                                 f"the units of each; units {listed(index)} along dim {dim} do not fit {name} of "
+                                 f"shape {shape}. To zero units of one tensor alone, patch it, e.g. for a tuple's "
+                                 f"first (an attention module's output, beside its weights): w.patch({path!r}, "
+                                 f"lambda out: (out[0].index_fill({dim}, torch.tensor({units_code}), 0.0), "
+                                 "*out[1:])).") from None
         return self._add_intervention(path, zero_units(path, index, dim, warn_default_dim=not given), call, label)
 
     @property
@@ -353,8 +377,25 @@ class Watch:
         return self.recorder.subscribe(callback, max_pending, interval)
 
     def to_pandas(self) -> pd.DataFrame:
-        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``)."""
+        """One row per tensor per call site per recorded step (see ``workbench.instrument.ROW_COLUMNS``).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``): an empty frame would
+                read as a run with no rows (and :meth:`diagnose` as one with nothing wrong).
+        """
+        self._check_kept("to_pandas")
         return self.recorder.to_pandas()
+
+    def _check_kept(self, method: str) -> None:
+        """Refuse to read ``method`` of a watch whose recorder keeps no step (``max_rows=0``), naming where to."""
+        if self.recorder.max_rows == 0:
+            stored = self.store.path if self.store is not None else None
+            read = (f"read the stored run: workbench.load_run({str(stored)!r}).{method}()" if stored is not None
+                    else "subscribe to it (w.subscribe(callback)) or give it a store (store='runs/<name>')")
+            raise RuntimeError(f"This watch keeps no step in memory: its recorder was made with max_rows=0, which "
+                               f"streams each step to the store and the subscribers alone. To read the steps, {read}; "
+                               "to keep them in memory too, watch with recorder=workbench.Recorder(max_rows=...) "
+                               "or the default recorder.")
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
         """The metrics given to ``step()`` / ``log()``: one row per step, a column per metric (NaN: not
@@ -363,7 +404,11 @@ class Watch:
         Args:
             long: one row per logged value instead, ``step, name, value`` (a metric not logged that
                 step has no row; one logged NaN has a row with NaN).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
         """
+        self._check_kept("metrics")
         return self.recorder.metrics(long)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
@@ -375,9 +420,10 @@ class Watch:
 
         Raises:
             RuntimeError: the watch was made with ``histograms=False``: it records none (an empty frame
-                would read as sites that had no values).
+                would read as sites that had no values); or it keeps no step in memory (``Recorder(max_rows=0)``).
             ValueError: an unknown ``module`` or ``kind``.
         """
+        self._check_kept("histograms")
         if not self.options["histograms"]:
             raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
                                "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
@@ -393,14 +439,24 @@ class Watch:
             thresholds: a :class:`workbench.diagnose.Thresholds`, a dict of its fields, or None.
             **overrides: single thresholds (``persist=5``, ``dead_zero_frac=0.7``); the chance level of
                 the loss is the run's metadata's ``chance`` unless given here.
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``): no finding would
+                read as nothing wrong.
         """
+        self._check_kept("diagnose")
         from workbench.diagnose import diagnose, with_run_facts  # (a reader of the rows, not a part of the pipeline)
         return diagnose(self.to_pandas(), self.metrics(long=True), thresholds,
                         **with_run_facts(self.metadata, thresholds, overrides))
 
     def anomalies(self) -> pd.DataFrame:
         """Rows with NaN or Inf values, in the order they were recorded: the first row is where a
-        non-finite value first appeared (step, module path, call, kind)."""
+        non-finite value first appeared (step, module path, call, kind).
+
+        Raises:
+            RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
+        """
+        self._check_kept("anomalies")
         frame = self.to_pandas()
         return frame[anomalous(frame)].reset_index(drop=True)
 
@@ -462,6 +518,7 @@ class Watch:
             raise RuntimeError("This watch is closed; start a new one with workbench.watch(model).")
 
     def __enter__(self) -> Watch:
+        self._check_open()  # (a closed watch records nothing: the block would run unwatched)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -491,6 +548,34 @@ def _check_materialized(model: nn.Module) -> None:
         raise ValueError(f"watch() needs the model's parameters, and the lazy module(s) {', '.join(lazy[:8])}"
                          f"{' ...' if len(lazy) > 8 else ''} of {type(model).__name__} have none yet: run one forward "
                          "pass first (model(example_input)), which materializes them, then call watch(model).")
+
+
+def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | None) -> None:
+    """Refuse a reducer object or a recorder that a watch still open uses; once that watch is closed
+    they may serve another. A reducer keeps one watch's step (its rows and the tensors it holds until
+    the step's rows are read): a second watch would take it over, and the first would record into
+    the second's rows. A recorder shared would mix two watches' steps under the same step numbers
+    (and each watch's store would write the other's rows).
+
+    Raises:
+        ValueError: naming the reducer or recorder and the watch that holds it.
+    """
+    for held in [*(reducers or ()), *([recorder] if recorder is not None else [])]:
+        holder = held.held_by() if held.held_by is not None else None
+        if holder is None or holder.closed:
+            continue
+        name = type(held).__name__
+        if isinstance(held, Recorder):
+            raise ValueError(f"recorder: this {name} is in use by {holder!r}, which is still open. Two open watches "
+                             "publishing into one recorder would mix their steps under the same step numbers (and "
+                             "each watch's store would write the other's rows): give each watch its own, e.g. "
+                             "recorder=workbench.Recorder(max_rows=...), or None for a new one, or close the other "
+                             "watch first.")
+        raise ValueError(f"reducers: this {name} object is in use by {holder!r}, which is still open. A reducer "
+                         "keeps one watch's step (its rows and the tensors it holds until the step ends), so "
+                         f"two open watches cannot share one: give each watch its own, e.g. reducers=[{name}()] "
+                         f"or the names {', '.join(map(repr, REDUCER_NAMES))} (new reducers each time), or "
+                         "close the other watch first.")
 
 
 def _label(label: Any, default: str) -> str:
