@@ -1,8 +1,6 @@
 """Reading a stored run as a user of the Python API would: fresh metadata, numpy step numbers, empty
 ranges refused, ``~`` paths, export's checks and its writing a part at a time."""
 
-import os
-
 import numpy as np
 import pandas as pd
 import pytest
