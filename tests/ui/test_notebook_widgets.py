@@ -46,6 +46,19 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     assert browser.output.outputs == ()  # (the message alone: no empty module table under it)
 
 
+def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box_would_bend_is_the_message():
+    browser = ModelBrowser(pattern="mlp")
+    good = browser.build(width="16", depth=3)  # (typed as a person types them)
+    assert good.ok and [layer.out_features for layer in good.model.layers[:-1:2]] == [16, 16, 16]
+    assert {box.description: box.value for box in browser.form.children}["width"] == 16  # (the form shows it)
+    for values, said in [({"dept": 3}, "has no parameter 'dept'; did you mean 'depth'? Its parameters: "),
+                         ({"width": 2.5}, "width expects int, could not read 2.5: not a whole number"),  # (was 2)
+                         ({"depth": "three"}, "depth expects int, could not read 'three'")]:  # (was a TraitError)
+        result = browser.build(**values)
+        assert not result.ok and said in result.message and said in browser.message.value, result.message
+        assert browser.model is good.model
+
+
 def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
     with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
                                          r"The families are \['activation', "):

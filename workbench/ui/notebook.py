@@ -16,7 +16,7 @@ from typing import Any
 
 from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
-from workbench.ui.forms import FormField
+from workbench.ui.forms import FormField, field_text
 
 __all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 
@@ -179,13 +179,23 @@ class ModelBrowser:
             # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
             ```
         """
-        for label, widget in self._fields:
-            if label in values:
-                widget.value = values[label]
-        raw = {label: widget.value for label, widget in self._fields}
+        import ipywidgets as w
+        from traitlets import TraitError
+
+        # the values given are read as the form reads what is typed, not as its boxes would take them: an
+        # int box turned 2.5 into 2 and dropped a misspelt name without a word; either is now the message
+        raw = {**{label: widget.value for label, widget in self._fields}, **values}
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
+            fields = dict(self._fields)
+            for label, value in values.items():  # the form shows what was built (a parameter with no box: none)
+                box = fields.get(label)
+                try:
+                    if box is not None:
+                        box.value = field_text(value) if isinstance(box, w.Text) else value
+                except TraitError:  # (a value its box cannot hold: built all the same)
+                    pass
         self.message.value = _html(self.result.message)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
         shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
