@@ -818,3 +818,29 @@ def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_ar
     finally:
         dash.close()
         off.close()
+
+
+def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
+    """The kind list offers every kind: a run without updates (the default) said "No update rows yet." in
+    each of its figures, live and stored, as though they were on their way."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model, gradients=False, store=tmp_path / "run")
+    dash = Dashboard(w, interval=3600, kind="grad_output")
+    try:
+        model(torch.randn(8, 2)).sum().backward()
+        w.step()
+        wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
+        live = "No grad_output rows: this run is recorded with gradients=False; gradients=True records them."
+        assert [empty_text(dash.figure(name)) for name in ("sites", "heatmap", "distribution")] == [live] * 3
+        assert live in dash.site_note.value
+    finally:
+        dash.close()
+        w.close()
+    stored = Dashboard(workbench.load_run(tmp_path / "run"))
+    stored.kind.value = "update"  # (picked from the list, as a person does)
+    said = "No update rows: this run was recorded with updates=False; updates=True records them."
+    assert [empty_text(stored.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
+    stored.kind.value = "activation"  # (a kind it records: drawn)
+    assert stored.figure("sites")["data"] and stored.figure("heatmap")["data"]

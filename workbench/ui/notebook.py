@@ -772,6 +772,10 @@ class Dashboard:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
+            elif name in ("sites", "heatmap") and self._no_rows(kind):
+                spec = figures.empty_figure(self._no_rows(kind))  # (never "yet" of rows that cannot come)
+                if name == "sites":
+                    self.site_note.value = _html(self._no_rows(kind))
             elif name == "sites":
                 sites = list(self.sites.value) or None
                 spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
@@ -794,8 +798,7 @@ class Dashboard:
                                                 f"{'was' if self._ended() else 'is'} recorded with histograms=False; "
                                                 "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
-                                                else f"No {kind} rows yet.")
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows else self._no_rows(kind))
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -805,6 +808,25 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
+
+    def _no_rows(self, kind: str) -> str | None:
+        """What a figure of ``kind`` says while the run has no rows of it (None once it has some): that the
+        run is not recorded with them (the kind's ``watch`` option off: ``updates=False`` by default), that
+        it recorded none (it ended), else that none have arrived yet."""
+        from workbench.instrument import Recorder
+        from workbench.instrument.schema import KIND_OPTIONS
+
+        if self.view.site_order(kind):
+            return None
+        option = KIND_OPTIONS[kind]
+        # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
+        said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder
+                else self.stored.metadata.get(option) if self.stored is not None else None)
+        ended = self._ended()
+        if said is False:
+            return (f"No {kind} rows: this run {'was' if ended else 'is'} recorded with {option}=False; "
+                    f"{option}=True records them.")
+        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
 
     def _records_histograms(self) -> bool | None:
         """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
