@@ -500,6 +500,31 @@ def test_the_bar_of_a_run_stopped_by_the_user_ends_amber_a_failed_one_red_a_fini
     assert (ended(4, stopped=True), ended(4), ended(10)) == ("warning", "danger", "success")
 
 
+def test_the_bar_of_a_run_the_user_interrupts_ends_amber_as_its_store_says_stopped(monkeypatch, tmp_path):
+    """The kernel's stop button (a KeyboardInterrupt) in the middle of exp.run(...): its store says
+    "stopped", and its bar ended in the red of a failure."""
+    from workbench.experiments import base
+
+    bars = []
+
+    def notebook_bar(progress, steps, name):  # (the bar exp.run shows in a notebook)
+        bars.append(base._notebook_bar_class()(total=steps, desc=name))
+        return bars[-1]
+
+    monkeypatch.setattr(base, "_progress_bar", notebook_bar)
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    step = exp.train_step
+    exp.train_step = lambda: step() if exp.step_count < 3 else (_ for _ in ()).throw(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        exp.run(10, store=tmp_path / "run")
+    assert workbench.load_run(tmp_path / "run").status == "stopped" and exp.step_count == 3
+    assert bars[0].container.children[1].bar_style == "warning"
+    exp.train_step = lambda: step() if exp.step_count < 4 else 1 / 0  # (an error: red, as before)
+    with pytest.raises(ZeroDivisionError):
+        exp.run(10)
+    assert bars[1].container.children[1].bar_style == "danger"
+
+
 # ------------------------------------------------------------------ comparing runs
 def run_lines(figure):
     """The runs drawn in a comparison's figure: name -> colour (one legend entry a run)."""
