@@ -869,3 +869,10 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
     assert [empty_text(stored.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
     stored.kind.value = "activation"  # (a kind it records: drawn)
     assert stored.figure("sites")["data"] and stored.figure("heatmap")["data"]
+    # a background run's last draw, sent as it ends (before it is done), says it ended
+    run = workbench.experiments.create("activation_mlp", seed=0, width=8).start(3, gradients=False)
+    ended = Dashboard(run, kind="grad_output", tab="sites", interval=0.05)
+    run.join()
+    wait_for(lambda: not ended.following, what="the run's last draw")
+    assert empty_text(plotted(ended, "sites")) == ("No grad_output rows: this run was recorded with gradients=False; "
+                                                   "gradients=True records them.")

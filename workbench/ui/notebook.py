@@ -636,6 +636,11 @@ class Dashboard:
             return self.stored.status != "running"  # (read from the store: interrupted once its writer is gone)
         return self.watch is None or self.watch.closed
 
+    def _over(self) -> bool:
+        """Whether the run has ended, as its figures say it: a background run's last draw comes once its
+        status says so, before it is done (:meth:`_ended`)."""
+        return self._ended() or (self.run is not None and self.run.status in _ENDED)
+
     def _status(self) -> None:
         if self.run is not None:
             self.view.set_status(self.run.status, self.run.error)
@@ -793,9 +798,9 @@ class Dashboard:
                 rows = self.view.site_order(kind)
                 if site:
                     spec = figures.distribution_figure(self.view, kind, site)
-                elif records is False or (records is None and rows and self._ended()):
+                elif records is False or (records is None and rows and self._over()):
                     spec = figures.empty_figure(f"No histograms of {kind} rows: this run "
-                                                f"{'was' if self._ended() else 'is'} recorded with histograms=False; "
+                                                f"{'was' if self._over() else 'is'} recorded with histograms=False; "
                                                 "leave them on (the default) to see distributions over time.")
                 else:
                     spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows else self._no_rows(kind))
@@ -822,7 +827,7 @@ class Dashboard:
         # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
         said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder
                 else self.stored.metadata.get(option) if self.stored is not None else None)
-        ended = self._ended()
+        ended = self._over()
         if said is False:
             return (f"No {kind} rows: this run {'was' if ended else 'is'} recorded with {option}=False; "
                     f"{option}=True records them.")
