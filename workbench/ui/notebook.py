@@ -165,7 +165,9 @@ class ModelBrowser:
 
         Args:
             **values: field values to type into the form first, by parameter name, as a
-                person would type them (``width="16"`` or ``width=16``).
+                person would type them (``width="16"`` or ``width=16``); the form shows them once
+                built. A name that is no parameter (``dept=3``) or a value its field does not take
+                (``width=2.5``) is the message, and the form keeps what it held.
 
         Returns:
             The `BuildResult`: ``ok``, the ``model``, the ``message`` shown and the ``tree``.
