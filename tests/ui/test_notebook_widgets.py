@@ -46,6 +46,19 @@ def test_invalid_value_shows_message_and_keeps_previous_model():
     assert browser.output.outputs == ()  # (the message alone: no empty module table under it)
 
 
+def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box_would_bend_is_the_message():
+    browser = ModelBrowser(pattern="mlp")
+    good = browser.build(width="16", depth=3)  # (typed as a person types them)
+    assert good.ok and [layer.out_features for layer in good.model.layers[:-1:2]] == [16, 16, 16]
+    assert {box.description: box.value for box in browser.form.children}["width"] == 16  # (the form shows it)
+    for values, said in [({"dept": 3}, "has no parameter 'dept'; did you mean 'depth'? Its parameters: "),
+                         ({"width": 2.5}, "width expects int, could not read 2.5: not a whole number"),  # (was 2)
+                         ({"depth": "three"}, "depth expects int, could not read 'three'")]:  # (was a TraitError)
+        result = browser.build(**values)
+        assert not result.ok and said in result.message and said in browser.message.value, result.message
+        assert browser.model is good.model
+
+
 def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
     with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
                                          r"The families are \['activation', "):
@@ -487,6 +500,31 @@ def test_the_bar_of_a_run_stopped_by_the_user_ends_amber_a_failed_one_red_a_fini
     assert (ended(4, stopped=True), ended(4), ended(10)) == ("warning", "danger", "success")
 
 
+def test_the_bar_of_a_run_the_user_interrupts_ends_amber_as_its_store_says_stopped(monkeypatch, tmp_path):
+    """The kernel's stop button (a KeyboardInterrupt) in the middle of exp.run(...): its store says
+    "stopped", and its bar ended in the red of a failure."""
+    from workbench.experiments import base
+
+    bars = []
+
+    def notebook_bar(progress, steps, name):  # (the bar exp.run shows in a notebook)
+        bars.append(base._notebook_bar_class()(total=steps, desc=name))
+        return bars[-1]
+
+    monkeypatch.setattr(base, "_progress_bar", notebook_bar)
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    step = exp.train_step
+    exp.train_step = lambda: step() if exp.step_count < 3 else (_ for _ in ()).throw(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        exp.run(10, store=tmp_path / "run")
+    assert workbench.load_run(tmp_path / "run").status == "stopped" and exp.step_count == 3
+    assert bars[0].container.children[1].bar_style == "warning"
+    exp.train_step = lambda: step() if exp.step_count < 4 else 1 / 0  # (an error: red, as before)
+    with pytest.raises(ZeroDivisionError):
+        exp.run(10)
+    assert bars[1].container.children[1].bar_style == "danger"
+
+
 # ------------------------------------------------------------------ comparing runs
 def run_lines(figure):
     """The runs drawn in a comparison's figure: name -> colour (one legend entry a run)."""
@@ -805,3 +843,36 @@ def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_ar
     finally:
         dash.close()
         off.close()
+
+
+def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
+    """The kind list offers every kind: a run without updates (the default) said "No update rows yet." in
+    each of its figures, live and stored, as though they were on their way."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model, gradients=False, store=tmp_path / "run")
+    dash = Dashboard(w, interval=3600, kind="grad_output")
+    try:
+        model(torch.randn(8, 2)).sum().backward()
+        w.step()
+        wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
+        live = "No grad_output rows: this run is recorded with gradients=False; gradients=True records them."
+        assert [empty_text(dash.figure(name)) for name in ("sites", "heatmap", "distribution")] == [live] * 3
+        assert live in dash.site_note.value
+    finally:
+        dash.close()
+        w.close()
+    stored = Dashboard(workbench.load_run(tmp_path / "run"))
+    stored.kind.value = "update"  # (picked from the list, as a person does)
+    said = "No update rows: this run was recorded with updates=False; updates=True records them."
+    assert [empty_text(stored.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
+    stored.kind.value = "activation"  # (a kind it records: drawn)
+    assert stored.figure("sites")["data"] and stored.figure("heatmap")["data"]
+    # a background run's last draw, sent as it ends (before it is done), says it ended
+    run = workbench.experiments.create("activation_mlp", seed=0, width=8).start(3, gradients=False)
+    ended = Dashboard(run, kind="grad_output", tab="sites", interval=0.05)
+    run.join()
+    wait_for(lambda: not ended.following, what="the run's last draw")
+    assert empty_text(plotted(ended, "sites")) == ("No grad_output rows: this run was recorded with gradients=False; "
+                                                   "gradients=True records them.")

@@ -316,9 +316,13 @@ class Experiment:
         # (the watch closes stopped on an interrupt, failed with the error on an exception)
         with watching or contextlib.nullcontext(), bar:
             history = []
-            for i in range(steps):
-                history.append(_stepped(self, bar, last=i == steps - 1))
-                _save_due(self, save, save_every, end=i == steps - 1)
+            try:
+                for i in range(steps):
+                    history.append(_stepped(self, bar, last=i == steps - 1))
+                    _save_due(self, save, save_every, end=i == steps - 1)
+            except KeyboardInterrupt:  # stopped by the user: its bar ends amber, as a stopped background run's
+                bar.stopped = True  # (the red of a failure said the run had broken)
+                raise
             if not steps:
                 _save_due(self, save, save_every, end=True)
             return history

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "SUMS", "SHIFT_SAMPLE", "KEY_COLUMNS",
-           "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES", "anomalous", "finish",
-           "site_name", "check_filter", "whole_number"]
+__all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "KIND_OPTIONS", "SUMS",
+           "SHIFT_SAMPLE", "KEY_COLUMNS", "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES",
+           "anomalous", "finish", "site_name", "check_filter", "whole_number"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -29,6 +29,9 @@ PARAM_GRAD = "param_grad"  #: a parameter's gradient, as accumulated by the step
 #: started): the optimizer's step, whose norm over the parameter's is the update ratio
 UPDATE = "update"
 KINDS = (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, UPDATE)
+#: The option of ``workbench.watch`` that records each kind
+KIND_OPTIONS = {ACTIVATION: "activations", GRAD_OUTPUT: "gradients", PARAM: "parameters", PARAM_GRAD: "parameter_grads",
+                UPDATE: "updates"}
 
 #: The sample a tensor's shift is taken from: the values at ``(i * n) // SHIFT_SAMPLE`` of the flat
 #: tensor of ``n`` values, ``i`` in ``range(SHIFT_SAMPLE)``; the shift is its middle value by rank,

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.params import ParamInfo, Range, validate_overrides
+from workbench.registry import close_names
 
 __all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT",
-           "pop_up_text"]
+           "pop_up_text", "field_text"]
 
 #: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
 #: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
@@ -91,7 +92,8 @@ def _number_field(p: ParamInfo) -> bool:
     return p.kind in ("int", "float") and not p.nullable
 
 
-def _text(value: Any) -> str:
+def field_text(value: Any) -> str:
+    """A value as a text field shows it: None as empty, a list as comma-separated items."""
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):
@@ -116,7 +118,7 @@ def form_fields(params: Sequence[ParamInfo]) -> list[FormField]:
         elif kind in ("int", "float") and not p.nullable:
             fields.append(FormField(p, kind, default))
         elif kind in ("int", "float", "str", "list"):
-            fields.append(FormField(p, "text", _text(default)))
+            fields.append(FormField(p, "text", field_text(default)))
     return fields
 
 
@@ -192,8 +194,10 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
     overrides: dict[str, Any] = {}
     for name, raw in values.items():
         p = by_name.get(name)
-        if p is None:
-            raise ValueError(f"{owner} has no parameter {name!r}.")
+        if p is None:  # (a name given in code: a typo is named, never dropped)
+            close = close_names(str(name), list(by_name), n=1)
+            raise ValueError(f"{owner} has no parameter {name!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
+                             + f" Its parameters: {', '.join(by_name) or 'none'}.")
         kind = p.kind
         try:
             if isinstance(raw, str) and kind != "str" and kind != "choice":

@@ -16,7 +16,7 @@ from typing import Any
 
 from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
-from workbench.ui.forms import FormField
+from workbench.ui.forms import FormField, field_text
 
 __all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 
@@ -165,7 +165,9 @@ class ModelBrowser:
 
         Args:
             **values: field values to type into the form first, by parameter name, as a
-                person would type them (``width="16"`` or ``width=16``).
+                person would type them (``width="16"`` or ``width=16``); the form shows them once
+                built. A name that is no parameter (``dept=3``) or a value its field does not take
+                (``width=2.5``) is the message, and the form keeps what it held.
 
         Returns:
             The `BuildResult`: ``ok``, the ``model``, the ``message`` shown and the ``tree``.
@@ -179,13 +181,23 @@ class ModelBrowser:
             # "**Could not build the model.** Model 'mlp': parameter 'depth' must lie in [1, 32], got 0."
             ```
         """
-        for label, widget in self._fields:
-            if label in values:
-                widget.value = values[label]
-        raw = {label: widget.value for label, widget in self._fields}
+        import ipywidgets as w
+        from traitlets import TraitError
+
+        # the values given are read as the form reads what is typed, not as its boxes would take them: an
+        # int box turned 2.5 into 2 and dropped a misspelt name without a word; either is now the message
+        raw = {**{label: widget.value for label, widget in self._fields}, **values}
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
+            fields = dict(self._fields)
+            for label, value in values.items():  # the form shows what was built (a parameter with no box: none)
+                box = fields.get(label)
+                try:
+                    if box is not None:
+                        box.value = field_text(value) if isinstance(box, w.Text) else value
+                except TraitError:  # (a value its box cannot hold: built all the same)
+                    pass
         self.message.value = _html(self.result.message)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
         shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
@@ -626,6 +638,11 @@ class Dashboard:
             return self.stored.status != "running"  # (read from the store: interrupted once its writer is gone)
         return self.watch is None or self.watch.closed
 
+    def _over(self) -> bool:
+        """Whether the run has ended, as its figures say it: a background run's last draw comes once its
+        status says so, before it is done (:meth:`_ended`)."""
+        return self._ended() or (self.run is not None and self.run.status in _ENDED)
+
     def _status(self) -> None:
         if self.run is not None:
             self.view.set_status(self.run.status, self.run.error)
@@ -762,6 +779,10 @@ class Dashboard:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
+            elif name in ("sites", "heatmap") and self._no_rows(kind):
+                spec = figures.empty_figure(self._no_rows(kind))  # (never "yet" of rows that cannot come)
+                if name == "sites":
+                    self.site_note.value = _html(self._no_rows(kind))
             elif name == "sites":
                 sites = list(self.sites.value) or None
                 spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
@@ -779,13 +800,12 @@ class Dashboard:
                 rows = self.view.site_order(kind)
                 if site:
                     spec = figures.distribution_figure(self.view, kind, site)
-                elif records is False or (records is None and rows and self._ended()):
+                elif records is False or (records is None and rows and self._over()):
                     spec = figures.empty_figure(f"No histograms of {kind} rows: this run "
-                                                f"{'was' if self._ended() else 'is'} recorded with histograms=False; "
+                                                f"{'was' if self._over() else 'is'} recorded with histograms=False; "
                                                 "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
-                                                else f"No {kind} rows yet.")
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows else self._no_rows(kind))
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -795,6 +815,25 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
+
+    def _no_rows(self, kind: str) -> str | None:
+        """What a figure of ``kind`` says while the run has no rows of it (None once it has some): that the
+        run is not recorded with them (the kind's ``watch`` option off: ``updates=False`` by default), that
+        it recorded none (it ended), else that none have arrived yet."""
+        from workbench.instrument import Recorder
+        from workbench.instrument.schema import KIND_OPTIONS
+
+        if self.view.site_order(kind):
+            return None
+        option = KIND_OPTIONS[kind]
+        # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
+        said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder
+                else self.stored.metadata.get(option) if self.stored is not None else None)
+        ended = self._over()
+        if said is False:
+            return (f"No {kind} rows: this run {'was' if ended else 'is'} recorded with {option}=False; "
+                    f"{option}=True records them.")
+        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
 
     def _records_histograms(self) -> bool | None:
         """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
