@@ -77,3 +77,21 @@ def test_a_run_stopped_by_the_process_exiting_says_so_in_its_store(tmp_path):
     assert done.returncode == 0, done.stderr
     stored = workbench.load_run(tmp_path / "run")
     assert stored.status == "stopped" and "stopped as the process exited after step" in stored.metadata["error"]
+
+
+def test_running_lists_the_runs_in_progress_also_one_no_name_holds_any_more(tmp_path):
+    # a notebook cell "exp = create(...); run = exp.start(...)" run twice: the first run goes on, named by nothing
+    first = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64, seed=1)
+    first.start(100_000, store=tmp_path / "first")
+    second = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64, seed=2)
+    run = second.start(100_000)
+    try:
+        mine = [r for r in workbench.experiments.running() if r.experiment in (first, second)]
+        assert [r.experiment for r in mine] == [first, second]  # the first started first
+        orphan = mine[0]
+        assert orphan.stop() == "stopped"
+        assert orphan not in workbench.experiments.running() and run in workbench.experiments.running()
+    finally:
+        run.stop()
+    assert run not in workbench.experiments.running()
+    assert workbench.load_run(tmp_path / "first").status == "stopped"  # its store says so

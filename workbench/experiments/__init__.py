@@ -4,6 +4,7 @@
     for _ in range(100):
         metrics = exp.step()          # {"step": 1, "loss": ..., "accuracy": ...}
     run = exp.start(500)              # a BackgroundRun: trains on a thread; pause(), resume(), stop()
+    workbench.experiments.running()   # the background runs in progress, also those no variable names any more
     exp.save("train.pt")              # the whole training state; workbench.experiments.resume("train.pt") goes on
 
 Importing this package registers the built-in experiments.
@@ -19,6 +20,7 @@ from workbench.experiments.base import (
     register_experiment,
     resolve_device,
     resume,
+    running,
 )
 from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
@@ -32,4 +34,5 @@ __all__ = [
     "register_experiment",
     "resolve_device",
     "resume",
+    "running",
 ]

@@ -12,7 +12,6 @@ import inspect
 import threading
 import traceback
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -717,14 +716,33 @@ def _save_due(experiment: Experiment, save: str | os.PathLike | None, save_every
         experiment.save(save)
 
 
-#: background runs in progress: the process stops them (their stores say ``stopped``) as it exits,
-#: rather than killing their threads in the middle of a step
-_RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
+#: background runs in progress, in the order they started: the process stops them (their stores say
+#: ``stopped``) as it exits, rather than killing their threads in the middle of a step
+_RUNNING: dict[BackgroundRun, None] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def running() -> list[BackgroundRun]:
+    """The background runs in progress in this process (:meth:`Experiment.start`), the first started
+    first: also those no variable names any more, such as the run of a notebook cell run again.
+
+    Returns:
+        The runs not yet ended (``running``, ``paused`` or ``stopping``); ``run.stop()`` stops one.
+
+    Examples:
+        >>> import workbench
+        >>> exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+        >>> _ = exp.start(100_000)  # (the run kept in no name, as when a cell is run again)
+        >>> [run.stop() for run in workbench.experiments.running() if run.experiment is exp]
+        ['stopped']
+    """
+    with _RUNNING_LOCK:
+        return list(_RUNNING)
 
 
 @atexit.register
 def _stop_background_runs() -> None:
-    for run in list(_RUNNING):
+    for run in running():
         run._stopped_by = "as the process exited"  # (not "by the user": the store says why it stopped)
         run.stop(wait=True, timeout=30.0)
 
@@ -763,8 +781,14 @@ class BackgroundRun:
         self._bar = _progress_bar(True if progress else False, steps, experiment.name)
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"workbench-{experiment.name}-background")
-        _RUNNING.add(self)
-        self._thread.start()
+        with _RUNNING_LOCK:
+            _RUNNING[self] = None
+        try:
+            self._thread.start()
+        except BaseException:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(self, None)
+            raise
 
     @property
     def status(self) -> str:
@@ -931,7 +955,8 @@ class BackgroundRun:
                 for callback in callbacks:
                     self._call(callback)
                 self._done.set()
-                _RUNNING.discard(self)
+                with _RUNNING_LOCK:
+                    _RUNNING.pop(self, None)
 
     def __repr__(self) -> str:
         return (f"BackgroundRun({self.experiment.name!r}, {self.status}, step {self.step} of {self.total})")
