@@ -545,7 +545,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *skips(len(buttons) + 1))
+                            *listed(attached), *skips(len(buttons) + 2))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -554,14 +554,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 state = new_page_state()
                 return (live_header(new), new.id, "", state, gr.Timer(active=True),
                         gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True),
-                        {"run": new.id})  # (remembered by the browser: a reload attaches to it again)
+                        {"run": new.id},  # (remembered by the browser: a reload attaches to it again)
+                        "")  # (the intervention message was about the run the page held before)
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(8 + len(buttons)))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(9 + len(buttons)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing, *buttons, c["remembered"]]).then(None, js=SHOW_HEADER).then(
+                         c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"]]).then(
+                None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
@@ -752,17 +754,18 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         new, message = continue_run(manager, attached, steps, store)
         if new is None:  # (the page stays with the ended run)
             return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), *listed(attached), *skips(len(buttons)),
-                    gr.skip())
+                    gr.skip(), gr.skip())
         ended = manager.get(attached)
         state = new_page_state()
         note = f"Started {new.label}, continuing {ended.label if ended else attached}; this page is attached to it."
         return (live_header(new), new.id, note, state, gr.Timer(active=True), *listed(new.id),
-                *button_updates(new.id, state, fresh=True), {"run": new.id})  # (a reload attaches to it)
+                *button_updates(new.id, state, fresh=True), {"run": new.id},  # (a reload attaches to it)
+                "")  # (the intervention message was about the ended run)
 
-    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(6 + len(buttons)))),
+    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(7 + len(buttons)))),
                         [c["live_state"], c["live_page"], c["more_steps"], c["continue_store"]],
                         [c["status"], c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing,
-                         *buttons, c["remembered"]]).then(
+                         *buttons, c["remembered"], c["iv_message"]]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs, show_progress="hidden")
