@@ -174,15 +174,16 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     hidden while it has no row - the note above it says that nothing looks wrong."""
     import gradio as gr
 
-    if isinstance(table, pd.DataFrame):
-        table = gr.Dataframe(value=table, visible=not table.empty)
+    if isinstance(table, pd.DataFrame):  # (a name breaks after a dot, not mid-word: breakable_names)
+        table = gr.Dataframe(value=findings_view.breakable_names(table), visible=not table.empty)
     return note, table
 
 
 #: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
 #: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
-#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight)
-#: - and the evidence, wrapped between words, takes the rest. (Gradio breaks a word that does not fit mid-word:
+#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight;
+#: a longer one breaks after a dot or an underscore: findings.breakable_names) - and the evidence, wrapped between
+#: words, takes the rest. (Gradio breaks a word that does not fit mid-word:
 #: "severit|y" at 11%.)
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
 
@@ -245,8 +246,11 @@ CSS = f"""
    the cell clicked gets no editor's ring, white box or row/column/menu buttons (Gradio's, for editing) */
 [role=grid][aria-readonly=true] .body-cell, [role=grid][aria-readonly=true] .body-cell * { cursor: default; }
 [role=grid][aria-readonly=true] .body-cell.cell-selected { outline: none !important; box-shadow: none !important; }
-[role=grid][aria-readonly=true] .body-cell.cell-selected span.text { box-shadow: none !important;
-  background: transparent !important; }
+[role=grid][aria-readonly=true] .body-cell.cell-selected .cell-wrap > span { box-shadow: none !important;
+  background: transparent !important; }  /* (a text cell's span.text, an HTML cell's span: findings' sites) */
+/* and the text of the cell clicked stays where it was (Gradio's editor stretched it, its text to the cell's top) */
+[role=grid][aria-readonly=true] .body-cell.cell-solo .cell-wrap > span { position: static !important;
+  min-height: 0 !important; padding: 0 !important; }
 [role=grid][aria-readonly=true] .body-cell .cell-menu-button,
 [role=grid][aria-readonly=true] .body-cell .selection-button { display: none !important; }
 /* a click on a row of these opens it (a stored run, a finding): a hand, and the row under it lit */
@@ -346,7 +350,8 @@ def layout(root: RunsRoot):
                 # (the whole evidence, wrapped: a row takes two or three lines)
                 c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
+                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS,
+                                             datatype=findings_view.TABLE_DATATYPES, visible=False)
                 _intervention_components(c)
                 # the views, shown once the page holds a run (before, they would be empty plots and pickers)
                 with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
@@ -408,7 +413,8 @@ def layout(root: RunsRoot):
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
             c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                                 max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS, visible=False)
+                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS,
+                                                datatype=findings_view.TABLE_DATATYPES, visible=False)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
