@@ -39,6 +39,19 @@ def broken():
     return w, frame
 
 
+def test_a_page_shows_names_breakable_after_their_dots_and_underscores_and_the_values_as_they_are():
+    table = pd.DataFrame({"severity": ["⚠ warning"], "steps": ["3"], "site": ["model.wte.weight"],
+                          "finding": ["update_ratio_low"], "evidence": ["loss = 0.1514 < 2 at fc_reward_head.2"]},
+                         columns=view.TABLE_COLUMNS)
+    styled = view.breakable_names(table)
+    shown = styled._compute()._translate(None, None)["body"][0]  # (what Gradio takes as the cells' display)
+    assert [cell["display_value"] for cell in shown if cell["type"] == "td"] == [
+        "⚠ warning", "3", "model.<wbr>wte.<wbr>weight", "update_ratio_low",
+        "loss = 0.1514 &lt; 2 at fc_<wbr>reward_<wbr>head.<wbr>2"]  # (a number stays whole; the text is HTML)
+    assert styled.data.equals(table)  # (the values, which a copy of the table takes)
+    assert [view.TABLE_DATATYPES[view.TABLE_COLUMNS.index(c)] for c in ("site", "evidence")] == ["html", "html"]
+    assert view.breakable_names(table.iloc[:0]).empty
+
 def test_the_table_lists_each_finding_in_order_with_its_steps(broken):
     _, frame = broken
     table = view.findings_table(frame)

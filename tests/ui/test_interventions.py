@@ -543,3 +543,41 @@ def test_bad_uploads_are_refused_and_the_server_stays_up(page, tmp_path):
     expect(summary).to_contain_text("LightZero EfficientZero dynamics network", timeout=30_000)
     expect(page.locator("#weights-tree")).to_contain_text("DynamicsNetwork")
     expect(page.locator("#weights-tensors")).to_be_hidden()
+
+
+@pytest.mark.browser
+def test_a_continued_or_new_run_clears_the_intervention_message_of_the_run_before(page):
+    # (the panel kept "i1 (scale x0 at layers.1) removed: ..." of the last run under the next one's empty table)
+    from playwright.sync_api import expect
+
+    from tests.ui.test_browser import start as start_in_page
+
+    status, message = page.locator("#run-status"), page.locator("#iv-message")
+
+    def say_something():  # Apply with no site picked: a message about the page's run
+        page.locator("#iv-apply").click()
+        expect(message).to_contain_text("Pick a call site", timeout=30_000)
+
+    start_in_page(page, "activation_mlp", 100_000)
+    expect(status).to_contain_text("running", timeout=60_000)
+    page.locator("#run-pause").click()  # (the server answers at once while no run trains)
+    expect(status).to_contain_text("paused", timeout=30_000)
+    page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
+    say_something()
+    page.locator("#run-stop").click()
+    expect(status).to_contain_text("stopped", timeout=30_000)
+    expect(message).to_contain_text("Pick a call site")  # (about the run that ended: it stays)
+    page.locator("#continue-steps input").fill("100000")
+    page.locator("#run-continue").click()
+    expect(page.locator("#live-message")).to_contain_text("continuing", timeout=30_000)
+    expect(message).to_have_text("")
+    page.locator("#run-pause").click()
+    expect(status).to_contain_text("paused", timeout=30_000)
+    say_something()
+    start_in_page(page, "activation_mlp", 100_000)
+    started = page.locator("#live-message")  # ("Started r<k> ...; this page is attached to it.", of the new run)
+    expect(started).not_to_contain_text("continuing", timeout=60_000)
+    expect(started).to_contain_text("this page is attached to it")
+    expect(message).to_have_text("")
+    page.locator("#run-stop").click()
+    expect(status).to_contain_text("stopped", timeout=30_000)

@@ -67,6 +67,10 @@ def test_invalid_form_values_become_messages(values, expected):
 
 def test_bad_batch_size_and_missing_model_are_messages():
     assert "batch size must be a positive whole number" in mb.build_model("relu", {}, batch_size=0).message
+    # an empty box (or one holding text, which the browser sends as empty) is said to be empty, not "got None"
+    empty = mb.build_model("relu", {}, batch_size=None).message
+    assert f"example batch size is empty; give a whole number in [1, {mb.MAX_EXAMPLE_BATCH}]" in empty, empty
+    assert "None" not in empty
     assert "Pick a model first" in mb.build_model(None, {}).message
 
 

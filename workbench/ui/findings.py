@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import numbers
+import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,8 +23,9 @@ from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser, with_run_facts
 from workbench.instrument.schema import site_name, whole_number
 from workbench.ui.views import RunView
 
-__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "during_interventions", "findings_html", "findings_summary",
-           "findings_table", "focus", "mark_steps", "merge_calls", "option_label", "pick_key"]
+__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakable_names", "during_interventions",
+           "findings_html", "findings_summary", "findings_table", "focus", "mark_steps", "merge_calls", "option_label",
+           "pick_key"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
@@ -164,6 +166,28 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
         "finding": shown.finding.to_list(),
         "evidence": shown.evidence.to_list(),
     }, columns=TABLE_COLUMNS)
+
+
+#: Where a name in the list (a site, one named in the evidence) may break over two lines: after a dot or an
+#: underscore between two letters or digits, not inside a number (``model.`` ``wte.`` ``weight``, ``0.1514``).
+_NAME_JOINT = re.compile(r"(?<=[A-Za-z0-9])[._](?=[A-Za-z0-9])(?<!\d.(?=\d))")
+#: The cells of the list a page shows as HTML (:func:`breakable_names`), in the order of :data:`TABLE_COLUMNS`.
+TABLE_DATATYPES = ["str", "str", "html", "str", "html"]
+
+
+def _breakable(text: Any) -> str:
+    """``text`` as HTML, a ``<wbr>`` (a place to break a line, no character) after each joint of a name."""
+    return _NAME_JOINT.sub(lambda joint: joint[0] + "<wbr>", html.escape(str(text), quote=False))
+
+
+def breakable_names(table: pd.DataFrame) -> Any:
+    """The list as a page shows it: ``table`` (:func:`findings_table`) as a pandas ``Styler`` whose site and
+    evidence cells (HTML cells, :data:`TABLE_DATATYPES`) may break a name over two lines after its dots and
+    underscores, not mid-word, in a narrow column. Only how it is shown changes: the text and the cells'
+    values (what a copy of the table takes) are as they were. An empty table is returned as it is."""
+    if table.empty:
+        return table
+    return table.style.format({"site": _breakable, "evidence": _breakable})
 
 
 def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:

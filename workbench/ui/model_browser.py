@@ -132,12 +132,14 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
     try:
         spec = get_spec(name)
         overrides = parse_form(spec.params, values, f"Model {name!r}")
+        if batch_size is None:  # (what a number box sends when empty, or holding what is not a number)
+            raise ValueError(f"example batch size is empty; give a whole number in [1, {MAX_EXAMPLE_BATCH}].")
         if isinstance(batch_size, float) and batch_size.is_integer():
             batch_size = int(batch_size)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch size must be a positive whole number, got {batch_size!r}.")
+            raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}.")
         if batch_size > MAX_EXAMPLE_BATCH:
-            raise ValueError(f"batch size must be at most {MAX_EXAMPLE_BATCH} (the example inputs of one forward "
+            raise ValueError(f"example batch size must be at most {MAX_EXAMPLE_BATCH} (the inputs of one forward "
                              f"pass), got {batch_size}.")
         model = spec.build(**overrides)  # refuses, before allocating, a model that would not fit in memory
     except (ValueError, TypeError) as exc:

@@ -174,15 +174,16 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     hidden while it has no row - the note above it says that nothing looks wrong."""
     import gradio as gr
 
-    if isinstance(table, pd.DataFrame):
-        table = gr.Dataframe(value=table, visible=not table.empty)
+    if isinstance(table, pd.DataFrame):  # (a name breaks after a dot, not mid-word: breakable_names)
+        table = gr.Dataframe(value=findings_view.breakable_names(table), visible=not table.empty)
     return note, table
 
 
 #: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
 #: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
-#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight)
-#: - and the evidence, wrapped between words, takes the rest. (Gradio breaks a word that does not fit mid-word:
+#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight;
+#: a longer one breaks after a dot or an underscore: findings.breakable_names) - and the evidence, wrapped between
+#: words, takes the rest. (Gradio breaks a word that does not fit mid-word:
 #: "severit|y" at 11%.)
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
 
@@ -245,8 +246,11 @@ CSS = f"""
    the cell clicked gets no editor's ring, white box or row/column/menu buttons (Gradio's, for editing) */
 [role=grid][aria-readonly=true] .body-cell, [role=grid][aria-readonly=true] .body-cell * { cursor: default; }
 [role=grid][aria-readonly=true] .body-cell.cell-selected { outline: none !important; box-shadow: none !important; }
-[role=grid][aria-readonly=true] .body-cell.cell-selected span.text { box-shadow: none !important;
-  background: transparent !important; }
+[role=grid][aria-readonly=true] .body-cell.cell-selected .cell-wrap > span { box-shadow: none !important;
+  background: transparent !important; }  /* (a text cell's span.text, an HTML cell's span: findings' sites) */
+/* and the text of the cell clicked stays where it was (Gradio's editor stretched it, its text to the cell's top) */
+[role=grid][aria-readonly=true] .body-cell.cell-solo .cell-wrap > span { position: static !important;
+  min-height: 0 !important; padding: 0 !important; }
 [role=grid][aria-readonly=true] .body-cell .cell-menu-button,
 [role=grid][aria-readonly=true] .body-cell .selection-button { display: none !important; }
 /* a click on a row of these opens it (a stored run, a finding): a hand, and the row under it lit */
@@ -346,7 +350,8 @@ def layout(root: RunsRoot):
                 # (the whole evidence, wrapped: a row takes two or three lines)
                 c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS, visible=False)
+                                             elem_id="live-findings", column_widths=FINDINGS_WIDTHS,
+                                             datatype=findings_view.TABLE_DATATYPES, visible=False)
                 _intervention_components(c)
                 # the views, shown once the page holds a run (before, they would be empty plots and pickers)
                 with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
@@ -408,7 +413,8 @@ def layout(root: RunsRoot):
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
             c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
                                                 max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
-                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS, visible=False)
+                                                elem_id="replay-findings", column_widths=FINDINGS_WIDTHS,
+                                                datatype=findings_view.TABLE_DATATYPES, visible=False)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
@@ -545,7 +551,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *skips(len(buttons) + 1))
+                            *listed(attached), *skips(len(buttons) + 2))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -554,14 +560,16 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
                 state = new_page_state()
                 return (live_header(new), new.id, "", state, gr.Timer(active=True),
                         gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True),
-                        {"run": new.id})  # (remembered by the browser: a reload attaches to it again)
+                        {"run": new.id},  # (remembered by the browser: a reload attaches to it again)
+                        "")  # (the intervention message was about the run the page held before)
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(8 + len(buttons)))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(9 + len(buttons)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing, *buttons, c["remembered"]]).then(None, js=SHOW_HEADER).then(
+                         c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"]]).then(
+                None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
@@ -752,17 +760,18 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         new, message = continue_run(manager, attached, steps, store)
         if new is None:  # (the page stays with the ended run)
             return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), *listed(attached), *skips(len(buttons)),
-                    gr.skip())
+                    gr.skip(), gr.skip())
         ended = manager.get(attached)
         state = new_page_state()
         note = f"Started {new.label}, continuing {ended.label if ended else attached}; this page is attached to it."
         return (live_header(new), new.id, note, state, gr.Timer(active=True), *listed(new.id),
-                *button_updates(new.id, state, fresh=True), {"run": new.id})  # (a reload attaches to it)
+                *button_updates(new.id, state, fresh=True), {"run": new.id},  # (a reload attaches to it)
+                "")  # (the intervention message was about the ended run)
 
-    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(6 + len(buttons)))),
+    c["continue"].click(_guarded(on_continue, lambda text: (gr.skip(), gr.skip(), text, *skips(7 + len(buttons)))),
                         [c["live_state"], c["live_page"], c["more_steps"], c["continue_store"]],
                         [c["status"], c["live_state"], c["live_message"], c["live_page"], c["timer"], *listing,
-                         *buttons, c["remembered"]]).then(
+                         *buttons, c["remembered"], c["iv_message"]]).then(
         _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))), live_inputs, live_outputs,
         show_progress="hidden").then(
         refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs, show_progress="hidden")
