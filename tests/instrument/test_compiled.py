@@ -503,13 +503,16 @@ def test_a_torch_nn_class_compiled_in_place_falls_back_saying_torch_does_not_com
     assert set(w.to_pandas().module) == {"", "0", "1", "2"}  # (recorded by the eager watch)
 
 
-@pytest.mark.parametrize("store", ["holds-a-run", "a-file"])
+@pytest.mark.parametrize("store", ["holds-a-run", "being-written", "a-file"])
 def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path, store):
     # (the watch had hooked the model and had dynamo compile every model of the process again before
     # the store said no: a cell run twice with the same store recompiled them all)
+    writing = None
     if store == "holds-a-run":
         with workbench.watch(nn.Linear(2, 2), store=tmp_path / store):
             pass
+    elif store == "being-written":  # (the first run of the cell, still open)
+        writing = workbench.instrument.RunStore(tmp_path / store)
     else:
         (tmp_path / store).write_text("not a run")
     fresh_dynamo()
@@ -517,12 +520,15 @@ def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path
     x = torch.randn(3, 4)
     compiled(x)
     assert graphs() == 1
+    hooks = installed_hooks()["_global_forward_hooks"]
     for make in (workbench.watch, watch_compiled):
-        with pytest.raises(FileExistsError, match="already holds a run|is a file, not a directory"):
+        with pytest.raises(FileExistsError, match="already holds a run|is a file, not a directory|another writer"):
             make(compiled, store=tmp_path / store)
-    assert installed_hooks()["_global_forward_hooks"] == 0
+    assert installed_hooks()["_global_forward_hooks"] == hooks
     compiled(x)
     assert graphs() == 1  # its graphs ran on, not compiled again
+    if writing is not None:
+        writing.close()
 
 
 def test_patch_and_ablate_run_inside_the_graph():

@@ -508,8 +508,8 @@ def test_a_run_directory_removed_while_written_is_reported_not_written_on_silent
         model(torch.randn(4, 3)).sum().backward()
         w.step(loss=1.0)
     assert w.recorder.flush()  # (the two steps written)
-    shutil.move(tmp_path / "run", tmp_path / "moved")
-    with pytest.warns(RuntimeWarning, match="step 3 could not be written.*database was removed or replaced"):
+    shutil.rmtree(tmp_path / "run")
+    with pytest.warns(RuntimeWarning, match="step 3 could not be written.*database was deleted"):
         for _ in range(3):
             model(torch.randn(4, 3)).sum().backward()
             w.step(loss=1.0)
@@ -517,5 +517,22 @@ def test_a_run_directory_removed_while_written_is_reported_not_written_on_silent
     with pytest.warns(RuntimeWarning, match="3 steps in a row, 3 to 5, could not be written"):
         w.close()
     assert [e["kind"] for e in w.errors] == ["store", "store"] and "3 to 5" in w.errors[1]["error"]
-    run = workbench.load_run(tmp_path / "moved")  # (what was written before the move is there)
-    assert run.steps == [1, 2]
+
+
+def test_a_run_directory_moved_while_written_is_written_on_where_it_went(tmp_path, monkeypatch):
+    model = nn.Linear(3, 2)
+    monkeypatch.chdir(tmp_path)
+    w = workbench.watch(model, store="run")  # (a relative path; the working directory changes on the way)
+    model(torch.randn(4, 3)).sum().backward()
+    w.step(loss=1.0)
+    assert w.recorder.flush()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
+        w.step(loss=1.0)
+    w.close()
+    assert not w.errors
+    run = workbench.load_run(tmp_path / "moved")
+    assert run.steps == [1, 2, 3] and run.status == "finished"

@@ -35,12 +35,11 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_hooks import CompiledHooks
-from workbench.instrument.compose import with_store
+from workbench.instrument.compose import check_store, with_store
 from workbench.instrument.hooks import _weakly, warn
 from workbench.instrument.recorder import Recorder, StepRecord
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.schema import whole_number
-from workbench.instrument.store import RunStore
 from workbench.instrument.sites import CallSites, ModuleSelector
 from workbench.instrument.watch import Watch
 
@@ -144,7 +143,7 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
             ``NotADirectoryError`` ... where it cannot be created or written.
     """
     if store is not None:  # (before anything is attached: the model would compile again)
-        RunStore.check_path(store)
+        check_store(store, recorder)
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,
                       gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
                       histograms=histograms, bins=bins, recorder=recorder, start_step=start_step)

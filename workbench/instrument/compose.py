@@ -112,7 +112,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
                    parameter_grads=parameter_grads, updates=updates)
     if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
-        RunStore.check_path(store)
+        check_store(store, recorder)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
@@ -190,23 +190,43 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
         w.store.attach(w.recorder)
     except BaseException as exc:  # no hook left in
         w.close("failed", "".join(traceback.format_exception(exc)))
-        if isinstance(exc, FileExistsError) and "another writer" in str(exc) and _plain_rank(w):
-            raise FileExistsError(f"{exc} Under torch.distributed every rank's watch writes its own store: use "
-                                  "workbench.instrument.distributed.watch_distributed(model, store=...), whose rank 0 "
-                                  "writes the run as one, or give each rank a directory of its own "
-                                  "(store=f'runs/name-rank{torch.distributed.get_rank()}').") from None
+        if isinstance(exc, FileExistsError) and "another writer" in str(exc) and _plain_rank(w.recorder):
+            raise _with_rank_hint(exc) from None
         raise
     return w
 
 
-def _plain_rank(w: Watch) -> bool:
-    """Whether ``w`` is a plain watch (not ``watch_distributed``'s) in a rank of an initialized
-    ``torch.distributed`` group: the ranks may all be writing one store."""
+def check_store(store: str | Path, recorder: Recorder | None) -> None:
+    """:meth:`RunStore.check_path` of ``store``, before a watch that will write it attaches anything; a run
+    being written there under torch.distributed says how each rank gets a store (``recorder``: the
+    watch's).
+
+    Raises:
+        TypeError, ValueError, FileExistsError: as :meth:`RunStore.check_path`.
+    """
+    try:
+        RunStore.check_path(store)
+    except FileExistsError as exc:
+        if "another writer" in str(exc) and _plain_rank(recorder):
+            raise _with_rank_hint(exc) from None
+        raise
+
+
+def _with_rank_hint(exc: FileExistsError) -> FileExistsError:
+    return FileExistsError(f"{exc} Under torch.distributed every rank's watch writes its own store: use "
+                           "workbench.instrument.distributed.watch_distributed(model, store=...), whose rank 0 "
+                           "writes the run as one, or give each rank a directory of its own "
+                           "(store=f'runs/name-rank{torch.distributed.get_rank()}').")
+
+
+def _plain_rank(recorder: Recorder | None) -> bool:
+    """Whether a watch recording into ``recorder`` is a plain watch (not ``watch_distributed``'s) in a
+    rank of an initialized ``torch.distributed`` group: the ranks may all be writing one store."""
     import torch.distributed as dist
 
     from workbench.instrument.distributed import DistributedRecorder  # (which imports this module)
 
-    return dist.is_available() and dist.is_initialized() and not isinstance(w.recorder, DistributedRecorder)
+    return dist.is_available() and dist.is_initialized() and not isinstance(recorder, DistributedRecorder)
 
 
 def _report_to(w: Watch) -> Callable[[str], None]:

@@ -118,7 +118,7 @@ class RunStore:
         self._subscription: Subscription | None = None
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
-        self._file: tuple[int, int] | None = None  # the database file written (device, inode)
+        self._db_file: int | None = None  # a descriptor of the database file: tells when it is deleted
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
@@ -134,7 +134,7 @@ class RunStore:
             with self._transaction():
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
-            self._file = _identity(self.path / DB_NAME)
+            self._db_file = os.open(self.path / DB_NAME, os.O_RDONLY)
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -146,7 +146,7 @@ class RunStore:
 
     @staticmethod
     def check_path(path: Any) -> Path:
-        """``path`` as the run directory a store would write, checked without touching the disk: what
+        """``path`` as the run directory a store would write, checked without writing anything: what
         ``watch(store=...)`` checks before it attaches anything (a directory that cannot be created
         or written is found as the store starts).
 
@@ -159,7 +159,8 @@ class RunStore:
         Raises:
             TypeError: not a str or a path.
             ValueError: an empty path.
-            FileExistsError: the directory holds a run, or the path is a file.
+            FileExistsError: the directory holds a run, another writer writes a run there, or the path is
+                a file.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
@@ -169,8 +170,9 @@ class RunStore:
         path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
-        if not _written(path):  # (a run being written is refused as the store starts, saying so)
-            _check_no_run(path)
+        if _written(path):
+            raise being_written(path)
+        _check_no_run(path)
         return path
 
     def _make_directory(self) -> list[Path]:
@@ -204,8 +206,7 @@ class RunStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise FileExistsError(f"{self.path} is being written by another writer (it holds {LOCK_NAME}); "
-                                  "pick a new directory.") from None
+            raise being_written(self.path) from None
         return fd
 
     def _abandon(self, created: list[Path]) -> None:
@@ -310,10 +311,12 @@ class RunStore:
             self.on_error(message)
 
     def _write_step(self, record: StepRecord) -> None:
-        if _identity(self.path / DB_NAME) != self._file:  # (sqlite would write on into the file it holds open)
-            raise FileNotFoundError("the run's database was removed or replaced since the run started (the run "
-                                    "directory deleted or moved?); its steps from here on are lost. Keep the "
-                                    "directory in place while the run is written")
+        # a deleted database has no name left (sqlite would write on into the file it holds open, for no one);
+        # a moved one is written on where it went
+        if os.fstat(self._db_file).st_nlink == 0:
+            raise FileNotFoundError("the run's database was deleted since the run started (its directory "
+                                    "removed?); its steps from here on are lost. Keep the directory while the "
+                                    "run is written")
         rows = []
         if len(record):
             stats = finish(record.numel, record.sums)
@@ -384,6 +387,8 @@ class RunStore:
             self._db = None
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
+            os.close(self._db_file)
+            self._db_file = None
 
 
 def _check_no_run(path: Path) -> None:
@@ -391,30 +396,25 @@ def _check_no_run(path: Path) -> None:
         raise FileExistsError(f"{path} already holds a run; pick a new directory or load it with workbench.load_run().")
 
 
+def being_written(path: Path) -> FileExistsError:
+    """The error of a store started where another writer writes a run."""
+    return FileExistsError(f"{path} is being written by another writer (it holds {LOCK_NAME}); pick a new directory.")
+
+
 def _written(path: Path) -> bool:
-    """Whether a writer holds the lock of the run at ``path`` (the lock is tried and let go at once)."""
+    """Whether a writer holds the lock of the run at ``path``: tried with a shared lock, as readers try
+    it, let go at once (the writer holds it exclusively)."""
     try:
-        fd = os.open(path / LOCK_NAME, os.O_RDWR)
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
-        os.close(fd)
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """The file at ``path`` as (device, inode), or None where there is none."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino
+        os.close(fd)  # (also lets go of the shared lock, if taken)
+    return False
 
 
 def _sql_value(value: Any) -> Any:
