@@ -335,3 +335,37 @@ def test_ablate_that_does_not_fit_one_of_several_tensors_names_them_and_how_to_p
         w.step()
     assert (out[..., [10, 11]] == 0).all() and (out[..., :10] != 0).all() and (weights != 0).all()
     assert not w.errors
+
+
+def test_the_patch_ablate_suggests_zeroes_the_tensor_the_units_fit_or_it_says_how_in_words():
+    # (the suggestion patched out[0] whatever the units fitted: here an IndexError, for a dict a KeyError)
+    class TwoHeads(nn.Module):
+        def __init__(self, as_dict=False):
+            super().__init__()
+            self.small, self.big, self.as_dict = nn.Linear(4, 4), nn.Linear(4, 16), as_dict
+
+        def forward(self, x):
+            small, big = self.small(x), self.big(x)
+            return {"small": small, "big": big} if self.as_dict else (small, big)
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    model = nn.Sequential(TwoHeads())
+    with workbench.watch(model) as w:
+        model(x)
+        w.step()
+        with pytest.raises(ValueError) as caught:
+            w.ablate("0", [10], dim=1)
+        message = str(caught.value)
+        assert "do not fit out.0 of shape (3, 4)" in message and "for out.1:" in message
+        eval(message[message.index("w.patch("):message.rindex(")") + 1], {"w": w, "torch": torch})
+        small, big = model(x)
+        w.step()
+    assert (big[:, 10] == 0).all() and (big[:, :10] != 0).all() and (small != 0).all() and not w.errors
+    model = nn.Sequential(TwoHeads(as_dict=True))
+    with workbench.watch(model) as w:
+        model(x)
+        w.step()
+        with pytest.raises(ValueError, match=r"do not fit out.small of shape \(3, 4\)\. To zero units of one "
+                                             r"tensor alone, patch it: w.patch\(path, fn\)"):
+            w.ablate("0", [10], dim=1)

@@ -290,22 +290,18 @@ class Watch:
         given = dim is not None
         index, dim = unit_index(units, 1 if dim is None else dim)
         label = _label(label, f"ablate{index}@dim{dim}")
-        leaves = self._output_shapes(path)  # known once a recorded step has seen the site
-        for name, shape in sorted(leaves, key=str):
+        leaves = sorted(self._output_shapes(path), key=_leaf_order)  # known once a recorded step has seen the site
+        for name, shape in leaves:
             try:
                 check_units(path, index, dim, shape)
             except ValueError:
                 if len({name for name, _ in leaves}) == 1:
                     raise
                 # (several tensors: the one it does not fit may not be the one the user means)
-                units_code = str(index) if len(index) <= 8 else "units"
                 raise ValueError(f"ablate({path!r}): its output holds floating-point tensors "
-                                 f"{', '.join(f'{n} {s}' for n, s in sorted(leaves, key=str))}, and ablate zeroes "
-                                 f"the units of each; units {listed(index)} along dim {dim} do not fit {name} of "
-                                 f"shape {shape}. To zero units of one tensor alone, patch it, e.g. for a tuple's "
-                                 f"first (an attention module's output, beside its weights): w.patch({path!r}, "
-                                 f"lambda out: (out[0].index_fill({dim}, torch.tensor({units_code}), 0.0), "
-                                 "*out[1:])).") from None
+                                 f"{', '.join(f'{n} {s}' for n, s in leaves)}, and ablate zeroes the units of each; "
+                                 f"units {listed(index)} along dim {dim} do not fit {name} of shape {shape}. "
+                                 f"{_patch_one_leaf(path, index, dim, leaves)}") from None
         return self._add_intervention(path, zero_units(path, index, dim, warn_default_dim=not given), call, label)
 
     @property
@@ -573,9 +569,33 @@ def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | Non
                              "watch first.")
         raise ValueError(f"reducers: this {name} object is in use by {holder!r}, which is still open. A reducer "
                          "keeps one watch's step (its rows and the tensors it holds until the step ends), so "
-                         f"two open watches cannot share one: give each watch its own, e.g. reducers=[{name}()] "
-                         f"or the names {', '.join(map(repr, REDUCER_NAMES))} (new reducers each time), or "
-                         "close the other watch first.")
+                         f"two open watches cannot share one: give each watch its own (a new {name}, or the names "
+                         f"{', '.join(map(repr, REDUCER_NAMES))}: new reducers each time), or close the other watch "
+                         "first.")
+
+
+def _leaf_order(leaf: tuple[str, tuple]) -> list:
+    """The order of an output's leaves by name, numbers as numbers (``out.2`` before ``out.10``)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in leaf[0].split(".")]
+
+
+def _patch_one_leaf(path: str, index: list[int], dim: int, leaves: list[tuple[str, tuple]]) -> str:
+    """How to zero ``index`` along ``dim`` in one tensor of a site's output alone: a patch of the first
+    tuple element those units fit (``out.<i>``), else in words."""
+    for name, shape in leaves:
+        element = name.removeprefix("out.")
+        if not element.isdigit():
+            continue
+        try:
+            check_units(path, index, dim, shape)
+        except ValueError:
+            continue
+        i, units = int(element), str(index) if len(index) <= 8 else "units"
+        before = f"*out[:{i}], " if i else ""
+        return (f"To zero units of one tensor alone, patch it; for {name}: w.patch({path!r}, lambda out: "
+                f"({before}out[{i}].index_fill({dim}, torch.tensor({units}), 0.0), *out[{i + 1}:])).")
+    return ("To zero units of one tensor alone, patch it: w.patch(path, fn), fn returning the output with that "
+            "tensor's units zeroed (tensor.index_fill(dim, torch.tensor(units), 0.0)).")
 
 
 def _label(label: Any, default: str) -> str:
