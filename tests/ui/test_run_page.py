@@ -464,3 +464,35 @@ def test_every_picker_of_a_run_or_a_call_site_carries_the_pick_class(tmp_path):
             "iv-on", "explorer-run", "explorer-site"} <= set(pickers), sorted(pickers)
     assert [name for name, classes in pickers.items() if run_tabs.PICK not in classes] == []
     assert f".{run_tabs.PICK} input {{ text-overflow: ellipsis;" in app.workbench_css
+
+
+def empty_text(figure):
+    return figure["layout"]["annotations"][0]["text"]
+
+
+def test_a_kind_the_run_is_not_recorded_with_says_so_live_and_stored_not_that_its_rows_are_yet_to_come(manager):
+    # the form's "record" without output gradients; no run of the app records updates (watch's updates=False)
+    run, message = live_run.start_run(manager, "activation_mlp", dict(TINY), 0, 100_000, 1, False, "*", "r",
+                                      record=["activations", "parameters"])
+    assert run is not None, message
+    try:
+        live = run_page.draw_page(run.view, run_page.Controls(kind="grad_output"))
+        assert empty_text(live.sites_figure) == live.site_note == (
+            "No grad_output rows: this run is recorded without them (gradients=False).")
+        live = run_page.draw_page(run.view, run_page.Controls(kind="update"))
+        assert empty_text(live.distribution_figure) == (
+            "No update rows: this run is recorded without them (updates=False).")
+    finally:
+        run.stop()
+        run.join(120)
+    view = RunView.from_run(load_run(manager.root.path / "r"))  # replayed: what its metadata says
+    page = run_page.draw_page(view, run_page.Controls(kind="grad_output", heat_kind="update"))
+    assert empty_text(page.sites_figure) == "No grad_output rows: this run was recorded without them (gradients=False)."
+    assert "No update rows in this run" in page.heatmap_figure["layout"]["title"]["text"]  # (another kind drawn)
+    # a kind the run records that has no rows: it recorded none once ended, else they are yet to come
+    assert run_page.draw_page(view, run_page.Controls(kind="activation")).sites_figure["data"]
+    empty = RunView()
+    assert empty_text(run_page.draw_page(empty, run_page.Controls(kind="param")).sites_figure) == "No param rows yet."
+    empty.set_status("stopped")
+    assert empty_text(run_page.draw_page(empty, run_page.Controls(kind="param")).sites_figure) == (
+        "This run recorded no param rows.")

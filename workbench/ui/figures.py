@@ -399,7 +399,7 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     """
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
-        return empty_figure(f"No {kind} rows yet.")
+        return empty_figure(view.no_rows(kind))
     drawn = steady_colors(list(dict.fromkeys(frame.site)), colors, order=view.site_order(kind))
     if colors is not None:
         colors.update(drawn)
@@ -441,7 +441,7 @@ def site_note(view: RunView, kind: str, names: Sequence[str], sites: Sequence[st
         One line of Markdown (call sites in backticks).
     """
     if not names:
-        return f"No {kind} rows yet."
+        return view.no_rows(kind)
     text = f"{len(sites)} of {len(names)} {kind} call sites"
     if len(names) > len(sites) and sites:
         text += (" (by default the ones whose statistic changed most; pick others above)" if default
@@ -499,7 +499,7 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
     """
     names, steps, matrix, stride = view.heatmap(kind, statistic, HEAT_STEPS)
     if not names or not len(steps):
-        return empty_figure(f"No {kind} rows yet.")
+        return empty_figure(view.no_rows(kind))
     shown, label = matrix.astype(np.float64), statistic
     data = []
     if log is None:

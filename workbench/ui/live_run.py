@@ -30,7 +30,7 @@ from workbench.ui.intervention_menu import (InterventionRecord, intervention_spe
                                             parse_site)
 from workbench.ui.run_control import find_run
 from workbench.ui.runs import RunManager, shown
-from workbench.ui.views import FEED_INTERVAL, RunView
+from workbench.ui.views import FEED_INTERVAL, RunView, unrecorded_kinds
 from workbench.ui.weights import md_literal
 
 __all__ = ["LiveRun", "start_run", "continue_run", "continued_name", "experiment_fields", "experiment_overview",
@@ -109,6 +109,7 @@ class LiveRun:
         # the view layer and the findings, and the store keeps every step
         self.watch = self.experiment.watch(store=store, recorder=Recorder(max_rows=0), **watch_options)
         self.view = RunView(label=self.label, total=self.total)
+        self.view.unrecorded = unrecorded_kinds(self.watch.options)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
             self.watch.store.set_meta(total_steps=self.total)
             if continues is not None:

@@ -158,7 +158,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites_fig = drawn("series", lambda: figures.sites_figure(view, c.kind, c.statistic, sites,
                                                                      bool(c.log_sites), site_colors) if sites
                               else figures.empty_figure("Pick call sites above." if site_choices
-                                                        else f"No {c.kind} rows yet."))
+                                                        else view.no_rows(c.kind)))
             site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
         except ValueError as exc:
             sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
@@ -173,7 +173,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         elif site_choices:
             dist_fig, dist_note = figures.empty_figure("No histograms recorded."), NO_HISTOGRAMS
         else:
-            dist_fig, dist_note = figures.empty_figure(f"No {c.kind} rows yet."), ""
+            dist_fig, dist_note = figures.empty_figure(view.no_rows(c.kind)), ""
         latest = view.latest(c.kind)
     except ValueError as exc:
         sites_fig = dist_fig = figures.empty_figure(str(exc))

@@ -41,9 +41,9 @@ import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
 from workbench.instrument.recorder import histogram_edges
-from workbench.instrument.schema import STAT_COLUMNS, finish, site_name, whole_number
+from workbench.instrument.schema import KIND_OPTIONS, STAT_COLUMNS, finish, site_name, whole_number
 
-__all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL"]
+__all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL", "ENDED", "unrecorded_kinds"]
 
 #: Seconds a view's subscription gathers steps before it delivers them (``watch.subscribe(view.feed,
 #: interval=FEED_INTERVAL)``): pages redraw every second, and the training thread is then
@@ -55,6 +55,15 @@ STATISTICS = ("mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan
 #: The percentiles of TensorBoard's distributions view, drawn as bands from the histograms.
 PERCENTILES = (0, 7, 16, 31, 50, 69, 84, 93, 100)
 _STAT_INDEX = {name: i for i, name in enumerate(STATISTICS)}
+#: The statuses of a run that takes no more steps (a stored run's, a closed watch's)
+ENDED = ("finished", "stopped", "failed", "interrupted", "closed")
+
+
+def unrecorded_kinds(options: dict[str, Any]) -> dict[str, str]:
+    """The kinds a run's watch does not record, by the option of ``workbench.watch`` that is off in
+    ``options`` (its ``Watch.options``, or a stored run's metadata): ``{"update": "updates"}`` for the
+    default ``updates=False``. An option ``options`` does not hold says nothing."""
+    return {kind: option for kind, option in KIND_OPTIONS.items() if options.get(option) is False}
 
 
 class History:
@@ -266,6 +275,9 @@ class RunView:
         self.capacity, self.recent, self.histogram_capacity = capacity, recent, histogram_capacity
         self.label, self.total = label, total
         self.status, self.error = "running", None
+        #: the kinds the run does not record, by the watch option that is off (:func:`unrecorded_kinds`):
+        #: set by what made the view, for :meth:`no_rows`
+        self.unrecorded: dict[str, str] = {}
         self.last_step = 0
         self.steps_fed = 0
         self.dropped = 0  # steps the feeding subscription missed (it fell behind)
@@ -305,6 +317,7 @@ class RunView:
         picks = np.unique(np.linspace(0, len(times) - 1, view._times.maxlen).round().astype(int)) if len(times) else []
         view._times.extend(zip(times.time.to_numpy()[picks].tolist(), times.step.to_numpy()[picks].tolist()))
         view.set_status(run.status, run.metadata.get("error"))
+        view.unrecorded = unrecorded_kinds(run.metadata)
         return view
 
     def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]],
@@ -537,6 +550,16 @@ class RunView:
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._lock:
             self.status, self.error = status, error
+
+    def no_rows(self, kind: str) -> str:
+        """What a view of ``kind`` says while it has no rows of it: that the run is not recorded with
+        them (:attr:`unrecorded`: a message that names the option), that it recorded none (it ended), or
+        that none have arrived yet."""
+        option = self.unrecorded.get(kind)
+        ended = self.status in ENDED
+        if option is not None:
+            return f"No {kind} rows: this run {'was' if ended else 'is'} recorded without them ({option}=False)."
+        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
 
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
