@@ -59,6 +59,8 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     assert list(views.RunView.from_run(stored).metrics_frame().metric.unique()) == ["accuracy", "loss"]
     table, names, _ = stored_runs.run_table(manager.root)
     assert list(table.run) == ["r"] and names == ["r"]
+    # what tells runs apart first (a narrow window shows the first columns), the row's run first (a click opens it)
+    assert list(table.columns) == ["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
 
 

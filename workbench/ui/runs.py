@@ -131,7 +131,8 @@ class RunsRoot:
         """
         from workbench.instrument import list_runs
 
-        empty = pd.DataFrame(columns=["run", "experiment", "model", "seed", "status", "steps", "start_time", "MB"])
+        # (what tells the runs apart first: a narrow window shows those, and scrolls sideways to the rest)
+        empty = pd.DataFrame(columns=["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"])
         if sub is None or (isinstance(sub, str) and not sub.strip()):
             where = self.path
         else:
@@ -157,9 +158,9 @@ class RunsRoot:
         if runs.empty:
             return empty, [], f"No runs yet under `{where}`."
         names = [self.name_of(p) for p in runs.path]
-        table = pd.DataFrame({"run": names, "experiment": runs.experiment, "model": runs.model, "seed": runs.seed,
-                              "status": runs.status, "steps": runs.steps,
+        table = pd.DataFrame({"run": names, "status": runs.status, "steps": runs.steps,
                               "start_time": runs.start_time.dt.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                              "experiment": runs.experiment, "model": runs.model, "seed": runs.seed,
                               "MB": runs.size_mb.round(1)})  # (a long run recorded every step takes hundreds)
         return table, names, f"{len(runs)} run(s) under `{where}`."
 
