@@ -876,3 +876,34 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
     wait_for(lambda: not ended.following, what="the run's last draw")
     assert empty_text(plotted(ended, "sites")) == ("No grad_output rows: this run was recorded with gradients=False; "
                                                    "gradients=True records them.")
+
+
+def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_yet_to_come(tmp_path):
+    """The kind list offers update, which runs record only with updates=True: "None of these runs has update
+    rows yet." for good."""
+    from workbench.ui.notebook import Compare
+
+    exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    watches = [exps[0].watch(histograms=False), exps[1].watch(histograms=False, updates=True)]
+    compare = Compare(*exps, kind="update", interval=0.05)
+    try:
+        for exp in exps:
+            exp.run(2, progress=False)
+        wait_for(lambda: compare.sites, what="the update sites of the run that records them")
+        wait_for(lambda: "`activation_mlp (seed 0)` is recorded without update rows (updates=False)"
+                 in compare.message, what="the run without updates said so")
+    finally:
+        compare.close()
+    for w in watches:
+        w.close()
+    watches = [exp.watch(histograms=False, gradients=False) for exp in exps]  # (neither records them)
+    compare = Compare(*exps, kind="grad_output", interval=0.05)
+    try:
+        for exp in exps:
+            exp.run(2, progress=False)
+        wait_for(lambda: empty_text(compare.figure("site")) == (
+            "None of these runs records grad_output rows (gradients=False)."), what="the figure saying so")
+    finally:
+        compare.close()
+        for w in watches:
+            w.close()

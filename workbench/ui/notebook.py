@@ -245,6 +245,16 @@ def _label(source: Any) -> str:
     return source.name if isinstance(source, Run) else ""
 
 
+def _unrecorded(watch: Any) -> dict[str, str]:
+    """The kinds ``watch`` does not record, by the option that is off (:func:`views.unrecorded_kinds`);
+    none said for a watch whose recorder is not its own (``watch_distributed``'s records parameters that
+    its rank's watch says it does not)."""
+    from workbench.instrument import Recorder
+    from workbench.ui.views import unrecorded_kinds
+
+    return unrecorded_kinds(watch.options) if type(watch.recorder) is Recorder else {}
+
+
 def _follow(watch: Any, take: Any) -> Any:
     """Give ``take`` what ``watch`` recorded so far and then what it records, each step once, as
     an ``Update``; returns the subscription (None for a closed watch)."""
@@ -1018,6 +1028,7 @@ class _Compared:
             self.stored, self._stored_as = source, ()
             self.read()
         if self.watch is not None:
+            self.view.unrecorded = _unrecorded(self.watch)
             self._subscription = _follow(self.watch, self.view.feed)
 
     def read(self, last: bool = False) -> None:

@@ -163,14 +163,26 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
     # (a run still going may have its rows yet to come: said so, not that it recorded none)
     live = {name for name, view in views.items() if view.status in LIVE_STATUSES}
-    site_fig = (figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors) if site is not None
-                else figures.empty_figure(f"None of these runs has {kind} rows yet." if live
-                                          else f"None of these runs recorded {kind} rows."))
+    # (a run recorded without the kind will have none: said so, with the option that is off)
+    without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
+    if site is not None:
+        site_fig = figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors)
+    elif len(without) == len(views):
+        options = sorted(set(without.values()))
+        site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
+    else:
+        site_fig = figures.empty_figure(f"None of these runs has {kind} rows yet." if live.difference(without)
+                                        else f"None of these runs recorded {kind} rows.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
     if lacking and having:
-        ended, waiting = [n for n in lacking if n not in live], [n for n in lacking if n in live]
+        unrecorded = [n for n in lacking if n in without]
+        ended = [n for n in lacking if n not in live and n not in without]
+        waiting = [n for n in lacking if n in live and n not in without]
         said = []
+        if unrecorded:
+            said.append(f"{', '.join(f'`{n}`' for n in unrecorded)} {'is' if len(unrecorded) == 1 else 'are'} "
+                        f"recorded without {kind} rows ({without[unrecorded[0]]}=False)")
         if ended:
             said.append(f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows")
         if waiting:
