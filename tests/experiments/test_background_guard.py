@@ -95,3 +95,20 @@ def test_running_lists_the_runs_in_progress_also_one_no_name_holds_any_more(tmp_
         run.stop()
     assert run not in workbench.experiments.running()
     assert workbench.load_run(tmp_path / "first").status == "stopped"  # its store says so
+
+
+def test_running_leaves_out_a_run_that_has_ended_while_its_callbacks_still_run():
+    import threading
+
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(100_000)
+    in_callback, leave = threading.Event(), threading.Event()
+    run.on_done(lambda r: (in_callback.set(), leave.wait(30)))
+    run.stop(wait=False)
+    try:
+        assert in_callback.wait(60)
+        assert run.status == "stopped" and not run.done  # (its callbacks run: not done yet)
+        assert run not in workbench.experiments.running()
+    finally:
+        leave.set()
+    run.join()

@@ -357,7 +357,7 @@ def test_the_patch_ablate_suggests_zeroes_the_tensor_the_units_fit_or_it_says_ho
         with pytest.raises(ValueError) as caught:
             w.ablate("0", [10], dim=1)
         message = str(caught.value)
-        assert "do not fit out.0 of shape (3, 4)" in message and "for out.1:" in message
+        assert "do not fit out.0 of shape (3, 4)" in message and "for out.1 of a tuple:" in message
         eval(message[message.index("w.patch("):message.rindex(")") + 1], {"w": w, "torch": torch})
         small, big = model(x)
         w.step()

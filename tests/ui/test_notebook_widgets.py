@@ -886,7 +886,9 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
     exps = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
     watches = [exps[0].watch(histograms=False), exps[1].watch(histograms=False, updates=True)]
     compare = Compare(*exps, kind="update", interval=0.05)
-    try:
+    try:  # (before any row: the run without them said so, not "yet")
+        assert ("`activation_mlp (seed 0)` is recorded without update rows (updates=False); `activation_mlp (seed 1)` "
+                "has no update rows yet.") in compare.message
         for exp in exps:
             exp.run(2, progress=False)
         wait_for(lambda: compare.sites, what="the update sites of the run that records them")

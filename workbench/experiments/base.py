@@ -737,12 +737,15 @@ def running() -> list[BackgroundRun]:
         ['stopped']
     """
     with _RUNNING_LOCK:
-        return list(_RUNNING)
+        started = list(_RUNNING)  # (also those ended whose callbacks still run: the process waits for them)
+    return [run for run in started if run.status in ("running", "paused", "stopping")]
 
 
 @atexit.register
 def _stop_background_runs() -> None:
-    for run in running():
+    with _RUNNING_LOCK:
+        started = list(_RUNNING)
+    for run in started:
         run._stopped_by = "as the process exited"  # (not "by the user": the store says why it stopped)
         run.stop(wait=True, timeout=30.0)
 

@@ -313,7 +313,7 @@ class RunStore:
     def _write_step(self, record: StepRecord) -> None:
         # a deleted database has no name left (sqlite would write on into the file it holds open, for no one);
         # a moved one is written on where it went
-        if os.fstat(self._db_file).st_nlink == 0:
+        if _deleted(self._db_file):
             raise FileNotFoundError("the run's database was deleted since the run started (its directory "
                                     "removed?); its steps from here on are lost. Keep the directory while the "
                                     "run is written")
@@ -415,6 +415,18 @@ def _written(path: Path) -> bool:
     finally:
         os.close(fd)  # (also lets go of the shared lock, if taken)
     return False
+
+
+def _deleted(fd: int) -> bool:
+    """Whether the file open at ``fd`` was deleted: no link left to it, or (Linux) a name other than the
+    database's, as NFS renames a file deleted while open (``.nfsXXXX``) and Linux marks it ``(deleted)``."""
+    if os.fstat(fd).st_nlink == 0:
+        return True
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # (no /proc: the link count alone)
+        return False
+    return os.path.basename(name) != DB_NAME
 
 
 def _sql_value(value: Any) -> Any:

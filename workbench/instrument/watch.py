@@ -581,7 +581,8 @@ def _leaf_order(leaf: tuple[str, tuple]) -> list:
 
 def _patch_one_leaf(path: str, index: list[int], dim: int, leaves: list[tuple[str, tuple]]) -> str:
     """How to zero ``index`` along ``dim`` in one tensor of a site's output alone: a patch of the first
-    tuple element those units fit (``out.<i>``), else in words."""
+    element ``out.<i>`` those units fit, for an output that is a tuple (leaf names do not tell a tuple
+    from a list or a dict with integer keys: said so), else in words."""
     for name, shape in leaves:
         element = name.removeprefix("out.")
         if not element.isdigit():
@@ -592,7 +593,7 @@ def _patch_one_leaf(path: str, index: list[int], dim: int, leaves: list[tuple[st
             continue
         i, units = int(element), str(index) if len(index) <= 8 else "units"
         before = f"*out[:{i}], " if i else ""
-        return (f"To zero units of one tensor alone, patch it; for {name}: w.patch({path!r}, lambda out: "
+        return (f"To zero units of one tensor alone, patch it; for {name} of a tuple: w.patch({path!r}, lambda out: "
                 f"({before}out[{i}].index_fill({dim}, torch.tensor({units}), 0.0), *out[{i + 1}:])).")
     return ("To zero units of one tensor alone, patch it: w.patch(path, fn), fn returning the output with that "
             "tensor's units zeroed (tensor.index_fill(dim, torch.tensor(units), 0.0)).")

@@ -789,10 +789,11 @@ class Dashboard:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
-            elif name in ("sites", "heatmap") and self._no_rows(kind):
-                spec = figures.empty_figure(self._no_rows(kind))  # (never "yet" of rows that cannot come)
+            elif name in ("sites", "heatmap") and not self.view.site_order(kind):
+                message = self._no_rows(kind)  # (never "yet" of rows that cannot come)
+                spec = figures.empty_figure(message)
                 if name == "sites":
-                    self.site_note.value = _html(self._no_rows(kind))
+                    self.site_note.value = _html(message)
             elif name == "sites":
                 sites = list(self.sites.value) or None
                 spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
@@ -826,15 +827,14 @@ class Dashboard:
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
 
-    def _no_rows(self, kind: str) -> str | None:
-        """What a figure of ``kind`` says while the run has no rows of it (None once it has some): that the
-        run is not recorded with them (the kind's ``watch`` option off: ``updates=False`` by default), that
-        it recorded none (it ended), else that none have arrived yet."""
+    def _no_rows(self, kind: str) -> str:
+        """What a figure of ``kind`` says while the run has no rows of it: that the run is not recorded with
+        them (the kind's ``watch`` option off: ``updates=False`` by default), that it recorded none (it
+        ended), else that none have arrived yet. (The caller tells that there are none, once: the view fills
+        on another thread.)"""
         from workbench.instrument import Recorder
         from workbench.instrument.schema import KIND_OPTIONS
 
-        if self.view.site_order(kind):
-            return None
         option = KIND_OPTIONS[kind]
         # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
         said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder

@@ -175,20 +175,22 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
                                         else f"None of these runs recorded {kind} rows.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
-    if lacking and having:
+    if lacking and (having or len(without) < len(views)):  # (each run without rows, unless none records them)
         unrecorded = [n for n in lacking if n in without]
         ended = [n for n in lacking if n not in live and n not in without]
         waiting = [n for n in lacking if n in live and n not in without]
         said = []
         if unrecorded:
-            said.append(f"{', '.join(f'`{n}`' for n in unrecorded)} {'is' if len(unrecorded) == 1 else 'are'} "
-                        f"recorded without {kind} rows ({without[unrecorded[0]]}=False)")
+            one, going = len(unrecorded) == 1, set(unrecorded) <= live
+            verb = ("is" if one else "are") if going else ("was" if one else "were")
+            said.append(f"{', '.join(f'`{n}`' for n in unrecorded)} {verb} recorded without {kind} rows "
+                        f"({without[unrecorded[0]]}=False)")
         if ended:
             said.append(f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows")
         if waiting:
             said.append(f"{', '.join(f'`{n}`' for n in waiting)} {'has' if len(waiting) == 1 else 'have'} "
                         f"no {kind} rows yet")
-        text += f" {'; '.join(said)}: the sites of `{having[0]}` are listed."
+        text += f" {'; '.join(said)}" + (f": the sites of `{having[0]}` are listed." if having else ".")
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
