@@ -5,7 +5,6 @@ described in :mod:`workbench.instrument.store`, which writes them.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import numbers
 import os
@@ -17,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, check_filter
-from workbench.instrument.store import DB_NAME, LOCK_NAME, SCHEMA_VERSION, RunError
+from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
 
@@ -351,20 +350,9 @@ class Run:
 
 
 def _writer_alive(path: Path) -> bool:
-    """Whether a process holds the run directory's writer lock (see the module docstring)."""
-    try:
-        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
-    except FileNotFoundError:  # written before the lock existed, or by hand: nothing tells
-        return True
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # (also lets go of the shared lock, if taken)
-    return False
+    """Whether a process holds the run directory's writer lock (see the module docstring); a run written
+    before the lock existed, or by hand, may be written still: nothing tells."""
+    return lock_held(path, unreadable=True)
 
 
 def _step_range(steps: tuple[int, int] | None, column: str) -> tuple[str, tuple]:

@@ -170,7 +170,7 @@ class RunStore:
         path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
-        if _written(path):
+        if lock_held(path, unreadable=False):
             raise being_written(path)
         _check_no_run(path)
         return path
@@ -401,13 +401,15 @@ def being_written(path: Path) -> FileExistsError:
     return FileExistsError(f"{path} is being written by another writer (it holds {LOCK_NAME}); pick a new directory.")
 
 
-def _written(path: Path) -> bool:
-    """Whether a writer holds the lock of the run at ``path``: tried with a shared lock, as readers try
-    it, let go at once (the writer holds it exclusively)."""
+def lock_held(path: Path, unreadable: bool) -> bool:
+    """Whether a writer holds the lock of the run at ``path``: tried with a shared lock, let go at once
+    (the writer holds it exclusively). ``unreadable``: what a run whose lock file is missing or cannot be
+    opened says (a store about to start: no writer; a reader of a run written before the lock existed,
+    or by hand: nothing tells, so a writer may be there)."""
     try:
         fd = os.open(path / LOCK_NAME, os.O_RDONLY)
     except OSError:
-        return False
+        return unreadable
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
