@@ -248,12 +248,12 @@ def test_a_browser_slowed_six_times_keeps_up_with_a_live_dashboard_and_stop_stop
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
         _open_notebook(page, f"{url}/lab/tree/slowed.ipynb?reset&token={token}")
-        # slowed once the cell that starts the run is taken: a browser on a busy machine, while a run trains
-        # (slowed before, on a slow CI machine, the click into the cell's editor timed out)
+        # slowed once the run's dashboard has drawn: a browser on a busy machine, while a run trains (slowed
+        # before, on a slow CI machine, the click into the cell's editor or the first draw timed out)
         _run_cell(page, 0)
+        page.wait_for_function(f"() => {{ {LOSS_X} return !!x; }}", timeout=120_000)  # the metrics, open
         cdp = page.context.new_cdp_session(page)
         cdp.send("Emulation.setCPUThrottlingRate", {"rate": 6})
-        page.wait_for_function(f"() => {{ {LOSS_X} return !!x; }}", timeout=60_000)  # the metrics, open
         page.evaluate(COUNT_SENT)
         # the page keeps drawing while the run trains: a few hundred steps (a queue, if the page fell
         # behind, grows all that time)
