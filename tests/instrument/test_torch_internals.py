@@ -101,6 +101,31 @@ def test_register_module_hooks_run_for_every_module_call_before_the_modules_own(
     assert internals.installed_hooks() == before
 
 
+def test_call_raised_tells_a_call_that_raised_from_one_that_returned():
+    class Raises(nn.Module):
+        def forward(self, x):
+            raise ValueError("in forward")
+
+    model = nn.Sequential(nn.Linear(2, 2), Raises())
+    seen = []
+    handles = internals.register_module_hooks(
+        lambda module, args, out: seen.append((type(module).__name__, internals.call_raised(module))),
+        always_call=True)
+    try:
+        with pytest.raises(ValueError, match="in forward"):
+            model(torch.ones(1, 2))
+        assert seen == [("Linear", False), ("Raises", True), ("Sequential", True)]
+        seen.clear()
+        try:
+            raise KeyError("handled")
+        except KeyError:  # a call that returns while another exception is handled
+            model[0](torch.ones(1, 2))
+        assert seen == [("Linear", False)]
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_hook_switch_takes_hooks_out_and_puts_them_back_in_their_place():
     module = nn.Identity()
     order = []
@@ -124,6 +149,20 @@ def test_hook_switch_takes_hooks_out_and_puts_them_back_in_their_place():
     order.clear()
     module(torch.ones(1))
     assert "ours" not in order
+
+    # a hook called also when the call raises: its flag goes out and back in with it
+    before = internals.installed_hooks()
+    handles = internals.register_module_hooks(hook("always"), always_call=True)
+    switch = internals.HookSwitch(handles)
+    switch.set(False)
+    assert internals.installed_hooks() == before
+    switch.set(True)
+    order.clear()
+    with pytest.raises(TypeError):
+        module(torch.ones(1), torch.ones(1))  # (Identity takes one input: its forward raises)
+    assert order == ["always"]
+    handles[0].remove()
+    assert internals.installed_hooks() == before
 
 
 def test_a_param_grad_hook_and_the_hook_dict_restored_to_none():

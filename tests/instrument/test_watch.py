@@ -168,7 +168,7 @@ def test_a_shared_modules_parameters_are_recorded_under_whichever_of_its_paths_i
             assert sorted(zip(found.module, found.tensor)) == [(path, "bias"), (path, "weight")], (modules, kind)
 
 
-def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_module():
+def test_a_call_is_named_by_its_one_path_or_by_the_caller_of_a_shared_module():
     def pre_hooks():
         return installed_hooks()["_global_forward_pre_hooks"]
 
@@ -183,7 +183,7 @@ def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_mo
 
     plain, before = Skip(), pre_hooks()
     with workbench.watch(plain) as w:
-        assert pre_hooks() == before  # every module has one path: no stack to keep
+        assert pre_hooks() == before + 1  # (where each forward of the model starts)
         plain(torch.randn(2, 3)).sum().backward()
         w.step()
     # each module under its one path, each call counted
@@ -192,8 +192,13 @@ def test_the_call_stack_pre_hook_is_registered_only_for_a_model_with_a_shared_mo
 
     shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     shared.append(shared[1])  # one ReLU under two paths: which one ran is told by the caller
-    with workbench.watch(shared, gradients=False):
+    with workbench.watch(shared, gradients=False) as w:
         assert pre_hooks() == before + 1
+        shared(torch.randn(2, 3))
+        w.step()
+    # (twice under one parent: the first path, counted twice)
+    assert sorted(zip(*rows(w, kind="activation")[["module", "call"]].values.T)) == [
+        ("", 0), ("0", 0), ("1", 0), ("1", 1)]
     assert pre_hooks() == before
 
 
@@ -1507,6 +1512,69 @@ def test_a_step_interrupted_in_the_middle_of_its_forward_leaves_no_partial_step(
     first, second = (rows(w, step=s) for s in (1, 2))
     assert len(first) == len(second)  # not the interrupted forward's rows too
     assert second.call.max() == 0  # no call counted twice
+
+
+class SkipsOnce(nn.Module):
+    """A model whose forward raises after its first layer when ``fail`` is set (an out-of-memory
+    batch, say), and whose shared activation keeps the call stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.Tanh()
+        self.a, self.b = nn.Sequential(nn.Linear(3, 4), self.act), nn.Sequential(nn.Linear(4, 2), self.act)
+        self.fail = False
+
+    def forward(self, x):
+        x = self.a(x)
+        if self.fail:
+            raise RuntimeError("out of memory (simulated)")
+        return self.b(x)
+
+
+def test_a_forward_that_raises_and_is_skipped_leaves_no_rows_and_no_calls_in_its_step():
+    torch.manual_seed(0)
+    model = SkipsOnce()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(5, 3) for _ in range(3)]
+    with workbench.watch(model) as w, workbench.watch(reference) as ref:
+        for step, x in enumerate(batches):
+            model.fail = step == 1
+            try:
+                model(-x if model.fail else x).sum().backward()
+            except RuntimeError:  # the batch is skipped, without w.discard_step(): the loop goes on
+                model.fail = False
+                model(x).sum().backward()
+            w.step()
+            reference(x).sum().backward()  # the same steps, none failing
+            ref.step()
+    got, expected = w.to_pandas(), ref.to_pandas()
+    assert set(got.module) >= {"a.1", "b.1"}  # (the shared Tanh, named by its caller)
+    assert got.call.max() == 0  # the failed forward's calls are not counted
+    pd.testing.assert_frame_equal(got, expected)
+
+
+def test_a_call_that_raises_inside_the_forward_is_not_counted():
+    class Retries(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.softmax = nn.Linear(3, 3), nn.Softmax(-1)
+
+        def forward(self, x):
+            x = self.fc(x)
+            try:
+                return self.softmax(x.to(torch.int64))  # softmax raises on integers ...
+            except RuntimeError:
+                return self.softmax(x)  # ... and is called again: its call 0
+
+    model = Retries()
+    with workbench.watch(model) as w:
+        for _ in range(2):
+            model(torch.randn(2, 3)).sum().backward()
+            w.step()
+    frame = w.to_pandas()
+    assert sorted(set(frame.module)) == ["", "fc", "softmax"]
+    assert frame.call.max() == 0  # the call that raised is no call
+    assert w.errors == []
 
 
 def test_an_experiment_step_that_raises_records_nothing_of_it():

@@ -4,11 +4,13 @@
   sees every module call and passes over modules of other models; :class:`~workbench.instrument.sites.CallSites`
   names the call. It applies the site's interventions, reduces each tensor of the output at once
   (a later in-place op may change it) and hooks the node that made it for its gradient
-  (:class:`~workbench.instrument.torch_internals.GradientHook`). Where a module is shared, a
-  process-wide pre-hook keeps the call stack. Under ``torch.vmap`` and ``torch.func.grad`` a
-  tensor is read as the plain tensor under torch.func's wrappers (every sample's values, reduced
-  at once with torch.func off), its gradient hooked on the tensor an autograd node makes
-  (:func:`~workbench.instrument.torch_internals.vmap_unwrapped`).
+  (:class:`~workbench.instrument.torch_internals.GradientHook`). A process-wide pre-hook marks
+  where each forward of the model starts, and, where a module is shared, keeps the call stack. A
+  call that raises is no call: the forward hook, called then too, counts it not, and a forward of
+  the model that raises takes back the rows and calls of the modules it called. Under
+  ``torch.vmap`` and ``torch.func.grad`` a tensor is read as the plain tensor under torch.func's
+  wrappers (every sample's values, reduced at once with torch.func off), its gradient hooked on
+  the tensor an autograd node makes (:func:`~workbench.instrument.torch_internals.vmap_unwrapped`).
 - Output gradients are queued when small (nothing changes a gradient once computed) and reduced in
   one call when the backward ends. Several backward passes through one forward make one row of
   their total gradient: a backward that keeps the graph holds its gradients, added to by the next.
@@ -102,8 +104,8 @@ class Hooks:
         self._not_floating: set[tuple] = set()  # the activation keys of integer, bool (...) tensors
         self._param_batches: dict[str, tuple[list, list, list]] = {}  # see _record_parameters
         self.params = sites.parameters()
-        handles = internals.register_module_hooks(
-            _weakly(self._post_hook), _weakly(self._pre_hook) if sites.needs_stack else None)
+        # the post-hook runs also when a call raises: a forward of the model that raises leaves no rows
+        handles = internals.register_module_hooks(_weakly(self._post_hook), _weakly(self._pre_hook), always_call=True)
         if self.compiled:
             internals.compile_again()  # (graphs compiled before the watch would never call the hooks)
         self._module_hooks = internals.HookSwitch(handles)
@@ -196,6 +198,8 @@ class Hooks:
         self.step_errors: list[dict[str, Any]] = []
         self._before: list[torch.Tensor] | None = None
         self._check_due = recording
+        # per forward of the model running (a model may call itself): the step's entries and calls before it
+        self._forwards: list[tuple[int, dict[str, int]]] = []
         self._backwards = 0  # backward passes that handed parameter gradients in
         # whether the step's first call of the model trained (training mode, grad enabled), and any did
         self._first_call_trained: bool | None = None
@@ -280,16 +284,24 @@ class Hooks:
 
     # ------------------------------------------------------------------ forward
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
-        if self.active:
-            self.sites.enter(module)
+        if not self.active:
+            return
+        if module is self.sites.model and not internals.in_backward():
+            self._forwards.append((len(self.entries), dict(self.sites.calls)))
+        self.sites.enter(module)
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         if not self.active:
+            return None
+        if output is None and internals.call_raised(module):
+            self._call_raised(module)
             return None
         if self._check_due:  # the first module call of a recorded step
             self._check_due = False
             self.check_frozen()
         path = self.sites.leave(module)
+        if module is self.sites.model and self._forwards and not internals.in_backward():
+            self._forwards.pop()
         if path is None:
             return None
         kinds = self.kinds
@@ -328,6 +340,18 @@ class Hooks:
                     if path in kinds[kind]:
                         self.fail(path, call, kind, exc)
         return output if replaced else None
+
+    def _call_raised(self, module: nn.Module) -> None:
+        """A call that raised is no call: not counted, no rows. Where it is the model's own forward
+        (a batch skipped with ``except OutOfMemoryError: continue``, or retried smaller), the rows
+        and calls of the modules it called are taken back, so that the next forward in the step is
+        numbered as if the failed one had not run (and the step holds no partial forward)."""
+        self.sites.leave(module)  # (a container's entry off the call stack)
+        if module is self.sites.model and self._forwards and not internals.in_backward():
+            entries, calls = self._forwards.pop()
+            del self.entries[entries:]
+            self.sites.calls.clear()
+            self.sites.calls.update(calls)
 
     def _apply_interventions(self, path: str, call: int | None, recomputing: bool, output: Any) -> tuple[Any, bool]:
         replaced = False

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
-           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "in_backward", "keeps_graph",
-           "GradientHook",
+           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "in_backward",
+           "keeps_graph", "GradientHook",
            "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
@@ -63,17 +63,19 @@ def inline_only(hook: Callable) -> Callable:
     return hook
 
 
-def register_module_hooks(post_hook: Callable, pre_hook: Callable | None = None, traced: bool = False) -> list[Any]:
+def register_module_hooks(post_hook: Callable, pre_hook: Callable | None = None, traced: bool = False,
+                          always_call: bool = False) -> list[Any]:
     """Register process-wide module forward hooks (``register_module_forward_hook``, public): torch
     runs them for every module call, before the module's own hooks, so nothing is written into the
     model. Under torch.compile they run eagerly (:func:`run_eagerly`), or with ``traced`` they are
-    traced into the model's graphs (:func:`inline_only`). Returns their handles."""
+    traced into the model's graphs (:func:`inline_only`). With ``always_call`` torch calls
+    ``post_hook`` also when the call raises (:func:`call_raised` tells). Returns their handles."""
     # a torch.compile'd module warns on every call that process-wide hooks fire for it too (it is a
     # module): ours pass it over, as a module of no model they watch
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
                             category=UserWarning)
     mark = inline_only if traced else run_eagerly
-    handles = [nn.modules.module.register_module_forward_hook(mark(post_hook))]
+    handles = [nn.modules.module.register_module_forward_hook(mark(post_hook), always_call=always_call)]
     if pre_hook is not None:
         handles.append(nn.modules.module.register_module_forward_pre_hook(mark(pre_hook)))
     return handles
@@ -85,25 +87,30 @@ class HookSwitch:
     call path).
 
     Relies on: a ``RemovableHandle`` keeping a weak reference to its (ordered) hooks dict
-    (``hooks_dict_ref()``) and its key (``id``), and torch calling the hooks in the dict's order.
-    A hook goes back to its old place among the user's hooks (after those registered before it);
-    hooks registered meanwhile stay behind it, as if registered later.
+    (``hooks_dict_ref()``) and its key (``id``), and to the dicts of its flags (``extra_dict_ref``:
+    ``always_call``), and torch calling the hooks in the dict's order. A hook goes back to its old
+    place among the user's hooks (after those registered before it); hooks registered meanwhile
+    stay behind it, as if registered later.
     """
 
     def __init__(self, handles: Iterable[Any]) -> None:
-        # [hooks dict, key, hook, order of the dict's keys when the hook was taken out]
-        self._slots = [[h.hooks_dict_ref(), h.id, h.hooks_dict_ref()[h.id], None] for h in handles]
+        # [hooks dict, key, hook, order of the dict's keys when the hook was taken out, the hook's flags]
+        self._slots = [[h.hooks_dict_ref(), h.id, h.hooks_dict_ref()[h.id], None, _flags(h)] for h in handles]
         self.attached = True
 
     def set(self, attach: bool) -> None:
         if attach == self.attached:
             return
         for slot in self._slots:
-            hooks, key, hook, order = slot
+            hooks, key, hook, order, flags = slot
             if not attach:
                 slot[3] = list(hooks) if len(hooks) > 1 else None
                 hooks.pop(key, None)
+                for flag_dict, _ in flags:
+                    flag_dict.pop(key, None)
                 continue
+            for flag_dict, value in flags:  # (before the hook: a thread calling it finds its flags)
+                flag_dict[key] = value
             hooks[key] = hook  # (at the end)
             if order is not None:
                 # the hooks that were behind ours, and those registered meanwhile, go behind it
@@ -117,6 +124,12 @@ class HookSwitch:
 
     def clear(self) -> None:
         self._slots.clear()
+
+
+def _flags(handle: Any) -> list[tuple[dict, Any]]:
+    """The flag dicts that hold ``handle``'s key (``always_call``, ``with_kwargs``), with its value there."""
+    dicts = [ref() for ref in getattr(handle, "extra_dict_ref", ())]
+    return [(d, d[handle.id]) for d in dicts if d is not None and handle.id in d]
 
 
 def register_param_grad_hook(param: nn.Parameter, hook: Callable, fresh: list[nn.Parameter]) -> Any:
@@ -158,6 +171,18 @@ def queue_end_of_backward(callback: Callable[[], None]) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+_CALL_IMPL = nn.Module._call_impl.__code__
+
+
+def call_raised(module: nn.Module) -> bool:
+    """Whether a forward hook registered with ``always_call=True`` runs because the call of
+    ``module`` raised (and not because it returned). Relies on: torch calling such hooks from the
+    ``except`` clause of ``Module._call_impl`` (the exception being handled was caught in that
+    call's frame), with the output None where the module's forward raised."""
+    tb = sys.exc_info()[2]
+    return tb is not None and tb.tb_frame.f_code is _CALL_IMPL and tb.tb_frame.f_locals.get("self") is module
 
 
 def in_backward() -> bool:
