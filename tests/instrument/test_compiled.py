@@ -503,18 +503,32 @@ def test_a_torch_nn_class_compiled_in_place_falls_back_saying_torch_does_not_com
     assert set(w.to_pandas().module) == {"", "0", "1", "2"}  # (recorded by the eager watch)
 
 
-@pytest.mark.parametrize("store", ["holds-a-run", "being-written", "a-file"])
+REFUSED_STORES = {  # how the store is made bad, what is raised
+    "holds-a-run": (FileExistsError, "already holds a run"), "being-written": (FileExistsError, "another writer"),
+    "a-file": (FileExistsError, "is a file, not a directory"),
+    "under-a-file": (NotADirectoryError, "Cannot create the run directory .*under-a-file/run.* is a file"),
+    "contradicted": (ValueError, r"metadata \{'every': 99\} contradicts"),
+}
+
+
+@pytest.mark.parametrize("store", REFUSED_STORES)
 def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path, store):
     # (the watch had hooked the model and had dynamo compile every model of the process again before
     # the store said no: a cell run twice with the same store recompiled them all)
-    writing = None
+    writing, path, metadata = None, tmp_path / store, None
     if store == "holds-a-run":
-        with workbench.watch(nn.Linear(2, 2), store=tmp_path / store):
+        with workbench.watch(nn.Linear(2, 2), store=path):
             pass
     elif store == "being-written":  # (the first run of the cell, still open)
-        writing = workbench.instrument.RunStore(tmp_path / store)
+        writing = workbench.instrument.RunStore(path)
+    elif store == "a-file":
+        path.write_text("not a run")
+    elif store == "under-a-file":
+        path.write_text("not a directory")
+        path = path / "run"
     else:
-        (tmp_path / store).write_text("not a run")
+        metadata = {"every": 99}
+    error, message = REFUSED_STORES[store]
     fresh_dynamo()
     compiled = torch.compile(nn.Sequential(nn.Linear(4, 6), nn.ReLU()), backend="aot_eager")
     x = torch.randn(3, 4)
@@ -522,8 +536,8 @@ def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path
         compiled(x)
         assert graphs() == 1
         for make in (workbench.watch, watch_compiled):
-            with pytest.raises(FileExistsError, match="already holds a run|is a file, not a directory|another writer"):
-                make(compiled, store=tmp_path / store)
+            with pytest.raises(error, match=message):
+                make(compiled, store=path, metadata=metadata)
         assert installed_hooks()["_global_forward_hooks"] == 0
         compiled(x)
         assert graphs() == 1  # its graphs ran on, not compiled again

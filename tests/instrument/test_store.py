@@ -400,6 +400,40 @@ def test_bad_store_paths_are_refused_and_leave_nothing_behind(tmp_path):
     assert installed_hooks()["_global_forward_hooks"] == 0  # the refused watches took their hooks out
 
 
+WRITER_AS_NOBODY = textwrap.dedent("""
+    import os, sys, torch, workbench
+    if os.geteuid() == 0:  # root writes anywhere: as nobody, who cannot write the directory
+        os.setgid(65534); os.setuid(65534)
+    try:
+        workbench.watch(torch.nn.Linear(2, 2), store=sys.argv[1])
+    except OSError as e:
+        print(type(e).__name__, e)
+    print("hooks", len(torch.nn.modules.module._global_forward_hooks))
+""")
+
+
+@pytest.mark.parametrize("where", ["in", "under"])
+def test_a_store_in_a_directory_that_cannot_be_written_is_refused_before_anything_is_hooked(where):
+    root = tempfile.mkdtemp()
+    try:
+        os.chmod(root, 0o755)
+        locked = os.path.join(root, "locked")
+        os.mkdir(locked, 0o555)  # (readable, not writable, by others than its owner, root)
+        os.chmod(locked, 0o555)
+        store = locked if where == "in" else os.path.join(locked, "runs", "a")
+        proc = subprocess.run([sys.executable, "-c", WRITER_AS_NOBODY, store], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        expected = "it is" if where == "in" else f"{locked}, where it would be made, is"
+        assert proc.stdout.splitlines() == [
+            f"PermissionError Cannot write a run into {store}: {expected} not writable. Pick a directory you can "
+            "write to.", "hooks 0"]
+        assert os.listdir(locked) == []
+    finally:
+        os.chmod(os.path.join(root, "locked"), 0o755)
+        shutil.rmtree(root)
+
+
 READER = textwrap.dedent("""
     import os, sys, workbench
     if os.geteuid() == 0:  # root writes anywhere: read as nobody, who cannot write the run's directory

@@ -154,6 +154,20 @@ def test_a_reducer_serves_one_open_watch_and_another_once_that_one_is_closed():
     assert_frame_equal(steps(second, ["cpu", shared]), steps(second, ["cpu", TorchReducer()]))
 
 
+def test_a_reducer_that_another_hands_tensors_to_is_held_with_it():
+    # (a TritonReducer's fallback, shared with an open watch through the Triton reducer, escaped the check)
+    from workbench.instrument.reduce_torch import TorchReducer
+    from workbench.instrument.reduce_triton import TritonReducer
+
+    fallback = TorchReducer()
+    with workbench.watch(nn.Linear(3, 2), reducers=[TritonReducer(fallback=fallback), TorchReducer()]):
+        with pytest.raises(ValueError, match=r"this TorchReducer object is in use by Watch\(Linear"):
+            workbench.watch(nn.Linear(3, 2), reducers=[fallback])
+        with pytest.raises(ValueError, match=r"this TorchReducer object is in use by Watch\(Linear"):
+            workbench.watch(nn.Linear(3, 2), reducers=[TritonReducer(fallback=fallback), TorchReducer()])
+    workbench.watch(nn.Linear(3, 2), reducers=[fallback]).close()  # free once that watch is closed
+
+
 def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
     # (step(loss=0.5, acc="high") raised naming 'acc', and still had logged loss into the step)
     model = nn.Linear(3, 2)

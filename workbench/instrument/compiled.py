@@ -142,9 +142,12 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
             where it holds a run, another writer writes there or it is a file; ``PermissionError``,
             ``NotADirectoryError`` ... where it cannot be created or written.
     """
+    facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "compiled": True,
+             "activations": activations, "gradients": gradients, "parameters": parameters,
+             "parameter_grads": parameter_grads, "updates": False, "histograms": histograms, "bins": bins}
     if store is not None:  # (before anything is attached: the model would compile again)
-        check_store(store, recorder)
+        check_store(store, recorder, metadata, facts)
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,
                       gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
                       histograms=histograms, bins=bins, recorder=recorder, start_step=start_step)
-    return with_store(w, store, {"modules": repr(modules), "exclude": repr(exclude), "compiled": True}, metadata)
+    return with_store(w, store, facts, metadata)

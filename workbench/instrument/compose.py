@@ -111,8 +111,11 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     check_metadata(metadata)
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
                    parameter_grads=parameter_grads, updates=updates)
+    facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "activations": activations,
+             "gradients": gradients, "parameters": parameters, "parameter_grads": parameter_grads, "updates": updates,
+             "histograms": histograms, "bins": bins}
     if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
-        check_store(store, recorder)
+        check_store(store, recorder, metadata, facts)
     if compiled_entry(model) is not None and updates is False and reducers is None:
         from workbench.instrument.compiled import watch_compiled  # (which imports this module)
         return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
@@ -122,7 +125,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     w = Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
               gradients=gradients, parameters=parameters, parameter_grads=parameter_grads, updates=updates,
               histograms=histograms, bins=bins, recorder=recorder, start_step=start_step, reducers=reducers)
-    return with_store(w, store, {"modules": repr(modules), "exclude": repr(exclude)}, metadata)
+    return with_store(w, store, facts, metadata)
 
 
 W = TypeVar("W", bound=Watch)
@@ -167,7 +170,8 @@ def check_recorded(**flags: bool) -> None:
 
 def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: dict[str, Any] | None) -> W:
     """``w``, writing into a run store at ``store`` (none if None) that it closes with it; the run's
-    facts are the model's name, ``every``, ``facts``, the watch's options and ``metadata``.
+    facts are the model's name, ``facts`` (how the watch was asked to record: the module selection
+    ...), its ``every`` and options as the watch took them, and ``metadata``.
 
     Raises:
         OSError: the store cannot be written at ``store`` (``FileExistsError``, ``PermissionError`` ...,
@@ -177,13 +181,9 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     w.metadata = dict(metadata or {})
     if store is None:
         return w
-    facts = {"model": type(w.model).__name__, "every": w.every, **facts, **w.options}
+    facts = {"model": type(w.model).__name__, **facts, "every": w.every, **w.options}
     try:
-        contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and k != "model" and v != facts[k]}
-        if contradicted:  # (the run's record of how it was recorded stays true)
-            raise ValueError(f"metadata {contradicted!r} contradicts what the watch stores itself "
-                             f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "
-                             "names, e.g. {'my_" + next(iter(contradicted)) + "': ...}.")
+        check_uncontradicted(metadata, facts)
         facts.update(metadata or {})
         w.store = RunStore(store, facts, on_error=_report_to(w))
         w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
@@ -196,14 +196,27 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     return w
 
 
-def check_store(store: str | Path, recorder: Recorder | None) -> None:
-    """:meth:`RunStore.check_path` of ``store``, before a watch that will write it attaches anything; a run
+def check_uncontradicted(metadata: dict[str, Any] | None, facts: dict[str, Any]) -> None:
+    """Refuse ``metadata`` that contradicts the ``facts`` a store writes of how the watch records (its
+    ``model`` aside: a name of the user's for the model): the run's record of that stays true."""
+    contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and k != "model" and v != facts[k]}
+    if contradicted:
+        raise ValueError(f"metadata {contradicted!r} contradicts what the watch stores itself "
+                         f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "
+                         "names, e.g. {'my_" + next(iter(contradicted)) + "': ...}.")
+
+
+def check_store(store: str | Path, recorder: Recorder | None, metadata: dict[str, Any] | None,
+                facts: dict[str, Any]) -> None:
+    """:meth:`RunStore.check_path` of ``store`` and :func:`check_uncontradicted` of ``metadata`` by the
+    ``facts`` the watch's arguments give, before a watch that will write it attaches anything; a run
     being written there under torch.distributed says how each rank gets a store (``recorder``: the
     watch's).
 
     Raises:
-        TypeError, ValueError, FileExistsError: as :meth:`RunStore.check_path`.
+        TypeError, ValueError, OSError: as :meth:`RunStore.check_path`; ValueError: contradicting metadata.
     """
+    check_uncontradicted(metadata, facts)
     try:
         RunStore.check_path(store)
     except FileExistsError as exc:

@@ -152,6 +152,10 @@ class Reducer:
         """Write into ``host`` (called by the StepSums that uses this reducer: one watch's at a time)."""
         self.host = host
 
+    def parts(self) -> tuple[Reducer, ...]:
+        """This reducer and those it hands tensors to (a fallback): each serves one open watch."""
+        return (self,)
+
     def takes(self, x: torch.Tensor) -> bool:
         raise NotImplementedError
 

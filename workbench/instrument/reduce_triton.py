@@ -68,6 +68,9 @@ class TritonReducer(Reducer):
         self._batched_bytes = 0
         self._reduced: list[DeviceSums] = []
 
+    def parts(self) -> tuple[Reducer, ...]:
+        return (self, *self.fallback.parts())
+
     def takes(self, x: torch.Tensor) -> bool:
         # the usual tensor on a GPU: this runs for every one, in the fewest calls
         # (``x.device.type`` alone costs as much as the rest)

@@ -161,6 +161,8 @@ class RunStore:
             ValueError: an empty path.
             FileExistsError: the directory holds a run, another writer writes a run there, or the path is
                 a file.
+            NotADirectoryError: a folder on the path is a file.
+            PermissionError: the directory, or the folder it would be made in, is not writable.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"store must be a directory path (str or Path), got {path!r}.")
@@ -170,6 +172,7 @@ class RunStore:
         path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
+        _check_writable(path)
         if lock_held(path, unreadable=False):
             raise being_written(path)
         _check_no_run(path)
@@ -389,6 +392,19 @@ class RunStore:
             self._lock = None
             os.close(self._db_file)
             self._db_file = None
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a run directory that cannot be made or written, found without writing: its nearest folder
+    that exists is a file, or not writable (``os.access``; on a read-only file system too)."""
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"Cannot create the run directory {path}: {existing} is a file, not a directory. "
+                                 "Pick a directory you can write to.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "it is" if existing == path else f"{existing}, where it would be made, is"
+        raise PermissionError(f"Cannot write a run into {path}: {where} not writable. Pick a directory you can "
+                              "write to.")
 
 
 def _check_no_run(path: Path) -> None:

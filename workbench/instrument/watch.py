@@ -102,7 +102,7 @@ class Watch:
         self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
-        for held in [*(reducers or ()), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
+        for held in [*_parts(reducers), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
             held.held_by = weakref.ref(self)
         self._start_step()
 
@@ -546,6 +546,11 @@ def _check_materialized(model: nn.Module) -> None:
                          "pass first (model(example_input)), which materializes them, then call watch(model).")
 
 
+def _parts(reducers: Sequence[Reducer] | None) -> list[Reducer]:
+    """Every reducer a watch with ``reducers`` holds: those given and those they hand tensors to."""
+    return [part for reducer in reducers or () for part in reducer.parts()]
+
+
 def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | None) -> None:
     """Refuse a reducer object or a recorder that a watch still open uses; once that watch is closed
     they may serve another. A reducer keeps one watch's step (its rows and the tensors it holds until
@@ -556,7 +561,7 @@ def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | Non
     Raises:
         ValueError: naming the reducer or recorder and the watch that holds it.
     """
-    for held in [*(reducers or ()), *([recorder] if recorder is not None else [])]:
+    for held in [*_parts(reducers), *([recorder] if recorder is not None else [])]:
         holder = held.held_by() if held.held_by is not None else None
         if holder is None or holder.closed:
             continue
