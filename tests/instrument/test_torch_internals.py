@@ -126,6 +126,19 @@ def test_call_raised_tells_a_call_that_raised_from_one_that_returned():
             handle.remove()
 
 
+def test_calls_running_counts_the_calls_of_a_module_on_the_stack():
+    counts = []
+
+    class Nested(nn.Module):
+        def forward(self, x, depth=0):
+            counts.append(internals.calls_running(self))
+            return self(x, depth + 1) if depth < 2 else x
+
+    model = Nested()
+    model(torch.ones(1))
+    assert counts == [1, 2, 3] and internals.calls_running(model) == 0
+
+
 def test_hook_switch_takes_hooks_out_and_puts_them_back_in_their_place():
     module = nn.Identity()
     order = []

@@ -1553,6 +1553,54 @@ def test_a_forward_that_raises_and_is_skipped_leaves_no_rows_and_no_calls_in_its
     pd.testing.assert_frame_equal(got, expected)
 
 
+@pytest.mark.parametrize("then", ["forward", "step"])
+def test_a_forward_interrupted_leaves_no_rows_once_the_next_forward_starts_or_the_step_ends(then):
+    # (a KeyboardInterrupt runs no hook: found when the next forward of the model starts, or w.step())
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 1)))
+    x = torch.randn(5, 3)
+
+    def interrupt(module, args, output):
+        raise KeyboardInterrupt
+
+    with workbench.watch(model) as w:
+        model(x).sum().backward()
+        w.step()
+        model.zero_grad()
+        handle = model[1][1].register_forward_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            model(x)  # rows of '0', '1.0' and '1.1' were taken before the interrupt
+        handle.remove()
+        if then == "forward":  # the cell run again, without w.discard_step()
+            model(x).sum().backward()
+        w.step()
+    first, second = (rows(w, step=s) for s in (1, 2))
+    if then == "forward":
+        pd.testing.assert_frame_equal(second.drop(columns="step").reset_index(drop=True),
+                                      first.drop(columns="step").reset_index(drop=True))
+    else:  # the step's parameters alone
+        assert set(second.kind) == {"param"}
+
+
+def test_a_model_that_calls_itself_keeps_the_rows_of_each_call():
+    # (a forward of the model starting inside another is nested, not the next after one interrupted)
+    class Halves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if len(x) > 2:
+                return torch.cat([self(x[: len(x) // 2]), self(x[len(x) // 2:])])
+            return self.fc(x)
+
+    model = Halves()
+    with workbench.watch(model, gradients=False, parameters=False, parameter_grads=False) as w:
+        model(torch.randn(4, 3))
+        w.step()
+    frame = w.to_pandas()
+    assert sorted(zip(frame.module, frame.call)) == [("", 0), ("", 1), ("", 2), ("fc", 0), ("fc", 1)]
+
+
 def test_a_call_that_raises_inside_the_forward_is_not_counted():
     class Retries(nn.Module):
         def __init__(self):

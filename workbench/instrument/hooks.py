@@ -211,6 +211,8 @@ class Hooks:
         """The step's entries, once every tensor is reduced or queued (``parameters``: read the
         parameters' values and updates now)."""
         self._take_param_grads()  # (from hooks that ran outside a backward)
+        if self._forwards and not self._runs_compiled() and internals.calls_running(self.sites.model) == 0:
+            self._take_back(0)  # a forward interrupted, none since
         self._check_due = False
         self.check_structure()  # (before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
@@ -287,6 +289,8 @@ class Hooks:
         if not self.active:
             return
         if module is self.sites.model and not internals.in_backward():
+            if self._forwards and not self._runs_compiled() and internals.calls_running(module) == 1:
+                self._take_back(0)  # forwards that never ended, none running: interrupted (no hook ran)
             self._forwards.append((len(self.entries), dict(self.sites.calls)))
         self.sites.enter(module)
 
@@ -348,10 +352,17 @@ class Hooks:
         numbered as if the failed one had not run (and the step holds no partial forward)."""
         self.sites.leave(module)  # (a container's entry off the call stack)
         if module is self.sites.model and self._forwards and not internals.in_backward():
-            entries, calls = self._forwards.pop()
-            del self.entries[entries:]
-            self.sites.calls.clear()
-            self.sites.calls.update(calls)
+            self._take_back(len(self._forwards) - 1)
+
+    def _take_back(self, forward: int) -> None:
+        """Take back the rows and calls of the step's forwards of the model from ``forward`` (an index
+        of ``_forwards``) on: they raised, or were interrupted (a ``KeyboardInterrupt`` runs no hook,
+        and is found as the next forward of the model starts or the step ends)."""
+        entries, calls = self._forwards[forward]
+        del self._forwards[forward:]
+        del self.entries[entries:]
+        self.sites.calls.clear()
+        self.sites.calls.update(calls)
 
     def _apply_interventions(self, path: str, call: int | None, recomputing: bool, output: Any) -> tuple[Any, bool]:
         replaced = False

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
-           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "in_backward",
-           "keeps_graph", "GradientHook",
+           "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "calls_running",
+           "in_backward", "keeps_graph", "GradientHook",
            "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
@@ -183,6 +183,19 @@ def call_raised(module: nn.Module) -> bool:
     call's frame), with the output None where the module's forward raised."""
     tb = sys.exc_info()[2]
     return tb is not None and tb.tb_frame.f_code is _CALL_IMPL and tb.tb_frame.f_locals.get("self") is module
+
+
+def calls_running(module: nn.Module) -> int:
+    """How many calls of ``module`` are running on this thread (frames of ``Module._call_impl`` for it
+    on the stack). Walks the stack: for the rare case, not every call. Relies on: an eager module
+    call running through ``Module._call_impl``, with the module as its ``self`` (a compiled call's
+    frames may not show)."""
+    count, frame = 0, sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL and frame.f_locals.get("self") is module:
+            count += 1
+        frame = frame.f_back
+    return count
 
 
 def in_backward() -> bool:
