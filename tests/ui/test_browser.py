@@ -423,7 +423,7 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     # read-only, and it looks it: a hand over a row (a click opens it), no text cursor or edit ring on a cell
     clicked = table.locator(".body-cell.cell-selected")  # (Gradio's editor look: an outline, a ring on its text)
     assert clicked.evaluate("e => getComputedStyle(e).outlineStyle") == "none"
-    assert clicked.locator("span.text").evaluate("e => getComputedStyle(e).boxShadow") == "none"
+    assert clicked.locator(".cell-wrap > span").evaluate("e => getComputedStyle(e).boxShadow") == "none"
     assert not clicked.locator(".selection-button, .cell-menu-button").filter(visible=True).count()
     assert table.get_by_text("browser/first", exact=True).evaluate("e => getComputedStyle(e).cursor") == "pointer"
     page.keyboard.type("x")
@@ -812,15 +812,15 @@ def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_wind
         page.close()
 
 
-def _store_runs(runs_root, *names, steps=2):
-    """Runs of activation_mlp recorded under the served app's root (as a run of the app records them)."""
+def _store_runs(runs_root, *names, steps=2, experiment="activation_mlp"):
+    """Runs of ``experiment`` recorded under the served app's root (as a run of the app records them)."""
     from workbench.ui import live_run
     from workbench.ui.runs import RunManager
 
     manager = RunManager(runs_root)
     try:
         for name in names:
-            run, message = live_run.start_run(manager, "activation_mlp", {}, 0, steps, 1, False, "*", name)
+            run, message = live_run.start_run(manager, experiment, {}, 0, steps, 1, False, "*", name)
             assert run is not None, message
             run.join(60)
             assert run.outcome == "finished", run.error
@@ -875,6 +875,33 @@ def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_
         expect(page.locator("#run-path input")).to_have_attribute("title", LONG_RUNS[0])
         page.locator("#compare").scroll_into_view_if_needed()
         _screenshot(page, "runs_long_names_800.png", full_page=False)
+    finally:
+        page.close()
+
+
+def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):
+    # (its eight columns, the start time written whole, scrolled sideways in an 800 px window: the experiment,
+    # model, seed and size out of sight)
+    _store_runs(runs_root, "narrow/dynamics", experiment="efficientzero_dynamics")
+    _store_runs(runs_root, "narrow/a-run-name-long-enough-to-take-lines")
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        _show_stored_run(page, served_app, "narrow/dynamics")
+        table = page.locator("#runs-table")
+        expect(table).to_contain_text("efficientzero_dynamics")
+        assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
+        # every header and cell holds its text (a name breaks between its parts, no word mid-word)
+        overflowing = table.evaluate("""table => [...table.querySelectorAll('th .cell-wrap, [role=gridcell] .cell-wrap')]
+            .filter(cell => cell.scrollWidth > cell.clientWidth).map(cell => cell.textContent.trim())""")
+        assert overflowing == []
+        assert table.evaluate(BROKEN_WORDS) == []
+        # the start time is short there ('11-29 12:07', UTC), and whole in the run's header
+        cells = table.locator("[role=row]").filter(has_text="narrow/dynamics").locator("[role=gridcell]")
+        assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d", cells.nth(3).inner_text().strip()), cells.nth(3).inner_text()
+        expect(page.locator("#replay-header")).to_contain_text(
+            re.compile(r"started: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"))
+        table.scroll_into_view_if_needed()
+        _screenshot(page, "runs_table_800.png", full_page=False)
     finally:
         page.close()
 

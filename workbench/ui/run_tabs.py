@@ -31,9 +31,10 @@ from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, d
                                       runs_frame, runs_note, stop_run)
 from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state,
                                    plot_data, redraw, skips)
-from workbench.ui.runs import RunManager, RunsRoot
-from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
-                                      replay, run_table, stored_header, stored_interventions)
+from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
+from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, RUNS_TABLE_DATATYPES, RUNS_TABLE_WIDTHS,
+                                      ViewCache, compare_runs, export_run, replay, run_table, shown_runs,
+                                      stored_header, stored_interventions)
 from workbench.ui.views import RunView
 from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
@@ -258,6 +259,9 @@ CSS = f"""
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
+/* the Runs table's cells a little closer (6 px each side, not 8): its eight columns fit an 800 px window
+   (stored_runs.RUNS_TABLE_WIDTHS) */
+#runs-table .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
@@ -376,7 +380,10 @@ def layout(root: RunsRoot):
                                    elem_id="runs-sub", scale=3)
             c["refresh"] = gr.Button("List runs", elem_id="runs-refresh", scale=1)
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
-        c["runs_table"] = gr.Dataframe(interactive=False, label="Runs", max_height=260, elem_id="runs-table")
+        # (narrow columns, names that break between their parts, a short start time: no sideways scroll at 800 px)
+        c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs", max_height=260,
+                                       elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
+                                       datatype=RUNS_TABLE_DATATYPES)
         with gr.Row(equal_height=True):
             c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
                                         elem_classes=[PICK])
@@ -857,6 +864,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         newest where it is not listed; the runs picked for comparison stay picked where they are still
         listed (a pick not among the choices is an error), and the comparison is drawn again after."""
         table, names, message = run_table(root, sub)
+        table = shown_runs(table)
         first = current if current in names else names[0] if names and open_first else None
         opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
                                                gr.skip(), gr.Column(visible=False))
@@ -883,7 +891,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         open and the runs compared stay as they are (the pickers get the new choices, not a value: a
         List runs clicked meanwhile opens a run, which this reply must not take back)."""
         table, names, message = run_table(root, sub)
-        return table, gr.Dropdown(choices=names), message, gr.Dropdown(choices=names)
+        return shown_runs(table), gr.Dropdown(choices=names), message, gr.Dropdown(choices=names)
 
     c["runs_tab"].select(_guarded(on_runs_tab, lambda text: (gr.skip(), gr.skip(), text, gr.skip())),
                          c["root"], listed_runs[:4], show_progress="hidden")

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from workbench.instrument import Run
     from workbench.ui.live_run import LiveRun
 
-__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT"]
+__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT", "RUN_TABLE_COLUMNS"]
 
 DEFAULT_ROOT = "runs"
 NAME_LIMIT = 200  # characters in a run name (a relative path under the root)
 DEPTH_LIMIT = 8  # directories in a run name
+#: The columns of the table of stored runs (:meth:`RunsRoot.list`): what tells the runs apart first, the run first
+RUN_TABLE_COLUMNS = ["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"]
 # one path component: letters, digits, '_', '-', '.', not starting with '.' or '-'
 _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _RULE = ("letters, digits, '_', '-' and '.' (not first), parts separated by '/', "
@@ -131,8 +133,7 @@ class RunsRoot:
         """
         from workbench.instrument import list_runs
 
-        # (what tells the runs apart first: a narrow window shows those, and scrolls sideways to the rest)
-        empty = pd.DataFrame(columns=["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"])
+        empty = pd.DataFrame(columns=RUN_TABLE_COLUMNS)
         if sub is None or (isinstance(sub, str) and not sub.strip()):
             where = self.path
         else:
