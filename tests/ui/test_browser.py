@@ -891,7 +891,8 @@ def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser,
         expect(table).to_contain_text("efficientzero_dynamics")
         assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
         # every header and cell holds its text (a name breaks between its parts, no word mid-word)
-        overflowing = table.evaluate("""table => [...table.querySelectorAll('th .cell-wrap, [role=gridcell] .cell-wrap')]
+        overflowing = table.evaluate("""table => [
+            ...table.querySelectorAll('th .cell-wrap, [role=gridcell] .cell-wrap')]
             .filter(cell => cell.scrollWidth > cell.clientWidth).map(cell => cell.textContent.trim())""")
         assert overflowing == []
         assert table.evaluate(BROKEN_WORDS) == []

@@ -62,7 +62,7 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     # what tells runs apart first (a narrow window shows the first columns), the row's run first (a click opens it)
     assert list(table.columns) == ["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
-    assert f"started: `{table.start_time[0]}`" in message  # (whole in the run's header; short in the table a page shows)
+    assert f"started: `{table.start_time[0]}`" in message  # (whole in the run's header; short in a page's table)
 
 
 def test_the_runs_table_a_page_shows_has_a_short_start_time_and_names_that_break_between_their_parts():

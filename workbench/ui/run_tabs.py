@@ -381,8 +381,8 @@ def layout(root: RunsRoot):
             c["refresh"] = gr.Button("List runs", elem_id="runs-refresh", scale=1)
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
         # (narrow columns, names that break between their parts, a short start time: no sideways scroll at 800 px)
-        c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs", max_height=260,
-                                       elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
+        c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs",
+                                       max_height=260, elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
                                        datatype=RUNS_TABLE_DATATYPES)
         with gr.Row(equal_height=True):
             c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
