@@ -283,7 +283,7 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     steps, values = stored_series(rows, "grad_output", "layers.1", "std")
     np.testing.assert_allclose(drawn["layers.1"]["y"], values, rtol=1e-5)
     last = rows[(rows.step == 30) & (rows.kind == "grad_output") & (rows.module == "layers.0")]
-    expect(page.locator("#live-latest")).to_contain_text(f"{float(last['std'].iloc[0]):.4f}"[:6])
+    expect(page.locator("#live-latest")).to_contain_text(f"{float(last['std'].iloc[0]):.4g}")  # (4 significant digits)
     page.locator("#live-sites .remove-all").click()
     choose(page, "live-sites", "layers.3")
     drawn = lines(traces(page, "live-series", lambda t: len(lines(t)) == 1))
@@ -877,6 +877,35 @@ def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_
         _screenshot(page, "runs_long_names_800.png", full_page=False)
     finally:
         page.close()
+
+
+def test_the_last_step_table_fits_the_run_page_at_1400_px_and_keeps_its_numbers_whole_at_800(page):
+    # (its eleven columns, numbers of six decimals, scrolled sideways on the run page of a 1400 px window)
+    start(page, "efficientzero_dynamics", 3)
+    table = page.locator("#live-latest")
+    expect(table).to_contain_text("resblocks.0.conv1.0#0", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
+    assert header == ["site", "step", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac"]
+    viewport = table.locator(".virtual-table-viewport")
+    numbers = re.compile(r"-?[\d.]+(e[-+]\d+)?")
+    # at 1400 px it fits: no sideways scroll, and no header, site or number breaks mid-word (a site breaks after a
+    # dot or before its '#')
+    table.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle(), timeout=5_000)
+    assert table.evaluate(BROKEN_WORDS) == []
+    _screenshot(page, "live_latest_1400.png", full_page=False)
+    # at 800 px no number breaks in two: the table scrolls sideways, its sites pinned in view
+    page.set_viewport_size({"width": 800, "height": 1000})
+    table.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.scrollWidth > el.clientWidth", arg=viewport.element_handle(), timeout=5_000)
+    assert [word for word in table.evaluate(BROKEN_WORDS) if numbers.fullmatch(word[1])] == []
+    viewport.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
+    site = table.locator("[role=gridcell]").first
+    page.wait_for_function("([cell, box]) => Math.abs(cell.getBoundingClientRect().left - box.getBoundingClientRect()"
+                           ".left) < 2", arg=[site.element_handle(), viewport.element_handle()], timeout=5_000)
+    _screenshot(page, "live_latest_800.png", full_page=False)
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
 
 def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):

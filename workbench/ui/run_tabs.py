@@ -29,8 +29,8 @@ from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experi
 from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
                                       intervention_panel, pause_run, remove_applied, run_choices, run_controls,
                                       runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state,
-                                   plot_data, redraw, skips)
+from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, LATEST_COLUMNS, LATEST_DATATYPES, LATEST_WIDTHS, STATISTICS,
+                                   VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips)
 from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, RUNS_TABLE_DATATYPES, RUNS_TABLE_WIDTHS,
                                       ViewCache, compare_runs, export_run, replay, run_table, shown_runs,
@@ -102,9 +102,11 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
     c[f"{p}_anomalies"] = gr.Dataframe(pd.DataFrame(columns=["step", "site", "kind", "nan_count", "inf_count"]),
                                        label="NaN / Inf, most recent", interactive=False, max_height=220,
                                        elem_id=f"{p}-anomalies")
-    c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=["site", "step", *STATISTICS]),
+    # (its columns as wide as fit the page, its numbers short: run_page.shown_latest, which each drawing sends)
+    c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=LATEST_COLUMNS), column_widths=LATEST_WIDTHS,
+                                    datatype=LATEST_DATATYPES, wrap=True,
                                     label="Last recorded step (the kind above)", interactive=False,
-                                    max_height=320, elem_id=f"{p}-latest")
+                                    max_height=320, elem_id=f"{p}-latest", elem_classes=["wb-compact", "wb-latest"])
     c[f"{p}_page"] = gr.State(new_page_state())
 
 
@@ -259,9 +261,16 @@ CSS = f"""
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
-/* the Runs table's cells a little closer (6 px each side, not 8): its eight columns fit an 800 px window
-   (stored_runs.RUNS_TABLE_WIDTHS) */
-#runs-table .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
+/* the cells of the Runs table and of a run page's last-step table a little closer (6 px each side, not 8): the
+   Runs table's eight columns fit an 800 px window (stored_runs.RUNS_TABLE_WIDTHS), the last-step table's nine a
+   run page at 1400 px (run_page.shown_latest) */
+#runs-table .cell-wrap, .wb-compact .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
+/* the last-step table's statistics keep room for ten characters ("-1.234e-05") in a window too narrow for its
+   widths (run_page.LATEST_WIDTHS): it scrolls sideways, its sites pinned, rather than break a number in two */
+.wb-latest th:nth-child(n+3), .wb-latest .body-cell:nth-child(n+3) { min-width: 97px !important; }
+.wb-latest th:first-child, .wb-latest .body-cell:first-child { position: sticky !important; left: 0; z-index: 2;
+  background: inherit; }  /* (its row's: the numbers scroll under it) */
+.wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
