@@ -908,6 +908,23 @@ def test_the_last_step_table_fits_the_run_page_at_1400_px_and_keeps_its_numbers_
     page.set_viewport_size({"width": 1400, "height": 1000})
 
 
+def test_the_runs_in_this_app_fit_an_800_px_window_without_a_sideways_scroll(browser, served_app):
+    # (the table of the app's runs scrolled sideways at 800 px, the run name each records to out of sight)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        start(page, "activation_mlp", 2, store="narrow/recorded-by-the-app-under-a-long-name")
+        table = page.locator("#live-runs")
+        expect(table).to_contain_text("narrow/recorded-by-the-app-under-a-long-name")
+        table.scroll_into_view_if_needed()
+        assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
+        assert table.evaluate(BROKEN_WORDS) == []
+        _screenshot(page, "live_runs_800.png", full_page=False)
+    finally:
+        page.close()
+
+
 def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):
     # (its eight columns, the start time written whole, scrolled sideways in an 800 px window: the experiment,
     # model, seed and size out of sight)

@@ -26,9 +26,9 @@ from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
 from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
                                    start_run)
-from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
-                                      intervention_panel, pause_run, remove_applied, run_choices, run_controls,
-                                      runs_frame, runs_note, stop_run)
+from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
+                                      find_run, intervention_panel, pause_run, remove_applied, run_choices,
+                                      run_controls, runs_frame, runs_note, shown_runs_frame, stop_run)
 from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, LATEST_COLUMNS, LATEST_DATATYPES, LATEST_WIDTHS, STATISTICS,
                                    VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips)
 from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
@@ -261,9 +261,10 @@ CSS = f"""
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
-/* the cells of the Runs table and of a run page's last-step table a little closer (6 px each side, not 8): the
-   Runs table's eight columns fit an 800 px window (stored_runs.RUNS_TABLE_WIDTHS), the last-step table's nine a
-   run page at 1400 px (run_page.shown_latest) */
+/* the cells of the Runs table, of a run page's last-step table and of the runs in this app a little closer (6 px
+   each side, not 8): the Runs table's eight columns fit an 800 px window (stored_runs.RUNS_TABLE_WIDTHS), the
+   last-step table's nine a run page at 1400 px (run_page.LATEST_WIDTHS), the runs' eight an 800 px window
+   (run_control.RUN_WIDTHS) */
 #runs-table .cell-wrap, .wb-compact .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
 /* the last-step table's statistics keep room for ten characters ("-1.234e-05") in a window too narrow for its
    widths (run_page.LATEST_WIDTHS): it scrolls sideways, its sites pinned, rather than break a number in two */
@@ -373,7 +374,8 @@ def layout(root: RunsRoot):
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
                 c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=220,
-                                         show_label=False, elem_id="live-runs")
+                                         show_label=False, elem_id="live-runs", wrap=True, column_widths=RUN_WIDTHS,
+                                         datatype=RUN_DATATYPES, elem_classes=["wb-compact"])
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
         # the live views in the page's view, as IN_VIEW reads them at each tick (comma separated)
@@ -535,7 +537,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         keep = value if any(v == value for _, v in choices) else None
         if keep is None and first_running:
             keep = next((r.id for r in manager.runs() if r.running), None)
-        return gr.Dropdown(choices=choices, value=keep), runs_frame(manager), runs_note(manager)
+        return gr.Dropdown(choices=choices, value=keep), shown_runs_frame(runs_frame(manager)), runs_note(manager)
 
     def find_live(attached):
         if not attached:
@@ -634,7 +636,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
         rows = table.to_dict("records")
         pick = gr.skip() if state.get("runs") == choices else gr.Dropdown(choices=choices)
-        table, note = (gr.skip(), gr.skip()) if state.get("run_rows") == (rows, note) else (table, note)
+        table, note = ((gr.skip(), gr.skip()) if state.get("run_rows") == (rows, note)
+                       else (shown_runs_frame(table), note))
         state.update(runs=choices, run_rows=(rows, note))
         return table, note, pick
 

@@ -21,7 +21,7 @@ from workbench.instrument import KINDS, Run, RunError
 from workbench.ui import figures
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTION_METRIC
 from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse_smoothing, picked_names
-from workbench.ui.runs import PathRefused, RunsRoot, shown
+from workbench.ui.runs import PathRefused, RunsRoot, name_breaks, shown
 from workbench.ui.views import RunView
 
 __all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
@@ -45,9 +45,8 @@ def run_table(root: RunsRoot, sub: Any = "") -> tuple[pd.DataFrame, list[str], s
 RUNS_TABLE_WIDTHS = ["17.5%", "11.5%", "9%", "15.5%", "19%", "11.5%", "8%", "8%"]
 #: The Runs table's cells a page shows as HTML (names that may break, :func:`shown_runs`).
 RUNS_TABLE_DATATYPES = ["html", "str", "number", "str", "html", "html", "number", "number"]
-#: Where a run's or an experiment's name may break over two lines: after a '/', '-', '_' or '.' followed by a
-#: letter or a digit; a model's class name (DynamicsNetwork): before an upper-case letter that follows a lower-case one.
-_RUN_JOINT = re.compile(r"(?<=[/\-_.])(?=[A-Za-z0-9])")
+#: Where a model's class name (DynamicsNetwork) may break over two lines: before an upper-case letter that follows a
+#: lower-case one (a run's or an experiment's name breaks between its parts: runs.name_breaks).
 _CAMEL_JOINT = re.compile(r"(?<=[a-z])(?=[A-Z])")
 #: The start time as the table shows it ('11-29 12:07', UTC): the whole one is in the run's header.
 _SHORT_TIME = re.compile(r"\d{4}-(\d\d-\d\d \d\d:\d\d):\d\d UTC")
@@ -61,15 +60,15 @@ def shown_runs(table: pd.DataFrame) -> Any:
     if table.empty:
         return table
 
-    def breaking(joint: re.Pattern) -> Any:
-        return lambda text: joint.sub("<wbr>", html.escape(str(text), quote=False))
+    def model(name: Any) -> str:
+        return _CAMEL_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
 
     def short(text: Any) -> str:
         match = _SHORT_TIME.fullmatch(str(text))
         return match[1] if match else str(text)
 
-    return table.style.format({"run": breaking(_RUN_JOINT), "experiment": breaking(_RUN_JOINT),
-                               "model": breaking(_CAMEL_JOINT), "start_time": short, "MB": "{:.1f}"})
+    return table.style.format({"run": name_breaks, "experiment": name_breaks, "model": model, "start_time": short,
+                               "MB": "{:.1f}"})
 
 
 def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
