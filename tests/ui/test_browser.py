@@ -283,7 +283,7 @@ def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_ro
     steps, values = stored_series(rows, "grad_output", "layers.1", "std")
     np.testing.assert_allclose(drawn["layers.1"]["y"], values, rtol=1e-5)
     last = rows[(rows.step == 30) & (rows.kind == "grad_output") & (rows.module == "layers.0")]
-    expect(page.locator("#live-latest")).to_contain_text(f"{float(last['std'].iloc[0]):.4f}"[:6])
+    expect(page.locator("#live-latest")).to_contain_text(f"{float(last['std'].iloc[0]):.4g}")  # (4 significant digits)
     page.locator("#live-sites .remove-all").click()
     choose(page, "live-sites", "layers.3")
     drawn = lines(traces(page, "live-series", lambda t: len(lines(t)) == 1))
@@ -423,7 +423,7 @@ def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     # read-only, and it looks it: a hand over a row (a click opens it), no text cursor or edit ring on a cell
     clicked = table.locator(".body-cell.cell-selected")  # (Gradio's editor look: an outline, a ring on its text)
     assert clicked.evaluate("e => getComputedStyle(e).outlineStyle") == "none"
-    assert clicked.locator("span.text").evaluate("e => getComputedStyle(e).boxShadow") == "none"
+    assert clicked.locator(".cell-wrap > span").evaluate("e => getComputedStyle(e).boxShadow") == "none"
     assert not clicked.locator(".selection-button, .cell-menu-button").filter(visible=True).count()
     assert table.get_by_text("browser/first", exact=True).evaluate("e => getComputedStyle(e).cursor") == "pointer"
     page.keyboard.type("x")
@@ -812,15 +812,15 @@ def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_wind
         page.close()
 
 
-def _store_runs(runs_root, *names, steps=2):
-    """Runs of activation_mlp recorded under the served app's root (as a run of the app records them)."""
+def _store_runs(runs_root, *names, steps=2, experiment="activation_mlp"):
+    """Runs of ``experiment`` recorded under the served app's root (as a run of the app records them)."""
     from workbench.ui import live_run
     from workbench.ui.runs import RunManager
 
     manager = RunManager(runs_root)
     try:
         for name in names:
-            run, message = live_run.start_run(manager, "activation_mlp", {}, 0, steps, 1, False, "*", name)
+            run, message = live_run.start_run(manager, experiment, {}, 0, steps, 1, False, "*", name)
             assert run is not None, message
             run.join(60)
             assert run.outcome == "finished", run.error
@@ -875,6 +875,80 @@ def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_
         expect(page.locator("#run-path input")).to_have_attribute("title", LONG_RUNS[0])
         page.locator("#compare").scroll_into_view_if_needed()
         _screenshot(page, "runs_long_names_800.png", full_page=False)
+    finally:
+        page.close()
+
+
+def test_the_last_step_table_fits_the_run_page_at_1400_px_and_keeps_its_numbers_whole_at_800(page):
+    # (its eleven columns, numbers of six decimals, scrolled sideways on the run page of a 1400 px window)
+    start(page, "efficientzero_dynamics", 3)
+    table = page.locator("#live-latest")
+    expect(table).to_contain_text("resblocks.0.conv1.0#0", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
+    assert header == ["site", "step", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac"]
+    viewport = table.locator(".virtual-table-viewport")
+    numbers = re.compile(r"-?[\d.]+(e[-+]\d+)?")
+    # at 1400 px it fits: no sideways scroll, and no header, site or number breaks mid-word (a site breaks after a
+    # dot or before its '#')
+    table.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle(), timeout=5_000)
+    assert table.evaluate(BROKEN_WORDS) == []
+    _screenshot(page, "live_latest_1400.png", full_page=False)
+    # at 800 px no number breaks in two: the table scrolls sideways, its sites pinned in view
+    page.set_viewport_size({"width": 800, "height": 1000})
+    table.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.scrollWidth > el.clientWidth", arg=viewport.element_handle(), timeout=5_000)
+    assert [word for word in table.evaluate(BROKEN_WORDS) if numbers.fullmatch(word[1])] == []
+    viewport.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
+    site = table.locator("[role=gridcell]").first
+    page.wait_for_function("([cell, box]) => Math.abs(cell.getBoundingClientRect().left - box.getBoundingClientRect()"
+                           ".left) < 2", arg=[site.element_handle(), viewport.element_handle()], timeout=5_000)
+    _screenshot(page, "live_latest_800.png", full_page=False)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_the_runs_in_this_app_fit_an_800_px_window_without_a_sideways_scroll(browser, served_app):
+    # (the table of the app's runs scrolled sideways at 800 px, the run name each records to out of sight)
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        start(page, "activation_mlp", 2, store="narrow/recorded-by-the-app-under-a-long-name")
+        table = page.locator("#live-runs")
+        expect(table).to_contain_text("narrow/recorded-by-the-app-under-a-long-name")
+        table.scroll_into_view_if_needed()
+        assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
+        assert table.evaluate(BROKEN_WORDS) == []
+        _screenshot(page, "live_runs_800.png", full_page=False)
+    finally:
+        page.close()
+
+
+def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):
+    # (its eight columns, the start time written whole, scrolled sideways in an 800 px window: the experiment,
+    # model, seed and size out of sight)
+    _store_runs(runs_root, "narrow/dynamics", experiment="efficientzero_dynamics")
+    _store_runs(runs_root, "narrow/a-run-name-long-enough-to-take-lines")
+    page = browser.new_page(viewport={"width": 800, "height": 1000})
+    try:
+        _show_stored_run(page, served_app, "narrow/dynamics")
+        table = page.locator("#runs-table")
+        expect(table).to_contain_text("efficientzero_dynamics")
+        assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
+        # every header and cell holds its text (a name breaks between its parts, no word mid-word)
+        overflowing = table.evaluate("""table => [
+            ...table.querySelectorAll('th .cell-wrap, [role=gridcell] .cell-wrap')]
+            .filter(cell => cell.scrollWidth > cell.clientWidth).map(cell => cell.textContent.trim())""")
+        assert overflowing == []
+        assert table.evaluate(BROKEN_WORDS) == []
+        # the start time is short there ('11-29 12:07', UTC), and whole in the run's header
+        cells = table.locator("[role=row]").filter(has_text="narrow/dynamics").locator("[role=gridcell]")
+        assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d", cells.nth(3).inner_text().strip()), cells.nth(3).inner_text()
+        expect(page.locator("#replay-header")).to_contain_text(
+            re.compile(r"started: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"))
+        table.scroll_into_view_if_needed()
+        _screenshot(page, "runs_table_800.png", full_page=False)
     finally:
         page.close()
 

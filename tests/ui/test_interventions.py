@@ -110,6 +110,11 @@ def test_the_page_marks_a_site_while_its_intervention_is_on(manager):
     marks = dict(zip(page.latest.site, page.latest.intervention))
     assert marks["layers.1"] == "i1 clamp [-0.1, 0.1]" and marks["layers.2"] == ""
     assert page.latest.set_index("site").loc["layers.1", "max"] <= 0.1 + 1e-6
+    # shown under its site's name, on a line of its own (no column of its own: the table fits a 1400 px window)
+    styled = run_page.shown_latest(page.latest)
+    assert list(styled.data.columns) == run_page.LATEST_COLUMNS
+    cells = [cell["display_value"] for row in styled._compute()._translate(None, None)["body"] for cell in row]
+    assert "layers.<wbr>1<br><small>i1 clamp [-0.1, 0.1]</small>" in cells and "layers.<wbr>2" in cells
     sites, table, on = run_control.intervention_panel(manager, run.id)
     assert sites[:5] == ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"] and on == ["i1"]
     assert table.status.tolist() == ["on"]

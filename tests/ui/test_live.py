@@ -62,6 +62,21 @@ def test_a_live_run_records_every_nth_step_and_its_metrics(manager):
     # what tells runs apart first (a narrow window shows the first columns), the row's run first (a click opens it)
     assert list(table.columns) == ["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", table.start_time[0]), table.start_time[0]
+    assert f"started: `{table.start_time[0]}`" in message  # (whole in the run's header; short in a page's table)
+
+
+def test_the_runs_table_a_page_shows_has_a_short_start_time_and_names_that_break_between_their_parts():
+    table = pd.DataFrame({"run": ["sweeps/tanh-lr_3e-3"], "status": ["finished"], "steps": [12000],
+                          "start_time": ["2026-11-29 12:07:45 UTC"], "experiment": ["efficientzero_dynamics"],
+                          "model": ["DynamicsNetwork"], "seed": [0], "MB": [12.345]})
+    styled = stored_runs.shown_runs(table)
+    shown = styled._compute()._translate(None, None)["body"][0]
+    assert [cell["display_value"] for cell in shown if cell["type"] == "td"] == [
+        "sweeps/<wbr>tanh-<wbr>lr_<wbr>3e-<wbr>3", "finished", "12000", "11-29 12:07",
+        "efficientzero_<wbr>dynamics", "Dynamics<wbr>Network", "0", "12.3"]
+    pd.testing.assert_frame_equal(styled.data, table)  # (what a click on a row reads)
+    assert len(stored_runs.RUNS_TABLE_WIDTHS) == len(stored_runs.RUNS_TABLE_DATATYPES) == len(table.columns)
+    assert isinstance(stored_runs.shown_runs(table.head(0)), pd.DataFrame)  # (nothing to style)
 
 
 @pytest.mark.parametrize("record, kinds", [

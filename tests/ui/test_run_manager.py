@@ -7,6 +7,7 @@ passed to the handlers the tab's buttons call.
 import re
 import time
 
+import pandas as pd
 import pytest
 import torch
 
@@ -40,6 +41,13 @@ def test_two_runs_at_once_a_second_page_attaches_and_stops_one_the_other_finishe
     table = run_control.runs_frame(manager)
     assert list(table.id) == [short.id, long.id] and set(table.status) <= {"running"}
     assert list(table["recording to"]) == ["short", "long"] and list(table.of) == [60, 100_000]
+    # as a page shows it: the names may break between their parts (a narrow window), the values are the table's
+    styled = run_control.shown_runs_frame(table)
+    shown = [[cell["display_value"] for cell in row if cell["type"] == "td"]
+             for row in styled._compute()._translate(None, None)["body"]]
+    assert [row[1] for row in shown] == ["activation_<wbr>mlp"] * 2 and [row[7] for row in shown] == ["short", "long"]
+    pd.testing.assert_frame_equal(styled.data, table)
+    assert len(run_control.RUN_WIDTHS) == len(run_control.RUN_DATATYPES) == len(run_control.RUN_COLUMNS)
     choices = run_control.run_choices(manager)
     assert [value for _, value in choices] == [short.id, long.id]
     assert choices[1][0].startswith(f"{long.id} activation_mlp, seed 1, ")

@@ -217,6 +217,28 @@ def test_what_a_refresh_sends_does_not_grow_with_the_run():
     assert sizes[3000] < 1.5 * sizes[100], sizes
 
 
+def test_the_last_step_table_keeps_tiny_values_and_a_page_shows_them_to_4_significant_digits(tmp_path):
+    # (rounded to 6 decimals, a layer's activations of ~3e-8 read 0 in it)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        net[0].weight.fill_(1e-8), net[0].bias.zero_()
+    with workbench.watch(net, store=tmp_path / "tiny", histograms=False) as w:
+        net(torch.ones(2, 4)).sum().backward()
+        w.step()
+    page = run_page.draw_page(RunView.from_run(load_run(tmp_path / "tiny")), run_page.Controls(kind="activation"))
+    [mean] = page.latest.loc[page.latest.site == "0", "mean"]
+    assert mean == pytest.approx(4e-8, rel=1e-5)
+    styled = run_page.shown_latest(page.latest)
+    assert list(styled.data.columns) == run_page.LATEST_COLUMNS  # (the NaN/Inf counts are in the table above it)
+    row = next(r for r in styled._compute()._translate(None, None)["body"] if r[1]["display_value"] == "0")
+    assert [cell["display_value"] for cell in row if cell["type"] == "td"][2:5] == ["4e-08", "0", "4e-08"]
+    sites = pd.DataFrame({"site": ["blocks.0.attn#1"], "step": [3], **{c: [-47.00724] for c in run_page.STATISTICS}})
+    [row] = run_page.shown_latest(sites)._compute()._translate(None, None)["body"]
+    assert [cell["display_value"] for cell in row if cell["type"] == "td"][:3] == [
+        "blocks.<wbr>0.<wbr>attn<wbr>#1", "3", "-47.01"]
+    assert run_page.shown_latest(sites.head(0)).columns.tolist() == run_page.LATEST_COLUMNS
+
+
 def test_a_stored_run_replays_into_the_same_views_once(manager):
     run = finished(manager, steps=4, store="stored", histograms=True)
     cache = stored_runs.ViewCache(manager.root)

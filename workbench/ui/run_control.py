@@ -17,20 +17,28 @@ import pandas as pd
 from workbench.instrument import KINDS
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, intervention_sites
 from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, live_header
-from workbench.ui.runs import RunManager, shown
+from workbench.ui.runs import RunManager, name_breaks, shown
 from workbench.ui.views import RunView
 
 if TYPE_CHECKING:
     from workbench.ui.live_run import LiveRun
 
-__all__ = ["RUN_COLUMNS", "runs_frame", "runs_note", "run_choices", "find_run", "attach", "detach", "stop_run",
-           "pause_run", "run_controls", "run_views", "apply_intervention", "remove_applied", "intervention_panel"]
+__all__ = ["RUN_COLUMNS", "RUN_WIDTHS", "RUN_DATATYPES", "runs_frame", "shown_runs_frame", "runs_note", "run_choices",
+           "find_run", "attach", "detach", "stop_run", "pause_run", "run_controls", "run_views", "apply_intervention",
+           "remove_applied", "intervention_panel"]
 
 
 # A page holds only the id of the run it is attached to; the runs are the manager's.
 #: How a run of the app ends (:attr:`~workbench.ui.live_run.LiveRun.outcome`), in the runs' note's order.
 OUTCOMES = ("finished", "stopped", "failed")
 RUN_COLUMNS = ["id", "experiment", "seed", "started", "status", "step", "of", "recording to"]
+#: The table's column widths: in an 800 px window (a table ~700 px wide) each column holds its longest word on a
+#: line - an id, an experiment broken after its underscore (efficientzero_ / dynamics), a seed of five digits, the
+#: time started, a status (stopping), steps of six digits - and the run name it records to, broken between its
+#: parts (:func:`~workbench.ui.runs.name_breaks`), takes the rest.
+RUN_WIDTHS = ["8%", "18.5%", "8%", "11.5%", "11.5%", "9%", "9%", "24.5%"]
+#: Its cells' datatypes: the names are HTML (where they may break).
+RUN_DATATYPES = ["str", "html", "number", "str", "str", "number", "number", "html"]
 
 
 def runs_frame(manager: RunManager) -> pd.DataFrame:
@@ -41,6 +49,15 @@ def runs_frame(manager: RunManager) -> pd.DataFrame:
              "recording to": manager.root.name_of(r.watch.store.path) if r.watch.store is not None else ""}
             for r in manager.runs()]
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def shown_runs_frame(table: pd.DataFrame) -> Any:
+    """The runs table (:func:`runs_frame`) as a page shows it: a pandas ``Styler`` whose experiment and run names
+    may break over two lines between their parts, in the columns of :data:`RUN_WIDTHS` (an empty table as it
+    is). The cells' values are the table's own."""
+    if table.empty:
+        return table
+    return table.style.format({"experiment": name_breaks, "recording to": name_breaks})
 
 
 def runs_note(manager: RunManager) -> str:

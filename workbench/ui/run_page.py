@@ -11,6 +11,8 @@ updates of its components out (:data:`VIEW_OUTPUTS`), only what changed.
 from __future__ import annotations
 
 import dataclasses
+import html
+import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,10 +30,23 @@ if TYPE_CHECKING:
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
-           "page_outputs", "jump_controls", "redraw"]
+           "page_outputs", "jump_controls", "redraw", "LATEST_COLUMNS", "LATEST_WIDTHS", "LATEST_DATATYPES",
+           "shown_latest"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
+#: The last-step table a page shows (:func:`shown_latest`): each site, the step and its statistics but the NaN/Inf
+#: counts (the "NaN / Inf" table above it lists those), then, where the run has any, the interventions on then.
+LATEST_COLUMNS = ["site", "step", *[s for s in STATISTICS if s not in ("nan_count", "inf_count")]]
+#: Its column widths: in a 1400 px window (a run page ~900 px wide) each statistic, of 4 significant digits
+#: ("-1.234e-05" at most), holds on a line, and a site breaks after a dot or an underscore. (In a narrower window
+#: the statistics keep room for ten characters, run_tabs.CSS, and the table scrolls sideways, its sites pinned.)
+LATEST_WIDTHS = ["16%", "8%", *["10.85%"] * 7]
+#: Its cells' datatypes: a site is HTML (where it may break, and the interventions on it then).
+LATEST_DATATYPES = ["html", *["number"] * (len(LATEST_COLUMNS) - 1)]
+#: Where a site's name may break over two lines: after a dot or an underscore followed by a letter or a digit, and
+#: before the '#' of a call's index (``resblocks.`` ``0.`` ``conv1.`` ``0`` ``#0``).
+_SITE_JOINT = re.compile(r"(?<=[._])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=#)")
 #: Lines the per-site plot draws by default: the sites whose statistic changed most.
 DEFAULT_SITES = 6
 NO_HISTOGRAMS = ("No histograms in this run: it was recorded with histograms off. Tick **histograms** in the "
@@ -192,7 +207,9 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             title["text"] = f"No {c.heat_kind} rows in this run; {title['text']}"
     except ValueError as exc:
         heat_fig = figures.empty_figure(str(exc))
-    latest = latest.round(6)
+    # (6 significant digits, not decimals: a gradient of 3e-8 is not a 0)
+    floats = [column for column in LATEST_COLUMNS[2:] if column in latest]
+    latest[floats] = latest[floats].astype(float).map(lambda value: float(f"{value:.6g}"))
     if interventions is not None and len(interventions):
         metrics_fig, sites_fig = (None if fig is None else
                                   figures.shade_interventions(fig, interventions, view.last_step)
@@ -201,6 +218,28 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
                 metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
                 dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+
+
+def shown_latest(latest: pd.DataFrame) -> Any:
+    """The last-step table (:attr:`Page.latest`) as a page shows it, in the columns of :data:`LATEST_COLUMNS`: a
+    pandas ``Styler`` whose statistics read to 4 significant digits and whose sites may break over two lines after
+    a dot or an underscore, each with the interventions on it then (the table's ``intervention`` column, where it
+    has one) on a line of its own under it. An empty table is returned as it is. The cells' values (what a copy
+    takes) are the table's own."""
+    shown = latest.reindex(columns=LATEST_COLUMNS)
+    if shown.empty:
+        return shown
+
+    def site(name: Any) -> str:
+        return _SITE_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
+
+    styled = shown.style.format({"site": site, **{c: "{:.4g}" for c in LATEST_COLUMNS[2:]}})
+    marks = latest["intervention"] if "intervention" in latest else pd.Series("", index=latest.index)
+    for index, mark in marks.items():
+        if mark:  # (each row's own: a formatter is given the cell's value alone)
+            styled.format(lambda name, mark=mark: f"{site(name)}<br><small>{html.escape(mark, quote=False)}</small>",
+                          subset=pd.IndexSlice[[index], ["site"]])
+    return styled
 
 
 def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame, sites: Sequence[Site]) -> pd.DataFrame:
@@ -338,6 +377,11 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
         sent[key] = shown_now
         return frame
 
+    def shown_table(frame: pd.DataFrame, key: str):
+        if table(frame, key) is not frame:  # (a skip: it is as sent, or held)
+            return gr.skip()
+        return shown_latest(frame)
+
     def changed(key: str, value: Any, update: Any = None):  # (the page keeps what it has: each one sent costs)
         if sent.get(key, ()) == value:
             return gr.skip()
@@ -352,7 +396,7 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
             changed("site_note", page.site_note), picker("dist_site", page.dist_choices, page.dist_site),
             plot(page.distribution_figure, "distribution", "distribution"), changed("dist_note", page.dist_note),
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
-            table(page.anomalies, "anomalies"), table(page.latest, "latest"))
+            table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"))
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:

@@ -26,14 +26,15 @@ from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
 from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
                                    start_run)
-from workbench.ui.run_control import (RUN_COLUMNS, apply_intervention, attach, detach, find_run,
-                                      intervention_panel, pause_run, remove_applied, run_choices, run_controls,
-                                      runs_frame, runs_note, stop_run)
-from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, STATISTICS, VIEW_OUTPUTS, live_header, new_page_state,
-                                   plot_data, redraw, skips)
-from workbench.ui.runs import RunManager, RunsRoot
-from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, ViewCache, compare_runs, export_run,
-                                      replay, run_table, stored_header, stored_interventions)
+from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
+                                      find_run, intervention_panel, pause_run, remove_applied, run_choices,
+                                      run_controls, runs_frame, runs_note, shown_runs_frame, stop_run)
+from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, LATEST_COLUMNS, LATEST_DATATYPES, LATEST_WIDTHS, STATISTICS,
+                                   VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips)
+from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
+from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, RUNS_TABLE_DATATYPES, RUNS_TABLE_WIDTHS,
+                                      ViewCache, compare_runs, export_run, replay, run_table, shown_runs,
+                                      stored_header, stored_interventions)
 from workbench.ui.views import RunView
 from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
@@ -101,9 +102,11 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
     c[f"{p}_anomalies"] = gr.Dataframe(pd.DataFrame(columns=["step", "site", "kind", "nan_count", "inf_count"]),
                                        label="NaN / Inf, most recent", interactive=False, max_height=220,
                                        elem_id=f"{p}-anomalies")
-    c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=["site", "step", *STATISTICS]),
+    # (its columns as wide as fit the page, its numbers short: run_page.shown_latest, which each drawing sends)
+    c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=LATEST_COLUMNS), column_widths=LATEST_WIDTHS,
+                                    datatype=LATEST_DATATYPES, wrap=True,
                                     label="Last recorded step (the kind above)", interactive=False,
-                                    max_height=320, elem_id=f"{p}-latest")
+                                    max_height=320, elem_id=f"{p}-latest", elem_classes=["wb-compact", "wb-latest"])
     c[f"{p}_page"] = gr.State(new_page_state())
 
 
@@ -258,6 +261,17 @@ CSS = f"""
 #replay-findings .body-cell, #replay-findings .body-cell * { cursor: pointer !important; }
 #runs-table [role=row]:hover .body-cell, #live-findings [role=row]:hover .body-cell,
 #replay-findings [role=row]:hover .body-cell { background: var(--table-row-focus); }
+/* the cells of the Runs table, of a run page's last-step table and of the runs in this app a little closer (6 px
+   each side, not 8): the Runs table's eight columns fit an 800 px window (stored_runs.RUNS_TABLE_WIDTHS), the
+   last-step table's nine a run page at 1400 px (run_page.LATEST_WIDTHS), the runs' eight an 800 px window
+   (run_control.RUN_WIDTHS) */
+#runs-table .cell-wrap, .wb-compact .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
+/* the last-step table's statistics keep room for ten characters ("-1.234e-05") in a window too narrow for its
+   widths (run_page.LATEST_WIDTHS): it scrolls sideways, its sites pinned, rather than break a number in two */
+.wb-latest th:nth-child(n+3), .wb-latest .body-cell:nth-child(n+3) { min-width: 97px !important; }
+.wb-latest th:first-child, .wb-latest .body-cell:first-child { position: sticky !important; left: 0; z-index: 2;
+  background: inherit; }  /* (its row's: the numbers scroll under it) */
+.wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
@@ -360,7 +374,8 @@ def layout(root: RunsRoot):
                             "(after a reload too), watch it, pause, resume or stop it; detaching or closing the "
                             "page leaves it running.", elem_id="live-runs-help")
                 c["runs"] = gr.Dataframe(pd.DataFrame(columns=RUN_COLUMNS), interactive=False, max_height=220,
-                                         show_label=False, elem_id="live-runs")
+                                         show_label=False, elem_id="live-runs", wrap=True, column_widths=RUN_WIDTHS,
+                                         datatype=RUN_DATATYPES, elem_classes=["wb-compact"])
                 c["runs_note"] = gr.Markdown(elem_id="live-runs-note")
         c["timer"] = gr.Timer(1.0, active=False)
         # the live views in the page's view, as IN_VIEW reads them at each tick (comma separated)
@@ -376,7 +391,10 @@ def layout(root: RunsRoot):
                                    elem_id="runs-sub", scale=3)
             c["refresh"] = gr.Button("List runs", elem_id="runs-refresh", scale=1)
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
-        c["runs_table"] = gr.Dataframe(interactive=False, label="Runs", max_height=260, elem_id="runs-table")
+        # (narrow columns, names that break between their parts, a short start time: no sideways scroll at 800 px)
+        c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs",
+                                       max_height=260, elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
+                                       datatype=RUNS_TABLE_DATATYPES)
         with gr.Row(equal_height=True):
             c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
                                         elem_classes=[PICK])
@@ -519,7 +537,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         keep = value if any(v == value for _, v in choices) else None
         if keep is None and first_running:
             keep = next((r.id for r in manager.runs() if r.running), None)
-        return gr.Dropdown(choices=choices, value=keep), runs_frame(manager), runs_note(manager)
+        return gr.Dropdown(choices=choices, value=keep), shown_runs_frame(runs_frame(manager)), runs_note(manager)
 
     def find_live(attached):
         if not attached:
@@ -618,7 +636,8 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         choices, table, note = run_choices(manager), runs_frame(manager), runs_note(manager)
         rows = table.to_dict("records")
         pick = gr.skip() if state.get("runs") == choices else gr.Dropdown(choices=choices)
-        table, note = (gr.skip(), gr.skip()) if state.get("run_rows") == (rows, note) else (table, note)
+        table, note = ((gr.skip(), gr.skip()) if state.get("run_rows") == (rows, note)
+                       else (shown_runs_frame(table), note))
         state.update(runs=choices, run_rows=(rows, note))
         return table, note, pick
 
@@ -857,6 +876,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         newest where it is not listed; the runs picked for comparison stay picked where they are still
         listed (a pick not among the choices is an error), and the comparison is drawn again after."""
         table, names, message = run_table(root, sub)
+        table = shown_runs(table)
         first = current if current in names else names[0] if names and open_first else None
         opened = on_pick(first) if first else (None, "Pick a run above (or click its row).", new_page_state(),
                                                gr.skip(), gr.Column(visible=False))
@@ -883,7 +903,7 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
         open and the runs compared stay as they are (the pickers get the new choices, not a value: a
         List runs clicked meanwhile opens a run, which this reply must not take back)."""
         table, names, message = run_table(root, sub)
-        return table, gr.Dropdown(choices=names), message, gr.Dropdown(choices=names)
+        return shown_runs(table), gr.Dropdown(choices=names), message, gr.Dropdown(choices=names)
 
     c["runs_tab"].select(_guarded(on_runs_tab, lambda text: (gr.skip(), gr.skip(), text, gr.skip())),
                          c["root"], listed_runs[:4], show_progress="hidden")

@@ -13,6 +13,7 @@ a run name typed into the app is a relative path under that root, checked by
 
 from __future__ import annotations
 
+import html
 import re
 import threading
 import weakref
@@ -27,15 +28,29 @@ if TYPE_CHECKING:
     from workbench.instrument import Run
     from workbench.ui.live_run import LiveRun
 
-__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT"]
+__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT", "RUN_TABLE_COLUMNS", "name_breaks"]
 
 DEFAULT_ROOT = "runs"
 NAME_LIMIT = 200  # characters in a run name (a relative path under the root)
 DEPTH_LIMIT = 8  # directories in a run name
+#: The columns of the table of stored runs (:meth:`RunsRoot.list`): what tells the runs apart first, the run first
+RUN_TABLE_COLUMNS = ["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"]
 # one path component: letters, digits, '_', '-', '.', not starting with '.' or '-'
 _COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _RULE = ("letters, digits, '_', '-' and '.' (not first), parts separated by '/', "
          f"at most {NAME_LIMIT} characters")
+
+
+#: Where a run's or an experiment's name may break over two lines in a narrow table column: after a '/', '-', '_'
+#: or '.' followed by a letter or a digit.
+_NAME_JOINT = re.compile(r"(?<=[/\-_.])(?=[A-Za-z0-9])")
+
+
+def name_breaks(name: Any) -> str:
+    """``name`` as HTML for a table's cell, a ``<wbr>`` (a place to break a line, no character) after each
+    joint of its parts (``sweeps/`` ``tanh-`` ``lr_`` ``3e-`` ``3``): in a narrow column it goes on over the
+    next line there, not in the middle of a word."""
+    return _NAME_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
 
 
 class PathRefused(ValueError):
@@ -131,8 +146,7 @@ class RunsRoot:
         """
         from workbench.instrument import list_runs
 
-        # (what tells the runs apart first: a narrow window shows those, and scrolls sideways to the rest)
-        empty = pd.DataFrame(columns=["run", "status", "steps", "start_time", "experiment", "model", "seed", "MB"])
+        empty = pd.DataFrame(columns=RUN_TABLE_COLUMNS)
         if sub is None or (isinstance(sub, str) and not sub.strip()):
             where = self.path
         else:

@@ -6,6 +6,8 @@ by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 import tempfile
 import threading
@@ -19,10 +21,11 @@ from workbench.instrument import KINDS, Run, RunError
 from workbench.ui import figures
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTION_METRIC
 from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse_smoothing, picked_names
-from workbench.ui.runs import PathRefused, RunsRoot, shown
+from workbench.ui.runs import PathRefused, RunsRoot, name_breaks, shown
 from workbench.ui.views import RunView
 
-__all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "run_table", "replay", "run_facts", "stored_header", "ViewCache",
+__all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
+           "replay", "run_facts", "stored_header", "ViewCache",
            "compare_runs", "export_run", "stored_interventions"]
 
 
@@ -32,6 +35,40 @@ EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
 def run_table(root: RunsRoot, sub: Any = "") -> tuple[pd.DataFrame, list[str], str]:
     """The stored runs under the root (or a sub-directory of it): a table, their names and a message."""
     return root.list(sub)
+
+
+#: The Runs table's column widths (run, status, steps, start_time, experiment, model, seed, MB): in an 800 px
+#: window (a table ~700 px wide) every column fits with no sideways scroll, each holding its longest word on a
+#: line - a status (finished), steps and seeds up to six digits, the short start time (11-29 12:07, on one line), an
+#: experiment broken after its underscore (efficientzero_ / dynamics), a model after a lower-case letter
+#: (Dynamics / Network) - and a run's name, broken after a '/', '-', '_' or '.', takes the rest.
+RUNS_TABLE_WIDTHS = ["17.5%", "11.5%", "9%", "15.5%", "19%", "11.5%", "8%", "8%"]
+#: The Runs table's cells a page shows as HTML (names that may break, :func:`shown_runs`).
+RUNS_TABLE_DATATYPES = ["html", "str", "number", "str", "html", "html", "number", "number"]
+#: Where a model's class name (DynamicsNetwork) may break over two lines: before an upper-case letter that follows a
+#: lower-case one (a run's or an experiment's name breaks between its parts: runs.name_breaks).
+_CAMEL_JOINT = re.compile(r"(?<=[a-z])(?=[A-Z])")
+#: The start time as the table shows it ('11-29 12:07', UTC): the whole one is in the run's header.
+_SHORT_TIME = re.compile(r"\d{4}-(\d\d-\d\d \d\d:\d\d):\d\d UTC")
+
+
+def shown_runs(table: pd.DataFrame) -> Any:
+    """The Runs table (:func:`run_table`) as a page shows it: a pandas ``Styler`` whose start times are short
+    ('11-29 12:07', UTC) and whose run, experiment and model names may break over two lines between their parts,
+    in the narrow columns of :data:`RUNS_TABLE_WIDTHS`. Only how it is shown changes: the cells' values (what a
+    click on a row reads, what a copy of the table takes) are as they were. An empty table is returned as it is."""
+    if table.empty:
+        return table
+
+    def model(name: Any) -> str:
+        return _CAMEL_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
+
+    def short(text: Any) -> str:
+        match = _SHORT_TIME.fullmatch(str(text))
+        return match[1] if match else str(text)
+
+    return table.style.format({"run": name_breaks, "experiment": name_breaks, "model": model, "start_time": short,
+                               "MB": "{:.1f}"})
 
 
 def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
@@ -54,9 +91,14 @@ def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
 
 
 def run_facts(run: Run) -> str:
-    """What a stored run ran, as its metadata says: experiment, model and seed (those it records)."""
+    """What a stored run ran, as its metadata says: experiment, model and seed (those it records), and when
+    it started, whole (the Runs table shows it short)."""
     m = run.metadata
-    return ", ".join(f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed") if k in m)
+    facts = [f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed") if k in m]
+    if isinstance(m.get("start_time"), (int, float)):
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(m["start_time"]))
+        facts.append(f"started: `{started}`")
+    return ", ".join(facts)
 
 
 def stored_header(view: RunView, run: Run, interventions: pd.DataFrame) -> str:
