@@ -857,7 +857,7 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
         model(torch.randn(8, 2)).sum().backward()
         w.step()
         wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
-        live = "No grad_output rows: this run is recorded with gradients=False; gradients=True records them."
+        live = "No grad_output rows: this run is recorded without them (gradients=False)."
         assert [empty_text(dash.figure(name)) for name in ("sites", "heatmap", "distribution")] == [live] * 3
         assert live in dash.site_note.value
     finally:
@@ -865,7 +865,7 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
         w.close()
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     stored.kind.value = "update"  # (picked from the list, as a person does)
-    said = "No update rows: this run was recorded with updates=False; updates=True records them."
+    said = "No update rows: this run was recorded without them (updates=False)."
     assert [empty_text(stored.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
     stored.kind.value = "activation"  # (a kind it records: drawn)
     assert stored.figure("sites")["data"] and stored.figure("heatmap")["data"]
@@ -874,8 +874,8 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
     ended = Dashboard(run, kind="grad_output", tab="sites", interval=0.05)
     run.join()
     wait_for(lambda: not ended.following, what="the run's last draw")
-    assert empty_text(plotted(ended, "sites")) == ("No grad_output rows: this run was recorded with gradients=False; "
-                                                   "gradients=True records them.")
+    assert empty_text(plotted(ended, "sites")) == (
+        "No grad_output rows: this run was recorded without them (gradients=False).")
 
 
 def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_yet_to_come(tmp_path):

@@ -516,6 +516,7 @@ class Dashboard:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
                             f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
+            self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
             self.diagnoses = RunFindings(metadata=getattr(self.watch, "metadata", None))  # (its chance level)
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
@@ -790,7 +791,7 @@ class Dashboard:
             if name == "metrics":
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
             elif name in ("sites", "heatmap") and not self.view.site_order(kind):
-                message = self._no_rows(kind)  # (never "yet" of rows that cannot come)
+                message = self.view.no_rows(kind)  # (never "yet" of rows that cannot come)
                 spec = figures.empty_figure(message)
                 if name == "sites":
                     self.site_note.value = _html(message)
@@ -816,7 +817,8 @@ class Dashboard:
                                                 f"{'was' if self._over() else 'is'} recorded with histograms=False; "
                                                 "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows else self._no_rows(kind))
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
+                                                else self.view.no_rows(kind))
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -826,24 +828,6 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
-
-    def _no_rows(self, kind: str) -> str:
-        """What a figure of ``kind`` says while the run has no rows of it: that the run is not recorded with
-        them (the kind's ``watch`` option off: ``updates=False`` by default), that it recorded none (it
-        ended), else that none have arrived yet. (The caller tells that there are none, once: the view fills
-        on another thread.)"""
-        from workbench.instrument import Recorder
-        from workbench.instrument.schema import KIND_OPTIONS
-
-        option = KIND_OPTIONS[kind]
-        # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
-        said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder
-                else self.stored.metadata.get(option) if self.stored is not None else None)
-        ended = self._over()
-        if said is False:
-            return (f"No {kind} rows: this run {'was' if ended else 'is'} recorded with {option}=False; "
-                    f"{option}=True records them.")
-        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
 
     def _records_histograms(self) -> bool | None:
         """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
