@@ -59,6 +59,23 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
         assert browser.model is good.model
 
 
+def test_the_form_shows_the_values_a_build_used_however_they_were_written():
+    """A value the form reads but its box cannot hold as written ("16.0" in a whole-number box) was built
+    while the box kept its old value: the form said width 32 of a model 16 wide."""
+    browser = ModelBrowser(pattern="mlp")
+    result = browser.build(width="16.0", activation="relu")
+    assert result.ok and result.model.layers[0].out_features == 16
+    form = {box.description: box.value for box in browser.form.children}
+    assert (form["width"], form["activation"]) == (16, "relu")
+    assert (result.values["width"], result.values["activation"]) == (16, "relu")  # (what it was built with)
+    browser = ModelBrowser(pattern="efficientzero_dynamics")  # (text boxes: lists written as Python writes them)
+    result = browser.build(fc_reward_layers="[16,8]")
+    assert result.ok, result.message
+    assert {box.description: box.value for box in browser.form.children}["fc_reward_layers"] == "16, 8"
+    browser.form.children[0].value = "3, 8, 8"  # (then built with what the form holds)
+    assert browser.build().ok and browser.result.values["observation_shape"] == [3, 8, 8]
+
+
 def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
     with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
                                          r"The families are \['activation', "):

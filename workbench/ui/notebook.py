@@ -166,12 +166,13 @@ class ModelBrowser:
         Args:
             **values: field values to type into the form first, by parameter name, as a
                 person would type them (``width="16"`` or ``width=16``); the form shows them once
-                built. A name that is no parameter (``dept=3``) or a value its field does not take
-                (``width=2.5``) is the message, and the form keeps what it held.
+                built, as they were read (``width="16.0"`` is 16). A name that is no parameter
+                (``dept=3``) or a value its field does not take (``width=2.5``) is the message, and the
+                form keeps what it held.
 
         Returns:
-            The `BuildResult`: ``ok``, the ``model``, the ``message`` shown and the ``tree``.
-            An invalid value is a message, never an exception.
+            The `BuildResult`: ``ok``, the ``model``, the ``message`` shown, the ``tree`` and the
+            ``values`` built with. An invalid value is a message, never an exception.
 
         Example:
             ```python
@@ -182,7 +183,6 @@ class ModelBrowser:
             ```
         """
         import ipywidgets as w
-        from traitlets import TraitError
 
         # the values given are read as the form reads what is typed, not as its boxes would take them: an
         # int box turned 2.5 into 2 and dropped a misspelt name without a word; either is now the message
@@ -190,14 +190,12 @@ class ModelBrowser:
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
-            fields = dict(self._fields)
-            for label, value in values.items():  # the form shows what was built (a parameter with no box: none)
-                box = fields.get(label)
-                try:
-                    if box is not None:
-                        box.value = field_text(value) if isinstance(box, w.Text) else value
-                except TraitError:  # (a value its box cannot hold: built all the same)
-                    pass
+            # the form shows what was built: each value as read ("16.0" typed is 16, which an int box
+            # holds where it refused the text), so a box never keeps another value than the model's
+            for label, box in self._fields:
+                if label in values:
+                    built = self.result.values[label]
+                    box.value = field_text(built) if isinstance(box, w.Text) else built
         self.message.value = _html(self.result.message)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
         shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
