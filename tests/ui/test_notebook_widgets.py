@@ -76,6 +76,16 @@ def test_the_form_shows_the_values_a_build_used_however_they_were_written():
     assert browser.build().ok and browser.result.values["observation_shape"] == [3, 8, 8]
 
 
+def test_a_bad_batch_size_is_named_as_its_box_is_labelled():
+    """The messages said "example batch size" of the box labelled "batch size"."""
+    browser = ModelBrowser(pattern="mlp")
+    for value, said in [(0, "must be a positive whole number, got 0"), (10**6, "must be at most 4096")]:
+        browser.batch_size.value = value
+        result = browser.build()
+        assert not result.ok and f"**Could not build the model.** {browser.batch_size.description} {said}" in (
+            result.message), result.message
+
+
 def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
     with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
                                          r"The families are \['activation', "):

@@ -122,7 +122,7 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        self.batch_size = w.IntText(value=2, description="batch size")
+        self.batch_size = w.IntText(value=2, description="example batch size")  # (as the app labels it)
         self.overview = w.HTMLMath()
         self.form = w.VBox()
         self.build_button = w.Button(description="Build", button_style="primary")
