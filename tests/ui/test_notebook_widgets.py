@@ -841,6 +841,25 @@ def test_compare_says_of_a_live_run_without_rows_that_it_has_none_yet_and_of_an_
     assert "`waits` recorded no activation rows: the sites of `ran` are listed." in compare.message
 
 
+def test_the_per_site_figure_chooses_a_log_y_where_a_line_dwarfs_the_others_until_the_box_is_set():
+    """Notebook 05's dashboard: the aggregator's hashes (std about 5e18) flattened every other line unless
+    log y was ticked."""
+    run = workbench.experiments.create("query_stream", seed=0, key_space=2000, batch_size=64).start(3)
+    dash = Dashboard(run, interval=0.05, tab="sites")
+    run.join()
+    wait_for(lambda: not dash.following, what="the run's last draw")
+    assert "aggregator" in dash.sites.value and "hash_to_int" in dash.sites.value
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value  # (it says so)
+    dash.log_sites.value = False  # the user's scale from here, through redraws
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear"
+    dash.refresh()
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear" and not dash.log_sites.value
+    dash.statistic.value = "mean"  # another statistic: the figure's to choose (hashes of either sign: linear)
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear" and not dash.log_sites.value
+    dash.statistic.value = "std"
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+
+
 def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():
     """The tab opened between two ticks, steps having arrived since the last: it said "this run was
     recorded with histograms=False" of a watch that records them."""

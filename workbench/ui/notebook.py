@@ -528,6 +528,7 @@ class Dashboard:
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
+        self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
@@ -565,7 +566,7 @@ class Dashboard:
         for control in (self.kind, self.statistic):
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
-        self.log_sites.observe(lambda _: self._draw(("sites",)), names="value")
+        self.log_sites.observe(self._on_log_sites, names="value")
         self.distribution_site.observe(lambda _: self._quiet or self._draw(("distribution",)), names="value")
         self.findings_list.observe(self._on_finding, names="index")
 
@@ -795,8 +796,13 @@ class Dashboard:
                     self.site_note.value = _html(message)
             elif name == "sites":
                 sites = list(self.sites.value) or None
-                spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
+                # (until the user sets it, the figure chooses its scale, log where a line dwarfs the others,
+                # and the box says which)
+                log = self.log_sites.value if self._picked_log_sites else None
+                spec = figures.sites_figure(self.view, kind, statistic, sites, log,
                                             colors=self._site_colours)  # (a site keeps its colour)
+                if not self._picked_log_sites:
+                    self._set_quietly(self.log_sites, spec["layout"].get("yaxis", {}).get("type") == "log")
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
@@ -945,10 +951,25 @@ class Dashboard:
     def _on_kind(self, _change: Any) -> None:
         if self._quiet:
             return
-        self._picked_sites = False  # another kind or statistic: its own default sites
+        self._picked_sites = False  # another kind or statistic: its own default sites, and scale
+        self._picked_log_sites = False
         with self._draw_lock:
             self._sync_controls()
             self._draw(("sites", "heatmap", "distribution"))
+
+    def _set_quietly(self, control: Any, value: Any) -> None:
+        """Set a control from code, not as the user's choice."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            control.value = value
+        finally:
+            self._quiet = quiet
+
+    def _on_log_sites(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_log_sites = True  # (the user's scale from here, until another kind or statistic)
+        self._draw(("sites",))
 
     def _on_sites(self, _change: Any) -> None:
         if self._quiet:
