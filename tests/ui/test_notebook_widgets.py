@@ -382,6 +382,12 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     assert figures.values(loss_trace(stored.figure("metrics"))["x"]).tolist() == list(range(1, 8))
     assert stored.figure("distribution")["data"] == []  # (no histograms recorded: says so)
     assert "histograms=False" in str(stored.figure("distribution")["layout"])
+    # its path, as Compare takes it: the same dashboard (was a TypeError asking for load_run)
+    for path in (tmp_path / "run", str(tmp_path / "run")):
+        by_path = Dashboard(path)
+        assert by_path.stored is not None and by_path.header.value == stored.header.value
+    with pytest.raises(workbench.instrument.RunError, match="nowhere"):
+        Dashboard(tmp_path / "nowhere")
 
 
 def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(tmp_path):
@@ -464,7 +470,8 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
 
 
 @pytest.mark.parametrize("source, options, error, match", [
-    ("runs/a", {}, TypeError, "Dashboard needs a run started with experiment.start.*got str"),
+    (3, {}, TypeError, "Dashboard needs a run started with experiment.start.*or its path, got int"),
+    ("runs/a", {}, workbench.instrument.RunError, "runs/a is not a workbench run"),
     (None, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
     (None, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
     (None, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),

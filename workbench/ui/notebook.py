@@ -447,7 +447,8 @@ class Dashboard:
         run = exp.start(500)                    # trains in the background; the cell is free
         Dashboard(run)                          # updates live; Pause / Resume / Stop
         Dashboard(exp.watch())                  # or a watch (exp.run(...) in a later cell)
-        Dashboard(workbench.load_run("runs/a")) # or a stored run: replayed, and followed while it is written
+        Dashboard("runs/a")                     # or a stored run (or workbench.load_run("runs/a")): replayed,
+                                                # and followed while it is written
 
     The dashboard draws the view layer (:class:`~workbench.ui.views.RunView`), fed by the
     watch's stream: training only queues each step for it. A timer thread redraws every
@@ -470,8 +471,8 @@ class Dashboard:
 
     Args:
         source: a :class:`~workbench.experiments.base.BackgroundRun` (``exp.start(...)``), an
-            ``Experiment`` (its run in the background, else its open watch), a ``Watch`` or a
-            stored ``Run`` (followed while its status is ``running``).
+            ``Experiment`` (its run in the background, else its open watch), a ``Watch``, or a
+            stored ``Run`` or its path (followed while its status is ``running``).
         interval: seconds between checks for new steps (> 0).
         kind: the kind (``activation``, ``grad_output``, ``param``, ``param_grad``) the per-site
             figure and the heatmap show first.
@@ -483,10 +484,12 @@ class Dashboard:
 
     def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
                  smoothing: float = 0.0, log_y: bool = False, tab: str = "metrics") -> None:
+        import os
+
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch
+        from workbench.instrument import Run, Watch, load_run
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import RunView
 
@@ -498,6 +501,8 @@ class Dashboard:
         self.stored: Run | None = None  # a stored run, read again while it is written (see _read_store)
         self._draw_lock = threading.RLock()
         label, source = _experiment_source(source, "Dashboard(run)")
+        if isinstance(source, (str, os.PathLike)):  # (as Compare takes it)
+            source = load_run(source)  # (a RunError that names the path, for one that is not a run)
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             label = label or _label(source)
@@ -511,8 +516,8 @@ class Dashboard:
             self._next_read = 0.0  # time.monotonic() before which the store is not read again
             self._read_store()
         else:
-            raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
-                            f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
+            raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch, "
+                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}.")
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
             self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
             self.diagnoses = RunFindings(metadata=getattr(self.watch, "metadata", None))  # (its chance level)
