@@ -356,6 +356,22 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert_shaded(replay, 3, 10)
 
 
+def test_the_findings_muted_text_follows_the_notebooks_theme():
+    """Its grey was a fixed #555: in JupyterLab's dark theme "What to try" read dark grey on black."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(histograms=False)
+    w.patch("layers.1", lambda y: y * 0)
+    exp.run(5, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    muted = "color:var(--jp-content-font-color2, #555)"  # (the theme's second text colour; #555 outside Jupyter)
+    assert dash.findings_list.options and "Pick a finding" in dash.findings_detail.value
+    assert muted in dash.findings_detail.value
+    dash.focus_finding(0)
+    assert "What to try" in dash.findings_detail.value and muted in dash.findings_detail.value
+    assert "color:#555" not in dash.findings_detail.value
+
+
 def assert_shaded(dash, first, last):
     """The intervention's steps are a band over the metrics and the per-site figure; its marker is no panel."""
     metrics = dash.figure("metrics")["layout"]

@@ -897,7 +897,8 @@ class Dashboard:
             self._quiet = False
         self.findings_list.layout.display = "" if labels else "none"
         self.findings_detail.value = view.finding_html(frame.iloc[picked]) if picked is not None else (
-            "<span style='color:#555'>Pick a finding for its evidence and what to try.</span>" if labels else "")
+            f"<span style='color:{view.MUTED}'>Pick a finding for its evidence and what to try.</span>" if labels
+            else "")
 
     def focus_finding(self, index: int) -> Any:
         """Show the ``index``-th finding of the list (0: the first): its kind, statistic and call
