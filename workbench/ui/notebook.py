@@ -69,19 +69,33 @@ def _display(widget: Any, text: str) -> None:
     display(bundle, raw=True)
 
 
+#: The width of a form's box beside its label, in em.
+BOX_WIDTH = 14
+
+
 def _label_style(labels: list[str]) -> dict[str, str]:
     """One label width for a form, its longest label's, so that its boxes line up."""
     return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
 
 
+def _field_layout(style: dict[str, str], box: float = BOX_WIDTH) -> Any:
+    """A form field's width: its label's and a box ``box`` em wide beside it, no wider than the notebook
+    (ipywidgets gives label and box 300 px together: a 35-letter label left the box a sliver)."""
+    import ipywidgets as w
+
+    # (the widget's margins come on top of its width: 100% ran past the output's edge)
+    return w.Layout(width=f"calc({style['description_width']} + {box:.1f}em)", max_width="calc(100% - 8px)")
+
+
 def _widget(field: FormField, style: dict[str, str]):
     import ipywidgets as w
 
-    common = dict(description=field.label, tooltip=field.info, style=style)
+    common = dict(description=field.label, tooltip=field.info, style=style, layout=_field_layout(style))
     if field.widget == "dropdown":
         return w.Dropdown(options=list(field.param.choices), value=field.value, **common)
-    if field.widget == "checkbox":
-        return w.Checkbox(value=field.value, indent=False, **common)
+    if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
+        common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
+        return w.Checkbox(value=field.value, indent=True, **common)
     if field.widget == "int":
         return w.IntText(value=field.value, **common)
     if field.widget == "float":
@@ -135,9 +149,10 @@ class ModelBrowser:
         self.models.observe(lambda _: self._show_model(), names="value")
         self.build_button.on_click(lambda _: self.build())
         self._show_model()
+        wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
         self.widget = w.VBox([
-            w.HBox([self.family, self.pattern, self.models]),
-            self.overview, self.form, w.HBox([self.batch_size, self.build_button]), self.message, self.output,
+            w.HBox([self.family, self.pattern, self.models], **wrap),
+            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.message, self.output,
         ])
 
     def _ipython_display_(self) -> None:
@@ -155,7 +170,7 @@ class ModelBrowser:
         form = handlers.model_form(name)
         style = _label_style([f.label for f in form] + [self.batch_size.description])
         self._fields = [(f.label, _widget(f, style)) for f in form]
-        self.batch_size.style = style
+        self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
         self.form.children = [widget for _, widget in self._fields]
         self.message.value = ""
         self.output.clear_output()
