@@ -433,6 +433,9 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
         assert stored.status == "running"
         dash = Dashboard(stored, interval=0.05)
         assert dash.view.steps_fed == 3 and "running" in dash.header.value and dash.following
+        # its findings and NaN / Inf in the tense of a run going on (the findings said "in this run")
+        assert "nothing looks wrong so far" in dash.findings_summary.value, dash.findings_summary.value
+        assert "none so far" in dash.anomalies.value
     finally:
         more.set()
         writer.join()

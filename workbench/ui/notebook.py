@@ -889,9 +889,9 @@ class Dashboard:
         frame = self.diagnoses.frame()
         # a finding that held while a patch was in names it: it may be the patch's doing
         frame = view.during_interventions(frame, self._log)
-        # (a run whose status says it ended: its last draw comes before it is done)
-        running = self.watch is not None and not self._ended() and not (self.run is not None
-                                                                          and self.run.status in _ENDED)
+        # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
+        # before it is done)
+        running = not self._over()
         summary = view.findings_summary(frame, running=running)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
