@@ -1050,3 +1050,19 @@ def test_a_long_site_name_in_the_findings_table_breaks_after_a_dot_not_mid_word_
         _screenshot(page, "runs_findings_long_site_800.png", full_page=False)
     finally:
         page.close()
+
+
+def test_a_line_that_dwarfs_the_others_ticks_the_per_site_log_y_until_the_user_sets_it(page):
+    """A query stream's hashes (std about 5e18) flattened its other call sites at zero unless log y was ticked."""
+    start(page, "query_stream", 3, key_space="2000", batch_size="64")
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    y_type = "(type) => document.querySelector('#live-series .js-plotly-plot')?.layout?.yaxis?.type === type"
+    page.wait_for_function(y_type, arg="log", timeout=30_000)
+    box = page.locator("#live-log-sites input")
+    expect(box).to_be_checked()
+    box.uncheck()  # the user's scale from here
+    page.wait_for_function(y_type, arg="linear", timeout=30_000)
+    expect(box).not_to_be_checked()
+    choose(page, "live-stat", "norm")  # another statistic: the figure chooses again, and the box says so
+    page.wait_for_function(y_type, arg="log", timeout=30_000)
+    expect(box).to_be_checked()

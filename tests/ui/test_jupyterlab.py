@@ -41,6 +41,11 @@ w.close()
 dashboard = Dashboard(w)
 dashboard"""
 FOCUS_CELL = "dashboard.focus_finding(0).site"
+# a model whose form has labels up to 35 characters long
+BROWSER_CELL = """\
+from workbench.ui.notebook import ModelBrowser
+
+ModelBrowser(family="dynamics")"""
 # the site list's picked options, each with whether it is inside the list's box (scrolled to) or out of sight
 PICKED_IN_SIGHT = ("() => { const list = document.querySelector('.widget-select-multiple select');"
                    " const box = list.getBoundingClientRect();"
@@ -77,6 +82,8 @@ def jupyterlab(tmp_path_factory):
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "focus.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(LIVE_CELL), new_code_cell(STATUS_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "slowed.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(BROWSER_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "browser.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
@@ -231,6 +238,32 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
         _shot(page, "focused_site")
     except Exception:
         _shot(page, "focus_failed")
+        raise
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_notebook(browser, jupyterlab, width):
+    """Each box of a form with long labels was a sliver of 5-20 px beside its label (ipywidgets' 300 px for
+    label and box together, the label taking 22em), and the row of family, filter and model ran past the
+    notebook's right edge in a narrow window (900 px, the file browser open)."""
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": width, "height": 1100})
+    try:
+        _open_notebook(page, f"{url}/lab/tree/browser.ipynb?reset&token={token}")
+        _run_cell(page, 0)
+        output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
+        output.locator("button", has_text="Build").wait_for(timeout=60_000)
+        right = output.bounding_box()["x"] + output.bounding_box()["width"]
+        boxes = output.locator(".widget-text input, .widget-dropdown select")
+        assert boxes.count() >= 16
+        for i in range(boxes.count()):
+            box = boxes.nth(i).bounding_box()
+            assert box["width"] >= 100 and box["x"] + box["width"] <= right + 1, (i, box, right)
+        _shot(page, f"model_browser_{width}")
+    except Exception:
+        _shot(page, f"model_browser_{width}_failed")
         raise
     finally:
         page.close()

@@ -59,6 +59,33 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
         assert browser.model is good.model
 
 
+def test_the_form_shows_the_values_a_build_used_however_they_were_written():
+    """A value the form reads but its box cannot hold as written ("16.0" in a whole-number box) was built
+    while the box kept its old value: the form said width 32 of a model 16 wide."""
+    browser = ModelBrowser(pattern="mlp")
+    result = browser.build(width="16.0", activation="relu")
+    assert result.ok and result.model.layers[0].out_features == 16
+    form = {box.description: box.value for box in browser.form.children}
+    assert (form["width"], form["activation"]) == (16, "relu")
+    assert (result.values["width"], result.values["activation"]) == (16, "relu")  # (what it was built with)
+    browser = ModelBrowser(pattern="efficientzero_dynamics")  # (text boxes: lists written as Python writes them)
+    result = browser.build(fc_reward_layers="[16,8]")
+    assert result.ok, result.message
+    assert {box.description: box.value for box in browser.form.children}["fc_reward_layers"] == "16, 8"
+    browser.form.children[0].value = "3, 8, 8"  # (then built with what the form holds)
+    assert browser.build().ok and browser.result.values["observation_shape"] == [3, 8, 8]
+
+
+def test_a_bad_batch_size_is_named_as_its_box_is_labelled():
+    """The messages said "example batch size" of the box labelled "batch size"."""
+    browser = ModelBrowser(pattern="mlp")
+    for value, said in [(0, "must be a positive whole number, got 0"), (10**6, "must be at most 4096")]:
+        browser.batch_size.value = value
+        result = browser.build()
+        assert not result.ok and f"**Could not build the model.** {browser.batch_size.description} {said}" in (
+            result.message), result.message
+
+
 def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family():
     with pytest.raises(ValueError, match=r"ModelBrowser: no family 'activations'; did you mean 'activation'\? "
                                          r"The families are \['activation', "):
@@ -329,6 +356,22 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert_shaded(replay, 3, 10)
 
 
+def test_the_findings_muted_text_follows_the_notebooks_theme():
+    """Its grey was a fixed #555: in JupyterLab's dark theme "What to try" read dark grey on black."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(histograms=False)
+    w.patch("layers.1", lambda y: y * 0)
+    exp.run(5, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    muted = "color:var(--jp-content-font-color2, #555)"  # (the theme's second text colour; #555 outside Jupyter)
+    assert dash.findings_list.options and "Pick a finding" in dash.findings_detail.value
+    assert muted in dash.findings_detail.value
+    dash.focus_finding(0)
+    assert "What to try" in dash.findings_detail.value and muted in dash.findings_detail.value
+    assert "color:#555" not in dash.findings_detail.value
+
+
 def assert_shaded(dash, first, last):
     """The intervention's steps are a band over the metrics and the per-site figure; its marker is no panel."""
     metrics = dash.figure("metrics")["layout"]
@@ -355,6 +398,12 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     assert figures.values(loss_trace(stored.figure("metrics"))["x"]).tolist() == list(range(1, 8))
     assert stored.figure("distribution")["data"] == []  # (no histograms recorded: says so)
     assert "histograms=False" in str(stored.figure("distribution")["layout"])
+    # its path, as Compare takes it: the same dashboard (was a TypeError asking for load_run)
+    for path in (tmp_path / "run", str(tmp_path / "run")):
+        by_path = Dashboard(path)
+        assert by_path.stored is not None and by_path.header.value == stored.header.value
+    with pytest.raises(workbench.instrument.RunError, match="nowhere"):
+        Dashboard(tmp_path / "nowhere")
 
 
 def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(tmp_path):
@@ -384,6 +433,9 @@ def test_a_dashboard_of_a_stored_run_still_being_written_follows_it_to_its_end(t
         assert stored.status == "running"
         dash = Dashboard(stored, interval=0.05)
         assert dash.view.steps_fed == 3 and "running" in dash.header.value and dash.following
+        # its findings and NaN / Inf in the tense of a run going on (the findings said "in this run")
+        assert "nothing looks wrong so far" in dash.findings_summary.value, dash.findings_summary.value
+        assert "none so far" in dash.anomalies.value
     finally:
         more.set()
         writer.join()
@@ -437,7 +489,8 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
 
 
 @pytest.mark.parametrize("source, options, error, match", [
-    ("runs/a", {}, TypeError, "Dashboard needs a run started with experiment.start.*got str"),
+    (3, {}, TypeError, "Dashboard needs a run started with experiment.start.*or its path, got int"),
+    ("runs/a", {}, workbench.instrument.RunError, "runs/a is not a workbench run"),
     (None, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
     (None, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
     (None, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),
@@ -814,6 +867,25 @@ def test_compare_says_of_a_live_run_without_rows_that_it_has_none_yet_and_of_an_
     assert "`waits` recorded no activation rows: the sites of `ran` are listed." in compare.message
 
 
+def test_the_per_site_figure_chooses_a_log_y_where_a_line_dwarfs_the_others_until_the_box_is_set():
+    """Notebook 05's dashboard: the aggregator's hashes (std about 5e18) flattened every other line unless
+    log y was ticked."""
+    run = workbench.experiments.create("query_stream", seed=0, key_space=2000, batch_size=64).start(3)
+    dash = Dashboard(run, interval=0.05, tab="sites")
+    run.join()
+    wait_for(lambda: not dash.following, what="the run's last draw")
+    assert "aggregator" in dash.sites.value and "hash_to_int" in dash.sites.value
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value  # (it says so)
+    dash.log_sites.value = False  # the user's scale from here, through redraws
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear"
+    dash.refresh()
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear" and not dash.log_sites.value
+    dash.statistic.value = "mean"  # another statistic: the figure's to choose (hashes of either sign: linear)
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear" and not dash.log_sites.value
+    dash.statistic.value = "std"
+    assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+
+
 def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():
     """The tab opened between two ticks, steps having arrived since the last: it said "this run was
     recorded with histograms=False" of a watch that records them."""
@@ -857,7 +929,7 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
         model(torch.randn(8, 2)).sum().backward()
         w.step()
         wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
-        live = "No grad_output rows: this run is recorded with gradients=False; gradients=True records them."
+        live = "No grad_output rows: this run is recorded without them (gradients=False)."
         assert [empty_text(dash.figure(name)) for name in ("sites", "heatmap", "distribution")] == [live] * 3
         assert live in dash.site_note.value
     finally:
@@ -865,7 +937,7 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
         w.close()
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     stored.kind.value = "update"  # (picked from the list, as a person does)
-    said = "No update rows: this run was recorded with updates=False; updates=True records them."
+    said = "No update rows: this run was recorded without them (updates=False)."
     assert [empty_text(stored.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
     stored.kind.value = "activation"  # (a kind it records: drawn)
     assert stored.figure("sites")["data"] and stored.figure("heatmap")["data"]
@@ -874,8 +946,8 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
     ended = Dashboard(run, kind="grad_output", tab="sites", interval=0.05)
     run.join()
     wait_for(lambda: not ended.following, what="the run's last draw")
-    assert empty_text(plotted(ended, "sites")) == ("No grad_output rows: this run was recorded with gradients=False; "
-                                                   "gradients=True records them.")
+    assert empty_text(plotted(ended, "sites")) == (
+        "No grad_output rows: this run was recorded without them (gradients=False).")
 
 
 def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_yet_to_come(tmp_path):

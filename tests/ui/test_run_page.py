@@ -519,3 +519,40 @@ def test_a_kind_the_run_is_not_recorded_with_says_so_live_and_stored_not_that_it
     empty.set_status("stopped")
     assert empty_text(run_page.draw_page(empty, run_page.Controls(kind="param")).sites_figure) == (
         "This run recorded no param rows.")
+
+
+def test_the_per_site_figure_is_log_scaled_where_a_line_dwarfs_the_others_until_the_user_sets_its_box(tmp_path):
+    """A module returning hashes (std about 5e18) flattened every other line of the figure at zero unless
+    log y was ticked: the figure chooses its scale while the box is left alone, and the box says which."""
+    import gradio as gr
+
+    workbench.experiments.create("query_stream", seed=0, key_space=2000, batch_size=64).start(
+        3, store=tmp_path / "q").join()
+    view = RunView.from_run(load_run(tmp_path / "q"))
+    values = [[], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True]
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "q", None, values)))
+    assert "aggregator" in out["sites"].value and "hash_to_int" in out["sites"].value
+    assert json.loads(out["series"].plot)["layout"]["yaxis"]["type"] == "log" and out["log_sites"] is True
+    state, values[run_page.CONTROLS.index("log_sites")] = out["state"], True
+    again = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "q", state, values)))
+    assert again["log_sites"] == gr.skip()  # (sent once: the box says it already)
+    # the user unticks it: linear from then on, the box theirs
+    values[run_page.CONTROLS.index("log_sites")] = False
+    mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(
+        view, "h", "q", state, values, change={"auto_log_sites": False})))
+    assert json.loads(mine["series"].plot)["layout"]["yaxis"]["type"] == "linear" and mine["log_sites"] == gr.skip()
+    # another statistic: the figure's to choose again; a mean (hashes of either sign) has no log scale
+    values[run_page.CONTROLS.index("stat")] = "mean"
+    mean = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(
+        view, "h", "q", mine["state"], values, change={"auto_log_sites": True})))
+    assert json.loads(mean["series"].plot)["layout"]["yaxis"]["type"] == "linear" and mean["log_sites"] is False
+    # the sites without the hashes, of sizes alike: linear
+    plain = figures.sites_figure(view, "activation", "std", ["(model) out.observation", "(model) out.action"], None)
+    assert plain["layout"]["yaxis"]["type"] == "linear"
+
+
+@pytest.mark.parametrize("values, log", [([5e18, 4e2, 1.0], True), ([5e18, 4e2, 0.0], False),
+                                         ([3.0, 1.0, 0.01], False), ([-5e18, 1.0, 2.0], False)])
+def test_a_line_dwarfs_the_others_when_a_log_y_would_show_them_all(values, log):
+    frame = pd.DataFrame({"site": ["a", "a", "b", "b", "c", "c"], "value": np.repeat(values, 2)})
+    assert figures.dwarfed(frame) is log

@@ -380,8 +380,25 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
 
+#: How many times the typical value of a per-site figure's largest line may be its smallest's before the
+#: figure, left to choose its scale, draws a log y: on a linear one the small lines lie flat at zero (a
+#: module returning hashes, std about 5e18, beside indices and activations of std about 1).
+DWARFS = 1e3
+
+
+def dwarfed(frame: pd.DataFrame) -> bool:
+    """Whether a linear y would flatten lines of ``frame`` (``site, value``, as :meth:`RunView.site_series`):
+    one line's median more than :data:`DWARFS` times another's, and every value positive (a log y shows
+    each of them; a zero or a negative value would vanish from it)."""
+    finite = frame[np.isfinite(frame.value)]
+    if finite.empty or not (finite.value > 0).all():
+        return False
+    typical = finite.groupby("site", sort=False).value.median()
+    return bool(typical.max() > DWARFS * typical.min())
+
+
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
-                 log_y: bool = False, colors: dict[str, str] | None = None) -> Figure:
+                 log_y: bool | None = False, colors: dict[str, str] | None = None) -> Figure:
     """One statistic per call site over steps; where steps were merged, a band shows their min
     and max. Click a legend entry to hide a site.
 
@@ -390,7 +407,8 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
         kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         sites: the call sites to draw (default: the six whose statistic changed most).
-        log_y: a log-scaled y axis.
+        log_y: a log-scaled y axis; None: the figure chooses, log where a line dwarfs the others
+            (:func:`dwarfed`); its ``layout.yaxis.type`` says which.
         colors: call site -> its colour in earlier drawings of the same page, which a site drawn again
             keeps; updated with this drawing's (None: colours by forward order alone).
 
@@ -400,6 +418,8 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     frame = view.site_series(kind, statistic, sites)
     if frame.empty:
         return empty_figure(view.no_rows(kind))
+    if log_y is None:
+        log_y = dwarfed(frame)
     drawn = steady_colors(list(dict.fromkeys(frame.site)), colors, order=view.site_order(kind))
     if colors is not None:
         colors.update(drawn)

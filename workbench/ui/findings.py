@@ -23,15 +23,18 @@ from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser, with_run_facts
 from workbench.instrument.schema import site_name, whole_number
 from workbench.ui.views import RunView
 
-__all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakable_names", "during_interventions",
-           "findings_html", "findings_summary", "findings_table", "focus", "mark_steps", "merge_calls", "option_label",
-           "pick_key"]
+__all__ = ["Focus", "MUTED", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakable_names",
+           "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "mark_steps",
+           "merge_calls", "option_label", "pick_key"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
 # (marks that common fonts draw: Debian's DejaVu has these, not ⛔)
 _ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 _COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
+#: The colour of text said in passing (a hint, a prompt): JupyterLab's theme's second text colour, so that it
+#: reads in a dark theme too (a fixed #555 was dark grey on black there); #555 where no theme sets it
+MUTED = "var(--jp-content-font-color2, #555)"
 #: the statistic a finding is best seen in, per finding
 _STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated": "std",
               "vanishing_gradients": "norm", "exploding_gradients": "norm", "update_ratio_high": "norm",
@@ -215,7 +218,7 @@ def finding_html(row: Any) -> str:
     whole evidence and the hint."""
     return (f"<div style='margin:.2em 0'><b style='color:{_COLOR[row.severity]}'>{_ICON[row.severity]} "
             f"{html.escape(row.finding)}</b> at <code>{html.escape(str(row.site))}</code>, step {_steps(row)}: "
-            f"{html.escape(row.evidence)}<br><span style='color:#555'><i>What to try:</i> "
+            f"{html.escape(row.evidence)}<br><span style='color:{MUTED}'><i>What to try:</i> "
             f"{html.escape(row.hint)}</span></div>")
 
 
@@ -229,7 +232,8 @@ def findings_html(findings: pd.DataFrame, limit: int = 50) -> str:
         items.append(
             f"<li style='margin:0 0 .4em 0'><b style='color:{_COLOR[row.severity]}'>{_ICON[row.severity]} "
             f"{html.escape(row.finding)}</b> at <code>{html.escape(str(row.site))}</code>, step {_steps(row)}: "
-            f"{html.escape(row.evidence)}<br><span style='color:#555'><i>Hint:</i> {html.escape(row.hint)}</span></li>")
+            f"{html.escape(row.evidence)}<br><span style='color:{MUTED}'><i>Hint:</i> {html.escape(row.hint)}"
+            "</span></li>")
     more = f"<li>… and {len(findings) - limit} more</li>" if len(findings) > limit else ""
     return f"<ol style='padding-left:1.4em;margin:.2em 0'>{''.join(items)}{more}</ol>"
 

@@ -8,7 +8,7 @@ connects them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -74,11 +74,14 @@ class BuildResult:
         model: the built module, or ``None`` when the form was invalid.
         message: Markdown shown next to the form (an error or a summary).
         tree: the module tree (see :func:`tree_table`), empty on error.
+        values: the parameter values the model was built with, by name, as the form read them
+            (``"16"`` typed in a box is ``16``); empty on error.
     """
 
     model: nn.Module | None
     message: str
     tree: pd.DataFrame
+    values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -152,7 +155,7 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
             summary = summarize(model, inputs, per_call=True)
     except Exception as exc:
         return BuildResult(model, f"Built **{name}**, but the forward pass on the example inputs failed: "
-                                  f"{type(exc).__name__}: {exc}", tree_table(summarize(model)))
+                                  f"{type(exc).__name__}: {exc}", tree_table(summarize(model)), overrides)
     total = int(summary["params"].iloc[0])
     root_output = summary["output"].iloc[0]
     defaults = spec.defaults()
@@ -160,7 +163,7 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
     config = ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "defaults"
     message = (f"Built **{name}** ({config}): {summary['module'].nunique() - 1} submodules, {total:,} parameters; "
                f"output {root_output} for batch size {batch_size}.")
-    return BuildResult(model, message, tree_table(summary))
+    return BuildResult(model, message, tree_table(summary), overrides)
 
 
 # --- layout and wiring ---------------------------------------------------------

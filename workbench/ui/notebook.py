@@ -69,19 +69,33 @@ def _display(widget: Any, text: str) -> None:
     display(bundle, raw=True)
 
 
+#: The width of a form's box beside its label, in em.
+BOX_WIDTH = 14
+
+
 def _label_style(labels: list[str]) -> dict[str, str]:
     """One label width for a form, its longest label's, so that its boxes line up."""
     return {"description_width": f"{0.6 * max(map(len, labels), default=8) + 1:.1f}em"}
 
 
+def _field_layout(style: dict[str, str], box: float = BOX_WIDTH) -> Any:
+    """A form field's width: its label's and a box ``box`` em wide beside it, no wider than the notebook
+    (ipywidgets gives label and box 300 px together: a 35-letter label left the box a sliver)."""
+    import ipywidgets as w
+
+    # (the widget's margins come on top of its width: 100% ran past the output's edge)
+    return w.Layout(width=f"calc({style['description_width']} + {box:.1f}em)", max_width="calc(100% - 8px)")
+
+
 def _widget(field: FormField, style: dict[str, str]):
     import ipywidgets as w
 
-    common = dict(description=field.label, tooltip=field.info, style=style)
+    common = dict(description=field.label, tooltip=field.info, style=style, layout=_field_layout(style))
     if field.widget == "dropdown":
         return w.Dropdown(options=list(field.param.choices), value=field.value, **common)
-    if field.widget == "checkbox":
-        return w.Checkbox(value=field.value, indent=False, **common)
+    if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
+        common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
+        return w.Checkbox(value=field.value, indent=True, **common)
     if field.widget == "int":
         return w.IntText(value=field.value, **common)
     if field.widget == "float":
@@ -122,7 +136,7 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        self.batch_size = w.IntText(value=2, description="batch size")
+        self.batch_size = w.IntText(value=2, description="example batch size")  # (as the app labels it)
         self.overview = w.HTMLMath()
         self.form = w.VBox()
         self.build_button = w.Button(description="Build", button_style="primary")
@@ -135,9 +149,10 @@ class ModelBrowser:
         self.models.observe(lambda _: self._show_model(), names="value")
         self.build_button.on_click(lambda _: self.build())
         self._show_model()
+        wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
         self.widget = w.VBox([
-            w.HBox([self.family, self.pattern, self.models]),
-            self.overview, self.form, w.HBox([self.batch_size, self.build_button]), self.message, self.output,
+            w.HBox([self.family, self.pattern, self.models], **wrap),
+            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.message, self.output,
         ])
 
     def _ipython_display_(self) -> None:
@@ -155,7 +170,7 @@ class ModelBrowser:
         form = handlers.model_form(name)
         style = _label_style([f.label for f in form] + [self.batch_size.description])
         self._fields = [(f.label, _widget(f, style)) for f in form]
-        self.batch_size.style = style
+        self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
         self.form.children = [widget for _, widget in self._fields]
         self.message.value = ""
         self.output.clear_output()
@@ -166,12 +181,13 @@ class ModelBrowser:
         Args:
             **values: field values to type into the form first, by parameter name, as a
                 person would type them (``width="16"`` or ``width=16``); the form shows them once
-                built. A name that is no parameter (``dept=3``) or a value its field does not take
-                (``width=2.5``) is the message, and the form keeps what it held.
+                built, as they were read (``width="16.0"`` is 16). A name that is no parameter
+                (``dept=3``) or a value its field does not take (``width=2.5``) is the message, and the
+                form keeps what it held.
 
         Returns:
-            The `BuildResult`: ``ok``, the ``model``, the ``message`` shown and the ``tree``.
-            An invalid value is a message, never an exception.
+            The `BuildResult`: ``ok``, the ``model``, the ``message`` shown, the ``tree`` and the
+            ``values`` built with. An invalid value is a message, never an exception.
 
         Example:
             ```python
@@ -182,7 +198,6 @@ class ModelBrowser:
             ```
         """
         import ipywidgets as w
-        from traitlets import TraitError
 
         # the values given are read as the form reads what is typed, not as its boxes would take them: an
         # int box turned 2.5 into 2 and dropped a misspelt name without a word; either is now the message
@@ -190,14 +205,12 @@ class ModelBrowser:
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
-            fields = dict(self._fields)
-            for label, value in values.items():  # the form shows what was built (a parameter with no box: none)
-                box = fields.get(label)
-                try:
-                    if box is not None:
-                        box.value = field_text(value) if isinstance(box, w.Text) else value
-                except TraitError:  # (a value its box cannot hold: built all the same)
-                    pass
+            # the form shows what was built: each value as read ("16.0" typed is 16, which an int box
+            # holds where it refused the text), so a box never keeps another value than the model's
+            for label, box in self._fields:
+                if label in values:
+                    built = self.result.values[label]
+                    box.value = field_text(built) if isinstance(box, w.Text) else built
         self.message.value = _html(self.result.message)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
         shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
@@ -449,7 +462,8 @@ class Dashboard:
         run = exp.start(500)                    # trains in the background; the cell is free
         Dashboard(run)                          # updates live; Pause / Resume / Stop
         Dashboard(exp.watch())                  # or a watch (exp.run(...) in a later cell)
-        Dashboard(workbench.load_run("runs/a")) # or a stored run: replayed, and followed while it is written
+        Dashboard("runs/a")                     # or a stored run (or workbench.load_run("runs/a")): replayed,
+                                                # and followed while it is written
 
     The dashboard draws the view layer (:class:`~workbench.ui.views.RunView`), fed by the
     watch's stream: training only queues each step for it. A timer thread redraws every
@@ -472,8 +486,8 @@ class Dashboard:
 
     Args:
         source: a :class:`~workbench.experiments.base.BackgroundRun` (``exp.start(...)``), an
-            ``Experiment`` (its run in the background, else its open watch), a ``Watch`` or a
-            stored ``Run`` (followed while its status is ``running``).
+            ``Experiment`` (its run in the background, else its open watch), a ``Watch``, or a
+            stored ``Run`` or its path (followed while its status is ``running``).
         interval: seconds between checks for new steps (> 0).
         kind: the kind (``activation``, ``grad_output``, ``param``, ``param_grad``) the per-site
             figure and the heatmap show first.
@@ -485,10 +499,12 @@ class Dashboard:
 
     def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
                  smoothing: float = 0.0, log_y: bool = False, tab: str = "metrics") -> None:
+        import os
+
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch
+        from workbench.instrument import Run, Watch, load_run
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import RunView
 
@@ -500,6 +516,8 @@ class Dashboard:
         self.stored: Run | None = None  # a stored run, read again while it is written (see _read_store)
         self._draw_lock = threading.RLock()
         label, source = _experiment_source(source, "Dashboard(run)")
+        if isinstance(source, (str, os.PathLike)):  # (as Compare takes it)
+            source = load_run(source)  # (a RunError that names the path, for one that is not a run)
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             label = label or _label(source)
@@ -513,9 +531,10 @@ class Dashboard:
             self._next_read = 0.0  # time.monotonic() before which the store is not read again
             self._read_store()
         else:
-            raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch "
-                            f"or a stored Run (workbench.load_run(path)), got {type(source).__name__}.")
+            raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch, "
+                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}.")
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
+            self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
             self.diagnoses = RunFindings(metadata=getattr(self.watch, "metadata", None))  # (its chance level)
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
@@ -529,6 +548,7 @@ class Dashboard:
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
+        self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
@@ -566,7 +586,7 @@ class Dashboard:
         for control in (self.kind, self.statistic):
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
-        self.log_sites.observe(lambda _: self._draw(("sites",)), names="value")
+        self.log_sites.observe(self._on_log_sites, names="value")
         self.distribution_site.observe(lambda _: self._quiet or self._draw(("distribution",)), names="value")
         self.findings_list.observe(self._on_finding, names="index")
 
@@ -790,14 +810,19 @@ class Dashboard:
             if name == "metrics":
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
             elif name in ("sites", "heatmap") and not self.view.site_order(kind):
-                message = self._no_rows(kind)  # (never "yet" of rows that cannot come)
+                message = self.view.no_rows(kind)  # (never "yet" of rows that cannot come)
                 spec = figures.empty_figure(message)
                 if name == "sites":
                     self.site_note.value = _html(message)
             elif name == "sites":
                 sites = list(self.sites.value) or None
-                spec = figures.sites_figure(self.view, kind, statistic, sites, self.log_sites.value,
+                # (until the user sets it, the figure chooses its scale, log where a line dwarfs the others,
+                # and the box says which)
+                log = self.log_sites.value if self._picked_log_sites else None
+                spec = figures.sites_figure(self.view, kind, statistic, sites, log,
                                             colors=self._site_colours)  # (a site keeps its colour)
+                if not self._picked_log_sites:
+                    self._set_quietly(self.log_sites, spec["layout"].get("yaxis", {}).get("type") == "log")
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
@@ -816,7 +841,8 @@ class Dashboard:
                                                 f"{'was' if self._over() else 'is'} recorded with histograms=False; "
                                                 "leave them on (the default) to see distributions over time.")
                 else:
-                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows else self._no_rows(kind))
+                    spec = figures.empty_figure(f"No histograms of {kind} rows yet." if rows
+                                                else self.view.no_rows(kind))
             log = self._log
             if log is not None and name in ("sites", "metrics"):  # (the steps each intervention was on)
                 spec = figures.shade_interventions(spec, log, self.view.last_step)
@@ -826,24 +852,6 @@ class Dashboard:
 
                 spec = mark_steps(spec, focused.step, focused.last_step)
             return spec
-
-    def _no_rows(self, kind: str) -> str:
-        """What a figure of ``kind`` says while the run has no rows of it: that the run is not recorded with
-        them (the kind's ``watch`` option off: ``updates=False`` by default), that it recorded none (it
-        ended), else that none have arrived yet. (The caller tells that there are none, once: the view fills
-        on another thread.)"""
-        from workbench.instrument import Recorder
-        from workbench.instrument.schema import KIND_OPTIONS
-
-        option = KIND_OPTIONS[kind]
-        # (watch_distributed's recorder records the parameters that its rank's watch says it does not)
-        said = (self.watch.options.get(option) if self.watch is not None and type(self.watch.recorder) is Recorder
-                else self.stored.metadata.get(option) if self.stored is not None else None)
-        ended = self._over()
-        if said is False:
-            return (f"No {kind} rows: this run {'was' if ended else 'is'} recorded with {option}=False; "
-                    f"{option}=True records them.")
-        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
 
     def _records_histograms(self) -> bool | None:
         """Whether the run records histograms, as it was set up: its watch's ``histograms`` option, a
@@ -881,9 +889,9 @@ class Dashboard:
         frame = self.diagnoses.frame()
         # a finding that held while a patch was in names it: it may be the patch's doing
         frame = view.during_interventions(frame, self._log)
-        # (a run whose status says it ended: its last draw comes before it is done)
-        running = self.watch is not None and not self._ended() and not (self.run is not None
-                                                                          and self.run.status in _ENDED)
+        # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
+        # before it is done)
+        running = not self._over()
         summary = view.findings_summary(frame, running=running)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
@@ -904,7 +912,8 @@ class Dashboard:
             self._quiet = False
         self.findings_list.layout.display = "" if labels else "none"
         self.findings_detail.value = view.finding_html(frame.iloc[picked]) if picked is not None else (
-            "<span style='color:#555'>Pick a finding for its evidence and what to try.</span>" if labels else "")
+            f"<span style='color:{view.MUTED}'>Pick a finding for its evidence and what to try.</span>" if labels
+            else "")
 
     def focus_finding(self, index: int) -> Any:
         """Show the ``index``-th finding of the list (0: the first): its kind, statistic and call
@@ -963,10 +972,25 @@ class Dashboard:
     def _on_kind(self, _change: Any) -> None:
         if self._quiet:
             return
-        self._picked_sites = False  # another kind or statistic: its own default sites
+        self._picked_sites = False  # another kind or statistic: its own default sites, and scale
+        self._picked_log_sites = False
         with self._draw_lock:
             self._sync_controls()
             self._draw(("sites", "heatmap", "distribution"))
+
+    def _set_quietly(self, control: Any, value: Any) -> None:
+        """Set a control from code, not as the user's choice."""
+        quiet, self._quiet = self._quiet, True
+        try:
+            control.value = value
+        finally:
+            self._quiet = quiet
+
+    def _on_log_sites(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_log_sites = True  # (the user's scale from here, until another kind or statistic)
+        self._draw(("sites",))
 
     def _on_sites(self, _change: Any) -> None:
         if self._quiet:

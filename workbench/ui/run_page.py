@@ -63,7 +63,7 @@ class Controls:
     kind: str = "activation"  # of the per-site plot, the distributions and the last-step table
     statistic: str = "std"
     sites: Sequence[str] | None = None  # None: the view's default (the sites that changed most)
-    log_sites: bool = False
+    log_sites: bool | None = False  # None: the figure chooses (log where a line dwarfs the others)
     dist_site: str | None = None  # None: the first chosen site with histograms
     heat_kind: str = "grad_output"
     heat_statistic: str = "norm"
@@ -84,6 +84,7 @@ class Page:
     sites: list[str]
     sites_figure: dict[str, Any]
     site_note: str
+    log_sites: bool | None  # the per-site figure's scale as drawn where it chose it (None: as asked, or not drawn)
     dist_choices: list[str]
     dist_site: str | None
     distribution_figure: dict[str, Any]
@@ -158,7 +159,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
     except ValueError as exc:
         chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
     # a statistic per call site; the distributions and the last-step table follow the same kind
-    site_choices, sites, dist_choices, dist_site = [], [], [], None
+    site_choices, sites, dist_choices, dist_site, chosen_log = [], [], [], None, None
     latest = pd.DataFrame(columns=["site", "step", *STATISTICS])
     try:
         check_choice("kind", c.kind, KINDS)
@@ -170,10 +171,13 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites = (view.default_sites(c.kind, c.statistic, DEFAULT_SITES) if picked is None
                      else [s for s in picked if s in site_choices])
             sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
+            log_sites = None if c.log_sites is None else bool(c.log_sites)
             sites_fig = drawn("series", lambda: figures.sites_figure(view, c.kind, c.statistic, sites,
-                                                                     bool(c.log_sites), site_colors) if sites
+                                                                     log_sites, site_colors) if sites
                               else figures.empty_figure("Pick call sites above." if site_choices
                                                         else view.no_rows(c.kind)))
+            if log_sites is None and sites_fig is not None and sites_fig["data"]:  # (the scale it chose)
+                chosen_log = sites_fig["layout"]["yaxis"]["type"] == "log"
             site_note = figures.site_note(view, c.kind, site_choices, sites, unknown, default=picked is None)
         except ValueError as exc:
             sites_fig, site_note = figures.empty_figure(str(exc)), str(exc)
@@ -216,8 +220,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                                   for fig in (metrics_fig, sites_fig))
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
-                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, dist_choices,
-                dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, chosen_log,
+                dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
 def shown_latest(latest: pd.DataFrame) -> Any:
@@ -279,7 +283,7 @@ def live_header(run: LiveRun) -> str:
 
 #: The components a drawing of a run page updates, in the order the handlers return them.
 VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
-                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest")
+                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest", "log_sites")
 #: The controls a drawing reads, in order.
 CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites", "log_sites", "dist_site",
             "heat_kind", "heat_stat", "heat_log")
@@ -301,11 +305,12 @@ HEAVY_TICKS = 5
 
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
-    defaults (until the user picks), the run and steps it last drew, what its pickers and tables were
-    sent, the ticks it drew, the version and tick each paced view was last sent at (``paced``), and the
-    plots it shows empty, with the figure each was sent (``empty``)."""
-    return {"auto_metrics": True, "auto_sites": True, "version": None, "sent": {}, "tick": 0, "paced": {},
-            "empty": {}}
+    defaults (until the user picks) and the per-site log y the figure's choice (until the user sets it),
+    the run and steps it last drew, what its pickers and tables were sent, the ticks it drew, the
+    version and tick each paced view was last sent at (``paced``), and the plots it shows empty, with
+    the figure each was sent (``empty``)."""
+    return {"auto_metrics": True, "auto_sites": True, "auto_log_sites": True, "version": None, "sent": {}, "tick": 0,
+            "paced": {}, "empty": {}}
 
 
 def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
@@ -314,7 +319,8 @@ def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
     v = dict(zip(CONTROLS, values))
     return Controls(metrics=None if state.get("auto_metrics", True) else v["metric_names"],
                     smoothing=v["smoothing"], log_metrics=v["log_metrics"], kind=v["kind"], statistic=v["stat"],
-                    sites=None if state.get("auto_sites", True) else v["sites"], log_sites=v["log_sites"],
+                    sites=None if state.get("auto_sites", True) else v["sites"],
+                    log_sites=None if state.get("auto_log_sites", True) else v["log_sites"],
                     dist_site=v["dist_site"], heat_kind=v["heat_kind"], heat_statistic=v["heat_stat"],
                     heat_log=v["heat_log"])
 
@@ -389,6 +395,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
         return value if update is None else update
 
     jump = page.first_anomaly is not None
+    if not state.get("auto_log_sites", True):  # (the user's box: what the figure chooses once it is again is sent)
+        sent.pop("log_sites", None)
     return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
             picker("metric_names", page.metric_choices, page.metrics),
             plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
@@ -396,7 +404,9 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
             changed("site_note", page.site_note), picker("dist_site", page.dist_choices, page.dist_site),
             plot(page.distribution_figure, "distribution", "distribution"), changed("dist_note", page.dist_note),
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
-            table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"))
+            table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"),
+            # (the box says the scale the figure chose, while it is the figure's to choose)
+            gr.skip() if page.log_sites is None else changed("log_sites", page.log_sites))
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:

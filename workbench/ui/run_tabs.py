@@ -499,13 +499,18 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
         c[f"{p}_{key}"].select(theirs, c[f"{p}_page"], c[f"{p}_page"], show_progress="hidden",
                                trigger_mode="always_last").then(
             handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
-    c[f"{p}_kind"].input(handler(change={"auto_sites": True}), inputs, outputs, show_progress="hidden")
+    # another kind or statistic: the figure chooses its scale again (log where a line dwarfs the others), and
+    # the box says which; a click on the box makes the scale the user's
+    c[f"{p}_kind"].input(handler(change={"auto_sites": True, "auto_log_sites": True}), inputs, outputs,
+                         show_progress="hidden")
+    c[f"{p}_stat"].input(handler(change={"auto_log_sites": True}), inputs, outputs, show_progress="hidden")
+    c[f"{p}_log_sites"].input(handler(change={"auto_log_sites": False}), inputs, outputs, show_progress="hidden")
     # (.change, not .release: a value typed into the slider's box fires change and input at once, and
     # release only at the next blur; one typed out of range is put back into it at the blur, which fires
     # change alone. The page never sets the slider itself, so each change is the user's; "always_last"
     # draws a drag's last value after the one being drawn, not every value on the way)
     c[f"{p}_smoothing"].change(handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
-    for key in ("log_metrics", "stat", "log_sites", "dist_site", "heat_kind", "heat_log"):
+    for key in ("log_metrics", "dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
     # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
     c[f"{p}_heat_stat"].input(lambda stat: gr.Checkbox(value=stat in figures.LOG_STATISTICS), c[f"{p}_heat_stat"],
