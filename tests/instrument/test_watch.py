@@ -1601,6 +1601,49 @@ def test_a_model_that_calls_itself_keeps_the_rows_of_each_call():
     assert sorted(zip(frame.module, frame.call)) == [("", 0), ("", 1), ("", 2), ("fc", 0), ("fc", 1)]
 
 
+def test_a_forward_that_raises_takes_back_the_gradient_rows_of_a_tensor_it_returns_again():
+    # learned queries returned as they are: the retried forward returns the same tensor, whose
+    # gradient site the failed forward had named (queries, call 0) already
+    class Queries(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Parameter(torch.randn(2, 3))
+
+        def forward(self, x):
+            return self.q
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.queries, self.fc = Queries(), nn.Linear(3, 3)
+            self.fail = False
+
+        def forward(self, x):
+            q = self.queries(x)
+            if self.fail:
+                raise RuntimeError("out of memory (simulated)")
+            return self.fc(q + x)
+
+    torch.manual_seed(0)
+    model = Model()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3)
+    with workbench.watch(model, parameters=False, parameter_grads=False) as w, \
+            workbench.watch(reference, parameters=False, parameter_grads=False) as ref:
+        model.fail = True
+        try:
+            model(x)
+        except RuntimeError:  # retried
+            model.fail = False
+            model(x).sum().backward()
+        w.step()
+        reference(x).sum().backward()
+        ref.step()
+    got = w.to_pandas()
+    assert not got.duplicated(["module", "call", "kind", "tensor"]).any()
+    pd.testing.assert_frame_equal(got, ref.to_pandas())
+
+
 def test_a_call_that_raises_inside_the_forward_is_not_counted():
     class Retries(nn.Module):
         def __init__(self):

@@ -363,6 +363,12 @@ class Hooks:
         del self.entries[entries:]
         self.sites.calls.clear()
         self.sites.calls.update(calls)
+        # a tensor those calls returned may be returned again (a parameter, as learned queries are),
+        # its gradient site found again in _seen: the keys of the calls taken back go, as their rows
+        for seen in self._seen.values():
+            site = seen[3]
+            if site is not None:
+                site.keys[:] = [key for key in site.keys if key[1] < calls.get(key[0], 0)]
 
     def _apply_interventions(self, path: str, call: int | None, recomputing: bool, output: Any) -> tuple[Any, bool]:
         replaced = False
