@@ -1644,6 +1644,31 @@ def test_a_forward_that_raises_takes_back_the_gradient_rows_of_a_tensor_it_retur
     pd.testing.assert_frame_equal(got, ref.to_pandas())
 
 
+def test_forwards_of_the_model_on_two_threads_at_once_keep_their_rows():
+    # (a forward starting while another thread's runs is not the next after one interrupted)
+    inside, go = threading.Event(), threading.Event()
+
+    class Waits(nn.Module):
+        def forward(self, x):
+            if threading.current_thread() is not threading.main_thread():
+                inside.set()
+                go.wait(timeout=60)
+            return x * 2
+
+    model = nn.Sequential(nn.Linear(3, 3), Waits(), nn.Linear(3, 3))
+    with workbench.watch(model, gradients=False, parameters=False, parameter_grads=False) as w:
+        thread = threading.Thread(target=model, args=(torch.randn(2, 3),))
+        thread.start()
+        inside.wait(timeout=60)
+        model(torch.randn(2, 3))  # while the other thread's forward waits in '1'
+        go.set()
+        thread.join()
+        model(torch.randn(2, 3))  # a third forward, on this thread: nothing of the others' taken back
+        w.step()
+    frame = w.to_pandas()
+    assert sorted(zip(frame.module, frame.call)) == [(path, call) for path in ["", "0", "1", "2"] for call in range(3)]
+
+
 def test_a_call_that_raises_inside_the_forward_is_not_counted():
     class Retries(nn.Module):
         def __init__(self):

@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Collection, Sequence
@@ -198,8 +199,9 @@ class Hooks:
         self.step_errors: list[dict[str, Any]] = []
         self._before: list[torch.Tensor] | None = None
         self._check_due = recording
-        # per forward of the model running (a model may call itself): the step's entries and calls before it
-        self._forwards: list[tuple[int, dict[str, int]]] = []
+        # per forward of the model running (a model may call itself, threads may call it at once): [the
+        # step's entries and calls before it, its thread, whether another thread's forward ran meanwhile]
+        self._forwards: list[list] = []
         self._backwards = 0  # backward passes that handed parameter gradients in
         # whether the step's first call of the model trained (training mode, grad enabled), and any did
         self._first_call_trained: bool | None = None
@@ -212,7 +214,7 @@ class Hooks:
         parameters' values and updates now)."""
         self._take_param_grads()  # (from hooks that ran outside a backward)
         if self._forwards and not self._runs_compiled() and internals.calls_running(self.sites.model) == 0:
-            self._take_back(0)  # a forward interrupted, none since
+            self._take_back(self._forward_of_thread(first=True))  # a forward interrupted, none since
         self._check_due = False
         self.check_structure()  # (before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
@@ -289,9 +291,7 @@ class Hooks:
         if not self.active:
             return
         if module is self.sites.model and not internals.in_backward():
-            if self._forwards and not self._runs_compiled() and internals.calls_running(module) == 1:
-                self._take_back(0)  # forwards that never ended, none running: interrupted (no hook ran)
-            self._forwards.append((len(self.entries), dict(self.sites.calls)))
+            self._forward_starts()
         self.sites.enter(module)
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
@@ -305,7 +305,9 @@ class Hooks:
             self.check_frozen()
         path = self.sites.leave(module)
         if module is self.sites.model and self._forwards and not internals.in_backward():
-            self._forwards.pop()
+            index = self._forward_of_thread(first=False)
+            if index is not None:
+                del self._forwards[index]
         if path is None:
             return None
         kinds = self.kinds
@@ -352,13 +354,41 @@ class Hooks:
         numbered as if the failed one had not run (and the step holds no partial forward)."""
         self.sites.leave(module)  # (a container's entry off the call stack)
         if module is self.sites.model and self._forwards and not internals.in_backward():
-            self._take_back(len(self._forwards) - 1)
+            self._take_back(self._forward_of_thread(first=False))
 
-    def _take_back(self, forward: int) -> None:
-        """Take back the rows and calls of the step's forwards of the model from ``forward`` (an index
-        of ``_forwards``) on: they raised, or were interrupted (a ``KeyboardInterrupt`` runs no hook,
-        and is found as the next forward of the model starts or the step ends)."""
-        entries, calls = self._forwards[forward]
+    def _forward_starts(self) -> None:
+        """Mark where a forward of the model starts, on this thread. This thread's forwards that never
+        ended while none is running were interrupted (no hook ran): taken back first."""
+        thread, forwards = threading.get_ident(), self._forwards
+        overlapped = False
+        if forwards:  # (a forward nested in another, one interrupted, or one on another thread)
+            first = self._forward_of_thread(first=True)
+            if first is not None and not self._runs_compiled() and internals.calls_running(self.sites.model) == 1:
+                self._take_back(first)
+            for forward in forwards:
+                if forward[2] != thread:
+                    forward[3] = overlapped = True
+        forwards.append([len(self.entries), dict(self.sites.calls), thread, overlapped])
+
+    def _forward_of_thread(self, first: bool) -> int | None:
+        """The index in ``_forwards`` of this thread's first (or last) forward running, None if none."""
+        thread = threading.get_ident()
+        order = range(len(self._forwards)) if first else range(len(self._forwards) - 1, -1, -1)
+        return next((index for index in order if self._forwards[index][2] == thread), None)
+
+    def _take_back(self, forward: int | None) -> None:
+        """Take back the rows and calls of this thread's forwards of the model from ``forward`` (an index
+        of ``_forwards``, None for none) on: they raised, or were interrupted (a ``KeyboardInterrupt``
+        runs no hook, and is found as the next forward of the model starts or the step ends). Where
+        another thread's forward ran meanwhile, its rows and calls are among theirs, not told apart:
+        they are kept (as they were before forwards were taken back), and only the marks go."""
+        if forward is None:
+            return
+        thread, overlapped = self._forwards[forward][2:]
+        if overlapped:
+            self._forwards[forward:] = [f for f in self._forwards[forward:] if f[2] != thread]
+            return
+        entries, calls = self._forwards[forward][:2]
         del self._forwards[forward:]
         del self.entries[entries:]
         self.sites.calls.clear()
