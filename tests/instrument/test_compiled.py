@@ -507,6 +507,8 @@ REFUSED_STORES = {  # how the store is made bad, what is raised
     "holds-a-run": (FileExistsError, "already holds a run"), "being-written": (FileExistsError, "another writer"),
     "a-file": (FileExistsError, "is a file, not a directory"),
     "under-a-file": (NotADirectoryError, "Cannot create the run directory .*under-a-file/run.* is a file"),
+    "under-a-dangling-link": (FileNotFoundError, "Cannot create the run directory .*under-a-dangling-link/run.* is a "
+                                                 "link to .*nowhere, which does not exist"),
     "contradicted": (ValueError, r"metadata \{'every': 99\} contradicts"),
 }
 
@@ -525,6 +527,9 @@ def test_a_store_refused_at_the_start_leaves_a_compiled_model_as_it_was(tmp_path
         path.write_text("not a run")
     elif store == "under-a-file":
         path.write_text("not a directory")
+        path = path / "run"
+    elif store == "under-a-dangling-link":  # (a link to a disk not mounted, a folder removed)
+        path.symlink_to(tmp_path / "nowhere")
         path = path / "run"
     else:
         metadata = {"every": 99}

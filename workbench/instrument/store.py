@@ -162,6 +162,7 @@ class RunStore:
             FileExistsError: the directory holds a run, another writer writes a run there, or the path is
                 a file.
             NotADirectoryError: a folder on the path is a file.
+            FileNotFoundError: a folder on the path is a link to nowhere.
             PermissionError: the directory, or the folder it would be made in, is not writable.
         """
         if not isinstance(path, (str, os.PathLike)):
@@ -396,8 +397,13 @@ class RunStore:
 
 def _check_writable(path: Path) -> None:
     """Refuse a run directory that cannot be made or written, found without writing: its nearest folder
-    that exists is a file, or not writable (``os.access``; on a read-only file system too)."""
-    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    that exists is a file, a link to nowhere, or not writable (``os.access``; on a read-only file system too)."""
+    # (a link to nowhere does not exist, yet the directory cannot be made through it)
+    existing = next(folder for folder in (path, *path.parents) if folder.exists() or folder.is_symlink())
+    if not existing.exists():
+        raise FileNotFoundError(f"Cannot create the run directory {path}: {existing} is a link to "
+                                f"{os.readlink(existing)}, which does not exist. Create that directory, or pick "
+                                "another you can write to.")
     if not existing.is_dir():
         raise NotADirectoryError(f"Cannot create the run directory {path}: {existing} is a file, not a directory. "
                                  "Pick a directory you can write to.")
