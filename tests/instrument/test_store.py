@@ -69,6 +69,21 @@ def test_metadata_names_the_run(tmp_path):
     assert exp.watcher.closed
 
 
+def test_metadata_that_repeats_how_the_watch_records_keeps_the_watchs_value(tmp_path):
+    # a numpy number equal to the watch's every is no contradiction, and is not stored for it (as its str:
+    # not a JSON value); an array for one is a contradiction, said as such
+    model = nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match="not a JSON value"):
+        with workbench.watch(model, store=tmp_path / "a", metadata={"every": np.int64(1), "bins": 32.0}) as w:
+            model(torch.ones(1, 2)).sum().backward()
+            w.step()
+    meta = workbench.load_run(tmp_path / "a").metadata
+    assert (meta["every"], meta["bins"]) == (1, 32) and isinstance(meta["every"], int) and isinstance(meta["bins"], int)
+    with pytest.warns(UserWarning, match="not a JSON value"), \
+            pytest.raises(ValueError, match=r"metadata \{'bins': array\(\[1, 2\]\)\} contradicts"):
+        workbench.watch(model, store=tmp_path / "b", metadata={"bins": np.array([1, 2])})
+
+
 def test_list_and_compare_runs(tmp_path):
     small_run(tmp_path / "a", steps=2)
     small_run(tmp_path / "nested" / "b", steps=3)

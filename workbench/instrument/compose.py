@@ -184,7 +184,8 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     facts = {"model": type(w.model).__name__, **facts, "every": w.every, **w.options}
     try:
         check_uncontradicted(metadata, facts)
-        facts.update(metadata or {})
+        # (the watch's own value where metadata repeats it: np.int64(1) for every=1 would be stored as '1')
+        facts.update({key: value for key, value in (metadata or {}).items() if key == "model" or key not in facts})
         w.store = RunStore(store, facts, on_error=_report_to(w))
         w.add_sink(w.store)  # (closed with the watch, as 'failed', should attaching fail)
         w.store.attach(w.recorder)
@@ -199,11 +200,20 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
 def check_uncontradicted(metadata: dict[str, Any] | None, facts: dict[str, Any]) -> None:
     """Refuse ``metadata`` that contradicts the ``facts`` a store writes of how the watch records (its
     ``model`` aside: a name of the user's for the model): the run's record of that stays true."""
-    contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and k != "model" and v != facts[k]}
+    contradicted = {k: v for k, v in (metadata or {}).items() if k in facts and k != "model" and _differs(v, facts[k])}
     if contradicted:
         raise ValueError(f"metadata {contradicted!r} contradicts what the watch stores itself "
                          f"({', '.join(f'{k}={facts[k]!r}' for k in contradicted)}); give your facts other "
                          "names, e.g. {'my_" + next(iter(contradicted)) + "': ...}.")
+
+
+def _differs(value: Any, fact: Any) -> bool:
+    """Whether a metadata ``value`` differs from the watch's ``fact`` (an array of several numbers does:
+    its comparison has no one truth value)."""
+    try:
+        return not bool(value == fact)
+    except (TypeError, ValueError):
+        return True
 
 
 def check_store(store: str | Path, recorder: Recorder | None, metadata: dict[str, Any] | None,
