@@ -262,6 +262,19 @@ def test_a_compiled_ddp_model_is_named_by_the_model_s_paths_in_either_order(one_
     assert workbench.load_run(tmp_path / "run").metadata["distributed"]["wrapper"] == "DistributedDataParallel"
 
 
+def test_metadata_is_held_to_what_the_distributed_run_records_of_the_parameters(one_rank, tmp_path):
+    # (the rank's watch records no parameters itself, its recorder does: metadata saying they are
+    # recorded was refused as contradicting the watch's parameters=False)
+    model = workers.make_model()
+    with watch_distributed(model, store=tmp_path / "run", metadata={"parameters": True}) as w:
+        model(torch.randn(2, 4)).sum().backward()
+        w.step()
+    meta = workbench.load_run(tmp_path / "run").metadata
+    assert meta["parameters"] is True and meta["parameter_grads"] is True
+    with pytest.raises(ValueError, match=r"metadata \{'parameters': True\} contradicts .*parameters=False"):
+        watch_distributed(model, store=tmp_path / "other", parameters=False, metadata={"parameters": True})
+
+
 def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distributed(one_rank, tmp_path):
     model = nn.parallel.DistributedDataParallel(workers.make_model())
     with workbench.watch(model, store=tmp_path / "run"):  # (as another rank's watch holds it)

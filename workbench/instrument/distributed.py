@@ -419,11 +419,15 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         The rank's :class:`~workbench.Watch`; ``w.recorder`` is its :class:`DistributedRecorder`.
     """
     from workbench.instrument import watch
-    from workbench.instrument.compose import check_metadata
+    from workbench.instrument.compose import check_metadata, check_uncontradicted
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"watch_distributed() needs a torch.nn.Module, got {type(model).__name__}.")
     check_metadata(metadata)
+    # the recorder records the parameters and their gradients, not the rank's watch (whose own options say
+    # False): metadata is held to what the run stores of them (below), not to the watch's
+    recorded = {"parameters": parameters, "parameter_grads": parameter_grads}
+    check_uncontradicted(metadata, recorded)
     if "recorder" in options:
         raise TypeError("watch_distributed() makes its own DistributedRecorder; pass no recorder= "
                         "(use DistributedRecorder with watch() to compose your own).")
@@ -433,7 +437,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     recorder = DistributedRecorder(inner, group=group, per_rank=per_rank, parameters=parameters,
                                    parameter_grads=parameter_grads, modules=modules, exclude=exclude,
                                    bins=bins if histograms else None, grad_scale=grad_scale, metrics=metrics)
-    facts = {**(metadata or {}),
+    facts = {**{key: value for key, value in (metadata or {}).items() if key not in recorded},
              "distributed": {"world_size": recorder.world_size, "backend": str(dist.get_backend(group)),
                              "grad_scale": recorder.grad_scale, "metrics": metrics,
                              "wrapper": next((type(m).__name__ for m in wrappers(model)
@@ -444,5 +448,5 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
               histograms=histograms, bins=bins, recorder=recorder, store=store if recorder.rank == 0 else None,
               metadata=facts, **options)
     if w.store is not None:  # (the recorder records them, not the rank's watch, whose own options say False)
-        w.store.set_meta(parameters=parameters, parameter_grads=parameter_grads)
+        w.store.set_meta(**recorded)
     return w
