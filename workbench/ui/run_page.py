@@ -233,9 +233,9 @@ def short_number(value: Any) -> str:
 def shown_latest(latest: pd.DataFrame) -> Any:
     """The last-step table (:attr:`Page.latest`) as a page shows it, in the columns of :data:`LATEST_COLUMNS`: a
     pandas ``Styler`` whose statistics read to 4 significant digits (:func:`short_number`) and whose sites may
-    break over two lines after a dot or an underscore, each with the interventions on it then (the table's ``intervention`` column, where it
-    has one) on a line of its own under it. An empty table is returned as it is. The cells' values (what a copy
-    takes) are the table's own."""
+    break over two lines after a dot or an underscore, each with the interventions on it then (the table's
+    ``intervention`` column, where it has one) on a line of its own under it. An empty table is returned as it
+    is. The cells' values (what a copy takes) are the table's own."""
     shown = latest.reindex(columns=LATEST_COLUMNS)
     if shown.empty:
         return shown
