@@ -243,6 +243,7 @@ def test_a_run_trains_from_uploaded_weights(manager, tmp_path):
     run.join(60)
     assert run.outcome == "finished" and run.weights == "ez.pt"
     assert load_run(run.watch.store.path).metadata["initial_weights"] == "ez.pt"
+    assert "from the weights: `ez.pt`" in stored_runs.replay(manager.root, "fromck")[1]  # (its replay says so)
     unstarted = live_run.LiveRun("efficientzero_dynamics", {"batch_size": 4}, 0, 1, weights=str(tmp_path / "ez.pt"))
     try:  # (made, not started: no step has moved its weights)
         for key, value in state.items():

@@ -13,7 +13,7 @@ import torch
 
 from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
-from workbench.ui import live_run, run_control, run_page, run_tabs
+from workbench.ui import live_run, run_control, run_page, run_tabs, stored_runs
 from workbench.ui.runs import RunManager
 
 TINY = {"width": "4", "depth": "1", "batch_size": "8", "n_samples": "64"}
@@ -273,6 +273,8 @@ def test_an_ended_run_continues_as_a_new_run_bit_for_bit_numbered_on(manager):
     continued, whole = load_run(manager.root.path / "first-from-4"), load_run(manager.root.path / "straight")
     assert continued.steps == [4, 5] and load_run(manager.root.path / "first").steps == [1, 2, 3]
     assert continued.metadata["continues"].startswith(f"{first.label} (first)")
+    # its replay says what it continues (its steps start at 4)
+    assert f"continues: `{first.label} (first)`" in stored_runs.replay(manager.root, "first-from-4")[1]
     assert continued.metrics().equals(whole.metrics().query("step > 3").reset_index(drop=True))
     ours = continued.to_pandas().drop(columns=["wall_time"], errors="ignore").reset_index(drop=True)
     theirs = whole.to_pandas().query("step > 3").drop(columns=["wall_time"], errors="ignore").reset_index(drop=True)

@@ -237,6 +237,9 @@ def test_the_last_step_table_keeps_tiny_values_and_a_page_shows_them_to_4_signif
     assert [cell["display_value"] for cell in row if cell["type"] == "td"][:3] == [
         "blocks.<wbr>0.<wbr>attn<wbr>#1", "3", "-47.01"]
     assert run_page.shown_latest(sites.head(0)).columns.tolist() == run_page.LATEST_COLUMNS
+    # at most 8 characters: fewer digits where 4 take more (a column of an 800 px window holds it on a line)
+    assert [run_page.short_number(v) for v in (-0.000533, -1.2345e-5, 1234567.0, 0.1234567)] == [
+        "-0.00053", "-1.2e-05", "1.23e+06", "0.1235"]
 
 
 def test_a_stored_run_replays_into_the_same_views_once(manager):

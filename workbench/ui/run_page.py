@@ -31,17 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
            "page_outputs", "jump_controls", "redraw", "LATEST_COLUMNS", "LATEST_WIDTHS", "LATEST_DATATYPES",
-           "shown_latest"]
+           "short_number", "shown_latest"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
 #: The last-step table a page shows (:func:`shown_latest`): each site, the step and its statistics but the NaN/Inf
 #: counts (the "NaN / Inf" table above it lists those), then, where the run has any, the interventions on then.
 LATEST_COLUMNS = ["site", "step", *[s for s in STATISTICS if s not in ("nan_count", "inf_count")]]
-#: Its column widths: in a 1400 px window (a run page ~900 px wide) each statistic, of 4 significant digits
-#: ("-1.234e-05" at most), holds on a line, and a site breaks after a dot or an underscore. (In a narrower window
-#: the statistics keep room for ten characters, run_tabs.CSS, and the table scrolls sideways, its sites pinned.)
-LATEST_WIDTHS = ["16%", "8%", *["10.85%"] * 7]
+#: Its column widths: in a 1400 px window (a run page ~900 px wide) a site breaks after a dot or an underscore and each
+#: statistic (:func:`short_number`, 8 characters at most) holds on a line; in an 800 px window too, its text a little
+#: smaller there (run_tabs.CSS).
+LATEST_WIDTHS = ["14%", "7.5%", *["11.2%"] * 7]
 #: Its cells' datatypes: a site is HTML (where it may break, and the interventions on it then).
 LATEST_DATATYPES = ["html", *["number"] * (len(LATEST_COLUMNS) - 1)]
 #: Where a site's name may break over two lines: after a dot or an underscore followed by a letter or a digit, and
@@ -224,12 +224,22 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                 dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
+def short_number(value: Any) -> str:
+    """``value`` to 4 significant digits, or to fewer where that takes more than 8 characters (``-0.00053``, not
+    ``-0.000533``; ``-1.2e-05``): a column of the last-step table holds it on a line."""
+    for digits in (4, 3, 2, 1):
+        text = f"{value:.{digits}g}"
+        if len(text) <= 8:
+            return text
+    return text
+
+
 def shown_latest(latest: pd.DataFrame) -> Any:
     """The last-step table (:attr:`Page.latest`) as a page shows it, in the columns of :data:`LATEST_COLUMNS`: a
-    pandas ``Styler`` whose statistics read to 4 significant digits and whose sites may break over two lines after
-    a dot or an underscore, each with the interventions on it then (the table's ``intervention`` column, where it
-    has one) on a line of its own under it. An empty table is returned as it is. The cells' values (what a copy
-    takes) are the table's own."""
+    pandas ``Styler`` whose statistics read to 4 significant digits (:func:`short_number`) and whose sites may
+    break over two lines after a dot or an underscore, each with the interventions on it then (the table's
+    ``intervention`` column, where it has one) on a line of its own under it. An empty table is returned as it
+    is. The cells' values (what a copy takes) are the table's own."""
     shown = latest.reindex(columns=LATEST_COLUMNS)
     if shown.empty:
         return shown
@@ -237,7 +247,7 @@ def shown_latest(latest: pd.DataFrame) -> Any:
     def site(name: Any) -> str:
         return _SITE_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
 
-    styled = shown.style.format({"site": site, **{c: "{:.4g}" for c in LATEST_COLUMNS[2:]}})
+    styled = shown.style.format({"site": site, **{c: short_number for c in LATEST_COLUMNS[2:]}})
     marks = latest["intervention"] if "intervention" in latest else pd.Series("", index=latest.index)
     for index, mark in marks.items():
         if mark:  # (each row's own: a formatter is given the cell's value alone)

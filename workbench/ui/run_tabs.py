@@ -266,11 +266,9 @@ CSS = f"""
    last-step table's nine a run page at 1400 px (run_page.LATEST_WIDTHS), the runs' eight an 800 px window
    (run_control.RUN_WIDTHS) */
 #runs-table .cell-wrap, .wb-compact .cell-wrap { padding-left: 6px !important; padding-right: 6px !important; }
-/* the last-step table's statistics keep room for ten characters ("-1.234e-05") in a window too narrow for its
-   widths (run_page.LATEST_WIDTHS): it scrolls sideways, its sites pinned, rather than break a number in two */
-.wb-latest th:nth-child(n+3), .wb-latest .body-cell:nth-child(n+3) { min-width: 97px !important; }
-.wb-latest th:first-child, .wb-latest .body-cell:first-child { position: sticky !important; left: 0; z-index: 2;
-  background: inherit; }  /* (its row's: the numbers scroll under it) */
+/* in a window narrower than 1100 px the last-step table's text is a little smaller (12 px): its numbers (8 characters
+   at most) and headers hold on a line in the narrower columns (run_page.LATEST_WIDTHS) */
+@media (max-width: 1100px) { .wb-latest .cell-wrap { font-size: 12px; } }
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }

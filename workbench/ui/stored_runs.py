@@ -91,13 +91,19 @@ def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
 
 
 def run_facts(run: Run) -> str:
-    """What a stored run ran, as its metadata says: experiment, model and seed (those it records), and when
-    it started, whole (the Runs table shows it short)."""
+    """What a stored run ran, as its metadata says: experiment, model and seed (those it records), when it
+    started, whole (the Runs table shows it short), and, for a run started in the app from a checkpoint or as
+    the continuation of another run, the checkpoint's file or the run it continues (a replay of a run whose
+    steps start at 201 says why)."""
     m = run.metadata
     facts = [f"{k}: `{m[k]}`" for k in ("experiment", "model", "seed") if k in m]
     if isinstance(m.get("start_time"), (int, float)):
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(m["start_time"]))
         facts.append(f"started: `{started}`")
+    for key, said in (("initial_weights", "from the weights"), ("continues", "continues")):
+        if isinstance(m.get(key), str) and m[key]:
+            value = m[key].replace("`", "'")  # (inside a code span)
+            facts.append(f"{said}: `{value}`")
     return ", ".join(facts)
 
 
