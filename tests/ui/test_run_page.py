@@ -534,3 +534,19 @@ def test_the_per_site_figure_is_log_scaled_where_a_line_dwarfs_the_others_until_
 def test_a_line_dwarfs_the_others_when_a_log_y_would_show_them_all(values, log):
     frame = pd.DataFrame({"site": ["a", "a", "b", "b", "c", "c"], "value": np.repeat(values, 2)})
     assert figures.dwarfed(frame) is log
+
+
+def test_a_running_forward_only_model_is_not_said_to_have_gradients_yet_to_come(tmp_path):
+    """query_stream's QueryModule is run forward only: its live page said "No grad_output rows yet." for as
+    long as it ran. Its steps so far had none; the text stays the same from step to step (an empty plot is
+    sent again only when what it says changes)."""
+    workbench.experiments.create("query_stream", seed=0, key_space=2000, batch_size=64).start(
+        2, store=tmp_path / "q").join()
+    view = RunView.from_run(load_run(tmp_path / "q"))
+    view.set_status("running")  # (as while it ran)
+    said = "No grad_output rows in the steps recorded so far."
+    page = run_page.draw_page(view, run_page.Controls(kind="grad_output", heat_kind="grad_output"))
+    assert empty_text(page.sites_figure) == empty_text(page.distribution_figure) == page.site_note == said
+    view.set_status("finished")
+    page = run_page.draw_page(view, run_page.Controls(kind="grad_output"))
+    assert empty_text(page.sites_figure) == "This run recorded no grad_output rows."
