@@ -1,5 +1,6 @@
 """The run page's views, without a browser: each view's data, drawn from the run's RunView."""
 
+import dataclasses
 import json
 import re
 import zipfile
@@ -387,14 +388,20 @@ def test_a_plot_that_shows_no_rows_yet_is_drawn_at_the_first_tick_with_rows_in_v
     state, sent = draw(None, force=True)  # the page's first drawing, before the run's first step
     heat = json.loads(sent["heatmap"].plot)
     assert not heat["data"] and heat["layout"]["annotations"][0]["text"] == "No grad_output rows yet."
-    view.feed(StepRecord(step=1, metrics={"loss": 1.0}))  # a step with no rows: nothing new to say in the others
-    state, sent = draw(state, in_view={"metrics"})
-    assert set(sent) == {"metrics"}
-    view.feed(records[0])  # rows: the plots that said there were none drawn at once, out of view too
+    # a step with no rows: the plots that said "yet" say so of the steps recorded, once (out of view too)
+    view.feed(StepRecord(step=1, metrics={"loss": 1.0}))
     state, sent = draw(state, in_view={"metrics"})
     assert set(sent) == set(run_page.IN_VIEW_ONLY)
+    said = json.loads(sent["heatmap"].plot)["layout"]["annotations"][0]["text"]
+    assert said == "No grad_output rows in the steps recorded so far."
+    view.feed(StepRecord(step=2, metrics={"loss": 1.0}))  # another: nothing new to say in the others
+    state, sent = draw(state, in_view={"metrics"})
+    assert set(sent) == {"metrics"}
+    view.feed(dataclasses.replace(records[0], step=3))  # rows: the plots that said there were none drawn at
+    state, sent = draw(state, in_view={"metrics"})      # once, out of view too
+    assert set(sent) == set(run_page.IN_VIEW_ONLY)
     assert traces(json.loads(sent["heatmap"].plot))
-    view.feed(records[1])  # and paced again from then on: out of view, held back
+    view.feed(dataclasses.replace(records[1], step=4))  # and paced again from then on: out of view, held back
     state, sent = draw(state, in_view={"metrics"})
     assert set(sent) == {"metrics"}
 
