@@ -41,6 +41,9 @@ w.close()
 dashboard = Dashboard(w)
 dashboard"""
 FOCUS_CELL = "dashboard.focus_finding(0).site"
+# [width, right edge, the output's right edge] of each box of the form (and the filters) in an output
+BOXES = ("(el) => [...el.querySelectorAll('.widget-text input, .widget-dropdown select')].map(b => {"
+         " const r = b.getBoundingClientRect(); return [r.width, r.right, el.getBoundingClientRect().right]; })")
 # a model whose form has labels up to 35 characters long
 BROWSER_CELL = """\
 from workbench.ui.notebook import ModelBrowser
@@ -255,12 +258,13 @@ def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_noteb
         _run_cell(page, 0)
         output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
         output.locator("button", has_text="Build").wait_for(timeout=60_000)
-        right = output.bounding_box()["x"] + output.bounding_box()["width"]
-        boxes = output.locator(".widget-text input, .widget-dropdown select")
-        assert boxes.count() >= 16
-        for i in range(boxes.count()):
-            box = boxes.nth(i).bounding_box()
-            assert box["width"] >= 100 and box["x"] + box["width"] <= right + 1, (i, box, right)
+        # (waited for: ipywidgets draws a box's children one by one, and its layout after them)
+        try:
+            page.wait_for_function(f"(el) => ({BOXES})(el).every(([w, r, right]) => w >= 100 && r <= right + 1)"
+                                   f" && ({BOXES})(el).length >= 16", arg=output.element_handle(), timeout=60_000)
+        except Exception:
+            raise AssertionError(f"[width, right edge, output's right edge] of each box: "
+                                 f"{output.evaluate(BOXES)}") from None
         _shot(page, f"model_browser_{width}")
     except Exception:
         _shot(page, f"model_browser_{width}_failed")

@@ -950,6 +950,29 @@ def test_a_kind_the_run_does_not_record_is_said_so_never_awaited(tmp_path):
         "No grad_output rows: this run was recorded without them (gradients=False).")
 
 
+def test_a_kind_a_running_model_has_not_given_in_its_steps_is_not_awaited_as_yet_to_come():
+    """A model run forward only (query_stream's QueryModule, a module probed without a backward) said "No
+    grad_output rows yet." for as long as it ran: rows that were never to come."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh())
+    w = workbench.watch(model)  # (gradients on: the model is simply never backpropagated)
+    dash = Dashboard(w, interval=3600, kind="grad_output", tab="sites")
+    try:
+        assert empty_text(dash.figure("sites")) == "No grad_output rows yet."  # (no step recorded: yet)
+        with torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(8, 2))
+                w.step()
+        wait_for(lambda: dash.view.steps_fed == 2, what="the steps delivered to the dashboard")
+        dash.refresh()  # (as the timer's next tick does)
+        said = "No grad_output rows in the steps recorded so far."
+        assert [empty_text(dash.figure(name)) for name in ("sites", "heatmap", "distribution")] == [said] * 3
+    finally:
+        dash.close()
+        w.close()
+
+
 def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_yet_to_come(tmp_path):
     """The kind list offers update, which runs record only with updates=True: "None of these runs has update
     rows yet." for good."""

@@ -1,5 +1,6 @@
 """The run page's views, without a browser: each view's data, drawn from the run's RunView."""
 
+import dataclasses
 import json
 import re
 import zipfile
@@ -412,14 +413,20 @@ def test_a_plot_that_shows_no_rows_yet_is_drawn_at_the_first_tick_with_rows_in_v
     state, sent = draw(None, force=True)  # the page's first drawing, before the run's first step
     heat = json.loads(sent["heatmap"].plot)
     assert not heat["data"] and heat["layout"]["annotations"][0]["text"] == "No grad_output rows yet."
-    view.feed(StepRecord(step=1, metrics={"loss": 1.0}))  # a step with no rows: nothing new to say in the others
-    state, sent = draw(state, in_view={"metrics"})
-    assert set(sent) == {"metrics"}
-    view.feed(records[0])  # rows: the plots that said there were none drawn at once, out of view too
+    # a step with no rows: the plots that said "yet" say so of the steps recorded, once (out of view too)
+    view.feed(StepRecord(step=1, metrics={"loss": 1.0}))
     state, sent = draw(state, in_view={"metrics"})
     assert set(sent) == set(run_page.IN_VIEW_ONLY)
+    said = json.loads(sent["heatmap"].plot)["layout"]["annotations"][0]["text"]
+    assert said == "No grad_output rows in the steps recorded so far."
+    view.feed(StepRecord(step=2, metrics={"loss": 1.0}))  # another: nothing new to say in the others
+    state, sent = draw(state, in_view={"metrics"})
+    assert set(sent) == {"metrics"}
+    view.feed(dataclasses.replace(records[0], step=3))  # rows: the plots that said there were none drawn at
+    state, sent = draw(state, in_view={"metrics"})      # once, out of view too
+    assert set(sent) == set(run_page.IN_VIEW_ONLY)
     assert traces(json.loads(sent["heatmap"].plot))
-    view.feed(records[1])  # and paced again from then on: out of view, held back
+    view.feed(dataclasses.replace(records[1], step=4))  # and paced again from then on: out of view, held back
     state, sent = draw(state, in_view={"metrics"})
     assert set(sent) == {"metrics"}
 
@@ -559,3 +566,19 @@ def test_the_per_site_figure_is_log_scaled_where_a_line_dwarfs_the_others_until_
 def test_a_line_dwarfs_the_others_when_a_log_y_would_show_them_all(values, log):
     frame = pd.DataFrame({"site": ["a", "a", "b", "b", "c", "c"], "value": np.repeat(values, 2)})
     assert figures.dwarfed(frame) is log
+
+
+def test_a_running_forward_only_model_is_not_said_to_have_gradients_yet_to_come(tmp_path):
+    """query_stream's QueryModule is run forward only: its live page said "No grad_output rows yet." for as
+    long as it ran. Its steps so far had none; the text stays the same from step to step (an empty plot is
+    sent again only when what it says changes)."""
+    workbench.experiments.create("query_stream", seed=0, key_space=2000, batch_size=64).start(
+        2, store=tmp_path / "q").join()
+    view = RunView.from_run(load_run(tmp_path / "q"))
+    view.set_status("running")  # (as while it ran)
+    said = "No grad_output rows in the steps recorded so far."
+    page = run_page.draw_page(view, run_page.Controls(kind="grad_output", heat_kind="grad_output"))
+    assert empty_text(page.sites_figure) == empty_text(page.distribution_figure) == page.site_note == said
+    view.set_status("finished")
+    page = run_page.draw_page(view, run_page.Controls(kind="grad_output"))
+    assert empty_text(page.sites_figure) == "This run recorded no grad_output rows."

@@ -553,13 +553,17 @@ class RunView:
 
     def no_rows(self, kind: str) -> str:
         """What a view of ``kind`` says while it has no rows of it: that the run is not recorded with
-        them (:attr:`unrecorded`: a message that names the option), that it recorded none (it ended), or
-        that none have arrived yet."""
+        them (:attr:`unrecorded`: a message that names the option), that it recorded none (it ended),
+        that its steps so far had none (a model run forward only never gives gradients: not "yet"), or,
+        before its first step, that none have arrived yet. (The text stays the same from step to step: a
+        page sends an empty figure again only when what it says changes.)"""
         option = self.unrecorded.get(kind)
         ended = self.status in ENDED
         if option is not None:
             return f"No {kind} rows: this run {'was' if ended else 'is'} recorded without them ({option}=False)."
-        return f"This run recorded no {kind} rows." if ended else f"No {kind} rows yet."
+        if ended:
+            return f"This run recorded no {kind} rows."
+        return f"No {kind} rows in the steps recorded so far." if self.steps_fed else f"No {kind} rows yet."
 
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
