@@ -1669,6 +1669,44 @@ def test_forwards_of_the_model_on_two_threads_at_once_keep_their_rows():
     assert sorted(zip(frame.module, frame.call)) == [(path, call) for path in ["", "0", "1", "2"] for call in range(3)]
 
 
+def test_a_parameter_returned_as_an_output_has_its_gradient_recorded_each_step_without_hooks_piling_up():
+    # (each recorded step put a tensor hook on the parameter for good: from step 2 the last step's fired
+    # too, said "the gradients of step 1 arrived after w.step()", and the hooks piled up)
+    class Queries(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.queries = nn.Parameter(torch.randn(3, 4))
+
+        def forward(self):
+            return self.queries
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.fc = Queries(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x * self.q())
+
+    torch.manual_seed(0)
+    model = Model()
+    grads = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning of late gradients)
+        with workbench.watch(model, histograms=False) as w:
+            for _ in range(3):
+                model.zero_grad()
+                model(torch.randn(3, 4)).pow(2).sum().backward()
+                grads.append(model.q.queries.grad.clone())  # (the gradient w.r.t. the output, used once)
+                w.step()
+                assert len(model.q.queries._backward_hooks or {}) == 1
+    assert not model.q.queries._backward_hooks and w.errors == []
+    got = rows(w, module="q", kind="grad_output")
+    assert list(got.step) == [1, 2, 3]
+    np.testing.assert_allclose(got["mean"], [g.mean().item() for g in grads], rtol=1e-5)
+    np.testing.assert_allclose(got["norm"], [g.norm().item() for g in grads], rtol=1e-5)
+
+
 def test_a_call_that_raises_inside_the_forward_is_not_counted():
     class Retries(nn.Module):
         def __init__(self):

@@ -104,6 +104,10 @@ class Hooks:
         self._keys: dict[tuple, tuple] = {}
         self._not_floating: set[tuple] = set()  # the activation keys of integer, bool (...) tensors
         self._param_batches: dict[str, tuple[list, list, list]] = {}  # see _record_parameters
+        # id(leaf tensor) -> the handle of the gradient hook on it: a leaf returned as an output (a
+        # parameter) keeps a tensor hook until removed, replaced as a later step hooks it again
+        # (the step's backward would find the last step's too, and call its gradient late)
+        self._leaf_hooks: dict[int, Any] = {}
         self.params = sites.parameters()
         # the post-hook runs also when a call raises: a forward of the model that raises leaves no rows
         handles = internals.register_module_hooks(_weakly(self._post_hook), _weakly(self._pre_hook), always_call=True)
@@ -277,6 +281,7 @@ class Hooks:
             site.held = None
         self._module_hooks.clear()
         self._param_hooks.clear()
+        self._leaf_hooks.clear()  # (removed with every other handle by _release)
         self.interventions.clear()
         if self._runs_compiled() and was_open:
             internals.compile_again()  # (once the hooks are out: graphs compiled now are the model's own)
@@ -444,7 +449,14 @@ class Hooks:
                 try:
                     if seen[3] is None:
                         seen[3] = _GradSite(self)
-                        seen[3].attach(tracked)
+                        leaf_hook = seen[3].attach(tracked)
+                        if leaf_hook is not None:  # (a parameter returned: one hook of ours on it at a time)
+                            old = self._leaf_hooks.pop(id(tracked), None)
+                            if old is not None:
+                                old.remove()
+                                self._handles.remove(old)
+                            self._leaf_hooks[id(tracked)] = leaf_hook
+                            self._handles.append(leaf_hook)  # (removed should the watch be let go of unclosed)
                     seen[3].keys.append((path, call, name, shape))
                     self._grads_hooked.add(path)
                 except Exception as exc:
@@ -713,14 +725,16 @@ class _GradSite(internals.GradientHook):
     __slots__ = ("hooks", "keys", "step", "generation", "held", "recorded")
 
     def __init__(self, hooks: Hooks) -> None:
-        self.hooks = hooks
+        self.hooks = weakref.ref(hooks)  # (a hook on a leaf outlives the graph: it keeps no watch alive)
         self.keys: list[tuple[str, int, str, tuple[int, ...]]] = []  # (path, call, leaf name, shape) per call site
         self.step, self.generation = hooks.step_index, hooks.generation
         self.held: torch.Tensor | None = None  # the total gradient of the passes so far that kept the graph
         self.recorded = False  # its rows are made: a later backward pass has nothing to add to
 
     def on_gradient(self, grad: torch.Tensor | None) -> None:
-        self.hooks._record_grad(self, grad)
+        hooks = self.hooks()
+        if hooks is not None:
+            hooks._record_grad(self, grad)
 
 
 def warn(message: str) -> None:

@@ -233,13 +233,15 @@ class GradientHook:
     def on_gradient(self, grad: torch.Tensor | None) -> None:
         raise NotImplementedError
 
-    def attach(self, tensor: torch.Tensor) -> None:
+    def attach(self, tensor: torch.Tensor) -> Any:
+        """Hook ``tensor``'s gradient. Returns the handle of a hook that outlives the backward, on a
+        leaf (a parameter returned as a module's output: it stays on the tensor until removed), else
+        None (a node's pre-hook goes with the graph)."""
         self.output = self.base_output = 0
         self.fired, self.geometry = False, None
         node = tensor.grad_fn
         if node is None:  # a leaf: no node makes it, a tensor hook gets its gradient
-            tensor.register_hook(self.on_gradient)
-            return
+            return tensor.register_hook(self.on_gradient)
         self.output = tensor.output_nr
         node.register_prehook(self._node_hook)
         if tensor._is_view():
@@ -250,6 +252,7 @@ class GradientHook:
                 self.geometry = (base.size(), base.stride(), tensor.size(), tensor.stride(),
                                  tensor.storage_offset() - base.storage_offset())
                 base.grad_fn.register_prehook(self._base_hook)
+        return None
 
     def _node_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
         self.fired = True
