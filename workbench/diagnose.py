@@ -57,6 +57,13 @@ FINDINGS: dict[str, tuple[str, str]] = {
                               "so they stop learning. Usual causes: a large negative bias, a learning rate that "
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
                               "learning rate, or re-initialize the layer before it."),
+    "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
+                                   "nothing of its input on, and, a sigmoid or tanh pinned at a bound or a softmax "
+                                   "over a dimension of size 1, no gradient back either. Usual causes: a large bias or "
+                                   "large weights before a sigmoid/tanh (in float32 a sigmoid of more than ~17 is "
+                                   "exactly 1, a tanh of more than ~9), a softmax or normalization over the wrong dim "
+                                   "(one of size 1), weights set to 0. Check the dim=, initialize smaller, normalize "
+                                   "the inputs."),
     "saturated": ("warning", "A sigmoid/tanh-like output stuck at its bounds, where its gradient is ~0. Usual "
                              "causes: large weights or inputs before it. Normalize the inputs, initialize smaller "
                              "(Xavier/Glorot), add a normalization layer before it."),
@@ -309,6 +316,7 @@ class _Layout:
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
     feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
+    out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
 #: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
@@ -582,8 +590,12 @@ class Diagnoser:
             if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
                     _parse_shape(keys[b][4]) == (int(units[i]),):
                 feed_bias[i] = b
+        out_grad: dict[str, int] = {}
+        for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
+            if knd == "grad_output" and call == 0:
+                out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias)
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -637,6 +649,7 @@ class Diagnoser:
                 finite = np.isfinite(mean[:, act]) & np.isfinite(std[:, act])
                 a_lo, a_hi, a_zero = lo[:, act], hi[:, act], zero[:, act]
                 look |= (finite & (a_lo >= 0) & (a_zero >= t.dead_zero_frac)).any(1)
+                look |= (finite & (a_lo == a_hi) & (a_hi != 0) & (numel[:, act] > 1)).any(1)
                 bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
                 if bounded.any():
                     tanh = a_lo < 0
@@ -884,6 +897,17 @@ class Diagnoser:
             self._hold(step, "dead_units", layout, int(i),
                        f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
                        f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+        # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
+        # pinned exactly at a bound has no variance left for the saturation index to read
+        constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
+        for i in np.flatnonzero(constant):
+            value = float(hi[i])
+            bound = (f"; {value:g} is a bound of a sigmoid or tanh (and what a softmax over a dimension of size 1 "
+                     f"gives), where their derivative is 0: if it is one, no gradient passes it") \
+                if value in (1.0, -1.0) else ""
+            self._hold(step, "constant_output", layout, int(i),
+                       f"all {int(stats['numel'][i])} of its outputs are {value:.6g} at step {step} (min = max): it "
+                       f"gives the same output for every input{bound}.", need=t.persist)
         # saturation: outputs inside [0, 1] (sigmoid-like) or [-1, 1] with negatives (tanh-like)
         bounded = act & finite & (hi <= 1) & (lo >= -1) & (zero < 0.5) & (stats["numel"] > 1) & (hi > lo)
         if not bounded.any():
@@ -925,10 +949,15 @@ class Diagnoser:
             none = np.flatnonzero(np.isfinite(rms[:last]) & (rms[:last] == 0))
             if len(none):
                 shown = ", ".join(layout.names[idx[j]] for j in _sample(list(none), 6))
+                # where it stops: the latest site without one, and the next in forward order, which gets one
+                stop, gets = layout.names[idx[none[-1]]], layout.names[idx[none[-1] + 1]]
                 self._hold(step, "vanishing_gradients", layout, int(idx[none[0]]),
                            f"no gradient reaches {len(none)} of {len(idx)} sites: their output gradient is exactly 0 "
                            f"at step {step} ({shown}), while {layout.names[idx[last]]}, later in forward order, gets "
-                           f"an RMS of {rms[last]:.2g}.", key="no gradient", need=t.persist)
+                           f"an RMS of {rms[last]:.2g}. It stops between {stop} and {gets}: the output of {gets} "
+                           f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
+                           f"none back (dead units, an output pinned at a bound, a factor of 0).",
+                           key="no gradient", need=t.persist)
         idx, rms = idx[ok], rms[ok]
         if not len(idx):
             return
@@ -1013,8 +1042,21 @@ class Diagnoser:
             self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
                        f"tell why).", need=t.persist)
         elif grad == 0:
-            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0, no gradient reaches "
-                       f"it (dead units after it, or a factor of 0).", need=t.persist)
+            # (a weight's gradient is its output's gradient times its input: one of the two is 0, the rows tell which)
+            o = layout.out_grad.get(layout.keys[p][0])
+            out = float(stats["norm"][o]) if o is not None else math.nan
+            module = layout.keys[p][0] or "the model"
+            if out > 0 and math.isfinite(out):
+                why = (f"the output of {module} gets a gradient (||grad|| {out:.3g}), so its input is 0 (dead units "
+                       f"before it?)")
+            elif out == 0:
+                why = (f"no gradient reaches the output of {module} (dead units, or an output pinned at a bound, "
+                       f"after it: see vanishing_gradients)")
+            else:
+                why = ("no gradient reaches it (dead units, or an output pinned at a bound, after it), or its input is "
+                       "0 (dead units before it)")
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0: {why}.",
+                       need=t.persist)
         elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
                        f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",

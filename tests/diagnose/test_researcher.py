@@ -138,11 +138,23 @@ def test_weights_behind_a_dead_layer_say_no_gradient_reaches_them():
     model = relu_mlp()
     with torch.no_grad():
         model[2].bias.fill_(-20.0)  # the ReLU at 3 dies: nothing before it gets a gradient, 4 sees only zeros
-    f = fit(model, steps=4, updates=True).diagnose()
-    low = f[f.finding == "update_ratio_low"]
-    assert sorted(low.site) == ["0.weight", "2.weight", "4.weight"]
-    assert all("its gradient is exactly 0, no gradient reaches it" in e for e in low.evidence)
+    w = fit(model, steps=4, updates=True)
+    f = w.diagnose()
+    low = f[f.finding == "update_ratio_low"].set_index("site").evidence
+    assert sorted(low.index) == ["0.weight", "2.weight", "4.weight"]
+    # a weight's gradient is its output's gradient times its input: before the dead layer the first is 0, after it
+    # the second; the evidence says which, from the output gradients the rows hold
+    for site in ("0.weight", "2.weight"):
+        assert f"its gradient is exactly 0: no gradient reaches the output of {site[0]} " in low[site]
+    rows = w.to_pandas()
+    out = rows[(rows.step == 4) & (rows.kind == "grad_output") & (rows.module == "4")].norm.item()
+    assert out > 0 and f"the output of 4 gets a gradient (||grad|| {out:.3g}), so its input is 0" in low["4.weight"]
     assert f[f.finding == "dead_units"].site.tolist() == ["3"]
+    vanishing = f[f.finding == "vanishing_gradients"].evidence.item()
+    relu = rows[(rows.step == 4) & (rows.kind == "grad_output") & (rows.module == "3")]
+    assert relu.norm.item() > 0  # (the dead ReLU's output gets a gradient and passes none back)
+    rms = relu.norm.item() / relu.numel.item() ** 0.5
+    assert f"It stops between 2 and 3: the output of 3 gets an RMS of {rms:.2g}" in vanishing
 
 
 def test_inputs_that_would_be_judged_wrongly_or_not_at_all_are_refused_saying_what_to_pass():

@@ -33,7 +33,7 @@ TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
 _ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 _COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
 #: the statistic a finding is best seen in, per finding
-_STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated": "std",
+_STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "constant_output": "std", "saturated": "std",
               "vanishing_gradients": "norm", "exploding_gradients": "norm", "update_ratio_high": "norm",
               "update_ratio_low": "norm"}
 
