@@ -1133,9 +1133,9 @@ class Diagnoser:
             if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
                     and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
-                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
-                           f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "
-                           f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
+                           f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
+                           f"(median of the last 5 steps: {level:.4g}) above it, "
+                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         elif len(recent) >= 2:
@@ -1145,7 +1145,7 @@ class Diagnoser:
             rise = value - level
             if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
                 self._hold(step, "loss_spike", None, None,
-                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
+                           f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
                            f"{t.spike_factor:g}x in a run's first {max(5, t.spike_window // 2)} steps).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
@@ -1172,8 +1172,12 @@ class Diagnoser:
             if state["diverged"]:
                 # (a loss that fell to about 0: a ratio to its lowest says nothing, the way back up does)
                 times = f"{now / best:.3g}x its lowest" if 0 < best and now < 1e4 * best else "up from its lowest"
-                back = (f", back {(now - best) / (first - best):.0%} of the way to its "
-                        f"{'chance level' if from_chance else 'first median'} ({first:.4g})") if first > best else ""
+                way = (now - best) / (first - best) if first > best else 0.0
+                what = f"{'chance level' if from_chance else 'first median'} ({first:.4g})"
+                # (past 10 times the way back, a percentage is a number nobody reads: its first median is far below)
+                back = "" if first <= best else (f", back {way:.0%} of the way to its {what}" if way <= 10 else
+                                                 f", {now / first:.3g}x its {what}" if first > 0 else
+                                                 f", far above its {what}")
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps and "
                            f"{'rising' if rising else 'still up'}, {times} ({best:.4g}){back} (thresholds "
@@ -1252,6 +1256,11 @@ def _medians_noise(values: list[float]) -> float:
     sqrt(n), of a difference of two sqrt(2) times that."""
     sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
     return math.sqrt(2) * 1.2533 * sigma / math.sqrt(len(values))
+
+
+def _times(ratio: float) -> str:
+    """``ratio`` as a factor a person reads: ``8.9x``, ``1.2e+04x`` (not ``15506440251784755200x``)."""
+    return f"{ratio:.1f}x" if abs(ratio) < 1e4 else f"{ratio:.2g}x"
 
 
 def _change(now: float, start: float) -> str:

@@ -5,7 +5,9 @@ frame, which an open finding that grows each step no longer has drawn anew at ev
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -331,3 +333,18 @@ def test_healthy_tanh_and_sigmoid_nets_and_an_all_zero_relu_layer_have_no_consta
         model.layers[0].bias.fill_(-10.0)  # (all 0: dead units, said once, not a constant output too)
     assert set(train(model, steps=5).diagnose().finding) >= {"dead_units"}
     assert "constant_output" not in set(train(model, steps=5).diagnose().finding)
+
+
+def test_a_loss_thrown_up_many_orders_says_its_factors_as_a_person_reads_them():
+    # (SGD at a learning rate of 5 on a ReLU MLP: the loss fell to 0.19, then rose to 1e10 before it overflowed;
+    # the evidence said "back 6847750154893% of the way to its first median" and "15506440251784755200x its
+    # step-to-step noise")
+    loss = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.25, 0.2, 0.2, 0.19, 0.21, 0.2, 0.19, 0.2, 0.21, 0.2, 0.19, 0.2, 0.2, 0.21,
+            0.2, 0.19, 0.2, 0.21, 0.2, 3e3, 4e5, 5e7, 6e9, 7e11, 8e13]
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, len(loss) + 1), "loss": loss}))
+    diverging = f[f.finding == "diverging"].evidence.item()
+    first = float(np.median(loss[:5]))  # (its first median of 5, what it fell from)
+    now = float(np.median(loss[-5:]))
+    assert f"{now / first:.3g}x its first median ({first:.4g})" in diverging and "% of the way" not in diverging
+    spike = f[f.finding == "loss_spike"].evidence.iloc[0]
+    assert re.search(r"\d\.\de\+\d\dx its level", spike) and not re.search(r"\d{5,}", spike.split(":", 1)[1])
