@@ -944,6 +944,10 @@ class Diagnoser:
         order = np.argsort(layout.order[idx], kind="stable")
         idx, rms = idx[order], rms[order]
         ok = np.isfinite(rms) & (rms > 0)
+        # one finding whether the first sites get a gradient orders of magnitude smaller or none at all (from batch to
+        # batch a nearly dead layer passes one or not: two findings taking turns, each cut short); where both hold,
+        # the evidence says none reaches them
+        no_gradient = None
         if ok.any():  # gradients exactly 0 before (in forward order) a site that gets one: none reaches them
             last = int(np.flatnonzero(ok)[-1])
             none = np.flatnonzero(np.isfinite(rms[:last]) & (rms[:last] == 0))
@@ -951,15 +955,14 @@ class Diagnoser:
                 shown = ", ".join(layout.names[idx[j]] for j in _sample(list(none), 6))
                 # where it stops: the latest site without one, and the next in forward order, which gets one
                 stop, gets = layout.names[idx[none[-1]]], layout.names[idx[none[-1] + 1]]
-                self._hold(step, "vanishing_gradients", layout, int(idx[none[0]]),
+                no_gradient = (int(idx[none[0]]),
                            f"no gradient reaches {len(none)} of {len(idx)} sites: their output gradient is exactly 0 "
                            f"at step {step} ({shown}), while {layout.names[idx[last]]}, later in forward order, gets "
                            f"an RMS of {rms[last]:.2g}. It stops between {stop} and {gets}: the output of {gets} "
                            f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
-                           f"none back (dead units, an output pinned at a bound, a factor of 0).",
-                           key="no gradient", need=t.persist)
+                           f"none back (dead units, an output pinned at a bound, a factor of 0).")
         idx, rms = idx[ok], rms[ok]
-        if not len(idx):
+        if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
         logs = np.log10(rms)
         if len(idx) >= 2:
@@ -972,6 +975,8 @@ class Diagnoser:
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
                            f"{rms[-1]:.2g} at the last, {layout.names[idx[-1]]}, at step {step} (threshold "
                            f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites", need=t.persist)
+        if no_gradient is not None:
+            self._hold(step, "vanishing_gradients", layout, *no_gradient, key="across sites", need=t.persist)
         # over steps: against the largest RMS of the run's first recorded steps (its gradients' scale)
         if len(self._grad_start) < t.persist:
             self._grad_start[step] = float(rms.max())
@@ -1135,7 +1140,8 @@ class Diagnoser:
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, "
-                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
+                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
+                           f"{t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         elif len(recent) >= 2:
