@@ -58,8 +58,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
                               "learning rate, or re-initialize the layer before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
-                                   "nothing of its input on, and, a sigmoid or tanh pinned at a bound or a softmax "
-                                   "over a dimension of size 1, no gradient back either. Usual causes: a large bias or "
+                                   "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
+                                   "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
                                    "large weights before a sigmoid/tanh (in float32 a sigmoid of more than ~17 is "
                                    "exactly 1, a tanh of more than ~9), a softmax or normalization over the wrong dim "
                                    "(one of size 1), weights set to 0. Check the dim=, initialize smaller, normalize "
