@@ -476,7 +476,7 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ results
     def findings(self) -> pd.DataFrame:
-        """The findings so far: most severe first, then the newest (by last step, then first step)."""
+        """The findings so far: most severe first, then the newest by last step, of those the one that began first."""
         with self._lock:
             self._absorb()
             if self._cache is not None and self._cache[0] == self._version:
@@ -484,9 +484,11 @@ class Diagnoser:
             items = [*self._closed, *(e for e in self._open.values() if e["count"] >= e["need"])]
             if self._nan is not None:
                 items.append(self._nan_finding())
-            # (ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
+            # (of those that held last, the one that began first: a cause shows before its effects, as a layer that
+            # died at step 1 before the weights it stills, whose unchanged values tell from step 2 without update rows;
+            # ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
             order = {name: i for i, name in enumerate(FINDINGS)}
-            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], -e["start"], order[e["finding"]]))
+            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], e["start"], order[e["finding"]]))
             frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
             self._cache = (self._version, frame)
             return frame.copy()
@@ -1369,7 +1371,8 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
         **overrides: single thresholds (``persist=5``, ``update_ratio_high=0.05``).
 
     Returns:
-        One row per finding (:data:`COLUMNS`), the most severe first, then the newest.
+        One row per finding (:data:`COLUMNS`), the most severe first, then the newest by last step (of those, the one
+        that began first).
 
     Raises:
         TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.

@@ -261,3 +261,17 @@ def test_a_loss_set_back_by_a_bad_batch_is_no_plateau_and_a_long_flat_one_stays_
     flat = 0.69 * (1 + 0.05 * rng.standard_normal(2000))
     f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
     assert f.finding.tolist() == ["loss_plateau"] and f.last_step[0] == 2000
+
+
+def test_a_dead_layer_is_listed_before_the_weights_it_stills_though_those_tell_a_step_later():
+    # (without update rows an unchanged weight tells from the 2nd step, against the 1st: listed newest first by their
+    # first step, the weights a dead layer stills came before it, the effect above its cause)
+    model = relu_mlp()
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    f = fit(model, steps=6).diagnose()
+    assert f[["finding", "site", "step"]].values.tolist()[:2] == [["dead_units", "3", 1],
+                                                                  ["vanishing_gradients", "0", 1]]
+    stilled = f[f.finding == "update_ratio_low"]
+    assert sorted(stilled.site) == ["0.weight", "2.weight", "4.weight"] and set(stilled.step) == {2}
+    assert set(f.last_step) == {6}

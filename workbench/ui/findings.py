@@ -27,7 +27,8 @@ __all__ = ["Focus", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakabl
            "findings_html", "findings_summary", "findings_table", "focus", "mark_steps", "merge_calls", "option_label",
            "pick_key"]
 
-#: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
+#: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
+#: the first begun).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
 # (marks that common fonts draw: Debian's DejaVu has these, not ⛔)
 _ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
