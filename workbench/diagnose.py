@@ -71,7 +71,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "than at the later ones: they barely learn. Usual causes: saturating "
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
-                                       "normalization layers or skip connections."),
+                                       "normalization layers or skip connections. A last layer initialized at 0 "
+                                       "does this for its first steps, until its weights grew: harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
                                        "the steps. Usual causes: too large initial weights or learning rate. Clip "
                                        "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
@@ -962,7 +963,8 @@ class Diagnoser:
                            f"at step {step} ({shown}), while {layout.names[idx[last]]}, later in forward order, gets "
                            f"an RMS of {rms[last]:.2g}. It stops between {stop} and {gets}: the output of {gets} "
                            f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
-                           f"none back (dead units, an output pinned at a bound, a factor of 0).")
+                           f"none back (dead units, an output pinned at a bound, a factor of 0: weights all 0, as a "
+                           f"layer initialized at 0 has at its first step).")
         idx, rms = idx[ok], rms[ok]
         if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
@@ -972,11 +974,19 @@ class Diagnoser:
             if abs(spread) > t.gradient_orders:
                 chain = ", ".join(f"{layout.names[i]} {r:.2g}" for i, r in _sample(list(zip(idx, rms)), 6))
                 finding = "vanishing_gradients" if spread < 0 else "exploding_gradients"
+                # most of a vanishing across the last site alone: the last layer's weights are small (one initialized
+                # at 0 scales every gradient before it by its weights, until they grew)
+                across_last = logs[-1] - logs[-2]
+                tail = (f" Most of it, {across_last:.1f} orders, is across the last site, from "
+                        f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
+                        f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
+                        if spread < 0 and across_last > -spread / 2 else "")
                 self._hold(step, finding, layout, int(idx[0]),
                            f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
                            f"{rms[-1]:.2g} at the last, {layout.names[idx[-1]]}, at step {step} (threshold "
-                           f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites", need=t.persist)
+                           f"{t.gradient_orders:g}); in forward order: {chain}.{tail}", key="across sites",
+                           need=t.persist)
         if no_gradient is not None:
             self._hold(step, "vanishing_gradients", layout, *no_gradient, key="across sites", need=t.persist)
         # over steps: against the largest RMS of the run's first recorded steps (its gradients' scale)

@@ -3,6 +3,8 @@ synthetic data): what diagnose says about each must be true, name the site and s
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -275,3 +277,25 @@ def test_a_dead_layer_is_listed_before_the_weights_it_stills_though_those_tell_a
     stilled = f[f.finding == "update_ratio_low"]
     assert sorted(stilled.site) == ["0.weight", "2.weight", "4.weight"] and set(stilled.step) == {2}
     assert set(f.last_step) == {6}
+
+
+def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
+    # (a last layer initialized at 0 scales every gradient before it by its weights, until they grew: the evidence
+    # named no cause; it now says that most of the drop is across the last site)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 2))
+    with torch.no_grad():
+        model[6].weight.zero_()
+        model[6].bias.zero_()
+    w = fit(model, steps=40)
+    f = w.diagnose()
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert len(vanishing) == 1 and vanishing.step.item() == 1 and vanishing.last_step.item() < 40  # (it ends)
+    last = vanishing.last_step.item()
+    rows = w.to_pandas()
+    g = rows[(rows.step == last) & (rows.kind == "grad_output")].set_index("module")
+    rms = g.norm / g.numel ** 0.5
+    across = math.log10(rms["6"] / rms["5"])
+    assert f"Most of it, {across:.1f} orders, is across the last site, from 5 to 6" in vanishing.evidence.item()
+    assert "A last layer initialized at 0" in vanishing.hint.item()
