@@ -1064,8 +1064,8 @@ class Diagnoser:
             out = float(stats["norm"][o]) if o is not None else math.nan
             module = layout.keys[p][0] or "the model"
             if out > 0 and math.isfinite(out):
-                why = (f"the output of {module} gets a gradient (||grad|| {out:.3g}), so its input is 0 (dead units "
-                       f"before it?)")
+                why = (f"the output of {module} gets a gradient (||grad|| {out:.3g}), so its input is all 0 (dead "
+                       f"units before it)")
             elif out == 0:
                 why = (f"no gradient reaches the output of {module} (dead units, or an output pinned at a bound, "
                        f"after it: see vanishing_gradients)")
