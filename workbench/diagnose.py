@@ -57,6 +57,13 @@ FINDINGS: dict[str, tuple[str, str]] = {
                               "so they stop learning. Usual causes: a large negative bias, a learning rate that "
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
                               "learning rate, or re-initialize the layer before it."),
+    "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
+                                   "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
+                                   "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
+                                   "large weights before a sigmoid/tanh (in float32 a sigmoid of more than ~17 is "
+                                   "exactly 1, a tanh of more than ~9), a softmax or normalization over the wrong dim "
+                                   "(one of size 1), weights set to 0. Check the dim=, initialize smaller, normalize "
+                                   "the inputs."),
     "saturated": ("warning", "A sigmoid/tanh-like output stuck at its bounds, where its gradient is ~0. Usual "
                              "causes: large weights or inputs before it. Normalize the inputs, initialize smaller "
                              "(Xavier/Glorot), add a normalization layer before it."),
@@ -64,7 +71,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "than at the later ones: they barely learn. Usual causes: saturating "
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
-                                       "normalization layers or skip connections."),
+                                       "normalization layers or skip connections. A last layer initialized at 0 "
+                                       "does this for its first steps, until its weights grew: harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
                                        "the steps. Usual causes: too large initial weights or learning rate. Clip "
                                        "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
@@ -309,6 +317,7 @@ class _Layout:
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
     feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
+    out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
 #: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
@@ -468,7 +477,7 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ results
     def findings(self) -> pd.DataFrame:
-        """The findings so far: most severe first, then the newest (by last step, then first step)."""
+        """The findings so far: most severe first, then the newest by last step, of those the one that began first."""
         with self._lock:
             self._absorb()
             if self._cache is not None and self._cache[0] == self._version:
@@ -476,9 +485,11 @@ class Diagnoser:
             items = [*self._closed, *(e for e in self._open.values() if e["count"] >= e["need"])]
             if self._nan is not None:
                 items.append(self._nan_finding())
-            # (ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
+            # (of those that held last, the one that began first: a cause shows before its effects, as a layer that
+            # died at step 1 before the weights it stills, whose unchanged values tell from step 2 without update rows;
+            # ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
             order = {name: i for i, name in enumerate(FINDINGS)}
-            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], -e["start"], order[e["finding"]]))
+            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], e["start"], order[e["finding"]]))
             frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
             self._cache = (self._version, frame)
             return frame.copy()
@@ -582,8 +593,12 @@ class Diagnoser:
             if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
                     _parse_shape(keys[b][4]) == (int(units[i]),):
                 feed_bias[i] = b
+        out_grad: dict[str, int] = {}
+        for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
+            if knd == "grad_output" and call == 0:
+                out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias)
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -637,6 +652,7 @@ class Diagnoser:
                 finite = np.isfinite(mean[:, act]) & np.isfinite(std[:, act])
                 a_lo, a_hi, a_zero = lo[:, act], hi[:, act], zero[:, act]
                 look |= (finite & (a_lo >= 0) & (a_zero >= t.dead_zero_frac)).any(1)
+                look |= (finite & (a_lo == a_hi) & (a_hi != 0) & (numel[:, act] > 1)).any(1)
                 bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
                 if bounded.any():
                     tanh = a_lo < 0
@@ -884,6 +900,17 @@ class Diagnoser:
             self._hold(step, "dead_units", layout, int(i),
                        f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
                        f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+        # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
+        # pinned exactly at a bound has no variance left for the saturation index to read
+        constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
+        for i in np.flatnonzero(constant):
+            value = float(hi[i])
+            bound = (f"; {value:g} is a bound of a sigmoid or tanh (and what a softmax over a dimension of size 1 "
+                     f"gives), where their derivative is 0: if it is one, no gradient passes it") \
+                if value in (1.0, -1.0) else ""
+            self._hold(step, "constant_output", layout, int(i),
+                       f"all {int(stats['numel'][i])} of its outputs are {value:.6g} at step {step} (min = max): it "
+                       f"gives the same output for every input{bound}.", need=t.persist)
         # saturation: outputs inside [0, 1] (sigmoid-like) or [-1, 1] with negatives (tanh-like)
         bounded = act & finite & (hi <= 1) & (lo >= -1) & (zero < 0.5) & (stats["numel"] > 1) & (hi > lo)
         if not bounded.any():
@@ -920,17 +947,26 @@ class Diagnoser:
         order = np.argsort(layout.order[idx], kind="stable")
         idx, rms = idx[order], rms[order]
         ok = np.isfinite(rms) & (rms > 0)
+        # one finding whether the first sites get a gradient orders of magnitude smaller or none at all (from batch to
+        # batch a nearly dead layer passes one or not: two findings taking turns, each cut short); where both hold,
+        # the evidence says none reaches them
+        no_gradient = None
         if ok.any():  # gradients exactly 0 before (in forward order) a site that gets one: none reaches them
             last = int(np.flatnonzero(ok)[-1])
             none = np.flatnonzero(np.isfinite(rms[:last]) & (rms[:last] == 0))
             if len(none):
                 shown = ", ".join(layout.names[idx[j]] for j in _sample(list(none), 6))
-                self._hold(step, "vanishing_gradients", layout, int(idx[none[0]]),
+                # where it stops: the latest site without one, and the next in forward order, which gets one
+                stop, gets = layout.names[idx[none[-1]]], layout.names[idx[none[-1] + 1]]
+                no_gradient = (int(idx[none[0]]),
                            f"no gradient reaches {len(none)} of {len(idx)} sites: their output gradient is exactly 0 "
                            f"at step {step} ({shown}), while {layout.names[idx[last]]}, later in forward order, gets "
-                           f"an RMS of {rms[last]:.2g}.", key="no gradient", need=t.persist)
+                           f"an RMS of {rms[last]:.2g}. It stops between {stop} and {gets}: the output of {gets} "
+                           f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
+                           f"none back (dead units, an output pinned at a bound, a factor of 0: weights all 0, as a "
+                           f"layer initialized at 0 has at its first step).")
         idx, rms = idx[ok], rms[ok]
-        if not len(idx):
+        if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
         logs = np.log10(rms)
         if len(idx) >= 2:
@@ -938,11 +974,21 @@ class Diagnoser:
             if abs(spread) > t.gradient_orders:
                 chain = ", ".join(f"{layout.names[i]} {r:.2g}" for i, r in _sample(list(zip(idx, rms)), 6))
                 finding = "vanishing_gradients" if spread < 0 else "exploding_gradients"
+                # most of a vanishing across the last site alone: the last layer's weights are small (one initialized
+                # at 0 scales every gradient before it by its weights, until they grew)
+                across_last = logs[-1] - logs[-2]
+                tail = (f" Most of it, {across_last:.1f} orders, is across the last site, from "
+                        f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
+                        f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
+                        if spread < 0 and across_last > -spread / 2 else "")
                 self._hold(step, finding, layout, int(idx[0]),
                            f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
                            f"{rms[-1]:.2g} at the last, {layout.names[idx[-1]]}, at step {step} (threshold "
-                           f"{t.gradient_orders:g}); in forward order: {chain}.", key="across sites", need=t.persist)
+                           f"{t.gradient_orders:g}); in forward order: {chain}.{tail}", key="across sites",
+                           need=t.persist)
+        if no_gradient is not None:
+            self._hold(step, "vanishing_gradients", layout, *no_gradient, key="across sites", need=t.persist)
         # over steps: against the largest RMS of the run's first recorded steps (its gradients' scale)
         if len(self._grad_start) < t.persist:
             self._grad_start[step] = float(rms.max())
@@ -1013,8 +1059,21 @@ class Diagnoser:
             self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
                        f"tell why).", need=t.persist)
         elif grad == 0:
-            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0, no gradient reaches "
-                       f"it (dead units after it, or a factor of 0).", need=t.persist)
+            # (a weight's gradient is its output's gradient times its input: one of the two is 0, the rows tell which)
+            o = layout.out_grad.get(layout.keys[p][0])
+            out = float(stats["norm"][o]) if o is not None else math.nan
+            module = layout.keys[p][0] or "the model"
+            if out > 0 and math.isfinite(out):
+                why = (f"the output of {module} gets a gradient (||grad|| {out:.3g}), so its input is all 0 (dead "
+                       f"units before it)")
+            elif out == 0:
+                why = (f"no gradient reaches the output of {module} (dead units, or an output pinned at a bound, "
+                       f"after it: see vanishing_gradients)")
+            else:
+                why = ("no gradient reaches it (dead units, or an output pinned at a bound, after it), or its input is "
+                       "0 (dead units before it)")
+            self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0: {why}.",
+                       need=t.persist)
         elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
                        f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
@@ -1091,9 +1150,10 @@ class Diagnoser:
             if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
                     and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
-                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
-                           f"(median of the last 5 steps: {level:.4g}) above it, {rise / max(noise, 1e-12):.0f}x its "
-                           f"step-to-step noise ({noise:.2g}; threshold {t.spike_factor:g}).",
+                           f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
+                           f"(median of the last 5 steps: {level:.4g}) above it, "
+                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
+                           f"{t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         elif len(recent) >= 2:
@@ -1103,7 +1163,7 @@ class Diagnoser:
             rise = value - level
             if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
                 self._hold(step, "loss_spike", None, None,
-                           f"{name} = {value:.4g} at step {step}: {rise / max(abs(level), 1e-12):.1f}x its level "
+                           f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
                            f"{t.spike_factor:g}x in a run's first {max(5, t.spike_window // 2)} steps).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
@@ -1130,8 +1190,12 @@ class Diagnoser:
             if state["diverged"]:
                 # (a loss that fell to about 0: a ratio to its lowest says nothing, the way back up does)
                 times = f"{now / best:.3g}x its lowest" if 0 < best and now < 1e4 * best else "up from its lowest"
-                back = (f", back {(now - best) / (first - best):.0%} of the way to its "
-                        f"{'chance level' if from_chance else 'first median'} ({first:.4g})") if first > best else ""
+                way = (now - best) / (first - best) if first > best else 0.0
+                what = f"{'chance level' if from_chance else 'first median'} ({first:.4g})"
+                # (past 10 times the way back, a percentage is a number nobody reads: its first median is far below)
+                back = "" if first <= best else (f", back {way:.0%} of the way to its {what}" if way <= 10 else
+                                                 f", {now / first:.3g}x its {what}" if first > 0 else
+                                                 f", far above its {what}")
                 self._hold(step, "diverging", None, None,
                            f"{name}: median {now:.4g} over its last {len(tail)} steps and "
                            f"{'rising' if rising else 'still up'}, {times} ({best:.4g}){back} (thresholds "
@@ -1210,6 +1274,11 @@ def _medians_noise(values: list[float]) -> float:
     sqrt(n), of a difference of two sqrt(2) times that."""
     sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
     return math.sqrt(2) * 1.2533 * sigma / math.sqrt(len(values))
+
+
+def _times(ratio: float) -> str:
+    """``ratio`` as a factor a person reads: ``8.9x``, ``1.2e+04x`` (not ``15506440251784755200x``)."""
+    return f"{ratio:.1f}x" if abs(ratio) < 1e4 else f"{ratio:.2g}x"
 
 
 def _change(now: float, start: float) -> str:
@@ -1312,7 +1381,8 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
         **overrides: single thresholds (``persist=5``, ``update_ratio_high=0.05``).
 
     Returns:
-        One row per finding (:data:`COLUMNS`), the most severe first, then the newest.
+        One row per finding (:data:`COLUMNS`), the most severe first, then the newest by last step (of those, the one
+        that began first).
 
     Raises:
         TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.

@@ -379,3 +379,21 @@ def test_a_finding_that_comes_back_after_a_gap_short_for_the_run_so_far_is_one_f
     assert early[["step", "last_step"]].values.tolist() == [[20, 24], [32, 39]]
     continued = diagnose(flicker(1020, first=1001), None).sort_values("step")
     assert continued[["step", "last_step"]].values.tolist() == [[1020, 1024], [1032, 1039]]
+
+
+def test_first_sites_whose_gradient_is_now_0_now_tiny_are_one_vanishing_finding():
+    # (a layer nearly dead passes a gradient for some batches and none for others: the two forms of vanishing
+    # gradients took turns, each too short to be a finding or cut into several; Adam at a learning rate of 1 on a
+    # ReLU MLP read as four rows in 60 steps)
+    out = []
+    for step in range(1, 13):
+        first = 0.0 if step % 2 else 1e-9 * np.sqrt(32)  # (exactly 0 at odd steps; an RMS of 1e-9 at even ones)
+        for module, norm in (("a", first), ("b", first), ("c", 1e-2 * np.sqrt(32))):
+            out.append(row(step, module, "activation"))
+            out.append(row(step, module, "grad_output", norm=norm))
+    f = diagnose(pd.DataFrame(out), None)
+    assert f[["step", "last_step", "site", "finding"]].values.tolist() == [[1, 12, "a", "vanishing_gradients"]]
+    assert f.evidence[0].startswith("output-gradient RMS 1e-09 at a")  # (step 12's: an RMS, 7 orders below c's)
+    odd = diagnose(pd.DataFrame([r for r in out if r["step"] <= 11]), None)
+    assert odd.evidence[0].startswith("no gradient reaches 2 of 3 sites") and "It stops between b and c" in \
+        odd.evidence[0]

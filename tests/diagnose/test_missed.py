@@ -5,7 +5,9 @@ frame, which an open finding that grows each step no longer has drawn anew at ev
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -261,3 +263,88 @@ def test_a_run_that_continues_a_trained_model_is_judged_by_its_chance_level_not_
     assert diagnose(pd.DataFrame(), continued, chance=math.log(2)).empty
     diverged = continued.assign(loss=loss.where(steps < 1530, 0.6 * 1.1 ** (steps - 1530)))
     assert "diverging" in set(diagnose(pd.DataFrame(), diverged, chance=math.log(2)).finding)
+
+
+def pinned_tanh_net() -> torch.nn.Sequential:
+    """A tanh MLP whose second tanh (site ``3``) gets pre-activations above 9: in float32 exactly 1 for every input."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 2))
+    with torch.no_grad():
+        model[2].bias.fill_(20.0)
+    return model
+
+
+def fit_full_batch(model: torch.nn.Module, steps: int = 5) -> workbench.Watch:
+    x = torch.randn(128, 4, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with workbench.watch(model, updates=True) as w:
+        for _ in range(steps):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+def test_a_tanh_pinned_at_its_bound_is_a_constant_output_named_where_the_gradient_stops():
+    # (before: only its effects were found, vanishing gradients and weights not moving, blamed on dead units; a tanh
+    # at exactly 1 has no variance for the saturation index to read)
+    model = pinned_tanh_net()
+    x = torch.randn(128, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert bool((model[:4](x) == 1.0).all())  # (independently: every output of the tanh at 3 is exactly 1)
+    f = fit_full_batch(model).diagnose()
+    constant = f[f.finding == "constant_output"]
+    assert constant[["site", "step", "last_step", "severity"]].values.tolist() == [["3", 1, 5, "warning"]]
+    assert f"all {128 * 16} of its outputs are 1 at step 5 (min = max)" in constant.evidence.item()
+    assert "sigmoid/tanh" in constant.hint.item() and "softmax" in constant.hint.item()
+    assert "It stops between 2 and 3" in f[f.finding == "vanishing_gradients"].evidence.item()
+    assert "dead_units" not in set(f.finding) and "saturated" not in set(f.finding)
+
+
+def test_a_softmax_over_a_dimension_of_size_1_is_a_constant_output():
+    class Gated(torch.nn.Module):
+        """A gate that is meant to weigh the features: its softmax is taken over a dimension of size 1 (dim=-1 of
+        (B, 1)), so it is 1 for every input and its scorer never learns."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.score, self.soft = torch.nn.Linear(4, 1), torch.nn.Softmax(dim=-1)
+            self.body, self.act, self.out = torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.act(self.body(x) * self.soft(self.score(x))))
+
+    torch.manual_seed(0)
+    f = fit_full_batch(Gated()).diagnose()
+    assert f[f.finding == "constant_output"][["site", "step"]].values.tolist() == [["soft", 1]]
+    assert "all 128 of its outputs are 1" in f[f.finding == "constant_output"].evidence.item()
+    assert f[f.finding == "update_ratio_low"].site.tolist() == ["score.weight"]
+
+
+def test_healthy_tanh_and_sigmoid_nets_and_an_all_zero_relu_layer_have_no_constant_output():
+    for activation in ("tanh", "sigmoid"):
+        assert "constant_output" not in set(train(mlp(activation, depth=3), steps=5).diagnose().finding)
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias.fill_(-10.0)  # (all 0: dead units, said once, not a constant output too)
+    assert set(train(model, steps=5).diagnose().finding) >= {"dead_units"}
+    assert "constant_output" not in set(train(model, steps=5).diagnose().finding)
+
+
+def test_a_loss_thrown_up_many_orders_says_its_factors_as_a_person_reads_them():
+    # (SGD at a learning rate of 5 on a ReLU MLP: the loss fell to 0.19, then rose to 1e10 before it overflowed;
+    # the evidence said "back 6847750154893% of the way to its first median" and "15506440251784755200x its
+    # step-to-step noise")
+    loss = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.25, 0.2, 0.2, 0.19, 0.21, 0.2, 0.19, 0.2, 0.21, 0.2, 0.19, 0.2, 0.2, 0.21,
+            0.2, 0.19, 0.2, 0.21, 0.2, 3e3, 4e5, 5e7, 6e9, 7e11, 8e13]
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, len(loss) + 1), "loss": loss}))
+    diverging = f[f.finding == "diverging"].evidence.item()
+    first = float(np.median(loss[:5]))  # (its first median of 5, what it fell from)
+    now = float(np.median(loss[-5:]))
+    assert f"{now / first:.3g}x its first median ({first:.4g})" in diverging and "% of the way" not in diverging
+    spike = f[f.finding == "loss_spike"].evidence.iloc[0]
+    assert re.search(r"\d\.\de\+\d\dx its level", spike) and not re.search(r"\d{5,}", spike.split(":", 1)[1])

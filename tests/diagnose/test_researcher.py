@@ -3,6 +3,8 @@ synthetic data): what diagnose says about each must be true, name the site and s
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -138,11 +140,24 @@ def test_weights_behind_a_dead_layer_say_no_gradient_reaches_them():
     model = relu_mlp()
     with torch.no_grad():
         model[2].bias.fill_(-20.0)  # the ReLU at 3 dies: nothing before it gets a gradient, 4 sees only zeros
-    f = fit(model, steps=4, updates=True).diagnose()
-    low = f[f.finding == "update_ratio_low"]
-    assert sorted(low.site) == ["0.weight", "2.weight", "4.weight"]
-    assert all("its gradient is exactly 0, no gradient reaches it" in e for e in low.evidence)
+    w = fit(model, steps=4, updates=True)
+    f = w.diagnose()
+    low = f[f.finding == "update_ratio_low"].set_index("site").evidence
+    assert sorted(low.index) == ["0.weight", "2.weight", "4.weight"]
+    # a weight's gradient is its output's gradient times its input: before the dead layer the first is 0, after it
+    # the second; the evidence says which, from the output gradients the rows hold
+    for site in ("0.weight", "2.weight"):
+        assert f"its gradient is exactly 0: no gradient reaches the output of {site[0]} " in low[site]
+    rows = w.to_pandas()
+    out = rows[(rows.step == 4) & (rows.kind == "grad_output") & (rows.module == "4")].norm.item()
+    said = f"the output of 4 gets a gradient (||grad|| {out:.3g}), so its input is all 0 (dead units before it)"
+    assert out > 0 and said in low["4.weight"]
     assert f[f.finding == "dead_units"].site.tolist() == ["3"]
+    vanishing = f[f.finding == "vanishing_gradients"].evidence.item()
+    relu = rows[(rows.step == 4) & (rows.kind == "grad_output") & (rows.module == "3")]
+    assert relu.norm.item() > 0  # (the dead ReLU's output gets a gradient and passes none back)
+    rms = relu.norm.item() / relu.numel.item() ** 0.5
+    assert f"It stops between 2 and 3: the output of 3 gets an RMS of {rms:.2g}" in vanishing
 
 
 def test_inputs_that_would_be_judged_wrongly_or_not_at_all_are_refused_saying_what_to_pass():
@@ -249,3 +264,39 @@ def test_a_loss_set_back_by_a_bad_batch_is_no_plateau_and_a_long_flat_one_stays_
     flat = 0.69 * (1 + 0.05 * rng.standard_normal(2000))
     f = diagnose(pd.DataFrame(), pd.DataFrame({"step": steps, "loss": flat}))
     assert f.finding.tolist() == ["loss_plateau"] and f.last_step[0] == 2000
+
+
+def test_a_dead_layer_is_listed_before_the_weights_it_stills_though_those_tell_a_step_later():
+    # (without update rows an unchanged weight tells from the 2nd step, against the 1st: listed newest first by their
+    # first step, the weights a dead layer stills came before it, the effect above its cause)
+    model = relu_mlp()
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    f = fit(model, steps=6).diagnose()
+    assert f[["finding", "site", "step"]].values.tolist()[:2] == [["dead_units", "3", 1],
+                                                                  ["vanishing_gradients", "0", 1]]
+    stilled = f[f.finding == "update_ratio_low"]
+    assert sorted(stilled.site) == ["0.weight", "2.weight", "4.weight"] and set(stilled.step) == {2}
+    assert set(f.last_step) == {6}
+
+
+def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
+    # (a last layer initialized at 0 scales every gradient before it by its weights, until they grew: the evidence
+    # named no cause; it now says that most of the drop is across the last site)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 2))
+    with torch.no_grad():
+        model[6].weight.zero_()
+        model[6].bias.zero_()
+    w = fit(model, steps=40)
+    f = w.diagnose()
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert len(vanishing) == 1 and vanishing.step.item() == 1 and vanishing.last_step.item() < 40  # (it ends)
+    last = vanishing.last_step.item()
+    rows = w.to_pandas()
+    g = rows[(rows.step == last) & (rows.kind == "grad_output")].set_index("module")
+    rms = g.norm / g.numel ** 0.5
+    across = math.log10(rms["6"] / rms["5"])
+    assert f"Most of it, {across:.1f} orders, is across the last site, from 5 to 6" in vanishing.evidence.item()
+    assert "A last layer initialized at 0" in vanishing.hint.item()

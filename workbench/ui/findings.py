@@ -27,7 +27,8 @@ __all__ = ["Focus", "MUTED", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", 
            "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "mark_steps",
            "merge_calls", "option_label", "pick_key"]
 
-#: The columns of the list a page shows (one row per finding, as ordered: most severe, newest first).
+#: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
+#: the first begun).
 TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
 # (marks that common fonts draw: Debian's DejaVu has these, not ⛔)
 _ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
@@ -36,7 +37,7 @@ _COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
 #: reads in a dark theme too (a fixed #555 was dark grey on black there); #555 where no theme sets it
 MUTED = "var(--jp-content-font-color2, #555)"
 #: the statistic a finding is best seen in, per finding
-_STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "saturated": "std",
+_STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "constant_output": "std", "saturated": "std",
               "vanishing_gradients": "norm", "exploding_gradients": "norm", "update_ratio_high": "norm",
               "update_ratio_low": "norm"}
 

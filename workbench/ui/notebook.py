@@ -480,8 +480,8 @@ class Dashboard:
     again (the views and findings of a stored run are built from the whole of it, as the app's
     Runs tab builds them), and no more than a quarter of the time goes to reading.
 
-    The findings list (most severe, then newest first) updates with the views; picking one
-    (or :meth:`focus_finding`) moves the kind, statistic and call site to it and shades the
+    The findings list (most severe, then newest by last step; of those, the first begun) updates
+    with the views; picking one (or :meth:`focus_finding`) moves the kind, statistic and call site to it and shades the
     steps it held.
 
     Args:
