@@ -973,6 +973,34 @@ def test_a_kind_a_running_model_has_not_given_in_its_steps_is_not_awaited_as_yet
         w.close()
 
 
+def test_compare_of_a_running_model_without_a_kind_in_its_steps_does_not_await_it_as_yet_to_come():
+    """As the Dashboard: a model run forward only had "no grad_output rows yet" for as long as it ran."""
+    import torch
+    from workbench.ui.notebook import Compare
+
+    models = [torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh()) for _ in range(2)]
+    watches = [workbench.watch(model) for model in models]
+    compare = Compare(*watches, names=["trained", "forward"], kind="grad_output", interval=0.05)
+    try:
+        assert empty_text(compare.figure("site")) == "None of these runs has grad_output rows yet."
+        for model, w in zip(models, watches):
+            with torch.no_grad():  # (never backpropagated)
+                model(torch.randn(8, 2))
+            w.step()
+        wait_for(lambda: "so far" in empty_text(compare.figure("site")), what="the steps compared")
+        assert empty_text(compare.figure("site")) == (
+            "None of these runs has grad_output rows in the steps recorded so far.")
+        models[0](torch.randn(8, 2)).sum().backward()
+        watches[0].step()
+        wait_for(lambda: compare.sites, what="the trained run's sites")
+        assert "`forward` has no grad_output rows in its steps so far: the sites of `trained` are listed." in (
+            compare.message)
+    finally:
+        compare.close()
+        for w in watches:
+            w.close()
+
+
 def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_yet_to_come(tmp_path):
     """The kind list offers update, which runs record only with updates=True: "None of these runs has update
     rows yet." for good."""

@@ -176,7 +176,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
     ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
-    "no ... rows yet". ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
+    "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
     which the runs still compared keep."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
@@ -219,8 +219,11 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
     else:
-        site_fig = figures.empty_figure(f"None of these runs has {kind} rows yet." if live.difference(without)
-                                        else f"None of these runs recorded {kind} rows.")
+        going = live.difference(without)
+        site_fig = figures.empty_figure(
+            f"None of these runs recorded {kind} rows." if not going else
+            f"None of these runs has {kind} rows in the steps recorded so far." if any(
+                views[n].steps_fed for n in going) else f"None of these runs has {kind} rows yet.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
     lacking = [name for name in views if name not in having]
     if lacking and (having or len(without) < len(views)):  # (each run without rows, unless none records them)
@@ -235,9 +238,12 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
                         f"({without[unrecorded[0]]}=False)")
         if ended:
             said.append(f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows")
-        if waiting:
-            said.append(f"{', '.join(f'`{n}`' for n in waiting)} {'has' if len(waiting) == 1 else 'have'} "
-                        f"no {kind} rows yet")
+        # (a run going on whose steps so far had none, a model run forward only: not "yet", RunView.no_rows)
+        for group, when in (([n for n in waiting if views[n].steps_fed], "in their steps so far"),
+                            ([n for n in waiting if not views[n].steps_fed], "yet")):
+            if group:
+                said.append(f"{', '.join(f'`{n}`' for n in group)} {'has' if len(group) == 1 else 'have'} "
+                            f"no {kind} rows {when.replace('their', 'its') if len(group) == 1 else when}")
         text += f" {'; '.join(said)}" + (f": the sites of `{having[0]}` are listed." if having else ".")
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
