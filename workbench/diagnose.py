@@ -904,6 +904,10 @@ class Diagnoser:
         # pinned exactly at a bound has no variance left for the saturation index to read
         constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
         for i in np.flatnonzero(constant):
+            if layout.out_grad and layout.keys[i][0] not in layout.out_grad:
+                # the step records output gradients, and none of this site: an output no gradient can flow through
+                # (a bool mask all True, an integer tensor), which a sigmoid or tanh pinned at 1 is not
+                continue
             value = float(hi[i])
             bound = (f"; {value:g} is a bound of a sigmoid or tanh (and what a softmax over a dimension of size 1 "
                      f"gives), where their derivative is 0: if it is one, no gradient passes it") \

@@ -335,6 +335,22 @@ def test_healthy_tanh_and_sigmoid_nets_and_an_all_zero_relu_layer_have_no_consta
     assert "constant_output" not in set(train(model, steps=5).diagnose().finding)
 
 
+def test_a_mask_all_true_is_no_constant_output():
+    # (a padding mask of a batch without padding, all True, read 1 everywhere, as a tanh pinned at 1 does)
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mask, self.body = torch.nn.Identity(), torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x * self.mask(x.abs() >= 0))
+
+    torch.manual_seed(0)
+    model = Masked()
+    assert "constant_output" not in set(fit_full_batch(model).diagnose().finding)
+    assert "constant_output" in set(fit_full_batch(pinned_tanh_net()).diagnose().finding)  # (still found)
+
+
 def test_a_loss_thrown_up_many_orders_says_its_factors_as_a_person_reads_them():
     # (SGD at a learning rate of 5 on a ReLU MLP: the loss fell to 0.19, then rose to 1e10 before it overflowed;
     # the evidence said "back 6847750154893% of the way to its first median" and "15506440251784755200x its
