@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, check_filter
-from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, lock_held
+from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
 
@@ -27,7 +27,7 @@ class Run:
     def __init__(self, path: str | Path) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
-        self.path = Path(path).expanduser()
+        self.path = expanded(path, "path")
         db_path = self.path / DB_NAME if self.path.is_dir() else self.path
         if not db_path.is_file():
             raise RunError(f"{path} is not a workbench run: it has no {DB_NAME}. "
@@ -287,7 +287,7 @@ class Run:
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"export() takes a file or directory path (str or Path), got {path!r}.")
-        path = Path(path).expanduser()
+        path = expanded(path, "path")
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
         # (everything that can be refused is, before the run is read)
@@ -391,7 +391,9 @@ def load_run(path: str | Path) -> Run:
         path: the run's directory (what ``watch(store=...)`` or an experiment's ``store=`` was given).
 
     Raises:
+        TypeError: ``path`` is not a path.
         RunError: ``path`` is not a run, was written by a newer workbench, or is damaged.
+        FileNotFoundError: ``path`` starts with ``~user`` for no user of this machine.
     """
     return Run(path)
 
@@ -409,11 +411,11 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
 
     Raises:
         TypeError: ``root`` is not a path.
-        FileNotFoundError: ``root`` is not a directory.
+        FileNotFoundError: ``root`` is not a directory (or starts with ``~user`` for no user of this machine).
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
-    root = Path(root).expanduser()
+    root = expanded(root, "root")
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory of runs.")
     entries = []

@@ -170,7 +170,7 @@ class RunStore:
         if not str(path).strip():
             raise ValueError("store='' names no directory; pass a run directory such as store='runs/my-run' "
                              "(or store=None to record in memory only).")
-        path = Path(path).expanduser()  # (store="~/runs/a" is under the home directory, as in a shell)
+        path = expanded(path, "store")  # (store="~/runs/a" is under the home directory, as in a shell)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"store={str(path)!r} is a file, not a directory; pass a directory for the run.")
         _check_writable(path)
@@ -411,6 +411,20 @@ def _check_writable(path: Path) -> None:
         where = "it is" if existing == path else f"{existing}, where it would be made, is"
         raise PermissionError(f"Cannot write a run into {path}: {where} not writable. Pick a directory you can "
                               "write to.")
+
+
+def expanded(path: str | os.PathLike, what: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` put as the home directory, as a shell does.
+
+    Raises:
+        FileNotFoundError: ``~user`` names no user with a home directory (``what`` names the argument).
+    """
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # (pathlib's word for it: "Could not determine home directory.")
+        user = str(path).split("/", 1)[0]
+        raise FileNotFoundError(f"{what}={str(path)!r}: {user} names no user of this machine with a home "
+                                "directory; give the path without it (a path of its own, or ~/ for yours).") from None
 
 
 def _check_no_run(path: Path) -> None:
