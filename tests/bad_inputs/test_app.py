@@ -290,6 +290,8 @@ CASES = [
     Case("root-is-a-file", lambda: RunsRoot(sandbox()[0] / "root" / "a-file"), ValueError,
          ["is a file, not a directory", "--runs-root"]),
     Case("root-empty", lambda: RunsRoot(""), ValueError, ["runs root must be a directory path", "''"]),
+    Case("root-of-no-user", lambda: RunsRoot("~nosuchuser-wb/runs"), ValueError,
+         ["runs root='~nosuchuser-wb/runs'", "names no user", "--runs-root runs"]),
 ]
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from workbench.instrument.store import DB_NAME
+from workbench.instrument.store import DB_NAME, expanded
 
 if TYPE_CHECKING:
     from workbench.instrument import Run
@@ -72,13 +72,16 @@ class RunsRoot:
         root: the directory (need not exist yet; it is created when the first run is recorded).
 
     Raises:
-        ValueError: ``root`` exists and is not a directory.
+        ValueError: ``root`` exists and is not a directory, or starts with ``~user`` for no user.
     """
 
     def __init__(self, root: str | Path = DEFAULT_ROOT) -> None:
         if not isinstance(root, (str, Path)) or not str(root).strip():
             raise ValueError(f"runs root must be a directory path, got {shown(root)}; e.g. --runs-root runs.")
-        self.path = Path(root).expanduser().resolve()
+        try:
+            self.path = expanded(root, "runs root").resolve()
+        except FileNotFoundError as exc:  # (~user for no user: a bad root, as the others)
+            raise ValueError(f"{exc} E.g. --runs-root runs.") from None
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"runs root {str(root)!r} is a file, not a directory; give a directory "
                              "(it is created if missing), e.g. --runs-root runs.")
