@@ -221,6 +221,8 @@ CASES = [
                metadata=[1, 2]),
     watch_case("metadata-contradicts", ValueError, ["metadata {'every': 99} contradicts", "(every=1)", "other names"],
                metadata={"every": 99}, store=ROOT / "contradicted"),
+    watch_case("every-zero-with-metadata", ValueError, ["every must be a positive int", "0"], every=0,
+               metadata={"every": 1}, store=ROOT / "every-zero"),  # (the argument's own error, not a contradiction)
     watch_case("start-step-negative", ValueError, ["start_step", "-1"], start_step=-1),
     watch_case("start-step-float", ValueError, ["start_step", "1.0"], start_step=1.0),
     watch_case("reducers-int", TypeError, ["reducers must be a list of reducers", "'cpu', 'triton', 'torch'", "5"],

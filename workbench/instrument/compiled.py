@@ -41,7 +41,7 @@ from workbench.instrument.recorder import Recorder, StepRecord
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.schema import whole_number
 from workbench.instrument.sites import CallSites, ModuleSelector
-from workbench.instrument.watch import Watch
+from workbench.instrument.watch import Watch, checked_counts
 
 __all__ = ["CompiledWatch", "compiled_entry", "watch_compiled"]
 
@@ -142,6 +142,7 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
             where it holds a run, another writer writes there or it is a file; ``PermissionError``,
             ``NotADirectoryError`` ... where it cannot be created or written.
     """
+    every, bins, start_step = checked_counts(every, bins, start_step)  # (before the metadata is held to them)
     facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "compiled": True,
              "activations": activations, "gradients": gradients, "parameters": parameters,
              "parameter_grads": parameter_grads, "updates": False, "histograms": histograms, "bins": bins}

@@ -26,7 +26,7 @@ from workbench.instrument.reduce import Reducer
 from workbench.instrument.sites import ModuleSelector
 from workbench.instrument.torch_internals import compiled_entry
 from workbench.instrument.store import RunStore
-from workbench.instrument.watch import Watch
+from workbench.instrument.watch import Watch, checked_counts
 
 __all__ = ["watch", "with_store"]
 
@@ -111,6 +111,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     check_metadata(metadata)
     check_recorded(activations=activations, gradients=gradients, parameters=parameters,
                    parameter_grads=parameter_grads, updates=updates)
+    every, bins, start_step = checked_counts(every, bins, start_step)  # (before the metadata is held to them)
     facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "activations": activations,
              "gradients": gradients, "parameters": parameters, "parameter_grads": parameter_grads, "updates": updates,
              "histograms": histograms, "bins": bins}

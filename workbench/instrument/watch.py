@@ -59,9 +59,7 @@ class Watch:
                  reducers: Sequence[Reducer | str] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}.")
-        every = whole_number("every", every, 1, "a positive int (record every Nth step)")
-        bins = whole_number("bins", bins, 1, "a positive int")
-        start_step = whole_number("start_step", start_step, 0, "a non-negative int")
+        every, bins, start_step = checked_counts(every, bins, start_step)
         flags = dict(activations=activations, gradients=gradients, parameters=parameters,
                      parameter_grads=parameter_grads, updates=updates, histograms=histograms)
         for name, flag in flags.items():
@@ -544,6 +542,18 @@ def _check_materialized(model: nn.Module) -> None:
         raise ValueError(f"watch() needs the model's parameters, and the lazy module(s) {', '.join(lazy[:8])}"
                          f"{' ...' if len(lazy) > 8 else ''} of {type(model).__name__} have none yet: run one forward "
                          "pass first (model(example_input)), which materializes them, then call watch(model).")
+
+
+def checked_counts(every: Any, bins: Any, start_step: Any) -> tuple[int, int, int]:
+    """``every``, ``bins`` and ``start_step`` as plain ints, each refused with its own message where it is not
+    one in range (checked before anything else of a watch: a store's metadata is compared with them).
+
+    Raises:
+        ValueError: ``every`` or ``bins`` is not a positive int, ``start_step`` not a non-negative one.
+    """
+    return (whole_number("every", every, 1, "a positive int (record every Nth step)"),
+            whole_number("bins", bins, 1, "a positive int"),
+            whole_number("start_step", start_step, 0, "a non-negative int"))
 
 
 def _parts(reducers: Sequence[Reducer] | None) -> list[Reducer]:
