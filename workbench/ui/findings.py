@@ -21,6 +21,7 @@ import pandas as pd
 
 from workbench.diagnose import COLUMNS, SEVERITIES, Diagnoser, with_run_facts
 from workbench.instrument.schema import site_name, whole_number
+from workbench.ui.runs import breakable
 from workbench.ui.views import RunView
 
 __all__ = ["Focus", "MUTED", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakable_names",
@@ -174,14 +175,13 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
 
 #: Where a name in the list (a site, one named in the evidence) may break over two lines: after a dot or an
 #: underscore between two letters or digits, not inside a number (``model.`` ``wte.`` ``weight``, ``0.1514``).
-_NAME_JOINT = re.compile(r"(?<=[A-Za-z0-9])[._](?=[A-Za-z0-9])(?<!\d.(?=\d))")
+_NAME_JOINT = re.compile(r"(?<=[A-Za-z0-9][._])(?=[A-Za-z0-9])(?!(?<=\d[._])\d)")
 #: The cells of the list a page shows as HTML (:func:`breakable_names`), in the order of :data:`TABLE_COLUMNS`.
 TABLE_DATATYPES = ["str", "str", "html", "str", "html"]
 
 
 def _breakable(text: Any) -> str:
-    """``text`` as HTML, a ``<wbr>`` (a place to break a line, no character) after each joint of a name."""
-    return _NAME_JOINT.sub(lambda joint: joint[0] + "<wbr>", html.escape(str(text), quote=False))
+    return breakable(text, _NAME_JOINT)
 
 
 def breakable_names(table: pd.DataFrame) -> Any:

@@ -22,7 +22,7 @@ import pandas as pd
 from workbench.instrument import KINDS, STAT_COLUMNS
 from workbench.ui import figures
 from workbench.ui.intervention_menu import INTERVENTION_METRIC
-from workbench.ui.runs import shown
+from workbench.ui.runs import breakable, shown
 from workbench.ui.views import RunView, Site
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ def shown_latest(latest: pd.DataFrame) -> Any:
         return shown
 
     def site(name: Any) -> str:
-        return _SITE_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
+        return breakable(name, _SITE_JOINT)
 
     styled = shown.style.format({"site": site, **{c: short_number for c in LATEST_COLUMNS[2:]}})
     marks = latest["intervention"] if "intervention" in latest else pd.Series("", index=latest.index)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from workbench.instrument import Run
     from workbench.ui.live_run import LiveRun
 
-__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT", "RUN_TABLE_COLUMNS", "name_breaks"]
+__all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT", "RUN_TABLE_COLUMNS", "breakable",
+           "name_breaks"]
 
 DEFAULT_ROOT = "runs"
 NAME_LIMIT = 200  # characters in a run name (a relative path under the root)
@@ -41,16 +42,22 @@ _RULE = ("letters, digits, '_', '-' and '.' (not first), parts separated by '/',
          f"at most {NAME_LIMIT} characters")
 
 
+def breakable(text: Any, joints: re.Pattern) -> str:
+    """``text`` as HTML for a table's cell, a ``<wbr>`` (a place to break a line, no character) at each
+    place ``joints`` matches (empty matches between a name's parts): in a narrow column it goes on over the
+    next line there, not in the middle of a word. Every table that breaks names does it so."""
+    return joints.sub("<wbr>", html.escape(str(text), quote=False))
+
+
 #: Where a run's or an experiment's name may break over two lines in a narrow table column: after a '/', '-', '_'
 #: or '.' followed by a letter or a digit.
 _NAME_JOINT = re.compile(r"(?<=[/\-_.])(?=[A-Za-z0-9])")
 
 
 def name_breaks(name: Any) -> str:
-    """``name`` as HTML for a table's cell, a ``<wbr>`` (a place to break a line, no character) after each
-    joint of its parts (``sweeps/`` ``tanh-`` ``lr_`` ``3e-`` ``3``): in a narrow column it goes on over the
-    next line there, not in the middle of a word."""
-    return _NAME_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
+    """``name`` as HTML for a table's cell (:func:`breakable`), breaking between its parts (``sweeps/``
+    ``tanh-`` ``lr_`` ``3e-`` ``3``)."""
+    return breakable(name, _NAME_JOINT)
 
 
 class PathRefused(ValueError):

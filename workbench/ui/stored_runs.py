@@ -6,7 +6,6 @@ by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
 
 from __future__ import annotations
 
-import html
 import re
 import shutil
 import tempfile
@@ -21,7 +20,7 @@ from workbench.instrument import KINDS, Run, RunError
 from workbench.ui import figures
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTION_METRIC
 from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse_smoothing, picked_names
-from workbench.ui.runs import PathRefused, RunsRoot, name_breaks, shown
+from workbench.ui.runs import PathRefused, RunsRoot, breakable, name_breaks, shown
 from workbench.ui.views import RunView
 
 __all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
@@ -61,7 +60,7 @@ def shown_runs(table: pd.DataFrame) -> Any:
         return table
 
     def model(name: Any) -> str:
-        return _CAMEL_JOINT.sub("<wbr>", html.escape(str(name), quote=False))
+        return breakable(name, _CAMEL_JOINT)
 
     def short(text: Any) -> str:
         match = _SHORT_TIME.fullmatch(str(text))
