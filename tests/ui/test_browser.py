@@ -1058,3 +1058,31 @@ def test_a_line_that_dwarfs_the_others_ticks_the_per_site_log_y_until_the_user_s
     choose(page, "live-stat", "norm")  # another statistic: the figure chooses again, and the box says so
     page.wait_for_function(y_type, arg="log", timeout=30_000)
     expect(box).to_be_checked()
+
+
+def test_the_runs_table_grows_with_the_window_and_keeps_the_export_row_in_reach_at_800_px(browser, served_app,
+                                                                                         runs_root):
+    # (at max_height=260 an 800 px window showed two and a half runs at a time, however many were stored)
+    from workbench.ui.run_tabs import RUNS_TABLE_LEAST
+
+    _store_runs(runs_root, *(f"many/run-{i:02d}" for i in range(20)))
+    page = browser.new_page(viewport={"width": 800, "height": 800})
+    try:
+        _show_stored_run(page, served_app, "many/run-00")
+        table = page.locator("#runs-table")
+        expect(table).to_contain_text("many/run-19")
+        viewport = table.locator(".virtual-table-viewport")
+        height = viewport.evaluate("el => el.clientHeight")
+        assert height > RUNS_TABLE_LEAST + 200, height
+        assert viewport.evaluate("el => el.scrollHeight > el.clientHeight")  # (more runs than fit: it scrolls)
+        # scrolled to the table's label, the run picker and the Export button under it are in the window too
+        page.locator("#runs-table").evaluate("el => el.scrollIntoView({block: 'start'})")
+        bottom = page.locator("#export-button").evaluate("el => el.getBoundingClientRect().bottom")
+        assert bottom <= 800, bottom
+        # a window too short for that keeps the least height
+        page.set_viewport_size({"width": 800, "height": 400})
+        expect(viewport).to_have_js_property("clientHeight", RUNS_TABLE_LEAST)
+        page.set_viewport_size({"width": 800, "height": 800})
+        _screenshot(page, "runs_table_tall_800.png", full_page=False)
+    finally:
+        page.close()

@@ -190,6 +190,12 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
 #: "severit|y" at 11%.)
 FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
 
+#: The Runs table's height: the window's less RUNS_TABLE_ROOM px (its label above it, the run / export row under
+#: it), so that scrolled to the table a user sees as many runs as the window holds and the row that exports one
+#: with them (ten runs of two lines at 800 px high), never less than RUNS_TABLE_LEAST px (a short window). A table
+#: of fewer runs is as tall as they are.
+RUNS_TABLE_LEAST, RUNS_TABLE_ROOM = 260, 220
+
 #: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
 #: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
 #: browser before the tick is sent.
@@ -275,6 +281,10 @@ CSS = f"""
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
+""" + f"""
+/* the Runs table grows with the window (RUNS_TABLE_ROOM); Gradio's max_height sets the least */
+#runs-table .virtual-table-viewport {{
+  max-height: max({RUNS_TABLE_LEAST}px, calc(100vh - {RUNS_TABLE_ROOM}px)) !important; }}
 """
 
 
@@ -391,8 +401,8 @@ def layout(root: RunsRoot):
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
         # (narrow columns, names that break between their parts, a short start time: no sideways scroll at 800 px)
         c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs",
-                                       max_height=260, elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
-                                       datatype=RUNS_TABLE_DATATYPES)
+                                       max_height=RUNS_TABLE_LEAST, elem_id="runs-table", wrap=True,
+                                       column_widths=RUNS_TABLE_WIDTHS, datatype=RUNS_TABLE_DATATYPES)
         with gr.Row(equal_height=True):
             c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
                                         elem_classes=[PICK])
