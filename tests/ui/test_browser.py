@@ -965,9 +965,13 @@ BROKEN_WORDS = """table => {
 }"""
 
 
-def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_root, nan_at_step_3):
-    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window)
+def test_the_findings_table_breaks_no_word_and_gives_the_evidence_room_at_800_px(browser, served_app, runs_root,
+                                                                                 nan_at_step_3):
+    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window; and with four
+    # columns of a word each the evidence had 28% of the width: a nan_origin's evidence ran some twenty words of
+    # one or two a line, its row taller than the list)
     from workbench.diagnose import FINDINGS
+    from workbench.ui.run_tabs import FINDINGS_HEIGHT
 
     _store_runs(runs_root, "narrow/nan-findings", steps=6)
     page = browser.new_page(viewport={"width": 800, "height": 1000})
@@ -976,17 +980,17 @@ def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_r
         table = page.locator("#replay-findings")
         expect(table).to_contain_text("nan_origin")
         assert table.evaluate(BROKEN_WORDS) == []
-        # and a column holds the longest word it may show on a line: each severity, each finding's name
-        # (workbench.diagnose.FINDINGS), steps of three digits and a parameter's site
-        longest = {0: ["✖ error", "⚠ warning", "ℹ info"], 1: ["120–200"], 2: ["layers.0.weight"],
-                   3: list(FINDINGS)}
+        # the first column holds on a line each of its lines at their longest - a severity with steps of three
+        # digits, each finding's name (workbench.diagnose.FINDINGS), a parameter's site - and the evidence some
+        # 50 characters
+        longest = {0: ["⚠ warning · steps 120–200", "layers.0.weight", *FINDINGS], 1: ["x" * 50]}
         too_narrow = table.evaluate("""(table, longest) => {
             const cells = [...table.querySelectorAll('[role=row]')].at(-1).querySelectorAll('[role=gridcell]');
             return Object.entries(longest).flatMap(([column, words]) => {
                 const text = cells[column].querySelector('.cell-wrap > span'), style = getComputedStyle(text);
                 const room = text.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
                 return words.filter(word => {
-                    const probe = document.createElement('span');
+                    const probe = document.createElement('b');
                     probe.style.whiteSpace = 'nowrap';
                     probe.textContent = word;
                     text.appendChild(probe);
@@ -997,6 +1001,9 @@ def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_r
             });
         }""", {str(k): v for k, v in longest.items()})
         assert too_narrow == [], too_narrow
+        # and the nan_origin's row, its evidence the longest, stays well within the list's height
+        row = table.locator("[role=row]").filter(has_text="nan_origin").first
+        assert row.evaluate("row => row.getBoundingClientRect().height") < FINDINGS_HEIGHT * 0.8
         table.scroll_into_view_if_needed()
         _screenshot(page, "runs_findings_800.png", full_page=False)
     finally:

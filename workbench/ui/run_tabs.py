@@ -177,18 +177,17 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     hidden while it has no row - the note above it says that nothing looks wrong."""
     import gradio as gr
 
-    if isinstance(table, pd.DataFrame):  # (a name breaks after a dot, not mid-word: breakable_names)
-        table = gr.Dataframe(value=findings_view.breakable_names(table), visible=not table.empty)
+    if isinstance(table, pd.DataFrame):  # (as the page shows it: findings.shown_findings)
+        table = gr.Dataframe(value=findings_view.shown_findings(table), visible=not table.empty)
     return note, table
 
 
-#: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
-#: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
-#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight;
-#: a longer one breaks after a dot or an underscore: findings.breakable_names) - and the evidence, wrapped between
-#: words, takes the rest. (Gradio breaks a word that does not fit mid-word:
-#: "severit|y" at 11%.)
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
+#: The findings lists' height and column widths (finding, evidence: findings.SHOWN_COLUMNS): in an 800 px window
+#: (a table ~700 px wide) the first holds each of its lines on a line - a severity with steps of three digits
+#: (⚠ warning · steps 120–200), the longest finding's name (vanishing_gradients), a site up to 25 characters (a
+#: longer one breaks after a dot or an underscore) - and the evidence, wrapped between words, takes the rest:
+#: some 50 characters a line at 800 px, 90 at 1400 px.
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["34%", "66%"]
 
 #: The Runs table's height: the window's less RUNS_TABLE_ROOM px (its label above it, the run / export row under
 #: it), so that scrolled to the table a user sees as many runs as the window holds and the row that exports one
@@ -369,11 +368,11 @@ def layout(root: RunsRoot):
                                               scale=1, min_width=100)
                 # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
                 c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
-                # (the whole evidence, wrapped: a row takes two or three lines)
-                c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+                # (the whole evidence, wrapped beside what was found where: a row takes three lines or more)
+                c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.SHOWN_COLUMNS), interactive=False,
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS,
-                                             datatype=findings_view.TABLE_DATATYPES, visible=False)
+                                             datatype=findings_view.SHOWN_DATATYPES, visible=False)
                 _intervention_components(c)
                 # the views, shown once the page holds a run (before, they would be empty plots and pickers)
                 with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
@@ -437,10 +436,10 @@ def layout(root: RunsRoot):
             c["replay_header"] = gr.Markdown(elem_id="replay-header")
             # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
-            c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+            c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.SHOWN_COLUMNS), interactive=False,
                                                 max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                                 elem_id="replay-findings", column_widths=FINDINGS_WIDTHS,
-                                                datatype=findings_view.TABLE_DATATYPES, visible=False)
+                                                datatype=findings_view.SHOWN_DATATYPES, visible=False)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
