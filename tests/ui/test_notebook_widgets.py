@@ -1032,3 +1032,22 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
         compare.close()
         for w in watches:
             w.close()
+
+
+def test_a_whole_number_box_reads_1e3_as_1000_and_refuses_2_5_as_the_apps_box_does():
+    """An IntText's view reads what is typed with JavaScript's parseInt: 1e3 typed was 1, 2.5 was 2, unsaid.
+    A FloatText's view sends 1000 and 2.5 (parseFloat), and the form reads them as the app's boxes."""
+    import ipywidgets as w
+
+    browser = ModelBrowser(pattern="mlp")
+    boxes = {box.description: box for box in browser.form.children}
+    whole = [boxes["width"], boxes["depth"], browser.batch_size]
+    assert not any(isinstance(box, w.IntText) for box in whole)
+    assert all(isinstance(box, w.FloatText) for box in whole)
+    boxes["width"].value = 1e1  # (what the view sends for "1e1")
+    browser.batch_size.value = 3.0
+    result = browser.build()
+    assert result.ok and result.model.layers[0].out_features == 10, result.message
+    boxes["width"].value = 2.5
+    result = browser.build()
+    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in result.message

@@ -96,9 +96,10 @@ def _widget(field: FormField, style: dict[str, str]):
     if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
         common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
         return w.Checkbox(value=field.value, indent=True, **common)
-    if field.widget == "int":
-        return w.IntText(value=field.value, **common)
-    if field.widget == "float":
+    # a whole-number box is a FloatText too: an IntText's view reads what is typed with JavaScript's parseInt,
+    # which takes 1e3 as 1 and 2.5 as 2 without a word; a FloatText sends 1000 and 2.5, which the form reads as
+    # the app's number boxes' (forms.read_whole: 1000, and 2.5 refused, naming the field)
+    if field.widget in ("int", "float"):
         return w.FloatText(value=field.value, **common)
     return w.Text(value=field.value, **common)
 
@@ -136,7 +137,8 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        self.batch_size = w.IntText(value=2, description="example batch size")  # (as the app labels it)
+        # (as the app labels it; a FloatText, as the form's whole-number boxes: _widget)
+        self.batch_size = w.FloatText(value=2, description="example batch size")
         self.overview = w.HTMLMath()
         self.form = w.VBox()
         self.build_button = w.Button(description="Build", button_style="primary")
