@@ -1093,3 +1093,38 @@ def test_the_runs_table_grows_with_the_window_and_keeps_the_export_row_in_reach_
         _screenshot(page, "runs_table_tall_800.png", full_page=False)
     finally:
         page.close()
+
+
+def test_compare_draws_a_run_whose_line_dwarfs_the_others_on_a_log_y_until_the_user_sets_it(browser, served_app,
+                                                                                             runs_root):
+    """The run page's per-site figure chose a log y where a line dwarfs the others; Compare's drew the runs on a
+    linear one, the smaller run's line flat at zero."""
+    import torch
+
+    import workbench
+
+    for name, scale in (("dwarf/small", 1.0), ("dwarf/large", 1e5)):  # (the same net, inputs 1e5 times larger)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        with workbench.watch(net, store=runs_root / name) as w:
+            for _ in range(3):
+                net(torch.ones(2, 4) * scale).sum().backward()
+                w.step()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _show_stored_run(page, served_app, "dwarf/small")
+        choose(page, "compare-runs", "dwarf/small", "dwarf/large")
+        choose(page, "compare-kind", "activation")
+        choose(page, "compare-site", "0")
+        y_type = "(type) => document.querySelector('#compare-site-plot .js-plotly-plot')?.layout?.yaxis?.type === type"
+        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        box = page.locator("#compare-log input")
+        expect(box).to_be_checked()
+        box.uncheck()  # the user's scale from here
+        page.wait_for_function(y_type, arg="linear", timeout=30_000)
+        expect(box).not_to_be_checked()
+        choose(page, "compare-stat", "abs_mean")  # another statistic: the figure chooses again, the box says so
+        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        expect(box).to_be_checked()
+    finally:
+        page.close()

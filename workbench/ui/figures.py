@@ -347,7 +347,7 @@ def _flat_range(values: Any, log: bool) -> dict[str, Any]:
 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
-                        log_y: bool = False, colors: Mapping[str, str] | None = None) -> Figure:
+                        log_y: bool | None = False, colors: Mapping[str, str] | None = None) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
 
     Args:
@@ -355,7 +355,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         site: the call site's name, as `RunView.site_order` lists it.
-        log_y: a log-scaled y axis.
+        log_y: a log-scaled y axis; None: the figure chooses, as :func:`sites_figure` does: log where one
+            run's line dwarfs the others (:func:`dwarfed`); its ``layout.yaxis.type`` says which.
         colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
 
     Returns:
@@ -374,6 +375,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
                           hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")
+    if log_y is None:  # (a line per run: dwarfed reads its lines by their "site")
+        log_y = dwarfed(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True))
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),

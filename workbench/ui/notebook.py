@@ -1130,7 +1130,10 @@ class Compare:
             their rows arrive (if they turn out to lack it, the message says so and another is drawn);
             runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
-        log_y: log-scaled y axes.
+        log_y: log-scaled y axes, both figures'; None: the metrics' linear, and the call site's figure
+            chooses, as the app's comparison and a Dashboard's per-site figure: log where one run's line
+            dwarfs the others (``figures.dwarfed``), the box saying which, until it is set (another kind,
+            statistic or site: the figure chooses again).
         interval: seconds between checks for new steps (> 0).
         tab: the figure open first (``metrics``, ``site``).
 
@@ -1141,8 +1144,8 @@ class Compare:
     """
 
     def __init__(self, *sources: Any, names: list[str] | None = None, kind: str = "activation",
-                 statistic: str = "std", site: str | None = None, smoothing: float = 0.0, log_y: bool = False,
-                 interval: float = 1.0, tab: str = "metrics") -> None:
+                 statistic: str = "std", site: str | None = None, smoothing: float = 0.0,
+                 log_y: bool | None = None, interval: float = 1.0, tab: str = "metrics") -> None:
         import os
 
         import ipywidgets as w
@@ -1188,6 +1191,8 @@ class Compare:
         self._closed = threading.Event()
         self._drawn: tuple | None = None
         self._quiet = False
+        self._picked_log = log_y is not None  # the user set log y (else: the site figure's choice, shown by it)
+        self._setting_log = False  # (the box set from code: not the user's choice)
 
         style = {"description_width": "initial"}
         # a box a run: a click takes one run out or puts it back (in a multiple-choice list, a click
@@ -1202,9 +1207,12 @@ class Compare:
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
-        for control in (*self.run_checkboxes.values(), self.kind, self.statistic, self.smoothing, self.log_y):
+        for control in (*self.run_checkboxes.values(), self.smoothing):
             # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
             control.observe(lambda _: self._refresh(), names="value")
+        for control in (self.kind, self.statistic):  # (another kind or statistic: the figure chooses its scale)
+            control.observe(lambda _: self._refresh(choose_log=True), names="value")
+        self.log_y.observe(self._on_log_y, names="value")
         self.site.observe(self._on_site, names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
         # controls of its figure (log y is both figures': the same box in each tab). One figure open
@@ -1296,22 +1304,31 @@ class Compare:
         itself, drawing the open figure and the other when it is opened)."""
         self._refresh(every=True)
 
-    def _refresh(self, every: bool = False) -> None:
-        """Draw what arrived: the site choices, the message and the open figure (``every``: both)."""
+    def _refresh(self, every: bool = False, choose_log: bool = False) -> None:
+        """Draw what arrived: the site choices, the message and the open figure (``every``: both);
+        ``choose_log``: the call site's figure chooses its scale again (another kind, statistic or site)."""
         from types import SimpleNamespace
 
         from workbench.ui import figures
         from workbench.ui.stored_runs import compare_runs
 
         with self._lock:
+            if choose_log:
+                self._picked_log = False
             self._drawn = self._state()
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value, self._colors)
+                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors)
             self._specs.update(metrics=metrics, site=site_fig)
+            if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
+                self._setting_log = True
+                try:
+                    self.log_y.value = site_fig["layout"].get("yaxis", {}).get("type") == "log"
+                finally:
+                    self._setting_log = False
             wanted = self._wanted_site
             if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
                 message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "
@@ -1333,6 +1350,12 @@ class Compare:
         if self._quiet or change["new"] is None:
             return
         self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
+        self._refresh(choose_log=True)
+
+    def _on_log_y(self, _change: Any) -> None:
+        if self._setting_log:
+            return
+        self._picked_log = True  # (the user's scale from here, for both figures, until another kind, statistic or site)
         self._refresh()
 
     def figure(self, name: str) -> dict | None:

@@ -423,6 +423,8 @@ def layout(root: RunsRoot):
                                                 allow_custom_value=True, elem_id="compare-site", elem_classes=[PICK])
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
+            # (True until the user sets log y: the call site's figure chooses its scale, and the box says which)
+            c["compare_auto_log"] = gr.State(True)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -948,26 +950,39 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y, colors):
+    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, change=None):
         # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
         colors = figures.steady_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
                                     if isinstance(picks, (list, tuple)) else [], colors)
-        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y,
-                                                                 colors)
+        auto_log = auto_log is not False if change is None else change
+        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0,
+                                                                 None if auto_log else log_y, colors)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
+        # (the scale the call site's figure chose, in the box, until the user sets it)
+        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
-                gr.Dropdown(choices=choices, value=site), message, colors)
+                gr.Dropdown(choices=choices, value=site), message, colors,
+                gr.skip() if chosen is None else chosen, auto_log)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
-                      c["compare_colors"]]
+                      c["compare_colors"], c["compare_auto_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
-                       c["compare_colors"]]
-    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text, gr.skip()))
+                       c["compare_colors"], c["compare_log"], c["compare_auto_log"]]
+
+    def comparing(change=None):
+        """on_compare, guarded; ``change``: whether the figure chooses the scale from here (None: as before)."""
+        return _guarded(lambda *args: on_compare(*args, change=change),
+                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(3)))
+
+    compare = comparing()
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
     # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
     c["compare_runs"].select(_nothing, None, None, show_progress="hidden", trigger_mode="always_last").then(
         compare, compare_inputs, compare_outputs, trigger_mode="always_last")
-    for key in ("compare_kind", "compare_stat", "compare_site", "compare_log"):
-        c[key].input(compare, compare_inputs, compare_outputs, trigger_mode="always_last")
+    # another kind, statistic or site: the call site's figure chooses its scale again (log where one run's line
+    # dwarfs the others, as a run page's per-site figure); log y set by the user: the user's scale, for both
+    for key, change in (("compare_kind", True), ("compare_stat", True), ("compare_site", True),
+                        ("compare_log", False)):
+        c[key].input(comparing(change), compare_inputs, compare_outputs, trigger_mode="always_last")
