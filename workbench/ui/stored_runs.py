@@ -6,6 +6,8 @@ by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import shutil
 import tempfile
@@ -66,8 +68,12 @@ def shown_runs(table: pd.DataFrame) -> Any:
         match = _SHORT_TIME.fullmatch(str(text))
         return match[1] if match else str(text)
 
+    def seed(value: Any) -> str:  # (a whole number: the column is float where a run has none)
+        return str(int(value)) if isinstance(value, numbers.Real) and math.isfinite(value) else str(value)
+
+    # a run recorded by workbench.watch() has no experiment, nor seed: an empty cell, not "nan"
     return table.style.format({"run": name_breaks, "experiment": name_breaks, "model": model, "start_time": short,
-                               "MB": "{:.1f}"})
+                               "seed": seed, "MB": "{:.1f}"}, na_rep="")
 
 
 def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
