@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.interventions import MARKER
-from workbench.ui.views import PERCENTILES, RunView
+from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
@@ -241,6 +241,17 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
     return {name: colors[name] for name in names}
 
 
+def no_metrics(views: Sequence[RunView] | Any) -> str:
+    """What a metrics figure says with no metric to draw: "yet" while a run may still log one; once every run
+    ended, that none was recorded and how a watch records them (a stored run of ``workbench.watch`` given
+    none said "No metrics yet." for good)."""
+    views = list(views)
+    if not views or not all(view.status in ENDED for view in views):
+        return "No metrics yet."
+    return (f"{'This run recorded no metrics' if len(views) == 1 else 'None of these runs recorded metrics'}: "
+            "a watch records those given to w.step(loss=...).")
+
+
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
                            smoothing: float = 0.0, log_y: bool = False, columns: int = 3,
                            colors: Mapping[str, str] | None = None) -> Figure:
@@ -265,7 +276,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
-        return empty_figure("No metrics yet.")
+        return empty_figure(no_metrics(views.values()))
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
     gap_x, gap_y = 0.07, 0.5 / rows
