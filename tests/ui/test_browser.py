@@ -1128,3 +1128,25 @@ def test_compare_draws_a_run_whose_line_dwarfs_the_others_on_a_log_y_until_the_u
         expect(box).to_be_checked()
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_every_field_label_of_the_dynamics_networks_form_reads_whole(browser, served_app, width):
+    # (a label that is one long name ran past its field's edge and was cut there: flatten_output_size_for_rew at
+    # 800 px, flatten_output_size_for_reward_hea at 1400, a checkbox's last_linear_layer_init_ze)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        page.get_by_label("efficientzero_dynamics", exact=True).check()
+        expect(page.locator("#model-fields")).to_contain_text("flatten_output_size_for_reward_head")
+        cut = page.locator("#model-fields").evaluate("""fields => [
+            ...fields.querySelectorAll('[data-testid=block-info], .checkbox-container .label-text')]
+            .filter(label => {
+                const box = label.closest('div.block').getBoundingClientRect(), text = document.createRange();
+                text.selectNodeContents(label);
+                return [...text.getClientRects()].some(line => line.right > box.right + 0.5);
+            }).map(label => label.textContent.trim())""")
+        assert cut == [], cut
+    finally:
+        page.close()

@@ -277,6 +277,10 @@ CSS = f"""
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
+/* a field's label that is one long name (flatten_output_size_for_reward_head, a checkbox's
+   last_linear_layer_init_zero) goes on over the next line where it reaches the field's edge: it was cut off there,
+   the parameter's name unreadable (a label with spaces still breaks between its words) */
+[data-testid=block-info], .checkbox-container .label-text { overflow-wrap: anywhere; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
