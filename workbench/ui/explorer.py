@@ -76,6 +76,11 @@ BINS = 60
 FIGURE_MIN_WIDTH = 560
 MAX_COMPARE_STEPS = 100_000
 MODES = ("one after another", "side by side")
+#: The "Which trains best" table's column widths (SUMMARY_COLUMNS): in an 800 px window (a table ~700 px wide) each
+#: holds its longest word on a line - an activation's name (activation, threshold), a status (finished), steps of
+#: six digits, "accuracy" of a header (which breaks between its words) - where 13%, 11% and 7% broke
+#: "activati|on", "finishe|d" and "ste|p".
+COMPARE_TABLE_WIDTHS = ["15%", "13%", "10%", "14%", "16%", "14%", "18%"]
 SUMMARY_COLUMNS = ["activation", "status", "step", "loss (last step)", "accuracy (last step)", "loss (whole set)",
                    "accuracy (whole set)"]
 #: Parameters the explorer leaves at their defaults: they do not change the curve (``inplace``),
@@ -1120,8 +1125,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                       elem_id="explorer-compare-layers")
                         c["compare_table"] = gr.Dataframe(table, interactive=False, elem_id="explorer-compare-table",
                                                           show_label=False, wrap=True,  # (every column in view)
-                                                          column_widths=["13%", "11%", "7%", "17%", "18%", "16%",
-                                                                         "18%"])
+                                                          column_widths=COMPARE_TABLE_WIDTHS)
         c["params_state"] = gr.State({})
         c["registry"] = gr.State(names)  # the activations whose fields are drawn (Reload reads them again)
         c["comparison"] = gr.State(None, delete_callback=lambda comparison: comparison is not None
