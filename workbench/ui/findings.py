@@ -199,13 +199,13 @@ def _shown_finding(text: str) -> str:
 def shown_findings(table: pd.DataFrame) -> Any:
     """The list as a page shows it (:data:`SHOWN_COLUMNS`): ``table`` (:func:`findings_table`) as a pandas
     ``Styler`` of two columns, the severity, steps, finding and site of each row over three lines of its
-    first (``✖ error · steps 3–8`` / **nan_origin** / ``layers.2``) and the evidence beside them; a name
+    first (``✖ error · steps 3–8`` / **nan_origin** / ``layers.2``; ``step 3`` for one step) and the evidence beside them; a name
     (a site, one in the evidence) may break over two lines after its dots and underscores, not mid-word.
     The cells' values (what a copy of the table takes) are the same text, its lines split by newlines.
     An empty table is returned with the shown columns."""
     if table.empty:
         return pd.DataFrame(columns=SHOWN_COLUMNS)
-    finding = [f"{severity} · steps {steps}\n{name}\n{site}"
+    finding = [f"{severity} · {'steps' if '–' in steps else 'step'} {steps}\n{name}\n{site}"
                for severity, steps, name, site in zip(table.severity, table.steps, table.finding, table.site)]
     shown = pd.DataFrame({"finding": finding, "evidence": table.evidence.to_list()}, columns=SHOWN_COLUMNS)
     return shown.style.format({"finding": _shown_finding, "evidence": _breakable})
