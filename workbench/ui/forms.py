@@ -138,6 +138,7 @@ _EMPTY = ("the field is empty, or holds a number beyond the floating-point range
           "enter a finite number")
 _BEYOND = "beyond the floating-point range; enter a finite number"
 _NOT_A_NUMBER = "not a number; enter a whole number such as 2"
+_NOT_FINITE = "not a finite number; enter a whole number such as 2"
 _FLOAT_MAX = Decimal(sys.float_info.max)
 
 
@@ -166,7 +167,7 @@ def read_whole(value: Any) -> int:
         except InvalidOperation:
             raise _Unreadable(_NOT_A_NUMBER) from None
         if not number.is_finite():
-            raise _Unreadable("not a finite number; enter a whole number such as 2")
+            raise _Unreadable(_NOT_FINITE)
         if abs(number) > _FLOAT_MAX:
             raise _Unreadable(_BEYOND)
         if number != number.to_integral_value():
@@ -174,7 +175,7 @@ def read_whole(value: Any) -> int:
         return int(number)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise _Unreadable("not a finite number; enter a whole number such as 2")
+            raise _Unreadable(_NOT_FINITE)
         if not float(value).is_integer():
             raise _Unreadable(_WHOLE)
         return int(value)
@@ -194,11 +195,11 @@ def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
 
 def _parse_item(text: str, integer: bool) -> int | float:
     """One item of a comma-separated list of numbers, or why it is none."""
-    numbers_ = "whole numbers" if integer else "numbers"
+    listed = "whole numbers" if integer else "numbers"
     try:
         return _parse_number(text, integer)
     except ValueError:  # (2.5 where whole numbers are asked for, too)
-        raise _Unreadable(f"{text!r} is not one of the {numbers_} it lists; write {numbers_} separated by "
+        raise _Unreadable(f"{text!r} is not one of the {listed} it lists; write {listed} separated by "
                           f"commas, such as {'32, 16' if integer else '0.5, 1'}") from None
 
 
