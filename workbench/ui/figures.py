@@ -34,7 +34,7 @@ import base64
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
-           "to_json", "values"]
+           "no_metrics", "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -241,7 +241,7 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
     return {name: colors[name] for name in names}
 
 
-def no_metrics(views: Sequence[RunView] | Any) -> str:
+def no_metrics(views: Iterable[RunView]) -> str:
     """What a metrics figure says with no metric to draw: "yet" while a run may still log one; once every run
     ended, that none was recorded and how a watch records them (a stored run of ``workbench.watch`` given
     none said "No metrics yet." for good)."""
