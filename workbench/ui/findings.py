@@ -199,8 +199,9 @@ def _shown_finding(text: str) -> str:
 def shown_findings(table: pd.DataFrame) -> Any:
     """The list as a page shows it (:data:`SHOWN_COLUMNS`): ``table`` (:func:`findings_table`) as a pandas
     ``Styler`` of two columns, the severity, steps, finding and site of each row over three lines of its
-    first (``✖ error · steps 3–8`` / **nan_origin** / ``layers.2``; ``step 3`` for one step) and the evidence beside them; a name
-    (a site, one in the evidence) may break over two lines after its dots and underscores, not mid-word.
+    first (``✖ error · steps 3–8`` / **nan_origin** / ``layers.2``; ``step 3`` for one step) and the
+    evidence beside them; a name (a site, one in the evidence) may break over two lines after its dots and
+    underscores, not mid-word.
     The cells' values (what a copy of the table takes) are the same text, its lines split by newlines.
     An empty table is returned with the shown columns."""
     if table.empty:
