@@ -39,18 +39,23 @@ def broken():
     return w, frame
 
 
-def test_a_page_shows_names_breakable_after_their_dots_and_underscores_and_the_values_as_they_are():
+def test_a_page_shows_what_was_found_where_in_one_column_its_names_breakable_and_the_values_as_text():
     table = pd.DataFrame({"severity": ["⚠ warning"], "steps": ["3"], "site": ["model.wte.weight"],
                           "finding": ["update_ratio_low"], "evidence": ["loss = 0.1514 < 2 at fc_reward_head.2"]},
                          columns=view.TABLE_COLUMNS)
-    styled = view.breakable_names(table)
+    styled = view.shown_findings(table)
     shown = styled._compute()._translate(None, None)["body"][0]  # (what Gradio takes as the cells' display)
     assert [cell["display_value"] for cell in shown if cell["type"] == "td"] == [
-        "⚠ warning", "3", "model.<wbr>wte.<wbr>weight", "update_ratio_low",
+        "⚠ warning · step 3<br><b>update_<wbr>ratio_<wbr>low</b><br><span>model.<wbr>wte.<wbr>weight</span>",
         "loss = 0.1514 &lt; 2 at fc_<wbr>reward_<wbr>head.<wbr>2"]  # (a number stays whole; the text is HTML)
-    assert styled.data.equals(table)  # (the values, which a copy of the table takes)
-    assert [view.TABLE_DATATYPES[view.TABLE_COLUMNS.index(c)] for c in ("site", "evidence")] == ["html", "html"]
-    assert view.breakable_names(table.iloc[:0]).empty
+    # the values (which a copy of the table takes): the same text, a line each
+    assert styled.data.values.tolist() == [["⚠ warning · step 3\nupdate_ratio_low\nmodel.wte.weight",
+                                            "loss = 0.1514 < 2 at fc_reward_head.2"]]
+    assert list(styled.data.columns) == view.SHOWN_COLUMNS and view.SHOWN_DATATYPES == ["html", "html"]
+    assert list(view.shown_findings(table.iloc[:0]).columns) == view.SHOWN_COLUMNS
+    over = view.shown_findings(table.assign(steps="3–8")).data.finding[0]  # (one step: "step 3")
+    assert over.startswith("⚠ warning · steps 3–8\n")
+
 
 def test_the_table_lists_each_finding_in_order_with_its_steps(broken):
     _, frame = broken

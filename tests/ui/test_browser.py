@@ -965,9 +965,13 @@ BROKEN_WORDS = """table => {
 }"""
 
 
-def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_root, nan_at_step_3):
-    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window)
+def test_the_findings_table_breaks_no_word_and_gives_the_evidence_room_at_800_px(browser, served_app, runs_root,
+                                                                                 nan_at_step_3):
+    # (its columns at 11% and 8% broke their headers "severit|y" and "step|s" in an 800 px window; and with four
+    # columns of a word each the evidence had 28% of the width: a nan_origin's evidence ran some twenty words of
+    # one or two a line, its row taller than the list)
     from workbench.diagnose import FINDINGS
+    from workbench.ui.run_tabs import FINDINGS_HEIGHT
 
     _store_runs(runs_root, "narrow/nan-findings", steps=6)
     page = browser.new_page(viewport={"width": 800, "height": 1000})
@@ -976,17 +980,17 @@ def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_r
         table = page.locator("#replay-findings")
         expect(table).to_contain_text("nan_origin")
         assert table.evaluate(BROKEN_WORDS) == []
-        # and a column holds the longest word it may show on a line: each severity, each finding's name
-        # (workbench.diagnose.FINDINGS), steps of three digits and a parameter's site
-        longest = {0: ["✖ error", "⚠ warning", "ℹ info"], 1: ["120–200"], 2: ["layers.0.weight"],
-                   3: list(FINDINGS)}
+        # the first column holds on a line each of its lines at their longest - a severity with steps of three
+        # digits, each finding's name (workbench.diagnose.FINDINGS), a parameter's site - and the evidence some
+        # 50 characters
+        longest = {0: ["⚠ warning · steps 120–200", "layers.0.weight", *FINDINGS], 1: ["x" * 50]}
         too_narrow = table.evaluate("""(table, longest) => {
             const cells = [...table.querySelectorAll('[role=row]')].at(-1).querySelectorAll('[role=gridcell]');
             return Object.entries(longest).flatMap(([column, words]) => {
                 const text = cells[column].querySelector('.cell-wrap > span'), style = getComputedStyle(text);
                 const room = text.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
                 return words.filter(word => {
-                    const probe = document.createElement('span');
+                    const probe = document.createElement('b');
                     probe.style.whiteSpace = 'nowrap';
                     probe.textContent = word;
                     text.appendChild(probe);
@@ -997,6 +1001,9 @@ def test_the_findings_table_breaks_no_word_at_800_px(browser, served_app, runs_r
             });
         }""", {str(k): v for k, v in longest.items()})
         assert too_narrow == [], too_narrow
+        # and the nan_origin's row, its evidence the longest, stays well within the list's height
+        row = table.locator("[role=row]").filter(has_text="nan_origin").first
+        assert row.evaluate("row => row.getBoundingClientRect().height") < FINDINGS_HEIGHT * 0.8
         table.scroll_into_view_if_needed()
         _screenshot(page, "runs_findings_800.png", full_page=False)
     finally:
@@ -1058,3 +1065,88 @@ def test_a_line_that_dwarfs_the_others_ticks_the_per_site_log_y_until_the_user_s
     choose(page, "live-stat", "norm")  # another statistic: the figure chooses again, and the box says so
     page.wait_for_function(y_type, arg="log", timeout=30_000)
     expect(box).to_be_checked()
+
+
+def test_the_runs_table_grows_with_the_window_and_keeps_the_export_row_in_reach_at_800_px(browser, served_app,
+                                                                                         runs_root):
+    # (at max_height=260 an 800 px window showed two and a half runs at a time, however many were stored)
+    from workbench.ui.run_tabs import RUNS_TABLE_LEAST
+
+    _store_runs(runs_root, *(f"many/run-{i:02d}" for i in range(20)))
+    page = browser.new_page(viewport={"width": 800, "height": 800})
+    try:
+        _show_stored_run(page, served_app, "many/run-00")
+        table = page.locator("#runs-table")
+        expect(table).to_contain_text("many/run-19")
+        viewport = table.locator(".virtual-table-viewport")
+        height = viewport.evaluate("el => el.clientHeight")
+        assert height > RUNS_TABLE_LEAST + 200, height
+        assert viewport.evaluate("el => el.scrollHeight > el.clientHeight")  # (more runs than fit: it scrolls)
+        # scrolled to the table's label, the run picker and the Export button under it are in the window too
+        page.locator("#runs-table").evaluate("el => el.scrollIntoView({block: 'start'})")
+        bottom = page.locator("#export-button").evaluate("el => el.getBoundingClientRect().bottom")
+        assert bottom <= 800, bottom
+        # a window too short for that keeps the least height
+        page.set_viewport_size({"width": 800, "height": 400})
+        expect(viewport).to_have_js_property("clientHeight", RUNS_TABLE_LEAST)
+        page.set_viewport_size({"width": 800, "height": 800})
+        _screenshot(page, "runs_table_tall_800.png", full_page=False)
+    finally:
+        page.close()
+
+
+def test_compare_draws_a_run_whose_line_dwarfs_the_others_on_a_log_y_until_the_user_sets_it(browser, served_app,
+                                                                                             runs_root):
+    """The run page's per-site figure chose a log y where a line dwarfs the others; Compare's drew the runs on a
+    linear one, the smaller run's line flat at zero."""
+    import torch
+
+    import workbench
+
+    for name, scale in (("dwarf/small", 1.0), ("dwarf/large", 1e5)):  # (the same net, inputs 1e5 times larger)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        with workbench.watch(net, store=runs_root / name) as w:
+            for _ in range(3):
+                net(torch.ones(2, 4) * scale).sum().backward()
+                w.step()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _show_stored_run(page, served_app, "dwarf/small")
+        choose(page, "compare-runs", "dwarf/small", "dwarf/large")
+        choose(page, "compare-kind", "activation")
+        choose(page, "compare-site", "0")
+        y_type = "(type) => document.querySelector('#compare-site-plot .js-plotly-plot')?.layout?.yaxis?.type === type"
+        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        box = page.locator("#compare-log input")
+        expect(box).to_be_checked()
+        box.uncheck()  # the user's scale from here
+        page.wait_for_function(y_type, arg="linear", timeout=30_000)
+        expect(box).not_to_be_checked()
+        choose(page, "compare-stat", "abs_mean")  # another statistic: the figure chooses again, the box says so
+        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        expect(box).to_be_checked()
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_every_field_label_of_the_dynamics_networks_form_reads_whole(browser, served_app, width):
+    # (a label that is one long name ran past its field's edge and was cut there: flatten_output_size_for_rew at
+    # 800 px, flatten_output_size_for_reward_hea at 1400, a checkbox's last_linear_layer_init_ze)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    try:
+        page.goto(served_app)
+        page.wait_for_selector("#model-list")
+        page.get_by_label("efficientzero_dynamics", exact=True).check()
+        expect(page.locator("#model-fields")).to_contain_text("flatten_output_size_for_reward_head")
+        cut = page.locator("#model-fields").evaluate("""fields => [
+            ...fields.querySelectorAll('[data-testid=block-info], .checkbox-container .label-text')]
+            .filter(label => {
+                const box = label.closest('div.block').getBoundingClientRect(), text = document.createRange();
+                text.selectNodeContents(label);
+                return [...text.getClientRects()].some(line => line.right > box.right + 0.5);
+            }).map(label => label.textContent.trim())""")
+        assert cut == [], cut
+    finally:
+        page.close()

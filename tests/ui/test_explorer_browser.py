@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from playwright.sync_api import expect
 
 import workbench
-from tests.ui.test_browser import RULED, choose, table_borders
+from tests.ui.test_browser import BROKEN_WORDS, RULED, choose, table_borders
 
 pytestmark = pytest.mark.browser
 
@@ -187,6 +187,11 @@ def test_which_activation_trains_best_runs_in_the_background_and_draws_each(page
     table = page.locator("#explorer-compare-table")
     expect(table).to_contain_text("finished")
     _screenshot(page, "explorer_compare.png")
+    # no word of the table breaks mid-word, at 1400 px nor at 800 ("activati|on", "finishe|d", "ste|p" did)
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 1000})
+        assert table.evaluate(BROKEN_WORDS) == [], width
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
 
 def test_the_curves_titles_stay_inside_the_figure_in_a_narrow_window(browser, served_app):

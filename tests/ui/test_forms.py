@@ -1,10 +1,13 @@
 """Reading what a person typed into a form: a value that cannot be read says how to write it."""
 
+import re
+
+import numpy as np
 import pytest
 
 from workbench.experiments import get_experiment_spec
 from workbench.params import params_of
-from workbench.ui.forms import parse_form
+from workbench.ui.forms import parse_form, read_whole
 
 
 def _builder(layers: list[int] = [32], rates: list[float] = [0.5], size: int | None = None,
@@ -50,3 +53,42 @@ def test_a_pop_up_takes_off_markdowns_bold_and_keeps_a_power():
 
     assert pop_up_text("**Could not build:** seed must lie in [0, 2**53 - 1]") == \
         "Could not build: seed must lie in [0, 2**53 - 1]"
+
+
+@pytest.mark.parametrize("typed, whole", [("1e3", 1000), ("1E3", 1000), (" 2.0 ", 2), ("1_000", 1000), ("-4", -4),
+                                          (1e3, 1000), (7, 7), ("1e23", 10**23), (np.int64(5), 5)])
+def test_a_whole_number_written_any_way_is_read_exactly(typed, whole):
+    # (a person who types 1e3 for steps means 1000; text is read as a decimal: 1e23 is 10**23, not the float
+    # nearest it, 99999999999999991611392)
+    assert read_whole(typed) == whole and type(read_whole(typed)) is int
+
+
+@pytest.mark.parametrize("typed, reason", [
+    ("2.5", "not a whole number; enter an integer such as 2"), (2.5, "not a whole number"),
+    ("1e400", "beyond the floating-point range; enter a finite number"), ("nan", "not a finite number"),
+    (float("inf"), "not a finite number"), ("ten", "not a number; enter a whole number such as 2"),
+    (True, "not a number"), ("", "the field is empty"), (None, "the field is empty")])
+def test_what_is_no_whole_number_says_why(typed, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        read_whole(typed)
+
+
+def test_every_whole_number_field_reads_1e3_as_1000_and_refuses_2_5_and_1e400_saying_why(manager):
+    from workbench.ui import explorer, live_run, model_browser
+
+    assert parse_form(params_of(_builder), {"size": "1e3"}, "B") == {"size": 1000}
+    with pytest.raises(ValueError, match=re.escape("size expects int | None, could not read '1e400': beyond the "
+                                                   "floating-point range; enter a finite number.")):
+        parse_form(params_of(_builder), {"size": "1e400"}, "B")  # (it said "not a whole number")
+    # the run form's steps, every and seed (they refused '1e3' and '2.0' as text)
+    run, message = live_run.start_run(manager, "activation_mlp", {}, "0e0", "1e1", "2.0", False, "*", "")
+    assert run is not None, message
+    run.join(60)
+    assert run.outcome == "finished" and run.experiment.step_count == 10
+    run, message = live_run.start_run(manager, "activation_mlp", {}, 0, "2.5", 1, False, "*", "")
+    assert run is None and "steps must be a whole number in [1, 10000000], got '2.5': not a whole number" in message
+    # the explorer's boxes and the model browser's batch size
+    _, drawn = explorer.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed="0e0", samples="1e2")
+    assert "**relu** on 100 samples" in drawn, drawn
+    assert model_browser.build_model("relu", {}, batch_size="1e1").ok
+    assert "got '2.5': not a whole number" in model_browser.build_model("relu", {}, batch_size="2.5").message

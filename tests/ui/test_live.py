@@ -191,3 +191,25 @@ def test_ilql_runs_live_and_reports_rewards_every_n_steps(manager):
     rewards = long[long.metric.isin(["policy_reward", "bc_reward", "behaviour_reward"])]
     assert list(rewards.step) == [3, 3, 3]  # evaluated once, at step 3; NaN steps are not plotted
     assert {"v.0", "v.6"} <= set(rows.module)
+
+
+def test_a_run_recorded_by_watch_shows_empty_experiment_and_seed_and_the_others_whole_seeds(tmp_path):
+    # (a run recorded by workbench.watch() has no experiment nor seed: the Runs table showed "nan" for both, and,
+    # its seed column made float by them, every other run's seed as "3.000000", over two lines at 800 px)
+    import torch
+
+    import workbench
+    from workbench.ui.runs import RunsRoot
+
+    net = torch.nn.Linear(2, 2)
+    with workbench.watch(net, store=tmp_path / "watched") as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step()
+    workbench.experiments.create("activation_mlp", seed=3, width=8).run(1, store=tmp_path / "experiment",
+                                                                        progress=False)
+    table, names, _ = stored_runs.run_table(RunsRoot(tmp_path))
+    shown = stored_runs.shown_runs(table)._compute()._translate(None, None)["body"]
+    cells = {row[1]["display_value"]: [cell["display_value"] for cell in row if cell["type"] == "td"]
+             for row in shown}
+    assert cells["watched"][4:7] == ["", "Linear", ""]
+    assert cells["experiment"][4:7] == ["activation_<wbr>mlp", "MLP", "3"]

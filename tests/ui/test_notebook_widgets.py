@@ -1,5 +1,6 @@
 """The notebook widgets, driven as a user would (set values, click), and background runs."""
 
+import json
 import time
 
 import pytest
@@ -631,6 +632,43 @@ def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
     assert compare.figure("site")["layout"]["title"]["text"].endswith("at layers.2.weight, by run")
 
 
+def test_a_run_whose_line_dwarfs_the_others_is_compared_on_a_log_y_in_the_app_and_the_notebook(tmp_path):
+    """The run page's per-site figure chose a log y where a line dwarfs the others (figures.dwarfed); the
+    comparison's per-site figure drew them on a linear one, the smaller run's line flat at zero."""
+    import torch
+
+    from workbench.ui.notebook import Compare
+    from workbench.ui.runs import RunsRoot
+    from workbench.ui.stored_runs import ViewCache, compare_runs
+
+    for name, scale in (("small", 1.0), ("large", 1e5)):  # (the same net on inputs 1e5 times larger)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        with workbench.watch(net, store=tmp_path / name) as w:
+            for _ in range(3):
+                net(torch.ones(2, 4) * scale).sum().backward()
+                w.step()
+    cache = ViewCache(RunsRoot(tmp_path))
+
+    def scale(figure):
+        return figure["layout"]["yaxis"]["type"]
+
+    # the app's handler: None, the figure chooses (the app passes it until the user sets the box)
+    metrics, site_fig, _, site, _ = compare_runs(cache, ["small", "large"], "activation", "norm", "0", log_y=None)
+    assert site == "0" and scale(site_fig) == "log" and set(run_lines(site_fig)) == {"small", "large"}
+    assert "log" not in json.dumps(metrics)  # (the metrics stay linear until the user sets the box)
+    assert scale(compare_runs(cache, ["small", "large"], "activation", "norm", "0", log_y=False)[1]) == "linear"
+    # the notebook's Compare draws through the same code, and its box says what the figure chose
+    compare = Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm", site="0")
+    assert scale(compare.figure("site")) == "log" and compare.log_y.value is True
+    compare.log_y.value = False  # the user's scale from here
+    assert scale(compare.figure("site")) == "linear" and compare.log_y.value is False
+    compare.statistic.value = "abs_mean"  # another statistic: the figure chooses again
+    assert scale(compare.figure("site")) == "log" and compare.log_y.value is True
+    assert scale(Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm",
+                         log_y=False).figure("site")) == "linear"  # (a scale given: the user's)
+
+
 def watched_runs(*activations):
     """A closed watch of a two-step run of the activation MLP per activation."""
     watches = []
@@ -1032,3 +1070,22 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
         compare.close()
         for w in watches:
             w.close()
+
+
+def test_a_whole_number_box_reads_1e3_as_1000_and_refuses_2_5_as_the_apps_box_does():
+    """An IntText's view reads what is typed with JavaScript's parseInt: 1e3 typed was 1, 2.5 was 2, unsaid.
+    A FloatText's view sends 1000 and 2.5 (parseFloat), and the form reads them as the app's boxes."""
+    import ipywidgets as w
+
+    browser = ModelBrowser(pattern="mlp")
+    boxes = {box.description: box for box in browser.form.children}
+    whole = [boxes["width"], boxes["depth"], browser.batch_size]
+    assert not any(isinstance(box, w.IntText) for box in whole)
+    assert all(isinstance(box, w.FloatText) for box in whole)
+    boxes["width"].value = 1e1  # (what the view sends for "1e1")
+    browser.batch_size.value = 3.0
+    result = browser.build()
+    assert result.ok and result.model.layers[0].out_features == 10, result.message
+    boxes["width"].value = 2.5
+    result = browser.build()
+    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in result.message

@@ -582,3 +582,19 @@ def test_a_running_forward_only_model_is_not_said_to_have_gradients_yet_to_come(
     view.set_status("finished")
     page = run_page.draw_page(view, run_page.Controls(kind="grad_output"))
     assert empty_text(page.sites_figure) == "This run recorded no grad_output rows."
+
+
+def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_path):
+    # (a run recorded by workbench.watch() given no metrics read "No metrics yet." for good, as if some might come)
+    net = torch.nn.Linear(2, 2)
+    for name in ("a", "b"):
+        with workbench.watch(net, store=tmp_path / name) as w:
+            net(torch.ones(1, 2)).sum().backward()
+            w.step()
+    view = RunView.from_run(load_run(tmp_path / "a"))
+    said = "This run recorded no metrics: a watch records those given to w.step(loss=...)."
+    assert json.dumps(run_page.draw_page(view).metrics_figure).count(said) == 1
+    assert said in json.dumps(figures.metrics_figure(view))  # (the Dashboard's)
+    views = {name: RunView.from_run(load_run(tmp_path / name)) for name in ("a", "b")}
+    assert "None of these runs recorded metrics" in json.dumps(figures.compare_metrics_figure(views))
+    assert "No metrics yet." in json.dumps(figures.metrics_figure(RunView()))  # (a run before its first step)

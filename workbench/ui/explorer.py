@@ -50,7 +50,7 @@ from workbench.ui.figures import (
     empty_figure,
 )
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
-                                pop_up_text)
+                                pop_up_text, read_whole)
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -76,6 +76,11 @@ BINS = 60
 FIGURE_MIN_WIDTH = 560
 MAX_COMPARE_STEPS = 100_000
 MODES = ("one after another", "side by side")
+#: The "Which trains best" table's column widths (SUMMARY_COLUMNS): in an 800 px window (a table ~700 px wide) each
+#: holds its longest word on a line - an activation's name (activation, threshold), a status (finished), steps of
+#: six digits, "accuracy" of a header (which breaks between its words) - where 13%, 11% and 7% broke
+#: "activati|on", "finishe|d" and "ste|p".
+COMPARE_TABLE_WIDTHS = ["15%", "13%", "10%", "14%", "16%", "14%", "18%"]
 SUMMARY_COLUMNS = ["activation", "status", "step", "loss (last step)", "accuracy (last step)", "loss (whole set)",
                    "accuracy (whole set)"]
 #: Parameters the explorer leaves at their defaults: they do not change the curve (``inplace``),
@@ -113,26 +118,34 @@ def _number(value: Any, what: str, fix: str) -> float:
     return float(value)
 
 
+def _whole_or_none(value: Any) -> int | None:
+    """``value`` as a whole-number box holds it (forms.read_whole: 1e3 is 1000), or None where it holds none."""
+    try:
+        return read_whole(value)
+    except ValueError:
+        return None
+
+
 def _count(value: Any, what: str, low: int, high: int) -> int:
     if value is None:
         raise ValueError(f"{what} must be a whole number in [{low}, {high:,}]: {_NO_NUMBER}.")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{what} must be a whole number in [{low}, {high:,}], got {value!r}.")
-    return value
+    whole = _whole_or_none(value)
+    if whole is None or not low <= whole <= high:
+        raise ValueError(f"{what} must be a whole number in [{low}, {high:,}], got "
+                         f"{repr(value) if whole is None else whole}.")
+    return whole
 
 
 def _field_seed(value: Any) -> int:
     """A seed from the page's seed field: a whole number in [0, FIELD_INT_MAX], which the field
     carries exactly (the Python API takes seeds up to 2**63 - 1)."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= FIELD_INT_MAX:
-        why = f": {FIELD_INT_LIMIT}" if isinstance(value, (int, float)) and value > FIELD_INT_MAX else ""
-        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}], got {value!r}{why}. "
+    whole = _whole_or_none(value)
+    if whole is None or not 0 <= whole <= FIELD_INT_MAX:
+        why = f": {FIELD_INT_LIMIT}" if whole is not None and whole > FIELD_INT_MAX else ""
+        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}], got "
+                         f"{repr(value) if whole is None else whole}{why}. "
                          "Enter e.g. 0.")
-    return value
+    return whole
 
 
 def _check_range(x_range: Any) -> tuple[float, float]:
@@ -1112,8 +1125,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                       elem_id="explorer-compare-layers")
                         c["compare_table"] = gr.Dataframe(table, interactive=False, elem_id="explorer-compare-table",
                                                           show_label=False, wrap=True,  # (every column in view)
-                                                          column_widths=["13%", "11%", "7%", "17%", "18%", "16%",
-                                                                         "18%"])
+                                                          column_widths=COMPARE_TABLE_WIDTHS)
         c["params_state"] = gr.State({})
         c["registry"] = gr.State(names)  # the activations whose fields are drawn (Reload reads them again)
         c["comparison"] = gr.State(None, delete_callback=lambda comparison: comparison is not None

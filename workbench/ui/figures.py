@@ -34,18 +34,18 @@ import base64
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from workbench.instrument.interventions import MARKER
-from workbench.ui.views import PERCENTILES, RunView
+from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
-           "to_json", "values"]
+           "no_metrics", "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -241,6 +241,17 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
     return {name: colors[name] for name in names}
 
 
+def no_metrics(views: Iterable[RunView]) -> str:
+    """What a metrics figure says with no metric to draw: "yet" while a run may still log one; once every run
+    ended, that none was recorded and how a watch records them (a stored run of ``workbench.watch`` given
+    none said "No metrics yet." for good)."""
+    views = list(views)
+    if not views or not all(view.status in ENDED for view in views):
+        return "No metrics yet."
+    return (f"{'This run recorded no metrics' if len(views) == 1 else 'None of these runs recorded metrics'}: "
+            "a watch records those given to w.step(loss=...).")
+
+
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
                            smoothing: float = 0.0, log_y: bool = False, columns: int = 3,
                            colors: Mapping[str, str] | None = None) -> Figure:
@@ -265,7 +276,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
-        return empty_figure("No metrics yet.")
+        return empty_figure(no_metrics(views.values()))
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
     gap_x, gap_y = 0.07, 0.5 / rows
@@ -347,7 +358,7 @@ def _flat_range(values: Any, log: bool) -> dict[str, Any]:
 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
-                        log_y: bool = False, colors: Mapping[str, str] | None = None) -> Figure:
+                        log_y: bool | None = False, colors: Mapping[str, str] | None = None) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
 
     Args:
@@ -355,7 +366,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         kind: ``activation``, ``grad_output``, ``param`` or ``param_grad``.
         statistic: a column of ``workbench.ui.views.STATISTICS``.
         site: the call site's name, as `RunView.site_order` lists it.
-        log_y: a log-scaled y axis.
+        log_y: a log-scaled y axis; None: the figure chooses, as :func:`sites_figure` does: log where one
+            run's line dwarfs the others (:func:`dwarfed`); its ``layout.yaxis.type`` says which.
         colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
 
     Returns:
@@ -374,6 +386,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
                           hovertemplate=f"{run}: %{{y:.4g}}<extra></extra>"))
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")
+    if log_y is None:  # (a line per run: dwarfed reads its lines by their "site")
+        log_y = dwarfed(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True))
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),

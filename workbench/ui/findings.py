@@ -24,9 +24,9 @@ from workbench.instrument.schema import site_name, whole_number
 from workbench.ui.runs import breakable
 from workbench.ui.views import RunView
 
-__all__ = ["Focus", "MUTED", "RunFindings", "TABLE_COLUMNS", "TABLE_DATATYPES", "breakable_names",
+__all__ = ["Focus", "MUTED", "RunFindings", "SHOWN_COLUMNS", "SHOWN_DATATYPES", "TABLE_COLUMNS",
            "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "mark_steps",
-           "merge_calls", "option_label", "pick_key"]
+           "merge_calls", "option_label", "pick_key", "shown_findings"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
 #: the first begun).
@@ -176,22 +176,40 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
 #: Where a name in the list (a site, one named in the evidence) may break over two lines: after a dot or an
 #: underscore between two letters or digits, not inside a number (``model.`` ``wte.`` ``weight``, ``0.1514``).
 _NAME_JOINT = re.compile(r"(?<=[A-Za-z0-9][._])(?=[A-Za-z0-9])(?!(?<=\d[._])\d)")
-#: The cells of the list a page shows as HTML (:func:`breakable_names`), in the order of :data:`TABLE_COLUMNS`.
-TABLE_DATATYPES = ["str", "str", "html", "str", "html"]
+#: The columns of the list as a page shows it (:func:`shown_findings`): what was found, where and when, one
+#: item a line, and its evidence, which takes the rest of the width: five columns of a word each left the
+#: evidence under a third of it, a long one a column of a word or two a line, taller than the list.
+SHOWN_COLUMNS = ["finding", "evidence"]
+#: The cells of the list a page shows as HTML (:func:`shown_findings`), in the order of :data:`SHOWN_COLUMNS`.
+SHOWN_DATATYPES = ["html", "html"]
 
 
 def _breakable(text: Any) -> str:
     return breakable(text, _NAME_JOINT)
 
 
-def breakable_names(table: pd.DataFrame) -> Any:
-    """The list as a page shows it: ``table`` (:func:`findings_table`) as a pandas ``Styler`` whose site and
-    evidence cells (HTML cells, :data:`TABLE_DATATYPES`) may break a name over two lines after its dots and
-    underscores, not mid-word, in a narrow column. Only how it is shown changes: the text and the cells'
-    values (what a copy of the table takes) are as they were. An empty table is returned as it is."""
+def _shown_finding(text: str) -> str:
+    """A cell of the shown list's ``finding`` column as HTML: its severity and steps, the finding's name
+    in bold and the site (which may break after its dots), one a line."""
+    head, name, site = text.split("\n")
+    return (f"{html.escape(head, quote=False)}<br><b>{_breakable(name)}</b><br>"
+            f"<span>{_breakable(site)}</span>")
+
+
+def shown_findings(table: pd.DataFrame) -> Any:
+    """The list as a page shows it (:data:`SHOWN_COLUMNS`): ``table`` (:func:`findings_table`) as a pandas
+    ``Styler`` of two columns, the severity, steps, finding and site of each row over three lines of its
+    first (``✖ error · steps 3–8`` / **nan_origin** / ``layers.2``; ``step 3`` for one step) and the
+    evidence beside them; a name (a site, one in the evidence) may break over two lines after its dots and
+    underscores, not mid-word.
+    The cells' values (what a copy of the table takes) are the same text, its lines split by newlines.
+    An empty table is returned with the shown columns."""
     if table.empty:
-        return table
-    return table.style.format({"site": _breakable, "evidence": _breakable})
+        return pd.DataFrame(columns=SHOWN_COLUMNS)
+    finding = [f"{severity} · {'steps' if '–' in steps else 'step'} {steps}\n{name}\n{site}"
+               for severity, steps, name, site in zip(table.severity, table.steps, table.finding, table.site)]
+    shown = pd.DataFrame({"finding": finding, "evidence": table.evidence.to_list()}, columns=SHOWN_COLUMNS)
+    return shown.style.format({"finding": _shown_finding, "evidence": _breakable})
 
 
 def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:

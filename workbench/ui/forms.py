@@ -8,16 +8,19 @@ with :func:`parse_form`.
 from __future__ import annotations
 
 import math
+import numbers
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from workbench.params import ParamInfo, Range, validate_overrides
 from workbench.registry import close_names
 
 __all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT",
-           "pop_up_text", "field_text"]
+           "pop_up_text", "field_text", "read_whole"]
 
 #: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
 #: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
@@ -133,10 +136,50 @@ class _Unreadable(ValueError):
 _WHOLE = "not a whole number; enter an integer such as 2"
 _EMPTY = ("the field is empty, or holds a number beyond the floating-point range (such as 1e400); "
           "enter a finite number")
+_BEYOND = "beyond the floating-point range; enter a finite number"
+_NOT_A_NUMBER = "not a number; enter a whole number such as 2"
+_NOT_FINITE = "not a finite number; enter a whole number such as 2"
+_FLOAT_MAX = Decimal(sys.float_info.max)
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_whole(value: Any) -> int:
+    """The whole number a whole-number field holds, exactly: an int; a float or a text that is one, however
+    written (``1000``, ``1e3``, ``1000.0``, ``1_000``: 1000; text read as a decimal, so ``1e20`` is 10**20, not
+    the float nearest it). Every whole-number field reads its value here (the forms' fields, the run form's
+    seed, steps and every, the explorer's and the model browser's boxes); each checks its own range after.
+
+    Raises:
+        ValueError: why it is none, as a clause that ends a message (``not a whole number; enter an integer
+            such as 2``): empty (a number box sends None for what it cannot hold: 1e400 too), not a number,
+            a fraction (2.5), not finite, beyond the floating-point range.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # (not numpy's bool: no Integral)
+        return int(value)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise _Unreadable(_EMPTY)
+    if isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise _Unreadable(_NOT_A_NUMBER) from None
+        if not number.is_finite():
+            raise _Unreadable(_NOT_FINITE)
+        if abs(number) > _FLOAT_MAX:
+            raise _Unreadable(_BEYOND)
+        if number != number.to_integral_value():
+            raise _Unreadable(_WHOLE)
+        return int(number)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise _Unreadable(_NOT_FINITE)
+        if not float(value).is_integer():
+            raise _Unreadable(_WHOLE)
+        return int(value)
+    raise _Unreadable(_NOT_A_NUMBER)
 
 
 def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
@@ -152,21 +195,23 @@ def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
 
 def _parse_item(text: str, integer: bool) -> int | float:
     """One item of a comma-separated list of numbers, or why it is none."""
-    numbers = "whole numbers" if integer else "numbers"
+    listed = "whole numbers" if integer else "numbers"
     try:
         return _parse_number(text, integer)
     except ValueError:  # (2.5 where whole numbers are asked for, too)
-        raise _Unreadable(f"{text!r} is not one of the {numbers} it lists; write {numbers} separated by "
+        raise _Unreadable(f"{text!r} is not one of the {listed} it lists; write {listed} separated by "
                           f"commas, such as {'32, 16' if integer else '0.5, 1'}") from None
 
 
 def _parse_number(text: str, integer: bool) -> int | float:
-    value = float(text)
-    if integer:
-        if not value.is_integer():
-            raise _Unreadable(_WHOLE)
-        return int(value)
-    return value
+    if not integer:
+        return float(text)
+    try:
+        return read_whole(text)
+    except _Unreadable as err:
+        if err.reason == _NOT_A_NUMBER:  # (said by the caller, which knows whether the field may be empty)
+            raise ValueError(text) from None
+        raise
 
 
 def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: str) -> dict[str, Any]:
@@ -211,9 +256,7 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
                 else:
                     value = _parse_text(text, kind == "int", p.nullable)
             elif kind == "int" and isinstance(raw, float):
-                if not raw.is_integer():
-                    raise _Unreadable(_WHOLE)
-                value = int(raw)
+                value = read_whole(raw)
             elif raw is None and kind in ("int", "float") and not p.nullable:
                 raise _Unreadable(_EMPTY)
             else:

@@ -17,7 +17,7 @@ from torch import nn
 
 from workbench.registry import GLOBAL_RNG, get_spec, list_families, list_models
 from workbench.summary import summarize
-from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text
+from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text, read_whole
 
 ALL_FAMILIES = "all"
 MAX_EXAMPLE_BATCH = 4096
@@ -137,9 +137,12 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
         overrides = parse_form(spec.params, values, f"Model {name!r}")
         if batch_size is None:  # (what a number box sends when empty, or holding what is not a number)
             raise ValueError(f"example batch size is empty; give a whole number in [1, {MAX_EXAMPLE_BATCH}].")
-        if isinstance(batch_size, float) and batch_size.is_integer():
-            batch_size = int(batch_size)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        try:
+            batch_size = read_whole(batch_size)  # (1e3 is 1000; 2.5 none)
+        except ValueError as err:
+            raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}: {err}.") \
+                from None
+        if batch_size < 1:
             raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}.")
         if batch_size > MAX_EXAMPLE_BATCH:
             raise ValueError(f"example batch size must be at most {MAX_EXAMPLE_BATCH} (the inputs of one forward "

@@ -96,9 +96,10 @@ def _widget(field: FormField, style: dict[str, str]):
     if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
         common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
         return w.Checkbox(value=field.value, indent=True, **common)
-    if field.widget == "int":
-        return w.IntText(value=field.value, **common)
-    if field.widget == "float":
+    # a whole-number box is a FloatText too: an IntText's view reads what is typed with JavaScript's parseInt,
+    # which takes 1e3 as 1 and 2.5 as 2 without a word; a FloatText sends 1000 and 2.5, which the form reads as
+    # the app's number boxes' (forms.read_whole: 1000, and 2.5 refused, naming the field)
+    if field.widget in ("int", "float"):
         return w.FloatText(value=field.value, **common)
     return w.Text(value=field.value, **common)
 
@@ -136,7 +137,8 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        self.batch_size = w.IntText(value=2, description="example batch size")  # (as the app labels it)
+        # (as the app labels it; a FloatText, as the form's whole-number boxes: _widget)
+        self.batch_size = w.FloatText(value=2, description="example batch size")
         self.overview = w.HTMLMath()
         self.form = w.VBox()
         self.build_button = w.Button(description="Build", button_style="primary")
@@ -1128,7 +1130,10 @@ class Compare:
             their rows arrive (if they turn out to lack it, the message says so and another is drawn);
             runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
-        log_y: log-scaled y axes.
+        log_y: log-scaled y axes, both figures'; None: the metrics' linear, and the call site's figure
+            chooses, as the app's comparison and a Dashboard's per-site figure: log where one run's line
+            dwarfs the others (``figures.dwarfed``), the box saying which, until it is set (another kind,
+            statistic or site: the figure chooses again).
         interval: seconds between checks for new steps (> 0).
         tab: the figure open first (``metrics``, ``site``).
 
@@ -1139,8 +1144,8 @@ class Compare:
     """
 
     def __init__(self, *sources: Any, names: list[str] | None = None, kind: str = "activation",
-                 statistic: str = "std", site: str | None = None, smoothing: float = 0.0, log_y: bool = False,
-                 interval: float = 1.0, tab: str = "metrics") -> None:
+                 statistic: str = "std", site: str | None = None, smoothing: float = 0.0,
+                 log_y: bool | None = None, interval: float = 1.0, tab: str = "metrics") -> None:
         import os
 
         import ipywidgets as w
@@ -1186,6 +1191,8 @@ class Compare:
         self._closed = threading.Event()
         self._drawn: tuple | None = None
         self._quiet = False
+        self._picked_log = log_y is not None  # the user set log y (else: the site figure's choice, shown by it)
+        self._setting_log = False  # (the box set from code: not the user's choice)
 
         style = {"description_width": "initial"}
         # a box a run: a click takes one run out or puts it back (in a multiple-choice list, a click
@@ -1200,9 +1207,12 @@ class Compare:
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
-        for control in (*self.run_checkboxes.values(), self.kind, self.statistic, self.smoothing, self.log_y):
+        for control in (*self.run_checkboxes.values(), self.smoothing):
             # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
             control.observe(lambda _: self._refresh(), names="value")
+        for control in (self.kind, self.statistic):  # (another kind or statistic: the figure chooses its scale)
+            control.observe(lambda _: self._refresh(choose_log=True), names="value")
+        self.log_y.observe(self._on_log_y, names="value")
         self.site.observe(self._on_site, names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
         # controls of its figure (log y is both figures': the same box in each tab). One figure open
@@ -1294,22 +1304,31 @@ class Compare:
         itself, drawing the open figure and the other when it is opened)."""
         self._refresh(every=True)
 
-    def _refresh(self, every: bool = False) -> None:
-        """Draw what arrived: the site choices, the message and the open figure (``every``: both)."""
+    def _refresh(self, every: bool = False, choose_log: bool = False) -> None:
+        """Draw what arrived: the site choices, the message and the open figure (``every``: both);
+        ``choose_log``: the call site's figure chooses its scale again (another kind, statistic or site)."""
         from types import SimpleNamespace
 
         from workbench.ui import figures
         from workbench.ui.stored_runs import compare_runs
 
         with self._lock:
+            if choose_log:
+                self._picked_log = False
             self._drawn = self._state()
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value, self._colors)
+                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors)
             self._specs.update(metrics=metrics, site=site_fig)
+            if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
+                self._setting_log = True
+                try:
+                    self.log_y.value = site_fig["layout"].get("yaxis", {}).get("type") == "log"
+                finally:
+                    self._setting_log = False
             wanted = self._wanted_site
             if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
                 message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "
@@ -1331,6 +1350,12 @@ class Compare:
         if self._quiet or change["new"] is None:
             return
         self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
+        self._refresh(choose_log=True)
+
+    def _on_log_y(self, _change: Any) -> None:
+        if self._setting_log:
+            return
+        self._picked_log = True  # (the user's scale from here, for both figures, until another kind, statistic or site)
         self._refresh()
 
     def figure(self, name: str) -> dict | None:

@@ -177,18 +177,23 @@ def _hidden_while_empty(note: Any, table: Any) -> tuple:
     hidden while it has no row - the note above it says that nothing looks wrong."""
     import gradio as gr
 
-    if isinstance(table, pd.DataFrame):  # (a name breaks after a dot, not mid-word: breakable_names)
-        table = gr.Dataframe(value=findings_view.breakable_names(table), visible=not table.empty)
+    if isinstance(table, pd.DataFrame):  # (as the page shows it: findings.shown_findings)
+        table = gr.Dataframe(value=findings_view.shown_findings(table), visible=not table.empty)
     return note, table
 
 
-#: The findings lists' height and column widths (severity, steps, site, finding, evidence): in an 800 px window
-#: (a table ~700 px wide) each column but the evidence holds its longest word on a line - a severity, the
-#: longest finding's name (vanishing_gradients), steps up to 3 digits, a site up to 15 characters (layers.0.weight;
-#: a longer one breaks after a dot or an underscore: findings.breakable_names) - and the evidence, wrapped between
-#: words, takes the rest. (Gradio breaks a word that does not fit mid-word:
-#: "severit|y" at 11%.)
-FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["14%", "11%", "21%", "26%", "28%"]
+#: The findings lists' height and column widths (finding, evidence: findings.SHOWN_COLUMNS): in an 800 px window
+#: (a table ~700 px wide) the first holds each of its lines on a line - a severity with steps of three digits
+#: (⚠ warning · steps 120–200), the longest finding's name (vanishing_gradients), a site up to 25 characters (a
+#: longer one breaks after a dot or an underscore) - and the evidence, wrapped between words, takes the rest:
+#: some 50 characters a line at 800 px, 90 at 1400 px.
+FINDINGS_HEIGHT, FINDINGS_WIDTHS = 320, ["34%", "66%"]
+
+#: The Runs table's height: the window's less RUNS_TABLE_ROOM px (its label above it, the run / export row under
+#: it), so that scrolled to the table a user sees as many runs as the window holds and the row that exports one
+#: with them (ten runs of two lines at 800 px high), never less than RUNS_TABLE_LEAST px (a short window). A table
+#: of fewer runs is as tall as they are.
+RUNS_TABLE_LEAST, RUNS_TABLE_ROOM = 260, 220
 
 #: The plots of the live run page (run_page.IN_VIEW_ONLY) that the browser has in view, or within 200 px of
 #: it (none in a hidden tab, or in another tab of the app): the last of a tick's inputs, replaced in the
@@ -272,9 +277,17 @@ CSS = f"""
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
+/* a field's label that is one long name (flatten_output_size_for_reward_head, a checkbox's
+   last_linear_layer_init_zero) goes on over the next line where it reaches the field's edge: it was cut off there,
+   the parameter's name unreadable (a label with spaces still breaks between its words) */
+[data-testid=block-info], .checkbox-container .label-text { overflow-wrap: anywhere; }
 /* a red button greyed out (Stop with no run, Remove with no intervention) looks as the greyed-out others do */
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
+""" + f"""
+/* the Runs table grows with the window (RUNS_TABLE_ROOM); Gradio's max_height sets the least */
+#runs-table .virtual-table-viewport {{
+  max-height: max({RUNS_TABLE_LEAST}px, calc(100vh - {RUNS_TABLE_ROOM}px)) !important; }}
 """
 
 
@@ -359,11 +372,11 @@ def layout(root: RunsRoot):
                                               scale=1, min_width=100)
                 # what looks wrong with the run (workbench.ui.findings): click a row to show it in the views
                 c["findings_note"] = gr.Markdown(elem_id="live-findings-note")
-                # (the whole evidence, wrapped: a row takes two or three lines)
-                c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+                # (the whole evidence, wrapped beside what was found where: a row takes three lines or more)
+                c["findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.SHOWN_COLUMNS), interactive=False,
                                              max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                              elem_id="live-findings", column_widths=FINDINGS_WIDTHS,
-                                             datatype=findings_view.TABLE_DATATYPES, visible=False)
+                                             datatype=findings_view.SHOWN_DATATYPES, visible=False)
                 _intervention_components(c)
                 # the views, shown once the page holds a run (before, they would be empty plots and pickers)
                 with gr.Column(visible=False, elem_id="live-body") as c["live_body"]:
@@ -391,8 +404,8 @@ def layout(root: RunsRoot):
         c["runs_message"] = gr.Markdown(elem_id="runs-message")
         # (narrow columns, names that break between their parts, a short start time: no sideways scroll at 800 px)
         c["runs_table"] = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), interactive=False, label="Runs",
-                                       max_height=260, elem_id="runs-table", wrap=True, column_widths=RUNS_TABLE_WIDTHS,
-                                       datatype=RUNS_TABLE_DATATYPES)
+                                       max_height=RUNS_TABLE_LEAST, elem_id="runs-table", wrap=True,
+                                       column_widths=RUNS_TABLE_WIDTHS, datatype=RUNS_TABLE_DATATYPES)
         with gr.Row(equal_height=True):
             c["run_path"] = gr.Dropdown([], value=None, label="run", elem_id="run-path", scale=3,
                                         elem_classes=[PICK])
@@ -414,6 +427,8 @@ def layout(root: RunsRoot):
                                                 allow_custom_value=True, elem_id="compare-site", elem_classes=[PICK])
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
+            # (True until the user sets log y: the call site's figure chooses its scale, and the box says which)
+            c["compare_auto_log"] = gr.State(True)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -427,10 +442,10 @@ def layout(root: RunsRoot):
             c["replay_header"] = gr.Markdown(elem_id="replay-header")
             # what looked wrong with the stored run (workbench.ui.findings): click a row to show it in the views
             c["replay_findings_note"] = gr.Markdown(elem_id="replay-findings-note")
-            c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.TABLE_COLUMNS), interactive=False,
+            c["replay_findings"] = gr.Dataframe(pd.DataFrame(columns=findings_view.SHOWN_COLUMNS), interactive=False,
                                                 max_height=FINDINGS_HEIGHT, show_label=False, wrap=True,
                                                 elem_id="replay-findings", column_widths=FINDINGS_WIDTHS,
-                                                datatype=findings_view.TABLE_DATATYPES, visible=False)
+                                                datatype=findings_view.SHOWN_DATATYPES, visible=False)
             _view_components(c, "replay")
     # the page's run: only its id; the run itself is the manager's, and outlives the page
     c["live_state"] = gr.State(None)
@@ -939,26 +954,39 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y, colors):
+    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, change=None):
         # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
         colors = figures.steady_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
                                     if isinstance(picks, (list, tuple)) else [], colors)
-        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0, log_y,
-                                                                 colors)
+        auto_log = auto_log is not False if change is None else change
+        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0,
+                                                                 None if auto_log else log_y, colors)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
+        # (the scale the call site's figure chose, in the box, until the user sets it)
+        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
-                gr.Dropdown(choices=choices, value=site), message, colors)
+                gr.Dropdown(choices=choices, value=site), message, colors,
+                gr.skip() if chosen is None else chosen, auto_log)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
-                      c["compare_colors"]]
+                      c["compare_colors"], c["compare_auto_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
-                       c["compare_colors"]]
-    compare = _guarded(on_compare, lambda text: (gr.skip(), gr.skip(), gr.skip(), text, gr.skip()))
+                       c["compare_colors"], c["compare_log"], c["compare_auto_log"]]
+
+    def comparing(change=None):
+        """on_compare, guarded; ``change``: whether the figure chooses the scale from here (None: as before)."""
+        return _guarded(lambda *args: on_compare(*args, change=change),
+                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(3)))
+
+    compare = comparing()
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
     # (a pick in the runs multiselect by .select, whose value arrives after it: drawn in a .then)
     # ("always_last": a second pick made while the first is drawn is drawn after it, not dropped)
     c["compare_runs"].select(_nothing, None, None, show_progress="hidden", trigger_mode="always_last").then(
         compare, compare_inputs, compare_outputs, trigger_mode="always_last")
-    for key in ("compare_kind", "compare_stat", "compare_site", "compare_log"):
-        c[key].input(compare, compare_inputs, compare_outputs, trigger_mode="always_last")
+    # another kind, statistic or site: the call site's figure chooses its scale again (log where one run's line
+    # dwarfs the others, as a run page's per-site figure); log y set by the user: the user's scale, for both
+    for key, change in (("compare_kind", True), ("compare_stat", True), ("compare_site", True),
+                        ("compare_log", False)):
+        c[key].input(comparing(change), compare_inputs, compare_outputs, trigger_mode="always_last")

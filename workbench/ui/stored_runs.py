@@ -6,6 +6,8 @@ by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import shutil
 import tempfile
@@ -66,8 +68,12 @@ def shown_runs(table: pd.DataFrame) -> Any:
         match = _SHORT_TIME.fullmatch(str(text))
         return match[1] if match else str(text)
 
+    def seed(value: Any) -> str:  # (a whole number: the column is float where a run has none)
+        return str(int(value)) if isinstance(value, numbers.Real) and math.isfinite(value) else str(value)
+
+    # a run recorded by workbench.watch() has no experiment, nor seed: an empty cell, not "nan"
     return table.style.format({"run": name_breaks, "experiment": name_breaks, "model": model, "start_time": short,
-                               "MB": "{:.1f}"})
+                               "seed": seed, "MB": "{:.1f}"}, na_rep="")
 
 
 def replay(root: RunsRoot, pick: Any) -> tuple[Run | None, str]:
@@ -168,7 +174,7 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool = False, colors: dict[str, str] | None = None
+                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None
                  ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
@@ -176,7 +182,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
-    which the runs still compared keep."""
+    which the runs still compared keep. ``log_y``: both figures' scale; None: the metrics linear and the
+    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`)."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -213,7 +220,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (a run recorded without the kind will have none: said so, with the option that is off)
     without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
     if site is not None:
-        site_fig = figures.compare_site_figure(views, kind, statistic, site, bool(log_y), colors)
+        site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
+                                               colors)
     elif len(without) == len(views):
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
