@@ -107,6 +107,24 @@ def test_the_names_the_pages_mention_exist():
     assert len(pages) > 20 and not missing, missing
 
 
+def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
+    import ast
+    import inspect
+
+    section = (DOCS / "watch.md").read_text().split("## Options\n", 1)[1].split("\n## ", 1)[0]
+    listed: dict[str, object] = {}
+    for bullet in re.findall(r"^- (.*?):", section, re.M):  # "`a`, `b` [True]" or "`a` [1], `b` [None]"
+        waiting = []
+        for name, default in re.findall(r"`(\w+)`(?: \[([^\]]+)\])?", bullet):
+            waiting.append(name)
+            if default:
+                listed.update(dict.fromkeys(waiting, ast.literal_eval(default.strip("`"))))
+                waiting = []
+    arguments = {name: parameter.default for name, parameter in inspect.signature(workbench.watch).parameters.items()
+                 if parameter.default is not inspect.Parameter.empty}
+    assert listed == arguments
+
+
 def shortened(code: str) -> str:
     """Training runs of a block cut to at most 20 steps."""
     return re.sub(r"\.(run|start)\((\d+)", lambda m: f".{m.group(1)}({min(int(m.group(2)), 20)}", code)
