@@ -83,10 +83,12 @@ def test_export_refuses_before_reading(tmp_path, monkeypatch):
 def test_an_export_whose_packages_are_missing_names_them_to_install(tmp_path, monkeypatch):
     small_run(tmp_path / "run").close()
     r = workbench.load_run(tmp_path / "run")
-    for package in ("pyarrow", "tensorboard"):
-        monkeypatch.setitem(sys.modules, package, None)  # (as if not installed: importing it raises ImportError)
-    with pytest.raises(ImportError, match="Parquet needs pyarrow: pip install pyarrow"):
-        r.export(tmp_path / "rows.parquet")
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "pyarrow", None)  # (as if not installed: importing it raises ImportError)
+        with pytest.raises(ImportError, match="Parquet needs pyarrow: pip install pyarrow"):
+            r.export(tmp_path / "rows.parquet")
+    for module in ["tensorboard", *(name for name in sys.modules if name.startswith("tensorboard."))]:
+        monkeypatch.setitem(sys.modules, module, None)  # (its submodules too, should an earlier test have imported them)
     # the packages by their names: pip install 'workbench[export]' would fetch a project of that name
     with pytest.raises(ImportError, match=r"TensorBoard needs tensorboard and google-crc32c: pip install tensorboard "
                                           r"google-crc32c, or pip install -e '\.\[export\]' in the checkout"):
