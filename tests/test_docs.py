@@ -125,6 +125,26 @@ def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
     assert listed == arguments
 
 
+# the pages that give command lines, and whose: the experiments' `run` (and torchrun's one flag), or app.py
+COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
+                      "getting-started.md": "app"}
+
+
+def test_the_command_line_flags_the_pages_name_exist(capsys):
+    import app as app_script
+    from workbench.experiments.__main__ import main as experiments_main
+
+    helps = {}
+    for program, show_help in [("experiments", lambda: experiments_main(["run", "--help"])),
+                               ("app", lambda: app_script.main(["--help"]))]:
+        with pytest.raises(SystemExit):
+            show_help()
+        helps[program] = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out)) | {"--nproc-per-node"}
+    unknown = [f"{page}: {flag}" for page, program in COMMAND_LINE_PAGES.items()
+               for flag in sorted(set(re.findall(r"--[a-z][a-z-]+", (DOCS / page).read_text())) - helps[program])]
+    assert len(helps["experiments"]) > 10 and not unknown, unknown
+
+
 def shortened(code: str) -> str:
     """Training runs of a block cut to at most 20 steps."""
     return re.sub(r"\.(run|start)\((\d+)", lambda m: f".{m.group(1)}({min(int(m.group(2)), 20)}", code)
