@@ -88,7 +88,7 @@ def test_an_export_whose_packages_are_missing_names_them_to_install(tmp_path, mo
         with pytest.raises(ImportError, match="Parquet needs pyarrow: pip install pyarrow"):
             r.export(tmp_path / "rows.parquet")
     for module in ["tensorboard", *(name for name in sys.modules if name.startswith("tensorboard."))]:
-        monkeypatch.setitem(sys.modules, module, None)  # (its submodules too, should an earlier test have imported them)
+        monkeypatch.setitem(sys.modules, module, None)  # (its submodules too, which an earlier test may have imported)
     # the packages by their names: pip install 'workbench[export]' would fetch a project of that name
     with pytest.raises(ImportError, match=r"TensorBoard needs tensorboard and google-crc32c: pip install tensorboard "
                                           r"google-crc32c, or pip install -e '\.\[export\]' in the checkout"):
