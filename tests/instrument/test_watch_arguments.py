@@ -53,6 +53,13 @@ def test_watch_compiled_checks_its_metadata_as_watch_does(tmp_path, metadata, er
     assert not (tmp_path / "run").exists()
 
 
+def test_watch_compiled_refuses_to_record_nothing_as_watch_does():
+    compiled = torch.compile(nn.Linear(2, 2))
+    for watch in (workbench.watch_compiled, workbench.watch):
+        with pytest.raises(ValueError, match="this watch would record nothing"):
+            watch(compiled, activations=False, gradients=False, parameters=False, parameter_grads=False)
+
+
 def test_metadata_that_is_not_json_is_warned_of_once_for_a_compiled_model(tmp_path):
     compiled = torch.compile(nn.Linear(2, 2))
     for watch in (workbench.watch_compiled, workbench.watch):
