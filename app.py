@@ -1,9 +1,36 @@
 """python app.py  ->  the Gradio workbench on http://127.0.0.1:7860"""
 
 import argparse
+import errno
 import os
+import socket
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def unservable(host: str, port: int) -> str | None:
+    """Why the app cannot serve on ``host:port``, or None when it can.
+
+    Checked before the app is built, so that a port already taken (a second ``python app.py``) is one line
+    naming the port and the flag to change, not Gradio's traceback, whose advice (``GRADIO_SERVER_PORT``)
+    does not apply to a port given on the command line.
+    """
+    if not 1 <= port <= 65535:
+        return f"--port must be a port number in [1, 65535], got {port}."
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # (as the server binds: a port a closed server left in TIME_WAIT is free, one listened on is not)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"port {port} on {host} is in use (another server, or the app already running there): "
+                    f"pass a free one, e.g. --port {port + 1 if port < 65535 else 7861}.")
+        if exc.errno == errno.EACCES:
+            return f"cannot serve on port {port}: {exc.strerror}. Ports below 1024 need root; pass e.g. --port 7860."
+        return (f"cannot serve on {host}:{port}: {exc.strerror or exc}. Pass --host 127.0.0.1 (this machine), "
+                "0.0.0.0 (every interface) or another address of this machine.")
+    return None
 
 
 def main(argv=None) -> None:
@@ -24,6 +51,9 @@ def main(argv=None) -> None:
         RunsRoot(args.runs_root)
     except ValueError as exc:
         parser.error(str(exc))
+    problem = unservable(args.host, args.port)
+    if problem is not None:
+        parser.error(problem)
     launch(host=args.host, port=args.port, share=args.share, runs_root=args.runs_root)
 
 

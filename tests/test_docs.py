@@ -73,6 +73,78 @@ def test_pages_have_runnable_blocks():
     assert {"getting-started.md", "registry.md", "experiments.md", "watch.md", "runs.md"} <= set(PAGES)
 
 
+# a dotted name of the package (`workbench.ui.findings.merge_calls`), and an attribute of a watch (`w.record_next()`)
+PACKAGE_NAME = re.compile(r"(?<![\w/.])workbench(?:\.[A-Za-z_]\w*)+")
+WATCH_ATTRIBUTE = re.compile(r"(?<![\w.])w\.([A-Za-z_]\w*)")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``a.b.c`` names something: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_the_names_the_pages_mention_exist():
+    # prose and unmarked blocks are not run: a renamed function or method would go stale there unseen
+    import torch
+
+    pages = {path.relative_to(ROOT).as_posix(): path.read_text() for path in [ROOT / "README.md", *DOCS.rglob("*.md")]}
+    missing = [f"{page}: {name}" for page, text in pages.items()
+               for name in sorted(set(PACKAGE_NAME.findall(text))) if not resolves(name)]
+    with workbench.watch(torch.nn.Linear(2, 2)) as w:  # (instance attributes too: w.errors, w.recorder)
+        missing += [f"{page}: w.{name}" for page, text in pages.items()
+                    for name in sorted(set(WATCH_ATTRIBUTE.findall(text))) if not hasattr(w, name)]
+    assert len(pages) > 20 and not missing, missing
+
+
+def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
+    import ast
+    import inspect
+
+    section = (DOCS / "watch.md").read_text().split("## Options\n", 1)[1].split("\n## ", 1)[0]
+    listed: dict[str, object] = {}
+    for bullet in re.findall(r"^- (.*?):", section, re.M):  # "`a`, `b` [True]" or "`a` [1], `b` [None]"
+        waiting = []
+        for name, default in re.findall(r"`(\w+)`(?: \[([^\]]+)\])?", bullet):
+            waiting.append(name)
+            if default:
+                listed.update(dict.fromkeys(waiting, ast.literal_eval(default.strip("`"))))
+                waiting = []
+    arguments = {name: parameter.default for name, parameter in inspect.signature(workbench.watch).parameters.items()
+                 if parameter.default is not inspect.Parameter.empty}
+    assert listed == arguments
+
+
+# the pages that give command lines, and whose: the experiments' `run` (and torchrun's one flag), or app.py
+COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
+                      "getting-started.md": "app"}
+
+
+def test_the_command_line_flags_the_pages_name_exist(capsys):
+    import app as app_script
+    from workbench.experiments.__main__ import main as experiments_main
+
+    helps = {}
+    for program, show_help in [("experiments", lambda: experiments_main(["run", "--help"])),
+                               ("app", lambda: app_script.main(["--help"]))]:
+        with pytest.raises(SystemExit):
+            show_help()
+        helps[program] = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out)) | {"--nproc-per-node"}
+    unknown = [f"{page}: {flag}" for page, program in COMMAND_LINE_PAGES.items()
+               for flag in sorted(set(re.findall(r"--[a-z][a-z-]+", (DOCS / page).read_text())) - helps[program])]
+    assert len(helps["experiments"]) > 10 and not unknown, unknown
+
+
 def shortened(code: str) -> str:
     """Training runs of a block cut to at most 20 steps."""
     return re.sub(r"\.(run|start)\((\d+)", lambda m: f".{m.group(1)}({min(int(m.group(2)), 20)}", code)

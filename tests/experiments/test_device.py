@@ -17,6 +17,17 @@ def test_a_device_this_process_cannot_use_is_refused_up_front(device, message):
         workbench.experiments.create("activation_mlp", device=device)
 
 
+def test_the_refusal_lists_the_devices_this_process_has(monkeypatch):
+    # (it named 'cuda' as one this process has, on a machine without a GPU)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError,
+                       match=r"device 'gpu' cannot be used here \(.*\); pass one this process has: 'cpu'\.$"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"pass one this process has: 'cpu', 'cuda:0', 'cuda:1'\.$"):
+        resolve_device("gpu")
+
+
 def test_an_experiment_that_runs_on_the_cpu_only_says_so(monkeypatch):
     monkeypatch.setattr(base, "resolve_device", torch.device)  # as if this process had a GPU
     with pytest.raises(ValueError, match="'query_stream' runs on the CPU only, got device 'cuda'.*device='cpu'"):

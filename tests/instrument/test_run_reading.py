@@ -1,6 +1,8 @@
 """Reading a stored run as a user of the Python API would: fresh metadata, numpy step numbers, empty
 ranges refused, ``~`` paths, export's checks and its writing a part at a time."""
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -76,6 +78,22 @@ def test_export_refuses_before_reading(tmp_path, monkeypatch):
         r.export(tmp_path / "rows.txt")
     with pytest.raises(ValueError, match="what must be"):
         r.export(tmp_path / "rows.csv", what="grads")
+
+
+def test_an_export_whose_packages_are_missing_names_them_to_install(tmp_path, monkeypatch):
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "pyarrow", None)  # (as if not installed: importing it raises ImportError)
+        with pytest.raises(ImportError, match="Parquet needs pyarrow: pip install pyarrow"):
+            r.export(tmp_path / "rows.parquet")
+    for module in ["tensorboard", *(name for name in sys.modules if name.startswith("tensorboard."))]:
+        monkeypatch.setitem(sys.modules, module, None)  # (its submodules too, which an earlier test may have imported)
+    # the packages by their names: pip install 'workbench[export]' would fetch a project of that name
+    with pytest.raises(ImportError, match=r"TensorBoard needs tensorboard and google-crc32c: pip install tensorboard "
+                                          r"google-crc32c, or pip install -e '\.\[export\]' in the checkout"):
+        r.export(tmp_path / "tb")
+    assert not (tmp_path / "tb").exists() and not (tmp_path / "rows.parquet").exists()
 
 
 def test_export_to_an_unwritable_path_names_it(tmp_path):

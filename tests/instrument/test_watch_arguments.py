@@ -39,6 +39,38 @@ def test_metadata_that_is_not_json_is_stored_as_text_with_a_warning(tmp_path):
         workbench.watch(model, metadata={"lr": 0.1, "tags": ["a"], "n": None}).close()
 
 
+@pytest.mark.parametrize("metadata, error, message", [
+    ("baseline", TypeError, "metadata must be a dict of facts with str keys"),
+    ({1: 2}, TypeError, "got a key 1"),
+    ({"chance": "high"}, ValueError, r"metadata\['chance'\] is the chance level"),
+])
+def test_watch_compiled_checks_its_metadata_as_watch_does(tmp_path, metadata, error, message):
+    # (watch_compiled took them unchecked: an AttributeError of a str, a run stored with a key 1 or a chance 'high')
+    compiled = torch.compile(nn.Linear(2, 2))
+    for watch in (workbench.watch_compiled, workbench.watch):
+        with pytest.raises(error, match=message):
+            watch(compiled, metadata=metadata, store=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_watch_compiled_refuses_to_record_nothing_as_watch_does():
+    compiled = torch.compile(nn.Linear(2, 2))
+    for watch in (workbench.watch_compiled, workbench.watch):
+        with pytest.raises(ValueError, match="this watch would record nothing"):
+            watch(compiled, activations=False, gradients=False, parameters=False, parameter_grads=False)
+
+
+def test_metadata_that_is_not_json_is_warned_of_once_for_a_compiled_model(tmp_path):
+    compiled = torch.compile(nn.Linear(2, 2))
+    for watch in (workbench.watch_compiled, workbench.watch):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            watch(compiled, metadata={"lr": np.float32(0.1)}, store=tmp_path / watch.__name__).close()
+        assert [str(w.message)[:34] for w in caught if "JSON" in str(w.message)] == [
+            "metadata 'lr': not a JSON value (a"]
+        assert workbench.load_run(tmp_path / watch.__name__).metadata["lr"] == "0.1"
+
+
 def test_an_in_memory_watch_warns_once_when_it_drops_its_oldest_steps():
     model = nn.Linear(3, 2)  # 5 rows a step: activation, grad_output, weight, bias (param and param_grad)
     with pytest.warns(RuntimeWarning, match=r"max_rows.*start at step \d+.*store=.*Recorder\(max_rows=") as caught:

@@ -216,6 +216,7 @@ def test_the_command_line_takes_the_runs_root_and_refuses_a_file(tmp_path, monke
 
     seen = {}
     monkeypatch.setattr(workbench.ui.app, "launch", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(app_script, "unservable", lambda host, port: None)  # (7860 may be served on this machine)
     app_script.main(["--runs-root", str(tmp_path / "mine"), "--port", "7999"])
     assert seen == {"host": "127.0.0.1", "port": 7999, "share": False, "runs_root": str(tmp_path / "mine")}
     app_script.main([])
@@ -224,6 +225,29 @@ def test_the_command_line_takes_the_runs_root_and_refuses_a_file(tmp_path, monke
     with pytest.raises(SystemExit):
         app_script.main(["--runs-root", str(tmp_path / "file")])
     assert f"runs root {str(tmp_path / 'file')!r} is a file, not a directory" in capsys.readouterr().err
+
+
+def test_the_command_line_refuses_a_port_in_use_or_out_of_range_in_one_line(tmp_path, monkeypatch, capsys):
+    import socket
+
+    import app as app_script
+    import workbench.ui.app
+
+    launched = []
+    monkeypatch.setattr(workbench.ui.app, "launch", lambda **kwargs: launched.append(kwargs))
+    with socket.socket() as server:  # another server listening on a port
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(SystemExit):
+            app_script.main(["--port", str(port), "--runs-root", str(tmp_path)])
+        assert f"port {port} on 127.0.0.1 is in use" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        app_script.main(["--port", "70000", "--runs-root", str(tmp_path)])
+    assert "--port must be a port number in [1, 65535], got 70000" in capsys.readouterr().err
+    assert launched == []  # nothing was built or served
+    app_script.main(["--port", str(port), "--runs-root", str(tmp_path)])  # closed: the port is free again
+    assert launched[0]["port"] == port
 
 
 def test_a_handler_that_fails_unexpectedly_answers_with_a_message_not_a_bare_error(caplog):

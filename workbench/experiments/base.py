@@ -55,8 +55,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
         resolved = torch.device(device)
         torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
     except Exception as err:  # RuntimeError, AssertionError (torch built without CUDA), TypeError
-        raise ValueError(f"device {device!r} cannot be used here ({err}); pass 'cpu' or an accelerator "
-                         "this process has, such as 'cuda' or 'cuda:0'.") from None
+        usable = ", ".join(repr(name) for name in ["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
+        raise ValueError(f"device {device!r} cannot be used here ({err}); pass one this process has: "
+                         f"{usable}.") from None
     if resolved.type == "meta":
         raise ValueError("device 'meta' holds shapes but no values: an experiment cannot train there; "
                          "pass 'cpu' or an accelerator such as 'cuda'.")

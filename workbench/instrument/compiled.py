@@ -35,7 +35,7 @@ from torch import nn
 
 from workbench.instrument import torch_internals as internals
 from workbench.instrument.compiled_hooks import CompiledHooks
-from workbench.instrument.compose import check_store, with_store
+from workbench.instrument.compose import check_metadata, check_recorded, check_store, with_store
 from workbench.instrument.hooks import _weakly, warn
 from workbench.instrument.recorder import Recorder, StepRecord
 from workbench.instrument.reduce import Reducer
@@ -134,14 +134,32 @@ def watch_compiled(model: nn.Module, modules: ModuleSelector = "*", exclude: Mod
                 w.step(loss=loss.item())
 
     Raises:
-        TypeError: ``model`` is not a compiled module, or an option has the wrong type (as
-            :func:`workbench.watch` says).
+        TypeError: ``model`` is not a compiled module, an option has the wrong type (as
+            :func:`workbench.watch` says), or ``metadata`` is not a dict with str keys.
         ValueError: ``every``/``bins`` is not a positive int or ``start_step`` not a non-negative one
-            (a float or a str included), or ``modules`` selects nothing.
+            (a float or a str included), ``modules`` selects nothing, ``metadata`` contradicts a fact
+            the watch stores or gives a ``chance`` that is not a finite number, or ``activations``,
+            ``gradients``, ``parameters`` and ``parameter_grads`` are all False (nothing would be recorded).
         OSError: the store cannot be written at ``store`` (no hook is left in): ``FileExistsError``
             where it holds a run, another writer writes there or it is a file; ``PermissionError``,
             ``NotADirectoryError`` ... where it cannot be created or written.
     """
+    # (as workbench.watch checks them, before it hands a compiled model on to here)
+    check_metadata(metadata)
+    check_recorded(activations=activations, gradients=gradients, parameters=parameters,
+                   parameter_grads=parameter_grads)
+    return _watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
+                           gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
+                           histograms=histograms, bins=bins, recorder=recorder, store=store, metadata=metadata,
+                           start_step=start_step)
+
+
+def _watch_compiled(model: nn.Module, modules: ModuleSelector, exclude: ModuleSelector, every: int,
+                    activations: bool, gradients: bool, parameters: bool, parameter_grads: bool, histograms: bool,
+                    bins: int, recorder: Recorder | None, store: str | Path | None, metadata: dict[str, Any] | None,
+                    start_step: int) -> CompiledWatch:
+    """:func:`watch_compiled` of ``metadata`` and the kinds recorded already checked (:func:`workbench.watch`
+    checks them itself)."""
     every, bins, start_step = checked_counts(every, bins, start_step)  # (before the metadata is held to them)
     facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "compiled": True,
              "activations": activations, "gradients": gradients, "parameters": parameters,

@@ -118,11 +118,11 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
         check_store(store, recorder, metadata, facts)
     if compiled_entry(model) is not None and updates is False and reducers is None:
-        from workbench.instrument.compiled import watch_compiled  # (which imports this module)
-        return watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
-                              gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
-                              histograms=histograms, bins=bins, recorder=recorder, store=store,
-                              metadata=metadata, start_step=start_step)
+        from workbench.instrument.compiled import _watch_compiled  # (which imports this module)
+        return _watch_compiled(model, modules=modules, exclude=exclude, every=every, activations=activations,
+                               gradients=gradients, parameters=parameters, parameter_grads=parameter_grads,
+                               histograms=histograms, bins=bins, recorder=recorder, store=store,
+                               metadata=metadata, start_step=start_step)
     w = Watch(model, modules=modules, exclude=exclude, every=every, activations=activations,
               gradients=gradients, parameters=parameters, parameter_grads=parameter_grads, updates=updates,
               histograms=histograms, bins=bins, recorder=recorder, start_step=start_step, reducers=reducers)

@@ -52,7 +52,7 @@ import math
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -65,6 +65,9 @@ from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges,
 from workbench.instrument.reduce import StepSums
 from workbench.instrument.schema import MAX, MIN, SUMS, whole_number
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap, unwrap_parallel, wrappers
+
+if TYPE_CHECKING:
+    from workbench.instrument.watch import Watch
 
 __all__ = ["DistributedRecorder", "destroy_process_group", "watch_distributed"]
 
@@ -96,7 +99,8 @@ class DistributedRecorder(Recorder):
         parameters: record parameter values (once, or from the shards of DTensor parameters).
         parameter_grads: record parameter gradients as ``.grad`` holds them at ``step()`` (the
             averaged gradient under DDP and FSDP: call ``step()`` before ``zero_grad()``).
-        modules, exclude: which modules' parameters, as in ``watch()``.
+        modules: which modules' parameters, as in ``watch()``.
+        exclude: which modules' parameters to leave out, as in ``watch()``.
         bins: histogram bins of the parameter rows, or None (match the watch's ``histograms``).
         grad_scale: factor on ``grad_output`` rows before they merge (default ``1 / world_size``:
             the gradient of the mean of the ranks' losses, which DDP and FSDP optimize).
@@ -392,7 +396,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
                       parameters: bool = True, parameter_grads: bool = True, histograms: bool = True,
                       bins: int = 32, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
                       grad_scale: float | None = None, metrics: str = "mean", metadata: dict[str, Any] | None = None,
-                      **options: Any):
+                      **options: Any) -> Watch:
     """``watch()`` one rank of a data-parallel run; rank 0's watch holds the whole run.
 
     Call it on every rank, with the same options, after ``init_process_group`` (and after
@@ -401,7 +405,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         ddp = DistributedDataParallel(model)
         with watch_distributed(ddp, store="runs/ddp") as w:   # written by rank 0 only
             for x, y in shard_of_the_data:
-                opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()
+                opt.zero_grad(); loss = loss_fn(ddp(x), y); loss.backward(); opt.step()
                 w.step(loss=loss.item())                      # every rank, every step
 
     Args:
@@ -410,13 +414,19 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         store: the run directory rank 0 writes (ignored on the other ranks).
         per_rank: rank 0 also keeps each rank's rows (``w.recorder.rank_frame()``).
         group: the process group (default: the world).
-        parameters, parameter_grads, histograms, bins, modules, exclude: as in ``watch()``.
-        grad_scale, metrics: see :class:`DistributedRecorder`.
+        parameters: as in ``watch()``.
+        parameter_grads: as in ``watch()``.
+        histograms: as in ``watch()``.
+        bins: as in ``watch()``.
+        modules: as in ``watch()``.
+        exclude: as in ``watch()``.
+        grad_scale: factor on the ``grad_output`` rows before they merge (see :class:`DistributedRecorder`).
+        metrics: ``"mean"`` or ``"rank0"`` (see :class:`DistributedRecorder`).
         metadata: facts stored with the run (the run's ``distributed`` facts are added).
         **options: other options of ``watch()`` (``every``, ``activations``, ``gradients`` ...).
 
     Returns:
-        The rank's :class:`~workbench.Watch`; ``w.recorder`` is its :class:`DistributedRecorder`.
+        The rank's watch; ``w.recorder`` is its :class:`DistributedRecorder`.
     """
     from workbench.instrument import watch
     from workbench.instrument.compose import check_metadata, check_uncontradicted

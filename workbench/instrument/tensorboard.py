@@ -1,6 +1,6 @@
 """Export a stored run to TensorBoard event files, for people who keep using TensorBoard.
 
-Needs the ``tensorboard`` and ``google-crc32c`` packages (``pip install 'workbench[export]'``);
+Needs the ``tensorboard`` and ``google-crc32c`` packages (``pip install tensorboard google-crc32c``);
 nothing else in workbench does. Tags: ``metrics/<name>``, ``<kind>/<module>/<tensor>/<statistic>`` and, for runs
 recorded with histograms, ``<kind>/<module>/<tensor>`` histograms; a module called more than once a step
 is ``<module>#<call>``, as the app names its call sites (``(model)`` is the model itself).
@@ -51,8 +51,10 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
         if importlib.util.find_spec("google_crc32c") is None:  # (the records' checksums: before any file)
             raise ImportError("google-crc32c")
     except ImportError:
-        raise ImportError("Exporting to TensorBoard needs tensorboard and google-crc32c: pip install "
-                          "'workbench[export]' (or export to .csv / .parquet).") from None
+        # (the packages by name: 'workbench[export]' would ask the package index for a project of that name)
+        raise ImportError("Exporting to TensorBoard needs tensorboard and google-crc32c: pip install tensorboard "
+                          "google-crc32c, or pip install -e '.[export]' in the checkout (or export to .csv / "
+                          ".parquet).") from None
     log_dir = Path(log_dir)
     now = time.time()
     writer = EventFile(log_dir, now)
