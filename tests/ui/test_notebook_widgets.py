@@ -36,6 +36,39 @@ def test_filter_select_fill_and_build():
     assert "Built <strong>prelu</strong>" in browser.message.value
 
 
+def test_typing_a_filter_keeps_the_model_picked_while_it_matches_and_never_drops_its_form_unsaid():
+    """Each keystroke in the filter moved the selection to the first match: the form under it turned into
+    another model's while the user typed, and what they had typed into it was gone."""
+    browser = ModelBrowser()
+    browser.models.value = "mlp"
+    form = {box.description: box for box in browser.form.children}
+    form["width"].value, form["activation"].value = 16, "tanh"
+    for typed in ("m", "ml", "mlp"):  # (a change per keystroke)
+        browser.pattern.value = typed
+        assert browser.models.value == "mlp" and "MLP" in browser.overview.value
+        assert list(browser.form.children) == list(form.values())
+        assert (form["width"].value, form["activation"].value) == (16, "tanh")
+    browser.pattern.value = "mlpx"  # (a typo: no model matches, none shown)
+    assert browser.models.value is None and browser.form.children == ()
+    assert "width=16" in browser.message.value and "activation='tanh'" in browser.message.value
+    browser.pattern.value = "mlp"  # (undone: the model and its form as they were)
+    assert browser.models.value == "mlp" and list(browser.form.children) == list(form.values())
+    assert form["width"].value == 16 and browser.message.value == ""
+    browser.pattern.value = ""
+    browser.models.value = "mlp"
+    assert browser.models.value == "mlp" and form["width"].value == 16  # (still: the list widened around it)
+    browser.pattern.value = "lu"  # (mlp hidden: the first match shown, and the user told where the values are)
+    assert browser.models.value == "gelu" and [box.description for box in browser.form.children] == ["approximate"]
+    said = browser.message.value
+    assert "The filter hid <strong>mlp</strong>; the form shows <strong>gelu</strong>" in said, said
+    assert "(width=16, activation='tanh')" in said and "pick mlp again to get it back" in said, said
+    browser.pattern.value = ""
+    browser.models.value = "mlp"  # (picked again: its form as it was left, and built with it)
+    assert list(browser.form.children) == list(form.values()) and browser.message.value == ""
+    assert browser.build().ok and browser.model.layers[0].out_features == 16
+    assert type(browser.model.layers[1]).__name__ == "Tanh"
+
+
 def test_invalid_value_shows_message_and_keeps_previous_model():
     browser = ModelBrowser(pattern="mlp")
     good = browser.build()

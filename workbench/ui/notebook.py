@@ -143,10 +143,15 @@ class ModelBrowser:
         self.message = w.HTML()
         self.output = w.Output()
         self._fields: list[tuple[str, Any]] = []
+        #: Each model's form, made when the model is first shown and kept: what was typed into it stays
+        #: while other models are shown (each field with the value it started from, to tell the edits).
+        self._forms: dict[str, list[tuple[FormField, Any]]] = {}
+        self._filtering = False  # (a filter changing the list, whose passing selections the form ignores)
+        self._last_shown: str | None = None  # (the model shown before a filter that matches none)
 
         self.family.observe(self._on_filter, names="value")
         self.pattern.observe(self._on_filter, names="value")
-        self.models.observe(lambda _: self._show_model(), names="value")
+        self.models.observe(self._on_pick, names="value")
         self.build_button.on_click(lambda _: self.build())
         self._show_model()
         wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
@@ -159,21 +164,57 @@ class ModelBrowser:
         _display(self.widget, f"workbench ModelBrowser ({self.models.value or 'no model picked'}): ipywidgets, "
                               "shown while the kernel that made them runs; run the cell again to see them.")
 
-    def _on_filter(self, _change=None) -> None:
-        names = handlers.filter_models(self.family.value, self.pattern.value)
-        self.models.options = names
-        self.models.value = names[0] if names else None
+    def _on_pick(self, _change: Any) -> None:
+        if not self._filtering:
+            self._show_model()
 
-    def _show_model(self) -> None:
+    def _on_filter(self, _change: Any = None) -> None:
+        """The filter narrows the list; the model shown stays while it matches. One it hides gives way to
+        the first match (a list shows one of its own), its form kept as typed, which the message says. A
+        filter matching nothing shows none, and the model it hid comes back with the first filter it matches
+        (a typo in the filter, undone, changes nothing)."""
+        before = self.models.value
+        shown = before if before is not None else self._last_shown
+        names = handlers.filter_models(self.family.value, self.pattern.value)
+        self._filtering = True  # (new options select the first for a moment, which the form does not follow)
+        try:
+            self.models.options = names
+            self.models.value = shown if shown in names else (names[0] if names else None)
+        finally:
+            self._filtering = False
+        if self.models.value != before:
+            self._show_model(hidden=None if shown in names else shown)
+
+    def _edits(self, name: str | None) -> list[str]:
+        """What was typed into ``name``'s form: ``label=value`` of each field changed from its start."""
+        return [f"{field.label}={box.value!r}" for field, box in self._forms.get(name, ())
+                if box.value != field.value]
+
+    def _show_model(self, hidden: str | None = None) -> None:
+        """Show the model picked: its overview and its form (as it was left, if shown before).
+
+        Args:
+            hidden: the model shown before, which the filter hid; what was typed into its form is named.
+        """
         name = self.models.value
+        self._last_shown = name if name is not None else self._last_shown
         self.overview.value = _html(handlers.model_overview(name))
-        form = handlers.model_form(name)
-        style = _label_style([f.label for f in form] + [self.batch_size.description])
-        self._fields = [(f.label, _widget(f, style)) for f in form]
+        if name not in self._forms:
+            form = handlers.model_form(name)
+            style = _label_style([f.label for f in form] + [self.batch_size.description])
+            self._forms[name] = [(f, _widget(f, style)) for f in form]
+        self._fields = [(field.label, box) for field, box in self._forms[name]]
+        style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
-        self.form.children = [widget for _, widget in self._fields]
-        self.message.value = ""
-        self.output.clear_output()
+        self.form.children = [box for _, box in self._fields]
+        edits = self._edits(hidden)
+        kept = f"What you typed into {hidden}'s form is kept ({', '.join(edits)})"
+        # (said as what happened, which stays true while the model shown does: the filter may change on)
+        self.message.value = "" if not edits else _html(
+            f"The filter hid **{hidden}**; the form shows **{name}**. {kept}: pick {hidden} again to get it back."
+            if name else f"The filter hid **{hidden}** and matches no model. {kept}: it comes back with a filter "
+            "it matches.")
+        self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
 
     def build(self, **values: Any) -> handlers.BuildResult:
         """Build from the form, as the Build button does.
