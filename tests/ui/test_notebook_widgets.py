@@ -92,6 +92,23 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
         assert browser.model is good.model
 
 
+def test_a_number_box_holds_what_was_typed_and_build_refuses_what_is_no_whole_number():
+    """An int field's box was an IntText, whose page cut what it was given to a whole number: 2.5 pasted
+    was built as 2 while the box showed 2.5. Its boxes hold the number typed; build names the field."""
+    browser = ModelBrowser(pattern="mlp")
+    form = {box.description: box for box in browser.form.children}
+    form["width"].value = 2.5  # (what the page sends of "2.5" typed or pasted)
+    result = browser.build()
+    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in browser.message.value
+    form["width"].value = 16
+    browser.batch_size.value = 2.5
+    result = browser.build()
+    assert not result.ok and "example batch size must be a positive whole number, got 2.5" in result.message
+    browser.batch_size.value = 3
+    assert browser.build().ok and browser.model.layers[0].out_features == 16
+    assert browser.result.tree["output"].iloc[0] == "(3, 2)"
+
+
 def test_the_form_shows_the_values_a_build_used_however_they_were_written():
     """A value the form reads but its box cannot hold as written ("16.0" in a whole-number box) was built
     while the box kept its old value: the form said width 32 of a model 16 wide."""
