@@ -1082,3 +1082,35 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
         compare.close()
         for w in watches:
             w.close()
+
+
+def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_path):
+    """A watch of a training loop of one's own records the metrics w.step() is given; one given none said
+    "No metrics yet." after its last step and once closed, live and stored, as though they were on their way."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model, store=tmp_path / "run")
+    dash = Dashboard(w, interval=0.05)
+    how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
+    try:
+        assert empty_text(dash.figure("metrics")) == "No metrics yet."  # (before its first step)
+        model(torch.randn(8, 2)).sum().backward()
+        w.step()
+        wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
+        dash.refresh()
+        assert empty_text(dash.figure("metrics")) == f"No metrics in the steps recorded so far ({how})."
+    finally:
+        w.close()
+    wait_for(lambda: not dash.following, what="the watch's end")
+    said = f"This run recorded no metrics ({how})."
+    assert empty_text(dash.figure("metrics")) == empty_text(plotted(dash, "metrics")) == said
+    dash.close()
+    assert empty_text(Dashboard(tmp_path / "run").figure("metrics")) == said
+    other = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    other.run(2, store=tmp_path / "other", progress=False)
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "run", tmp_path / "other")
+    assert compare.figure("metrics")["data"]  # (one run's metrics: drawn)
+    compare.close()
