@@ -827,15 +827,22 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     (2, {"tab": "sites"}, ValueError, r"tab must be the figure shown first, one of \('metrics', 'site'\), got 'sites'"),
     ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
     ("no path", {}, workbench.RunError, "no-such-run"),
+    # (the same run twice drew two lines, one over the other, as two runs)
+    ("a watch twice", {}, ValueError, r"Compare: runs 1 and 3 are the same run; compare two or more different runs"),
+    ("a run and its path", {}, ValueError, r"Compare: runs 2 and 3 are the same run \(stored in .*stored\)"),
 ])
 def test_compare_refuses_bad_input_by_name(tmp_path, sources, options, error, match):
     from workbench.ui.notebook import Compare
 
-    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
-    w = exp.watch(histograms=False)
-    exp.run(1, progress=False)
-    w.close()
-    given = {1: [w], 2: [w, w], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"]}[sources]
+    watches = []
+    for seed, store in ((0, None), (1, tmp_path / "stored")):
+        exp = workbench.experiments.create("activation_mlp", seed=seed, width=8)
+        watches.append(exp.watch(histograms=False, store=store))
+        exp.run(1, progress=False)
+        watches[-1].close()
+    w, other = watches
+    given = {1: [w], 2: [w, other], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"],
+             "a watch twice": [w, other, w], "a run and its path": [w, other, str(tmp_path / "stored") + "/"]}[sources]
     with pytest.raises(error, match=match):
         Compare(*given, **options)
 

@@ -1140,6 +1140,25 @@ class _Compared:
             self._subscription = None
 
 
+def _refuse_a_run_twice(sources: list[Any]) -> None:
+    """A run given twice to a comparison (the same object, a live run and its store's path, a path written two
+    ways) is refused, naming both places: it drew two lines, one over the other, as two runs."""
+    from pathlib import Path
+
+    from workbench.instrument import Run
+
+    first: dict[Any, int] = {}
+    for i, source in enumerate(sources):
+        watch = None if isinstance(source, Run) else getattr(source, "watch", source)  # (a background run's)
+        store = source if isinstance(source, Run) else getattr(watch, "store", None)
+        key = Path(store.path).resolve() if store is not None else id(watch)
+        if key in first:
+            where = f" (stored in {store.path})" if store is not None else ""
+            raise ValueError(f"Compare: runs {first[key] + 1} and {i + 1} are the same run{where}; compare two or "
+                             "more different runs.")
+        first[key] = i
+
+
 class Compare:
     """Two or more runs side by side, live or stored: the Runs tab's comparison of the app in a
     cell. Their metrics (a panel per metric, a line per run) and one call site's statistic (a line
@@ -1218,6 +1237,7 @@ class Compare:
                                 "Experiment, a Watch, a stored Run or its path (workbench.load_run(path)), got "
                                 f"{type(source).__name__}.")
             resolved.append((label or _label(source), source))
+        _refuse_a_run_twice([source for _, source in resolved])
         if names is None:
             names = _distinct([label for label, _ in resolved], configs)
         self.runs = {str(name): _Compared(str(name), source) for name, (_, source) in zip(names, resolved)}
