@@ -142,6 +142,10 @@ def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family
         ModelBrowser(family="activations")  # (was ipywidgets' TraitError: "Invalid selection: value not found")
     browser = ModelBrowser(family=None)
     assert browser.family.value == "all" and len(browser.models.options) == len(workbench.list_models())
+    with pytest.raises(TypeError, match=r"ModelBrowser: pattern is the name filter, text such as 'lu' or '\*lu' "
+                                        r"\(or '' for every model\), got 3 \(int\)"):
+        ModelBrowser(pattern=3)  # (was ipywidgets' TraitError: "expected a unicode string, not the int 3")
+    assert ModelBrowser(pattern=None).models.options == browser.models.options
 
 
 def test_a_forms_boxes_line_up_whatever_its_labels():

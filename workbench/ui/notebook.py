@@ -112,19 +112,23 @@ class ModelBrowser:
 
     Args:
         family: the family shown first (``"all"`` or None for every family).
-        pattern: the name filter shown first (``"lu"``, ``"*lu"``).
+        pattern: the name filter shown first (``"lu"``, ``"*lu"``; ``""`` or None: none).
 
     Attributes:
         model: the last module built successfully, or ``None``.
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
     """
 
-    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str | None = "") -> None:
         import difflib
 
         import ipywidgets as w
 
         family = handlers.ALL_FAMILIES if family is None else family
+        pattern = "" if pattern is None else pattern
+        if not isinstance(pattern, str):  # (else ipywidgets' TraitError: "expected a unicode string")
+            raise TypeError(f"ModelBrowser: pattern is the name filter, text such as 'lu' or '*lu' (or '' for "
+                            f"every model), got {pattern!r} ({type(pattern).__name__}).")
         if family not in (handlers.ALL_FAMILIES, *list_families()):  # (else ipywidgets' "value not found")
             close = difflib.get_close_matches(str(family), list_families(), n=1)
             raise ValueError(f"ModelBrowser: no family {family!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
