@@ -1123,5 +1123,7 @@ def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_pa
     from workbench.ui.notebook import Compare
 
     compare = Compare(tmp_path / "run", tmp_path / "other")
-    assert compare.figure("metrics")["data"]  # (one run's metrics: drawn)
+    assert compare.figure("metrics")["data"]  # (one run's metrics: drawn, and the other named, not left out unsaid)
+    assert compare.message.startswith("Comparing `run`, `other`. `run` recorded no metrics (a watch records the "
+                                      "metrics given to w.step()). They share no activation call site"), compare.message
     compare.close()
