@@ -61,7 +61,11 @@ def test_typing_a_filter_keeps_the_model_picked_while_it_matches_and_never_drops
     assert browser.models.value == "gelu" and [box.description for box in browser.form.children] == ["approximate"]
     said = browser.message.value
     assert "The filter hid <strong>mlp</strong>; the form shows <strong>gelu</strong>" in said, said
-    assert "(width=16, activation='tanh')" in said and "pick mlp again to get it back" in said, said
+    assert "Kept as you typed them: <strong>mlp</strong> (width=16, activation='tanh')" in said, said
+    assert "Pick a model again to get its values back" in said, said
+    browser.pattern.value = "t"  # (gelu hidden in turn, typing on: mlp's values still said to be kept)
+    assert browser.models.value == "efficientzero_dynamics" and "<strong>mlp</strong> (width=16" in (
+        browser.message.value), browser.message.value
     browser.pattern.value = ""
     browser.models.value = "mlp"  # (picked again: its form as it was left, and built with it)
     assert list(browser.form.children) == list(form.values()) and browser.message.value == ""

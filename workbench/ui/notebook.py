@@ -202,7 +202,8 @@ class ModelBrowser:
         """Show the model picked: its overview and its form (as it was left, if shown before).
 
         Args:
-            hidden: the model shown before, which the filter hid; what was typed into its form is named.
+            hidden: the model shown before, which the filter hid; the message names the values typed into
+                the forms of the models not shown, which are kept.
         """
         name = self.models.value
         self._last_shown = name if name is not None else self._last_shown
@@ -215,13 +216,14 @@ class ModelBrowser:
         style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
         self.form.children = [box for _, box in self._fields]
-        edits = self._edits(hidden)
-        kept = f"What you typed into {hidden}'s form is kept ({', '.join(edits)})"
-        # (said as what happened, which stays true while the model shown does: the filter may change on)
-        self.message.value = "" if not edits else _html(
-            f"The filter hid **{hidden}**; the form shows **{name}**. {kept}: pick {hidden} again to get it back."
-            if name else f"The filter hid **{hidden}** and matches no model. {kept}: it comes back with a filter "
-            "it matches.")
+        # (every form left with values typed, not only the one hidden now: typing "tanh" hides one model a key;
+        # said as what happened, which stays true while the model shown does, the filter changing on)
+        kept = [f"**{model}** ({', '.join(edits)})" for model in self._forms
+                if model != name and (edits := self._edits(model))]
+        self.message.value = "" if hidden is None or not kept else _html(
+            (f"The filter hid **{hidden}**; the form shows **{name}**." if name else
+             f"The filter hid **{hidden}** and matches no model.")
+            + f" Kept as you typed them: {'; '.join(kept)}. Pick a model again to get its values back.")
         self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
 
     def build(self, **values: Any) -> handlers.BuildResult:
