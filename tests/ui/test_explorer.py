@@ -351,6 +351,15 @@ def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, e
     assert current is kept and expected.split("'")[0] in message
 
 
+def test_joining_a_comparison_not_started_says_to_start_it_rather_than_waiting_for_ever():
+    comparison = ex.Comparison(["relu", "tanh"], steps=3, **SMALL)
+    with pytest.raises(RuntimeError, match=r"This comparison has not started, so there is nothing to wait for: "
+                                           r"call comparison.start\(\) first, then comparison.join\(\)"):
+        comparison.join(5)  # (the wait ran for ever without a timeout: a notebook cell hung)
+    assert comparison.stop() == {"relu": "not started", "tanh": "not started"}  # (stopped first: nothing to wait for)
+    assert comparison.join() == {"relu": "not started", "tanh": "not started"}
+
+
 def test_page_handlers_start_and_draw_a_comparison():
     comparison, message = ex.start_comparison(None, ["tanh", "relu"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
                                               "one after another")

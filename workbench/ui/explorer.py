@@ -720,9 +720,18 @@ class Comparison:
         return self.status()
 
     def join(self, timeout: float | None = None) -> dict[str, str]:
-        """Wait for every run to end (in turn, one after another); returns the statuses."""
+        """Wait for every run to end (in turn, one after another); returns the statuses.
+
+        Raises:
+            RuntimeError: the comparison has not started (its runs would never end: the wait had no end).
+        """
         import time
 
+        with self._lock:
+            waits_forever = not self._started and not self._stopping  # (stopped before it started: not started)
+        if waits_forever:
+            raise RuntimeError("This comparison has not started, so there is nothing to wait for: call "
+                               "comparison.start() first, then comparison.join().")
         deadline = None if timeout is None else time.monotonic() + timeout
         for name in list(self.entries):
             while True:
