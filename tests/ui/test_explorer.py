@@ -193,8 +193,11 @@ def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
 @pytest.mark.parametrize("make, expected", [
     (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
     (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
-    (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
-    (lambda: ex.uniform(-1e39, 4), "The range's low end (x from) must be in [-3.40282e+38, 3.40282e+38]"),
+    # (the uniform's ends named as its own fields, low and high: the messages named the curves' x from and x to)
+    (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]. Make low smaller than high, "
+                               "e.g. [-3, 3]."),
+    (lambda: ex.uniform(-1e39, 4), "The range's low end (low) must be in [-3.40282e+38, 3.40282e+38]"),
+    (lambda: ex.uniform(0, float("nan")), "The range's high end (high) must be a finite number, got nan. Enter e.g. 3"),
     (lambda: ex.uniform(-3e38, 3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold"),
     (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
     (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),
