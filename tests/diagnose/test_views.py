@@ -102,6 +102,9 @@ def test_bad_input_to_the_view_says_what_was_expected(broken):
     _, frame = broken
     with pytest.raises(IndexError, match=r"No finding number 9: the list has 2"):
         view.focus(frame, 9)
+    with pytest.raises(IndexError, match=r"^No finding number 0: the list is empty: nothing looks wrong in the "
+                                         r"steps so far\.$"):
+        view.focus(frame.iloc[:0], 0)  # (it said "the list has 0 (0 to -1)")
     with pytest.raises(TypeError, match="Expected a findings frame"):
         view.findings_table(pd.DataFrame({"a": [1]}))
     with pytest.raises(ValueError, match="limit must be a positive int"):

@@ -193,8 +193,11 @@ def test_push_through_counts_dead_saturated_and_negative_as_numpy_does():
 @pytest.mark.parametrize("make, expected", [
     (lambda: ex.normal(0, 0), "The normal's std must be > 0, got 0"),
     (lambda: ex.normal(float("nan"), 1), "The normal's mean must be a finite number, got nan"),
-    (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]"),
-    (lambda: ex.uniform(-1e39, 4), "The range's low end (x from) must be in [-3.40282e+38, 3.40282e+38]"),
+    # (the uniform's ends named as its own fields, low and high: the messages named the curves' x from and x to)
+    (lambda: ex.uniform(1, 1), "The range must run from low to high, got [1, 1]. Make low smaller than high, "
+                               "e.g. [-3, 3]."),
+    (lambda: ex.uniform(-1e39, 4), "The range's low end (low) must be in [-3.40282e+38, 3.40282e+38]"),
+    (lambda: ex.uniform(0, float("nan")), "The range's high end (high) must be a finite number, got nan. Enter e.g. 3"),
     (lambda: ex.uniform(-3e38, 3e38), "The range [-3e+38, 3e+38] is wider than float32 can hold"),
     (lambda: ex.push_through("relu", samples=0), "The number of samples must be a whole number in [1, 2,000,000]"),
     (lambda: ex.push_through("relu", saturation=-1), "The saturation threshold must be > 0, got -1"),
@@ -349,6 +352,15 @@ def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, e
                                            arguments.get("depth", 2), 8, 0.01, "spirals",
                                            arguments.get("mode", "one after another"))
     assert current is kept and expected.split("'")[0] in message
+
+
+def test_joining_a_comparison_not_started_says_to_start_it_rather_than_waiting_for_ever():
+    comparison = ex.Comparison(["relu", "tanh"], steps=3, **SMALL)
+    with pytest.raises(RuntimeError, match=r"This comparison has not started, so there is nothing to wait for: "
+                                           r"call comparison.start\(\) first, then comparison.join\(\)"):
+        comparison.join(5)  # (the wait ran for ever without a timeout: a notebook cell hung)
+    assert comparison.stop() == {"relu": "not started", "tanh": "not started"}  # (stopped first: nothing to wait for)
+    assert comparison.join() == {"relu": "not started", "tanh": "not started"}
 
 
 def test_page_handlers_start_and_draw_a_comparison():

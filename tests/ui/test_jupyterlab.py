@@ -49,6 +49,13 @@ BROWSER_CELL = """\
 from workbench.ui.notebook import ModelBrowser
 
 ModelBrowser(family="dynamics")"""
+# the model browser of the filter's test: every model listed, mlp shown
+FILTER_CELL = """\
+from workbench.ui.notebook import ModelBrowser
+
+browser = ModelBrowser(family="all")
+browser.models.value = "mlp"
+browser"""
 # the site list's picked options, each with whether it is inside the list's box (scrolled to) or out of sight
 PICKED_IN_SIGHT = ("() => { const list = document.querySelector('.widget-select-multiple select');"
                    " const box = list.getBoundingClientRect();"
@@ -87,6 +94,8 @@ def jupyterlab(tmp_path_factory):
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "slowed.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(BROWSER_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "browser.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(FILTER_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "filter.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
@@ -268,6 +277,41 @@ def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_noteb
         _shot(page, f"model_browser_{width}")
     except Exception:
         _shot(page, f"model_browser_{width}_failed")
+        raise
+    finally:
+        page.close()
+
+
+def test_typing_in_the_model_browsers_filter_keeps_the_form_and_a_number_box_keeps_what_was_pasted(browser,
+                                                                                                  jupyterlab):
+    """Each keystroke in the filter moved the model to the first match, and the form under it to that
+    model's, what was typed into it gone; and a whole-number box (an IntText) cut 2.5 pasted to 2, which
+    was built while the box showed 2.5."""
+    from playwright.sync_api import expect
+
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        _open_notebook(page, f"{url}/lab/tree/filter.ipynb?reset&token={token}")
+        _run_cell(page, 0)
+        output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
+        output.locator("button", has_text="Build").wait_for(timeout=60_000)
+        width = output.locator(".widget-text", has_text="width").locator("input")
+        width.fill("16")
+        width.press("Tab")  # (a number box sends its value when left)
+        model = output.locator(".widget-dropdown", has_text="model").locator("select")
+        expect(model).to_have_value("mlp", timeout=60_000)
+        output.locator(".widget-text", has_text="filter").locator("input").press_sequentially("ml", delay=100)
+        expect(model.locator("option")).to_have_text(["mlp"], timeout=60_000)  # (the list narrowed to "ml")
+        expect(model).to_have_value("mlp")
+        expect(width).to_have_value("16")
+        width.fill("2.5")  # (pasted: a whole-number box took it, cut, where typing could not put in the point)
+        width.press("Tab")
+        output.locator("button", has_text="Build").click()
+        expect(output).to_contain_text("width expects int, could not read 2.5: not a whole number", timeout=60_000)
+        _shot(page, "model_browser_filter")
+    except Exception:
+        _shot(page, "model_browser_filter_failed")
         raise
     finally:
         page.close()

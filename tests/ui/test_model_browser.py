@@ -277,27 +277,43 @@ def test_the_dynamics_network_tree_has_a_row_per_call_site_and_build_stays_in_vi
 
 
 @pytest.mark.browser
-def test_typing_a_name_filter_moves_list_overview_and_form_to_the_first_match_without_an_error(page):
+def test_typing_a_name_filter_keeps_the_model_shown_while_it_matches_and_says_when_it_moves_the_form(page):
+    """Each keystroke in the filter moved the list, the overview and the form to the first match: the form
+    turned into another model's while the user typed, what they had typed into it gone without a word."""
     from playwright.sync_api import expect
 
     box = page.locator("#name-filter textarea, #name-filter input").first
-    overview, fields = page.locator("#model-overview"), page.locator("#build-form")
-    for text, listed, first, title, field in (
-            ("prelu", ["prelu"], "prelu", "Parametric ReLU", "num_parameters"),
-            ("lu", ["gelu", "prelu", "relu"], "gelu", "Gaussian Error Linear Unit", "approximate"),
-            ("tanh", ["tanh"], "tanh", "Hyperbolic tangent", "No parameters to set"),
-            ("query", ["query_module"], "query_module", "QueryModule", "index_key"),
-            ("relu", ["prelu", "relu"], "prelu", "Parametric ReLU", "num_parameters"),
-            ("sig", ["sigmoid"], "sigmoid", "Logistic sigmoid", "No parameters to set"),
-            ("*old", ["threshold"], "threshold", "Thresholds each element", "threshold")):
-        box.fill("")
-        # a change event per keystroke, each sent before the server has answered the one before
-        box.press_sequentially(text)
+    overview, message = page.locator("#model-overview"), page.locator("#build-message")
+    listed = page.locator("#model-list label")
+
+    def shown(name, title):
+        expect(page.locator("#model-list").get_by_role("radio", name=name, exact=True)).to_be_checked()
         expect(overview).to_contain_text(title)
-        expect(fields).to_contain_text(field)
-        expect(page.locator("#model-list").get_by_role("radio", name=first, exact=True)).to_be_checked()
-        # (the reply to a shorter prefix may show first, with a longer list)
-        expect(page.locator("#model-list label")).to_have_text(listed)
+
+    page.get_by_label("relu", exact=True).check()
+    shown("relu", "Rectified Linear Unit")
+    inplace = page.get_by_label("inplace")
+    inplace.check()
+    # a change event per keystroke, each sent before the server has answered the one before
+    box.press_sequentially("elu")  # (relu matches e, el and elu: it stays, its form as the user left it)
+    expect(listed).to_have_text(["gelu", "prelu", "relu"])
+    shown("relu", "Rectified Linear Unit")
+    expect(inplace).to_be_checked()
+    box.press_sequentially("x")  # (a typo: no model matches; the form stays, and the message says so)
+    expect(listed).to_have_count(0)
+    expect(message).to_contain_text("No model matches the filter; the form still shows relu.")
+    box.press("Backspace")  # (undone: nothing lost)
+    shown("relu", "Rectified Linear Unit")
+    expect(inplace).to_be_checked()
+    expect(message).not_to_contain_text("No model matches")
+    box.fill("")
+    box.press_sequentially("sig")  # (relu hidden: the first match shown, and the message says the form moved)
+    expect(listed).to_have_text(["sigmoid"])
+    shown("sigmoid", "Logistic sigmoid")
+    expect(page.locator("#build-form")).to_contain_text("No parameters to set")
+    expect(message).to_contain_text("; the form shows sigmoid. Picked again, ")
+    page.locator("#build-button").click()
+    expect(message).to_contain_text("Built sigmoid")
     # every event of the typing answered: no status tracker on the tab's outputs is pending or busy
     page.wait_for_function("""() => Array.from(document.querySelectorAll(
         ['#model-list', '#model-overview', '#param-table', '#build-form', '#build-message', '#module-tree']

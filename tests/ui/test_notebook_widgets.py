@@ -37,6 +37,43 @@ def test_filter_select_fill_and_build():
     assert "Built <strong>prelu</strong>" in browser.message.value
 
 
+def test_typing_a_filter_keeps_the_model_picked_while_it_matches_and_never_drops_its_form_unsaid():
+    """Each keystroke in the filter moved the selection to the first match: the form under it turned into
+    another model's while the user typed, and what they had typed into it was gone."""
+    browser = ModelBrowser()
+    browser.models.value = "mlp"
+    form = {box.description: box for box in browser.form.children}
+    form["width"].value, form["activation"].value = 16, "tanh"
+    for typed in ("m", "ml", "mlp"):  # (a change per keystroke)
+        browser.pattern.value = typed
+        assert browser.models.value == "mlp" and "MLP" in browser.overview.value
+        assert list(browser.form.children) == list(form.values())
+        assert (form["width"].value, form["activation"].value) == (16, "tanh")
+    browser.pattern.value = "mlpx"  # (a typo: no model matches, none shown)
+    assert browser.models.value is None and browser.form.children == ()
+    assert "width=16" in browser.message.value and "activation='tanh'" in browser.message.value
+    browser.pattern.value = "mlp"  # (undone: the model and its form as they were)
+    assert browser.models.value == "mlp" and list(browser.form.children) == list(form.values())
+    assert form["width"].value == 16 and browser.message.value == ""
+    browser.pattern.value = ""
+    browser.models.value = "mlp"
+    assert browser.models.value == "mlp" and form["width"].value == 16  # (still: the list widened around it)
+    browser.pattern.value = "lu"  # (mlp hidden: the first match shown, and the user told where the values are)
+    assert browser.models.value == "gelu" and [box.description for box in browser.form.children] == ["approximate"]
+    said = browser.message.value
+    assert "The filter hid <strong>mlp</strong>; the form shows <strong>gelu</strong>" in said, said
+    assert "Kept as you typed them: <strong>mlp</strong> (width=16, activation='tanh')" in said, said
+    assert "Pick a model again to get its values back" in said, said
+    browser.pattern.value = "t"  # (gelu hidden in turn, typing on: mlp's values still said to be kept)
+    assert browser.models.value == "efficientzero_dynamics" and "<strong>mlp</strong> (width=16" in (
+        browser.message.value), browser.message.value
+    browser.pattern.value = ""
+    browser.models.value = "mlp"  # (picked again: its form as it was left, and built with it)
+    assert list(browser.form.children) == list(form.values()) and browser.message.value == ""
+    assert browser.build().ok and browser.model.layers[0].out_features == 16
+    assert type(browser.model.layers[1]).__name__ == "Tanh"
+
+
 def test_invalid_value_shows_message_and_keeps_previous_model():
     browser = ModelBrowser(pattern="mlp")
     good = browser.build()
@@ -58,6 +95,23 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
         result = browser.build(**values)
         assert not result.ok and said in result.message and said in browser.message.value, result.message
         assert browser.model is good.model
+
+
+def test_a_number_box_holds_what_was_typed_and_build_refuses_what_is_no_whole_number():
+    """An int field's box was an IntText, whose page cut what it was given to a whole number: 2.5 pasted
+    was built as 2 while the box showed 2.5. Its boxes hold the number typed; build names the field."""
+    browser = ModelBrowser(pattern="mlp")
+    form = {box.description: box for box in browser.form.children}
+    form["width"].value = 2.5  # (what the page sends of "2.5" typed or pasted)
+    result = browser.build()
+    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in browser.message.value
+    form["width"].value = 16
+    browser.batch_size.value = 2.5
+    result = browser.build()
+    assert not result.ok and "example batch size must be a positive whole number, got 2.5" in result.message
+    browser.batch_size.value = 3
+    assert browser.build().ok and browser.model.layers[0].out_features == 16
+    assert browser.result.tree["output"].iloc[0] == "(3, 2)"
 
 
 def test_the_form_shows_the_values_a_build_used_however_they_were_written():
@@ -93,6 +147,10 @@ def test_an_unknown_family_is_refused_with_the_families_and_none_is_every_family
         ModelBrowser(family="activations")  # (was ipywidgets' TraitError: "Invalid selection: value not found")
     browser = ModelBrowser(family=None)
     assert browser.family.value == "all" and len(browser.models.options) == len(workbench.list_models())
+    with pytest.raises(TypeError, match=r"ModelBrowser: pattern is the name filter, text such as 'lu' or '\*lu' "
+                                        r"\(or '' for every model\), got 3 \(int\)"):
+        ModelBrowser(pattern=3)  # (was ipywidgets' TraitError: "expected a unicode string, not the int 3")
+    assert ModelBrowser(pattern=None).models.options == browser.models.options
 
 
 def test_a_forms_boxes_line_up_whatever_its_labels():
@@ -815,15 +873,22 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     (2, {"tab": "sites"}, ValueError, r"tab must be the figure shown first, one of \('metrics', 'site'\), got 'sites'"),
     ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
     ("no path", {}, workbench.RunError, "no-such-run"),
+    # (the same run twice drew two lines, one over the other, as two runs)
+    ("a watch twice", {}, ValueError, r"Compare: runs 1 and 3 are the same run; compare two or more different runs"),
+    ("a run and its path", {}, ValueError, r"Compare: runs 2 and 3 are the same run \(stored in .*stored\)"),
 ])
 def test_compare_refuses_bad_input_by_name(tmp_path, sources, options, error, match):
     from workbench.ui.notebook import Compare
 
-    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
-    w = exp.watch(histograms=False)
-    exp.run(1, progress=False)
-    w.close()
-    given = {1: [w], 2: [w, w], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"]}[sources]
+    watches = []
+    for seed, store in ((0, None), (1, tmp_path / "stored")):
+        exp = workbench.experiments.create("activation_mlp", seed=seed, width=8)
+        watches.append(exp.watch(histograms=False, store=store))
+        exp.run(1, progress=False)
+        watches[-1].close()
+    w, other = watches
+    given = {1: [w], 2: [w, other], "not a run": [w, 3], "no path": [w, tmp_path / "no-such-run"],
+             "a watch twice": [w, other, w], "a run and its path": [w, other, str(tmp_path / "stored") + "/"]}[sources]
     with pytest.raises(error, match=match):
         Compare(*given, **options)
 
@@ -1089,3 +1154,37 @@ def test_a_whole_number_box_reads_1e3_as_1000_and_refuses_2_5_as_the_apps_box_do
     boxes["width"].value = 2.5
     result = browser.build()
     assert not result.ok and "width expects int, could not read 2.5: not a whole number" in result.message
+
+
+def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_path):
+    """A watch of a training loop of one's own records the metrics w.step() is given; one given none said
+    "No metrics yet." after its last step and once closed, live and stored, as though they were on their way."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    w = workbench.watch(model, store=tmp_path / "run")
+    dash = Dashboard(w, interval=0.05)
+    how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
+    try:
+        assert empty_text(dash.figure("metrics")) == "No metrics yet."  # (before its first step)
+        model(torch.randn(8, 2)).sum().backward()
+        w.step()
+        wait_for(lambda: dash.view.steps_fed == 1, what="the step delivered to the dashboard")
+        dash.refresh()
+        assert empty_text(dash.figure("metrics")) == f"No metrics in the steps recorded so far ({how})."
+    finally:
+        w.close()
+    wait_for(lambda: not dash.following, what="the watch's end")
+    said = f"This run recorded no metrics ({how})."
+    assert empty_text(dash.figure("metrics")) == empty_text(plotted(dash, "metrics")) == said
+    dash.close()
+    assert empty_text(Dashboard(tmp_path / "run").figure("metrics")) == said
+    other = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    other.run(2, store=tmp_path / "other", progress=False)
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "run", tmp_path / "other")
+    assert compare.figure("metrics")["data"]  # (one run's metrics: drawn, and the other named, not left out unsaid)
+    assert compare.message.startswith("Comparing `run`, `other`. `run` recorded no metrics (a watch records the "
+                                      "metrics given to w.step()). They share no activation call site"), compare.message
+    compare.close()

@@ -592,7 +592,7 @@ def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_pat
             net(torch.ones(1, 2)).sum().backward()
             w.step()
     view = RunView.from_run(load_run(tmp_path / "a"))
-    said = "This run recorded no metrics: a watch records those given to w.step(loss=...)."
+    said = "This run recorded no metrics (a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item()))."
     assert json.dumps(run_page.draw_page(view).metrics_figure).count(said) == 1
     assert said in json.dumps(figures.metrics_figure(view))  # (the Dashboard's)
     views = {name: RunView.from_run(load_run(tmp_path / name)) for name in ("a", "b")}

@@ -148,22 +148,26 @@ def _field_seed(value: Any) -> int:
     return whole
 
 
-def _check_range(x_range: Any) -> tuple[float, float]:
+def _check_range(x_range: Any, ends: tuple[str, str] = ("x from", "x to"),
+                 example: tuple[int, int] = (-4, 4)) -> tuple[float, float]:
+    """``x_range`` as (low, high) floats; ``ends``: what the messages call its ends (the curves' fields, or
+    the uniform source's ``low`` and ``high``), ``example``: the range they suggest."""
     if not isinstance(x_range, (tuple, list)) or len(x_range) != 2:
         raise ValueError(f"x_range must be a pair (low, high), got {x_range!r}. Pass e.g. x_range=(-4, 4).")
-    low = _number(x_range[0], "The range's low end (x from)", "Enter e.g. -4.")
-    high = _number(x_range[1], "The range's high end (x to)", "Enter e.g. 4.")
+    low = _number(x_range[0], f"The range's low end ({ends[0]})", f"Enter e.g. {example[0]}.")
+    high = _number(x_range[1], f"The range's high end ({ends[1]})", f"Enter e.g. {example[1]}.")
     # The sample points are made in the default dtype (float32): an end beyond its largest value,
     # or a range wider than it (the step between points overflows), would give no curve to draw.
     dtype = torch.get_default_dtype()
     largest = torch.finfo(dtype).max
-    for value, end, example in ((low, "low end (x from)", -4), (high, "high end (x to)", 4)):
+    for value, end, suggested in ((low, f"low end ({ends[0]})", example[0]), (high, f"high end ({ends[1]})",
+                                                                              example[1])):
         if abs(value) > largest:
             raise ValueError(f"The range's {end} must be in [{-largest:.6g}, {largest:.6g}] (the sample points "
-                             f"are {str(dtype).removeprefix('torch.')}), got {value:g}. Enter e.g. {example}.")
+                             f"are {str(dtype).removeprefix('torch.')}), got {value:g}. Enter e.g. {suggested}.")
     if not low < high:
         raise ValueError(f"The range must run from low to high, got [{low:g}, {high:g}]. "
-                         "Make x from smaller than x to, e.g. [-4, 4].")
+                         f"Make {ends[0]} smaller than {ends[1]}, e.g. [{example[0]}, {example[1]}].")
     if not math.isfinite(float(torch.tensor(high, dtype=dtype) - torch.tensor(low, dtype=dtype))):
         raise ValueError(f"The range [{low:g}, {high:g}] is wider than {str(dtype).removeprefix('torch.')} can "
                          f"hold (high - low must be at most {largest:.6g}). Narrow it, e.g. [-1e+38, 1e+38].")
@@ -419,7 +423,7 @@ def normal(mean: float = 0.0, std: float = 1.0) -> Source:
 
 def uniform(low: float = -3.0, high: float = 3.0) -> Source:
     """Uniform inputs on [low, high)."""
-    low, high = _check_range((low, high))
+    low, high = _check_range((low, high), ends=("low", "high"), example=(-3, 3))  # (its own fields', not x's)
     return Source("uniform", dict(low=low, high=high))
 
 
@@ -733,9 +737,18 @@ class Comparison:
         return self.status()
 
     def join(self, timeout: float | None = None) -> dict[str, str]:
-        """Wait for every run to end (in turn, one after another); returns the statuses."""
+        """Wait for every run to end (in turn, one after another); returns the statuses.
+
+        Raises:
+            RuntimeError: the comparison has not started (its runs would never end: the wait had no end).
+        """
         import time
 
+        with self._lock:
+            waits_forever = not self._started and not self._stopping  # (stopped before it started: not started)
+        if waits_forever:
+            raise RuntimeError("This comparison has not started, so there is nothing to wait for: call "
+                               "comparison.start() first, then comparison.join().")
         deadline = None if timeout is None else time.monotonic() + timeout
         for name in list(self.entries):
             while True:

@@ -34,7 +34,7 @@ import base64
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
-           "no_metrics", "to_json", "values"]
+           "to_json", "values"]
 
 Figure = dict[str, Any]
 _HEIGHT = 320
@@ -187,6 +187,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _no_metrics(views: Mapping[str, RunView]) -> str:
+    """What an empty metrics figure says: a run's :meth:`~RunView.no_metrics`; of runs compared, that none
+    recorded any once all have ended. (Runs that have metrics, none of them those asked for: not yet.)"""
+    if any(not m.startswith(MARKER) for view in views.values() for m in view.metric_names()):
+        return "No metrics yet."
+    if len(views) == 1:
+        return next(iter(views.values())).no_metrics()
+    if views and all(view.status in ENDED for view in views.values()):
+        return "None of these runs recorded metrics."
+    return "No metrics yet."
+
+
 def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing: float = 0.0,
                    log_y: bool = False, columns: int = 3) -> Figure:
     """One small panel per metric: its values (faint when smoothed) and their smoothed line.
@@ -241,17 +253,6 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
     return {name: colors[name] for name in names}
 
 
-def no_metrics(views: Iterable[RunView]) -> str:
-    """What a metrics figure says with no metric to draw: "yet" while a run may still log one; once every run
-    ended, that none was recorded and how a watch records them (a stored run of ``workbench.watch`` given
-    none said "No metrics yet." for good)."""
-    views = list(views)
-    if not views or not all(view.status in ENDED for view in views):
-        return "No metrics yet."
-    return (f"{'This run recorded no metrics' if len(views) == 1 else 'None of these runs recorded metrics'}: "
-            "a watch records those given to w.step(loss=...).")
-
-
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
                            smoothing: float = 0.0, log_y: bool = False, columns: int = 3,
                            colors: Mapping[str, str] | None = None) -> Figure:
@@ -276,7 +277,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     chosen = sorted({m for frame in frames.values() for m in frame.metric}, key=lambda m: (
         names.index(m) if names is not None and m in names else 0, m))
     if not chosen:
-        return empty_figure(no_metrics(views.values()))
+        return empty_figure(_no_metrics(views))
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
     gap_x, gap_y = 0.07, 0.5 / rows

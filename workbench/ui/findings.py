@@ -287,6 +287,9 @@ def focus(findings: pd.DataFrame, index: int, view: Any = None) -> Focus:
     _check(findings)
     if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) \
             or not 0 <= index < len(findings):
+        if not len(findings):  # (not "the list has 0 (0 to -1)")
+            raise IndexError(f"No finding number {index!r}: the list is empty: nothing looks wrong in the steps "
+                             "so far.")
         raise IndexError(f"No finding number {index!r}: the list has {len(findings)} (0 to {len(findings) - 1}); "
                          "it may have changed since it was drawn - pick again.")
     row = findings.iloc[int(index)]

@@ -26,6 +26,8 @@ TREE_COLUMNS = ["module", "path", "type", "params", "output"]
 #: to a letter a line ("params" read p/a/r/a/m/s) and push its own column past the table's right edge.
 TREE_WIDTHS = ["17%", "24%", "17%", "10%", "32%"]
 FIELDS_PER_ROW = 3
+#: What the message under the form says while the filters match no model (see wire()).
+NO_MATCH_NOTE = "No model matches the filter; the form still shows **{}**."
 
 
 # --- handlers ----------------------------------------------------------------
@@ -228,29 +230,41 @@ def wire(c) -> None:
     """Connect the components placed by :func:`layout`."""
     import gradio as gr
 
-    # The model shown is c["selected"], a State set by the filter (its first match) and by the
-    # user's pick; the overview, the table and the form follow it. They do not follow the Radio:
-    # each keystroke in the filter sends new choices, and a Radio change event queued before
-    # them would carry a value Gradio then refuses against the new choices (an error toast,
-    # the overview left on a model the list no longer shows).
-    def on_filter(family, pattern):
+    # The model shown is c["selected"], a State set by the user's pick and by the filter; the
+    # overview, the table and the form follow it. They do not follow the Radio: each keystroke in
+    # the filter sends new choices, and a Radio change event queued before them would carry a
+    # value Gradio then refuses against the new choices (an error toast, the overview left on a
+    # model the list no longer shows).
+    def on_filter(family, pattern, selected, message):
+        # The filter narrows the list; the model shown stays while it matches (the form under it as the
+        # user left it). One it hides gives way to the first match, which the message says (the form is
+        # made anew when the model is picked again). A filter matching nothing leaves the form as it is:
+        # a typo in the filter, undone, loses nothing.
         names = filter_models(family, pattern)
-        first = names[0] if names else None
-        return gr.Radio(choices=names, value=first), first
+        if selected in names or (not names and selected is None):  # (that note, no longer so, goes)
+            stale = bool(names) and message == NO_MATCH_NOTE.format(selected)
+            return gr.Radio(choices=names, value=selected), gr.skip(), "" if stale else gr.skip()
+        if not names:
+            return gr.Radio(choices=[], value=None), gr.skip(), NO_MATCH_NOTE.format(selected)
+        shown = names[0]
+        note = (f"The filter hid **{selected}**; the form shows **{shown}**. Picked again, {selected}'s form "
+                "starts from its defaults." if selected else "")
+        return gr.Radio(choices=names, value=shown), shown, note
 
     def on_pick(name, family, pattern):
         # Raw values (preprocess=False), so a click on a choice that a filter sent meanwhile
         # replaced is skipped rather than refused with a toast.
-        return name if name in filter_models(family, pattern) else gr.skip()
+        return (name, "") if name in filter_models(family, pattern) else (gr.skip(), gr.skip())
 
     def on_select(name):
-        return model_overview(name), param_table(name), None, "", pd.DataFrame(columns=TREE_COLUMNS)
+        return model_overview(name), param_table(name), None, pd.DataFrame(columns=TREE_COLUMNS)
 
     for trigger in (c["family"].change, c["pattern"].change):
-        trigger(on_filter, [c["family"], c["pattern"]], [c["models"], c["selected"]])
-    c["models"].input(on_pick, [c["models"], c["family"], c["pattern"]], c["selected"], preprocess=False)
-    c["selected"].change(on_select, c["selected"],
-                         [c["overview"], c["params"], c["model_state"], c["message"], c["tree"]])
+        trigger(on_filter, [c["family"], c["pattern"], c["selected"], c["message"]],
+                [c["models"], c["selected"], c["message"]])
+    c["models"].input(on_pick, [c["models"], c["family"], c["pattern"]], [c["selected"], c["message"]],
+                      preprocess=False)
+    c["selected"].change(on_select, c["selected"], [c["overview"], c["params"], c["model_state"], c["tree"]])
 
     with c["form"]:
         @gr.render(inputs=c["selected"])

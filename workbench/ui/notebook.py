@@ -113,19 +113,23 @@ class ModelBrowser:
 
     Args:
         family: the family shown first (``"all"`` or None for every family).
-        pattern: the name filter shown first (``"lu"``, ``"*lu"``).
+        pattern: the name filter shown first (``"lu"``, ``"*lu"``; ``""`` or None: none).
 
     Attributes:
         model: the last module built successfully, or ``None``.
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
     """
 
-    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str = "") -> None:
+    def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str | None = "") -> None:
         import difflib
 
         import ipywidgets as w
 
         family = handlers.ALL_FAMILIES if family is None else family
+        pattern = "" if pattern is None else pattern
+        if not isinstance(pattern, str):  # (else ipywidgets' TraitError: "expected a unicode string")
+            raise TypeError(f"ModelBrowser: pattern is the name filter, text such as 'lu' or '*lu' (or '' for "
+                            f"every model), got {pattern!r} ({type(pattern).__name__}).")
         if family not in (handlers.ALL_FAMILIES, *list_families()):  # (else ipywidgets' "value not found")
             close = difflib.get_close_matches(str(family), list_families(), n=1)
             raise ValueError(f"ModelBrowser: no family {family!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
@@ -145,10 +149,15 @@ class ModelBrowser:
         self.message = w.HTML()
         self.output = w.Output()
         self._fields: list[tuple[str, Any]] = []
+        #: Each model's form, made when the model is first shown and kept: what was typed into it stays
+        #: while other models are shown (each field with the value it started from, to tell the edits).
+        self._forms: dict[str, list[tuple[FormField, Any]]] = {}
+        self._filtering = False  # (a filter changing the list, whose passing selections the form ignores)
+        self._last_shown: str | None = None  # (the model shown before a filter that matches none)
 
         self.family.observe(self._on_filter, names="value")
         self.pattern.observe(self._on_filter, names="value")
-        self.models.observe(lambda _: self._show_model(), names="value")
+        self.models.observe(self._on_pick, names="value")
         self.build_button.on_click(lambda _: self.build())
         self._show_model()
         wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
@@ -161,21 +170,62 @@ class ModelBrowser:
         _display(self.widget, f"workbench ModelBrowser ({self.models.value or 'no model picked'}): ipywidgets, "
                               "shown while the kernel that made them runs; run the cell again to see them.")
 
-    def _on_filter(self, _change=None) -> None:
-        names = handlers.filter_models(self.family.value, self.pattern.value)
-        self.models.options = names
-        self.models.value = names[0] if names else None
+    def _on_pick(self, _change: Any) -> None:
+        if not self._filtering:
+            self._show_model()
 
-    def _show_model(self) -> None:
+    def _on_filter(self, _change: Any = None) -> None:
+        """The filter narrows the list; the model shown stays while it matches. One it hides gives way to
+        the first match (a list shows one of its own), its form kept as typed, which the message says. A
+        filter matching nothing shows none, and the model it hid comes back with the first filter it matches
+        (a typo in the filter, undone, changes nothing)."""
+        before = self.models.value
+        shown = before if before is not None else self._last_shown
+        names = handlers.filter_models(self.family.value, self.pattern.value)
+        self._filtering = True  # (new options select the first for a moment, which the form does not follow)
+        try:
+            self.models.options = names
+            self.models.value = shown if shown in names else (names[0] if names else None)
+        finally:
+            self._filtering = False
+        if self.models.value != before:
+            self._show_model(hidden=None if shown in names else shown)
+
+    def _edits(self, name: str | None) -> list[str]:
+        """What was typed into ``name``'s form: ``label=value`` of each field changed from its start."""
+        def shown(field: FormField, value: Any) -> Any:  # (a whole number as typed: 16, not the box's 16.0)
+            return int(value) if field.widget == "int" and isinstance(value, float) and value.is_integer() else value
+
+        return [f"{field.label}={shown(field, box.value)!r}" for field, box in self._forms.get(name, ())
+                if box.value != field.value]
+
+    def _show_model(self, hidden: str | None = None) -> None:
+        """Show the model picked: its overview and its form (as it was left, if shown before).
+
+        Args:
+            hidden: the model shown before, which the filter hid; the message names the values typed into
+                the forms of the models not shown, which are kept.
+        """
         name = self.models.value
+        self._last_shown = name if name is not None else self._last_shown
         self.overview.value = _html(handlers.model_overview(name))
-        form = handlers.model_form(name)
-        style = _label_style([f.label for f in form] + [self.batch_size.description])
-        self._fields = [(f.label, _widget(f, style)) for f in form]
+        if name not in self._forms:
+            form = handlers.model_form(name)
+            style = _label_style([f.label for f in form] + [self.batch_size.description])
+            self._forms[name] = [(f, _widget(f, style)) for f in form]
+        self._fields = [(field.label, box) for field, box in self._forms[name]]
+        style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
-        self.form.children = [widget for _, widget in self._fields]
-        self.message.value = ""
-        self.output.clear_output()
+        self.form.children = [box for _, box in self._fields]
+        # (every form left with values typed, not only the one hidden now: typing "tanh" hides one model a key;
+        # said as what happened, which stays true while the model shown does, the filter changing on)
+        kept = [f"**{model}** ({', '.join(edits)})" for model in self._forms
+                if model != name and (edits := self._edits(model))]
+        self.message.value = "" if hidden is None or not kept else _html(
+            (f"The filter hid **{hidden}**; the form shows **{name}**." if name else
+             f"The filter hid **{hidden}** and matches no model.")
+            + f" Kept as you typed them: {'; '.join(kept)}. Pick a model again to get its values back.")
+        self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
 
     def build(self, **values: Any) -> handlers.BuildResult:
         """Build from the form, as the Build button does.
@@ -1097,6 +1147,25 @@ class _Compared:
             self._subscription = None
 
 
+def _refuse_a_run_twice(sources: list[Any]) -> None:
+    """A run given twice to a comparison (the same object, a live run and its store's path, a path written two
+    ways) is refused, naming both places: it drew two lines, one over the other, as two runs."""
+    from pathlib import Path
+
+    from workbench.instrument import Run
+
+    first: dict[Any, int] = {}
+    for i, source in enumerate(sources):
+        watch = None if isinstance(source, Run) else getattr(source, "watch", source)  # (a background run's)
+        store = source if isinstance(source, Run) else getattr(watch, "store", None)
+        key = Path(store.path).resolve() if store is not None else id(watch)
+        if key in first:
+            where = f" (stored in {store.path})" if store is not None else ""
+            raise ValueError(f"Compare: runs {first[key] + 1} and {i + 1} are the same run{where}; compare two or "
+                             "more different runs.")
+        first[key] = i
+
+
 class Compare:
     """Two or more runs side by side, live or stored: the Runs tab's comparison of the app in a
     cell. Their metrics (a panel per metric, a line per run) and one call site's statistic (a line
@@ -1178,6 +1247,7 @@ class Compare:
                                 "Experiment, a Watch, a stored Run or its path (workbench.load_run(path)), got "
                                 f"{type(source).__name__}.")
             resolved.append((label or _label(source), source))
+        _refuse_a_run_twice([source for _, source in resolved])
         if names is None:
             names = _distinct([label for label, _ in resolved], configs)
         self.runs = {str(name): _Compared(str(name), source) for name, (_, source) in zip(names, resolved)}

@@ -154,8 +154,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                   else [m for m in picked if m in metric_choices])
         smoothing = parse_smoothing(c.smoothing)
         metrics_fig = drawn("metrics", lambda: figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics))
-                            if chosen else figures.empty_figure("Pick metrics above." if metric_choices
-                                                                else figures.no_metrics([view])))
+                            if chosen else
+                            figures.empty_figure("Pick metrics above." if metric_choices else view.no_metrics()))
     except ValueError as exc:
         chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
     # a statistic per call site; the distributions and the last-step table follow the same kind

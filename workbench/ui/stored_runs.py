@@ -232,6 +232,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
             f"None of these runs has {kind} rows in the steps recorded so far." if any(
                 views[n].steps_fed for n in going) else f"None of these runs has {kind} rows yet.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
+    text += _without_metrics(views, live)
     lacking = [name for name in views if name not in having]
     if lacking and (having or len(without) < len(views)):  # (each run without rows, unless none records them)
         unrecorded = [n for n in lacking if n in without]
@@ -255,6 +256,24 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
+
+
+def _without_metrics(views: dict[str, RunView], live: set[str]) -> str:
+    """A sentence naming the runs compared that have no metrics beside runs that have some (the legend
+    left them out without a word): those that ended recorded none, those going on have none in their steps
+    so far; one before its first step is not named (its metrics may yet come)."""
+    def has_metrics(view: RunView) -> bool:
+        return any(not m.startswith(INTERVENTION_METRIC) for m in view.metric_names())
+
+    none = [name for name, view in views.items() if not has_metrics(view)]
+    if not none or len(none) == len(views):  # (none of them: the figure says so)
+        return ""
+    ended = [n for n in none if n not in live]
+    going = [n for n in none if n in live and views[n].steps_fed]
+    said = ([f"{', '.join(f'`{n}`' for n in ended)} recorded no metrics"] if ended else []) + (
+        [f"{', '.join(f'`{n}`' for n in going)} {'has' if len(going) == 1 else 'have'} no metrics in "
+         f"{'its' if len(going) == 1 else 'their'} steps so far"] if going else [])
+    return f" {'; '.join(said)} (a watch records the metrics given to w.step())." if said else ""
 
 
 def export_run(root: RunsRoot, pick: Any, fmt: Any, folder: str | Path | None = None) -> tuple[list[str], str]:

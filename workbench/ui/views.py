@@ -565,6 +565,16 @@ class RunView:
             return f"This run recorded no {kind} rows."
         return f"No {kind} rows in the steps recorded so far." if self.steps_fed else f"No {kind} rows yet."
 
+    def no_metrics(self) -> str:
+        """What a metrics view says while the run has none: that it recorded none (it ended), that its steps
+        so far had none, or, before its first step, that none have arrived yet; the two first say how a
+        watch is given them (a watch of a training loop of one's own records only what ``w.step`` is given:
+        "yet" was said of a closed one forever)."""
+        how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
+        if self.status in ENDED:
+            return f"This run recorded no metrics ({how})."
+        return f"No metrics in the steps recorded so far ({how})." if self.steps_fed else "No metrics yet."
+
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
         """Run header: label, status (and error), step of total, steps/s, seconds left, and the seconds
