@@ -53,8 +53,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                  "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
                                  "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
                                  "rate, clip gradients."),
-    "dead_units": ("warning", "Most units of this activation output 0 for the whole batch and get no gradient, "
-                              "so they stop learning. Usual causes: a large negative bias, a learning rate that "
+    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch and get no "
+                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate that "
                               "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
                               "learning rate, or re-initialize the layer before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
@@ -130,6 +130,12 @@ class Thresholds:
             before it, where its gradient is recorded, says none is (no entry of that gradient exactly
             0: every unit fires for some input, a sparse layer). Healthy ReLU layers of the built-in
             experiments read up to ~0.72; a layer with 75% of its units dead ~0.87.
+        dead_unit_share: an activation site whose outputs are never negative also has dead units, below
+            ``dead_zero_frac``, where at least this fraction of its units output 0 for every input of the
+            batch: counted exactly where the bias of the layer before it records its gradient (an entry
+            exactly 0 per such unit), and where its zeros can hold them (a unit dead for the batch is all
+            zeros). Healthy deep narrow ReLU nets have some truly dead from their init: the 4-deep ReLU
+            MLP of the built-in experiments up to 15 of 32 (0.47).
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
             negatives (tanh-like), rarely exactly 0, is ``saturated`` when its variance is at least
             this fraction of the largest one an output with its mean can have (``mu (1 - mu)`` on
@@ -183,6 +189,7 @@ class Thresholds:
 
     persist: int = 3
     dead_zero_frac: float = 0.8
+    dead_unit_share: float = 0.5
     saturation_index: float = 0.75
     gradient_orders: float = 3.0
     gradient_growth_orders: float = 3.0
@@ -222,7 +229,7 @@ class Thresholds:
         need("plateau_steps", whole("plateau_steps", 2 * PLATEAU_WINDOW),
              f"a whole number >= {2 * PLATEAU_WINDOW} (its first and its last {PLATEAU_WINDOW} values)")
         need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
-        for name in ("dead_zero_frac", "saturation_index"):
+        for name in ("dead_zero_frac", "dead_unit_share", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
@@ -317,6 +324,7 @@ class _Layout:
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
     feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
+    feed_weight: np.ndarray  # per activation row with a feed_bias: the param_grad row of that layer's weight, or -1
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
@@ -586,6 +594,7 @@ class Diagnoser:
         # a unit that outputs 0 for the whole batch passes no gradient back, so its entry of the bias's gradient
         # is exactly 0; their zeros count the dead units
         feed_bias = np.full(n, -1, np.int64)
+        feed_weight = np.full(n, -1, np.int64)
         acts = sorted((int(order[i]), i) for i in np.flatnonzero((kind == "activation") & ~alias & (order >= 0)))
         for (_, before), (_, i) in zip(acts[:-1], acts[1:]):
             module = keys[before][0]
@@ -593,12 +602,13 @@ class Diagnoser:
             if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
                     _parse_shape(keys[b][4]) == (int(units[i]),):
                 feed_bias[i] = b
+                feed_weight[i] = param_grads.get((module, "weight"), -1)
         out_grad: dict[str, int] = {}
         for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
             if knd == "grad_output" and call == 0:
                 out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, out_grad)
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -652,6 +662,10 @@ class Diagnoser:
                 finite = np.isfinite(mean[:, act]) & np.isfinite(std[:, act])
                 a_lo, a_hi, a_zero = lo[:, act], hi[:, act], zero[:, act]
                 look |= (finite & (a_lo >= 0) & (a_zero >= t.dead_zero_frac)).any(1)
+                fed = act & (layout.feed_bias >= 0)
+                if fed.any():  # (a share of the units dead, counted by the bias gradient that feeds them)
+                    bias_zero = zero[:, layout.feed_bias[fed]]
+                    look |= ((lo[:, fed] >= 0) & (bias_zero >= t.dead_unit_share)).any(1)
                 look |= (finite & (a_lo == a_hi) & (a_hi != 0) & (numel[:, act] > 1)).any(1)
                 bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
                 if bounded.any():
@@ -900,6 +914,11 @@ class Diagnoser:
             self._hold(step, "dead_units", layout, int(i),
                        f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
                        f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+        # a share of the units dead, below dead_zero_frac: counted by the bias gradient that feeds them
+        partial = act & finite & (lo >= 0) & (zero < t.dead_zero_frac) & (stats["numel"] > 1) & \
+            (layout.feed_bias >= 0)
+        for i in np.flatnonzero(partial):
+            self._dead_share(step, layout, stats, int(i))
         # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
         # pinned exactly at a bound has no variance left for the saturation index to read
         constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
@@ -938,6 +957,41 @@ class Diagnoser:
                        f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
                        f"{index[j]:.0%} of the largest variance an output with this mean can have, which it has "
                        f"when every output sits at a bound.", worst=float(index[j]), need=t.persist)
+
+    def _dead_share(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
+        """``dead_units`` at activation row ``i`` (never negative, fewer zeros than ``dead_zero_frac``) where at least
+        ``dead_unit_share`` of its units output 0 for every input of the batch. Counted from the gradient of the bias
+        that feeds them: its entry of a unit is the sum of the unit's output gradient where it fires, exactly 0 for a
+        unit that fires for no input; and for a live unit only where its output gradient is 0 at every input it fires
+        for, which the zeros of the site's output gradient (where recorded) bound. A per-input sparsity, each unit
+        firing for some inputs (half of them, a ReLU at init), leaves no entry 0."""
+        t = self.thresholds
+        u, per_unit, b = int(layout.units[i]), int(layout.per_unit[i]), int(layout.feed_bias[i])
+        if not u or not per_unit:
+            return
+        counted = round(float(stats["zero_frac"][b]) * u)
+        o = layout.out_grad.get(layout.keys[i][0])
+        # (a live unit with a 0 entry has its output gradient 0 at one input at least)
+        unsure = round(float(stats["zero_frac"][o]) * float(stats["numel"][o])) if o is not None else 0
+        counted -= unsure
+        z, numel = float(stats["zero_frac"][i]), float(stats["numel"][i])
+        # a unit dead for the batch is all zeros: a count its zeros cannot hold is not dead units (a gradient of 0 for
+        # another reason: a derivative 0 where the output is not, as a Threshold's)
+        if counted < t.dead_unit_share * u or z * numel < counted * per_unit - 0.5:
+            return
+        w = int(layout.feed_weight[i])
+        if w >= 0 and float(stats["zero_frac"][w]) >= 1.0:
+            # the layer that feeds it has a weight gradient all 0: its input is all 0 (the layer before is dead, and
+            # found there), and each unit outputs its bias, 0 where that is not positive: not this layer's own dead units
+            return
+        along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
+        self._hold(step, "dead_units", layout, i,
+                   f"{'at least ' if unsure else ''}{counted} of its {u} units{along} ({counted / u:.0%}; threshold "
+                   f"{t.dead_unit_share:.0%}) output 0 for every input at step {step} (their entries of the gradient "
+                   f"of {layout.names[b]}, which feeds them, are exactly 0); the others fire for some inputs: "
+                   f"{z:.1%} of its outputs are exactly 0 in all (below dead_zero_frac {t.dead_zero_frac:.0%}); "
+                   f"max {float(stats['max'][i]):.3g}.",
+                   need=t.persist)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds

@@ -17,6 +17,8 @@ import workbench
 from tests.diagnose.conftest import mlp, train
 from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
+from tests.diagnose.test_findings import row
+
 
 def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
     model = mlp("relu")
@@ -27,6 +29,44 @@ def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
     # ~86% zeros, below the bound's 90% of old; the bias before it counts them: its gradient is 0 at dead units
     assert "24 of its 32 units output 0 for every input (their entries of the gradient of layers.0.bias" \
         in f.evidence[0]
+
+
+def test_a_layer_half_dead_is_found_below_the_zero_fraction_its_count_read_from_the_bias_before_it():
+    # 16 of 32 units never fire (the 16 others, half the time): 75% zeros in all, below dead_zero_frac (80%); the bias
+    # gradient before it counts them (on some batches one more unit of this init fires for no input: 17)
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias[:16] = -10.0
+    w = train(model, steps=6)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "layers.1") & (rows.kind == "activation")].zero_frac.max() < 0.8
+    f = w.diagnose()
+    assert f[["site", "finding", "step", "last_step"]].values.tolist() == [["layers.1", "dead_units", 1, 6]]
+    assert re.match(r"1[67] of its 32 units \(5[03]%; threshold 50%\) output 0 for every input at step 6 \(their "
+                    r"entries of the gradient of layers\.0\.bias", f.evidence[0])
+    assert "the others fire for some inputs" in f.evidence[0]
+    # under the share, not found (lower dead_unit_share to find it)
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias[:12] = -10.0
+    w = train(model, steps=6)
+    assert "dead_units" not in set(w.diagnose().finding)
+    assert w.diagnose(dead_unit_share=0.3).finding.tolist() == ["dead_units"]
+
+
+def test_a_bias_gradient_of_0_is_no_dead_unit_where_the_zeros_of_the_site_cannot_hold_it():
+    # every entry of the feeding bias's gradient 0 (a layer after it initialized at 0 passes no gradient back), yet
+    # only half the outputs are 0: each unit fires for half the inputs; no unit is dead
+    def rows(step):
+        return [row(step, "fc", "activation", shape="(64, 32)", numel=2048, min=-3.0, max=3.0),
+                row(step, "act", "activation", shape="(64, 32)", numel=2048, min=0.0, max=3.0, zero_frac=0.5),
+                row(step, "fc", "param_grad", "bias", "(32)", numel=32, zero_frac=1.0, norm=0.0)]
+    frame = pd.DataFrame([r for s in range(1, 6) for r in rows(s)])
+    assert "dead_units" not in set(diagnose(frame).finding)
+    # the same gradient with three quarters of the outputs 0: room for the 16 dead units it counts
+    frame.loc[frame.module == "act", "zero_frac"] = 0.75
+    frame.loc[frame.kind == "param_grad", "zero_frac"] = 0.5
+    assert diagnose(frame).finding.tolist() == ["dead_units"]
 
 
 def test_a_sparse_layer_whose_every_unit_fires_for_some_input_is_not_dead():
