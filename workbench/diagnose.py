@@ -72,7 +72,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
                                        "normalization layers or skip connections. A last layer initialized at 0 "
-                                       "does this for its first steps, until its weights grew: harmless if it ends."),
+                                       "does this for its first steps, until its weights grew: not a finding while "
+                                       "they are seen to grow (its parameters recorded), harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
                                        "the steps. Usual causes: too large initial weights or learning rate. Clip "
                                        "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
@@ -380,6 +381,9 @@ class Diagnoser:
         self._row_step: int | None = None  # the last step that recorded rows
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
+        # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
+        # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
+        self._zero_start: dict | None = None
         self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means, stats) of its params
         self._loss_names: dict[str, bool] = {}
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
@@ -1023,6 +1027,10 @@ class Diagnoser:
                            f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
                            f"none back (dead units, an output pinned at a bound, a factor of 0: weights all 0, as a "
                            f"layer initialized at 0 has at its first step).")
+        first = not self._grad_start  # (the first step whose gradients are judged)
+        grown_from_zero = self._grown_from_zero(layout, stats, idx, ok, first, no_gradient is not None)
+        if grown_from_zero and first:
+            no_gradient = None  # (its weights all 0 at the start: the init's doing, not a vanishing)
         idx, rms = idx[ok], rms[ok]
         if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
@@ -1039,6 +1047,13 @@ class Diagnoser:
                         f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
                         f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
                         if spread < 0 and across_last > -spread / 2 else "")
+                # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
+                # as the sites before it are within gradient_orders of each other
+                before_last = logs[0] - logs[-2] if len(idx) >= 3 else 0.0
+                if tail and grown_from_zero and layout.names[idx[-1]] == self._zero_start["site"] and \
+                        before_last >= -t.gradient_orders:
+                    finding = None
+            if abs(spread) > t.gradient_orders and finding is not None:
                 self._hold(step, finding, layout, int(idx[0]),
                            f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
@@ -1059,6 +1074,33 @@ class Diagnoser:
                        f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
                        f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps",
                        need=t.persist)
+
+    def _grown_from_zero(self, layout: _Layout, stats: dict, idx: np.ndarray, ok: np.ndarray, first: bool,
+                         none_before: bool) -> bool:
+        """Whether the last site (forward order) is a layer that started at 0 and whose parameters still grow: at the
+        first step judged, no gradient passed it to any site before it (a factor of 0: its weights all 0), and its
+        parameters' norm grew at every step since. Once it stops growing (or no parameter of it is recorded) it is
+        judged as any layer, for good."""
+        if not ok.any():
+            return False
+        last = int(np.flatnonzero(ok)[-1])
+        site, module = layout.names[idx[last]], layout.keys[idx[last]][0]
+        rows = [k for k in layout.params if layout.keys[k][0] == module]
+        norm = float(np.sqrt(np.sum(stats["norm"][rows] ** 2))) if rows else math.nan
+        if first:
+            before = idx[:last]
+            started = none_before and last > 0 and bool(np.all(np.isfinite(stats["norm"][before]) &
+                                                                (stats["norm"][before] == 0)))
+            self._zero_start = {"site": site, "module": module, "norm": norm} if started and norm > 0 else None
+            return self._zero_start is not None
+        start = self._zero_start
+        if start is None or start["site"] != site:
+            return False
+        if not norm > start["norm"]:
+            self._zero_start = None
+            return False
+        start["norm"] = norm
+        return True
 
     def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
         t = self.thresholds

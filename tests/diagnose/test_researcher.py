@@ -280,16 +280,28 @@ def test_a_dead_layer_is_listed_before_the_weights_it_stills_though_those_tell_a
     assert set(f.last_step) == {6}
 
 
-def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
-    # (a last layer initialized at 0 scales every gradient before it by its weights, until they grew: the evidence
-    # named no cause; it now says that most of the drop is across the last site)
+def zero_last_layer_mlp() -> nn.Sequential:
+    """A ReLU MLP 3 deep whose last layer is initialized at 0 (weights and bias)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 2))
     with torch.no_grad():
         model[6].weight.zero_()
         model[6].bias.zero_()
-    w = fit(model, steps=40)
+    return model
+
+
+def test_a_last_layer_initialized_at_0_whose_weights_grow_has_no_vanishing_gradients():
+    # (the gradients behind it are exactly 0 at step 1 and scaled by its small weights until they grew: its init's
+    # doing, not a vanishing; until 2026-11-29 a vanishing_gradients finding over steps 1-12)
+    f = fit(zero_last_layer_mlp(), steps=40).diagnose()
+    assert f.empty, f[["site", "finding", "step"]].values.tolist()
+    assert fit(zero_last_layer_mlp(), steps=40, updates=True).diagnose().empty
+
+
+def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and_one_frozen_at_0_vanishes():
+    # without parameter rows its weights are not known to grow: the finding stands, saying where the drop is
+    w = fit(zero_last_layer_mlp(), steps=40, parameters=False)
     f = w.diagnose()
     vanishing = f[f.finding == "vanishing_gradients"]
     assert len(vanishing) == 1 and vanishing.step.item() == 1 and vanishing.last_step.item() < 40  # (it ends)
@@ -300,3 +312,10 @@ def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
     across = math.log10(rms["6"] / rms["5"])
     assert f"Most of it, {across:.1f} orders, is across the last site, from 5 to 6" in vanishing.evidence.item()
     assert "A last layer initialized at 0" in vanishing.hint.item()
+    # a last layer at 0 that never moves (frozen): no gradient ever passes it, from step 1
+    model = zero_last_layer_mlp()
+    model[6].requires_grad_(False)
+    f = fit(model, steps=6, params=[p for p in model.parameters() if p.requires_grad]).diagnose()
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert vanishing[["site", "step", "last_step"]].values.tolist() == [["0", 1, 6]]
+    assert "no gradient reaches 6 of 7 sites" in vanishing.evidence.item()
