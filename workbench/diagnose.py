@@ -1256,15 +1256,17 @@ class Diagnoser:
                            f"{t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
-        elif len(recent) >= 2:
+        elif recent:
             # too few steps for their noise (a learning rate far too large throws the loss up in its
-            # first steps): a spike is spike_factor times the level of the steps so far above it
+            # first steps, from the second on: Adam at 1 on a ReLU MLP, 0.74 to 48): a spike is spike_factor times the
+            # level of the steps so far above it
             level = _median(list(recent))
             rise = value - level
             if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
+                before = f"median of the {len(recent)} steps before" if len(recent) > 1 else "its first value"
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
-                           f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
+                           f"({before}: {level:.4g}) above it (threshold "
                            f"{t.spike_factor:g}x in a run's first {max(5, t.spike_window // 2)} steps).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
         recent.append(value)
