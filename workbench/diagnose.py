@@ -93,8 +93,9 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                "float32, or a gradient clipped to a tiny max_norm before the step (or w.step() is "
                                "called per micro-batch of a gradient accumulation: call it once per optimizer step)."),
     "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
-                       "False, or it takes no part in the loss. Frozen on purpose (a pretrained backbone): as "
-                       "intended. If not: set requires_grad=True, and check the forward uses it."),
+                       "False, or it takes no part in the loss (its output unused by the loss, or cut off from it by "
+                       "a .detach() or torch.no_grad()). Frozen on purpose (a pretrained backbone): as intended. If "
+                       "not: set requires_grad=True, check the loss uses its output, and remove the .detach()."),
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
@@ -1153,8 +1154,23 @@ class Diagnoser:
         scale = grad / float(stats["norm"][p])
         said = f"it did not change {'at all' if exact else '(or by less than float32 shows)'} at step {step} ({how})"
         if g is None and layout.param_grads:
+            # (whether a gradient reaches its module's output tells a parameter frozen by itself from one behind a cut
+            # graph or an output the loss does not use, where the step records output gradients)
+            module = layout.keys[p][0]
+            o = layout.out_grad.get(module)
+            where = module or "the model"
+            if o is not None and float(stats["norm"][o]) > 0:
+                why = (f" The output of {where} gets a gradient (||grad|| {float(stats['norm'][o]):.3g}): this "
+                       f"parameter takes none itself (requires_grad=False on it).")
+            elif o is None and layout.out_grad:
+                why = (f" No gradient reaches the output of {where} either (it has no output-gradient row): the loss "
+                       f"does not use that output, or the graph is cut after it (a .detach(), torch.no_grad(), "
+                       f".item() on the way), or it and every layer before it are frozen (requires_grad=False: a "
+                       f"frozen backbone).")
+            else:
+                why = ""
             self._hold(step, "frozen", layout, p, f"{said}, and it has no gradient (no param_grad row: its .grad is "
-                       f"None) while the other parameters have one.", need=t.persist)
+                       f"None) while the other parameters have one.{why}", need=t.persist)
         elif g is None and exact:
             self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
                        f"tell why).", need=t.persist)

@@ -319,3 +319,31 @@ def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and
     vanishing = f[f.finding == "vanishing_gradients"]
     assert vanishing[["site", "step", "last_step"]].values.tolist() == [["0", 1, 6]]
     assert "no gradient reaches 6 of 7 sites" in vanishing.evidence.item()
+
+
+def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output():
+    # a layer whose own requires_grad is False gets a gradient at its output; a branch cut by .detach() and a head the
+    # loss does not use get none there: the evidence says which (both read as requires_grad=False before 2026-11-29)
+    model = mlp(nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), width=8)
+    model[2].requires_grad_(False)
+    f = fit(model, steps=5, params=[p for p in model.parameters() if p.requires_grad]).diagnose()
+    assert f[["finding", "site", "severity"]].values.tolist() == [["frozen", "2.weight", "info"]]
+    assert "The output of 2 gets a gradient (||grad|| " in f.evidence[0]
+    assert "requires_grad=False on it" in f.evidence[0]
+
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.kept, self.cut, self.unused = nn.Linear(4, 2), nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.unused(x)  # (an output the loss never sees)
+            return self.kept(x) + self.cut(x).detach()
+
+    f = fit(Branches(), steps=5).diagnose()
+    assert sorted(f[["finding", "site"]].values.tolist()) == [["frozen", "cut.weight"], ["frozen", "unused.weight"]]
+    for evidence, module in zip(f.evidence, f.module):
+        assert f"No gradient reaches the output of {module} either" in evidence
+        assert "the graph is cut after it (a .detach()" in evidence
+    assert ".detach()" in f.hint[0]
