@@ -502,7 +502,8 @@ class Diagnoser:
             # died at step 1 before the weights it stills, whose unchanged values tell from step 2 without update rows;
             # ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
             order = {name: i for i, name in enumerate(FINDINGS)}
-            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], e["start"], order[e["finding"]]))
+            items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
+                                      order[e["finding"]]))
             frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
             self._cache = (self._version, frame)
             return frame.copy()
@@ -957,11 +958,38 @@ class Diagnoser:
         for j in np.flatnonzero(index >= t.saturation_index):
             i = int(idx[j])
             name = "tanh-like, in [-1, 1]" if tanh[j] else "sigmoid-like, in [0, 1]"
+            module, call, kind, tensor, _shape = layout.keys[i]
+            key = ("saturated", kind, module, call, tensor)
+            # a layer that saturated only once the loss had fallen to a tenth of where it started: it grew confident
+            # as the model fit its data (tanh and sigmoid nets trained to a low loss do), not a net that cannot learn
+            before = self._open.get(key)
+            fitted = before["fitted"] if before is not None and "fitted" in before else self._loss_fell()
+            after = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its "
+                     f"last {t.diverge_window} values): a layer saturated as the model fit its data, as tanh and sigmoid "
+                     f"nets trained to a low loss do; harmless while the loss stays low (its units have little gradient "
+                     f"left to learn anything new)." if fitted else "")
             self._hold(step, "saturated", layout, i,
                        f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
                        f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
                        f"{index[j]:.0%} of the largest variance an output with this mean can have, which it has "
-                       f"when every output sits at a bound.", worst=float(index[j]), need=t.persist)
+                       f"when every output sits at a bound.{after}", worst=float(index[j]), need=t.persist)
+            e = self._open[key]
+            e["fitted"] = fitted
+            if fitted:
+                e["severity"] = "info"
+
+    def _loss_fell(self) -> tuple[str, float, float] | None:
+        """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is at most a tenth
+        of where it started (its first value, or its chance level where known and higher), or None."""
+        for name, state in self._metrics.items():
+            tail = state["tail"]
+            if "start" not in state or len(tail) < tail.maxlen:
+                continue
+            top = max(state["start"], self._chance.get(name.lower(), -math.inf))
+            now = _median(list(tail))
+            if top > 0 and now <= top / 10:
+                return name, top, now
+        return None
 
     def _dead_share(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
         """``dead_units`` at activation row ``i`` (never negative, fewer zeros than ``dead_zero_frac``) where at least

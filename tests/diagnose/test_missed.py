@@ -404,3 +404,17 @@ def test_a_loss_thrown_up_many_orders_says_its_factors_as_a_person_reads_them():
     assert f"{now / first:.3g}x its first median ({first:.4g})" in diverging and "% of the way" not in diverging
     spike = f[f.finding == "loss_spike"].evidence.iloc[0]
     assert re.search(r"\d\.\de\+\d\dx its level", spike) and not re.search(r"\d{5,}", spike.split(":", 1)[1])
+
+
+def test_a_tanh_layer_saturated_once_the_loss_fell_to_a_tenth_is_information_and_one_saturated_from_the_start_not():
+    # a 3-deep tanh MLP fits the half-planes to a loss of ~0.02 and its last hidden layer grows confident: saturated
+    # from step 26, a warning with a hint to initialize smaller before 2026-11-29
+    f = train(mlp("tanh", depth=3), steps=60).diagnose()
+    assert f[["site", "finding", "severity"]].values.tolist() == [["layers.5", "saturated", "info"]]
+    assert re.search(r"It began once loss had fallen from 0\.6\d+ to 0\.0\d+ \(the median of its last 5 values\): a "
+                     r"layer saturated as the model fit its data", f.evidence[0])
+    # weights 10x the usual: saturated from step 1, before the loss fell: a warning, as before
+    f = train(mlp("tanh", depth=3, weight_scale=10.0), steps=12).diagnose()
+    saturated = f[f.finding == "saturated"]
+    assert len(saturated) and set(saturated.severity) == {"warning"} and set(saturated.step) == {1}
+    assert not saturated.evidence.str.contains("It began once").any()
