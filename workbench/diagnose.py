@@ -1389,11 +1389,16 @@ class Diagnoser:
             held = ("loss_at_chance", name) in self._open  # (the noise of one median: that of two over sqrt 2)
             margin = max(t.plateau_drop * abs(chance), 3 * noise / math.sqrt(2) if held else 0.0)
             if now > chance - margin:
+                # (far above chance is worse than blind: outputs confidently wrong, not a model that learned nothing)
+                worse = (" That far above it, it is worse than a model blind to its inputs: its outputs are "
+                         "confidently wrong, too large (logits, predictions: weights, or activations grown layer by "
+                         "layer, too large from the init or by the learning rate; see the scale of the outputs)."
+                         if chance > 0 and now >= 2 * chance else "")
                 self._hold(step, "loss_at_chance", None, None,
                            f"{name}: median {now:.4g} over its last {PLATEAU_WINDOW} values after {count} steps, "
                            f"{_change(now, chance)} its chance level {chance:.4g} (from {start:.4g} over its first "
                            f"{PLATEAU_WINDOW}); threshold: {t.plateau_drop:.0%} below it after {t.plateau_steps} "
-                           f"steps (and, to end, 3x the noise of the median if larger).", site=name, key=name,
+                           f"steps (and, to end, 3x the noise of the median if larger).{worse}", site=name, key=name,
                            need=t.persist)
                 return
         held = ("loss_plateau", ("plateau", name)) in self._open
@@ -1428,11 +1433,14 @@ def _times(ratio: float) -> str:
 
 
 def _change(now: float, start: float) -> str:
-    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``."""
+    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``; ``49.7x`` at twice a
+    positive ``start`` or more (not ``4873.0% above``)."""
     if now == start:
         return "the same as"
     if start == 0:
         return "above" if now > start else "below"
+    if start > 0 and now >= 2 * start:
+        return _times(now / start)
     return f"{abs(now - start) / abs(start):.1%} {'above' if now > start else 'below'}"
 
 

@@ -418,3 +418,18 @@ def test_a_tanh_layer_saturated_once_the_loss_fell_to_a_tenth_is_information_and
     saturated = f[f.finding == "saturated"]
     assert len(saturated) and set(saturated.severity) == {"warning"} and set(saturated.step) == {1}
     assert not saturated.evidence.str.contains("It began once").any()
+
+
+def test_a_loss_far_above_its_chance_level_says_the_outputs_are_confidently_wrong_as_a_factor():
+    # a linear stack whose outputs grew 300x through 12 calls of one layer: cross-entropy ~35 against log 2 read
+    # "4873.0% above its chance level" and named only targets apart from the inputs
+    loss = 35.0 + np.sin(np.arange(60))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 61), "loss": loss}), chance=math.log(2))
+    assert f.finding.tolist() == ["loss_at_chance"]
+    assert re.search(r"median 3\d\.\d+ over its last 20 values after 60 steps, 5\d\.\dx its chance level 0\.6931 "
+                     r"\(from 3\d\.\d+ over its first 20\)", f.evidence[0])
+    assert "worse than a model blind to its inputs: its outputs are confidently wrong, too large" in f.evidence[0]
+    # just above chance: said as before
+    near = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 61), "loss": 0.70 + 0.001 * np.sin(np.arange(60))}),
+                    chance=math.log(2))
+    assert "% above its chance level" in near.evidence[0] and "confidently wrong" not in near.evidence[0]
