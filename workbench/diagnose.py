@@ -327,6 +327,8 @@ class _Layout:
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
     feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
     feed_weight: np.ndarray  # per activation row with a feed_bias: the param_grad row of that layer's weight, or -1
+    #: per activation row: the activation row just before it in forward order, of the same shape, or -1
+    previous: np.ndarray
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
@@ -609,12 +611,17 @@ class Diagnoser:
                     _parse_shape(keys[b][4]) == (int(units[i]),):
                 feed_bias[i] = b
                 feed_weight[i] = param_grads.get((module, "weight"), -1)
+        previous = np.full(n, -1, np.int64)
+        for (_, i), (_, after) in zip(acts[:-1], acts[1:]):
+            if keys[i][4] == keys[after][4]:
+                previous[after] = i
         out_grad: dict[str, int] = {}
         for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
             if knd == "grad_output" and call == 0:
                 out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, out_grad)
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, previous,
+                       out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -904,6 +911,12 @@ class Diagnoser:
             counted = round(float(stats["zero_frac"][b]) * u) if b >= 0 else None  # (exact: the bias's zeros)
             if counted == 0:
                 continue  # (every unit outputs something for some input: a sparse layer, not a dead one)
+            before = int(layout.previous[i])
+            if counted is None and before >= 0 and layout.feed_bias[before] >= 0 and lo[before] >= 0:
+                # (the site before it, of its shape and never negative, has its units counted (dead_units there, if
+                # any): the zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for
+                # good: a ReLU at ~52% zeros and a dropout of 0.6 after it read 81%)
+                continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")

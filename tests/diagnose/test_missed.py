@@ -433,3 +433,24 @@ def test_a_loss_far_above_its_chance_level_says_the_outputs_are_confidently_wron
     near = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 61), "loss": 0.70 + 0.001 * np.sin(np.arange(60))}),
                     chance=math.log(2))
     assert "% above its chance level" in near.evidence[0] and "confidently wrong" not in near.evidence[0]
+
+
+def relu_dropout_mlp(p: float) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(64, 2))
+
+
+def test_a_dropout_after_a_live_relu_is_no_dead_units_and_after_a_dead_one_the_relu_alone_is():
+    # a ReLU at ~52% zeros and a dropout of 0.6 after it read ~81% zeros: a dead_units warning before 2026-11-29,
+    # though every unit fires for some inputs (the bias before the ReLU counts none dead)
+    w = train(relu_dropout_mlp(0.6), steps=5)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "2") & (rows.kind == "activation")].zero_frac.min() > 0.8
+    assert "dead_units" not in set(w.diagnose().finding)
+    # the ReLU dead: found there, once (not again at the dropout after it)
+    model = relu_dropout_mlp(0.6)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    f = train(model, steps=5).diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+
