@@ -294,9 +294,9 @@ def zero_last_layer_mlp() -> nn.Sequential:
 def test_a_last_layer_initialized_at_0_whose_weights_grow_has_no_vanishing_gradients():
     # (the gradients behind it are exactly 0 at step 1 and scaled by its small weights until they grew: its init's
     # doing, not a vanishing; until 2026-11-29 a vanishing_gradients finding over steps 1-12)
-    f = fit(zero_last_layer_mlp(), steps=40).diagnose()
+    f = fit(zero_last_layer_mlp(), steps=20).diagnose()
     assert f.empty, f[["site", "finding", "step"]].values.tolist()
-    assert fit(zero_last_layer_mlp(), steps=40, updates=True).diagnose().empty
+    assert fit(zero_last_layer_mlp(), steps=20, updates=True).diagnose().empty
 
 
 def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and_one_frozen_at_0_vanishes():
