@@ -54,9 +54,9 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                  "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
                                  "rate, clip gradients."),
     "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch and get no "
-                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate that "
-                              "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
-                              "learning rate, or re-initialize the layer before it."),
+                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate "
+                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a "
+                              "smaller learning rate, or re-initialize the layer before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
                                    "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
                                    "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
@@ -569,6 +569,7 @@ class Diagnoser:
             self._calls[key] = max(self._calls.get(key, 0), count)
         alias = np.zeros(n, bool)
         seen: dict[tuple, list[int]] = {}
+        last_of: dict[str, int] = {}  # kind -> its row recorded last
         for i, (module, call, knd, tensor, shape) in enumerate(keys):
             if knd not in ("activation", "grad_output"):
                 continue
@@ -578,9 +579,13 @@ class Diagnoser:
             else:  # (a stored run) the same kind, shape and statistics in a container of an earlier site
                 fingerprint = (knd, str(shape), *(float(stats[c][i]) for c in ("mean", "std", "min", "max", "norm")))
                 telling = stats["zero_frac"][i] < 1 and stats["numel"][i] > 1
-                alias[i] = telling and any(module == "" or keys[j][0].startswith(module + ".")
-                                           for j in seen.get(fingerprint, []))
+                # (an output all 0 tells little by its statistics: a container's only where its row follows the
+                # earlier site's, the container returning what its last child just did, as a live run's tensors say)
+                alias[i] = any((telling or j == last_of.get(knd))
+                               and (module == "" or keys[j][0].startswith(module + "."))
+                               for j in seen.get(fingerprint, []))
             seen.setdefault(fingerprint, []).append(i)
+            last_of[knd] = i
         for module, call, knd, tensor, _shape in keys:
             if knd == "activation":
                 self._order.setdefault((module, call, tensor), len(self._order))
@@ -977,10 +982,10 @@ class Diagnoser:
             # as the model fit its data (tanh and sigmoid nets trained to a low loss do), not a net that cannot learn
             before = self._open.get(key)
             fitted = before["fitted"] if before is not None and "fitted" in before else self._loss_fell()
-            after = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its "
-                     f"last {t.diverge_window} values): a layer saturated as the model fit its data, as tanh and sigmoid "
-                     f"nets trained to a low loss do; harmless while the loss stays low (its units have little gradient "
-                     f"left to learn anything new)." if fitted else "")
+            after = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of "
+                     f"its last {t.diverge_window} values): a layer saturated as the model fit its data, as tanh and "
+                     f"sigmoid nets trained to a low loss do; harmless while the loss stays low (its units have little "
+                     f"gradient left to learn anything new)." if fitted else "")
             self._hold(step, "saturated", layout, i,
                        f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
                        f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
@@ -1028,7 +1033,7 @@ class Diagnoser:
         w = int(layout.feed_weight[i])
         if w >= 0 and float(stats["zero_frac"][w]) >= 1.0:
             # the layer that feeds it has a weight gradient all 0: its input is all 0 (the layer before is dead, and
-            # found there), and each unit outputs its bias, 0 where that is not positive: not this layer's own dead units
+            # found there), and each unit outputs its bias, 0 where that is not positive: not its own dead units
             return
         along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
         self._hold(step, "dead_units", layout, i,

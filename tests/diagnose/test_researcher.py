@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from workbench.diagnose import Diagnoser
 
 
 def data(n: int = 128, d: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,3 +349,26 @@ def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output(
         assert f"No gradient reaches the output of {module} either" in evidence
         assert "the graph is cut after it (a .detach()" in evidence
     assert ".detach()" in f.hint[0]
+
+
+def test_an_output_all_0_is_found_at_the_layer_alone_not_again_at_the_model_that_returns_it_in_a_stored_run():
+    # (a live run's tensors say the model's output is its last layer's; a stored run's rows said so only of an output
+    # not all 0, and listed the model's again: '(model)' dead_units beside '6')
+    model = zero_last_layer_mlp()
+    model[6].requires_grad_(False)
+    live = Diagnoser()
+    x, y = data()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    with workbench.watch(model) as w:
+        live.attach(w)
+        for _ in range(4):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+        live.flush()
+    stored = w.diagnose()
+    assert stored[stored.finding == "dead_units"].site.tolist() == ["6"]
+    pd.testing.assert_frame_equal(live.findings(), stored)
+    live.detach()
