@@ -973,19 +973,27 @@ class Diagnoser:
         # value sits at 0 or 1: the fraction of that maximum it has tells how stuck at the bounds it is
         with np.errstate(divide="ignore", invalid="ignore"):
             index = np.where(mu * (1 - mu) > 0, var / (mu * (1 - mu)), 0.0)
+        last_order = int(layout.order[act].max())
         for j in np.flatnonzero(index >= t.saturation_index):
             i = int(idx[j])
             name = "tanh-like, in [-1, 1]" if tanh[j] else "sigmoid-like, in [0, 1]"
             module, call, kind, tensor, _shape = layout.keys[i]
             key = ("saturated", kind, module, call, tensor)
             # a layer that saturated only once the loss had fallen to a tenth of where it started: it grew confident
-            # as the model fit its data (tanh and sigmoid nets trained to a low loss do), not a net that cannot learn
+            # as the model fit its data (tanh and sigmoid nets trained to a low loss do), not a net that cannot learn;
+            # the model's output (the last site in forward order: a sigmoid's probabilities) once the loss halved: its
+            # predictions grew confident, which is what the loss asks of them
+            output = layout.order[i] == last_order
             before = self._open.get(key)
-            fitted = before["fitted"] if before is not None and "fitted" in before else self._loss_fell()
+            fitted = before["fitted"] if before is not None and "fitted" in before else \
+                self._loss_fell(2.0 if output else 10.0)
+            what = ("the model's output (the last site in forward order): its predictions grew confident as the model "
+                    "fit its data, as the loss asks of them" if output else
+                    "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
+            cost = "" if output else " (its units have little gradient left to learn anything new)"
             after = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of "
-                     f"its last {t.diverge_window} values): a layer saturated as the model fit its data, as tanh and "
-                     f"sigmoid nets trained to a low loss do; harmless while the loss stays low (its units have little "
-                     f"gradient left to learn anything new)." if fitted else "")
+                     f"its last {t.diverge_window} values): {what}; harmless while the loss stays low{cost}."
+                     if fitted else "")
             self._hold(step, "saturated", layout, i,
                        f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
                        f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
@@ -996,16 +1004,16 @@ class Diagnoser:
             if fitted:
                 e["severity"] = "info"
 
-    def _loss_fell(self) -> tuple[str, float, float] | None:
-        """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is at most a tenth
-        of where it started (its first value, or its chance level where known and higher), or None."""
+    def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
+        """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is ``factor``
+        times below where it started (its first value, or its chance level where known and higher), or None."""
         for name, state in self._metrics.items():
             tail = state["tail"]
             if "start" not in state or len(tail) < tail.maxlen:
                 continue
             top = max(state["start"], self._chance.get(name.lower(), -math.inf))
             now = _median(list(tail))
-            if top > 0 and now <= top / 10:
+            if top > 0 and now <= top / factor:
                 return name, top, now
         return None
 

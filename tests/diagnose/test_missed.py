@@ -454,3 +454,23 @@ def test_a_dropout_after_a_live_relu_is_no_dead_units_and_after_a_dead_one_the_r
     f = train(model, steps=5).diagnose()
     assert f[f.finding == "dead_units"].site.tolist() == ["1"]
 
+
+
+def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_predictions_as_information():
+    # a binary classifier's sigmoid probabilities at 0 and 1 once it fits (BCE from 0.69 to ~0.1): a warning to
+    # initialize smaller before 2026-11-29, though confident predictions are what the loss asks for
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1), torch.nn.Sigmoid())
+    x = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            loss = F.binary_cross_entropy(model(x)[:, 0], y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert f[["site", "finding", "severity"]].values.tolist() == [["3", "saturated", "info"]]
+    assert "the model's output (the last site in forward order): its predictions grew confident" in f.evidence[0]
