@@ -984,24 +984,16 @@ class Diagnoser:
             # the model's output (the last site in forward order: a sigmoid's probabilities) once the loss halved: its
             # predictions grew confident, which is what the loss asks of them
             output = layout.order[i] == last_order
-            before = self._open.get(key)
-            fitted = before["fitted"] if before is not None and "fitted" in before else \
-                self._loss_fell(2.0 if output else 10.0)
-            what = ("the model's output (the last site in forward order): its predictions grew confident as the model "
-                    "fit its data, as the loss asks of them" if output else
-                    "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
-            cost = "" if output else " (its units have little gradient left to learn anything new)"
-            after = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of "
-                     f"its last {t.diverge_window} values): {what}; harmless while the loss stays low{cost}."
-                     if fitted else "")
-            self._hold(step, "saturated", layout, i,
-                       f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
-                       f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
-                       f"{index[j]:.0%} of the largest variance an output with this mean can have, which it has "
-                       f"when every output sits at a bound.{after}", worst=float(index[j]), need=t.persist)
+            text = (f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its outputs "
+                    f"({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have {index[j]:.0%} of the largest "
+                    f"variance an output with this mean can have, which it has when every output sits at a bound.")
+            self._hold(step, "saturated", layout, i, lambda e, text=text, output=output: text + _fitted(e, output),
+                       worst=float(index[j]), need=t.persist)
             e = self._open[key]
-            e["fitted"] = fitted
-            if fitted:
+            if "fitted" not in e:  # (decided when the episode began: one taken up again keeps it)
+                e["fitted"] = self._loss_fell(2.0 if output else 10.0)
+                e["window"] = t.diverge_window
+            if e["fitted"]:
                 e["severity"] = "info"
 
     def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
@@ -1451,6 +1443,19 @@ def _medians_noise(values: list[float]) -> float:
     sqrt(n), of a difference of two sqrt(2) times that."""
     sigma = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])]) / math.sqrt(2)
     return math.sqrt(2) * 1.2533 * sigma / math.sqrt(len(values))
+
+
+def _fitted(e: dict, output: bool) -> str:
+    """The end of a ``saturated`` episode's evidence where it began once the loss had fallen (``e["fitted"]``)."""
+    fitted = e.get("fitted")
+    if not fitted:
+        return ""
+    what = ("the model's output (the last site in forward order): its predictions grew confident as the model fit "
+            "its data, as the loss asks of them" if output else
+            "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
+    cost = "" if output else " (its units have little gradient left to learn anything new)"
+    return (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
+            f"{e['window']} values): {what}; harmless while the loss stays low{cost}.")
 
 
 def _times(ratio: float) -> str:

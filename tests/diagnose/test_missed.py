@@ -474,3 +474,22 @@ def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_prediction
     f = w.diagnose()
     assert f[["site", "finding", "severity"]].values.tolist() == [["3", "saturated", "info"]]
     assert "the model's output (the last site in forward order): its predictions grew confident" in f.evidence[0]
+
+
+def test_a_saturation_from_the_start_taken_up_again_after_the_loss_fell_stays_a_warning():
+    # (whether it began after the loss fell is decided when the episode began: one that lets go for 3 steps, which ends
+    # it, and comes back 4 steps after, within 2% of the run so far, is the same finding, with the severity it began
+    # with)
+    def site(step, saturated):
+        return row(step, "act", "activation", shape="(64, 32)", numel=2048, mean=0.0, std=0.99 if saturated else 0.3,
+                   min=-1.0, max=1.0)
+    steps = range(1, 211)
+    rows = pd.DataFrame([site(s, not 200 < s < 204) for s in steps])
+    metrics = pd.DataFrame({"step": steps, "loss": np.geomspace(1.0, 0.001, 210)})
+    f = diagnose(rows, metrics)
+    assert f[["finding", "severity", "step", "last_step"]].values.tolist() == [["saturated", "warning", 1, 210]]
+    assert "It began once" not in f.evidence[0]
+    # from step 100 on only: after the loss fell some 25-fold, information
+    rows = pd.DataFrame([site(s, s >= 100) for s in steps])
+    f = diagnose(rows, metrics)
+    assert f[["finding", "severity", "step"]].values.tolist() == [["saturated", "info", 100]]
