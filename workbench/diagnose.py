@@ -329,6 +329,7 @@ class _Layout:
     feed_weight: np.ndarray  # per activation row with a feed_bias: the param_grad row of that layer's weight, or -1
     #: per activation row: the activation row just before it in forward order, of the same shape, or -1
     previous: np.ndarray
+    own_params: dict[str, list[int]]  # module -> its param rows (its own parameters' values)
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
@@ -620,13 +621,17 @@ class Diagnoser:
         for (_, i), (_, after) in zip(acts[:-1], acts[1:]):
             if keys[i][4] == keys[after][4]:
                 previous[after] = i
+        own_params: dict[str, list[int]] = {}
+        for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
+            if knd == "param":
+                own_params.setdefault(module, []).append(i)
         out_grad: dict[str, int] = {}
         for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
             if knd == "grad_output" and call == 0:
                 out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
                        np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, previous,
-                       out_grad)
+                       own_params, out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -905,6 +910,13 @@ class Diagnoser:
         finite = np.isfinite(mean) & np.isfinite(std)
         # dead units: outputs never negative, nearly all exactly 0
         dead = act & finite & (lo >= 0) & (zero >= t.dead_zero_frac) & (stats["numel"] > 1)
+        # an output all 0 of a layer whose own parameters are all 0 (weights and bias: a layer initialized at 0 that
+        # does not move) is no dead units, which need not all be zero: it is the same value whatever the input
+        zero_layer = np.zeros(len(zero), bool)
+        for i in np.flatnonzero(act & (zero >= 1.0)):
+            rows = layout.own_params.get(layout.keys[i][0], [])
+            zero_layer[i] = bool(rows) and all(float(stats["norm"][r]) == 0 for r in rows)
+        dead &= ~zero_layer
         for i in np.flatnonzero(dead):
             z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
             bound = 1.0 - m * (1.0 - z) if m else 0.0
@@ -945,7 +957,7 @@ class Diagnoser:
             self._dead_share(step, layout, stats, int(i))
         # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
         # pinned exactly at a bound has no variance left for the saturation index to read
-        constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
+        constant = act & finite & (lo == hi) & ((hi != 0) | zero_layer) & (stats["numel"] > 1)
         for i in np.flatnonzero(constant):
             if layout.out_grad and layout.keys[i][0] not in layout.out_grad:
                 # the step records output gradients, and none of this site: an output no gradient can flow through
@@ -955,6 +967,11 @@ class Diagnoser:
             bound = (f"; {value:g} is a bound of a sigmoid or tanh (and what a softmax over a dimension of size 1 "
                      f"gives), where their derivative is 0: if it is one, no gradient passes it") \
                 if value in (1.0, -1.0) else ""
+            if zero_layer[i]:
+                names = ", ".join(layout.names[r] for r in layout.own_params[layout.keys[i][0]])
+                bound = (f"; its parameters are all 0 ({names}): it outputs 0 whatever its input, and passes no "
+                         f"gradient back to the layers before it (a layer initialized at 0 that does not move: "
+                         f"requires_grad=False, or not in the optimizer)")
             self._hold(step, "constant_output", layout, int(i),
                        f"all {int(stats['numel'][i])} of its outputs are {value:.6g} at step {step} (min = max): it "
                        f"gives the same output for every input{bound}.", need=t.persist)

@@ -351,9 +351,10 @@ def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output(
     assert ".detach()" in f.hint[0]
 
 
-def test_an_output_all_0_is_found_at_the_layer_alone_not_again_at_the_model_that_returns_it_in_a_stored_run():
+def test_a_layer_frozen_at_0_is_a_constant_output_found_at_the_layer_alone_not_again_at_the_model_in_a_stored_run():
     # (a live run's tensors say the model's output is its last layer's; a stored run's rows said so only of an output
-    # not all 0, and listed the model's again: '(model)' dead_units beside '6')
+    # not all 0, and listed the model's again: '(model)' dead_units beside '6'; and an output all 0 read as dead
+    # units, a ReLU's, though the layer's parameters are all 0)
     model = zero_last_layer_mlp()
     model[6].requires_grad_(False)
     live = Diagnoser()
@@ -369,6 +370,12 @@ def test_an_output_all_0_is_found_at_the_layer_alone_not_again_at_the_model_that
             w.step(loss=loss.item())
         live.flush()
     stored = w.diagnose()
-    assert stored[stored.finding == "dead_units"].site.tolist() == ["6"]
+    assert stored[stored.finding == "constant_output"].site.tolist() == ["6"]
     pd.testing.assert_frame_equal(live.findings(), stored)
     live.detach()
+    # (and it is no dead_units, a ReLU's: a layer whose parameters are all 0 outputs 0 whatever its input)
+    assert "dead_units" not in set(stored.finding)
+    evidence = stored[stored.finding == "constant_output"].evidence.item()
+    assert "all 256 of its outputs are 0 at step 4 (min = max)" in evidence
+    assert "its parameters are all 0 (6.weight, 6.bias): it outputs 0 whatever its input, and passes no gradient " \
+        "back to the layers before it" in evidence
