@@ -53,10 +53,10 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                  "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
                                  "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
                                  "rate, clip gradients."),
-    "dead_units": ("warning", "Most units of this activation output 0 for the whole batch and get no gradient, "
-                              "so they stop learning. Usual causes: a large negative bias, a learning rate that "
-                              "pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a smaller "
-                              "learning rate, or re-initialize the layer before it."),
+    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch and get no "
+                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate "
+                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a "
+                              "smaller learning rate, or re-initialize the layer before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
                                    "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
                                    "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
@@ -72,7 +72,8 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
                                        "normalization layers or skip connections. A last layer initialized at 0 "
-                                       "does this for its first steps, until its weights grew: harmless if it ends."),
+                                       "does this for its first steps, until its weights grew: not a finding while "
+                                       "they are seen to grow (its parameters recorded), harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
                                        "the steps. Usual causes: too large initial weights or learning rate. Clip "
                                        "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
@@ -92,8 +93,9 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                "float32, or a gradient clipped to a tiny max_norm before the step (or w.step() is "
                                "called per micro-batch of a gradient accumulation: call it once per optimizer step)."),
     "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
-                       "False, or it takes no part in the loss. Frozen on purpose (a pretrained backbone): as "
-                       "intended. If not: set requires_grad=True, and check the forward uses it."),
+                       "False, or it takes no part in the loss (its output unused by the loss, or cut off from it by "
+                       "a .detach() or torch.no_grad()). Frozen on purpose (a pretrained backbone): as intended. If "
+                       "not: set requires_grad=True, check the loss uses its output, and remove the .detach()."),
     "loss_spike": ("warning", "The loss jumped far above its recent level at this step. Usual causes: an "
                               "outlier batch, a learning rate too high for this region, numerical trouble. "
                               "Check the batch; try gradient clipping or a lower learning rate."),
@@ -130,6 +132,12 @@ class Thresholds:
             before it, where its gradient is recorded, says none is (no entry of that gradient exactly
             0: every unit fires for some input, a sparse layer). Healthy ReLU layers of the built-in
             experiments read up to ~0.72; a layer with 75% of its units dead ~0.87.
+        dead_unit_share: an activation site whose outputs are never negative also has dead units, below
+            ``dead_zero_frac``, where at least this fraction of its units output 0 for every input of the
+            batch: counted exactly where the bias of the layer before it records its gradient (an entry
+            exactly 0 per such unit), and where its zeros can hold them (a unit dead for the batch is all
+            zeros). Healthy deep narrow ReLU nets have some truly dead from their init: the 4-deep ReLU
+            MLP of the built-in experiments up to 15 of 32 (0.47).
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
             negatives (tanh-like), rarely exactly 0, is ``saturated`` when its variance is at least
             this fraction of the largest one an output with its mean can have (``mu (1 - mu)`` on
@@ -183,6 +191,7 @@ class Thresholds:
 
     persist: int = 3
     dead_zero_frac: float = 0.8
+    dead_unit_share: float = 0.5
     saturation_index: float = 0.75
     gradient_orders: float = 3.0
     gradient_growth_orders: float = 3.0
@@ -222,7 +231,7 @@ class Thresholds:
         need("plateau_steps", whole("plateau_steps", 2 * PLATEAU_WINDOW),
              f"a whole number >= {2 * PLATEAU_WINDOW} (its first and its last {PLATEAU_WINDOW} values)")
         need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
-        for name in ("dead_zero_frac", "saturation_index"):
+        for name in ("dead_zero_frac", "dead_unit_share", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
         for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
@@ -317,6 +326,10 @@ class _Layout:
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
     param_grads: bool  # the step recorded parameter gradients (of some parameter)
     feed_bias: np.ndarray  # per activation row: the param_grad row of the bias that feeds its units, or -1
+    feed_weight: np.ndarray  # per activation row with a feed_bias: the param_grad row of that layer's weight, or -1
+    #: per activation row: the activation row just before it in forward order, of the same shape, or -1
+    previous: np.ndarray
+    own_params: dict[str, list[int]]  # module -> its param rows (its own parameters' values)
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
 
 
@@ -372,6 +385,9 @@ class Diagnoser:
         self._row_step: int | None = None  # the last step that recorded rows
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
+        # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
+        # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
+        self._zero_start: dict | None = None
         self._prev_params: dict[tuple, tuple] = {}  # layout keys -> (step, norms, means, stats) of its params
         self._loss_names: dict[str, bool] = {}
         self._from_zero: dict[tuple, bool] = {}  # param key -> it started at 0 and still grows from there
@@ -489,7 +505,8 @@ class Diagnoser:
             # died at step 1 before the weights it stills, whose unchanged values tell from step 2 without update rows;
             # ties: the order of FINDINGS, the cause before its effects: a NaN's origin before a NaN loss)
             order = {name: i for i, name in enumerate(FINDINGS)}
-            items.sort(key=lambda e: (-_RANK[FINDINGS[e["finding"]][0]], -e["last"], e["start"], order[e["finding"]]))
+            items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
+                                      order[e["finding"]]))
             frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
             self._cache = (self._version, frame)
             return frame.copy()
@@ -553,6 +570,7 @@ class Diagnoser:
             self._calls[key] = max(self._calls.get(key, 0), count)
         alias = np.zeros(n, bool)
         seen: dict[tuple, list[int]] = {}
+        last_of: dict[str, int] = {}  # kind -> its row recorded last
         for i, (module, call, knd, tensor, shape) in enumerate(keys):
             if knd not in ("activation", "grad_output"):
                 continue
@@ -562,9 +580,13 @@ class Diagnoser:
             else:  # (a stored run) the same kind, shape and statistics in a container of an earlier site
                 fingerprint = (knd, str(shape), *(float(stats[c][i]) for c in ("mean", "std", "min", "max", "norm")))
                 telling = stats["zero_frac"][i] < 1 and stats["numel"][i] > 1
-                alias[i] = telling and any(module == "" or keys[j][0].startswith(module + ".")
-                                           for j in seen.get(fingerprint, []))
+                # (an output all 0 tells little by its statistics: a container's only where its row follows the
+                # earlier site's, the container returning what its last child just did, as a live run's tensors say)
+                alias[i] = any((telling or j == last_of.get(knd))
+                               and (module == "" or keys[j][0].startswith(module + "."))
+                               for j in seen.get(fingerprint, []))
             seen.setdefault(fingerprint, []).append(i)
+            last_of[knd] = i
         for module, call, knd, tensor, _shape in keys:
             if knd == "activation":
                 self._order.setdefault((module, call, tensor), len(self._order))
@@ -586,6 +608,7 @@ class Diagnoser:
         # a unit that outputs 0 for the whole batch passes no gradient back, so its entry of the bias's gradient
         # is exactly 0; their zeros count the dead units
         feed_bias = np.full(n, -1, np.int64)
+        feed_weight = np.full(n, -1, np.int64)
         acts = sorted((int(order[i]), i) for i in np.flatnonzero((kind == "activation") & ~alias & (order >= 0)))
         for (_, before), (_, i) in zip(acts[:-1], acts[1:]):
             module = keys[before][0]
@@ -593,12 +616,22 @@ class Diagnoser:
             if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
                     _parse_shape(keys[b][4]) == (int(units[i]),):
                 feed_bias[i] = b
+                feed_weight[i] = param_grads.get((module, "weight"), -1)
+        previous = np.full(n, -1, np.int64)
+        for (_, i), (_, after) in zip(acts[:-1], acts[1:]):
+            if keys[i][4] == keys[after][4]:
+                previous[after] = i
+        own_params: dict[str, list[int]] = {}
+        for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
+            if knd == "param":
+                own_params.setdefault(module, []).append(i)
         out_grad: dict[str, int] = {}
         for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
             if knd == "grad_output" and call == 0:
                 out_grad.setdefault(module, i)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, out_grad)
+                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, previous,
+                       own_params, out_grad)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -652,6 +685,10 @@ class Diagnoser:
                 finite = np.isfinite(mean[:, act]) & np.isfinite(std[:, act])
                 a_lo, a_hi, a_zero = lo[:, act], hi[:, act], zero[:, act]
                 look |= (finite & (a_lo >= 0) & (a_zero >= t.dead_zero_frac)).any(1)
+                fed = act & (layout.feed_bias >= 0)
+                if fed.any():  # (a share of the units dead, counted by the bias gradient that feeds them)
+                    bias_zero = zero[:, layout.feed_bias[fed]]
+                    look |= ((lo[:, fed] >= 0) & (bias_zero >= t.dead_unit_share)).any(1)
                 look |= (finite & (a_lo == a_hi) & (a_hi != 0) & (numel[:, act] > 1)).any(1)
                 bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
                 if bounded.any():
@@ -873,6 +910,13 @@ class Diagnoser:
         finite = np.isfinite(mean) & np.isfinite(std)
         # dead units: outputs never negative, nearly all exactly 0
         dead = act & finite & (lo >= 0) & (zero >= t.dead_zero_frac) & (stats["numel"] > 1)
+        # an output all 0 of a layer whose own parameters are all 0 (weights and bias: a layer initialized at 0 that
+        # does not move) is no dead units, which need not all be zero: it is the same value whatever the input
+        zero_layer = np.zeros(len(zero), bool)
+        for i in np.flatnonzero(act & (zero >= 1.0)):
+            rows = layout.own_params.get(layout.keys[i][0], [])
+            zero_layer[i] = bool(rows) and all(float(stats["norm"][r]) == 0 for r in rows)
+        dead &= ~zero_layer
         for i in np.flatnonzero(dead):
             z, m, u = float(zero[i]), int(layout.per_unit[i]), int(layout.units[i])
             bound = 1.0 - m * (1.0 - z) if m else 0.0
@@ -884,6 +928,12 @@ class Diagnoser:
             counted = round(float(stats["zero_frac"][b]) * u) if b >= 0 else None  # (exact: the bias's zeros)
             if counted == 0:
                 continue  # (every unit outputs something for some input: a sparse layer, not a dead one)
+            before = int(layout.previous[i])
+            if counted is None and before >= 0 and layout.feed_bias[before] >= 0 and lo[before] >= 0:
+                # (the site before it, of its shape and never negative, has its units counted (dead_units there, if
+                # any): the zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for
+                # good: a ReLU at ~52% zeros and a dropout of 0.6 after it read 81%)
+                continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
@@ -900,9 +950,14 @@ class Diagnoser:
             self._hold(step, "dead_units", layout, int(i),
                        f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
                        f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+        # a share of the units dead, below dead_zero_frac: counted by the bias gradient that feeds them
+        partial = act & finite & (lo >= 0) & (zero < t.dead_zero_frac) & (stats["numel"] > 1) & \
+            (layout.feed_bias >= 0)
+        for i in np.flatnonzero(partial):
+            self._dead_share(step, layout, stats, int(i))
         # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
         # pinned exactly at a bound has no variance left for the saturation index to read
-        constant = act & finite & (lo == hi) & (hi != 0) & (stats["numel"] > 1)
+        constant = act & finite & (lo == hi) & ((hi != 0) | zero_layer) & (stats["numel"] > 1)
         for i in np.flatnonzero(constant):
             if layout.out_grad and layout.keys[i][0] not in layout.out_grad:
                 # the step records output gradients, and none of this site: an output no gradient can flow through
@@ -912,6 +967,11 @@ class Diagnoser:
             bound = (f"; {value:g} is a bound of a sigmoid or tanh (and what a softmax over a dimension of size 1 "
                      f"gives), where their derivative is 0: if it is one, no gradient passes it") \
                 if value in (1.0, -1.0) else ""
+            if zero_layer[i]:
+                names = ", ".join(layout.names[r] for r in layout.own_params[layout.keys[i][0]])
+                bound = (f"; its parameters are all 0 ({names}): it outputs 0 whatever its input, and passes no "
+                         f"gradient back to the layers before it (a layer initialized at 0 that does not move: "
+                         f"requires_grad=False, or not in the optimizer)")
             self._hold(step, "constant_output", layout, int(i),
                        f"all {int(stats['numel'][i])} of its outputs are {value:.6g} at step {step} (min = max): it "
                        f"gives the same output for every input{bound}.", need=t.persist)
@@ -930,14 +990,76 @@ class Diagnoser:
         # value sits at 0 or 1: the fraction of that maximum it has tells how stuck at the bounds it is
         with np.errstate(divide="ignore", invalid="ignore"):
             index = np.where(mu * (1 - mu) > 0, var / (mu * (1 - mu)), 0.0)
+        last_order = int(layout.order[act].max())
         for j in np.flatnonzero(index >= t.saturation_index):
             i = int(idx[j])
             name = "tanh-like, in [-1, 1]" if tanh[j] else "sigmoid-like, in [0, 1]"
-            self._hold(step, "saturated", layout, i,
-                       f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its "
-                       f"outputs ({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have "
-                       f"{index[j]:.0%} of the largest variance an output with this mean can have, which it has "
-                       f"when every output sits at a bound.", worst=float(index[j]), need=t.persist)
+            module, call, kind, tensor, _shape = layout.keys[i]
+            key = ("saturated", kind, module, call, tensor)
+            # a layer that saturated only once the loss had fallen to a tenth of where it started: it grew confident
+            # as the model fit its data (tanh and sigmoid nets trained to a low loss do), not a net that cannot learn;
+            # the model's output (the last site in forward order: a sigmoid's probabilities) once the loss halved: its
+            # predictions grew confident, which is what the loss asks of them
+            output = layout.order[i] == last_order
+            text = (f"saturation index {index[j]:.2f} at step {step} (threshold {t.saturation_index:g}): its outputs "
+                    f"({name}; mean {float(mean[i]):.3g}, std {float(std[i]):.3g}) have {index[j]:.0%} of the largest "
+                    f"variance an output with this mean can have, which it has when every output sits at a bound.")
+            self._hold(step, "saturated", layout, i, lambda e, text=text, output=output: text + _fitted(e, output),
+                       worst=float(index[j]), need=t.persist)
+            e = self._open[key]
+            if "fitted" not in e:  # (decided when the episode began: one taken up again keeps it)
+                e["fitted"] = self._loss_fell(2.0 if output else 10.0)
+                e["window"] = t.diverge_window
+            if e["fitted"]:
+                e["severity"] = "info"
+
+    def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
+        """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is ``factor``
+        times below where it started (its first value, or its chance level where known and higher), or None."""
+        for name, state in self._metrics.items():
+            tail = state["tail"]
+            if "start" not in state or len(tail) < tail.maxlen:
+                continue
+            top = max(state["start"], self._chance.get(name.lower(), -math.inf))
+            now = _median(list(tail))
+            if top > 0 and now <= top / factor:
+                return name, top, now
+        return None
+
+    def _dead_share(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
+        """``dead_units`` at activation row ``i`` (never negative, fewer zeros than ``dead_zero_frac``) where at least
+        ``dead_unit_share`` of its units output 0 for every input of the batch. Counted from the gradient of the bias
+        that feeds them: its entry of a unit is the sum of the unit's output gradient where it fires, exactly 0 for a
+        unit that fires for no input; and for a live unit only where its output gradient is 0 at every input it fires
+        for, which the zeros of the site's output gradient (where recorded) bound. A per-input sparsity, each unit
+        firing for some inputs (half of them, a ReLU at init), leaves no entry 0."""
+        t = self.thresholds
+        u, per_unit, b = int(layout.units[i]), int(layout.per_unit[i]), int(layout.feed_bias[i])
+        if not u or not per_unit:
+            return
+        counted = round(float(stats["zero_frac"][b]) * u)
+        o = layout.out_grad.get(layout.keys[i][0])
+        # (a live unit with a 0 entry has its output gradient 0 at one input at least)
+        unsure = round(float(stats["zero_frac"][o]) * float(stats["numel"][o])) if o is not None else 0
+        counted -= unsure
+        z, numel = float(stats["zero_frac"][i]), float(stats["numel"][i])
+        # a unit dead for the batch is all zeros: a count its zeros cannot hold is not dead units (a gradient of 0 for
+        # another reason: a derivative 0 where the output is not, as a Threshold's)
+        if counted < t.dead_unit_share * u or z * numel < counted * per_unit - 0.5:
+            return
+        w = int(layout.feed_weight[i])
+        if w >= 0 and float(stats["zero_frac"][w]) >= 1.0:
+            # the layer that feeds it has a weight gradient all 0: its input is all 0 (the layer before is dead, and
+            # found there), and each unit outputs its bias, 0 where that is not positive: not its own dead units
+            return
+        along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
+        self._hold(step, "dead_units", layout, i,
+                   f"{'at least ' if unsure else ''}{counted} of its {u} units{along} ({counted / u:.0%}; threshold "
+                   f"{t.dead_unit_share:.0%}) output 0 for every input at step {step} (their entries of the gradient "
+                   f"of {layout.names[b]}, which feeds them, are exactly 0); the others fire for some inputs: "
+                   f"{z:.1%} of its outputs are exactly 0 in all (below dead_zero_frac {t.dead_zero_frac:.0%}); "
+                   f"max {float(stats['max'][i]):.3g}.",
+                   need=t.persist)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds
@@ -969,6 +1091,10 @@ class Diagnoser:
                            f"gets an RMS of {rms[none[-1] + 1]:.2g}, and {gets} (or code run between the two) passes "
                            f"none back (dead units, an output pinned at a bound, a factor of 0: weights all 0, as a "
                            f"layer initialized at 0 has at its first step).")
+        first = not self._grad_start  # (the first step whose gradients are judged)
+        grown_from_zero = self._grown_from_zero(layout, stats, idx, ok, first, no_gradient is not None)
+        if grown_from_zero and first:
+            no_gradient = None  # (its weights all 0 at the start: the init's doing, not a vanishing)
         idx, rms = idx[ok], rms[ok]
         if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
@@ -985,6 +1111,13 @@ class Diagnoser:
                         f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
                         f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
                         if spread < 0 and across_last > -spread / 2 else "")
+                # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
+                # as the sites before it are within gradient_orders of each other
+                before_last = logs[0] - logs[-2] if len(idx) >= 3 else 0.0
+                if tail and grown_from_zero and layout.names[idx[-1]] == self._zero_start["site"] and \
+                        before_last >= -t.gradient_orders:
+                    finding = None
+            if abs(spread) > t.gradient_orders and finding is not None:
                 self._hold(step, finding, layout, int(idx[0]),
                            f"output-gradient RMS {rms[0]:.2g} at {layout.names[idx[0]]}, the first site in forward "
                            f"order, {abs(spread):.1f} orders of magnitude {'below' if spread < 0 else 'above'} "
@@ -1005,6 +1138,33 @@ class Diagnoser:
                        f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
                        f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps",
                        need=t.persist)
+
+    def _grown_from_zero(self, layout: _Layout, stats: dict, idx: np.ndarray, ok: np.ndarray, first: bool,
+                         none_before: bool) -> bool:
+        """Whether the last site (forward order) is a layer that started at 0 and whose parameters still grow: at the
+        first step judged, no gradient passed it to any site before it (a factor of 0: its weights all 0), and its
+        parameters' norm grew at every step since. Once it stops growing (or no parameter of it is recorded) it is
+        judged as any layer, for good."""
+        if not ok.any():
+            return False
+        last = int(np.flatnonzero(ok)[-1])
+        site, module = layout.names[idx[last]], layout.keys[idx[last]][0]
+        rows = [k for k in layout.params if layout.keys[k][0] == module]
+        norm = float(np.sqrt(np.sum(stats["norm"][rows] ** 2))) if rows else math.nan
+        if first:
+            before = idx[:last]
+            started = none_before and last > 0 and bool(np.all(np.isfinite(stats["norm"][before]) &
+                                                                (stats["norm"][before] == 0)))
+            self._zero_start = {"site": site, "module": module, "norm": norm} if started and norm > 0 else None
+            return self._zero_start is not None
+        start = self._zero_start
+        if start is None or start["site"] != site:
+            return False
+        if not norm > start["norm"]:
+            self._zero_start = None
+            return False
+        start["norm"] = norm
+        return True
 
     def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
         t = self.thresholds
@@ -1057,8 +1217,23 @@ class Diagnoser:
         scale = grad / float(stats["norm"][p])
         said = f"it did not change {'at all' if exact else '(or by less than float32 shows)'} at step {step} ({how})"
         if g is None and layout.param_grads:
+            # (whether a gradient reaches its module's output tells a parameter frozen by itself from one behind a cut
+            # graph or an output the loss does not use, where the step records output gradients)
+            module = layout.keys[p][0]
+            o = layout.out_grad.get(module)
+            where = module or "the model"
+            if o is not None and float(stats["norm"][o]) > 0:
+                why = (f" The output of {where} gets a gradient (||grad|| {float(stats['norm'][o]):.3g}): this "
+                       f"parameter takes none itself (requires_grad=False on it).")
+            elif o is None and layout.out_grad:
+                why = (f" No gradient reaches the output of {where} either (it has no output-gradient row): the loss "
+                       f"does not use that output, or the graph is cut after it (a .detach(), torch.no_grad(), "
+                       f".item() on the way), or it and every layer before it are frozen (requires_grad=False: a "
+                       f"frozen backbone).")
+            else:
+                why = ""
             self._hold(step, "frozen", layout, p, f"{said}, and it has no gradient (no param_grad row: its .grad is "
-                       f"None) while the other parameters have one.", need=t.persist)
+                       f"None) while the other parameters have one.{why}", need=t.persist)
         elif g is None and exact:
             self._hold(step, "update_ratio_low", layout, p, f"{said} (the watch records no parameter gradients to "
                        f"tell why).", need=t.persist)
@@ -1160,15 +1335,17 @@ class Diagnoser:
                            f"{t.spike_factor:g}).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
-        elif len(recent) >= 2:
+        elif recent:
             # too few steps for their noise (a learning rate far too large throws the loss up in its
-            # first steps): a spike is spike_factor times the level of the steps so far above it
+            # first steps, from the second on: Adam at 1 on a ReLU MLP, 0.74 to 48): a spike is spike_factor times the
+            # level of the steps so far above it
             level = _median(list(recent))
             rise = value - level
             if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
+                before = f"median of the {len(recent)} steps before" if len(recent) > 1 else "its first value"
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
-                           f"(median of the {len(recent)} steps before: {level:.4g}) above it (threshold "
+                           f"({before}: {level:.4g}) above it (threshold "
                            f"{t.spike_factor:g}x in a run's first {max(5, t.spike_window // 2)} steps).",
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12), strongest=True)
         recent.append(value)
@@ -1247,11 +1424,16 @@ class Diagnoser:
             held = ("loss_at_chance", name) in self._open  # (the noise of one median: that of two over sqrt 2)
             margin = max(t.plateau_drop * abs(chance), 3 * noise / math.sqrt(2) if held else 0.0)
             if now > chance - margin:
+                # (far above chance is worse than blind: outputs confidently wrong, not a model that learned nothing)
+                worse = (" That far above it, it is worse than a model blind to its inputs: its outputs are "
+                         "confidently wrong, too large (logits, predictions: weights, or activations grown layer by "
+                         "layer, too large from the init or by the learning rate; see the scale of the outputs)."
+                         if chance > 0 and now >= 2 * chance else "")
                 self._hold(step, "loss_at_chance", None, None,
                            f"{name}: median {now:.4g} over its last {PLATEAU_WINDOW} values after {count} steps, "
                            f"{_change(now, chance)} its chance level {chance:.4g} (from {start:.4g} over its first "
                            f"{PLATEAU_WINDOW}); threshold: {t.plateau_drop:.0%} below it after {t.plateau_steps} "
-                           f"steps (and, to end, 3x the noise of the median if larger).", site=name, key=name,
+                           f"steps (and, to end, 3x the noise of the median if larger).{worse}", site=name, key=name,
                            need=t.persist)
                 return
         held = ("loss_plateau", ("plateau", name)) in self._open
@@ -1280,17 +1462,33 @@ def _medians_noise(values: list[float]) -> float:
     return math.sqrt(2) * 1.2533 * sigma / math.sqrt(len(values))
 
 
+def _fitted(e: dict, output: bool) -> str:
+    """The end of a ``saturated`` episode's evidence where it began once the loss had fallen (``e["fitted"]``)."""
+    fitted = e.get("fitted")
+    if not fitted:
+        return ""
+    what = ("the model's output (the last site in forward order): its predictions grew confident as the model fit "
+            "its data, as the loss asks of them" if output else
+            "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
+    cost = "" if output else " (its units have little gradient left to learn anything new)"
+    return (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
+            f"{e['window']} values): {what}; harmless while the loss stays low{cost}.")
+
+
 def _times(ratio: float) -> str:
     """``ratio`` as a factor a person reads: ``8.9x``, ``1.2e+04x`` (not ``15506440251784755200x``)."""
     return f"{ratio:.1f}x" if abs(ratio) < 1e4 else f"{ratio:.2g}x"
 
 
 def _change(now: float, start: float) -> str:
-    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``."""
+    """How ``now`` compares with ``start``: ``0.3% below``, ``2% above``, ``the same as``; ``49.7x`` at twice a
+    positive ``start`` or more (not ``4873.0% above``)."""
     if now == start:
         return "the same as"
     if start == 0:
         return "above" if now > start else "below"
+    if start > 0 and now >= 2 * start:
+        return _times(now / start)
     return f"{abs(now - start) / abs(start):.1%} {'above' if now > start else 'below'}"
 
 

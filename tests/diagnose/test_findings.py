@@ -137,6 +137,11 @@ def test_a_loss_thrown_up_in_its_first_steps_is_a_spike():
     # a loss falling fast at first (each step a fraction of the one before) has not spiked
     assert diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 13), "loss": np.geomspace(20.0, 0.1, 12)})).empty
     assert diagnose(pd.DataFrame(), pd.DataFrame({"step": [1, 2, 3], "loss": [0.7, 0.9, 3.0]})).empty  # (4x: no)
+    # thrown up at the second step already (Adam at a learning rate of 1 on a ReLU MLP): against its first value
+    adam = pd.DataFrame({"step": range(1, 9), "loss": [0.744, 48.0, 184.5, 40.7, 12.2, 7.4, 0.81, 3.9]})
+    f = diagnose(pd.DataFrame(), adam)
+    assert f[["finding", "step", "last_step"]].values.tolist() == [["loss_spike", 2, 2]]
+    assert f.evidence[0].startswith("loss = 48 at step 2: 63.5x its level (its first value: 0.744) above it")
 
 
 def test_diverging_loss_and_non_finite_loss():

@@ -17,6 +17,8 @@ import workbench
 from tests.diagnose.conftest import mlp, train
 from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
+from tests.diagnose.test_findings import row
+
 
 def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
     model = mlp("relu")
@@ -27,6 +29,44 @@ def test_a_layer_three_quarters_dead_is_found_with_its_dead_units_counted():
     # ~86% zeros, below the bound's 90% of old; the bias before it counts them: its gradient is 0 at dead units
     assert "24 of its 32 units output 0 for every input (their entries of the gradient of layers.0.bias" \
         in f.evidence[0]
+
+
+def test_a_layer_half_dead_is_found_below_the_zero_fraction_its_count_read_from_the_bias_before_it():
+    # 16 of 32 units never fire (the 16 others, half the time): 75% zeros in all, below dead_zero_frac (80%); the bias
+    # gradient before it counts them (on some batches one more unit of this init fires for no input: 17)
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias[:16] = -10.0
+    w = train(model, steps=6)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "layers.1") & (rows.kind == "activation")].zero_frac.max() < 0.8
+    f = w.diagnose()
+    assert f[["site", "finding", "step", "last_step"]].values.tolist() == [["layers.1", "dead_units", 1, 6]]
+    assert re.match(r"1[67] of its 32 units \(5[03]%; threshold 50%\) output 0 for every input at step 6 \(their "
+                    r"entries of the gradient of layers\.0\.bias", f.evidence[0])
+    assert "the others fire for some inputs" in f.evidence[0]
+    # under the share, not found (lower dead_unit_share to find it)
+    model = mlp("relu")
+    with torch.no_grad():
+        model.layers[0].bias[:12] = -10.0
+    w = train(model, steps=6)
+    assert "dead_units" not in set(w.diagnose().finding)
+    assert w.diagnose(dead_unit_share=0.3).finding.tolist() == ["dead_units"]
+
+
+def test_a_bias_gradient_of_0_is_no_dead_unit_where_the_zeros_of_the_site_cannot_hold_it():
+    # every entry of the feeding bias's gradient 0 (a layer after it initialized at 0 passes no gradient back), yet
+    # only half the outputs are 0: each unit fires for half the inputs; no unit is dead
+    def rows(step):
+        return [row(step, "fc", "activation", shape="(64, 32)", numel=2048, min=-3.0, max=3.0),
+                row(step, "act", "activation", shape="(64, 32)", numel=2048, min=0.0, max=3.0, zero_frac=0.5),
+                row(step, "fc", "param_grad", "bias", "(32)", numel=32, zero_frac=1.0, norm=0.0)]
+    frame = pd.DataFrame([r for s in range(1, 6) for r in rows(s)])
+    assert "dead_units" not in set(diagnose(frame).finding)
+    # the same gradient with three quarters of the outputs 0: room for the 16 dead units it counts
+    frame.loc[frame.module == "act", "zero_frac"] = 0.75
+    frame.loc[frame.kind == "param_grad", "zero_frac"] = 0.5
+    assert diagnose(frame).finding.tolist() == ["dead_units"]
 
 
 def test_a_sparse_layer_whose_every_unit_fires_for_some_input_is_not_dead():
@@ -364,3 +404,92 @@ def test_a_loss_thrown_up_many_orders_says_its_factors_as_a_person_reads_them():
     assert f"{now / first:.3g}x its first median ({first:.4g})" in diverging and "% of the way" not in diverging
     spike = f[f.finding == "loss_spike"].evidence.iloc[0]
     assert re.search(r"\d\.\de\+\d\dx its level", spike) and not re.search(r"\d{5,}", spike.split(":", 1)[1])
+
+
+def test_a_tanh_layer_saturated_once_the_loss_fell_to_a_tenth_is_information_and_one_saturated_from_the_start_not():
+    # a 3-deep tanh MLP fits the half-planes to a loss of ~0.02 and its last hidden layer grows confident: saturated
+    # from step 26, a warning with a hint to initialize smaller before 2026-11-29
+    f = train(mlp("tanh", depth=3), steps=60).diagnose()
+    assert f[["site", "finding", "severity"]].values.tolist() == [["layers.5", "saturated", "info"]]
+    assert re.search(r"It began once loss had fallen from 0\.6\d+ to 0\.0\d+ \(the median of its last 5 values\): a "
+                     r"layer saturated as the model fit its data", f.evidence[0])
+    # weights 10x the usual: saturated from step 1, before the loss fell: a warning, as before
+    f = train(mlp("tanh", depth=3, weight_scale=10.0), steps=12).diagnose()
+    saturated = f[f.finding == "saturated"]
+    assert len(saturated) and set(saturated.severity) == {"warning"} and set(saturated.step) == {1}
+    assert not saturated.evidence.str.contains("It began once").any()
+
+
+def test_a_loss_far_above_its_chance_level_says_the_outputs_are_confidently_wrong_as_a_factor():
+    # a linear stack whose outputs grew 300x through 12 calls of one layer: cross-entropy ~35 against log 2 read
+    # "4873.0% above its chance level" and named only targets apart from the inputs
+    loss = 35.0 + np.sin(np.arange(60))
+    f = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 61), "loss": loss}), chance=math.log(2))
+    assert f.finding.tolist() == ["loss_at_chance"]
+    assert re.search(r"median 3\d\.\d+ over its last 20 values after 60 steps, 5\d\.\dx its chance level 0\.6931 "
+                     r"\(from 3\d\.\d+ over its first 20\)", f.evidence[0])
+    assert "worse than a model blind to its inputs: its outputs are confidently wrong, too large" in f.evidence[0]
+    # just above chance: said as before
+    near = diagnose(pd.DataFrame(), pd.DataFrame({"step": range(1, 61), "loss": 0.70 + 0.001 * np.sin(np.arange(60))}),
+                    chance=math.log(2))
+    assert "% above its chance level" in near.evidence[0] and "confidently wrong" not in near.evidence[0]
+
+
+def relu_dropout_mlp(p: float) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(64, 2))
+
+
+def test_a_dropout_after_a_live_relu_is_no_dead_units_and_after_a_dead_one_the_relu_alone_is():
+    # a ReLU at ~52% zeros and a dropout of 0.6 after it read ~81% zeros: a dead_units warning before 2026-11-29,
+    # though every unit fires for some inputs (the bias before the ReLU counts none dead)
+    w = train(relu_dropout_mlp(0.6), steps=5)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "2") & (rows.kind == "activation")].zero_frac.min() > 0.8
+    assert "dead_units" not in set(w.diagnose().finding)
+    # the ReLU dead: found there, once (not again at the dropout after it)
+    model = relu_dropout_mlp(0.6)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    f = train(model, steps=5).diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+
+
+
+def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_predictions_as_information():
+    # a binary classifier's sigmoid probabilities at 0 and 1 once it fits (BCE from 0.69 to ~0.1): a warning to
+    # initialize smaller before 2026-11-29, though confident predictions are what the loss asks for
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1), torch.nn.Sigmoid())
+    x = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            loss = F.binary_cross_entropy(model(x)[:, 0], y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert f[["site", "finding", "severity"]].values.tolist() == [["3", "saturated", "info"]]
+    assert "the model's output (the last site in forward order): its predictions grew confident" in f.evidence[0]
+
+
+def test_a_saturation_from_the_start_taken_up_again_after_the_loss_fell_stays_a_warning():
+    # (whether it began after the loss fell is decided when the episode began: one that lets go for 3 steps, which ends
+    # it, and comes back 4 steps after, within 2% of the run so far, is the same finding, with the severity it began
+    # with)
+    def site(step, saturated):
+        return row(step, "act", "activation", shape="(64, 32)", numel=2048, mean=0.0, std=0.99 if saturated else 0.3,
+                   min=-1.0, max=1.0)
+    steps = range(1, 211)
+    rows = pd.DataFrame([site(s, not 200 < s < 204) for s in steps])
+    metrics = pd.DataFrame({"step": steps, "loss": np.geomspace(1.0, 0.001, 210)})
+    f = diagnose(rows, metrics)
+    assert f[["finding", "severity", "step", "last_step"]].values.tolist() == [["saturated", "warning", 1, 210]]
+    assert "It began once" not in f.evidence[0]
+    # from step 100 on only: after the loss fell some 25-fold, information
+    rows = pd.DataFrame([site(s, s >= 100) for s in steps])
+    f = diagnose(rows, metrics)
+    assert f[["finding", "severity", "step"]].values.tolist() == [["saturated", "info", 100]]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from workbench.diagnose import Diagnoser
 
 
 def data(n: int = 128, d: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,16 +282,28 @@ def test_a_dead_layer_is_listed_before_the_weights_it_stills_though_those_tell_a
     assert set(f.last_step) == {6}
 
 
-def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
-    # (a last layer initialized at 0 scales every gradient before it by its weights, until they grew: the evidence
-    # named no cause; it now says that most of the drop is across the last site)
+def zero_last_layer_mlp() -> nn.Sequential:
+    """A ReLU MLP 3 deep whose last layer is initialized at 0 (weights and bias)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 2))
     with torch.no_grad():
         model[6].weight.zero_()
         model[6].bias.zero_()
-    w = fit(model, steps=40)
+    return model
+
+
+def test_a_last_layer_initialized_at_0_whose_weights_grow_has_no_vanishing_gradients():
+    # (the gradients behind it are exactly 0 at step 1 and scaled by its small weights until they grew: its init's
+    # doing, not a vanishing; until 2026-11-29 a vanishing_gradients finding over steps 1-12)
+    f = fit(zero_last_layer_mlp(), steps=20).diagnose()
+    assert f.empty, f[["site", "finding", "step"]].values.tolist()
+    assert fit(zero_last_layer_mlp(), steps=20, updates=True).diagnose().empty
+
+
+def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and_one_frozen_at_0_vanishes():
+    # without parameter rows its weights are not known to grow: the finding stands, saying where the drop is
+    w = fit(zero_last_layer_mlp(), steps=40, parameters=False)
     f = w.diagnose()
     vanishing = f[f.finding == "vanishing_gradients"]
     assert len(vanishing) == 1 and vanishing.step.item() == 1 and vanishing.last_step.item() < 40  # (it ends)
@@ -300,3 +314,68 @@ def test_gradients_small_at_first_behind_a_last_layer_initialized_at_0_say_so():
     across = math.log10(rms["6"] / rms["5"])
     assert f"Most of it, {across:.1f} orders, is across the last site, from 5 to 6" in vanishing.evidence.item()
     assert "A last layer initialized at 0" in vanishing.hint.item()
+    # a last layer at 0 that never moves (frozen): no gradient ever passes it, from step 1
+    model = zero_last_layer_mlp()
+    model[6].requires_grad_(False)
+    f = fit(model, steps=6, params=[p for p in model.parameters() if p.requires_grad]).diagnose()
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert vanishing[["site", "step", "last_step"]].values.tolist() == [["0", 1, 6]]
+    assert "no gradient reaches 6 of 7 sites" in vanishing.evidence.item()
+
+
+def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output():
+    # a layer whose own requires_grad is False gets a gradient at its output; a branch cut by .detach() and a head the
+    # loss does not use get none there: the evidence says which (both read as requires_grad=False before 2026-11-29)
+    model = mlp(nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), width=8)
+    model[2].requires_grad_(False)
+    f = fit(model, steps=5, params=[p for p in model.parameters() if p.requires_grad]).diagnose()
+    assert f[["finding", "site", "severity"]].values.tolist() == [["frozen", "2.weight", "info"]]
+    assert "The output of 2 gets a gradient (||grad|| " in f.evidence[0]
+    assert "requires_grad=False on it" in f.evidence[0]
+
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.kept, self.cut, self.unused = nn.Linear(4, 2), nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.unused(x)  # (an output the loss never sees)
+            return self.kept(x) + self.cut(x).detach()
+
+    f = fit(Branches(), steps=5).diagnose()
+    assert sorted(f[["finding", "site"]].values.tolist()) == [["frozen", "cut.weight"], ["frozen", "unused.weight"]]
+    for evidence, module in zip(f.evidence, f.module):
+        assert f"No gradient reaches the output of {module} either" in evidence
+        assert "the graph is cut after it (a .detach()" in evidence
+    assert ".detach()" in f.hint[0]
+
+
+def test_a_layer_frozen_at_0_is_a_constant_output_found_at_the_layer_alone_not_again_at_the_model_in_a_stored_run():
+    # (a live run's tensors say the model's output is its last layer's; a stored run's rows said so only of an output
+    # not all 0, and listed the model's again: '(model)' dead_units beside '6'; and an output all 0 read as dead
+    # units, a ReLU's, though the layer's parameters are all 0)
+    model = zero_last_layer_mlp()
+    model[6].requires_grad_(False)
+    live = Diagnoser()
+    x, y = data()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    with workbench.watch(model) as w:
+        live.attach(w)
+        for _ in range(4):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+        live.flush()
+    stored = w.diagnose()
+    assert stored[stored.finding == "constant_output"].site.tolist() == ["6"]
+    pd.testing.assert_frame_equal(live.findings(), stored)
+    live.detach()
+    # (and it is no dead_units, a ReLU's: a layer whose parameters are all 0 outputs 0 whatever its input)
+    assert "dead_units" not in set(stored.finding)
+    evidence = stored[stored.finding == "constant_output"].evidence.item()
+    assert "all 256 of its outputs are 0 at step 4 (min = max)" in evidence
+    assert "its parameters are all 0 (6.weight, 6.bias): it outputs 0 whatever its input, and passes no gradient " \
+        "back to the layers before it" in evidence
