@@ -162,9 +162,10 @@ def read_whole(value: Any) -> int:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise _Unreadable(_EMPTY)
     if isinstance(value, str):
-        try:
+        try:  # (written as Python writes a number, as a float field reads it; Decimal alone takes "_1", "1__0")
+            float(value)
             number = Decimal(value.strip())
-        except InvalidOperation:
+        except (ValueError, InvalidOperation):
             raise _Unreadable(_NOT_A_NUMBER) from None
         if not number.is_finite():
             raise _Unreadable(_NOT_FINITE)
