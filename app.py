@@ -17,11 +17,13 @@ def unservable(host: str, port: int) -> str | None:
     """
     if not 1 <= port <= 65535:
         return f"--port must be a port number in [1, 65535], got {port}."
+    # (an IPv6 address as a browser writes it, "[::1]": Gradio takes the brackets off and serves there)
+    address = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
             # (as the server binds: a port a closed server left in TIME_WAIT is free, one listened on is not)
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+            probe.bind((address, port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             return (f"port {port} on {host} is in use (another server, or the app already running there): "

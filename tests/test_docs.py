@@ -73,9 +73,10 @@ def test_pages_have_runnable_blocks():
     assert {"getting-started.md", "registry.md", "experiments.md", "watch.md", "runs.md"} <= set(PAGES)
 
 
-# a dotted name of the package (`workbench.ui.findings.merge_calls`), and an attribute of a watch (`w.record_next()`)
+# a dotted name of the package (`workbench.ui.findings.merge_calls`), and an attribute of a watch (`w.record_next()`;
+# not the "w.r.t." of "gradients w.r.t. the outputs")
 PACKAGE_NAME = re.compile(r"(?<![\w/.])workbench(?:\.[A-Za-z_]\w*)+")
-WATCH_ATTRIBUTE = re.compile(r"(?<![\w.])w\.([A-Za-z_]\w*)")
+WATCH_ATTRIBUTE = re.compile(r"(?<![\w.])w\.(?!r\.t\.)([A-Za-z_]\w*)")
 
 
 def resolves(dotted: str) -> bool:
@@ -125,24 +126,48 @@ def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
     assert listed == arguments
 
 
-# the pages that give command lines, and whose: the experiments' `run` (and torchrun's one flag), or app.py
+# the pages that give command lines, and whose: the experiments' `run` (and torchrun's flags), or app.py
 COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
                       "getting-started.md": "app"}
+# a flag (`--per-rank`, torchrun's `--nproc_per_node`), not a dash written as two hyphens ("a run--and")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z_-]*[a-z]")
 
 
-def test_the_command_line_flags_the_pages_name_exist(capsys):
+def program_flags() -> dict[str, set[str]]:
+    """The flags each program's --help names: ``experiments`` (its ``run``, and torchrun's, which the same
+    command lines start with) and ``app`` (app.py)."""
+    import contextlib
+    import io
+
     import app as app_script
+    from torch.distributed.run import get_args_parser
     from workbench.experiments.__main__ import main as experiments_main
 
     helps = {}
     for program, show_help in [("experiments", lambda: experiments_main(["run", "--help"])),
                                ("app", lambda: app_script.main(["--help"]))]:
-        with pytest.raises(SystemExit):
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
             show_help()
-        helps[program] = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out)) | {"--nproc-per-node"}
+        helps[program] = set(FLAG.findall(shown.getvalue()))
+    helps["experiments"] |= set(FLAG.findall(get_args_parser().format_help()))
+    return helps
+
+
+def test_the_command_line_flags_the_pages_name_exist():
+    helps = program_flags()
     unknown = [f"{page}: {flag}" for page, program in COMMAND_LINE_PAGES.items()
-               for flag in sorted(set(re.findall(r"--[a-z][a-z-]+", (DOCS / page).read_text())) - helps[program])]
+               for flag in sorted(set(FLAG.findall((DOCS / page).read_text())) - helps[program])]
     assert len(helps["experiments"]) > 10 and not unknown, unknown
+
+
+def test_the_checks_of_the_pages_names_take_legitimate_prose():
+    # (prose a page may hold that names no watch attribute and no unknown flag: "w.r.t." was read as w.r,
+    # torchrun's --standalone and --nproc_per_node (torch's own spelling) as unknown flags, "--and" of a dash too)
+    assert WATCH_ATTRIBUTE.findall("gradients w.r.t. the outputs, then `w.step()` and w.recorder") == ["step",
+                                                                                                       "recorder"]
+    line = "torchrun --standalone --nproc_per_node=2 -m workbench.experiments run mlp --steps 5 --per-rank; a run--and"
+    assert set(FLAG.findall(line)) - program_flags()["experiments"] == set()
 
 
 def shortened(code: str) -> str:

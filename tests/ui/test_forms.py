@@ -67,7 +67,9 @@ def test_a_whole_number_written_any_way_is_read_exactly(typed, whole):
     ("2.5", "not a whole number; enter an integer such as 2"), (2.5, "not a whole number"),
     ("1e400", "beyond the floating-point range; enter a finite number"), ("nan", "not a finite number"),
     (float("inf"), "not a finite number"), ("ten", "not a number; enter a whole number such as 2"),
-    (True, "not a number"), ("", "the field is empty"), (None, "the field is empty")])
+    (True, "not a number"), ("", "the field is empty"), (None, "the field is empty"),
+    # (underscores as Python writes numbers, as a float field reads them: Decimal alone took "_1" and "1__0")
+    ("_1", "not a number"), ("1_", "not a number"), ("1__0", "not a number"), ("1e_3", "not a number")])
 def test_what_is_no_whole_number_says_why(typed, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):
         read_whole(typed)
@@ -92,3 +94,21 @@ def test_every_whole_number_field_reads_1e3_as_1000_and_refuses_2_5_and_1e400_sa
     assert "**relu** on 100 samples" in drawn, drawn
     assert model_browser.build_model("relu", {}, batch_size="1e1").ok
     assert "got '2.5': not a whole number" in model_browser.build_model("relu", {}, batch_size="2.5").message
+
+
+def test_a_whole_number_beyond_a_fields_reach_is_named_as_typed_not_in_its_hundreds_of_digits(manager):
+    # (read exactly, 1e300 is a number of 301 digits: each message that named it after reading it printed them all)
+    from workbench.ui import explorer, live_run, model_browser
+
+    digits = re.compile(r"\d{30}")
+    _, message = live_run.start_run(manager, "activation_mlp", {}, 0, "1e300", 1, False, "*", "")
+    assert "got '1e300'" in message and not digits.search(message), message
+    _, message = live_run.start_run(manager, "activation_mlp", {}, 1e300, 10, 1, False, "*", "")  # (a number box)
+    assert "got 1e+300" in message and not digits.search(message), message
+    for message in [model_browser.build_model("relu", {}, batch_size=1e300).message,
+                    model_browser.build_model("mlp", {"width": 1e300}).message,
+                    explorer.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=0, samples="1e300")[1],
+                    explorer.draw_distribution("relu", {}, "normal", 0.0, 1.0, -3, 3, seed=1e300, samples=10)[1]]:
+        assert ("1e+300" in message or "'1e300'" in message) and not digits.search(message), message
+    _, message = live_run.start_run(manager, "activation_mlp", {}, 0, 2e7, 1, False, "*", "")
+    assert "got 20000000" in message, message  # (within a field's reach: its digits, as before)

@@ -213,3 +213,27 @@ def test_a_run_recorded_by_watch_shows_empty_experiment_and_seed_and_the_others_
              for row in shown}
     assert cells["watched"][4:7] == ["", "Linear", ""]
     assert cells["experiment"][4:7] == ["activation_<wbr>mlp", "MLP", "3"]
+
+
+def test_a_seed_beyond_2_53_shows_as_recorded_beside_a_run_without_one(tmp_path):
+    # (the Python API takes seeds up to 2**63 - 1; a run without a seed made the column float, which rounds
+    # 2**60 + 1 to 2**60: the table showed 1152921504606846976 for a run of seed 1152921504606846977)
+    import torch
+
+    import workbench
+    from workbench.ui.runs import RunsRoot
+
+    net = torch.nn.Linear(2, 2)
+    with workbench.watch(net, store=tmp_path / "watched") as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step()
+    seed = 2**60 + 1
+    workbench.experiments.create("activation_mlp", seed=seed, width=8).run(1, store=tmp_path / "experiment",
+                                                                           progress=False)
+    listed = workbench.list_runs(tmp_path).set_index("run").seed
+    assert listed["experiment"] == seed and listed["watched"] is None
+    table, _, _ = stored_runs.run_table(RunsRoot(tmp_path))
+    shown = stored_runs.shown_runs(table)._compute()._translate(None, None)["body"]
+    cells = {row[1]["display_value"]: [cell["display_value"] for cell in row if cell["type"] == "td"]
+             for row in shown}
+    assert cells["experiment"][6] == str(seed) and cells["watched"][6] == ""

@@ -250,6 +250,31 @@ def test_the_command_line_refuses_a_port_in_use_or_out_of_range_in_one_line(tmp_
     assert launched[0]["port"] == port
 
 
+def test_the_command_line_takes_an_ipv6_host_in_brackets_as_gradio_serves_it(tmp_path, monkeypatch):
+    # (Gradio takes the brackets off "[::1]", as a browser's address writes it, and serves there; the port
+    # check bound the bracketed text and refused it: "cannot serve on [::1]:...: Name or service not known")
+    import socket
+
+    import app as app_script
+    import workbench.ui.app
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    launched = []
+    monkeypatch.setattr(workbench.ui.app, "launch", lambda **kwargs: launched.append(kwargs))
+    app_script.main(["--host", "[::1]", "--port", str(port), "--runs-root", str(tmp_path)])
+    assert launched[0]["host"] == "[::1]" and launched[0]["port"] == port
+    with socket.socket(socket.AF_INET6) as server:  # a port in use there is refused, named as given
+        server.bind(("::1", 0))
+        server.listen()
+        taken = server.getsockname()[1]
+        assert app_script.unservable("[::1]", taken).startswith(f"port {taken} on [::1] is in use")
+
+
 def test_a_handler_that_fails_unexpectedly_answers_with_a_message_not_a_bare_error(caplog):
     def broken(value):
         raise KeyError(value)

@@ -407,7 +407,8 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     Returns:
         Columns ``path, run, model, experiment, seed, status, steps, start_time, size_mb`` (the
         run's files on disk, in MB: a long run recorded every step takes hundreds); directories
-        that are not readable runs are left out.
+        that are not readable runs are left out. Seeds are exact: where a run has none (one recorded by
+        ``workbench.watch``), the column holds the seeds as recorded and None, not floats.
 
     Raises:
         TypeError: ``root`` is not a path.
@@ -432,6 +433,9 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
                         "size_mb": _disk_bytes(run.path) / 1e6})
     columns = ["path", "run", "model", "experiment", "seed", "status", "steps", "start_time", "size_mb"]
     frame = pd.DataFrame(entries, columns=columns)
+    seeds = [entry["seed"] for entry in entries]
+    if None in seeds:  # (seeds as recorded: a float column would round those beyond 2**53, as 2**60 + 1)
+        frame["seed"] = pd.Series(seeds, dtype=object)
     frame["start_time"] = pd.to_datetime(frame.start_time)  # (typed also when there are no runs)
     return frame.sort_values("start_time", ascending=False, ignore_index=True)
 

@@ -50,7 +50,7 @@ from workbench.ui.figures import (
     empty_figure,
 )
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
-                                pop_up_text, read_whole)
+                                pop_up_text, read_whole, shown_whole)
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
@@ -132,7 +132,7 @@ def _count(value: Any, what: str, low: int, high: int) -> int:
     whole = _whole_or_none(value)
     if whole is None or not low <= whole <= high:
         raise ValueError(f"{what} must be a whole number in [{low}, {high:,}], got "
-                         f"{repr(value) if whole is None else whole}.")
+                         f"{repr(value) if whole is None else shown_whole(value, whole)}.")
     return whole
 
 
@@ -143,7 +143,7 @@ def _field_seed(value: Any) -> int:
     if whole is None or not 0 <= whole <= FIELD_INT_MAX:
         why = f": {FIELD_INT_LIMIT}" if whole is not None and whole > FIELD_INT_MAX else ""
         raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}], got "
-                         f"{repr(value) if whole is None else whole}{why}. "
+                         f"{repr(value) if whole is None else shown_whole(value, whole)}{why}. "
                          "Enter e.g. 0.")
     return whole
 

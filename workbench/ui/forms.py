@@ -20,7 +20,7 @@ from workbench.params import ParamInfo, Range, validate_overrides
 from workbench.registry import close_names
 
 __all__ = ["FormField", "form_fields", "parse_form", "param_rows", "FIELD_INT_MAX", "FIELD_INT_LIMIT",
-           "pop_up_text", "field_text", "read_whole"]
+           "pop_up_text", "field_text", "read_whole", "shown_whole"]
 
 #: The largest whole number a number field carries exactly. Its value is a JavaScript double in the
 #: browser (and in Jupyter's widgets), which holds every integer up to 2**53 - 1 and rounds larger
@@ -162,9 +162,10 @@ def read_whole(value: Any) -> int:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise _Unreadable(_EMPTY)
     if isinstance(value, str):
-        try:
+        try:  # (written as Python writes a number, as a float field reads it; Decimal alone takes "_1", "1__0")
+            float(value)
             number = Decimal(value.strip())
-        except InvalidOperation:
+        except (ValueError, InvalidOperation):
             raise _Unreadable(_NOT_A_NUMBER) from None
         if not number.is_finite():
             raise _Unreadable(_NOT_FINITE)
@@ -180,6 +181,15 @@ def read_whole(value: Any) -> int:
             raise _Unreadable(_WHOLE)
         return int(value)
     raise _Unreadable(_NOT_A_NUMBER)
+
+
+def shown_whole(raw: Any, whole: int) -> str:
+    """``whole``, read from ``raw`` (:func:`read_whole`), as a message names it: its digits up to 20 of them
+    (those of 2**63 that a browser sent for 2**63 - 1 typed, too); a longer one as it was typed (``'1e300'``, a
+    number box's ``1e+300``), not in its hundreds of digits. An int given from Python is named exactly."""
+    if abs(whole) < 10**20 or isinstance(raw, numbers.Integral):
+        return str(whole)
+    return repr(raw.strip()) if isinstance(raw, str) else repr(float(raw))
 
 
 def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
@@ -270,7 +280,7 @@ def parse_form(params: Sequence[ParamInfo], values: Mapping[str, Any], owner: st
         if kind == "int" and _number_field(p) and _is_int(value) and abs(value) > FIELD_INT_MAX:
             full = f"; from Python, {name} takes {p.range}" if p.range is not None and p.range != _cut(p.range) else ""
             raise ValueError(f"{owner}: {name} must lie in {_cut(p.range, unbounded=True)} in this form, got "
-                             f"{value}: {FIELD_INT_LIMIT}. Enter a value in that range{full}.")
+                             f"{shown_whole(raw, value)}: {FIELD_INT_LIMIT}. Enter a value in that range{full}.")
         overrides[name] = value
     return validate_overrides(params, overrides, owner)
 

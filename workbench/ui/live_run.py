@@ -25,7 +25,8 @@ from workbench.experiments import create, get_experiment_spec
 from workbench.instrument import Recorder, Run
 from workbench.instrument.schema import whole_number
 from workbench.ui import findings as findings_view
-from workbench.ui.forms import FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form, read_whole
+from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form, read_whole,
+                                shown_whole)
 from workbench.ui.intervention_menu import (InterventionRecord, intervention_spec, interventions_table,
                                             parse_site)
 from workbench.ui.run_control import find_run
@@ -473,10 +474,10 @@ def _int(value: Any, name: str, low: int, high: int, why: str = "") -> int:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"{name} is empty; give a whole number in [{low}, {high}].")
     try:
-        value = read_whole(value)
+        whole = read_whole(value)
     except ValueError as err:
         raise ValueError(f"{name} must be a whole number in [{low}, {high}], got {shown(value)}: {err}.") from None
-    if not low <= value <= high:
-        why = f": {why}. Enter a value in that range." if why and value > high else "."
-        raise ValueError(f"{name} must lie in [{low}, {high}], got {value}{why}")
-    return value
+    if not low <= whole <= high:
+        why = f": {why}. Enter a value in that range." if why and whole > high else "."
+        raise ValueError(f"{name} must lie in [{low}, {high}], got {shown_whole(value, whole)}{why}")
+    return whole

@@ -17,7 +17,7 @@ from torch import nn
 
 from workbench.registry import GLOBAL_RNG, get_spec, list_families, list_models
 from workbench.summary import summarize
-from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text, read_whole
+from workbench.ui.forms import FormField, form_fields, param_rows, parse_form, pop_up_text, read_whole, shown_whole
 
 ALL_FAMILIES = "all"
 MAX_EXAMPLE_BATCH = 4096
@@ -140,15 +140,17 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
         if batch_size is None:  # (what a number box sends when empty, or holding what is not a number)
             raise ValueError(f"example batch size is empty; give a whole number in [1, {MAX_EXAMPLE_BATCH}].")
         try:
-            batch_size = read_whole(batch_size)  # (1e3 is 1000; 2.5 none)
+            whole = read_whole(batch_size)  # (1e3 is 1000; 2.5 none)
         except ValueError as err:
             raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}: {err}.") \
                 from None
-        if batch_size < 1:
-            raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}.")
-        if batch_size > MAX_EXAMPLE_BATCH:
+        if whole < 1:
+            raise ValueError("example batch size must be a positive whole number, got "
+                             f"{shown_whole(batch_size, whole)}.")
+        if whole > MAX_EXAMPLE_BATCH:
             raise ValueError(f"example batch size must be at most {MAX_EXAMPLE_BATCH} (the inputs of one forward "
-                             f"pass), got {batch_size}.")
+                             f"pass), got {shown_whole(batch_size, whole)}.")
+        batch_size = whole
         model = spec.build(**overrides)  # refuses, before allocating, a model that would not fit in memory
     except (ValueError, TypeError) as exc:
         return _error(str(exc))

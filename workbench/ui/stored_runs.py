@@ -6,7 +6,6 @@ by the app's pages) and drawn as a live one is (:mod:`workbench.ui.run_page`).
 
 from __future__ import annotations
 
-import math
 import numbers
 import re
 import shutil
@@ -68,8 +67,9 @@ def shown_runs(table: pd.DataFrame) -> Any:
         match = _SHORT_TIME.fullmatch(str(text))
         return match[1] if match else str(text)
 
-    def seed(value: Any) -> str:  # (a whole number: the column is float where a run has none)
-        return str(int(value)) if isinstance(value, numbers.Real) and math.isfinite(value) else str(value)
+    def seed(value: Any) -> str:  # (a whole number as one: '3', not '3.000000'; 2.5 stays 2.5)
+        whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+        return str(int(value)) if whole else str(value)
 
     # a run recorded by workbench.watch() has no experiment, nor seed: an empty cell, not "nan"
     return table.style.format({"run": name_breaks, "experiment": name_breaks, "model": model, "start_time": short,
