@@ -254,8 +254,7 @@ class GraphState:
         self.out: list | None = None
         self.probe: torch.Tensor | None = None
         self.probed: list[int] = []
-        self.activation_rows: list[int] = []  # per activation row, where the row was made (see observe)
-        self.last: list[tuple] = []  # what the last child of a Sequential returned, just now (see _leaf_records)
+        self.activation_rows: list[int] = []
         self.edges: torch.Tensor | None = None
         self.probe_edges: torch.Tensor | None = None
 
@@ -266,12 +265,6 @@ class GraphState:
         root = id(sites.model)
         self.root_path = sites.aliases[root][0]
         self.containers = frozenset(sites.containers - {root})
-        # the nn.Sequentials (their forward is torch's: they return their last child's output), and their
-        # last children, whose hook keeps what it returned for the Sequential's (see observe)
-        sequentials = [(key, module) for key, module in sites.modules.items() if key != root
-                       and type(module).forward is nn.Sequential.forward and len(module)]
-        self.sequentials = frozenset(key for key, _ in sequentials)
-        self.last_children = frozenset(id(module[-1]) for _, module in sequentials)
         self.shared = frozenset(key for key, paths in sites.aliases.items() if len(paths) > 1) - self.containers
         self.paths = {key: paths[0] for key, paths in sites.aliases.items() if key != root and len(paths) == 1}
         parents = [None] + [p for key in sites.containers for p in sites.aliases[key]]
@@ -317,15 +310,6 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
     return pre_hook, hook
 
 
-def _leaf_records(returned: list[torch.Tensor], rows: list[torch.Tensor] | None, sources: list[int],
-                  probed: list[int]) -> list[tuple]:
-    """Per leaf a module call returned: ``(the tensor, its activation row or None, where that row was
-    made among the call's rows, its probe row)`` - what an ``nn.Sequential`` takes as its own (see
-    :func:`observe`)."""
-    return [(tensor, rows[i] if rows is not None else None, sources[i] if rows is not None else -1, probed[i])
-            for i, tensor in enumerate(returned)]
-
-
 def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph: bool | None) -> Any:
     """Patch and record one module call (traced, or run eagerly); returns the output to use, or None
     for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows,
@@ -360,64 +344,38 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
     record = path in st.activation_sites
     grads = path in st.grad_sites and module.training and torch.is_grad_enabled()
-    # An nn.Sequential returns its last child's output, which the module call observed last returned:
-    # that call's rows are its rows, reduced once, as the eager watch reduces a tensor once - unless a
-    # forward hook ran after this one on the child, and may have changed the output in place (the
-    # eager watch compares tensor versions; a version is not known inside the graph of an output of
-    # an autograd Function such as GradProbe's).
-    takes_last = id(module) in st.sequentials and not internals.last_forward_hooked(module)
-    names, shapes, rows, sources, probed, wraps, floating = [], [], [], [], [], [], []
+    names, shapes, rows, probed = [], [], [], []
     replaced = patches is not None
+    floating = []
     for name, tensor in leaves:
         names.append(name)
         shapes.append(tuple(tensor.shape))
         floating.append(tensor.is_floating_point())
-        same = None
-        if takes_last:
-            for seen in st.last:
-                if seen[0] is tensor:
-                    same = seen
-                    break
         if record:
             k = len(st.activation_rows)
-            if same is not None and same[1] is not None:
-                row, source = same[1], same[2]
-            else:
-                edges = st.edges[k] if st.edges is not None and k < st.edges.shape[0] else None
-                row, source = graph_row(tensor, st.bins, edges), k
-            rows.append(row)
-            sources.append(source)
-            st.activation_rows.append(source)
-        row, wrap = -1, False
+            st.activation_rows.append(k)
+            edges = st.edges[k] if st.edges is not None and k < st.edges.shape[0] else None
+            rows.append(graph_row(tensor, st.bins, edges))
+        row = -1
         if grads and tensor.requires_grad and tensor.is_floating_point():
-            if same is not None and same[3] >= 0:
-                row = same[3]  # (its gradient is the gradient of the probe's output it is)
-            elif st.probe is not None and len(st.probed) < st.probe.shape[0]:
-                row, wrap = len(st.probed), True
+            if st.probe is not None and len(st.probed) < st.probe.shape[0]:
+                row = len(st.probed)
                 st.probed.append(row)
             else:
                 row = -2  # the probe is full: its capacity grows for the next call
         probed.append(row)
-        wraps.append(wrap)
-    returned = [tensor for _, tensor in leaves]
-    if any(wraps):
+    if any(r >= 0 for r in probed):
         replaced = True
-        pending = list(zip(probed, wraps))  # (popped in the order tensor_leaves gave them; dynamo traces no next())
-        returned = []
+        pending = list(probed)  # (popped in the order tensor_leaves gave them; dynamo traces no next())
         probe, bins, probe_edges = st.probe, st.bins, st.probe_edges
 
         def through_probe(tensor: torch.Tensor) -> torch.Tensor:
-            row, wrap = pending.pop(0)
-            if wrap:
-                edges = probe_edges[row] if probe_edges is not None else None
-                tensor = GradProbe.apply(tensor, probe, row, bins, edges)
-            returned.append(tensor)
-            return tensor
+            row = pending.pop(0)
+            if row < 0:
+                return tensor
+            return GradProbe.apply(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
 
         output = through_probe(output) if isinstance(output, torch.Tensor) else map_tensors(output, through_probe)
-    # (kept for the Sequential's hook alone: what the graph holds at its end is one of its outputs)
-    st.last = (_leaf_records(returned, rows if record else None, sources, probed) if id(module) in st.last_children
-               else [])
     st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph,
                    tuple(floating)))
     return output if replaced else None

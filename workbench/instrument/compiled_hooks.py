@@ -253,7 +253,7 @@ class CompiledHooks:
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
-        self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None, list[int]]] = []
+        self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None]] = []
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
@@ -306,13 +306,11 @@ class CompiledHooks:
         if st.recording and self.bins:  # (tensors always, NaN at first: one graph variant)
             ranges = self._ranges_of_call(len(self._calls))
             st.edges, st.probe_edges = ranges.on_device
-        sources: list[int] = []  # per activation row of the call, the row it shares (its own index, or a child's)
-        st.out, st.probe, st.probed, st.activation_rows, st.last, st.stack = out, probe, [], sources, [], [st.root_path]
+        st.out, st.probe, st.probed, st.activation_rows, st.stack = out, probe, [], [], [st.root_path]
         try:
             result = inner_call(*args, **kwargs)
         except Exception as exc:
             st.out = st.probe = st.edges = st.probe_edges = None
-            st.last = []
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             if not internals.is_compile_error(exc) or self._checked:
                 raise
@@ -333,7 +331,6 @@ class CompiledHooks:
                                   "cannot trace fails the compile" if patched else "") + ".") from again
         except BaseException:
             st.out = st.probe = st.edges = st.probe_edges = None
-            st.last = []
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
             raise
         try:  # the model's own output, outside its graph
@@ -344,10 +341,9 @@ class CompiledHooks:
             self.fail(st.root_path, None, ACTIVATION, exc)
         finally:
             st.out = st.probe = st.edges = st.probe_edges = None
-            st.last = []  # (the call's tensors are not held past it)
         self._take_failed_patches()
         if st.recording:
-            self._calls.append((out, probe, ranges, sources))
+            self._calls.append((out, probe, ranges))
         return result
 
     def _too_many(self) -> None:
@@ -411,7 +407,7 @@ class CompiledHooks:
         outside: dict[str, None] = {}  # the paths of the calls that ran outside the graphs, in order
         overflow = False
         per_call: list[tuple[int, list[int]]] = []  # each call's count of activation rows, its probe rows used
-        for out, probe, _, _ in self._calls:
+        for out, probe, _ in self._calls:
             grad = probe.grad if probe is not None else None
             used: list[int] = []
             before = len(entries)
@@ -482,11 +478,10 @@ class CompiledHooks:
         graph = self.sums.graph
         activation_edges, grad_edges = [], []
         activations_at, grads_at = 0, first
-        for index, ((count, used), (_, _, ranges, sources)) in enumerate(zip(per_call, self._calls)):
+        for index, ((count, used), (_, _, ranges)) in enumerate(zip(per_call, self._calls)):
             over = np.full((count, 2), np.nan)  # (rows past the call's ranges: their own range)
-            made_at = np.asarray(sources[:count], dtype=np.int64)  # (a row shared with a child: binned as the child's)
-            known = made_at < len(ranges.activations)
-            over[known] = ranges.activations[made_at[known]]
+            rows = min(count, len(ranges.activations))
+            over[:rows] = ranges.activations[:rows]
             activation_edges.append(over)
             grad_edges.append(ranges.probe[used])
             self._ranges[index] = ranges.after(graph[activations_at:activations_at + count], used,

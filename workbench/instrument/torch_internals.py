@@ -17,7 +17,6 @@ from torch import nn
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "calls_running",
-           "last_forward_hooked",
            "in_backward", "keeps_graph", "GradientHook",
            "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
@@ -175,14 +174,6 @@ def queue_end_of_backward(callback: Callable[[], None]) -> bool:
 
 
 _CALL_IMPL = nn.Module._call_impl.__code__
-
-
-def last_forward_hooked(sequential: nn.Sequential) -> bool:
-    """Whether a forward hook runs after the process-wide ones (torch runs those first) on a call of
-    the last module of ``sequential``: one of its own, or one more process-wide than the watch's own
-    (torch's hook dicts, ``_forward_hooks`` and ``_global_forward_hooks``; read in the traced hook,
-    dynamo guards on them)."""
-    return bool(sequential[-1]._forward_hooks) or len(nn.modules.module._global_forward_hooks) > 1
 
 
 def call_raised(module: nn.Module) -> bool:
