@@ -49,9 +49,11 @@ time per step: where the cost of recording everything lies.
 With ``--compile``, instead: each workload trained eagerly and ``torch.compile``'d side by side,
 bare and watched (``workbench.watch`` / ``watch_compiled``, which computes the statistics inside
 the compiled graphs); ratios within each pair, of the statistics alone (``histograms=False`` on
-both sides). On CUDA, also ``mode="reduce-overhead"``.
+both sides; with ``--histograms``, 32-bin histograms on both, ``watch``'s default). On CUDA, also
+``mode="reduce-overhead"``.
 
-    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown] [--compile]
+    python bench/instrument_overhead.py [--rounds 30] [--quick] [--only ilql] [--device cuda] [--breakdown]
+                                        [--compile [--histograms]]
 """
 
 from __future__ import annotations
@@ -235,8 +237,8 @@ def measure(make, rounds: int, block: int, variants: dict[str, dict] = VARIANTS
     return result
 
 
-def measure_compiled(make, rounds: int, block: int, in_place: bool = False, mode: str | None = None
-                     ) -> dict[str, tuple[float, float, float, float]]:
+def measure_compiled(make, rounds: int, block: int, in_place: bool = False, mode: str | None = None,
+                     histograms: bool = False) -> dict[str, tuple[float, float, float, float]]:
     """``--compile``: eager+watch / eager-bare beside compiled+watch / compiled-bare, each ratio taken
     within its own pair (blocks shuffled as in :func:`measure`). The compiled model is compiled
     once (``torch.compile``, or ``model.compile()`` with ``in_place``, the way the ILQL agent calls
@@ -249,8 +251,9 @@ def measure_compiled(make, rounds: int, block: int, in_place: bool = False, mode
         compiled.model.compile(mode=mode)
     else:
         compiled.model = torch.compile(compiled.model, mode=mode)
-    pairs = {"eager bare": (eager, None), "eager+watch": (eager, workbench.watch(eager.model, histograms=False)),
-             "compiled bare": (compiled, None), "compiled+watch": (compiled, watch_compiled(compiled.model, histograms=False))}
+    pairs = {"eager bare": (eager, None), "eager+watch": (eager, workbench.watch(eager.model, histograms=histograms)),
+             "compiled bare": (compiled, None),
+             "compiled+watch": (compiled, watch_compiled(compiled.model, histograms=histograms))}
     watches = [w for _, w in pairs.values() if w is not None]
 
     def run(name: str) -> float:
@@ -300,6 +303,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="eager+watch / eager-bare beside compiled+watch / compiled-bare (torch.compile, "
                              "watch_compiled); on CUDA also with mode='reduce-overhead' (CUDA graphs)")
+    parser.add_argument("--histograms", action="store_true",
+                        help="with --compile: both watches with 32-bin histograms (watch's default), not the "
+                             "statistics alone")
     args = parser.parse_args()
     device = args.device
     # blocks of 10 steps: every=10 records one step in each
@@ -322,7 +328,7 @@ def main() -> None:
                 print(f"\n{title}, torch.compile{f'(mode={mode!r})' if mode else ''}:")
                 try:
                     result = measure_compiled(make, args.rounds or (2 if args.quick else rounds), block=10,
-                                              in_place=key == "ilql", mode=mode)
+                                              in_place=key == "ilql", mode=mode, histograms=args.histograms)
                 except Exception as exc:  # (the other workloads and modes still run)
                     print(f"  failed: {type(exc).__name__}: {str(exc)[:2000]}")
                     continue
