@@ -170,6 +170,40 @@ def test_the_graphs_torch_ops_bin_as_the_cpu_op_bins(monkeypatch):
     same_histograms(eager, compiled)
 
 
+class Nested(nn.Module):
+    """Sequentials in a Sequential (three sites return one tensor), a Sequential whose last child's
+    output a hook of the child doubles in place after the watch's hook, and a model that doubles
+    its head's output in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+        self.hooked = nn.Sequential(nn.Tanh(), nn.Linear(8, 8))
+        self.hooked[1].register_forward_hook(lambda module, args, out: out.mul_(2))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.hooked(self.body(x))).mul_(2)
+
+
+def test_sites_that_return_one_tensor_or_one_changed_in_place_have_the_eager_watch_s_rows():
+    histograms, rows = {}, {}
+    for compiled, model, watched in eager_then_compiled(Nested):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = workbench.watch(watched, bins=8)
+        for i in range(3):
+            watched(torch.randn(16, 4) * (1 + i)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            w.step()
+        histograms[compiled], rows[compiled] = w.histograms(), w.to_pandas()
+        assert w.errors == []
+        w.close()
+    assert graphs() == 1
+    assert len(same_histograms(histograms[False], histograms[True])) == 3 * (2 * 11 + 2 * 8)  # 11 sites, 8 params
+    assert (compare(rows[False], rows[True])._merge == "both").all()
+
+
 def eager_then_compiled(make):
     """``(compiled, model, what to call)``: a model from ``make`` as it is, then a new one (the same
     seed) compiled, with dynamo's caches and counters fresh."""
