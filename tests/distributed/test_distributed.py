@@ -198,6 +198,18 @@ def test_a_rank_whose_watch_fails_hangs_no_one(spawned):
     assert (rows[(rows.step == 1) & (rows.kind == "activation") & (rows.module == "0")].numel == 8 * 16).all()
 
 
+def test_a_store_rank_0_cannot_open_stops_every_rank_saying_why(spawned):
+    out, _ = spawned
+    rank0, rank1 = workers.load(out, "refused", 0), workers.load(out, "refused", 1)
+    kind, said = rank0["raised"]
+    assert kind == "NotADirectoryError" and "a_file" in said
+    kind, said = rank1["raised"]  # (it waited for nothing: the scenarios after this one ran on)
+    assert kind == "RuntimeError" and "rank 0 could not start its watch" in said and "a_file" in said
+    for rank in (rank0, rank1):
+        before, after = rank["hooks"]
+        assert before == after
+
+
 def test_fsdp2_fully_shard_on_the_cpu(spawned):
     out, _ = spawned
     rank0 = workers.load(out, "fsdp", 0)

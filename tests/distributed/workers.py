@@ -73,6 +73,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
                                 timeout=timedelta(seconds=60))
         ddp_scenario(rank, world, out)
         failing_scenario(rank, world, out)
+        refused_store_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
         destroy_process_group()
     except BaseException:
@@ -133,6 +134,23 @@ def failing_scenario(rank: int, world: int, out: Path) -> None:
     if rank == 0:
         result.update(rows=w.to_pandas(), records=[(r.step, len(r), r.errors) for r in w.recorder.records()])
     _dump(out, "failing", rank, result)
+
+
+def refused_store_scenario(rank: int, world: int, out: Path) -> None:
+    """Rank 0's store lies under a file: every rank's watch_distributed raises, none is left watching."""
+    from workbench.instrument.distributed import watch_distributed
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    before = hook_state(model)
+    if rank == 0:
+        (out / "a_file").write_text("not a folder")
+    try:
+        watch_distributed(ddp, store=out / "a_file" / "run")
+        raised = None
+    except Exception as exc:
+        raised = (type(exc).__name__, str(exc))
+    _dump(out, "refused", rank, {"raised": raised, "hooks": (before, hook_state(model))})
 
 
 def fsdp_scenario(rank: int, world: int, out: Path) -> None:

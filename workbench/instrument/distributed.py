@@ -454,9 +454,28 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
                                               if isinstance(m, (nn.parallel.DistributedDataParallel,
                                                                 nn.DataParallel))), None),
                              "histograms": "re-binned onto the global range where the ranks' ranges differ"}}
-    w = watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
-              histograms=histograms, bins=bins, recorder=recorder, store=store if recorder.rank == 0 else None,
-              metadata=facts, **options)
+
+    def rank_watch(store: str | Path | None) -> Watch:
+        return watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
+                     histograms=histograms, bins=bins, recorder=recorder, store=store, metadata=facts, **options)
+
+    # Rank 0 starts its watch first, and tells every rank whether it could (one broadcast): a store
+    # rank 0 cannot open then stops every rank here, saying why, rather than leaving the others to
+    # wait for it at their first recorded step (until the launcher or the group's timeout ends them)
+    w, refused = None, None
+    if recorder.rank == 0:
+        try:
+            w = rank_watch(store)
+        except Exception as exc:
+            refused = exc
+    said = [None if refused is None else f"{type(refused).__name__}: {refused}"]
+    dist.broadcast_object_list(said, src=recorder._dst, group=group)
+    if refused is not None:
+        raise refused
+    if said[0] is not None:
+        raise RuntimeError(f"watch_distributed: rank 0 could not start its watch, so no rank watches ({said[0]}).")
+    if w is None:
+        w = rank_watch(None)
     if w.store is not None:  # (the recorder records them, not the rank's watch, whose own options say False)
         w.store.set_meta(**recorded)
     return w
