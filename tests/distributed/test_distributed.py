@@ -318,7 +318,8 @@ def test_needs_an_initialized_process_group():
 
 def test_a_watch_recording_parameters_itself_is_told_and_not_counted_twice(one_rank):
     model = workers.make_model()
-    w = workbench.watch(model, histograms=True, bins=workers.BINS, recorder=DistributedRecorder(model, bins=workers.BINS))
+    w = workbench.watch(model, histograms=True, bins=workers.BINS,
+                        recorder=DistributedRecorder(model, bins=workers.BINS))
     workers.train(model, w, workers.batches(), slice(None))
     w.close()
     assert_rows_equal(w.to_pandas(), reference().to_pandas())
