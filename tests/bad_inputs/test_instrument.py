@@ -297,7 +297,10 @@ CASES = [
     Case("recorder-max-rows-float", lambda: Recorder(max_rows=1e6), ValueError, ["max_rows", "1000000.0"]),
     # ------------------------------------------------------- runs and stores
     Case("load-run-missing", lambda: workbench.load_run(ROOT / "nothing-here"), RunError,
-         ["nothing-here", "is not a workbench run", "list_runs"]),
+         ["nothing-here", "is not a workbench run", "no such file or folder", "list_runs"]),
+    Case("load-run-empty-path", lambda: workbench.load_run(""), RunError, ["path of a run is empty", "list_runs"]),
+    Case("load-run-folder-of-runs", lambda: stored_run("a") and workbench.load_run(ROOT), RunError,
+         ["is a folder of runs", "open one of them", "list_runs("]),
     Case("load-run-empty-dir", lambda: workbench.load_run((ROOT / "empty").mkdir(exist_ok=True) or ROOT / "empty"),
          RunError, ["empty", "has no run.sqlite"]),
     Case("load-run-no-such-user", lambda: workbench.load_run("~nosuchuser-wb/runs/a"), FileNotFoundError,

@@ -5,6 +5,7 @@ described in :mod:`workbench.instrument.store`, which writes them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import numbers
 import os
@@ -21,6 +22,24 @@ from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expand
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
 
 
+def _not_a_run(given: str | os.PathLike, path: Path) -> str:
+    """Why ``path`` (as ``given``) is not a run: empty, missing, a folder of runs, or a folder with none."""
+    how = "Runs are the directories given as store=...; workbench.list_runs(root) lists those under a folder."
+    if not str(given):
+        return f"the path of a run is empty. {how}"
+    if not path.exists():
+        return f"{given} is not a workbench run: there is no such file or folder ({path.absolute()}). {how}"
+    if path.is_dir():
+        # (two levels down, as runs/<name> and runs/<group>/<name> lie: a home folder is not searched whole)
+        found = itertools.chain(path.glob(f"*/{DB_NAME}"), path.glob(f"*/*/{DB_NAME}"))
+        inside = [db.parent.relative_to(path) for db in itertools.islice(found, 3)]
+        if inside:
+            return (f"{given} is not a workbench run: it is a folder of runs ({', '.join(map(str, inside))}"
+                    f"{' ...' if len(inside) == 3 else ''}); open one of them, or list them with "
+                    f"workbench.list_runs({str(given)!r}).")
+    return f"{given} is not a workbench run: it has no {DB_NAME}. {how}"
+
+
 class Run:
     """A stored run, read-only. Get one with :func:`load_run`."""
 
@@ -30,8 +49,7 @@ class Run:
         self.path = expanded(path, "path")
         db_path = self.path / DB_NAME if self.path.is_dir() else self.path
         if not db_path.is_file():
-            raise RunError(f"{path} is not a workbench run: it has no {DB_NAME}. "
-                           f"Runs are the directories given as store=...; see workbench.list_runs(root).")
+            raise RunError(_not_a_run(path, self.path))
         self.db_path = db_path
         if db_path.name == DB_NAME:
             self.path = db_path.parent
