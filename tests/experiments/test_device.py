@@ -26,6 +26,9 @@ def test_the_refusal_lists_the_devices_this_process_has(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"pass one this process has: 'cpu', 'cuda:0', 'cuda:1'\.$"):
         resolve_device("gpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # (a Mac's GPU)
+    with pytest.raises(ValueError, match=r"pass one this process has: 'cpu', 'cuda:0', 'cuda:1', 'mps'\.$"):
+        resolve_device("gpu")
 
 
 def test_an_experiment_that_runs_on_the_cpu_only_says_so(monkeypatch):

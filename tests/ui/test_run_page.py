@@ -526,9 +526,9 @@ def test_a_kind_the_run_is_not_recorded_with_says_so_live_and_stored_not_that_it
     assert run_page.draw_page(view, run_page.Controls(kind="activation")).sites_figure["data"]
     empty = RunView()
     assert empty_text(run_page.draw_page(empty, run_page.Controls(kind="param")).sites_figure) == "No param rows yet."
-    empty.set_status("stopped")
+    empty.set_status("stopped")  # (before its first step)
     assert empty_text(run_page.draw_page(empty, run_page.Controls(kind="param")).sites_figure) == (
-        "This run recorded no param rows.")
+        "This run ended before its first recorded step: it holds no rows and no metrics.")
 
 
 def test_the_per_site_figure_is_log_scaled_where_a_line_dwarfs_the_others_until_the_user_sets_its_box(tmp_path):
@@ -584,6 +584,15 @@ def test_a_running_forward_only_model_is_not_said_to_have_gradients_yet_to_come(
     assert empty_text(page.sites_figure) == "This run recorded no grad_output rows."
 
 
+def test_a_run_that_ended_before_its_first_step_says_so_not_how_a_watch_is_given_metrics(tmp_path):
+    net = torch.nn.Linear(2, 2)
+    workbench.watch(net, store=tmp_path / "none").close()  # (an experiment stopped at once, a watch never stepped)
+    view = RunView.from_run(load_run(tmp_path / "none"))
+    said = "This run ended before its first recorded step: it holds no rows and no metrics."
+    assert view.no_metrics() == view.no_rows("activation") == said
+    assert said in json.dumps(run_page.draw_page(view).metrics_figure)
+
+
 def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_path):
     # (a run recorded by workbench.watch() given no metrics read "No metrics yet." for good, as if some might come)
     net = torch.nn.Linear(2, 2)
@@ -592,7 +601,8 @@ def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_pat
             net(torch.ones(1, 2)).sum().backward()
             w.step()
     view = RunView.from_run(load_run(tmp_path / "a"))
-    said = "This run recorded no metrics (a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item()))."
+    said = ("This run recorded no metrics (a watch records the metrics given to w.step(), "
+            "e.g. w.step(loss=loss.item())).")
     assert json.dumps(run_page.draw_page(view).metrics_figure).count(said) == 1
     assert said in json.dumps(figures.metrics_figure(view))  # (the Dashboard's)
     views = {name: RunView.from_run(load_run(tmp_path / name)) for name in ("a", "b")}

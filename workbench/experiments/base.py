@@ -55,7 +55,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
         resolved = torch.device(device)
         torch.empty(0, device=resolved)  # the cheapest proof that the device exists here
     except Exception as err:  # RuntimeError, AssertionError (torch built without CUDA), TypeError
-        usable = ", ".join(repr(name) for name in ["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))])
+        usable = ", ".join(repr(name) for name in ["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count())),
+                                                   *(["mps"] if torch.backends.mps.is_available() else [])])
         raise ValueError(f"device {device!r} cannot be used here ({err}); pass one this process has: "
                          f"{usable}.") from None
     if resolved.type == "meta":

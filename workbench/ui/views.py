@@ -253,6 +253,11 @@ def _contains(container: str, module: str) -> bool:
     return container == "" or module.startswith(container + ".")
 
 
+#: What a view of a run that ended before its first recorded step says (no rows, no metrics: not how a
+#: watch is given them, which a run of an experiment stopped at once would not be helped by).
+NOTHING_RECORDED = "This run ended before its first recorded step: it holds no rows and no metrics."
+
+
 class RunView:
     """The views of one run, fed incrementally.
 
@@ -562,7 +567,7 @@ class RunView:
         if option is not None:
             return f"No {kind} rows: this run {'was' if ended else 'is'} recorded without them ({option}=False)."
         if ended:
-            return f"This run recorded no {kind} rows."
+            return f"This run recorded no {kind} rows." if self.steps_fed else NOTHING_RECORDED
         return f"No {kind} rows in the steps recorded so far." if self.steps_fed else f"No {kind} rows yet."
 
     def no_metrics(self) -> str:
@@ -572,7 +577,7 @@ class RunView:
         "yet" was said of a closed one forever)."""
         how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
         if self.status in ENDED:
-            return f"This run recorded no metrics ({how})."
+            return f"This run recorded no metrics ({how})." if self.steps_fed else NOTHING_RECORDED
         return f"No metrics in the steps recorded so far ({how})." if self.steps_fed else "No metrics yet."
 
     # ------------------------------------------------------------------ views
