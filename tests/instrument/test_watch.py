@@ -1581,6 +1581,30 @@ def test_a_forward_interrupted_leaves_no_rows_once_the_next_forward_starts_or_th
         assert set(second.kind) == {"param"}
 
 
+def test_the_rows_of_an_earlier_forward_that_arrive_after_one_interrupted_stay():
+    # (its output gradients, from the loss back-propagated once the second forward was interrupted,
+    # arrive after that forward's first rows: taken back with them, they were lost)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 3)
+
+    def interrupt(module, args, output):
+        raise KeyboardInterrupt
+
+    with workbench.watch(model) as w:
+        loss = model(x).sum()
+        handle = model[2].register_forward_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            model(x)
+        handle.remove()
+        loss.backward()
+        w.step()
+    with workbench.watch(reference) as ref:
+        reference(x).sum().backward()
+        ref.step()
+    pd.testing.assert_frame_equal(w.to_pandas(), ref.to_pandas())
+
+
 def test_a_model_that_calls_itself_keeps_the_rows_of_each_call():
     # (a forward of the model starting inside another is nested, not the next after one interrupted)
     class Halves(nn.Module):

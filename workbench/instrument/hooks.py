@@ -395,7 +395,10 @@ class Hooks:
             return
         entries, calls = self._forwards[forward][:2]
         del self._forwards[forward:]
-        del self.entries[entries:]
+        # the rows of the calls made since it started go; rows of earlier calls that arrived since stay
+        # (the output gradients of an earlier forward, its loss back-propagated after the interrupt)
+        self.entries[entries:] = [entry for entry in self.entries[entries:]
+                                  if entry[0][1] is not None and entry[0][1] < calls.get(entry[0][0], 0)]
         self.sites.calls.clear()
         self.sites.calls.update(calls)
         # a tensor those calls returned may be returned again (a parameter, as learned queries are),
