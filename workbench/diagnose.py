@@ -1047,6 +1047,12 @@ class Diagnoser:
         # another reason: a derivative 0 where the output is not, as a Threshold's)
         if counted < t.dead_unit_share * u or z * numel < counted * per_unit - 0.5:
             return
+        inputs = _parse_shape(layout.keys[i][4])[0]
+        if u * z ** inputs >= 1:
+            # a batch too small to tell a dead unit from one that fired for none of its few inputs: were every unit
+            # 0 at the site's rate z, u z^B of them would be 0 for all B inputs (a healthy ReLU of a batch of 1 has
+            # half its units 0 for it, and a batch of 2 read 22 of 32 units where 13 fire for none of the data)
+            return
         w = int(layout.feed_weight[i])
         if w >= 0 and float(stats["zero_frac"][w]) >= 1.0:
             # the layer that feeds it has a weight gradient all 0: its input is all 0 (the layer before is dead, and
