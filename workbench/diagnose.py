@@ -1007,11 +1007,15 @@ class Diagnoser:
             self._hold(step, "saturated", layout, i, lambda e, text=text, output=output: text + _fitted(e, output),
                        worst=float(index[j]), need=t.persist)
             e = self._open[key]
+            factor = 2.0 if output else 10.0
             if "fitted" not in e:  # (decided when the episode began: one taken up again keeps it)
-                e["fitted"] = self._loss_fell(2.0 if output else 10.0)
+                e["fitted"] = self._loss_fell(factor)
                 e["window"] = t.diverge_window
             if e["fitted"]:
-                e["severity"] = "info"
+                # info while the loss stays that low; one that rose back (a learning rate that threw the fitted model
+                # out, its layers pinned at their bounds) makes it a warning again, saying so
+                e["risen"] = None if self._loss_fell(factor) else self._loss_now(e["fitted"][0])
+                e["severity"] = "warning" if e["risen"] else "info"
 
     def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
         """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is ``factor``
@@ -1025,6 +1029,11 @@ class Diagnoser:
             if top > 0 and now <= top / factor:
                 return name, top, now
         return None
+
+    def _loss_now(self, name: str) -> float:
+        """The median of loss metric ``name``'s last ``diverge_window`` values (NaN before it has them)."""
+        tail = self._metrics[name]["tail"] if name in self._metrics else ()
+        return _median(list(tail)) if tail else math.nan
 
     def _dead_share(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
         """``dead_units`` at activation row ``i`` (never negative, fewer zeros than ``dead_zero_frac``) where at least
@@ -1477,8 +1486,12 @@ def _fitted(e: dict, output: bool) -> str:
             "its data, as the loss asks of them" if output else
             "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
     cost = "" if output else " (its units have little gradient left to learn anything new)"
-    return (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
-            f"{e['window']} values): {what}; harmless while the loss stays low{cost}.")
+    began = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
+             f"{e['window']} values)")
+    if e.get("risen"):
+        return (f"{began}, as the model fit its data; {fitted[0]} has since risen back to {e['risen']:.3g}: the "
+                f"model no longer fits, and the saturation is a warning again.")
+    return f"{began}: {what}; harmless while the loss stays low{cost}."
 
 
 def _times(ratio: float) -> str:

@@ -529,3 +529,33 @@ def test_the_share_of_dead_units_is_judged_where_the_batch_can_tell_them_from_un
                 row(step, "fc", "param_grad", "bias", "(32)", numel=32, zero_frac=0.5)]
     assert diagnose(pd.DataFrame([r for s in range(1, 6) for r in rows(s, 64)])).finding.tolist() == ["dead_units"]
     assert "dead_units" not in set(diagnose(pd.DataFrame([r for s in range(1, 6) for r in rows(s, 4)])).finding)
+
+
+def test_a_saturation_begun_as_the_model_fit_is_a_warning_again_once_the_loss_rose_back():
+    # a tanh MLP fits half-planes to ~0.006, its layers saturating as it does (info); at step 200 a learning rate of 3
+    # throws it out: the loss at ~30x its chance level, its layers pinned at their bounds; they were info for good
+    model = mlp("tanh")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with workbench.watch(model) as w:
+        for step in range(1, 301):
+            if step == 200:
+                opt.param_groups[0]["lr"] = 3.0
+            i = torch.randint(512, (64,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows, metrics = w.to_pandas(), w.metrics()
+    fitted = diagnose(rows[rows.step < 200], metrics[metrics.step < 200])
+    fitted = fitted[fitted.finding == "saturated"]
+    assert len(fitted) and set(fitted.severity) == {"info"}
+    assert all("harmless while the loss stays low" in text for text in fitted.evidence)
+    f = w.diagnose()
+    thrown = f[f.finding == "saturated"]
+    assert len(thrown) and set(thrown.severity) == {"warning"}
+    assert all(re.search(r"loss has since risen back to \d+(\.\d+)?: the model no longer fits", text) and
+               "harmless" not in text for text in thrown.evidence)
