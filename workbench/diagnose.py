@@ -1238,8 +1238,10 @@ class Diagnoser:
             o = layout.out_grad.get(module)
             where = module or "the model"
             if o is not None and float(stats["norm"][o]) > 0:
+                # (the rows do not say which of the two: a parameter's requires_grad is not recorded)
                 why = (f" The output of {where} gets a gradient (||grad|| {float(stats['norm'][o]):.3g}): this "
-                       f"parameter takes none itself (requires_grad=False on it).")
+                       f"parameter takes none itself: requires_grad=False on it, or the forward of {where} does not "
+                       f"use it (a parameter left out of its computation).")
             elif o is None and layout.out_grad:
                 why = (f" No gradient reaches the output of {where} either (it has no output-gradient row): the loss "
                        f"does not use that output, or the graph is cut after it (a .detach(), torch.no_grad(), "

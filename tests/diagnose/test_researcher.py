@@ -332,6 +332,26 @@ def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output(
     assert f[["finding", "site", "severity"]].values.tolist() == [["frozen", "2.weight", "info"]]
     assert "The output of 2 gets a gradient (||grad|| " in f.evidence[0]
     assert "requires_grad=False on it" in f.evidence[0]
+    # a parameter its module's forward leaves out (requires_grad True) reads the same: the evidence names both
+    # (it said requires_grad=False of it, as a fact)
+    assert "or the forward of 2 does not use it" in f.evidence[0]
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 8) * 0.3)
+            self.gate = nn.Parameter(torch.randn(4, 8))  # (used only where use_gate is set)
+            self.use_gate = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x @ self.weight
+            return h * torch.sigmoid(self.gate).mean(0) if self.use_gate else h
+
+    model = mlp(nn.ReLU(), Gated(), nn.ReLU(), width=8)
+    assert model[2].gate.requires_grad
+    f = fit(model, steps=5).diagnose()
+    assert f[["finding", "site"]].values.tolist() == [["frozen", "2.gate"]]
+    assert "or the forward of 2 does not use it (a parameter left out of its computation)" in f.evidence[0]
 
     class Branches(nn.Module):
         def __init__(self) -> None:
