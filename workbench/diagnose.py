@@ -1119,17 +1119,19 @@ class Diagnoser:
             if abs(spread) > t.gradient_orders:
                 chain = ", ".join(f"{layout.names[i]} {r:.2g}" for i, r in _sample(list(zip(idx, rms)), 6))
                 finding = "vanishing_gradients" if spread < 0 else "exploding_gradients"
-                # most of a vanishing across the last site alone: the last layer's weights are small (one initialized
-                # at 0 scales every gradient before it by its weights, until they grew)
-                across_last = logs[-1] - logs[-2]
-                tail = (f" Most of it, {across_last:.1f} orders, is across the last site, from "
-                        f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
-                        f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
-                        if spread < 0 and across_last > -spread / 2 else "")
+                # most of a vanishing across the last layer alone: its weights are small (one initialized at 0 scales
+                # every gradient before it by its weights, until they grew)
+                j = max(_last_layer(layout, idx), 1)
+                across_last = logs[j] - logs[j - 1]
+                what = "site" if j == len(idx) - 1 else "layer"
+                tail = (f" Most of it, {across_last:.1f} orders, is across the last {what}, from "
+                        f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
+                        f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
+                        f"grew)." if spread < 0 and across_last > -spread / 2 else "")
                 # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
                 # as the sites before it are within gradient_orders of each other
-                before_last = logs[0] - logs[-2] if len(idx) >= 3 else 0.0
-                if tail and grown_from_zero and layout.names[idx[-1]] == self._zero_start["site"] and \
+                before_last = logs[0] - logs[j - 1] if j >= 2 else 0.0
+                if tail and grown_from_zero and layout.names[idx[j]] == self._zero_start["site"] and \
                         before_last >= -t.gradient_orders:
                     finding = None
             if abs(spread) > t.gradient_orders and finding is not None:
@@ -1162,7 +1164,8 @@ class Diagnoser:
         judged as any layer, for good."""
         if not ok.any():
             return False
-        last = int(np.flatnonzero(ok)[-1])
+        getting = np.flatnonzero(ok)
+        last = int(getting[_last_layer(layout, idx[getting])])
         site, module = layout.names[idx[last]], layout.keys[idx[last]][0]
         rows = [k for k in layout.params if layout.keys[k][0] == module]
         norm = float(np.sqrt(np.sum(stats["norm"][rows] ** 2))) if rows else math.nan
@@ -1469,6 +1472,16 @@ class Diagnoser:
                        f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
                        f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
                        need=t.persist)
+
+
+def _last_layer(layout: _Layout, sites: np.ndarray) -> int:
+    """The position in ``sites`` (output-gradient rows, forward order) of the last layer: the last site whose module
+    records parameters, those after it parameter-free (a softmax or log-softmax after the last Linear); the last
+    site where no module records any (``parameters=False``)."""
+    for k in range(len(sites) - 1, -1, -1):
+        if layout.own_params.get(layout.keys[sites[k]][0]):
+            return k
+    return len(sites) - 1
 
 
 def _medians_noise(values: list[float]) -> float:

@@ -301,6 +301,15 @@ def test_a_last_layer_initialized_at_0_whose_weights_grow_has_no_vanishing_gradi
     assert fit(zero_last_layer_mlp(), steps=20, updates=True).diagnose().empty
 
 
+def test_a_last_layer_initialized_at_0_before_a_log_softmax_module_has_no_vanishing_gradients_either():
+    # the last layer with parameters is the one at 0; a parameter-free LogSoftmax after it (under nll_loss) was taken
+    # for the last layer, and the run read as vanishing_gradients over steps 1-16
+    model = zero_last_layer_mlp()
+    model.append(nn.LogSoftmax(dim=1))
+    f = fit(model, steps=20, loss_fn=F.nll_loss).diagnose()
+    assert f.empty, f[["site", "finding", "step", "last_step"]].values.tolist()
+
+
 def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and_one_frozen_at_0_vanishes():
     # without parameter rows its weights are not known to grow: the finding stands, saying where the drop is
     w = fit(zero_last_layer_mlp(), steps=40, parameters=False)
