@@ -1361,7 +1361,9 @@ class Diagnoser:
             # level of the steps so far above it
             level = _median(list(recent))
             rise = value - level
-            if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
+            # (a level of exactly 0, a hinge or margin loss whose first batch is all within the margin, is no scale
+            # to measure a rise by: 0.05 after 0 read as a spike of 5e+10x)
+            if level != 0 and rise > t.spike_factor * abs(level) and rise >= t.spike_regain * max(top - level, 0.0):
                 before = f"median of the {len(recent)} steps before" if len(recent) > 1 else "its first value"
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
