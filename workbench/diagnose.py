@@ -929,10 +929,11 @@ class Diagnoser:
             if counted == 0:
                 continue  # (every unit outputs something for some input: a sparse layer, not a dead one)
             before = int(layout.previous[i])
-            if counted is None and before >= 0 and layout.feed_bias[before] >= 0 and lo[before] >= 0:
-                # (the site before it, of its shape and never negative, has its units counted (dead_units there, if
-                # any): the zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for
-                # good: a ReLU at ~52% zeros and a dropout of 0.6 after it read 81%)
+            if counted is None and before >= 0 and lo[before] >= 0:
+                # (the site before it, of its shape and never negative, is judged itself (dead_units there, if any): the
+                # zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for good: a
+                # ReLU at ~52% zeros and a dropout of 0.6 after it read 81%, its units counted by the bias before it or
+                # not: a Linear without bias before it, a run without parameter gradients)
                 continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "

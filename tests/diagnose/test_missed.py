@@ -455,6 +455,24 @@ def test_a_dropout_after_a_live_relu_is_no_dead_units_and_after_a_dead_one_the_r
     assert f[f.finding == "dead_units"].site.tolist() == ["1"]
 
 
+def test_a_dropout_after_a_live_relu_whose_units_no_bias_counts_is_no_dead_units_either():
+    # a Linear without bias before the ReLU, or a run without parameter gradients: nothing counts the ReLU's units,
+    # and the dropout after it at ~80% zeros read as dead_units ('most of its units output 0') before 2026-11-29
+    model = relu_dropout_mlp(0.6)
+    model[0] = torch.nn.Linear(2, 64, bias=False)
+    w = train(model, steps=20)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "2") & (rows.kind == "activation")].zero_frac.max() > 0.8
+    assert "dead_units" not in set(w.diagnose().finding)
+    assert "dead_units" not in set(train(relu_dropout_mlp(0.6), steps=20, parameter_grads=False).diagnose().finding)
+    # the ReLU dead, its units uncounted (no parameter gradients): found there, once, not again at the dropout
+    model = relu_dropout_mlp(0.6)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    f = train(model, steps=5, parameter_grads=False).diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+
+
 
 def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_predictions_as_information():
     # a binary classifier's sigmoid probabilities at 0 and 1 once it fits (BCE from 0.69 to ~0.1): a warning to
