@@ -1013,9 +1013,13 @@ class Diagnoser:
                 e["fitted"] = self._loss_fell(factor)
                 e["window"] = t.diverge_window
             if e["fitted"]:
-                # info while the loss stays that low; one that rose back (a learning rate that threw the fitted model
-                # out, its layers pinned at their bounds) makes it a warning again, saying so
-                e["risen"] = None if self._loss_fell(factor) else self._loss_now(e["fitted"][0])
+                # info while the loss stays low; one that rose back (a learning rate that threw the fitted model out,
+                # its layers pinned at their bounds) makes it a warning again, saying so: back above its start over
+                # the square root of the factor it had fallen by (a margin: a loss noisy about the factor's level
+                # would make it info and warning by turns)
+                name, top, _ = e["fitted"]
+                now = self._loss_now(name)
+                e["risen"] = now if now > top / math.sqrt(factor) else None
                 e["severity"] = "warning" if e["risen"] else "info"
 
     def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
