@@ -929,10 +929,11 @@ class Diagnoser:
             if counted == 0:
                 continue  # (every unit outputs something for some input: a sparse layer, not a dead one)
             before = int(layout.previous[i])
-            if counted is None and before >= 0 and layout.feed_bias[before] >= 0 and lo[before] >= 0:
-                # (the site before it, of its shape and never negative, has its units counted (dead_units there, if
-                # any): the zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for
-                # good: a ReLU at ~52% zeros and a dropout of 0.6 after it read 81%)
+            if counted is None and before >= 0 and lo[before] >= 0:
+                # (the site before it, of its shape and never negative, is judged itself (dead_units there, if any): the
+                # zeros this one adds are its module's, a dropout's, entries zeroed at random, not units for good: a
+                # ReLU at ~52% zeros and a dropout of 0.6 after it read 81%, its units counted by the bias before it or
+                # not: a Linear without bias before it, a run without parameter gradients)
                 continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
@@ -1007,11 +1008,19 @@ class Diagnoser:
             self._hold(step, "saturated", layout, i, lambda e, text=text, output=output: text + _fitted(e, output),
                        worst=float(index[j]), need=t.persist)
             e = self._open[key]
+            factor = 2.0 if output else 10.0
             if "fitted" not in e:  # (decided when the episode began: one taken up again keeps it)
-                e["fitted"] = self._loss_fell(2.0 if output else 10.0)
+                e["fitted"] = self._loss_fell(factor)
                 e["window"] = t.diverge_window
             if e["fitted"]:
-                e["severity"] = "info"
+                # info while the loss stays low; one that rose back (a learning rate that threw the fitted model out,
+                # its layers pinned at their bounds) makes it a warning again, saying so: back above its start over
+                # the square root of the factor it had fallen by (a margin: a loss noisy about the factor's level
+                # would make it info and warning by turns)
+                name, top, _ = e["fitted"]
+                now = self._loss_now(name)
+                e["risen"] = now if now > top / math.sqrt(factor) else None
+                e["severity"] = "warning" if e["risen"] else "info"
 
     def _loss_fell(self, factor: float) -> tuple[str, float, float] | None:
         """``(name, from, to)`` of a loss metric whose median over its last ``diverge_window`` values is ``factor``
@@ -1025,6 +1034,11 @@ class Diagnoser:
             if top > 0 and now <= top / factor:
                 return name, top, now
         return None
+
+    def _loss_now(self, name: str) -> float:
+        """The median of loss metric ``name``'s last ``diverge_window`` values (NaN before it has them)."""
+        tail = self._metrics[name]["tail"] if name in self._metrics else ()
+        return _median(list(tail)) if tail else math.nan
 
     def _dead_share(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
         """``dead_units`` at activation row ``i`` (never negative, fewer zeros than ``dead_zero_frac``) where at least
@@ -1046,6 +1060,12 @@ class Diagnoser:
         # a unit dead for the batch is all zeros: a count its zeros cannot hold is not dead units (a gradient of 0 for
         # another reason: a derivative 0 where the output is not, as a Threshold's)
         if counted < t.dead_unit_share * u or z * numel < counted * per_unit - 0.5:
+            return
+        inputs = _parse_shape(layout.keys[i][4])[0]
+        if u * z ** inputs >= 1:
+            # a batch too small to tell a dead unit from one that fired for none of its few inputs: were every unit
+            # 0 at the site's rate z, u z^B of them would be 0 for all B inputs (a healthy ReLU of a batch of 1 has
+            # half its units 0 for it, and a batch of 2 read 22 of 32 units where 13 fire for none of the data)
             return
         w = int(layout.feed_weight[i])
         if w >= 0 and float(stats["zero_frac"][w]) >= 1.0:
@@ -1104,17 +1124,19 @@ class Diagnoser:
             if abs(spread) > t.gradient_orders:
                 chain = ", ".join(f"{layout.names[i]} {r:.2g}" for i, r in _sample(list(zip(idx, rms)), 6))
                 finding = "vanishing_gradients" if spread < 0 else "exploding_gradients"
-                # most of a vanishing across the last site alone: the last layer's weights are small (one initialized
-                # at 0 scales every gradient before it by its weights, until they grew)
-                across_last = logs[-1] - logs[-2]
-                tail = (f" Most of it, {across_last:.1f} orders, is across the last site, from "
-                        f"{layout.names[idx[-2]]} to {layout.names[idx[-1]]}: the weights there are small (a last "
-                        f"layer initialized at 0, or small, scales every gradient before it so until they grew)."
-                        if spread < 0 and across_last > -spread / 2 else "")
+                # most of a vanishing across the last layer alone: its weights are small (one initialized at 0 scales
+                # every gradient before it by its weights, until they grew)
+                j = max(_last_layer(layout, idx), 1)
+                across_last = logs[j] - logs[j - 1]
+                what = "site" if j == len(idx) - 1 else "layer"
+                tail = (f" Most of it, {across_last:.1f} orders, is across the last {what}, from "
+                        f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
+                        f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
+                        f"grew)." if spread < 0 and across_last > -spread / 2 else "")
                 # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
                 # as the sites before it are within gradient_orders of each other
-                before_last = logs[0] - logs[-2] if len(idx) >= 3 else 0.0
-                if tail and grown_from_zero and layout.names[idx[-1]] == self._zero_start["site"] and \
+                before_last = logs[0] - logs[j - 1] if j >= 2 else 0.0
+                if tail and grown_from_zero and layout.names[idx[j]] == self._zero_start["site"] and \
                         before_last >= -t.gradient_orders:
                     finding = None
             if abs(spread) > t.gradient_orders and finding is not None:
@@ -1147,7 +1169,8 @@ class Diagnoser:
         judged as any layer, for good."""
         if not ok.any():
             return False
-        last = int(np.flatnonzero(ok)[-1])
+        getting = np.flatnonzero(ok)
+        last = int(getting[_last_layer(layout, idx[getting])])
         site, module = layout.names[idx[last]], layout.keys[idx[last]][0]
         rows = [k for k in layout.params if layout.keys[k][0] == module]
         norm = float(np.sqrt(np.sum(stats["norm"][rows] ** 2))) if rows else math.nan
@@ -1223,8 +1246,10 @@ class Diagnoser:
             o = layout.out_grad.get(module)
             where = module or "the model"
             if o is not None and float(stats["norm"][o]) > 0:
+                # (the rows do not say which of the two: a parameter's requires_grad is not recorded)
                 why = (f" The output of {where} gets a gradient (||grad|| {float(stats['norm'][o]):.3g}): this "
-                       f"parameter takes none itself (requires_grad=False on it).")
+                       f"parameter takes none itself: requires_grad=False on it, or the forward of {where} does not "
+                       f"use it (a parameter left out of its computation).")
             elif o is None and layout.out_grad:
                 why = (f" No gradient reaches the output of {where} either (it has no output-gradient row): the loss "
                        f"does not use that output, or the graph is cut after it (a .detach(), torch.no_grad(), "
@@ -1341,7 +1366,9 @@ class Diagnoser:
             # level of the steps so far above it
             level = _median(list(recent))
             rise = value - level
-            if rise > t.spike_factor * max(abs(level), 1e-12) and rise >= t.spike_regain * max(top - level, 0.0):
+            # (a level of exactly 0, a hinge or margin loss whose first batch is all within the margin, is no scale
+            # to measure a rise by: 0.05 after 0 read as a spike of 5e+10x)
+            if level != 0 and rise > t.spike_factor * abs(level) and rise >= t.spike_regain * max(top - level, 0.0):
                 before = f"median of the {len(recent)} steps before" if len(recent) > 1 else "its first value"
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
@@ -1454,6 +1481,16 @@ class Diagnoser:
                        need=t.persist)
 
 
+def _last_layer(layout: _Layout, sites: np.ndarray) -> int:
+    """The position in ``sites`` (output-gradient rows, forward order) of the last layer: the last site whose module
+    records parameters, those after it parameter-free (a softmax or log-softmax after the last Linear); the last
+    site where no module records any (``parameters=False``)."""
+    for k in range(len(sites) - 1, -1, -1):
+        if layout.own_params.get(layout.keys[sites[k]][0]):
+            return k
+    return len(sites) - 1
+
+
 def _medians_noise(values: list[float]) -> float:
     """The noise of the difference of two medians of ``len(values)`` values each: of one value from the median
     absolute difference of consecutive values (which a trend hardly moves), of a median of n ~1.2533 sigma /
@@ -1471,8 +1508,12 @@ def _fitted(e: dict, output: bool) -> str:
             "its data, as the loss asks of them" if output else
             "a layer saturated as the model fit its data, as tanh and sigmoid nets trained to a low loss do")
     cost = "" if output else " (its units have little gradient left to learn anything new)"
-    return (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
-            f"{e['window']} values): {what}; harmless while the loss stays low{cost}.")
+    began = (f" It began once {fitted[0]} had fallen from {fitted[1]:.3g} to {fitted[2]:.3g} (the median of its last "
+             f"{e['window']} values)")
+    if e.get("risen"):
+        return (f"{began}, as the model fit its data; {fitted[0]} has since risen back to {e['risen']:.3g}: the "
+                f"model no longer fits, and the saturation is a warning again.")
+    return f"{began}: {what}; harmless while the loss stays low{cost}."
 
 
 def _times(ratio: float) -> str:

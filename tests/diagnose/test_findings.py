@@ -142,6 +142,11 @@ def test_a_loss_thrown_up_in_its_first_steps_is_a_spike():
     f = diagnose(pd.DataFrame(), adam)
     assert f[["finding", "step", "last_step"]].values.tolist() == [["loss_spike", 2, 2]]
     assert f.evidence[0].startswith("loss = 48 at step 2: 63.5x its level (its first value: 0.744) above it")
+    # a loss at exactly 0 at first (a hinge loss whose first batch is all within its margin) is no level to measure a
+    # rise by: 0.05 after it read as a spike of 5e+10x
+    hinge = pd.DataFrame({"step": range(1, 13), "loss": [0.0, 0.05, 0.04, 0.0, 0.03, 0.02, 0.01, 0.0, 0.02, 0.01, 0.0,
+                                                         0.01]})
+    assert diagnose(pd.DataFrame(), hinge).empty
 
 
 def test_diverging_loss_and_non_finite_loss():

@@ -455,6 +455,24 @@ def test_a_dropout_after_a_live_relu_is_no_dead_units_and_after_a_dead_one_the_r
     assert f[f.finding == "dead_units"].site.tolist() == ["1"]
 
 
+def test_a_dropout_after_a_live_relu_whose_units_no_bias_counts_is_no_dead_units_either():
+    # a Linear without bias before the ReLU, or a run without parameter gradients: nothing counts the ReLU's units,
+    # and the dropout after it at ~80% zeros read as dead_units ('most of its units output 0') before 2026-11-29
+    model = relu_dropout_mlp(0.6)
+    model[0] = torch.nn.Linear(2, 64, bias=False)
+    w = train(model, steps=20)
+    rows = w.to_pandas()
+    assert rows[(rows.module == "2") & (rows.kind == "activation")].zero_frac.max() > 0.8
+    assert "dead_units" not in set(w.diagnose().finding)
+    assert "dead_units" not in set(train(relu_dropout_mlp(0.6), steps=20, parameter_grads=False).diagnose().finding)
+    # the ReLU dead, its units uncounted (no parameter gradients): found there, once, not again at the dropout
+    model = relu_dropout_mlp(0.6)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    f = train(model, steps=5, parameter_grads=False).diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+
+
 
 def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_predictions_as_information():
     # a binary classifier's sigmoid probabilities at 0 and 1 once it fits (BCE from 0.69 to ~0.1): a warning to
@@ -493,3 +511,69 @@ def test_a_saturation_from_the_start_taken_up_again_after_the_loss_fell_stays_a_
     rows = pd.DataFrame([site(s, s >= 100) for s in steps])
     f = diagnose(rows, metrics)
     assert f[["finding", "severity", "step"]].values.tolist() == [["saturated", "info", 100]]
+
+
+def test_a_batch_too_small_to_tell_a_dead_unit_from_one_that_did_not_fire_for_its_inputs_counts_none():
+    # a healthy ReLU MLP trained on batches of 1 input: about half its units output 0 for that input, and their
+    # entries of the bias gradient are 0; none of the first layer's is dead over the data, and it has no dead_units
+    # (16 of 32 read 50% before; the second layer, sparser, passes dead_zero_frac on some inputs: that rule's own)
+    model = mlp("relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            i = torch.randint(512, (1,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    with torch.no_grad():
+        fired = model.layers[1](model.layers[0](x)) > 0
+    assert int((~fired.any(0)).sum()) == 0  # (every unit of the first layer fires for some of the data)
+    f = w.diagnose()
+    assert "layers.1" not in set(f[f.finding == "dead_units"].site)
+
+
+def test_the_share_of_dead_units_is_judged_where_the_batch_can_tell_them_from_units_quiet_by_chance():
+    # 16 of 32 units counted by the bias gradient at 75% zeros: a finding on a batch of 64 inputs; on a batch of 4,
+    # 32 x 0.75^4 = 10 units would be 0 for all its inputs at that rate by chance: no count to trust
+    def rows(step, batch):
+        return [row(step, "fc", "activation", shape=f"({batch}, 32)", numel=32 * batch, min=-3.0, max=3.0),
+                row(step, "act", "activation", shape=f"({batch}, 32)", numel=32 * batch, min=0.0, max=3.0,
+                    zero_frac=0.75),
+                row(step, "fc", "param_grad", "bias", "(32)", numel=32, zero_frac=0.5)]
+    assert diagnose(pd.DataFrame([r for s in range(1, 6) for r in rows(s, 64)])).finding.tolist() == ["dead_units"]
+    assert "dead_units" not in set(diagnose(pd.DataFrame([r for s in range(1, 6) for r in rows(s, 4)])).finding)
+
+
+def test_a_saturation_begun_as_the_model_fit_is_a_warning_again_once_the_loss_rose_back():
+    # a tanh MLP fits half-planes to ~0.006, its layers saturating as it does (info); at step 200 a learning rate of 3
+    # throws it out: the loss at ~30x its chance level, its layers pinned at their bounds; they were info for good
+    model = mlp("tanh")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with workbench.watch(model) as w:
+        for step in range(1, 301):
+            if step == 200:
+                opt.param_groups[0]["lr"] = 3.0
+            i = torch.randint(512, (64,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows, metrics = w.to_pandas(), w.metrics()
+    fitted = diagnose(rows[rows.step < 200], metrics[metrics.step < 200])
+    fitted = fitted[fitted.finding == "saturated"]
+    assert len(fitted) and set(fitted.severity) == {"info"}
+    assert all("harmless while the loss stays low" in text for text in fitted.evidence)
+    f = w.diagnose()
+    thrown = f[f.finding == "saturated"]
+    assert len(thrown) and set(thrown.severity) == {"warning"}
+    assert all(re.search(r"loss has since risen back to \d+(\.\d+)?: the model no longer fits", text) and
+               "harmless" not in text for text in thrown.evidence)

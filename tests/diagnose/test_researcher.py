@@ -301,6 +301,15 @@ def test_a_last_layer_initialized_at_0_whose_weights_grow_has_no_vanishing_gradi
     assert fit(zero_last_layer_mlp(), steps=20, updates=True).diagnose().empty
 
 
+def test_a_last_layer_initialized_at_0_before_a_log_softmax_module_has_no_vanishing_gradients_either():
+    # the last layer with parameters is the one at 0; a parameter-free LogSoftmax after it (under nll_loss) was taken
+    # for the last layer, and the run read as vanishing_gradients over steps 1-16
+    model = zero_last_layer_mlp()
+    model.append(nn.LogSoftmax(dim=1))
+    f = fit(model, steps=20, loss_fn=F.nll_loss).diagnose()
+    assert f.empty, f[["site", "finding", "step", "last_step"]].values.tolist()
+
+
 def test_a_last_layer_at_0_not_known_to_grow_says_its_vanishing_is_across_it_and_one_frozen_at_0_vanishes():
     # without parameter rows its weights are not known to grow: the finding stands, saying where the drop is
     w = fit(zero_last_layer_mlp(), steps=40, parameters=False)
@@ -332,6 +341,26 @@ def test_a_frozen_parameter_says_whether_a_gradient_reaches_its_module_s_output(
     assert f[["finding", "site", "severity"]].values.tolist() == [["frozen", "2.weight", "info"]]
     assert "The output of 2 gets a gradient (||grad|| " in f.evidence[0]
     assert "requires_grad=False on it" in f.evidence[0]
+    # a parameter its module's forward leaves out (requires_grad True) reads the same: the evidence names both
+    # (it said requires_grad=False of it, as a fact)
+    assert "or the forward of 2 does not use it" in f.evidence[0]
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 8) * 0.3)
+            self.gate = nn.Parameter(torch.randn(4, 8))  # (used only where use_gate is set)
+            self.use_gate = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x @ self.weight
+            return h * torch.sigmoid(self.gate).mean(0) if self.use_gate else h
+
+    model = mlp(nn.ReLU(), Gated(), nn.ReLU(), width=8)
+    assert model[2].gate.requires_grad
+    f = fit(model, steps=5).diagnose()
+    assert f[["finding", "site"]].values.tolist() == [["frozen", "2.gate"]]
+    assert "or the forward of 2 does not use it (a parameter left out of its computation)" in f.evidence[0]
 
     class Branches(nn.Module):
         def __init__(self) -> None:

@@ -363,6 +363,28 @@ def test_joining_a_comparison_not_started_says_to_start_it_rather_than_waiting_f
     assert comparison.join() == {"relu": "not started", "tanh": "not started"}
 
 
+def test_a_run_that_fails_to_start_one_after_another_leaves_those_after_it_not_started_and_join_ends():
+    # the run before it ended and started it, which raised: the run after it stayed 'waiting' for ever, done was never
+    # True, and join() without a timeout never returned
+    comparison = ex.Comparison(["relu", "tanh", "gelu"], steps=3, **SMALL)
+
+    def no_memory(steps):
+        raise RuntimeError("not enough memory")
+
+    comparison.entries["tanh"].experiment.start = no_memory
+    with pytest.warns(RuntimeWarning, match="not enough memory"):  # (raised in the first run's callback)
+        comparison.start()
+        statuses = comparison.join(60)
+    assert statuses == {"relu": "finished", "tanh": "failed", "gelu": "not started"}
+    assert comparison.done
+    # the first failing to start: start() says why, and the others are not started
+    comparison = ex.Comparison(["relu", "tanh"], steps=3, **SMALL)
+    comparison.entries["relu"].experiment.start = no_memory
+    with pytest.raises(RuntimeError, match="not enough memory"):
+        comparison.start()
+    assert comparison.join() == {"relu": "failed", "tanh": "not started"}
+
+
 def test_page_handlers_start_and_draw_a_comparison():
     comparison, message = ex.start_comparison(None, ["tanh", "relu"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
                                               "one after another")

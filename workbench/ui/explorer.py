@@ -692,6 +692,12 @@ class Comparison:
                 e.subscription.unsubscribe()
                 e.watch.close("failed", repr(exc))
                 e.view.set_status("failed", repr(exc))
+                if self.mode == "one after another":
+                    # (the runs after it were to start as it ended; it never will: they are not started, not
+                    # waiting for ever, and join() ends)
+                    names = list(self.entries)
+                    for later in names[names.index(name) + 1:]:
+                        self.entries[later].view.set_status("not started")
                 raise
         e.run.on_done(lambda run, name=name: self._finished(name, run))
 
