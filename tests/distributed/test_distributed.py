@@ -210,6 +210,17 @@ def test_a_store_rank_0_cannot_open_stops_every_rank_saying_why(spawned):
         assert before == after
 
 
+def test_rank_0_interrupted_as_its_watch_starts_leaves_no_rank_waiting(spawned):
+    out, _ = spawned
+    rank0, rank1 = workers.load(out, "interrupted", 0), workers.load(out, "interrupted", 1)
+    assert rank0["raised"][0] == "KeyboardInterrupt"
+    kind, said = rank1["raised"]  # (not the group's timeout, 60 s later, in the broadcast)
+    assert kind == "RuntimeError" and "rank 0 could not start its watch" in said and "KeyboardInterrupt" in said
+    for rank in (rank0, rank1):
+        before, after = rank["hooks"]
+        assert before == after
+
+
 def test_fsdp2_fully_shard_on_the_cpu(spawned):
     out, _ = spawned
     rank0 = workers.load(out, "fsdp", 0)
@@ -293,6 +304,23 @@ def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distr
         with pytest.raises(FileExistsError, match=r"being written by another writer.*Under torch\.distributed "
                                                   r"every rank's watch writes its own store: use .*watch_distributed"):
             workbench.watch(model, store=tmp_path / "run")
+
+
+def test_rank_0_s_watch_is_closed_when_its_broadcast_fails(one_rank, tmp_path, monkeypatch):
+    # (a peer gone before watch_distributed: rank 0's watch, started, was left with its hooks in and
+    # its store held open)
+    def peer_gone(*args, **kwargs):
+        raise RuntimeError("a peer is gone")
+
+    model = workers.make_model()
+    before = workers.hook_state(model)
+    monkeypatch.setattr(dist, "broadcast_object_list", peer_gone)
+    with pytest.raises(RuntimeError, match="a peer is gone"):
+        watch_distributed(model, store=tmp_path / "run")
+    monkeypatch.undo()
+    assert workers.hook_state(model) == before
+    run = workbench.load_run(tmp_path / "run")
+    assert run.status == "failed" and "a peer is gone" in run.metadata["error"]
 
 
 def test_bad_options_are_named(one_rank):

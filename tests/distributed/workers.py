@@ -74,6 +74,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         ddp_scenario(rank, world, out)
         failing_scenario(rank, world, out)
         refused_store_scenario(rank, world, out)
+        interrupted_start_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
         destroy_process_group()
     except BaseException:
@@ -151,6 +152,28 @@ def refused_store_scenario(rank: int, world: int, out: Path) -> None:
     except Exception as exc:
         raised = (type(exc).__name__, str(exc))
     _dump(out, "refused", rank, {"raised": raised, "hooks": (before, hook_state(model))})
+
+
+def interrupted_start_scenario(rank: int, world: int, out: Path) -> None:
+    """Rank 0's watch is interrupted as it starts (a KeyboardInterrupt, in its modules predicate): every
+    rank's watch_distributed raises, none is left waiting for rank 0 in the broadcast."""
+    from workbench.instrument.distributed import watch_distributed
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    before = hook_state(model)
+
+    def selected(path: str) -> bool:
+        if rank == 0:
+            raise KeyboardInterrupt
+        return True
+
+    try:
+        watch_distributed(ddp, modules=selected, parameters=False, parameter_grads=False)
+        raised = None
+    except BaseException as exc:
+        raised = (type(exc).__name__, str(exc))
+    _dump(out, "interrupted", rank, {"raised": raised, "hooks": (before, hook_state(model))})
 
 
 def fsdp_scenario(rank: int, world: int, out: Path) -> None:

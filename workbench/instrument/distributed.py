@@ -462,14 +462,23 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     # Rank 0 starts its watch first, and tells every rank whether it could (one broadcast): a store
     # rank 0 cannot open then stops every rank here, saying why, rather than leaving the others to
     # wait for it at their first recorded step (until the launcher or the group's timeout ends them)
+    # (a KeyboardInterrupt there too: the others are told, not left waiting in the broadcast). A
+    # broadcast that raises (a peer gone) closes rank 0's watch: no hook is left in, its store let go.
     w, refused = None, None
     if recorder.rank == 0:
         try:
             w = rank_watch(store)
-        except Exception as exc:
+        except BaseException as exc:
             refused = exc
     said = [None if refused is None else f"{type(refused).__name__}: {refused}"]
-    dist.broadcast_object_list(said, src=recorder._dst, group=group)
+    try:
+        dist.broadcast_object_list(said, src=recorder._dst, group=group)
+    except BaseException as exc:
+        if w is not None:
+            w.__exit__(type(exc), exc, exc.__traceback__)
+        if refused is not None:
+            raise refused  # (rank 0's own error, the broadcast's as its context)
+        raise
     if refused is not None:
         raise refused
     if said[0] is not None:
