@@ -1605,6 +1605,42 @@ def test_the_rows_of_an_earlier_forward_that_arrive_after_one_interrupted_stay()
     pd.testing.assert_frame_equal(w.to_pandas(), ref.to_pandas())
 
 
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_a_checkpointed_segment_of_an_earlier_forward_back_propagated_after_one_interrupted_keeps_its_rows(
+        use_reentrant):
+    # (the recomputation named its call by the calls of the step, the interrupted forward's among them: the
+    # segment's site called "twice", its output gradient was left out, with no error, under reentrant checkpointing)
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.act, self.last = nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.last(torch.utils.checkpoint.checkpoint(self.act, self.first(x), use_reentrant=use_reentrant))
+
+    torch.manual_seed(0)
+    model = Checkpointed()
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 3, requires_grad=True)
+
+    def interrupt(module, args, output):
+        raise KeyboardInterrupt
+
+    with workbench.watch(model) as w:
+        loss = model(x).sum()
+        handle = model.last.register_forward_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            model(x)
+        handle.remove()
+        loss.backward()
+        w.step()
+    with workbench.watch(reference) as ref:
+        reference(x).sum().backward()
+        ref.step()
+    pd.testing.assert_frame_equal(w.to_pandas(), ref.to_pandas())
+    assert not w.errors
+
+
 def test_a_model_that_calls_itself_keeps_the_rows_of_each_call():
     # (a forward of the model starting inside another is nested, not the next after one interrupted)
     class Halves(nn.Module):

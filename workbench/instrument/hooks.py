@@ -217,8 +217,7 @@ class Hooks:
         """The step's entries, once every tensor is reduced or queued (``parameters``: read the
         parameters' values and updates now)."""
         self._take_param_grads()  # (from hooks that ran outside a backward)
-        if self._forwards and not self._runs_compiled() and internals.calls_running(self.sites.model) == 0:
-            self._take_back(self._forward_of_thread(first=True))  # a forward interrupted, none since
+        self._take_back_interrupted()
         self._check_due = False
         self.check_structure()  # (before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
@@ -323,7 +322,10 @@ class Hooks:
             # forward recorded. No activation rows, no call counted; patches apply again, so that
             # the recomputed values are those the forward used. The gradients come from the
             # recomputed graph where the forward made none (reentrant checkpointing runs it under
-            # no_grad). Which call is recomputed is known only when the forward called the site once.
+            # no_grad). Which call is recomputed is known only when the forward called the site once:
+            # the calls of a forward interrupted since (an earlier forward's loss back-propagated after
+            # the interrupt) are none, taken back first.
+            self._take_back_interrupted()
             call = 0 if self.sites.calls.get(path) == 1 else None
             record_activations = False
             record_grads = want_grads and call is not None and path not in self._grads_hooked
@@ -374,6 +376,11 @@ class Hooks:
                 if forward[2] != thread:
                     forward[3] = overlapped = True
         forwards.append([len(self.entries), dict(self.sites.calls), thread, overlapped])
+
+    def _take_back_interrupted(self) -> None:
+        """Take back this thread's forward of the model interrupted (none of its calls is running here)."""
+        if self._forwards and not self._runs_compiled() and internals.calls_running(self.sites.model) == 0:
+            self._take_back(self._forward_of_thread(first=True))
 
     def _forward_of_thread(self, first: bool) -> int | None:
         """The index in ``_forwards`` of this thread's first (or last) forward running, None if none."""
