@@ -298,6 +298,19 @@ def test_metadata_is_held_to_what_the_distributed_run_records_of_the_parameters(
         watch_distributed(model, store=tmp_path / "other", parameters=False, metadata={"parameters": True})
 
 
+def test_metadata_that_is_not_json_is_warned_of_once_where_it_is_given(one_rank, tmp_path):
+    # (the rank's watch warned of it again, from a line of watch_distributed)
+    model = workers.make_model()
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        w = watch_distributed(model, store=tmp_path / "run", metadata={"scale": torch.ones(1), "tags": [torch.ones(1)]})
+    w.close()
+    said = [w for w in told if "not a JSON value" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__
+    meta = workbench.load_run(tmp_path / "run").metadata
+    assert meta["scale"] == str(torch.ones(1)) and meta["tags"] == [str(torch.ones(1))]
+
+
 def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distributed(one_rank, tmp_path):
     model = nn.parallel.DistributedDataParallel(workers.make_model())
     with workbench.watch(model, store=tmp_path / "run"):  # (as another rank's watch holds it)

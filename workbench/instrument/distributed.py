@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import traceback
 import warnings
@@ -392,6 +393,19 @@ def _warn(message: str) -> None:
         pass
 
 
+def _as_stored(value: Any) -> Any:
+    """``value`` as a run's metadata keeps it: a JSON value as it is, any other made JSON with its parts'
+    ``str`` (as the store writes it); one that cannot be (a list that holds itself) as it is."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        try:
+            return json.loads(json.dumps(value, default=str))
+        except (TypeError, ValueError):
+            return value
+
+
 def watch_distributed(model: nn.Module, store: str | Path | None = None, per_rank: bool = False, group: Any = None,
                       parameters: bool = True, parameter_grads: bool = True, histograms: bool = True,
                       bins: int = 32, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
@@ -447,7 +461,9 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     recorder = DistributedRecorder(inner, group=group, per_rank=per_rank, parameters=parameters,
                                    parameter_grads=parameter_grads, modules=modules, exclude=exclude,
                                    bins=bins if histograms else None, grad_scale=grad_scale, metrics=metrics)
-    facts = {**{key: value for key, value in (metadata or {}).items() if key not in recorded},
+    # (values that are not JSON as the store keeps them: check_metadata warned of them once, above, and the
+    # rank's watch is not to warn of them again, from this line)
+    facts = {**{key: _as_stored(value) for key, value in (metadata or {}).items() if key not in recorded},
              "distributed": {"world_size": recorder.world_size, "backend": str(dist.get_backend(group)),
                              "grad_scale": recorder.grad_scale, "metrics": metrics,
                              "wrapper": next((type(m).__name__ for m in wrappers(model)
