@@ -93,6 +93,14 @@ def enter(w) -> None:
         raise AssertionError("the block of a closed watch ran")
 
 
+def dangling_link() -> Path:
+    """A link to a run folder that is gone."""
+    link = ROOT / "dangling"
+    if not link.is_symlink():
+        link.symlink_to(ROOT / "gone-run")
+    return link
+
+
 def stored_run(name: str, steps: int = 2) -> Path:
     path = ROOT / "runs" / name
     if not (path / DB_NAME).exists():
@@ -298,6 +306,8 @@ CASES = [
     # ------------------------------------------------------- runs and stores
     Case("load-run-missing", lambda: workbench.load_run(ROOT / "nothing-here"), RunError,
          ["nothing-here", "is not a workbench run", "no such file or folder", "list_runs"]),
+    Case("load-run-dangling-link", lambda: workbench.load_run(dangling_link()), RunError,
+         ["dangling", "is a link to", "gone-run", "which does not exist", "list_runs"]),
     Case("load-run-empty-path", lambda: workbench.load_run(""), RunError, ["path of a run is empty", "list_runs"]),
     Case("load-run-folder-of-runs", lambda: stored_run("a") and workbench.load_run(ROOT), RunError,
          ["is a folder of runs", "open one of them", "list_runs("]),

@@ -28,6 +28,9 @@ def _not_a_run(given: str | os.PathLike, path: Path) -> str:
     if not str(given):
         return f"the path of a run is empty. {how}"
     if not path.exists():
+        if path.is_symlink():  # (a link to nothing exists, as ls shows it: where it leads does not)
+            return (f"{given} is not a workbench run: it is a link to {os.readlink(path)}, which does not exist "
+                    f"({path.resolve()}). {how}")
         return f"{given} is not a workbench run: there is no such file or folder ({path.absolute()}). {how}"
     if path.is_dir():
         # (two levels down, as runs/<name> and runs/<group>/<name> lie: a home folder is not searched whole)
