@@ -336,6 +336,36 @@ def test_rank_0_s_watch_is_closed_when_its_broadcast_fails(one_rank, tmp_path, m
     assert run.status == "failed" and "a peer is gone" in run.metadata["error"]
 
 
+def test_rank_0_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
+    # (its message was made before the broadcast, outside any try: an error whose message cannot be made had
+    # rank 0 raise that error and the other ranks wait in the broadcast; one of a million characters went whole)
+    class Unsayable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    told = []
+    broadcast = dist.broadcast_object_list
+
+    def spy(objects, *args, **kwargs):
+        broadcast(objects, *args, **kwargs)
+        told.extend(objects)
+
+    def failing_watch(error: Exception):
+        def watch(*args, **kwargs):
+            raise error
+        return watch
+
+    monkeypatch.setattr(dist, "broadcast_object_list", spy)
+    monkeypatch.setattr(workbench.instrument, "watch", failing_watch(Unsayable()))
+    with pytest.raises(Unsayable):
+        watch_distributed(workers.make_model())
+    monkeypatch.setattr(workbench.instrument, "watch", failing_watch(ValueError("x" * 10**6)))
+    with pytest.raises(ValueError, match="x" * 100):
+        watch_distributed(workers.make_model())
+    assert told[0] == "Unsayable (its message could not be made)"
+    assert len(told[1]) < 3000 and told[1].startswith("ValueError: xxx") and told[1].endswith("more characters)")
+
+
 def test_bad_options_are_named(one_rank):
     model = workers.make_model()
     with pytest.raises(ValueError, match=r"grad_scale must be a finite number > 0.*got -1"):

@@ -393,6 +393,20 @@ def _warn(message: str) -> None:
         pass
 
 
+#: Characters of rank 0's error the other ranks are told at most (its message may be a whole traceback).
+TOLD_CHARS = 2000
+
+
+def _told(exc: BaseException) -> str:
+    """What the other ranks are told of rank 0's error: its type and message, cut to :data:`TOLD_CHARS`
+    (its type alone where its message cannot be made: rank 0 must reach the broadcast whatever it raised)."""
+    try:
+        told = f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be made)"
+    return told if len(told) <= TOLD_CHARS else f"{told[:TOLD_CHARS]} ... ({len(told) - TOLD_CHARS:,} more characters)"
+
+
 def _as_stored(value: Any) -> Any:
     """``value`` as a run's metadata keeps it: a JSON value as it is, any other made JSON with its parts'
     ``str`` (as the store writes it); one that cannot be (a list that holds itself) as it is."""
@@ -486,7 +500,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
             w = rank_watch(store)
         except BaseException as exc:
             refused = exc
-    said = [None if refused is None else f"{type(refused).__name__}: {refused}"]
+    said = [None if refused is None else _told(refused)]
     try:
         dist.broadcast_object_list(said, src=recorder._dst, group=group)
     except BaseException as exc:
