@@ -279,6 +279,18 @@ def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_
     torch.save(state, tmp_path / "f.pt")
     with pytest.raises(ck.CheckpointError, match=r"num_batches_tracked \(torch.float32 into torch.int64\)"):
         ck.load_weights(counter, tmp_path / "f.pt")
+    # integers the model's integer or bool dtype cannot hold (300 into uint8 read 44, 2 into bool True, silently)
+    flags = torch.nn.Module()
+    flags.register_buffer("mask", torch.zeros(3, dtype=torch.bool))
+    flags.register_buffer("count", torch.zeros((), dtype=torch.uint8))
+    torch.save({"mask": torch.tensor([0, 2, 1]), "count": torch.tensor(300)}, tmp_path / "i.pt")
+    with pytest.raises(ck.CheckpointError, match=r"mask \(torch.int64 into torch.bool: values 0 to 2, outside 0 to 1\), "
+                       r"count \(torch.int64 into torch.uint8: values 300 to 300, outside 0 to 255\)"):
+        ck.load_weights(flags, tmp_path / "i.pt")
+    assert not flags.mask.any() and flags.count == 0
+    torch.save({"mask": torch.tensor([0, 1, 1]), "count": torch.tensor(255)}, tmp_path / "fits.pt")
+    ck.load_weights(flags, tmp_path / "fits.pt")  # (integers the dtype holds: cast as load_state_dict does)
+    assert flags.mask.tolist() == [False, True, True] and flags.count == 255
     # a float64 checkpoint into a float32 model is a cast that keeps the values: loaded
     torch.save({k: v.double() for k, v in model.state_dict().items()}, tmp_path / "d.pt")
     ck.load_weights(model, tmp_path / "d.pt")

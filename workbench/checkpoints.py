@@ -442,8 +442,9 @@ def hint(checkpoint: Checkpoint) -> str:
 def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
     """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
-    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones nor
-    floating-point into integers: they would lose part of them; a module's ``resizable_state``, such
+    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones,
+    floating-point into integers, nor integers outside the range of the model's integer or bool dtype: they
+    would lose part of them; a module's ``resizable_state``, such
     as a QueryModule's key -> index map, at any length). Nothing is copied unless all match.
 
     Returns:
@@ -497,15 +498,28 @@ def check_fits(model: nn.Module, state: Mapping[str, Any], what: str, advice: st
     diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
     if not diff.ok:
         raise CheckpointError(f"{what} does not fit {type(model).__name__}:\n{diff.text()}\n{advice}".rstrip())
-    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in state.items()
+    lossy = [f"{k} ({v.dtype} into {expected[k].dtype}{_out_of_range(v, expected[k].dtype)})"
+             for k, v in state.items()
              if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
              and ((v.is_complex() and not expected[k].is_complex())
-                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
+                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex()))
+                  or _out_of_range(v, expected[k].dtype))]
     if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
         raise CheckpointError(f"{what} holds values {type(model).__name__} cannot take without "
                               f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
                               "Nothing was copied. Save the weights in the model's own dtypes.")
     return diff, resizable
+
+
+def _out_of_range(values: torch.Tensor, dtype: torch.dtype) -> str:
+    """Where integer (or bool) ``values`` cast into an integer or bool ``dtype`` would wrap or saturate (300 into
+    uint8 reads 44, 2 into bool True): their range, in words; "" where the cast keeps every value."""
+    if (values.is_floating_point() or values.is_complex() or values.device.type == "meta" or values.numel() == 0
+            or dtype.is_floating_point or dtype.is_complex or values.dtype == dtype):
+        return ""
+    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    least, most = int(values.min()), int(values.max())
+    return f": values {least} to {most}, outside {low} to {high}" if least < low or most > high else ""
 
 
 def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:
