@@ -326,3 +326,16 @@ def test_a_dynamics_checkpoint_beyond_the_experiments_ranges_names_no_experiment
     checkpoint = ck.load_checkpoint(tmp_path / "net.pt")
     assert ck.experiment_settings(checkpoint) == (None, {})
     assert says in ck.hint(checkpoint) and "inspected but not trained there" in ck.hint(checkpoint)
+
+
+def test_a_checkpoint_of_meta_tensors_is_refused_as_one_without_values(tmp_path):
+    # (it read, then describe() and load_weights raised torch's "Tensor.item() cannot be called on meta tensors")
+    model = torch.nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.device("meta"):
+        torch.save(torch.nn.Linear(3, 2).state_dict(), tmp_path / "meta.pt")
+    with pytest.raises(ck.CheckpointError, match=r"'meta.pt' holds 2 tensors without values \(weight, bias\)"):
+        ck.load_checkpoint(tmp_path / "meta.pt")
+    with pytest.raises(ck.CheckpointError, match="without values"):
+        ck.load_weights(model, tmp_path / "meta.pt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
