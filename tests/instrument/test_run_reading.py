@@ -171,3 +171,33 @@ def test_event_record_checksums_are_tensorboards():
     messages += [bytes(20), b"\xff" * 9]
     messages += [b"", b"abc"]
     assert [masked_crc32c(m) for m in messages] == [reference(m) for m in messages]
+
+
+def test_tensorboard_export_keeps_a_logged_nan_and_leaves_out_a_metric_not_logged(tmp_path):
+    # (the export read the wide metrics frame, where NaN is both "logged NaN" and "not logged": a NaN loss,
+    # the step a researcher looks for, was left out)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = nn.Linear(3, 1)
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        for loss in [1.0, float("nan"), 0.5]:
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=loss, **({"lr": 0.1} if loss == 1.0 else {}))
+    events = EventAccumulator(str(workbench.load_run(tmp_path / "run").export(tmp_path / "tb")),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("metrics/loss")]
+    assert [step for step, _ in loss] == [1, 2, 3] and np.isnan(loss[1][1]) and loss[2][1] == 0.5
+    assert [(e.step, e.value) for e in events.Scalars("metrics/lr")] == [(1, pytest.approx(0.1))]
+
+
+def test_a_run_with_no_steps_exports_to_every_format(tmp_path):
+    # (its TensorBoard export raised IndexError)
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("pyarrow")
+    workbench.watch(nn.Linear(3, 1), store=tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    for name in ["rows.csv", "rows.parquet", "tb"]:
+        assert r.export(tmp_path / name).exists()
+    assert [path.name.startswith("events.out.tfevents.") for path in (tmp_path / "tb").iterdir()] == [True]

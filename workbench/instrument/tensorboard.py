@@ -64,11 +64,11 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
             writer.add(Event(wall_time=now, step=step, summary=Summary(value=values)).SerializeToString())
 
     try:
-        metrics = run.metrics()
-        names = [c for c in metrics.columns if c != "step"]
+        # (the logged values, a NaN logged as NaN, which TensorBoard marks: the wide frame's NaN is also "not logged")
+        metrics = run.metrics(long=True)
         for step, group in metrics.groupby("step", sort=True):
             write(int(step), [Summary.Value(tag=f"metrics/{name}", simple_value=float(value))
-                              for name in names for value in group[name] if value == value])  # (NaN: not logged)
+                              for name, value in zip(group["name"].tolist(), group["value"].tolist())])
         rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
         # when an earlier one comes after them)
         _tag = _tagger(rows)
@@ -107,6 +107,8 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
 
 def _runs_of(steps: np.ndarray) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of equal values in ``steps`` (rows come step by step)."""
+    if len(steps) == 0:  # (a run with no rows: no runs of steps)
+        return []
     cuts = np.flatnonzero(np.diff(steps)) + 1
     bounds = np.r_[0, cuts, len(steps)]
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
