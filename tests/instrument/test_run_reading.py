@@ -201,3 +201,18 @@ def test_a_run_with_no_steps_exports_to_every_format(tmp_path):
     for name in ["rows.csv", "rows.parquet", "tb"]:
         assert r.export(tmp_path / name).exists()
     assert [path.name.startswith("events.out.tfevents.") for path in (tmp_path / "tb").iterdir()] == [True]
+
+
+def test_a_tensorboard_export_into_a_directory_of_event_files_is_refused(tmp_path):
+    # (a second export added a second event file: TensorBoard read both, each step's values twice)
+    pytest.importorskip("tensorboard")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    first = sorted(r.export(tmp_path / "tb").iterdir())
+    with pytest.raises(ValueError, match=r"tb already holds TensorBoard event files \(events\.out\.tfevents\.[^)]*\): "
+                                         r"TensorBoard would show the values of both exports"):
+        r.export(tmp_path / "tb")
+    assert sorted((tmp_path / "tb").iterdir()) == first
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("mine")  # (a directory of other files takes an export)
+    assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "notes").iterdir())

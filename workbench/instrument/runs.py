@@ -300,7 +300,7 @@ class Run:
             ``path``.
 
         Raises:
-            ValueError: an unknown suffix or ``what``.
+            ValueError: an unknown suffix or ``what``; a TensorBoard directory that already holds event files.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
         if not isinstance(path, (str, os.PathLike)):
@@ -313,6 +313,12 @@ class Run:
         if suffix not in (".csv", ".parquet", ""):
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
                              "(no suffix) for TensorBoard event files.")
+        earlier = sorted(path.glob("*tfevents*")) if suffix == "" and path.is_dir() else []
+        if earlier:  # (TensorBoard reads every event file of a directory: two exports' values would overlap)
+            raise ValueError(f"{path} already holds TensorBoard event files ({earlier[0].name}"
+                             f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): TensorBoard would "
+                             "show the values of both exports at once. Export into a new directory, or delete "
+                             "the old event files first.")
         if suffix == ".parquet":
             try:
                 import pyarrow  # noqa: F401
