@@ -216,3 +216,13 @@ def test_a_tensorboard_export_into_a_directory_of_event_files_is_refused(tmp_pat
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.txt").write_text("mine")  # (a directory of other files takes an export)
     assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "notes").iterdir())
+
+
+def test_compare_runs_tells_apart_runs_of_the_same_name(tmp_path):
+    # (runs/tanh/seed0 and runs/relu/seed0 were both "seed0" in the run column: one run as far as it said)
+    for folder in ["tanh/seed0", "relu/seed0", "gelu"]:
+        small_run(tmp_path / folder, steps=2).close()
+    same = workbench.compare_runs([tmp_path / "tanh/seed0", tmp_path / "relu/seed0"], what="metrics")
+    assert same.run.tolist() == [str(tmp_path / "tanh/seed0")] * 2 + [str(tmp_path / "relu/seed0")] * 2
+    apart = workbench.compare_runs([tmp_path / "tanh/seed0", workbench.load_run(tmp_path / "gelu")])
+    assert list(apart.columns[:2]) == ["run", "step"] and set(apart.run) == {"seed0", "gelu"}

@@ -476,7 +476,8 @@ def _disk_bytes(path: Path) -> int:
 
 
 def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:
-    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first.
+    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first: each
+    run's directory name, or, where two of the runs share a name (``tanh/seed0``, ``relu/seed0``), each one's path.
 
     Args:
         runs: run directories or :class:`Run` objects.
@@ -492,12 +493,15 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
                         f"pass a list such as [{str(runs)!r}, 'runs/other'].")
     if what not in ("rows", "metrics"):
         raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
-    frames = []
-    for item in runs:
-        run = item if isinstance(item, Run) else Run(item)
-        frame = run.to_pandas() if what == "rows" else run.metrics()
-        frame.insert(0, "run", run.name)
-        frames.append(frame)
-    if not frames:
+    opened = [item if isinstance(item, Run) else Run(item) for item in runs]
+    if not opened:
         raise ValueError("compare_runs() needs at least one run.")
+    names = [run.name for run in opened]
+    if len(set(names)) < len(names):  # (runs/tanh/seed0 and runs/relu/seed0: a name each would tell them apart)
+        names = [str(run.path) for run in opened]
+    frames = []
+    for run, name in zip(opened, names):
+        frame = run.to_pandas() if what == "rows" else run.metrics()
+        frame.insert(0, "run", name)
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
