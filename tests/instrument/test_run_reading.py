@@ -226,3 +226,25 @@ def test_compare_runs_tells_apart_runs_of_the_same_name(tmp_path):
     assert same.run.tolist() == [str(tmp_path / "tanh/seed0")] * 2 + [str(tmp_path / "relu/seed0")] * 2
     apart = workbench.compare_runs([tmp_path / "tanh/seed0", workbench.load_run(tmp_path / "gelu")])
     assert list(apart.columns[:2]) == ["run", "step"] and set(apart.run) == {"seed0", "gelu"}
+
+
+def test_parts_of_a_run_without_rows_keep_the_rows_dtypes(tmp_path, monkeypatch):
+    # (a part of steps without rows read as object columns: its Parquet export took the first part's schema,
+    # all nulls, and failed at the first rows; a concat with other rows made their steps objects)
+    pytest.importorskip("pyarrow")
+    model = nn.Linear(3, 1)
+    with workbench.watch(model, store=tmp_path / "run", every=3, start_step=2) as w:  # (rows at steps 4 and 7)
+        for _ in range(7):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+    r = workbench.load_run(tmp_path / "run")
+    whole = r.to_pandas()
+    assert sorted(set(whole.step)) == [4, 7] and r.steps[0] == 2
+    empty = r.to_pandas(steps=(2, 3))
+    assert empty.empty and (empty.dtypes == whole.dtypes).all()
+    assert (pd.concat([empty, whole]).dtypes == whole.dtypes).all()
+    monkeypatch.setattr(type(r), "EXPORT_STEPS", 2)  # (parts (2, 3), (4, 5), (6, 7), (8, 8): the first has no rows)
+    pd.testing.assert_frame_equal(pd.read_parquet(r.export(tmp_path / "rows.parquet")), whole)
+    workbench.watch(nn.Linear(3, 1), store=tmp_path / "empty").close()
+    nothing = workbench.load_run(tmp_path / "empty").to_pandas()
+    assert nothing.empty and (nothing.dtypes == whole.dtypes).all()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, check_filter
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
@@ -359,7 +359,10 @@ class Run:
         writer = None
         try:
             for part in parts:
-                table = pa.Table.from_pandas(self.to_pandas(steps=part), preserve_index=False)
+                rows = self.to_pandas(steps=part)
+                if rows.empty and (writer is not None or part != parts[-1]):
+                    continue  # (steps without rows: the file's schema is taken from rows, not from an empty part)
+                table = pa.Table.from_pandas(rows, preserve_index=False)
                 if writer is None:
                     writer = pq.ParquetWriter(path, table.schema)
                 writer.write_table(table.cast(writer.schema))
@@ -402,9 +405,17 @@ def _counts(blobs: list[bytes]) -> list[np.ndarray]:
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows' columns in the dtypes of a watch's rows, also when there are none (SQLite's empty result
+    has no types: its columns read as objects, which a concat with other rows keeps)."""
     for column in STAT_COLUMNS:
         if column not in INT_COLUMNS:
             frame[column] = frame[column].astype("float64")  # NULL (NaN statistics) reads as None
+    if frame.empty:
+        for column in frame.columns:
+            if column in INT_COLUMNS:
+                frame[column] = frame[column].astype("int64")
+            elif column in TEXT_COLUMNS:
+                frame[column] = frame[column].astype(str)  # (the dtype pandas gives the text of a non-empty frame)
     return frame
 
 
