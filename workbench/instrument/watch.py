@@ -133,9 +133,11 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
-        failed = [i for i in self._intervention_log if i.failed_step == self.step_index]  # (on until it failed)
-        if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
-            self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
+        # (on until it failed, or until it was removed after this step's forward had run it)
+        ended = [i for i in self._intervention_log if i.failed_step == self.step_index
+                 or (i.error is None and i.end_step == self.step_index)]
+        if self.interventions or ended:  # (the steps each was on: a stored run keeps them as its metrics)
+            self.log(**{i.marker: 1.0 for i in [*self.interventions, *ended] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
         partial = self._record_next_at == self.step_index and hooks.recording and hooks.ran() is False
         self._record_next_at = None
@@ -331,6 +333,7 @@ class Watch:
             call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index)
+        intervention.after_forward = bool(self._hooks.ran())  # (made after the step's model calls: not on in them)
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
@@ -341,9 +344,11 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
-            # (the step in progress runs without it)
-            intervention.end_step = (self.step_index - 1 if intervention.error is None
-                                     else intervention.failed_step)  # (one that failed was on until it failed)
+            # (one that failed was on until it failed; one removed after the step's model calls, which it was on
+            # in, ends with this step; else the step in progress runs without it)
+            applied_now = bool(self._hooks.ran()) and not intervention.after_forward
+            intervention.end_step = (intervention.failed_step if intervention.error is not None
+                                     else self.step_index if applied_now else self.step_index - 1)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
