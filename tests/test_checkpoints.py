@@ -339,3 +339,10 @@ def test_a_checkpoint_of_meta_tensors_is_refused_as_one_without_values(tmp_path)
     with pytest.raises(ck.CheckpointError, match="without values"):
         ck.load_weights(model, tmp_path / "meta.pt")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_checkpoint_of_sparse_tensors_is_refused_saying_to_save_them_dense(tmp_path):
+    # (describe() and load_weights raised torch's NotImplementedError for 'aten::ne.Scalar' on SparseCPU)
+    torch.save({"weight": torch.eye(2, 3).to_sparse(), "bias": torch.zeros(2)}, tmp_path / "sparse.pt")
+    with pytest.raises(ck.CheckpointError, match=r"holds 1 sparse tensors \(weight \(torch.sparse_coo\)\).*to_dense"):
+        ck.load_weights(torch.nn.Linear(3, 2), tmp_path / "sparse.pt")

@@ -217,15 +217,21 @@ def _is_state_dict(value: Any) -> bool:
         and all(isinstance(v, torch.Tensor) for v in value.values())
 
 
-def _refuse_meta(state: Mapping[str, torch.Tensor], name: str) -> None:
+def _refuse_not_dense(state: Mapping[str, torch.Tensor], name: str) -> None:
     """A state whose tensors have no values (meta tensors, saved from a model built on the meta device) is
-    refused: only their shapes were saved."""
+    refused: only their shapes were saved; so is one with sparse tensors, which a model's dense weights
+    cannot take as they are."""
     empty = [key for key, tensor in state.items() if tensor.device.type == "meta"]
     if empty:
         listed = ", ".join(empty[:4]) + (" ..." if len(empty) > 4 else "")
         raise CheckpointError(f"{name} holds {len(empty)} tensors without values ({listed}): meta tensors, saved "
                               "from a model on the meta device, keep shapes only. Save the weights of a model "
                               "whose parameters hold values (after to_empty() and loading or initializing them).")
+    sparse = [f"{key} ({tensor.layout})" for key, tensor in state.items() if tensor.layout != torch.strided]
+    if sparse:
+        listed = ", ".join(sparse[:4]) + (" ..." if len(sparse) > 4 else "")
+        raise CheckpointError(f"{name} holds {len(sparse)} sparse tensors ({listed}); weights are read dense. "
+                              "Save them dense: {key: t.to_dense() for key, t in state.items()}.")
 
 
 def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Checkpoint:
@@ -243,7 +249,7 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
         if not _is_state_dict(network) or not isinstance(obj.get("net_config"), dict):
             raise CheckpointError(f"{name} is marked an ILQL checkpoint but its 'network' is not a dict of tensors "
                                   "or it has no 'net_config': it is damaged or incomplete.")
-        _refuse_meta(network, name)
+        _refuse_not_dense(network, name)
         return Checkpoint(AGILERL_ILQL, "ILQL.save_checkpoint's dict", dict(network), path,
                           {"net_config": obj["net_config"], "hyperparameters": obj.get("hyperparameters", {})})
     layout, state = "a state_dict", obj
@@ -263,7 +269,7 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
             "the state_dict under 'model' (as LightZero saves) or 'state_dict', or an ILQL checkpoint from "
             "ILQL.save_checkpoint().")
     state = _strip_prefixes(dict(state))
-    _refuse_meta(state, name)
+    _refuse_not_dense(state, name)
     dynamics = {k[len(_DYNAMICS):]: v for k, v in state.items() if k.startswith(_DYNAMICS)}
     if dynamics:
         extra = {**extra, "other_keys": len(state) - len(dynamics)}
