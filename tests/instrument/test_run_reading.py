@@ -248,3 +248,16 @@ def test_parts_of_a_run_without_rows_keep_the_rows_dtypes(tmp_path, monkeypatch)
     workbench.watch(nn.Linear(3, 1), store=tmp_path / "empty").close()
     nothing = workbench.load_run(tmp_path / "empty").to_pandas()
     assert nothing.empty and (nothing.dtypes == whole.dtypes).all()
+
+
+def test_a_tensorboard_export_of_the_metrics_writes_them_alone(tmp_path):
+    # (what="metrics" was ignored for TensorBoard: every statistic and histogram was written)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    events = EventAccumulator(str(r.export(tmp_path / "tb", what="metrics")), size_guidance={"scalars": 0})
+    events.Reload()
+    assert events.Tags()["scalars"] == ["metrics/loss"] and not events.Tags()["histograms"]
+    assert [e.step for e in events.Scalars("metrics/loss")] == r.steps

@@ -290,7 +290,8 @@ class Run:
 
     def export(self, path: str | Path, what: str = "rows") -> Path:
         """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
-        TensorBoard log directory (a path without a suffix: scalars and histograms per call site).
+        TensorBoard log directory (a path without a suffix: scalars and histograms per call site, and the
+        metrics; the metrics alone with ``what="metrics"``).
 
         Args:
             path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
@@ -329,7 +330,7 @@ class Run:
             if suffix == "":
                 from workbench.instrument.tensorboard import export_tensorboard
 
-                export_tensorboard(self, path)
+                export_tensorboard(self, path, metrics_only=what == "metrics")
                 return path
             path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
             if what == "metrics":

@@ -41,10 +41,10 @@ def _tagger(rows: pd.DataFrame) -> Callable[[str, int, str, str], str]:
     return tag
 
 
-def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
-    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms as TensorBoard event files
-    in ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms), not
-    one event a value: an export's cost follows the events it writes."""
+def export_tensorboard(run: Run, log_dir: str | Path, metrics_only: bool = False) -> Path:
+    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms (its metrics alone with
+    ``metrics_only``) as TensorBoard event files in ``log_dir``; returns it. A step's values go in one event
+    of each sort (scalars, histograms), not one event a value: an export's cost follows the events it writes."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
@@ -69,6 +69,8 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
         for step, group in metrics.groupby("step", sort=True):
             write(int(step), [Summary.Value(tag=f"metrics/{name}", simple_value=float(value))
                               for name, value in zip(group["name"].tolist(), group["value"].tolist())])
+        if metrics_only:
+            return log_dir
         rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
         # when an earlier one comes after them)
         _tag = _tagger(rows)
