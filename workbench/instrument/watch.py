@@ -196,6 +196,11 @@ class Watch:
         :meth:`record_next`) is recorded when run again."""
         self._check_open()
         self._record_next_at = None  # (the step runs again from its start: recorded in full)
+        for intervention in self._intervention_log:  # (what the discarded calls ran with does not count)
+            if intervention.start_step == self.step_index:
+                intervention.after_forward = False  # (made after them: on from the step's first call now)
+            if intervention.error is None and intervention.end_step == self.step_index:
+                intervention.end_step = self.step_index - 1  # (removed after them: not on in the step run again)
         self._start_step(record=self._hooks.recording)
 
     def log(self, **metrics: float) -> None:
@@ -346,7 +351,8 @@ class Watch:
             active.remove(intervention)
             # (one that failed was on until it failed; one removed after the step's model calls, which it was on
             # in, ends with this step; else the step in progress runs without it)
-            applied_now = bool(self._hooks.ran()) and not intervention.after_forward
+            applied_now = bool(self._hooks.ran()) and not (intervention.after_forward
+                                                           and intervention.start_step == self.step_index)
             intervention.end_step = (intervention.failed_step if intervention.error is not None
                                      else self.step_index if applied_now else self.step_index - 1)
         if not active:
