@@ -346,3 +346,20 @@ def test_a_checkpoint_of_sparse_tensors_is_refused_saying_to_save_them_dense(tmp
     torch.save({"weight": torch.eye(2, 3).to_sparse(), "bias": torch.zeros(2)}, tmp_path / "sparse.pt")
     with pytest.raises(ck.CheckpointError, match=r"holds 1 sparse tensors \(weight \(torch.sparse_coo\)\).*to_dense"):
         ck.load_weights(torch.nn.Linear(3, 2), tmp_path / "sparse.pt")
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+def test_the_prefixes_of_wrapped_models_are_taken_off_in_any_order(tmp_path, prefix):
+    # (_orig_mod.module., torch.compile of a DDP model, kept its module. prefix: no key fitted)
+    source = torch.nn.Linear(3, 2)
+    torch.save({prefix + k: v for k, v in source.state_dict().items()}, tmp_path / "wrapped.pt")
+    model = torch.nn.Linear(3, 2)
+    ck.load_weights(model, tmp_path / "wrapped.pt")
+    assert all(torch.equal(v, source.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_a_prefix_is_taken_off_once_leaving_a_child_named_module(tmp_path):
+    wrapper = torch.nn.Module()
+    wrapper.module = torch.nn.Linear(3, 2)  # (its keys: module.weight, module.bias)
+    torch.save({"module." + k: v for k, v in wrapper.state_dict().items()}, tmp_path / "ddp.pt")
+    ck.load_weights(wrapper, tmp_path / "ddp.pt")

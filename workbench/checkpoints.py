@@ -206,10 +206,16 @@ def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
 
 
 def _strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
-    for prefix in _PREFIXES:
-        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
-    return state
+    """``state`` without the wrappers' prefixes every key shares, each taken off once, in either order
+    (``module._orig_mod.``: DDP of a compiled model; ``_orig_mod.module.``: a compiled DDP model). Once: a
+    wrapped model's own child may be named ``module``."""
+    left = list(_PREFIXES)
+    while True:
+        prefix = next((p for p in left if state and all(isinstance(k, str) and k.startswith(p) for k in state)), None)
+        if prefix is None:
+            return state
+        left.remove(prefix)
+        state = {k[len(prefix):]: v for k, v in state.items()}
 
 
 def _is_state_dict(value: Any) -> bool:
