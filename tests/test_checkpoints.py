@@ -284,8 +284,8 @@ def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_
     flags.register_buffer("mask", torch.zeros(3, dtype=torch.bool))
     flags.register_buffer("count", torch.zeros((), dtype=torch.uint8))
     torch.save({"mask": torch.tensor([0, 2, 1]), "count": torch.tensor(300)}, tmp_path / "i.pt")
-    with pytest.raises(ck.CheckpointError, match=r"mask \(torch.int64 into torch.bool: values 0 to 2, outside 0 to 1\), "
-                       r"count \(torch.int64 into torch.uint8: values 300 to 300, outside 0 to 255\)"):
+    with pytest.raises(ck.CheckpointError, match=r"mask \(torch.int64 into torch.bool: values 0 to 2, outside 0 to "
+                       r"1\), count \(torch.int64 into torch.uint8: values 300 to 300, outside 0 to 255\)"):
         ck.load_weights(flags, tmp_path / "i.pt")
     assert not flags.mask.any() and flags.count == 0
     torch.save({"mask": torch.tensor([0, 1, 1]), "count": torch.tensor(255)}, tmp_path / "fits.pt")
