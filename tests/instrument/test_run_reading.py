@@ -261,3 +261,15 @@ def test_a_tensorboard_export_of_the_metrics_writes_them_alone(tmp_path):
     events.Reload()
     assert events.Tags()["scalars"] == ["metrics/loss"] and not events.Tags()["histograms"]
     assert [e.step for e in events.Scalars("metrics/loss")] == r.steps
+
+
+def test_a_directory_with_a_dot_in_its_name_takes_a_tensorboard_export_once_made(tmp_path):
+    # (tb/lr0.001 was refused as a file of an unknown type, even when it was a directory)
+    pytest.importorskip("tensorboard")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"Cannot export to 'lr0\.001'.*os\.makedirs\(.*lr0\.001'\) for a name "
+                                         r"with a dot"):
+        r.export(tmp_path / "tb" / "lr0.001")
+    (tmp_path / "tb" / "lr0.001").mkdir(parents=True)
+    assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "tb" / "lr0.001").iterdir())

@@ -290,8 +290,8 @@ class Run:
 
     def export(self, path: str | Path, what: str = "rows") -> Path:
         """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
-        TensorBoard log directory (a path without a suffix: scalars and histograms per call site, and the
-        metrics; the metrics alone with ``what="metrics"``).
+        TensorBoard log directory (a path without a suffix, or a directory that exists: scalars and histograms
+        per call site, and the metrics; the metrics alone with ``what="metrics"``).
 
         Args:
             path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
@@ -310,10 +310,11 @@ class Run:
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
         # (everything that can be refused is, before the run is read)
-        suffix = path.suffix.lower()
+        suffix = "" if path.is_dir() else path.suffix.lower()  # (a directory takes event files, whatever its name)
         if suffix not in (".csv", ".parquet", ""):
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
-                             "(no suffix) for TensorBoard event files.")
+                             f"for TensorBoard event files: a path without a suffix, or one made first "
+                             f"(os.makedirs({str(path)!r}) for a name with a dot, such as lr0.001).")
         earlier = sorted(path.glob("*tfevents*")) if suffix == "" and path.is_dir() else []
         if earlier:  # (TensorBoard reads every event file of a directory: two exports' values would overlap)
             raise ValueError(f"{path} already holds TensorBoard event files ({earlier[0].name}"
