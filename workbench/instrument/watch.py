@@ -129,6 +129,7 @@ class Watch:
         Raises:
             TypeError: a metric that is not a number (see :meth:`log`): the step is not ended, and none
                 of the metrics given is logged.
+            ValueError: a metric named ``step`` (see :meth:`log`): the step is not ended, and none is logged.
         """
         self._check_open()
         if metrics:
@@ -213,7 +214,11 @@ class Watch:
         Raises:
             TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
                 given is logged then.
+            ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
         """
+        if "step" in metrics:  # (it took the place of the step numbers in metrics(), and a stored run's raised)
+            raise ValueError(f"a metric cannot be named 'step' (got step={metrics['step']!r}): it is the column of "
+                             "the step numbers in metrics(). Name it otherwise, e.g. global_step=...")
         checked = {}
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
