@@ -279,6 +279,18 @@ def test_values_that_a_cast_would_cut_are_refused_before_anything_is_copied(tmp_
     torch.save(state, tmp_path / "f.pt")
     with pytest.raises(ck.CheckpointError, match=r"num_batches_tracked \(torch.float32 into torch.int64\)"):
         ck.load_weights(counter, tmp_path / "f.pt")
+    # integers the model's integer or bool dtype cannot hold (300 into uint8 read 44, 2 into bool True, silently)
+    flags = torch.nn.Module()
+    flags.register_buffer("mask", torch.zeros(3, dtype=torch.bool))
+    flags.register_buffer("count", torch.zeros((), dtype=torch.uint8))
+    torch.save({"mask": torch.tensor([0, 2, 1]), "count": torch.tensor(300)}, tmp_path / "i.pt")
+    with pytest.raises(ck.CheckpointError, match=r"mask \(torch.int64 into torch.bool: values 0 to 2, outside 0 to "
+                       r"1\), count \(torch.int64 into torch.uint8: values 300 to 300, outside 0 to 255\)"):
+        ck.load_weights(flags, tmp_path / "i.pt")
+    assert not flags.mask.any() and flags.count == 0
+    torch.save({"mask": torch.tensor([0, 1, 1]), "count": torch.tensor(255)}, tmp_path / "fits.pt")
+    ck.load_weights(flags, tmp_path / "fits.pt")  # (integers the dtype holds: cast as load_state_dict does)
+    assert flags.mask.tolist() == [False, True, True] and flags.count == 255
     # a float64 checkpoint into a float32 model is a cast that keeps the values: loaded
     torch.save({k: v.double() for k, v in model.state_dict().items()}, tmp_path / "d.pt")
     ck.load_weights(model, tmp_path / "d.pt")
@@ -314,3 +326,40 @@ def test_a_dynamics_checkpoint_beyond_the_experiments_ranges_names_no_experiment
     checkpoint = ck.load_checkpoint(tmp_path / "net.pt")
     assert ck.experiment_settings(checkpoint) == (None, {})
     assert says in ck.hint(checkpoint) and "inspected but not trained there" in ck.hint(checkpoint)
+
+
+def test_a_checkpoint_of_meta_tensors_is_refused_as_one_without_values(tmp_path):
+    # (it read, then describe() and load_weights raised torch's "Tensor.item() cannot be called on meta tensors")
+    model = torch.nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.device("meta"):
+        torch.save(torch.nn.Linear(3, 2).state_dict(), tmp_path / "meta.pt")
+    with pytest.raises(ck.CheckpointError, match=r"'meta.pt' holds 2 tensors without values \(weight, bias\)"):
+        ck.load_checkpoint(tmp_path / "meta.pt")
+    with pytest.raises(ck.CheckpointError, match="without values"):
+        ck.load_weights(model, tmp_path / "meta.pt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_checkpoint_of_sparse_tensors_is_refused_saying_to_save_them_dense(tmp_path):
+    # (describe() and load_weights raised torch's NotImplementedError for 'aten::ne.Scalar' on SparseCPU)
+    torch.save({"weight": torch.eye(2, 3).to_sparse(), "bias": torch.zeros(2)}, tmp_path / "sparse.pt")
+    with pytest.raises(ck.CheckpointError, match=r"holds 1 sparse tensors \(weight \(torch.sparse_coo\)\).*to_dense"):
+        ck.load_weights(torch.nn.Linear(3, 2), tmp_path / "sparse.pt")
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+def test_the_prefixes_of_wrapped_models_are_taken_off_in_any_order(tmp_path, prefix):
+    # (_orig_mod.module., torch.compile of a DDP model, kept its module. prefix: no key fitted)
+    source = torch.nn.Linear(3, 2)
+    torch.save({prefix + k: v for k, v in source.state_dict().items()}, tmp_path / "wrapped.pt")
+    model = torch.nn.Linear(3, 2)
+    ck.load_weights(model, tmp_path / "wrapped.pt")
+    assert all(torch.equal(v, source.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_a_prefix_is_taken_off_once_leaving_a_child_named_module(tmp_path):
+    wrapper = torch.nn.Module()
+    wrapper.module = torch.nn.Linear(3, 2)  # (its keys: module.weight, module.bias)
+    torch.save({"module." + k: v for k, v in wrapper.state_dict().items()}, tmp_path / "ddp.pt")
+    ck.load_weights(wrapper, tmp_path / "ddp.pt")

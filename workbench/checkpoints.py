@@ -206,15 +206,38 @@ def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
 
 
 def _strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
-    for prefix in _PREFIXES:
-        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
-    return state
+    """``state`` without the wrappers' prefixes every key shares, each taken off once, in either order
+    (``module._orig_mod.``: DDP of a compiled model; ``_orig_mod.module.``: a compiled DDP model). Once: a
+    wrapped model's own child may be named ``module``."""
+    left = list(_PREFIXES)
+    while True:
+        prefix = next((p for p in left if state and all(isinstance(k, str) and k.startswith(p) for k in state)), None)
+        if prefix is None:
+            return state
+        left.remove(prefix)
+        state = {k[len(prefix):]: v for k, v in state.items()}
 
 
 def _is_state_dict(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and all(isinstance(k, str) for k in value) \
         and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
+def _refuse_not_dense(state: Mapping[str, torch.Tensor], name: str) -> None:
+    """A state whose tensors have no values (meta tensors, saved from a model built on the meta device) is
+    refused: only their shapes were saved; so is one with sparse tensors, which a model's dense weights
+    cannot take as they are."""
+    empty = [key for key, tensor in state.items() if tensor.device.type == "meta"]
+    if empty:
+        listed = ", ".join(empty[:4]) + (" ..." if len(empty) > 4 else "")
+        raise CheckpointError(f"{name} holds {len(empty)} tensors without values ({listed}): meta tensors, saved "
+                              "from a model on the meta device, keep shapes only. Save the weights of a model "
+                              "whose parameters hold values (after to_empty() and loading or initializing them).")
+    sparse = [f"{key} ({tensor.layout})" for key, tensor in state.items() if tensor.layout != torch.strided]
+    if sparse:
+        listed = ", ".join(sparse[:4]) + (" ..." if len(sparse) > 4 else "")
+        raise CheckpointError(f"{name} holds {len(sparse)} sparse tensors ({listed}); weights are read dense. "
+                              "Save them dense: {key: t.to_dense() for key, t in state.items()}.")
 
 
 def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Checkpoint:
@@ -232,6 +255,7 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
         if not _is_state_dict(network) or not isinstance(obj.get("net_config"), dict):
             raise CheckpointError(f"{name} is marked an ILQL checkpoint but its 'network' is not a dict of tensors "
                                   "or it has no 'net_config': it is damaged or incomplete.")
+        _refuse_not_dense(network, name)
         return Checkpoint(AGILERL_ILQL, "ILQL.save_checkpoint's dict", dict(network), path,
                           {"net_config": obj["net_config"], "hyperparameters": obj.get("hyperparameters", {})})
     layout, state = "a state_dict", obj
@@ -251,6 +275,7 @@ def load_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
             "the state_dict under 'model' (as LightZero saves) or 'state_dict', or an ILQL checkpoint from "
             "ILQL.save_checkpoint().")
     state = _strip_prefixes(dict(state))
+    _refuse_not_dense(state, name)
     dynamics = {k[len(_DYNAMICS):]: v for k, v in state.items() if k.startswith(_DYNAMICS)}
     if dynamics:
         extra = {**extra, "other_keys": len(state) - len(dynamics)}
@@ -442,8 +467,9 @@ def hint(checkpoint: Checkpoint) -> str:
 def load_weights(model: nn.Module, checkpoint: Checkpoint | str | os.PathLike,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> StateDictDiff:
     """Copy a checkpoint's weights into ``model``, strictly: every key of the model and no other, each of
-    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones nor
-    floating-point into integers: they would lose part of them; a module's ``resizable_state``, such
+    the model's shape (dtypes are cast as ``load_state_dict`` does, but not complex values into real ones,
+    floating-point into integers, nor integers outside the range of the model's integer or bool dtype: they
+    would lose part of them; a module's ``resizable_state``, such
     as a QueryModule's key -> index map, at any length). Nothing is copied unless all match.
 
     Returns:
@@ -497,15 +523,28 @@ def check_fits(model: nn.Module, state: Mapping[str, Any], what: str, advice: st
     diff.mismatched = [entry for entry in diff.mismatched if entry[0] not in resizable]
     if not diff.ok:
         raise CheckpointError(f"{what} does not fit {type(model).__name__}:\n{diff.text()}\n{advice}".rstrip())
-    lossy = [f"{k} ({v.dtype} into {expected[k].dtype})" for k, v in state.items()
+    lossy = [f"{k} ({v.dtype} into {expected[k].dtype}{_out_of_range(v, expected[k].dtype)})"
+             for k, v in state.items()
              if k in expected and isinstance(v, torch.Tensor) and isinstance(expected[k], torch.Tensor)
              and ((v.is_complex() and not expected[k].is_complex())
-                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex())))]
+                  or (v.is_floating_point() and not (expected[k].is_floating_point() or expected[k].is_complex()))
+                  or _out_of_range(v, expected[k].dtype))]
     if lossy:  # (load_state_dict would cast them: the imaginary parts or the fractions gone, with a warning at most)
         raise CheckpointError(f"{what} holds values {type(model).__name__} cannot take without "
                               f"losing part of them: {', '.join(lossy[:4])}{' ...' if len(lossy) > 4 else ''}. "
                               "Nothing was copied. Save the weights in the model's own dtypes.")
     return diff, resizable
+
+
+def _out_of_range(values: torch.Tensor, dtype: torch.dtype) -> str:
+    """Where integer (or bool) ``values`` cast into an integer or bool ``dtype`` would wrap or saturate (300 into
+    uint8 reads 44, 2 into bool True): their range, in words; "" where the cast keeps every value."""
+    if (values.is_floating_point() or values.is_complex() or values.device.type == "meta" or values.numel() == 0
+            or dtype.is_floating_point or dtype.is_complex or values.dtype == dtype):
+        return ""
+    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    least, most = int(values.min()), int(values.max())
+    return f": values {least} to {most}, outside {low} to {high}" if least < low or most > high else ""
 
 
 def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:

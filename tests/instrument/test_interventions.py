@@ -84,6 +84,53 @@ def test_the_log_says_which_interventions_are_on_removed_or_ended():
     assert kept.end_step == 1
 
 
+def test_an_ablation_removed_after_the_forward_that_it_zeroed_is_logged_for_that_step(tmp_path):
+    # (it read "removed before step 2 (never applied)", to step 1, and the stored run had no marker of it,
+    # though its zeros were in step 2's rows)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, store=tmp_path / "run")
+    for step in range(1, 4):
+        ablation = w.ablate("0", [0, 1]) if step == 2 else None
+        out = model(torch.randn(16, 4))
+        late = w.patch("2", lambda y: 2 * y, label="after the forward") if step == 2 else None
+        if ablation is not None:
+            ablation.remove()
+            late.remove()  # (made after the step's forward, removed before the next: never on)
+        out.sum().backward()
+        w.step()
+    w.close()
+    log = w.intervention_log()
+    assert log[["from step", "to step", "status"]].values.tolist() == [
+        [2, 2, "removed"], [2, 1, "removed before step 2 (never applied)"]]
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.interventions()[["id", "from step", "to step"]].values.tolist() == [["i1", 2, 2]]
+    rows = stored.to_pandas()
+    zeros = rows[(rows.module == "0") & (rows.kind == "activation")].set_index("step").zero_frac
+    assert zeros[2] >= 2 / 8 and zeros[3] < 2 / 8
+
+
+def test_the_step_an_intervention_ends_with_follows_the_model_calls_it_was_on_in():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model)
+    model(torch.randn(2, 4))
+    later = w.patch("2", lambda y: y, label="made after step 1's forward")  # (on from step 2)
+    retried = w.ablate("0", [0], label="removed in a discarded step")
+    w.step()
+    for _ in range(2):  # (step 2, its first attempt discarded after the forward that ablated)
+        model(torch.randn(2, 4))
+        if retried.end_step is None:
+            retried.remove()
+            w.discard_step()
+    w.step()
+    model(torch.randn(2, 4))
+    later.remove()  # (after step 3's forward, which it patched)
+    w.step()
+    log = w.intervention_log().set_index("intervention")
+    assert log.loc["made after step 1's forward", ["from step", "to step"]].tolist() == [1, 3]
+    assert log.loc["removed in a discarded step", ["from step", "to step"]].tolist() == [1, 1]
+    w.close()
+
+
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
     model = Attention()
     w = workbench.watch(model)

@@ -171,3 +171,105 @@ def test_event_record_checksums_are_tensorboards():
     messages += [bytes(20), b"\xff" * 9]
     messages += [b"", b"abc"]
     assert [masked_crc32c(m) for m in messages] == [reference(m) for m in messages]
+
+
+def test_tensorboard_export_keeps_a_logged_nan_and_leaves_out_a_metric_not_logged(tmp_path):
+    # (the export read the wide metrics frame, where NaN is both "logged NaN" and "not logged": a NaN loss,
+    # the step a researcher looks for, was left out)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = nn.Linear(3, 1)
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        for loss in [1.0, float("nan"), 0.5]:
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=loss, **({"lr": 0.1} if loss == 1.0 else {}))
+    events = EventAccumulator(str(workbench.load_run(tmp_path / "run").export(tmp_path / "tb")),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("metrics/loss")]
+    assert [step for step, _ in loss] == [1, 2, 3] and np.isnan(loss[1][1]) and loss[2][1] == 0.5
+    assert [(e.step, e.value) for e in events.Scalars("metrics/lr")] == [(1, pytest.approx(0.1))]
+
+
+def test_a_run_with_no_steps_exports_to_every_format(tmp_path):
+    # (its TensorBoard export raised IndexError)
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("pyarrow")
+    workbench.watch(nn.Linear(3, 1), store=tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    for name in ["rows.csv", "rows.parquet", "tb"]:
+        assert r.export(tmp_path / name).exists()
+    assert [path.name.startswith("events.out.tfevents.") for path in (tmp_path / "tb").iterdir()] == [True]
+
+
+def test_a_tensorboard_export_into_a_directory_of_event_files_is_refused(tmp_path):
+    # (a second export added a second event file: TensorBoard read both, each step's values twice)
+    pytest.importorskip("tensorboard")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    first = sorted(r.export(tmp_path / "tb").iterdir())
+    with pytest.raises(ValueError, match=r"tb already holds TensorBoard event files \(events\.out\.tfevents\.[^)]*\): "
+                                         r"TensorBoard would show the values of both exports"):
+        r.export(tmp_path / "tb")
+    assert sorted((tmp_path / "tb").iterdir()) == first
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("mine")  # (a directory of other files takes an export)
+    assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "notes").iterdir())
+
+
+def test_compare_runs_tells_apart_runs_of_the_same_name(tmp_path):
+    # (runs/tanh/seed0 and runs/relu/seed0 were both "seed0" in the run column: one run as far as it said)
+    for folder in ["tanh/seed0", "relu/seed0", "gelu"]:
+        small_run(tmp_path / folder, steps=2).close()
+    same = workbench.compare_runs([tmp_path / "tanh/seed0", tmp_path / "relu/seed0"], what="metrics")
+    assert same.run.tolist() == [str(tmp_path / "tanh/seed0")] * 2 + [str(tmp_path / "relu/seed0")] * 2
+    apart = workbench.compare_runs([tmp_path / "tanh/seed0", workbench.load_run(tmp_path / "gelu")])
+    assert list(apart.columns[:2]) == ["run", "step"] and set(apart.run) == {"seed0", "gelu"}
+
+
+def test_parts_of_a_run_without_rows_keep_the_rows_dtypes(tmp_path, monkeypatch):
+    # (a part of steps without rows read as object columns: its Parquet export took the first part's schema,
+    # all nulls, and failed at the first rows; a concat with other rows made their steps objects)
+    pytest.importorskip("pyarrow")
+    model = nn.Linear(3, 1)
+    with workbench.watch(model, store=tmp_path / "run", every=3, start_step=2) as w:  # (rows at steps 4 and 7)
+        for _ in range(7):
+            model(torch.randn(4, 3)).sum().backward()
+            w.step(loss=1.0)
+    r = workbench.load_run(tmp_path / "run")
+    whole = r.to_pandas()
+    assert sorted(set(whole.step)) == [4, 7] and r.steps[0] == 2
+    empty = r.to_pandas(steps=(2, 3))
+    assert empty.empty and (empty.dtypes == whole.dtypes).all()
+    assert (pd.concat([empty, whole]).dtypes == whole.dtypes).all()
+    monkeypatch.setattr(type(r), "EXPORT_STEPS", 2)  # (parts (2, 3), (4, 5), (6, 7), (8, 8): the first has no rows)
+    pd.testing.assert_frame_equal(pd.read_parquet(r.export(tmp_path / "rows.parquet")), whole)
+    workbench.watch(nn.Linear(3, 1), store=tmp_path / "empty").close()
+    nothing = workbench.load_run(tmp_path / "empty").to_pandas()
+    assert nothing.empty and (nothing.dtypes == whole.dtypes).all()
+
+
+def test_a_tensorboard_export_of_the_metrics_writes_them_alone(tmp_path):
+    # (what="metrics" was ignored for TensorBoard: every statistic and histogram was written)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    events = EventAccumulator(str(r.export(tmp_path / "tb", what="metrics")), size_guidance={"scalars": 0})
+    events.Reload()
+    assert events.Tags()["scalars"] == ["metrics/loss"] and not events.Tags()["histograms"]
+    assert [e.step for e in events.Scalars("metrics/loss")] == r.steps
+
+
+def test_a_directory_with_a_dot_in_its_name_takes_a_tensorboard_export_once_made(tmp_path):
+    # (tb/lr0.001 was refused as a file of an unknown type, even when it was a directory)
+    pytest.importorskip("tensorboard")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"Cannot export to 'lr0\.001'.*os\.makedirs\(.*lr0\.001'\) for a name "
+                                         r"with a dot"):
+        r.export(tmp_path / "tb" / "lr0.001")
+    (tmp_path / "tb" / "lr0.001").mkdir(parents=True)
+    assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "tb" / "lr0.001").iterdir())

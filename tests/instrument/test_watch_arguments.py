@@ -214,6 +214,20 @@ def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
     assert w.metrics().to_dict("records") == [{"step": 1, "accuracy": 0.75}]
 
 
+def test_a_metric_named_step_is_refused_and_none_logged(tmp_path):
+    # (w.step(step=5.0) took the place of the step numbers in w.metrics(), and the stored run's metrics() raised
+    # "cannot insert step, already exists", as its CSV export did)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        model(torch.randn(4, 3)).sum().backward()
+        with pytest.raises(ValueError, match=r"a metric cannot be named 'step' \(got step=5\.0\).*e\.g\. global_step"):
+            w.step(step=5.0, loss=1.0)
+        w.step(global_step=5.0, loss=1.0)
+    assert w.metrics().to_dict("records") == [{"step": 1, "global_step": 5.0, "loss": 1.0}]
+    assert workbench.load_run(tmp_path / "run").metrics().to_dict("records") == [
+        {"step": 1, "global_step": 5.0, "loss": 1.0}]
+
+
 def test_a_recorder_serves_one_open_watch_and_another_once_that_one_is_closed(tmp_path):
     # (two open watches given one recorder mixed their steps: each watch's rows held the other model's, and
     # each store wrote both, failing the two runs on their duplicate step numbers)

@@ -304,6 +304,14 @@ def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_a
     assert "reward" in titles and not any(t.startswith("intervention/") for t in titles)
 
 
+def test_a_run_named_with_a_dot_is_exported_to_tensorboard(manager, tmp_path):
+    # (exp__lr0.001-tensorboard was refused as a file of type '.001-tensorboard')
+    finished(manager, steps=2, store="exp/lr0.001")
+    paths, message = stored_runs.export_run(manager.root, "exp/lr0.001", "TensorBoard", tmp_path / "out")
+    assert "Exported `exp/lr0.001` to TensorBoard" in message, message
+    assert [Path(p).name for p in paths] == ["exp__lr0.001-tensorboard.zip"]
+
+
 @pytest.mark.parametrize("fmt", ["CSV", "Parquet", "TensorBoard"])
 def test_a_stored_run_is_exported_for_download(manager, tmp_path, fmt):
     finished(manager, steps=3, store="exp/run", histograms=fmt == "TensorBoard")

@@ -129,6 +129,8 @@ class Intervention:
         self.origin = user_frame()
         self._remove = remove
         self._closed_with_watch = False
+        #: made after the model's calls of its first step (it applies from the next call on)
+        self.after_forward = False
 
     @property
     def status(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, check_filter
+from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
@@ -293,7 +293,8 @@ class Run:
 
     def export(self, path: str | Path, what: str = "rows") -> Path:
         """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
-        TensorBoard log directory (a path without a suffix: scalars and histograms per call site).
+        TensorBoard log directory (a path without a suffix, or a directory that exists: scalars and histograms
+        per call site, and the metrics; the metrics alone with ``what="metrics"``).
 
         Args:
             path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
@@ -303,7 +304,7 @@ class Run:
             ``path``.
 
         Raises:
-            ValueError: an unknown suffix or ``what``.
+            ValueError: an unknown suffix or ``what``; a TensorBoard directory that already holds event files.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
         if not isinstance(path, (str, os.PathLike)):
@@ -312,10 +313,17 @@ class Run:
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
         # (everything that can be refused is, before the run is read)
-        suffix = path.suffix.lower()
+        suffix = "" if path.is_dir() else path.suffix.lower()  # (a directory takes event files, whatever its name)
         if suffix not in (".csv", ".parquet", ""):
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
-                             "(no suffix) for TensorBoard event files.")
+                             f"for TensorBoard event files: a path without a suffix, or one made first "
+                             f"(os.makedirs({str(path)!r}) for a name with a dot, such as lr0.001).")
+        earlier = sorted(path.glob("*tfevents*")) if suffix == "" and path.is_dir() else []
+        if earlier:  # (TensorBoard reads every event file of a directory: two exports' values would overlap)
+            raise ValueError(f"{path} already holds TensorBoard event files ({earlier[0].name}"
+                             f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): TensorBoard would "
+                             "show the values of both exports at once. Export into a new directory, or delete "
+                             "the old event files first.")
         if suffix == ".parquet":
             try:
                 import pyarrow  # noqa: F401
@@ -326,7 +334,7 @@ class Run:
             if suffix == "":
                 from workbench.instrument.tensorboard import export_tensorboard
 
-                export_tensorboard(self, path)
+                export_tensorboard(self, path, metrics_only=what == "metrics")
                 return path
             path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
             if what == "metrics":
@@ -356,7 +364,10 @@ class Run:
         writer = None
         try:
             for part in parts:
-                table = pa.Table.from_pandas(self.to_pandas(steps=part), preserve_index=False)
+                rows = self.to_pandas(steps=part)
+                if rows.empty and (writer is not None or part != parts[-1]):
+                    continue  # (steps without rows: the file's schema is taken from rows, not from an empty part)
+                table = pa.Table.from_pandas(rows, preserve_index=False)
                 if writer is None:
                     writer = pq.ParquetWriter(path, table.schema)
                 writer.write_table(table.cast(writer.schema))
@@ -399,9 +410,17 @@ def _counts(blobs: list[bytes]) -> list[np.ndarray]:
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows' columns in the dtypes of a watch's rows, also when there are none (SQLite's empty result
+    has no types: its columns read as objects, which a concat with other rows keeps)."""
     for column in STAT_COLUMNS:
         if column not in INT_COLUMNS:
             frame[column] = frame[column].astype("float64")  # NULL (NaN statistics) reads as None
+    if frame.empty:
+        for column in frame.columns:
+            if column in INT_COLUMNS:
+                frame[column] = frame[column].astype("int64")
+            elif column in TEXT_COLUMNS:
+                frame[column] = frame[column].astype(str)  # (the dtype pandas gives the text of a non-empty frame)
     return frame
 
 
@@ -473,7 +492,8 @@ def _disk_bytes(path: Path) -> int:
 
 
 def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFrame:
-    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first.
+    """The rows (or ``what="metrics"``) of several runs in one DataFrame, with a ``run`` column first: each
+    run's directory name, or, where two of the runs share a name (``tanh/seed0``, ``relu/seed0``), each one's path.
 
     Args:
         runs: run directories or :class:`Run` objects.
@@ -489,12 +509,15 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
                         f"pass a list such as [{str(runs)!r}, 'runs/other'].")
     if what not in ("rows", "metrics"):
         raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
-    frames = []
-    for item in runs:
-        run = item if isinstance(item, Run) else Run(item)
-        frame = run.to_pandas() if what == "rows" else run.metrics()
-        frame.insert(0, "run", run.name)
-        frames.append(frame)
-    if not frames:
+    opened = [item if isinstance(item, Run) else Run(item) for item in runs]
+    if not opened:
         raise ValueError("compare_runs() needs at least one run.")
+    names = [run.name for run in opened]
+    if len(set(names)) < len(names):  # (runs/tanh/seed0 and runs/relu/seed0: a name each would tell them apart)
+        names = [str(run.path) for run in opened]
+    frames = []
+    for run, name in zip(opened, names):
+        frame = run.to_pandas() if what == "rows" else run.metrics()
+        frame.insert(0, "run", name)
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)

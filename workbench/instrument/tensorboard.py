@@ -41,10 +41,10 @@ def _tagger(rows: pd.DataFrame) -> Callable[[str, int, str, str], str]:
     return tag
 
 
-def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
-    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms as TensorBoard event files
-    in ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms), not
-    one event a value: an export's cost follows the events it writes."""
+def export_tensorboard(run: Run, log_dir: str | Path, metrics_only: bool = False) -> Path:
+    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms (its metrics alone with
+    ``metrics_only``) as TensorBoard event files in ``log_dir``; returns it. A step's values go in one event
+    of each sort (scalars, histograms), not one event a value: an export's cost follows the events it writes."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
@@ -64,11 +64,13 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
             writer.add(Event(wall_time=now, step=step, summary=Summary(value=values)).SerializeToString())
 
     try:
-        metrics = run.metrics()
-        names = [c for c in metrics.columns if c != "step"]
+        # (the logged values, a NaN logged as NaN, which TensorBoard marks: the wide frame's NaN is also "not logged")
+        metrics = run.metrics(long=True)
         for step, group in metrics.groupby("step", sort=True):
             write(int(step), [Summary.Value(tag=f"metrics/{name}", simple_value=float(value))
-                              for name in names for value in group[name] if value == value])  # (NaN: not logged)
+                              for name, value in zip(group["name"].tolist(), group["value"].tolist())])
+        if metrics_only:
+            return log_dir
         rows = run.to_pandas().sort_values("step", kind="stable")  # (TensorBoard drops a tag's later steps
         # when an earlier one comes after them)
         _tag = _tagger(rows)
@@ -107,6 +109,8 @@ def export_tensorboard(run: Run, log_dir: str | Path) -> Path:
 
 def _runs_of(steps: np.ndarray) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of equal values in ``steps`` (rows come step by step)."""
+    if len(steps) == 0:  # (a run with no rows: no runs of steps)
+        return []
     cuts = np.flatnonzero(np.diff(steps)) + 1
     bounds = np.r_[0, cuts, len(steps)]
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))

@@ -129,13 +129,16 @@ class Watch:
         Raises:
             TypeError: a metric that is not a number (see :meth:`log`): the step is not ended, and none
                 of the metrics given is logged.
+            ValueError: a metric named ``step`` (see :meth:`log`): the step is not ended, and none is logged.
         """
         self._check_open()
         if metrics:
             self.log(**metrics)
-        failed = [i for i in self._intervention_log if i.failed_step == self.step_index]  # (on until it failed)
-        if self.interventions or failed:  # (the steps each was on: a stored run keeps them as its metrics)
-            self.log(**{i.marker: 1.0 for i in [*self.interventions, *failed] if i.start_step <= self.step_index})
+        # (on until it failed, or until it was removed after this step's forward had run it)
+        ended = [i for i in self._intervention_log if i.failed_step == self.step_index
+                 or (i.error is None and i.end_step == self.step_index)]
+        if self.interventions or ended:  # (the steps each was on: a stored run keeps them as its metrics)
+            self.log(**{i.marker: 1.0 for i in [*self.interventions, *ended] if i.start_step <= self.step_index})
         hooks, record = self._hooks, None
         partial = self._record_next_at == self.step_index and hooks.recording and hooks.ran() is False
         self._record_next_at = None
@@ -194,6 +197,11 @@ class Watch:
         :meth:`record_next`) is recorded when run again."""
         self._check_open()
         self._record_next_at = None  # (the step runs again from its start: recorded in full)
+        for intervention in self._intervention_log:  # (what the discarded calls ran with does not count)
+            if intervention.start_step == self.step_index:
+                intervention.after_forward = False  # (made after them: on from the step's first call now)
+            if intervention.error is None and intervention.end_step == self.step_index:
+                intervention.end_step = self.step_index - 1  # (removed after them: not on in the step run again)
         self._start_step(record=self._hooks.recording)
 
     def log(self, **metrics: float) -> None:
@@ -206,7 +214,11 @@ class Watch:
         Raises:
             TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
                 given is logged then.
+            ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
         """
+        if "step" in metrics:  # (it took the place of the step numbers in metrics(), and a stored run's raised)
+            raise ValueError(f"a metric cannot be named 'step' (got step={metrics['step']!r}): it is the column of "
+                             "the step numbers in metrics(). Name it otherwise, e.g. global_step=...")
         checked = {}
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
@@ -331,6 +343,7 @@ class Watch:
             call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index)
+        intervention.after_forward = bool(self._hooks.ran())  # (made after the step's model calls: not on in them)
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
@@ -341,9 +354,12 @@ class Watch:
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
-            # (the step in progress runs without it)
-            intervention.end_step = (self.step_index - 1 if intervention.error is None
-                                     else intervention.failed_step)  # (one that failed was on until it failed)
+            # (one that failed was on until it failed; one removed after the step's model calls, which it was on
+            # in, ends with this step; else the step in progress runs without it)
+            applied_now = bool(self._hooks.ran()) and not (intervention.after_forward
+                                                           and intervention.start_step == self.step_index)
+            intervention.end_step = (intervention.failed_step if intervention.error is not None
+                                     else self.step_index if applied_now else self.step_index - 1)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)

@@ -291,6 +291,7 @@ def export_run(root: RunsRoot, pick: Any, fmt: Any, folder: str | Path | None = 
         out.mkdir(parents=True, exist_ok=True)
         if fmt == "TensorBoard":
             logdir = out / f"{base}-tensorboard"
+            logdir.mkdir(exist_ok=True)  # (made first: a run named with a dot, lr0.001, names a directory still)
             run.export(logdir)
             archive = shutil.make_archive(str(logdir), "zip", root_dir=logdir)
             shutil.rmtree(logdir, ignore_errors=True)
