@@ -209,6 +209,25 @@ def test_bad_distribution_settings_raise_naming_the_value(make, expected):
     assert expected in str(info.value)
 
 
+def test_a_normal_whose_samples_float32_cannot_hold_is_refused_by_name_and_wide_outputs_are_drawn(scratch_model):
+    # mean 1e38 and std 1e38: most samples overflowed float32 to inf, and the output histogram raised a raw IndexError
+    with pytest.raises(ValueError, match=r"The normal with mean 1e\+38 and std 1e\+38 gives samples beyond float32's "
+                                         r"range .* Make the mean or the std smaller"):
+        ex.push_through("relu", source=ex.normal(1e38, 1e38), samples=1000)
+    figure, message = ex.draw_distribution("relu", {}, "normal", 1e38, 1e38, -3, 3)
+    assert "The normal with mean 1e+38 and std 1e+38" in message and "IndexError" not in message
+    # outputs spread wider than float32's range (x from -1e38 to 1e38, times 3) are binned, not an IndexError
+
+    class Triple(torch.nn.Module):
+        def forward(self, x):
+            return 3 * x
+
+    scratch_model("triple", family="activation", example_inputs=lambda m, b, g=None: ((torch.ones(b),), {}))(Triple)
+    figure, message = ex.draw_distribution("triple", {}, "uniform", 0, 1, -1e38, 1e38, samples=1000)
+    output = next(t for t in figure["data"] if t["meta"]["side"] == "output")
+    assert "triple" in message and values(output["y"]).sum() > 0.5, message
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """Two short activation_mlp runs: one with histograms, one without."""

@@ -503,6 +503,12 @@ def sample(source: Source, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> tup
     a = source.args
     if source.kind == "normal":
         x = a["mean"] + a["std"] * torch.randn(samples, generator=generator)
+        if not torch.isfinite(x).all():  # (float32 overflowed to inf: those would not be samples of this normal)
+            largest = torch.finfo(x.dtype).max
+            raise ValueError(f"The normal with mean {a['mean']:g} and std {a['std']:g} gives samples beyond "
+                             f"{str(x.dtype).removeprefix('torch.')}'s range (±{largest:.6g}), which the samples "
+                             f"are: {int((~torch.isfinite(x)).sum()):,} of {samples:,} overflowed. Make the mean or "
+                             "the std smaller, e.g. mean 0 and std 1e+37.")
         return x, f"normal with mean {a['mean']:g} and std {a['std']:g}"
     if source.kind == "uniform":
         x = a["low"] + (a["high"] - a["low"]) * torch.rand(samples, generator=generator)
@@ -564,7 +570,8 @@ def push_through(name: str, params: Mapping[str, Any] | None = None, source: Sou
 
 
 def _histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    finite = values[np.isfinite(values)]
+    # (binned in float64: float32 values spread wider than float32's range overflow its bins' arithmetic)
+    finite = values[np.isfinite(values)].astype(np.float64)
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     if high - low < 1e-6:  # all (nearly) one value: one bar around it
         low, high = low - 0.5, high + 0.5
