@@ -373,6 +373,23 @@ def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, e
     assert current is kept and expected.split("'")[0] in message
 
 
+@pytest.mark.parametrize("field, expected", [
+    ("depth", "depth expects int: the field is empty"),
+    ("width", "width expects int: the field is empty"),
+    ("lr", "lr expects float: the field is empty"),
+    ("seed", "The seed must be a whole number in [0, 9007199254740991]: the field is empty"),
+])
+def test_an_empty_which_trains_best_field_says_it_is_empty(field, expected):
+    # (they said "expects int, got None (NoneType)" and "got None", which a new user cannot act on)
+    settings = dict(steps=10, seed=0, depth=2, width=8, lr=0.01, dataset="spirals", mode="one after another")
+    kept = object()
+    current, message = ex.start_comparison(kept, ["relu"], **{**settings, field: None})
+    assert current is kept and expected in message and "None" not in message, message
+    # as the Experiments tab's form reads them: 2.0 and 1e1 are whole numbers, 2.5 is not
+    current, message = ex.start_comparison(kept, ["relu"], **{**settings, "depth": 2.5})
+    assert current is kept and "depth expects int, could not read 2.5: not a whole number" in message, message
+
+
 def test_joining_a_comparison_not_started_says_to_start_it_rather_than_waiting_for_ever():
     comparison = ex.Comparison(["relu", "tanh"], steps=3, **SMALL)
     with pytest.raises(RuntimeError, match=r"This comparison has not started, so there is nothing to wait for: "

@@ -139,6 +139,8 @@ def _count(value: Any, what: str, low: int, high: int) -> int:
 def _field_seed(value: Any) -> int:
     """A seed from the page's seed field: a whole number in [0, FIELD_INT_MAX], which the field
     carries exactly (the Python API takes seeds up to 2**63 - 1)."""
+    if value is None:
+        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}]: {_NO_NUMBER}. Enter e.g. 0.")
     whole = _whole_or_none(value)
     if whole is None or not 0 <= whole <= FIELD_INT_MAX:
         why = f": {FIELD_INT_LIMIT}" if whole is not None and whole > FIELD_INT_MAX else ""
@@ -978,17 +980,20 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
                      width: Any, lr: Any, dataset: Any, mode: Any) -> tuple[Comparison | None, str]:
     """Start a comparison (stopping the page's previous one); returns it and a message. Bad
     settings leave the previous one as it was and say what is wrong."""
+    from workbench.experiments import get_experiment_spec
+
     try:
-        values = {"seed": _field_seed(seed), "steps": steps, "depth": depth, "width": width}
-        for key, value in values.items():
-            if isinstance(value, float) and value.is_integer():
-                values[key] = int(value)
+        seed = _field_seed(seed)
+        steps = int(steps) if isinstance(steps, float) and steps.is_integer() else steps
+        # (read as the Experiments tab's form reads them: an empty field says so, 2.0 is a whole number, 2.5 not)
+        config = parse_form(get_experiment_spec("activation_mlp").params,
+                            {"depth": depth, "width": width, "lr": lr, "dataset": dataset},
+                            "Experiment 'activation_mlp'")
         names = names if isinstance(names, str) else list(names or [])
         if not isinstance(names, str):  # trained and listed in the order the boxes show them, not ticked in
             shown = activation_names()
             names.sort(key=lambda n: shown.index(n) if n in shown else len(shown))
-        comparison = Comparison(names, values["steps"], values["seed"], mode,
-                                depth=values["depth"], width=values["width"], lr=lr, dataset=dataset)
+        comparison = Comparison(names, steps, seed, mode, **config)
     except Exception as exc:
         return current, _message(exc)
     if current is not None and not current.done:
