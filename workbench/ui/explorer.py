@@ -1027,21 +1027,22 @@ def _has_fields(names: Sequence[str] | None) -> bool:
         return False
 
 
-def _control(field: FormField, key: str, elem_id: str):
+def _control(field: FormField, key: str, elem_id: str, value: Any):
+    """The page's control of an activation's parameter, holding ``value``."""
     import gradio as gr
 
     common = dict(label=field.label, info=field.info or None, key=key, interactive=True, elem_id=elem_id)
     rng = field.param.range
     if field.widget == "dropdown":
-        return gr.Dropdown(list(field.param.choices), value=field.value, **common)
+        return gr.Dropdown(list(field.param.choices), value=value, **common)
     if field.widget == "checkbox":
-        return gr.Checkbox(value=field.value, **common)
+        return gr.Checkbox(value=value, **common)
     if (field.widget == "float" and rng is not None and rng.low is not None and rng.high is not None
             and math.isfinite(rng.low) and math.isfinite(rng.high)):
-        return gr.Slider(rng.low, rng.high, value=field.value, **common)
+        return gr.Slider(rng.low, rng.high, value=value, **common)
     if field.widget in ("int", "float"):
-        return gr.Number(field.value, **common)
-    return gr.Textbox(value=field.value, **common)
+        return gr.Number(value, **common)
+    return gr.Textbox(value=value, **common)
 
 
 def layout(root: Any = None) -> dict[str, Any]:
@@ -1205,8 +1206,8 @@ def wire(c: dict[str, Any], app: Any) -> None:
     # checked; they are drawn again only when Reload finds the registry changed. A render replaces
     # its listeners, and an edit sent to one it removed is lost: checking an activation must not.
     with c["params_box"]:
-        @gr.render(inputs=[c["registry"], c["names"]], triggers=[c["registry"].change, app.load])
-        def render_params(registry, chosen):
+        @gr.render(inputs=[c["registry"], c["names"], c["params_state"]], triggers=[c["registry"].change, app.load])
+        def render_params(registry, chosen, state):
             controls: list[tuple[str, str, Any]] = []  # (activation, parameter, its control)
             boxes: list[tuple[str, Any]] = []  # (activation, the group of its fields)
             for name in registry or []:
@@ -1219,9 +1220,10 @@ def wire(c: dict[str, Any], app: Any) -> None:
                 with gr.Group(visible=_shown(name, chosen), key=f"explorer:{name}",
                                elem_id=f"explorer-{name}-fields") as box:
                     gr.Markdown(f"**{name}**")
-                    for f in fields:
+                    for f in fields:  # (holding the values set on the page: drawn again by Reload, they are kept)
+                        value = (state or {}).get(name, {}).get(f.label, f.value)
                         controls.append((name, f.label, _control(f, key=f"explorer:{name}:{f.label}",
-                                                                 elem_id=f"explorer-{name}-{f.label}")))
+                                                                 elem_id=f"explorer-{name}-{f.label}", value=value)))
                 boxes.append((name, box))
             if not controls:
                 return
