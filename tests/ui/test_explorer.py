@@ -421,6 +421,34 @@ def test_a_run_that_fails_to_start_one_after_another_leaves_those_after_it_not_s
     assert comparison.join() == {"relu": "failed", "tanh": "not started"}
 
 
+def test_a_run_that_failed_or_could_not_be_evaluated_says_why_in_the_status(scratch_model):
+    # (the status said only `failed`, and a run whose evaluation on the whole set failed read `finished`, was left
+    # out of the ranking with NaN in the table, and the status named another as best without a word about it)
+    class Fragile(torch.nn.Module):
+        """ReLU that raises on more than ``most`` rows (the whole training set, 256, and not a batch of 32)."""
+
+        def __init__(self, most: int = 100):
+            super().__init__()
+            self.most = most
+
+        def forward(self, x):
+            if x.shape[0] > self.most:
+                raise RuntimeError(f"{x.shape[0]} rows are too many")
+            return torch.relu(x)
+
+    inputs = lambda m, b, g=None: ((torch.randn(b, 3, generator=g),), {})  # noqa: E731
+    scratch_model("fragile", family="activation", example_inputs=inputs)(Fragile)
+    scratch_model("broken", family="activation", example_inputs=inputs, defaults={"most": 0})(Fragile)
+    comparison = ex.Comparison(["fragile", "broken", "relu"], steps=3, mode="side by side", **SMALL)
+    comparison.start()
+    assert comparison.join(120) == {"fragile": "finished", "broken": "failed", "relu": "finished"}
+    status = comparison.status_markdown()
+    assert "**broken** failed: RuntimeError: 32 rows are too many" in status, status
+    assert ("**fragile** is not ranked: its loss and accuracy on the whole training set could not be computed: "
+            "RuntimeError: 256 rows are too many") in status, status
+    assert "**relu trained best**" in status
+
+
 def test_page_handlers_start_and_draw_a_comparison():
     comparison, message = ex.start_comparison(None, ["tanh", "relu"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
                                               "one after another")

@@ -624,6 +624,7 @@ class _Entry:
         self.run = None  # the BackgroundRun, once started
         self.watch = self.subscription = None
         self.final: dict[str, float] | None = None  # loss and accuracy on the whole training set, at the end
+        self.evaluation_error: str | None = None  # why ``final`` could not be computed
 
 
 class Comparison:
@@ -719,8 +720,8 @@ class Comparison:
         if run.status != "failed":
             try:
                 e.final = e.experiment.evaluate()
-            except Exception:  # (the run's own error is what counts; an evaluation that fails is left out)
-                e.final = None
+            except Exception as exc:  # (not ranked, and the status says why)
+                e.final, e.evaluation_error = None, f"{type(exc).__name__}: {exc}"
         e.view.set_status(run.status, run.error)
         if self.mode == "one after another":
             names = list(self.entries)
@@ -871,6 +872,14 @@ class Comparison:
             h = e.view.header()
             parts.append(f"**{name}** `{h['status']}` {h['step']}/{self.steps}")
         text = " · ".join(parts)
+        # (why a run failed, or was not ranked: the table shows only its status, or no loss on the whole set)
+        for name, e in self.entries.items():
+            h = e.view.header()
+            if h["status"] == "failed" and h["error"]:
+                text += f"\n\n**{name}** failed: {h['error'].strip().splitlines()[-1]}"  # (a traceback's last line)
+            elif e.evaluation_error is not None:
+                text += (f"\n\n**{name}** is not ranked: its loss and accuracy on the whole training set could not "
+                         f"be computed: {e.evaluation_error}")
         ranking = self.ranking()
         if ranking:
             (best, accuracy, loss), rest = ranking[0], ranking[1:]
