@@ -57,6 +57,14 @@ def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
     assert "| relu | 0 |" in table and "| gelu |" in table
 
 
+def test_parameters_by_name_that_are_not_a_dict_are_named():
+    # (a raw "TypeError: 'int' object is not iterable")
+    with pytest.raises(TypeError, match=r"The parameters of 'relu' are a dict such as \{'init': 0.1\}, got 3"):
+        ex.curves_figure("relu", params={"relu": 3})
+    with pytest.raises(TypeError, match=r"The parameters of 'prelu' are a dict such as \{'init': 0.1\}, got 0.1"):
+        ex.curves_figure([("prelu", 0.1)])
+
+
 def test_each_panels_y_axis_is_titled_with_what_its_curves_are():
     figure = ex.curves_figure(["relu", "gelu"], x_range=(-2, 2), points=41)
 

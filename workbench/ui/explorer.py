@@ -325,9 +325,12 @@ def _selections(activations: Any, params: Mapping[str, Mapping[str, Any]] | None
     chosen = []
     for item in activations:
         if isinstance(item, (tuple, list)) and len(item) == 2:
-            chosen.append((item[0], dict(item[1] or {})))
+            name, given = item
         else:
-            chosen.append((item, dict((params or {}).get(item, {})) if isinstance(item, str) else {}))
+            name, given = item, (params or {}).get(item) if isinstance(item, str) else None
+        if given is not None and not isinstance(given, Mapping):
+            raise TypeError(f"The parameters of {name!r} are a dict such as {{'init': 0.1}}, got {given!r}.")
+        chosen.append((name, dict(given or {})))
     return chosen
 
 
