@@ -313,6 +313,20 @@ def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):
     assert "The normal's std must be > 0, got -1" in message
 
 
+def test_a_recorded_run_without_activations_says_so_rather_than_to_pick_a_site(tmp_path):
+    # (the newest run, picked first, had recorded no step: the page asked to pick a call site from an empty list)
+    from workbench.ui.runs import RunsRoot
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="relu", depth=1, width=4)
+    exp.run(0, store=tmp_path / "no-steps", progress=False)
+    root = RunsRoot(tmp_path)
+    assert ex.run_sites(root, "no-steps") == []
+    expected = "Run 'no-steps' has recorded no activations (no step yet): pick another run"
+    for site in (None, "layers.0"):
+        figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "no-steps", site)
+        assert figure["data"] == [] and expected in message and "Pick a call site" not in message, message
+
+
 # --- which activation trains best --------------------------------------------------------
 
 SMALL = dict(depth=2, width=8, batch_size=32, n_samples=256)

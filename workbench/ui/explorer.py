@@ -446,11 +446,18 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
 
     run = run if isinstance(run, Run) else load_run(run)
     sites = recorded_sites(run)
+    if not sites:
+        raise ValueError(_NO_ACTIVATIONS.format(run=run.name))
     if site not in sites:
         raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
     if step is not None:
         step = _count(step, "step", 0, 2**62)
     return Source("recorded", dict(run=run, site=site, step=step))
+
+
+#: A stored run with no activation rows (no step recorded yet, or its watch recorded none), for messages
+_NO_ACTIVATIONS = ("Run {run!r} has recorded no activations (no step yet): pick another run, or press Refresh the "
+                   "runs once it has recorded a step.")
 
 
 def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
@@ -976,10 +983,13 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
                 raise ValueError("Pick a stored run (Refresh the runs lists them)." if stored_runs(root) else
                                  f"No stored runs under {str(where)!r} yet: record one (the Experiments tab's "
                                  "'record to run', or workbench.watch(..., store=...)), then Refresh the runs.")
+            opened = _open_run(root, run)
+            if not site and not recorded_sites(opened):
+                raise ValueError(_NO_ACTIVATIONS.format(run=run))
             if not site:
                 raise ValueError("Pick a call site of the run (the pre-activations are the outputs of the "
                                  "layer before an activation, e.g. layers.0).")
-            chosen = recorded(_open_run(root, run), site)
+            chosen = recorded(opened, site)
         else:
             raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
         pushed = push_through(name, _params_of(state, name), chosen, samples, _field_seed(seed), saturation)
