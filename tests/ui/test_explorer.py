@@ -57,6 +57,12 @@ def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
     assert "| relu | 0 |" in table and "| gelu |" in table
 
 
+def test_prelus_init_field_says_what_it_sets():
+    # (the field's help read "the initial value of every a": a letter of the formula the page does not show)
+    (init,) = [f for f in ex.explorer_fields("prelu") if f.label == "init"]
+    assert init.info == "the initial value of every slope a, PReLU's slope for x < 0", init.info
+
+
 def test_parameters_by_name_that_are_not_a_dict_are_named():
     # (a raw "TypeError: 'int' object is not iterable")
     with pytest.raises(TypeError, match=r"The parameters of 'relu' are a dict such as \{'init': 0.1\}, got 3"):

@@ -163,7 +163,7 @@ class PReLU(nn.Module):
     Args:
         num_parameters: number of slopes a to learn: 1 (shared by all
             channels) or the number of channels of the input (dim 1).
-        init: the initial value of every a.
+        init: the initial value of every slope a, PReLU's slope for x < 0.
         device: device of the weight.
         dtype: dtype of the weight.
 
