@@ -63,6 +63,19 @@ def test_prelus_init_field_says_what_it_sets():
     assert init.info == "the initial value of every slope a, PReLU's slope for x < 0", init.info
 
 
+def test_the_curves_figure_grows_with_its_legend():
+    # (seven activations in a fixed 420 px: Plotly gives a legend half the height, and scrolled the rest out of view
+    # in an 800 px window - in the browser, the legend's scroll bar had a height; with this one it has none)
+    three = ex.curves_figure(["gelu", "relu", "tanh"], points=11)["layout"]["height"]
+    everything = ex.curves_figure(ex.activation_names(), points=11)["layout"]["height"]
+    assert three == ex.CURVES_HEIGHT
+    assert everything == ex.CURVES_HEIGHT + ex.CURVES_HEIGHT_PER_ACTIVATION * (len(ex.activation_names()) - 3)
+    # half of it holds a legend of an activation's two lines (each ~19 px, ~10 px between activations) per row,
+    # two activations a row at 800 px
+    rows = math.ceil(len(ex.activation_names()) / 2)
+    assert everything / 2 >= rows * (2 * 19 + 10) + 40
+
+
 def test_parameters_by_name_that_are_not_a_dict_are_named():
     # (a raw "TypeError: 'int' object is not iterable")
     with pytest.raises(TypeError, match=r"The parameters of 'relu' are a dict such as \{'init': 0.1\}, got 3"):

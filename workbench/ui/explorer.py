@@ -74,6 +74,12 @@ BINS = 60
 #: The least width of a tab's figures: in a narrower window the controls go above them, not beside them
 #: (beside them, at 800 px, the f' panel's title ran out of the figure).
 FIGURE_MIN_WIDTH = 560
+#: The Curves figure's height with up to CURVES_LEGEND_ROOM activations, and what each one more adds: the
+#: legend (two lines an activation, under the panels) may take half the figure's height before Plotly
+#: scrolls it, and with seven activations in an 800 px window a fixed 420 px hid the last behind a scroll bar.
+CURVES_HEIGHT = 420
+CURVES_LEGEND_ROOM = 3
+CURVES_HEIGHT_PER_ACTIVATION = 56
 MAX_COMPARE_STEPS = 100_000
 MODES = ("one after another", "side by side")
 #: The "Which trains best" table's column widths (SUMMARY_COLUMNS): in an 800 px window (a table ~700 px wide) each
@@ -373,7 +379,8 @@ def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]
                          line=dict(color="#111111", width=1.5, dash="dot"), meta=dict(meta, curve="autograd"),
                          showlegend=True,
                          hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (autograd)<extra></extra>"))
-    layout = _layout(420, None, hovermode="closest", legend=dict(orientation="h", y=-0.2, font=dict(size=11)),
+    height = CURVES_HEIGHT + CURVES_HEIGHT_PER_ACTIVATION * max(0, len(results) - CURVES_LEGEND_ROOM)
+    layout = _layout(height, None, hovermode="closest", legend=dict(orientation="h", y=-0.2, font=dict(size=11)),
                      xaxis=_zeroed(domain=[0, 0.47], title=dict(text="x")),
                      yaxis=_zeroed(title=dict(text="f(x)")),
                      xaxis2=_zeroed(domain=[0.53, 1], anchor="y2", title=dict(text="x")),
