@@ -382,6 +382,25 @@ def test_comparison_trains_each_activation_as_the_experiment_alone_would():
     assert len(norms) == 6 and all((values(t["y"]) > 0).all() for t in norms)
 
 
+def test_a_deep_networks_layers_wrap_four_to_a_row():
+    # (depth 8 drew 16 panels side by side in one row: their titles ran into each other, and depth 16 was unreadable)
+    comparison = ex.Comparison(["relu"], steps=2, depth=9, width=4, batch_size=16, n_samples=64).start()
+    comparison.join(120)
+    layout = comparison.layers_figure()["layout"]
+    axes = {key: axis for key, axis in layout.items() if key.startswith("xaxis")}
+    assert len(axes) == 2 * 9  # (a dead-units and a gradient-norm panel a layer)
+    columns = {tuple(axis["domain"]) for axis in axes.values()}
+    assert len(columns) == ex.LAYERS_PER_ROW
+    widths = {round(high - low, 6) for low, high in columns}
+    assert len(widths) == 1 and widths.pop() > 0.2  # (a title such as 'gradient norm: layers.16' fits)
+    rows = {tuple(layout["yaxis" + key[5:]]["domain"]) for key in axes}
+    assert len(rows) == 2 * 3  # (9 layers: three rows of layers, each a dead-units and a gradient-norm row)
+    assert all(0 <= low < high <= 1 for low, high in rows)
+    titles = [a["text"] for a in layout["annotations"]]
+    assert titles[:4] == [f"dead units: layers.{2 * i}" for i in range(4)]
+    assert layout["height"] > 3 * 400
+
+
 def test_side_by_side_and_stopping():
     together = ex.Comparison(["relu", "sigmoid"], steps=6, mode="side by side", **SMALL).start()
     assert together.join(120) == {"relu": "finished", "sigmoid": "finished"}

@@ -81,6 +81,10 @@ CURVES_HEIGHT = 420
 CURVES_LEGEND_ROOM = 3
 CURVES_HEIGHT_PER_ACTIVATION = 56
 MAX_COMPARE_STEPS = 100_000
+#: The per-layer figure's panels a row: a deeper network's layers wrap to more rows (side by side, depth 8 ran
+#: the panels' titles into each other), each row of layers LAYERS_ROW_HEIGHT px high.
+LAYERS_PER_ROW = 4
+LAYERS_ROW_HEIGHT = 520
 MODES = ("one after another", "side by side")
 #: The "Which trains best" table's column widths (SUMMARY_COLUMNS): in an 800 px window (a table ~700 px wide) each
 #: holds its longest word on a line - an activation's name (activation, threshold), a status (finished), steps of
@@ -813,42 +817,48 @@ class Comparison:
         return [f"layers.{2 * i}" for i in range(depth)]
 
     def layers_figure(self) -> ExplorerFigure:
-        """Per hidden layer (columns), a line per activation: top, the share of dead units - of the
-        layer's pre-activation gradient entries (units x samples of the batch) that are exactly 0,
-        where f'(x) = 0 lets no gradient through; bottom, the norm of the layer's weight gradient."""
+        """Per hidden layer (columns, :data:`LAYERS_PER_ROW` a row), a line per activation: top, the
+        share of dead units - of the layer's pre-activation gradient entries (units x samples of the
+        batch) that are exactly 0, where f'(x) = 0 lets no gradient through; bottom, the norm of the
+        layer's weight gradient."""
         layers = self.hidden_layers()
         rows = [("grad_output", "zero_frac", "dead units", lambda l: l, ".0%"),
                 ("param_grad", "norm", "gradient norm", lambda l: f"{l}.weight", None)]
-        columns = len(layers)
-        gap_x, gap_y = 0.06, 0.16
-        width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y) / 2
-        data, layout = [], _layout(520, None, hovermode="x", annotations=[], showlegend=True,
-                                   legend=dict(orientation="h", y=-0.12))
+        columns = min(len(layers), LAYERS_PER_ROW)
+        chunks = [layers[i:i + LAYERS_PER_ROW] for i in range(0, len(layers), LAYERS_PER_ROW)]
+        panel_rows = len(rows) * len(chunks)
+        # (the gaps in paper fractions, which shrink as the figure grows: the same pixels between the rows)
+        gap_x, gap_y = 0.06, 0.16 / len(chunks)
+        width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (panel_rows - 1)) / panel_rows
+        data, layout = [], _layout(LAYERS_ROW_HEIGHT * len(chunks), None, hovermode="x", annotations=[],
+                                   showlegend=True, legend=dict(orientation="h", y=-0.12 / len(chunks)))
         steps_seen = []
-        for r, (kind, statistic, what, site_of, fmt) in enumerate(rows):
-            for j, layer in enumerate(layers):
-                n = str(r * columns + j + 1) if r * columns + j else ""
-                x0, y1 = j * (width + gap_x), 1 - r * (height + gap_y)
-                for k, (name, view) in enumerate(self.views.items()):
-                    site = site_of(layer)
-                    if site not in view.site_order(kind):
-                        continue
-                    part = view.site_series(kind, statistic, [site])
-                    steps_seen.append(part.step.to_numpy())
-                    data.append(dict(type="scatter", mode="lines", name=name, x=_array(part.step),
-                                     y=_array(part.value), xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=name,
-                                     showlegend=r == 0 and j == 0, line=dict(color=_PALETTE[k % len(_PALETTE)],
-                                                                             width=1.5),
-                                     meta=dict(activation=name, layer=layer, statistic=what),
-                                     hovertemplate=f"{name}: %{{y:.3g}}<extra>{what}, {layer}</extra>"))
-                layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d",
-                                            **({"title": dict(text="step")} if r == 1 else {}))
-                layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}",
-                                            **({"tickformat": fmt} if fmt else {}),
-                                            **({"title": dict(text=what)} if j == 0 else {}))
-                layout["annotations"].append(dict(text=f"{what}: {layer}", x=x0 + width / 2, y=y1, xref="paper",
-                                                  yref="paper", xanchor="center", yanchor="bottom",
-                                                  showarrow=False, font=dict(size=12)))
+        panels = [(c * len(rows) + r, j, row, layer) for c, chunk in enumerate(chunks)
+                  for r, row in enumerate(rows) for j, layer in enumerate(chunk)]
+        for index, (panel_row, j, (kind, statistic, what, site_of, fmt), layer) in enumerate(panels):
+            r = panel_row % len(rows)
+            n = str(index + 1) if index else ""
+            x0, y1 = j * (width + gap_x), 1 - panel_row * (height + gap_y)
+            for k, (name, view) in enumerate(self.views.items()):
+                site = site_of(layer)
+                if site not in view.site_order(kind):
+                    continue
+                part = view.site_series(kind, statistic, [site])
+                steps_seen.append(part.step.to_numpy())
+                data.append(dict(type="scatter", mode="lines", name=name, x=_array(part.step),
+                                 y=_array(part.value), xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=name,
+                                 showlegend=index == 0, line=dict(color=_PALETTE[k % len(_PALETTE)], width=1.5),
+                                 meta=dict(activation=name, layer=layer, statistic=what),
+                                 hovertemplate=f"{name}: %{{y:.3g}}<extra>{what}, {layer}</extra>"))
+            layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d",
+                                        **({"title": dict(text="step")} if r == 1 else {}))
+            # (the bottom row's low end clamped: rounding made it -1e-17, out of Plotly's [0, 1])
+            layout[f"yaxis{n}"] = _axis(domain=[max(y1 - height, 0.0), y1], anchor=f"x{n}",
+                                        **({"tickformat": fmt} if fmt else {}),
+                                        **({"title": dict(text=what)} if j == 0 else {}))
+            layout["annotations"].append(dict(text=f"{what}: {layer}", x=x0 + width / 2, y=y1, xref="paper",
+                                              yref="paper", xanchor="center", yanchor="bottom",
+                                              showarrow=False, font=dict(size=12)))
         if not data:
             return ExplorerFigure(empty_figure("No steps recorded yet."))
         return _figure(data, layout)
