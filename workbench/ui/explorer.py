@@ -1160,7 +1160,8 @@ def layout(root: Any = None) -> dict[str, Any]:
                         c["compare_names"] = gr.CheckboxGroup(
                             names, value=[n for n in DEFAULT_COMPARE if n in names], label="activations",
                             elem_id="explorer-compare-names")
-                        gr.Markdown("`activation_mlp` on the same task and seed with each activation.")
+                        gr.Markdown("`activation_mlp` on the same task and seed with each activation, at its "
+                                    "defaults (not the parameters set under Curves).")
                         with gr.Row():
                             c["steps"] = gr.Number(200, label="steps", elem_id="explorer-steps", interactive=True,
                                                    min_width=80)
