@@ -525,6 +525,18 @@ def test_page_handlers_start_and_draw_a_comparison():
         ex.Comparison(["relu"], activation="tanh")
 
 
+def test_train_while_a_comparison_runs_says_it_stopped_that_one():
+    # (the runs in progress were stopped, their results gone from the page, without a word)
+    running, _ = ex.start_comparison(None, ["relu"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    following, message = ex.start_comparison(running, ["tanh"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert running.status() == {"relu": "stopped"}
+    assert message.startswith("Stopped the comparison that was running (relu), and training `activation_mlp` with "
+                              "tanh: 3 steps each"), message
+    following.join(60)
+    _, message = ex.start_comparison(following, ["tanh"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert message.startswith("Training `activation_mlp` with tanh"), message  # (that one had ended: nothing stopped)
+
+
 def test_which_trains_best_starts_from_the_settings_the_experiments_form_starts_from():
     import gradio as gr
 

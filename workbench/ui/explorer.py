@@ -1035,11 +1035,13 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
         comparison = Comparison(names, steps, seed, mode, **config)
     except Exception as exc:
         return current, _message(exc)
-    if current is not None and not current.done:
+    stopped = ""
+    if current is not None and not current.done:  # (its runs stop, and the page shows the new one: said so)
         current.stop(wait=True)
+        stopped = f"Stopped the comparison that was running ({', '.join(current.entries)}), and training"
     comparison.start()
-    return comparison, (f"Training `activation_mlp` with {', '.join(comparison.entries)}: {comparison.steps} "
-                        f"steps each, seed {comparison.seed}, {comparison.mode}.")
+    return comparison, (f"{stopped or 'Training'} `activation_mlp` with {', '.join(comparison.entries)}: "
+                        f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
 
 
 def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, pd.DataFrame]:
