@@ -54,7 +54,8 @@ from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
-    "Curves", "Pushed", "Comparison", "ExplorerFigure", "activation_names", "explorer_fields", "build_activation",
+    "Curves", "Pushed", "Comparison", "PageComparisons", "ExplorerFigure", "activation_names", "explorer_fields",
+    "build_activation",
     "curves", "curves_figure", "normal", "uniform", "recorded", "recorded_sites", "push_through",
     "distribution_figure", "layout", "wire",
 ]
@@ -1044,6 +1045,30 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
                         f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
 
 
+class PageComparisons:
+    """The comparison each open page runs, by session: a page that closes stops its own. (Gradio deletes
+    a closed tab's state, and calls its delete callback, an hour later: its runs trained on that long.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: dict[str, Comparison] = {}
+
+    def track(self, session: str, comparison: Comparison | None) -> None:
+        """``comparison`` is the one the page of ``session`` shows now."""
+        with self._lock:
+            if comparison is None:
+                self._by_session.pop(session, None)
+            else:
+                self._by_session[session] = comparison
+
+    def end(self, session: str) -> None:
+        """The page of ``session`` has closed: stop its comparison (without waiting for the step in progress)."""
+        with self._lock:
+            comparison = self._by_session.pop(session, None)
+        if comparison is not None and not comparison.done:
+            comparison.stop(wait=False)
+
+
 def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, pd.DataFrame]:
     """Status line, metrics figure, layers figure and summary table of a comparison."""
     if comparison is None:
@@ -1333,13 +1358,25 @@ def wire(c: dict[str, Any], app: Any) -> None:
         status, metrics, layers, table = comparison_outputs(comparison)
         return status, plot_data(metrics, "explorer-metrics"), plot_data(layers, "explorer-layers"), table
 
-    def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
+    pages = PageComparisons()
+
+    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
+    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve: None came
+    def on_page_closed(request):
+        pages.end(request.session_hash)
+
+    on_page_closed.__annotations__["request"] = gr.Request
+    app.unload(on_page_closed)
+
+    def on_train(current, names, steps, seed, depth, width, lr, dataset, mode, request):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
+        pages.track(request.session_hash, comparison)
         if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
             gr.Warning(pop_up_text(message))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 
+    on_train.__annotations__["request"] = gr.Request  # (as on_page_closed's)
     c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
                                 c["lr"], c["dataset"], c["mode"]],
                      [c["comparison"], c["compare_message"], c["timer"], c["stop"], *compare_outputs],
