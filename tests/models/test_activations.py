@@ -147,6 +147,11 @@ def test_invalid_arguments_get_clear_errors():
     with pytest.raises(ValueError, match=r"PReLU\(num_parameters=3\) got an input of shape \(2, 5\).*"
                                          r"Use PReLU\(num_parameters=5\)"):
         PReLU(num_parameters=3)(torch.randn(2, 5))
+    # a 1-D input has one channel: one way to fix it, said once (it read "Use PReLU(num_parameters=1) or
+    # PReLU(num_parameters=1)")
+    with pytest.raises(ValueError, match=r"with 1 channel\(s\) on dim 1 \(inputs of fewer than 2 dims have 1\)\. "
+                                         r"Use PReLU\(num_parameters=1\)\.$"):
+        PReLU(num_parameters=3)(torch.randn(7))
     with pytest.raises(ValueError, match=r"'num_parameters' must lie in \[1, inf\], got 0"):
         PReLU(num_parameters=0)
     with pytest.raises(TypeError, match="'threshold' expects float, got 'a'"):

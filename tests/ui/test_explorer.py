@@ -57,6 +57,33 @@ def test_figure_holds_f_and_both_derivatives_of_each_activation_overlaid():
     assert "| relu | 0 |" in table and "| gelu |" in table
 
 
+def test_prelus_init_field_says_what_it_sets():
+    # (the field's help read "the initial value of every a": a letter of the formula the page does not show)
+    (init,) = [f for f in ex.explorer_fields("prelu") if f.label == "init"]
+    assert init.info == "the initial value of every slope a, PReLU's slope for x < 0", init.info
+
+
+def test_the_curves_figure_grows_with_its_legend():
+    # (seven activations in a fixed 420 px: Plotly gives a legend half the height, and scrolled the rest out of view
+    # in an 800 px window - in the browser, the legend's scroll bar had a height; with this one it has none)
+    three = ex.curves_figure(["gelu", "relu", "tanh"], points=11)["layout"]["height"]
+    everything = ex.curves_figure(ex.activation_names(), points=11)["layout"]["height"]
+    assert three == ex.CURVES_HEIGHT
+    assert everything == ex.CURVES_HEIGHT + ex.CURVES_HEIGHT_PER_ACTIVATION * (len(ex.activation_names()) - 3)
+    # half of it holds a legend of an activation's two lines (each ~19 px, ~10 px between activations) per row,
+    # two activations a row at 800 px
+    rows = math.ceil(len(ex.activation_names()) / 2)
+    assert everything / 2 >= rows * (2 * 19 + 10) + 40
+
+
+def test_parameters_by_name_that_are_not_a_dict_are_named():
+    # (a raw "TypeError: 'int' object is not iterable")
+    with pytest.raises(TypeError, match=r"The parameters of 'relu' are a dict such as \{'init': 0.1\}, got 3"):
+        ex.curves_figure("relu", params={"relu": 3})
+    with pytest.raises(TypeError, match=r"The parameters of 'prelu' are a dict such as \{'init': 0.1\}, got 0.1"):
+        ex.curves_figure([("prelu", 0.1)])
+
+
 def test_each_panels_y_axis_is_titled_with_what_its_curves_are():
     figure = ex.curves_figure(["relu", "gelu"], x_range=(-2, 2), points=41)
 
@@ -209,6 +236,25 @@ def test_bad_distribution_settings_raise_naming_the_value(make, expected):
     assert expected in str(info.value)
 
 
+def test_a_normal_whose_samples_float32_cannot_hold_is_refused_by_name_and_wide_outputs_are_drawn(scratch_model):
+    # mean 1e38 and std 1e38: most samples overflowed float32 to inf, and the output histogram raised a raw IndexError
+    with pytest.raises(ValueError, match=r"The normal with mean 1e\+38 and std 1e\+38 gives samples beyond float32's "
+                                         r"range .* Make the mean or the std smaller"):
+        ex.push_through("relu", source=ex.normal(1e38, 1e38), samples=1000)
+    figure, message = ex.draw_distribution("relu", {}, "normal", 1e38, 1e38, -3, 3)
+    assert "The normal with mean 1e+38 and std 1e+38" in message and "IndexError" not in message
+    # outputs spread wider than float32's range (x from -1e38 to 1e38, times 3) are binned, not an IndexError
+
+    class Triple(torch.nn.Module):
+        def forward(self, x):
+            return 3 * x
+
+    scratch_model("triple", family="activation", example_inputs=lambda m, b, g=None: ((torch.ones(b),), {}))(Triple)
+    figure, message = ex.draw_distribution("triple", {}, "uniform", 0, 1, -1e38, 1e38, samples=1000)
+    output = next(t for t in figure["data"] if t["meta"]["side"] == "output")
+    assert "triple" in message and values(output["y"]).sum() > 0.5, message
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """Two short activation_mlp runs: one with histograms, one without."""
@@ -286,6 +332,20 @@ def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):
     assert "The normal's std must be > 0, got -1" in message
 
 
+def test_a_recorded_run_without_activations_says_so_rather_than_to_pick_a_site(tmp_path):
+    # (the newest run, picked first, had recorded no step: the page asked to pick a call site from an empty list)
+    from workbench.ui.runs import RunsRoot
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="relu", depth=1, width=4)
+    exp.run(0, store=tmp_path / "no-steps", progress=False)
+    root = RunsRoot(tmp_path)
+    assert ex.run_sites(root, "no-steps") == []
+    expected = "Run 'no-steps' has recorded no activations (no step yet): pick another run"
+    for site in (None, "layers.0"):
+        figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "no-steps", site)
+        assert figure["data"] == [] and expected in message and "Pick a call site" not in message, message
+
+
 # --- which activation trains best --------------------------------------------------------
 
 SMALL = dict(depth=2, width=8, batch_size=32, n_samples=256)
@@ -322,6 +382,25 @@ def test_comparison_trains_each_activation_as_the_experiment_alone_would():
     assert len(norms) == 6 and all((values(t["y"]) > 0).all() for t in norms)
 
 
+def test_a_deep_networks_layers_wrap_four_to_a_row():
+    # (depth 8 drew 16 panels side by side in one row: their titles ran into each other, and depth 16 was unreadable)
+    comparison = ex.Comparison(["relu"], steps=2, depth=9, width=4, batch_size=16, n_samples=64).start()
+    comparison.join(120)
+    layout = comparison.layers_figure()["layout"]
+    axes = {key: axis for key, axis in layout.items() if key.startswith("xaxis")}
+    assert len(axes) == 2 * 9  # (a dead-units and a gradient-norm panel a layer)
+    columns = {tuple(axis["domain"]) for axis in axes.values()}
+    assert len(columns) == ex.LAYERS_PER_ROW
+    widths = {round(high - low, 6) for low, high in columns}
+    assert len(widths) == 1 and widths.pop() > 0.2  # (a title such as 'gradient norm: layers.16' fits)
+    rows = {tuple(layout["yaxis" + key[5:]]["domain"]) for key in axes}
+    assert len(rows) == 2 * 3  # (9 layers: three rows of layers, each a dead-units and a gradient-norm row)
+    assert all(0 <= low < high <= 1 for low, high in rows)
+    titles = [a["text"] for a in layout["annotations"]]
+    assert titles[:4] == [f"dead units: layers.{2 * i}" for i in range(4)]
+    assert layout["height"] > 3 * 400
+
+
 def test_side_by_side_and_stopping():
     together = ex.Comparison(["relu", "sigmoid"], steps=6, mode="side by side", **SMALL).start()
     assert together.join(120) == {"relu": "finished", "sigmoid": "finished"}
@@ -352,6 +431,23 @@ def test_bad_comparison_settings_are_refused_before_anything_starts(arguments, e
                                            arguments.get("depth", 2), 8, 0.01, "spirals",
                                            arguments.get("mode", "one after another"))
     assert current is kept and expected.split("'")[0] in message
+
+
+@pytest.mark.parametrize("field, expected", [
+    ("depth", "depth expects int: the field is empty"),
+    ("width", "width expects int: the field is empty"),
+    ("lr", "lr expects float: the field is empty"),
+    ("seed", "The seed must be a whole number in [0, 9007199254740991]: the field is empty"),
+])
+def test_an_empty_which_trains_best_field_says_it_is_empty(field, expected):
+    # (they said "expects int, got None (NoneType)" and "got None", which a new user cannot act on)
+    settings = dict(steps=10, seed=0, depth=2, width=8, lr=0.01, dataset="spirals", mode="one after another")
+    kept = object()
+    current, message = ex.start_comparison(kept, ["relu"], **{**settings, field: None})
+    assert current is kept and expected in message and "None" not in message, message
+    # as the Experiments tab's form reads them: 2.0 and 1e1 are whole numbers, 2.5 is not
+    current, message = ex.start_comparison(kept, ["relu"], **{**settings, "depth": 2.5})
+    assert current is kept and "depth expects int, could not read 2.5: not a whole number" in message, message
 
 
 def test_joining_a_comparison_not_started_says_to_start_it_rather_than_waiting_for_ever():
@@ -385,6 +481,34 @@ def test_a_run_that_fails_to_start_one_after_another_leaves_those_after_it_not_s
     assert comparison.join() == {"relu": "failed", "tanh": "not started"}
 
 
+def test_a_run_that_failed_or_could_not_be_evaluated_says_why_in_the_status(scratch_model):
+    # (the status said only `failed`, and a run whose evaluation on the whole set failed read `finished`, was left
+    # out of the ranking with NaN in the table, and the status named another as best without a word about it)
+    class Fragile(torch.nn.Module):
+        """ReLU that raises on more than ``most`` rows (the whole training set, 256, and not a batch of 32)."""
+
+        def __init__(self, most: int = 100):
+            super().__init__()
+            self.most = most
+
+        def forward(self, x):
+            if x.shape[0] > self.most:
+                raise RuntimeError(f"{x.shape[0]} rows are too many")
+            return torch.relu(x)
+
+    inputs = lambda m, b, g=None: ((torch.randn(b, 3, generator=g),), {})  # noqa: E731
+    scratch_model("fragile", family="activation", example_inputs=inputs)(Fragile)
+    scratch_model("broken", family="activation", example_inputs=inputs, defaults={"most": 0})(Fragile)
+    comparison = ex.Comparison(["fragile", "broken", "relu"], steps=3, mode="side by side", **SMALL)
+    comparison.start()
+    assert comparison.join(120) == {"fragile": "finished", "broken": "failed", "relu": "finished"}
+    status = comparison.status_markdown()
+    assert "**broken** failed: RuntimeError: 32 rows are too many" in status, status
+    assert ("**fragile** is not ranked: its loss and accuracy on the whole training set could not be computed: "
+            "RuntimeError: 256 rows are too many") in status, status
+    assert "**relu trained best**" in status
+
+
 def test_page_handlers_start_and_draw_a_comparison():
     comparison, message = ex.start_comparison(None, ["tanh", "relu"], 5.0, 0.0, 2.0, 8.0, 0.01, "moons",
                                               "one after another")
@@ -399,6 +523,34 @@ def test_page_handlers_start_and_draw_a_comparison():
     assert empty_metrics["data"] == [] and list(empty_table.columns) == ex.SUMMARY_COLUMNS and empty_table.empty
     with pytest.raises(TypeError, match="first argument, not activation="):
         ex.Comparison(["relu"], activation="tanh")
+
+
+def test_train_while_a_comparison_runs_says_it_stopped_that_one():
+    # (the runs in progress were stopped, their results gone from the page, without a word)
+    running, _ = ex.start_comparison(None, ["relu"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    following, message = ex.start_comparison(running, ["tanh"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert running.status() == {"relu": "stopped"}
+    assert message.startswith("Stopped the comparison that was running (relu), and training `activation_mlp` with "
+                              "tanh: 3 steps each"), message
+    following.join(60)
+    _, message = ex.start_comparison(following, ["tanh"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert message.startswith("Training `activation_mlp` with tanh"), message  # (that one had ended: nothing stopped)
+
+
+def test_a_page_that_closes_stops_its_comparison():
+    # (Gradio deletes a closed tab's state an hour later: its runs trained on that long, a reload's alongside)
+    pages = ex.PageComparisons()
+    running, _ = ex.start_comparison(None, ["relu"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    other, _ = ex.start_comparison(None, ["tanh"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    pages.track("closed", running)
+    pages.track("open", other)
+    pages.end("closed")
+    running.join(60)
+    assert running.status() == {"relu": "stopped"}
+    assert other.status() == {"tanh": "running"}  # (another page's goes on)
+    pages.end("closed")  # (twice, or a page that trained nothing: nothing to stop)
+    pages.end("never trained")
+    other.stop()
 
 
 def test_which_trains_best_starts_from_the_settings_the_experiments_form_starts_from():

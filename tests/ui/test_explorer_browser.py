@@ -117,6 +117,8 @@ def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_m
     scratch_model("hardish", family="activation", example_inputs=lambda m, b, g=None: ((torch.zeros(b, 2),), {}),
                   derivative=lambda m, x: ((x > -m.bound) & (x < m.bound)).to(x.dtype))(Hardish)
     open_explorer(page, "Curves")
+    choose(page, "explorer-gelu-approximate", "tanh")  # (a value set before Reload is kept: it went back to 'none')
+    traces(page, "explorer-curves", lambda t: ("gelu(approximate='tanh')", "f") in by_curve(t))
     page.locator("#explorer-reload").click()
     # (Reload draws the fields of what it found, hidden until checked: a check made before that render
     # has replaced the page's listeners would go to the ones it replaces)
@@ -128,6 +130,8 @@ def test_an_activation_registered_after_the_app_started_is_drawn(page, scratch_m
     f = found["hardish(bound=0.5)", "f"]
     assert np.allclose(f["y"], np.clip(f["x"], -0.5, 0.5), atol=1e-6)
     expect(page.locator("#explorer-curves-message")).to_contain_text("hardish(bound=0.5)")
+    assert ("gelu(approximate='tanh')", "f") in found
+    expect(page.locator("#explorer-gelu-approximate input")).to_have_value("tanh")
 
 
 def test_a_bad_range_is_a_message_not_a_traceback(page):

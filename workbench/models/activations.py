@@ -163,7 +163,7 @@ class PReLU(nn.Module):
     Args:
         num_parameters: number of slopes a to learn: 1 (shared by all
             channels) or the number of channels of the input (dim 1).
-        init: the initial value of every a.
+        init: the initial value of every slope a, PReLU's slope for x < 0.
         device: device of the weight.
         dtype: dtype of the weight.
 
@@ -214,7 +214,8 @@ class PReLU(nn.Module):
             raise ValueError(
                 f"PReLU(num_parameters={self.num_parameters}) got an input of shape {tuple(x.shape)} "
                 f"with {channels} channel(s) on dim 1 (inputs of fewer than 2 dims have 1). "
-                f"Use PReLU(num_parameters={channels}) or PReLU(num_parameters=1)."
+                + (f"Use PReLU(num_parameters={channels}) or PReLU(num_parameters=1)." if channels != 1
+                   else "Use PReLU(num_parameters=1).")
             )
         return F.prelu(x, self.weight)
 

@@ -54,7 +54,8 @@ from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
-    "Curves", "Pushed", "Comparison", "ExplorerFigure", "activation_names", "explorer_fields", "build_activation",
+    "Curves", "Pushed", "Comparison", "PageComparisons", "ExplorerFigure", "activation_names", "explorer_fields",
+    "build_activation",
     "curves", "curves_figure", "normal", "uniform", "recorded", "recorded_sites", "push_through",
     "distribution_figure", "layout", "wire",
 ]
@@ -74,7 +75,17 @@ BINS = 60
 #: The least width of a tab's figures: in a narrower window the controls go above them, not beside them
 #: (beside them, at 800 px, the f' panel's title ran out of the figure).
 FIGURE_MIN_WIDTH = 560
+#: The Curves figure's height with up to CURVES_LEGEND_ROOM activations, and what each one more adds: the
+#: legend (two lines an activation, under the panels) may take half the figure's height before Plotly
+#: scrolls it, and with seven activations in an 800 px window a fixed 420 px hid the last behind a scroll bar.
+CURVES_HEIGHT = 420
+CURVES_LEGEND_ROOM = 3
+CURVES_HEIGHT_PER_ACTIVATION = 56
 MAX_COMPARE_STEPS = 100_000
+#: The per-layer figure's panels a row: a deeper network's layers wrap to more rows (side by side, depth 8 ran
+#: the panels' titles into each other), each row of layers LAYERS_ROW_HEIGHT px high.
+LAYERS_PER_ROW = 4
+LAYERS_ROW_HEIGHT = 520
 MODES = ("one after another", "side by side")
 #: The "Which trains best" table's column widths (SUMMARY_COLUMNS): in an 800 px window (a table ~700 px wide) each
 #: holds its longest word on a line - an activation's name (activation, threshold), a status (finished), steps of
@@ -139,6 +150,8 @@ def _count(value: Any, what: str, low: int, high: int) -> int:
 def _field_seed(value: Any) -> int:
     """A seed from the page's seed field: a whole number in [0, FIELD_INT_MAX], which the field
     carries exactly (the Python API takes seeds up to 2**63 - 1)."""
+    if value is None:
+        raise ValueError(f"The seed must be a whole number in [0, {FIELD_INT_MAX}]: {_NO_NUMBER}. Enter e.g. 0.")
     whole = _whole_or_none(value)
     if whole is None or not 0 <= whole <= FIELD_INT_MAX:
         why = f": {FIELD_INT_LIMIT}" if whole is not None and whole > FIELD_INT_MAX else ""
@@ -323,9 +336,12 @@ def _selections(activations: Any, params: Mapping[str, Mapping[str, Any]] | None
     chosen = []
     for item in activations:
         if isinstance(item, (tuple, list)) and len(item) == 2:
-            chosen.append((item[0], dict(item[1] or {})))
+            name, given = item
         else:
-            chosen.append((item, dict((params or {}).get(item, {})) if isinstance(item, str) else {}))
+            name, given = item, (params or {}).get(item) if isinstance(item, str) else None
+        if given is not None and not isinstance(given, Mapping):
+            raise TypeError(f"The parameters of {name!r} are a dict such as {{'init': 0.1}}, got {given!r}.")
+        chosen.append((name, dict(given or {})))
     return chosen
 
 
@@ -368,7 +384,8 @@ def curves_figure(activations: str | Sequence[str | tuple[str, Mapping[str, Any]
                          line=dict(color="#111111", width=1.5, dash="dot"), meta=dict(meta, curve="autograd"),
                          showlegend=True,
                          hovertemplate=f"{c.label}: f'(%{{x:.3g}}) = %{{y:.4g}} (autograd)<extra></extra>"))
-    layout = _layout(420, None, hovermode="closest", legend=dict(orientation="h", y=-0.2, font=dict(size=11)),
+    height = CURVES_HEIGHT + CURVES_HEIGHT_PER_ACTIVATION * max(0, len(results) - CURVES_LEGEND_ROOM)
+    layout = _layout(height, None, hovermode="closest", legend=dict(orientation="h", y=-0.2, font=dict(size=11)),
                      xaxis=_zeroed(domain=[0, 0.47], title=dict(text="x")),
                      yaxis=_zeroed(title=dict(text="f(x)")),
                      xaxis2=_zeroed(domain=[0.53, 1], anchor="y2", title=dict(text="x")),
@@ -441,11 +458,18 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
 
     run = run if isinstance(run, Run) else load_run(run)
     sites = recorded_sites(run)
+    if not sites:
+        raise ValueError(_NO_ACTIVATIONS.format(run=run.name))
     if site not in sites:
         raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
     if step is not None:
         step = _count(step, "step", 0, 2**62)
     return Source("recorded", dict(run=run, site=site, step=step))
+
+
+#: A stored run with no activation rows (no step recorded yet, or its watch recorded none), for messages
+_NO_ACTIVATIONS = ("Run {run!r} has recorded no activations (no step yet): pick another run, or press Refresh the "
+                   "runs once it has recorded a step.")
 
 
 def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
@@ -503,6 +527,12 @@ def sample(source: Source, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> tup
     a = source.args
     if source.kind == "normal":
         x = a["mean"] + a["std"] * torch.randn(samples, generator=generator)
+        if not torch.isfinite(x).all():  # (float32 overflowed to inf: those would not be samples of this normal)
+            largest = torch.finfo(x.dtype).max
+            raise ValueError(f"The normal with mean {a['mean']:g} and std {a['std']:g} gives samples beyond "
+                             f"{str(x.dtype).removeprefix('torch.')}'s range (±{largest:.6g}), which the samples "
+                             f"are: {int((~torch.isfinite(x)).sum()):,} of {samples:,} overflowed. Make the mean or "
+                             "the std smaller, e.g. mean 0 and std 1e+37.")
         return x, f"normal with mean {a['mean']:g} and std {a['std']:g}"
     if source.kind == "uniform":
         x = a["low"] + (a["high"] - a["low"]) * torch.rand(samples, generator=generator)
@@ -564,7 +594,8 @@ def push_through(name: str, params: Mapping[str, Any] | None = None, source: Sou
 
 
 def _histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    finite = values[np.isfinite(values)]
+    # (binned in float64: float32 values spread wider than float32's range overflow its bins' arithmetic)
+    finite = values[np.isfinite(values)].astype(np.float64)
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     if high - low < 1e-6:  # all (nearly) one value: one bar around it
         low, high = low - 0.5, high + 0.5
@@ -615,6 +646,7 @@ class _Entry:
         self.run = None  # the BackgroundRun, once started
         self.watch = self.subscription = None
         self.final: dict[str, float] | None = None  # loss and accuracy on the whole training set, at the end
+        self.evaluation_error: str | None = None  # why ``final`` could not be computed
 
 
 class Comparison:
@@ -710,8 +742,8 @@ class Comparison:
         if run.status != "failed":
             try:
                 e.final = e.experiment.evaluate()
-            except Exception:  # (the run's own error is what counts; an evaluation that fails is left out)
-                e.final = None
+            except Exception as exc:  # (not ranked, and the status says why)
+                e.final, e.evaluation_error = None, f"{type(exc).__name__}: {exc}"
         e.view.set_status(run.status, run.error)
         if self.mode == "one after another":
             names = list(self.entries)
@@ -786,42 +818,48 @@ class Comparison:
         return [f"layers.{2 * i}" for i in range(depth)]
 
     def layers_figure(self) -> ExplorerFigure:
-        """Per hidden layer (columns), a line per activation: top, the share of dead units - of the
-        layer's pre-activation gradient entries (units x samples of the batch) that are exactly 0,
-        where f'(x) = 0 lets no gradient through; bottom, the norm of the layer's weight gradient."""
+        """Per hidden layer (columns, :data:`LAYERS_PER_ROW` a row), a line per activation: top, the
+        share of dead units - of the layer's pre-activation gradient entries (units x samples of the
+        batch) that are exactly 0, where f'(x) = 0 lets no gradient through; bottom, the norm of the
+        layer's weight gradient."""
         layers = self.hidden_layers()
         rows = [("grad_output", "zero_frac", "dead units", lambda l: l, ".0%"),
                 ("param_grad", "norm", "gradient norm", lambda l: f"{l}.weight", None)]
-        columns = len(layers)
-        gap_x, gap_y = 0.06, 0.16
-        width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y) / 2
-        data, layout = [], _layout(520, None, hovermode="x", annotations=[], showlegend=True,
-                                   legend=dict(orientation="h", y=-0.12))
+        columns = min(len(layers), LAYERS_PER_ROW)
+        chunks = [layers[i:i + LAYERS_PER_ROW] for i in range(0, len(layers), LAYERS_PER_ROW)]
+        panel_rows = len(rows) * len(chunks)
+        # (the gaps in paper fractions, which shrink as the figure grows: the same pixels between the rows)
+        gap_x, gap_y = 0.06, 0.16 / len(chunks)
+        width, height = (1 - gap_x * (columns - 1)) / columns, (1 - gap_y * (panel_rows - 1)) / panel_rows
+        data, layout = [], _layout(LAYERS_ROW_HEIGHT * len(chunks), None, hovermode="x", annotations=[],
+                                   showlegend=True, legend=dict(orientation="h", y=-0.12 / len(chunks)))
         steps_seen = []
-        for r, (kind, statistic, what, site_of, fmt) in enumerate(rows):
-            for j, layer in enumerate(layers):
-                n = str(r * columns + j + 1) if r * columns + j else ""
-                x0, y1 = j * (width + gap_x), 1 - r * (height + gap_y)
-                for k, (name, view) in enumerate(self.views.items()):
-                    site = site_of(layer)
-                    if site not in view.site_order(kind):
-                        continue
-                    part = view.site_series(kind, statistic, [site])
-                    steps_seen.append(part.step.to_numpy())
-                    data.append(dict(type="scatter", mode="lines", name=name, x=_array(part.step),
-                                     y=_array(part.value), xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=name,
-                                     showlegend=r == 0 and j == 0, line=dict(color=_PALETTE[k % len(_PALETTE)],
-                                                                             width=1.5),
-                                     meta=dict(activation=name, layer=layer, statistic=what),
-                                     hovertemplate=f"{name}: %{{y:.3g}}<extra>{what}, {layer}</extra>"))
-                layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d",
-                                            **({"title": dict(text="step")} if r == 1 else {}))
-                layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}",
-                                            **({"tickformat": fmt} if fmt else {}),
-                                            **({"title": dict(text=what)} if j == 0 else {}))
-                layout["annotations"].append(dict(text=f"{what}: {layer}", x=x0 + width / 2, y=y1, xref="paper",
-                                                  yref="paper", xanchor="center", yanchor="bottom",
-                                                  showarrow=False, font=dict(size=12)))
+        panels = [(c * len(rows) + r, j, row, layer) for c, chunk in enumerate(chunks)
+                  for r, row in enumerate(rows) for j, layer in enumerate(chunk)]
+        for index, (panel_row, j, (kind, statistic, what, site_of, fmt), layer) in enumerate(panels):
+            r = panel_row % len(rows)
+            n = str(index + 1) if index else ""
+            x0, y1 = j * (width + gap_x), 1 - panel_row * (height + gap_y)
+            for k, (name, view) in enumerate(self.views.items()):
+                site = site_of(layer)
+                if site not in view.site_order(kind):
+                    continue
+                part = view.site_series(kind, statistic, [site])
+                steps_seen.append(part.step.to_numpy())
+                data.append(dict(type="scatter", mode="lines", name=name, x=_array(part.step),
+                                 y=_array(part.value), xaxis=f"x{n}", yaxis=f"y{n}", legendgroup=name,
+                                 showlegend=index == 0, line=dict(color=_PALETTE[k % len(_PALETTE)], width=1.5),
+                                 meta=dict(activation=name, layer=layer, statistic=what),
+                                 hovertemplate=f"{name}: %{{y:.3g}}<extra>{what}, {layer}</extra>"))
+            layout[f"xaxis{n}"] = _axis(domain=[x0, x0 + width], anchor=f"y{n}", tickformat="d",
+                                        **({"title": dict(text="step")} if r == 1 else {}))
+            # (the bottom row's low end clamped: rounding made it -1e-17, out of Plotly's [0, 1])
+            layout[f"yaxis{n}"] = _axis(domain=[max(y1 - height, 0.0), y1], anchor=f"x{n}",
+                                        **({"tickformat": fmt} if fmt else {}),
+                                        **({"title": dict(text=what)} if j == 0 else {}))
+            layout["annotations"].append(dict(text=f"{what}: {layer}", x=x0 + width / 2, y=y1, xref="paper",
+                                              yref="paper", xanchor="center", yanchor="bottom",
+                                              showarrow=False, font=dict(size=12)))
         if not data:
             return ExplorerFigure(empty_figure("No steps recorded yet."))
         return _figure(data, layout)
@@ -862,6 +900,14 @@ class Comparison:
             h = e.view.header()
             parts.append(f"**{name}** `{h['status']}` {h['step']}/{self.steps}")
         text = " · ".join(parts)
+        # (why a run failed, or was not ranked: the table shows only its status, or no loss on the whole set)
+        for name, e in self.entries.items():
+            h = e.view.header()
+            if h["status"] == "failed" and h["error"]:
+                text += f"\n\n**{name}** failed: {h['error'].strip().splitlines()[-1]}"  # (a traceback's last line)
+            elif e.evaluation_error is not None:
+                text += (f"\n\n**{name}** is not ranked: its loss and accuracy on the whole training set could not "
+                         f"be computed: {e.evaluation_error}")
         ranking = self.ranking()
         if ranking:
             (best, accuracy, loss), rest = ranking[0], ranking[1:]
@@ -955,10 +1001,13 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
                 raise ValueError("Pick a stored run (Refresh the runs lists them)." if stored_runs(root) else
                                  f"No stored runs under {str(where)!r} yet: record one (the Experiments tab's "
                                  "'record to run', or workbench.watch(..., store=...)), then Refresh the runs.")
+            opened = _open_run(root, run)
+            if not site and not recorded_sites(opened):
+                raise ValueError(_NO_ACTIVATIONS.format(run=run))
             if not site:
                 raise ValueError("Pick a call site of the run (the pre-activations are the outputs of the "
                                  "layer before an activation, e.g. layers.0).")
-            chosen = recorded(_open_run(root, run), site)
+            chosen = recorded(opened, site)
         else:
             raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
         pushed = push_through(name, _params_of(state, name), chosen, samples, _field_seed(seed), saturation)
@@ -971,24 +1020,53 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
                      width: Any, lr: Any, dataset: Any, mode: Any) -> tuple[Comparison | None, str]:
     """Start a comparison (stopping the page's previous one); returns it and a message. Bad
     settings leave the previous one as it was and say what is wrong."""
+    from workbench.experiments import get_experiment_spec
+
     try:
-        values = {"seed": _field_seed(seed), "steps": steps, "depth": depth, "width": width}
-        for key, value in values.items():
-            if isinstance(value, float) and value.is_integer():
-                values[key] = int(value)
+        seed = _field_seed(seed)
+        steps = int(steps) if isinstance(steps, float) and steps.is_integer() else steps
+        # (read as the Experiments tab's form reads them: an empty field says so, 2.0 is a whole number, 2.5 not)
+        config = parse_form(get_experiment_spec("activation_mlp").params,
+                            {"depth": depth, "width": width, "lr": lr, "dataset": dataset},
+                            "Experiment 'activation_mlp'")
         names = names if isinstance(names, str) else list(names or [])
         if not isinstance(names, str):  # trained and listed in the order the boxes show them, not ticked in
             shown = activation_names()
             names.sort(key=lambda n: shown.index(n) if n in shown else len(shown))
-        comparison = Comparison(names, values["steps"], values["seed"], mode,
-                                depth=values["depth"], width=values["width"], lr=lr, dataset=dataset)
+        comparison = Comparison(names, steps, seed, mode, **config)
     except Exception as exc:
         return current, _message(exc)
-    if current is not None and not current.done:
+    stopped = ""
+    if current is not None and not current.done:  # (its runs stop, and the page shows the new one: said so)
         current.stop(wait=True)
+        stopped = f"Stopped the comparison that was running ({', '.join(current.entries)}), and training"
     comparison.start()
-    return comparison, (f"Training `activation_mlp` with {', '.join(comparison.entries)}: {comparison.steps} "
-                        f"steps each, seed {comparison.seed}, {comparison.mode}.")
+    return comparison, (f"{stopped or 'Training'} `activation_mlp` with {', '.join(comparison.entries)}: "
+                        f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
+
+
+class PageComparisons:
+    """The comparison each open page runs, by session: a page that closes stops its own. (Gradio deletes
+    a closed tab's state, and calls its delete callback, an hour later: its runs trained on that long.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: dict[str, Comparison] = {}
+
+    def track(self, session: str, comparison: Comparison | None) -> None:
+        """``comparison`` is the one the page of ``session`` shows now."""
+        with self._lock:
+            if comparison is None:
+                self._by_session.pop(session, None)
+            else:
+                self._by_session[session] = comparison
+
+    def end(self, session: str) -> None:
+        """The page of ``session`` has closed: stop its comparison (without waiting for the step in progress)."""
+        with self._lock:
+            comparison = self._by_session.pop(session, None)
+        if comparison is not None and not comparison.done:
+            comparison.stop(wait=False)
 
 
 def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, pd.DataFrame]:
@@ -1015,21 +1093,22 @@ def _has_fields(names: Sequence[str] | None) -> bool:
         return False
 
 
-def _control(field: FormField, key: str, elem_id: str):
+def _control(field: FormField, key: str, elem_id: str, value: Any):
+    """The page's control of an activation's parameter, holding ``value``."""
     import gradio as gr
 
     common = dict(label=field.label, info=field.info or None, key=key, interactive=True, elem_id=elem_id)
     rng = field.param.range
     if field.widget == "dropdown":
-        return gr.Dropdown(list(field.param.choices), value=field.value, **common)
+        return gr.Dropdown(list(field.param.choices), value=value, **common)
     if field.widget == "checkbox":
-        return gr.Checkbox(value=field.value, **common)
+        return gr.Checkbox(value=value, **common)
     if (field.widget == "float" and rng is not None and rng.low is not None and rng.high is not None
             and math.isfinite(rng.low) and math.isfinite(rng.high)):
-        return gr.Slider(rng.low, rng.high, value=field.value, **common)
+        return gr.Slider(rng.low, rng.high, value=value, **common)
     if field.widget in ("int", "float"):
-        return gr.Number(field.value, **common)
-    return gr.Textbox(value=field.value, **common)
+        return gr.Number(value, **common)
+    return gr.Textbox(value=value, **common)
 
 
 def layout(root: Any = None) -> dict[str, Any]:
@@ -1108,7 +1187,8 @@ def layout(root: Any = None) -> dict[str, Any]:
                         c["compare_names"] = gr.CheckboxGroup(
                             names, value=[n for n in DEFAULT_COMPARE if n in names], label="activations",
                             elem_id="explorer-compare-names")
-                        gr.Markdown("`activation_mlp` on the same task and seed with each activation.")
+                        gr.Markdown("`activation_mlp` on the same task and seed with each activation, at its "
+                                    "defaults (not the parameters set under Curves).")
                         with gr.Row():
                             c["steps"] = gr.Number(200, label="steps", elem_id="explorer-steps", interactive=True,
                                                    min_width=80)
@@ -1193,8 +1273,8 @@ def wire(c: dict[str, Any], app: Any) -> None:
     # checked; they are drawn again only when Reload finds the registry changed. A render replaces
     # its listeners, and an edit sent to one it removed is lost: checking an activation must not.
     with c["params_box"]:
-        @gr.render(inputs=[c["registry"], c["names"]], triggers=[c["registry"].change, app.load])
-        def render_params(registry, chosen):
+        @gr.render(inputs=[c["registry"], c["names"], c["params_state"]], triggers=[c["registry"].change, app.load])
+        def render_params(registry, chosen, state):
             controls: list[tuple[str, str, Any]] = []  # (activation, parameter, its control)
             boxes: list[tuple[str, Any]] = []  # (activation, the group of its fields)
             for name in registry or []:
@@ -1207,9 +1287,10 @@ def wire(c: dict[str, Any], app: Any) -> None:
                 with gr.Group(visible=_shown(name, chosen), key=f"explorer:{name}",
                                elem_id=f"explorer-{name}-fields") as box:
                     gr.Markdown(f"**{name}**")
-                    for f in fields:
+                    for f in fields:  # (holding the values set on the page: drawn again by Reload, they are kept)
+                        value = (state or {}).get(name, {}).get(f.label, f.value)
                         controls.append((name, f.label, _control(f, key=f"explorer:{name}:{f.label}",
-                                                                 elem_id=f"explorer-{name}-{f.label}")))
+                                                                 elem_id=f"explorer-{name}-{f.label}", value=value)))
                 boxes.append((name, box))
             if not controls:
                 return
@@ -1277,13 +1358,25 @@ def wire(c: dict[str, Any], app: Any) -> None:
         status, metrics, layers, table = comparison_outputs(comparison)
         return status, plot_data(metrics, "explorer-metrics"), plot_data(layers, "explorer-layers"), table
 
-    def on_train(current, names, steps, seed, depth, width, lr, dataset, mode):
+    pages = PageComparisons()
+
+    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
+    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve: None came
+    def on_page_closed(request):
+        pages.end(request.session_hash)
+
+    on_page_closed.__annotations__["request"] = gr.Request
+    app.unload(on_page_closed)
+
+    def on_train(current, names, steps, seed, depth, width, lr, dataset, mode, request):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
+        pages.track(request.session_hash, comparison)
         if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
             gr.Warning(pop_up_text(message))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 
+    on_train.__annotations__["request"] = gr.Request  # (as on_page_closed's)
     c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
                                 c["lr"], c["dataset"], c["mode"]],
                      [c["comparison"], c["compare_message"], c["timer"], c["stop"], *compare_outputs],
