@@ -192,6 +192,37 @@ def test_tensorboard_export_keeps_a_logged_nan_and_leaves_out_a_metric_not_logge
     assert [(e.step, e.value) for e in events.Scalars("metrics/lr")] == [(1, pytest.approx(0.1))]
 
 
+def test_tensorboard_export_counts_the_nan_and_infinite_values_of_a_tensor_that_has_them(tmp_path):
+    # (its statistics stop where it goes NaN - TensorBoard draws no NaN - and nothing said why)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Log(nn.Module):
+        def forward(self, x):
+            return torch.log(x)  # (NaN below 0, -inf at 0)
+
+    model = nn.Sequential(nn.Linear(3, 3), Log())
+    inputs = [torch.ones(2, 3), -torch.ones(2, 3), torch.ones(2, 3)]
+    with workbench.watch(model, store=tmp_path / "run", gradients=False) as w:
+        with torch.no_grad():
+            model[0].weight.fill_(1.0)
+            model[0].bias.fill_(0.0)
+            for x in inputs:
+                model(x)
+                w.step()
+    rows = workbench.load_run(tmp_path / "run").to_pandas()
+    events = EventAccumulator(str(workbench.load_run(tmp_path / "run").export(tmp_path / "tb")),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    for module in ("1", "(model)"):  # (the Log's output, and the model's: the same tensor)
+        nan = [(e.step, e.value) for e in events.Scalars(f"activation/{module}/out/nan_count")]
+        assert nan == [(1, 0.0), (2, 6.0), (3, 0.0)]
+        assert [e.step for e in events.Scalars(f"activation/{module}/out/mean")] == [1, 3]
+    stored = rows[(rows.module == "1") & (rows.kind == "activation")].nan_count.tolist()
+    assert stored == [0, 6, 0]
+    assert not any(tag.endswith("_count") for tag in events.Tags()["scalars"] if tag.startswith("activation/0/"))
+
+
 def test_a_run_with_no_steps_exports_to_every_format(tmp_path):
     # (its TensorBoard export raised IndexError)
     pytest.importorskip("tensorboard")

@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 
     from workbench.instrument.runs import Run
 
-__all__ = ["export_tensorboard", "SCALARS", "EventFile", "masked_crc32c"]
+__all__ = ["export_tensorboard", "SCALARS", "COUNTS", "EventFile", "masked_crc32c"]
 
 SCALARS = ("mean", "std", "norm", "abs_mean", "min", "max", "zero_frac")
+#: Written too for the sites with a NaN or infinite value at some step, at each of their steps.
+COUNTS = ("nan_count", "inf_count")
 
 
 def _tagger(rows: pd.DataFrame) -> Callable[[str, int, str, str], str]:
@@ -42,9 +44,10 @@ def _tagger(rows: pd.DataFrame) -> Callable[[str, int, str, str], str]:
 
 
 def export_tensorboard(run: Run, log_dir: str | Path, metrics_only: bool = False) -> Path:
-    """Write ``run``'s metrics, statistics (:data:`SCALARS`) and histograms (its metrics alone with
-    ``metrics_only``) as TensorBoard event files in ``log_dir``; returns it. A step's values go in one event
-    of each sort (scalars, histograms), not one event a value: an export's cost follows the events it writes."""
+    """Write ``run``'s metrics, statistics (:data:`SCALARS`, and :data:`COUNTS` where a tensor went NaN or
+    infinite) and histograms (its metrics alone with ``metrics_only``) as TensorBoard event files in
+    ``log_dir``; returns it. A step's values go in one event of each sort (scalars, histograms), not one
+    event a value: an export's cost follows the events it writes."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
@@ -80,11 +83,20 @@ def export_tensorboard(run: Run, log_dir: str | Path, metrics_only: bool = False
         scalar_tags = {key: [f"{tag}/{stat}" for stat in SCALARS] for key, tag in site_tags.items()}
         stats = rows[list(SCALARS)].to_numpy(np.float64)
         finite, values = np.isfinite(stats).tolist(), stats.tolist()
+        # a tensor that goes NaN or infinite: its statistics stop there (TensorBoard draws no NaN), and its
+        # counts of those values (COUNTS) say why, at every step of each site that has any
+        counts = rows[list(COUNTS)].to_numpy(np.float64)
+        count_tags = {keys[i]: [f"{site_tags[keys[i]]}/{name}" for name in COUNTS]
+                      for i in np.flatnonzero(counts.sum(axis=1) > 0).tolist()}
+        counts = counts.tolist()
         steps = rows.step.to_numpy()
         for start, end in _runs_of(steps):
             write(int(steps[start]), [Summary.Value(tag=tag, simple_value=value)
                                       for i in range(start, end)
-                                      for tag, value, keep in zip(scalar_tags[keys[i]], values[i], finite[i]) if keep])
+                                      for tag, value, keep in zip(scalar_tags[keys[i]], values[i], finite[i]) if keep]
+                  + [Summary.Value(tag=tag, simple_value=value)
+                     for i in range(start, end) if keys[i] in count_tags
+                     for tag, value in zip(count_tags[keys[i]], counts[i])])
         on = ["step", "module", "call", "kind", "tensor"]
         histograms = run.histograms().merge(rows[on + ["numel", "mean", "norm"]], on=on).sort_values(
             "step", kind="stable")
