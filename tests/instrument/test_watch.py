@@ -1581,19 +1581,17 @@ def test_a_forward_interrupted_leaves_no_rows_once_the_next_forward_starts_or_th
         assert set(second.kind) == {"param"}
 
 
-def test_the_rows_of_an_earlier_forward_that_arrive_after_one_interrupted_stay():
-    # (its output gradients, from the loss back-propagated once the second forward was interrupted,
-    # arrive after that forward's first rows: taken back with them, they were lost)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+def interrupted_then_back_propagated(model: nn.Module, interrupted: nn.Module, x: torch.Tensor):
+    """(the watch, a reference watch): a forward of ``model`` whose loss is back-propagated only after a
+    second forward, interrupted at ``interrupted``, beside one forward and backward of a copy of it."""
     reference = copy.deepcopy(model)
-    x = torch.randn(5, 3)
 
     def interrupt(module, args, output):
         raise KeyboardInterrupt
 
     with workbench.watch(model) as w:
         loss = model(x).sum()
-        handle = model[2].register_forward_hook(interrupt)
+        handle = interrupted.register_forward_hook(interrupt)
         with pytest.raises(KeyboardInterrupt):
             model(x)
         handle.remove()
@@ -1602,6 +1600,14 @@ def test_the_rows_of_an_earlier_forward_that_arrive_after_one_interrupted_stay()
     with workbench.watch(reference) as ref:
         reference(x).sum().backward()
         ref.step()
+    return w, ref
+
+
+def test_the_rows_of_an_earlier_forward_that_arrive_after_one_interrupted_stay():
+    # (its output gradients, from the loss back-propagated once the second forward was interrupted,
+    # arrive after that forward's first rows: taken back with them, they were lost)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    w, ref = interrupted_then_back_propagated(model, model[2], torch.randn(5, 3))
     pd.testing.assert_frame_equal(w.to_pandas(), ref.to_pandas())
 
 
@@ -1620,23 +1626,7 @@ def test_a_checkpointed_segment_of_an_earlier_forward_back_propagated_after_one_
 
     torch.manual_seed(0)
     model = Checkpointed()
-    reference = copy.deepcopy(model)
-    x = torch.randn(5, 3, requires_grad=True)
-
-    def interrupt(module, args, output):
-        raise KeyboardInterrupt
-
-    with workbench.watch(model) as w:
-        loss = model(x).sum()
-        handle = model.last.register_forward_hook(interrupt)
-        with pytest.raises(KeyboardInterrupt):
-            model(x)
-        handle.remove()
-        loss.backward()
-        w.step()
-    with workbench.watch(reference) as ref:
-        reference(x).sum().backward()
-        ref.step()
+    w, ref = interrupted_then_back_propagated(model, model.last, torch.randn(5, 3, requires_grad=True))
     pd.testing.assert_frame_equal(w.to_pandas(), ref.to_pandas())
     assert not w.errors
 
