@@ -148,7 +148,7 @@ def test_per_rank_rows_are_each_ranks_own(spawned):
 
 def test_one_store_written_by_rank_0(spawned):
     out, _ = spawned
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["ddp_run"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "starts") == ["ddp_run"]
     run = workbench.load_run(out / "ddp_run")
     assert run.status == "finished"
     assert run.metadata["distributed"]["world_size"] == 2
@@ -210,15 +210,24 @@ def test_a_store_rank_0_cannot_open_stops_every_rank_saying_why(spawned):
         assert before == after
 
 
-def test_rank_0_interrupted_as_its_watch_starts_leaves_no_rank_waiting(spawned):
+@pytest.mark.parametrize("interrupted", [0, 1])
+def test_a_rank_interrupted_as_its_watch_starts_leaves_no_rank_watching_or_waiting(spawned, interrupted):
+    # (rank 1 failing after rank 0's watch had started left rank 0 waiting for it at its first
+    # recorded step, until the group's timeout)
     out, _ = spawned
-    rank0, rank1 = workers.load(out, "interrupted", 0), workers.load(out, "interrupted", 1)
-    assert rank0["raised"][0] == "KeyboardInterrupt"
-    kind, said = rank1["raised"]  # (not the group's timeout, 60 s later, in the broadcast)
-    assert kind == "RuntimeError" and "rank 0 could not start its watch" in said and "KeyboardInterrupt" in said
-    for rank in (rank0, rank1):
-        before, after = rank["hooks"]
+    ranks = [workers.load(out, f"interrupted_{interrupted}", rank) for rank in (0, 1)]
+    for rank, result in enumerate(ranks):
+        kind, said = result["raised"]
+        if rank == interrupted:
+            assert kind == "KeyboardInterrupt"
+        else:  # (not the group's timeout, 60 s later)
+            assert kind == "RuntimeError" and "KeyboardInterrupt" in said
+            assert f"rank {interrupted} could not start its watch" in said
+        before, after = result["hooks"]
         assert before == after
+    if interrupted == 1:  # (rank 0's run had opened: it is closed as failed, saying why)
+        run = workbench.load_run(ranks[0]["store"])
+        assert run.status == "failed" and "rank 1 could not start its watch" in run.metadata["error"]
 
 
 def test_fsdp2_fully_shard_on_the_cpu(spawned):
@@ -319,7 +328,7 @@ def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distr
             workbench.watch(model, store=tmp_path / "run")
 
 
-def test_rank_0_s_watch_is_closed_when_its_broadcast_fails(one_rank, tmp_path, monkeypatch):
+def test_a_rank_s_watch_is_closed_when_its_gather_of_outcomes_fails(one_rank, tmp_path, monkeypatch):
     # (a peer gone before watch_distributed: rank 0's watch, started, was left with its hooks in and
     # its store held open)
     def peer_gone(*args, **kwargs):
@@ -327,7 +336,7 @@ def test_rank_0_s_watch_is_closed_when_its_broadcast_fails(one_rank, tmp_path, m
 
     model = workers.make_model()
     before = workers.hook_state(model)
-    monkeypatch.setattr(dist, "broadcast_object_list", peer_gone)
+    monkeypatch.setattr(dist, "all_gather_object", peer_gone)
     with pytest.raises(RuntimeError, match="a peer is gone"):
         watch_distributed(model, store=tmp_path / "run")
     monkeypatch.undo()
@@ -336,18 +345,18 @@ def test_rank_0_s_watch_is_closed_when_its_broadcast_fails(one_rank, tmp_path, m
     assert run.status == "failed" and "a peer is gone" in run.metadata["error"]
 
 
-def test_rank_0_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
-    # (its message was made before the broadcast, outside any try: an error whose message cannot be made had
-    # rank 0 raise that error and the other ranks wait in the broadcast; one of a million characters went whole)
+def test_a_rank_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
+    # (its message was made before the gather, outside any try: an error whose message cannot be made had
+    # the rank raise that error and the other ranks wait; one of a million characters went whole)
     class Unsayable(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no message")
 
     told = []
-    broadcast = dist.broadcast_object_list
+    gather = dist.all_gather_object
 
-    def spy(objects, *args, **kwargs):
-        broadcast(objects, *args, **kwargs)
+    def spy(objects, obj, *args, **kwargs):
+        gather(objects, obj, *args, **kwargs)
         told.extend(objects)
 
     def failing_watch(error: Exception):
@@ -355,7 +364,7 @@ def test_rank_0_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
             raise error
         return watch
 
-    monkeypatch.setattr(dist, "broadcast_object_list", spy)
+    monkeypatch.setattr(dist, "all_gather_object", spy)
     monkeypatch.setattr(workbench.instrument, "watch", failing_watch(Unsayable()))
     with pytest.raises(Unsayable):
         watch_distributed(workers.make_model())

@@ -74,7 +74,8 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         ddp_scenario(rank, world, out)
         failing_scenario(rank, world, out)
         refused_store_scenario(rank, world, out)
-        interrupted_start_scenario(rank, world, out)
+        interrupted_start_scenario(rank, world, out, interrupted=0)
+        interrupted_start_scenario(rank, world, out, interrupted=1)
         fsdp_scenario(rank, world, out)
         destroy_process_group()
     except BaseException:
@@ -154,9 +155,10 @@ def refused_store_scenario(rank: int, world: int, out: Path) -> None:
     _dump(out, "refused", rank, {"raised": raised, "hooks": (before, hook_state(model))})
 
 
-def interrupted_start_scenario(rank: int, world: int, out: Path) -> None:
-    """Rank 0's watch is interrupted as it starts (a KeyboardInterrupt, in its modules predicate): every
-    rank's watch_distributed raises, none is left waiting for rank 0 in the broadcast."""
+def interrupted_start_scenario(rank: int, world: int, out: Path, interrupted: int) -> None:
+    """Rank ``interrupted``'s watch is interrupted as it starts (a KeyboardInterrupt, in its modules
+    predicate) while the other ranks' start well: every rank's watch_distributed raises, none is left
+    watching, nor waiting for that rank at its first recorded step; rank 0's run is closed as failed."""
     from workbench.instrument.distributed import watch_distributed
 
     model = make_model()
@@ -164,16 +166,18 @@ def interrupted_start_scenario(rank: int, world: int, out: Path) -> None:
     before = hook_state(model)
 
     def selected(path: str) -> bool:
-        if rank == 0:
+        if rank == interrupted:
             raise KeyboardInterrupt
         return True
 
+    store = out / "starts" / f"interrupted_{interrupted}"  # (apart from the ddp scenario's one store)
     try:
-        watch_distributed(ddp, modules=selected, parameters=False, parameter_grads=False)
+        watch_distributed(ddp, store=store, modules=selected, parameters=False, parameter_grads=False)
         raised = None
     except BaseException as exc:
         raised = (type(exc).__name__, str(exc))
-    _dump(out, "interrupted", rank, {"raised": raised, "hooks": (before, hook_state(model))})
+    _dump(out, f"interrupted_{interrupted}", rank, {"raised": raised, "hooks": (before, hook_state(model)),
+                                                      "store": str(store)})
 
 
 def fsdp_scenario(rank: int, world: int, out: Path) -> None:

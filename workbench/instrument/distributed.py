@@ -393,13 +393,13 @@ def _warn(message: str) -> None:
         pass
 
 
-#: Characters of rank 0's error the other ranks are told at most (its message may be a whole traceback).
+#: Characters of a rank's error the other ranks are told at most (its message may be a whole traceback).
 TOLD_CHARS = 2000
 
 
 def _told(exc: BaseException) -> str:
-    """What the other ranks are told of rank 0's error: its type and message, cut to :data:`TOLD_CHARS`
-    (its type alone where its message cannot be made: rank 0 must reach the broadcast whatever it raised)."""
+    """What the other ranks are told of a rank's error: its type and message, cut to :data:`TOLD_CHARS`
+    (its type alone where its message cannot be made: the rank must reach the gather whatever it raised)."""
     try:
         told = f"{type(exc).__name__}: {exc}"
     except Exception:
@@ -489,32 +489,34 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         return watch(inner, modules=modules, exclude=exclude, parameters=False, parameter_grads=False,
                      histograms=histograms, bins=bins, recorder=recorder, store=store, metadata=facts, **options)
 
-    # Rank 0 starts its watch first, and tells every rank whether it could (one broadcast): a store
-    # rank 0 cannot open then stops every rank here, saying why, rather than leaving the others to
-    # wait for it at their first recorded step (until the launcher or the group's timeout ends them)
-    # (a KeyboardInterrupt there too: the others are told, not left waiting in the broadcast). A
-    # broadcast that raises (a peer gone) closes rank 0's watch: no hook is left in, its store let go.
+    # Every rank starts its watch, then every rank learns how each one did (one all_gather of the
+    # outcomes): where any rank could not (a store rank 0 cannot open, a KeyboardInterrupt as hooks
+    # go in), every rank closes its watch and raises, saying which rank and why, rather than leaving
+    # the others to wait for it at their first recorded step (until the launcher or the group's
+    # timeout ends them). A gather that raises (a peer gone) closes the rank's watch too: no hook is
+    # left in, no store held.
     w, refused = None, None
-    if recorder.rank == 0:
-        try:
-            w = rank_watch(store)
-        except BaseException as exc:
-            refused = exc
-    said = [None if refused is None else _told(refused)]
     try:
-        dist.broadcast_object_list(said, src=recorder._dst, group=group)
+        w = rank_watch(store if recorder.rank == 0 else None)
+    except BaseException as exc:
+        refused = exc
+    said: list[str | None] = [None] * recorder.world_size
+    try:
+        dist.all_gather_object(said, None if refused is None else _told(refused), group=group)
     except BaseException as exc:
         if w is not None:
             w.__exit__(type(exc), exc, exc.__traceback__)
         if refused is not None:
-            raise refused  # (rank 0's own error, the broadcast's as its context)
+            raise refused  # (the rank's own error, the gather's as its context)
         raise
     if refused is not None:
         raise refused
-    if said[0] is not None:
-        raise RuntimeError(f"watch_distributed: rank 0 could not start its watch, so no rank watches ({said[0]}).")
-    if w is None:
-        w = rank_watch(None)
+    failed = {rank: told for rank, told in enumerate(said) if told is not None}
+    if failed:
+        told = "; ".join(f"rank {rank} could not start its watch ({told})" for rank, told in failed.items())
+        error = RuntimeError(f"watch_distributed: {told}, so no rank watches.")
+        w.close("failed", str(error))
+        raise error
     if w.store is not None:  # (the recorder records them, not the rank's watch, whose own options say False)
         w.store.set_meta(**recorded)
     return w
