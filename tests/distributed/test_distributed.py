@@ -359,18 +359,18 @@ def test_a_rank_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
         gather(objects, obj, *args, **kwargs)
         told.extend(objects)
 
-    def failing_watch(error: Exception):
-        def watch(*args, **kwargs):
-            raise error
-        return watch
+    class FailingPath:  # (a store path that raises as the watch opens its store)
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def __fspath__(self) -> str:
+            raise self.error
 
     monkeypatch.setattr(dist, "all_gather_object", spy)
-    monkeypatch.setattr(workbench.instrument, "watch", failing_watch(Unsayable()))
     with pytest.raises(Unsayable):
-        watch_distributed(workers.make_model())
-    monkeypatch.setattr(workbench.instrument, "watch", failing_watch(ValueError("x" * 10**6)))
+        watch_distributed(workers.make_model(), store=FailingPath(Unsayable()))
     with pytest.raises(ValueError, match="x" * 100):
-        watch_distributed(workers.make_model())
+        watch_distributed(workers.make_model(), store=FailingPath(ValueError("x" * 10**6)))
     assert told[0] == "Unsayable (its message could not be made)"
     assert len(told[1]) < 3000 and told[1].startswith("ValueError: xxx") and told[1].endswith("more characters)")
 
