@@ -492,6 +492,65 @@ def test_a_finished_run_in_a_read_only_directory_opens():
         assert printed.split() == ["finished", "3", str(expected)]
 
 
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path, monkeypatch):
+    # (load_run("") opened the current directory when it held a run, and list_runs("") and export("") took
+    # it as the working directory too)
+    small_run(tmp_path, steps=1)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match=r"load_run\(\) got an empty path \(''\); it takes the directory of a run"):
+        workbench.load_run("")
+    with pytest.raises(RunError, match="got an empty path"):
+        workbench.compare_runs(["", "."])
+    with pytest.raises(ValueError, match=r"list_runs\(\) got an empty path \(''\).*pass '\.'"):
+        workbench.list_runs("")
+    run = workbench.load_run(".")  # (the current directory, asked for)
+    with pytest.raises(ValueError, match=r"export\(\) got an empty path \(''\)"):
+        run.export("")
+    assert not list(tmp_path.glob("*tfevents*"))
+
+
+READER_AS_NOBODY = textwrap.dedent("""
+    import os, sys, workbench
+    if os.geteuid() == 0:  # root reads anything: as nobody, whom the permissions keep out
+        os.setgid(65534); os.setuid(65534)
+    for path in sys.argv[1:]:
+        try:
+            workbench.load_run(path)
+            print("opened")
+        except workbench.RunError as e:
+            print("RunError", e)
+""")
+
+
+def test_a_run_this_user_cannot_read_says_which_folder_or_file_and_to_check_its_permissions():
+    # (a bare PermissionError, or, for an unreadable run.sqlite, "damaged or not a workbench run database")
+    root = tempfile.mkdtemp()
+    closed, unreadable, inside = (os.path.join(root, name) for name in ("closed", "unreadable", "shut"))
+    try:
+        os.chmod(root, 0o755)
+        for path in (closed, unreadable, os.path.join(inside, "run")):
+            small_run(path, steps=1)
+        # (no permission for anyone, the owner included: the reader may be the owner, when not run as root)
+        os.chmod(closed, 0o000)
+        os.chmod(os.path.join(unreadable, DB_NAME), 0o000)
+        os.chmod(inside, 0o600)  # (a folder above the run that cannot be entered: read, not execute)
+        proc = subprocess.run([sys.executable, "-c", READER_AS_NOBODY, closed, unreadable,
+                               os.path.join(inside, "run")], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said = proc.stdout.splitlines()
+        for line, given, denied in zip(said, (closed, unreadable, os.path.join(inside, "run")),
+                                       (closed, os.path.join(unreadable, DB_NAME), inside)):
+            assert line.startswith(f"RunError {given} cannot be read: permission denied on {denied}. Check the "
+                                   f"permissions (ls -ld {denied})"), line
+            assert "r-x" in line and "chmod -R a+rX" in line
+        assert len(said) == 3
+    finally:
+        for path in (root, closed, inside):
+            if os.path.isdir(path):
+                os.chmod(path, 0o755)
+        shutil.rmtree(root)
+
+
 def test_compare_runs_wants_a_list(tmp_path):
     small_run(tmp_path / "good", steps=1)
     with pytest.raises(TypeError, match="takes a list of runs, got the single run '.*good'"):
