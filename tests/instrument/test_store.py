@@ -101,6 +101,26 @@ def test_list_and_compare_runs(tmp_path):
     assert list(metrics.columns) == ["run", "step", "loss", "lr"]
 
 
+def test_a_stored_runs_metrics_have_the_columns_of_the_watchs_in_the_same_order(tmp_path):
+    # (the watch's were in the order first logged, the stored run's sorted by name: a frame built on one's
+    # columns read the other's wrong)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        for step in range(1, 5):
+            model(torch.randn(4, 3)).sum().backward()
+            if step == 2:
+                w.log(zeta=1.0)  # (first logged at step 2, with a name that sorts last)
+            if step == 3:
+                w.ablate("", [0], label="zero unit 0")  # (its marker, from step 4)
+                w.log(aux=float("nan"))  # (first logged at step 3, with a name that sorts first; a NaN)
+            w.step(loss=1.0 / step, accuracy=0.5)  # (the order given is not kept within a step: by name)
+    live, stored = w.metrics(), workbench.load_run(tmp_path / "run").metrics()
+    expected = ["step", "accuracy", "loss", "zeta", "aux", "intervention/i1: zero unit 0 at (model)"]
+    assert list(live.columns) == expected
+    pd.testing.assert_frame_equal(stored, live)
+    assert list(workbench.compare_runs([tmp_path / "run"], what="metrics").columns) == ["run", *expected]
+
+
 def test_bad_paths_get_clear_errors(tmp_path):
     with pytest.raises(RunError, match="is not a workbench run: it has no run.sqlite"):
         workbench.load_run(tmp_path)

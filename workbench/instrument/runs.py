@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.instrument.recorder import metric_columns
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
@@ -175,7 +176,9 @@ class Run:
         return _typed(frame)
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
-        """One row per step: ``step`` and a column per metric (NaN: not logged that step, or logged NaN).
+        """One row per step: ``step`` and a column per metric (NaN: not logged that step, or logged NaN), in the
+        columns and order of the watch's ``w.metrics()``: the metrics in the order first logged, those first
+        logged at one step by name.
 
         Args:
             long: one row per logged value instead, ``step, name, value``: a value logged as NaN is a
@@ -189,7 +192,7 @@ class Run:
             return pd.DataFrame({"step": pd.Series(dtype="int64")})
         wide = long_form.pivot(index="step", columns="name", values="value").reset_index()
         wide.columns.name = None
-        return wide
+        return wide[metric_columns(long_form["name"])]  # (pivot sorts them by name: the watch's order instead)
 
     def interventions(self) -> pd.DataFrame:
         """The interventions the run had (``w.patch``, ``w.ablate``, the app's): ``id, site, intervention,
