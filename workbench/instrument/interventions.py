@@ -159,7 +159,8 @@ class Intervention:
         if self.error is not None:
             return
         self.error, self.failed_step = error["error"], error["step"]
-        self.start_step = min(self.start_step, self.failed_step)  # (made after a step's first calls, failing in a later)
+        # (made after its step's first calls and failing in a later one: it acted in that step)
+        self.start_step = min(self.start_step, self.failed_step)
         warn_user(f"workbench: the intervention {self.label} at {self.path!r} failed and was removed at step "
                   f"{self.failed_step} ({self.id} in the watch's intervention_log()); the model runs unpatched "
                   f"from here ({self.error})." + patch_hint(output), self.origin)
