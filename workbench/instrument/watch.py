@@ -44,6 +44,7 @@ class Watch:
         model: the module watched (the module a ``torch.compile`` wrapper or a
             ``DistributedDataParallel`` holds).
         step_index: the step being recorded now; ``step()`` ends it.
+        start_step: the number of the watch's first step (``watch(start_step=)``).
         errors: instrumentation failures, each a dict (step, module, call, kind, error,
             traceback); a failing site's kind is disabled, training goes on.
         recorder: the :class:`~workbench.instrument.recorder.Recorder` the recorded steps are
@@ -90,7 +91,7 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
-        self.step_index = start_step
+        self.step_index = self.start_step = start_step
         self._intervention_log: list[Intervention] = []
         self._wanted = {kind for kind, on in ((ACTIVATION, activations), (GRAD_OUTPUT, gradients),
                                               (PARAM, parameters), (PARAM_GRAD, parameter_grads), (UPDATE, updates))
