@@ -445,6 +445,14 @@ def test_a_dashboard_of_a_watch_stopped_before_its_first_recorded_step_says_so_l
     for dash in (Dashboard(w), Dashboard(workbench.load_run(tmp_path / "run"))):
         wait_for(lambda: dash.view.steps_fed == 3)
         assert said in json.dumps(dash.figure("sites"))
+    with workbench.watch(net, store=tmp_path / "recorded") as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step(loss=1.0)
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "run", tmp_path / "recorded")
+    assert "`run` stopped before its first recorded step (step 11 with every=10): the sites of `recorded`" in (
+        compare.message)
 
 
 def assert_shaded(dash, first, last):

@@ -582,22 +582,28 @@ class RunView:
             return f"This run recorded no {kind} rows." if self.steps_fed else NOTHING_RECORDED
         return f"No {kind} rows in the steps recorded so far." if self.steps_fed else f"No {kind} rows yet."
 
-    def before_first_record(self) -> str | None:
-        """What a run that ended before its first recorded step says (a watch with ``every=N`` stopped before
-        step N + 1, or a resumed one before its next multiple): which step that was, and how to record; None
-        for any other run, or where its ``schedule`` is not known."""
+    def first_recorded_step(self) -> int | None:
+        """The step a run that ended before its first recorded step would have recorded first (a watch with
+        ``every=N`` stopped before step N + 1, or a resumed one before its next multiple), for :meth:`no_rows`;
+        None for any other run, one with rows, or where its ``schedule`` is not known."""
         with self._synced():
             if self.status not in ENDED or self.schedule is None or any(self.sites.values()):
                 return None
             every, start = self.schedule
             first = start + (1 - start) % every  # (a watch records the steps s with (s - 1) % every == 0)
-            if every == 1 or self.last_step >= first:
-                return None
-            ran = (f"it ended at step {self.last_step}, with metrics but no rows" if self.steps_fed
-                   else "it holds no rows and no metrics")
-            return (f"This run stopped before its first recorded step (step {first} with every={every}): {ran}. "
-                    f"To record steps, record more often (a smaller every=, or w.record_next() before a step) or "
-                    f"run more steps (to step {first} at least).")
+            return None if every == 1 or self.last_step >= first else first
+
+    def before_first_record(self) -> str | None:
+        """What a run that ended before its first recorded step says (:meth:`first_recorded_step`): which
+        step that was, and how to record; None for any other run."""
+        with self._synced():
+            first, last, fed = self.first_recorded_step(), self.last_step, self.steps_fed
+        if first is None:
+            return None
+        ran = f"it ended at step {last}, with metrics but no rows" if fed else "it holds no rows and no metrics"
+        return (f"This run stopped before its first recorded step (step {first} with every={self.schedule[0]}): "
+                f"{ran}. To record steps, record more often (a smaller every=, or w.record_next() before a step) "
+                f"or run more steps (to step {first} at least).")
 
     def no_metrics(self) -> str:
         """What a metrics view says while the run has none: that it recorded none (it ended), that its steps
@@ -606,9 +612,9 @@ class RunView:
         "yet" was said of a closed one forever)."""
         how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
         if self.status in ENDED:
-            if not self.steps_fed and self.before_first_record() is not None:
-                return self.before_first_record()
-            return f"This run recorded no metrics ({how})." if self.steps_fed else NOTHING_RECORDED
+            if self.steps_fed:
+                return f"This run recorded no metrics ({how})."
+            return self.before_first_record() or NOTHING_RECORDED
         return f"No metrics in the steps recorded so far ({how})." if self.steps_fed else "No metrics yet."
 
     # ------------------------------------------------------------------ views
