@@ -539,6 +539,10 @@ READER_AS_NOBODY = textwrap.dedent("""
             print("opened")
         except workbench.RunError as e:
             print("RunError", e)
+    try:
+        workbench.list_runs(sys.argv[1])
+    except PermissionError as e:
+        print("PermissionError", e)
 """)
 
 
@@ -563,7 +567,10 @@ def test_a_run_this_user_cannot_read_says_which_folder_or_file_and_to_check_its_
             assert line.startswith(f"RunError {given} cannot be read: permission denied on {denied}. Check the "
                                    f"permissions (ls -ld {denied})"), line
             assert "r-x" in line and "chmod -R a+rX" in line
-        assert len(said) == 3
+        assert said[3] == (f"PermissionError {closed} cannot be searched for runs: permission denied (ls -ld "
+                           f"{closed}). Listing it takes read and execute permission (r-x) on it; have them "
+                           "granted, or list a folder you can read.")  # (not an empty table of runs)
+        assert len(said) == 4
     finally:
         for path in (root, closed, inside):
             if os.path.isdir(path):

@@ -481,6 +481,7 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         TypeError: ``root`` is not a path.
         ValueError: ``root`` is empty (``""``; ``"."`` is the current directory).
         FileNotFoundError: ``root`` is not a directory (or starts with ``~user`` for no user of this machine).
+        PermissionError: ``root`` cannot be read by this user (the runs below it, unreadable, are left out).
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
@@ -490,6 +491,10 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     root = expanded(root, "root")
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory of runs.")
+    if not os.access(root, os.R_OK | os.X_OK):  # (its search would find nothing: an empty table, said of no run)
+        raise PermissionError(f"{root} cannot be searched for runs: permission denied (ls -ld {root}). Listing it "
+                              "takes read and execute permission (r-x) on it; have them granted, or list a folder "
+                              "you can read.")
     entries = []
     for db in sorted(root.rglob(DB_NAME)):
         try:
