@@ -517,9 +517,9 @@ def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path, mo
     # it as the working directory too)
     small_run(tmp_path, steps=1)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(RunError, match=r"load_run\(\) got an empty path \(''\); it takes the directory of a run"):
+    with pytest.raises(RunError, match=r"The path of a run is empty \(''\): give the directory of a run"):
         workbench.load_run("")
-    with pytest.raises(RunError, match="got an empty path"):
+    with pytest.raises(RunError, match="The path of a run is empty"):
         workbench.compare_runs(["", "."])
     with pytest.raises(ValueError, match=r"list_runs\(\) got an empty path \(''\).*pass '\.'"):
         workbench.list_runs("")

@@ -60,7 +60,7 @@ class Run:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
         if isinstance(path, str) and not path:  # (Path("") is ".": the working directory, opened unasked)
-            raise RunError(f"load_run() got an empty path ({path!r}); it takes the directory of a run, what "
+            raise RunError(f"The path of a run is empty ({path!r}): give the directory of a run, what "
                            "watch(store=...) was given, e.g. load_run('runs/baseline'); pass '.' for a run in the "
                            "current directory.")
         self.path = expanded(path, "path")
@@ -481,7 +481,8 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         TypeError: ``root`` is not a path.
         ValueError: ``root`` is empty (``""``; ``"."`` is the current directory).
         FileNotFoundError: ``root`` is not a directory (or starts with ``~user`` for no user of this machine).
-        PermissionError: ``root`` cannot be read by this user (the runs below it, unreadable, are left out).
+        PermissionError: ``root`` cannot be read by this user (a run below it that cannot be read is left
+            out, as folders that are not runs are).
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
