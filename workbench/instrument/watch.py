@@ -358,8 +358,8 @@ class Watch:
         return intervention
 
     def _model_calls(self) -> int:
-        """The model's module calls in the step so far (0 where the module hooks are out: none they saw)."""
-        return sum(self._hooks.sites.calls.values()) if self._hooks.ran() else 0
+        """The model's calls in the step so far (0 where the hooks saw none: out, or not recording)."""
+        return self._hooks.calls_made() if self._hooks.ran() else 0
 
     def _first_acted(self, intervention: Intervention) -> None:
         """Bring ``start_step`` to this step where the model was called again in it since ``intervention`` was
