@@ -658,7 +658,9 @@ def read_training_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_M
 
     Raises:
         CheckpointError: naming the path: not a file, too large, damaged or truncated, weights only (say
-            how to load those), of a newer version, or a field missing or of the wrong type.
+            how to load those), of a newer version, a field missing or of the wrong type, or tensors without
+            values (meta tensors) or sparse ones in the model's or the optimizer's state, as
+            :func:`load_checkpoint` refuses them in weights.
     """
     where = repr(str(path))
     fix = "Resume from a file written by experiment.save(path) (or the command line's --save)."
@@ -693,6 +695,18 @@ def read_training_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_M
         raise CheckpointError(f"{where} is a damaged training checkpoint: step {obj['step']} or a generator state "
                               f"of {obj['generator'].dtype} {tuple(obj['generator'].shape)} (a 1-d uint8 tensor "
                               f"expected). {fix}")
+    # (as the weights' readers refuse them: a meta tensor has no values to resume from, a sparse one no dense
+    # layout to load into the model or the optimizer; refused here, before anything is built, with their keys)
+    optimizer = obj["optimizer"] or {}
+    states = optimizer.get("state") if isinstance(optimizer.get("state"), dict) else {}
+    tensors = {**{f"model.{key}": value for key, value in obj["model"].items()},
+               **{f"optimizer.state.{index}.{name}": value for index, entry in states.items()
+                  if isinstance(entry, dict) for name, value in entry.items()},
+               "generator": obj["generator"]}
+    try:
+        _refuse_not_dense({key: value for key, value in tensors.items() if isinstance(value, torch.Tensor)}, "it")
+    except CheckpointError as exc:
+        raise CheckpointError(f"Cannot resume from {where}: {exc} {fix}") from None
     return obj
 
 

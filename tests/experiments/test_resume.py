@@ -126,6 +126,36 @@ def test_files_that_are_not_training_checkpoints_are_refused_naming_the_path(sav
     assert exp.step_count == 0
 
 
+def test_a_training_checkpoint_with_meta_or_sparse_tensors_is_refused_as_the_weights_readers_refuse_them(
+        saved, tmp_path):
+    # (it was read, then loading the model raised torch's "While copying the parameter named ...", and a meta
+    # optimizer state or generator went further still)
+    state = torch.load(saved)
+    key = next(iter(state["model"]))
+    index, moments = next(iter(state["optimizer"]["state"].items()))
+    moment = next(name for name, value in moments.items() if isinstance(value, torch.Tensor) and value.dim())
+    meta = copy.deepcopy(state)
+    meta["model"] = {k: torch.empty_like(v, device="meta") for k, v in state["model"].items()}
+    torch.save(meta, tmp_path / "meta.pt")
+    sparse = copy.deepcopy(state)
+    sparse["optimizer"]["state"][index][moment] = moments[moment].to_sparse()
+    torch.save(sparse, tmp_path / "sparse.pt")
+    generator = {**state, "generator": torch.empty_like(state["generator"], device="meta")}
+    torch.save(generator, tmp_path / "generator.pt")
+    cases = {"meta.pt": rf"holds {len(state['model'])} tensors without values \(model\.{key}, .*meta tensors",
+             "sparse.pt": rf"holds 1 sparse tensors \(optimizer\.state\.{index}\.{moment} \(torch\.sparse_coo\)\)",
+             "generator.pt": r"holds 1 tensors without values \(generator\)"}
+    for name, error in cases.items():
+        with pytest.raises(checkpoints.CheckpointError, match=rf"Cannot resume from '.*{name}': it {error}"):
+            checkpoints.read_training_checkpoint(tmp_path / name)
+        with pytest.raises(checkpoints.CheckpointError, match=error):
+            resume(tmp_path / name)
+    exp = create("activation_mlp", seed=0, width=8)
+    with pytest.raises(checkpoints.CheckpointError, match="sparse tensors"):
+        exp.load(tmp_path / "sparse.pt")
+    assert exp.step_count == 0
+
+
 def test_weights_only_checkpoints_and_loading_keep_working(saved):
     # a training checkpoint's weights load as any checkpoint's, into a model alone
     ckpt = checkpoints.load_checkpoint(saved)

@@ -603,6 +603,12 @@ def test_patch_and_ablate_run_inside_the_graph():
     assert ablated.zero_frac.iloc[0] >= 2 / 6
     intervention.remove()
     torch.testing.assert_close(compiled(x), model(x))
+    late = wc.ablate("1", [0], label="made after step 3's forward")  # (it first acts at step 4)
+    wc.step()
+    compiled(x)
+    wc.step()
+    assert wc.intervention_log()[["from step", "to step"]].values.tolist() == [[2, 2], [4, ""]]
+    assert late.start_step == 4
     with pytest.raises(ValueError, match="No module at path 'nope'"):
         wc.patch("nope", lambda out: out)
     with pytest.raises(ValueError, match="units \\[9\\] are out of range"):

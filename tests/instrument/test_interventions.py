@@ -101,7 +101,7 @@ def test_an_ablation_removed_after_the_forward_that_it_zeroed_is_logged_for_that
     w.close()
     log = w.intervention_log()
     assert log[["from step", "to step", "status"]].values.tolist() == [
-        [2, 2, "removed"], [2, 1, "removed before step 2 (never applied)"]]
+        [2, 2, "removed"], [3, 2, "removed before step 3 (never applied)"]]
     stored = workbench.load_run(tmp_path / "run")
     assert stored.interventions()[["id", "from step", "to step"]].values.tolist() == [["i1", 2, 2]]
     rows = stored.to_pandas()
@@ -126,9 +126,62 @@ def test_the_step_an_intervention_ends_with_follows_the_model_calls_it_was_on_in
     later.remove()  # (after step 3's forward, which it patched)
     w.step()
     log = w.intervention_log().set_index("intervention")
-    assert log.loc["made after step 1's forward", ["from step", "to step"]].tolist() == [1, 3]
-    assert log.loc["removed in a discarded step", ["from step", "to step"]].tolist() == [1, 1]
+    assert log.loc["made after step 1's forward", ["from step", "to step"]].tolist() == [2, 3]
+    # (made after step 1's calls, it was on only in step 2's discarded ones: it never acted)
+    assert log.loc["removed in a discarded step", ["from step", "to step", "status"]].tolist() == [
+        2, 1, "removed before step 2 (never applied)"]
     w.close()
+
+
+def test_an_intervention_made_after_a_steps_forward_is_from_the_step_it_first_acts_on(tmp_path):
+    # (made after step 2's forward and backward, it read "from step 2", and the stored run had its marker at
+    # step 2, though step 2 ran without it: it first zeroed step 3's rows)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, store=tmp_path / "run")
+    made = {}
+    for step in range(1, 5):
+        model(torch.randn(16, 4)).sum().backward()
+        if step == 2:
+            made["again"] = w.ablate("0", [0, 1], label="before a second forward of step 2")
+            model(torch.randn(16, 4))  # (the model called again in step 2: that one acted on it)
+            made["late"] = w.ablate("2", [0], label="after step 2's forwards")
+            made["never"] = w.patch("2", lambda y: 2 * y, label="removed before it acted")
+            made["never"].remove()
+        w.step()
+    w.close()
+    log = w.intervention_log()[["intervention", "from step", "to step", "status"]]
+    assert log.values.tolist() == [["before a second forward of step 2", 2, 4, "ended with the watch"],
+                                   ["after step 2's forwards", 3, 4, "ended with the watch"],
+                                   ["removed before it acted", 3, 2, "removed before step 3 (never applied)"]]
+    assert made["again"].start_step == 2 and made["late"].start_step == 3
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.interventions()[["intervention", "from step", "to step"]].values.tolist() == [
+        ["before a second forward of step 2", 2, 4], ["after step 2's forwards", 3, 4]]
+    rows = stored.to_pandas().set_index(["module", "kind", "step", "call"]).sort_index()
+    zeros = rows.zero_frac
+    assert zeros["0", "activation", 2, 0] < 2 / 8 <= zeros["0", "activation", 2, 1]  # (its second forward's)
+    assert (zeros["2", "activation", 2] < 1 / 2).all() and zeros["2", "activation", 3, 0] >= 1 / 2
+
+
+def test_one_made_after_the_last_steps_forward_never_acted_and_one_that_fails_later_in_its_step_is_from_it():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model)
+    model(torch.randn(2, 4))
+
+    def fails(out):
+        raise RuntimeError("no good")
+
+    w.patch("0", fails)  # (made after the forward; fails in the next call)
+    with pytest.warns(RuntimeWarning, match="failed and was removed at step 1"):
+        model(torch.randn(2, 4))
+    w.step()
+    model(torch.randn(2, 4))
+    w.ablate("2", [0], label="made after the last forward")
+    w.step()
+    w.close()
+    log = w.intervention_log()[["from step", "to step", "status"]].values.tolist()
+    assert log[0] == [1, 1, "failed at step 1: RuntimeError: no good"]
+    assert log[1] == [3, 2, "ended with the watch before step 3 (never applied)"]
 
 
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():

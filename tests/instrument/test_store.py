@@ -101,6 +101,26 @@ def test_list_and_compare_runs(tmp_path):
     assert list(metrics.columns) == ["run", "step", "loss", "lr"]
 
 
+def test_a_stored_runs_metrics_have_the_columns_of_the_watchs_in_the_same_order(tmp_path):
+    # (the watch's were in the order first logged, the stored run's sorted by name: a frame built on one's
+    # columns read the other's wrong)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        for step in range(1, 5):
+            model(torch.randn(4, 3)).sum().backward()
+            if step == 2:
+                w.log(zeta=1.0)  # (first logged at step 2, with a name that sorts last)
+            if step == 3:
+                w.ablate("", [0], label="zero unit 0")  # (its marker, from step 4)
+                w.log(aux=float("nan"))  # (first logged at step 3, with a name that sorts first; a NaN)
+            w.step(loss=1.0 / step, accuracy=0.5)  # (the order given is not kept within a step: by name)
+    live, stored = w.metrics(), workbench.load_run(tmp_path / "run").metrics()
+    expected = ["step", "accuracy", "loss", "zeta", "aux", "intervention/i1: zero unit 0 at (model)"]
+    assert list(live.columns) == expected
+    pd.testing.assert_frame_equal(stored, live)
+    assert list(workbench.compare_runs([tmp_path / "run"], what="metrics").columns) == ["run", *expected]
+
+
 def test_bad_paths_get_clear_errors(tmp_path):
     with pytest.raises(RunError, match="is not a workbench run: it has no run.sqlite"):
         workbench.load_run(tmp_path)
@@ -490,6 +510,72 @@ def test_a_finished_run_in_a_read_only_directory_opens():
         os.chmod(path, 0o755)
         expected = len(workbench.load_run(path).to_pandas())
         assert printed.split() == ["finished", "3", str(expected)]
+
+
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path, monkeypatch):
+    # (load_run("") opened the current directory when it held a run, and list_runs("") and export("") took
+    # it as the working directory too)
+    small_run(tmp_path, steps=1)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match=r"The path of a run is empty \(''\): give the directory of a run"):
+        workbench.load_run("")
+    with pytest.raises(RunError, match="The path of a run is empty"):
+        workbench.compare_runs(["", "."])
+    with pytest.raises(ValueError, match=r"list_runs\(\) got an empty path \(''\).*pass '\.'"):
+        workbench.list_runs("")
+    run = workbench.load_run(".")  # (the current directory, asked for)
+    with pytest.raises(ValueError, match=r"export\(\) got an empty path \(''\)"):
+        run.export("")
+    assert not list(tmp_path.glob("*tfevents*"))
+
+
+READER_AS_NOBODY = textwrap.dedent("""
+    import os, sys, workbench
+    if os.geteuid() == 0:  # root reads anything: as nobody, whom the permissions keep out
+        os.setgid(65534); os.setuid(65534)
+    for path in sys.argv[1:]:
+        try:
+            workbench.load_run(path)
+            print("opened")
+        except workbench.RunError as e:
+            print("RunError", e)
+    try:
+        workbench.list_runs(sys.argv[1])
+    except PermissionError as e:
+        print("PermissionError", e)
+""")
+
+
+def test_a_run_this_user_cannot_read_says_which_folder_or_file_and_to_check_its_permissions():
+    # (a bare PermissionError, or, for an unreadable run.sqlite, "damaged or not a workbench run database")
+    root = tempfile.mkdtemp()
+    closed, unreadable, inside = (os.path.join(root, name) for name in ("closed", "unreadable", "shut"))
+    try:
+        os.chmod(root, 0o755)
+        for path in (closed, unreadable, os.path.join(inside, "run")):
+            small_run(path, steps=1)
+        # (no permission for anyone, the owner included: the reader may be the owner, when not run as root)
+        os.chmod(closed, 0o000)
+        os.chmod(os.path.join(unreadable, DB_NAME), 0o000)
+        os.chmod(inside, 0o600)  # (a folder above the run that cannot be entered: read, not execute)
+        proc = subprocess.run([sys.executable, "-c", READER_AS_NOBODY, closed, unreadable,
+                               os.path.join(inside, "run")], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said = proc.stdout.splitlines()
+        for line, given, denied in zip(said, (closed, unreadable, os.path.join(inside, "run")),
+                                       (closed, os.path.join(unreadable, DB_NAME), inside)):
+            assert line.startswith(f"RunError {given} cannot be read: permission denied on {denied}. Check the "
+                                   f"permissions (ls -ld {denied})"), line
+            assert "r-x" in line and "chmod -R a+rX" in line
+        assert said[3] == (f"PermissionError {closed} cannot be searched for runs: permission denied (ls -ld "
+                           f"{closed}). Listing it takes read and execute permission (r-x) on it; have them "
+                           "granted, or list a folder you can read.")  # (not an empty table of runs)
+        assert len(said) == 4
+    finally:
+        for path in (root, closed, inside):
+            if os.path.isdir(path):
+                os.chmod(path, 0o755)
+        shutil.rmtree(root)
 
 
 def test_compare_runs_wants_a_list(tmp_path):

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import torch
 
 import workbench
 from workbench.ui import figures
@@ -429,6 +430,29 @@ def test_the_findings_muted_text_follows_the_notebooks_theme():
     dash.focus_finding(0)
     assert "What to try" in dash.findings_detail.value and muted in dash.findings_detail.value
     assert "color:#555" not in dash.findings_detail.value
+
+
+def test_a_dashboard_of_a_watch_stopped_before_its_first_recorded_step_says_so_live_and_replayed(tmp_path):
+    # (it read "This run recorded no activation rows.", as if the watch were broken)
+    net = torch.nn.Linear(2, 2)
+    w = workbench.watch(net, every=10, start_step=5, store=tmp_path / "run")  # (records step 11 first)
+    for _ in range(3):
+        net(torch.ones(1, 2)).sum().backward()
+        w.step(loss=1.0)
+    w.close()
+    said = ("This run stopped before its first recorded step (step 11 with every=10): it ended at step 7, with "
+            "metrics but no rows.")
+    for dash in (Dashboard(w), Dashboard(workbench.load_run(tmp_path / "run"))):
+        wait_for(lambda: dash.view.steps_fed == 3)
+        assert said in json.dumps(dash.figure("sites"))
+    with workbench.watch(net, store=tmp_path / "recorded") as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step(loss=1.0)
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "run", tmp_path / "recorded")
+    assert "`run` stopped before its first recorded step (step 11 with every=10): the sites of `recorded`" in (
+        compare.message)
 
 
 def assert_shaded(dash, first, last):

@@ -601,6 +601,40 @@ def test_a_run_that_ended_before_its_first_step_says_so_not_how_a_watch_is_given
     assert said in json.dumps(run_page.draw_page(view).metrics_figure)
 
 
+def test_a_run_stopped_before_its_first_recorded_step_says_which_step_that_was_and_how_to_record(tmp_path):
+    # (a resumed experiment watched with every=50, stopped at step 45, read "This run recorded no activation
+    # rows.", as if its watch were broken)
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    exp.run(40, progress=False)  # (as resumed from a checkpoint of step 40)
+    with exp.watch(store=tmp_path / "resumed", every=50):  # (exp.run would record its last step)
+        for _ in range(5):
+            exp.step()
+    net = torch.nn.Linear(2, 2)
+    with workbench.watch(net, store=tmp_path / "silent", every=10, start_step=5) as w:  # (no metrics either)
+        for _ in range(3):
+            net(torch.ones(1, 2)).sum().backward()
+            w.step()
+    resumed = RunView.from_run(load_run(tmp_path / "resumed"))
+    said = ("This run stopped before its first recorded step (step 51 with every=50): it ended at step 45, with "
+            "metrics but no rows. To record steps, record more often (a smaller every=, or w.record_next() before "
+            "a step) or run more steps (to step 51 at least).")
+    assert resumed.no_rows("activation") == resumed.no_rows("param") == said
+    assert empty_text(run_page.draw_page(resumed, run_page.Controls(kind="activation")).sites_figure) == said
+    silent = RunView.from_run(load_run(tmp_path / "silent"))
+    said = ("This run stopped before its first recorded step (step 11 with every=10): it holds no rows and no "
+            "metrics.")
+    assert silent.no_rows("activation").startswith(said) and silent.no_metrics().startswith(said)
+    assert load_run(tmp_path / "silent").metadata["start_step"] == 5
+    # a run that reached its first recorded step says what it said before of the kinds it has no rows of
+    with exp.watch(store=tmp_path / "reached", every=50, gradients=False):
+        for _ in range(6):
+            exp.step()
+    reached = RunView.from_run(load_run(tmp_path / "reached"))
+    assert reached.before_first_record() is None and reached.sites["activation"]
+    assert reached.no_rows("grad_output") == (
+        "No grad_output rows: this run was recorded without them (gradients=False).")
+
+
 def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_path):
     # (a run recorded by workbench.watch() given no metrics read "No metrics yet." for good, as if some might come)
     net = torch.nn.Linear(2, 2)

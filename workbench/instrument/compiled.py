@@ -163,7 +163,8 @@ def _watch_compiled(model: nn.Module, modules: ModuleSelector, exclude: ModuleSe
     every, bins, start_step = checked_counts(every, bins, start_step)  # (before the metadata is held to them)
     facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "compiled": True,
              "activations": activations, "gradients": gradients, "parameters": parameters,
-             "parameter_grads": parameter_grads, "updates": False, "histograms": histograms, "bins": bins}
+             "parameter_grads": parameter_grads, "updates": False, "histograms": histograms, "bins": bins,
+             "start_step": start_step}
     if store is not None:  # (before anything is attached: the model would compile again)
         check_store(store, recorder, metadata, facts)
     w = CompiledWatch(model, modules=modules, exclude=exclude, every=every, activations=activations,

@@ -270,6 +270,10 @@ class CompiledHooks:
         """Whether the step so far made a recorded call of the compiled model (see ``Hooks.ran``)."""
         return bool(self._calls)
 
+    def calls_made(self) -> int:
+        """The recorded calls of the compiled model the step made so far (see ``Hooks.calls_made``)."""
+        return len(self._calls)
+
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
         st = self.state

@@ -79,7 +79,8 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
             ``workbench.load_run(store)``.
         metadata: facts of yours stored with the run (a dict with str keys: config, ``model``, a
             name for the model, in place of its class name ...); they may not contradict how the
-            watch records (``every``, ``modules`` and the other options, which it stores itself).
+            watch records (``every``, ``start_step``, ``modules`` and the other options, which it stores
+            itself).
             Values are stored as JSON (numbers, strings, bools, None, lists and dicts of them); any
             other value (a tensor, an object) is stored as its ``str``, with a warning naming its key.
         start_step: the number of the first step.
@@ -114,7 +115,7 @@ def watch(model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelect
     every, bins, start_step = checked_counts(every, bins, start_step)  # (before the metadata is held to them)
     facts = {"every": every, "modules": repr(modules), "exclude": repr(exclude), "activations": activations,
              "gradients": gradients, "parameters": parameters, "parameter_grads": parameter_grads, "updates": updates,
-             "histograms": histograms, "bins": bins}
+             "histograms": histograms, "bins": bins, "start_step": start_step}
     if store is not None:  # (before anything is attached: a compiled model's would have it compile again)
         check_store(store, recorder, metadata, facts)
     if compiled_entry(model) is not None and updates is False and reducers is None:

@@ -242,6 +242,11 @@ class Hooks:
         backward's parameter gradients do not tell: a step may have none)."""
         return bool(self.sites.calls) if self._module_hooks.attached else None
 
+    def calls_made(self) -> int:
+        """The module calls of the model the step made so far, as far as :meth:`ran` tells (0 where it does
+        not): a count that grows with each call, for what came after a given moment of the step."""
+        return sum(self.sites.calls.values()) if self.ran() else 0
+
     def _check_patched_calls(self) -> None:
         """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
         times, patched nothing: it fails (removed, with a warning), as a patch that raises does."""

@@ -113,7 +113,8 @@ class Intervention:
         call: the call index it applies to (None: every call).
         label: what it does, as shown in errors and the UI.
         id: its name in its watch (``i1``, ``i2`` ...: ``Watch.intervention_log()``).
-        start_step: the first step it applies to.
+        start_step: the first step it applies to: the step it was made in, or, made after that step's
+            model calls, the next (the step it was made in where the model is called again in it).
         end_step: the last step it applied to (None while it is in place); for one that failed, the
             step it failed at.
         error: why it failed (``TypeError: ...``), None unless it failed; ``failed_step``: when.
@@ -129,19 +130,23 @@ class Intervention:
         self.origin = user_frame()
         self._remove = remove
         self._closed_with_watch = False
-        #: made after the model's calls of its first step (it applies from the next call on)
+        #: made after the model's calls of the step it was made in (it applies from the next call on), and how
+        #: many module calls that step had made then (a later one in the same step is one it acted on)
         self.after_forward = False
+        self.calls_before = 0
 
     @property
     def status(self) -> str:
-        """``on``, ``removed``, ``ended with the watch``, or ``failed at step N: <error>``."""
+        """``on``, ``removed``, ``ended with the watch`` (either ``before step N (never applied)`` where it
+        ended before the step it would first have acted on), or ``failed at step N: <error>``."""
         if self.error is not None:
             return f"failed at step {self.failed_step}: {self.error}"
         if self.end_step is None:
             return "on"
+        ended = "ended with the watch" if self._closed_with_watch else "removed"
         if self.end_step < self.start_step:
-            return f"removed before step {self.start_step} (never applied)"
-        return "ended with the watch" if self._closed_with_watch else "removed"
+            return f"{ended} before step {self.start_step} (never applied)"
+        return ended
 
     def fail(self, error: dict[str, Any], output: Any = None) -> None:
         """It raised (or applied to nothing) at ``error['step']``: keep why, warn at the user's code
@@ -154,6 +159,8 @@ class Intervention:
         if self.error is not None:
             return
         self.error, self.failed_step = error["error"], error["step"]
+        # (made after its step's first calls and failing in a later one: it acted in that step)
+        self.start_step = min(self.start_step, self.failed_step)
         warn_user(f"workbench: the intervention {self.label} at {self.path!r} failed and was removed at step "
                   f"{self.failed_step} ({self.id} in the watch's intervention_log()); the model runs unpatched "
                   f"from here ({self.error})." + patch_hint(output), self.origin)

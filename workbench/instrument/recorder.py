@@ -26,7 +26,7 @@ from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUM
                                          whole_number)
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
-           "histograms_frame", "histogram_edges", "metrics_frame"]
+           "histograms_frame", "histogram_edges", "metrics_frame", "metric_columns"]
 
 
 
@@ -115,14 +115,24 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
     return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts", "sampled"])
 
 
+def metric_columns(names: Iterable[str]) -> list[str]:
+    """The columns of a wide metrics frame, a watch's and a stored run's alike: ``step``, then the metrics
+    in the order they were first logged, those first logged at one step by name. ``names``: the logged
+    names in step order, each step's by name (the long frame's ``name`` column)."""
+    return ["step", *dict.fromkeys(names)]
+
+
 def metrics_frame(records: Iterable[StepRecord], long: bool = False) -> pd.DataFrame:
-    """One row per step that published metrics: ``step`` and a column per metric; ``long``: one row
-    per logged value, ``step, name, value``."""
+    """One row per step that published metrics: ``step`` and a column per metric (:func:`metric_columns`);
+    ``long``: one row per logged value, ``step, name, value``."""
+    records = list(records)
     if long:
         logged = [(r.step, name, float(value)) for r in records for name, value in sorted(r.metrics.items())]
         return pd.DataFrame(logged, columns=["step", "name", "value"]).astype({"step": "int64", "value": "float64"})
     rows = [{"step": r.step, **r.metrics} for r in records if r.metrics]
-    return pd.DataFrame(rows) if rows else pd.DataFrame({"step": pd.Series(dtype=np.int64)})
+    if not rows:
+        return pd.DataFrame({"step": pd.Series(dtype=np.int64)})
+    return pd.DataFrame(rows)[metric_columns(name for r in records for name in sorted(r.metrics))]
 
 
 def _dtype(column: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.instrument.recorder import metric_columns
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
@@ -23,10 +24,8 @@ __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
 
 
 def _not_a_run(given: str | os.PathLike, path: Path) -> str:
-    """Why ``path`` (as ``given``) is not a run: empty, missing, a folder of runs, or a folder with none."""
+    """Why ``path`` (as ``given``) is not a run: missing, a folder of runs, or a folder with none."""
     how = "Runs are the directories given as store=...; workbench.list_runs(root) lists those under a folder."
-    if not str(given):
-        return f"the path of a run is empty. {how}"
     if not path.exists():
         if path.is_symlink():  # (a link to nothing exists, as ls shows it: where it leads does not)
             return (f"{given} is not a workbench run: it is a link to {os.readlink(path)}, which does not exist "
@@ -43,16 +42,36 @@ def _not_a_run(given: str | os.PathLike, path: Path) -> str:
     return f"{given} is not a workbench run: it has no {DB_NAME}. {how}"
 
 
+def _unreadable(given: str | os.PathLike, db_path: Path) -> str:
+    """Why the run at ``given`` (its database at ``db_path``) cannot be opened: this user may not enter a
+    folder on the way to it (the first one is named), or may not read the database."""
+    denied = next((folder for folder in reversed(db_path.absolute().parents) if not os.access(folder, os.X_OK)),
+                  db_path.absolute())
+    return (f"{given} cannot be read: permission denied on {denied}. Check the permissions (ls -ld {denied}): "
+            f"reading a run takes read and execute permission (r-x) on its directory and the folders above it, "
+            f"and read permission on its {DB_NAME}; have them granted (by the owner: chmod -R a+rX on the run "
+            "directory), or load a copy made by someone who can read it.")
+
+
 class Run:
     """A stored run, read-only. Get one with :func:`load_run`."""
 
     def __init__(self, path: str | Path) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
+        if isinstance(path, str) and not path:  # (Path("") is ".": the working directory, opened unasked)
+            raise RunError(f"The path of a run is empty ({path!r}): give the directory of a run, what "
+                           "watch(store=...) was given, e.g. load_run('runs/baseline'); pass '.' for a run in the "
+                           "current directory.")
         self.path = expanded(path, "path")
-        db_path = self.path / DB_NAME if self.path.is_dir() else self.path
-        if not db_path.is_file():
-            raise RunError(_not_a_run(path, self.path))
+        try:
+            db_path = self.path / DB_NAME if self.path.is_dir() else self.path
+            if not db_path.is_file():
+                raise RunError(_not_a_run(path, self.path))
+        except PermissionError:
+            raise RunError(_unreadable(path, self.path / DB_NAME)) from None
+        if not os.access(db_path, os.R_OK):  # (sqlite3 would say "unable to open database file": read as damage)
+            raise RunError(_unreadable(path, db_path))
         self.db_path = db_path
         if db_path.name == DB_NAME:
             self.path = db_path.parent
@@ -157,7 +176,9 @@ class Run:
         return _typed(frame)
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
-        """One row per step: ``step`` and a column per metric (NaN: not logged that step, or logged NaN).
+        """One row per step: ``step`` and a column per metric (NaN: not logged that step, or logged NaN), in the
+        columns and order of the watch's ``w.metrics()``: the metrics in the order first logged, those first
+        logged at one step by name.
 
         Args:
             long: one row per logged value instead, ``step, name, value``: a value logged as NaN is a
@@ -171,7 +192,7 @@ class Run:
             return pd.DataFrame({"step": pd.Series(dtype="int64")})
         wide = long_form.pivot(index="step", columns="name", values="value").reset_index()
         wide.columns.name = None
-        return wide
+        return wide[metric_columns(long_form["name"])]  # (pivot sorts them by name: the watch's order instead)
 
     def interventions(self) -> pd.DataFrame:
         """The interventions the run had (``w.patch``, ``w.ablate``, the app's): ``id, site, intervention,
@@ -304,11 +325,15 @@ class Run:
             ``path``.
 
         Raises:
-            ValueError: an unknown suffix or ``what``; a TensorBoard directory that already holds event files.
+            ValueError: an empty path, an unknown suffix or ``what``; a TensorBoard directory that already holds
+                event files.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"export() takes a file or directory path (str or Path), got {path!r}.")
+        if isinstance(path, str) and not path:  # (Path("") is ".": event files written into the working directory)
+            raise ValueError(f"export() got an empty path ({path!r}); give a .csv or .parquet file, or a directory "
+                             "for TensorBoard event files, e.g. export('rows.csv').")
         path = expanded(path, "path")
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
@@ -432,7 +457,9 @@ def load_run(path: str | Path) -> Run:
 
     Raises:
         TypeError: ``path`` is not a path.
-        RunError: ``path`` is not a run, was written by a newer workbench, or is damaged.
+        RunError: ``path`` is empty (``""``; ``"."`` is the current directory), is not a run, cannot be read by
+            this user (the message names the folder or file denied), was written by a newer workbench, or is
+            damaged.
         FileNotFoundError: ``path`` starts with ``~user`` for no user of this machine.
     """
     return Run(path)
@@ -452,13 +479,23 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
 
     Raises:
         TypeError: ``root`` is not a path.
+        ValueError: ``root`` is empty (``""``; ``"."`` is the current directory).
         FileNotFoundError: ``root`` is not a directory (or starts with ``~user`` for no user of this machine).
+        PermissionError: ``root`` cannot be read by this user (a run below it that cannot be read is left
+            out, as folders that are not runs are).
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
+    if isinstance(root, str) and not root:  # (Path("") is ".": the working directory, searched unasked)
+        raise ValueError(f"list_runs() got an empty path ({root!r}); it takes the folder to search for runs, "
+                         "'runs' if left out; pass '.' for the current directory.")
     root = expanded(root, "root")
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory of runs.")
+    if not os.access(root, os.R_OK | os.X_OK):  # (its search would find nothing: an empty table, said of no run)
+        raise PermissionError(f"{root} cannot be searched for runs: permission denied (ls -ld {root}). Listing it "
+                              "takes read and execute permission (r-x) on it; have them granted, or list a folder "
+                              "you can read.")
     entries = []
     for db in sorted(root.rglob(DB_NAME)):
         try:

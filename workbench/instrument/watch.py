@@ -44,6 +44,7 @@ class Watch:
         model: the module watched (the module a ``torch.compile`` wrapper or a
             ``DistributedDataParallel`` holds).
         step_index: the step being recorded now; ``step()`` ends it.
+        start_step: the number of the watch's first step (``watch(start_step=)``).
         errors: instrumentation failures, each a dict (step, module, call, kind, error,
             traceback); a failing site's kind is disabled, training goes on.
         recorder: the :class:`~workbench.instrument.recorder.Recorder` the recorded steps are
@@ -90,7 +91,7 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
-        self.step_index = start_step
+        self.step_index = self.start_step = start_step
         self._intervention_log: list[Intervention] = []
         self._wanted = {kind for kind, on in ((ACTIVATION, activations), (GRAD_OUTPUT, gradients),
                                               (PARAM, parameters), (PARAM_GRAD, parameter_grads), (UPDATE, updates))
@@ -134,6 +135,8 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
+        for intervention in self.interventions:  # (one made after this step's calls, the model called again since)
+            self._first_acted(intervention)
         # (on until it failed, or until it was removed after this step's forward had run it)
         ended = [i for i in self._intervention_log if i.failed_step == self.step_index
                  or (i.error is None and i.end_step == self.step_index)]
@@ -198,8 +201,10 @@ class Watch:
         self._check_open()
         self._record_next_at = None  # (the step runs again from its start: recorded in full)
         for intervention in self._intervention_log:  # (what the discarded calls ran with does not count)
-            if intervention.start_step == self.step_index:
-                intervention.after_forward = False  # (made after them: on from the step's first call now)
+            if intervention.after_forward and intervention.start_step >= self.step_index:
+                # (made after them, in this step: on from the step's first call now)
+                intervention.after_forward, intervention.calls_before = False, 0
+                intervention.start_step = self.step_index
             if intervention.error is None and intervention.end_step == self.step_index:
                 intervention.end_step = self.step_index - 1  # (removed after them: not on in the step run again)
         self._start_step(record=self._hooks.recording)
@@ -341,25 +346,40 @@ class Watch:
         self._sites.check_path(path)
         if call is not None:
             call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
+        # (made after the step's model calls, it was not on in them: it first acts at the next step, unless the
+        # model is called again in this one, which _first_acted tells)
+        calls = self._model_calls()
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
-                                    f"i{len(self._intervention_log) + 1}", self.step_index)
-        intervention.after_forward = bool(self._hooks.ran())  # (made after the step's model calls: not on in them)
+                                    f"i{len(self._intervention_log) + 1}", self.step_index + bool(calls))
+        intervention.after_forward, intervention.calls_before = bool(calls), calls
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
         return intervention
+
+    def _model_calls(self) -> int:
+        """The model's calls in the step so far (0 where the hooks saw none: out, or not recording)."""
+        return self._hooks.calls_made() if self._hooks.ran() else 0
+
+    def _first_acted(self, intervention: Intervention) -> None:
+        """Bring ``start_step`` to this step where the model was called again in it since ``intervention`` was
+        made after its first calls: it acted from this step on, not the next."""
+        if intervention.start_step > self.step_index and self._model_calls() > intervention.calls_before:
+            intervention.start_step = self.step_index
 
     def _remove_intervention(self, intervention: Intervention) -> None:
         interventions = self._hooks.interventions
         active = interventions.get(intervention.path, [])
         if intervention in active:
             active.remove(intervention)
+            self._first_acted(intervention)
             # (one that failed was on until it failed; one removed after the step's model calls, which it was on
-            # in, ends with this step; else the step in progress runs without it)
-            applied_now = bool(self._hooks.ran()) and not (intervention.after_forward
-                                                           and intervention.start_step == self.step_index)
+            # in, ends with this step; else the step in progress runs without it, and one made after this step's
+            # calls and removed before the model ran again never acted: it ends before its first step)
+            applied_now = bool(self._hooks.ran()) and intervention.start_step <= self.step_index
             intervention.end_step = (intervention.failed_step if intervention.error is not None
-                                     else self.step_index if applied_now else self.step_index - 1)
+                                     else self.step_index if applied_now
+                                     else max(self.step_index, intervention.start_step) - 1)
         if not active:
             interventions.pop(intervention.path, None)
         self._hooks.update()  # (also from inside a forward hook: torch iterates over a copy of the dicts)
@@ -409,7 +429,8 @@ class Watch:
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
         """The metrics given to ``step()`` / ``log()``: one row per step, a column per metric (NaN: not
-        logged that step, or logged NaN).
+        logged that step, or logged NaN), in the order first logged (those first logged at one step by name),
+        as a stored run's ``Run.metrics()`` has them.
 
         Args:
             long: one row per logged value instead, ``step, name, value`` (a metric not logged that

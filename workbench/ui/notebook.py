@@ -587,6 +587,7 @@ class Dashboard:
                             f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}.")
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
             self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
+            self.view.schedule = (self.watch.every, self.watch.start_step)
             self.diagnoses = RunFindings(metadata=getattr(self.watch, "metadata", None))  # (its chance level)
         self.source, self.interval = source, float(interval)
         self._focus = None  # the picked finding's Focus
@@ -1105,6 +1106,7 @@ class _Compared:
             self.read()
         if self.watch is not None:
             self.view.unrecorded = _unrecorded(self.watch)
+            self.view.schedule = (self.watch.every, self.watch.start_step)
             self._subscription = _follow(self.watch, self.view.feed)
 
     def read(self, last: bool = False) -> None:

@@ -244,8 +244,12 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
             verb = ("is" if one else "are") if going else ("was" if one else "were")
             said.append(f"{', '.join(f'`{n}`' for n in unrecorded)} {verb} recorded without {kind} rows "
                         f"({without[unrecorded[0]]}=False)")
-        if ended:
-            said.append(f"{', '.join(f'`{n}`' for n in ended)} recorded no {kind} rows")
+        # (one that stopped before its first recorded step: which step that was, not that it recorded none)
+        early = {n: views[n].first_recorded_step() for n in ended}
+        if [n for n in ended if early[n] is None]:
+            said.append(f"{', '.join(f'`{n}`' for n in ended if early[n] is None)} recorded no {kind} rows")
+        said.extend(f"`{n}` stopped before its first recorded step (step {early[n]} with "
+                    f"every={views[n].schedule[0]})" for n in ended if early[n] is not None)
         # (a run going on whose steps so far had none, a model run forward only: not "yet", RunView.no_rows)
         for group, when in (([n for n in waiting if views[n].steps_fed], "in their steps so far"),
                             ([n for n in waiting if not views[n].steps_fed], "yet")):

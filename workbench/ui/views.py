@@ -283,6 +283,9 @@ class RunView:
         #: the kinds the run does not record, by the watch option that is off (:func:`unrecorded_kinds`):
         #: set by what made the view, for :meth:`no_rows`
         self.unrecorded: dict[str, str] = {}
+        #: ``(every, start_step)`` of the run's watch where known (a stored run's metadata): a run that ended
+        #: with no rows before its first recorded step says so (:meth:`no_rows`), not that it recorded none
+        self.schedule: tuple[int, int] | None = None
         self.last_step = 0
         self.steps_fed = 0
         self.dropped = 0  # steps the feeding subscription missed (it fell behind)
@@ -321,8 +324,14 @@ class RunView:
         times = run.step_times()  # its pace, as the header read it live: from steps spread over the run
         picks = np.unique(np.linspace(0, len(times) - 1, view._times.maxlen).round().astype(int)) if len(times) else []
         view._times.extend(zip(times.time.to_numpy()[picks].tolist(), times.step.to_numpy()[picks].tolist()))
-        view.set_status(run.status, run.metadata.get("error"))
-        view.unrecorded = unrecorded_kinds(run.metadata)
+        metadata = run.metadata
+        view.set_status(metadata["status"], metadata.get("error"))
+        view.unrecorded = unrecorded_kinds(metadata)
+        every, start = metadata.get("every"), metadata.get("start_step")
+        if start is None and len(times):  # (a run stored before its start_step was: its first step tells)
+            start = int(times.step.iloc[0])
+        if isinstance(every, int) and isinstance(start, int):
+            view.schedule = (every, start)
         return view
 
     def _read_steps(self, run: Run, part: tuple[int, int], by_step: dict[int, dict[str, float]],
@@ -567,8 +576,34 @@ class RunView:
         if option is not None:
             return f"No {kind} rows: this run {'was' if ended else 'is'} recorded without them ({option}=False)."
         if ended:
+            early = self.before_first_record()
+            if early is not None:
+                return early
             return f"This run recorded no {kind} rows." if self.steps_fed else NOTHING_RECORDED
         return f"No {kind} rows in the steps recorded so far." if self.steps_fed else f"No {kind} rows yet."
+
+    def first_recorded_step(self) -> int | None:
+        """The step a run that ended before its first recorded step would have recorded first (a watch with
+        ``every=N`` stopped before step N + 1, or a resumed one before its next multiple), for :meth:`no_rows`;
+        None for any other run, one with rows, or where its ``schedule`` is not known."""
+        with self._synced():
+            if self.status not in ENDED or self.schedule is None or any(self.sites.values()):
+                return None
+            every, start = self.schedule
+            first = start + (1 - start) % every  # (a watch records the steps s with (s - 1) % every == 0)
+            return None if every == 1 or self.last_step >= first else first
+
+    def before_first_record(self) -> str | None:
+        """What a run that ended before its first recorded step says (:meth:`first_recorded_step`): which
+        step that was, and how to record; None for any other run."""
+        with self._synced():
+            first, last, fed = self.first_recorded_step(), self.last_step, self.steps_fed
+        if first is None:
+            return None
+        ran = f"it ended at step {last}, with metrics but no rows" if fed else "it holds no rows and no metrics"
+        return (f"This run stopped before its first recorded step (step {first} with every={self.schedule[0]}): "
+                f"{ran}. To record steps, record more often (a smaller every=, or w.record_next() before a step) "
+                f"or run more steps (to step {first} at least).")
 
     def no_metrics(self) -> str:
         """What a metrics view says while the run has none: that it recorded none (it ended), that its steps
@@ -577,7 +612,9 @@ class RunView:
         "yet" was said of a closed one forever)."""
         how = "a watch records the metrics given to w.step(), e.g. w.step(loss=loss.item())"
         if self.status in ENDED:
-            return f"This run recorded no metrics ({how})." if self.steps_fed else NOTHING_RECORDED
+            if self.steps_fed:
+                return f"This run recorded no metrics ({how})."
+            return self.before_first_record() or NOTHING_RECORDED
         return f"No metrics in the steps recorded so far ({how})." if self.steps_fed else "No metrics yet."
 
     # ------------------------------------------------------------------ views
