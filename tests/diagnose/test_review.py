@@ -158,7 +158,7 @@ def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
     assert "exploding_activations" not in set(run(None).diagnose().finding)
 
 
-def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_consequences_grouped_under_it():
+def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_consequences_grouped_under_it(tmp_path):
     # 10 findings of equal rank until 2026-11-29, the first a dead ReLU at step 4, the update ratios of step 1 (the
     # learning rate) seventh
     torch.manual_seed(0)
@@ -167,7 +167,7 @@ def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_cons
     x = torch.randn(1024, 2, generator=g)
     y = (x[:, 0] > 0).long()
     opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True) as w:
+    with workbench.watch(model, updates=True, store=tmp_path / "run") as w:
         for _ in range(40):
             i = torch.randint(1024, (256,), generator=g)
             loss = F.cross_entropy(model(x[i]), y[i])
@@ -190,3 +190,9 @@ def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_cons
     shown = merge_calls(f)
     assert shown.finding.tolist() == ["update_ratio_high"] and f"{len(f) - 1} findings began at step 1" in \
         shown.evidence[0]
+    from workbench.ui.notebook import Dashboard
+    dash = Dashboard(workbench.load_run(tmp_path / "run"))
+    assert dash.findings().finding.tolist() == ["update_ratio_high"]
+    assert list(dash.findings_list.options) == [f"⚠ update_ratio_high at {f.site[0]}, step 1–{f.last_step[0]}"]
+    dash.focus_finding(0)
+    assert dash.statistic.value == "norm"
