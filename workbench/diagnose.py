@@ -811,8 +811,8 @@ class Diagnoser:
                 known = [math.log10(v) for v in self._act_start.values()] + [v for v in top[:need] if np.isfinite(v)]
                 if known:
                     look[need:] |= top[need:] - max(known) > t.activation_growth_orders
-            for b, rows, entries in layout.bias_bounds:  # (a bias's gradient larger than one backward pass makes)
-                most = sum(np.sqrt(m) * norm[:, r] for r, m in zip(rows, entries))
+            for b, outputs, entries in layout.bias_bounds:  # (a bias's gradient larger than one backward pass makes)
+                most = sum(np.sqrt(m) * norm[:, r] for r, m in zip(outputs, entries))
                 look |= norm[:, b] > most * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
