@@ -37,7 +37,10 @@ __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diag
 #: views do (``module``, ``#call`` for a module called more than once a step, the tensor leaf of a
 #: structured output, a parameter's name); ``kind``, ``module``, ``call`` and ``tensor`` are the
 #: rows it was read from, to focus a view on it (empty for a metric's finding).
-COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor")
+#: ``cause`` is empty for a finding of its own; for one that followed from another (a diverging run's dead units,
+#: after the learning rate threw the weights out), that one's ``finding at site``: it is listed right after it.
+COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor",
+           "cause")
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -78,6 +81,23 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "the steps. Usual causes: too large initial weights or learning rate. Clip "
                                        "gradients (torch.nn.utils.clip_grad_norm_), lower the learning rate, "
                                        "initialize smaller, add normalization."),
+    "exploding_activations": ("warning", "The outputs grow by orders of magnitude through the layers (or over the "
+                                         "steps): each layer multiplies its input's scale. Usual causes: weights "
+                                         "initialized too large for the width (a std of 1 instead of ~1/sqrt(fan_in): "
+                                         "use the default, Kaiming or Xavier init), weights grown by a learning rate "
+                                         "too large, a residual stream summed without normalization. Initialize "
+                                         "smaller from the site it starts at, add normalization layers, lower the "
+                                         "learning rate."),
+    "gradients_accumulate": ("error", "A parameter's gradient (its .grad) is larger than this step's backward pass "
+                                      "can make it: it still holds the gradients of the steps before, added up. Usual "
+                                      "cause: optimizer.zero_grad() (or model.zero_grad()) is not called before "
+                                      "loss.backward() each step, or called on an optimizer that does not hold these "
+                                      "parameters (one built on a copy of the model: see not_updated), so every step "
+                                      "adds its gradient to the sum of all before, and the optimizer steps by a sum "
+                                      "that grows with the step. Call optimizer.zero_grad() once per step, on the "
+                                      "optimizer of the model's parameters. (Accumulating over micro-batches on "
+                                      "purpose: zero it after each optimizer step, and call w.step() once per "
+                                      "optimizer step.)"),
     "update_ratio_high": ("warning", "Each optimizer step changes this parameter by a large fraction of itself "
                                      "(a healthy ratio ||update|| / ||param|| is around 1e-3): training is "
                                      "unstable. Lower the learning rate (or add warm-up / clipping); check the one in "
@@ -115,6 +135,20 @@ FINDINGS: dict[str, tuple[str, str]] = {
 }
 
 
+#: What may be the cause of a run's trouble, read in the model, most telling first: a finding of these that began
+#: first is the root of those that began at its step or later (its consequences), where the run went wrong as a whole
+#: (one of :data:`BLOWN_UP` holds). A learning rate too large shows first in its update ratios, a forgotten
+#: zero_grad() in its gradients; the NaN and the loss's rise come after (the loss's findings are never a root: they say
+#: that it went wrong, not why).
+ROOT_FINDINGS = ("gradients_accumulate", "update_ratio_high", "exploding_activations", "exploding_gradients",
+                 "nan_origin")
+#: Findings that say a run went wrong as a whole: where one holds, findings that began at the root's step or later
+#: are grouped under it.
+BLOWN_UP = ("exploding_activations", "exploding_gradients", "nan_origin", "loss_not_finite",
+            "diverging", "loss_spike")
+#: Findings never a consequence of another: how the run was set up (a parameter left out of the optimizer, frozen).
+NOT_CONSEQUENCES = ("not_updated", "frozen")
+
 #: The values of a loss metric whose median is its level at its start and now, for ``loss_plateau``.
 PLATEAU_WINDOW = 20
 
@@ -147,6 +181,10 @@ class Thresholds:
             ``exploding_gradients`` above.
         gradient_growth_orders: orders of magnitude an output gradient grows over its first
             recorded steps before it is ``exploding_gradients`` (over steps).
+        activation_orders: orders of magnitude the output RMS (norm / sqrt(numel)) of an activation site is above
+            that of the first site in forward order before it is ``exploding_activations`` (through depth).
+        activation_growth_orders: orders of magnitude the largest output RMS of a step grows over that of the run's
+            first recorded steps before it is ``exploding_activations`` (over steps).
         update_ratio_high: ``||update|| / ||param||`` above this for ``persist`` steps:
             ``update_ratio_high``.
         update_ratio_low: below this for ``persist`` steps: ``update_ratio_low``.
@@ -195,6 +233,8 @@ class Thresholds:
     saturation_index: float = 0.75
     gradient_orders: float = 3.0
     gradient_growth_orders: float = 3.0
+    activation_orders: float = 3.0
+    activation_growth_orders: float = 3.0
     update_ratio_high: float = 0.1
     update_ratio_low: float = 1e-6
     update_min_dims: int = 2
@@ -233,7 +273,8 @@ class Thresholds:
         need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
         for name in ("dead_zero_frac", "dead_unit_share", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
-        for name in ("gradient_orders", "gradient_growth_orders", "spike_factor", "spike_min_rise"):
+        for name in ("gradient_orders", "gradient_growth_orders", "activation_orders", "activation_growth_orders",
+                     "spike_factor", "spike_min_rise"):
             need(name, number(name) and getattr(self, name) > 0, "a positive number")
         need("diverge_factor", number("diverge_factor") and self.diverge_factor > 1, "a number > 1")
         need("diverge_blowup", number("diverge_blowup") and self.diverge_blowup > 1, "a number > 1")
@@ -321,6 +362,7 @@ class _Layout:
     names: list[str]
     param_pair: dict[int, int]  # update row -> param row of the same parameter
     grad_columns: np.ndarray  # output-gradient rows (not aliases) in forward order
+    act_columns: np.ndarray  # activation rows (not aliases) in forward order
     pair_columns: tuple[np.ndarray, np.ndarray]  # (update rows, param rows) of param_pair
     params: np.ndarray  # param rows
     grad_of: dict[int, int]  # param row -> the param_grad row of the same parameter
@@ -329,8 +371,13 @@ class _Layout:
     feed_weight: np.ndarray  # per activation row with a feed_bias: the param_grad row of that layer's weight, or -1
     #: per activation row: the activation row just before it in forward order, of the same shape, or -1
     previous: np.ndarray
+    #: per activation row: the activation row just before it in forward order, of any shape, or -1
+    upstream: np.ndarray
     own_params: dict[str, list[int]]  # module -> its param rows (its own parameters' values)
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
+    #: (param_grad row of a bias of shape (F,), the grad_output rows of its module's calls, their entries per unit):
+    #: the bias's gradient sums its module's output gradient over those entries, at most sqrt(m) ||grad_output||
+    bias_bounds: list[tuple[int, list[int], list[int]]]
 
 
 #: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
@@ -343,6 +390,12 @@ MOVING_GRADIENT = 1e-3
 #: too small) moves an entry here and there by one rounding, which is still no update; a step of
 #: ``update_ratio_low`` (1e-6, some 8 roundings) moves its largest entries by more.
 UNCHANGED_ROUNDINGS = 2
+
+#: The zero fraction of the sparsest live unit a ``dead_units`` finding must not be taken for by chance: healthy ReLU
+#: layers of the built-in experiments read up to ~0.72 zeros. A unit 0 for this share of its inputs is 0 for all ``M``
+#: of them with chance ``LIVE_ZERO_FRAC^M``: a site with ``u`` units is found dead only once the steps it held saw
+#: ``M`` entries per unit with ``u LIVE_ZERO_FRAC^M < 1`` (a batch of 256: one step; a batch of 1 and 32 units: 16).
+LIVE_ZERO_FRAC = 0.8
 
 #: A finding that holds again at most this many steps after it ended is the same finding, taken up again;
 #: later in a run, at most ``REJOIN_FRACTION`` of the steps so far (a gap a chart of the whole run hardly shows:
@@ -385,6 +438,8 @@ class Diagnoser:
         self._row_step: int | None = None  # the last step that recorded rows
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
+        self._act_start: dict[int, float] = {}  # step -> the largest activation RMS, first steps
+        self._bias_start: dict[tuple, tuple[int, float]] = {}  # bias key -> (step, ||grad||) first recorded
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -507,7 +562,8 @@ class Diagnoser:
             order = {name: i for i, name in enumerate(FINDINGS)}
             items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
                                       order[e["finding"]]))
-            frame = self._frame([tuple(self._row(e)[c] for c in COLUMNS) for e in items])
+            rows = [self._row(e) for e in items]
+            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows)])
             self._cache = (self._version, frame)
             return frame.copy()
 
@@ -535,7 +591,7 @@ class Diagnoser:
         module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
         return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
                 "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
-                "module": module, "call": call, "tensor": tensor}
+                "module": module, "call": call, "tensor": tensor, "cause": ""}
 
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
@@ -600,6 +656,8 @@ class Diagnoser:
         pair = {i: params[(k[0], k[3])] for i, k in enumerate(keys) if k[2] == "update" and (k[0], k[3]) in params}
         grads = np.flatnonzero((kind == "grad_output") & ~alias & (order >= 0))
         grads = grads[np.argsort(order[grads], kind="stable")]
+        acts_in_order = np.flatnonzero((kind == "activation") & ~alias & (order >= 0))
+        acts_in_order = acts_in_order[np.argsort(order[acts_in_order], kind="stable")]
         pair_columns = (np.fromiter(pair.keys(), np.int64, len(pair)), np.fromiter(pair.values(), np.int64, len(pair)))
         param_grads = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param_grad"}
         grad_of = {i: param_grads[key] for key, i in params.items() if key in param_grads}
@@ -618,7 +676,9 @@ class Diagnoser:
                 feed_bias[i] = b
                 feed_weight[i] = param_grads.get((module, "weight"), -1)
         previous = np.full(n, -1, np.int64)
+        upstream = np.full(n, -1, np.int64)
         for (_, i), (_, after) in zip(acts[:-1], acts[1:]):
+            upstream[after] = i
             if keys[i][4] == keys[after][4]:
                 previous[after] = i
         own_params: dict[str, list[int]] = {}
@@ -629,9 +689,27 @@ class Diagnoser:
         for i, (module, call, knd, _tensor, _shape) in enumerate(keys):
             if knd == "grad_output" and call == 0:
                 out_grad.setdefault(module, i)
-        return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, pair_columns,
-                       np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias, feed_weight, previous,
-                       own_params, out_grad)
+        # a bias added to its module's output (a Linear's, a convolution's, a norm layer's): its gradient is that
+        # output's gradient summed over the m entries of each unit, so at most sqrt(m) times its norm (Cauchy-Schwarz),
+        # summed over the module's calls of the step; a module with a structured output or other submodules is left out
+        # (a bias used inside it, not added to its output: an attention's in_proj_bias)
+        outputs: dict[str, list[int]] = {}
+        for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
+            if knd == "grad_output":
+                outputs.setdefault(module, []).append(i)
+        bias_bounds = []
+        for (module, tensor), b in param_grads.items():
+            shape = _parse_shape(keys[b][4])
+            rows = outputs.get(module, [])
+            if tensor != "bias" or len(shape) != 1 or not shape[0] or not rows or \
+                    len({keys[r][3] for r in rows}) != 1 or any(k[0].startswith(module + ".") for k in keys):
+                continue
+            sizes = [_parse_shape(keys[r][4]) for r in rows]
+            if all(shape[0] in size[1:] for size in sizes):
+                bias_bounds.append((b, rows, [int(np.prod(size)) // shape[0] for size in sizes]))
+        return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, acts_in_order,
+                       pair_columns, np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias,
+                       feed_weight, previous, upstream, own_params, out_grad, bias_bounds)
 
     def _take_block(self, steps: list[int], keys: tuple, stats: dict, tensors: np.ndarray | None,
                     metrics: list[dict]) -> None:
@@ -657,6 +735,8 @@ class Diagnoser:
                 self._nan_check(step, layout, row)
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
+                self._activation_check(step, layout, row)
+                self._accumulation_check(step, layout, row)
                 self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
@@ -718,6 +798,22 @@ class Diagnoser:
                 known = [math.log10(v) for v in self._grad_start.values()] + [v for v in top[:need] if np.isfinite(v)]
                 if known:
                     look[need:] |= top[need:] - max(known) > t.gradient_growth_orders
+            a = layout.act_columns
+            if len(a):  # (activations: through depth, against the first site; over steps, against the first steps)
+                rms = norm[:, a] / np.sqrt(np.maximum(numel[:, a], 1))
+                ok = np.isfinite(rms) & (rms > 0)
+                logs = np.where(ok, np.log10(np.where(ok, rms, 1.0)), np.nan)
+                first = logs[np.arange(n), np.argmax(ok, 1)]
+                top = np.max(np.where(ok, logs, -np.inf), 1)
+                look |= ok.any(1) & (top - first > t.activation_orders)
+                need = max(t.persist - len(self._act_start), 0)
+                look[:need] = True  # (the activations' scale is taken there, step by step)
+                known = [math.log10(v) for v in self._act_start.values()] + [v for v in top[:need] if np.isfinite(v)]
+                if known:
+                    look[need:] |= top[need:] - max(known) > t.activation_growth_orders
+            for b, outputs, entries in layout.bias_bounds:  # (a bias's gradient larger than one backward pass makes)
+                most = sum(np.sqrt(m) * norm[:, r] for r, m in zip(outputs, entries))
+                look |= norm[:, b] > most * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
                 u, p = layout.pair_columns
@@ -935,6 +1031,13 @@ class Diagnoser:
                 # ReLU at ~52% zeros and a dropout of 0.6 after it read 81%, its units counted by the bias before it or
                 # not: a Linear without bias before it, a run without parameter gradients)
                 continue
+            before = int(layout.upstream[i])
+            if counted is None and before >= 0 and lo[before] >= 0 and not layout.own_params.get(layout.keys[i][0]):
+                # (a module without parameters of its own after a site never negative, of another shape: a pooling, a
+                # flatten, a reshape; its zeros are those it took in, the site before's, judged there: one finding per
+                # dead layer, not one more per module it passes through (an AdaptiveAvgPool2d and a Flatten after a
+                # dead ReLU read as dead units three times until 2026-11-29))
+                continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
@@ -948,9 +1051,16 @@ class Diagnoser:
                           f"input")
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
+            # enough entries per unit over the steps it held that live units as sparse as LIVE_ZERO_FRAC would be 0
+            # for all of them in fewer than one of the u units by chance: u f^M < 1 (at a batch of 1, one input a
+            # step, a healthy layer reads more than 80% zeros for some inputs: 32 units need 16 steps)
+            per_step = max(m, 1)
+            entries = _chance_entries(u, LIVE_ZERO_FRAC)
+            text = (f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
+                    f"{detail}; max {float(hi[i]):.3g}.")
             self._hold(step, "dead_units", layout, int(i),
-                       f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
-                       f"{detail}; max {float(hi[i]):.3g}.", need=t.persist)
+                       lambda e, text=text, per_step=per_step, u=u: text + _dead_evidence(e, per_step, u),
+                       need=max(t.persist, math.ceil(entries / per_step)))
         # a share of the units dead, below dead_zero_frac: counted by the bias gradient that feeds them
         partial = act & finite & (lo >= 0) & (zero < t.dead_zero_frac) & (stats["numel"] > 1) & \
             (layout.feed_bias >= 0)
@@ -1160,6 +1270,80 @@ class Diagnoser:
                        f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
                        f"recorded steps ({base:.3g}; threshold {t.gradient_growth_orders:g}).", key="over steps",
                        need=t.persist)
+
+    def _activation_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        """``exploding_activations``: through depth, the output RMS of a site ``activation_orders`` above that of the
+        first site in forward order; over steps, the largest RMS of a step ``activation_growth_orders`` above the
+        largest of the run's first ``persist`` recorded steps. Named at the site where it starts: the first, on the way
+        to the largest, whose RMS is more than half an order (3.16x) above the site's before it, else the first an
+        order above the first site's."""
+        t = self.thresholds
+        idx = layout.act_columns
+        if not len(idx):
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rms = stats["norm"][idx] / np.sqrt(np.maximum(stats["numel"][idx].astype(np.float64), 1))
+        ok = np.isfinite(rms) & (rms > 0)
+        idx, rms = idx[ok], rms[ok]
+        if not len(idx):
+            return
+        logs = np.log10(rms)
+        top = int(np.argmax(logs))
+        if top > 0 and logs[top] - logs[0] > t.activation_orders:
+            gains = np.diff(logs[:top + 1])
+            jumps = np.flatnonzero(gains > 0.5)
+            start = int(jumps[0]) + 1 if len(jumps) else int(np.flatnonzero(logs[:top + 1] - logs[0] > 1)[0])
+            shown = sorted({*_sample(list(range(top + 1)), 8), start})  # (the site it starts at among them)
+            chain = ", ".join(f"{layout.names[idx[k]]} {rms[k]:.3g}" for k in shown)
+            self._hold(step, "exploding_activations", layout, int(idx[start]),
+                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]}, {logs[top] - logs[0]:.1f} orders of "
+                       f"magnitude above {rms[0]:.3g} at {layout.names[idx[0]]}, the first site in forward order, at "
+                       f"step {step} (threshold {t.activation_orders:g}); it starts at {layout.names[idx[start]]}, "
+                       f"{rms[start]:.3g} from {rms[start - 1]:.3g} at the site before it; in forward order: {chain}.",
+                       key="across sites", need=t.persist)
+        if len(self._act_start) < t.persist:
+            self._act_start[step] = float(rms.max())
+            return
+        base = max(self._act_start.values())
+        if logs[top] - math.log10(base) > t.activation_growth_orders:
+            grown = np.flatnonzero(logs - math.log10(base) > 1)  # (the first site past an order above the start's)
+            start = int(grown[0]) if len(grown) else top
+            self._hold(step, "exploding_activations", layout, int(idx[start]),
+                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]} at step {step}, "
+                       f"{logs[top] - math.log10(base):.1f} orders of magnitude above the largest of the first "
+                       f"recorded steps ({base:.3g}; threshold {t.activation_growth_orders:g}); the first site past "
+                       f"an order above it, in forward order: {layout.names[idx[start]]} ({rms[start]:.3g}).",
+                       key="over steps", need=t.persist)
+
+    def _accumulation_check(self, step: int, layout: _Layout, stats: dict) -> None:
+        """``gradients_accumulate``: a bias's gradient larger than its module's output gradients of the step can make
+        it (at most ``sqrt(m) ||grad_output||`` a call, ``m`` the entries summed per unit): its ``.grad`` holds the
+        gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound."""
+        norm = stats["norm"]
+        worst = None
+        for b, rows, entries in layout.bias_bounds:
+            most = float(sum(math.sqrt(m) * norm[r] for r, m in zip(rows, entries)))
+            grad = float(norm[b])
+            if not (math.isfinite(grad) and math.isfinite(most)):
+                continue
+            start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad))
+            if grad > most * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
+                worst = (grad / max(most, 1e-30), b, rows, entries, most, start)
+        if worst is None:
+            return
+        ratio, b, rows, entries, most, (first_step, first) = worst
+        module = layout.keys[b][0]
+        outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" for r, m in zip(rows, entries))
+        grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
+                 f"output gradient of {module} is {float(norm[rows[0]]):.3g} now" if first > 0 and step > first_step
+                 else "")
+        self._hold(step, "gradients_accumulate", layout, b,
+                   f"||grad|| of {layout.names[b]} is {float(norm[b]):.3g} at step {step}, {_times(ratio)} the most "
+                   f"this step's backward pass can give it ({most:.3g} = {outs}: a bias's gradient sums the gradient "
+                   f"of its module's output over {entries[0]} entries per unit){grown}. Its .grad holds the gradients "
+                   f"of earlier steps too: zero_grad() is likely not called each step (or on an optimizer that does "
+                   f"not hold it).",
+                   key="accumulate", worst=ratio, need=self.thresholds.persist)
 
     def _grown_from_zero(self, layout: _Layout, stats: dict, idx: np.ndarray, ok: np.ndarray, first: bool,
                          none_before: bool) -> bool:
@@ -1479,6 +1663,67 @@ class Diagnoser:
                        f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
                        f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
                        need=t.persist)
+
+
+def _grouped(rows: list[dict]) -> list[dict]:
+    """``rows`` (findings as :meth:`Diagnoser._row` gives them, in the frame's order) with a run's consequences grouped
+    under their cause: where one of :data:`BLOWN_UP` holds, the finding of :data:`ROOT_FINDINGS` that began first
+    (of those that began at once, the first of that tuple) is the root, and every finding that began at its step or
+    later (but :data:`NOT_CONSEQUENCES`) follows right after it, its ``cause`` naming the root; the root's severity is
+    the worst of its group's, so that it leads as its consequences would. A learning rate of 10 on a ReLU MLP: its
+    update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled weights (10 rows of
+    equal rank, the dead units first, until 2026-11-29)."""
+    priority = {name: i for i, name in enumerate(ROOT_FINDINGS)}
+    candidates = [i for i, r in enumerate(rows) if r["finding"] in priority]
+    if not candidates or not any(r["finding"] in BLOWN_UP for r in rows):
+        return rows
+    root = min(candidates, key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
+    start = rows[root]["step"]
+    members = [i for i, r in enumerate(rows) if i != root and r["step"] >= start
+               and r["finding"] not in NOT_CONSEQUENCES]
+    if not members:
+        return rows
+    # (in the order they began: what happened, step by step; the root's kind first, the same cause at other sites)
+    order = {name: i for i, name in enumerate(FINDINGS)}
+    members.sort(key=lambda i: ((rows[i]["finding"], rows[i]["step"]) != (rows[root]["finding"], start),
+                                rows[i]["step"], order[rows[i]["finding"]], i))
+    cause = f"{rows[root]['finding']} at {rows[root]['site']}"
+    shown = "; ".join(f"{rows[i]['finding']} at {rows[i]['site']} from step {rows[i]['step']}" for i in members[:6])
+    more = f" and {len(members) - 6} more" if len(members) > 6 else ""
+    head = dict(rows[root], severity=max((rows[i]["severity"] for i in [root, *members]), key=_RANK.__getitem__),
+                evidence=f"{rows[root]['evidence']} The run went wrong from here: {len(members)} finding"
+                         f"{'s' if len(members) > 1 else ''} began at step {start} or later, listed after this one "
+                         f"as its consequences (their cause column names it): {shown}{more}.")
+    group = [head, *(dict(rows[i], cause=cause) for i in members)]
+    taken = {root, *members}
+    rest = [r for i, r in enumerate(rows) if i not in taken]
+    # (the group where its root, at its worst severity, sorts among the others: most severe, then newest by last step)
+    key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
+    at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
+    return rest[:at] + group + rest[at:]
+
+
+def _chance_entries(units: int, zero_frac: float) -> int:
+    """The entries per unit (inputs x positions, over steps) past which ``units`` units each 0 at rate ``zero_frac``,
+    live but that sparse, would all be 0 for every one of them in fewer than one unit by chance: the least ``M`` with
+    ``units zero_frac^M < 1`` (1 where ``zero_frac`` is 1, no live rate to compare with)."""
+    if units <= 1:
+        return 1
+    return math.floor(math.log(units) / -math.log(zero_frac)) + 1
+
+
+def _dead_evidence(e: dict, per_step: int, units: int) -> str:
+    """What a ``dead_units`` episode rests on: its recorded steps and the entries per unit they saw."""
+    steps = e["count"]
+    entries = steps * per_step
+    held = (f" It held on {steps} recorded step{'s' if steps > 1 else ''} of this episode, {entries} entr"
+            f"{'ies' if entries > 1 else 'y'} per unit in all (inputs x positions)")
+    if units <= 1:
+        return held + "."
+    chance = units * LIVE_ZERO_FRAC ** entries
+    value = f"{chance:.2g}" if chance >= 1e-3 else "< 0.001"
+    return (f"{held}: were its {units} units live, each 0 for {LIVE_ZERO_FRAC:.0%} of its inputs, {units} x "
+            f"{LIVE_ZERO_FRAC:g}^{entries} ({value}) of them would be 0 for all of those by chance.")
 
 
 def _last_layer(layout: _Layout, sites: np.ndarray) -> int:

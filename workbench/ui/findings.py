@@ -25,8 +25,8 @@ from workbench.ui.runs import breakable
 from workbench.ui.views import RunView
 
 __all__ = ["Focus", "MUTED", "RunFindings", "SHOWN_COLUMNS", "SHOWN_DATATYPES", "TABLE_COLUMNS",
-           "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "mark_steps",
-           "merge_calls", "option_label", "pick_key", "shown_findings"]
+           "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "fold_consequences",
+           "mark_steps", "merge_calls", "option_label", "pick_key", "shown_findings"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
 #: the first begun).
@@ -58,10 +58,12 @@ def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
     (``act (calls 0–4)``), its steps span theirs, its severity is their worst and its evidence the lowest
     call's (``call 0: ...``), which ``call`` is. Every row gets ``calls`` and ``call_sites`` (the calls
     and their own site names: ``focus`` shows them all). Episodes of one call at different steps stay
-    apart, as diagnosed."""
+    apart, as diagnosed. Findings grouped under a cause are left out (:func:`fold_consequences`): the cause's
+    evidence counts and names them."""
     _check(findings)
     if "calls" in findings.columns:
         return findings
+    findings = fold_consequences(findings)
     calls = [(int(c),) for c in findings.call]
     names = [(str(s),) for s in findings.site]
     repeated = (findings.kind != "metric") & findings.duplicated(subset=_WHERE, keep=False)
@@ -89,6 +91,15 @@ def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
             merged_away.update(i for i in episode if i != where)
     kept = [row for i, row in enumerate(rows) if i not in merged_away]
     return pd.DataFrame(kept, columns=[*findings.columns, "calls", "call_sites"]).astype(findings.dtypes.to_dict())
+
+
+def fold_consequences(findings: pd.DataFrame) -> pd.DataFrame:
+    """The findings without those grouped under a cause (a ``cause`` named: a diverging run's dead units, vanished
+    gradients, stilled weights), which the cause's row counts in its evidence: the list shows what went wrong, its
+    first row the cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all)."""
+    if "cause" not in findings.columns or not (findings.cause != "").any():
+        return findings
+    return findings[findings.cause == ""].reset_index(drop=True)
 
 
 def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
@@ -339,10 +350,14 @@ def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "
     return {**figure, "layout": layout}
 
 
+#: The columns a findings frame must have: ``cause`` may be missing (a frame drawn before it was one: none grouped).
+_REQUIRED = [c for c in COLUMNS if c != "cause"]
+
+
 def _check(findings: Any) -> None:
-    if not isinstance(findings, pd.DataFrame) or not set(COLUMNS) <= set(findings.columns):
+    if not isinstance(findings, pd.DataFrame) or not set(_REQUIRED) <= set(findings.columns):
         raise TypeError("Expected a findings frame (workbench.diagnose.diagnose(...) or a Diagnoser's findings()), "
-                        f"with the columns {list(COLUMNS)}; got {type(findings).__name__}.")
+                        f"with the columns {_REQUIRED}; got {type(findings).__name__}.")
 
 
 class RunFindings:

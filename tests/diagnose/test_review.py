@@ -1,0 +1,198 @@
+"""What a review of the diagnoses found open: a batch of one input read as dead units by chance, a pooling after a
+dead ReLU found dead again, a forgotten ``zero_grad()``, a forward pass blown up through depth, and a diverging run's
+consequences flooding its cause. Each through a real training run and the public API."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+
+
+def relu_zero_fractions(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """The share of zeros of every ReLU-like hidden site of the registry's ``mlp`` over the inputs ``x``."""
+    outputs: dict[str, torch.Tensor] = {}
+    hooks = [module.register_forward_hook(lambda _m, _i, out, name=name: outputs.__setitem__(name, out))
+             for name, module in model.named_modules() if re.fullmatch(r"layers\.\d*[13579]", name)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: float((out == 0).float().mean()) for name, out in outputs.items()}
+
+
+def test_a_healthy_relu_layer_trained_on_batches_of_one_input_has_no_dead_units():
+    # at a batch of 1 a layer of 16 ReLU units reads more than 80% zeros for some inputs: 3 such steps in a row were a
+    # dead_units warning until 2026-11-29 (this run: layers.1 at steps 192-197 and 229-231, layers.3 at 248-250),
+    # though over the data its layers read 60% and 46% zeros
+    exp = workbench.experiments.create("activation_mlp", activation="relu", depth=2, width=16, batch_size=1, seed=0,
+                                       lr=3e-3, dataset="moons")
+    with exp.watch() as w:
+        exp.run(300, progress=False)
+    rows = w.to_pandas()
+    read = rows[(rows.kind == "activation") & rows.module.isin(["layers.1", "layers.3"])]
+    assert (read.zero_frac >= 0.8).sum() >= 20  # (the steps a batch of one read past dead_zero_frac)
+    assert max(relu_zero_fractions(exp.model, exp.x).values()) < 0.7
+    assert "dead_units" not in set(w.diagnose().finding)
+
+
+def test_a_dead_relu_layer_trained_on_batches_of_one_input_is_found_saying_what_the_finding_rests_on():
+    exp = workbench.experiments.create("activation_mlp", activation="relu", depth=2, width=32, batch_size=1, seed=0,
+                                       lr=1e-3, dataset="moons")
+    with torch.no_grad():
+        exp.model.layers[2].bias.fill_(-10.0)  # layers.3 never fires
+    with exp.watch() as w:
+        exp.run(40, progress=False)
+    f = w.diagnose()
+    dead = f[f.finding == "dead_units"]
+    # 32 units as sparse as 80% zeros would all be 0 for 16 inputs in 32 x 0.8^16 = 0.9 of them by chance: from 16 on
+    assert dead[["site", "step", "last_step"]].values.tolist() == [["layers.3", 1, 40]]
+    assert "It held on 40 recorded steps of this episode, 40 entries per unit in all" in dead.evidence.iloc[0]
+    with exp.watch() as w:
+        exp.run(10, progress=False)
+    assert "dead_units" not in set(w.diagnose().finding)  # (10 inputs: not yet evidence)
+
+
+def test_a_pooling_and_a_flatten_after_a_dead_relu_are_not_found_dead_again():
+    # an AdaptiveAvgPool2d and a Flatten after a dead ReLU output zeros too, inherited: three dead_units findings of
+    # one dead layer until 2026-11-29
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                          nn.Linear(128, 2))
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+    x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = (x.mean((1, 2, 3)) > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with workbench.watch(model) as w:
+        for _ in range(6):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows = w.to_pandas()
+    assert (rows[(rows.kind == "activation") & rows.module.isin(["1", "2", "3"])].zero_frac == 1.0).all()
+    f = w.diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+
+
+def train_without_zero_grad(zero_grad: bool, lr: float = 0.01, steps: int = 40) -> workbench.Watch:
+    """The registry's ReLU ``mlp`` under SGD on batches of 64; ``zero_grad=False``: the gradients never zeroed."""
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with workbench.watch(model) as w:
+        for _ in range(steps):
+            i = torch.randint(1024, (64,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            if zero_grad:
+                opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+def test_a_forgotten_zero_grad_is_found_as_gradients_that_accumulate_naming_the_cause():
+    # no finding at all until 2026-11-29 (at lr 0.1 only its consequence, 'diverging'): the loss falls, slowly
+    w = train_without_zero_grad(False)
+    f = w.diagnose()
+    assert f.finding.tolist() == ["gradients_accumulate"]
+    assert f.site[0].endswith(".bias") and f.severity[0] == "error"
+    assert "zero_grad() is likely not called each step" in f.evidence[0]
+    assert "the most this step's backward pass can give it" in f.evidence[0]
+    # the parameters' gradients grow with the step while the output gradients (this step's) do not
+    rows = w.to_pandas()
+    bias = rows[(rows.kind == "param_grad") & (rows.module == "layers.4") & (rows.tensor == "bias")].norm.to_numpy()
+    out = rows[(rows.kind == "grad_output") & (rows.module == "layers.4")].norm.to_numpy()
+    assert bias[-1] > 10 * bias[0] and out[-1] < out[0]
+    # the same run with zero_grad(): none
+    assert "gradients_accumulate" not in set(train_without_zero_grad(True).diagnose().finding)
+
+
+def deep_relu(weight_std: float | None, depth: int = 6, width: int = 32) -> nn.Module:
+    """A ReLU MLP of ``depth`` hidden layers; ``weight_std``: their weights drawn at that std (None: PyTorch's init)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(2, width)]
+    for _ in range(depth):
+        layer = nn.Linear(width, width)
+        if weight_std is not None:
+            nn.init.normal_(layer.weight, std=weight_std)
+        layers += [layer, nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 2))
+
+
+def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
+    # weights of std 1 on a width of 32 (the usual is ~1/sqrt(32)): each layer multiplies the scale by ~4; the outputs
+    # reach ~3000x the first layer's: no finding until 2026-11-29
+    def run(weight_std):
+        model = deep_relu(weight_std)
+        x = torch.randn(256, 2, generator=torch.Generator().manual_seed(0))
+        y = (x[:, 0] > 0).long()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-7)
+        with workbench.watch(model) as w:
+            for _ in range(6):
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                w.step(loss=loss.item())
+        return w
+
+    f = run(1.0).diagnose()
+    blown = f[f.finding == "exploding_activations"]
+    assert blown[["site", "step", "last_step"]].values.tolist() == [["1", 1, 6]]  # (the first Linear of std 1)
+    assert re.search(r"output RMS \S+ at 11, 3\.\d orders of magnitude above \S+ at 0, the first site",
+                     blown.evidence.iloc[0])
+    assert "it starts at 1" in blown.evidence.iloc[0]
+    assert "exploding_activations" not in set(run(None).diagnose().finding)
+
+
+def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_consequences_grouped_under_it(tmp_path):
+    # 10 findings of equal rank until 2026-11-29, the first a dead ReLU at step 4, the update ratios of step 1 (the
+    # learning rate) seventh
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=10.0)
+    with workbench.watch(model, updates=True, store=tmp_path / "run") as w:
+        for _ in range(40):
+            i = torch.randint(1024, (256,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert f[["finding", "step", "cause"]].iloc[0].tolist() == ["update_ratio_high", 1, ""]
+    assert "The run went wrong from here" in f.evidence[0]
+    cause = f"update_ratio_high at {f.site[0]}"
+    assert (f.cause[1:] == cause).all()  # (every other finding began after it: its consequences)
+    assert {"loss_spike", "dead_units", "vanishing_gradients", "update_ratio_low"} <= set(f.finding[1:])
+    # after it the same cause at its other sites, then the consequences in the order they began (the loss's spike ...)
+    siblings = int(((f.finding[1:] == "update_ratio_high") & (f.step[1:] == 1)).sum())
+    assert siblings == 2 and (f.finding[1:1 + siblings] == "update_ratio_high").all()
+    assert f.step[1 + siblings:].tolist() == sorted(f.step[1 + siblings:]) and f.finding[1 + siblings] == "loss_spike"
+    # what a list shows (the app's run page, the Dashboard): the cause alone, counting its consequences
+    from workbench.ui.findings import merge_calls
+    shown = merge_calls(f)
+    assert shown.finding.tolist() == ["update_ratio_high"] and f"{len(f) - 1} findings began at step 1" in \
+        shown.evidence[0]
+    from workbench.ui.notebook import Dashboard
+    dash = Dashboard(workbench.load_run(tmp_path / "run"))
+    assert dash.findings().finding.tolist() == ["update_ratio_high"]
+    assert list(dash.findings_list.options) == [f"⚠ update_ratio_high at {f.site[0]}, step 1–{f.last_step[0]}"]
+    dash.focus_finding(0)
+    assert dash.statistic.value == "norm"
