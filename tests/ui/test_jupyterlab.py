@@ -285,8 +285,9 @@ def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_noteb
 def test_typing_in_the_model_browsers_filter_keeps_the_form_and_a_number_box_keeps_what_was_pasted(browser,
                                                                                                   jupyterlab):
     """Each keystroke in the filter moved the model to the first match, and the form under it to that
-    model's, what was typed into it gone; and a whole-number box (an IntText) cut 2.5 pasted to 2, which
-    was built while the box showed 2.5."""
+    model's, what was typed into it gone; a whole-number box (an IntText) cut 2.5 pasted to 2, which
+    was built while the box showed 2.5; and a number box put its last number back over text it could not
+    read, without a word."""
     from playwright.sync_api import expect
 
     url, token = jupyterlab
@@ -308,7 +309,13 @@ def test_typing_in_the_model_browsers_filter_keeps_the_form_and_a_number_box_kee
         width.fill("2.5")  # (pasted: a whole-number box took it, cut, where typing could not put in the point)
         width.press("Tab")
         output.locator("button", has_text="Build").click()
-        expect(output).to_contain_text("width expects int, could not read 2.5: not a whole number", timeout=60_000)
+        expect(output).to_contain_text("width expects int, could not read '2.5': not a whole number", timeout=60_000)
+        # text that is no number stays in its box and is said at once (a number box put back its last number)
+        width.fill("sixteen")
+        width.press("Tab")
+        expect(output).to_contain_text("width expects int, could not read 'sixteen': not a number; enter a whole "
+                                       "number such as 2", timeout=60_000)
+        expect(width).to_have_value("sixteen")
         _shot(page, "model_browser_filter")
     except Exception:
         _shot(page, "model_browser_filter_failed")

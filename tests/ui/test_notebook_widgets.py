@@ -29,8 +29,8 @@ def test_filter_select_fill_and_build():
     assert "Parametric ReLU" in browser.overview.value
     labels = [w.description for w in browser.form.children]
     assert labels == ["num_parameters", "init"]
-    browser.form.children[0].value = 3
-    browser.batch_size.value = 4
+    browser.form.children[0].value = "3"  # (a box's text, as the page sends what is typed)
+    browser.batch_size.value = "4"
     browser.build_button.click()
     assert browser.result.ok and browser.model.weight.shape == (3,)
     assert browser.result.tree["output"].iloc[0] == "(4, 3, 5)"
@@ -43,21 +43,21 @@ def test_typing_a_filter_keeps_the_model_picked_while_it_matches_and_never_drops
     browser = ModelBrowser()
     browser.models.value = "mlp"
     form = {box.description: box for box in browser.form.children}
-    form["width"].value, form["activation"].value = 16, "tanh"
+    form["width"].value, form["activation"].value = "16", "tanh"
     for typed in ("m", "ml", "mlp"):  # (a change per keystroke)
         browser.pattern.value = typed
         assert browser.models.value == "mlp" and "MLP" in browser.overview.value
         assert list(browser.form.children) == list(form.values())
-        assert (form["width"].value, form["activation"].value) == (16, "tanh")
+        assert (form["width"].value, form["activation"].value) == ("16", "tanh")
     browser.pattern.value = "mlpx"  # (a typo: no model matches, none shown)
     assert browser.models.value is None and browser.form.children == ()
     assert "width=16" in browser.message.value and "activation='tanh'" in browser.message.value
     browser.pattern.value = "mlp"  # (undone: the model and its form as they were)
     assert browser.models.value == "mlp" and list(browser.form.children) == list(form.values())
-    assert form["width"].value == 16 and browser.message.value == ""
+    assert form["width"].value == "16" and browser.message.value == ""
     browser.pattern.value = ""
     browser.models.value = "mlp"
-    assert browser.models.value == "mlp" and form["width"].value == 16  # (still: the list widened around it)
+    assert browser.models.value == "mlp" and form["width"].value == "16"  # (still: the list widened around it)
     browser.pattern.value = "lu"  # (mlp hidden: the first match shown, and the user told where the values are)
     assert browser.models.value == "gelu" and [box.description for box in browser.form.children] == ["approximate"]
     said = browser.message.value
@@ -88,7 +88,7 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
     browser = ModelBrowser(pattern="mlp")
     good = browser.build(width="16", depth=3)  # (typed as a person types them)
     assert good.ok and [layer.out_features for layer in good.model.layers[:-1:2]] == [16, 16, 16]
-    assert {box.description: box.value for box in browser.form.children}["width"] == 16  # (the form shows it)
+    assert {box.description: box.value for box in browser.form.children}["width"] == "16"  # (the form shows it)
     for values, said in [({"dept": 3}, "has no parameter 'dept'; did you mean 'depth'? Its parameters: "),
                          ({"width": 2.5}, "width expects int, could not read 2.5: not a whole number"),  # (was 2)
                          ({"depth": "three"}, "depth expects int, could not read 'three'")]:  # (was a TraitError)
@@ -102,14 +102,14 @@ def test_a_number_box_holds_what_was_typed_and_build_refuses_what_is_no_whole_nu
     was built as 2 while the box showed 2.5. Its boxes hold the number typed; build names the field."""
     browser = ModelBrowser(pattern="mlp")
     form = {box.description: box for box in browser.form.children}
-    form["width"].value = 2.5  # (what the page sends of "2.5" typed or pasted)
+    form["width"].value = "2.5"  # (typed or pasted)
     result = browser.build()
-    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in browser.message.value
-    form["width"].value = 16
-    browser.batch_size.value = 2.5
+    assert not result.ok and "width expects int, could not read '2.5': not a whole number" in browser.message.value
+    form["width"].value = "16"
+    browser.batch_size.value = "2.5"
     result = browser.build()
-    assert not result.ok and "example batch size must be a positive whole number, got 2.5" in result.message
-    browser.batch_size.value = 3
+    assert not result.ok and "example batch size must be a positive whole number, got '2.5'" in result.message
+    browser.batch_size.value = "3"
     assert browser.build().ok and browser.model.layers[0].out_features == 16
     assert browser.result.tree["output"].iloc[0] == "(3, 2)"
 
@@ -121,7 +121,7 @@ def test_the_form_shows_the_values_a_build_used_however_they_were_written():
     result = browser.build(width="16.0", activation="relu")
     assert result.ok and result.model.layers[0].out_features == 16
     form = {box.description: box.value for box in browser.form.children}
-    assert (form["width"], form["activation"]) == (16, "relu")
+    assert (form["width"], form["activation"]) == ("16", "relu")
     assert (result.values["width"], result.values["activation"]) == (16, "relu")  # (what it was built with)
     browser = ModelBrowser(pattern="efficientzero_dynamics")  # (text boxes: lists written as Python writes them)
     result = browser.build(fc_reward_layers="[16,8]")
@@ -135,7 +135,7 @@ def test_a_bad_batch_size_is_named_as_its_box_is_labelled():
     """The messages said "example batch size" of the box labelled "batch size"."""
     browser = ModelBrowser(pattern="mlp")
     for value, said in [(0, "must be a positive whole number, got 0"), (10**6, "must be at most 4096")]:
-        browser.batch_size.value = value
+        browser.batch_size.value = str(value)
         result = browser.build()
         assert not result.ok and f"**Could not build the model.** {browser.batch_size.description} {said}" in (
             result.message), result.message
@@ -1139,21 +1139,52 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
 
 def test_a_whole_number_box_reads_1e3_as_1000_and_refuses_2_5_as_the_apps_box_does():
     """An IntText's view reads what is typed with JavaScript's parseInt: 1e3 typed was 1, 2.5 was 2, unsaid.
-    A FloatText's view sends 1000 and 2.5 (parseFloat), and the form reads them as the app's boxes."""
+    The boxes are text, read in Python as the app's boxes are read."""
     import ipywidgets as w
 
     browser = ModelBrowser(pattern="mlp")
     boxes = {box.description: box for box in browser.form.children}
     whole = [boxes["width"], boxes["depth"], browser.batch_size]
-    assert not any(isinstance(box, w.IntText) for box in whole)
-    assert all(isinstance(box, w.FloatText) for box in whole)
-    boxes["width"].value = 1e1  # (what the view sends for "1e1")
-    browser.batch_size.value = 3.0
+    assert not any(isinstance(box, (w.IntText, w.FloatText)) for box in whole)
+    boxes["width"].value = "1e1"
+    browser.batch_size.value = "3.0"
     result = browser.build()
     assert result.ok and result.model.layers[0].out_features == 10, result.message
-    boxes["width"].value = 2.5
+    boxes["width"].value = "2.5"
     result = browser.build()
-    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in result.message
+    assert not result.ok and "width expects int, could not read '2.5': not a whole number" in result.message
+
+
+def test_a_whole_number_shows_as_one_and_a_number_box_holding_no_number_says_so_at_once():
+    """A FloatText showed an integer parameter as 16.0, and over text it could not read put back its last
+    number without a word: the model was built with a value the user had not typed. Each box shows its
+    number as Python writes it, keeps what was typed, and the form says at once what it cannot read."""
+    browser = ModelBrowser(pattern="prelu")
+    boxes = {box.description: box for box in browser.form.children}
+    assert (boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value) == ("1", "0.25", "2")
+    assert browser.form_message.value == ""
+    boxes["num_parameters"].value = "four"  # (the box left: its text sent)
+    said = browser.form_message.value
+    assert boxes["num_parameters"].value == "four"  # (kept as typed, never put back)
+    assert "num_parameters expects int, could not read &#x27;four&#x27;: not a number; enter a whole number" in said
+    boxes["init"].value = "0.1.2"
+    browser.batch_size.value = "lots"
+    said = browser.form_message.value
+    assert "init expects float, could not read &#x27;0.1.2&#x27;: not a number; enter a number such as 0.5" in said
+    assert "Example batch size must be a positive whole number, got &#x27;lots&#x27;: not a number" in said
+    assert "num_parameters" in said  # (every box that holds no value, not only the last one left)
+    result = browser.build()
+    assert not result.ok and "num_parameters expects int, could not read 'four'" in result.message
+    boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value = "3", "0.1", "4"
+    assert browser.form_message.value == ""  # (all mended: nothing said)
+    result = browser.build()
+    assert result.ok and result.model.weight.shape == (3,) and result.model.weight[0].item() == pytest.approx(0.1)
+    boxes["num_parameters"].value = "0"  # (a number outside the parameter's range: its range said)
+    assert "num_parameters" in browser.form_message.value and "got 0" in browser.form_message.value
+    browser.pattern.value = "mlp"  # (another model's form: its own boxes checked)
+    assert browser.models.value == "mlp" and browser.form_message.value == ""
+    browser.pattern.value = "prelu"  # (back: what its form still holds said again)
+    assert "num_parameters" in browser.form_message.value
 
 
 def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_path):

@@ -96,12 +96,17 @@ def _widget(field: FormField, style: dict[str, str]):
     if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
         common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
         return w.Checkbox(value=field.value, indent=True, **common)
-    # a whole-number box is a FloatText too: an IntText's view reads what is typed with JavaScript's parseInt,
-    # which takes 1e3 as 1 and 2.5 as 2 without a word; a FloatText sends 1000 and 2.5, which the form reads as
-    # the app's number boxes' (forms.read_whole: 1000, and 2.5 refused, naming the field)
-    if field.widget in ("int", "float"):
-        return w.FloatText(value=field.value, **common)
-    return w.Text(value=field.value, **common)
+    # a number is a text box, read in Python as the form reads it (forms.parse_form: 1e3 is 1000, 2.5 refused in
+    # a whole-number field, naming it). ipywidgets' number boxes read what is typed in the page: an IntText with
+    # parseInt (1e3 was 1, 2.5 was 2, unsaid), a FloatText showed a whole number as 16.0, and both put back the
+    # last number, without a word, over text they could not read. Sent when the box is left or Enter pressed
+    # (not at each key: "1e" on the way to "1e3" is no number)
+    return w.Text(value=_start_value(field), continuous_update=False, **common)
+
+
+def _start_value(field: FormField) -> Any:
+    """What ``field``'s box holds at first: a number as text (``16``, ``0.1``), else the field's value."""
+    return field_text(field.value) if field.widget in ("int", "float") else field.value
 
 
 class ModelBrowser:
@@ -141,10 +146,13 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        # (as the app labels it; a FloatText, as the form's whole-number boxes: _widget)
-        self.batch_size = w.FloatText(value=2, description="example batch size")
+        # (as the app labels it; a text box read in Python, as the form's number boxes: _widget)
+        self.batch_size = w.Text(value="2", description="example batch size", continuous_update=False)
         self.overview = w.HTMLMath()
         self.form = w.VBox()
+        #: What the form's boxes hold that cannot be built, said as soon as a box is left: each value
+        #: named, with what its field expects (a box never puts back its last value over what was typed).
+        self.form_message = w.HTML()
         self.build_button = w.Button(description="Build", button_style="primary")
         self.message = w.HTML()
         self.output = w.Output()
@@ -159,11 +167,13 @@ class ModelBrowser:
         self.pattern.observe(self._on_filter, names="value")
         self.models.observe(self._on_pick, names="value")
         self.build_button.on_click(lambda _: self.build())
+        self.batch_size.observe(lambda _: self._check_form(), names="value")
         self._show_model()
         wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
         self.widget = w.VBox([
             w.HBox([self.family, self.pattern, self.models], **wrap),
-            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.message, self.output,
+            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.form_message,
+            self.message, self.output,
         ])
 
     def _ipython_display_(self) -> None:
@@ -193,11 +203,33 @@ class ModelBrowser:
 
     def _edits(self, name: str | None) -> list[str]:
         """What was typed into ``name``'s form: ``label=value`` of each field changed from its start."""
-        def shown(field: FormField, value: Any) -> Any:  # (a whole number as typed: 16, not the box's 16.0)
-            return int(value) if field.widget == "int" and isinstance(value, float) and value.is_integer() else value
+        def shown(field: FormField, value: Any) -> str:  # (a number as typed: width=16, not width='16')
+            return value if field.widget in ("int", "float") else repr(value)
 
-        return [f"{field.label}={shown(field, box.value)!r}" for field, box in self._forms.get(name, ())
-                if box.value != field.value]
+        return [f"{field.label}={shown(field, box.value)}" for field, box in self._forms.get(name, ())
+                if box.value != _start_value(field)]
+
+    def _check_form(self) -> list[str]:
+        """Say what the shown form's boxes hold that cannot be built (``form_message``), each value named
+        with what its field expects; returns those messages (none: the form can be built as it stands)."""
+        from workbench.ui.forms import parse_form
+
+        name = self.models.value
+        problems = []
+        for field, box in self._forms.get(name, ()) if name is not None else ():
+            if field.widget in ("dropdown", "checkbox"):
+                continue
+            try:
+                parse_form([field.param], {field.label: box.value}, f"Model {name!r}")
+            except (ValueError, TypeError) as err:
+                problems.append(str(err))
+        try:
+            handlers.read_batch_size(self.batch_size.value)
+        except ValueError as err:
+            problems.append(str(err)[:1].upper() + str(err)[1:])
+        self.form_message.value = "" if not problems else (
+            f"<div style='color:var(--jp-error-color1, #c62828)'>{'<br>'.join(map(html.escape, problems))}</div>")
+        return problems
 
     def _show_model(self, hidden: str | None = None) -> None:
         """Show the model picked: its overview and its form (as it was left, if shown before).
@@ -213,6 +245,8 @@ class ModelBrowser:
             form = handlers.model_form(name)
             style = _label_style([f.label for f in form] + [self.batch_size.description])
             self._forms[name] = [(f, _widget(f, style)) for f in form]
+            for _, box in self._forms[name]:
+                box.observe(lambda _: self._check_form(), names="value")
         self._fields = [(field.label, box) for field, box in self._forms[name]]
         style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
@@ -226,6 +260,7 @@ class ModelBrowser:
              f"The filter hid **{hidden}** and matches no model.")
             + f" Kept as you typed them: {'; '.join(kept)}. Pick a model again to get its values back.")
         self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
+        self._check_form()  # (a form shown again as it was left: what it holds that cannot be built, said again)
 
     def build(self, **values: Any) -> handlers.BuildResult:
         """Build from the form, as the Build button does.
