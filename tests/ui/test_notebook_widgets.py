@@ -378,6 +378,33 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     assert plotted(dash, "distribution")["data"]
 
 
+def test_a_figure_that_cannot_be_drawn_says_why_in_its_tab_and_the_others_draw_on(monkeypatch):
+    """A figure drawn from a tab's click (or the timer) that raised sent its error to no cell: the tab stayed
+    blank and nothing said why. Its tab shows the error with its traceback; the other figures draw on."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch()
+    exp.run(3, progress=False)
+    w.close()
+    dash = Dashboard(w)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the heatmap broke")
+
+    monkeypatch.setattr(figures, "heatmap_figure", broken)
+    dash.tabs.selected_index = 2  # (the heatmap's tab, clicked)
+    shown = dash.heatmap_plot.outputs
+    assert len(shown) == 1 and shown[0]["output_type"] == "error", shown
+    said = "\n".join(shown[0]["traceback"])
+    assert said.startswith("The heatmap figure could not be drawn") and "RuntimeError: the heatmap broke" in said
+    with pytest.raises(RuntimeError, match="the heatmap broke"):
+        dash.figure("heatmap")
+    dash.tabs.selected_index = 0  # (the others draw on)
+    assert plotted(dash, "metrics")["data"]
+    monkeypatch.undo()  # (mended: drawn again when its tab is opened)
+    dash.tabs.selected_index = 2
+    assert plotted(dash, "heatmap")["data"] and dash.figure("heatmap") == plotted(dash, "heatmap")
+
+
 def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp_path):
     """Zeroing every unit of a layer with w.ablate makes them dead: the finding says the ablation was in,
     live and in the stored run, which keeps the watch's log."""

@@ -475,6 +475,7 @@ class FigureTabs:
         self._make, self._lock = make, lock
         self._figures: dict[str, dict | None] = dict.fromkeys(self.names)
         self._stale: set[str] = set()  # (figures not sent since what they show changed: their tab is closed)
+        self._errors: dict[str, Exception] = {}  # (what stopped a figure's last draw, shown in its tab)
         self._selecting = False  # (select(): the caller draws the tab it opens)
         self.widget = w.Tab(children=[page for _, page, _ in pages.values()],
                             titles=[title for title, _, _ in pages.values()], selected_index=self.names.index(open))
@@ -508,20 +509,40 @@ class FigureTabs:
         self.draw(tuple(name for name in self.names if name in self._stale), every=True)
 
     def redraw(self, name: str) -> None:
-        """Draw the figure ``name`` and send it, whichever tab is open."""
+        """Draw the figure ``name`` and send it, whichever tab is open. A figure that cannot be drawn
+        shows why in its place, with the traceback (:meth:`figure` raises it): drawn from a tab's click
+        or the timer, the error went to no cell, and the tab stayed blank without a word."""
+        import traceback
+
         with self._lock:
             self._stale.discard(name)
-            spec = self._make(name)
+            self._errors.pop(name, None)
+            try:
+                spec = self._make(name)
+            except Exception as exc:
+                self._figures[name], self._errors[name] = None, exc
+                said = (f"The {name} figure could not be drawn (the run and the other figures go on; it is drawn "
+                        "again with the next steps or when its tab is opened):")
+                self._outputs[name].outputs = ({"output_type": "error", "ename": type(exc).__name__,
+                                                "evalue": str(exc),
+                                                "traceback": [said, *traceback.format_exception(exc)]},)
+                return
             self._figures[name] = spec
             # set the outputs (not `with out:`): a redraw from a timer thread lands in this
             # widget, not in whichever cell runs at that moment
             self._outputs[name].outputs = (_figure_output(spec),) if spec is not None else ()
 
     def figure(self, name: str) -> dict | None:
-        """The figure ``name`` as last drawn, drawn now if it is stale."""
+        """The figure ``name`` as last drawn, drawn now if it is stale.
+
+        Raises:
+            Exception: what stopped its last draw (which its tab shows).
+        """
         with self._lock:
             if name in self._stale:
                 self.redraw(name)
+            if name in self._errors:
+                raise self._errors[name]
             return self._figures[name]
 
     def select(self, name: str) -> None:
