@@ -660,9 +660,9 @@ class Dashboard:
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
-        # (20em at least beside the buttons: a narrower notebook puts them under it, rather than the
-        # header in a column of a few words a line)
-        self.header = w.HTML(layout=w.Layout(flex="1 1 20em"))
+        # (30em at least beside the buttons: a narrower notebook puts them under it, rather than the
+        # header in a column of a few words a line; at 20em a running run's header took four lines)
+        self.header = w.HTML(layout=w.Layout(flex="1 1 30em"))
         button = dict(layout=w.Layout(width="auto", min_width="6.5em", flex="0 0 auto"))
         self.pause_button = w.Button(description="Pause", icon="pause", **button)
         self.resume_button = w.Button(description="Resume", icon="play", **button)
