@@ -316,6 +316,26 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
 
 
+def test_a_dashboard_says_which_other_runs_train_in_the_kernel_while_its_run_trains():
+    """A cell that starts a run and shows its Dashboard, run again, left the first run training unseen (its
+    Dashboard gone), the two sharing the CPU without a word. The header names the others while its run trains."""
+    first = workbench.experiments.create("activation_mlp", seed=7, width=8).start(1_000_000)
+    again = workbench.experiments.create("activation_mlp", seed=8, width=8).start(1_000_000)
+    dash = Dashboard(again, interval=0.05)
+    try:
+        wait_for(lambda: "Also training in this kernel: activation_mlp (seed 7) at step" in dash.header.value,
+                 what="the header naming the other run")
+        assert "activation_mlp (seed 8) at step" not in dash.header.value  # (not its own run)
+        assert "<code>workbench.experiments.running()</code> lists them" in dash.header.value
+        first.stop()
+        wait_for(lambda: "Also training" not in dash.header.value, what="the note gone with the other run")
+    finally:
+        first.stop()
+        again.stop()
+    wait_for(lambda: not dash.following and "stopped" in dash.header.value, what="the run's last draw")
+    assert "Also training" not in dash.header.value
+
+
 def test_the_end_of_a_run_stopped_by_its_button_stays_drawn():
     """The button's own redraw of the header ("stopping") never lands after the run's last draw."""
     import threading

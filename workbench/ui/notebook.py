@@ -873,13 +873,30 @@ class Dashboard:
     def _draw_header(self) -> None:
         from workbench.ui import figures
 
-        self.header.value = _line_html(figures.header_markdown(self.view))
+        header = _line_html(figures.header_markdown(self.view))
         if self.run is not None:
             status = self.run.status
+            header += self._others_training() if status in _STOPPABLE else ""
             self.pause_button.disabled = status != "running"
             self.resume_button.disabled = status != "paused"
             self.stop_button.disabled = status not in _STOPPABLE
             self.stop_button.button_style = "" if self.stop_button.disabled else "danger"  # (grey when greyed out)
+        self.header.value = header
+
+    def _others_training(self) -> str:
+        """The other background runs in progress in this kernel, said under the header while this run trains:
+        a cell that starts a run, run again, left its first run training unseen (its Dashboard gone), each run
+        then taking its share of the CPU; the user is told which, and how to stop them."""
+        from workbench.experiments import running
+
+        others = [run for run in running() if run is not self.run]
+        if not others:
+            return ""
+        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" for run in others[:3])
+        named += f" and {len(others) - 3} more" if len(others) > 3 else ""
+        return (f"<br><span style='color:var(--jp-warn-color0, #b26a00)'>Also training in this kernel: {named} "
+                "(a cell run again leaves its run training: <code>workbench.experiments.running()</code> lists "
+                "them, <code>run.stop()</code> stops one).</span>")
 
     def _sync_controls(self) -> None:
         """Site choices as the run shows them; the default sites until the user picks."""
