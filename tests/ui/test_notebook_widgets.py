@@ -7,7 +7,7 @@ import pytest
 
 import workbench
 from workbench.ui import figures
-from workbench.ui.notebook import PLOTLY_MIMETYPE, Dashboard, ModelBrowser
+from workbench.ui.notebook import FIGURES, PLOTLY_MIMETYPE, Dashboard, ModelBrowser
 
 
 def wait_for(condition, timeout=120.0, what="the condition"):
@@ -314,6 +314,27 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     assert workbench.load_run(tmp_path / "run").status == "stopped"
     # its findings are of a run that ended ("looked", not "so far"), drawn as it ended
     wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
+
+
+def test_opening_the_call_sites_tab_draws_its_list_anew_scrolled_to_the_sites_drawn():
+    """The sites drawn by default were picked while the call sites' tab was hidden: opened, its list showed
+    its first rows, the sites picked out of sight below (ipywidgets picks in a list without scrolling it). The
+    list is drawn anew when the tab opens, which a browser scrolls to what is picked (tests/ui/test_jupyterlab
+    checks the scrolling in a page)."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, depth=12, width=8)
+    w = exp.watch()
+    exp.run(2, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    row = dash.tabs.children[FIGURES.index("sites")].children[0]  # (the tab's row of controls)
+    assert dash.sites in row.children
+    rows_sent = []
+    row.observe(lambda change: rows_sent.append(dash.sites in change["new"]), names="children")
+    dash.tabs.selected_index = FIGURES.index("heatmap")
+    assert rows_sent == []  # (another tab: the list left as it is)
+    dash.tabs.selected_index = FIGURES.index("sites")
+    assert rows_sent == [False, True]  # (taken out of its row and put back: drawn anew)
+    assert dash.sites.value == tuple(dash.view.default_sites("activation", "std"))  # (its picks kept)
 
 
 def test_a_dashboard_says_which_other_runs_train_in_the_kernel_while_its_run_trains():

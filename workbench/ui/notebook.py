@@ -712,6 +712,10 @@ class Dashboard:
                                                              self.distribution_plot), self.distribution_plot),
         }, self._make_figure, self._draw_lock, open=tab)
         self.tabs = self._tabs.widget
+        # the call sites' tab opened: its list scrolled to the sites drawn (picked while the tab was hidden, by
+        # default or by a finding, they were out of sight below the list's first rows)
+        self.tabs.observe(lambda change: change["new"] == FIGURES.index("sites") and self._reveal_sites(),
+                          names="selected_index")
         self.widget = w.VBox([
             # (the buttons wrap together, under the header, in a notebook too narrow for both)
             w.HBox([self.header, w.HBox(buttons)],
