@@ -41,6 +41,16 @@ w.close()
 dashboard = Dashboard(w)
 dashboard"""
 FOCUS_CELL = "dashboard.focus_finding(0).site"
+# a dashboard of 25 call sites whose default ones (those whose statistic changed most) are the 11th and below
+SITES_CELL = """\
+import workbench
+from workbench.ui.notebook import Dashboard
+
+exp = workbench.experiments.create("activation_mlp", seed=0, depth=12, width=8)
+w = exp.watch(histograms=False)
+exp.run(3, progress=False)
+w.close()
+Dashboard(w)"""
 # [width, right edge, the output's right edge] of each box of the form (and the filters) in an output
 BOXES = ("(el) => [...el.querySelectorAll('.widget-text input, .widget-dropdown select')].map(b => {"
          " const r = b.getBoundingClientRect(); return [r.width, r.right, el.getBoundingClientRect().right]; })")
@@ -92,6 +102,8 @@ def jupyterlab(tmp_path_factory):
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "focus.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(LIVE_CELL), new_code_cell(STATUS_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "slowed.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(SITES_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "sites.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(BROWSER_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "browser.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(FILTER_CELL)], metadata={
@@ -250,6 +262,30 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
         _shot(page, "focused_site")
     except Exception:
         _shot(page, "focus_failed")
+        raise
+    finally:
+        page.close()
+
+
+def test_opening_the_call_sites_tab_shows_the_sites_drawn_in_its_list(browser, jupyterlab):
+    """The sites a dashboard draws by default were picked while the call sites' tab was hidden: opened, its
+    list showed its first 8 rows, every site picked further down, out of sight."""
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        _open_notebook(page, f"{url}/lab/tree/sites.ipynb?reset&token={token}")
+        _run_cell(page, 0)
+        page.locator(".widget-tab .js-plotly-plot").first.wait_for(timeout=60_000)  # (the metrics tab, open)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        page.locator(".widget-tab .lm-TabBar-tab", has_text="call sites").click(timeout=60_000)
+        try:
+            page.wait_for_function(f"() => {{ const p = ({PICKED_IN_SIGHT})(); return p.length > 1"
+                                   " && p.some(([, seen]) => seen); }", timeout=30_000)
+        except Exception:
+            raise AssertionError(f"[site, in sight] of each site picked: {page.evaluate(PICKED_IN_SIGHT)}") from None
+        _shot(page, "sites_in_sight")
+    except Exception:
+        _shot(page, "sites_failed")
         raise
     finally:
         page.close()
