@@ -1243,7 +1243,8 @@ def test_a_whole_number_shows_as_one_and_a_number_box_holding_no_number_says_so_
     assert "num_parameters" in said  # (every box that holds no value, not only the last one left)
     result = browser.build()
     assert not result.ok and "num_parameters expects int, could not read 'four'" in result.message
-    boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value = "3", "0.1", "4"
+    boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value = 3, 0.1, 4  # (set from code)
+    assert (boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value) == ("3", "0.1", "4")
     assert browser.form_message.value == ""  # (all mended: nothing said)
     result = browser.build()
     assert result.ok and result.model.weight.shape == (3,) and result.model.weight[0].item() == pytest.approx(0.1)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import threading
@@ -101,7 +102,28 @@ def _widget(field: FormField, style: dict[str, str]):
     # parseInt (1e3 was 1, 2.5 was 2, unsaid), a FloatText showed a whole number as 16.0, and both put back the
     # last number, without a word, over text they could not read. Sent when the box is left or Enter pressed
     # (not at each key: "1e" on the way to "1e3" is no number)
-    return w.Text(value=_start_value(field), continuous_update=False, **common)
+    return _number_box()(value=_start_value(field), continuous_update=False, **common)
+
+
+@functools.cache  # (one class: made on first use, ipywidgets imported lazily)
+def _number_box() -> type:
+    """A text box for a number: what is typed is text, read in Python (:func:`_widget`); a number set from
+    code is held as its text (``box.value = 16`` holds ``"16"``; a plain ``Text`` refused it with a TraitError)."""
+    import numbers
+
+    import ipywidgets as w
+    import traitlets
+
+    class NumberText(traitlets.Unicode):
+        def validate(self, obj: Any, value: Any) -> str:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                value = field_text(value)
+            return super().validate(obj, value)
+
+    class NumberBox(w.Text):
+        value = NumberText(help="the number as text").tag(sync=True)
+
+    return NumberBox
 
 
 def _start_value(field: FormField) -> Any:
@@ -147,7 +169,7 @@ class ModelBrowser:
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
         # (as the app labels it; a text box read in Python, as the form's number boxes: _widget)
-        self.batch_size = w.Text(value="2", description="example batch size", continuous_update=False)
+        self.batch_size = _number_box()(value="2", description="example batch size", continuous_update=False)
         self.overview = w.HTMLMath()
         self.form = w.VBox()
         #: What the form's boxes hold that cannot be built, said as soon as a box is left: each value
