@@ -136,7 +136,8 @@ class ModelBrowser:
 
     The app's Models tab as ipywidgets: a family and name filter, the model's summary and
     formula (typeset by MathJax), a form generated from its parameters, and a Build button
-    that shows the module tree or, for an invalid value, the message saying how to fix it.
+    that shows the module tree or, for an invalid value, the message saying how to fix it. Numbers
+    are typed into text boxes, read as the app reads its boxes (``16`` shows as 16; ``1e3`` is 1000).
 
     Args:
         family: the family shown first (``"all"`` or None for every family).
@@ -145,6 +146,8 @@ class ModelBrowser:
     Attributes:
         model: the last module built successfully, or ``None``.
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
+        form_message: the HTML under the form saying what its boxes hold that cannot be built, as each
+            box is left (the value named, with what its field expects); empty while the form can be built.
     """
 
     def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str | None = "") -> None:
