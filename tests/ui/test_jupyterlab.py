@@ -41,6 +41,16 @@ w.close()
 dashboard = Dashboard(w)
 dashboard"""
 FOCUS_CELL = "dashboard.focus_finding(0).site"
+# a dashboard of 25 call sites whose default ones (those whose statistic changed most) are the 11th and below
+SITES_CELL = """\
+import workbench
+from workbench.ui.notebook import Dashboard
+
+exp = workbench.experiments.create("activation_mlp", seed=0, depth=12, width=8)
+w = exp.watch(histograms=False)
+exp.run(3, progress=False)
+w.close()
+Dashboard(w)"""
 # [width, right edge, the output's right edge] of each box of the form (and the filters) in an output
 BOXES = ("(el) => [...el.querySelectorAll('.widget-text input, .widget-dropdown select')].map(b => {"
          " const r = b.getBoundingClientRect(); return [r.width, r.right, el.getBoundingClientRect().right]; })")
@@ -92,6 +102,8 @@ def jupyterlab(tmp_path_factory):
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "focus.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(LIVE_CELL), new_code_cell(STATUS_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "slowed.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(SITES_CELL)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "sites.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(BROWSER_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "browser.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(FILTER_CELL)], metadata={
@@ -255,6 +267,30 @@ def test_focusing_a_finding_scrolls_the_site_list_to_its_site(browser, jupyterla
         page.close()
 
 
+def test_opening_the_call_sites_tab_shows_the_sites_drawn_in_its_list(browser, jupyterlab):
+    """The sites a dashboard draws by default were picked while the call sites' tab was hidden: opened, its
+    list showed its first 8 rows, every site picked further down, out of sight."""
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        _open_notebook(page, f"{url}/lab/tree/sites.ipynb?reset&token={token}")
+        _run_cell(page, 0)
+        page.locator(".widget-tab .js-plotly-plot").first.wait_for(timeout=60_000)  # (the metrics tab, open)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        page.locator(".widget-tab .lm-TabBar-tab", has_text="call sites").click(timeout=60_000)
+        try:
+            page.wait_for_function(f"() => {{ const p = ({PICKED_IN_SIGHT})(); return p.length > 1"
+                                   " && p.some(([, seen]) => seen); }", timeout=30_000)
+        except Exception:
+            raise AssertionError(f"[site, in sight] of each site picked: {page.evaluate(PICKED_IN_SIGHT)}") from None
+        _shot(page, "sites_in_sight")
+    except Exception:
+        _shot(page, "sites_failed")
+        raise
+    finally:
+        page.close()
+
+
 @pytest.mark.parametrize("width", [1400, 900])
 def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_notebook(browser, jupyterlab, width):
     """Each box of a form with long labels was a sliver of 5-20 px beside its label (ipywidgets' 300 px for
@@ -285,8 +321,9 @@ def test_the_model_browsers_boxes_have_room_to_type_in_and_stay_inside_the_noteb
 def test_typing_in_the_model_browsers_filter_keeps_the_form_and_a_number_box_keeps_what_was_pasted(browser,
                                                                                                   jupyterlab):
     """Each keystroke in the filter moved the model to the first match, and the form under it to that
-    model's, what was typed into it gone; and a whole-number box (an IntText) cut 2.5 pasted to 2, which
-    was built while the box showed 2.5."""
+    model's, what was typed into it gone; a whole-number box (an IntText) cut 2.5 pasted to 2, which
+    was built while the box showed 2.5; and a number box put its last number back over text it could not
+    read, without a word."""
     from playwright.sync_api import expect
 
     url, token = jupyterlab
@@ -308,7 +345,13 @@ def test_typing_in_the_model_browsers_filter_keeps_the_form_and_a_number_box_kee
         width.fill("2.5")  # (pasted: a whole-number box took it, cut, where typing could not put in the point)
         width.press("Tab")
         output.locator("button", has_text="Build").click()
-        expect(output).to_contain_text("width expects int, could not read 2.5: not a whole number", timeout=60_000)
+        expect(output).to_contain_text("width expects int, could not read '2.5': not a whole number", timeout=60_000)
+        # text that is no number stays in its box and is said at once (a number box put back its last number)
+        width.fill("sixteen")
+        width.press("Tab")
+        expect(output).to_contain_text("width expects int, could not read 'sixteen': not a number; enter a whole "
+                                       "number such as 2", timeout=60_000)
+        expect(width).to_have_value("sixteen")
         _shot(page, "model_browser_filter")
     except Exception:
         _shot(page, "model_browser_filter_failed")

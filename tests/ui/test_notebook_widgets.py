@@ -8,7 +8,7 @@ import torch
 
 import workbench
 from workbench.ui import figures
-from workbench.ui.notebook import PLOTLY_MIMETYPE, Dashboard, ModelBrowser
+from workbench.ui.notebook import FIGURES, PLOTLY_MIMETYPE, Dashboard, ModelBrowser
 
 
 def wait_for(condition, timeout=120.0, what="the condition"):
@@ -30,8 +30,8 @@ def test_filter_select_fill_and_build():
     assert "Parametric ReLU" in browser.overview.value
     labels = [w.description for w in browser.form.children]
     assert labels == ["num_parameters", "init"]
-    browser.form.children[0].value = 3
-    browser.batch_size.value = 4
+    browser.form.children[0].value = "3"  # (a box's text, as the page sends what is typed)
+    browser.batch_size.value = "4"
     browser.build_button.click()
     assert browser.result.ok and browser.model.weight.shape == (3,)
     assert browser.result.tree["output"].iloc[0] == "(4, 3, 5)"
@@ -44,21 +44,21 @@ def test_typing_a_filter_keeps_the_model_picked_while_it_matches_and_never_drops
     browser = ModelBrowser()
     browser.models.value = "mlp"
     form = {box.description: box for box in browser.form.children}
-    form["width"].value, form["activation"].value = 16, "tanh"
+    form["width"].value, form["activation"].value = "16", "tanh"
     for typed in ("m", "ml", "mlp"):  # (a change per keystroke)
         browser.pattern.value = typed
         assert browser.models.value == "mlp" and "MLP" in browser.overview.value
         assert list(browser.form.children) == list(form.values())
-        assert (form["width"].value, form["activation"].value) == (16, "tanh")
+        assert (form["width"].value, form["activation"].value) == ("16", "tanh")
     browser.pattern.value = "mlpx"  # (a typo: no model matches, none shown)
     assert browser.models.value is None and browser.form.children == ()
     assert "width=16" in browser.message.value and "activation='tanh'" in browser.message.value
     browser.pattern.value = "mlp"  # (undone: the model and its form as they were)
     assert browser.models.value == "mlp" and list(browser.form.children) == list(form.values())
-    assert form["width"].value == 16 and browser.message.value == ""
+    assert form["width"].value == "16" and browser.message.value == ""
     browser.pattern.value = ""
     browser.models.value = "mlp"
-    assert browser.models.value == "mlp" and form["width"].value == 16  # (still: the list widened around it)
+    assert browser.models.value == "mlp" and form["width"].value == "16"  # (still: the list widened around it)
     browser.pattern.value = "lu"  # (mlp hidden: the first match shown, and the user told where the values are)
     assert browser.models.value == "gelu" and [box.description for box in browser.form.children] == ["approximate"]
     said = browser.message.value
@@ -89,7 +89,7 @@ def test_build_reads_the_values_given_as_the_form_does_a_typo_or_a_value_its_box
     browser = ModelBrowser(pattern="mlp")
     good = browser.build(width="16", depth=3)  # (typed as a person types them)
     assert good.ok and [layer.out_features for layer in good.model.layers[:-1:2]] == [16, 16, 16]
-    assert {box.description: box.value for box in browser.form.children}["width"] == 16  # (the form shows it)
+    assert {box.description: box.value for box in browser.form.children}["width"] == "16"  # (the form shows it)
     for values, said in [({"dept": 3}, "has no parameter 'dept'; did you mean 'depth'? Its parameters: "),
                          ({"width": 2.5}, "width expects int, could not read 2.5: not a whole number"),  # (was 2)
                          ({"depth": "three"}, "depth expects int, could not read 'three'")]:  # (was a TraitError)
@@ -103,14 +103,14 @@ def test_a_number_box_holds_what_was_typed_and_build_refuses_what_is_no_whole_nu
     was built as 2 while the box showed 2.5. Its boxes hold the number typed; build names the field."""
     browser = ModelBrowser(pattern="mlp")
     form = {box.description: box for box in browser.form.children}
-    form["width"].value = 2.5  # (what the page sends of "2.5" typed or pasted)
+    form["width"].value = "2.5"  # (typed or pasted)
     result = browser.build()
-    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in browser.message.value
-    form["width"].value = 16
-    browser.batch_size.value = 2.5
+    assert not result.ok and "width expects int, could not read '2.5': not a whole number" in browser.message.value
+    form["width"].value = "16"
+    browser.batch_size.value = "2.5"
     result = browser.build()
-    assert not result.ok and "example batch size must be a positive whole number, got 2.5" in result.message
-    browser.batch_size.value = 3
+    assert not result.ok and "example batch size must be a positive whole number, got '2.5'" in result.message
+    browser.batch_size.value = "3"
     assert browser.build().ok and browser.model.layers[0].out_features == 16
     assert browser.result.tree["output"].iloc[0] == "(3, 2)"
 
@@ -122,7 +122,7 @@ def test_the_form_shows_the_values_a_build_used_however_they_were_written():
     result = browser.build(width="16.0", activation="relu")
     assert result.ok and result.model.layers[0].out_features == 16
     form = {box.description: box.value for box in browser.form.children}
-    assert (form["width"], form["activation"]) == (16, "relu")
+    assert (form["width"], form["activation"]) == ("16", "relu")
     assert (result.values["width"], result.values["activation"]) == (16, "relu")  # (what it was built with)
     browser = ModelBrowser(pattern="efficientzero_dynamics")  # (text boxes: lists written as Python writes them)
     result = browser.build(fc_reward_layers="[16,8]")
@@ -136,7 +136,7 @@ def test_a_bad_batch_size_is_named_as_its_box_is_labelled():
     """The messages said "example batch size" of the box labelled "batch size"."""
     browser = ModelBrowser(pattern="mlp")
     for value, said in [(0, "must be a positive whole number, got 0"), (10**6, "must be at most 4096")]:
-        browser.batch_size.value = value
+        browser.batch_size.value = str(value)
         result = browser.build()
         assert not result.ok and f"**Could not build the model.** {browser.batch_size.description} {said}" in (
             result.message), result.message
@@ -317,6 +317,47 @@ def test_the_dashboard_of_a_background_run_updates_live_and_its_buttons_act(tmp_
     wait_for(lambda: "in this run" in dash.findings_summary.value, what="the findings of the ended run")
 
 
+def test_opening_the_call_sites_tab_draws_its_list_anew_scrolled_to_the_sites_drawn():
+    """The sites drawn by default were picked while the call sites' tab was hidden: opened, its list showed
+    its first rows, the sites picked out of sight below (ipywidgets picks in a list without scrolling it). The
+    list is drawn anew when the tab opens, which a browser scrolls to what is picked (tests/ui/test_jupyterlab
+    checks the scrolling in a page)."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, depth=12, width=8)
+    w = exp.watch()
+    exp.run(2, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    row = dash.tabs.children[FIGURES.index("sites")].children[0]  # (the tab's row of controls)
+    assert dash.sites in row.children
+    rows_sent = []
+    row.observe(lambda change: rows_sent.append(dash.sites in change["new"]), names="children")
+    dash.tabs.selected_index = FIGURES.index("heatmap")
+    assert rows_sent == []  # (another tab: the list left as it is)
+    dash.tabs.selected_index = FIGURES.index("sites")
+    assert rows_sent == [False, True]  # (taken out of its row and put back: drawn anew)
+    assert dash.sites.value == tuple(dash.view.default_sites("activation", "std"))  # (its picks kept)
+
+
+def test_a_dashboard_says_which_other_runs_train_in_the_kernel_while_its_run_trains():
+    """A cell that starts a run and shows its Dashboard, run again, left the first run training unseen (its
+    Dashboard gone), the two sharing the CPU without a word. The header names the others while its run trains."""
+    first = workbench.experiments.create("activation_mlp", seed=7, width=8).start(1_000_000)
+    again = workbench.experiments.create("activation_mlp", seed=8, width=8).start(1_000_000)
+    dash = Dashboard(again, interval=0.05)
+    try:
+        wait_for(lambda: "Also training in this kernel: activation_mlp (seed 7) at step" in dash.header.value,
+                 what="the header naming the other run")
+        assert "activation_mlp (seed 8) at step" not in dash.header.value  # (not its own run)
+        assert "<code>workbench.experiments.running()</code> lists them" in dash.header.value
+        first.stop()
+        wait_for(lambda: "Also training" not in dash.header.value, what="the note gone with the other run")
+    finally:
+        first.stop()
+        again.stop()
+    wait_for(lambda: not dash.following and "stopped" in dash.header.value, what="the run's last draw")
+    assert "Also training" not in dash.header.value
+
+
 def test_the_end_of_a_run_stopped_by_its_button_stays_drawn():
     """The button's own redraw of the header ("stopping") never lands after the run's last draw."""
     import threading
@@ -377,6 +418,33 @@ def test_the_controls_choose_what_is_drawn(tmp_path):
     dash.tabs.selected_index = 3
     dash.distribution_site.value = dash.distribution_site.options[0]
     assert plotted(dash, "distribution")["data"]
+
+
+def test_a_figure_that_cannot_be_drawn_says_why_in_its_tab_and_the_others_draw_on(monkeypatch):
+    """A figure drawn from a tab's click (or the timer) that raised sent its error to no cell: the tab stayed
+    blank and nothing said why. Its tab shows the error with its traceback; the other figures draw on."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch()
+    exp.run(3, progress=False)
+    w.close()
+    dash = Dashboard(w)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the heatmap broke")
+
+    monkeypatch.setattr(figures, "heatmap_figure", broken)
+    dash.tabs.selected_index = 2  # (the heatmap's tab, clicked)
+    shown = dash.heatmap_plot.outputs
+    assert len(shown) == 1 and shown[0]["output_type"] == "error", shown
+    said = "\n".join(shown[0]["traceback"])
+    assert said.startswith("The heatmap figure could not be drawn") and "RuntimeError: the heatmap broke" in said
+    with pytest.raises(RuntimeError, match="the heatmap broke"):
+        dash.figure("heatmap")
+    dash.tabs.selected_index = 0  # (the others draw on)
+    assert plotted(dash, "metrics")["data"]
+    monkeypatch.undo()  # (mended: drawn again when its tab is opened)
+    dash.tabs.selected_index = 2
+    assert plotted(dash, "heatmap")["data"] and dash.figure("heatmap") == plotted(dash, "heatmap")
 
 
 def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp_path):
@@ -1163,21 +1231,53 @@ def test_compare_of_runs_recorded_without_a_kind_says_so_not_that_its_rows_are_y
 
 def test_a_whole_number_box_reads_1e3_as_1000_and_refuses_2_5_as_the_apps_box_does():
     """An IntText's view reads what is typed with JavaScript's parseInt: 1e3 typed was 1, 2.5 was 2, unsaid.
-    A FloatText's view sends 1000 and 2.5 (parseFloat), and the form reads them as the app's boxes."""
+    The boxes are text, read in Python as the app's boxes are read."""
     import ipywidgets as w
 
     browser = ModelBrowser(pattern="mlp")
     boxes = {box.description: box for box in browser.form.children}
     whole = [boxes["width"], boxes["depth"], browser.batch_size]
-    assert not any(isinstance(box, w.IntText) for box in whole)
-    assert all(isinstance(box, w.FloatText) for box in whole)
-    boxes["width"].value = 1e1  # (what the view sends for "1e1")
-    browser.batch_size.value = 3.0
+    assert not any(isinstance(box, (w.IntText, w.FloatText)) for box in whole)
+    boxes["width"].value = "1e1"
+    browser.batch_size.value = "3.0"
     result = browser.build()
     assert result.ok and result.model.layers[0].out_features == 10, result.message
-    boxes["width"].value = 2.5
+    boxes["width"].value = "2.5"
     result = browser.build()
-    assert not result.ok and "width expects int, could not read 2.5: not a whole number" in result.message
+    assert not result.ok and "width expects int, could not read '2.5': not a whole number" in result.message
+
+
+def test_a_whole_number_shows_as_one_and_a_number_box_holding_no_number_says_so_at_once():
+    """A FloatText showed an integer parameter as 16.0, and over text it could not read put back its last
+    number without a word: the model was built with a value the user had not typed. Each box shows its
+    number as Python writes it, keeps what was typed, and the form says at once what it cannot read."""
+    browser = ModelBrowser(pattern="prelu")
+    boxes = {box.description: box for box in browser.form.children}
+    assert (boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value) == ("1", "0.25", "2")
+    assert browser.form_message.value == ""
+    boxes["num_parameters"].value = "four"  # (the box left: its text sent)
+    said = browser.form_message.value
+    assert boxes["num_parameters"].value == "four"  # (kept as typed, never put back)
+    assert "num_parameters expects int, could not read &#x27;four&#x27;: not a number; enter a whole number" in said
+    boxes["init"].value = "0.1.2"
+    browser.batch_size.value = "lots"
+    said = browser.form_message.value
+    assert "init expects float, could not read &#x27;0.1.2&#x27;: not a number; enter a number such as 0.5" in said
+    assert "Example batch size must be a positive whole number, got &#x27;lots&#x27;: not a number" in said
+    assert "num_parameters" in said  # (every box that holds no value, not only the last one left)
+    result = browser.build()
+    assert not result.ok and "num_parameters expects int, could not read 'four'" in result.message
+    boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value = 3, 0.1, 4  # (set from code)
+    assert (boxes["num_parameters"].value, boxes["init"].value, browser.batch_size.value) == ("3", "0.1", "4")
+    assert browser.form_message.value == ""  # (all mended: nothing said)
+    result = browser.build()
+    assert result.ok and result.model.weight.shape == (3,) and result.model.weight[0].item() == pytest.approx(0.1)
+    boxes["num_parameters"].value = "0"  # (a number outside the parameter's range: its range said)
+    assert "num_parameters" in browser.form_message.value and "got 0" in browser.form_message.value
+    browser.pattern.value = "mlp"  # (another model's form: its own boxes checked)
+    assert browser.models.value == "mlp" and browser.form_message.value == ""
+    browser.pattern.value = "prelu"  # (back: what its form still holds said again)
+    assert "num_parameters" in browser.form_message.value
 
 
 def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_path):

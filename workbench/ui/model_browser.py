@@ -115,6 +115,29 @@ def _error(message: str) -> BuildResult:
     return BuildResult(None, f"**Could not build the model.** {message}", pd.DataFrame(columns=TREE_COLUMNS))
 
 
+def read_batch_size(value: Any) -> int:
+    """The example batch size a box holds, as a whole number in [1, ``MAX_EXAMPLE_BATCH``].
+
+    Args:
+        value: what the box holds: a number, or text as typed (``"4"``, ``"1e3"``).
+
+    Raises:
+        ValueError: empty, not a whole number, or outside [1, ``MAX_EXAMPLE_BATCH``], naming the value.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):  # (a number box sends None when empty)
+        raise ValueError(f"example batch size is empty; give a whole number in [1, {MAX_EXAMPLE_BATCH}].")
+    try:
+        whole = read_whole(value)  # (1e3 is 1000; 2.5 none)
+    except ValueError as err:
+        raise ValueError(f"example batch size must be a positive whole number, got {value!r}: {err}.") from None
+    if whole < 1:
+        raise ValueError(f"example batch size must be a positive whole number, got {shown_whole(value, whole)}.")
+    if whole > MAX_EXAMPLE_BATCH:
+        raise ValueError(f"example batch size must be at most {MAX_EXAMPLE_BATCH} (the inputs of one forward "
+                         f"pass), got {shown_whole(value, whole)}.")
+    return whole
+
+
 def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2, seed: int = 0) -> BuildResult:
     """Build a model from raw form values and run one forward pass on its example inputs.
 
@@ -137,20 +160,7 @@ def build_model(name: str | None, values: Mapping[str, Any], batch_size: Any = 2
     try:
         spec = get_spec(name)
         overrides = parse_form(spec.params, values, f"Model {name!r}")
-        if batch_size is None:  # (what a number box sends when empty, or holding what is not a number)
-            raise ValueError(f"example batch size is empty; give a whole number in [1, {MAX_EXAMPLE_BATCH}].")
-        try:
-            whole = read_whole(batch_size)  # (1e3 is 1000; 2.5 none)
-        except ValueError as err:
-            raise ValueError(f"example batch size must be a positive whole number, got {batch_size!r}: {err}.") \
-                from None
-        if whole < 1:
-            raise ValueError("example batch size must be a positive whole number, got "
-                             f"{shown_whole(batch_size, whole)}.")
-        if whole > MAX_EXAMPLE_BATCH:
-            raise ValueError(f"example batch size must be at most {MAX_EXAMPLE_BATCH} (the inputs of one forward "
-                             f"pass), got {shown_whole(batch_size, whole)}.")
-        batch_size = whole
+        batch_size = read_batch_size(batch_size)
         model = spec.build(**overrides)  # refuses, before allocating, a model that would not fit in memory
     except (ValueError, TypeError) as exc:
         return _error(str(exc))

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import threading
@@ -96,12 +97,38 @@ def _widget(field: FormField, style: dict[str, str]):
     if field.widget == "checkbox":  # (indented: its box under the other boxes, its whole label beside it)
         common["layout"] = _field_layout(style, max(BOX_WIDTH, 0.6 * len(field.label) + 3))
         return w.Checkbox(value=field.value, indent=True, **common)
-    # a whole-number box is a FloatText too: an IntText's view reads what is typed with JavaScript's parseInt,
-    # which takes 1e3 as 1 and 2.5 as 2 without a word; a FloatText sends 1000 and 2.5, which the form reads as
-    # the app's number boxes' (forms.read_whole: 1000, and 2.5 refused, naming the field)
-    if field.widget in ("int", "float"):
-        return w.FloatText(value=field.value, **common)
-    return w.Text(value=field.value, **common)
+    # a number is a text box, read in Python as the form reads it (forms.parse_form: 1e3 is 1000, 2.5 refused in
+    # a whole-number field, naming it). ipywidgets' number boxes read what is typed in the page: an IntText with
+    # parseInt (1e3 was 1, 2.5 was 2, unsaid), a FloatText showed a whole number as 16.0, and both put back the
+    # last number, without a word, over text they could not read. Sent when the box is left or Enter pressed
+    # (not at each key: "1e" on the way to "1e3" is no number)
+    return _number_box()(value=_start_value(field), continuous_update=False, **common)
+
+
+@functools.cache  # (one class: made on first use, ipywidgets imported lazily)
+def _number_box() -> type:
+    """A text box for a number: what is typed is text, read in Python (:func:`_widget`); a number set from
+    code is held as its text (``box.value = 16`` holds ``"16"``; a plain ``Text`` refused it with a TraitError)."""
+    import numbers
+
+    import ipywidgets as w
+    import traitlets
+
+    class NumberText(traitlets.Unicode):
+        def validate(self, obj: Any, value: Any) -> str:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                value = field_text(value)
+            return super().validate(obj, value)
+
+    class NumberBox(w.Text):
+        value = NumberText(help="the number as text").tag(sync=True)
+
+    return NumberBox
+
+
+def _start_value(field: FormField) -> Any:
+    """What ``field``'s box holds at first: a number as text (``16``, ``0.1``), else the field's value."""
+    return field_text(field.value) if field.widget in ("int", "float") else field.value
 
 
 class ModelBrowser:
@@ -109,7 +136,8 @@ class ModelBrowser:
 
     The app's Models tab as ipywidgets: a family and name filter, the model's summary and
     formula (typeset by MathJax), a form generated from its parameters, and a Build button
-    that shows the module tree or, for an invalid value, the message saying how to fix it.
+    that shows the module tree or, for an invalid value, the message saying how to fix it. Numbers
+    are typed into text boxes, read as the app reads its boxes (``16`` shows as 16; ``1e3`` is 1000).
 
     Args:
         family: the family shown first (``"all"`` or None for every family).
@@ -118,6 +146,8 @@ class ModelBrowser:
     Attributes:
         model: the last module built successfully, or ``None``.
         result: the last :class:`~workbench.ui.model_browser.BuildResult`.
+        form_message: the HTML under the form saying what its boxes hold that cannot be built, as each
+            box is left (the value named, with what its field expects); empty while the form can be built.
     """
 
     def __init__(self, family: str | None = handlers.ALL_FAMILIES, pattern: str | None = "") -> None:
@@ -141,10 +171,13 @@ class ModelBrowser:
         self.pattern = w.Text(value=pattern, description="filter", placeholder="e.g. lu or *lu")
         names = handlers.filter_models(family, pattern)
         self.models = w.Dropdown(options=names, value=names[0] if names else None, description="model")
-        # (as the app labels it; a FloatText, as the form's whole-number boxes: _widget)
-        self.batch_size = w.FloatText(value=2, description="example batch size")
+        # (as the app labels it; a text box read in Python, as the form's number boxes: _widget)
+        self.batch_size = _number_box()(value="2", description="example batch size", continuous_update=False)
         self.overview = w.HTMLMath()
         self.form = w.VBox()
+        #: What the form's boxes hold that cannot be built, said as soon as a box is left: each value
+        #: named, with what its field expects (a box never puts back its last value over what was typed).
+        self.form_message = w.HTML()
         self.build_button = w.Button(description="Build", button_style="primary")
         self.message = w.HTML()
         self.output = w.Output()
@@ -159,11 +192,13 @@ class ModelBrowser:
         self.pattern.observe(self._on_filter, names="value")
         self.models.observe(self._on_pick, names="value")
         self.build_button.on_click(lambda _: self.build())
+        self.batch_size.observe(lambda _: self._check_form(), names="value")
         self._show_model()
         wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
         self.widget = w.VBox([
             w.HBox([self.family, self.pattern, self.models], **wrap),
-            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.message, self.output,
+            self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.form_message,
+            self.message, self.output,
         ])
 
     def _ipython_display_(self) -> None:
@@ -193,11 +228,33 @@ class ModelBrowser:
 
     def _edits(self, name: str | None) -> list[str]:
         """What was typed into ``name``'s form: ``label=value`` of each field changed from its start."""
-        def shown(field: FormField, value: Any) -> Any:  # (a whole number as typed: 16, not the box's 16.0)
-            return int(value) if field.widget == "int" and isinstance(value, float) and value.is_integer() else value
+        def shown(field: FormField, value: Any) -> str:  # (a number as typed: width=16, not width='16')
+            return value if field.widget in ("int", "float") else repr(value)
 
-        return [f"{field.label}={shown(field, box.value)!r}" for field, box in self._forms.get(name, ())
-                if box.value != field.value]
+        return [f"{field.label}={shown(field, box.value)}" for field, box in self._forms.get(name, ())
+                if box.value != _start_value(field)]
+
+    def _check_form(self) -> list[str]:
+        """Say what the shown form's boxes hold that cannot be built (``form_message``), each value named
+        with what its field expects; returns those messages (none: the form can be built as it stands)."""
+        from workbench.ui.forms import parse_form
+
+        name = self.models.value
+        problems = []
+        for field, box in self._forms.get(name, ()) if name is not None else ():
+            if field.widget in ("dropdown", "checkbox"):
+                continue
+            try:
+                parse_form([field.param], {field.label: box.value}, f"Model {name!r}")
+            except (ValueError, TypeError) as err:
+                problems.append(str(err))
+        try:
+            handlers.read_batch_size(self.batch_size.value)
+        except ValueError as err:
+            problems.append(str(err)[:1].upper() + str(err)[1:])
+        self.form_message.value = "" if not problems else (
+            f"<div style='color:var(--jp-error-color1, #c62828)'>{'<br>'.join(map(html.escape, problems))}</div>")
+        return problems
 
     def _show_model(self, hidden: str | None = None) -> None:
         """Show the model picked: its overview and its form (as it was left, if shown before).
@@ -213,6 +270,8 @@ class ModelBrowser:
             form = handlers.model_form(name)
             style = _label_style([f.label for f in form] + [self.batch_size.description])
             self._forms[name] = [(f, _widget(f, style)) for f in form]
+            for _, box in self._forms[name]:
+                box.observe(lambda _: self._check_form(), names="value")
         self._fields = [(field.label, box) for field, box in self._forms[name]]
         style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
@@ -226,6 +285,7 @@ class ModelBrowser:
              f"The filter hid **{hidden}** and matches no model.")
             + f" Kept as you typed them: {'; '.join(kept)}. Pick a model again to get its values back.")
         self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
+        self._check_form()  # (a form shown again as it was left: what it holds that cannot be built, said again)
 
     def build(self, **values: Any) -> handlers.BuildResult:
         """Build from the form, as the Build button does.
@@ -440,6 +500,7 @@ class FigureTabs:
         self._make, self._lock = make, lock
         self._figures: dict[str, dict | None] = dict.fromkeys(self.names)
         self._stale: set[str] = set()  # (figures not sent since what they show changed: their tab is closed)
+        self._errors: dict[str, Exception] = {}  # (what stopped a figure's last draw, shown in its tab)
         self._selecting = False  # (select(): the caller draws the tab it opens)
         self.widget = w.Tab(children=[page for _, page, _ in pages.values()],
                             titles=[title for title, _, _ in pages.values()], selected_index=self.names.index(open))
@@ -473,20 +534,40 @@ class FigureTabs:
         self.draw(tuple(name for name in self.names if name in self._stale), every=True)
 
     def redraw(self, name: str) -> None:
-        """Draw the figure ``name`` and send it, whichever tab is open."""
+        """Draw the figure ``name`` and send it, whichever tab is open. A figure that cannot be drawn
+        shows why in its place, with the traceback (:meth:`figure` raises it): drawn from a tab's click
+        or the timer, the error went to no cell, and the tab stayed blank without a word."""
+        import traceback
+
         with self._lock:
             self._stale.discard(name)
-            spec = self._make(name)
+            self._errors.pop(name, None)
+            try:
+                spec = self._make(name)
+            except Exception as exc:
+                self._figures[name], self._errors[name] = None, exc
+                said = (f"The {name} figure could not be drawn (the run and the other figures go on; it is drawn "
+                        "again with the next steps or when its tab is opened):")
+                self._outputs[name].outputs = ({"output_type": "error", "ename": type(exc).__name__,
+                                                "evalue": str(exc),
+                                                "traceback": [said, *traceback.format_exception(exc)]},)
+                return
             self._figures[name] = spec
             # set the outputs (not `with out:`): a redraw from a timer thread lands in this
             # widget, not in whichever cell runs at that moment
             self._outputs[name].outputs = (_figure_output(spec),) if spec is not None else ()
 
     def figure(self, name: str) -> dict | None:
-        """The figure ``name`` as last drawn, drawn now if it is stale."""
+        """The figure ``name`` as last drawn, drawn now if it is stale.
+
+        Raises:
+            Exception: what stopped its last draw (which its tab shows).
+        """
         with self._lock:
             if name in self._stale:
                 self.redraw(name)
+            if name in self._errors:
+                raise self._errors[name]
             return self._figures[name]
 
     def select(self, name: str) -> None:
@@ -605,9 +686,9 @@ class Dashboard:
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
-        # (20em at least beside the buttons: a narrower notebook puts them under it, rather than the
-        # header in a column of a few words a line)
-        self.header = w.HTML(layout=w.Layout(flex="1 1 20em"))
+        # (30em at least beside the buttons: a narrower notebook puts them under it, rather than the
+        # header in a column of a few words a line; at 20em a running run's header took four lines)
+        self.header = w.HTML(layout=w.Layout(flex="1 1 30em"))
         button = dict(layout=w.Layout(width="auto", min_width="6.5em", flex="0 0 auto"))
         self.pause_button = w.Button(description="Pause", icon="pause", **button)
         self.resume_button = w.Button(description="Resume", icon="play", **button)
@@ -657,6 +738,10 @@ class Dashboard:
                                                              self.distribution_plot), self.distribution_plot),
         }, self._make_figure, self._draw_lock, open=tab)
         self.tabs = self._tabs.widget
+        # the call sites' tab opened: its list scrolled to the sites drawn (picked while the tab was hidden, by
+        # default or by a finding, they were out of sight below the list's first rows)
+        self.tabs.observe(lambda change: change["new"] == FIGURES.index("sites") and self._reveal_sites(),
+                          names="selected_index")
         self.widget = w.VBox([
             # (the buttons wrap together, under the header, in a notebook too narrow for both)
             w.HBox([self.header, w.HBox(buttons)],
@@ -818,13 +903,30 @@ class Dashboard:
     def _draw_header(self) -> None:
         from workbench.ui import figures
 
-        self.header.value = _line_html(figures.header_markdown(self.view))
+        header = _line_html(figures.header_markdown(self.view))
         if self.run is not None:
             status = self.run.status
+            header += self._others_training() if status in _STOPPABLE else ""
             self.pause_button.disabled = status != "running"
             self.resume_button.disabled = status != "paused"
             self.stop_button.disabled = status not in _STOPPABLE
             self.stop_button.button_style = "" if self.stop_button.disabled else "danger"  # (grey when greyed out)
+        self.header.value = header
+
+    def _others_training(self) -> str:
+        """The other background runs in progress in this kernel, said under the header while this run trains:
+        a cell that starts a run, run again, left its first run training unseen (its Dashboard gone), each run
+        then taking its share of the CPU; the user is told which, and how to stop them."""
+        from workbench.experiments import running
+
+        others = [run for run in running() if run is not self.run]
+        if not others:
+            return ""
+        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" for run in others[:3])
+        named += f" and {len(others) - 3} more" if len(others) > 3 else ""
+        return (f"<br><span style='color:var(--jp-warn-color0, #b26a00)'>Also training in this kernel: {named} "
+                "(a cell run again leaves its run training: <code>workbench.experiments.running()</code> lists "
+                "them, <code>run.stop()</code> stops one).</span>")
 
     def _sync_controls(self) -> None:
         """Site choices as the run shows them; the default sites until the user picks."""
