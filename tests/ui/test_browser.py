@@ -920,13 +920,24 @@ def test_the_runs_in_this_app_fit_an_800_px_window_without_a_sideways_scroll(bro
 def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):
     # (its eight columns, the start time written whole, scrolled sideways in an 800 px window: the experiment,
     # model, seed and size out of sight)
+    # (and a model named in a watch's metadata by its registry name: it broke mid-word, "efficien" "tzero_dy" ...)
+    import torch
+
+    import workbench
+
     _store_runs(runs_root, "narrow/dynamics", experiment="efficientzero_dynamics")
     _store_runs(runs_root, "narrow/a-run-name-long-enough-to-take-lines")
+    net = torch.nn.Linear(2, 2)
+    atari = {"model": "efficientzero_dynamics_atari"}
+    with workbench.watch(net, store=runs_root / "narrow/watched", metadata=atari) as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step()
     page = browser.new_page(viewport={"width": 800, "height": 1000})
     try:
         _show_stored_run(page, served_app, "narrow/dynamics")
         table = page.locator("#runs-table")
         expect(table).to_contain_text("efficientzero_dynamics")
+        expect(table).to_contain_text("efficientzero_dynamics_atari")
         assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
         # every header and cell holds its text (a name breaks between its parts, no word mid-word)
         overflowing = table.evaluate("""table => [

@@ -274,6 +274,9 @@ CSS = f"""
 /* in a window narrower than 1100 px the last-step table's text is a little smaller (12 px): its numbers (8 characters
    at most) and headers hold on a line in the narrower columns (run_page.LATEST_WIDTHS) */
 @media (max-width: 1100px) { .wb-latest .cell-wrap { font-size: 12px; } }
+/* and in a window narrower than 1000 px the Runs table's is too: its status (interrupted), experiment and model
+   (efficientzero_) hold on a line in their columns, and a run's name has the rest (stored_runs.RUNS_TABLE_WIDTHS) */
+@media (max-width: 1000px) { #runs-table .cell-wrap { font-size: 12px; } }
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
