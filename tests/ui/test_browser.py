@@ -622,6 +622,12 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     expect(form).to_be_visible()
     wide_form, wide_header = form.bounding_box(), header.bounding_box()
     assert wide_header["x"] >= wide_form["x"] + wide_form["width"], (wide_form, wide_header)  # (side by side)
+    # at 1400 px the picker of a run and its buttons side by side, the picker wide enough for a run's name
+    from workbench.ui.run_tabs import PICK_LEAST
+
+    picker, attach = page.locator("#live-pick").bounding_box(), page.locator("#live-attach").bounding_box()
+    assert attach["x"] >= picker["x"] + picker["width"] and attach["y"] < picker["y"] + picker["height"]
+    assert picker["width"] >= PICK_LEAST, picker
     page.set_viewport_size({"width": 800, "height": 900})
     page.wait_for_function("() => document.querySelector('#run-status').getBoundingClientRect().width > 600")
     narrow_form, narrow_header = form.bounding_box(), header.bounding_box()
@@ -629,9 +635,13 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     # beside a 300 px form, its metric names and plots squeezed)
     assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
     assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
-    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others)
-    rows = {round(page.locator(f"#{b}").bounding_box()["y"]) for b in ("live-attach", "live-detach", "live-refresh")}
-    assert len(rows) == 1, rows
+    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others), under the picker
+    # of a run, which has the page's width (beside them it was some 70 px wide, a run's name unreadable)
+    buttons = [page.locator(f"#{b}").bounding_box() for b in ("live-attach", "live-detach", "live-refresh")]
+    assert len({round(box["y"]) for box in buttons}) == 1, buttons
+    picker = page.locator("#live-pick").bounding_box()
+    assert buttons[0]["y"] >= picker["y"] + picker["height"], (picker, buttons)
+    assert abs(picker["width"] - narrow_header["width"]) <= 2, (picker, narrow_header)  # (less its border)
     # the Runs tab's comparison: the log y box's label whole (squeezed by the pickers, it was clipped)
     page.get_by_role("tab", name="Runs").click()
     label = page.locator("#compare-log label")

@@ -49,6 +49,10 @@ __all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES"]
 PICK = "wb-pick"
 #: What a run page without a run says, in its header and its figures.
 NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
+#: The least widths of the run page's picker of a run (a name of some 25 characters readable) and of its six buttons
+#: (80 px each, with the gaps between them): the two side by side in the run page's column at 1400 px, the buttons
+#: under the picker where the column is narrower than both (an 800 px window).
+PICK_LEAST, BUTTONS_LEAST = 240, 6 * 80 + 5 * 16
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
 LIST_SECONDS = 3.0
 
@@ -350,19 +354,23 @@ def layout(root: RunsRoot):
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
-                    # (narrow enough at its least that the six buttons stay beside it in an 800 px window)
+                    # (the picker beside the six buttons where both fit, a run's name readable in it; in a narrower
+                    # column, as in an 800 px window, the buttons go under it and it takes the whole width: squeezed
+                    # beside them, it was some 70 px wide)
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=5, interactive=True, min_width=100, elem_classes=[PICK])
-                    c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
-                    # (greyed out until the page's run is there to pause, resume or stop: run_controls)
-                    c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
-                                           interactive=False)
-                    c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80,
-                                            interactive=False)
-                    c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80,
-                                          interactive=False)
-                    c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
-                    c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
+                                            scale=2, interactive=True, min_width=PICK_LEAST, elem_classes=[PICK])
+                    with gr.Column(scale=3, min_width=BUTTONS_LEAST, elem_id="live-buttons"):
+                        with gr.Row(equal_height=True):
+                            c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
+                            # (greyed out until the page's run is there to pause, resume or stop: run_controls)
+                            c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
+                                                   interactive=False)
+                            c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80,
+                                                    interactive=False)
+                            c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1,
+                                                  min_width=80, interactive=False)
+                            c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
+                            c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
                 # (shown once the page's run finished or was stopped: run_controls' "continue")
                 with gr.Row(equal_height=True, visible=False, elem_id="continue-row") as c["continue_row"]:
