@@ -1168,14 +1168,16 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                     interactive=True, elem_classes=[PICK])
                             c["runs_refresh"] = gr.Button("Refresh the runs", size="sm",
                                                           elem_id="explorer-runs-refresh")
-                        with gr.Row():
+                        # (one row, each label on a line, in the 300 px column of a 1100-1920 px window and at full
+                        # width under 1000 px: a two-line label put its box lower than the others')
+                        with gr.Row(elem_id="explorer-sampling"):
                             c["samples"] = gr.Number(DEFAULT_SAMPLES, label="samples", elem_id="explorer-samples",
-                                                     interactive=True, min_width=120)
+                                                     interactive=True, min_width=80, scale=3)
                             c["dist_seed"] = gr.Number(0, label="seed", elem_id="explorer-dist-seed",
-                                                       interactive=True, min_width=70)
-                            c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated below |f′|",
+                                                       interactive=True, min_width=50, scale=2)
+                            c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated |f′| <",
                                                         elem_id="explorer-saturation", interactive=True,
-                                                        min_width=90)
+                                                        min_width=100, scale=3)
                     with gr.Column(scale=3, min_width=FIGURE_MIN_WIDTH):
                         figure, message = draw_distribution(c["dist_name"].value, {}, "normal", 0.0, 2.0, -3, 3)
                         c["dist_plot"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-dist")
