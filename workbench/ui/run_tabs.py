@@ -440,6 +440,8 @@ def layout(root: RunsRoot):
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
             # (True until the user sets log y: the call site's figure chooses its scale, and the box says which)
             c["compare_auto_log"] = gr.State(True)
+            # (the scale it chose, kept for the runs, kind, statistic and site once settled: figures.keep_scale)
+            c["compare_kept_log"] = gr.State(None)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -965,30 +967,37 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, change=None):
+    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, kept, change=None):
         # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
-        colors = figures.steady_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
-                                    if isinstance(picks, (list, tuple)) else [], colors)
+        runs = (list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
+                if isinstance(picks, (list, tuple)) else [])
+        colors = figures.steady_colors(runs, colors)
         auto_log = auto_log is not False if change is None else change
+        # (left to the figure, its scale once settled is kept for these runs, kind, statistic and site: a List runs
+        # that brings a recording run's new steps does not switch it between linear and log)
+        scale = figures.kept_scale(kept, [runs, kind, stat, site]) if auto_log else None
         metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0,
-                                                                 None if auto_log else log_y, colors)
+                                                                 None if auto_log else log_y, colors, scale)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         # (the scale the call site's figure chose, in the box, until the user sets it)
-        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
+        chosen = (site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log"
+                  if drawn and auto_log and scale is None else None)
+        if drawn and auto_log:
+            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig)
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,
-                gr.skip() if chosen is None else chosen, auto_log)
+                gr.skip() if chosen is None else chosen, auto_log, kept)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
-                      c["compare_colors"], c["compare_auto_log"]]
+                      c["compare_colors"], c["compare_auto_log"], c["compare_kept_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
-                       c["compare_colors"], c["compare_log"], c["compare_auto_log"]]
+                       c["compare_colors"], c["compare_log"], c["compare_auto_log"], c["compare_kept_log"]]
 
     def comparing(change=None):
         """on_compare, guarded; ``change``: whether the figure chooses the scale from here (None: as before)."""
         return _guarded(lambda *args: on_compare(*args, change=change),
-                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(3)))
+                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(4)))
 
     compare = comparing()
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)

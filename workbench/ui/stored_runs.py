@@ -176,8 +176,8 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None
-                 ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
+                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None,
+                 kept_site_log: bool | None = None) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
@@ -185,7 +185,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
     which the runs still compared keep. ``log_y``: both figures' scale; None: the metrics linear and the
-    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`)."""
+    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`), unless
+    ``kept_site_log`` says the scale it chose before and keeps (:func:`figures.keep_scale`)."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -222,8 +223,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (a run recorded without the kind will have none: said so, with the option that is off)
     without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
     if site is not None:
-        site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
-                                               colors)
+        site_log = kept_site_log if log_y is None else bool(log_y)
+        site_fig = figures.compare_site_figure(views, kind, statistic, site, site_log, colors)
     elif len(without) == len(views):
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
