@@ -1171,3 +1171,56 @@ def test_every_field_label_of_the_dynamics_networks_form_reads_whole(browser, se
         assert cut == [], cut
     finally:
         page.close()
+
+
+def _new_export_folders(known):
+    """The folders of exports made since ``known`` (a set of them, updated)."""
+    import glob
+    import tempfile
+
+    found = set(glob.glob(os.path.join(tempfile.gettempdir(), "workbench-export-*")))
+    new = found - known
+    known |= new
+    return new
+
+
+def _export(page, known):
+    """Export the run the page's Runs tab shows to CSV; the folder its files were written to."""
+    page.locator("#export-button").click()
+    expect(page.locator("#export-files a").first).to_be_visible()
+    [folder] = _new_export_folders(known)
+    assert any(name.endswith("-rows.csv") for name in os.listdir(folder)), os.listdir(folder)
+    return folder
+
+
+def _gone(path, timeout=60.0):
+    """Whether ``path`` is removed within ``timeout`` s (a closed page's unload reaches the server a while after)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_closed_page_takes_its_exports_files_with_it_and_another_page_keeps_its_own(browser, served_app, runs_root):
+    # (each export wrote a temporary folder that stayed until the machine's temporary directory was emptied)
+    _store_runs(runs_root, "holdings/exported")
+    known = set()
+    _new_export_folders(known)
+    closing = browser.new_page(viewport={"width": 1400, "height": 1000})
+    staying = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _show_stored_run(closing, served_app, "holdings/exported")
+        _show_stored_run(staying, served_app, "holdings/exported")
+        first = _export(closing, known)
+        second = _export(closing, known)  # (the page offers the last export alone: the one before goes)
+        assert _gone(first) and os.path.isdir(second)
+        kept = _export(staying, known)
+        closing.close()
+        assert _gone(second), f"{second} outlived its page"
+        assert os.path.isdir(kept)  # (the page still open keeps its files, which it offers)
+    finally:
+        for page in (closing, staying):
+            if not page.is_closed():
+                page.close()

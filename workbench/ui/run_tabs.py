@@ -13,7 +13,9 @@ import dataclasses
 import functools
 import json
 import logging
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,6 +28,7 @@ from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
 from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
                                    start_run)
+from workbench.ui.pages import PageHoldings, session_of
 from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
                                       find_run, intervention_panel, pause_run, remove_applied, run_choices,
                                       run_controls, runs_frame, runs_note, shown_runs_frame, stop_run)
@@ -546,8 +549,10 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     return inputs, outputs, draw
 
 
-def wire(c: dict, manager: RunManager, app: Any = None) -> None:
-    """Connect the components; ``manager`` owns the live runs, ``app`` (the Blocks) lists them on load."""
+def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings | None = None) -> None:
+    """Connect the components; ``manager`` owns the live runs, ``app`` (the Blocks) lists them on load;
+    ``holdings``: what each page holds, let go of when it closes (:class:`~workbench.ui.pages.PageHoldings`, ended
+    by the app's unload): the folder of a page's last export, removed then (and at its next export)."""
     import gradio as gr
 
     from workbench.ui.model_browser import widget
@@ -960,9 +965,19 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
             show_progress="hidden")
 
-    def on_export(name, pick, fmt):
+    holdings = holdings if holdings is not None else PageHoldings()
+
+    def on_export(name, pick, fmt, request):
         paths, message = export_run(root, name or pick, fmt)
+        session = session_of(request)
+        if paths and session is not None:  # (the page offers the last export's files alone: the others go)
+            holdings.hold(session, "export", functools.partial(shutil.rmtree, Path(paths[0]).parent,
+                                                               ignore_errors=True))
         return message, gr.File(value=paths or None, visible=bool(paths))
+
+    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
+    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve
+    on_export.__annotations__["request"] = gr.Request
 
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
