@@ -647,6 +647,10 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     label = page.locator("#compare-log label")
     expect(label).to_be_visible()
     assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60")
+    # and its picker of runs room for two runs' chips side by side (at some 170 px each chip took a line of its own)
+    from workbench.ui.run_tabs import COMPARE_RUNS_LEAST
+
+    assert page.locator("#compare-runs").bounding_box()["width"] >= COMPARE_RUNS_LEAST
 
 
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
@@ -847,8 +851,8 @@ def _show_stored_run(page, served_app, run):
     choose(page, "run-path", run)
 
 
-LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0001",
-             "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0002"]
+LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-even-where-it-has-a-line-of-its-own-0001",
+             "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-even-where-it-has-a-line-of-its-own-0002"]
 
 
 def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_at_800_px(browser, served_app,

@@ -56,6 +56,8 @@ NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
 #: (80 px each, with the gaps between them): the two side by side in the run page's column at 1400 px, the buttons
 #: under the picker where the column is narrower than both (an 800 px window).
 PICK_LEAST, BUTTONS_LEAST = 240, 6 * 80 + 5 * 16
+#: The least width of the Runs tab's picker of the runs to compare: two runs' chips of some 20 characters side by side.
+COMPARE_RUNS_LEAST = 360
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
 LIST_SECONDS = 3.0
 
@@ -431,8 +433,11 @@ def layout(root: RunsRoot):
                                     elem_id="export-files")
         with gr.Accordion("Compare runs", open=True, elem_id="compare"):
             with gr.Row(equal_height=True):
+                # (at least COMPARE_RUNS_LEAST wide: in an 800 px window the kind, statistic and call site go on
+                # the next line, not beside a picker of some 170 px that put each run's chip on a line of its own)
                 c["compare_runs"] = gr.Dropdown([], value=[], multiselect=True, label="runs (two or more)",
-                                                scale=4, elem_id="compare-runs", elem_classes=[PICK])
+                                                scale=4, min_width=COMPARE_RUNS_LEAST, elem_id="compare-runs",
+                                                elem_classes=[PICK])
                 c["compare_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
                                                 elem_id="compare-kind")
                 c["compare_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
