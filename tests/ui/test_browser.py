@@ -628,6 +628,10 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     picker, attach = page.locator("#live-pick").bounding_box(), page.locator("#live-attach").bounding_box()
     assert attach["x"] >= picker["x"] + picker["width"] and attach["y"] < picker["y"] + picker["height"]
     assert picker["width"] >= PICK_LEAST, picker
+    # and the form's "record every Nth step" (its label on two lines) has its box on a line with the device's
+    every = page.locator("#run-every input").bounding_box()
+    device = page.locator("#run-device .container > .wrap").bounding_box()
+    assert abs((every["y"] + every["height"]) - (device["y"] + device["height"])) <= 2, (every, device)
     page.set_viewport_size({"width": 800, "height": 900})
     page.wait_for_function("() => document.querySelector('#run-status').getBoundingClientRect().width > 600")
     narrow_form, narrow_header = form.bounding_box(), header.bounding_box()

@@ -235,3 +235,11 @@ def test_the_samples_seed_and_saturation_of_the_distributions_lie_on_one_row(pag
     assert len({top for _, top, _, _ in laid_out}) == 1, laid_out  # (the boxes on one row)
     assert all(height <= line for _, _, height, line in laid_out), laid_out  # (each label on a line)
     page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_which_trains_best_has_its_depth_and_width_boxes_on_one_line(page):
+    # (depth's note took two lines in the 300 px column, width's one: depth's box lay lower than width's)
+    open_explorer(page, "Which trains best")
+    expect(page.locator("#explorer-depth input")).to_be_visible()
+    tops = [round(page.locator(f"#{field} input").bounding_box()["y"]) for field in ("explorer-depth", "explorer-width")]
+    assert len(set(tops)) == 1, tops

@@ -1102,7 +1102,7 @@ def layout(root: Any = None) -> dict[str, Any]:
 
     from workbench.experiments import get_experiment_spec
     from workbench.ui.run_page import plot_data
-    from workbench.ui.run_tabs import PICK
+    from workbench.ui.run_tabs import ALIGNED, PICK
 
     names = activation_names()
     c: dict[str, Any] = {"root": root}
@@ -1180,7 +1180,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                    min_width=80)
                             c["seed"] = gr.Number(0, label="seed", elem_id="explorer-seed", interactive=True,
                                                   min_width=80)
-                        with gr.Row():
+                        with gr.Row(elem_classes=[ALIGNED]):  # (depth's note on two lines, width's on one)
                             # (the experiment's defaults, as the Experiments tab's form has them)
                             c["depth"] = gr.Number(config["depth"].default, label="depth", elem_id="explorer-depth",
                                                    interactive=True, min_width=80, info=config["depth"].help)

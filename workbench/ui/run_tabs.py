@@ -43,13 +43,16 @@ from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES"]
+__all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES", "ALIGNED"]
 
 
 #: The CSS class of every picker of a run or a call site (``elem_classes=[PICK]``): a name longer than its box
 #: ends in an ellipsis before the arrow, a multiselect's chip too, and the whole name is the chip's or the box's
 #: title (:data:`CSS`, :data:`PICK_TITLES`).
 PICK = "wb-pick"
+#: The CSS class of a row of fields whose labels (or notes under them) may take more lines in one field than in
+#: another: its boxes still lie on one line, at the bottom of the fields (:data:`CSS`).
+ALIGNED = "wb-aligned"
 #: What a run page without a run says, in its header and its figures.
 NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
 #: The least widths of the run page's picker of a run (a name of some 25 characters readable) and of its six buttons
@@ -242,6 +245,10 @@ CSS = f"""
 .{PICK} input {{ text-overflow: ellipsis; padding-right: 26px; }}  /* (the arrow begins 24 px in) */
 .{PICK} .token {{ min-width: 0; max-width: 100%; }}
 .{PICK} .token > span {{ overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
+/* a row of fields (ALIGNED) puts each field's box at its bottom, its label and note at its top: a label that took two
+   lines (record every Nth step, a note under depth) put its box lower than the others' */
+.{ALIGNED} .block > .container {{ display: flex; flex-direction: column; height: 100%; }}
+.{ALIGNED} .block > .container > input, .{ALIGNED} .block > .container > .wrap {{ margin-top: auto; }}
 """ + """
 .wb-anomaly h3 { color: #b91c1c; margin: 0; }
 .wb-section h4 { margin: 6px 0 0 0; }
@@ -320,7 +327,7 @@ def layout(root: RunsRoot):
                         c["seed"] = gr.Number(0, label="seed", elem_id="run-seed", interactive=True, min_width=80)
                         c["steps"] = gr.Number(200, label="steps", elem_id="run-steps", interactive=True,
                                                min_width=80)
-                    with gr.Row():
+                    with gr.Row(elem_classes=[ALIGNED]):  # (a label on two lines beside one on a line)
                         c["every"] = gr.Number(1, label="record every Nth step", elem_id="run-every",
                                                interactive=True, min_width=80)
                         c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
