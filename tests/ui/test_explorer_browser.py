@@ -241,5 +241,5 @@ def test_which_trains_best_has_its_depth_and_width_boxes_on_one_line(page):
     # (depth's note took two lines in the 300 px column, width's one: depth's box lay lower than width's)
     open_explorer(page, "Which trains best")
     expect(page.locator("#explorer-depth input")).to_be_visible()
-    tops = [round(page.locator(f"#{field} input").bounding_box()["y"]) for field in ("explorer-depth", "explorer-width")]
+    tops = [round(page.locator(f"#explorer-{field} input").bounding_box()["y"]) for field in ("depth", "width")]
     assert len(set(tops)) == 1, tops
