@@ -668,7 +668,8 @@ def test_a_per_site_figures_scale_is_kept_for_its_selection_once_each_line_has_e
 
     settles = figures.SCALE_SETTLES_AT
     assert figures.settled_scale(figure(settles - 1, True)) is None  # (too short: the next steps may change it)
-    assert figures.settled_scale(figure(settles, True)) is True and figures.settled_scale(figure(settles, False)) is False
+    assert figures.settled_scale(figure(settles, True)) is True
+    assert figures.settled_scale(figure(settles, False)) is False
     assert figures.settled_scale(figures.empty_figure("No rows yet.")) is None
     kept = figures.keep_scale(None, ["run", "activation", "std"], figure(settles - 1, True))
     assert kept is None and figures.kept_scale(kept, ["run", "activation", "std"]) is None

@@ -422,7 +422,8 @@ SCALE_SETTLES_AT = 5
 def settled_scale(figure: Mapping[str, Any] | None) -> bool | None:
     """The scale a per-site figure left to choose it chose (True: log; :func:`sites_figure`,
     :func:`compare_site_figure` with ``log_y=None``), once each of its lines has :data:`SCALE_SETTLES_AT` points (a
-    NaN among them too: a scalar's std is one at every step); None before (the steps to come may change it), or for a figure without lines."""
+    NaN among them too: a scalar's std is one at every step); None before (the steps to come may change it), or
+    for a figure without lines."""
     lines = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
     if not lines or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in lines):
         return None
