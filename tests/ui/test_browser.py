@@ -622,6 +622,16 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     expect(form).to_be_visible()
     wide_form, wide_header = form.bounding_box(), header.bounding_box()
     assert wide_header["x"] >= wide_form["x"] + wide_form["width"], (wide_form, wide_header)  # (side by side)
+    # at 1400 px the picker of a run and its buttons side by side, the picker wide enough for a run's name
+    from workbench.ui.run_tabs import PICK_LEAST
+
+    picker, attach = page.locator("#live-pick").bounding_box(), page.locator("#live-attach").bounding_box()
+    assert attach["x"] >= picker["x"] + picker["width"] and attach["y"] < picker["y"] + picker["height"]
+    assert picker["width"] >= PICK_LEAST, picker
+    # and the form's "record every Nth step" (its label on two lines) has its box on a line with the device's
+    every = page.locator("#run-every input").bounding_box()
+    device = page.locator("#run-device .container > .wrap").bounding_box()
+    assert abs((every["y"] + every["height"]) - (device["y"] + device["height"])) <= 2, (every, device)
     page.set_viewport_size({"width": 800, "height": 900})
     page.wait_for_function("() => document.querySelector('#run-status').getBoundingClientRect().width > 600")
     narrow_form, narrow_header = form.bounding_box(), header.bounding_box()
@@ -629,14 +639,22 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     # beside a 300 px form, its metric names and plots squeezed)
     assert narrow_header["y"] >= narrow_form["y"] + narrow_form["height"], (narrow_form, narrow_header)
     assert abs(narrow_header["width"] - narrow_form["width"]) < 2, (narrow_form, narrow_header)
-    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others)
-    rows = {round(page.locator(f"#{b}").bounding_box()["y"]) for b in ("live-attach", "live-detach", "live-refresh")}
-    assert len(rows) == 1, rows
+    # the run's buttons on one row (Refresh had wrapped alone, a full-width bar under the others), under the picker
+    # of a run, which has the page's width (beside them it was some 70 px wide, a run's name unreadable)
+    buttons = [page.locator(f"#{b}").bounding_box() for b in ("live-attach", "live-detach", "live-refresh")]
+    assert len({round(box["y"]) for box in buttons}) == 1, buttons
+    picker = page.locator("#live-pick").bounding_box()
+    assert buttons[0]["y"] >= picker["y"] + picker["height"], (picker, buttons)
+    assert abs(picker["width"] - narrow_header["width"]) <= 2, (picker, narrow_header)  # (less its border)
     # the Runs tab's comparison: the log y box's label whole (squeezed by the pickers, it was clipped)
     page.get_by_role("tab", name="Runs").click()
     label = page.locator("#compare-log label")
     expect(label).to_be_visible()
     assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60")
+    # and its picker of runs room for two runs' chips side by side (at some 170 px each chip took a line of its own)
+    from workbench.ui.run_tabs import COMPARE_RUNS_LEAST
+
+    assert page.locator("#compare-runs").bounding_box()["width"] >= COMPARE_RUNS_LEAST
 
 
 def test_compare_runs_draws_no_empty_plots_before_runs_are_picked(page):
@@ -837,8 +855,8 @@ def _show_stored_run(page, served_app, run):
     choose(page, "run-path", run)
 
 
-LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0001",
-             "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-0002"]
+LONG_RUNS = ["narrow/a-long-run-name-that-a-narrow-picker-cuts-short-even-where-it-has-a-line-of-its-own-0001",
+             "narrow/a-long-run-name-that-a-narrow-picker-cuts-short-even-where-it-has-a-line-of-its-own-0002"]
 
 
 def test_long_run_names_end_in_an_ellipsis_in_the_pickers_and_the_compare_chips_at_800_px(browser, served_app,
@@ -920,13 +938,24 @@ def test_the_runs_in_this_app_fit_an_800_px_window_without_a_sideways_scroll(bro
 def test_the_runs_table_fits_an_800_px_window_without_a_sideways_scroll(browser, served_app, runs_root):
     # (its eight columns, the start time written whole, scrolled sideways in an 800 px window: the experiment,
     # model, seed and size out of sight)
+    # (and a model named in a watch's metadata by its registry name: it broke mid-word, "efficien" "tzero_dy" ...)
+    import torch
+
+    import workbench
+
     _store_runs(runs_root, "narrow/dynamics", experiment="efficientzero_dynamics")
     _store_runs(runs_root, "narrow/a-run-name-long-enough-to-take-lines")
+    net = torch.nn.Linear(2, 2)
+    atari = {"model": "efficientzero_dynamics_atari"}
+    with workbench.watch(net, store=runs_root / "narrow/watched", metadata=atari) as w:
+        net(torch.ones(1, 2)).sum().backward()
+        w.step()
     page = browser.new_page(viewport={"width": 800, "height": 1000})
     try:
         _show_stored_run(page, served_app, "narrow/dynamics")
         table = page.locator("#runs-table")
         expect(table).to_contain_text("efficientzero_dynamics")
+        expect(table).to_contain_text("efficientzero_dynamics_atari")
         assert table.locator(".virtual-table-viewport").evaluate("el => el.scrollWidth <= el.clientWidth")
         # every header and cell holds its text (a name breaks between its parts, no word mid-word)
         overflowing = table.evaluate("""table => [
@@ -1150,3 +1179,56 @@ def test_every_field_label_of_the_dynamics_networks_form_reads_whole(browser, se
         assert cut == [], cut
     finally:
         page.close()
+
+
+def _new_export_folders(known):
+    """The folders of exports made since ``known`` (a set of them, updated)."""
+    import glob
+    import tempfile
+
+    found = set(glob.glob(os.path.join(tempfile.gettempdir(), "workbench-export-*")))
+    new = found - known
+    known |= new
+    return new
+
+
+def _export(page, known):
+    """Export the run the page's Runs tab shows to CSV; the folder its files were written to."""
+    page.locator("#export-button").click()
+    expect(page.locator("#export-files a").first).to_be_visible()
+    [folder] = _new_export_folders(known)
+    assert any(name.endswith("-rows.csv") for name in os.listdir(folder)), os.listdir(folder)
+    return folder
+
+
+def _gone(path, timeout=60.0):
+    """Whether ``path`` is removed within ``timeout`` s (a closed page's unload reaches the server a while after)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_closed_page_takes_its_exports_files_with_it_and_another_page_keeps_its_own(browser, served_app, runs_root):
+    # (each export wrote a temporary folder that stayed until the machine's temporary directory was emptied)
+    _store_runs(runs_root, "holdings/exported")
+    known = set()
+    _new_export_folders(known)
+    closing = browser.new_page(viewport={"width": 1400, "height": 1000})
+    staying = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _show_stored_run(closing, served_app, "holdings/exported")
+        _show_stored_run(staying, served_app, "holdings/exported")
+        first = _export(closing, known)
+        second = _export(closing, known)  # (the page offers the last export alone: the one before goes)
+        assert _gone(first) and os.path.isdir(second)
+        kept = _export(staying, known)
+        closing.close()
+        assert _gone(second), f"{second} outlived its page"
+        assert os.path.isdir(kept)  # (the page still open keeps its files, which it offers)
+    finally:
+        for page in (closing, staying):
+            if not page.is_closed():
+                page.close()

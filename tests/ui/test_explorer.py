@@ -539,17 +539,19 @@ def test_train_while_a_comparison_runs_says_it_stopped_that_one():
 
 def test_a_page_that_closes_stops_its_comparison():
     # (Gradio deletes a closed tab's state an hour later: its runs trained on that long, a reload's alongside)
-    pages = ex.PageComparisons()
+    import functools
+
+    from workbench.ui.pages import PageHoldings
+
+    holdings = PageHoldings()
     running, _ = ex.start_comparison(None, ["relu"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
     other, _ = ex.start_comparison(None, ["tanh"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
-    pages.track("closed", running)
-    pages.track("open", other)
-    pages.end("closed")
+    holdings.hold("closed", "comparison", functools.partial(ex._stop_unless_done, running))
+    holdings.hold("open", "comparison", functools.partial(ex._stop_unless_done, other))
+    holdings.end("closed")
     running.join(60)
     assert running.status() == {"relu": "stopped"}
     assert other.status() == {"tanh": "running"}  # (another page's goes on)
-    pages.end("closed")  # (twice, or a page that trained nothing: nothing to stop)
-    pages.end("never trained")
     other.stop()
 
 

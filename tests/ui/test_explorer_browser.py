@@ -216,3 +216,30 @@ def test_the_curves_titles_stay_inside_the_figure_in_a_narrow_window(browser, se
         assert all(left <= start and end <= right for _, start, end in titles), laid_out
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("width", [800, 1100, 1280, 1400, 1920])
+def test_the_samples_seed_and_saturation_of_the_distributions_lie_on_one_row(page, width):
+    # (in the 300 px column of a 1100-1400 px window the saturation's label took two lines, its box lower than the
+    # samples' and the seed's)
+    page.set_viewport_size({"width": width, "height": 1000})
+    open_explorer(page, "Distributions")
+    fields = ["explorer-samples", "explorer-dist-seed", "explorer-saturation"]
+    expect(page.locator("#explorer-saturation input")).to_be_visible()
+    laid_out = page.evaluate("""ids => ids.map(id => {
+        const box = document.querySelector(`#${id} input`).getBoundingClientRect();
+        const label = document.querySelector(`#${id} [data-testid=block-info]`);
+        return [id, Math.round(box.top), Math.round(label.getBoundingClientRect().height),
+                Math.round(parseFloat(getComputedStyle(label).lineHeight))];
+    })""", fields)
+    assert len({top for _, top, _, _ in laid_out}) == 1, laid_out  # (the boxes on one row)
+    assert all(height <= line for _, _, height, line in laid_out), laid_out  # (each label on a line)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_which_trains_best_has_its_depth_and_width_boxes_on_one_line(page):
+    # (depth's note took two lines in the 300 px column, width's one: depth's box lay lower than width's)
+    open_explorer(page, "Which trains best")
+    expect(page.locator("#explorer-depth input")).to_be_visible()
+    tops = [round(page.locator(f"#explorer-{field} input").bounding_box()["y"]) for field in ("depth", "width")]
+    assert len(set(tops)) == 1, tops

@@ -79,6 +79,21 @@ def test_the_runs_table_a_page_shows_has_a_short_start_time_and_names_that_break
     assert isinstance(stored_runs.shown_runs(table.head(0)), pd.DataFrame)  # (nothing to style)
 
 
+@pytest.mark.parametrize("model, shown", [
+    ("efficientzero_dynamics_atari", "efficientzero_<wbr>dynamics_<wbr>atari"),  # (a registered model's name)
+    ("EfficientZeroDynamicsNetwork", "Efficient<wbr>Zero<wbr>Dynamics<wbr>Network"),  # (a class name)
+    ("my_ResNet-v2.1", "my_<wbr>Res<wbr>Net-<wbr>v2.<wbr>1"),
+    ("MLP", "MLP"),
+])
+def test_a_model_name_in_the_runs_table_breaks_between_its_parts_snake_or_camel_case(model, shown):
+    # (a model's name given in a watch's metadata, efficientzero_dynamics, broke mid-word in an 800 px window:
+    # "efficien" "tzero_dy" "namics", only a class name's upper-case letters were places to break)
+    table = pd.DataFrame({"run": ["r"], "status": ["finished"], "steps": [3], "start_time": ["2026-11-29 12:07:45 UTC"],
+                          "experiment": [None], "model": [model], "seed": [None], "MB": [0.1]})
+    body = stored_runs.shown_runs(table)._compute()._translate(None, None)["body"][0]
+    assert [cell["display_value"] for cell in body if cell["type"] == "td"][5] == shown
+
+
 @pytest.mark.parametrize("record, kinds", [
     (["parameters"], {"param"}),
     ("parameters", {"param"}),  # one kind by its name

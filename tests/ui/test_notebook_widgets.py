@@ -1312,3 +1312,30 @@ def test_a_watch_given_no_metrics_says_so_never_that_they_are_yet_to_come(tmp_pa
     assert compare.message.startswith("Comparing `run`, `other`. `run` recorded no metrics (a watch records the "
                                       "metrics given to w.step()). They share no activation call site"), compare.message
     compare.close()
+
+
+def test_the_per_site_scale_the_figure_chose_is_kept_while_the_watch_streams_in_more_steps():
+    """As a run page's (figures.keep_scale): a line that came to dwarf the others switched the figure to log."""
+    import torch
+
+    from tests.ui.test_run_page import _TwoBranches
+
+    net = _TwoBranches()
+    with workbench.watch(net) as w:
+        dash = Dashboard(w, interval=3600, tab="sites")  # (drawn by refresh() here, not by its timer)
+        try:
+            scales = []
+            for step in range(1, 4 * figures.SCALE_SETTLES_AT):
+                if step == figures.SCALE_SETTLES_AT + 1:
+                    with torch.no_grad():
+                        net.big.weight.mul_(1e6)  # (from here its line dwarfs the other)
+                net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+                w.step()
+                wait_for(lambda: dash.view.steps_fed == step, what=f"step {step} in the dashboard's view")
+                dash.refresh()
+                scales.append(plotted(dash, "sites")["layout"]["yaxis"]["type"])
+            assert scales == ["linear"] * len(scales) and not dash.log_sites.value, scales
+            dash.statistic.value = "abs_mean"  # another statistic: the figure's to choose again
+            assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+        finally:
+            dash.close()

@@ -650,3 +650,78 @@ def test_a_stored_run_without_metrics_says_it_recorded_none_not_none_yet(tmp_pat
     views = {name: RunView.from_run(load_run(tmp_path / name)) for name in ("a", "b")}
     assert "None of these runs recorded metrics" in json.dumps(figures.compare_metrics_figure(views))
     assert "No metrics yet." in json.dumps(figures.metrics_figure(RunView()))  # (a run before its first step)
+
+
+class _TwoBranches(torch.nn.Module):
+    """Two call sites side by side, ``big`` and ``small``, of outputs of alike size until ``big`` is scaled."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.big, self.small = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.big(x).sum() + self.small(x).sum()
+
+
+def test_a_streaming_runs_per_site_scale_is_kept_once_its_lines_settle_not_switched_by_later_steps():
+    """A run page chose its per-site scale afresh at each tick: a line that came to dwarf the others while the run
+    streamed in switched the figure from linear to log (and back where it stopped), under the user's eyes."""
+    net, view = _TwoBranches(), RunView(label="x")
+    values = [[], 0.0, False, "activation", "std", ["big", "small"], False, None, "grad_output", "norm", True]
+    state, scales, boxes = None, [], []
+    with workbench.watch(net) as w:
+        for step in range(1, 4 * figures.SCALE_SETTLES_AT):
+            if step == figures.SCALE_SETTLES_AT + 1:
+                with torch.no_grad():
+                    net.big.weight.mul_(1e6)  # (from here its line dwarfs the other)
+            net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+            w.step()
+            view.feed(w.recorder.records()[-1])
+            out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", state, values)))
+            state = out["state"]
+            scales.append(json.loads(out["series"].plot)["layout"]["yaxis"]["type"])
+            boxes.append(out["log_sites"])
+    assert scales == ["linear"] * len(scales) and True not in boxes, (scales, boxes)
+    # the same lines drawn afresh, as by a page opened now, are log: they dwarf each other by then
+    fresh = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", None, values)))
+    assert json.loads(fresh["series"].plot)["layout"]["yaxis"]["type"] == "log" and fresh["log_sites"] is True
+    # another statistic is the figure's to choose again (the scale kept is the run's, kind's and statistic's)
+    values[run_page.CONTROLS.index("stat")] = "abs_mean"
+    other = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", state, values,
+                                                                        change={"auto_log_sites": True})))
+    assert json.loads(other["series"].plot)["layout"]["yaxis"]["type"] == "log"
+
+
+def test_a_per_site_figures_scale_is_kept_for_its_selection_once_each_line_has_enough_values():
+    def figure(points, log):
+        line = {"mode": "lines", "y": figures._array(np.arange(1.0, points + 1))}
+        band = {"mode": "none", "y": figures._array([1.0])}  # (a min-max band is no line)
+        return {"data": [band, line, {**line, "y": figures._array([np.nan] * points)}],  # (a scalar's std)
+                "layout": {"yaxis": {"type": "log" if log else "linear"}}}
+
+    settles = figures.SCALE_SETTLES_AT
+    assert figures.settled_scale(figure(settles - 1, True)) is None  # (too short: the next steps may change it)
+    assert figures.settled_scale(figure(settles, True)) is True
+    assert figures.settled_scale(figure(settles, False)) is False
+    assert figures.settled_scale(figures.empty_figure("No rows yet.")) is None
+    kept = figures.keep_scale(None, ["run", "activation", "std"], figure(settles - 1, True))
+    assert kept is None and figures.kept_scale(kept, ["run", "activation", "std"]) is None
+    kept = figures.keep_scale(kept, ["run", "activation", "std"], figure(settles, False))
+    assert figures.kept_scale(kept, ["run", "activation", "std"]) is False
+    # kept through later drawings that would choose otherwise; not another selection's
+    assert figures.keep_scale(kept, ["run", "activation", "std"], figure(50, True)) == kept
+    assert figures.kept_scale(kept, ["run", "activation", "norm"]) is None
+    assert figures.kept_scale(figures.keep_scale(kept, ["run", "activation", "norm"], figure(50, True)),
+                              ["run", "activation", "norm"]) is True
+
+
+def test_a_comparison_draws_its_site_figure_at_the_scale_kept_and_its_metrics_linear(manager):
+    finished(manager, steps=4, store="kept/a", seed=1)
+    finished(manager, steps=4, store="kept/b", seed=2)
+    cache = stored_runs.ViewCache(manager.root)
+    for kept in (True, False):
+        metrics, site, *_ = stored_runs.compare_runs(cache, ["kept/a", "kept/b"], "grad_output", "norm", "layers.1",
+                                                     log_y=None, kept_site_log=kept)
+        assert site["layout"]["yaxis"]["type"] == ("log" if kept else "linear")
+        assert metrics["layout"]["yaxis"].get("type", "linear") == "linear"

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from workbench.ui import explorer, model_browser, run_tabs
+from workbench.ui.pages import PageHoldings
 from workbench.ui.runs import DEFAULT_ROOT, RunManager
 
 __all__ = ["build_app", "launch"]
@@ -21,23 +22,36 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             (default ``runs`` in the working directory; created when the first run is recorded).
         manager: the run manager owning the app's live runs; by default a new one over ``runs_root``.
             It is the app's ``run_manager`` attribute: ``app.run_manager.close()`` stops its runs.
+
+    What each open page holds that goes when it closes (:class:`~workbench.ui.pages.PageHoldings`) is the app's
+    ``page_holdings`` attribute.
     """
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
     manager = manager if manager is not None else RunManager(runs_root)
+    # what each page holds (a comparison's runs, an export's files), let go of when the page closes: Gradio deletes
+    # a closed tab's state an hour later, and never the files a handler wrote
+    holdings = PageHoldings()
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
         gr.Markdown("# workbench\nPick a module, configure it, run it on a built-in task and watch "
                     "its activations and gradients.")
         with gr.Tabs():
             with gr.Tab("Models", id="models"):
                 model_browser.wire(model_browser.layout())
-            explorer.wire(explorer.layout(manager.root), app)
-            run_tabs.wire(run_tabs.layout(manager.root), manager, app)
+            explorer.wire(explorer.layout(manager.root), app, holdings)
+            run_tabs.wire(run_tabs.layout(manager.root), manager, app, holdings)
+
+        def on_page_closed(request):
+            holdings.end(request.session_hash)
+
+        on_page_closed.__annotations__["request"] = gr.Request  # (Gradio passes the page's request by it)
+        app.unload(on_page_closed)
         app.load(None, js=LET_GO_OF_DROPPED_PLOTS)
         app.load(None, js=run_tabs.PICK_TITLES)
     _one_render_at_a_time(app)
     app.run_manager = manager
+    app.page_holdings = holdings
     app.workbench_css = run_tabs.CSS  # Gradio takes CSS at launch: launch(css=app.workbench_css)
     app.workbench_i18n = gr.I18n(**I18N)  # and translations: launch(i18n=app.workbench_i18n)
     return app

@@ -28,6 +28,7 @@ tab's components and :func:`wire` connects them.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -51,10 +52,11 @@ from workbench.ui.figures import (
 )
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
                                 pop_up_text, read_whole, shown_whole)
+from workbench.ui.pages import PageHoldings, session_of
 from workbench.ui.views import FEED_INTERVAL, RunView
 
 __all__ = [
-    "Curves", "Pushed", "Comparison", "PageComparisons", "ExplorerFigure", "activation_names", "explorer_fields",
+    "Curves", "Pushed", "Comparison", "ExplorerFigure", "activation_names", "explorer_fields",
     "build_activation",
     "curves", "curves_figure", "normal", "uniform", "recorded", "recorded_sites", "push_through",
     "distribution_figure", "layout", "wire",
@@ -1045,28 +1047,10 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
                         f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
 
 
-class PageComparisons:
-    """The comparison each open page runs, by session: a page that closes stops its own. (Gradio deletes
-    a closed tab's state, and calls its delete callback, an hour later: its runs trained on that long.)"""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_session: dict[str, Comparison] = {}
-
-    def track(self, session: str, comparison: Comparison | None) -> None:
-        """``comparison`` is the one the page of ``session`` shows now."""
-        with self._lock:
-            if comparison is None:
-                self._by_session.pop(session, None)
-            else:
-                self._by_session[session] = comparison
-
-    def end(self, session: str) -> None:
-        """The page of ``session`` has closed: stop its comparison (without waiting for the step in progress)."""
-        with self._lock:
-            comparison = self._by_session.pop(session, None)
-        if comparison is not None and not comparison.done:
-            comparison.stop(wait=False)
+def _stop_unless_done(comparison: Comparison) -> None:
+    """Stop a comparison's runs (without waiting for the step in progress) unless they have ended."""
+    if not comparison.done:
+        comparison.stop(wait=False)
 
 
 def comparison_outputs(comparison: Comparison | None) -> tuple[str, dict, dict, pd.DataFrame]:
@@ -1118,7 +1102,7 @@ def layout(root: Any = None) -> dict[str, Any]:
 
     from workbench.experiments import get_experiment_spec
     from workbench.ui.run_page import plot_data
-    from workbench.ui.run_tabs import PICK
+    from workbench.ui.run_tabs import ALIGNED, PICK
 
     names = activation_names()
     c: dict[str, Any] = {"root": root}
@@ -1168,14 +1152,16 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                     interactive=True, elem_classes=[PICK])
                             c["runs_refresh"] = gr.Button("Refresh the runs", size="sm",
                                                           elem_id="explorer-runs-refresh")
-                        with gr.Row():
+                        # (one row, each label on a line, in the 300 px column of a 1100-1920 px window and at full
+                        # width under 1000 px: a two-line label put its box lower than the others')
+                        with gr.Row(elem_id="explorer-sampling"):
                             c["samples"] = gr.Number(DEFAULT_SAMPLES, label="samples", elem_id="explorer-samples",
-                                                     interactive=True, min_width=120)
+                                                     interactive=True, min_width=80, scale=3)
                             c["dist_seed"] = gr.Number(0, label="seed", elem_id="explorer-dist-seed",
-                                                       interactive=True, min_width=70)
-                            c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated below |f′|",
+                                                       interactive=True, min_width=50, scale=2)
+                            c["saturation"] = gr.Number(DEFAULT_SATURATION, label="saturated |f′| <",
                                                         elem_id="explorer-saturation", interactive=True,
-                                                        min_width=90)
+                                                        min_width=100, scale=3)
                     with gr.Column(scale=3, min_width=FIGURE_MIN_WIDTH):
                         figure, message = draw_distribution(c["dist_name"].value, {}, "normal", 0.0, 2.0, -3, 3)
                         c["dist_plot"] = gr.Plot(plot_data(figure), show_label=False, elem_id="explorer-dist")
@@ -1194,7 +1180,7 @@ def layout(root: Any = None) -> dict[str, Any]:
                                                    min_width=80)
                             c["seed"] = gr.Number(0, label="seed", elem_id="explorer-seed", interactive=True,
                                                   min_width=80)
-                        with gr.Row():
+                        with gr.Row(elem_classes=[ALIGNED]):  # (depth's note on two lines, width's on one)
                             # (the experiment's defaults, as the Experiments tab's form has them)
                             c["depth"] = gr.Number(config["depth"].default, label="depth", elem_id="explorer-depth",
                                                    interactive=True, min_width=80, info=config["depth"].help)
@@ -1233,8 +1219,10 @@ def layout(root: Any = None) -> dict[str, Any]:
     return c
 
 
-def wire(c: dict[str, Any], app: Any) -> None:
-    """Connect the components placed by :func:`layout`; ``app``: the ``gr.Blocks`` they are in."""
+def wire(c: dict[str, Any], app: Any, holdings: PageHoldings | None = None) -> None:
+    """Connect the components placed by :func:`layout`; ``app``: the ``gr.Blocks`` they are in; ``holdings``: what
+    each page holds, let go of when it closes (:class:`~workbench.ui.pages.PageHoldings`, ended by the app's
+    unload): a page's comparison, whose runs stop then."""
     import gradio as gr
 
     from workbench.ui.run_page import plot_data
@@ -1358,25 +1346,24 @@ def wire(c: dict[str, Any], app: Any) -> None:
         status, metrics, layers, table = comparison_outputs(comparison)
         return status, plot_data(metrics, "explorer-metrics"), plot_data(layers, "explorer-layers"), table
 
-    pages = PageComparisons()
-
-    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
-    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve: None came
-    def on_page_closed(request):
-        pages.end(request.session_hash)
-
-    on_page_closed.__annotations__["request"] = gr.Request
-    app.unload(on_page_closed)
+    holdings = holdings if holdings is not None else PageHoldings()
 
     def on_train(current, names, steps, seed, depth, width, lr, dataset, mode, request):
         comparison, message = start_comparison(current, names, steps, seed, depth, width, lr, dataset, mode)
-        pages.track(request.session_hash, comparison)
+        session = session_of(request)
+        # (a closed page stops its runs: Gradio deletes its state only an hour later; a start refused leaves the
+        # page its comparison, held as it was)
+        if session is not None and comparison is not current:
+            holdings.hold(session, "comparison", None if comparison is None else functools.partial(
+                _stop_unless_done, comparison))
         if comparison is None:  # (also as a pop-up: the message sits under the form, out of view)
             gr.Warning(pop_up_text(message))
         running = comparison is not None and not comparison.done
         return (comparison, message, gr.Timer(active=running), gr.Button(interactive=running), *drawn(comparison))
 
-    on_train.__annotations__["request"] = gr.Request  # (as on_page_closed's)
+    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
+    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve: None came
+    on_train.__annotations__["request"] = gr.Request
     c["train"].click(on_train, [c["comparison"], c["compare_names"], c["steps"], c["seed"], c["depth"], c["width"],
                                 c["lr"], c["dataset"], c["mode"]],
                      [c["comparison"], c["compare_message"], c["timer"], c["stop"], *compare_outputs],

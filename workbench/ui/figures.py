@@ -412,6 +412,46 @@ def dwarfed(frame: pd.DataFrame) -> bool:
     return bool(typical.max() > DWARFS * typical.min())
 
 
+#: Points (steps) each line of a per-site figure needs before the scale the figure chose (left to choose: log where a
+#: line dwarfs the others, :func:`dwarfed`) is kept for what it shows (:func:`keep_scale`): from then on the steps
+#: that stream in do not switch it between linear and log (a comparison with a run being recorded jumped so at a
+#: List runs, a run page at a tick), until the user's box, or another selection, has it chosen again.
+SCALE_SETTLES_AT = 5
+
+
+def settled_scale(figure: Mapping[str, Any] | None) -> bool | None:
+    """The scale a per-site figure left to choose it chose (True: log; :func:`sites_figure`,
+    :func:`compare_site_figure` with ``log_y=None``), once each of its lines has :data:`SCALE_SETTLES_AT` points (a
+    NaN among them too: a scalar's std is one at every step); None before (the steps to come may change it), or
+    for a figure without lines."""
+    lines = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
+    if not lines or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in lines):
+        return None
+    return figure["layout"].get("yaxis", {}).get("type") == "log"
+
+
+def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | None:
+    """The scale kept for ``selection`` (True: log; what :func:`keep_scale` returned), or None: the figure chooses.
+
+    Args:
+        kept: ``[selection, log]`` as :func:`keep_scale` keeps it, or None.
+        selection: what the figure shows, as a list (a run page: its run, kind and statistic; a comparison: its
+            runs, kind, statistic and site): a scale kept for another is not this one's.
+    """
+    return bool(kept[1]) if kept is not None and list(kept[0]) == list(selection) else None
+
+
+def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Mapping[str, Any] | None) -> list | None:
+    """What a page keeps of its per-site figure's scale after drawing ``figure`` for ``selection``: the scale
+    kept for it already, else the one the figure chose once settled (:func:`settled_scale`), else ``kept``.
+    Drawn next with :func:`kept_scale`'s answer (or left to choose while it is None), the figure of a run that
+    streams in switches its scale at most while its lines are shorter than :data:`SCALE_SETTLES_AT` points."""
+    if kept_scale(kept, selection) is not None:
+        return list(kept)
+    log = settled_scale(figure)
+    return kept if log is None else [list(selection), log]
+
+
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
                  log_y: bool | None = False, colors: dict[str, str] | None = None) -> Figure:
     """One statistic per call site over steps; where steps were merged, a band shows their min

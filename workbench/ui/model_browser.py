@@ -217,7 +217,8 @@ def layout():
             c["tree"] = gr.Dataframe(pd.DataFrame(columns=TREE_COLUMNS), label="Module tree (a row per call site)",
                                      interactive=False, wrap=True, elem_id="module-tree", max_height=600,
                                      column_widths=TREE_WIDTHS)
-    c["model_state"] = gr.State(None)  # the built module, per browser session
+    # (the module built is not kept in the page's state: nothing reads it after the build, and Gradio would
+    # hold it an hour after the page closed)
     return c
 
 
@@ -269,14 +270,14 @@ def wire(c) -> None:
         return (name, "") if name in filter_models(family, pattern) else (gr.skip(), gr.skip())
 
     def on_select(name):
-        return model_overview(name), param_table(name), None, pd.DataFrame(columns=TREE_COLUMNS)
+        return model_overview(name), param_table(name), pd.DataFrame(columns=TREE_COLUMNS)
 
     for trigger in (c["family"].change, c["pattern"].change):
         trigger(on_filter, [c["family"], c["pattern"], c["selected"], c["message"]],
                 [c["models"], c["selected"], c["message"]])
     c["models"].input(on_pick, [c["models"], c["family"], c["pattern"]], [c["selected"], c["message"]],
                       preprocess=False)
-    c["selected"].change(on_select, c["selected"], [c["overview"], c["params"], c["model_state"], c["tree"]])
+    c["selected"].change(on_select, c["selected"], [c["overview"], c["params"], c["tree"]])
 
     with c["form"]:
         @gr.render(inputs=c["selected"])
@@ -299,7 +300,7 @@ def wire(c) -> None:
                 result = build_model(model_name, dict(zip(labels, values)), batch_size)
                 if result.model is None:  # (also as a pop-up: the message sits under a form that may be tall)
                     gr.Warning(pop_up_text(result.message))
-                return result.model, result.message, result.tree
+                return result.message, result.tree
 
             button.click(on_build, [c["selected"], c["batch_size"], *widgets],
-                         [c["model_state"], c["message"], c["tree"]])
+                         [c["message"], c["tree"]])

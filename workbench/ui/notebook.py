@@ -683,6 +683,7 @@ class Dashboard:
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
         self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
+        self._kept_log_sites = None  # the scale the per-site figure chose, once settled (figures.keep_scale)
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
@@ -973,11 +974,14 @@ class Dashboard:
                 sites = list(self.sites.value) or None
                 # (until the user sets it, the figure chooses its scale, log where a line dwarfs the others,
                 # and the box says which)
-                log = self.log_sites.value if self._picked_log_sites else None
+                # (and keeps it for the kind and statistic once settled: new steps do not switch it)
+                kept = figures.kept_scale(self._kept_log_sites, [kind, statistic])
+                log = self.log_sites.value if self._picked_log_sites else kept
                 spec = figures.sites_figure(self.view, kind, statistic, sites, log,
                                             colors=self._site_colours)  # (a site keeps its colour)
                 if not self._picked_log_sites:
                     self._set_quietly(self.log_sites, spec["layout"].get("yaxis", {}).get("type") == "log")
+                    self._kept_log_sites = figures.keep_scale(self._kept_log_sites, [kind, statistic], spec)
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
@@ -1366,6 +1370,7 @@ class Compare:
         self._drawn: tuple | None = None
         self._quiet = False
         self._picked_log = log_y is not None  # the user set log y (else: the site figure's choice, shown by it)
+        self._kept_log = None  # the scale the site figure chose, once settled (figures.keep_scale)
         self._setting_log = False  # (the box set from code: not the user's choice)
 
         style = {"description_width": "initial"}
@@ -1493,10 +1498,16 @@ class Compare:
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
+            # (the scale the site figure chose, kept for the runs, kind, statistic and site once settled: the
+            # steps of a run still recording do not switch it)
+            kept = figures.kept_scale(self._kept_log, [picks, self.kind.value, self.statistic.value, site])
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors)
+                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors, kept)
             self._specs.update(metrics=metrics, site=site_fig)
+            if not self._picked_log and site_fig is not None:
+                self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
+                                                                     site], site_fig)
             if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
                 self._setting_log = True
                 try:

@@ -478,8 +478,15 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
+    # (the per-site figure's scale, left to it, is kept for the run, kind and statistic once its lines are long
+    # enough to settle it: ticks that bring more steps do not switch it between linear and log)
+    scale_for = [str(run), controls.kind, controls.statistic]
+    if controls.log_sites is None:
+        controls = dataclasses.replace(controls, log_sites=figures.kept_scale(state.get("kept_log_sites"), scale_for))
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
+    if state.get("auto_log_sites", True) and page.sites_figure is not None:
+        state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"), scale_for, page.sites_figure)
     return state, *page_outputs(page, state, jumped, revision=run, held=set(PACED) - due)
 
 

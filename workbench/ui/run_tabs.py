@@ -13,7 +13,9 @@ import dataclasses
 import functools
 import json
 import logging
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,6 +28,7 @@ from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
 from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
                                    start_run)
+from workbench.ui.pages import PageHoldings, session_of
 from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
                                       find_run, intervention_panel, pause_run, remove_applied, run_choices,
                                       run_controls, runs_frame, runs_note, shown_runs_frame, stop_run)
@@ -40,15 +43,24 @@ from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES"]
+__all__ = ["layout", "wire", "CSS", "PICK", "PICK_TITLES", "ALIGNED"]
 
 
 #: The CSS class of every picker of a run or a call site (``elem_classes=[PICK]``): a name longer than its box
 #: ends in an ellipsis before the arrow, a multiselect's chip too, and the whole name is the chip's or the box's
 #: title (:data:`CSS`, :data:`PICK_TITLES`).
 PICK = "wb-pick"
+#: The CSS class of a row of fields whose labels (or notes under them) may take more lines in one field than in
+#: another: its boxes still lie on one line, at the bottom of the fields (:data:`CSS`).
+ALIGNED = "wb-aligned"
 #: What a run page without a run says, in its header and its figures.
 NO_RUN = "_No run on this page: start one (New run), or attach to one below._"
+#: The least widths of the run page's picker of a run (a name of some 25 characters readable) and of its six buttons
+#: (80 px each, with the gaps between them): the two side by side in the run page's column at 1400 px, the buttons
+#: under the picker where the column is narrower than both (an 800 px window).
+PICK_LEAST, BUTTONS_LEAST = 240, 6 * 80 + 5 * 16
+#: The least width of the Runs tab's picker of the runs to compare: two runs' chips of some 20 characters side by side.
+COMPARE_RUNS_LEAST = 360
 #: Seconds between two looks of a page at the list of the app's runs (its own run is drawn every second).
 LIST_SECONDS = 3.0
 
@@ -233,6 +245,10 @@ CSS = f"""
 .{PICK} input {{ text-overflow: ellipsis; padding-right: 26px; }}  /* (the arrow begins 24 px in) */
 .{PICK} .token {{ min-width: 0; max-width: 100%; }}
 .{PICK} .token > span {{ overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
+/* a row of fields (ALIGNED) puts each field's box at its bottom, its label and note at its top: a label that took two
+   lines (record every Nth step, a note under depth) put its box lower than the others' */
+.{ALIGNED} .block > .container {{ display: flex; flex-direction: column; height: 100%; }}
+.{ALIGNED} .block > .container > input, .{ALIGNED} .block > .container > .wrap {{ margin-top: auto; }}
 """ + """
 .wb-anomaly h3 { color: #b91c1c; margin: 0; }
 .wb-section h4 { margin: 6px 0 0 0; }
@@ -274,6 +290,9 @@ CSS = f"""
 /* in a window narrower than 1100 px the last-step table's text is a little smaller (12 px): its numbers (8 characters
    at most) and headers hold on a line in the narrower columns (run_page.LATEST_WIDTHS) */
 @media (max-width: 1100px) { .wb-latest .cell-wrap { font-size: 12px; } }
+/* and in a window narrower than 1000 px the Runs table's is too: its status (interrupted), experiment and model
+   (efficientzero_) hold on a line in their columns, and a run's name has the rest (stored_runs.RUNS_TABLE_WIDTHS) */
+@media (max-width: 1000px) { #runs-table .cell-wrap { font-size: 12px; } }
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
@@ -308,7 +327,7 @@ def layout(root: RunsRoot):
                         c["seed"] = gr.Number(0, label="seed", elem_id="run-seed", interactive=True, min_width=80)
                         c["steps"] = gr.Number(200, label="steps", elem_id="run-steps", interactive=True,
                                                min_width=80)
-                    with gr.Row():
+                    with gr.Row(elem_classes=[ALIGNED]):  # (a label on two lines beside one on a line)
                         c["every"] = gr.Number(1, label="record every Nth step", elem_id="run-every",
                                                interactive=True, min_width=80)
                         c["device"] = gr.Dropdown(devices(), value="cpu", label="device", elem_id="run-device",
@@ -347,19 +366,23 @@ def layout(root: RunsRoot):
                                           elem_id="run-status")
                 c["live_header"] = c["status"]
                 with gr.Row(equal_height=False):
-                    # (narrow enough at its least that the six buttons stay beside it in an 800 px window)
+                    # (the picker beside the six buttons where both fit, a run's name readable in it; in a narrower
+                    # column, as in an 800 px window, the buttons go under it and it takes the whole width: squeezed
+                    # beside them, it was some 70 px wide)
                     c["pick"] = gr.Dropdown([], value=None, label="run (in progress first)", elem_id="live-pick",
-                                            scale=5, interactive=True, min_width=100, elem_classes=[PICK])
-                    c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
-                    # (greyed out until the page's run is there to pause, resume or stop: run_controls)
-                    c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
-                                           interactive=False)
-                    c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80,
-                                            interactive=False)
-                    c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1, min_width=80,
-                                          interactive=False)
-                    c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
-                    c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
+                                            scale=2, interactive=True, min_width=PICK_LEAST, elem_classes=[PICK])
+                    with gr.Column(scale=3, min_width=BUTTONS_LEAST, elem_id="live-buttons"):
+                        with gr.Row(equal_height=True):
+                            c["attach"] = gr.Button("Attach", size="md", elem_id="live-attach", scale=1, min_width=80)
+                            # (greyed out until the page's run is there to pause, resume or stop: run_controls)
+                            c["pause"] = gr.Button("Pause", size="md", elem_id="run-pause", scale=1, min_width=80,
+                                                   interactive=False)
+                            c["resume"] = gr.Button("Resume", size="md", elem_id="run-resume", scale=1, min_width=80,
+                                                    interactive=False)
+                            c["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="run-stop", scale=1,
+                                                  min_width=80, interactive=False)
+                            c["detach"] = gr.Button("Detach", size="md", elem_id="live-detach", scale=1, min_width=80)
+                            c["list"] = gr.Button("Refresh", size="md", elem_id="live-refresh", scale=1, min_width=80)
                 c["live_message"] = gr.Markdown(elem_id="live-message")
                 # (shown once the page's run finished or was stopped: run_controls' "continue")
                 with gr.Row(equal_height=True, visible=False, elem_id="continue-row") as c["continue_row"]:
@@ -417,8 +440,11 @@ def layout(root: RunsRoot):
                                     elem_id="export-files")
         with gr.Accordion("Compare runs", open=True, elem_id="compare"):
             with gr.Row(equal_height=True):
+                # (at least COMPARE_RUNS_LEAST wide: in an 800 px window the kind, statistic and call site go on
+                # the next line, not beside a picker of some 170 px that put each run's chip on a line of its own)
                 c["compare_runs"] = gr.Dropdown([], value=[], multiselect=True, label="runs (two or more)",
-                                                scale=4, elem_id="compare-runs", elem_classes=[PICK])
+                                                scale=4, min_width=COMPARE_RUNS_LEAST, elem_id="compare-runs",
+                                                elem_classes=[PICK])
                 c["compare_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
                                                 elem_id="compare-kind")
                 c["compare_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
@@ -429,6 +455,8 @@ def layout(root: RunsRoot):
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
             # (True until the user sets log y: the call site's figure chooses its scale, and the box says which)
             c["compare_auto_log"] = gr.State(True)
+            # (the scale it chose, kept for the runs, kind, statistic and site once settled: figures.keep_scale)
+            c["compare_kept_log"] = gr.State(None)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
             c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
@@ -533,8 +561,10 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     return inputs, outputs, draw
 
 
-def wire(c: dict, manager: RunManager, app: Any = None) -> None:
-    """Connect the components; ``manager`` owns the live runs, ``app`` (the Blocks) lists them on load."""
+def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings | None = None) -> None:
+    """Connect the components; ``manager`` owns the live runs, ``app`` (the Blocks) lists them on load;
+    ``holdings``: what each page holds, let go of when it closes (:class:`~workbench.ui.pages.PageHoldings`, ended
+    by the app's unload): the folder of a page's last export, removed then (and at its next export)."""
     import gradio as gr
 
     from workbench.ui.model_browser import widget
@@ -947,37 +977,54 @@ def wire(c: dict, manager: RunManager, app: Any = None) -> None:
             refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
             show_progress="hidden")
 
-    def on_export(name, pick, fmt):
+    holdings = holdings if holdings is not None else PageHoldings()
+
+    def on_export(name, pick, fmt, request):
         paths, message = export_run(root, name or pick, fmt)
+        session = session_of(request)
+        if paths and session is not None:  # (the page offers the last export's files alone: the others go)
+            holdings.hold(session, "export", functools.partial(shutil.rmtree, Path(paths[0]).parent,
+                                                               ignore_errors=True))
         return message, gr.File(value=paths or None, visible=bool(paths))
+
+    # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
+    # annotation is a string (this module's annotations are postponed) naming a gr it cannot resolve
+    on_export.__annotations__["request"] = gr.Request
 
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, change=None):
+    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, kept, change=None):
         # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
-        colors = figures.steady_colors(list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
-                                    if isinstance(picks, (list, tuple)) else [], colors)
+        runs = (list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
+                if isinstance(picks, (list, tuple)) else [])
+        colors = figures.steady_colors(runs, colors)
         auto_log = auto_log is not False if change is None else change
+        # (left to the figure, its scale once settled is kept for these runs, kind, statistic and site: a List runs
+        # that brings a recording run's new steps does not switch it between linear and log)
+        scale = figures.kept_scale(kept, [runs, kind, stat, site]) if auto_log else None
         metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0,
-                                                                 None if auto_log else log_y, colors)
+                                                                 None if auto_log else log_y, colors, scale)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         # (the scale the call site's figure chose, in the box, until the user sets it)
-        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
+        chosen = (site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log"
+                  if drawn and auto_log and scale is None else None)
+        if drawn and auto_log:
+            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig)
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,
-                gr.skip() if chosen is None else chosen, auto_log)
+                gr.skip() if chosen is None else chosen, auto_log, kept)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
-                      c["compare_colors"], c["compare_auto_log"]]
+                      c["compare_colors"], c["compare_auto_log"], c["compare_kept_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
-                       c["compare_colors"], c["compare_log"], c["compare_auto_log"]]
+                       c["compare_colors"], c["compare_log"], c["compare_auto_log"], c["compare_kept_log"]]
 
     def comparing(change=None):
         """on_compare, guarded; ``change``: whether the figure chooses the scale from here (None: as before)."""
         return _guarded(lambda *args: on_compare(*args, change=change),
-                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(3)))
+                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(4)))
 
     compare = comparing()
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from workbench.ui.live_run import LiveRun
 
 __all__ = ["RunsRoot", "RunManager", "PathRefused", "NAME_LIMIT", "DEFAULT_ROOT", "RUN_TABLE_COLUMNS", "breakable",
-           "name_breaks"]
+           "name_breaks", "NAME_JOINT"]
 
 DEFAULT_ROOT = "runs"
 NAME_LIMIT = 200  # characters in a run name (a relative path under the root)
@@ -51,13 +51,13 @@ def breakable(text: Any, joints: re.Pattern) -> str:
 
 #: Where a run's or an experiment's name may break over two lines in a narrow table column: after a '/', '-', '_'
 #: or '.' followed by a letter or a digit.
-_NAME_JOINT = re.compile(r"(?<=[/\-_.])(?=[A-Za-z0-9])")
+NAME_JOINT = re.compile(r"(?<=[/\-_.])(?=[A-Za-z0-9])")
 
 
 def name_breaks(name: Any) -> str:
     """``name`` as HTML for a table's cell (:func:`breakable`), breaking between its parts (``sweeps/``
     ``tanh-`` ``lr_`` ``3e-`` ``3``)."""
-    return breakable(name, _NAME_JOINT)
+    return breakable(name, NAME_JOINT)
 
 
 class PathRefused(ValueError):

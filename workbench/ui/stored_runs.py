@@ -21,7 +21,7 @@ from workbench.instrument import KINDS, Run, RunError
 from workbench.ui import figures
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTION_METRIC
 from workbench.ui.run_page import DEFAULT_SITES, STATISTICS, check_choice, parse_smoothing, picked_names
-from workbench.ui.runs import PathRefused, RunsRoot, breakable, name_breaks, shown
+from workbench.ui.runs import NAME_JOINT, PathRefused, RunsRoot, breakable, name_breaks, shown
 from workbench.ui.views import RunView
 
 __all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
@@ -38,16 +38,18 @@ def run_table(root: RunsRoot, sub: Any = "") -> tuple[pd.DataFrame, list[str], s
 
 
 #: The Runs table's column widths (run, status, steps, start_time, experiment, model, seed, MB): in an 800 px
-#: window (a table ~700 px wide) every column fits with no sideways scroll, each holding its longest word on a
-#: line - a status (finished), steps and seeds up to six digits, the short start time (11-29 12:07, on one line), an
-#: experiment broken after its underscore (efficientzero_ / dynamics), a model after a lower-case letter
-#: (Dynamics / Network) - and a run's name, broken after a '/', '-', '_' or '.', takes the rest.
-RUNS_TABLE_WIDTHS = ["17.5%", "11.5%", "9%", "15.5%", "19%", "11.5%", "8%", "8%"]
+#: window (a table ~700 px wide, its text 12 px there: run_tabs.CSS) every column fits with no sideways scroll, each
+#: holding its longest word on a line - a status (interrupted), steps and seeds up to six digits, the short start
+#: time (11-29 12:07, on one line), an experiment's or a registered model's name broken after an underscore
+#: (efficientzero_ / dynamics), a model's class name also before an upper-case letter (Dynamics / Network) - and a
+#: run's name, broken after a '/', '-', '_' or '.', takes the rest.
+RUNS_TABLE_WIDTHS = ["17.5%", "13.5%", "8%", "13%", "16.5%", "16.5%", "8%", "7%"]
 #: The Runs table's cells a page shows as HTML (names that may break, :func:`shown_runs`).
 RUNS_TABLE_DATATYPES = ["html", "str", "number", "str", "html", "html", "number", "number"]
-#: Where a model's class name (DynamicsNetwork) may break over two lines: before an upper-case letter that follows a
-#: lower-case one (a run's or an experiment's name breaks between its parts: runs.name_breaks).
-_CAMEL_JOINT = re.compile(r"(?<=[a-z])(?=[A-Z])")
+#: Where a model's name may break over two lines: where a run's or an experiment's name may (runs.name_breaks: a
+#: registered model's name, efficientzero_ / dynamics, or one given in a watch's metadata), and before an upper-case
+#: letter that follows a lower-case one (a class name, Dynamics / Network).
+_MODEL_JOINT = re.compile(f"{NAME_JOINT.pattern}|(?<=[a-z])(?=[A-Z])")
 #: The start time as the table shows it ('11-29 12:07', UTC): the whole one is in the run's header.
 _SHORT_TIME = re.compile(r"\d{4}-(\d\d-\d\d \d\d:\d\d):\d\d UTC")
 
@@ -61,7 +63,7 @@ def shown_runs(table: pd.DataFrame) -> Any:
         return table
 
     def model(name: Any) -> str:
-        return breakable(name, _CAMEL_JOINT)
+        return breakable(name, _MODEL_JOINT)
 
     def short(text: Any) -> str:
         match = _SHORT_TIME.fullmatch(str(text))
@@ -174,8 +176,8 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None
-                 ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
+                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None,
+                 kept_site_log: bool | None = None) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
@@ -183,7 +185,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
     which the runs still compared keep. ``log_y``: both figures' scale; None: the metrics linear and the
-    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`)."""
+    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`), unless
+    ``kept_site_log`` says the scale it chose before and keeps (:func:`figures.keep_scale`)."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -220,8 +223,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (a run recorded without the kind will have none: said so, with the option that is off)
     without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
     if site is not None:
-        site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
-                                               colors)
+        site_log = kept_site_log if log_y is None else bool(log_y)
+        site_fig = figures.compare_site_figure(views, kind, statistic, site, site_log, colors)
     elif len(without) == len(views):
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
