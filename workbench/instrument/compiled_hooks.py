@@ -270,8 +270,10 @@ class CompiledHooks:
         """Whether the step so far made a recorded call of the compiled model (see ``Hooks.ran``)."""
         return bool(self._calls)
 
-    def calls_made(self) -> int:
-        """The recorded calls of the compiled model the step made so far (see ``Hooks.calls_made``)."""
+    def calls_made(self, path: str | None = None) -> int:
+        """The recorded calls of the compiled model the step made so far, whatever ``path`` (see
+        ``Hooks.calls_made``): its sites' calls are not counted one by one, each is taken to be called once per
+        call of the model."""
         return len(self._calls)
 
     def update(self) -> None:
