@@ -216,6 +216,25 @@ def test_one_made_in_a_forward_hook_acts_from_this_step_only_where_its_site_runs
     assert zeros["0", "activation", 2, 0] < 2 / 8 <= zeros["0", "activation", 3, 0]
 
 
+def test_one_made_after_a_forward_then_recorded_by_record_next_is_from_the_step_it_zeroed():
+    # (record_next counts the step's calls from 0 again: one made after the step's first forward, the counts then
+    # lower than when it was made, read "from step 3" though it zeroed step 2's recorded forward)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, every=2)
+    w.patch("1", lambda y: y, label="in place: the hooks are in at step 2")
+    model(torch.randn(16, 4)).sum().backward()
+    w.step()
+    model(torch.randn(16, 4))  # (step 2, not recorded)
+    late = w.ablate("0", [0, 1], label="made after step 2's first forward")
+    w.record_next()
+    model(torch.randn(16, 4)).sum().backward()
+    w.step()
+    w.close()
+    assert late.start_step == 2
+    rows = w.to_pandas()
+    assert rows[(rows.step == 2) & (rows.module == "0") & (rows.kind == "activation")].zero_frac.iloc[0] >= 2 / 8
+
+
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
     model = Attention()
     w = workbench.watch(model)

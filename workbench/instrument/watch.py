@@ -175,8 +175,12 @@ class Watch:
         is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
         if not self._hooks.recording:
+            for intervention in self.interventions:  # (the step's calls are counted from 0 again: first what
+                self._first_acted(intervention)  # the ones made after its calls acted on so far)
             self._hooks.start_step(self.step_index, True)
             self._record_next_at = self.step_index
+            for intervention in self.interventions:
+                intervention.calls_before = 0
 
     def _record(self, entries: list) -> StepRecord:
         try:
