@@ -202,7 +202,8 @@ def test_one_made_in_a_forward_hook_acts_from_this_step_only_where_its_site_runs
             made["to run"] = w.ablate("2", [0], label="for a layer yet to run")
 
     for step in range(1, 4):
-        hooks = [model[2].register_forward_hook(make_them), model[0].register_forward_hook(make_one)] if step == 2 else []
+        hooks = ([model[2].register_forward_hook(make_them), model[0].register_forward_hook(make_one)]
+                 if step == 2 else [])
         model(torch.randn(16, 4)).sum().backward()
         for hook in hooks:
             hook.remove()
