@@ -223,16 +223,21 @@ def _is_state_dict(value: Any) -> bool:
         and all(isinstance(v, torch.Tensor) for v in value.values())
 
 
-def _refuse_not_dense(state: Mapping[str, torch.Tensor], name: str) -> None:
+def _refuse_meta(state: Mapping[str, torch.Tensor], name: str) -> None:
     """A state whose tensors have no values (meta tensors, saved from a model built on the meta device) is
-    refused: only their shapes were saved; so is one with sparse tensors, which a model's dense weights
-    cannot take as they are."""
+    refused: only their shapes were saved."""
     empty = [key for key, tensor in state.items() if tensor.device.type == "meta"]
     if empty:
         listed = ", ".join(empty[:4]) + (" ..." if len(empty) > 4 else "")
         raise CheckpointError(f"{name} holds {len(empty)} tensors without values ({listed}): meta tensors, saved "
                               "from a model on the meta device, keep shapes only. Save the weights of a model "
                               "whose parameters hold values (after to_empty() and loading or initializing them).")
+
+
+def _refuse_not_dense(state: Mapping[str, torch.Tensor], name: str) -> None:
+    """A state whose tensors have no values is refused (:func:`_refuse_meta`); so is one with sparse tensors,
+    which a model's dense weights cannot take as they are."""
+    _refuse_meta(state, name)
     sparse = [f"{key} ({tensor.layout})" for key, tensor in state.items() if tensor.layout != torch.strided]
     if sparse:
         listed = ", ".join(sparse[:4]) + (" ..." if len(sparse) > 4 else "")
@@ -658,9 +663,10 @@ def read_training_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_M
 
     Raises:
         CheckpointError: naming the path: not a file, too large, damaged or truncated, weights only (say
-            how to load those), of a newer version, a field missing or of the wrong type, or tensors without
-            values (meta tensors) or sparse ones in the model's or the optimizer's state, as
-            :func:`load_checkpoint` refuses them in weights.
+            how to load those), of a newer version, a field missing or of the wrong type, tensors without
+            values (meta tensors) in the model's or the optimizer's state, or sparse ones in the model's, as
+            :func:`load_checkpoint` refuses them in weights (the optimizer's may be sparse: SGD's momentum of
+            sparse gradients is).
     """
     where = repr(str(path))
     fix = "Resume from a file written by experiment.save(path) (or the command line's --save)."
@@ -695,16 +701,19 @@ def read_training_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_M
         raise CheckpointError(f"{where} is a damaged training checkpoint: step {obj['step']} or a generator state "
                               f"of {obj['generator'].dtype} {tuple(obj['generator'].shape)} (a 1-d uint8 tensor "
                               f"expected). {fix}")
-    # (as the weights' readers refuse them: a meta tensor has no values to resume from, a sparse one no dense
-    # layout to load into the model or the optimizer; refused here, before anything is built, with their keys)
+    # (as the weights' readers refuse them: a meta tensor has no values to resume from, a sparse one in the model
+    # no dense layout to load into its weights; refused here, before anything is built, with their keys. A sparse
+    # tensor of the optimizer's state is its own: SGD's momentum of a parameter with sparse gradients, such as
+    # nn.Embedding(sparse=True)'s, is one, and resumes as saved)
     optimizer = obj["optimizer"] or {}
     states = optimizer.get("state") if isinstance(optimizer.get("state"), dict) else {}
-    tensors = {**{f"model.{key}": value for key, value in obj["model"].items()},
-               **{f"optimizer.state.{index}.{name}": value for index, entry in states.items()
-                  if isinstance(entry, dict) for name, value in entry.items()},
-               "generator": obj["generator"]}
+    weights = {**{f"model.{key}": value for key, value in obj["model"].items()}, "generator": obj["generator"]}
+    moments = {f"optimizer.state.{index}.{name}": value for index, entry in states.items()
+               if isinstance(entry, dict) for name, value in entry.items()}
     try:
-        _refuse_not_dense({key: value for key, value in tensors.items() if isinstance(value, torch.Tensor)}, "it")
+        _refuse_meta({key: value for key, value in {**weights, **moments}.items() if isinstance(value, torch.Tensor)},
+                     "it")
+        _refuse_not_dense({key: value for key, value in weights.items() if isinstance(value, torch.Tensor)}, "it")
     except CheckpointError as exc:
         raise CheckpointError(f"Cannot resume from {where}: {exc} {fix}") from None
     return obj

@@ -375,6 +375,26 @@ def test_a_rank_s_error_is_told_whatever_its_message(one_rank, monkeypatch):
     assert len(told[1]) < 3000 and told[1].startswith("ValueError: xxx") and told[1].endswith("more characters)")
 
 
+def test_a_rank_that_could_not_start_is_named_by_its_global_rank_in_a_subgroup(one_rank, tmp_path, monkeypatch):
+    # (the ranks were named by their rank in group=: a subgroup of the world's ranks 1 and 2 told the world's rank
+    # 1, started fine, that "rank 1 could not start its watch", of the world's rank 2. Here the group of one is
+    # taken for rank 2 of the world, and the gather tells that it could not start.)
+    group = dist.new_group([0])
+    world_rank_of = dist.get_global_rank
+    monkeypatch.setattr(dist, "get_global_rank", lambda g, rank: 2 if g is group else world_rank_of(g, rank))
+
+    def told_failed(objects, obj, *args, **kwargs):
+        objects[0] = "ValueError: its model has lazy modules"
+
+    monkeypatch.setattr(dist, "all_gather_object", told_failed)
+    model = workers.make_model()
+    before = workers.hook_state(model)
+    with pytest.raises(RuntimeError, match=r"watch_distributed: rank 2 \(rank 0 of the group\) could not start its "
+                                           r"watch \(ValueError: its model has lazy modules\), so no rank watches"):
+        watch_distributed(model, store=tmp_path / "run", group=group)
+    assert workers.hook_state(model) == before
+
+
 def test_bad_options_are_named(one_rank):
     model = workers.make_model()
     with pytest.raises(ValueError, match=r"grad_scale must be a finite number > 0.*got -1"):

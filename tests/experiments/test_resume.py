@@ -4,6 +4,7 @@ bit for bit; and what is refused, naming the file, before anything changes."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -138,12 +139,16 @@ def test_a_training_checkpoint_with_meta_or_sparse_tensors_is_refused_as_the_wei
     meta["model"] = {k: torch.empty_like(v, device="meta") for k, v in state["model"].items()}
     torch.save(meta, tmp_path / "meta.pt")
     sparse = copy.deepcopy(state)
-    sparse["optimizer"]["state"][index][moment] = moments[moment].to_sparse()
+    sparse["model"][key] = state["model"][key].to_sparse()  # (the optimizer's may be: see the test below)
     torch.save(sparse, tmp_path / "sparse.pt")
+    meta_moment = copy.deepcopy(state)
+    meta_moment["optimizer"]["state"][index][moment] = torch.empty_like(moments[moment], device="meta")
+    torch.save(meta_moment, tmp_path / "meta_moment.pt")
     generator = {**state, "generator": torch.empty_like(state["generator"], device="meta")}
     torch.save(generator, tmp_path / "generator.pt")
     cases = {"meta.pt": rf"holds {len(state['model'])} tensors without values \(model\.{key}, .*meta tensors",
-             "sparse.pt": rf"holds 1 sparse tensors \(optimizer\.state\.{index}\.{moment} \(torch\.sparse_coo\)\)",
+             "sparse.pt": rf"holds 1 sparse tensors \(model\.{key} \(torch\.sparse_coo\)\)",
+             "meta_moment.pt": rf"holds 1 tensors without values \(optimizer\.state\.{index}\.{moment}\)",
              "generator.pt": r"holds 1 tensors without values \(generator\)"}
     for name, error in cases.items():
         with pytest.raises(checkpoints.CheckpointError, match=rf"Cannot resume from '.*{name}': it {error}"):
@@ -154,6 +159,44 @@ def test_a_training_checkpoint_with_meta_or_sparse_tensors_is_refused_as_the_wei
     with pytest.raises(checkpoints.CheckpointError, match="sparse tensors"):
         exp.load(tmp_path / "sparse.pt")
     assert exp.step_count == 0
+
+
+class SparseBag(workbench.experiments.Experiment):
+    """Embeddings with sparse gradients, trained by SGD with momentum, whose momentum of them is sparse."""
+    name = "sparse_bag (not registered)"
+
+    @dataclasses.dataclass
+    class Config:
+        vocab: int = 20
+
+    def setup(self) -> None:
+        self.model = torch.nn.Sequential(torch.nn.Embedding(self.config.vocab, 4, sparse=True), torch.nn.Flatten(),
+                                         torch.nn.Linear(8, 2))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step(self) -> dict[str, float]:
+        x = torch.randint(self.config.vocab, (5, 2), generator=self.generator)
+        y = torch.randint(2, (5,), generator=self.generator)
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": loss.item()}
+
+
+def test_an_optimizer_state_with_sparse_tensors_resumes_as_saved(tmp_path):
+    # (SGD's momentum of an nn.Embedding(sparse=True) is sparse: such a checkpoint, which resumed, was refused as
+    # holding "sparse tensors ... weights are read dense", as a model's sparse weights are)
+    exp = SparseBag(SparseBag.Config(), seed=0)
+    exp.run(3, progress=False)
+    path = exp.save(tmp_path / "sparse_momentum.pt")
+    assert checkpoints.read_training_checkpoint(path)["optimizer"]["state"][0]["momentum_buffer"].is_sparse
+    again = SparseBag(SparseBag.Config(), seed=0)
+    again.load(path)
+    exp.run(2, progress=False)
+    again.run(2, progress=False)
+    assert again.step_count == 5
+    assert same(again.model.state_dict(), exp.model.state_dict())
 
 
 def test_weights_only_checkpoints_and_loading_keep_working(saved):

@@ -616,6 +616,33 @@ def test_patch_and_ablate_run_inside_the_graph():
     wc.close()
 
 
+def test_an_intervention_made_or_removed_after_the_forward_of_a_step_not_recorded_has_its_steps_told():
+    # (the compiled watch counted a step's recorded calls only: with every=2, one made after step 2's forward read
+    # "from step 2", and one removed after step 4's forward, which it patched, "to step 3"; the docs said the watch
+    # tells where another intervention is in place, which it did not either)
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    x = torch.randn(3, 4)
+    compiled = torch.compile(model)
+    wc = watch_compiled(compiled, every=2)
+    made = {}
+    for step in range(1, 6):
+        out = compiled(x)
+        if step == 2:
+            made["late"] = wc.ablate("2", [0], label="made after step 2's forward")
+        if step == 4:
+            assert (out[:, 0] == 0).all()  # (it patched step 4's forward)
+            made["late"].remove()
+            made["never"] = wc.ablate("1", [0], label="made and removed after step 4's forward")
+            made["never"].remove()
+        wc.step()
+    wc.close()
+    assert wc.intervention_log()[["intervention", "from step", "to step", "status"]].values.tolist() == [
+        ["made after step 2's forward", 3, 4, "removed"],
+        ["made and removed after step 4's forward", 5, 4, "removed before step 5 (never applied)"]]
+
+
 def test_a_patch_that_returns_none_edits_the_output_in_place_inside_the_graph_as_in_the_eager_watch():
     fresh_dynamo()
     torch.manual_seed(0)

@@ -184,6 +184,58 @@ def test_one_made_after_the_last_steps_forward_never_acted_and_one_that_fails_la
     assert log[1] == [3, 2, "ended with the watch before step 3 (never applied)"]
 
 
+def test_one_made_in_a_forward_hook_acts_from_this_step_only_where_its_site_runs_after_it(tmp_path):
+    # (the step's calls of any module counted: one made in the last layer's forward hook for the first layer,
+    # which had run, read "from step 2", as the model's own call ended after it, and its marker was stored at
+    # step 2, which it never touched)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, store=tmp_path / "run")
+    made = {}
+
+    def make_them(module, inputs, output):
+        if "ran" not in made:
+            made["ran"] = w.ablate("0", [0, 1], label="for a layer that ran")
+            made["its call"] = w.ablate("2", [0], call=0, label="for its own call, which ran")
+
+    def make_one(module, inputs, output):
+        if "to run" not in made:
+            made["to run"] = w.ablate("2", [0], label="for a layer yet to run")
+
+    for step in range(1, 4):
+        hooks = ([model[2].register_forward_hook(make_them), model[0].register_forward_hook(make_one)]
+                 if step == 2 else [])
+        model(torch.randn(16, 4)).sum().backward()
+        for hook in hooks:
+            hook.remove()
+        w.step()
+    w.close()
+    assert [made[key].start_step for key in ("ran", "its call", "to run")] == [3, 3, 2]
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.interventions()[["intervention", "from step"]].values.tolist() == [
+        ["for a layer yet to run", 2], ["for a layer that ran", 3], ["for its own call, which ran", 3]]
+    zeros = stored.to_pandas().set_index(["module", "kind", "step", "call"]).zero_frac
+    assert zeros["0", "activation", 2, 0] < 2 / 8 <= zeros["0", "activation", 3, 0]
+
+
+def test_one_made_after_a_forward_then_recorded_by_record_next_is_from_the_step_it_zeroed():
+    # (record_next counts the step's calls from 0 again: one made after the step's first forward, the counts then
+    # lower than when it was made, read "from step 3" though it zeroed step 2's recorded forward)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, every=2)
+    w.patch("1", lambda y: y, label="in place: the hooks are in at step 2")
+    model(torch.randn(16, 4)).sum().backward()
+    w.step()
+    model(torch.randn(16, 4))  # (step 2, not recorded)
+    late = w.ablate("0", [0, 1], label="made after step 2's first forward")
+    w.record_next()
+    model(torch.randn(16, 4)).sum().backward()
+    w.step()
+    w.close()
+    assert late.start_step == 2
+    rows = w.to_pandas()
+    assert rows[(rows.step == 2) & (rows.module == "0") & (rows.kind == "activation")].zero_frac.iloc[0] >= 2 / 8
+
+
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
     model = Attention()
     w = workbench.watch(model)

@@ -578,6 +578,38 @@ def test_a_run_this_user_cannot_read_says_which_folder_or_file_and_to_check_its_
         shutil.rmtree(root)
 
 
+LISTER_AS_NOBODY = textwrap.dedent("""
+    import os, sys, workbench
+    if os.geteuid() == 0:  # root reads anything: as nobody, whom the permissions keep out
+        os.setgid(65534); os.setuid(65534)
+    try:
+        workbench.list_runs(sys.argv[1])
+    except OSError as e:
+        print(type(e).__name__, e)
+""")
+
+
+def test_list_runs_of_a_folder_under_one_this_user_cannot_enter_names_that_folder():
+    # (a bare "[Errno 13] Permission denied: '.../shut/runs'", from looking whether it is a directory)
+    root = tempfile.mkdtemp()
+    inside = os.path.join(root, "shut")
+    try:
+        os.chmod(root, 0o755)
+        small_run(os.path.join(inside, "runs", "a"), steps=1)
+        os.chmod(inside, 0o600)  # (read, not execute: what is in it cannot be looked at)
+        runs = os.path.join(inside, "runs")
+        proc = subprocess.run([sys.executable, "-c", LISTER_AS_NOBODY, runs], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            f"PermissionError {runs} cannot be searched for runs: permission denied on {inside} (ls -ld {inside}). "
+            "Listing it takes execute permission (x) on the folders above it and read and execute permission (r-x) "
+            "on it; have them granted, or list a folder you can read."]
+    finally:
+        os.chmod(inside, 0o755)
+        shutil.rmtree(root)
+
+
 def test_compare_runs_wants_a_list(tmp_path):
     small_run(tmp_path / "good", steps=1)
     with pytest.raises(TypeError, match="takes a list of runs, got the single run '.*good'"):

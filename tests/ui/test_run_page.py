@@ -14,7 +14,7 @@ import torch
 import workbench
 from workbench.instrument import load_run
 from workbench.ui import figures, live_run, run_control, run_page, stored_runs
-from workbench.ui.views import RunView
+from workbench.ui.views import NOTHING_RECORDED, RunView
 
 TINY = {"width": "8", "depth": "2", "batch_size": "16", "n_samples": "64"}
 LAYERS = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4"]
@@ -599,6 +599,17 @@ def test_a_run_that_ended_before_its_first_step_says_so_not_how_a_watch_is_given
     said = "This run ended before its first recorded step: it holds no rows and no metrics."
     assert view.no_metrics() == view.no_rows("activation") == said
     assert said in json.dumps(run_page.draw_page(view).metrics_figure)
+
+
+@pytest.mark.parametrize("every, start_step", [(10, 1), (3, 7)])
+def test_a_run_with_every_n_that_ended_before_any_step_is_not_told_to_record_more_often(tmp_path, every, start_step):
+    # (its first step would have been recorded: it read "stopped before its first recorded step (step 1 with
+    # every=10) ... record more often (a smaller every=...)", when the run had no step at all)
+    net = torch.nn.Linear(2, 2)
+    workbench.watch(net, store=tmp_path / "none", every=every, start_step=start_step).close()
+    view = RunView.from_run(load_run(tmp_path / "none"))
+    assert view.first_recorded_step() is None
+    assert view.no_metrics() == view.no_rows("activation") == NOTHING_RECORDED
 
 
 def test_a_run_stopped_before_its_first_recorded_step_says_which_step_that_was_and_how_to_record(tmp_path):

@@ -254,6 +254,7 @@ class CompiledHooks:
         self.step_errors = []
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
         self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None]] = []
+        self._calls_made = 0  # every call of the step so far, recorded or not (each goes through _call)
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
@@ -267,12 +268,15 @@ class CompiledHooks:
         self.update()
 
     def ran(self) -> bool:
-        """Whether the step so far made a recorded call of the compiled model (see ``Hooks.ran``)."""
-        return bool(self._calls)
+        """Whether the step so far called the compiled model (see ``Hooks.ran``): every call goes through
+        :meth:`_call`, so this tells in a step not recorded too (the eager hooks, out there, cannot)."""
+        return bool(self._calls_made)
 
-    def calls_made(self) -> int:
-        """The recorded calls of the compiled model the step made so far (see ``Hooks.calls_made``)."""
-        return len(self._calls)
+    def calls_made(self, path: str | None = None) -> int:
+        """The calls of the compiled model the step made so far, recorded or not, whatever ``path`` (see
+        ``Hooks.calls_made``): its sites' calls are not counted one by one, each is taken to be called once per
+        call of the model."""
+        return self._calls_made
 
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
@@ -287,6 +291,7 @@ class CompiledHooks:
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
         st = self.state
+        self._calls_made += 1
         if self._check_due:  # the first call of a recorded step
             self._check_due = False
             self._check_frozen()

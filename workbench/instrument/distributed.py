@@ -407,6 +407,13 @@ def _told(exc: BaseException) -> str:
     return told if len(told) <= TOLD_CHARS else f"{told[:TOLD_CHARS]} ... ({len(told) - TOLD_CHARS:,} more characters)"
 
 
+def _named(rank: int, group: Any) -> str:
+    """Rank ``rank`` of ``group`` as the user's launcher names its process: by its global rank, with its rank in
+    the group where the two differ (a subgroup's rank 0 may be the world's rank 2)."""
+    world_rank = rank if group is None else dist.get_global_rank(group, rank)
+    return f"rank {world_rank}" + (f" (rank {rank} of the group)" if world_rank != rank else "")
+
+
 def _as_stored(value: Any) -> Any:
     """``value`` as a run's metadata keeps it: a JSON value as it is, any other made JSON with its parts'
     ``str`` (as the store writes it); one that cannot be (a list that holds itself) as it is."""
@@ -513,7 +520,7 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
         raise refused
     failed = {rank: told for rank, told in enumerate(said) if told is not None}
     if failed:
-        told = "; ".join(f"rank {rank} could not start its watch ({told})" for rank, told in failed.items())
+        told = "; ".join(f"{_named(rank, group)} could not start its watch ({told})" for rank, told in failed.items())
         error = RuntimeError(f"watch_distributed: {told}, so no rank watches.")
         w.close("failed", str(error))
         raise error

@@ -242,10 +242,13 @@ class Hooks:
         backward's parameter gradients do not tell: a step may have none)."""
         return bool(self.sites.calls) if self._module_hooks.attached else None
 
-    def calls_made(self) -> int:
-        """The module calls of the model the step made so far, as far as :meth:`ran` tells (0 where it does
-        not): a count that grows with each call, for what came after a given moment of the step."""
-        return sum(self.sites.calls.values()) if self.ran() else 0
+    def calls_made(self, path: str | None = None) -> int:
+        """The calls of the call site ``path`` (None: of every module of the model) the step made so far, as far
+        as :meth:`ran` tells (0 where it does not): a count that grows with each call, for what came after a given
+        moment of the step."""
+        if not self.ran():
+            return 0
+        return sum(self.sites.calls.values()) if path is None else self.sites.calls.get(path, 0)
 
     def _check_patched_calls(self) -> None:
         """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``

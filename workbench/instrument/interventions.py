@@ -131,7 +131,8 @@ class Intervention:
         self._remove = remove
         self._closed_with_watch = False
         #: made after the model's calls of the step it was made in (it applies from the next call on), and how
-        #: many module calls that step had made then (a later one in the same step is one it acted on)
+        #: many calls of its site that step had made then (a later one in the same step, of its ``call``, is one it
+        #: acted on; a call of another module is not)
         self.after_forward = False
         self.calls_before = 0
 

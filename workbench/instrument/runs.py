@@ -10,6 +10,7 @@ import json
 import numbers
 import os
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -481,8 +482,8 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         TypeError: ``root`` is not a path.
         ValueError: ``root`` is empty (``""``; ``"."`` is the current directory).
         FileNotFoundError: ``root`` is not a directory (or starts with ``~user`` for no user of this machine).
-        PermissionError: ``root`` cannot be read by this user (a run below it that cannot be read is left
-            out, as folders that are not runs are).
+        PermissionError: ``root`` cannot be read by this user, or a folder above it entered (a run below it that
+            cannot be read is left out, as folders that are not runs are).
     """
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"list_runs() takes a directory path (str or Path), got {root!r}.")
@@ -490,7 +491,18 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
         raise ValueError(f"list_runs() got an empty path ({root!r}); it takes the folder to search for runs, "
                          "'runs' if left out; pass '.' for the current directory.")
     root = expanded(root, "root")
-    if not root.is_dir():
+    try:
+        is_dir = stat.S_ISDIR(root.stat().st_mode)
+    except PermissionError:  # (a folder above it this user may not enter: whether it is one cannot be seen)
+        denied = next((folder for folder in reversed(root.absolute().parents) if not os.access(folder, os.X_OK)),
+                      root)
+        raise PermissionError(f"{root} cannot be searched for runs: permission denied on {denied} (ls -ld "
+                              f"{denied}). Listing it takes execute permission (x) on the folders above it and "
+                              "read and execute permission (r-x) on it; have them granted, or list a folder you "
+                              "can read.") from None
+    except OSError:
+        is_dir = False
+    if not is_dir:
         raise FileNotFoundError(f"{root} is not a directory of runs.")
     if not os.access(root, os.R_OK | os.X_OK):  # (its search would find nothing: an empty table, said of no run)
         raise PermissionError(f"{root} cannot be searched for runs: permission denied (ls -ld {root}). Listing it "

@@ -175,8 +175,12 @@ class Watch:
         is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
         if not self._hooks.recording:
+            for intervention in self.interventions:  # (the step's calls are counted from 0 again: first what
+                self._first_acted(intervention)  # the ones made after its calls acted on so far)
             self._hooks.start_step(self.step_index, True)
             self._record_next_at = self.step_index
+            for intervention in self.interventions:
+                intervention.calls_before = 0
 
     def _record(self, entries: list) -> StepRecord:
         try:
@@ -351,7 +355,7 @@ class Watch:
         calls = self._model_calls()
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index + bool(calls))
-        intervention.after_forward, intervention.calls_before = bool(calls), calls
+        intervention.after_forward, intervention.calls_before = bool(calls), self._hooks.calls_made(path)
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
@@ -362,9 +366,14 @@ class Watch:
         return self._hooks.calls_made() if self._hooks.ran() else 0
 
     def _first_acted(self, intervention: Intervention) -> None:
-        """Bring ``start_step`` to this step where the model was called again in it since ``intervention`` was
-        made after its first calls: it acted from this step on, not the next."""
-        if intervention.start_step > self.step_index and self._model_calls() > intervention.calls_before:
+        """Bring ``start_step`` to this step where the site of ``intervention``, made after the step's first
+        calls, was called again in it since (the call it patches, for one of a ``call``): it acted from this step
+        on, not the next. Calls of other modules do not count: a site that ran before it was made, then others
+        (it was made in a forward hook), ran unpatched."""
+        if intervention.start_step <= self.step_index:
+            return
+        before, now = intervention.calls_before, self._hooks.calls_made(intervention.path)
+        if (now > before) if intervention.call is None else (before <= intervention.call < now):
             intervention.start_step = self.step_index
 
     def _remove_intervention(self, intervention: Intervention) -> None:

@@ -585,13 +585,14 @@ class RunView:
     def first_recorded_step(self) -> int | None:
         """The step a run that ended before its first recorded step would have recorded first (a watch with
         ``every=N`` stopped before step N + 1, or a resumed one before its next multiple), for :meth:`no_rows`;
-        None for any other run, one with rows, or where its ``schedule`` is not known."""
+        None for any other run, one with rows, one whose first step was to be recorded (it ran none: no
+        ``every`` would have recorded more), or where its ``schedule`` is not known."""
         with self._synced():
             if self.status not in ENDED or self.schedule is None or any(self.sites.values()):
                 return None
             every, start = self.schedule
             first = start + (1 - start) % every  # (a watch records the steps s with (s - 1) % every == 0)
-            return None if every == 1 or self.last_step >= first else first
+            return None if first == start or self.last_step >= first else first
 
     def before_first_record(self) -> str | None:
         """What a run that ended before its first recorded step says (:meth:`first_recorded_step`): which
