@@ -1339,3 +1339,40 @@ def test_the_per_site_scale_the_figure_chose_is_kept_while_the_watch_streams_in_
             assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
         finally:
             dash.close()
+
+
+def test_a_kept_per_site_scale_is_the_sites_picked_and_a_kept_log_goes_linear_at_a_zero():
+    """The Dashboard kept the scale settled for its kind and statistic through a pick of other sites (a site whose
+    line dwarfs the others added: flat at zero, linear), and kept a log one after a line fell to 0 (the zeros
+    vanished from the figure)."""
+    import torch
+
+    from tests.ui.test_run_page import _TwoBranches
+
+    net = _TwoBranches()
+    with torch.no_grad():
+        net.big.weight.mul_(1e6)  # (its line dwarfs the other's from the first step)
+    with workbench.watch(net) as w:
+        dash = Dashboard(w, interval=3600, tab="sites")  # (drawn by refresh() here, not by its timer)
+        try:
+            def steps(first, last):
+                for step in range(first, last + 1):
+                    net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+                    w.step()
+                    wait_for(lambda: dash.view.steps_fed == step, what=f"step {step} in the dashboard's view")
+                    dash.refresh()
+                return plotted(dash, "sites")["layout"]["yaxis"]["type"]
+
+            settles = figures.SCALE_SETTLES_AT
+            assert steps(1, 1) == "log"
+            dash.sites.value = ("small",)  # (the user's pick: one line, linear)
+            assert steps(2, settles) == "linear"
+            dash.sites.value = ("big", "small")  # (another pick: the figure's to choose again)
+            assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+            assert steps(settles + 1, 2 * settles) == "log"  # (kept for this pick)
+            with torch.no_grad():
+                net.small.weight.zero_()
+                net.small.bias.zero_()  # (its output constant: its std 0 from the next step)
+            assert steps(2 * settles + 1, 2 * settles + 1) == "linear" and not dash.log_sites.value
+        finally:
+            dash.close()

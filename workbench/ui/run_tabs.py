@@ -1007,8 +1007,7 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                                                                  None if auto_log else log_y, colors, scale)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         # (the scale the call site's figure chose, in the box, until the user sets it)
-        chosen = (site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log"
-                  if drawn and auto_log and scale is None else None)
+        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
         if drawn and auto_log:
             kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig)
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
