@@ -13,9 +13,10 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import shutil
+import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -980,11 +981,17 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
     holdings = holdings if holdings is not None else PageHoldings()
 
     def on_export(name, pick, fmt, request):
-        paths, message = export_run(root, name or pick, fmt)
+        # (written into Gradio's cache, from which the page's file component serves them as they are: written
+        # elsewhere, each file was copied there, and the copies stayed once the page let go of its folder)
+        cache = getattr(app, "GRADIO_CACHE", None) or gr.utils.get_upload_folder()
+        os.makedirs(cache, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="workbench-export-", dir=cache)
+        paths, message = export_run(root, name or pick, fmt, folder)
+        if not paths:
+            shutil.rmtree(folder, ignore_errors=True)
         session = session_of(request)
         if paths and session is not None:  # (the page offers the last export's files alone: the others go)
-            holdings.hold(session, "export", functools.partial(shutil.rmtree, Path(paths[0]).parent,
-                                                               ignore_errors=True))
+            holdings.hold(session, "export", functools.partial(shutil.rmtree, folder, ignore_errors=True))
         return message, gr.File(value=paths or None, visible=bool(paths))
 
     # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
