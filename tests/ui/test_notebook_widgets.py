@@ -1376,3 +1376,35 @@ def test_a_kept_per_site_scale_is_the_sites_picked_and_a_kept_log_goes_linear_at
             assert steps(2 * settles + 1, 2 * settles + 1) == "linear" and not dash.log_sites.value
         finally:
             dash.close()
+
+
+def test_a_comparisons_scale_is_kept_only_once_each_run_has_its_line():
+    """A Compare settled its call site's scale on the one line of the run that had steps: the run that began later,
+    dwarfing it, stayed on a linear y, flat at zero beside it."""
+    import torch
+
+    from tests.ui.test_run_page import _TwoBranches
+    from workbench.ui.notebook import Compare
+
+    early, late = _TwoBranches(), _TwoBranches()
+    with torch.no_grad():
+        late.big.weight.mul_(1e6)
+    with workbench.watch(early) as w_early, workbench.watch(late) as w_late:
+        compare = Compare({"early": w_early, "late": w_late}, kind="activation", statistic="std", site="big",
+                          interval=3600, tab="site")  # (drawn by refresh() here, not by its timer)
+        try:
+            taken = {"early": 0, "late": 0}
+
+            def steps(name, net, w, count):
+                for step in range(1, count + 1):
+                    net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+                    w.step()
+                taken[name] += count
+                wait_for(lambda: compare.runs[name].view.steps_fed == taken[name], what=f"{name}'s steps")
+                compare.refresh()
+                return compare.figure("site")["layout"]["yaxis"]["type"]
+
+            assert steps("early", early, w_early, 2 * figures.SCALE_SETTLES_AT) == "linear"  # (one line)
+            assert steps("late", late, w_late, 1) == "log" and compare.log_y.value  # (the late run's line dwarfs it)
+        finally:
+            compare.close()

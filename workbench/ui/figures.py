@@ -432,13 +432,14 @@ def chosen_scale(frame: pd.DataFrame, kept_log: bool | None = None) -> bool:
 SCALE_SETTLES_AT = 5
 
 
-def settled_scale(figure: Mapping[str, Any] | None) -> bool | None:
+def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1) -> bool | None:
     """The scale a per-site figure left to choose it chose (True: log; :func:`sites_figure`,
-    :func:`compare_site_figure` with ``log_y=None``), once each of its lines has :data:`SCALE_SETTLES_AT` points (a
-    NaN among them too: a scalar's std is one at every step); None before (the steps to come may change it), or
-    for a figure without lines."""
-    lines = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
-    if not lines or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in lines):
+    :func:`compare_site_figure` with ``log_y=None``), once it has ``lines`` lines at least, each of
+    :data:`SCALE_SETTLES_AT` points (a NaN among them too: a scalar's std is one at every step); None before (the
+    steps to come may change it: a comparison's run that has no rows yet brings its line later), or for a figure
+    without lines."""
+    drawn = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
+    if len(drawn) < max(lines, 1) or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in drawn):
         return None
     return figure["layout"].get("yaxis", {}).get("type") == "log"
 
@@ -454,15 +455,17 @@ def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | N
     return bool(kept[1]) if kept is not None and list(kept[0]) == list(selection) else None
 
 
-def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Mapping[str, Any] | None) -> list | None:
+def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Mapping[str, Any] | None,
+               lines: int = 1) -> list | None:
     """What a page keeps of its per-site figure's scale after drawing ``figure`` for ``selection``: the scale
-    kept for it already, else the one the figure chose once settled (:func:`settled_scale`), else ``kept``.
+    kept for it already, else the one the figure chose once settled with ``lines`` lines at least (a comparison:
+    one per run; :func:`settled_scale`), else ``kept``.
     Drawn next with :func:`kept_scale`'s answer as its ``kept_log`` (:func:`sites_figure`,
     :func:`compare_site_figure`), the figure of a run that streams in switches its scale at most while its lines are
     shorter than :data:`SCALE_SETTLES_AT` points, and from a kept log to linear once a value is not positive."""
     if kept_scale(kept, selection) is not None:
         return list(kept)
-    log = settled_scale(figure)
+    log = settled_scale(figure, lines)
     return kept if log is None else [list(selection), log]
 
 

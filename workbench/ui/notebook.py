@@ -1508,8 +1508,9 @@ class Compare:
             self._specs.update(metrics=metrics, site=site_fig)
             if not self._picked_log and site_fig is not None:  # (kept for the site asked: the next draw asks it)
                 asked = self._wanted_site if self._wanted_site is not None else site
+                # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
                 self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
-                                                                     asked], site_fig)
+                                                                     asked], site_fig, lines=len(picks))
             if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
                 self._setting_log = True
                 try:

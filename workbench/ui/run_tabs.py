@@ -1016,7 +1016,8 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
         # (the scale the call site's figure chose, in the box, until the user sets it)
         chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
         if drawn and auto_log:
-            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig)
+            # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
+            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig, lines=len(runs))
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,
