@@ -1,6 +1,7 @@
 """The notebook widgets, driven as a user would (set values, click), and background runs."""
 
 import json
+import re
 import time
 
 import pytest
@@ -349,6 +350,9 @@ def test_a_dashboard_says_which_other_runs_train_in_the_kernel_while_its_run_tra
                  what="the header naming the other run")
         assert "activation_mlp (seed 8) at step" not in dash.header.value  # (not its own run)
         assert "<code>workbench.experiments.running()</code> lists them" in dash.header.value
+        first.pause()  # (named still, as paused: it takes no share of the CPU, and may be resumed)
+        wait_for(lambda: re.search(r"activation_mlp \(seed 7\) at step \d+ \(paused\)", dash.header.value),
+                 what="the other run named as paused")
         first.stop()
         wait_for(lambda: "Also training" not in dash.header.value, what="the note gone with the other run")
     finally:

@@ -923,7 +923,9 @@ class Dashboard:
         others = [run for run in running() if run is not self.run]
         if not others:
             return ""
-        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" for run in others[:3])
+        # (a paused one said so: it takes no share of the CPU while paused)
+        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" + (" (paused)" if run.status == "paused"
+                                                                                else "") for run in others[:3])
         named += f" and {len(others) - 3} more" if len(others) > 3 else ""
         return (f"<br><span style='color:var(--jp-warn-color0, #b26a00)'>Also training in this kernel: {named} "
                 "(a cell run again leaves its run training: <code>workbench.experiments.running()</code> lists "
