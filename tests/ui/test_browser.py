@@ -8,6 +8,7 @@ run stored.
 import os
 import re
 import time
+from urllib.parse import unquote
 
 import numpy as np
 import pandas as pd
@@ -1184,9 +1185,10 @@ def test_every_field_label_of_the_dynamics_networks_form_reads_whole(browser, se
 def _new_export_folders(known):
     """The folders of exports made since ``known`` (a set of them, updated)."""
     import glob
-    import tempfile
 
-    found = set(glob.glob(os.path.join(tempfile.gettempdir(), "workbench-export-*")))
+    from gradio.utils import get_upload_folder
+
+    found = set(glob.glob(os.path.join(get_upload_folder(), "workbench-export-*")))
     new = found - known
     known |= new
     return new
@@ -1198,6 +1200,11 @@ def _export(page, known):
     expect(page.locator("#export-files a").first).to_be_visible()
     [folder] = _new_export_folders(known)
     assert any(name.endswith("-rows.csv") for name in os.listdir(folder)), os.listdir(folder)
+    # (the files the page offers are those in the folder, not copies Gradio made of them in its cache, which
+    # outlived the folder let go of)
+    served = [unquote(link.get_attribute("href").split("file=", 1)[1])
+              for link in page.locator("#export-files a").all()]
+    assert served and all(os.path.dirname(path) == folder for path in served), (served, folder)
     return folder
 
 

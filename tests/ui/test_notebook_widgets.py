@@ -1,6 +1,7 @@
 """The notebook widgets, driven as a user would (set values, click), and background runs."""
 
 import json
+import re
 import time
 
 import pytest
@@ -349,6 +350,9 @@ def test_a_dashboard_says_which_other_runs_train_in_the_kernel_while_its_run_tra
                  what="the header naming the other run")
         assert "activation_mlp (seed 8) at step" not in dash.header.value  # (not its own run)
         assert "<code>workbench.experiments.running()</code> lists them" in dash.header.value
+        first.pause()  # (named still, as paused: it takes no share of the CPU, and may be resumed)
+        wait_for(lambda: re.search(r"activation_mlp \(seed 7\) at step \d+ \(paused\)", dash.header.value),
+                 what="the other run named as paused")
         first.stop()
         wait_for(lambda: "Also training" not in dash.header.value, what="the note gone with the other run")
     finally:
@@ -1339,3 +1343,72 @@ def test_the_per_site_scale_the_figure_chose_is_kept_while_the_watch_streams_in_
             assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
         finally:
             dash.close()
+
+
+def test_a_kept_per_site_scale_is_the_sites_picked_and_a_kept_log_goes_linear_at_a_zero():
+    """The Dashboard kept the scale settled for its kind and statistic through a pick of other sites (a site whose
+    line dwarfs the others added: flat at zero, linear), and kept a log one after a line fell to 0 (the zeros
+    vanished from the figure)."""
+    import torch
+
+    from tests.ui.test_run_page import _TwoBranches
+
+    net = _TwoBranches()
+    with torch.no_grad():
+        net.big.weight.mul_(1e6)  # (its line dwarfs the other's from the first step)
+    with workbench.watch(net) as w:
+        dash = Dashboard(w, interval=3600, tab="sites")  # (drawn by refresh() here, not by its timer)
+        try:
+            def steps(first, last):
+                for step in range(first, last + 1):
+                    net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+                    w.step()
+                    wait_for(lambda: dash.view.steps_fed == step, what=f"step {step} in the dashboard's view")
+                    dash.refresh()
+                return plotted(dash, "sites")["layout"]["yaxis"]["type"]
+
+            settles = figures.SCALE_SETTLES_AT
+            assert steps(1, 1) == "log"
+            dash.sites.value = ("small",)  # (the user's pick: one line, linear)
+            assert steps(2, settles) == "linear"
+            dash.sites.value = ("big", "small")  # (another pick: the figure's to choose again)
+            assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+            assert steps(settles + 1, 2 * settles) == "log"  # (kept for this pick)
+            with torch.no_grad():
+                net.small.weight.zero_()
+                net.small.bias.zero_()  # (its output constant: its std 0 from the next step)
+            assert steps(2 * settles + 1, 2 * settles + 1) == "linear" and not dash.log_sites.value
+        finally:
+            dash.close()
+
+
+def test_a_comparisons_scale_is_kept_only_once_each_run_has_its_line():
+    """A Compare settled its call site's scale on the one line of the run that had steps: the run that began later,
+    dwarfing it, stayed on a linear y, flat at zero beside it."""
+    import torch
+
+    from tests.ui.test_run_page import _TwoBranches
+    from workbench.ui.notebook import Compare
+
+    early, late = _TwoBranches(), _TwoBranches()
+    with torch.no_grad():
+        late.big.weight.mul_(1e6)
+    with workbench.watch(early) as w_early, workbench.watch(late) as w_late:
+        compare = Compare({"early": w_early, "late": w_late}, kind="activation", statistic="std", site="big",
+                          interval=3600, tab="site")  # (drawn by refresh() here, not by its timer)
+        try:
+            taken = {"early": 0, "late": 0}
+
+            def steps(name, net, w, count):
+                for step in range(1, count + 1):
+                    net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+                    w.step()
+                taken[name] += count
+                wait_for(lambda: compare.runs[name].view.steps_fed == taken[name], what=f"{name}'s steps")
+                compare.refresh()
+                return compare.figure("site")["layout"]["yaxis"]["type"]
+
+            assert steps("early", early, w_early, 2 * figures.SCALE_SETTLES_AT) == "linear"  # (one line)
+            assert steps("late", late, w_late, 1) == "log" and compare.log_y.value  # (the late run's line dwarfs it)
+        finally:
+            compare.close()

@@ -736,3 +736,78 @@ def test_a_comparison_draws_its_site_figure_at_the_scale_kept_and_its_metrics_li
                                                      log_y=None, kept_site_log=kept)
         assert site["layout"]["yaxis"]["type"] == ("log" if kept else "linear")
         assert metrics["layout"]["yaxis"].get("type", "linear") == "linear"
+
+
+def _streamed(net, view, steps, values, change_at=None, change=None, state=None):
+    """Redraw a run page after each of ``steps`` steps of ``net``; ``change()`` runs before step ``change_at``.
+    Returns the page state and, per step, the per-site figure's scale and the outputs."""
+    scales, outs = [], []
+    with workbench.watch(net) as w:
+        for step in range(1, steps + 1):
+            if step == change_at:
+                with torch.no_grad():
+                    change()
+            net(torch.randn(8, 3, generator=torch.Generator().manual_seed(step))).backward()
+            w.step()
+            view.feed(w.recorder.records()[-1])
+            out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", state, values)))
+            state = out["state"]
+            scales.append(json.loads(out["series"].plot)["layout"]["yaxis"]["type"])
+            outs.append(out)
+    return state, scales, outs
+
+
+def test_a_kept_log_scale_goes_linear_once_a_line_has_a_zero_as_a_fresh_figure_does():
+    """A log scale kept once settled stayed log after a site's std fell to 0 (its output constant): the zeros
+    vanished from the figure, which a page opened then drew linear."""
+    net, view = _TwoBranches(), RunView(label="x")
+    values = [[], 0.0, False, "activation", "std", ["big", "small"], False, None, "grad_output", "norm", True]
+
+    def constant_small():
+        net.small.weight.zero_()
+        net.small.bias.zero_()
+
+    with torch.no_grad():
+        net.big.weight.mul_(1e6)  # (its line dwarfs the other's from the first step: the figure settles log)
+    settles = figures.SCALE_SETTLES_AT
+    _, scales, outs = _streamed(net, view, 3 * settles, values, change_at=2 * settles, change=constant_small)
+    assert scales[:2 * settles - 1] == ["log"] * (2 * settles - 1)
+    assert scales[2 * settles - 1:] == ["linear"] * (settles + 1), scales
+    assert outs[2 * settles - 1]["log_sites"] is False  # (the box says so)
+    fresh = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", None, values)))
+    assert json.loads(fresh["series"].plot)["layout"]["yaxis"]["type"] == "linear"
+
+
+def test_sites_the_user_picks_are_the_figures_to_choose_a_scale_for_again():
+    """The scale kept for a run's kind and statistic was kept through a pick of other sites: adding a site whose
+    line dwarfs the others left them flat at zero on a linear scale."""
+    net, view = _TwoBranches(), RunView(label="x")
+    with torch.no_grad():
+        net.big.weight.mul_(1e6)
+    values = [[], 0.0, False, "activation", "std", ["small"], False, None, "grad_output", "norm", True]
+    state = {**run_page.new_page_state(), "auto_sites": False}  # (the user picked small alone)
+    state, scales, _ = _streamed(net, view, 2 * figures.SCALE_SETTLES_AT, values, state=state)
+    assert set(scales) == {"linear"}
+    values[run_page.CONTROLS.index("sites")] = ["big", "small"]  # (then picks big too)
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "x", state, values)))
+    assert json.loads(out["series"].plot)["layout"]["yaxis"]["type"] == "log" and out["log_sites"] is True
+
+
+def test_a_comparisons_kept_log_scale_goes_linear_where_a_run_has_a_zero():
+    def view_of(constant):
+        net, view = _TwoBranches(), RunView(label="x")
+        with torch.no_grad():
+            net.small.weight.mul_(0.0 if constant else 1e6)  # (0: its output constant, its std 0)
+            net.small.bias.mul_(0.0 if constant else 1.0)
+        _streamed(net, view, figures.SCALE_SETTLES_AT, [[], 0.0, False, "activation", "std", None, False, None,
+                                                        "grad_output", "norm", True])
+        return view
+
+    views = {"a": view_of(False), "b": view_of(True)}
+    for kept, scale in ((True, "linear"), (False, "linear"), (None, "linear")):
+        figure = figures.compare_site_figure(views, "activation", "std", "small", None, kept_log=kept)
+        assert figure["layout"]["yaxis"]["type"] == scale, kept
+    views["b"] = view_of(False)
+    assert figures.compare_site_figure(views, "activation", "std", "small", None,
+                                       kept_log=True)["layout"]["yaxis"]["type"] == "log"
+    assert figures.compare_site_figure(views, "activation", "std", "small", True)["layout"]["yaxis"]["type"] == "log"

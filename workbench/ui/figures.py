@@ -359,7 +359,8 @@ def _flat_range(values: Any, log: bool) -> dict[str, Any]:
 
 
 def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str, site: str,
-                        log_y: bool | None = False, colors: Mapping[str, str] | None = None) -> Figure:
+                        log_y: bool | None = False, colors: Mapping[str, str] | None = None,
+                        kept_log: bool | None = None) -> Figure:
     """One call site's statistic in several runs, a line per run (a run without the site is left out).
 
     Args:
@@ -370,6 +371,7 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
         log_y: a log-scaled y axis; None: the figure chooses, as :func:`sites_figure` does: log where one
             run's line dwarfs the others (:func:`dwarfed`); its ``layout.yaxis.type`` says which.
         colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
+        kept_log: with ``log_y`` None, the scale kept for what it shows (:func:`chosen_scale`).
 
     Returns:
         The figure spec; a blank one that says so when no run has the site.
@@ -388,7 +390,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     if not data:
         return empty_figure(f"No run has {kind} rows at {site}.")
     if log_y is None:  # (a line per run: dwarfed reads its lines by their "site")
-        log_y = dwarfed(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True))
+        log_y = chosen_scale(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True),
+                             kept_log)
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),
@@ -412,6 +415,16 @@ def dwarfed(frame: pd.DataFrame) -> bool:
     return bool(typical.max() > DWARFS * typical.min())
 
 
+def chosen_scale(frame: pd.DataFrame, kept_log: bool | None = None) -> bool:
+    """The scale (True: log) a per-site figure left to choose draws ``frame`` at: the one kept for what it shows
+    (:func:`keep_scale`), a log one only while every finite value is positive (a zero or a negative value, a
+    site's std once its output is constant, would vanish from it: the figure goes linear, as a fresh one does);
+    none kept, log where a line dwarfs the others (:func:`dwarfed`)."""
+    if kept_log is None:
+        return dwarfed(frame)
+    return bool(kept_log) and bool((frame.value[np.isfinite(frame.value)] > 0).all())
+
+
 #: Points (steps) each line of a per-site figure needs before the scale the figure chose (left to choose: log where a
 #: line dwarfs the others, :func:`dwarfed`) is kept for what it shows (:func:`keep_scale`): from then on the steps
 #: that stream in do not switch it between linear and log (a comparison with a run being recorded jumped so at a
@@ -419,13 +432,14 @@ def dwarfed(frame: pd.DataFrame) -> bool:
 SCALE_SETTLES_AT = 5
 
 
-def settled_scale(figure: Mapping[str, Any] | None) -> bool | None:
+def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1) -> bool | None:
     """The scale a per-site figure left to choose it chose (True: log; :func:`sites_figure`,
-    :func:`compare_site_figure` with ``log_y=None``), once each of its lines has :data:`SCALE_SETTLES_AT` points (a
-    NaN among them too: a scalar's std is one at every step); None before (the steps to come may change it), or
-    for a figure without lines."""
-    lines = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
-    if not lines or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in lines):
+    :func:`compare_site_figure` with ``log_y=None``), once it has ``lines`` lines at least, each of
+    :data:`SCALE_SETTLES_AT` points (a NaN among them too: a scalar's std is one at every step); None before (the
+    steps to come may change it: a comparison's run that has no rows yet brings its line later), or for a figure
+    without lines."""
+    drawn = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
+    if len(drawn) < max(lines, 1) or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in drawn):
         return None
     return figure["layout"].get("yaxis", {}).get("type") == "log"
 
@@ -441,19 +455,23 @@ def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | N
     return bool(kept[1]) if kept is not None and list(kept[0]) == list(selection) else None
 
 
-def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Mapping[str, Any] | None) -> list | None:
+def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Mapping[str, Any] | None,
+               lines: int = 1) -> list | None:
     """What a page keeps of its per-site figure's scale after drawing ``figure`` for ``selection``: the scale
-    kept for it already, else the one the figure chose once settled (:func:`settled_scale`), else ``kept``.
-    Drawn next with :func:`kept_scale`'s answer (or left to choose while it is None), the figure of a run that
-    streams in switches its scale at most while its lines are shorter than :data:`SCALE_SETTLES_AT` points."""
+    kept for it already, else the one the figure chose once settled with ``lines`` lines at least (a comparison:
+    one per run; :func:`settled_scale`), else ``kept``.
+    Drawn next with :func:`kept_scale`'s answer as its ``kept_log`` (:func:`sites_figure`,
+    :func:`compare_site_figure`), the figure of a run that streams in switches its scale at most while its lines are
+    shorter than :data:`SCALE_SETTLES_AT` points, and from a kept log to linear once a value is not positive."""
     if kept_scale(kept, selection) is not None:
         return list(kept)
-    log = settled_scale(figure)
+    log = settled_scale(figure, lines)
     return kept if log is None else [list(selection), log]
 
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,
-                 log_y: bool | None = False, colors: dict[str, str] | None = None) -> Figure:
+                 log_y: bool | None = False, colors: dict[str, str] | None = None,
+                 kept_log: bool | None = None) -> Figure:
     """One statistic per call site over steps; where steps were merged, a band shows their min
     and max. Click a legend entry to hide a site.
 
@@ -466,6 +484,7 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
             (:func:`dwarfed`); its ``layout.yaxis.type`` says which.
         colors: call site -> its colour in earlier drawings of the same page, which a site drawn again
             keeps; updated with this drawing's (None: colours by forward order alone).
+        kept_log: with ``log_y`` None, the scale kept for what it shows (:func:`chosen_scale`).
 
     Returns:
         The figure spec; a blank one that says so before the first row of that kind.
@@ -474,7 +493,7 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
     if frame.empty:
         return empty_figure(view.no_rows(kind))
     if log_y is None:
-        log_y = dwarfed(frame)
+        log_y = chosen_scale(frame, kept_log)
     drawn = steady_colors(list(dict.fromkeys(frame.site)), colors, order=view.site_order(kind))
     if colors is not None:
         colors.update(drawn)

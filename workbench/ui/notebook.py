@@ -923,7 +923,9 @@ class Dashboard:
         others = [run for run in running() if run is not self.run]
         if not others:
             return ""
-        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" for run in others[:3])
+        # (a paused one said so: it takes no share of the CPU while paused)
+        named = ", ".join(f"{html.escape(_label(run))} at step {run.step}" + (" (paused)" if run.status == "paused"
+                                                                                else "") for run in others[:3])
         named += f" and {len(others) - 3} more" if len(others) > 3 else ""
         return (f"<br><span style='color:var(--jp-warn-color0, #b26a00)'>Also training in this kernel: {named} "
                 "(a cell run again leaves its run training: <code>workbench.experiments.running()</code> lists "
@@ -974,14 +976,15 @@ class Dashboard:
                 sites = list(self.sites.value) or None
                 # (until the user sets it, the figure chooses its scale, log where a line dwarfs the others,
                 # and the box says which)
-                # (and keeps it for the kind and statistic once settled: new steps do not switch it)
-                kept = figures.kept_scale(self._kept_log_sites, [kind, statistic])
-                log = self.log_sites.value if self._picked_log_sites else kept
-                spec = figures.sites_figure(self.view, kind, statistic, sites, log,
-                                            colors=self._site_colours)  # (a site keeps its colour)
+                # (and keeps it for the kind, statistic and sites picked once settled: new steps do not switch it)
+                scale_for = [kind, statistic, sites if self._picked_sites else None]  # (defaults change with steps)
+                kept = figures.kept_scale(self._kept_log_sites, scale_for)
+                log = self.log_sites.value if self._picked_log_sites else None
+                spec = figures.sites_figure(self.view, kind, statistic, sites, log, colors=self._site_colours,
+                                            kept_log=kept)  # (a site keeps its colour)
                 if not self._picked_log_sites:
                     self._set_quietly(self.log_sites, spec["layout"].get("yaxis", {}).get("type") == "log")
-                    self._kept_log_sites = figures.keep_scale(self._kept_log_sites, [kind, statistic], spec)
+                    self._kept_log_sites = figures.keep_scale(self._kept_log_sites, scale_for, spec)
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
                                                                default=not self._picked_sites))
@@ -1505,9 +1508,11 @@ class Compare:
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
                 self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors, kept)
             self._specs.update(metrics=metrics, site=site_fig)
-            if not self._picked_log and site_fig is not None:
+            if not self._picked_log and site_fig is not None:  # (kept for the site asked: the next draw asks it)
+                asked = self._wanted_site if self._wanted_site is not None else site
+                # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
                 self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
-                                                                     site], site_fig)
+                                                                     asked], site_fig, lines=len(picks))
             if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
                 self._setting_log = True
                 try:

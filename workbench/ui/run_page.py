@@ -64,6 +64,7 @@ class Controls:
     statistic: str = "std"
     sites: Sequence[str] | None = None  # None: the view's default (the sites that changed most)
     log_sites: bool | None = False  # None: the figure chooses (log where a line dwarfs the others)
+    kept_log_sites: bool | None = None  # with log_sites None, the scale kept for it (figures.chosen_scale)
     dist_site: str | None = None  # None: the first chosen site with histograms
     heat_kind: str = "grad_output"
     heat_statistic: str = "norm"
@@ -173,7 +174,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
             sites = sorted(sites, key=site_choices.index)  # (drawn and listed in forward order)
             log_sites = None if c.log_sites is None else bool(c.log_sites)
             sites_fig = drawn("series", lambda: figures.sites_figure(view, c.kind, c.statistic, sites,
-                                                                     log_sites, site_colors) if sites
+                                                                     log_sites, site_colors, c.kept_log_sites)
+                              if sites
                               else figures.empty_figure("Pick call sites above." if site_choices
                                                         else view.no_rows(c.kind)))
             if log_sites is None and sites_fig is not None and sites_fig["data"]:  # (the scale it chose)
@@ -478,11 +480,13 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
-    # (the per-site figure's scale, left to it, is kept for the run, kind and statistic once its lines are long
-    # enough to settle it: ticks that bring more steps do not switch it between linear and log)
-    scale_for = [str(run), controls.kind, controls.statistic]
+    # (the per-site figure's scale, left to it, is kept for the run, kind, statistic and the sites the user picked
+    # once its lines are long enough to settle it: ticks that bring more steps do not switch it between linear and
+    # log; another pick of sites is the figure's to choose again)
+    scale_for = [str(run), controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
     if controls.log_sites is None:
-        controls = dataclasses.replace(controls, log_sites=figures.kept_scale(state.get("kept_log_sites"), scale_for))
+        controls = dataclasses.replace(controls, kept_log_sites=figures.kept_scale(state.get("kept_log_sites"),
+                                                                                   scale_for))
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
     if state.get("auto_log_sites", True) and page.sites_figure is not None:

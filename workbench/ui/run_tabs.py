@@ -13,9 +13,10 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import shutil
+import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -980,11 +981,17 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
     holdings = holdings if holdings is not None else PageHoldings()
 
     def on_export(name, pick, fmt, request):
-        paths, message = export_run(root, name or pick, fmt)
+        # (written into Gradio's cache, from which the page's file component serves them as they are: written
+        # elsewhere, each file was copied there, and the copies stayed once the page let go of its folder)
+        cache = getattr(app, "GRADIO_CACHE", None) or gr.utils.get_upload_folder()
+        os.makedirs(cache, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="workbench-export-", dir=cache)
+        paths, message = export_run(root, name or pick, fmt, folder)
+        if not paths:
+            shutil.rmtree(folder, ignore_errors=True)
         session = session_of(request)
         if paths and session is not None:  # (the page offers the last export's files alone: the others go)
-            holdings.hold(session, "export", functools.partial(shutil.rmtree, Path(paths[0]).parent,
-                                                               ignore_errors=True))
+            holdings.hold(session, "export", functools.partial(shutil.rmtree, folder, ignore_errors=True))
         return message, gr.File(value=paths or None, visible=bool(paths))
 
     # Gradio passes the page's request to a parameter annotated gr.Request; written in the signature, the
@@ -1007,10 +1014,10 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                                                                  None if auto_log else log_y, colors, scale)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         # (the scale the call site's figure chose, in the box, until the user sets it)
-        chosen = (site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log"
-                  if drawn and auto_log and scale is None else None)
+        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
         if drawn and auto_log:
-            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig)
+            # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
+            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig, lines=len(runs))
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,

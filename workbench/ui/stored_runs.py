@@ -186,7 +186,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
     which the runs still compared keep. ``log_y``: both figures' scale; None: the metrics linear and the
     call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`), unless
-    ``kept_site_log`` says the scale it chose before and keeps (:func:`figures.keep_scale`)."""
+    ``kept_site_log`` says the scale it chose before and keeps (:func:`figures.keep_scale`; a log one while every
+    value is positive, :func:`figures.chosen_scale`)."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -223,8 +224,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (a run recorded without the kind will have none: said so, with the option that is off)
     without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
     if site is not None:
-        site_log = kept_site_log if log_y is None else bool(log_y)
-        site_fig = figures.compare_site_figure(views, kind, statistic, site, site_log, colors)
+        site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
+                                               colors, kept_site_log)
     elif len(without) == len(views):
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
