@@ -563,7 +563,7 @@ class Diagnoser:
             items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
                                       order[e["finding"]]))
             rows = [self._row(e) for e in items]
-            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows)])
+            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows, self.first_step or 1)])
             self._cache = (self._version, frame)
             return frame.copy()
 
@@ -898,7 +898,7 @@ class Diagnoser:
         of the run so far: its steps since the first this took in, which a run continuing another does not
         start at 1) before ``step``, taken up again (a loss NaN every other step is one finding, not one a
         step), or None."""
-        gap = max(REJOIN_STEPS, REJOIN_FRACTION * (step - (self.first_step or 1) + 1))
+        gap = _rejoin_gap(step, self.first_step or 1)
         for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
             e = self._closed[i]
             if e.get("key") == key and step - e["last"] <= gap:
@@ -1665,22 +1665,29 @@ class Diagnoser:
                        need=t.persist)
 
 
-def _grouped(rows: list[dict]) -> list[dict]:
+def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     """``rows`` (findings as :meth:`Diagnoser._row` gives them, in the frame's order) with a run's consequences grouped
-    under their cause: where one of :data:`BLOWN_UP` holds, the finding of :data:`ROOT_FINDINGS` that began first
-    (of those that began at once, the first of that tuple) is the root, and every finding that began at its step or
-    later (but :data:`NOT_CONSEQUENCES`) follows right after it, its ``cause`` naming the root; the root's severity is
-    the worst of its group's, so that it leads as its consequences would. A learning rate of 10 on a ReLU MLP: its
-    update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled weights (10 rows of
-    equal rank, the dead units first, until 2026-11-29)."""
+    under their cause: the finding of :data:`ROOT_FINDINGS` that began first (of those that began at once, the first of
+    that tuple) is the root, and every finding that began while it or one of its consequences held (at most
+    :func:`_rejoin_gap` steps after the last of them held; but :data:`NOT_CONSEQUENCES`) follows right after it, its
+    ``cause`` naming the root, where the group holds one of :data:`BLOWN_UP`; else the root that began next is tried.
+    The root's severity is the worst of its group's, so that it leads as its consequences would. A learning rate of 10
+    on a ReLU MLP: its update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled
+    weights (10 rows of equal rank, the dead units first, until 2026-11-29). A finding that began after the root's
+    trouble had ended is not its consequence: a learning rate too hot for the first 4 steps does not cause the NaN
+    loss of step 50 (grouped under it, and left out of the app's list, until 2026-11-29)."""
     priority = {name: i for i, name in enumerate(ROOT_FINDINGS)}
-    candidates = [i for i, r in enumerate(rows) if r["finding"] in priority]
+    candidates = sorted((i for i, r in enumerate(rows) if r["finding"] in priority),
+                        key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
     if not candidates or not any(r["finding"] in BLOWN_UP for r in rows):
         return rows
-    root = min(candidates, key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
+    for root in candidates:
+        members = _consequences(rows, root, first_step)
+        if any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
+            break
+    else:
+        return rows
     start = rows[root]["step"]
-    members = [i for i, r in enumerate(rows) if i != root and r["step"] >= start
-               and r["finding"] not in NOT_CONSEQUENCES]
     if not members:
         return rows
     # (in the order they began: what happened, step by step; the root's kind first, the same cause at other sites)
@@ -1701,6 +1708,28 @@ def _grouped(rows: list[dict]) -> list[dict]:
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
     at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
     return rest[:at] + group + rest[at:]
+
+
+def _consequences(rows: list[dict], root: int, first_step: int) -> list[int]:
+    """The findings of ``rows`` (indices) that began while ``root`` or one of those before them held, in the order
+    they began: at its step or later, at most :func:`_rejoin_gap` steps after the last of them held (but
+    :data:`NOT_CONSEQUENCES`)."""
+    held = rows[root]["last_step"]
+    later = sorted((i for i, r in enumerate(rows) if i != root and r["step"] >= rows[root]["step"]
+                    and r["finding"] not in NOT_CONSEQUENCES), key=lambda i: (rows[i]["step"], i))
+    members = []
+    for i in later:
+        if rows[i]["step"] > held + _rejoin_gap(rows[i]["step"], first_step):
+            break  # (the trouble had ended before it began: its own finding, and so are those after it)
+        members.append(i)
+        held = max(held, rows[i]["last_step"])
+    return members
+
+
+def _rejoin_gap(step: int, first_step: int) -> float:
+    """The steps a finding may end before another begins and still be one trouble with it: :data:`REJOIN_STEPS`, or
+    later in a run :data:`REJOIN_FRACTION` of the steps so far (as an episode is taken up again)."""
+    return max(REJOIN_STEPS, REJOIN_FRACTION * (step - first_step + 1))
 
 
 def _chance_entries(units: int, zero_frac: float) -> int:

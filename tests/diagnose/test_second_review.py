@@ -1,0 +1,45 @@
+"""What a second review of the diagnoses found open: a NaN loss grouped under a learning rate too hot for a few
+steps that had ended long before, and a forward pass read as exploding where a normalization layer rescales tiny
+inputs. Each through a real training run and the public API."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+from workbench.ui.findings import merge_calls
+
+
+def test_a_nan_loss_long_after_a_hot_start_ended_is_not_grouped_under_it():
+    # update ratios past 0.1 for the first 4 steps (a learning rate of 1, then 0.05), then at step 50 a log(0) in the
+    # loss: the NaN was listed as a consequence of the update ratios of steps 1-4, and left out of the app's list,
+    # until 2026-11-29
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with workbench.watch(model, updates=True) as w:
+        for step in range(1, 61):
+            for group in opt.param_groups:
+                group["lr"] = 1.0 if step <= 4 else 0.05
+            i = torch.randint(1024, (256,), generator=g)
+            p = F.softmax(model(x[i]), 1)
+            if step >= 50:
+                p = p * 0  # (a loss computation gone wrong: log(0))
+            loss = F.nll_loss(torch.log(p), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    hot = f[f.finding == "update_ratio_high"]
+    assert len(hot) and hot.last_step.max() <= 4 and (hot.cause == "").all() and (hot.severity == "warning").all()
+    nan = f[f.finding == "nan_origin"]
+    assert nan.cause.tolist() == [""] and nan.step.tolist() == [50]
+    assert f.finding[0] == "nan_origin"  # (the run's trouble leads, with its consequence, the NaN loss, under it)
+    assert f[f.finding == "loss_not_finite"].cause.tolist() == [f"nan_origin at {nan.site.iloc[0]}"]
+    assert {"nan_origin", "update_ratio_high"} <= set(merge_calls(f).finding)  # (both in the app's list)
