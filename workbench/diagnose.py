@@ -1273,10 +1273,10 @@ class Diagnoser:
 
     def _activation_check(self, step: int, layout: _Layout, stats: dict) -> None:
         """``exploding_activations``: through depth, the output RMS of a site ``activation_orders`` above that of the
-        first site in forward order; over steps, the largest RMS of a step ``activation_growth_orders`` above the
-        largest of the run's first ``persist`` recorded steps. Named at the site where it starts: the first, on the way
-        to the largest, whose RMS is more than half an order (3.16x) above the site's before it, else the first an
-        order above the first site's."""
+        first site in forward order (or 1, where that is less); over steps, the largest RMS of a step
+        ``activation_growth_orders`` above the largest of the run's first ``persist`` recorded steps (or 1). Named at
+        the site where it starts: the first, on the way to the largest, whose RMS is more than half an order (3.16x)
+        above the site's before it, else the first an order above the first site's."""
         t = self.thresholds
         idx = layout.act_columns
         if not len(idx):
@@ -1289,22 +1289,27 @@ class Diagnoser:
             return
         logs = np.log10(rms)
         top = int(np.argmax(logs))
-        if top > 0 and logs[top] - logs[0] > t.activation_orders:
+        # (from RMS 1 where the first site reads less: outputs that grow to the unit scale are rescaled, not blown up,
+        # as by a normalization layer after inputs of 1e-3 or an embedding initialized at 1e-4)
+        floor = max(float(logs[0]), 0.0)
+        if top > 0 and logs[top] - floor > t.activation_orders:
             gains = np.diff(logs[:top + 1])
             jumps = np.flatnonzero(gains > 0.5)
             start = int(jumps[0]) + 1 if len(jumps) else int(np.flatnonzero(logs[:top + 1] - logs[0] > 1)[0])
             shown = sorted({*_sample(list(range(top + 1)), 8), start})  # (the site it starts at among them)
             chain = ", ".join(f"{layout.names[idx[k]]} {rms[k]:.3g}" for k in shown)
+            first = f"{rms[0]:.3g} at {layout.names[idx[0]]}, the first site in forward order" if floor == logs[0] \
+                else f"1, the unit scale (the first site in forward order, {layout.names[idx[0]]}, reads {rms[0]:.3g})"
             self._hold(step, "exploding_activations", layout, int(idx[start]),
-                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]}, {logs[top] - logs[0]:.1f} orders of "
-                       f"magnitude above {rms[0]:.3g} at {layout.names[idx[0]]}, the first site in forward order, at "
-                       f"step {step} (threshold {t.activation_orders:g}); it starts at {layout.names[idx[start]]}, "
-                       f"{rms[start]:.3g} from {rms[start - 1]:.3g} at the site before it; in forward order: {chain}.",
+                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]}, {logs[top] - floor:.1f} orders of "
+                       f"magnitude above {first}, at step {step} (threshold {t.activation_orders:g}); it starts at "
+                       f"{layout.names[idx[start]]}, {rms[start]:.3g} from {rms[start - 1]:.3g} at the site before "
+                       f"it; in forward order: {chain}.",
                        key="across sites", need=t.persist)
         if len(self._act_start) < t.persist:
             self._act_start[step] = float(rms.max())
             return
-        base = max(self._act_start.values())
+        base = max(*self._act_start.values(), 1.0)  # (from RMS 1 where the run began below it, as through depth)
         if logs[top] - math.log10(base) > t.activation_growth_orders:
             grown = np.flatnonzero(logs - math.log10(base) > 1)  # (the first site past an order above the start's)
             start = int(grown[0]) if len(grown) else top

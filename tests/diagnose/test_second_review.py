@@ -43,3 +43,27 @@ def test_a_nan_loss_long_after_a_hot_start_ended_is_not_grouped_under_it():
     assert f.finding[0] == "nan_origin"  # (the run's trouble leads, with its consequence, the NaN loss, under it)
     assert f[f.finding == "loss_not_finite"].cause.tolist() == [f"nan_origin at {nan.site.iloc[0]}"]
     assert {"nan_origin", "update_ratio_high"} <= set(merge_calls(f).finding)  # (both in the app's list)
+
+
+def test_a_normalization_layer_after_inputs_of_a_small_scale_is_not_an_explosion():
+    # inputs of scale 1e-3 (returns, a waveform) into a Linear without bias and a BatchNorm: the first site reads RMS
+    # ~6e-4, the BatchNorm ~1, the logits ~5, 3.9 orders above the first site: exploding_activations until
+    # 2026-11-29, at the BatchNorm, though nothing grows there but the scale the normalization sets
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64, bias=False), nn.BatchNorm1d(64), nn.ReLU(),
+                          nn.Linear(64, 64, bias=False), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 2))
+    g = torch.Generator().manual_seed(0)
+    x = 1e-3 * torch.randn(256, 20, generator=g)
+    y = (x[:, :5].sum(1) > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with workbench.watch(model) as w:
+        for _ in range(40):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows = w.to_pandas()
+    rms = rows[(rows.kind == "activation") & (rows.step == 40)].set_index("module").eval("norm / numel ** 0.5")
+    assert rms["0"] < 1e-3 and rms["6"] / rms["0"] > 1e3  # (3 orders above the first site)
+    assert "exploding_activations" not in set(w.diagnose().finding)
