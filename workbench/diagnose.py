@@ -1038,6 +1038,15 @@ class Diagnoser:
                 # dead layer, not one more per module it passes through (an AdaptiveAvgPool2d and a Flatten after a
                 # dead ReLU read as dead units three times until 2026-11-29))
                 continue
+            silent = ""
+            if counted is not None and z * float(stats["numel"][i]) < counted * m - 0.5:
+                # (more units counted than its zeros can hold, a unit dead for the batch being all zeros: the bias's
+                # gradient is 0 for another reason, no gradient reaching it (a dead layer after it passes none back);
+                # its count says nothing, the zeros bound the units ("all 16 of its units" of a ReLU at 81% zeros,
+                # max 2.65, until 2026-11-29)
+                silent = (f" (the gradient of {layout.names[b]}, which feeds them, is 0 at {counted} of its {u} "
+                          f"entries, more than its zeros can hold: no gradient reaches them)")
+                counted = None
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
@@ -1051,6 +1060,7 @@ class Diagnoser:
                           f"input")
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
+            detail += silent
             # enough entries per unit over the steps it held that live units as sparse as LIVE_ZERO_FRAC would be 0
             # for all of them in fewer than one of the u units by chance: u f^M < 1 (at a batch of 1, one input a
             # step, a healthy layer reads more than 80% zeros for some inputs: 32 units need 16 steps)

@@ -1,8 +1,11 @@
 """What a second review of the diagnoses found open: a NaN loss grouped under a learning rate too hot for a few
-steps that had ended long before, and a forward pass read as exploding where a normalization layer rescales tiny
-inputs. Each through a real training run and the public API."""
+steps that had ended long before, a forward pass read as exploding where a normalization layer rescales tiny inputs,
+and dead units counted past what the zeros of their site can hold. Each through a real training run and the public
+API."""
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.nn.functional as F
@@ -67,3 +70,25 @@ def test_a_normalization_layer_after_inputs_of_a_small_scale_is_not_an_explosion
     rms = rows[(rows.kind == "activation") & (rows.step == 40)].set_index("module").eval("norm / numel ** 0.5")
     assert rms["0"] < 1e-3 and rms["6"] / rms["0"] > 1e3  # (3 orders above the first site)
     assert "exploding_activations" not in set(w.diagnose().finding)
+
+
+def test_dead_units_count_no_more_units_than_the_zeros_of_the_site_can_hold():
+    # a ReLU MLP 3 deep and 16 wide at a learning rate of 0.1 on batches of 8: its last ReLU dies (all 0), and no
+    # gradient reaches the layers before it, whose bias gradients are then 0 at every entry: "81.2% of its outputs are
+    # exactly 0 ...; all 16 of its units output 0 for every input; max 2.65" until 2026-11-29 (a unit dead for the
+    # batch is all zeros: 16 dead units are 100% zeros)
+    exp = workbench.experiments.create("activation_mlp", seed=0, activation="relu", depth=3, width=16, lr=0.1,
+                                       batch_size=8)
+    with exp.watch() as w:
+        exp.run(400, progress=False)
+    dead = w.diagnose().query("finding == 'dead_units'").set_index("site").evidence
+    assert set(dead.index) == {"layers.1", "layers.3", "layers.5"}
+    for site, evidence in dead.items():
+        share = float(re.match(r"([\d.]+)% of its outputs are exactly 0", evidence).group(1)) / 100
+        counted = re.search(r"; (all (\d+)|(\d+) of its (\d+)) units", evidence)
+        if counted:  # (a count of the units dead for every input: their outputs are among the zeros)
+            units = int(counted.group(2) or counted.group(3))
+            assert units / 16 <= share + 1e-9, (site, evidence)
+    assert dead["layers.5"].startswith("100.0% of its outputs are exactly 0") and "all 16 of its units" in \
+        dead["layers.5"]
+    assert "no gradient reaches them" in dead["layers.3"]
