@@ -439,7 +439,8 @@ class Diagnoser:
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
         self._act_start: dict[int, float] = {}  # step -> the largest activation RMS, first steps
-        self._bias_start: dict[tuple, tuple[int, float]] = {}  # bias key -> (step, ||grad||) first recorded
+        #: bias key -> (step, ||grad||, ||grad|| over its bound) first recorded
+        self._bias_start: dict[tuple, tuple[int, float, float]] = {}
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -1333,7 +1334,10 @@ class Diagnoser:
     def _accumulation_check(self, step: int, layout: _Layout, stats: dict) -> None:
         """``gradients_accumulate``: a bias's gradient larger than its module's output gradients of the step can make
         it (at most ``sqrt(m) ||grad_output||`` a call, ``m`` the entries summed per unit): its ``.grad`` holds the
-        gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound."""
+        gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound.
+        A bias already past half its bound at its first recorded step must pass twice that share: summed over the
+        steps, its gradient grows past it, where a module that scales its own output (``8 * F.linear(x, W, b)``, an
+        output multiplier) has its bias's gradient over the bound by its factor from the start, and no more."""
         norm = stats["norm"]
         worst = None
         for b, rows, entries in layout.bias_bounds:
@@ -1341,23 +1345,26 @@ class Diagnoser:
             grad = float(norm[b])
             if not (math.isfinite(grad) and math.isfinite(most)):
                 continue
-            start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad))
-            if grad > most * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
+            start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad, grad / max(most, 1e-30)))
+            allowed = max(1.0, 2.0 * start[2])
+            if grad > most * allowed * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
                 worst = (grad / max(most, 1e-30), b, rows, entries, most, start)
         if worst is None:
             return
-        ratio, b, rows, entries, most, (first_step, first) = worst
+        ratio, b, rows, entries, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
         outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" for r, m in zip(rows, entries))
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
                  f"output gradient of {module} is {float(norm[rows[0]]):.3g} now" if first > 0 and step > first_step
                  else "")
+        past = (f" (at step {first_step}, its first recorded, it was already {first_ratio:.3g} of its bound: found "
+                f"past twice that)" if first_ratio > 0.5 else "")
         self._hold(step, "gradients_accumulate", layout, b,
                    f"||grad|| of {layout.names[b]} is {float(norm[b]):.3g} at step {step}, {_times(ratio)} the most "
                    f"this step's backward pass can give it ({most:.3g} = {outs}: a bias's gradient sums the gradient "
-                   f"of its module's output over {entries[0]} entries per unit){grown}. Its .grad holds the gradients "
-                   f"of earlier steps too: zero_grad() is likely not called each step (or on an optimizer that does "
-                   f"not hold it).",
+                   f"of its module's output over {entries[0]} entries per unit){past}{grown}. Its .grad holds the "
+                   f"gradients of earlier steps too: zero_grad() is likely not called each step (or on an optimizer "
+                   f"that does not hold it).",
                    key="accumulate", worst=ratio, need=self.thresholds.persist)
 
     def _grown_from_zero(self, layout: _Layout, stats: dict, idx: np.ndarray, ok: np.ndarray, first: bool,

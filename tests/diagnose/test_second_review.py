@@ -1,7 +1,7 @@
 """What a second review of the diagnoses found open: a NaN loss grouped under a learning rate too hot for a few
 steps that had ended long before, a forward pass read as exploding where a normalization layer rescales tiny inputs,
-and dead units counted past what the zeros of their site can hold. Each through a real training run and the public
-API."""
+dead units counted past what the zeros of their site can hold, and a module that scales its own output read as a
+forgotten zero_grad(). Each through a real training run and the public API."""
 
 from __future__ import annotations
 
@@ -92,3 +92,44 @@ def test_dead_units_count_no_more_units_than_the_zeros_of_the_site_can_hold():
     assert dead["layers.5"].startswith("100.0% of its outputs are exactly 0") and "all 16 of its units" in \
         dead["layers.5"]
     assert "no gradient reaches them" in dead["layers.3"]
+
+
+class ScaledLinear(nn.Linear):
+    """A Linear that scales its own output by 8 (an output multiplier): its bias's gradient is 8x the sum of the
+    output gradient over the batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 8.0 * F.linear(x, self.weight, self.bias)
+
+
+def scaled_head_run(zero_grad: bool) -> workbench.Watch:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), ScaledLinear(64, 2))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 20, generator=g)
+    y = (x[:, :5].sum(1) > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            loss = F.cross_entropy(model(x), y)
+            if zero_grad:
+                opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    return w
+
+
+def test_a_module_that_scales_its_own_output_is_no_forgotten_zero_grad():
+    # its bias's gradient is over sqrt(m) ||grad_output|| by its factor from the first step, and does not grow: a
+    # gradients_accumulate error until 2026-11-29 ("it was 4.47 at step 1 (0.2x since)": it shrank)
+    w = scaled_head_run(zero_grad=True)
+    rows = w.to_pandas()
+    bias = rows[(rows.kind == "param_grad") & (rows.module == "2") & (rows.tensor == "bias")].set_index("step").norm
+    out = rows[(rows.kind == "grad_output") & (rows.module == "2")].set_index("step").norm
+    assert (bias > 16 * out).iloc[:3].all()  # (over sqrt(256) ||grad_output||, the bound, at its first steps)
+    assert "gradients_accumulate" not in set(w.diagnose().finding)
+    # the same model without zero_grad(): its gradients summed over the steps grow past twice that share
+    f = scaled_head_run(zero_grad=False).diagnose()
+    found = f[f.finding == "gradients_accumulate"]
+    assert found.site.tolist() == ["2.bias"] and "its first recorded, it was already" in found.evidence.iloc[0]
