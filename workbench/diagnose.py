@@ -439,7 +439,8 @@ class Diagnoser:
         self._loss_nan: dict[str, tuple[int, float]] = {}  # loss metric -> (step, value) it was first not finite
         self._grad_start: dict[int, float] = {}  # step -> the largest output-gradient RMS, first steps
         self._act_start: dict[int, float] = {}  # step -> the largest activation RMS, first steps
-        self._bias_start: dict[tuple, tuple[int, float]] = {}  # bias key -> (step, ||grad||) first recorded
+        #: bias key -> (step, ||grad||, ||grad|| over its bound) first recorded
+        self._bias_start: dict[tuple, tuple[int, float, float]] = {}
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -563,7 +564,7 @@ class Diagnoser:
             items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
                                       order[e["finding"]]))
             rows = [self._row(e) for e in items]
-            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows)])
+            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows, self.first_step or 1)])
             self._cache = (self._version, frame)
             return frame.copy()
 
@@ -898,7 +899,7 @@ class Diagnoser:
         of the run so far: its steps since the first this took in, which a run continuing another does not
         start at 1) before ``step``, taken up again (a loss NaN every other step is one finding, not one a
         step), or None."""
-        gap = max(REJOIN_STEPS, REJOIN_FRACTION * (step - (self.first_step or 1) + 1))
+        gap = _rejoin_gap(step, self.first_step or 1)
         for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
             e = self._closed[i]
             if e.get("key") == key and step - e["last"] <= gap:
@@ -1038,6 +1039,15 @@ class Diagnoser:
                 # dead layer, not one more per module it passes through (an AdaptiveAvgPool2d and a Flatten after a
                 # dead ReLU read as dead units three times until 2026-11-29))
                 continue
+            silent = ""
+            if counted is not None and z * float(stats["numel"][i]) < counted * m - 0.5:
+                # (more units counted than its zeros can hold, a unit dead for the batch being all zeros: the bias's
+                # gradient is 0 for another reason, no gradient reaching it (a dead layer after it passes none back);
+                # its count says nothing, the zeros bound the units ("all 16 of its units" of a ReLU at 81% zeros,
+                # max 2.65, until 2026-11-29)
+                silent = (f" (the gradient of {layout.names[b]}, which feeds them, is 0 at {counted} of its {u} "
+                          f"entries, more than its zeros can hold: no gradient reaches them)")
+                counted = None
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
@@ -1051,6 +1061,7 @@ class Diagnoser:
                           f"input")
             else:
                 detail = "most of its units output 0 (too few zeros to bound the dead units per unit)"
+            detail += silent
             # enough entries per unit over the steps it held that live units as sparse as LIVE_ZERO_FRAC would be 0
             # for all of them in fewer than one of the u units by chance: u f^M < 1 (at a batch of 1, one input a
             # step, a healthy layer reads more than 80% zeros for some inputs: 32 units need 16 steps)
@@ -1273,10 +1284,10 @@ class Diagnoser:
 
     def _activation_check(self, step: int, layout: _Layout, stats: dict) -> None:
         """``exploding_activations``: through depth, the output RMS of a site ``activation_orders`` above that of the
-        first site in forward order; over steps, the largest RMS of a step ``activation_growth_orders`` above the
-        largest of the run's first ``persist`` recorded steps. Named at the site where it starts: the first, on the way
-        to the largest, whose RMS is more than half an order (3.16x) above the site's before it, else the first an
-        order above the first site's."""
+        first site in forward order (or 1, where that is less); over steps, the largest RMS of a step
+        ``activation_growth_orders`` above the largest of the run's first ``persist`` recorded steps (or 1). Named at
+        the site where it starts: the first, on the way to the largest, whose RMS is more than half an order (3.16x)
+        above the site's before it, else the first an order above the first site's."""
         t = self.thresholds
         idx = layout.act_columns
         if not len(idx):
@@ -1289,22 +1300,27 @@ class Diagnoser:
             return
         logs = np.log10(rms)
         top = int(np.argmax(logs))
-        if top > 0 and logs[top] - logs[0] > t.activation_orders:
+        # (from RMS 1 where the first site reads less: outputs that grow to the unit scale are rescaled, not blown up,
+        # as by a normalization layer after inputs of 1e-3 or an embedding initialized at 1e-4)
+        floor = max(float(logs[0]), 0.0)
+        if top > 0 and logs[top] - floor > t.activation_orders:
             gains = np.diff(logs[:top + 1])
             jumps = np.flatnonzero(gains > 0.5)
             start = int(jumps[0]) + 1 if len(jumps) else int(np.flatnonzero(logs[:top + 1] - logs[0] > 1)[0])
             shown = sorted({*_sample(list(range(top + 1)), 8), start})  # (the site it starts at among them)
             chain = ", ".join(f"{layout.names[idx[k]]} {rms[k]:.3g}" for k in shown)
+            first = f"{rms[0]:.3g} at {layout.names[idx[0]]}, the first site in forward order" if floor == logs[0] \
+                else f"1, the unit scale (the first site in forward order, {layout.names[idx[0]]}, reads {rms[0]:.3g})"
             self._hold(step, "exploding_activations", layout, int(idx[start]),
-                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]}, {logs[top] - logs[0]:.1f} orders of "
-                       f"magnitude above {rms[0]:.3g} at {layout.names[idx[0]]}, the first site in forward order, at "
-                       f"step {step} (threshold {t.activation_orders:g}); it starts at {layout.names[idx[start]]}, "
-                       f"{rms[start]:.3g} from {rms[start - 1]:.3g} at the site before it; in forward order: {chain}.",
+                       f"output RMS {rms[top]:.3g} at {layout.names[idx[top]]}, {logs[top] - floor:.1f} orders of "
+                       f"magnitude above {first}, at step {step} (threshold {t.activation_orders:g}); it starts at "
+                       f"{layout.names[idx[start]]}, {rms[start]:.3g} from {rms[start - 1]:.3g} at the site before "
+                       f"it; in forward order: {chain}.",
                        key="across sites", need=t.persist)
         if len(self._act_start) < t.persist:
             self._act_start[step] = float(rms.max())
             return
-        base = max(self._act_start.values())
+        base = max(*self._act_start.values(), 1.0)  # (from RMS 1 where the run began below it, as through depth)
         if logs[top] - math.log10(base) > t.activation_growth_orders:
             grown = np.flatnonzero(logs - math.log10(base) > 1)  # (the first site past an order above the start's)
             start = int(grown[0]) if len(grown) else top
@@ -1318,7 +1334,10 @@ class Diagnoser:
     def _accumulation_check(self, step: int, layout: _Layout, stats: dict) -> None:
         """``gradients_accumulate``: a bias's gradient larger than its module's output gradients of the step can make
         it (at most ``sqrt(m) ||grad_output||`` a call, ``m`` the entries summed per unit): its ``.grad`` holds the
-        gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound."""
+        gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound.
+        A bias already past half its bound at its first recorded step must pass twice that share: summed over the
+        steps, its gradient grows past it, where a module that scales its own output (``8 * F.linear(x, W, b)``, an
+        output multiplier) has its bias's gradient over the bound by its factor from the start, and no more."""
         norm = stats["norm"]
         worst = None
         for b, rows, entries in layout.bias_bounds:
@@ -1326,23 +1345,26 @@ class Diagnoser:
             grad = float(norm[b])
             if not (math.isfinite(grad) and math.isfinite(most)):
                 continue
-            start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad))
-            if grad > most * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
+            start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad, grad / max(most, 1e-30)))
+            allowed = max(1.0, 2.0 * start[2])
+            if grad > most * allowed * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
                 worst = (grad / max(most, 1e-30), b, rows, entries, most, start)
         if worst is None:
             return
-        ratio, b, rows, entries, most, (first_step, first) = worst
+        ratio, b, rows, entries, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
         outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" for r, m in zip(rows, entries))
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
                  f"output gradient of {module} is {float(norm[rows[0]]):.3g} now" if first > 0 and step > first_step
                  else "")
+        past = (f" (at step {first_step}, its first recorded, it was already {first_ratio:.3g} of its bound: found "
+                f"past twice that)" if first_ratio > 0.5 else "")
         self._hold(step, "gradients_accumulate", layout, b,
                    f"||grad|| of {layout.names[b]} is {float(norm[b]):.3g} at step {step}, {_times(ratio)} the most "
                    f"this step's backward pass can give it ({most:.3g} = {outs}: a bias's gradient sums the gradient "
-                   f"of its module's output over {entries[0]} entries per unit){grown}. Its .grad holds the gradients "
-                   f"of earlier steps too: zero_grad() is likely not called each step (or on an optimizer that does "
-                   f"not hold it).",
+                   f"of its module's output over {entries[0]} entries per unit){past}{grown}. Its .grad holds the "
+                   f"gradients of earlier steps too: zero_grad() is likely not called each step (or on an optimizer "
+                   f"that does not hold it).",
                    key="accumulate", worst=ratio, need=self.thresholds.persist)
 
     def _grown_from_zero(self, layout: _Layout, stats: dict, idx: np.ndarray, ok: np.ndarray, first: bool,
@@ -1665,22 +1687,29 @@ class Diagnoser:
                        need=t.persist)
 
 
-def _grouped(rows: list[dict]) -> list[dict]:
+def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     """``rows`` (findings as :meth:`Diagnoser._row` gives them, in the frame's order) with a run's consequences grouped
-    under their cause: where one of :data:`BLOWN_UP` holds, the finding of :data:`ROOT_FINDINGS` that began first
-    (of those that began at once, the first of that tuple) is the root, and every finding that began at its step or
-    later (but :data:`NOT_CONSEQUENCES`) follows right after it, its ``cause`` naming the root; the root's severity is
-    the worst of its group's, so that it leads as its consequences would. A learning rate of 10 on a ReLU MLP: its
-    update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled weights (10 rows of
-    equal rank, the dead units first, until 2026-11-29)."""
+    under their cause: the finding of :data:`ROOT_FINDINGS` that began first (of those that began at once, the first of
+    that tuple) is the root, and every finding that began while it or one of its consequences held (at most
+    :func:`_rejoin_gap` steps after the last of them held; but :data:`NOT_CONSEQUENCES`) follows right after it, its
+    ``cause`` naming the root, where the group holds one of :data:`BLOWN_UP`; else the root that began next is tried.
+    The root's severity is the worst of its group's, so that it leads as its consequences would. A learning rate of 10
+    on a ReLU MLP: its update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled
+    weights (10 rows of equal rank, the dead units first, until 2026-11-29). A finding that began after the root's
+    trouble had ended is not its consequence: a learning rate too hot for the first 4 steps does not cause the NaN
+    loss of step 50 (grouped under it, and left out of the app's list, until 2026-11-29)."""
     priority = {name: i for i, name in enumerate(ROOT_FINDINGS)}
-    candidates = [i for i, r in enumerate(rows) if r["finding"] in priority]
+    candidates = sorted((i for i, r in enumerate(rows) if r["finding"] in priority),
+                        key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
     if not candidates or not any(r["finding"] in BLOWN_UP for r in rows):
         return rows
-    root = min(candidates, key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
+    for root in candidates:
+        members = _consequences(rows, root, first_step)
+        if any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
+            break
+    else:
+        return rows
     start = rows[root]["step"]
-    members = [i for i, r in enumerate(rows) if i != root and r["step"] >= start
-               and r["finding"] not in NOT_CONSEQUENCES]
     if not members:
         return rows
     # (in the order they began: what happened, step by step; the root's kind first, the same cause at other sites)
@@ -1701,6 +1730,28 @@ def _grouped(rows: list[dict]) -> list[dict]:
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
     at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
     return rest[:at] + group + rest[at:]
+
+
+def _consequences(rows: list[dict], root: int, first_step: int) -> list[int]:
+    """The findings of ``rows`` (indices) that began while ``root`` or one of those before them held, in the order
+    they began: at its step or later, at most :func:`_rejoin_gap` steps after the last of them held (but
+    :data:`NOT_CONSEQUENCES`)."""
+    held = rows[root]["last_step"]
+    later = sorted((i for i, r in enumerate(rows) if i != root and r["step"] >= rows[root]["step"]
+                    and r["finding"] not in NOT_CONSEQUENCES), key=lambda i: (rows[i]["step"], i))
+    members = []
+    for i in later:
+        if rows[i]["step"] > held + _rejoin_gap(rows[i]["step"], first_step):
+            break  # (the trouble had ended before it began: its own finding, and so are those after it)
+        members.append(i)
+        held = max(held, rows[i]["last_step"])
+    return members
+
+
+def _rejoin_gap(step: int, first_step: int) -> float:
+    """The steps a finding may end before another begins and still be one trouble with it: :data:`REJOIN_STEPS`, or
+    later in a run :data:`REJOIN_FRACTION` of the steps so far (as an episode is taken up again)."""
+    return max(REJOIN_STEPS, REJOIN_FRACTION * (step - first_step + 1))
 
 
 def _chance_entries(units: int, zero_frac: float) -> int:

@@ -152,8 +152,8 @@ def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
     f = run(1.0).diagnose()
     blown = f[f.finding == "exploding_activations"]
     assert blown[["site", "step", "last_step"]].values.tolist() == [["1", 1, 6]]  # (the first Linear of std 1)
-    assert re.search(r"output RMS \S+ at 11, 3\.\d orders of magnitude above \S+ at 0, the first site",
-                     blown.evidence.iloc[0])
+    assert re.search(r"output RMS \S+ at 11, 3\.\d orders of magnitude above 1, the unit scale \(the first site in "
+                     r"forward order, 0, reads 0\.\d+\)", blown.evidence.iloc[0])  # (counted from 1, where it is less)
     assert "it starts at 1" in blown.evidence.iloc[0]
     assert "exploding_activations" not in set(run(None).diagnose().finding)
 

@@ -96,10 +96,29 @@ def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
 def fold_consequences(findings: pd.DataFrame) -> pd.DataFrame:
     """The findings without those grouped under a cause (a ``cause`` named: a diverging run's dead units, vanished
     gradients, stilled weights), which the cause's row counts in its evidence: the list shows what went wrong, its
-    first row the cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all)."""
+    first row the cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all). The cause's
+    evidence names every one folded into it, with its steps (the frame's names six, then "and 7 more", and says they
+    are listed after it: in a list that folds them, the rest were nowhere until 2026-11-29)."""
     if "cause" not in findings.columns or not (findings.cause != "").any():
         return findings
-    return findings[findings.cause == ""].reset_index(drop=True)
+    kept = findings[findings.cause == ""].reset_index(drop=True)
+    for cause, members in findings[findings.cause != ""].groupby("cause", sort=False):
+        roots = [i for i, r in enumerate(kept.itertuples()) if f"{r.finding} at {r.site}" == cause
+                 and _WENT_WRONG in r.evidence]
+        if not roots:
+            continue
+        i = roots[0]
+        own = kept.evidence[i].split(_WENT_WRONG)[0].rstrip()
+        named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in members.itertuples())
+        count = f"{len(members)} finding{'s' if len(members) > 1 else ''}"
+        kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
+                                   f"consequences, folded into this row (diagnose() lists each, its cause column "
+                                   f"naming this one): {named}.")
+    return kept
+
+
+#: How the evidence of a finding with consequences names them (:func:`workbench.diagnose.diagnose`).
+_WENT_WRONG = "The run went wrong from here:"
 
 
 def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
