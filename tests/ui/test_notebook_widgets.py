@@ -1412,3 +1412,67 @@ def test_a_comparisons_scale_is_kept_only_once_each_run_has_its_line():
             assert steps("late", late, w_late, 1) == "log" and compare.log_y.value  # (the late run's line dwarfs it)
         finally:
             compare.close()
+
+
+def test_an_error_in_any_widgets_callback_is_said_in_the_widget_until_a_callback_succeeds(monkeypatch, tmp_path):
+    """An exception raised in an observer or a click handler (the model browser's filter, a Dashboard's kind,
+    a Compare's run box) went to JupyterLab's log console only: the user saw nothing happen. Each widget
+    says it under its message, with the traceback folded, until a later callback of the widget succeeds."""
+    from workbench.ui import model_browser, stored_runs
+    from workbench.ui.notebook import Compare
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the handler broke")
+
+    browser = ModelBrowser()
+    assert browser.errors.html in browser.widget.children and browser.errors.html.value == ""
+    monkeypatch.setattr(model_browser, "filter_models", broken)
+    browser.pattern.value = "lu"  # (no exception reaches the caller: ipywidgets would only log it)
+    assert isinstance(browser.errors.error, RuntimeError)
+    assert "The name filter failed:</b> RuntimeError: the handler broke" in browser.errors.html.value
+    assert "<details><summary>traceback</summary>" in browser.errors.html.value
+    monkeypatch.undo()
+    browser.pattern.value = "mlp"  # (a callback that succeeds: the message goes)
+    assert browser.errors.html.value == "" and browser.errors.error is None and "mlp" in browser.models.options
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch()
+    exp.run(3, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    assert dash.errors.html in dash.widget.children
+    monkeypatch.setattr(dash.view, "site_order", broken)
+    dash.kind.value = "param"
+    assert "The kind picked failed:</b> RuntimeError: the handler broke" in dash.errors.html.value
+    monkeypatch.undo()
+    dash.statistic.value = "mean"
+    assert dash.errors.html.value == ""
+
+    for activation in ("gelu", "relu"):
+        workbench.experiments.create("activation_mlp", seed=0, activation=activation, width=8).run(
+            3, store=tmp_path / activation, progress=False)
+    compare = Compare(tmp_path / "gelu", tmp_path / "relu")
+    assert compare.errors.html in compare.widget.children
+    monkeypatch.setattr(stored_runs, "compare_runs", broken)
+    compare.run_checkboxes["relu"].value = False
+    assert "The relu box failed:</b> RuntimeError: the handler broke" in compare.errors.html.value
+    monkeypatch.undo()
+    compare.run_checkboxes["relu"].value = True
+    assert compare.errors.html.value == "" and compare.picked == ("gelu", "relu")
+
+
+def test_a_callback_that_fails_inside_one_that_succeeds_keeps_its_message():
+    """One callback set off by another (a filter that changes the model picked): the inner one's error stays
+    said although the outer one returns normally."""
+    from workbench.ui.notebook import CallbackErrors
+
+    errors = CallbackErrors()
+
+    def inner():
+        raise ValueError("inner broke")
+
+    outer = errors.guard(lambda: errors.guard(inner, "the inner pick")(), "the outer pick")
+    outer()
+    assert "The inner pick failed:</b> ValueError: inner broke" in errors.html.value
+    errors.guard(lambda: None, "another pick")()
+    assert errors.html.value == "" and errors.error is None

@@ -19,7 +19,7 @@ from workbench.registry import list_families
 from workbench.ui import model_browser as handlers
 from workbench.ui.forms import FormField, field_text
 
-__all__ = ["Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
+__all__ = ["CallbackErrors", "Compare", "Dashboard", "ModelBrowser", "PLOTLY_MIMETYPE"]
 
 #: The mimetype JupyterLab's Plotly renderer (shipped in the plotly package) draws.
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
@@ -131,6 +131,57 @@ def _start_value(field: FormField) -> Any:
     return field_text(field.value) if field.widget in ("int", "float") else field.value
 
 
+class CallbackErrors:
+    """What went wrong in a widget's callbacks (a pick, a filter, a button), said in the widget itself:
+    ipywidgets sends an exception raised in an observer or a click handler to JupyterLab's log console
+    only, and the user saw nothing happen. Every callback of a ModelBrowser, a Dashboard and a Compare
+    is wrapped by :meth:`guard`; the error shows in :attr:`html` (its message, the traceback folded
+    under it) until a later callback succeeds. (A figure that cannot be drawn says so in its tab:
+    :class:`FigureTabs`.)
+
+    Attributes:
+        html: the ``ipywidgets.HTML`` that shows the last error, empty while there is none.
+        error: the exception the last callback that failed raised, or None once one succeeded since.
+    """
+
+    def __init__(self) -> None:
+        import ipywidgets as w
+
+        self.html = w.HTML()
+        self.error: BaseException | None = None
+        self._depth = 0  # (callbacks running, one set off by another: only the outermost clears the message)
+        self._failed = False  # (a callback failed during the outermost one: its message stays)
+
+    def guard(self, callback: Any, what: str) -> Any:
+        """``callback`` wrapped: an exception it raises is shown in :attr:`html` (``what`` names the action,
+        e.g. ``"the kind picked"``) and not raised into ipywidgets."""
+
+        @functools.wraps(callback)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            import traceback
+
+            outermost = self._depth == 0
+            if outermost:
+                self._failed = False
+            self._depth += 1
+            try:
+                return callback(*args, **kwargs)
+            except Exception as exc:
+                self._failed, self.error = True, exc
+                trace = html.escape("".join(traceback.format_exception(exc)))
+                self.html.value = (
+                    f"<div style='color:var(--jp-error-color1, #c62828)'><b>{html.escape(what)[:1].upper()}"
+                    f"{html.escape(what)[1:]} failed:</b> {html.escape(type(exc).__name__)}: "
+                    f"{html.escape(str(exc))}<details><summary>traceback</summary><pre>{trace}</pre></details></div>")
+                return None
+            finally:
+                self._depth -= 1
+                if outermost and not self._failed:
+                    self.error, self.html.value = None, ""
+
+        return guarded
+
+
 class ModelBrowser:
     """Pick a registered model, fill its form, build it and see its module tree.
 
@@ -188,17 +239,20 @@ class ModelBrowser:
         self._filtering = False  # (a filter changing the list, whose passing selections the form ignores)
         self._last_shown: str | None = None  # (the model shown before a filter that matches none)
 
-        self.family.observe(self._on_filter, names="value")
-        self.pattern.observe(self._on_filter, names="value")
-        self.models.observe(self._on_pick, names="value")
-        self.build_button.on_click(lambda _: self.build())
-        self.batch_size.observe(lambda _: self._check_form(), names="value")
+        #: What went wrong in a callback (the filter, a pick, Build), said under the form (:class:`CallbackErrors`).
+        self.errors = CallbackErrors()
+        guard = self.errors.guard
+        self.family.observe(guard(self._on_filter, "the family filter"), names="value")
+        self.pattern.observe(guard(self._on_filter, "the name filter"), names="value")
+        self.models.observe(guard(self._on_pick, "the model picked"), names="value")
+        self.build_button.on_click(guard(lambda _: self.build(), "Build"))
+        self.batch_size.observe(guard(lambda _: self._check_form(), "reading the batch size"), names="value")
         self._show_model()
         wrap = dict(layout=w.Layout(flex_flow="row wrap"))  # (a narrow notebook: the row goes on two lines)
         self.widget = w.VBox([
             w.HBox([self.family, self.pattern, self.models], **wrap),
             self.overview, self.form, w.HBox([self.batch_size, self.build_button], **wrap), self.form_message,
-            self.message, self.output,
+            self.message, self.errors.html, self.output,
         ])
 
     def _ipython_display_(self) -> None:
@@ -271,7 +325,7 @@ class ModelBrowser:
             style = _label_style([f.label for f in form] + [self.batch_size.description])
             self._forms[name] = [(f, _widget(f, style)) for f in form]
             for _, box in self._forms[name]:
-                box.observe(lambda _: self._check_form(), names="value")
+                box.observe(self.errors.guard(lambda _: self._check_form(), "reading the form"), names="value")
         self._fields = [(field.label, box) for field, box in self._forms[name]]
         style = _label_style([label for label, _ in self._fields] + [self.batch_size.description])
         self.batch_size.style, self.batch_size.layout = style, _field_layout(style)
@@ -713,17 +767,23 @@ class Dashboard:
         self.findings_list = w.Select(options=[], rows=4, layout=w.Layout(width="calc(100% - 8px)"))
         self.findings_detail = w.HTML()
 
-        self.pause_button.on_click(lambda _: self._act("pause"))
-        self.resume_button.on_click(lambda _: self._act("resume"))
-        self.stop_button.on_click(lambda _: self._act("stop"))
+        #: What went wrong in a callback (a button, a control, a finding picked), said under the header
+        #: (:class:`CallbackErrors`; a figure that cannot be drawn says so in its tab).
+        self.errors = CallbackErrors()
+        guard = self.errors.guard
+        self.pause_button.on_click(guard(lambda _: self._act("pause"), "Pause"))
+        self.resume_button.on_click(guard(lambda _: self._act("resume"), "Resume"))
+        self.stop_button.on_click(guard(lambda _: self._act("stop"), "Stop"))
         for control in (self.smoothing, self.log_y):
-            control.observe(lambda _: self._draw(("metrics",)), names="value")
+            control.observe(guard(lambda _: self._draw(("metrics",)), f"the metrics' {control.description}"),
+                            names="value")
         for control in (self.kind, self.statistic):
-            control.observe(self._on_kind, names="value")
-        self.sites.observe(self._on_sites, names="value")
-        self.log_sites.observe(self._on_log_sites, names="value")
-        self.distribution_site.observe(lambda _: self._quiet or self._draw(("distribution",)), names="value")
-        self.findings_list.observe(self._on_finding, names="index")
+            control.observe(guard(self._on_kind, f"the {control.description} picked"), names="value")
+        self.sites.observe(guard(self._on_sites, "the call sites picked"), names="value")
+        self.log_sites.observe(guard(self._on_log_sites, "the call sites' log y"), names="value")
+        self.distribution_site.observe(guard(lambda _: self._quiet or self._draw(("distribution",)),
+                                             "the distribution's site picked"), names="value")
+        self.findings_list.observe(guard(self._on_finding, "the finding picked"), names="index")
 
         buttons = [self.pause_button, self.resume_button, self.stop_button] if self.run is not None else []
         sites_page = FigureTabs.page([self.kind, self.statistic, self.sites, self.log_sites], self.sites_plot,
@@ -741,12 +801,14 @@ class Dashboard:
         self.tabs = self._tabs.widget
         # the call sites' tab opened: its list scrolled to the sites drawn (picked while the tab was hidden, by
         # default or by a finding, they were out of sight below the list's first rows)
-        self.tabs.observe(lambda change: change["new"] == FIGURES.index("sites") and self._reveal_sites(),
+        self.tabs.observe(guard(lambda change: change["new"] == FIGURES.index("sites") and self._reveal_sites(),
+                                "opening the call sites' tab"),
                           names="selected_index")
         self.widget = w.VBox([
             # (the buttons wrap together, under the header, in a notebook too narrow for both)
             w.HBox([self.header, w.HBox(buttons)],
                    layout=w.Layout(flex_flow="row wrap", align_items="center", justify_content="space-between")),
+            self.errors.html,
             self.findings_summary, self.findings_list, self.findings_detail,
             self.tabs,
             self.anomalies,
@@ -1389,13 +1451,17 @@ class Compare:
         self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
+        #: What went wrong in a callback (a run ticked, a pick), said under the message (:class:`CallbackErrors`).
+        self.errors = CallbackErrors()
+        guard = self.errors.guard
         for control in (*self.run_checkboxes.values(), self.smoothing):
             # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
-            control.observe(lambda _: self._refresh(), names="value")
+            control.observe(guard(lambda _: self._refresh(), f"the {control.description} box"), names="value")
         for control in (self.kind, self.statistic):  # (another kind or statistic: the figure chooses its scale)
-            control.observe(lambda _: self._refresh(choose_log=True), names="value")
-        self.log_y.observe(self._on_log_y, names="value")
-        self.site.observe(self._on_site, names="value")
+            control.observe(guard(lambda _: self._refresh(choose_log=True), f"the {control.description} picked"),
+                            names="value")
+        self.log_y.observe(guard(self._on_log_y, "log y"), names="value")
+        self.site.observe(guard(self._on_site, "the call site picked"), names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
         # controls of its figure (log y is both figures': the same box in each tab). One figure open
         # at a time: the browser redraws only it, however slow
@@ -1409,7 +1475,7 @@ class Compare:
         self.widget = w.VBox([
             w.HBox([w.Label("runs", layout=w.Layout(margin="0 1em 0 0")), *self.run_checkboxes.values()],
                    layout=w.Layout(flex_flow="row wrap", align_items="center")),
-            self.message_html, self.tabs,
+            self.message_html, self.errors.html, self.tabs,
         ])
         self._wanted_site = site  # the site picked (or given): drawn whenever the runs compared have it
         ended = self._catch_up(first=True)
