@@ -1476,3 +1476,25 @@ def test_a_callback_that_fails_inside_one_that_succeeds_keeps_its_message():
     assert "The inner pick failed:</b> ValueError: inner broke" in errors.html.value
     errors.guard(lambda: None, "another pick")()
     assert errors.html.value == "" and errors.error is None
+
+
+def test_build_with_a_bad_box_says_its_error_once_and_a_box_shows_the_value_a_build_used():
+    """Build clicked while a box held a bad value showed the same error twice, under the form and as the
+    build's message; a box holding '1e1' kept '1e1' after Build built with 10."""
+    browser = ModelBrowser(pattern="mlp")
+    form = {box.description: box for box in browser.form.children}
+    form["depth"].value = "0"
+    assert "got 0" in browser.form_message.value  # (said as the box is left)
+    browser.build_button.click()
+    assert not browser.result.ok and "must lie in [1, 32], got 0" in browser.message.value
+    assert browser.form_message.value == ""  # (said once: by the build's message)
+    form["width"].value = "1e1"  # (another box edited: the depth's error is still said once)
+    assert browser.form_message.value == "" and "got 0" in browser.message.value
+    form["width"].value = "four"  # (a new problem, which the build's message does not say, is said under the form)
+    assert "four" in browser.form_message.value and "got 0" not in browser.form_message.value
+    form["width"].value, form["depth"].value = "1e1", "2"
+    browser.batch_size.value = "3e0"
+    browser.build_button.click()
+    assert browser.result.ok and browser.model.layers[0].out_features == 10
+    assert (form["width"].value, form["depth"].value, browser.batch_size.value) == ("10", "2", "3")
+    assert browser.form_message.value == ""

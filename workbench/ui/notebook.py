@@ -238,6 +238,7 @@ class ModelBrowser:
         self._forms: dict[str, list[tuple[FormField, Any]]] = {}
         self._filtering = False  # (a filter changing the list, whose passing selections the form ignores)
         self._last_shown: str | None = None  # (the model shown before a filter that matches none)
+        self._build_said = ""  # (the message of the last Build, while it failed and is shown: not said twice)
 
         #: What went wrong in a callback (the filter, a pick, Build), said under the form (:class:`CallbackErrors`).
         self.errors = CallbackErrors()
@@ -290,7 +291,8 @@ class ModelBrowser:
 
     def _check_form(self) -> list[str]:
         """Say what the shown form's boxes hold that cannot be built (``form_message``), each value named
-        with what its field expects; returns those messages (none: the form can be built as it stands)."""
+        with what its field expects, but for what the message of a failed Build shown above it says already
+        (said once); returns those messages, all of them (none: the form can be built as it stands)."""
         from workbench.ui.forms import parse_form
 
         name = self.models.value
@@ -306,8 +308,9 @@ class ModelBrowser:
             handlers.read_batch_size(self.batch_size.value)
         except ValueError as err:
             problems.append(str(err)[:1].upper() + str(err)[1:])
-        self.form_message.value = "" if not problems else (
-            f"<div style='color:var(--jp-error-color1, #c62828)'>{'<br>'.join(map(html.escape, problems))}</div>")
+        unsaid = [problem for problem in problems if problem.lower() not in self._build_said.lower()]
+        self.form_message.value = "" if not unsaid else (
+            f"<div style='color:var(--jp-error-color1, #c62828)'>{'<br>'.join(map(html.escape, unsaid))}</div>")
         return problems
 
     def _show_model(self, hidden: str | None = None) -> None:
@@ -339,6 +342,7 @@ class ModelBrowser:
              f"The filter hid **{hidden}** and matches no model.")
             + f" Kept as you typed them: {'; '.join(kept)}. Pick a model again to get its values back.")
         self.output.outputs = ()  # (another model's tree; clear_output() printed escapes outside a kernel)
+        self._build_said = ""  # (the message now says no build's failure)
         self._check_form()  # (a form shown again as it was left: what it holds that cannot be built, said again)
 
     def build(self, **values: Any) -> handlers.BuildResult:
@@ -371,13 +375,16 @@ class ModelBrowser:
         self.result = handlers.build_model(self.models.value, raw, self.batch_size.value)
         if self.result.ok:
             self.model = self.result.model
-            # the form shows what was built: each value as read ("16.0" typed is 16, which an int box
-            # holds where it refused the text), so a box never keeps another value than the model's
+            # the form shows what was built: each value as read, given or typed ("16.0" or "1e1" is 16 or 10,
+            # which a box holds as it writes a number), so a box never keeps another text than the model's value
             for label, box in self._fields:
-                if label in values:
+                if label in self.result.values:
                     built = self.result.values[label]
                     box.value = field_text(built) if isinstance(box, w.Text) else built
+            self.batch_size.value = field_text(handlers.read_batch_size(self.batch_size.value))
         self.message.value = _html(self.result.message)
+        self._build_said = "" if self.result.ok else self.result.message
+        self._check_form()  # (what the build's message says of the boxes, not said again under the form)
         tree = self.result.tree  # (a failed build: its message, not an empty table under it)
         shown = {"text/html": tree.to_html(index=False), "text/plain": tree.to_string(index=False)}
         self.output.outputs = (({"output_type": "display_data", "metadata": {}, "data": shown},) if self.result.ok
