@@ -126,3 +126,30 @@ def test_steps_of_one_value_are_a_band_that_shows_under_a_wide_range():
     low, high = figures.values(zeros["y"]).tolist()  # one band around 0, 2 % of the range wide (rows of
     assert low == -high and 1.5 < high - low < 2.5  # that height, centred at +-1: [-2, 2] of [-100, 100])
     assert figures.values(zeros["z"]).tolist() == [[1.0, 1.0], [1.0, 1.0]]  # (each step's whole mass in it)
+
+
+def colour_at(colorscale, z):
+    """The RGB a heatmap draws ``z`` in (its colour scale's stops interpolated, as Plotly does)."""
+    stops = [(at, tuple(int(hex_[i:i + 2], 16) for i in (1, 3, 5))) for at, hex_ in colorscale]
+    for (a, ca), (b, cb) in zip(stops, stops[1:]):
+        if a <= z <= b:
+            t = 0.0 if b == a else (z - a) / (b - a)
+            return tuple(x + t * (y - x) for x, y in zip(ca, cb))
+    raise AssertionError(f"{z} is outside the colour scale")
+
+
+def test_a_relus_zeros_in_one_bin_do_not_leave_the_rest_of_its_distribution_white():
+    """The density of an EfficientZero dynamics network's ReLU looked empty past its first steps while its
+    percentiles spread out: its exact zeros (55 % of the values, in the first bin) held the linear colour
+    scale, and every other bin (at most 13 % of that peak) was drawn all but white."""
+    view = RunView()
+    counts = [5500, 1300, 1200, 1000, 700, 400, 200, 50, 10, 1, 0, 0]
+    view.feed([record(1, counts, 0.0, 6.0, (0.0, 6.0))])
+    drawn = heatmaps(figures.distribution_figure(view, "activation", "layer"))
+    z = figures.values(drawn[0]["z"])[:, 0]
+    colours = [colour_at(drawn[0]["colorscale"], value) for value in z]
+    darkness = [255 * 3 - sum(colour) for colour in colours]  # (0: white)
+    assert all(d > 30 for d, n in zip(darkness, counts) if n), darkness  # (even one value of ten thousand shows)
+    assert all(d == 0 for d, n in zip(darkness, counts) if not n)  # (no values: white)
+    assert darkness[1] > 300 and darkness == sorted(darkness, reverse=True)  # (a tenth of the peak: a mid blue)
+    assert drawn[0]["hovertemplate"].count("of the step's peak")  # (the hover still says the share of the peak)

@@ -650,18 +650,27 @@ def _cell_bounds(steps: np.ndarray) -> np.ndarray:
     return np.concatenate([[2 * s[0] - middles[0]], middles, [2 * s[-1] - middles[-1]]])
 
 
+#: The density's colours, by a bin's count relative to its step's peak: about a colour a decade (a
+#: thousandth of the peak is a pale blue, a tenth a mid blue), white for none. A linear scale let one bin
+#: hold it: a ReLU's exact zeros (half its values, in the first bin) left the rest under a tenth of the
+#: peak, drawn all but white, and past the first steps the density panel looked empty while the
+#: percentiles beside it spread out.
+DENSITY_COLORSCALE = [[0, "#ffffff"], [1e-6, "#eef5fc"], [0.001, "#deebf7"], [0.01, "#c6dbef"], [0.1, "#6baed6"],
+                      [0.3, "#2171b5"], [1, "#08306b"]]
+
+
 def _density_trace(steps: np.ndarray, cells: np.ndarray, edges: np.ndarray, counts: np.ndarray) -> dict:
     """A heatmap of ``counts`` (steps, bins) over ``edges``, a cell a step between ``cells``
     (``len(steps) + 1`` edges along x; without them plotly gives a lone step's cell a width of 1,
     and the columns up to the next segment look blank): each step's density relative to its own
     peak, white (none) to blue (a narrow early distribution would otherwise hold the whole colour
-    scale and the later steps look empty)."""
+    scale and the later steps look empty), on :data:`DENSITY_COLORSCALE`."""
     peak = counts.max(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = np.where(peak > 0, counts / peak, np.nan)
     return dict(type="heatmap", x=_array(cells), y=_array((edges[:-1] + edges[1:]) / 2), z=_array(relative.T),
                 customdata=_array(np.broadcast_to(steps, relative.T.shape)),
-                colorscale=[[0, "#ffffff"], [0.15, "#c6dbef"], [0.5, "#4292c6"], [1, "#08306b"]],
+                colorscale=DENSITY_COLORSCALE,
                 zmin=0, zmax=1, showscale=False, xaxis="x2", yaxis="y2",
                 hovertemplate="step %{customdata}<br>value %{y:.4g}<br>density %{z:.2f} of the step's peak"
                               "<extra></extra>")
