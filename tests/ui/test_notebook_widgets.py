@@ -1498,3 +1498,42 @@ def test_build_with_a_bad_box_says_its_error_once_and_a_box_shows_the_value_a_bu
     assert browser.result.ok and browser.model.layers[0].out_features == 10
     assert (form["width"].value, form["depth"].value, browser.batch_size.value) == ("10", "2", "3")
     assert browser.form_message.value == ""
+
+
+@pytest.fixture
+def shell():
+    """An IPython shell whose cells carry an id, as JupyterLab's do (``cellId``)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_a_dashboard_no_cell_shows_any_more_stops_its_timer_and_one_shown_twice_goes_on(shell):
+    """A Dashboard of a watch never closed kept polling after its cell was run again (a new Dashboard
+    replacing it on the page). Its timer stops once no cell shows it, or its widget is closed; a dashboard
+    shown by two cells goes on while one of them still shows it."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    shell.user_ns.update(w=exp.watch(), exp=exp, Dashboard=Dashboard)
+    shell.run_cell("dash = Dashboard(w, interval=0.05); dash", cell_id="a")
+    first = shell.user_ns["dash"]
+    assert first.following
+    shell.run_cell("dash = Dashboard(w, interval=0.05); dash", cell_id="a")  # (the cell run again)
+    second = shell.user_ns["dash"]
+    wait_for(lambda: not first.following, what="the replaced dashboard's timer to stop")
+    assert second.following
+    shell.run_cell("dash", cell_id="b")  # (shown twice)
+    shell.run_cell("dash", cell_id="b")  # (a cell run again that shows it anew keeps it)
+    shell.run_cell("1", cell_id="b")  # (b shows it no more; a still does)
+    assert second.following
+    shell.run_cell("exp.run(2, progress=False)", cell_id="c")  # (steps drawn by the dashboard shown)
+    wait_for(lambda: second.view.steps_fed > 0, what="the steps to be drawn")
+    shell.run_cell("pass", cell_id="a")  # (no cell shows it)
+    wait_for(lambda: not second.following, what="the dashboard no cell shows to stop")
+
+    third = Dashboard(shell.user_ns["w"], interval=0.05)
+    assert third.following
+    third.widget.close()  # (its widget closed, as a front end closes it)
+    wait_for(lambda: not third.following, what="the closed widget's dashboard to stop")
+    shell.user_ns["w"].close()

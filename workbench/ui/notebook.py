@@ -70,6 +70,61 @@ def _display(widget: Any, text: str) -> None:
     display(bundle, raw=True)
 
 
+
+class _CellsShowing:
+    """Which notebook cells show each live widget (a Dashboard, a Compare), to stop its timer once none
+    does: a cell run again replaces its output, and the widget it showed went on polling, unseen, for as
+    long as its watch stayed open. A cell run again that shows the widget anew keeps it, and so does
+    another cell that shows it too. Cells are told apart by the id the front end sends (JupyterLab's
+    ``cellId``); where it sends none, nothing is stopped."""
+
+    def __init__(self, shell: Any) -> None:
+        import weakref
+
+        self.shell = shell
+        self._cells: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # widget -> ids of cells showing it
+        # (the id of the cell running: this one's, made while it runs, its pre_run_cell already gone by)
+        running = getattr(getattr(shell.displayhook, "exec_result", None), "info", None)
+        self._running: str | None = getattr(running, "cell_id", None)
+        self._left: list = []  # (the widgets the running cell showed before it ran again)
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
+
+    def shown(self, widget: Any) -> None:
+        """``widget`` was displayed by the cell running."""
+        if self._running is not None:
+            self._cells.setdefault(widget, set()).add(self._running)
+
+    def _pre_run_cell(self, info: Any) -> None:
+        self._running = getattr(info, "cell_id", None)
+        self._left = [widget for widget, cells in list(self._cells.items()) if self._running in cells]
+        for widget in self._left:
+            self._cells[widget].discard(self._running)
+
+    def _post_run_cell(self, _result: Any) -> None:
+        left, self._left = self._left, []
+        for widget in left:
+            if not self._cells.get(widget):  # (no cell shows it any more)
+                self._cells.pop(widget, None)
+                widget.close()
+
+
+_cells_showing: _CellsShowing | None = None
+
+
+def _track_cells(widget: Any) -> None:
+    """Note the cell that displays ``widget`` (:class:`_CellsShowing`), in an IPython kernel."""
+    global _cells_showing
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    if _cells_showing is None or _cells_showing.shell is not shell:
+        _cells_showing = _CellsShowing(shell)
+    _cells_showing.shown(widget)
+
+
 #: The width of a form's box beside its label, in em.
 BOX_WIDTH = 14
 
@@ -891,6 +946,9 @@ class Dashboard:
         """The timer: redraw when steps arrived or the status changed, until the run ended and
         its last steps are drawn."""
         while not self._closed.wait(self.interval):
+            if self.widget.comm is None:  # (its widget closed: no page shows it)
+                self.close()
+                return
             try:
                 if self._ended():
                     self._last_draw()
@@ -1256,6 +1314,7 @@ class Dashboard:
             self._subscription = None
 
     def _ipython_display_(self) -> None:
+        _track_cells(self)  # (its timer stopped once no cell shows it)
         _display(self.widget, f"workbench Dashboard of {self.view.label}: live ipywidgets, shown while the kernel "
                               "that drew them runs; run the cell again to see them.")
 
@@ -1537,6 +1596,9 @@ class Compare:
     def _tick(self) -> None:
         """The timer: redraw when a run took steps or changed its status, until every run ended."""
         while not self._closed.wait(self.interval):
+            if self.widget.comm is None:  # (its widget closed: no page shows it)
+                self.close()
+                return
             try:
                 if self._catch_up():
                     return
@@ -1644,5 +1706,6 @@ class Compare:
             compared.close()
 
     def _ipython_display_(self) -> None:
+        _track_cells(self)  # (its timer stopped once no cell shows it)
         _display(self.widget, f"workbench Compare of {', '.join(self.runs)}: live ipywidgets, shown while the "
                               "kernel that drew them runs; run the cell again to see them.")
