@@ -843,9 +843,10 @@ def test_compare_reads_top_down_the_runs_then_a_tab_a_figure_each_with_its_contr
     from workbench.ui.notebook import Compare
 
     compare = Compare(*watched_runs("gelu", "relu", "tanh"), names=["gelu", "relu", "tanh"])
-    runs, message, tabs = compare.widget.children
+    runs, message, errors, tabs = compare.widget.children
     assert [box.description for box in runs.children if isinstance(box, w.Checkbox)] == ["gelu", "relu", "tanh"]
     assert message is compare.message_html and tabs is compare.tabs and tabs.titles == ("metrics", "call site")
+    assert errors is compare.errors.html and errors.value == ""  # (a callback's error, under the message)
     assert [list(page.children[0].children) for page in tabs.children] == [
         [compare.smoothing, compare.log_y], [compare.kind, compare.statistic, compare.site, compare.log_y]]
     assert [page.children[1] for page in tabs.children] == [compare.metrics_plot, compare.site_plot]
@@ -1474,6 +1475,12 @@ def test_a_callback_that_fails_inside_one_that_succeeds_keeps_its_message():
     outer = errors.guard(lambda: errors.guard(inner, "the inner pick")(), "the outer pick")
     outer()
     assert "The inner pick failed:</b> ValueError: inner broke" in errors.html.value
+    import threading  # (a callback a dashboard's timer sets off, in its thread, leaves the message)
+
+    timer = threading.Thread(target=errors.guard(lambda: None, "a control set by the timer"))
+    timer.start()
+    timer.join()
+    assert "inner broke" in errors.html.value
     errors.guard(lambda: None, "another pick")()
     assert errors.html.value == "" and errors.error is None
 

@@ -70,7 +70,6 @@ def _display(widget: Any, text: str) -> None:
     display(bundle, raw=True)
 
 
-
 class _CellsShowing:
     """Which notebook cells show each live widget (a Dashboard, a Compare), to stop its timer once none
     does: a cell run again replaces its output, and the widget it showed went on polling, unseen, for as
@@ -191,8 +190,9 @@ class CallbackErrors:
     ipywidgets sends an exception raised in an observer or a click handler to JupyterLab's log console
     only, and the user saw nothing happen. Every callback of a ModelBrowser, a Dashboard and a Compare
     is wrapped by :meth:`guard`; the error shows in :attr:`html` (its message, the traceback folded
-    under it) until a later callback succeeds. (A figure that cannot be drawn says so in its tab:
-    :class:`FigureTabs`.)
+    under it) until a later callback succeeds in the kernel's main thread, where a person's clicks and picks
+    are handled (one that a dashboard's timer sets off, a control set from code, leaves the message: a
+    redraw wiped it within a second). (A figure that cannot be drawn says so in its tab: :class:`FigureTabs`.)
 
     Attributes:
         html: the ``ipywidgets.HTML`` that shows the last error, empty while there is none.
@@ -204,8 +204,9 @@ class CallbackErrors:
 
         self.html = w.HTML()
         self.error: BaseException | None = None
-        self._depth = 0  # (callbacks running, one set off by another: only the outermost clears the message)
-        self._failed = False  # (a callback failed during the outermost one: its message stays)
+        # (per thread: the callbacks running, one set off by another, of which only the outermost clears the
+        # message; and whether one failed during it, whose message then stays)
+        self._calls = threading.local()
 
     def guard(self, callback: Any, what: str) -> Any:
         """``callback`` wrapped: an exception it raises is shown in :attr:`html` (``what`` names the action,
@@ -215,14 +216,15 @@ class CallbackErrors:
         def guarded(*args: Any, **kwargs: Any) -> Any:
             import traceback
 
-            outermost = self._depth == 0
+            calls = self._calls
+            outermost = getattr(calls, "depth", 0) == 0
             if outermost:
-                self._failed = False
-            self._depth += 1
+                calls.failed = False
+            calls.depth = getattr(calls, "depth", 0) + 1
             try:
                 return callback(*args, **kwargs)
             except Exception as exc:
-                self._failed, self.error = True, exc
+                calls.failed, self.error = True, exc
                 trace = html.escape("".join(traceback.format_exception(exc)))
                 self.html.value = (
                     f"<div style='color:var(--jp-error-color1, #c62828)'><b>{html.escape(what)[:1].upper()}"
@@ -230,8 +232,8 @@ class CallbackErrors:
                     f"{html.escape(str(exc))}<details><summary>traceback</summary><pre>{trace}</pre></details></div>")
                 return None
             finally:
-                self._depth -= 1
-                if outermost and not self._failed:
+                calls.depth -= 1
+                if outermost and not calls.failed and threading.current_thread() is threading.main_thread():
                     self.error, self.html.value = None, ""
 
         return guarded
