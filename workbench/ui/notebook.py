@@ -674,6 +674,7 @@ class Dashboard:
         self._focus = None  # the picked finding's Focus
         self._picked_finding = None  # the pick's findings.pick_key
         self._findings = None  # the findings frame the list shows
+        self._listed: tuple = ()  # the causes whose consequences the list shows (findings.fold_consequences)
         self._log = None  # the run's interventions, as last drawn
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
@@ -1037,8 +1038,10 @@ class Dashboard:
 
     def findings(self) -> Any:
         """The run's findings now, as the list shows them: a frame of :data:`workbench.diagnose.COLUMNS`
-        and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`)."""
-        return self.diagnoses.frame()
+        and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`),
+        ``folded``, ``listed`` (the consequences folded under a cause, listed under it once it was picked:
+        :func:`workbench.ui.findings.fold_consequences`)."""
+        return self.diagnoses.frame(self._listed)
 
     def _intervention_log(self) -> Any:
         """The interventions of the run (``Watch.intervention_log()``, ``Run.interventions()``), or None."""
@@ -1048,7 +1051,7 @@ class Dashboard:
     def _draw_findings(self) -> None:
         from workbench.ui import findings as view
 
-        frame = self.diagnoses.frame()
+        frame = self.diagnoses.frame(self._listed)
         # a finding that held while a patch was in names it: it may be the patch's doing
         frame = view.during_interventions(frame, self._log)
         # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
@@ -1080,7 +1083,8 @@ class Dashboard:
     def focus_finding(self, index: int) -> Any:
         """Show the ``index``-th finding of the list (0: the first): its kind, statistic and call
         site in the per-site figure and the heatmap (its metric in the metrics panel), the steps
-        it held shaded. Returns its :class:`~workbench.ui.findings.Focus`.
+        it held shaded. A cause's consequences folded under it are listed under it, listed ones folded
+        again (:func:`workbench.ui.findings.toggled`). Returns its :class:`~workbench.ui.findings.Focus`.
 
         Raises:
             IndexError: no such finding in the list.
@@ -1088,10 +1092,15 @@ class Dashboard:
         from workbench.ui import findings as view
 
         with self._draw_lock:
-            frame = self._findings if self._findings is not None else self.diagnoses.frame()
+            frame = self._findings if self._findings is not None else self.diagnoses.frame(self._listed)
             target = view.focus(frame, index, self.view)
+            listed = view.toggled(self._listed, frame.iloc[index])
             self._focus = target
             self._picked_finding = view.pick_key(frame.iloc[index])
+            if listed != self._listed:  # (the cause's row stays where it was: its consequences after it)
+                self._listed = listed
+                self._draw_findings()
+                frame = self._findings
             self._quiet = True
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):
