@@ -626,12 +626,14 @@ class Dashboard:
             figure and the heatmap show first.
         statistic: the statistic they show first (a column of ``workbench.ui.views.STATISTICS``).
         smoothing: the metrics' smoothing, in [0, 1).
-        log_y: metrics on a log scale.
+        log_y: metrics on a log scale (True) or a linear one (False); None: each panel chooses, log where its
+            values are positive and an early spike would flatten the rest (:func:`workbench.ui.figures.dwarfed`),
+            kept once settled, until the box is set.
         tab: the figure open first (``metrics``, ``sites``, ``heatmap``, ``distribution``).
     """
 
     def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
-                 smoothing: float = 0.0, log_y: bool = False, tab: str = "metrics") -> None:
+                 smoothing: float = 0.0, log_y: bool | None = None, tab: str = "metrics") -> None:
         import os
 
         import ipywidgets as w
@@ -685,6 +687,8 @@ class Dashboard:
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
         self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
         self._kept_log_sites = None  # the scale the per-site figure chose, once settled (figures.keep_scale)
+        self._picked_log_metrics = log_y is not None  # the user set the metrics' log y (else: each panel chooses)
+        self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
@@ -717,8 +721,8 @@ class Dashboard:
         self.pause_button.on_click(lambda _: self._act("pause"))
         self.resume_button.on_click(lambda _: self._act("resume"))
         self.stop_button.on_click(lambda _: self._act("stop"))
-        for control in (self.smoothing, self.log_y):
-            control.observe(lambda _: self._draw(("metrics",)), names="value")
+        self.log_y.observe(self._on_log_metrics, names="value")
+        self.smoothing.observe(lambda _: self._draw(("metrics",)), names="value")
         for control in (self.kind, self.statistic):
             control.observe(self._on_kind, names="value")
         self.sites.observe(self._on_sites, names="value")
@@ -967,7 +971,13 @@ class Dashboard:
         with self._draw_lock:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
-                spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
+                # (until the user sets the box, each panel chooses its scale, kept once settled: figures.keep_scales)
+                picked = self._picked_log_metrics
+                spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
+                                              log_y=self.log_y.value if picked else None,
+                                              kept_log=figures.kept_scales(self._kept_log_metrics, []))
+                if not picked:
+                    self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [], spec)
             elif name in ("sites", "heatmap") and not self.view.site_order(kind):
                 message = self.view.no_rows(kind)  # (never "yet" of rows that cannot come)
                 spec = figures.empty_figure(message)
@@ -1156,6 +1166,12 @@ class Dashboard:
             control.value = value
         finally:
             self._quiet = quiet
+
+    def _on_log_metrics(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_log_metrics = True  # (the user's scale, every panel's, from here)
+        self._draw(("metrics",))
 
     def _on_log_sites(self, _change: Any) -> None:
         if self._quiet:

@@ -548,7 +548,9 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     # change alone. The page never sets the slider itself, so each change is the user's; "always_last"
     # draws a drag's last value after the one being drawn, not every value on the way)
     c[f"{p}_smoothing"].change(handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
-    for key in ("log_metrics", "dist_site", "heat_kind", "heat_log"):
+    # (the metrics' box: the user's scale from here, every panel's; until then each panel chooses its own)
+    c[f"{p}_log_metrics"].input(handler(change={"auto_log_metrics": False}), inputs, outputs, show_progress="hidden")
+    for key in ("dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
     # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
     c[f"{p}_heat_stat"].input(lambda stat: gr.Checkbox(value=stat in figures.LOG_STATISTICS), c[f"{p}_heat_stat"],
