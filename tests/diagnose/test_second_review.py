@@ -193,7 +193,7 @@ def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and
     assert len(shown) == 1 and shown.folded[0] == folded
     assert f"⚠ 1 warning, and {folded} consequences of it folded under its row (pick it to list them)" in \
         view.findings_summary(shown)
-    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences: pick it to list them"
+    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences (pick to list)"
     listed = merge_calls(f, view.toggled((), shown.iloc[0]))
     assert len(listed) == len(f) and listed.cause[1:].tolist() == f.cause[1:].tolist()
     assert view.findings_table(listed).consequences[1].startswith("↳ consequence of update_ratio_high at ")

@@ -152,11 +152,11 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     assert folded.folded[0] == 1 and dash.findings().cause[1] == "nan_origin at layers.3"
     pd.testing.assert_frame_equal(dash.findings(), view.merge_calls(diagnose(w.to_pandas(), w.metrics()),
                                                                     view.toggled((), folded.iloc[0])))
-    assert dash.findings_list.options[:2] == ("✖ nan_origin at layers.3, step 5–6 · 1 consequence listed below",
+    assert dash.findings_list.options[:2] == ("✖ nan_origin at layers.3, step 5–6 · 1 consequence below",
                                               "↳ ✖ loss_not_finite at loss, step 5–6")
     # a stored run keeps them: its dashboard lists the same
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
-    assert stored.findings_list.options[0] == dash.findings_list.options[0].replace("1 consequence listed below",
+    assert stored.findings_list.options[0] == dash.findings_list.options[0].replace("1 consequence below",
                                                                                     "+1 consequence")
     assert stored.findings_list.options[1:] == dash.findings_list.options[2:]
     stored.focus_finding(0)  # (its consequence listed under it, as in the live one's)

@@ -123,8 +123,7 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
         named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in members.itertuples())
         count = f"{len(members)} finding{'s' if len(members) > 1 else ''}"
         kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
-                                   f"consequences (diagnose() lists each, its cause column naming this one): "
-                                   f"{named}.")
+                                   f"consequences: {named}.")
         kept.loc[i, "folded"] = len(members)
         if pick_key(kept.iloc[i]) in listed:
             kept.loc[i, "listed"] = True
@@ -218,13 +217,13 @@ def during_interventions(findings: pd.DataFrame, interventions: pd.DataFrame | N
 
 def consequences_note(row: Any) -> str:
     """What a row says of the consequences (:func:`fold_consequences`): a cause's
-    ``+13 consequences: pick it to list them`` (``13 consequences listed below: pick it to fold them``), a
+    ``+13 consequences (pick to list)`` (``13 consequences below (pick to fold)``), a
     consequence's ``↳ consequence of update_ratio_high at 0``; "" for another finding."""
     folded = int(getattr(row, "folded", 0) or 0)
     if folded:
         plural = "s" if folded > 1 else ""
-        return (f"{folded} consequence{plural} listed below: pick it to fold them" if getattr(row, "listed", False)
-                else f"+{folded} consequence{plural}: pick it to list them")
+        return (f"{folded} consequence{plural} below (pick to fold)" if getattr(row, "listed", False)
+                else f"+{folded} consequence{plural} (pick to list)")
     cause = getattr(row, "cause", "")
     return f"↳ consequence of {cause}" if isinstance(cause, str) and cause else ""
 
@@ -325,7 +324,7 @@ def option_label(row: Any) -> str:
     if said.startswith("↳"):
         return f"↳ {_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}"
     return f"{_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}" + (
-        f" · {said.split(':')[0]}" if said else "")
+        f" · {said.split(' (')[0]}" if said else "")
 
 
 def finding_html(row: Any) -> str:
