@@ -163,3 +163,74 @@ def test_a_list_that_folds_the_consequences_names_every_one_of_them_with_its_ste
         steps = f"{r.step}" if r.step == r.last_step else f"{r.step}–{r.last_step}"
         assert f"{r.finding} at {r.site}, step {steps}" in evidence
     assert f"{len(consequences)} findings began at step 1 or later" in evidence and "listed after" not in evidence
+
+
+def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and_each_focuses_the_views(tmp_path):
+    # SGD at a learning rate of 10: the list held the cause's row alone, "1 warning"; its 13 consequences could be
+    # read in its evidence only, not picked or focused, in the app or the notebook, until 2026-11-29
+    from workbench.ui import findings as view
+    from workbench.ui import run_page, stored_runs
+    from workbench.ui.notebook import Dashboard
+    from workbench.ui.runs import RunsRoot
+
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=10.0)
+    with workbench.watch(model, updates=True, store=tmp_path / "runs" / "hot") as w:
+        for _ in range(40):
+            i = torch.randint(1024, (256,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    folded = int((f.cause != "").sum())
+    shown = merge_calls(f)
+    assert len(shown) == 1 and shown.folded[0] == folded
+    assert f"⚠ 1 warning, and {folded} consequences of it folded under its row (pick it to list them)" in \
+        view.findings_summary(shown)
+    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences (pick to list)"
+    listed = merge_calls(f, view.toggled((), shown.iloc[0]))
+    assert len(listed) == len(f) and listed.cause[1:].tolist() == f.cause[1:].tolist()
+    assert view.findings_table(listed).consequences[1].startswith("↳ consequence of update_ratio_high at ")
+    assert f"and {folded} consequences of it listed under its row" in view.findings_summary(listed)
+    assert view.toggled(view.toggled((), shown.iloc[0]), listed.iloc[0]) == ()  # (picked again: folded again)
+    assert view.toggled((), listed.iloc[5]) == ()  # (a consequence lists nothing)
+
+    # the notebook: picking the cause lists them, a consequence focuses the views as any finding
+    dash = Dashboard(workbench.load_run(tmp_path / "runs" / "hot"))
+    assert len(dash.findings_list.options) == 1 and f"+{folded} consequences" in dash.findings_list.options[0]
+    dash.focus_finding(0)
+    assert len(dash.findings_list.options) == 1 + folded and dash.findings_list.options[1].startswith("↳ ")
+    dead = next(i for i, o in enumerate(dash.findings_list.options) if "dead_units at layers.1," in o)
+    target = dash.focus_finding(dead)
+    assert (target.kind, target.site, dash.statistic.value) == ("activation", "layers.1", "zero_frac")
+    assert len(dash.findings_list.options) == 1 + folded  # (still listed)
+    dash.focus_finding(0)
+    assert len(dash.findings_list.options) == 1
+
+    # the app's Runs tab: a click on the cause lists them (the list sent with the focus), another on one focuses it
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path / "runs"))
+    note, table = view.stored_findings(cache, "hot")
+    assert len(table) == 1 and f"{folded} consequences of it folded" in note
+
+    def find(pick):
+        replayed, _run, _message = cache.get(pick)
+        return replayed, "header", None
+
+    def click(state, index):
+        event = type("Event", (), {"index": (index, 0)})()
+        values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
+        return view.stored_select_handler(cache, find)("hot", state, *values, event)
+
+    state, *updates, note, statistic, shown_list = click(None, 0)
+    assert len(shown_list.value["data"]) == 1 + folded and state["findings_listed"]
+    assert "listed under its row" in note
+    assert len(view.stored_findings(cache, "hot", state["findings_listed"])[1]) == 1 + folded  # (the next redraw)
+    state, *updates, note, statistic, _list = click(state, dead)
+    out = dict(zip(run_page.VIEW_OUTPUTS, updates))
+    assert statistic == "zero_frac" and out["sites"].value == ["layers.1"] and "**dead_units** at `layers.1`" in note

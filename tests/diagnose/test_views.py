@@ -147,10 +147,19 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     assert dash.statistic.value == "nan_count" and dash.sites.value == ("layers.3",)
     w.close()
     wait_for(lambda: "closed" in dash.header.value, what="the last draw")
-    pd.testing.assert_frame_equal(dash.findings(), view.merge_calls(diagnose(w.to_pandas(), w.metrics())))
-    assert dash.findings_list.options[0] == "✖ nan_origin at layers.3, step 5–6"
+    # (the NaN's origin is a cause: picking it listed its consequence, the NaN loss, under it)
+    folded = view.merge_calls(diagnose(w.to_pandas(), w.metrics()))
+    assert folded.folded[0] == 1 and dash.findings().cause[1] == "nan_origin at layers.3"
+    pd.testing.assert_frame_equal(dash.findings(), view.merge_calls(diagnose(w.to_pandas(), w.metrics()),
+                                                                    view.toggled((), folded.iloc[0])))
+    assert dash.findings_list.options[:2] == ("✖ nan_origin at layers.3, step 5–6 · 1 consequence below",
+                                              "↳ ✖ loss_not_finite at loss, step 5–6")
     # a stored run keeps them: its dashboard lists the same
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
+    assert stored.findings_list.options[0] == dash.findings_list.options[0].replace("1 consequence below",
+                                                                                    "+1 consequence")
+    assert stored.findings_list.options[1:] == dash.findings_list.options[2:]
+    stored.focus_finding(0)  # (its consequence listed under it, as in the live one's)
     assert stored.findings_list.options == dash.findings_list.options
     pd.testing.assert_frame_equal(stored.findings(), dash.findings())
 
@@ -184,7 +193,8 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert (row.site, row.calls, row.step, row.last_step) == ("act (calls 0–2)", (0, 1, 2), dead.step.min(),
                                                                dead.last_step.max())
     assert row.evidence == f"call {row.call}: " + dead[dead.call == row.call].evidence.iloc[0]
-    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites"]).reset_index(drop=True)
+    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites", "folded", "listed"])
+    others = others.reset_index(drop=True)
     pd.testing.assert_frame_equal(others, frame[frame.finding != "dead_units"].reset_index(drop=True))
     # a pick shows every call: through the API, and in a dashboard of the stored run
     runview = RunView.from_run(workbench.load_run(tmp_path / "run"))
@@ -305,7 +315,7 @@ def test_the_run_page_lists_a_live_runs_findings_and_a_click_focuses_its_views(m
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
     assert len(values) == len(run_page.CONTROLS)
-    state, *updates, note, statistic = view.focus_page(run, run.id, "header", state, values, 0)
+    state, *updates, note, statistic, _list = view.focus_page(run, run.id, "header", state, values, 0)
     assert statistic == "nan_count"  # (the page's statistic picker is set to it)
     out = dict(zip(run_page.VIEW_OUTPUTS, updates))
     assert "**nan_origin** at `layers.1`, step 3–5" in note and "*What to try:*" in note
@@ -378,7 +388,7 @@ def test_a_stored_runs_findings_are_listed_and_focus_its_replayed_views(tmp_path
         return replayed, "header", pd.DataFrame()
 
     values = [None, 0.0, False, "grad_output", "norm", None, False, None, "grad_output", "norm", True]
-    state, *updates, note, statistic = view.stored_select_handler(cache, find)("dead", None, *values, Event())
+    state, *updates, note, statistic, _list = view.stored_select_handler(cache, find)("dead", None, *values, Event())
     out = dict(zip(run_page.VIEW_OUTPUTS, updates))
     assert statistic == "zero_frac" and out["kind"] == "activation" and out["sites"].value == ["layers.1"]
     assert "**dead_units** at `layers.1`, step 1–4" in note

@@ -811,3 +811,56 @@ def test_a_comparisons_kept_log_scale_goes_linear_where_a_run_has_a_zero():
     assert figures.compare_site_figure(views, "activation", "std", "small", None,
                                        kept_log=True)["layout"]["yaxis"]["type"] == "log"
     assert figures.compare_site_figure(views, "activation", "std", "small", True)["layout"]["yaxis"]["type"] == "log"
+
+
+def _spiked_loss_run(path):
+    """A run whose loss spikes to 300 at its second step (a learning rate of 1), then falls from 0.5."""
+    model = torch.nn.Linear(2, 2)
+    with workbench.watch(model, store=path) as w:
+        for loss in [2.3, 300.0] + [0.5 * 0.97 ** i for i in range(40)]:
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=loss, lr=1.0)
+    return load_run(path)
+
+
+def test_a_metrics_panel_flattened_by_a_spike_is_log_scaled_kept_once_settled_until_the_user_sets_the_box(tmp_path):
+    # a loss of 300 at step 2, then 0.5 and less: drawn linear, the whole curve after the spike lay flat at zero
+    view = RunView.from_run(_spiked_loss_run(tmp_path / "spike"))
+    figure = figures.metrics_figure(view, log_y=None)
+    assert figure["layout"]["meta"]["metrics"] == ["loss", "lr"]
+    assert (figure["layout"]["yaxis"]["type"], figure["layout"]["yaxis2"]["type"]) == ("log", "linear")
+    assert figures.metrics_figure(view)["layout"]["yaxis"]["type"] == "linear"  # (asked for: as asked)
+    assert figures.keep_scales(None, ["r"], figure) == {"loss": [["r"], True], "lr": [["r"], False]}
+    # the run page: each panel chooses until the user ticks or unticks the box, which then holds for every panel
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", None, values)))
+    assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log"
+    assert figures.kept_scales(out["state"]["kept_log_metrics"], ["r"]) == {"loss": True, "lr": False}
+    mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", out["state"], values,
+                                                                       change={"auto_log_metrics": False})))
+    assert json.loads(mine["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
+    # a metric of values not all positive stays linear (a log y would drop its zeros)
+    zeros = pd.DataFrame({"site": [""] * 3, "value": [0.0, 300.0, 0.5]})
+    assert not figures.dwarfed(zeros)
+    # the Dashboard the same, until its box is set
+    from workbench.ui.notebook import Dashboard
+
+    dash = Dashboard(load_run(tmp_path / "spike"))
+    assert dash.figure("metrics")["layout"]["yaxis"]["type"] == "log"
+    dash.log_y.value = True  # (the user's: every panel log, then every one linear)
+    assert [dash.figure("metrics")["layout"][a]["type"] for a in ("yaxis", "yaxis2")] == ["log", "log"]
+    dash.log_y.value = False
+    assert [dash.figure("metrics")["layout"][a]["type"] for a in ("yaxis", "yaxis2")] == ["linear", "linear"]
+
+
+def test_a_scale_settles_once_a_line_is_long_enough_though_a_site_began_later():
+    # a site whose rows began later (or come rarely) held the settling back until its own line was long: till then
+    # the scale the figure chose switched at each tick
+    def figure(points_each, log):
+        lines = [{"mode": "lines", "y": figures._array(np.arange(1.0, points + 1))} for points in points_each]
+        return {"data": lines, "layout": {"yaxis": {"type": "log" if log else "linear"}}}
+
+    settles = figures.SCALE_SETTLES_AT
+    assert figures.settled_scale(figure([settles, 1], True)) is True  # (the late site's one point: not waited for)
+    assert figures.settled_scale(figure([settles, 1], True), lines=2) is None  # (a comparison: each run's line)
+    assert figures.settled_scale(figure([settles, settles], False), lines=2) is False

@@ -200,20 +200,23 @@ def _no_metrics(views: Mapping[str, RunView]) -> str:
 
 
 def metrics_figure(view: RunView, names: Sequence[str] | None = None, smoothing: float = 0.0,
-                   log_y: bool = False, columns: int = 3) -> Figure:
+                   log_y: bool | None = False, columns: int = 3,
+                   kept_log: Mapping[str, bool | None] | None = None) -> Figure:
     """One small panel per metric: its values (faint when smoothed) and their smoothed line.
 
     Args:
         view: the run's views.
         names: the metrics to draw (default: all but the interventions' markers).
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
-        log_y: log-scaled y axes.
+        log_y: log-scaled y axes; None: each panel chooses, as a per-site figure does (:func:`chosen_scale`):
+            log where its values are all positive and an early spike would flatten the rest (:func:`dwarfed`).
         columns: panels per row.
+        kept_log: with ``log_y`` None, metric -> the scale kept for its panel (:func:`kept_scales`).
 
     Returns:
-        The figure spec.
+        The figure spec; ``layout.meta.metrics`` names the panels' metrics in order (:func:`keep_scales`).
     """
-    return compare_metrics_figure({"": view}, names, smoothing, log_y, columns)
+    return compare_metrics_figure({"": view}, names, smoothing, log_y, columns, kept_log=kept_log)
 
 
 def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
@@ -254,17 +257,19 @@ def steady_colors(names: Sequence[str], kept: Mapping[str, str] | None = None,
 
 
 def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | None = None,
-                           smoothing: float = 0.0, log_y: bool = False, columns: int = 3,
-                           colors: Mapping[str, str] | None = None) -> Figure:
+                           smoothing: float = 0.0, log_y: bool | None = False, columns: int = 3,
+                           colors: Mapping[str, str] | None = None,
+                           kept_log: Mapping[str, bool | None] | None = None) -> Figure:
     """One small panel per metric, a line per run; one run's panels are :func:`metrics_figure`'s.
 
     Args:
         views: run name -> its views.
         names: the metrics to draw (default: every metric of any run but the interventions' markers).
         smoothing: TensorBoard's exponential smoothing, in [0, 1).
-        log_y: log-scaled y axes.
+        log_y: log-scaled y axes; None: each panel chooses (:func:`metrics_figure`).
         columns: panels per row.
         colors: run name -> its colour (:func:`steady_colors`; default: the runs' order picks them).
+        kept_log: with ``log_y`` None, metric -> the scale kept for its panel (:func:`kept_scales`).
 
     Returns:
         The figure spec.
@@ -287,7 +292,7 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
     in_legend: set[str] = set()  # (each run once in the legend, in the first panel it has a line in)
     # (the top margin keeps the first row's titles below Plotly's toolbar, which shows over the top right)
     data, layout = [], _layout(max(_HEIGHT, 220 * rows), hovermode="x", showlegend=several, annotations=[],
-                               margin=dict(l=55, r=20, t=45, b=50))
+                               margin=dict(l=55, r=20, t=45, b=50), meta=dict(metrics=list(chosen)))
     for i, name in enumerate(chosen):
         row, col = divmod(i, columns)
         n = "" if i == 0 else str(i + 1)
@@ -298,9 +303,11 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         layout[f"xaxis{n}"] = _steps_axis(steps, domain=[x0, x0 + width], anchor=f"y{n}",
                                           **(dict(matches="x") if i else {}),
                                           **(dict(title=dict(text="step", standoff=4)) if bottom else {}))
-        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log_y else "linear",
-                                    **_flat_range(np.concatenate([f.value[f.metric == name] for f in frames.values()]),
-                                                  log_y))
+        panel = pd.concat([f[f.metric == name].assign(site=run)[["site", "value"]] for run, f in frames.items()],
+                          ignore_index=True)
+        log = bool(log_y) if log_y is not None else chosen_scale(panel, (kept_log or {}).get(name))
+        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log else "linear",
+                                    **_flat_range(panel.value.to_numpy(), log))
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
         if not any(np.isfinite(frame.value[frame.metric == name]).any() for frame in frames.values()):
@@ -402,17 +409,23 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
 #: figure, left to choose its scale, draws a log y: on a linear one the small lines lie flat at zero (a
 #: module returning hashes, std about 5e18, beside indices and activations of std about 1).
 DWARFS = 1e3
+#: How many times its typical value a line's largest may be before a figure left to choose draws a log y: on a
+#: linear one the line's usual values lie flat at the bottom, under 1% of its height (a loss spiking to 300 at a
+#: learning rate of 1 beside its usual 0.5; a loss falling over orders of magnitude).
+SPIKES = 100
 
 
 def dwarfed(frame: pd.DataFrame) -> bool:
-    """Whether a linear y would flatten lines of ``frame`` (``site, value``, as :meth:`RunView.site_series`):
-    one line's median more than :data:`DWARFS` times another's, and every value positive (a log y shows
-    each of them; a zero or a negative value would vanish from it)."""
+    """Whether a linear y would flatten lines of ``frame`` (``site, value``, as :meth:`RunView.site_series`; a
+    metrics panel's, a line per run): one line's median more than :data:`DWARFS` times another's, or a line's
+    largest value more than :data:`SPIKES` times its median, and every value positive (a log y shows each of
+    them; a zero or a negative value would vanish from it)."""
     finite = frame[np.isfinite(frame.value)]
     if finite.empty or not (finite.value > 0).all():
         return False
-    typical = finite.groupby("site", sort=False).value.median()
-    return bool(typical.max() > DWARFS * typical.min())
+    lines = finite.groupby("site", sort=False).value
+    typical = lines.median()
+    return bool(typical.max() > DWARFS * typical.min() or (lines.max() > SPIKES * typical).any())
 
 
 def chosen_scale(frame: pd.DataFrame, kept_log: bool | None = None) -> bool:
@@ -432,16 +445,19 @@ def chosen_scale(frame: pd.DataFrame, kept_log: bool | None = None) -> bool:
 SCALE_SETTLES_AT = 5
 
 
-def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1) -> bool | None:
+def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1, axis: str = "y") -> bool | None:
     """The scale a per-site figure left to choose it chose (True: log; :func:`sites_figure`,
-    :func:`compare_site_figure` with ``log_y=None``), once it has ``lines`` lines at least, each of
-    :data:`SCALE_SETTLES_AT` points (a NaN among them too: a scalar's std is one at every step); None before (the
-    steps to come may change it: a comparison's run that has no rows yet brings its line later), or for a figure
-    without lines."""
-    drawn = [trace for trace in (figure or {}).get("data", ()) if "lines" in trace.get("mode", "")]
-    if len(drawn) < max(lines, 1) or any(len(values(trace["y"])) < SCALE_SETTLES_AT for trace in drawn):
+    :func:`compare_site_figure` with ``log_y=None``; ``axis``: a panel of a metrics figure, ``y2``...), once it has
+    ``lines`` lines at least of :data:`SCALE_SETTLES_AT` points each (a NaN among them too: a scalar's std is one at
+    every step); a line shorter than that, a site whose rows began later than the others', does not hold it back
+    (the settling waited for it: a site that came late, or rarely, had the scale switch at each tick until then).
+    None before (the steps to come may change it: a comparison's run that has no rows yet brings its line later),
+    or for a figure without lines."""
+    drawn = [trace for trace in (figure or {}).get("data", ())
+             if "lines" in trace.get("mode", "") and trace.get("yaxis", "y") == axis]
+    if sum(len(values(trace["y"])) >= SCALE_SETTLES_AT for trace in drawn) < max(lines, 1):
         return None
-    return figure["layout"].get("yaxis", {}).get("type") == "log"
+    return figure["layout"].get("yaxis" + axis[1:], {}).get("type") == "log"
 
 
 def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | None:
@@ -467,6 +483,27 @@ def keep_scale(kept: Sequence[Any] | None, selection: Sequence[Any], figure: Map
         return list(kept)
     log = settled_scale(figure, lines)
     return kept if log is None else [list(selection), log]
+
+
+def kept_scales(kept: Mapping[str, Sequence[Any]] | None, selection: Sequence[Any]) -> dict[str, bool]:
+    """The scales kept for a metrics figure's panels (metric -> True: log; :func:`kept_scale` of each)."""
+    found = {name: kept_scale(each, selection) for name, each in (kept or {}).items()}
+    return {name: log for name, log in found.items() if log is not None}
+
+
+def keep_scales(kept: Mapping[str, Sequence[Any]] | None, selection: Sequence[Any],
+                figure: Mapping[str, Any] | None, lines: int = 1) -> dict[str, Any]:
+    """What a page keeps of its metrics figure's scales (:func:`metrics_figure` with ``log_y`` None) after drawing
+    ``figure`` for ``selection`` (a run page: its run): :func:`keep_scale` of each panel, metric -> ``[selection,
+    log]``, each settled on its own (a metric logged every 50 steps later than the loss)."""
+    kept = dict(kept or {})
+    for i, name in enumerate(((figure or {}).get("layout", {}).get("meta") or {}).get("metrics", ())):
+        axis = "y" if i == 0 else f"y{i + 1}"
+        if kept_scale(kept.get(name), selection) is None:
+            log = settled_scale(figure, lines, axis)
+            if log is not None:
+                kept[name] = [list(selection), log]
+    return kept
 
 
 def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] | None = None,

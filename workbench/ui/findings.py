@@ -29,8 +29,9 @@ __all__ = ["Focus", "MUTED", "RunFindings", "SHOWN_COLUMNS", "SHOWN_DATATYPES", 
            "mark_steps", "merge_calls", "option_label", "pick_key", "shown_findings"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
-#: the first begun).
-TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence"]
+#: the first begun; a cause's consequences after it where they are listed: :func:`fold_consequences`).
+#: ``consequences`` says how many a cause's row holds and whether they are listed, and of a consequence, its cause.
+TABLE_COLUMNS = ["severity", "steps", "site", "finding", "evidence", "consequences"]
 # (marks that common fonts draw: Debian's DejaVu has these, not ⛔)
 _ICON = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 _COLOR = {"error": "#b42318", "warning": "#b54708", "info": "#175cd3"}
@@ -51,19 +52,21 @@ def _steps(row: Any) -> str:
 _WHERE = ["finding", "kind", "module", "tensor"]
 
 
-def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
+def merge_calls(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     """The findings as the lists show them: one row per finding at a module called several times a step
     (an unrolled network, a layer shared by several paths) where the diagnosis found it at several of its
     calls over the same steps, in the place of the first of them. Its ``site`` names the calls
     (``act (calls 0–4)``), its steps span theirs, its severity is their worst and its evidence the lowest
     call's (``call 0: ...``), which ``call`` is. Every row gets ``calls`` and ``call_sites`` (the calls
     and their own site names: ``focus`` shows them all). Episodes of one call at different steps stay
-    apart, as diagnosed. Findings grouped under a cause are left out (:func:`fold_consequences`): the cause's
-    evidence counts and names them."""
+    apart, as diagnosed. Findings grouped under a cause are folded under it (:func:`fold_consequences`:
+    ``listed``, the causes whose consequences are listed after them)."""
     _check(findings)
-    if "calls" in findings.columns:
-        return findings
-    findings = fold_consequences(findings)
+    return fold_consequences(findings if "calls" in findings.columns else _merged_calls(findings), listed)
+
+
+def _merged_calls(findings: pd.DataFrame) -> pd.DataFrame:
+    """:func:`merge_calls` without folding the consequences."""
     calls = [(int(c),) for c in findings.call]
     names = [(str(s),) for s in findings.site]
     repeated = (findings.kind != "metric") & findings.duplicated(subset=_WHERE, keep=False)
@@ -93,28 +96,55 @@ def merge_calls(findings: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(kept, columns=[*findings.columns, "calls", "call_sites"]).astype(findings.dtypes.to_dict())
 
 
-def fold_consequences(findings: pd.DataFrame) -> pd.DataFrame:
-    """The findings without those grouped under a cause (a ``cause`` named: a diverging run's dead units, vanished
-    gradients, stilled weights), which the cause's row counts in its evidence: the list shows what went wrong, its
-    first row the cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all). The cause's
-    evidence names every one folded into it, with its steps (the frame's names six, then "and 7 more", and says they
-    are listed after it: in a list that folds them, the rest were nowhere until 2026-11-29)."""
-    if "cause" not in findings.columns or not (findings.cause != "").any():
+def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
+    """The findings as a list shows them, those grouped under a cause (a ``cause`` named: a diverging run's dead
+    units, vanished gradients, stilled weights) folded under it: the list shows what went wrong, its first row the
+    cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all). The consequences of a
+    cause whose :func:`pick_key` is in ``listed`` follow its row, each a finding to pick like any other (a page
+    lists them when its cause is picked, and folds them when it is picked again: :func:`toggled`).
+
+    Every row gets ``folded``: how many consequences its row holds (0 but for a cause), and ``listed``: whether
+    they follow it. The cause's evidence names every one, with its steps."""
+    if "folded" in findings.columns:
         return findings
-    kept = findings[findings.cause == ""].reset_index(drop=True)
+    listed = set(listed)
+    if "cause" not in findings.columns or not (findings.cause != "").any():
+        return findings.assign(folded=0, listed=False)
+    kept = findings[findings.cause == ""].reset_index(drop=True).assign(folded=0, listed=False)
+    after: dict[int, pd.DataFrame] = {}
     for cause, members in findings[findings.cause != ""].groupby("cause", sort=False):
-        roots = [i for i, r in enumerate(kept.itertuples()) if f"{r.finding} at {r.site}" == cause
-                 and _WENT_WRONG in r.evidence]
-        if not roots:
+        roots = [i for i, r in enumerate(kept.itertuples()) if _WENT_WRONG in r.evidence
+                 and cause in {f"{r.finding} at {s}" for s in (getattr(r, "call_sites", None) or (r.site,))}]
+        if not roots:  # (a cause not in the list: its consequences are findings of their own, after the rest)
+            kept = pd.concat([kept, members.assign(folded=0, listed=False)], ignore_index=True)
             continue
         i = roots[0]
         own = kept.evidence[i].split(_WENT_WRONG)[0].rstrip()
         named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in members.itertuples())
         count = f"{len(members)} finding{'s' if len(members) > 1 else ''}"
         kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
-                                   f"consequences, folded into this row (diagnose() lists each, its cause column "
-                                   f"naming this one): {named}.")
-    return kept
+                                   f"consequences: {named}.")
+        kept.loc[i, "folded"] = len(members)
+        if pick_key(kept.iloc[i]) in listed:
+            kept.loc[i, "listed"] = True
+            after[i] = members.assign(folded=0, listed=False)
+    if not any(len(rows) for rows in after.values()):
+        return kept
+    parts = []
+    for i in range(len(kept)):
+        parts += [kept.iloc[[i]]] + ([after[i]] if i in after and len(after[i]) else [])
+    return pd.concat(parts, ignore_index=True).astype(kept.dtypes.to_dict())
+
+
+def toggled(listed: Any, row: Any) -> tuple:
+    """``listed`` (the causes whose consequences a list shows: :func:`fold_consequences`) after ``row`` was picked:
+    a cause with consequences folded under it has them listed, one listed has them folded again; any other
+    row leaves it as it was."""
+    listed = tuple(listed)
+    if not getattr(row, "folded", 0):
+        return listed
+    key = pick_key(row)
+    return tuple(k for k in listed if k != key) if key in listed else (*listed, key)
 
 
 #: How the evidence of a finding with consequences names them (:func:`workbench.diagnose.diagnose`).
@@ -185,10 +215,24 @@ def during_interventions(findings: pd.DataFrame, interventions: pd.DataFrame | N
     return findings.assign(evidence=evidence, interventions=ids)
 
 
+def consequences_note(row: Any) -> str:
+    """What a row says of the consequences (:func:`fold_consequences`): a cause's
+    ``+13 consequences (pick to list)`` (``13 consequences below (pick to fold)``), a
+    consequence's ``↳ consequence of update_ratio_high at 0``; "" for another finding."""
+    folded = int(getattr(row, "folded", 0) or 0)
+    if folded:
+        plural = "s" if folded > 1 else ""
+        return (f"{folded} consequence{plural} below (pick to fold)" if getattr(row, "listed", False)
+                else f"+{folded} consequence{plural} (pick to list)")
+    cause = getattr(row, "cause", "")
+    return f"↳ consequence of {cause}" if isinstance(cause, str) and cause else ""
+
+
 def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
     """The list as a table (:data:`TABLE_COLUMNS`): a severity mark and word, the steps it held
-    (``first–last``), the site, the finding and its whole evidence (the numbers that made it fire:
-    a page wraps it; :func:`finding_detail` adds the hint); at most ``limit`` rows."""
+    (``first–last``), the site, the finding, its whole evidence (the numbers that made it fire:
+    a page wraps it; :func:`finding_detail` adds the hint) and what it says of consequences
+    (:func:`consequences_note`); at most ``limit`` rows."""
     _check(findings)
     limit = whole_number("limit", limit, 1, "a positive int (rows shown)")
     if findings.empty:
@@ -200,6 +244,7 @@ def findings_table(findings: pd.DataFrame, limit: int = 50) -> pd.DataFrame:
         "site": shown.site.to_list(),
         "finding": shown.finding.to_list(),
         "evidence": shown.evidence.to_list(),
+        "consequences": [consequences_note(r) for r in shown.itertuples()],
     }, columns=TABLE_COLUMNS)
 
 
@@ -220,10 +265,12 @@ def _breakable(text: Any) -> str:
 
 def _shown_finding(text: str) -> str:
     """A cell of the shown list's ``finding`` column as HTML: its severity and steps, the finding's name
-    in bold and the site (which may break after its dots), one a line."""
-    head, name, site = text.split("\n")
+    in bold and the site (which may break after its dots), one a line; then what it says of consequences
+    in italics, if anything."""
+    head, name, site, *consequences = text.split("\n")
+    said = "".join(f"<br><i>{_breakable(line)}</i>" for line in consequences if line)
     return (f"{html.escape(head, quote=False)}<br><b>{_breakable(name)}</b><br>"
-            f"<span>{_breakable(site)}</span>")
+            f"<span>{_breakable(site)}</span>{said}")
 
 
 def shown_findings(table: pd.DataFrame) -> Any:
@@ -236,8 +283,12 @@ def shown_findings(table: pd.DataFrame) -> Any:
     An empty table is returned with the shown columns."""
     if table.empty:
         return pd.DataFrame(columns=SHOWN_COLUMNS)
-    finding = [f"{severity} · {'steps' if '–' in steps else 'step'} {steps}\n{name}\n{site}"
-               for severity, steps, name, site in zip(table.severity, table.steps, table.finding, table.site)]
+    said = [n if isinstance(n, str) else "" for n in (table.consequences if "consequences" in table.columns
+                                                      else [""] * len(table))]
+    finding = [f"{severity} · {'steps' if '–' in steps else 'step'} {steps}\n{name}\n{site}" + (f"\n{note}" if note
+                                                                                               else "")
+               for severity, steps, name, site, note in zip(table.severity, table.steps, table.finding, table.site,
+                                                           said)]
     shown = pd.DataFrame({"finding": finding, "evidence": table.evidence.to_list()}, columns=SHOWN_COLUMNS)
     return shown.style.format({"finding": _shown_finding, "evidence": _breakable})
 
@@ -248,9 +299,19 @@ def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:
     if findings.empty:
         return ("**Diagnoses:** nothing looks wrong so far." if running
                 else "**Diagnoses:** nothing looked wrong in this run.")
-    counts = findings.severity.value_counts()
+    own = findings[findings.cause == ""] if "cause" in findings.columns else findings
+    counts = own.severity.value_counts()
     parts = [f"{_ICON[s]} {counts[s]} {s}{'s' if counts[s] > 1 else ''}" for s in ("error", "warning", "info")
              if s in counts]
+    # (the consequences grouped under a cause: their count, and whether the list shows them: fold_consequences)
+    folded = int(findings.folded.sum()) if "folded" in findings.columns else 0
+    if folded:
+        causes = int((findings.folded > 0).sum())
+        hidden = int(findings.folded[~findings.listed.astype(bool)].sum())
+        its = "its row" if causes == 1 else "their causes' rows"
+        parts[-1] += (f", and {folded} consequence{'s' if folded > 1 else ''} of {'it' if causes == 1 else 'them'} "
+                      + (f"folded under {its} (pick {'it' if causes == 1 else 'one'} to list them)" if hidden == folded
+                         else f"listed under {its}" if not hidden else f"{hidden} of them folded"))
     during = int((findings.interventions != "").sum()) if "interventions" in findings.columns else 0
     intervened = (f" {during} of them held while an intervention was on: they may be its doing (see their "
                   "evidence)." if during else "")
@@ -259,7 +320,11 @@ def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:
 
 def option_label(row: Any) -> str:
     """A finding in one line, for a list a person picks from."""
-    return f"{_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}"
+    said = consequences_note(row)
+    if said.startswith("↳"):
+        return f"↳ {_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}"
+    return f"{_ICON[row.severity]} {row.finding} at {row.site}, step {_steps(row)}" + (
+        f" · {said.split(' (')[0]}" if said else "")
 
 
 def finding_html(row: Any) -> str:
@@ -282,7 +347,7 @@ def findings_html(findings: pd.DataFrame, limit: int = 50) -> str:
             f"<li style='margin:0 0 .4em 0'><b style='color:{_COLOR[row.severity]}'>{_ICON[row.severity]} "
             f"{html.escape(row.finding)}</b> at <code>{html.escape(str(row.site))}</code>, step {_steps(row)}: "
             f"{html.escape(row.evidence)}<br><span style='color:{MUTED}'><i>Hint:</i> {html.escape(row.hint)}"
-            "</span></li>")
+            f"</span>{''.join(f'<br><i>{html.escape(n)}</i>' for n in [consequences_note(row)] if n)}</li>")
     more = f"<li>… and {len(findings) - limit} more</li>" if len(findings) > limit else ""
     return f"<ol style='padding-left:1.4em;margin:.2em 0'>{''.join(items)}{more}</ol>"
 
@@ -398,7 +463,7 @@ class RunFindings:
         facts = getattr(source, "metadata", None) if source is not None else metadata
         self.diagnoser = Diagnoser(**with_run_facts(facts, None, {}))
         self._lock = threading.Lock()
-        self._frame: pd.DataFrame = merge_calls(self.diagnoser.findings())
+        self._frame: pd.DataFrame = _merged_calls(self.diagnoser.findings())  # (consequences not yet folded)
         self._seen = -1
         self.error: str | None = None
         if isinstance(source, Run):  # (a part at a time: a long run's rows at once took gigabytes)
@@ -412,18 +477,19 @@ class RunFindings:
             else:
                 self.diagnoser.attach(source)
 
-    def frame(self) -> pd.DataFrame:
-        """The findings now (the last good ones, with ``error`` set, should diagnosing fail)."""
+    def frame(self, listed: Any = ()) -> pd.DataFrame:
+        """The findings now as a list shows them (the last good ones, with ``error`` set, should diagnosing fail):
+        :func:`merge_calls`, the consequences of the causes in ``listed`` listed after them."""
         with self._lock:
             received = self.diagnoser.received
             if received != self._seen:
                 try:
-                    self._frame = merge_calls(self.diagnoser.findings())
+                    self._frame = _merged_calls(self.diagnoser.findings())
                     self.error = None
                 except Exception as exc:  # a diagnosis never takes the page or the training down
                     self.error = f"{type(exc).__name__}: {exc}"
                 self._seen = received
-            return self._frame
+            return fold_consequences(self._frame, listed)
 
     @property
     def fed(self) -> int:
@@ -466,7 +532,7 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     running = bool(getattr(run, "running", False))
     if not running:
         found.flush(timeout=2.0)  # (an ended run: its last steps, before the page's last tick draws them)
-    frame = during_interventions(found.frame(), run.intervention_frame())
+    frame = during_interventions(found.frame(state.get("findings_listed", ())), run.intervention_frame())
     note = findings_summary(frame, running=running)
     if found.error:
         note += f" Diagnosing failed: `{found.error}`."
@@ -478,12 +544,24 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     return note, findings_table(frame)
 
 
+def page_table(table: Any) -> Any:
+    """The update of a page's findings list for ``table`` (:func:`findings_table`; ``gr.skip()`` passes): the
+    list as :func:`shown_findings` draws it, hidden while it has no row (the note above it says that nothing
+    looks wrong)."""
+    import gradio as gr
+
+    if not isinstance(table, pd.DataFrame):
+        return table
+    return gr.Dataframe(value=shown_findings(table), visible=not table.empty)
+
+
 def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: Any, index: int,
                interventions: pd.DataFrame | None = None) -> tuple:
     """The run page's views focused on its ``index``-th finding, as the page's redraw returns them
     (``(page state, *updates of VIEW_OUTPUTS)``), then the note above the list with the finding in
-    full, then the statistic picker: its kind and site (alone) in the statistic it is seen in per
-    site, the distributions and the heatmap, or its metric alone; the steps it held shaded."""
+    full, the statistic picker: its kind and site (alone) in the statistic it is seen in per
+    site, the distributions and the heatmap, or its metric alone; the steps it held shaded; then the list,
+    a cause's consequences listed under it (folded again when it is picked again: :func:`toggled`)."""
     import gradio as gr
 
     from workbench.ui import run_page
@@ -491,12 +569,18 @@ def focus_page(run: Any, run_id: Any, header: str, state: dict | None, values: A
     state = dict(state or run_page.new_page_state())
     found = run_findings(run)
     if found is None:
-        return *run_page.redraw(None, header, run_id, state, values), "", gr.skip()
-    frame = found.frame()
+        return *run_page.redraw(None, header, run_id, state, values), "", gr.skip(), gr.skip()
+    frame = found.frame(state.get("findings_listed", ()))
+    if 0 <= index < len(frame):
+        state["findings_listed"] = toggled(state.get("findings_listed", ()), frame.iloc[index])
+        frame = found.frame(state["findings_listed"])  # (the cause's row stays where it was: its own after it)
     state["findings_pick"] = pick_key(frame.iloc[index]) if 0 <= index < len(frame) else None
-    note, _ = _page_note(run, state)
-    state.setdefault("findings", {})["note"] = note
-    return _focused(run.view, frame, run_id, header, state, values, index, interventions, note)
+    note, table = _page_note(run, state)
+    sent = state["findings"] = dict(state.get("findings", {}))
+    rows = table.values.tolist()
+    shown = gr.skip() if sent.get("rows") == rows else page_table(table)
+    sent.update(note=note, rows=rows)
+    return *_focused(run.view, frame, run_id, header, state, values, index, interventions, note), shown
 
 
 def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: dict, values: Any, index: int,
@@ -537,7 +621,7 @@ def select_handler(manager: Any) -> Any:
         *values, event = rest  # (Gradio passes the event after the inputs)
         run = manager.get(attached) if attached else None
         if run is None:
-            return *run_page.redraw(None, NO_RUN, attached, state, values), "", gr.skip()
+            return *run_page.redraw(None, NO_RUN, attached, state, values), "", gr.skip(), gr.skip()
         return focus_page(run, attached, run_page.live_header(run), state, values, event.index[0],
                           run.intervention_frame())
 
@@ -554,24 +638,26 @@ _STORED: dict[tuple, pd.DataFrame] = {}  # (run directory, steps, status) -> its
 _STORED_LOCK = threading.Lock()
 
 
-def stored_frame(run: Any) -> pd.DataFrame:
-    """The findings of a stored run (``Run.diagnose()``), read again only when it grew or ended."""
+def stored_frame(run: Any, listed: Any = ()) -> pd.DataFrame:
+    """The findings of a stored run (``Run.diagnose()``) as a list shows them, the consequences of the causes in
+    ``listed`` listed (:func:`merge_calls`); read again only when it grew or ended."""
 
     key = (str(run.path), len(run.steps), run.status)
     with _STORED_LOCK:
         found = _STORED.get(key)
     if found is None:
-        found = merge_calls(run.diagnose())
+        found = _merged_calls(run.diagnose())
         with _STORED_LOCK:
             _STORED[key] = found
             while len(_STORED) > 8:
                 _STORED.pop(next(iter(_STORED)))
-    return found
+    return fold_consequences(found, listed)
 
 
-def stored_findings(cache: Any, pick: Any) -> tuple[str, pd.DataFrame]:
+def stored_findings(cache: Any, pick: Any, listed: Any = ()) -> tuple[str, pd.DataFrame]:
     """The Runs tab's findings of the stored run ``pick`` (through the app's ``ViewCache``):
-    ``(note, table)``; empty while no run is open."""
+    ``(note, table)``, the consequences of the causes in ``listed`` listed (:func:`fold_consequences`);
+    empty while no run is open."""
     if not pick:
         return "", pd.DataFrame(columns=TABLE_COLUMNS)
     _view, run, message = cache.get(pick)
@@ -579,13 +665,14 @@ def stored_findings(cache: Any, pick: Any) -> tuple[str, pd.DataFrame]:
         return "", pd.DataFrame(columns=TABLE_COLUMNS)
     from workbench.ui.stored_runs import stored_interventions
 
-    frame = during_interventions(stored_frame(run), stored_interventions(run))
+    frame = during_interventions(stored_frame(run, listed), stored_interventions(run))
     return findings_summary(frame, running=False), findings_table(frame)
 
 
 def stored_select_handler(cache: Any, find: Any) -> Any:
     """The Runs tab's handler of a click on its findings list: ``(run name, page state, *controls,
-    event)`` -> the replayed views focused on that finding, the note with it in full, the statistic."""
+    event)`` -> the replayed views focused on that finding, the note with it in full, the statistic, the list
+    (a cause's consequences listed under it, or folded again: :func:`toggled`)."""
     import inspect
 
     import gradio as gr
@@ -598,14 +685,19 @@ def stored_select_handler(cache: Any, find: Any) -> Any:
         view, header, *more = find(pick)
         _v, run, _message = cache.get(pick) if pick else (None, None, "")
         if view is None or run is None:
-            return *run_page.redraw(None, header, pick, state, values), "", gr.skip()
+            return *run_page.redraw(None, header, pick, state, values), "", gr.skip(), gr.skip()
         interventions = more[0] if more else None
-        frame = during_interventions(stored_frame(run), interventions)
         index = event.index[0]
+        listed = state.get("findings_listed", ())
+        shown = stored_frame(run, listed)
+        if 0 <= index < len(shown):
+            state["findings_listed"] = listed = toggled(listed, shown.iloc[index])
+        frame = during_interventions(stored_frame(run, listed), interventions)
         note = findings_summary(frame, running=False)
         if 0 <= index < len(frame):
             note += "\n\n" + finding_detail(frame.iloc[index])
-        return _focused(view, frame, pick, header, state, values, index, interventions, note)
+        return *_focused(view, frame, pick, header, state, values, index, interventions, note), \
+            page_table(findings_table(frame))
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     on_finding.__signature__ = inspect.Signature(

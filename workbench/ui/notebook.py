@@ -744,12 +744,14 @@ class Dashboard:
             figure and the heatmap show first.
         statistic: the statistic they show first (a column of ``workbench.ui.views.STATISTICS``).
         smoothing: the metrics' smoothing, in [0, 1).
-        log_y: metrics on a log scale.
+        log_y: metrics on a log scale (True) or a linear one (False); None: each panel chooses, log where its
+            values are positive and an early spike would flatten the rest (:func:`workbench.ui.figures.dwarfed`),
+            kept once settled, until the box is set.
         tab: the figure open first (``metrics``, ``sites``, ``heatmap``, ``distribution``).
     """
 
     def __init__(self, source: Any, interval: float = 1.0, kind: str = "activation", statistic: str = "std",
-                 smoothing: float = 0.0, log_y: bool = False, tab: str = "metrics") -> None:
+                 smoothing: float = 0.0, log_y: bool | None = None, tab: str = "metrics") -> None:
         import os
 
         import ipywidgets as w
@@ -792,6 +794,7 @@ class Dashboard:
         self._focus = None  # the picked finding's Focus
         self._picked_finding = None  # the pick's findings.pick_key
         self._findings = None  # the findings frame the list shows
+        self._listed: tuple = ()  # the causes whose consequences the list shows (findings.fold_consequences)
         self._log = None  # the run's interventions, as last drawn
         self.draws = 0  # how many times the figures were drawn
         self.ticks = 0  # how many times the timer looked for new steps
@@ -802,6 +805,8 @@ class Dashboard:
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
         self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
         self._kept_log_sites = None  # the scale the per-site figure chose, once settled (figures.keep_scale)
+        self._picked_log_metrics = log_y is not None  # the user set the metrics' log y (else: each panel chooses)
+        self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
         self._quiet = False  # (setting the controls from code)
 
         style = {"description_width": "initial"}
@@ -838,9 +843,8 @@ class Dashboard:
         self.pause_button.on_click(guard(lambda _: self._act("pause"), "Pause"))
         self.resume_button.on_click(guard(lambda _: self._act("resume"), "Resume"))
         self.stop_button.on_click(guard(lambda _: self._act("stop"), "Stop"))
-        for control in (self.smoothing, self.log_y):
-            control.observe(guard(lambda _: self._draw(("metrics",)), f"the metrics' {control.description}"),
-                            names="value")
+        self.log_y.observe(guard(self._on_log_metrics, "the metrics' log y"), names="value")
+        self.smoothing.observe(guard(lambda _: self._draw(("metrics",)), "the metrics' smoothing"), names="value")
         for control in (self.kind, self.statistic):
             control.observe(guard(self._on_kind, f"the {control.description} picked"), names="value")
         self.sites.observe(guard(self._on_sites, "the call sites picked"), names="value")
@@ -1095,7 +1099,13 @@ class Dashboard:
         with self._draw_lock:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
-                spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value, log_y=self.log_y.value)
+                # (until the user sets the box, each panel chooses its scale, kept once settled: figures.keep_scales)
+                picked = self._picked_log_metrics
+                spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
+                                              log_y=self.log_y.value if picked else None,
+                                              kept_log=figures.kept_scales(self._kept_log_metrics, []))
+                if not picked:
+                    self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [], spec)
             elif name in ("sites", "heatmap") and not self.view.site_order(kind):
                 message = self.view.no_rows(kind)  # (never "yet" of rows that cannot come)
                 spec = figures.empty_figure(message)
@@ -1166,8 +1176,10 @@ class Dashboard:
 
     def findings(self) -> Any:
         """The run's findings now, as the list shows them: a frame of :data:`workbench.diagnose.COLUMNS`
-        and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`)."""
-        return self.diagnoses.frame()
+        and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`),
+        ``folded``, ``listed`` (the consequences folded under a cause, listed under it once it was picked:
+        :func:`workbench.ui.findings.fold_consequences`)."""
+        return self.diagnoses.frame(self._listed)
 
     def _intervention_log(self) -> Any:
         """The interventions of the run (``Watch.intervention_log()``, ``Run.interventions()``), or None."""
@@ -1177,7 +1189,7 @@ class Dashboard:
     def _draw_findings(self) -> None:
         from workbench.ui import findings as view
 
-        frame = self.diagnoses.frame()
+        frame = self.diagnoses.frame(self._listed)
         # a finding that held while a patch was in names it: it may be the patch's doing
         frame = view.during_interventions(frame, self._log)
         # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
@@ -1209,7 +1221,8 @@ class Dashboard:
     def focus_finding(self, index: int) -> Any:
         """Show the ``index``-th finding of the list (0: the first): its kind, statistic and call
         site in the per-site figure and the heatmap (its metric in the metrics panel), the steps
-        it held shaded. Returns its :class:`~workbench.ui.findings.Focus`.
+        it held shaded. A cause's consequences folded under it are listed under it, listed ones folded
+        again (:func:`workbench.ui.findings.toggled`). Returns its :class:`~workbench.ui.findings.Focus`.
 
         Raises:
             IndexError: no such finding in the list.
@@ -1217,10 +1230,15 @@ class Dashboard:
         from workbench.ui import findings as view
 
         with self._draw_lock:
-            frame = self._findings if self._findings is not None else self.diagnoses.frame()
+            frame = self._findings if self._findings is not None else self.diagnoses.frame(self._listed)
             target = view.focus(frame, index, self.view)
+            listed = view.toggled(self._listed, frame.iloc[index])
             self._focus = target
             self._picked_finding = view.pick_key(frame.iloc[index])
+            if listed != self._listed:  # (the cause's row stays where it was: its consequences after it)
+                self._listed = listed
+                self._draw_findings()
+                frame = self._findings
             self._quiet = True
             try:
                 if self.findings_list.index != index and index < len(self.findings_list.options):
@@ -1276,6 +1294,12 @@ class Dashboard:
             control.value = value
         finally:
             self._quiet = quiet
+
+    def _on_log_metrics(self, _change: Any) -> None:
+        if self._quiet:
+            return
+        self._picked_log_metrics = True  # (the user's scale, every panel's, from here)
+        self._draw(("metrics",))
 
     def _on_log_sites(self, _change: Any) -> None:
         if self._quiet:

@@ -59,7 +59,8 @@ class Controls:
 
     metrics: Sequence[str] | None = None  # None: every metric
     smoothing: float = 0.0  # TensorBoard's, in [0, 0.99]
-    log_metrics: bool = False
+    log_metrics: bool | None = False  # None: each panel chooses (log where an early spike flattens the rest)
+    kept_log_metrics: dict[str, bool] | None = None  # with log_metrics None, the scales kept (figures.kept_scales)
     kind: str = "activation"  # of the per-site plot, the distributions and the last-step table
     statistic: str = "std"
     sites: Sequence[str] | None = None  # None: the view's default (the sites that changed most)
@@ -154,7 +155,9 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
         chosen = ([m for m in metric_choices if not m.startswith(INTERVENTION_METRIC)] if picked is None
                   else [m for m in picked if m in metric_choices])
         smoothing = parse_smoothing(c.smoothing)
-        metrics_fig = drawn("metrics", lambda: figures.metrics_figure(view, chosen, smoothing, bool(c.log_metrics))
+        log_metrics = None if c.log_metrics is None else bool(c.log_metrics)
+        metrics_fig = drawn("metrics", lambda: figures.metrics_figure(view, chosen, smoothing, log_metrics,
+                                                                      kept_log=c.kept_log_metrics)
                             if chosen else
                             figures.empty_figure("Pick metrics above." if metric_choices else view.no_metrics()))
     except ValueError as exc:
@@ -317,12 +320,13 @@ HEAVY_TICKS = 5
 
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
-    defaults (until the user picks) and the per-site log y the figure's choice (until the user sets it),
+    defaults (until the user picks), the per-site log y the figure's choice and the metrics' each panel's (until
+    the user sets it),
     the run and steps it last drew, what its pickers and tables were sent, the ticks it drew, the
     version and tick each paced view was last sent at (``paced``), and the plots it shows empty, with
     the figure each was sent (``empty``)."""
-    return {"auto_metrics": True, "auto_sites": True, "auto_log_sites": True, "version": None, "sent": {}, "tick": 0,
-            "paced": {}, "empty": {}}
+    return {"auto_metrics": True, "auto_sites": True, "auto_log_sites": True, "auto_log_metrics": True,
+            "version": None, "sent": {}, "tick": 0, "paced": {}, "empty": {}}
 
 
 def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
@@ -330,7 +334,8 @@ def page_controls(state: dict | None, values: Sequence[Any]) -> Controls:
     state = state or new_page_state()
     v = dict(zip(CONTROLS, values))
     return Controls(metrics=None if state.get("auto_metrics", True) else v["metric_names"],
-                    smoothing=v["smoothing"], log_metrics=v["log_metrics"], kind=v["kind"], statistic=v["stat"],
+                    smoothing=v["smoothing"], kind=v["kind"], statistic=v["stat"],
+                    log_metrics=None if state.get("auto_log_metrics", True) else v["log_metrics"],
                     sites=None if state.get("auto_sites", True) else v["sites"],
                     log_sites=None if state.get("auto_log_sites", True) else v["log_sites"],
                     dist_site=v["dist_site"], heat_kind=v["heat_kind"], heat_statistic=v["heat_stat"],
@@ -487,10 +492,17 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if controls.log_sites is None:
         controls = dataclasses.replace(controls, kept_log_sites=figures.kept_scale(state.get("kept_log_sites"),
                                                                                    scale_for))
+    # (the metrics' panels the same, each kept for the run once settled)
+    if controls.log_metrics is None:
+        controls = dataclasses.replace(controls, kept_log_metrics=figures.kept_scales(state.get("kept_log_metrics"),
+                                                                                      [str(run)]))
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
     if state.get("auto_log_sites", True) and page.sites_figure is not None:
         state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"), scale_for, page.sites_figure)
+    if state.get("auto_log_metrics", True) and page.metrics_figure is not None:
+        state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [str(run)],
+                                                        page.metrics_figure)
     return state, *page_outputs(page, state, jumped, revision=run, held=set(PACED) - due)
 
 

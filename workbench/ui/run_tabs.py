@@ -188,11 +188,7 @@ def _intervention_components(c: dict) -> None:
 def _hidden_while_empty(note: Any, table: Any) -> tuple:
     """A findings list for the page (``(note, table)``; either may be ``gr.skip()``): the table
     hidden while it has no row - the note above it says that nothing looks wrong."""
-    import gradio as gr
-
-    if isinstance(table, pd.DataFrame):  # (as the page shows it: findings.shown_findings)
-        table = gr.Dataframe(value=findings_view.shown_findings(table), visible=not table.empty)
-    return note, table
+    return note, findings_view.page_table(table)  # (as the page shows it: findings.shown_findings)
 
 
 #: The findings lists' height and column widths (finding, evidence: findings.SHOWN_COLUMNS): in an 800 px window
@@ -552,7 +548,9 @@ def _wire_views(c: dict, p: str, target: Any, find: Callable[[Any], tuple[RunVie
     # change alone. The page never sets the slider itself, so each change is the user's; "always_last"
     # draws a drag's last value after the one being drawn, not every value on the way)
     c[f"{p}_smoothing"].change(handler(), inputs, outputs, show_progress="hidden", trigger_mode="always_last")
-    for key in ("log_metrics", "dist_site", "heat_kind", "heat_log"):
+    # (the metrics' box: the user's scale from here, every panel's; until then each panel chooses its own)
+    c[f"{p}_log_metrics"].input(handler(change={"auto_log_metrics": False}), inputs, outputs, show_progress="hidden")
+    for key in ("dist_site", "heat_kind", "heat_log"):
         c[f"{p}_{key}"].input(handler(), inputs, outputs, show_progress="hidden")
     # a new heatmap statistic comes with its own log scale (figures.LOG_STATISTICS), which the box can change
     c[f"{p}_heat_stat"].input(lambda stat: gr.Checkbox(value=stat in figures.LOG_STATISTICS), c[f"{p}_heat_stat"],
@@ -719,13 +717,16 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                                   c["findings_note"], c["findings"]],
                     show_progress="hidden", js=IN_VIEW)  # (a tick every second: no flicker of its outputs)
 
+    # (the list too: picking a cause lists its consequences under it, or folds them again)
     c["findings"].select(_guarded(findings_view.select_handler(manager), lambda text: (gr.skip(), text,
-                                                                                      *skips(n_views + 1))),
-                         live_inputs, [*live_outputs, c["findings_note"], c["live_stat"]], show_progress="hidden")
+                                                                                      *skips(n_views + 2))),
+                         live_inputs, [*live_outputs, c["findings_note"], c["live_stat"], c["findings"]],
+                         show_progress="hidden")
 
     def on_panel(attached, state):
         state = dict(state or new_page_state())
         state["iv"], state["findings"] = {}, {}  # (another run, or none: everything is sent)
+        state["findings_listed"] = ()  # (its causes' consequences folded, as at first)
         # (the findings too: a page that attaches to a run that has ended gets no tick to list them)
         run = manager.get(attached) if attached else None
         return (state, *panel_updates(attached, state), *button_updates(attached, state, fresh=True),
@@ -871,16 +872,19 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
 
     replay_inputs, replay_outputs, draw_replay = _wire_views(c, "replay", c["run_state"], find_stored)
     _redraw_replay = _guarded(draw_replay, lambda text: (gr.skip(), text, *skips(n_views - 1)))
-    stored_findings = _guarded(lambda pick: findings_view.stored_findings(cache, pick), lambda text: (text, gr.skip()))
+    stored_findings = _guarded(lambda pick, listed: findings_view.stored_findings(cache, pick, listed),
+                               lambda text: (text, gr.skip()))
 
-    def redraw_replay(*args):  # the views, and the run's findings
-        return (*_redraw_replay(*args), *_hidden_while_empty(*stored_findings(args[0])))
+    def redraw_replay(*args):  # the views, and the run's findings (the causes listed as the page's state says)
+        return (*_redraw_replay(*args),
+                *_hidden_while_empty(*stored_findings(args[0], (args[1] or {}).get("findings_listed", ()))))
 
     replay_outputs = [*replay_outputs, c["replay_findings_note"], c["replay_findings"]]
     c["replay_findings"].select(
         _guarded(findings_view.stored_select_handler(cache, find_stored),
-                 lambda text: (gr.skip(), text, *skips(n_views + 1))),
-        replay_inputs, [*replay_outputs[:-2], c["replay_findings_note"], c["replay_stat"]], show_progress="hidden")
+                 lambda text: (gr.skip(), text, *skips(n_views + 2))),
+        replay_inputs, [*replay_outputs[:-2], c["replay_findings_note"], c["replay_stat"], c["replay_findings"]],
+        show_progress="hidden")
 
     def on_pick(pick):
         """Open a run: its line at once; its views (hidden until drawn: a long run takes a while to read,
