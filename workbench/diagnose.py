@@ -441,6 +441,10 @@ class Diagnoser:
         self._act_start: dict[int, float] = {}  # step -> the largest activation RMS, first steps
         #: bias key -> (step, ||grad||, ||grad|| over its bound) first recorded
         self._bias_start: dict[tuple, tuple[int, float, float]] = {}
+        #: bias key -> (step, its value's norm, mean, std, min, max, the bound its .grad may reach, whether that step
+        #: left its value as it was) at the last recorded step (_bias_windows)
+        self._bias_window: dict[tuple, tuple] = {}
+        self._bias_most = np.zeros((0, 0))  # the current block's (steps, biases) of _bias_windows
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -737,7 +741,7 @@ class Diagnoser:
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
                 self._activation_check(step, layout, row)
-                self._accumulation_check(step, layout, row)
+                self._accumulation_check(step, layout, row, self._bias_most[i])
                 self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
@@ -812,9 +816,9 @@ class Diagnoser:
                 known = [math.log10(v) for v in self._act_start.values()] + [v for v in top[:need] if np.isfinite(v)]
                 if known:
                     look[need:] |= top[need:] - max(known) > t.activation_growth_orders
-            for b, outputs, entries in layout.bias_bounds:  # (a bias's gradient larger than one backward pass makes)
-                most = sum(np.sqrt(m) * norm[:, r] for r, m in zip(outputs, entries))
-                look |= norm[:, b] > most * (1 + 1e-4)
+            self._bias_most = self._bias_windows(steps, layout, stats)
+            for j, (b, _outputs, _entries) in enumerate(layout.bias_bounds):  # (larger than its backward passes make)
+                look |= norm[:, b] > self._bias_most[:, j] * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
                 u, p = layout.pair_columns
@@ -828,6 +832,42 @@ class Diagnoser:
                 look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
                 bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
         return look, bounds
+
+    def _bias_windows(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
+        """Per step and bias of ``layout.bias_bounds``, the most the backward passes its ``.grad`` may hold can give
+        it: this step's bound (``sqrt(m) ||grad_output||`` summed over its module's calls), plus those of the steps
+        before back to the last that changed the bias's value. A step that leaves the parameter as it was (its norm,
+        mean, std, min and max within :data:`UNCHANGED_ROUNDINGS` of those of the recorded step before) ran no
+        optimizer step, and so most likely no ``zero_grad()`` either: gradient accumulation on purpose, ``w.step()``
+        per micro-batch and the optimizer stepped every k-th, sums the k micro-batches' gradients in ``.grad``. A bias
+        the optimizer has not changed since the run's first recorded step sums them from there. Without the bias's
+        value recorded, this step's bound alone."""
+        norm = stats["norm"]
+        value_of = {g: p for p, g in layout.grad_of.items()}
+        most = np.zeros((len(steps), len(layout.bias_bounds)))
+        eps = np.finfo(np.float32).eps
+        for j, (b, outputs, entries) in enumerate(layout.bias_bounds):
+            bound = sum(np.sqrt(m) * norm[:, r] for r, m in zip(outputs, entries))
+            p = value_of.get(b)
+            if p is None:
+                most[:, j] = bound
+                continue
+            key = layout.keys[b][:4]
+            # (the .grad of this step's backward pass holds the step before's too where that step did not change the
+            # value: the values are recorded at w.step(), after the optimizer's step; before the first, none ran)
+            last_step, last_value, window, kept = self._bias_window.get(key, (None, None, 0.0, True))
+            for i, step in enumerate(steps):
+                value = np.array([stats[c][i, p] for c in ("norm", "mean", "std", "min", "max")], np.float64)
+                window = (window if kept else 0.0) + float(bound[i])
+                most[i, j] = window
+                rms = value[0] / math.sqrt(max(float(stats["numel"][i, p]), 1.0))
+                scale = np.array([value[0], rms, rms, max(abs(value[3]), rms), max(abs(value[4]), rms)])
+                kept = bool(np.all(np.isfinite(value))) and (last_step is None or (
+                    step - last_step == 1 and bool(np.all(np.abs(value - last_value) <= UNCHANGED_ROUNDINGS * eps *
+                                                          scale))))
+                last_step, last_value = step, value
+            self._bias_window[key] = (last_step, last_value, window, kept)
+        return most
 
     def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
         """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
@@ -1331,17 +1371,19 @@ class Diagnoser:
                        f"an order above it, in forward order: {layout.names[idx[start]]} ({rms[start]:.3g}).",
                        key="over steps", need=t.persist)
 
-    def _accumulation_check(self, step: int, layout: _Layout, stats: dict) -> None:
+    def _accumulation_check(self, step: int, layout: _Layout, stats: dict, windows: np.ndarray) -> None:
         """``gradients_accumulate``: a bias's gradient larger than its module's output gradients of the step can make
         it (at most ``sqrt(m) ||grad_output||`` a call, ``m`` the entries summed per unit): its ``.grad`` holds the
         gradients of earlier steps too, where ``zero_grad()`` is not called. Named at the bias most over its bound.
         A bias already past half its bound at its first recorded step must pass twice that share: summed over the
         steps, its gradient grows past it, where a module that scales its own output (``8 * F.linear(x, W, b)``, an
-        output multiplier) has its bias's gradient over the bound by its factor from the start, and no more."""
+        output multiplier) has its bias's gradient over the bound by its factor from the start, and no more.
+        ``windows``: per bias, its bound summed over the steps its ``.grad`` may hold (:meth:`_bias_windows`: those
+        since the optimizer last changed it, gradient accumulation over micro-batches)."""
         norm = stats["norm"]
         worst = None
-        for b, rows, entries in layout.bias_bounds:
-            most = float(sum(math.sqrt(m) * norm[r] for r, m in zip(rows, entries)))
+        for j, (b, rows, entries) in enumerate(layout.bias_bounds):
+            most = float(windows[j])
             grad = float(norm[b])
             if not (math.isfinite(grad) and math.isfinite(most)):
                 continue
@@ -1354,6 +1396,9 @@ class Diagnoser:
         ratio, b, rows, entries, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
         outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" for r, m in zip(rows, entries))
+        this_step = float(sum(math.sqrt(m) * norm[r] for r, m in zip(rows, entries)))
+        if most > this_step * (1 + 1e-6):  # (steps before that left the bias as it was: no optimizer step since)
+            outs += f" this step, {most - this_step:.3g} the steps before since its value last changed"
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
                  f"output gradient of {module} is {float(norm[rows[0]]):.3g} now" if first > 0 and step > first_step
                  else "")

@@ -1,0 +1,45 @@
+"""Healthy trainings written in less common ways, which no finding of severity error may be read in."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+
+
+def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True) -> workbench.Watch:
+    """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
+    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with workbench.watch(model) as w:
+        for _ in range(steps):
+            for k in range(micro_batches):
+                i = torch.randint(1024, (16,), generator=g)
+                loss = F.cross_entropy(model(x[i]), y[i])
+                loss.backward()
+                if k == micro_batches - 1:
+                    opt.step()
+                    if zero_grad:
+                        opt.zero_grad()
+                w.step(loss=loss.item())
+    return w
+
+
+def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_forgotten_zero_grad():
+    # gradients_accumulate errors, one every few optimizer steps, until 2026-11-29: the .grad of 8 micro-batches
+    # passed the bound of one backward pass
+    f = micro_batched(8).diagnose()
+    assert "gradients_accumulate" not in set(f.finding)
+    assert not (f.severity == "error").any(), f[["finding", "site"]]
+    # the same run with its .grad never zeroed: found
+    found = micro_batched(8, zero_grad=False).diagnose()
+    assert "gradients_accumulate" in set(found.finding)
+    evidence = found[found.finding == "gradients_accumulate"].evidence.iloc[0]
+    assert "zero_grad() is likely not called each step" in evidence
