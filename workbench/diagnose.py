@@ -667,19 +667,25 @@ class Diagnoser:
         param_grads = {(k[0], k[3]): i for i, k in enumerate(keys) if k[2] == "param_grad"}
         grad_of = {i: param_grads[key] for key, i in params.items() if key in param_grads}
         # the bias gradient of the layer whose output an activation site takes (the site just before it in forward
-        # order, called once a step; its bias one entry per unit, along dim 1 of a (B, F) or (B, C, H, W) output):
-        # a unit that outputs 0 for the whole batch passes no gradient back, so its entry of the bias's gradient
-        # is exactly 0; their zeros count the dead units
+        # order, called once a step; its bias one entry per unit, along dim 1 of a (B, F) or (B, C, H, W) output, along
+        # the last of a (B, T, F) sequence, whose units are then its features, not its positions): a unit that outputs
+        # 0 for the whole batch passes no gradient back, so its entry of the bias's gradient is exactly 0; their zeros
+        # count the dead units
         feed_bias = np.full(n, -1, np.int64)
         feed_weight = np.full(n, -1, np.int64)
         acts = sorted((int(order[i]), i) for i in np.flatnonzero((kind == "activation") & ~alias & (order >= 0)))
         for (_, before), (_, i) in zip(acts[:-1], acts[1:]):
             module = keys[before][0]
             b = param_grads.get((module, "bias"))
-            if b is not None and self._calls.get(("activation", module), 1) == 1 and ndim[i] in (2, 4) and \
-                    _parse_shape(keys[b][4]) == (int(units[i]),):
-                feed_bias[i] = b
-                feed_weight[i] = param_grads.get((module, "weight"), -1)
+            if b is None or self._calls.get(("activation", module), 1) != 1:
+                continue
+            bias_shape = _parse_shape(keys[b][4])
+            if ndim[i] == 3 and bias_shape == (shapes[i][-1],) and shapes[i][-1]:
+                units[i], per_unit[i] = shapes[i][-1], int(np.prod(shapes[i])) // shapes[i][-1]
+            elif not (ndim[i] in (2, 4) and bias_shape == (int(units[i]),)):
+                continue
+            feed_bias[i] = b
+            feed_weight[i] = param_grads.get((module, "weight"), -1)
         previous = np.full(n, -1, np.int64)
         upstream = np.full(n, -1, np.int64)
         for (_, i), (_, after) in zip(acts[:-1], acts[1:]):
@@ -1060,7 +1066,7 @@ class Diagnoser:
             dead_units = math.ceil(bound * u - 1e-9) if u else 0  # (decided on the count: float32 fractions)
             # units are along dim 1 (features of (B, F), channels of (B, C, H, W)); of a (B, T, F) sequence
             # they would be its positions: there the dimension is named, and an all-zero output said as such
-            along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
+            along = _along(layout, int(i))
             b = int(layout.feed_bias[i])
             counted = round(float(stats["zero_frac"][b]) * u) if b >= 0 else None  # (exact: the bias's zeros)
             if counted == 0:
@@ -1088,6 +1094,11 @@ class Diagnoser:
                 silent = (f" (the gradient of {layout.names[b]}, which feeds them, is 0 at {counted} of its {u} "
                           f"entries, more than its zeros can hold: no gradient reaches them)")
                 counted = None
+            if counted is not None and counted < t.dead_unit_share * u:
+                # (most units fire for some input: a layer sparse by design (top-k, a trained transformer's ReLU FFN
+                # at 90%+ zeros) with a few units dead, judged as below dead_zero_frac; a top-k of 8 of 256 units
+                # read "70 of its 256 units along dim 1" of its positions until 2026-11-29, counting none)
+                continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
                           f"gradient of {layout.names[b]}, which feeds them, are exactly 0)")
@@ -1233,7 +1244,7 @@ class Diagnoser:
             # the layer that feeds it has a weight gradient all 0: its input is all 0 (the layer before is dead, and
             # found there), and each unit outputs its bias, 0 where that is not positive: not its own dead units
             return
-        along = "" if layout.ndim[i] <= 2 else f" along dim 1 of {layout.keys[i][4]}"
+        along = _along(layout, i)
         self._hold(step, "dead_units", layout, i,
                    f"{'at least ' if unsure else ''}{counted} of its {u} units{along} ({counted / u:.0%}; threshold "
                    f"{t.dead_unit_share:.0%}) output 0 for every input at step {step} (their entries of the gradient "
@@ -1797,6 +1808,16 @@ def _rejoin_gap(step: int, first_step: int) -> float:
     """The steps a finding may end before another begins and still be one trouble with it: :data:`REJOIN_STEPS`, or
     later in a run :data:`REJOIN_FRACTION` of the steps so far (as an episode is taken up again)."""
     return max(REJOIN_STEPS, REJOIN_FRACTION * (step - first_step + 1))
+
+
+def _along(layout: _Layout, i: int) -> str:
+    """Where the units of activation row ``i`` lie, where not plain: dim 1 of a (B, C, H, W) output (its channels),
+    of a (B, T, ...) sequence without a bias that feeds it (its positions), the last of a (B, T, F) one with one."""
+    if layout.ndim[i] <= 2:
+        return ""
+    if layout.ndim[i] == 3 and layout.feed_bias[i] >= 0:
+        return f" along the last dim of {layout.keys[i][4]}"
+    return f" along dim 1 of {layout.keys[i][4]}"
 
 
 def _chance_entries(units: int, zero_frac: float) -> int:

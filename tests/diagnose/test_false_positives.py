@@ -43,3 +43,49 @@ def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_forgotten_zero_
     assert "gradients_accumulate" in set(found.finding)
     evidence = found[found.finding == "gradients_accumulate"].evidence.iloc[0]
     assert "zero_grad() is likely not called each step" in evidence
+
+
+class TopK(nn.Module):
+    """Keeps the ``k`` largest features of each position (ReLU'd), the rest 0: sparse by design."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values, index = x.topk(self.k, dim=-1)
+        return torch.zeros_like(x).scatter(-1, index, values.relu())
+
+
+def test_a_sequence_layer_sparse_by_design_is_not_dead_units():
+    # a (B, T, F) feed-forward layer keeping 2 of its 64 features per position (97% zeros): a dead_units warning,
+    # "most of its units output 0", its units taken along dim 1 (the positions), until 2026-11-29; its features are
+    # counted by the bias that feeds them, each fires for some position
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), TopK(2), nn.Linear(64, 4))
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with workbench.watch(model) as w:
+        for _ in range(20):
+            x = torch.randn(16, 12, 16, generator=g)
+            loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows = w.to_pandas()
+    assert (rows[(rows.kind == "activation") & (rows.module == "1")].zero_frac > 0.95).all()
+    assert "dead_units" not in set(w.diagnose().finding)
+    # its units all dead (the layer before it pushed below 0 for every input): found, its features the units
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)
+    with workbench.watch(model) as w:
+        for _ in range(3):
+            x = torch.randn(16, 12, 16, generator=g)
+            loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+    assert "were its 64 units live" in f[f.finding == "dead_units"].evidence.iloc[0]  # (its features: not 12)
