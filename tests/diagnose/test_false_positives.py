@@ -89,3 +89,36 @@ def test_a_sequence_layer_sparse_by_design_is_not_dead_units():
     f = w.diagnose()
     assert f[f.finding == "dead_units"].site.tolist() == ["1"]
     assert "were its 64 units live" in f[f.finding == "dead_units"].evidence.iloc[0]  # (its features: not 12)
+
+
+def test_a_nan_long_after_a_hot_start_is_not_grouped_under_it_by_the_dead_units_it_left():
+    # SGD at 5 for 3 steps (update_ratio_high, a loss spike, a ReLU dead for good), then 0.05; a NaN input at step
+    # 250: grouped under the hot start, its dead units holding the group open to the end, until 2026-11-29
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=5.0)
+    with workbench.watch(model, updates=True) as w:
+        for step in range(1, 253):
+            if step == 4:
+                for group in opt.param_groups:
+                    group["lr"] = 0.05
+            i = torch.randint(1024, (64,), generator=g)
+            batch = x[i].clone()
+            if step == 250:
+                batch[0, 0] = float("nan")
+            loss = F.cross_entropy(model(batch), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    cause = dict(zip(f.finding, f.cause))
+    assert f[f.finding == "dead_units"].last_step.iloc[0] > 240  # (dead to the NaN)
+    assert cause["dead_units"] == cause["loss_spike"] == "update_ratio_high at 0.weight"
+    # the NaN is a trouble of its own, its consequence grouped under it
+    origin = f[f.finding == "nan_origin"].site.iloc[0]
+    assert cause["nan_origin"] == "" and cause["loss_not_finite"] == f"nan_origin at {origin}"
+    assert f.finding.tolist()[:2] == ["nan_origin", "loss_not_finite"]
