@@ -862,17 +862,32 @@ class Diagnoser:
             # (the .grad of this step's backward pass holds the step before's too where that step did not change the
             # value: the values are recorded at w.step(), after the optimizer's step; before the first, none ran)
             last_step, last_value, window, kept = self._bias_window.get(key, (None, None, 0.0, True))
-            for i, step in enumerate(steps):
-                value = np.array([stats[c][i, p] for c in ("norm", "mean", "std", "min", "max")], np.float64)
-                window = (window if kept else 0.0) + float(bound[i])
-                most[i, j] = window
-                rms = value[0] / math.sqrt(max(float(stats["numel"][i, p]), 1.0))
-                scale = np.array([value[0], rms, rms, max(abs(value[3]), rms), max(abs(value[4]), rms)])
-                kept = bool(np.all(np.isfinite(value))) and (last_step is None or (
-                    step - last_step == 1 and bool(np.all(np.abs(value - last_value) <= UNCHANGED_ROUNDINGS * eps *
-                                                          scale))))
-                last_step, last_value = step, value
-            self._bias_window[key] = (last_step, last_value, window, kept)
+            value = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1).astype(np.float64)
+            before = np.vstack([last_value if last_value is not None else np.full(5, np.nan), value[:-1]])
+            before_step = np.r_[last_step if last_step is not None else -10, np.asarray(steps[:-1])]
+            rms = value[:, 0] / np.sqrt(np.maximum(stats["numel"][:, p].astype(np.float64), 1.0))
+            scale = np.stack([value[:, 0], rms, rms, np.maximum(np.abs(value[:, 3]), rms),
+                              np.maximum(np.abs(value[:, 4]), rms)], 1)
+            with np.errstate(all="ignore"):
+                same = np.all(np.abs(value - before) <= UNCHANGED_ROUNDINGS * eps * scale, 1)
+            kept_now = np.isfinite(value).all(1) & (same & (np.asarray(steps) - before_step == 1))
+            if last_step is None:
+                kept_now[0] = bool(np.isfinite(value[0]).all())
+            # each step's bound plus the steps' before it back to one that changed the value (a sum restarted there)
+            carry = np.r_[kept, kept_now[:-1]]
+            total = np.cumsum(bound.astype(np.float64))
+            restart = np.flatnonzero(~carry)
+            base = np.zeros(len(steps))
+            if restart.size:
+                segment = np.searchsorted(restart, np.arange(len(steps)), side="right") - 1
+                inside = segment >= 0
+                offsets = total[restart] - bound[restart]
+                base[inside] = offsets[segment[inside]]
+                base[~inside] = -window
+            else:
+                base[:] = -window
+            most[:, j] = total - base
+            self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]))
         return most
 
     def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
