@@ -1,0 +1,124 @@
+"""Healthy trainings written in less common ways, which no finding of severity error may be read in."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+
+
+def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True) -> workbench.Watch:
+    """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
+    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with workbench.watch(model) as w:
+        for _ in range(steps):
+            for k in range(micro_batches):
+                i = torch.randint(1024, (16,), generator=g)
+                loss = F.cross_entropy(model(x[i]), y[i])
+                loss.backward()
+                if k == micro_batches - 1:
+                    opt.step()
+                    if zero_grad:
+                        opt.zero_grad()
+                w.step(loss=loss.item())
+    return w
+
+
+def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_forgotten_zero_grad():
+    # gradients_accumulate errors, one every few optimizer steps, until 2026-11-29: the .grad of 8 micro-batches
+    # passed the bound of one backward pass
+    f = micro_batched(8).diagnose()
+    assert "gradients_accumulate" not in set(f.finding)
+    assert not (f.severity == "error").any(), f[["finding", "site"]]
+    # the same run with its .grad never zeroed: found
+    found = micro_batched(8, zero_grad=False).diagnose()
+    assert "gradients_accumulate" in set(found.finding)
+    evidence = found[found.finding == "gradients_accumulate"].evidence.iloc[0]
+    assert "zero_grad() is likely not called each step" in evidence
+
+
+class TopK(nn.Module):
+    """Keeps the ``k`` largest features of each position (ReLU'd), the rest 0: sparse by design."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values, index = x.topk(self.k, dim=-1)
+        return torch.zeros_like(x).scatter(-1, index, values.relu())
+
+
+def test_a_sequence_layer_sparse_by_design_is_not_dead_units():
+    # a (B, T, F) feed-forward layer keeping 2 of its 64 features per position (97% zeros): a dead_units warning,
+    # "most of its units output 0", its units taken along dim 1 (the positions), until 2026-11-29; its features are
+    # counted by the bias that feeds them, each fires for some position
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), TopK(2), nn.Linear(64, 4))
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with workbench.watch(model) as w:
+        for _ in range(20):
+            x = torch.randn(16, 12, 16, generator=g)
+            loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    rows = w.to_pandas()
+    assert (rows[(rows.kind == "activation") & (rows.module == "1")].zero_frac > 0.95).all()
+    assert "dead_units" not in set(w.diagnose().finding)
+    # its units all dead (the layer before it pushed below 0 for every input): found, its features the units
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)
+    with workbench.watch(model) as w:
+        for _ in range(3):
+            x = torch.randn(16, 12, 16, generator=g)
+            loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert f[f.finding == "dead_units"].site.tolist() == ["1"]
+    assert "were its 64 units live" in f[f.finding == "dead_units"].evidence.iloc[0]  # (its features: not 12)
+
+
+def test_a_nan_long_after_a_hot_start_is_not_grouped_under_it_by_the_dead_units_it_left():
+    # SGD at 5 for 3 steps (update_ratio_high, a loss spike, a ReLU dead for good), then 0.05; a NaN input at step
+    # 250: grouped under the hot start, its dead units holding the group open to the end, until 2026-11-29
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=5.0)
+    with workbench.watch(model, updates=True) as w:
+        for step in range(1, 253):
+            if step == 4:
+                for group in opt.param_groups:
+                    group["lr"] = 0.05
+            i = torch.randint(1024, (64,), generator=g)
+            batch = x[i].clone()
+            if step == 250:
+                batch[0, 0] = float("nan")
+            loss = F.cross_entropy(model(batch), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    cause = dict(zip(f.finding, f.cause))
+    assert f[f.finding == "dead_units"].last_step.iloc[0] > 240  # (dead to the NaN)
+    assert cause["dead_units"] == cause["loss_spike"] == "update_ratio_high at 0.weight"
+    # the NaN is a trouble of its own, its consequence grouped under it
+    origin = f[f.finding == "nan_origin"].site.iloc[0]
+    assert cause["nan_origin"] == "" and cause["loss_not_finite"] == f"nan_origin at {origin}"
+    assert f.finding.tolist()[:2] == ["nan_origin", "loss_not_finite"]
