@@ -1264,7 +1264,10 @@ def test_a_causes_consequences_are_listed_under_it_by_a_click_and_each_focuses_t
             loss.backward()
             opt.step()
             w.step(loss=loss.item())
-    folded = int((w.diagnose().cause != "").sum())
+    found = w.diagnose()
+    folded = int((found.cause != "").sum())
+    dead_at_1 = found[(found.finding == "dead_units") & (found.site == "layers.1")].iloc[0]
+    assert dead_at_1.cause == "update_ratio_high at layers.0.weight"
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     try:
         _show_stored_run(page, served_app, "hot/lr10")
@@ -1286,7 +1289,7 @@ def test_a_causes_consequences_are_listed_under_it_by_a_click_and_each_focuses_t
             table.locator(".table-wrap, [role=grid]").first.evaluate("el => { el.scrollTop += 200; }")
             page.wait_for_timeout(200)
         dead.first.click()
-        expect(note).to_contain_text(re.compile(r"⚠ dead_units at layers\.1, step 5–40"))
+        expect(note).to_contain_text(f"⚠ dead_units at layers.1, step {dead_at_1.step}–{dead_at_1.last_step}")
         expect(page.locator("#replay-sites")).to_contain_text("layers.1")
         expect(table).to_contain_text("↳ consequence of")  # (still listed)
         _screenshot(page, "runs_consequences_listed.png", full_page=False)

@@ -62,8 +62,8 @@ class Run:
             raise TypeError(f"a run is opened by its directory path (str or Path), got {path!r}.")
         if isinstance(path, str) and not path:  # (Path("") is ".": the working directory, opened unasked)
             raise RunError(f"The path of a run is empty ({path!r}): give the directory of a run, what "
-                           "watch(store=...) was given, e.g. load_run('runs/baseline'); pass '.' for a run in the "
-                           "current directory.")
+                           "watch(store=...) was given, e.g. load_run('runs/baseline') (workbench.list_runs('runs') "
+                           "lists those under a folder); pass '.' for a run in the current directory.")
         self.path = expanded(path, "path")
         try:
             db_path = self.path / DB_NAME if self.path.is_dir() else self.path
