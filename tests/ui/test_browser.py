@@ -1198,12 +1198,23 @@ def _export(page, known):
     """Export the run the page's Runs tab shows to CSV; the folder its files were written to."""
     page.locator("#export-button").click()
     expect(page.locator("#export-files a").first).to_be_visible()
-    [folder] = _new_export_folders(known)
+    # (a page that exported before shows its last export's links until the new ones arrive: wait for the new folder,
+    # then for its links)
+    deadline = time.monotonic() + 60
+    new = _new_export_folders(known)
+    while not new and time.monotonic() < deadline:
+        time.sleep(0.2)
+        new = _new_export_folders(known)
+    [folder] = new
     assert any(name.endswith("-rows.csv") for name in os.listdir(folder)), os.listdir(folder)
     # (the files the page offers are those in the folder, not copies Gradio made of them in its cache, which
     # outlived the folder let go of)
-    served = [unquote(link.get_attribute("href").split("file=", 1)[1])
-              for link in page.locator("#export-files a").all()]
+    while True:
+        served = [unquote(link.get_attribute("href").split("file=", 1)[1])
+                  for link in page.locator("#export-files a").all()]
+        if (served and all(os.path.dirname(path) == folder for path in served)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert served and all(os.path.dirname(path) == folder for path in served), (served, folder)
     return folder
 
