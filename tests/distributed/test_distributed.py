@@ -226,8 +226,18 @@ def test_a_rank_interrupted_as_its_watch_starts_leaves_no_rank_watching_or_waiti
         before, after = result["hooks"]
         assert before == after
     if interrupted == 1:  # (rank 0's run had opened: it is closed as failed, saying why)
-        run = workbench.load_run(ranks[0]["store"])
-        assert run.status == "failed" and "rank 1 could not start its watch" in run.metadata["error"]
+        status, error = ranks[0]["run"]
+        assert status == "failed" and "rank 1 could not start its watch" in error
+
+
+def test_a_start_retried_where_a_failed_start_left_rank_0_s_run_writes_there(spawned):
+    # (rank 0's run, closed as failed before its first step when rank 1 could not start, refused the retry with
+    # the same store: "already holds a run")
+    out, _ = spawned
+    ranks = [workers.load(out, "retried", rank) for rank in (0, 1)]
+    assert [result["raised"] for result in ranks] == [None, None]
+    run = workbench.load_run(ranks[0]["store"])
+    assert run.status == "finished" and run.steps == [1, 2] and "error" not in run.metadata
 
 
 def test_fsdp2_fully_shard_on_the_cpu(spawned):

@@ -76,6 +76,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         refused_store_scenario(rank, world, out)
         interrupted_start_scenario(rank, world, out, interrupted=0)
         interrupted_start_scenario(rank, world, out, interrupted=1)
+        retried_start_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
         destroy_process_group()
     except BaseException:
@@ -159,6 +160,7 @@ def interrupted_start_scenario(rank: int, world: int, out: Path, interrupted: in
     """Rank ``interrupted``'s watch is interrupted as it starts (a KeyboardInterrupt, in its modules
     predicate) while the other ranks' start well: every rank's watch_distributed raises, none is left
     watching, nor waiting for that rank at its first recorded step; rank 0's run is closed as failed."""
+    from workbench import load_run
     from workbench.instrument.distributed import watch_distributed
 
     model = make_model()
@@ -176,8 +178,29 @@ def interrupted_start_scenario(rank: int, world: int, out: Path, interrupted: in
         raised = None
     except BaseException as exc:
         raised = (type(exc).__name__, str(exc))
+    # (how rank 0's run ended, read before retried_start_scenario writes a run there)
+    run = load_run(store) if rank == 0 and (store / "run.sqlite").exists() else None
     _dump(out, f"interrupted_{interrupted}", rank, {"raised": raised, "hooks": (before, hook_state(model)),
-                                                      "store": str(store)})
+                                                      "run": run and (run.status, run.metadata.get("error"))})
+
+
+def retried_start_scenario(rank: int, world: int, out: Path) -> None:
+    """The start interrupted on rank 1 (:func:`interrupted_start_scenario`) retried with the same store, its cause
+    gone: rank 0's run, closed as failed before its first step, held nothing, and the retry writes there."""
+    from workbench.instrument.distributed import watch_distributed
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    store = out / "starts" / "interrupted_1"
+    try:
+        w = watch_distributed(ddp, store=store, parameters=False, parameter_grads=False)
+    except Exception as exc:  # (every rank raises then: the scenarios after this one run on)
+        _dump(out, "retried", rank, {"raised": (type(exc).__name__, str(exc)), "store": str(store)})
+        return
+    share = GLOBAL_BATCH // world
+    train(ddp, w, batches(2), slice(rank * share, (rank + 1) * share))
+    w.close()
+    _dump(out, "retried", rank, {"raised": None, "store": str(store)})
 
 
 def fsdp_scenario(rank: int, world: int, out: Path) -> None:

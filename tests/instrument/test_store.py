@@ -301,6 +301,40 @@ def test_a_run_reads_how_it_ended(tmp_path):
     w.close()
 
 
+@pytest.mark.parametrize("ended", [ZeroDivisionError, KeyboardInterrupt])
+def test_a_run_that_ended_before_its_first_step_is_replaced_by_a_retry(tmp_path, ended):
+    # (a run that failed, or was stopped, before its first step held nothing, yet its directory refused the
+    # retry made once the cause was fixed: "already holds a run")
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    with pytest.raises(ended):
+        with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1}):
+            raise ended()
+    assert workbench.load_run(tmp_path / "run").status in ("failed", "stopped")
+    with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 2}) as w:
+        train(w, model, 2)
+    run = workbench.load_run(tmp_path / "run")
+    assert run.status == "finished" and run.steps == [1, 2] and "error" not in run.metadata
+    assert run.metadata["attempt"] == 2
+
+
+def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_what_to_do(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    with pytest.raises(ZeroDivisionError):
+        with workbench.watch(model, store=tmp_path / "crashed") as w:
+            train(w, model, 1)
+            1 / 0
+    with workbench.watch(model, store=tmp_path / "empty"):  # (finished: a run of no step, as asked)
+        pass
+    for name, held in (("crashed", "failed, 1 step"), ("empty", "finished, 0 step")):
+        path = tmp_path / name
+        with pytest.raises(FileExistsError, match=rf"{path} already holds a run \({held}\(s\) stored\); pick a new "
+                                                  rf"directory, load it with workbench.load_run\('{path}'\), or delete "
+                                                  "that directory to write a new run there"):
+            workbench.watch(model, store=path)
+    assert workbench.load_run(tmp_path / "crashed").steps == [1]
+    assert workbench.load_run(tmp_path / "empty").status == "finished"
+
+
 def test_two_writers_cannot_both_start_on_one_path(tmp_path):
     path = tmp_path / "contested"
     results = []

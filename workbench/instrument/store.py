@@ -48,7 +48,7 @@ import numpy as np
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update, format_shape, histogram_edges
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, STATUSES, finish
 
-__all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "RunError"]
+__all__ = ["SCHEMA_VERSION", "DB_NAME", "LOCK_NAME", "STATUSES", "RunStore", "RunError", "holds_a_run"]
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
@@ -93,7 +93,8 @@ class RunStore:
     """Writes a run directory. Attach it to a Recorder with :meth:`attach`.
 
     Args:
-        path: the run directory (created; must not hold a run already).
+        path: the run directory (created; must not hold a run already: one that failed, was stopped or
+            was interrupted before its first step is replaced, see :func:`holds_a_run`).
         metadata: JSON-serialisable facts of the run (model, config ...).
         on_error: called with a message when a step cannot be written, once a streak of
             such steps (see :meth:`write`; the store keeps going with the next steps, and
@@ -104,7 +105,7 @@ class RunStore:
     Raises:
         TypeError: ``path`` is not a str or a path.
         ValueError: an empty path.
-        FileExistsError: the directory holds a run, or another writer is writing one there.
+        FileExistsError: the directory holds a run (:func:`holds_a_run`), or another writer is writing one there.
         PermissionError: the directory cannot be created or written (nothing is left behind).
     """
 
@@ -122,7 +123,8 @@ class RunStore:
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
-            _check_no_run(self.path)  # (again, under the lock: it decides)
+            _check_no_run(self.path, locked=True)  # (again, under the lock: it decides)
+            _remove_empty_run(self.path)  # (one that holds nothing, if any: replaced)
             # (a tool holding the database briefly makes a write wait, not fail)
             self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None,
                                        timeout=timeout)
@@ -159,8 +161,8 @@ class RunStore:
         Raises:
             TypeError: not a str or a path.
             ValueError: an empty path.
-            FileExistsError: the directory holds a run, another writer writes a run there, or the path is
-                a file.
+            FileExistsError: the directory holds a run (:func:`holds_a_run`), another writer writes a run there,
+                or the path is a file.
             NotADirectoryError: a folder on the path is a file.
             FileNotFoundError: a folder on the path is a link to nowhere.
             PermissionError: the directory, or the folder it would be made in, is not writable.
@@ -427,9 +429,55 @@ def expanded(path: str | os.PathLike, what: str) -> Path:
                                 "directory; give the path without it (a path of its own, or ~/ for yours).") from None
 
 
-def _check_no_run(path: Path) -> None:
-    if (path / DB_NAME).exists():
-        raise FileExistsError(f"{path} already holds a run; pick a new directory or load it with workbench.load_run().")
+def _stored(path: Path) -> tuple[str, int] | None:
+    """The status the run at ``path`` stored and how many steps it stored; None where its database cannot
+    be read as a run's (damaged, not a workbench run)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{(path / DB_NAME).resolve()}?mode=ro", uri=True)) as db:
+            status = db.execute("SELECT value FROM meta WHERE key = 'status'").fetchone()
+            steps = db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+        return json.loads(status[0]) if status is not None else "running", steps
+    except (sqlite3.Error, json.JSONDecodeError):
+        return None
+
+
+def holds_a_run(path: Path, locked: bool = False) -> bool:
+    """Whether ``path`` holds a run that a new run may not replace. A run that did not finish and stored no
+    step - ``failed``, ``stopped`` or ``interrupted`` before its first step ended, as a start that failed
+    leaves it (under ``watch_distributed`` too: rank 0's run, closed as failed when another rank could not
+    start) - holds nothing: a new run at its path replaces it, so that a start retried once its cause is
+    fixed writes where it was asked to. Any other run holds something: one that stored a step, one that
+    finished (empty or not), one being written, and a database that cannot be read as a run's.
+
+    Args:
+        path: a run directory.
+        locked: the caller holds the run's lock (:data:`LOCK_NAME`): no other writer writes there.
+    """
+    if not (path / DB_NAME).exists():
+        return False
+    stored = _stored(path)
+    if stored is None:
+        return True
+    status, steps = stored
+    writer_gone = status == "running" and (locked or not lock_held(path, unreadable=False))
+    return steps > 0 or not (status in ("failed", "stopped") or writer_gone)
+
+
+def _check_no_run(path: Path, locked: bool = False) -> None:
+    if holds_a_run(path, locked):
+        stored = _stored(path)
+        held = (f"{stored[0]}, {stored[1]} step(s) stored" if stored is not None
+                else f"a {DB_NAME} that cannot be read as a run's")
+        raise FileExistsError(f"{path} already holds a run ({held}); pick a new directory, load it with "
+                              f"workbench.load_run({str(path)!r}), or delete that directory to write a new run "
+                              "there.")
+
+
+def _remove_empty_run(path: Path) -> None:
+    """Delete the database of the run at ``path``, if any: one that holds nothing (:func:`holds_a_run`). Its
+    lock file stays (the caller holds it)."""
+    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+        (path / name).unlink(missing_ok=True)
 
 
 def being_written(path: Path) -> FileExistsError:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from workbench.instrument.store import DB_NAME, expanded
+from workbench.instrument.store import DB_NAME, expanded, holds_a_run
 
 if TYPE_CHECKING:
     from workbench.instrument import Run
@@ -251,7 +251,7 @@ class RunManager:
             if blocking is not None:
                 raise ValueError(f"run name {shown(store)}: {self.root.name_of(blocking)!r} is a file under the "
                                  "runs root, not a directory; pick another name.")
-            if (path / DB_NAME).exists():
+            if holds_a_run(path):  # (one that failed or was stopped before its first step is replaced)
                 raise ValueError(f"run name {shown(store)} is taken: {path} already holds a run; pick a new "
                                  "name (the Runs tab lists the runs stored under the root).")
         with self._lock:
