@@ -121,6 +121,23 @@ def test_a_stored_runs_metrics_have_the_columns_of_the_watchs_in_the_same_order(
     assert list(workbench.compare_runs([tmp_path / "run"], what="metrics").columns) == ["run", *expected]
 
 
+def test_a_watch_whose_memory_dropped_the_first_steps_orders_its_metrics_as_the_stored_run(tmp_path):
+    # (the columns followed the steps kept in memory: "b", first logged at step 1, came after "a" once step 1
+    # was evicted, while the stored run kept the order logged)
+    model = nn.Linear(3, 2)
+    recorder = workbench.Recorder(max_rows=12)  # (6 rows a step: two steps kept)
+    with workbench.watch(model, recorder=recorder, store=tmp_path / "run", histograms=False) as w:
+        for step in range(1, 5):
+            model(torch.randn(4, 3)).sum().backward()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # (the memory is full: said once)
+                w.step(b=1.0) if step == 1 else w.step(a=2.0, b=3.0)
+    assert recorder.evicted > 0 and w.metrics().step.tolist() == [3, 4]
+    stored = workbench.load_run(tmp_path / "run").metrics()
+    assert list(w.metrics().columns) == list(stored.columns) == ["step", "b", "a"]
+    pd.testing.assert_frame_equal(w.metrics(), stored.query("step >= 3").reset_index(drop=True))
+
+
 def test_bad_paths_get_clear_errors(tmp_path):
     with pytest.raises(RunError, match="is not a workbench run: it has no run.sqlite"):
         workbench.load_run(tmp_path)

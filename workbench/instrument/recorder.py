@@ -122,17 +122,24 @@ def metric_columns(names: Iterable[str]) -> list[str]:
     return ["step", *dict.fromkeys(names)]
 
 
-def metrics_frame(records: Iterable[StepRecord], long: bool = False) -> pd.DataFrame:
+def metrics_frame(records: Iterable[StepRecord], long: bool = False,
+                  logged: Iterable[str] | None = None) -> pd.DataFrame:
     """One row per step that published metrics: ``step`` and a column per metric (:func:`metric_columns`);
-    ``long``: one row per logged value, ``step, name, value``."""
+    ``long``: one row per logged value, ``step, name, value``. ``logged``: the metric names in the order
+    first logged over steps before ``records`` too (a recorder's, whose oldest steps were evicted), which
+    orders the columns; None: the order ``records`` log them in."""
     records = list(records)
     if long:
-        logged = [(r.step, name, float(value)) for r in records for name, value in sorted(r.metrics.items())]
-        return pd.DataFrame(logged, columns=["step", "name", "value"]).astype({"step": "int64", "value": "float64"})
+        values = [(r.step, name, float(value)) for r in records for name, value in sorted(r.metrics.items())]
+        return pd.DataFrame(values, columns=["step", "name", "value"]).astype({"step": "int64", "value": "float64"})
     rows = [{"step": r.step, **r.metrics} for r in records if r.metrics]
     if not rows:
         return pd.DataFrame({"step": pd.Series(dtype=np.int64)})
-    return pd.DataFrame(rows)[metric_columns(name for r in records for name in sorted(r.metrics))]
+    columns = metric_columns(name for r in records for name in sorted(r.metrics))
+    if logged is not None:
+        present = set(columns)
+        columns = [name for name in metric_columns(logged) if name in present]
+    return pd.DataFrame(rows)[columns]
 
 
 def _dtype(column: str) -> str:
@@ -300,6 +307,9 @@ class Recorder:
         self.errors: list[dict] = []  # subscriber failures
         self._records: deque[StepRecord] = deque()
         self._rows = 0
+        # every metric name published, in the order first logged (each step's by name): the columns of metrics()
+        # keep it when the steps that first logged them are evicted, as a stored run's keep it
+        self._logged: dict[str, None] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
 
@@ -308,6 +318,7 @@ class Recorder:
         with self._lock:
             first_eviction = False
             if self.max_rows:  # (0: kept by none but the subscribers)
+                self._logged.update(dict.fromkeys(sorted(record.metrics)))
                 self._records.append(record)
                 self._rows += len(record)
                 first_eviction = self.evicted == 0
@@ -408,8 +419,11 @@ class Recorder:
         return rows_frame(self.records())
 
     def metrics(self, long: bool = False) -> pd.DataFrame:
-        """The kept records' metrics, one row per step (``long``: per logged value)."""
-        return metrics_frame(self.records(), long)
+        """The kept records' metrics, one row per step (``long``: per logged value); the columns in the order
+        the metrics were first logged, in steps evicted since too (as a stored run's ``Run.metrics()``)."""
+        with self._lock:
+            records, logged = list(self._records), list(self._logged)
+        return metrics_frame(records, long, logged)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
         return histograms_frame(self.records(), module, kind)

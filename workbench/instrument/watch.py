@@ -439,7 +439,8 @@ class Watch:
     def metrics(self, long: bool = False) -> pd.DataFrame:
         """The metrics given to ``step()`` / ``log()``: one row per step, a column per metric (NaN: not
         logged that step, or logged NaN), in the order first logged (those first logged at one step by name),
-        as a stored run's ``Run.metrics()`` has them.
+        as a stored run's ``Run.metrics()`` has them (also once the oldest steps are evicted from memory:
+        ``Recorder(max_rows=...)``).
 
         Args:
             long: one row per logged value instead, ``step, name, value`` (a metric not logged that
