@@ -236,6 +236,34 @@ def test_one_made_after_a_forward_then_recorded_by_record_next_is_from_the_step_
     assert rows[(rows.step == 2) & (rows.module == "0") & (rows.kind == "activation")].zero_frac.iloc[0] >= 2 / 8
 
 
+def test_one_made_in_a_step_not_recorded_is_from_the_first_step_whose_forward_ran_with_it(tmp_path):
+    # (a step not recorded runs with the hooks out, so its calls went uncounted: one made after such a step's
+    # forward read "from step 2", and the stored run had its marker at step 2, which ran without it)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    w = workbench.watch(model, every=2, store=tmp_path / "run")
+    made, zeroed = {}, {}
+    for step in range(1, 7):
+        if step == 4:  # (between two steps, before step 4's forward: on in it)
+            made["before"] = w.ablate("2", [1], label="made before step 4's forward")
+        out = model(torch.randn(16, 4))
+        zeroed[step] = bool((out[:, 0] == 0).all())
+        out.sum().backward()
+        if step == 2:
+            made["after"] = w.ablate("2", [0], label="made after step 2's forward")
+        if step == 4:
+            made["again"] = w.ablate("0", [0], label="made after a forward, before another of step 4")
+            model(torch.randn(16, 4))
+            made["late"] = w.ablate("0", [1], label="made after step 4's forwards")
+        w.step()
+    w.close()
+    assert [zeroed[step] for step in range(1, 7)] == [False, False, True, True, True, True]
+    log = w.intervention_log()[["intervention", "from step"]].values.tolist()
+    assert log == [["made after step 2's forward", 3], ["made before step 4's forward", 4],
+                   ["made after a forward, before another of step 4", 4], ["made after step 4's forwards", 5]]
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.interventions()[["intervention", "from step"]].values.tolist() == sorted(log, key=lambda r: r[1])
+
+
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
     model = Attention()
     w = workbench.watch(model)

@@ -272,6 +272,9 @@ class CompiledHooks:
         :meth:`_call`, so this tells in a step not recorded too (the eager hooks, out there, cannot)."""
         return bool(self._calls_made)
 
+    #: every call of the step is counted (see ``Hooks.calls_uncounted``)
+    calls_uncounted = False
+
     def calls_made(self, path: str | None = None) -> int:
         """The calls of the compiled model the step made so far, recorded or not, whatever ``path`` (see
         ``Hooks.calls_made``): its sites' calls are not counted one by one, each is taken to be called once per

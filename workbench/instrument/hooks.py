@@ -97,6 +97,9 @@ class Hooks:
         # the moment they are registered: inactive until the first step starts
         self.active = self.recording = False
         self.generation = 0  # steps started, discarded ones included
+        #: the step in progress may have called the model while the module hooks were out (a step not recorded,
+        #: with no patch to apply; a paused block): :meth:`calls_made` does not count those calls
+        self.calls_uncounted = False
         self._late_reported: set[str] = set()  # sites whose gradient arrived after its step ended
         # Row keys, one object per distinct key: each recorded step keeps its keys, and keys made
         # anew would be objects for the garbage collector to count (a full collection every few
@@ -184,6 +187,7 @@ class Hooks:
         self.generation += 1  # (a gradient hooked before this tells its step is over)
         self._check_patched_calls()
         self.step_index, self.recording = step_index, recording
+        self.calls_uncounted = False
         self.update()
         self.sites.new_step()
         self.sums.reset()  # (keeps its arrays, grown to the largest step so far)
@@ -276,6 +280,7 @@ class Hooks:
         compiled = self._runs_compiled()  # (graphs compiled while the hooks were out would never call them)
         self._module_hooks.set(compiled or (self.active and patching)
                                or (recording and bool(kinds[ACTIVATION] or kinds[GRAD_OUTPUT])))
+        self.calls_uncounted = self.calls_uncounted or not self._module_hooks.attached
         self._param_hooks.set(compiled or (recording and bool(kinds[PARAM_GRAD])))
 
     def close(self) -> None:

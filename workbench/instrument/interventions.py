@@ -114,7 +114,9 @@ class Intervention:
         label: what it does, as shown in errors and the UI.
         id: its name in its watch (``i1``, ``i2`` ...: ``Watch.intervention_log()``).
         start_step: the first step it applies to: the step it was made in, or, made after that step's
-            model calls, the next (the step it was made in where the model is called again in it).
+            model calls, the next (the step it was made in where the model is called again in it). Made in
+            a step whose calls the watch did not count (one not recorded), the next until its site is
+            called with it in that step.
         end_step: the last step it applied to (None while it is in place); for one that failed, the
             step it failed at.
         error: why it failed (``TypeError: ...``), None unless it failed; ``failed_step``: when.

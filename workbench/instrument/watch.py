@@ -351,11 +351,13 @@ class Watch:
         if call is not None:
             call = whole_number("call", call, 0, "None (every call) or a call index >= 0")
         # (made after the step's model calls, it was not on in them: it first acts at the next step, unless the
-        # model is called again in this one, which _first_acted tells)
-        calls = self._model_calls()
+        # model is called again in this one, which _first_acted tells. Where the step may have called the model
+        # uncounted - a step not recorded, with the hooks out - it is taken to be made after them until a call of
+        # its site in this step says it acted from this one)
+        after = bool(self._model_calls()) or self._hooks.calls_uncounted
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
-                                    f"i{len(self._intervention_log) + 1}", self.step_index + bool(calls))
-        intervention.after_forward, intervention.calls_before = bool(calls), self._hooks.calls_made(path)
+                                    f"i{len(self._intervention_log) + 1}", self.step_index + after)
+        intervention.after_forward, intervention.calls_before = after, self._hooks.calls_made(path)
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()

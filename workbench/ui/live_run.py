@@ -224,7 +224,9 @@ class LiveRun:
                 handle = watch.ablate(module, spec.units, dim=1, call=call, label=spec.label)
             else:
                 handle = watch.patch(module, spec.function(), call=call, label=spec.label)
-            record = InterventionRecord(handle.id, site, module, call, spec.label, handle.start_step, handle=handle)
+            # (put in between two steps: on from the step about to run; in a step not recorded, the watch's own
+            # log tells so only once that step's forward ran with it)
+            record = InterventionRecord(handle.id, site, module, call, spec.label, watch.step_index, handle=handle)
             self.interventions.append(record)
             return record
 
