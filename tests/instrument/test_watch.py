@@ -1581,6 +1581,51 @@ def test_a_forward_interrupted_leaves_no_rows_once_the_next_forward_starts_or_th
         assert set(second.kind) == {"param"}
 
 
+class InterruptedOnce(TorchReducer):
+    """A reducer whose statistics, read as ``w.step()`` ends step ``at``, are interrupted once (a Ctrl-C while
+    the step's one host transfer waits for the device)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.reads = at, 0
+
+    def collect(self):
+        self.reads += 1
+        if self.reads == self.at:
+            raise KeyboardInterrupt
+        return super().collect()
+
+
+@pytest.mark.parametrize("then", ["step", "forward"])
+def test_a_step_interrupted_in_w_step_and_ended_again_records_its_parameters_once(then):
+    # (w.step() interrupted after it had taken the step's parameter rows took them again when called again: the
+    # step had each parameter and its gradient twice, with the same key)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 3)
+    with workbench.watch(model, reducers=[InterruptedOnce(at=2)], updates=True) as w:
+        for step in (1, 2, 3):
+            model(x).sum().backward()
+            try:
+                w.step()
+            except KeyboardInterrupt:  # (the cell run again: its step ended again, or its loop started again)
+                if then == "forward":
+                    model(x).sum().backward()
+                w.step()
+            model.zero_grad()
+    with workbench.watch(reference, reducers=["torch"], updates=True) as ref:
+        for step in (1, 2, 3):
+            reference(x).sum().backward()
+            if step == 2 and then == "forward":
+                reference(x).sum().backward()
+            ref.step()
+            reference.zero_grad()
+    got, expected = w.to_pandas(), ref.to_pandas()
+    assert not got.duplicated(["step", "module", "call", "kind", "tensor"]).any()
+    pd.testing.assert_frame_equal(got, expected)
+
+
 def interrupted_then_back_propagated(model: nn.Module, interrupted: nn.Module, x: torch.Tensor):
     """(the watch, a reference watch): a forward of ``model`` whose loss is back-propagated only after a
     second forward, interrupted at ``interrupted``, beside one forward and backward of a copy of it."""

@@ -193,6 +193,7 @@ class Hooks:
         self.sums.reset()  # (keeps its arrays, grown to the largest step so far)
         # one append per recorded tensor: threads running hooks at once keep them aligned
         self.entries: list[Entry] = []
+        self._ended_rows: set[int] = set()  # the rows of the parameters end_step added (see there)
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._pending_param_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._seen: dict[int, list] = {}  # id(tensor) -> see _seen_entry
@@ -227,14 +228,20 @@ class Hooks:
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
             self._eval_reported = True
             warn(unpaused_evaluation_message(self.step_index, self.sites.model))
+        if self._ended_rows:  # (an end of this step that did not complete: a KeyboardInterrupt in w.step(), which
+            # is called again, or the step goes on) its rows of the parameters are taken anew, not twice
+            self.entries = [entry for entry in self.entries if entry[2] not in self._ended_rows]
+        ended: list[Entry] = []
         if parameters:
             sites = self.kinds[PARAM]
-            self._record_parameters(PARAM, [item for item in self.params if item[0] in sites])
+            ended += self._record_parameters(PARAM, [item for item in self.params if item[0] in sites])
         if self._before is not None:
-            items = self._update_params()
-            self._record_parameters(UPDATE, [(module_path, name, param.detach() - before)
-                                             for (module_path, name, param), before in zip(items, self._before)])
-        self.entries.extend(self._param_grads.values())
+            moved = [(module_path, name, param.detach() - before)
+                     for (module_path, name, param), before in zip(self._update_params(), self._before)]
+            ended += self._record_parameters(UPDATE, moved)
+        ended += self._param_grads.values()
+        self._ended_rows = {row for _, _, row in ended}
+        self.entries.extend(ended)
         self._reduce_held()
         self._drop_left_out()
         self._flush_deferred()
@@ -654,9 +661,10 @@ class Hooks:
         self._pending_param_grads.append((module_path, name, grad))
         self._flush_when_backward_ends()
 
-    def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor]]) -> None:
+    def _record_parameters(self, kind: str, items: list[tuple[str, str, torch.Tensor]]) -> list[Entry]:
         """Rows of ``kind`` (param, param_grad, update) for ``(module path, name, tensor)`` items,
-        reduced together (``StepSums.add_many``); a tensor that cannot be reduced fails its site alone."""
+        reduced together (``StepSums.add_many``); a tensor that cannot be reduced fails its site alone.
+        Returns the entries of ``param`` and ``update`` rows (``param_grad`` ones go to ``_param_grads``)."""
         tensors = [tensor for _, _, tensor in items]
         try:
             rows = self.sums.add_many(tensors)
@@ -679,8 +687,8 @@ class Hooks:
         entries = [(key, numel, row) for (key, numel), row in zip(batch[2], rows) if row is not None]
         if kind == PARAM_GRAD:  # the last backward of the step wins: .grad holds the accumulated total
             self._param_grads.update(zip([where for where, row in zip(names, rows) if row is not None], entries))
-        else:
-            self.entries.extend(entries)
+            return []
+        return entries
 
     def _flush_when_backward_ends(self) -> None:
         """Reduce the gradients deferred during this backward in one call when it ends (while they
