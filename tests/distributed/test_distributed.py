@@ -7,6 +7,8 @@ deadline kills the children so a bug cannot hang the suite.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
 import traceback
 import warnings
@@ -24,6 +26,7 @@ from workbench.instrument.recorder import StepRecord, rows_frame
 from tests.distributed import workers
 from workbench.instrument.distributed import DistributedRecorder, watch_distributed
 from workbench.instrument.distributed_rows import merge_rows, tensor_sums
+from workbench.instrument.store import LOCK_NAME
 from workbench.ui.views import RunView
 
 KEY = ["step", "module", "call", "kind", "tensor"]
@@ -332,10 +335,20 @@ def test_metadata_that_is_not_json_is_warned_of_once_where_it_is_given(one_rank,
 
 def test_a_plain_watch_on_each_rank_writing_one_store_is_told_to_use_watch_distributed(one_rank, tmp_path):
     model = nn.parallel.DistributedDataParallel(workers.make_model())
-    with workbench.watch(model, store=tmp_path / "run"):  # (as another rank's watch holds it)
+    (tmp_path / "run").mkdir()
+    held = os.open(tmp_path / "run" / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)  # (as another rank's watch holds it, in its process)
+    try:
         with pytest.raises(FileExistsError, match=r"being written by another writer.*Under torch\.distributed "
                                                   r"every rank's watch writes its own store: use .*watch_distributed"):
             workbench.watch(model, store=tmp_path / "run")
+    finally:
+        os.close(held)
+    with workbench.watch(model, store=tmp_path / "run"):  # (a watch of this process, left open: no other rank's)
+        with pytest.raises(FileExistsError, match=r"being written by another writer \(it holds run.lock\): a watch "
+                                                  r"of this process, still open .*Close that watch first") as refused:
+            workbench.watch(model, store=tmp_path / "run")
+    assert "torch.distributed" not in str(refused.value)
 
 
 def test_a_rank_s_watch_is_closed_when_its_gather_of_outcomes_fails(one_rank, tmp_path, monkeypatch):

@@ -390,6 +390,19 @@ def test_a_second_process_cannot_write_a_run_being_written(tmp_path):
         store.close()
 
 
+def test_a_run_left_open_by_a_watch_of_this_process_is_named_with_how_to_close_it(tmp_path):
+    # (a loop that raised outside a with block left its watch open; the cell run again was told only of
+    # "another writer", as if another program wrote there)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "run")
+    train(w, model, 1)
+    with pytest.raises(FileExistsError, match=r"being written by another writer \(it holds run.lock\): a watch of "
+                                              r"this process, still open .*Close that watch first - w.close\(\)"):
+        workbench.watch(model, store=tmp_path / "run")
+    w.close()
+    assert workbench.load_run(tmp_path / "run").steps == [1]
+
+
 def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_path):
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
     w = workbench.watch(model, store=tmp_path / "r")

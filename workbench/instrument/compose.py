@@ -25,7 +25,7 @@ from workbench.instrument.recorder import Recorder
 from workbench.instrument.reduce import Reducer
 from workbench.instrument.sites import ModuleSelector
 from workbench.instrument.torch_internals import compiled_entry
-from workbench.instrument.store import RunStore
+from workbench.instrument.store import RunStore, expanded, written_here
 from workbench.instrument.watch import Watch, checked_counts
 
 __all__ = ["watch", "with_store"]
@@ -193,7 +193,7 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
         w.store.attach(w.recorder)
     except BaseException as exc:  # no hook left in
         w.close("failed", "".join(traceback.format_exception(exc)))
-        if isinstance(exc, FileExistsError) and "another writer" in str(exc) and _plain_rank(w.recorder):
+        if isinstance(exc, FileExistsError) and "another writer" in str(exc) and _plain_rank(w.recorder, store):
             raise _with_rank_hint(exc) from None
         raise
     return w
@@ -232,7 +232,7 @@ def check_store(store: str | Path, recorder: Recorder | None, metadata: dict[str
     try:
         RunStore.check_path(store)
     except FileExistsError as exc:
-        if "another writer" in str(exc) and _plain_rank(recorder):
+        if "another writer" in str(exc) and _plain_rank(recorder, store):
             raise _with_rank_hint(exc) from None
         raise
 
@@ -244,14 +244,16 @@ def _with_rank_hint(exc: FileExistsError) -> FileExistsError:
                            "(store=f'runs/name-rank{torch.distributed.get_rank()}').")
 
 
-def _plain_rank(recorder: Recorder | None) -> bool:
+def _plain_rank(recorder: Recorder | None, store: str | Path) -> bool:
     """Whether a watch recording into ``recorder`` is a plain watch (not ``watch_distributed``'s) in a
-    rank of an initialized ``torch.distributed`` group: the ranks may all be writing one store."""
+    rank of an initialized ``torch.distributed`` group, and the writer of ``store`` is not of this process:
+    the ranks may all be writing one store."""
     import torch.distributed as dist
 
     from workbench.instrument.distributed import DistributedRecorder  # (which imports this module)
 
-    return dist.is_available() and dist.is_initialized() and not isinstance(recorder, DistributedRecorder)
+    return (dist.is_available() and dist.is_initialized() and not isinstance(recorder, DistributedRecorder)
+            and not written_here(expanded(store, "store")))
 
 
 def _report_to(w: Watch) -> Callable[[str], None]:

@@ -137,6 +137,7 @@ class RunStore:
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
             self._db_file = os.open(self.path / DB_NAME, os.O_RDONLY)
+            _LOCKS_HERE.add(_identity(self._lock))
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -391,6 +392,7 @@ class RunStore:
         finally:
             self._db.close()
             self._db = None
+            _LOCKS_HERE.discard(_identity(self._lock))
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
             os.close(self._db_file)
@@ -480,8 +482,31 @@ def _remove_empty_run(path: Path) -> None:
         (path / name).unlink(missing_ok=True)
 
 
+#: The lock files (device, inode) the stores open in this process hold: a refusal says when the writer is one of them
+_LOCKS_HERE: set[tuple[int, int]] = set()
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    stat = os.fstat(fd)
+    return stat.st_dev, stat.st_ino
+
+
+def written_here(path: Path) -> bool:
+    """Whether the writer of the run at ``path`` is a store open in this process."""
+    try:
+        stat = os.stat(path / LOCK_NAME)
+    except OSError:
+        return False
+    return (stat.st_dev, stat.st_ino) in _LOCKS_HERE
+
+
 def being_written(path: Path) -> FileExistsError:
-    """The error of a store started where another writer writes a run."""
+    """The error of a store started where another writer writes a run; one of this process (a watch left open
+    by a loop that raised outside a ``with`` block, the cell then run again) is named, with how to close it."""
+    if written_here(path):
+        return FileExistsError(f"{path} is being written by another writer (it holds {LOCK_NAME}): a watch of this "
+                               "process, still open (a loop that raised outside a with block leaves it open). Close "
+                               "that watch first - w.close(), or w.close('failed', error) - or pick a new directory.")
     return FileExistsError(f"{path} is being written by another writer (it holds {LOCK_NAME}); pick a new directory.")
 
 
