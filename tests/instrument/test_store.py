@@ -318,15 +318,22 @@ def test_a_run_reads_how_it_ended(tmp_path):
     w.close()
 
 
-@pytest.mark.parametrize("ended", [ZeroDivisionError, KeyboardInterrupt])
+@pytest.mark.parametrize("ended", [ZeroDivisionError, KeyboardInterrupt, "killed"])
 def test_a_run_that_ended_before_its_first_step_is_replaced_by_a_retry(tmp_path, ended):
-    # (a run that failed, or was stopped, before its first step held nothing, yet its directory refused the
-    # retry made once the cause was fixed: "already holds a run")
+    # (a run that failed, was stopped or was killed before its first step held nothing, yet its directory refused
+    # the retry made once the cause was fixed: "already holds a run")
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
-    with pytest.raises(ended):
-        with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1}):
-            raise ended()
-    assert workbench.load_run(tmp_path / "run").status in ("failed", "stopped")
+    if ended == "killed":  # (a process that ends without closing its watch: its run reads interrupted)
+        code = ("import os, sys, torch, workbench\n"
+                "w = workbench.watch(torch.nn.Linear(3, 5), store=sys.argv[1], metadata={'attempt': 1})\n"
+                "os._exit(0)")
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], check=True, timeout=120)
+    else:
+        with pytest.raises(ended):
+            with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1}):
+                raise ended()
+    assert workbench.load_run(tmp_path / "run").status == {ZeroDivisionError: "failed", KeyboardInterrupt: "stopped",
+                                                           "killed": "interrupted"}[ended]
     with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 2}) as w:
         train(w, model, 2)
     run = workbench.load_run(tmp_path / "run")
