@@ -179,13 +179,16 @@ def shortened(code: str) -> str:
 def test_runnable_blocks_of_a_page_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the pages write runs/ and exports into the working directory
     registered = set(workbench.list_models())
+    experiments = set(workbench.experiments.list_experiments())
     namespace: dict = {"__name__": f"docs/{page}"}
     try:
         for number, block in enumerate(RUNNABLE.findall((DOCS / page).read_text()), 1):
             exec(compile(shortened(block), f"docs/{page}, runnable block {number}", "exec"), namespace)
-    finally:
-        for name in set(workbench.list_models()) - registered:  # the registry is process-wide: leave it as found
+    finally:  # the registries are process-wide: leave them as found
+        for name in set(workbench.list_models()) - registered:
             workbench.unregister_model(name)
+        for name in set(workbench.experiments.list_experiments()) - experiments:
+            workbench.experiments.unregister_experiment(name)
 
 
 @pytest.mark.parametrize("module", DOCTESTED)
