@@ -161,6 +161,64 @@ def test_the_command_line_flags_the_pages_name_exist():
     assert len(helps["experiments"]) > 10 and not unknown, unknown
 
 
+def test_every_flag_of_the_command_lines_is_in_the_pages():
+    # (the other way round from the test above: a flag added to the experiments' `run` or to app.py
+    # that no page names is a capability a reader never learns of)
+    import contextlib
+    import io
+
+    import app as app_script
+    from workbench.experiments.__main__ import main as experiments_main
+
+    text = "\n".join(path.read_text() for path in DOCS.rglob("*.md"))
+    undocumented = []
+    for program, show_help in [("python -m workbench.experiments run", lambda: experiments_main(["run", "--help"])),
+                               ("app.py", lambda: app_script.main(["--help"]))]:
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+            show_help()
+        flags = set(FLAG.findall(shown.getvalue())) - {"--help"}
+        assert len(flags) > 3, shown.getvalue()
+        undocumented += [f"{program} {flag}" for flag in sorted(flags)
+                         if not re.search(re.escape(flag) + r"(?![\w-])", text)]
+    assert not undocumented, undocumented
+
+
+# modules whose public functions and classes (their __all__) the API reference (docs/reference/*.md) shows,
+# each with a `::: name` entry
+REFERENCED_MODULES = ["workbench", "workbench.experiments", "workbench.instrument", "workbench.ui.notebook"]
+
+
+def test_every_public_function_and_class_is_in_the_api_reference():
+    import inspect
+
+    entries = set(re.findall(r"^::: (\S+)", "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md")),
+                             re.M))
+    shown = {id(eval_dotted(entry)) for entry in entries}
+    missing = []
+    for module_name in REFERENCED_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            value = getattr(module, name)
+            if (inspect.isclass(value) or inspect.isfunction(value)) and id(value) not in shown:
+                missing.append(f"{module_name}.{name}")
+    assert not missing, f"not in the API reference (docs/reference/*.md): {missing}"
+
+
+def eval_dotted(dotted: str) -> object:
+    """The object a ``::: a.b.c`` entry of the API reference names."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(dotted)
+
+
 def test_the_checks_of_the_pages_names_take_legitimate_prose():
     # (prose a page may hold that names no watch attribute and no unknown flag: "w.r.t." was read as w.r,
     # torchrun's --standalone and --nproc_per_node (torch's own spelling) as unknown flags, "--and" of a dash too)
