@@ -126,6 +126,59 @@ def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
     assert listed == arguments
 
 
+# a call on a page (prose or code, run or not): its name (with the dot before it, where it has one: `exp.run(`
+# gives `.run`, `workbench.watch(` gives `.watch`), then its arguments, calls inside them allowed
+CALL = re.compile(r"((?:\.|(?<![\w.]))\w+)\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)")
+
+
+def documented_callables() -> dict[str, object]:
+    """The public functions and methods whose keyword arguments the pages are checked against, by the name a
+    page calls them with (``.run``: a method, called on an object); a pair where the first passes its ``**``
+    keywords on to the second."""
+    from workbench import checkpoints
+    from workbench.diagnose import diagnose
+    from workbench.experiments import Experiment
+    from workbench.instrument.distributed import watch_distributed
+    from workbench.ui import explorer
+    from workbench.ui.notebook import Compare, Dashboard, ModelBrowser
+
+    return {"watch": workbench.watch, "watch_compiled": workbench.watch_compiled, "watch_distributed": watch_distributed,
+            "Recorder": workbench.Recorder, "create_model": workbench.create_model, "list_models": workbench.list_models,
+            "register_model": workbench.register_model, "probe": workbench.probe, "summarize": workbench.summarize,
+            "load_run": workbench.load_run, "list_runs": workbench.list_runs, "compare_runs": workbench.compare_runs,
+            ".export": workbench.Run.export, ".to_pandas": workbench.Run.to_pandas, ".subscribe": workbench.Watch.subscribe,
+            ".patch": workbench.Watch.patch, ".ablate": workbench.Watch.ablate, ".save": Experiment.save,
+            ".run": (Experiment.run, workbench.watch), ".start": (Experiment.start, workbench.watch),  # (**watch_options)
+            "diagnose": diagnose,
+            "load_checkpoint": checkpoints.load_checkpoint, "load_weights": checkpoints.load_weights,
+            "Dashboard": Dashboard, "Compare": Compare, "ModelBrowser": ModelBrowser,
+            "curves_figure": explorer.curves_figure, "curves": explorer.curves, "push_through": explorer.push_through}
+
+
+def test_the_keywords_the_pages_pass_are_parameters():
+    # (watch.md's Options are checked with their defaults above; this covers every call a page shows, in prose
+    # and in blocks that are not run: `Dashboard(run, tab="site")`, `exp.run(300, save_every=100)`)
+    import inspect
+
+    callables = documented_callables()
+    unknown = []
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        for called, arguments in CALL.findall(path.read_text()):
+            called = called if called in callables else called.lstrip(".")  # (a method, else a function)
+            if called not in callables:
+                continue
+            chain = callables[called] if isinstance(callables[called], tuple) else (callables[called],)
+            parameters = {}
+            for function in chain:
+                parameters |= inspect.signature(function).parameters
+            if inspect.Parameter.VAR_KEYWORD in {p.kind for p in inspect.signature(chain[-1]).parameters.values()}:
+                continue
+            own = re.sub(r"\((?:[^()]|\([^()]*\))*\)", "()", arguments)  # (the keywords of calls inside are theirs)
+            unknown += [f"{path.relative_to(ROOT)}: {called}(... {keyword}=...)"
+                        for keyword in re.findall(r"(?:^|[,(])\s*(\w+)\s*=(?!=)", own) if keyword not in parameters]
+    assert not unknown, unknown
+
+
 # the pages that give command lines, and whose: the experiments' `run` (and torchrun's flags), or app.py
 COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
                       "getting-started.md": "app"}
