@@ -179,6 +179,17 @@ def test_the_keywords_the_pages_pass_are_parameters():
     assert not unknown, unknown
 
 
+def test_the_design_pages_layout_names_every_module():
+    # (a contributor finds the code by the layout: a module added without a line there is one they do not find)
+    layout = (DOCS / "design.md").read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    package = ROOT / "workbench"
+    modules = [path for path in [*package.glob("*"), *(package / "ui").glob("*.py")]
+               if not path.name.startswith(("_", ".")) and (path.suffix == ".py" or (path / "__init__.py").exists())]
+    missing = [path.relative_to(ROOT).as_posix() for path in modules
+               if not re.search(rf"(?<![\w.]){re.escape(path.stem)}(?:\.py|/)?(?![\w])", layout)]
+    assert len(modules) > 20 and not missing, f"design.md's layout names no {missing}"
+
+
 # the pages that give command lines, and whose: the experiments' `run` (and torchrun's flags), or app.py
 COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
                       "getting-started.md": "app"}
