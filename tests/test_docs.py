@@ -142,13 +142,16 @@ def documented_callables() -> dict[str, object]:
     from workbench.ui import explorer
     from workbench.ui.notebook import Compare, Dashboard, ModelBrowser
 
-    return {"watch": workbench.watch, "watch_compiled": workbench.watch_compiled, "watch_distributed": watch_distributed,
-            "Recorder": workbench.Recorder, "create_model": workbench.create_model, "list_models": workbench.list_models,
+    return {"watch": workbench.watch, "watch_compiled": workbench.watch_compiled,
+            "watch_distributed": watch_distributed, "Recorder": workbench.Recorder,
+            "create_model": workbench.create_model, "list_models": workbench.list_models,
             "register_model": workbench.register_model, "probe": workbench.probe, "summarize": workbench.summarize,
             "load_run": workbench.load_run, "list_runs": workbench.list_runs, "compare_runs": workbench.compare_runs,
-            ".export": workbench.Run.export, ".to_pandas": workbench.Run.to_pandas, ".subscribe": workbench.Watch.subscribe,
-            ".patch": workbench.Watch.patch, ".ablate": workbench.Watch.ablate, ".save": Experiment.save,
-            ".run": (Experiment.run, workbench.watch), ".start": (Experiment.start, workbench.watch),  # (**watch_options)
+            ".export": workbench.Run.export, ".to_pandas": workbench.Run.to_pandas,
+            ".subscribe": workbench.Watch.subscribe, ".patch": workbench.Watch.patch, ".ablate": workbench.Watch.ablate,
+            ".save": Experiment.save,
+            # (their **watch_options go to watch)
+            ".run": (Experiment.run, workbench.watch), ".start": (Experiment.start, workbench.watch),
             "diagnose": diagnose,
             "load_checkpoint": checkpoints.load_checkpoint, "load_weights": checkpoints.load_weights,
             "Dashboard": Dashboard, "Compare": Compare, "ModelBrowser": ModelBrowser,
