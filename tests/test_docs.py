@@ -193,6 +193,26 @@ def test_the_design_pages_layout_names_every_module():
     assert len(modules) > 20 and not missing, f"design.md's layout names no {missing}"
 
 
+def test_the_thresholds_diagnose_md_gives_are_the_defaults():
+    # ("`persist` (3)", "`dead_zero_frac` (80%)", "`diverge_regain` (half)": each a field of Thresholds and its default)
+    import dataclasses
+
+    from workbench.diagnose import Thresholds
+
+    defaults = {field.name: field.default for field in dataclasses.fields(Thresholds)}
+    given = [(name, value) for name, value in re.findall(r"`(\w+)` \(([^)]*)\)", (DOCS / "diagnose.md").read_text())
+             if name in defaults]
+
+    def read(value: str) -> float:
+        if value.startswith("half"):
+            return 0.5
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+
+    wrong = [f"`{name}` ({value}): the default is {defaults[name]}" for name, value in given
+             if read(value) != defaults[name]]
+    assert len({name for name, _ in given}) > 15 and not wrong, wrong
+
+
 # the pages that give command lines, and whose: the experiments' `run` (and torchrun's flags), or app.py
 COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
                       "getting-started.md": "app"}
