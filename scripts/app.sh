@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the workbench into .venv and serve the app on http://127.0.0.1:7860
-#   bash scripts/app.sh [--host H] [--port P] [--share]
+#   bash scripts/app.sh [--host H] [--port P] [--share] [--runs-root DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}

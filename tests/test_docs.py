@@ -126,6 +126,93 @@ def test_the_options_watch_md_lists_are_watchs_arguments_with_their_defaults():
     assert listed == arguments
 
 
+# a call on a page (prose or code, run or not): its name (with the dot before it, where it has one: `exp.run(`
+# gives `.run`, `workbench.watch(` gives `.watch`), then its arguments, calls inside them allowed
+CALL = re.compile(r"((?:\.|(?<![\w.]))\w+)\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)")
+
+
+def documented_callables() -> dict[str, object]:
+    """The public functions and methods whose keyword arguments the pages are checked against, by the name a
+    page calls them with (``.run``: a method, called on an object); a pair where the first passes its ``**``
+    keywords on to the second."""
+    from workbench import checkpoints
+    from workbench.diagnose import diagnose
+    from workbench.experiments import Experiment
+    from workbench.instrument.distributed import watch_distributed
+    from workbench.ui import explorer
+    from workbench.ui.notebook import Compare, Dashboard, ModelBrowser
+
+    return {"watch": workbench.watch, "watch_compiled": workbench.watch_compiled,
+            "watch_distributed": watch_distributed, "Recorder": workbench.Recorder,
+            "create_model": workbench.create_model, "list_models": workbench.list_models,
+            "register_model": workbench.register_model, "probe": workbench.probe, "summarize": workbench.summarize,
+            "load_run": workbench.load_run, "list_runs": workbench.list_runs, "compare_runs": workbench.compare_runs,
+            ".export": workbench.Run.export, ".to_pandas": workbench.Run.to_pandas,
+            ".subscribe": workbench.Watch.subscribe, ".patch": workbench.Watch.patch, ".ablate": workbench.Watch.ablate,
+            ".save": Experiment.save,
+            # (their **watch_options go to watch)
+            ".run": (Experiment.run, workbench.watch), ".start": (Experiment.start, workbench.watch),
+            "diagnose": diagnose,
+            "load_checkpoint": checkpoints.load_checkpoint, "load_weights": checkpoints.load_weights,
+            "Dashboard": Dashboard, "Compare": Compare, "ModelBrowser": ModelBrowser,
+            "curves_figure": explorer.curves_figure, "curves": explorer.curves, "push_through": explorer.push_through}
+
+
+def test_the_keywords_the_pages_pass_are_parameters():
+    # (watch.md's Options are checked with their defaults above; this covers every call a page shows, in prose
+    # and in blocks that are not run: `Dashboard(run, tab="site")`, `exp.run(300, save_every=100)`)
+    import inspect
+
+    callables = documented_callables()
+    unknown = []
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        for called, arguments in CALL.findall(path.read_text()):
+            called = called if called in callables else called.lstrip(".")  # (a method, else a function)
+            if called not in callables:
+                continue
+            chain = callables[called] if isinstance(callables[called], tuple) else (callables[called],)
+            parameters = {}
+            for function in chain:
+                parameters |= inspect.signature(function).parameters
+            if inspect.Parameter.VAR_KEYWORD in {p.kind for p in inspect.signature(chain[-1]).parameters.values()}:
+                continue
+            own = re.sub(r"\((?:[^()]|\([^()]*\))*\)", "()", arguments)  # (the keywords of calls inside are theirs)
+            unknown += [f"{path.relative_to(ROOT)}: {called}(... {keyword}=...)"
+                        for keyword in re.findall(r"(?:^|[,(])\s*(\w+)\s*=(?!=)", own) if keyword not in parameters]
+    assert not unknown, unknown
+
+
+def test_the_design_pages_layout_names_every_module():
+    # (a contributor finds the code by the layout: a module added without a line there is one they do not find)
+    layout = (DOCS / "design.md").read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    package = ROOT / "workbench"
+    modules = [path for path in [*package.glob("*"), *(package / "ui").glob("*.py")]
+               if not path.name.startswith(("_", ".")) and (path.suffix == ".py" or (path / "__init__.py").exists())]
+    missing = [path.relative_to(ROOT).as_posix() for path in modules
+               if not re.search(rf"(?<![\w.]){re.escape(path.stem)}(?:\.py|/)?(?![\w])", layout)]
+    assert len(modules) > 20 and not missing, f"design.md's layout names no {missing}"
+
+
+def test_the_thresholds_diagnose_md_gives_are_the_defaults():
+    # ("`persist` (3)", "`dead_zero_frac` (80%)", "`diverge_regain` (half)": each a field of Thresholds and its default)
+    import dataclasses
+
+    from workbench.diagnose import Thresholds
+
+    defaults = {field.name: field.default for field in dataclasses.fields(Thresholds)}
+    given = [(name, value) for name, value in re.findall(r"`(\w+)` \(([^)]*)\)", (DOCS / "diagnose.md").read_text())
+             if name in defaults]
+
+    def read(value: str) -> float:
+        if value.startswith("half"):
+            return 0.5
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+
+    wrong = [f"`{name}` ({value}): the default is {defaults[name]}" for name, value in given
+             if read(value) != defaults[name]]
+    assert len({name for name, _ in given}) > 15 and not wrong, wrong
+
+
 # the pages that give command lines, and whose: the experiments' `run` (and torchrun's flags), or app.py
 COMMAND_LINE_PAGES = {"experiments.md": "experiments", "distributed.md": "experiments", "app/index.md": "app",
                       "getting-started.md": "app"}
@@ -161,6 +248,64 @@ def test_the_command_line_flags_the_pages_name_exist():
     assert len(helps["experiments"]) > 10 and not unknown, unknown
 
 
+def test_every_flag_of_the_command_lines_is_in_the_pages():
+    # (the other way round from the test above: a flag added to the experiments' `run` or to app.py
+    # that no page names is a capability a reader never learns of)
+    import contextlib
+    import io
+
+    import app as app_script
+    from workbench.experiments.__main__ import main as experiments_main
+
+    text = "\n".join(path.read_text() for path in DOCS.rglob("*.md"))
+    undocumented = []
+    for program, show_help in [("python -m workbench.experiments run", lambda: experiments_main(["run", "--help"])),
+                               ("app.py", lambda: app_script.main(["--help"]))]:
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+            show_help()
+        flags = set(FLAG.findall(shown.getvalue())) - {"--help"}
+        assert len(flags) > 3, shown.getvalue()
+        undocumented += [f"{program} {flag}" for flag in sorted(flags)
+                         if not re.search(re.escape(flag) + r"(?![\w-])", text)]
+    assert not undocumented, undocumented
+
+
+# modules whose public functions and classes (their __all__) the API reference (docs/reference/*.md) shows,
+# each with a `::: name` entry
+REFERENCED_MODULES = ["workbench", "workbench.experiments", "workbench.instrument", "workbench.ui.notebook"]
+
+
+def test_every_public_function_and_class_is_in_the_api_reference():
+    import inspect
+
+    entries = set(re.findall(r"^::: (\S+)", "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md")),
+                             re.M))
+    shown = {id(eval_dotted(entry)) for entry in entries}
+    missing = []
+    for module_name in REFERENCED_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            value = getattr(module, name)
+            if (inspect.isclass(value) or inspect.isfunction(value)) and id(value) not in shown:
+                missing.append(f"{module_name}.{name}")
+    assert not missing, f"not in the API reference (docs/reference/*.md): {missing}"
+
+
+def eval_dotted(dotted: str) -> object:
+    """The object a ``::: a.b.c`` entry of the API reference names."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(dotted)
+
+
 def test_the_checks_of_the_pages_names_take_legitimate_prose():
     # (prose a page may hold that names no watch attribute and no unknown flag: "w.r.t." was read as w.r,
     # torchrun's --standalone and --nproc_per_node (torch's own spelling) as unknown flags, "--and" of a dash too)
@@ -179,13 +324,16 @@ def shortened(code: str) -> str:
 def test_runnable_blocks_of_a_page_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the pages write runs/ and exports into the working directory
     registered = set(workbench.list_models())
+    experiments = set(workbench.experiments.list_experiments())
     namespace: dict = {"__name__": f"docs/{page}"}
     try:
         for number, block in enumerate(RUNNABLE.findall((DOCS / page).read_text()), 1):
             exec(compile(shortened(block), f"docs/{page}, runnable block {number}", "exec"), namespace)
-    finally:
-        for name in set(workbench.list_models()) - registered:  # the registry is process-wide: leave it as found
+    finally:  # the registries are process-wide: leave them as found
+        for name in set(workbench.list_models()) - registered:
             workbench.unregister_model(name)
+        for name in set(workbench.experiments.list_experiments()) - experiments:
+            workbench.experiments.unregister_experiment(name)
 
 
 @pytest.mark.parametrize("module", DOCTESTED)

@@ -15,12 +15,14 @@ from workbench.experiments.base import (
     Experiment,
     ExperimentSpec,
     create,
+    evaluation,
     get_experiment_spec,
     list_experiments,
     register_experiment,
     resolve_device,
     resume,
     running,
+    unregister_experiment,
 )
 from workbench.experiments import activation_mlp, efficientzero_dynamics, ilql, query_stream  # noqa: F401  (registers them)
 
@@ -29,10 +31,12 @@ __all__ = [
     "Experiment",
     "ExperimentSpec",
     "create",
+    "evaluation",
     "get_experiment_spec",
     "list_experiments",
     "register_experiment",
     "resolve_device",
     "resume",
     "running",
+    "unregister_experiment",
 ]

@@ -1028,13 +1028,14 @@ def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experime
         The decorator, which returns the class unchanged (with ``name`` set).
 
     Raises:
-        ValueError: the name is taken.
+        ValueError: the name is taken (`unregister_experiment` frees it).
         TypeError: the class has no ``Config`` dataclass.
     """
 
     def decorate(cls: type[Experiment]) -> type[Experiment]:
         if name in _EXPERIMENTS:
-            raise ValueError(f"An experiment named {name!r} is already registered.")
+            raise ValueError(f"An experiment named {name!r} is already registered. Choose another name or call "
+                             "workbench.experiments.unregister_experiment first.")
         if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
             raise TypeError(f"Experiment {name!r}: {cls.__name__}.Config must be a dataclass.")
         cls.name = name
@@ -1043,6 +1044,19 @@ def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experime
         return cls
 
     return decorate
+
+
+def unregister_experiment(name: str) -> None:
+    """Remove a registered experiment (for tests and a notebook cell that registers one again).
+
+    Args:
+        name: a registered name.
+
+    Raises:
+        ValueError: the name is unknown (the message suggests close names).
+    """
+    get_experiment_spec(name)
+    del _EXPERIMENTS[name]
 
 
 def list_experiments() -> list[str]:
