@@ -13,7 +13,7 @@ __all__ = ["build_app", "launch", "DELETE_CACHE"]
 
 TITLE = "workbench"
 #: Gradio's ``delete_cache`` of the app, ``(frequency, age)`` in seconds: every hour, the files of Gradio's cache
-#: that the app's components hold (a checkpoint or stored run uploaded, an export offered for download) and that
+#: that the app's components hold (a checkpoint uploaded, an export offered for download) and that
 #: are older than a day are deleted (all of them when the server stops). Without it they stayed until the machine's
 #: temporary directory was cleaned. A day: an upload a page still shows can start runs for that long.
 DELETE_CACHE = (3600, 86400)
