@@ -864,3 +864,37 @@ def test_a_scale_settles_once_a_line_is_long_enough_though_a_site_began_later():
     assert figures.settled_scale(figure([settles, 1], True)) is True  # (the late site's one point: not waited for)
     assert figures.settled_scale(figure([settles, 1], True), lines=2) is None  # (a comparison: each run's line)
     assert figures.settled_scale(figure([settles, settles], False), lines=2) is False
+
+
+def _smooth_loss_run(path):
+    """A run of as many steps as :func:`_spiked_loss_run`, its loss falling gently (a linear y shows it whole)."""
+    model = torch.nn.Linear(2, 2)
+    with workbench.watch(model, store=path) as w:
+        for loss in [1.0 * 0.99 ** i for i in range(42)]:
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=loss, lr=1.0)
+    return load_run(path)
+
+
+def test_a_run_recorded_again_at_the_same_path_is_read_anew_and_chooses_its_own_scales(tmp_path):
+    """A run recorded again where an old one was (its directory removed, the script run again) started on the old
+    run's kept scales at the page's next List runs; with as many steps, the app's cache of stored runs even served
+    the old run's views under the new one's name."""
+    import shutil
+
+    from workbench.ui.runs import RunsRoot
+
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    _spiked_loss_run(tmp_path / "p")
+    old, _, _ = cache.get("p")
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(old, "h", "p", None, values)))
+    assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log"  # (kept: the spike's)
+    shutil.rmtree(tmp_path / "p")
+    _smooth_loss_run(tmp_path / "p")
+    new, _, _ = cache.get("p")
+    assert figures.values(traces(figures.metrics_figure(new), "loss")[0]["y"])[0] == pytest.approx(1.0)
+    again = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(new, "h", "p", out["state"], values)))
+    assert json.loads(again["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
+    fresh = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(new, "h", "p", None, values)))
+    assert json.loads(again["metrics"].plot) == json.loads(fresh["metrics"].plot)

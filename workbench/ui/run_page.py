@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
            "page_outputs", "jump_controls", "redraw", "LATEST_COLUMNS", "LATEST_WIDTHS", "LATEST_DATATYPES",
-           "short_number", "shown_latest"]
+           "short_number", "shown_latest", "recording_of"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
@@ -436,6 +436,13 @@ def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
                                heat_kind=first["kind"])
 
 
+def recording_of(run: Any, view: RunView) -> str:
+    """What a page draws, as its kept scales, its version and its plots' zoom are keyed: the run it names
+    (``run``), and of a stored run, which recording of its path (:attr:`RunView.started`): a run recorded again
+    where an old one was removed is another run, whose scales and zoom are its own."""
+    return str(run) if view.started is None else f"{run} (started {view.started!r})"
+
+
 def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
            force: bool = True, jump: bool = False, change: dict | None = None,
            interventions: pd.DataFrame | None = None, in_view: Collection[str] | None = None) -> tuple:
@@ -461,7 +468,8 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
         page = dataclasses.replace(page, metrics_figure=empty, sites_figure=empty, distribution_figure=empty,
                                    heatmap_figure=empty)
         return state, *page_outputs(page, state)
-    version = (run, view.steps_fed, view.status, view.dropped)
+    recording = recording_of(run, view)
+    version = (recording, view.steps_fed, view.status, view.dropped)
     paced = state.get("paced") or {}  # view -> (version, tick) it was last sent at (page_outputs keeps it)
     empty = state.get("empty") or {}  # the plots the page shows empty (page_outputs keeps it)
     tick = state["tick"] = state.get("tick", 0) + 1
@@ -488,22 +496,22 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     # (the per-site figure's scale, left to it, is kept for the run, kind, statistic and the sites the user picked
     # once its lines are long enough to settle it: ticks that bring more steps do not switch it between linear and
     # log; another pick of sites is the figure's to choose again)
-    scale_for = [str(run), controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
+    scale_for = [recording, controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
     if controls.log_sites is None:
         controls = dataclasses.replace(controls, kept_log_sites=figures.kept_scale(state.get("kept_log_sites"),
                                                                                    scale_for))
     # (the metrics' panels the same, each kept for the run once settled)
     if controls.log_metrics is None:
         controls = dataclasses.replace(controls, kept_log_metrics=figures.kept_scales(state.get("kept_log_metrics"),
-                                                                                      [str(run)]))
+                                                                                      [recording]))
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
     if state.get("auto_log_sites", True) and page.sites_figure is not None:
         state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"), scale_for, page.sites_figure)
     if state.get("auto_log_metrics", True) and page.metrics_figure is not None:
-        state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [str(run)],
+        state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [recording],
                                                         page.metrics_figure)
-    return state, *page_outputs(page, state, jumped, revision=run, held=set(PACED) - due)
+    return state, *page_outputs(page, state, jumped, revision=recording, held=set(PACED) - due)
 
 
 def skips(n: int) -> tuple:

@@ -135,8 +135,9 @@ def stored_header(view: RunView, run: Run, interventions: pd.DataFrame) -> str:
 
 
 class ViewCache:
-    """The views of stored runs a page opened, by run name (bounded; a run that grew since is read
-    again). Owned by the app (:func:`wire`), shared by its pages: a stored run is read once."""
+    """The views of stored runs a page opened, by run name (bounded; a run that grew since, or was recorded
+    again at its path, is read again). Owned by the app (:func:`wire`), shared by its pages: a stored run is
+    read once."""
 
     def __init__(self, root: RunsRoot, size: int = 8) -> None:
         self.root, self.size = root, size
@@ -150,7 +151,8 @@ class ViewCache:
         if run is None:
             return None, None, message
         try:
-            key = (len(run.steps), run.status)
+            # (a run recorded again at its path, as many steps and ended alike, is another run: its start time tells)
+            key = (len(run.steps), run.status, run.metadata.get("start_time"))
             with self._lock:
                 cached = self._views.get(pick)
             if cached is not None and cached[0] == key:
