@@ -835,7 +835,8 @@ def test_a_metrics_panel_flattened_by_a_spike_is_log_scaled_kept_once_settled_un
     values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
     out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", None, values)))
     assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log"
-    assert figures.kept_scales(out["state"]["kept_log_metrics"], ["r"]) == {"loss": True, "lr": False}
+    kept = out["state"]["kept_log_metrics"]
+    assert figures.kept_scales(kept, [run_page.recording_of("r", view)]) == {"loss": True, "lr": False}
     mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", out["state"], values,
                                                                        change={"auto_log_metrics": False})))
     assert json.loads(mine["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
@@ -898,3 +899,34 @@ def test_a_run_recorded_again_at_the_same_path_is_read_anew_and_chooses_its_own_
     assert json.loads(again["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
     fresh = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(new, "h", "p", None, values)))
     assert json.loads(again["metrics"].plot) == json.loads(fresh["metrics"].plot)
+
+
+def test_the_metrics_log_y_box_says_what_the_panels_chose_until_the_user_sets_it(tmp_path):
+    """The panels chose log y where a spike flattened the rest, while the box beside them stayed unticked: a user
+    read the log panel as linear, and a tick drew nothing new."""
+    import gradio as gr
+
+    view = RunView.from_run(_spiked_loss_run(tmp_path / "spike"))
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    box = run_page.CONTROLS.index("log_metrics")
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", None, values)))
+    assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log" and out["log_metrics"] is True
+    values[box] = True  # (the box as the page set it: not sent again)
+    again = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", out["state"], values)))
+    assert again["log_metrics"] == gr.skip()
+    # the user unticks it: every panel linear, the box theirs (not set back)
+    values[box] = False
+    mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(
+        view, "h", "r", again["state"], values, change={"auto_log_metrics": False})))
+    layout = json.loads(mine["metrics"].plot)["layout"]
+    assert (layout["yaxis"]["type"], layout["yaxis2"]["type"]) == ("linear", "linear")
+    assert mine["log_metrics"] == gr.skip()
+    values[box] = True  # (and ticks it: every panel log)
+    ticked = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", mine["state"], values)))
+    layout = json.loads(ticked["metrics"].plot)["layout"]
+    assert (layout["yaxis"]["type"], layout["yaxis2"]["type"]) == ("log", "log") and ticked["log_metrics"] == gr.skip()
+    # panels that all chose linear: the box says so
+    smooth = RunView.from_run(_smooth_loss_run(tmp_path / "smooth"))
+    values[box] = True
+    plain = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(smooth, "h", "s", None, values)))
+    assert json.loads(plain["metrics"].plot)["layout"]["yaxis"]["type"] == "linear" and plain["log_metrics"] is False

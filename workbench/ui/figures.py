@@ -44,7 +44,8 @@ from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
+           "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
+           "empty_figure",
            "to_json", "values"]
 
 Figure = dict[str, Any]
@@ -458,6 +459,16 @@ def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1, axis: str = 
     if sum(len(values(trace["y"])) >= SCALE_SETTLES_AT for trace in drawn) < max(lines, 1):
         return None
     return figure["layout"].get("yaxis" + axis[1:], {}).get("type") == "log"
+
+
+def drawn_log(figure: Mapping[str, Any] | None) -> bool | None:
+    """Whether ``figure`` draws a log y: on any of its y axes (a metrics figure's panels each choose their own); None
+    for a figure without data (nothing drawn: a page's box keeps what it says). A page's log y box says so while the
+    figure chooses its scale."""
+    if not figure or not figure.get("data"):
+        return None
+    layout = figure.get("layout", {})
+    return any(re.fullmatch(r"yaxis\d*", key) and axis.get("type") == "log" for key, axis in layout.items())
 
 
 def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | None:

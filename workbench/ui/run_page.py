@@ -82,6 +82,7 @@ class Page:
     metric_choices: list[str]
     metrics: list[str]
     metrics_figure: dict[str, Any]
+    log_metrics: bool | None  # a metrics panel drawn log, where the panels chose (None: as asked, or not drawn)
     site_choices: list[str]  # forward order
     sites: list[str]
     sites_figure: dict[str, Any]
@@ -162,6 +163,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                             figures.empty_figure("Pick metrics above." if metric_choices else view.no_metrics()))
     except ValueError as exc:
         chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
+    chosen_log_metrics = figures.drawn_log(metrics_fig) if c.log_metrics is None else None
     # a statistic per call site; the distributions and the last-step table follow the same kind
     site_choices, sites, dist_choices, dist_site, chosen_log = [], [], [], None, None
     latest = pd.DataFrame(columns=["site", "step", *STATISTICS])
@@ -225,8 +227,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                                   for fig in (metrics_fig, sites_fig))
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
-                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, chosen_log,
-                dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+                metric_choices, chosen, metrics_fig, chosen_log_metrics, site_choices, sites, sites_fig, site_note,
+                chosen_log, dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
 def short_number(value: Any) -> str:
@@ -298,7 +300,8 @@ def live_header(run: LiveRun) -> str:
 
 #: The components a drawing of a run page updates, in the order the handlers return them.
 VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
-                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest", "log_sites")
+                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest", "log_sites",
+                "log_metrics")
 #: The controls a drawing reads, in order.
 CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites", "log_sites", "dist_site",
             "heat_kind", "heat_stat", "heat_log")
@@ -320,8 +323,8 @@ HEAVY_TICKS = 5
 
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
-    defaults (until the user picks), the per-site log y the figure's choice and the metrics' each panel's (until
-    the user sets it),
+    defaults (until the user picks), the per-site log y the figure's choice and the metrics' each panel's, each box
+    saying what was drawn (until the user sets it),
     the run and steps it last drew, what its pickers and tables were sent, the ticks it drew, the
     version and tick each paced view was last sent at (``paced``), and the plots it shows empty, with
     the figure each was sent (``empty``)."""
@@ -414,6 +417,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     jump = page.first_anomaly is not None
     if not state.get("auto_log_sites", True):  # (the user's box: what the figure chooses once it is again is sent)
         sent.pop("log_sites", None)
+    if not state.get("auto_log_metrics", True):
+        sent.pop("log_metrics", None)
     return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
             picker("metric_names", page.metric_choices, page.metrics),
             plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
@@ -423,7 +428,9 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
             table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"),
             # (the box says the scale the figure chose, while it is the figure's to choose)
-            gr.skip() if page.log_sites is None else changed("log_sites", page.log_sites))
+            gr.skip() if page.log_sites is None else changed("log_sites", page.log_sites),
+            # (and the metrics' box, ticked where a panel chose log; unticked, every panel linear, ticked every one log)
+            gr.skip() if page.log_metrics is None else changed("log_metrics", page.log_metrics))
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
