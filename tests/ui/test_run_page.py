@@ -930,3 +930,36 @@ def test_the_metrics_log_y_box_says_what_the_panels_chose_until_the_user_sets_it
     values[box] = True
     plain = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(smooth, "h", "s", None, values)))
     assert json.loads(plain["metrics"].plot)["layout"]["yaxis"]["type"] == "linear" and plain["log_metrics"] is False
+
+
+def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_the_box_says_so(tmp_path):
+    """The Runs tab's comparison drew its metrics linear until the box was ticked (a loss spike flattened every
+    run's curve at zero), where a run page's panels choose: the same mechanism now, kept once settled, the box
+    ticked while a figure is drawn log, and a run recorded again at its path choosing anew."""
+    import shutil
+
+    from workbench.ui.runs import RunsRoot
+
+    _spiked_loss_run(tmp_path / "a")
+    _spiked_loss_run(tmp_path / "b")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    metrics, site_fig, _, site, _, colors, box, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", None, False, None, True, None)
+    assert (metrics["layout"]["yaxis"]["type"], metrics["layout"]["yaxis2"]["type"]) == ("log", "linear")
+    assert box is True and auto is True
+    # the user unticks the box: both figures linear, the box theirs
+    metrics, site_fig, *_, box, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", site, False, colors, auto, kept, change=False)
+    assert metrics["layout"]["yaxis"]["type"] == "linear" and site_fig["layout"]["yaxis"]["type"] == "linear"
+    assert box is None and auto is False
+    # another statistic: the figures choose again, the scales kept for these runs as recorded
+    *_, box, auto, kept = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors, auto,
+                                                   kept, change=True)
+    assert box is True and auto is True
+    # both recorded again, their losses smooth (then List runs): the old runs' kept log is not theirs
+    for name in ("a", "b"):
+        shutil.rmtree(tmp_path / name)
+        _smooth_loss_run(tmp_path / name)
+    metrics, *_, box, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors,
+                                                      auto, kept)
+    assert metrics["layout"]["yaxis"]["type"] == "linear"
