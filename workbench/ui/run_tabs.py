@@ -301,6 +301,8 @@ CSS = f"""
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
 """ + f"""
+/* a heatmap of many call sites scrolls in a box of its own (figures.HEAT_BOX), its rows as tall as ever */
+#live-heatmap, #replay-heatmap {{ max-height: {figures.HEAT_BOX}px; overflow-y: auto; }}
 /* the Runs table grows with the window (RUNS_TABLE_ROOM); Gradio's max_height sets the least */
 #runs-table .virtual-table-viewport {{
   max-height: max({RUNS_TABLE_LEAST}px, calc(100vh - {RUNS_TABLE_ROOM}px)) !important; }}
