@@ -296,6 +296,7 @@ def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_a
     metrics, site, choices, chosen, message = stored_runs.compare_runs(cache, ["mix/none", "mix/grads"], "grad_output",
                                                                        "norm", None)
     assert choices == LAYERS and chosen in LAYERS and [t["name"] for t in site["data"]] == ["mix/grads"]
+    assert site["layout"]["showlegend"] is True  # (the one line names its run: Plotly hides a legend of one)
     assert ("`mix/none` was recorded without grad_output rows (gradients=False): the sites of `mix/grads` are "
             "listed.") in message
     legend = [t["name"] for t in metrics["data"] if t.get("showlegend")]

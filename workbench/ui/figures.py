@@ -400,8 +400,10 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     if log_y is None:  # (a line per run: dwarfed reads its lines by their "site")
         log_y = chosen_scale(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True),
                              kept_log)
+    # (the legend names each run's line, one alone too: Plotly hides a legend of one entry, and a comparison whose other
+    # runs lack the site drew a line that said nowhere whose it was)
     return {"data": data, "layout": _layout(
-        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
+        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run", showlegend=True,
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
