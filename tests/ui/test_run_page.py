@@ -948,6 +948,14 @@ def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_t
         cache, ["a", "b"], "activation", "norm", None, False, None, True, None)
     assert (metrics["layout"]["yaxis"]["type"], metrics["layout"]["yaxis2"]["type"]) == ("log", "linear")
     assert box is True and auto is True
+    # the notebook's Compare the same (its figures are compare_runs'), its box saying so
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "a", tmp_path / "b", kind="activation", statistic="norm")
+    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == "log" and compare.log_y.value is True
+    compare.log_y.value = False
+    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == "linear" and compare.log_y.value is False
+    compare.close()
     # the user unticks the box: both figures linear, the box theirs
     metrics, site_fig, *_, box, auto, kept = stored_runs.compare_page(
         cache, ["a", "b"], "activation", "norm", site, False, colors, auto, kept, change=False)
