@@ -810,7 +810,7 @@ def test_a_run_whose_line_dwarfs_the_others_is_compared_on_a_log_y_in_the_app_an
     # the app's handler: None, the figure chooses (the app passes it until the user sets the box)
     metrics, site_fig, _, site, _ = compare_runs(cache, ["small", "large"], "activation", "norm", "0", log_y=None)
     assert site == "0" and scale(site_fig) == "log" and set(run_lines(site_fig)) == {"small", "large"}
-    assert "log" not in json.dumps(metrics)  # (the metrics stay linear until the user sets the box)
+    assert "log" not in json.dumps(metrics)  # (these runs recorded no metrics: no panel to draw log)
     assert scale(compare_runs(cache, ["small", "large"], "activation", "norm", "0", log_y=False)[1]) == "linear"
     # the notebook's Compare draws through the same code, and its box says what the figure chose
     compare = Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm", site="0")

@@ -49,3 +49,34 @@ def test_the_session_of_a_request_and_of_none():
         session_hash = "abc"
 
     assert session_of(Request()) == "abc" and session_of(None) is None
+
+
+def test_an_uploaded_files_cached_copy_is_deleted_on_the_apps_schedule(tmp_path):
+    """Gradio kept every uploaded checkpoint or stored run in its cache until the machine's temporary directory was
+    cleaned: the app deletes them on a schedule (here Gradio's shortest: every second, those over a second old)."""
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from tests.ui.conftest import _free_port
+    from workbench.ui.app import DELETE_CACHE, build_app
+
+    assert DELETE_CACHE is not None and build_app(tmp_path / "default").delete_cache == DELETE_CACHE
+    app = build_app(tmp_path / "runs", delete_cache=(1, 1))
+    app.queue()
+    port = _free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        reply = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload",
+                           files={"files": ("weights.pt", b"not really a checkpoint")})
+        reply.raise_for_status()
+        cached = Path(reply.json()[0])
+        assert cached.read_bytes() == b"not really a checkpoint"
+        deadline = time.monotonic() + 60  # (a bound on a stuck sweep, not a measure: it is gone in about 2 s)
+        while cached.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not cached.exists()
+    finally:
+        app.close()
+        app.run_manager.close()

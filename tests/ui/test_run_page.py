@@ -296,6 +296,7 @@ def test_a_comparison_of_runs_without_the_same_metrics_or_kinds_names_each_run_a
     metrics, site, choices, chosen, message = stored_runs.compare_runs(cache, ["mix/none", "mix/grads"], "grad_output",
                                                                        "norm", None)
     assert choices == LAYERS and chosen in LAYERS and [t["name"] for t in site["data"]] == ["mix/grads"]
+    assert site["layout"]["showlegend"] is True  # (the one line names its run: Plotly hides a legend of one)
     assert ("`mix/none` was recorded without grad_output rows (gradients=False): the sites of `mix/grads` are "
             "listed.") in message
     legend = [t["name"] for t in metrics["data"] if t.get("showlegend")]
@@ -835,7 +836,8 @@ def test_a_metrics_panel_flattened_by_a_spike_is_log_scaled_kept_once_settled_un
     values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
     out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", None, values)))
     assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log"
-    assert figures.kept_scales(out["state"]["kept_log_metrics"], ["r"]) == {"loss": True, "lr": False}
+    kept = out["state"]["kept_log_metrics"]
+    assert figures.kept_scales(kept, [run_page.recording_of("r", view)]) == {"loss": True, "lr": False}
     mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", out["state"], values,
                                                                        change={"auto_log_metrics": False})))
     assert json.loads(mine["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
@@ -864,3 +866,109 @@ def test_a_scale_settles_once_a_line_is_long_enough_though_a_site_began_later():
     assert figures.settled_scale(figure([settles, 1], True)) is True  # (the late site's one point: not waited for)
     assert figures.settled_scale(figure([settles, 1], True), lines=2) is None  # (a comparison: each run's line)
     assert figures.settled_scale(figure([settles, settles], False), lines=2) is False
+
+
+def _smooth_loss_run(path):
+    """A run of as many steps as :func:`_spiked_loss_run`, its loss falling gently (a linear y shows it whole)."""
+    model = torch.nn.Linear(2, 2)
+    with workbench.watch(model, store=path) as w:
+        for loss in [1.0 * 0.99 ** i for i in range(42)]:
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=loss, lr=1.0)
+    return load_run(path)
+
+
+def test_a_run_recorded_again_at_the_same_path_is_read_anew_and_chooses_its_own_scales(tmp_path):
+    """A run recorded again where an old one was (its directory removed, the script run again) started on the old
+    run's kept scales at the page's next List runs; with as many steps, the app's cache of stored runs even served
+    the old run's views under the new one's name."""
+    import shutil
+
+    from workbench.ui.runs import RunsRoot
+
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    _spiked_loss_run(tmp_path / "p")
+    old, _, _ = cache.get("p")
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(old, "h", "p", None, values)))
+    assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log"  # (kept: the spike's)
+    shutil.rmtree(tmp_path / "p")
+    _smooth_loss_run(tmp_path / "p")
+    new, _, _ = cache.get("p")
+    assert figures.values(traces(figures.metrics_figure(new), "loss")[0]["y"])[0] == pytest.approx(1.0)
+    again = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(new, "h", "p", out["state"], values)))
+    assert json.loads(again["metrics"].plot)["layout"]["yaxis"]["type"] == "linear"
+    fresh = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(new, "h", "p", None, values)))
+    assert json.loads(again["metrics"].plot) == json.loads(fresh["metrics"].plot)
+
+
+def test_the_metrics_log_y_box_says_what_the_panels_chose_until_the_user_sets_it(tmp_path):
+    """The panels chose log y where a spike flattened the rest, while the box beside them stayed unticked: a user
+    read the log panel as linear, and a tick drew nothing new."""
+    import gradio as gr
+
+    view = RunView.from_run(_spiked_loss_run(tmp_path / "spike"))
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    box = run_page.CONTROLS.index("log_metrics")
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", None, values)))
+    assert json.loads(out["metrics"].plot)["layout"]["yaxis"]["type"] == "log" and out["log_metrics"] is True
+    values[box] = True  # (the box as the page set it: not sent again)
+    again = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", out["state"], values)))
+    assert again["log_metrics"] == gr.skip()
+    # the user unticks it: every panel linear, the box theirs (not set back)
+    values[box] = False
+    mine = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(
+        view, "h", "r", again["state"], values, change={"auto_log_metrics": False})))
+    layout = json.loads(mine["metrics"].plot)["layout"]
+    assert (layout["yaxis"]["type"], layout["yaxis2"]["type"]) == ("linear", "linear")
+    assert mine["log_metrics"] == gr.skip()
+    values[box] = True  # (and ticks it: every panel log)
+    ticked = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r", mine["state"], values)))
+    layout = json.loads(ticked["metrics"].plot)["layout"]
+    assert (layout["yaxis"]["type"], layout["yaxis2"]["type"]) == ("log", "log") and ticked["log_metrics"] == gr.skip()
+    # panels that all chose linear: the box says so
+    smooth = RunView.from_run(_smooth_loss_run(tmp_path / "smooth"))
+    values[box] = True
+    plain = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(smooth, "h", "s", None, values)))
+    assert json.loads(plain["metrics"].plot)["layout"]["yaxis"]["type"] == "linear" and plain["log_metrics"] is False
+
+
+def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_the_box_says_so(tmp_path):
+    """The Runs tab's comparison drew its metrics linear until the box was ticked (a loss spike flattened every
+    run's curve at zero), where a run page's panels choose: the same mechanism now, kept once settled, the box
+    ticked while a figure is drawn log, and a run recorded again at its path choosing anew."""
+    import shutil
+
+    from workbench.ui.runs import RunsRoot
+
+    _spiked_loss_run(tmp_path / "a")
+    _spiked_loss_run(tmp_path / "b")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    metrics, site_fig, _, site, _, colors, box, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", None, False, None, True, None)
+    assert (metrics["layout"]["yaxis"]["type"], metrics["layout"]["yaxis2"]["type"]) == ("log", "linear")
+    assert box is True and auto is True
+    # the notebook's Compare the same (its figures are compare_runs'), its box saying so
+    from workbench.ui.notebook import Compare
+
+    compare = Compare(tmp_path / "a", tmp_path / "b", kind="activation", statistic="norm")
+    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == "log" and compare.log_y.value is True
+    compare.log_y.value = False
+    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == "linear" and compare.log_y.value is False
+    compare.close()
+    # the user unticks the box: both figures linear, the box theirs
+    metrics, site_fig, *_, box, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", site, False, colors, auto, kept, change=False)
+    assert metrics["layout"]["yaxis"]["type"] == "linear" and site_fig["layout"]["yaxis"]["type"] == "linear"
+    assert box is None and auto is False
+    # another statistic: the figures choose again, the scales kept for these runs as recorded
+    *_, box, auto, kept = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors, auto,
+                                                   kept, change=True)
+    assert box is True and auto is True
+    # both recorded again, their losses smooth (then List runs): the old runs' kept log is not theirs
+    for name in ("a", "b"):
+        shutil.rmtree(tmp_path / name)
+        _smooth_loss_run(tmp_path / name)
+    metrics, *_, box, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors,
+                                                      auto, kept)
+    assert metrics["layout"]["yaxis"]["type"] == "linear"

@@ -1,6 +1,7 @@
 """The view layer: bounded histories, readable call sites, and views that hold what was recorded."""
 
 import copy
+import re
 import threading
 import time
 
@@ -207,6 +208,27 @@ def test_the_heatmap_gives_each_label_room_to_read_however_many_sites(rows):
     assert yaxis["tickfont"]["size"] >= 10
     assert drawn / len(labelled) >= 1.3 * yaxis["tickfont"]["size"], (layout["height"], len(labelled))
     assert layout["height"] <= 2400  # (bounded: the rows beyond share the height)
+
+
+@pytest.mark.parametrize("rows", [3, 40, 117, 400])
+def test_a_heatmap_of_many_sites_scrolls_in_a_box_its_steps_and_colours_read_at_its_top(rows):
+    """An ILQL agent's 117 activation sites made a heatmap some 1,800 px tall, its steps under the last row and its
+    colour bar as tall: a page scrolls it in a box of HEAT_BOX px, and its first screen says what it shows."""
+    from workbench.ui.run_tabs import CSS
+
+    fig = figures.heatmap_figure(_ManySites(rows), "grad_output", "norm")
+    layout, [heat, *top] = fig["layout"], fig["data"]
+    if layout["height"] <= figures.HEAT_BOX:
+        assert rows <= 40 and not top and "xaxis2" not in layout and "scroll" not in layout["title"]["text"]
+        return
+    assert rows > 40 and f"scroll for all {rows} rows" in layout["title"]["text"]
+    assert layout["xaxis2"]["side"] == "top" and layout["xaxis2"]["matches"] == "x" and top[0]["xaxis"] == "x2"
+    assert layout["yaxis"]["range"] == [rows - 0.5, -0.5]  # (first row at the top; the invisible marks add no room)
+    colorbar = heat["colorbar"]
+    assert colorbar["lenmode"] == "pixels" and colorbar["len"] + layout["margin"]["t"] < figures.HEAT_BOX
+    assert (colorbar["y"], colorbar["yanchor"]) == (1, "top")
+    rule = re.search(r"#live-heatmap, #replay-heatmap \{ max-height: (\d+)px; overflow-y: auto; \}", CSS)
+    assert rule and int(rule[1]) == figures.HEAT_BOX
 
 
 def test_distributions_come_from_the_histograms():

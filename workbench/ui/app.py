@@ -9,12 +9,18 @@ from workbench.ui import explorer, model_browser, run_tabs
 from workbench.ui.pages import PageHoldings
 from workbench.ui.runs import DEFAULT_ROOT, RunManager
 
-__all__ = ["build_app", "launch"]
+__all__ = ["build_app", "launch", "DELETE_CACHE"]
 
 TITLE = "workbench"
+#: Gradio's ``delete_cache`` of the app, ``(frequency, age)`` in seconds: every hour, the files of Gradio's cache
+#: that the app's components hold (a checkpoint uploaded, an export offered for download) and that
+#: are older than a day are deleted (all of them when the server stops). Without it they stayed until the machine's
+#: temporary directory was cleaned. A day: an upload a page still shows can start runs for that long.
+DELETE_CACHE = (3600, 86400)
 
 
-def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None = None):
+def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None = None,
+              delete_cache: tuple[int, int] | None = DELETE_CACHE):
     """Assemble the Blocks app (not launched).
 
     Args:
@@ -22,6 +28,10 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
             (default ``runs`` in the working directory; created when the first run is recorded).
         manager: the run manager owning the app's live runs; by default a new one over ``runs_root``.
             It is the app's ``run_manager`` attribute: ``app.run_manager.close()`` stops its runs.
+        delete_cache: ``(frequency, age)`` in seconds, Gradio's ``gr.Blocks(delete_cache=...)``: every
+            ``frequency`` seconds, the cached files (uploads, exports) older than ``age`` go (default
+            :data:`DELETE_CACHE`; ``(1, 1)`` is the shortest Gradio runs; None: never deleted, not even when the
+            server stops).
 
     What each open page holds that goes when it closes (:class:`~workbench.ui.pages.PageHoldings`) is the app's
     ``page_holdings`` attribute.
@@ -33,7 +43,7 @@ def build_app(runs_root: str | Path = DEFAULT_ROOT, manager: RunManager | None =
     # what each page holds (a comparison's runs, an export's files), let go of when the page closes: Gradio deletes
     # a closed tab's state an hour later, and never the files a handler wrote
     holdings = PageHoldings()
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=delete_cache) as app:
         gr.Markdown("# workbench\nPick a module, configure it, run it on a built-in task and watch "
                     "its activations and gradients.")
         with gr.Tabs():
@@ -101,10 +111,10 @@ def _one_render_at_a_time(app) -> None:
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, runs_root: str | Path = DEFAULT_ROOT,
-           **kwargs):
-    """Build and serve the app; blocks until interrupted unless ``prevent_thread_lock``
-    (then the runs still in progress are stopped, their stores marked stopped)."""
-    app = build_app(runs_root)
+           delete_cache: tuple[int, int] | None = DELETE_CACHE, **kwargs):
+    """Build and serve the app (``delete_cache``: :func:`build_app`'s); blocks until interrupted unless
+    ``prevent_thread_lock`` (then the runs still in progress are stopped, their stores marked stopped)."""
+    app = build_app(runs_root, delete_cache=delete_cache)
     app.queue()
     kwargs.setdefault("css", app.workbench_css)
     kwargs.setdefault("i18n", app.workbench_i18n)

@@ -44,7 +44,8 @@ from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
 __all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
-           "compare_metrics_figure", "compare_site_figure", "steady_colors", "shade_interventions", "empty_figure",
+           "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
+           "empty_figure",
            "to_json", "values"]
 
 Figure = dict[str, Any]
@@ -399,8 +400,10 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     if log_y is None:  # (a line per run: dwarfed reads its lines by their "site")
         log_y = chosen_scale(pd.concat([part.assign(site=run) for run, part in parts.items()], ignore_index=True),
                              kept_log)
+    # (the legend names each run's line, one alone too: Plotly hides a legend of one entry, and a comparison whose other
+    # runs lack the site drew a line that said nowhere whose it was)
     return {"data": data, "layout": _layout(
-        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run",
+        _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run", showlegend=True,
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),
         yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
 
@@ -458,6 +461,16 @@ def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1, axis: str = 
     if sum(len(values(trace["y"])) >= SCALE_SETTLES_AT for trace in drawn) < max(lines, 1):
         return None
     return figure["layout"].get("yaxis" + axis[1:], {}).get("type") == "log"
+
+
+def drawn_log(figure: Mapping[str, Any] | None) -> bool | None:
+    """Whether ``figure`` draws a log y: on any of its y axes (a metrics figure's panels each choose their own); None
+    for a figure without data (nothing drawn: a page's box keeps what it says). A page's log y box says so while the
+    figure chooses its scale."""
+    if not figure or not figure.get("data"):
+        return None
+    layout = figure.get("layout", {})
+    return any(re.fullmatch(r"yaxis\d*", key) and axis.get("type") == "log" for key, axis in layout.items())
 
 
 def kept_scale(kept: Sequence[Any] | None, selection: Sequence[Any]) -> bool | None:
@@ -603,6 +616,11 @@ HEAT_ROW, HEAT_FONT = 14, 10
 #: More rows than this share the height of this many: every k-th row is labelled (the first always),
 #: each cell's hover naming its site.
 HEAT_LABELLED = 150
+#: The height in pixels of a heatmap's box on a page (run_tabs.CSS): a taller heatmap (more than some 40 call sites,
+#: an ILQL agent's 117) scrolls inside it, its rows as tall as ever, where it ran some 1,800 px down the page with its
+#: steps under the last row. Such a figure has its steps along its top too, and its colour bar in the box's height
+#: at its top: read with the first rows, without a scroll.
+HEAT_BOX = 720
 #: Steps a heatmap draws at most: a longer run's in buckets of as many steps as that takes, each cell
 #: their mean. (It sends a cell per site and step, every site: fewer steps than a line of a few sites.)
 HEAT_STEPS = 100
@@ -662,8 +680,23 @@ def heatmap_figure(view: RunView, kind: str, statistic: str, log: bool | None = 
         title += f"; grey: {statistic} exactly 0"
     if every > 1:
         title += f" (a label every {every} rows: hover a row for its site)"
-    layout = _layout(max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120), title, hovermode="closest",
-                     xaxis=_steps_axis(steps, title=dict(text="step")), yaxis=yaxis)
+    height = max(_HEIGHT, HEAT_ROW * min(len(names), HEAT_LABELLED) + 120)
+    scrolled = height > HEAT_BOX
+    if scrolled:
+        title += f"; scroll for all {len(names)} rows"
+    layout = _layout(height, title, hovermode="closest", xaxis=_steps_axis(steps, title=dict(text="step")),
+                     yaxis=yaxis)
+    if scrolled:  # (the steps along the top too, the colour bar in the box's first screen: HEAT_BOX)
+        layout["margin"]["t"] = 70
+        layout["xaxis2"] = _steps_axis(steps, overlaying="x", matches="x", side="top", showgrid=False)
+        # (Plotly draws an axis only under a trace: an invisible one over the first row's cells, the rows' range
+        # set, as a marker would widen it by a margin of its own, and no tools to select markers)
+        data.append(dict(type="scatter", mode="markers", x=_array(steps[[0, -1]]), y=[names[0], names[0]],
+                         xaxis="x2", marker=dict(opacity=0), hoverinfo="skip", showlegend=False,
+                         name="steps along the top"))
+        yaxis.update(autorange=False, range=[len(names) - 0.5, -0.5])
+        layout["modebar"] = dict(remove=["select2d", "lasso2d"])
+        trace["colorbar"].update(lenmode="pixels", len=HEAT_BOX - 140, y=1, yanchor="top")
     if not np.isfinite(matrix).any():  # (Plotly draws no cell, no row and a made-up x range: say why, keep both)
         layout["xaxis"]["range"] = _cell_bounds(steps)[[0, -1]].tolist()
         yaxis.update(categoryorder="array", categoryarray=names, range=[len(names) - 0.5, -0.5])

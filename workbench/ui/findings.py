@@ -603,8 +603,9 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
-    state["version"] = (run_id, view.steps_fed, view.status, view.dropped)
-    return state, *run_page.page_outputs(page, state, controls, revision=run_id), note, controls.statistic
+    recording = run_page.recording_of(run_id, view)
+    state["version"] = (recording, view.steps_fed, view.status, view.dropped)
+    return state, *run_page.page_outputs(page, state, controls, revision=recording), note, controls.statistic
 
 
 def select_handler(manager: Any) -> Any:

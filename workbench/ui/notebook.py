@@ -1528,6 +1528,7 @@ class Compare:
         self._quiet = False
         self._picked_log = log_y is not None  # the user set log y (else: the site figure's choice, shown by it)
         self._kept_log = None  # the scale the site figure chose, once settled (figures.keep_scale)
+        self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
         self._setting_log = False  # (the box set from code: not the user's choice)
 
         style = {"description_width": "initial"}
@@ -1665,19 +1666,26 @@ class Compare:
             # (the scale the site figure chose, kept for the runs, kind, statistic and site once settled: the
             # steps of a run still recording do not switch it)
             kept = figures.kept_scale(self._kept_log, [picks, self.kind.value, self.statistic.value, site])
+            # (and each metrics panel's, as the app's comparison keeps them: stored_runs.compare_page)
+            kept_metrics = figures.kept_scales(self._kept_log_metrics, [picks])
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors, kept)
+                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors, kept,
+                kept_metrics)
             self._specs.update(metrics=metrics, site=site_fig)
             if not self._picked_log and site_fig is not None:  # (kept for the site asked: the next draw asks it)
                 asked = self._wanted_site if self._wanted_site is not None else site
                 # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
                 self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
                                                                      asked], site_fig, lines=len(picks))
-            if not self._picked_log and site_fig is not None and site_fig["data"]:  # (the box says what it chose)
+            if not self._picked_log and metrics is not None:
+                self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [picks], metrics,
+                                                             lines=len(picks))
+            drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
+            if not self._picked_log and drawn != [None, None]:  # (the box says whether either figure chose log)
                 self._setting_log = True
                 try:
-                    self.log_y.value = site_fig["layout"].get("yaxis", {}).get("type") == "log"
+                    self.log_y.value = any(drawn)
                 finally:
                     self._setting_log = False
             wanted = self._wanted_site

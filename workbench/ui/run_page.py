@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
            "page_outputs", "jump_controls", "redraw", "LATEST_COLUMNS", "LATEST_WIDTHS", "LATEST_DATATYPES",
-           "short_number", "shown_latest"]
+           "short_number", "shown_latest", "recording_of"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
@@ -82,6 +82,7 @@ class Page:
     metric_choices: list[str]
     metrics: list[str]
     metrics_figure: dict[str, Any]
+    log_metrics: bool | None  # a metrics panel drawn log, where the panels chose (None: as asked, or not drawn)
     site_choices: list[str]  # forward order
     sites: list[str]
     sites_figure: dict[str, Any]
@@ -162,6 +163,7 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                             figures.empty_figure("Pick metrics above." if metric_choices else view.no_metrics()))
     except ValueError as exc:
         chosen, metrics_fig = metric_choices, figures.empty_figure(str(exc))
+    chosen_log_metrics = figures.drawn_log(metrics_fig) if c.log_metrics is None else None
     # a statistic per call site; the distributions and the last-step table follow the same kind
     site_choices, sites, dist_choices, dist_site, chosen_log = [], [], [], None, None
     latest = pd.DataFrame(columns=["site", "step", *STATISTICS])
@@ -225,8 +227,8 @@ def draw_page(view: RunView, controls: Controls | None = None, header: str | Non
                                   for fig in (metrics_fig, sites_fig))
         latest = _mark_interventions(latest, interventions, view.sites.get(c.kind, []))
     return Page(header if header is not None else figures.header_markdown(view), _anomaly_text(first), first,
-                metric_choices, chosen, metrics_fig, site_choices, sites, sites_fig, site_note, chosen_log,
-                dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
+                metric_choices, chosen, metrics_fig, chosen_log_metrics, site_choices, sites, sites_fig, site_note,
+                chosen_log, dist_choices, dist_site, dist_fig, dist_note, heat_fig, view.anomaly_frame(), latest)
 
 
 def short_number(value: Any) -> str:
@@ -298,7 +300,8 @@ def live_header(run: LiveRun) -> str:
 
 #: The components a drawing of a run page updates, in the order the handlers return them.
 VIEW_OUTPUTS = ("header", "anomaly", "jump", "metric_names", "metrics", "kind", "sites", "series", "site_note",
-                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest", "log_sites")
+                "dist_site", "distribution", "dist_note", "heat_kind", "heatmap", "anomalies", "latest", "log_sites",
+                "log_metrics")
 #: The controls a drawing reads, in order.
 CONTROLS = ("metric_names", "smoothing", "log_metrics", "kind", "stat", "sites", "log_sites", "dist_site",
             "heat_kind", "heat_stat", "heat_log")
@@ -320,8 +323,8 @@ HEAVY_TICKS = 5
 
 def new_page_state() -> dict[str, Any]:
     """What a page remembers of its views: whether the metric and site pickers follow the view's
-    defaults (until the user picks), the per-site log y the figure's choice and the metrics' each panel's (until
-    the user sets it),
+    defaults (until the user picks), the per-site log y the figure's choice and the metrics' each panel's, each box
+    saying what was drawn (until the user sets it),
     the run and steps it last drew, what its pickers and tables were sent, the ticks it drew, the
     version and tick each paced view was last sent at (``paced``), and the plots it shows empty, with
     the figure each was sent (``empty``)."""
@@ -414,6 +417,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     jump = page.first_anomaly is not None
     if not state.get("auto_log_sites", True):  # (the user's box: what the figure chooses once it is again is sent)
         sent.pop("log_sites", None)
+    if not state.get("auto_log_metrics", True):
+        sent.pop("log_metrics", None)
     return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
             picker("metric_names", page.metric_choices, page.metrics),
             plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
@@ -423,7 +428,9 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
             table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"),
             # (the box says the scale the figure chose, while it is the figure's to choose)
-            gr.skip() if page.log_sites is None else changed("log_sites", page.log_sites))
+            gr.skip() if page.log_sites is None else changed("log_sites", page.log_sites),
+            # (and the metrics' box, ticked where a panel chose log; unticked, every panel linear, ticked every one log)
+            gr.skip() if page.log_metrics is None else changed("log_metrics", page.log_metrics))
 
 
 def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
@@ -434,6 +441,13 @@ def jump_controls(view: RunView | None, controls: Controls) -> Controls | None:
         return None
     return dataclasses.replace(controls, kind=first["kind"], sites=[first["site"]], dist_site=first["site"],
                                heat_kind=first["kind"])
+
+
+def recording_of(run: Any, view: RunView) -> str:
+    """What a page draws, as its kept scales, its version and its plots' zoom are keyed: the run it names
+    (``run``), and of a stored run, which recording of its path (:attr:`RunView.started`): a run recorded again
+    where an old one was removed is another run, whose scales and zoom are its own."""
+    return str(run) if view.started is None else f"{run} (started {view.started!r})"
 
 
 def redraw(view: RunView | None, header: str, run: Any, state: dict | None, values: Sequence[Any],
@@ -461,7 +475,8 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
         page = dataclasses.replace(page, metrics_figure=empty, sites_figure=empty, distribution_figure=empty,
                                    heatmap_figure=empty)
         return state, *page_outputs(page, state)
-    version = (run, view.steps_fed, view.status, view.dropped)
+    recording = recording_of(run, view)
+    version = (recording, view.steps_fed, view.status, view.dropped)
     paced = state.get("paced") or {}  # view -> (version, tick) it was last sent at (page_outputs keeps it)
     empty = state.get("empty") or {}  # the plots the page shows empty (page_outputs keeps it)
     tick = state["tick"] = state.get("tick", 0) + 1
@@ -488,22 +503,22 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     # (the per-site figure's scale, left to it, is kept for the run, kind, statistic and the sites the user picked
     # once its lines are long enough to settle it: ticks that bring more steps do not switch it between linear and
     # log; another pick of sites is the figure's to choose again)
-    scale_for = [str(run), controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
+    scale_for = [recording, controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
     if controls.log_sites is None:
         controls = dataclasses.replace(controls, kept_log_sites=figures.kept_scale(state.get("kept_log_sites"),
                                                                                    scale_for))
     # (the metrics' panels the same, each kept for the run once settled)
     if controls.log_metrics is None:
         controls = dataclasses.replace(controls, kept_log_metrics=figures.kept_scales(state.get("kept_log_metrics"),
-                                                                                      [str(run)]))
+                                                                                      [recording]))
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
     if state.get("auto_log_sites", True) and page.sites_figure is not None:
         state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"), scale_for, page.sites_figure)
     if state.get("auto_log_metrics", True) and page.metrics_figure is not None:
-        state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [str(run)],
+        state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [recording],
                                                         page.metrics_figure)
-    return state, *page_outputs(page, state, jumped, revision=run, held=set(PACED) - due)
+    return state, *page_outputs(page, state, jumped, revision=recording, held=set(PACED) - due)
 
 
 def skips(n: int) -> tuple:

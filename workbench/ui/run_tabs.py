@@ -37,7 +37,7 @@ from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, LATEST_COLUMNS, LATES
                                    VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips)
 from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, RUNS_TABLE_DATATYPES, RUNS_TABLE_WIDTHS,
-                                      ViewCache, compare_runs, export_run, replay, run_table, shown_runs,
+                                      ViewCache, compare_page, export_run, replay, run_table, shown_runs,
                                       stored_header, stored_interventions)
 from workbench.ui.views import RunView
 from workbench.ui.weights import TENSOR_COLUMNS, inspect_weights, outputs_html
@@ -301,6 +301,8 @@ CSS = f"""
 button.stop:disabled { background: var(--button-secondary-background-fill) !important;
   border-color: var(--button-secondary-border-color) !important; color: var(--button-secondary-text-color) !important; }
 """ + f"""
+/* a heatmap of many call sites scrolls in a box of its own (figures.HEAT_BOX), its rows as tall as ever */
+#live-heatmap, #replay-heatmap {{ max-height: {figures.HEAT_BOX}px; overflow-y: auto; }}
 /* the Runs table grows with the window (RUNS_TABLE_ROOM); Gradio's max_height sets the least */
 #runs-table .virtual-table-viewport {{
   max-height: max({RUNS_TABLE_LEAST}px, calc(100vh - {RUNS_TABLE_ROOM}px)) !important; }}
@@ -450,9 +452,9 @@ def layout(root: RunsRoot):
                                                 allow_custom_value=True, elem_id="compare-site", elem_classes=[PICK])
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
             c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
-            # (True until the user sets log y: the call site's figure chooses its scale, and the box says which)
+            # (True until the user sets log y: the figures choose their scales, and the box says whether one is log)
             c["compare_auto_log"] = gr.State(True)
-            # (the scale it chose, kept for the runs, kind, statistic and site once settled: figures.keep_scale)
+            # (the scales they chose, kept once settled: stored_runs.compare_page)
             c["compare_kept_log"] = gr.State(None)
             c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
             # shown once two runs are compared (an empty Plot is a tall blank placeholder)
@@ -1006,26 +1008,14 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
     def on_compare(picks, kind, stat, site, log_y, colors, auto_log, kept, change=None):
-        # (the runs' colours, kept in the page's state: a run still compared keeps its colour)
-        runs = (list(dict.fromkeys(p for p in picks or () if isinstance(p, str)))
-                if isinstance(picks, (list, tuple)) else [])
-        colors = figures.steady_colors(runs, colors)
-        auto_log = auto_log is not False if change is None else change
-        # (left to the figure, its scale once settled is kept for these runs, kind, statistic and site: a List runs
-        # that brings a recording run's new steps does not switch it between linear and log)
-        scale = figures.kept_scale(kept, [runs, kind, stat, site]) if auto_log else None
-        metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, stat, site, 0.0,
-                                                                 None if auto_log else log_y, colors, scale)
+        # (the runs' colours and the scales the figures chose are kept in the page's state: stored_runs.compare_page)
+        metrics, site_fig, choices, site, message, colors, box, auto_log, kept = compare_page(
+            cache, picks, kind, stat, site, log_y, colors, auto_log, kept, change)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
-        # (the scale the call site's figure chose, in the box, until the user sets it)
-        chosen = site_fig.get("layout", {}).get("yaxis", {}).get("type") == "log" if drawn and auto_log else None
-        if drawn and auto_log:
-            # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
-            kept = figures.keep_scale(kept, [runs, kind, stat, site], site_fig, lines=len(runs))
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,
-                gr.skip() if chosen is None else chosen, auto_log, kept)
+                gr.skip() if box is None else box, auto_log, kept)
 
     compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
                       c["compare_colors"], c["compare_auto_log"], c["compare_kept_log"]]

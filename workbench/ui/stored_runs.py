@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from workbench.ui.views import RunView
 
 __all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
            "replay", "run_facts", "stored_header", "ViewCache",
-           "compare_runs", "export_run", "stored_interventions"]
+           "compare_runs", "compare_page", "export_run", "stored_interventions"]
 
 
 EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
@@ -135,8 +136,9 @@ def stored_header(view: RunView, run: Run, interventions: pd.DataFrame) -> str:
 
 
 class ViewCache:
-    """The views of stored runs a page opened, by run name (bounded; a run that grew since is read
-    again). Owned by the app (:func:`wire`), shared by its pages: a stored run is read once."""
+    """The views of stored runs a page opened, by run name (bounded; a run that grew since, or was recorded
+    again at its path, is read again). Owned by the app (:func:`wire`), shared by its pages: a stored run is
+    read once."""
 
     def __init__(self, root: RunsRoot, size: int = 8) -> None:
         self.root, self.size = root, size
@@ -150,7 +152,8 @@ class ViewCache:
         if run is None:
             return None, None, message
         try:
-            key = (len(run.steps), run.status)
+            # (a run recorded again at its path, as many steps and ended alike, is another run: its start time tells)
+            key = (len(run.steps), run.status, run.metadata.get("start_time"))
             with self._lock:
                 cached = self._views.get(pick)
             if cached is not None and cached[0] == key:
@@ -177,17 +180,20 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
                  smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None,
-                 kept_site_log: bool | None = None) -> tuple[dict | None, dict | None, list[str], str | None, str]:
+                 kept_site_log: bool | None = None, kept_metrics_log: Mapping[str, bool] | None = None
+                 ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
     than two runs that open, or a bad choice), the sites to choose from (those of every run's
     ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
-    "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last drawing (:func:`figures.steady_colors`),
-    which the runs still compared keep. ``log_y``: both figures' scale; None: the metrics linear and the
-    call site's figure chooses (log where one run's line dwarfs the others, :func:`figures.dwarfed`), unless
-    ``kept_site_log`` says the scale it chose before and keeps (:func:`figures.keep_scale`; a log one while every
-    value is positive, :func:`figures.chosen_scale`)."""
+    "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last
+    drawing (:func:`figures.steady_colors`), which the runs still compared keep. ``log_y``: both figures' scale;
+    None: each figure chooses, as a run page's do: the call site's figure log where one run's line dwarfs the others
+    (:func:`figures.dwarfed`), each metrics panel log where a line's spike flattens the rest, unless
+    ``kept_site_log`` and ``kept_metrics_log`` (metric -> log) say the scales they chose before and keep
+    (:func:`figures.keep_scale`, :func:`figures.keep_scales`; a log one while every value is positive,
+    :func:`figures.chosen_scale`). :func:`compare_page` keeps them."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -218,7 +224,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
     colors = figures.steady_colors(list(views), colors)
-    metrics = figures.compare_metrics_figure(views, names, smoothing, bool(log_y), colors=colors)
+    metrics = figures.compare_metrics_figure(views, names, smoothing, None if log_y is None else bool(log_y),
+                                             colors=colors, kept_log=kept_metrics_log)
     # (a run still going may have its rows yet to come: said so, not that it recorded none)
     live = {name for name, view in views.items() if view.status in LIVE_STATUSES}
     # (a run recorded without the kind will have none: said so, with the option that is off)
@@ -264,6 +271,57 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
+
+
+def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any, log_y: Any,
+                 colors: dict[str, str] | None, auto_log: Any, kept: Any, change: bool | None = None) -> tuple:
+    """One drawing of the Runs tab's comparison (:func:`compare_runs`), with what the page keeps between drawings.
+
+    Until the user sets the log y box (``auto_log``), both figures choose their scales as a run page's do (the call
+    site's figure, and each metrics panel) and keep them once settled (each run's line 5 steps long, or more:
+    :func:`figures.keep_scale`), for these runs as recorded (a run recorded again at its path chooses anew), kind,
+    statistic and site; the box is ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is
+    both figures' scale.
+
+    Args:
+        cache: the stored runs' views.
+        picks: the runs to compare; kind, statistic, site: the call site's figure's.
+        log_y: the box's value.
+        colors: run -> its colour in the last drawing (a run still compared keeps it).
+        auto_log: whether the figures choose their scales (False once the user set the box).
+        kept: the scales kept (what this returned last; None at first).
+        change: whether the figures choose from here (True: another kind, statistic or site; False: the user set
+            the box; None: as before).
+
+    Returns:
+        ``(metrics figure, site figure, site choices, site, message, colors, box, auto_log, kept)``: the figures None
+        where nothing is compared; ``box`` the value to show in the box (None: leave it as it is).
+    """
+    runs = (list(dict.fromkeys(p for p in picks or () if isinstance(p, str))) if isinstance(picks, (list, tuple))
+            else [])
+    colors = figures.steady_colors(runs, colors)
+    auto_log = auto_log is not False if change is None else change
+    kept = dict(kept) if isinstance(kept, dict) else {}
+    site_kept = metrics_kept = None
+    recordings = []
+    if auto_log:
+        for name in runs:  # (which recording of each path: a run recorded again there is another one)
+            view = cache.get(name)[0]
+            recordings.append([name, None if view is None else view.started])
+        site_kept = figures.kept_scale(kept.get("site"), [recordings, kind, statistic, site])
+        metrics_kept = figures.kept_scales(kept.get("metrics"), [recordings])
+    metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, statistic, site, 0.0,
+                                                             None if auto_log else log_y, colors, site_kept,
+                                                             metrics_kept)
+    box = None
+    if metrics is not None and auto_log:
+        drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
+        box = None if drawn == [None, None] else any(drawn)
+        # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
+        kept["site"] = figures.keep_scale(kept.get("site"), [recordings, kind, statistic, site], site_fig,
+                                          lines=len(runs))
+        kept["metrics"] = figures.keep_scales(kept.get("metrics"), [recordings], metrics, lines=len(runs))
+    return metrics, site_fig, choices, site, message, colors, box, auto_log, kept
 
 
 def _without_metrics(views: dict[str, RunView], live: set[str]) -> str:

@@ -286,6 +286,9 @@ class RunView:
         #: ``(every, start_step)`` of the run's watch where known (a stored run's metadata): a run that ended
         #: with no rows before its first recorded step says so (:meth:`no_rows`), not that it recorded none
         self.schedule: tuple[int, int] | None = None
+        #: a stored run's start time (its metadata's ``start_time``): which of the runs recorded at one path in turn
+        #: the view is of (a run recorded again where an old one was removed); None for a view fed live
+        self.started: float | None = None
         self.last_step = 0
         self.steps_fed = 0
         self.dropped = 0  # steps the feeding subscription missed (it fell behind)
@@ -326,6 +329,8 @@ class RunView:
         view._times.extend(zip(times.time.to_numpy()[picks].tolist(), times.step.to_numpy()[picks].tolist()))
         metadata = run.metadata
         view.set_status(metadata["status"], metadata.get("error"))
+        started = metadata.get("start_time")
+        view.started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
         view.unrecorded = unrecorded_kinds(metadata)
         every, start = metadata.get("every"), metadata.get("start_step")
         if start is None and len(times):  # (a run stored before its start_step was: its first step tells)
