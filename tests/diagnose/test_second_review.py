@@ -5,6 +5,7 @@ forgotten zero_grad(). Each through a real training run and the public API."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import diverging_mlp, mlp_on_halves
 from workbench.ui.findings import merge_calls
 
 
@@ -19,25 +21,15 @@ def test_a_nan_loss_long_after_a_hot_start_ended_is_not_grouped_under_it():
     # update ratios past 0.1 for the first 4 steps (a learning rate of 1, then 0.05), then at step 50 a log(0) in the
     # loss: the NaN was listed as a consequence of the update ratios of steps 1-4, and left out of the app's list,
     # until 2026-11-29
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    with workbench.watch(model, updates=True) as w:
-        for step in range(1, 61):
-            for group in opt.param_groups:
-                group["lr"] = 1.0 if step <= 4 else 0.05
-            i = torch.randint(1024, (256,), generator=g)
-            p = F.softmax(model(x[i]), 1)
-            if step >= 50:
-                p = p * 0  # (a loss computation gone wrong: log(0))
-            loss = F.nll_loss(torch.log(p), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+    step = itertools.count(1)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (called once a step)
+        p = F.softmax(logits, 1)
+        if next(step) >= 50:
+            p = p * 0  # (a loss computation gone wrong: log(0))
+        return F.nll_loss(torch.log(p), y)
+
+    w = mlp_on_halves(lambda step: 1.0 if step <= 4 else 0.05, steps=60, loss_fn=loss_fn, updates=True)
     f = w.diagnose()
     hot = f[f.finding == "update_ratio_high"]
     assert len(hot) and hot.last_step.max() <= 4 and (hot.cause == "").all() and (hot.severity == "warning").all()
@@ -139,21 +131,7 @@ def test_a_list_that_folds_the_consequences_names_every_one_of_them_with_its_ste
     # SGD at a learning rate of 10: 13 consequences under the update ratios of step 1; the app's and the notebook's
     # lists show that row alone, whose evidence named six and "7 more", said to be "listed after this one" (they are
     # not, there): exploding_activations, vanishing_gradients ... were nowhere in the list until 2026-11-29
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True) as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+    f = diverging_mlp().diagnose()
     consequences = f[f.cause != ""]
     assert len(consequences) > 6
     shown = merge_calls(f)
@@ -173,21 +151,7 @@ def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and
     from workbench.ui.notebook import Dashboard
     from workbench.ui.runs import RunsRoot
 
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True, store=tmp_path / "runs" / "hot") as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+    f = diverging_mlp(store=tmp_path / "runs" / "hot").diagnose()
     folded = int((f.cause != "").sum())
     shown = merge_calls(f)
     assert len(shown) == 1 and shown.folded[0] == folded
