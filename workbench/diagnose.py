@@ -39,8 +39,10 @@ __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diag
 #: rows it was read from, to focus a view on it (empty for a metric's finding).
 #: ``cause`` is empty for a finding of its own; for one that followed from another (a diverging run's dead units,
 #: after the learning rate threw the weights out), that one's ``finding at site``: it is listed right after it.
+#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong): its
+#: evidence ends naming each of them, with their steps.
 COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor",
-           "cause")
+           "cause", "consequences")
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -586,7 +588,7 @@ class Diagnoser:
                     frame.iat[i, j] = value
                 return frame
         columns = list(zip(*rows)) if rows else [()] * len(COLUMNS)
-        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call") else
+        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call", "consequences") else
                              pd.Series(v, dtype=object) for c, v in zip(COLUMNS, columns)}, columns=list(COLUMNS))
 
     def _row(self, e: dict) -> dict:
@@ -596,7 +598,7 @@ class Diagnoser:
         module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
         return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
                 "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
-                "module": module, "call": call, "tensor": tensor, "cause": ""}
+                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0}
 
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
@@ -1788,12 +1790,9 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     members.sort(key=lambda i: ((rows[i]["finding"], rows[i]["step"]) != (rows[root]["finding"], start),
                                 rows[i]["step"], order[rows[i]["finding"]], i))
     cause = f"{rows[root]['finding']} at {rows[root]['site']}"
-    shown = "; ".join(f"{rows[i]['finding']} at {rows[i]['site']} from step {rows[i]['step']}" for i in members[:6])
-    more = f" and {len(members) - 6} more" if len(members) > 6 else ""
     head = dict(rows[root], severity=max((rows[i]["severity"] for i in [root, *members]), key=_RANK.__getitem__),
-                evidence=f"{rows[root]['evidence']} The run went wrong from here: {len(members)} finding"
-                         f"{'s' if len(members) > 1 else ''} began at step {start} or later, listed after this one "
-                         f"as its consequences (their cause column names it): {shown}{more}.")
+                evidence=_consequences_evidence(rows[root]["evidence"], start, [rows[i] for i in members]),
+                consequences=len(members))
     group = [head, *(dict(rows[i], cause=cause) for i in members)]
     taken = {root, *members}
     # (the rest may hold a trouble of its own, begun after this one had ended: grouped the same way)
@@ -1802,6 +1801,16 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
     at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
     return rest[:at] + group + rest[at:]
+
+
+def _consequences_evidence(evidence: str, step: int, consequences: list[dict]) -> str:
+    """The evidence of a cause (``evidence``, its own; ``step``, where it began) that ends naming its
+    ``consequences`` (rows as :meth:`Diagnoser._row` gives them), each with its steps: ``... The run went wrong from
+    here: 13 findings began at step 1 or later, its consequences: loss_spike at loss, step 3–4; ...``."""
+    named = "; ".join(f"{r['finding']} at {r['site']}, step {r['step']}" + (
+        f"–{r['last_step']}" if r["last_step"] != r["step"] else "") for r in consequences)
+    count = f"{len(consequences)} finding{'s' if len(consequences) > 1 else ''}"
+    return f"{evidence} The run went wrong from here: {count} began at step {step} or later, its consequences: {named}."
 
 
 def _consequences(rows: list[dict], root: int, first_step: int) -> list[int]:

@@ -166,6 +166,6 @@ def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_cons
     dash = Dashboard(workbench.load_run(tmp_path / "run"))
     assert dash.findings().finding.tolist() == ["update_ratio_high"]
     assert list(dash.findings_list.options) == [f"⚠ update_ratio_high at {f.site[0]}, step 1–{f.last_step[0]} · "
-                                                f"+{len(f) - 1} consequences"]
+                                                f"+{len(f) - 1} consequences over steps 1–40"]
     dash.focus_finding(0)
     assert dash.statistic.value == "norm"

@@ -143,6 +143,47 @@ def test_a_list_that_folds_the_consequences_names_every_one_of_them_with_its_ste
     assert f"{len(consequences)} findings began at step 1 or later" in evidence and "listed after" not in evidence
 
 
+def test_a_cause_is_told_by_its_consequences_column_and_its_evidence_written_once():
+    # the lists took a row for a cause where its evidence held "The run went wrong from here:" and rebuilt that
+    # evidence by splitting it there, until 2026-11-29: a cause whose evidence read otherwise (edited, or said in
+    # other words) had its consequences spilled into the list as findings of their own
+    from workbench.ui import findings as view
+
+    f = diverging_mlp().diagnose()
+    count = int((f.cause != "").sum())
+    assert f.consequences.tolist() == [count] + [0] * count  # (the cause counts them; the rest are none's cause)
+    # diagnose() writes the evidence the lists show, naming every consequence with its steps
+    for r in f[f.cause != ""].itertuples():
+        steps = f"{r.step}" if r.step == r.last_step else f"{r.step}–{r.last_step}"
+        assert f"{r.finding} at {r.site}, step {steps}" in f.evidence[0]
+    assert merge_calls(f).evidence[0] == f.evidence[0]
+    # the lists read the column, not the words: an evidence said otherwise folds all the same, shown as it is
+    edited = f.assign(evidence=["the update ratios blew up", *f.evidence[1:]])
+    shown = merge_calls(edited)
+    assert len(shown) == 1 and shown.folded[0] == count and shown.evidence[0] == "the update ratios blew up"
+    # and a row that names no consequences is no cause, whatever its evidence says
+    assert len(merge_calls(f.assign(consequences=0))) == len(f)
+    assert view.findings_summary(merge_calls(f.assign(consequences=0))).count("consequence") == 0
+
+
+def test_a_causes_row_says_the_steps_its_consequences_span_not_its_own_alone():
+    # the update ratios of steps 1-4 threw the run out: its ReLUs dead to step 40, its gradients vanished from 30 to
+    # 40; the cause's row said "step 1–4 · +13 consequences", the trouble's end nowhere on it, until 2026-11-29
+    from workbench.ui import findings as view
+
+    f = diverging_mlp().diagnose()
+    count, last = int((f.cause != "").sum()), int(f.last_step.max())
+    assert (f.step[0], f.last_step[0], last) == (1, 4, 40)
+    shown = merge_calls(f)
+    assert shown.trouble_steps[0] == "1–40"
+    assert view.findings_table(shown).steps[0] == "1–4"  # (the finding's own steps, as its focus shades them)
+    assert view.findings_table(shown).consequences[0] == f"+{count} consequences over steps 1–40 (pick to list)"
+    assert view.option_label(shown.iloc[0]).endswith(f"step 1–4 · +{count} consequences over steps 1–40")
+    listed = merge_calls(f, view.toggled((), shown.iloc[0]))
+    assert view.findings_table(listed).consequences[0] == f"{count} consequences over steps 1–40 below (pick to fold)"
+    assert (listed.trouble_steps[1:] == "").all()
+
+
 def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and_each_focuses_the_views(tmp_path):
     # SGD at a learning rate of 10: the list held the cause's row alone, "1 warning"; its 13 consequences could be
     # read in its evidence only, not picked or focused, in the app or the notebook, until 2026-11-29
@@ -157,7 +198,7 @@ def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and
     assert len(shown) == 1 and shown.folded[0] == folded
     assert f"⚠ 1 warning, and {folded} consequences of it folded under its row (pick it to list them)" in \
         view.findings_summary(shown)
-    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences (pick to list)"
+    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences over steps 1–40 (pick to list)"
     listed = merge_calls(f, view.toggled((), shown.iloc[0]))
     assert len(listed) == len(f) and listed.cause[1:].tolist() == f.cause[1:].tolist()
     assert view.findings_table(listed).consequences[1].startswith("↳ consequence of update_ratio_high at ")

@@ -193,7 +193,8 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert (row.site, row.calls, row.step, row.last_step) == ("act (calls 0–2)", (0, 1, 2), dead.step.min(),
                                                                dead.last_step.max())
     assert row.evidence == f"call {row.call}: " + dead[dead.call == row.call].evidence.iloc[0]
-    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites", "folded", "listed"])
+    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites", "folded", "listed",
+                                                                  "trouble_steps"])
     others = others.reset_index(drop=True)
     pd.testing.assert_frame_equal(others, frame[frame.finding != "dead_units"].reset_index(drop=True))
     # a pick shows every call: through the API, and in a dashboard of the stored run
