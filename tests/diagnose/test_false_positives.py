@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,16 +12,21 @@ from torch import nn
 import workbench
 
 
-def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True) -> workbench.Watch:
+def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, last_lr: float = 0.05,
+                  on_copy: bool = False, **watch_options) -> workbench.Watch:
     """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
-    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them."""
+    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them.
+    ``last_lr``: the learning rate of the last layer's own param group (0: frozen by mistake); ``on_copy``: the
+    optimizer built on a copy of the model (the model never stepped, its ``.grad`` never zeroed)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 8, generator=g)
     y = (x[:, 0] + x[:, 1] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with workbench.watch(model) as w:
+    stepped = copy.deepcopy(model) if on_copy else model
+    opt = torch.optim.SGD([{"params": stepped[:4].parameters()}, {"params": stepped[4].parameters(), "lr": last_lr}],
+                          lr=0.05)
+    with workbench.watch(model, **watch_options) as w:
         for _ in range(steps):
             for k in range(micro_batches):
                 i = torch.randint(1024, (16,), generator=g)
@@ -43,6 +51,27 @@ def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_forgotten_zero_
     assert "gradients_accumulate" in set(found.finding)
     evidence = found[found.finding == "gradients_accumulate"].evidence.iloc[0]
     assert "zero_grad() is likely not called each step" in evidence
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8])
+@pytest.mark.parametrize("updates", [False, True])
+def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_weight_left_unchanged(micro_batches, updates):
+    # the weights keep their values on k-1 of every k recorded steps while their .grad sums the micro-batches: three
+    # not_updated warnings (every weight, over the whole run) until 2026-11-29
+    f = micro_batched(micro_batches, updates=updates).diagnose()
+    assert "not_updated" not in set(f.finding), f[["finding", "site", "step", "last_step"]]
+    # a weight frozen by mistake in the same loop still is: its param group's learning rate 0 ...
+    f = micro_batched(micro_batches, last_lr=0.0, updates=updates).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert stuck.site.tolist() == ["4.weight"] and stuck.last_step.iloc[0] == 30 * micro_batches
+    assert "Its gradient grew" not in stuck.evidence.iloc[0]  # (zeroed every k-th step: no sum since the start)
+    # ... or the optimizer built on a copy of the model: every weight, its .grad said summed since the start
+    f = micro_batched(micro_batches, on_copy=True, updates=updates).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert sorted(stuck.site) == ["0.weight", "2.weight", "4.weight"]
+    assert (stuck.last_step == 30 * micro_batches).all()
+    assert all("never zeroed (zero_grad() called on an optimizer that does not hold it, one built on a copy" in e
+               for e in stuck.evidence)
 
 
 class TopK(nn.Module):
