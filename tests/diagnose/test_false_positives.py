@@ -13,11 +13,12 @@ import workbench
 
 
 def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, last_lr: float = 0.05,
-                  on_copy: bool = False, **watch_options) -> workbench.Watch:
+                  on_copy: bool = False, last_lost_at: int | None = None, **watch_options) -> workbench.Watch:
     """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
     ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them.
     ``last_lr``: the learning rate of the last layer's own param group (0: frozen by mistake); ``on_copy``: the
-    optimizer built on a copy of the model (the model never stepped, its ``.grad`` never zeroed)."""
+    optimizer built on a copy of the model (the model never stepped, its ``.grad`` never zeroed); ``last_lost_at``:
+    the optimizer step from which the last layer's learning rate is 0."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
     g = torch.Generator().manual_seed(0)
@@ -27,7 +28,9 @@ def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, l
     opt = torch.optim.SGD([{"params": stepped[:4].parameters()}, {"params": stepped[4].parameters(), "lr": last_lr}],
                           lr=0.05)
     with workbench.watch(model, **watch_options) as w:
-        for _ in range(steps):
+        for step in range(steps):
+            if step == last_lost_at:
+                opt.param_groups[1]["lr"] = 0.0
             for k in range(micro_batches):
                 i = torch.randint(1024, (16,), generator=g)
                 loss = F.cross_entropy(model(x[i]), y[i])
@@ -72,6 +75,15 @@ def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_weight_left_unc
     assert (stuck.last_step == 30 * micro_batches).all()
     assert all("never zeroed (zero_grad() called on an optimizer that does not hold it, one built on a copy" in e
                for e in stuck.evidence)
+
+
+def test_a_weight_the_optimizer_loses_in_a_gradient_accumulation_is_found_past_the_micro_batches_rhythm():
+    # stepped every 4th micro-batch for 15 optimizer steps, then its learning rate 0: its steps unchanged past the 3
+    # in a row that the accumulation left it so
+    f = micro_batched(4, last_lost_at=15).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert stuck.site.tolist() == ["4.weight"] and stuck.last_step.iloc[0] == 120
+    assert 15 * 4 < stuck.step.iloc[0] <= 15 * 4 + 3 + 3  # (past the rhythm, for persist steps)
 
 
 class TopK(nn.Module):
