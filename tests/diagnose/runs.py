@@ -11,6 +11,15 @@ from torch import nn
 import workbench
 
 
+def one_step(w: workbench.Watch, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """The rest of a training step once its loss is computed: ``opt.zero_grad()``, the loss's backward,
+    ``opt.step()`` and ``w.step(loss=...)``."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    w.step(loss=loss.item())
+
+
 def fit_steps(model: nn.Module, opt: torch.optim.Optimizer, batch: Callable[[int], tuple], steps: int,
               loss_fn: Callable = F.cross_entropy, before_step: Callable[[int], Any] | None = None,
               zero_grad: bool = True, **watch_options: Any) -> workbench.Watch:
@@ -25,10 +34,11 @@ def fit_steps(model: nn.Module, opt: torch.optim.Optimizer, batch: Callable[[int
             inputs, targets = batch(step)
             loss = loss_fn(model(inputs), targets)
             if zero_grad:
-                opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+                one_step(w, opt, loss)
+            else:  # (the gradients summed over the steps)
+                loss.backward()
+                opt.step()
+                w.step(loss=loss.item())
     return w
 
 

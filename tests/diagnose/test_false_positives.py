@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import one_step
 
 
 def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, last_lr: float = 0.05,
@@ -110,10 +111,7 @@ def test_a_sequence_layer_sparse_by_design_is_not_dead_units():
         for _ in range(20):
             x = torch.randn(16, 12, 16, generator=g)
             loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     assert (rows[(rows.kind == "activation") & (rows.module == "1")].zero_frac > 0.95).all()
     assert "dead_units" not in set(w.diagnose().finding)
@@ -151,10 +149,7 @@ def test_a_nan_long_after_a_hot_start_is_not_grouped_under_it_by_the_dead_units_
             if step == 250:
                 batch[0, 0] = float("nan")
             loss = F.cross_entropy(model(batch), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     f = w.diagnose()
     cause = dict(zip(f.finding, f.cause))
     assert f[f.finding == "dead_units"].last_step.iloc[0] > 240  # (dead to the NaN)

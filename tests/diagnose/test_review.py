@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
-from tests.diagnose.runs import diverging_mlp, mlp_on_halves
+from tests.diagnose.runs import diverging_mlp, mlp_on_halves, one_step
 
 
 def relu_zero_fractions(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -74,10 +74,7 @@ def test_a_pooling_and_a_flatten_after_a_dead_relu_are_not_found_dead_again():
     with workbench.watch(model) as w:
         for _ in range(6):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     assert (rows[(rows.kind == "activation") & rows.module.isin(["1", "2", "3"])].zero_frac == 1.0).all()
     f = w.diagnose()
@@ -129,10 +126,7 @@ def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
         with workbench.watch(model) as w:
             for _ in range(6):
                 loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                w.step(loss=loss.item())
+                one_step(w, opt, loss)
         return w
 
     f = run(1.0).diagnose()

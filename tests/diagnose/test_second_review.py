@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
-from tests.diagnose.runs import diverging_mlp, mlp_on_halves
+from tests.diagnose.runs import diverging_mlp, mlp_on_halves, one_step
 from workbench.ui.findings import merge_calls
 
 
@@ -54,10 +54,7 @@ def test_a_normalization_layer_after_inputs_of_a_small_scale_is_not_an_explosion
     with workbench.watch(model) as w:
         for _ in range(40):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     rms = rows[(rows.kind == "activation") & (rows.step == 40)].set_index("module").eval("norm / numel ** 0.5")
     assert rms["0"] < 1e-3 and rms["6"] / rms["0"] > 1e3  # (3 orders above the first site)
