@@ -939,34 +939,40 @@ class Diagnoser:
         after it (an optimizer that lost it) is judged again past it. Before the first change, a step whose gradient
         is larger than at the streak's first (or is that first) is growing."""
         codes = np.zeros(unchanged.shape, np.int8)
-        index = np.arange(len(steps))
-        for j, q in enumerate(layout.params):
-            g = layout.grad_of.get(int(q))
-            if g is None:
-                continue
-            key = layout.keys[q][:4]
-            start_grad, last_grad, seen, since, rhythm = self._still.get(key, (math.nan, math.nan, False, 0, 0))
-            grad = stats["norm"][:, g].astype(np.float64)
-            still, moved = unchanged[:, j], changed[:, j]
-            # (unchanged steps since the last change: a cumulative sum restarted at each step that changed the value)
-            segment = np.cumsum(moved)
-            starts = np.flatnonzero(moved)
-            total = np.cumsum(still)
-            count = total - np.r_[-since, total[starts] - still[starts]][segment]
-            first = still & (count == 1)
-            # (the gradient at the first step of each step's streak: this block's, or the one carried over)
-            latest = np.maximum.accumulate(np.where(first, index, -1))
-            at_start = np.where(latest >= 0, grad[np.maximum(latest, 0)], start_grad)
-            with np.errstate(invalid="ignore"):
-                summing = grad > at_start
-            ended = moved & (np.r_[since, count[:-1]] >= 2) & np.r_[last_grad > start_grad, summing[:-1]]
-            longest = np.maximum.accumulate(np.r_[rhythm, np.where(ended, np.r_[since, count[:-1]], 0)])[1:]
-            seen_before = np.r_[seen, np.logical_or.accumulate(moved)[:-1] | seen]
-            codes[still & seen_before & (count <= longest), j] = STILL_ACCUMULATING
-            codes[still & ~seen_before & (summing | first), j] = STILL_GROWING
-            codes[moved & ~seen_before, j] = STILL_FIRST_CHANGE
-            self._still[key] = (float(at_start[-1]), float(grad[-1]), bool(seen_before[-1] or moved[-1]),
-                                int(count[-1]), int(longest[-1]))
+        judged = [j for j, q in enumerate(layout.params) if int(q) in layout.grad_of]
+        if not judged:
+            return codes
+        rows = np.asarray([layout.grad_of[int(layout.params[j])] for j in judged])
+        keys = [layout.keys[layout.params[j]][:4] for j in judged]
+        carried = [self._still.get(key, (math.nan, math.nan, False, 0, 0)) for key in keys]
+        start_grad, last_grad, seen, since, rhythm = (np.asarray(c) for c in zip(*carried))
+        grad = stats["norm"][:, rows].astype(np.float64)
+        still, moved = unchanged[:, judged], changed[:, judged]
+        index = np.arange(len(steps))[:, None]
+        # (unchanged steps since the last change, per parameter: a cumulative sum restarted at each step that changed
+        # the value, or carried on from the block before)
+        total = np.cumsum(still, 0)
+        last_change = np.maximum.accumulate(np.where(moved, index, -1), 0)
+        count = total - np.where(last_change >= 0, np.take_along_axis(total, np.maximum(last_change, 0), 0), -since)
+        first = still & (count == 1)
+        # (the gradient at the first step of each step's streak: this block's, or the one carried over)
+        latest = np.maximum.accumulate(np.where(first, index, -1), 0)
+        at_start = np.where(latest >= 0, np.take_along_axis(grad, np.maximum(latest, 0), 0), start_grad)
+        with np.errstate(invalid="ignore"):
+            summing = grad > at_start
+            carried_summing = last_grad > start_grad
+        before = np.vstack([since, count[:-1]])
+        ended = moved & (before >= 2) & np.vstack([carried_summing, summing[:-1]])
+        longest = np.maximum.accumulate(np.vstack([rhythm, np.where(ended, before, 0)]), 0)[1:]
+        seen_before = np.vstack([seen, np.logical_or.accumulate(moved, 0)[:-1] | seen]).astype(bool)
+        out = np.zeros(still.shape, np.int8)
+        out[still & seen_before & (count <= longest)] = STILL_ACCUMULATING
+        out[still & ~seen_before & (summing | first)] = STILL_GROWING
+        out[moved & ~seen_before] = STILL_FIRST_CHANGE
+        codes[:, judged] = out
+        for k, key in enumerate(keys):
+            self._still[key] = (float(at_start[-1, k]), float(grad[-1, k]), bool(seen_before[-1, k] or moved[-1, k]),
+                                int(count[-1, k]), int(longest[-1, k]))
         return codes
 
     def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray,
