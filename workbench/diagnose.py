@@ -39,8 +39,10 @@ __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diag
 #: rows it was read from, to focus a view on it (empty for a metric's finding).
 #: ``cause`` is empty for a finding of its own; for one that followed from another (a diverging run's dead units,
 #: after the learning rate threw the weights out), that one's ``finding at site``: it is listed right after it.
+#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong): its
+#: evidence ends naming each of them, with their steps.
 COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor",
-           "cause")
+           "cause", "consequences")
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -110,8 +112,10 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
                                "was built before the layer was added or replaced, a param group left out), its "
                                "group's learning rate is 0, or a learning rate so small each step rounds away in "
-                               "float32, or a gradient clipped to a tiny max_norm before the step (or w.step() is "
-                               "called per micro-batch of a gradient accumulation: call it once per optimizer step)."),
+                               "float32, or a gradient clipped to a tiny max_norm before the step, or an optimizer "
+                               "built on a copy of the model (its .grad then never zeroed: the evidence says where it "
+                               "grew as such a sum). Gradient accumulation with w.step() per micro-batch is told from "
+                               "this by the steps that change the weight every k-th."),
     "frozen": ("info", "This parameter has no gradient (its .grad is None) and does not change: requires_grad is "
                        "False, or it takes no part in the loss (its output unused by the loss, or cut off from it by "
                        "a .detach() or torch.no_grad()). Frozen on purpose (a pretrained backbone): as intended. If "
@@ -384,6 +388,18 @@ class _Layout:
 #: ``not_updated``: a learning rate of 1e-4 moves it by ~1e-7 of itself, past float32's resolution (6e-8).
 MOVING_GRADIENT = 1e-3
 
+#: How a step that left a parameter's value as it was reads beside its gradient (:meth:`Diagnoser._still_codes`):
+#: its ``.grad`` grew as a sum over steps does, and the parameter changed at a recorded step before: gradient
+#: accumulation over micro-batches with ``w.step()`` per micro-batch, the optimizer stepping every k-th (no
+#: ``not_updated``);
+STILL_ACCUMULATING = 1
+#: the same, but it never changed yet: a ``.grad`` never zeroed of a parameter no optimizer steps (one built on a copy
+#: of the model), or accumulation whose first optimizer step has not come (``not_updated``, taken back where it then
+#: changes);
+STILL_GROWING = 2
+#: it changed at this step for the first time recorded.
+STILL_FIRST_CHANGE = 3
+
 #: Without ``update`` rows, a parameter whose norm, mean, std, min and max each moved by at most this many float32
 #: roundings of its scale (``np.finfo(np.float32).eps`` of it) since the recorded step before did not change, as
 #: far as float32 shows: a step that rounds away on most entries (a gradient clipped to nothing, a learning rate far
@@ -445,6 +461,11 @@ class Diagnoser:
         #: left its value as it was) at the last recorded step (_bias_windows)
         self._bias_window: dict[tuple, tuple] = {}
         self._bias_most = np.zeros((0, 0))  # the current block's (steps, biases) of _bias_windows
+        #: param key -> (||grad|| at the first step of its streak of unchanged steps, ||grad||, whether it changed at a
+        #: recorded step, its unchanged steps since it last changed, the longest streak of a sum that ended in a
+        #: change) at the last recorded step (_still_codes)
+        self._still: dict[tuple, tuple] = {}
+        self._still_now = np.zeros((0, 0), np.int8)  # the current block's (steps, params) of _still_codes
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -586,7 +607,7 @@ class Diagnoser:
                     frame.iat[i, j] = value
                 return frame
         columns = list(zip(*rows)) if rows else [()] * len(COLUMNS)
-        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call") else
+        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call", "consequences") else
                              pd.Series(v, dtype=object) for c, v in zip(COLUMNS, columns)}, columns=list(COLUMNS))
 
     def _row(self, e: dict) -> dict:
@@ -596,7 +617,7 @@ class Diagnoser:
         module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
         return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
                 "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
-                "module": module, "call": call, "tensor": tensor, "cause": ""}
+                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0}
 
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
@@ -748,7 +769,8 @@ class Diagnoser:
                 self._gradient_check(step, layout, row)
                 self._activation_check(step, layout, row)
                 self._accumulation_check(step, layout, row, self._bias_most[i])
-                self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
+                self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0),
+                                   self._still_now[i] if len(self._still_now) else None)
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
             if keys:
@@ -769,6 +791,7 @@ class Diagnoser:
         n = len(steps)
         zero, lo, hi, mean, std, norm, numel = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std", "norm",
                                                                    "numel"))
+        self._still_now = np.zeros((n, 0), np.int8)
         with np.errstate(all="ignore"):
             look = ((stats["nan_count"] > 0) | (stats["inf_count"] > 0)).any(1)
             act = (layout.kind == "activation") & ~layout.alias
@@ -831,11 +854,16 @@ class Diagnoser:
                 judged = layout.ndim[p] >= t.update_min_dims
                 ratio = norm[:, u] / norm[:, p]
                 look |= ((judged & ((ratio > t.update_ratio_high) | (ratio < t.update_ratio_low))).any(1))
+                column = np.searchsorted(layout.params, p)  # (layout.params is sorted: rows in recorded order)
+                unchanged, changed = np.zeros((n, len(layout.params)), bool), np.zeros((n, len(layout.params)), bool)
+                unchanged[:, column], changed[:, column] = norm[:, u] == 0, np.isfinite(ratio) & (norm[:, u] > 0)
+                look |= self._take_still(steps, layout, stats, unchanged, changed)
                 if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
                     look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
             elif layout.params.size:
-                bound, same = self._param_bounds(steps, layout, stats)
+                bound, same, changed = self._param_bounds(steps, layout, stats)
                 look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
+                look |= self._take_still(steps, layout, stats, same, changed)
                 bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
         return look, bounds
 
@@ -890,13 +918,71 @@ class Diagnoser:
             self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]))
         return most
 
-    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    def _take_still(self, steps: list[int], layout: _Layout, stats: dict, unchanged: np.ndarray,
+                    changed: np.ndarray) -> np.ndarray:
+        """Keep the block's :meth:`_still_codes` for the steps' judgement; the steps to look at for them: those where
+        a parameter changed for the first time (:data:`STILL_FIRST_CHANGE`)."""
+        self._still_now = self._still_codes(steps, layout, stats, unchanged, changed)
+        return (self._still_now == STILL_FIRST_CHANGE).any(1)
+
+    def _still_codes(self, steps: list[int], layout: _Layout, stats: dict, unchanged: np.ndarray,
+                     changed: np.ndarray) -> np.ndarray:
+        """Per step and parameter (``layout.params``), how its value beside its gradient reads (``unchanged``: the
+        step left its value as it was; ``changed``: it moved it), for ``not_updated``: :data:`STILL_ACCUMULATING`,
+        :data:`STILL_GROWING`, :data:`STILL_FIRST_CHANGE`, else 0.
+
+        Gradient accumulation on purpose with ``w.step()`` per micro-batch leaves the value as it was for k-1 steps
+        in a row, its ``.grad`` a sum that grows over them, then the optimizer changes it (and ``zero_grad()``
+        restarts the sum): a streak of unchanged steps is a sum's where the gradient at its last step is larger than
+        at its first. A step that left the value as it was is accumulating while its streak is no longer than the
+        longest such streak that ended in a change before (the rhythm of the micro-batches): a weight stuck for good
+        after it (an optimizer that lost it) is judged again past it. Before the first change, a step whose gradient
+        is larger than at the streak's first (or is that first) is growing."""
+        codes = np.zeros(unchanged.shape, np.int8)
+        judged = [j for j, q in enumerate(layout.params) if int(q) in layout.grad_of]
+        if not judged:
+            return codes
+        rows = np.asarray([layout.grad_of[int(layout.params[j])] for j in judged])
+        keys = [layout.keys[layout.params[j]][:4] for j in judged]
+        carried = [self._still.get(key, (math.nan, math.nan, False, 0, 0)) for key in keys]
+        start_grad, last_grad, seen, since, rhythm = (np.asarray(c) for c in zip(*carried))
+        grad = stats["norm"][:, rows].astype(np.float64)
+        still, moved = unchanged[:, judged], changed[:, judged]
+        index = np.arange(len(steps))[:, None]
+        # (unchanged steps since the last change, per parameter: a cumulative sum restarted at each step that changed
+        # the value, or carried on from the block before)
+        total = np.cumsum(still, 0)
+        last_change = np.maximum.accumulate(np.where(moved, index, -1), 0)
+        count = total - np.where(last_change >= 0, np.take_along_axis(total, np.maximum(last_change, 0), 0), -since)
+        first = still & (count == 1)
+        # (the gradient at the first step of each step's streak: this block's, or the one carried over)
+        latest = np.maximum.accumulate(np.where(first, index, -1), 0)
+        at_start = np.where(latest >= 0, np.take_along_axis(grad, np.maximum(latest, 0), 0), start_grad)
+        with np.errstate(invalid="ignore"):
+            summing = grad > at_start
+            carried_summing = last_grad > start_grad
+        before = np.vstack([since, count[:-1]])
+        ended = moved & (before >= 2) & np.vstack([carried_summing, summing[:-1]])
+        longest = np.maximum.accumulate(np.vstack([rhythm, np.where(ended, before, 0)]), 0)[1:]
+        seen_before = np.vstack([seen, np.logical_or.accumulate(moved, 0)[:-1] | seen]).astype(bool)
+        out = np.zeros(still.shape, np.int8)
+        out[still & seen_before & (count <= longest)] = STILL_ACCUMULATING
+        out[still & ~seen_before & (summing | first)] = STILL_GROWING
+        out[moved & ~seen_before] = STILL_FIRST_CHANGE
+        codes[:, judged] = out
+        for k, key in enumerate(keys):
+            self._still[key] = (float(at_start[-1, k]), float(grad[-1, k]), bool(seen_before[-1, k] or moved[-1, k]),
+                                int(count[-1, k]), int(longest[-1, k]))
+        return codes
+
+    def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray,
+                                                                                       np.ndarray]:
         """Per step and parameter (``layout.params``), a lower bound on ``||update|| / ||param||`` from
         its values at consecutive recorded steps: ``||a - b|| >= | ||a|| - ||b|| |`` and
-        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded); and whether
+        ``>= sqrt(n) |mean(a) - mean(b)|`` (NaN where the step before was not recorded); whether
         it did not change since the recorded step before, as far as float32 shows (its norm, mean, std,
         min and max within :data:`UNCHANGED_ROUNDINGS` of those before: judged like a parameter's, of at
-        least ``update_min_dims`` dimensions)."""
+        least ``update_min_dims`` dimensions); and whether it did change since a step before that was recorded."""
         p = layout.params
         norm, mean, numel = stats["norm"][:, p], stats["mean"][:, p], stats["numel"][:, p]
         shape = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1)  # (steps, 5, params)
@@ -912,6 +998,8 @@ class Diagnoser:
             moved = np.abs(shape - prev_shape) <= UNCHANGED_ROUNDINGS * np.finfo(np.float32).eps * scale
         same = moved.all(1) & np.isfinite(shape).all(1) & (norm > 0)
         same[:, layout.ndim[p] < self.thresholds.update_min_dims] = False
+        changed = ~moved.all(1) & np.isfinite(shape).all(1) & np.isfinite(prev_shape).all(1)
+        changed[:, layout.ndim[p] < self.thresholds.update_min_dims] = False
         step_array = np.asarray(steps)
         prev_norm = np.vstack([before[1] if before is not None else np.full(len(p), np.nan), norm[:-1]])
         prev_mean = np.vstack([before[2] if before is not None else np.full(len(p), np.nan), mean[:-1]])
@@ -922,7 +1010,7 @@ class Diagnoser:
             bound[:, layout.ndim[p] < self.thresholds.update_min_dims] = np.nan
             bound[~(prev_norm > 0)] = np.nan
         self._prev_params = {layout.keys: (steps[-1], norm[-1], mean[-1], shape[-1])}
-        return bound, same
+        return bound, same, changed
 
     # -------------------------------------------------------------- episodes
     def _hold(self, step: int, finding: str, layout: _Layout | None, i: int | None, evidence: Any,
@@ -1466,9 +1554,15 @@ class Diagnoser:
         start["norm"] = norm
         return True
 
-    def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None) -> None:
+    def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None,
+                      still: np.ndarray | None) -> None:
+        """The update ratios and the parameters left as they were at ``step``; ``still``: per parameter
+        (``layout.params``), :meth:`_still_codes` of the step."""
         t = self.thresholds
         norm = stats["norm"]
+        codes = {} if still is None else {int(q): int(c) for q, c in zip(layout.params, still) if c}
+        for p in (q for q, c in codes.items() if c == STILL_FIRST_CHANGE):
+            self._take_back_accumulation(layout, p)
         if layout.param_pair:
             for u, p in layout.param_pair.items():
                 if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):
@@ -1484,7 +1578,7 @@ class Diagnoser:
                         continue
                     self._from_zero[key] = False
                 if ratio == 0:
-                    self._judge_unchanged(step, layout, p, stats, "its update is exactly 0")
+                    self._judge_unchanged(step, layout, p, stats, "its update is exactly 0", still=codes.get(p, 0))
                 else:
                     g = layout.grad_of.get(p)
                     self._judge_ratio(step, layout, p, ratio, exact=True,
@@ -1503,14 +1597,29 @@ class Diagnoser:
             self._judge_unchanged(step, layout, int(layout.params[j]), stats,
                                   "its norm, mean, std, min and max are those of the recorded step before, within "
                                   "float32's rounding",
-                                  exact=False)
+                                  exact=False, still=codes.get(int(layout.params[j]), 0))
 
-    def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True) -> None:
+    def _take_back_accumulation(self, layout: _Layout, p: int) -> None:
+        """Parameter row ``p`` changed for the first time: a ``not_updated`` episode of it held only at steps whose
+        gradient grew as a sum over micro-batches (:data:`STILL_GROWING`) was gradient accumulation whose first
+        optimizer step had not come: taken back."""
+        module, call, kind, tensor, _shape = layout.keys[p]
+        key = ("not_updated", kind, module, call, tensor)
+        e = self._open.get(key)
+        if e is not None and e.get("grew_from") is not None:
+            del self._open[key]
+            self._version += 1
+
+    def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True,
+                         still: int = 0) -> None:
         """Parameter row ``p`` did not change at ``step`` (``how``: what shows it; ``exact``: its update row is 0,
         not its statistics the same): by its gradient, it is ``frozen`` (none), ``not_updated`` (one of at least
         :data:`MOVING_GRADIENT` of its norm, which any learning rate in use moves a float32 value by), or
         ``update_ratio_low`` (a gradient exactly 0; or smaller, or none recorded, judged by its update row only:
-        a layer deep in a net whose gradients vanish keeps its statistics bit for bit on some steps, not all)."""
+        a layer deep in a net whose gradients vanish keeps its statistics bit for bit on some steps, not all).
+        ``still``: its :meth:`_still_codes` at ``step``: a gradient summed over micro-batches is no ``not_updated``
+        (:data:`STILL_ACCUMULATING`), and one summed since the run's start without a change says so
+        (:data:`STILL_GROWING`)."""
         t = self.thresholds
         g = layout.grad_of.get(p)
         grad = float(stats["norm"][g]) if g is not None else math.nan
@@ -1559,11 +1668,28 @@ class Diagnoser:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
                        f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
                        need=t.persist)
-        elif math.isfinite(scale) and scale >= MOVING_GRADIENT:
+        elif math.isfinite(scale) and scale >= MOVING_GRADIENT and still != STILL_ACCUMULATING:
             self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
                        f"||grad|| / ||param|| {scale:.2g}): the optimizer does not move it (it is not given this "
                        f"parameter, or its learning rate is 0 or far too small, or its gradient is clipped far down "
                        f"before the step).", need=t.persist)
+            module, call, kind, tensor, _shape = layout.keys[p]
+            e = self._open[("not_updated", kind, module, call, tensor)]
+            # (an episode held only at steps whose gradient grew as a sum over steps, from its first: taken back where
+            # the parameter then changes, :meth:`_take_back_accumulation`; one held at any other step stays)
+            growing = still == STILL_GROWING and (e["count"] == 1 or e.get("grew_from") is not None)
+            e["grew_from"] = (e.get("grew_from") or (step, grad)) if growing else None
+            if growing:  # (what was checked, the gradient's growth, and why it cannot tell the two apart)
+                first, then = e["grew_from"]
+                e["evidence"] += (f" Its gradient grew from {then:.3g} at step {first} to {grad:.3g}, the "
+                                  f"parameter never changing: its .grad is summed over the steps, never zeroed "
+                                  f"(zero_grad() called on an optimizer that does not hold it, one built on a copy of "
+                                  f"the model, or not called at all), or summed over micro-batches with w.step() per "
+                                  f"micro-batch whose first optimizer step has not come (then this finding goes once "
+                                  f"it changes). gradients_accumulate is not said while the parameter never changes: "
+                                  f"a gradient summed since the first step is what accumulation holds before its "
+                                  f"first optimizer step.")
+
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
                      high: float | None = None, grad: float | None = None) -> None:
@@ -1788,12 +1914,9 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     members.sort(key=lambda i: ((rows[i]["finding"], rows[i]["step"]) != (rows[root]["finding"], start),
                                 rows[i]["step"], order[rows[i]["finding"]], i))
     cause = f"{rows[root]['finding']} at {rows[root]['site']}"
-    shown = "; ".join(f"{rows[i]['finding']} at {rows[i]['site']} from step {rows[i]['step']}" for i in members[:6])
-    more = f" and {len(members) - 6} more" if len(members) > 6 else ""
     head = dict(rows[root], severity=max((rows[i]["severity"] for i in [root, *members]), key=_RANK.__getitem__),
-                evidence=f"{rows[root]['evidence']} The run went wrong from here: {len(members)} finding"
-                         f"{'s' if len(members) > 1 else ''} began at step {start} or later, listed after this one "
-                         f"as its consequences (their cause column names it): {shown}{more}.")
+                evidence=_consequences_evidence(rows[root]["evidence"], start, [rows[i] for i in members]),
+                consequences=len(members))
     group = [head, *(dict(rows[i], cause=cause) for i in members)]
     taken = {root, *members}
     # (the rest may hold a trouble of its own, begun after this one had ended: grouped the same way)
@@ -1802,6 +1925,16 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
     at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
     return rest[:at] + group + rest[at:]
+
+
+def _consequences_evidence(evidence: str, step: int, consequences: list[dict]) -> str:
+    """The evidence of a cause (``evidence``, its own; ``step``, where it began) that ends naming its
+    ``consequences`` (rows as :meth:`Diagnoser._row` gives them), each with its steps: ``... The run went wrong from
+    here: 13 findings began at step 1 or later, its consequences: loss_spike at loss, step 3–4; ...``."""
+    named = "; ".join(f"{r['finding']} at {r['site']}, step {r['step']}" + (
+        f"–{r['last_step']}" if r["last_step"] != r["step"] else "") for r in consequences)
+    count = f"{len(consequences)} finding{'s' if len(consequences) > 1 else ''}"
+    return f"{evidence} The run went wrong from here: {count} began at step {step} or later, its consequences: {named}."
 
 
 def _consequences(rows: list[dict], root: int, first_step: int) -> list[int]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import one_step
 
 
 def mlp(activation: str = "relu", depth: int = 2, width: int = 32, weight_scale: float = 1.0,
@@ -39,10 +40,7 @@ def train(model: nn.Module, steps: int = 8, lr: float = 1e-2, optimizer: str = "
             idx = torch.randint(256, (64,), generator=g)
             xb = x[idx] * (100.0 if step == spike_at else 1.0)
             loss = F.cross_entropy(model(xb), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     return w
 
 

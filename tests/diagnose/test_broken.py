@@ -12,6 +12,7 @@ from workbench.diagnose import COLUMNS, diagnose
 from workbench.experiments import create, list_experiments
 
 from tests.diagnose.conftest import mlp, needs_updates, train
+from tests.diagnose.runs import one_step
 
 
 def findings(w, **thresholds) -> pd.DataFrame:
@@ -171,10 +172,7 @@ def test_a_run_recorded_every_nth_step_finds_what_persists_over_its_recorded_ste
         subscription = live.attach(w)
         for _ in range(12):
             loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
         live.flush()
         subscription.unsubscribe()
     assert sorted(set(w.to_pandas().step)) == [1, 5, 9] and len(w.metrics()) == 12

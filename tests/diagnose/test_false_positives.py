@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import one_step
 
 
-def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True) -> workbench.Watch:
+def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, last_lr: float = 0.05,
+                  on_copy: bool = False, last_lost_at: int | None = None, **watch_options) -> workbench.Watch:
     """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
-    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them."""
+    ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them.
+    ``last_lr``: the learning rate of the last layer's own param group (0: frozen by mistake); ``on_copy``: the
+    optimizer built on a copy of the model (the model never stepped, its ``.grad`` never zeroed); ``last_lost_at``:
+    the optimizer step from which the last layer's learning rate is 0."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 8, generator=g)
     y = (x[:, 0] + x[:, 1] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with workbench.watch(model) as w:
-        for _ in range(steps):
+    stepped = copy.deepcopy(model) if on_copy else model
+    opt = torch.optim.SGD([{"params": stepped[:4].parameters()}, {"params": stepped[4].parameters(), "lr": last_lr}],
+                          lr=0.05)
+    with workbench.watch(model, **watch_options) as w:
+        for step in range(steps):
+            if step == last_lost_at:
+                opt.param_groups[1]["lr"] = 0.0
             for k in range(micro_batches):
                 i = torch.randint(1024, (16,), generator=g)
                 loss = F.cross_entropy(model(x[i]), y[i])
@@ -43,6 +55,36 @@ def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_forgotten_zero_
     assert "gradients_accumulate" in set(found.finding)
     evidence = found[found.finding == "gradients_accumulate"].evidence.iloc[0]
     assert "zero_grad() is likely not called each step" in evidence
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8])
+@pytest.mark.parametrize("updates", [False, True])
+def test_gradient_accumulation_with_a_step_per_micro_batch_is_no_weight_left_unchanged(micro_batches, updates):
+    # the weights keep their values on k-1 of every k recorded steps while their .grad sums the micro-batches: three
+    # not_updated warnings (every weight, over the whole run) until 2026-11-29
+    f = micro_batched(micro_batches, updates=updates).diagnose()
+    assert "not_updated" not in set(f.finding), f[["finding", "site", "step", "last_step"]]
+    # a weight frozen by mistake in the same loop still is: its param group's learning rate 0 ...
+    f = micro_batched(micro_batches, last_lr=0.0, updates=updates).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert stuck.site.tolist() == ["4.weight"] and stuck.last_step.iloc[0] == 30 * micro_batches
+    assert "Its gradient grew" not in stuck.evidence.iloc[0]  # (zeroed every k-th step: no sum since the start)
+    # ... or the optimizer built on a copy of the model: every weight, its .grad said summed since the start
+    f = micro_batched(micro_batches, on_copy=True, updates=updates).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert sorted(stuck.site) == ["0.weight", "2.weight", "4.weight"]
+    assert (stuck.last_step == 30 * micro_batches).all()
+    assert all("never zeroed (zero_grad() called on an optimizer that does not hold it, one built on a copy" in e
+               for e in stuck.evidence)
+
+
+def test_a_weight_the_optimizer_loses_in_a_gradient_accumulation_is_found_past_the_micro_batches_rhythm():
+    # stepped every 4th micro-batch for 15 optimizer steps, then its learning rate 0: its steps unchanged past the 3
+    # in a row that the accumulation left it so
+    f = micro_batched(4, last_lost_at=15).diagnose()
+    stuck = f[f.finding == "not_updated"]
+    assert stuck.site.tolist() == ["4.weight"] and stuck.last_step.iloc[0] == 120
+    assert 15 * 4 < stuck.step.iloc[0] <= 15 * 4 + 3 + 3  # (past the rhythm, for persist steps)
 
 
 class TopK(nn.Module):
@@ -69,10 +111,7 @@ def test_a_sequence_layer_sparse_by_design_is_not_dead_units():
         for _ in range(20):
             x = torch.randn(16, 12, 16, generator=g)
             loss = F.cross_entropy(model(x).reshape(-1, 4), (x[..., :4].argmax(-1)).reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     assert (rows[(rows.kind == "activation") & (rows.module == "1")].zero_frac > 0.95).all()
     assert "dead_units" not in set(w.diagnose().finding)
@@ -110,10 +149,7 @@ def test_a_nan_long_after_a_hot_start_is_not_grouped_under_it_by_the_dead_units_
             if step == 250:
                 batch[0, 0] = float("nan")
             loss = F.cross_entropy(model(batch), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     f = w.diagnose()
     cause = dict(zip(f.finding, f.cause))
     assert f[f.finding == "dead_units"].last_step.iloc[0] > 240  # (dead to the NaN)

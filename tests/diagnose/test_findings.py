@@ -11,6 +11,7 @@ import workbench
 from workbench.diagnose import COLUMNS, FINDINGS, Diagnoser, Thresholds, diagnose, update_ratios
 
 from tests.diagnose.conftest import mlp, train
+from tests.diagnose.runs import one_step
 
 STATS = ["numel", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac", "nan_count", "inf_count"]
 
@@ -345,10 +346,7 @@ def test_live_diagnoser_on_the_stream_equals_the_frame_form(tmp_path):
             if step == 6:
                 w.patch("layers.1", torch.log)  # -inf from step 6
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
         w.recorder.flush()
     live.detach()
     found = live.findings()

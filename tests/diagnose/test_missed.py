@@ -17,6 +17,7 @@ import workbench
 from tests.diagnose.conftest import mlp, train
 from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
+from tests.diagnose.runs import one_step
 from tests.diagnose.test_findings import row
 
 
@@ -99,10 +100,7 @@ def shuffled_labels(steps: int, optimizer: str = "adam", classes: int = 2, seed:
         for _ in range(steps):
             idx = torch.randint(1024, (64,), generator=g)
             loss = F.cross_entropy(model(x[idx]), torch.randint(classes, (64,), generator=g))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     return w
 
 
@@ -322,10 +320,7 @@ def fit_full_batch(model: torch.nn.Module, steps: int = 5) -> workbench.Watch:
     with workbench.watch(model, updates=True) as w:
         for _ in range(steps):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     return w
 
 
@@ -485,10 +480,7 @@ def test_a_sigmoid_output_saturated_once_the_loss_halved_is_confident_prediction
     with workbench.watch(model) as w:
         for _ in range(60):
             loss = F.binary_cross_entropy(model(x)[:, 0], y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     f = w.diagnose()
     assert f[["site", "finding", "severity"]].values.tolist() == [["3", "saturated", "info"]]
     assert "the model's output (the last site in forward order): its predictions grew confident" in f.evidence[0]
@@ -526,10 +518,7 @@ def test_a_batch_too_small_to_tell_a_dead_unit_from_one_that_did_not_fire_for_it
         for _ in range(60):
             i = torch.randint(512, (1,), generator=g)
             loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     with torch.no_grad():
         fired = model.layers[1](model.layers[0](x)) > 0
     assert int((~fired.any(0)).sum()) == 0  # (every unit of the first layer fires for some of the data)
@@ -563,10 +552,7 @@ def test_a_saturation_begun_as_the_model_fit_is_a_warning_again_once_the_loss_ro
                 opt.param_groups[0]["lr"] = 3.0
             i = torch.randint(512, (64,), generator=g)
             loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows, metrics = w.to_pandas(), w.metrics()
     fitted = diagnose(rows[rows.step < 200], metrics[metrics.step < 200])
     fitted = fitted[fitted.finding == "saturated"]

@@ -13,6 +13,8 @@ from torch import nn
 import workbench
 from workbench.diagnose import Diagnoser
 
+from tests.diagnose.runs import fit_steps, one_step
+
 
 def data(n: int = 128, d: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
@@ -24,17 +26,7 @@ def fit(model: nn.Module, steps: int, lr: float = 0.05, loss_fn=None, before_ste
     """SGD on the full batch under a watch; ``before_step(step)`` runs before each step's forward."""
     x, y = data()
     opt = torch.optim.SGD(model.parameters() if params is None else params, lr=lr)
-    loss_fn = loss_fn or F.cross_entropy
-    with workbench.watch(model, **watch_options) as w:
-        for step in range(1, steps + 1):
-            if before_step is not None:
-                before_step(step)
-            loss = loss_fn(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    return w
+    return fit_steps(model, opt, lambda _step: (x, y), steps, loss_fn or F.cross_entropy, before_step, **watch_options)
 
 
 class Log(nn.Module):
@@ -398,10 +390,7 @@ def test_a_layer_frozen_at_0_is_a_constant_output_found_at_the_layer_alone_not_a
         live.attach(w)
         for _ in range(4):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
         live.flush()
     stored = w.diagnose()
     assert stored[stored.finding == "constant_output"].site.tolist() == ["6"]

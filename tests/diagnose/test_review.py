@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import diverging_mlp, mlp_on_halves, one_step
 
 
 def relu_zero_fractions(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -73,10 +74,7 @@ def test_a_pooling_and_a_flatten_after_a_dead_relu_are_not_found_dead_again():
     with workbench.watch(model) as w:
         for _ in range(6):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     assert (rows[(rows.kind == "activation") & rows.module.isin(["1", "2", "3"])].zero_frac == 1.0).all()
     f = w.diagnose()
@@ -85,22 +83,7 @@ def test_a_pooling_and_a_flatten_after_a_dead_relu_are_not_found_dead_again():
 
 def train_without_zero_grad(zero_grad: bool, lr: float = 0.01, steps: int = 40) -> workbench.Watch:
     """The registry's ReLU ``mlp`` under SGD on batches of 64; ``zero_grad=False``: the gradients never zeroed."""
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    with workbench.watch(model) as w:
-        for _ in range(steps):
-            i = torch.randint(1024, (64,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            if zero_grad:
-                opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    return w
+    return mlp_on_halves(lr, steps, batch=64, zero_grad=zero_grad)
 
 
 def test_a_forgotten_zero_grad_is_found_as_gradients_that_accumulate_naming_the_cause():
@@ -143,10 +126,7 @@ def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
         with workbench.watch(model) as w:
             for _ in range(6):
                 loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                w.step(loss=loss.item())
+                one_step(w, opt, loss)
         return w
 
     f = run(1.0).diagnose()
@@ -161,21 +141,7 @@ def test_a_forward_pass_blown_up_through_depth_is_found_where_it_starts():
 def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_consequences_grouped_under_it(tmp_path):
     # 10 findings of equal rank until 2026-11-29, the first a dead ReLU at step 4, the update ratios of step 1 (the
     # learning rate) seventh
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True, store=tmp_path / "run") as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+    f = diverging_mlp(store=tmp_path / "run").diagnose()
     assert f[["finding", "step", "cause"]].iloc[0].tolist() == ["update_ratio_high", 1, ""]
     assert "The run went wrong from here" in f.evidence[0]
     cause = f"update_ratio_high at {f.site[0]}"
@@ -194,6 +160,6 @@ def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_cons
     dash = Dashboard(workbench.load_run(tmp_path / "run"))
     assert dash.findings().finding.tolist() == ["update_ratio_high"]
     assert list(dash.findings_list.options) == [f"⚠ update_ratio_high at {f.site[0]}, step 1–{f.last_step[0]} · "
-                                                f"+{len(f) - 1} consequences"]
+                                                f"+{len(f) - 1} consequences over steps 1–40"]
     dash.focus_finding(0)
     assert dash.statistic.value == "norm"

@@ -5,6 +5,7 @@ forgotten zero_grad(). Each through a real training run and the public API."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
+from tests.diagnose.runs import diverging_mlp, mlp_on_halves, one_step
 from workbench.ui.findings import merge_calls
 
 
@@ -19,25 +21,15 @@ def test_a_nan_loss_long_after_a_hot_start_ended_is_not_grouped_under_it():
     # update ratios past 0.1 for the first 4 steps (a learning rate of 1, then 0.05), then at step 50 a log(0) in the
     # loss: the NaN was listed as a consequence of the update ratios of steps 1-4, and left out of the app's list,
     # until 2026-11-29
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    with workbench.watch(model, updates=True) as w:
-        for step in range(1, 61):
-            for group in opt.param_groups:
-                group["lr"] = 1.0 if step <= 4 else 0.05
-            i = torch.randint(1024, (256,), generator=g)
-            p = F.softmax(model(x[i]), 1)
-            if step >= 50:
-                p = p * 0  # (a loss computation gone wrong: log(0))
-            loss = F.nll_loss(torch.log(p), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+    step = itertools.count(1)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (called once a step)
+        p = F.softmax(logits, 1)
+        if next(step) >= 50:
+            p = p * 0  # (a loss computation gone wrong: log(0))
+        return F.nll_loss(torch.log(p), y)
+
+    w = mlp_on_halves(lambda step: 1.0 if step <= 4 else 0.05, steps=60, loss_fn=loss_fn, updates=True)
     f = w.diagnose()
     hot = f[f.finding == "update_ratio_high"]
     assert len(hot) and hot.last_step.max() <= 4 and (hot.cause == "").all() and (hot.severity == "warning").all()
@@ -62,10 +54,7 @@ def test_a_normalization_layer_after_inputs_of_a_small_scale_is_not_an_explosion
     with workbench.watch(model) as w:
         for _ in range(40):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
     rows = w.to_pandas()
     rms = rows[(rows.kind == "activation") & (rows.step == 40)].set_index("module").eval("norm / numel ** 0.5")
     assert rms["0"] < 1e-3 and rms["6"] / rms["0"] > 1e3  # (3 orders above the first site)
@@ -139,21 +128,7 @@ def test_a_list_that_folds_the_consequences_names_every_one_of_them_with_its_ste
     # SGD at a learning rate of 10: 13 consequences under the update ratios of step 1; the app's and the notebook's
     # lists show that row alone, whose evidence named six and "7 more", said to be "listed after this one" (they are
     # not, there): exploding_activations, vanishing_gradients ... were nowhere in the list until 2026-11-29
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True) as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+    f = diverging_mlp().diagnose()
     consequences = f[f.cause != ""]
     assert len(consequences) > 6
     shown = merge_calls(f)
@@ -165,6 +140,47 @@ def test_a_list_that_folds_the_consequences_names_every_one_of_them_with_its_ste
     assert f"{len(consequences)} findings began at step 1 or later" in evidence and "listed after" not in evidence
 
 
+def test_a_cause_is_told_by_its_consequences_column_and_its_evidence_written_once():
+    # the lists took a row for a cause where its evidence held "The run went wrong from here:" and rebuilt that
+    # evidence by splitting it there, until 2026-11-29: a cause whose evidence read otherwise (edited, or said in
+    # other words) had its consequences spilled into the list as findings of their own
+    from workbench.ui import findings as view
+
+    f = diverging_mlp().diagnose()
+    count = int((f.cause != "").sum())
+    assert f.consequences.tolist() == [count] + [0] * count  # (the cause counts them; the rest are none's cause)
+    # diagnose() writes the evidence the lists show, naming every consequence with its steps
+    for r in f[f.cause != ""].itertuples():
+        steps = f"{r.step}" if r.step == r.last_step else f"{r.step}–{r.last_step}"
+        assert f"{r.finding} at {r.site}, step {steps}" in f.evidence[0]
+    assert merge_calls(f).evidence[0] == f.evidence[0]
+    # the lists read the column, not the words: an evidence said otherwise folds all the same, shown as it is
+    edited = f.assign(evidence=["the update ratios blew up", *f.evidence[1:]])
+    shown = merge_calls(edited)
+    assert len(shown) == 1 and shown.folded[0] == count and shown.evidence[0] == "the update ratios blew up"
+    # and a row that names no consequences is no cause, whatever its evidence says
+    assert len(merge_calls(f.assign(consequences=0))) == len(f)
+    assert view.findings_summary(merge_calls(f.assign(consequences=0))).count("consequence") == 0
+
+
+def test_a_causes_row_says_the_steps_its_consequences_span_not_its_own_alone():
+    # the update ratios of steps 1-4 threw the run out: its ReLUs dead to step 40, its gradients vanished from 30 to
+    # 40; the cause's row said "step 1–4 · +13 consequences", the trouble's end nowhere on it, until 2026-11-29
+    from workbench.ui import findings as view
+
+    f = diverging_mlp().diagnose()
+    count, last = int((f.cause != "").sum()), int(f.last_step.max())
+    assert (f.step[0], f.last_step[0], last) == (1, 4, 40)
+    shown = merge_calls(f)
+    assert shown.trouble_steps[0] == "1–40"
+    assert view.findings_table(shown).steps[0] == "1–4"  # (the finding's own steps, as its focus shades them)
+    assert view.findings_table(shown).consequences[0] == f"+{count} consequences over steps 1–40 (pick to list)"
+    assert view.option_label(shown.iloc[0]).endswith(f"step 1–4 · +{count} consequences over steps 1–40")
+    listed = merge_calls(f, view.toggled((), shown.iloc[0]))
+    assert view.findings_table(listed).consequences[0] == f"{count} consequences over steps 1–40 below (pick to fold)"
+    assert (listed.trouble_steps[1:] == "").all()
+
+
 def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and_each_focuses_the_views(tmp_path):
     # SGD at a learning rate of 10: the list held the cause's row alone, "1 warning"; its 13 consequences could be
     # read in its evidence only, not picked or focused, in the app or the notebook, until 2026-11-29
@@ -173,27 +189,13 @@ def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and
     from workbench.ui.notebook import Dashboard
     from workbench.ui.runs import RunsRoot
 
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True, store=tmp_path / "runs" / "hot") as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+    f = diverging_mlp(store=tmp_path / "runs" / "hot").diagnose()
     folded = int((f.cause != "").sum())
     shown = merge_calls(f)
     assert len(shown) == 1 and shown.folded[0] == folded
     assert f"⚠ 1 warning, and {folded} consequences of it folded under its row (pick it to list them)" in \
         view.findings_summary(shown)
-    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences (pick to list)"
+    assert view.findings_table(shown).consequences[0] == f"+{folded} consequences over steps 1–40 (pick to list)"
     listed = merge_calls(f, view.toggled((), shown.iloc[0]))
     assert len(listed) == len(f) and listed.cause[1:].tolist() == f.cause[1:].tolist()
     assert view.findings_table(listed).consequences[1].startswith("↳ consequence of update_ratio_high at ")

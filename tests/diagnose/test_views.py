@@ -18,6 +18,7 @@ from workbench.ui.notebook import Dashboard
 from workbench.ui.views import RunView
 
 from tests.diagnose.conftest import mlp, train
+from tests.diagnose.runs import one_step
 
 
 def wait_for(condition, timeout=30.0, what="the condition"):
@@ -125,10 +126,7 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
         if step == 5:
             w.patch("layers.3", torch.log)  # -inf from step 5: an error, listed first
         loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        w.step(loss=loss.item())
+        one_step(w, opt, loss)
     wait_for(lambda: any("nan_origin" in o for o in dash.findings_list.options), what="the NaN's finding, live")
     wait_for(lambda: any("dead_units at layers.1" in o for o in dash.findings_list.options))
     options = dash.findings_list.options
@@ -193,7 +191,8 @@ def test_a_module_called_several_times_is_one_finding_that_shows_every_call(tmp_
     assert (row.site, row.calls, row.step, row.last_step) == ("act (calls 0–2)", (0, 1, 2), dead.step.min(),
                                                                dead.last_step.max())
     assert row.evidence == f"call {row.call}: " + dead[dead.call == row.call].evidence.iloc[0]
-    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites", "folded", "listed"])
+    others = merged[merged.finding != "dead_units"].drop(columns=["calls", "call_sites", "folded", "listed",
+                                                                  "trouble_steps"])
     others = others.reset_index(drop=True)
     pd.testing.assert_frame_equal(others, frame[frame.finding != "dead_units"].reset_index(drop=True))
     # a pick shows every call: through the API, and in a dashboard of the stored run
@@ -346,10 +345,7 @@ def test_the_dashboards_pick_stays_while_its_finding_goes_on():
     def steps(n):
         for _ in range(n):
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
+            one_step(w, opt, loss)
         w.recorder.flush()
         dash.refresh()
 

@@ -1257,26 +1257,9 @@ def test_a_causes_consequences_are_listed_under_it_by_a_click_and_each_focuses_t
                                                                                         runs_root):
     # SGD at a learning rate of 10: the list showed the cause's row alone, "1 warning", its 13 consequences
     # nowhere to click (2026-11-29)
-    import torch
-    import torch.nn.functional as F
+    from tests.diagnose.runs import diverging_mlp
 
-    import workbench
-
-    torch.manual_seed(0)
-    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    opt = torch.optim.SGD(model.parameters(), lr=10.0)
-    with workbench.watch(model, updates=True, store=runs_root / "hot/lr10") as w:
-        for _ in range(40):
-            i = torch.randint(1024, (256,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    found = w.diagnose()
+    found = diverging_mlp(store=runs_root / "hot/lr10").diagnose()
     folded = int((found.cause != "").sum())
     dead_at_1 = found[(found.finding == "dead_units") & (found.site == "layers.1")].iloc[0]
     assert dead_at_1.cause == "update_ratio_high at layers.0.weight"
@@ -1285,12 +1268,12 @@ def test_a_causes_consequences_are_listed_under_it_by_a_click_and_each_focuses_t
         _show_stored_run(page, served_app, "hot/lr10")
         note, table = page.locator("#replay-findings-note"), page.locator("#replay-findings")
         expect(note).to_contain_text(f"1 warning, and {folded} consequences of it folded under its row")
-        expect(table).to_contain_text(f"+{folded} consequences (pick to list)")
+        expect(table).to_contain_text(f"+{folded} consequences over steps 1–40 (pick to list)")
         rows = table.locator("[role=row]").filter(has_text="update_ratio_high")
         rows.first.locator("[role=gridcell]").first.click()
         expect(note).to_contain_text(f"{folded} consequences of it listed under its row")
         expect(table).to_contain_text("↳ consequence of update_ratio_high at layers.0.weight")
-        expect(table).to_contain_text(f"{folded} consequences below (pick to fold)")
+        expect(table).to_contain_text(f"{folded} consequences over steps 1–40 below (pick to fold)")
         # a consequence, clicked, moves the views to it as any finding (the list scrolled to it first)
         # (its finding's cell: the cause's evidence names it too)
         dead = (table.locator("[role=gridcell]").filter(has_text="↳ consequence of").filter(has_text="dead_units")

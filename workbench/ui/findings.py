@@ -45,7 +45,11 @@ _STATISTIC = {"nan_origin": "nan_count", "dead_units": "zero_frac", "constant_ou
 
 
 def _steps(row: Any) -> str:
-    return f"{row.step}" if row.step == row.last_step else f"{row.step}–{row.last_step}"
+    return _steps_text(row.step, row.last_step)
+
+
+def _steps_text(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}–{last}"
 
 
 #: What makes findings one where a module is called several times: the finding and where it is.
@@ -99,35 +103,37 @@ def _merged_calls(findings: pd.DataFrame) -> pd.DataFrame:
 def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     """The findings as a list shows them, those grouped under a cause (a ``cause`` named: a diverging run's dead
     units, vanished gradients, stilled weights) folded under it: the list shows what went wrong, its first row the
-    cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all). The consequences of a
-    cause whose :func:`pick_key` is in ``listed`` follow its row, each a finding to pick like any other (a page
-    lists them when its cause is picked, and folds them when it is picked again: :func:`toggled`).
+    cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all; a cause's row counts them
+    in its ``consequences`` column, and its evidence names each, with its steps). The consequences of a cause whose
+    :func:`pick_key` is in ``listed`` follow its row, each a finding to pick like any other (a page lists them when
+    its cause is picked, and folds them when it is picked again: :func:`toggled`).
 
-    Every row gets ``folded``: how many consequences its row holds (0 but for a cause), and ``listed``: whether
-    they follow it. The cause's evidence names every one, with its steps."""
+    Every row gets ``folded``: how many consequences its row holds (0 but for a cause), ``listed``: whether
+    they follow it, and ``trouble_steps``: of a cause, the steps from its first to the last any of its consequences
+    held (``1–40`` where its own are ``1–4``), "" for another row."""
     if "folded" in findings.columns:
         return findings
     listed = set(listed)
+    unfolded = dict(folded=0, listed=False, trouble_steps="")
     if "cause" not in findings.columns or not (findings.cause != "").any():
-        return findings.assign(folded=0, listed=False)
-    kept = findings[findings.cause == ""].reset_index(drop=True).assign(folded=0, listed=False)
+        return findings.assign(**unfolded)
+    kept = findings[findings.cause == ""].reset_index(drop=True).assign(**unfolded)
+    causes = kept.consequences > 0 if "consequences" in kept.columns else pd.Series(False, index=kept.index)
     after: dict[int, pd.DataFrame] = {}
     for cause, members in findings[findings.cause != ""].groupby("cause", sort=False):
-        roots = [i for i, r in enumerate(kept.itertuples()) if _WENT_WRONG in r.evidence
-                 and cause in {f"{r.finding} at {s}" for s in (getattr(r, "call_sites", None) or (r.site,))}]
+        roots = [i for i in np.flatnonzero(causes.to_numpy()) if cause in
+                 {f"{kept.finding[i]} at {s}" for s in (kept.call_sites[i] if "call_sites" in kept.columns
+                                                        else (kept.site[i],))}]
         if not roots:  # (a cause not in the list: its consequences are findings of their own, after the rest)
-            kept = pd.concat([kept, members.assign(folded=0, listed=False)], ignore_index=True)
+            kept = pd.concat([kept, members.assign(**unfolded)], ignore_index=True)
             continue
-        i = roots[0]
-        own = kept.evidence[i].split(_WENT_WRONG)[0].rstrip()
-        named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in members.itertuples())
-        count = f"{len(members)} finding{'s' if len(members) > 1 else ''}"
-        kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
-                                   f"consequences: {named}.")
+        i = int(roots[0])
         kept.loc[i, "folded"] = len(members)
+        kept.loc[i, "trouble_steps"] = _steps_text(int(kept.step[i]), max(int(kept.last_step[i]),
+                                                                          int(members.last_step.max())))
         if pick_key(kept.iloc[i]) in listed:
             kept.loc[i, "listed"] = True
-            after[i] = members.assign(folded=0, listed=False)
+            after[i] = members.assign(**unfolded)
     if not any(len(rows) for rows in after.values()):
         return kept
     parts = []
@@ -145,10 +151,6 @@ def toggled(listed: Any, row: Any) -> tuple:
         return listed
     key = pick_key(row)
     return tuple(k for k in listed if k != key) if key in listed else (*listed, key)
-
-
-#: How the evidence of a finding with consequences names them (:func:`workbench.diagnose.diagnose`).
-_WENT_WRONG = "The run went wrong from here:"
 
 
 def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
@@ -217,13 +219,17 @@ def during_interventions(findings: pd.DataFrame, interventions: pd.DataFrame | N
 
 def consequences_note(row: Any) -> str:
     """What a row says of the consequences (:func:`fold_consequences`): a cause's
-    ``+13 consequences (pick to list)`` (``13 consequences below (pick to fold)``), a
-    consequence's ``↳ consequence of update_ratio_high at 0``; "" for another finding."""
+    ``+13 consequences over steps 1–40 (pick to list)`` (``13 consequences over steps 1–40 below (pick to fold)``),
+    the steps from its first to the last any of them held, where past its own; a consequence's
+    ``↳ consequence of update_ratio_high at 0``; "" for another finding."""
     folded = int(getattr(row, "folded", 0) or 0)
     if folded:
         plural = "s" if folded > 1 else ""
-        return (f"{folded} consequence{plural} below (pick to fold)" if getattr(row, "listed", False)
-                else f"+{folded} consequence{plural} (pick to list)")
+        span = getattr(row, "trouble_steps", "")
+        # (the steps of the whole trouble, where they reach past the cause's own)
+        over = f" over {'steps' if '–' in span else 'step'} {span}" if span and span != _steps(row) else ""
+        return (f"{folded} consequence{plural}{over} below (pick to fold)" if getattr(row, "listed", False)
+                else f"+{folded} consequence{plural}{over} (pick to list)")
     cause = getattr(row, "cause", "")
     return f"↳ consequence of {cause}" if isinstance(cause, str) and cause else ""
 
@@ -435,7 +441,7 @@ def mark_steps(figure: dict[str, Any], step: int, last_step: int, color: str = "
 
 
 #: The columns a findings frame must have: ``cause`` may be missing (a frame drawn before it was one: none grouped).
-_REQUIRED = [c for c in COLUMNS if c != "cause"]
+_REQUIRED = [c for c in COLUMNS if c not in ("cause", "consequences")]
 
 
 def _check(findings: Any) -> None:

@@ -1177,8 +1177,8 @@ class Dashboard:
     def findings(self) -> Any:
         """The run's findings now, as the list shows them: a frame of :data:`workbench.diagnose.COLUMNS`
         and ``calls``, ``call_sites`` (a module's calls merged: :func:`workbench.ui.findings.merge_calls`),
-        ``folded``, ``listed`` (the consequences folded under a cause, listed under it once it was picked:
-        :func:`workbench.ui.findings.fold_consequences`)."""
+        ``folded``, ``listed``, ``trouble_steps`` (the consequences folded under a cause, listed under it once it
+        was picked, the steps they span: :func:`workbench.ui.findings.fold_consequences`)."""
         return self.diagnoses.frame(self._listed)
 
     def _intervention_log(self) -> Any:
