@@ -414,3 +414,26 @@ def test_findings_while_an_intervention_was_on_name_it(broken):
     unmarked = view.during_interventions(frame, None)
     assert unmarked.evidence.tolist() == frame.evidence.tolist() and "intervention" not in view.findings_summary(
         unmarked)
+
+
+def test_a_cause_is_not_merged_with_its_consequences_at_the_other_calls_of_its_module():
+    """Exploding gradients found first at call 1 of an unrolled module, then at its call 0 as a consequence: the
+    calls merged into one row under call 0's, whose cause named call 1's row, which was gone; the list showed two
+    consequences of no row and its summary counted no finding ("**Diagnoses:** .") until 2026-11-29. The cause
+    keeps its row; its consequences, merged by call among themselves, fold under it."""
+    went_wrong = "The run went wrong from here: 3 findings began at step 3 or later, listed after this one."
+    cause = "exploding_gradients at dyn.act#1 out.0"
+
+    def grad(call, step, last_step, cause="", evidence="e"):
+        return dict(finding(call, step, last_step, module="dyn.act"), finding="exploding_gradients", kind="grad_output",
+                    severity="error", cause=cause, evidence=evidence)
+
+    frame = pd.DataFrame([grad(1, 3, 9, evidence=f"e1. {went_wrong}"), grad(0, 4, 9, cause), grad(2, 4, 8, cause),
+                          dict(grad(0, 5, 9, cause), finding="loss_spike", kind="metric", module="loss", site="loss",
+                               tensor="", call=0)])
+    shown = view.merge_calls(frame)
+    assert shown[["site", "cause", "folded"]].values.tolist() == [["dyn.act#1 out.0", "", 2]]
+    assert "exploding_gradients at dyn.act out.0 (calls 0, 2), step 4–9" in shown.evidence[0]
+    assert view.findings_summary(shown).startswith("**Diagnoses:** ✖ 1 error, and 2 consequences of it folded")
+    listed = view.merge_calls(frame, view.toggled((), shown.iloc[0]))
+    assert listed.site.tolist() == ["dyn.act#1 out.0", "dyn.act out.0 (calls 0, 2)", "loss"]

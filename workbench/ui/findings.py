@@ -59,7 +59,8 @@ def merge_calls(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     (``act (calls 0–4)``), its steps span theirs, its severity is their worst and its evidence the lowest
     call's (``call 0: ...``), which ``call`` is. Every row gets ``calls`` and ``call_sites`` (the calls
     and their own site names: ``focus`` shows them all). Episodes of one call at different steps stay
-    apart, as diagnosed. Findings grouped under a cause are folded under it (:func:`fold_consequences`:
+    apart, as diagnosed, and so do a cause and its consequences (calls merge where their ``cause`` is the same).
+    Findings grouped under a cause are folded under it (:func:`fold_consequences`:
     ``listed``, the causes whose consequences are listed after them)."""
     _check(findings)
     return fold_consequences(findings if "calls" in findings.columns else _merged_calls(findings), listed)
@@ -69,13 +70,16 @@ def _merged_calls(findings: pd.DataFrame) -> pd.DataFrame:
     """:func:`merge_calls` without folding the consequences."""
     calls = [(int(c),) for c in findings.call]
     names = [(str(s),) for s in findings.site]
-    repeated = (findings.kind != "metric") & findings.duplicated(subset=_WHERE, keep=False)
+    # (a cause is never merged with its consequences, nor consequences of one cause with another's: the cause's row
+    # would be gone, its consequences naming a row no list has)
+    where = [*_WHERE, "cause"] if "cause" in findings.columns else _WHERE
+    repeated = (findings.kind != "metric") & findings.duplicated(subset=where, keep=False)
     if not repeated.any():
         return findings.assign(calls=calls, call_sites=names)
     rows = [dict(row, calls=c, call_sites=n) for row, c, n in zip(findings.to_dict("records"), calls, names)]
     groups: dict[tuple, list[int]] = {}
     for i in np.flatnonzero(repeated.to_numpy()):
-        groups.setdefault(tuple(rows[i][k] for k in _WHERE), []).append(int(i))
+        groups.setdefault(tuple(rows[i][k] for k in where), []).append(int(i))
     merged_away: set[int] = set()
     for members in groups.values():
         for episode in _overlapping(rows, members):
