@@ -1798,9 +1798,13 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     taken = {root, *members}
     # (the rest may hold a trouble of its own, begun after this one had ended: grouped the same way)
     rest = _grouped([r for i, r in enumerate(rows) if i not in taken], first_step)
-    # (the group where its root, at its worst severity, sorts among the others: most severe, then newest by last step)
+    # (the group where its root, at its worst severity, sorts among the others: most severe, then newest by last step;
+    # before or after a group of the rest, never inside it, whose consequences follow right after their root)
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
-    at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
+    starts = [k for k, r in enumerate(rest) if not r["cause"]]
+    ends = [*starts[1:], len(rest)]
+    at = next((k for k, end in zip(starts, ends)
+               if (-_RANK[rest[k]["severity"]], -max(r["last_step"] for r in rest[k:end])) > key), len(rest))
     return rest[:at] + group + rest[at:]
 
 
