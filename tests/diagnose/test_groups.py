@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from workbench.diagnose import _grouped
+import pandas as pd
+
+from workbench.diagnose import COLUMNS, _grouped
+from workbench.ui import findings as view
 
 
 def row(finding, site, step, last_step, severity="warning", kind="activation"):
@@ -28,3 +31,23 @@ def test_a_trouble_sorted_among_another_s_group_goes_before_or_after_it_never_in
         ("exploding_gradients", "a", ""), ("loss_spike", "loss", "exploding_gradients at a"),
         ("diverging", "loss2", "exploding_gradients at a")]
 
+
+def test_two_troubles_of_one_cause_at_one_site_each_fold_their_own_consequences():
+    # update ratios at b too high at steps 1-3 (a loss spike, dead units at c), and again from step 300 (a diverging
+    # loss): both groups' cause reads "update_ratio_high at b", and the lists folded the three consequences under
+    # the newer row, "3 findings began at step 300 or later", the older one claiming its own that were not there,
+    # until 2026-11-29
+    rows = [row("diverging", "loss", 301, 400, "error", "metric"), row("update_ratio_high", "b", 300, 400),
+            row("dead_units", "c", 2, 3), row("update_ratio_high", "b", 1, 3),
+            row("loss_spike", "loss", 2, 3, kind="metric")]
+    frame = pd.DataFrame([{c: r[c] for c in COLUMNS} for r in _grouped(rows)])
+    shown = view.merge_calls(frame)
+    assert shown[["step", "folded"]].values.tolist() == [[300, 1], [1, 2]]
+    assert "1 finding began at step 300 or later, its consequences: diverging at loss, step 301–400." in \
+        shown.evidence[0]
+    assert "2 findings began at step 1 or later, its consequences: dead_units at c, step 2–3; loss_spike at loss, " \
+        "step 2–3." in shown.evidence[1]
+    # (picking the older lists its own two under it, the newer's one stays folded)
+    older = view.merge_calls(frame, view.toggled((), shown.iloc[1]))
+    assert older[["step", "site", "listed"]].values.tolist() == [[300, "b", False], [1, "b", True], [2, "c", False],
+                                                                 [2, "loss", False]]

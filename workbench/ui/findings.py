@@ -104,8 +104,9 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     """The findings as a list shows them, those grouped under a cause (a ``cause`` named: a diverging run's dead
     units, vanished gradients, stilled weights) folded under it: the list shows what went wrong, its first row the
     cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all). The consequences of a
-    cause whose :func:`pick_key` is in ``listed`` follow its row, each a finding to pick like any other (a page
-    lists them when its cause is picked, and folds them when it is picked again: :func:`toggled`).
+    cause in ``listed`` follow its row, each a finding to pick like any other (a page lists them when its cause is
+    picked, and folds them when it is picked again: :func:`toggled`, which keeps ``listed``). Where one cause at
+    one site began two troubles, each row holds the consequences that began from its step on, before the next's.
 
     Every row gets ``folded``: how many consequences its row holds (0 but for a cause), and ``listed``: whether
     they follow it. The cause's evidence names every one, with its steps."""
@@ -122,16 +123,23 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
         if not roots:  # (a cause not in the list: its consequences are findings of their own, after the rest)
             kept = pd.concat([kept, members.assign(folded=0, listed=False)], ignore_index=True)
             continue
-        i = roots[0]
-        own = kept.evidence[i].split(_WENT_WRONG)[0].rstrip()
-        named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in members.itertuples())
-        count = f"{len(members)} finding{'s' if len(members) > 1 else ''}"
-        kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
-                                   f"consequences: {named}.")
-        kept.loc[i, "folded"] = len(members)
-        if pick_key(kept.iloc[i]) in listed:
-            kept.loc[i, "listed"] = True
-            after[i] = members.assign(folded=0, listed=False)
+        # (one cause at one site may begin two troubles, each grouped on its own (update ratios too high at steps
+        # 1-3, and again from step 300): a consequence is that of the one begun last at or before it)
+        owners = [max((i for i in roots if kept.step[i] <= step), key=lambda i: kept.step[i], default=roots[0])
+                  for step in members.step]
+        for i in roots:
+            own_members = members[[owner == i for owner in owners]]
+            if own_members.empty:
+                continue
+            own = kept.evidence[i].split(_WENT_WRONG)[0].rstrip()
+            named = "; ".join(f"{r.finding} at {r.site}, step {_steps(r)}" for r in own_members.itertuples())
+            count = f"{len(own_members)} finding{'s' if len(own_members) > 1 else ''}"
+            kept.loc[i, "evidence"] = (f"{own} {_WENT_WRONG} {count} began at step {kept.step[i]} or later, its "
+                                       f"consequences: {named}.")
+            kept.loc[i, "folded"] = len(own_members)
+            if _cause_key(kept.iloc[i]) in listed:
+                kept.loc[i, "listed"] = True
+                after[i] = own_members.assign(folded=0, listed=False)
     if not any(len(rows) for rows in after.values()):
         return kept
     parts = []
@@ -147,8 +155,14 @@ def toggled(listed: Any, row: Any) -> tuple:
     listed = tuple(listed)
     if not getattr(row, "folded", 0):
         return listed
-    key = pick_key(row)
+    key = _cause_key(row)
     return tuple(k for k in listed if k != key) if key in listed else (*listed, key)
+
+
+def _cause_key(row: Any) -> tuple:
+    """What ``listed`` remembers of a cause (:func:`toggled`): its :func:`pick_key` and the step it began (one
+    cause at one site may begin two troubles, each with its own consequences)."""
+    return (*pick_key(row), int(row.step))
 
 
 #: How the evidence of a finding with consequences names them (:func:`workbench.diagnose.diagnose`).
