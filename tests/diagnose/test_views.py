@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import workbench
 from workbench.diagnose import diagnose
+from workbench.ui import figures
 from workbench.ui import findings as view
 from workbench.ui.notebook import Dashboard
 from workbench.ui.views import RunView
@@ -437,3 +438,38 @@ def test_a_cause_is_not_merged_with_its_consequences_at_the_other_calls_of_its_m
     assert view.findings_summary(shown).startswith("**Diagnoses:** ✖ 1 error, and 2 consequences of it folded")
     listed = view.merge_calls(frame, view.toggled((), shown.iloc[0]))
     assert listed.site.tolist() == ["dyn.act#1 out.0", "dyn.act out.0 (calls 0, 2)", "loss"]
+
+
+def test_a_pick_draws_the_metrics_on_the_scales_the_page_kept(tmp_path):
+    """A page that left the metrics' panels to choose their scale keeps each once settled (a linear loss at its
+    first steps stays linear when it spikes later); a pick of a finding drew them on the scale the data chose
+    anew, a log y that the next tick took back, until 2026-11-29."""
+    from workbench.ui import run_page, stored_runs
+    from workbench.ui.runs import RunsRoot
+
+    model, partial = torch.nn.Linear(2, 2), RunView()
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    with workbench.watch(model, store=tmp_path / "runs" / "spiky") as w:
+        w.subscribe(partial.feed)
+        for step in range(40):
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=500.0 if step == 20 else 1.0 + 0.01 * (step % 3))
+            if step == 9:  # (the page drew its first 10 steps: the loss's scale settled linear)
+                w.recorder.flush()
+                state, *_ = run_page.redraw(partial, "header", "spiky", None, values)
+    assert figures.kept_scales(state["kept_log_metrics"], ["spiky"])["loss"] is False
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path / "runs"))
+    _note, table = view.stored_findings(cache, "spiky")
+
+    class Event:
+        index = (table.finding.tolist().index("loss_spike"), 0)
+
+    def find(pick):
+        replayed, _run, _message = cache.get(pick)
+        return replayed, "header", pd.DataFrame()
+
+    assert figures.metrics_figure(find("spiky")[0], log_y=None)["layout"]["yaxis"]["type"] == "log"  # (chosen anew)
+    state, *updates, _note, _statistic, _list = view.stored_select_handler(cache, find)("spiky", state, *values,
+                                                                                         Event())
+    metrics = json.loads(dict(zip(run_page.VIEW_OUTPUTS, updates))["metrics"].plot)
+    assert metrics["layout"]["meta"]["metrics"] == ["loss"] and metrics["layout"]["yaxis"]["type"] == "linear"

@@ -616,6 +616,7 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
         controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=list(target.sites),
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
+    controls = run_page.with_kept_scales(controls, state, run_id)  # (the metrics' panels as the ticks draw them)
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = run_page.draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
