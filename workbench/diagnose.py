@@ -391,6 +391,12 @@ MOVING_GRADIENT = 1e-3
 #: ``update_ratio_low`` (1e-6, some 8 roundings) moves its largest entries by more.
 UNCHANGED_ROUNDINGS = 2
 
+#: The most recorded steps in a row a bias's ``.grad`` is taken to sum while its value stays as it was (gradient
+#: accumulation on purpose: ``w.step()`` per micro-batch, the optimizer stepped every k-th). A bias unchanged for
+#: longer is stepped by no optimizer (one built on a copy of the model, whose ``zero_grad()`` leaves these
+#: gradients as they are), and its ``.grad`` is judged by each step's own bound again (``gradients_accumulate``).
+MAX_ACCUMULATED_STEPS = 32
+
 #: The zero fraction of the sparsest live unit a ``dead_units`` finding must not be taken for by chance: healthy ReLU
 #: layers of the built-in experiments read up to ~0.72 zeros. A unit 0 for this share of its inputs is 0 for all ``M``
 #: of them with chance ``LIVE_ZERO_FRAC^M``: a site with ``u`` units is found dead only once the steps it held saw
@@ -442,7 +448,7 @@ class Diagnoser:
         #: bias key -> (step, ||grad||, ||grad|| over its bound) first recorded
         self._bias_start: dict[tuple, tuple[int, float, float]] = {}
         #: bias key -> (step, its value's norm, mean, std, min, max, the bound its .grad may reach, whether that step
-        #: left its value as it was) at the last recorded step (_bias_windows)
+        #: left its value as it was, how many steps in a row before it did) at the last recorded step (_bias_windows)
         self._bias_window: dict[tuple, tuple] = {}
         self._bias_most = np.zeros((0, 0))  # the current block's (steps, biases) of _bias_windows
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
@@ -846,8 +852,9 @@ class Diagnoser:
         mean, std, min and max within :data:`UNCHANGED_ROUNDINGS` of those of the recorded step before) ran no
         optimizer step, and so most likely no ``zero_grad()`` either: gradient accumulation on purpose, ``w.step()``
         per micro-batch and the optimizer stepped every k-th, sums the k micro-batches' gradients in ``.grad``. A bias
-        the optimizer has not changed since the run's first recorded step sums them from there. Without the bias's
-        value recorded, this step's bound alone."""
+        the optimizer has not changed since the run's first recorded step sums them from there. A bias left as it was
+        for more than :data:`MAX_ACCUMULATED_STEPS` steps in a row is stepped by no optimizer: each step after those
+        has its own bound alone. Without the bias's value recorded, this step's bound alone."""
         norm = stats["norm"]
         value_of = {g: p for p, g in layout.grad_of.items()}
         most = np.zeros((len(steps), len(layout.bias_bounds)))
@@ -861,7 +868,7 @@ class Diagnoser:
             key = layout.keys[b][:4]
             # (the .grad of this step's backward pass holds the step before's too where that step did not change the
             # value: the values are recorded at w.step(), after the optimizer's step; before the first, none ran)
-            last_step, last_value, window, kept = self._bias_window.get(key, (None, None, 0.0, True))
+            last_step, last_value, window, kept, held = self._bias_window.get(key, (None, None, 0.0, True, 0))
             value = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1).astype(np.float64)
             before = np.vstack([last_value if last_value is not None else np.full(5, np.nan), value[:-1]])
             before_step = np.r_[last_step if last_step is not None else -10, np.asarray(steps[:-1])]
@@ -875,6 +882,12 @@ class Diagnoser:
                 kept_now[0] = bool(np.isfinite(value[0]).all())
             # each step's bound plus the steps' before it back to one that changed the value (a sum restarted there)
             carry = np.r_[kept, kept_now[:-1]]
+            # (how many steps in a row each carried the step before's, ``held`` of them before this block: past
+            # MAX_ACCUMULATED_STEPS no sum, the .grad judged by this step's bound)
+            at = np.arange(len(steps))
+            last_restart = np.maximum.accumulate(np.where(carry, -1, at))
+            in_a_row = np.where(carry, np.where(last_restart >= 0, at - last_restart, at + 1 + held), 0)
+            carry &= in_a_row <= MAX_ACCUMULATED_STEPS
             total = np.cumsum(bound.astype(np.float64))
             restart = np.flatnonzero(~carry)
             base = np.zeros(len(steps))
@@ -887,7 +900,8 @@ class Diagnoser:
             else:
                 base[:] = -window
             most[:, j] = total - base
-            self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]))
+            self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]),
+                                      int(in_a_row[-1]))
         return most
 
     def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray]:
