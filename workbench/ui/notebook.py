@@ -101,6 +101,7 @@ class _CellsShowing:
             self._cells[widget].discard(self._running)
 
     def _post_run_cell(self, _result: Any) -> None:
+        self._running = None  # (a widget shown between cells, by a callback, is no cell's)
         left, self._left = self._left, []
         for widget in left:
             if not self._cells.get(widget):  # (no cell shows it any more)
