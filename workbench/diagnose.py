@@ -1777,7 +1777,8 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     under their cause: the finding of :data:`ROOT_FINDINGS` that began first (of those that began at once, the first of
     that tuple) is the root, and every finding that began while it or one of its consequences held (at most
     :func:`_rejoin_gap` steps after the last of them held; but :data:`NOT_CONSEQUENCES`) follows right after it, its
-    ``cause`` naming the root, where the group holds one of :data:`BLOWN_UP`; else the root that began next is tried.
+    ``cause`` naming the root, where it has one at least and the group holds one of :data:`BLOWN_UP`; else the root
+    that began next is tried.
     The root's severity is the worst of its group's, so that it leads as its consequences would. A learning rate of 10
     on a ReLU MLP: its update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled
     weights (10 rows of equal rank, the dead units first, until 2026-11-29). A finding that began after the root's
@@ -1788,15 +1789,13 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
                         key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
     if not candidates or not any(r["finding"] in BLOWN_UP for r in rows):
         return rows
-    for root in candidates:
+    for root in candidates:  # (a root without consequences is a finding of its own: the next is tried)
         members = _consequences(rows, root, first_step)
-        if any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
+        if members and any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
             break
     else:
         return rows
     start = rows[root]["step"]
-    if not members:
-        return rows
     # (in the order they began: what happened, step by step; the root's kind first, the same cause at other sites)
     order = {name: i for i, name in enumerate(FINDINGS)}
     members.sort(key=lambda i: ((rows[i]["finding"], rows[i]["step"]) != (rows[root]["finding"], start),

@@ -51,3 +51,14 @@ def test_two_troubles_of_one_cause_at_one_site_each_fold_their_own_consequences(
     older = view.merge_calls(frame, view.toggled((), shown.iloc[1]))
     assert older[["step", "site", "listed"]].values.tolist() == [[300, "b", False], [1, "b", True], [2, "c", False],
                                                                  [2, "loss", False]]
+
+
+def test_a_blow_up_with_no_consequences_leaves_a_later_trouble_grouped():
+    # activations thrown up at steps 10-12 and nothing else then; from step 300 update ratios too high make the loss
+    # diverge and kill units: the first candidate, a group of one, ended the grouping, the later trouble's three
+    # findings left as unrelated rows, until 2026-11-29
+    rows = [row("diverging", "loss", 301, 400, "error", "metric"), row("update_ratio_high", "b", 300, 400),
+            row("dead_units", "c", 302, 400), row("exploding_activations", "x", 10, 12)]
+    assert listed(_grouped(rows)) == [
+        ("update_ratio_high", "b", ""), ("diverging", "loss", "update_ratio_high at b"),
+        ("dead_units", "c", "update_ratio_high at b"), ("exploding_activations", "x", "")]
