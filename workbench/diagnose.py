@@ -450,7 +450,6 @@ class Diagnoser:
         #: bias key -> (step, its value's norm, mean, std, min, max, the bound its .grad may reach, whether that step
         #: left its value as it was, how many steps in a row before it did) at the last recorded step (_bias_windows)
         self._bias_window: dict[tuple, tuple] = {}
-        self._bias_most = np.zeros((0, 0))  # the current block's (steps, biases) of _bias_windows
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -735,12 +734,12 @@ class Diagnoser:
         one by one, in order (the episodes of a finding are kept step by step)."""
         layout = None
         screened = np.zeros(len(steps), bool)
-        bounds = None
+        bounds = bias_most = None
         if keys:
             layout = self._layout
             if layout is None or layout.keys != keys:
                 layout = self._layout = self._learn(keys, {c: v[0] for c, v in stats.items()}, tensors)
-            screened, bounds = self._screen(steps, layout, stats)
+            screened, bounds, bias_most = self._screen(steps, layout, stats)
         losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] if m else () for m in metrics]
         for i, step in enumerate(steps):
             self.last_step = max(self.last_step, step)
@@ -753,7 +752,7 @@ class Diagnoser:
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
                 self._activation_check(step, layout, row)
-                self._accumulation_check(step, layout, row, self._bias_most[i])
+                self._accumulation_check(step, layout, row, bias_most[i])
                 self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0))
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
@@ -768,9 +767,11 @@ class Diagnoser:
             known = self._loss_names[name] = name.lower() in {p.lower() for p in self.thresholds.loss_metrics}
         return known
 
-    def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None]:
-        """Which steps of a block a check may find something at (the rest need no look), and the
-        bounds on the update ratios read from consecutive parameter values (runs without updates)."""
+    def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None,
+                                                                               np.ndarray]:
+        """Which steps of a block a check may find something at (the rest need no look), the
+        bounds on the update ratios read from consecutive parameter values (runs without updates), and the
+        most each bias's ``.grad`` may hold per step (:meth:`_bias_windows`, which ``gradients_accumulate`` reads)."""
         t = self.thresholds
         n = len(steps)
         zero, lo, hi, mean, std, norm, numel = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std", "norm",
@@ -828,9 +829,9 @@ class Diagnoser:
                 known = [math.log10(v) for v in self._act_start.values()] + [v for v in top[:need] if np.isfinite(v)]
                 if known:
                     look[need:] |= top[need:] - max(known) > t.activation_growth_orders
-            self._bias_most = self._bias_windows(steps, layout, stats)
+            bias_most = self._bias_windows(steps, layout, stats)
             for j, (b, _outputs, _entries) in enumerate(layout.bias_bounds):  # (larger than its backward passes make)
-                look |= norm[:, b] > self._bias_most[:, j] * (1 + 1e-4)
+                look |= norm[:, b] > bias_most[:, j] * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
                 u, p = layout.pair_columns
@@ -843,7 +844,7 @@ class Diagnoser:
                 bound, same = self._param_bounds(steps, layout, stats)
                 look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
                 bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
-        return look, bounds
+        return look, bounds, bias_most
 
     def _bias_windows(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
         """Per step and bias of ``layout.bias_bounds``, the most the backward passes its ``.grad`` may hold can give
