@@ -1561,3 +1561,18 @@ def test_a_dashboard_shown_outside_any_cell_is_not_stopped_when_the_last_cell_ru
     assert elsewhere.following
     elsewhere.close()
     shell.user_ns["w"].close()
+
+
+def test_a_dashboard_stopped_while_its_run_goes_on_says_so_when_shown_again(shell):
+    """A dashboard its cell no longer showed stopped following its run; shown again by another cell, it read as
+    live (its header 'running') while no step since was drawn."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    shell.user_ns.update(w=exp.watch(), exp=exp, Dashboard=Dashboard)
+    shell.run_cell("dash = Dashboard(w, interval=0.05); dash", cell_id="a")
+    dash = shell.user_ns["dash"]
+    assert "no longer follows" not in dash.header.value
+    shell.run_cell("exp.run(1, progress=False)", cell_id="a")  # (cell a no longer shows it)
+    wait_for(lambda: not dash.following, what="the dashboard no cell shows to stop")
+    shell.run_cell("dash", cell_id="b")
+    assert "no longer follows" in dash.header.value and "new Dashboard" in dash.header.value
+    shell.user_ns["w"].close()
