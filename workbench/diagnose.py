@@ -407,6 +407,12 @@ STILL_FIRST_CHANGE = 3
 #: ``update_ratio_low`` (1e-6, some 8 roundings) moves its largest entries by more.
 UNCHANGED_ROUNDINGS = 2
 
+#: The most recorded steps in a row a bias's ``.grad`` is taken to sum while its value stays as it was (gradient
+#: accumulation on purpose: ``w.step()`` per micro-batch, the optimizer stepped every k-th). A bias unchanged for
+#: longer is stepped by no optimizer (one built on a copy of the model, whose ``zero_grad()`` leaves these
+#: gradients as they are), and its ``.grad`` is judged by each step's own bound again (``gradients_accumulate``).
+MAX_ACCUMULATED_STEPS = 32
+
 #: The zero fraction of the sparsest live unit a ``dead_units`` finding must not be taken for by chance: healthy ReLU
 #: layers of the built-in experiments read up to ~0.72 zeros. A unit 0 for this share of its inputs is 0 for all ``M``
 #: of them with chance ``LIVE_ZERO_FRAC^M``: a site with ``u`` units is found dead only once the steps it held saw
@@ -458,14 +464,12 @@ class Diagnoser:
         #: bias key -> (step, ||grad||, ||grad|| over its bound) first recorded
         self._bias_start: dict[tuple, tuple[int, float, float]] = {}
         #: bias key -> (step, its value's norm, mean, std, min, max, the bound its .grad may reach, whether that step
-        #: left its value as it was) at the last recorded step (_bias_windows)
+        #: left its value as it was, how many steps in a row before it did) at the last recorded step (_bias_windows)
         self._bias_window: dict[tuple, tuple] = {}
-        self._bias_most = np.zeros((0, 0))  # the current block's (steps, biases) of _bias_windows
         #: param key -> (||grad|| at the first step of its streak of unchanged steps, ||grad||, whether it changed at a
         #: recorded step, its unchanged steps since it last changed, the longest streak of a sum that ended in a
         #: change) at the last recorded step (_still_codes)
         self._still: dict[tuple, tuple] = {}
-        self._still_now = np.zeros((0, 0), np.int8)  # the current block's (steps, params) of _still_codes
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -750,12 +754,12 @@ class Diagnoser:
         one by one, in order (the episodes of a finding are kept step by step)."""
         layout = None
         screened = np.zeros(len(steps), bool)
-        bounds = None
+        bounds = bias_most = still = None
         if keys:
             layout = self._layout
             if layout is None or layout.keys != keys:
                 layout = self._layout = self._learn(keys, {c: v[0] for c, v in stats.items()}, tensors)
-            screened, bounds = self._screen(steps, layout, stats)
+            screened, bounds, bias_most, still = self._screen(steps, layout, stats)
         losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] if m else () for m in metrics]
         for i, step in enumerate(steps):
             self.last_step = max(self.last_step, step)
@@ -768,9 +772,9 @@ class Diagnoser:
                 self._units_check(step, layout, row)
                 self._gradient_check(step, layout, row)
                 self._activation_check(step, layout, row)
-                self._accumulation_check(step, layout, row, self._bias_most[i])
+                self._accumulation_check(step, layout, row, bias_most[i])
                 self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0),
-                                   self._still_now[i] if len(self._still_now) else None)
+                                   still[i] if still.shape[1] else None)
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
             if keys:
@@ -784,14 +788,18 @@ class Diagnoser:
             known = self._loss_names[name] = name.lower() in {p.lower() for p in self.thresholds.loss_metrics}
         return known
 
-    def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None]:
-        """Which steps of a block a check may find something at (the rest need no look), and the
-        bounds on the update ratios read from consecutive parameter values (runs without updates)."""
+    def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None,
+                                                                               np.ndarray, np.ndarray]:
+        """Which steps of a block a check may find something at (the rest need no look), the
+        bounds on the update ratios read from consecutive parameter values (runs without updates), the
+        most each bias's ``.grad`` may hold per step (:meth:`_bias_windows`, which ``gradients_accumulate`` reads),
+        and how each parameter's value reads beside its gradient (:meth:`_still_codes`, which ``not_updated`` reads;
+        (steps, 0) where no parameter is judged)."""
         t = self.thresholds
         n = len(steps)
         zero, lo, hi, mean, std, norm, numel = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std", "norm",
                                                                    "numel"))
-        self._still_now = np.zeros((n, 0), np.int8)
+        still = np.zeros((n, 0), np.int8)
         with np.errstate(all="ignore"):
             look = ((stats["nan_count"] > 0) | (stats["inf_count"] > 0)).any(1)
             act = (layout.kind == "activation") & ~layout.alias
@@ -845,9 +853,9 @@ class Diagnoser:
                 known = [math.log10(v) for v in self._act_start.values()] + [v for v in top[:need] if np.isfinite(v)]
                 if known:
                     look[need:] |= top[need:] - max(known) > t.activation_growth_orders
-            self._bias_most = self._bias_windows(steps, layout, stats)
+            bias_most = self._bias_windows(steps, layout, stats)
             for j, (b, _outputs, _entries) in enumerate(layout.bias_bounds):  # (larger than its backward passes make)
-                look |= norm[:, b] > self._bias_most[:, j] * (1 + 1e-4)
+                look |= norm[:, b] > bias_most[:, j] * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
                 u, p = layout.pair_columns
@@ -857,15 +865,16 @@ class Diagnoser:
                 column = np.searchsorted(layout.params, p)  # (layout.params is sorted: rows in recorded order)
                 unchanged, changed = np.zeros((n, len(layout.params)), bool), np.zeros((n, len(layout.params)), bool)
                 unchanged[:, column], changed[:, column] = norm[:, u] == 0, np.isfinite(ratio) & (norm[:, u] > 0)
-                look |= self._take_still(steps, layout, stats, unchanged, changed)
+                still = self._still_codes(steps, layout, stats, unchanged, changed)
                 if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
                     look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
             elif layout.params.size:
                 bound, same, changed = self._param_bounds(steps, layout, stats)
                 look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
-                look |= self._take_still(steps, layout, stats, same, changed)
+                still = self._still_codes(steps, layout, stats, same, changed)
                 bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
-        return look, bounds
+            look |= (still == STILL_FIRST_CHANGE).any(1)  # (a first change may take back a finding)
+        return look, bounds, bias_most, still
 
     def _bias_windows(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
         """Per step and bias of ``layout.bias_bounds``, the most the backward passes its ``.grad`` may hold can give
@@ -874,8 +883,9 @@ class Diagnoser:
         mean, std, min and max within :data:`UNCHANGED_ROUNDINGS` of those of the recorded step before) ran no
         optimizer step, and so most likely no ``zero_grad()`` either: gradient accumulation on purpose, ``w.step()``
         per micro-batch and the optimizer stepped every k-th, sums the k micro-batches' gradients in ``.grad``. A bias
-        the optimizer has not changed since the run's first recorded step sums them from there. Without the bias's
-        value recorded, this step's bound alone."""
+        the optimizer has not changed since the run's first recorded step sums them from there. A bias left as it was
+        for more than :data:`MAX_ACCUMULATED_STEPS` steps in a row is stepped by no optimizer: each step after those
+        has its own bound alone. Without the bias's value recorded, this step's bound alone."""
         norm = stats["norm"]
         value_of = {g: p for p, g in layout.grad_of.items()}
         most = np.zeros((len(steps), len(layout.bias_bounds)))
@@ -889,7 +899,7 @@ class Diagnoser:
             key = layout.keys[b][:4]
             # (the .grad of this step's backward pass holds the step before's too where that step did not change the
             # value: the values are recorded at w.step(), after the optimizer's step; before the first, none ran)
-            last_step, last_value, window, kept = self._bias_window.get(key, (None, None, 0.0, True))
+            last_step, last_value, window, kept, held = self._bias_window.get(key, (None, None, 0.0, True, 0))
             value = np.stack([stats[c][:, p] for c in ("norm", "mean", "std", "min", "max")], 1).astype(np.float64)
             before = np.vstack([last_value if last_value is not None else np.full(5, np.nan), value[:-1]])
             before_step = np.r_[last_step if last_step is not None else -10, np.asarray(steps[:-1])]
@@ -903,6 +913,12 @@ class Diagnoser:
                 kept_now[0] = bool(np.isfinite(value[0]).all())
             # each step's bound plus the steps' before it back to one that changed the value (a sum restarted there)
             carry = np.r_[kept, kept_now[:-1]]
+            # (how many steps in a row each carried the step before's, ``held`` of them before this block: past
+            # MAX_ACCUMULATED_STEPS no sum, the .grad judged by this step's bound)
+            at = np.arange(len(steps))
+            last_restart = np.maximum.accumulate(np.where(carry, -1, at))
+            in_a_row = np.where(carry, np.where(last_restart >= 0, at - last_restart, at + 1 + held), 0)
+            carry &= in_a_row <= MAX_ACCUMULATED_STEPS
             total = np.cumsum(bound.astype(np.float64))
             restart = np.flatnonzero(~carry)
             base = np.zeros(len(steps))
@@ -915,15 +931,9 @@ class Diagnoser:
             else:
                 base[:] = -window
             most[:, j] = total - base
-            self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]))
+            self._bias_window[key] = (int(steps[-1]), value[-1], float(most[-1, j]), bool(kept_now[-1]),
+                                      int(in_a_row[-1]))
         return most
-
-    def _take_still(self, steps: list[int], layout: _Layout, stats: dict, unchanged: np.ndarray,
-                    changed: np.ndarray) -> np.ndarray:
-        """Keep the block's :meth:`_still_codes` for the steps' judgement; the steps to look at for them: those where
-        a parameter changed for the first time (:data:`STILL_FIRST_CHANGE`)."""
-        self._still_now = self._still_codes(steps, layout, stats, unchanged, changed)
-        return (self._still_now == STILL_FIRST_CHANGE).any(1)
 
     def _still_codes(self, steps: list[int], layout: _Layout, stats: dict, unchanged: np.ndarray,
                      changed: np.ndarray) -> np.ndarray:
@@ -1686,9 +1696,9 @@ class Diagnoser:
                                   f"(zero_grad() called on an optimizer that does not hold it, one built on a copy of "
                                   f"the model, or not called at all), or summed over micro-batches with w.step() per "
                                   f"micro-batch whose first optimizer step has not come (then this finding goes once "
-                                  f"it changes). gradients_accumulate is not said while the parameter never changes: "
-                                  f"a gradient summed since the first step is what accumulation holds before its "
-                                  f"first optimizer step.")
+                                  f"it changes). gradients_accumulate (read from a bias) waits {MAX_ACCUMULATED_STEPS} "
+                                  f"unchanged steps in a row: a gradient summed since the first step is what "
+                                  f"accumulation holds before its first optimizer step.")
 
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
@@ -1889,7 +1899,8 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     under their cause: the finding of :data:`ROOT_FINDINGS` that began first (of those that began at once, the first of
     that tuple) is the root, and every finding that began while it or one of its consequences held (at most
     :func:`_rejoin_gap` steps after the last of them held; but :data:`NOT_CONSEQUENCES`) follows right after it, its
-    ``cause`` naming the root, where the group holds one of :data:`BLOWN_UP`; else the root that began next is tried.
+    ``cause`` naming the root, where it has one at least and the group holds one of :data:`BLOWN_UP`; else the root
+    that began next is tried.
     The root's severity is the worst of its group's, so that it leads as its consequences would. A learning rate of 10
     on a ReLU MLP: its update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled
     weights (10 rows of equal rank, the dead units first, until 2026-11-29). A finding that began after the root's
@@ -1900,15 +1911,13 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
                         key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
     if not candidates or not any(r["finding"] in BLOWN_UP for r in rows):
         return rows
-    for root in candidates:
+    for root in candidates:  # (a root without consequences is a finding of its own: the next is tried)
         members = _consequences(rows, root, first_step)
-        if any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
+        if members and any(rows[i]["finding"] in BLOWN_UP for i in [root, *members]):
             break
     else:
         return rows
     start = rows[root]["step"]
-    if not members:
-        return rows
     # (in the order they began: what happened, step by step; the root's kind first, the same cause at other sites)
     order = {name: i for i, name in enumerate(FINDINGS)}
     members.sort(key=lambda i: ((rows[i]["finding"], rows[i]["step"]) != (rows[root]["finding"], start),
@@ -1921,9 +1930,13 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     taken = {root, *members}
     # (the rest may hold a trouble of its own, begun after this one had ended: grouped the same way)
     rest = _grouped([r for i, r in enumerate(rows) if i not in taken], first_step)
-    # (the group where its root, at its worst severity, sorts among the others: most severe, then newest by last step)
+    # (the group where its root, at its worst severity, sorts among the others: most severe, then newest by last step;
+    # before or after a group of the rest, never inside it, whose consequences follow right after their root)
     key = (-_RANK[head["severity"]], -max(r["last_step"] for r in group))
-    at = next((k for k, r in enumerate(rest) if (-_RANK[r["severity"]], -r["last_step"]) > key), len(rest))
+    starts = [k for k, r in enumerate(rest) if not r["cause"]]
+    ends = [*starts[1:], len(rest)]
+    at = next((k for k, end in zip(starts, ends)
+               if (-_RANK[rest[k]["severity"]], -max(r["last_step"] for r in rest[k:end])) > key), len(rest))
     return rest[:at] + group + rest[at:]
 
 

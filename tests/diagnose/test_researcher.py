@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
-from workbench.diagnose import Diagnoser
+from workbench.diagnose import MAX_ACCUMULATED_STEPS, Diagnoser
 
 from tests.diagnose.runs import fit_steps, one_step
 
@@ -228,10 +228,10 @@ def test_an_optimizer_built_on_a_copy_of_the_model_reads_as_a_plateau_and_weight
     assert "has not fallen in its 60 steps" in f[f.finding == "loss_plateau"].evidence.iloc[0]
     assert sorted(f[f.finding == "not_updated"].site) == ["0.weight", "2.weight", "4.weight"]
     # the model's own .grad is never zeroed (zero_grad() clears the copy's): its gradients add up step after step,
-    # but a bias the optimizer never changed reads as gradient accumulation over micro-batches whose optimizer step
-    # has not come yet (gradients_accumulate here from 2026-11-29 until the same day: it fired on accumulation on
-    # purpose, w.step() per micro-batch); not_updated names the cause
-    assert set(f.finding) == {"loss_plateau", "not_updated"}
+    # which a bias the optimizer never changed reads as gradient accumulation over micro-batches whose optimizer step
+    # has not come yet for MAX_ACCUMULATED_STEPS steps, then as gradients_accumulate; not_updated names the cause
+    assert set(f.finding) == {"loss_plateau", "not_updated", "gradients_accumulate"}
+    assert f[f.finding == "gradients_accumulate"].step.min() > MAX_ACCUMULATED_STEPS
     assert "it is not given this parameter" in f[f.finding == "not_updated"].evidence.iloc[0]
     assert fit(relu_mlp(), steps=60).diagnose().empty  # (the same net, its optimizer on it, learns)
 

@@ -236,3 +236,30 @@ def test_a_causes_consequences_are_counted_listed_under_it_when_it_is_picked_and
     state, *updates, note, statistic, _list = click(state, dead)
     out = dict(zip(run_page.VIEW_OUTPUTS, updates))
     assert statistic == "zero_frac" and out["sites"].value == ["layers.1"] and "**dead_units** at `layers.1`" in note
+
+
+def test_an_optimizer_built_on_a_copy_of_the_model_is_found_as_gradients_that_accumulate():
+    # the model's .grad is never zeroed (zero_grad() zeroes the copy's) and its biases never change: summed over every
+    # step since the run's first, as micro-batches accumulated on purpose before their optimizer step are, the bound
+    # grew with the gradient and only not_updated was found, from 2026-11-29 until the same day's review; now from
+    # the 33rd step (MAX_ACCUMULATED_STEPS), as the docs' table says
+    import copy
+
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.01)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            i = torch.randint(1024, (64,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+    f = w.diagnose()
+    assert "not_updated" in set(f.finding)
+    found = f[f.finding == "gradients_accumulate"]
+    assert len(found) and found.site.iloc[0].endswith(".bias") and found.severity.iloc[0] == "error"

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import workbench
 from workbench.diagnose import diagnose
+from workbench.ui import figures
 from workbench.ui import findings as view
 from workbench.ui.notebook import Dashboard
 from workbench.ui.views import RunView
@@ -410,3 +411,63 @@ def test_findings_while_an_intervention_was_on_name_it(broken):
     unmarked = view.during_interventions(frame, None)
     assert unmarked.evidence.tolist() == frame.evidence.tolist() and "intervention" not in view.findings_summary(
         unmarked)
+
+
+def test_a_cause_is_not_merged_with_its_consequences_at_the_other_calls_of_its_module():
+    """Exploding gradients found first at call 1 of an unrolled module, then at its call 0 as a consequence: the
+    calls merged into one row under call 0's, whose cause named call 1's row, which was gone; the list showed two
+    consequences of no row and its summary counted no finding ("**Diagnoses:** .") until 2026-11-29. The cause
+    keeps its row; its consequences, merged by call among themselves, fold under it."""
+    went_wrong = ("The run went wrong from here: 3 findings began at step 3 or later, its consequences: "
+                  "exploding_gradients at dyn.act#0 out.0, step 4–9; exploding_gradients at dyn.act#2 out.0, step "
+                  "4–8; loss_spike at loss, step 5–9.")
+    cause = "exploding_gradients at dyn.act#1 out.0"
+
+    def grad(call, step, last_step, cause="", evidence="e", consequences=0):
+        return dict(finding(call, step, last_step, module="dyn.act"), finding="exploding_gradients", kind="grad_output",
+                    severity="error", cause=cause, evidence=evidence, consequences=consequences)
+
+    frame = pd.DataFrame([grad(1, 3, 9, evidence=f"e1. {went_wrong}", consequences=3), grad(0, 4, 9, cause),
+                          grad(2, 4, 8, cause), dict(grad(0, 5, 9, cause), finding="loss_spike", kind="metric",
+                                                     module="loss", site="loss", tensor="", call=0)])
+    shown = view.merge_calls(frame)
+    assert shown[["site", "cause", "folded"]].values.tolist() == [["dyn.act#1 out.0", "", 2]]
+    assert shown.evidence[0] == f"e1. {went_wrong}"  # (as diagnose wrote it, naming each call's own finding)
+    assert view.findings_summary(shown).startswith("**Diagnoses:** ✖ 1 error, and 2 consequences of it folded")
+    listed = view.merge_calls(frame, view.toggled((), shown.iloc[0]))
+    assert listed.site.tolist() == ["dyn.act#1 out.0", "dyn.act out.0 (calls 0, 2)", "loss"]
+
+
+def test_a_pick_draws_the_metrics_on_the_scales_the_page_kept(tmp_path):
+    """A page that left the metrics' panels to choose their scale keeps each once settled (a linear loss at its
+    first steps stays linear when it spikes later); a pick of a finding drew them on the scale the data chose
+    anew, a log y that the next tick took back, until 2026-11-29."""
+    from workbench.ui import run_page, stored_runs
+    from workbench.ui.runs import RunsRoot
+
+    model = torch.nn.Linear(2, 2)
+    values = [None, 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True]
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path / "runs"))
+    with workbench.watch(model, store=tmp_path / "runs" / "spiky") as w:
+        for step in range(40):
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=500.0 if step == 20 else 1.0 + 0.01 * (step % 3))
+            if step == 9:  # (the page drew its first 10 steps, read while the run records: its loss settled linear)
+                w.recorder.flush()
+                partial, _run, _message = cache.get("spiky")
+                state, *_ = run_page.redraw(partial, "header", "spiky", None, values)
+    assert figures.kept_scales(state["kept_log_metrics"], [run_page.recording_of("spiky", partial)])["loss"] is False
+    _note, table = view.stored_findings(cache, "spiky")
+
+    class Event:
+        index = (table.finding.tolist().index("loss_spike"), 0)
+
+    def find(pick):
+        replayed, _run, _message = cache.get(pick)
+        return replayed, "header", pd.DataFrame()
+
+    assert figures.metrics_figure(find("spiky")[0], log_y=None)["layout"]["yaxis"]["type"] == "log"  # (chosen anew)
+    state, *updates, _note, _statistic, _list = view.stored_select_handler(cache, find)("spiky", state, *values,
+                                                                                         Event())
+    metrics = json.loads(dict(zip(run_page.VIEW_OUTPUTS, updates))["metrics"].plot)
+    assert metrics["layout"]["meta"]["metrics"] == ["loss"] and metrics["layout"]["yaxis"]["type"] == "linear"

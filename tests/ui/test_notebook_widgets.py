@@ -1544,3 +1544,35 @@ def test_a_dashboard_no_cell_shows_any_more_stops_its_timer_and_one_shown_twice_
     third.widget.close()  # (its widget closed, as a front end closes it)
     wait_for(lambda: not third.following, what="the closed widget's dashboard to stop")
     shell.user_ns["w"].close()
+
+
+def test_a_dashboard_shown_outside_any_cell_is_not_stopped_when_the_last_cell_run_runs_again(shell):
+    """A dashboard displayed by no cell (from a button's callback into an Output widget, between cells) was taken
+    for one shown by the cell run last, and stopped when that cell ran again, though its output never held it."""
+    from IPython.display import display
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    shell.user_ns.update(w=exp.watch(), Dashboard=Dashboard)
+    shell.run_cell("shown = Dashboard(w, interval=0.05); shown", cell_id="a")  # (the cells followed from here)
+    elsewhere = Dashboard(shell.user_ns["w"], interval=0.05)
+    display(elsewhere)  # (between cells)
+    shell.run_cell("1", cell_id="a")  # (cell a run again: its own dashboard goes, not the other)
+    wait_for(lambda: not shell.user_ns["shown"].following, what="cell a's dashboard to stop")
+    assert elsewhere.following
+    elsewhere.close()
+    shell.user_ns["w"].close()
+
+
+def test_a_dashboard_stopped_while_its_run_goes_on_says_so_when_shown_again(shell):
+    """A dashboard its cell no longer showed stopped following its run; shown again by another cell, it read as
+    live (its header 'running') while no step since was drawn."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    shell.user_ns.update(w=exp.watch(), exp=exp, Dashboard=Dashboard)
+    shell.run_cell("dash = Dashboard(w, interval=0.05); dash", cell_id="a")
+    dash = shell.user_ns["dash"]
+    assert "no longer follows" not in dash.header.value
+    shell.run_cell("exp.run(1, progress=False)", cell_id="a")  # (cell a no longer shows it)
+    wait_for(lambda: not dash.following, what="the dashboard no cell shows to stop")
+    shell.run_cell("dash", cell_id="b")
+    assert "no longer follows" in dash.header.value and "new Dashboard" in dash.header.value
+    shell.user_ns["w"].close()

@@ -63,7 +63,8 @@ def merge_calls(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     (``act (calls 0–4)``), its steps span theirs, its severity is their worst and its evidence the lowest
     call's (``call 0: ...``), which ``call`` is. Every row gets ``calls`` and ``call_sites`` (the calls
     and their own site names: ``focus`` shows them all). Episodes of one call at different steps stay
-    apart, as diagnosed. Findings grouped under a cause are folded under it (:func:`fold_consequences`:
+    apart, as diagnosed, and so do a cause and its consequences (calls merge where their ``cause`` is the same).
+    Findings grouped under a cause are folded under it (:func:`fold_consequences`:
     ``listed``, the causes whose consequences are listed after them)."""
     _check(findings)
     return fold_consequences(findings if "calls" in findings.columns else _merged_calls(findings), listed)
@@ -73,13 +74,16 @@ def _merged_calls(findings: pd.DataFrame) -> pd.DataFrame:
     """:func:`merge_calls` without folding the consequences."""
     calls = [(int(c),) for c in findings.call]
     names = [(str(s),) for s in findings.site]
-    repeated = (findings.kind != "metric") & findings.duplicated(subset=_WHERE, keep=False)
+    # (a cause is never merged with its consequences, nor consequences of one cause with another's: the cause's row
+    # would be gone, its consequences naming a row no list has)
+    where = [*_WHERE, "cause"] if "cause" in findings.columns else _WHERE
+    repeated = (findings.kind != "metric") & findings.duplicated(subset=where, keep=False)
     if not repeated.any():
         return findings.assign(calls=calls, call_sites=names)
     rows = [dict(row, calls=c, call_sites=n) for row, c, n in zip(findings.to_dict("records"), calls, names)]
     groups: dict[tuple, list[int]] = {}
     for i in np.flatnonzero(repeated.to_numpy()):
-        groups.setdefault(tuple(rows[i][k] for k in _WHERE), []).append(int(i))
+        groups.setdefault(tuple(rows[i][k] for k in where), []).append(int(i))
     merged_away: set[int] = set()
     for members in groups.values():
         for episode in _overlapping(rows, members):
@@ -104,9 +108,10 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     """The findings as a list shows them, those grouped under a cause (a ``cause`` named: a diverging run's dead
     units, vanished gradients, stilled weights) folded under it: the list shows what went wrong, its first row the
     cause, not a row per consequence (:func:`workbench.diagnose.diagnose` keeps them all; a cause's row counts them
-    in its ``consequences`` column, and its evidence names each, with its steps). The consequences of a cause whose
-    :func:`pick_key` is in ``listed`` follow its row, each a finding to pick like any other (a page lists them when
-    its cause is picked, and folds them when it is picked again: :func:`toggled`).
+    in its ``consequences`` column, and its evidence names each, with its steps). The consequences of a cause in
+    ``listed`` follow its row, each a finding to pick like any other (a page lists them when its cause is picked, and
+    folds them when it is picked again: :func:`toggled`, which keeps ``listed``). Where one cause at one site began
+    two troubles, each row holds the consequences that began from its step on, before the next's.
 
     Every row gets ``folded``: how many consequences its row holds (0 but for a cause), ``listed``: whether
     they follow it, and ``trouble_steps``: of a cause, the steps from its first to the last any of its consequences
@@ -121,19 +126,26 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     causes = kept.consequences > 0 if "consequences" in kept.columns else pd.Series(False, index=kept.index)
     after: dict[int, pd.DataFrame] = {}
     for cause, members in findings[findings.cause != ""].groupby("cause", sort=False):
-        roots = [i for i in np.flatnonzero(causes.to_numpy()) if cause in
+        roots = [int(i) for i in np.flatnonzero(causes.to_numpy()) if cause in
                  {f"{kept.finding[i]} at {s}" for s in (kept.call_sites[i] if "call_sites" in kept.columns
                                                         else (kept.site[i],))}]
         if not roots:  # (a cause not in the list: its consequences are findings of their own, after the rest)
             kept = pd.concat([kept, members.assign(**unfolded)], ignore_index=True)
             continue
-        i = int(roots[0])
-        kept.loc[i, "folded"] = len(members)
-        kept.loc[i, "trouble_steps"] = _steps_text(int(kept.step[i]), max(int(kept.last_step[i]),
-                                                                          int(members.last_step.max())))
-        if pick_key(kept.iloc[i]) in listed:
-            kept.loc[i, "listed"] = True
-            after[i] = members.assign(**unfolded)
+        # (one cause at one site may begin two troubles, each grouped on its own (update ratios too high at steps
+        # 1-3, and again from step 300): a consequence is that of the one begun last at or before it)
+        owners = [max((i for i in roots if kept.step[i] <= step), key=lambda i: kept.step[i], default=roots[0])
+                  for step in members.step]
+        for i in roots:
+            own_members = members[[owner == i for owner in owners]]
+            if own_members.empty:
+                continue
+            kept.loc[i, "folded"] = len(own_members)
+            kept.loc[i, "trouble_steps"] = _steps_text(int(kept.step[i]), max(int(kept.last_step[i]),
+                                                                              int(own_members.last_step.max())))
+            if _cause_key(kept.iloc[i]) in listed:
+                kept.loc[i, "listed"] = True
+                after[i] = own_members.assign(**unfolded)
     if not any(len(rows) for rows in after.values()):
         return kept
     parts = []
@@ -149,8 +161,14 @@ def toggled(listed: Any, row: Any) -> tuple:
     listed = tuple(listed)
     if not getattr(row, "folded", 0):
         return listed
-    key = pick_key(row)
+    key = _cause_key(row)
     return tuple(k for k in listed if k != key) if key in listed else (*listed, key)
+
+
+def _cause_key(row: Any) -> tuple:
+    """What ``listed`` remembers of a cause (:func:`toggled`): its :func:`pick_key` and the step it began (one
+    cause at one site may begin two troubles, each with its own consequences)."""
+    return (*pick_key(row), int(row.step))
 
 
 def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
@@ -604,12 +622,13 @@ def _focused(view: Any, frame: pd.DataFrame, run_id: Any, header: str, state: di
         controls = replace(controls, kind=target.kind, statistic=target.statistic, sites=list(target.sites),
                            dist_site=target.site, heat_kind=target.kind)
         state["auto_sites"] = False
+    recording = run_page.recording_of(run_id, view)
+    controls = run_page.with_kept_scales(controls, state, recording)  # (the metrics' panels as the ticks draw them)
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = run_page.draw_page(view, controls, header=header, interventions=interventions, site_colors=colors)
     page = replace(page, sites_figure=mark_steps(page.sites_figure, target.step, target.last_step),
                    metrics_figure=mark_steps(page.metrics_figure, target.step, target.last_step))
     # drawn at these steps: the next tick redraws (without the shading) only when new steps arrive
-    recording = run_page.recording_of(run_id, view)
     state["version"] = (recording, view.steps_fed, view.status, view.dropped)
     return state, *run_page.page_outputs(page, state, controls, revision=recording), note, controls.statistic
 

@@ -101,6 +101,7 @@ class _CellsShowing:
             self._cells[widget].discard(self._running)
 
     def _post_run_cell(self, _result: Any) -> None:
+        self._running = None  # (a widget shown between cells, by a callback, is no cell's)
         left, self._left = self._left, []
         for widget in left:
             if not self._cells.get(widget):  # (no cell shows it any more)
@@ -1038,6 +1039,9 @@ class Dashboard:
         from workbench.ui import figures
 
         header = _line_html(figures.header_markdown(self.view))
+        if self._closed.is_set() and not self._ended():  # (its figures stay as they were: not to be read as live)
+            header += ("<br><b>This dashboard no longer follows its run</b> (closed, or its cell run again without "
+                       "showing it): the steps since are not drawn. Make a new Dashboard to follow it.")
         if self.run is not None:
             status = self.run.status
             header += self._others_training() if status in _STOPPABLE else ""
@@ -1341,6 +1345,9 @@ class Dashboard:
 
     def _ipython_display_(self) -> None:
         _track_cells(self)  # (its timer stopped once no cell shows it)
+        if self._closed.is_set():  # (shown again once stopped: its header says so)
+            with self._draw_lock:
+                self._draw_header()
         _display(self.widget, f"workbench Dashboard of {self.view.label}: live ipywidgets, shown while the kernel "
                               "that drew them runs; run the cell again to see them.")
 

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["STATISTICS", "DEFAULT_SITES", "Controls", "Page", "draw_page", "live_header", "VIEW_OUTPUTS",
            "CONTROLS", "PACED", "IN_VIEW_ONLY", "HEAVY_TICKS", "new_page_state", "page_controls", "plot_data",
-           "page_outputs", "jump_controls", "redraw", "LATEST_COLUMNS", "LATEST_WIDTHS", "LATEST_DATATYPES",
-           "short_number", "shown_latest", "recording_of"]
+           "page_outputs", "jump_controls", "redraw", "with_kept_scales", "LATEST_COLUMNS", "LATEST_WIDTHS",
+           "LATEST_DATATYPES", "short_number", "shown_latest", "recording_of"]
 
 
 STATISTICS = [c for c in STAT_COLUMNS if c != "numel"]
@@ -500,25 +500,36 @@ def redraw(view: RunView | None, header: str, run: Any, state: dict | None, valu
     if jumped is not None:
         state["auto_sites"] = False
         controls = jumped
-    # (the per-site figure's scale, left to it, is kept for the run, kind, statistic and the sites the user picked
-    # once its lines are long enough to settle it: ticks that bring more steps do not switch it between linear and
-    # log; another pick of sites is the figure's to choose again)
-    scale_for = [recording, controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
-    if controls.log_sites is None:
-        controls = dataclasses.replace(controls, kept_log_sites=figures.kept_scale(state.get("kept_log_sites"),
-                                                                                   scale_for))
-    # (the metrics' panels the same, each kept for the run once settled)
-    if controls.log_metrics is None:
-        controls = dataclasses.replace(controls, kept_log_metrics=figures.kept_scales(state.get("kept_log_metrics"),
-                                                                                      [recording]))
+    controls = with_kept_scales(controls, state, recording)
     state["site_colors"] = colors = dict(state.get("site_colors") or {})  # (a site keeps its colour)
     page = draw_page(view, controls, header=header, interventions=interventions, site_colors=colors, plots=due)
     if state.get("auto_log_sites", True) and page.sites_figure is not None:
-        state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"), scale_for, page.sites_figure)
+        state["kept_log_sites"] = figures.keep_scale(state.get("kept_log_sites"),
+                                                     _site_scale_for(recording, controls), page.sites_figure)
     if state.get("auto_log_metrics", True) and page.metrics_figure is not None:
         state["kept_log_metrics"] = figures.keep_scales(state.get("kept_log_metrics"), [recording],
                                                         page.metrics_figure)
     return state, *page_outputs(page, state, jumped, revision=recording, held=set(PACED) - due)
+
+
+def _site_scale_for(recording: str, controls: Controls) -> list:
+    """What the per-site figure's scale is kept for (:func:`with_kept_scales`)."""
+    return [recording, controls.kind, controls.statistic, None if controls.sites is None else list(controls.sites)]
+
+
+def with_kept_scales(controls: Controls, state: dict, recording: str) -> Controls:
+    """``controls`` with the scales the page (``state``) kept for ``recording`` (:func:`recording_of`) where it
+    leaves them to the figures, for every drawing of the page (a tick, a control changed, a finding picked). The
+    per-site figure's is kept for the recording, kind, statistic and the sites the user picked once its lines are
+    long enough to settle it: ticks that bring more steps do not switch it between linear and log; another pick of
+    sites is the figure's to choose again. The metrics' panels the same, each kept for the recording once settled."""
+    if controls.log_sites is None:
+        kept = figures.kept_scale(state.get("kept_log_sites"), _site_scale_for(recording, controls))
+        controls = dataclasses.replace(controls, kept_log_sites=kept)
+    if controls.log_metrics is None:
+        controls = dataclasses.replace(controls, kept_log_metrics=figures.kept_scales(state.get("kept_log_metrics"),
+                                                                                      [recording]))
+    return controls
 
 
 def skips(n: int) -> tuple:
