@@ -659,6 +659,33 @@ def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
         Dashboard(source, **options)
 
 
+def test_a_name_or_a_model_given_for_a_run_is_refused_with_how_to_show_one(tmp_path, monkeypatch):
+    """An experiment's or a model's name given for a run was read as a folder, and the message spoke of folders
+    only; a model was refused without a word on watching it."""
+    from workbench.ui.notebook import Compare
+
+    monkeypatch.chdir(tmp_path)  # (where no folder has those names)
+    with pytest.raises(workbench.RunError, match=r"^'activation_mlp' names an experiment, not a stored run: .*"
+                       r"create\('activation_mlp'\)\.start\(steps\); Dashboard\(run\)\. \(activation_mlp is not a "
+                       r"workbench run: there is no such file or folder"):
+        Dashboard("activation_mlp")
+    with pytest.raises(workbench.RunError, match=r"^Did you mean 'gelu'\? It names a model, not a stored run: .*"
+                       r"w = workbench\.watch\(workbench\.create_model\('gelu'\)\); Compare\(w, other\)"):
+        Compare("gleu", "tanh")
+    with pytest.raises(workbench.RunError, match=r"^no_such_name is not a workbench run"):  # (no name like it)
+        Dashboard("no_such_name")
+    (tmp_path / "gelu").mkdir()  # (a folder of that name: what it is said)
+    with pytest.raises(workbench.RunError, match=r"^gelu is not a workbench run: it has no "):
+        Dashboard("gelu")
+    model = workbench.create_model("mlp")
+    with pytest.raises(TypeError, match=r"got MLP\. To follow a model of your own \(MLP\), watch it and pass the "
+                       r"watch: w = workbench\.watch\(model\)"):
+        Dashboard(model)
+    with workbench.watch(model) as w, pytest.raises(TypeError, match=r"run 2 must be .*got MLP\. To follow a model "
+                                                                   r"of your own"):
+        Compare(w, model)
+
+
 def test_an_experiment_with_nothing_to_show_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"experiment.start\(steps\).*experiment.watch\(\)"):
         Dashboard(workbench.experiments.create("activation_mlp"))

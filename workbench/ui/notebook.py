@@ -475,6 +475,50 @@ def _experiment_source(source: Any, example: str) -> tuple[str, Any]:
                      "(experiment.watch(), then experiment.run(steps)).")
 
 
+def _load_stored(path: Any, call: str) -> Any:
+    """The stored run at ``path`` (``workbench.load_run``). Where nothing lies at ``path`` and it is (or is
+    close to) the name of an experiment or a model, the message says so and how to show one (``call``: the
+    widget's call with ``{}`` for its source, ``"Dashboard({})"``): a name passed for a run
+    (``Dashboard("activation_mlp")``) was read as a folder, and the message spoke of folders only."""
+    import difflib
+    import os
+
+    from workbench.experiments import list_experiments
+    from workbench.instrument import RunError, load_run
+    from workbench.registry import list_models
+
+    try:
+        return load_run(path)
+    except RunError as err:
+        name = os.fspath(path)
+        if os.path.lexists(name) or os.sep in name or "/" in name:
+            raise
+        experiments, models = list_experiments(), list_models()
+        named = name if name in experiments + models else next(
+            iter(difflib.get_close_matches(name, experiments + models, n=1, cutoff=0.75)), None)
+        if named is None:
+            raise
+        said = f"{name!r} names" if named == name else f"Did you mean {named!r}? It names"
+        if named in experiments:
+            hint = (f"{said} an experiment, not a stored run: start a run of it and show that, "
+                    f"run = workbench.experiments.create({named!r}).start(steps); {call.format('run')}.")
+        else:
+            hint = (f"{said} a model, not a stored run: watch one and show the watch, "
+                    f"w = workbench.watch(workbench.create_model({named!r})); {call.format('w')}, "
+                    "then train the model in later cells (w.step() after each step).")
+        raise RunError(f"{hint} ({err})") from None
+
+
+def _not_a_source(source: Any) -> str:
+    """What to do with a ``source`` that is no run: a model is watched (``workbench.watch(model)``)."""
+    import torch
+
+    if isinstance(source, torch.nn.Module):
+        return (f" To follow a model of your own ({type(source).__name__}), watch it and pass the watch: "
+                "w = workbench.watch(model), then train it in later cells (w.step() after each step).")
+    return ""
+
+
 def _label(source: Any) -> str:
     """A run's name as the notebook shows it: ``experiment (seed n)``, a watched model's class or
     a stored run's folder name."""
@@ -757,7 +801,7 @@ class Dashboard:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch, load_run
+        from workbench.instrument import Run, Watch
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import RunView
 
@@ -770,7 +814,7 @@ class Dashboard:
         self._draw_lock = threading.RLock()
         label, source = _experiment_source(source, "Dashboard(run)")
         if isinstance(source, (str, os.PathLike)):  # (as Compare takes it)
-            source = load_run(source)  # (a RunError that names the path, for one that is not a run)
+            source = _load_stored(source, "Dashboard({})")  # (a RunError that names the path)
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             label = label or _label(source)
@@ -785,7 +829,8 @@ class Dashboard:
             self._read_store()
         else:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch, "
-                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}.")
+                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}."
+                            + _not_a_source(source))
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
             self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
             self.view.schedule = (self.watch.every, self.watch.start_step)
@@ -1485,7 +1530,7 @@ class Compare:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch, load_run
+        from workbench.instrument import Run, Watch
 
         if len(sources) == 1 and isinstance(sources[0], dict):
             if names is not None:
@@ -1506,11 +1551,11 @@ class Compare:
             configs.append(_config(source))
             label, source = _experiment_source(source, "Compare(run, other)")
             if isinstance(source, (str, os.PathLike)):
-                source = load_run(source)  # (a RunError that names the path, for one that is not a run)
+                source = _load_stored(source, "Compare({}, other)")  # (a RunError that names the path)
             if not isinstance(source, (BackgroundRun, Watch, Run)):
                 raise TypeError(f"Compare: run {i + 1} must be a run started with experiment.start(steps), an "
                                 "Experiment, a Watch, a stored Run or its path (workbench.load_run(path)), got "
-                                f"{type(source).__name__}.")
+                                f"{type(source).__name__}." + _not_a_source(source))
             resolved.append((label or _label(source), source))
         _refuse_a_run_twice([source for _, source in resolved])
         if names is None:
