@@ -75,7 +75,8 @@ class _CellsShowing:
     does: a cell run again replaces its output, and the widget it showed went on polling, unseen, for as
     long as its watch stayed open. A cell run again that shows the widget anew keeps it, and so does
     another cell that shows it too. Cells are told apart by the id the front end sends (JupyterLab's
-    ``cellId``); where it sends none, nothing is stopped."""
+    ``cellId``); where it sends none, nothing is stopped. A cell's output cleared, or the cell deleted, is not
+    seen: the front end tells the kernel nothing of it."""
 
     def __init__(self, shell: Any) -> None:
         import weakref
