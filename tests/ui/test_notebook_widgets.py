@@ -1113,6 +1113,37 @@ def test_the_per_site_figure_chooses_a_log_y_where_a_line_dwarfs_the_others_unti
     assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
 
 
+def test_a_log_axis_past_ten_thousand_labels_its_ticks_as_powers_of_ten_in_every_figure():
+    """Notebook 05's per-site figure, on its log y, read 1, 1000, 1M, 1B, 1T, then 10^15 and 10^18 (Plotly's
+    default notation: SI letters up to T, powers past them). A log axis whose values reach past 10^4 (or below
+    10^-3) writes powers; one within them, and a linear one, keep Plotly's plain numbers."""
+    import torch
+
+    from workbench.ui.notebook import Compare
+
+    runs = [workbench.experiments.create("query_stream", seed=seed, key_space=2000, batch_size=64).start(2)
+            for seed in (0, 1)]
+    for run in runs:
+        run.join()
+    dash = Dashboard(runs[0], tab="sites")
+    sites_axis = dash.figure("sites")["layout"]["yaxis"]  # (a log y, chosen for the hashes' std, about 5e18)
+    assert sites_axis["type"] == "log" and sites_axis["exponentformat"] == "power"
+    compared_axis = Compare(*runs, site="aggregator", log_y=True).figure("site")["layout"]["yaxis"]
+    assert compared_axis["type"] == "log" and compared_axis["exponentformat"] == "power"
+    dash.log_sites.value = False
+    assert "exponentformat" not in dash.figure("sites")["layout"]["yaxis"]
+
+    model = torch.nn.Linear(2, 1)
+    for losses, power in (([1.0, 30.0, 2e5], True), ([0.9, 0.5, 0.02], False)):
+        with workbench.watch(model) as w:
+            for loss in losses:
+                model(torch.randn(4, 2)).sum().backward()
+                w.step(loss=loss)
+        metrics = Dashboard(w, log_y=True).figure("metrics")["layout"]
+        loss_axis = next(axis for name, axis in metrics.items() if name.startswith("yaxis"))
+        assert loss_axis["type"] == "log" and (loss_axis.get("exponentformat") == "power") == power, losses
+
+
 def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():
     """The tab opened between two ticks, steps having arrived since the last: it said "this run was
     recorded with histograms=False" of a watch that records them."""
