@@ -650,6 +650,8 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
     (None, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
     (None, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),
     (None, {"smoothing": 1.0}, ValueError, r"smoothing must be a number in \[0, 1\), got 1.0"),
+    # (a string is true: "no" drew a log scale)
+    (None, {"log_y": "no"}, TypeError, r"log_y must be True \(a log scale\), False \(a linear one\) or None .*'no'"),
 ])
 def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
@@ -994,6 +996,7 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     (2, {"site": "layers.9"}, ValueError, r"no call site 'layers.9' of kind 'activation' in these runs; the sites "
                                           r"are \['layers.0', "),
     (2, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
+    (2, {"log_y": "yes"}, TypeError, "log_y must be True .*got 'yes'"),
     (2, {"tab": "sites"}, ValueError, r"tab must be the figure shown first, one of \('metrics', 'site'\), got 'sites'"),
     ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
     ("no path", {}, workbench.RunError, "no-such-run"),

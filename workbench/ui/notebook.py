@@ -608,8 +608,10 @@ _STOPPABLE = ("running", "paused")
 _ENDED = ("finished", "stopped", "failed")
 
 
-def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any) -> None:
+def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any, log_y: Any = None) -> None:
     """Refuse a Dashboard's or a Compare's first view that could not be drawn, naming the value."""
+    import numpy as np
+
     from workbench.instrument import KINDS
     from workbench.ui.views import STATISTICS
 
@@ -621,6 +623,9 @@ def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any)
         raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+    if log_y is not None and not isinstance(log_y, (bool, np.bool_)):  # (log_y="no" drew a log scale)
+        raise TypeError(f"log_y must be True (a log scale), False (a linear one) or None (the figure chooses), "
+                        f"got {log_y!r}.")
 
 
 def view_choices(kind: str, statistic: str) -> tuple[Any, Any]:
@@ -806,7 +811,7 @@ class Dashboard:
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import RunView
 
-        check_view_options(interval, kind, statistic, smoothing)
+        check_view_options(interval, kind, statistic, smoothing, log_y)
         if tab not in FIGURES:
             raise ValueError(f"tab must be the figure shown first, one of {FIGURES}, got {tab!r}.")
         self.run: BackgroundRun | None = None  # the background run the buttons act on
@@ -1544,7 +1549,7 @@ class Compare:
             raise ValueError(f"Compare: names must be a list of one name per run ({len(sources)}), got {names!r}.")
         if names is not None and len(set(map(str, names))) != len(names):
             raise ValueError(f"Compare: the names must differ (each names a line and a pick), got {list(names)!r}.")
-        check_view_options(interval, kind, statistic, smoothing)
+        check_view_options(interval, kind, statistic, smoothing, log_y)
         if tab not in COMPARE_FIGURES:
             raise ValueError(f"tab must be the figure shown first, one of {COMPARE_FIGURES}, got {tab!r}.")
         resolved, configs = [], []
