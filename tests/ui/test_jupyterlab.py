@@ -74,7 +74,8 @@ for _ in range(600):
     if shown[-1].view.steps_fed == 3:
         break
     time.sleep(0.1)
-print("following:", [d.following for d in shown], "steps taken in:", [d.view.steps_fed for d in shown])"""
+print("following:", [d.following for d in shown], "steps taken in:", [d.view.steps_fed for d in shown])
+w.close()  # (the last dashboard's timer ends with it)"""
 # [width, right edge, the output's right edge] of each box of the form (and the filters) in an output
 BOXES = ("(el) => [...el.querySelectorAll('.widget-text input, .widget-dropdown select')].map(b => {"
          " const r = b.getBoundingClientRect(); return [r.width, r.right, el.getBoundingClientRect().right]; })")
