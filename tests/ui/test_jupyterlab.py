@@ -51,6 +51,31 @@ w = exp.watch(histograms=False)
 exp.run(3, progress=False)
 w.close()
 Dashboard(w)"""
+# a watch never closed, shown by a cell run twice: each run of the cell makes a dashboard, kept in `shown`
+RERUN_SETUP = """\
+import time
+
+import workbench
+from workbench.ui.notebook import Dashboard
+
+exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+w = exp.watch(histograms=False)
+shown = []"""
+RERUN_SHOW = "shown.append(Dashboard(w, interval=0.2))\nshown[-1]"
+# (waited for, patiently: the replaced dashboard's timer ends at its next wait, a step reaches a dashboard
+# through the watch's stream)
+RERUN_CHECK = """\
+for _ in range(600):
+    if not shown[0].following:
+        break
+    time.sleep(0.1)
+exp.run(3, progress=False)
+for _ in range(600):
+    if shown[-1].view.steps_fed == 3:
+        break
+    time.sleep(0.1)
+print("following:", [d.following for d in shown], "steps taken in:", [d.view.steps_fed for d in shown])
+w.close()  # (the last dashboard's timer ends with it)"""
 # [width, right edge, the output's right edge] of each box of the form (and the filters) in an output
 BOXES = ("(el) => [...el.querySelectorAll('.widget-text input, .widget-dropdown select')].map(b => {"
          " const r = b.getBoundingClientRect(); return [r.width, r.right, el.getBoundingClientRect().right]; })")
@@ -108,6 +133,8 @@ def jupyterlab(tmp_path_factory):
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "browser.ipynb")
     nbformat.write(new_notebook(cells=[new_code_cell(FILTER_CELL)], metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "filter.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell(c) for c in (RERUN_SETUP, RERUN_SHOW, RERUN_CHECK)], metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}), root / "rerun.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
@@ -159,12 +186,14 @@ def _run_cell(page, index: int) -> None:
     (a keypress while the page still connects to the kernel can be lost)."""
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     prompt = cell.locator(".jp-InputPrompt")
+    before = prompt.evaluate("(el) => el.textContent")  # (a cell run again: its prompt changes from its last count)
     for _ in range(5):
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Shift+Enter")
         try:
-            page.wait_for_function("(el) => /\\[(\\*|\\d+)\\]/.test(el.textContent)", arg=prompt.element_handle(),
-                                   timeout=10_000)
+            page.wait_for_function("([el, before]) => el.textContent !== before"
+                                   " && /\\[(\\*|\\d+)\\]/.test(el.textContent)",
+                                   arg=[prompt.element_handle(), before], timeout=10_000)
             return
         except Exception:
             continue
@@ -286,6 +315,32 @@ def test_opening_the_call_sites_tab_shows_the_sites_drawn_in_its_list(browser, j
         _shot(page, "sites_in_sight")
     except Exception:
         _shot(page, "sites_failed")
+        raise
+    finally:
+        page.close()
+
+
+def test_a_dashboard_whose_cell_is_run_again_stops_following_its_run(browser, jupyterlab):
+    """A cell run again replaces its output: the dashboard it showed went on polling a watch never closed,
+    unseen. In JupyterLab (which sends each cell's id with its code), the replaced dashboard stops and takes
+    in no more steps; the one that replaced it follows the watch."""
+    url, token = jupyterlab
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        _open_notebook(page, f"{url}/lab/tree/rerun.ipynb?reset&token={token}")
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        _run_cell(page, 0)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        for _ in range(2):  # (the dashboard's cell, run twice)
+            _run_cell(page, 1)
+            cells.nth(1).locator(".widget-tab .js-plotly-plot").first.wait_for(timeout=60_000)
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        _run_cell(page, 2)
+        output = cells.nth(2).locator(".jp-OutputArea-output")
+        output.wait_for(timeout=120_000)
+        assert output.inner_text().strip() == "following: [False, True] steps taken in: [0, 3]"
+    except Exception:
+        _shot(page, "rerun_failed")
         raise
     finally:
         page.close()

@@ -650,6 +650,8 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
     (None, {"kind": "grads"}, ValueError, "kind must be one of .*got 'grads'"),
     (None, {"statistic": "median"}, ValueError, "statistic must be one of .*got 'median'"),
     (None, {"smoothing": 1.0}, ValueError, r"smoothing must be a number in \[0, 1\), got 1.0"),
+    # (a string is true: "no" drew a log scale)
+    (None, {"log_y": "no"}, TypeError, r"log_y must be True \(a log scale\), False \(a linear one\) or None .*'no'"),
 ])
 def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
@@ -657,6 +659,33 @@ def test_the_dashboard_refuses_bad_input_by_name(source, options, error, match):
         source = exp.watch()
     with pytest.raises(error, match=match):
         Dashboard(source, **options)
+
+
+def test_a_name_or_a_model_given_for_a_run_is_refused_with_how_to_show_one(tmp_path, monkeypatch):
+    """An experiment's or a model's name given for a run was read as a folder, and the message spoke of folders
+    only; a model was refused without a word on watching it."""
+    from workbench.ui.notebook import Compare
+
+    monkeypatch.chdir(tmp_path)  # (where no folder has those names)
+    with pytest.raises(workbench.RunError, match=r"^'activation_mlp' names an experiment, not a stored run: .*"
+                       r"create\('activation_mlp'\)\.start\(steps\); Dashboard\(run\)\. \(activation_mlp is not a "
+                       r"workbench run: there is no such file or folder"):
+        Dashboard("activation_mlp")
+    with pytest.raises(workbench.RunError, match=r"^Did you mean 'gelu'\? It names a model, not a stored run: .*"
+                       r"w = workbench\.watch\(workbench\.create_model\('gelu'\)\); Compare\(w, other\)"):
+        Compare("gleu", "tanh")
+    with pytest.raises(workbench.RunError, match=r"^no_such_name is not a workbench run"):  # (no name like it)
+        Dashboard("no_such_name")
+    (tmp_path / "gelu").mkdir()  # (a folder of that name: what it is said)
+    with pytest.raises(workbench.RunError, match=r"^gelu is not a workbench run: it has no "):
+        Dashboard("gelu")
+    model = workbench.create_model("mlp")
+    with pytest.raises(TypeError, match=r"got MLP\. To follow a model of your own \(MLP\), watch it and pass the "
+                       r"watch: w = workbench\.watch\(model\)"):
+        Dashboard(model)
+    with workbench.watch(model) as w, pytest.raises(TypeError, match=r"run 2 must be .*got MLP\. To follow a model "
+                                                                   r"of your own"):
+        Compare(w, model)
 
 
 def test_an_experiment_with_nothing_to_show_is_refused_with_the_fix():
@@ -967,6 +996,7 @@ def test_compare_names_runs_of_one_experiment_by_the_settings_they_differ_in():
     (2, {"site": "layers.9"}, ValueError, r"no call site 'layers.9' of kind 'activation' in these runs; the sites "
                                           r"are \['layers.0', "),
     (2, {"interval": 0}, ValueError, "interval must be a number of seconds > 0, got 0"),
+    (2, {"log_y": "yes"}, TypeError, "log_y must be True .*got 'yes'"),
     (2, {"tab": "sites"}, ValueError, r"tab must be the figure shown first, one of \('metrics', 'site'\), got 'sites'"),
     ("not a run", {}, TypeError, "run 2 must be a run started with experiment.start.*got int"),
     ("no path", {}, workbench.RunError, "no-such-run"),
@@ -1084,6 +1114,37 @@ def test_the_per_site_figure_chooses_a_log_y_where_a_line_dwarfs_the_others_unti
     assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "linear" and not dash.log_sites.value
     dash.statistic.value = "std"
     assert plotted(dash, "sites")["layout"]["yaxis"]["type"] == "log" and dash.log_sites.value
+
+
+def test_a_log_axis_past_ten_thousand_labels_its_ticks_as_powers_of_ten_in_every_figure():
+    """Notebook 05's per-site figure, on its log y, read 1, 1000, 1M, 1B, 1T, then 10^15 and 10^18 (Plotly's
+    default notation: SI letters up to T, powers past them). A log axis whose values reach past 10^4 (or below
+    10^-3) writes powers; one within them, and a linear one, keep Plotly's plain numbers."""
+    import torch
+
+    from workbench.ui.notebook import Compare
+
+    runs = [workbench.experiments.create("query_stream", seed=seed, key_space=2000, batch_size=64).start(2)
+            for seed in (0, 1)]
+    for run in runs:
+        run.join()
+    dash = Dashboard(runs[0], tab="sites")
+    sites_axis = dash.figure("sites")["layout"]["yaxis"]  # (a log y, chosen for the hashes' std, about 5e18)
+    assert sites_axis["type"] == "log" and sites_axis["exponentformat"] == "power"
+    compared_axis = Compare(*runs, site="aggregator", log_y=True).figure("site")["layout"]["yaxis"]
+    assert compared_axis["type"] == "log" and compared_axis["exponentformat"] == "power"
+    dash.log_sites.value = False
+    assert "exponentformat" not in dash.figure("sites")["layout"]["yaxis"]
+
+    model = torch.nn.Linear(2, 1)
+    for losses, power in (([1.0, 30.0, 2e5], True), ([0.9, 0.5, 0.02], False)):
+        with workbench.watch(model) as w:
+            for loss in losses:
+                model(torch.randn(4, 2)).sum().backward()
+                w.step(loss=loss)
+        metrics = Dashboard(w, log_y=True).figure("metrics")["layout"]
+        loss_axis = next(axis for name, axis in metrics.items() if name.startswith("yaxis"))
+        assert loss_axis["type"] == "log" and (loss_axis.get("exponentformat") == "power") == power, losses
 
 
 def test_the_distribution_tab_of_a_watch_recording_histograms_never_says_they_are_off():

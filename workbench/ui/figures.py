@@ -67,6 +67,19 @@ def _axis(**more: Any) -> dict[str, Any]:
     return dict(gridcolor="#e5e5e5", zeroline=False, linecolor="#999", **more)
 
 
+def _value_axis(log: bool, values: Any, **more: Any) -> dict[str, Any]:
+    """An axis of ``values``, on a log scale or a linear one. A log axis that reaches past 10⁴ or below 10⁻³
+    labels its ticks as powers of ten (10³, 10⁶, 10¹⁸): Plotly's default wrote 1000, 1M, 1B, 1T and then 10¹⁵,
+    two notations on one axis, and 100µ, 1n for small values. Within them it keeps plain numbers (0.1, 1, 10)."""
+    if not log:
+        return _axis(type="linear", **more)
+    shown = np.abs(np.asarray(values, dtype=float))
+    shown = shown[np.isfinite(shown) & (shown > 0)]
+    if len(shown) and (shown.max() >= 1e4 or shown.min() < 1e-3):
+        more["exponentformat"] = "power"
+    return _axis(type="log", **more)
+
+
 def _steps_axis(steps: Any, **more: Any) -> dict[str, Any]:
     """An axis of steps: whole numbers; over a few steps one tick each (Plotly would put ticks
     between them, each labelled with the step it rounds to: 1 2 2 3 3)."""
@@ -307,8 +320,8 @@ def compare_metrics_figure(views: Mapping[str, RunView], names: Sequence[str] | 
         panel = pd.concat([f[f.metric == name].assign(site=run)[["site", "value"]] for run, f in frames.items()],
                           ignore_index=True)
         log = bool(log_y) if log_y is not None else chosen_scale(panel, (kept_log or {}).get(name))
-        layout[f"yaxis{n}"] = _axis(domain=[y1 - height, y1], anchor=f"x{n}", type="log" if log else "linear",
-                                    **_flat_range(panel.value.to_numpy(), log))
+        layout[f"yaxis{n}"] = _value_axis(log, panel.value, domain=[y1 - height, y1], anchor=f"x{n}",
+                                          **_flat_range(panel.value.to_numpy(), log))
         layout["annotations"].append(dict(text=name, x=x0 + width / 2, y=y1, xref="paper", yref="paper",
                                           xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13)))
         if not any(np.isfinite(frame.value[frame.metric == name]).any() for frame in frames.values()):
@@ -405,7 +418,8 @@ def compare_site_figure(views: Mapping[str, RunView], kind: str, statistic: str,
     return {"data": data, "layout": _layout(
         _HEIGHT + 40, f"{kind}: {statistic} at {site}, by run", showlegend=True,
         xaxis=_steps_axis(np.concatenate([values(t["x"]) for t in data]), title=dict(text="step")),
-        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"))}
+        yaxis=_value_axis(bool(log_y), np.concatenate([part.value for part in parts.values()]),
+                          title=dict(text=statistic)))}
 
 
 #: How many times the typical value of a per-site figure's largest line may be its smallest's before the
@@ -560,7 +574,7 @@ def sites_figure(view: RunView, kind: str, statistic: str, sites: Sequence[str] 
                           hovertemplate=f"{site}: %{{y:.4g}}<extra></extra>"))
     layout = _layout(
         _HEIGHT + 40, f"{kind}: {statistic} per call site", xaxis=_steps_axis(frame.step, title=dict(text="step")),
-        yaxis=_axis(title=dict(text=statistic), type="log" if log_y else "linear"), legend=dict(font=dict(size=10)))
+        yaxis=_value_axis(bool(log_y), frame.value, title=dict(text=statistic)), legend=dict(font=dict(size=10)))
     blank = [site for site, part in frame.groupby("site", sort=False) if not np.isfinite(part.value).any()]
     if blank:  # (a line of NaN or Inf draws nothing: an empty plot would not say why)
         layout["annotations"] = [_no_finite_value(", ".join(blank), 0.5, 0.5)]

@@ -75,7 +75,8 @@ class _CellsShowing:
     does: a cell run again replaces its output, and the widget it showed went on polling, unseen, for as
     long as its watch stayed open. A cell run again that shows the widget anew keeps it, and so does
     another cell that shows it too. Cells are told apart by the id the front end sends (JupyterLab's
-    ``cellId``); where it sends none, nothing is stopped."""
+    ``cellId``); where it sends none, nothing is stopped. A cell's output cleared, or the cell deleted, is not
+    seen: the front end tells the kernel nothing of it."""
 
     def __init__(self, shell: Any) -> None:
         import weakref
@@ -476,6 +477,50 @@ def _experiment_source(source: Any, example: str) -> tuple[str, Any]:
                      "(experiment.watch(), then experiment.run(steps)).")
 
 
+def _load_stored(path: Any, call: str) -> Any:
+    """The stored run at ``path`` (``workbench.load_run``). Where nothing lies at ``path`` and it is (or is
+    close to) the name of an experiment or a model, the message says so and how to show one (``call``: the
+    widget's call with ``{}`` for its source, ``"Dashboard({})"``): a name passed for a run
+    (``Dashboard("activation_mlp")``) was read as a folder, and the message spoke of folders only."""
+    import difflib
+    import os
+
+    from workbench.experiments import list_experiments
+    from workbench.instrument import RunError, load_run
+    from workbench.registry import list_models
+
+    try:
+        return load_run(path)
+    except RunError as err:
+        name = os.fspath(path)
+        if os.path.lexists(name) or os.sep in name or "/" in name:
+            raise
+        experiments, models = list_experiments(), list_models()
+        named = name if name in experiments + models else next(
+            iter(difflib.get_close_matches(name, experiments + models, n=1, cutoff=0.75)), None)
+        if named is None:
+            raise
+        said = f"{name!r} names" if named == name else f"Did you mean {named!r}? It names"
+        if named in experiments:
+            hint = (f"{said} an experiment, not a stored run: start a run of it and show that, "
+                    f"run = workbench.experiments.create({named!r}).start(steps); {call.format('run')}.")
+        else:
+            hint = (f"{said} a model, not a stored run: watch one and show the watch, "
+                    f"w = workbench.watch(workbench.create_model({named!r})); {call.format('w')}, "
+                    "then train the model in later cells (w.step() after each step).")
+        raise RunError(f"{hint} ({err})") from None
+
+
+def _not_a_source(source: Any) -> str:
+    """What to do with a ``source`` that is no run: a model is watched (``workbench.watch(model)``)."""
+    import torch
+
+    if isinstance(source, torch.nn.Module):
+        return (f" To follow a model of your own ({type(source).__name__}), watch it and pass the watch: "
+                "w = workbench.watch(model), then train it in later cells (w.step() after each step).")
+    return ""
+
+
 def _label(source: Any) -> str:
     """A run's name as the notebook shows it: ``experiment (seed n)``, a watched model's class or
     a stored run's folder name."""
@@ -564,8 +609,10 @@ _STOPPABLE = ("running", "paused")
 _ENDED = ("finished", "stopped", "failed")
 
 
-def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any) -> None:
+def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any, log_y: Any = None) -> None:
     """Refuse a Dashboard's or a Compare's first view that could not be drawn, naming the value."""
+    import numpy as np
+
     from workbench.instrument import KINDS
     from workbench.ui.views import STATISTICS
 
@@ -577,6 +624,9 @@ def check_view_options(interval: Any, kind: Any, statistic: Any, smoothing: Any)
         raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}.")
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}.")
+    if log_y is not None and not isinstance(log_y, (bool, np.bool_)):  # (log_y="no" drew a log scale)
+        raise TypeError(f"log_y must be True (a log scale), False (a linear one) or None (the figure chooses), "
+                        f"got {log_y!r}.")
 
 
 def view_choices(kind: str, statistic: str) -> tuple[Any, Any]:
@@ -758,11 +808,11 @@ class Dashboard:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch, load_run
+        from workbench.instrument import Run, Watch
         from workbench.ui.findings import RunFindings
         from workbench.ui.views import RunView
 
-        check_view_options(interval, kind, statistic, smoothing)
+        check_view_options(interval, kind, statistic, smoothing, log_y)
         if tab not in FIGURES:
             raise ValueError(f"tab must be the figure shown first, one of {FIGURES}, got {tab!r}.")
         self.run: BackgroundRun | None = None  # the background run the buttons act on
@@ -771,7 +821,7 @@ class Dashboard:
         self._draw_lock = threading.RLock()
         label, source = _experiment_source(source, "Dashboard(run)")
         if isinstance(source, (str, os.PathLike)):  # (as Compare takes it)
-            source = load_run(source)  # (a RunError that names the path, for one that is not a run)
+            source = _load_stored(source, "Dashboard({})")  # (a RunError that names the path)
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             label = label or _label(source)
@@ -786,7 +836,8 @@ class Dashboard:
             self._read_store()
         else:
             raise TypeError("Dashboard needs a run started with experiment.start(steps), an Experiment, a Watch, "
-                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}.")
+                            f"a stored Run (workbench.load_run(path)) or its path, got {type(source).__name__}."
+                            + _not_a_source(source))
         if self.watch is not None:  # (fed with the view, by its subscription: see _follow)
             self.view.unrecorded = _unrecorded(self.watch)  # (a stored run's view reads it from its metadata)
             self.view.schedule = (self.watch.every, self.watch.start_step)
@@ -1492,7 +1543,7 @@ class Compare:
         import ipywidgets as w
 
         from workbench.experiments.base import BackgroundRun
-        from workbench.instrument import Run, Watch, load_run
+        from workbench.instrument import Run, Watch
 
         if len(sources) == 1 and isinstance(sources[0], dict):
             if names is not None:
@@ -1505,7 +1556,7 @@ class Compare:
             raise ValueError(f"Compare: names must be a list of one name per run ({len(sources)}), got {names!r}.")
         if names is not None and len(set(map(str, names))) != len(names):
             raise ValueError(f"Compare: the names must differ (each names a line and a pick), got {list(names)!r}.")
-        check_view_options(interval, kind, statistic, smoothing)
+        check_view_options(interval, kind, statistic, smoothing, log_y)
         if tab not in COMPARE_FIGURES:
             raise ValueError(f"tab must be the figure shown first, one of {COMPARE_FIGURES}, got {tab!r}.")
         resolved, configs = [], []
@@ -1513,11 +1564,11 @@ class Compare:
             configs.append(_config(source))
             label, source = _experiment_source(source, "Compare(run, other)")
             if isinstance(source, (str, os.PathLike)):
-                source = load_run(source)  # (a RunError that names the path, for one that is not a run)
+                source = _load_stored(source, "Compare({}, other)")  # (a RunError that names the path)
             if not isinstance(source, (BackgroundRun, Watch, Run)):
                 raise TypeError(f"Compare: run {i + 1} must be a run started with experiment.start(steps), an "
                                 "Experiment, a Watch, a stored Run or its path (workbench.load_run(path)), got "
-                                f"{type(source).__name__}.")
+                                f"{type(source).__name__}." + _not_a_source(source))
             resolved.append((label or _label(source), source))
         _refuse_a_run_twice([source for _, source in resolved])
         if names is None:
