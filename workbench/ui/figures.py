@@ -478,9 +478,16 @@ def settled_scale(figure: Mapping[str, Any] | None, lines: int = 1, axis: str = 
 
 
 def drawn_log(figure: Mapping[str, Any] | None) -> bool | None:
-    """Whether ``figure`` draws a log y: on any of its y axes (a metrics figure's panels each choose their own); None
-    for a figure without data (nothing drawn: a page's box keeps what it says). A page's log y box says so while the
-    figure chooses its scale."""
+    """Whether a figure draws a log y, on any of its y axes (a metrics figure's panels each choose their own). A
+    page's log y box says so while the figure chooses its scale.
+
+    Args:
+        figure: a figure spec of this module, or None.
+
+    Returns:
+        True where a y axis is log, False where none is, None for a figure without data (nothing drawn: a page's
+        box keeps what it says).
+    """
     if not figure or not figure.get("data"):
         return None
     layout = figure.get("layout", {})
