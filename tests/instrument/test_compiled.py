@@ -471,14 +471,67 @@ def test_ilql_compiled_in_place_rows_and_graphs():
     rows = wc.to_pandas()
     merged = compare(reference, rows)
     missing = merged[merged._merge == "left_only"]
-    # The one difference: an output tensor the model uses before returning it and the caller then
-    # drops (the actor's hidden states; the agent's "hidden_states", which the loss does not read).
-    # The eager watch hooks the tensor's own node and sees the gradient of its uses inside the
-    # model; here a returned output's gradient is that of the uses after the return: none.
-    assert set(zip(missing.module, missing.tensor, missing.kind)) == {
-        ("actor", "out.0", "grad_output"), ("", "out.hidden_states", "grad_output")}
+    # The one difference: the model's own output "hidden_states", which the agent uses before returning
+    # it and the loss does not read. The model's output is recorded around the compiled call, where the
+    # uses inside the graph are out of reach: its gradient is that of the uses after the return, none.
+    # (The actor's hidden states, used inside the actor and dropped by the agent, have their row.)
+    assert set(zip(missing.module, missing.tensor, missing.kind)) == {("", "out.hidden_states", "grad_output")}
     assert (merged._merge != "right_only").all()
     wc.close()
+
+
+class UsesItsOutput(nn.Module):
+    """A block that uses a child's output before returning it (``h`` feeds ``head`` and is returned)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))  # (not a module's output: the block's own out.0 alone is h)
+        return h, self.head(h)
+
+
+class ReadsItTwice(nn.Module):
+    def __init__(self, caller_uses_h: bool):
+        super().__init__()
+        self.block, self.caller_uses_h = UsesItsOutput(), caller_uses_h
+
+    def forward(self, x):
+        h, y = self.block(x)
+        return y.square().mean() + (h.square().mean() if self.caller_uses_h else 0)
+
+
+@pytest.mark.parametrize("caller_uses_h", [True, False], ids=["caller-uses-it", "caller-drops-it"])
+def test_an_output_the_module_also_uses_itself_has_the_gradient_of_all_its_uses_as_in_the_eager_watch(caller_uses_h):
+    # the eager watch hooks the tensor and records its total gradient (the head's use and the caller's);
+    # the compiled watch hooks the same tensor inside the graph (until 2026-11-29 it recorded the uses
+    # after the return alone: a wrong row where the caller used it, none where it dropped it)
+    x = torch.randn(8, 4)
+    results = {}
+    for compiled, model, run in eager_then_compiled(lambda: ReadsItTwice(caller_uses_h)):
+        if compiled:  # the unwatched compiled model first: its graphs and gradients
+            run = torch.compile(model, backend="aot_eager")
+            run(x).backward()
+            bare_graphs, bare_grads = graphs(), [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+            fresh_dynamo()
+            run = torch.compile(model, backend="aot_eager")
+        with workbench.watch(run, histograms=False) as w:
+            loss = run(x)
+            loss.backward()
+            w.step()
+        assert w.errors == []
+        results[compiled] = w.to_pandas()
+    assert graphs() == bare_graphs == 1
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), bare_grads))
+    merged = compare(results[False], results[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    grads = results[True][results[True].kind == "grad_output"].set_index(["module", "tensor"])
+    # the block's out.0 is h: its gradient row is the total, not the caller's share alone
+    h = torch.tanh(model.block.body(x)).detach().requires_grad_()
+    (model.block.head(h).square().mean() + (h.square().mean() if caller_uses_h else 0)).backward()
+    assert grads.loc[("block", "out.0"), "norm"] == pytest.approx(h.grad.norm().item(), rel=1e-5)
 
 
 class Untraceable(nn.Module):

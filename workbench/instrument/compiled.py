@@ -7,7 +7,8 @@ dynamo to trace instead; one file a job:
 
 - :mod:`~workbench.instrument.compiled_graph`: inside the graphs - the process-wide forward hook
   dynamo inlines at every module call, the statistics of outputs (fused into the graph's kernels)
-  and of their gradients (an autograd Function whose backward reduces the gradient into a probe).
+  and of their gradients (a gradient hook on each output, traced into the backward graph, that
+  reduces the gradient into a probe).
 - :mod:`~workbench.instrument.compiled_hooks`: around the graphs - every call of the compiled
   model goes through :class:`~workbench.instrument.compiled_hooks.CompiledHooks`, which keeps each
   call's rows and names them when the step ends (one host transfer); parameters and their

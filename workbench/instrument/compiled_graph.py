@@ -7,10 +7,10 @@ they compute there.
   graph's kernels; on the CPU one call of :data:`cpu_row`, an op the graph keeps - and appends the
   row to the call's list: a side effect dynamo replays after the graph, so the rows are extra
   outputs of the graph.
-- Output gradients: the hook passes each output leaf that requires grad through
-  :class:`GradProbe`, whose backward passes the gradient on untouched and reduces it into a row
-  of the gradient of a *probe*, a small leaf tensor made for each compiled call. No hook runs in
-  the backward; the backward stays one compiled graph.
+- Output gradients: the hook puts a gradient hook on each output leaf that requires grad
+  (:func:`hook_gradient`), which reduces the tensor's gradient into a row of a *probe*, a small
+  tensor made for each compiled call. Dynamo traces the hook into the backward graph, which
+  stays one compiled graph.
 - :class:`GraphState` is what the hooks read (dynamo guards on it: a recorded and an unrecorded
   variant of each graph, switched between without recompiling) and where they write.
 
@@ -41,7 +41,8 @@ from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
-__all__ = ["MADE", "SAMPLED", "GraphState", "GradProbe", "cpu_row", "graph_row", "make_hooks", "observe", "row_width"]
+__all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hook_gradient", "make_hooks", "observe",
+           "row_width"]
 
 
 def row_width(bins: int) -> int:
@@ -194,29 +195,51 @@ def _cpu_row_shape(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None
 cpu_row = torch.ops.workbench.cpu_row.default
 
 
-class GradProbe(torch.autograd.Function):
-    """The identity on the way forward; on the way back the gradient goes on untouched and its
-    :func:`graph_row` (binned over ``edges``, see :func:`graph_row`) becomes row ``row`` of the
-    gradient of ``probe``.
+# ``add_row(probe, row, index)``: ``probe[index] += row``, written where the graph calls it, in the backward.
+# The probe is an input of the forward graph that the backward writes; a write torch sees (``add_``, or a
+# schema that says the op mutates it) bumps its version counter, and every other compiled backward that
+# kept the probe (each graph of a call with graph breaks, the same graph in a second backward pass through
+# one forward) then refuses it as "modified by an inplace operation". So the schema says it mutates
+# nothing, the kernel writes through ``.data`` (a version counter of its own), and the op is registered as
+# having a side effect: no dead-code elimination takes out an op without outputs. Nothing else reads the
+# probe before the step ends. Tagged ``cudagraph_unsafe``: a CUDA graph would replay the write into the
+# probe it was captured with.
+_LIBRARY.define("add_row(Tensor probe, Tensor row, int index) -> ()",
+                tags=(torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ())
 
-    The forward is a ``clone()`` (inductor fuses it into the producer's kernel): a view of the
-    input would forbid the in-place ops models do on their outputs."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
-                edges: torch.Tensor | None) -> torch.Tensor:
-        # (``edges`` kept as an attribute, not saved: a constant without a gradient, and a saved tensor
-        # would make non-reentrant checkpointing, whose recomputation passes no probe, count one more
-        # tensor saved in the forward than in the recomputation)
-        ctx.row, ctx.rows, ctx.bins, ctx.edges = row, probe.shape[0], bins, edges
-        return x.clone()
+def _add_row(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
+    probe.data[index] += row
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        reduced = graph_row(grad, ctx.bins, ctx.edges)
-        # the row at ``row``, zeros elsewhere: the probe's gradients add up to one row per output
-        out = torch.nn.functional.pad(reduced[None], (0, 0, ctx.row, ctx.rows - ctx.row - 1))
-        return grad, out, None, None, None
+
+_LIBRARY.impl("add_row", _add_row, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("workbench::add_row", lib=_LIBRARY)
+def _add_row_shape(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
+    return None
+
+
+#: ``add_row(probe, row, index)``: adds ``row`` to row ``index`` of ``probe``, unseen by autograd's version
+#: counters; kept in the graph where nothing uses its (absent) output.
+add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_row.default)
+
+
+def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
+                  edges: torch.Tensor | None) -> None:
+    """Add the :func:`graph_row` of ``tensor``'s gradient (binned over ``edges``, see :func:`graph_row`)
+    to row ``row`` of ``probe`` in the backward, by a hook on the tensor itself: it gets the
+    tensor's total gradient, of its uses inside the module that returned it too, as the eager
+    watch's hook does. Traced, the hook is part of the backward graph (dynamo's ``register_hook``
+    of an intermediate tensor, no graph break) and its write into ``probe`` (an input of the
+    forward graph, written in the backward by :data:`add_row`) leaves it; run eagerly, it is
+    torch's tensor hook. The row's last column counts the backward passes that reached it."""
+
+    def into_probe(grad: torch.Tensor | None) -> None:
+        if grad is not None:  # (run eagerly: a node's output that got no gradient passes None)
+            add_row(probe, graph_row(grad, bins, edges), row)
+
+    tensor.register_hook(into_probe)
 
 
 class GraphState:
@@ -365,17 +388,27 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
                 row = -2  # the probe is full: its capacity grows for the next call
         probed.append(row)
     if any(r >= 0 for r in probed):
-        replaced = True
+        # a leaf (a parameter or an input, returned) is cloned and its clone hooked (a hook on the
+        # leaf itself would stay on it, and dynamo would put it on outside the graph): its gradient
+        # is that of the uses after the module returned it
         pending = list(probed)  # (popped in the order tensor_leaves gave them; dynamo traces no next())
         probe, bins, probe_edges = st.probe, st.bins, st.probe_edges
 
-        def through_probe(tensor: torch.Tensor) -> torch.Tensor:
+        def hooked(tensor: torch.Tensor) -> torch.Tensor:
             row = pending.pop(0)
             if row < 0:
                 return tensor
-            return GradProbe.apply(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
+            if tensor.is_leaf:
+                tensor = tensor.clone()
+            hook_gradient(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
+            return tensor
 
-        output = through_probe(output) if isinstance(output, torch.Tensor) else map_tensors(output, through_probe)
+        if any(tensor.is_leaf for (_, tensor), row in zip(leaves, probed) if row >= 0):
+            replaced = True
+            output = hooked(output) if isinstance(output, torch.Tensor) else map_tensors(output, hooked)
+        else:  # (the output as it is: no container rebuilt)
+            for _, tensor in leaves:
+                hooked(tensor)
     st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph,
                    tuple(floating)))
     return output if replaced else None

@@ -312,8 +312,8 @@ class CompiledHooks:
         out: list = []
         probe = None
         if st.recording and st.grad_sites and torch.is_grad_enabled():
-            probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device,
-                                requires_grad=True)
+            # (written in the backward by the outputs' gradient hooks: compiled_graph.hook_gradient)
+            probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device)
         ranges = None
         if st.recording and self.bins:  # (tensors always, NaN at first: one graph variant)
             ranges = self._ranges_of_call(len(self._calls))
@@ -420,7 +420,7 @@ class CompiledHooks:
         overflow = False
         per_call: list[tuple[int, list[int]]] = []  # each call's count of activation rows, its probe rows used
         for out, probe, _ in self._calls:
-            grad = probe.grad if probe is not None else None
+            grad = probe  # (its rows, written by the backward; a row without a gradient is all zeros)
             used: list[int] = []
             before = len(entries)
             for path, names, shapes, rows, probed, in_graph, floating in out:
@@ -464,7 +464,7 @@ class CompiledHooks:
 
     def _leave_out_repeated_backwards(self, grads: np.ndarray, keys: list[tuple[tuple, int]]) -> None:
         """Mark as not made (in place) the probe rows ``grads`` that several backward passes through
-        one forward reached (``retain_graph=True``, then another backward): the probe's gradient adds
+        one forward reached (``retain_graph=True``, then another backward): the probe's row adds
         the passes' rows up, so their sums, counts, min and max are added too and describe no tensor.
         Each step that has them says so in ``errors`` (with a warning the first time)."""
         repeated = grads[:, MADE] > 1
