@@ -1195,22 +1195,21 @@ class Diagnoser:
             if counted is None and before >= 0 and lo[before] >= 0 and not layout.own_params.get(layout.keys[i][0]):
                 # (a module without parameters of its own after a site never negative, of another shape: a pooling, a
                 # flatten, a reshape; its zeros are those it took in, the site before's, judged there: one finding per
-                # dead layer, not one more per module it passes through (an AdaptiveAvgPool2d and a Flatten after a
-                # dead ReLU read as dead units three times until 2026-11-29))
+                # dead layer, not one more per module it passes through (a dead ReLU before an AdaptiveAvgPool2d and a
+                # Flatten is one finding, at the ReLU))
                 continue
             silent = ""
             if counted is not None and z * float(stats["numel"][i]) < counted * m - 0.5:
                 # (more units counted than its zeros can hold, a unit dead for the batch being all zeros: the bias's
                 # gradient is 0 for another reason, no gradient reaching it (a dead layer after it passes none back);
-                # its count says nothing, the zeros bound the units ("all 16 of its units" of a ReLU at 81% zeros,
-                # max 2.65, until 2026-11-29)
+                # its count says nothing, and the zeros bound the units instead)
                 silent = (f" (the gradient of {layout.names[b]}, which feeds them, is 0 at {counted} of its {u} "
                           f"entries, more than its zeros can hold: no gradient reaches them)")
                 counted = None
             if counted is not None and counted < t.dead_unit_share * u:
                 # (most units fire for some input: a layer sparse by design (top-k, a trained transformer's ReLU FFN
-                # at 90%+ zeros) with a few units dead, judged as below dead_zero_frac; a top-k of 8 of 256 units
-                # read "70 of its 256 units along dim 1" of its positions until 2026-11-29, counting none)
+                # at 90%+ zeros) with a few units dead, judged as below dead_zero_frac: a top-k of 8 of 256 units
+                # is no finding)
                 continue
             if counted is not None and counted < u:
                 detail = (f"{counted} of its {u} units{along} output 0 for every input (their entries of the "
@@ -1903,9 +1902,8 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     that began next is tried.
     The root's severity is the worst of its group's, so that it leads as its consequences would. A learning rate of 10
     on a ReLU MLP: its update ratios at step 1 first, then its loss spike, dead units, vanished gradients and stilled
-    weights (10 rows of equal rank, the dead units first, until 2026-11-29). A finding that began after the root's
-    trouble had ended is not its consequence: a learning rate too hot for the first 4 steps does not cause the NaN
-    loss of step 50 (grouped under it, and left out of the app's list, until 2026-11-29)."""
+    weights. A finding that began after the root's trouble had ended is not its consequence: a learning rate too hot
+    for the first 4 steps does not cause the NaN loss of step 50."""
     priority = {name: i for i, name in enumerate(ROOT_FINDINGS)}
     candidates = sorted((i for i, r in enumerate(rows) if r["finding"] in priority),
                         key=lambda i: (rows[i]["step"], priority[rows[i]["finding"]], i))
@@ -1964,8 +1962,7 @@ def _consequences(rows: list[dict], root: int, first_step: int) -> list[int]:
         gap = _rejoin_gap(rows[i]["step"], first_step)
         # (a blow-up holds the trouble open while it lasts; a state it left behind (dead units, stilled weights) only
         # where it began, but for the root's own finding back (a learning rate still too hot): dead units to the end
-        # of a run do not make a NaN of an input 250 steps after a learning rate too hot for 3 steps its consequence
-        # (grouped under it, and left out of the app's list, until 2026-11-29))
+        # of a run do not make a NaN of an input 250 steps after a learning rate too hot for 3 steps its consequence)
         back = rows[i]["finding"] == rows[root]["finding"] and rows[i]["step"] <= lingering + gap
         if rows[i]["step"] > held + gap and not back:
             break  # (the trouble had ended before it began: its own finding, and so are those after it)
