@@ -359,6 +359,28 @@ def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_wha
     assert workbench.load_run(tmp_path / "empty").status == "finished"
 
 
+def test_a_run_of_a_newer_schema_or_of_none_is_never_replaced(tmp_path):
+    # (a run that failed before its first step was replaced whatever wrote it: one of a newer workbench, whose
+    # data this one cannot tell - a table of its own, a status of its own - was deleted by an older one)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    for name, version in (("newer", SCHEMA_VERSION + 1), ("unversioned", None)):
+        path = tmp_path / name
+        with pytest.raises(ZeroDivisionError):
+            with workbench.watch(model, store=path):
+                1 / 0
+        with contextlib.closing(sqlite3.connect(path / DB_NAME)) as db, db:
+            db.execute("CREATE TABLE notes (text TEXT)")  # (what the newer one keeps, beside its steps)
+            db.execute("INSERT INTO notes VALUES ('kept')")
+            if version is None:
+                db.execute("DELETE FROM meta WHERE key = 'schema_version'")
+            else:
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (json.dumps(version),))
+        with pytest.raises(FileExistsError, match=rf"{path} already holds a run"):
+            workbench.watch(model, store=path)
+        with contextlib.closing(sqlite3.connect(path / DB_NAME)) as db:
+            assert db.execute("SELECT text FROM notes").fetchall() == [("kept",)]
+
+
 def test_two_writers_cannot_both_start_on_one_path(tmp_path):
     path = tmp_path / "contested"
     results = []
