@@ -264,6 +264,32 @@ def test_one_made_in_a_step_not_recorded_is_from_the_first_step_whose_forward_ra
     assert stored.interventions()[["intervention", "from step"]].values.tolist() == sorted(log, key=lambda r: r[1])
 
 
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_patch_of_one_call_made_in_a_step_not_recorded_never_patches_another_call_nor_fails(every):
+    # (a step not recorded runs with the hooks out, its calls uncounted: a patch of call 0 made after its first
+    # micro-batch patched the second, call 1, and one of call 1 failed, "the step called '0' 1 time(s)")
+    model = nn.Sequential(nn.Linear(4, 4))
+    w = workbench.watch(model, every=every)
+    zeroed = {0: [], 1: []}
+    for step in range(1, 5):
+        for micro in range(2):  # (two micro-batches a step: "0" is called twice in each, calls 0 and 1)
+            out = model(torch.randn(2, 4))
+            for unit, zeroed_at in zeroed.items():  # (patch "call k" zeroes unit k)
+                if (out[:, unit] == 0).all():
+                    zeroed_at.append((step, micro))
+            if step == 2 and micro == 0:
+                w.patch("0", lambda y: y * torch.tensor([0.0, 1, 1, 1]), call=0, label="zero unit 0 at call 0")
+                w.patch("0", lambda y: y * torch.tensor([1.0, 0, 1, 1]), call=1, label="zero unit 1 at call 1")
+        w.step()
+    w.close()
+    assert w.errors == []  # (no patch failed)
+    # (every=1 counts every call: call 1 of step 2 is patched; every=2 cannot tell which call of step 2 is which)
+    first = 2 if every == 1 else 3
+    assert zeroed == {0: [(3, 0), (4, 0)], 1: [(step, 1) for step in range(first, 5)]}
+    assert w.intervention_log()[["from step", "status"]].values.tolist() == [[3, "ended with the watch"],
+                                                                               [first, "ended with the watch"]]
+
+
 def test_a_patch_of_a_tuple_output_warns_at_the_users_line_and_describes_the_output():
     model = Attention()
     w = workbench.watch(model)

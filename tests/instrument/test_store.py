@@ -325,12 +325,12 @@ def test_a_run_that_ended_before_its_first_step_is_replaced_by_a_retry(tmp_path,
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
     if ended == "killed":  # (a process that ends without closing its watch: its run reads interrupted)
         code = ("import os, sys, torch, workbench\n"
-                "w = workbench.watch(torch.nn.Linear(3, 5), store=sys.argv[1], metadata={'attempt': 1})\n"
+                "w = workbench.watch(torch.nn.Linear(3, 5), store=sys.argv[1], metadata={'attempt': 1, 'first': 1})\n"
                 "os._exit(0)")
         subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], check=True, timeout=120)
     else:
         with pytest.raises(ended):
-            with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1}):
+            with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1, "first": 1}):
                 raise ended()
     assert workbench.load_run(tmp_path / "run").status == {ZeroDivisionError: "failed", KeyboardInterrupt: "stopped",
                                                            "killed": "interrupted"}[ended]
@@ -338,7 +338,7 @@ def test_a_run_that_ended_before_its_first_step_is_replaced_by_a_retry(tmp_path,
         train(w, model, 2)
     run = workbench.load_run(tmp_path / "run")
     assert run.status == "finished" and run.steps == [1, 2] and "error" not in run.metadata
-    assert run.metadata["attempt"] == 2
+    assert run.metadata["attempt"] == 2 and "first" not in run.metadata  # (replaced: none of its facts is left)
 
 
 def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_what_to_do(tmp_path):
@@ -357,6 +357,28 @@ def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_wha
             workbench.watch(model, store=path)
     assert workbench.load_run(tmp_path / "crashed").steps == [1]
     assert workbench.load_run(tmp_path / "empty").status == "finished"
+
+
+def test_a_run_of_a_newer_schema_or_of_none_is_never_replaced(tmp_path):
+    # (a run that failed before its first step was replaced whatever wrote it: one of a newer workbench, whose
+    # data this one cannot tell - a table of its own, a status of its own - was deleted by an older one)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    for name, version in (("newer", SCHEMA_VERSION + 1), ("unversioned", None)):
+        path = tmp_path / name
+        with pytest.raises(ZeroDivisionError):
+            with workbench.watch(model, store=path):
+                1 / 0
+        with contextlib.closing(sqlite3.connect(path / DB_NAME)) as db, db:
+            db.execute("CREATE TABLE notes (text TEXT)")  # (what the newer one keeps, beside its steps)
+            db.execute("INSERT INTO notes VALUES ('kept')")
+            if version is None:
+                db.execute("DELETE FROM meta WHERE key = 'schema_version'")
+            else:
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (json.dumps(version),))
+        with pytest.raises(FileExistsError, match=rf"{path} already holds a run"):
+            workbench.watch(model, store=path)
+        with contextlib.closing(sqlite3.connect(path / DB_NAME)) as db:
+            assert db.execute("SELECT text FROM notes").fetchall() == [("kept",)]
 
 
 def test_two_writers_cannot_both_start_on_one_path(tmp_path):

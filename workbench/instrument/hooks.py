@@ -266,8 +266,8 @@ class Hooks:
         times, patched nothing: it fails (removed, with a warning), as a patch that raises does."""
         for path, items in tuple(self.interventions.items()):
             made = self.sites.calls.get(path, 0)
-            for intervention in tuple(items):
-                if intervention.call is not None and 0 < made <= intervention.call:
+            for intervention in tuple(items):  # (one from the next step on applied to no call of this one)
+                if intervention.call is not None and 0 < made <= intervention.call and not intervention.from_next_step:
                     intervention.fail(self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
                         f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
                         f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)")))
@@ -438,6 +438,8 @@ class Hooks:
     def _apply_interventions(self, path: str, call: int | None, recomputing: bool, output: Any) -> tuple[Any, bool]:
         replaced = False
         for intervention in tuple(self.interventions.get(path, ())):  # (a failing one is removed)
+            if intervention.from_next_step:
+                continue
             if recomputing and call is None and intervention.call is not None:
                 intervention.fail(self.fail(path, call, f"patch:{intervention.label}", RuntimeError(
                     f"activation checkpointing recomputes {path!r}, which the forward called "

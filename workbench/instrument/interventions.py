@@ -116,7 +116,8 @@ class Intervention:
         start_step: the first step it applies to: the step it was made in, or, made after that step's
             model calls, the next (the step it was made in where the model is called again in it). Made in
             a step whose calls the watch did not count (one not recorded), the next until its site is
-            called with it in that step.
+            called with it in that step; one of a ``call``, the next (which call of that step is its call
+            cannot be told: it does not apply in it).
         end_step: the last step it applied to (None while it is in place); for one that failed, the
             step it failed at.
         error: why it failed (``TypeError: ...``), None unless it failed; ``failed_step``: when.
@@ -137,6 +138,9 @@ class Intervention:
         #: acted on; a call of another module is not)
         self.after_forward = False
         self.calls_before = 0
+        #: made with a ``call`` in a step whose calls the watch did not count (a step not recorded, with the hooks
+        #: out): which call of that step is ``call`` cannot be told, so it applies from the next step on
+        self.from_next_step = False
 
     @property
     def status(self) -> str:

@@ -433,11 +433,16 @@ def expanded(path: str | os.PathLike, what: str) -> Path:
 
 def _stored(path: Path) -> tuple[str, int] | None:
     """The status the run at ``path`` stored and how many steps it stored; None where its database cannot
-    be read as a run's (damaged, not a workbench run)."""
+    be read as a run's (damaged, not a workbench run, or of a schema this workbench does not know: a newer
+    one's, whose data its steps alone may not tell)."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{(path / DB_NAME).resolve()}?mode=ro", uri=True)) as db:
+            version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             status = db.execute("SELECT value FROM meta WHERE key = 'status'").fetchone()
             steps = db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+        version = json.loads(version[0]) if version is not None else None
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+            return None
         return json.loads(status[0]) if status is not None else "running", steps
     except (sqlite3.Error, json.JSONDecodeError):
         return None
@@ -449,7 +454,8 @@ def holds_a_run(path: Path, locked: bool = False) -> bool:
     leaves it (under ``watch_distributed`` too: rank 0's run, closed as failed when another rank could not
     start) - holds nothing: a new run at its path replaces it, so that a start retried once its cause is
     fixed writes where it was asked to. Any other run holds something: one that stored a step, one that
-    finished (empty or not), one being written, and a database that cannot be read as a run's.
+    finished (empty or not), one being written, and a database that cannot be read as a run's of a schema
+    this workbench knows (a newer workbench's run may keep what its steps do not tell).
 
     Args:
         path: a run directory.
@@ -469,7 +475,7 @@ def _check_no_run(path: Path, locked: bool = False) -> None:
     if holds_a_run(path, locked):
         stored = _stored(path)
         held = (f"{stored[0]}, {stored[1]} step(s) stored" if stored is not None
-                else f"a {DB_NAME} that cannot be read as a run's")
+                else f"a {DB_NAME} that this workbench cannot read as a run's: damaged, or a newer workbench's")
         raise FileExistsError(f"{path} already holds a run ({held}); pick a new directory, load it with "
                               f"workbench.load_run({str(path)!r}), or delete that directory to write a new run "
                               "there.")

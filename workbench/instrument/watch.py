@@ -116,6 +116,8 @@ class Watch:
         record = record or self._record_next_step or (self.step_index - 1) % self.every == 0
         self._record_next_step = False
         self._hooks.start_step(self.step_index, record)
+        for intervention in self.interventions:  # (the hooks are in for them: this step's calls are counted)
+            intervention.from_next_step = False
 
     # ------------------------------------------------------------------ the step
     def step(self, **metrics: float) -> StepRecord | None:
@@ -353,11 +355,14 @@ class Watch:
         # (made after the step's model calls, it was not on in them: it first acts at the next step, unless the
         # model is called again in this one, which _first_acted tells. Where the step may have called the model
         # uncounted - a step not recorded, with the hooks out - it is taken to be made after them until a call of
-        # its site in this step says it acted from this one)
-        after = bool(self._model_calls()) or self._hooks.calls_uncounted
+        # its site in this step says it acted from this one; one of a call waits for the next step: which call of this
+        # step is its call cannot be told)
+        uncounted = self._hooks.calls_uncounted
+        after = bool(self._model_calls()) or uncounted
         intervention = Intervention(path, fn, call, label, self._remove_intervention,
                                     f"i{len(self._intervention_log) + 1}", self.step_index + after)
         intervention.after_forward, intervention.calls_before = after, self._hooks.calls_made(path)
+        intervention.from_next_step = call is not None and uncounted
         self._intervention_log.append(intervention)
         self._hooks.interventions.setdefault(path, []).append(intervention)
         self._hooks.update()
@@ -372,7 +377,7 @@ class Watch:
         calls, was called again in it since (the call it patches, for one of a ``call``): it acted from this step
         on, not the next. Calls of other modules do not count: a site that ran before it was made, then others
         (it was made in a forward hook), ran unpatched."""
-        if intervention.start_step <= self.step_index:
+        if intervention.start_step <= self.step_index or intervention.from_next_step:
             return
         before, now = intervention.calls_before, self._hooks.calls_made(intervention.path)
         if (now > before) if intervention.call is None else (before <= intervention.call < now):
