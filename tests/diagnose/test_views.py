@@ -241,6 +241,33 @@ def test_only_calls_over_the_same_steps_merge_and_a_call_s_episodes_stay_apart()
     alone = view.merge_calls(pd.DataFrame([finding(0)]))
     joined = view.merge_calls(pd.DataFrame([finding(0), finding(1)]))
     assert view.pick_key(alone.iloc[0]) == view.pick_key(joined.iloc[0]) and alone.site[0] != joined.site[0]
+    # ... and as a call that began earlier joins it (the merged finding's first step moves back)
+    later = view.merge_calls(pd.DataFrame([finding(1, 2, 3)]))
+    earlier = view.merge_calls(pd.DataFrame([finding(1, 2, 3), finding(0, 1, 4)]))
+    assert view.picked_row(earlier, view.pick_key(later.iloc[0])) == 0 and earlier.step[0] == 1
+
+
+def test_a_pick_stays_on_the_episode_picked_where_the_same_finding_held_twice_at_a_site():
+    """Two episodes of one finding at one site (steps 1-4, again at 8-10: the newer listed first): the page's note
+    and the re-pick after a tick keep the one picked, not the first row of that finding and site."""
+    frame = view.merge_calls(pd.DataFrame([finding(0, 8, 10), finding(0, 1, 4), finding(1, 20, 30)]))
+    assert frame[["step", "last_step"]].values.tolist() == [[8, 10], [1, 4], [20, 30]]
+    older = view.pick_key(frame.iloc[1])
+    assert view.pick_key(frame.iloc[0]) != older and view.picked_row(frame, older) == 1
+    assert view.picked_row(frame, None) is None and view.picked_row(frame.iloc[[0, 2]], older) is None
+
+    class Found:  # (a live run's findings: the run page reads their frame)
+        error = None
+
+        def frame(self, listed=()):
+            return frame
+
+        def flush(self, timeout=None):
+            return True
+
+    run = type("Run", (), {"findings": Found(), "running": False, "intervention_frame": lambda self: None})()
+    note, _table = view.page_findings(run, {"findings_pick": older})
+    assert "**saturated** at `rnn.cell#0 out.0`, step 1–4" in note and "step 8–10" not in note
 
 
 def test_a_merged_finding_of_a_container_called_several_times_focuses_its_sites():

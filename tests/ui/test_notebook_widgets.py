@@ -488,6 +488,27 @@ def test_the_dashboards_findings_name_a_patch_of_the_watch_that_was_in_place(tmp
     assert_shaded(replay, 3, 10)
 
 
+def test_the_dashboards_pick_stays_on_the_episode_picked_where_a_finding_held_twice_at_a_site():
+    """layers.1 zeroed at steps 1-6 and again at 17-22: dead units there twice, the newer listed first. Picking the
+    older kept it through the timer's redraw (it jumped to the newer one, which has the same finding and site)."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    w = exp.watch(histograms=False)
+    for _ in range(2):
+        zeroed = w.patch("layers.1", lambda y: y * 0)
+        exp.run(6, progress=False)
+        zeroed.remove()
+        exp.run(10, progress=False)
+    w.close()
+    dash = Dashboard(w)
+    dash.refresh()
+    dead = [i for i, label in enumerate(dash.findings_list.options) if "dead_units at layers.1," in label]
+    assert [dash.findings_list.options[i].rsplit(", ", 1)[1] for i in dead] == ["step 17–22", "step 1–6"]
+    dash.findings_list.index = dead[1]
+    assert "step 1–6" in dash.findings_detail.value
+    dash.refresh()  # (the timer's redraw)
+    assert dash.findings_list.index == dead[1] and "step 1–6" in dash.findings_detail.value
+
+
 def test_the_findings_muted_text_follows_the_notebooks_theme():
     """Its grey was a fixed #555: in JupyterLab's dark theme "What to try" read dark grey on black."""
     exp = workbench.experiments.create("activation_mlp", seed=0, width=8)

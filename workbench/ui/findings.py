@@ -26,7 +26,7 @@ from workbench.ui.views import RunView
 
 __all__ = ["Focus", "MUTED", "RunFindings", "SHOWN_COLUMNS", "SHOWN_DATATYPES", "TABLE_COLUMNS",
            "during_interventions", "findings_html", "findings_summary", "findings_table", "focus", "fold_consequences",
-           "mark_steps", "merge_calls", "option_label", "pick_key", "shown_findings"]
+           "mark_steps", "merge_calls", "option_label", "pick_key", "picked_row", "shown_findings"]
 
 #: The columns of the list a page shows (one row per finding, as ordered: most severe, newest by last step, then
 #: the first begun; a cause's consequences after it where they are listed: :func:`fold_consequences`).
@@ -143,7 +143,7 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
             kept.loc[i, "folded"] = len(own_members)
             kept.loc[i, "trouble_steps"] = _steps_text(int(kept.step[i]), max(int(kept.last_step[i]),
                                                                               int(own_members.last_step.max())))
-            if _cause_key(kept.iloc[i]) in listed:
+            if pick_key(kept.iloc[i]) in listed:
                 kept.loc[i, "listed"] = True
                 after[i] = own_members.assign(**unfolded)
     if not any(len(rows) for rows in after.values()):
@@ -161,14 +161,8 @@ def toggled(listed: Any, row: Any) -> tuple:
     listed = tuple(listed)
     if not getattr(row, "folded", 0):
         return listed
-    key = _cause_key(row)
+    key = pick_key(row)  # (one cause at one site may begin two troubles, each with its own consequences)
     return tuple(k for k in listed if k != key) if key in listed else (*listed, key)
-
-
-def _cause_key(row: Any) -> tuple:
-    """What ``listed`` remembers of a cause (:func:`toggled`): its :func:`pick_key` and the step it began (one
-    cause at one site may begin two troubles, each with its own consequences)."""
-    return (*pick_key(row), int(row.step))
 
 
 def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
@@ -185,9 +179,25 @@ def _overlapping(rows: list[dict], members: list[int]) -> list[list[int]]:
 
 
 def pick_key(row: Any) -> tuple:
-    """What a pick remembers of a finding to find it again in a later list: the finding and where it is
-    (a merged finding's site names more calls as they join it)."""
-    return (row.finding, row.kind, row.module, row.tensor, row.site if row.kind == "metric" else "")
+    """What a pick remembers of a finding to find it again in a later list (:func:`picked_row`): the finding,
+    where it is (a merged finding's site names more calls as they join it) and the step its episode began (one
+    finding at one site may hold twice, a row each; a cause and its consequences may come back)."""
+    return (row.finding, row.kind, row.module, row.tensor, row.site if row.kind == "metric" else "", int(row.step))
+
+
+def picked_row(frame: pd.DataFrame, picked: tuple | None) -> int | None:
+    """The position in ``frame`` of the finding ``picked`` (its :func:`pick_key` in an earlier list), or None where
+    it is not listed. A row of the same finding whose steps take in the step the pick began is it too: a module's
+    call that began earlier joined its merged finding (:func:`merge_calls`), whose first step moved back; the
+    episodes of one finding at one site do not overlap, so that row is the only one."""
+    if picked is None or frame.empty:
+        return None
+    keys = [pick_key(row) for row in frame.itertuples()]
+    if picked in keys:
+        return keys.index(picked)
+    *finding, step = picked
+    return next((i for i, (key, last_step) in enumerate(zip(keys, frame.last_step))
+                 if list(key[:-1]) == finding and key[-1] <= step <= last_step), None)
 
 
 def _calls_text(calls: tuple[int, ...], most: int = 6) -> str:
@@ -560,11 +570,9 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     note = findings_summary(frame, running=running)
     if found.error:
         note += f" Diagnosing failed: `{found.error}`."
-    picked = state.get("findings_pick")
-    if picked is not None and len(frame):
-        match = [row for row in frame.itertuples() if pick_key(row) == picked]
-        if match:
-            note += "\n\n" + finding_detail(match[0])
+    picked = picked_row(frame, state.get("findings_pick"))
+    if picked is not None:
+        note += "\n\n" + finding_detail(frame.iloc[picked])
     return note, findings_table(frame)
 
 

@@ -1256,9 +1256,8 @@ class Dashboard:
         self.findings_summary.value = _line_html(summary)
         self._findings = frame
         labels = [view.option_label(row) for row in frame.itertuples()]
-        # the pick is a finding (what, where), kept while its label changes (its last step grows)
-        keys = [view.pick_key(row) for row in frame.itertuples()]
-        picked = keys.index(self._picked_finding) if self._picked_finding in keys else None
+        # the pick is a finding (what, where, since when), kept while its label changes (its last step grows)
+        picked = view.picked_row(frame, self._picked_finding)
         self._quiet = True
         try:
             if tuple(labels) != tuple(self.findings_list.options):
