@@ -141,6 +141,34 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     assert run_control.run_controls(manager, run.id)["continue"] is False
 
 
+def test_a_run_failed_before_its_first_step_and_replaced_at_its_name_says_so_not_the_new_runs_data(manager,
+                                                                                                 monkeypatch):
+    """A run that failed before its first step stored nothing: a new run at its name replaces its directory. The old
+    one, kept in memory, read the new run's rows as its own and its page said it records there."""
+    train_step = ActivationMLP.train_step
+
+    def broken(self):
+        raise FloatingPointError("the first step exploded")
+
+    monkeypatch.setattr(ActivationMLP, "train_step", broken)
+    old = start(manager, 5, store="retried")
+    old.join(60)
+    assert old.outcome == "failed" and not old.replaced
+    assert "recording to `" in run_page.live_header(old) and "replaced" not in old.status()
+    monkeypatch.setattr(ActivationMLP, "train_step", train_step)
+    new = start(manager, 3, store="retried")
+    new.join(60)
+    assert new.outcome == "finished" and not new.replaced and old.replaced
+    assert len(new.frames()[0]) and load_run(manager.root.path / "retried").status == "finished"
+    with pytest.raises(ValueError, match=f"run {re.escape(old.label)} recorded to .*retried, which holds another "
+                                         "run now"):
+        old.frames()
+    said = "replaced since by another run"
+    assert said in run_page.live_header(old) and said in old.status() and said not in run_page.live_header(new)
+    table = run_control.runs_frame(manager).set_index("id")["recording to"]
+    assert table[new.id] == "retried" and table[old.id] == "retried (replaced)"
+
+
 def test_finished_runs_stay_listed_without_a_run_directory_and_the_oldest_are_dropped_past_the_bound(tmp_path):
     manager = RunManager(tmp_path / "runs", keep_finished=2)
     runs = []

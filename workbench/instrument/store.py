@@ -120,6 +120,7 @@ class RunStore:
         self._db: sqlite3.Connection | None = None
         self._lock: int | None = None
         self._db_file: int | None = None  # a descriptor of the database file: tells when it is deleted
+        self._replaced = False
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
@@ -131,7 +132,8 @@ class RunStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process; fsync per checkpoint
             self._db.executescript(SCHEMA)
-            meta = {"schema_version": SCHEMA_VERSION, "start_time": time.time(), "status": "running",
+            self.start_time = time.time()  # (its metadata's: which of the runs recorded at its path in turn it is)
+            meta = {"schema_version": SCHEMA_VERSION, "start_time": self.start_time, "status": "running",
                     "versions": versions(), **(metadata or {})}
             with self._transaction():
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
@@ -358,6 +360,22 @@ class RunStore:
     @property
     def closed(self) -> bool:
         return self._db is None
+
+    def replaced(self) -> bool:
+        """Whether the run at :attr:`path` is another run's now: this one closed (a run that stored no step, replaced
+        by a new run at its path, see :func:`holds_a_run`; or its directory deleted and a run written there again).
+        False while it is open (its lock keeps its path), and where nothing can be read there (deleted)."""
+        if self._replaced or not self.closed:
+            return self._replaced
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{(self.path / DB_NAME).resolve()}?mode=ro",
+                                                    uri=True)) as db:
+                started = db.execute("SELECT value FROM meta WHERE key = 'start_time'").fetchone()
+        except sqlite3.Error:
+            return False
+        # (a path never holds this run again once another took it)
+        self._replaced = started is None or json.loads(started[0]) != self.start_time
+        return self._replaced
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         """Write what is queued, set the run's status and close the database. Idempotent.

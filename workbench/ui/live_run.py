@@ -323,12 +323,30 @@ class LiveRun:
         if self._thread.is_alive() or self._thread.ident is not None:
             self._thread.join(timeout)
 
+    @property
+    def replaced(self) -> bool:
+        """Whether the run directory this run recorded to holds another run now: one that stored no step (it
+        failed or was stopped before its first) is replaced by a new run at its name
+        (:meth:`~workbench.instrument.store.RunStore.replaced`). Its pages then show what it kept in memory, and
+        say so."""
+        return self.watch.store is not None and self.watch.store.replaced()
+
+    def recorded_to(self) -> str:
+        """Where the run records, as its page says it: ``recording to `path```, or that another run replaced it
+        there; "" for a run that records to no store."""
+        store = self.watch.store
+        if store is None:
+            return ""
+        if self.replaced:
+            return f"recorded to `{store.path}`, replaced since by another run there (this one stored no step)"
+        return f"recording to `{store.path}`"
+
     def status(self) -> str:
         """The run's header (id, experiment, seed, start time), its state and step of total, for a page."""
         text = f"**{self.label}** - {self.state}: step {self.experiment.step_count} of {self.total}"
         store = self.watch.store
         if store is not None:
-            text += f" - recording to `{store.path}`"
+            text += f" - {self.recorded_to()}"
         if self.error:
             text += f"\n\n```\n{self.error.strip().splitlines()[-1]}\n```"
         if self.watch.errors:
@@ -347,6 +365,10 @@ class LiveRun:
         if self.watch.store is None:
             raise ValueError(f"run {self.label} records to no store: its rows are in its pages' views alone "
                              "(start it with a run name to keep them).")
+        if self.replaced:
+            raise ValueError(f"run {self.label} recorded to {self.watch.store.path}, which holds another run now (it "
+                             "stored no step and a new run at its name replaced it): its rows are in its pages' "
+                             "views alone.")
         stored = Run(self.watch.store.path)
         return stored.to_pandas(), stored.metrics()
 

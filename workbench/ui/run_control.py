@@ -46,9 +46,16 @@ def runs_frame(manager: RunManager) -> pd.DataFrame:
     rows = [{"id": r.id, "experiment": r.name, "seed": r.seed,
              "started": time.strftime("%H:%M:%S", time.localtime(r.started)), "status": r.state,
              "step": r.experiment.step_count, "of": r.total,
-             "recording to": manager.root.name_of(r.watch.store.path) if r.watch.store is not None else ""}
-            for r in manager.runs()]
+             "recording to": _recording_to(manager, r)} for r in manager.runs()]
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def _recording_to(manager: RunManager, run: Any) -> str:
+    """The run name ``run`` records to ("" for none), ``(replaced)`` after it where another run replaced it there
+    (:attr:`~workbench.ui.live_run.LiveRun.replaced`)."""
+    if run.watch.store is None:
+        return ""
+    return manager.root.name_of(run.watch.store.path) + (" (replaced)" if run.replaced else "")
 
 
 def shown_runs_frame(table: pd.DataFrame) -> Any:

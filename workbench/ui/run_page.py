@@ -286,9 +286,8 @@ def live_header(run: LiveRun) -> str:
     """A live run's page header: the view's (state, step of total, pace), where the run records, and
     its instrumentation errors."""
     text = figures.header_markdown(run.view)
-    store = run.watch.store
-    if store is not None:
-        text += f"\n\nrecording to `{store.path}`"
+    if run.watch.store is not None:
+        text += f"\n\n{run.recorded_to()}"
     else:  # (said, not left out: a new user looks for it in the Runs tab, where it is not)
         text += ("\n\n_not recorded: started without a run name, it is kept in this app's memory only (the Runs "
                  "tab cannot replay, compare or export it)_")
