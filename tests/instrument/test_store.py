@@ -341,6 +341,45 @@ def test_a_run_that_ended_before_its_first_step_is_replaced_by_a_retry(tmp_path,
     assert run.metadata["attempt"] == 2 and "first" not in run.metadata  # (replaced: none of its facts is left)
 
 
+def test_a_reader_that_opened_the_replaced_run_reads_the_new_one_whole(tmp_path, monkeypatch):
+    """A reader (load_run's) that opened the database of a run that failed before its first step just before a new
+    run replaced it: the old file was deleted, the new run's written under its name, and the reader's first read
+    took the new run's write-ahead log over the old file ("database disk image is malformed"). The old run's tables
+    are emptied in place now, in the transaction that starts the new one: the reader sees one run or the other."""
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(20)])
+    path = tmp_path / "run"
+    with pytest.raises(ZeroDivisionError):
+        with workbench.watch(model, store=path):
+            1 / 0
+    reader = workbench.load_run(path)
+    assert reader.status == "failed" and reader.steps == []
+    connect = type(reader)._connect
+    replacing = []
+
+    def opened_then_replaced(run):
+        db = connect(run)
+        db.execute("SELECT 1").fetchall()  # (the file is open, its log not yet read)
+        if not replacing:
+            replacing.append(workbench.watch(model, store=path, histograms=False))
+            # past SQLite's automatic checkpoint (1000 pages written to the log): the log starts again, holding the
+            # last steps' pages alone, the rest of the new run in its file
+            for _ in range(80):
+                model(torch.randn(8, 4)).square().mean().backward()
+                replacing[0].step()
+            replacing[0].recorder.flush(None)  # (every step written)
+            assert os.path.getsize(path / DB_NAME) > 100 * 4096  # (checkpointed: the new run's file holds steps)
+        return db
+
+    monkeypatch.setattr(type(reader), "_connect", opened_then_replaced)
+    rows = reader.to_pandas()
+    monkeypatch.undo()
+    w = replacing[0]
+    pd.testing.assert_frame_equal(rows, workbench.load_run(path).to_pandas())
+    assert sorted(set(rows.step)) == list(range(1, 81))
+    w.close()
+    assert reader.status == "finished" and reader.steps == list(range(1, 81))
+
+
 def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_what_to_do(tmp_path):
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
     with pytest.raises(ZeroDivisionError):

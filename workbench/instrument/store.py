@@ -121,22 +121,24 @@ class RunStore:
         self._lock: int | None = None
         self._db_file: int | None = None  # a descriptor of the database file: tells when it is deleted
         self._replaced = False
+        self._made_db = False  # the database file is this store's own (none was there): removed if the start fails
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
             _check_no_run(self.path, locked=True)  # (again, under the lock: it decides)
-            _remove_empty_run(self.path)  # (one that holds nothing, if any: replaced)
+            made = not (self.path / DB_NAME).exists()  # (else a run that holds nothing, replaced)
             # (a tool holding the database briefly makes a write wait, not fail)
             self._db = sqlite3.connect(self.path / DB_NAME, check_same_thread=False, isolation_level=None,
                                        timeout=timeout)
+            self._made_db = made
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process; fsync per checkpoint
-            self._db.executescript(SCHEMA)
             self.start_time = time.time()  # (its metadata's: which of the runs recorded at its path in turn it is)
             meta = {"schema_version": SCHEMA_VERSION, "start_time": self.start_time, "status": "running",
                     "versions": versions(), **(metadata or {})}
             with self._transaction():
-                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                _empty(self._db)
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)",
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
             self._db_file = os.open(self.path / DB_NAME, os.O_RDONLY)
             _LOCKS_HERE.add(_identity(self._lock))
@@ -223,7 +225,9 @@ class RunStore:
         if self._db is not None:
             self._db.close()
             self._db = None
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+            # (the database of a run it was to replace stays: its transaction rolled back, it holds that run; a
+            # reader may have it open, and would take a new file's -wal and -shm, found by name, for its own)
+            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm") if self._made_db else ():
                 (self.path / name).unlink(missing_ok=True)
         if self._lock is not None:
             # (the lock file stays: another writer may hold it open; unlinked, a third would lock a new one)
@@ -499,11 +503,20 @@ def _check_no_run(path: Path, locked: bool = False) -> None:
                               "there.")
 
 
-def _remove_empty_run(path: Path) -> None:
-    """Delete the database of the run at ``path``, if any: one that holds nothing (:func:`holds_a_run`). Its
-    lock file stays (the caller holds it)."""
-    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-        (path / name).unlink(missing_ok=True)
+def _empty(db: sqlite3.Connection) -> None:
+    """Make the tables of :data:`SCHEMA` in ``db``, in the caller's transaction, dropping those of a run that held
+    nothing (:func:`holds_a_run`) first: a run a new one replaces is emptied in the transaction that writes the new
+    one's metadata, its file kept. A reader sees the old run whole or the new one; deleting the old files let a
+    reader that had just opened the old one read the new run's write-ahead log over it ("database disk image is
+    malformed", or a mix of the two runs)."""
+    # (views first: they name the tables; an index goes with its table)
+    for kind, name in db.execute("SELECT type, name FROM sqlite_master WHERE type IN ('view', 'table') "
+                                 "AND name NOT LIKE 'sqlite_%' ORDER BY type = 'table'").fetchall():
+        quoted = name.replace('"', '""')
+        db.execute(f'DROP {kind.upper()} "{quoted}"')
+    for statement in SCHEMA.split(";"):  # (one at a time: executescript would commit the caller's transaction)
+        if statement.strip():
+            db.execute(statement)
 
 
 #: The lock files (device, inode) the stores open in this process hold: a refusal says when the writer is one of them
