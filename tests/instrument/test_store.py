@@ -380,6 +380,27 @@ def test_a_reader_that_opened_the_replaced_run_reads_the_new_one_whole(tmp_path,
     assert reader.status == "finished" and reader.steps == list(range(1, 81))
 
 
+def test_a_replacing_start_that_fails_leaves_the_run_it_was_to_replace(tmp_path, monkeypatch):
+    """Replaced in place, in the new run's first transaction: a start that fails before it commits leaves the old
+    run's database as it was (a reader may have it open), not deleted as a database the start made would be."""
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    with pytest.raises(ZeroDivisionError):
+        with workbench.watch(model, store=tmp_path / "run", metadata={"attempt": 1}):
+            1 / 0
+
+    def broken():
+        raise RuntimeError("no versions")
+
+    monkeypatch.setattr("workbench.instrument.store.versions", broken)
+    with pytest.raises(RuntimeError, match="no versions"):
+        RunStore(tmp_path / "run", metadata={"attempt": 2})
+    with pytest.raises(RuntimeError, match="no versions"):
+        RunStore(tmp_path / "new")
+    monkeypatch.undo()
+    run = workbench.load_run(tmp_path / "run")
+    assert run.status == "failed" and run.metadata["attempt"] == 1 and not (tmp_path / "new" / DB_NAME).exists()
+
+
 def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_what_to_do(tmp_path):
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
     with pytest.raises(ZeroDivisionError):
