@@ -5,6 +5,7 @@ rows; the unwatched compiled model for the outputs, the gradients (bitwise) and 
 compiled graphs (dynamo's own counter). Models are tiny: compiling on 2 cores is what costs.
 """
 
+import contextlib
 import math
 import warnings
 
@@ -1194,3 +1195,24 @@ def test_a_view_output_changed_in_place_has_its_gradient_row_as_in_the_eager_wat
     assert ("part", "grad_output") in set(zip(rows[False].module, rows[False].kind))
     merged = compare(rows[False], rows[True])
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
+def test_a_view_output_changed_in_place_changes_its_base_under_the_compiled_watch_as_unwatched():
+    # the output is hooked as it is, not replaced: an in-place op on a module's view output writes its base
+    # (until 2026-11-29 the output was a clone, and the write stopped there: other losses and gradients)
+    x = torch.randn(5, 4)
+    results = []
+    for watched in (False, True):
+        fresh_dynamo()
+        torch.manual_seed(0)
+        model = ViewChangedInPlace()
+        run = torch.compile(model, backend="aot_eager")
+        with workbench.watch(run, histograms=False) if watched else contextlib.nullcontext() as w:
+            loss = run(x).square().mean()
+            loss.backward()
+            if watched:
+                w.step()
+        results.append((loss.detach(), [p.grad for p in model.parameters()], graphs()))
+    (bare_loss, bare_grads, bare_graphs), (loss, grads, watched_graphs) = results
+    assert torch.equal(loss, bare_loss) and all(torch.equal(g, b) for g, b in zip(grads, bare_grads))
+    assert watched_graphs == bare_graphs
