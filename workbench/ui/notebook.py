@@ -1250,7 +1250,7 @@ class Dashboard:
         # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
         # before it is done)
         running = not self._over()
-        summary = view.findings_summary(frame, running=running)
+        summary = view.findings_summary(frame, running=running, steps=self.diagnoses.fed)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
         self.findings_summary.value = _line_html(summary)
