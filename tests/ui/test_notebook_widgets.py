@@ -1637,3 +1637,24 @@ def test_a_dashboard_stopped_while_its_run_goes_on_says_so_when_shown_again(shel
     shell.run_cell("dash", cell_id="b")
     assert "no longer follows" in dash.header.value and "new Dashboard" in dash.header.value
     shell.user_ns["w"].close()
+
+
+def test_a_compare_stopped_while_its_runs_go_on_says_so_when_shown_again(shell):
+    """A Compare its cell no longer showed stopped following its runs, as a Dashboard does; shown again by another
+    cell it said nothing of it (the Dashboard's header says it no longer follows its run), and read as live."""
+    from workbench.ui.notebook import Compare
+
+    experiments = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    shell.user_ns.update(a=experiments[0].watch(), b=experiments[1].watch(), Compare=Compare)
+    shell.run_cell("compare = Compare(a, b, interval=0.05); compare", cell_id="a")
+    compare = shell.user_ns["compare"]
+    assert compare.following and "no longer follows" not in compare.message_html.value
+    shell.run_cell("1", cell_id="a")  # (cell a no longer shows it)
+    wait_for(lambda: not compare.following, what="the comparison no cell shows to stop")
+    shell.run_cell("compare", cell_id="b")
+    assert "no longer follows its runs" in compare.message_html.value
+    assert "Make a new Compare to follow them" in compare.message_html.value
+    compare.refresh()  # (a redraw keeps saying so)
+    assert "no longer follows its runs" in compare.message_html.value
+    for name in ("a", "b"):
+        shell.user_ns[name].close()

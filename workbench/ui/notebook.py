@@ -113,6 +113,15 @@ class _CellsShowing:
 _cells_showing: _CellsShowing | None = None
 
 
+def _no_longer_follows(widget: str) -> str:
+    """What a Dashboard or a Compare (``widget``) stopped while its runs go on says (closed, or its cell run again
+    without showing it: :class:`_CellsShowing`): its figures stay as they were, not to be read as live."""
+    one = widget == "Dashboard"
+    return (f"<b>This {'dashboard' if one else 'comparison'} no longer follows its run{'' if one else 's'}</b> "
+            "(closed, or its cell run again without showing it): the steps since are not drawn. "
+            f"Make a new {widget} to follow {'it' if one else 'them'}.")
+
+
 def _track_cells(widget: Any) -> None:
     """Note the cell that displays ``widget`` (:class:`_CellsShowing`), in an IPython kernel."""
     global _cells_showing
@@ -1090,9 +1099,8 @@ class Dashboard:
         from workbench.ui import figures
 
         header = _line_html(figures.header_markdown(self.view))
-        if self._closed.is_set() and not self._ended():  # (its figures stay as they were: not to be read as live)
-            header += ("<br><b>This dashboard no longer follows its run</b> (closed, or its cell run again without "
-                       "showing it): the steps since are not drawn. Make a new Dashboard to follow it.")
+        if self._closed.is_set() and not self._ended():
+            header += "<br>" + _no_longer_follows("Dashboard")
         if self.run is not None:
             status = self.run.status
             header += self._others_training() if status in _STOPPABLE else ""
@@ -1759,9 +1767,14 @@ class Compare:
                     self.site.value = site
             finally:
                 self._quiet = False
-            self.message_html.value = _html(message)
+            self._draw_message()
             self._tabs.draw(COMPARE_FIGURES, every=every)
             self.draws += 1
+
+    def _draw_message(self) -> None:
+        """The message over the tabs; once stopped while a run goes on, that the figures are no longer live."""
+        stopped = self._closed.is_set() and not self._ended()
+        self.message_html.value = _html(self.message) + (_no_longer_follows("Compare") if stopped else "")
 
     def _on_site(self, change: Any) -> None:
         if self._quiet or change["new"] is None:
@@ -1799,5 +1812,8 @@ class Compare:
 
     def _ipython_display_(self) -> None:
         _track_cells(self)  # (its timer stopped once no cell shows it)
+        if self._closed.is_set():  # (shown again once stopped: its message says so)
+            with self._lock:
+                self._draw_message()
         _display(self.widget, f"workbench Compare of {', '.join(self.runs)}: live ipywidgets, shown while the "
                               "kernel that drew them runs; run the cell again to see them.")
