@@ -1721,3 +1721,28 @@ def test_a_log_y_box_set_to_the_scale_it_shows_is_the_users_in_compare_and_the_p
     dash.kind.value = "activation"
     dash.sites.value = ("0",)
     assert y_scales(dash.figure("sites")) == {"yaxis": "linear"} and dash.log_sites.value is False
+
+
+def test_a_run_of_no_steps_after_an_experiments_steps_says_it_took_none_in_its_header():
+    """``exp.start(0)`` after 4 steps said "finished · step 0 of 4 · 0%": the header read the step as the last one
+    recorded (none), of a total counted from the experiment's first step. It says no step was taken; a run that
+    continues an experiment counts its progress from where it began."""
+    from workbench.ui.views import RunView
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    exp.start(4).join()
+    run = exp.start(0)
+    run.join()
+    dash = Dashboard(run)
+    assert "no steps taken (0 asked)" in dash.header.value and "step 0" not in dash.header.value
+    assert dash.view.header()["step"] == run.step == 4
+    more = exp.start(2)
+    more.join()
+    later = Dashboard(more)
+    wait_for(lambda: "finished" in later.header.value, what="the run's end")
+    assert "step 6 of 6" in later.header.value and "100%" in later.header.value
+    # (before a continuing run's first step: where it began, none of its own steps taken)
+    view = RunView(label="continued", total=15)
+    view.first_step = 10
+    header = figures.header_markdown(view)
+    assert "step 10 of 15" in header and "value='0.000'" in header and " 0%" in header

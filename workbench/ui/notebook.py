@@ -885,6 +885,7 @@ class Dashboard:
             self.run, self.watch = source, source.watch
             label = label or _label(source)
             self.view = RunView(label=label, total=source.total)
+            self.view.first_step = source.first_step  # (the experiment's steps before: the header counts from it)
         elif isinstance(source, Watch):
             self.watch = source
             self.view = RunView(label=label or type(source.model).__name__)
@@ -1464,6 +1465,7 @@ class _Compared:
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             self.view = RunView(label=name, total=source.total)
+            self.view.first_step = source.first_step
         elif isinstance(source, Watch):
             self.watch = source
             self.view = RunView(label=name)
