@@ -122,7 +122,7 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     y = (x[:, 0] > 0).long()
     w = workbench.watch(model, store=tmp_path / "run")
     dash = Dashboard(w, interval=0.05)
-    assert "nothing looks wrong so far" in dash.findings_summary.value
+    assert "no step recorded yet" in dash.findings_summary.value  # (nothing judged: not "nothing looks wrong")
     for step in range(1, 7):
         if step == 5:
             w.patch("layers.3", torch.log)  # -inf from step 5: an error, listed first
@@ -498,3 +498,25 @@ def test_a_pick_draws_the_metrics_on_the_scales_the_page_kept(tmp_path):
                                                                                          Event())
     metrics = json.loads(dict(zip(run_page.VIEW_OUTPUTS, updates))["metrics"].plot)
     assert metrics["layout"]["meta"]["metrics"] == ["loss"] and metrics["layout"]["yaxis"]["type"] == "linear"
+
+
+def test_a_run_with_no_step_recorded_says_so_rather_than_that_nothing_looked_wrong(tmp_path):
+    """A run that ended before its first step said "Diagnoses: nothing looked wrong in this run." in the notebook
+    and the app: nothing had been judged. The one summary says no step was recorded, live and once ended."""
+    from workbench.ui import stored_runs
+    from workbench.ui.runs import RunsRoot
+
+    w = workbench.watch(mlp("relu"), store=tmp_path / "runs" / "empty")
+    dash = Dashboard(w, interval=3600)
+    assert "no step recorded yet" in dash.findings_summary.value
+    w.close()
+    dash.refresh()
+    assert "this run recorded no step" in dash.findings_summary.value
+    assert "nothing looked wrong" not in dash.findings_summary.value
+    stored = Dashboard(workbench.load_run(tmp_path / "runs" / "empty"))  # (the notebook, replayed)
+    assert "this run recorded no step" in stored.findings_summary.value
+    note, table = view.stored_findings(stored_runs.ViewCache(RunsRoot(tmp_path / "runs")), "empty")  # (the app)
+    assert note == "**Diagnoses:** none: this run recorded no step." and table.empty
+    # a run with steps and no finding still says nothing looked wrong
+    assert view.findings_summary(view.stored_frame(workbench.load_run(tmp_path / "runs" / "empty")),
+                                 running=False, steps=3) == "**Diagnoses:** nothing looked wrong in this run."

@@ -1658,3 +1658,112 @@ def test_a_dashboard_stopped_while_its_run_goes_on_says_so_when_shown_again(shel
     shell.run_cell("dash", cell_id="b")
     assert "no longer follows" in dash.header.value and "new Dashboard" in dash.header.value
     shell.user_ns["w"].close()
+
+
+def test_a_compare_stopped_while_its_runs_go_on_says_so_when_shown_again(shell):
+    """A Compare its cell no longer showed stopped following its runs, as a Dashboard does; shown again by another
+    cell it said nothing of it (the Dashboard's header says it no longer follows its run), and read as live."""
+    from workbench.ui.notebook import Compare
+
+    experiments = [workbench.experiments.create("activation_mlp", seed=seed, width=8) for seed in (0, 1)]
+    shell.user_ns.update(a=experiments[0].watch(), b=experiments[1].watch(), Compare=Compare)
+    shell.run_cell("compare = Compare(a, b, interval=0.05); compare", cell_id="a")
+    compare = shell.user_ns["compare"]
+    assert compare.following and "no longer follows" not in compare.message_html.value
+    shell.run_cell("1", cell_id="a")  # (cell a no longer shows it)
+    wait_for(lambda: not compare.following, what="the comparison no cell shows to stop")
+    shell.run_cell("compare", cell_id="b")
+    assert "no longer follows its runs" in compare.message_html.value
+    assert "Make a new Compare to follow them" in compare.message_html.value
+    compare.refresh()  # (a redraw keeps saying so)
+    assert "no longer follows its runs" in compare.message_html.value
+    for name in ("a", "b"):
+        shell.user_ns[name].close()
+
+
+def y_scales(figure):
+    """Each y axis's type, by axis name (a metrics figure's panels: ``yaxis``, ``yaxis2``, ...)."""
+    return {name: axis.get("type") for name, axis in figure["layout"].items() if re.fullmatch(r"yaxis\d*", name)}
+
+
+def test_the_dashboards_metrics_log_y_is_ticked_while_a_panel_chose_log_and_a_tick_sets_every_panel():
+    """The app's run page ticks its metrics' log y while a panel chose log (figures.drawn_log); the Dashboard's box
+    stayed unticked over a loss panel drawn log. Ticked by the panels' choice, the box set to True by the user
+    (the value it shows) is still the user's scale: every panel log, as a tick in the app."""
+    model = torch.nn.Linear(2, 1)
+    with workbench.watch(model) as w:
+        for loss, accuracy in ((1.0, 0.5), (30.0, 0.6), (2e5, 0.7), (20.0, 0.8)):  # (a loss spike: its panel log)
+            model(torch.randn(4, 2)).sum().backward()
+            w.step(loss=loss, accuracy=accuracy)
+    dash = Dashboard(w)
+    chosen = y_scales(dash.figure("metrics"))
+    assert sorted(chosen.values()) == ["linear", "log"] and dash.log_y.value is True  # (the loss panel chose log)
+    dash.refresh()  # (redrawn: the panels' choice, shown, not taken for the user's)
+    assert y_scales(dash.figure("metrics")) == chosen and dash.log_y.value is True
+    dash.log_y.value = True  # the user's tick, over the box the panels ticked: every panel log
+    assert set(y_scales(dash.figure("metrics")).values()) == {"log"}
+    dash.log_y.value = False  # and the untick: every panel linear, through redraws
+    dash.refresh()
+    assert set(y_scales(dash.figure("metrics")).values()) == {"linear"} and dash.log_y.value is False
+    assert set(y_scales(Dashboard(w, log_y=False).figure("metrics")).values()) == {"linear"}  # (given: the user's)
+
+
+def test_a_log_y_box_set_to_the_scale_it_shows_is_the_users_in_compare_and_the_per_site_figure(tmp_path):
+    """Compare's log y and the Dashboard's per-site one show the figure's choice; set by the user to the value they
+    showed, nothing was told (ipywidgets tells a change only) and the figures went on choosing."""
+    from workbench.ui.notebook import Compare
+
+    for name, scale in (("small", 1.0), ("large", 1e5)):  # (the large run's line dwarfs the small one's: log)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        with workbench.watch(net, store=tmp_path / name) as w:
+            for loss in (1.0, 0.9, 0.8):  # (a loss each panel draws on a linear y)
+                net(torch.ones(2, 4) * scale).sum().backward()
+                w.step(loss=loss)
+    compare = Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm", site="0")
+    assert compare.log_y.value is True and set(y_scales(compare.figure("metrics")).values()) == {"linear"}
+    compare.log_y.value = True  # (both figures' scale, the user's: the metrics too)
+    assert set(y_scales(compare.figure("metrics")).values()) == {"log"}
+    assert y_scales(compare.figure("site")) == {"yaxis": "log"}
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        net[1].weight.mul_(1e5)  # (the second layer's line dwarfs the first's: the per-site figure chooses log)
+    with workbench.watch(net) as w:
+        for _ in range(3):
+            net(torch.ones(2, 4)).sum().backward()
+            w.step()
+    dash = Dashboard(w, kind="activation", statistic="norm", tab="sites")
+    assert dash.log_sites.value is True and y_scales(dash.figure("sites")) == {"yaxis": "log"}
+    dash.log_sites.value = True  # (the user's log: kept for the one site picked next, which alone draws linear)
+    dash.sites.value = ("0",)
+    assert y_scales(dash.figure("sites")) == {"yaxis": "log"} and dash.log_sites.value is True
+    dash.kind.value = "param"  # (another kind: the figure's to choose again)
+    dash.kind.value = "activation"
+    dash.sites.value = ("0",)
+    assert y_scales(dash.figure("sites")) == {"yaxis": "linear"} and dash.log_sites.value is False
+
+
+def test_a_run_of_no_steps_after_an_experiments_steps_says_it_took_none_in_its_header():
+    """``exp.start(0)`` after 4 steps said "finished · step 0 of 4 · 0%": the header read the step as the last one
+    recorded (none), of a total counted from the experiment's first step. It says no step was taken; a run that
+    continues an experiment counts its progress from where it began."""
+    from workbench.ui.views import RunView
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+    exp.start(4).join()
+    run = exp.start(0)
+    run.join()
+    dash = Dashboard(run)
+    assert "no steps taken (0 asked)" in dash.header.value and "step 0" not in dash.header.value
+    assert dash.view.header()["step"] == run.step == 4
+    more = exp.start(2)
+    more.join()
+    later = Dashboard(more)
+    wait_for(lambda: "finished" in later.header.value, what="the run's end")
+    assert "step 6 of 6" in later.header.value and "100%" in later.header.value
+    # (before a continuing run's first step: where it began, none of its own steps taken)
+    view = RunView(label="continued", total=15)
+    view.first_step = 10
+    header = figures.header_markdown(view)
+    assert "step 10 of 15" in header and "value='0.000'" in header and " 0%" in header

@@ -169,8 +169,11 @@ def header_markdown(view: RunView) -> str:
     """
     h = view.header()
     parts = [f"**{h['label']}**" if h["label"] else "", f"`{h['status']}`"]
-    if h["total"]:
-        fraction = min(h["step"] / h["total"], 1.0)
+    asked = h["total"] - h["first_step"] if h["total"] is not None else None  # (the steps this run takes)
+    if asked is not None and asked <= 0:  # (exp.start(0): no step of its own, whatever the experiment took before)
+        parts.append(f"no steps taken ({max(asked, 0)} asked)")
+    elif asked is not None:  # (the progress of this run's steps: a run continuing an experiment starts at 0%)
+        fraction = min(max(h["step"] - h["first_step"], 0) / asked, 1.0)
         parts.append(f"step {h['step']} of {h['total']} <progress value='{fraction:.3f}' max='1' "
                      f"style='width:12em;vertical-align:middle'></progress> {fraction:.0%}")
     else:

@@ -327,9 +327,14 @@ def shown_findings(table: pd.DataFrame) -> Any:
     return shown.style.format({"finding": _shown_finding, "evidence": _breakable})
 
 
-def findings_summary(findings: pd.DataFrame, running: bool = True) -> str:
-    """One line of Markdown above the list: how many findings of each severity, or none."""
+def findings_summary(findings: pd.DataFrame, running: bool = True, steps: int | None = None) -> str:
+    """One line of Markdown above the list: how many findings of each severity, or none. ``steps``: how many
+    steps were diagnosed, where known; with none, nothing was judged, and the line says so rather than that
+    nothing looked wrong."""
     _check(findings)
+    if findings.empty and steps == 0:
+        return ("**Diagnoses:** no step recorded yet." if running
+                else "**Diagnoses:** none: this run recorded no step.")
     if findings.empty:
         return ("**Diagnoses:** nothing looks wrong so far." if running
                 else "**Diagnoses:** nothing looked wrong in this run.")
@@ -567,7 +572,7 @@ def _page_note(run: Any, state: dict) -> tuple[str, pd.DataFrame]:
     if not running:
         found.flush(timeout=2.0)  # (an ended run: its last steps, before the page's last tick draws them)
     frame = during_interventions(found.frame(state.get("findings_listed", ())), run.intervention_frame())
-    note = findings_summary(frame, running=running)
+    note = findings_summary(frame, running=running, steps=found.fed)
     if found.error:
         note += f" Diagnosing failed: `{found.error}`."
     picked = picked_row(frame, state.get("findings_pick"))
@@ -700,7 +705,7 @@ def stored_findings(cache: Any, pick: Any, listed: Any = ()) -> tuple[str, pd.Da
     from workbench.ui.stored_runs import stored_interventions
 
     frame = during_interventions(stored_frame(run, listed), stored_interventions(run))
-    return findings_summary(frame, running=False), findings_table(frame)
+    return findings_summary(frame, running=False, steps=len(run.steps)), findings_table(frame)
 
 
 def stored_select_handler(cache: Any, find: Any) -> Any:
@@ -727,7 +732,7 @@ def stored_select_handler(cache: Any, find: Any) -> Any:
         if 0 <= index < len(shown):
             state["findings_listed"] = listed = toggled(listed, shown.iloc[index])
         frame = during_interventions(stored_frame(run, listed), interventions)
-        note = findings_summary(frame, running=False)
+        note = findings_summary(frame, running=False, steps=len(run.steps))
         if 0 <= index < len(frame):
             note += "\n\n" + finding_detail(frame.iloc[index])
         return *_focused(view, frame, pick, header, state, values, index, interventions, note), \

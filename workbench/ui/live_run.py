@@ -110,6 +110,7 @@ class LiveRun:
         # the view layer and the findings, and the store keeps every step
         self.watch = self.experiment.watch(store=store, recorder=Recorder(max_rows=0), **watch_options)
         self.view = RunView(label=self.label, total=self.total)
+        self.view.first_step = self.first_step  # (the header counts this run's steps from the experiment's)
         self.view.unrecorded = unrecorded_kinds(self.watch.options)
         if self.watch.store is not None:  # (a replay shows the step of total, as the page did)
             self.watch.store.set_meta(total_steps=self.total)

@@ -113,6 +113,15 @@ class _CellsShowing:
 _cells_showing: _CellsShowing | None = None
 
 
+def _no_longer_follows(widget: str) -> str:
+    """What a Dashboard or a Compare (``widget``) stopped while its runs go on says (closed, or its cell run again
+    without showing it: :class:`_CellsShowing`): its figures stay as they were, not to be read as live."""
+    one = widget == "Dashboard"
+    return (f"<b>This {'dashboard' if one else 'comparison'} no longer follows its run{'' if one else 's'}</b> "
+            "(closed, or its cell run again without showing it): the steps since are not drawn. "
+            f"Make a new {widget} to follow {'it' if one else 'them'}.")
+
+
 def _track_cells(widget: Any) -> None:
     """Note the cell that displays ``widget`` (:class:`_CellsShowing`), in an IPython kernel."""
     global _cells_showing
@@ -180,6 +189,56 @@ def _number_box() -> type:
         value = NumberText(help="the number as text").tag(sync=True)
 
     return NumberBox
+
+
+@functools.cache  # (one class: made on first use, ipywidgets imported lazily)
+def _scale_box() -> type:
+    """A figure's "log y" box, as the app's: ticked while the figure draws a log y of its own choosing
+    (:meth:`show`, with :func:`workbench.ui.figures.drawn_log`), and a value the user sets, from the page or from
+    code, is the scale from then on (``box.picked``), the value the box shows included: ipywidgets tells its
+    observers of a change only, and ``box.value = True`` over a box ticked for one panel drawn log would have
+    left the others as they chose.
+
+    ``ScaleBox(on_pick, picked, **checkbox_options)``: ``on_pick()`` is called as the user sets the box;
+    ``picked``, whether the scale is the user's at first (a ``log_y`` given). The owner sets ``box.picked = False``
+    to give the choice back to the figure."""
+    import ipywidgets as w
+    import traitlets
+
+    class ScaleBox(w.Checkbox):
+        def __init__(self, on_pick: Any, picked: bool, **options: Any) -> None:
+            self.picked = picked  # the user set the scale (else: the figure's choice, shown)
+            self._on_pick = on_pick
+            self._showing = True  # (a value set by show(): not the user's)
+            super().__init__(**options)
+            self._showing = False
+            self.observe(self._changed, names="value")
+
+        def show(self, log: bool | None) -> None:
+            """Show the scale the figure chose, not as the user's (None: nothing drawn; the box keeps its value)."""
+            if log is None:
+                return
+            self._showing = True
+            try:
+                self.value = bool(log)
+            finally:
+                self._showing = False
+
+        @traitlets.validate("value")
+        def _set(self, proposal: Any) -> bool:
+            if not self._showing:
+                self.picked = True
+                # the value it shows, set again: no change is told, so the pick is told here (a change from the
+                # page is checked here once it is set, under the lock of held notifications: told as a change)
+                if proposal["value"] == self.value and not self._cross_validation_lock:
+                    self._on_pick()
+            return proposal["value"]
+
+        def _changed(self, _change: Any) -> None:
+            if not self._showing:
+                self._on_pick()
+
+    return ScaleBox
 
 
 def _start_value(field: FormField) -> Any:
@@ -826,6 +885,7 @@ class Dashboard:
             self.run, self.watch = source, source.watch
             label = label or _label(source)
             self.view = RunView(label=label, total=source.total)
+            self.view.first_step = source.first_step  # (the experiment's steps before: the header counts from it)
         elif isinstance(source, Watch):
             self.watch = source
             self.view = RunView(label=label or type(source.model).__name__)
@@ -855,9 +915,7 @@ class Dashboard:
         self._closed = threading.Event()
         self._subscription = None
         self._picked_sites = False  # the user picked sites (else: the view's default ones, as they change)
-        self._picked_log_sites = False  # the user set the per-site log y (else: the figure's choice, shown by it)
         self._kept_log_sites = None  # the scale the per-site figure chose, once settled (figures.keep_scale)
-        self._picked_log_metrics = log_y is not None  # the user set the metrics' log y (else: each panel chooses)
         self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
         self._quiet = False  # (setting the controls from code)
 
@@ -871,10 +929,6 @@ class Dashboard:
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger", **button)
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
-        # (a checkbox's width is 300px unless told: a row of controls wrapped before its "log y")
-        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
-        self.log_sites = w.Checkbox(value=False, description="log y", indent=False,  # (the per-site figure's)
-                                    layout=w.Layout(width="auto"))
         self.kind, self.statistic = view_choices(kind, statistic)
         self.sites = w.SelectMultiple(options=[], description="call sites", rows=6, style=style,
                                       layout=w.Layout(width="22em"))
@@ -892,15 +946,20 @@ class Dashboard:
         #: (:class:`CallbackErrors`; a figure that cannot be drawn says so in its tab).
         self.errors = CallbackErrors()
         guard = self.errors.guard
+        # the metrics' log y: ticked while a panel chose log; set, every panel's scale (each chooses until then).
+        # (a checkbox's width is 300px unless told: a row of controls wrapped before its "log y")
+        self.log_y = _scale_box()(guard(self._on_log_metrics, "the metrics' log y"), picked=log_y is not None,
+                                  value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
+        # the per-site figure's: its choice shown until set (another kind or statistic: the figure's choice again)
+        self.log_sites = _scale_box()(guard(self._on_log_sites, "the call sites' log y"), picked=False,
+                                      value=False, description="log y", indent=False, layout=w.Layout(width="auto"))
         self.pause_button.on_click(guard(lambda _: self._act("pause"), "Pause"))
         self.resume_button.on_click(guard(lambda _: self._act("resume"), "Resume"))
         self.stop_button.on_click(guard(lambda _: self._act("stop"), "Stop"))
-        self.log_y.observe(guard(self._on_log_metrics, "the metrics' log y"), names="value")
         self.smoothing.observe(guard(lambda _: self._draw(("metrics",)), "the metrics' smoothing"), names="value")
         for control in (self.kind, self.statistic):
             control.observe(guard(self._on_kind, f"the {control.description} picked"), names="value")
         self.sites.observe(guard(self._on_sites, "the call sites picked"), names="value")
-        self.log_sites.observe(guard(self._on_log_sites, "the call sites' log y"), names="value")
         self.distribution_site.observe(guard(lambda _: self._quiet or self._draw(("distribution",)),
                                              "the distribution's site picked"), names="value")
         self.findings_list.observe(guard(self._on_finding, "the finding picked"), names="index")
@@ -1090,9 +1149,8 @@ class Dashboard:
         from workbench.ui import figures
 
         header = _line_html(figures.header_markdown(self.view))
-        if self._closed.is_set() and not self._ended():  # (its figures stay as they were: not to be read as live)
-            header += ("<br><b>This dashboard no longer follows its run</b> (closed, or its cell run again without "
-                       "showing it): the steps since are not drawn. Make a new Dashboard to follow it.")
+        if self._closed.is_set() and not self._ended():
+            header += "<br>" + _no_longer_follows("Dashboard")
         if self.run is not None:
             status = self.run.status
             header += self._others_training() if status in _STOPPABLE else ""
@@ -1154,13 +1212,15 @@ class Dashboard:
         with self._draw_lock:
             kind, statistic = self.kind.value, self.statistic.value
             if name == "metrics":
-                # (until the user sets the box, each panel chooses its scale, kept once settled: figures.keep_scales)
-                picked = self._picked_log_metrics
+                # (until the user sets the box, each panel chooses its scale, kept once settled: figures.keep_scales;
+                # the box ticked while one chose log, as the app's)
+                picked = self.log_y.picked
                 spec = figures.metrics_figure(self.view, smoothing=self.smoothing.value,
                                               log_y=self.log_y.value if picked else None,
                                               kept_log=figures.kept_scales(self._kept_log_metrics, []))
                 if not picked:
                     self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [], spec)
+                    self.log_y.show(figures.drawn_log(spec))
             elif name in ("sites", "heatmap") and not self.view.site_order(kind):
                 message = self.view.no_rows(kind)  # (never "yet" of rows that cannot come)
                 spec = figures.empty_figure(message)
@@ -1173,11 +1233,11 @@ class Dashboard:
                 # (and keeps it for the kind, statistic and sites picked once settled: new steps do not switch it)
                 scale_for = [kind, statistic, sites if self._picked_sites else None]  # (defaults change with steps)
                 kept = figures.kept_scale(self._kept_log_sites, scale_for)
-                log = self.log_sites.value if self._picked_log_sites else None
+                log = self.log_sites.value if self.log_sites.picked else None
                 spec = figures.sites_figure(self.view, kind, statistic, sites, log, colors=self._site_colours,
                                             kept_log=kept)  # (a site keeps its colour)
-                if not self._picked_log_sites:
-                    self._set_quietly(self.log_sites, spec["layout"].get("yaxis", {}).get("type") == "log")
+                if not self.log_sites.picked:
+                    self.log_sites.show(figures.drawn_log(spec))
                     self._kept_log_sites = figures.keep_scale(self._kept_log_sites, scale_for, spec)
                 drawn = sites or self.view.default_sites(kind, statistic)
                 self.site_note.value = _html(figures.site_note(self.view, kind, self.view.site_order(kind), drawn,
@@ -1250,7 +1310,7 @@ class Dashboard:
         # (live or stored while its writer is at work; a run whose status says it ended: its last draw comes
         # before it is done)
         running = not self._over()
-        summary = view.findings_summary(frame, running=running)
+        summary = view.findings_summary(frame, running=running, steps=self.diagnoses.fed)
         if self.diagnoses.error:
             summary += f" <b>Diagnosing failed:</b> {html.escape(self.diagnoses.error)}"
         self.findings_summary.value = _line_html(summary)
@@ -1336,30 +1396,16 @@ class Dashboard:
         if self._quiet:
             return
         self._picked_sites = False  # another kind or statistic: its own default sites, and scale
-        self._picked_log_sites = False
+        self.log_sites.picked = False
         with self._draw_lock:
             self._sync_controls()
             self._draw(("sites", "heatmap", "distribution"))
 
-    def _set_quietly(self, control: Any, value: Any) -> None:
-        """Set a control from code, not as the user's choice."""
-        quiet, self._quiet = self._quiet, True
-        try:
-            control.value = value
-        finally:
-            self._quiet = quiet
+    def _on_log_metrics(self) -> None:
+        self._draw(("metrics",))  # (the user's scale, every panel's, from here: self.log_y.picked)
 
-    def _on_log_metrics(self, _change: Any) -> None:
-        if self._quiet:
-            return
-        self._picked_log_metrics = True  # (the user's scale, every panel's, from here)
-        self._draw(("metrics",))
-
-    def _on_log_sites(self, _change: Any) -> None:
-        if self._quiet:
-            return
-        self._picked_log_sites = True  # (the user's scale from here, until another kind or statistic)
-        self._draw(("sites",))
+    def _on_log_sites(self) -> None:
+        self._draw(("sites",))  # (the user's scale from here, until another kind or statistic)
 
     def _on_sites(self, _change: Any) -> None:
         if self._quiet:
@@ -1418,6 +1464,7 @@ class _Compared:
         if isinstance(source, BackgroundRun):
             self.run, self.watch = source, source.watch
             self.view = RunView(label=name, total=source.total)
+            self.view.first_step = source.first_step
         elif isinstance(source, Watch):
             self.watch = source
             self.view = RunView(label=name)
@@ -1583,10 +1630,8 @@ class Compare:
         self._closed = threading.Event()
         self._drawn: tuple | None = None
         self._quiet = False
-        self._picked_log = log_y is not None  # the user set log y (else: the site figure's choice, shown by it)
         self._kept_log = None  # the scale the site figure chose, once settled (figures.keep_scale)
         self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
-        self._setting_log = False  # (the box set from code: not the user's choice)
 
         style = {"description_width": "initial"}
         # a box a run: a click takes one run out or puts it back (in a multiple-choice list, a click
@@ -1598,19 +1643,21 @@ class Compare:
         self.site = w.Dropdown(options=[], description="call site", style=style, layout=w.Layout(width="20em"))
         self.smoothing = w.FloatSlider(value=float(smoothing), min=0.0, max=0.99, step=0.01, description="smoothing",
                                        style=style, continuous_update=False)
-        self.log_y = w.Checkbox(value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
         self.message_html = w.HTML()
         self.metrics_plot, self.site_plot = w.Output(), w.Output()
         #: What went wrong in a callback (a run ticked, a pick), said under the message (:class:`CallbackErrors`).
         self.errors = CallbackErrors()
         guard = self.errors.guard
+        # both figures' log y: ticked while either chose log; set, the user's scale (until another kind, statistic
+        # or site)
+        self.log_y = _scale_box()(guard(self._refresh, "log y"), picked=log_y is not None, value=bool(log_y),
+                                  description="log y", indent=False, layout=w.Layout(width="auto"))
         for control in (*self.run_checkboxes.values(), self.smoothing):
             # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
             control.observe(guard(lambda _: self._refresh(), f"the {control.description} box"), names="value")
         for control in (self.kind, self.statistic):  # (another kind or statistic: the figure chooses its scale)
             control.observe(guard(lambda _: self._refresh(choose_log=True), f"the {control.description} picked"),
                             names="value")
-        self.log_y.observe(guard(self._on_log_y, "log y"), names="value")
         self.site.observe(guard(self._on_site, "the call site picked"), names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
         # controls of its figure (log y is both figures': the same box in each tab). One figure open
@@ -1715,7 +1762,7 @@ class Compare:
 
         with self._lock:
             if choose_log:
-                self._picked_log = False
+                self.log_y.picked = False
             self._drawn = self._state()
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
@@ -1727,24 +1774,20 @@ class Compare:
             kept_metrics = figures.kept_scales(self._kept_log_metrics, [picks])
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value if self._picked_log else None, self._colors, kept,
+                self.smoothing.value, self.log_y.value if self.log_y.picked else None, self._colors, kept,
                 kept_metrics)
             self._specs.update(metrics=metrics, site=site_fig)
-            if not self._picked_log and site_fig is not None:  # (kept for the site asked: the next draw asks it)
+            if not self.log_y.picked and site_fig is not None:  # (kept for the site asked: the next draw asks it)
                 asked = self._wanted_site if self._wanted_site is not None else site
                 # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
                 self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
                                                                      asked], site_fig, lines=len(picks))
-            if not self._picked_log and metrics is not None:
+            if not self.log_y.picked and metrics is not None:
                 self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [picks], metrics,
                                                              lines=len(picks))
             drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
-            if not self._picked_log and drawn != [None, None]:  # (the box says whether either figure chose log)
-                self._setting_log = True
-                try:
-                    self.log_y.value = any(drawn)
-                finally:
-                    self._setting_log = False
+            if not self.log_y.picked and drawn != [None, None]:  # (the box says whether either figure chose log)
+                self.log_y.show(any(drawn))
             wanted = self._wanted_site
             if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
                 message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "
@@ -1758,21 +1801,20 @@ class Compare:
                     self.site.value = site
             finally:
                 self._quiet = False
-            self.message_html.value = _html(message)
+            self._draw_message()
             self._tabs.draw(COMPARE_FIGURES, every=every)
             self.draws += 1
+
+    def _draw_message(self) -> None:
+        """The message over the tabs; once stopped while a run goes on, that the figures are no longer live."""
+        stopped = self._closed.is_set() and not self._ended()
+        self.message_html.value = _html(self.message) + (_no_longer_follows("Compare") if stopped else "")
 
     def _on_site(self, change: Any) -> None:
         if self._quiet or change["new"] is None:
             return
         self._wanted_site = change["new"]  # (kept through a kind without it, or fewer than two runs picked)
         self._refresh(choose_log=True)
-
-    def _on_log_y(self, _change: Any) -> None:
-        if self._setting_log:
-            return
-        self._picked_log = True  # (the user's scale from here, for both figures, until another kind, statistic or site)
-        self._refresh()
 
     def figure(self, name: str) -> dict | None:
         """The Plotly figure last drawn (up to date whichever tab is open).
@@ -1798,5 +1840,8 @@ class Compare:
 
     def _ipython_display_(self) -> None:
         _track_cells(self)  # (its timer stopped once no cell shows it)
+        if self._closed.is_set():  # (shown again once stopped: its message says so)
+            with self._lock:
+                self._draw_message()
         _display(self.widget, f"workbench Compare of {', '.join(self.runs)}: live ipywidgets, shown while the "
                               "kernel that drew them runs; run the cell again to see them.")

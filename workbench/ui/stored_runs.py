@@ -162,9 +162,11 @@ class ViewCache:
         except RunError as exc:
             return None, None, f"**Cannot read:** {exc}"
         view.label = self.root.name_of(run.path)
-        # the steps it was to take (a run started in the app says so), else, ended well, the steps it took
+        # the steps it was to take (a run started in the app says so), else, ended well, the steps it took (none
+        # taken: no total, where none was asked)
         total = run.metadata.get("total_steps")
-        view.total = total if isinstance(total, int) else view.last_step if run.status == "finished" else None
+        view.total = (total if isinstance(total, int) else view.last_step if run.status == "finished" and view.steps_fed
+                      else None)
         with self._lock:
             self._views.pop(pick, None)
             self._views[pick] = (key, view)

@@ -289,6 +289,9 @@ class RunView:
         #: a stored run's start time (its metadata's ``start_time``): which of the runs recorded at one path in turn
         #: the view is of (a run recorded again where an old one was removed); None for a view fed live
         self.started: float | None = None
+        #: the step the run began after (an experiment's steps before this run: ``run.first_step``), 0 unless set;
+        #: the header's step until the run's first step arrives, and where its progress is counted from
+        self.first_step = 0
         self.last_step = 0
         self.steps_fed = 0
         self.dropped = 0  # steps the feeding subscription missed (it fell behind)
@@ -333,6 +336,8 @@ class RunView:
         view.started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
         view.unrecorded = unrecorded_kinds(metadata)
         every, start = metadata.get("every"), metadata.get("start_step")
+        if isinstance(start, int) and not isinstance(start, bool) and start > 0:  # (a watch's steps from start_step)
+            view.first_step = start - 1
         if start is None and len(times):  # (a run stored before its start_step was: its first step tells)
             start = int(times.step.iloc[0])
         if isinstance(every, int) and isinstance(start, int):
@@ -625,17 +630,19 @@ class RunView:
 
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
-        """Run header: label, status (and error), step of total, steps/s, seconds left, and the seconds
-        since steps last arrived (``idle_s``; None before the first)."""
+        """Run header: label, status (and error), step of total (the step the run began after, ``first_step``,
+        until its first arrives), steps/s, seconds left, and the seconds since steps last arrived (``idle_s``; None
+        before the first)."""
         with self._lock:
             rate = _rate(self._times)
+            step = max(self.last_step, self.first_step)
             left = None
             if rate and self.total is not None and self.status == "running":
-                left = max(self.total - self.last_step, 0) / rate
+                left = max(self.total - step, 0) / rate
             idle = time.monotonic() - self._arrived if self._arrived is not None else None
-            return {"label": self.label, "status": self.status, "error": self.error, "step": self.last_step,
-                    "total": self.total, "steps_per_s": rate, "seconds_left": left, "dropped": self.dropped,
-                    "idle_s": idle}
+            return {"label": self.label, "status": self.status, "error": self.error, "step": step,
+                    "first_step": self.first_step, "total": self.total, "steps_per_s": rate, "seconds_left": left,
+                    "dropped": self.dropped, "idle_s": idle}
 
     def metric_names(self) -> list[str]:
         with self._synced():
