@@ -256,8 +256,9 @@ def test_a_pick_stays_on_the_episode_picked_where_the_same_finding_held_twice_at
     assert view.pick_key(frame.iloc[0]) != older and view.picked_row(frame, older) == 1
     assert view.picked_row(frame, None) is None and view.picked_row(frame.iloc[[0, 2]], older) is None
 
-    class Found:  # (a live run's findings: the run page reads their frame)
+    class Found:  # (a live run's findings: the run page reads their frame and how many steps they judged)
         error = None
+        fed = 30
 
         def frame(self, listed=()):
             return frame
