@@ -945,13 +945,14 @@ class Diagnoser:
 
         Gradient accumulation on purpose with ``w.step()`` per micro-batch leaves the value as it was for k-1 steps
         in a row, its ``.grad`` a sum that grows over them, then the optimizer changes it (and ``zero_grad()``
-        restarts the sum): a streak of unchanged steps is a sum's where the gradient at its last step is larger than
-        at its first. A step that left the value as it was is accumulating while its streak is no longer than the
-        longest such streak that ended in a change before (the rhythm of the micro-batches): a weight stuck for good
-        after it (an optimizer that lost it) is judged again past it. Before the first change, a step whose gradient
-        is larger than at the streak's first (or is that first) is growing. A change that ends a sum's streak is
-        :data:`STILL_SUM_ENDED` whatever came before it: a watch begun inside an accumulation sees a shorter streak
-        first, or a change at once, and the rhythm is known only from the streaks after."""
+        restarts the sum): a streak of ``n`` unchanged steps is a sum's where the gradient at its last step is larger
+        than at its first, and by more than half of ``sqrt(n)``. A step that left the value as it was is accumulating
+        while its streak is no longer than the longest such streak that ended in a change before (the rhythm of the
+        micro-batches): a weight stuck for good after it (an optimizer that lost it) is judged again past it. Before
+        the first change, a step whose gradient is larger than at the streak's first (or is that first) is growing.
+        A change that ends a sum's streak is :data:`STILL_SUM_ENDED` whatever came before it: a watch begun inside an
+        accumulation sees a shorter streak first, or a change at once, and the rhythm is known only from the streaks
+        after."""
         codes = np.zeros(unchanged.shape, np.int8)
         began = np.full(unchanged.shape, -1, np.int64)
         judged = [j for j, q in enumerate(layout.params) if int(q) in layout.grad_of]
@@ -974,11 +975,14 @@ class Diagnoser:
         latest = np.maximum.accumulate(np.where(first, index, -1), 0)
         at_start = np.where(latest >= 0, np.take_along_axis(grad, np.maximum(latest, 0), 0), start_grad)
         streak_from = np.where(latest >= 0, np.asarray(steps, np.int64)[np.maximum(latest, 0)], start_step)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):
             summing = grad > at_start
-            carried_summing = last_grad > start_grad
+            grown = np.vstack([last_grad / start_grad, (grad / at_start)[:-1]])  # (at the step before)
         before = np.vstack([since, count[:-1]])
-        ended = moved & (before >= 2) & np.vstack([carried_summing, summing[:-1]])
+        # (a sum of n gradients of one scale is some sqrt(n) times one of them where they are noise, n times where they
+        # agree; one gradient a step, zeroed each step (a learning rate 0 for a while), is as large at a streak's last
+        # step as at its first, larger at half of them: grown past half of sqrt(n), and at all)
+        ended = moved & (before >= 2) & (grown > np.maximum(1.0, np.sqrt(np.maximum(before, 1)) / 2))
         longest = np.maximum.accumulate(np.vstack([rhythm, np.where(ended, before, 0)]), 0)[1:]
         seen_before = np.vstack([seen, np.logical_or.accumulate(moved, 0)[:-1] | seen]).astype(bool)
         out = np.zeros(still.shape, np.int8)

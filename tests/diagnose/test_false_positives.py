@@ -200,3 +200,17 @@ def test_a_live_diagnoser_fed_step_by_step_finds_what_diagnose_finds_of_a_gradie
                 live.feed(records[start:start + size])
                 live.findings()
             pd.testing.assert_frame_equal(live.findings(), whole)
+
+
+def test_weights_a_learning_rate_of_0_stalls_for_a_while_are_found_though_they_then_change():
+    # a streak of unchanged steps ended by a change is taken for gradient accumulation only where its gradient grew as
+    # a sum's (past half of sqrt(n) of its first, over n steps): one gradient a step, zeroed each step, is as large at
+    # the streak's last step as at its first, larger at about half of them (taken back there in this review's first
+    # fix)
+    from tests.diagnose.runs import mlp_on_halves
+
+    for end in (17, 21, 22):
+        f = mlp_on_halves(lambda step, end=end: 0.0 if 10 <= step < end else 0.1, steps=end + 5).diagnose()
+        stuck = f[f.finding == "not_updated"]
+        assert sorted(stuck.site) == ["layers.0.weight", "layers.2.weight", "layers.4.weight"], (end, stuck)
+        assert (stuck.step == 10).all() and (stuck.last_step == end - 1).all()
