@@ -394,11 +394,12 @@ MOVING_GRADIENT = 1e-3
 #: ``not_updated``);
 STILL_ACCUMULATING = 1
 #: the same, but it never changed yet: a ``.grad`` never zeroed of a parameter no optimizer steps (one built on a copy
-#: of the model), or accumulation whose first optimizer step has not come (``not_updated``, taken back where it then
-#: changes);
+#: of the model), or accumulation whose first optimizer step has not come (``not_updated``, its evidence saying so);
 STILL_GROWING = 2
-#: it changed at this step for the first time recorded.
-STILL_FIRST_CHANGE = 3
+#: it changed at this step, ending a streak of unchanged steps whose gradient at its last is larger than at its first:
+#: a sum's, gradient accumulation whose optimizer step came (a ``not_updated`` held only at that streak's steps is
+#: taken back: the watch began inside an accumulation, or the streak was longer than those before).
+STILL_SUM_ENDED = 3
 
 #: Without ``update`` rows, a parameter whose norm, mean, std, min and max each moved by at most this many float32
 #: roundings of its scale (``np.finfo(np.float32).eps`` of it) since the recorded step before did not change, as
@@ -754,12 +755,12 @@ class Diagnoser:
         one by one, in order (the episodes of a finding are kept step by step)."""
         layout = None
         screened = np.zeros(len(steps), bool)
-        bounds = bias_most = still = None
+        bounds = bias_most = still = still_from = None
         if keys:
             layout = self._layout
             if layout is None or layout.keys != keys:
                 layout = self._layout = self._learn(keys, {c: v[0] for c, v in stats.items()}, tensors)
-            screened, bounds, bias_most, still = self._screen(steps, layout, stats)
+            screened, bounds, bias_most, still, still_from = self._screen(steps, layout, stats)
         losses = [[(n, float(v)) for n, v in m.items() if self._is_loss(n)] if m else () for m in metrics]
         for i, step in enumerate(steps):
             self.last_step = max(self.last_step, step)
@@ -774,7 +775,7 @@ class Diagnoser:
                 self._activation_check(step, layout, row)
                 self._accumulation_check(step, layout, row, bias_most[i])
                 self._update_check(step, layout, row, None if bounds is None else (bounds[i, 0], bounds[i, 1] > 0),
-                                   still[i] if still.shape[1] else None)
+                                   (still[i], still_from[i]) if still.shape[1] else None)
             for name, value in losses[i]:
                 self._metric_check(step, name, value, recorded=bool(keys))
             if keys:
@@ -789,17 +790,17 @@ class Diagnoser:
         return known
 
     def _screen(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray | None,
-                                                                               np.ndarray, np.ndarray]:
+                                                                               np.ndarray, np.ndarray, np.ndarray]:
         """Which steps of a block a check may find something at (the rest need no look), the
         bounds on the update ratios read from consecutive parameter values (runs without updates), the
         most each bias's ``.grad`` may hold per step (:meth:`_bias_windows`, which ``gradients_accumulate`` reads),
-        and how each parameter's value reads beside its gradient (:meth:`_still_codes`, which ``not_updated`` reads;
-        (steps, 0) where no parameter is judged)."""
+        and how each parameter's value reads beside its gradient, with the step its streak of unchanged steps began
+        (:meth:`_still_codes`, which ``not_updated`` reads; (steps, 0) where no parameter is judged)."""
         t = self.thresholds
         n = len(steps)
         zero, lo, hi, mean, std, norm, numel = (stats[c] for c in ("zero_frac", "min", "max", "mean", "std", "norm",
                                                                    "numel"))
-        still = np.zeros((n, 0), np.int8)
+        still, still_from = np.zeros((n, 0), np.int8), np.zeros((n, 0), np.int64)
         with np.errstate(all="ignore"):
             look = ((stats["nan_count"] > 0) | (stats["inf_count"] > 0)).any(1)
             act = (layout.kind == "activation") & ~layout.alias
@@ -865,16 +866,16 @@ class Diagnoser:
                 column = np.searchsorted(layout.params, p)  # (layout.params is sorted: rows in recorded order)
                 unchanged, changed = np.zeros((n, len(layout.params)), bool), np.zeros((n, len(layout.params)), bool)
                 unchanged[:, column], changed[:, column] = norm[:, u] == 0, np.isfinite(ratio) & (norm[:, u] > 0)
-                still = self._still_codes(steps, layout, stats, unchanged, changed)
+                still, still_from = self._still_codes(steps, layout, stats, unchanged, changed)
                 if any(layout.keys[q][:4] not in self._from_zero or self._from_zero[layout.keys[q][:4]] for q in p):
                     look[:] = True  # (parameters that started at 0 are followed step by step until they grew)
             elif layout.params.size:
                 bound, same, changed = self._param_bounds(steps, layout, stats)
                 look |= (bound > max(1.0, t.update_ratio_high)).any(1) | same.any(1)
-                still = self._still_codes(steps, layout, stats, same, changed)
+                still, still_from = self._still_codes(steps, layout, stats, same, changed)
                 bounds = np.stack([bound, same.astype(np.float64)], 1)  # (steps, 2, params)
-            look |= (still == STILL_FIRST_CHANGE).any(1)  # (a first change may take back a finding)
-        return look, bounds, bias_most, still
+            look |= (still == STILL_SUM_ENDED).any(1)  # (the end of a sum may take back a finding)
+        return look, bounds, bias_most, still, still_from
 
     def _bias_windows(self, steps: list[int], layout: _Layout, stats: dict) -> np.ndarray:
         """Per step and bias of ``layout.bias_bounds``, the most the backward passes its ``.grad`` may hold can give
@@ -936,26 +937,31 @@ class Diagnoser:
         return most
 
     def _still_codes(self, steps: list[int], layout: _Layout, stats: dict, unchanged: np.ndarray,
-                     changed: np.ndarray) -> np.ndarray:
+                     changed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per step and parameter (``layout.params``), how its value beside its gradient reads (``unchanged``: the
         step left its value as it was; ``changed``: it moved it), for ``not_updated``: :data:`STILL_ACCUMULATING`,
-        :data:`STILL_GROWING`, :data:`STILL_FIRST_CHANGE`, else 0.
+        :data:`STILL_GROWING`, :data:`STILL_SUM_ENDED`, else 0; and the step the streak of unchanged steps it is in
+        (or a change ends) began at (-1: none yet).
 
         Gradient accumulation on purpose with ``w.step()`` per micro-batch leaves the value as it was for k-1 steps
         in a row, its ``.grad`` a sum that grows over them, then the optimizer changes it (and ``zero_grad()``
-        restarts the sum): a streak of unchanged steps is a sum's where the gradient at its last step is larger than
-        at its first. A step that left the value as it was is accumulating while its streak is no longer than the
-        longest such streak that ended in a change before (the rhythm of the micro-batches): a weight stuck for good
-        after it (an optimizer that lost it) is judged again past it. Before the first change, a step whose gradient
-        is larger than at the streak's first (or is that first) is growing."""
+        restarts the sum): a streak of ``n`` unchanged steps is a sum's where the gradient at its last step is larger
+        than at its first, and by more than half of ``sqrt(n)``. A step that left the value as it was is accumulating
+        while its streak is no longer than the longest such streak that ended in a change before (the rhythm of the
+        micro-batches): a weight stuck for good after it (an optimizer that lost it) is judged again past it. Before
+        the first change, a step whose gradient is larger than at the streak's first (or is that first) is growing.
+        A change that ends a sum's streak is :data:`STILL_SUM_ENDED` whatever came before it: a watch begun inside an
+        accumulation sees a shorter streak first, or a change at once, and the rhythm is known only from the streaks
+        after."""
         codes = np.zeros(unchanged.shape, np.int8)
+        began = np.full(unchanged.shape, -1, np.int64)
         judged = [j for j, q in enumerate(layout.params) if int(q) in layout.grad_of]
         if not judged:
-            return codes
+            return codes, began
         rows = np.asarray([layout.grad_of[int(layout.params[j])] for j in judged])
         keys = [layout.keys[layout.params[j]][:4] for j in judged]
-        carried = [self._still.get(key, (math.nan, math.nan, False, 0, 0)) for key in keys]
-        start_grad, last_grad, seen, since, rhythm = (np.asarray(c) for c in zip(*carried))
+        carried = [self._still.get(key, (math.nan, math.nan, False, 0, 0, -1)) for key in keys]
+        start_grad, last_grad, seen, since, rhythm, start_step = (np.asarray(c) for c in zip(*carried))
         grad = stats["norm"][:, rows].astype(np.float64)
         still, moved = unchanged[:, judged], changed[:, judged]
         index = np.arange(len(steps))[:, None]
@@ -968,22 +974,26 @@ class Diagnoser:
         # (the gradient at the first step of each step's streak: this block's, or the one carried over)
         latest = np.maximum.accumulate(np.where(first, index, -1), 0)
         at_start = np.where(latest >= 0, np.take_along_axis(grad, np.maximum(latest, 0), 0), start_grad)
-        with np.errstate(invalid="ignore"):
+        streak_from = np.where(latest >= 0, np.asarray(steps, np.int64)[np.maximum(latest, 0)], start_step)
+        with np.errstate(invalid="ignore", divide="ignore"):
             summing = grad > at_start
-            carried_summing = last_grad > start_grad
+            grown = np.vstack([last_grad / start_grad, (grad / at_start)[:-1]])  # (at the step before)
         before = np.vstack([since, count[:-1]])
-        ended = moved & (before >= 2) & np.vstack([carried_summing, summing[:-1]])
+        # (a sum of n gradients of one scale is some sqrt(n) times one of them where they are noise, n times where they
+        # agree; one gradient a step, zeroed each step (a learning rate 0 for a while), is as large at a streak's last
+        # step as at its first, larger at half of them: grown past half of sqrt(n), and at all)
+        ended = moved & (before >= 2) & (grown > np.maximum(1.0, np.sqrt(np.maximum(before, 1)) / 2))
         longest = np.maximum.accumulate(np.vstack([rhythm, np.where(ended, before, 0)]), 0)[1:]
         seen_before = np.vstack([seen, np.logical_or.accumulate(moved, 0)[:-1] | seen]).astype(bool)
         out = np.zeros(still.shape, np.int8)
         out[still & seen_before & (count <= longest)] = STILL_ACCUMULATING
         out[still & ~seen_before & (summing | first)] = STILL_GROWING
-        out[moved & ~seen_before] = STILL_FIRST_CHANGE
-        codes[:, judged] = out
+        out[ended] = STILL_SUM_ENDED
+        codes[:, judged], began[:, judged] = out, streak_from
         for k, key in enumerate(keys):
             self._still[key] = (float(at_start[-1, k]), float(grad[-1, k]), bool(seen_before[-1, k] or moved[-1, k]),
-                                int(count[-1, k]), int(longest[-1, k]))
-        return codes
+                                int(count[-1, k]), int(longest[-1, k]), int(streak_from[-1, k]))
+        return codes, began
 
     def _param_bounds(self, steps: list[int], layout: _Layout, stats: dict) -> tuple[np.ndarray, np.ndarray,
                                                                                        np.ndarray]:
@@ -1566,12 +1576,13 @@ class Diagnoser:
     def _update_check(self, step: int, layout: _Layout, stats: dict, bounds: np.ndarray | None,
                       still: np.ndarray | None) -> None:
         """The update ratios and the parameters left as they were at ``step``; ``still``: per parameter
-        (``layout.params``), :meth:`_still_codes` of the step."""
+        (``layout.params``), :meth:`_still_codes` of the step (its codes, and the steps their streaks began)."""
         t = self.thresholds
         norm = stats["norm"]
-        codes = {} if still is None else {int(q): int(c) for q, c in zip(layout.params, still) if c}
-        for p in (q for q, c in codes.items() if c == STILL_FIRST_CHANGE):
-            self._take_back_accumulation(layout, p)
+        codes = {} if still is None else {int(q): int(c) for q, c in zip(layout.params, still[0]) if c}
+        for j, q in enumerate(layout.params):
+            if codes.get(int(q)) == STILL_SUM_ENDED:
+                self._take_back_accumulation(layout, int(q), int(still[1][j]))
         if layout.param_pair:
             for u, p in layout.param_pair.items():
                 if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):
@@ -1608,14 +1619,15 @@ class Diagnoser:
                                   "float32's rounding",
                                   exact=False, still=codes.get(int(layout.params[j]), 0))
 
-    def _take_back_accumulation(self, layout: _Layout, p: int) -> None:
-        """Parameter row ``p`` changed for the first time: a ``not_updated`` episode of it held only at steps whose
-        gradient grew as a sum over micro-batches (:data:`STILL_GROWING`) was gradient accumulation whose first
-        optimizer step had not come: taken back."""
+    def _take_back_accumulation(self, layout: _Layout, p: int, began: int) -> None:
+        """Parameter row ``p`` changed, ending a streak of unchanged steps begun at step ``began`` whose gradient grew
+        as a sum over micro-batches (:data:`STILL_SUM_ENDED`): a ``not_updated`` episode of it held only at that
+        streak's steps (begun at ``began`` or later) was gradient accumulation, whose optimizer step came: taken
+        back."""
         module, call, kind, tensor, _shape = layout.keys[p]
         key = ("not_updated", kind, module, call, tensor)
         e = self._open.get(key)
-        if e is not None and e.get("grew_from") is not None:
+        if e is not None and 0 <= began <= e["start"]:
             del self._open[key]
             self._version += 1
 
@@ -1684,8 +1696,9 @@ class Diagnoser:
                        f"before the step).", need=t.persist)
             module, call, kind, tensor, _shape = layout.keys[p]
             e = self._open[("not_updated", kind, module, call, tensor)]
-            # (an episode held only at steps whose gradient grew as a sum over steps, from its first: taken back where
-            # the parameter then changes, :meth:`_take_back_accumulation`; one held at any other step stays)
+            # (its evidence says where its gradient grew as a sum over steps at every step it held, from its first; an
+            # episode held only at one streak of unchanged steps is taken back where a change ends it as a sum's,
+            # :meth:`_take_back_accumulation`)
             growing = still == STILL_GROWING and (e["count"] == 1 or e.get("grew_from") is not None)
             e["grew_from"] = (e.get("grew_from") or (step, grad)) if growing else None
             if growing:  # (what was checked, the gradient's growth, and why it cannot tell the two apart)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,12 +15,15 @@ from tests.diagnose.runs import one_step
 
 
 def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, last_lr: float = 0.05,
-                  on_copy: bool = False, last_lost_at: int | None = None, **watch_options) -> workbench.Watch:
+                  on_copy: bool = False, last_lost_at: int | None = None, unwatched: int = 0,
+                  **watch_options) -> workbench.Watch:
     """A ReLU MLP under SGD, its gradient accumulated on purpose over ``micro_batches`` batches of 16 with
     ``w.step()`` after each micro-batch and the optimizer stepped (and ``.grad`` zeroed) after the last of them.
     ``last_lr``: the learning rate of the last layer's own param group (0: frozen by mistake); ``on_copy``: the
     optimizer built on a copy of the model (the model never stepped, its ``.grad`` never zeroed); ``last_lost_at``:
-    the optimizer step from which the last layer's learning rate is 0."""
+    the optimizer step from which the last layer's learning rate is 0; ``unwatched``: the micro-batches trained the same
+    way before the watch begins (its first recorded step one inside an accumulation where not a multiple of
+    ``micro_batches``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
     g = torch.Generator().manual_seed(0)
@@ -28,19 +32,24 @@ def micro_batched(micro_batches: int, steps: int = 30, zero_grad: bool = True, l
     stepped = copy.deepcopy(model) if on_copy else model
     opt = torch.optim.SGD([{"params": stepped[:4].parameters()}, {"params": stepped[4].parameters(), "lr": last_lr}],
                           lr=0.05)
+
+    def micro_batch(n: int) -> float:  # (the n-th micro-batch, from 0: the optimizer stepped after each k-th)
+        i = torch.randint(1024, (16,), generator=g)
+        loss = F.cross_entropy(model(x[i]), y[i])
+        loss.backward()
+        if n % micro_batches == micro_batches - 1:
+            opt.step()
+            if zero_grad:
+                opt.zero_grad()
+        return loss.item()
+
+    for n in range(unwatched):
+        micro_batch(n)
     with workbench.watch(model, **watch_options) as w:
-        for step in range(steps):
-            if step == last_lost_at:
+        for n in range(unwatched, unwatched + steps * micro_batches):
+            if n // micro_batches == last_lost_at:
                 opt.param_groups[1]["lr"] = 0.0
-            for k in range(micro_batches):
-                i = torch.randint(1024, (16,), generator=g)
-                loss = F.cross_entropy(model(x[i]), y[i])
-                loss.backward()
-                if k == micro_batches - 1:
-                    opt.step()
-                    if zero_grad:
-                        opt.zero_grad()
-                w.step(loss=loss.item())
+            w.step(loss=micro_batch(n))
     return w
 
 
@@ -158,3 +167,50 @@ def test_a_nan_long_after_a_hot_start_is_not_grouped_under_it_by_the_dead_units_
     origin = f[f.finding == "nan_origin"].site.iloc[0]
     assert cause["nan_origin"] == "" and cause["loss_not_finite"] == f"nan_origin at {origin}"
     assert f.finding.tolist()[:2] == ["nan_origin", "loss_not_finite"]
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8, 16])
+@pytest.mark.parametrize("updates", [False, True])
+def test_gradient_accumulation_watched_from_inside_an_accumulation_or_late_in_training_is_no_weight_left_unchanged(
+        micro_batches, updates):
+    # a watch begun 2 or 3 micro-batches into an accumulation saw a change at once (or after a shorter streak), and
+    # the first whole streak after it, longer than any before, read as not_updated at every weight; so did one begun
+    # after 60 optimizer steps, where a micro-batch's gradient now and then sums to less than the streak's first:
+    # until 2026-11-29's review
+    for unwatched in (2, 3, 60 * micro_batches):
+        f = micro_batched(micro_batches, steps=20, unwatched=unwatched, updates=updates).diagnose()
+        assert "not_updated" not in set(f.finding), (unwatched, f[["finding", "site", "step", "last_step"]])
+    # a weight frozen by mistake in the same loop, watched from inside an accumulation, still is found
+    f = micro_batched(micro_batches, steps=20, unwatched=2, last_lr=0.0, updates=updates).diagnose()
+    assert f[f.finding == "not_updated"].site.tolist() == ["4.weight"]
+
+
+def test_a_live_diagnoser_fed_step_by_step_finds_what_diagnose_finds_of_a_gradient_accumulation():
+    # the accumulation's rhythm and the streaks it takes back are carried from block to block: fed one step at a time,
+    # seven at a time, or the whole run at once, the same findings
+    from workbench.diagnose import Diagnoser, diagnose
+
+    for options in ({"unwatched": 2}, {"unwatched": 2, "last_lost_at": 10}, {"on_copy": True, "updates": True}):
+        w = micro_batched(4, steps=20, **options)
+        whole = diagnose(w.to_pandas(), w.metrics(long=True))
+        assert len(whole) or not options.get("last_lost_at")
+        for size in (1, 7):
+            live, records = Diagnoser(), w.recorder.records()
+            for start in range(0, len(records), size):
+                live.feed(records[start:start + size])
+                live.findings()
+            pd.testing.assert_frame_equal(live.findings(), whole)
+
+
+def test_weights_a_learning_rate_of_0_stalls_for_a_while_are_found_though_they_then_change():
+    # a streak of unchanged steps ended by a change is taken for gradient accumulation only where its gradient grew as
+    # a sum's (past half of sqrt(n) of its first, over n steps): one gradient a step, zeroed each step, is as large at
+    # the streak's last step as at its first, larger at about half of them (taken back there in this review's first
+    # fix)
+    from tests.diagnose.runs import mlp_on_halves
+
+    for end in (17, 21, 22):
+        f = mlp_on_halves(lambda step, end=end: 0.0 if 10 <= step < end else 0.1, steps=end + 5).diagnose()
+        stuck = f[f.finding == "not_updated"]
+        assert sorted(stuck.site) == ["layers.0.weight", "layers.2.weight", "layers.4.weight"], (end, stuck)
+        assert (stuck.step == 10).all() and (stuck.last_step == end - 1).all()

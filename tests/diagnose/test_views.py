@@ -521,3 +521,26 @@ def test_a_run_with_no_step_recorded_says_so_rather_than_that_nothing_looked_wro
     # a run with steps and no finding still says nothing looked wrong
     assert view.findings_summary(view.stored_frame(workbench.load_run(tmp_path / "runs" / "empty")),
                                  running=False, steps=3) == "**Diagnoses:** nothing looked wrong in this run."
+
+
+def test_a_run_recorded_again_at_its_path_lists_its_own_findings_not_the_old_runs(tmp_path):
+    # a run recorded again where an old one was removed (the script run again), as many steps and ended alike: the
+    # Runs tab's list kept the old run's findings, by its path, steps and status, under the new run's views, until
+    # 2026-11-29's review (the views' cache was keyed by the start time too; the findings' was not)
+    import shutil
+
+    from tests.diagnose.runs import diverging_mlp, mlp_on_halves
+    from workbench.ui import stored_runs
+    from workbench.ui.runs import RunsRoot
+
+    diverging_mlp(store=tmp_path / "runs" / "again")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path / "runs"))
+    _note, hot = view.stored_findings(cache, "again")
+    assert "update_ratio_high" in set(hot.finding)
+    shutil.rmtree(tmp_path / "runs" / "again")
+    mlp_on_halves(0.05, updates=True, store=tmp_path / "runs" / "again")
+    run = workbench.load_run(tmp_path / "runs" / "again")
+    assert (len(run.steps), run.status) == (40, "finished")
+    _note, calm = view.stored_findings(cache, "again")
+    expected = view.merge_calls(run.diagnose())
+    assert calm.finding.tolist() == expected.finding.tolist() and "update_ratio_high" not in set(calm.finding)

@@ -673,15 +673,16 @@ def select_handler(manager: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- the Runs tab (stored runs)
-_STORED: dict[tuple, pd.DataFrame] = {}  # (run directory, steps, status) -> its findings (a few kept)
+_STORED: dict[tuple, pd.DataFrame] = {}  # (run directory, steps, status, start time) -> its findings (a few kept)
 _STORED_LOCK = threading.Lock()
 
 
 def stored_frame(run: Any, listed: Any = ()) -> pd.DataFrame:
     """The findings of a stored run (``Run.diagnose()``) as a list shows them, the consequences of the causes in
-    ``listed`` listed (:func:`merge_calls`); read again only when it grew or ended."""
+    ``listed`` listed (:func:`merge_calls`); read again only when it grew or ended, or was recorded again at its path
+    (as many steps and ended alike: its start time tells, as the views' ``ViewCache``)."""
 
-    key = (str(run.path), len(run.steps), run.status)
+    key = (str(run.path), len(run.steps), run.status, run.metadata.get("start_time"))
     with _STORED_LOCK:
         found = _STORED.get(key)
     if found is None:
