@@ -79,8 +79,9 @@ PACKAGE_NAME = re.compile(r"(?<![\w/.])workbench(?:\.[A-Za-z_]\w*)+")
 WATCH_ATTRIBUTE = re.compile(r"(?<![\w.])w\.(?!r\.t\.)([A-Za-z_]\w*)")
 
 
-def resolves(dotted: str) -> bool:
-    """Whether ``a.b.c`` names something: the longest importable module, then attributes."""
+def eval_dotted(dotted: str) -> object:
+    """What ``a.b.c`` names (a page's name, a ``::: a.b.c`` entry of the API reference): the longest importable
+    module, then attributes; AttributeError or ImportError where it names nothing."""
     parts = dotted.split(".")
     for split in range(len(parts), 0, -1):
         try:
@@ -88,11 +89,18 @@ def resolves(dotted: str) -> bool:
         except ImportError:
             continue
         for attribute in parts[split:]:
-            if not hasattr(found, attribute):
-                return False
             found = getattr(found, attribute)
-        return True
-    return False
+        return found
+    raise ImportError(dotted)
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``a.b.c`` names something (:func:`eval_dotted`)."""
+    try:
+        eval_dotted(dotted)
+    except (AttributeError, ImportError):
+        return False
+    return True
 
 
 def test_the_names_the_pages_mention_exist():
@@ -290,20 +298,6 @@ def test_every_public_function_and_class_is_in_the_api_reference():
             if (inspect.isclass(value) or inspect.isfunction(value)) and id(value) not in shown:
                 missing.append(f"{module_name}.{name}")
     assert not missing, f"not in the API reference (docs/reference/*.md): {missing}"
-
-
-def eval_dotted(dotted: str) -> object:
-    """The object a ``::: a.b.c`` entry of the API reference names."""
-    parts = dotted.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            found = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attribute in parts[split:]:
-            found = getattr(found, attribute)
-        return found
-    raise ImportError(dotted)
 
 
 def test_the_checks_of_the_pages_names_take_legitimate_prose():
