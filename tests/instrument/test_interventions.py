@@ -575,3 +575,20 @@ def test_the_patch_ablate_suggests_zeroes_the_tensor_the_units_fit_or_it_says_ho
         with pytest.raises(ValueError, match=r"do not fit out.small of shape \(3, 4\)\. To zero units of one "
                                              r"tensor alone, patch it: w.patch\(path, fn\)"):
             w.ablate("0", [10], dim=1)
+
+
+def test_a_patch_of_one_call_made_after_a_paused_block_of_a_recorded_step_applies_in_that_step():
+    # (a paused block's calls are never counted, in any step: one of a recorded step set the flag of a step whose
+    # calls went uncounted, and a patch of call 0 made after it waited for the next step, "from step 3")
+    model = nn.Sequential(nn.Linear(4, 4))
+    w = workbench.watch(model)
+    model(torch.randn(2, 4)).sum().backward()
+    w.step()
+    with w.paused():  # (step 2: an evaluation pass before the training forward)
+        model(torch.randn(2, 4))
+    w.patch("0", lambda y: y * torch.tensor([0.0, 1, 1, 1]), call=0, label="zero unit 0 at call 0")
+    out = model(torch.randn(2, 4))
+    w.step()
+    w.close()
+    assert (out[:, 0] == 0).all()
+    assert w.intervention_log()[["from step", "status"]].values.tolist() == [[2, "ended with the watch"]]

@@ -97,8 +97,9 @@ class Hooks:
         # the moment they are registered: inactive until the first step starts
         self.active = self.recording = False
         self.generation = 0  # steps started, discarded ones included
-        #: the step in progress may have called the model while the module hooks were out (a step not recorded,
-        #: with no patch to apply; a paused block): :meth:`calls_made` does not count those calls
+        #: the step in progress may have called the model while the module hooks were out and the watch not paused
+        #: (a step not recorded, with no patch to apply): :meth:`calls_made` does not count those calls. A paused
+        #: block's calls leave it as it is: they are never counted nor patched, in any step
         self.calls_uncounted = False
         self._late_reported: set[str] = set()  # sites whose gradient arrived after its step ended
         # Row keys, one object per distinct key: each recorded step keeps its keys, and keys made
@@ -287,7 +288,7 @@ class Hooks:
         compiled = self._runs_compiled()  # (graphs compiled while the hooks were out would never call them)
         self._module_hooks.set(compiled or (self.active and patching)
                                or (recording and bool(kinds[ACTIVATION] or kinds[GRAD_OUTPUT])))
-        self.calls_uncounted = self.calls_uncounted or not self._module_hooks.attached
+        self.calls_uncounted = self.calls_uncounted or not (self._module_hooks.attached or self.paused)
         self._param_hooks.set(compiled or (recording and bool(kinds[PARAM_GRAD])))
 
     def close(self) -> None:
