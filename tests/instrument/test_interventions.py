@@ -592,3 +592,27 @@ def test_a_patch_of_one_call_made_after_a_paused_block_of_a_recorded_step_applie
     w.close()
     assert (out[:, 0] == 0).all()
     assert w.intervention_log()[["from step", "status"]].values.tolist() == [[2, "ended with the watch"]]
+
+
+def test_record_next_part_way_through_a_step_keeps_counting_its_calls_for_the_patches_in_place():
+    # (record_next counted the step's calls from 0 again: a patch of call 0 applied to the step's first micro-batch
+    # and again to its second, and one of call 1, its second micro-batch not yet run, failed "called '0' 1 time(s)")
+    model = nn.Sequential(nn.Linear(4, 4))
+    w = workbench.watch(model, every=2)
+    w.patch("0", lambda y: y * torch.tensor([0.0, 1, 1, 1]), call=0, label="zero unit 0 at call 0")
+    w.patch("0", lambda y: y * torch.tensor([1.0, 0, 1, 1]), call=1, label="zero unit 1 at call 1")
+    zeroed = []
+    for step in range(1, 3):  # (step 2 is not recorded but for record_next; the patches keep the hooks in)
+        for micro in range(2):  # ("0" is called twice a step, calls 0 and 1)
+            out = model(torch.randn(2, 4))
+            zeroed.append([unit for unit in range(2) if (out[:, unit] == 0).all()])
+            out.sum().backward()
+            if step == 2 and micro == 0:
+                w.record_next()
+        w.step()
+    w.close()
+    assert w.errors == []
+    assert zeroed == [[0], [1], [0], [1]]
+    assert w.intervention_log()[["from step", "status"]].values.tolist() == [[1, "ended with the watch"]] * 2
+    rows = w.to_pandas()
+    assert rows[(rows.step == 2) & (rows.module == "0") & (rows.kind == "activation")].call.tolist() == [0]

@@ -267,6 +267,11 @@ class CompiledHooks:
         self._a_call_trained = False
         self.update()
 
+    def record_rest_of_step(self) -> None:
+        """Record the step in progress from here on (see ``Hooks.record_rest_of_step``): the compiled hooks count
+        its calls from 0 again, a patch of one call included."""
+        self.start_step(self.step_index, True)
+
     def ran(self) -> bool:
         """Whether the step so far called the compiled model (see ``Hooks.ran``): every call goes through
         :meth:`_call`, so this tells in a step not recorded too (the eager hooks, out there, cannot)."""

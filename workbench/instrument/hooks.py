@@ -101,6 +101,7 @@ class Hooks:
         #: (a step not recorded, with no patch to apply): :meth:`calls_made` does not count those calls. A paused
         #: block's calls leave it as it is: they are never counted nor patched, in any step
         self.calls_uncounted = False
+        self._calls_before: dict[str, int] = {}  # see _start
         self._late_reported: set[str] = set()  # sites whose gradient arrived after its step ended
         # Row keys, one object per distinct key: each recorded step keeps its keys, and keys made
         # anew would be objects for the garbage collector to count (a full collection every few
@@ -185,10 +186,24 @@ class Hooks:
     # ------------------------------------------------------------------ the step
     def start_step(self, step_index: int, recording: bool) -> None:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
-        self.generation += 1  # (a gradient hooked before this tells its step is over)
         self._check_patched_calls()
+        self._start(step_index, recording, {})
+
+    def record_rest_of_step(self) -> None:
+        """Record the step in progress from here on (``Watch.record_next`` part-way through a step): its rows
+        count calls from 0, while a patch of one call keeps counting the step's calls from its start, so that
+        it applies to that call once."""
+        carried = dict(self._calls_before)
+        for path, calls in self.sites.calls.items():
+            carried[path] = carried.get(path, 0) + calls
+        self._start(self.step_index, True, carried)
+
+    def _start(self, step_index: int, recording: bool, calls_before: dict[str, int]) -> None:
+        self.generation += 1  # (a gradient hooked before this tells its step is over)
         self.step_index, self.recording = step_index, recording
         self.calls_uncounted = False
+        #: each site's calls in the step before its calls were counted from 0 again (see record_rest_of_step)
+        self._calls_before = calls_before
         self.update()
         self.sites.new_step()
         self.sums.reset()  # (keeps its arrays, grown to the largest step so far)
@@ -258,15 +273,18 @@ class Hooks:
         """The calls of the call site ``path`` (None: of every module of the model) the step made so far, as far
         as :meth:`ran` tells (0 where it does not): a count that grows with each call, for what came after a given
         moment of the step."""
-        if not self.ran():
+        if self.ran() is None:
             return 0
-        return sum(self.sites.calls.values()) if path is None else self.sites.calls.get(path, 0)
+        calls, before = self.sites.calls, self._calls_before
+        if path is None:
+            return sum(calls.values()) + sum(before.values())
+        return calls.get(path, 0) + before.get(path, 0)
 
     def _check_patched_calls(self) -> None:
         """A patch of call ``k`` of a module that the step just ended called, but fewer than ``k + 1``
         times, patched nothing: it fails (removed, with a warning), as a patch that raises does."""
         for path, items in tuple(self.interventions.items()):
-            made = self.sites.calls.get(path, 0)
+            made = self.sites.calls.get(path, 0) + self._calls_before.get(path, 0)
             for intervention in tuple(items):  # (one from the next step on applied to no call of this one)
                 if intervention.call is not None and 0 < made <= intervention.call and not intervention.from_next_step:
                     intervention.fail(self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
@@ -363,7 +381,9 @@ class Hooks:
                 record_activations = record_grads = self._past_limits(path, call)  # w.step() forgotten?
         replaced = False
         if self.interventions:  # (most watches patch nothing)
-            output, replaced = self._apply_interventions(path, call, recomputing, output)
+            before = self._calls_before.get(path, 0)  # (a patch's call counts from the step's start)
+            step_call = call if call is None or not before else None if recomputing else call + before
+            output, replaced = self._apply_interventions(path, step_call, recomputing, output)
         if record_activations or record_grads:
             try:
                 # most outputs are one tensor: skip the walk
@@ -444,7 +464,7 @@ class Hooks:
             if recomputing and call is None and intervention.call is not None:
                 intervention.fail(self.fail(path, call, f"patch:{intervention.label}", RuntimeError(
                     f"activation checkpointing recomputes {path!r}, which the forward called "
-                    f"{self.sites.calls.get(path, 0)} times: a patch of call {intervention.call} cannot tell "
+                    f"{self.calls_made(path)} times: a patch of call {intervention.call} cannot tell "
                     "which call is recomputed, and the gradients would not match the forward. Patch "
                     "every call (call=None), or a site outside the checkpointed segment.")), output)
             elif intervention.applies(call):

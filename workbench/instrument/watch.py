@@ -176,13 +176,9 @@ class Watch:
         parameters and their gradients alone has no module hook to tell by - a step with no backward
         is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
-        if not self._hooks.recording:
-            for intervention in self.interventions:  # (the step's calls are counted from 0 again: first what
-                self._first_acted(intervention)  # the ones made after its calls acted on so far)
-            self._hooks.start_step(self.step_index, True)
+        if not self._hooks.recording:  # (the patches in place keep counting the step's calls from its start)
+            self._hooks.record_rest_of_step()
             self._record_next_at = self.step_index
-            for intervention in self.interventions:
-                intervention.calls_before = 0
 
     def _record(self, entries: list) -> StepRecord:
         try:
@@ -369,8 +365,8 @@ class Watch:
         return intervention
 
     def _model_calls(self) -> int:
-        """The model's calls in the step so far (0 where the hooks saw none: out, or not recording)."""
-        return self._hooks.calls_made() if self._hooks.ran() else 0
+        """The model's calls in the step so far (0 where the module hooks are out: they saw none)."""
+        return self._hooks.calls_made()
 
     def _first_acted(self, intervention: Intervention) -> None:
         """Bring ``start_step`` to this step where the site of ``intervention``, made after the step's first
