@@ -1626,6 +1626,64 @@ def test_a_step_interrupted_in_w_step_and_ended_again_records_its_parameters_onc
     pd.testing.assert_frame_equal(got, expected)
 
 
+class InterruptedAfterPublishing(workbench.Recorder):
+    """A recorder whose publisher is interrupted once, as it publishes step ``at``: after the record is handed to
+    it all (``after``), or part-way, in its warning that it is full, before the subscribers are offered it
+    (``while``: its budget, ``max_rows``, holds the first step alone)."""
+
+    def __init__(self, at: int, moment: str) -> None:
+        super().__init__(max_rows=1 if moment == "while" else 500_000)
+        self.at, self.moment, self.interrupted = at, moment, False
+
+    def publish(self, record):
+        interrupt = record.step == self.at and not self.interrupted
+        self.interrupted = self.interrupted or interrupt
+        if interrupt and self.moment == "while":
+            def showwarning(*args, **kwargs):
+                raise KeyboardInterrupt
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = showwarning
+                super().publish(record)
+        super().publish(record)
+        if interrupt:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("moment", ["after", "while"])
+def test_a_step_interrupted_as_it_is_published_and_ended_again_is_published_once(tmp_path, moment):
+    # (w.step() interrupted once its record was published, before the step number moved on: called again, it
+    # published the step again, and the run store, failing on the duplicate step, closed the run failed)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 3)
+    recorder = InterruptedAfterPublishing(at=2, moment=moment)
+    with workbench.watch(model, store=tmp_path / "run", recorder=recorder) as w:
+        for step in (1, 2, 3):
+            model(x).sum().backward()
+            try:
+                w.step(loss=float(step))
+            except KeyboardInterrupt:  # (the cell run again)
+                w.step(loss=float(step))
+            model.zero_grad()
+    with workbench.watch(reference, reducers=["torch"]) as ref:
+        for step in (1, 2, 3):
+            reference(x).sum().backward()
+            ref.step(loss=float(step))
+            reference.zero_grad()
+    assert recorder.interrupted and w.errors == [] and w.step_index == 4
+    stored = workbench.load_run(tmp_path / "run")
+    assert stored.status == "finished"
+    assert stored.metrics().loss.tolist() == [1.0, 2.0, 3.0]
+    got, expected = stored.to_pandas(), ref.to_pandas()
+    assert not got.duplicated(["step", "module", "call", "kind", "tensor"]).any()
+    pd.testing.assert_frame_equal(got[expected.columns], expected, check_dtype=False)
+    # (each step kept once in the recorder's memory: one step held, steps 1 and 2 evicted, once each)
+    assert recorder.evicted == (2 if moment == "while" else 0)
+    assert [record.step for record in recorder.records()] == ([3] if moment == "while" else [1, 2, 3])
+
+
 def interrupted_then_back_propagated(model: nn.Module, interrupted: nn.Module, x: torch.Tensor):
     """(the watch, a reference watch): a forward of ``model`` whose loss is back-propagated only after a
     second forward, interrupted at ``interrupted``, beside one forward and backward of a copy of it."""

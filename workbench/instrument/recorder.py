@@ -191,6 +191,7 @@ class Subscription:
         self._recorder = recorder
         self._pending: deque[StepRecord] = deque()
         self._dropped_since = 0
+        self._offered: StepRecord | None = None  # the last record offered (offered again: queued once)
         self._busy = False
         self._closed = False
         self._idle = False  # the thread waits for a first record
@@ -208,8 +209,9 @@ class Subscription:
     def offer(self, record: StepRecord) -> None:
         """Queue a record; never blocks beyond a short lock."""
         with self._work:
-            if self._closed:
+            if self._closed or record is self._offered:
                 return
+            self._offered = record
             self._pending.append(record)
             while len(self._pending) > self.max_pending:
                 self._pending.popleft()
@@ -311,13 +313,17 @@ class Recorder:
         # keep it when the steps that first logged them are evicted, as a stored run's keep it
         self._logged: dict[str, None] = {}
         self._subscriptions: list[Subscription] = []
+        self._published: StepRecord | None = None  # the last record published
         self._lock = threading.Lock()
 
     def publish(self, record: StepRecord) -> None:
-        """Keep ``record`` (the oldest are evicted past ``max_rows``) and offer it to every subscriber."""
+        """Keep ``record`` (the oldest are evicted past ``max_rows``) and offer it to every subscriber.
+        The record published last, published again (a ``w.step()`` interrupted as it published, called
+        again), is kept once and offered once to each subscriber (those it had not reached get it now)."""
         with self._lock:
             first_eviction = False
-            if self.max_rows:  # (0: kept by none but the subscribers)
+            again, self._published = record is self._published, record
+            if self.max_rows and not again:  # (0: kept by none but the subscribers)
                 self._logged.update(dict.fromkeys(sorted(record.metrics)))
                 self._records.append(record)
                 self._rows += len(record)

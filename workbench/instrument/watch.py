@@ -99,6 +99,9 @@ class Watch:
         self._dropped: list[weakref.finalize] = []  # closes each sink should the watch be let go of unclosed
         self._record_next_at: int | None = None  # the step record_next() started recording, part-way perhaps
         self._record_next_step = False  # record the next step whatever every says (record_next() came too late)
+        #: (the step's number, its record or None) once step() has ended the step in progress, until the next step
+        #: has started: a step() interrupted in between (a KeyboardInterrupt), called again, ends it no second time
+        self._ended: tuple[int, StepRecord | None] | None = None
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         for held in [*_parts(reducers), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
@@ -114,10 +117,11 @@ class Watch:
     def _start_step(self, record: bool = False) -> None:
         self._metrics = {}
         record = record or self._record_next_step or (self.step_index - 1) % self.every == 0
-        self._record_next_step = False
         self._hooks.start_step(self.step_index, record)
+        self._record_next_step = False  # (once started: a start interrupted, made again, records it still)
         for intervention in self.interventions:  # (the hooks are in for them: this step's calls are counted)
             intervention.from_next_step = False
+        self._ended = None
 
     # ------------------------------------------------------------------ the step
     def step(self, **metrics: float) -> StepRecord | None:
@@ -137,6 +141,17 @@ class Watch:
         self._check_open()
         if metrics:
             self.log(**metrics)
+        if self._ended is None:
+            self._ended = (self.step_index, self._end_step())
+        ended_step, record = self._ended
+        if record is not None:
+            self.recorder.publish(record)  # (published once: the same record again after an interrupt)
+        self.step_index = ended_step + 1
+        self._start_step()
+        return record
+
+    def _end_step(self) -> StepRecord | None:
+        """End the step in progress: the record to publish, or None."""
         for intervention in self.interventions:  # (one made after this step's calls, the model called again since)
             self._first_acted(intervention)
         # (on until it failed, or until it was removed after this step's forward had run it)
@@ -158,10 +173,6 @@ class Watch:
         elif self._metrics or hooks.step_errors:
             record = StepRecord(self.step_index, metrics=dict(self._metrics), errors=tuple(hooks.step_errors),
                                 time=time.time())
-        if record is not None:
-            self.recorder.publish(record)
-        self.step_index += 1
-        self._start_step()
         return record
 
     def record_next(self) -> None:
