@@ -972,3 +972,23 @@ def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_t
     metrics, *_, box, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors,
                                                       auto, kept)
     assert metrics["layout"]["yaxis"]["type"] == "linear"
+
+
+def test_a_comparisons_kept_site_scale_is_found_by_the_site_it_was_asked_for(tmp_path):
+    """The Runs tab's comparison looked its kept call-site scale up by the site asked but stored it under the site
+    drawn (the same only once the dropdown showed it), where the notebook's Compare keys it by the site asked: a
+    drawing asking the same site again did not find what the last one kept. One rule now, the site asked."""
+    from workbench.ui.runs import RunsRoot
+
+    _spiked_loss_run(tmp_path / "a")
+    _spiked_loss_run(tmp_path / "b")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    recordings = [[name, cache.get(name)[0].started] for name in ("a", "b")]
+    for asked in (None, "no-such-site"):  # (an empty dropdown, the first drawing; a site these runs lack)
+        _, site_fig, choices, drawn, *_, kept = stored_runs.compare_page(
+            cache, ["a", "b"], "activation", "norm", asked, False, None, True, None)
+        assert site_fig is not None and drawn in choices and drawn != asked
+        assert figures.kept_scale(kept["site"], [recordings, "activation", "norm", asked]) is not None
+        # (and a drawing asking it again keeps what it found)
+        *_, again = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", asked, False, None, True, kept)
+        assert again["site"] == kept["site"]

@@ -282,8 +282,8 @@ def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     Until the user sets the log y box (``auto_log``), both figures choose their scales as a run page's do (the call
     site's figure, and each metrics panel) and keep them once settled (each run's line 5 steps long, or more:
     :func:`figures.keep_scale`), for these runs as recorded (a run recorded again at its path chooses anew), kind,
-    statistic and site; the box is ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is
-    both figures' scale.
+    statistic and site asked (not the site drawn in its place: the notebook's Compare keys it alike); the box is
+    ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is both figures' scale.
 
     Args:
         cache: the stored runs' views.
@@ -306,13 +306,16 @@ def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     kept = dict(kept) if isinstance(kept, dict) else {}
     site_kept = metrics_kept = None
     recordings = []
+    # the site figure's scale is kept under the site asked, looked up and stored alike (as the notebook's Compare
+    # keeps it): the site drawn is another until the dropdown shows it, or where the site asked is not there
+    asked = site
     if auto_log:
         for name in runs:  # (which recording of each path: a run recorded again there is another one)
             view = cache.get(name)[0]
             recordings.append([name, None if view is None else view.started])
-        site_kept = figures.kept_scale(kept.get("site"), [recordings, kind, statistic, site])
+        site_kept = figures.kept_scale(kept.get("site"), [recordings, kind, statistic, asked])
         metrics_kept = figures.kept_scales(kept.get("metrics"), [recordings])
-    metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, statistic, site, 0.0,
+    metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, statistic, asked, 0.0,
                                                              None if auto_log else log_y, colors, site_kept,
                                                              metrics_kept)
     box = None
@@ -320,7 +323,7 @@ def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
         drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
         box = None if drawn == [None, None] else any(drawn)
         # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
-        kept["site"] = figures.keep_scale(kept.get("site"), [recordings, kind, statistic, site], site_fig,
+        kept["site"] = figures.keep_scale(kept.get("site"), [recordings, kind, statistic, asked], site_fig,
                                           lines=len(runs))
         kept["metrics"] = figures.keep_scales(kept.get("metrics"), [recordings], metrics, lines=len(runs))
     return metrics, site_fig, choices, site, message, colors, box, auto_log, kept
