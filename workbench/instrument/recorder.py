@@ -296,8 +296,9 @@ class Recorder:
     open watch publishes into: their steps would mix); once that watch is closed it may serve another.
     """
 
-    #: the watch publishing into this recorder (weakly held; None before any): a second open watch may not
-    held_by: Any = None
+    # the watch publishing into this recorder (weakly held; None before any): a second open watch may not. Private:
+    # the watch sets it and reads it (watch._check_unshared), no user does
+    _held_by: Any = None
 
     def __init__(self, max_rows: int = 500_000) -> None:
         self.max_rows = whole_number("max_rows", max_rows, 0, "an int >= 0 (0: keep no step, stream them only)")
