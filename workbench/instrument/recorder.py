@@ -391,6 +391,8 @@ class Recorder:
 
     @property
     def subscriptions(self) -> list[Subscription]:
+        """The subscriptions still attached, in the order made (a copy: unsubscribing one leaves it out of the
+        next call's list, not of this one). A subscriber that raised is detached, and so not among them."""
         with self._lock:
             return list(self._subscriptions)
 
