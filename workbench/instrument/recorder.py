@@ -429,4 +429,11 @@ class Recorder:
         return metrics_frame(records, long, logged)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        """The kept records' histograms, one row per tensor (:func:`histograms_frame`'s columns); an empty frame
+        where none were recorded (``watch(histograms=False)``'s ``w.histograms()`` raises instead).
+
+        Args:
+            module: only this module path (None: every path).
+            kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+        """
         return histograms_frame(self.records(), module, kind)
