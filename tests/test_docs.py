@@ -300,6 +300,24 @@ def test_every_public_function_and_class_is_in_the_api_reference():
     assert not missing, f"not in the API reference (docs/reference/*.md): {missing}"
 
 
+def test_the_main_classes_public_methods_and_properties_have_docstrings():
+    # the API reference shows a member only where it has a docstring (mkdocs.yml: show_if_no_docstring: false):
+    # a public method or property of these without one is missing from it, unseen
+    import inspect
+
+    from workbench.ui.notebook import Compare, Dashboard
+
+    undocumented = []
+    for cls in (workbench.Watch, workbench.Run, workbench.Recorder, Dashboard, Compare):
+        for owner in cls.__mro__[:-1]:  # (and what they inherit, object's aside)
+            for name, member in vars(owner).items():
+                function = member.fget if isinstance(member, property) else inspect.unwrap(
+                    member.__func__ if isinstance(member, (staticmethod, classmethod)) else member)
+                if not name.startswith("_") and inspect.isfunction(function) and not function.__doc__:
+                    undocumented.append(f"{owner.__qualname__}.{name}")
+    assert not undocumented, f"no docstring, so not in the API reference: {undocumented}"
+
+
 def test_the_checks_of_the_pages_names_take_legitimate_prose():
     # (prose a page may hold that names no watch attribute and no unknown flag: "w.r.t." was read as w.r,
     # torchrun's --standalone and --nproc_per_node (torch's own spelling) as unknown flags, "--and" of a dash too)

@@ -972,3 +972,28 @@ def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_t
     metrics, *_, box, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors,
                                                       auto, kept)
     assert metrics["layout"]["yaxis"]["type"] == "linear"
+
+
+def test_a_comparisons_kept_site_scale_is_the_site_drawns_whichever_site_was_asked(tmp_path):
+    """The Runs tab's comparison looked its kept call-site scale up by the site asked but stored it under the site
+    drawn (the same only once the dropdown showed it), where the notebook's Compare keyed both by the site asked (a
+    site given before its rows came kept the scale of the site drawn in its place). One rule now: the site drawn."""
+    from workbench.ui.runs import RunsRoot
+
+    _spiked_loss_run(tmp_path / "a")
+    _spiked_loss_run(tmp_path / "b")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    recordings = [[name, cache.get(name)[0].started] for name in ("a", "b")]
+    for asked in (None, "no-such-site"):  # (an empty dropdown, the first drawing; a site these runs lack)
+        _, site_fig, choices, drawn, *_, kept = stored_runs.compare_page(
+            cache, ["a", "b"], "activation", "norm", asked, False, None, True, None)
+        assert drawn in choices and drawn != asked
+        chose = figures.kept_scale(kept["site"], [recordings, "activation", "norm", drawn])
+        assert chose is not None and figures.drawn_log(site_fig) == chose
+        # a scale kept for the site drawn (here the other one, as a run's later steps would have it) is the one
+        # drawn when that site is drawn again, whichever site was asked
+        other = {**kept, "site": [kept["site"][0], not chose]}
+        for again_asked in (asked, drawn):
+            _, again, *_ = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", again_asked, False, None,
+                                                    True, other)
+            assert figures.drawn_log(again) == (not chose), again_asked

@@ -298,8 +298,9 @@ class Recorder:
     open watch publishes into: their steps would mix); once that watch is closed it may serve another.
     """
 
-    #: the watch publishing into this recorder (weakly held; None before any): a second open watch may not
-    held_by: Any = None
+    # the watch publishing into this recorder (weakly held; None before any): a second open watch may not. Private:
+    # the watch sets it and reads it (watch._check_unshared), no user does
+    _held_by: Any = None
 
     def __init__(self, max_rows: int = 500_000) -> None:
         self.max_rows = whole_number("max_rows", max_rows, 0, "an int >= 0 (0: keep no step, stream them only)")
@@ -396,6 +397,8 @@ class Recorder:
 
     @property
     def subscriptions(self) -> list[Subscription]:
+        """The subscriptions still attached, in the order made (a copy: unsubscribing one leaves it out of the
+        next call's list, not of this one). A subscriber that raised is detached, and so not among them."""
         with self._lock:
             return list(self._subscriptions)
 
@@ -432,4 +435,11 @@ class Recorder:
         return metrics_frame(records, long, logged)
 
     def histograms(self, module: str | None = None, kind: str | None = None) -> pd.DataFrame:
+        """The kept records' histograms, one row per tensor (:func:`histograms_frame`'s columns); an empty frame
+        where none were recorded (``watch(histograms=False)``'s ``w.histograms()`` raises instead).
+
+        Args:
+            module: only this module path (None: every path).
+            kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
+        """
         return histograms_frame(self.records(), module, kind)

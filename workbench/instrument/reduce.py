@@ -142,11 +142,12 @@ class DeviceSums:
 class Reducer:
     """One way of reducing tensors to rows of SUMS (and histograms). A step's reducers are tried
     in order; the first whose :meth:`takes` says yes reduces the tensor. Called under the step's
-    lock, one call at a time. One object serves one open watch at a time (``held_by``, weakly;
-    ``watch(reducers=...)`` refuses one that another open watch holds)."""
+    lock, one call at a time. One object serves one open watch at a time (which it holds
+    weakly; ``watch(reducers=...)`` refuses one that another open watch holds)."""
 
-    #: the watch this reducer serves (weakly held; None before any): a second open watch may not share it
-    held_by: Any = None
+    # the watch this reducer serves (weakly held; None before any): a second open watch may not share it. Private:
+    # the watch sets it and reads it (watch._check_unshared)
+    _held_by: Any = None
 
     def bind(self, host: HostRows) -> None:
         """Write into ``host`` (called by the StepSums that uses this reducer: one watch's at a time)."""

@@ -109,6 +109,7 @@ class Run:
 
     @property
     def name(self) -> str:
+        """The run directory's name (``runs/tanh``: ``tanh``)."""
         return self.path.name
 
     def _connect(self) -> sqlite3.Connection:

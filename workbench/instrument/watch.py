@@ -105,7 +105,7 @@ class Watch:
         self._hooks = self._attach(sites, kinds, bins if histograms else None, reducers, compiled, updates)
         self.errors = self._hooks.errors
         for held in [*_parts(reducers), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
-            held.held_by = weakref.ref(self)
+            held._held_by = weakref.ref(self)
         self._start_step()
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
@@ -633,7 +633,7 @@ def _check_unshared(reducers: Sequence[Reducer] | None, recorder: Recorder | Non
         ValueError: naming the reducer or recorder and the watch that holds it.
     """
     for held in [*_parts(reducers), *([recorder] if recorder is not None else [])]:
-        holder = held.held_by() if held.held_by is not None else None
+        holder = held._held_by() if held._held_by is not None else None
         if holder is None or holder.closed:
             continue
         name = type(held).__name__

@@ -1767,9 +1767,13 @@ class Compare:
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
             site = self._wanted_site if self._wanted_site is not None else self.site.value
-            # (the scale the site figure chose, kept for the runs, kind, statistic and site once settled: the
-            # steps of a run still recording do not switch it)
-            kept = figures.kept_scale(self._kept_log, [picks, self.kind.value, self.statistic.value, site])
+            # (the scale the site figure chose, kept for the runs, kind, statistic and site drawn once settled: the
+            # steps of a run still recording do not switch it; the site drawn, not the one asked, which is another
+            # until its rows arrive: one rule with the app's comparison, stored_runs.compare_page)
+            selection = [picks, self.kind.value, self.statistic.value]
+
+            def kept(drawn: str) -> bool | None:
+                return figures.kept_scale(self._kept_log, [*selection, drawn])
             # (and each metrics panel's, as the app's comparison keeps them: stored_runs.compare_page)
             kept_metrics = figures.kept_scales(self._kept_log_metrics, [picks])
             metrics, site_fig, choices, site, message = compare_runs(
@@ -1777,11 +1781,9 @@ class Compare:
                 self.smoothing.value, self.log_y.value if self.log_y.picked else None, self._colors, kept,
                 kept_metrics)
             self._specs.update(metrics=metrics, site=site_fig)
-            if not self.log_y.picked and site_fig is not None:  # (kept for the site asked: the next draw asks it)
-                asked = self._wanted_site if self._wanted_site is not None else site
+            if not self.log_y.picked and site_fig is not None:  # (kept for the site drawn, as it is looked up)
                 # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
-                self._kept_log = figures.keep_scale(self._kept_log, [picks, self.kind.value, self.statistic.value,
-                                                                     asked], site_fig, lines=len(picks))
+                self._kept_log = figures.keep_scale(self._kept_log, [*selection, site], site_fig, lines=len(picks))
             if not self.log_y.picked and metrics is not None:
                 self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [picks], metrics,
                                                              lines=len(picks))

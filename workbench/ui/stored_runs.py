@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +182,8 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
                  smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None,
-                 kept_site_log: bool | None = None, kept_metrics_log: Mapping[str, bool] | None = None
+                 kept_site_log: bool | None | Callable[[str], bool | None] = None,
+                 kept_metrics_log: Mapping[str, bool] | None = None
                  ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
     """Overlay two or more stored runs: their metrics (a panel per metric, a line per run) and one
     call site's statistic. Returns the two figures (``None`` when there is nothing to compare: fewer
@@ -195,7 +196,9 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     (:func:`figures.dwarfed`), each metrics panel log where a line's spike flattens the rest, unless
     ``kept_site_log`` and ``kept_metrics_log`` (metric -> log) say the scales they chose before and keep
     (:func:`figures.keep_scale`, :func:`figures.keep_scales`; a log one while every value is positive,
-    :func:`figures.chosen_scale`). :func:`compare_page` keeps them."""
+    :func:`figures.chosen_scale`). :func:`compare_page` keeps them. ``kept_site_log`` may be a function of the
+    site drawn (which is not the site asked where that is None or not among the choices): a scale is kept for the
+    site it was chosen on."""
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -232,6 +235,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     live = {name for name, view in views.items() if view.status in LIVE_STATUSES}
     # (a run recorded without the kind will have none: said so, with the option that is off)
     without = {name: view.unrecorded[kind] for name, view in views.items() if kind in view.unrecorded}
+    if callable(kept_site_log):
+        kept_site_log = kept_site_log(site) if site is not None else None
     if site is not None:
         site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
                                                colors, kept_site_log)
@@ -282,8 +287,9 @@ def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     Until the user sets the log y box (``auto_log``), both figures choose their scales as a run page's do (the call
     site's figure, and each metrics panel) and keep them once settled (each run's line 5 steps long, or more:
     :func:`figures.keep_scale`), for these runs as recorded (a run recorded again at its path chooses anew), kind,
-    statistic and site; the box is ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is
-    both figures' scale.
+    statistic and site drawn (not the site asked, which is None until the dropdown is set: the notebook's Compare
+    keys it alike); the box is ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is both
+    figures' scale.
 
     Args:
         cache: the stored runs' views.
@@ -304,13 +310,18 @@ def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     colors = figures.steady_colors(runs, colors)
     auto_log = auto_log is not False if change is None else change
     kept = dict(kept) if isinstance(kept, dict) else {}
-    site_kept = metrics_kept = None
+    site_kept: Callable[[str], bool | None] | None = None
+    metrics_kept = None
     recordings = []
     if auto_log:
         for name in runs:  # (which recording of each path: a run recorded again there is another one)
             view = cache.get(name)[0]
             recordings.append([name, None if view is None else view.started])
-        site_kept = figures.kept_scale(kept.get("site"), [recordings, kind, statistic, site])
+        # the site figure's scale is kept for the site drawn, looked up and stored alike (as the notebook's Compare
+        # keeps it): the site asked is another where it is None (the dropdown not yet set) or not among the choices
+        def kept_for(drawn: str) -> bool | None:
+            return figures.kept_scale(kept.get("site"), [recordings, kind, statistic, drawn])
+        site_kept = kept_for
         metrics_kept = figures.kept_scales(kept.get("metrics"), [recordings])
     metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, statistic, site, 0.0,
                                                              None if auto_log else log_y, colors, site_kept,
