@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
-from tests.diagnose.runs import diverging_mlp, mlp_on_halves, one_step
+from tests.diagnose.runs import diverging_mlp, fit_steps, mlp_on_halves, one_step
 from workbench.ui.findings import merge_calls
 
 
@@ -251,15 +251,12 @@ def test_an_optimizer_built_on_a_copy_of_the_model_is_found_as_gradients_that_ac
     x = torch.randn(1024, 2, generator=g)
     y = (x[:, 0] > 0).long()
     opt = torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.01)
-    with workbench.watch(model) as w:
-        for _ in range(60):
-            i = torch.randint(1024, (64,), generator=g)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            w.step(loss=loss.item())
-    f = w.diagnose()
+
+    def batch(_step):
+        i = torch.randint(1024, (64,), generator=g)
+        return x[i], y[i]
+
+    f = fit_steps(model, opt, batch, 60).diagnose()
     assert "not_updated" in set(f.finding)
     found = f[f.finding == "gradients_accumulate"]
     assert len(found) and found.site.iloc[0].endswith(".bias") and found.severity.iloc[0] == "error"
