@@ -500,9 +500,11 @@ def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_
     other = sqlite3.connect(tmp_path / "r" / DB_NAME)
     other.execute("DROP TABLE steps")  # a damaged database: the next writes fail
     other.close()
-    with pytest.warns(RuntimeWarning, match="step 3 could not be written"):
+    with pytest.warns(RuntimeWarning, match="step 3 could not be written") as warned:
         train(w, model, 1)
         assert w.recorder.flush()
+    said = str(next(m.message for m in warned if "step 3" in str(m.message)))
+    assert f"the run in {tmp_path / 'r'} will be marked failed when the watch closes. Training goes on." in said
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same failure again: kept, not warned of step by step
         train(w, model, 3)  # training goes on
@@ -856,3 +858,19 @@ def test_a_run_directory_moved_while_written_is_written_on_where_it_went(tmp_pat
     assert not w.errors
     run = workbench.load_run(tmp_path / "moved")
     assert run.steps == [1, 2, 3] and run.status == "finished"
+
+
+def test_a_status_that_cannot_be_written_is_warned_of_as_an_interrupted_run_not_a_failed_one(tmp_path, monkeypatch):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    train(w, model, 1)
+
+    def unwritable(**values):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(w.store, "set_meta", unwritable)
+    with pytest.warns(RuntimeWarning, match="could not be written") as warned:
+        w.close()
+    said = str(next(m.message for m in warned if "status" in str(m.message)))
+    assert "readers will read it as interrupted" in said and "marked failed" not in said
+    assert workbench.load_run(tmp_path / "r").status == "interrupted"

@@ -2074,3 +2074,21 @@ def test_the_sites_left_out_of_a_step_are_named_as_the_views_name_them():
             out.sum().backward()
             w.step()
     assert "((model), shift#0, shift#1)" in w.errors[0]["error"]
+
+
+def test_a_sink_failure_is_warned_of_with_what_the_sink_says_becomes_of_its_output():
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    with workbench.watch(model) as w:
+        with pytest.warns(RuntimeWarning) as plain:
+            w.report_failure("dashboard", "the dashboard could not be reached")
+        with pytest.warns(RuntimeWarning) as told:
+            w.report_failure("csv", "rows.csv could not be written", outcome="rows.csv lacks this step")
+        with pytest.raises(TypeError, match="outcome must be a str or None, got 3"):
+            w.report_failure("csv", "rows.csv could not be written", outcome=3)
+    assert [str(m.message) for m in plain] == [
+        "workbench: the dashboard could not be reached; the watch keeps it in w.errors and marks nothing failed "
+        "(what becomes of the 'dashboard' sink's output is the sink's to say). Training goes on."]
+    assert [str(m.message) for m in told] == [
+        "workbench: rows.csv could not be written; rows.csv lacks this step. Training goes on."]
+    assert [(e["kind"], e["error"]) for e in w.errors] == [("dashboard", "the dashboard could not be reached"),
+                                                          ("csv", "rows.csv could not be written")]

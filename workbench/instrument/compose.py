@@ -264,6 +264,7 @@ def _report_to(w: Watch) -> Callable[[str], None]:
     def report(message: str) -> None:
         watch = ref()
         if watch is not None:
-            watch.report_failure("store", message)
+            store = watch.store
+            watch.report_failure("store", message, outcome=store.failure_outcome if store is not None else None)
 
     return report

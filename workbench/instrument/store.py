@@ -121,6 +121,7 @@ class RunStore:
         self._lock: int | None = None
         self._db_file: int | None = None  # a descriptor of the database file: tells when it is deleted
         self._replaced = False
+        self._status_unwritten = False  # close() could not write the run's status: readers read 'interrupted'
         self._made_db = False  # the database file is this store's own (none was there): removed if the start fails
         created = self._make_directory()
         try:
@@ -362,6 +363,15 @@ class RunStore:
                                  [(k, json.dumps(v, default=str)) for k, v in values.items()])
 
     @property
+    def failure_outcome(self) -> str:
+        """What the failures this store reports (``on_error``) do to its run, in words: a step it could not
+        write, or dropped, marks the run ``failed`` as it closes; a status it could not write leaves the run
+        to read ``interrupted``."""
+        if self._status_unwritten:
+            return f"the run in {self.path} keeps no status: readers will read it as interrupted"
+        return f"the run in {self.path} will be marked failed when the watch closes"
+
+    @property
     def closed(self) -> bool:
         return self._db is None
 
@@ -410,6 +420,7 @@ class RunStore:
         try:
             self.set_meta(**values)
         except Exception as exc:  # the status cannot be written: readers will see 'interrupted'
+            self._status_unwritten = True
             self._report(f"the run's status ({status}) could not be written: {type(exc).__name__}: {exc}")
         finally:
             self._db.close()

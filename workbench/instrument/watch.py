@@ -530,16 +530,29 @@ class Watch:
         dropped.atexit = False  # (a watch still open as the program ends: its store reads interrupted, as it was)
         self._dropped.append(dropped)
 
-    def report_failure(self, kind: str, message: str) -> None:
+    def report_failure(self, kind: str, message: str, outcome: str | None = None) -> None:
         """A failure outside the hooks (a sink that could not write), kept in ``errors`` with a
         RuntimeWarning: never silent, never fatal.
 
         Args:
             kind: what failed (``"store"``, a sink's name).
             message: what happened, for the user.
+            outcome: what the failure does to the sink's output, said in the warning (the run store's: its run
+                will be marked failed). None: the warning says the watch marks nothing failed (only the sink
+                can say what becomes of its output).
+
+        Raises:
+            TypeError: ``kind``, ``message`` or ``outcome`` is not text.
         """
+        for name, text in (("kind", kind), ("message", message), ("outcome", outcome)):
+            if not isinstance(text, str) and not (name == "outcome" and text is None):
+                raise TypeError(f"report_failure(): {name} must be a str{' or None' if name == 'outcome' else ''}, "
+                                f"got {text!r}.")
         self.errors.append({"step": None, "module": "", "call": 0, "kind": kind, "error": message, "traceback": ""})
-        warn(f"workbench: {message}; the run will be marked failed. Training goes on.")
+        if outcome is None:  # (the watch marks no output: a sink that does says so itself, as the store does)
+            outcome = (f"the watch keeps it in w.errors and marks nothing failed (what becomes of the {kind!r} "
+                       "sink's output is the sink's to say)")
+        warn(f"workbench: {message}; {outcome}. Training goes on.")
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
         """Remove every hook (the model is as before ``watch``), close the sinks and wait until every
