@@ -151,7 +151,10 @@ def test_per_rank_rows_are_each_ranks_own(spawned):
 
 def test_one_store_written_by_rank_0(spawned):
     out, _ = spawned
-    assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "starts") == ["ddp_run"]
+    # (the scenarios other than the first write their stores in folders of their own)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name not in ("starts", "interrupted_exchange")
+                  ) == ["ddp_run"]
+    assert sorted(p.name for p in (out / "interrupted_exchange").iterdir()) == ["retried", "stopped"]
     run = workbench.load_run(out / "ddp_run")
     assert run.status == "finished"
     assert run.metadata["distributed"]["world_size"] == 2
@@ -241,6 +244,33 @@ def test_a_start_retried_where_a_failed_start_left_rank_0_s_run_writes_there(spa
     assert [result["raised"] for result in ranks] == [None, None]
     run = workbench.load_run(ranks[0]["store"])
     assert run.status == "finished" and run.steps == [1, 2] and "error" not in run.metadata
+
+
+def test_a_step_interrupted_inside_its_exchange_and_run_again_is_exchanged_and_stored_once(spawned):
+    # (rank 0's step() run again gathered again: its all_gather met rank 1's gather_object)
+    out, _ = spawned
+    rank0, rank1 = (workers.load(out, "interrupted_exchange_retried", rank) for rank in (0, 1))
+    assert (rank0["retried"], rank1["retried"]) == (1, 0)
+    assert rank0["exchanges"] == rank1["exchanges"] == (workers.STEPS, 1)
+    assert rank0["records"] == [1, 2, 3] and rank0["run"] == ("finished", [1, 2, 3])
+    rows = rank0["rows"]
+    assert not rows.duplicated(KEY).any()
+    first = rows[(rows.kind == "activation") & (rows.module == "0")]
+    assert (first.numel == workers.GLOBAL_BATCH * 16).all() and sorted(first.step) == [1, 2, 3]  # both ranks' rows
+
+
+def test_ranks_interrupted_inside_an_exchange_or_after_it_all_stop_with_the_step_stored_once(spawned):
+    # (rank 1, interrupted between the all_gather and the gather_object, left rank 0 waiting in the gather_object)
+    out, _ = spawned
+    rank0, rank1 = (workers.load(out, "interrupted_exchange_stopped", rank) for rank in (0, 1))
+    assert rank0["raised"] == rank1["raised"] == "KeyboardInterrupt"
+    assert rank0["exchanges"] == rank1["exchanges"] == (1, 1)  # step 1 exchanged whole, on both
+    assert rank0["step_index"] == 2 and rank1["step_index"] == 1  # (rank 1's step() raised as it ended step 1)
+    status, steps, error = rank0["run"]
+    assert status == "stopped" and steps == [1] and "KeyboardInterrupt" in error
+    rows = rank0["rows"]
+    assert not rows.duplicated(KEY).any()
+    assert (rows[(rows.kind == "activation") & (rows.module == "0")].numel == workers.GLOBAL_BATCH * 16).all()
 
 
 def test_fsdp2_fully_shard_on_the_cpu(spawned):

@@ -3,7 +3,9 @@ single-process reference they are compared with (run in the test's own process).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import signal
 import time
 import traceback
 from datetime import timedelta
@@ -77,6 +79,7 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
         interrupted_start_scenario(rank, world, out, interrupted=0)
         interrupted_start_scenario(rank, world, out, interrupted=1)
         retried_start_scenario(rank, world, out)
+        interrupted_exchange_scenario(rank, world, out)
         fsdp_scenario(rank, world, out)
         destroy_process_group()
     except BaseException:
@@ -201,6 +204,87 @@ def retried_start_scenario(rank: int, world: int, out: Path) -> None:
     train(ddp, w, batches(2), slice(rank * share, (rank + 1) * share))
     w.close()
     _dump(out, "retried", rank, {"raised": None, "store": str(store)})
+
+
+@contextlib.contextmanager
+def interrupted_in_all_gather(steps: set[int]):
+    """A SIGINT to this process inside the all_gather of each step in ``steps`` (as a Ctrl-C while the
+    rank waits there: Python raises it as the collective returns, before the collectives that follow it)."""
+    real = dist.all_gather
+
+    def all_gather(tensors, tensor, *args, **kwargs):
+        work = real(tensors, tensor, *args, **kwargs)
+        step = int(tensor[2].item())  # (the exchange's header: size, objects, step)
+        if step in steps:
+            steps.discard(step)
+            signal.raise_signal(signal.SIGINT)
+        return work
+
+    dist.all_gather = all_gather
+    try:
+        yield
+    finally:
+        dist.all_gather = real
+
+
+def interrupted_exchange_scenario(rank: int, world: int, out: Path) -> None:
+    """A KeyboardInterrupt inside the exchange of step 1 (between its all_gather and its gather_object: the
+    first step's rows go whole). ``retried``: on rank 0 alone, whose loop calls w.step() again and trains
+    on. ``stopped``: on rank 1, which leaves its watch's with block; rank 0 is interrupted at the start of
+    step 2 and leaves its own."""
+    from workbench import load_run
+    from workbench.instrument.distributed import watch_distributed
+
+    share = GLOBAL_BATCH // world
+    rows = slice(rank * share, (rank + 1) * share)
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    retried = 0
+    w = watch_distributed(ddp, store=out / "interrupted_exchange" / "retried", parameters=False)
+    with interrupted_in_all_gather({1} if rank == 0 else set()):
+        for x, y in batches():
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(x[rows]), y[rows])
+            loss.backward()
+            opt.step()
+            while True:
+                try:
+                    w.step(loss=loss.item())
+                    break
+                except KeyboardInterrupt:  # (a notebook's user interrupting, then running the step again)
+                    retried += 1
+    w.close()
+    result = {"retried": retried, "exchanges": (w.recorder.exchanges, w.recorder.object_exchanges)}
+    if rank == 0:
+        run = load_run(out / "interrupted_exchange" / "retried")
+        result.update(run=(run.status, run.steps), rows=run.to_pandas(), records=[r.step for r in w.recorder.records()])
+    _dump(out, "interrupted_exchange_retried", rank, result)
+
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    store = out / "interrupted_exchange" / "stopped"
+    raised, w = None, None
+    try:
+        with interrupted_in_all_gather({1} if rank == 1 else set()):
+            with watch_distributed(ddp, store=store, parameters=False) as w:
+                for x, y in batches():
+                    if rank == 0 and w.step_index == 2:  # (the Ctrl-C reaches rank 0 as it trains)
+                        signal.raise_signal(signal.SIGINT)
+                    opt.zero_grad()
+                    loss = nn.functional.cross_entropy(ddp(x[rows]), y[rows])
+                    loss.backward()
+                    opt.step()
+                    w.step(loss=loss.item())
+    except KeyboardInterrupt:
+        raised = "KeyboardInterrupt"
+    result = {"raised": raised, "step_index": w.step_index, "exchanges": (w.recorder.exchanges,
+                                                                           w.recorder.object_exchanges)}
+    if rank == 0:
+        run = load_run(store)
+        result.update(run=(run.status, run.steps, run.metadata.get("error")), rows=run.to_pandas())
+    _dump(out, "interrupted_exchange_stopped", rank, result)
 
 
 def fsdp_scenario(rank: int, world: int, out: Path) -> None:

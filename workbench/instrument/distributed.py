@@ -46,12 +46,16 @@ failure of this module's own work on a rank sends an empty payload that names th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
 import math
+import signal
+import threading
 import traceback
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +156,13 @@ class DistributedRecorder(Recorder):
         self.failures: list[dict] = []  # this module's own failures on this rank
         self._dst = dist.get_global_rank(group, 0) if group is not None else 0
         self._broken: str | None = None  # the collective failed: the group cannot be relied on any more
+        # the record published last and how far its publishing went: published again (a w.step() interrupted
+        # as it published, called again) it is not exchanged again, nor merged, nor its merged record published twice
+        self._last: StepRecord | None = None
+        self._exchanged = False  # its exchange ran (every rank ran its collectives)
+        self._gathered: list | None = None  # on rank 0: what it gathered, until merged
+        self._merged: tuple[StepRecord, list | None] | None = None  # on rank 0: (merged record, each rank's own)
+        self._exchanging = False  # inside the collectives of an exchange (left part-way, the group is out of step)
         self._held_errors: list[dict] = []  # errors of unrecorded steps, sent with the next recorded one
         self._warned_grads = False
         self._warned_watch_grads = False
@@ -168,29 +179,60 @@ class DistributedRecorder(Recorder):
 
     # ------------------------------------------------------------ publishing
     def publish(self, record: StepRecord) -> None:
+        """Exchange a recorded step's rows with the other ranks (every rank) and publish the merged
+        record (rank 0); publish an unrecorded step's record (rank 0) or keep its errors for the next
+        exchange (the other ranks).
+
+        A ``KeyboardInterrupt`` (a SIGINT in the main thread) that comes while a step is published is
+        held until the step is exchanged and published, then raised: every rank runs the collectives of
+        a step whole or not at all, so a rank interrupted there never leaves its peers waiting in a
+        collective it walked out of. A second SIGINT while one is held is raised at once (the exchange
+        may be hung): the ranks' collectives can no longer be matched then, and this rank records its
+        own rows from there. The record published last, published again (a ``w.step()`` interrupted as
+        it published, called again), is neither exchanged again nor published twice."""
+        if record is not self._last:
+            self._last, self._gathered, self._merged, self._exchanged = record, None, None, False
+        elif record.tensors is None:  # (published already: its errors are held once)
+            if self.rank == 0:
+                super().publish(record)
+            return
         if record.tensors is None:  # not a recorded step: no collective (ranks may log differently)
             if self.rank == 0:
                 super().publish(record)
             else:
                 self._held_errors.extend(record.errors)
             return
-        try:
-            payload = self._payload(record)
-        except Exception as exc:  # never skip the collective: send what failed instead
-            payload = {"step": record.step, "failed": self._failure(record.step, exc)}
-        gathered = self._exchange(payload, record.step)
-        if self.rank != 0:
-            return
-        try:
-            merged, own = self._merge(record, gathered)
-        except Exception as exc:
-            error = self._failure(record.step, exc)
-            merged, own = dataclasses.replace(record, errors=record.errors + (error,)), None
-        super().publish(merged)
-        if own is not None:
-            for recorder, rank_record in zip(self.ranks, own):
-                if rank_record is not None:
-                    recorder.publish(rank_record)
+        with _interrupts_held(self._interrupted_twice):
+            if not self._exchanged:
+                try:
+                    payload = self._payload(record)
+                except Exception as exc:  # never skip the collective: send what failed instead
+                    payload = {"step": record.step, "failed": self._failure(record.step, exc)}
+                self._gathered, self._exchanged = self._exchange(payload, record.step), True
+            if self.rank != 0:
+                return
+            if self._merged is None:
+                try:
+                    self._merged = self._merge(record, self._gathered)
+                except Exception as exc:
+                    error = self._failure(record.step, exc)
+                    self._merged = (dataclasses.replace(record, errors=record.errors + (error,)), None)
+                self._gathered = None  # (the payloads let go of: the merged record is kept)
+            merged, own = self._merged
+            super().publish(merged)  # (the same merged record, published again: kept and offered once)
+            if own is not None:
+                for recorder, rank_record in zip(self.ranks, own):
+                    if rank_record is not None:
+                        recorder.publish(rank_record)
+
+    def _interrupted_twice(self) -> None:
+        """A second SIGINT came while the first was held: where it stops this rank inside the exchange's
+        collectives, the ranks can no longer match theirs, and this rank records its own rows from here."""
+        if self._exchanging and self._broken is None:
+            self._broken = (f"[rank {self.rank}] interrupted twice (KeyboardInterrupt) inside the exchange of a "
+                            "step: its collectives were left part-way")
+            _warn(f"workbench: {self._broken}; from here rank {self.rank} records its own rows only (its peers "
+                  "wait for it in that collective until the group's timeout).")
 
     def _failure(self, step: int, exc: BaseException) -> dict:
         error = {"step": step, "module": "", "call": 0, "kind": "distributed", "rank": self.rank,
@@ -266,6 +308,7 @@ class DistributedRecorder(Recorder):
         except Exception as exc:  # (a metric that is not a number ...): the whole payload goes as an object
             flat, layout = np.zeros(0), None
             payload = {**payload, "errors": tuple(payload.get("errors", ())) + (self._failure(step, exc),)}
+        self._exchanging = True
         try:
             objects = self.rank != 0 and (layout is None or layout != self._sent_layout
                                           or bool(payload.get("errors")) or flat.size > self._capacity)
@@ -295,6 +338,8 @@ class DistributedRecorder(Recorder):
                 return [{**payload, "errors": tuple(payload.get("errors", ())) + (error,)}] + \
                     [None] * (self.world_size - 1)
             return None
+        finally:
+            self._exchanging = False
         if self.rank != 0:
             return None
         gathered = [payload]
@@ -375,6 +420,40 @@ class DistributedRecorder(Recorder):
             frame.insert(0, "rank", np.full(len(frame), rank, np.int64))
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
+
+
+@contextlib.contextmanager
+def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
+    """Hold a SIGINT that comes inside the block (in the main thread, where Python runs signal handlers): the
+    handler in place runs as the block ends (the default one raises ``KeyboardInterrupt`` there). A second SIGINT
+    while one is held calls ``interrupted_twice`` and runs the handler at once. Elsewhere (another thread, a
+    SIGINT ignored or left to the system) the block runs as it is."""
+    try:
+        handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    except (ValueError, OSError):  # (signals cannot be set here)
+        handler = None
+    if not callable(handler):
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:  # (the user insists: the exchange may be hung)
+            held.clear()
+            signal.signal(signal.SIGINT, handler)
+            interrupted_twice()
+            handler(signum, frame)
+            return
+        held.append((signum, frame))
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:
+            signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(*held.pop())
 
 
 def destroy_process_group() -> None:
