@@ -478,3 +478,44 @@ def test_a_watch_recording_parameters_itself_is_told_and_not_counted_twice(one_r
     assert_rows_equal(w.to_pandas(), reference().to_pandas())
     told = [e for r in w.recorder.records() for e in r.errors if "start the watch with parameters=False" in e["error"]]
     assert len(told) == 1 and told[0]["step"] == 1
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_an_interrupt_inside_the_exchange_is_held_until_the_step_is_published_a_second_raised_at_once(
+        one_rank, monkeypatch, interrupts):
+    import signal
+
+    real = dist.all_gather
+    exchanged = []
+
+    def interrupted(tensors, tensor, *args, **kwargs):  # (Ctrl-C pressed `interrupts` times as the rank waits here)
+        work = real(tensors, tensor, *args, **kwargs)
+        exchanged.append(int(tensor[2].item()))
+        if exchanged == [1]:
+            for _ in range(interrupts):
+                signal.raise_signal(signal.SIGINT)
+            exchanged.append("interrupted")
+        return work
+
+    model = workers.make_model()
+    w = watch_distributed(model, parameters=False)
+    monkeypatch.setattr(dist, "all_gather", interrupted)
+    model(torch.randn(4, 4)).sum().backward()
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            w.step()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (the handler given back)
+    if interrupts == 1:  # held to the end of the step's publishing: the code after the collective ran
+        assert exchanged == [1, "interrupted"] and [r.step for r in w.recorder.records()] == [1]
+        assert not told
+    else:  # raised at once: the step is not published, and the rank records its own rows from here
+        assert exchanged == [1] and w.recorder.records() == []
+        assert any("interrupted twice (KeyboardInterrupt) inside the exchange" in str(m.message) for m in told)
+    w.step()  # run again: the step is published once, not exchanged again
+    model(torch.randn(4, 4)).sum().backward()
+    w.step()
+    w.close()
+    assert [r.step for r in w.recorder.records()] == [1, 2]
+    assert exchanged == ([1, "interrupted", 2] if interrupts == 1 else [1])
+    assert w.recorder.exchanges == (2 if interrupts == 1 else 0)
