@@ -874,3 +874,59 @@ def test_a_status_that_cannot_be_written_is_warned_of_as_an_interrupted_run_not_
     said = str(next(m.message for m in warned if "status" in str(m.message)))
     assert "readers will read it as interrupted" in said and "marked failed" not in said
     assert workbench.load_run(tmp_path / "r").status == "interrupted"
+
+
+class LockDescriptors(torch.utils.data.Dataset):
+    """Each item: an input, and how many of the DataLoader worker's descriptors are open on a run's lock file."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, index):
+        from workbench.instrument.store import LOCK_NAME
+
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                count += os.readlink(f"/proc/self/fd/{fd}").endswith(LOCK_NAME)
+        return torch.randn(3), count
+
+
+def forked_loader():
+    return torch.utils.data.DataLoader(LockDescriptors(), batch_size=4, num_workers=2, persistent_workers=True,
+                                       multiprocessing_context="fork")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the workers' descriptors are read in /proc")
+def test_forked_dataloader_workers_neither_hold_nor_let_go_of_the_run_s_lock(tmp_path):
+    # (a forked worker held the parent's lock: a run closed while its workers lived stayed locked, refusing a
+    # new run at its directory with "being written by another writer", until the last worker ended)
+    from workbench.instrument.store import lock_held
+
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    loader, held = forked_loader(), []
+    for epoch in range(2):  # (the workers, forked as the first epoch starts, live on: persistent_workers)
+        for x, count in loader:
+            model(x).sum().backward()
+            w.step(loss=1.0)
+            held += count.tolist()
+            assert lock_held(tmp_path / "r", unreadable=False)  # (the parent's, whatever its workers did)
+    assert held == [0] * 32  # no worker holds the lock (16 items an epoch)
+    w.close()
+    assert not lock_held(tmp_path / "r", unreadable=False)  # let go of with the run, its workers alive
+    assert not any(e["kind"] == "store" for e in w.errors)
+    run = workbench.load_run(tmp_path / "r")
+    assert run.status == "finished" and run.steps == list(range(1, 9))
+
+    closed_early = workbench.watch(model, store=tmp_path / "s")
+    loader = forked_loader()
+    next(iter(loader))  # (workers forked while that run is open)
+    closed_early.close("failed", "the data could not be read")  # before its first step: a retry replaces it
+    again = workbench.watch(model, store=tmp_path / "s")
+    train(again, model, 2)
+    again.close()
+    del loader
+    assert workbench.load_run(tmp_path / "s").status == "finished"
+    assert workbench.load_run(tmp_path / "r").status == "finished"  # (no worker closed it as it ended)
+    assert workbench.load_run(tmp_path / "r").steps == list(range(1, 9))

@@ -27,7 +27,9 @@ directory for as long as it writes: a second writer on the same path cannot
 start (the lock decides, not a check that two writers could both pass), and
 the kernel lets go of the lock when the writing process dies, however it
 dies. A reader that finds ``running`` and a free lock reads ``interrupted``:
-the writer is gone without closing the run.
+the writer is gone without closing the run. A child forked from the writer (a
+DataLoader's worker) lets go of its copies of the lock and the database at once
+(:func:`_let_go_in_child`): the lock is the writer's alone, let go of when it closes the run.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import os
 import platform
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,7 @@ class RunStore:
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
             self._db_file = os.open(self.path / DB_NAME, os.O_RDONLY)
             _LOCKS_HERE.add(_identity(self._lock))
+            _OPEN_STORES.add(self)
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -425,6 +429,7 @@ class RunStore:
         finally:
             self._db.close()
             self._db = None
+            _OPEN_STORES.discard(self)
             _LOCKS_HERE.discard(_identity(self._lock))
             os.close(self._lock)  # readers now see the status written, or 'interrupted'
             self._lock = None
@@ -537,6 +542,38 @@ _LOCKS_HERE: set[tuple[int, int]] = set()
 def _identity(fd: int) -> tuple[int, int]:
     stat = os.fstat(fd)
     return stat.st_dev, stat.st_ino
+
+
+#: The stores open in this process: a child forked from it (a DataLoader's worker) lets go of what they hold
+_OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
+#: The database connections of the stores open in the parent, in a forked child: kept, never used nor closed there
+_INHERITED_CONNECTIONS: list[sqlite3.Connection] = []
+
+
+def _let_go_in_child() -> None:
+    """In a child forked from a process that writes runs (``DataLoader(num_workers>0)`` with the fork start method),
+    each open store is made inert: the run is written by the process that opened it. The child closes its copies
+    of the lock's descriptor (the lock stays the parent's: a flock belongs to the open file, which the parent
+    still holds, and is never unlocked here) and of the database file's, so that the lock is let go of when the
+    parent closes the run, not when its last worker ends. Its copy of the database connection is kept, never
+    used nor closed (SQLite forbids using a connection across a fork; closing it could checkpoint the parent's
+    WAL): the child writes nothing, closes nothing, and holds no writer's lock."""
+    stores = list(_OPEN_STORES)
+    _OPEN_STORES.clear()
+    _LOCKS_HERE.clear()
+    for store in stores:
+        for fd in (store._lock, store._db_file):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if store._db is not None:
+            _INHERITED_CONNECTIONS.append(store._db)
+        # (closed as the child sees it: write() and close() do nothing; its writer thread was not forked)
+        store._lock = store._db_file = store._db = store._subscription = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 def written_here(path: Path) -> bool:
