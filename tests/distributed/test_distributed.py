@@ -519,3 +519,38 @@ def test_an_interrupt_inside_the_exchange_is_held_until_the_step_is_published_a_
     assert [r.step for r in w.recorder.records()] == [1, 2]
     assert exchanged == ([1, "interrupted", 2] if interrupts == 1 else [1])
     assert w.recorder.exchanges == (2 if interrupts == 1 else 0)
+
+
+def test_a_sigint_handler_of_the_user_s_own_gets_every_sigint_and_one_that_returns_leaves_the_exchange_whole(
+        one_rank, monkeypatch):
+    # (a handler that does not raise - "stop after this epoch" - called for the second of two SIGINTs alone, and
+    # the rank then taken to have walked out of its collectives: it recorded its own rows from there, its peers left
+    # waiting in the next exchange)
+    import signal
+
+    real, calls = dist.all_gather, []
+
+    def interrupted_twice(tensors, tensor, *args, **kwargs):
+        work = real(tensors, tensor, *args, **kwargs)
+        if int(tensor[2].item()) == 1:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            calls.append("exchanged")
+        return work
+
+    model = workers.make_model()
+    w = watch_distributed(model, parameters=False)
+    monkeypatch.setattr(dist, "all_gather", interrupted_twice)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append("stop after this epoch"))
+    try:
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model(torch.randn(4, 4)).sum().backward()
+                w.step()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    w.close()
+    assert not [str(m.message) for m in told]  # (nothing said: the exchange ran whole)
+    assert w.recorder.exchanges == 2 and [r.step for r in w.recorder.records()] == [1, 2]
+    assert calls == ["stop after this epoch", "stop after this epoch", "exchanged"]

@@ -188,8 +188,10 @@ class DistributedRecorder(Recorder):
         a step whole or not at all, so a rank interrupted there never leaves its peers waiting in a
         collective it walked out of. A second SIGINT while one is held is raised at once (the exchange
         may be hung): the ranks' collectives can no longer be matched then, and this rank records its
-        own rows from there. The record published last, published again (a ``w.step()`` interrupted as
-        it published, called again), is neither exchanged again nor published twice."""
+        own rows from there. A SIGINT handler of the user's own is called for each SIGINT (the first held
+        so too); one that returns (that sets a flag) leaves the exchange whole. The record published last,
+        published again (a ``w.step()`` interrupted as it published, called again), is neither exchanged
+        again nor published twice."""
         if record is not self._last:
             self._last, self._gathered, self._merged, self._exchanged = record, None, None, False
         elif record.tensors is None:  # (published already: its errors are held once)
@@ -426,8 +428,10 @@ class DistributedRecorder(Recorder):
 def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
     """Hold a SIGINT that comes inside the block (in the main thread, where Python runs signal handlers): the
     handler in place runs as the block ends (the default one raises ``KeyboardInterrupt`` there). A second SIGINT
-    while one is held calls ``interrupted_twice`` and runs the handler at once. Elsewhere (another thread, a
-    SIGINT ignored or left to the system) the block runs as it is."""
+    while one is held gives the handler back and runs it at once for both, in turn; where it raises (the block
+    left part-way), ``interrupted_twice`` is called as the error goes. A handler of the user's own that returns (one that sets
+    a flag) gets every SIGINT and leaves the block whole. Elsewhere (another thread, a SIGINT ignored or left to
+    the system) the block runs as it is."""
     try:
         handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     except (ValueError, OSError):  # (signals cannot be set here)
@@ -439,10 +443,13 @@ def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
 
     def hold(signum: int, frame: Any) -> None:
         if held:  # (the user insists: the exchange may be hung)
-            held.clear()
             signal.signal(signal.SIGINT, handler)
-            interrupted_twice()
-            handler(signum, frame)
+            try:
+                handler(*held.pop())
+                handler(signum, frame)
+            except BaseException:
+                interrupted_twice()
+                raise
             return
         held.append((signum, frame))
 
