@@ -186,9 +186,10 @@ class DistributedRecorder(Recorder):
         A ``KeyboardInterrupt`` (a SIGINT in the main thread) that comes while a step is published is
         held until the step is exchanged and published, then raised: every rank runs the collectives of
         a step whole or not at all, so a rank interrupted there never leaves its peers waiting in a
-        collective it walked out of. A second SIGINT while one is held is raised at once (the exchange
-        may be hung): the ranks' collectives can no longer be matched then, and this rank records its
-        own rows from there. A SIGINT handler of the user's own is called for each SIGINT (the first held
+        collective it walked out of. A second SIGINT while one is held is raised at once (the user
+        insists): the ranks' collectives can no longer be matched then, and this rank records its own
+        rows from there. A collective waiting in C++ (gloo's, NCCL's) lets no handler run: SIGINTs that
+        come as it waits are seen, as one, when it returns (at the latest at the group's timeout). A SIGINT handler of the user's own is called for each SIGINT (the first held
         so too); one that returns (that sets a flag) leaves the exchange whole. The record published last,
         published again (a ``w.step()`` interrupted as it published, called again), is neither exchanged
         again nor published twice."""
@@ -442,7 +443,7 @@ def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
     held: list[tuple[int, Any]] = []
 
     def hold(signum: int, frame: Any) -> None:
-        if held:  # (the user insists: the exchange may be hung)
+        if held:  # (the user insists)
             signal.signal(signal.SIGINT, handler)
             try:
                 handler(*held.pop())
