@@ -554,3 +554,39 @@ def test_a_sigint_handler_of_the_user_s_own_gets_every_sigint_and_one_that_retur
     assert not [str(m.message) for m in told]  # (nothing said: the exchange ran whole)
     assert w.recorder.exchanges == 2 and [r.step for r in w.recorder.records()] == [1, 2]
     assert calls == ["stop after this epoch", "stop after this epoch", "exchanged"]
+
+
+def test_a_handler_that_sets_the_default_one_for_a_second_sigint_has_the_second_raise(one_rank, monkeypatch):
+    # ("first Ctrl-C: stop after this epoch; a second: stop now" - the second SIGINT went to the first handler again)
+    import signal
+
+    real, calls = dist.all_gather, []
+
+    def interrupted_twice(tensors, tensor, *args, **kwargs):
+        work = real(tensors, tensor, *args, **kwargs)
+        if int(tensor[2].item()) == 1:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            calls.append("exchanged")
+        return work
+
+    def stop_after_this_epoch(signum, frame):
+        calls.append("stop after this epoch")
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a second Ctrl-C stops at once)
+
+    model = workers.make_model()
+    w = watch_distributed(model, parameters=False)
+    monkeypatch.setattr(dist, "all_gather", interrupted_twice)
+    previous = signal.signal(signal.SIGINT, stop_after_this_epoch)
+    try:
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            model(torch.randn(4, 4)).sum().backward()
+            with pytest.raises(KeyboardInterrupt):
+                w.step()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == ["stop after this epoch"]  # (raised inside the exchange: the rank records its own rows)
+    assert any("interrupted twice (KeyboardInterrupt) inside the exchange" in str(m.message) for m in told)
+    w.close()

@@ -429,10 +429,11 @@ class DistributedRecorder(Recorder):
 def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
     """Hold a SIGINT that comes inside the block (in the main thread, where Python runs signal handlers): the
     handler in place runs as the block ends (the default one raises ``KeyboardInterrupt`` there). A second SIGINT
-    while one is held gives the handler back and runs it at once for both, in turn; where it raises (the block
-    left part-way), ``interrupted_twice`` is called as the error goes. A handler of the user's own that returns (one that sets
-    a flag) gets every SIGINT and leaves the block whole. Elsewhere (another thread, a SIGINT ignored or left to
-    the system) the block runs as it is."""
+    while one is held gives the handler back and runs it at once for both, in turn (the second goes to the handler
+    the first call left in place: a handler may set the default one for a second Ctrl-C); where one raises (the
+    block left part-way), ``interrupted_twice`` is called as the error goes. A handler of the user's own that
+    returns (one that sets a flag) gets every SIGINT and leaves the block whole. Elsewhere (another thread, a
+    SIGINT ignored or left to the system) the block runs as it is."""
     try:
         handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     except (ValueError, OSError):  # (signals cannot be set here)
@@ -447,7 +448,7 @@ def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
             signal.signal(signal.SIGINT, handler)
             try:
                 handler(*held.pop())
-                handler(signum, frame)
+                signal.raise_signal(signum)  # (to the handler in place now: the first call may have set another)
             except BaseException:
                 interrupted_twice()
                 raise
