@@ -930,3 +930,45 @@ def test_forked_dataloader_workers_neither_hold_nor_let_go_of_the_run_s_lock(tmp
     assert workbench.load_run(tmp_path / "s").status == "finished"
     assert workbench.load_run(tmp_path / "r").status == "finished"  # (no worker closed it as it ended)
     assert workbench.load_run(tmp_path / "r").steps == list(range(1, 9))
+
+
+def lock_descriptors() -> int:
+    """How many of this process's descriptors are open on a run's lock file."""
+    from workbench.instrument.store import LOCK_NAME
+
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").endswith(LOCK_NAME)
+    return count
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"),
+                    reason="the child's descriptors are read in /proc")
+def test_a_child_forked_as_a_store_starts_holds_no_lock(tmp_path, monkeypatch):
+    # (a fork from another thread while a store started - its lock taken, its database being made, which waits up
+    # to the timeout for a busy database - left the child holding the lock: the run stayed locked until it ended)
+    import workbench.instrument.store as store_module
+
+    real, told = store_module._check_no_run, []
+
+    def fork_here(path, locked=False):  # (the moment after the lock is taken)
+        if locked and not told:
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(write, str(lock_descriptors()).encode())
+                os._exit(0)
+            os.close(write)
+            told.append(int(os.read(read, 16)))
+            os.close(read)
+            os.waitpid(pid, 0)
+        return real(path, locked=locked)
+
+    monkeypatch.setattr(store_module, "_check_no_run", fork_here)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    train(w, model, 1)
+    w.close()
+    assert told == [0]
+    assert workbench.load_run(tmp_path / "r").status == "finished"

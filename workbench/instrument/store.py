@@ -129,6 +129,7 @@ class RunStore:
         created = self._make_directory()
         try:
             self._lock = self._take_lock()
+            _OPEN_STORES.add(self)  # (from here: a child forked as the store starts lets go of its lock too)
             _check_no_run(self.path, locked=True)  # (again, under the lock: it decides)
             made = not (self.path / DB_NAME).exists()  # (else a run that holds nothing, replaced)
             # (a tool holding the database briefly makes a write wait, not fail)
@@ -146,7 +147,6 @@ class RunStore:
                                      [(k, json.dumps(v, default=str)) for k, v in meta.items()])
             self._db_file = os.open(self.path / DB_NAME, os.O_RDONLY)
             _LOCKS_HERE.add(_identity(self._lock))
-            _OPEN_STORES.add(self)
         except BaseException as exc:
             self._abandon(created)
             if isinstance(exc, sqlite3.Error):
@@ -227,6 +227,7 @@ class RunStore:
 
     def _abandon(self, created: list[Path]) -> None:
         """Undo a store that failed to start: close what it opened, remove what it created."""
+        _OPEN_STORES.discard(self)  # (before its descriptors close: a child forked then closes none of their numbers)
         if self._db is not None:
             self._db.close()
             self._db = None
