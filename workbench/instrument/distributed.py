@@ -183,16 +183,16 @@ class DistributedRecorder(Recorder):
         record (rank 0); publish an unrecorded step's record (rank 0) or keep its errors for the next
         exchange (the other ranks).
 
-        A ``KeyboardInterrupt`` (a SIGINT in the main thread) that comes while a step is published is
-        held until the step is exchanged and published, then raised: every rank runs the collectives of
-        a step whole or not at all, so a rank interrupted there never leaves its peers waiting in a
-        collective it walked out of. A second SIGINT while one is held is raised at once (the user
-        insists): the ranks' collectives can no longer be matched then, and this rank records its own
-        rows from there. A collective waiting in C++ (gloo's, NCCL's) lets no handler run: SIGINTs that
-        come as it waits are seen, as one, when it returns (at the latest at the group's timeout). A SIGINT handler of the user's own is called for each SIGINT (the first held
-        so too); one that returns (that sets a flag) leaves the exchange whole. The record published last,
-        published again (a ``w.step()`` interrupted as it published, called again), is neither exchanged
-        again nor published twice."""
+        A ``KeyboardInterrupt`` (a SIGINT in the main thread) that comes while a step is published is held until
+        the step is exchanged and published, then raised: every rank runs the collectives of a step whole or not
+        at all, so a rank interrupted there never leaves its peers waiting in a collective it walked out of. A
+        second SIGINT while one is held is raised at once (the user insists): the ranks' collectives can no
+        longer be matched then, and this rank records its own rows from there. A collective waiting in C++
+        (gloo's, NCCL's) lets no handler run: SIGINTs that come as it waits are seen, as one, when it returns
+        (at the latest at the group's timeout). A SIGINT handler of the user's own is called for each SIGINT
+        (the first held so too); one that returns (that sets a flag) leaves the exchange whole. The record
+        published last, published again (a ``w.step()`` interrupted as it published, called again), is neither
+        exchanged again nor published twice."""
         if record is not self._last:
             self._last, self._gathered, self._merged, self._exchanged = record, None, None, False
         elif record.tensors is None:  # (published already: its errors are held once)
