@@ -393,6 +393,35 @@ def test_record_next_part_way_through_a_step_of_a_compiled_model_records_the_nex
     assert sorted(set(rows.step)) == [1, 3] and len(rows[rows.step == 3]) == len(rows[rows.step == 1])
 
 
+def test_record_next_part_way_through_a_step_keeps_counting_its_calls_for_the_patches_as_the_eager_watch():
+    # (the compiled hooks started the step anew: a patch of call 0 applied to the step's first micro-batch and again
+    # to its second, and one of call 1, its second micro-batch not yet run, failed "called '0' 1 time(s)")
+    runs = {}
+    for compiled, model, run in eager_then_compiled(lambda: nn.Sequential(nn.Linear(4, 4), nn.Tanh())):
+        w = workbench.watch(run, every=2, histograms=False)
+        w.patch("0", lambda y: y * torch.tensor([0.0, 1, 1, 1]), call=0, label="zero unit 0 at call 0")
+        w.patch("0", lambda y: y * torch.tensor([1.0, 0, 1, 1]), call=1, label="zero unit 1 at call 1")
+        zeroed = []
+        for step in range(1, 4):  # (step 2 is not recorded but for record_next; the patches keep the hooks in)
+            for micro in range(3):  # ("0" is called three times a step, calls 0, 1 and 2)
+                out = run(torch.randn(2, 4))  # (tanh(0) = 0: a unit zeroed in "0" is zero in the output)
+                out.sum().backward()
+                zeroed.append([unit for unit in range(2) if (out[:, unit] == 0).all()])
+                if step == 2 and micro == 0:
+                    w.record_next()
+            w.step()
+        w.close()
+        assert w.errors == [] and getattr(w, "fallback", None) is None
+        log = w.intervention_log()[["from step", "status"]].values.tolist()
+        runs[compiled] = (zeroed, log, w.to_pandas())
+    (zeroed, log, rows), (zeroed_c, log_c, rows_c) = runs[False], runs[True]
+    assert zeroed == [[0], [1], []] * 3 and log == [[1, "ended with the watch"]] * 2
+    assert (zeroed_c, log_c) == (zeroed, log)
+    assert rows_c[(rows_c.step == 2) & (rows_c.module == "0") & (rows_c.kind == "activation")].call.tolist() == [0, 1]
+    merged = compare(rows, rows_c)
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_the_eager_watch_of_a_compiled_model_that_ran_before_it_records_every_call():
     """The eager watch on a compiled model (for an option the compiled graphs cannot record) breaks
     its graphs at every module call, once dynamo compiles them again with its hooks."""

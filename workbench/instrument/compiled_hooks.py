@@ -250,16 +250,29 @@ class CompiledHooks:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self._take_failed_patches()  # (of direct calls of the uncompiled model)
         self._check_patched_calls()
+        self._calls_before = 0  # the step's calls before its calls were counted from 0 again (record_rest_of_step)
+        self.state.calls.clear()  # (the same dict: the traced hooks hold it)
+        self._start(step_index, recording)
+
+    def record_rest_of_step(self) -> None:
+        """Record the step in progress from here on (``Watch.record_next`` part-way through a step), as the eager
+        hooks do (``Hooks.record_rest_of_step``): its rows count calls from 0, while a patch of one call keeps
+        counting the step's calls from its start (``state.calls``), so that it applies to that call once, and
+        :meth:`calls_made` too."""
+        self._take_failed_patches()
+        self._calls_before += self._calls_made
+        self._start(self.step_index, True)
+
+    def _start(self, step_index: int, recording: bool) -> None:
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
+        self._calls_made = 0  # every call since the step (or its recording) started, recorded or not (see _call)
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
         self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None]] = []
-        self._calls_made = 0  # every call of the step so far, recorded or not (each goes through _call)
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
         self.sums.reset()
-        self.state.calls.clear()  # (the same dict: the traced hooks hold it)
         self._check_due = recording
         self._full = False
         # whether the step's first call of the model trained (training mode, grad enabled), and any did
@@ -267,14 +280,10 @@ class CompiledHooks:
         self._a_call_trained = False
         self.update()
 
-    def record_rest_of_step(self) -> None:
-        """Record the step in progress from here on (see ``Hooks.record_rest_of_step``): the compiled hooks count
-        its calls from 0 again, a patch of one call included."""
-        self.start_step(self.step_index, True)
-
     def ran(self) -> bool:
-        """Whether the step so far called the compiled model (see ``Hooks.ran``): every call goes through
-        :meth:`_call`, so this tells in a step not recorded too (the eager hooks, out there, cannot)."""
+        """Whether the step so far (since :meth:`record_rest_of_step`, if called) called the compiled model (see
+        ``Hooks.ran``): every call goes through :meth:`_call`, so this tells in a step not recorded too (the eager
+        hooks, out there, cannot)."""
         return bool(self._calls_made)
 
     #: every call of the step is counted (see ``Hooks.calls_uncounted``)
@@ -284,7 +293,7 @@ class CompiledHooks:
         """The calls of the compiled model the step made so far, recorded or not, whatever ``path`` (see
         ``Hooks.calls_made``): its sites' calls are not counted one by one, each is taken to be called once per
         call of the model."""
-        return self._calls_made
+        return self._calls_made + self._calls_before
 
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
