@@ -226,18 +226,34 @@ add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_row.default)
 
 
 def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
-                  edges: torch.Tensor | None) -> None:
+                  edges: torch.Tensor | None, view: torch.Tensor | None = None) -> None:
     """Add the :func:`graph_row` of ``tensor``'s gradient (binned over ``edges``, see :func:`graph_row`)
     to row ``row`` of ``probe`` in the backward, by a hook on the tensor itself: it gets the
     tensor's total gradient, of its uses inside the module that returned it too, as the eager
     watch's hook does. Traced, the hook is part of the backward graph (dynamo's ``register_hook``
     of an intermediate tensor, no graph break) and its write into ``probe`` (an input of the
     forward graph, written in the backward by :data:`add_row`) leaves it; run eagerly, it is
-    torch's tensor hook. The row's last column counts the backward passes that reached it."""
+    torch's tensor hook. The row's last column counts the backward passes that reached it.
+
+    With ``view`` (a view whose base is ``tensor``, starting where it starts:
+    :func:`~workbench.instrument.torch_internals.view_base`), the row is of the view's elements of the base's
+    gradient (laid out as the base, then read with the view's sizes and strides): what a hook on a view
+    that an in-place op changed later never gets, as the eager watch's ``GradientHook`` takes it from the
+    view's base. A view of all the base's elements (a ``reshape``, a ``transpose``, a ``Flatten``) has
+    their statistics: the base's gradient is reduced as it is, without a copy."""
+    geometry = None
+    if view is not None and view.numel() != tensor.numel():  # (sizes and strides: no tensor kept alive)
+        geometry = (tensor.size(), tensor.stride(), view.size(), view.stride())
 
     def into_probe(grad: torch.Tensor | None) -> None:
-        if grad is not None:  # (run eagerly: a node's output that got no gradient passes None)
-            add_row(probe, graph_row(grad, bins, edges), row)
+        if grad is None:  # (run eagerly: a node's output that got no gradient passes None)
+            return
+        if geometry is not None:
+            base_size, base_stride, size, stride = geometry
+            laid_out = grad.new_empty_strided(base_size, base_stride)
+            laid_out.copy_(grad)
+            grad = laid_out.as_strided(size, stride)
+        add_row(probe, graph_row(grad, bins, edges), row)
 
     tensor.register_hook(into_probe)
 
@@ -335,9 +351,11 @@ def make_hooks(state: GraphState) -> tuple[Callable, Callable]:
 
 def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph: bool | None) -> Any:
     """Patch and record one module call (traced, or run eagerly); returns the output to use, or None
-    for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows,
-    in_graph, floating)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in the
-    probe; ``floating`` says of each leaf whether it is a floating-point tensor."""
+    for the output as it is. Appends ``(path, leaf names, shapes, rows or None, probe rows, base
+    rows, in_graph, floating)`` to ``st.out``; a probe row of -1 is no gradient wanted, -2 no room in
+    the probe; a leaf's base row (-1: none) is that of the view's elements of its base's gradient
+    (:func:`hook_gradient`), its row where its own row got no gradient; ``floating`` says of each leaf
+    whether it is a floating-point tensor."""
     patches = st.patches.get(path)
     if patches is not None:
         call = None
@@ -367,7 +385,7 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
     leaves = [("out", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
     record = path in st.activation_sites
     grads = path in st.grad_sites and module.training and torch.is_grad_enabled()
-    names, shapes, rows, probed = [], [], [], []
+    names, shapes, rows, probed, from_base, bases = [], [], [], [], [], []
     replaced = patches is not None
     floating = []
     for name, tensor in leaves:
@@ -379,25 +397,33 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
             st.activation_rows.append(k)
             edges = st.edges[k] if st.edges is not None and k < st.edges.shape[0] else None
             rows.append(graph_row(tensor, st.bins, edges))
-        row = -1
+        row = base_row = -1
+        base = None
         if grads and tensor.requires_grad and tensor.is_floating_point():
-            if st.probe is not None and len(st.probed) < st.probe.shape[0]:
-                row = len(st.probed)
-                st.probed.append(row)
-            else:
-                row = -2  # the probe is full: its capacity grows for the next call
+            row = _probe_row(st)
+            # a view at the start of a base autograd made: a second row, of the view's elements of the base's
+            # gradient, for the step where an in-place op on the view leaves the view's own hook unfired
+            base = internals.view_base(tensor) if row >= 0 else None
+            if base is not None:
+                base_row = _probe_row(st)
         probed.append(row)
+        from_base.append(base_row)
+        bases.append(base)
     if any(r >= 0 for r in probed):
         # a leaf (a parameter or an input, returned) is cloned and its clone hooked (a hook on the
         # leaf itself would stay on it, and dynamo would put it on outside the graph): its gradient
         # is that of the uses after the module returned it
-        pending = list(probed)  # (popped in the order tensor_leaves gave them; dynamo traces no next())
+        # (popped in the order tensor_leaves gave them; dynamo traces no next())
+        pending = list(zip(probed, from_base, bases))
         probe, bins, probe_edges = st.probe, st.bins, st.probe_edges
 
         def hooked(tensor: torch.Tensor) -> torch.Tensor:
-            row = pending.pop(0)
+            row, base_row, base = pending.pop(0)
             if row < 0:
                 return tensor
+            if base_row >= 0:
+                base_edges = probe_edges[base_row] if probe_edges is not None else None
+                hook_gradient(base, probe, base_row, bins, base_edges, view=tensor)
             if tensor.is_leaf:
                 tensor = tensor.clone()
             hook_gradient(tensor, probe, row, bins, probe_edges[row] if probe_edges is not None else None)
@@ -409,6 +435,15 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
         else:  # (the output as it is: no container rebuilt)
             for _, tensor in leaves:
                 hooked(tensor)
-    st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed), in_graph,
-                   tuple(floating)))
+    st.out.append((path, tuple(names), tuple(shapes), torch.stack(rows) if rows else None, tuple(probed),
+                   tuple(from_base), in_graph, tuple(floating)))
     return output if replaced else None
+
+
+def _probe_row(st: GraphState) -> int:
+    """The next free row of the call's probe, or -2 where it is full (its capacity grows for the next call)."""
+    if st.probe is not None and len(st.probed) < st.probe.shape[0]:
+        row = len(st.probed)
+        st.probed.append(row)
+        return row
+    return -2

@@ -250,16 +250,29 @@ class CompiledHooks:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self._take_failed_patches()  # (of direct calls of the uncompiled model)
         self._check_patched_calls()
+        self._calls_before = 0  # the step's calls before its calls were counted from 0 again (record_rest_of_step)
+        self.state.calls.clear()  # (the same dict: the traced hooks hold it)
+        self._start(step_index, recording)
+
+    def record_rest_of_step(self) -> None:
+        """Record the step in progress from here on (``Watch.record_next`` part-way through a step), as the eager
+        hooks do (``Hooks.record_rest_of_step``): its rows count calls from 0, while a patch of one call keeps
+        counting the step's calls from its start (``state.calls``), so that it applies to that call once, and
+        :meth:`calls_made` too."""
+        self._take_failed_patches()
+        self._calls_before += self._calls_made
+        self._start(self.step_index, True)
+
+    def _start(self, step_index: int, recording: bool) -> None:
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
+        self._calls_made = 0  # every call since the step (or its recording) started, recorded or not (see _call)
         # per compiled call: its rows, its probe, the ranges its rows were binned over (with histograms)
         self._calls: list[tuple[list, torch.Tensor | None, CallRanges | None]] = []
-        self._calls_made = 0  # every call of the step so far, recorded or not (each goes through _call)
         self._pending_grads: list[tuple[str, str, torch.Tensor]] = []  # until the backward ends
         self._param_grads: dict[tuple[str, str], Entry] = {}
         self._flush_queued = False
         self.sums.reset()
-        self.state.calls.clear()  # (the same dict: the traced hooks hold it)
         self._check_due = recording
         self._full = False
         # whether the step's first call of the model trained (training mode, grad enabled), and any did
@@ -267,14 +280,10 @@ class CompiledHooks:
         self._a_call_trained = False
         self.update()
 
-    def record_rest_of_step(self) -> None:
-        """Record the step in progress from here on (see ``Hooks.record_rest_of_step``): the compiled hooks count
-        its calls from 0 again, a patch of one call included."""
-        self.start_step(self.step_index, True)
-
     def ran(self) -> bool:
-        """Whether the step so far called the compiled model (see ``Hooks.ran``): every call goes through
-        :meth:`_call`, so this tells in a step not recorded too (the eager hooks, out there, cannot)."""
+        """Whether the step so far (since :meth:`record_rest_of_step`, if called) called the compiled model (see
+        ``Hooks.ran``): every call goes through :meth:`_call`, so this tells in a step not recorded too (the eager
+        hooks, out there, cannot)."""
         return bool(self._calls_made)
 
     #: every call of the step is counted (see ``Hooks.calls_uncounted``)
@@ -284,7 +293,7 @@ class CompiledHooks:
         """The calls of the compiled model the step made so far, recorded or not, whatever ``path`` (see
         ``Hooks.calls_made``): its sites' calls are not counted one by one, each is taken to be called once per
         call of the model."""
-        return self._calls_made
+        return self._calls_made + self._calls_before
 
     def update(self) -> None:
         """What the traced hooks see: whether the step records, and the patches (none while paused)."""
@@ -417,6 +426,7 @@ class CompiledHooks:
         the host (``sums.graph``) in one transfer."""
         entries: list[Entry] = []
         grad_keys: list[tuple[tuple, int]] = []
+        own_rows: list[int] = []  # of each gradient row from a view's base, the index of the view's own (else -1)
         pieces: list[torch.Tensor] = []  # device rows, activations first
         grad_pieces: list[torch.Tensor] = []
         calls: dict[str, int] = defaultdict(int)
@@ -428,7 +438,7 @@ class CompiledHooks:
             grad = probe  # (its rows, written by the backward; a row without a gradient is all zeros)
             used: list[int] = []
             before = len(entries)
-            for path, names, shapes, rows, probed, in_graph, floating in out:
+            for path, names, shapes, rows, probed, from_base, in_graph, floating in out:
                 compiled += in_graph is True
                 eager += in_graph is False
                 if in_graph is False:
@@ -437,15 +447,21 @@ class CompiledHooks:
                 calls[path] = call + 1
                 if rows is not None:
                     pieces.append(rows)
-                for name, shape, row, is_float in zip(names, shapes, probed, floating):
+                for name, shape, row, base_row, is_float in zip(names, shapes, probed, from_base, floating):
                     if is_float:  # (ablate zeroes floating-point tensors alone)
                         self._shapes[path].add((name, shape))
                     if rows is not None:
                         entries.append(((path, call, ACTIVATION, name, shape), math.prod(shape), len(entries)))
-                    overflow |= row == -2
+                    overflow |= row == -2 or base_row == -2
                     if row >= 0 and grad is not None:
-                        grad_keys.append(((path, call, GRAD_OUTPUT, name, shape), math.prod(shape)))
+                        key = (path, call, GRAD_OUTPUT, name, shape)
+                        grad_keys.append((key, math.prod(shape)))
+                        own_rows.append(-1)
                         used.append(row)
+                        if base_row >= 0:
+                            grad_keys.append((key, math.prod(shape)))
+                            own_rows.append(len(grad_keys) - 2)
+                            used.append(base_row)
             if used:  # (rows are taken in increasing order from 0: the first ones, a slice without an upload)
                 k = len(used)
                 grad_pieces.append(grad[:k] if used[-1] == k - 1 else grad[torch.tensor(used, device=grad.device)])
@@ -462,7 +478,10 @@ class CompiledHooks:
         first = len(entries)  # the gradients' rows follow the activations'
         self._leave_out_repeated_backwards(self.sums.graph[first:first + len(grad_keys)], grad_keys)
         arrived = self.sums.graph[first:, MADE] > 0  # a probe row without a gradient is no row
-        entries.extend((key, numel, first + i) for i, (key, numel) in enumerate(grad_keys) if arrived[i])
+        # a view's row from its base stands in for its own row where that got no gradient (an in-place op on
+        # the view took the view's node out of the graph), as in the eager watch (GradientHook)
+        entries.extend((key, numel, first + i) for i, ((key, numel), own) in enumerate(zip(grad_keys, own_rows))
+                       if arrived[i] and (own < 0 or not arrived[own]))
         if self.bins:
             self._binned_over(per_call, first)
         return entries
@@ -476,8 +495,8 @@ class CompiledHooks:
         if not repeated.any():
             return
         called_again = {path for (path, call, *_), _ in keys if call > 0}  # (named as the views name them)
-        sites = [site_name(path, call, name, path in called_again)
-                 for ((path, call, _, name, _), _), r in zip(keys, repeated) if r]
+        sites = list(dict.fromkeys(site_name(path, call, name, path in called_again)  # (a view's two rows: one)
+                                   for ((path, call, _, name, _), _), r in zip(keys, repeated) if r))
         passes = int(grads[repeated, MADE].max())
         self.fail("", None, GRAD_OUTPUT, RuntimeError(
             f"the output gradients of {len(sites)} call site(s) ({', '.join(sites[:3])}{' ...' * (len(sites) > 3)}) "

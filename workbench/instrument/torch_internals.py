@@ -18,7 +18,7 @@ from torch import nn
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "calls_running",
            "in_backward", "keeps_graph", "GradientHook",
-           "tensor_version", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
+           "tensor_version", "view_base", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
@@ -268,6 +268,28 @@ class GradientHook:
                 laid_out.copy_(grad)
                 grad = laid_out.as_strided(size, stride, offset)
             self.on_gradient(grad)
+
+
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf) that starts where
+    the base starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
+    dynamo without a graph break.
+
+    Relies on: ``_base`` naming a view's base (dynamo reads it from its fake tensors), and dynamo calling a
+    ``torch.compiler.assume_constant_result`` function with the tensors' values while tracing, keeping its
+    result as a constant of the graph, unguarded (it traces no ``storage_offset()``). An offset of 0 stays 0
+    in a graph with dynamic shapes (each term, a start times a stride, is 0 where dynamo traced it, and dynamo
+    specializes a size or int of 0 or 1); another (``h[1:]``, ``T * D`` with ``T`` dynamic) would not."""
+    base = tensor._base
+    if base is None or base.is_leaf or not _starts_its_base(tensor, base):
+        return None
+    return base
+
+
+@torch.compiler.assume_constant_result
+def _starts_its_base(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether ``view`` starts where ``base`` starts in their storage."""
+    return bool(view.storage_offset() == base.storage_offset())
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
