@@ -594,11 +594,11 @@ def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:
 
 def example_outputs(model: nn.Module, spec_name: str, batch_size: int = 2, seed: int = 0) -> tuple[Any, Any]:
     """``(inputs, outputs)`` of ``model`` on its registered example inputs (no gradients)."""
-    from workbench.registry import get_spec
+    from workbench.registry import checked_example_inputs, get_spec
 
     spec = get_spec(spec_name)
     generator = torch.Generator().manual_seed(seed)
-    args, kwargs = spec.example_inputs(model, batch_size, generator)
+    args, kwargs = checked_example_inputs(spec, spec.example_inputs(model, batch_size, generator))
     with torch.no_grad():
         return (args, kwargs), model(*args, **kwargs)
 
