@@ -4,7 +4,8 @@ Read safely, check strictly, then build::
 
     from workbench import checkpoints
     ckpt = checkpoints.load_checkpoint("efficientzero.pth.tar")   # size-checked, weights_only=True
-    model = checkpoints.build_model(ckpt)                        # a DynamicsNetwork with those weights
+    model, name = checkpoints.build_model(ckpt)                  # a DynamicsNetwork with those weights, and
+                                                                 # the registered name whose inputs fit it
     checkpoints.load_weights(experiment.model, ckpt)             # or into a model you built: strict
 
 What is accepted:
