@@ -377,3 +377,13 @@ def test_the_module_docstring_example_runs_as_written(tmp_path, monkeypatch):
     assert isinstance(namespace["model"], DynamicsNetwork) and namespace["name"] == "efficientzero_dynamics"
     assert all(torch.equal(namespace["experiment"].model.state_dict()[key], value)
                for key, value in source.state_dict().items())
+
+
+def test_a_state_dict_in_memory_is_refused_saying_how_to_load_it():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"file path \(str or Path\), or given as the Checkpoint .* got OrderedDict "
+                                        r"\(a checkpoint held in memory, such as a state_dict: save it with "
+                                        r"torch.save\(state_dict, path\) and pass the path\)\."):
+        ck.load_weights(model, model.state_dict())
+    with pytest.raises(TypeError, match=r"got int\.$"):
+        ck.load_checkpoint(3)

@@ -159,7 +159,10 @@ def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"max_bytes must be a positive int (the largest file to read), got {max_bytes!r}.")
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"a checkpoint is read from a file path (str or Path), got {type(path).__name__}.")
+        held = (" (a checkpoint held in memory, such as a state_dict: save it with torch.save(state_dict, path) "
+                "and pass the path)" if isinstance(path, dict) else "")
+        raise TypeError(f"a checkpoint is read from a file path (str or Path), or given as the Checkpoint "
+                        f"checkpoints.load_checkpoint(path) returns; got {type(path).__name__}{held}.")
     path = Path(path)
     try:
         size = path.stat().st_size
