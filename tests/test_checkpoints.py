@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import textwrap
 
 import pytest
 import torch
@@ -363,3 +364,26 @@ def test_a_prefix_is_taken_off_once_leaving_a_child_named_module(tmp_path):
     wrapper.module = torch.nn.Linear(3, 2)  # (its keys: module.weight, module.bias)
     torch.save({"module." + k: v for k, v in wrapper.state_dict().items()}, tmp_path / "ddp.pt")
     ck.load_weights(wrapper, tmp_path / "ddp.pt")
+
+
+def test_the_module_docstring_example_runs_as_written(tmp_path, monkeypatch):
+    # the module's docstring is the API reference's first example: it runs on a LightZero file of that name
+    block = ck.__doc__.split("Read safely, check strictly, then build::\n", 1)[1].split("\n\n", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    source = workbench.experiments.create("efficientzero_dynamics", seed=1).model  # (its network, other weights)
+    torch.save({"model": source.state_dict()}, "efficientzero.pth.tar")
+    namespace = {"experiment": workbench.experiments.create("efficientzero_dynamics")}
+    exec(compile(textwrap.dedent(block), "checkpoints docstring", "exec"), namespace)
+    assert isinstance(namespace["model"], DynamicsNetwork) and namespace["name"] == "efficientzero_dynamics"
+    assert all(torch.equal(namespace["experiment"].model.state_dict()[key], value)
+               for key, value in source.state_dict().items())
+
+
+def test_a_state_dict_in_memory_is_refused_saying_how_to_load_it():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"file path \(str or Path\), or given as the Checkpoint .* got OrderedDict "
+                                        r"\(a checkpoint held in memory, such as a state_dict: save it with "
+                                        r"torch.save\(state_dict, path\) and pass the path\)\."):
+        ck.load_weights(model, model.state_dict())
+    with pytest.raises(TypeError, match=r"got int\.$"):
+        ck.load_checkpoint(3)

@@ -351,3 +351,25 @@ def test_a_positional_only_parameter_without_default_is_refused_at_registration(
 
     scratch_model("defaulted", family="user", example_inputs=_inputs)(defaulted)
     assert workbench.create_model("defaulted", bias=False).out_features == 2
+
+
+def test_probe_explains_example_inputs_objective_and_forward_that_do_not_fit(scratch_model):
+    # example_inputs returning the tensor itself, not (args, kwargs): refused naming what it returned
+    scratch_model("bare_tensor", family="user",
+                  example_inputs=lambda model, batch_size, generator=None: torch.randn(batch_size, 3))(
+        lambda: nn.Linear(3, 2))
+    with pytest.raises(TypeError, match=r"'bare_tensor': example_inputs must return \(args, kwargs\).*"
+                                        r"got Tensor\(4, 3\)\."):
+        workbench.probe("bare_tensor")
+    # an objective that does not reduce to a scalar
+    scratch_model("unreduced", family="user", example_inputs=_inputs,
+                  objective=lambda model, inputs, out: out)(lambda: nn.Linear(3, 2))
+    with pytest.raises(TypeError, match=r"objective of model 'unreduced' must return a scalar tensor.*"
+                                        r"got a tensor of shape \(3, 2\)"):
+        workbench.probe("unreduced", batch_size=3)
+    # inputs the model cannot take: the model's own error, with a note naming the model and the shapes
+    scratch_model("misfit", family="user", example_inputs=_inputs)(lambda: nn.Linear(5, 2))
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as raised:
+        workbench.probe("misfit", batch_size=3)
+    assert ("probe: the forward pass of model 'misfit' (Linear) failed on its example_inputs, of shapes "
+            "Tensor(3, 3)") in "".join(raised.value.__notes__)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 
@@ -98,3 +99,20 @@ def test_inputs_are_a_tensor_tensors_or_args_and_kwargs_and_anything_else_is_ref
     for bad, got in [((x, 2, x), "a tuple of 3"), ([1, 2], "a list of 2"), ("x", "a str")]:
         with pytest.raises(TypeError, match=rf"inputs must be a tensor \(summarize\(model, x\)\), .*got {got}\."):
             summarize(Shared(), bad)
+
+
+def test_a_forward_that_fails_names_the_module_it_failed_in_and_the_shapes():
+    # the error is torch's, as it was (its type kept), with a note that says where and with what inputs
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as raised:
+        summarize(Shared(), torch.randn(2, 7))
+    note = "".join(raised.value.__notes__)
+    assert "failed in module 'fc1' (Linear), whose inputs had shapes (2, 7)" in note
+    assert "the model was given inputs of shapes (2, 7)" in note
+    with pytest.raises(TypeError, match="takes 2 positional arguments") as raised:
+        summarize(nn.Linear(3, 2), (torch.randn(4, 3), torch.randn(2)))
+    assert "failed in its own forward, given inputs of shapes (4, 3), (2)." in "".join(raised.value.__notes__)
+
+
+def test_a_model_that_is_not_a_module_is_refused_naming_it():
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got str 'mlp'"):
+        summarize("mlp", torch.randn(2, 3))

@@ -4,7 +4,8 @@ Read safely, check strictly, then build::
 
     from workbench import checkpoints
     ckpt = checkpoints.load_checkpoint("efficientzero.pth.tar")   # size-checked, weights_only=True
-    model = checkpoints.build_model(ckpt)                        # a DynamicsNetwork with those weights
+    model, name = checkpoints.build_model(ckpt)                  # a DynamicsNetwork with those weights, and
+                                                                 # the registered name whose inputs fit it
     checkpoints.load_weights(experiment.model, ckpt)             # or into a model you built: strict
 
 What is accepted:
@@ -158,7 +159,10 @@ def read_checkpoint(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"max_bytes must be a positive int (the largest file to read), got {max_bytes!r}.")
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"a checkpoint is read from a file path (str or Path), got {type(path).__name__}.")
+        held = (" (a checkpoint held in memory, such as a state_dict: save it with torch.save(state_dict, path) "
+                "and pass the path)" if isinstance(path, dict) else "")
+        raise TypeError(f"a checkpoint is read from a file path (str or Path), or given as the Checkpoint "
+                        f"checkpoints.load_checkpoint(path) returns; got {type(path).__name__}{held}.")
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -594,11 +598,11 @@ def build_model(checkpoint: Checkpoint) -> tuple[nn.Module, str]:
 
 def example_outputs(model: nn.Module, spec_name: str, batch_size: int = 2, seed: int = 0) -> tuple[Any, Any]:
     """``(inputs, outputs)`` of ``model`` on its registered example inputs (no gradients)."""
-    from workbench.registry import get_spec
+    from workbench.registry import checked_example_inputs, get_spec
 
     spec = get_spec(spec_name)
     generator = torch.Generator().manual_seed(seed)
-    args, kwargs = spec.example_inputs(model, batch_size, generator)
+    args, kwargs = checked_example_inputs(spec, spec.example_inputs(model, batch_size, generator))
     with torch.no_grad():
         return (args, kwargs), model(*args, **kwargs)
 

@@ -507,6 +507,28 @@ class ProbeResult:
     input_grads: list[torch.Tensor | None]
 
 
+def checked_example_inputs(spec: ModelSpec, inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What a spec's ``example_inputs`` returned, as ``(args, kwargs)``.
+
+    Raises:
+        TypeError: it is not a pair of a tuple (or list) of positional inputs and a dict of keyword inputs,
+            naming what it is.
+    """
+    if (isinstance(inputs, (tuple, list)) and len(inputs) == 2 and isinstance(inputs[0], (tuple, list))
+            and isinstance(inputs[1], dict)):
+        return tuple(inputs[0]), inputs[1]
+    got = _shape(inputs) if isinstance(inputs, torch.Tensor) else f"{type(inputs).__name__} {inputs!r:.80}"
+    raise TypeError(f"Model {spec.name!r}: example_inputs must return (args, kwargs), a tuple of the positional "
+                    f"inputs and a dict of the keyword inputs, e.g. ((x,), {{}}) for model(x); got {got}.")
+
+
+def _shape(value: Any) -> str:
+    """A tensor as ``Tensor(4, 3)``, anything else as its type's name."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}".replace(",)", ")")
+    return type(value).__name__
+
+
 def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_size: int = 4,
           seed: int = 0, backward: bool = True) -> ProbeResult:
     """Run a model once on its example inputs and back-propagate its objective.
@@ -527,7 +549,10 @@ def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_s
 
     Raises:
         ValueError: an unknown name, a batch size < 1 or a seed out of range.
-        TypeError: a spec or model of the wrong type.
+        TypeError: a spec or model of the wrong type, an ``example_inputs`` that does not return ``(args, kwargs)``
+            or an objective that does not return a scalar tensor.
+        Exception: what the model's forward raised on its example inputs, with a note naming the model and the
+            inputs' shapes.
 
     Examples:
         >>> import workbench
@@ -547,7 +572,7 @@ def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_s
                         f"with defaults), got {type(model).__name__}.")
     model = spec.build() if model is None else model
     generator = torch.Generator().manual_seed(seed)
-    args, kwargs = spec.example_inputs(model, batch_size, generator)
+    args, kwargs = checked_example_inputs(spec, spec.example_inputs(model, batch_size, generator))
     grad = backward and spec.objective is not None and torch.is_grad_enabled()
     leaves: list[torch.Tensor | None] = []
     call_args = []
@@ -559,10 +584,21 @@ def probe(name_or_spec: str | ModelSpec, model: nn.Module | None = None, batch_s
         else:
             leaves.append(None)
             call_args.append(a)
-    outputs = model(*call_args, **kwargs)
+    try:
+        outputs = model(*call_args, **kwargs)
+    except Exception as error:
+        shapes = ", ".join(_shape(a) for a in args) + (f" and keyword inputs {sorted(kwargs)}" if kwargs else "")
+        error.add_note(f"probe: the forward pass of model {spec.name!r} ({type(model).__name__}) failed on its "
+                       f"example_inputs, of shapes {shapes}: check that example_inputs makes what the model takes.")
+        raise
     loss = None
     if spec.objective is not None:
         loss = spec.objective(model, (tuple(call_args), kwargs), outputs)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
+            raise TypeError(f"probe: the objective of model {spec.name!r} must return a scalar tensor to "
+                            f"back-propagate, got {got}. Reduce it, e.g. objective=lambda model, inputs, out: "
+                            f"out.pow(2).mean().")
         if grad:
             loss.backward()
     return ProbeResult((tuple(args), kwargs), outputs, loss,

@@ -11,6 +11,7 @@ sits at several paths lists, at each path, only the calls made there.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -52,6 +53,26 @@ def _count(params) -> int:
     return sum(p.numel() for p in params)
 
 
+def _note_where(error: Exception, failed_in: dict[int, tuple[BaseException, str, Any]], model: nn.Module,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Add a note to the error a forward pass raised: the module it failed in, with that module's input shapes,
+    and the model's inputs (the error itself, a mis-shaped input's, seldom names either)."""
+    given = _shapes(args) + (f" and keyword inputs {describe_shape(kwargs)}" if kwargs else "")
+    seen, path, module_args = failed_in.get(id(error), (None, None, None))
+    where = f"the forward pass of {type(model).__name__} failed"
+    if seen is error and path:
+        module = model.get_submodule(path)
+        error.add_note(f"summarize: {where} in module {path!r} ({type(module).__name__}), whose inputs had shapes "
+                       f"{_shapes(module_args)}; the model was given inputs of shapes {given}.")
+    else:  # (in the model's own forward, outside its submodules)
+        error.add_note(f"summarize: {where} in its own forward, given inputs of shapes {given}.")
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    """The shapes of a call's positional inputs, one after the other: ``(3, 5), (2)``."""
+    return ", ".join(describe_shape(arg) for arg in args) or "(none)"
+
+
 def _resolve(candidates: list[str], parent: str | None, used: set[str]) -> str:
     """The path through which a module reachable at ``candidates`` was called from the module
     running at ``parent`` (None: no module is running).
@@ -91,7 +112,10 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
         ``per_call``, a ``call`` column after ``module`` and one shape each.
 
     Raises:
-        TypeError: ``per_call`` is not a bool, or ``inputs`` is neither a tensor nor ``(args, kwargs)``.
+        TypeError: ``model`` is not a module, ``per_call`` is not a bool, or ``inputs`` is neither a tensor
+            nor ``(args, kwargs)``.
+        Exception: what the forward pass raised (a mis-shaped input's ``RuntimeError``), as it was, with a
+            note naming the module it failed in, the input shapes that module got and the model's inputs.
 
     Examples:
         >>> import workbench
@@ -104,6 +128,8 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
         3  layers.1      2        GELU       0          0      1  (2, 4)
         4  layers.2      2      Linear      10         10      1  (2, 2)
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"summarize: model must be a torch.nn.Module, got {type(model).__name__} {model!r:.80}.")
     if not isinstance(per_call, bool):
         raise TypeError(f"summarize: per_call must be True or False, got {per_call!r}.")
     if isinstance(inputs, torch.Tensor):
@@ -123,6 +149,9 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
         names.setdefault(id(module), []).append(name)
     # the calls in progress, innermost last: (path, the paths of the children it has called)
     running: list[tuple[str, set[str]]] = []
+    # the error a forward raised -> (the error, the innermost module it passed through and that module's inputs);
+    # the first always-called hook to see an error in flight is the innermost module's, as torch unwinds the calls
+    failed_in: dict[int, tuple[BaseException, str, Any]] = {}
 
     def pre_hook(module, args):
         parent, used = running[-1] if running else (None, set())
@@ -132,6 +161,9 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
 
     def hook(module, args, output):
         path = running.pop()[0] if running else _resolve(names[id(module)], None, set())
+        error = sys.exc_info()[1]
+        if error is not None:
+            failed_in.setdefault(id(error), (error, path, args))
         outputs[path].append(describe_shape(output))
 
     try:
@@ -141,7 +173,11 @@ def summarize(model: nn.Module, inputs: torch.Tensor | tuple[tuple[Any, ...], di
         if inputs is not None:
             args, kwargs = inputs
             with torch.no_grad():
-                model(*args, **kwargs)
+                try:
+                    model(*args, **kwargs)
+                except Exception as error:
+                    _note_where(error, failed_in, model, args, kwargs)
+                    raise
     finally:
         for handle in handles:
             handle.remove()

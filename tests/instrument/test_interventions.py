@@ -479,6 +479,14 @@ def test_ablate_refuses_numpy_units_out_of_range_of_the_recorded_output():
             w.ablate("0", np.array([1, 4]))
         with pytest.raises(ValueError, match=r"dim=2 is out of range"):
             w.ablate("0", 0, dim=np.int64(2))
+        # units count from the end as Python indexes: -1 is the last unit, and the message says they may
+        with pytest.raises(ValueError, match=r"units \[-5\] are out of range.*\[0, 3\] \(or counted from the end, "
+                                             r"as Python indexes, in \[-4, -1\]\)\."):
+            w.ablate("0", [-5])
+        w.ablate("0", [-1])
+        out = model(torch.randn(2, 3))
+        w.step()
+    assert (out[:, 3] == 0).all() and (out[:, :3] != 0).all()
 
 
 class Router(nn.Module):

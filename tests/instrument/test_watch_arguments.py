@@ -78,7 +78,8 @@ def test_an_in_memory_watch_warns_once_when_it_drops_its_oldest_steps():
             for _ in range(20):
                 model(torch.randn(4, 3)).sum().backward()
                 w.step(loss=1.0)
-    assert len([c for c in caught if "max_rows" in str(c.message)]) == 1
+    said = [c for c in caught if "max_rows" in str(c.message)]
+    assert len(said) == 1 and said[0].filename == __file__  # (it points at the w.step() that filled it)
     assert w.to_pandas().step.min() > 1 and w.metrics().step.min() > 1
 
 

@@ -280,7 +280,8 @@ def check_units(path: str, index: list[int], dim: int, shape: tuple) -> None:
     bad = [u for u in index if isinstance(size, int) and not -size <= u < size]
     if bad:
         raise ValueError(f"ablate({path!r}): units {listed(bad)} are out of range for dim {dim} of its output "
-                         f"of shape {shape}; pass units in [0, {size - 1}].")
+                         f"of shape {shape}; pass units in [0, {size - 1}] (or counted from the end, as "
+                         f"Python indexes, in [{-size}, -1]).")
 
 
 def default_dim_message(path: str, shape: tuple, dim: int) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.instrument.interventions import warn_user
 from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish,
                                          whole_number)
 
@@ -336,17 +337,15 @@ class Recorder:
                 kept_from = self._records[0].step
             subscriptions = list(self._subscriptions)
         if first_eviction:
-            try:  # (never raised into the publisher, as a subscriber's failure is not)
-                fix = (f"Every step is in the run store: workbench.load_run({self.kept_in!r}) reads them all"
-                       if self.kept_in is not None else
-                       "Pass store='runs/<name>' to keep every step on disk (workbench.load_run reads it)")
-                warnings.warn(f"workbench: the watch's memory holds {self.max_rows:,} rows (max_rows) and is full: "
-                              f"its oldest steps are dropped from it from now on (to_pandas(), metrics(), "
-                              f"histograms() and diagnose() of the watch start at step {kept_from}). {fix}, or "
-                              f"raise the budget: watch(..., recorder=workbench.Recorder(max_rows=...)).",
-                              RuntimeWarning, stacklevel=2)
-            except Exception:
-                pass
+            # (pointing at the user's w.step(), not at workbench's call of publish; never raised into the publisher,
+            # as a subscriber's failure is not)
+            fix = (f"Every step is in the run store: workbench.load_run({self.kept_in!r}) reads them all"
+                   if self.kept_in is not None else
+                   "Pass store='runs/<name>' to keep every step on disk (workbench.load_run reads it)")
+            warn_user(f"workbench: the watch's memory holds {self.max_rows:,} rows (max_rows) and is full: "
+                      f"its oldest steps are dropped from it from now on (to_pandas(), metrics(), "
+                      f"histograms() and diagnose() of the watch start at step {kept_from}). {fix}, or "
+                      f"raise the budget: watch(..., recorder=workbench.Recorder(max_rows=...)).")
         for subscription in subscriptions:
             subscription.offer(record)
 
