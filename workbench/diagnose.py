@@ -414,6 +414,11 @@ UNCHANGED_ROUNDINGS = 2
 #: gradients as they are), and its ``.grad`` is judged by each step's own bound again (``gradients_accumulate``).
 MAX_ACCUMULATED_STEPS = 32
 
+#: Gradient accumulation's streaks of unchanged steps come one optimizer step apart: a second streak as long as the
+#: first, begun within this many times its length after it ended (a sum that now and then falls short of its first
+#: gradient skips one), bears the first out as accumulation (:meth:`Diagnoser._sum_ended`).
+RHYTHM_GAPS = 4
+
 #: The zero fraction of the sparsest live unit a ``dead_units`` finding must not be taken for by chance: healthy ReLU
 #: layers of the built-in experiments read up to ~0.72 zeros. A unit 0 for this share of its inputs is 0 for all ``M``
 #: of them with chance ``LIVE_ZERO_FRAC^M``: a site with ``u`` units is found dead only once the steps it held saw
@@ -471,6 +476,12 @@ class Diagnoser:
         #: recorded step, its unchanged steps since it last changed, the longest streak of a sum that ended in a
         #: change) at the last recorded step (_still_codes)
         self._still: dict[tuple, tuple] = {}
+        #: param key -> (the step the first of its streaks of a sum one after another began, the step the last of
+        #: them began, the step a change ended it), while no streak as long after it has borne them out as gradient
+        #: accumulation's rhythm (:meth:`_sum_ended`)
+        self._first_sum: dict[tuple, tuple[int, int, int]] = {}
+        #: param keys whose streaks of a sum came in a rhythm: gradient accumulation (:meth:`_sum_ended`)
+        self._in_rhythm: set[tuple] = set()
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -1582,7 +1593,9 @@ class Diagnoser:
         codes = {} if still is None else {int(q): int(c) for q, c in zip(layout.params, still[0]) if c}
         for j, q in enumerate(layout.params):
             if codes.get(int(q)) == STILL_SUM_ENDED:
-                self._take_back_accumulation(layout, int(q), int(still[1][j]))
+                self._sum_ended(step, layout, int(q), int(still[1][j]))
+            elif codes.get(int(q)) == STILL_ACCUMULATING and layout.keys[int(q)][:4] not in self._in_rhythm:
+                codes[int(q)] = 0  # (no rhythm borne out yet: a streak as long as a stall's is judged as one)
         if layout.param_pair:
             for u, p in layout.param_pair.items():
                 if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):
@@ -1619,17 +1632,42 @@ class Diagnoser:
                                   "float32's rounding",
                                   exact=False, still=codes.get(int(layout.params[j]), 0))
 
+    def _sum_ended(self, step: int, layout: _Layout, p: int, began: int) -> None:
+        """Parameter row ``p`` changed at ``step``, ending a streak of unchanged steps begun at step ``began`` whose
+        gradient grew as a sum's (:data:`STILL_SUM_ENDED`). Gradient accumulation repeats such streaks, one
+        optimizer step apart: a second streak as long, begun within :data:`RHYTHM_GAPS` of its length after the
+        first ended, bears it out, and the ``not_updated`` episodes held from the first of those streaks (one after
+        another, each begun so soon after the one before) are taken back (a watch begun inside an accumulation, or
+        before a first step it cannot judge, sees a shorter streak first); after that, each such streak's at once. A
+        streak alone is no rhythm: a learning rate of 0 for 3 or 4 steps, whose gradient at the last step is larger
+        than at the first about every other time, stays ``not_updated``."""
+        key = layout.keys[p][:4]
+        if key in self._in_rhythm:
+            self._take_back_accumulation(layout, p, began)
+            return
+        before = self._first_sum.get(key)
+        soon = before is not None and began - before[2] <= RHYTHM_GAPS * (before[2] - before[1])
+        if soon and step - began == before[2] - before[1]:
+            self._in_rhythm.add(key)
+            del self._first_sum[key]
+            self._take_back_accumulation(layout, p, before[0])
+        else:
+            self._first_sum[key] = (before[0] if soon else began, began, step)
+
     def _take_back_accumulation(self, layout: _Layout, p: int, began: int) -> None:
-        """Parameter row ``p`` changed, ending a streak of unchanged steps begun at step ``began`` whose gradient grew
-        as a sum over micro-batches (:data:`STILL_SUM_ENDED`): a ``not_updated`` episode of it held only at that
-        streak's steps (begun at ``began`` or later) was gradient accumulation, whose optimizer step came: taken
-        back."""
+        """The ``not_updated`` episode of parameter row ``p`` begun at step ``began`` or later, open or ended, was
+        gradient accumulation whose optimizer step came (:meth:`_sum_ended`): taken back."""
         module, call, kind, tensor, _shape = layout.keys[p]
         key = ("not_updated", kind, module, call, tensor)
         e = self._open.get(key)
         if e is not None and 0 <= began <= e["start"]:
             del self._open[key]
             self._version += 1
+        for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
+            e = self._closed[i]
+            if e.get("key") == key and 0 <= began <= e["start"]:
+                del self._closed[i]
+                self._version += 1
 
     def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True,
                          still: int = 0) -> None:
