@@ -69,7 +69,8 @@ def test_two_troubles_of_one_cause_at_one_site_each_fold_their_own_consequences(
     for row, own in zip(shown.itertuples(), (newer, older)):
         assert f"{len(own)} findings began at step {row.step} or later, its consequences: " in row.evidence
         for r in own.itertuples():
-            assert f"{r.finding} at {r.site}, step {view._steps(r)}" in row.evidence
+            steps = f"{r.step}" if r.step == r.last_step else f"{r.step}–{r.last_step}"
+            assert f"{r.finding} at {r.site}, step {steps}" in row.evidence
     # picking the older lists its own under it, the newer's stay folded
     listed = view.merge_calls(f, view.toggled((), shown.iloc[1]))
     assert listed.listed.tolist() == [False, True] + [False] * len(older)
