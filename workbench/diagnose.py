@@ -379,9 +379,11 @@ class _Layout:
     upstream: np.ndarray
     own_params: dict[str, list[int]]  # module -> its param rows (its own parameters' values)
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
-    #: (param_grad row of a bias of shape (F,), the grad_output rows of its module's calls, their entries per unit):
-    #: the bias's gradient sums its module's output gradient over those entries, at most sqrt(m) ||grad_output||
-    bias_bounds: list[tuple[int, list[int], list[int]]]
+    #: (param_grad row of a bias of shape (F,), the grad_output rows of its module's calls, their entries per unit,
+    #: -1 per call): the bias's gradient sums its module's output gradient over those entries, at most
+    #: sqrt(m) ||grad_output||; or (param_grad row of the weight of a Linear without bias in a Sequential, its
+    #: grad_output row, 0, the activation row of its input): at most ||grad_output|| ||input|| (:func:`_grad_bounds`)
+    bias_bounds: list[tuple[int, list[int], list[int], list[int]]]
 
 
 #: A parameter whose gradient is at least this fraction of it (in norm) and does not change at all is
@@ -413,6 +415,11 @@ UNCHANGED_ROUNDINGS = 2
 #: longer is stepped by no optimizer (one built on a copy of the model, whose ``zero_grad()`` leaves these
 #: gradients as they are), and its ``.grad`` is judged by each step's own bound again (``gradients_accumulate``).
 MAX_ACCUMULATED_STEPS = 32
+
+#: Gradient accumulation's streaks of unchanged steps come one optimizer step apart: a second streak as long as the
+#: first, begun within this many times its length after it ended (a sum that now and then falls short of its first
+#: gradient skips one), bears the first out as accumulation (:meth:`Diagnoser._sum_ended`).
+RHYTHM_GAPS = 4
 
 #: The zero fraction of the sparsest live unit a ``dead_units`` finding must not be taken for by chance: healthy ReLU
 #: layers of the built-in experiments read up to ~0.72 zeros. A unit 0 for this share of its inputs is 0 for all ``M``
@@ -471,6 +478,12 @@ class Diagnoser:
         #: recorded step, its unchanged steps since it last changed, the longest streak of a sum that ended in a
         #: change) at the last recorded step (_still_codes)
         self._still: dict[tuple, tuple] = {}
+        #: param key -> (the step the first of its streaks of a sum one after another began, the step the last of
+        #: them began, the step a change ended it), while no streak as long after it has borne them out as gradient
+        #: accumulation's rhythm (:meth:`_sum_ended`)
+        self._first_sum: dict[tuple, tuple[int, int, int]] = {}
+        #: param keys whose streaks of a sum came in a rhythm: gradient accumulation (:meth:`_sum_ended`)
+        self._in_rhythm: set[tuple] = set()
         # the last site in forward order, where no gradient passed it at the first step judged (its weights all 0: a
         # last layer initialized at 0), while its parameters' norm grows: {"site", "module", "norm"}, else None
         self._zero_start: dict | None = None
@@ -647,6 +660,39 @@ class Diagnoser:
             self._take_block([r.step for r in block], keys, stats, block[0].tensors, [r.metrics for r in block])
             start = end
 
+    def _weight_bounds(self, keys: tuple, alias: np.ndarray, param_grads: dict[tuple, int],
+                       outputs: dict[str, list[int]]) -> list[tuple[int, list[int], list[int], list[int]]]:
+        """The weights of Linear layers without a bias whose gradient the rows bound (:attr:`_Layout.bias_bounds`):
+        a 2-d weight of a module called once a step, without submodules or a bias, named ``P.k`` in a container ``P``
+        that returns its last child's output (an ``nn.Sequential``: its own output row is an alias of that child's),
+        whose child ``P.(k-1)``, called once, has an output of the shape its input takes (``(..., in_features)``, the
+        leading dims of its output): a Sequential feeds each child the output of the one before, so that row is the
+        input. A model without any bias (LLaMA-style, convolutions before a norm layer) has a forgotten
+        ``zero_grad()`` found so too, where its layers are chained in a Sequential; anywhere else the input is not
+        known from the rows (a residual adds to it), and no bound is taken."""
+        rows_of: dict[tuple[str, str], list[int]] = {}
+        for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
+            rows_of.setdefault((knd, module), []).append(i)
+        sequential = {keys[i][0] for i in np.flatnonzero(alias) if keys[i][2] == "activation"}
+        bounds = []
+        for (module, tensor), w in param_grads.items():
+            shape = _parse_shape(keys[w][4])
+            parent, _, index = module.rpartition(".")
+            if tensor != "weight" or len(shape) != 2 or not index.isdigit() or parent not in sequential or \
+                    (module, "bias") in param_grads or any(k[0].startswith(module + ".") for k in keys):
+                continue
+            before = f"{parent}.{int(index) - 1}" if parent else str(int(index) - 1)
+            out_rows, acts = outputs.get(module, []), rows_of.get(("activation", before), [])
+            if int(index) == 0 or len(out_rows) != 1 or len(acts) != 1 or alias[acts[0]] or \
+                    len(rows_of.get(("activation", module), [])) != 1 or \
+                    any(self._calls.get((kind, m), 1) != 1 for kind in ("activation", "grad_output")
+                        for m in (module, before)):
+                continue
+            out_shape, in_shape = _parse_shape(keys[out_rows[0]][4]), _parse_shape(keys[acts[0]][4])
+            if len(out_shape) >= 2 and out_shape[-1] == shape[0] and in_shape == (*out_shape[:-1], shape[1]):
+                bounds.append((w, out_rows, [0], [acts[0]]))
+        return bounds
+
     def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
         n = len(keys)
         kind = np.array([k[2] for k in keys], dtype=object) if n else np.zeros(0, object)
@@ -743,7 +789,8 @@ class Diagnoser:
                 continue
             sizes = [_parse_shape(keys[r][4]) for r in rows]
             if all(shape[0] in size[1:] for size in sizes):
-                bias_bounds.append((b, rows, [int(np.prod(size)) // shape[0] for size in sizes]))
+                bias_bounds.append((b, rows, [int(np.prod(size)) // shape[0] for size in sizes], [-1] * len(rows)))
+        bias_bounds += self._weight_bounds(keys, alias, param_grads, outputs)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, acts_in_order,
                        pair_columns, np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias,
                        feed_weight, previous, upstream, own_params, out_grad, bias_bounds)
@@ -855,7 +902,7 @@ class Diagnoser:
                 if known:
                     look[need:] |= top[need:] - max(known) > t.activation_growth_orders
             bias_most = self._bias_windows(steps, layout, stats)
-            for j, (b, _outputs, _entries) in enumerate(layout.bias_bounds):  # (larger than its backward passes make)
+            for j, (b, *_) in enumerate(layout.bias_bounds):  # (larger than its backward passes make)
                 look |= norm[:, b] > bias_most[:, j] * (1 + 1e-4)
             bounds = None
             if layout.param_pair:
@@ -891,8 +938,8 @@ class Diagnoser:
         value_of = {g: p for p, g in layout.grad_of.items()}
         most = np.zeros((len(steps), len(layout.bias_bounds)))
         eps = np.finfo(np.float32).eps
-        for j, (b, outputs, entries) in enumerate(layout.bias_bounds):
-            bound = sum(np.sqrt(m) * norm[:, r] for r, m in zip(outputs, entries))
+        for j, (b, outputs, entries, inputs) in enumerate(layout.bias_bounds):
+            bound = _grad_bounds(norm, outputs, entries, inputs)
             p = value_of.get(b)
             if p is None:
                 most[:, j] = bound
@@ -1515,7 +1562,7 @@ class Diagnoser:
         since the optimizer last changed it, gradient accumulation over micro-batches)."""
         norm = stats["norm"]
         worst = None
-        for j, (b, rows, entries) in enumerate(layout.bias_bounds):
+        for j, (b, rows, entries, inputs) in enumerate(layout.bias_bounds):
             most = float(windows[j])
             grad = float(norm[b])
             if not (math.isfinite(grad) and math.isfinite(most)):
@@ -1523,13 +1570,18 @@ class Diagnoser:
             start = self._bias_start.setdefault(layout.keys[b][:4], (step, grad, grad / max(most, 1e-30)))
             allowed = max(1.0, 2.0 * start[2])
             if grad > most * allowed * (1 + 1e-4) and (worst is None or grad / max(most, 1e-30) > worst[0]):
-                worst = (grad / max(most, 1e-30), b, rows, entries, most, start)
+                worst = (grad / max(most, 1e-30), b, rows, entries, inputs, most, start)
         if worst is None:
             return
-        ratio, b, rows, entries, most, (first_step, first, first_ratio) = worst
+        ratio, b, rows, entries, inputs, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
-        outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" for r, m in zip(rows, entries))
-        this_step = float(sum(math.sqrt(m) * norm[r] for r, m in zip(rows, entries)))
+        outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" if i < 0 else
+                          f"{float(norm[r]):.3g} x {float(norm[i]):.3g}" for r, m, i in zip(rows, entries, inputs))
+        this_step = float(_grad_bounds(norm, rows, entries, inputs))
+        how = (f"a bias's gradient sums the gradient of its module's output over {entries[0]} entries per unit"
+               if inputs[0] < 0 else
+               f"a weight's gradient is its module's output gradient times its input, summed over the batch: at most "
+               f"||grad_output|| x ||input||, its input the output of {layout.names[inputs[0]]}, the layer before it")
         if most > this_step * (1 + 1e-6):  # (steps before that left the bias as it was: no optimizer step since)
             outs += f" this step, {most - this_step:.3g} the steps before since its value last changed"
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
@@ -1539,8 +1591,8 @@ class Diagnoser:
                 f"past twice that)" if first_ratio > 0.5 else "")
         self._hold(step, "gradients_accumulate", layout, b,
                    f"||grad|| of {layout.names[b]} is {float(norm[b]):.3g} at step {step}, {_times(ratio)} the most "
-                   f"this step's backward pass can give it ({most:.3g} = {outs}: a bias's gradient sums the gradient "
-                   f"of its module's output over {entries[0]} entries per unit){past}{grown}. Its .grad holds the "
+                   f"this step's backward pass can give it ({most:.3g} = {outs}: {how}){past}{grown}. Its .grad "
+                   f"holds the "
                    f"gradients of earlier steps too: zero_grad() is likely not called each step (or on an optimizer "
                    f"that does not hold it).",
                    key="accumulate", worst=ratio, need=self.thresholds.persist)
@@ -1582,7 +1634,9 @@ class Diagnoser:
         codes = {} if still is None else {int(q): int(c) for q, c in zip(layout.params, still[0]) if c}
         for j, q in enumerate(layout.params):
             if codes.get(int(q)) == STILL_SUM_ENDED:
-                self._take_back_accumulation(layout, int(q), int(still[1][j]))
+                self._sum_ended(step, layout, int(q), int(still[1][j]))
+            elif codes.get(int(q)) == STILL_ACCUMULATING and layout.keys[int(q)][:4] not in self._in_rhythm:
+                codes[int(q)] = 0  # (no rhythm borne out yet: a streak as long as a stall's is judged as one)
         if layout.param_pair:
             for u, p in layout.param_pair.items():
                 if layout.ndim[p] < t.update_min_dims or not (norm[p] > 0 and np.isfinite(norm[p])):
@@ -1619,17 +1673,42 @@ class Diagnoser:
                                   "float32's rounding",
                                   exact=False, still=codes.get(int(layout.params[j]), 0))
 
+    def _sum_ended(self, step: int, layout: _Layout, p: int, began: int) -> None:
+        """Parameter row ``p`` changed at ``step``, ending a streak of unchanged steps begun at step ``began`` whose
+        gradient grew as a sum's (:data:`STILL_SUM_ENDED`). Gradient accumulation repeats such streaks, one
+        optimizer step apart: a second streak as long, begun within :data:`RHYTHM_GAPS` of its length after the
+        first ended, bears it out, and the ``not_updated`` episodes held from the first of those streaks (one after
+        another, each begun so soon after the one before) are taken back (a watch begun inside an accumulation, or
+        before a first step it cannot judge, sees a shorter streak first); after that, each such streak's at once. A
+        streak alone is no rhythm: a learning rate of 0 for 3 or 4 steps, whose gradient at the last step is larger
+        than at the first about every other time, stays ``not_updated``."""
+        key = layout.keys[p][:4]
+        if key in self._in_rhythm:
+            self._take_back_accumulation(layout, p, began)
+            return
+        before = self._first_sum.get(key)
+        soon = before is not None and began - before[2] <= RHYTHM_GAPS * (before[2] - before[1])
+        if soon and step - began == before[2] - before[1]:
+            self._in_rhythm.add(key)
+            del self._first_sum[key]
+            self._take_back_accumulation(layout, p, before[0])
+        else:
+            self._first_sum[key] = (before[0] if soon else began, began, step)
+
     def _take_back_accumulation(self, layout: _Layout, p: int, began: int) -> None:
-        """Parameter row ``p`` changed, ending a streak of unchanged steps begun at step ``began`` whose gradient grew
-        as a sum over micro-batches (:data:`STILL_SUM_ENDED`): a ``not_updated`` episode of it held only at that
-        streak's steps (begun at ``began`` or later) was gradient accumulation, whose optimizer step came: taken
-        back."""
+        """The ``not_updated`` episode of parameter row ``p`` begun at step ``began`` or later, open or ended, was
+        gradient accumulation whose optimizer step came (:meth:`_sum_ended`): taken back."""
         module, call, kind, tensor, _shape = layout.keys[p]
         key = ("not_updated", kind, module, call, tensor)
         e = self._open.get(key)
         if e is not None and 0 <= began <= e["start"]:
             del self._open[key]
             self._version += 1
+        for i in range(len(self._closed) - 1, max(-1, len(self._closed) - 50), -1):  # (the newest few)
+            e = self._closed[i]
+            if e.get("key") == key and 0 <= began <= e["start"]:
+                del self._closed[i]
+                self._version += 1
 
     def _judge_unchanged(self, step: int, layout: _Layout, p: int, stats: dict, how: str, exact: bool = True,
                          still: int = 0) -> None:
@@ -1990,6 +2069,15 @@ def _rejoin_gap(step: int, first_step: int) -> float:
     """The steps a finding may end before another begins and still be one trouble with it: :data:`REJOIN_STEPS`, or
     later in a run :data:`REJOIN_FRACTION` of the steps so far (as an episode is taken up again)."""
     return max(REJOIN_STEPS, REJOIN_FRACTION * (step - first_step + 1))
+
+
+def _grad_bounds(norm: np.ndarray, outputs: list[int], entries: list[int], inputs: list[int]) -> np.ndarray | float:
+    """The most one backward pass can make a parameter's gradient (an entry of :attr:`_Layout.bias_bounds`), from the
+    norms ``norm`` (rows, or (steps, rows)): a bias's ``sqrt(m) ||grad_output||`` per call (``inputs`` -1), a weight's
+    ``||grad_output|| ||input||`` (``inputs``: the input's activation row). Cauchy-Schwarz: a bias's gradient sums
+    ``m`` entries of its output's gradient per unit; a Linear's weight gradient is ``grad_output^T input``, whose
+    Frobenius norm is at most the product of theirs."""
+    return sum((np.sqrt(m) if i < 0 else norm[..., i]) * norm[..., r] for r, m, i in zip(outputs, entries, inputs))
 
 
 def _along(layout: _Layout, i: int) -> str:

@@ -163,3 +163,58 @@ def test_a_run_thrown_out_by_a_learning_rate_of_10_leads_with_the_cause_its_cons
                                                 f"+{len(f) - 1} consequences over steps 1–40"]
     dash.focus_finding(0)
     assert dash.statistic.value == "norm"
+
+
+def bias_free_mlp() -> nn.Sequential:
+    """A ReLU MLP of Linear layers without bias (2 inputs, 32 wide, 2 classes), as LLaMA-style models have none."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 32, bias=False), nn.ReLU(), nn.Linear(32, 32, bias=False), nn.ReLU(),
+                         nn.Linear(32, 2, bias=False))
+
+
+class ResidualBiasFree(nn.Module):
+    """Linear layers without bias in a ModuleList, each added to its input (a residual), a head after them: the site
+    before the head is the last block's output, not the head's input (the sum)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.inp = nn.Linear(2, width, bias=False)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width, bias=False), nn.ReLU()) for _ in range(2))
+        self.head = nn.Linear(width, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 2) -> (B, 2)
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def test_a_forgotten_zero_grad_on_a_model_without_biases_is_found_from_its_weights_in_a_sequential():
+    # no bias to bound: nothing found in 40 steps at SGD 0.01 until 2026-11-30 (at larger learning rates only its
+    # consequences, a loss spike and a diverging loss). A Sequential feeds each layer the output of the one before,
+    # recorded: a weight's gradient is at most ||grad_output|| x ||input||, which the sum passes by step 3 or so
+    from tests.diagnose.runs import fit_steps
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+
+    def batch(_step: int, size: int = 64) -> tuple:
+        i = torch.randint(1024, (size,), generator=g)
+        return x[i], y[i]
+
+    def run(model: nn.Module, zero_grad: bool, data=batch) -> "workbench.Watch":
+        return fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.01), data, 40, zero_grad=zero_grad)
+
+    f = run(bias_free_mlp(), zero_grad=False).diagnose()
+    found = f[f.finding == "gradients_accumulate"]
+    assert len(found) == 1 and found.site.iloc[0].endswith(".weight") and found.step.iloc[0] <= 6
+    assert found.severity.iloc[0] == "error" and "zero_grad() is likely not called each step" in found.evidence.iloc[0]
+    assert "at most ||grad_output|| x ||input||, its input the output of" in found.evidence.iloc[0]
+    # zeroed each step: none, on batches of 64 or of 1 (one sample: the gradient is exactly the bound)
+    assert "gradients_accumulate" not in set(run(bias_free_mlp(), zero_grad=True).diagnose().finding)
+    one = run(bias_free_mlp(), zero_grad=True, data=lambda step: batch(step, 1)).diagnose()
+    assert "gradients_accumulate" not in set(one.finding)
+    # a layer whose input the rows do not hold (the head after a residual sum: the site before it is the last block's
+    # output) is not bounded: no finding
+    assert "gradients_accumulate" not in set(run(ResidualBiasFree(), zero_grad=True).diagnose().finding)

@@ -113,7 +113,9 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
     folds them when it is picked again: :func:`toggled`, which keeps ``listed``). Where one cause at one site began
     two troubles, each row holds the consequences that began from its step on, before the next's.
 
-    Every row gets ``folded``: how many consequences its row holds (0 but for a cause), ``listed``: whether
+    Every row gets ``folded``: how many consequences its row holds (0 but for a cause; as its ``consequences``
+    column and its evidence count them, a finding at each call of a module, where its calls' rows were merged into
+    one by :func:`merge_calls`), ``listed``: whether
     they follow it, and ``trouble_steps``: of a cause, the steps from its first to the last any of its consequences
     held (``1–40`` where its own are ``1–4``), "" for another row."""
     if "folded" in findings.columns:
@@ -140,7 +142,10 @@ def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:
             own_members = members[[owner == i for owner in owners]]
             if own_members.empty:
                 continue
-            kept.loc[i, "folded"] = len(own_members)
+            # (the findings diagnosed, as the cause's evidence counts and names them: a row of a module's calls
+            # merged (:func:`merge_calls`) holds one a call)
+            kept.loc[i, "folded"] = (sum(len(c) for c in own_members.calls) if "calls" in own_members.columns
+                                     else len(own_members))
             kept.loc[i, "trouble_steps"] = _steps_text(int(kept.step[i]), max(int(kept.last_step[i]),
                                                                               int(own_members.last_step.max())))
             if pick_key(kept.iloc[i]) in listed:
