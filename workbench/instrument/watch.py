@@ -51,6 +51,9 @@ class Watch:
             published to.
         store: the run store attached by ``watch(store=...)``, or None.
         paths: every module path of the model.
+        status: how the watch ended, as its store records it: ``running`` while open, then ``finished``,
+            ``stopped`` or ``failed`` (:meth:`close`).
+        error: the error a ``failed`` or ``stopped`` watch ended with, or None.
     """
 
     def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
