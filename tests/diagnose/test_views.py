@@ -145,7 +145,7 @@ def test_the_dashboard_lists_findings_live_and_a_pick_focuses_the_views(tmp_path
     assert (target.site, target.step) == ("layers.3", 5)
     assert dash.statistic.value == "nan_count" and dash.sites.value == ("layers.3",)
     w.close()
-    wait_for(lambda: "closed" in dash.header.value, what="the last draw")
+    wait_for(lambda: "finished" in dash.header.value, what="the last draw")
     # (the NaN's origin is a cause: picking it listed its consequence, the NaN loss, under it)
     folded = view.merge_calls(diagnose(w.to_pandas(), w.metrics()))
     assert folded.folded[0] == 1 and dash.findings().cause[1] == "nan_origin at layers.3"

@@ -518,6 +518,7 @@ def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_
     run = workbench.load_run(tmp_path / "r")
     assert sorted(set(run.to_pandas().step)) == [1, 2]  # each failed step was rolled back whole
     assert run.status == "failed" and "4 step(s) could not be stored" in run.metadata["error"]
+    assert w.status == "failed" and "4 step(s) could not be stored" in w.error  # the watch says so too
 
 
 def test_a_write_lock_held_elsewhere_fails_the_step_not_the_training(tmp_path):

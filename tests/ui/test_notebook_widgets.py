@@ -567,7 +567,7 @@ def test_a_dashboard_of_a_watch_follows_runs_in_later_cells_and_a_stored_run_rep
     wait_for(lambda: figures.values(loss_trace(dash.figure("metrics"))["x"]).tolist() == list(range(1, 8)))
     assert dash.widget.children[0].children[1].children == ()  # no buttons: nothing runs in the background
     w.close()
-    wait_for(lambda: "closed" in dash.header.value)
+    wait_for(lambda: "finished" in dash.header.value)
 
     stored = Dashboard(workbench.load_run(tmp_path / "run"))
     assert "finished" in stored.header.value and "step 7" in stored.header.value
@@ -645,7 +645,7 @@ def test_a_watch_closed_while_its_dashboard_is_made_has_its_last_steps_drawn(mon
 
     monkeypatch.setattr(Dashboard, "_refresh", refresh_while_training_ends)
     dash = Dashboard(w, interval=0.05)
-    wait_for(lambda: "closed" in dash.header.value, timeout=30, what="the end of the watch drawn")
+    wait_for(lambda: "finished" in dash.header.value, timeout=30, what="the end of the watch drawn")
     assert dash.view.header()["step"] == 3 and "step 3" in dash.header.value and not dash.following
 
 
@@ -661,7 +661,7 @@ def test_the_dashboard_shows_where_a_nan_first_appeared():
             w.step()
     dash = Dashboard(w)
     assert "first at step 2" in dash.anomalies.value and "<code>0</code>" in dash.anomalies.value
-    assert "<strong>Sequential</strong>" in dash.header.value and "closed" in dash.header.value
+    assert "<strong>Sequential</strong>" in dash.header.value and "finished" in dash.header.value
 
 
 @pytest.mark.parametrize("source, options, error, match", [
@@ -1767,3 +1767,28 @@ def test_a_run_of_no_steps_after_an_experiments_steps_says_it_took_none_in_its_h
     view.first_step = 10
     header = figures.header_markdown(view)
     assert "step 10 of 15" in header and "value='0.000'" in header and " 0%" in header
+
+
+@pytest.mark.parametrize("ending, status, said", [
+    (ZeroDivisionError("a bug in the training loop"), "failed", "ZeroDivisionError: a bug in the training loop"),
+    (KeyboardInterrupt(), "stopped", "interrupted by the user"),
+    (None, "finished", None),
+])
+def test_a_dashboard_of_a_watch_says_how_it_ended_as_its_store_does(tmp_path, ending, status, said):
+    # a training loop in a with-block that raised, was interrupted or ended: the dashboard drawn of the
+    # watch says what the stored run says, never a bare "closed" over a loop that failed
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    try:
+        with workbench.watch(model, store=tmp_path / "run") as w:
+            dash = Dashboard(w, interval=0.05)
+            for _ in range(2):
+                model(torch.randn(4, 2)).sum().backward()
+                w.step(loss=1.0)
+            if ending is not None:
+                raise ending
+    except (ZeroDivisionError, KeyboardInterrupt):
+        pass
+    assert (w.status, workbench.load_run(tmp_path / "run").status) == (status, status)
+    wait_for(lambda: not dash.following, what="the end of the watch drawn")
+    assert dash.view.header()["status"] == status and f"<code>{status}</code>" in dash.header.value
+    assert (said in dash.header.value) if said else (w.error is None)

@@ -51,6 +51,9 @@ class Watch:
             published to.
         store: the run store attached by ``watch(store=...)``, or None.
         paths: every module path of the model.
+        status: how the watch ended, as its store records it: ``running`` while open, then ``finished``,
+            ``stopped`` or ``failed`` (:meth:`close`).
+        error: the error a ``failed`` or ``stopped`` watch ended with, or None.
     """
 
     def __init__(self, model: nn.Module, modules: ModuleSelector = "*", exclude: ModuleSelector = None,
@@ -91,6 +94,9 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
+        #: how the watch ended, as its store records it: ``running`` while open, then ``finished``,
+        #: ``stopped`` or ``failed`` (:meth:`close`; a ``with`` block that raised: ``failed``), with ``error``
+        self.status, self.error = "running", None
         self.step_index = self.start_step = start_step
         self._intervention_log: list[Intervention] = []
         self._wanted = {kind for kind, on in ((ACTIVATION, activations), (GRAD_OUTPUT, gradients),
@@ -571,6 +577,7 @@ class Watch:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
         if self.closed:
             return
+        self.status, self.error = status, error  # (set with closed: a dashboard that sees it closed reads them)
         self.closed = True
         for intervention in self.interventions:  # (they end with the watch)
             intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
@@ -579,6 +586,10 @@ class Watch:
             dropped.detach()
         for sink in self._sinks:
             sink.close(status, error)  # (writes what is still queued first)
+        lost = getattr(self.store, "lost", 0)
+        if lost:  # (a store that lost steps closes failed whatever was asked: the watch says the same)
+            message = f"{lost} step(s) could not be stored"
+            self.status, self.error = "failed", f"{error}\n{message}" if error else message
         self.recorder.flush()  # a subscriber has every step once the watch is closed
 
     def _check_open(self) -> None:

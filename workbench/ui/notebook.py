@@ -1057,7 +1057,7 @@ class Dashboard:
         if self.run is not None:
             self.view.set_status(self.run.status, self.run.error)
         elif self.watch is not None:
-            self.view.set_status("closed" if self.watch.closed else "running")
+            self.view.set_status(self.watch.status, self.watch.error)
 
     def _tick(self) -> None:
         """The timer: redraw when steps arrived or the status changed, until the run ended and
@@ -1496,7 +1496,7 @@ class _Compared:
         elif self.run is not None:
             self.view.set_status(self.run.status, self.run.error)
         else:
-            self.view.set_status("closed" if self.watch.closed else "running")
+            self.view.set_status(self.watch.status, self.watch.error)
 
     def ended(self) -> bool:
         if self.run is not None:
