@@ -1028,3 +1028,32 @@ def test_a_picker_is_sent_with_the_plot_it_picks_for_never_while_that_plot_is_he
         if "dist_site" in shown:
             title = json.loads(shown["distribution"].plot)["layout"]["title"]["text"]
             assert f" at {shown['dist_site'].value}:" in title
+
+
+def test_the_last_step_table_names_the_section_whose_kind_it_shows_not_the_heatmaps_above_it(tmp_path):
+    # (it read "the kind above", under the heatmap and its own kind picker (grad_output by default), while it
+    # showed the kind picked under "Statistic per call site" (activation))
+    import gradio as gr
+
+    from workbench.ui.app import build_app
+
+    app = build_app(tmp_path / "runs")
+    blocks = list(app.blocks.values())
+    headings = [b.value for b in blocks if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
+    assert any("Statistic per call site" in h for h in headings)
+    tables = [b for b in blocks if isinstance(b, gr.Dataframe) and (b.elem_id or "").endswith("-latest")]
+    assert len(tables) >= 2  # (the live run page's and the stored run's)
+    for table in tables:
+        assert "Statistic per call site" in table.label and "above" not in table.label, table.label
+    # and it shows that kind's rows whichever kind the heatmap draws
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch() as w:
+        exp.run(2, progress=False)
+        records = w.recorder.records()
+    view = RunView(label="kinds")
+    for record in records:
+        view.feed(record)
+    values = ([], 0.0, False, "param", "std", None, False, None, "grad_output", "norm", True)
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r1", None, values)))
+    latest = getattr(out["latest"], "data", out["latest"])  # (a Styler: its DataFrame)
+    assert set(latest["site"]) == set(view.site_order("param"))
