@@ -1288,7 +1288,7 @@ class Diagnoser:
             per_step = max(m, 1)
             entries = _chance_entries(u, LIVE_ZERO_FRAC)
             text = (f"{z:.1%} of its outputs are exactly 0 at step {step} (threshold {t.dead_zero_frac:.0%}); "
-                    f"{detail}; max {float(hi[i]):.3g}.")
+                    f"{detail}; max {_signless_zero(hi[i]):.3g}.")
             self._hold(step, "dead_units", layout, int(i),
                        lambda e, text=text, per_step=per_step, u=u: text + _dead_evidence(e, per_step, u),
                        need=max(t.persist, math.ceil(entries / per_step)))
@@ -1419,7 +1419,7 @@ class Diagnoser:
                    f"{t.dead_unit_share:.0%}) output 0 for every input at step {step} (their entries of the gradient "
                    f"of {layout.names[b]}, which feeds them, are exactly 0); the others fire for some inputs: "
                    f"{z:.1%} of its outputs are exactly 0 in all (below dead_zero_frac {t.dead_zero_frac:.0%}); "
-                   f"max {float(stats['max'][i]):.3g}.",
+                   f"max {_signless_zero(stats['max'][i]):.3g}.",
                    need=t.persist)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
@@ -2088,6 +2088,12 @@ def _along(layout: _Layout, i: int) -> str:
     if layout.ndim[i] == 3 and layout.feed_bias[i] >= 0:
         return f" along the last dim of {layout.keys[i][4]}"
     return f" along dim 1 of {layout.keys[i][4]}"
+
+
+def _signless_zero(value: Any) -> float:
+    """``value`` as a float, a -0.0 as 0.0: a dead GELU's outputs are all -0.0 (GELU of a large negative input),
+    and its evidence said "max -0" of outputs it calls exactly 0."""
+    return float(value) + 0.0
 
 
 def _chance_entries(units: int, zero_frac: float) -> int:

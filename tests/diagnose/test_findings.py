@@ -405,3 +405,24 @@ def test_first_sites_whose_gradient_is_now_0_now_tiny_are_one_vanishing_finding(
     odd = diagnose(pd.DataFrame([r for r in out if r["step"] <= 11]), None)
     assert odd.evidence[0].startswith("no gradient reaches 2 of 3 sites") and "It stops between b and c" in \
         odd.evidence[0]
+
+
+def test_a_dead_gelu_whose_outputs_are_all_minus_zero_reads_max_0_not_max_minus_0():
+    # (GELU of a large negative input is -0.0: the app's Diagnoses said "exactly 0 ... max -0" of such a layer)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        net[0].bias.fill_(-200.0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    with workbench.watch(net) as w:
+        for _ in range(40):
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss=loss.item())
+    assert str(w.to_pandas().query("module == '1' and kind == 'activation'")["max"].iloc[-1]) == "-0.0"
+    [dead] = w.diagnose().query("finding == 'dead_units' and site == '1'").evidence
+    assert "; max 0." in dead and "-0" not in dead, dead

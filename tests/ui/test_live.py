@@ -252,3 +252,14 @@ def test_a_seed_beyond_2_53_shows_as_recorded_beside_a_run_without_one(tmp_path)
     cells = {row[1]["display_value"]: [cell["display_value"] for cell in row if cell["type"] == "td"]
              for row in shown}
     assert cells["experiment"][6] == str(seed) and cells["watched"][6] == ""
+
+
+@pytest.mark.parametrize("sub", ["..", "a/../b", "./a"])
+def test_a_sub_directory_with_dots_is_refused_as_a_sub_directory_not_as_a_run_name(tmp_path, sub):
+    # (the Runs tab's "List runs" of '../..' said "sub-directory '../..' contains '..': a run name stays ...")
+    from workbench.ui.runs import RunsRoot
+
+    table, names, message = RunsRoot(tmp_path).list(sub)
+    assert table.empty and names == []
+    assert f"sub-directory {sub!r} contains" in message and "a sub-directory stays under the runs root" in message
+    assert "run name" not in message

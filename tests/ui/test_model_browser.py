@@ -51,6 +51,23 @@ def test_build_with_form_values_gives_tree_with_output_shapes():
     assert "width=16" in result.message and "depth=3" in result.message and "batch size 5" in result.message
 
 
+#: Spaces after which a browser may break a line (Unicode's line-break classes SP and BA), and the characters
+#: that forbid a break beside them (WJ, GL).
+BREAKABLE_SPACES = set(" \u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2008\u2009\u200a\u205f\u3000")
+NO_BREAK = set("\u2060\u00a0\u202f\u2007\ufeff")
+
+
+def test_a_module_trees_indentation_cannot_wrap_away_from_the_name_it_indents():
+    # (in the ILQL tree, 'resid_dropout' at depth 5 did not fit beside its indent: the cell broke after the
+    # indent, the name stood alone at the cell's left edge, indented as the root's children are)
+    tree = mb.build_model("ilql", {}, batch_size=2.0).tree
+    deep = tree[tree["path"] == "model.h.0.attn.resid_dropout"]["module"].iloc[0]
+    assert deep.endswith("resid_dropout") and len(deep) > len("resid_dropout")  # (indented)
+    for cell in tree["module"]:
+        breaks = [i for i, ch in enumerate(cell[:-1]) if ch in BREAKABLE_SPACES and cell[i + 1] not in NO_BREAK]
+        assert not breaks, (cell, breaks)
+
+
 @pytest.mark.parametrize("values, expected", [
     ({"depth": 0.0}, "'depth' must lie in [1, 32], got 0"),
     ({"depth": 2.5}, "depth expects int, could not read 2.5"),

@@ -997,3 +997,63 @@ def test_a_comparisons_kept_site_scale_is_the_site_drawns_whichever_site_was_ask
             _, again, *_ = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", again_asked, False, None,
                                                     True, other)
             assert figures.drawn_log(again) == (not chose), again_asked
+
+
+def test_a_picker_is_sent_with_the_plot_it_picks_for_never_while_that_plot_is_held_back():
+    # (live, the per-site chips named the sites that changed most at the latest step while the figure, held back
+    # out of view or between its paced ticks, still drew the lines of an earlier pick: chips and legend disagreed)
+    import gradio as gr
+
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch(histograms=True) as w:
+        exp.run(run_page.HEAVY_TICKS + 3, progress=False)
+        records = w.recorder.records()
+    view, steps = RunView(label="paced", total=100), iter(records)
+    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+    picks = {"metric_names": "metrics", "sites": "series", "site_note": "series", "dist_site": "distribution",
+             "dist_note": "distribution"}
+    state, shown = None, {}
+    for in_view in [{"metrics"}, {"metrics"}, set(run_page.PACED), *[set(run_page.PACED)] * run_page.HEAVY_TICKS]:
+        view.feed(next(steps))
+        state, *updates = run_page.redraw(view, "h", "r1", state, values, force=False, in_view=in_view)
+        sent = {name: update for name, update in zip(run_page.VIEW_OUTPUTS, updates)
+                if not (isinstance(update, dict) and update == gr.skip())}
+        for picker, plot in picks.items():
+            assert picker not in sent or plot in sent, (picker, in_view)
+        shown.update(sent)
+        # what the page shows: the chips are the lines drawn, the histogram picker the site the distribution draws
+        lines = [t["name"] for t in json.loads(shown["series"].plot)["data"]] if "series" in shown else []
+        assert lines == [value for value, _ in shown["sites"].choices if value in shown["sites"].value] \
+            if "sites" in shown else not lines
+        if "dist_site" in shown:
+            title = json.loads(shown["distribution"].plot)["layout"]["title"]["text"]
+            assert f" at {shown['dist_site'].value}:" in title
+
+
+def test_the_last_step_table_names_the_section_whose_kind_it_shows_not_the_heatmaps_above_it(tmp_path):
+    # (it read "the kind above", under the heatmap and its own kind picker (grad_output by default), while it
+    # showed the kind picked under "Statistic per call site" (activation))
+    import gradio as gr
+
+    from workbench.ui.app import build_app
+
+    app = build_app(tmp_path / "runs")
+    blocks = list(app.blocks.values())
+    headings = [b.value for b in blocks if isinstance(b, gr.Markdown) and isinstance(b.value, str)]
+    assert any("Statistic per call site" in h for h in headings)
+    tables = [b for b in blocks if isinstance(b, gr.Dataframe) and (b.elem_id or "").endswith("-latest")]
+    assert len(tables) >= 2  # (the live run page's and the stored run's)
+    for table in tables:
+        assert "Statistic per call site" in table.label and "above" not in table.label, table.label
+    # and it shows that kind's rows whichever kind the heatmap draws
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch() as w:
+        exp.run(2, progress=False)
+        records = w.recorder.records()
+    view = RunView(label="kinds")
+    for record in records:
+        view.feed(record)
+    values = ([], 0.0, False, "param", "std", None, False, None, "grad_output", "norm", True)
+    out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r1", None, values)))
+    latest = getattr(out["latest"], "data", out["latest"])  # (a Styler: its DataFrame)
+    assert set(latest["site"]) == set(view.site_order("param"))

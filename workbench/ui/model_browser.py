@@ -94,7 +94,9 @@ def tree_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Display form of :func:`workbench.summarize` (``per_call=True`` or not): indented names,
     full paths. A path called several times in the pass has a row per call, named as the run
     page names call sites: ``activation#0``, ``activation#1`` ..."""
-    indent = "\u2003"  # an em space survives HTML whitespace collapsing
+    # An em space survives HTML whitespace collapsing; the word joiner after it forbids a line break there (a
+    # deep name too wide for its cell would otherwise wrap away from its indent, to the cell's left edge).
+    indent = "\u2003\u2060"
     calls = summary["calls"] if "call" in summary else pd.Series(0, index=summary.index)
     call = summary["call"] if "call" in summary else pd.Series(0, index=summary.index)
     suffix = [f"#{int(k)}" if n > 1 else "" for k, n in zip(call.fillna(0), calls)]

@@ -364,7 +364,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     """The update of each of :data:`VIEW_OUTPUTS`; a picker is sent only when its choices or value
     changed (so one the user has open is left alone), the kinds only when a jump sets them, the
     notes, the banner and the tables only when they changed, an empty plot only when it says something
-    else than the page shows, and nothing of the views named in ``held`` (:data:`PACED`)."""
+    else than the page shows, and nothing of the views named in ``held`` (:data:`PACED`), nor of the pickers and
+    notes that say what a held plot draws (its chips name its lines: sent apart, they would name another pick's)."""
     import gradio as gr
 
     sent = state.setdefault("sent", {})
@@ -372,8 +373,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     paced = state["paced"] = dict(state.get("paced") or {})
     empty = state["empty"] = dict(state.get("empty") or {})  # output -> the empty figure it shows, as JSON
 
-    def picker(key: str, choices: list[str], value: Any):
-        if sent.get(key) == (choices, value):
+    def picker(key: str, choices: list[str], value: Any, plot_output: str):
+        if plot_output in held or sent.get(key) == (choices, value):
             return gr.skip()
         sent[key] = (list(choices), value)
         return gr.Dropdown(choices=choices, value=value, allow_custom_value=True)
@@ -407,8 +408,8 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
             return gr.skip()
         return shown_latest(frame)
 
-    def changed(key: str, value: Any, update: Any = None):  # (the page keeps what it has: each one sent costs)
-        if sent.get(key, ()) == value:
+    def changed(key: str, value: Any, update: Any = None, plot_output: str | None = None):
+        if plot_output in held or sent.get(key, ()) == value:  # (the page keeps what it has: each one sent costs)
             return gr.skip()
         sent[key] = value
         return value if update is None else update
@@ -419,11 +420,13 @@ def page_outputs(page: Page, state: dict, jumped: Controls | None = None, revisi
     if not state.get("auto_log_metrics", True):
         sent.pop("log_metrics", None)
     return (page.header, changed("anomaly", page.anomaly), changed("jump", jump, gr.Button(visible=jump)),
-            picker("metric_names", page.metric_choices, page.metrics),
+            picker("metric_names", page.metric_choices, page.metrics, "metrics"),
             plot(page.metrics_figure, "metrics", "metrics"), jumped.kind if jumped else gr.skip(),
-            picker("sites", page.site_choices, page.sites), plot(page.sites_figure, "sites", "series"),
-            changed("site_note", page.site_note), picker("dist_site", page.dist_choices, page.dist_site),
-            plot(page.distribution_figure, "distribution", "distribution"), changed("dist_note", page.dist_note),
+            picker("sites", page.site_choices, page.sites, "series"), plot(page.sites_figure, "sites", "series"),
+            changed("site_note", page.site_note, plot_output="series"),
+            picker("dist_site", page.dist_choices, page.dist_site, "distribution"),
+            plot(page.distribution_figure, "distribution", "distribution"),
+            changed("dist_note", page.dist_note, plot_output="distribution"),
             jumped.heat_kind if jumped else gr.skip(), plot(page.heatmap_figure, "heatmap", "heatmap"),
             table(page.anomalies, "anomalies"), shown_table(page.latest, "latest"),
             # (the box says the scale the figure chose, while it is the figure's to choose)

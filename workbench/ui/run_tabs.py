@@ -115,10 +115,11 @@ def _view_components(c: dict, p: str, empty: str | None = None) -> None:
     c[f"{p}_anomalies"] = gr.Dataframe(pd.DataFrame(columns=["step", "site", "kind", "nan_count", "inf_count"]),
                                        label="NaN / Inf, most recent", interactive=False, max_height=220,
                                        elem_id=f"{p}-anomalies")
-    # (its columns as wide as fit the page, its numbers short: run_page.shown_latest, which each drawing sends)
+    # (its columns as wide as fit the page, its numbers short: run_page.shown_latest, which each drawing sends;
+    # its label names the section whose kind it follows: "above" it are the heatmap's kind and picker)
     c[f"{p}_latest"] = gr.Dataframe(pd.DataFrame(columns=LATEST_COLUMNS), column_widths=LATEST_WIDTHS,
-                                    datatype=LATEST_DATATYPES, wrap=True,
-                                    label="Last recorded step (the kind above)", interactive=False,
+                                    datatype=LATEST_DATATYPES, wrap=True, interactive=False,
+                                    label="Last recorded step (the kind picked under Statistic per call site)",
                                     max_height=320, elem_id=f"{p}-latest", elem_classes=["wb-compact", "wb-latest"])
     c[f"{p}_page"] = gr.State(new_page_state())
 

@@ -121,7 +121,7 @@ class RunsRoot:
         parts = text.split("/")
         dots = next((part for part in parts if part in (".", "..")), None)  # (before the empty part of '../')
         if dots is not None:
-            raise PathRefused(f"{what} {shown(text)} contains {dots!r}: a run name stays {where}; "
+            raise PathRefused(f"{what} {shown(text)} contains {dots!r}: a {what} stays {where}; "
                               "name a directory inside it, without '.' or '..'.")
         if "" in parts:
             raise PathRefused(f"{what} {shown(text)} has an empty path component ('//', or a leading or "
