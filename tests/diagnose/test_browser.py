@@ -4,7 +4,8 @@ findings under its header while it trains, and a click on one moves the views to
 import pytest
 from playwright.sync_api import expect
 
-from tests.ui.conftest import browser, page, runs_root, served_app  # noqa: F401  (the app's fixtures)
+from tests.ui.conftest import (  # noqa: F401  (the app's fixtures, and its pages' patience)
+    _patient_expect, _patient_gradio_launch, browser, page, runs_root, served_app)
 from tests.ui.test_browser import lines, start, tokens, traces
 
 pytestmark = pytest.mark.browser

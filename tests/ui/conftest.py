@@ -69,6 +69,39 @@ def _patient_expect():
     expect.set_options(timeout=PATIENCE_MS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _patient_gradio_launch():
+    """An app launched in a test is served once its page answers within :data:`PATIENCE_MS`: Gradio's launch checks
+    that its page answers (``gradio.networking.url_ok``) and gives up at the first request slower than 3 s, as
+    on a loaded machine, calling localhost not accessible."""
+    import time
+
+    import httpx
+    from gradio import networking
+
+    # (the answers Gradio takes for a page served: an app with a login refuses or redirects)
+    served = (200, 401, 301, 302, 303, 307, 308)
+
+    def answers(url: str) -> bool:
+        deadline = time.monotonic() + PATIENCE_MS / 1000
+        while True:
+            try:
+                if httpx.head(url, timeout=PATIENCE_MS / 1000, verify=False).status_code in served:
+                    return True
+            except (ConnectionError, httpx.ConnectError, httpx.TimeoutException):
+                pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+    checked = networking.url_ok
+    networking.url_ok = answers
+    try:
+        yield
+    finally:
+        networking.url_ok = checked
+
+
 class PatientBrowser:
     """A Playwright browser whose new pages wait up to :data:`PATIENCE_MS` in their actions and waits (each
     ``new_page`` is a context of its own: no default reaches them all)."""
