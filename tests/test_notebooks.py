@@ -11,6 +11,8 @@ from nbclient import NotebookClient
 
 from workbench.ui.notebook import PLOTLY_MIMETYPE
 
+#: Seconds a kernel may take to start, at most (nbclient's 60 s is short on a loaded 2-core machine)
+KERNEL_STARTUP = 300
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 FIGURES = ("image/png", PLOTLY_MIMETYPE)
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -41,7 +43,7 @@ def _figures(outputs) -> list[dict]:
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
@@ -51,7 +53,8 @@ def test_notebook_runs_and_shows_its_figures(path, tmp_path):
     client = NotebookClient(
         nb,
         km=km,
-        timeout=300,
+        timeout=600,  # (04_ilql took 349 s in all on a loaded 2-core machine)
+        startup_timeout=KERNEL_STARTUP,
         extra_arguments=["--HistoryManager.enabled=False"],
         resources={"metadata": {"path": str(tmp_path)}},
         store_widget_state=True,
@@ -95,15 +98,15 @@ SAVED = [
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_saved_notebook_reads_how_its_runs_ended_where_the_widgets_are_gone(tmp_path):
     """A notebook keeps a widget's plain text beside it, and shows that text where the widget is
     gone (reopened without its kernel, read on GitHub): a progress bar's is its end, not the 0% it
     started at, and a dashboard's names it rather than cutting off the repr of its boxes."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in SAVED])
     km = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel"))
-    NotebookClient(nb, km=km, timeout=120, extra_arguments=["--HistoryManager.enabled=False"],
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, km=km, timeout=300, startup_timeout=KERNEL_STARTUP, extra_arguments=[
+        "--HistoryManager.enabled=False"], resources={"metadata": {"path": str(tmp_path)}}).execute()
     texts = [[o["data"]["text/plain"] for o in cell.outputs if "application/vnd.jupyter.widget-view+json"
               in o.get("data", {})] for cell in nb.cells]
     assert len(texts[0]) == 1 and "100%" in texts[0][0] and "5/5" in texts[0][0], texts[0]

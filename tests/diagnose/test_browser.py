@@ -4,7 +4,8 @@ findings under its header while it trains, and a click on one moves the views to
 import pytest
 from playwright.sync_api import expect
 
-from tests.ui.conftest import browser, page, runs_root, served_app  # noqa: F401  (the app's fixtures)
+from tests.ui.conftest import (  # noqa: F401  (the app's fixtures, and its pages' patience)
+    _patient_expect, _patient_gradio_launch, browser, page, runs_root, served_app)
 from tests.ui.test_browser import lines, start, tokens, traces
 
 pytestmark = pytest.mark.browser
@@ -27,10 +28,10 @@ def test_a_run_whose_relus_die_lists_them_and_a_click_shows_one(page):  # noqa: 
     # Adam at lr 1.0 pushes the ReLUs' inputs below 0 within a few steps: they die
     start(page, "activation_mlp", 60, store="diagnose/dead", depth="4", lr="1.0", width="16")
     findings = page.locator("#live-findings")
-    expect(findings).to_contain_text("dead_units", timeout=60_000)
+    expect(findings).to_contain_text("dead_units", timeout=120_000)
     expect(findings).to_contain_text("(threshold 80%)")  # the whole evidence, wrapped (it was cut at "…")
     expect(page.locator("#live-findings-note")).to_contain_text("Diagnoses:")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     # a ReLU's row: the views go to that site, in the statistic it is seen in, its steps shaded
     site = next(s for s in ("layers.3", "layers.5", "layers.7", "layers.1")
                 if findings.get_by_text(s, exact=True).count())

@@ -419,6 +419,68 @@ def test_a_run_with_a_step_or_one_that_finished_is_kept_and_the_refusal_says_wha
     assert workbench.load_run(tmp_path / "empty").status == "finished"
 
 
+def set_written(path, when_ns):
+    """Give the run database at ``path`` and its write-ahead log (if any) the modification time ``when_ns``."""
+    for name in (DB_NAME, f"{DB_NAME}-wal"):
+        if (path / name).exists():
+            os.utime(path / name, ns=(when_ns, when_ns))
+
+
+def databases_opened(monkeypatch, path):
+    """The connections opened to the run database at ``path`` from now on (a list that grows)."""
+    opened = []
+    connect = sqlite3.connect
+
+    def counting(database, *args, **kwargs):
+        if str((path / DB_NAME).resolve()) in str(database):
+            opened.append(database)
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", counting)
+    return opened
+
+
+@pytest.mark.parametrize("how", ["open", "closed, its database's size and time restored"])
+def test_a_closed_run_reads_its_database_again_only_once_it_changed_and_still_notices_a_new_run_there(
+        tmp_path, monkeypatch, how):
+    """A page asks each tick whether each run it lists was replaced at its path (a run that stored no step, by a new
+    run at its name): a closed run opened its database every time. It is read again once its files changed - a new
+    run writing there, or one that closed and left the database's size and modification time as they were."""
+    path = tmp_path / "run"
+    old = RunStore(path)
+    old.close("failed", "the first step failed")
+    set_written(path, time.time_ns() - 3600 * 10**9)  # (written an hour ago)
+    opened = databases_opened(monkeypatch, path)
+    assert [old.replaced() for _ in range(5)] == [False] * 5
+    assert len(opened) == 1
+    new = RunStore(path, metadata={"attempt": 2})
+    if how != "open":
+        before = os.stat(path / DB_NAME)
+        new.close("failed", "its first step failed too")
+        assert not (path / f"{DB_NAME}-wal").exists() or not os.stat(path / f"{DB_NAME}-wal").st_size
+        os.utime(path / DB_NAME, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert os.stat(path / DB_NAME).st_size == before.st_size
+    assert old.replaced() and not new.replaced()
+    new.close()
+    assert old.replaced()  # (a path never holds the old run again)
+
+
+def test_a_closed_run_written_within_a_file_clock_tick_reads_its_database_each_time(tmp_path, monkeypatch):
+    """A database written as late as now (within the tick of the file system's clock) may be written again with the
+    same modification time: the answer is not kept, and a new run there is noticed."""
+    path = tmp_path / "run"
+    old = RunStore(path)
+    old.close("stopped")
+    set_written(path, time.time_ns() + 3600 * 10**9)  # (as if written now, whatever the test's pace)
+    opened = databases_opened(monkeypatch, path)
+    assert not old.replaced() and not old.replaced() and len(opened) == 2
+    written = os.stat(path / DB_NAME)
+    new = RunStore(path)
+    new.close("stopped")
+    set_written(path, written.st_mtime_ns)
+    assert old.replaced()
+
+
 def test_a_run_of_a_newer_schema_or_of_none_is_never_replaced(tmp_path):
     # (a run that failed before its first step was replaced whatever wrote it: one of a newer workbench, whose
     # data this one cannot tell - a table of its own, a status of its own - was deleted by an older one)

@@ -52,20 +52,76 @@ def served_app(runs_root):
         app.run_manager.close()
 
 
+#: How long a page's assertions (``expect``), actions (click, fill) and waits (``wait_for``, ``wait_for_function``)
+#: wait for what they need, unless a test says more: Playwright's own 5 s and 30 s are short on a loaded 2-core
+#: machine, where a reply that waits on a training step (or a page's load reading the stored runs) and the
+#: browser's own drawing are slow. A wait ends as soon as its condition holds: only a failure waits this long.
+PATIENCE_MS = 60_000
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _patient_expect():
-    """A page's assertions wait up to 15 s, not Playwright's 5 s: on a loaded 2-core machine a reply
-    that waits on a training step (or a page's load reading the stored runs) can take longer."""
+    """A page's assertions wait up to :data:`PATIENCE_MS`, not Playwright's 5 s."""
     try:
         from playwright.sync_api import expect
     except ImportError:  # (the tests that need it say so)
         return
-    expect.set_options(timeout=15_000)
+    expect.set_options(timeout=PATIENCE_MS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _patient_gradio_launch():
+    """An app launched in a test is served once its page answers within :data:`PATIENCE_MS`: Gradio's launch checks
+    that its page answers (``gradio.networking.url_ok``) and gives up at the first request slower than 3 s, as
+    on a loaded machine, calling localhost not accessible."""
+    import time
+
+    import httpx
+    from gradio import networking
+
+    # (the answers Gradio takes for a page served: an app with a login refuses or redirects)
+    served = (200, 401, 301, 302, 303, 307, 308)
+
+    def answers(url: str) -> bool:
+        deadline = time.monotonic() + PATIENCE_MS / 1000
+        while True:
+            try:
+                if httpx.head(url, timeout=PATIENCE_MS / 1000, verify=False).status_code in served:
+                    return True
+            except (ConnectionError, httpx.ConnectError, httpx.TimeoutException):
+                pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+    checked = networking.url_ok
+    networking.url_ok = answers
+    try:
+        yield
+    finally:
+        networking.url_ok = checked
+
+
+class PatientBrowser:
+    """A Playwright browser whose new pages wait up to :data:`PATIENCE_MS` in their actions and waits (each
+    ``new_page`` is a context of its own: no default reaches them all)."""
+
+    def __init__(self, browser):
+        self._browser = browser
+
+    def new_page(self, **options):
+        page = self._browser.new_page(**options)
+        page.set_default_timeout(PATIENCE_MS)
+        return page
+
+    def __getattr__(self, name):
+        return getattr(self._browser, name)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's chromium driven by Playwright (no browser download)."""
+    """Debian's chromium driven by Playwright (no browser download), its pages patient
+    (:class:`PatientBrowser`)."""
     executable = shutil.which("chromium")
     if executable is None:
         pytest.fail("chromium is not installed: run `apt-get install -y chromium` (scripts/test.sh does).")
@@ -74,7 +130,7 @@ def browser():
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         try:
-            yield browser
+            yield PatientBrowser(browser)
         finally:
             browser.close()
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout, expect
 
+from tests.ui.conftest import PATIENCE_MS
 from workbench.instrument import load_run
 
 pytestmark = pytest.mark.browser
@@ -112,7 +113,12 @@ TRACES = """el => el.data.map(t => {
 })"""
 
 
-def traces(page, elem_id, until=lambda t: bool(t), timeout=30.0):
+#: How long, in seconds, a test waits for a page to draw or take what it needs: as patient as the page's own
+#: waits (tests/ui/conftest.py's PATIENCE_MS), a loaded machine's redraws and replies being slow
+PATIENCE = PATIENCE_MS / 1000
+
+
+def traces(page, elem_id, until=lambda t: bool(t), timeout=PATIENCE):
     """The traces of the figure in ``#elem_id``, once ``until(traces)`` holds (the page redraws
     every second)."""
     deadline = time.monotonic() + timeout
@@ -133,13 +139,13 @@ def tokens(page, elem_id):
     return page.locator(f"#{elem_id} .token span").all_inner_texts()
 
 
-def _listbox(page, elem_id, timeout=15.0):
+def _listbox(page, elem_id, timeout=PATIENCE):
     """The list of options a dropdown opens (its own: another may still be open)."""
     box = page.locator(f"#{elem_id} input")
     deadline = time.monotonic() + timeout
     # (a click on a focused dropdown may not open it, and on a loaded machine the list may render late or
     # close again as a redraw lands, which may also mount the dropdown anew: leave the box and click again
-    # until its list stays open)
+    # until its list stays open; the list opened is open at least while the box has the focus)
     while True:
         box.click()
         listbox = page.locator(f"#{box.get_attribute('aria-controls')}")
@@ -149,8 +155,9 @@ def _listbox(page, elem_id, timeout=15.0):
         box.blur()
 
 
-def _stays_visible(page, locator, settle_ms=300) -> bool:
-    """Whether ``locator`` shows now, or within ``settle_ms``."""
+def _stays_visible(page, locator, settle_ms=5_000) -> bool:
+    """Whether ``locator`` shows now, or within ``settle_ms`` (a list a click opened shows at once where the page
+    keeps up; on a loaded machine a while later: clicked again before then, the box would close it)."""
     try:
         locator.wait_for(state="visible", timeout=settle_ms)
         return True
@@ -178,7 +185,7 @@ def table_borders(table):
                                                                !== 'none').join(' ')])""")))
 
 
-def choose(page, elem_id, *picks, timeout=30.0):
+def choose(page, elem_id, *picks, timeout=2 * PATIENCE):
     """Pick options as a person does with the keyboard: type each into the dropdown, Enter; again
     where a redraw swallowed the pick (it shows as the box's value, or a multiselect's token)."""
     deadline = time.monotonic() + timeout
@@ -198,10 +205,11 @@ def choose(page, elem_id, *picks, timeout=30.0):
     page.keyboard.press("Escape")
 
 
-def _picked(page, elem_id, option, settle=1.0) -> bool:
+def _picked(page, elem_id, option, settle=10.0) -> bool:
     """Whether the dropdown took ``option``: a multiselect shows it as a token; a single dropdown leaves
     its box once it has taken a pick, showing it (a typed text it did not take stays in the focused box,
-    and the blur that comes next puts its value back)."""
+    and the blur that comes next puts its value back). Waited for up to ``settle`` s: picked again before a
+    slow page showed the pick, a multiselect's option would be picked twice, which unpicks it."""
     box = page.locator(f"#{elem_id} input")
     deadline = time.monotonic() + settle
     while True:
@@ -238,7 +246,7 @@ def stored_series(rows, kind, site, statistic):
 def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_root):
     start(page, "activation_mlp", 30, store="browser/mlp", histograms=True, width="16")
     header = page.locator("#run-status")
-    expect(header).to_contain_text("finished", timeout=60_000)
+    expect(header).to_contain_text("finished", timeout=120_000)
     expect(header).to_contain_text("step 30 of 30")
     expect(header.locator("progress")).to_have_attribute("value", "1.000")
     expect(page.locator("#live-message")).to_contain_text("this page is attached to it")  # (by its header)
@@ -336,7 +344,7 @@ def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
     start(page, "efficientzero_dynamics", 4, histograms=True, batch_size="8", lstm_hidden_size="16",
           unroll_steps="2", support_size="5")
     expect(page.locator("#run-status")).to_contain_text("step 4 of 4", timeout=120_000)
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)  # (a tick after the last step)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)  # (a tick after the last step)
     # many call sites: the default is the few whose statistic changed most, never "the first 24"
     shown = tokens(page, "live-sites")
     assert len(shown) == 6
@@ -362,7 +370,7 @@ def test_efficientzero_dynamics_with_histograms_shows_every_call_site(page):
 
 def test_the_first_nan_is_shown_and_the_views_jump_to_its_site(page, nan_at_step_3):
     start(page, "activation_mlp", 6, histograms=True, width="8")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     banner = page.locator("#live-anomaly")
     expect(banner).to_contain_text("First NaN/Inf at step 3: layers.2 (activation")
     expect(page.locator("#live-anomalies")).to_contain_text("layers.2")
@@ -385,7 +393,7 @@ def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, brows
     # (no run goes on once it ended: no tick comes to the page that attaches to it later)
     start(page, "activation_mlp", 6, width="8")
     status = page.locator("#run-status")
-    expect(status).to_contain_text("finished", timeout=60_000)
+    expect(status).to_contain_text("finished", timeout=120_000)
     expect(page.locator("#live-findings")).to_contain_text("nan")
     run_id = re.search(r"\b(r\d+) activation_mlp", status.inner_text())[1]  # (not a progress timer before it)
     other = browser.new_page(viewport={"width": 1400, "height": 1000})  # (a browser of its own: it holds no run)
@@ -406,10 +414,10 @@ def test_a_page_that_attaches_to_a_run_that_ended_lists_its_findings(page, brows
 
 def test_replay_compare_and_export_stored_runs(page, runs_root, tmp_path):
     start(page, "activation_mlp", 12, store="browser/first", width="8")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     start(page, "activation_mlp", 20, store="browser/second", seed=1, width="8")
-    expect(page.locator("#run-status")).to_contain_text("step 20 of 20", timeout=60_000)
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)  # (a tick after the last step)
+    expect(page.locator("#run-status")).to_contain_text("step 20 of 20", timeout=120_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)  # (a tick after the last step)
     page.get_by_role("tab", name="Runs").click()
     expect(page.locator("#runs-root-note")).to_contain_text(str(runs_root.resolve()))
     table = page.locator("#runs-table")
@@ -496,10 +504,10 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     other.get_by_role("tab", name="Experiments").click()
     start(page, "activation_mlp", 100000, store="reloaded")
     status = page.locator("#run-status")
-    status.get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
+    status.get_by_text(re.compile(r"running.*step")).wait_for(timeout=120_000)
     run_id = re.search(r"(r\d+) activation_mlp", status.inner_text())[1]
     # the other page lists it by itself (no Refresh), and follows its steps
-    expect(other.locator("#live-runs")).to_contain_text("running", timeout=30_000)
+    expect(other.locator("#live-runs")).to_contain_text("running")
     expect(other.locator("#live-runs")).to_contain_text("reloaded")
     other.close()
 
@@ -510,18 +518,17 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     # browser remembers the run its page held), its form folded away: the page is for the run
     runs = page.locator("#live-runs")
     # (the page's load reads every stored run while a run keeps the server busy)
-    expect(runs).to_contain_text("running", timeout=30_000)
-    expect(runs).to_contain_text("reloaded", timeout=30_000)
-    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
-                                   timeout=30_000)
+    expect(runs).to_contain_text("running")
+    expect(runs).to_contain_text("reloaded")
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"))
     expect(page.locator("#experiment-list")).to_be_hidden()
     expect(page.locator("#run-stop")).to_be_enabled()
     page.locator("#live-detach").click()  # let go: the page holds no run, the run goes on
-    expect(status).to_contain_text("No run on this page", timeout=30_000)
+    expect(status).to_contain_text("No run on this page")
     page.reload()  # (and a reload after that attaches to none)
     page.wait_for_selector("#model-list")
     page.get_by_role("tab", name="Experiments").click()
-    expect(runs).to_contain_text("running", timeout=30_000)
+    expect(runs).to_contain_text("running")
     expect(status).to_contain_text("No run on this page")
     # (nothing to pause, resume, stop or intervene on: greyed out)
     page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
@@ -531,31 +538,30 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     page.locator("#live-pick input").click()
     page.get_by_role("option", name=re.compile(rf"^{run_id} activation_mlp, seed 0, .* \(running\)$")).click()
     page.locator("#live-attach").click()
-    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"),
-                                   timeout=30_000)
+    expect(status).to_contain_text(re.compile(rf"{run_id} activation_mlp, seed 0, .*running.*step \d+ of 100000"))
     traces(page, "live-heatmap", lambda t: t and t[0].get("y") == LAYERS)  # its live views, drawn
     # following the run, the page keeps its size: Gradio drops each redraw's old plots with Plotly's resize
     # listener on them, and a page kept them all (about 1,000 DOM nodes a redraw of its four) until it let
     # go of them (what the last redraws dropped may be held a while: a few thousand nodes on a loaded machine)
     nodes = _dom_nodes(page)
-    before, seen = nodes(), set()
-    while len(seen) < 16:  # (the views are redrawn as each delivery of steps comes in)
-        seen.add(re.search(r"step (\d+) of", status.inner_text())[1])
-        page.wait_for_timeout(250)
-    page.wait_for_timeout(6000)  # (a plot dropped while it was first drawn is let go 5 s later)
-    after = nodes()
+    before = nodes()
+    # (the views are redrawn as each delivery of steps comes in: 16 redraws, and 6 more, as a plot dropped while
+    # it was first drawn is let go 5 s later, at a redraw a second; then counted until the count is down, while
+    # the run goes on and the page keeps redrawing: a page that kept its plots grows by about 1,000 a redraw)
+    _wait_for_steps_shown(status, 16 + 6)
+    after = _wait_for_nodes(nodes, lambda count: count - before < 5000)
     assert after - before < 5000, (before, after)
     expect(page.locator("#run-resume")).to_be_disabled()
     expect(page.locator("#iv-apply")).to_be_enabled()
     expect(page.locator("#iv-remove")).to_be_disabled()  # (no intervention on)
     page.locator("#run-pause").click()  # held between steps, then on again
-    expect(status).to_contain_text(re.compile(r"paused.*step \d+ of 100000"), timeout=30_000)
+    expect(status).to_contain_text(re.compile(r"paused.*step \d+ of 100000"))
     expect(runs).to_contain_text("paused")
     expect(page.locator("#run-pause")).to_be_disabled()
     page.locator("#run-resume").click()
-    expect(status).to_contain_text(re.compile(r"running.*step \d+ of 100000"), timeout=30_000)
+    expect(status).to_contain_text(re.compile(r"running.*step \d+ of 100000"))
     page.locator("#run-stop").click()
-    expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"), timeout=30_000)
+    expect(status).to_contain_text(re.compile(r"stopped.*step \d+ of 100000"))
     expect(runs).to_contain_text("stopped")
     for button in ("run-pause", "run-resume", "run-stop", "iv-apply"):  # (it ended: nothing to do ...)
         expect(page.locator(f"#{button}")).to_be_disabled()
@@ -566,17 +572,38 @@ def test_a_run_outlives_a_reload_and_the_reloaded_page_attaches_to_it_and_stops_
     expect(page.locator("#continue-row")).to_be_visible()
     page.locator("#continue-steps input").fill("3")
     page.locator("#run-continue").click()
-    expect(status).to_contain_text(re.compile(rf"finished.*step {last + 3} of {last + 3}"), timeout=60_000)
+    expect(status).to_contain_text(re.compile(rf"finished.*step {last + 3} of {last + 3}"), timeout=120_000)
     expect(page.locator("#live-message")).to_contain_text(f"continuing {run_id} activation_mlp")
     assert load_run(runs_root / f"reloaded-from-{last + 1}").steps == [last + 1, last + 2, last + 3]
     continued = re.search(r"(r\d+) activation_mlp", status.inner_text())[1]
     page.reload()  # (the page is the continued run's now: a reload attaches to it)
     page.wait_for_selector("#model-list")
     page.get_by_role("tab", name="Experiments").click()
-    expect(status).to_contain_text(re.compile(rf"{continued} activation_mlp.*finished"), timeout=30_000)
+    expect(status).to_contain_text(re.compile(rf"{continued} activation_mlp.*finished"))
     page.locator("#live-detach").click()  # the page holds no run: the run's findings go with it
-    expect(status).to_contain_text("No run on this page", timeout=30_000)
+    expect(status).to_contain_text("No run on this page")
     expect(page.locator("#live-findings-note")).not_to_contain_text("Diagnoses")
+
+
+def _wait_for_steps_shown(status, count, timeout=2 * PATIENCE):
+    """Wait until the run header ``status`` (a locator) has shown ``count`` different steps."""
+    deadline = time.monotonic() + timeout
+    seen = set()
+    while len(seen) < count:
+        seen.add(re.search(r"step (\d+) of", status.inner_text())[1])
+        assert time.monotonic() < deadline, f"the header showed steps {sorted(seen, key=int)}, not {count} of them"
+        time.sleep(0.25)
+
+
+def _wait_for_nodes(nodes, until, timeout=PATIENCE) -> int:
+    """The page's count of DOM nodes (``nodes``, of :func:`_dom_nodes`) once ``until(count)`` holds, or the
+    last count when ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = nodes()
+        if until(count) or time.monotonic() > deadline:
+            return count
+        time.sleep(0.5)
 
 
 def _dom_nodes(page):
@@ -679,7 +706,7 @@ def _smoothed_second_point(page, elem_id, weight):
 
 def test_a_smoothing_typed_into_its_box_is_drawn_and_one_out_of_range_is_drawn_as_put_back(page):
     start(page, "activation_mlp", 12, width="8")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     box = page.locator("#live-smoothing input[type=number]")
     # typed and entered (no slider moved, no click elsewhere): the page draws it
     box.fill("0.5")
@@ -733,7 +760,7 @@ def test_the_served_app_tells_screen_readers_complete_not_a_missing_text(browser
 
 def test_enter_in_the_sub_directory_box_lists_its_runs(page, runs_root):
     start(page, "activation_mlp", 3, store="entered/one", width="4")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     page.get_by_role("tab", name="Runs").click()
     box = page.locator("#runs-sub textarea, #runs-sub input").first
     box.fill("entered")
@@ -748,12 +775,12 @@ def test_a_stored_run_still_being_recorded_says_when_it_was_read(page):
     # (a slow one: the few steps it has stored when the page opens it read at once)
     start(page, "efficientzero_dynamics", 100_000, store="recording/now", batch_size="8", lstm_hidden_size="16",
           unroll_steps="2", support_size="5")
-    expect(page.locator("#run-status")).to_contain_text("running", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("running", timeout=120_000)
     # (each reading of the run reads every step it stored by then, in the process that trains it: on a loaded
-    # machine one can take longer than the 15 s a page's assertion waits, so those wait up to a minute; and one
+    # machine one can take longer than a page's assertion waits, so those wait up to two minutes; and one
     # reading at a time: List runs, clicked before the row, opened the newest run, this one, alongside the
     # row's and on a larger store, while showing the tab lists it already)
-    reading = 60_000
+    reading = 2 * PATIENCE_MS
     header = page.locator("#replay-header")
     try:
         page.get_by_role("tab", name="Runs").click()
@@ -786,7 +813,7 @@ def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in
     expect(page.locator("#live-body")).to_be_hidden()
     start(page, "activation_mlp", 100000, width="8")
     expect(page.locator("#live-body")).to_be_visible()
-    page.locator("#run-status").get_by_text(re.compile(r"running.*step")).wait_for(timeout=60_000)
+    page.locator("#run-status").get_by_text(re.compile(r"running.*step")).wait_for(timeout=120_000)
     page.evaluate("window.scrollTo(0, 0)")
     # the heatmap, far below, is left as it was drawn while the metrics in view follow the run
     # (the last step a figure draws: of its line, not of the envelope of a long run's thinned part before it)
@@ -803,7 +830,7 @@ def test_a_page_shows_views_once_it_holds_a_run_and_a_tick_redraws_only_those_in
     traces(page, "live-heatmap", lambda t: t and t[0]["x"] and (heat is None or t[0]["x"][-1] > heat))
     page.locator("#run-pause").scroll_into_view_if_needed()
     page.locator("#run-stop").click()
-    expect(page.locator("#run-status")).to_contain_text("stopped", timeout=30_000)
+    expect(page.locator("#run-status")).to_contain_text("stopped")
     page.locator("#live-detach").click()  # (a page holding no run hides its views again)
     expect(page.locator("#live-body")).to_be_hidden()
 
@@ -816,7 +843,7 @@ def test_the_list_of_runs_to_attach_to_names_each_run_on_a_line_in_a_narrow_wind
         page.goto(served_app)
         page.wait_for_selector("#model-list")
         start(page, "activation_mlp", 2, width="4")
-        expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+        expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
         listbox = _listbox(page, "live-pick")
         # (the lines of each option's name: its text's, the tick of the one picked left out)
         laid_out = listbox.evaluate("""list => [...list.querySelectorAll('li')].map(li => {
@@ -903,8 +930,8 @@ def test_the_last_step_table_fits_the_run_page_at_1400_and_800_px(page):
     # (its eleven columns, numbers of six decimals, scrolled sideways on the run page of a 1400 px window)
     start(page, "efficientzero_dynamics", 3)
     table = page.locator("#live-latest")
-    expect(table).to_contain_text("resblocks.0.conv1.0#0", timeout=60_000)
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(table).to_contain_text("resblocks.0.conv1.0#0", timeout=120_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
     assert header == ["site", "step", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac"]
     viewport = table.locator(".virtual-table-viewport")
@@ -913,8 +940,7 @@ def test_the_last_step_table_fits_the_run_page_at_1400_and_800_px(page):
         # its '#')
         page.set_viewport_size({"width": width, "height": 1000})
         table.scroll_into_view_if_needed()
-        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle(),
-                               timeout=5_000)
+        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
         assert table.evaluate(BROKEN_WORDS) == [], width
         _screenshot(page, f"live_latest_{width}.png", full_page=False)
     page.set_viewport_size({"width": 1400, "height": 1000})
@@ -1085,16 +1111,16 @@ def test_a_long_site_name_in_the_findings_table_breaks_after_a_dot_not_mid_word_
 def test_a_line_that_dwarfs_the_others_ticks_the_per_site_log_y_until_the_user_sets_it(page):
     """A query stream's hashes (std about 5e18) flattened its other call sites at zero unless log y was ticked."""
     start(page, "query_stream", 3, key_space="2000", batch_size="64")
-    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     y_type = "(type) => document.querySelector('#live-series .js-plotly-plot')?.layout?.yaxis?.type === type"
-    page.wait_for_function(y_type, arg="log", timeout=30_000)
+    page.wait_for_function(y_type, arg="log")
     box = page.locator("#live-log-sites input")
     expect(box).to_be_checked()
     box.uncheck()  # the user's scale from here
-    page.wait_for_function(y_type, arg="linear", timeout=30_000)
+    page.wait_for_function(y_type, arg="linear")
     expect(box).not_to_be_checked()
     choose(page, "live-stat", "norm")  # another statistic: the figure chooses again, and the box says so
-    page.wait_for_function(y_type, arg="log", timeout=30_000)
+    page.wait_for_function(y_type, arg="log")
     expect(box).to_be_checked()
 
 
@@ -1148,14 +1174,14 @@ def test_compare_draws_a_run_whose_line_dwarfs_the_others_on_a_log_y_until_the_u
         choose(page, "compare-kind", "activation")
         choose(page, "compare-site", "0")
         y_type = "(type) => document.querySelector('#compare-site-plot .js-plotly-plot')?.layout?.yaxis?.type === type"
-        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        page.wait_for_function(y_type, arg="log")
         box = page.locator("#compare-log input")
         expect(box).to_be_checked()
         box.uncheck()  # the user's scale from here
-        page.wait_for_function(y_type, arg="linear", timeout=30_000)
+        page.wait_for_function(y_type, arg="linear")
         expect(box).not_to_be_checked()
         choose(page, "compare-stat", "abs_mean")  # another statistic: the figure chooses again, the box says so
-        page.wait_for_function(y_type, arg="log", timeout=30_000)
+        page.wait_for_function(y_type, arg="log")
         expect(box).to_be_checked()
     finally:
         page.close()
@@ -1201,7 +1227,7 @@ def _export(page, known):
     expect(page.locator("#export-files a").first).to_be_visible()
     # (a page that exported before shows its last export's links until the new ones arrive: wait for the new folder,
     # then for its links)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE
     new = _new_export_folders(known)
     while not new and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -1220,7 +1246,7 @@ def _export(page, known):
     return folder
 
 
-def _gone(path, timeout=60.0):
+def _gone(path, timeout=PATIENCE):
     """Whether ``path`` is removed within ``timeout`` s (a closed page's unload reaches the server a while after)."""
     deadline = time.monotonic() + timeout
     while os.path.exists(path):
@@ -1278,11 +1304,17 @@ def test_a_causes_consequences_are_listed_under_it_by_a_click_and_each_focuses_t
         # (its finding's cell: the cause's evidence names it too)
         dead = (table.locator("[role=gridcell]").filter(has_text="↳ consequence of").filter(has_text="dead_units")
                 .filter(has_text="layers.1"))
-        for _ in range(20):
-            if dead.count():
+        # (scrolled a step at a time, each drawn before the next: a frame painted after the scroll, and the rows
+        # of a virtual table's new place in it drawn, whatever the time a loaded machine takes)
+        scroller = table.locator(".table-wrap, [role=grid]").first
+        while not dead.count():
+            scrolled = scroller.evaluate("""async el => {
+                const top = el.scrollTop;
+                el.scrollTop += 200;
+                for (let i = 0; i < 2; i++) await new Promise(done => requestAnimationFrame(done));
+                return el.scrollTop !== top; }""")
+            if not scrolled:  # (at the end of the list: its last rows are drawn, or will be)
                 break
-            table.locator(".table-wrap, [role=grid]").first.evaluate("el => { el.scrollTop += 200; }")
-            page.wait_for_timeout(200)
         dead.first.click()
         expect(note).to_contain_text(f"⚠ dead_units at layers.1, step {dead_at_1.step}–{dead_at_1.last_step}")
         expect(page.locator("#replay-sites")).to_contain_text("layers.1")

@@ -645,7 +645,7 @@ def test_a_watch_closed_while_its_dashboard_is_made_has_its_last_steps_drawn(mon
 
     monkeypatch.setattr(Dashboard, "_refresh", refresh_while_training_ends)
     dash = Dashboard(w, interval=0.05)
-    wait_for(lambda: "finished" in dash.header.value, timeout=30, what="the end of the watch drawn")
+    wait_for(lambda: "finished" in dash.header.value, what="the end of the watch drawn")
     assert dash.view.header()["step"] == 3 and "step 3" in dash.header.value and not dash.following
 
 

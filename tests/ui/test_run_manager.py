@@ -4,7 +4,9 @@ A "page" here is what a browser tab holds: the id of the run it is attached to,
 passed to the handlers the tab's buttons call.
 """
 
+import os
 import re
+import sqlite3
 import time
 
 import pandas as pd
@@ -13,6 +15,7 @@ import torch
 
 from workbench.experiments.activation_mlp import ActivationMLP
 from workbench.instrument import load_run
+from workbench.instrument.store import DB_NAME
 from workbench.ui import live_run, run_control, run_page, run_tabs, stored_runs
 from workbench.ui.runs import RunManager
 
@@ -155,6 +158,20 @@ def test_a_run_failed_before_its_first_step_and_replaced_at_its_name_says_so_not
     old.join(60)
     assert old.outcome == "failed" and not old.replaced
     assert "recording to `" in run_page.live_header(old) and "replaced" not in old.status()
+    # each tick lists it and draws its header: its database, unchanged since (written an hour ago), is not opened
+    for name in (DB_NAME, f"{DB_NAME}-wal"):
+        if (old.watch.store.path / name).exists():
+            hour_ago = time.time_ns() - 3600 * 10**9
+            os.utime(old.watch.store.path / name, ns=(hour_ago, hour_ago))
+    opened = []
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda database, *args, **kwargs: (
+        opened.append(database), connect(database, *args, **kwargs))[1])
+    for _ in range(5):
+        assert run_control.runs_frame(manager)["recording to"].tolist() == ["retried"]
+        assert "recording to `" in run_page.live_header(old)
+    assert len(opened) <= 1
+    monkeypatch.setattr(sqlite3, "connect", connect)
     monkeypatch.setattr(ActivationMLP, "train_step", train_step)
     new = start(manager, 3, store="retried")
     new.join(60)

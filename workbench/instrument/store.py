@@ -125,6 +125,7 @@ class RunStore:
         self._db_file: int | None = None  # a descriptor of the database file: tells when it is deleted
         self._replaced = False
         self._status_unwritten = False  # close() could not write the run's status: readers read 'interrupted'
+        self._found_in: tuple | None = None  # the database's files (_files_state) when a read found this run there
         self._made_db = False  # the database file is this store's own (none was there): removed if the start fails
         created = self._make_directory()
         try:
@@ -383,9 +384,15 @@ class RunStore:
     def replaced(self) -> bool:
         """Whether the run at :attr:`path` is another run's now: this one closed (a run that stored no step, replaced
         by a new run at its path, see :func:`holds_a_run`; or its directory deleted and a run written there again).
-        False while it is open (its lock keeps its path), and where nothing can be read there (deleted)."""
+        False while it is open (its lock keeps its path), and where nothing can be read there (deleted).
+
+        A page asks on every tick for each run it lists: the database is read again only where its files changed
+        since a read found this run there."""
         if self._replaced or not self.closed:
             return self._replaced
+        files = _files_state(self.path)
+        if files is None or files == self._found_in:
+            return False
         try:
             with contextlib.closing(sqlite3.connect(f"file:{(self.path / DB_NAME).resolve()}?mode=ro",
                                                     uri=True)) as db:
@@ -394,6 +401,8 @@ class RunStore:
             return False
         # (a path never holds this run again once another took it)
         self._replaced = started is None or json.loads(started[0]) != self.start_time
+        if not self._replaced and _settled(files):
+            self._found_in = files
         return self._replaced
 
     def close(self, status: str = "finished", error: str | None = None) -> None:
@@ -624,6 +633,36 @@ def _deleted(fd: int) -> bool:
     except OSError:  # (no /proc: the link count alone)
         return False
     return os.path.basename(name) != DB_NAME
+
+
+#: A file's modification time is trusted to tell a later write only once it is this much older than the clock: a
+#: write within the same tick of the file system's clock (coarse: up to seconds on some file systems) leaves it alike
+FILE_TIME_TICK_NS = 2_000_000_000
+
+
+def _files_state(path: Path) -> tuple | None:
+    """What any write to the run database at ``path`` changes: the database file's identity, size, modification
+    and change times, and the write-ahead log's identity, size and modification time while it holds anything (a
+    reader's connection makes an empty log and changes its change time; a writer's transaction grows or rewrites
+    it, a checkpoint writes the database). None: no database there."""
+    try:
+        db = os.stat(path / DB_NAME)
+    except OSError:
+        return None
+    try:
+        wal = os.stat(path / f"{DB_NAME}-wal")
+    except OSError:
+        wal = None
+    logged = (wal.st_ino, wal.st_size, wal.st_mtime_ns) if wal is not None and wal.st_size else None
+    return (db.st_ino, db.st_size, db.st_mtime_ns, db.st_ctime_ns), logged
+
+
+def _settled(files: tuple) -> bool:
+    """Whether the files of :func:`_files_state` were last written a file-clock tick before now: a write after
+    it shows in their state (one within the tick may not, the tick's modification time the same)."""
+    (_, _, db_written, _), logged = files
+    written = max(db_written, logged[2] if logged is not None else db_written)
+    return written < time.time_ns() - FILE_TIME_TICK_NS
 
 
 def _sql_value(value: Any) -> Any:
