@@ -1380,6 +1380,46 @@ def test_a_view_that_starts_its_base_at_the_traced_size_alone_has_the_rows_of_th
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
 
 
+class Spectrum(nn.Module):
+    def forward(self, x):
+        return torch.view_as_real(torch.fft.rfft(x))  # a float view of a complex base
+
+
+class SpectrumOut(nn.Module):
+    """A module output that is a view of another dtype than its base's (changed in place where ``in_place``)."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.in_place = in_place
+        self.fc, self.spectrum, self.out = nn.Linear(4, 6), Spectrum(), nn.Linear(8, 2)
+
+    def forward(self, x):
+        spectrum = self.spectrum(self.fc(x))
+        if self.in_place:
+            spectrum.mul_(3)
+        return self.out(spectrum.flatten(1))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_view_of_another_dtype_than_its_base_s_has_the_rows_of_the_eager_watch_and_no_error(in_place):
+    # (its base's gradient, complex, was read with the view's float sizes and strides: "setStorage: ... out of
+    # bounds" raised in the backward, under the compiled watch from any such output, under the eager watch from one
+    # changed in place; such a view has no row from its base)
+    rows = {}
+    for compiled, model, _ in eager_then_compiled(lambda: SpectrumOut(in_place)):
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        with workbench.watch(run, histograms=False) as w:
+            for _ in range(2):
+                run(torch.randn(5, 4)).square().mean().backward()
+                w.step()
+        assert w.errors == [] and getattr(w, "fallback", None) is None
+        rows[compiled] = w.to_pandas()
+    kinds = set(zip(rows[False].module, rows[False].kind))
+    assert (("spectrum", "grad_output") in kinds) == (not in_place)
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_a_view_output_changed_in_place_changes_its_base_under_the_compiled_watch_as_unwatched():
     # the output is hooked as it is, not replaced: an in-place op on a module's view output writes its base
     # (until 2026-11-29 the output was a clone, and the write stopped there: other losses and gradients)

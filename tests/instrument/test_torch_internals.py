@@ -292,6 +292,7 @@ def test_view_base_is_the_base_of_a_view_at_its_start_traced_without_a_break_and
     assert internals.view_base(h[:, :3]) is h and internals.view_base(h.view(3, 4)) is h
     assert internals.view_base(h[:, 3:]) is None and internals.view_base(h) is None  # (further in; no view)
     assert internals.view_base(w[:2]) is None  # (of a leaf)
+    assert internals.view_base(torch.view_as_real(torch.fft.rfft(h))) is None  # (of another dtype: complex)
 
     def bases(x, w):  # (1.0 where the view at the base's start has its base, 2.0 where the one further in has)
         h = x @ w  # (B, T, 6)

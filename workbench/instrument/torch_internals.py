@@ -224,7 +224,9 @@ class GradientHook:
     view that is modified in place loses its node (a tensor hook on it would never fire either);
     the node of its base then receives the gradient w.r.t. the whole base, and its pre-hook
     delivers the view's elements of it (laid out as the base, then read with the view's sizes,
-    strides and offset) when the view's own did not fire.
+    strides and offset) when the view's own did not fire. A view of another dtype than its base's
+    (``view_as_real`` of a complex tensor: its sizes and strides count other elements) has no such
+    fallback.
 
     Relies on: ``grad_fn.register_prehook`` receiving the node's incoming gradients indexed by the
     tensor's ``output_nr``, and ``_is_view()`` / ``_base`` naming a view's base.
@@ -248,7 +250,8 @@ class GradientHook:
         node.register_prehook(self._node_hook)
         if tensor._is_view():
             base = tensor._base
-            if base.grad_fn is not None:
+            # (a view of another dtype - view_as_real of a complex base - is not read from its base's gradient)
+            if base.grad_fn is not None and base.dtype == tensor.dtype:
                 self.base_output = base.output_nr
                 # (sizes and strides only: the hook keeps no tensor of the forward alive)
                 self.geometry = (base.size(), base.stride(), tensor.size(), tensor.stride(),
@@ -273,8 +276,9 @@ class GradientHook:
 
 
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf) that starts where
-    the base starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
+    """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf), of its dtype (not
+    ``view_as_real`` of a complex one: its sizes and strides count other elements), that starts where the base
+    starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
     dynamo without a graph break.
 
     Relies on: ``_base`` naming a view's base (dynamo reads it from its fake tensors), and dynamo calling a
@@ -284,7 +288,7 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     (``h[-2:]`` of a batch marked dynamic, traced with 2 rows: true, kept for every size), nor a start further
     in (``h[1:]``, ``T * D`` with ``T`` dynamic), which is None."""
     base = tensor._base
-    if base is None or base.is_leaf or not _starts_its_base(tensor, base):
+    if base is None or base.is_leaf or base.dtype != tensor.dtype or not _starts_its_base(tensor, base):
         return None
     return base
 
