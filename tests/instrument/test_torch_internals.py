@@ -292,6 +292,7 @@ def test_view_base_is_the_base_of_a_view_at_its_start_traced_without_a_break_and
     assert internals.view_base(h[:, :3]) is h and internals.view_base(h.view(3, 4)) is h
     assert internals.view_base(h[:, 3:]) is None and internals.view_base(h) is None  # (further in; no view)
     assert internals.view_base(w[:2]) is None  # (of a leaf)
+    assert internals.view_base(torch.view_as_real(torch.fft.rfft(h))) is None  # (of another dtype: complex)
 
     def bases(x, w):  # (1.0 where the view at the base's start has its base, 2.0 where the one further in has)
         h = x @ w  # (B, T, 6)
@@ -305,6 +306,24 @@ def test_view_base_is_the_base_of_a_view_at_its_start_traced_without_a_break_and
         assert compiled(torch.randn(2, steps, 4), w).item() == 1.0
     assert counter.frame_count == 2 and sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
 
+
+def test_all_of_its_base_tells_a_view_of_every_element_adding_no_guard_on_a_dynamic_size():
+    h = torch.randn(2, 6)
+    assert internals.all_of_its_base(h.t(), h) and internals.all_of_its_base(h[:2], h)  # (eagerly: the counts)
+    assert not internals.all_of_its_base(h[:, :3], h)
+
+    def whole(x):  # (1.0 for the transpose, all of it at any size; 2.0 for the first 2 rows, all of it at 2 rows)
+        h = x * 2
+        return h.sum() * 0 + (1.0 if internals.all_of_its_base(h.t(), h) else 0.0) + (
+            2.0 if internals.all_of_its_base(h[:2], h) else 0.0)
+
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    counter = CompileCounter()
+    compiled = torch.compile(whole, backend=counter)
+    x = torch.randn(2, 3)
+    torch._dynamo.mark_dynamic(x, 0)  # (a guard on the rows' count would refuse the compile)
+    assert compiled(x).item() == 1.0 and compiled(torch.randn(5, 3)).item() == 1.0
+    assert counter.frame_count == 1 and sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
 
 def test_functorch_unwrapped_and_vmap_unwrapped_peel_torch_funcs_wrappers():
     x, seen = torch.randn(5, 3), []

@@ -242,7 +242,9 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
     view's base. A view of all the base's elements (a ``reshape``, a ``transpose``, a ``Flatten``) has
     their statistics: the base's gradient is reduced as it is, without a copy."""
     geometry = None
-    if view is not None and view.numel() != tensor.numel():  # (sizes and strides: no tensor kept alive)
+    # (sizes and strides: no tensor kept alive; a view that has all of its base's elements only at some sizes of
+    # a dynamic shape is read from a copy, as one of part of them)
+    if view is not None and not internals.all_of_its_base(view, tensor):
         geometry = (tensor.size(), tensor.stride(), view.size(), view.stride())
 
     def into_probe(grad: torch.Tensor | None) -> None:

@@ -14,11 +14,13 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 __all__ = ["run_eagerly", "inline_only", "register_module_hooks", "HookSwitch", "register_param_grad_hook",
            "member_dicts", "restore_param_hook_dicts", "queue_end_of_backward", "call_raised", "calls_running",
            "in_backward", "keeps_graph", "GradientHook",
-           "tensor_version", "view_base", "functorch_unwrapped", "vmap_unwrapped", "functorch_disabled",
+           "tensor_version", "view_base", "all_of_its_base", "functorch_unwrapped", "vmap_unwrapped",
+           "functorch_disabled",
            "unwrap_compiled", "is_compiled", "CompiledEntry", "compiled_entry", "graph_break_counts",
            "graph_break_reasons", "is_compile_error", "installed_hooks"]
 
@@ -222,7 +224,9 @@ class GradientHook:
     view that is modified in place loses its node (a tensor hook on it would never fire either);
     the node of its base then receives the gradient w.r.t. the whole base, and its pre-hook
     delivers the view's elements of it (laid out as the base, then read with the view's sizes,
-    strides and offset) when the view's own did not fire.
+    strides and offset) when the view's own did not fire. A view of another dtype than its base's
+    (``view_as_real`` of a complex tensor: its sizes and strides count other elements) has no such
+    fallback.
 
     Relies on: ``grad_fn.register_prehook`` receiving the node's incoming gradients indexed by the
     tensor's ``output_nr``, and ``_is_view()`` / ``_base`` naming a view's base.
@@ -246,7 +250,8 @@ class GradientHook:
         node.register_prehook(self._node_hook)
         if tensor._is_view():
             base = tensor._base
-            if base.grad_fn is not None:
+            # (a view of another dtype - view_as_real of a complex base - is not read from its base's gradient)
+            if base.grad_fn is not None and base.dtype == tensor.dtype:
                 self.base_output = base.output_nr
                 # (sizes and strides only: the hook keeps no tensor of the forward alive)
                 self.geometry = (base.size(), base.stride(), tensor.size(), tensor.stride(),
@@ -271,19 +276,33 @@ class GradientHook:
 
 
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf) that starts where
-    the base starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
+    """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf), of its dtype (not
+    ``view_as_real`` of a complex one: its sizes and strides count other elements), that starts where the base
+    starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
     dynamo without a graph break.
 
     Relies on: ``_base`` naming a view's base (dynamo reads it from its fake tensors), and dynamo calling a
     ``torch.compiler.assume_constant_result`` function with the tensors' values while tracing, keeping its
-    result as a constant of the graph, unguarded (it traces no ``storage_offset()``). An offset of 0 stays 0
-    in a graph with dynamic shapes (each term, a start times a stride, is 0 where dynamo traced it, and dynamo
-    specializes a size or int of 0 or 1); another (``h[1:]``, ``T * D`` with ``T`` dynamic) would not."""
+    result as a constant of the graph, unguarded (it traces no ``storage_offset()``). A start of 0 (``h[:, :3]``,
+    ``h[:2]``, a reshape) stays 0 in a graph with dynamic shapes; a start counted from the end does not
+    (``h[-2:]`` of a batch marked dynamic, traced with 2 rows: true, kept for every size), nor a start further
+    in (``h[1:]``, ``T * D`` with ``T`` dynamic), which is None."""
     base = tensor._base
-    if base is None or base.is_leaf or not _starts_its_base(tensor, base):
+    if base is None or base.is_leaf or base.dtype != tensor.dtype or not _starts_its_base(tensor, base):
         return None
     return base
+
+
+def all_of_its_base(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether ``view`` (a view of ``base``, at its start: :func:`view_base`) has as many elements as ``base``
+    at any size dynamo may give them (a reshape, a transpose, a ``Flatten``): with sizes dynamo traced
+    symbolically, False where that depends on them (``h[:2]`` of a batch of 2, marked dynamic), adding no guard
+    (comparing the counts would guard the size, and a size marked dynamic refuses that guard). Eagerly, the
+    counts compared.
+
+    Relies on: ``torch.fx.experimental.symbolic_shapes.statically_known_true`` deciding a symbolic equality
+    from the shape environment alone, traced by dynamo without a graph break."""
+    return statically_known_true(view.numel() == base.numel())
 
 
 @torch.compiler.assume_constant_result
