@@ -207,6 +207,7 @@ CASES = [
     watch_case("bins-numpy-bool", ValueError, ["bins", "positive int", "np.true_"], bins=np.bool_(True)),
     watch_case("bins-zero", ValueError, ["bins", "positive int", "0"], bins=0),
     watch_case("bins-str", ValueError, ["bins", "'32'"], bins="32"),
+    watch_case("bins-too-many", ValueError, ["bins", "at most 16384", "1000000", "sample"], bins=10**6),
     watch_case("activations-str", TypeError, ["activations", "True or False", "'yes'"], activations="yes"),
     watch_case("gradients-int", TypeError, ["gradients", "True or False", "1"], gradients=1),
     watch_case("parameters-none", TypeError, ["parameters", "None"], parameters=None),

@@ -271,3 +271,27 @@ def test_a_watch_that_keeps_no_step_in_memory_says_where_to_read_them_not_an_emp
     with workbench.watch(model, recorder=workbench.Recorder(max_rows=0)) as w:
         with pytest.raises(RuntimeError, match=r"subscribe to it \(w.subscribe\(callback\)\) or give it a store"):
             w.diagnose()
+
+
+def test_bins_are_limited_to_the_cpu_sample_size_checked_before_anything_is_allocated(tmp_path, monkeypatch):
+    from workbench.instrument import _stats_kernels, reduce
+    from workbench.instrument.schema import MAX_BINS
+    assert MAX_BINS == _stats_kernels.SAMPLE  # (the limit's reason: a large tensor is binned from that sample)
+    allocated = []
+    monkeypatch.setattr(reduce, "HostRows", lambda *args: allocated.append(args))
+    for bins in (MAX_BINS + 1, 10**8):
+        with pytest.raises(ValueError, match=rf"bins must be .*at most {MAX_BINS} .*sample.*got {bins}"):
+            workbench.watch(nn.Linear(3, 2), bins=bins, store=tmp_path / "run")
+        with pytest.raises(ValueError, match=rf"at most {MAX_BINS}.*got {bins}"):
+            reduce.StepSums(bins)
+    assert not allocated and not (tmp_path / "run").exists()
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_bins_at_the_limit_record(tmp_path):
+    from workbench.instrument.schema import MAX_BINS
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, bins=MAX_BINS) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        w.step()
+    assert {len(counts) for counts in w.histograms().counts} == {MAX_BINS}

@@ -24,7 +24,7 @@ from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import REDUCER_NAMES, Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
-                                         anomalous, check_filter, whole_number)
+                                         anomalous, check_filter, checked_bins, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
 
 __all__ = ["Watch", "Sink"]
@@ -623,10 +623,11 @@ def checked_counts(every: Any, bins: Any, start_step: Any) -> tuple[int, int, in
     one in range (checked before anything else of a watch: a store's metadata is compared with them).
 
     Raises:
-        ValueError: ``every`` or ``bins`` is not a positive int, ``start_step`` not a non-negative one.
+        ValueError: ``every`` or ``bins`` is not a positive int (``bins`` above
+            :data:`~workbench.instrument.schema.MAX_BINS`), ``start_step`` not a non-negative one.
     """
     return (whole_number("every", every, 1, "a positive int (record every Nth step)"),
-            whole_number("bins", bins, 1, "a positive int"),
+            checked_bins(bins),
             whole_number("start_step", start_step, 0, "a non-negative int"))
 
 
