@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.recorder import metric_columns
+from workbench.instrument.recorder import bin_edges, metric_columns
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
@@ -249,9 +249,9 @@ class Run:
         lo, hi = (frame.pop(c).astype("float64").to_numpy() for c in ("lo", "hi"))  # (SQLite keeps NaN as NULL)
         sampled = frame.pop("sampled").astype(bool)
         edges: list[np.ndarray | None] = [None] * len(counts)
-        for n in np.unique(bins):  # (a linspace per count of bins, not per row: a run has one or two)
+        for n in np.unique(bins):  # (the edges per count of bins, not per row: a run has one or two)
             at = np.flatnonzero(bins == n)
-            for i, row in zip(at, np.linspace(lo[at], hi[at], n + 1, axis=1)):
+            for i, row in zip(at, bin_edges(lo[at], hi[at], n)):
                 edges[i] = row
         frame["edges"] = edges
         frame["counts"] = counts
