@@ -304,3 +304,21 @@ def test_a_directory_with_a_dot_in_its_name_takes_a_tensorboard_export_once_made
         r.export(tmp_path / "tb" / "lr0.001")
     (tmp_path / "tb" / "lr0.001").mkdir(parents=True)
     assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "tb" / "lr0.001").iterdir())
+
+
+def test_a_watch_and_its_stored_run_hint_alike_at_an_abbreviated_kind_or_a_modules_last_name(tmp_path):
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.ReLU())
+    model[0].add_module("fc", nn.Linear(4, 4))
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        model(torch.randn(2, 3)).sum().backward()
+        w.step()
+    run = workbench.load_run(tmp_path / "run")
+    for arguments, hint in [(("0.fc", "act"), "did you mean 'activation'?"),
+                            (("0.fc", "grad"), "did you mean 'grad_output', 'param_grad'?"),
+                            (("fc", "activation"), "did you mean '0.fc'?")]:
+        said = []
+        for histograms in (w.histograms, run.histograms):
+            with pytest.raises(ValueError, match="did you mean") as raised:
+                histograms(*arguments)
+            said.append(str(raised.value))
+        assert hint in said[0] and said[0] == said[1]

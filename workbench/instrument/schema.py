@@ -122,7 +122,12 @@ def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> Non
         ValueError: naming the value, close matches and what is accepted.
     """
     def hint(value: Any, choices: Sequence[str]) -> str:
-        close = difflib.get_close_matches(str(value), list(choices), n=3, cutoff=0.5)
+        # a choice the value begins ('act': 'activation') or a path it is the last part of ('fc': 'block.fc'),
+        # then the ones spelled alike ('activatoin')
+        text = str(value)
+        named = [c for c in choices if text and c and (c.startswith(text) or c.rsplit(".", 1)[-1] == text)]
+        alike = difflib.get_close_matches(text, list(choices), n=3, cutoff=0.5)
+        close = list(dict.fromkeys(named + alike))[:3]
         return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
     if kind is not None and kind not in KINDS:
