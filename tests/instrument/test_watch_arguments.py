@@ -295,3 +295,35 @@ def test_bins_at_the_limit_record(tmp_path):
         model(torch.randn(4, 3)).sum().backward()
         w.step()
     assert {len(counts) for counts in w.histograms().counts} == {MAX_BINS}
+
+
+def test_a_second_open_watch_of_the_same_model_warns_naming_the_first_and_both_record(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    first = workbench.watch(model, store=tmp_path / "first")
+    with pytest.warns(RuntimeWarning, match=r"Sequential is watched twice: an open watch, Watch\(Sequential.*"
+                                            rf"recording into {re.escape(repr(str(tmp_path / 'first')))}, already "
+                                            r"watches it\..*close it \(w\.close\(\)\).*filterwarnings"):
+        second = workbench.watch(model, modules="0")
+    with pytest.warns(RuntimeWarning, match=r"Linear is watched twice: .*already watches the model it is part of"):
+        workbench.watch(model[0]).close()
+    model(torch.randn(2, 3)).sum().backward()
+    first.step()
+    second.step()
+    assert set(first.to_pandas().module) == {"", "0", "1"} and set(second.to_pandas().module) == {"0"}
+    first.close()
+    second.close()
+    with workbench.watch(model):  # (both closed: no warning, which the tests' filter would make an error)
+        pass
+    with workbench.watch(nn.Linear(3, 4)), workbench.watch(nn.Linear(3, 4)):  # (other models: none either)
+        pass
+
+
+def test_where_warnings_are_errors_a_second_watch_is_refused_with_nothing_attached(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4))
+    with workbench.watch(model) as w:
+        hooks = dict(torch.nn.modules.module._global_forward_hooks)
+        with pytest.raises(RuntimeWarning, match=r"watched twice: an open watch, Watch\(.*already watches a module "
+                                                 r"inside it"):
+            workbench.watch(nn.Sequential(model), store=tmp_path / "second")
+        assert dict(torch.nn.modules.module._global_forward_hooks) == hooks and not (tmp_path / "second").exists()
+        assert not w.closed
