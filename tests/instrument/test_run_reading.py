@@ -1,6 +1,7 @@
 """Reading a stored run as a user of the Python API would: fresh metadata, numpy step numbers, empty
 ranges refused, ``~`` paths, export's checks and its writing a part at a time."""
 
+import re
 import sys
 
 import numpy as np
@@ -240,8 +241,8 @@ def test_a_tensorboard_export_into_a_directory_of_event_files_is_refused(tmp_pat
     small_run(tmp_path / "run").close()
     r = workbench.load_run(tmp_path / "run")
     first = sorted(r.export(tmp_path / "tb").iterdir())
-    with pytest.raises(ValueError, match=r"tb already holds TensorBoard event files \(events\.out\.tfevents\.[^)]*\): "
-                                         r"TensorBoard would show the values of both exports"):
+    with pytest.raises(FileExistsError, match=r"tb already holds TensorBoard event files \(events\.out\.tfevents\."
+                                              r"[^)]*\): TensorBoard would show the values of both exports.*overwrite=True"):
         r.export(tmp_path / "tb")
     assert sorted((tmp_path / "tb").iterdir()) == first
     (tmp_path / "notes").mkdir()
@@ -304,3 +305,52 @@ def test_a_directory_with_a_dot_in_its_name_takes_a_tensorboard_export_once_made
         r.export(tmp_path / "tb" / "lr0.001")
     (tmp_path / "tb" / "lr0.001").mkdir(parents=True)
     assert any(p.name.startswith("events.out.tfevents.") for p in r.export(tmp_path / "tb" / "lr0.001").iterdir())
+
+
+def test_a_watch_and_its_stored_run_hint_alike_at_an_abbreviated_kind_or_a_modules_last_name(tmp_path):
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.ReLU())
+    model[0].add_module("fc", nn.Linear(4, 4))
+    with workbench.watch(model, store=tmp_path / "run") as w:
+        model(torch.randn(2, 3)).sum().backward()
+        w.step()
+    run = workbench.load_run(tmp_path / "run")
+    for arguments, hint in [(("0.fc", "act"), "did you mean 'activation'?"),
+                            (("0.fc", "grad"), "did you mean 'grad_output', 'param_grad'?"),
+                            (("fc", "activation"), "did you mean '0.fc'?")]:
+        said = []
+        for histograms in (w.histograms, run.histograms):
+            with pytest.raises(ValueError, match="did you mean") as raised:
+                histograms(*arguments)
+            said.append(str(raised.value))
+        assert hint in said[0] and said[0] == said[1]
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.parquet", "metrics.csv"])
+def test_an_export_over_a_file_is_refused_unless_overwrite_names_it(tmp_path, name):
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    what = "metrics" if name.startswith("metrics") else "rows"
+    target = tmp_path / name
+    target.write_text("mine")
+    with pytest.raises(FileExistsError, match=rf"{re.escape(str(target))} already exists.*overwrite=True"):
+        r.export(target, what)
+    assert target.read_text() == "mine"
+    written = r.export(target, what, overwrite=True)
+    frame = pd.read_csv(written) if name.endswith(".csv") else pd.read_parquet(written)
+    assert len(frame) == len(r.metrics() if what == "metrics" else r.to_pandas())
+    with pytest.raises(TypeError, match="overwrite must be True or False, got 'yes'"):
+        r.export(target, what, overwrite="yes")
+
+
+def test_a_tensorboard_export_with_overwrite_replaces_the_event_files_and_keeps_the_rest(tmp_path):
+    pytest.importorskip("tensorboard")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    first = [p.name for p in r.export(tmp_path / "tb").iterdir()]
+    (tmp_path / "tb" / "notes.txt").write_text("mine")
+    r.export(tmp_path / "tb", overwrite=True)
+    events = sorted(p.name for p in (tmp_path / "tb").glob("*tfevents*"))
+    assert len(events) == 1 and events != first
+    assert (tmp_path / "tb" / "notes.txt").read_text() == "mine"

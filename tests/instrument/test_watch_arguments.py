@@ -271,3 +271,59 @@ def test_a_watch_that_keeps_no_step_in_memory_says_where_to_read_them_not_an_emp
     with workbench.watch(model, recorder=workbench.Recorder(max_rows=0)) as w:
         with pytest.raises(RuntimeError, match=r"subscribe to it \(w.subscribe\(callback\)\) or give it a store"):
             w.diagnose()
+
+
+def test_bins_are_limited_to_the_cpu_sample_size_checked_before_anything_is_allocated(tmp_path, monkeypatch):
+    from workbench.instrument import _stats_kernels, reduce
+    from workbench.instrument.schema import MAX_BINS
+    assert MAX_BINS == _stats_kernels.SAMPLE  # (the limit's reason: a large tensor is binned from that sample)
+    allocated = []
+    monkeypatch.setattr(reduce, "HostRows", lambda *args: allocated.append(args))
+    for bins in (MAX_BINS + 1, 10**8):
+        with pytest.raises(ValueError, match=rf"bins must be .*at most {MAX_BINS} .*sample.*got {bins}"):
+            workbench.watch(nn.Linear(3, 2), bins=bins, store=tmp_path / "run")
+        with pytest.raises(ValueError, match=rf"at most {MAX_BINS}.*got {bins}"):
+            reduce.StepSums(bins)
+    assert not allocated and not (tmp_path / "run").exists()
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_bins_at_the_limit_record(tmp_path):
+    from workbench.instrument.schema import MAX_BINS
+    model = nn.Linear(3, 2)
+    with workbench.watch(model, bins=MAX_BINS) as w:
+        model(torch.randn(4, 3)).sum().backward()
+        w.step()
+    assert {len(counts) for counts in w.histograms().counts} == {MAX_BINS}
+
+
+def test_a_second_open_watch_of_the_same_model_warns_naming_the_first_and_both_record(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    first = workbench.watch(model, store=tmp_path / "first")
+    with pytest.warns(RuntimeWarning, match=r"Sequential is watched twice: an open watch, Watch\(Sequential.*"
+                                            rf"recording into {re.escape(repr(str(tmp_path / 'first')))}, already "
+                                            r"watches it\..*close it \(w\.close\(\)\).*filterwarnings"):
+        second = workbench.watch(model, modules="0")
+    with pytest.warns(RuntimeWarning, match=r"Linear is watched twice: .*already watches the model it is part of"):
+        workbench.watch(model[0]).close()
+    model(torch.randn(2, 3)).sum().backward()
+    first.step()
+    second.step()
+    assert set(first.to_pandas().module) == {"", "0", "1"} and set(second.to_pandas().module) == {"0"}
+    first.close()
+    second.close()
+    with workbench.watch(model):  # (both closed: no warning, which the tests' filter would make an error)
+        pass
+    with workbench.watch(nn.Linear(3, 4)), workbench.watch(nn.Linear(3, 4)):  # (other models: none either)
+        pass
+
+
+def test_where_warnings_are_errors_a_second_watch_is_refused_with_nothing_attached(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 4))
+    with workbench.watch(model) as w:
+        hooks = dict(torch.nn.modules.module._global_forward_hooks)
+        with pytest.raises(RuntimeWarning, match=r"watched twice: an open watch, Watch\(.*already watches a module "
+                                                 r"inside it"):
+            workbench.watch(nn.Sequential(model), store=tmp_path / "second")
+        assert dict(torch.nn.modules.module._global_forward_hooks) == hooks and not (tmp_path / "second").exists()
+        assert not w.closed

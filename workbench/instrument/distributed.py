@@ -68,7 +68,7 @@ from torch import nn
 from workbench.instrument.distributed_rows import flatten, merge_rows, scale, tensor_sums, unflatten, watch_rows
 from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges, rows_frame
 from workbench.instrument.reduce import StepSums
-from workbench.instrument.schema import MAX, MIN, SUMS, whole_number
+from workbench.instrument.schema import MAX, MIN, SUMS, checked_bins
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap, unwrap_parallel, wrappers
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class DistributedRecorder(Recorder):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
         if bins is not None:
-            bins = whole_number("bins", bins, 1, "a positive int or None")
+            bins = checked_bins(bins, "None or a positive int")
         if metrics not in _METRICS:
             raise ValueError(f"metrics must be one of {_METRICS}, got {metrics!r}.")
         world = dist.get_world_size(group)

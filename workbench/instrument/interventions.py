@@ -57,10 +57,11 @@ def user_frame() -> tuple[str, int, dict] | None:
     return None
 
 
-def warn_user(message: str, origin: tuple[str, int, dict] | None = None) -> None:
+def warn_user(message: str, origin: tuple[str, int, dict] | None = None, may_raise: bool = False) -> None:
     """A RuntimeWarning that points at ``origin`` (default: the user's code calling now, see
     :func:`user_frame`), not at workbench's internals; it never raises into training (where
-    warnings are turned into errors, the caller keeps the failure elsewhere)."""
+    warnings are turned into errors, the caller keeps the failure elsewhere) unless ``may_raise``
+    (a warning given before anything is attached, where an error refuses the call)."""
     try:
         origin = origin or user_frame()
         if origin is None:
@@ -71,7 +72,8 @@ def warn_user(message: str, origin: tuple[str, int, dict] | None = None) -> None
             warnings.warn_explicit(message, RuntimeWarning, filename, line, module=module_globals.get("__name__"),
                                    registry=registry, module_globals=module_globals)
     except Exception:
-        pass
+        if may_raise:
+            raise
 
 
 def structure(value: Any, depth: int = 0) -> str:

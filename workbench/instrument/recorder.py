@@ -27,7 +27,7 @@ from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUM
                                          whole_number)
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
-           "histograms_frame", "histogram_edges", "metrics_frame", "metric_columns"]
+           "histograms_frame", "histogram_edges", "bin_edges", "metrics_frame", "metric_columns"]
 
 
 
@@ -92,6 +92,27 @@ def histogram_edges(record: StepRecord) -> tuple[np.ndarray, np.ndarray]:
     return record.sums[:, MIN], record.sums[:, MAX]
 
 
+def bin_edges(lo: np.ndarray | float, hi: np.ndarray | float, bins: int) -> np.ndarray:
+    """The edges of ``bins`` equal bins over each [lo, hi], shape ``(..., bins + 1)`` for ``lo``
+    and ``hi`` of shape ``(...)``: every reader of the histograms (a watch's, a stored run's, the
+    views') draws them with these.
+
+    A constant tensor's range has no width (lo == hi): every reduction counts its values in bin 0
+    (``v - lo`` is 0), so its bins get a width of ``max(1, |v|)`` in all (numpy's one around a
+    lone value, scaled where 1 would vanish in ``v``'s rounding), placed so that bin 0 is centred
+    on the value: the bar stands at the value, the edges increase (``np.histogram`` takes them)
+    and the values counted fall in the bin that holds them. A range that is not finite keeps the
+    edges it gives (NaN, infinite).
+    """
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    edges = np.linspace(lo, hi, bins + 1, axis=-1)
+    flat = (lo == hi) & np.isfinite(lo)
+    if flat.any():
+        width = np.maximum(1.0, np.abs(lo[flat]))
+        edges[flat] = lo[flat][..., None] + width[..., None] * ((np.arange(bins + 1) - 0.5) / bins)
+    return edges
+
+
 def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
                      kind: str | None = None) -> pd.DataFrame:
     """Histograms beside the rows: ``step, module, call, kind, tensor, edges, counts`` (numpy
@@ -99,20 +120,18 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
 
     ``edges`` has ``bins + 1`` values: equal bins over the range of :func:`histogram_edges` (a
     value outside it counts in the end bin on its side; the row's min and max say how far it
-    lies). ``sampled``: the counts are estimated from a sample of the tensor's values, scaled to
+    lies), by :func:`bin_edges` (a constant tensor's bin 0 centred on its value). ``sampled``: the counts are estimated from a sample of the tensor's values, scaled to
     its size (NaN, infinity and zero counts are in the row's statistics, exact).
     """
     out = []
     for r in records:
         if r.histograms is None:
             continue
-        lows, highs = histogram_edges(r)
-        bins = r.histograms.shape[1]
+        edges = bin_edges(*histogram_edges(r), r.histograms.shape[1])
         for i, (mod, call, knd, tensor, _shape) in enumerate(r.keys):
             if (module is None or mod == module) and (kind is None or knd == kind):
                 sampled = bool(r.histogram_sampled[i]) if r.histogram_sampled is not None else False
-                out.append((r.step, mod, call, knd, tensor, np.linspace(lows[i], highs[i], bins + 1), r.histograms[i],
-                            sampled))
+                out.append((r.step, mod, call, knd, tensor, edges[i], r.histograms[i], sampled))
     return pd.DataFrame(out, columns=["step", "module", "call", "kind", "tensor", "edges", "counts", "sampled"])
 
 

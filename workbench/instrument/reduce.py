@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.instrument.schema import MAX, MIN, SUMS
+from workbench.instrument.schema import MAX, MIN, SUMS, checked_bins
 
 __all__ = ["StepSums", "HostRows", "DeviceSums", "Reducer", "default_reducers", "resolve_reducers", "REDUCER_NAMES",
            "next_ranges", "EMPTY", "MARGIN", "SHRINK"]
@@ -257,13 +257,16 @@ class StepSums:
         fixed_ranges: keep each row's histogram range from step to step (see the module doc);
             False: every histogram spans its tensor's own [min, max]. Either way
             :meth:`binning` tells the edges.
+
+    Raises:
+        ValueError: ``bins`` is not an int from 1 to :data:`~workbench.instrument.schema.MAX_BINS`.
     """
 
     def __init__(self, bins: int | None = None, capacity: int = 64,
                  reducers: Sequence[Reducer] | None = None, fixed_ranges: bool = False) -> None:
-        self.bins, self.fixed_ranges = bins, fixed_ranges
-        self.host = HostRows(bins, capacity)
-        self.reducers = list(reducers) if reducers is not None else default_reducers(bins)
+        self.bins, self.fixed_ranges = (checked_bins(bins) if bins else bins), fixed_ranges
+        self.host = HostRows(self.bins, capacity)
+        self.reducers = list(reducers) if reducers is not None else default_reducers(self.bins)
         if not self.reducers:
             raise ValueError("StepSums needs at least one reducer; pass None for the default ones.")
         for reducer in self.reducers:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.instrument.recorder import metric_columns
+from workbench.instrument.recorder import bin_edges, metric_columns
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
@@ -249,9 +249,9 @@ class Run:
         lo, hi = (frame.pop(c).astype("float64").to_numpy() for c in ("lo", "hi"))  # (SQLite keeps NaN as NULL)
         sampled = frame.pop("sampled").astype(bool)
         edges: list[np.ndarray | None] = [None] * len(counts)
-        for n in np.unique(bins):  # (a linspace per count of bins, not per row: a run has one or two)
+        for n in np.unique(bins):  # (the edges per count of bins, not per row: a run has one or two)
             at = np.flatnonzero(bins == n)
-            for i, row in zip(at, np.linspace(lo[at], hi[at], n + 1, axis=1)):
+            for i, row in zip(at, bin_edges(lo[at], hi[at], n)):
                 edges[i] = row
         frame["edges"] = edges
         frame["counts"] = counts
@@ -314,7 +314,7 @@ class Run:
         """Rows with NaN or Inf, first appearance first."""
         return _typed(self._query(f"SELECT {', '.join(ROW_COLUMNS)} FROM anomalies"))
 
-    def export(self, path: str | Path, what: str = "rows") -> Path:
+    def export(self, path: str | Path, what: str = "rows", overwrite: bool = False) -> Path:
         """Write ``what`` (``"rows"`` or ``"metrics"``) to CSV or Parquet (by the suffix), or a
         TensorBoard log directory (a path without a suffix, or a directory that exists: scalars and histograms
         per call site, and the metrics; the metrics alone with ``what="metrics"``).
@@ -322,13 +322,17 @@ class Run:
         Args:
             path: the file (``.csv``, ``.parquet``) or directory (TensorBoard) to write.
             what: ``"rows"`` (the statistics) or ``"metrics"``.
+            overwrite: replace a file that exists at ``path``, or the event files a TensorBoard directory
+                already holds (removed once the new ones are written; its other files are kept). False: both
+                are refused, nothing written.
 
         Returns:
             ``path``.
 
         Raises:
-            ValueError: an empty path, an unknown suffix or ``what``; a TensorBoard directory that already holds
-                event files.
+            FileExistsError: without ``overwrite``, a file exists at ``path`` or the TensorBoard directory
+                already holds event files.
+            ValueError: an empty path, an unknown suffix or ``what``.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
         if not isinstance(path, (str, os.PathLike)):
@@ -339,18 +343,24 @@ class Run:
         path = expanded(path, "path")
         if what not in ("rows", "metrics"):
             raise ValueError(f"what must be 'rows' or 'metrics', got {what!r}.")
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be True or False, got {overwrite!r}.")
         # (everything that can be refused is, before the run is read)
         suffix = "" if path.is_dir() else path.suffix.lower()  # (a directory takes event files, whatever its name)
         if suffix not in (".csv", ".parquet", ""):
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
                              f"for TensorBoard event files: a path without a suffix, or one made first "
                              f"(os.makedirs({str(path)!r}) for a name with a dot, such as lr0.001).")
+        # (an export replaces nothing unless asked, a file or a directory's event files alike)
         earlier = sorted(path.glob("*tfevents*")) if suffix == "" and path.is_dir() else []
-        if earlier:  # (TensorBoard reads every event file of a directory: two exports' values would overlap)
-            raise ValueError(f"{path} already holds TensorBoard event files ({earlier[0].name}"
-                             f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): TensorBoard would "
-                             "show the values of both exports at once. Export into a new directory, or delete "
-                             "the old event files first.")
+        if earlier and not overwrite:  # (TensorBoard reads every event file of a directory: the exports would overlap)
+            raise FileExistsError(f"{path} already holds TensorBoard event files ({earlier[0].name}"
+                                  f"{f' and {len(earlier) - 1} more' if len(earlier) > 1 else ''}): TensorBoard would "
+                                  "show the values of both exports at once. Export into a new directory, or pass "
+                                  "overwrite=True to replace those event files.")
+        if suffix and (path.exists() or path.is_symlink()) and not overwrite:
+            raise FileExistsError(f"{path} already exists: export() replaces no file unless asked. Export to a new "
+                                  "path, or pass overwrite=True to replace it.")
         if suffix == ".parquet":
             try:
                 import pyarrow  # noqa: F401
@@ -362,6 +372,8 @@ class Run:
                 from workbench.instrument.tensorboard import export_tensorboard
 
                 export_tensorboard(self, path, metrics_only=what == "metrics")
+                for replaced in earlier:  # (overwrite=True; the new files have names of their own)
+                    replaced.unlink(missing_ok=True)
                 return path
             path.parent.mkdir(parents=True, exist_ok=True)  # (as the TensorBoard export makes its directory)
             if what == "metrics":

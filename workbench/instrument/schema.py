@@ -19,7 +19,7 @@ import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "KIND_OPTIONS", "SUMS",
            "SHIFT_SAMPLE", "KEY_COLUMNS", "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES",
-           "anomalous", "finish", "site_name", "check_filter", "whole_number"]
+           "MAX_BINS", "anomalous", "finish", "site_name", "check_filter", "whole_number", "checked_bins"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -37,6 +37,11 @@ KIND_OPTIONS = {ACTIVATION: "activations", GRAD_OUTPUT: "gradients", PARAM: "par
 #: tensor of ``n`` values, ``i`` in ``range(SHIFT_SAMPLE)``; the shift is its middle value by rank,
 #: NaN ranking last and ties by position (every reducer picks the same element).
 SHIFT_SAMPLE = 15
+#: The most histogram bins a row may have: the size of the sample a large tensor is binned from on
+#: the CPU (:data:`~workbench.instrument._stats_kernels.SAMPLE`). More bins than sampled values leave
+#: most bins empty by chance, and a row's counts are kept per recorded step (4 bytes a bin), so a
+#: larger ``bins`` only costs memory; checked before anything is allocated.
+MAX_BINS = 16384
 #: The raw per-tensor sums a reducer writes, in this order. ``sum`` and ``sum_sq`` are of
 #: ``x - shift``, where ``shift`` is the median of a sample of :data:`SHIFT_SAMPLE` of the tensor's
 #: values (0 when that is not finite): with sums around a typical value of the tensor, the variance
@@ -77,22 +82,35 @@ def site_name(module: str, call: int, tensor: str, called_again: bool, kind: str
     return name
 
 
-def whole_number(name: str, value: Any, low: int, what: str) -> int:
+def whole_number(name: str, value: Any, low: int, what: str, high: int | None = None) -> int:
     """``value`` as a Python int: any integer (``int``, a numpy integer, any ``numbers.Integral``)
-    but a bool, of at least ``low``. A plain int keeps the stored facts JSON (a numpy one is not).
+    but a bool, of at least ``low`` (and at most ``high``, where given). A plain int keeps the stored
+    facts JSON (a numpy one is not).
 
     Args:
         name: the parameter, as the error names it (``every``, ``bins`` ...).
         value: what was passed.
         low: the least value allowed.
         what: what is expected, as the error says it (``a positive int (record every Nth step)``).
+        high: the largest value allowed, or None for no limit.
 
     Raises:
         ValueError: naming ``name``, ``value`` and ``what``.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < low:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < low or (
+            high is not None and value > high):
         raise ValueError(f"{name} must be {what}, got {value!r}.")
     return int(value)
+
+
+def checked_bins(bins: Any, what: str = "a positive int") -> int:
+    """``bins`` as a plain int from 1 to :data:`MAX_BINS`.
+
+    Raises:
+        ValueError: naming the value, the limit and why there is one.
+    """
+    return whole_number("bins", bins, 1, f"{what} of at most {MAX_BINS} (the sample a large tensor's histogram is "
+                        f"counted from: more bins stay empty and only cost memory)", high=MAX_BINS)
 
 
 def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:
@@ -104,7 +122,12 @@ def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> Non
         ValueError: naming the value, close matches and what is accepted.
     """
     def hint(value: Any, choices: Sequence[str]) -> str:
-        close = difflib.get_close_matches(str(value), list(choices), n=3, cutoff=0.5)
+        # a choice the value begins ('act': 'activation') or a path it is the last part of ('fc': 'block.fc'),
+        # then the ones spelled alike ('activatoin')
+        text = str(value)
+        named = [c for c in choices if text and c and (c.startswith(text) or c.rsplit(".", 1)[-1] == text)]
+        alike = difflib.get_close_matches(text, list(choices), n=3, cutoff=0.5)
+        close = list(dict.fromkeys(named + alike))[:3]
         return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
     if kind is not None and kind not in KINDS:

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from workbench.instrument.hooks import Hooks, warn
-from workbench.instrument.interventions import LOG_COLUMNS, Intervention, check_units, listed, unit_index, zero_units
+from workbench.instrument.interventions import (LOG_COLUMNS, Intervention, check_units, listed, unit_index, warn_user,
+                                                zero_units)
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update
 from workbench.instrument.reduce import REDUCER_NAMES, Reducer, StepSums, resolve_reducers
 from workbench.instrument.schema import (ACTIVATION, GRAD_OUTPUT, PARAM, PARAM_GRAD, STATUSES, SUMS, UPDATE,
-                                         anomalous, check_filter, whole_number)
+                                         anomalous, check_filter, checked_bins, whole_number)
 from workbench.instrument.sites import CallSites, ModuleSelector, unwrap
 
 __all__ = ["Watch", "Sink"]
@@ -78,6 +79,7 @@ class Watch:
         self.model, self.every = model, every
         self.options = dict(flags, bins=bins)
         sites = CallSites(model, modules, exclude)
+        _warn_if_watched(model)  # (once the arguments are taken, before anything is attached)
         self.paths = sites.paths
         self._sites = sites
         param_paths = {module_path for module_path, _, _ in sites.parameters()}
@@ -113,6 +115,7 @@ class Watch:
         for held in [*_parts(reducers), self.recorder]:  # (they serve this watch until it closes: _check_unshared)
             held._held_by = weakref.ref(self)
         self._start_step()
+        _OPEN_WATCHES.add(self)
 
     def _attach(self, sites: CallSites, kinds: dict[str, set[str]], bins: int | None,
                 reducers: Sequence[Reducer] | None, compiled: bool, updates: bool) -> Any:
@@ -614,6 +617,38 @@ class Watch:
                 f"every={self.every}, {state}, {len(self.errors)} errors)")
 
 
+#: The watches made in this process, for :func:`_warn_if_watched` (held weakly: a watch let go of has its hooks
+#: taken out, and leaves the set)
+_OPEN_WATCHES: weakref.WeakSet[Watch] = weakref.WeakSet()
+
+
+def _warn_if_watched(model: nn.Module) -> None:
+    """Warn, before anything is attached, where an open watch already watches ``model``, a module
+    inside it or a model it is inside, naming that watch and its store. Two watches at once
+    are allowed (another selection of modules, another ``every``) but are seldom meant: more often
+    the other is left open from an earlier cell, and both record every call of the modules they
+    share, each step paying both watches' hooks, their patches both applied. Where warnings are
+    errors (``-W error``), the error refuses the second watch, nothing of it attached."""
+    for other in list(_OPEN_WATCHES):
+        if other.closed:
+            continue
+        if other.model is model or any(m is model for m in other.model.modules()):
+            shared = "it" if other.model is model else "the model it is part of"
+        elif any(m is other.model for m in model.modules()):
+            shared = "a module inside it"
+        else:
+            continue
+        store = getattr(other.store, "path", None)
+        warn_user(f"workbench: {type(model).__name__} is watched twice: an open watch, {other!r}"
+                  f"{f' recording into {str(store)!r}' if store is not None else ''}, already watches {shared}. "
+                  "Both will record the modules they share, each into its own run, each step paying both watches' "
+                  "hooks (and the patches of both apply). If that watch is left from before, close it "
+                  "(w.close()) and watch again; one watch records several selections at once "
+                  "(modules=[...]); both on purpose: warnings.filterwarnings('ignore', 'workbench: .* is watched "
+                  "twice').", may_raise=True)
+        return
+
+
 def _check_materialized(model: nn.Module) -> None:
     """Refuse, before anything is attached, a model with lazy modules not yet materialized
     (``nn.LazyLinear`` ...): their parameters do not exist until the first forward.
@@ -634,10 +669,11 @@ def checked_counts(every: Any, bins: Any, start_step: Any) -> tuple[int, int, in
     one in range (checked before anything else of a watch: a store's metadata is compared with them).
 
     Raises:
-        ValueError: ``every`` or ``bins`` is not a positive int, ``start_step`` not a non-negative one.
+        ValueError: ``every`` or ``bins`` is not a positive int (``bins`` above
+            :data:`~workbench.instrument.schema.MAX_BINS`), ``start_step`` not a non-negative one.
     """
     return (whole_number("every", every, 1, "a positive int (record every Nth step)"),
-            whole_number("bins", bins, 1, "a positive int"),
+            checked_bins(bins),
             whole_number("start_step", start_step, 0, "a non-negative int"))
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument import KINDS, Run, StepRecord, Update
-from workbench.instrument.recorder import histogram_edges
+from workbench.instrument.recorder import bin_edges, histogram_edges
 from workbench.instrument.schema import KIND_OPTIONS, STAT_COLUMNS, finish, site_name, whole_number
 
 __all__ = ["STATISTICS", "History", "Site", "RunView", "PERCENTILES", "FEED_INTERVAL", "ENDED", "unrecorded_kinds"]
@@ -838,7 +838,7 @@ class RunView:
                 segments[-1][2].append(counts)
             else:
                 segments.append(([step], (lo, hi), [counts]))
-        return [(np.array(steps, np.int64), _edges(lo, hi, len(counts[0])), np.stack(counts))
+        return [(np.array(steps, np.int64), bin_edges(lo, hi, len(counts[0])), np.stack(counts))
                 for steps, (lo, hi), counts in segments]
 
     def distribution(self, kind: str, site: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
@@ -859,19 +859,16 @@ class RunView:
             edges = _value_edges(lo, hi, counts, least, most) if np.isfinite(lo) and np.isfinite(hi) else None
             bands.append([step] + ([_percentile(edges, counts, p) for p in PERCENTILES] if edges is not None
                                    else [np.nan] * len(PERCENTILES)))
-        finite = [(lo, hi) for _, lo, hi, _, _, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
         bins = len(kept[0][3])
-        if finite:
-            low, high = min(lo for lo, _ in finite), max(hi for _, hi in finite)
-            if high <= low:
-                high = low + 1.0
-        else:
-            low, high = 0.0, 1.0
-        grid = np.linspace(low, high, bins + 1)
+        # (the grid spans every step's range; a constant step's, the bar its value stands in: see bin_edges)
+        spans = [(lo, hi) if hi > lo else tuple(bin_edges(lo, hi, len(counts))[:2])
+                 for _, lo, hi, counts, _, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
+        low, high = (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else (0.0, 1.0)
+        grid = bin_edges(low, high, bins)
         density = np.zeros((len(kept), bins), np.float32)
         for row, (_, lo, hi, counts, _, _) in enumerate(kept):
             if np.isfinite(lo) and np.isfinite(hi):
-                density[row] = _rebin(np.linspace(lo, hi, len(counts) + 1), counts, grid)
+                density[row] = _rebin(bin_edges(lo, hi, len(counts)), counts, grid)
         return (pd.DataFrame(bands, columns=columns), np.array([k[0] for k in kept], np.int64), grid, density)
 
     def anomaly_frame(self) -> pd.DataFrame:
@@ -922,18 +919,13 @@ def _first_finite(matrix: np.ndarray) -> np.ndarray:
     return np.where(finite.any(axis=0), values, np.nan)
 
 
-def _edges(lo: float, hi: float, bins: int) -> np.ndarray:
-    """The edges of ``bins`` equal bins over [lo, hi] (a width of 1 where lo == hi, as binned)."""
-    return np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-
-
 def _value_edges(lo: float, hi: float, counts: np.ndarray, least: float, most: float) -> np.ndarray:
     """The edges of the bins over [lo, hi], the outer edges of the first and last non-empty bins
     moved to the tensor's min and max (``least``, ``most``) where those are finite: the values of
     those bins reach no further (a value outside a kept range counts in the end bin on its side,
     and a sampled histogram may miss the extremes), so the 0th and 100th percentiles are the
     exact min and max."""
-    edges = _edges(lo, hi, len(counts))
+    edges = bin_edges(lo, hi, len(counts))
     filled = np.flatnonzero(counts > 0)
     if len(filled) and np.isfinite(least) and np.isfinite(most):
         first, last = filled[0], filled[-1]
