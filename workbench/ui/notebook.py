@@ -1009,8 +1009,9 @@ class Dashboard:
     @property
     def following(self) -> bool:
         """Whether the dashboard still redraws on its own: its run (live, or stored and still being
-        written) has not ended."""
-        return self._timer is not None and self._timer.is_alive()
+        written) has not ended, and it was not closed (false from ``close()`` on, its timer's last draw may still
+        be ending)."""
+        return not self._closed.is_set() and self._timer is not None and self._timer.is_alive()
 
     # ------------------------------------------------------------------ feeding
     def _follow(self, watch: Any) -> None:
@@ -1690,8 +1691,9 @@ class Compare:
 
     @property
     def following(self) -> bool:
-        """Whether the comparison still redraws on its own: a run in it has not ended."""
-        return self._timer is not None and self._timer.is_alive()
+        """Whether the comparison still redraws on its own: a run in it has not ended, and it was not closed
+        (false from ``close()`` on)."""
+        return not self._closed.is_set() and self._timer is not None and self._timer.is_alive()
 
     def _view(self, name: str) -> tuple[Any, None, str]:
         """The view of the run ``name``, as :func:`workbench.ui.stored_runs.compare_runs` reads a cache's."""
