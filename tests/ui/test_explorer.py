@@ -629,3 +629,31 @@ def test_a_steep_continuous_stretch_is_not_a_jump_but_a_step_is():
     step = lambda t: (t > 0.1).astype(np.float64)  # noqa: E731
     assert list(ex.jumps(x, steep(x), steep)) == []
     assert list(ex.jumps(x, step(x), step)) == [4]
+
+
+def _page_handler(c, trigger, event):
+    """The function the page runs on ``event`` of component ``trigger`` (as Gradio calls it), with its outputs."""
+    import gradio as gr
+
+    blocks = next(b for b in gr.context.Context.root_block.fns.values() if (trigger._id, event) in b.targets)
+    return blocks.fn, blocks.outputs
+
+
+def test_the_message_under_stop_says_the_runs_ended_once_they_have():
+    # (it kept "Training `activation_mlp` with ..." after every run had finished)
+    import gradio as gr
+
+    with gr.Blocks() as app:
+        c = ex.layout()
+        ex.wire(c, app)
+        on_tick, outputs = _page_handler(c, c["timer"], "tick")
+    comparison, message = ex.start_comparison(None, ["tanh", "relu"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert message.startswith("Training `activation_mlp`")
+    comparison.join(120)
+    shown = dict(zip([o._id for o in outputs], on_tick(comparison)))
+    said = shown[c["compare_message"]._id]
+    assert said.startswith("The runs have ended (3 steps each, seed 0): relu, tanh finished."), said
+    assert "press Train to run them again" in said
+    stopped, _ = ex.start_comparison(None, ["relu", "tanh"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    stopped.stop(wait=True)
+    assert "relu stopped; tanh not started" in ex.ended_message(stopped)

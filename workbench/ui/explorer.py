@@ -1047,6 +1047,18 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
                         f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
 
 
+def ended_message(comparison: Comparison) -> str:
+    """The form's message once every run of ``comparison`` has ended (it said "Training ..." until then): how
+    each run ended and where to see them."""
+    by_status: dict[str, list[str]] = {}
+    for name, status in comparison.status().items():
+        by_status.setdefault(status, []).append(name)
+    how = "; ".join(f"{', '.join(names)} {status}" for status, names in by_status.items())
+    return (f"The runs have ended ({comparison.steps} steps each, seed {comparison.seed}): {how}. Their curves "
+            "and the table on the right show each run, the table ranked by accuracy on the whole training set; "
+            "press Train to run them again.")
+
+
 def _stop_unless_done(comparison: Comparison) -> None:
     """Stop a comparison's runs (without waiting for the step in progress) unless they have ended."""
     if not comparison.done:
@@ -1382,7 +1394,11 @@ def wire(c: dict[str, Any], app: Any, holdings: PageHoldings | None = None) -> N
 
     def on_tick(comparison):
         done = comparison is None or comparison.done
-        # (the tick that finds the runs ended, the last one, greys Stop out; while they run it is left as is)
-        return gr.Timer(active=not done), gr.Button(interactive=False) if done else gr.skip(), *drawn(comparison)
+        # (the tick that finds the runs ended, the last one, greys Stop out and replaces "Training ..." under it;
+        # while they run both are left as they are)
+        message = ended_message(comparison) if done and comparison is not None else gr.skip()
+        return (gr.Timer(active=not done), gr.Button(interactive=False) if done else gr.skip(), message,
+                *drawn(comparison))
 
-    c["timer"].tick(on_tick, c["comparison"], [c["timer"], c["stop"], *compare_outputs], show_progress="hidden")
+    c["timer"].tick(on_tick, c["comparison"], [c["timer"], c["stop"], c["compare_message"], *compare_outputs],
+                    show_progress="hidden")
