@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import workbench
 from workbench.ui import explorer as ex
@@ -344,6 +345,38 @@ def test_a_recorded_run_without_activations_says_so_rather_than_to_pick_a_site(t
     for site in (None, "layers.0"):
         figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "no-steps", site)
         assert figure["data"] == [] and expected in message and "Pick a call site" not in message, message
+
+
+def _stored(path, model):
+    """``model`` watched into a run at ``path`` for two steps."""
+    with workbench.watch(model, store=path) as w:
+        for _ in range(2):
+            model(torch.randn(8, 2)).sum().backward()
+            w.step()
+
+
+def test_the_default_recorded_site_feeds_an_activation_or_the_message_says_none_does(tmp_path):
+    # (the first site was picked: e.g. query_stream's hash `aggregator`, ~1e18, "dead 100%" through tanh)
+    from workbench.ui.runs import RunsRoot
+
+    torch.manual_seed(0)
+    _stored(tmp_path / "mlp", nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4),
+                                            workbench.create_model("relu"), nn.Linear(4, 1)))
+    _stored(tmp_path / "linear", nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1)))
+    root = RunsRoot(tmp_path)
+    assert ex.run_sites(root, "mlp")[0] == "0"
+    assert ex.activation_inputs(workbench.load_run(tmp_path / "mlp")) == ["1", "3"]  # (torch's and ours)
+    assert ex.default_site(root, "mlp") == "1"
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "mlp", "1", 1000, 0, 0.05)
+    assert "recorded at 1 " in message and "Note" not in message, message
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "mlp", "0", 1000, 0, 0.05)
+    assert "Note: in run 'mlp', '0' does not feed an activation module (the sites that do: 1, 3)" in message
+    assert ex.default_site(root, "linear") is None
+    figure, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "linear", None)
+    assert figure["data"] == [] and "Pick one of its sites" in message, message
+    assert "No call site of run 'linear' feeds an activation module (its sites: 0, 1)" in message, message
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "linear", "0", 1000, 0, 0.05)
+    assert "none of its sites does" in message
 
 
 # --- which activation trains best --------------------------------------------------------

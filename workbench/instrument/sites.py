@@ -119,6 +119,14 @@ def _check_glob_syntax(what: str, pattern: str) -> None:
         start = pattern.find("[", close + 1)
 
 
+def module_classes(model: nn.Module) -> dict[str, str]:
+    """The qualified class name of each module of ``model`` by path (``''``: the model itself), every
+    alias path of a shared module included: what a stored run keeps to say which call sites feed which
+    module (e.g. a Linear layer's output an activation's input)."""
+    return {path: f"{type(module).__module__}.{type(module).__qualname__}"
+            for path, module in model.named_modules(remove_duplicate=False)}
+
+
 class CallSites:
     """The module paths of ``model``, those selected for recording, and the call site of each call.
 
