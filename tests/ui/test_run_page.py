@@ -263,6 +263,19 @@ def test_a_stored_run_replays_into_the_same_views_once(manager):
     assert "experiment: `activation_mlp`, model: `MLP`, seed: `0`" in header, header
 
 
+def test_runs_whose_lines_coincide_are_named_under_the_comparison(manager):
+    # (two runs of the same settings and seed drew the same lines: the second hid the first, without a word)
+    finished(manager, steps=3, store="same/a", seed=1)
+    finished(manager, steps=3, store="same/b", seed=1)
+    finished(manager, steps=3, store="same/c", seed=2)
+    cache = stored_runs.ViewCache(manager.root)
+    message = stored_runs.compare_runs(cache, ["same/a", "same/b", "same/c"], "activation", "std", "layers.0")[4]
+    assert ("`same/a` and `same/b` draw identical lines (the same settings and seed?): `same/b`'s line hides "
+            "theirs.") in message, message
+    assert "same/c` draw" not in message
+    assert "identical" not in stored_runs.compare_runs(cache, ["same/a", "same/c"], "activation", "std", None)[4]
+
+
 def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):
     finished(manager, steps=4, store="cmp/a", seed=1)
     finished(manager, steps=6, store="cmp/b", seed=2)
