@@ -185,6 +185,15 @@ def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_th
     assert json.loads(moved["series"].plot)["layout"]["uirevision"] != revision
 
 
+def test_the_plots_start_sends_say_the_run_is_starting():
+    plots = [json.loads(plot.plot) for plot in run_page.starting_plots("r1 activation_mlp")]
+    assert len(plots) == len(run_page.PLOTS) and set(run_page.PLOTS) <= set(run_page.VIEW_OUTPUTS)
+    for figure in plots:
+        assert not figure["data"]
+        assert [a["text"] for a in figure["layout"]["annotations"]] == [
+            "r1 activation_mlp is starting: its views are drawn here as its steps are recorded."]
+
+
 def test_a_page_without_a_run_says_why_in_every_figure_not_that_a_run_has_no_rows():
     values = ([], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True)
     header = "_No run on this page: start one (New run), or attach to one below._"
