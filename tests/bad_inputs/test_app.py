@@ -129,6 +129,7 @@ MESSAGES = [
     Said("form-device-meta", lambda: start(device="meta"), ["device 'meta'", "cpu"]),
     # ---------------------------------------------------------------- module globs
     Said("glob-matches-nothing", lambda: start(modules="encoder.*"), ["matches no module", "encoder.*"]),
+    Said("glob-malformed", lambda: start(modules="[bad"), ["the glob '[bad' is malformed", "no ']' closes"]),
     Said("glob-not-text", lambda: start(modules=5), ["watch modules must be text", "5"]),
     Said("glob-list", lambda: start(modules=["layers.*"]), ["watch modules must be text", "['layers.*']"]),
     # ---------------------------------------------------------------- record kinds

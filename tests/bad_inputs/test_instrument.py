@@ -218,6 +218,8 @@ CASES = [
     watch_case("modules-dict", TypeError, ["modules", "glob"], modules={"0": True}),
     watch_case("modules-match-nothing", ValueError, ["matches no module", "'nomatch*'", "module paths are"],
                modules="nomatch*"),
+    watch_case("modules-malformed", ValueError, ["modules", "the glob '[bad' is malformed", "no ']' closes"],
+               modules="[bad"),
     watch_case("exclude-everything", ValueError, ["selects no module", "exclude='*'"], exclude="*"),
     watch_case("exclude-int", TypeError, ["exclude", "glob", "7"], exclude=7),
     watch_case("modules-predicate-raises", TypeError, ["modules=<function", "raised TypeError", "module path ''",

@@ -3,6 +3,8 @@ no torch hook installed. The paths expected are written out from the module tree
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from torch import nn
 
@@ -92,6 +94,20 @@ def test_selection_globs_lists_predicates_and_exclude():
         CallSites(model, ["0", "1.O"])  # (one typo among globs that match)
     with pytest.raises(ValueError, match=r"exclude: the glob 'nope' matches no module"):
         CallSites(model, "*", exclude="nope")
+
+
+@pytest.mark.parametrize("what, pattern, wrong", [
+    ("modules", "[bad", r"the '\[' at position 0 opens a set of characters that no '\]' closes; write '\[\[\]'"),
+    ("modules", "1.[0-1", r"the '\[' at position 2 opens a set"),
+    ("exclude", "[!]", r"the '\[' at position 0 opens a set"),
+    ("modules", "1.[1-0]", r"the range '1-0' runs backwards and matches nothing; write it low to high, '0-1'"),
+])
+def test_a_malformed_glob_is_named_as_malformed_not_as_matching_nothing(what, pattern, wrong):
+    model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Tanh(), nn.Linear(3, 1)))
+    with pytest.raises(ValueError, match=rf"{what}: the glob {re.escape(repr(pattern))} is malformed: {wrong}"):
+        CallSites(model, **{what: pattern})
+    assert CallSites(model, "1.[01]").selected == {"1.0", "1.1"}  # (well-formed sets still select)
+    assert CallSites(model, "[]1].*").selected == {"1.0", "1.1"}  # (a ']' first in a set is a member)
 
 
 def test_parameters_are_listed_once_under_their_first_selected_owner():

@@ -243,6 +243,35 @@ def stored_series(rows, kind, site, statistic):
     return part.step.tolist(), part[statistic].to_numpy()
 
 
+def test_the_plots_say_the_run_is_starting_from_the_moment_the_header_says_it_runs(page, monkeypatch):
+    # (the header said "running · step 0" while the plots said "No run on this page" until the run's first
+    # drawing came, some 6 s under load: here that drawing is held back until the plots were read)
+    import threading
+
+    from workbench.ui import run_page, run_tabs
+
+    drawing = threading.Event()
+    redraw = run_tabs.redraw
+
+    def held(view, *args, **kwargs):
+        if view is not None:
+            drawing.wait(120)
+        return redraw(view, *args, **kwargs)
+
+    monkeypatch.setattr(run_tabs, "redraw", held)
+    try:
+        start(page, "activation_mlp", 100_000)
+        expect(page.locator("#run-status")).to_contain_text("running")
+        for name in run_page.PLOTS:
+            expect(page.locator(f"#live-{name}")).to_contain_text(re.compile(r"activation_mlp, seed 0, .* is starting"))
+            expect(page.locator(f"#live-{name}")).not_to_contain_text("No run on this page")
+    finally:
+        drawing.set()
+    expect(page.locator("#live-metrics")).not_to_contain_text("is starting")  # (its first drawing replaced it)
+    page.locator("#run-stop").click()
+    expect(page.locator("#run-status")).to_contain_text("stopped", timeout=60_000)
+
+
 def test_watch_an_activation_mlp_live_and_each_view_shows_its_data(page, runs_root):
     start(page, "activation_mlp", 30, store="browser/mlp", histograms=True, width="16")
     header = page.locator("#run-status")

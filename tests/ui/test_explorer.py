@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import workbench
 from workbench.ui import explorer as ex
@@ -346,6 +347,38 @@ def test_a_recorded_run_without_activations_says_so_rather_than_to_pick_a_site(t
         assert figure["data"] == [] and expected in message and "Pick a call site" not in message, message
 
 
+def _stored(path, model):
+    """``model`` watched into a run at ``path`` for two steps."""
+    with workbench.watch(model, store=path) as w:
+        for _ in range(2):
+            model(torch.randn(8, 2)).sum().backward()
+            w.step()
+
+
+def test_the_default_recorded_site_feeds_an_activation_or_the_message_says_none_does(tmp_path):
+    # (the first site was picked: e.g. query_stream's hash `aggregator`, ~1e18, "dead 100%" through tanh)
+    from workbench.ui.runs import RunsRoot
+
+    torch.manual_seed(0)
+    _stored(tmp_path / "mlp", nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4),
+                                            workbench.create_model("relu"), nn.Linear(4, 1)))
+    _stored(tmp_path / "linear", nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1)))
+    root = RunsRoot(tmp_path)
+    assert ex.run_sites(root, "mlp")[0] == "0"
+    assert ex.activation_inputs(workbench.load_run(tmp_path / "mlp")) == ["1", "3"]  # (torch's and ours)
+    assert ex.default_site(root, "mlp") == "1"
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "mlp", "1", 1000, 0, 0.05)
+    assert "recorded at 1 " in message and "Note" not in message, message
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "mlp", "0", 1000, 0, 0.05)
+    assert "Note: in run 'mlp', '0' does not feed an activation module (the sites that do: 1, 3)" in message
+    assert ex.default_site(root, "linear") is None
+    figure, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "linear", None)
+    assert figure["data"] == [] and "Pick one of its sites" in message, message
+    assert "No call site of run 'linear' feeds an activation module (its sites: 0, 1)" in message, message
+    _, message = ex.draw_distribution("tanh", {}, "recorded run", 0, 1, -1, 1, root, "linear", "0", 1000, 0, 0.05)
+    assert "none of its sites does" in message
+
+
 # --- which activation trains best --------------------------------------------------------
 
 SMALL = dict(depth=2, width=8, batch_size=32, n_samples=256)
@@ -629,3 +662,31 @@ def test_a_steep_continuous_stretch_is_not_a_jump_but_a_step_is():
     step = lambda t: (t > 0.1).astype(np.float64)  # noqa: E731
     assert list(ex.jumps(x, steep(x), steep)) == []
     assert list(ex.jumps(x, step(x), step)) == [4]
+
+
+def _page_handler(c, trigger, event):
+    """The function the page runs on ``event`` of component ``trigger`` (as Gradio calls it), with its outputs."""
+    import gradio as gr
+
+    blocks = next(b for b in gr.context.Context.root_block.fns.values() if (trigger._id, event) in b.targets)
+    return blocks.fn, blocks.outputs
+
+
+def test_the_message_under_stop_says_the_runs_ended_once_they_have():
+    # (it kept "Training `activation_mlp` with ..." after every run had finished)
+    import gradio as gr
+
+    with gr.Blocks() as app:
+        c = ex.layout()
+        ex.wire(c, app)
+        on_tick, outputs = _page_handler(c, c["timer"], "tick")
+    comparison, message = ex.start_comparison(None, ["tanh", "relu"], 3, 0, 1, 4, 0.01, "moons", "one after another")
+    assert message.startswith("Training `activation_mlp`")
+    comparison.join(120)
+    shown = dict(zip([o._id for o in outputs], on_tick(comparison)))
+    said = shown[c["compare_message"]._id]
+    assert said.startswith("The runs have ended (3 steps each, seed 0): relu, tanh finished."), said
+    assert "press Train to run them again" in said
+    stopped, _ = ex.start_comparison(None, ["relu", "tanh"], 100_000, 0, 1, 4, 0.01, "moons", "one after another")
+    stopped.stop(wait=True)
+    assert "relu stopped; tanh not started" in ex.ended_message(stopped)

@@ -160,6 +160,7 @@ def test_a_paused_run_holds_its_step_takes_interventions_and_resumes_or_stops(ma
     (dict(steps=0), "steps must lie in [1, 10000000], got 0"),
     (dict(every="x"), "record every Nth step must be a whole number in [1, 10000000], got 'x'"),
     (dict(modules="encoder.*"), "the glob 'encoder.*' matches no module"),
+    (dict(modules="layers.*, [bad"), "modules: the glob '[bad' is malformed: the '[' at position 0 opens"),
     (dict(record=[]), "record: pick at least one of activations, output gradients"),
     (dict(record=["weights"]), "record: unknown kind 'weights'; choose from activations"),
 ])

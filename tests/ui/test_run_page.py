@@ -185,6 +185,15 @@ def test_a_redraw_sends_nothing_when_nothing_is_new_and_the_pickers_only_when_th
     assert json.loads(moved["series"].plot)["layout"]["uirevision"] != revision
 
 
+def test_the_plots_start_sends_say_the_run_is_starting():
+    plots = [json.loads(plot.plot) for plot in run_page.starting_plots("r1 activation_mlp")]
+    assert len(plots) == len(run_page.PLOTS) and set(run_page.PLOTS) <= set(run_page.VIEW_OUTPUTS)
+    for figure in plots:
+        assert not figure["data"]
+        assert [a["text"] for a in figure["layout"]["annotations"]] == [
+            "r1 activation_mlp is starting: its views are drawn here as its steps are recorded."]
+
+
 def test_a_page_without_a_run_says_why_in_every_figure_not_that_a_run_has_no_rows():
     values = ([], 0.0, False, "activation", "std", [], False, None, "grad_output", "norm", True)
     header = "_No run on this page: start one (New run), or attach to one below._"
@@ -261,6 +270,19 @@ def test_a_stored_run_replays_into_the_same_views_once(manager):
     header = stored_runs.stored_header(view, stored_run, stored_runs.stored_interventions(stored_run))
     assert header.count("finished") == 1 and header.count("step 4 of 4") == 1, header
     assert "experiment: `activation_mlp`, model: `MLP`, seed: `0`" in header, header
+
+
+def test_runs_whose_lines_coincide_are_named_under_the_comparison(manager):
+    # (two runs of the same settings and seed drew the same lines: the second hid the first, without a word)
+    finished(manager, steps=3, store="same/a", seed=1)
+    finished(manager, steps=3, store="same/b", seed=1)
+    finished(manager, steps=3, store="same/c", seed=2)
+    cache = stored_runs.ViewCache(manager.root)
+    message = stored_runs.compare_runs(cache, ["same/a", "same/b", "same/c"], "activation", "std", "layers.0")[4]
+    assert ("`same/a` and `same/b` draw identical lines (the same settings and seed?): `same/b`'s line hides "
+            "theirs.") in message, message
+    assert "same/c` draw" not in message
+    assert "identical" not in stored_runs.compare_runs(cache, ["same/a", "same/c"], "activation", "std", None)[4]
 
 
 def test_two_stored_runs_are_compared_metric_by_metric_and_at_one_site(manager):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from itertools import chain
@@ -86,7 +87,44 @@ def selector(spec: ModuleSelector, what: str) -> Callable[[str], bool]:
     if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise TypeError(f"{what} must be a glob string, a list of globs or a predicate on the module path, "
                         f"got {spec!r}.")
+    for pattern in patterns:
+        _check_glob_syntax(what, pattern)
     return lambda path: any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def _check_glob_syntax(what: str, pattern: str) -> None:
+    """Refuse a malformed glob: a ``[`` set never closed by ``]`` (fnmatch would read it as a literal
+    ``[`` and match nothing) or a reversed range such as ``[z-a]`` (which fnmatch matches to nothing).
+
+    Raises:
+        ValueError: naming ``what``, the pattern and what is wrong with it.
+    """
+    fix = "write '[[]' for a literal '[', or close the set, e.g. 'blocks.[0-3].*'"
+    start = pattern.find("[")
+    while start != -1:
+        close = start + 1
+        if close < len(pattern) and pattern[close] == "!":
+            close += 1
+        if close < len(pattern) and pattern[close] == "]":  # (a ']' first in a set is one of its characters)
+            close += 1
+        close = pattern.find("]", close)
+        if close == -1:
+            raise ValueError(f"{what}: the glob {pattern!r} is malformed: the '[' at position {start} opens a "
+                             f"set of characters that no ']' closes; {fix}.")
+        members = pattern[start + 1:close].removeprefix("!")
+        for low, high in re.findall(r"(.)-(.)", members):
+            if low > high:
+                raise ValueError(f"{what}: the glob {pattern!r} is malformed: the range '{low}-{high}' runs "
+                                 f"backwards and matches nothing; write it low to high, '{high}-{low}'.")
+        start = pattern.find("[", close + 1)
+
+
+def module_classes(model: nn.Module) -> dict[str, str]:
+    """The qualified class name of each module of ``model`` by path (``''``: the model itself), every
+    alias path of a shared module included: what a stored run keeps to say which call sites feed which
+    module (e.g. a Linear layer's output an activation's input)."""
+    return {path: f"{type(module).__module__}.{type(module).__qualname__}"
+            for path, module in model.named_modules(remove_duplicate=False)}
 
 
 class CallSites:

@@ -484,6 +484,42 @@ def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
     return {row.name: (row.module, int(row.call), row.tensor) for row in table.itertuples(index=False)}
 
 
+#: torch's activation modules that act on each value alone (torch.nn.modules.activation less the softmaxes,
+#: GLU and attention, which mix values)
+TORCH_ACTIVATIONS = ("CELU", "ELU", "GELU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "LeakyReLU",
+                     "LogSigmoid", "Mish", "PReLU", "RReLU", "ReLU", "ReLU6", "SELU", "SiLU", "Sigmoid", "Softplus",
+                     "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold")
+
+
+def activation_classes() -> set[str]:
+    """The qualified class names of the modules counted as activations: torch's element-wise ones
+    (:data:`TORCH_ACTIVATIONS`) and each registered activation's (those the explorer lists)."""
+    names = {f"torch.nn.modules.activation.{name}" for name in TORCH_ACTIVATIONS}
+    for name in activation_names():
+        try:
+            made = type(build_activation(name))
+        except Exception:  # (one that cannot be built is left out here; the Curves tab says why)
+            continue
+        names.add(f"{made.__module__}.{made.__qualname__}")
+    return names
+
+
+def activation_inputs(run: Any) -> list[str] | None:
+    """The recorded call sites of a stored run whose output an activation module takes: each one
+    recorded just before a call of an activation module (:func:`activation_classes`), in the order
+    recorded. None: the run does not say its modules' classes (recorded before runs stored them)."""
+    from workbench.instrument import Run, load_run
+
+    run = run if isinstance(run, Run) else load_run(run)
+    classes = run.metadata.get("module_classes")
+    if not isinstance(classes, dict):
+        return None
+    activations = activation_classes()
+    sites = [(name, module) for name, (module, _, _) in recorded_sites(run).items()]
+    return [name for (name, module), (_, following) in zip(sites, sites[1:])
+            if following != module and classes.get(following) in activations]
+
+
 def _recorded_samples(source: Source, n: int, generator: torch.Generator) -> tuple[torch.Tensor, str]:
     run, site = source.args["run"], source.args["site"]
     module, call, tensor = recorded_sites(run)[site]
@@ -985,12 +1021,37 @@ def run_sites(root: Any, name: Any) -> list[str]:
     return list(recorded_sites(_open_run(root, name)))
 
 
+def default_site(root: Any, name: Any) -> str | None:
+    """The call site the Distributions tab picks for stored run ``name``: the first that feeds an
+    activation (:func:`activation_inputs`); None where none does (the message then says so); the
+    first site where the run does not say which modules are activations."""
+    if not name:
+        return None
+    opened = _open_run(root, name)
+    feeding = activation_inputs(opened)
+    if feeding is None:
+        return next(iter(recorded_sites(opened)), None)
+    return feeding[0] if feeding else None
+
+
+def _site_note(run: Any, site: str) -> str:
+    """A line for the message where ``site`` feeds no activation in ``run`` (its values need not look
+    like pre-activations at all: a hash's pushed through tanh are all saturated)."""
+    feeding = activation_inputs(run)
+    if feeding is None or site in feeding:
+        return ""
+    where = f"the sites that do: {', '.join(feeding)}" if feeding else "none of its sites does"
+    return (f"\n\nNote: in run {run.name!r}, {site!r} does not feed an activation module ({where}): its values "
+            "are pushed through the activation all the same.")
+
+
 def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] | None, source: str,
                       mean: Any, std: Any, low: Any, high: Any, root: Any = None, run: Any = None,
                       site: Any = None, samples: Any = DEFAULT_SAMPLES, seed: Any = 0,
                       saturation: Any = DEFAULT_SATURATION) -> tuple[dict, str]:
     """The Distributions figure and its Markdown (the source in words and the fractions)."""
     try:
+        note = ""
         if not name:
             raise ValueError("Pick an activation.")
         if source == "normal":
@@ -1006,14 +1067,19 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
             opened = _open_run(root, run)
             if not site and not recorded_sites(opened):
                 raise ValueError(_NO_ACTIVATIONS.format(run=run))
+            if not site and activation_inputs(opened) == []:
+                raise ValueError(f"No call site of run {run!r} feeds an activation module (its sites: "
+                                 f"{', '.join(list(recorded_sites(opened))[:20])}): it has no pre-activations. "
+                                 "Pick one of its sites to push that site's values through the activation anyway.")
             if not site:
                 raise ValueError("Pick a call site of the run (the pre-activations are the outputs of the "
                                  "layer before an activation, e.g. layers.0).")
             chosen = recorded(opened, site)
+            note = _site_note(opened, site)
         else:
             raise ValueError(f"The input distribution must be one of {list(SOURCES)}, got {source!r}.")
         pushed = push_through(name, _params_of(state, name), chosen, samples, _field_seed(seed), saturation)
-        return distribution_figure(pushed), fractions_markdown(pushed)
+        return distribution_figure(pushed), fractions_markdown(pushed) + note
     except Exception as exc:
         return empty_figure("Nothing to draw: see the message below."), _message(exc)
 
@@ -1045,6 +1111,18 @@ def start_comparison(current: Comparison | None, names: Sequence[str] | None, st
     comparison.start()
     return comparison, (f"{stopped or 'Training'} `activation_mlp` with {', '.join(comparison.entries)}: "
                         f"{comparison.steps} steps each, seed {comparison.seed}, {comparison.mode}.")
+
+
+def ended_message(comparison: Comparison) -> str:
+    """The form's message once every run of ``comparison`` has ended (it said "Training ..." until then): how
+    each run ended and where to see them."""
+    by_status: dict[str, list[str]] = {}
+    for name, status in comparison.status().items():
+        by_status.setdefault(status, []).append(name)
+    how = "; ".join(f"{', '.join(names)} {status}" for status, names in by_status.items())
+    return (f"The runs have ended ({comparison.steps} steps each, seed {comparison.seed}): {how}. Their curves "
+            "and the table on the right show each run, the table ranked by accuracy on the whole training set; "
+            "press Train to run them again.")
 
 
 def _stop_unless_done(comparison: Comparison) -> None:
@@ -1328,14 +1406,16 @@ def wire(c: dict[str, Any], app: Any, holdings: PageHoldings | None = None) -> N
 
     def on_run(run, current):
         try:
-            sites = run_sites(root, run)
+            sites, chosen = run_sites(root, run), default_site(root, run)
         except Exception:
-            sites = []
-        return gr.Dropdown(choices=sites, value=current if current in sites else (sites[0] if sites else None))
+            sites, chosen = [], None
+        return gr.Dropdown(choices=sites, value=current if current in sites else chosen)
 
     for trigger in (c["runs_refresh"].click, c["source"].change):
         trigger(on_runs, c["run"], c["run"])
-    c["run"].change(on_run, [c["run"], c["site"]], c["site"])
+    # (then drawn: a run whose default site is None, as the last one's was, changes no site, yet its message differs)
+    c["run"].change(on_run, [c["run"], c["site"]], c["site"]).then(
+        on_distribution, dist_inputs, [c["dist_plot"], c["dist_message"]], show_progress="hidden")
     gr.on([c[k].change for k in ("dist_name", "source", "mean", "std", "low", "high", "site", "samples",
                                  "dist_seed", "saturation")],
           on_distribution, dist_inputs, [c["dist_plot"], c["dist_message"]], show_progress="hidden")
@@ -1382,7 +1462,11 @@ def wire(c: dict[str, Any], app: Any, holdings: PageHoldings | None = None) -> N
 
     def on_tick(comparison):
         done = comparison is None or comparison.done
-        # (the tick that finds the runs ended, the last one, greys Stop out; while they run it is left as is)
-        return gr.Timer(active=not done), gr.Button(interactive=False) if done else gr.skip(), *drawn(comparison)
+        # (the tick that finds the runs ended, the last one, greys Stop out and replaces "Training ..." under it;
+        # while they run both are left as they are)
+        message = ended_message(comparison) if done and comparison is not None else gr.skip()
+        return (gr.Timer(active=not done), gr.Button(interactive=False) if done else gr.skip(), message,
+                *drawn(comparison))
 
-    c["timer"].tick(on_tick, c["comparison"], [c["timer"], c["stop"], *compare_outputs], show_progress="hidden")
+    c["timer"].tick(on_tick, c["comparison"], [c["timer"], c["stop"], c["compare_message"], *compare_outputs],
+                    show_progress="hidden")

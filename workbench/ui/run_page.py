@@ -282,6 +282,18 @@ def _mark_interventions(latest: pd.DataFrame, interventions: pd.DataFrame, sites
     return latest.assign(intervention=marks)
 
 
+#: The plots of a run page, in VIEW_OUTPUTS' order: those :func:`starting_plots` fills.
+PLOTS = ("metrics", "series", "distribution", "heatmap")
+
+
+def starting_plots(label: str) -> tuple:
+    """The page's plots (:data:`PLOTS`) as Start sends them with the header that says the run is running:
+    each says the run is starting, until the run's first drawing replaces it (not "No run on this page"
+    beside a header that names one)."""
+    empty = figures.empty_figure(f"{label} is starting: its views are drawn here as its steps are recorded.")
+    return tuple(plot_data(empty) for _ in PLOTS)
+
+
 def live_header(run: LiveRun) -> str:
     """A live run's page header: the view's (state, step of total, pace), where the run records, and
     its instrumentation errors."""

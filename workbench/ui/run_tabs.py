@@ -34,7 +34,8 @@ from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, ap
                                       find_run, intervention_panel, pause_run, remove_applied, run_choices,
                                       run_controls, runs_frame, runs_note, shown_runs_frame, stop_run)
 from workbench.ui.run_page import (CONTROLS, IN_VIEW_ONLY, LATEST_COLUMNS, LATEST_DATATYPES, LATEST_WIDTHS, STATISTICS,
-                                   VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips)
+                                   PLOTS, VIEW_OUTPUTS, live_header, new_page_state, plot_data, redraw, skips,
+                                   starting_plots)
 from workbench.ui.runs import RUN_TABLE_COLUMNS, RunManager, RunsRoot
 from workbench.ui.stored_runs import (EXPORT_FORMATS, NO_COMPARISON, RUNS_TABLE_DATATYPES, RUNS_TABLE_WIDTHS,
                                       ViewCache, compare_page, export_run, replay, run_table, shown_runs,
@@ -619,7 +620,7 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
                     return (gr.skip(), gr.skip(), message, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                            *listed(attached), *skips(len(buttons) + 2))
+                            *listed(attached), *skips(len(buttons) + 2 + len(PLOTS)))
                 started = f"Started {new.label}; this page is attached to it."
                 previous = manager.get(attached)
                 if previous is not None and previous.running:
@@ -629,14 +630,17 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                 return (live_header(new), new.id, "", state, gr.Timer(active=True),
                         gr.Accordion(open=False), started, *listed(new.id), *button_updates(new.id, state, fresh=True),
                         {"run": new.id},  # (remembered by the browser: a reload attaches to it again)
-                        "")  # (the intervention message was about the run the page held before)
+                        "",  # (the intervention message was about the run the page held before)
+                        *starting_plots(new.label))  # (with the header that says it runs, until its first drawing)
 
             # (the page scrolls to the run's header: Start lies at the foot of a long form)
-            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text, *skips(9 + len(buttons)))),
+            start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text,
+                                                         *skips(9 + len(buttons) + len(PLOTS)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
                          c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
-                         c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"]]).then(
+                         c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"],
+                         *[c[f"live_{name}"] for name in PLOTS]]).then(
                 None, js=SHOW_HEADER).then(
                 _guarded(draw_live, lambda text: (gr.skip(), text, *skips(n_views - 1))),
                 live_inputs, live_outputs, show_progress="hidden").then(

@@ -277,7 +277,32 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
         text += f" {'; '.join(said)}" + (f": the sites of `{having[0]}` are listed." if having else ".")
     elif not common and len(having) > 1:
         text += f" They share no {kind} call site (different models?): the sites of `{having[0]}` are listed."
+    text += _coinciding(views, names, kind, statistic, site)
     return metrics, site_fig, choices, site, (text + (" " + note if note else "")).strip()
+
+
+def _drawn(view: RunView, names: list[str], kind: str, statistic: str, site: str | None) -> tuple | None:
+    """What a comparison draws of ``view``: its metrics' and the site's values by step (None: nothing)."""
+    metrics = view.metrics_frame(names)[["metric", "step", "value"]]
+    series = (view.site_series(kind, statistic, [site])[["step", "value"]]
+              if site is not None and site in view.site_order(kind) else None)
+    if metrics.empty and (series is None or series.empty):
+        return None
+    # (as text: NaN equals NaN there, as two runs that diverged alike draw alike)
+    return metrics.to_csv(index=False), "" if series is None else series.to_csv(index=False)
+
+
+def _coinciding(views: dict[str, RunView], names: list[str], kind: str, statistic: str, site: str | None) -> str:
+    """A note naming the runs whose lines coincide (the same values at the same steps, in every metric and at the
+    site): the last one drawn hides the others, which read as missing (runs of the same settings and seed)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, view in views.items():
+        drawn = _drawn(view, names, kind, statistic, site)
+        if drawn is not None:
+            groups.setdefault(drawn, []).append(name)
+    same = [group for group in groups.values() if len(group) > 1]
+    return "".join(f" {', '.join(f'`{n}`' for n in group[:-1])} and `{group[-1]}` draw identical lines (the same "
+                   f"settings and seed?): `{group[-1]}`'s line hides theirs." for group in same)
 
 
 def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any, log_y: Any,

@@ -308,6 +308,7 @@ class RunView:
         self._calls: dict[tuple[str, str], int] = {}  # (kind, module) -> calls seen in one step
         self._histograms: dict[tuple[str, int], History] = {}
         self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of deliveries, for steps/s
+        self._pace = WholeRunPace()  # the pace over the whole run: steps/s once it ended ("ran at")
         self._arrived: float | None = None  # time.monotonic() of the last delivery of steps
         self._lock = threading.RLock()
 
@@ -330,6 +331,9 @@ class RunView:
         times = run.step_times()  # its pace, as the header read it live: from steps spread over the run
         picks = np.unique(np.linspace(0, len(times) - 1, view._times.maxlen).round().astype(int)) if len(times) else []
         view._times.extend(zip(times.time.to_numpy()[picks].tolist(), times.step.to_numpy()[picks].tolist()))
+        view._pace = WholeRunPace()  # (as the live view read its steps: these, in step order)
+        for ended, step in zip(times.time.to_numpy().tolist(), times.step.to_numpy().tolist()):
+            view._pace.add(ended, step)
         metadata = run.metadata
         view.set_status(metadata["status"], metadata.get("error"))
         started = metadata.get("start_time")
@@ -410,6 +414,8 @@ class RunView:
                 self._arrived = time.monotonic()
                 self.last_step = max(self.last_step, max(r.step for r in records))
                 stamped = [r for r in records if r.time is not None]
+                for record in stamped:
+                    self._pace.add(record.time, record.step)
                 if stamped:  # when the steps ended: a first delivery of many steps has a pace too
                     if not self._times:
                         self._times.append((stamped[0].time, stamped[0].step))
@@ -632,9 +638,13 @@ class RunView:
     def header(self) -> dict[str, Any]:
         """Run header: label, status (and error), step of total (the step the run began after, ``first_step``,
         until its first arrives), steps/s, seconds left, and the seconds since steps last arrived (``idle_s``; None
-        before the first)."""
+        before the first). steps/s: while the run is running (or stopping), its recent pace, over the last
+        deliveries of steps; otherwise the pace it ran at over all its steps (:class:`WholeRunPace`), the
+        same live and on replay."""
         with self._lock:
-            rate = _rate(self._times)
+            moving = self.status in ("running", "stopping")
+            whole = None if moving else self._pace.rate()  # (None too for steps fed without their times)
+            rate = whole if whole is not None else _rate(self._times)
             step = max(self.last_step, self.first_step)
             left = None
             if rate and self.total is not None and self.status == "running":
@@ -886,6 +896,38 @@ def _check_kind(kind: str) -> None:
 #: A gap between two deliveries of steps this many times their median gap is a pause (or a stall), not
 #: the pace of training: left out of the steps/s a header shows.
 PAUSE_GAP = 5.0
+
+
+class WholeRunPace:
+    """The pace a run trained at over all its steps, live and on replay alike: fed each recorded step's
+    ``(time it ended, step)`` in step order, it keeps at most :attr:`KEEP` of them spread evenly over the
+    run (every ``stride``-th, the stride doubling as they fill) and the last; :meth:`rate` is
+    :func:`_rate` over those (pauses left out). The same steps fed give the same pace: the live
+    header's "ran at" once a run ended and its replay's read the run's steps alike."""
+
+    KEEP = 64
+
+    def __init__(self) -> None:
+        self.stride, self.seen = 1, 0
+        self.kept: list[tuple[int, float, int]] = []  # (index among the steps fed, time, step)
+        self.last: tuple[float, int] | None = None
+
+    def add(self, ended: float, step: int) -> None:
+        """Count one recorded step, which ended at ``ended`` (``time.time()``)."""
+        if self.seen % self.stride == 0:
+            self.kept.append((self.seen, ended, step))
+            if len(self.kept) > self.KEEP:
+                self.stride *= 2
+                self.kept = [k for k in self.kept if k[0] % self.stride == 0]
+        self.seen += 1
+        self.last = (ended, step)
+
+    def rate(self) -> float | None:
+        """Steps per second over the run so far; None before two steps."""
+        points = [(t, s) for _, t, s in self.kept]
+        if self.last is not None and (not points or points[-1] != self.last):
+            points.append(self.last)
+        return _rate(points)
 
 
 def _rate(times: Sequence[tuple[float, int]]) -> float | None:
