@@ -30,7 +30,8 @@ def test_a_notebook_and_print_show_the_evidence_and_hint_of_each_finding_whole(t
     cut_at = pd.get_option("display.max_colwidth")
     texts = [*findings.evidence, *findings.hint]
     assert all(len(text) > cut_at for text in texts), "texts pandas would cut, or this test proves nothing"
-    assert not any(html.escape(text, quote=False) in pd.DataFrame(findings)._repr_html_() for text in texts)  # (pandas' own)
+    plain = pd.DataFrame(findings)._repr_html_()  # (pandas' own table, for the sake of comparison)
+    assert not any(html.escape(text, quote=False) in plain for text in texts)
     shown, _ = DisplayFormatter().format(findings)  # what Jupyter shows of a cell's last line
     for text in texts:
         assert html.escape(text, quote=False) in shown["text/html"]
