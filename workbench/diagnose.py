@@ -158,9 +158,12 @@ PLATEAU_WINDOW = 20
 
 
 #: The style of a findings table in a notebook: its text left-aligned and wrapped at the width of the output, each
-#: row read from its top (pandas' own table right-aligns its cells, for numbers).
-_FINDINGS_STYLE = ("<style>table.workbench-findings td {text-align: left; vertical-align: top; white-space: normal; "
-                   "overflow-wrap: break-word;}</style>")
+#: row read from its top (pandas' own table right-aligns its cells, for numbers; the selector outranks JupyterLab's
+#: ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td``, which does the same).
+_FINDINGS_STYLE = ("<style>table.dataframe.workbench-findings td, table.dataframe.workbench-findings thead th "
+                   "{text-align: left; vertical-align: top; white-space: normal; overflow-wrap: break-word;}</style>")
+#: The least width of a column of sentences in a notebook's findings table: a line of a few words, not a word a line.
+_SENTENCE_WIDTH = "22em"
 #: The columns of a finding's sentences: the text repr of a findings frame writes them under its table, a line each.
 _LONG_TEXT = ("evidence", "hint")
 
@@ -203,11 +206,16 @@ class Findings(pd.DataFrame):
         return "\n\n".join(part for part in (table, "\n".join(lines)) if part)
 
     def _repr_html_(self) -> str | None:
-        with pd.option_context("display.max_colwidth", None, "display.max_columns", None):
-            html = super()._repr_html_()
-        if html is None or 'class="dataframe"' not in html:
-            return html  # (pandas shows its text here: display.notebook_repr_html off, or its info repr)
-        return _FINDINGS_STYLE + html.replace('class="dataframe"', 'class="dataframe workbench-findings"', 1)
+        if not pd.get_option("display.notebook_repr_html"):
+            return None  # (as pandas: the notebook shows the text)
+        # (the rows pandas' own table shows: all up to display.max_rows, else display.min_rows of them)
+        most, least = pd.get_option("display.max_rows"), pd.get_option("display.min_rows")
+        rows = most if not most or len(self) <= most else min(least or most, most)
+        with pd.option_context("display.max_colwidth", None):
+            table = self.to_html(max_rows=rows, max_cols=None, show_dimensions=pd.get_option("display.show_dimensions"),
+                                 notebook=True, classes="workbench-findings",
+                                 col_space={c: _SENTENCE_WIDTH for c in _LONG_TEXT if c in self.columns})
+        return _FINDINGS_STYLE + table
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ DataFrame for code."""
 from __future__ import annotations
 
 import html
+import re
 
 import pandas as pd
 import torch
@@ -38,9 +39,11 @@ def test_a_notebook_and_print_show_the_evidence_and_hint_of_each_finding_whole(t
         assert text in shown["text/plain"]
         assert text in str(findings)
     assert 'class="dataframe workbench-findings"' in shown["text/html"]  # (its text left-aligned and wrapped)
-    for column in findings.columns:  # every column, none elided to fit a console's width
-        assert f"<th>{column}</th>" in shown["text/html"]
-        assert column in shown["text/plain"]
+    headers = re.findall(r"<th( style=\"[^\"]*\")?>([a-z_]+)</th>", shown["text/html"])
+    assert [name for _, name in headers] == list(findings.columns)  # every column, none elided
+    assert {name: style for style, name in headers if style} == dict.fromkeys(
+        ["evidence", "hint"], ' style="min-width: 22em;"')  # (a line of a few words each, not a word a line)
+    assert all(column in shown["text/plain"] for column in findings.columns)
 
 
 def test_what_code_takes_of_a_findings_frame_is_a_dataframe_shown_whole_too(tmp_path):
