@@ -29,7 +29,7 @@ import pandas as pd
 
 from workbench.instrument.schema import finish, site_name, whole_number
 
-__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Thresholds", "diagnose", "gradient_noise",
+__all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Findings", "Thresholds", "diagnose", "gradient_noise",
            "update_ratios"]
 
 #: The columns of a findings frame. ``step`` is the first recorded step the finding held (of its
@@ -155,6 +155,67 @@ NOT_CONSEQUENCES = ("not_updated", "frozen")
 
 #: The values of a loss metric whose median is its level at its start and now, for ``loss_plateau``.
 PLATEAU_WINDOW = 20
+
+
+#: The style of a findings table in a notebook: its text left-aligned and wrapped at the width of the output, each
+#: row read from its top (pandas' own table right-aligns its cells, for numbers; the selector outranks JupyterLab's
+#: ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td``, which does the same).
+_FINDINGS_STYLE = ("<style>table.dataframe.workbench-findings td, table.dataframe.workbench-findings thead th "
+                   "{text-align: left; vertical-align: top; white-space: normal; overflow-wrap: break-word;}</style>")
+#: The least width of a column of sentences in a notebook's findings table: a line of a few words, not a word a line.
+_SENTENCE_WIDTH = "22em"
+#: The columns of a finding's sentences: the text repr of a findings frame writes them under its table, a line each.
+_LONG_TEXT = ("evidence", "hint")
+
+
+class Findings(pd.DataFrame):
+    """A findings frame (:data:`COLUMNS`): a pandas DataFrame in all but its display. Filter, index and export it as
+    any frame (what is taken from it is a ``Findings`` too, of the columns and rows taken).
+
+    pandas shows a cell's text cut at ``display.max_colwidth`` (50 characters) and, in a console, leaves out the
+    columns that do not fit its width; a finding's evidence and hint are read whole. So a ``Findings`` displays all
+    of each cell: in a notebook (its HTML) the text wrapped at the width of the output, left-aligned; in its text
+    (``print``, a console) the table of every other column, then, per finding, its evidence and hint whole, a line
+    each. The rows shown are those pandas shows (``display.max_rows``, ``display.min_rows``).
+    """
+
+    @property
+    def _constructor(self) -> type:
+        return Findings
+
+    def __repr__(self) -> str:
+        long = [c for c in _LONG_TEXT if c in self.columns]
+        with pd.option_context("display.max_colwidth", None, "display.max_columns", None):
+            if not long or not len(self):
+                return super().__repr__()
+            others = self.drop(columns=long)
+            table = repr(pd.DataFrame(others)) if len(others.columns) else ""
+        # (the rows pandas shows of a long frame: its first and last display.min_rows / 2)
+        most, shown = pd.get_option("display.max_rows"), range(len(self))
+        if most and len(self) > most:
+            half = max(1, (pd.get_option("display.min_rows") or most) // 2)
+            shown = [*range(half), *range(len(self) - half, len(self))]
+        lines = []
+        for at, position in enumerate(shown):
+            if at and position != shown[at - 1] + 1:
+                lines.append("...")
+            row = self.iloc[position]
+            named = f" {row['finding']} at {row['site']}" if {"finding", "site"} <= set(self.columns) else ""
+            lines.append(f"{self.index[position]}{named}")
+            lines.extend(f"    {column}: {row[column]}" for column in long)
+        return "\n\n".join(part for part in (table, "\n".join(lines)) if part)
+
+    def _repr_html_(self) -> str | None:
+        if not pd.get_option("display.notebook_repr_html"):
+            return None  # (as pandas: the notebook shows the text)
+        # (the rows pandas' own table shows: all up to display.max_rows, else display.min_rows of them)
+        most, least = pd.get_option("display.max_rows"), pd.get_option("display.min_rows")
+        rows = most if not most or len(self) <= most else min(least or most, most)
+        with pd.option_context("display.max_colwidth", None):
+            table = self.to_html(max_rows=rows, max_cols=None, show_dimensions=pd.get_option("display.show_dimensions"),
+                                 notebook=True, classes="workbench-findings",
+                                 col_space={c: _SENTENCE_WIDTH for c in _LONG_TEXT if c in self.columns})
+        return _FINDINGS_STYLE + table
 
 
 @dataclass(frozen=True)
@@ -591,7 +652,7 @@ class Diagnoser:
             flush()
 
     # ------------------------------------------------------------------ results
-    def findings(self) -> pd.DataFrame:
+    def findings(self) -> Findings:
         """The findings so far: most severe first, then the newest by last step, of those the one that began first."""
         with self._lock:
             self._absorb()
@@ -611,7 +672,7 @@ class Diagnoser:
             self._cache = (self._version, frame)
             return frame.copy()
 
-    def _frame(self, rows: list[tuple]) -> pd.DataFrame:
+    def _frame(self, rows: list[tuple]) -> Findings:
         """The findings frame of ``rows`` (tuples of :data:`COLUMNS`' values). Drawn anew only where the
         rows differ in more than a few cells from the last frame's: a finding that grows each step changes its
         last step and evidence, two cells set in the frame drawn before, not a frame drawn again."""
@@ -625,8 +686,8 @@ class Diagnoser:
                     frame.iat[i, j] = value
                 return frame
         columns = list(zip(*rows)) if rows else [()] * len(COLUMNS)
-        return pd.DataFrame({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call", "consequences") else
-                             pd.Series(v, dtype=object) for c, v in zip(COLUMNS, columns)}, columns=list(COLUMNS))
+        return Findings({c: np.asarray(v, np.int64) if c in ("step", "last_step", "call", "consequences") else
+                         pd.Series(v, dtype=object) for c, v in zip(COLUMNS, columns)}, columns=list(COLUMNS))
 
     def _row(self, e: dict) -> dict:
         severity, hint = FINDINGS[e["finding"]]
@@ -2251,7 +2312,7 @@ def _check_frame(rows: Any, metrics: Any, ordered: bool = True) -> None:
 
 
 def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds: Thresholds | dict | None = None,
-             **overrides: Any) -> pd.DataFrame:
+             **overrides: Any) -> Findings:
     """The findings of a recorded run: what looks wrong, where and since when.
 
     Args:
@@ -2263,7 +2324,7 @@ def diagnose(rows: pd.DataFrame, metrics: pd.DataFrame | None = None, thresholds
 
     Returns:
         One row per finding (:data:`COLUMNS`), the most severe first, then the newest by last step (of those, the one
-        that began first).
+        that began first): a :class:`Findings`, a DataFrame that displays its text whole.
 
     Raises:
         TypeError: ``rows``/``metrics`` not DataFrames, an unknown threshold.

@@ -818,7 +818,7 @@ def test_compare_draws_stored_runs_as_the_apps_runs_tab_does(tmp_path):
 
     compare.site.value = "layers.0"
     assert compare.figure("site")["layout"]["title"]["text"] == "grad_output: norm at layers.0, by run"
-    compare.log_y.value = True
+    compare.log_site.value = True
     assert compare.figure("site")["layout"]["yaxis"]["type"] == "log"
     compare.kind.value = "param"  # another kind: its sites, the picked one kept where it is one of them
     assert compare.sites[0] == "layers.0.weight" and compare.site.value in compare.sites
@@ -864,11 +864,11 @@ def test_a_run_whose_line_dwarfs_the_others_is_compared_on_a_log_y_in_the_app_an
     assert scale(compare_runs(cache, ["small", "large"], "activation", "norm", "0", log_y=False)[1]) == "linear"
     # the notebook's Compare draws through the same code, and its box says what the figure chose
     compare = Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm", site="0")
-    assert scale(compare.figure("site")) == "log" and compare.log_y.value is True
-    compare.log_y.value = False  # the user's scale from here
-    assert scale(compare.figure("site")) == "linear" and compare.log_y.value is False
+    assert scale(compare.figure("site")) == "log" and compare.log_site.value is True
+    compare.log_site.value = False  # the user's scale from here
+    assert scale(compare.figure("site")) == "linear" and compare.log_site.value is False
     compare.statistic.value = "abs_mean"  # another statistic: the figure chooses again
-    assert scale(compare.figure("site")) == "log" and compare.log_y.value is True
+    assert scale(compare.figure("site")) == "log" and compare.log_site.value is True
     assert scale(Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm",
                          log_y=False).figure("site")) == "linear"  # (a scale given: the user's)
 
@@ -898,15 +898,19 @@ def test_compare_reads_top_down_the_runs_then_a_tab_a_figure_each_with_its_contr
     assert message is compare.message_html and tabs is compare.tabs and tabs.titles == ("metrics", "call site")
     assert errors is compare.errors.html and errors.value == ""  # (a callback's error, under the message)
     assert [list(page.children[0].children) for page in tabs.children] == [
-        [compare.smoothing, compare.log_y], [compare.kind, compare.statistic, compare.site, compare.log_y]]
+        [compare.smoothing, compare.log_y], [compare.kind, compare.statistic, compare.site, compare.log_site]]
     assert [page.children[1] for page in tabs.children] == [compare.metrics_plot, compare.site_plot]
 
     compare.run_checkboxes["relu"].value = False  # a click takes that run out, the others stay
     assert compare.picked == ("gelu", "tanh") and set(run_lines(compare.figure("metrics"))) == {"gelu", "tanh"}
     compare.run_checkboxes["relu"].value = True  # and another puts it back
     assert set(run_lines(compare.figure("site"))) == {"gelu", "relu", "tanh"}
-    compare.log_y.value = True  # (one box in both tabs: both figures)
-    assert compare.figure("metrics")["layout"]["yaxis"]["type"] == compare.figure("site")["layout"]["yaxis"]["type"]
+    site_scale = compare.figure("site")["layout"]["yaxis"]["type"]
+    compare.log_y.value = True  # (a box a tab: the metrics' sets every metrics panel, and the call site's its figure)
+    assert set(y_scales(compare.figure("metrics")).values()) == {"log"}
+    assert compare.figure("site")["layout"]["yaxis"]["type"] == site_scale
+    assert compare.log_site.value is (site_scale == "log")
+    compare.log_site.value = True
     assert compare.figure("site")["layout"]["yaxis"]["type"] == "log"
 
 
@@ -1492,7 +1496,7 @@ def test_a_comparisons_scale_is_kept_only_once_each_run_has_its_line():
                 return compare.figure("site")["layout"]["yaxis"]["type"]
 
             assert steps("early", early, w_early, 2 * figures.SCALE_SETTLES_AT) == "linear"  # (one line)
-            assert steps("late", late, w_late, 1) == "log" and compare.log_y.value  # (the late run's line dwarfs it)
+            assert steps("late", late, w_late, 1) == "log" and compare.log_site.value  # (the late run's dwarfs it)
         finally:
             compare.close()
 
@@ -1708,23 +1712,65 @@ def test_the_dashboards_metrics_log_y_is_ticked_while_a_panel_chose_log_and_a_ti
     assert set(y_scales(Dashboard(w, log_y=False).figure("metrics")).values()) == {"linear"}  # (given: the user's)
 
 
-def test_a_log_y_box_set_to_the_scale_it_shows_is_the_users_in_compare_and_the_per_site_figure(tmp_path):
-    """Compare's log y and the Dashboard's per-site one show the figure's choice; set by the user to the value they
-    showed, nothing was told (ipywidgets tells a change only) and the figures went on choosing."""
+def test_each_compare_tab_has_its_own_log_y_box_that_shows_the_scale_of_its_figure():
+    """Compare had one "log y" box in both tabs, ticked while either figure drew log: a loss panel drawn log ticked
+    it over the call site's figure drawn linear, and a tick there set the metrics too. A box a tab: each shows its
+    figure's scale, and a tick sets that figure's alone."""
     from workbench.ui.notebook import Compare
 
-    for name, scale in (("small", 1.0), ("large", 1e5)):  # (the large run's line dwarfs the small one's: log)
+    watches = {}
+    for name in ("a", "b"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        with workbench.watch(model) as watches[name]:
+            for loss, accuracy in ((1.0, 0.5), (30.0, 0.6), (2e5, 0.7), (20.0, 0.8)):  # (a loss spike: its panel log)
+                model(torch.ones(4, 2)).sum().backward()
+                watches[name].step(loss=loss, accuracy=accuracy)
+    compare = Compare(watches, kind="activation", statistic="norm")
+    metrics_page, site_page = compare.tabs.children
+    assert compare.log_y in metrics_page.children[0].children and compare.log_y not in site_page.children[0].children
+    assert compare.log_site in site_page.children[0].children
+    assert sorted(y_scales(compare.figure("metrics")).values()) == ["linear", "log"] and compare.log_y.value is True
+    assert y_scales(compare.figure("site")) == {"yaxis": "linear"} and compare.log_site.value is False
+    compare.tabs.selected_index = 1  # (the tab opened: its box says its figure's scale, whatever the other's)
+    assert compare.open_figure == "site" and compare.log_site.value is False and compare.log_y.value is True
+    compare.log_site.value = True  # a tick in the call site's tab: its figure log, the metrics as they chose
+    assert y_scales(compare.figure("site")) == {"yaxis": "log"}
+    assert sorted(y_scales(compare.figure("metrics")).values()) == ["linear", "log"] and compare.log_y.value is True
+    compare.log_y.value = True  # the metrics' box, set to what it shows: the user's, every panel log
+    assert set(y_scales(compare.figure("metrics")).values()) == {"log"}
+    compare.log_y.value = False
+    assert set(y_scales(compare.figure("metrics")).values()) == {"linear"}
+    assert y_scales(compare.figure("site")) == {"yaxis": "log"} and compare.log_site.value is True
+    compare.statistic.value = "std"  # another statistic: the call site's figure chooses again, the metrics' kept
+    assert compare.log_site.value is (y_scales(compare.figure("site"))["yaxis"] == "log")
+    assert set(y_scales(compare.figure("metrics")).values()) == {"linear"} and compare.log_y.value is False
+    both = Compare(watches, kind="activation", statistic="norm", log_y=True)  # (a scale given: both figures')
+    assert set(y_scales(both.figure("metrics")).values()) == {"log"} and both.log_y.value is True
+    assert y_scales(both.figure("site")) == {"yaxis": "log"} and both.log_site.value is True
+
+
+def test_a_log_y_box_set_to_the_scale_it_shows_is_the_users_in_compare_and_the_per_site_figure(tmp_path):
+    """Compare's log y boxes and the Dashboard's per-site one show the figure's choice; set by the user to the value
+    they showed, nothing was told (ipywidgets tells a change only) and the figures went on choosing."""
+    from workbench.ui.notebook import Compare
+
+    for name, scale in (("small", 1.0), ("large", 1e5), ("also small", 1.0)):  # (the large run's line dwarfs)
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(4, 4))
         with workbench.watch(net, store=tmp_path / name) as w:
             for loss in (1.0, 0.9, 0.8):  # (a loss each panel draws on a linear y)
                 net(torch.ones(2, 4) * scale).sum().backward()
                 w.step(loss=loss)
-    compare = Compare(tmp_path / "small", tmp_path / "large", kind="activation", statistic="norm", site="0")
-    assert compare.log_y.value is True and set(y_scales(compare.figure("metrics")).values()) == {"linear"}
-    compare.log_y.value = True  # (both figures' scale, the user's: the metrics too)
-    assert set(y_scales(compare.figure("metrics")).values()) == {"log"}
-    assert y_scales(compare.figure("site")) == {"yaxis": "log"}
+    runs = [tmp_path / name for name in ("small", "large", "also small")]
+    compare = Compare(*runs, kind="activation", statistic="norm", site="0")
+    assert compare.log_site.value is True and y_scales(compare.figure("site")) == {"yaxis": "log"}
+    compare.log_site.value = True  # (set to what it shows: the user's log from here)
+    compare.run_checkboxes["large"].value = False  # (without the large run, the figure would choose linear)
+    assert y_scales(compare.figure("site")) == {"yaxis": "log"} and compare.log_site.value is True
+    chosen = Compare(*runs, kind="activation", statistic="norm", site="0")
+    chosen.run_checkboxes["large"].value = False
+    assert y_scales(chosen.figure("site")) == {"yaxis": "linear"} and chosen.log_site.value is False
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     with torch.no_grad():

@@ -101,7 +101,8 @@ def _merged_calls(findings: pd.DataFrame) -> pd.DataFrame:
                 call_sites=tuple(str(rows[i]["site"]) for i in by_call))
             merged_away.update(i for i in episode if i != where)
     kept = [row for i, row in enumerate(rows) if i not in merged_away]
-    return pd.DataFrame(kept, columns=[*findings.columns, "calls", "call_sites"]).astype(findings.dtypes.to_dict())
+    # (of the frame's own class: a diagnose.Findings merged still displays its text whole, as the unmerged one does)
+    return type(findings)(kept, columns=[*findings.columns, "calls", "call_sites"]).astype(findings.dtypes.to_dict())
 
 
 def fold_consequences(findings: pd.DataFrame, listed: Any = ()) -> pd.DataFrame:

@@ -1569,15 +1569,19 @@ class Compare:
             their rows arrive (if they turn out to lack it, the message says so and another is drawn);
             runs that have sites and lack it refuse it.
         smoothing: the metrics' smoothing, in [0, 1).
-        log_y: log-scaled y axes, both figures'; None: the metrics' linear, and the call site's figure
-            chooses, as the app's comparison and a Dashboard's per-site figure: log where one run's line
-            dwarfs the others (``figures.dwarfed``), the box saying which, until it is set (another kind,
-            statistic or site: the figure chooses again).
+        log_y: log-scaled y axes, both figures' (both their boxes ticked); None: each figure chooses, as the
+            app's comparison and a Dashboard's figures: each metrics panel log where a line's spike flattens the
+            rest, the call site's figure log where one run's line dwarfs the others (``figures.dwarfed``), its
+            box saying which, until it is set (the call site's: until another kind, statistic or site, where the
+            figure chooses again).
         interval: seconds between checks for new steps (> 0).
         tab: the figure open first (``metrics``, ``site``).
 
     Attributes:
         run_checkboxes: name -> the run's box, ticked while it is compared (untick one to take it out).
+        log_y: the metrics tab's "log y" box: ticked while a panel draws log; set, every panel's scale.
+        log_site: the call site tab's "log y" box: ticked while its figure draws log; set, its scale (until
+            another kind, statistic or site).
         message: what the comparison says (the runs compared, a run that lacks the kind).
         sites: the call sites to choose from (those every run has, in the first run's order).
     """
@@ -1649,10 +1653,14 @@ class Compare:
         #: What went wrong in a callback (a run ticked, a pick), said under the message (:class:`CallbackErrors`).
         self.errors = CallbackErrors()
         guard = self.errors.guard
-        # both figures' log y: ticked while either chose log; set, the user's scale (until another kind, statistic
-        # or site)
-        self.log_y = _scale_box()(guard(self._refresh, "log y"), picked=log_y is not None, value=bool(log_y),
-                                  description="log y", indent=False, layout=w.Layout(width="auto"))
+        # a "log y" box a figure, in its tab: what it shows is that figure's scale (one box in both tabs was ticked
+        # over a linear site figure while a metrics panel drew log). Ticked while its figure chose log; set, the
+        # user's scale of that figure (the call site's: until another kind, statistic or site)
+        self.log_y = _scale_box()(guard(self._refresh, "the metrics' log y"), picked=log_y is not None,
+                                  value=bool(log_y), description="log y", indent=False, layout=w.Layout(width="auto"))
+        self.log_site = _scale_box()(guard(self._refresh, "the call site's log y"), picked=log_y is not None,
+                                     value=bool(log_y), description="log y", indent=False,
+                                     layout=w.Layout(width="auto"))
         for control in (*self.run_checkboxes.values(), self.smoothing):
             # (not gated by _quiet, which is the site list's while _refresh sets it: a box clicked then counts)
             control.observe(guard(lambda _: self._refresh(), f"the {control.description} box"), names="value")
@@ -1661,12 +1669,12 @@ class Compare:
                             names="value")
         self.site.observe(guard(self._on_site, "the call site picked"), names="value")
         # read top-down, as the Dashboard: the runs compared, then a tab a figure, each with the
-        # controls of its figure (log y is both figures': the same box in each tab). One figure open
-        # at a time: the browser redraws only it, however slow
+        # controls of its figure (its own log y). One figure open at a time: the browser redraws only it,
+        # however slow
         self._tabs = FigureTabs({
             "metrics": ("metrics", FigureTabs.page([self.smoothing, self.log_y], self.metrics_plot),
                         self.metrics_plot),
-            "site": ("call site", FigureTabs.page([self.kind, self.statistic, self.site, self.log_y],
+            "site": ("call site", FigureTabs.page([self.kind, self.statistic, self.site, self.log_site],
                                                   self.site_plot), self.site_plot),
         }, self._specs.get, self._lock, open=tab)
         self.tabs = self._tabs.widget
@@ -1764,7 +1772,7 @@ class Compare:
 
         with self._lock:
             if choose_log:
-                self.log_y.picked = False
+                self.log_site.picked = False
             self._drawn = self._state()
             picks = list(self.picked)
             self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
@@ -1780,18 +1788,21 @@ class Compare:
             kept_metrics = figures.kept_scales(self._kept_log_metrics, [picks])
             metrics, site_fig, choices, site, message = compare_runs(
                 SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, self.log_y.value if self.log_y.picked else None, self._colors, kept,
+                self.smoothing.value, (self.log_y.value if self.log_y.picked else None,
+                                       self.log_site.value if self.log_site.picked else None), self._colors, kept,
                 kept_metrics)
             self._specs.update(metrics=metrics, site=site_fig)
-            if not self.log_y.picked and site_fig is not None:  # (kept for the site drawn, as it is looked up)
+            if not self.log_site.picked and site_fig is not None:  # (kept for the site drawn, as it is looked up)
                 # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
                 self._kept_log = figures.keep_scale(self._kept_log, [*selection, site], site_fig, lines=len(picks))
             if not self.log_y.picked and metrics is not None:
                 self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [picks], metrics,
                                                              lines=len(picks))
-            drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
-            if not self.log_y.picked and drawn != [None, None]:  # (the box says whether either figure chose log)
-                self.log_y.show(any(drawn))
+            # (each box says whether its figure chose log: a figure not drawn, None, leaves its box as it is)
+            if not self.log_y.picked:
+                self.log_y.show(figures.drawn_log(metrics))
+            if not self.log_site.picked:
+                self.log_site.show(figures.drawn_log(site_fig))
             wanted = self._wanted_site
             if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
                 message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "

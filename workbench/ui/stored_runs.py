@@ -181,7 +181,8 @@ LIVE_STATUSES = ("running", "paused", "stopping")
 
 
 def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any,
-                 smoothing: Any = 0.0, log_y: bool | None = False, colors: dict[str, str] | None = None,
+                 smoothing: Any = 0.0, log_y: bool | None | tuple[bool | None, bool | None] = False,
+                 colors: dict[str, str] | None = None,
                  kept_site_log: bool | None | Callable[[str], bool | None] = None,
                  kept_metrics_log: Mapping[str, bool] | None = None
                  ) -> tuple[dict | None, dict | None, list[str], str | None, str]:
@@ -191,14 +192,16 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     ``kind``, in the first run's forward order), the site drawn and a message, which names the runs
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last
-    drawing (:func:`figures.steady_colors`), which the runs still compared keep. ``log_y``: both figures' scale;
-    None: each figure chooses, as a run page's do: the call site's figure log where one run's line dwarfs the others
+    drawing (:func:`figures.steady_colors`), which the runs still compared keep. ``log_y``: both figures' scale,
+    or a pair ``(the metrics', the call site's)`` (the notebook's Compare: a box per figure); None: each figure
+    chooses, as a run page's do: the call site's figure log where one run's line dwarfs the others
     (:func:`figures.dwarfed`), each metrics panel log where a line's spike flattens the rest, unless
     ``kept_site_log`` and ``kept_metrics_log`` (metric -> log) say the scales they chose before and keep
     (:func:`figures.keep_scale`, :func:`figures.keep_scales`; a log one while every value is positive,
     :func:`figures.chosen_scale`). :func:`compare_page` keeps them. ``kept_site_log`` may be a function of the
     site drawn (which is not the site asked where that is None or not among the choices): a scale is kept for the
     site it was chosen on."""
+    metrics_log, site_log = log_y if isinstance(log_y, tuple) else (log_y, log_y)
     try:
         chosen = picked_names(picks, "runs to compare") or []
         check_choice("kind", kind, KINDS)
@@ -229,8 +232,9 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     # (the intervention markers are the shading, not panels of their own; their metrics stay in the export)
     names = sorted({m for view in views.values() for m in view.metric_names() if not m.startswith(INTERVENTION_METRIC)})
     colors = figures.steady_colors(list(views), colors)
-    metrics = figures.compare_metrics_figure(views, names, smoothing, None if log_y is None else bool(log_y),
-                                             colors=colors, kept_log=kept_metrics_log)
+    metrics = figures.compare_metrics_figure(views, names, smoothing,
+                                             None if metrics_log is None else bool(metrics_log), colors=colors,
+                                             kept_log=kept_metrics_log)
     # (a run still going may have its rows yet to come: said so, not that it recorded none)
     live = {name for name, view in views.items() if view.status in LIVE_STATUSES}
     # (a run recorded without the kind will have none: said so, with the option that is off)
@@ -238,8 +242,8 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     if callable(kept_site_log):
         kept_site_log = kept_site_log(site) if site is not None else None
     if site is not None:
-        site_fig = figures.compare_site_figure(views, kind, statistic, site, None if log_y is None else bool(log_y),
-                                               colors, kept_site_log)
+        site_fig = figures.compare_site_figure(views, kind, statistic, site,
+                                               None if site_log is None else bool(site_log), colors, kept_site_log)
     elif len(without) == len(views):
         options = sorted(set(without.values()))
         site_fig = figures.empty_figure(f"None of these runs records {kind} rows ({', '.join(options)}=False).")
