@@ -1679,9 +1679,10 @@ class Diagnoser:
         """Parameter row ``p`` changed at ``step``, ending a streak of unchanged steps begun at step ``began`` whose
         gradient grew as a sum's (:data:`STILL_SUM_ENDED`). Gradient accumulation repeats such streaks, one
         optimizer step apart: a second streak as long, begun within :data:`RHYTHM_GAPS` of its length after the
-        first ended, bears it out, and the ``not_updated`` episodes held from the first of those streaks (one after
-        another, each begun so soon after the one before) are taken back (a watch begun inside an accumulation, or
-        before a first step it cannot judge, sees a shorter streak first); after that, each such streak's at once. A
+        first ended, bears it out (as does a longer one after a first streak begun at the watch's first steps: a
+        watch begun inside an accumulation, or before a first step it cannot judge, sees a shorter streak first), and
+        the ``not_updated`` episodes held from the first of those streaks (one after another, each begun so soon after
+        the one before) are taken back; after that, each such streak's at once. A
         streak alone is no rhythm: a learning rate of 0 for 3 or 4 steps, whose gradient at the last step is larger
         than at the first about every other time, stays ``not_updated``."""
         key = layout.keys[p][:4]
@@ -1690,7 +1691,11 @@ class Diagnoser:
             return
         before = self._first_sum.get(key)
         soon = before is not None and began - before[2] <= RHYTHM_GAPS * (before[2] - before[1])
-        if soon and step - began == before[2] - before[1]:
+        # (a first streak begun at the watch's first steps may be cut short: by the step before it, whose value no
+        # step before tells unchanged, or a watch begun inside an accumulation; the one after it, as long or longer,
+        # bears it out at the second optimizer step, not the third)
+        cut = soon and before[0] == before[1] <= (self.first_step if self.first_step is not None else step) + 1
+        if soon and (step - began == before[2] - before[1] or cut and step - began > before[2] - before[1]):
             self._in_rhythm.add(key)
             del self._first_sum[key]
             self._take_back_accumulation(layout, p, before[0])
