@@ -667,7 +667,9 @@ class Diagnoser:
             order = {name: i for i, name in enumerate(FINDINGS)}
             items.sort(key=lambda e: (-_RANK[e.get("severity", FINDINGS[e["finding"]][0])], -e["last"], e["start"],
                                       order[e["finding"]]))
-            rows = [self._row(e) for e in items]
+            rows = _one_per_site([self._row(e) for e in items])
+            # (again: a finding made one of two holds to the later one's last step, and may lead others now)
+            rows.sort(key=lambda r: (-_RANK[r["severity"]], -r["last_step"], r["step"], order[r["finding"]]))
             frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows, self.first_step or 1)])
             self._cache = (self._version, frame)
             return frame.copy()
@@ -1738,9 +1740,10 @@ class Diagnoser:
         """Parameter row ``p`` changed at ``step``, ending a streak of unchanged steps begun at step ``began`` whose
         gradient grew as a sum's (:data:`STILL_SUM_ENDED`). Gradient accumulation repeats such streaks, one
         optimizer step apart: a second streak as long, begun within :data:`RHYTHM_GAPS` of its length after the
-        first ended, bears it out, and the ``not_updated`` episodes held from the first of those streaks (one after
-        another, each begun so soon after the one before) are taken back (a watch begun inside an accumulation, or
-        before a first step it cannot judge, sees a shorter streak first); after that, each such streak's at once. A
+        first ended, bears it out (as does a longer one after a first streak begun at the watch's first steps: a
+        watch begun inside an accumulation, or before a first step it cannot judge, sees a shorter streak first), and
+        the ``not_updated`` episodes held from the first of those streaks (one after another, each begun so soon after
+        the one before) are taken back; after that, each such streak's at once. A
         streak alone is no rhythm: a learning rate of 0 for 3 or 4 steps, whose gradient at the last step is larger
         than at the first about every other time, stays ``not_updated``."""
         key = layout.keys[p][:4]
@@ -1749,7 +1752,11 @@ class Diagnoser:
             return
         before = self._first_sum.get(key)
         soon = before is not None and began - before[2] <= RHYTHM_GAPS * (before[2] - before[1])
-        if soon and step - began == before[2] - before[1]:
+        # (a first streak begun at the watch's first steps may be cut short: by the step before it, whose value no
+        # step before tells unchanged, or a watch begun inside an accumulation; the one after it, as long or longer,
+        # bears it out at the second optimizer step, not the third)
+        cut = soon and before[0] == before[1] <= (self.first_step if self.first_step is not None else step) + 1
+        if soon and (step - began == before[2] - before[1] or cut and step - began > before[2] - before[1]):
             self._in_rhythm.add(key)
             del self._first_sum[key]
             self._take_back_accumulation(layout, p, before[0])
@@ -2044,6 +2051,26 @@ class Diagnoser:
                        f"{name} {what}; threshold: {t.plateau_drop:.0%} lower after {t.plateau_steps} steps (and, "
                        f"to end, 3x the noise of the two medians if larger).", site=name, key=("plateau", name),
                        need=t.persist)
+
+
+def _one_per_site(rows: list[dict]) -> list[dict]:
+    """``rows`` (findings as :meth:`Diagnoser._row` gives them, in the frame's order) with the findings of one kind at
+    one site whose steps overlap or touch made one: a finding told by two checks (``exploding_activations`` through
+    depth and over steps, both at the site it starts at) is one trouble, listed once, at the place of the one listed
+    first, over the steps of both, its evidence that of each (the first listed first) and its severity the worse."""
+    out: list[dict] = []
+    for row in rows:
+        same = next((r for r in out if (r["finding"], r["site"], r["kind"], r["module"], r["call"], r["tensor"]) ==
+                     (row["finding"], row["site"], row["kind"], row["module"], row["call"], row["tensor"])
+                     and row["step"] <= r["last_step"] + 1 and r["step"] <= row["last_step"] + 1), None)
+        if same is None:
+            out.append(row)
+            continue
+        same.update(step=min(same["step"], row["step"]), last_step=max(same["last_step"], row["last_step"]),
+                    severity=max(same["severity"], row["severity"], key=_RANK.__getitem__))
+        if row["evidence"] != same["evidence"]:
+            same["evidence"] = f"{same['evidence']} Also: {row['evidence']}"
+    return out
 
 
 def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:

@@ -242,3 +242,22 @@ def test_a_learning_rate_of_0_for_3_or_4_steps_is_not_updated_at_every_weight_it
     stuck = f[f.finding == "not_updated"]
     assert sorted(stuck.site) == weights and (stuck.step == (1 if updates else 2)).all() and \
         (stuck.last_step == 4).all()
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8, 16])
+@pytest.mark.parametrize("updates", [False, True])
+def test_a_live_diagnoser_takes_back_a_gradient_accumulation_s_not_updated_by_its_second_optimizer_step(
+        micro_batches, updates):
+    # a watch begun with the run sees its first streak of unchanged steps shorter than the next (its first step's
+    # value none before tells unchanged): the rhythm was borne out by the third streak, as long as the second, and a
+    # live view listed not_updated at every weight over 3k steps (steps 4-23 of an accumulation of 8) until 2026-11-30
+    from workbench.diagnose import Diagnoser
+
+    w = micro_batched(micro_batches, steps=6, updates=updates)
+    live, listed = Diagnoser(), {}
+    for record in w.recorder.records():
+        live.feed(record)
+        listed[record.step] = set(live.findings().finding)
+    assert not any("not_updated" in found for step, found in listed.items() if step >= 2 * micro_batches), \
+        sorted(step for step, found in listed.items() if "not_updated" in found)
+    assert live.findings().empty

@@ -131,3 +131,18 @@ def test_a_cause_counts_its_consequences_at_a_module_s_merged_calls_as_its_evide
     merged = listed[listed.calls.map(len) > 1]
     assert len(merged) >= 1 and (merged.cause != "").all()  # (the run holds consequences merged over calls)
     assert len(listed) - 1 < count == sum(len(c) for c in listed.calls[1:])  # (each call's finding counted once)
+
+
+def test_a_blow_up_two_checks_tell_at_one_site_is_one_finding_with_the_evidence_of_both():
+    # thrown out at steps 1-3 and again at 60-62 over 90 steps: exploding_activations through depth and over steps
+    # both start at layers.2 over steps 65-90, listed as two rows of the same finding, site and steps until 2026-11-30
+    f = mlp_on_halves(hot_at((1, 3), (60, 62)), steps=90, updates=True).diagnose()
+    exploding = f[f.finding == "exploding_activations"]
+    assert exploding[["site", "step", "last_step"]].values.tolist() == [["layers.2", 65, 90]]
+    evidence = exploding.evidence.iloc[0]
+    assert "the first site in forward order" in evidence and " Also: " in evidence
+    assert "above the largest of the first recorded steps" in evidence
+    # (no finding listed twice at a site over steps that overlap)
+    for (_finding, _site), rows in f.groupby(["finding", "site"]):
+        spans = sorted(zip(rows.step, rows.last_step))
+        assert all(later[0] > earlier[1] + 1 for earlier, later in zip(spans, spans[1:])), rows

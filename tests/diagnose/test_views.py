@@ -445,7 +445,8 @@ def test_a_cause_is_not_merged_with_its_consequences_at_the_other_calls_of_its_m
     """Exploding gradients found first at call 1 of an unrolled module, then at its call 0 as a consequence: the
     calls merged into one row under call 0's, whose cause named call 1's row, which was gone; the list showed two
     consequences of no row and its summary counted no finding ("**Diagnoses:** .") until 2026-11-29. The cause
-    keeps its row; its consequences, merged by call among themselves, fold under it."""
+    keeps its row; its consequences, merged by call among themselves, fold under it, counted a finding a call as its
+    evidence names them (3: the two calls' rows merged into one, and the loss's)."""
     went_wrong = ("The run went wrong from here: 3 findings began at step 3 or later, its consequences: "
                   "exploding_gradients at dyn.act#0 out.0, step 4–9; exploding_gradients at dyn.act#2 out.0, step "
                   "4–8; loss_spike at loss, step 5–9.")
@@ -459,9 +460,9 @@ def test_a_cause_is_not_merged_with_its_consequences_at_the_other_calls_of_its_m
                           grad(2, 4, 8, cause), dict(grad(0, 5, 9, cause), finding="loss_spike", kind="metric",
                                                      module="loss", site="loss", tensor="", call=0)])
     shown = view.merge_calls(frame)
-    assert shown[["site", "cause", "folded"]].values.tolist() == [["dyn.act#1 out.0", "", 2]]
+    assert shown[["site", "cause", "folded"]].values.tolist() == [["dyn.act#1 out.0", "", 3]]
     assert shown.evidence[0] == f"e1. {went_wrong}"  # (as diagnose wrote it, naming each call's own finding)
-    assert view.findings_summary(shown).startswith("**Diagnoses:** ✖ 1 error, and 2 consequences of it folded")
+    assert view.findings_summary(shown).startswith("**Diagnoses:** ✖ 1 error, and 3 consequences of it folded")
     listed = view.merge_calls(frame, view.toggled((), shown.iloc[0]))
     assert listed.site.tolist() == ["dyn.act#1 out.0", "dyn.act out.0 (calls 0, 2)", "loss"]
 
