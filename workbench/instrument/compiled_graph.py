@@ -225,6 +225,28 @@ def _add_row_shape(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
 add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_row.default)
 
 
+# ``starts_its_base(view, base)``: a 0-dim bool tensor on the view's device, whether ``view`` starts where ``base``
+# starts in their storage, taken when the graph runs. Dynamo traces no ``storage_offset()`` (a graph break), and
+# ``view_base`` decides "at its base's start" once, at the sizes traced: with a dynamic size that start can move
+# (``h[-2:]`` starts ``h`` of 2 rows alone), so the row a graph reads from the base is kept where this holds.
+_LIBRARY.define("starts_its_base(Tensor view, Tensor base) -> Tensor")
+
+
+def _starts_its_base(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return torch.full((), view.storage_offset() == base.storage_offset(), dtype=torch.bool, device=view.device)
+
+
+_LIBRARY.impl("starts_its_base", _starts_its_base, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("workbench::starts_its_base", lib=_LIBRARY)
+def _starts_its_base_shape(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return view.new_empty((), dtype=torch.bool)
+
+
+starts_its_base = torch.ops.workbench.starts_its_base.default
+
+
 def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
                   edges: torch.Tensor | None, view: torch.Tensor | None = None) -> None:
     """Add the :func:`graph_row` of ``tensor``'s gradient (binned over ``edges``, see :func:`graph_row`)
@@ -240,12 +262,16 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
     gradient (laid out as the base, then read with the view's sizes and strides): what a hook on a view
     that an in-place op changed later never gets, as the eager watch's ``GradientHook`` takes it from the
     view's base. A view of all the base's elements (a ``reshape``, a ``transpose``, a ``Flatten``) has
-    their statistics: the base's gradient is reduced as it is, without a copy."""
-    geometry = None
+    their statistics: the base's gradient is reduced as it is, without a copy. Traced, the view's start is
+    checked when the graph runs (:data:`starts_its_base`): where the view does not start its base at the sizes
+    it runs with (``h[-2:]`` of a dynamic batch, traced with 2 rows), the row is all zeros, no row."""
+    geometry = starts = None
     # (sizes and strides: no tensor kept alive; a view that has all of its base's elements only at some sizes of
     # a dynamic shape is read from a copy, as one of part of them)
     if view is not None and not internals.all_of_its_base(view, tensor):
         geometry = (tensor.size(), tensor.stride(), view.size(), view.stride())
+    if view is not None and torch.compiler.is_compiling():
+        starts = starts_its_base(view.detach(), tensor.detach())
 
     def into_probe(grad: torch.Tensor | None) -> None:
         if grad is None:  # (run eagerly: a node's output that got no gradient passes None)
@@ -255,7 +281,10 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
             laid_out = grad.new_empty_strided(base_size, base_stride)
             laid_out.copy_(grad)
             grad = laid_out.as_strided(size, stride)
-        add_row(probe, graph_row(grad, bins, edges), row)
+        made = graph_row(grad, bins, edges)
+        if starts is not None:  # (a row of zeros: its MADE column 0, no row)
+            made = torch.where(starts, made, torch.zeros_like(made))
+        add_row(probe, made, row)
 
     tensor.register_hook(into_probe)
 

@@ -285,8 +285,9 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     ``torch.compiler.assume_constant_result`` function with the tensors' values while tracing, keeping its
     result as a constant of the graph, unguarded (it traces no ``storage_offset()``). A start of 0 (``h[:, :3]``,
     ``h[:2]``, a reshape) stays 0 in a graph with dynamic shapes; a start counted from the end does not
-    (``h[-2:]`` of a batch marked dynamic, traced with 2 rows: true, kept for every size), nor a start further
-    in (``h[1:]``, ``T * D`` with ``T`` dynamic), which is None."""
+    (``h[-2:]`` of a batch marked dynamic, traced with 2 rows: true, kept for every size: the compiled watch
+    checks the start again when the graph runs, ``compiled_graph.starts_its_base``), nor a start further in
+    (``h[1:]``, ``T * D`` with ``T`` dynamic), which is None."""
     base = tensor._base
     if base is None or base.is_leaf or base.dtype != tensor.dtype or not _starts_its_base(tensor, base):
         return None
