@@ -58,10 +58,12 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                  "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
                                  "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
                                  "rate, clip gradients."),
-    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch and get no "
-                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate "
-                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a "
-                              "smaller learning rate, or re-initialize the layer before it."),
+    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch (a GELU, SiLU "
+                              "or ELU: sit on its flat negative tail, near its floor) and get no gradient, or almost "
+                              "none, so they stop learning. Usual causes: a large negative bias, a learning rate "
+                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU for a "
+                              "ReLU), a smaller learning rate, a norm layer before it, or re-initialize the layer "
+                              "before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
                                    "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
                                    "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
@@ -1461,11 +1463,13 @@ class Diagnoser:
             gradient = (f"; the gradient it passes back to {layout.names[p]} has norm {g_in:.3g}, {g_in / g_out:.2g} "
                         f"of the {g_out:.3g} that reaches it")
         u = int(layout.units[i])
-        units = ("its only unit" if u == 1 else f"all {u} of its units{_along(layout, i)}") if u else "its units"
+        units = ("its only unit sits" if u == 1 else f"all {u} of its units{_along(layout, i)} sit") if u else \
+            "its units sit"
         self._hold(step, "dead_units", layout, i,
-                   f"{units} sit at the floor of the activation for every input at step {step}: all "
+                   f"{units} at the floor of the activation for every input at step {step}: all "
                    f"{int(stats['numel'][i])} of its outputs are at or below 0 (max {float(stats['max'][i]):.3g}, min "
-                   f"{float(stats['min'][i]):.3g}; {float(stats['zero_frac'][i]):.1%} exactly 0), with std {std_out:.3g}, {std_out / std_in:.2g} of the "
+                   f"{float(stats['min'][i]):.3g}; {float(stats['zero_frac'][i]):.1%} exactly 0), with std "
+                   f"{std_out:.3g}, {std_out / std_in:.2g} of the "
                    f"{std_in:.3g} of {layout.names[p]}, its input{gradient} (threshold dead_slope {t.dead_slope:g}): "
                    f"every unit's input lies on the activation's flat negative tail (a GELU's, SiLU's, Mish's, ELU's), "
                    f"which passes almost no gradient back: its units learn next to nothing.",
