@@ -1308,8 +1308,8 @@ class Diagnoser:
         for i in np.flatnonzero(partial):
             self._dead_share(step, layout, stats, int(i))
         # dead at a floor below 0 (GELU, SiLU, ELU ...: outputs never exactly 0): every output at or below 0, nearly
-        # constant, and no gradient through it
-        floor = act & finite & (lo < 0) & (hi <= 0) & (stats["numel"] > 1) & (layout.previous >= 0)
+        # constant, and no gradient through it (one value for every input, lo = hi, is constant_output's)
+        floor = act & finite & (lo < 0) & (hi <= 0) & (lo < hi) & (stats["numel"] > 1) & (layout.previous >= 0)
         for i in np.flatnonzero(floor):
             self._floor_dead(step, layout, stats, int(i))
         # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
@@ -1471,8 +1471,8 @@ class Diagnoser:
                    f"{float(stats['min'][i]):.3g}; {float(stats['zero_frac'][i]):.1%} exactly 0), with std "
                    f"{std_out:.3g}, {std_out / std_in:.2g} of the "
                    f"{std_in:.3g} of {layout.names[p]}, its input{gradient} (threshold dead_slope {t.dead_slope:g}): "
-                   f"every unit's input lies on the activation's flat negative tail (a GELU's, SiLU's, Mish's, ELU's), "
-                   f"which passes almost no gradient back: its units learn next to nothing.",
+                   f"every unit's input lies where the activation is flat (the negative tail of a GELU, SiLU, Mish or "
+                   f"ELU; a tanh near -1), which passes almost no gradient back: its units learn next to nothing.",
                    need=t.persist)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
