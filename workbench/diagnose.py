@@ -58,10 +58,12 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                  "stable forms (F.cross_entropy on logits, binary_cross_entropy_with_logits, "
                                  "logsumexp). A loss that grew until it overflowed diverged: lower the learning "
                                  "rate, clip gradients."),
-    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch and get no "
-                              "gradient, so they stop learning. Usual causes: a large negative bias, a learning rate "
-                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU), a "
-                              "smaller learning rate, or re-initialize the layer before it."),
+    "dead_units": ("warning", "Many units of this activation output 0 for every input of the batch (a GELU, SiLU "
+                              "or ELU: sit on its flat negative tail, near its floor) and get no gradient, or almost "
+                              "none, so they stop learning. Usual causes: a large negative bias, a learning rate "
+                              "that pushed pre-activations below 0. Try a leaky activation (LeakyReLU, GELU for a "
+                              "ReLU), a smaller learning rate, a norm layer before it, or re-initialize the layer "
+                              "before it."),
     "constant_output": ("warning", "Every output of this site is the same value, whatever the input: it passes "
                                    "nothing of its input on; a sigmoid or tanh pinned at a bound, or a softmax over a "
                                    "dimension of size 1, passes no gradient back either. Usual causes: a large bias or "
@@ -237,6 +239,12 @@ class Thresholds:
             exactly 0 per such unit), and where its zeros can hold them (a unit dead for the batch is all
             zeros). Healthy deep narrow ReLU nets have some truly dead from their init: the 4-deep ReLU
             MLP of the built-in experiments up to 15 of 32 (0.47).
+        dead_slope: an activation site without parameters whose outputs are all at or below 0, some below
+            (the tail of a GELU, SiLU, Mish or ELU, whose dead units output no exact 0), has dead units where
+            its output's std is at most this fraction of its input's (the site just before it, of its shape)
+            and, where output gradients are recorded, its input's gradient norm at most this fraction of its
+            own: every unit on a flat tail. A GELU MLP whose first bias is shifted by -4 reads ~0.01 (both),
+            a SiLU one ~0.06; healthy GELU / SiLU layers have some output above 0 and read ~0.5-0.8.
         saturation_index: a site whose outputs stay in [0, 1] (sigmoid-like) or [-1, 1] with
             negatives (tanh-like), rarely exactly 0, is ``saturated`` when its variance is at least
             this fraction of the largest one an output with its mean can have (``mu (1 - mu)`` on
@@ -295,6 +303,7 @@ class Thresholds:
     persist: int = 3
     dead_zero_frac: float = 0.8
     dead_unit_share: float = 0.5
+    dead_slope: float = 0.1
     saturation_index: float = 0.75
     gradient_orders: float = 3.0
     gradient_growth_orders: float = 3.0
@@ -336,7 +345,7 @@ class Thresholds:
         need("plateau_steps", whole("plateau_steps", 2 * PLATEAU_WINDOW),
              f"a whole number >= {2 * PLATEAU_WINDOW} (its first and its last {PLATEAU_WINDOW} values)")
         need("plateau_drop", number("plateau_drop") and 0 < self.plateau_drop < 1, "a fraction in (0, 1)")
-        for name in ("dead_zero_frac", "dead_unit_share", "saturation_index"):
+        for name in ("dead_zero_frac", "dead_unit_share", "dead_slope", "saturation_index"):
             need(name, number(name) and 0 < getattr(self, name) <= 1, "a fraction in (0, 1]")
         for name in ("gradient_orders", "gradient_growth_orders", "activation_orders", "activation_growth_orders",
                      "spike_factor", "spike_min_rise"):
@@ -923,6 +932,7 @@ class Diagnoser:
                     bias_zero = zero[:, layout.feed_bias[fed]]
                     look |= ((lo[:, fed] >= 0) & (bias_zero >= t.dead_unit_share)).any(1)
                 look |= (finite & (a_lo == a_hi) & (a_hi != 0) & (numel[:, act] > 1)).any(1)
+                look |= (finite & (a_lo < 0) & (a_hi <= 0)).any(1)  # (dead at a floor below 0: _floor_dead)
                 bounded = finite & (a_hi <= 1) & (a_lo >= -1) & (a_zero < 0.5) & (a_hi > a_lo)
                 if bounded.any():
                     tanh = a_lo < 0
@@ -1360,6 +1370,11 @@ class Diagnoser:
             (layout.feed_bias >= 0)
         for i in np.flatnonzero(partial):
             self._dead_share(step, layout, stats, int(i))
+        # dead at a floor below 0 (GELU, SiLU, ELU ...: outputs never exactly 0): every output at or below 0, nearly
+        # constant, and no gradient through it (one value for every input, lo = hi, is constant_output's)
+        floor = act & finite & (lo < 0) & (hi <= 0) & (lo < hi) & (stats["numel"] > 1) & (layout.previous >= 0)
+        for i in np.flatnonzero(floor):
+            self._floor_dead(step, layout, stats, int(i))
         # constant: every output the same value, not 0 (a ReLU-like output all 0 is dead_units); a sigmoid or tanh
         # pinned exactly at a bound has no variance left for the saturation index to read
         constant = act & finite & (lo == hi) & ((hi != 0) | zero_layer) & (stats["numel"] > 1)
@@ -1483,6 +1498,44 @@ class Diagnoser:
                    f"of {layout.names[b]}, which feeds them, are exactly 0); the others fire for some inputs: "
                    f"{z:.1%} of its outputs are exactly 0 in all (below dead_zero_frac {t.dead_zero_frac:.0%}); "
                    f"max {_signless_zero(stats['max'][i]):.3g}.",
+                   need=t.persist)
+
+    def _floor_dead(self, step: int, layout: _Layout, stats: dict, i: int) -> None:
+        """``dead_units`` at activation row ``i``, an output never positive and sometimes below 0, where every unit
+        sits on the flat tail of an activation whose floor is not 0 (GELU, SiLU, Mish tend to 0 from below, ELU to
+        -alpha): its input, the site just before it of its shape, was negative for every input of the batch, so its
+        outputs are nearly the same value (their std at most ``dead_slope`` of its input's) and the gradient through
+        it vanishes (the norm of its input's output gradient at most ``dead_slope`` of its own, where recorded and
+        not 0). These units output no exact 0 for the zero counts of ReLU-like sites to read; a healthy GELU or
+        SiLU layer has some input above 0 (a max above 0), and a site with parameters of its own (a Linear, a norm)
+        is no activation."""
+        t = self.thresholds
+        module = layout.keys[i][0]
+        if layout.own_params.get(module):
+            return
+        p = int(layout.previous[i])
+        std_out, std_in = float(stats["std"][i]), float(stats["std"][p])
+        if not (math.isfinite(std_in) and std_in > 0) or std_out > t.dead_slope * std_in:
+            return  # (an output as spread as its input, a log-softmax's, passes it on)
+        out, into = layout.out_grad.get(module), layout.out_grad.get(layout.keys[p][0])
+        gradient = ""
+        if out is not None and into is not None and float(stats["norm"][out]) > 0:
+            g_out, g_in = float(stats["norm"][out]), float(stats["norm"][into])
+            if not math.isfinite(g_in) or g_in > t.dead_slope * g_out:
+                return
+            gradient = (f"; the gradient it passes back to {layout.names[p]} has norm {g_in:.3g}, {g_in / g_out:.2g} "
+                        f"of the {g_out:.3g} that reaches it")
+        u = int(layout.units[i])
+        units = ("its only unit sits" if u == 1 else f"all {u} of its units{_along(layout, i)} sit") if u else \
+            "its units sit"
+        self._hold(step, "dead_units", layout, i,
+                   f"{units} at the floor of the activation for every input at step {step}: all "
+                   f"{int(stats['numel'][i])} of its outputs are at or below 0 (max {float(stats['max'][i]):.3g}, min "
+                   f"{float(stats['min'][i]):.3g}; {float(stats['zero_frac'][i]):.1%} exactly 0), with std "
+                   f"{std_out:.3g}, {std_out / std_in:.2g} of the "
+                   f"{std_in:.3g} of {layout.names[p]}, its input{gradient} (threshold dead_slope {t.dead_slope:g}): "
+                   f"every unit's input lies where the activation is flat (the negative tail of a GELU, SiLU, Mish or "
+                   f"ELU; a tanh near -1), which passes almost no gradient back: its units learn next to nothing.",
                    need=t.persist)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:

@@ -70,3 +70,22 @@ def diverging_mlp(**watch_options: Any) -> workbench.Watch:
     """:func:`mlp_on_halves` at a learning rate of 10 for 40 steps, recorded with its updates: thrown out at step 1
     (its update ratios), its ReLUs killed, its loss spiking. ``watch_options``: more of the watch's (``store=``)."""
     return mlp_on_halves(10.0, updates=True, **watch_options)
+
+
+def shifted_mlp(activation: type[nn.Module], shift: float, steps: int = 30, **watch_options: Any) -> workbench.Watch:
+    """``Linear(2, 32)``, ``activation()``, ``Linear(32, 2)`` with the first bias lowered by ``shift`` (every unit's
+    input below ~-``shift`` + 2 for the data), under SGD at 0.1 for ``steps`` steps of batches of 256 of 1024 points
+    labelled by the sign of their first coordinate; ``watch_options``: the watch's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), activation(), nn.Linear(32, 2))
+    with torch.no_grad():
+        model[0].bias.sub_(shift)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+
+    def batch_of(_step: int) -> tuple:
+        i = torch.randint(1024, (256,), generator=g)
+        return x[i], y[i]
+
+    return fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch_of, steps, **watch_options)

@@ -261,3 +261,26 @@ def test_a_live_diagnoser_takes_back_a_gradient_accumulation_s_not_updated_by_it
     assert not any("not_updated" in found for step, found in listed.items() if step >= 2 * micro_batches), \
         sorted(step for step, found in listed.items() if "not_updated" in found)
     assert live.findings().empty
+
+
+def test_a_log_softmax_output_never_above_0_is_no_gelu_dead_on_its_tail():
+    # a log-softmax's outputs are all at or below 0, some below, and once the model fits its data the gradient it
+    # passes back is a fraction of the one reaching it: only its spread, as wide as its input's, tells it from a
+    # layer dead on its negative tail
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.GELU(), nn.Linear(32, 2), nn.LogSoftmax(dim=1))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with workbench.watch(model) as w:
+        for _ in range(60):
+            i = torch.randint(1024, (256,), generator=g)
+            one_step(w, opt, F.nll_loss(model(x[i]), y[i]))
+    rows = w.to_pandas()
+    out = rows[(rows.module == "3") & (rows.kind == "activation")]
+    assert (out["max"] <= 0).all() and (out["min"] < 0).all()
+    grads = rows[rows.kind == "grad_output"].pivot(index="step", columns="module", values="norm")
+    assert (grads["2"] / grads["3"]).iloc[-1] < 0.25  # (fitted: a fifth of the gradient reaching it passes back)
+    for f in (w.diagnose(), w.diagnose(dead_slope=0.25)):  # (0.25: its gradient alone would find it)
+        assert "dead_units" not in set(f.finding), f[["finding", "site", "evidence"]]

@@ -17,7 +17,7 @@ import workbench
 from tests.diagnose.conftest import mlp, train
 from workbench.diagnose import Diagnoser, Thresholds, diagnose
 
-from tests.diagnose.runs import one_step
+from tests.diagnose.runs import one_step, shifted_mlp
 from tests.diagnose.test_findings import row
 
 
@@ -563,3 +563,25 @@ def test_a_saturation_begun_as_the_model_fit_is_a_warning_again_once_the_loss_ro
     assert len(thrown) and set(thrown.severity) == {"warning"}
     assert all(re.search(r"loss has since risen back to \d+(\.\d+)?: the model no longer fits", text) and
                "harmless" not in text for text in thrown.evidence)
+
+
+@pytest.mark.parametrize("activation", [torch.nn.GELU, torch.nn.SiLU])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_a_gelu_or_silu_layer_dead_on_its_negative_tail_is_dead_units(activation, gradients):
+    # its units output no exact 0 (GELU(-4) = -1.3e-4, SiLU(-4) = -0.07): "nothing looked wrong" until 2026-11-30
+    w = shifted_mlp(activation, shift=4.0, gradients=gradients)
+    f = w.diagnose()
+    dead = f[f.finding == "dead_units"]
+    assert dead[["site", "step", "last_step"]].values.tolist() == [["1", 1, 30]], f[["finding", "site"]]
+    evidence = dead.evidence.iloc[0]
+    rows = w.to_pandas()
+    last = rows[(rows.step == 30) & (rows.module == "1") & (rows.kind == "activation")].iloc[0]
+    assert last["max"] <= 0 and last["min"] < 0 and last.zero_frac < 0.8  # (the zero counts see nothing)
+    assert re.match(r"all 32 of its units sit at the floor of the activation for every input at step 30: all 8192 of "
+                    r"its outputs are at or below 0 \(max -?[0-9.e-]+, min -[0-9.e-]+; [0-9.]+% exactly 0\), with std "
+                    r"[0-9.e-]+, 0\.0\d+ of the [0-9.]+ of 0, its input", evidence), evidence
+    assert ("the gradient it passes back to 0 has norm" in evidence) == gradients
+    # the same layer with its bias as initialized: no finding
+    assert "dead_units" not in set(shifted_mlp(activation, shift=0.0, gradients=gradients).diagnose().finding)
+    # a stricter dead_slope than the layer's slope: not found
+    assert "dead_units" not in set(w.diagnose(dead_slope=0.005).finding)
