@@ -521,14 +521,12 @@ def test_an_interrupt_inside_the_exchange_is_held_until_the_step_is_published_a_
     assert w.recorder.exchanges == (2 if interrupts == 1 else 0)
 
 
-def test_a_sigint_handler_of_the_user_s_own_gets_every_sigint_and_one_that_returns_leaves_the_exchange_whole(
-        one_rank, monkeypatch):
-    # (a handler that does not raise - "stop after this epoch" - called for the second of two SIGINTs alone, and
-    # the rank then taken to have walked out of its collectives: it recorded its own rows from there, its peers left
-    # waiting in the next exchange)
+def sigints_twice_in_step_1_s_exchange(calls: list):
+    """An ``all_gather`` that raises two SIGINTs right after step 1's exchange, then notes "exchanged" in
+    ``calls``."""
     import signal
 
-    real, calls = dist.all_gather, []
+    real = dist.all_gather
 
     def interrupted_twice(tensors, tensor, *args, **kwargs):
         work = real(tensors, tensor, *args, **kwargs)
@@ -537,6 +535,19 @@ def test_a_sigint_handler_of_the_user_s_own_gets_every_sigint_and_one_that_retur
             signal.raise_signal(signal.SIGINT)
             calls.append("exchanged")
         return work
+
+    return interrupted_twice
+
+
+def test_a_sigint_handler_of_the_user_s_own_gets_every_sigint_and_one_that_returns_leaves_the_exchange_whole(
+        one_rank, monkeypatch):
+    # (a handler that does not raise - "stop after this epoch" - called for the second of two SIGINTs alone, and
+    # the rank then taken to have walked out of its collectives: it recorded its own rows from there, its peers left
+    # waiting in the next exchange)
+    import signal
+
+    calls = []
+    interrupted_twice = sigints_twice_in_step_1_s_exchange(calls)
 
     model = workers.make_model()
     w = watch_distributed(model, parameters=False)
@@ -560,15 +571,8 @@ def test_a_handler_that_sets_the_default_one_for_a_second_sigint_has_the_second_
     # ("first Ctrl-C: stop after this epoch; a second: stop now" - the second SIGINT went to the first handler again)
     import signal
 
-    real, calls = dist.all_gather, []
-
-    def interrupted_twice(tensors, tensor, *args, **kwargs):
-        work = real(tensors, tensor, *args, **kwargs)
-        if int(tensor[2].item()) == 1:
-            signal.raise_signal(signal.SIGINT)
-            signal.raise_signal(signal.SIGINT)
-            calls.append("exchanged")
-        return work
+    calls = []
+    interrupted_twice = sigints_twice_in_step_1_s_exchange(calls)
 
     def stop_after_this_epoch(signum, frame):
         calls.append("stop after this epoch")
