@@ -124,8 +124,9 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
 
     ``edges`` has ``bins + 1`` values: equal bins over the range of :func:`histogram_edges` (a
     value outside it counts in the end bin on its side; the row's min and max say how far it
-    lies), by :func:`bin_edges` (a constant tensor's bin 0 centred on its value). ``sampled``: the counts are estimated from a sample of the tensor's values, scaled to
-    its size (NaN, infinity and zero counts are in the row's statistics, exact).
+    lies), by :func:`bin_edges` (a constant tensor's bin 0 centred on its value). ``sampled``: the
+    counts are estimated from a sample of the tensor's values, scaled to its size (NaN, infinity
+    and zero counts are in the row's statistics, exact).
     """
     out = []
     for r in records:
