@@ -1035,3 +1035,28 @@ def test_a_child_forked_as_a_store_starts_holds_no_lock(tmp_path, monkeypatch):
     w.close()
     assert told == [0]
     assert workbench.load_run(tmp_path / "r").status == "finished"
+
+
+def test_a_closing_watch_says_running_until_its_status_is_final(tmp_path):
+    # a dashboard ends on the watch's status: one read while the store's last writes fail would be 'finished'
+    # for a watch that ends 'failed' (the store lost steps), and the dashboard would keep the wrong one
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    seen = []
+
+    class Observer:  # closed after the store: its steps written (or lost) by then
+        def close(self, status, error):
+            seen.append((w.closed, w.status))
+
+    w.add_sink(Observer())
+    train(w, model, 1)
+    assert w.recorder.flush()
+    other = sqlite3.connect(tmp_path / "r" / DB_NAME)
+    other.execute("DROP TABLE steps")  # a damaged database: the next writes fail
+    other.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (each failed write is warned of, as tested above)
+        train(w, model, 1)
+        w.close()
+    assert seen == [(True, "running")]
+    assert w.status == "failed" and "could not be stored" in w.error

@@ -101,14 +101,18 @@ def bin_edges(lo: np.ndarray | float, hi: np.ndarray | float, bins: int) -> np.n
     (``v - lo`` is 0), so its bins get a width of ``max(1, |v|)`` in all (numpy's one around a
     lone value, scaled where 1 would vanish in ``v``'s rounding), placed so that bin 0 is centred
     on the value: the bar stands at the value, the edges increase (``np.histogram`` takes them)
-    and the values counted fall in the bin that holds them. A range that is not finite keeps the
-    edges it gives (NaN, infinite).
+    and the values counted fall in the bin that holds them; the width is less where ``|v|`` is so
+    large that its edges would pass float64's largest value (they stay finite). A range that is not
+    finite keeps the edges it gives (NaN, infinite), without numpy's warnings: a row with an
+    infinity in its tensor is a row to read, not an error where warnings are errors.
     """
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
-    edges = np.linspace(lo, hi, bins + 1, axis=-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        edges = np.linspace(lo, hi, bins + 1, axis=-1)
     flat = (lo == hi) & np.isfinite(lo)
     if flat.any():
-        width = np.maximum(1.0, np.abs(lo[flat]))
+        size = np.abs(lo[flat])
+        width = np.minimum(np.maximum(1.0, size), np.finfo(np.float64).max - size)
         edges[flat] = lo[flat][..., None] + width[..., None] * ((np.arange(bins + 1) - 0.5) / bins)
     return edges
 
@@ -120,8 +124,9 @@ def histograms_frame(records: Iterable[StepRecord], module: str | None = None,
 
     ``edges`` has ``bins + 1`` values: equal bins over the range of :func:`histogram_edges` (a
     value outside it counts in the end bin on its side; the row's min and max say how far it
-    lies), by :func:`bin_edges` (a constant tensor's bin 0 centred on its value). ``sampled``: the counts are estimated from a sample of the tensor's values, scaled to
-    its size (NaN, infinity and zero counts are in the row's statistics, exact).
+    lies), by :func:`bin_edges` (a constant tensor's bin 0 centred on its value). ``sampled``: the
+    counts are estimated from a sample of the tensor's values, scaled to its size (NaN, infinity
+    and zero counts are in the row's statistics, exact).
     """
     out = []
     for r in records:

@@ -96,7 +96,7 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
-        #: how the watch ended, as its store records it: ``running`` while open, then ``finished``,
+        #: how the watch ended, as its store records it: ``running`` while open (and closing), then ``finished``,
         #: ``stopped`` or ``failed`` (:meth:`close`; a ``with`` block that raised: ``failed``), with ``error``
         self.status, self.error = "running", None
         self.step_index = self.start_step = start_step
@@ -580,19 +580,23 @@ class Watch:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}.")
         if self.closed:
             return
-        self.status, self.error = status, error  # (set with closed: a dashboard that sees it closed reads them)
         self.closed = True
-        for intervention in self.interventions:  # (they end with the watch)
-            intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
-        self._hooks.close()
-        for dropped in self._dropped:
-            dropped.detach()
-        for sink in self._sinks:
-            sink.close(status, error)  # (writes what is still queued first)
-        lost = getattr(self.store, "lost", 0)
-        if lost:  # (a store that lost steps closes failed whatever was asked: the watch says the same)
-            message = f"{lost} step(s) could not be stored"
-            self.status, self.error = "failed", f"{error}\n{message}" if error else message
+        try:
+            for intervention in self.interventions:  # (they end with the watch)
+                intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
+            self._hooks.close()
+            for dropped in self._dropped:
+                dropped.detach()
+            for sink in self._sinks:
+                sink.close(status, error)  # (writes what is still queued first)
+        finally:
+            # the status is set once, final: ``running`` until the store's last writes are done (a dashboard
+            # ends on it), then as the store records it
+            lost = getattr(self.store, "lost", 0)
+            if lost:  # (a store that lost steps closes failed whatever was asked: the watch says the same)
+                message = f"{lost} step(s) could not be stored"
+                status, error = "failed", f"{error}\n{message}" if error else message
+            self.status, self.error = status, error
         self.recorder.flush()  # a subscriber has every step once the watch is closed
 
     def _check_open(self) -> None:

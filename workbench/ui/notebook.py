@@ -1047,7 +1047,7 @@ class Dashboard:
             return self.run.done
         if self.stored is not None:
             return self.stored.status != "running"  # (read from the store: interrupted once its writer is gone)
-        return self.watch is None or self.watch.closed
+        return self.watch is None or self.watch.status != "running"  # (final once the watch's close is done)
 
     def _over(self) -> bool:
         """Whether the run has ended, as its figures say it: a background run's last draw comes once its
@@ -1504,7 +1504,7 @@ class _Compared:
             return self.run.done
         if self.stored is not None:
             return self.stored.status != "running"
-        return self.watch.closed
+        return self.watch.status != "running"  # (final once the watch's close is done)
 
     def state(self) -> tuple:
         return self.view.steps_fed, self.view.dropped, self.view.status

@@ -870,15 +870,18 @@ class RunView:
             bands.append([step] + ([_percentile(edges, counts, p) for p in PERCENTILES] if edges is not None
                                    else [np.nan] * len(PERCENTILES)))
         bins = len(kept[0][3])
-        # (the grid spans every step's range; a constant step's, the bar its value stands in: see bin_edges)
-        spans = [(lo, hi) if hi > lo else tuple(bin_edges(lo, hi, len(counts))[:2])
-                 for _, lo, hi, counts, _, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
+        # the grid spans the steps' ranges (a constant step's is its value: the bar bin_edges gives it, max(1, |v|)
+        # / bins wide, would squeeze the other steps' values into a few of its bins), a site constant throughout
+        # the bar of its value; a constant step's count goes in the grid's bin holding its value
+        spans = [(lo, hi) for _, lo, hi, _, _, _ in kept if np.isfinite(lo) and np.isfinite(hi)]
         low, high = (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else (0.0, 1.0)
         grid = bin_edges(low, high, bins)
         density = np.zeros((len(kept), bins), np.float32)
         for row, (_, lo, hi, counts, _, _) in enumerate(kept):
-            if np.isfinite(lo) and np.isfinite(hi):
+            if np.isfinite(lo) and np.isfinite(hi) and hi > lo:
                 density[row] = _rebin(bin_edges(lo, hi, len(counts)), counts, grid)
+            elif np.isfinite(lo) and lo == hi:
+                density[row, min(max(int(np.searchsorted(grid, lo, "right")) - 1, 0), bins - 1)] = counts.sum()
         return (pd.DataFrame(bands, columns=columns), np.array([k[0] for k in kept], np.int64), grid, density)
 
     def anomaly_frame(self) -> pd.DataFrame:
