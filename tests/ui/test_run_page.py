@@ -1079,3 +1079,22 @@ def test_the_last_step_table_names_the_section_whose_kind_it_shows_not_the_heatm
     out = dict(zip(["state", *run_page.VIEW_OUTPUTS], run_page.redraw(view, "h", "r1", None, values)))
     latest = getattr(out["latest"], "data", out["latest"])  # (a Styler: its DataFrame)
     assert set(latest["site"]) == set(view.site_order("param"))
+
+
+def test_a_run_whose_statistics_pass_float32s_range_loads_and_draws_them_as_inf(tmp_path):
+    """A float64 model's activations of 4e39: the views keep float32, where they are inf; loading and drawing
+    the run raised "overflow encountered in cast" (an error under the tests' warnings filter). (The history's
+    averages leave out values that are not finite, as they do a float32 model's inf: the table and the metric's
+    line show a gap.)"""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4)).double()
+    with torch.no_grad():
+        net[0].weight.fill_(1e39), net[0].bias.zero_()
+    with workbench.watch(net, store=tmp_path / "big") as w:
+        net(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+        w.log(huge=1e300)
+        w.step()
+    view = RunView.from_run(load_run(tmp_path / "big"))
+    page = run_page.draw_page(view, run_page.Controls(kind="activation", heat_kind="activation"))
+    assert page.latest.site.tolist() == ["0"]
+    [huge] = page.metrics_figure["data"]
+    assert huge["name"] == "huge" and not np.isfinite(figures.values(huge["y"])).any()

@@ -104,9 +104,11 @@ def _line(steps: Any, values: Any, color: str, width: float, **more: Any) -> dic
 
 
 def _array(values: Any) -> dict[str, str]:
-    """Plotly's typed array: float32 (NaN draws a gap) or int64 steps, base64-encoded."""
+    """Plotly's typed array: float32 (NaN draws a gap; a value beyond float32's range is +-inf, with no
+    overflow warning) or int64 steps, base64-encoded."""
     array = np.asarray(values)
-    array = np.ascontiguousarray(array, dtype=np.int32 if array.dtype.kind in "iu" else np.float32)
+    with np.errstate(over="ignore"):
+        array = np.ascontiguousarray(array, dtype=np.int32 if array.dtype.kind in "iu" else np.float32)
     return {"dtype": "i4" if array.dtype == np.int32 else "f4", "bdata": base64.b64encode(array).decode(),
             **({"shape": ", ".join(map(str, array.shape))} if array.ndim > 1 else {})}
 

@@ -111,7 +111,7 @@ class History:
     def append(self, step: int, value: Any) -> None:
         """One point (a row of numbers, or any value with ``merge="last"``)."""
         if self.merge == "mean":
-            self.extend([step], np.asarray(value, np.float32).reshape(1, -1))
+            self.extend([step], as_float32(value).reshape(1, -1))
         else:
             self.extend([step], [value])
 
@@ -121,7 +121,7 @@ class History:
         if self.merge == "last":
             self._values.extend(values)
         else:
-            rows = np.asarray(values, np.float32)
+            rows = as_float32(values)
             width = max(self._sum.shape[1], rows.shape[1])
             finite = np.isfinite(rows)
             parts = (np.where(finite, rows, 0), finite.astype(np.float32), rows, rows)
@@ -215,6 +215,13 @@ class History:
             empty = np.full(len(steps), np.nan, np.float32)
             return steps, empty, empty, empty
         return steps, mean[:, index], lo[:, index], hi[:, index]
+
+
+def as_float32(values: Any) -> np.ndarray:
+    """``values`` as the views keep them, float32: a value beyond float32's range (a float64 statistic or metric
+    above 3.4e38) becomes +-inf there, as it would in a float32 model, with no overflow warning."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, np.float64).astype(np.float32)
 
 
 def _widen(array: np.ndarray, width: int, fill: float = 0.0) -> np.ndarray:
@@ -354,7 +361,7 @@ class RunView:
         the steps of ``part`` with metrics), consecutive steps of one layout (the same rows) as one block."""
         read = run._view_part(part)
         row_steps, layout = read["steps"], read["layout"]
-        table = read["stats"][:, [STAT_COLUMNS.index(name) for name in STATISTICS]].astype(np.float32)
+        table = as_float32(read["stats"][:, [STAT_COLUMNS.index(name) for name in STATISTICS]])
         ends = np.cumsum([len(read["layouts"][i]) for i in layout], dtype=np.int64)
         spans = {int(step): (int(end - len(read["layouts"][i])), int(end), int(i))
                  for step, end, i in zip(row_steps, ends, layout)}
@@ -442,7 +449,7 @@ class RunView:
         table = None
         if len(first):
             stats = finish(np.tile(first.numel, n), np.concatenate([r.sums for r in records]))
-            table = np.column_stack([stats[name] for name in STATISTICS]).astype(np.float32).reshape(n, len(first), -1)
+            table = as_float32(np.column_stack([stats[name] for name in STATISTICS])).reshape(n, len(first), -1)
         histograms = [None if r.histograms is None else (*histogram_edges(r), r.histograms) for r in records]
         self._take(_Block([r.step for r in records], first.keys, first.numel, table, first.tensors,
                           [r.metrics for r in records], histograms))
@@ -454,7 +461,7 @@ class RunView:
             history = self.metrics.get(name)
             if history is None:
                 history = self.metrics[name] = History(self.capacity, self.recent)
-            history.extend([step for step, _ in logged], np.array([[value] for _, value in logged], np.float32))
+            history.extend([step for step, _ in logged], as_float32([[value] for _, value in logged]))
         if block.table is None:
             return
         n, table = len(block.steps), block.table
