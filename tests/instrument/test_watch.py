@@ -2092,3 +2092,24 @@ def test_a_sink_failure_is_warned_of_with_what_the_sink_says_becomes_of_its_outp
         "workbench: rows.csv could not be written; rows.csv lacks this step. Training goes on."]
     assert [(e["kind"], e["error"]) for e in w.errors] == [("dashboard", "the dashboard could not be reached"),
                                                           ("csv", "rows.csv could not be written")]
+
+
+def test_a_sink_whose_close_raises_fails_the_run_in_the_watch_and_its_store_alike(tmp_path):
+    """w.status read 'finished' (the store too, closed first) while a run's thread read the raised error as
+    failed: now every sink is closed, the store last, and all say failed, naming the sink's error."""
+
+    class BrokenSink:
+        def close(self, status, error=None):
+            raise OSError("disk gone")
+
+    net = torch.nn.Linear(2, 2)
+    w = workbench.watch(net, store=tmp_path / "r")
+    w.add_sink(BrokenSink())
+    net(torch.ones(1, 2))
+    w.step()
+    with pytest.raises(OSError, match="disk gone"):
+        w.close()
+    said = "closing the sink BrokenSink failed: OSError: disk gone"
+    assert (w.status, w.error) == ("failed", said)
+    stored = workbench.load_run(tmp_path / "r").metadata
+    assert (stored["status"], stored["error"]) == ("failed", said)

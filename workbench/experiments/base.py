@@ -948,10 +948,9 @@ class BackgroundRun:
             try:
                 if self._own_watch:
                     self.watch.close(status, error if status != "finished" else None)
-                    lost = getattr(getattr(self.watch, "store", None), "lost", 0)
-                    if lost and status != "failed":  # (the store closed itself failed: say so here too)
-                        status, error = "failed", f"{lost} step(s) could not be stored"
             finally:
+                if self._own_watch and self.watch.status == "failed":  # (a store that lost steps, a sink whose
+                    status, error = "failed", self.watch.error  # close() raised: the watch says it, as its store)
                 with self._cond:
                     self.error = error if status == "failed" else None
                     self._state = status

@@ -570,7 +570,8 @@ class Watch:
         Args:
             status: how the run ended, written into its store: ``finished``, ``stopped`` (by the
                 user) or ``failed`` (with ``error``). A store that could not write every step closes
-                ``failed`` whatever is passed.
+                ``failed`` whatever is passed; so does the run when a sink's ``close()`` raises (the store
+                is closed last, its ``error`` and ``w.error`` naming the sink's error, which is raised).
             error: the error of a ``failed`` run (a message or a formatted traceback).
 
         Raises:
@@ -587,8 +588,18 @@ class Watch:
             self._hooks.close()
             for dropped in self._dropped:
                 dropped.detach()
-            for sink in self._sinks:
-                sink.close(status, error)  # (writes what is still queued first)
+            # every sink is closed, the store last: a sink whose close() raised makes the run failed, naming its
+            # error, in the store and here alike; the first such error is raised once all are closed
+            failure: BaseException | None = None
+            for sink in sorted(self._sinks, key=lambda sink: sink is self.store):
+                try:
+                    sink.close(status, error)  # (writes what is still queued first)
+                except Exception as exc:
+                    failure = failure or exc
+                    message = f"closing the sink {type(sink).__name__} failed: {type(exc).__name__}: {exc}"
+                    status, error = "failed", f"{error}\n{message}" if error else message
+            if failure is not None:
+                raise failure
         finally:
             # the status is set once, final: ``running`` until the store's last writes are done (a dashboard
             # ends on it), then as the store records it
