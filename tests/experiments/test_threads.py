@@ -99,3 +99,16 @@ def test_an_experiment_made_while_another_thread_builds_models_has_the_weights_o
         builder.join()
     differ = [i for i, each in enumerate(made) if not all(torch.equal(a, b) for a, b in zip(alone, each))]
     assert differ == []
+
+
+def test_a_stopped_background_run_says_what_stopped_it_as_its_watch_and_store_do(tmp_path):
+    """run.error was None while its watch's error (and its store's) said "stopped by the user after step N"."""
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(10_000, store=tmp_path / "run")
+    run.pause()  # (between two steps: the step it stops after is known)
+    step = run.step
+    assert run.stop() == "stopped"
+    said = f"stopped by the user after step {step}"
+    assert run.error == run.watch.error == workbench.load_run(tmp_path / "run").metadata["error"] == said
+    finished = exp.start(1)
+    assert finished.join() == "finished" and finished.error is None and finished.watch.error is None

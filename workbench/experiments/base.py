@@ -761,7 +761,8 @@ class BackgroundRun:
         steps: the steps this run takes; ``first_step`` the experiment's step before it, so
             it ends at step ``total = first_step + steps``.
         history: the metrics of each step taken so far.
-        error: the formatted traceback of a failed run, else None.
+        error: the formatted traceback of a failed run; what stopped a stopped one ("stopped by the user after
+            step N", as its watch's ``error`` and its store say); None while it runs and once it finished.
 
     ``status`` is ``running``, ``paused``, ``stopping`` (asked to stop, ending its step),
     then ``finished``, ``stopped`` or ``failed``. Pause and stop act between steps: a step
@@ -952,7 +953,7 @@ class BackgroundRun:
                 if self._own_watch and self.watch.status == "failed":  # (a store that lost steps, a sink whose
                     status, error = "failed", self.watch.error  # close() raised: the watch says it, as its store)
                 with self._cond:
-                    self.error = error if status == "failed" else None
+                    self.error = error if status != "finished" else None  # (the watch's error: one message)
                     self._state = status
                     self._cond.notify_all()
                     callbacks, self._callbacks = self._callbacks, []
