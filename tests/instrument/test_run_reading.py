@@ -354,3 +354,16 @@ def test_a_tensorboard_export_with_overwrite_replaces_the_event_files_and_keeps_
     events = sorted(p.name for p in (tmp_path / "tb").glob("*tfevents*"))
     assert len(events) == 1 and events != first
     assert (tmp_path / "tb" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_tensorboard_export_onto_a_file_names_it_and_how_to_go_on(tmp_path, overwrite):
+    # (a file without a suffix where the directory would go was refused as "Cannot write ...: File exists")
+    small_run(tmp_path / "run").close()
+    r = workbench.load_run(tmp_path / "run")
+    (tmp_path / "tb").write_text("mine")
+    with pytest.raises(FileExistsError, match=rf"Cannot export to '{re.escape(str(tmp_path / 'tb'))}': a path without "
+                                              r"a suffix is a TensorBoard log directory, and a file is there .*Remove "
+                                              r"it first, export into another directory, or name a \.csv"):
+        r.export(tmp_path / "tb", overwrite=overwrite)
+    assert (tmp_path / "tb").read_text() == "mine"

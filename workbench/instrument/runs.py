@@ -331,7 +331,8 @@ class Run:
 
         Raises:
             FileExistsError: without ``overwrite``, a file exists at ``path`` or the TensorBoard directory
-                already holds event files.
+                already holds event files; with or without, a file is where a TensorBoard directory (a path
+                without a suffix) would go.
             ValueError: an empty path, an unknown suffix or ``what``.
             ImportError: Parquet without pyarrow, TensorBoard without tensorboard, with the pip command.
         """
@@ -351,6 +352,14 @@ class Run:
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
                              f"for TensorBoard event files: a path without a suffix, or one made first "
                              f"(os.makedirs({str(path)!r}) for a name with a dot, such as lr0.001).")
+        if suffix == "" and (path.exists() or path.is_symlink()):  # (not a directory: a file, or a dangling link)
+            # a path without a suffix is a TensorBoard directory: a file there is never replaced by one, overwrite=True
+            # or not (it may be anything: a script, a note)
+            there = "a link to nothing" if not path.exists() else "a file"
+            raise FileExistsError(f"Cannot export to {str(path)!r}: a path without a suffix is a TensorBoard log "
+                                  f"directory, and {there} is there (overwrite=True replaces a .csv or .parquet "
+                                  "file, or the event files of a directory, never a file with a directory). Remove "
+                                  "it first, export into another directory, or name a .csv or .parquet file.")
         # (an export replaces nothing unless asked, a file or a directory's event files alike)
         earlier = sorted(path.glob("*tfevents*")) if suffix == "" and path.is_dir() else []
         if earlier and not overwrite:  # (TensorBoard reads every event file of a directory: the exports would overlap)
