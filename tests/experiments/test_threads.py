@@ -112,3 +112,20 @@ def test_a_stopped_background_run_says_what_stopped_it_as_its_watch_and_store_do
     assert run.error == run.watch.error == workbench.load_run(tmp_path / "run").metadata["error"] == said
     finished = exp.start(1)
     assert finished.join() == "finished" and finished.error is None and finished.watch.error is None
+
+
+def test_a_background_run_whose_sink_cannot_close_fails_as_its_watch_and_store_say(tmp_path):
+    """The sink's error escaped the run's thread (an unhandled thread exception) and run.status read 'stopped'
+    while the store said failed: now all three say failed, naming the sink's error."""
+
+    class BrokenSink:
+        def close(self, status, error=None):
+            raise OSError("disk gone")
+
+    exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
+    run = exp.start(10_000, store=tmp_path / "run")
+    run.pause()
+    run.watch.add_sink(BrokenSink())
+    assert run.stop() == "failed"
+    said = f"stopped by the user after step {run.step}\nclosing the sink BrokenSink failed: OSError: disk gone"
+    assert run.error == run.watch.error == workbench.load_run(tmp_path / "run").metadata["error"] == said

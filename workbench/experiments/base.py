@@ -948,7 +948,10 @@ class BackgroundRun:
                 error = f"stopped {self._stopped_by} after step {self.experiment.step_count}"
             try:
                 if self._own_watch:
-                    self.watch.close(status, error if status != "finished" else None)
+                    try:
+                        self.watch.close(status, error if status != "finished" else None)
+                    except Exception:  # (a sink's close() raised: the run failed, its thread ends here as it does)
+                        status, error = "failed", traceback.format_exc()
             finally:
                 if self._own_watch and self.watch.status == "failed":  # (a store that lost steps, a sink whose
                     status, error = "failed", self.watch.error  # close() raised: the watch says it, as its store)
