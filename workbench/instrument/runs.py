@@ -352,7 +352,7 @@ class Run:
             raise ValueError(f"Cannot export to {path.name!r}: use a .csv or .parquet file, or a directory "
                              f"for TensorBoard event files: a path without a suffix, or one made first "
                              f"(os.makedirs({str(path)!r}) for a name with a dot, such as lr0.001).")
-        if suffix == "" and (path.exists() or path.is_symlink()):  # (not a directory: a file, or a dangling link)
+        if suffix == "" and not path.is_dir() and (path.exists() or path.is_symlink()):  # (a file, a dangling link)
             # a path without a suffix is a TensorBoard directory: a file there is never replaced by one, overwrite=True
             # or not (it may be anything: a script, a note)
             there = "a link to nothing" if not path.exists() else "a file"
