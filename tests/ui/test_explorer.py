@@ -441,6 +441,9 @@ def test_side_by_side_and_stopping():
     statuses = queued.stop(timeout=60)
     assert statuses["relu"] == "stopped" and statuses["gelu"] == "not started"
     assert statuses["tanh"] in ("stopped", "not started")
+    relu = queued.entries["relu"]  # (what stopped it, said alike by its run, its watch and its header)
+    assert relu.run.error == relu.watch.error == relu.view.header()["error"]
+    assert relu.watch.error.startswith("stopped by the user after step ")
     assert queued.done
     with pytest.raises(RuntimeError, match="started already"):
         queued.start()

@@ -775,8 +775,7 @@ class Comparison:
         """On the run's thread, when it has ended: close its watch, evaluate, start the next."""
         e = self.entries[name]
         e.subscription.unsubscribe()  # (delivers what was queued first: the view has every step)
-        e.watch.close(run.status, run.error if run.status == "failed" else
-                      ("stopped by the user" if run.status == "stopped" else None))
+        e.watch.close(run.status, run.error)  # (a stopped run's error says what stopped it, after which step)
         if run.status != "failed":
             try:
                 e.final = e.experiment.evaluate()
