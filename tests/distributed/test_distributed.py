@@ -480,9 +480,20 @@ def test_a_watch_recording_parameters_itself_is_told_and_not_counted_twice(one_r
     assert len(told) == 1 and told[0]["step"] == 1
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, as in a terminal, for the test (a process started in the background, as CI
+    may be, inherits SIGINT ignored: a SIGINT then does nothing)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("interrupts", [1, 2])
 def test_an_interrupt_inside_the_exchange_is_held_until_the_step_is_published_a_second_raised_at_once(
-        one_rank, monkeypatch, interrupts):
+        one_rank, monkeypatch, interrupts, ctrl_c_raises):
     import signal
 
     real = dist.all_gather

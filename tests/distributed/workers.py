@@ -209,7 +209,9 @@ def retried_start_scenario(rank: int, world: int, out: Path) -> None:
 @contextlib.contextmanager
 def interrupted_in_all_gather(steps: set[int]):
     """A SIGINT to this process inside the all_gather of each step in ``steps`` (as a Ctrl-C while the
-    rank waits there: Python raises it as the collective returns, before the collectives that follow it)."""
+    rank waits there: Python raises it as the collective returns, before the collectives that follow it).
+    Python's own handler is put in place for it: a process started in the background (CI) inherits SIGINT
+    ignored, where a Ctrl-C would do nothing."""
     real = dist.all_gather
 
     def all_gather(tensors, tensor, *args, **kwargs):
@@ -221,10 +223,12 @@ def interrupted_in_all_gather(steps: set[int]):
         return work
 
     dist.all_gather = all_gather
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         dist.all_gather = real
+        signal.signal(signal.SIGINT, handler)
 
 
 def interrupted_exchange_scenario(rank: int, world: int, out: Path) -> None:
