@@ -379,15 +379,21 @@ def test_runs_compared_keep_their_colours_as_others_join_and_leave(manager):
     assert figures.steady_colors(["x", "y"]) == {"x": "#1f77b4", "y": "#ff7f0e"}
 
 
+def paced_run(n_steps: int):
+    """A view to feed, an iterator of ``n_steps`` recorded steps of a small MLP (histograms on) and the run page's
+    control values, for the tests of how ticks pace the views."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
+    with exp.watch(histograms=True) as w:
+        exp.run(n_steps, progress=False)
+        records = w.recorder.records()
+    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+    return RunView(label="paced", total=100), iter(records), values
+
+
 def test_a_tick_sends_the_views_in_view_the_heavy_ones_at_a_slower_pace_and_all_once_the_run_ends():
     import gradio as gr
 
-    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
-    with exp.watch(histograms=True) as w:
-        exp.run(run_page.HEAVY_TICKS + 4, progress=False)
-        records = w.recorder.records()
-    view, steps = RunView(label="paced", total=100), iter(records)
-    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+    view, steps, values = paced_run(run_page.HEAVY_TICKS + 4)
     state = None
 
     sent = {}
@@ -1026,12 +1032,7 @@ def test_a_picker_is_sent_with_the_plot_it_picks_for_never_while_that_plot_is_he
     # out of view or between its paced ticks, still drew the lines of an earlier pick: chips and legend disagreed)
     import gradio as gr
 
-    exp = workbench.experiments.create("activation_mlp", seed=0, width=8, depth=2, batch_size=16, n_samples=64)
-    with exp.watch(histograms=True) as w:
-        exp.run(run_page.HEAVY_TICKS + 3, progress=False)
-        records = w.recorder.records()
-    view, steps = RunView(label="paced", total=100), iter(records)
-    values = ([], 0.0, False, "activation", "std", None, False, None, "grad_output", "norm", True)
+    view, steps, values = paced_run(run_page.HEAVY_TICKS + 3)
     picks = {"metric_names": "metrics", "sites": "series", "site_note": "series", "dist_site": "distribution",
              "dist_note": "distribution"}
     state, shown = None, {}
