@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 
 import workbench
 from workbench import CompiledWatch, watch_compiled
+from workbench.instrument.compiled_graph import offset_in_base, view_elements
 from workbench.instrument.reduce_torch import TorchReducer
 from workbench.instrument.schema import SHIFT, SUMS
 from workbench.instrument.torch_internals import compiled_entry, installed_hooks
@@ -1216,12 +1217,43 @@ class Half(nn.Module):
         return x[:, :3]  # a view of its input
 
 
-class ViewChangedInPlace(nn.Module):
-    """A module output that is a view, then changed in place (a tensor hook on it never fires)."""
+class SecondHalf(nn.Module):
+    def forward(self, x):
+        return x[:, 3:]  # a view further into its input (3 elements in)
 
-    def __init__(self):
+
+class LaterRows(nn.Module):
+    def forward(self, x):
+        return x[2:]  # a view further into its input (two rows in)
+
+
+@pytest.mark.parametrize("view", [
+    lambda h: h[:, 3:], lambda h: h[2:], lambda h: h[1:, 1::2], lambda h: h.t()[2:], lambda h: h[1],
+    lambda h: h[:, 1:2].expand(5, 4), lambda h: h[5:], lambda h: h.t()],
+    ids=["columns-in", "rows-in", "strided", "transposed", "selected", "expanded", "empty", "whole"])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_view_elements_reads_the_elements_a_view_reads_of_its_base_s_gradient(view, layout):
+    # what the compiled watch's row from a view's base reads (compiled_graph.view_elements), against the view's own
+    # elements of the gradient, on a base laid out by rows and one by columns (channels-last-like)
+    base = torch.randn(5, 6) if layout == "rows" else torch.randn(6, 5).t()
+    grad = torch.randn(5, 6)
+    seen = view(base)
+    offset = offset_in_base(seen, base)
+    assert offset.item() == seen.storage_offset() - base.storage_offset()
+    read = view_elements(grad, base.size(), base.stride(), seen.size(), seen.stride(), offset)
+    laid_out = torch.empty_strided(base.size(), base.stride())
+    laid_out.copy_(grad)
+    assert torch.equal(read, view(laid_out))
+    assert offset_in_base(base.clone(), base).item() == -1  # (another storage: no row)
+
+
+class ViewChangedInPlace(nn.Module):
+    """A module output that is a view (``part``: its first half by default), then changed in place (a tensor hook
+    on it never fires)."""
+
+    def __init__(self, part: type[nn.Module] = Half):
         super().__init__()
-        self.fc, self.part, self.out = nn.Linear(4, 6), Half(), nn.Linear(6, 2)
+        self.fc, self.part, self.out = nn.Linear(4, 6), part(), nn.Linear(6, 2)
 
     def forward(self, x):
         h = self.fc(x)
@@ -1230,11 +1262,12 @@ class ViewChangedInPlace(nn.Module):
 
 
 class ViewsBaseChangedInPlace(nn.Module):
-    """A module output that is a view, then its base changed in place (the view's hook never fires either)."""
+    """A module output that is a view (``part``), then its base changed in place (the view's hook never fires
+    either)."""
 
-    def __init__(self):
+    def __init__(self, part: type[nn.Module] = Half):
         super().__init__()
-        self.fc, self.part, self.out = nn.Linear(4, 6), Half(), nn.Linear(3, 2)
+        self.fc, self.part, self.out = nn.Linear(4, 6), part(), nn.Linear(3 if part is not LaterRows else 6, 2)
 
     def forward(self, x):
         h = self.fc(x)
@@ -1257,10 +1290,15 @@ class WholeViewChangedInPlace(nn.Module):
         return self.out(h)
 
 
-@pytest.mark.parametrize("make", [ViewChangedInPlace, ViewsBaseChangedInPlace, WholeViewChangedInPlace])
+@pytest.mark.parametrize("make", [
+    ViewChangedInPlace, ViewsBaseChangedInPlace, WholeViewChangedInPlace,
+    lambda: ViewChangedInPlace(SecondHalf), lambda: ViewsBaseChangedInPlace(SecondHalf),
+    lambda: ViewChangedInPlace(LaterRows), lambda: ViewsBaseChangedInPlace(LaterRows)],
+    ids=["view", "base", "whole", "view-further-in", "base-further-in", "view-rows-in", "base-rows-in"])
 def test_a_view_output_changed_in_place_has_its_gradient_row_as_in_the_eager_watch(make):
     # (the hook on the view itself, which the in-place op leaves unfired, was the compiled watch's only one: no
-    # row; a second row, of the view's elements of its base's gradient, stands in, as the eager watch's does)
+    # row; a second row, of the view's elements of its base's gradient, stands in, as the eager watch's does.
+    # Until 2026-11-30 a view further into its base, h[:, 3:] or h[2:], had no second row, and so no row)
     x = torch.randn(5, 4)
     rows, graph_counts = {}, {}
     for compiled, model, _ in eager_then_compiled(make):
@@ -1350,10 +1388,12 @@ class LastRows(nn.Module):
         return x[-2:]  # a view at its input's start where the batch has 2 rows, further in where it has more
 
 
-class LastRowsChangedInPlace(nn.Module):
-    def __init__(self):
+class EndOfBatchChangedInPlace(nn.Module):
+    """A module output that is a view of the batch (``part``), changed in place."""
+
+    def __init__(self, part: type[nn.Module]):
         super().__init__()
-        self.fc, self.part, self.out = nn.Linear(4, 6), LastRows(), nn.Linear(6, 2)
+        self.fc, self.part, self.out = nn.Linear(4, 6), part(), nn.Linear(6, 2)
 
     def forward(self, x):
         h = self.fc(x)
@@ -1361,30 +1401,35 @@ class LastRowsChangedInPlace(nn.Module):
         return self.out(h)
 
 
-def test_a_view_that_starts_its_base_at_the_traced_size_alone_has_the_eager_rows_there_and_no_row_elsewhere():
-    # h[-2:] starts h where the batch has 2 rows (the size traced, marked dynamic) and further in at 5 and 7: the
-    # row read from the base was of its first 2 rows at every size, a wrong grad_output row at steps 2 and 3. Dynamo
-    # traces no storage offset, so the start is checked when the graph runs: no row where it does not hold
-    batches = [torch.randn(rows, 4) for rows in (2, 5, 7)]
+@pytest.mark.parametrize("part, sizes, backend", [
+    (LastRows, (2, 5, 7), "aot_eager"), (LaterRows, (4, 5, 7), "aot_eager"), (LaterRows, (4, 5, 7), "inductor")],
+    ids=["last", "later", "later-inductor"])  # (not h[-2:] with inductor: the unwatched model specializes the 2 rows)
+def test_a_view_into_a_dynamic_batch_changed_in_place_has_the_eager_rows_at_every_size_in_one_graph(part, sizes,
+                                                                                                    backend):
+    # h[-2:] starts h where the batch has 2 rows (the size traced, marked dynamic) and further in at 5 and 7; h[2:]
+    # starts 2 rows in, 2 * 6 elements at every size. Dynamo traces no storage offset: the view's start is taken
+    # when the graph runs (workbench::offset_in_base) and its elements gathered from the base's gradient there
+    # (under inductor too, which hands the op the view as a view of its base's buffer).
+    # (Until 2026-11-30 h[-2:] had no grad_output row at 5 and 7 rows, nor h[2:] at any size; before that h[-2:]
+    # had a row of the base's first 2 rows at every size, silently wrong)
+    batches = [torch.randn(rows, 4) for rows in sizes]
     torch._dynamo.mark_dynamic(batches[0], 0)
     rows, graph_counts = {}, {}
-    for compiled, model, _ in eager_then_compiled(LastRowsChangedInPlace):
-        run = torch.compile(model, backend="aot_eager") if compiled else model
+    for compiled, model, _ in eager_then_compiled(lambda: EndOfBatchChangedInPlace(part)):
+        run = torch.compile(model, backend=backend) if compiled else model
         with workbench.watch(run, histograms=False) as w:
             for x in batches:
                 run(x).square().mean().backward()
                 w.step()
         assert w.errors == [] and getattr(w, "fallback", None) is None
         rows[compiled], graph_counts[compiled] = w.to_pandas(), graphs()
-    merged = compare(rows[False], rows[True])  # (equal statistics where both have the row)
-    absent = merged[merged._merge != "both"]
-    assert set(zip(absent.step, absent.module, absent.kind, absent._merge)) == {
-        (2, "part", "grad_output", "left_only"), (3, "part", "grad_output", "left_only")}
-    assert ((merged.step == 1) & (merged.module == "part") & (merged.kind == "grad_output")
-            & (merged._merge == "both")).sum() == 1
+    grads = rows[False][(rows[False].module == "part") & (rows[False].kind == "grad_output")]
+    assert list(grads.step) == [1, 2, 3]
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
     fresh_dynamo()
     torch.manual_seed(0)
-    bare = torch.compile(LastRowsChangedInPlace(), backend="aot_eager")
+    bare = torch.compile(EndOfBatchChangedInPlace(part), backend=backend)
     for x in batches:
         bare(x).square().mean().backward()
     assert graph_counts[True] == graphs() == 1

@@ -42,7 +42,7 @@ from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
 __all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hook_gradient", "make_hooks", "observe",
-           "row_width"]
+           "offset_in_base", "row_width", "view_elements"]
 
 
 def row_width(bins: int) -> int:
@@ -225,26 +225,50 @@ def _add_row_shape(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
 add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_row.default)
 
 
-# ``starts_its_base(view, base)``: a 0-dim bool tensor on the view's device, whether ``view`` starts where ``base``
-# starts in their storage, taken when the graph runs. Dynamo traces no ``storage_offset()`` (a graph break), and
-# ``view_base`` decides "at its base's start" once, at the sizes traced: with a dynamic size that start can move
-# (``h[-2:]`` starts ``h`` of 2 rows alone), so the row a graph reads from the base is kept where this holds.
-_LIBRARY.define("starts_its_base(Tensor view, Tensor base) -> Tensor")
+# ``offset_in_base(view, base)``: a 0-dim int64 tensor on the view's device, where ``view`` starts in ``base``'s
+# storage (in elements from the base's start), taken when the graph runs; -1 where they do not share a storage (a
+# backend that made the view a copy). Dynamo traces no ``storage_offset()`` (a graph break), and an offset kept from
+# the trace would go stale with dynamic shapes (``h[1:]`` of a ``(B, T, D)`` tensor starts ``T * D`` in, ``h[-2:]``
+# at the start of a batch of 2 alone): the graph reads it as a tensor, adding no guard and no graph.
+_LIBRARY.define("offset_in_base(Tensor view, Tensor base) -> Tensor")
 
 
-def _starts_its_base(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    return torch.full((), view.storage_offset() == base.storage_offset(), dtype=torch.bool, device=view.device)
+def _offset_in_base(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    shared = view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    offset = view.storage_offset() - base.storage_offset() if shared else -1
+    return torch.full((), offset, dtype=torch.int64, device=view.device)
 
 
-_LIBRARY.impl("starts_its_base", _starts_its_base, "CompositeExplicitAutograd")
+_LIBRARY.impl("offset_in_base", _offset_in_base, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake("workbench::starts_its_base", lib=_LIBRARY)
-def _starts_its_base_shape(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    return view.new_empty((), dtype=torch.bool)
+@torch.library.register_fake("workbench::offset_in_base", lib=_LIBRARY)
+def _offset_in_base_shape(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return view.new_empty((), dtype=torch.int64)
 
 
-starts_its_base = torch.ops.workbench.starts_its_base.default
+offset_in_base = torch.ops.workbench.offset_in_base.default
+
+
+def view_elements(base_grad: torch.Tensor, base_size: Any, base_stride: Any, size: Any, stride: Any,
+                  offset: torch.Tensor) -> torch.Tensor:
+    """The elements of ``base_grad`` (the gradient w.r.t. a base of sizes ``base_size`` and strides
+    ``base_stride``) that a view of that base with sizes ``size``, strides ``stride`` and storage offset
+    ``offset`` (a 0-dim int64 tensor, from the base's start: :data:`offset_in_base`) reads, in the view's sizes:
+    the gradient laid out as the base lies in memory, the stretch of it the view spans gathered from the offset
+    on (an index of that stretch: the offset is a tensor, not a size a slice could take), and read with the
+    view's sizes and strides. Sizes and strides may be symbolic (dynamic shapes): nothing guards them (no
+    broadcast, which would guard a size against 1)."""
+    def spanned(sizes: Any, strides: Any) -> Any:  # (elements of memory from the first to the last, at least 1)
+        return torch.sym_max(1 + sum((n - 1) * s for n, s in zip(sizes, strides)), 1)
+
+    memory = base_grad.new_empty(spanned(base_size, base_stride))
+    memory.as_strided(base_size, base_stride).copy_(base_grad)
+    # (-1, no shared storage: any stretch, the row is then all zeros, see hook_gradient; the clamp keeps a view of
+    # no elements, whose stretch is 1, inside the memory)
+    start = offset.clamp(min=0)
+    index = (torch.arange(spanned(size, stride), device=offset.device) + start).clamp(max=memory.numel() - 1)
+    return memory[index].as_strided(size, stride)
 
 
 def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int,
@@ -257,33 +281,28 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
     forward graph, written in the backward by :data:`add_row`) leaves it; run eagerly, it is
     torch's tensor hook. The row's last column counts the backward passes that reached it.
 
-    With ``view`` (a view whose base is ``tensor``, starting where it starts:
-    :func:`~workbench.instrument.torch_internals.view_base`), the row is of the view's elements of the base's
-    gradient (laid out as the base, then read with the view's sizes and strides): what a hook on a view
-    that an in-place op changed later never gets, as the eager watch's ``GradientHook`` takes it from the
-    view's base. A view of all the base's elements (a ``reshape``, a ``transpose``, a ``Flatten``) has
-    their statistics: the base's gradient is reduced as it is, without a copy. Traced, the view's start is
-    checked when the graph runs (:data:`starts_its_base`): where the view does not start its base at the sizes
-    it runs with (``h[-2:]`` of a dynamic batch, traced with 2 rows), the row is all zeros, no row."""
-    geometry = starts = None
-    # (sizes and strides: no tensor kept alive; a view that has all of its base's elements only at some sizes of
-    # a dynamic shape is read from a copy, as one of part of them)
+    With ``view`` (a view whose base is ``tensor``: :func:`~workbench.instrument.torch_internals.view_base`), the
+    row is of the view's elements of the base's gradient (:func:`view_elements`, at the view's storage offset in
+    the base taken when the graph runs: :data:`offset_in_base`): what a hook on a view that an in-place op
+    changed later never gets, as the eager watch's ``GradientHook`` takes it from the view's base. A view of all
+    the base's elements at every size (a ``reshape``, a ``transpose``, a ``Flatten``) has their statistics: the
+    base's gradient is reduced as it is, without a copy. Where the view and its base share no storage when the
+    graph runs (a backend that copied the view), the row is all zeros, no row."""
+    geometry = offset = None
+    # (sizes and strides, and a 0-dim offset: no tensor of the forward kept alive; a view that has all of its
+    # base's elements only at some sizes of a dynamic shape is gathered, as one of part of them)
     if view is not None and not internals.all_of_its_base(view, tensor):
         geometry = (tensor.size(), tensor.stride(), view.size(), view.stride())
-    if view is not None and torch.compiler.is_compiling():
-        starts = starts_its_base(view.detach(), tensor.detach())
+        offset = offset_in_base(view.detach(), tensor.detach())
 
     def into_probe(grad: torch.Tensor | None) -> None:
         if grad is None:  # (run eagerly: a node's output that got no gradient passes None)
             return
         if geometry is not None:
-            base_size, base_stride, size, stride = geometry
-            laid_out = grad.new_empty_strided(base_size, base_stride)
-            laid_out.copy_(grad)
-            grad = laid_out.as_strided(size, stride)
+            grad = view_elements(grad, *geometry, offset)
         made = graph_row(grad, bins, edges)
-        if starts is not None:  # (a row of zeros: its MADE column 0, no row)
-            made = torch.where(starts, made, torch.zeros_like(made))
+        if offset is not None:  # (a row of zeros: its MADE column 0, no row)
+            made = torch.where(offset >= 0, made, torch.zeros_like(made))
         add_row(probe, made, row)
 
     tensor.register_hook(into_probe)
@@ -432,8 +451,8 @@ def observe(st: GraphState, path: str, module: nn.Module, output: Any, in_graph:
         base = None
         if grads and tensor.requires_grad and tensor.is_floating_point():
             row = _probe_row(st)
-            # a view at the start of a base autograd made: a second row, of the view's elements of the base's
-            # gradient, for the step where an in-place op on the view leaves the view's own hook unfired
+            # a view of a base autograd made: a second row, of the view's elements of the base's gradient, for the
+            # step where an in-place op on the view leaves the view's own hook unfired
             base = internals.view_base(tensor) if row >= 0 else None
             if base is not None:
                 base_row = _probe_row(st)

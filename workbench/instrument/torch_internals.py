@@ -277,39 +277,28 @@ class GradientHook:
 
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     """The base of ``tensor`` where it is a view of a tensor autograd made (not a leaf), of its dtype (not
-    ``view_as_real`` of a complex one: its sizes and strides count other elements), that starts where the base
-    starts (storage offset 0 in it: ``h[:, :3]``, a reshape, the first chunk); else None. Traced by
-    dynamo without a graph break.
+    ``view_as_real`` of a complex one: its sizes and strides count other elements); else None. Traced by dynamo
+    without a graph break. Where the view starts in its base is not asked here: dynamo traces no
+    ``storage_offset()``, and with dynamic shapes it moves (``h[1:]`` of a ``(B, T, D)`` tensor starts ``T * D``
+    in); the compiled watch takes it when the graph runs (``compiled_graph.offset_in_base``).
 
-    Relies on: ``_base`` naming a view's base (dynamo reads it from its fake tensors), and dynamo calling a
-    ``torch.compiler.assume_constant_result`` function with the tensors' values while tracing, keeping its
-    result as a constant of the graph, unguarded (it traces no ``storage_offset()``). A start of 0 (``h[:, :3]``,
-    ``h[:2]``, a reshape) stays 0 in a graph with dynamic shapes; a start counted from the end does not
-    (``h[-2:]`` of a batch marked dynamic, traced with 2 rows: true, kept for every size: the compiled watch
-    checks the start again when the graph runs, ``compiled_graph.starts_its_base``), nor a start further in
-    (``h[1:]``, ``T * D`` with ``T`` dynamic), which is None."""
+    Relies on: ``_base`` naming a view's base (dynamo reads it from its fake tensors)."""
     base = tensor._base
-    if base is None or base.is_leaf or base.dtype != tensor.dtype or not _starts_its_base(tensor, base):
+    if base is None or base.is_leaf or base.dtype != tensor.dtype:
         return None
     return base
 
 
 def all_of_its_base(view: torch.Tensor, base: torch.Tensor) -> bool:
-    """Whether ``view`` (a view of ``base``, at its start: :func:`view_base`) has as many elements as ``base``
-    at any size dynamo may give them (a reshape, a transpose, a ``Flatten``): with sizes dynamo traced
-    symbolically, False where that depends on them (``h[:2]`` of a batch of 2, marked dynamic), adding no guard
-    (comparing the counts would guard the size, and a size marked dynamic refuses that guard). Eagerly, the
-    counts compared.
+    """Whether ``view`` (a view of ``base``: :func:`view_base`) has as many elements as ``base`` at any size
+    dynamo may give them (a reshape, a transpose, a ``Flatten``; a base autograd made fills its storage, so such a
+    view starts where it starts): with sizes dynamo traced symbolically, False where that depends on them
+    (``h[:2]`` of a batch of 2, marked dynamic), adding no guard (comparing the counts would guard the size, and a
+    size marked dynamic refuses that guard). Eagerly, the counts compared.
 
     Relies on: ``torch.fx.experimental.symbolic_shapes.statically_known_true`` deciding a symbolic equality
     from the shape environment alone, traced by dynamo without a graph break."""
     return statically_known_true(view.numel() == base.numel())
-
-
-@torch.compiler.assume_constant_result
-def _starts_its_base(view: torch.Tensor, base: torch.Tensor) -> bool:
-    """Whether ``view`` starts where ``base`` starts in their storage."""
-    return bool(view.storage_offset() == base.storage_offset())
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
