@@ -41,8 +41,8 @@ from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
-__all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hook_gradient", "make_hooks", "observe",
-           "offset_in_base", "row_width", "view_elements"]
+__all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hold_passes_of", "hook_gradient",
+           "make_hooks", "observe", "offset_in_base", "release_passes_of", "row_width", "view_elements"]
 
 
 def row_width(bins: int) -> int:
@@ -195,34 +195,73 @@ def _cpu_row_shape(x: torch.Tensor, bins: int, edges: torch.Tensor | None = None
 cpu_row = torch.ops.workbench.cpu_row.default
 
 
-# ``add_row(probe, row, index)``: ``probe[index] += row``, written where the graph calls it, in the backward.
-# The probe is an input of the forward graph that the backward writes; a write torch sees (``add_``, or a
-# schema that says the op mutates it) bumps its version counter, and every other compiled backward that
-# kept the probe (each graph of a call with graph breaks, the same graph in a second backward pass through
-# one forward) then refuses it as "modified by an inplace operation". So the schema says it mutates
-# nothing, the kernel writes through ``.data`` (a version counter of its own), and the op is registered as
-# having a side effect: no dead-code elimination takes out an op without outputs. Nothing else reads the
-# probe before the step ends. Tagged ``cudagraph_unsafe``: a CUDA graph would replay the write into the
-# probe it was captured with.
-_LIBRARY.define("add_row(Tensor probe, Tensor row, int index) -> ()",
+# ``add_row(probe, row, index, grad, bins, edges)``: ``probe[index] += row`` (``row``: the graph's row of ``grad``),
+# written where the graph calls it, in the backward. The probe is an input of the forward graph that the backward
+# writes; a write torch sees (``add_``, or a schema that says the op mutates it) bumps its version counter, and
+# every other compiled backward that kept the probe (each graph of a call with graph breaks, the same graph in a
+# second backward pass through one forward) then refuses it as "modified by an inplace operation". So the schema
+# says it mutates nothing, the kernel writes through ``.data`` (a version counter of its own), and the op is
+# registered as having a side effect: no dead-code elimination takes out an op without outputs. Nothing else reads
+# the probe before the step ends. Tagged ``cudagraph_unsafe``: a CUDA graph would replay the write into the probe
+# it was captured with.
+# Several backward passes through one forward (``retain_graph=True``, then another): the eager watch records the
+# row of the passes' total gradient. A pass that keeps the graph (read when the op runs: the backward graph is
+# compiled once for every kind of pass) holds its gradient, the running total, for a probe the watch registered
+# (:func:`hold_passes_of`); the next pass adds its own to it and sets the probe's row to the total's (reduced
+# eagerly, by graph_row, with ``bins`` and ``edges``); one that frees the graph lets the total go. Where nothing is
+# held (one pass, the common case) the row the graph made is added as it is, and a second row added onto it (a
+# pass after one that freed the graph: no total to take) counts 2 in its MADE column, left out by the step.
+_LIBRARY.define("add_gradient_row(Tensor probe, Tensor row, int index, Tensor grad, int bins, Tensor? edges) -> ()",
                 tags=(torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ())
 
-
-def _add_row(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
-    probe.data[index] += row
-
-
-_LIBRARY.impl("add_row", _add_row, "CompositeExplicitAutograd")
+# the data address of each probe registered by the watch (hold_passes_of) -> its row index -> the running total of
+# the gradients of the backward passes through its forward that kept the graph
+_held: dict[int, dict[int, torch.Tensor]] = {}
 
 
-@torch.library.register_fake("workbench::add_row", lib=_LIBRARY)
-def _add_row_shape(probe: torch.Tensor, row: torch.Tensor, index: int) -> None:
+def hold_passes_of(probe: torch.Tensor) -> None:
+    """Have the backward passes that keep the graph hold the running total of ``probe``'s gradients (:data:`add_row`),
+    until :func:`release_passes_of`: for the probes of a step in progress alone (an address is not reused while its
+    probe is registered: the watch keeps it)."""
+    _held[probe.data_ptr()] = {}
+
+
+def release_passes_of(probe: torch.Tensor) -> None:
+    """Let go of the gradients held for ``probe`` (its step ended): a later pass through its forward adds its row."""
+    _held.pop(probe.data_ptr(), None)
+
+
+def _add_gradient_row(probe: torch.Tensor, row: torch.Tensor, index: int, grad: torch.Tensor, bins: int,
+                      edges: torch.Tensor | None) -> None:
+    totals = _held.get(probe.data_ptr())
+    keeps = totals is not None and internals.keeps_graph()
+    total = totals.pop(index, None) if totals is not None else None
+    if total is None:
+        probe.data[index] += row
+        if keeps:
+            totals[index] = grad.detach().clone()
+        return
+    total += grad
+    made = graph_row(total, bins, edges)
+    # (a row the graph left out, all zeros: a view's row where it shares no storage with its base, stays out)
+    probe.data[index] = torch.where(row[MADE] > 0, made, torch.zeros_like(made))
+    if keeps:
+        totals[index] = total
+
+
+_LIBRARY.impl("add_gradient_row", _add_gradient_row, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("workbench::add_gradient_row", lib=_LIBRARY)
+def _add_gradient_row_shape(probe: torch.Tensor, row: torch.Tensor, index: int, grad: torch.Tensor, bins: int,
+                            edges: torch.Tensor | None) -> None:
     return None
 
 
-#: ``add_row(probe, row, index)``: adds ``row`` to row ``index`` of ``probe``, unseen by autograd's version
-#: counters; kept in the graph where nothing uses its (absent) output.
-add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_row.default)
+#: ``add_row(probe, row, index, grad, bins, edges)``: adds ``row`` (of ``grad``) to row ``index`` of ``probe``, or
+#: sets it to the row of the passes' total gradient (see above), unseen by autograd's version counters; kept in the
+#: graph where nothing uses its (absent) output.
+add_row = torch.fx.node.has_side_effect(torch.ops.workbench.add_gradient_row.default)
 
 
 # ``offset_in_base(view, base)``: a 0-dim int64 tensor on the view's device, where ``view`` starts in ``base``'s
@@ -278,8 +317,10 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
     tensor's total gradient, of its uses inside the module that returned it too, as the eager
     watch's hook does. Traced, the hook is part of the backward graph (dynamo's ``register_hook``
     of an intermediate tensor, no graph break) and its write into ``probe`` (an input of the
-    forward graph, written in the backward by :data:`add_row`) leaves it; run eagerly, it is
-    torch's tensor hook. The row's last column counts the backward passes that reached it.
+    forward graph, written in the backward by :data:`add_row`) leaves it; run eagerly, it is a
+    pre-hook on the autograd node that made the tensor (a leaf's clone's), as the eager watch's
+    ``GradientHook``. The row's last column counts the backward passes that reached it (several keeping the
+    graph: one, of their total, see :data:`add_row`).
 
     With ``view`` (a view whose base is ``tensor``: :func:`~workbench.instrument.torch_internals.view_base`), the
     row is of the view's elements of the base's gradient (:func:`view_elements`, at the view's storage offset in
@@ -303,9 +344,18 @@ def hook_gradient(tensor: torch.Tensor, probe: torch.Tensor, row: int, bins: int
         made = graph_row(grad, bins, edges)
         if offset is not None:  # (a row of zeros: its MADE column 0, no row)
             made = torch.where(offset >= 0, made, torch.zeros_like(made))
-        add_row(probe, made, row)
+        add_row(probe, made, row, grad, bins, edges)
 
-    tensor.register_hook(into_probe)
+    # (traced: a tensor hook, the one dynamo traces into the backward graph; reading grad_fn there breaks the graph)
+    node = None if torch.compiler.is_compiling() else tensor.grad_fn
+    if node is None:
+        tensor.register_hook(into_probe)
+        return
+    # run eagerly (the model's own output, a call in a graph break): a pre-hook on the node that made the tensor,
+    # as the eager watch's GradientHook, which fires where a backward runs that node: a torch.autograd.grad that
+    # takes the tensor itself as an input stops before it, and is no pass through it there either
+    output = tensor.output_nr
+    node.register_prehook(lambda grads: into_probe(grads[output]))
 
 
 class GraphState:

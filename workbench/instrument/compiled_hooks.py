@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from workbench.instrument import torch_internals as internals
-from workbench.instrument.compiled_graph import MADE, SAMPLED, GraphState, make_hooks, observe, row_width
+from workbench.instrument.compiled_graph import (MADE, SAMPLED, GraphState, hold_passes_of, make_hooks, observe,
+                                                 release_passes_of, row_width)
 from workbench.instrument.hooks import (Entry, _remove_hooks, attached, hook_param_grads, reattach,
                                         replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
@@ -184,7 +185,7 @@ class CompiledHooks:
         self._check_due = False  # the recorded step has not compared the parameters' flags yet
         self._change_reported = False
         self._eval_reported = False  # an unpaused evaluation call warned
-        self._repeats_reported = False  # gradients of several backward passes through one forward warned
+        self._repeats_reported = False  # gradients of several passes, the first freeing the graph, warned
         self._calls_reported = False  # MAX_CALLS_PER_STEP warned
         self._full = False  # the step made MAX_CALLS_PER_STEP recorded calls: no more of it is recorded
         inner_call, ref = entry.call, weakref.ref(self)
@@ -264,6 +265,7 @@ class CompiledHooks:
         self._start(self.step_index, True)
 
     def _start(self, step_index: int, recording: bool) -> None:
+        self._release_probes()
         self.step_index, self.recording = step_index, recording
         self.step_errors = []
         self._calls_made = 0  # every call since the step (or its recording) started, recorded or not (see _call)
@@ -279,6 +281,13 @@ class CompiledHooks:
         self._first_call_trained: bool | None = None
         self._a_call_trained = False
         self.update()
+
+    def _release_probes(self) -> None:
+        """Let go of the gradients the step's probes held for backward passes still to come (``retain_graph=True``:
+        :func:`~workbench.instrument.compiled_graph.hold_passes_of`): the step's rows are taken."""
+        for _, probe, _ in getattr(self, "_calls", ()):
+            if probe is not None:
+                release_passes_of(probe)
 
     def ran(self) -> bool:
         """Whether the step so far (since :meth:`record_rest_of_step`, if called) called the compiled model (see
@@ -328,6 +337,7 @@ class CompiledHooks:
         if st.recording and st.grad_sites and torch.is_grad_enabled():
             # (written in the backward by the outputs' gradient hooks: compiled_graph.hook_gradient)
             probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device)
+            hold_passes_of(probe)  # (several backward passes: the row of their total, as the eager watch's)
         ranges = None
         if st.recording and self.bins:  # (tensors always, NaN at first: one graph variant)
             ranges = self._ranges_of_call(len(self._calls))
@@ -338,6 +348,8 @@ class CompiledHooks:
         except Exception as exc:
             st.out = st.probe = st.edges = st.probe_edges = None
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
+            if probe is not None:
+                release_passes_of(probe)
             if not internals.is_compile_error(exc) or self._checked:
                 raise
             patched = bool(self.interventions)
@@ -358,6 +370,8 @@ class CompiledHooks:
         except BaseException:
             st.out = st.probe = st.edges = st.probe_edges = None
             st.stack = [st.root_path]  # (what a call that raised left on it names no later module)
+            if probe is not None:
+                release_passes_of(probe)
             raise
         try:  # the model's own output, outside its graph
             replaced = observe(st, st.root_path, self.sites.model, result, None)
@@ -404,6 +418,7 @@ class CompiledHooks:
         self._check_due = False
         self._remove_unknown_call_patches()
         entries = self._graph_entries()
+        self._release_probes()
         self._check_structure()  # (once this step's rows are named; before the parameters are read)
         if not self._eval_reported and self._first_call_trained is False and self._a_call_trained:
             self._eval_reported = True
@@ -487,24 +502,25 @@ class CompiledHooks:
         return entries
 
     def _leave_out_repeated_backwards(self, grads: np.ndarray, keys: list[tuple[tuple, int]]) -> None:
-        """Mark as not made (in place) the probe rows ``grads`` that several backward passes through
-        one forward reached (``retain_graph=True``, then another backward): the probe's row adds
-        the passes' rows up, so their sums, counts, min and max are added too and describe no tensor.
-        Each step that has them says so in ``errors`` (with a warning the first time)."""
+        """Mark as not made (in place) the probe rows ``grads`` that several backward passes through one forward
+        reached where the first freed the graph (a graph whose nodes save no tensor runs again without
+        ``retain_graph``): nothing held that pass's gradient (passes that keep the graph hold theirs, and record
+        the row of the total: ``compiled_graph.add_row``), so the probe's row adds the passes' rows up, their
+        sums, counts, min and max too, which describe no tensor. Each step that has them says so in ``errors``
+        (with a warning the first time), as the eager watch leaves out the rows it cannot total."""
         repeated = grads[:, MADE] > 1
         if not repeated.any():
             return
         called_again = {path for (path, call, *_), _ in keys if call > 0}  # (named as the views name them)
         sites = list(dict.fromkeys(site_name(path, call, name, path in called_again)  # (a view's two rows: one)
                                    for ((path, call, _, name, _), _), r in zip(keys, repeated) if r))
-        passes = int(grads[repeated, MADE].max())
         self.fail("", None, GRAD_OUTPUT, RuntimeError(
             f"the output gradients of {len(sites)} call site(s) ({', '.join(sites[:3])}{' ...' * (len(sites) > 3)}) "
-            f"came from {passes} backward passes through one forward of the compiled model "
-            "(backward(retain_graph=True), then another backward): the compiled watch records one backward "
-            f"pass per forward, so they are left out of step {self.step_index}. Back-propagate the sum of the "
-            "losses once ((loss1 + loss2).backward()) to record the total gradient, or watch the uncompiled "
-            "model, which records the total of the passes."), disable=False, say=not self._repeats_reported)
+            "came from several backward passes through one forward, the first of which freed the graph (no "
+            "retain_graph=True): its gradient was gone when the next came, so their total cannot be recorded and "
+            f"they are left out of step {self.step_index}. Pass retain_graph=True to every backward but the last, "
+            "or back-propagate the sum of the losses once ((loss1 + loss2).backward())"),
+            disable=False, say=not self._repeats_reported)
         self._repeats_reported = True
         grads[repeated, MADE] = 0  # (no row, and no histogram range from it)
 
@@ -641,6 +657,7 @@ class CompiledHooks:
     def close(self) -> None:
         """Remove every hook and put the compiled callable back (idempotent)."""
         self.closed = True
+        self._release_probes()
         self._release()
         self.interventions.clear()
         self.update()
