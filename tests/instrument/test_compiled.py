@@ -1196,7 +1196,7 @@ def test_several_backward_passes_through_one_forward_record_the_total_gradient_a
     # such row out, the model's own output's too, with a warning: no grad_output row at all
     torch.manual_seed(0)
     x = torch.randn(5, 4)
-    rows, graph_counts = {}, {}
+    rows, histograms, graph_counts = {}, {}, {}
     for compiled, model, _ in eager_then_compiled(lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))):
         run = torch.compile(model, backend="aot_eager") if compiled else model
         with warnings.catch_warnings():
@@ -1206,11 +1206,12 @@ def test_several_backward_passes_through_one_forward_record_the_total_gradient_a
                     passes(run, x)
                     w.step()
         assert w.errors == [] and getattr(w, "fallback", None) is None
-        rows[compiled], graph_counts[compiled] = w.to_pandas(), graphs()
+        rows[compiled], histograms[compiled], graph_counts[compiled] = w.to_pandas(), w.histograms(), graphs()
     grads = rows[False][rows[False].kind == "grad_output"]
     assert len(grads) == 2 * 4 and (grads.groupby(KEY).size() == 1).all()  # 2 steps, 4 sites (the model's too)
     merged = compare(rows[False], rows[True])
     assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+    same_histograms(histograms[False], histograms[True])  # (the total's, binned over the site's range at step 2)
     fresh_dynamo()
     torch.manual_seed(0)
     bare = torch.compile(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), backend="aot_eager")
