@@ -451,8 +451,9 @@ class _Layout:
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
     #: (param_grad row of a bias of shape (F,), the grad_output rows of its module's calls, their entries per unit,
     #: -1 per call): the bias's gradient sums its module's output gradient over those entries, at most
-    #: sqrt(m) ||grad_output||; or (param_grad row of the weight of a Linear without bias in a Sequential, its
-    #: grad_output row, 0, the activation row of its input): at most ||grad_output|| ||input|| (:func:`_grad_bounds`)
+    #: sqrt(m) ||grad_output||; or (param_grad row of the weight of a Linear or a convolution without bias in a
+    #: Sequential, its grad_output row, k, the activation row of its input): at most sqrt(k) ||grad_output|| ||input||,
+    #: k 1 for a Linear, a convolution's kernel offsets times 2 per spatial dim (:meth:`Diagnoser._weight_bounds`)
     bias_bounds: list[tuple[int, list[int], list[int], list[int]]]
 
 
@@ -732,38 +733,67 @@ class Diagnoser:
             self._take_block([r.step for r in block], keys, stats, block[0].tensors, [r.metrics for r in block])
             start = end
 
-    def _weight_bounds(self, keys: tuple, alias: np.ndarray, param_grads: dict[tuple, int],
+    def _weight_bounds(self, keys: tuple, alias_of: np.ndarray, param_grads: dict[tuple, int],
                        outputs: dict[str, list[int]]) -> list[tuple[int, list[int], list[int], list[int]]]:
-        """The weights of Linear layers without a bias whose gradient the rows bound (:attr:`_Layout.bias_bounds`):
-        a 2-d weight of a module called once a step, without submodules or a bias, named ``P.k`` in a container ``P``
-        that returns its last child's output (an ``nn.Sequential``: its own output row is an alias of that child's),
-        whose child ``P.(k-1)``, called once, has an output of the shape its input takes (``(..., in_features)``, the
-        leading dims of its output): a Sequential feeds each child the output of the one before, so that row is the
-        input. A model without any bias (LLaMA-style, convolutions before a norm layer) has a forgotten
-        ``zero_grad()`` found so too, where its layers are chained in a Sequential; anywhere else the input is not
-        known from the rows (a residual adds to it), and no bound is taken."""
+        """The weights without a bias beside them whose gradient the rows bound (:attr:`_Layout.bias_bounds`): of a
+        Linear (a 2-d weight ``(out, in)``) or a convolution (a weight ``(out, in / groups, *kernel)`` of 3 to 5 dims,
+        its output and its input of as many, ``(B, C, *spatial)``), of a module called once a step, without
+        submodules or a bias, whose input the rows hold (:meth:`_input_row`): a Sequential's child. A model without
+        any bias (LLaMA-style, convolutions before a norm layer) has a forgotten ``zero_grad()`` found so too, where
+        its layers are chained in a Sequential; anywhere else the input is not known from the rows (a residual adds
+        to it), and no bound is taken.
+
+        A convolution's weight gradient at each of its ``K`` kernel offsets is ``grad_output^T`` times the input's
+        entries that offset reads, each entry of the input at most once with zero padding, at most twice per spatial
+        dim with reflect or circular padding (or replicate padding of 1): at most ``2^(d/2) ||grad_output||
+        ||input||`` an offset, ``sqrt(K) 2^(d/2)`` times it in all (entries: ``K 2^d``)."""
         rows_of: dict[tuple[str, str], list[int]] = {}
         for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
             rows_of.setdefault((knd, module), []).append(i)
-        sequential = {keys[i][0] for i in np.flatnonzero(alias) if keys[i][2] == "activation"}
         bounds = []
         for (module, tensor), w in param_grads.items():
             shape = _parse_shape(keys[w][4])
-            parent, _, index = module.rpartition(".")
-            if tensor != "weight" or len(shape) != 2 or not index.isdigit() or parent not in sequential or \
-                    (module, "bias") in param_grads or any(k[0].startswith(module + ".") for k in keys):
+            if tensor != "weight" or not 2 <= len(shape) <= 5 or (module, "bias") in param_grads or \
+                    any(k[0].startswith(module + ".") for k in keys):
                 continue
-            before = f"{parent}.{int(index) - 1}" if parent else str(int(index) - 1)
-            out_rows, acts = outputs.get(module, []), rows_of.get(("activation", before), [])
-            if int(index) == 0 or len(out_rows) != 1 or len(acts) != 1 or alias[acts[0]] or \
-                    len(rows_of.get(("activation", module), [])) != 1 or \
-                    any(self._calls.get((kind, m), 1) != 1 for kind in ("activation", "grad_output")
-                        for m in (module, before)):
+            out_rows = outputs.get(module, [])
+            if len(out_rows) != 1 or len(rows_of.get(("activation", module), [])) != 1 or \
+                    any(self._calls.get((kind, module), 1) != 1 for kind in ("activation", "grad_output")):
                 continue
-            out_shape, in_shape = _parse_shape(keys[out_rows[0]][4]), _parse_shape(keys[acts[0]][4])
-            if len(out_shape) >= 2 and out_shape[-1] == shape[0] and in_shape == (*out_shape[:-1], shape[1]):
-                bounds.append((w, out_rows, [0], [acts[0]]))
+            source = self._input_row(keys, alias_of, rows_of, module)
+            if source < 0:
+                continue
+            out_shape, in_shape = _parse_shape(keys[out_rows[0]][4]), _parse_shape(keys[source][4])
+            if len(shape) == 2 and len(out_shape) >= 2 and out_shape[-1] == shape[0] and \
+                    in_shape == (*out_shape[:-1], shape[1]):
+                bounds.append((w, out_rows, [1], [source]))
+            elif len(shape) >= 3 and len(out_shape) == len(in_shape) == len(shape) and out_shape[0] == in_shape[0] \
+                    and shape[0] == out_shape[1] and shape[1] and in_shape[1] % shape[1] == 0:
+                kernel = int(np.prod(shape[2:]))
+                bounds.append((w, out_rows, [kernel * 2 ** (len(shape) - 2)], [source]))
         return bounds
+
+    def _input_row(self, keys: tuple, alias_of: np.ndarray, rows_of: dict[tuple[str, str], list[int]],
+                   module: str) -> int:
+        """The activation row that holds the input of ``module`` (a row its own, not another's alias), or -1: where
+        ``module`` is the child ``P.k`` of a container ``P`` that returns its last child's output (its own output row
+        an alias of that child's: an ``nn.Sequential``), child ``P.(k-1)``'s output, called once (a Sequential
+        itself: its last child's output, the row it aliases); where it is ``P.0``, the input of ``P``, found so in
+        turn (a Sequential nested in another at ``Q.k``, ``k`` > 0). The model's own input has no row: the first
+        child of the model's own Sequential has none."""
+        parent, _, index = module.rpartition(".")
+        own = rows_of.get(("activation", parent), [])
+        if not index.isdigit() or len(own) != 1 or alias_of[own[0]] < 0 or \
+                self._calls.get(("activation", parent), 1) != 1:
+            return -1
+        if int(index) == 0:
+            return self._input_row(keys, alias_of, rows_of, parent) if parent else -1
+        before = f"{parent}.{int(index) - 1}" if parent else str(int(index) - 1)
+        acts = rows_of.get(("activation", before), [])
+        if len(acts) != 1 or self._calls.get(("activation", before), 1) != 1 or \
+                self._calls.get(("grad_output", before), 1) != 1:
+            return -1
+        return int(alias_of[acts[0]]) if alias_of[acts[0]] >= 0 else acts[0]
 
     def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
         n = len(keys)
@@ -774,6 +804,7 @@ class Diagnoser:
         for key, count in calls.items():
             self._calls[key] = max(self._calls.get(key, 0), count)
         alias = np.zeros(n, bool)
+        alias_of = np.full(n, -1, np.int64)  # per row: the earlier row whose tensor it is (a container's output)
         seen: dict[tuple, list[int]] = {}
         last_of: dict[str, int] = {}  # kind -> its row recorded last
         for i, (module, call, knd, tensor, shape) in enumerate(keys):
@@ -781,15 +812,15 @@ class Diagnoser:
                 continue
             if tensors is not None:
                 fingerprint = (knd, int(tensors[i]))
-                alias[i] = fingerprint in seen
+                alias_of[i] = seen[fingerprint][0] if fingerprint in seen else -1
             else:  # (a stored run) the same kind, shape and statistics in a container of an earlier site
                 fingerprint = (knd, str(shape), *(float(stats[c][i]) for c in ("mean", "std", "min", "max", "norm")))
                 telling = stats["zero_frac"][i] < 1 and stats["numel"][i] > 1
                 # (an output all 0 tells little by its statistics: a container's only where its row follows the
                 # earlier site's, the container returning what its last child just did, as a live run's tensors say)
-                alias[i] = any((telling or j == last_of.get(knd))
-                               and (module == "" or keys[j][0].startswith(module + "."))
-                               for j in seen.get(fingerprint, []))
+                alias_of[i] = next((j for j in seen.get(fingerprint, []) if (telling or j == last_of.get(knd))
+                                    and (module == "" or keys[j][0].startswith(module + "."))), -1)
+            alias[i] = alias_of[i] >= 0
             seen.setdefault(fingerprint, []).append(i)
             last_of[knd] = i
         for module, call, knd, tensor, _shape in keys:
@@ -862,7 +893,7 @@ class Diagnoser:
             sizes = [_parse_shape(keys[r][4]) for r in rows]
             if all(shape[0] in size[1:] for size in sizes):
                 bias_bounds.append((b, rows, [int(np.prod(size)) // shape[0] for size in sizes], [-1] * len(rows)))
-        bias_bounds += self._weight_bounds(keys, alias, param_grads, outputs)
+        bias_bounds += self._weight_bounds(keys, alias_of, param_grads, outputs)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, acts_in_order,
                        pair_columns, np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias,
                        feed_weight, previous, upstream, own_params, out_grad, bias_bounds)
@@ -1691,13 +1722,18 @@ class Diagnoser:
             return
         ratio, b, rows, entries, inputs, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
-        outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" if i < 0 else
-                          f"{float(norm[r]):.3g} x {float(norm[i]):.3g}" for r, m, i in zip(rows, entries, inputs))
+        outs = " + ".join(("" if i >= 0 and m == 1 else f"sqrt({m}) x ") + f"{float(norm[r]):.3g}" +
+                          ("" if i < 0 else f" x {float(norm[i]):.3g}") for r, m, i in zip(rows, entries, inputs))
         this_step = float(_grad_bounds(norm, rows, entries, inputs))
+        source = "" if inputs[0] < 0 else \
+            f"its input the output of {layout.names[inputs[0]]}, which its Sequential feeds it"
         how = (f"a bias's gradient sums the gradient of its module's output over {entries[0]} entries per unit"
                if inputs[0] < 0 else
                f"a weight's gradient is its module's output gradient times its input, summed over the batch: at most "
-               f"||grad_output|| x ||input||, its input the output of {layout.names[inputs[0]]}, the layer before it")
+               f"||grad_output|| x ||input||, {source}" if entries[0] == 1 else
+               f"a convolution's weight gradient is, at each of its kernel's offsets, its output gradient times the "
+               f"input entries that offset reads, each at most twice per spatial dim (padding): at most "
+               f"sqrt({entries[0]}) x ||grad_output|| x ||input|| in all, {source}")
         if most > this_step * (1 + 1e-6):  # (steps before that left the bias as it was: no optimizer step since)
             outs += f" this step, {most - this_step:.3g} the steps before since its value last changed"
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
@@ -2215,10 +2251,12 @@ def _rejoin_gap(step: int, first_step: int) -> float:
 def _grad_bounds(norm: np.ndarray, outputs: list[int], entries: list[int], inputs: list[int]) -> np.ndarray | float:
     """The most one backward pass can make a parameter's gradient (an entry of :attr:`_Layout.bias_bounds`), from the
     norms ``norm`` (rows, or (steps, rows)): a bias's ``sqrt(m) ||grad_output||`` per call (``inputs`` -1), a weight's
-    ``||grad_output|| ||input||`` (``inputs``: the input's activation row). Cauchy-Schwarz: a bias's gradient sums
-    ``m`` entries of its output's gradient per unit; a Linear's weight gradient is ``grad_output^T input``, whose
-    Frobenius norm is at most the product of theirs."""
-    return sum((np.sqrt(m) if i < 0 else norm[..., i]) * norm[..., r] for r, m, i in zip(outputs, entries, inputs))
+    ``sqrt(m) ||grad_output|| ||input||`` (``inputs``: the input's activation row; ``m`` 1 for a Linear, a
+    convolution's kernel offsets times 2 per spatial dim). Cauchy-Schwarz: a bias's gradient sums ``m`` entries of
+    its output's gradient per unit; a Linear's weight gradient is ``grad_output^T input``, whose Frobenius norm is at
+    most the product of theirs (a convolution's, that at each kernel offset: :meth:`Diagnoser._weight_bounds`)."""
+    return sum(np.sqrt(m) * (1.0 if i < 0 else norm[..., i]) * norm[..., r]
+               for r, m, i in zip(outputs, entries, inputs))
 
 
 def _along(layout: _Layout, i: int) -> str:
