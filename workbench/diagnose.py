@@ -39,8 +39,9 @@ __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Findings", "Thresh
 #: rows it was read from, to focus a view on it (empty for a metric's finding).
 #: ``cause`` is empty for a finding of its own; for one that followed from another (a diverging run's dead units,
 #: after the learning rate threw the weights out), that one's ``finding at site``: it is listed right after it.
-#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong): its
-#: evidence ends naming each of them, with their steps.
+#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong, and a
+#: GELU-like layer dead on its tail, whose vanished gradients are its): its evidence ends naming each of them, with
+#: their steps.
 COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor",
            "cause", "consequences")
 SEVERITIES = ("info", "warning", "error")
@@ -680,7 +681,8 @@ class Diagnoser:
             rows = _one_per_site([self._row(e) for e in items])
             # (again: a finding made one of two holds to the later one's last step, and may lead others now)
             rows.sort(key=lambda r: (-_RANK[r["severity"]], -r["last_step"], r["step"], order[r["finding"]]))
-            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows, self.first_step or 1)])
+            grouped = _behind_floor_dead(_grouped(rows, self.first_step or 1))
+            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in grouped])
             self._cache = (self._version, frame)
             return frame.copy()
 
@@ -708,7 +710,8 @@ class Diagnoser:
         module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
         return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
                 "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
-                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0}
+                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0,
+                "order": e.get("order", -1), "floor": bool(e.get("floor"))}
 
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
@@ -1203,6 +1206,7 @@ class Diagnoser:
         if e is None:
             e = self._open[key] = {"finding": finding, "start": step, "count": 0, "need": need or 1, "key": key}
         e.update(where)  # (a finding keyed by what it is, not where: where it holds now)
+        e["order"] = int(layout.order[i]) if layout is not None and i is not None else -1
         if e.get("seen") == self.steps_seen:
             e["evidence"] = evidence
             return
@@ -1568,6 +1572,8 @@ class Diagnoser:
                    f"every unit's input lies where the activation is flat (the negative tail of a GELU, SiLU, Mish or "
                    f"ELU; a tanh near -1), which passes almost no gradient back: its units learn next to nothing.",
                    need=t.persist)
+        module, call, kind, tensor, _shape = layout.keys[i]
+        self._open[("dead_units", kind, module, call, tensor)]["floor"] = True  # (its vanished gradients its own)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds
@@ -2205,6 +2211,44 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     at = next((k for k, end in zip(starts, ends)
                if (-_RANK[rest[k]["severity"]], -max(r["last_step"] for r in rest[k:end])) > key), len(rest))
     return rest[:at] + group + rest[at:]
+
+
+def _behind_floor_dead(rows: list[dict]) -> list[dict]:
+    """``rows`` (findings as :meth:`Diagnoser._row` gives them, grouped by :func:`_grouped`) with the vanished gradients
+    of a layer dead on its flat tail (``dead_units`` of :meth:`Diagnoser._floor_dead`: a GELU, SiLU, Mish or ELU whose
+    every input lies on its negative tail) under it: a ``vanishing_gradients`` at a site before it in forward order,
+    begun while it held, is what its tail does (it passes almost no gradient back), not a cause of its own. Listed
+    right after it, its ``cause`` naming it; the dead layer counts it in ``consequences`` and its evidence names it,
+    with its steps. Rows already grouped under a run's cause stay there."""
+    dead = [k for k, r in enumerate(rows) if r["finding"] == "dead_units" and r["floor"] and not r["cause"]]
+    if not dead:
+        return rows
+    taken: dict[int, list[int]] = {}
+    for k, r in enumerate(rows):
+        if r["finding"] != "vanishing_gradients" or r["cause"] or r["consequences"]:
+            continue
+        layer = next((d for d in dead if 0 <= r["order"] < rows[d]["order"]
+                      and rows[d]["step"] <= r["step"] <= rows[d]["last_step"]), None)
+        if layer is not None:
+            taken.setdefault(layer, []).append(k)
+    if not taken:
+        return rows
+    out = []
+    moved = {k for members in taken.values() for k in members}
+    for k, r in enumerate(rows):
+        if k in moved:
+            continue
+        members = [rows[m] for m in taken.get(k, [])]
+        if not members:
+            out.append(r)
+            continue
+        named = "; ".join(f"{m['finding']} at {m['site']}, step {m['step']}" + (
+            f"–{m['last_step']}" if m["last_step"] != m["step"] else "") for m in members)
+        out.append(dict(r, consequences=r["consequences"] + len(members),
+                        evidence=f"{r['evidence']} Its consequence{'s' if len(members) > 1 else ''}, the gradient "
+                                 f"its tail does not pass back: {named}."))
+        out.extend(dict(m, cause=f"{r['finding']} at {r['site']}") for m in members)
+    return out
 
 
 def _consequences_evidence(evidence: str, step: int, consequences: list[dict]) -> str:
