@@ -79,7 +79,11 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "than at the later ones: they barely learn. Usual causes: saturating "
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
-                                       "normalization layers or skip connections. A last layer initialized at 0 "
+                                       "normalization layers or skip connections. Where one site passes almost "
+                                       "none of its output's gradient back (the evidence says so), that site is "
+                                       "why: a normalization before a loss that reads only what it normalizes away "
+                                       "(the mean of a LayerNorm's output), an output pinned at a bound, dead units. "
+                                       "A last layer initialized at 0 "
                                        "does this for its first steps, until its weights grew: not a finding while "
                                        "they are seen to grow (its parameters recorded), harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
@@ -110,7 +114,9 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
                                     "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate "
                                     "(and check the one in use now: a scheduler's factor, a warm-up), check a "
-                                    "gradient clipping's max_norm, or check the parameter gets a gradient."),
+                                    "gradient clipping's max_norm, or check the parameter gets a gradient: where "
+                                    "its evidence says the gradient vanished before it (see vanishing_gradients), "
+                                    "the learning rate is not why."),
     "not_updated": ("warning", "This parameter gets a gradient but does not change at all: the optimizer does not "
                                "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
                                "was built before the layer was added or replaced, a param group left out), its "
@@ -1627,6 +1633,17 @@ class Diagnoser:
                         f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
                         f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
                         f"grew)." if spread < 0 and across_last > -spread / 2 else "")
+                drops = np.diff(logs)  # (from each site's output gradient to the next's, in forward order)
+                k = int(np.argmax(drops)) + 1 if len(drops) else 0
+                if spread < 0 and not tail and k and drops[k - 1] > t.gradient_orders:
+                    # (one site that passes almost none of its output's gradient back: its backward, not depth)
+                    tail = (f" Most of it, {drops[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
+                            f"output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
+                            f"{rms[k - 1]:.2g}. {layout.names[idx[k]]} passes almost none of its output's gradient "
+                            f"back: a normalization whose output the loss reads only through what it normalizes "
+                            f"away (the mean of a LayerNorm's output over its features is 0, whatever its input: a "
+                            f"loss on it is constant, with no gradient for the layers before it), an output pinned "
+                            f"at a bound, dead units; not small weights nor depth.")
                 # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
                 # as the sites before it are within gradient_orders of each other
                 before_last = logs[0] - logs[j - 1] if j >= 2 else 0.0
@@ -1814,7 +1831,8 @@ class Diagnoser:
                 else:
                     g = layout.grad_of.get(p)
                     self._judge_ratio(step, layout, p, ratio, exact=True,
-                                      grad=float(norm[g] / norm[p]) if g is not None else None)
+                                      grad=float(norm[g] / norm[p]) if g is not None else None,
+                                      vanished=_vanished_before(layout, stats, layout.keys[p][0], t.gradient_orders))
             return
         # no update rows: a lower bound from consecutive recorded steps of the parameter's values
         # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
@@ -1928,8 +1946,10 @@ class Diagnoser:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0: {why}.",
                        need=t.persist)
         elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
+            vanished = _vanished_before(layout, stats, layout.keys[p][0], t.gradient_orders)
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
-                       f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
+                       f"{scale:.2g}), " + (f"{vanished}." if vanished else
+                                            "each step too small to change a float32 value at this learning rate."),
                        need=t.persist)
         elif math.isfinite(scale) and scale >= MOVING_GRADIENT and still != STILL_ACCUMULATING:
             self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
@@ -1956,10 +1976,12 @@ class Diagnoser:
 
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
-                     high: float | None = None, grad: float | None = None) -> None:
+                     high: float | None = None, grad: float | None = None, vanished: str = "") -> None:
         """``ratio``: ``||update|| / ||param||`` of parameter row ``p`` (``exact``: from its update row, else a lower
         bound); ``grad``: ``||grad|| / ||param||`` where its gradient is recorded (a low ratio with a gradient that
-        is not small is a step far smaller than the gradient: the learning rate, or a clipping, not the gradient)."""
+        is not small is a step far smaller than the gradient: the learning rate, or a clipping, not the gradient);
+        ``vanished``: where its module's output gets a gradient orders below the step's largest, that said
+        (:func:`_vanished_before`), the low ratio's cause."""
         t = self.thresholds
         high = t.update_ratio_high if high is None else high
         if not math.isfinite(ratio):
@@ -1977,6 +1999,8 @@ class Diagnoser:
             text += (f" Its gradient is not small (||grad|| / ||param|| {grad:.2g}): the step is {ratio / grad:.2g} of "
                      f"the gradient, a learning rate far too small, or the gradient clipped far down before the step "
                      f"(clip_grad_norm_ with a tiny max_norm).")
+        elif finding == "update_ratio_low" and vanished:
+            text += f" Its gradient is small: {vanished}."
         self._hold(step, finding, layout, p, f"{what} {ratio:.3g} at step {step} {text}", need=t.persist)
         module, call, kind, tensor, _shape = layout.keys[p]
         e = self._open[(finding, kind, module, call, tensor)]
@@ -2340,6 +2364,26 @@ def _dead_evidence(e: dict, per_step: int, units: int) -> str:
     value = f"{chance:.2g}" if chance >= 1e-3 else "< 0.001"
     return (f"{held}: were its {units} units live, each 0 for {LIVE_ZERO_FRAC:.0%} of its inputs, {units} x "
             f"{LIVE_ZERO_FRAC:g}^{entries} ({value}) of them would be 0 for all of those by chance.")
+
+
+def _vanished_before(layout: _Layout, stats: dict, module: str, orders: float) -> str:
+    """Where the output gradient of ``module`` is more than ``orders`` orders of magnitude (RMS) below the largest of
+    the step, that said (the cause of its parameters' small steps: ``vanishing_gradients``, not the learning rate);
+    else ""."""
+    o = layout.out_grad.get(module)
+    g = layout.grad_columns
+    if o is None or not len(g):
+        return ""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rms = stats["norm"][g] / np.sqrt(np.maximum(stats["numel"][g].astype(np.float64), 1))
+        own = float(stats["norm"][o]) / math.sqrt(max(float(stats["numel"][o]), 1.0))
+    rms = np.where(np.isfinite(rms), rms, 0.0)
+    top = int(np.argmax(rms))
+    if not (own > 0 and rms[top] > 0) or math.log10(rms[top] / own) <= orders:
+        return ""
+    return (f"the gradient reaching the output of {module or 'the model'} is {math.log10(rms[top] / own):.1f} orders "
+            f"of magnitude below the step's largest (RMS {own:.2g} against {rms[top]:.2g} at "
+            f"{layout.names[g[top]]}: see vanishing_gradients), not a learning rate too small")
 
 
 def _last_layer(layout: _Layout, sites: np.ndarray) -> int:

@@ -294,3 +294,40 @@ def test_a_forgotten_zero_grad_under_gradient_clipping_is_found_while_the_clippe
             w.step()
     found = w.diagnose()
     assert found.finding.tolist() == ["gradients_accumulate"] and found.step[0] <= 4, found
+
+
+def test_a_loss_on_the_mean_of_a_layer_norm_s_output_names_the_norm_not_small_weights_nor_the_learning_rate():
+    # the mean of a LayerNorm's output over its features is 0 whatever its input: the loss is constant and no gradient
+    # passes the norm back. Until 2026-11-30 the findings read as small weights or depth (vanishing_gradients) and a
+    # learning rate too small ("each step too small to change a float32 value at this learning rate")
+    from tests.diagnose.runs import fit_steps
+    from workbench.diagnose import Diagnoser, diagnose
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+
+    def batch(_step: int) -> tuple:
+        i = torch.randint(1024, (64,), generator=g)
+        return x[i], None
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 8), nn.LayerNorm(8, elementwise_affine=False))
+    w = fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 30, loss_fn=lambda out, _: out.mean(),
+                  updates=True)
+    f = w.diagnose()
+    live = Diagnoser()
+    live.feed(w.recorder.records())
+    pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert vanishing.site.tolist() == ["0"]
+    assert re.search(r"Most of it, [0-9.]+ orders, is across 3 alone: its output gets an RMS of [0-9.e-]+, 2 before "
+                     r"it [0-9.e-]+\. 3 passes almost none of its output's gradient back: a normalization whose output "
+                     r"the loss reads only through what it normalizes away", vanishing.evidence.iloc[0])
+    assert "small weights" not in vanishing.evidence.iloc[0].replace("not small weights", "")
+    low = f[f.finding == "update_ratio_low"]
+    assert sorted(low.site) == ["0.weight", "2.weight"]
+    for text in low.evidence:
+        assert re.search(r"the gradient reaching the output of [02] is [0-9.]+ orders of magnitude below the step's "
+                         r"largest \(RMS [0-9.e-]+ against [0-9.e-]+ at 3: see vanishing_gradients\), not a learning "
+                         r"rate too small\.", text), text
+        assert "at this learning rate" not in text
