@@ -2042,8 +2042,11 @@ class Diagnoser:
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             fell = top - state["best"] if math.isfinite(state["best"]) else 0.0
+            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by, as in the first steps:
+            # a loss made constant, 0 but for float32's rounding now and then (the mean of a LayerNorm's output),
+            # read 1.5e-08 after 0 as a spike of 1.5e+04x)
             if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
-                    and rise >= t.spike_regain * max(fell, 0.0)):
+                    and rise >= t.spike_regain * max(fell, 0.0) and (level != 0 or noise > 0)):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, "
