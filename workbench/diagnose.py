@@ -39,8 +39,9 @@ __all__ = ["COLUMNS", "FINDINGS", "SEVERITIES", "Diagnoser", "Findings", "Thresh
 #: rows it was read from, to focus a view on it (empty for a metric's finding).
 #: ``cause`` is empty for a finding of its own; for one that followed from another (a diverging run's dead units,
 #: after the learning rate threw the weights out), that one's ``finding at site``: it is listed right after it.
-#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong): its
-#: evidence ends naming each of them, with their steps.
+#: ``consequences`` is how many findings name this one their cause (0 but for the cause of a run gone wrong, and a
+#: GELU-like layer dead on its tail, whose vanished gradients are its): its evidence ends naming each of them, with
+#: their steps.
 COLUMNS = ("step", "last_step", "site", "finding", "severity", "evidence", "hint", "kind", "module", "call", "tensor",
            "cause", "consequences")
 SEVERITIES = ("info", "warning", "error")
@@ -78,7 +79,11 @@ FINDINGS: dict[str, tuple[str, str]] = {
                                        "than at the later ones: they barely learn. Usual causes: saturating "
                                        "activations, too small initial weights, a deep net without residual "
                                        "connections or normalization. Try ReLU/GELU, He/Xavier initialization, "
-                                       "normalization layers or skip connections. A last layer initialized at 0 "
+                                       "normalization layers or skip connections. Where one site passes almost "
+                                       "none of its output's gradient back (the evidence says so), that site is "
+                                       "why: a normalization before a loss that reads only what it normalizes away "
+                                       "(the mean of a LayerNorm's output), an output pinned at a bound, dead units. "
+                                       "A last layer initialized at 0 "
                                        "does this for its first steps, until its weights grew: not a finding while "
                                        "they are seen to grow (its parameters recorded), harmless if it ends."),
     "exploding_gradients": ("warning", "Gradients grow by orders of magnitude toward the early layers or over "
@@ -109,7 +114,9 @@ FINDINGS: dict[str, tuple[str, str]] = {
     "update_ratio_low": ("warning", "Each optimizer step changes this parameter by a tiny fraction of itself "
                                     "(a healthy ratio is around 1e-3): it barely learns. Raise the learning rate "
                                     "(and check the one in use now: a scheduler's factor, a warm-up), check a "
-                                    "gradient clipping's max_norm, or check the parameter gets a gradient."),
+                                    "gradient clipping's max_norm, or check the parameter gets a gradient: where "
+                                    "its evidence says the gradient vanished before it (see vanishing_gradients), "
+                                    "the learning rate is not why."),
     "not_updated": ("warning", "This parameter gets a gradient but does not change at all: the optimizer does not "
                                "step it. Usual causes: it is not in the optimizer's parameter groups (the optimizer "
                                "was built before the layer was added or replaced, a param group left out), its "
@@ -451,8 +458,9 @@ class _Layout:
     out_grad: dict[str, int]  # module -> the grad_output row of its first output at its first call
     #: (param_grad row of a bias of shape (F,), the grad_output rows of its module's calls, their entries per unit,
     #: -1 per call): the bias's gradient sums its module's output gradient over those entries, at most
-    #: sqrt(m) ||grad_output||; or (param_grad row of the weight of a Linear without bias in a Sequential, its
-    #: grad_output row, 0, the activation row of its input): at most ||grad_output|| ||input|| (:func:`_grad_bounds`)
+    #: sqrt(m) ||grad_output||; or (param_grad row of the weight of a Linear or a convolution without bias in a
+    #: Sequential, its grad_output row, k, the activation row of its input): at most sqrt(k) ||grad_output|| ||input||,
+    #: k 1 for a Linear, a convolution's kernel offsets times 2 per spatial dim (:meth:`Diagnoser._weight_bounds`)
     bias_bounds: list[tuple[int, list[int], list[int], list[int]]]
 
 
@@ -679,7 +687,8 @@ class Diagnoser:
             rows = _one_per_site([self._row(e) for e in items])
             # (again: a finding made one of two holds to the later one's last step, and may lead others now)
             rows.sort(key=lambda r: (-_RANK[r["severity"]], -r["last_step"], r["step"], order[r["finding"]]))
-            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in _grouped(rows, self.first_step or 1)])
+            grouped = _behind_floor_dead(_grouped(rows, self.first_step or 1))
+            frame = self._frame([tuple(r[c] for c in COLUMNS) for r in grouped])
             self._cache = (self._version, frame)
             return frame.copy()
 
@@ -707,7 +716,8 @@ class Diagnoser:
         module, call, tensor, kind = e.get("module", ""), e.get("call", -1), e.get("tensor", ""), e.get("kind", "")
         return {"step": e["start"], "last_step": e["last"], "site": e["site"], "finding": e["finding"],
                 "severity": e.get("severity", severity), "evidence": text, "hint": hint, "kind": kind,
-                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0}
+                "module": module, "call": call, "tensor": tensor, "cause": "", "consequences": 0,
+                "order": e.get("order", -1), "floor": bool(e.get("floor"))}
 
     # ------------------------------------------------------------------ the work
     def _absorb(self) -> None:
@@ -732,38 +742,67 @@ class Diagnoser:
             self._take_block([r.step for r in block], keys, stats, block[0].tensors, [r.metrics for r in block])
             start = end
 
-    def _weight_bounds(self, keys: tuple, alias: np.ndarray, param_grads: dict[tuple, int],
+    def _weight_bounds(self, keys: tuple, alias_of: np.ndarray, param_grads: dict[tuple, int],
                        outputs: dict[str, list[int]]) -> list[tuple[int, list[int], list[int], list[int]]]:
-        """The weights of Linear layers without a bias whose gradient the rows bound (:attr:`_Layout.bias_bounds`):
-        a 2-d weight of a module called once a step, without submodules or a bias, named ``P.k`` in a container ``P``
-        that returns its last child's output (an ``nn.Sequential``: its own output row is an alias of that child's),
-        whose child ``P.(k-1)``, called once, has an output of the shape its input takes (``(..., in_features)``, the
-        leading dims of its output): a Sequential feeds each child the output of the one before, so that row is the
-        input. A model without any bias (LLaMA-style, convolutions before a norm layer) has a forgotten
-        ``zero_grad()`` found so too, where its layers are chained in a Sequential; anywhere else the input is not
-        known from the rows (a residual adds to it), and no bound is taken."""
+        """The weights without a bias beside them whose gradient the rows bound (:attr:`_Layout.bias_bounds`): of a
+        Linear (a 2-d weight ``(out, in)``) or a convolution (a weight ``(out, in / groups, *kernel)`` of 3 to 5 dims,
+        its output and its input of as many, ``(B, C, *spatial)``), of a module called once a step, without
+        submodules or a bias, whose input the rows hold (:meth:`_input_row`): a Sequential's child. A model without
+        any bias (LLaMA-style, convolutions before a norm layer) has a forgotten ``zero_grad()`` found so too, where
+        its layers are chained in a Sequential; anywhere else the input is not known from the rows (a residual adds
+        to it), and no bound is taken.
+
+        A convolution's weight gradient at each of its ``K`` kernel offsets is ``grad_output^T`` times the input's
+        entries that offset reads, each entry of the input at most once with zero padding, at most twice per spatial
+        dim with reflect or circular padding (or replicate padding of 1): at most ``2^(d/2) ||grad_output||
+        ||input||`` an offset, ``sqrt(K) 2^(d/2)`` times it in all (entries: ``K 2^d``)."""
         rows_of: dict[tuple[str, str], list[int]] = {}
         for i, (module, _call, knd, _tensor, _shape) in enumerate(keys):
             rows_of.setdefault((knd, module), []).append(i)
-        sequential = {keys[i][0] for i in np.flatnonzero(alias) if keys[i][2] == "activation"}
         bounds = []
         for (module, tensor), w in param_grads.items():
             shape = _parse_shape(keys[w][4])
-            parent, _, index = module.rpartition(".")
-            if tensor != "weight" or len(shape) != 2 or not index.isdigit() or parent not in sequential or \
-                    (module, "bias") in param_grads or any(k[0].startswith(module + ".") for k in keys):
+            if tensor != "weight" or not 2 <= len(shape) <= 5 or (module, "bias") in param_grads or \
+                    any(k[0].startswith(module + ".") for k in keys):
                 continue
-            before = f"{parent}.{int(index) - 1}" if parent else str(int(index) - 1)
-            out_rows, acts = outputs.get(module, []), rows_of.get(("activation", before), [])
-            if int(index) == 0 or len(out_rows) != 1 or len(acts) != 1 or alias[acts[0]] or \
-                    len(rows_of.get(("activation", module), [])) != 1 or \
-                    any(self._calls.get((kind, m), 1) != 1 for kind in ("activation", "grad_output")
-                        for m in (module, before)):
+            out_rows = outputs.get(module, [])
+            if len(out_rows) != 1 or len(rows_of.get(("activation", module), [])) != 1 or \
+                    any(self._calls.get((kind, module), 1) != 1 for kind in ("activation", "grad_output")):
                 continue
-            out_shape, in_shape = _parse_shape(keys[out_rows[0]][4]), _parse_shape(keys[acts[0]][4])
-            if len(out_shape) >= 2 and out_shape[-1] == shape[0] and in_shape == (*out_shape[:-1], shape[1]):
-                bounds.append((w, out_rows, [0], [acts[0]]))
+            source = self._input_row(keys, alias_of, rows_of, module)
+            if source < 0:
+                continue
+            out_shape, in_shape = _parse_shape(keys[out_rows[0]][4]), _parse_shape(keys[source][4])
+            if len(shape) == 2 and len(out_shape) >= 2 and out_shape[-1] == shape[0] and \
+                    in_shape == (*out_shape[:-1], shape[1]):
+                bounds.append((w, out_rows, [1], [source]))
+            elif len(shape) >= 3 and len(out_shape) == len(in_shape) == len(shape) and out_shape[0] == in_shape[0] \
+                    and shape[0] == out_shape[1] and shape[1] and in_shape[1] % shape[1] == 0:
+                kernel = int(np.prod(shape[2:]))
+                bounds.append((w, out_rows, [kernel * 2 ** (len(shape) - 2)], [source]))
         return bounds
+
+    def _input_row(self, keys: tuple, alias_of: np.ndarray, rows_of: dict[tuple[str, str], list[int]],
+                   module: str) -> int:
+        """The activation row that holds the input of ``module`` (a row its own, not another's alias), or -1: where
+        ``module`` is the child ``P.k`` of a container ``P`` that returns its last child's output (its own output row
+        an alias of that child's: an ``nn.Sequential``), child ``P.(k-1)``'s output, called once (a Sequential
+        itself: its last child's output, the row it aliases); where it is ``P.0``, the input of ``P``, found so in
+        turn (a Sequential nested in another at ``Q.k``, ``k`` > 0). The model's own input has no row: the first
+        child of the model's own Sequential has none."""
+        parent, _, index = module.rpartition(".")
+        own = rows_of.get(("activation", parent), [])
+        if not index.isdigit() or len(own) != 1 or alias_of[own[0]] < 0 or \
+                self._calls.get(("activation", parent), 1) != 1:
+            return -1
+        if int(index) == 0:
+            return self._input_row(keys, alias_of, rows_of, parent) if parent else -1
+        before = f"{parent}.{int(index) - 1}" if parent else str(int(index) - 1)
+        acts = rows_of.get(("activation", before), [])
+        if len(acts) != 1 or self._calls.get(("activation", before), 1) != 1 or \
+                self._calls.get(("grad_output", before), 1) != 1:
+            return -1
+        return int(alias_of[acts[0]]) if alias_of[acts[0]] >= 0 else acts[0]
 
     def _learn(self, keys: tuple, stats: dict, tensors: np.ndarray | None) -> _Layout:
         n = len(keys)
@@ -774,6 +813,7 @@ class Diagnoser:
         for key, count in calls.items():
             self._calls[key] = max(self._calls.get(key, 0), count)
         alias = np.zeros(n, bool)
+        alias_of = np.full(n, -1, np.int64)  # per row: the earlier row whose tensor it is (a container's output)
         seen: dict[tuple, list[int]] = {}
         last_of: dict[str, int] = {}  # kind -> its row recorded last
         for i, (module, call, knd, tensor, shape) in enumerate(keys):
@@ -781,15 +821,15 @@ class Diagnoser:
                 continue
             if tensors is not None:
                 fingerprint = (knd, int(tensors[i]))
-                alias[i] = fingerprint in seen
+                alias_of[i] = seen[fingerprint][0] if fingerprint in seen else -1
             else:  # (a stored run) the same kind, shape and statistics in a container of an earlier site
                 fingerprint = (knd, str(shape), *(float(stats[c][i]) for c in ("mean", "std", "min", "max", "norm")))
                 telling = stats["zero_frac"][i] < 1 and stats["numel"][i] > 1
                 # (an output all 0 tells little by its statistics: a container's only where its row follows the
                 # earlier site's, the container returning what its last child just did, as a live run's tensors say)
-                alias[i] = any((telling or j == last_of.get(knd))
-                               and (module == "" or keys[j][0].startswith(module + "."))
-                               for j in seen.get(fingerprint, []))
+                alias_of[i] = next((j for j in seen.get(fingerprint, []) if (telling or j == last_of.get(knd))
+                                    and (module == "" or keys[j][0].startswith(module + "."))), -1)
+            alias[i] = alias_of[i] >= 0
             seen.setdefault(fingerprint, []).append(i)
             last_of[knd] = i
         for module, call, knd, tensor, _shape in keys:
@@ -862,7 +902,7 @@ class Diagnoser:
             sizes = [_parse_shape(keys[r][4]) for r in rows]
             if all(shape[0] in size[1:] for size in sizes):
                 bias_bounds.append((b, rows, [int(np.prod(size)) // shape[0] for size in sizes], [-1] * len(rows)))
-        bias_bounds += self._weight_bounds(keys, alias, param_grads, outputs)
+        bias_bounds += self._weight_bounds(keys, alias_of, param_grads, outputs)
         return _Layout(keys, kind, alias, order, ndim, per_unit, units, names, pair, grads, acts_in_order,
                        pair_columns, np.flatnonzero(kind == "param"), grad_of, bool(param_grads), feed_bias,
                        feed_weight, previous, upstream, own_params, out_grad, bias_bounds)
@@ -1172,6 +1212,7 @@ class Diagnoser:
         if e is None:
             e = self._open[key] = {"finding": finding, "start": step, "count": 0, "need": need or 1, "key": key}
         e.update(where)  # (a finding keyed by what it is, not where: where it holds now)
+        e["order"] = int(layout.order[i]) if layout is not None and i is not None else -1
         if e.get("seen") == self.steps_seen:
             e["evidence"] = evidence
             return
@@ -1537,6 +1578,8 @@ class Diagnoser:
                    f"every unit's input lies where the activation is flat (the negative tail of a GELU, SiLU, Mish or "
                    f"ELU; a tanh near -1), which passes almost no gradient back: its units learn next to nothing.",
                    need=t.persist)
+        module, call, kind, tensor, _shape = layout.keys[i]
+        self._open[("dead_units", kind, module, call, tensor)]["floor"] = True  # (its vanished gradients its own)
 
     def _gradient_check(self, step: int, layout: _Layout, stats: dict) -> None:
         t = self.thresholds
@@ -1590,6 +1633,17 @@ class Diagnoser:
                         f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
                         f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
                         f"grew)." if spread < 0 and across_last > -spread / 2 else "")
+                drops = np.diff(logs)  # (from each site's output gradient to the next's, in forward order)
+                k = int(np.argmax(drops)) + 1 if len(drops) else 0
+                if spread < 0 and not tail and k and drops[k - 1] > t.gradient_orders:
+                    # (one site that passes almost none of its output's gradient back: its backward, not depth)
+                    tail = (f" Most of it, {drops[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
+                            f"output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
+                            f"{rms[k - 1]:.2g}. {layout.names[idx[k]]} passes almost none of its output's gradient "
+                            f"back: a normalization whose output the loss reads only through what it normalizes "
+                            f"away (the mean of a LayerNorm's output over its features is 0, whatever its input: a "
+                            f"loss on it is constant, with no gradient for the layers before it), an output pinned "
+                            f"at a bound, dead units; not small weights nor depth.")
                 # a last layer that started at 0 and still grows: the drop across it is its init's, expected, as long
                 # as the sites before it are within gradient_orders of each other
                 before_last = logs[0] - logs[j - 1] if j >= 2 else 0.0
@@ -1691,13 +1745,18 @@ class Diagnoser:
             return
         ratio, b, rows, entries, inputs, most, (first_step, first, first_ratio) = worst
         module = layout.keys[b][0]
-        outs = " + ".join(f"sqrt({m}) x {float(norm[r]):.3g}" if i < 0 else
-                          f"{float(norm[r]):.3g} x {float(norm[i]):.3g}" for r, m, i in zip(rows, entries, inputs))
+        outs = " + ".join(("" if i >= 0 and m == 1 else f"sqrt({m}) x ") + f"{float(norm[r]):.3g}" +
+                          ("" if i < 0 else f" x {float(norm[i]):.3g}") for r, m, i in zip(rows, entries, inputs))
         this_step = float(_grad_bounds(norm, rows, entries, inputs))
+        source = "" if inputs[0] < 0 else \
+            f"its input the output of {layout.names[inputs[0]]}, which its Sequential feeds it"
         how = (f"a bias's gradient sums the gradient of its module's output over {entries[0]} entries per unit"
                if inputs[0] < 0 else
                f"a weight's gradient is its module's output gradient times its input, summed over the batch: at most "
-               f"||grad_output|| x ||input||, its input the output of {layout.names[inputs[0]]}, the layer before it")
+               f"||grad_output|| x ||input||, {source}" if entries[0] == 1 else
+               f"a convolution's weight gradient is, at each of its kernel's offsets, its output gradient times the "
+               f"input entries that offset reads, each at most twice per spatial dim (padding): at most "
+               f"sqrt({entries[0]}) x ||grad_output|| x ||input|| in all, {source}")
         if most > this_step * (1 + 1e-6):  # (steps before that left the bias as it was: no optimizer step since)
             outs += f" this step, {most - this_step:.3g} the steps before since its value last changed"
         grown = (f"; it was {first:.3g} at step {first_step} ({_times(float(norm[b]) / first)} since), while the "
@@ -1772,7 +1831,8 @@ class Diagnoser:
                 else:
                     g = layout.grad_of.get(p)
                     self._judge_ratio(step, layout, p, ratio, exact=True,
-                                      grad=float(norm[g] / norm[p]) if g is not None else None)
+                                      grad=float(norm[g] / norm[p]) if g is not None else None,
+                                      vanished=_vanished_before(layout, stats, layout.keys[p][0], t.gradient_orders))
             return
         # no update rows: a lower bound from consecutive recorded steps of the parameter's values
         # (_param_bounds); it can tell a high ratio only, and judges it above max(1, update_ratio_high):
@@ -1886,8 +1946,10 @@ class Diagnoser:
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is exactly 0: {why}.",
                        need=t.persist)
         elif math.isfinite(scale) and scale < MOVING_GRADIENT and exact:
+            vanished = _vanished_before(layout, stats, layout.keys[p][0], t.gradient_orders)
             self._hold(step, "update_ratio_low", layout, p, f"{said}: its gradient is small (||grad|| / ||param|| "
-                       f"{scale:.2g}), each step too small to change a float32 value at this learning rate.",
+                       f"{scale:.2g}), " + (f"{vanished}." if vanished else
+                                            "each step too small to change a float32 value at this learning rate."),
                        need=t.persist)
         elif math.isfinite(scale) and scale >= MOVING_GRADIENT and still != STILL_ACCUMULATING:
             self._hold(step, "not_updated", layout, p, f"{said}, though its gradient is not (||grad|| {grad:.3g}, "
@@ -1914,10 +1976,12 @@ class Diagnoser:
 
 
     def _judge_ratio(self, step: int, layout: _Layout, p: int, ratio: float, exact: bool,
-                     high: float | None = None, grad: float | None = None) -> None:
+                     high: float | None = None, grad: float | None = None, vanished: str = "") -> None:
         """``ratio``: ``||update|| / ||param||`` of parameter row ``p`` (``exact``: from its update row, else a lower
         bound); ``grad``: ``||grad|| / ||param||`` where its gradient is recorded (a low ratio with a gradient that
-        is not small is a step far smaller than the gradient: the learning rate, or a clipping, not the gradient)."""
+        is not small is a step far smaller than the gradient: the learning rate, or a clipping, not the gradient);
+        ``vanished``: where its module's output gets a gradient orders below the step's largest, that said
+        (:func:`_vanished_before`), the low ratio's cause."""
         t = self.thresholds
         high = t.update_ratio_high if high is None else high
         if not math.isfinite(ratio):
@@ -1935,6 +1999,8 @@ class Diagnoser:
             text += (f" Its gradient is not small (||grad|| / ||param|| {grad:.2g}): the step is {ratio / grad:.2g} of "
                      f"the gradient, a learning rate far too small, or the gradient clipped far down before the step "
                      f"(clip_grad_norm_ with a tiny max_norm).")
+        elif finding == "update_ratio_low" and vanished:
+            text += f" Its gradient is small: {vanished}."
         self._hold(step, finding, layout, p, f"{what} {ratio:.3g} at step {step} {text}", need=t.persist)
         module, call, kind, tensor, _shape = layout.keys[p]
         e = self._open[(finding, kind, module, call, tensor)]
@@ -1976,8 +2042,11 @@ class Diagnoser:
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             fell = top - state["best"] if math.isfinite(state["best"]) else 0.0
+            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by, as in the first steps:
+            # a loss made constant, 0 but for float32's rounding now and then (the mean of a LayerNorm's output),
+            # read 1.5e-08 after 0 as a spike of 1.5e+04x)
             if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
-                    and rise >= t.spike_regain * max(fell, 0.0)):
+                    and rise >= t.spike_regain * max(fell, 0.0) and (level != 0 or noise > 0)):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, "
@@ -2171,6 +2240,44 @@ def _grouped(rows: list[dict], first_step: int = 1) -> list[dict]:
     return rest[:at] + group + rest[at:]
 
 
+def _behind_floor_dead(rows: list[dict]) -> list[dict]:
+    """``rows`` (findings as :meth:`Diagnoser._row` gives them, grouped by :func:`_grouped`) with the vanished gradients
+    of a layer dead on its flat tail (``dead_units`` of :meth:`Diagnoser._floor_dead`: a GELU, SiLU, Mish or ELU whose
+    every input lies on its negative tail) under it: a ``vanishing_gradients`` at a site before it in forward order,
+    begun while it held, is what its tail does (it passes almost no gradient back), not a cause of its own. Listed
+    right after it, its ``cause`` naming it; the dead layer counts it in ``consequences`` and its evidence names it,
+    with its steps. Rows already grouped under a run's cause stay there."""
+    dead = [k for k, r in enumerate(rows) if r["finding"] == "dead_units" and r["floor"] and not r["cause"]]
+    if not dead:
+        return rows
+    taken: dict[int, list[int]] = {}
+    for k, r in enumerate(rows):
+        if r["finding"] != "vanishing_gradients" or r["cause"] or r["consequences"]:
+            continue
+        layer = next((d for d in dead if 0 <= r["order"] < rows[d]["order"]
+                      and rows[d]["step"] <= r["step"] <= rows[d]["last_step"]), None)
+        if layer is not None:
+            taken.setdefault(layer, []).append(k)
+    if not taken:
+        return rows
+    out = []
+    moved = {k for members in taken.values() for k in members}
+    for k, r in enumerate(rows):
+        if k in moved:
+            continue
+        members = [rows[m] for m in taken.get(k, [])]
+        if not members:
+            out.append(r)
+            continue
+        named = "; ".join(f"{m['finding']} at {m['site']}, step {m['step']}" + (
+            f"–{m['last_step']}" if m["last_step"] != m["step"] else "") for m in members)
+        out.append(dict(r, consequences=r["consequences"] + len(members),
+                        evidence=f"{r['evidence']} Its consequence{'s' if len(members) > 1 else ''}, the gradient "
+                                 f"its tail does not pass back: {named}."))
+        out.extend(dict(m, cause=f"{r['finding']} at {r['site']}") for m in members)
+    return out
+
+
 def _consequences_evidence(evidence: str, step: int, consequences: list[dict]) -> str:
     """The evidence of a cause (``evidence``, its own; ``step``, where it began) that ends naming its
     ``consequences`` (rows as :meth:`Diagnoser._row` gives them), each with its steps: ``... The run went wrong from
@@ -2215,10 +2322,12 @@ def _rejoin_gap(step: int, first_step: int) -> float:
 def _grad_bounds(norm: np.ndarray, outputs: list[int], entries: list[int], inputs: list[int]) -> np.ndarray | float:
     """The most one backward pass can make a parameter's gradient (an entry of :attr:`_Layout.bias_bounds`), from the
     norms ``norm`` (rows, or (steps, rows)): a bias's ``sqrt(m) ||grad_output||`` per call (``inputs`` -1), a weight's
-    ``||grad_output|| ||input||`` (``inputs``: the input's activation row). Cauchy-Schwarz: a bias's gradient sums
-    ``m`` entries of its output's gradient per unit; a Linear's weight gradient is ``grad_output^T input``, whose
-    Frobenius norm is at most the product of theirs."""
-    return sum((np.sqrt(m) if i < 0 else norm[..., i]) * norm[..., r] for r, m, i in zip(outputs, entries, inputs))
+    ``sqrt(m) ||grad_output|| ||input||`` (``inputs``: the input's activation row; ``m`` 1 for a Linear, a
+    convolution's kernel offsets times 2 per spatial dim). Cauchy-Schwarz: a bias's gradient sums ``m`` entries of
+    its output's gradient per unit; a Linear's weight gradient is ``grad_output^T input``, whose Frobenius norm is at
+    most the product of theirs (a convolution's, that at each kernel offset: :meth:`Diagnoser._weight_bounds`)."""
+    return sum(np.sqrt(m) * (1.0 if i < 0 else norm[..., i]) * norm[..., r]
+               for r, m, i in zip(outputs, entries, inputs))
 
 
 def _along(layout: _Layout, i: int) -> str:
@@ -2258,6 +2367,26 @@ def _dead_evidence(e: dict, per_step: int, units: int) -> str:
     value = f"{chance:.2g}" if chance >= 1e-3 else "< 0.001"
     return (f"{held}: were its {units} units live, each 0 for {LIVE_ZERO_FRAC:.0%} of its inputs, {units} x "
             f"{LIVE_ZERO_FRAC:g}^{entries} ({value}) of them would be 0 for all of those by chance.")
+
+
+def _vanished_before(layout: _Layout, stats: dict, module: str, orders: float) -> str:
+    """Where the output gradient of ``module`` is more than ``orders`` orders of magnitude (RMS) below the largest of
+    the step, that said (the cause of its parameters' small steps: ``vanishing_gradients``, not the learning rate);
+    else ""."""
+    o = layout.out_grad.get(module)
+    g = layout.grad_columns
+    if o is None or not len(g):
+        return ""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rms = stats["norm"][g] / np.sqrt(np.maximum(stats["numel"][g].astype(np.float64), 1))
+        own = float(stats["norm"][o]) / math.sqrt(max(float(stats["numel"][o]), 1.0))
+    rms = np.where(np.isfinite(rms), rms, 0.0)
+    top = int(np.argmax(rms))
+    if not (own > 0 and rms[top] > 0) or math.log10(rms[top] / own) <= orders:
+        return ""
+    return (f"the gradient reaching the output of {module or 'the model'} is {math.log10(rms[top] / own):.1f} orders "
+            f"of magnitude below the step's largest (RMS {own:.2g} against {rms[top]:.2g} at "
+            f"{layout.names[g[top]]}: see vanishing_gradients), not a learning rate too small")
 
 
 def _last_layer(layout: _Layout, sites: np.ndarray) -> int:

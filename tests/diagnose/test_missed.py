@@ -585,3 +585,25 @@ def test_a_gelu_or_silu_layer_dead_on_its_negative_tail_is_dead_units(activation
     assert "dead_units" not in set(shifted_mlp(activation, shift=0.0, gradients=gradients).diagnose().finding)
     # a stricter dead_slope than the layer's slope: not found
     assert "dead_units" not in set(w.diagnose(dead_slope=0.005).finding)
+
+
+@pytest.mark.parametrize("activation", [torch.nn.GELU, torch.nn.SiLU])
+def test_the_vanished_gradients_behind_a_gelu_or_silu_layer_dead_on_its_tail_are_listed_under_it(activation):
+    # listed as a finding of their own beside it until 2026-11-30, its hint naming saturating activations, small
+    # weights, depth: the dead layer's flat tail, which passes almost no gradient back, is why
+    import pandas as pd
+
+    from workbench.diagnose import Diagnoser, diagnose
+    from workbench.ui.findings import fold_consequences
+
+    w = shifted_mlp(activation, shift=8.0)
+    f = w.diagnose()
+    live = Diagnoser()
+    live.feed(w.recorder.records())
+    pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+    assert f[["site", "finding", "cause", "consequences"]].values.tolist() == [
+        ["1", "dead_units", "", 1], ["0", "vanishing_gradients", "dead_units at 1", 0]]
+    assert f.evidence[0].endswith("Its consequence, the gradient its tail does not pass back: vanishing_gradients at "
+                                  "0, step 1–30.")
+    listed = fold_consequences(f)
+    assert listed.finding.tolist() == ["dead_units"] and listed.folded.tolist() == [1]

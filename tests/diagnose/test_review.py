@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -218,3 +219,117 @@ def test_a_forgotten_zero_grad_on_a_model_without_biases_is_found_from_its_weigh
     # a layer whose input the rows do not hold (the head after a residual sum: the site before it is the last block's
     # output) is not bounded: no finding
     assert "gradients_accumulate" not in set(run(ResidualBiasFree(), zero_grad=True).diagnose().finding)
+
+
+def nested_bias_free_mlp() -> nn.Sequential:
+    """The ReLU MLP of :func:`bias_free_mlp`, each Linear the first child of a Sequential of its own (a block)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(2, 32, bias=False), nn.ReLU()),
+                         nn.Sequential(nn.Linear(32, 32, bias=False), nn.ReLU()),
+                         nn.Sequential(nn.Linear(32, 2, bias=False)))
+
+
+def bias_free_conv_net(kernel: int) -> nn.Sequential:
+    """Conv1d layers without bias (2 channels in, 32 wide, 2 classes per position), ``kernel`` wide, zero-padded."""
+    torch.manual_seed(0)
+    pad = kernel // 2
+    return nn.Sequential(nn.Conv1d(2, 32, kernel, padding=pad, bias=False), nn.ReLU(),
+                         nn.Conv1d(32, 32, kernel, padding=pad, bias=False), nn.ReLU(),
+                         nn.Conv1d(32, 2, kernel, padding=pad, bias=False))
+
+
+def test_a_forgotten_zero_grad_is_found_at_the_first_linear_of_a_nested_sequential_and_at_a_convolution():
+    # each Linear the child 0 of its block: no weight bounded until 2026-11-30 (its input is its block's input, the
+    # output of the block before it, a Sequential whose row is its last child's); Conv1d without bias: none bounded
+    from tests.diagnose.runs import fit_steps
+    from workbench.diagnose import Diagnoser, diagnose
+
+    g = torch.Generator().manual_seed(0)
+    points = torch.randn(1024, 2, generator=g)
+    sequences = torch.randn(512, 2, 12, generator=g)
+
+    def rows_of(x: torch.Tensor):
+        def batch(_step: int) -> tuple:
+            i = torch.randint(len(x), (64,), generator=g)
+            return x[i], (x[i][:, 0] > 0).long()
+        return batch
+
+    def run(model: nn.Module, data, zero_grad: bool) -> "workbench.Watch":
+        return fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.01), data, 40, zero_grad=zero_grad)
+
+    for make, data, first in ((nested_bias_free_mlp, rows_of(points), 6), (lambda: bias_free_conv_net(1),
+                              rows_of(sequences), 6), (lambda: bias_free_conv_net(3), rows_of(sequences), 12)):
+        w = run(make(), data, zero_grad=False)
+        f = w.diagnose()
+        live = Diagnoser()  # (the live stream: its rows' tensors tell a container's output from its last child's)
+        live.feed(w.recorder.records())
+        pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+        found = f[f.finding == "gradients_accumulate"]
+        assert len(found) == 1 and found.step.iloc[0] <= first and found.last_step.iloc[0] == 40, f
+        assert found.site.iloc[0] in {"1.0.weight", "2.0.weight", "2.weight", "4.weight"}
+        assert "which its Sequential feeds it" in found.evidence.iloc[0]
+        # zeroed each step: none
+        assert "gradients_accumulate" not in set(run(make(), data, zero_grad=True).diagnose().finding)
+    kernel_of_3 = found.evidence.iloc[0]
+    assert re.search(r"= sqrt\(6\) x [0-9.e-]+ x [0-9.e-]+: a convolution's weight gradient", kernel_of_3), kernel_of_3
+    # the first Linear of the model's own Sequential reads the model's input, which no row holds: not bounded alone
+    only_first = nn.Sequential(nn.Linear(2, 2, bias=False))
+    assert "gradients_accumulate" not in set(run(only_first, rows_of(points), zero_grad=False).diagnose().finding)
+
+
+def test_a_forgotten_zero_grad_under_gradient_clipping_is_found_while_the_clipped_sum_still_passes_its_bound():
+    # clip_grad_norm_ rescales the summed .grad each step: with a max_norm above one step's gradient norm (~0.5 here)
+    # the sum passes its bound before the clipping holds it
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+    torch.manual_seed(0)
+    model = workbench.create_model("mlp", in_features=2, num_classes=2, width=32, depth=2, activation="relu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with workbench.watch(model) as w:
+        for _ in range(12):
+            i = torch.randint(1024, (64,), generator=g)
+            F.cross_entropy(model(x[i]), (x[i][:, 0] > 0).long()).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            w.step()
+    found = w.diagnose()
+    assert found.finding.tolist() == ["gradients_accumulate"] and found.step[0] <= 4, found
+
+
+def test_a_loss_on_the_mean_of_a_layer_norm_s_output_names_the_norm_not_small_weights_nor_the_learning_rate():
+    # the mean of a LayerNorm's output over its features is 0 whatever its input: the loss is constant and no gradient
+    # passes the norm back. Until 2026-11-30 the findings read as small weights or depth (vanishing_gradients) and a
+    # learning rate too small ("each step too small to change a float32 value at this learning rate")
+    from tests.diagnose.runs import fit_steps
+    from workbench.diagnose import Diagnoser, diagnose
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2, generator=g)
+
+    def batch(_step: int) -> tuple:
+        i = torch.randint(1024, (64,), generator=g)
+        return x[i], None
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 8), nn.LayerNorm(8, elementwise_affine=False))
+    w = fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 60, loss_fn=lambda out, _: out.mean(),
+                  updates=True)
+    f = w.diagnose()
+    live = Diagnoser()
+    live.feed(w.recorder.records())
+    pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+    # (the loss, 0 but for float32's rounding now and then, 1.5e-08 after 0: no spike, a level of 0 no scale)
+    assert set(f.finding) == {"vanishing_gradients", "update_ratio_low"}, f
+    vanishing = f[f.finding == "vanishing_gradients"]
+    assert vanishing.site.tolist() == ["0"]
+    assert re.search(r"Most of it, [0-9.]+ orders, is across 3 alone: its output gets an RMS of [0-9.e-]+, 2 before "
+                     r"it [0-9.e-]+\. 3 passes almost none of its output's gradient back: a normalization whose output "
+                     r"the loss reads only through what it normalizes away", vanishing.evidence.iloc[0])
+    assert "small weights" not in vanishing.evidence.iloc[0].replace("not small weights", "")
+    low = f[f.finding == "update_ratio_low"]
+    assert sorted(low.site) == ["0.weight", "2.weight"]
+    for text in low.evidence:
+        assert re.search(r"the gradient reaching the output of [02] is [0-9.]+ orders of magnitude below the step's "
+                         r"largest \(RMS [0-9.e-]+ against [0-9.e-]+ at 3: see vanishing_gradients\), not a learning "
+                         r"rate too small\.", text), text
+        assert "at this learning rate" not in text
