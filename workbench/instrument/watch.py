@@ -8,6 +8,7 @@ drives the step lifecycle and reads the recorded rows back. It imports no sink: 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 import weakref
@@ -582,6 +583,9 @@ class Watch:
         if self.closed:
             return
         self.closed = True
+        if self._made_in != os.getpid():  # (a forked child's copy: the sinks and the run are the parent's)
+            self._hooks.close()
+            return
         try:
             for intervention in self.interventions:  # (they end with the watch)
                 intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
@@ -610,6 +614,38 @@ class Watch:
             self.status, self.error = status, error
         self.recorder.flush()  # a subscriber has every step once the watch is closed
 
+    def _fork_off(self) -> None:
+        """In a child forked from the process that made the watch (a DataLoader or multiprocessing worker): the
+        watch records nothing here, and says so once, as the model is called here or a step ended (see
+        :meth:`_in_forked_child`). Its sinks are the parent's: never closed from here (the run store lets go of
+        what it holds itself)."""
+        for dropped in self._dropped:
+            dropped.detach()
+        self._hooks.forked_off(self._warn_forked)
+
+    def _in_forked_child(self) -> bool:
+        """Whether this is a child forked from the process that made the watch, where the watch records nothing
+        (warned once)."""
+        if self._made_in == os.getpid():
+            return False
+        self._warn_forked()
+        return True
+
+    def _warn_forked(self) -> None:
+        if self._forked_warned:
+            return
+        self._forked_warned = True
+        store = getattr(self.store, "path", None)
+        warn(f"workbench: this process (pid {os.getpid()}) was forked from the process (pid {self._made_in}) that "
+             f"made the watch {self!r}{f' recording into {str(store)!r}' if store is not None else ''}. A watch "
+             "records in the process that made it: nothing it sees here is recorded or stored (the model runs "
+             "unwatched here, its patches and ablations still applied; w.step() and w.log() do nothing here, "
+             "and w.close() takes the hooks out of this process alone). To record what this process runs, watch "
+             "the model in it, into a store of its own: workbench.watch(model, store=...) once the process has "
+             "started (a DataLoader worker: in its worker_init_fn); to record processes training one model "
+             "data-parallel as one run, "
+             "workbench.instrument.distributed.watch_distributed(model, store=...).")
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("This watch is closed; start a new one with workbench.watch(model).")
@@ -635,6 +671,20 @@ class Watch:
 #: The watches made in this process, for :func:`_warn_if_watched` (held weakly: a watch let go of has its hooks
 #: taken out, and leaves the set)
 _OPEN_WATCHES: weakref.WeakSet[Watch] = weakref.WeakSet()
+
+
+def _fork_off_in_child() -> None:
+    """In a child forked from this process (``os.fork``, a ``DataLoader`` or ``multiprocessing`` worker with the fork
+    start method): every open watch records nothing there (:meth:`Watch._fork_off`), and none counts as open there
+    (a watch made in the child warns of none of them)."""
+    watches = [w for w in list(_OPEN_WATCHES) if not w.closed]
+    _OPEN_WATCHES.clear()
+    for w in watches:
+        w._fork_off()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fork_off_in_child)
 
 
 def _warn_if_watched(model: nn.Module) -> None:
