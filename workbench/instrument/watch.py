@@ -97,6 +97,8 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
+        self._made_in = os.getpid()  # the process that records: a child forked from it records nothing (_fork_off)
+        self._forked_warned = False  # the child's warning given (once)
         #: how the watch ended, as its store records it: ``running`` while open (and closing), then ``finished``,
         #: ``stopped`` or ``failed`` (:meth:`close`; a ``with`` block that raised: ``failed``), with ``error``
         self.status, self.error = "running", None
@@ -149,6 +151,8 @@ class Watch:
             ValueError: a metric named ``step`` (see :meth:`log`): the step is not ended, and none is logged.
         """
         self._check_open()
+        if self._in_forked_child():
+            return None
         if metrics:
             self.log(**metrics)
         if self._ended is None:
@@ -197,6 +201,8 @@ class Watch:
         parameters and their gradients alone has no module hook to tell by - a step with no backward
         is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
+        if self._in_forked_child():
+            return
         if not self._hooks.recording:  # (the patches in place keep counting the step's calls from its start)
             self._hooks.record_rest_of_step()
             self._record_next_at = self.step_index
@@ -222,6 +228,8 @@ class Watch:
         the discarded forward records nothing. A step to be recorded (by ``every`` or
         :meth:`record_next`) is recorded when run again."""
         self._check_open()
+        if self._in_forked_child():
+            return
         self._record_next_at = None  # (the step runs again from its start: recorded in full)
         for intervention in self._intervention_log:  # (what the discarded calls ran with does not count)
             if intervention.after_forward and intervention.start_step >= self.step_index:
@@ -244,6 +252,8 @@ class Watch:
                 given is logged then.
             ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
         """
+        if self._in_forked_child():
+            return
         if "step" in metrics:  # (it took the place of the step numbers in metrics(), and a stored run's raised)
             raise ValueError(f"a metric cannot be named 'step' (got step={metrics['step']!r}): it is the column of "
                              "the step numbers in metrics(). Name it otherwise, e.g. global_step=...")
@@ -571,8 +581,9 @@ class Watch:
         Args:
             status: how the run ended, written into its store: ``finished``, ``stopped`` (by the
                 user) or ``failed`` (with ``error``). A store that could not write every step closes
-                ``failed`` whatever is passed; so does the run when a sink's ``close()`` raises (the store
-                is closed last, its ``error`` and ``w.error`` naming the sink's error, which is raised).
+                ``failed`` whatever is passed; so does the run when taking the hooks out or a sink's
+                ``close()`` raises: every sink is closed still, the store last, its ``error`` and ``w.error``
+                naming the error, which is raised once all are closed.
             error: the error of a ``failed`` run (a message or a formatted traceback).
 
         Raises:
@@ -586,22 +597,32 @@ class Watch:
         if self._made_in != os.getpid():  # (a forked child's copy: the sinks and the run are the parent's)
             self._hooks.close()
             return
+        # every sink is closed, the store last, whatever raised before: taking the hooks out, or a sink's close().
+        # Such an error makes the run failed, naming it, in the store and here alike; the first is raised once all
+        # are closed (an interrupt while the hooks are taken out leaves the status as asked, and is raised too)
+        failure: BaseException | None = None
+
+        def failed(what: str, exc: BaseException) -> None:
+            nonlocal failure, status, error
+            failure = failure or exc
+            if isinstance(exc, Exception):
+                message = f"{what} failed: {type(exc).__name__}: {exc}"
+                status, error = "failed", f"{error}\n{message}" if error else message
+
         try:
-            for intervention in self.interventions:  # (they end with the watch)
-                intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
-            self._hooks.close()
+            try:
+                for intervention in self.interventions:  # (they end with the watch)
+                    intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
+                self._hooks.close()
+            except BaseException as exc:
+                failed("taking the watch's hooks out", exc)
             for dropped in self._dropped:
                 dropped.detach()
-            # every sink is closed, the store last: a sink whose close() raised makes the run failed, naming its
-            # error, in the store and here alike; the first such error is raised once all are closed
-            failure: BaseException | None = None
             for sink in sorted(self._sinks, key=lambda sink: sink is self.store):
                 try:
                     sink.close(status, error)  # (writes what is still queued first)
                 except Exception as exc:
-                    failure = failure or exc
-                    message = f"closing the sink {type(sink).__name__} failed: {type(exc).__name__}: {exc}"
-                    status, error = "failed", f"{error}\n{message}" if error else message
+                    failed(f"closing the sink {type(sink).__name__}", exc)
             if failure is not None:
                 raise failure
         finally:
