@@ -1520,3 +1520,33 @@ def test_a_view_output_changed_in_place_changes_its_base_under_the_compiled_watc
     (bare_loss, bare_grads, bare_graphs), (loss, grads, watched_graphs) = results
     assert torch.equal(loss, bare_loss) and all(torch.equal(g, b) for g, b in zip(grads, bare_grads))
     assert watched_graphs == bare_graphs
+
+
+def test_a_compiled_model_run_in_a_forked_child_records_nothing_there_and_says_so_once(tmp_path):
+    # (as the eager watch: tests/instrument/test_store.py; every call of the compiled model goes through the watch)
+    import os
+
+    from tests.instrument.test_store import in_forked_child
+
+    if not hasattr(os, "fork"):
+        pytest.skip("a child is forked")
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    compiled = torch.compile(model, backend="eager")
+    w = workbench.watch(compiled, store=tmp_path / "r")
+    assert isinstance(w, CompiledWatch)
+    compiled(torch.randn(4, 3)).sum().backward()
+    w.step()
+
+    def child():
+        for _ in range(2):
+            compiled(torch.randn(4, 3)).sum().backward()
+        return w.step() is None
+
+    got = in_forked_child(child)
+    assert got["returned"] is True
+    [message] = [m for m in got["warnings"] if m.startswith("workbench:")]  # (torch warns of global hooks too)
+    assert "A watch records in the process that made it" in message and str(tmp_path / "r") in message
+    compiled(torch.randn(4, 3)).sum().backward()
+    w.step()
+    w.close()
+    assert workbench.load_run(tmp_path / "r").steps == [1, 2]

@@ -367,3 +367,51 @@ def test_a_tensorboard_export_onto_a_file_names_it_and_how_to_go_on(tmp_path, ov
                                               r"it first, export into another directory, or name a \.csv"):
         r.export(tmp_path / "tb", overwrite=overwrite)
     assert (tmp_path / "tb").read_text() == "mine"
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(4)
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4), nn.Dropout(0.1))
+
+
+def test_a_run_keeps_each_module_path_s_class_compactly_and_reads_runs_that_kept_them_as_before(tmp_path):
+    """module_classes, {path: class} in the metadata, took 88 KB of a 1,500-module model's run, read whole with each
+    read of the run's status. Now each class is kept once and each path by its parts (module_class_tree); runs
+    stored before still read."""
+    import json
+    import sqlite3
+
+    from workbench.instrument.sites import module_classes
+
+    shared = nn.ReLU()
+    model = nn.Sequential(nn.Linear(3, 3), shared, nn.Sequential(nn.Linear(3, 3), shared),
+                          nn.ModuleList(Block() for _ in range(250)))
+    expected = module_classes(model)  # (every alias path of the shared ReLU: "1", "2.1")
+    assert len(expected) == 7 + 7 * 250 and expected["2.1"] == "torch.nn.modules.activation.ReLU"
+    w = workbench.watch(model, modules=["0", "1"], store=tmp_path / "run")
+    model[1](model[0](torch.randn(2, 3)))
+    w.step()
+    w.close()
+    run = workbench.load_run(tmp_path / "run")
+    assert run.module_classes() == expected
+    assert list(run.module_classes()) == list(expected)  # (in the model's order)
+    assert "module_classes" not in run.metadata
+    assert len(json.dumps(run.metadata["module_class_tree"])) < len(json.dumps(expected)) / 4
+
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:  # a run stored as before 2026-11-30
+        db.execute("DELETE FROM meta WHERE key = 'module_class_tree'")
+        db.execute("INSERT INTO meta VALUES ('module_classes', ?)", (json.dumps(expected),))
+    db.close()
+    assert workbench.load_run(tmp_path / "run").module_classes() == expected
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:  # and before runs kept them
+        db.execute("DELETE FROM meta WHERE key = 'module_classes'")
+    db.close()
+    assert workbench.load_run(tmp_path / "run").module_classes() is None
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        damaged = {"classes": ["A"], "tree": [0, {"x": 3}]}
+        db.execute("INSERT INTO meta VALUES ('module_class_tree', ?)", (json.dumps(damaged),))
+    db.close()
+    with pytest.raises(workbench.instrument.RunError, match="node at 'x' is 3: expected a class index below 1"):
+        workbench.load_run(tmp_path / "run").module_classes()

@@ -1037,6 +1037,118 @@ def test_a_child_forked_as_a_store_starts_holds_no_lock(tmp_path, monkeypatch):
     assert workbench.load_run(tmp_path / "r").status == "finished"
 
 
+def in_forked_child(work):
+    """Run ``work()`` in a child forked from here: {"returned": what it returned (JSON values), "warnings": the
+    messages of the warnings it gave}, or {"raised": the error it raised}."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = {"returned": work(), "warnings": [str(c.message) for c in caught]}
+        except BaseException as exc:
+            result = {"raised": repr(exc)}
+        with os.fdopen(write, "w") as out:
+            json.dump(result, out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as got:
+        answer = got.read()
+    os.waitpid(pid, 0)
+    return json.loads(answer) if answer else {"raised": "the child ended without an answer (killed: it hung)"}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a child is forked")
+@pytest.mark.parametrize("every", [1, 2])  # (2: forked as a step not recorded runs, its module hooks out)
+def test_a_watch_used_in_a_forked_child_records_nothing_there_and_says_so_once(tmp_path, every):
+    # (it recorded into the child's memory alone, silently, its steps lost with the child; closing it there waited
+    # 10 s for the store's writer thread, which a fork does not copy)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    unwatched = installed_hooks(model)
+    w = workbench.watch(model, store=tmp_path / "r", every=every)
+    train(w, model, 2)  # (the child is forked as step 3 starts: recorded with every=1, not with every=2)
+    rows = len(w.to_pandas())
+
+    def child():
+        ended = []
+        for _ in range(3):
+            model(torch.randn(8, 3)).square().mean().backward()
+            ended.append(w.step(loss=2.0))
+        w.log(accuracy=0.5)
+        w.close()
+        return {"ended": [record is None for record in ended], "rows": len(w.to_pandas()), "closed": w.closed,
+                "hooks as unwatched": installed_hooks(model) == unwatched}
+
+    got = in_forked_child(child)
+    assert got["returned"] == {"ended": [True] * 3, "rows": rows, "closed": True, "hooks as unwatched": True}
+    [message] = got["warnings"]
+    assert f"forked from the process (pid {os.getpid()}) that made the watch" in message
+    assert str(tmp_path / "r") in message and "workbench.watch(model, store=" in message
+    assert "watch_distributed" in message
+    train(w, model, 2)  # the parent records on, its steps numbered on
+    w.close()
+    run = workbench.load_run(tmp_path / "r")
+    assert run.status == "finished" and run.metrics(long=True).empty
+    assert run.steps == ([1, 2, 3, 4] if every == 1 else [1, 3])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a child is forked")
+def test_a_child_forked_while_the_store_s_writer_holds_its_queue_s_lock_does_not_hang(tmp_path):
+    # (the hazard of Python 3.12's "multi-threaded, use of fork() may lead to deadlocks" warning: a lock another
+    # thread held as the process forked stays held in the child for ever. The child's w.step() queued its step
+    # for the store under that lock, and hung)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    train(w, model, 1)
+    [writer] = w.recorder.subscriptions  # the store's
+
+    def child():
+        signal.alarm(30)  # (a hang ends the child, unanswered)
+        train(w, model, 2)
+        w.close()
+        return "done"
+
+    with writer._work:  # (as its thread holds it, gathering the steps queued)
+        got = in_forked_child(child)
+    assert got["returned"] == "done"
+    train(w, model, 1)
+    w.close()
+    assert workbench.load_run(tmp_path / "r").steps == [1, 2]
+
+
+class RunsTheModel(torch.utils.data.Dataset):
+    """Each item: the watched model's output for an input, and the warnings the DataLoader worker gave making it."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            out = self.model(torch.randn(3))
+        return out, " | ".join(str(c.message) for c in caught)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the workers are forked")
+def test_a_dataloader_worker_running_the_watched_model_says_once_that_it_records_nothing(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+    loader = torch.utils.data.DataLoader(RunsTheModel(model), batch_size=2, num_workers=2,
+                                         multiprocessing_context="fork")
+    said = [message for _, messages in loader for message in messages if message]
+    assert len(said) == 2  # one a worker, at its first call of the model
+    assert all("A watch records in the process that made it" in message for message in said)
+    model(torch.randn(4, 3)).sum().backward()
+    w.step()
+    w.close()
+    assert workbench.load_run(tmp_path / "r").steps == [1]
+
+
 def test_a_closing_watch_says_running_until_its_status_is_final(tmp_path):
     # a dashboard ends on the watch's status: one read while the store's last writes fail would be 'finished'
     # for a watch that ends 'failed' (the store lost steps), and the dashboard would keep the wrong one

@@ -2113,3 +2113,41 @@ def test_a_sink_whose_close_raises_fails_the_run_in_the_watch_and_its_store_alik
     assert (w.status, w.error) == ("failed", said)
     stored = workbench.load_run(tmp_path / "r").metadata
     assert (stored["status"], stored["error"]) == ("failed", said)
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("hook dict gone"), KeyboardInterrupt()])
+def test_a_close_whose_hooks_cannot_be_taken_out_still_closes_every_sink_and_the_store_last(tmp_path, monkeypatch,
+                                                                                           raised):
+    """Taking the hooks out raised before any sink was closed: the store stayed open, its run locked and 'running'
+    until the process ended (then 'interrupted'), the other sinks never told. Now every sink is closed, the store
+    last; an error fails the run, naming it, and is raised once all are closed (an interrupt: raised, the run
+    closed as asked)."""
+    closed = []
+
+    class Sink:
+        def close(self, status, error=None):
+            closed.append((status, error, w.store.closed))
+
+    net = torch.nn.Linear(2, 2)
+    w = workbench.watch(net, store=tmp_path / "r")
+    w.add_sink(Sink())
+    net(torch.ones(1, 2))
+    w.step()
+
+    def broken_close(self):
+        raise raised
+
+    monkeypatch.setattr(hooks.Hooks, "close", broken_close)
+    with pytest.raises(type(raised)):
+        w.close("stopped", "the user stopped it")
+    monkeypatch.undo()
+    if isinstance(raised, KeyboardInterrupt):
+        status, error = "stopped", "the user stopped it"
+    else:
+        said = "taking the watch's hooks out failed: RuntimeError: hook dict gone"
+        status, error = "failed", f"the user stopped it\n{said}"
+    assert closed == [(status, error, False)]  # (the store closed after it)
+    assert w.store.closed and (w.status, w.error) == (status, error)
+    stored = workbench.load_run(tmp_path / "r").metadata
+    assert (stored["status"], stored["error"]) == (status, error)
+    w._hooks.close()  # (what the broken close left in)

@@ -314,8 +314,20 @@ class CompiledHooks:
         st.counted = {path: max(2, max(at for _, at in items if at is not None) + 1)
                       for path, items in st.patches.items() if any(at is not None for _, at in items)}
 
+    #: in a process forked from the one that made the watch: called at each call of the model there (see forked_off)
+    on_forked_call: Callable[[], None] | None = None
+
+    def forked_off(self, on_call: Callable[[], None]) -> None:
+        """In a process forked from the one that made the watch: record nothing (the step in progress is the
+        parent's; patches still apply), each call of the model calling ``on_call``."""
+        self.on_forked_call = on_call
+        self.recording = False
+        self.update()
+
     def _call(self, inner_call: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the compiled model, with its rows and probe kept for the step."""
+        if self.on_forked_call is not None:
+            self.on_forked_call()
         st = self.state
         self._calls_made += 1
         if self._check_due:  # the first call of a recorded step

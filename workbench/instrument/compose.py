@@ -23,7 +23,7 @@ from torch import nn
 
 from workbench.instrument.recorder import Recorder
 from workbench.instrument.reduce import Reducer
-from workbench.instrument.sites import ModuleSelector, module_classes
+from workbench.instrument.sites import ModuleSelector, module_class_tree
 from workbench.instrument.torch_internals import compiled_entry
 from workbench.instrument.store import RunStore, expanded, written_here
 from workbench.instrument.watch import Watch, checked_counts
@@ -184,7 +184,7 @@ def with_store(w: W, store: str | Path | None, facts: dict[str, Any], metadata: 
     if store is None:
         return w
     facts = {"model": type(w.model).__name__, **facts, "every": w.every, **w.options,
-             "module_classes": module_classes(w.model)}
+             "module_class_tree": module_class_tree(w.model)}
     try:
         check_uncontradicted(metadata, facts)
         # (the watch's own value where metadata repeats it: np.int64(1) for every=1 would be stored as '1')

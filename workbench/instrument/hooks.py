@@ -304,10 +304,20 @@ class Hooks:
         recording = self.active and self.recording
         kinds = self.kinds
         compiled = self._runs_compiled()  # (graphs compiled while the hooks were out would never call them)
-        self._module_hooks.set(compiled or (self.active and patching)
+        self._module_hooks.set(self.on_forked_call is not None or compiled or (self.active and patching)
                                or (recording and bool(kinds[ACTIVATION] or kinds[GRAD_OUTPUT])))
         self.calls_uncounted = self.calls_uncounted or not (self._module_hooks.attached or self.paused)
         self._param_hooks.set(compiled or (recording and bool(kinds[PARAM_GRAD])))
+
+    #: in a process forked from the one that made the watch: called at each call of the model there (see forked_off)
+    on_forked_call: Callable[[], None] | None = None
+
+    def forked_off(self, on_call: Callable[[], None]) -> None:
+        """In a process forked from the one that made the watch: record nothing (the step in progress is the
+        parent's; patches still apply), the module hooks in, so that each call of the model calls ``on_call``."""
+        self.on_forked_call = on_call
+        self.recording = False
+        self.update()
 
     def close(self) -> None:
         """Remove every hook (idempotent); a compiled model compiles anew, without them."""
@@ -332,8 +342,12 @@ class Hooks:
     # ------------------------------------------------------------------ forward
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
         if not self.active:
+            if self.on_forked_call is not None and module is self.sites.model:
+                self.on_forked_call()
             return
         if module is self.sites.model and not internals.in_backward():
+            if self.on_forked_call is not None:
+                self.on_forked_call()
             self._forward_starts()
         self.sites.enter(module)
 

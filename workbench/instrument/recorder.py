@@ -414,7 +414,9 @@ class Recorder:
         self._detach(subscription)
         try:  # never silent; never raised into the publisher (where warnings are errors, it is in errors)
             warnings.warn(f"workbench: the subscriber {subscription.callback!r} raised and was detached: "
-                          f"{error.strip().splitlines()[-1]}", RuntimeWarning, stacklevel=2)
+                          f"{error.strip().splitlines()[-1]}. It gets no more steps, from the update "
+                          "it raised on (recorder.errors keeps its traceback). Training goes on.", RuntimeWarning,
+                          stacklevel=2)
         except Exception:
             pass
 

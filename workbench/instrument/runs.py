@@ -19,6 +19,7 @@ import pandas as pd
 
 from workbench.instrument.recorder import bin_edges, metric_columns
 from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
+from workbench.instrument.sites import module_classes_from_tree
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
@@ -100,6 +101,26 @@ class Run:
             status = "interrupted"
         metadata["status"] = status
         return metadata
+
+    def module_classes(self) -> dict[str, str] | None:
+        """The qualified class name of each module of the model by path (``''``: the model itself; every alias
+        path of a shared module), as the run stored them (``module_class_tree`` in its metadata; a run stored
+        before 2026-11-30 kept ``module_classes``, ``{path: class}``, read as it is).
+
+        Returns:
+            ``{path: class name}``, or None for a run that did not store them (recorded before runs did).
+
+        Raises:
+            RunError: the stored tree is damaged.
+        """
+        metadata = self.metadata
+        if "module_class_tree" in metadata:
+            try:
+                return module_classes_from_tree(metadata["module_class_tree"])
+            except ValueError as exc:
+                raise RunError(f"{self.db_path} has damaged metadata: {exc}") from None
+        stored = metadata.get("module_classes")
+        return dict(stored) if isinstance(stored, dict) else None
 
     @property
     def status(self) -> str:

@@ -8,6 +8,7 @@ drives the step lifecycle and reads the recorded rows back. It imports no sink: 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 import weakref
@@ -96,6 +97,8 @@ class Watch:
         self._sinks: list[Sink] = []
         self._metrics: dict[str, float] = {}
         self.closed = False
+        self._made_in = os.getpid()  # the process that records: a child forked from it records nothing (_fork_off)
+        self._forked_warned = False  # the child's warning given (once)
         #: how the watch ended, as its store records it: ``running`` while open (and closing), then ``finished``,
         #: ``stopped`` or ``failed`` (:meth:`close`; a ``with`` block that raised: ``failed``), with ``error``
         self.status, self.error = "running", None
@@ -148,6 +151,8 @@ class Watch:
             ValueError: a metric named ``step`` (see :meth:`log`): the step is not ended, and none is logged.
         """
         self._check_open()
+        if self._in_forked_child():
+            return None
         if metrics:
             self.log(**metrics)
         if self._ended is None:
@@ -196,6 +201,8 @@ class Watch:
         parameters and their gradients alone has no module hook to tell by - a step with no backward
         is a step too - so it records the rest of the step in progress.)"""
         self._check_open()
+        if self._in_forked_child():
+            return
         if not self._hooks.recording:  # (the patches in place keep counting the step's calls from its start)
             self._hooks.record_rest_of_step()
             self._record_next_at = self.step_index
@@ -221,6 +228,8 @@ class Watch:
         the discarded forward records nothing. A step to be recorded (by ``every`` or
         :meth:`record_next`) is recorded when run again."""
         self._check_open()
+        if self._in_forked_child():
+            return
         self._record_next_at = None  # (the step runs again from its start: recorded in full)
         for intervention in self._intervention_log:  # (what the discarded calls ran with does not count)
             if intervention.after_forward and intervention.start_step >= self.step_index:
@@ -243,6 +252,8 @@ class Watch:
                 given is logged then.
             ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
         """
+        if self._in_forked_child():
+            return
         if "step" in metrics:  # (it took the place of the step numbers in metrics(), and a stored run's raised)
             raise ValueError(f"a metric cannot be named 'step' (got step={metrics['step']!r}): it is the column of "
                              "the step numbers in metrics(). Name it otherwise, e.g. global_step=...")
@@ -570,8 +581,9 @@ class Watch:
         Args:
             status: how the run ended, written into its store: ``finished``, ``stopped`` (by the
                 user) or ``failed`` (with ``error``). A store that could not write every step closes
-                ``failed`` whatever is passed; so does the run when a sink's ``close()`` raises (the store
-                is closed last, its ``error`` and ``w.error`` naming the sink's error, which is raised).
+                ``failed`` whatever is passed; so does the run when taking the hooks out or a sink's
+                ``close()`` raises: every sink is closed still, the store last, its ``error`` and ``w.error``
+                naming the error, which is raised once all are closed.
             error: the error of a ``failed`` run (a message or a formatted traceback).
 
         Raises:
@@ -582,22 +594,35 @@ class Watch:
         if self.closed:
             return
         self.closed = True
-        try:
-            for intervention in self.interventions:  # (they end with the watch)
-                intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
+        if self._made_in != os.getpid():  # (a forked child's copy: the sinks and the run are the parent's)
             self._hooks.close()
+            return
+        # every sink is closed, the store last, whatever raised before: taking the hooks out, or a sink's close().
+        # Such an error makes the run failed, naming it, in the store and here alike; the first is raised once all
+        # are closed (an interrupt while the hooks are taken out leaves the status as asked, and is raised too)
+        failure: BaseException | None = None
+
+        def failed(what: str, exc: BaseException) -> None:
+            nonlocal failure, status, error
+            failure = failure or exc
+            if isinstance(exc, Exception):
+                message = f"{what} failed: {type(exc).__name__}: {exc}"
+                status, error = "failed", f"{error}\n{message}" if error else message
+
+        try:
+            try:
+                for intervention in self.interventions:  # (they end with the watch)
+                    intervention.end_step, intervention._closed_with_watch = self.step_index - 1, True
+                self._hooks.close()
+            except BaseException as exc:
+                failed("taking the watch's hooks out", exc)
             for dropped in self._dropped:
                 dropped.detach()
-            # every sink is closed, the store last: a sink whose close() raised makes the run failed, naming its
-            # error, in the store and here alike; the first such error is raised once all are closed
-            failure: BaseException | None = None
             for sink in sorted(self._sinks, key=lambda sink: sink is self.store):
                 try:
                     sink.close(status, error)  # (writes what is still queued first)
                 except Exception as exc:
-                    failure = failure or exc
-                    message = f"closing the sink {type(sink).__name__} failed: {type(exc).__name__}: {exc}"
-                    status, error = "failed", f"{error}\n{message}" if error else message
+                    failed(f"closing the sink {type(sink).__name__}", exc)
             if failure is not None:
                 raise failure
         finally:
@@ -609,6 +634,38 @@ class Watch:
                 status, error = "failed", f"{error}\n{message}" if error else message
             self.status, self.error = status, error
         self.recorder.flush()  # a subscriber has every step once the watch is closed
+
+    def _fork_off(self) -> None:
+        """In a child forked from the process that made the watch (a DataLoader or multiprocessing worker): the
+        watch records nothing here, and says so once, as the model is called here or a step ended (see
+        :meth:`_in_forked_child`). Its sinks are the parent's: never closed from here (the run store lets go of
+        what it holds itself)."""
+        for dropped in self._dropped:
+            dropped.detach()
+        self._hooks.forked_off(self._warn_forked)
+
+    def _in_forked_child(self) -> bool:
+        """Whether this is a child forked from the process that made the watch, where the watch records nothing
+        (warned once)."""
+        if self._made_in == os.getpid():
+            return False
+        self._warn_forked()
+        return True
+
+    def _warn_forked(self) -> None:
+        if self._forked_warned:
+            return
+        self._forked_warned = True
+        store = getattr(self.store, "path", None)
+        warn(f"workbench: this process (pid {os.getpid()}) was forked from the process (pid {self._made_in}) that "
+             f"made the watch {self!r}{f' recording into {str(store)!r}' if store is not None else ''}. A watch "
+             "records in the process that made it: nothing it sees here is recorded or stored (the model runs "
+             "unwatched here, its patches and ablations still applied; w.step() and w.log() do nothing here, "
+             "and w.close() takes the hooks out of this process alone). To record what this process runs, watch "
+             "the model in it, into a store of its own: workbench.watch(model, store=...) once the process has "
+             "started (a DataLoader worker: in its worker_init_fn); to record processes training one model "
+             "data-parallel as one run, "
+             "workbench.instrument.distributed.watch_distributed(model, store=...).")
 
     def _check_open(self) -> None:
         if self.closed:
@@ -635,6 +692,20 @@ class Watch:
 #: The watches made in this process, for :func:`_warn_if_watched` (held weakly: a watch let go of has its hooks
 #: taken out, and leaves the set)
 _OPEN_WATCHES: weakref.WeakSet[Watch] = weakref.WeakSet()
+
+
+def _fork_off_in_child() -> None:
+    """In a child forked from this process (``os.fork``, a ``DataLoader`` or ``multiprocessing`` worker with the fork
+    start method): every open watch records nothing there (:meth:`Watch._fork_off`), and none counts as open there
+    (a watch made in the child warns of none of them)."""
+    watches = [w for w in list(_OPEN_WATCHES) if not w.closed]
+    _OPEN_WATCHES.clear()
+    for w in watches:
+        w._fork_off()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fork_off_in_child)
 
 
 def _warn_if_watched(model: nn.Module) -> None:

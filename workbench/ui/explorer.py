@@ -511,8 +511,8 @@ def activation_inputs(run: Any) -> list[str] | None:
     from workbench.instrument import Run, load_run
 
     run = run if isinstance(run, Run) else load_run(run)
-    classes = run.metadata.get("module_classes")
-    if not isinstance(classes, dict):
+    classes = run.module_classes()
+    if classes is None:
         return None
     activations = activation_classes()
     sites = [(name, module) for name, (module, _, _) in recorded_sites(run).items()]
