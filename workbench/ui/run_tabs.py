@@ -23,12 +23,13 @@ import pandas as pd
 
 from workbench.experiments import list_experiments
 from workbench.instrument import KINDS
+from workbench.instrument.schema import MAX_BINS
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
-from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
-                                   start_run)
+from workbench.ui.live_run import (DEFAULT_BINS, RECORD_CHOICES, continue_run, devices, experiment_fields,
+                                   experiment_overview, start_run)
 from workbench.ui.pages import PageHoldings, session_of
 from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
                                       find_run, intervention_panel, pause_run, remove_applied, run_choices,
@@ -339,8 +340,14 @@ def layout(root: RunsRoot):
                                               elem_id="run-modules", interactive=True)
                     c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
                                                    elem_id="run-record", interactive=True)
-                    c["histograms"] = gr.Checkbox(True, label="histograms (distributions over time)",
-                                                  elem_id="run-histograms", interactive=True)
+                    # (the bin count beside the box that records them, taken only while it is ticked)
+                    with gr.Row(equal_height=True):
+                        c["histograms"] = gr.Checkbox(True, label="histograms (distributions over time)",
+                                                      elem_id="run-histograms", interactive=True, scale=2,
+                                                      min_width=160)
+                        # (no minimum or maximum: Gradio's own refusal would say less than start_run's message)
+                        c["bins"] = gr.Number(DEFAULT_BINS, label="bins", elem_id="run-bins", interactive=True,
+                                              scale=1, min_width=80, info=f"1 to {MAX_BINS}")
                     c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
                                             info=f"a run name under {root.path}", elem_id="run-store",
                                             interactive=True)
@@ -619,10 +626,10 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
             labels = [f.label for f in fields]
             start = gr.Button("Start", variant="primary", elem_id="run-start")
 
-            def on_start(attached, exp_name, seed, device, steps, every, histograms, modules, record, store,
+            def on_start(attached, exp_name, seed, device, steps, every, histograms, bins, modules, record, store,
                          weights, *values):
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
-                                         histograms, modules, store, device, record, weights or None)
+                                         histograms, modules, store, device, record, weights or None, bins)
                 if new is None:  # the page stays with the run it watches, if any
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
@@ -644,7 +651,7 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
             start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text,
                                                          *skips(9 + len(buttons) + len(PLOTS)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
-                         c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
+                         c["histograms"], c["bins"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
                          c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"],
                          *[c[f"live_{name}"] for name in PLOTS]]).then(
@@ -653,6 +660,10 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
                 show_progress="hidden")
+
+    # the bin count is the histograms': it takes input while they are recorded
+    c["histograms"].change(lambda on: gr.Number(interactive=bool(on)), c["histograms"], c["bins"],
+                           show_progress="hidden")
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
 
