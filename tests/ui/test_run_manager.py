@@ -133,11 +133,20 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     status = run.status()
     assert "failed: step 2 of 10" in status and "FloatingPointError: the loss exploded at step 3" in status
     header = run_page.draw_page(run.view).header  # the page's header: failed, with its error
-    assert "`failed`" in header and "FloatingPointError: the loss exploded at step 3" in header
+    assert "`failed`" in header and "```\nFloatingPointError: the loss exploded at step 3\n```" in header
+    # (the short message; the traceback folded under it, one click away, as the notebook's Dashboard has it)
+    assert "<summary>traceback</summary>" in header and "Traceback (most recent call last):" in header
+    assert "Traceback" not in status and "FloatingPointError: the loss exploded at step 3" in status
     assert run_control.runs_frame(manager).status.tolist() == ["failed"]
     stored = load_run(manager.root.path / "boom")
     assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]
     assert stored.steps == [1, 2]
+    # replayed, its header says the same; compared, the comparison's message says why it failed, in short
+    cache = stored_runs.ViewCache(manager.root)
+    assert "<summary>traceback</summary>" in stored_runs.stored_header(cache.get("boom")[0], stored, pd.DataFrame())
+    start(manager, 2, store="fine").join(60)
+    message = stored_runs.compare_runs(cache, ["boom", "fine"], "activation", "norm", None)[4]
+    assert "`boom` failed: `FloatingPointError: the loss exploded at step 3`." in message and "Traceback" not in message
     # its training state is that of a step that did not finish: it is not continued
     refused, message = live_run.continue_run(manager, run.id, 5)
     assert refused is None and "failed at step 2" in message and "Start a new run" in message

@@ -25,6 +25,7 @@ from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec
 from workbench.instrument import Recorder, Run, Watch
 from workbench.instrument.schema import BINS_LIMIT_REASON, MAX_BINS, checked_bins, whole_number
+from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form, read_whole,
                                 shown_whole)
@@ -349,8 +350,8 @@ class LiveRun:
         store = self.watch.store
         if store is not None:
             text += f" - {self.recorded_to()}"
-        if self.error:
-            text += f"\n\n```\n{self.error.strip().splitlines()[-1]}\n```"
+        if self.error:  # (its short message, as the header says it; the header folds the traceback under it)
+            text += f"\n\n```\n{figures.error_parts(self.error)[0]}\n```"
         if self.watch.errors:
             text += (f"\n\n{len(self.watch.errors)} instrumentation error(s); the first: "
                      f"`{self.watch.errors[0]['error']}`")

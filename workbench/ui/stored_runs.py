@@ -254,6 +254,10 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
             f"None of these runs has {kind} rows in the steps recorded so far." if any(
                 views[n].steps_fed for n in going) else f"None of these runs has {kind} rows yet.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
+    # (why a run failed, as its header says it: the short message, not the traceback; a run page folds that)
+    failures = {n: figures.error_line(view.error).replace("`", "'") for n, view in views.items()
+                if view.status == "failed" and view.error}  # (inside a code span)
+    text += "".join(f" `{n}` failed: `{message}`." for n, message in failures.items())
     text += _without_metrics(views, live)
     lacking = [name for name in views if name not in having]
     if lacking and (having or len(without) < len(views)):  # (each run without rows, unless none records them)
