@@ -243,6 +243,51 @@ def stored_series(rows, kind, site, statistic):
     return part.step.tolist(), part[statistic].to_numpy()
 
 
+def test_a_failed_runs_header_says_its_error_in_short_the_traceback_a_click_away(page, monkeypatch):
+    # (the header showed a traceback's last line, and the traceback was nowhere on the page)
+    from workbench.experiments.activation_mlp import ActivationMLP
+
+    train_step = ActivationMLP.train_step
+
+    def exploding(self):
+        if self.step_count == 2:
+            raise FloatingPointError("the loss exploded at step 3")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", exploding)
+    start(page, "activation_mlp", 10)
+    header = page.locator("#run-status")
+    expect(header).to_contain_text("failed", timeout=60_000)
+    expect(header.locator("pre").first).to_have_text("FloatingPointError: the loss exploded at step 3")
+    folded = header.locator("details")
+    expect(folded.locator("summary")).to_have_text("traceback")
+    expect(folded.locator("pre")).not_to_be_visible()
+    folded.locator("summary").click()
+    expect(folded.locator("pre")).to_contain_text("Traceback (most recent call last):")
+    expect(folded.locator("pre")).to_contain_text("in exploding")
+    _screenshot(page, "live_failed_traceback.png", full_page=False)
+
+
+def test_the_forms_histogram_bins_reach_the_run_and_a_count_out_of_range_is_refused_saying_why(page, runs_root):
+    from workbench.instrument import load_run
+    from workbench.instrument.schema import MAX_BINS
+
+    page.get_by_role("tab", name="Experiments").click()
+    bins = page.locator("#run-bins input")
+    bins.fill(str(MAX_BINS + 1))
+    start(page, "activation_mlp", 2, store="bins/refused", histograms=True)
+    expect(page.locator("#start-message")).to_contain_text(
+        f"histogram bins must lie in [1, {MAX_BINS}], got {MAX_BINS + 1}: the sample a large tensor's histogram")
+    page.locator("#run-histograms input").uncheck()
+    expect(bins).to_be_disabled()  # (the box is the histograms': no input while none are recorded)
+    page.locator("#run-histograms input").check()
+    expect(bins).to_be_enabled()
+    bins.fill("8")
+    start(page, "activation_mlp", 2, store="bins/eight", histograms=True)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    assert {len(counts) for counts in load_run(runs_root / "bins/eight").histograms().counts} == {8}
+
+
 def test_the_plots_say_the_run_is_starting_from_the_moment_the_header_says_it_runs(page, monkeypatch):
     # (the header said "running · step 0" while the plots said "No run on this page" until the run's first
     # drawing came, some 6 s under load: here that drawing is held back until the plots were read)
