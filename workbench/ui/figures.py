@@ -44,7 +44,8 @@ import pandas as pd
 from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
-__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
+__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown",
+           "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
            "empty_figure",
            "to_json", "values"]
