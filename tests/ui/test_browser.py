@@ -243,6 +243,51 @@ def stored_series(rows, kind, site, statistic):
     return part.step.tolist(), part[statistic].to_numpy()
 
 
+def test_a_failed_runs_header_says_its_error_in_short_the_traceback_a_click_away(page, monkeypatch):
+    # (the header showed a traceback's last line, and the traceback was nowhere on the page)
+    from workbench.experiments.activation_mlp import ActivationMLP
+
+    train_step = ActivationMLP.train_step
+
+    def exploding(self):
+        if self.step_count == 2:
+            raise FloatingPointError("the loss exploded at step 3")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", exploding)
+    start(page, "activation_mlp", 10)
+    header = page.locator("#run-status")
+    expect(header).to_contain_text("failed", timeout=60_000)
+    expect(header.locator("pre").first).to_have_text("FloatingPointError: the loss exploded at step 3")
+    folded = header.locator("details")
+    expect(folded.locator("summary")).to_have_text("traceback")
+    expect(folded.locator("pre")).not_to_be_visible()
+    folded.locator("summary").click()
+    expect(folded.locator("pre")).to_contain_text("Traceback (most recent call last):")
+    expect(folded.locator("pre")).to_contain_text("in exploding")
+    _screenshot(page, "live_failed_traceback.png", full_page=False)
+
+
+def test_the_forms_histogram_bins_reach_the_run_and_a_count_out_of_range_is_refused_saying_why(page, runs_root):
+    from workbench.instrument import load_run
+    from workbench.instrument.schema import MAX_BINS
+
+    page.get_by_role("tab", name="Experiments").click()
+    bins = page.locator("#run-bins input")
+    bins.fill(str(MAX_BINS + 1))
+    start(page, "activation_mlp", 2, store="bins/refused", histograms=True)
+    expect(page.locator("#start-message")).to_contain_text(
+        f"histogram bins must lie in [1, {MAX_BINS}], got {MAX_BINS + 1}: the sample a large tensor's histogram")
+    page.locator("#run-histograms input").uncheck()
+    expect(bins).to_be_disabled()  # (the box is the histograms': no input while none are recorded)
+    page.locator("#run-histograms input").check()
+    expect(bins).to_be_enabled()
+    bins.fill("8")
+    start(page, "activation_mlp", 2, store="bins/eight", histograms=True)
+    expect(page.locator("#run-status")).to_contain_text("finished", timeout=60_000)
+    assert {len(counts) for counts in load_run(runs_root / "bins/eight").histograms().counts} == {8}
+
+
 def test_the_plots_say_the_run_is_starting_from_the_moment_the_header_says_it_runs(page, monkeypatch):
     # (the header said "running · step 0" while the plots said "No run on this page" until the run's first
     # drawing came, some 6 s under load: here that drawing is held back until the plots were read)
@@ -704,11 +749,12 @@ def test_in_an_800_px_window_the_run_page_goes_under_the_form_at_full_width(page
     picker = page.locator("#live-pick").bounding_box()
     assert buttons[0]["y"] >= picker["y"] + picker["height"], (picker, buttons)
     assert abs(picker["width"] - narrow_header["width"]) <= 2, (picker, narrow_header)  # (less its border)
-    # the Runs tab's comparison: the log y box's label whole (squeezed by the pickers, it was clipped)
+    # the Runs tab's comparison: each log y box's label whole (squeezed by the pickers, it was clipped)
     page.get_by_role("tab", name="Runs").click()
-    label = page.locator("#compare-log label")
-    expect(label).to_be_visible()
-    assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60")
+    for box in ("compare-log", "compare-log-metrics"):
+        label = page.locator(f"#{box} label")
+        expect(label).to_be_visible()
+        assert label.evaluate("el => el.scrollWidth <= el.clientWidth && el.getBoundingClientRect().width >= 60"), box
     # and its picker of runs room for two runs' chips side by side (at some 170 px each chip took a line of its own)
     from workbench.ui.run_tabs import COMPARE_RUNS_LEAST
 
@@ -1212,6 +1258,48 @@ def test_compare_draws_a_run_whose_line_dwarfs_the_others_on_a_log_y_until_the_u
         choose(page, "compare-stat", "abs_mean")  # another statistic: the figure chooses again, the box says so
         page.wait_for_function(y_type, arg="log")
         expect(box).to_be_checked()
+    finally:
+        page.close()
+
+
+def test_compare_has_a_log_y_box_a_figure_each_its_own_figures_scale(browser, served_app, runs_root):
+    """The Runs tab's comparison had one log y box for its two figures, ticked while either drew log (over a linear
+    call-site figure) and setting both; the notebook's Compare has one a tab. Now a box a figure, above it."""
+    import torch
+
+    import workbench
+
+    for name in ("boxes/a", "boxes/b"):  # (a loss spike at the second step: the loss panel chooses log)
+        torch.manual_seed(0)
+        net = torch.nn.Linear(2, 2)
+        with workbench.watch(net, store=runs_root / name) as w:
+            for loss in [2.3, 300.0] + [0.5 * 0.97 ** i for i in range(10)]:
+                net(torch.ones(4, 2)).sum().backward()
+                w.step(loss=loss)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _show_stored_run(page, served_app, "boxes/a")
+        choose(page, "compare-runs", "boxes/a", "boxes/b")
+        choose(page, "compare-kind", "activation")
+        y_type = ("([plot, type]) => document.querySelector(`#${plot} .js-plotly-plot`)?.layout?.yaxis?.type "
+                  "=== type")
+        page.wait_for_function(y_type, arg=["compare-metrics", "log"])
+        page.wait_for_function(y_type, arg=["compare-site-plot", "linear"])
+        metrics_box, site_box = page.locator("#compare-log-metrics input"), page.locator("#compare-log input")
+        expect(metrics_box).to_be_checked()  # (the metrics' figure drew log; the call site's, linear: unticked)
+        expect(site_box).not_to_be_checked()
+        # each box above its figure: the metrics' over the metrics, the call site's between them
+        top = {key: page.locator(f"#{key}").bounding_box()["y"]
+               for key in ("compare-log-metrics", "compare-metrics", "compare-log", "compare-site-plot")}
+        assert sorted(top, key=top.get) == list(top), top
+        _screenshot(page, "runs_compare_boxes.png")
+        site_box.check()  # the call site's figure log, the metrics as they were
+        page.wait_for_function(y_type, arg=["compare-site-plot", "log"])
+        expect(metrics_box).to_be_checked()
+        metrics_box.uncheck()  # every metrics panel linear, the call site's figure as the user set it
+        page.wait_for_function(y_type, arg=["compare-metrics", "linear"])
+        expect(site_box).to_be_checked()
+        assert page.evaluate(y_type, ["compare-site-plot", "log"])
     finally:
         page.close()
 

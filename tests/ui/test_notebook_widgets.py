@@ -205,6 +205,20 @@ def test_a_failing_step_fails_the_run_and_its_store(tmp_path):
     assert run.join() == "failed" and "ZeroDivisionError" in run.error and run.step == 3
     stored = workbench.load_run(tmp_path / "run")
     assert stored.status == "failed" and "ZeroDivisionError" in stored.metadata["error"]
+    # the dashboard's header says why in short, as the app's run page: the traceback folded under it
+    dash = Dashboard(run)
+    assert "<pre><code>ZeroDivisionError: division by zero\n</code></pre>" in dash.header.value
+    assert "<summary>traceback</summary>" in dash.header.value and "Traceback (most recent" in dash.header.value
+    dash.close()
+    # and a comparison's message, as the app's
+    from workbench.ui.notebook import Compare
+
+    other = workbench.experiments.create("activation_mlp", seed=1, width=8).start(2)
+    other.join()
+    compare = Compare(run, other)
+    assert "failed: <code>ZeroDivisionError: division by zero</code>." in compare.message_html.value
+    assert "Traceback" not in compare.message_html.value
+    compare.close()
 
 
 def test_an_experiment_training_in_the_background_refuses_another_run():

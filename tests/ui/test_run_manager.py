@@ -133,11 +133,20 @@ def test_a_run_whose_step_raises_reads_failed_with_its_error(manager, monkeypatc
     status = run.status()
     assert "failed: step 2 of 10" in status and "FloatingPointError: the loss exploded at step 3" in status
     header = run_page.draw_page(run.view).header  # the page's header: failed, with its error
-    assert "`failed`" in header and "FloatingPointError: the loss exploded at step 3" in header
+    assert "`failed`" in header and "```\nFloatingPointError: the loss exploded at step 3\n```" in header
+    # (the short message; the traceback folded under it, one click away, as the notebook's Dashboard has it)
+    assert "<summary>traceback</summary>" in header and "Traceback (most recent call last):" in header
+    assert "Traceback" not in status and "FloatingPointError: the loss exploded at step 3" in status
     assert run_control.runs_frame(manager).status.tolist() == ["failed"]
     stored = load_run(manager.root.path / "boom")
     assert stored.status == "failed" and "the loss exploded at step 3" in stored.metadata["error"]
     assert stored.steps == [1, 2]
+    # replayed, its header says the same; compared, the comparison's message says why it failed, in short
+    cache = stored_runs.ViewCache(manager.root)
+    assert "<summary>traceback</summary>" in stored_runs.stored_header(cache.get("boom")[0], stored, pd.DataFrame())
+    start(manager, 2, store="fine").join(60)
+    message = stored_runs.compare_runs(cache, ["boom", "fine"], "activation", "norm", None)[4]
+    assert "`boom` failed: `FloatingPointError: the loss exploded at step 3`." in message and "Traceback" not in message
     # its training state is that of a step that did not finish: it is not continued
     refused, message = live_run.continue_run(manager, run.id, 5)
     assert refused is None and "failed at step 2" in message and "Start a new run" in message
@@ -387,3 +396,35 @@ def test_an_ended_run_continues_as_a_new_run_bit_for_bit_numbered_on(manager):
         assert none is None and message.startswith("**Could not continue:**") or "No run" in message
         assert expected in message, message
     assert len(manager.runs()) == count
+
+
+def test_the_forms_histogram_bins_reach_the_watch_and_a_bad_count_is_refused_as_the_api_refuses_it(manager):
+    # (bins was settable from the Python API only: the app's runs recorded 32 bins, whatever was wanted)
+    from workbench.instrument.schema import MAX_BINS
+
+    def started(bins, histograms=True, store=""):
+        return live_run.start_run(manager, "activation_mlp", dict(TINY), 0, 2, 1, histograms, "*", store, bins=bins)
+
+    run, message = started("1e2", store="binned")
+    assert run is not None, message
+    run.join(60)
+    assert run.watch.options["bins"] == 100
+    assert {len(counts) for counts in load_run(manager.root.path / "binned").histograms().counts} == {100}
+    # continued, the run keeps its bin count
+    assert run.watch_options["bins"] == 100
+    for bins, said in ((MAX_BINS + 1, f"histogram bins must lie in [1, {MAX_BINS}], got {MAX_BINS + 1}: the sample a "
+                                      "large tensor's histogram is counted from"),
+                       (0, f"histogram bins must lie in [1, {MAX_BINS}], got 0."),
+                       ("2.5", "histogram bins must be a whole number in [1, 16384], got '2.5': not a whole number"),
+                       ("", "histogram bins is empty; give a whole number in [1, 16384].")):
+        run, message = started(bins)
+        assert run is None and said in message, (bins, message)
+    # the API says the same of a count out of range
+    import workbench
+
+    with pytest.raises(ValueError, match=f"at most {MAX_BINS} .the sample a large tensor's histogram is counted"):
+        workbench.watch(torch.nn.Linear(2, 2), bins=MAX_BINS + 1)
+    # without histograms the box is not read: a run starts whatever it holds, with no histograms
+    run, message = started("", histograms=False)
+    assert run is not None and run.watch.options["histograms"] is False, message
+    run.join(60)

@@ -972,11 +972,11 @@ def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_t
     _spiked_loss_run(tmp_path / "a")
     _spiked_loss_run(tmp_path / "b")
     cache = stored_runs.ViewCache(RunsRoot(tmp_path))
-    metrics, site_fig, _, site, _, colors, box, auto, kept = stored_runs.compare_page(
-        cache, ["a", "b"], "activation", "norm", None, False, None, True, None)
+    metrics, site_fig, _, site, _, colors, boxes, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", None, (False, False), None, (True, True), None)
     assert (metrics["layout"]["yaxis"]["type"], metrics["layout"]["yaxis2"]["type"]) == ("log", "linear")
-    assert box is True and auto is True
-    # the notebook's Compare the same (its figures are compare_runs'), its box saying so
+    assert boxes[0] is True and auto == (True, True)
+    # the notebook's Compare the same (its figures are compare_page's), its box saying so
     from workbench.ui.notebook import Compare
 
     compare = Compare(tmp_path / "a", tmp_path / "b", kind="activation", statistic="norm")
@@ -984,22 +984,53 @@ def test_a_comparisons_metrics_panels_choose_their_scale_as_a_run_pages_do_and_t
     compare.log_y.value = False
     assert compare.figure("metrics")["layout"]["yaxis"]["type"] == "linear" and compare.log_y.value is False
     compare.close()
-    # the user unticks the box: both figures linear, the box theirs
-    metrics, site_fig, *_, box, auto, kept = stored_runs.compare_page(
-        cache, ["a", "b"], "activation", "norm", site, False, colors, auto, kept, change=False)
-    assert metrics["layout"]["yaxis"]["type"] == "linear" and site_fig["layout"]["yaxis"]["type"] == "linear"
-    assert box is None and auto is False
-    # another statistic: the figures choose again, the scales kept for these runs as recorded
-    *_, box, auto, kept = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors, auto,
-                                                   kept, change=True)
-    assert box is True and auto is True
-    # both recorded again, their losses smooth (then List runs): the old runs' kept log is not theirs
+    # the user unticks the metrics' box: every panel linear, that box theirs; the call site's figure still chooses
+    metrics, site_fig, *_, boxes, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", site, (False, boxes[1]), colors, auto, kept,
+        change={"metrics": False})
+    assert {metrics["layout"][axis]["type"] for axis in ("yaxis", "yaxis2")} == {"linear"}
+    assert boxes == (None, figures.drawn_log(site_fig)) and auto == (False, True)
+    # another statistic: the call site's figure chooses again, the metrics' scale stays the user's
+    metrics, site_fig, *_, boxes, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "std", site, (False, False), colors, auto, kept, change={"site": True})
+    assert boxes == (None, figures.drawn_log(site_fig)) and auto == (False, True)
+    assert metrics["layout"]["yaxis"]["type"] == "linear"
+    # the metrics choose again; both recorded again, their losses smooth (then List runs): the old runs' kept log
+    # is not theirs
     for name in ("a", "b"):
         shutil.rmtree(tmp_path / name)
         _smooth_loss_run(tmp_path / name)
-    metrics, *_, box, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, False, colors,
-                                                      auto, kept)
-    assert metrics["layout"]["yaxis"]["type"] == "linear"
+    metrics, *_, boxes, _, _ = stored_runs.compare_page(cache, ["a", "b"], "activation", "std", site, (False, False),
+                                                        colors, auto, kept, change={"metrics": True})
+    assert metrics["layout"]["yaxis"]["type"] == "linear" and boxes[0] is False
+
+
+def test_a_comparisons_log_y_box_is_its_own_figures_scale_alone(tmp_path):
+    """The Runs tab's comparison had one log y box for its two figures: ticked while either drew log (over a linear
+    call-site figure), and a click set both. A box a figure now, as the notebook's Compare (one compare_page)."""
+    from workbench.ui.runs import RunsRoot
+
+    _spiked_loss_run(tmp_path / "a")
+    _spiked_loss_run(tmp_path / "b")
+    cache = stored_runs.ViewCache(RunsRoot(tmp_path))
+    drawn = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", None, (False, False), None,
+                                     (True, True), None)
+    metrics, site_fig, site, boxes, auto, kept = (drawn[0], drawn[1], drawn[3], *drawn[6:])
+    assert boxes == (figures.drawn_log(metrics), figures.drawn_log(site_fig)) and boxes[0] is True
+    # the call site's box set to log: its figure log, the metrics panels as they chose, their box as it was
+    metrics, site_fig, *_, boxes, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", site, (True, True), None, auto, kept, change={"site": False})
+    assert site_fig["layout"]["yaxis"]["type"] == "log" and auto == (True, False)
+    assert (metrics["layout"]["yaxis"]["type"], metrics["layout"]["yaxis2"]["type"]) == ("log", "linear")
+    assert boxes == (True, None)
+    # the call site's box unticked: its figure linear; the metrics' box ticked: every panel log, the site untouched
+    metrics, site_fig, *_, boxes, auto, kept = stored_runs.compare_page(
+        cache, ["a", "b"], "activation", "norm", site, (True, False), None, auto, kept, change={"metrics": False})
+    assert site_fig["layout"]["yaxis"]["type"] == "linear" and auto == (False, False) and boxes == (None, None)
+    assert {metrics["layout"][axis]["type"] for axis in ("yaxis", "yaxis2")} == {"log"}
+    # a pair that is not one: refused, naming it
+    with pytest.raises(ValueError, match=r"log_y must be one value or a pair .*\(True, False, True\)"):
+        stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", site, (True, False, True), None, auto, kept)
 
 
 def test_a_comparisons_kept_site_scale_is_the_site_drawns_whichever_site_was_asked(tmp_path):
@@ -1014,7 +1045,7 @@ def test_a_comparisons_kept_site_scale_is_the_site_drawns_whichever_site_was_ask
     recordings = [[name, cache.get(name)[0].started] for name in ("a", "b")]
     for asked in (None, "no-such-site"):  # (an empty dropdown, the first drawing; a site these runs lack)
         _, site_fig, choices, drawn, *_, kept = stored_runs.compare_page(
-            cache, ["a", "b"], "activation", "norm", asked, False, None, True, None)
+            cache, ["a", "b"], "activation", "norm", asked, (False, False), None, (True, True), None)
         assert drawn in choices and drawn != asked
         chose = figures.kept_scale(kept["site"], [recordings, "activation", "norm", drawn])
         assert chose is not None and figures.drawn_log(site_fig) == chose
@@ -1022,8 +1053,8 @@ def test_a_comparisons_kept_site_scale_is_the_site_drawns_whichever_site_was_ask
         # drawn when that site is drawn again, whichever site was asked
         other = {**kept, "site": [kept["site"][0], not chose]}
         for again_asked in (asked, drawn):
-            _, again, *_ = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", again_asked, False, None,
-                                                    True, other)
+            _, again, *_ = stored_runs.compare_page(cache, ["a", "b"], "activation", "norm", again_asked,
+                                                    (False, False), None, (True, True), other)
             assert figures.drawn_log(again) == (not chose), again_asked
 
 

@@ -1,6 +1,7 @@
 """The view layer: bounded histories, readable call sites, and views that hold what was recorded."""
 
 import copy
+import html
 import re
 import threading
 import time
@@ -794,3 +795,44 @@ def test_a_stored_run_whose_histograms_change_their_bins_replays_each_step_s(tmp
     for steps, _, counts in segments:
         for step, row in zip(steps, counts):
             np.testing.assert_array_equal(row, records[step - 1].histograms[0])
+
+
+def _raised(exc: BaseException, cause: BaseException | None = None) -> str:
+    """``exc`` raised (from ``cause``, while handling it) and formatted as a run's error is."""
+    import traceback
+
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        finally:
+            raise exc
+    except BaseException as raised:
+        return "".join(traceback.format_exception(raised))
+
+
+def test_a_run_errors_short_message_is_its_last_exception_and_what_the_watch_added_the_traceback_apart():
+    # (headers showed a traceback's last line: a store that lost steps said only "3 step(s) could not be stored",
+    # not the exception that failed the run; the traceback was nowhere on the page)
+    one = _raised(ZeroDivisionError("division by zero"))
+    assert figures.error_parts(one) == ("ZeroDivisionError: division by zero", one.strip())
+    added = one + "closing the sink Sink failed: OSError: disk full\n3 step(s) could not be stored"
+    assert figures.error_parts(added)[0] == ("ZeroDivisionError: division by zero\nclosing the sink Sink failed: "
+                                             "OSError: disk full\n3 step(s) could not be stored")
+    assert figures.error_line(added).startswith("ZeroDivisionError: division by zero; closing the sink")
+    chained = _raised(ValueError("the loss is NaN\nat step 3"), cause=KeyError("lr"))
+    assert "During handling" in chained
+    assert figures.error_parts(chained) == ("ValueError: the loss is NaN\nat step 3", chained.strip())
+    # a message that is no traceback (a stopped run's) is itself, with nothing folded under it
+    assert figures.error_parts("stopped by the user after step 4") == ("stopped by the user after step 4", None)
+    assert figures.error_parts(None) == ("", None) and figures.error_markdown(None) == ""
+    view = RunView(label="r", total=4)
+    view.set_status("failed", chained)
+    header = figures.header_markdown(view)
+    assert "```\nValueError: the loss is NaN\nat step 3\n```" in header
+    folded = header.split("\n\n")[-1]  # the traceback folded under it, one line of HTML (a blank line would end it)
+    assert folded.startswith("<details") and folded.endswith("</details>") and "\n" not in folded
+    assert "During handling of the above exception" in folded and "KeyError: 'lr'" in folded
+    assert html.unescape(folded.replace("&#10;", "\n")).count("Traceback (most recent call last):") == 2
+    view.set_status("stopped", "stopped by the user after step 4")
+    assert figures.header_markdown(view).endswith("```\nstopped by the user after step 4\n```")

@@ -109,8 +109,12 @@ def checked_bins(bins: Any, what: str = "a positive int") -> int:
     Raises:
         ValueError: naming the value, the limit and why there is one.
     """
-    return whole_number("bins", bins, 1, f"{what} of at most {MAX_BINS} (the sample a large tensor's histogram is "
-                        f"counted from: more bins stay empty and only cost memory)", high=MAX_BINS)
+    return whole_number("bins", bins, 1, f"{what} of at most {MAX_BINS} ({BINS_LIMIT_REASON})", high=MAX_BINS)
+
+
+#: Why ``bins`` is at most :data:`MAX_BINS`, as the errors that refuse more say it (the API's, the app's form's).
+BINS_LIMIT_REASON = ("the sample a large tensor's histogram is counted from: more bins stay empty and only cost "
+                     "memory")
 
 
 def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:

@@ -49,6 +49,7 @@ from workbench.ui.figures import (
     _layout,
     compare_metrics_figure,
     empty_figure,
+    error_line,
 )
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form,
                                 pop_up_text, read_whole, shown_whole)
@@ -941,7 +942,8 @@ class Comparison:
         for name, e in self.entries.items():
             h = e.view.header()
             if h["status"] == "failed" and h["error"]:
-                text += f"\n\n**{name}** failed: {h['error'].strip().splitlines()[-1]}"  # (a traceback's last line)
+                # (the short message a header shows: figures.error_parts)
+                text += f"\n\n**{name}** failed: {error_line(h['error'])}"
             elif e.evaluation_error is not None:
                 text += (f"\n\n**{name}** is not ranked: its loss and accuracy on the whole training set could not "
                          f"be computed: {e.evaluation_error}")

@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import re
@@ -43,7 +44,8 @@ import pandas as pd
 from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
-__all__ = ["header_markdown", "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
+__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown",
+           "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
            "empty_figure",
            "to_json", "values"]
@@ -193,8 +195,57 @@ def header_markdown(view: RunView) -> str:
     # ("step 12" | "of 300", a bar apart from its percentage)
     label, rest = parts[0], [f"<span style='white-space:nowrap'>{part}</span>" for part in parts[1:]]
     text = " · ".join([label, *rest] if label else rest)
-    if h["error"]:
-        text += f"\n\n```\n{h['error'].strip().splitlines()[-1]}\n```"
+    return text + error_markdown(h["error"])
+
+
+#: The line a formatted traceback starts with (``traceback.format_exception``); the last one starts the exception
+#: raised last (one raised while handling another is chained after it).
+TRACEBACK_START = "Traceback (most recent call last):"
+
+
+def error_parts(error: str | None) -> tuple[str, str | None]:
+    """A run's error (``w.error``, ``run.error``: a message, or a formatted traceback with what the watch added
+    after it) as its pages show it: a short message, and the traceback where there is one.
+
+    Args:
+        error: the error, or None.
+
+    Returns:
+        ``(message, traceback)``: the message is the exception raised last (``ZeroDivisionError: division by
+        zero``, its message's lines and its notes), then each line the watch added (``3 step(s) could not be
+        stored``), without the frames; a message that is no traceback is itself. ``traceback`` is the whole
+        error where it holds one, else None. ``("", None)`` for no error.
+    """
+    text = (error or "").strip()
+    start = text.rfind(TRACEBACK_START)
+    if start < 0:
+        return text, None
+    # (the frames are indented under the header line: what is not, after them, is the exception and what follows)
+    lines = text[start + len(TRACEBACK_START):].splitlines()
+    message = "\n".join(line for line in lines if line.strip() and not line[:1].isspace())
+    return message or text.splitlines()[-1], text
+
+
+def error_line(error: str | None) -> str:
+    """A run's short error message (:func:`error_parts`) on one line, its lines joined by "; ": said in a sentence
+    (the explorer's line under its buttons, a comparison's message)."""
+    return "; ".join(error_parts(error)[0].splitlines())
+
+
+def error_markdown(error: str | None) -> str:
+    """A run's error as a header shows it (Markdown, a paragraph of its own; "" for none): its short message
+    (:func:`error_parts`) in a code block, and, where the error holds a traceback, the whole of it folded under
+    it ("traceback", opened by a click). One rule for the app's pages and the notebook's."""
+    message, trace = error_parts(error)
+    if not message:
+        return ""
+    text = f"\n\n```\n{message}\n```"
+    if trace is not None:
+        # (one line of HTML: a blank line inside, as a chained exception's traceback has, would end the HTML block
+        # in Markdown and leave the rest read as Markdown; a newline in a <pre> is an entity as well as a character)
+        folded = html.escape(trace, quote=False).replace("\n", "&#10;")
+        text += (f"\n\n<details class='wb-traceback'><summary>traceback</summary>"
+                 f"<pre style='white-space:pre-wrap;font-size:12px'>{folded}</pre></details>")
     return text
 
 

@@ -10,6 +10,7 @@ between steps, and puts interventions (:mod:`workbench.ui.intervention_menu`) in
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 import time
 import traceback
@@ -22,8 +23,9 @@ import torch
 
 from workbench.checkpoints import CheckpointError, load_checkpoint, load_weights
 from workbench.experiments import create, get_experiment_spec
-from workbench.instrument import Recorder, Run
-from workbench.instrument.schema import whole_number
+from workbench.instrument import Recorder, Run, Watch
+from workbench.instrument.schema import BINS_LIMIT_REASON, MAX_BINS, checked_bins, whole_number
+from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import (FIELD_INT_LIMIT, FIELD_INT_MAX, FormField, form_fields, parse_form, read_whole,
                                 shown_whole)
@@ -348,8 +350,8 @@ class LiveRun:
         store = self.watch.store
         if store is not None:
             text += f" - {self.recorded_to()}"
-        if self.error:
-            text += f"\n\n```\n{self.error.strip().splitlines()[-1]}\n```"
+        if self.error:  # (its short message, as the header says it; the header folds the traceback under it)
+            text += f"\n\n```\n{figures.error_parts(self.error)[0]}\n```"
         if self.watch.errors:
             text += (f"\n\n{len(self.watch.errors)} instrumentation error(s); the first: "
                      f"`{self.watch.errors[0]['error']}`")
@@ -390,17 +392,21 @@ def devices() -> list[str]:
 
 
 STEPS_MAX = 10_000_000
+#: The histograms' bin count the app's form shows at first: ``workbench.watch``'s default.
+DEFAULT_BINS = inspect.signature(Watch).parameters["bins"].default
 
 
 def start_run(manager: RunManager, name: str | None, values: dict[str, Any], seed: Any, steps: Any, every: Any,
               histograms: Any, modules: Any, store: Any, device: Any = "cpu",
-              record: Sequence[str] | None = None, weights: Any = None) -> tuple[LiveRun | None, str]:
+              record: Sequence[str] | None = None, weights: Any = None, bins: Any = DEFAULT_BINS
+              ) -> tuple[LiveRun | None, str]:
     """Validate the form and start a :class:`LiveRun` in ``manager``; returns it (or None) and a message.
 
     ``store`` is a run name under the manager's root ('' for none); ``record`` names the kinds of
     tensor to record (keys of :data:`RECORD_CHOICES`); None: all; ``weights`` an uploaded checkpoint
-    file the model starts from (None: the experiment's own initialisation). Never raises: bad input
-    is a message.
+    file the model starts from (None: the experiment's own initialisation); ``bins`` the histograms' bin count
+    (``workbench.watch``'s ``bins``: a whole number from 1 to ``schema.MAX_BINS``; read only with ``histograms``
+    ticked). Never raises: bad input is a message.
     """
     if not name:
         return None, "Pick an experiment first."
@@ -424,10 +430,14 @@ def start_run(manager: RunManager, name: str | None, values: dict[str, Any], see
         if weights is not None and not isinstance(weights, (str, Path)):
             raise TypeError(f"initial weights: expected an uploaded file, got {shown(weights)}.")
         seed = _int(seed, "seed", 0, FIELD_INT_MAX, FIELD_INT_LIMIT)  # (the Python API takes up to SEED_MAX)
+        # (the watch's own check after the box's reading, as the API refuses it; a box left as it is while
+        # histograms are off is not read: it records none)
+        bins = checked_bins(_int(bins, "histogram bins", 1, MAX_BINS, BINS_LIMIT_REASON)) if histograms else None
         run = manager.start(name, config, seed, _int(steps, "steps", 1, STEPS_MAX),
                             store=store, device=device, weights=str(weights) if weights else None,
                             every=_int(every, "record every Nth step", 1, STEPS_MAX),
-                            histograms=histograms, modules=patterns, **_record_switches(record))
+                            histograms=histograms, modules=patterns, **({} if bins is None else {"bins": bins}),
+                            **_record_switches(record))
     except CheckpointError as exc:
         return None, f"**Could not start from these weights:** {md_literal(str(exc))}".replace("\n", "\n\n")
     except (ValueError, TypeError, OSError) as exc:

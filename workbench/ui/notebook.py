@@ -1635,8 +1635,7 @@ class Compare:
         self._closed = threading.Event()
         self._drawn: tuple | None = None
         self._quiet = False
-        self._kept_log = None  # the scale the site figure chose, once settled (figures.keep_scale)
-        self._kept_log_metrics: dict = {}  # the scales the metrics' panels chose, once settled (figures.keep_scales)
+        self._kept_log: dict | None = None  # the scales the figures chose, once settled (stored_runs.compare_page)
 
         style = {"description_width": "initial"}
         # a box a run: a click takes one run out or puts it back (in a multiple-choice list, a click
@@ -1767,42 +1766,24 @@ class Compare:
         ``choose_log``: the call site's figure chooses its scale again (another kind, statistic or site)."""
         from types import SimpleNamespace
 
-        from workbench.ui import figures
-        from workbench.ui.stored_runs import compare_runs
+        from workbench.ui.stored_runs import compare_page
 
         with self._lock:
+            self._drawn = self._state()
+            site = self._wanted_site if self._wanted_site is not None else self.site.value
+            # (one drawing as the app's comparison draws it: the runs' steady colours, each figure's scale chosen
+            # until its box is set and kept once settled, for the site drawn, not the one asked)
+            metrics, site_fig, choices, site, message, self._colors, boxes, _, self._kept_log = compare_page(
+                SimpleNamespace(get=self._view), list(self.picked), self.kind.value, self.statistic.value, site,
+                (self.log_y.value, self.log_site.value), self._colors,
+                (not self.log_y.picked, not self.log_site.picked), self._kept_log,
+                {"site": True} if choose_log else None, self.smoothing.value)
             if choose_log:
                 self.log_site.picked = False
-            self._drawn = self._state()
-            picks = list(self.picked)
-            self._colors = figures.steady_colors(picks, self._colors)  # (a run still compared keeps its colour)
-            site = self._wanted_site if self._wanted_site is not None else self.site.value
-            # (the scale the site figure chose, kept for the runs, kind, statistic and site drawn once settled: the
-            # steps of a run still recording do not switch it; the site drawn, not the one asked, which is another
-            # until its rows arrive: one rule with the app's comparison, stored_runs.compare_page)
-            selection = [picks, self.kind.value, self.statistic.value]
-
-            def kept(drawn: str) -> bool | None:
-                return figures.kept_scale(self._kept_log, [*selection, drawn])
-            # (and each metrics panel's, as the app's comparison keeps them: stored_runs.compare_page)
-            kept_metrics = figures.kept_scales(self._kept_log_metrics, [picks])
-            metrics, site_fig, choices, site, message = compare_runs(
-                SimpleNamespace(get=self._view), picks, self.kind.value, self.statistic.value, site,
-                self.smoothing.value, (self.log_y.value if self.log_y.picked else None,
-                                       self.log_site.value if self.log_site.picked else None), self._colors, kept,
-                kept_metrics)
             self._specs.update(metrics=metrics, site=site_fig)
-            if not self.log_site.picked and site_fig is not None:  # (kept for the site drawn, as it is looked up)
-                # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
-                self._kept_log = figures.keep_scale(self._kept_log, [*selection, site], site_fig, lines=len(picks))
-            if not self.log_y.picked and metrics is not None:
-                self._kept_log_metrics = figures.keep_scales(self._kept_log_metrics, [picks], metrics,
-                                                             lines=len(picks))
             # (each box says whether its figure chose log: a figure not drawn, None, leaves its box as it is)
-            if not self.log_y.picked:
-                self.log_y.show(figures.drawn_log(metrics))
-            if not self.log_site.picked:
-                self.log_site.show(figures.drawn_log(site_fig))
+            for box, log in zip((self.log_y, self.log_site), boxes):
+                box.show(log)
             wanted = self._wanted_site
             if wanted is not None and choices and wanted not in choices:  # (a site given before the rows came)
                 message += (f"\n\nNo call site {wanted!r} of kind {self.kind.value!r} in these runs: "

@@ -23,12 +23,13 @@ import pandas as pd
 
 from workbench.experiments import list_experiments
 from workbench.instrument import KINDS
+from workbench.instrument.schema import MAX_BINS
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import FormField, pop_up_text
 from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
-from workbench.ui.live_run import (RECORD_CHOICES, continue_run, devices, experiment_fields, experiment_overview,
-                                   start_run)
+from workbench.ui.live_run import (DEFAULT_BINS, RECORD_CHOICES, continue_run, devices, experiment_fields,
+                                   experiment_overview, start_run)
 from workbench.ui.pages import PageHoldings, session_of
 from workbench.ui.run_control import (RUN_COLUMNS, RUN_DATATYPES, RUN_WIDTHS, apply_intervention, attach, detach,
                                       find_run, intervention_panel, pause_run, remove_applied, run_choices,
@@ -295,6 +296,7 @@ CSS = f"""
 .wb-latest small { color: var(--body-text-color-subdued); }
 /* a log y box keeps room for its label in a narrow window (squeezed by the pickers beside it, it clipped) */
 #compare-log { min-width: 90px !important; flex-shrink: 0; }
+#compare-log-metrics { min-width: 130px !important; flex-shrink: 0; }
 /* a field's label that is one long name (flatten_output_size_for_reward_head, a checkbox's
    last_linear_layer_init_zero) goes on over the next line where it reaches the field's edge: it was cut off there,
    the parameter's name unreadable (a label with spaces still breaks between its words) */
@@ -338,8 +340,14 @@ def layout(root: RunsRoot):
                                               elem_id="run-modules", interactive=True)
                     c["record"] = gr.CheckboxGroup(list(RECORD_CHOICES), value=list(RECORD_CHOICES), label="record",
                                                    elem_id="run-record", interactive=True)
-                    c["histograms"] = gr.Checkbox(True, label="histograms (distributions over time)",
-                                                  elem_id="run-histograms", interactive=True)
+                    # (the bin count beside the box that records them, taken only while it is ticked)
+                    with gr.Row(equal_height=True):
+                        c["histograms"] = gr.Checkbox(True, label="histograms (distributions over time)",
+                                                      elem_id="run-histograms", interactive=True, scale=2,
+                                                      min_width=160)
+                        # (no minimum or maximum: Gradio's own refusal would say less than start_run's message)
+                        c["bins"] = gr.Number(DEFAULT_BINS, label="bins", elem_id="run-bins", interactive=True,
+                                              scale=1, min_width=80, info=f"1 to {MAX_BINS}")
                     c["store"] = gr.Textbox("", label="record to run (optional)", placeholder="my-run or mlp/tanh",
                                             info=f"a run name under {root.path}", elem_id="run-store",
                                             interactive=True)
@@ -440,12 +448,27 @@ def layout(root: RunsRoot):
         c["export_files"] = gr.File(label="exported", file_count="multiple", interactive=False, visible=False,
                                     elem_id="export-files")
         with gr.Accordion("Compare runs", open=True, elem_id="compare"):
+            # (each figure under its own controls, a log y box each, as the notebook's Compare has them in its tabs:
+            # one box for both was ticked over a linear call-site figure while a metrics panel drew log)
             with gr.Row(equal_height=True):
-                # (at least COMPARE_RUNS_LEAST wide: in an 800 px window the kind, statistic and call site go on
-                # the next line, not beside a picker of some 170 px that put each run's chip on a line of its own)
                 c["compare_runs"] = gr.Dropdown([], value=[], multiselect=True, label="runs (two or more)",
                                                 scale=4, min_width=COMPARE_RUNS_LEAST, elem_id="compare-runs",
                                                 elem_classes=[PICK])
+                c["compare_log_metrics"] = gr.Checkbox(False, label="metrics log y", scale=1, min_width=130,
+                                                       elem_id="compare-log-metrics")
+            c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
+            # (per figure, the metrics' and the call site's: True until the user sets its log y, the figure choosing
+            # its scale, and its box saying whether it is log)
+            c["compare_auto_log"] = gr.State((True, True))
+            # (the scales they chose, kept once settled: stored_runs.compare_page)
+            c["compare_kept_log"] = gr.State(None)
+            c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
+            # shown once two runs are compared (an empty Plot is a tall blank placeholder)
+            c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
+                                           elem_id="compare-metrics")
+            # (at least COMPARE_RUNS_LEAST wide above: in an 800 px window the call site's pickers have a row of
+            # their own, not beside a picker of runs of some 170 px that put each run's chip on a line of its own)
+            with gr.Row(equal_height=True):
                 c["compare_kind"] = gr.Dropdown(list(KINDS), value="grad_output", label="kind", scale=1,
                                                 elem_id="compare-kind")
                 c["compare_stat"] = gr.Dropdown(STATISTICS, value="norm", label="statistic", scale=1,
@@ -453,15 +476,6 @@ def layout(root: RunsRoot):
                 c["compare_site"] = gr.Dropdown([], value=None, label="call site", scale=2,
                                                 allow_custom_value=True, elem_id="compare-site", elem_classes=[PICK])
                 c["compare_log"] = gr.Checkbox(False, label="log y", scale=1, min_width=90, elem_id="compare-log")
-            c["compare_colors"] = gr.State({})  # (run -> its colour in the comparison drawn)
-            # (True until the user sets log y: the figures choose their scales, and the box says whether one is log)
-            c["compare_auto_log"] = gr.State(True)
-            # (the scales they chose, kept once settled: stored_runs.compare_page)
-            c["compare_kept_log"] = gr.State(None)
-            c["compare_message"] = gr.Markdown(NO_COMPARISON, elem_id="compare-message")
-            # shown once two runs are compared (an empty Plot is a tall blank placeholder)
-            c["compare_metrics"] = gr.Plot(show_label=False, container=False, visible=False,
-                                           elem_id="compare-metrics")
             c["compare_site_plot"] = gr.Plot(show_label=False, container=False, visible=False,
                                              elem_id="compare-site-plot")
         gr.Markdown("### The run", elem_classes=["wb-section"])
@@ -612,10 +626,10 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
             labels = [f.label for f in fields]
             start = gr.Button("Start", variant="primary", elem_id="run-start")
 
-            def on_start(attached, exp_name, seed, device, steps, every, histograms, modules, record, store,
+            def on_start(attached, exp_name, seed, device, steps, every, histograms, bins, modules, record, store,
                          weights, *values):
                 new, message = start_run(manager, exp_name, dict(zip(labels, values)), seed, steps, every,
-                                         histograms, modules, store, device, record, weights or None)
+                                         histograms, modules, store, device, record, weights or None, bins)
                 if new is None:  # the page stays with the run it watches, if any
                     # (also as a pop-up: the page scrolls to the run's header, far from the message under Start)
                     gr.Warning(pop_up_text(message))
@@ -637,7 +651,7 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
             start.click(_guarded(on_start, lambda text: (gr.skip(), gr.skip(), text,
                                                          *skips(9 + len(buttons) + len(PLOTS)))),
                         [c["live_state"], c["experiment"], c["seed"], c["device"], c["steps"], c["every"],
-                         c["histograms"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
+                         c["histograms"], c["bins"], c["modules"], c["record"], c["store"], c["weights"], *widgets],
                         [c["status"], c["live_state"], c["start_message"], c["live_page"], c["timer"], c["config"],
                          c["live_message"], *listing, *buttons, c["remembered"], c["iv_message"],
                          *[c[f"live_{name}"] for name in PLOTS]]).then(
@@ -646,6 +660,10 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
                 live_inputs, live_outputs, show_progress="hidden").then(
                 refresh_panel, [c["live_state"], c["live_page"]], refreshed_outputs,
                 show_progress="hidden")
+
+    # the bin count is the histograms': it takes input while they are recorded
+    c["histograms"].change(lambda on: gr.Number(interactive=bool(on)), c["histograms"], c["bins"],
+                           show_progress="hidden")
 
     panel = [c["iv_site"], c["iv_table"], c["iv_on"]]
 
@@ -1012,25 +1030,27 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
     c["export"].click(_guarded(on_export, lambda text: (text, gr.skip())),
                       [c["run_state"], c["run_path"], c["export_format"]], [c["export_message"], c["export_files"]])
 
-    def on_compare(picks, kind, stat, site, log_y, colors, auto_log, kept, change=None):
+    def on_compare(picks, kind, stat, site, log_metrics, log_site, colors, auto_log, kept, change=None):
         # (the runs' colours and the scales the figures chose are kept in the page's state: stored_runs.compare_page)
-        metrics, site_fig, choices, site, message, colors, box, auto_log, kept = compare_page(
-            cache, picks, kind, stat, site, log_y, colors, auto_log, kept, change)
+        metrics, site_fig, choices, site, message, colors, boxes, auto_log, kept = compare_page(
+            cache, picks, kind, stat, site, (log_metrics, log_site), colors, auto_log, kept, change)
         drawn = metrics is not None  # else the plots are hidden, and the message says what to pick
         return (gr.Plot(plot_data(metrics) if drawn else None, visible=drawn),
                 gr.Plot(plot_data(site_fig) if drawn else None, visible=drawn),
                 gr.Dropdown(choices=choices, value=site), message, colors,
-                gr.skip() if box is None else box, auto_log, kept)
+                *(gr.skip() if box is None else box for box in boxes), auto_log, kept)
 
-    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"], c["compare_log"],
-                      c["compare_colors"], c["compare_auto_log"], c["compare_kept_log"]]
+    compare_inputs = [c["compare_runs"], c["compare_kind"], c["compare_stat"], c["compare_site"],
+                      c["compare_log_metrics"], c["compare_log"], c["compare_colors"], c["compare_auto_log"],
+                      c["compare_kept_log"]]
     compare_outputs = [c["compare_metrics"], c["compare_site_plot"], c["compare_site"], c["compare_message"],
-                       c["compare_colors"], c["compare_log"], c["compare_auto_log"], c["compare_kept_log"]]
+                       c["compare_colors"], c["compare_log_metrics"], c["compare_log"], c["compare_auto_log"],
+                       c["compare_kept_log"]]
 
     def comparing(change=None):
-        """on_compare, guarded; ``change``: whether the figure chooses the scale from here (None: as before)."""
+        """on_compare, guarded; ``change``: figure -> whether it chooses its scale from here (None: as before)."""
         return _guarded(lambda *args: on_compare(*args, change=change),
-                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(4)))
+                        lambda text: (gr.skip(), gr.skip(), gr.skip(), text, *skips(5)))
 
     compare = comparing()
     listing_runs.then(compare, compare_inputs, compare_outputs, show_progress="hidden")  # (the runs may have changed)
@@ -1039,7 +1059,8 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
     c["compare_runs"].select(_nothing, None, None, show_progress="hidden", trigger_mode="always_last").then(
         compare, compare_inputs, compare_outputs, trigger_mode="always_last")
     # another kind, statistic or site: the call site's figure chooses its scale again (log where one run's line
-    # dwarfs the others, as a run page's per-site figure); log y set by the user: the user's scale, for both
-    for key, change in (("compare_kind", True), ("compare_stat", True), ("compare_site", True),
-                        ("compare_log", False)):
+    # dwarfs the others, as a run page's per-site figure); a log y box set by the user: the user's scale, of its figure
+    for key, change in (("compare_kind", {"site": True}), ("compare_stat", {"site": True}),
+                        ("compare_site", {"site": True}), ("compare_log", {"site": False}),
+                        ("compare_log_metrics", {"metrics": False})):
         c[key].input(comparing(change), compare_inputs, compare_outputs, trigger_mode="always_last")

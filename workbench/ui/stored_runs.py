@@ -27,7 +27,7 @@ from workbench.ui.views import RunView
 
 __all__ = ["EXPORT_FORMATS", "NO_COMPARISON", "RUNS_TABLE_WIDTHS", "RUNS_TABLE_DATATYPES", "run_table", "shown_runs",
            "replay", "run_facts", "stored_header", "ViewCache",
-           "compare_runs", "compare_page", "export_run", "stored_interventions"]
+           "compare_runs", "compare_page", "COMPARED_FIGURES", "export_run", "stored_interventions"]
 
 
 EXPORT_FORMATS = ("CSV", "Parquet", "TensorBoard")
@@ -193,7 +193,7 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
     without rows of ``kind``: an ended run "recorded no" rows, one still going (:data:`LIVE_STATUSES`) has
     "no ... rows yet", or "in its steps so far" once it has steps. ``colors``: the runs' colours in the last
     drawing (:func:`figures.steady_colors`), which the runs still compared keep. ``log_y``: both figures' scale,
-    or a pair ``(the metrics', the call site's)`` (the notebook's Compare: a box per figure); None: each figure
+    or a pair ``(the metrics', the call site's)`` (a box per figure: :func:`compare_page`); None: each figure
     chooses, as a run page's do: the call site's figure log where one run's line dwarfs the others
     (:func:`figures.dwarfed`), each metrics panel log where a line's spike flattens the rest, unless
     ``kept_site_log`` and ``kept_metrics_log`` (metric -> log) say the scales they chose before and keep
@@ -254,6 +254,10 @@ def compare_runs(cache: ViewCache, picks: Any, kind: str, statistic: str, site: 
             f"None of these runs has {kind} rows in the steps recorded so far." if any(
                 views[n].steps_fed for n in going) else f"None of these runs has {kind} rows yet.")
     text = f"Comparing {', '.join(f'`{n}`' for n in views)}."
+    # (why a run failed, as its header says it: the short message, not the traceback; a run page folds that)
+    failures = {n: figures.error_line(view.error).replace("`", "'") for n, view in views.items()
+                if view.status == "failed" and view.error}  # (inside a code span)
+    text += "".join(f" `{n}` failed: `{message}`." for n, message in failures.items())
     text += _without_metrics(views, live)
     lacking = [name for name in views if name not in having]
     if lacking and (having or len(without) < len(views)):  # (each run without rows, unless none records them)
@@ -309,61 +313,83 @@ def _coinciding(views: dict[str, RunView], names: list[str], kind: str, statisti
                    f"settings and seed?): `{group[-1]}`'s line hides theirs." for group in same)
 
 
-def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any, log_y: Any,
-                 colors: dict[str, str] | None, auto_log: Any, kept: Any, change: bool | None = None) -> tuple:
-    """One drawing of the Runs tab's comparison (:func:`compare_runs`), with what the page keeps between drawings.
+#: The figures of a comparison, each with a log y box of its own: its metrics (a panel per metric) and a call site's.
+COMPARED_FIGURES = ("metrics", "site")
 
-    Until the user sets the log y box (``auto_log``), both figures choose their scales as a run page's do (the call
-    site's figure, and each metrics panel) and keep them once settled (each run's line 5 steps long, or more:
-    :func:`figures.keep_scale`), for these runs as recorded (a run recorded again at its path chooses anew), kind,
-    statistic and site drawn (not the site asked, which is None until the dropdown is set: the notebook's Compare
-    keys it alike); the box is ticked while either draws a log y (:func:`figures.drawn_log`). Once set, it is both
-    figures' scale.
+
+def compare_page(cache: ViewCache, picks: Any, kind: str, statistic: str, site: Any, log_y: Any,
+                 colors: dict[str, str] | None, auto_log: Any, kept: Any, change: Mapping[str, bool] | None = None,
+                 smoothing: Any = 0.0) -> tuple:
+    """One drawing of a comparison (:func:`compare_runs`), with what its page keeps between drawings: the Runs tab's
+    comparison and the notebook's ``Compare`` draw by it alike.
+
+    Each figure has a log y box of its own (:data:`COMPARED_FIGURES`: the metrics', the call site's). Until the user
+    sets a figure's box (its ``auto_log``), the figure chooses its scale as a run page's do (the call site's figure,
+    and each metrics panel) and keeps it once settled (each run's line 5 steps long, or more:
+    :func:`figures.keep_scale`), for these runs as recorded (a run recorded again at its path chooses anew) and, the
+    call site's, kind, statistic and site drawn (not the site asked, which is None until the dropdown is set); its
+    box is ticked while it draws a log y (:func:`figures.drawn_log`: a metrics panel's is enough). Once set, the box
+    is that figure's scale (every metrics panel's), the other figure's untouched.
 
     Args:
-        cache: the stored runs' views.
+        cache: the stored runs' views (anything whose ``get(name)`` gives ``(view, run, message)``).
         picks: the runs to compare; kind, statistic, site: the call site's figure's.
-        log_y: the box's value.
+        log_y: the boxes' values, ``(the metrics', the call site's)``.
         colors: run -> its colour in the last drawing (a run still compared keeps it).
-        auto_log: whether the figures choose their scales (False once the user set the box).
+        auto_log: whether each figure chooses its scale, ``(the metrics', the call site's)`` (False once the user
+            set its box; True at first).
         kept: the scales kept (what this returned last; None at first).
-        change: whether the figures choose from here (True: another kind, statistic or site; False: the user set
-            the box; None: as before).
+        change: figure (``metrics``, ``site``) -> whether it chooses its scale from here (True: another kind,
+            statistic or site for the call site's; False: the user set its box); a figure not named: as before.
+        smoothing: the metrics' smoothing, in [0, 1).
 
     Returns:
-        ``(metrics figure, site figure, site choices, site, message, colors, box, auto_log, kept)``: the figures None
-        where nothing is compared; ``box`` the value to show in the box (None: leave it as it is).
+        ``(metrics figure, site figure, site choices, site, message, colors, boxes, auto_log, kept)``: the figures
+        None where nothing is compared; ``boxes`` the values to show in the boxes, ``(the metrics', the call
+        site's)`` (None: leave that box as it is); ``auto_log`` as given, changed by ``change``.
     """
     runs = (list(dict.fromkeys(p for p in picks or () if isinstance(p, str))) if isinstance(picks, (list, tuple))
             else [])
     colors = figures.steady_colors(runs, colors)
-    auto_log = auto_log is not False if change is None else change
+    auto = dict(zip(COMPARED_FIGURES, _per_figure(auto_log, "auto_log")))
+    auto = {name: choosing is not False for name, choosing in auto.items()}
+    auto.update({name: bool(choosing) for name, choosing in (change or {}).items() if name in auto})
+    metrics_box, site_box = _per_figure(log_y, "log_y")
     kept = dict(kept) if isinstance(kept, dict) else {}
-    site_kept: Callable[[str], bool | None] | None = None
-    metrics_kept = None
-    recordings = []
-    if auto_log:
-        for name in runs:  # (which recording of each path: a run recorded again there is another one)
-            view = cache.get(name)[0]
-            recordings.append([name, None if view is None else view.started])
-        # the site figure's scale is kept for the site drawn, looked up and stored alike (as the notebook's Compare
-        # keeps it): the site asked is another where it is None (the dropdown not yet set) or not among the choices
-        def kept_for(drawn: str) -> bool | None:
-            return figures.kept_scale(kept.get("site"), [recordings, kind, statistic, drawn])
-        site_kept = kept_for
-        metrics_kept = figures.kept_scales(kept.get("metrics"), [recordings])
-    metrics, site_fig, choices, site, message = compare_runs(cache, picks, kind, statistic, site, 0.0,
-                                                             None if auto_log else log_y, colors, site_kept,
-                                                             metrics_kept)
-    box = None
-    if metrics is not None and auto_log:
-        drawn = [figures.drawn_log(figure) for figure in (metrics, site_fig)]
-        box = None if drawn == [None, None] else any(drawn)
+    # (which recording of each path: a run recorded again there is another one)
+    recordings = [[name, getattr(cache.get(name)[0], "started", None)] for name in runs] if any(auto.values()) else []
+
+    # the site figure's scale is kept for the site drawn, looked up and stored alike: the site asked is another
+    # where it is None (the dropdown not yet set) or not among the choices
+    def kept_for(drawn: str) -> bool | None:
+        return figures.kept_scale(kept.get("site"), [recordings, kind, statistic, drawn])
+
+    metrics, site_fig, choices, site, message = compare_runs(
+        cache, picks, kind, statistic, site, smoothing,
+        (None if auto["metrics"] else metrics_box, None if auto["site"] else site_box), colors,
+        kept_for if auto["site"] else None,
+        figures.kept_scales(kept.get("metrics"), [recordings]) if auto["metrics"] else None)
+    boxes: list[bool | None] = [None, None]
+    if metrics is not None:
         # (settled once each run has its line: a run yet to record its first rows may dwarf the others)
-        kept["site"] = figures.keep_scale(kept.get("site"), [recordings, kind, statistic, site], site_fig,
-                                          lines=len(runs))
-        kept["metrics"] = figures.keep_scales(kept.get("metrics"), [recordings], metrics, lines=len(runs))
-    return metrics, site_fig, choices, site, message, colors, box, auto_log, kept
+        if auto["metrics"]:
+            boxes[0] = figures.drawn_log(metrics)
+            kept["metrics"] = figures.keep_scales(kept.get("metrics"), [recordings], metrics, lines=len(runs))
+        if auto["site"]:
+            boxes[1] = figures.drawn_log(site_fig)
+            kept["site"] = figures.keep_scale(kept.get("site"), [recordings, kind, statistic, site], site_fig,
+                                              lines=len(runs))
+    return (metrics, site_fig, choices, site, message, colors, tuple(boxes),
+            tuple(auto[name] for name in COMPARED_FIGURES), kept)
+
+
+def _per_figure(value: Any, what: str) -> tuple[Any, Any]:
+    """A comparison's pair ``(the metrics', the call site's)``; one value (not a pair): both figures'."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(COMPARED_FIGURES):
+            raise ValueError(f"{what} must be one value or a pair (the metrics', the call site's), got {value!r}.")
+        return value[0], value[1]
+    return value, value
 
 
 def _without_metrics(views: dict[str, RunView], live: set[str]) -> str:
