@@ -1838,3 +1838,36 @@ def test_a_dashboard_of_a_watch_says_how_it_ended_as_its_store_does(tmp_path, en
     wait_for(lambda: not dash.following, what="the end of the watch drawn")
     assert dash.view.header()["status"] == status and f"<code>{status}</code>" in dash.header.value
     assert (said in dash.header.value) if said else (w.error is None)
+
+
+def test_a_dashboard_and_a_compare_closed_just_after_their_watches_ended_show_the_end(shell):
+    """Closed between two looks of their timers (``w.close(); dash.close()`` in one cell), the dashboard and the
+    comparison kept what they drew before the end: shown again, the dashboard's header read ``running`` (and
+    "no new step for 13 s") of a watch that had finished, and the comparison "no activation rows yet"."""
+    from workbench.ui.notebook import Compare
+
+    models = [torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)) for _ in range(2)]
+    watches = [workbench.watch(model) for model in models]
+    dash = Dashboard(watches[0], interval=3600)  # (its timer never looks: the end is drawn by close() or never)
+    compare = Compare(*watches, interval=3600)
+    for _ in range(3):
+        for model, w in zip(models, watches):
+            loss = model(torch.randn(8, 2)).pow(2).mean()
+            loss.backward()
+            w.step(loss=loss.item())
+    for w in watches:
+        w.close()
+    dash.close()
+    compare.close()
+    dash.close()  # (twice: nothing more)
+    compare.close()
+    shell.user_ns.update(dash=dash, compare=compare)
+    shell.run_cell("dash", cell_id="a")
+    shell.run_cell("compare", cell_id="b")
+    assert "finished" in dash.header.value and "step 3" in dash.header.value, dash.header.value
+    assert "no longer follows" not in dash.header.value
+    assert "none in this run" in dash.anomalies.value and "in this run" in dash.findings_summary.value
+    assert figures.values(loss_trace(plotted(dash, "metrics"))["x"]).tolist() == [1, 2, 3]
+    assert "rows yet" not in compare.message_html.value, compare.message_html.value
+    assert "no longer follows" not in compare.message_html.value
+    assert compare.figure("site") is not None and not dash.following and not compare.following
