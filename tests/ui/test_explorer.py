@@ -312,6 +312,26 @@ def test_recorded_statistics_only_give_a_clipped_normal_said_so(stored):
         ex.recorded(run, "layers.9")
 
 
+def test_recorded_takes_the_live_run_that_stores_one_and_says_how_of_one_that_stores_nothing(tmp_path):
+    """A notebook's ``run`` is a background run (``run = exp.start(...)``): given to the explorer it was refused as
+    "a run is opened by its directory path", though it wrote one."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8)
+    run = exp.start(3, store=tmp_path / "live")
+    run.join()
+    from_run = ex.push_through("relu", source=ex.recorded(run, "layers.0"), samples=1000)
+    from_path = ex.push_through("relu", source=ex.recorded(tmp_path / "live", "layers.0"), samples=1000)
+    assert np.array_equal(from_run.x, from_path.x) and "at step 3 of run live" in from_run.source
+    assert ex.recorded_sites(run.watch) == ex.recorded_sites(tmp_path / "live")
+    assert ex.activation_inputs(run) == ["layers.0", "layers.2"]
+    unstored = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8).start(1)
+    unstored.join()
+    with pytest.raises(TypeError, match=r"BackgroundRun\('activation_mlp', finished.*stores no run to draw from.*"
+                                        r"exp\.start\(steps, store='runs/name'\)"):
+        ex.recorded(unstored, "layers.0")
+    with pytest.raises(TypeError, match="a run is opened by its directory path .*got 42"):
+        ex.recorded(42, "layers.0")
+
+
 def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):
     from workbench.ui.runs import RunsRoot
 
