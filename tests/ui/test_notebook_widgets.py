@@ -783,6 +783,52 @@ def test_the_bar_of_a_run_the_user_interrupts_ends_amber_as_its_store_says_stopp
     assert bars[1].container.children[1].bar_style == "danger"
 
 
+def test_a_kernel_interrupt_as_the_watch_records_a_step_is_raised_once_the_step_is_recorded(monkeypatch):
+    """The kernel's stop button pressed as exp.run(...)'s watch recorded a step (after the training step, in
+    JupyterLab at the first try): the step was counted and left open in the watch, the next step's rows went into
+    it (every call site a second call, "layers.0#1", in the dashboard) and each step from then on was recorded under
+    the one before; the progress bar read a step fewer than were taken."""
+    import signal
+
+    from workbench.experiments import base
+
+    bars = []
+
+    def notebook_bar(progress, steps, name):  # (the bar exp.run shows in a notebook)
+        bars.append(base._notebook_bar_class()(total=steps, desc=name))
+        return bars[-1]
+
+    monkeypatch.setattr(base, "_progress_bar", notebook_bar)
+    # (Python's own handler, as a kernel has it: a process started in the background inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        exp = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8)
+        w = exp.watch(histograms=False)
+        dash = Dashboard(w, interval=3600)
+        record = w.step
+
+        def interrupted_as_it_records(**metrics):
+            if exp.step_count == 2:
+                signal.raise_signal(signal.SIGINT)  # (the kernel interrupted as its second step is recorded)
+            return record(**metrics)
+
+        monkeypatch.setattr(w, "step", interrupted_as_it_records)
+        with pytest.raises(KeyboardInterrupt):
+            exp.run(10)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (the handler given back)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert exp.step_count == 2 and bars[0].n == 2 and bars[0].container.children[1].bar_style == "warning"
+    exp.run(1, progress=False)
+    w.close()
+    dash.refresh()
+    rows = w.to_pandas()
+    assert sorted(rows.step.unique()) == [1, 2, 3]
+    assert set(rows.call) == {0}, sorted(set(rows.module + "#" + rows.call.astype(str)))  # (no second call of a site)
+    assert [m["step"] for m in w.metrics().to_dict("records")] == [1, 2, 3]
+    assert "#1" not in " ".join(dash.sites.options) and "step 3" in dash.header.value
+
+
 # ------------------------------------------------------------------ comparing runs
 def run_lines(figure):
     """The runs drawn in a comparison's figure: name -> colour (one legend entry a run)."""
