@@ -22,7 +22,7 @@ from torch import nn
 
 from workbench import checkpoints
 from workbench.instrument import Watch, watch
-from workbench.instrument.distributed import _interrupts_held
+from workbench.instrument.interrupts import interrupts_held
 from workbench.instrument.schema import whole_number
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.registry import GLOBAL_RNG, close_names, memory_accounted
@@ -229,7 +229,7 @@ class Experiment:
                 with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
                     self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
                     metrics = self.train_step()
-                    taken.enter_context(_interrupts_held(self._interrupted_twice))
+                    taken.enter_context(interrupts_held(self._interrupted_twice))
             except BaseException:  # (a KeyboardInterrupt in the middle of a forward): no partial step recorded
                 if watcher is not None:
                     watcher.discard_step()
