@@ -858,12 +858,18 @@ class BackgroundRun:
                 self._cond.wait_for(lambda: self._held or self._state != "paused")
             return self._state
 
-    def resume(self) -> None:
-        """Go on after :meth:`pause`."""
+    def resume(self) -> str:
+        """Go on after :meth:`pause`.
+
+        Returns:
+            The status (``running``, or how the run ended if it had: a run stopped is not started again, and a
+            cell's ``run.resume()`` said nothing of it).
+        """
         with self._cond:
             if self._state == "paused":
                 self._state = "running"
                 self._cond.notify_all()
+            return self._state
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> str:
         """Stop after the current step (also a paused run) and close the run's watch as
