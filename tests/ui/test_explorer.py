@@ -1,6 +1,7 @@
 """The activation explorer: its functions against torch.nn.functional and autograd, without a browser."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -310,6 +311,13 @@ def test_recorded_statistics_only_give_a_clipped_normal_said_so(stored):
     assert abs(pushed.x.mean() - row["mean"]) < 0.1 * row["std"]
     with pytest.raises(ValueError, match="recorded no activation at 'layers.9'; its sites are"):
         ex.recorded(run, "layers.9")
+    # (a bad step named with what a step is: the bound said was 2**62, "[0, 4,611,686,018,427,387,904]")
+    for bad in (-5, 0, 2.5, "three"):
+        with pytest.raises(ValueError, match=r"^step must be a whole number >= 1, a step the run recorded \(None: "
+                                             rf"the last\), got {re.escape(repr(bad))}\.$"):
+            ex.recorded(run, "layers.0", step=bad)
+    with pytest.raises(ValueError, match=r"has no 'layers.0' row at step 9999; it recorded the site at steps 1 to 5"):
+        ex.push_through("tanh", source=ex.recorded(run, "layers.0", step=9999), samples=10)
 
 
 def test_recorded_takes_the_live_run_that_stores_one_and_says_how_of_one_that_stores_nothing(tmp_path):

@@ -491,8 +491,12 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
         raise ValueError(_NO_ACTIVATIONS.format(run=run.name))
     if site not in sites:
         raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
-    if step is not None:
-        step = _count(step, "step", 0, 2**62)
+    if step is not None:  # (whether the run recorded it is said when it is drawn from, with the steps it did)
+        whole = _whole_or_none(step)
+        if whole is None or whole < 1:
+            raise ValueError(f"step must be a whole number >= 1, a step the run recorded (None: the last), got "
+                             f"{step!r}.")
+        step = whole
     return Source("recorded", dict(run=run, site=site, step=step))
 
 
