@@ -112,3 +112,15 @@ def test_running_leaves_out_a_run_that_has_ended_while_its_callbacks_still_run()
     finally:
         leave.set()
     run.join()
+
+
+def test_resume_returns_the_status_as_pause_and_stop_do():
+    """``run.resume()`` returned None: a cell's ``run.resume()`` of a run stopped said nothing, though the run
+    did not go on (``run.pause()`` and ``run.stop()`` return the status)."""
+    run = small().start(100_000)
+    try:
+        assert run.pause() == "paused"
+        assert run.resume() == "running"
+    finally:
+        assert run.stop() == "stopped"
+    assert run.resume() == "stopped" and run.status == "stopped"

@@ -1,6 +1,7 @@
 """The activation explorer: its functions against torch.nn.functional and autograd, without a browser."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -310,6 +311,33 @@ def test_recorded_statistics_only_give_a_clipped_normal_said_so(stored):
     assert abs(pushed.x.mean() - row["mean"]) < 0.1 * row["std"]
     with pytest.raises(ValueError, match="recorded no activation at 'layers.9'; its sites are"):
         ex.recorded(run, "layers.9")
+    # (a bad step named with what a step is: the bound said was 2**62, "[0, 4,611,686,018,427,387,904]")
+    for bad in (-5, 0, 2.5, "three"):
+        with pytest.raises(ValueError, match=r"^step must be a whole number >= 1, a step the run recorded \(None: "
+                                             rf"the last\), got {re.escape(repr(bad))}\.$"):
+            ex.recorded(run, "layers.0", step=bad)
+    with pytest.raises(ValueError, match=r"has no 'layers.0' row at step 9999; it recorded the site at steps 1 to 5"):
+        ex.push_through("tanh", source=ex.recorded(run, "layers.0", step=9999), samples=10)
+
+
+def test_recorded_takes_the_live_run_that_stores_one_and_says_how_of_one_that_stores_nothing(tmp_path):
+    """A notebook's ``run`` is a background run (``run = exp.start(...)``): given to the explorer it was refused as
+    "a run is opened by its directory path", though it wrote one."""
+    exp = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8)
+    run = exp.start(3, store=tmp_path / "live")
+    run.join()
+    from_run = ex.push_through("relu", source=ex.recorded(run, "layers.0"), samples=1000)
+    from_path = ex.push_through("relu", source=ex.recorded(tmp_path / "live", "layers.0"), samples=1000)
+    assert np.array_equal(from_run.x, from_path.x) and "at step 3 of run live" in from_run.source
+    assert ex.recorded_sites(run.watch) == ex.recorded_sites(tmp_path / "live")
+    assert ex.activation_inputs(run) == ["layers.0", "layers.2"]
+    unstored = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8).start(1)
+    unstored.join()
+    with pytest.raises(TypeError, match=r"BackgroundRun\('activation_mlp', finished.*stores no run to draw from.*"
+                                        r"exp\.start\(steps, store='runs/name'\)"):
+        ex.recorded(unstored, "layers.0")
+    with pytest.raises(TypeError, match="a run is opened by its directory path .*got 42"):
+        ex.recorded(42, "layers.0")
 
 
 def test_the_app_handler_reads_a_recorded_run_and_refuses_bad_names(stored):

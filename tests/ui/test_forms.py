@@ -67,7 +67,9 @@ def test_a_whole_number_written_any_way_is_read_exactly(typed, whole):
     ("2.5", "not a whole number; enter an integer such as 2"), (2.5, "not a whole number"),
     ("1e400", "beyond the floating-point range; enter a finite number"), ("nan", "not a finite number"),
     (float("inf"), "not a finite number"), ("ten", "not a number; enter a whole number such as 2"),
-    (True, "not a number"), ("", "the field is empty"), (None, "the field is empty"),
+    (True, "not a number"), (None, "the field is empty"),
+    # (an empty text box is empty: "or holds a number beyond the floating-point range" is of a number box's None)
+    ("", "the field is empty; enter a whole number such as 2"), (" ", "the field is empty; enter a whole number"),
     # (underscores as Python writes numbers, as a float field reads them: Decimal alone took "_1" and "1__0")
     ("_1", "not a number"), ("1_", "not a number"), ("1__0", "not a number"), ("1e_3", "not a number")])
 def test_what_is_no_whole_number_says_why(typed, reason):

@@ -72,6 +72,8 @@ def test_a_module_trees_indentation_cannot_wrap_away_from_the_name_it_indents():
     ({"depth": 0.0}, "'depth' must lie in [1, 32], got 0"),
     ({"depth": 2.5}, "depth expects int, could not read 2.5"),
     ({"width": None}, "width expects int: the field is empty, or holds a number beyond the floating-point range"),
+    ({"width": ""}, "width expects int, could not read '': the field is empty; enter a whole number such as 2."),
+    ({"width": "32", "depth": "  "}, "depth expects int, could not read '  ': the field is empty; enter a whole"),
     ({"activation": "swish"}, "'activation' must be one of"),
 ])
 def test_invalid_form_values_become_messages(values, expected):
@@ -80,6 +82,13 @@ def test_invalid_form_values_become_messages(values, expected):
     assert result.message.startswith("**Could not build the model.**")
     assert expected in result.message
     assert result.tree.empty
+
+
+def test_an_empty_number_box_is_said_to_be_empty_whatever_its_type():
+    # (a float box left empty read "not a number"; an int box "empty, or holds a number beyond the floating-point
+    # range (such as 1e400)", which only a number box's None can mean: the notebook's boxes are text)
+    result = mb.build_model("prelu", {"init": ""})
+    assert "init expects float, could not read '': the field is empty; enter a number such as 0.5." in result.message
 
 
 def test_bad_batch_size_and_missing_model_are_messages():

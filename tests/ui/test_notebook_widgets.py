@@ -797,6 +797,52 @@ def test_the_bar_of_a_run_the_user_interrupts_ends_amber_as_its_store_says_stopp
     assert bars[1].container.children[1].bar_style == "danger"
 
 
+def test_a_kernel_interrupt_as_the_watch_records_a_step_is_raised_once_the_step_is_recorded(monkeypatch):
+    """The kernel's stop button pressed as exp.run(...)'s watch recorded a step (after the training step, in
+    JupyterLab at the first try): the step was counted and left open in the watch, the next step's rows went into
+    it (every call site a second call, "layers.0#1", in the dashboard) and each step from then on was recorded under
+    the one before; the progress bar read a step fewer than were taken."""
+    import signal
+
+    from workbench.experiments import base
+
+    bars = []
+
+    def notebook_bar(progress, steps, name):  # (the bar exp.run shows in a notebook)
+        bars.append(base._notebook_bar_class()(total=steps, desc=name))
+        return bars[-1]
+
+    monkeypatch.setattr(base, "_progress_bar", notebook_bar)
+    # (Python's own handler, as a kernel has it: a process started in the background inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        exp = workbench.experiments.create("activation_mlp", seed=0, depth=2, width=8)
+        w = exp.watch(histograms=False)
+        dash = Dashboard(w, interval=3600)
+        record = w.step
+
+        def interrupted_as_it_records(**metrics):
+            if exp.step_count == 2:
+                signal.raise_signal(signal.SIGINT)  # (the kernel interrupted as its second step is recorded)
+            return record(**metrics)
+
+        monkeypatch.setattr(w, "step", interrupted_as_it_records)
+        with pytest.raises(KeyboardInterrupt):
+            exp.run(10)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (the handler given back)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert exp.step_count == 2 and bars[0].n == 2 and bars[0].container.children[1].bar_style == "warning"
+    exp.run(1, progress=False)
+    w.close()
+    dash.refresh()
+    rows = w.to_pandas()
+    assert sorted(rows.step.unique()) == [1, 2, 3]
+    assert set(rows.call) == {0}, sorted(set(rows.module + "#" + rows.call.astype(str)))  # (no second call of a site)
+    assert [m["step"] for m in w.metrics().to_dict("records")] == [1, 2, 3]
+    assert "#1" not in " ".join(dash.sites.options) and "step 3" in dash.header.value
+
+
 # ------------------------------------------------------------------ comparing runs
 def run_lines(figure):
     """The runs drawn in a comparison's figure: name -> colour (one legend entry a run)."""
@@ -1852,3 +1898,36 @@ def test_a_dashboard_of_a_watch_says_how_it_ended_as_its_store_does(tmp_path, en
     wait_for(lambda: not dash.following, what="the end of the watch drawn")
     assert dash.view.header()["status"] == status and f"<code>{status}</code>" in dash.header.value
     assert (said in dash.header.value) if said else (w.error is None)
+
+
+def test_a_dashboard_and_a_compare_closed_just_after_their_watches_ended_show_the_end(shell):
+    """Closed between two looks of their timers (``w.close(); dash.close()`` in one cell), the dashboard and the
+    comparison kept what they drew before the end: shown again, the dashboard's header read ``running`` (and
+    "no new step for 13 s") of a watch that had finished, and the comparison "no activation rows yet"."""
+    from workbench.ui.notebook import Compare
+
+    models = [torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)) for _ in range(2)]
+    watches = [workbench.watch(model) for model in models]
+    dash = Dashboard(watches[0], interval=3600)  # (its timer never looks: the end is drawn by close() or never)
+    compare = Compare(*watches, interval=3600)
+    for _ in range(3):
+        for model, w in zip(models, watches):
+            loss = model(torch.randn(8, 2)).pow(2).mean()
+            loss.backward()
+            w.step(loss=loss.item())
+    for w in watches:
+        w.close()
+    dash.close()
+    compare.close()
+    dash.close()  # (twice: nothing more)
+    compare.close()
+    shell.user_ns.update(dash=dash, compare=compare)
+    shell.run_cell("dash", cell_id="a")
+    shell.run_cell("compare", cell_id="b")
+    assert "finished" in dash.header.value and "step 3" in dash.header.value, dash.header.value
+    assert "no longer follows" not in dash.header.value
+    assert "none in this run" in dash.anomalies.value and "in this run" in dash.findings_summary.value
+    assert figures.values(loss_trace(plotted(dash, "metrics"))["x"]).tolist() == [1, 2, 3]
+    assert "rows yet" not in compare.message_html.value, compare.message_html.value
+    assert "no longer follows" not in compare.message_html.value
+    assert compare.figure("site") is not None and not dash.following and not compare.following

@@ -22,6 +22,7 @@ from torch import nn
 
 from workbench import checkpoints
 from workbench.instrument import Watch, watch
+from workbench.instrument.interrupts import interrupts_held
 from workbench.instrument.schema import whole_number
 from workbench.params import ParamInfo, check_memory, check_seed, params_of, validate_overrides
 from workbench.registry import GLOBAL_RNG, close_names, memory_accounted
@@ -219,18 +220,29 @@ class Experiment:
         """
         self._check_not_in_background("step()")
         watcher = self.watcher if self.watcher is not None and not self.watcher.closed else None
-        try:
-            with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-                self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
-                metrics = self.train_step()
-        except BaseException:  # (a KeyboardInterrupt in the middle of a forward): no partial step recorded
-            if watcher is not None:
-                watcher.discard_step()
-            raise
-        self.step_count += 1
-        if self.watcher is not None and not self.watcher.closed:
-            self.watcher.step(**metrics)  # the metrics go into the same stream as the statistics
+        # a step taken is counted and recorded whole: a kernel interrupt that comes once the training step has
+        # returned is held until its watch has recorded it (one that came as the watch recorded the step left the
+        # watch's step open: the next step's rows went into it, every call site a second call '#1', and each step
+        # recorded under the one before)
+        with contextlib.ExitStack() as taken:
+            try:
+                with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+                    self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
+                    metrics = self.train_step()
+                    taken.enter_context(interrupts_held(self._interrupted_twice))
+            except BaseException:  # (a KeyboardInterrupt in the middle of a forward): no partial step recorded
+                if watcher is not None:
+                    watcher.discard_step()
+                raise
+            self.step_count += 1
+            if self.watcher is not None and not self.watcher.closed:
+                self.watcher.step(**metrics)  # the metrics go into the same stream as the statistics
         return {"step": self.step_count, **metrics}
+
+    def _interrupted_twice(self) -> None:
+        warnings.warn(f"Experiment {self.name!r}: interrupted twice while step {self.step_count + 1} was counted and "
+                      "recorded: it may be counted and not recorded, or recorded in part. Close the watch and "
+                      "watch again before more steps.", RuntimeWarning, stacklevel=3)
 
     def watch(self, store: str | Path | None = None, **options: Any) -> Watch:
         """Instrument the model; from now on every :meth:`step` ends the watch's step and
@@ -314,6 +326,7 @@ class Experiment:
         self._check_not_in_background("run()")
         watching = self.watch(store=store, **watch_options) if store is not None or watch_options else None
         bar = _progress_bar(progress, steps, self.name)
+        first = self.step_count
         # (the watch closes stopped on an interrupt, failed with the error on an exception)
         with watching or contextlib.nullcontext(), bar:
             history = []
@@ -323,6 +336,7 @@ class Experiment:
                     _save_due(self, save, save_every, end=i == steps - 1)
             except KeyboardInterrupt:  # stopped by the user: its bar ends amber, as a stopped background run's
                 bar.stopped = True  # (the red of a failure said the run had broken)
+                bar.update(self.step_count - first - bar.n)  # (a step taken whole, the interrupt raised as it ended)
                 raise
             if not steps:
                 _save_due(self, save, save_every, end=True)
@@ -844,12 +858,18 @@ class BackgroundRun:
                 self._cond.wait_for(lambda: self._held or self._state != "paused")
             return self._state
 
-    def resume(self) -> None:
-        """Go on after :meth:`pause`."""
+    def resume(self) -> str:
+        """Go on after :meth:`pause`.
+
+        Returns:
+            The status (``running``, or how the run ended if it had: a run stopped is not started again, and a
+            cell's ``run.resume()`` said nothing of it).
+        """
         with self._cond:
             if self._state == "paused":
                 self._state = "running"
                 self._cond.notify_all()
+            return self._state
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> str:
         """Stop after the current step (also a paused run) and close the run's watch as

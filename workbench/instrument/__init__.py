@@ -27,7 +27,9 @@ The pipeline, one file a stage (a newcomer's map):
 Beside the stages: :mod:`~workbench.instrument.tree` walks structured outputs into named tensor
 leaves, :mod:`~workbench.instrument.interventions` holds the patches and ablations the forward hook
 applies, and :mod:`~workbench.instrument.distributed` (with
-:mod:`~workbench.instrument.distributed_rows`) merges the ranks' sums of a data-parallel run.
+:mod:`~workbench.instrument.distributed_rows`) merges the ranks' sums of a data-parallel run;
+:mod:`~workbench.instrument.interrupts` holds a kernel interrupt until a step is published (there) or counted
+and recorded (by an experiment).
 """
 
 from workbench.instrument.recorder import Recorder, StepRecord, Subscription, Update

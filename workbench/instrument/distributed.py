@@ -46,16 +46,12 @@ failure of this module's own work on a rank sends an empty payload that names th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import json
 import math
-import signal
-import threading
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +62,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workbench.instrument.distributed_rows import flatten, merge_rows, scale, tensor_sums, unflatten, watch_rows
+from workbench.instrument.interrupts import interrupts_held
 from workbench.instrument.recorder import Recorder, StepRecord, histogram_edges, rows_frame
 from workbench.instrument.reduce import StepSums
 from workbench.instrument.schema import MAX, MIN, SUMS, checked_bins
@@ -205,7 +202,7 @@ class DistributedRecorder(Recorder):
             else:
                 self._held_errors.extend(record.errors)
             return
-        with _interrupts_held(self._interrupted_twice):
+        with interrupts_held(self._interrupted_twice):
             if not self._exchanged:
                 try:
                     payload = self._payload(record)
@@ -423,46 +420,6 @@ class DistributedRecorder(Recorder):
             frame.insert(0, "rank", np.full(len(frame), rank, np.int64))
             frames.append(frame)
         return pd.concat(frames, ignore_index=True)
-
-
-@contextlib.contextmanager
-def _interrupts_held(interrupted_twice: Callable[[], None]) -> Iterator[None]:
-    """Hold a SIGINT that comes inside the block (in the main thread, where Python runs signal handlers): the
-    handler in place runs as the block ends (the default one raises ``KeyboardInterrupt`` there). A second SIGINT
-    while one is held gives the handler back and runs it at once for both, in turn (the second goes to the handler
-    the first call left in place: a handler may set the default one for a second Ctrl-C); where one raises (the
-    block left part-way), ``interrupted_twice`` is called as the error goes. A handler of the user's own that
-    returns (one that sets a flag) gets every SIGINT and leaves the block whole. Elsewhere (another thread, a
-    SIGINT ignored or left to the system) the block runs as it is."""
-    try:
-        handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    except (ValueError, OSError):  # (signals cannot be set here)
-        handler = None
-    if not callable(handler):
-        yield
-        return
-    held: list[tuple[int, Any]] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        if held:  # (the user insists)
-            signal.signal(signal.SIGINT, handler)
-            try:
-                handler(*held.pop())
-                signal.raise_signal(signum)  # (to the handler in place now: the first call may have set another)
-            except BaseException:
-                interrupted_twice()
-                raise
-            return
-        held.append((signum, frame))
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGINT) is hold:
-            signal.signal(signal.SIGINT, handler)
-        if held:
-            handler(*held.pop())
 
 
 def destroy_process_group() -> None:

@@ -447,6 +447,25 @@ def uniform(low: float = -3.0, high: float = 3.0) -> Source:
     return Source("uniform", dict(low=low, high=high))
 
 
+def _stored_run(run: Any) -> Any:
+    """The stored run ``run`` names: a ``Run``, its path, or the live run writing it (a background run or a
+    watch made with ``store=``), read as stored so far. A live run is what a notebook's ``run`` holds
+    (``run = exp.start(...)``): it was refused as "not a directory path"."""
+    from workbench.experiments.base import BackgroundRun
+    from workbench.instrument import Run, Watch, load_run
+
+    if isinstance(run, Run):
+        return run
+    watch = run.watch if isinstance(run, BackgroundRun) else run if isinstance(run, Watch) else None
+    if watch is None:
+        return load_run(run)  # (a path; anything else is refused there, by its type)
+    if watch.store is None:
+        raise TypeError(f"{run!r} stores no run to draw from: the explorer reads what a run stored. Start it "
+                        "with store=... (exp.start(steps, store='runs/name'), workbench.watch(model, "
+                        "store='runs/name')) and pass it or that path.")
+    return load_run(watch.store.path)
+
+
 def recorded(run: Any, site: str, step: int | None = None) -> Source:
     """The pre-activations a stored run recorded at a call site (an ``activation`` row, e.g. the
     output of the Linear layer before an activation, ``layers.0``), at ``step`` (default: the last
@@ -456,17 +475,29 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
     the samples are drawn from the histogram (uniformly within each bin); otherwise from a normal
     with the recorded mean and std, clipped to the recorded min and max. The source's
     description says which.
-    """
-    from workbench.instrument import Run, load_run
 
-    run = run if isinstance(run, Run) else load_run(run)
+    Args:
+        run: a stored run (``workbench.load_run(path)``) or its path; or the live run that writes one
+            (``exp.start(steps, store=...)``, ``workbench.watch(model, store=...)``), read as stored so far.
+        site: an activation call site it recorded (:func:`recorded_sites`).
+        step: the step whose values are drawn (default: the last that recorded the site).
+
+    Raises:
+        TypeError: a live run that stores nothing (started without ``store=``), or another object.
+        ValueError: a site or step it did not record.
+    """
+    run = _stored_run(run)
     sites = recorded_sites(run)
     if not sites:
         raise ValueError(_NO_ACTIVATIONS.format(run=run.name))
     if site not in sites:
         raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
-    if step is not None:
-        step = _count(step, "step", 0, 2**62)
+    if step is not None:  # (whether the run recorded it is said when it is drawn from, with the steps it did)
+        whole = _whole_or_none(step)
+        if whole is None or whole < 1:
+            raise ValueError(f"step must be a whole number >= 1, a step the run recorded (None: the last), got "
+                             f"{step!r}.")
+        step = whole
     return Source("recorded", dict(run=run, site=site, step=step))
 
 
@@ -478,9 +509,7 @@ _NO_ACTIVATIONS = ("Run {run!r} has recorded no activations (no step yet): pick 
 def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
     """The activation call sites a stored run recorded, as the run page names them (``layers.0``;
     ``activation#1`` for a module's 2nd call in a step), each with its ``(module, call, tensor)``."""
-    from workbench.instrument import Run, load_run
-
-    run = run if isinstance(run, Run) else load_run(run)
+    run = _stored_run(run)
     table = RunView.from_run(run).site_table("activation")
     return {row.name: (row.module, int(row.call), row.tensor) for row in table.itertuples(index=False)}
 
@@ -509,9 +538,7 @@ def activation_inputs(run: Any) -> list[str] | None:
     """The recorded call sites of a stored run whose output an activation module takes: each one
     recorded just before a call of an activation module (:func:`activation_classes`), in the order
     recorded. None: the run does not say its modules' classes (recorded before runs stored them)."""
-    from workbench.instrument import Run, load_run
-
-    run = run if isinstance(run, Run) else load_run(run)
+    run = _stored_run(run)
     classes = run.module_classes()
     if classes is None:
         return None

@@ -136,6 +136,8 @@ class _Unreadable(ValueError):
 _WHOLE = "not a whole number; enter an integer such as 2"
 _EMPTY = ("the field is empty, or holds a number beyond the floating-point range (such as 1e400); "
           "enter a finite number")
+#: an empty text box (the notebook's boxes are text read in Python: unlike a number box, empty means empty)
+_EMPTY_TEXT = "the field is empty; enter a whole number such as 2"
 _BEYOND = "beyond the floating-point range; enter a finite number"
 _NOT_A_NUMBER = "not a number; enter a whole number such as 2"
 _NOT_FINITE = "not a finite number; enter a whole number such as 2"
@@ -154,12 +156,15 @@ def read_whole(value: Any) -> int:
 
     Raises:
         ValueError: why it is none, as a clause that ends a message (``not a whole number; enter an integer
-            such as 2``): empty (a number box sends None for what it cannot hold: 1e400 too), not a number,
+            such as 2``): empty (a number box sends None for what it cannot hold: 1e400 too; an empty text is said
+            to be empty alone), not a number,
             a fraction (2.5), not finite, beyond the floating-point range.
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # (not numpy's bool: no Integral)
         return int(value)
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if isinstance(value, str) and not value.strip():  # (a text box's: nothing else makes it empty)
+        raise _Unreadable(_EMPTY_TEXT)
+    if value is None:
         raise _Unreadable(_EMPTY)
     if isinstance(value, str):
         try:  # (written as Python writes a number, as a float field reads it; Decimal alone takes "_1", "1__0")
@@ -194,6 +199,9 @@ def shown_whole(raw: Any, whole: int) -> str:
 
 def _parse_text(text: str, integer: bool, nullable: bool) -> int | float:
     """A number typed into a text field (a field that may also be left empty), or why it is none."""
+    if not text:  # (a nullable field's empty text is None, read before: this one asks for a number)
+        asked = "a whole number such as 2" if integer else "a number such as 0.5"
+        raise _Unreadable(f"the field is empty; enter {asked}")
     try:
         return _parse_number(text, integer)
     except _Unreadable:

@@ -1064,8 +1064,8 @@ class Dashboard:
         """The timer: redraw when steps arrived or the status changed, until the run ended and
         its last steps are drawn."""
         while not self._closed.wait(self.interval):
-            if self.widget.comm is None:  # (its widget closed: no page shows it)
-                self.close()
+            if self.widget.comm is None:  # (its widget closed: no page shows it, nothing to draw)
+                self._stop_following()
                 return
             try:
                 if self._ended():
@@ -1090,7 +1090,7 @@ class Dashboard:
                 self._next_read = 0.0  # (what was written last, read now however recent the last read)
             self._refresh_if_new()
             self._tabs.draw_stale()  # (each tab shows the end, and a saved notebook keeps it)
-            self.close()
+            self._stop_following()
 
     def _state(self) -> tuple:
         header = self.view.header()
@@ -1431,7 +1431,14 @@ class Dashboard:
                 self._draw_header()
 
     def close(self) -> None:
-        """Stop following the run (the figures stay as they are)."""
+        """Stop following the run (the figures stay as they are). A run that has ended, its end not drawn yet (the
+        timer between two looks), has its last steps and how it ended drawn first: a dashboard closed just after
+        its watch read ``running`` for good, shown again or not."""
+        if not self._closed.is_set() and self._ended():
+            self._last_draw()  # (which stops following)
+        self._stop_following()
+
+    def _stop_following(self) -> None:
         self._closed.set()
         diagnoses = getattr(self, "diagnoses", None)
         if diagnoses is not None:
@@ -1829,7 +1836,10 @@ class Compare:
         return self._tabs.figure(name)
 
     def close(self) -> None:
-        """Stop following the runs (the figures stay as they are)."""
+        """Stop following the runs (the figures stay as they are). Runs that have all ended, their end not drawn
+        yet (the timer between two looks), have their last steps drawn first, as the dashboard's ``close()``."""
+        if not self._closed.is_set() and self._ended():
+            self._catch_up()
         self._closed.set()
         for compared in self.runs.values():
             compared.close()
