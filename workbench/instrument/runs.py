@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.recorder import bin_edges, metric_columns
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
+from workbench.instrument.schema import (INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter,
+                                         checked_long)
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
 __all__ = ["Run", "load_run", "list_runs", "compare_runs"]
@@ -185,7 +186,11 @@ class Run:
         Args:
             long: one row per logged value instead, ``step, name, value``: a value logged as NaN is a
                 row with NaN, a metric not logged that step no row.
+
+        Raises:
+            TypeError: ``long`` is not True or False (a metric name: ``run.metrics()['loss']`` takes one).
         """
+        long = checked_long(long)
         long_form = self._query("SELECT step, name, value FROM metrics ORDER BY step, name")
         long_form["value"] = long_form["value"].astype("float64")  # (SQLite keeps a NaN as NULL)
         if long:

@@ -19,7 +19,8 @@ import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "KIND_OPTIONS", "SUMS",
            "SHIFT_SAMPLE", "KEY_COLUMNS", "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES",
-           "MAX_BINS", "anomalous", "finish", "site_name", "check_filter", "whole_number", "checked_bins"]
+           "MAX_BINS", "anomalous", "finish", "site_name", "check_filter", "checked_long", "whole_number",
+           "checked_bins"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -111,6 +112,21 @@ def checked_bins(bins: Any, what: str = "a positive int") -> int:
     """
     return whole_number("bins", bins, 1, f"{what} of at most {MAX_BINS} (the sample a large tensor's histogram is "
                         f"counted from: more bins stay empty and only cost memory)", high=MAX_BINS)
+
+
+def checked_long(long: Any) -> bool:
+    """``metrics(long=...)``'s flag, refused unless a bool (numpy's too): a metric name passed as ``metrics('loss')``
+    would otherwise be read as true and give the long frame of every metric.
+
+    Raises:
+        TypeError: naming the value, what is accepted and, for a name, how to take one metric.
+    """
+    if isinstance(long, (bool, np.bool_)):
+        return bool(long)
+    fix = (f" metrics() takes no metric name: it has a column per metric, so take one with metrics()[{long!r}]"
+           f" (or metrics(long=True) and its rows with name == {long!r})." if isinstance(long, str) else "")
+    raise TypeError(f"metrics(long=...) must be True (one row per logged value) or False (a column per metric), "
+                    f"got {long!r}.{fix}")
 
 
 def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:

@@ -471,6 +471,7 @@ class Watch:
 
         Raises:
             RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
+            TypeError: ``long`` is not True or False (a metric name: ``w.metrics()['loss']`` takes one).
         """
         self._check_kept("metrics")
         return self.recorder.metrics(long)
