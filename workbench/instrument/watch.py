@@ -277,8 +277,8 @@ class Watch:
 
         Args:
             path: a module path of the model (any of its alias paths; a module that one caller holds under
-                several names has its calls named by the first: a patch at another name applies to nothing,
-                which the step that called the model without it warns of once).
+                several names has its calls named by the first that ``modules`` selects: a patch at another
+                name applies to nothing, which the step that called the model without it warns of once).
             fn: takes the module's output and returns its replacement (same structure), or edits it in
                 place and returns None, as a PyTorch forward hook may: the edited output stays the
                 module's output. (``lambda out: out[:, 0].zero_()`` returns the zeroed column, which would
