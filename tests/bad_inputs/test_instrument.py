@@ -350,6 +350,10 @@ CASES = [
     Case("compare-runs-empty", lambda: workbench.compare_runs([]), ValueError, ["at least one run"]),
     Case("compare-runs-what", lambda: workbench.compare_runs([stored_run("a")], what="everything"), ValueError,
          ["what must be 'rows' or 'metrics'", "'everything'"]),
+    Case("compare-runs-twice", lambda: workbench.compare_runs([stored_run("a"), stored_run("b"), stored_run("b") / ".."
+                                                              / "b"]), ValueError, ["given twice", "/b", "once"]),
+    Case("compare-runs-same-path-twice", lambda: workbench.compare_runs([stored_run("a"), stored_run("a")]),
+         ValueError, ["given twice", "/a", "once"]),
     Case("compare-runs-missing-run", lambda: workbench.compare_runs([stored_run("a"), ROOT / "gone"]), RunError,
          ["gone", "is not a workbench run"]),
     Case("export-unknown-suffix", lambda: workbench.load_run(stored_run("a")).export(ROOT / "rows.xlsx"), ValueError,

@@ -577,7 +577,7 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
 
     Raises:
         TypeError: a single run instead of a list.
-        ValueError: an unknown ``what``.
+        ValueError: an unknown ``what``, no run, or one run given twice.
         RunError: a path that is not a readable run.
     """
     if isinstance(runs, (str, os.PathLike, Run)):
@@ -588,6 +588,13 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
     opened = [item if isinstance(item, Run) else Run(item) for item in runs]
     if not opened:
         raise ValueError("compare_runs() needs at least one run.")
+    seen: dict[Path, Run] = {}
+    for run in opened:  # (the same run twice: two equal blocks under one name, or two names, read as two runs)
+        where = Path(run.path).resolve()
+        if where in seen:
+            raise ValueError(f"compare_runs(): the run {str(run.path)!r} is given twice (as {str(seen[where].path)!r} "
+                             f"too); give each run once.")
+        seen[where] = run
     names = [run.name for run in opened]
     if len(set(names)) < len(names):  # (runs/tanh/seed0 and runs/relu/seed0: a name each would tell them apart)
         names = [str(run.path) for run in opened]
