@@ -530,7 +530,10 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     except OSError:
         is_dir = False
     if not is_dir:
-        raise FileNotFoundError(f"{root} is not a directory of runs.")
+        what = ("it is a file (a run is a folder: workbench.load_run opens one)" if root.exists()
+                else f"there is no such folder ({root.absolute()})")
+        raise FileNotFoundError(f"{root} is not a directory of runs: {what}. Pass the folder the runs were stored "
+                                "under: list_runs('runs') for runs written with store='runs/<name>'.")
     if not os.access(root, os.R_OK | os.X_OK):  # (its search would find nothing: an empty table, said of no run)
         raise PermissionError(f"{root} cannot be searched for runs: permission denied (ls -ld {root}). Listing it "
                               "takes read and execute permission (r-x) on it; have them granted, or list a folder "
