@@ -235,13 +235,14 @@ class Watch:
         """Attach scalar metrics to the current step (published by ``step()``).
 
         Args:
-            **metrics: numbers (or one-element tensors), by name; a name logged twice in a step keeps
-                its last value.
+            **metrics: real numbers (or one-element tensors or numpy arrays), by name; a name logged twice in a
+                step keeps its last value.
 
         Raises:
-            TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
-                given is logged then.
-            ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
+            TypeError: a metric that is not a real number (or a one-element tensor or array): a bool, a complex
+                number, a string, a tensor of several values; none of the metrics given is logged then.
+            ValueError: a metric named ``step``, the name of the step numbers' column, or an int too large for a
+                float; none is logged then.
         """
         if "step" in metrics:  # (it took the place of the step numbers in metrics(), and a stored run's raised)
             raise ValueError(f"a metric cannot be named 'step' (got step={metrics['step']!r}): it is the column of "
@@ -250,9 +251,20 @@ class Watch:
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach().item() if value.numel() == 1 else value
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-                raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
-            checked[key] = float(value)
+            elif isinstance(value, np.ndarray):  # (loss.detach().numpy() is a 0-d array)
+                value = value.item() if value.size == 1 else value
+            if (isinstance(value, (bool, np.bool_, complex, np.complexfloating))
+                    or not isinstance(value, (int, float, np.number))):
+                size = value.numel() if isinstance(value, torch.Tensor) else getattr(value, "size", None)
+                many = (f", a {type(value).__name__} of {size} values: reduce it to one first (.mean())"
+                        if isinstance(value, (torch.Tensor, np.ndarray)) else "")
+                raise TypeError(f"metric {key!r} must be a number, got {value!r}{many}; a metric is an int or a float "
+                                "(not a bool nor a complex number), or a tensor or numpy array of one value.")
+            try:
+                checked[key] = float(value)
+            except OverflowError:  # (an int past float's range)
+                raise ValueError(f"metric {key!r} is too large for a float64 metric, got an int of "
+                                 f"{len(str(abs(int(value))))} digits; log it scaled (math.log10(x)).") from None
         self._metrics.update(checked)  # (all or none: a call that raised logged nothing)
 
     @contextlib.contextmanager
