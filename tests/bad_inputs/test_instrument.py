@@ -183,6 +183,15 @@ def histograms_of(w):
     return w.histograms()
 
 
+def histograms_of_unwatched_module():
+    """``w.histograms("2")`` of a watch that records module "0" alone: a path of the model with no row."""
+    m = model()
+    with workbench.watch(m, modules="0") as w:
+        m(torch.randn(2, 3)).sum().backward()
+        w.step()
+    return w.histograms("2")
+
+
 def watched_twice():
     exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
     EXPERIMENT.append(exp)
@@ -302,6 +311,12 @@ CASES = [
          ValueError, ["histograms: no module at path 'nope'", "the paths are"]),
     Case("run-histograms-kind-abbreviated", lambda: workbench.load_run(stored_run("looked-up")).histograms("0", "act"),
          ValueError, ["histograms: kind 'act' is not one of", "did you mean 'activation'"]),
+    watch_action_case("watch-histograms-kind-not-recorded", lambda w, m: w.histograms("0", "update"), ValueError,
+                      ["no update rows were recorded", "activation, grad_output, param, param_grad", "updates=True"]),
+    Case("watch-histograms-module-not-watched", histograms_of_unwatched_module, ValueError,
+         ["module '2' has no rows", "modules=", "'0'"]),
+    Case("run-histograms-kind-not-recorded", lambda: workbench.load_run(stored_run("looked-up")).histograms(
+        kind="update"), ValueError, ["no update rows were recorded", "updates=True"]),
     watch_action_case("watch-metrics-named", lambda w, m: w.metrics("loss"), TypeError,
                       ["long", "'loss'", "metrics()['loss']"]),
     watch_action_case("watch-metrics-long-int", lambda w, m: w.metrics(1), TypeError, ["must be True", "got 1"]),

@@ -232,8 +232,9 @@ class Run:
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
             steps: only those of the steps ``(first, last)`` (both included).
         """
-        if module is not None or kind is not None:  # (the paths the run recorded rows of)
-            check_filter("histograms", module, kind, self._query("SELECT DISTINCT module FROM rows").module.tolist())
+        if module is not None or kind is not None:  # (the paths and kinds the run recorded rows of)
+            recorded = self._query("SELECT DISTINCT module, kind FROM rows")
+            check_filter("histograms", module, kind, recorded.module.unique().tolist(), recorded.kind.unique().tolist())
         where, params = [], []
         for column, value in (("r.module", module), ("r.kind", kind)):
             if value is not None:

@@ -129,10 +129,11 @@ def checked_long(long: Any) -> bool:
                     f"got {long!r}.{fix}")
 
 
-def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:
+def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str], kinds: Sequence[str] = ()) -> None:
     """Refuse a ``module`` / ``kind`` filter (None: any) that can match no row: a kind that is not one
-    of :data:`KINDS`, a module that is not one of ``paths`` (``''``: the model itself; none known yet:
-    any module).
+    of :data:`KINDS`, or not one of ``kinds`` (those recorded: an empty frame would read as sites without
+    values; none known yet: any kind), a module that is not one of ``paths`` (``''``: the model itself; none
+    known yet: any module).
 
     Raises:
         ValueError: naming the value, close matches and what is accepted.
@@ -148,6 +149,10 @@ def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> Non
 
     if kind is not None and kind not in KINDS:
         raise ValueError(f"{what}: kind {kind!r} is not one of {', '.join(KINDS)}{hint(kind, KINDS)}.")
+    if kind is not None and kinds and kind not in kinds:
+        raise ValueError(f"{what}: no {kind} rows were recorded; the kinds recorded are {', '.join(sorted(kinds))}. "
+                         f"A watch records them with {KIND_OPTIONS[kind]}=True"
+                         f"{' in steps with a backward pass' if kind in (GRAD_OUTPUT, PARAM_GRAD) else ''}.")
     if module is not None and paths and module not in paths:
         listed = ", ".join(repr(p) for p in list(paths)[:20]) + (" ..." if len(paths) > 20 else "")
         raise ValueError(f"{what}: no module at path {module!r}{hint(module, paths)}; the paths are {listed} "

@@ -507,7 +507,11 @@ class Watch:
             raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
                                "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
                                "(the default), e.g. workbench.watch(model, bins=32).")
-        check_filter("histograms", module, kind, self.paths)
+        kept = {(key[0], key[2]) for record in self.recorder.records() for key in record.keys}
+        check_filter("histograms", module, kind, self.paths, {k for _, k in kept})
+        if module is not None and kept and module not in {m for m, _ in kept}:
+            raise ValueError(f"histograms: module {module!r} has no rows: this watch does not record it (watch("
+                             f"modules=...) selects the paths recorded, {_listed_paths({m for m, _ in kept})}).")
         return self.recorder.histograms(module, kind)
 
     def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
@@ -773,3 +777,9 @@ def _label(label: Any, default: str) -> str:
         raise TypeError(f"label must be one line of text naming what the intervention does (e.g. 'zero units "
                         f"[0, 1]'), or None for {default!r}; got {label!r}.")
     return label
+
+
+def _listed_paths(paths: set[str]) -> str:
+    """Paths for a message: the first 20, in order, the model itself as ``''``."""
+    ordered = sorted(paths)
+    return ", ".join(map(repr, ordered[:20])) + (" ..." if len(ordered) > 20 else "")
