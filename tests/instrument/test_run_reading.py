@@ -367,3 +367,15 @@ def test_a_tensorboard_export_onto_a_file_names_it_and_how_to_go_on(tmp_path, ov
                                               r"it first, export into another directory, or name a \.csv"):
         r.export(tmp_path / "tb", overwrite=overwrite)
     assert (tmp_path / "tb").read_text() == "mine"
+
+
+def test_compare_runs_keeps_a_metric_named_run_beside_the_column_that_names_the_runs(tmp_path):
+    # (pandas' "cannot insert run, already exists" came out of compare_runs(what="metrics"))
+    model = nn.Linear(2, 1)
+    with workbench.watch(model, store=tmp_path / "a") as w:
+        model(torch.randn(3, 2)).sum().backward()
+        w.step(run=7.0, loss=2.0)
+    with pytest.warns(RuntimeWarning, match=r"run 'a' has a metric named 'run'.*'run \(metric\)'"):
+        frame = workbench.compare_runs([tmp_path / "a"], what="metrics")
+    assert frame.to_dict("records") == [{"run": "a", "step": 1, "run (metric)": 7.0, "loss": 2.0}]
+

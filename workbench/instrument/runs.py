@@ -11,6 +11,7 @@ import numbers
 import os
 import sqlite3
 import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -605,6 +606,10 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
     frames = []
     for run, name in zip(opened, names):
         frame = run.to_pandas() if what == "rows" else run.metrics()
+        if "run" in frame.columns:  # (a metric named "run": the column that names each run keeps its name)
+            warnings.warn(f"compare_runs(): run {name!r} has a metric named 'run', the column that names each run "
+                          f"here; its values are in the column 'run (metric)'.", RuntimeWarning, stacklevel=2)
+            frame = frame.rename(columns={"run": "run (metric)"})
         frame.insert(0, "run", name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
