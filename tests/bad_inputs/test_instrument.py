@@ -183,6 +183,15 @@ def histograms_of(w):
     return w.histograms()
 
 
+def histograms_of_unwatched_module():
+    """``w.histograms("2")`` of a watch that records module "0" alone: a path of the model with no row."""
+    m = model()
+    with workbench.watch(m, modules="0") as w:
+        m(torch.randn(2, 3)).sum().backward()
+        w.step()
+    return w.histograms("2")
+
+
 def watched_twice():
     exp = workbench.experiments.create("activation_mlp", width=4, depth=1, n_samples=64)
     EXPERIMENT.append(exp)
@@ -302,6 +311,17 @@ CASES = [
          ValueError, ["histograms: no module at path 'nope'", "the paths are"]),
     Case("run-histograms-kind-abbreviated", lambda: workbench.load_run(stored_run("looked-up")).histograms("0", "act"),
          ValueError, ["histograms: kind 'act' is not one of", "did you mean 'activation'"]),
+    watch_action_case("watch-histograms-kind-not-recorded", lambda w, m: w.histograms("0", "update"), ValueError,
+                      ["no update rows were recorded", "activation, grad_output, param, param_grad", "updates=True"]),
+    Case("watch-histograms-module-not-watched", histograms_of_unwatched_module, ValueError,
+         ["module '2' has no rows", "modules=", "'0'"]),
+    Case("run-histograms-kind-not-recorded", lambda: workbench.load_run(stored_run("looked-up")).histograms(
+        kind="update"), ValueError, ["no update rows were recorded", "updates=True"]),
+    watch_action_case("watch-metrics-named", lambda w, m: w.metrics("loss"), TypeError,
+                      ["long", "'loss'", "metrics()['loss']"]),
+    watch_action_case("watch-metrics-long-int", lambda w, m: w.metrics(1), TypeError, ["must be True", "got 1"]),
+    Case("run-metrics-named", lambda: workbench.load_run(stored_run("looked-up")).metrics("loss"), TypeError,
+         ["long", "'loss'", "metrics()['loss']"]),
     Case("step-after-close", closed_watch(lambda w: w.step()), RuntimeError, ["closed", "workbench.watch(model)"]),
     Case("patch-after-close", closed_watch(lambda w: w.patch("0", double)), RuntimeError, ["closed"]),
     Case("paused-after-close", closed_watch(lambda w: w.paused().__enter__()), RuntimeError, ["closed"]),
@@ -336,15 +356,19 @@ CASES = [
     Case("load-run-damaged-metadata", lambda: workbench.load_run(damaged("bad-json")), RunError,
          ["damaged metadata"]),
     Case("list-runs-missing", lambda: workbench.list_runs(ROOT / "no-such-root"), FileNotFoundError,
-         ["no-such-root", "is not a directory of runs"]),
+         ["no-such-root", "is not a directory of runs", "no such folder", "list_runs('runs')"]),
     Case("list-runs-file", lambda: workbench.list_runs(file_at("c-file")), FileNotFoundError,
-         ["c-file", "not a directory"], unchanged_file("c-file")),
+         ["c-file", "not a directory", "it is a file", "load_run"], unchanged_file("c-file")),
     Case("list-runs-int", lambda: workbench.list_runs(3), TypeError, ["list_runs()", "directory path", "3"]),
     Case("compare-runs-string", lambda: workbench.compare_runs(str(stored_run("a"))), TypeError,
          ["takes a list of runs", "single run"]),
     Case("compare-runs-empty", lambda: workbench.compare_runs([]), ValueError, ["at least one run"]),
     Case("compare-runs-what", lambda: workbench.compare_runs([stored_run("a")], what="everything"), ValueError,
          ["what must be 'rows' or 'metrics'", "'everything'"]),
+    Case("compare-runs-twice", lambda: workbench.compare_runs([stored_run("a"), stored_run("b"), stored_run("b") / ".."
+                                                              / "b"]), ValueError, ["given twice", "/b", "once"]),
+    Case("compare-runs-same-path-twice", lambda: workbench.compare_runs([stored_run("a"), stored_run("a")]),
+         ValueError, ["given twice", "/a", "once"]),
     Case("compare-runs-missing-run", lambda: workbench.compare_runs([stored_run("a"), ROOT / "gone"]), RunError,
          ["gone", "is not a workbench run"]),
     Case("export-unknown-suffix", lambda: workbench.load_run(stored_run("a")).export(ROOT / "rows.xlsx"), ValueError,

@@ -463,6 +463,20 @@ def test_bad_options_are_named(one_rank):
         recorder.rank_frame()
 
 
+def test_a_bad_group_or_an_unknown_option_is_named_before_anything_is_watched(one_rank):
+    # (group=5 raised AttributeError: 'int' object has no attribute 'size' out of torch; a misspelt option was
+    # refused as "watch() got an unexpected keyword argument", naming another function, with no hint)
+    model = workers.make_model()
+    before = workers.hook_state(model)
+    with pytest.raises(TypeError, match=r"group must be a torch.distributed process group \(dist.new_group\(ranks\)\) "
+                                        r"or None for the world, got 5"):
+        watch_distributed(model, group=5)
+    with pytest.raises(TypeError, match=r"watch_distributed\(\) got an unexpected keyword argument 'evry' \(did you "
+                                        r"mean 'every'\?\); its options are .*per_rank"):
+        watch_distributed(model, evry=2)
+    assert workers.hook_state(model) == before
+
+
 def test_needs_an_initialized_process_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):

@@ -624,3 +624,74 @@ def test_record_next_part_way_through_a_step_keeps_counting_its_calls_for_the_pa
     assert w.intervention_log()[["from step", "status"]].values.tolist() == [[1, "ended with the watch"]] * 2
     rows = w.to_pandas()
     assert rows[(rows.step == 2) & (rows.module == "0") & (rows.kind == "activation")].call.tolist() == [0]
+
+
+class HeldTwice(nn.Module):
+    """One caller holds one module under two names: its calls are named by the first, ``enc``."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(4, 4)
+        self.dec = self.enc
+
+    def forward(self, x):
+        return self.dec(torch.tanh(self.enc(x)))
+
+
+def uncalled_patch_warnings(model, path, inputs, steps=3):
+    """The warnings of a patch at ``path`` over ``steps`` steps, and its log."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with workbench.watch(model) as w:
+            w.patch(path, lambda out: out, label="identity")
+            for _ in range(steps):
+                model(inputs).sum().backward()
+                w.step()
+    said = [str(warning.message) for warning in caught if "applied to nothing" in str(warning.message)]
+    return said, caught, w.intervention_log()
+
+
+def test_a_patch_of_a_module_the_step_never_calls_is_warned_of_once_with_why():
+    # (an attention's out_proj is used by weight, never called: such a patch stayed "on" and did nothing, unsaid)
+    torch.manual_seed(0)
+    said, caught, log = uncalled_patch_warnings(Attention(), "attn.out_proj", torch.randn(2, 5, 8))
+    assert len(said) == 1
+    assert "at 'attn.out_proj' applied to nothing at step 1" in said[0] and "out_proj" in said[0]
+    assert "patch the module that uses it" in said[0]
+    warned = next(w for w in caught if "applied to nothing" in str(w.message))
+    assert warned.filename == __file__  # (at the line that made it)
+    assert log.status.tolist() == ["ended with the watch"]
+
+
+def test_a_patch_at_the_second_name_of_a_module_held_twice_names_the_path_its_calls_are_recorded_by():
+    torch.manual_seed(0)
+    said, _, _ = uncalled_patch_warnings(HeldTwice(), "dec", torch.randn(2, 4))
+    assert len(said) == 1 and "its module is also at 'enc'" in said[0] and "patch 'enc'" in said[0]
+    said, _, _ = uncalled_patch_warnings(HeldTwice(), "enc", torch.randn(2, 4))
+    assert said == []
+
+
+def test_a_patch_of_a_site_called_in_some_steps_only_is_warned_of_once_and_applies_when_it_is_called():
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.extra = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.extra(self.main(x)) if self.calls % 2 == 0 else self.main(x)
+
+    model = Branch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with workbench.watch(model) as w:
+            w.ablate("extra", [0])
+            outputs = []
+            for _ in range(4):
+                outputs.append(model(torch.randn(2, 4)))
+                outputs[-1].sum().backward()
+                w.step()
+    said = [str(warning.message) for warning in caught if "applied to nothing" in str(warning.message)]
+    assert len(said) == 1 and "at step 1" in said[0]
+    assert (outputs[1][:, 0] == 0).all() and (outputs[3][:, 0] == 0).all()

@@ -415,3 +415,15 @@ def test_a_run_keeps_each_module_path_s_class_compactly_and_reads_runs_that_kept
     db.close()
     with pytest.raises(workbench.instrument.RunError, match="node at 'x' is 3: expected a class index below 1"):
         workbench.load_run(tmp_path / "run").module_classes()
+
+
+def test_compare_runs_keeps_a_metric_named_run_beside_the_column_that_names_the_runs(tmp_path):
+    # (pandas' "cannot insert run, already exists" came out of compare_runs(what="metrics"))
+    model = nn.Linear(2, 1)
+    with workbench.watch(model, store=tmp_path / "a") as w:
+        model(torch.randn(3, 2)).sum().backward()
+        w.step(run=7.0, loss=2.0)
+    with pytest.warns(RuntimeWarning, match=r"run 'a' has a metric named 'run'.*'run \(metric\)'"):
+        frame = workbench.compare_runs([tmp_path / "a"], what="metrics")
+    assert frame.to_dict("records") == [{"run": "a", "step": 1, "run (metric)": 7.0, "loss": 2.0}]
+

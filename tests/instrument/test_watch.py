@@ -2151,3 +2151,32 @@ def test_a_close_whose_hooks_cannot_be_taken_out_still_closes_every_sink_and_the
     stored = workbench.load_run(tmp_path / "r").metadata
     assert (stored["status"], stored["error"]) == (status, error)
     w._hooks.close()  # (what the broken close left in)
+
+
+class HeldUnderTwoNames(nn.Module):
+    """One caller holds one block under two names, ``a`` and ``b``: which one a call goes through cannot be told."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.b = self.a
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("modules, named", [("*", "a"), ("b", "b"), ("b.*", "b"), ("a.0", "a")])
+def test_a_module_held_under_two_names_is_recorded_under_the_one_selected(modules, named):
+    # (its calls were named by the first name, `a`, whatever the selection: modules="b" or "b.*" recorded no
+    # activation nor output gradient, unsaid)
+    model = HeldUnderTwoNames()
+    with workbench.watch(model, modules=modules) as w:
+        model(torch.randn(2, 4)).sum().backward()
+        w.step()
+    rows = w.to_pandas()
+    rows = rows[rows.module != ""]
+    activations = rows[rows.kind == "activation"]
+    assert set(activations.module.str.split(".").str[0]) == {named}
+    assert set(rows[rows.kind == "grad_output"].module) == set(activations.module)
+    # (two calls of each site it records, under one name)
+    assert activations.groupby("module").call.apply(list).tolist() == [[0, 1]] * activations.module.nunique()

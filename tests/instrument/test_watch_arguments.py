@@ -215,6 +215,27 @@ def test_a_bad_metric_logs_none_of_the_metrics_given_with_it():
     assert w.metrics().to_dict("records") == [{"step": 1, "accuracy": 0.75}]
 
 
+def test_a_metric_of_one_value_is_taken_from_a_numpy_array_as_from_a_tensor_and_others_are_refused_saying_why():
+    # (a 0-d array, loss.detach().numpy(), was refused while a one-element tensor was taken; an int past float's
+    # range raised OverflowError out of float(); a numpy complex lost its imaginary part)
+    model = nn.Linear(3, 2)
+    with workbench.watch(model) as w:
+        w.step(loss=np.array(0.5), acc=np.array([0.75], dtype=np.float32), lr=torch.tensor([0.1]))
+        with pytest.raises(TypeError, match=r"metric 'loss' must be a number, got array\(\[1\., 2\.\]\), a ndarray "
+                                            r"of 2 values: reduce it to one first \(\.mean\(\)\)"):
+            w.step(loss=np.array([1.0, 2.0]))
+        with pytest.raises(TypeError, match=r"metric 'loss' must be a number, got tensor.*a Tensor of 3 values"):
+            w.step(loss=torch.ones(3))
+        with pytest.raises(TypeError, match=r"metric 'z' must be a number, got np\.complex128.*not a bool nor a "
+                                            r"complex"):
+            w.step(z=np.complex128(1 + 2j))
+        with pytest.raises(ValueError, match=r"metric 'count' is too large for a float64 metric, got an int of 401 "
+                                             r"digits"):
+            w.step(count=10 ** 400)
+        w.step()
+    assert w.metrics().to_dict("records") == [{"step": 1, "loss": 0.5, "acc": 0.75, "lr": pytest.approx(0.1)}]
+
+
 def test_a_metric_named_step_is_refused_and_none_logged(tmp_path):
     # (w.step(step=5.0) took the place of the step numbers in w.metrics(), and the stored run's metrics() raised
     # "cannot insert step, already exists", as its CSV export did)

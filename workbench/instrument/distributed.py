@@ -47,7 +47,9 @@ failure of this module's own work on a rank sends an empty payload that names th
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import gc
+import inspect
 import json
 import math
 import traceback
@@ -521,6 +523,17 @@ def watch_distributed(model: nn.Module, store: str | Path | None = None, per_ran
     if "recorder" in options:
         raise TypeError("watch_distributed() makes its own DistributedRecorder; pass no recorder= "
                         "(use DistributedRecorder with watch() to compose your own).")
+    accepted = set(inspect.signature(watch).parameters) - {"model", "recorder"}
+    for name in options:
+        if name not in accepted:
+            known = sorted(accepted | set(inspect.signature(watch_distributed).parameters) - {"model", "options"})
+            close = difflib.get_close_matches(name, known, n=1)
+            raise TypeError(f"watch_distributed() got an unexpected keyword argument {name!r}"
+                            f"{f' (did you mean {close[0]!r}?)' if close else ''}; its options are "
+                            f"{', '.join(known)}.")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed process group (dist.new_group(ranks)) or None for "
+                        f"the world, got {group!r}.")
     if not isinstance(histograms, bool):
         raise TypeError(f"histograms must be True or False, got {histograms!r}.")
     inner = unwrap_parallel(model)

@@ -187,6 +187,7 @@ class Hooks:
     def start_step(self, step_index: int, recording: bool) -> None:
         """Start recording step ``step_index`` (``recording``: rows are taken, else only patches apply)."""
         self._check_patched_calls()
+        self._check_uncalled_patches()
         self._start(step_index, recording, {})
 
     def record_rest_of_step(self) -> None:
@@ -290,6 +291,42 @@ class Hooks:
                     intervention.fail(self.fail(path, intervention.call, f"patch:{intervention.label}", ValueError(
                         f"the step called {path!r} {made} time(s): it has no call {intervention.call}, and the patch "
                         f"applied to nothing. Patch a call from 0 to {made - 1}, or every call (call=None)")))
+
+    def _check_uncalled_patches(self) -> None:
+        """A patch in place through a step that called the model but never its site patched nothing in it: warned
+        of once, at the line that made it, with why where that can be told (it stays: a site called in some steps
+        only, a branch, is patched in those). Two causes are common: the module is held under several names by
+        one caller (``self.dec = self.enc``), whose calls are named by the first (the name a call goes through
+        cannot be told); or its parent uses its weights without calling it (``nn.MultiheadAttention``'s
+        ``out_proj``)."""
+        if not self.interventions or not self.calls_made():
+            return
+        for path, items in tuple(self.interventions.items()):
+            if self.calls_made(path):
+                continue
+            for intervention in items:
+                if (intervention.warned_uncalled or intervention.from_next_step or intervention.error is not None
+                        or intervention.start_step > self.step_index):
+                    continue
+                intervention.warned_uncalled = True
+                warn_user(f"workbench: the intervention {intervention.label} at {path!r} applied to nothing at step "
+                          f"{self.step_index}: the step called the model, but not {path!r}; {self._uncalled(path)} "
+                          f"It stays in place for the steps that call {path!r} ({intervention.id} in the watch's "
+                          "intervention_log(); remove() ends it).", intervention.origin)
+
+    def _uncalled(self, path: str) -> str:
+        """Why the step made no call of ``path`` that a patch could take, as far as the module tree tells."""
+        try:
+            module = self.sites.model.get_submodule(path)
+        except AttributeError:  # (replaced since)
+            return f"{path!r} is no module of the model now."
+        named = [alias for alias in self.sites.aliases.get(id(module), ()) if alias != path and self.calls_made(alias)]
+        if named:
+            return (f"its module is also at {', '.join(map(repr, named))}, the path its calls in this step were named "
+                    f"by (where one caller holds a module under several names, which one a call goes through cannot "
+                    f"be told): patch {named[0]!r}, as the rows name it.")
+        return ("a module whose parent uses its weights without calling it (nn.MultiheadAttention's out_proj) has "
+                "no call to patch: patch the module that uses it, whose output the rows show.")
 
     def _update_params(self) -> list[tuple[str, str, nn.Parameter]]:
         return [item for item in self.params if item[0] in self.kinds[UPDATE]]

@@ -143,6 +143,8 @@ class Intervention:
         #: made with a ``call`` in a step whose calls the watch did not count (a step not recorded, with the hooks
         #: out): which call of that step is ``call`` cannot be told, so it applies from the next step on
         self.from_next_step = False
+        #: warned of once that a step called the model but not its site (:meth:`Hooks._check_uncalled_patches`)
+        self.warned_uncalled = False
 
     @property
     def status(self) -> str:

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.interventions import warn_user
-from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, finish,
-                                         whole_number)
+from workbench.instrument.schema import (INT_COLUMNS, MAX, MIN, ROW_COLUMNS, SUMS, TEXT_COLUMNS, checked_long,
+                                         finish, whole_number)
 
 __all__ = ["ROW_COLUMNS", "StepRecord", "Update", "Subscription", "Recorder", "rows_frame",
            "histograms_frame", "histogram_edges", "bin_edges", "metrics_frame", "metric_columns"]
@@ -455,6 +455,7 @@ class Recorder:
     def metrics(self, long: bool = False) -> pd.DataFrame:
         """The kept records' metrics, one row per step (``long``: per logged value); the columns in the order
         the metrics were first logged, in steps evicted since too (as a stored run's ``Run.metrics()``)."""
+        long = checked_long(long)
         with self._lock:
             records, logged = list(self._records), list(self._logged)
         return metrics_frame(records, long, logged)

@@ -11,6 +11,7 @@ import numbers
 import os
 import sqlite3
 import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.instrument.recorder import bin_edges, metric_columns
-from workbench.instrument.schema import INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter
+from workbench.instrument.schema import (INT_COLUMNS, ROW_COLUMNS, STAT_COLUMNS, TEXT_COLUMNS, check_filter,
+                                         checked_long)
 from workbench.instrument.sites import module_classes_from_tree
 from workbench.instrument.store import DB_NAME, SCHEMA_VERSION, RunError, expanded, lock_held
 
@@ -206,7 +208,11 @@ class Run:
         Args:
             long: one row per logged value instead, ``step, name, value``: a value logged as NaN is a
                 row with NaN, a metric not logged that step no row.
+
+        Raises:
+            TypeError: ``long`` is not True or False (a metric name: ``run.metrics()['loss']`` takes one).
         """
+        long = checked_long(long)
         long_form = self._query("SELECT step, name, value FROM metrics ORDER BY step, name")
         long_form["value"] = long_form["value"].astype("float64")  # (SQLite keeps a NaN as NULL)
         if long:
@@ -248,8 +254,9 @@ class Run:
             kind: only this kind (``activation``, ``grad_output``, ``param``, ``param_grad``, ``update``).
             steps: only those of the steps ``(first, last)`` (both included).
         """
-        if module is not None or kind is not None:  # (the paths the run recorded rows of)
-            check_filter("histograms", module, kind, self._query("SELECT DISTINCT module FROM rows").module.tolist())
+        if module is not None or kind is not None:  # (the paths and kinds the run recorded rows of)
+            recorded = self._query("SELECT DISTINCT module, kind FROM rows")
+            check_filter("histograms", module, kind, recorded.module.unique().tolist(), recorded.kind.unique().tolist())
         where, params = [], []
         for column, value in (("r.module", module), ("r.kind", kind)):
             if value is not None:
@@ -546,7 +553,10 @@ def list_runs(root: str | Path = "runs") -> pd.DataFrame:
     except OSError:
         is_dir = False
     if not is_dir:
-        raise FileNotFoundError(f"{root} is not a directory of runs.")
+        what = ("it is a file (a run is a folder: workbench.load_run opens one)" if root.exists()
+                else f"there is no such folder ({root.absolute()})")
+        raise FileNotFoundError(f"{root} is not a directory of runs: {what}. Pass the folder the runs were stored "
+                                "under: list_runs('runs') for runs written with store='runs/<name>'.")
     if not os.access(root, os.R_OK | os.X_OK):  # (its search would find nothing: an empty table, said of no run)
         raise PermissionError(f"{root} cannot be searched for runs: permission denied (ls -ld {root}). Listing it "
                               "takes read and execute permission (r-x) on it; have them granted, or list a folder "
@@ -593,7 +603,7 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
 
     Raises:
         TypeError: a single run instead of a list.
-        ValueError: an unknown ``what``.
+        ValueError: an unknown ``what``, no run, or one run given twice.
         RunError: a path that is not a readable run.
     """
     if isinstance(runs, (str, os.PathLike, Run)):
@@ -604,12 +614,23 @@ def compare_runs(runs: list[str | Path | Run], what: str = "rows") -> pd.DataFra
     opened = [item if isinstance(item, Run) else Run(item) for item in runs]
     if not opened:
         raise ValueError("compare_runs() needs at least one run.")
+    seen: dict[Path, Run] = {}
+    for run in opened:  # (the same run twice: two equal blocks under one name, or two names, read as two runs)
+        where = Path(run.path).resolve()
+        if where in seen:
+            raise ValueError(f"compare_runs(): the run {str(run.path)!r} is given twice (as {str(seen[where].path)!r} "
+                             f"too); give each run once.")
+        seen[where] = run
     names = [run.name for run in opened]
     if len(set(names)) < len(names):  # (runs/tanh/seed0 and runs/relu/seed0: a name each would tell them apart)
         names = [str(run.path) for run in opened]
     frames = []
     for run, name in zip(opened, names):
         frame = run.to_pandas() if what == "rows" else run.metrics()
+        if "run" in frame.columns:  # (a metric named "run": the column that names each run keeps its name)
+            warnings.warn(f"compare_runs(): run {name!r} has a metric named 'run', the column that names each run "
+                          f"here; its values are in the column 'run (metric)'.", RuntimeWarning, stacklevel=2)
+            frame = frame.rename(columns={"run": "run (metric)"})
         frame.insert(0, "run", name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)

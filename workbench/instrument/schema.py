@@ -19,7 +19,8 @@ import pandas as pd
 
 __all__ = ["ACTIVATION", "GRAD_OUTPUT", "PARAM", "PARAM_GRAD", "UPDATE", "KINDS", "KIND_OPTIONS", "SUMS",
            "SHIFT_SAMPLE", "KEY_COLUMNS", "STAT_COLUMNS", "ROW_COLUMNS", "INT_COLUMNS", "TEXT_COLUMNS", "STATUSES",
-           "MAX_BINS", "anomalous", "finish", "site_name", "check_filter", "whole_number", "checked_bins"]
+           "MAX_BINS", "anomalous", "finish", "site_name", "check_filter", "checked_long", "whole_number",
+           "checked_bins"]
 
 ACTIVATION = "activation"  #: a module's output (every tensor leaf of a structured output)
 GRAD_OUTPUT = "grad_output"  #: the gradient w.r.t. a module's output
@@ -117,10 +118,26 @@ BINS_LIMIT_REASON = ("the sample a large tensor's histogram is counted from: mor
                      "memory")
 
 
-def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> None:
+def checked_long(long: Any) -> bool:
+    """``metrics(long=...)``'s flag, refused unless a bool (numpy's too): a metric name passed as ``metrics('loss')``
+    would otherwise be read as true and give the long frame of every metric.
+
+    Raises:
+        TypeError: naming the value, what is accepted and, for a name, how to take one metric.
+    """
+    if isinstance(long, (bool, np.bool_)):
+        return bool(long)
+    fix = (f" metrics() takes no metric name: it has a column per metric, so take one with metrics()[{long!r}]"
+           f" (or metrics(long=True) and its rows with name == {long!r})." if isinstance(long, str) else "")
+    raise TypeError(f"metrics(long=...) must be True (one row per logged value) or False (a column per metric), "
+                    f"got {long!r}.{fix}")
+
+
+def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str], kinds: Sequence[str] = ()) -> None:
     """Refuse a ``module`` / ``kind`` filter (None: any) that can match no row: a kind that is not one
-    of :data:`KINDS`, a module that is not one of ``paths`` (``''``: the model itself; none known yet:
-    any module).
+    of :data:`KINDS`, or not one of ``kinds`` (those recorded: an empty frame would read as sites without
+    values; none known yet: any kind), a module that is not one of ``paths`` (``''``: the model itself; none
+    known yet: any module).
 
     Raises:
         ValueError: naming the value, close matches and what is accepted.
@@ -136,6 +153,10 @@ def check_filter(what: str, module: Any, kind: Any, paths: Sequence[str]) -> Non
 
     if kind is not None and kind not in KINDS:
         raise ValueError(f"{what}: kind {kind!r} is not one of {', '.join(KINDS)}{hint(kind, KINDS)}.")
+    if kind is not None and kinds and kind not in kinds:
+        raise ValueError(f"{what}: no {kind} rows were recorded; the kinds recorded are {', '.join(sorted(kinds))}. "
+                         f"A watch records them with {KIND_OPTIONS[kind]}=True"
+                         f"{' in steps with a backward pass' if kind in (GRAD_OUTPUT, PARAM_GRAD) else ''}.")
     if module is not None and paths and module not in paths:
         listed = ", ".join(repr(p) for p in list(paths)[:20]) + (" ..." if len(paths) > 20 else "")
         raise ValueError(f"{what}: no module at path {module!r}{hint(module, paths)}; the paths are {listed} "

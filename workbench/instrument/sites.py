@@ -297,12 +297,18 @@ class CallSites:
             else:
                 prefix = parent + "." if parent else ""
                 direct = [a for a in aliases if a.startswith(prefix) and "." not in a[len(prefix):]]
+                # of the aliases a call cannot be told apart by (one caller holding the module under several
+                # names), one the selection records: modules="dec" of `self.dec = self.enc` records its calls
                 if direct:
-                    path = direct[0]
+                    path = next((a for a in direct if self._selects(a)), direct[0])
                 else:  # called from elsewhere: the alias closest to the caller
-                    path = max(aliases, key=lambda a: len(_common_prefix(a, parent)))
+                    path = max(aliases, key=lambda a: (len(_common_prefix(a, parent)), self._selects(a)))
             self._resolved[key] = path
         return path
+
+    def _selects(self, path: str) -> bool:
+        """Whether ``path`` or a path under it is selected (its calls, or those of modules it calls, make rows)."""
+        return path in self.selected or any(p.startswith(path + ".") for p in self.selected)
 
     def parameters(self) -> list[tuple[str, str, nn.Parameter]]:
         """``(module path, name, parameter)`` of the selected modules' parameters, each tensor once,

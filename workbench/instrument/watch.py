@@ -244,13 +244,14 @@ class Watch:
         """Attach scalar metrics to the current step (published by ``step()``).
 
         Args:
-            **metrics: numbers (or one-element tensors), by name; a name logged twice in a step keeps
-                its last value.
+            **metrics: real numbers (or one-element tensors or numpy arrays), by name; a name logged twice in a
+                step keeps its last value.
 
         Raises:
-            TypeError: a metric that is not a number (or a one-element tensor); none of the metrics
-                given is logged then.
-            ValueError: a metric named ``step``, the name of the step numbers' column; none is logged then.
+            TypeError: a metric that is not a real number (or a one-element tensor or array): a bool, a complex
+                number, a string, a tensor of several values; none of the metrics given is logged then.
+            ValueError: a metric named ``step``, the name of the step numbers' column, or an int too large for a
+                float; none is logged then.
         """
         if self._in_forked_child():
             return
@@ -261,9 +262,20 @@ class Watch:
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach().item() if value.numel() == 1 else value
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-                raise TypeError(f"metric {key!r} must be a number, got {value!r}.")
-            checked[key] = float(value)
+            elif isinstance(value, np.ndarray):  # (loss.detach().numpy() is a 0-d array)
+                value = value.item() if value.size == 1 else value
+            if (isinstance(value, (bool, np.bool_, complex, np.complexfloating))
+                    or not isinstance(value, (int, float, np.number))):
+                size = value.numel() if isinstance(value, torch.Tensor) else getattr(value, "size", None)
+                many = (f", a {type(value).__name__} of {size} values: reduce it to one first (.mean())"
+                        if isinstance(value, (torch.Tensor, np.ndarray)) else "")
+                raise TypeError(f"metric {key!r} must be a number, got {value!r}{many}; a metric is an int or a float "
+                                "(not a bool nor a complex number), or a tensor or numpy array of one value.")
+            try:
+                checked[key] = float(value)
+            except OverflowError:  # (an int past float's range)
+                raise ValueError(f"metric {key!r} is too large for a float64 metric, got an int of "
+                                 f"{len(str(abs(int(value))))} digits; log it scaled (math.log10(x)).") from None
         self._metrics.update(checked)  # (all or none: a call that raised logged nothing)
 
     @contextlib.contextmanager
@@ -287,7 +299,9 @@ class Watch:
         """Replace the output of the call site ``path`` with ``fn(output)``, or let ``fn`` edit it in place.
 
         Args:
-            path: a module path of the model (any of its alias paths).
+            path: a module path of the model (any of its alias paths; a module that one caller holds under
+                several names has its calls named by the first that ``modules`` selects: a patch at another
+                name applies to nothing, which the step that called the model without it warns of once).
             fn: takes the module's output and returns its replacement (same structure), or edits it in
                 place and returns None, as a PyTorch forward hook may: the edited output stays the
                 module's output. (``lambda out: out[:, 0].zero_()`` returns the zeroed column, which would
@@ -482,6 +496,7 @@ class Watch:
 
         Raises:
             RuntimeError: the watch keeps no step in memory (``Recorder(max_rows=0)``).
+            TypeError: ``long`` is not True or False (a metric name: ``w.metrics()['loss']`` takes one).
         """
         self._check_kept("metrics")
         return self.recorder.metrics(long)
@@ -503,7 +518,11 @@ class Watch:
             raise RuntimeError("This watch records no histograms: it was made with histograms=False. Its "
                                "statistics are in w.to_pandas(); to record histograms, watch with histograms=True "
                                "(the default), e.g. workbench.watch(model, bins=32).")
-        check_filter("histograms", module, kind, self.paths)
+        kept = {(key[0], key[2]) for record in self.recorder.records() for key in record.keys}
+        check_filter("histograms", module, kind, self.paths, {k for _, k in kept})
+        if module is not None and kept and module not in {m for m, _ in kept}:
+            raise ValueError(f"histograms: module {module!r} has no rows: this watch does not record it (watch("
+                             f"modules=...) selects the paths recorded, {_listed_paths({m for m, _ in kept})}).")
         return self.recorder.histograms(module, kind)
 
     def diagnose(self, thresholds: Any = None, **overrides: Any) -> pd.DataFrame:
@@ -829,3 +848,9 @@ def _label(label: Any, default: str) -> str:
         raise TypeError(f"label must be one line of text naming what the intervention does (e.g. 'zero units "
                         f"[0, 1]'), or None for {default!r}; got {label!r}.")
     return label
+
+
+def _listed_paths(paths: set[str]) -> str:
+    """Paths for a message: the first 20, in order, the model itself as ``''``."""
+    ordered = sorted(paths)
+    return ", ".join(map(repr, ordered[:20])) + (" ..." if len(ordered) > 20 else "")
