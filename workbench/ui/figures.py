@@ -228,14 +228,28 @@ def error_parts(error: str | None) -> tuple[str, str | None]:
 
 def error_line(error: str | None) -> str:
     """A run's short error message (:func:`error_parts`) on one line, its lines joined by "; ": said in a sentence
-    (the explorer's line under its buttons, a comparison's message)."""
+    (the explorer's line under its buttons, a comparison's message).
+
+    Args:
+        error: the run's error (``w.error``, ``run.error``), or None.
+
+    Returns:
+        The message on one line; "" for no error.
+    """
     return "; ".join(error_parts(error)[0].splitlines())
 
 
 def error_markdown(error: str | None) -> str:
     """A run's error as a header shows it (Markdown, a paragraph of its own; "" for none): its short message
     (:func:`error_parts`) in a code block, and, where the error holds a traceback, the whole of it folded under
-    it ("traceback", opened by a click). One rule for the app's pages and the notebook's."""
+    it ("traceback", opened by a click). One rule for the app's pages and the notebook's.
+
+    Args:
+        error: the run's error (``w.error``, ``run.error``), or None.
+
+    Returns:
+        The Markdown, starting with a blank line; "" for no error.
+    """
     message, trace = error_parts(error)
     if not message:
         return ""
