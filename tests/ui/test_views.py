@@ -794,3 +794,18 @@ def test_a_stored_run_whose_histograms_change_their_bins_replays_each_step_s(tmp
     for steps, _, counts in segments:
         for step, row in zip(steps, counts):
             np.testing.assert_array_equal(row, records[step - 1].histograms[0])
+
+
+def test_a_run_resumed_after_a_long_pause_does_not_say_it_waits_for_steps(monkeypatch):
+    """The idle note counts from the resume: a run paused for minutes, resumed, is not 'no new step for 3 min'."""
+    view = RunView(label="mine")
+    view.set_status("running")
+    view.feed([StepRecord(s, metrics={"loss": 1.0}) for s in (1, 2)])
+    now = time.monotonic()
+    view.set_status("paused")
+    monkeypatch.setattr(time, "monotonic", lambda: now + 180)
+    view.set_status("running")  # (resumed after 3 minutes; its next step not there yet)
+    view.set_status("running")  # (a page that sets the status it reads at every tick restarts nothing)
+    assert "no new step" not in figures.header_markdown(view)
+    monkeypatch.setattr(time, "monotonic", lambda: now + 180 + 42)
+    assert "no new step for 42 s" in figures.header_markdown(view)  # (since the resume: it waits now)
