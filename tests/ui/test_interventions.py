@@ -587,3 +587,41 @@ def test_a_continued_or_new_run_clears_the_intervention_message_of_the_run_befor
     expect(message).to_have_text("")
     page.locator("#run-stop").click()
     expect(status).to_contain_text("stopped")
+
+
+@pytest.mark.browser
+def test_the_interventions_table_shows_every_column_without_a_sideways_scroll(page):
+    # (the intervention named in full, "zero units [0, 1, 2, 3, 4, ... 7] (8 of them)", pushed its steps and its
+    # status out of sight to the right of the panel's table)
+    from playwright.sync_api import expect
+
+    from tests.ui.test_browser import BROKEN_WORDS, PATIENCE, choose, options, start as start_in_page
+
+    status = page.locator("#run-status")
+    start_in_page(page, "activation_mlp", 100_000)
+    expect(status).to_contain_text("running", timeout=60_000)
+    page.locator("#run-pause").click()
+    expect(status).to_contain_text("paused")
+    page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
+    deadline = time.monotonic() + PATIENCE
+    while "layers.1" not in options(page, "iv-site"):  # (the sites the run has recorded, once a redraw filled them)
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    choose(page, "iv-site", "layers.1")
+    choose(page, "iv-op", "zero units")
+    page.locator("#iv-units input, #iv-units textarea").first.fill("0-7")
+    page.locator("#iv-apply").click()
+    expect(page.locator("#iv-message")).to_contain_text("i1: zero units")
+    table = page.locator("#iv-table")
+    expect(table).to_contain_text("(8 of them)")
+    viewport = table.locator(".virtual-table-viewport")
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 1000})
+        table.scroll_into_view_if_needed()
+        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
+        assert table.evaluate(BROKEN_WORDS) == [], width
+    header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
+    assert header == ["id", "site", "intervention", "from step", "to step", "status"]
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.locator("#run-stop").click()
+    expect(status).to_contain_text("stopped")
