@@ -55,7 +55,7 @@ class InterventionRecord:
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
 #: The panel's table's column widths: every column in view in the panel's width (with the intervention named in
 #: full, "zero units [0, 1, 2, 3, 4, ... 7] (8 of them)", the steps and the status went out of sight to the right).
-INTERVENTION_WIDTHS = ["8%", "19%", "25%", "12%", "12%", "24%"]
+INTERVENTION_WIDTHS = ["8%", "17%", "31%", "11%", "11%", "22%"]
 #: Its cells' datatypes: the site is HTML (where its name may break between its parts).
 INTERVENTION_DATATYPES = ["str", "html", "str", "str", "str", "str"]
 

@@ -182,7 +182,7 @@ def _intervention_components(c: dict) -> None:
         c["iv_message"] = gr.Markdown(elem_id="iv-message")
         with gr.Row(equal_height=True):
             c["iv_table"] = gr.Dataframe(pd.DataFrame(columns=INTERVENTION_COLUMNS), interactive=False,
-                                         show_label=False, max_height=180, elem_id="iv-table", scale=4, wrap=True,
+                                         show_label=False, max_height=320, elem_id="iv-table", scale=4, wrap=True,
                                          column_widths=INTERVENTION_WIDTHS, datatype=INTERVENTION_DATATYPES)
             with gr.Column(scale=1, min_width=170):
                 c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on", elem_classes=[PICK])
