@@ -193,6 +193,23 @@ def test_no_run_an_ended_run_and_removing_what_is_not_on(manager):
     assert "pick an intervention" in run_control.remove_applied(manager, run.id, None)
 
 
+
+def test_the_same_intervention_applied_twice_is_refused_and_acts_once(manager):
+    # (a second Apply of scale x10 at layers.1, a double click on a slow page, put in a second patch: x100)
+    run = start(manager, store="")
+    wait_for_step(run, 1)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10).startswith("i1: ")
+    message = run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10)
+    assert message.startswith("**Cannot intervene:** i1 already applies scale x10 at layers.1"), message
+    assert [r.id for r in run.interventions] == ["i1"] and len(run.watch.interventions) == 1
+    # (another value, another site, or the same once the first is removed: each goes in)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=2).startswith("i2: ")
+    assert run_control.apply_intervention(manager, run.id, "layers.3", "scale", k=10).startswith("i3: ")
+    run_control.remove_applied(manager, run.id, "i1")
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10).startswith("i4: ")
+    run.stop()
+
+
 # ---------------------------------------------------------------- initial weights
 EXPERIMENT_DYNAMICS = dict(c=8, a=4, blocks=1, head=8, hw=(4, 4), hidden=32, layers=1, support=21, lstm=64)
 
