@@ -193,6 +193,23 @@ def test_no_run_an_ended_run_and_removing_what_is_not_on(manager):
     assert "pick an intervention" in run_control.remove_applied(manager, run.id, None)
 
 
+
+def test_the_same_intervention_applied_twice_is_refused_and_acts_once(manager):
+    # (a second Apply of scale x10 at layers.1, a double click on a slow page, put in a second patch: x100)
+    run = start(manager, store="")
+    wait_for_step(run, 1)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10).startswith("i1: ")
+    message = run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10)
+    assert message.startswith("**Cannot intervene:** i1 already applies scale x10 at layers.1"), message
+    assert [r.id for r in run.interventions] == ["i1"] and len(run.watch.interventions) == 1
+    # (another value, another site, or the same once the first is removed: each goes in)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=2).startswith("i2: ")
+    assert run_control.apply_intervention(manager, run.id, "layers.3", "scale", k=10).startswith("i3: ")
+    run_control.remove_applied(manager, run.id, "i1")
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10).startswith("i4: ")
+    run.stop()
+
+
 # ---------------------------------------------------------------- initial weights
 EXPERIMENT_DYNAMICS = dict(c=8, a=4, blocks=1, head=8, hw=(4, 4), hidden=32, layers=1, support=21, lstm=64)
 
@@ -585,5 +602,43 @@ def test_a_continued_or_new_run_clears_the_intervention_message_of_the_run_befor
     expect(started).not_to_contain_text("continuing", timeout=60_000)
     expect(started).to_contain_text("this page is attached to it")
     expect(message).to_have_text("")
+    page.locator("#run-stop").click()
+    expect(status).to_contain_text("stopped")
+
+
+@pytest.mark.browser
+def test_the_interventions_table_shows_every_column_without_a_sideways_scroll(page):
+    # (the intervention named in full, "zero units [0, 1, 2, 3, 4, ... 7] (8 of them)", pushed its steps and its
+    # status out of sight to the right of the panel's table)
+    from playwright.sync_api import expect
+
+    from tests.ui.test_browser import BROKEN_WORDS, PATIENCE, choose, options, start as start_in_page
+
+    status = page.locator("#run-status")
+    start_in_page(page, "activation_mlp", 100_000)
+    expect(status).to_contain_text("running", timeout=60_000)
+    page.locator("#run-pause").click()
+    expect(status).to_contain_text("paused")
+    page.locator("#intervene").get_by_text("Intervene on this run").click()  # (folded at first)
+    deadline = time.monotonic() + PATIENCE
+    while "layers.1" not in options(page, "iv-site"):  # (the sites the run has recorded, once a redraw filled them)
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    choose(page, "iv-site", "layers.1")
+    choose(page, "iv-op", "zero units")
+    page.locator("#iv-units input, #iv-units textarea").first.fill("0-7")
+    page.locator("#iv-apply").click()
+    expect(page.locator("#iv-message")).to_contain_text("i1: zero units")
+    table = page.locator("#iv-table")
+    expect(table).to_contain_text("(8 of them)")
+    viewport = table.locator(".virtual-table-viewport")
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 1000})
+        table.scroll_into_view_if_needed()
+        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
+        assert table.evaluate(BROKEN_WORDS) == [], width
+    header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
+    assert header == ["id", "site", "intervention", "from step", "to step", "status"]
+    page.set_viewport_size({"width": 1400, "height": 1000})
     page.locator("#run-stop").click()
     expect(status).to_contain_text("stopped")

@@ -836,3 +836,18 @@ def test_a_run_errors_short_message_is_its_last_exception_and_what_the_watch_add
     assert html.unescape(folded.replace("&#10;", "\n")).count("Traceback (most recent call last):") == 2
     view.set_status("stopped", "stopped by the user after step 4")
     assert figures.header_markdown(view).endswith("```\nstopped by the user after step 4\n```")
+
+
+def test_a_run_resumed_after_a_long_pause_does_not_say_it_waits_for_steps(monkeypatch):
+    """The idle note counts from the resume: a run paused for minutes, resumed, is not 'no new step for 3 min'."""
+    view = RunView(label="mine")
+    view.set_status("running")
+    view.feed([StepRecord(s, metrics={"loss": 1.0}) for s in (1, 2)])
+    now = time.monotonic()
+    view.set_status("paused")
+    monkeypatch.setattr(time, "monotonic", lambda: now + 180)
+    view.set_status("running")  # (resumed after 3 minutes; its next step not there yet)
+    view.set_status("running")  # (a page that sets the status it reads at every tick restarts nothing)
+    assert "no new step" not in figures.header_markdown(view)
+    monkeypatch.setattr(time, "monotonic", lambda: now + 180 + 42)
+    assert "no new step for 42 s" in figures.header_markdown(view)  # (since the resume: it waits now)

@@ -19,12 +19,13 @@ import pandas as pd
 import torch
 
 from workbench.instrument.interventions import MARKER, listed
-from workbench.ui.runs import shown
+from workbench.ui.runs import name_breaks, shown
 from workbench.ui.views import RunView
 
-__all__ = ["INTERVENTIONS", "INTERVENTION_METRIC", "INTERVENTION_COLUMNS", "InterventionRecord", "InterventionSpec",
+__all__ = ["INTERVENTIONS", "INTERVENTION_METRIC", "INTERVENTION_COLUMNS", "INTERVENTION_WIDTHS",
+           "INTERVENTION_DATATYPES", "InterventionRecord", "InterventionSpec",
            "intervention_spec", "interventions_table", "parse_site", "parse_units", "intervention_sites",
-           "site_choices"]
+           "shown_interventions", "site_choices"]
 
 
 #: What a page may do to a call site's output: the watch's ablate, or one of these fixed functions through patch.
@@ -52,6 +53,11 @@ class InterventionRecord:
 
 
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
+#: The panel's table's column widths: every column in view in the panel's width (with the intervention named in
+#: full, "zero units [0, 1, 2, 3, 4, ... 7] (8 of them)", the steps and the status went out of sight to the right).
+INTERVENTION_WIDTHS = ["8%", "17%", "31%", "11%", "11%", "22%"]
+#: Its cells' datatypes: the site is HTML (where its name may break between its parts).
+INTERVENTION_DATATYPES = ["str", "html", "str", "str", "str", "str"]
 
 
 
@@ -60,6 +66,15 @@ def interventions_table(records: Sequence[InterventionRecord]) -> pd.DataFrame:
              "to step": "" if r.end is None else r.end,
              "status": r.status + (f": {r.error}" if r.error else "")} for r in records]
     return pd.DataFrame(rows, columns=INTERVENTION_COLUMNS)
+
+
+def shown_interventions(table: pd.DataFrame) -> Any:
+    """The interventions table (:func:`interventions_table`) as the panel shows it: a pandas ``Styler`` whose site
+    names may break over two lines between their parts, in the columns of :data:`INTERVENTION_WIDTHS` (an empty
+    table as it is). The cells' values are the table's own."""
+    if table.empty:
+        return table
+    return table.style.format({"site": name_breaks})
 
 
 def parse_site(site: Any, paths: Sequence[str]) -> tuple[str, int | None]:

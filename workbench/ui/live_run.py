@@ -215,13 +215,21 @@ class LiveRun:
         step on; returns its record once the run's thread has put it in.
 
         Raises:
-            ValueError / TypeError: an unknown site or operation, or a bad parameter (named).
+            ValueError / TypeError: an unknown site or operation, a bad parameter (named), or the same
+                intervention already on at that site.
             TimeoutError: the run's step in progress outlasted ``timeout``.
         """
         module, call = parse_site(site, self.watch.paths)
         spec = intervention_spec(op, units, k, sigma, low, high)
 
         def put_in() -> InterventionRecord:
+            # (the same intervention on twice would compound, scale x10 into x100: a second Apply of it, or one
+            # queued again after a timeout, is refused; checked here, on the run's thread, where requests queue)
+            same = next((r for r in self.interventions if r.status == "on" and (r.module, r.call, r.what)
+                         == (module, call, spec.label)), None)
+            if same is not None:
+                raise ValueError(f"{same.id} already applies {spec.label} at {same.site} (on since step {same.start}); "
+                                 f"applied again it would act twice. Remove {same.id} first, or pick other values.")
             watch = self.watch
             if spec.op == "zero units":
                 handle = watch.ablate(module, spec.units, dim=1, call=call, label=spec.label)

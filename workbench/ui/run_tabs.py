@@ -27,7 +27,8 @@ from workbench.instrument.schema import MAX_BINS
 from workbench.ui import figures
 from workbench.ui import findings as findings_view
 from workbench.ui.forms import FormField, pop_up_text
-from workbench.ui.intervention_menu import INTERVENTION_COLUMNS, INTERVENTIONS, site_choices
+from workbench.ui.intervention_menu import (INTERVENTION_COLUMNS, INTERVENTION_DATATYPES, INTERVENTION_WIDTHS,
+                                            INTERVENTIONS, shown_interventions, site_choices)
 from workbench.ui.live_run import (DEFAULT_BINS, RECORD_CHOICES, continue_run, devices, experiment_fields,
                                    experiment_overview, start_run)
 from workbench.ui.pages import PageHoldings, session_of
@@ -182,7 +183,8 @@ def _intervention_components(c: dict) -> None:
         c["iv_message"] = gr.Markdown(elem_id="iv-message")
         with gr.Row(equal_height=True):
             c["iv_table"] = gr.Dataframe(pd.DataFrame(columns=INTERVENTION_COLUMNS), interactive=False,
-                                         show_label=False, max_height=180, elem_id="iv-table", scale=4)
+                                         show_label=False, max_height=320, elem_id="iv-table", scale=4, wrap=True,
+                                         column_widths=INTERVENTION_WIDTHS, datatype=INTERVENTION_DATATYPES)
             with gr.Column(scale=1, min_width=170):
                 c["iv_on"] = gr.Dropdown([], value=None, label="on now", elem_id="iv-on", elem_classes=[PICK])
                 c["iv_remove"] = gr.Button("Remove", variant="stop", elem_id="iv-remove", interactive=False)
@@ -677,7 +679,7 @@ def wire(c: dict, manager: RunManager, app: Any = None, holdings: PageHoldings |
         out = (gr.skip() if sent.get("sites") == sites else
                gr.Dropdown(choices=site_choices(sites)) if keep_pick else
                gr.Dropdown(choices=site_choices(sites), value=site if site in sites else None),
-               gr.skip() if sent.get("table") == rows else table,
+               gr.skip() if sent.get("table") == rows else shown_interventions(table),
                gr.skip() if sent.get("on") == on else gr.Dropdown(choices=on, value=on[-1] if on else None))
         sent.update(sites=sites, table=rows, on=on)
         return out

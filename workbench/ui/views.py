@@ -317,6 +317,7 @@ class RunView:
         self._times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of deliveries, for steps/s
         self._pace = WholeRunPace()  # the pace over the whole run: steps/s once it ended ("ran at")
         self._arrived: float | None = None  # time.monotonic() of the last delivery of steps
+        self._resumed: float | None = None  # time.monotonic() it last went on running after another status
         self._lock = threading.RLock()
 
     #: Steps of a stored run :meth:`from_run` reads at a time: its memory is that of this many
@@ -586,6 +587,8 @@ class RunView:
 
     def set_status(self, status: str, error: str | None = None) -> None:
         with self._lock:
+            if status == "running" and self.status != "running":  # (a pause is not a wait for steps)
+                self._resumed = time.monotonic()
             self.status, self.error = status, error
 
     def no_rows(self, kind: str) -> str:
@@ -644,10 +647,10 @@ class RunView:
     # ------------------------------------------------------------------ views
     def header(self) -> dict[str, Any]:
         """Run header: label, status (and error), step of total (the step the run began after, ``first_step``,
-        until its first arrives), steps/s, seconds left, and the seconds since steps last arrived (``idle_s``; None
-        before the first). steps/s: while the run is running (or stopping), its recent pace, over the last
-        deliveries of steps; otherwise the pace it ran at over all its steps (:class:`WholeRunPace`), the
-        same live and on replay."""
+        until its first arrives), steps/s, seconds left, and the seconds since steps last arrived or the run was
+        last resumed, whichever is later (``idle_s``; None before the first: a pause is not a wait for steps).
+        steps/s: while the run is running (or stopping), its recent pace, over the last deliveries of steps;
+        otherwise the pace it ran at over all its steps (:class:`WholeRunPace`), the same live and on replay."""
         with self._lock:
             moving = self.status in ("running", "stopping")
             whole = None if moving else self._pace.rate()  # (None too for steps fed without their times)
@@ -656,7 +659,10 @@ class RunView:
             left = None
             if rate and self.total is not None and self.status == "running":
                 left = max(self.total - step, 0) / rate
-            idle = time.monotonic() - self._arrived if self._arrived is not None else None
+            # (waited for steps since the last came, or since it was resumed where that was later)
+            idle = None
+            if self._arrived is not None:
+                idle = time.monotonic() - max(self._arrived, self._resumed or self._arrived)
             return {"label": self.label, "status": self.status, "error": self.error, "step": step,
                     "first_step": self.first_step, "total": self.total, "steps_per_s": rate, "seconds_left": left,
                     "dropped": self.dropped, "idle_s": idle}
