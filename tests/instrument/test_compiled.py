@@ -1346,6 +1346,40 @@ def test_a_view_output_changed_in_place_has_its_gradient_row_as_in_the_eager_wat
     assert graph_counts[True] == graphs()  # (the base's hook is traced into the same graphs)
 
 
+@pytest.mark.parametrize("part", [Half, SecondHalf], ids=["at-start", "further-in"])
+def test_a_view_output_changed_in_place_has_the_total_gradient_of_several_backward_passes_in_both_watches(part):
+    # two backward passes through one forward (retain_graph=True) record the row that back-propagating the sum of
+    # the losses once records. The view's own node is out of the graph (changed in place), so its row is read from
+    # its base's gradient; until 2026-11-30 the eager watch read it in the first pass alone (the view's "fired"
+    # flag, set there, was never taken back), and recorded that pass's gradient as the total, silently
+    x = torch.randn(5, 4)
+
+    def two_passes(run):
+        out = run(x)
+        out[:, 0].pow(2).mean().backward(retain_graph=True)
+        out[:, 1].abs().mean().backward()
+
+    def their_sum_once(run):
+        out = run(x)
+        (out[:, 0].pow(2).mean() + out[:, 1].abs().mean()).backward()
+
+    for compiled in (False, True):
+        rows = []
+        for passes in (two_passes, their_sum_once):
+            fresh_dynamo()
+            torch.manual_seed(0)
+            model = ViewChangedInPlace(part)
+            run = torch.compile(model, backend="aot_eager") if compiled else model
+            with workbench.watch(run, histograms=False) as w:
+                passes(run)
+                w.step()
+            assert w.errors == [] and getattr(w, "fallback", None) is None
+            rows.append(w.to_pandas())
+        assert ("part", "grad_output") in set(zip(rows[1].module, rows[1].kind))
+        merged = compare(rows[1], rows[0])
+        assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_a_view_output_left_as_it_is_has_its_own_gradient_row_not_its_base_s():
     # a view not changed in place gets its own hook's row, once: its base's row is not a second one
     x = torch.randn(5, 4)
