@@ -1220,6 +1220,31 @@ def test_several_backward_passes_through_one_forward_record_the_total_gradient_a
     assert graph_counts[True] == graphs()
 
 
+def test_backward_passes_that_keep_the_graph_in_a_step_never_ended_hold_the_gradients_of_a_bounded_number_of_calls():
+    # a loop that keeps the graph on every backward (retain_graph=True) and calls w.step() late: the compiled watch
+    # held one gradient per hooked output of every call for a pass that never came, up to MAX_CALLS_PER_STEP calls
+    # (until 2026-11-30); as the eager watch past MAX_HELD_PASSES, the oldest are let go, their rows kept, with a
+    # warning once
+    from workbench.instrument import compiled_graph
+    from workbench.instrument.hooks import MAX_HELD_PASSES
+    x = torch.randn(5, 4)
+    rows = {}
+    for compiled, model, _ in eager_then_compiled(lambda: nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))):
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        with pytest.warns(RuntimeWarning, match="retain_graph=True"):
+            with workbench.watch(run, histograms=False) as w:
+                for _ in range(MAX_HELD_PASSES + 4):
+                    run(x).square().mean().backward(retain_graph=True)
+                if compiled:
+                    assert sum(map(bool, compiled_graph._held.values())) <= MAX_HELD_PASSES
+                w.step()
+        assert w.errors == [] and getattr(w, "fallback", None) is None
+        rows[compiled] = w.to_pandas()
+    assert rows[True].call.max() == MAX_HELD_PASSES + 3
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_torch_autograd_grad_through_a_compiled_model_records_the_eager_watch_s_output_gradients():
     # the gradient hooks run in the backward whatever started it: torch.autograd.grad writes the rows as
     # .backward() does (the probe's autograd Function before 2026-11-29 left its gradient, and so every
