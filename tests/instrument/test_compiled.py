@@ -1220,6 +1220,31 @@ def test_several_backward_passes_through_one_forward_record_the_total_gradient_a
     assert graph_counts[True] == graphs()
 
 
+def test_backward_passes_that_keep_the_graph_in_a_step_never_ended_hold_the_gradients_of_a_bounded_number_of_calls():
+    # a loop that keeps the graph on every backward (retain_graph=True) and calls w.step() late: the compiled watch
+    # held one gradient per hooked output of every call for a pass that never came, up to MAX_CALLS_PER_STEP calls
+    # (until 2026-11-30); as the eager watch past MAX_HELD_PASSES, the oldest are let go, their rows kept, with a
+    # warning once
+    from workbench.instrument import compiled_graph
+    from workbench.instrument.hooks import MAX_HELD_PASSES
+    x = torch.randn(5, 4)
+    rows = {}
+    for compiled, model, _ in eager_then_compiled(lambda: nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))):
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        with pytest.warns(RuntimeWarning, match="retain_graph=True"):
+            with workbench.watch(run, histograms=False) as w:
+                for _ in range(MAX_HELD_PASSES + 4):
+                    run(x).square().mean().backward(retain_graph=True)
+                if compiled:
+                    assert sum(map(bool, compiled_graph._held.values())) <= MAX_HELD_PASSES
+                w.step()
+        assert w.errors == [] and getattr(w, "fallback", None) is None
+        rows[compiled] = w.to_pandas()
+    assert rows[True].call.max() == MAX_HELD_PASSES + 3
+    merged = compare(rows[False], rows[True])
+    assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
+
+
 def test_torch_autograd_grad_through_a_compiled_model_records_the_eager_watch_s_output_gradients():
     # the gradient hooks run in the backward whatever started it: torch.autograd.grad writes the rows as
     # .backward() does (the probe's autograd Function before 2026-11-29 left its gradient, and so every
@@ -1344,6 +1369,40 @@ def test_a_view_output_changed_in_place_has_its_gradient_row_as_in_the_eager_wat
     for _ in range(2):
         bare(x).square().mean().backward()
     assert graph_counts[True] == graphs()  # (the base's hook is traced into the same graphs)
+
+
+@pytest.mark.parametrize("part", [Half, SecondHalf], ids=["at-start", "further-in"])
+def test_a_view_output_changed_in_place_has_the_total_gradient_of_several_backward_passes_in_both_watches(part):
+    # two backward passes through one forward (retain_graph=True) record the row that back-propagating the sum of
+    # the losses once records. The view's own node is out of the graph (changed in place), so its row is read from
+    # its base's gradient; until 2026-11-30 the eager watch read it in the first pass alone (the view's "fired"
+    # flag, set there, was never taken back), and recorded that pass's gradient as the total, silently
+    x = torch.randn(5, 4)
+
+    def two_passes(run):
+        out = run(x)
+        out[:, 0].pow(2).mean().backward(retain_graph=True)
+        out[:, 1].abs().mean().backward()
+
+    def their_sum_once(run):
+        out = run(x)
+        (out[:, 0].pow(2).mean() + out[:, 1].abs().mean()).backward()
+
+    for compiled in (False, True):
+        rows = []
+        for passes in (two_passes, their_sum_once):
+            fresh_dynamo()
+            torch.manual_seed(0)
+            model = ViewChangedInPlace(part)
+            run = torch.compile(model, backend="aot_eager") if compiled else model
+            with workbench.watch(run, histograms=False) as w:
+                passes(run)
+                w.step()
+            assert w.errors == [] and getattr(w, "fallback", None) is None
+            rows.append(w.to_pandas())
+        assert ("part", "grad_output") in set(zip(rows[1].module, rows[1].kind))
+        merged = compare(rows[1], rows[0])
+        assert (merged._merge == "both").all(), merged[merged._merge != "both"][KEY + ["_merge"]]
 
 
 def test_a_view_output_left_as_it_is_has_its_own_gradient_row_not_its_base_s():

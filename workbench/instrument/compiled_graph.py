@@ -41,8 +41,9 @@ from workbench.instrument.schema import ABS_SUM, SUM_SQ, SUMS
 from workbench.instrument.sites import CallSites
 from workbench.instrument.tree import map_tensors, tensor_leaves
 
-__all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hold_passes_of", "hook_gradient",
-           "make_hooks", "observe", "offset_in_base", "release_passes_of", "row_width", "view_elements"]
+__all__ = ["MADE", "SAMPLED", "GraphState", "add_row", "cpu_row", "graph_row", "hold_passes_of", "holds_passes",
+           "hook_gradient", "make_hooks", "observe", "offset_in_base", "release_passes_of", "row_width",
+           "view_elements"]
 
 
 def row_width(bins: int) -> int:
@@ -224,6 +225,11 @@ def hold_passes_of(probe: torch.Tensor) -> None:
     until :func:`release_passes_of`: for the probes of a step in progress alone (an address is not reused while its
     probe is registered: the watch keeps it)."""
     _held[probe.data_ptr()] = {}
+
+
+def holds_passes(probe: torch.Tensor) -> bool:
+    """Whether a backward pass through ``probe``'s forward that kept the graph left gradients held for the next."""
+    return bool(_held.get(probe.data_ptr()))
 
 
 def release_passes_of(probe: torch.Tensor) -> None:

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from workbench.instrument import torch_internals as internals
-from workbench.instrument.compiled_graph import (MADE, SAMPLED, GraphState, hold_passes_of, make_hooks, observe,
-                                                 release_passes_of, row_width)
-from workbench.instrument.hooks import (Entry, _remove_hooks, attached, hook_param_grads, reattach,
+from workbench.instrument.compiled_graph import (MADE, SAMPLED, GraphState, hold_passes_of, holds_passes,
+                                                 make_hooks, observe, release_passes_of, row_width)
+from workbench.instrument.hooks import (MAX_HELD_PASSES, Entry, _remove_hooks, attached, hook_param_grads, reattach,
                                         replaced_message, unpaused_evaluation_message, warn)
 from workbench.instrument.interventions import Intervention
 from workbench.instrument.reduce import StepSums, next_ranges
@@ -186,6 +186,7 @@ class CompiledHooks:
         self._change_reported = False
         self._eval_reported = False  # an unpaused evaluation call warned
         self._repeats_reported = False  # gradients of several passes, the first freeing the graph, warned
+        self._held_reported = False  # gradients held for MAX_HELD_PASSES forwards let go, warned
         self._calls_reported = False  # MAX_CALLS_PER_STEP warned
         self._full = False  # the step made MAX_CALLS_PER_STEP recorded calls: no more of it is recorded
         inner_call, ref = entry.call, weakref.ref(self)
@@ -349,6 +350,7 @@ class CompiledHooks:
         if st.recording and st.grad_sites and torch.is_grad_enabled():
             # (written in the backward by the outputs' gradient hooks: compiled_graph.hook_gradient)
             probe = torch.zeros((self._capacity, row_width(self.bins)), dtype=torch.float64, device=self._device)
+            self._let_go_of_old_totals()
             hold_passes_of(probe)  # (several backward passes: the row of their total, as the eager watch's)
         ranges = None
         if st.recording and self.bins:  # (tensors always, NaN at first: one graph variant)
@@ -397,6 +399,25 @@ class CompiledHooks:
         if st.recording:
             self._calls.append((out, probe, ranges))
         return result
+
+    def _let_go_of_old_totals(self) -> None:
+        """Keep the gradients held for later backward passes (``retain_graph=True``) of the step's last
+        :data:`~workbench.instrument.hooks.MAX_HELD_PASSES` forwards alone: a loop that keeps the graph on every
+        backward and forgets ``w.step()`` would otherwise hold one gradient per hooked output of every call, up to
+        :data:`MAX_CALLS_PER_STEP` calls. The rows of the forwards let go are those of the passes so far (each pass
+        sets its total's row); a later pass through them is left out (:meth:`_leave_out_repeated_backwards`), as
+        the eager watch does past its limit, with a warning once per watch."""
+        holding = [probe for _, probe, _ in self._calls if probe is not None and holds_passes(probe)]
+        if len(holding) < MAX_HELD_PASSES:
+            return
+        for probe in holding[:len(holding) - MAX_HELD_PASSES + 1]:
+            release_passes_of(probe)
+        if not self._held_reported:
+            self._held_reported = True
+            warn(f"workbench: backward passes keeping the graph (retain_graph=True) within step {self.step_index} "
+                 f"held the output gradients of {len(holding)} calls of the model for another pass: the oldest are "
+                 "recorded as they are and let go, and a later pass through those forwards is left out. Is "
+                 "w.step() called after each training step? Said once per watch.")
 
     def _too_many(self) -> None:
         """Past :data:`MAX_CALLS_PER_STEP` calls of the model in one recorded step: nothing more of

@@ -224,9 +224,10 @@ class GradientHook:
     view that is modified in place loses its node (a tensor hook on it would never fire either);
     the node of its base then receives the gradient w.r.t. the whole base, and its pre-hook
     delivers the view's elements of it (laid out as the base, then read with the view's sizes,
-    strides and offset) when the view's own did not fire. A view of another dtype than its base's
-    (``view_as_real`` of a complex tensor: its sizes and strides count other elements) has no such
-    fallback.
+    strides and offset) when the view's own did not fire in that backward pass (each of several passes
+    through one forward: until 2026-11-30 the first alone, a total of one pass, silently). A view of
+    another dtype than its base's (``view_as_real`` of a complex tensor: its sizes and strides count
+    other elements) has no such fallback.
 
     Relies on: ``grad_fn.register_prehook`` receiving the node's incoming gradients indexed by the
     tensor's ``output_nr``, and ``_is_view()`` / ``_base`` naming a view's base.
@@ -264,8 +265,11 @@ class GradientHook:
         self.on_gradient(grads[self.output])
 
     def _base_hook(self, grads: tuple[torch.Tensor | None, ...]) -> None:
-        if not self.fired:  # the view was modified in place: its node is no longer in the graph
-            self.fired = True
+        # (each backward pass: the view's node, where it is in the graph, runs before its base's, which it passes
+        # its gradient to; so the flag is the pass's, and taken back here for the next pass through the forward)
+        if self.fired:
+            self.fired = False
+        else:  # the view was modified in place: its node is no longer in the graph
             grad = grads[self.base_output]
             if grad is not None:
                 base_size, base_stride, size, stride, offset = self.geometry
