@@ -2151,3 +2151,35 @@ def test_a_close_whose_hooks_cannot_be_taken_out_still_closes_every_sink_and_the
     stored = workbench.load_run(tmp_path / "r").metadata
     assert (stored["status"], stored["error"]) == (status, error)
     w._hooks.close()  # (what the broken close left in)
+
+
+def test_an_interrupt_in_a_sink_s_close_still_closes_the_store_after_it(tmp_path):
+    """A KeyboardInterrupt in a sink's close() (a Ctrl-C as a close waits) left the store open, its run locked and
+    'running' for the rest of the process, and a second close() did nothing. Now the sinks after it are closed, the
+    store last, as asked, and the interrupt is raised then."""
+    from workbench.instrument.store import lock_held
+
+    closed = []
+
+    class Interrupted:
+        def close(self, status, error=None):
+            closed.append("interrupted")
+            raise KeyboardInterrupt
+
+    class After:
+        def close(self, status, error=None):
+            closed.append((status, w.store.closed))
+
+    net = torch.nn.Linear(2, 2)
+    w = workbench.watch(net, store=tmp_path / "r")
+    w.add_sink(Interrupted())
+    w.add_sink(After())
+    net(torch.ones(1, 2))
+    w.step()
+    with pytest.raises(KeyboardInterrupt):
+        w.close("stopped", "the user stopped it")
+    assert closed == ["interrupted", ("stopped", False)]  # (the store closed after them)
+    assert w.store.closed and not lock_held(tmp_path / "r", unreadable=False)
+    assert (w.status, w.error) == ("stopped", "the user stopped it")
+    run = workbench.load_run(tmp_path / "r")
+    assert (run.status, run.metadata["error"], run.steps) == ("stopped", "the user stopped it", [1])

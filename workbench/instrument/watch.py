@@ -600,7 +600,8 @@ class Watch:
             return
         # every sink is closed, the store last, whatever raised before: taking the hooks out, or a sink's close().
         # Such an error makes the run failed, naming it, in the store and here alike; the first is raised once all
-        # are closed (an interrupt while the hooks are taken out leaves the status as asked, and is raised too)
+        # are closed (an interrupt while the hooks are taken out or a sink closes leaves the status as asked, and is
+        # raised too)
         failure: BaseException | None = None
 
         def failed(what: str, exc: BaseException) -> None:
@@ -622,7 +623,7 @@ class Watch:
             for sink in sorted(self._sinks, key=lambda sink: sink is self.store):
                 try:
                     sink.close(status, error)  # (writes what is still queued first)
-                except Exception as exc:
+                except BaseException as exc:  # (an interrupt too: the sinks after it, the store, are closed still)
                     failed(f"closing the sink {type(sink).__name__}", exc)
             if failure is not None:
                 raise failure
