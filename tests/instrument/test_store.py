@@ -1216,6 +1216,18 @@ def test_a_child_of_a_forked_child_is_told_too(tmp_path):
     told_grandchild = got["returned"]["warnings"]
     assert len(told_grandchild) == 1 and f"this process (pid {got['returned']['returned']})" in told_grandchild[0]
     assert "A watch records in the process that made it" in told_child
+
+    def child_watching():  # (its own watch of the model, as advised, is forked off in its child in turn)
+        own = workbench.watch(model, store=tmp_path / "child")
+        model(torch.randn(2, 3))
+        told = in_forked_child(lambda: model(torch.randn(2, 3)) is not None)
+        own.close()
+        return told
+
+    got = in_forked_child(child_watching)
+    assert got["warnings"] == []
+    told = got["returned"]["warnings"]
+    assert len(told) == 2 and str(tmp_path / "r") in told[0] + told[1] and str(tmp_path / "child") in told[0] + told[1]
     w.close()
 
 

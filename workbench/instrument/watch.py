@@ -660,7 +660,7 @@ class Watch:
         if self._forked_warned == os.getpid():
             return
         here = self._watched_here() if self._watched_here is not None else None
-        if here is None or here.closed:
+        if here is None or here.closed or here._made_in != os.getpid():  # (one made here, open: not a parent's)
             here = next((other for other in list(_OPEN_WATCHES) if not other.closed
                          and _shared_with(self.model, other.model) is not None), None)
             self._watched_here = weakref.ref(here) if here is not None else None
