@@ -1149,6 +1149,88 @@ def test_a_dataloader_worker_running_the_watched_model_says_once_that_it_records
     assert workbench.load_run(tmp_path / "r").steps == [1]
 
 
+
+class WatchedInItsWorker(torch.utils.data.Dataset):
+    """Each item: the warnings a DataLoader worker gave running the model, which its worker_init_fn watches."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            self.model(torch.randn(3))
+            WorkerWatch.watch.step()
+        return " | ".join(str(c.message) for c in caught)
+
+
+class WorkerWatch:
+    watch = None
+
+    @staticmethod
+    def start(worker_id, root):
+        import multiprocessing.util
+
+        WorkerWatch.watch = workbench.watch(torch.utils.data.get_worker_info().dataset.model,
+                                            store=root / f"worker{worker_id}")
+        multiprocessing.util.Finalize(None, WorkerWatch.watch.close, exitpriority=0)  # (closed as the worker ends)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the workers are forked")
+def test_a_worker_that_watches_the_model_itself_as_advised_is_not_told_it_runs_unwatched(tmp_path):
+    # (the warning advised a watch in the worker_init_fn, then warned the worker that followed it that its model
+    # "runs unwatched here", at the first call, in each worker)
+    import functools
+
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "main")
+    loader = torch.utils.data.DataLoader(WatchedInItsWorker(model), batch_size=2, num_workers=1,
+                                         multiprocessing_context="fork",
+                                         worker_init_fn=functools.partial(WorkerWatch.start, root=tmp_path))
+    assert [said for said in loader] == [["", ""], ["", ""]]
+    w.close()
+    worker_run = workbench.load_run(tmp_path / "worker0")
+    assert worker_run.steps == [1, 2, 3, 4] and worker_run.status == "finished"  # (a step an item)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="children are forked")
+def test_a_child_of_a_forked_child_is_told_too(tmp_path):
+    # (the child's warning was copied as given into its own child, which said nothing)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    w = workbench.watch(model, store=tmp_path / "r")
+
+    def grandchild():
+        model(torch.randn(2, 3))
+        w.step()
+        return os.getpid()
+
+    def child():
+        model(torch.randn(2, 3))
+        return in_forked_child(grandchild)
+
+    got = in_forked_child(child)
+    [told_child] = got["warnings"]
+    told_grandchild = got["returned"]["warnings"]
+    assert len(told_grandchild) == 1 and f"this process (pid {got['returned']['returned']})" in told_grandchild[0]
+    assert "A watch records in the process that made it" in told_child
+
+    def child_watching():  # (its own watch of the model, as advised, is forked off in its child in turn)
+        own = workbench.watch(model, store=tmp_path / "child")
+        model(torch.randn(2, 3))
+        told = in_forked_child(lambda: model(torch.randn(2, 3)) is not None)
+        own.close()
+        return told
+
+    got = in_forked_child(child_watching)
+    assert got["warnings"] == []
+    told = got["returned"]["warnings"]
+    assert len(told) == 2 and str(tmp_path / "r") in told[0] + told[1] and str(tmp_path / "child") in told[0] + told[1]
+    w.close()
+
+
 def test_a_closing_watch_says_running_until_its_status_is_final(tmp_path):
     # a dashboard ends on the watch's status: one read while the store's last writes fail would be 'finished'
     # for a watch that ends 'failed' (the store lost steps), and the dashboard would keep the wrong one

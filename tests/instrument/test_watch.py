@@ -2180,3 +2180,35 @@ def test_a_module_held_under_two_names_is_recorded_under_the_one_selected(module
     assert set(rows[rows.kind == "grad_output"].module) == set(activations.module)
     # (two calls of each site it records, under one name)
     assert activations.groupby("module").call.apply(list).tolist() == [[0, 1]] * activations.module.nunique()
+
+
+def test_an_interrupt_in_a_sink_s_close_still_closes_the_store_after_it(tmp_path):
+    """A KeyboardInterrupt in a sink's close() (a Ctrl-C as a close waits) left the store open, its run locked and
+    'running' for the rest of the process, and a second close() did nothing. Now the sinks after it are closed, the
+    store last, as asked, and the interrupt is raised then."""
+    from workbench.instrument.store import lock_held
+
+    closed = []
+
+    class Interrupted:
+        def close(self, status, error=None):
+            closed.append("interrupted")
+            raise KeyboardInterrupt
+
+    class After:
+        def close(self, status, error=None):
+            closed.append((status, w.store.closed))
+
+    net = torch.nn.Linear(2, 2)
+    w = workbench.watch(net, store=tmp_path / "r")
+    w.add_sink(Interrupted())
+    w.add_sink(After())
+    net(torch.ones(1, 2))
+    w.step()
+    with pytest.raises(KeyboardInterrupt):
+        w.close("stopped", "the user stopped it")
+    assert closed == ["interrupted", ("stopped", False)]  # (the store closed after them)
+    assert w.store.closed and not lock_held(tmp_path / "r", unreadable=False)
+    assert (w.status, w.error) == ("stopped", "the user stopped it")
+    run = workbench.load_run(tmp_path / "r")
+    assert (run.status, run.metadata["error"], run.steps) == ("stopped", "the user stopped it", [1])

@@ -98,7 +98,8 @@ class Watch:
         self._metrics: dict[str, float] = {}
         self.closed = False
         self._made_in = os.getpid()  # the process that records: a child forked from it records nothing (_fork_off)
-        self._forked_warned = False  # the child's warning given (once)
+        self._forked_warned: int | None = None  # the pid of the forked child that was warned (once a process)
+        self._watched_here: weakref.ref | None = None  # in a forked child: a watch made there that watches the model
         #: how the watch ended, as its store records it: ``running`` while open (and closing), then ``finished``,
         #: ``stopped`` or ``failed`` (:meth:`close`; a ``with`` block that raised: ``failed``), with ``error``
         self.status, self.error = "running", None
@@ -618,7 +619,8 @@ class Watch:
             return
         # every sink is closed, the store last, whatever raised before: taking the hooks out, or a sink's close().
         # Such an error makes the run failed, naming it, in the store and here alike; the first is raised once all
-        # are closed (an interrupt while the hooks are taken out leaves the status as asked, and is raised too)
+        # are closed (an interrupt while the hooks are taken out or a sink closes leaves the status as asked, and is
+        # raised too)
         failure: BaseException | None = None
 
         def failed(what: str, exc: BaseException) -> None:
@@ -640,7 +642,7 @@ class Watch:
             for sink in sorted(self._sinks, key=lambda sink: sink is self.store):
                 try:
                     sink.close(status, error)  # (writes what is still queued first)
-                except Exception as exc:
+                except BaseException as exc:  # (an interrupt too: the sinks after it, the store, are closed still)
                     failed(f"closing the sink {type(sink).__name__}", exc)
             if failure is not None:
                 raise failure
@@ -661,7 +663,7 @@ class Watch:
         what it holds itself)."""
         for dropped in self._dropped:
             dropped.detach()
-        self._hooks.forked_off(self._warn_forked)
+        self._hooks.forked_off(self._forked_call)
 
     def _in_forked_child(self) -> bool:
         """Whether this is a child forked from the process that made the watch, where the watch records nothing
@@ -671,10 +673,23 @@ class Watch:
         self._warn_forked()
         return True
 
-    def _warn_forked(self) -> None:
-        if self._forked_warned:
+    def _forked_call(self) -> None:
+        """A call of the model in a forked child: warned of, unless a watch made in this process watches the model
+        (what the warning advises: the model is not unwatched here)."""
+        if self._forked_warned == os.getpid():
             return
-        self._forked_warned = True
+        here = self._watched_here() if self._watched_here is not None else None
+        if here is None or here.closed or here._made_in != os.getpid():  # (one made here, open: not a parent's)
+            here = next((other for other in list(_OPEN_WATCHES) if not other.closed
+                         and _shared_with(self.model, other.model) is not None), None)
+            self._watched_here = weakref.ref(here) if here is not None else None
+        if here is None:
+            self._warn_forked()
+
+    def _warn_forked(self) -> None:
+        if self._forked_warned == os.getpid():  # (once in each process: a child of the child is told too)
+            return
+        self._forked_warned = os.getpid()
         store = getattr(self.store, "path", None)
         warn(f"workbench: this process (pid {os.getpid()}) was forked from the process (pid {self._made_in}) that "
              f"made the watch {self!r}{f' recording into {str(store)!r}' if store is not None else ''}. A watch "
@@ -682,8 +697,9 @@ class Watch:
              "unwatched here, its patches and ablations still applied; w.step() and w.log() do nothing here, "
              "and w.close() takes the hooks out of this process alone). To record what this process runs, watch "
              "the model in it, into a store of its own: workbench.watch(model, store=...) once the process has "
-             "started (a DataLoader worker: in its worker_init_fn); to record processes training one model "
-             "data-parallel as one run, "
+             "started (a DataLoader worker: in its worker_init_fn, closed as the worker ends, which runs no "
+             "atexit: multiprocessing.util.Finalize(None, w.close, exitpriority=0)); to record processes training "
+             "one model data-parallel as one run, "
              "workbench.instrument.distributed.watch_distributed(model, store=...).")
 
     def _check_open(self) -> None:
@@ -735,13 +751,8 @@ def _warn_if_watched(model: nn.Module) -> None:
     share, each step paying both watches' hooks, their patches both applied. Where warnings are
     errors (``-W error``), the error refuses the second watch, nothing of it attached."""
     for other in list(_OPEN_WATCHES):
-        if other.closed:
-            continue
-        if other.model is model or any(m is model for m in other.model.modules()):
-            shared = "it" if other.model is model else "the model it is part of"
-        elif any(m is other.model for m in model.modules()):
-            shared = "a module inside it"
-        else:
+        shared = None if other.closed else _shared_with(model, other.model)
+        if shared is None:
             continue
         store = getattr(other.store, "path", None)
         warn_user(f"workbench: {type(model).__name__} is watched twice: an open watch, {other!r}"
@@ -752,6 +763,16 @@ def _warn_if_watched(model: nn.Module) -> None:
                   "(modules=[...]); both on purpose: warnings.filterwarnings('ignore', 'workbench: .* is watched "
                   "twice').", may_raise=True)
         return
+
+
+def _shared_with(model: nn.Module, other: nn.Module) -> str | None:
+    """What of ``model`` the watch of ``other`` watches too: ``it``, ``the model it is part of`` or ``a module inside
+    it``; None where they share no module."""
+    if other is model or any(m is model for m in other.modules()):
+        return "it" if other is model else "the model it is part of"
+    if any(m is other for m in model.modules()):
+        return "a module inside it"
+    return None
 
 
 def _check_materialized(model: nn.Module) -> None:
