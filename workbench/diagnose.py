@@ -2042,16 +2042,20 @@ class Diagnoser:
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             fell = top - state["best"] if math.isfinite(state["best"]) else 0.0
-            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by, as in the first steps:
-            # a loss made constant, 0 but for float32's rounding now and then (the mean of a LayerNorm's output),
-            # read 1.5e-08 after 0 as a spike of 1.5e+04x)
-            if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
-                    and rise >= t.spike_regain * max(fell, 0.0) and (level != 0 or noise > 0)):
+            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by: the largest magnitude
+            # of the recent values is. A loss made constant, 0 but for float32's rounding now and then (the mean of a
+            # LayerNorm's output), read 1.5e-08 after 0 as a spike of 1.5e+04x; a classification fitted exactly, its
+            # loss 0 for many steps, that jumps to 300 has spiked)
+            spread = noise if level != 0 or noise > 0 else max(abs(v) for v in recent)
+            if (rise > t.spike_factor * spread and rise > t.spike_min_rise * max(abs(level), 1e-12)
+                    and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, "
-                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
-                           f"{t.spike_factor:g}).",
+                           f"{_times(rise / max(spread, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
+                           f"{t.spike_factor:g})" + ("." if spread == noise else
+                                                     f" and the largest magnitude of its last {len(recent)} values "
+                                                     f"({spread:.2g})."),
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         elif recent:

@@ -333,3 +333,32 @@ def test_a_loss_on_the_mean_of_a_layer_norm_s_output_names_the_norm_not_small_we
                          r"largest \(RMS [0-9.e-]+ against [0-9.e-]+ at 3: see vanishing_gradients\), not a learning "
                          r"rate too small\.", text), text
         assert "at this learning rate" not in text
+
+
+def test_a_loss_fitted_to_exactly_0_that_then_jumps_is_a_spike():
+    # a classification fitted exactly (its cross-entropy 0.0 in float32 for every step of its noise window), thrown up
+    # to 300 by a batch of flipped labels: no loss_spike from 2026-11-30 (a level and noise of 0 read as no scale) until
+    # the largest magnitude of the recent values became the scale there
+    from workbench.diagnose import Diagnoser, diagnose
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 2)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    losses = []
+    with workbench.watch(model) as w:
+        for step in range(1, 121):
+            loss = F.cross_entropy(model(x), 1 - y if step == 110 else y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+            losses.append(loss.item())
+    assert losses[85:109] == [0.0] * 24 and losses[109] > 100
+    f = w.diagnose()
+    live = Diagnoser()
+    live.feed(w.recorder.records())
+    pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+    spike = f[f.finding == "loss_spike"]
+    assert spike.step.tolist() == [110], f
