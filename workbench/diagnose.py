@@ -1591,7 +1591,7 @@ class Diagnoser:
         with np.errstate(divide="ignore", invalid="ignore"):
             rms = stats["norm"][idx] / np.sqrt(np.maximum(numel, 1))
         order = np.argsort(layout.order[idx], kind="stable")
-        idx, rms = idx[order], rms[order]
+        idx, rms, numel = idx[order], rms[order], numel[order]
         ok = np.isfinite(rms) & (rms > 0)
         # one finding whether the first sites get a gradient orders of magnitude smaller or none at all (from batch to
         # batch a nearly dead layer passes one or not: two findings taking turns, each cut short); where both hold,
@@ -1615,7 +1615,7 @@ class Diagnoser:
         grown_from_zero = self._grown_from_zero(layout, stats, idx, ok, first, no_gradient is not None)
         if grown_from_zero and first:
             no_gradient = None  # (its weights all 0 at the start: the init's doing, not a vanishing)
-        idx, rms = idx[ok], rms[ok]
+        idx, rms, numel = idx[ok], rms[ok], numel[ok]
         if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
         logs = np.log10(rms)
@@ -1633,11 +1633,14 @@ class Diagnoser:
                         f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
                         f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
                         f"grew)." if spread < 0 and across_last > -spread / 2 else "")
-                drops = np.diff(logs)  # (from each site's output gradient to the next's, in forward order)
+                # (from each site's output gradient to the next's, in forward order, by their norms: a pooling or a
+                # mean over N entries spreads its output's gradient over them, its RMS N times smaller, its norm
+                # sqrt(N): a global average pool over 32x32 drops the RMS by 3 orders and passes the gradient back)
+                drops = np.diff(logs + 0.5 * np.log10(np.maximum(numel, 1)))
                 k = int(np.argmax(drops)) + 1 if len(drops) else 0
                 if spread < 0 and not tail and k and drops[k - 1] > t.gradient_orders:
                     # (one site that passes almost none of its output's gradient back: its backward, not depth)
-                    tail = (f" Most of it, {drops[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
+                    tail = (f" Most of it, {logs[k] - logs[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
                             f"output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
                             f"{rms[k - 1]:.2g}. {layout.names[idx[k]]} passes almost none of its output's gradient "
                             f"back: a normalization whose output the loss reads only through what it normalizes "

@@ -362,3 +362,24 @@ def test_a_loss_fitted_to_exactly_0_that_then_jumps_is_a_spike():
     pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
     spike = f[f.finding == "loss_spike"]
     assert spike.step.tolist() == [110], f
+
+
+def test_a_global_average_pool_is_not_named_a_site_that_passes_no_gradient_back():
+    # an AdaptiveAvgPool2d over 32x32 spreads its output's gradient over 1024 entries: its RMS 3 orders down, its norm
+    # 1.5. From 2026-11-30 until the drop across a site was read by norms, a healthy CNN's vanishing_gradients named the
+    # pool "passes almost none of its output's gradient back: a normalization ..., not small weights nor depth"
+    from tests.diagnose.runs import fit_steps
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(256, 3, 32, 32, generator=g)
+
+    def batch(_step: int) -> tuple:
+        i = torch.randint(256, (16,), generator=g)
+        return images[i], (images[i][:, 0].mean((1, 2)) > 0).long()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 2))
+    f = fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, 30).diagnose()
+    for text in f.evidence:
+        assert "passes almost none of its output's gradient back" not in text, text
