@@ -1640,8 +1640,8 @@ class Diagnoser:
                 k = int(np.argmax(drops)) + 1 if len(drops) else 0
                 if spread < 0 and not tail and k and drops[k - 1] > t.gradient_orders:
                     # (one site that passes almost none of its output's gradient back: its backward, not depth)
-                    tail = (f" Most of it, {logs[k] - logs[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
-                            f"output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
+                    tail = (f" Most of it, {logs[k] - logs[k - 1]:.1f} orders, is across {layout.names[idx[k]]} "
+                            f"alone: its output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
                             f"{rms[k - 1]:.2g}. {layout.names[idx[k]]} passes almost none of its output's gradient "
                             f"back: a normalization whose output the loss reads only through what it normalizes "
                             f"away (the mean of a LayerNorm's output over its features is 0, whatever its input: a "
