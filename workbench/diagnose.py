@@ -1591,7 +1591,7 @@ class Diagnoser:
         with np.errstate(divide="ignore", invalid="ignore"):
             rms = stats["norm"][idx] / np.sqrt(np.maximum(numel, 1))
         order = np.argsort(layout.order[idx], kind="stable")
-        idx, rms = idx[order], rms[order]
+        idx, rms, numel = idx[order], rms[order], numel[order]
         ok = np.isfinite(rms) & (rms > 0)
         # one finding whether the first sites get a gradient orders of magnitude smaller or none at all (from batch to
         # batch a nearly dead layer passes one or not: two findings taking turns, each cut short); where both hold,
@@ -1615,7 +1615,7 @@ class Diagnoser:
         grown_from_zero = self._grown_from_zero(layout, stats, idx, ok, first, no_gradient is not None)
         if grown_from_zero and first:
             no_gradient = None  # (its weights all 0 at the start: the init's doing, not a vanishing)
-        idx, rms = idx[ok], rms[ok]
+        idx, rms, numel = idx[ok], rms[ok], numel[ok]
         if not len(idx):  # (and no_gradient is None: it needs a site that gets one)
             return
         logs = np.log10(rms)
@@ -1633,12 +1633,15 @@ class Diagnoser:
                         f"{layout.names[idx[j - 1]]} to {layout.names[idx[j]]}: the weights there are small"
                         f" (a last layer initialized at 0, or small, scales every gradient before it so until they "
                         f"grew)." if spread < 0 and across_last > -spread / 2 else "")
-                drops = np.diff(logs)  # (from each site's output gradient to the next's, in forward order)
+                # (from each site's output gradient to the next's, in forward order, by their norms: a pooling or a
+                # mean over N entries spreads its output's gradient over them, its RMS N times smaller, its norm
+                # sqrt(N): a global average pool over 32x32 drops the RMS by 3 orders and passes the gradient back)
+                drops = np.diff(logs + 0.5 * np.log10(np.maximum(numel, 1)))
                 k = int(np.argmax(drops)) + 1 if len(drops) else 0
                 if spread < 0 and not tail and k and drops[k - 1] > t.gradient_orders:
                     # (one site that passes almost none of its output's gradient back: its backward, not depth)
-                    tail = (f" Most of it, {drops[k - 1]:.1f} orders, is across {layout.names[idx[k]]} alone: its "
-                            f"output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
+                    tail = (f" Most of it, {logs[k] - logs[k - 1]:.1f} orders, is across {layout.names[idx[k]]} "
+                            f"alone: its output gets an RMS of {rms[k]:.2g}, {layout.names[idx[k - 1]]} before it "
                             f"{rms[k - 1]:.2g}. {layout.names[idx[k]]} passes almost none of its output's gradient "
                             f"back: a normalization whose output the loss reads only through what it normalizes "
                             f"away (the mean of a LayerNorm's output over its features is 0, whatever its input: a "
@@ -2042,16 +2045,20 @@ class Diagnoser:
                 values = list(recent)
                 noise = 1.4826 * _median([abs(b - a) for a, b in zip(values[:-1], values[1:])])
             fell = top - state["best"] if math.isfinite(state["best"]) else 0.0
-            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by, as in the first steps:
-            # a loss made constant, 0 but for float32's rounding now and then (the mean of a LayerNorm's output),
-            # read 1.5e-08 after 0 as a spike of 1.5e+04x)
-            if (rise > t.spike_factor * noise and rise > t.spike_min_rise * max(abs(level), 1e-12)
-                    and rise >= t.spike_regain * max(fell, 0.0) and (level != 0 or noise > 0)):
+            # (a level of exactly 0 without step-to-step noise is no scale to measure a rise by: the largest magnitude
+            # of the recent values is. A loss made constant, 0 but for float32's rounding now and then (the mean of a
+            # LayerNorm's output), read 1.5e-08 after 0 as a spike of 1.5e+04x; a classification fitted exactly, its
+            # loss 0 for many steps, that jumps to 300 has spiked)
+            spread = noise if level != 0 or noise > 0 else max(abs(v) for v in recent)
+            if (rise > t.spike_factor * spread and rise > t.spike_min_rise * max(abs(level), 1e-12)
+                    and rise >= t.spike_regain * max(fell, 0.0)):
                 self._hold(step, "loss_spike", None, None,
                            f"{name} = {value:.4g} at step {step}: {_times(rise / max(abs(level), 1e-12))} its level "
                            f"(median of the last 5 steps: {level:.4g}) above it, "
-                           f"{_times(rise / max(noise, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
-                           f"{t.spike_factor:g}).",
+                           f"{_times(rise / max(spread, 1e-12))} its step-to-step noise ({noise:.2g}; threshold "
+                           f"{t.spike_factor:g})" + ("." if spread == noise else
+                                                     f" and the largest magnitude of its last {len(recent)} values "
+                                                     f"({spread:.2g})."),
                            site=name, key=("spike", name), worst=rise / max(abs(level), 1e-12),
                            strongest=True)  # (spikes on consecutive steps: one finding, the largest's evidence)
         elif recent:

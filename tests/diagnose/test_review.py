@@ -333,3 +333,53 @@ def test_a_loss_on_the_mean_of_a_layer_norm_s_output_names_the_norm_not_small_we
                          r"largest \(RMS [0-9.e-]+ against [0-9.e-]+ at 3: see vanishing_gradients\), not a learning "
                          r"rate too small\.", text), text
         assert "at this learning rate" not in text
+
+
+def test_a_loss_fitted_to_exactly_0_that_then_jumps_is_a_spike():
+    # a classification fitted exactly (its cross-entropy 0.0 in float32 for every step of its noise window), thrown up
+    # to 300 by a batch of flipped labels: no loss_spike from 2026-11-30 (a level and noise of 0 read as no scale) until
+    # the largest magnitude of the recent values became the scale there
+    from workbench.diagnose import Diagnoser, diagnose
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 2)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    losses = []
+    with workbench.watch(model) as w:
+        for step in range(1, 121):
+            loss = F.cross_entropy(model(x), 1 - y if step == 110 else y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            w.step(loss=loss.item())
+            losses.append(loss.item())
+    assert losses[85:109] == [0.0] * 24 and losses[109] > 100
+    f = w.diagnose()
+    live = Diagnoser()
+    live.feed(w.recorder.records())
+    pd.testing.assert_frame_equal(live.findings(), diagnose(w.to_pandas(), w.metrics(long=True)))
+    spike = f[f.finding == "loss_spike"]
+    assert spike.step.tolist() == [110], f
+
+
+def test_a_global_average_pool_is_not_named_a_site_that_passes_no_gradient_back():
+    # an AdaptiveAvgPool2d over 32x32 spreads its output's gradient over 1024 entries: its RMS 3 orders down, its norm
+    # 1.5. From 2026-11-30 until the drop across a site was read by norms, a healthy CNN's vanishing_gradients named the
+    # pool "passes almost none of its output's gradient back: a normalization ..., not small weights nor depth"
+    from tests.diagnose.runs import fit_steps
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(256, 3, 32, 32, generator=g)
+
+    def batch(_step: int) -> tuple:
+        i = torch.randint(256, (16,), generator=g)
+        return images[i], (images[i][:, 0].mean((1, 2)) > 0).long()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 2))
+    f = fit_steps(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, 30).diagnose()
+    for text in f.evidence:
+        assert "passes almost none of its output's gradient back" not in text, text
