@@ -851,3 +851,17 @@ def test_a_run_resumed_after_a_long_pause_does_not_say_it_waits_for_steps(monkey
     assert "no new step" not in figures.header_markdown(view)
     monkeypatch.setattr(time, "monotonic", lambda: now + 180 + 42)
     assert "no new step for 42 s" in figures.header_markdown(view)  # (since the resume: it waits now)
+
+
+def test_a_run_errors_message_with_a_fence_of_its_own_stays_in_its_code_block():
+    # (a message line of three backticks closed the header's code block: the lines after it were read as Markdown
+    # and HTML, an <img onerror=...> of the message reaching the page as a tag)
+    import markdown_it
+
+    error = _raised(ValueError("bad config:\n```\n<img src=x onerror=alert(1)>\n| a | b |\n|---|---|"))
+    view = RunView(label="r", total=4)
+    view.set_status("failed", error)
+    rendered = markdown_it.MarkdownIt().render(figures.header_markdown(view))
+    assert "<img" not in rendered and "&lt;img src=x onerror=alert(1)&gt;" in rendered
+    code = rendered.split("<pre><code>", 1)[1].split("</code></pre>", 1)[0]
+    assert html.unescape(code).strip() == figures.error_parts(error)[0]

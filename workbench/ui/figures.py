@@ -44,7 +44,7 @@ import pandas as pd
 from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
-__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown",
+__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown", "code_block",
            "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
            "empty_figure",
@@ -198,6 +198,14 @@ def header_markdown(view: RunView) -> str:
     return text + error_markdown(h["error"])
 
 
+def code_block(text: str) -> str:
+    """``text`` as a Markdown code block, shown as it is: its fence longer than any run of backticks in it (a line of
+    three backticks in an error's message closed a fence of three, the lines after it read as Markdown and HTML)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 #: The line a formatted traceback starts with (``traceback.format_exception``); the last one starts the exception
 #: raised last (one raised while handling another is chained after it).
 TRACEBACK_START = "Traceback (most recent call last):"
@@ -253,7 +261,7 @@ def error_markdown(error: str | None) -> str:
     message, trace = error_parts(error)
     if not message:
         return ""
-    text = f"\n\n```\n{message}\n```"
+    text = f"\n\n{code_block(message)}"
     if trace is not None:
         # (one line of HTML: a blank line inside, as a chained exception's traceback has, would end the HTML block
         # in Markdown and leave the rest read as Markdown; a newline in a <pre> is an entity as well as a character)
