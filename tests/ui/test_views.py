@@ -865,3 +865,23 @@ def test_a_run_errors_message_with_a_fence_of_its_own_stays_in_its_code_block():
     assert "<img" not in rendered and "&lt;img src=x onerror=alert(1)&gt;" in rendered
     code = rendered.split("<pre><code>", 1)[1].split("</code></pre>", 1)[0]
     assert html.unescape(code).strip() == figures.error_parts(error)[0]
+
+
+def test_a_run_errors_short_message_keeps_every_line_of_the_exceptions_message():
+    # (lines of the message that began with whitespace were dropped as if frames: a state_dict's missing keys, a
+    # shape's lines; a DataLoader worker's "Original Traceback" was taken for the run's own, its RuntimeError lost;
+    # an exception group's message was the traceback's last line, "+-----...")
+    keys = _raised(RuntimeError("Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "
+                                "\"fc.weight\".\n\tsize mismatch for fc.bias"))
+    assert figures.error_parts(keys)[0] == ("RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s) "
+                                            "in state_dict: \"fc.weight\".\n\tsize mismatch for fc.bias")
+    added = keys + "\n3 step(s) could not be stored"
+    assert figures.error_parts(added)[0].endswith("size mismatch for fc.bias\n3 step(s) could not be stored")
+    worker = _raised(RuntimeError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most "
+                                  "recent call last):\n  File \"data.py\", line 3, in item\n    g()\nValueError: "
+                                  "bad sample 7\n"))
+    message = figures.error_parts(worker)[0]
+    assert message.startswith("RuntimeError: Caught ValueError in DataLoader worker process 0.\nOriginal Traceback")
+    assert message.endswith("ValueError: bad sample 7")
+    group = _raised(ExceptionGroup("many", [ValueError("a"), TypeError("b")]))
+    assert figures.error_parts(group) == ("ExceptionGroup: many (2 sub-exceptions)", group.strip())

@@ -209,6 +209,11 @@ def code_block(text: str) -> str:
 #: The line a formatted traceback starts with (``traceback.format_exception``); the last one starts the exception
 #: raised last (one raised while handling another is chained after it).
 TRACEBACK_START = "Traceback (most recent call last):"
+# (a line of its own: an exception's message may hold another's, "Original Traceback (most recent call last):" of a
+# DataLoader worker's error)
+_TRACEBACK_LINE = re.compile(rf"^{re.escape(TRACEBACK_START)}$", re.MULTILINE)
+# (an exception group's own exception: the first line under its margin that is not a frame, "  | ExceptionGroup: ...")
+_GROUP_EXCEPTION = re.compile(r"^[ |+-]*\| ([A-Za-z_][\w.]*(?:: .*)?)$", re.MULTILINE)
 
 
 def error_parts(error: str | None) -> tuple[str, str | None]:
@@ -225,13 +230,17 @@ def error_parts(error: str | None) -> tuple[str, str | None]:
         error where it holds one, else None. ``("", None)`` for no error.
     """
     text = (error or "").strip()
-    start = text.rfind(TRACEBACK_START)
-    if start < 0:
+    if TRACEBACK_START not in text:
         return text, None
-    # (the frames are indented under the header line: what is not, after them, is the exception and what follows)
-    lines = text[start + len(TRACEBACK_START):].splitlines()
-    message = "\n".join(line for line in lines if line.strip() and not line[:1].isspace())
-    return message or text.splitlines()[-1], text
+    starts = list(_TRACEBACK_LINE.finditer(text))
+    if not starts:  # (an exception group's traceback, each line under its margin: the group's own exception)
+        group = _GROUP_EXCEPTION.search(text)
+        return group.group(1) if group else text.splitlines()[-1], text
+    # (the frames are indented under the header line: the first line after them that is not starts the exception;
+    # the rest of its message, indented or not, its notes and what the watch added follow it)
+    lines = [line for line in text[starts[-1].end():].splitlines() if line.strip()]
+    first = next((i for i, line in enumerate(lines) if not line[:1].isspace()), None)
+    return ("\n".join(lines[first:]) if first is not None else text.splitlines()[-1]), text
 
 
 def error_line(error: str | None) -> str:
@@ -244,7 +253,7 @@ def error_line(error: str | None) -> str:
     Returns:
         The message on one line; "" for no error.
     """
-    return "; ".join(error_parts(error)[0].splitlines())
+    return "; ".join(line.strip() for line in error_parts(error)[0].splitlines())
 
 
 def error_markdown(error: str | None) -> str:
