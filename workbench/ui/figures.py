@@ -200,7 +200,14 @@ def header_markdown(view: RunView) -> str:
 
 def code_block(text: str) -> str:
     """``text`` as a Markdown code block, shown as it is: its fence longer than any run of backticks in it (a line of
-    three backticks in an error's message closed a fence of three, the lines after it read as Markdown and HTML)."""
+    three backticks in an error's message closed a fence of three, the lines after it read as Markdown and HTML).
+
+    Args:
+        text: what the block shows.
+
+    Returns:
+        The block's Markdown, from its opening fence to its closing one.
+    """
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}\n{text}\n{fence}"
