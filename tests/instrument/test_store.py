@@ -581,6 +581,8 @@ def test_a_store_that_cannot_write_says_so_at_once_and_the_run_reads_failed(tmp_
     assert sorted(set(run.to_pandas().step)) == [1, 2]  # each failed step was rolled back whole
     assert run.status == "failed" and "4 step(s) could not be stored" in run.metadata["error"]
     assert w.status == "failed" and "4 step(s) could not be stored" in w.error  # the watch says so too
+    # and why, as the stored run does (a live page said only how many, its replay why: a full disk)
+    assert w.error == run.metadata["error"] and "; the first: step 3 could not be written" in w.error
 
 
 def test_a_write_lock_held_elsewhere_fails_the_step_not_the_training(tmp_path):

@@ -557,7 +557,7 @@ def test_a_run_that_failed_or_could_not_be_evaluated_says_why_in_the_status(scra
 
         def forward(self, x):
             if x.shape[0] > self.most:
-                raise RuntimeError(f"{x.shape[0]} rows are too many")
+                raise RuntimeError(f"{x.shape[0]} rows are too many for a <Fragile>")
             return torch.relu(x)
 
     inputs = lambda m, b, g=None: ((torch.randn(b, 3, generator=g),), {})  # noqa: E731
@@ -567,7 +567,8 @@ def test_a_run_that_failed_or_could_not_be_evaluated_says_why_in_the_status(scra
     comparison.start()
     assert comparison.join(120) == {"fragile": "finished", "broken": "failed", "relu": "finished"}
     status = comparison.status_markdown()
-    assert "**broken** failed: RuntimeError: 32 rows are too many" in status, status
+    # (the message as it is, in a code span: a <Fragile> read as an HTML tag was dropped from the page)
+    assert "**broken** failed: `RuntimeError: 32 rows are too many for a <Fragile>`" in status, status
     assert ("**fragile** is not ranked: its loss and accuracy on the whole training set could not be computed: "
             "RuntimeError: 256 rows are too many") in status, status
     assert "**relu trained best**" in status

@@ -851,3 +851,37 @@ def test_a_run_resumed_after_a_long_pause_does_not_say_it_waits_for_steps(monkey
     assert "no new step" not in figures.header_markdown(view)
     monkeypatch.setattr(time, "monotonic", lambda: now + 180 + 42)
     assert "no new step for 42 s" in figures.header_markdown(view)  # (since the resume: it waits now)
+
+
+def test_a_run_errors_message_with_a_fence_of_its_own_stays_in_its_code_block():
+    # (a message line of three backticks closed the header's code block: the lines after it were read as Markdown
+    # and HTML, an <img onerror=...> of the message reaching the page as a tag)
+    import markdown_it
+
+    error = _raised(ValueError("bad config:\n```\n<img src=x onerror=alert(1)>\n| a | b |\n|---|---|"))
+    view = RunView(label="r", total=4)
+    view.set_status("failed", error)
+    rendered = markdown_it.MarkdownIt().render(figures.header_markdown(view))
+    assert "<img" not in rendered and "&lt;img src=x onerror=alert(1)&gt;" in rendered
+    code = rendered.split("<pre><code>", 1)[1].split("</code></pre>", 1)[0]
+    assert html.unescape(code).strip() == figures.error_parts(error)[0]
+
+
+def test_a_run_errors_short_message_keeps_every_line_of_the_exceptions_message():
+    # (lines of the message that began with whitespace were dropped as if frames: a state_dict's missing keys, a
+    # shape's lines; a DataLoader worker's "Original Traceback" was taken for the run's own, its RuntimeError lost;
+    # an exception group's message was the traceback's last line, "+-----...")
+    keys = _raised(RuntimeError("Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "
+                                "\"fc.weight\".\n\tsize mismatch for fc.bias"))
+    assert figures.error_parts(keys)[0] == ("RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s) "
+                                            "in state_dict: \"fc.weight\".\n\tsize mismatch for fc.bias")
+    added = keys + "\n3 step(s) could not be stored"
+    assert figures.error_parts(added)[0].endswith("size mismatch for fc.bias\n3 step(s) could not be stored")
+    worker = _raised(RuntimeError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most "
+                                  "recent call last):\n  File \"data.py\", line 3, in item\n    g()\nValueError: "
+                                  "bad sample 7\n"))
+    message = figures.error_parts(worker)[0]
+    assert message.startswith("RuntimeError: Caught ValueError in DataLoader worker process 0.\nOriginal Traceback")
+    assert message.endswith("ValueError: bad sample 7")
+    group = _raised(ExceptionGroup("many", [ValueError("a"), TypeError("b")]))
+    assert figures.error_parts(group) == ("ExceptionGroup: many (2 sub-exceptions)", group.strip())

@@ -650,8 +650,9 @@ class Watch:
             # the status is set once, final: ``running`` until the store's last writes are done (a dashboard
             # ends on it), then as the store records it
             lost = getattr(self.store, "lost", 0)
-            if lost:  # (a store that lost steps closes failed whatever was asked: the watch says the same)
-                message = f"{lost} step(s) could not be stored"
+            if lost:  # (a store that lost steps closes failed whatever was asked: the watch says the same, and why)
+                first = getattr(self.store, "errors", None)
+                message = f"{lost} step(s) could not be stored" + (f"; the first: {first[0]}" if first else "")
                 status, error = "failed", f"{error}\n{message}" if error else message
             self.status, self.error = status, error
         self.recorder.flush()  # a subscriber has every step once the watch is closed

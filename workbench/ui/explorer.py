@@ -969,8 +969,10 @@ class Comparison:
         for name, e in self.entries.items():
             h = e.view.header()
             if h["status"] == "failed" and h["error"]:
-                # (the short message a header shows: figures.error_parts)
-                text += f"\n\n**{name}** failed: {error_line(h['error'])}"
+                # (the short message a header shows, figures.error_parts, in a code span: shown as it is, its
+                # <...> no HTML tag, its * no emphasis)
+                message = error_line(h["error"]).replace("`", "'")
+                text += f"\n\n**{name}** failed: `{message}`"
             elif e.evaluation_error is not None:
                 text += (f"\n\n**{name}** is not ranked: its loss and accuracy on the whole training set could not "
                          f"be computed: {e.evaluation_error}")

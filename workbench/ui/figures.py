@@ -44,7 +44,7 @@ import pandas as pd
 from workbench.instrument.interventions import MARKER
 from workbench.ui.views import ENDED, PERCENTILES, RunView
 
-__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown",
+__all__ = ["header_markdown", "error_parts", "error_line", "error_markdown", "code_block",
            "site_note", "metrics_figure", "sites_figure", "heatmap_figure", "distribution_figure",
            "compare_metrics_figure", "compare_site_figure", "steady_colors", "drawn_log", "shade_interventions",
            "empty_figure",
@@ -198,9 +198,29 @@ def header_markdown(view: RunView) -> str:
     return text + error_markdown(h["error"])
 
 
+def code_block(text: str) -> str:
+    """``text`` as a Markdown code block, shown as it is: its fence longer than any run of backticks in it (a line of
+    three backticks in an error's message closed a fence of three, the lines after it read as Markdown and HTML).
+
+    Args:
+        text: what the block shows.
+
+    Returns:
+        The block's Markdown, from its opening fence to its closing one.
+    """
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 #: The line a formatted traceback starts with (``traceback.format_exception``); the last one starts the exception
 #: raised last (one raised while handling another is chained after it).
 TRACEBACK_START = "Traceback (most recent call last):"
+# (a line of its own: an exception's message may hold another's, "Original Traceback (most recent call last):" of a
+# DataLoader worker's error)
+_TRACEBACK_LINE = re.compile(rf"^{re.escape(TRACEBACK_START)}$", re.MULTILINE)
+# (an exception group's own exception: the first line under its margin that is not a frame, "  | ExceptionGroup: ...")
+_GROUP_EXCEPTION = re.compile(r"^[ |+-]*\| ([A-Za-z_][\w.]*(?:: .*)?)$", re.MULTILINE)
 
 
 def error_parts(error: str | None) -> tuple[str, str | None]:
@@ -217,13 +237,17 @@ def error_parts(error: str | None) -> tuple[str, str | None]:
         error where it holds one, else None. ``("", None)`` for no error.
     """
     text = (error or "").strip()
-    start = text.rfind(TRACEBACK_START)
-    if start < 0:
+    if TRACEBACK_START not in text:
         return text, None
-    # (the frames are indented under the header line: what is not, after them, is the exception and what follows)
-    lines = text[start + len(TRACEBACK_START):].splitlines()
-    message = "\n".join(line for line in lines if line.strip() and not line[:1].isspace())
-    return message or text.splitlines()[-1], text
+    starts = list(_TRACEBACK_LINE.finditer(text))
+    if not starts:  # (an exception group's traceback, each line under its margin: the group's own exception)
+        group = _GROUP_EXCEPTION.search(text)
+        return group.group(1) if group else text.splitlines()[-1], text
+    # (the frames are indented under the header line: the first line after them that is not starts the exception;
+    # the rest of its message, indented or not, its notes and what the watch added follow it)
+    lines = [line for line in text[starts[-1].end():].splitlines() if line.strip()]
+    first = next((i for i, line in enumerate(lines) if not line[:1].isspace()), None)
+    return ("\n".join(lines[first:]) if first is not None else text.splitlines()[-1]), text
 
 
 def error_line(error: str | None) -> str:
@@ -236,7 +260,7 @@ def error_line(error: str | None) -> str:
     Returns:
         The message on one line; "" for no error.
     """
-    return "; ".join(error_parts(error)[0].splitlines())
+    return "; ".join(line.strip() for line in error_parts(error)[0].splitlines())
 
 
 def error_markdown(error: str | None) -> str:
@@ -253,7 +277,7 @@ def error_markdown(error: str | None) -> str:
     message, trace = error_parts(error)
     if not message:
         return ""
-    text = f"\n\n```\n{message}\n```"
+    text = f"\n\n{code_block(message)}"
     if trace is not None:
         # (one line of HTML: a blank line inside, as a chained exception's traceback has, would end the HTML block
         # in Markdown and leave the rest read as Markdown; a newline in a <pre> is an entity as well as a character)

@@ -359,7 +359,7 @@ class LiveRun:
         if store is not None:
             text += f" - {self.recorded_to()}"
         if self.error:  # (its short message, as the header says it; the header folds the traceback under it)
-            text += f"\n\n```\n{figures.error_parts(self.error)[0]}\n```"
+            text += f"\n\n{figures.code_block(figures.error_parts(self.error)[0])}"
         if self.watch.errors:
             text += (f"\n\n{len(self.watch.errors)} instrumentation error(s); the first: "
                      f"`{self.watch.errors[0]['error']}`")
