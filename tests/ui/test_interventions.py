@@ -210,6 +210,22 @@ def test_the_same_intervention_applied_twice_is_refused_and_acts_once(manager):
     run.stop()
 
 
+def test_interventions_whose_labels_read_alike_but_whose_values_differ_both_go_in(manager):
+    # (the check compared the labels: zero units 0-4, 8, 9, 7 read "[0, 1, 2, 3, 4, ... 7] (8 of them)" as 0-7 does,
+    # and scale x1.0000001 read "scale x1" as x1.0000002 does; each was refused as already on)
+    run = start(manager, store="")
+    wait_for_step(run, 1)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-7").startswith("i1: ")
+    said = run_control.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-4, 8, 9, 7")
+    assert said.startswith("i2: "), said
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000001).startswith("i3: ")
+    said = run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000002)
+    assert said.startswith("i4: "), said
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000002).startswith(
+        "**Cannot intervene:** i4 already applies")
+    run.stop()
+
+
 # ---------------------------------------------------------------- initial weights
 EXPERIMENT_DYNAMICS = dict(c=8, a=4, blocks=1, head=8, hw=(4, 4), hidden=32, layers=1, support=21, lstm=64)
 

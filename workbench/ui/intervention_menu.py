@@ -50,6 +50,7 @@ class InterventionRecord:
     status: str = "on"  # on, removed, failed, ended with the run
     error: str = ""
     handle: Any = None  # the watch's Intervention
+    spec: InterventionSpec | None = None  # what it does, with its values in full (``what`` may shorten them)
 
 
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
