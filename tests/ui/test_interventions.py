@@ -166,6 +166,7 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     (("layers.9", "scale", "", 2.0), "'layers.9' is not a call site of this run's model"),
     (("layers.1", "scale", "", None), "k (scale the output by k) must be a number"),
     (("layers.1", "scale", "", 1e9), "must lie in [-1e+06, 1e+06], got 1e+09"),
+    (("layers.1", "scale", "", 1000001), "must lie in [-1e+06, 1e+06], got 1000001."),  # (it read "got 1e+06")
     (("layers.1", "noise", "", None, -1.0), "sigma (Gaussian noise's standard deviation) must lie in [0, 1e+06]"),
     (("layers.1", "clamp", "", None, None, 1.0, float("nan")), "b (clamp's upper bound) must be a number"),
     (("layers.1", "zero units", "a-b"), "units: 'a-b' is not an index or a range"),
