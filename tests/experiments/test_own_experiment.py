@@ -85,3 +85,28 @@ def test_a_taken_name_is_refused_and_unregistering_frees_it(sine_fit):
         unregister_experiment(sine_fit)
     register_experiment(sine_fit)(SineFit)  # (registered again, as a notebook cell run twice would)
     assert sine_fit in workbench.experiments.list_experiments()
+
+
+def test_a_second_interrupt_as_a_step_is_recorded_names_that_step_in_its_warning(monkeypatch):
+    """Ctrl-C twice as the watch recorded step 1: the warning named step 2 (the count read once it had gone up)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        exp = workbench.experiments.create("activation_mlp", seed=0, width=8)
+        w = exp.watch(histograms=False)
+        record = w.step
+
+        def interrupted_twice_as_it_records(**metrics):
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            return record(**metrics)
+
+        monkeypatch.setattr(w, "step", interrupted_twice_as_it_records)
+        with pytest.warns(RuntimeWarning, match="interrupted twice while step 1 was counted"):
+            with pytest.raises(KeyboardInterrupt):
+                exp.step()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    w.close()

@@ -694,4 +694,6 @@ def test_a_patch_of_a_site_called_in_some_steps_only_is_warned_of_once_and_appli
                 w.step()
     said = [str(warning.message) for warning in caught if "applied to nothing" in str(warning.message)]
     assert len(said) == 1 and "at step 1" in said[0]
+    # (the why it gave was the attention's alone: "a module whose parent uses its weights without calling it")
+    assert "a branch of the forward that this step did not take" in said[0]
     assert (outputs[1][:, 0] == 0).all() and (outputs[3][:, 0] == 0).all()

@@ -232,6 +232,10 @@ def test_a_metric_of_one_value_is_taken_from_a_numpy_array_as_from_a_tensor_and_
         with pytest.raises(ValueError, match=r"metric 'count' is too large for a float64 metric, got an int of 401 "
                                              r"digits"):
             w.step(count=10 ** 400)
+        # (past 4300 digits, str() of the int raised Python's own ValueError in place of this message)
+        with pytest.raises(ValueError, match=r"metric 'count' is too large for a float64 metric, got an int of "
+                                             r"16,610 bits"):
+            w.step(count=10 ** 5000)
         w.step()
     assert w.metrics().to_dict("records") == [{"step": 1, "loss": 0.5, "acc": 0.75, "lr": pytest.approx(0.1)}]
 

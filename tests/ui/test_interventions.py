@@ -166,6 +166,7 @@ def test_noise_and_every_call_of_a_shared_module(manager):
     (("layers.9", "scale", "", 2.0), "'layers.9' is not a call site of this run's model"),
     (("layers.1", "scale", "", None), "k (scale the output by k) must be a number"),
     (("layers.1", "scale", "", 1e9), "must lie in [-1e+06, 1e+06], got 1e+09"),
+    (("layers.1", "scale", "", 1000001), "must lie in [-1e+06, 1e+06], got 1000001."),  # (it read "got 1e+06")
     (("layers.1", "noise", "", None, -1.0), "sigma (Gaussian noise's standard deviation) must lie in [0, 1e+06]"),
     (("layers.1", "clamp", "", None, None, 1.0, float("nan")), "b (clamp's upper bound) must be a number"),
     (("layers.1", "zero units", "a-b"), "units: 'a-b' is not an index or a range"),
@@ -207,6 +208,22 @@ def test_the_same_intervention_applied_twice_is_refused_and_acts_once(manager):
     assert run_control.apply_intervention(manager, run.id, "layers.3", "scale", k=10).startswith("i3: ")
     run_control.remove_applied(manager, run.id, "i1")
     assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=10).startswith("i4: ")
+    run.stop()
+
+
+def test_interventions_whose_labels_read_alike_but_whose_values_differ_both_go_in(manager):
+    # (the check compared the labels: zero units 0-4, 8, 9, 7 read "[0, 1, 2, 3, 4, ... 7] (8 of them)" as 0-7 does,
+    # and scale x1.0000001 read "scale x1" as x1.0000002 does; each was refused as already on)
+    run = start(manager, store="")
+    wait_for_step(run, 1)
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-7").startswith("i1: ")
+    said = run_control.apply_intervention(manager, run.id, "layers.1", "zero units", units="0-4, 8, 9, 7")
+    assert said.startswith("i2: "), said
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000001).startswith("i3: ")
+    said = run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000002)
+    assert said.startswith("i4: "), said
+    assert run_control.apply_intervention(manager, run.id, "layers.1", "scale", k=1.0000002).startswith(
+        "**Cannot intervene:** i4 already applies")
     run.stop()
 
 

@@ -1931,3 +1931,27 @@ def test_a_dashboard_and_a_compare_closed_just_after_their_watches_ended_show_th
     assert "rows yet" not in compare.message_html.value, compare.message_html.value
     assert "no longer follows" not in compare.message_html.value
     assert compare.figure("site") is not None and not dash.following and not compare.following
+
+
+def test_a_dashboard_and_a_compare_of_stores_deleted_since_close_saying_why(tmp_path):
+    """close() draws an ended run's end first: where its store was deleted since, reading it raised out of close(),
+    and the dashboard went on following (its timer still running)."""
+    import shutil
+
+    from workbench.ui.notebook import Compare
+
+    models = [torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)) for _ in range(2)]
+    paths = [tmp_path / name for name in ("a", "b")]
+    watches = [workbench.watch(model, store=path) for model, path in zip(models, paths)]
+    for model, w in zip(models, watches):
+        model(torch.randn(8, 2)).pow(2).mean().backward()
+        w.step()
+    dash = Dashboard(paths[0], interval=3600)  # (its timer never looks: the end is read by close())
+    compare = Compare(*paths, interval=3600)
+    for w, path in zip(watches, paths):
+        w.close()
+        shutil.rmtree(path)
+    dash.close()
+    compare.close()
+    assert not dash.following and not compare.following
+    assert "stopped updating" in dash.header.value and "stopped updating" in compare.message_html.value

@@ -229,7 +229,8 @@ class Experiment:
                 with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
                     self._seed_global_rng(self.seed + 1_000_003 * (self.step_count + 1))  # dropout etc.
                     metrics = self.train_step()
-                    taken.enter_context(interrupts_held(self._interrupted_twice))
+                    interrupted_twice = functools.partial(self._interrupted_twice, self.step_count + 1)
+                    taken.enter_context(interrupts_held(interrupted_twice))
             except BaseException:  # (a KeyboardInterrupt in the middle of a forward): no partial step recorded
                 if watcher is not None:
                     watcher.discard_step()
@@ -239,8 +240,8 @@ class Experiment:
                 self.watcher.step(**metrics)  # the metrics go into the same stream as the statistics
         return {"step": self.step_count, **metrics}
 
-    def _interrupted_twice(self) -> None:
-        warnings.warn(f"Experiment {self.name!r}: interrupted twice while step {self.step_count + 1} was counted and "
+    def _interrupted_twice(self, step: int) -> None:
+        warnings.warn(f"Experiment {self.name!r}: interrupted twice while step {step} was counted and "
                       "recorded: it may be counted and not recorded, or recorded in part. Close the watch and "
                       "watch again before more steps.", RuntimeWarning, stacklevel=3)
 

@@ -325,8 +325,9 @@ class Hooks:
             return (f"its module is also at {', '.join(map(repr, named))}, the path its calls in this step were named "
                     f"by (where one caller holds a module under several names, which one a call goes through cannot "
                     f"be told): patch {named[0]!r}, as the rows name it.")
-        return ("a module whose parent uses its weights without calling it (nn.MultiheadAttention's out_proj) has "
-                "no call to patch: patch the module that uses it, whose output the rows show.")
+        return ("either a branch of the forward that this step did not take calls it (then the patch applies in the "
+                "steps that do), or its parent uses its weights without calling it (nn.MultiheadAttention's "
+                "out_proj), which leaves no call to patch: patch the module that uses it, whose output the rows show.")
 
     def _update_params(self) -> list[tuple[str, str, nn.Parameter]]:
         return [item for item in self.params if item[0] in self.kinds[UPDATE]]

@@ -274,9 +274,12 @@ class Watch:
                                 "(not a bool nor a complex number), or a tensor or numpy array of one value.")
             try:
                 checked[key] = float(value)
-            except OverflowError:  # (an int past float's range)
-                raise ValueError(f"metric {key!r} is too large for a float64 metric, got an int of "
-                                 f"{len(str(abs(int(value))))} digits; log it scaled (math.log10(x)).") from None
+            except OverflowError:  # (an int past float's range; one past 4300 digits has no str() to count them)
+                magnitude = abs(int(value))
+                size = (f"{len(str(magnitude))} digits" if magnitude.bit_length() <= 10_000
+                        else f"{magnitude.bit_length():,} bits")
+                raise ValueError(f"metric {key!r} is too large for a float64 metric, got an int of {size}; log it "
+                                 "scaled (math.log10(x)).") from None
         self._metrics.update(checked)  # (all or none: a call that raised logged nothing)
 
     @contextlib.contextmanager

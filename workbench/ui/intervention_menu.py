@@ -50,6 +50,7 @@ class InterventionRecord:
     status: str = "on"  # on, removed, failed, ended with the run
     error: str = ""
     handle: Any = None  # the watch's Intervention
+    spec: InterventionSpec | None = None  # what it does, with its values in full (``what`` may shorten them)
 
 
 INTERVENTION_COLUMNS = ["id", "site", "intervention", "from step", "to step", "status"]
@@ -107,7 +108,8 @@ def _number(value: Any, name: str, low: float = -_LIMIT, high: float = _LIMIT) -
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}.")
     if not low <= value <= high:
-        raise ValueError(f"{name} must lie in [{low:g}, {high:g}], got {value:g}.")
+        said = f"{value:g}" if float(f"{value:g}") == value else repr(value)  # (1000001 read "1e+06": in range)
+        raise ValueError(f"{name} must lie in [{low:g}, {high:g}], got {said}.")
     return float(value)
 
 

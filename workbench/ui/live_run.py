@@ -224,9 +224,11 @@ class LiveRun:
 
         def put_in() -> InterventionRecord:
             # (the same intervention on twice would compound, scale x10 into x100: a second Apply of it, or one
-            # queued again after a timeout, is refused; checked here, on the run's thread, where requests queue)
-            same = next((r for r in self.interventions if r.status == "on" and (r.module, r.call, r.what)
-                         == (module, call, spec.label)), None)
+            # queued again after a timeout, is refused; checked here, on the run's thread, where requests queue.
+            # The same is the same values, not the same label: "zero units [0, 1, 2, 3, 4, ... 7] (8 of them)"
+            # or "scale x1e+06" names several)
+            same = next((r for r in self.interventions if r.status == "on" and (r.module, r.call, r.spec)
+                         == (module, call, spec)), None)
             if same is not None:
                 raise ValueError(f"{same.id} already applies {spec.label} at {same.site} (on since step {same.start}); "
                                  f"applied again it would act twice. Remove {same.id} first, or pick other values.")
@@ -237,7 +239,8 @@ class LiveRun:
                 handle = watch.patch(module, spec.function(), call=call, label=spec.label)
             # (put in between two steps: on from the step about to run; in a step not recorded, the watch's own
             # log tells so only once that step's forward ran with it)
-            record = InterventionRecord(handle.id, site, module, call, spec.label, watch.step_index, handle=handle)
+            record = InterventionRecord(handle.id, site, module, call, spec.label, watch.step_index, handle=handle,
+                                         spec=spec)
             self.interventions.append(record)
             return record
 

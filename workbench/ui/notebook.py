@@ -1434,8 +1434,11 @@ class Dashboard:
         """Stop following the run (the figures stay as they are). A run that has ended, its end not drawn yet (the
         timer between two looks), has its last steps and how it ended drawn first: a dashboard closed just after
         its watch read ``running`` for good, shown again or not."""
-        if not self._closed.is_set() and self._ended():
-            self._last_draw()  # (which stops following)
+        try:
+            if not self._closed.is_set() and self._ended():
+                self._last_draw()  # (which stops following)
+        except Exception as exc:  # (a store deleted since): it stops following all the same, saying why
+            self.header.value += f"<br><b>The dashboard stopped updating:</b> {html.escape(repr(exc))}"
         self._stop_following()
 
     def _stop_following(self) -> None:
@@ -1838,8 +1841,11 @@ class Compare:
     def close(self) -> None:
         """Stop following the runs (the figures stay as they are). Runs that have all ended, their end not drawn
         yet (the timer between two looks), have their last steps drawn first, as the dashboard's ``close()``."""
-        if not self._closed.is_set() and self._ended():
-            self._catch_up()
+        try:
+            if not self._closed.is_set() and self._ended():
+                self._catch_up()
+        except Exception as exc:  # (a store deleted since): it stops following all the same, saying why
+            self.message_html.value += f"<br><b>The comparison stopped updating:</b> {html.escape(repr(exc))}"
         self._closed.set()
         for compared in self.runs.values():
             compared.close()
