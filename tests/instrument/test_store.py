@@ -1151,7 +1151,6 @@ def test_a_dataloader_worker_running_the_watched_model_says_once_that_it_records
     assert workbench.load_run(tmp_path / "r").steps == [1]
 
 
-
 class WatchedInItsWorker(torch.utils.data.Dataset):
     """Each item: the warnings a DataLoader worker gave running the model, which its worker_init_fn watches."""
 

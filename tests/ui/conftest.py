@@ -30,6 +30,22 @@ def manager(tmp_path):
         manager.close()
 
 
+@pytest.fixture
+def step_3_raises(monkeypatch):
+    """The activation MLP's training step raises at its third step (a FloatingPointError, "the loss exploded at
+    step 3"): a run that fails part-way, as its pages show it."""
+    from workbench.experiments.activation_mlp import ActivationMLP
+
+    train_step = ActivationMLP.train_step
+
+    def exploding(self):
+        if self.step_count == 2:
+            raise FloatingPointError("the loss exploded at step 3")
+        return train_step(self)
+
+    monkeypatch.setattr(ActivationMLP, "train_step", exploding)
+
+
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory):
     return tmp_path_factory.mktemp("served") / "runs"

@@ -243,18 +243,8 @@ def stored_series(rows, kind, site, statistic):
     return part.step.tolist(), part[statistic].to_numpy()
 
 
-def test_a_failed_runs_header_says_its_error_in_short_the_traceback_a_click_away(page, monkeypatch):
+def test_a_failed_runs_header_says_its_error_in_short_the_traceback_a_click_away(page, step_3_raises):
     # (the header showed a traceback's last line, and the traceback was nowhere on the page)
-    from workbench.experiments.activation_mlp import ActivationMLP
-
-    train_step = ActivationMLP.train_step
-
-    def exploding(self):
-        if self.step_count == 2:
-            raise FloatingPointError("the loss exploded at step 3")
-        return train_step(self)
-
-    monkeypatch.setattr(ActivationMLP, "train_step", exploding)
     start(page, "activation_mlp", 10)
     header = page.locator("#run-status")
     expect(header).to_contain_text("failed", timeout=60_000)
@@ -1009,15 +999,9 @@ def test_the_last_step_table_fits_the_run_page_at_1400_and_800_px(page):
     expect(page.locator("#run-status")).to_contain_text("finished", timeout=120_000)
     header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
     assert header == ["site", "step", "mean", "std", "min", "max", "abs_mean", "norm", "zero_frac"]
-    viewport = table.locator(".virtual-table-viewport")
-    for width in (1400, 800):
-        # no sideways scroll, and no header, site or number breaks mid-word (a site breaks after a dot or before
-        # its '#')
-        page.set_viewport_size({"width": width, "height": 1000})
-        table.scroll_into_view_if_needed()
-        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
-        assert table.evaluate(BROKEN_WORDS) == [], width
-        _screenshot(page, f"live_latest_{width}.png", full_page=False)
+    # no sideways scroll, and no header, site or number breaks mid-word (a site breaks after a dot or before its '#')
+    assert_whole_at_widths(page, table, (1400, 800),
+                           look=lambda width: _screenshot(page, f"live_latest_{width}.png", full_page=False))
     page.set_viewport_size({"width": 1400, "height": 1000})
 
 
@@ -1095,6 +1079,19 @@ BROKEN_WORDS = """table => {
     }
     return broken;
 }"""
+
+
+def assert_whole_at_widths(page, table, widths, look=None):
+    """For each window width in turn: wait until ``table`` has no sideways scroll, assert that no word in it breaks
+    mid-word (:data:`BROKEN_WORDS`), then ``look(width)`` where given (a screenshot)."""
+    viewport = table.locator(".virtual-table-viewport")
+    for width in widths:
+        page.set_viewport_size({"width": width, "height": 1000})
+        table.scroll_into_view_if_needed()
+        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
+        assert table.evaluate(BROKEN_WORDS) == [], width
+        if look is not None:
+            look(width)
 
 
 def test_the_findings_table_breaks_no_word_and_gives_the_evidence_room_at_800_px(browser, served_app, runs_root,

@@ -629,7 +629,7 @@ def test_the_interventions_table_shows_every_column_without_a_sideways_scroll(pa
     # status out of sight to the right of the panel's table)
     from playwright.sync_api import expect
 
-    from tests.ui.test_browser import BROKEN_WORDS, PATIENCE, choose, options, start as start_in_page
+    from tests.ui.test_browser import PATIENCE, choose, options, start as start_in_page, assert_whole_at_widths
 
     status = page.locator("#run-status")
     start_in_page(page, "activation_mlp", 100_000)
@@ -648,12 +648,7 @@ def test_the_interventions_table_shows_every_column_without_a_sideways_scroll(pa
     expect(page.locator("#iv-message")).to_contain_text("i1: zero units")
     table = page.locator("#iv-table")
     expect(table).to_contain_text("(8 of them)")
-    viewport = table.locator(".virtual-table-viewport")
-    for width in (1400, 800):
-        page.set_viewport_size({"width": width, "height": 1000})
-        table.scroll_into_view_if_needed()
-        page.wait_for_function("el => el.scrollWidth <= el.clientWidth", arg=viewport.element_handle())
-        assert table.evaluate(BROKEN_WORDS) == [], width
+    assert_whole_at_widths(page, table, (1400, 800))
     header = [h.replace("⋮", "").strip() for h in table.locator("th").all_inner_texts()]
     assert header == ["id", "site", "intervention", "from step", "to step", "status"]
     page.set_viewport_size({"width": 1400, "height": 1000})
