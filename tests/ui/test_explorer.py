@@ -570,7 +570,7 @@ def test_a_run_that_failed_or_could_not_be_evaluated_says_why_in_the_status(scra
     # (the message as it is, in a code span: a <Fragile> read as an HTML tag was dropped from the page)
     assert "**broken** failed: `RuntimeError: 32 rows are too many for a <Fragile>`" in status, status
     assert ("**fragile** is not ranked: its loss and accuracy on the whole training set could not be computed: "
-            "RuntimeError: 256 rows are too many") in status, status
+            "`RuntimeError: 256 rows are too many for a <Fragile>`") in status, status
     assert "**relu trained best**" in status
 
 

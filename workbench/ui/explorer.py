@@ -968,14 +968,14 @@ class Comparison:
         # (why a run failed, or was not ranked: the table shows only its status, or no loss on the whole set)
         for name, e in self.entries.items():
             h = e.view.header()
-            if h["status"] == "failed" and h["error"]:
-                # (the short message a header shows, figures.error_parts, in a code span: shown as it is, its
-                # <...> no HTML tag, its * no emphasis)
+            # (a message in a code span: shown as it is, its <...> no HTML tag, its * no emphasis)
+            if h["status"] == "failed" and h["error"]:  # (the short message a header shows, figures.error_parts)
                 message = error_line(h["error"]).replace("`", "'")
                 text += f"\n\n**{name}** failed: `{message}`"
             elif e.evaluation_error is not None:
+                message = " ".join(e.evaluation_error.split()).replace("`", "'")
                 text += (f"\n\n**{name}** is not ranked: its loss and accuracy on the whole training set could not "
-                         f"be computed: {e.evaluation_error}")
+                         f"be computed: `{message}`")
         ranking = self.ranking()
         if ranking:
             (best, accuracy, loss), rest = ranking[0], ranking[1:]
