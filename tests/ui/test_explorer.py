@@ -373,6 +373,9 @@ def test_a_recorded_run_without_activations_says_so_rather_than_to_pick_a_site(t
     for site in (None, "layers.0"):
         figure, message = ex.draw_distribution("relu", {}, "recorded run", 0, 1, -1, 1, root, "no-steps", site)
         assert figure["data"] == [] and expected in message and "Pick a call site" not in message, message
+    # (from Python, as a notebook calls it: no page's button to press)
+    with pytest.raises(ValueError, match=r"no step yet\): pass another run, or call this again once it has"):
+        ex.recorded(tmp_path / "no-steps", "layers.0")
 
 
 def _stored(path, model):

@@ -489,7 +489,8 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
     run = _stored_run(run)
     sites = recorded_sites(run)
     if not sites:
-        raise ValueError(_NO_ACTIVATIONS.format(run=run.name))
+        raise ValueError(_NO_ACTIVATIONS.format(run=run.name) + "pass another run, or call this again once it has "
+                         "recorded a step.")
     if site not in sites:
         raise ValueError(f"Run {run.name!r} recorded no activation at {site!r}; its sites are {list(sites)[:20]}.")
     if step is not None:  # (whether the run recorded it is said when it is drawn from, with the steps it did)
@@ -501,9 +502,9 @@ def recorded(run: Any, site: str, step: int | None = None) -> Source:
     return Source("recorded", dict(run=run, site=site, step=step))
 
 
-#: A stored run with no activation rows (no step recorded yet, or its watch recorded none), for messages
-_NO_ACTIVATIONS = ("Run {run!r} has recorded no activations (no step yet): pick another run, or press Refresh the "
-                   "runs once it has recorded a step.")
+#: A stored run with no activation rows (no step recorded yet, or its watch recorded none), for messages: what to do
+#: then follows, said as the page (its Refresh button) or the Python API (a call again) is used
+_NO_ACTIVATIONS = "Run {run!r} has recorded no activations (no step yet): "
 
 
 def recorded_sites(run: Any) -> dict[str, tuple[str, int, str]]:
@@ -1095,8 +1096,9 @@ def draw_distribution(name: str | None, state: Mapping[str, Mapping[str, Any]] |
                                  f"No stored runs under {str(where)!r} yet: record one (the Experiments tab's "
                                  "'record to run', or workbench.watch(..., store=...)), then Refresh the runs.")
             opened = _open_run(root, run)
-            if not site and not recorded_sites(opened):
-                raise ValueError(_NO_ACTIVATIONS.format(run=run))
+            if not recorded_sites(opened):  # (site or none: a site kept from before, of a run since replaced)
+                raise ValueError(_NO_ACTIVATIONS.format(run=run) + "pick another run, or press Refresh the runs "
+                                 "once it has recorded a step.")
             if not site and activation_inputs(opened) == []:
                 raise ValueError(f"No call site of run {run!r} feeds an activation module (its sites: "
                                  f"{', '.join(list(recorded_sites(opened))[:20])}): it has no pre-activations. "
