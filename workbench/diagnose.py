@@ -2164,6 +2164,8 @@ class Diagnoser:
                            f"steps (and, to end, 3x the noise of the median if larger).{worse}", site=name, key=name,
                            need=t.persist)
                 return
+        if start == 0:  # (a loss at 0 over its first values, fitted in its first steps: nothing left to fall)
+            return
         held = ("loss_plateau", ("plateau", name)) in self._open
         margin = max(t.plateau_drop * abs(start), 3 * noise if held else 0.0)
         if now > start - margin and not state.get("fell"):

@@ -118,6 +118,20 @@ def test_a_loss_that_fell_to_chance_and_stays_there_is_at_chance_given_the_chanc
                                                                                                "loss_at_chance"])
 
 
+def test_a_loss_fitted_to_exactly_0_in_its_first_steps_is_no_plateau():
+    # (its first 20 values' median 0, the float noise of a fitted model later above it: "has not fallen in its 80
+    # steps: median 2e-09 over its last 20, above its first 20 (0)")
+    steps = pd.Series(range(1, 81))
+    loss = np.where(steps <= 5, 0.7 * (5 - steps) / 4, 0.0)
+    loss = np.where(steps > 40, 1e-9 * ((steps * 7919) % 5), loss)
+    metrics = pd.DataFrame({"step": steps, "loss": loss})
+    assert diagnose(pd.DataFrame(), metrics).empty
+    live = Diagnoser()
+    for part in np.array_split(np.arange(len(metrics)), 8):  # (fed live, in parts, as a running watch feeds it)
+        live.feed_frame(pd.DataFrame(), metrics.iloc[part])
+    assert live.findings().empty
+
+
 def test_a_flat_loss_at_chance_is_said_once_as_at_chance_and_a_healthy_one_never():
     steps = pd.Series(range(1, 121))
     flat = pd.DataFrame({"step": steps, "loss": math.log(2) * (1 + 0.01 * ((steps * 7919) % 13 - 6) / 6)})
