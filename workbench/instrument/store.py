@@ -110,6 +110,8 @@ class RunStore:
         ValueError: an empty path.
         FileExistsError: the directory holds a run (:func:`holds_a_run`), or another writer is writing one there.
         PermissionError: the directory cannot be created or written (nothing is left behind).
+        OSError: the run cannot be started there, e.g. no room on its disk (the directory and an empty
+            ``run.lock`` may stay: a store started there again once there is room works).
     """
 
     def __init__(self, path: str | Path, metadata: dict[str, Any] | None = None,
